@@ -1,0 +1,152 @@
+"""Every registered model through timm's API: any input size, gradients, fused/explicit attention, helpers."""
+
+import pytest
+import timm
+import torch
+from timm.layers import DropPath
+
+import vit_rope  # noqa: F401  (registers the models)
+from vit_rope.model import RoPEVisionTransformer
+from vit_rope.rope import RoPE2D
+
+MODEL_NAMES = timm.list_models("vit_rope_*")
+SIZES = [(32, 32), (64, 64), (48, 80)]  # two square resolutions and a non-square one
+
+
+def tiny(name: str = "vit_rope_tiny_patch16_mixed_224", **kwargs) -> RoPEVisionTransformer:
+    return timm.create_model(name, **{"depth": 2, "num_classes": 5, **kwargs})
+
+
+def set_fused(model: torch.nn.Module, fused: bool) -> None:
+    for blk in model.blocks:
+        blk.attn.fused_attn = fused
+
+
+def test_all_variants_are_registered():
+    expected = {
+        f"vit_rope_{size}_patch16_{kind}{ape}_224"
+        for size in ("tiny", "small", "base", "large")
+        for kind in ("axial", "mixed")
+        for ape in ("", "_ape")
+    }
+    assert expected <= set(MODEL_NAMES)
+
+
+@pytest.mark.parametrize("name", MODEL_NAMES)
+def test_forward_backward_at_any_size(name):
+    torch.manual_seed(0)
+    model = timm.create_model(name, num_classes=3, img_size=32, drop_path_rate=0.1)
+    loss = 0.0
+    for h, w in SIZES:
+        out = model(torch.randn(1, 3, h, w))
+        assert out.shape == (1, 3) and torch.isfinite(out).all()
+        loss = loss + out.square().mean()
+    loss.backward()
+    no_grad = [n for n, p in model.named_parameters() if p.grad is None or not torch.isfinite(p.grad).all()]
+    assert not no_grad, f"parameters without a finite gradient: {no_grad}"
+
+    model.eval()
+    x = torch.randn(2, 3, 48, 80)
+    with torch.no_grad():
+        set_fused(model, True)
+        fused = model(x)
+        set_fused(model, False)
+        explicit = model(x)
+    torch.testing.assert_close(fused, explicit, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("kind", ["axial", "mixed"])
+def test_rope_changes_the_output_and_is_shared_or_per_layer(kind):
+    model = tiny(f"vit_rope_tiny_patch16_{kind}_224").eval()
+    for blk in model.blocks:  # make attention matter
+        blk.ls1.gamma.data.fill_(1.0)
+    x = torch.randn(1, 3, 64, 64)
+    with torch.no_grad():
+        out = model(x)
+        flipped = model(x.flip(-1))
+    assert (out - flipped).abs().max() > 1e-4  # positions are seen: mirrored input, different output
+    if kind == "axial":
+        assert isinstance(model.rope, RoPE2D) and not list(model.rope.parameters())
+    else:
+        assert len(model.rope) == len(model.blocks)
+        assert not torch.equal(model.rope[0].freqs, model.rope[1].freqs)  # one set of frequencies per layer
+
+
+def test_tables_are_not_in_the_state_dict():
+    assert not [k for k in tiny("vit_rope_tiny_patch16_axial_224").state_dict() if "rope" in k]
+    mixed_keys = [k for k in tiny().state_dict() if "rope" in k]
+    assert mixed_keys == ["rope.0.freqs", "rope.1.freqs"]
+
+
+def test_axial_tables_are_cached_per_grid():
+    model = tiny("vit_rope_tiny_patch16_axial_224").eval()
+    with torch.no_grad():
+        model(torch.randn(1, 3, 32, 32))
+        model(torch.randn(1, 3, 32, 32))
+        model(torch.randn(1, 3, 32, 48))
+    assert sorted(key[:2] for key in model._axial_cache) == [(2, 2), (2, 3)]
+    model.to(torch.float64)
+    assert not model._axial_cache  # moved: rebuilt on the next forward
+
+
+def test_timm_api():
+    model = tiny(img_size=64)
+    x = torch.randn(2, 3, 64, 48)
+    feats = model.forward_features(x)
+    assert feats.shape == (2, 1 + 4 * 3, 192)
+    assert model.forward_head(feats).shape == (2, 5)
+    assert model.forward_head(feats, pre_logits=True).shape == (2, 192)
+
+    final, inter = model.forward_intermediates(x)
+    assert final.shape == feats.shape and [t.shape for t in inter] == [(2, 192, 4, 3)] * 2
+    torch.testing.assert_close(final, feats)
+    inter = model.forward_intermediates(x, indices=[0], output_fmt="NLC", intermediates_only=True,
+                                        return_prefix_tokens=True)
+    assert inter[0][0].shape == (2, 12, 192) and inter[0][1].shape == (2, 1, 192)
+    out = model.forward_intermediates(x, indices=1, output_dict=True, stop_early=True)
+    assert set(out) == {"image_intermediates", "image_features"}
+
+    features = timm.create_model("vit_rope_tiny_patch16_axial_224", depth=3, features_only=True, out_indices=(1, 2))
+    assert [f.shape for f in features(x)] == [(2, 192, 4, 3)] * 2
+
+    model.reset_classifier(7)
+    assert model(x).shape == (2, 7)
+    assert "rope.0.freqs" in model.no_weight_decay() and "rope.1.freqs" in model.no_weight_decay()
+    assert isinstance(tiny(drop_path_rate=0.2).blocks[-1].drop_path1, DropPath)
+
+
+def test_grad_checkpointing_gives_the_same_result():
+    torch.manual_seed(0)
+    model = tiny()
+    x = torch.randn(2, 3, 32, 48)
+    model(x).sum().backward()
+    grads = {n: p.grad.clone() for n, p in model.named_parameters()}
+    model.zero_grad()
+    model.set_grad_checkpointing(True)
+    model(x).sum().backward()
+    for n, p in model.named_parameters():
+        torch.testing.assert_close(p.grad, grads[n], msg=n)
+
+
+@pytest.mark.parametrize("kind", ["axial", "mixed"])
+def test_ape_variant_resamples_its_position_embedding(kind):
+    model = tiny(f"vit_rope_tiny_patch16_{kind}_ape_224", img_size=32).eval()
+    assert model.pos_embed.shape == (1, 4, 192)  # patch tokens only, as DeiT-III
+    with torch.no_grad():
+        assert model(torch.randn(1, 3, 96, 64)).shape == (1, 5)
+
+
+def test_patch_dropout_keeps_positions():
+    model = tiny(patch_drop_rate=0.5).train()
+    out = model.forward_features(torch.randn(2, 3, 64, 64))
+    assert out.shape == (2, 1 + 8, 192)
+
+
+def test_bad_input_errors():
+    model = tiny()
+    with pytest.raises(ValueError, match=r"50x64.*patch size 16x16"):
+        model(torch.randn(1, 3, 50, 64))
+    with pytest.raises(ValueError, match=r"head_dim=50"):
+        timm.create_model("vit_rope_tiny_patch16_axial_224", embed_dim=150, num_heads=3)
+    with pytest.raises(ValueError, match=r"axial, mixed"):
+        RoPEVisionTransformer(rope_kind="spiral", embed_dim=64, num_heads=2, depth=1)

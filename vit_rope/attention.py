@@ -1,0 +1,75 @@
+"""Attention and transformer block of timm's ViT, with 2D RoPE on the queries and keys.
+
+RoPE (RoFormer, arXiv:2104.09864; RoPE-ViT, arXiv:2403.13298) acts inside attention only: q and k are rotated
+by the position of their token before the dot product, v is not. The tables arrive from the model, built once per
+forward; prefix tokens (class, registers) have identity rows in them, so they are never rotated.
+"""
+
+from __future__ import annotations
+
+import torch.nn.functional as F
+from timm.layers import maybe_add_mask, resolve_self_attn_mask
+from timm.models.vision_transformer import Attention, Block
+from torch import Tensor
+
+from .rope import apply_rope
+
+RopeTables = tuple[Tensor, Tensor]
+
+
+class RoPEAttention(Attention):
+    """timm ``Attention`` whose ``forward`` takes ``rope=(cos, sin)`` tables for the whole sequence.
+
+    Same parameters and state-dict keys as timm's ``Attention``, so ViT and DeiT-III weights load unchanged.
+    ``F.scaled_dot_product_attention`` is the fast path; ``fused_attn = False`` computes the same scores
+    explicitly (useful to inspect attention maps).
+    """
+
+    def project(self, x: Tensor, rope: RopeTables | None = None) -> tuple[Tensor, Tensor, Tensor]:
+        """Queries and keys (rotated) and values, each ``[B, nh, N, D]``; diagnostics reuse it for attention maps."""
+        B, N, _ = x.shape
+        qkv = self.qkv(x).reshape(B, N, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)  # [3, B, nh, N, D]
+        q, k, v = qkv.unbind(0)
+        q, k = self.q_norm(q), self.k_norm(k)
+        if rope is not None:
+            q, k = apply_rope(q, *rope), apply_rope(k, *rope)
+        return q, k, v
+
+    def forward(
+        self,
+        x: Tensor,
+        rope: RopeTables | None = None,
+        attn_mask: Tensor | None = None,
+        is_causal: bool = False,
+    ) -> Tensor:
+        B, N, _ = x.shape
+        gate = self.gate(x).sigmoid() if self.gate is not None else None
+        q, k, v = self.project(x, rope)
+        if self.fused_attn:
+            x = F.scaled_dot_product_attention(
+                q, k, v, attn_mask=attn_mask, dropout_p=self.attn_drop.p if self.training else 0.0, is_causal=is_causal
+            )
+        else:
+            attn = (q * self.scale) @ k.transpose(-2, -1)  # [B, nh, N, N]
+            attn = maybe_add_mask(attn, resolve_self_attn_mask(N, attn, attn_mask, is_causal))
+            x = self.attn_drop(attn.softmax(dim=-1)) @ v
+
+        x = self.norm(x.transpose(1, 2).reshape(B, N, self.attn_dim))  # [B, N, nh * D]
+        if gate is not None:
+            x = x * gate
+        return self.proj_drop(self.proj(x))
+
+
+class RoPEBlock(Block):
+    """timm pre-norm ``Block`` (LayerScale, drop-path, Mlp) that hands the RoPE tables to its attention."""
+
+    def forward(
+        self,
+        x: Tensor,
+        rope: RopeTables | None = None,
+        attn_mask: Tensor | None = None,
+        is_causal: bool = False,
+    ) -> Tensor:
+        x = x + self.drop_path1(self.ls1(self.attn(self.norm1(x), rope=rope, attn_mask=attn_mask, is_causal=is_causal)))
+        return x + self.drop_path2(self.ls2(self.mlp(self.norm2(x))))
+

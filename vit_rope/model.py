@@ -1,0 +1,215 @@
+"""Vision Transformer with 2D RoPE, built on timm's ``VisionTransformer``.
+
+The architecture is RoPE-ViT's (Heo et al., ECCV 2024, arXiv:2403.13298), itself DeiT-III's ViT (Touvron et al.,
+ECCV 2022): class token, qkv bias, LayerScale, with the absolute position embedding replaced by RoPE in every
+attention layer ("+APE" variants keep a learned one as well). Everything except the block loop is timm's: patch
+embedding, prefix tokens, APE resampling, pooling, head, feature extraction helpers.
+
+Data flow of one forward::
+
+    image [B, 3, H, W] -> PatchEmbed -> tokens [B, h, w, C]       grid (h, w) = (H / p, W / p)
+      -> positions = grid_positions(h, w)                        [N, 2]
+      -> prefix tokens (+ APE)                                   [B, P + N, C]
+      -> RoPE tables: axial once for all blocks (cached per grid), mixed per block from its own frequencies
+      -> blocks (rotate q, k; prefix rows are identity) -> norm -> pool -> head
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from itertools import repeat
+from typing import Any
+
+import torch
+from timm.layers import PatchDropoutWithIndices
+from timm.models._features import feature_take_indices
+from timm.models._manipulate import checkpoint
+from timm.models.vision_transformer import VisionTransformer
+from torch import Tensor, nn
+
+from .attention import RoPEAttention, RoPEBlock, RopeTables
+from .rope import RoPE2D, check_head_dim, check_kind, grid_positions
+
+
+class RoPEVisionTransformer(VisionTransformer):
+    """timm ``VisionTransformer`` whose attention layers use 2D RoPE.
+
+    Any input whose sides are multiples of the patch size runs: the RoPE grid is rebuilt for it and a learned
+    position embedding (``pos_embed="learn"``) is resampled bicubically, as timm's ``dynamic_img_size`` does.
+
+    Args:
+        rope_kind: ``"axial"`` (fixed frequencies, shared by heads and layers) or ``"mixed"`` (learned per layer
+            and head).
+        rope_theta: frequency base; ``None`` takes RoPE-ViT's value (100 axial, 10 mixed).
+        pos_embed: ``"none"`` for RoPE only, ``"learn"`` for RoPE + APE (RoPE-ViT's "+APE").
+        no_embed_class: the APE covers patch tokens only, as in DeiT-III and RoPE-ViT.
+        **kwargs: everything else of timm's ``VisionTransformer`` (embed_dim, depth, img_size, drop_path_rate, ...).
+    """
+
+    def __init__(
+        self,
+        rope_kind: str = "axial",
+        rope_theta: float | None = None,
+        pos_embed: str = "none",
+        no_embed_class: bool = True,
+        **kwargs: Any,
+    ) -> None:
+        check_kind(rope_kind)
+        embed_dim, num_heads = kwargs.get("embed_dim", 768), kwargs.get("num_heads", 12)
+        if embed_dim % num_heads:
+            raise ValueError(f"embed_dim={embed_dim} must be divisible by num_heads={num_heads}.")
+        check_head_dim(embed_dim // num_heads)
+        if kwargs.pop("dynamic_img_size", True) is False:
+            raise ValueError("RoPE models always accept any input size (dynamic_img_size=True); do not set it False.")
+        patch_drop_rate = kwargs.pop("patch_drop_rate", 0.0)
+        super().__init__(
+            pos_embed=pos_embed,
+            no_embed_class=no_embed_class,
+            dynamic_img_size=True,
+            block_fn=RoPEBlock,
+            attn_layer=RoPEAttention,
+            **kwargs,
+        )
+        if patch_drop_rate > 0:  # the kept indices are needed to keep each token's position
+            self.patch_drop = PatchDropoutWithIndices(patch_drop_rate, num_prefix_tokens=self.num_prefix_tokens)
+        self.rope_kind = rope_kind
+        head_dim = embed_dim // num_heads
+        if rope_kind == "axial":
+            self.rope: nn.Module = RoPE2D(head_dim, num_heads, "axial", rope_theta)
+        else:
+            self.rope = nn.ModuleList(RoPE2D(head_dim, num_heads, "mixed", rope_theta) for _ in self.blocks)
+        self._axial_cache: dict[tuple, RopeTables] = {}
+
+    @torch.jit.ignore
+    def no_weight_decay(self) -> set[str]:
+        """timm's set plus the mixed frequencies (RoPE-ViT trains them without weight decay)."""
+        nwd = super().no_weight_decay()
+        if isinstance(self.rope, nn.ModuleList):
+            nwd |= {f"rope.{i}.freqs" for i in range(len(self.rope))}
+        return nwd
+
+    @torch.jit.ignore
+    def group_matcher(self, coarse: bool = False) -> dict[str, Any]:
+        """timm's groups, with each layer's mixed frequencies grouped with its block (for layer-wise lr decay)."""
+        matcher = super().group_matcher(coarse)
+        matcher["blocks"] = [(r"^blocks\.(\d+)", None), (r"^rope\.(\d+)", None), (r"^norm", (99999,))]
+        return matcher
+
+    def _apply(self, fn, *args, **kwargs):  # noqa: ANN001 - nn.Module's signature
+        self._axial_cache.clear()  # device or dtype moves invalidate cached tables
+        return super()._apply(fn, *args, **kwargs)
+
+    def check_input_size(self, height: int, width: int) -> None:
+        """Raise a ``ValueError`` naming the sizes when the image does not tile into whole patches."""
+        ph, pw = self.patch_embed.patch_size
+        if height % ph or width % pw:
+            raise ValueError(
+                f"Image size {height}x{width} (HxW) is not a multiple of the patch size {ph}x{pw}: resize or crop "
+                f"to e.g. {max(ph, height // ph * ph)}x{max(pw, width // pw * pw)}."
+            )
+
+    def _axial_tables(self, height: int, width: int, device: torch.device) -> RopeTables:
+        """Axial tables depend only on the grid: build them once per (grid, device) and reuse them."""
+        key = (height, width, self.num_prefix_tokens, device)
+        if key not in self._axial_cache:
+            positions = grid_positions(height, width, device=device)
+            self._axial_cache[key] = self.rope(positions, self.num_prefix_tokens)
+        return self._axial_cache[key]
+
+    def _embed(self, x: Tensor) -> tuple[Tensor, Tensor | None, tuple[int, int]]:
+        """Patch embedding, prefix tokens and APE; returns tokens, per-sample positions if patches were dropped."""
+        self.check_input_size(x.shape[-2], x.shape[-1])
+        x = self.patch_embed(x)  # [B, h, w, C]
+        grid = (x.shape[1], x.shape[2])
+        x = self._pos_embed(x)  # [B, P + N, C]
+        keep = None
+        if isinstance(self.patch_drop, PatchDropoutWithIndices):
+            x, keep = self.patch_drop(x)  # keep: [B, K] indices of the kept patches, or None
+        x = self.norm_pre(x)
+        positions = None
+        if keep is not None:
+            positions = grid_positions(*grid, device=x.device)[keep]  # [B, K, 2]
+        return x, positions, grid
+
+    def _rope_per_block(
+        self, positions: Tensor | None, grid: tuple[int, int], device: torch.device
+    ) -> Iterator[RopeTables]:
+        """Tables for each block in turn: axial ones shared, mixed ones built when their block needs them."""
+        P = self.num_prefix_tokens
+        if isinstance(self.rope, RoPE2D):
+            return repeat(self._axial_tables(*grid, device) if positions is None else self.rope(positions, P))
+        if positions is None:
+            positions = grid_positions(*grid, device=device)
+        return (rope(positions, P) for rope in self.rope)
+
+    def _forward_blocks(
+        self, x: Tensor, blocks: nn.Module, take_indices: list[int] = (), norm: bool = False, **block_kwargs: Any
+    ) -> tuple[Tensor, list[Tensor]]:
+        """Embed ``x`` and run ``blocks``; returns the last tokens and those after the blocks in ``take_indices``."""
+        x, positions, grid = self._embed(x)
+        intermediates = []
+        for i, (blk, rope) in enumerate(zip(blocks, self._rope_per_block(positions, grid, x.device), strict=False)):
+            if self.grad_checkpointing and not torch.jit.is_scripting():
+                x = checkpoint(blk, x, rope=rope, **block_kwargs)
+            else:
+                x = blk(x, rope=rope, **block_kwargs)
+            if i in take_indices:
+                intermediates.append(self.norm(x) if norm else x)
+        return x, intermediates
+
+    def forward_features(self, x: Tensor, attn_mask: Tensor | None = None, is_causal: bool = False) -> Tensor:
+        """Tokens ``[B, P + N, C]`` after the blocks and the final norm."""
+        x, _ = self._forward_blocks(x, self.blocks, attn_mask=attn_mask, is_causal=is_causal)
+        return self.norm(x)
+
+    def forward_intermediates(
+        self,
+        x: Tensor,
+        indices: int | list[int] | None = None,
+        return_prefix_tokens: bool = False,
+        norm: bool = False,
+        stop_early: bool = False,
+        output_fmt: str = "NCHW",
+        intermediates_only: bool = False,
+        output_dict: bool = False,
+        attn_mask: Tensor | None = None,
+        is_causal: bool = False,
+    ) -> list[Tensor] | tuple[Tensor, list[Tensor]] | dict[str, Any]:
+        """timm's ``forward_intermediates`` contract (same arguments and outputs), with RoPE in every block."""
+        if output_fmt not in ("NCHW", "NLC"):
+            raise ValueError(f"output_fmt must be 'NCHW' or 'NLC', got {output_fmt!r}.")
+        take_indices, max_index = feature_take_indices(len(self.blocks), indices)
+        blocks = self.blocks[: max_index + 1] if stop_early else self.blocks
+        B, _, height, width = x.shape
+        x, intermediates = self._forward_blocks(
+            x, blocks, take_indices, norm, attn_mask=attn_mask, is_causal=is_causal
+        )
+
+        P = self.num_prefix_tokens
+        prefix_tokens = [y[:, :P] for y in intermediates] if P else None
+        intermediates = [y[:, P:] for y in intermediates]
+        if output_fmt == "NCHW":
+            h, w = self.patch_embed.dynamic_feat_size((height, width))
+            intermediates = [y.reshape(B, h, w, -1).permute(0, 3, 1, 2).contiguous() for y in intermediates]
+
+        if output_dict:
+            out: dict[str, Any] = {"image_intermediates": intermediates}
+            if prefix_tokens is not None and return_prefix_tokens:
+                out["image_intermediates_prefix"] = prefix_tokens
+            if not intermediates_only:
+                out["image_features"] = self.norm(x)
+            return out
+        if return_prefix_tokens and prefix_tokens is not None:
+            intermediates = list(zip(intermediates, prefix_tokens, strict=True))
+        if intermediates_only:
+            return intermediates
+        return self.norm(x), intermediates
+
+    def prune_intermediate_layers(
+        self, indices: int | list[int] = 1, prune_norm: bool = False, prune_head: bool = True
+    ) -> list[int]:
+        """timm's pruning, also dropping the mixed frequencies of the removed blocks."""
+        take_indices = super().prune_intermediate_layers(indices, prune_norm, prune_head)
+        if isinstance(self.rope, nn.ModuleList):
+            self.rope = self.rope[: len(self.blocks)]
+        return take_indices

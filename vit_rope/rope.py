@@ -1,0 +1,211 @@
+"""2D rotary position embeddings (RoPE) for Vision Transformers.
+
+RoFormer (Su et al., 2021, arXiv:2104.09864) rotates each channel pair ``(x_2i, x_2i+1)`` of the queries and keys
+by an angle proportional to the token position, so that ``q . k`` depends only on the offset between positions.
+RoPE-ViT (Heo et al., "Rotary Position Embedding for Vision Transformer", ECCV 2024, arXiv:2403.13298) brings it to
+image grids, where a patch has a position ``(x, y)``:
+
+- **axial**: the first ``head_dim / 4`` pairs turn with ``x`` and the last ``head_dim / 4`` with ``y``, at fixed
+  frequencies ``theta ** (-4k / head_dim)`` (theta = 100);
+- **mixed**: each head learns frequency vectors ``(wx, wy)`` and the angle of pair ``i`` is ``x * wx_i + y * wy_i``,
+  so that a pair can turn along any direction of the image (theta = 10 at initialisation, one set per layer).
+
+Both are the same formula, ``angle = x * wx + y * wy``: axial RoPE is the special case with ``wy = 0`` on the
+first half of the pairs and ``wx = 0`` on the second. This module holds that formula as pure functions plus a thin
+``RoPE2D`` module that owns the frequencies. Channel layout is interleaved pairs, as in RoFormer and RoPE-ViT.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+KINDS = ("axial", "mixed")
+DEFAULT_THETA = {"axial": 100.0, "mixed": 10.0}
+
+
+def check_kind(kind: str) -> str:
+    """Return ``kind`` if it names a RoPE variant, else raise a ``ValueError`` listing the variants."""
+    if kind not in KINDS:
+        raise ValueError(f"Unknown RoPE kind {kind!r}: choose one of {', '.join(KINDS)}.")
+    return kind
+
+
+def check_head_dim(head_dim: int) -> int:
+    """Return ``head_dim`` if 2D RoPE can use it: two axes times pairs of channels need ``4 | head_dim``."""
+    if head_dim <= 0 or head_dim % 4:
+        lower, upper = head_dim - head_dim % 4, head_dim - head_dim % 4 + 4
+        raise ValueError(
+            f"2D RoPE needs a head_dim divisible by 4 (pairs of channels for each of the x and y axes), got "
+            f"head_dim={head_dim}. Change embed_dim / num_heads so that head_dim is {lower or 4} or {upper}."
+        )
+    return head_dim
+
+
+def grid_positions(
+    height: int, width: int, *, device: torch.device | str | None = None, dtype: torch.dtype = torch.float32
+) -> Tensor:
+    """Integer patch coordinates of an ``height x width`` grid, in the order timm's PatchEmbed flattens patches.
+
+    Returns:
+        ``[height * width, 2]`` float ``(x, y)`` per patch: x is the column, y the row, row-major.
+    """
+    ys, xs = torch.meshgrid(
+        torch.arange(height, device=device, dtype=dtype),
+        torch.arange(width, device=device, dtype=dtype),
+        indexing="ij",
+    )
+    return torch.stack((xs, ys), dim=-1).reshape(-1, 2)  # [N, 2]
+
+
+def _magnitudes(head_dim: int, theta: float) -> Tensor:
+    """``theta ** (-4k / head_dim)`` for ``k < head_dim / 4``: one frequency per pair of each axis."""
+    return 1.0 / (theta ** (torch.arange(0, head_dim, 4, dtype=torch.float32) / head_dim))
+
+
+def axial_frequencies(head_dim: int, theta: float = DEFAULT_THETA["axial"]) -> Tensor:
+    """Axial RoPE as ``(wx, wy)``: x drives the first ``head_dim / 4`` pairs, y the last ``head_dim / 4``.
+
+    Returns:
+        ``[2, 1, head_dim // 2]``; the singleton is the head axis (all heads share the frequencies).
+    """
+    mag = _magnitudes(check_head_dim(head_dim), theta)
+    zeros = torch.zeros_like(mag)
+    wx = torch.cat((mag, zeros))
+    wy = torch.cat((zeros, mag))
+    return torch.stack((wx, wy))[:, None, :]
+
+
+def mixed_frequencies(
+    head_dim: int, num_heads: int, theta: float = DEFAULT_THETA["mixed"], generator: torch.Generator | None = None
+) -> Tensor:
+    """RoPE-ViT's initialisation of mixed frequencies: one random direction per head.
+
+    The first ``head_dim / 4`` pairs turn along a random angle ``phi`` and the last ``head_dim / 4`` along the
+    orthogonal direction ``phi + pi / 2``, with the axial magnitudes, so that at initialisation each head is an
+    axial RoPE in a randomly rotated frame; training then moves the frequencies freely.
+
+    Returns:
+        ``[2, num_heads, head_dim // 2]`` as ``(wx, wy)``.
+    """
+    mag = _magnitudes(check_head_dim(head_dim), theta)  # [D/4]
+    phi = torch.rand(num_heads, 1, generator=generator) * (2 * math.pi)  # [nh, 1]
+    angles = torch.cat((phi.expand(-1, mag.numel()), (phi + math.pi / 2).expand(-1, mag.numel())), dim=-1)
+    mag = torch.cat((mag, mag))  # [D/2]
+    return torch.stack((mag * torch.cos(angles), mag * torch.sin(angles)))  # [2, nh, D/2]
+
+
+def rope_angles(positions: Tensor, freqs: Tensor) -> Tensor:
+    """Angle of every channel pair at every position, ``x * wx + y * wy``, in fp32 (or fp64) even for bf16 freqs.
+
+    Args:
+        positions: ``[N, 2]`` or ``[B, N, 2]`` float ``(x, y)``; fractional and negative values are fine.
+        freqs: ``[2, H, D/2]`` frequencies ``(wx, wy)``, ``H`` = 1 (shared by all heads) or num_heads.
+
+    Returns:
+        ``[H, N, D/2]``, or ``[B, H, N, D/2]`` for batched positions.
+    """
+    dtype = torch.promote_types(freqs.dtype, torch.float32)  # fp32 at least, fp64 when asked
+    pos = positions.to(dtype)[..., None, :, :, None]  # [(B,) 1, N, 2, 1]
+    f = freqs.to(dtype)  # elementwise products, so autocast never lowers the angles to bf16
+    return pos[..., 0, :] * f[0][:, None, :] + pos[..., 1, :] * f[1][:, None, :]
+
+
+def rope_tables(angles: Tensor, num_prefix_tokens: int = 0) -> tuple[Tensor, Tensor]:
+    """Turn pair angles into the ``(cos, sin)`` tables that ``apply_rope`` takes.
+
+    Each pair's value is repeated for its two channels: ``[a0 a1] -> [a0 a0 a1 a1]``. Prefix tokens (class,
+    registers) get identity rows (cos = 1, sin = 0) in front, so attention rotates the whole sequence in one
+    pass instead of slicing prefix tokens off and concatenating them back.
+
+    Args:
+        angles: ``[..., N, D/2]`` from ``rope_angles``.
+        num_prefix_tokens: identity rows to put before the N patch rows.
+
+    Returns:
+        ``(cos, sin)``, each ``[..., P + N, D]`` in fp32.
+    """
+    cos = angles.cos().repeat_interleave(2, dim=-1)
+    sin = angles.sin().repeat_interleave(2, dim=-1)
+    if num_prefix_tokens:
+        cos = F.pad(cos, (0, 0, num_prefix_tokens, 0), value=1.0)
+        sin = F.pad(sin, (0, 0, num_prefix_tokens, 0), value=0.0)
+    return cos, sin
+
+
+def rotate_pairs(x: Tensor) -> Tensor:
+    """Quarter turn of every channel pair: ``[x0 x1 x2 x3] -> [-x1 x0 -x3 x2]``."""
+    pairs = x.unflatten(-1, (-1, 2))  # [..., D/2, 2]
+    return torch.stack((-pairs[..., 1], pairs[..., 0]), dim=-1).flatten(-2)
+
+
+def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """Rotate the interleaved channel pairs of ``x`` by the angles behind ``(cos, sin)``.
+
+    Real arithmetic only (no complex dtypes), so autograd, autocast and torch.compile see plain elementwise ops.
+    With fp32 tables and a bf16/fp16 ``x`` the rotation is computed in fp32 and cast back once.
+
+    Args:
+        x: ``[B, nh, N, D]`` queries or keys (any leading shape that broadcasts with the tables).
+        cos: ``[..., N, D]`` from ``rope_tables``.
+        sin: ``[..., N, D]`` from ``rope_tables``.
+
+    Returns:
+        The rotated tensor, same shape and dtype as ``x``.
+    """
+    return (x * cos + rotate_pairs(x) * sin).to(x.dtype)
+
+
+class RoPE2D(nn.Module):
+    """Frequencies of one 2D RoPE and the tables they give for a set of positions.
+
+    Axial frequencies are a fixed, non-persistent buffer (nothing to save, rebuilt on load); mixed frequencies
+    are a learnable ``[2, num_heads, head_dim // 2]`` parameter that should get no weight decay (RoPE-ViT).
+    A model with mixed RoPE holds one ``RoPE2D`` per block, as the paper learns frequencies per layer.
+
+    Args:
+        head_dim: channels per head, divisible by 4.
+        num_heads: attention heads (mixed frequencies are per head).
+        kind: ``"axial"`` or ``"mixed"``.
+        theta: frequency base; ``None`` takes RoPE-ViT's value (100 axial, 10 mixed).
+    """
+
+    def __init__(self, head_dim: int, num_heads: int, kind: str = "axial", theta: float | None = None) -> None:
+        super().__init__()
+        self.kind = check_kind(kind)
+        self.head_dim = check_head_dim(head_dim)
+        self.num_heads = num_heads
+        self.theta = float(DEFAULT_THETA[kind] if theta is None else theta)
+        if kind == "axial":
+            self.register_buffer("freqs", axial_frequencies(head_dim, self.theta), persistent=False)
+        else:
+            self.freqs = nn.Parameter(mixed_frequencies(head_dim, num_heads, self.theta))
+
+    @property
+    def learnable(self) -> bool:
+        return isinstance(self.freqs, nn.Parameter)
+
+    def reset_parameters(self) -> None:
+        """Redraw mixed directions (timm's ``init_weights`` calls this); axial frequencies are fixed."""
+        with torch.no_grad():
+            if self.learnable:
+                self.freqs.copy_(mixed_frequencies(self.head_dim, self.num_heads, self.theta))
+            else:
+                self.freqs.copy_(axial_frequencies(self.head_dim, self.theta))
+
+    def forward(self, positions: Tensor, num_prefix_tokens: int = 0) -> tuple[Tensor, Tensor]:
+        """Tables for ``positions`` (``[N, 2]`` or ``[B, N, 2]``), broadcasting against ``[B, nh, P + N, D]``.
+
+        Returns:
+            ``(cos, sin)`` of shape ``[H, P + N, D]`` (or ``[B, H, P + N, D]``), ``H`` = 1 axial or num_heads mixed.
+        """
+        return rope_tables(rope_angles(positions, self.freqs), num_prefix_tokens)
+
+    def no_weight_decay(self) -> set[str]:
+        return {"freqs"} if self.learnable else set()
+
+    def extra_repr(self) -> str:
+        return f"kind={self.kind}, head_dim={self.head_dim}, num_heads={self.num_heads}, theta={self.theta}"
