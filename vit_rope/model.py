@@ -28,7 +28,8 @@ from timm.models.vision_transformer import VisionTransformer
 from torch import Tensor, nn
 
 from .attention import RoPEAttention, RoPEBlock, RopeTables
-from .rope import RoPE2D, check_head_dim, check_kind, grid_positions
+from .policies import CoordAugment, ResolutionPolicy, augment_positions
+from .rope import RoPE2D, check_head_dim, check_kind
 
 
 class RoPEVisionTransformer(VisionTransformer):
@@ -41,6 +42,10 @@ class RoPEVisionTransformer(VisionTransformer):
         rope_kind: ``"axial"`` (fixed frequencies, shared by heads and layers) or ``"mixed"`` (learned per layer
             and head).
         rope_theta: frequency base; ``None`` takes RoPE-ViT's value (100 axial, 10 mixed).
+        rope_policy: resolution policy for grids other than the training one (``img_size / patch_size``): a name of
+            ``vit_rope.policies.POLICIES`` or a dict of ``ResolutionPolicy`` fields; settable later with
+            ``set_rope_policy``.
+        rope_coord_aug: training-time coordinate augmentation, a dict of ``CoordAugment`` fields (off by default).
         pos_embed: ``"none"`` for RoPE only, ``"learn"`` for RoPE + APE (RoPE-ViT's "+APE").
         no_embed_class: the APE covers patch tokens only, as in DeiT-III and RoPE-ViT.
         **kwargs: everything else of timm's ``VisionTransformer`` (embed_dim, depth, img_size, drop_path_rate, ...).
@@ -50,6 +55,8 @@ class RoPEVisionTransformer(VisionTransformer):
         self,
         rope_kind: str = "axial",
         rope_theta: float | None = None,
+        rope_policy: str | dict | ResolutionPolicy = "extrapolate",
+        rope_coord_aug: dict | CoordAugment | None = None,
         pos_embed: str = "none",
         no_embed_class: bool = True,
         **kwargs: Any,
@@ -73,12 +80,40 @@ class RoPEVisionTransformer(VisionTransformer):
         if patch_drop_rate > 0:  # the kept indices are needed to keep each token's position
             self.patch_drop = PatchDropoutWithIndices(patch_drop_rate, num_prefix_tokens=self.num_prefix_tokens)
         self.rope_kind = rope_kind
-        head_dim = embed_dim // num_heads
+        self.coord_aug = rope_coord_aug if isinstance(rope_coord_aug, CoordAugment) else CoordAugment(
+            **(rope_coord_aug or {})
+        )
+        rope_args = dict(
+            head_dim=embed_dim // num_heads,
+            num_heads=num_heads,
+            kind=rope_kind,
+            theta=rope_theta,
+            train_grid=self.patch_embed.grid_size,
+            policy=rope_policy,
+        )
         if rope_kind == "axial":
-            self.rope: nn.Module = RoPE2D(head_dim, num_heads, "axial", rope_theta)
+            self.rope: nn.Module = RoPE2D(**rope_args)
         else:
-            self.rope = nn.ModuleList(RoPE2D(head_dim, num_heads, "mixed", rope_theta) for _ in self.blocks)
+            self.rope = nn.ModuleList(RoPE2D(**rope_args) for _ in self.blocks)
         self._axial_cache: dict[tuple, RopeTables] = {}
+
+    @property
+    def rope_policy(self) -> ResolutionPolicy:
+        return self.rope_modules()[0].policy
+
+    def set_rope_policy(self, policy: str | dict | ResolutionPolicy, **options: Any) -> None:
+        """Choose how RoPE follows input sizes other than the training one (see ``vit_rope.policies``).
+
+        Example: ``model.set_rope_policy("yarn", yarn_beta=4.0)``.
+        """
+        policy = ResolutionPolicy.create(dict(name=policy, **options) if isinstance(policy, str) else policy)
+        for rope in self.rope_modules():
+            rope.policy = policy
+        self._axial_cache.clear()
+
+    def rope_modules(self) -> list[RoPE2D]:
+        """The RoPE2D modules: one shared (axial) or one per block (mixed)."""
+        return [self.rope] if isinstance(self.rope, RoPE2D) else list(self.rope)
 
     @torch.jit.ignore
     def no_weight_decay(self) -> set[str]:
@@ -108,16 +143,20 @@ class RoPEVisionTransformer(VisionTransformer):
                 f"to e.g. {max(ph, height // ph * ph)}x{max(pw, width // pw * pw)}."
             )
 
-    def _axial_tables(self, height: int, width: int, device: torch.device) -> RopeTables:
-        """Axial tables depend only on the grid: build them once per (grid, device) and reuse them."""
-        key = (height, width, self.num_prefix_tokens, device)
+    def _axial_tables(self, grid: tuple[int, int], device: torch.device) -> RopeTables:
+        """Axial tables depend only on the grid and the policy: build them once per (grid, device) and reuse them."""
+        key = (*grid, self.num_prefix_tokens, device)
         if key not in self._axial_cache:
-            positions = grid_positions(height, width, device=device)
-            self._axial_cache[key] = self.rope(positions, self.num_prefix_tokens)
+            self._axial_cache[key] = self.rope(self.rope.grid_positions(*grid, device), self.num_prefix_tokens, grid)
         return self._axial_cache[key]
 
     def _embed(self, x: Tensor) -> tuple[Tensor, Tensor | None, tuple[int, int]]:
-        """Patch embedding, prefix tokens and APE; returns tokens, per-sample positions if patches were dropped."""
+        """Patch embedding, prefix tokens and APE.
+
+        Returns:
+            tokens ``[B, P + N, C]``; per-image positions ``[B, N, 2]`` when coordinate augmentation or patch dropout
+            makes them differ between images, else ``None``; the patch grid ``(h, w)``.
+        """
         self.check_input_size(x.shape[-2], x.shape[-1])
         x = self.patch_embed(x)  # [B, h, w, C]
         grid = (x.shape[1], x.shape[2])
@@ -126,9 +165,15 @@ class RoPEVisionTransformer(VisionTransformer):
         if isinstance(self.patch_drop, PatchDropoutWithIndices):
             x, keep = self.patch_drop(x)  # keep: [B, K] indices of the kept patches, or None
         x = self.norm_pre(x)
-        positions = None
+
+        augment = self.training and self.coord_aug.active
+        if not augment and keep is None:
+            return x, None, grid
+        positions = self.rope_modules()[0].grid_positions(*grid, x.device)  # [N, 2]
+        if augment:
+            positions = augment_positions(positions, x.shape[0], self.coord_aug)  # [B, N, 2], one draw per image
         if keep is not None:
-            positions = grid_positions(*grid, device=x.device)[keep]  # [B, K, 2]
+            positions = positions.expand(x.shape[0], -1, -1).gather(1, keep[..., None].expand(-1, -1, 2))  # [B, K, 2]
         return x, positions, grid
 
     def _rope_per_block(
@@ -137,10 +182,10 @@ class RoPEVisionTransformer(VisionTransformer):
         """Tables for each block in turn: axial ones shared, mixed ones built when their block needs them."""
         P = self.num_prefix_tokens
         if isinstance(self.rope, RoPE2D):
-            return repeat(self._axial_tables(*grid, device) if positions is None else self.rope(positions, P))
+            return repeat(self._axial_tables(grid, device) if positions is None else self.rope(positions, P, grid))
         if positions is None:
-            positions = grid_positions(*grid, device=device)
-        return (rope(positions, P) for rope in self.rope)
+            positions = self.rope[0].grid_positions(*grid, device)
+        return (rope(positions, P, grid) for rope in self.rope)
 
     def _forward_blocks(
         self, x: Tensor, blocks: nn.Module, take_indices: list[int] = (), norm: bool = False, **block_kwargs: Any

@@ -23,6 +23,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from .policies import ResolutionPolicy, scale_frequencies, transform_positions
+
 KINDS = ("axial", "mixed")
 DEFAULT_THETA = {"axial": 100.0, "mixed": 10.0}
 
@@ -114,7 +116,7 @@ def rope_angles(positions: Tensor, freqs: Tensor) -> Tensor:
     return pos[..., 0, :] * f[0][:, None, :] + pos[..., 1, :] * f[1][:, None, :]
 
 
-def rope_tables(angles: Tensor, num_prefix_tokens: int = 0) -> tuple[Tensor, Tensor]:
+def rope_tables(angles: Tensor, num_prefix_tokens: int = 0, temperature: float = 1.0) -> tuple[Tensor, Tensor]:
     """Turn pair angles into the ``(cos, sin)`` tables that ``apply_rope`` takes.
 
     Each pair's value is repeated for its two channels: ``[a0 a1] -> [a0 a0 a1 a1]``. Prefix tokens (class,
@@ -124,14 +126,17 @@ def rope_tables(angles: Tensor, num_prefix_tokens: int = 0) -> tuple[Tensor, Ten
     Args:
         angles: ``[..., N, D/2]`` from ``rope_angles``.
         num_prefix_tokens: identity rows to put before the N patch rows.
+        temperature: scales every row (prefix rows too), hence every attention logit by ``temperature ** 2``.
 
     Returns:
         ``(cos, sin)``, each ``[..., P + N, D]`` in fp32.
     """
     cos = angles.cos().repeat_interleave(2, dim=-1)
     sin = angles.sin().repeat_interleave(2, dim=-1)
+    if temperature != 1.0:
+        cos, sin = cos * temperature, sin * temperature
     if num_prefix_tokens:
-        cos = F.pad(cos, (0, 0, num_prefix_tokens, 0), value=1.0)
+        cos = F.pad(cos, (0, 0, num_prefix_tokens, 0), value=temperature)
         sin = F.pad(sin, (0, 0, num_prefix_tokens, 0), value=0.0)
     return cos, sin
 
@@ -171,14 +176,26 @@ class RoPE2D(nn.Module):
         num_heads: attention heads (mixed frequencies are per head).
         kind: ``"axial"`` or ``"mixed"``.
         theta: frequency base; ``None`` takes RoPE-ViT's value (100 axial, 10 mixed).
+        train_grid: the ``(h, w)`` patch grid of training, which resolution policies scale against.
+        policy: resolution policy (``vit_rope.policies``) for grids other than ``train_grid``.
     """
 
-    def __init__(self, head_dim: int, num_heads: int, kind: str = "axial", theta: float | None = None) -> None:
+    def __init__(
+        self,
+        head_dim: int,
+        num_heads: int,
+        kind: str = "axial",
+        theta: float | None = None,
+        train_grid: tuple[int, int] | None = None,
+        policy: str | dict | ResolutionPolicy = "extrapolate",
+    ) -> None:
         super().__init__()
         self.kind = check_kind(kind)
         self.head_dim = check_head_dim(head_dim)
         self.num_heads = num_heads
         self.theta = float(DEFAULT_THETA[kind] if theta is None else theta)
+        self.train_grid = None if train_grid is None else tuple(train_grid)
+        self.policy = ResolutionPolicy.create(policy)
         if kind == "axial":
             self.register_buffer("freqs", axial_frequencies(head_dim, self.theta), persistent=False)
         else:
@@ -196,16 +213,36 @@ class RoPE2D(nn.Module):
             else:
                 self.freqs.copy_(axial_frequencies(self.head_dim, self.theta))
 
-    def forward(self, positions: Tensor, num_prefix_tokens: int = 0) -> tuple[Tensor, Tensor]:
+    def grid_positions(self, height: int, width: int, device: torch.device | None = None) -> Tensor:
+        """Positions ``[N, 2]`` of an ``height x width`` patch grid as this module's policy places them."""
+        return transform_positions(grid_positions(height, width, device=device), (height, width), self.policy)
+
+    def forward(
+        self, positions: Tensor, num_prefix_tokens: int = 0, grid: tuple[int, int] | None = None
+    ) -> tuple[Tensor, Tensor]:
         """Tables for ``positions`` (``[N, 2]`` or ``[B, N, 2]``), broadcasting against ``[B, nh, P + N, D]``.
+
+        Args:
+            positions: float (x, y) per token.
+            num_prefix_tokens: identity rows in front, for the class and register tokens.
+            grid: the ``(h, w)`` patch grid the positions come from; with ``train_grid`` it lets the resolution
+                policy scale the frequencies. ``None`` uses them as they are.
 
         Returns:
             ``(cos, sin)`` of shape ``[H, P + N, D]`` (or ``[B, H, P + N, D]``), ``H`` = 1 axial or num_heads mixed.
         """
-        return rope_tables(rope_angles(positions, self.freqs), num_prefix_tokens)
+        freqs, temperature = self.freqs, 1.0
+        if grid is not None and self.train_grid is not None:
+            freqs, temperature = scale_frequencies(
+                freqs, grid, self.train_grid, self.policy, self.theta, self.head_dim
+            )
+        return rope_tables(rope_angles(positions, freqs), num_prefix_tokens, temperature)
 
     def no_weight_decay(self) -> set[str]:
         return {"freqs"} if self.learnable else set()
 
     def extra_repr(self) -> str:
-        return f"kind={self.kind}, head_dim={self.head_dim}, num_heads={self.num_heads}, theta={self.theta}"
+        return (
+            f"kind={self.kind}, head_dim={self.head_dim}, num_heads={self.num_heads}, theta={self.theta}, "
+            f"train_grid={self.train_grid}, policy={self.policy.name}"
+        )
