@@ -1,0 +1,107 @@
+"""Config loading: inheritance, validation, command-line overrides, and every shipped YAML."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+import timm
+import yaml
+
+from vit_rope.config import Config, UserError, build_config, load_yaml, parse_args, save_config
+
+CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
+CONFIGS = sorted(CONFIG_DIR.glob("*.yaml"))
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=[p.name for p in CONFIGS])
+def test_every_shipped_config_loads_and_validates(path: Path) -> None:
+    cfg = build_config(path)
+    assert isinstance(cfg, Config)
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=[p.name for p in CONFIGS])
+def test_shipped_configs_name_registered_models(path: Path) -> None:
+    model = build_config(path).model
+    if model.startswith("vit_rope_") and not timm.list_models("vit_rope*"):
+        pytest.skip("vit_rope models are not registered yet")
+    assert timm.is_model(model), f"{path.name}: unknown model {model}"
+
+
+def test_base_yaml_lists_every_key_with_its_default_and_a_comment() -> None:
+    base = CONFIG_DIR / "base.yaml"
+    assert yaml.safe_load(base.read_text()) == dataclasses.asdict(Config())
+    lines = base.read_text().splitlines()
+    for index, line in enumerate(lines):
+        if line and not line.startswith(("#", " ")):
+            assert lines[index - 1].startswith("# "), f"base.yaml: key line '{line}' has no comment above it"
+
+
+def test_experiment_configs_only_override_a_few_keys() -> None:
+    for path in CONFIGS:
+        if path.name != "base.yaml":
+            raw = yaml.safe_load(path.read_text())
+            assert "base" in raw, f"{path.name} should inherit with 'base:'"
+            assert len(raw) < 25, f"{path.name} repeats base.yaml instead of overriding a few keys"
+
+
+def test_child_and_command_line_override_the_parent(tmp_path: Path) -> None:
+    (tmp_path / "parent.yaml").write_text("lr: 4e-3\nepochs: 5\nmodel_kwargs:\n  depth: 6\n")
+    (tmp_path / "child.yaml").write_text("base: parent.yaml\nepochs: 7\nmodel_kwargs: {patch_size: 8}\n")
+    cfg = build_config(tmp_path / "child.yaml", ["batch_size=64"])
+    assert (cfg.lr, cfg.epochs, cfg.batch_size) == (4e-3, 7, 64)  # '4e-3' is a string to YAML; coerced to float
+    assert cfg.model_kwargs == {"patch_size": 8}  # a child's dict replaces the parent's
+    assert cfg.weight_decay == Config().weight_decay
+    assert build_config(tmp_path / "child.yaml", ["model_kwargs.depth=3"]).model_kwargs == {"patch_size": 8, "depth": 3}
+    assert build_config(tmp_path / "child.yaml", ["model_kwargs={depth: 3}"]).model_kwargs == {"depth": 3}
+
+
+def test_unknown_key_in_file_names_key_file_and_closest_match(tmp_path: Path) -> None:
+    (tmp_path / "bad.yaml").write_text("learning_rat: 0.1\n")
+    with pytest.raises(UserError, match=r"unknown config key 'learning_rat' in .*bad\.yaml.*did you mean"):
+        load_yaml(tmp_path / "bad.yaml")
+    (tmp_path / "typo.yaml").write_text("epoch: 3\n")
+    with pytest.raises(UserError, match="did you mean 'epochs'"):
+        load_yaml(tmp_path / "typo.yaml")
+
+
+def test_unknown_key_on_command_line_names_closest_match() -> None:
+    with pytest.raises(UserError, match="'batchsize' on the command line; did you mean 'batch_size'"):
+        build_config(None, ["batchsize=4"])
+
+
+@pytest.mark.parametrize("override, message", [
+    ("epochs=abc", "'epochs' on the command line must be int, got 'abc'"),
+    ("device=gpu", "must be 'auto' or 'cuda' or 'cpu', got 'gpu'"),
+    ("img_size=0", "'img_size' must be > 0, got 0"),
+    ("hflip=2", "'hflip' must be between 0 and 1"),
+    ("batch_size=7", "batch_size must be even when mixup or cutmix is on"),
+    ("lr", "not of the form key=value"),
+    ("epochs.x=1", "only dict keys such as model_kwargs take a '.'"),
+])
+def test_bad_values_are_reported_with_key_and_value(override: str, message: str) -> None:
+    with pytest.raises(UserError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        build_config(None, [override])
+
+
+def test_inheritance_loop_and_missing_file_are_user_errors(tmp_path: Path) -> None:
+    (tmp_path / "a.yaml").write_text("base: b.yaml\n")
+    (tmp_path / "b.yaml").write_text("base: a.yaml\n")
+    with pytest.raises(UserError, match="loops back"):
+        load_yaml(tmp_path / "a.yaml")
+    with pytest.raises(UserError, match="does not exist"):
+        load_yaml(tmp_path / "missing.yaml")
+
+
+def test_cli_flags_and_overrides_mix_and_text_values_stay_verbatim(tmp_path: Path) -> None:
+    cfg = parse_args(["--epochs", "3", "crop_pct=null", "--output", str(tmp_path / "a: b #1"), "--model", "m",
+                      "scale=[0.5, 1.0]", "--resume", "null"])
+    assert (cfg.epochs, cfg.crop_pct, cfg.output, cfg.model, cfg.scale, cfg.resume) == (
+        3, None, str(tmp_path / "a: b #1"), "m", [0.5, 1.0], None)
+
+
+def test_saved_config_reloads_to_the_same_config(tmp_path: Path) -> None:
+    cfg = build_config(CONFIG_DIR / "base.yaml", ["lr=0.01", "model_kwargs.depth=2"])
+    save_config(cfg, tmp_path / "config.yaml")
+    assert build_config(tmp_path / "config.yaml") == cfg

@@ -1,0 +1,129 @@
+"""Data side: folder scanning and its errors, RGB conversion, the decoded cache, skipping unreadable images."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import pytest
+import torch
+from timm.data import resolve_data_config
+
+from vit_rope import data
+from vit_rope.config import UserError, build_config
+
+DATA_CONFIG = resolve_data_config({"input_size": (3, 32, 32), "crop_pct": 0.875, "interpolation": "bilinear"})
+
+
+def test_find_images_lists_every_image_with_train_class_indices(image_root: Path) -> None:
+    train, classes = data.find_images(image_root / "train")
+    val, _ = data.find_images(image_root / "val", classes)
+    assert classes == ["class_0", "class_1", "class_2"]
+    assert len(train) == 24 and len(val) == 12
+    assert sorted({target for _, target in val}) == [0, 1, 2]
+
+
+@pytest.mark.parametrize("breakage, message", [
+    (lambda root: (root / "val").rename(root / "valid"), "val does not exist"),
+    (lambda root: [p.unlink() for p in (root / "train" / "class_2").iterdir()], "class_2 holds no images"),
+    (lambda root: [p.rename(p.with_suffix(".txt")) for p in (root / "train" / "class_1").iterdir()],
+     "class_1 holds no images"),
+    (lambda root: (root / "val" / "class_9").mkdir(), "class_9 is a class the train split does not have"),
+])
+def test_bad_layouts_are_user_errors_naming_the_path(image_root: Path, breakage, message: str) -> None:
+    breakage(image_root)
+    with pytest.raises(UserError, match=message):
+        _, classes = data.find_images(image_root / "train")
+        data.find_images(image_root / "val", classes)
+
+
+def test_empty_train_folder_is_a_user_error(tmp_path: Path) -> None:
+    (tmp_path / "train").mkdir()
+    with pytest.raises(UserError, match="has no class folders"):
+        data.find_images(tmp_path / "train")
+
+
+def test_grayscale_and_cmyk_images_come_out_rgb(image_root: Path) -> None:
+    for name in ("class_0/0.jpg", "class_1/0.jpg"):
+        image = data.decode_image(str(image_root / "train" / name))
+        assert image.mode == "RGB" and image.size == (40, 40)
+    assert data.decode_image(str(image_root / "train" / "class_0" / "0.jpg"), short_side=20).size == (20, 20)
+
+
+def _loaders(root: Path, *overrides: str):
+    cfg = build_config(None, ["img_size=32", "batch_size=4", "workers=0", *overrides])
+    train, classes = data.find_images(root / "train")
+    val, _ = data.find_images(root / "val", classes)
+    return data.build_loaders(cfg, train, val, DATA_CONFIG)
+
+
+def test_decoded_cache_gives_the_same_validation_batches_and_is_reused_from_disk(image_root: Path,
+                                                                                   tmp_path: Path) -> None:
+    _, plain = _loaders(image_root)
+    _, cached = _loaders(image_root, "decoded_cache=true", f"cache_dir={tmp_path / 'cache'}", "cache_size=64")
+    for (x, y, _), (xc, yc, _) in zip(plain, cached, strict=True):
+        assert torch.equal(y, yc) and torch.allclose(x, xc)  # 40 px images fit the cache: no shrinking
+    files = list((tmp_path / "cache").glob("decoded-64px-*.pt"))
+    assert len(files) == 2  # train and val
+    _, again = _loaders(image_root, "decoded_cache=true", f"cache_dir={tmp_path / 'cache'}", "cache_size=64")
+    assert torch.equal(next(iter(again))[0], next(iter(cached))[0])
+
+
+def test_cache_shrinks_large_images_to_the_short_side(image_root: Path) -> None:
+    paths = [str(p) for p in sorted((image_root / "val" / "class_0").iterdir())]
+    images = data.DecodedImages.build(paths, short_side=16, workers=0)
+    assert images.image(0).size == (16, 16) and images.data.dtype == torch.uint8
+
+
+@pytest.mark.parametrize("cached", [False, True])
+def test_unreadable_image_is_replaced_warned_and_counted(image_root: Path, caplog, cached: bool) -> None:
+    bad = image_root / "train" / "class_2" / "3.jpg"
+    bad.write_bytes(b"\xff\xd8\xff\xe0 not really a jpeg")
+    overrides = ["decoded_cache=true"] if cached else []
+    train, _ = _loaders(image_root, *overrides)
+    with caplog.at_level(logging.WARNING):
+        skipped = sum(int(batch[2].sum()) for batch in train)
+    assert skipped == 1
+    assert str(bad) in caplog.text and "skipping unreadable image" in caplog.text
+
+
+def test_epoch_order_depends_only_on_seed_and_epoch(image_root: Path) -> None:
+    def first_targets(epoch: int) -> list[int]:
+        train, _ = _loaders(image_root)
+        data.set_epoch(train, epoch, seed=0, rank=0)
+        return [int(t) for _, targets, _ in train for t in targets]
+
+    assert first_targets(1) == first_targets(1)
+    assert first_targets(1) != first_targets(2)
+
+
+def test_data_dir_resolution(tmp_path: Path, monkeypatch) -> None:
+    assert data.resolve_data_dir(str(tmp_path)) == tmp_path
+    monkeypatch.setattr(data, "REPO_ROOT", tmp_path / "repo")
+    shared = tmp_path / "shared" / "data" / "imagenette"
+    shared.mkdir(parents=True)
+    assert data.resolve_data_dir(None) == shared
+
+    shared.rmdir()
+    calls = []
+
+    class FakeImagenette:  # stands in for the download: no network in tests
+        def __init__(self, root, split, size, download):
+            calls.append((Path(root), split, size, download))
+
+    monkeypatch.setattr("torchvision.datasets.Imagenette", FakeImagenette)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    assert data.resolve_data_dir(None, "160px") == tmp_path / "cache" / "vit_rope" / "imagenette2-160"
+    assert calls == [(tmp_path / "cache" / "vit_rope", split, "160px", True) for split in ("train", "val")]
+
+
+def test_failed_download_is_a_user_error(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setattr(data, "REPO_ROOT", tmp_path / "repo")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+
+    def offline(*args, **kwargs):
+        raise RuntimeError("network unreachable")
+
+    monkeypatch.setattr("torchvision.datasets.Imagenette", offline)
+    with pytest.raises(UserError, match="could not download Imagenette.*pass --data-dir"):
+        data.resolve_data_dir(None)

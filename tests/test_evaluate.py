@@ -1,0 +1,175 @@
+"""The evaluation harness: protocol, checkpoints (from a real train.py run too), timm models, policies, reports, errors.
+
+Everything runs on CPU with 2-block models on the 40x40 ImageFolder of ``conftest.py``.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import timm
+import torch
+from conftest import tiny_args
+from PIL import Image
+from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD, ImageNetInfo
+from torchvision import transforms
+
+from vit_rope import evaluate, report
+from vit_rope.engine import save_checkpoint
+from vit_rope.policies import POLICIES
+
+ROPE = "vit_rope_tiny_patch16_mixed_224"
+CLASSES = ["class_0", "class_1", "class_2"]
+
+
+def write_checkpoint(path: Path, ema_bias: float | None = None, drop: tuple[str, ...] = ()) -> Path:
+    """A checkpoint with the keys train.py writes; LayerScale at 1 so that the RoPE policy visibly matters."""
+    kwargs = {"num_classes": 3, "img_size": 32, "drop_path_rate": 0.0, "depth": 2}
+    torch.manual_seed(0)
+    model = timm.create_model(ROPE, **kwargs)
+    for name, param in model.named_parameters():
+        if name.endswith(".gamma"):
+            param.data.fill_(1.0)
+    ckpt = {"model_name": ROPE, "model_kwargs": kwargs, "classes": CLASSES, "model": model.state_dict(),
+            "config": {"img_size": 32, "model": ROPE}, "epoch": 1}
+    if ema_bias is not None:
+        ckpt["model_ema"] = {**model.state_dict(), "head.bias": torch.full((3,), ema_bias)}
+    save_checkpoint({key: value for key, value in ckpt.items() if key not in drop}, path)
+    return path
+
+
+@pytest.fixture
+def checkpoint(tmp_path: Path) -> Path:
+    return write_checkpoint(tmp_path / "best.pth")
+
+
+def run(*args: str) -> int:
+    return evaluate.main([*args, "--device", "cpu", "--workers", "0", "--batch-size", "8"])
+
+
+def test_transform_is_the_protocol() -> None:
+    """timm's eval transform is exactly: short side to floor(size / crop_pct) bicubic, center crop, ImageNet norm."""
+    steps = evaluate.eval_transform(64, 0.875).transforms
+    assert [type(step).__name__ for step in steps] == ["Resize", "CenterCrop", "MaybeToTensor", "Normalize"]
+    assert steps[0].size == 73 and steps[0].interpolation == transforms.InterpolationMode.BICUBIC  # int: short side
+    assert list(steps[1].size) == [64, 64]
+    assert steps[3].mean.tolist() == pytest.approx(IMAGENET_DEFAULT_MEAN)
+    assert steps[3].std.tolist() == pytest.approx(IMAGENET_DEFAULT_STD)
+    assert evaluate.eval_transform(64, 1.0).transforms[0].size == 64
+
+
+def test_subset_is_even_and_deterministic() -> None:
+    assert evaluate.subset(12, 3) == [0, 4, 8]  # one image of each of 3 classes of 4
+    assert evaluate.subset(5, 10) == evaluate.subset(5, None) == [0, 1, 2, 3, 4]
+
+
+def test_checkpoint_and_timm_models(image_root: Path, checkpoint: Path, tmp_path: Path, capsys) -> None:
+    """A RoPE checkpoint under two policies, timm's APE ViT and timm's RoPE port: all three reports."""
+    out = tmp_path / "eval"
+    assert run("--checkpoint", str(checkpoint), "--model", "vit_tiny_patch16_224", "vit_small_patch16_rope_mixed_224",
+               "--model-kwargs", "depth=1", "--train-size", "32", "--data-dir", str(image_root), "--img-sizes", "32",
+               "48", "64", "--policy", "extrapolate", "interpolate", "--output", str(out)) == 0
+    printed = capsys.readouterr().out
+    assert printed.startswith("protocol: resize the short side to floor(size / 1.0) px (PIL bicubic), center-crop")
+
+    results = json.loads((out / "results.json").read_text())["results"]
+    rows = {(r["model"].split(" ")[0], r["policy"], r["img_size"]) for r in results}
+    expected = {(ROPE, p, s) for p in ("extrapolate", "interpolate") for s in (32, 48, 64)}
+    timm_models = ("vit_tiny_patch16_224", "vit_small_patch16_rope_mixed_224")
+    expected |= {(m, None, s) for m in timm_models for s in (32, 48, 64)}
+    assert rows == expected and len(results) == len(expected)
+    assert all(0 <= r["top1"] <= r["top5"] <= 100 and r["images"] == 12 and r["train_size"] == 32 for r in results)
+    assert all(r["loss"] > 0 and r["images_per_s"] > 0 for r in results)
+    ours = {(r["policy"], r["img_size"]): r["loss"] for r in results if r["model"].startswith(ROPE)}
+    assert ours["extrapolate", 32] == pytest.approx(ours["interpolate", 32])  # policies agree at the training size
+    assert ours["extrapolate", 64] != pytest.approx(ours["interpolate", 64], rel=1e-6)  # and the policy is applied
+
+    table = (out / "results.md").read_text()
+    assert "| model | policy | 32* | 48 | 64 |" in table and "| vit_tiny_patch16_224 | - | **" in table
+    assert table.count(f"| {ROPE} ({checkpoint}) | interpolate | **") == 3  # top-1, top-5, images/s tables
+    with Image.open(out / "accuracy_vs_resolution.png") as image:
+        assert image.format == "PNG" and image.size[0] > 100
+
+
+def test_train_py_checkpoint(image_root: Path, tmp_path: Path) -> None:
+    """The checkpoint of a real one-epoch train.py run, rebuilt and evaluated; --limit takes one image per class."""
+    spec = importlib.util.spec_from_file_location("train_script", Path(__file__).parents[1] / "train.py")
+    train = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(train)
+    assert train.main(tiny_args(image_root, tmp_path / "run", "--epochs", "1", "model_ema=true")) == 0
+    results = evaluate.evaluate_models([evaluate.load_trained(tmp_path / "run" / "best.pth")], image_root, [32, 64],
+                                       ["yarn"], device="cpu", limit=3, batch_size=3, workers=0)
+    assert [(r["policy"], r["img_size"], r["images"]) for r in results] == [("yarn", 32, 3), ("yarn", 64, 3)]
+    assert all(r["top1"] in (0, 100 / 3, 200 / 3, 100) for r in results)
+
+
+def test_ema_weights_preferred(tmp_path: Path) -> None:
+    path = write_checkpoint(tmp_path / "ema.pth", ema_bias=7.0)
+    assert evaluate.load_trained(path).model.head.bias.tolist() == [7.0] * 3
+    assert evaluate.load_trained(path, use_ema=False).model.head.bias.tolist() != [7.0] * 3
+
+
+def test_classes_matched_by_name(checkpoint: Path) -> None:
+    """Outputs are looked up by class name: a reordered checkpoint, or an ImageNet-1k model on a few synsets."""
+    model = evaluate.load_trained(checkpoint)
+    model.classes = CLASSES[::-1]
+    assert evaluate.label_map(model, CLASSES, Path("val")).tolist() == [2, 1, 0]
+    imagenet = evaluate.EvalModel("in1k", model.model, 224, ImageNetInfo().label_names())
+    assert evaluate.label_map(imagenet, ["n01440764", "n01443537"], Path("val")).tolist() == [0, 1]
+    with pytest.raises(evaluate.UserError, match=r"has classes \['dog'\] that in1k was not trained on"):
+        evaluate.label_map(imagenet, ["dog"], Path("val"))
+
+
+def test_plot_skipped_without_matplotlib(tmp_path: Path, monkeypatch, capsys) -> None:
+    monkeypatch.setitem(sys.modules, "matplotlib.figure", None)  # makes the import fail
+    results = [{"model": "m", "policy": None, "img_size": 32, "train_size": 32, "top1": 50.0, "top5": 100.0,
+                "images_per_s": 10.0}]
+    report.write_reports(results, tmp_path, "protocol")
+    assert capsys.readouterr().out.startswith("warning: matplotlib is not installed, skipping the plot")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["results.json", "results.md"]
+
+
+@pytest.mark.parametrize("case, message", [
+    ("size", "size 100 is not a multiple of the patch size 16 of vit_rope_tiny_patch16_mixed_224"),
+    ("policy", f"unknown RoPE policy bogus: choose from {', '.join(POLICIES)}"),
+    ("no_name", "has no model_name, so its model cannot be rebuilt"),
+    ("no_config", "has no config, so its model cannot be rebuilt"),
+    ("state_dict", "is not a vit-rope training checkpoint"),
+    ("no_val", "missing/val does not exist"),
+    ("model", "unknown model 'vit_tiny_patch16_22'; did you mean 'vit_tiny_patch16_224'?"),
+])
+def test_bad_input(case: str, message: str, image_root: Path, checkpoint: Path, tmp_path: Path, capsys) -> None:
+    """Each mistake: exit code 2, one line naming the value, and nothing evaluated or written."""
+    source = ["--checkpoint", str(checkpoint)]
+    if case in ("no_name", "no_config"):
+        source[1] = str(write_checkpoint(tmp_path / "bad.pth", drop=("model_name" if case == "no_name" else "config",)))
+    if case == "state_dict":
+        torch.save(timm.create_model(ROPE, depth=1).state_dict(), tmp_path / "weights.pth")
+        source[1] = str(tmp_path / "weights.pth")
+    if case == "model":
+        source = ["--model", "vit_tiny_patch16_22"]
+    code = run(*source, "--data-dir", str(tmp_path / "missing" if case == "no_val" else image_root),
+               "--img-sizes", "32", *(["100"] if case == "size" else []),
+               "--policy", "bogus" if case == "policy" else "extrapolate", "--output", str(tmp_path / "eval"))
+    err = capsys.readouterr().err
+    assert code == 2 and err.startswith("error: ") and message in err and err.count("\n") == 1
+    assert not (tmp_path / "eval").exists()
+    if case == "size":
+        assert err.rstrip().endswith("use 96 or 112")
+
+
+def test_pretrained_file(tmp_path: Path) -> None:
+    """--pretrained-file weights load through timm's pretrained path; a given num_classes keeps the file's head."""
+    torch.manual_seed(0)
+    source = timm.create_model("vit_tiny_patch16_224", depth=1, num_classes=3, img_size=32)
+    torch.save(source.state_dict(), tmp_path / "vit.pth")
+    loaded = evaluate.load_pretrained("vit_tiny_patch16_224", str(tmp_path / "vit.pth"), 10, 32,
+                                      {"depth": 1, "num_classes": 3})
+    assert loaded.train_size == 32 and loaded.classes is None
+    assert all(torch.equal(value, loaded.model.state_dict()[key]) for key, value in source.state_dict().items())
+    with pytest.raises(evaluate.UserError, match="vit.pth does not fit vit_tiny_patch16_224"):
+        evaluate.load_pretrained("vit_tiny_patch16_224", str(tmp_path / "vit.pth"), 10, 32, {"depth": 2})

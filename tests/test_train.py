@@ -1,0 +1,217 @@
+"""End-to-end training runs of a tiny ViT on a generated ImageFolder (CPU): outputs, resume, DDP, bad input."""
+
+from __future__ import annotations
+
+import csv
+import os
+import subprocess
+import sys
+import types
+from pathlib import Path
+
+import pytest
+import timm
+import torch
+import yaml
+from conftest import ROPE_MODEL, TINY_MODEL, tiny_args
+from timm.optim import create_optimizer_v2
+
+import train
+from vit_rope import engine
+from vit_rope.config import build_config
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def metrics(output: Path) -> list[dict[str, str]]:
+    with (output / "metrics.csv").open() as f:
+        return list(csv.DictReader(f))
+
+
+def test_two_epochs_learn_and_write_every_output(image_root: Path, tmp_path: Path, capsys) -> None:
+    out = tmp_path / "run"
+    assert train.main(tiny_args(image_root, out, "batch_size=4")) == 0
+    assert {p.name for p in out.iterdir()} >= {"config.yaml", "metrics.csv", "last.pth", "best.pth"}
+    rows = metrics(out)
+    assert [row["epoch"] for row in rows] == ["1", "2"]
+    assert list(rows[0]) == ["epoch", "train_loss", "val_loss", "top1", "top5", "lr", "images_per_s", "seconds"]
+    assert float(rows[1]["train_loss"]) < float(rows[0]["train_loss"])
+    assert 0 <= float(rows[1]["top1"]) <= 100 and float(rows[1]["top5"]) == 100  # 3 classes: top-5 is everything
+    assert "top1" in capsys.readouterr().out
+    assert build_config(out / "config.yaml").data_dir == str(image_root)  # the resolved config repeats the run
+
+
+def test_checkpoint_loads_weights_only_and_rebuilds_the_model_alone(image_root: Path, tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    assert train.main(tiny_args(image_root, out, "--epochs", "1", "model_ema=true")) == 0
+    ckpt = torch.load(out / "last.pth", weights_only=True)
+    assert {"format", "model_name", "model_kwargs", "classes", "model", "model_ema", "optimizer", "scheduler",
+            "scaler", "epoch", "best_top1", "rng", "config", "metrics"} <= set(ckpt)
+    assert ckpt["epoch"] == 1 and ckpt["classes"] == ["class_0", "class_1", "class_2"]
+    model = timm.create_model(ckpt["model_name"], **ckpt["model_kwargs"])
+    model.load_state_dict(ckpt["model"])
+    assert model(torch.zeros(1, 3, 32, 32)).shape == (1, 3)
+    assert "ema_top1" in metrics(out)[0]
+
+
+@pytest.mark.parametrize("workers", [0, 1])  # augmentation in this process / in a loader worker process
+def test_resume_after_interruption_matches_an_uninterrupted_run(image_root: Path, tmp_path: Path, monkeypatch,
+                                                                 workers: int) -> None:
+    # every source of randomness on: data order, RandAugment, random erasing, Mixup/CutMix, drop-path, EMA
+    random_all = ("--epochs", "3", "mixup=0.8", "cutmix=1.0", "auto_augment=rand-m9-mstd0.5-inc1", "reprob=0.25",
+                  "drop_path=0.1", "model_ema=true", "warmup_epochs=1", f"workers={workers}")
+    straight, resumed = tmp_path / "straight", tmp_path / "resumed"
+    assert train.main(tiny_args(image_root, straight, *random_all)) == 0
+
+    real_epoch = engine.train_one_epoch
+
+    def killed_in_third_epoch(*args, **kwargs):
+        if args[7] == 2:  # 0-based epoch index
+            raise KeyboardInterrupt
+        return real_epoch(*args, **kwargs)
+
+    monkeypatch.setattr(engine, "train_one_epoch", killed_in_third_epoch)
+    with pytest.raises(KeyboardInterrupt):
+        train.main(tiny_args(image_root, resumed, *random_all))
+    monkeypatch.setattr(engine, "train_one_epoch", real_epoch)
+    assert torch.load(resumed / "last.pth", weights_only=True)["epoch"] == 2
+    assert train.main(tiny_args(image_root, resumed, *random_all, "--resume", str(resumed / "last.pth"))) == 0
+
+    a = torch.load(straight / "last.pth", weights_only=True)
+    b = torch.load(resumed / "last.pth", weights_only=True)
+    for key in ("model", "model_ema"):
+        for name, tensor in a[key].items():
+            torch.testing.assert_close(b[key][name], tensor, rtol=0, atol=1e-5, msg=f"{key}.{name}")
+    assert [row["epoch"] for row in metrics(resumed)] == ["1", "2", "3"]
+    assert metrics(resumed)[2]["train_loss"] == metrics(straight)[2]["train_loss"]
+
+
+def test_unreadable_image_is_skipped_and_counted_in_the_epoch_summary(image_root: Path, tmp_path: Path,
+                                                                        capsys) -> None:
+    bad = image_root / "train" / "class_1" / "5.jpg"
+    bad.write_bytes(b"not an image at all")
+    assert train.main(tiny_args(image_root, tmp_path / "run", "--epochs", "1")) == 0
+    captured = capsys.readouterr()
+    assert "(1 unreadable image(s) skipped)" in captured.out
+
+
+def test_diverging_loss_stops_naming_epoch_and_step_and_keeps_last_checkpoint(image_root: Path, tmp_path: Path,
+                                                                               capsys) -> None:
+    # a step schedule that multiplies the lr by 1e30 after epoch 1 makes epoch 2 blow up
+    out = tmp_path / "run"
+    code = train.main(tiny_args(image_root, out, "sched=step", "decay_epochs=1", "decay_rate=1e30", "opt=sgd",
+                                "lr=0.1"))
+    err = capsys.readouterr().err
+    assert code == 1
+    assert "at epoch 2, step 2 of 3" in err and "last.pth (epoch 1) is the last good checkpoint" in err
+    assert torch.load(out / "last.pth", weights_only=True)["epoch"] == 1
+
+
+@pytest.mark.parametrize("breakage, message", [
+    (lambda root: (root / "train").rename(root / "training"), "/train does not exist"),
+    (lambda root: [p.unlink() for p in (root / "val" / "class_0").iterdir()], "val/class_0 holds no images"),
+])
+def test_bad_data_folder_exits_2_with_one_line(image_root: Path, tmp_path: Path, capsys, breakage,
+                                               message: str) -> None:
+    breakage(image_root)
+    assert train.main(tiny_args(image_root, tmp_path / "run")) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and message in err and err.count("\n") == 1
+    assert not (tmp_path / "run").exists()
+
+
+def test_resume_from_something_else_is_a_clear_error(image_root: Path, tmp_path: Path, capsys) -> None:
+    (tmp_path / "notes.pth").write_text("hello")
+    torch.save({"weights": torch.zeros(1)}, tmp_path / "other.pth")
+    for path, message in (("notes.pth", "is not a vit-rope training checkpoint: torch.load failed"),
+                          ("other.pth", "is not a vit-rope training checkpoint (no format"),
+                          ("missing.pth", "does not exist")):
+        assert train.main(tiny_args(image_root, tmp_path / "run", "--resume", str(tmp_path / path))) == 2
+        assert message in capsys.readouterr().err
+
+
+def test_unknown_model_and_key_suggest_the_closest_name(image_root: Path, tmp_path: Path, capsys) -> None:
+    assert train.main(tiny_args(image_root, tmp_path / "run", "--model", "vit_tiny_patch16_22")) == 2
+    assert "did you mean 'vit_tiny_patch16_224'" in capsys.readouterr().err
+    assert train.main(tiny_args(image_root, tmp_path / "run", "epoch=3")) == 2
+    assert "did you mean 'epochs'" in capsys.readouterr().err
+
+
+def test_finetune_at_a_higher_resolution_resamples_the_position_embedding(image_root: Path, tmp_path: Path) -> None:
+    model = ROPE_MODEL.replace("mixed", "mixed_ape") if TINY_MODEL == ROPE_MODEL else TINY_MODEL
+    assert train.main(tiny_args(image_root, tmp_path / "low", "--model", model, "--epochs", "1")) == 0
+    assert train.main(tiny_args(image_root, tmp_path / "high", "--model", model, "--epochs", "1", "--img-size", "48",
+                                f"finetune={tmp_path / 'low' / 'last.pth'}")) == 0
+    pos_embed = torch.load(tmp_path / "high" / "last.pth", weights_only=True)["model"]["pos_embed"]
+    assert pos_embed.shape[1] in (9, 10)  # 3x3 patches (+ class token unless no_embed_class)
+
+
+def test_mixed_rope_frequencies_get_no_weight_decay(image_root: Path, tmp_path: Path, monkeypatch) -> None:
+    if TINY_MODEL != ROPE_MODEL:
+        pytest.skip("vit_rope models are not registered yet")
+    built = {}
+
+    def spy(model, **kwargs):
+        built.update(model=model, optimizer=create_optimizer_v2(model, **kwargs))
+        return built["optimizer"]
+
+    monkeypatch.setattr(train, "create_optimizer_v2", spy)
+    assert train.main(tiny_args(image_root, tmp_path / "run", "--epochs", "1", "opt=lamb", "weight_decay=0.05")) == 0
+    decay = {id(p): group["weight_decay"] for group in built["optimizer"].param_groups for p in group["params"]}
+    freqs = [p for name, p in built["model"].named_parameters() if name.startswith("rope.")]
+    assert len(freqs) == 2 and all(decay[id(p)] == 0 for p in freqs)  # one frequency tensor per block
+    assert decay[id(built["model"].blocks[0].attn.qkv.weight)] == 0.05
+
+
+def test_any_timm_model_trains_including_cnns_and_timm_rope_ports(image_root: Path, tmp_path: Path) -> None:
+    for name, kwargs in (("vit_small_patch16_rope_mixed_224", "{depth: 2}"), ("resnet10t", "{}")):
+        args = tiny_args(image_root, tmp_path / name, "--model", name, "--epochs", "1", f"model_kwargs={kwargs}")
+        assert train.main(args) == 0
+        ckpt = torch.load(tmp_path / name / "last.pth", weights_only=True)
+        timm.create_model(ckpt["model_name"], **ckpt["model_kwargs"]).load_state_dict(ckpt["model"])
+
+
+def test_run_log_drops_rows_past_the_resumed_epoch_and_feeds_tensorboard(tmp_path: Path, monkeypatch) -> None:
+    scalars = []
+
+    class FakeWriter:  # tensorboard is optional and not installed in CI
+        def __init__(self, logdir: str) -> None:
+            assert logdir == str(tmp_path / "tensorboard")
+
+        def add_scalar(self, key: str, value: float, step: int) -> None:
+            scalars.append((key, value, step))
+
+        flush = close = lambda self: None
+
+    monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", types.SimpleNamespace(SummaryWriter=FakeWriter))
+    log = engine.RunLog(tmp_path, ["epoch", "top1"], resume_epoch=None)
+    for epoch in (1, 2, 3):
+        log.write({"epoch": epoch, "top1": 10.0 * epoch})
+    log.close()
+    engine.RunLog(tmp_path, ["epoch", "top1"], resume_epoch=2).close()
+    assert [row["epoch"] for row in metrics(tmp_path)] == ["1", "2"]
+    assert ("top1", 30.0, 3) in scalars
+
+
+def test_command_line_exit_code_and_single_error_line(tmp_path: Path) -> None:
+    result = subprocess.run([sys.executable, "train.py", "--data-dir", str(tmp_path / "nowhere"), "--device", "cpu"],
+                            cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [
+        f"error: {tmp_path / 'nowhere' / 'train'} does not exist; the data dir needs train/ and val/ with one "
+        "folder per class"]
+
+
+def test_torchrun_ddp_on_cpu_writes_one_set_of_files(image_root: Path, tmp_path: Path) -> None:
+    out = tmp_path / "ddp"
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    result = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                             "train.py", *tiny_args(image_root, out, "--epochs", "1", "--batch-size", "4")],
+                            cwd=REPO, capture_output=True, text=True, timeout=240, env=env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert sorted(p.name for p in out.iterdir()) == ["best.pth", "config.yaml", "last.pth", "metrics.csv"]
+    assert len(metrics(out)) == 1
+    assert result.stdout.count("epoch 1/1") == 1  # only rank 0 prints
+    assert "2 x cpu" in result.stdout
+    assert len(torch.load(out / "last.pth", weights_only=True)["rng"]) == 2  # one RNG state per rank
+    assert yaml.safe_load((out / "config.yaml").read_text())["epochs"] == 1

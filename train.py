@@ -1,0 +1,200 @@
+"""Train a timm image classifier (our RoPE ViTs, timm's ViTs and RoPE ports, any timm model) from a YAML config.
+
+    python train.py -c configs/imagenette_cpu.yaml [--data-dir DIR] [--output DIR] [key=value ...]
+    torchrun --nproc_per_node=N train.py -c configs/rope_vit_s_mixed.yaml --data-dir /data/imagenet
+
+Reads top to bottom: config -> device -> data -> model -> optimizer -> resume -> loop. Writes OUTPUT/config.yaml,
+metrics.csv, last.pth (every epoch), best.pth and TensorBoard logs (when installed). Exit codes: 0 done, 1 the loss
+diverged, 2 bad input (config, data folder, checkpoint path).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import logging
+import sys
+import time
+from pathlib import Path
+
+import timm
+import torch
+import torch.distributed as dist
+from timm.data import Mixup, resolve_data_config
+from timm.loss import BinaryCrossEntropy, LabelSmoothingCrossEntropy, SoftTargetCrossEntropy
+from timm.models.vision_transformer import VisionTransformer, checkpoint_filter_fn
+from timm.optim import create_optimizer_v2
+from timm.scheduler import create_scheduler_v2
+from timm.utils import ModelEmaV3, random_seed
+from torch.nn.parallel import DistributedDataParallel
+
+from vit_rope import data, engine
+from vit_rope.config import Config, UserError, parse_args, save_config
+
+
+def create_model(name: str, kwargs: dict) -> tuple[torch.nn.Module, dict]:
+    """``timm.create_model`` with an unknown name or a rejected kwarg reported as a ``UserError``.
+
+    Models without an ``img_size`` argument (CNNs) run at any size, so it is dropped for them.
+
+    Returns:
+        The model and the kwargs that built it (saved in checkpoints so that the model can be rebuilt).
+    """
+    if not timm.is_model(name):
+        closest = difflib.get_close_matches(name, timm.list_models(), n=1, cutoff=0)[0]
+        raise UserError(f"unknown model '{name}'; did you mean '{closest}'? (see timm.list_models())")
+    try:
+        return timm.create_model(name, **kwargs), kwargs
+    except TypeError as err:
+        if "'img_size'" in str(err) and "img_size" in kwargs:
+            return create_model(name, {key: value for key, value in kwargs.items() if key != "img_size"})
+        raise UserError(f"model '{name}' does not accept {kwargs} ({err}); fix model_kwargs") from None
+
+
+def train(cfg: Config) -> None:
+    """Run (or resume) the training described by ``cfg``."""
+    # ---- device, seeds ----------------------------------------------------------------------------------------
+    env = engine.init_distributed(cfg.device)
+    random_seed(cfg.seed, env.rank)
+    threads = engine.set_cpu_threads(cfg.threads, cfg.workers)
+    if env.device.type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = cfg.tf32
+    say = print if env.is_main else lambda *args, **kwargs: None
+    resume = engine.load_checkpoint(cfg.resume) if cfg.resume else None  # a bad path fails before slow data work
+    if resume is not None and resume["model_name"] != cfg.model:
+        raise UserError(f"{cfg.resume} was written for model '{resume['model_name']}', this run builds "
+                        f"'{cfg.model}'; pass --model {resume['model_name']}")
+    finetune = engine.load_checkpoint(cfg.finetune) if cfg.finetune and resume is None else None
+
+    # ---- data: scanned first, because the classifier needs the number of classes -----------------------------
+    with engine.main_process_first(env):  # rank 0 downloads, the other ranks wait
+        data_dir = data.resolve_data_dir(cfg.data_dir, cfg.download_size)
+    cfg.data_dir = str(data_dir)
+    train_samples, classes = data.find_images(data_dir / "train")
+    val_samples, _ = data.find_images(data_dir / "val", classes)
+
+    # ---- model ------------------------------------------------------------------------------------------------
+    net, model_kwargs = create_model(cfg.model, {"num_classes": len(classes), "img_size": cfg.img_size,
+                                                 "drop_path_rate": cfg.drop_path, **cfg.model_kwargs})
+    channels_last = cfg.channels_last and env.device.type == "cuda"
+    net.to(env.device, memory_format=torch.channels_last if channels_last else torch.preserve_format)
+    data_config = resolve_data_config({"input_size": (3, cfg.img_size, cfg.img_size), "crop_pct": cfg.crop_pct,
+                                       "interpolation": cfg.interpolation}, model=net)
+    with engine.main_process_first(env):  # rank 0 writes the decoded cache, the other ranks read it
+        train_loader, val_loader = data.build_loaders(cfg, train_samples, val_samples, data_config, env.rank,
+                                                      env.world_size, pin_memory=env.device.type == "cuda")
+    say(f"{cfg.model}: {sum(p.numel() for p in net.parameters()) / 1e6:.2f}M params on {env.world_size} x "
+        f"{env.device.type} ({threads} CPU threads each); {len(train_samples)} train / {len(val_samples)} val "
+        f"images, {len(classes)} classes, {len(train_loader)} steps per epoch")
+
+    # ---- optimizer, schedule, loss, EMA (timm): no weight decay on 1-D params and model.no_weight_decay() ------
+    optimizer = create_optimizer_v2(net, opt=cfg.opt, lr=cfg.lr, weight_decay=cfg.weight_decay, momentum=cfg.momentum)
+    scheduler, _ = create_scheduler_v2(optimizer, cfg.sched, num_epochs=cfg.epochs, warmup_epochs=cfg.warmup_epochs,
+                                       warmup_lr=cfg.warmup_lr, min_lr=cfg.min_lr, decay_epochs=cfg.decay_epochs,
+                                       decay_rate=cfg.decay_rate, step_on_epochs=False,
+                                       updates_per_epoch=len(train_loader))
+    scaler = torch.amp.GradScaler(env.device.type, enabled=cfg.amp and cfg.amp_dtype == "float16"
+                                  and env.device.type == "cuda")  # bf16 needs no loss scaling
+    mixup = None
+    if cfg.mixup > 0 or cfg.cutmix > 0:
+        mixup = Mixup(mixup_alpha=cfg.mixup, cutmix_alpha=cfg.cutmix, prob=cfg.mixup_prob,
+                      switch_prob=cfg.mixup_switch_prob, label_smoothing=cfg.smoothing, num_classes=len(classes))
+    if cfg.loss == "bce":
+        loss_fn = BinaryCrossEntropy(smoothing=cfg.smoothing)  # DeiT-III; Mixup's soft targets pass through as is
+    elif mixup is not None:
+        loss_fn = SoftTargetCrossEntropy()  # Mixup already applied the label smoothing
+    else:
+        loss_fn = LabelSmoothingCrossEntropy(cfg.smoothing) if cfg.smoothing else torch.nn.CrossEntropyLoss()
+    ema = ModelEmaV3(net, decay=cfg.model_ema_decay) if cfg.model_ema else None
+
+    # ---- resume a run, or start from another run's weights -----------------------------------------------------
+    start_epoch, best_top1 = 0, float("-inf")
+    if resume is not None:
+        states = {"model weights": (net, resume["model"]), "optimizer state": (optimizer, resume["optimizer"]),
+                  "scheduler": (scheduler, resume["scheduler"])}
+        if resume["scaler"]:  # empty when the run used no float16 loss scaling
+            states["grad scaler"] = (scaler, resume["scaler"])
+        if ema is not None:  # a run that turns EMA on at resume starts it from the weights
+            states["EMA weights"] = (ema.module, resume.get("model_ema", resume["model"]))
+        for what, (obj, state) in states.items():
+            engine.load_state(obj, state, what, cfg.resume)
+        engine.set_rng_state(resume["rng"][env.rank % len(resume["rng"])])
+        start_epoch, best_top1 = resume["epoch"], resume["best_top1"]
+        say(f"resumed {cfg.resume} at epoch {start_epoch}")
+    elif finetune is not None:
+        state = finetune["model"]
+        if isinstance(net, VisionTransformer):
+            state = checkpoint_filter_fn(state, net)  # resamples a learned pos_embed to the new img_size
+        engine.load_state(net, state, "model weights", cfg.finetune)
+        if ema is not None:
+            ema.module.load_state_dict(net.state_dict())
+
+    # ---- wrap for DDP and torch.compile; outputs (rank 0 only) -------------------------------------------------
+    model = net
+    if env.distributed:
+        model = DistributedDataParallel(net, device_ids=[env.device.index] if env.device.type == "cuda" else None)
+    if cfg.compile:
+        model = torch.compile(model)
+    output = Path(cfg.output)
+    columns = ["epoch", "train_loss", "val_loss", "top1", "top5", "lr", "images_per_s", "seconds"]
+    columns += ["ema_top1", "ema_top5"] if ema is not None else []
+    if env.is_main:
+        output.mkdir(parents=True, exist_ok=True)
+        save_config(cfg, output / "config.yaml")
+        log = engine.RunLog(output, columns, start_epoch if resume else None)
+
+    # ---- train ------------------------------------------------------------------------------------------------
+    for epoch in range(start_epoch, cfg.epochs):
+        start = time.perf_counter()
+        data.set_epoch(train_loader, epoch, cfg.seed, env.rank)
+        try:
+            stats = engine.train_one_epoch(model, train_loader, optimizer, scheduler, loss_fn, cfg, env, epoch,
+                                           scaler=scaler, mixup=mixup, ema=ema)
+        except engine.NonFiniteLossError as err:
+            last = output / "last.pth"
+            kept = f"{last} (epoch {epoch}) is the last good checkpoint" if last.exists() else "no checkpoint yet"
+            raise engine.NonFiniteLossError(f"{err}; {kept}") from None
+        stats |= engine.validate(model, val_loader, cfg, env)
+        if ema is not None:
+            stats |= {f"ema_{key}": value for key, value in engine.validate(ema.module, val_loader, cfg, env).items()}
+        scheduler.step(epoch + 1, stats["top1"])  # per-epoch schedulers only (plateau); the rest step per update
+        stats |= {"epoch": epoch + 1, "seconds": time.perf_counter() - start}
+        best_top1, is_best = max(best_top1, stats["top1"]), stats["top1"] > best_top1
+        rng = engine.gather_rng_states(env)  # a collective: every rank takes part
+        if not env.is_main:
+            continue
+        log.write(stats)
+        say(f"epoch {epoch + 1}/{cfg.epochs} " + " ".join(f"{key} {stats[key]:.4g}" for key in columns[1:])
+            + (f" ({stats['skipped']} unreadable image(s) skipped)" if stats["skipped"] else ""), flush=True)
+        ckpt = {"model_name": cfg.model, "model_kwargs": model_kwargs, "classes": classes, "model": net.state_dict(),
+                **({"model_ema": ema.module.state_dict()} if ema else {}),  # the key timm's loaders look for
+                "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
+                "scaler": scaler.state_dict(), "epoch": epoch + 1, "best_top1": best_top1, "rng": rng,
+                "config": dataclasses.asdict(cfg), "metrics": stats}
+        engine.save_checkpoint(ckpt, output / "last.pth")
+        if is_best:
+            engine.save_checkpoint(ckpt, output / "best.pth")
+    if env.is_main:
+        log.close()
+        say(f"done: best top1 {best_top1:.2f}; checkpoints in {output}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Command-line entry point; returns the exit code (0 done, 1 loss diverged, 2 bad input)."""
+    logging.basicConfig(format="%(levelname)s: %(message)s")
+    try:
+        train(parse_args(argv))
+    except UserError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    except engine.NonFiniteLossError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

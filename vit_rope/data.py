@@ -1,0 +1,241 @@
+"""Datasets and loaders: ImageFolder splits with clear errors, timm transforms, and an optional decoded cache.
+
+Unreadable images never stop a run: they are replaced by the next readable image (so batches keep their size, which
+Mixup and DDP rely on), a warning names the file, and the epoch summary counts them. Epoch order and augmentation
+randomness are functions of (seed, epoch, rank) only, so a resumed run sees the same batches as an uninterrupted one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from PIL import Image
+from timm.data import create_transform
+from timm.data.distributed_sampler import RepeatAugSampler
+from torch.utils.data import DataLoader, Dataset, DistributedSampler, Subset
+
+from vit_rope.config import Config, UserError
+from vit_rope.engine import atomic_save
+
+_log = logging.getLogger(__name__)
+REPO_ROOT = Path(__file__).resolve().parent.parent
+IMAGE_EXTENSIONS = frozenset(Image.registered_extensions())
+Sample = tuple[str, int]
+
+
+def resolve_data_dir(data_dir: str | None, download_size: str = "320px") -> Path:
+    """Choose the dataset root: ``data_dir``, else the shared Imagenette next to the repo, else download Imagenette.
+
+    The order lets the same command work in this project's workspace (``../shared/data/imagenette``) and for users
+    with only internet access (torchvision's Imagenette into ``~/.cache/vit_rope``); it never falls back to
+    synthetic data.
+
+    Args:
+        data_dir: ``--data-dir``; must contain ``train/`` and ``val/``.
+        download_size: Imagenette variant to download: ``full``, ``320px`` or ``160px``.
+    """
+    if data_dir:
+        return Path(data_dir).expanduser()
+    shared = REPO_ROOT.parent / "shared" / "data" / "imagenette"
+    if shared.is_dir():
+        return shared
+    from torchvision.datasets import Imagenette
+
+    root = Path(os.environ.get("XDG_CACHE_HOME", "~/.cache")).expanduser() / "vit_rope"
+    print(f"no --data-dir and no {shared}: downloading Imagenette ({download_size}) to {root}", flush=True)
+    try:
+        for split in ("train", "val"):
+            Imagenette(root, split=split, size=download_size, download=True)
+    except (OSError, RuntimeError) as err:
+        raise UserError(f"could not download Imagenette to {root} ({err}); pass --data-dir DIR with train/ and "
+                        "val/ class folders") from None
+    return root / ("imagenette2" if download_size == "full" else f"imagenette2-{download_size.removesuffix('px')}")
+
+
+def find_images(split_dir: Path, classes: list[str] | None = None) -> tuple[list[Sample], list[str]]:
+    """List ``(path, class index)`` for an ImageFolder split (one sub-folder per class, images in any PIL format).
+
+    Args:
+        split_dir: ``DIR/train`` or ``DIR/val``.
+        classes: the train split's class names, so that val indices match; None to take them from this folder.
+
+    Returns:
+        The samples and the class names.
+    """
+    if not split_dir.is_dir():
+        raise UserError(f"{split_dir} does not exist; the data dir needs train/ and val/ with one folder per class")
+    found = sorted(d.name for d in split_dir.iterdir() if d.is_dir() and not d.name.startswith("."))
+    if not found:
+        raise UserError(f"{split_dir} has no class folders; put each class's images in {split_dir}/<class name>/")
+    classes = classes or found
+    samples = []
+    for name in found:
+        folder = split_dir / name
+        if name not in classes:
+            raise UserError(f"{folder} is a class the train split does not have; rename or remove it")
+        files = sorted(str(p) for p in folder.rglob("*") if p.suffix.lower() in IMAGE_EXTENSIONS and p.is_file())
+        if not files:
+            raise UserError(f"{folder} holds no images; add images (any format PIL reads) or remove the folder")
+        samples += [(path, classes.index(name)) for path in files]
+    return samples, classes
+
+
+def decode_image(path: str, short_side: int | None = None) -> Image.Image:
+    """Read an image as RGB (grayscale, CMYK, palette all converted); optionally shrink its short side.
+
+    ``draft`` lets the JPEG decoder itself downscale by 2-8x, which is most of the decoded cache's speed-up.
+    """
+    with Image.open(path) as img:
+        if short_side:
+            img.draft("RGB", (short_side, short_side))
+        img = img.convert("RGB")
+    if short_side and min(img.size) > short_side:
+        scale = short_side / min(img.size)
+        img = img.resize([max(1, round(side * scale)) for side in img.size], Image.Resampling.BICUBIC)
+    return img
+
+
+class _Decoder(Dataset):
+    """Decodes for the cache in loader workers; a file that fails becomes an empty array, reported on use."""
+
+    def __init__(self, paths: list[str], short_side: int) -> None:
+        self.paths, self.short_side = paths, short_side
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+    def __getitem__(self, index: int) -> torch.Tensor:
+        try:
+            return torch.from_numpy(np.array(decode_image(self.paths[index], self.short_side)))
+        except Exception:  # any failure to read the file; the dataset warns each time it is drawn
+            return torch.zeros((0, 0, 3), dtype=torch.uint8)
+
+
+class DecodedImages:
+    """A split decoded once, short side shrunk to a fixed size, in one flat uint8 tensor (HWC per image).
+
+    On a small CPU, decoding full-size JPEGs every epoch costs more than a tiny ViT's training step. A single flat
+    tensor rather than a list of arrays is shared by forked loader workers instead of being copied into each.
+    """
+
+    def __init__(self, data: torch.Tensor, offsets: torch.Tensor, shapes: torch.Tensor) -> None:
+        self.data, self.offsets, self.shapes = data, offsets, shapes
+
+    def image(self, index: int) -> Image.Image:
+        height, width = self.shapes[index].tolist()
+        if height == 0:
+            raise OSError("it could not be decoded when the cache was built")
+        start = int(self.offsets[index])
+        return Image.fromarray(self.data[start:start + height * width * 3].view(height, width, 3).numpy())
+
+    @classmethod
+    def build(cls, paths: list[str], short_side: int, workers: int) -> DecodedImages:
+        """Decode ``paths`` in parallel (``workers`` processes) into a new cache."""
+        loader = DataLoader(_Decoder(paths, short_side), batch_size=32, num_workers=workers, collate_fn=list)
+        arrays = [array for batch in loader for array in batch]
+        shapes = torch.tensor([array.shape[:2] for array in arrays], dtype=torch.long).reshape(-1, 2)
+        sizes = shapes.prod(1) * 3
+        return cls(torch.cat([array.reshape(-1) for array in arrays]), sizes.cumsum(0) - sizes, shapes)
+
+    @classmethod
+    def load_or_build(cls, paths: list[str], short_side: int, workers: int, cache_dir: Path | None) -> DecodedImages:
+        """Build the cache, or with ``cache_dir`` reuse the file of an earlier run on the same files and size.
+
+        The file name hashes every path, size and modification time, so a changed dataset is decoded again.
+        """
+        if cache_dir is None:
+            return cls.build(paths, short_side, workers)
+        listing = [(path, os.stat(path).st_size, os.stat(path).st_mtime_ns) for path in paths]
+        digest = hashlib.sha1(repr((listing, short_side)).encode()).hexdigest()[:16]
+        file = cache_dir / f"decoded-{short_side}px-{digest}.pt"
+        if file.exists():
+            return cls(**torch.load(file, weights_only=True))
+        images = cls.build(paths, short_side, workers)
+        cache_dir.mkdir(parents=True, exist_ok=True)
+        atomic_save({"data": images.data, "offsets": images.offsets, "shapes": images.shapes}, file)
+        return images
+
+
+class ImageFolderDataset(Dataset):
+    """``(image tensor, class index, number of unreadable files skipped)`` for each sample of a split."""
+
+    def __init__(self, samples: list[Sample], transform: Any, cache: DecodedImages | None = None) -> None:
+        self.samples, self.transform, self.cache = samples, transform, cache
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int, int]:
+        for skipped in range(len(self.samples)):
+            current = (index + skipped) % len(self.samples)
+            path, target = self.samples[current]
+            try:
+                image = decode_image(path) if self.cache is None else self.cache.image(current)
+            except Exception as err:  # PIL raises OSError, SyntaxError, ValueError, ... for bad files
+                _log.warning("skipping unreadable image %s (%s)", path, err)
+                continue
+            return self.transform(image), target, skipped
+        raise RuntimeError("no image of the dataset could be read")
+
+
+def build_transforms(cfg: Config, data_config: dict[str, Any]) -> tuple[Any, Any]:
+    """timm's train (random-resized crop, flip, RandAugment/ThreeAugment ``3a``, random erasing) and eval transforms.
+
+    Args:
+        data_config: from ``timm.data.resolve_data_config``: input size, interpolation, mean/std, crop_pct.
+    """
+    common = {key: data_config[key] for key in ("input_size", "interpolation", "mean", "std")}
+    train = create_transform(is_training=True, train_crop_mode=cfg.train_crop_mode, scale=tuple(cfg.scale),
+                             hflip=cfg.hflip, color_jitter=cfg.color_jitter, auto_augment=cfg.auto_augment,
+                             re_prob=cfg.reprob, re_mode="pixel", **common)
+    val = create_transform(is_training=False, crop_pct=data_config["crop_pct"], crop_mode=data_config["crop_mode"],
+                           **common)
+    return train, val
+
+
+def build_loaders(cfg: Config, train_samples: list[Sample], val_samples: list[Sample], data_config: dict[str, Any],
+                  rank: int = 0, world_size: int = 1, pin_memory: bool = False) -> tuple[DataLoader, DataLoader]:
+    """Training loader (shuffled per epoch, sharded across ranks, last partial batch dropped) and validation loader.
+
+    Each rank validates a disjoint slice of the val split without padding, so reduced accuracies are exact.
+
+    Args:
+        pin_memory: page-locked batches, for faster copies to a GPU.
+    """
+    train_tf, val_tf = build_transforms(cfg, data_config)
+    train_cache = val_cache = None
+    if cfg.decoded_cache:
+        short_side = cfg.cache_size or math.floor(cfg.img_size / data_config["crop_pct"])
+        cache_dir = Path(cfg.cache_dir).expanduser() if cfg.cache_dir else None
+        if rank == 0:
+            print(f"decoded cache: {len(train_samples) + len(val_samples)} images at short side {short_side} px"
+                  + (f" in {cache_dir}" if cache_dir else " in memory"), flush=True)
+        decoders = max(cfg.workers, os.cpu_count() or 1)  # a one-off job with nothing else running: every core
+        train_cache, val_cache = (DecodedImages.load_or_build([path for path, _ in samples], short_side, decoders,
+                                                              cache_dir) for samples in (train_samples, val_samples))
+    train_set = ImageFolderDataset(train_samples, train_tf, train_cache)
+    if len(train_set) < cfg.batch_size * world_size:
+        raise UserError(f"the train split has {len(train_set)} images, fewer than one batch of {cfg.batch_size} x "
+                        f"{world_size} process(es); lower batch_size")
+    if cfg.repeated_aug:
+        sampler = RepeatAugSampler(train_set, num_replicas=world_size, rank=rank)
+    else:
+        sampler = DistributedSampler(train_set, num_replicas=world_size, rank=rank, shuffle=True, seed=cfg.seed)
+    train = DataLoader(train_set, cfg.batch_size, sampler=sampler, num_workers=cfg.workers, pin_memory=pin_memory,
+                       drop_last=True, generator=torch.Generator())
+    val_set = Subset(ImageFolderDataset(val_samples, val_tf, val_cache), range(rank, len(val_samples), world_size))
+    val = DataLoader(val_set, cfg.batch_size, num_workers=cfg.workers, pin_memory=pin_memory)
+    return train, val
+
+
+def set_epoch(loader: DataLoader, epoch: int, seed: int, rank: int) -> None:
+    """Fix epoch ``epoch``'s sample order and the loader workers' augmentation seeds from (seed, epoch, rank)."""
+    loader.sampler.set_epoch(epoch)
+    loader.generator.manual_seed(int(np.random.SeedSequence([seed, epoch, rank]).generate_state(1)[0]))

@@ -1,0 +1,171 @@
+"""Diagnostics of a RoPE ViT: frequency coverage, learned mixed directions, attention entropy across sizes.
+
+Why a model extrapolates or not can often be read off its frequencies (RoPE-ViT, Heo et al., ECCV 2024; YaRN,
+Peng et al. 2023): a channel pair that completes less than one turn across the training grid never saw the phases
+that a larger grid produces. Mixed RoPE learns its directions, which the plot shows per layer and head. Attention
+entropy tells whether attention spreads out (dilutes) as the token count grows.
+
+``python -m vit_rope.diagnose --checkpoint PATH [--sizes 224 320 512] [--data-dir DIR] [--output DIR]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from . import registry  # noqa: F401  (registers the models)
+from .config import UserError
+from .data import ImageFolderDataset, find_images
+from .evaluate import eval_transform, load_pretrained, load_trained, parse_kwarg, subset
+from .model import RoPEVisionTransformer
+from .policies import scale_frequencies
+
+
+def frequency_coverage(model: RoPEVisionTransformer, target_grid: tuple[int, int]) -> list[dict[str, Any]]:
+    """Per layer: turns of each channel pair across the training grid and a target grid.
+
+    A pair turns by ``|wx| (w - 1) + |wy| (h - 1)`` radians across an ``h x w`` grid. Pairs with less than one turn
+    on the training grid whose range grows on the target grid meet phases they never saw.
+
+    Returns:
+        One dict per layer (one for axial, whose tables all layers share): ``train_turns`` and ``target_turns``
+        ``[heads][pairs]`` lists, and ``unseen`` = the number of (head, pair) channels that see unseen phases.
+    """
+    rows = []
+    for layer, rope in enumerate(model.rope_modules()):
+        h0, w0 = rope.train_grid
+        freqs, _ = _policy_freqs(rope, target_grid)
+        train = _turns(rope.freqs.detach(), (h0, w0))  # [H, D/2]
+        target = _turns(freqs.detach(), target_grid)
+        unseen = int(((train < 1) & (target > train + 1e-6)).sum())
+        rows.append(dict(layer=layer, train_turns=train.tolist(), target_turns=target.tolist(), unseen=unseen,
+                         pairs=train.numel()))  # fmt: skip
+    return rows
+
+
+def _policy_freqs(rope: nn.Module, grid: tuple[int, int]) -> tuple[Tensor, float]:
+    return scale_frequencies(rope.freqs, grid, rope.train_grid, rope.policy, rope.theta, rope.head_dim)
+
+
+def _turns(freqs: Tensor, grid: tuple[int, int]) -> Tensor:
+    h, w = grid
+    return (freqs[0].abs() * (w - 1) + freqs[1].abs() * (h - 1)) / (2 * math.pi)  # [H, D/2]
+
+
+@torch.no_grad()
+def attention_entropy(model: RoPEVisionTransformer, images: Tensor) -> list[float]:
+    """Mean entropy (nats) of the attention distributions of each block, over images, heads and queries."""
+    entropies: list[float] = []
+
+    def hook(attn: nn.Module, args: tuple, kwargs: dict) -> None:
+        q, k, _ = attn.project(args[0], kwargs.get("rope"))
+        p = torch.softmax((q * attn.scale) @ k.transpose(-2, -1), dim=-1)  # [B, nh, N, N]
+        entropies.append(float(-(p * p.clamp_min(1e-12).log()).sum(-1).mean()))
+
+    handles = [blk.attn.register_forward_pre_hook(hook, with_kwargs=True) for blk in model.blocks]
+    try:
+        model.eval()(images)
+    finally:
+        for handle in handles:
+            handle.remove()
+    return entropies
+
+
+def plot_mixed_directions(model: RoPEVisionTransformer, path: Path) -> bool:
+    """Scatter of the learned (wx, wy) of every pair, one panel per layer, one colour per head."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib is not installed: skipping the directions plot (pip install matplotlib)", file=sys.stderr)
+        return False
+    ropes = model.rope_modules()
+    cols = min(6, len(ropes))
+    rows = math.ceil(len(ropes) / cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(2.6 * cols, 2.6 * rows), squeeze=False)
+    for ax in axes.flat[len(ropes):]:
+        ax.axis("off")
+    for layer, (rope, ax) in enumerate(zip(ropes, axes.flat, strict=False)):
+        wx, wy = rope.freqs.detach().float()
+        for head in range(wx.shape[0]):
+            ax.scatter(wx[head], wy[head], s=6, label=f"head {head}")
+        ax.set_title(f"layer {layer}" if len(ropes) > 1 else "axial (all layers)", fontsize=9)
+        ax.set_aspect("equal")
+        ax.axhline(0, lw=0.3, c="k")
+        ax.axvline(0, lw=0.3, c="k")
+    axes.flat[0].legend(fontsize=6)
+    fig.suptitle(f"RoPE frequencies (wx, wy) per pair ({model.rope_kind})")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return True
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--checkpoint", help="a train.py checkpoint")
+    source.add_argument("--model", help="a vit_rope timm model name (with --pretrained-file for weights)")
+    parser.add_argument("--pretrained-file", help="weights for --model")
+    parser.add_argument("--model-kwargs", nargs="*", type=parse_kwarg, default=[], metavar="KEY=VALUE")
+    parser.add_argument("--sizes", nargs="+", type=int, default=[224, 320, 384, 512], help="image sizes to inspect")
+    parser.add_argument("--data-dir", help="ImageFolder root whose val/ images feed the entropy (else noise)")
+    parser.add_argument("--num-images", type=int, default=8)
+    parser.add_argument("--output", default="output/diagnose")
+    args = parser.parse_args(argv)
+    try:
+        if args.checkpoint:
+            model = load_trained(args.checkpoint).model
+        else:
+            model = load_pretrained(args.model, args.pretrained_file, 1000, model_kwargs=dict(args.model_kwargs)).model
+    except UserError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    if not isinstance(model, RoPEVisionTransformer):
+        print(f"error: {type(model).__name__} is not a vit_rope model: nothing to diagnose", file=sys.stderr)
+        return 2
+    patch = model.patch_embed.patch_size[0]
+    bad = [s for s in args.sizes if s % patch]
+    if bad:
+        print(f"error: sizes {bad} are not multiples of the patch size {patch}", file=sys.stderr)
+        return 2
+    out = Path(args.output)
+    out.mkdir(parents=True, exist_ok=True)
+
+    report: dict[str, Any] = {"kind": model.rope_kind, "policy": model.rope_policy.name, "sizes": {}}
+    train_grid = model.rope_modules()[0].train_grid
+    print(f"RoPE {model.rope_kind}, policy {model.rope_policy.name}, training grid {train_grid}")
+    print(f"{'size':>6s} {'unseen-phase channels':>22s} {'attention entropy per layer (nats)'}")
+    for size in args.sizes:
+        coverage = frequency_coverage(model, (size // patch, size // patch))
+        entropy = attention_entropy(model, _images(args.data_dir, size, args.num_images))
+        unseen, pairs = sum(r["unseen"] for r in coverage), sum(r["pairs"] for r in coverage)
+        report["sizes"][size] = dict(coverage=coverage, entropy=entropy, unseen=unseen, pairs=pairs)
+        print(f"{size:6d} {f'{unseen}/{pairs}':>22s} {' '.join(f'{e:.2f}' for e in entropy)}")
+    (out / "diagnostics.json").write_text(json.dumps(report, indent=1))
+    print(f"wrote {out / 'diagnostics.json'}")
+    if plot_mixed_directions(model, out / "rope_directions.png"):
+        print(f"wrote {out / 'rope_directions.png'}")
+    return 0
+
+
+def _images(data_dir: str | None, size: int, count: int) -> Tensor:
+    """``count`` val images evenly spread over the classes, under the evaluation protocol; noise without data."""
+    if data_dir is None:
+        return torch.randn(count, 3, size, size, generator=torch.Generator().manual_seed(0))
+    samples, _ = find_images(Path(data_dir) / "val")
+    dataset = ImageFolderDataset([samples[i] for i in subset(len(samples), count)], eval_transform(size, 1.0))
+    return torch.stack([dataset[i][0] for i in range(len(dataset))])
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

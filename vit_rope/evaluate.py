@@ -1,0 +1,321 @@
+"""Accuracy against input resolution: checkpoints or timm models on ``DIR/val`` at several sizes and RoPE policies.
+
+    python -m vit_rope.evaluate --checkpoint output/run/best.pth --data-dir DIR --img-sizes 160 224 320 \
+        --policy extrapolate interpolate ntk yarn
+    python -m vit_rope.evaluate --model vit_small_patch16_224 --pretrained-file vit_s.safetensors --data-dir DIR ...
+
+Writes OUTPUT/results.json, results.md and accuracy_vs_resolution.png (``vit_rope.report``). Exit codes: 0 done, 2 bad
+input (sizes, policies, data folder, checkpoint), all checked before any evaluation starts. One protocol for every
+model, so that the numbers compare (crop_pct 1.0 by default, as RoPE-ViT); each size's images are decoded once and fed
+to every model and policy in turn.
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import timm
+import torch
+import yaml
+from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD, ImageNetInfo, create_transform
+from torch import nn
+from torch.utils.data import DataLoader, Subset
+from tqdm import tqdm
+
+import vit_rope  # noqa: F401  (registers the vit_rope_* models)
+from vit_rope.config import UserError
+from vit_rope.data import ImageFolderDataset, find_images, resolve_data_dir
+from vit_rope.engine import load_checkpoint
+from vit_rope.policies import POLICIES
+from vit_rope.report import write_reports
+
+
+@dataclass
+class EvalModel:
+    """A model ready to evaluate, with what the report needs to know about it.
+
+    Attributes:
+        label: row name in the reports (model name, plus the checkpoint path for checkpoints).
+        model: the network; evaluated in eval mode.
+        train_size: the resolution it was trained at, marked in the reports and the reference of RoPE policies.
+        classes: class name of each output; None when unknown (outputs are then taken in val folder order).
+    """
+
+    label: str
+    model: nn.Module
+    train_size: int
+    classes: list[str] | None = None
+
+
+def create_model(name: str, **kwargs: Any) -> nn.Module:
+    """``timm.create_model`` with ``dynamic_img_size=True``, so that ViTs run at every size.
+
+    timm ViTs then interpolate their position embeddings and timm's RoPE ports rebuild their grids; models that do
+    not take the argument (CNNs) accept any size as they are and are built without it.
+    """
+    if not timm.is_model(name):
+        close = difflib.get_close_matches(name, timm.list_models(), n=1)
+        raise UserError(f"unknown model '{name}'" + (f"; did you mean '{close[0]}'?" if close else
+                                                     "; see timm.list_models() for the names"))
+    try:
+        return timm.create_model(name, **{"dynamic_img_size": True, **kwargs})
+    except TypeError as err:
+        if "dynamic_img_size" not in str(err):
+            raise UserError(f"model '{name}' does not accept {kwargs} ({err})") from None
+    return timm.create_model(name, **kwargs)
+
+
+def load_trained(path: str | Path, use_ema: bool = True) -> EvalModel:
+    """Rebuild the model of a ``train.py`` checkpoint and load its weights strictly (EMA weights when saved).
+
+    Reads the keys ``model_name``, ``model_kwargs``, ``config["img_size"]``, ``model``, ``model_ema`` (optional)
+    and ``classes`` (optional).
+    """
+    ckpt = load_checkpoint(path)
+    missing = [key for key in ("model_name", "model_kwargs", "config", "model") if key not in ckpt]
+    if missing or "img_size" not in ckpt["config"]:
+        raise UserError(f"{path} has no {', '.join(missing) or 'config img_size'}, so its model cannot be rebuilt; "
+                        "pass a last.pth or best.pth written by train.py")
+    train_size = int(ckpt["config"]["img_size"])
+    model = create_model(ckpt["model_name"], **{**ckpt["model_kwargs"], "img_size": train_size})
+    ema = use_ema and ckpt.get("model_ema") is not None
+    try:
+        model.load_state_dict(ckpt["model_ema"] if ema else ckpt["model"])
+    except RuntimeError as err:
+        raise UserError(f"the weights in {path} do not fit {ckpt['model_name']} rebuilt with "
+                        f"{ckpt['model_kwargs']} ({str(err).strip().splitlines()[0]})") from None
+    return EvalModel(f"{ckpt['model_name']} ({path}{', EMA' if ema else ''})", model, train_size, ckpt.get("classes"))
+
+
+def load_pretrained(name: str, weights: str | None, num_classes: int, train_size: int | None = None,
+                    model_kwargs: dict[str, Any] | None = None) -> EvalModel:
+    """A timm model with the weights of a local file (random weights without one: for timing only).
+
+    Args:
+        weights: a file timm's ``pretrained_cfg_overlay`` loads; the model then keeps its own class count unless
+            ``num_classes`` is in ``model_kwargs``.
+        num_classes: outputs of a model without weights (the val folder's class count).
+        train_size: built at this size; None takes ``img_size`` from ``model_kwargs`` or the pretrained config.
+        model_kwargs: more ``timm.create_model`` arguments (``depth``, ``num_classes``, ...).
+    """
+    kwargs = dict(model_kwargs or {})
+    if weights is not None and not Path(weights).is_file():
+        raise UserError(f"--pretrained-file {weights} does not exist")
+    if train_size is not None:
+        kwargs["img_size"] = train_size
+    if weights is None:
+        kwargs.setdefault("num_classes", num_classes)
+    overlay = {"file": weights, **({"num_classes": kwargs["num_classes"]} if "num_classes" in kwargs else {})}
+    try:  # the overlay's num_classes keeps a head of that size, which timm would otherwise drop
+        with torch.random.fork_rng(devices=[]):  # seeded: random weights (no file) repeat, for timing runs
+            torch.manual_seed(0)
+            model = create_model(name, pretrained=weights is not None, pretrained_cfg_overlay=overlay, **kwargs)
+    except (RuntimeError, ValueError) as err:
+        raise UserError(f"--pretrained-file {weights} does not fit {name} ({str(err).strip().splitlines()[0]}); "
+                        "pick the model it was trained as, or --model-kwargs to match it") from None
+    size = kwargs.get("img_size", model.pretrained_cfg["input_size"][-1])
+    classes = ImageNetInfo().label_names() if weights is not None and model.num_classes == 1000 else None
+    return EvalModel(name, model, int(size), classes)
+
+
+def label_map(model: EvalModel, val_classes: list[str], val_dir: Path) -> torch.Tensor:
+    """Output index of each val class: by name when the model's classes are known (so that an ImageNet-1k model
+    scores on a folder of a few synsets), else in folder order."""
+    if model.classes is not None:
+        unknown = [name for name in val_classes if name not in model.classes]
+        if unknown:
+            raise UserError(f"{val_dir} has classes {unknown[:5]} that {model.label} was not trained on; evaluate "
+                            "on a folder of its classes")
+        return torch.tensor([model.classes.index(name) for name in val_classes])
+    outputs = model.model.num_classes
+    if outputs != len(val_classes):
+        raise UserError(f"{model.label} has {outputs} outputs but {val_dir} has {len(val_classes)} classes; use a "
+                        "folder of its classes, or --model-kwargs num_classes=N")
+    return torch.arange(outputs)
+
+
+def check_inputs(val_dir: Path, policies: Sequence[str]) -> tuple[list[tuple[str, int]], list[str]]:
+    """Check the policy names and scan ``val_dir``: ``(path, class index)`` of each image, and the class names.
+
+    The cheap checks, run before any checkpoint is loaded so that a typo fails at once.
+    """
+    unknown = sorted(set(policies) - set(POLICIES))
+    if unknown:
+        raise UserError(f"unknown RoPE policy {', '.join(unknown)}: choose from {', '.join(POLICIES)}")
+    if not val_dir.is_dir():
+        raise UserError(f"{val_dir} does not exist; --data-dir must hold val/ with one folder per class")
+    return find_images(val_dir)
+
+
+def check_sizes(sizes: Sequence[int], models: Sequence[EvalModel]) -> None:
+    """Reject sizes that do not tile into whole patches, naming the nearest sizes that do."""
+    for entry in models:
+        patch = getattr(getattr(entry.model, "patch_embed", None), "patch_size", None)
+        for size in sizes:
+            if patch and size % patch[0]:
+                lower = size // patch[0] * patch[0]
+                use = f"{lower} or {lower + patch[0]}" if lower else f"{patch[0]}"
+                raise UserError(f"size {size} is not a multiple of the patch size {patch[0]} of {entry.label}: "
+                                f"use {use}")
+
+
+def eval_transform(size: int, crop_pct: float) -> Any:
+    """timm's eval transform: Resize(short side floor(size / crop_pct), bicubic), CenterCrop(size), ToTensor,
+    Normalize(ImageNet mean/std); ``tests/test_evaluate.py`` checks it is exactly that."""
+    return create_transform(input_size=(3, size, size), crop_pct=crop_pct, crop_mode="center", interpolation="bicubic",
+                            mean=IMAGENET_DEFAULT_MEAN, std=IMAGENET_DEFAULT_STD, is_training=False)
+
+
+def subset(count: int, limit: int | None) -> list[int]:
+    """``limit`` evenly spaced indices of ``count`` samples; samples are sorted by class, so every class appears."""
+    if limit is None or limit >= count:
+        return list(range(count))
+    return [i * count // limit for i in range(limit)]
+
+
+def protocol(crop_pct: float) -> str:
+    """The preprocessing in words, printed first and stored with the results so that numbers are never compared
+    across protocols unknowingly."""
+    return (f"resize the short side to floor(size / {crop_pct}) px (PIL bicubic), center-crop size x size, ImageNet "
+            "mean/std normalisation (timm create_transform, crop_mode center)")
+
+
+@torch.inference_mode()
+def evaluate_models(models: Sequence[EvalModel], data_dir: str | Path, img_sizes: Sequence[int],
+                    policies: Sequence[str] = ("extrapolate",), crop_pct: float = 1.0, device: str = "auto",
+                    limit: int | None = None, batch_size: int = 64, workers: int = 4) -> list[dict[str, Any]]:
+    """Top-1, top-5 (%), loss and images/s of every model at every size, once per policy for RoPE models.
+
+    Models without ``set_rope_policy`` (timm's ViTs and RoPE ports, CNNs) run once, with policy None.
+    ``images_per_s`` is the model's forward throughput (data loading excluded). Raises ``UserError`` for bad input
+    before any image is decoded.
+    """
+    device = ("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else device
+    if device == "cuda" and not torch.cuda.is_available():
+        raise UserError("--device cuda was requested but PyTorch sees no CUDA GPU; pass --device cpu")
+    val_dir = Path(data_dir) / "val"
+    samples, val_classes = check_inputs(val_dir, policies)
+    check_sizes(img_sizes, models)
+    maps = [label_map(entry, val_classes, val_dir).to(device) for entry in models]
+    runs = [(i, policy) for i, entry in enumerate(models)
+            for policy in (policies if hasattr(entry.model, "set_rope_policy") else (None,))]
+    for entry in models:
+        entry.model.to(device).eval()
+    indices = subset(len(samples), limit)
+    amp = torch.autocast("cuda", dtype=torch.bfloat16, enabled=device == "cuda")
+    sync = torch.cuda.synchronize if device == "cuda" else lambda: None  # CUDA runs asynchronously: time whole calls
+    results = []
+    for size in img_sizes:
+        loader = DataLoader(Subset(ImageFolderDataset(samples, eval_transform(size, crop_pct)), indices), batch_size,
+                            num_workers=workers, pin_memory=device == "cuda")
+        totals = torch.zeros(len(runs), 4, dtype=torch.float64)  # loss sum, top-1 hits, top-5 hits, seconds
+        skipped = 0
+        batches = tqdm(loader, f"{size} px", leave=False, disable=not sys.stderr.isatty())
+        for step, (images, targets, bad) in enumerate(batches):
+            images, skipped = images.to(device, non_blocking=True), skipped + int(bad.sum())
+            for row, (i, policy) in enumerate(runs):
+                model, labels = models[i].model, maps[i][targets.to(device)]
+                if policy is not None:
+                    model.set_rope_policy(policy)
+                with amp:
+                    if step == 0:  # untimed warm-up: first-call allocations and kernel choices are not throughput
+                        model(images)
+                    sync()
+                    start = time.perf_counter()
+                    logits = model(images).float()
+                    sync()
+                seconds = time.perf_counter() - start
+                hits = logits.topk(min(5, logits.shape[1])).indices == labels[:, None]  # [B, k], rank order
+                loss = nn.functional.cross_entropy(logits, labels, reduction="sum")
+                totals[row] += torch.tensor([loss.item(), hits[:, 0].sum().item(), hits.any(1).sum().item(), seconds],
+                                            dtype=torch.float64)
+        if skipped:
+            print(f"warning: {skipped} unreadable image(s) at {size} px were replaced by the next readable one")
+        for row, (i, policy) in enumerate(runs):
+            loss_sum, hits1, hits5, seconds = totals[row].tolist()
+            results.append({"model": models[i].label, "policy": policy, "img_size": size,
+                            "train_size": models[i].train_size, "top1": 100 * hits1 / len(indices),
+                            "top5": 100 * hits5 / len(indices), "loss": loss_sum / len(indices),
+                            "images_per_s": len(indices) / seconds, "images": len(indices), "crop_pct": crop_pct,
+                            "device": device})
+    return results
+
+
+def _positive(text: str) -> int:
+    if not text.isdigit() or int(text) == 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive whole number")
+    return int(text)
+
+
+def parse_kwarg(text: str) -> tuple[str, Any]:
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"{text!r} is not KEY=VALUE (e.g. depth=2)")
+    return key, yaml.safe_load(value)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="vit-rope-evaluate", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--checkpoint", nargs="+", default=[], metavar="PATH", help="train.py checkpoints")
+    parser.add_argument("--model", nargs="+", default=[], metavar="NAME", help="timm model names")
+    parser.add_argument("--pretrained-file", nargs="+", metavar="PATH", help="weights for each --model, in order")
+    parser.add_argument("--model-kwargs", nargs="+", type=parse_kwarg, default=[], metavar="KEY=VALUE",
+                        help="extra timm.create_model arguments for every --model (values read as YAML)")
+    parser.add_argument("--train-size", type=_positive, help="training size of the --model models (default: theirs)")
+    parser.add_argument("--no-ema", action="store_true", help="evaluate a checkpoint's model weights, not its EMA")
+    parser.add_argument("--data-dir", help="dataset root holding val/ (one folder per class); default as train.py: "
+                        "../shared/data/imagenette when it exists, else Imagenette downloaded")
+    parser.add_argument("--img-sizes", nargs="+", type=_positive, default=[224], metavar="SIZE",
+                        help="square input sizes, multiples of the patch size (default 224)")
+    parser.add_argument("--policy", nargs="+", default=["extrapolate"],
+                        help=f"RoPE policies: {', '.join(POLICIES)} (default extrapolate)")
+    parser.add_argument("--crop-pct", type=float, default=1.0, help="center-crop fraction (default 1.0)")
+    parser.add_argument("--output", default="output/eval", help="folder for the results (default output/eval)")
+    parser.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto",
+                        help="auto (default): CUDA with bf16 autocast when available")
+    parser.add_argument("--limit", type=_positive, help="evaluate this many images, spread evenly over the classes")
+    parser.add_argument("--batch-size", type=_positive, default=64, help="default 64")
+    parser.add_argument("--workers", type=int, default=4, help="data loader processes (default 4; 0 loads here)")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Command-line entry point; returns the exit code (0 done, 2 bad input)."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not args.checkpoint and not args.model:
+        parser.error("pass --checkpoint PATH ... and/or --model NAME ...")
+    weights = args.pretrained_file or [None] * len(args.model)
+    if len(weights) != len(args.model):
+        parser.error(f"--pretrained-file takes one file per --model: got {len(weights)} for {len(args.model)}")
+    if not 0 < args.crop_pct <= 1:
+        parser.error(f"--crop-pct {args.crop_pct} is outside (0, 1]")
+    try:
+        data_dir = resolve_data_dir(args.data_dir)
+        val_dir = data_dir / "val"
+        num_classes = len(check_inputs(val_dir, args.policy)[1])
+        models = [load_trained(path, not args.no_ema) for path in args.checkpoint]
+        models += [load_pretrained(name, file, num_classes, args.train_size, dict(args.model_kwargs))
+                   for name, file in zip(args.model, weights, strict=True)]
+        check_sizes(args.img_sizes, models)
+        print(f"protocol: {protocol(args.crop_pct)}; sizes {args.img_sizes}; {val_dir}"
+              + (f", {args.limit} images evenly spread" if args.limit else ""), flush=True)
+        print("\n".join(f"  {entry.label}: trained at {entry.train_size} px" for entry in models), flush=True)
+        results = evaluate_models(models, data_dir, args.img_sizes, args.policy, args.crop_pct, args.device,
+                                  args.limit, args.batch_size, args.workers)
+    except UserError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    print(write_reports(results, Path(args.output), protocol(args.crop_pct)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,87 @@
+"""Reports of a multi-resolution evaluation: ``results.json``, a Markdown table and an accuracy-vs-size plot.
+
+The input is ``vit_rope.evaluate.evaluate_models``'s list, one dict per (model, size, policy). matplotlib is optional
+(the ``plot`` extra): without it only the plot is skipped, with a one-line warning.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+METRICS = {"top1": ("top-1 (%)", "{:.2f}"), "top5": ("top-5 (%)", "{:.2f}"), "images_per_s": ("images/s", "{:.1f}")}
+
+
+def _rows(results: Sequence[dict[str, Any]]) -> dict[tuple[str, str | None], dict[int, dict[str, Any]]]:
+    """Results grouped by (model, policy) row and size, in the order they were evaluated."""
+    rows: dict[tuple[str, str | None], dict[int, dict[str, Any]]] = {}
+    for result in results:
+        rows.setdefault((result["model"], result["policy"]), {})[result["img_size"]] = result
+    return rows
+
+
+def markdown_table(results: Sequence[dict[str, Any]], metric: str = "top1") -> str:
+    """One row per model (x policy), one column per size; the training size is starred in the header and each
+    row's value at its own training size is bold (models may differ in training size)."""
+    fmt = METRICS[metric][1]
+    sizes = sorted({result["img_size"] for result in results})
+    train_sizes = {result["train_size"] for result in results}
+    header = ["model", "policy"] + [f"{size}*" if size in train_sizes else str(size) for size in sizes]
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join(["---"] * len(header)) + "|"]
+    for (model, policy), by_size in _rows(results).items():
+        cells = []
+        for size in sizes:
+            result = by_size.get(size)
+            text = fmt.format(result[metric]) if result else ""
+            cells.append(f"**{text}**" if result and size == result["train_size"] else text)
+        lines.append("| " + " | ".join([model, policy or "-", *cells]) + " |")
+    return "\n".join(lines)
+
+
+def plot(results: Sequence[dict[str, Any]], path: Path) -> bool:
+    """Top-1 against size, one line per model (x policy), dashed vertical lines at the training sizes.
+
+    Uses matplotlib's object API with the Agg canvas, so no global backend is switched. Returns False, after a
+    warning, when matplotlib is not installed.
+    """
+    try:
+        from matplotlib.figure import Figure
+    except ImportError:
+        print("warning: matplotlib is not installed, skipping the plot; pip install 'vit-rope[plot]' for it")
+        return False
+    fig = Figure(figsize=(7, 4.5), layout="constrained")
+    ax = fig.add_subplot()
+    for train_size in sorted({result["train_size"] for result in results}):
+        ax.axvline(train_size, color="grey", linestyle="--", linewidth=1)
+        ax.annotate(f"train {train_size}", (train_size, 0), xycoords=("data", "axes fraction"),
+                    xytext=(3, 3), textcoords="offset points", color="grey", fontsize=8)
+    for (model, policy), by_size in _rows(results).items():
+        sizes = sorted(by_size)
+        ax.plot(sizes, [by_size[size]["top1"] for size in sizes], marker="o",
+                label=model if policy is None else f"{model} [{policy}]")
+    ax.set(xticks=sorted({result["img_size"] for result in results}), xlabel="input size (px)", ylabel="top-1 (%)",
+           title="Accuracy against resolution")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.savefig(path, dpi=120)
+    return True
+
+
+def write_reports(results: Sequence[dict[str, Any]], output: Path, protocol: str) -> str:
+    """Write ``results.json``, ``results.md`` and ``accuracy_vs_resolution.png`` into ``output``.
+
+    Returns:
+        The top-1 table and the paths written, for the console.
+    """
+    output.mkdir(parents=True, exist_ok=True)
+    (output / "results.json").write_text(json.dumps({"protocol": protocol, "results": list(results)}, indent=2))
+    tables = "\n\n".join(f"## {METRICS[metric][0]}\n\n{markdown_table(results, metric)}" for metric in METRICS)
+    note = "`*` training size; **bold**: the value at the row's own training size."
+    (output / "results.md").write_text(f"# Accuracy against resolution\n\nProtocol: {protocol}.\n\n{note}\n\n"
+                                       f"{tables}\n")
+    written = ["results.json", "results.md"]
+    if plot(results, output / "accuracy_vs_resolution.png"):
+        written.append("accuracy_vs_resolution.png")
+    return f"top-1 (%):\n{markdown_table(results)}\n\nwrote {', '.join(str(output / name) for name in written)}"
