@@ -10,11 +10,11 @@ install:
 	$(PYTHON) -m pip install -q -e '.[dev]'
 
 DEMO_OUT ?= output/demo
-# Trains a 6-block tiny RoPE-Mixed ViT on Imagenette at 64 px (about 15 min on a 2-core CPU), then evaluates it at
-# 0.75x to 2.5x the training size under four RoPE resolution policies (a few minutes).
+# Trains a 6-block tiny RoPE-Mixed ViT on Imagenette at 64 px (15-20 min on a 2-core CPU), then evaluates it at
+# 0.75x to 2.5x the training size under four RoPE resolution policies, on 1,000 val images (a few minutes).
 demo: install
 	$(PYTHON) train.py -c configs/imagenette_cpu.yaml --output $(DEMO_OUT)
-	$(PYTHON) -m vit_rope.evaluate --checkpoint $(DEMO_OUT)/best.pth --img-sizes 48 64 96 128 160 \
+	$(PYTHON) -m vit_rope.evaluate --checkpoint $(DEMO_OUT)/best.pth --img-sizes 48 64 96 128 160 --limit 1000 \
 		--policy extrapolate interpolate ntk yarn --output $(DEMO_OUT)/eval
 
 lint:

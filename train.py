@@ -11,7 +11,6 @@ diverged, 2 bad input (config, data folder, checkpoint path).
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import logging
 import sys
 import time
@@ -29,7 +28,7 @@ from timm.utils import ModelEmaV3, random_seed
 from torch.nn.parallel import DistributedDataParallel
 
 from vit_rope import data, engine
-from vit_rope.config import Config, UserError, parse_args, save_config
+from vit_rope.config import Config, UserError, check_model_name, parse_args, save_config
 
 
 def create_model(name: str, kwargs: dict) -> tuple[torch.nn.Module, dict]:
@@ -40,9 +39,7 @@ def create_model(name: str, kwargs: dict) -> tuple[torch.nn.Module, dict]:
     Returns:
         The model and the kwargs that built it (saved in checkpoints so that the model can be rebuilt).
     """
-    if not timm.is_model(name):
-        closest = difflib.get_close_matches(name, timm.list_models(), n=1, cutoff=0)[0]
-        raise UserError(f"unknown model '{name}'; did you mean '{closest}'? (see timm.list_models())")
+    check_model_name(name)
     try:
         return timm.create_model(name, **kwargs), kwargs
     except TypeError as err:

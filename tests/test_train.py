@@ -13,14 +13,12 @@ import pytest
 import timm
 import torch
 import yaml
-from conftest import ROPE_MODEL, TINY_MODEL, tiny_args
+from conftest import REPO, ROPE_MODEL, TINY_MODEL, tiny_args
 from timm.optim import create_optimizer_v2
 
 import train
 from vit_rope import engine
 from vit_rope.config import build_config
-
-REPO = Path(__file__).resolve().parent.parent
 
 
 def metrics(output: Path) -> list[dict[str, str]]:

@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
 
+import timm
 import yaml
 
 
@@ -30,12 +31,9 @@ class UserError(Exception):
 
 def check_model_name(name: str) -> None:
     """Raise a ``UserError`` naming the closest timm model when ``name`` is not one (typos are the usual cause)."""
-    import timm
-
     if not timm.is_model(name):
-        close = difflib.get_close_matches(name, timm.list_models(), n=1)
-        raise UserError(f"unknown model '{name}'" + (f"; did you mean '{close[0]}'?" if close else
-                                                     "; see timm.list_models() for the names"))
+        closest = difflib.get_close_matches(name, timm.list_models(), n=1, cutoff=0)[0]
+        raise UserError(f"unknown model '{name}'; did you mean '{closest}'? (see timm.list_models())")
 
 
 @dataclasses.dataclass

@@ -26,7 +26,7 @@ from vit_rope.engine import atomic_save
 
 _log = logging.getLogger(__name__)
 REPO_ROOT = Path(__file__).resolve().parent.parent
-IMAGE_EXTENSIONS = frozenset(Image.registered_extensions())
+IMAGE_EXTENSIONS = frozenset(ext for ext, fmt in Image.registered_extensions().items() if fmt in Image.OPEN)
 Sample = tuple[str, int]
 
 

@@ -13,7 +13,6 @@ to every model and policy in turn.
 from __future__ import annotations
 
 import argparse
-import difflib
 import sys
 import time
 from collections.abc import Sequence
@@ -30,9 +29,9 @@ from torch.utils.data import DataLoader, Subset
 from tqdm import tqdm
 
 import vit_rope  # noqa: F401  (registers the vit_rope_* models)
-from vit_rope.config import UserError
+from vit_rope.config import UserError, check_model_name
 from vit_rope.data import ImageFolderDataset, find_images, resolve_data_dir
-from vit_rope.engine import load_checkpoint
+from vit_rope.engine import load_checkpoint, set_cpu_threads
 from vit_rope.policies import POLICIES
 from vit_rope.report import write_reports
 
@@ -60,10 +59,7 @@ def create_model(name: str, **kwargs: Any) -> nn.Module:
     timm ViTs then interpolate their position embeddings and timm's RoPE ports rebuild their grids; models that do
     not take the argument (CNNs) accept any size as they are and are built without it.
     """
-    if not timm.is_model(name):
-        close = difflib.get_close_matches(name, timm.list_models(), n=1)
-        raise UserError(f"unknown model '{name}'" + (f"; did you mean '{close[0]}'?" if close else
-                                                     "; see timm.list_models() for the names"))
+    check_model_name(name)
     try:
         return timm.create_model(name, **{"dynamic_img_size": True, **kwargs})
     except TypeError as err:
@@ -298,6 +294,8 @@ def main(argv: list[str] | None = None) -> int:
     if not 0 < args.crop_pct <= 1:
         parser.error(f"--crop-pct {args.crop_pct} is outside (0, 1]")
     try:
+        if args.device != "cuda":  # loader workers need cores of their own, or every thread stalls
+            set_cpu_threads(0, args.workers)
         data_dir = resolve_data_dir(args.data_dir)
         val_dir = data_dir / "val"
         num_classes = len(check_inputs(val_dir, args.policy)[1])
