@@ -130,7 +130,7 @@ class RoPEVisionTransformer(VisionTransformer):
         matcher["blocks"] = [(r"^blocks\.(\d+)", None), (r"^rope\.(\d+)", None), (r"^norm", (99999,))]
         return matcher
 
-    def _apply(self, fn, *args, **kwargs):  # noqa: ANN001 - nn.Module's signature
+    def _apply(self, fn, *args, **kwargs):
         self._axial_cache.clear()  # device or dtype moves invalidate cached tables
         return super()._apply(fn, *args, **kwargs)
 
