@@ -14,7 +14,7 @@ DEMO_OUT ?= output/demo
 # 0.75x to 2.5x the training size under four RoPE resolution policies, on 1,000 val images (a few minutes).
 demo: install
 	$(PYTHON) train.py -c configs/imagenette_cpu.yaml --output $(DEMO_OUT)
-	$(PYTHON) -m vit_rope.evaluate --checkpoint $(DEMO_OUT)/best.pth --img-sizes 48 64 96 128 160 --limit 1000 \
+	$(PYTHON) -m vit_rope.evaluate --checkpoint $(DEMO_OUT)/best.pth --img-sizes 48 64 96 128 160 --limit 1000 --workers 1 \
 		--policy extrapolate interpolate ntk yarn --output $(DEMO_OUT)/eval
 
 lint:
