@@ -25,7 +25,6 @@ from .config import UserError
 from .data import ImageFolderDataset, find_images
 from .evaluate import eval_transform, load_pretrained, load_trained, parse_kwarg, subset
 from .model import RoPEVisionTransformer
-from .policies import scale_frequencies
 
 
 def frequency_coverage(model: RoPEVisionTransformer, target_grid: tuple[int, int]) -> list[dict[str, Any]]:
@@ -40,18 +39,13 @@ def frequency_coverage(model: RoPEVisionTransformer, target_grid: tuple[int, int
     """
     rows = []
     for layer, rope in enumerate(model.rope_modules()):
-        h0, w0 = rope.train_grid
-        freqs, _ = _policy_freqs(rope, target_grid)
-        train = _turns(rope.freqs.detach(), (h0, w0))  # [H, D/2]
+        freqs, _ = rope.frequencies(target_grid)
+        train = _turns(rope.freqs.detach(), rope.train_grid)  # [H, D/2]
         target = _turns(freqs.detach(), target_grid)
         unseen = int(((train < 1) & (target > train + 1e-6)).sum())
         rows.append(dict(layer=layer, train_turns=train.tolist(), target_turns=target.tolist(), unseen=unseen,
                          pairs=train.numel()))  # fmt: skip
     return rows
-
-
-def _policy_freqs(rope: nn.Module, grid: tuple[int, int]) -> tuple[Tensor, float]:
-    return scale_frequencies(rope.freqs, grid, rope.train_grid, rope.policy, rope.theta, rope.head_dim)
 
 
 def _turns(freqs: Tensor, grid: tuple[int, int]) -> Tensor:
@@ -81,17 +75,15 @@ def attention_entropy(model: RoPEVisionTransformer, images: Tensor) -> list[floa
 def plot_mixed_directions(model: RoPEVisionTransformer, path: Path) -> bool:
     """Scatter of the learned (wx, wy) of every pair, one panel per layer, one colour per head."""
     try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+        from matplotlib.figure import Figure  # object API on the Agg canvas: no global backend switch
     except ImportError:
         print("matplotlib is not installed: skipping the directions plot (pip install matplotlib)", file=sys.stderr)
         return False
     ropes = model.rope_modules()
     cols = min(6, len(ropes))
     rows = math.ceil(len(ropes) / cols)
-    fig, axes = plt.subplots(rows, cols, figsize=(2.6 * cols, 2.6 * rows), squeeze=False)
+    fig = Figure(figsize=(2.6 * cols, 2.6 * rows), layout="tight")
+    axes = fig.subplots(rows, cols, squeeze=False)
     for ax in axes.flat[len(ropes):]:
         ax.axis("off")
     for layer, (rope, ax) in enumerate(zip(ropes, axes.flat, strict=False)):
@@ -104,9 +96,7 @@ def plot_mixed_directions(model: RoPEVisionTransformer, path: Path) -> bool:
         ax.axvline(0, lw=0.3, c="k")
     axes.flat[0].legend(fontsize=6)
     fig.suptitle(f"RoPE frequencies (wx, wy) per pair ({model.rope_kind})")
-    fig.tight_layout()
     fig.savefig(path, dpi=120)
-    plt.close(fig)
     return True
 
 

@@ -231,12 +231,14 @@ class RoPE2D(nn.Module):
         Returns:
             ``(cos, sin)`` of shape ``[H, P + N, D]`` (or ``[B, H, P + N, D]``), ``H`` = 1 axial or num_heads mixed.
         """
-        freqs, temperature = self.freqs, 1.0
-        if grid is not None and self.train_grid is not None:
-            freqs, temperature = scale_frequencies(
-                freqs, grid, self.train_grid, self.policy, self.theta, self.head_dim
-            )
+        freqs, temperature = self.frequencies(grid)
         return rope_tables(rope_angles(positions, freqs), num_prefix_tokens, temperature)
+
+    def frequencies(self, grid: tuple[int, int] | None = None) -> tuple[Tensor, float]:
+        """Frequencies ``[2, H, D/2]`` and attention temperature that the policy gives on ``grid`` (``None``: as is)."""
+        if grid is None or self.train_grid is None:
+            return self.freqs, 1.0
+        return scale_frequencies(self.freqs, grid, self.train_grid, self.policy, self.theta, self.head_dim)
 
     def no_weight_decay(self) -> set[str]:
         return {"freqs"} if self.learnable else set()
