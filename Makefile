@@ -3,7 +3,7 @@ PYTHON ?= python3
 # CUDA builds of torch/torchvision also run on CPU; these versions install from this project's machine cache.
 TORCH ?= torch==2.14.1 torchvision==0.29.1
 
-.PHONY: install demo test lint
+.PHONY: install demo study test lint
 
 install:
 	$(PYTHON) -m pip install -q $(TORCH)
@@ -16,6 +16,11 @@ demo: install
 	$(PYTHON) train.py -c configs/imagenette_cpu.yaml --output $(DEMO_OUT)
 	$(PYTHON) -m vit_rope.evaluate --checkpoint $(DEMO_OUT)/best.pth --img-sizes 48 64 96 128 160 --limit 1000 --workers 1 \
 		--policy extrapolate interpolate ntk yarn --output $(DEMO_OUT)/eval
+
+# The resolution-extrapolation study (README): 5 models x 2 seeds trained at 64 px, evaluated at 48-160 px under every
+# policy; about 85 min on a 2-core CPU. Finished runs in output/study are kept, so an interrupted study resumes.
+study: install
+	$(PYTHON) scripts/imagenette_study.py
 
 lint:
 	$(PYTHON) -m ruff check .

@@ -52,8 +52,9 @@ def test_interpolate_matches_timm_ref_feat_shape():
     timm_sin, timm_cos = build_rotary_pos_embed(
         list(grid), dim=64, temperature=100.0, in_pixels=False, ref_feat_shape=list(TRAIN), grid_indexing="xy"
     )
-    torch.testing.assert_close(cos[0], timm_cos, atol=1e-5, rtol=0)
-    torch.testing.assert_close(sin[0], timm_sin, atol=1e-5, rtol=0)
+    # timm repeats each pair's value for its two channels; ours has one per pair
+    torch.testing.assert_close(cos[0].repeat_interleave(2, -1), timm_cos, atol=1e-5, rtol=0)
+    torch.testing.assert_close(sin[0].repeat_interleave(2, -1), timm_sin, atol=1e-5, rtol=0)
 
 
 def test_ntk_is_a_larger_base_per_axis():
@@ -91,7 +92,7 @@ def test_normalized_axial_is_dinov3_rope():
     c = (torch.arange(6) + 0.5) / 6 * 2 - 1  # x of the first row
     periods = 100.0 ** (2 * torch.arange(D // 4) / (D // 2))
     expected = torch.cos(2 * math.pi * c[:, None] / periods)  # [6, D/4]
-    torch.testing.assert_close(cos[0, :6, 0 : D // 2 : 2], expected, atol=1e-5, rtol=0)
+    torch.testing.assert_close(cos[0, :6, : D // 4], expected, atol=1e-5, rtol=0)
     assert pos.abs().max() <= 2 * math.pi
 
 

@@ -149,10 +149,10 @@ def test_grid_positions_follow_patch_embed_flattening():
 def test_tables_broadcast_and_prefix_rows_are_identity():
     pos = torch.randn(N, 2)
     cos, sin = RoPE2D(D, NH, "axial")(pos, num_prefix_tokens=2)
-    assert cos.shape == sin.shape == (1, N + 2, D)
+    assert cos.shape == sin.shape == (1, N + 2, D // 2)  # one value per channel pair
     assert (cos[:, :2] == 1).all() and (sin[:, :2] == 0).all()
     cos, sin = RoPE2D(D, NH, "mixed")(pos.expand(B, N, 2), num_prefix_tokens=1)
-    assert cos.shape == (B, NH, N + 1, D)
+    assert cos.shape == (B, NH, N + 1, D // 2)
     x = torch.randn(B, NH, N + 1, D)
     out = apply_rope(x, cos, sin)
     assert torch.equal(out[:, :, 0], x[:, :, 0])

@@ -7,11 +7,13 @@ forward; prefix tokens (class, registers) have identity rows in them, so they ar
 
 from __future__ import annotations
 
+import torch
 import torch.nn.functional as F
 from timm.layers import maybe_add_mask, resolve_self_attn_mask
 from timm.models.vision_transformer import Attention, Block
-from torch import Tensor
+from torch import Tensor, nn
 
+from .fused import rotate_qk
 from .rope import apply_rope
 
 RopeTables = tuple[Tensor, Tensor]
@@ -26,14 +28,27 @@ class RoPEAttention(Attention):
     """
 
     def project(self, x: Tensor, rope: RopeTables | None = None) -> tuple[Tensor, Tensor, Tensor]:
-        """Queries and keys (rotated) and values, each ``[B, nh, N, D]``; diagnostics reuse it for attention maps."""
+        """Queries and keys (rotated) and values, each ``[B, nh, N, D]``; diagnostics reuse it for attention maps.
+
+        In eager mode q and k are rotated straight from the projection output (``rotate_qk``: one pass, no extra
+        memory); torch.compile traces the reference ``apply_rope`` instead and fuses it, as it does the q/k norms.
+        """
         B, N, _ = x.shape
-        qkv = self.qkv(x).reshape(B, N, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)  # [3, B, nh, N, D]
-        q, k, v = qkv.unbind(0)
-        q, k = self.q_norm(q), self.k_norm(k)
-        if rope is not None:
-            q, k = apply_rope(q, *rope), apply_rope(k, *rope)
+        qkv = self.qkv(x).reshape(B, N, 3, self.num_heads, self.head_dim)  # [B, N, 3, nh, D]
+        fused = rope is not None and self.plain_qk and not torch.compiler.is_compiling()
+        if fused:
+            qkv = rotate_qk(qkv, *rope)
+        q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # [B, nh, N, D] each
+        if not fused:
+            q, k = self.q_norm(q), self.k_norm(k)
+            if rope is not None:
+                q, k = apply_rope(q, *rope), apply_rope(k, *rope)
         return q, k, v
+
+    @property
+    def plain_qk(self) -> bool:
+        """No q/k norm: RoPE can rotate q and k straight in the projection output."""
+        return isinstance(self.q_norm, nn.Identity) and isinstance(self.k_norm, nn.Identity)
 
     def forward(
         self,

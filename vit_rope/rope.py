@@ -117,11 +117,11 @@ def rope_angles(positions: Tensor, freqs: Tensor) -> Tensor:
 
 
 def rope_tables(angles: Tensor, num_prefix_tokens: int = 0, temperature: float = 1.0) -> tuple[Tensor, Tensor]:
-    """Turn pair angles into the ``(cos, sin)`` tables that ``apply_rope`` takes.
+    """Turn pair angles into the ``(cos, sin)`` tables that ``apply_rope`` and ``rotate_qk_`` take.
 
-    Each pair's value is repeated for its two channels: ``[a0 a1] -> [a0 a0 a1 a1]``. Prefix tokens (class,
-    registers) get identity rows (cos = 1, sin = 0) in front, so attention rotates the whole sequence in one
-    pass instead of slicing prefix tokens off and concatenating them back.
+    One value per channel pair (not per channel): half the memory and work of tables repeated for both channels
+    of a pair. Prefix tokens (class, registers) get identity rows (cos = 1, sin = 0) in front, so attention
+    rotates the whole sequence in one pass instead of slicing prefix tokens off and concatenating them back.
 
     Args:
         angles: ``[..., N, D/2]`` from ``rope_angles``.
@@ -129,10 +129,9 @@ def rope_tables(angles: Tensor, num_prefix_tokens: int = 0, temperature: float =
         temperature: scales every row (prefix rows too), hence every attention logit by ``temperature ** 2``.
 
     Returns:
-        ``(cos, sin)``, each ``[..., P + N, D]`` in fp32.
+        ``(cos, sin)``, each ``[..., P + N, D/2]`` in fp32.
     """
-    cos = angles.cos().repeat_interleave(2, dim=-1)
-    sin = angles.sin().repeat_interleave(2, dim=-1)
+    cos, sin = angles.cos(), angles.sin()
     if temperature != 1.0:
         cos, sin = cos * temperature, sin * temperature
     if num_prefix_tokens:
@@ -141,27 +140,24 @@ def rope_tables(angles: Tensor, num_prefix_tokens: int = 0, temperature: float =
     return cos, sin
 
 
-def rotate_pairs(x: Tensor) -> Tensor:
-    """Quarter turn of every channel pair: ``[x0 x1 x2 x3] -> [-x1 x0 -x3 x2]``."""
-    pairs = x.unflatten(-1, (-1, 2))  # [..., D/2, 2]
-    return torch.stack((-pairs[..., 1], pairs[..., 0]), dim=-1).flatten(-2)
-
-
 def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    """Rotate the interleaved channel pairs of ``x`` by the angles behind ``(cos, sin)``.
+    """Rotate the interleaved channel pairs of ``x`` by the angles behind ``(cos, sin)``, out of place.
 
-    Real arithmetic only (no complex dtypes), so autograd, autocast and torch.compile see plain elementwise ops.
-    With fp32 tables and a bf16/fp16 ``x`` the rotation is computed in fp32 and cast back once.
+    ``[x0 x1 ...] -> [x0 c - x1 s, x1 c + x0 s, ...]``. The reference path: plain differentiable ops that
+    autocast and torch.compile (which fuses them into one kernel) see through; eager attention uses the in-place
+    ``vit_rope.fused.rotate_qk_``, which tests hold equal to this. With fp32 tables and a bf16/fp16 ``x`` the
+    rotation is computed in fp32 and cast back once.
 
     Args:
         x: ``[B, nh, N, D]`` queries or keys (any leading shape that broadcasts with the tables).
-        cos: ``[..., N, D]`` from ``rope_tables``.
-        sin: ``[..., N, D]`` from ``rope_tables``.
+        cos: ``[..., N, D/2]`` from ``rope_tables``.
+        sin: ``[..., N, D/2]`` from ``rope_tables``.
 
     Returns:
         The rotated tensor, same shape and dtype as ``x``.
     """
-    return (x * cos + rotate_pairs(x) * sin).to(x.dtype)
+    x0, x1 = x.unflatten(-1, (-1, 2)).unbind(-1)  # [..., D/2] each: even and odd channels
+    return torch.stack((x0 * cos - x1 * sin, x1 * cos + x0 * sin), dim=-1).flatten(-2).to(x.dtype)
 
 
 class RoPE2D(nn.Module):
@@ -220,7 +216,7 @@ class RoPE2D(nn.Module):
     def forward(
         self, positions: Tensor, num_prefix_tokens: int = 0, grid: tuple[int, int] | None = None
     ) -> tuple[Tensor, Tensor]:
-        """Tables for ``positions`` (``[N, 2]`` or ``[B, N, 2]``), broadcasting against ``[B, nh, P + N, D]``.
+        """Tables for ``positions`` (``[N, 2]`` or ``[B, N, 2]``), broadcasting against ``[B, nh, P + N, D/2]``.
 
         Args:
             positions: float (x, y) per token.
@@ -229,7 +225,7 @@ class RoPE2D(nn.Module):
                 policy scale the frequencies. ``None`` uses them as they are.
 
         Returns:
-            ``(cos, sin)`` of shape ``[H, P + N, D]`` (or ``[B, H, P + N, D]``), ``H`` = 1 axial or num_heads mixed.
+            ``(cos, sin)`` of shape ``[H, P + N, D/2]`` (or ``[B, H, P + N, D/2]``), ``H`` = 1 axial or num_heads mixed.
         """
         freqs, temperature = self.frequencies(grid)
         return rope_tables(rope_angles(positions, freqs), num_prefix_tokens, temperature)

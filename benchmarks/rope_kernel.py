@@ -1,0 +1,138 @@
+"""The RoPE rotation alone: ours against a plain copy of the same tensors and against the usual implementations.
+
+    python benchmarks/rope_kernel.py                       # ViT-S shapes at 224 px, batch 8, fp32, CPU
+    python benchmarks/rope_kernel.py --device cuda --dtype bfloat16 --batch-size 64 --img-size 384 --json out.json
+
+Input: the qkv projection output of one attention layer, ``[B, N, 3, nh, D]`` with a class token. Every
+implementation rotates its q and k (patch tokens; the class token is left as it is) by the same tables:
+
+- ``copy``: no rotation, ``q`` and ``k`` copied into a preallocated buffer; the bandwidth reference;
+- ``ours_in_place``: ``vit_rope.fused.rotate_qk`` without autograd: in place in the qkv buffer (eager inference);
+- ``ours_autograd``: ``rotate_qk`` recording autograd (eager training): a new qkv tensor, q and k rotated and v copied
+  in one pass, so it moves v too (half as much again as q and k);
+- ``ours_reference``: ``vit_rope.rope.apply_rope`` on q and k, out of place (what torch.compile fuses);
+- ``complex_rope_vit``: RoPE-ViT's ``apply_rotary_emb`` (fp32 complex product, class token sliced off and written
+  back);
+- ``timm_rot_embed_cat``: timm's ``apply_rot_embed_cat`` as its Eva attention calls it (prefix sliced off and
+  concatenated back, sin/cos table concatenated).
+
+Rounds interleave the implementations; each figure is the median over rounds. Bandwidth counts reading and writing
+q and k once (the least any implementation must move), so "of copy" is the fraction of the copy's bandwidth.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+from timm.layers import apply_rot_embed_cat
+from torch import Tensor
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from vit_rope.fused import rotate_qk  # noqa: E402  (after the path set-up, as the script runs from anywhere)
+from vit_rope.rope import RoPE2D, apply_rope, grid_positions  # noqa: E402
+
+
+def split(qkv: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """``[B, N, 3, nh, D] -> q, k, v`` each ``[B, nh, N, D]`` (views), as timm's attention does."""
+    return qkv.permute(2, 0, 3, 1, 4).unbind(0)
+
+
+def _with_grad(fn: Callable[..., Tensor], *args: Tensor) -> Tensor:
+    with torch.enable_grad():
+        return fn(*args)
+
+
+def implementations(qkv: Tensor, cos: Tensor, sin: Tensor) -> dict[str, Callable[[], object]]:
+    """Zero-argument calls, one per implementation, on the same buffer and tables (prefix row 0 is identity)."""
+    q, k, _ = split(qkv)
+    out = torch.empty_like(qkv[:, :, :2])
+    tracked = qkv.clone().requires_grad_()
+    freqs_cis = torch.polar(torch.ones_like(cos[:, 1:]), torch.atan2(sin[:, 1:], cos[:, 1:]))  # [H, N-1, D/2]
+    timm_emb = torch.cat((sin[:, 1:], cos[:, 1:]), -1).repeat_interleave(2, -1).to(qkv.dtype)  # [H, N-1, 2D] sin|cos
+
+    def complex_rope_vit() -> tuple[Tensor, Tensor]:  # RoPE-ViT models/vit_rope.py: apply_rotary_emb
+        xq, xk = q[:, :, 1:], k[:, :, 1:]
+        xq_ = torch.view_as_complex(xq.float().reshape(*xq.shape[:-1], -1, 2))
+        xk_ = torch.view_as_complex(xk.float().reshape(*xk.shape[:-1], -1, 2))
+        qo = torch.cat((q[:, :, :1], torch.view_as_real(xq_ * freqs_cis).flatten(3).type_as(xq)), dim=2)
+        ko = torch.cat((k[:, :, :1], torch.view_as_real(xk_ * freqs_cis).flatten(3).type_as(xk)), dim=2)
+        return qo, ko
+
+    def timm_cat() -> tuple[Tensor, Tensor]:  # timm eva.py EvaAttention with a RotaryEmbeddingCat table
+        qo = torch.cat((q[:, :, :1], apply_rot_embed_cat(q[:, :, 1:], timm_emb)), dim=2)
+        ko = torch.cat((k[:, :, :1], apply_rot_embed_cat(k[:, :, 1:], timm_emb)), dim=2)
+        return qo, ko
+
+    return {
+        "copy": lambda: out.copy_(qkv[:, :, :2]),
+        "ours_in_place": lambda: rotate_qk(qkv, cos, sin),
+        "ours_autograd": lambda: _with_grad(rotate_qk, tracked, cos, sin),
+        "ours_reference": lambda: (apply_rope(q, cos, sin), apply_rope(k, cos, sin)),
+        "complex_rope_vit": complex_rope_vit,
+        "timm_rot_embed_cat": timm_cat,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default="float32")
+    parser.add_argument("--kind", choices=("axial", "mixed"), default="mixed", help="shared or per-head tables")
+    parser.add_argument("--batch-size", type=int, default=8)
+    parser.add_argument("--img-size", type=int, default=224)
+    parser.add_argument("--num-heads", type=int, default=6)
+    parser.add_argument("--head-dim", type=int, default=64)
+    parser.add_argument("--rounds", type=int, default=15)
+    parser.add_argument("--iters", type=int, default=20, help="calls per implementation per round")
+    parser.add_argument("--json", help="also write the figures to this file")
+    args = parser.parse_args(argv)
+    device, dtype = torch.device(args.device), getattr(torch, args.dtype)
+    side = args.img_size // 16
+    B, N, nh, D = args.batch_size, side * side + 1, args.num_heads, args.head_dim
+    qkv = torch.randn(B, N, 3, nh, D, device=device, dtype=dtype)
+    rope = RoPE2D(D, nh, args.kind).to(device)
+    with torch.no_grad():
+        cos, sin = rope(grid_positions(side, side, device=device), num_prefix_tokens=1)  # [H, N, D/2]
+    calls = implementations(qkv, cos, sin)
+
+    def sync() -> None:
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+
+    times: dict[str, list[float]] = {name: [] for name in calls}
+    with torch.no_grad():
+        for call in calls.values():  # warm-up
+            call()
+        for _ in range(args.rounds):
+            for name in random.sample(list(calls), len(calls)):
+                sync()
+                start = time.perf_counter()
+                for _ in range(args.iters):
+                    calls[name]()
+                sync()
+                times[name].append((time.perf_counter() - start) / args.iters)
+    moved = 2 * 2 * B * N * nh * D * qkv.element_size()  # read + write of q and k
+    medians = {name: statistics.median(values) for name, values in times.items()}
+    rows = [{"impl": name, "us": medians[name] * 1e6, "gb_s": moved / medians[name] / 1e9,
+             "of_copy": medians["copy"] / medians[name]} for name in calls]
+    print(f"# {device} {args.dtype} {args.kind}: qkv {list(qkv.shape)}, {torch.get_num_threads()} threads, "
+          f"median of {args.rounds} interleaved rounds x {args.iters} calls")
+    print("| implementation | time (us) | GB/s (q, k read + written) | fraction of copy bandwidth |")
+    print("|---|---|---|---|")
+    for row in rows:
+        print(f"| {row['impl']} | {row['us']:.1f} | {row['gb_s']:.1f} | {row['of_copy']:.2f} |")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"args": vars(args), "rows": rows}, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,163 @@
+"""The fused q/k rotation (``vit_rope.fused``) against the reference ``apply_rope``: values, gradients, memory, the
+in-place inference path, and the model paths that use each (eager attention, torch.compile)."""
+
+import pytest
+import timm
+import torch
+
+import vit_rope  # noqa: F401  (registers the models)
+from vit_rope.fused import rotate_qk
+from vit_rope.rope import RoPE2D, apply_rope, rope_angles, rope_tables
+
+B, N, NH, D = 2, 7, 3, 8
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+TOLERANCES = {torch.float64: 1e-12, torch.float32: 1e-5, torch.bfloat16: 2e-2}
+
+
+def qkv_attention(fast: bool, lin: torch.Tensor, freqs: torch.Tensor, positions: torch.Tensor, prefix: int,
+                  temperature: float) -> torch.Tensor:
+    """q, k, v ``[3, B, nh, P+N, D]`` from a qkv projection output, rotated by the fast or the reference path."""
+    cos, sin = rope_tables(rope_angles(positions, freqs), prefix, temperature)
+    qkv = (lin * 1).reshape(B, N + prefix, 3, NH, D)  # * 1: a non-leaf, as a Linear output
+    if fast:
+        return rotate_qk(qkv, cos, sin).permute(2, 0, 3, 1, 4)
+    q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)
+    return torch.stack((apply_rope(q, cos, sin), apply_rope(k, cos, sin), v))
+
+
+def inputs(kind: str, prefix: int, batched: bool, dtype: torch.dtype, device: str):
+    torch.manual_seed(0)
+    freqs = RoPE2D(D, NH, kind).freqs.detach().to(device).requires_grad_(kind == "mixed")
+    positions = torch.randn(*((B,) if batched else ()), N, 2, device=device) * 4
+    lin = torch.randn(B, N + prefix, 3 * NH * D, device=device, dtype=dtype, requires_grad=True)
+    return lin, freqs, positions
+
+
+@pytest.mark.parametrize("kind", ["axial", "mixed"])
+@pytest.mark.parametrize("prefix", [0, 1])
+@pytest.mark.parametrize("batched", [False, True], ids=["shared-positions", "per-image-positions"])
+def test_gradients_are_exact_in_fp64(kind, prefix, batched):
+    lin, freqs, positions = inputs(kind, prefix, batched, torch.float64, "cpu")
+    freqs = freqs.double().detach().requires_grad_(kind == "mixed")
+    for temperature in (1.0, 1.3):  # yarn scales the tables: the recovered x must divide |t|^2 out
+        def fast(lin, freqs, temperature=temperature):
+            return qkv_attention(True, lin, freqs, positions.double(), prefix, temperature)
+
+        assert torch.autograd.gradcheck(fast, (lin, freqs))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("kind", ["axial", "mixed"])
+@pytest.mark.parametrize("prefix", [0, 1])
+@pytest.mark.parametrize("batched", [False, True], ids=["shared-positions", "per-image-positions"])
+def test_fast_path_equals_reference(device, dtype, kind, prefix, batched):
+    lin, freqs, positions = inputs(kind, prefix, batched, dtype, device)
+    weight = torch.randn(3, B, NH, N + prefix, D, device=device)
+    outputs, grads = [], []
+    for fast in (True, False):
+        out = qkv_attention(fast, lin, freqs, positions, prefix, 1.0)
+        (out.float() * weight).sum().backward()
+        outputs.append(out.float())
+        grads.append([lin.grad.float()] + ([freqs.grad] if kind == "mixed" else []))
+        lin.grad = freqs.grad = None
+    tol = TOLERANCES[dtype]
+    torch.testing.assert_close(outputs[0], outputs[1], atol=tol, rtol=tol)
+    for fast_grad, ref_grad in zip(*grads, strict=True):
+        scale = ref_grad.abs().max()
+        torch.testing.assert_close(fast_grad / scale, ref_grad / scale, atol=tol, rtol=tol)
+    if prefix:  # identity rows: prefix q and k come out exactly as they went in
+        q_in = lin.detach().reshape(B, N + prefix, 3, NH, D)[:, 0, 0]
+        torch.testing.assert_close(outputs[0][0, :, :, 0], q_in.float(), atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("kind", ["axial", "mixed"])
+def test_inference_rotates_in_place_and_equals_reference(device, dtype, kind):
+    lin, freqs, positions = inputs(kind, 1, False, dtype, device)
+    with torch.no_grad():
+        expected = qkv_attention(False, lin, freqs, positions, 1, 1.0)
+        qkv = lin.detach().clone().reshape(B, N + 1, 3, NH, D)
+        out = rotate_qk(qkv, *rope_tables(rope_angles(positions, freqs), 1))
+    assert out.data_ptr() == qkv.data_ptr()  # nothing allocated: the projection output is rotated where it is
+    tol = TOLERANCES[dtype]
+    torch.testing.assert_close(out.permute(2, 0, 3, 1, 4).float(), expected.float(), atol=tol, rtol=tol)
+
+
+def activation_bytes(model: torch.nn.Module, x: torch.Tensor) -> int:
+    """Bytes of the distinct non-weight storages autograd saves in a forward (what backward keeps alive)."""
+    weights = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    storages = {}
+
+    def pack(tensor):
+        if tensor.untyped_storage().data_ptr() not in weights:
+            storages[tensor.untyped_storage().data_ptr()] = tensor.untyped_storage().nbytes()
+        return tensor
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        model(x).sum().backward()
+    return sum(storages.values())
+
+
+@pytest.mark.parametrize("kind", ["axial", "mixed"])
+def test_training_memory_matches_the_model_without_rope(kind):
+    """The fused rotation adds no activation: RoPE costs only its per-block tables, which do not grow with the batch
+    (within +3% at batch 8, the benchmark's batch; axial tables are shared, so axial is within 0.1%)."""
+    x = torch.randn(8, 3, 96, 96)
+    kwargs = dict(depth=4, num_classes=10, img_size=96)
+    rope = timm.create_model(f"vit_rope_tiny_patch16_{kind}_224", **kwargs)
+    ape = timm.create_model("vit_tiny_patch16_224", init_values=1e-5, no_embed_class=True, **kwargs)
+    ratio = activation_bytes(rope, x) / activation_bytes(ape, x)
+    limit = 1.03 if kind == "mixed" else 1.001
+    assert ratio <= limit, f"{kind} RoPE saves {ratio:.3f}x the activations of the same ViT without RoPE"
+
+
+def test_model_fast_and_reference_paths_agree(monkeypatch):
+    """Eager models use the in-place path; traced ones (torch.compile) the reference: same logits and gradients."""
+    torch.manual_seed(0)
+    model = timm.create_model("vit_rope_tiny_patch16_mixed_224", depth=2, num_classes=5, drop_path_rate=0.0)
+    x = torch.randn(2, 3, 64, 48)
+    results = []
+    for compiling in (False, True):
+        monkeypatch.setattr(torch.compiler, "is_compiling", lambda compiling=compiling: compiling)
+        model.zero_grad()
+        out = model(x)
+        out.square().sum().backward()
+        results.append((out, [p.grad.clone() for p in model.parameters()]))
+    torch.testing.assert_close(results[0][0], results[1][0], atol=1e-5, rtol=1e-5)
+    for fast, ref in zip(results[0][1], results[1][1], strict=True):
+        torch.testing.assert_close(fast, ref, atol=1e-5, rtol=1e-4)
+
+
+def test_qk_norm_takes_the_reference_path():
+    """With q/k norms RoPE must rotate the normalised q and k, which the in-place path cannot; both agree then."""
+    torch.manual_seed(0)
+    model = timm.create_model("vit_rope_tiny_patch16_axial_224", depth=1, num_classes=5, qk_norm=True)
+    attn = model.blocks[0].attn
+    assert not attn.plain_qk
+    x = torch.randn(2, 17, 192)
+    rope = model.rope(model.rope.grid_positions(4, 4), 1)
+    q, k, _ = attn.project(x, rope)
+    plain_q, plain_k, _ = attn.project(x)
+    torch.testing.assert_close(q, apply_rope(plain_q, *rope))
+    torch.testing.assert_close(k, apply_rope(plain_k, *rope))
+
+
+@pytest.mark.parametrize("kind", ["axial", "mixed"])
+def test_compile_has_no_graph_break_and_recompiles_at_most_once_per_size(kind):
+    torch._dynamo.reset()
+    model = timm.create_model(f"vit_rope_tiny_patch16_{kind}_224", depth=2, num_classes=5)
+    explanation = torch._dynamo.explain(model)(torch.randn(1, 3, 64, 64))
+    assert explanation.graph_break_count == 0, explanation.break_reasons
+    compiles = []
+
+    def backend(graph, example_inputs):
+        compiles.append(graph)
+        return graph.forward
+
+    compiled = torch.compile(model, backend=backend)
+    sizes = [64, 64, 96, 128, 64, 80]
+    for size in sizes:
+        compiled(torch.randn(1, 3, size, size)).sum().backward()
+    assert len(compiles) <= len(set(sizes)), f"{len(compiles)} compilations for {len(set(sizes))} sizes"
