@@ -117,7 +117,7 @@ def rope_angles(positions: Tensor, freqs: Tensor) -> Tensor:
 
 
 def rope_tables(angles: Tensor, num_prefix_tokens: int = 0, temperature: float = 1.0) -> tuple[Tensor, Tensor]:
-    """Turn pair angles into the ``(cos, sin)`` tables that ``apply_rope`` and ``rotate_qk_`` take.
+    """Turn pair angles into the ``(cos, sin)`` tables that ``apply_rope`` and ``rotate_qk`` take.
 
     One value per channel pair (not per channel): half the memory and work of tables repeated for both channels
     of a pair. Prefix tokens (class, registers) get identity rows (cos = 1, sin = 0) in front, so attention
@@ -144,8 +144,8 @@ def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     """Rotate the interleaved channel pairs of ``x`` by the angles behind ``(cos, sin)``, out of place.
 
     ``[x0 x1 ...] -> [x0 c - x1 s, x1 c + x0 s, ...]``. The reference path: plain differentiable ops that
-    autocast and torch.compile (which fuses them into one kernel) see through; eager attention uses the in-place
-    ``vit_rope.fused.rotate_qk_``, which tests hold equal to this. With fp32 tables and a bf16/fp16 ``x`` the
+    autocast and torch.compile (which fuses them into one kernel) see through; eager attention uses the fused
+    ``vit_rope.fused.rotate_qk``, which tests hold equal to this. With fp32 tables and a bf16/fp16 ``x`` the
     rotation is computed in fp32 and cast back once.
 
     Args:
