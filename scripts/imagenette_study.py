@@ -53,7 +53,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--models", nargs="+", choices=MODELS, default=list(MODELS))
     parser.add_argument("--img-sizes", type=int, nargs="+", default=[48, 64, 80, 96, 128, 160],
                         help="evaluation sizes (default 0.75x-2.5x of the 64 px training size)")
-    parser.add_argument("--limit", type=int, default=2000, help="val images to evaluate, spread over the classes")
+    parser.add_argument("--limit", type=int, default=1500, help="val images to evaluate, spread over the classes")
     parser.add_argument("--runs", default="output/study", help="training outputs (checkpoints; not committed)")
     parser.add_argument("--results", default="results/imagenette", help="what is committed")
     parser.add_argument("--report", action="store_true", help="only rebuild the report from --results")
@@ -68,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
              for entry in study]
     evaluate = ["python", "-m", "vit_rope.evaluate", "--checkpoint", *(f"{e['output']}/last.pth" for e in study),
                 "--img-sizes", *map(str, args.img_sizes), "--policy", *POLICIES, "--limit", str(args.limit),
-                "--workers", "1", "--output", str(results / "eval")]
+                "--workers", "0", "--output", str(results / "eval")]  # both cores compute; decoding is once per size
     if not args.report:
         for entry, command in zip(study, train, strict=True):
             out = Path(entry["output"])

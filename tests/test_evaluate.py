@@ -52,14 +52,19 @@ def run(*args: str) -> int:
 
 
 def test_transform_is_the_protocol() -> None:
-    """timm's eval transform is exactly: short side to floor(size / crop_pct) bicubic, center crop, ImageNet norm."""
+    """timm's eval transform is exactly: short side to floor(size / crop_pct) bicubic, center crop, pixels in [0, 1];
+    each model then gets the mean/std it was trained with (ImageNet's for ours, 0.5 for timm's augreg ViT)."""
     steps = evaluate.eval_transform(64, 0.875).transforms
     assert [type(step).__name__ for step in steps] == ["Resize", "CenterCrop", "MaybeToTensor", "Normalize"]
     assert steps[0].size == 73 and steps[0].interpolation == transforms.InterpolationMode.BICUBIC  # int: short side
     assert list(steps[1].size) == [64, 64]
-    assert steps[3].mean.tolist() == pytest.approx(IMAGENET_DEFAULT_MEAN)
-    assert steps[3].std.tolist() == pytest.approx(IMAGENET_DEFAULT_STD)
+    assert steps[3].mean.tolist() == [0.0, 0.0, 0.0] and steps[3].std.tolist() == [1.0, 1.0, 1.0]
     assert evaluate.eval_transform(64, 1.0).transforms[0].size == 64
+    ours = evaluate.normalisation(timm.create_model("vit_rope_tiny_patch16_mixed_224", depth=1), "cpu")
+    assert ours[0].flatten().tolist() == pytest.approx(IMAGENET_DEFAULT_MEAN)
+    assert ours[1].flatten().tolist() == pytest.approx(IMAGENET_DEFAULT_STD)
+    augreg = evaluate.normalisation(timm.create_model("vit_tiny_patch16_224", depth=1), "cpu")
+    assert augreg[0].flatten().tolist() == [0.5, 0.5, 0.5] and augreg[1].flatten().tolist() == [0.5, 0.5, 0.5]
 
 
 def test_subset_is_even_and_deterministic() -> None:

@@ -23,7 +23,7 @@ from typing import Any
 import timm
 import torch
 import yaml
-from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD, ImageNetInfo, create_transform
+from timm.data import ImageNetInfo, create_transform, resolve_data_config
 from torch import nn
 from torch.utils.data import DataLoader, Subset
 from tqdm import tqdm
@@ -163,10 +163,19 @@ def check_sizes(sizes: Sequence[int], models: Sequence[EvalModel]) -> None:
 
 
 def eval_transform(size: int, crop_pct: float) -> Any:
-    """timm's eval transform: Resize(short side floor(size / crop_pct), bicubic), CenterCrop(size), ToTensor,
-    Normalize(ImageNet mean/std); ``tests/test_evaluate.py`` checks it is exactly that."""
+    """timm's eval transform: Resize(short side floor(size / crop_pct), bicubic), CenterCrop(size), ToTensor, with
+    pixels left in [0, 1]: each model is normalised with its own mean/std (``normalisation``), as it was trained.
+    ``tests/test_evaluate.py`` checks it is exactly that."""
     return create_transform(input_size=(3, size, size), crop_pct=crop_pct, crop_mode="center", interpolation="bicubic",
-                            mean=IMAGENET_DEFAULT_MEAN, std=IMAGENET_DEFAULT_STD, is_training=False)
+                            mean=(0.0, 0.0, 0.0), std=(1.0, 1.0, 1.0), is_training=False)
+
+
+def normalisation(model: nn.Module, device: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """The mean and std (``[1, 3, 1, 1]``) a timm model's data config gives, which is what ``train.py`` normalised
+    its inputs with: ImageNet's for ours and DeiT, 0.5 for timm's augreg ViTs such as ``vit_tiny_patch16_224``."""
+    config = resolve_data_config({}, model=model)
+    return (torch.tensor(config["mean"], device=device).view(1, 3, 1, 1),
+            torch.tensor(config["std"], device=device).view(1, 3, 1, 1))
 
 
 def subset(count: int, limit: int | None) -> list[int]:
@@ -179,8 +188,8 @@ def subset(count: int, limit: int | None) -> list[int]:
 def protocol(crop_pct: float) -> str:
     """The preprocessing in words, printed first and stored with the results so that numbers are never compared
     across protocols unknowingly."""
-    return (f"resize the short side to floor(size / {crop_pct}) px (PIL bicubic), center-crop size x size, ImageNet "
-            "mean/std normalisation (timm create_transform, crop_mode center)")
+    return (f"resize the short side to floor(size / {crop_pct}) px (PIL bicubic), center-crop size x size, each "
+            "model's own mean/std normalisation, as in training (timm create_transform, crop_mode center)")
 
 
 @torch.inference_mode()
@@ -200,6 +209,7 @@ def evaluate_models(models: Sequence[EvalModel], data_dir: str | Path, img_sizes
     samples, val_classes = check_inputs(val_dir, policies)
     check_sizes(img_sizes, models)
     maps = [label_map(entry, val_classes, val_dir).to(device) for entry in models]
+    norms = [normalisation(entry.model, device) for entry in models]
     runs = [(i, policy) for i, entry in enumerate(models)
             for policy in (policies if hasattr(entry.model, "set_rope_policy") else (None,))]
     for entry in models:
@@ -218,14 +228,15 @@ def evaluate_models(models: Sequence[EvalModel], data_dir: str | Path, img_sizes
             images, skipped = images.to(device, non_blocking=True), skipped + int(bad.sum())
             for row, (i, policy) in enumerate(runs):
                 model, labels = models[i].model, maps[i][targets.to(device)]
+                inputs = (images - norms[i][0]) / norms[i][1]
                 if policy is not None:
                     model.set_rope_policy(policy)
                 with amp:
                     if step == 0:  # untimed warm-up: first-call allocations and kernel choices are not throughput
-                        model(images)
+                        model(inputs)
                     sync()
                     start = time.perf_counter()
-                    logits = model(images).float()
+                    logits = model(inputs).float()
                     sync()
                 seconds = time.perf_counter() - start
                 hits = logits.topk(min(5, logits.shape[1])).indices == labels[:, None]  # [B, k], rank order
