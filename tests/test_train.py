@@ -56,7 +56,7 @@ def test_checkpoint_loads_weights_only_and_rebuilds_the_model_alone(image_root: 
 def test_resume_after_interruption_matches_an_uninterrupted_run(image_root: Path, tmp_path: Path, monkeypatch,
                                                                  workers: int) -> None:
     # every source of randomness on: data order, RandAugment, random erasing, Mixup/CutMix, drop-path, EMA
-    random_all = ("--epochs", "3", "mixup=0.8", "cutmix=1.0", "auto_augment=rand-m9-mstd0.5-inc1", "reprob=0.25",
+    random_all = ("--epochs", "3", "mixup=0.8", "cutmix=1.0", "auto_augment=rand-m9-mstd0.5-inc1-mmax9", "reprob=0.25",
                   "drop_path=0.1", "model_ema=true", "warmup_epochs=1", f"workers={workers}")
     straight, resumed = tmp_path / "straight", tmp_path / "resumed"
     assert train.main(tiny_args(image_root, straight, *random_all)) == 0

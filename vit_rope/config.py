@@ -69,7 +69,7 @@ class Config:
     scale: list[float] = dataclasses.field(default_factory=lambda: [0.08, 1.0])
     hflip: float = 0.5
     color_jitter: float = 0.4
-    auto_augment: str | None = "rand-m9-mstd0.5-inc1"
+    auto_augment: str | None = "rand-m9-mstd0.5-inc1-mmax9"
     reprob: float = 0.25
     repeated_aug: bool = False
     mixup: float = 0.8
