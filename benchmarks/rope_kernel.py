@@ -7,9 +7,11 @@ Input: the qkv projection output of one attention layer, ``[B, N, 3, nh, D]`` wi
 implementation rotates its q and k (patch tokens; the class token is left as it is) by the same tables:
 
 - ``copy``: no rotation, ``q`` and ``k`` copied into a preallocated buffer; the bandwidth reference;
-- ``ours_in_place``: ``vit_rope.fused.rotate_qk`` without autograd: in place in the qkv buffer (eager inference);
+- ``ours_in_place``: ``vit_rope.fused.rotate_qk`` without autograd: in place in the qkv buffer (eager inference),
+  PyTorch backend;
 - ``ours_autograd``: ``rotate_qk`` recording autograd (eager training): a new qkv tensor, q and k rotated and v copied
-  in one pass, so it moves v too (half as much again as q and k);
+  in one pass, so it moves v too (half as much again as q and k), PyTorch backend;
+- ``ours_triton_in_place``, ``ours_triton_autograd``: the same with the Triton kernels (CUDA only);
 - ``ours_reference``: ``vit_rope.rope.apply_rope`` on q and k, out of place (what torch.compile fuses);
 - ``complex_rope_vit``: RoPE-ViT's ``apply_rotary_emb`` (fp32 complex product, class token sliced off and written
   back);
@@ -23,6 +25,7 @@ q and k once (the least any implementation must move), so "of copy" is the fract
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import random
 import statistics
@@ -36,6 +39,7 @@ from timm.layers import apply_rot_embed_cat
 from torch import Tensor
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from vit_rope import triton_rope  # noqa: E402
 from vit_rope.fused import rotate_qk  # noqa: E402  (after the path set-up, as the script runs from anywhere)
 from vit_rope.rope import RoPE2D, apply_rope, grid_positions  # noqa: E402
 
@@ -71,14 +75,17 @@ def implementations(qkv: Tensor, cos: Tensor, sin: Tensor) -> dict[str, Callable
         ko = torch.cat((k[:, :, :1], apply_rot_embed_cat(k[:, :, 1:], timm_emb)), dim=2)
         return qo, ko
 
-    return {
-        "copy": lambda: out.copy_(qkv[:, :, :2]),
-        "ours_in_place": lambda: rotate_qk(qkv, cos, sin),
-        "ours_autograd": lambda: _with_grad(rotate_qk, tracked, cos, sin),
+    calls = {"copy": lambda: out.copy_(qkv[:, :, :2])}
+    for backend in ("torch", "triton") if triton_rope.supports(qkv, cos) else ("torch",):
+        suffix = "" if backend == "torch" else "_triton"
+        calls[f"ours{suffix}_in_place"] = functools.partial(rotate_qk, qkv, cos, sin, backend)
+        calls[f"ours{suffix}_autograd"] = functools.partial(_with_grad, rotate_qk, tracked, cos, sin, backend)
+    calls |= {
         "ours_reference": lambda: (apply_rope(q, cos, sin), apply_rope(k, cos, sin)),
         "complex_rope_vit": complex_rope_vit,
         "timm_rot_embed_cat": timm_cat,
     }
+    return calls
 
 
 def main(argv: list[str] | None = None) -> int:

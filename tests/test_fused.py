@@ -1,5 +1,8 @@
 """The fused q/k rotation (``vit_rope.fused``) against the reference ``apply_rope``: values, gradients, memory, the
-in-place inference path, and the model paths that use each (eager attention, torch.compile)."""
+in-place inference path, and the model paths that use each (eager attention, torch.compile).
+
+Both backends are held to the reference: PyTorch, and the Triton kernels (``vit_rope.triton_rope``), which run
+compiled on CUDA and through Triton's interpreter on CPU."""
 
 import pytest
 import timm
@@ -7,21 +10,23 @@ import torch
 
 import vit_rope  # noqa: F401  (registers the models)
 from benchmarks.throughput import activation_bytes  # the benchmark's own measure, so both agree
+from vit_rope import triton_rope
 from vit_rope.fused import rotate_qk
 from vit_rope.rope import RoPE2D, apply_rope, rope_angles, rope_tables
 
 B, N, NH, D = 2, 7, 3, 8
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+BACKENDS = ["torch"] + (["triton"] if triton_rope.AVAILABLE else [])
 TOLERANCES = {torch.float64: 1e-12, torch.float32: 1e-5, torch.bfloat16: 2e-2}
 
 
 def qkv_attention(fast: bool, lin: torch.Tensor, freqs: torch.Tensor, positions: torch.Tensor, prefix: int,
-                  temperature: float) -> torch.Tensor:
+                  temperature: float, backend: str = "torch") -> torch.Tensor:
     """q, k, v ``[3, B, nh, P+N, D]`` from a qkv projection output, rotated by the fast or the reference path."""
     cos, sin = rope_tables(rope_angles(positions, freqs), prefix, temperature)
     qkv = (lin * 1).reshape(B, N + prefix, 3, NH, D)  # * 1: a non-leaf, as a Linear output
-    if fast:
-        return rotate_qk(qkv, cos, sin).permute(2, 0, 3, 1, 4)
+    if fast:  # the gradient arriving at the rotation is permuted (strided), as from attention
+        return rotate_qk(qkv, cos, sin, backend).permute(2, 0, 3, 1, 4)
     q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)
     return torch.stack((apply_rope(q, cos, sin), apply_rope(k, cos, sin), v))
 
@@ -47,17 +52,19 @@ def test_gradients_are_exact_in_fp64(kind, prefix, batched):
         assert torch.autograd.gradcheck(fast, (lin, freqs))
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("kind", ["axial", "mixed"])
 @pytest.mark.parametrize("prefix", [0, 1])
 @pytest.mark.parametrize("batched", [False, True], ids=["shared-positions", "per-image-positions"])
-def test_fast_path_equals_reference(device, dtype, kind, prefix, batched):
+def test_fast_path_equals_reference(backend, device, dtype, kind, prefix, batched):
     lin, freqs, positions = inputs(kind, prefix, batched, dtype, device)
     weight = torch.randn(3, B, NH, N + prefix, D, device=device)
     outputs, grads = [], []
+    temperature = 1.3  # as yarn sets it: |t| != 1, so the table gradient must divide |t|^2 out
     for fast in (True, False):
-        out = qkv_attention(fast, lin, freqs, positions, prefix, 1.0)
+        out = qkv_attention(fast, lin, freqs, positions, prefix, temperature, backend)
         (out.float() * weight).sum().backward()
         outputs.append(out.float())
         grads.append([lin.grad.float()] + ([freqs.grad] if kind == "mixed" else []))
@@ -67,23 +74,32 @@ def test_fast_path_equals_reference(device, dtype, kind, prefix, batched):
     for fast_grad, ref_grad in zip(*grads, strict=True):
         scale = ref_grad.abs().max()
         torch.testing.assert_close(fast_grad / scale, ref_grad / scale, atol=tol, rtol=tol)
-    if prefix:  # identity rows: prefix q and k come out exactly as they went in
+    if prefix:  # identity rows (times the temperature): prefix q and k are only scaled, exactly
         q_in = lin.detach().reshape(B, N + prefix, 3, NH, D)[:, 0, 0]
-        torch.testing.assert_close(outputs[0][0, :, :, 0], q_in.float(), atol=0, rtol=0)
+        # Triton's interpreter truncates fp32 -> bf16, where compiled kernels and PyTorch round to nearest: 1 ulp
+        ulp = 2**-7 if backend == "triton" and device == "cpu" and dtype == torch.bfloat16 else 0
+        expected = (q_in.float() * temperature).to(dtype).float()
+        torch.testing.assert_close(outputs[0][0, :, :, 0], expected, atol=0, rtol=ulp)
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("kind", ["axial", "mixed"])
-def test_inference_rotates_in_place_and_equals_reference(device, dtype, kind):
+def test_inference_rotates_in_place_and_equals_reference(backend, device, dtype, kind):
     lin, freqs, positions = inputs(kind, 1, False, dtype, device)
     with torch.no_grad():
         expected = qkv_attention(False, lin, freqs, positions, 1, 1.0)
         qkv = lin.detach().clone().reshape(B, N + 1, 3, NH, D)
-        out = rotate_qk(qkv, *rope_tables(rope_angles(positions, freqs), 1))
+        out = rotate_qk(qkv, *rope_tables(rope_angles(positions, freqs), 1), backend=backend)
     assert out.data_ptr() == qkv.data_ptr()  # nothing allocated: the projection output is rotated where it is
     tol = TOLERANCES[dtype]
     torch.testing.assert_close(out.permute(2, 0, 3, 1, 4).float(), expected.float(), atol=tol, rtol=tol)
+
+
+def test_unknown_backend_is_refused():
+    with pytest.raises(ValueError, match="backend='cuda'"):
+        rotate_qk(torch.zeros(1, 2, 3, 1, 4), torch.ones(1, 2, 2), torch.zeros(1, 2, 2), backend="cuda")
 
 
 @pytest.mark.parametrize("kind", ["axial", "mixed"])
@@ -147,3 +163,21 @@ def test_compile_has_no_graph_break_and_recompiles_at_most_once_per_size(kind):
     for size in sizes:
         compiled(torch.randn(1, 3, size, size)).sum().backward()
     assert len(compiles) <= len(set(sizes)), f"{len(compiles)} compilations for {len(set(sizes))} sizes"
+
+
+@pytest.mark.skipif(not triton_rope.AVAILABLE, reason="triton is not installed")
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+def test_triton_kernel_compiles_for_hopper_in_every_variant(dtype):
+    """The interpreter runs the kernel's Python; this compiles it to a cubin for sm_90 (H100/H200), as a GPU would,
+    which catches what only the compiler checks (layouts, types of the split/join tiles), on machines without one."""
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource, compile
+
+    kernel = triton_rope._rotate_kernel
+    pointers = dict(src=dtype, dst=dtype, out=dtype, grad_cos="fp32", grad_sin="fp32", cos="fp32", sin="fp32")
+    signature = {name: f"*{pointers[name]}" if name in pointers else "i32" for name in kernel.arg_names}
+    variants = [(False, False, False), (False, True, False), (True, True, False), (True, True, True)]
+    for conj, copy_v, table_grad in variants:  # inference in place, training forward, backward (table gradient)
+        constexprs = dict(HALF=32, BLOCK_T=32, BLOCK_J=32, CONJ=conj, COPY_V=copy_v, TABLE_GRAD=table_grad)
+        source = ASTSource(kernel, signature | dict.fromkeys(constexprs, "constexpr"), constexprs=constexprs)
+        assert compile(source, target=GPUTarget("cuda", 90, 32)).asm["cubin"]
