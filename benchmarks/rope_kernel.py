@@ -9,8 +9,10 @@ implementation rotates its q and k (patch tokens; the class token is left as it 
 - ``copy``: no rotation, ``q`` and ``k`` copied into a preallocated buffer; the bandwidth reference;
 - ``ours_in_place``: ``vit_rope.fused.rotate_qk`` without autograd: in place in the qkv buffer (eager inference),
   PyTorch backend;
-- ``ours_autograd``: ``rotate_qk`` recording autograd (eager training): a new qkv tensor, q and k rotated and v copied
-  in one pass, so it moves v too (half as much again as q and k), PyTorch backend;
+- ``ours_autograd``: ``rotate_qk`` recording autograd, on a qkv tensor it may not change: a new qkv tensor, q and k
+  rotated and v copied in one pass, so it moves v too (half as much again as q and k), PyTorch backend. Our models in
+  training rotate in place instead, inside the projection's autograd node (``project_rotate_qk``), as
+  ``ours_in_place`` does;
 - ``ours_triton_in_place``, ``ours_triton_autograd``: the same with the Triton kernels (CUDA only);
 - ``ours_reference``: ``vit_rope.rope.apply_rope`` on q and k, out of place (what torch.compile fuses);
 - ``complex_rope_vit``: RoPE-ViT's ``apply_rotary_emb`` (fp32 complex product, class token sliced off and written

@@ -11,7 +11,7 @@ import torch
 import vit_rope  # noqa: F401  (registers the models)
 from benchmarks.throughput import activation_bytes  # the benchmark's own measure, so both agree
 from vit_rope import triton_rope
-from vit_rope.fused import rotate_qk
+from vit_rope.fused import project_rotate_qk, rotate_qk
 from vit_rope.rope import RoPE2D, apply_rope, rope_angles, rope_tables
 
 B, N, NH, D = 2, 7, 3, 8
@@ -95,6 +95,81 @@ def test_inference_rotates_in_place_and_equals_reference(backend, device, dtype,
     assert out.data_ptr() == qkv.data_ptr()  # nothing allocated: the projection output is rotated where it is
     tol = TOLERANCES[dtype]
     torch.testing.assert_close(out.permute(2, 0, 3, 1, 4).float(), expected.float(), atol=tol, rtol=tol)
+
+
+class Projection(torch.nn.Module):
+    """An attention's qkv projection and rotation: ``project_rotate_qk``, or the Linear then the reference."""
+
+    def __init__(self, fused: bool, backend: str = "torch", dim: int = 5):
+        super().__init__()
+        self.qkv = torch.nn.Linear(dim, 3 * NH * D)
+        self.fused, self.backend = fused, backend
+
+    def forward(self, x: torch.Tensor, freqs: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """q, k, v ``[3, B, nh, N, D]``, with one prefix token and yarn's temperature (|t| != 1)."""
+        cos, sin = rope_tables(rope_angles(positions, freqs), 1, 1.3)
+        if self.fused:
+            qkv = project_rotate_qk(self.qkv, x, NH, cos, sin, self.backend)
+            if torch.is_grad_enabled():  # one autograd node, which rotates in place
+                assert qkv.grad_fn.name() == "_ProjectRotateQKBackward"
+            return qkv.permute(2, 0, 3, 1, 4)
+        q, k, v = self.qkv(x).unflatten(-1, (3, NH, D)).permute(2, 0, 3, 1, 4).unbind(0)
+        return torch.stack((apply_rope(q, cos, sin), apply_rope(k, cos, sin), v))
+
+
+@pytest.mark.parametrize("batched", [False, True], ids=["shared-positions", "per-image-positions"])
+def test_projection_node_has_exact_gradients_in_fp64(batched):
+    _, freqs, positions = inputs("mixed", 1, batched, torch.float64, "cpu")
+    freqs = freqs.double().detach().requires_grad_()
+    module = Projection(fused=True).double()
+    x = torch.randn(B, N + 1, 5, dtype=torch.float64, requires_grad=True)
+
+    def fast(x, weight, bias, freqs):
+        params = {"qkv.weight": weight, "qkv.bias": bias}
+        return torch.func.functional_call(module, params, (x, freqs, positions.double()))
+
+    assert torch.autograd.gradcheck(fast, (x, module.qkv.weight, module.qkv.bias, freqs))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("autocast", [False, True], ids=["fp32", "bf16-autocast"])
+@pytest.mark.parametrize("kind", ["axial", "mixed"])
+@pytest.mark.parametrize("batched", [False, True], ids=["shared-positions", "per-image-positions"])
+def test_projection_node_equals_linear_then_reference(backend, device, autocast, kind, batched):
+    _, freqs, positions = inputs(kind, 1, batched, torch.float32, device)
+    x = torch.randn(B, N + 1, 16, device=device, requires_grad=True)
+    weight = torch.randn(3, B, NH, N + 1, D, device=device)
+    fused = Projection(fused=True, backend=backend, dim=16).to(device)
+    reference = Projection(fused=False, dim=16).to(device)
+    reference.load_state_dict(fused.state_dict())
+    results = []
+    for module in (fused, reference):
+        with torch.autocast(device, dtype=torch.bfloat16, enabled=autocast):
+            out = module(x, freqs, positions)
+        (out.float() * weight).sum().backward()
+        params = [module.qkv.weight, module.qkv.bias] + ([freqs] if kind == "mixed" else [])
+        results.append([out, x.grad] + [p.grad for p in params])
+        x.grad = freqs.grad = None
+    assert results[0][0].dtype == results[1][0].dtype == (torch.bfloat16 if autocast else torch.float32)
+    tol = TOLERANCES[torch.bfloat16 if autocast else torch.float32]
+    for fast, ref in zip(*results, strict=True):
+        scale = ref.float().abs().max()
+        torch.testing.assert_close(fast.float() / scale, ref.float() / scale, atol=tol, rtol=tol)
+
+
+def test_projection_with_hooks_calls_the_linear():
+    """Hooks (or a Linear subclass) see the projection as it is: the Linear is called, then the rotation follows."""
+    _, freqs, positions = inputs("mixed", 1, False, torch.float32, "cpu")
+    module, reference = Projection(fused=True), Projection(fused=False)
+    reference.load_state_dict(module.state_dict())
+    seen = []
+    module.qkv.register_forward_hook(lambda _module, _args, output: seen.append(output.shape))
+    x = torch.randn(B, N + 1, 5, requires_grad=True)
+    cos, sin = rope_tables(rope_angles(positions, freqs), 1, 1.3)
+    out = project_rotate_qk(module.qkv, x, NH, cos, sin)
+    assert seen == [(B, N + 1, 3 * NH * D)] and out.grad_fn.name() == "_RotateQKBackward"
+    torch.testing.assert_close(out.permute(2, 0, 3, 1, 4), reference(x, freqs, positions))
 
 
 def test_unknown_backend_is_refused():

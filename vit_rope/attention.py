@@ -13,7 +13,7 @@ from timm.layers import maybe_add_mask, resolve_self_attn_mask
 from timm.models.vision_transformer import Attention, Block
 from torch import Tensor, nn
 
-from .fused import rotate_qk
+from .fused import project_rotate_qk
 from .rope import apply_rope
 
 RopeTables = tuple[Tensor, Tensor]
@@ -30,14 +30,15 @@ class RoPEAttention(Attention):
     def project(self, x: Tensor, rope: RopeTables | None = None) -> tuple[Tensor, Tensor, Tensor]:
         """Queries and keys (rotated) and values, each ``[B, nh, N, D]``; diagnostics reuse it for attention maps.
 
-        In eager mode q and k are rotated straight from the projection output (``rotate_qk``: one pass, no extra
-        memory); torch.compile traces the reference ``apply_rope`` instead and fuses it, as it does the q/k norms.
+        In eager mode q and k are rotated straight in the projection output (``project_rotate_qk``: one pass, in
+        place, no extra memory); torch.compile traces the reference ``apply_rope`` instead and fuses it, as it does
+        the q/k norms.
         """
-        B, N, _ = x.shape
-        qkv = self.qkv(x).reshape(B, N, 3, self.num_heads, self.head_dim)  # [B, N, 3, nh, D]
         fused = rope is not None and self.plain_qk and not torch.compiler.is_compiling()
         if fused:
-            qkv = rotate_qk(qkv, *rope)
+            qkv = project_rotate_qk(self.qkv, x, self.num_heads, *rope)  # [B, N, 3, nh, D]
+        else:
+            qkv = self.qkv(x).unflatten(-1, (3, self.num_heads, self.head_dim))
         q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # [B, nh, N, D] each
         if not fused:
             q, k = self.q_norm(q), self.k_norm(k)

@@ -7,11 +7,14 @@ number and its rotation one complex product, ``(x0 + i x1) * (cos + i sin)``, ov
 ``[B, N, 3, nh, D]`` qkv tensor:
 
 - without autograd (inference) the product is done in place: one pass over q and k, nothing allocated;
-- with autograd it writes a new qkv tensor (rotated q, k and a copy of v) in one pass, and backward is one pass too.
-  In-place rotation would cost more there: the projection output is a view, and autograd would clone the whole
-  gradient around the in-place op. The new tensor replaces the projection output (which nothing keeps), and autograd
-  saves only what attention keeps anyway, so training memory is the same as without RoPE; learnable (mixed) tables
-  get their gradient from the rotated q and k, ``dt = conj(y) dy * t / |t|^2``, at table size after the batch sum;
+- with autograd, ``project_rotate_qk`` makes the qkv projection and the rotation one autograd node, so the rotation
+  is in place in training too, and its backward rotates the gradient in the pass that copies it back to the
+  projection's layout (which a ViT without RoPE does as well). Rotating a Linear's output in place outside such a node
+  would cost more: the output is a view, and autograd would clone the whole gradient around the in-place op.
+  ``rotate_qk`` on a given qkv tensor (which others may hold) writes a new one instead: q and k rotated, v copied, in
+  one pass. Either way autograd saves only what attention keeps anyway, so training memory is the same as without
+  RoPE; learnable (mixed) tables get their gradient from the rotated q and k, ``dt = conj(y) dy * t / |t|^2``, at
+  table size after the batch sum;
 - bf16/fp16 pairs are rotated in fp32 and rounded once; prefix tokens have identity rows in the tables, so nothing
   is sliced or concatenated;
 - on CUDA, Triton kernels (``vit_rope.triton_rope``) do each pass in one launch; this PyTorch code is the fallback.
@@ -20,7 +23,8 @@ number and its rotation one complex product, ``(x0 + i x1) * (cos + i sin)``, ov
 from __future__ import annotations
 
 import torch
-from torch import Tensor
+import torch.nn.functional as F
+from torch import Tensor, nn
 from torch.autograd.function import FunctionCtx, once_differentiable
 
 from . import triton_rope
@@ -64,15 +68,40 @@ def _rotated_qkv(qkv: Tensor, table: Tensor) -> Tensor:
     return out
 
 
+def _rotation_grads(grad: Tensor, out: Tensor | None, cos: Tensor, sin: Tensor, use_triton: bool
+                    ) -> tuple[Tensor, Tensor | None, Tensor | None]:
+    """Backward of the rotation ``y = t x`` per pair: ``dx = conj(t) dy`` (a new contiguous ``[B, N, 3, nh, D]``, v's
+    gradient copied) and, given the forward output ``out``, ``dt = conj(x) dy`` as the gradients of cos and sin."""
+    if use_triton:
+        return triton_rope.rotated_backward(grad, out, cos, sin)
+    table = _table(cos, sin, grad.dtype)
+    grad_qkv = _rotated_qkv(grad, table.conj())
+    if out is None:
+        return grad_qkv, None, None
+    real = table.real.dtype
+    grad_table = torch.view_as_real(_as_pairs(out[:, :, :2].to(real)).conj() * _as_pairs(grad[:, :, :2].to(real)))
+    if table.dim() == 4:  # one table for the batch; one dim at a time is several times faster on CPU
+        grad_table = grad_table.sum(0)  # [B, N, 2, nh, D/2, 2] -> [N, 2, nh, D/2, 2]
+    grad_table = grad_table.sum(-4, keepdim=True).sum_to_size(*table.shape, 2)  # q and k (heads, if shared)
+    grad_table = torch.view_as_complex(grad_table) * table / table.abs() ** 2  # x = y / t
+    grad_table = grad_table.squeeze(-3).transpose(-3, -2)  # [(B,) H, P+N, D/2], as cos and sin
+    return grad_qkv, grad_table.real.to(cos.dtype), grad_table.imag.to(sin.dtype)
+
+
+def _rotate_in_place(qkv: Tensor, cos: Tensor, sin: Tensor, use_triton: bool) -> None:
+    if use_triton and qkv.stride(-1) == 1:
+        triton_rope.rotate_(qkv, cos, sin)
+    else:
+        _rotate(qkv[:, :, :2], _table(cos, sin, qkv.dtype), qkv[:, :, :2])
+
+
 class _RotateQK(torch.autograd.Function):
-    """Autograd of the rotation: ``y = t x`` per pair, so ``dx = conj(t) dy`` and ``dt = conj(x) dy``."""
+    """Autograd of the rotation of a given qkv tensor, out of place (it may be a view that others hold)."""
 
     @staticmethod
     def forward(ctx: FunctionCtx, qkv: Tensor, cos: Tensor, sin: Tensor, use_triton: bool) -> Tensor:
-        table = None if use_triton else _table(cos, sin, qkv.dtype)
-        out = triton_rope.rotated(qkv, cos, sin) if use_triton else _rotated_qkv(qkv, table)
+        out = triton_rope.rotated(qkv, cos, sin) if use_triton else _rotated_qkv(qkv, _table(cos, sin, qkv.dtype))
         ctx.use_triton = use_triton
-        ctx.table_shape = None if use_triton else table.shape
         ctx.save_for_backward(out if cos.requires_grad or sin.requires_grad else None, cos, sin)
         return out
 
@@ -80,20 +109,45 @@ class _RotateQK(torch.autograd.Function):
     @once_differentiable
     def backward(ctx: FunctionCtx, grad: Tensor) -> tuple[Tensor, Tensor | None, Tensor | None, None]:
         out, cos, sin = ctx.saved_tensors
-        if ctx.use_triton:
-            return *triton_rope.rotated_backward(grad, out, cos, sin), None
-        table = _table(cos, sin, grad.dtype)
-        grad_qkv = _rotated_qkv(grad, table.conj())
-        if out is None:
-            return grad_qkv, None, None, None
-        real = table.real.dtype
-        grad_table = torch.view_as_real(_as_pairs(out[:, :, :2].to(real)).conj() * _as_pairs(grad[:, :, :2].to(real)))
-        if len(ctx.table_shape) == 4:  # one table for the batch; one dim at a time is several times faster on CPU
-            grad_table = grad_table.sum(0)  # [B, N, 2, nh, D/2, 2] -> [N, 2, nh, D/2, 2]
-        grad_table = grad_table.sum(-4, keepdim=True).sum_to_size(*ctx.table_shape, 2)  # q and k (heads, if shared)
-        grad_table = torch.view_as_complex(grad_table) * table / table.abs() ** 2  # x = y / t
-        grad_table = grad_table.squeeze(-3).transpose(-3, -2)  # [(B,) H, P+N, D/2], as cos and sin
-        return grad_qkv, grad_table.real.to(cos.dtype), grad_table.imag.to(sin.dtype), None
+        return *_rotation_grads(grad, out, cos, sin, ctx.use_triton), None
+
+
+class _ProjectRotateQK(torch.autograd.Function):
+    """The qkv projection and the rotation as one autograd node: ``rotate(x W^T + b)``.
+
+    The projection output belongs to this node, so the rotation runs in place in training too: one pass over q and k,
+    nothing allocated, v untouched (the Linear's output, a view, rotated in place outside would make autograd copy the
+    whole gradient around it). Backward rotates the gradient in the pass that a plain ViT spends copying it back to
+    the projection's layout, then does the Linear's two products. Under autocast, x, W and b are cast as autocast casts
+    them for a Linear, and those casts are what is saved, as for a Linear.
+    """
+
+    @staticmethod
+    def forward(ctx: FunctionCtx, x: Tensor, weight: Tensor, bias: Tensor | None, cos: Tensor, sin: Tensor,
+                num_heads: int, use_triton: bool) -> Tensor:
+        device = x.device.type
+        if torch.is_autocast_enabled(device):
+            dtype = torch.get_autocast_dtype(device)
+            x, weight = x.to(dtype), weight.to(dtype)
+            bias = None if bias is None else bias.to(dtype)
+        with torch.autocast(device, enabled=False):
+            qkv = F.linear(x, weight, bias).unflatten(-1, (3, num_heads, -1))  # [B, N, 3, nh, D]
+        _rotate_in_place(qkv, cos, sin, use_triton)
+        ctx.use_triton, ctx.has_bias = use_triton, bias is not None
+        ctx.save_for_backward(x, weight, qkv if cos.requires_grad or sin.requires_grad else None, cos, sin)
+        return qkv
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx: FunctionCtx, grad: Tensor) -> tuple[Tensor | None, ...]:
+        x, weight, out, cos, sin = ctx.saved_tensors
+        grad_qkv, grad_cos, grad_sin = _rotation_grads(grad, out, cos, sin, ctx.use_triton)
+        grad_qkv = grad_qkv.flatten(-3)  # [B, N, 3 * nh * D], the projection's layout
+        grad_x = grad_qkv @ weight if ctx.needs_input_grad[0] else None
+        flat = grad_qkv.flatten(0, -2)  # [B * N, 3C]
+        grad_weight = flat.t() @ x.flatten(0, -2) if ctx.needs_input_grad[1] else None
+        grad_bias = flat.sum(0) if ctx.has_bias and ctx.needs_input_grad[2] else None
+        return grad_x, grad_weight, grad_bias, grad_cos, grad_sin, None, None
 
 
 def rotate_qk(qkv: Tensor, cos: Tensor, sin: Tensor, backend: str = "auto") -> Tensor:
@@ -112,15 +166,41 @@ def rotate_qk(qkv: Tensor, cos: Tensor, sin: Tensor, backend: str = "auto") -> T
         ``[B, N, 3, nh, D]`` with q and k rotated: ``apply_rope`` on each (tests hold the values and every gradient
         of both backends to it).
     """
+    use_triton = _use_triton(qkv, cos, backend)
+    if torch.is_grad_enabled() and (qkv.requires_grad or cos.requires_grad or sin.requires_grad):
+        return _RotateQK.apply(qkv, cos, sin, use_triton)
+    _rotate_in_place(qkv, cos, sin, use_triton)
+    return qkv
+
+
+def project_rotate_qk(linear: nn.Module, x: Tensor, num_heads: int, cos: Tensor, sin: Tensor,
+                      backend: str = "auto") -> Tensor:
+    """``rotate_qk(linear(x).unflatten(-1, (3, num_heads, -1)), cos, sin)``, cheaper in training.
+
+    With autograd and a plain ``nn.Linear`` (no hooks), projection and rotation are one autograd node that rotates in
+    place; otherwise (inference, hooks, LoRA-style wrappers) the Linear is called as it is and ``rotate_qk`` follows.
+
+    Args:
+        linear: the attention's qkv projection, ``C -> 3 * nh * D``.
+        x: ``[B, N, C]`` tokens.
+        num_heads: ``nh``.
+        cos: see ``rotate_qk``.
+        sin: see ``rotate_qk``.
+        backend: see ``rotate_qk``.
+
+    Returns:
+        ``[B, N, 3, nh, D]`` with q and k rotated.
+    """
+    plain = type(linear) is nn.Linear and not (linear._forward_hooks or linear._forward_pre_hooks)
+    tracked = x.requires_grad or linear.weight.requires_grad or cos.requires_grad or sin.requires_grad
+    if plain and torch.is_grad_enabled() and tracked:
+        return _ProjectRotateQK.apply(x, linear.weight, linear.bias, cos, sin, num_heads, _use_triton(x, cos, backend))
+    return rotate_qk(linear(x).unflatten(-1, (3, num_heads, -1)), cos, sin, backend)
+
+
+def _use_triton(x: Tensor, cos: Tensor, backend: str) -> bool:
     if backend not in BACKENDS:
         raise ValueError(f"rotate_qk: backend={backend!r} is not one of {BACKENDS}")
     if backend == "triton" and not triton_rope.AVAILABLE:
         raise RuntimeError("rotate_qk: backend='triton' needs the triton package (pip install triton)")
-    use_triton = backend == "triton" or (backend == "auto" and triton_rope.supports(qkv, cos))
-    if torch.is_grad_enabled() and (qkv.requires_grad or cos.requires_grad or sin.requires_grad):
-        return _RotateQK.apply(qkv, cos, sin, use_triton)
-    if use_triton and qkv.stride(-1) == 1:
-        triton_rope.rotate_(qkv, cos, sin)
-    else:
-        _rotate(qkv[:, :, :2], _table(cos, sin, qkv.dtype), qkv[:, :, :2])
-    return qkv
+    return backend == "triton" or (backend == "auto" and triton_rope.supports(x, cos))
