@@ -133,7 +133,7 @@ def rotate_(qkv: Tensor, cos: Tensor, sin: Tensor) -> None:
 
 
 def rotated(qkv: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    """A new contiguous ``[B, N, 3, nh, D]``: q and k rotated, v copied (the training forward)."""
+    """A new contiguous ``[B, N, 3, nh, D]``: q and k rotated, v copied (``rotate_qk`` recording autograd)."""
     qkv = _last_dim_contiguous(qkv)
     dst = torch.empty(qkv.shape, dtype=qkv.dtype, device=qkv.device)
     _launch(qkv, dst, cos, sin, conj=False, copy_v=True)
@@ -142,7 +142,8 @@ def rotated(qkv: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
 
 def rotated_backward(grad: Tensor, out: Tensor | None, cos: Tensor, sin: Tensor
                      ) -> tuple[Tensor, Tensor | None, Tensor | None]:
-    """Gradients of ``rotated``: of qkv, and of cos and sin when ``out`` (the forward output) is given."""
+    """Backward of either rotation (``rotated``, or ``rotate_`` inside the projection's autograd node): the gradient of
+    qkv, and of cos and sin when ``out`` (the forward output) is given."""
     grad = _last_dim_contiguous(grad)
     grad_qkv = torch.empty(grad.shape, dtype=grad.dtype, device=grad.device)
     grads = _launch(grad, grad_qkv, cos, sin, conj=True, copy_v=True, out=out)
