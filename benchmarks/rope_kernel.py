@@ -18,7 +18,9 @@ implementation rotates its q and k (patch tokens; the class token is left as it 
 - ``complex_rope_vit``: RoPE-ViT's ``apply_rotary_emb`` (fp32 complex product, class token sliced off and written
   back);
 - ``timm_rot_embed_cat``: timm's ``apply_rot_embed_cat`` as its Eva attention calls it (prefix sliced off and
-  concatenated back, sin/cos table concatenated).
+  concatenated back, sin/cos table concatenated);
+- ``build_tables``: not a rotation but the ``(cos, sin)`` tables themselves, built from the grid as the model does on
+  every forward (positions, resolution policy, angles, prefix row): the price of keeping no table cache.
 
 Rounds interleave the implementations; each figure is the median over rounds. Bandwidth counts reading and writing
 q and k once (the least any implementation must move), so "of copy" is the fraction of the copy's bandwidth.
@@ -111,6 +113,7 @@ def main(argv: list[str] | None = None) -> int:
     with torch.no_grad():
         cos, sin = rope(grid_positions(side, side, device=device), num_prefix_tokens=1)  # [H, N, D/2]
     calls = implementations(qkv, cos, sin)
+    calls["build_tables"] = lambda: rope(rope.grid_positions(side, side, device), 1, (side, side))
 
     def sync() -> None:
         if device.type == "cuda":

@@ -1,5 +1,7 @@
 """Every registered model through timm's API: any input size, gradients, fused/explicit attention, helpers."""
 
+import itertools
+
 import pytest
 import timm
 import torch
@@ -78,15 +80,99 @@ def test_tables_are_not_in_the_state_dict():
     assert mixed_keys == ["rope.0.freqs", "rope.1.freqs"]
 
 
-def test_axial_tables_are_cached_per_grid():
-    model = tiny("vit_rope_tiny_patch16_axial_224").eval()
+def _state_between_calls(model: torch.nn.Module) -> list[str]:
+    """Names of tensors a model holds outside its parameters and buffers (caches, saved tables)."""
+    found = []
+    for name, module in model.named_modules():
+        for attr, value in vars(module).items():
+            if attr in ("_parameters", "_buffers", "_modules"):
+                continue
+            values = value.values() if isinstance(value, dict) else value if isinstance(value, list | tuple) else []
+            values = [*values, value]
+            if any(isinstance(v, torch.Tensor) for v in values):
+                found.append(f"{name}.{attr}")
+    return found
+
+
+GRAD_MODES = {"inference_mode": torch.inference_mode, "no_grad": torch.no_grad, "enable_grad": torch.enable_grad}
+
+
+@pytest.mark.parametrize("kind", ["axial", "mixed"])
+@pytest.mark.parametrize("order", list(itertools.permutations(GRAD_MODES)), ids="-".join)
+def test_every_order_of_grad_modes_then_training(kind, order):
+    """Tables made under inference_mode must never reach a later backward (they cannot be saved for it)."""
+    torch.manual_seed(0)
+    model = tiny(f"vit_rope_tiny_patch16_{kind}_224", num_classes=4)
+    x = torch.randn(2, 3, 48, 64)
+    outputs = []
+    for mode in order:
+        model.train(mode == "enable_grad")
+        with GRAD_MODES[mode]():
+            out = model(x)
+            if mode == "enable_grad":
+                out.sum().backward()
+        outputs.append(out.detach().clone() if mode != "enable_grad" else None)
+    model.train()
+    model(x).sum().backward()  # the issue's repro: eval under inference_mode, then train at the same grid
+    assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
+    evals = [o for o in outputs if o is not None]
+    torch.testing.assert_close(evals[0], evals[1])  # both eval-mode calls give the same logits
+
+
+@pytest.mark.parametrize("kind", ["axial", "mixed"])
+def test_no_state_grows_with_the_number_of_input_sizes(kind):
+    model = tiny(f"vit_rope_tiny_patch16_{kind}_224").eval()
     with torch.no_grad():
-        model(torch.randn(1, 3, 32, 32))
-        model(torch.randn(1, 3, 32, 32))
-        model(torch.randn(1, 3, 32, 48))
-    assert sorted(key[:2] for key in model._axial_cache) == [(2, 2), (2, 3)]
-    model.to(torch.float64)
-    assert not model._axial_cache  # moved: rebuilt on the next forward
+        for h in range(1, 9):
+            for w in range(1, 9):
+                model(torch.randn(1, 3, 16 * h, 16 * w))
+    assert _state_between_calls(model) == []
+
+
+def test_policy_device_and_dtype_changes_take_effect_after_a_forward():
+    model = tiny("vit_rope_tiny_patch16_axial_224", img_size=32).eval()
+    for blk in model.blocks:  # make attention matter
+        blk.ls1.gamma.data.fill_(1.0)
+    x = torch.randn(1, 3, 64, 64)
+    with torch.inference_mode():
+        before = model(x)
+        model.set_rope_policy("interpolate")
+        after = model(x)
+        fresh = tiny("vit_rope_tiny_patch16_axial_224", img_size=32, rope_policy="interpolate").eval()
+        fresh.load_state_dict(model.state_dict())
+        for blk in fresh.blocks:
+            blk.ls1.gamma.data.fill_(1.0)
+        torch.testing.assert_close(after, fresh(x))
+        assert (before - after).abs().max() > 1e-4
+        double = model.double()(x.double())
+    assert double.dtype == torch.float64
+    torch.testing.assert_close(double.float(), after, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("name", ["vit_rope_tiny_patch16_axial_224", "vit_rope_tiny_patch16_mixed_ape_224"])
+def test_empty_batch_gives_empty_outputs_as_timm(name):
+    model = tiny(name, reg_tokens=2)
+    x = torch.randn(0, 3, 48, 64)
+    model.train()
+    out = model(x)
+    assert out.shape == (0, 5)
+    out.sum().backward()
+    model.eval()
+    with torch.inference_mode():
+        assert model(x).shape == (0, 5)
+        assert model.forward_features(x).shape == (0, 3 + 12, 192)
+        final, inter = model.forward_intermediates(x, indices=1)
+        assert final.shape == (0, 3 + 12, 192) and inter[0].shape == (0, 192, 3, 4)
+    reference = timm.create_model("vit_tiny_patch16_224", num_classes=5, depth=2).eval()
+    with torch.inference_mode():
+        assert reference(torch.randn(0, 3, 224, 224)).shape == out.shape  # what timm's own ViT gives
+
+
+@pytest.mark.parametrize("theta", [0.0, -10.0, float("nan"), float("inf")])
+@pytest.mark.parametrize("kind", ["axial", "mixed"])
+def test_bad_theta_is_refused_with_its_value(kind, theta):
+    with pytest.raises(ValueError, match=rf"rope_theta.*{theta}"):
+        tiny(f"vit_rope_tiny_patch16_{kind}_224", rope_theta=theta)
 
 
 def test_timm_api():

@@ -10,7 +10,7 @@ Data flow of one forward::
     image [B, 3, H, W] -> PatchEmbed -> tokens [B, h, w, C]       grid (h, w) = (H / p, W / p)
       -> positions = grid_positions(h, w)                        [N, 2]
       -> prefix tokens (+ APE)                                   [B, P + N, C]
-      -> RoPE tables: axial once for all blocks (cached per grid), mixed per block from its own frequencies
+      -> RoPE tables: axial once for all blocks, mixed per block from its own frequencies
       -> blocks (rotate q, k; prefix rows are identity) -> norm -> pool -> head
 """
 
@@ -95,7 +95,6 @@ class RoPEVisionTransformer(VisionTransformer):
             self.rope: nn.Module = RoPE2D(**rope_args)
         else:
             self.rope = nn.ModuleList(RoPE2D(**rope_args) for _ in self.blocks)
-        self._axial_cache: dict[tuple, RopeTables] = {}
 
     @property
     def rope_policy(self) -> ResolutionPolicy:
@@ -109,7 +108,6 @@ class RoPEVisionTransformer(VisionTransformer):
         policy = ResolutionPolicy.create(dict(name=policy, **options) if isinstance(policy, str) else policy)
         for rope in self.rope_modules():
             rope.policy = policy
-        self._axial_cache.clear()
 
     def rope_modules(self) -> list[RoPE2D]:
         """The RoPE2D modules: one shared (axial) or one per block (mixed)."""
@@ -130,10 +128,6 @@ class RoPEVisionTransformer(VisionTransformer):
         matcher["blocks"] = [(r"^blocks\.(\d+)", None), (r"^rope\.(\d+)", None), (r"^norm", (99999,))]
         return matcher
 
-    def _apply(self, fn, *args, **kwargs):
-        self._axial_cache.clear()  # device or dtype moves invalidate cached tables
-        return super()._apply(fn, *args, **kwargs)
-
     def check_input_size(self, height: int, width: int) -> None:
         """Raise a ``ValueError`` naming the sizes when the image does not tile into whole patches."""
         ph, pw = self.patch_embed.patch_size
@@ -143,12 +137,13 @@ class RoPEVisionTransformer(VisionTransformer):
                 f"to e.g. {max(ph, height // ph * ph)}x{max(pw, width // pw * pw)}."
             )
 
-    def _axial_tables(self, grid: tuple[int, int], device: torch.device) -> RopeTables:
-        """Axial tables depend only on the grid and the policy: build them once per (grid, device) and reuse them."""
-        key = (*grid, self.num_prefix_tokens, device)
-        if key not in self._axial_cache:
-            self._axial_cache[key] = self.rope(self.rope.grid_positions(*grid, device), self.num_prefix_tokens, grid)
-        return self._axial_cache[key]
+    def _pos_embed(self, x: Tensor) -> Tensor:
+        """timm's prefix tokens and APE; an empty batch goes through one dummy image, because timm flattens the grid
+        with ``view(B, -1, C)``, which cannot infer the token count of zero elements (timm's own ViTs return
+        ``[0, num_classes]`` for it, and so must we: the last shard of a distributed evaluation can be empty)."""
+        if x.shape[0] == 0:
+            return super()._pos_embed(x.new_zeros(1, *x.shape[1:]))[:0]
+        return super()._pos_embed(x)
 
     def _embed(self, x: Tensor) -> tuple[Tensor, Tensor | None, tuple[int, int]]:
         """Patch embedding, prefix tokens and APE.
@@ -179,12 +174,18 @@ class RoPEVisionTransformer(VisionTransformer):
     def _rope_per_block(
         self, positions: Tensor | None, grid: tuple[int, int], device: torch.device
     ) -> Iterator[RopeTables]:
-        """Tables for each block in turn: axial ones shared, mixed ones built when their block needs them."""
+        """Tables for each block in turn: axial ones built once and shared, mixed ones when their block needs them.
+
+        Nothing is cached between calls: building a table costs about 0.1% of a ViT-S forward on CPU
+        (``benchmarks/rope_kernel.py``, row ``build_tables``), and a cache would have to follow grad modes
+        (tables made under ``inference_mode`` cannot be saved for backward), policies, devices and dtypes, and be
+        bounded for servers that see many sizes.
+        """
         P = self.num_prefix_tokens
-        if isinstance(self.rope, RoPE2D):
-            return repeat(self._axial_tables(grid, device) if positions is None else self.rope(positions, P, grid))
         if positions is None:
-            positions = self.rope[0].grid_positions(*grid, device)
+            positions = self.rope_modules()[0].grid_positions(*grid, device)
+        if isinstance(self.rope, RoPE2D):
+            return repeat(self.rope(positions, P, grid))
         return (rope(positions, P, grid) for rope in self.rope)
 
     def _forward_blocks(
@@ -235,7 +236,7 @@ class RoPEVisionTransformer(VisionTransformer):
         intermediates = [y[:, P:] for y in intermediates]
         if output_fmt == "NCHW":
             h, w = self.patch_embed.dynamic_feat_size((height, width))
-            intermediates = [y.reshape(B, h, w, -1).permute(0, 3, 1, 2).contiguous() for y in intermediates]
+            intermediates = [y.reshape(B, h, w, y.shape[-1]).permute(0, 3, 1, 2).contiguous() for y in intermediates]
 
         if output_dict:
             out: dict[str, Any] = {"image_intermediates": intermediates}

@@ -47,6 +47,20 @@ def check_head_dim(head_dim: int) -> int:
     return head_dim
 
 
+def check_theta(theta: float) -> float:
+    """Return ``theta`` as a float if it can be a frequency base, else raise a ``ValueError`` naming the value.
+
+    ``theta ** (-4k / D)`` is inf, NaN or complex for a base <= 0 or NaN, and every output of the model would be NaN.
+    """
+    theta = float(theta)
+    if not math.isfinite(theta) or theta <= 0:
+        raise ValueError(
+            f"RoPE theta (rope_theta) must be a finite number > 0, got {theta}. Leave it None for RoPE-ViT's values "
+            f"({DEFAULT_THETA['axial']:g} axial, {DEFAULT_THETA['mixed']:g} mixed)."
+        )
+    return theta
+
+
 def grid_positions(
     height: int, width: int, *, device: torch.device | str | None = None, dtype: torch.dtype = torch.float32
 ) -> Tensor:
@@ -189,7 +203,7 @@ class RoPE2D(nn.Module):
         self.kind = check_kind(kind)
         self.head_dim = check_head_dim(head_dim)
         self.num_heads = num_heads
-        self.theta = float(DEFAULT_THETA[kind] if theta is None else theta)
+        self.theta = check_theta(DEFAULT_THETA[kind] if theta is None else theta)
         self.train_grid = None if train_grid is None else tuple(train_grid)
         self.policy = ResolutionPolicy.create(policy)
         if kind == "axial":
