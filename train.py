@@ -68,7 +68,7 @@ def train(cfg: Config) -> None:
         data_dir = data.resolve_data_dir(cfg.data_dir, cfg.download_size)
     cfg.data_dir = str(data_dir)
     train_samples, classes = data.find_images(data_dir / "train")
-    val_samples, _ = data.find_images(data_dir / "val", classes)
+    val_samples, _ = data.find_images(data_dir / cfg.val_split, classes, split_key="val_split")
 
     # ---- model ------------------------------------------------------------------------------------------------
     net, model_kwargs = create_model(cfg.model, {"num_classes": len(classes), "img_size": cfg.img_size,

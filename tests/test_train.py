@@ -118,6 +118,16 @@ def test_bad_data_folder_exits_2_with_one_line(image_root: Path, tmp_path: Path,
     assert not (tmp_path / "run").exists()
 
 
+def test_val_split_names_the_evaluation_folder(image_root: Path, tmp_path: Path, capsys) -> None:
+    (image_root / "val").rename(image_root / "test")  # CIFAR-10 as an ImageFolder ships train/ and test/
+    assert train.main(tiny_args(image_root, tmp_path / "run", "--epochs", "1")) == 2
+    err = capsys.readouterr().err
+    assert "val does not exist" in err and "it has test/: set val_split=test" in err
+    assert train.main(tiny_args(image_root, tmp_path / "run", "--epochs", "1", "val_split=test")) == 0
+    assert build_config(tmp_path / "run" / "config.yaml").val_split == "test"
+    assert 0 <= float(metrics(tmp_path / "run")[0]["top1"]) <= 100
+
+
 def test_resume_from_something_else_is_a_clear_error(image_root: Path, tmp_path: Path, capsys) -> None:
     (tmp_path / "notes.pth").write_text("hello")
     torch.save({"weights": torch.zeros(1)}, tmp_path / "other.pth")
@@ -196,8 +206,7 @@ def test_command_line_exit_code_and_single_error_line(tmp_path: Path) -> None:
                             cwd=REPO, capture_output=True, text=True, timeout=120)
     assert result.returncode == 2
     assert result.stderr.strip().splitlines() == [
-        f"error: {tmp_path / 'nowhere' / 'train'} does not exist; the data dir needs train/ and val/ with one "
-        "folder per class"]
+        f"error: {tmp_path / 'nowhere' / 'train'} does not exist; the data dir needs train/ with one folder per class"]
 
 
 def test_torchrun_ddp_on_cpu_writes_one_set_of_files(image_root: Path, tmp_path: Path) -> None:

@@ -43,6 +43,7 @@ class Config:
     # run
     output: str = "output/run"
     data_dir: str | None = None
+    val_split: str = "val"
     download_size: Literal["full", "320px", "160px"] = "320px"
     resume: str | None = None
     finetune: str | None = None

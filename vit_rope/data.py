@@ -59,18 +59,26 @@ def resolve_data_dir(data_dir: str | None, download_size: str = "320px") -> Path
     return root / ("imagenette2" if download_size == "full" else f"imagenette2-{download_size.removesuffix('px')}")
 
 
-def find_images(split_dir: Path, classes: list[str] | None = None) -> tuple[list[Sample], list[str]]:
+def find_images(split_dir: Path, classes: list[str] | None = None, split_key: str | None = None
+                ) -> tuple[list[Sample], list[str]]:
     """List ``(path, class index)`` for an ImageFolder split (one sub-folder per class, images in any PIL format).
 
     Args:
-        split_dir: ``DIR/train`` or ``DIR/val``.
+        split_dir: ``DIR/train`` or ``DIR/<val_split>``.
         classes: the train split's class names, so that val indices match; None to take them from this folder.
+        split_key: the setting that named this split (e.g. ``val_split``); when the folder is missing, the error
+            lists the other folders of the data dir and tells to set it (CIFAR-10 and others ship ``test/``).
 
     Returns:
         The samples and the class names.
     """
     if not split_dir.is_dir():
-        raise UserError(f"{split_dir} does not exist; the data dir needs train/ and val/ with one folder per class")
+        message = f"{split_dir} does not exist; the data dir needs {split_dir.name}/ with one folder per class"
+        others = sorted(d.name for d in split_dir.parent.iterdir() if d.is_dir() and d.name != "train"
+                        and not d.name.startswith(".")) if split_dir.parent.is_dir() else []
+        if split_key and others:
+            message += f"; it has {', '.join(f'{name}/' for name in others)}: set {split_key}={others[0]} to use that"
+        raise UserError(message)
     found = sorted(d.name for d in split_dir.iterdir() if d.is_dir() and not d.name.startswith("."))
     if not found:
         raise UserError(f"{split_dir} has no class folders; put each class's images in {split_dir}/<class name>/")
