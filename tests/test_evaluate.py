@@ -8,6 +8,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -15,11 +16,14 @@ import timm
 import torch
 from conftest import tiny_args
 from PIL import Image
+from test_checkpoint import save_source, write_corrupt
 from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD, ImageNetInfo
 from torchvision import transforms
 
+import vit_rope
 from vit_rope import evaluate, report
-from vit_rope.engine import save_checkpoint
+from vit_rope.checkpoint import WeightsNotLoadedWarning
+from vit_rope.engine import load_checkpoint, save_checkpoint
 from vit_rope.policies import POLICIES
 
 ROPE = "vit_rope_tiny_patch16_mixed_224"
@@ -146,6 +150,12 @@ def test_plot_skipped_without_matplotlib(tmp_path: Path, monkeypatch, capsys) ->
     ("state_dict", "is not a vit-rope training checkpoint"),
     ("no_val", "missing/val does not exist"),
     ("model", "unknown model 'vit_tiny_patch16_22'; did you mean 'vit_tiny_patch16_224'?"),
+    ("truncated_checkpoint", "truncated.pth is not a vit-rope training checkpoint: torch.load failed, the file is "
+                             "truncated or corrupt (or not a weights file); download it again or save it again ["),
+    ("corrupt_pretrained", "garbage_header.safetensors is not a readable checkpoint: the file is truncated or "
+                           "corrupt (or not a weights file); download it again or save it again [SafetensorError: "),
+    ("axial_into_mixed", f"axial.pth has no learned RoPE frequencies for {ROPE}, a mixed RoPE model"),
+    ("plain_vit_into_mixed", f"plain_vit.pth has no learned RoPE frequencies for {ROPE}, a mixed RoPE model"),
 ])
 def test_bad_input(case: str, message: str, image_root: Path, checkpoint: Path, tmp_path: Path, capsys) -> None:
     """Each mistake: exit code 2, one line naming the value, and nothing evaluated or written."""
@@ -157,6 +167,16 @@ def test_bad_input(case: str, message: str, image_root: Path, checkpoint: Path, 
         source[1] = str(tmp_path / "weights.pth")
     if case == "model":
         source = ["--model", "vit_tiny_patch16_22"]
+    if case == "truncated_checkpoint":
+        truncated = tmp_path / "truncated.pth"
+        truncated.write_bytes(checkpoint.read_bytes()[: checkpoint.stat().st_size // 2])
+        source[1] = str(truncated)
+    if case == "corrupt_pretrained":
+        source = ["--model", ROPE, "--pretrained-file", str(write_corrupt(tmp_path / "garbage_header.safetensors"))]
+    if case in ("axial_into_mixed", "plain_vit_into_mixed"):
+        kind = case.removesuffix("_into_mixed")
+        source = ["--model", ROPE, "--pretrained-file", str(save_source(kind, tmp_path / f"{kind}.pth", num_classes=3)),
+                  "--model-kwargs", "depth=2", "num_classes=3", "--train-size", "32"]
     code = run(*source, "--data-dir", str(tmp_path / "missing" if case == "no_val" else image_root),
                "--img-sizes", "32", *(["100"] if case == "size" else []),
                "--policy", "bogus" if case == "policy" else "extrapolate", "--output", str(tmp_path / "eval"))
@@ -165,6 +185,8 @@ def test_bad_input(case: str, message: str, image_root: Path, checkpoint: Path, 
     assert not (tmp_path / "eval").exists()
     if case == "size":
         assert err.rstrip().endswith("use 96 or 112")
+    if case == "axial_into_mixed":
+        assert err.rstrip().endswith("for an axial RoPE checkpoint pick vit_rope_tiny_patch16_axial_224")
 
 
 def test_pretrained_file(tmp_path: Path) -> None:
@@ -178,3 +200,58 @@ def test_pretrained_file(tmp_path: Path) -> None:
     assert all(torch.equal(value, loaded.model.state_dict()[key]) for key, value in source.state_dict().items())
     with pytest.raises(evaluate.UserError, match="vit.pth does not fit vit_tiny_patch16_224"):
         evaluate.load_pretrained("vit_tiny_patch16_224", str(tmp_path / "vit.pth"), 10, 32, {"depth": 2})
+
+
+def test_learned_frequencies_checked_for_pretrained_files(tmp_path: Path, capsys) -> None:
+    """A mixed model is evaluated with a mixed checkpoint, refused with an axial one; without a file (timing runs) it
+    keeps its random weights, as before."""
+    kwargs = {"depth": 2, "num_classes": 3}
+    mixed = save_source("mixed", tmp_path / "mixed.pth", num_classes=3)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", WeightsNotLoadedWarning)
+        loaded = evaluate.load_pretrained(ROPE, str(mixed), 3, 32, kwargs)
+    assert loaded.model.load_report.rope_freqs_loaded and loaded.model.load_report.initialised == {}
+    expected = torch.load(mixed, weights_only=True)["model"]["rope.1.freqs"]
+    assert torch.equal(loaded.model.rope[1].freqs, expected)
+    axial = save_source("axial", tmp_path / "axial.pth", num_classes=3)
+    with pytest.raises(evaluate.UserError, match=f"^{axial} has no learned RoPE frequencies for {ROPE}"):
+        evaluate.load_pretrained(ROPE, str(axial), 3, 32, kwargs)
+    assert not hasattr(evaluate.load_pretrained(ROPE, None, 3, 32, {"depth": 2}).model, "load_report")
+    assert capsys.readouterr().out == ""
+
+
+def test_evaluate_models_refuses_a_model_loaded_without_its_learned_frequencies(image_root: Path,
+                                                                                 tmp_path: Path) -> None:
+    """The Python API too: ``load_weights`` of an axial file into a mixed model, then ``evaluate_models``."""
+    model = timm.create_model(ROPE, depth=2, num_classes=3)
+    axial = save_source("axial", tmp_path / "axial.pth", num_classes=3)
+    with pytest.warns(WeightsNotLoadedWarning):
+        vit_rope.load_weights(model, axial)
+    with pytest.raises(evaluate.UserError, match=f"^{axial} has no learned RoPE frequencies"):
+        evaluate.evaluate_models([evaluate.EvalModel("m", model, 32)], image_root, [32], device="cpu", workers=0)
+
+
+def test_plain_vit_into_axial_model_is_evaluated_with_a_warning(tmp_path: Path, capsys) -> None:
+    """No learned frequencies are missing, but the LayerScale that the file lacked is said."""
+    vit = save_source("plain_vit", tmp_path / "vit.pth", num_classes=3)
+    axial = "vit_rope_tiny_patch16_axial_224"
+    loaded = evaluate.load_pretrained(axial, str(vit), 3, 32, {"depth": 2, "num_classes": 3})
+    assert loaded.model.load_report.rope_freqs_loaded
+    assert capsys.readouterr().out.startswith(f"warning: {vit} lacks weights of {axial}, "
+                                              "which were initialised instead: LayerScale set to the identity")
+
+
+def test_checkpoint_of_a_run_seeded_from_pretrained_weights(tmp_path: Path) -> None:
+    """train.py can start a mixed model from a plain ViT (model_kwargs pretrained=true): its checkpoint holds the
+    trained frequencies, so evaluation accepts it, without the seed file (gone here) and without a warning."""
+    seed = save_source("plain_vit", tmp_path / "seed.pth")
+    path = write_checkpoint(tmp_path / "run.pth")
+    ckpt = load_checkpoint(path)
+    ckpt["model_kwargs"] = {**ckpt["model_kwargs"], "pretrained": True, "pretrained_cfg_overlay": {"file": str(seed)}}
+    save_checkpoint(ckpt, path)
+    seed.unlink()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", WeightsNotLoadedWarning)
+        loaded = evaluate.load_trained(path)
+    assert not hasattr(loaded.model, "load_report")
+    assert torch.equal(loaded.model.rope[0].freqs, ckpt["model"]["rope.0.freqs"])

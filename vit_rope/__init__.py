@@ -4,11 +4,11 @@ Importing the package registers the ``vit_rope_*`` models with timm.
 """
 
 from . import registry  # noqa: F401  (registers the models with timm)
-from .checkpoint import convert_state_dict, load_weights
+from .checkpoint import LoadReport, WeightsNotLoadedWarning, convert_state_dict, load_weights
 from .fused import rotate_qk
 from .model import RoPEVisionTransformer
 from .rope import RoPE2D, apply_rope, grid_positions
 
-__all__ = ["RoPE2D", "RoPEVisionTransformer", "apply_rope", "convert_state_dict", "grid_positions", "load_weights",
-           "rotate_qk"]
+__all__ = ["LoadReport", "RoPE2D", "RoPEVisionTransformer", "WeightsNotLoadedWarning", "apply_rope",
+           "convert_state_dict", "grid_positions", "load_weights", "rotate_qk"]
 __version__ = "0.1.0"

@@ -11,22 +11,88 @@ Three sources are understood, told apart by their keys:
   missing LayerScale becomes the identity, and the position embedding is dropped or kept (resampled) by variant.
 
 Nothing that depends on the input resolution is loaded: RoPE tables are rebuilt for every input.
+
+Weights that a checkpoint lacks and that are initialised instead are never silent: every entry point warns
+(``WeightsNotLoadedWarning``) and leaves a ``LoadReport`` on the model as ``model.load_report``, which
+``vit_rope.evaluate`` reads to refuse a mixed model whose learned frequencies are still random.
 """
 
 from __future__ import annotations
 
 import math
 import re
+import warnings
+from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import safe_open
 from timm.layers import resample_abs_pos_embed, resample_patch_embed
 from timm.models import load_state_dict
 from torch import Tensor, nn
 
 _CONTAINER_KEYS = ("model_ema", "state_dict_ema", "model", "state_dict", "module")
 _DROPPED = re.compile(r"^(freqs_t_[xy]|freqs_cis|rope\.(bands|pos_embed.*|t_[xy]))$")  # resolution-dependent buffers
+_CLASSIFIER = ("head.weight", "head.bias")
+
+# Why a weight of the model holds its initial value rather than one from the checkpoint (keys of LoadReport.initialised)
+ROPE_FREQS = "learned RoPE frequencies kept at their random initialisation"
+LAYERSCALE = "LayerScale set to the identity"
+HEAD = "classifier kept at its initialisation (absent from the checkpoint or of another class count)"
+
+
+class WeightsNotLoadedWarning(UserWarning):
+    """A checkpoint lacked weights of the model, which were initialised instead (``LoadReport.initialised``)."""
+
+
+class UnreadableCheckpointError(ValueError):
+    """A weights file whose bytes the library could not parse: truncated, corrupt, or not a checkpoint at all."""
+
+
+@dataclass(frozen=True)
+class LoadReport:
+    """What a vit_rope model took from a checkpoint; ``load_weights`` returns it and sets it as ``model.load_report``
+    (timm's ``pretrained=True`` loading sets it too). It describes that load: a later ``load_state_dict`` is not seen.
+
+    Attributes:
+        source: the file read; None when timm read it (its filter sees the weights, not the path).
+        loaded: keys of the model's state dict whose values come from the checkpoint.
+        initialised: reason (``ROPE_FREQS``, ``LAYERSCALE``, ``HEAD``) -> keys that hold initial values instead.
+        skipped: checkpoint keys not loaded: a classifier of another class count, or one the model does not have.
+    """
+
+    source: str | None
+    loaded: tuple[str, ...]
+    initialised: Mapping[str, tuple[str, ...]]
+    skipped: tuple[str, ...] = ()
+
+    @property
+    def rope_freqs_loaded(self) -> bool:
+        """False when the model has learned (mixed) RoPE frequencies and the checkpoint had none."""
+        return ROPE_FREQS not in self.initialised
+
+    def summary(self) -> str:
+        """The initialised weights in one line, by reason; empty when everything was loaded."""
+        def keys(names: tuple[str, ...]) -> str:
+            return ", ".join(names) if len(names) <= 3 else f"{names[0]}, ..., {names[-1]}: {len(names)} tensors"
+
+        return "; ".join(f"{reason} ({keys(names)})" for reason, names in self.initialised.items())
+
+
+def _report(source: str | Path | None, state_dict: Mapping[str, Tensor], initialised: dict[str, list[str]],
+            skipped: tuple[str, ...] = ()) -> LoadReport:
+    taken = {key for keys in initialised.values() for key in keys}
+    return LoadReport(None if source is None else str(source), tuple(k for k in state_dict if k not in taken),
+                      {reason: tuple(keys) for reason, keys in initialised.items() if keys}, skipped)
+
+
+def _warn(report: LoadReport, stacklevel: int = 3) -> None:
+    if report.initialised:
+        warnings.warn(f"{report.source or 'The checkpoint'} lacks weights of the model, which were initialised "
+                      f"instead: {report.summary()}. Fine for fine-tuning; for evaluation, load a checkpoint that "
+                      "has them.", WeightsNotLoadedWarning, stacklevel=stacklevel)
 
 
 def _unwrap(state_dict: dict[str, Any]) -> dict[str, Tensor]:
@@ -68,12 +134,8 @@ def _fit_pos_embed(pos_embed: Tensor, model: nn.Module) -> Tensor:
     )
 
 
-def convert_state_dict(state_dict: dict[str, Any], model: nn.Module) -> dict[str, Tensor]:
-    """Map a timm RoPE-ViT port, an original RoPE-ViT, a timm ViT/DeiT-III or a vit_rope state dict onto ``model``.
-
-    Raises:
-        ValueError: the checkpoint does not fit the model; the message lists the missing and unexpected keys.
-    """
+def _convert(state_dict: dict[str, Any], model: nn.Module) -> tuple[dict[str, Tensor], dict[str, list[str]]]:
+    """``convert_state_dict``, plus the model keys it initialised rather than loaded, by reason."""
     state_dict = _unwrap(state_dict)
     target = model.state_dict()
     out: dict[str, Tensor] = {}
@@ -92,42 +154,123 @@ def convert_state_dict(state_dict: dict[str, Any], model: nn.Module) -> dict[str
             value = resample_patch_embed(value, list(target[key].shape[-2:]), verbose=False)
         out[key] = value
 
+    initialised: dict[str, list[str]] = {ROPE_FREQS: [], LAYERSCALE: []}
     for key, value in target.items():
         if key in out:
             continue
         if re.fullmatch(r"rope\.\d+\.freqs", key):
             out[key] = value  # a checkpoint without RoPE: keep the model's initial frequencies
+            initialised[ROPE_FREQS].append(key)
         elif re.fullmatch(r"blocks\.\d+\.ls[12]\.gamma", key):
             out[key] = torch.ones_like(value)  # no LayerScale in the checkpoint: the identity scale keeps its function
+            initialised[LAYERSCALE].append(key)
 
-    classifier = ("head.weight", "head.bias")
-    missing = sorted(set(target) - set(out) - set(classifier))
-    unexpected = sorted(set(out) - set(target))
+    missing = sorted(set(target) - set(out) - set(_CLASSIFIER))
+    unexpected = sorted(set(out) - set(target) - set(_CLASSIFIER))  # a head the model lacks (num_classes=0) is dropped
     if missing or unexpected:
         raise ValueError(
             f"The checkpoint does not fit {type(model).__name__}: missing keys {missing or 'none'}; unexpected keys "
             f"{unexpected or 'none'}. Check that the model name (size, axial/mixed, +APE) matches the checkpoint."
         )
+    return out, initialised
+
+
+def convert_state_dict(state_dict: dict[str, Any], model: nn.Module) -> dict[str, Tensor]:
+    """Map a timm RoPE-ViT port, an original RoPE-ViT, a timm ViT/DeiT-III or a vit_rope state dict onto ``model``.
+
+    Weights the checkpoint lacks are filled in (mixed RoPE frequencies at the model's initialisation, LayerScale at
+    the identity) with a ``WeightsNotLoadedWarning``; ``load_weights`` also returns them as a ``LoadReport``.
+
+    Raises:
+        ValueError: the checkpoint does not fit the model; the message lists the missing and unexpected keys.
+    """
+    out, initialised = _convert(state_dict, model)
+    _warn(_report(None, out, initialised))
     return out
 
 
 def checkpoint_filter_fn(state_dict: dict[str, Any], model: nn.Module) -> dict[str, Tensor]:
-    """timm ``pretrained_filter_fn``: lets ``create_model(..., pretrained=True)`` take any supported source."""
-    return convert_state_dict(state_dict, model)
+    """timm ``pretrained_filter_fn``: lets ``create_model(..., pretrained=True)`` take any supported source.
+
+    Sets ``model.load_report`` (timm then loads exactly the returned weights) and warns like ``convert_state_dict``.
+    """
+    out, initialised = _convert(state_dict, model)
+    model.load_report = _report(None, out, initialised)
+    _warn(model.load_report)
+    return out
 
 
-def load_weights(model: nn.Module, path: str | Path) -> nn.Module:
-    """Load a ``.pth`` / ``.pt`` / ``.bin`` (``torch.load(weights_only=True)``) or ``.safetensors`` file into ``model``.
+def _well_formed(path: Path) -> bool:
+    """True when ``path`` parses as safetensors, or as a torch pickle that needs classes ``weights_only`` refuses."""
+    find = getattr(torch.serialization, "get_unsafe_globals_in_checkpoint", None)  # torch >= 2.5
+    try:
+        with safe_open(str(path), framework="pt"):
+            return True
+    except Exception:  # not safetensors: SafetensorError
+        pass
+    try:
+        return find is not None and bool(find(str(path)))
+    except Exception:  # not a torch checkpoint either
+        return False
 
-    The classifier is loaded only when its shape matches, so a 1000-class checkpoint can seed a 10-class model.
+
+def unreadable_reason(path: str | Path, err: Exception) -> str | None:
+    """What to tell about a checkpoint file whose reading raised ``err`` when its bytes cannot be parsed: that it is
+    truncated or corrupt, the fix, and the library's message; None when ``err`` has another cause, to raise as it is:
+    the operating system's (permissions, memory), or a well-formed file (the other format, a pickle that
+    ``weights_only`` loading refuses to run)."""
+    if isinstance(err, OSError | MemoryError) or _well_formed(Path(path)):
+        return None
+    while err.__cause__ is not None:  # timm re-raises torch's errors with advice for valid files
+        err = err.__cause__
+    text = str(err).split("WeightsUnpickler error:")[-1]  # torch's weights_only failure: the advice before is too
+    detail = next((line.strip() for line in text.splitlines() if line.strip()), "no message")
+    detail = detail if len(detail) <= 200 else detail[:197] + "..."
+    return (f"the file is truncated or corrupt (or not a weights file); download it again or save it again "
+            f"[{type(err).__name__}: {detail}]")
+
+
+def read_weights(path: str | Path) -> dict[str, Any]:
+    """Read a ``.pth`` / ``.pt`` / ``.bin`` (``torch.load(weights_only=True)``) or ``.safetensors`` file, as timm does
+    (its EMA weights when it has them).
+
+    Raises:
+        FileNotFoundError: no file at ``path``.
+        UnreadableCheckpointError: the file cannot be parsed (truncated, corrupt); the message names it.
     """
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"No checkpoint file at {path}.")
-    state_dict = convert_state_dict(load_state_dict(str(path), use_ema=True, weights_only=True), model)
+    try:
+        return load_state_dict(str(path), use_ema=True, weights_only=True)
+    except Exception as err:
+        reason = unreadable_reason(path, err)
+        if reason is None:
+            raise
+        raise UnreadableCheckpointError(f"{path} is not a readable checkpoint: {reason}") from err
+
+
+def load_weights(model: nn.Module, path: str | Path) -> LoadReport:
+    """Load a ``.pth`` / ``.pt`` / ``.bin`` (``torch.load(weights_only=True)``) or ``.safetensors`` file into ``model``.
+
+    The classifier is loaded only when its shape matches, so a 1000-class checkpoint can seed a 10-class model.
+    Weights the checkpoint lacks are initialised, with a ``WeightsNotLoadedWarning``.
+
+    Returns:
+        What was loaded and what was initialised instead; also set as ``model.load_report``.
+
+    Raises:
+        FileNotFoundError, UnreadableCheckpointError: see ``read_weights``.
+        ValueError: the checkpoint does not fit the model (the message lists the missing and unexpected keys).
+    """
+    state_dict, initialised = _convert(read_weights(path), model)
     target = model.state_dict()
-    for key in ("head.weight", "head.bias"):
-        if key in state_dict and key in target and state_dict[key].shape != target[key].shape:
-            del state_dict[key]
-    model.load_state_dict(state_dict, strict=False)  # convert_state_dict already checked every key but the head
-    return model
+    skipped = tuple(key for key in _CLASSIFIER if key in state_dict
+                    and (key not in target or state_dict[key].shape != target[key].shape))
+    for key in skipped:
+        del state_dict[key]
+    initialised[HEAD] = [key for key in _CLASSIFIER if key in target and key not in state_dict]
+    model.load_state_dict(state_dict, strict=False)  # _convert already checked every key but the head
+    model.load_report = _report(path, state_dict, initialised, skipped)
+    _warn(model.load_report)
+    return model.load_report

@@ -26,6 +26,7 @@ from torch import nn
 from torch.utils.data import DataLoader
 from tqdm import tqdm
 
+from vit_rope.checkpoint import unreadable_reason
 from vit_rope.config import Config, UserError
 
 CHECKPOINT_FORMAT = "vit_rope.train/1"
@@ -253,13 +254,17 @@ def save_checkpoint(state: dict[str, Any], path: Path) -> None:
 def load_checkpoint(path: str | Path) -> dict[str, Any]:
     """Read a checkpoint written by ``save_checkpoint``, with a clear error for anything else.
 
-    Loads with ``weights_only=True``: no code from the file is executed.
+    Loads with ``weights_only=True``: no code from the file is executed. A truncated or corrupt file is a
+    ``UserError`` that says so (``vit_rope.checkpoint.unreadable_reason``).
     """
     if not Path(path).is_file():
         raise UserError(f"checkpoint {path} does not exist; pass OUTPUT/last.pth of an earlier run")
     try:
         ckpt = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as err:  # torch raises several types (UnpicklingError, RuntimeError, EOFError) for foreign files
+        unreadable = unreadable_reason(path, err)
+        if unreadable is not None:
+            raise UserError(f"{path} is not a vit-rope training checkpoint: torch.load failed, {unreadable}") from None
         reason = (str(err).strip() or type(err).__name__).splitlines()[0]
         raise UserError(f"{path} is not a vit-rope training checkpoint: torch.load failed ({reason})") from None
     if not isinstance(ckpt, dict) or ckpt.get("format") != CHECKPOINT_FORMAT:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,6 +30,7 @@ from torch.utils.data import DataLoader, Subset
 from tqdm import tqdm
 
 import vit_rope  # noqa: F401  (registers the vit_rope_* models)
+from vit_rope.checkpoint import UnreadableCheckpointError, WeightsNotLoadedWarning, read_weights
 from vit_rope.config import UserError, check_model_name
 from vit_rope.data import ImageFolderDataset, find_images, resolve_data_dir
 from vit_rope.engine import load_checkpoint, set_cpu_threads
@@ -72,7 +74,8 @@ def load_trained(path: str | Path, use_ema: bool = True) -> EvalModel:
     """Rebuild the model of a ``train.py`` checkpoint and load its weights strictly (EMA weights when saved).
 
     Reads the keys ``model_name``, ``model_kwargs``, ``config["img_size"]``, ``model``, ``model_ema`` (optional)
-    and ``classes`` (optional).
+    and ``classes`` (optional). The model is built without the pretrained weights its ``model_kwargs`` may name
+    (the run's starting point): the strict load replaces every weight, learned RoPE frequencies included.
     """
     ckpt = load_checkpoint(path)
     missing = [key for key in ("model_name", "model_kwargs", "config", "model") if key not in ckpt]
@@ -80,7 +83,7 @@ def load_trained(path: str | Path, use_ema: bool = True) -> EvalModel:
         raise UserError(f"{path} has no {', '.join(missing) or 'config img_size'}, so its model cannot be rebuilt; "
                         "pass a last.pth or best.pth written by train.py")
     train_size = int(ckpt["config"]["img_size"])
-    model = create_model(ckpt["model_name"], **{**ckpt["model_kwargs"], "img_size": train_size})
+    model = create_model(ckpt["model_name"], **{**ckpt["model_kwargs"], "img_size": train_size, "pretrained": False})
     ema = use_ema and ckpt.get("model_ema") is not None
     try:
         model.load_state_dict(ckpt["model_ema"] if ema else ckpt["model"])
@@ -93,6 +96,9 @@ def load_trained(path: str | Path, use_ema: bool = True) -> EvalModel:
 def load_pretrained(name: str, weights: str | None, num_classes: int, train_size: int | None = None,
                     model_kwargs: dict[str, Any] | None = None) -> EvalModel:
     """A timm model with the weights of a local file (random weights without one: for timing only).
+
+    A vit_rope mixed model whose file has no learned RoPE frequencies (an axial or plain ViT checkpoint) is refused:
+    its frequencies would be random. Other weights initialised rather than loaded are printed as a warning.
 
     Args:
         weights: a file timm's ``pretrained_cfg_overlay`` loads; the model then keeps its own class count unless
@@ -110,15 +116,44 @@ def load_pretrained(name: str, weights: str | None, num_classes: int, train_size
         kwargs.setdefault("num_classes", num_classes)
     overlay = {"file": weights, **({"num_classes": kwargs["num_classes"]} if "num_classes" in kwargs else {})}
     try:  # the overlay's num_classes keeps a head of that size, which timm would otherwise drop
-        with torch.random.fork_rng(devices=[]):  # seeded: random weights (no file) repeat, for timing runs
+        with torch.random.fork_rng(devices=[]), warnings.catch_warnings():  # seeded: random weights (no file) repeat
             torch.manual_seed(0)
+            warnings.simplefilter("ignore", WeightsNotLoadedWarning)  # model.load_report is checked below instead
             model = create_model(name, pretrained=weights is not None, pretrained_cfg_overlay=overlay, **kwargs)
-    except (RuntimeError, ValueError) as err:
+    except UserError:  # the model name or its arguments
+        raise
+    except Exception as err:
+        if weights is not None:
+            try:  # timm's read error (SafetensorError: header too large, ...) names neither the file nor the fix
+                read_weights(weights)
+            except UnreadableCheckpointError as unreadable:
+                raise UserError(str(unreadable)) from None
+            except Exception:  # a well-formed file that weights_only refuses: reported below as before
+                pass
+        if not isinstance(err, RuntimeError | ValueError):
+            raise
         raise UserError(f"--pretrained-file {weights} does not fit {name} ({str(err).strip().splitlines()[0]}); "
                         "pick the model it was trained as, or --model-kwargs to match it") from None
+    check_loaded(model, name, weights)
+    report = getattr(model, "load_report", None)
+    if report is not None and report.initialised:
+        print(f"warning: {weights} lacks weights of {name}, which were initialised instead: {report.summary()}")
     size = kwargs.get("img_size", model.pretrained_cfg["input_size"][-1])
     classes = ImageNetInfo().label_names() if weights is not None and model.num_classes == 1000 else None
     return EvalModel(name, model, int(size), classes)
+
+
+def check_loaded(model: nn.Module, name: str, weights: str | Path | None = None) -> None:
+    """Refuse a model whose learned RoPE frequencies kept their random initialisation because its weights file had
+    none (``model.load_report``, left by vit_rope's checkpoint loading: ``load_weights`` or ``pretrained=True``)."""
+    report = getattr(model, "load_report", None)
+    if report is None or report.rope_freqs_loaded:
+        return
+    axial = name.replace("_mixed", "_axial") if "_mixed" in name else "an axial RoPE model"
+    raise UserError(f"{report.source or weights or 'its weights file'} has no learned RoPE frequencies for {name}, a "
+                    "mixed RoPE model, so they would be evaluated at their random initialisation; evaluate a "
+                    "checkpoint of a mixed model trained or fine-tuned with them, or for an axial RoPE checkpoint "
+                    f"pick {axial}")
 
 
 def label_map(model: EvalModel, val_classes: list[str], val_dir: Path) -> torch.Tensor:
@@ -208,6 +243,8 @@ def evaluate_models(models: Sequence[EvalModel], data_dir: str | Path, img_sizes
     val_dir = Path(data_dir) / "val"
     samples, val_classes = check_inputs(val_dir, policies)
     check_sizes(img_sizes, models)
+    for entry in models:
+        check_loaded(entry.model, entry.label)
     maps = [label_map(entry, val_classes, val_dir).to(device) for entry in models]
     norms = [normalisation(entry.model, device) for entry in models]
     runs = [(i, policy) for i, entry in enumerate(models)
