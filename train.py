@@ -53,7 +53,8 @@ def train(cfg: Config) -> None:
     # ---- device, seeds ----------------------------------------------------------------------------------------
     env = engine.init_distributed(cfg.device)
     random_seed(cfg.seed, env.rank)
-    threads = engine.set_cpu_threads(cfg.threads, cfg.workers)
+    pipeline, _ = data.choose_pipeline(cfg)  # the batched tensor pipeline needs no loader workers
+    threads = engine.set_cpu_threads(cfg.threads, cfg.workers if pipeline == "timm" else 0)
     if env.device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = cfg.tf32
     say = print if env.is_main else lambda *args, **kwargs: None
@@ -79,7 +80,7 @@ def train(cfg: Config) -> None:
                                        "interpolation": cfg.interpolation}, model=net)
     with engine.main_process_first(env):  # rank 0 writes the decoded cache, the other ranks read it
         train_loader, val_loader = data.build_loaders(cfg, train_samples, val_samples, data_config, env.rank,
-                                                      env.world_size, pin_memory=env.device.type == "cuda")
+                                                      env.world_size, env.device)
     say(f"{cfg.model}: {sum(p.numel() for p in net.parameters()) / 1e6:.2f}M params on {env.world_size} x "
         f"{env.device.type} ({threads} CPU threads each); {len(train_samples)} train / {len(val_samples)} val "
         f"images, {len(classes)} classes, {len(train_loader)} steps per epoch")

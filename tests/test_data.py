@@ -11,6 +11,7 @@ from timm.data import resolve_data_config
 
 from vit_rope import data
 from vit_rope.config import UserError, build_config
+from vit_rope.pipeline import BatchLoader
 
 DATA_CONFIG = resolve_data_config({"input_size": (3, 32, 32), "crop_pct": 0.875, "interpolation": "bilinear"})
 
@@ -127,3 +128,47 @@ def test_failed_download_is_a_user_error(tmp_path: Path, monkeypatch) -> None:
     monkeypatch.setattr("torchvision.datasets.Imagenette", offline)
     with pytest.raises(UserError, match="could not download Imagenette.*pass --data-dir"):
         data.resolve_data_dir(None)
+
+
+BATCHED = ("decoded_cache=true", "auto_augment=null", "reprob=0")
+
+
+@pytest.mark.parametrize("overrides, expected", [
+    (BATCHED, ("tensor", "every augmentation of the config batches")),
+    (BATCHED[1:], ("timm", "decoded_cache is off")),
+    ((*BATCHED, "reprob=0.25"), ("timm", "random erasing (reprob=0.25) is per image")),
+    ((*BATCHED, "auto_augment=3a"), ("timm", "auto_augment=3a is per image")),
+    ((*BATCHED, "train_crop_mode=rkrr"), ("timm", "train_crop_mode=rkrr is timm's only")),
+    ((*BATCHED, "pipeline=timm"), ("timm", "pipeline=timm")),
+])
+def test_auto_pipeline_is_tensor_only_when_every_augmentation_batches(overrides, expected) -> None:
+    name, why = data.choose_pipeline(build_config(None, list(overrides)))
+    assert name == expected[0] and expected[1] in why
+
+
+def test_tensor_pipeline_refuses_a_per_image_config_naming_the_keys() -> None:
+    with pytest.raises(UserError, match=r"pipeline=tensor cannot run this config: .*auto_augment=rand.*reprob=0.25"):
+        data.choose_pipeline(build_config(None, ["decoded_cache=true", "pipeline=tensor"]))
+
+
+def test_tensor_loaders_read_the_store_only_and_never_decode_again(image_root: Path, tmp_path: Path,
+                                                                   monkeypatch, capsys) -> None:
+    cache = f"cache_dir={tmp_path / 'cache'}"
+    first_train, first_val = _loaders(image_root, *BATCHED, cache, "cache_size=40")
+    assert isinstance(first_train, BatchLoader) and isinstance(first_val, BatchLoader)
+    assert "data pipeline: tensor" in capsys.readouterr().out
+
+    def no_decoding(*args, **kwargs):
+        raise AssertionError("an image was decoded again")
+
+    monkeypatch.setattr(data, "decode_image", no_decoding)
+    train_loader, val_loader = _loaders(image_root, *BATCHED, cache, "cache_size=40")  # the cache file, memory-mapped
+    for epoch in (0, 1):
+        data.set_epoch(train_loader, epoch, seed=0, rank=0)
+        batches = list(train_loader)
+        assert len(batches) == len(train_loader) == 24 // 4 and all(x.shape == (4, 3, 32, 32) for x, _, _ in batches)
+    data.set_epoch(first_train, 1, seed=0, rank=0)
+    assert all(torch.equal(x, y) for (x, _, _), (y, _, _) in zip(batches, first_train, strict=True))
+    seen = torch.cat([targets for _, targets, _ in val_loader])
+    val_samples, _ = data.find_images(image_root / "val", ["class_0", "class_1", "class_2"])
+    assert sorted(seen.tolist()) == sorted(target for _, target in val_samples)  # every val image once

@@ -62,6 +62,7 @@ class Config:
     batch_size: int = 128
     workers: int = 4
     decoded_cache: bool = False
+    pipeline: Literal["auto", "tensor", "timm"] = "auto"
     cache_dir: str | None = None
     cache_size: int = 0
     crop_pct: float | None = None

@@ -23,6 +23,7 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler, Subset
 
 from vit_rope.config import Config, UserError
 from vit_rope.engine import atomic_save
+from vit_rope.pipeline import BatchLoader, TensorStore
 
 _log = logging.getLogger(__name__)
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -163,12 +164,12 @@ class DecodedImages:
         listing = [(path, os.stat(path).st_size, os.stat(path).st_mtime_ns) for path in paths]
         digest = hashlib.sha1(repr((listing, short_side)).encode()).hexdigest()[:16]
         file = cache_dir / f"decoded-{short_side}px-{digest}.pt"
-        if file.exists():
-            return cls(**torch.load(file, weights_only=True))
+        if file.exists():  # memory-mapped: the processes of a machine share the page cache's one copy
+            return cls(**torch.load(file, weights_only=True, mmap=True))
         images = cls.build(paths, short_side, workers)
         cache_dir.mkdir(parents=True, exist_ok=True)
         atomic_save({"data": images.data, "offsets": images.offsets, "shapes": images.shapes}, file)
-        return images
+        return cls(**torch.load(file, weights_only=True, mmap=True))  # drop the private copy for the shared one
 
 
 class ImageFolderDataset(Dataset):
@@ -208,16 +209,42 @@ def build_transforms(cfg: Config, data_config: dict[str, Any]) -> tuple[Any, Any
     return train, val
 
 
+def choose_pipeline(cfg: Config) -> tuple[str, str]:
+    """``("tensor" | "timm", why)``: the batched tensor pipeline (``vit_rope.pipeline``) when the config allows it.
+
+    It needs the decoded cache and augmentations that batch; RandAugment, random erasing, timm's other crop modes and
+    repeated augmentation are per image and keep timm's pipeline. ``pipeline: tensor`` with such a config is an error
+    that names what stands in the way.
+    """
+    per_image = [reason for reason, present in (
+        ("decoded_cache is off", not cfg.decoded_cache),
+        (f"auto_augment={cfg.auto_augment} is per image", cfg.auto_augment),
+        (f"random erasing (reprob={cfg.reprob}) is per image", cfg.reprob > 0),
+        (f"train_crop_mode={cfg.train_crop_mode} is timm's only", cfg.train_crop_mode != "rrc"),
+        ("repeated_aug needs timm's sampler", cfg.repeated_aug)) if present]
+    if cfg.pipeline == "timm":
+        return "timm", "pipeline=timm"
+    if not per_image:
+        return "tensor", "decoded cache on and every augmentation of the config batches"
+    if cfg.pipeline == "tensor":
+        raise UserError(f"pipeline=tensor cannot run this config: {'; '.join(per_image)}; change those keys or set "
+                        "pipeline=auto")
+    return "timm", "; ".join(per_image)
+
+
 def build_loaders(cfg: Config, train_samples: list[Sample], val_samples: list[Sample], data_config: dict[str, Any],
-                  rank: int = 0, world_size: int = 1, pin_memory: bool = False) -> tuple[DataLoader, DataLoader]:
+                  rank: int = 0, world_size: int = 1, device: torch.device | None = None
+                  ) -> tuple[DataLoader | BatchLoader, DataLoader | BatchLoader]:
     """Training loader (shuffled per epoch, sharded across ranks, last partial batch dropped) and validation loader.
 
-    Each rank validates a disjoint slice of the val split without padding, so reduced accuracies are exact.
-
-    Args:
-        pin_memory: page-locked batches, for faster copies to a GPU.
+    Each rank validates a disjoint slice of the val split without padding, so reduced accuracies are exact. The
+    pipeline is ``choose_pipeline``'s: batched tensor loaders on ``device`` (no workers), or timm's transforms in
+    ``DataLoader`` workers (page-locked batches when ``device`` is CUDA).
     """
-    train_tf, val_tf = build_transforms(cfg, data_config)
+    device = device or torch.device("cpu")
+    pipeline, why = choose_pipeline(cfg)
+    if rank == 0:
+        print(f"data pipeline: {pipeline} ({why})", flush=True)
     train_cache = val_cache = None
     if cfg.decoded_cache:
         short_side = cfg.cache_size or math.floor(cfg.img_size / data_config["crop_pct"])
@@ -228,6 +255,11 @@ def build_loaders(cfg: Config, train_samples: list[Sample], val_samples: list[Sa
         decoders = max(cfg.workers, os.cpu_count() or 1)  # a one-off job with nothing else running: every core
         train_cache, val_cache = (DecodedImages.load_or_build([path for path, _ in samples], short_side, decoders,
                                                               cache_dir) for samples in (train_samples, val_samples))
+    if pipeline == "tensor":
+        return _tensor_loaders(cfg, (train_samples, train_cache), (val_samples, val_cache), data_config, rank,
+                               world_size, device)
+    train_tf, val_tf = build_transforms(cfg, data_config)
+    pin_memory = device.type == "cuda"
     train_set = ImageFolderDataset(train_samples, train_tf, train_cache)
     if len(train_set) < cfg.batch_size * world_size:
         raise UserError(f"the train split has {len(train_set)} images, fewer than one batch of {cfg.batch_size} x "
@@ -243,7 +275,29 @@ def build_loaders(cfg: Config, train_samples: list[Sample], val_samples: list[Sa
     return train, val
 
 
-def set_epoch(loader: DataLoader, epoch: int, seed: int, rank: int) -> None:
-    """Fix epoch ``epoch``'s sample order and the loader workers' augmentation seeds from (seed, epoch, rank)."""
+def _tensor_loaders(cfg: Config, train: tuple[list[Sample], DecodedImages], val: tuple[list[Sample], DecodedImages],
+                    data_config: dict[str, Any], rank: int, world_size: int, device: torch.device
+                    ) -> tuple[BatchLoader, BatchLoader]:
+    """The batched pipeline over the decoded caches; on CUDA the stores move to the GPU (crops never leave it)."""
+    common = dict(size=cfg.img_size, mean=data_config["mean"], std=data_config["std"], seed=cfg.seed, rank=rank,
+                  world_size=world_size, device=device)
+    train_store, val_store = (TensorStore.from_decoded(cache, [target for _, target in samples]).to(device)
+                              for samples, cache in (train, val))
+    if len(train_store) < cfg.batch_size * world_size:
+        raise UserError(f"the train split has {len(train_store)} images, fewer than one batch of {cfg.batch_size} x "
+                        f"{world_size} process(es); lower batch_size")
+    train_loader = BatchLoader(train_store, cfg.batch_size, train=True, scale=cfg.scale, hflip=cfg.hflip,
+                               color_jitter=cfg.color_jitter, **common)
+    val_loader = BatchLoader(val_store, cfg.batch_size, train=False, crop_pct=data_config["crop_pct"], **common)
+    if rank == 0:
+        print(f"{train_loader.describe()}\n{val_loader.describe()}", flush=True)
+    return train_loader, val_loader
+
+
+def set_epoch(loader: DataLoader | BatchLoader, epoch: int, seed: int, rank: int) -> None:
+    """Fix epoch ``epoch``'s sample order and augmentation seeds (loader workers' too) from (seed, epoch, rank)."""
+    if isinstance(loader, BatchLoader):
+        loader.set_epoch(epoch)  # it seeds its own generator from (seed, epoch, rank)
+        return
     loader.sampler.set_epoch(epoch)
     loader.generator.manual_seed(int(np.random.SeedSequence([seed, epoch, rank]).generate_state(1)[0]))
