@@ -29,12 +29,16 @@ from torch.nn.parallel import DistributedDataParallel
 
 from vit_rope import data, engine
 from vit_rope.config import Config, UserError, check_model_name, parse_args, save_config
+from vit_rope.sizes import check_patch_multiple
+
+_OPTIONAL_KWARGS = ("img_size", "dynamic_img_size")  # size arguments that models which run at any size (CNNs) lack
 
 
 def create_model(name: str, kwargs: dict) -> tuple[torch.nn.Module, dict]:
     """``timm.create_model`` with an unknown name or a rejected kwarg reported as a ``UserError``.
 
-    Models without an ``img_size`` argument (CNNs) run at any size, so it is dropped for them.
+    Models without an ``img_size`` / ``dynamic_img_size`` argument (CNNs) run at any size, so those are dropped for
+    them.
 
     Returns:
         The model and the kwargs that built it (saved in checkpoints so that the model can be rebuilt).
@@ -43,8 +47,9 @@ def create_model(name: str, kwargs: dict) -> tuple[torch.nn.Module, dict]:
     try:
         return timm.create_model(name, **kwargs), kwargs
     except TypeError as err:
-        if "'img_size'" in str(err) and "img_size" in kwargs:
-            return create_model(name, {key: value for key, value in kwargs.items() if key != "img_size"})
+        rejected = next((key for key in _OPTIONAL_KWARGS if f"'{key}'" in str(err) and key in kwargs), None)
+        if rejected:
+            return create_model(name, {key: value for key, value in kwargs.items() if key != rejected})
         raise UserError(f"model '{name}' does not accept {kwargs} ({err}); fix model_kwargs") from None
 
 
@@ -72,8 +77,15 @@ def train(cfg: Config) -> None:
     val_samples, _ = data.find_images(data_dir / cfg.val_split, classes, split_key="val_split")
 
     # ---- model ------------------------------------------------------------------------------------------------
+    dynamic = {"dynamic_img_size": True} if cfg.train_sizes else {}  # timm ViTs resample pos_embed / RoPE per size
     net, model_kwargs = create_model(cfg.model, {"num_classes": len(classes), "img_size": cfg.img_size,
-                                                 "drop_path_rate": cfg.drop_path, **cfg.model_kwargs})
+                                                 "drop_path_rate": cfg.drop_path, **dynamic, **cfg.model_kwargs})
+    if cfg.train_sizes:
+        patch_size = getattr(getattr(net, "patch_embed", None), "patch_size", None)  # None: a CNN, any size runs
+        if patch_size is not None and not model_kwargs.get("dynamic_img_size"):
+            raise UserError(f"train_sizes needs a model that runs at any input size, and '{cfg.model}' does not take "
+                            "dynamic_img_size=True; pick a ViT (ours, timm's ViTs or RoPE ports) or set train_sizes=[]")
+        check_patch_multiple(cfg.train_sizes, patch_size, f"'{cfg.model}'")
     channels_last = cfg.channels_last and env.device.type == "cuda"
     net.to(env.device, memory_format=torch.channels_last if channels_last else torch.preserve_format)
     data_config = resolve_data_config({"input_size": (3, cfg.img_size, cfg.img_size), "crop_pct": cfg.crop_pct,
@@ -136,6 +148,7 @@ def train(cfg: Config) -> None:
     output = Path(cfg.output)
     columns = ["epoch", "train_loss", "val_loss", "top1", "top5", "lr", "images_per_s", "seconds"]
     columns += ["ema_top1", "ema_top5"] if ema is not None else []
+    columns += ["tokens_per_s", "sizes"]  # appended last, so readers of the older columns still work
     if env.is_main:
         output.mkdir(parents=True, exist_ok=True)
         save_config(cfg, output / "config.yaml")
@@ -162,7 +175,9 @@ def train(cfg: Config) -> None:
         if not env.is_main:
             continue
         log.write(stats)
-        say(f"epoch {epoch + 1}/{cfg.epochs} " + " ".join(f"{key} {stats[key]:.4g}" for key in columns[1:])
+        shown = [key for key in columns[1:] if key != "sizes" or " " in stats["sizes"]]  # sizes: when 2+ were drawn
+        say(f"epoch {epoch + 1}/{cfg.epochs} " + " ".join(
+            f"{key} {stats[key]}" if isinstance(stats[key], str) else f"{key} {stats[key]:.4g}" for key in shown)
             + (f" ({stats['skipped']} unreadable image(s) skipped)" if stats["skipped"] else ""), flush=True)
         ckpt = {"model_name": cfg.model, "model_kwargs": model_kwargs, "classes": classes, "model": net.state_dict(),
                 **({"model_ema": ema.module.state_dict()} if ema else {}),  # the key timm's loaders look for

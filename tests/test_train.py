@@ -19,6 +19,9 @@ from timm.optim import create_optimizer_v2
 import train
 from vit_rope import engine
 from vit_rope.config import build_config
+from vit_rope.sizes import SizeSchedule
+
+MULTIRES = ("decoded_cache=true", "train_sizes=[32, 48]")  # variable resolution needs the batched tensor pipeline
 
 
 def metrics(output: Path) -> list[dict[str, str]]:
@@ -32,7 +35,10 @@ def test_two_epochs_learn_and_write_every_output(image_root: Path, tmp_path: Pat
     assert {p.name for p in out.iterdir()} >= {"config.yaml", "metrics.csv", "last.pth", "best.pth"}
     rows = metrics(out)
     assert [row["epoch"] for row in rows] == ["1", "2"]
-    assert list(rows[0]) == ["epoch", "train_loss", "val_loss", "top1", "top5", "lr", "images_per_s", "seconds"]
+    assert list(rows[0]) == ["epoch", "train_loss", "val_loss", "top1", "top5", "lr", "images_per_s", "seconds",
+                             "tokens_per_s", "sizes"]  # new columns are appended, the older ones keep their places
+    assert rows[0]["sizes"] == "32:6"  # 24 images in batches of 4, all at img_size
+    assert float(rows[0]["tokens_per_s"]) == pytest.approx(4 * float(rows[0]["images_per_s"]), rel=1e-4)  # 2x2 patches
     assert float(rows[1]["train_loss"]) < float(rows[0]["train_loss"])
     assert 0 <= float(rows[1]["top1"]) <= 100 and float(rows[1]["top5"]) == 100  # 3 classes: top-5 is everything
     assert "top1" in capsys.readouterr().out
@@ -52,12 +58,16 @@ def test_checkpoint_loads_weights_only_and_rebuilds_the_model_alone(image_root: 
     assert "ema_top1" in metrics(out)[0]
 
 
-@pytest.mark.parametrize("workers", [0, 1])  # augmentation in this process / in a loader worker process
+@pytest.mark.parametrize("extra", [
+    ("workers=0",),  # augmentation in this process
+    ("workers=1",),  # augmentation in a loader worker process
+    ("decoded_cache=true", "auto_augment=null", "reprob=0", "train_sizes=[32, 48, 64]"),  # a size per step, batched
+], ids=["workers0", "workers1", "train_sizes"])
 def test_resume_after_interruption_matches_an_uninterrupted_run(image_root: Path, tmp_path: Path, monkeypatch,
-                                                                 workers: int) -> None:
+                                                                 extra: tuple[str, ...]) -> None:
     # every source of randomness on: data order, RandAugment, random erasing, Mixup/CutMix, drop-path, EMA
     random_all = ("--epochs", "3", "mixup=0.8", "cutmix=1.0", "auto_augment=rand-m9-mstd0.5-inc1-mmax9", "reprob=0.25",
-                  "drop_path=0.1", "model_ema=true", "warmup_epochs=1", f"workers={workers}")
+                  "drop_path=0.1", "model_ema=true", "warmup_epochs=1", *extra)
     straight, resumed = tmp_path / "straight", tmp_path / "resumed"
     assert train.main(tiny_args(image_root, straight, *random_all)) == 0
 
@@ -82,6 +92,51 @@ def test_resume_after_interruption_matches_an_uninterrupted_run(image_root: Path
             torch.testing.assert_close(b[key][name], tensor, rtol=0, atol=1e-5, msg=f"{key}.{name}")
     assert [row["epoch"] for row in metrics(resumed)] == ["1", "2", "3"]
     assert metrics(resumed)[2]["train_loss"] == metrics(straight)[2]["train_loss"]
+    assert metrics(resumed)[2]["sizes"] == metrics(straight)[2]["sizes"]
+
+
+@pytest.mark.parametrize("model, kwargs", [
+    (TINY_MODEL, "{depth: 2}"),  # ours
+    ("vit_tiny_patch16_224", "{depth: 2}"),  # timm ViT with a learned position embedding (APE), resampled per step
+    ("vit_small_patch16_rope_mixed_224", "{depth: 2}"),  # timm's RoPE port
+    ("resnet10t", "{}"),  # a CNN: any size runs, no dynamic_img_size to pass
+])
+def test_train_sizes_draw_a_size_per_step_under_the_token_budget(image_root: Path, tmp_path: Path, capsys,
+                                                                  model: str, kwargs: str) -> None:
+    out = tmp_path / "run"
+    assert train.main(tiny_args(image_root, out, "--epochs", "1", "--model", model, f"model_kwargs={kwargs}",
+                                "model_ema=true", *MULTIRES)) == 0
+    schedule = SizeSchedule((32, 48), 32, 8)
+    drawn = [schedule(0, step) for step in range(3)]  # 24 images: 3 steps, as without train_sizes
+    row = metrics(out)[0]
+    assert row["sizes"] == "32:2 48:1" and [size for size, _ in drawn] == [32, 32, 48]
+    patches = sum(batch * (size / 16) ** 2 for size, batch in drawn) / sum(batch for _, batch in drawn)
+    if model != "resnet10t":  # CNNs count pixels / 256 as tokens, which for 16 px patches is the same number
+        assert float(row["tokens_per_s"]) == pytest.approx(patches * float(row["images_per_s"]), rel=1e-4)
+    printed = capsys.readouterr().out
+    assert "sizes 32:2 48:1" in printed and "32 px x 8, 48 px x 3 images (token budget of 8 x 32 px)" in printed
+    ckpt = torch.load(out / "last.pth", weights_only=True)
+    assert bool(ckpt["model_kwargs"].get("dynamic_img_size")) is (model != "resnet10t")
+    net = timm.create_model(ckpt["model_name"], **ckpt["model_kwargs"])
+    net.load_state_dict(ckpt["model"])
+    if model == "vit_tiny_patch16_224":
+        assert ckpt["model"]["pos_embed"].shape[1] == 5  # still the 2x2 grid of img_size (+ class token)
+    assert net(torch.zeros(1, 3, 48, 48)).shape == (1, 3)
+
+
+@pytest.mark.parametrize("extra, message", [
+    (("train_sizes=[32, 40]",), f"train_sizes entry 40 is not a positive multiple of '{TINY_MODEL}''s patch size 16; "
+                                "use e.g. 32 or 48"),
+    (("train_sizes=[0]",), "config key 'train_sizes' must list sizes > 0 (pixels), got 0"),
+    (("decoded_cache=false", "train_sizes=[32]"), "train_sizes=[32] needs the batched tensor pipeline, which this "
+                                                  "config does not get: decoded_cache is off; set decoded_cache=true"),
+])
+def test_bad_train_sizes_exit_2_naming_the_problem(image_root: Path, tmp_path: Path, capsys, extra: tuple[str, ...],
+                                                   message: str) -> None:
+    assert train.main(tiny_args(image_root, tmp_path / "run", "decoded_cache=true", *extra)) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and message in err and err.count("\n") == 1
+    assert not (tmp_path / "run").exists()
 
 
 def test_unreadable_image_is_skipped_and_counted_in_the_epoch_summary(image_root: Path, tmp_path: Path,
@@ -209,11 +264,12 @@ def test_command_line_exit_code_and_single_error_line(tmp_path: Path) -> None:
         f"error: {tmp_path / 'nowhere' / 'train'} does not exist; the data dir needs train/ with one folder per class"]
 
 
-def test_torchrun_ddp_on_cpu_writes_one_set_of_files(image_root: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize("extra", [(), MULTIRES], ids=["fixed_size", "train_sizes"])
+def test_torchrun_ddp_on_cpu_writes_one_set_of_files(image_root: Path, tmp_path: Path, extra: tuple[str, ...]) -> None:
     out = tmp_path / "ddp"
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     result = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-                             "train.py", *tiny_args(image_root, out, "--epochs", "1", "--batch-size", "4")],
+                             "train.py", *tiny_args(image_root, out, "--epochs", "1", "--batch-size", "4", *extra)],
                             cwd=REPO, capture_output=True, text=True, timeout=240, env=env)
     assert result.returncode == 0, result.stderr[-3000:]
     assert sorted(p.name for p in out.iterdir()) == ["best.pth", "config.yaml", "last.pth", "metrics.csv"]
@@ -222,3 +278,6 @@ def test_torchrun_ddp_on_cpu_writes_one_set_of_files(image_root: Path, tmp_path:
     assert "2 x cpu" in result.stdout
     assert len(torch.load(out / "last.pth", weights_only=True)["rng"]) == 2  # one RNG state per rank
     assert yaml.safe_load((out / "config.yaml").read_text())["epochs"] == 1
+    if extra:  # 12 images per rank in batches of 4 at 32 px: 3 steps, each at the size both ranks draw
+        drawn = [SizeSchedule((32, 48), 32, 4)(0, step)[0] for step in range(3)]
+        assert metrics(out)[0]["sizes"] == " ".join(f"{size}:{drawn.count(size)}" for size in sorted(set(drawn)))

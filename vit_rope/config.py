@@ -60,6 +60,8 @@ class Config:
     model_ema_decay: float = 0.9998
     # data
     batch_size: int = 128
+    train_sizes: list[int] = dataclasses.field(default_factory=list)
+    token_budget: bool = True
     workers: int = 4
     decoded_cache: bool = False
     pipeline: Literal["auto", "tensor", "timm"] = "auto"
@@ -224,6 +226,9 @@ def _check_ranges(cfg: Config) -> None:
             raise UserError(f"config key '{key}' must be between 0 and 1, got {getattr(cfg, key)}")
     if len(cfg.scale) != 2 or not 0 < cfg.scale[0] <= cfg.scale[1]:
         raise UserError(f"config key 'scale' must be [min, max] crop area fractions, got {cfg.scale}")
+    for size in cfg.train_sizes:  # multiples of the patch size are checked once the model is built (train.py)
+        if size <= 0:
+            raise UserError(f"config key 'train_sizes' must list sizes > 0 (pixels), got {size} in {cfg.train_sizes}")
     if (cfg.mixup > 0 or cfg.cutmix > 0) and cfg.batch_size % 2:
         raise UserError(f"batch_size must be even when mixup or cutmix is on (timm mixes pairs), got {cfg.batch_size}")
 

@@ -24,6 +24,7 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler, Subset
 from vit_rope.config import Config, UserError
 from vit_rope.engine import atomic_save
 from vit_rope.pipeline import BatchLoader, TensorStore
+from vit_rope.sizes import SizeSchedule
 
 _log = logging.getLogger(__name__)
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -214,7 +215,8 @@ def choose_pipeline(cfg: Config) -> tuple[str, str]:
 
     It needs the decoded cache and augmentations that batch; RandAugment, random erasing, timm's other crop modes and
     repeated augmentation are per image and keep timm's pipeline. ``pipeline: tensor`` with such a config is an error
-    that names what stands in the way.
+    that names what stands in the way, and so is ``train_sizes``, which only the batched pipeline implements (timm's
+    DataLoader fixes one transform, hence one size, for the whole run).
     """
     per_image = [reason for reason, present in (
         ("decoded_cache is off", not cfg.decoded_cache),
@@ -222,6 +224,11 @@ def choose_pipeline(cfg: Config) -> tuple[str, str]:
         (f"random erasing (reprob={cfg.reprob}) is per image", cfg.reprob > 0),
         (f"train_crop_mode={cfg.train_crop_mode} is timm's only", cfg.train_crop_mode != "rrc"),
         ("repeated_aug needs timm's sampler", cfg.repeated_aug)) if present]
+    if cfg.train_sizes and (cfg.pipeline == "timm" or per_image):
+        why = "; ".join(["pipeline=timm"] * (cfg.pipeline == "timm") + per_image)
+        raise UserError(f"train_sizes={cfg.train_sizes} needs the batched tensor pipeline, which this config does not "
+                        f"get: {why}; set decoded_cache=true, auto_augment=null, reprob=0, train_crop_mode=rrc, "
+                        "repeated_aug=false and pipeline=auto (or tensor), or train_sizes=[]")
     if cfg.pipeline == "timm":
         return "timm", "pipeline=timm"
     if not per_image:
@@ -239,7 +246,8 @@ def build_loaders(cfg: Config, train_samples: list[Sample], val_samples: list[Sa
 
     Each rank validates a disjoint slice of the val split without padding, so reduced accuracies are exact. The
     pipeline is ``choose_pipeline``'s: batched tensor loaders on ``device`` (no workers), or timm's transforms in
-    ``DataLoader`` workers (page-locked batches when ``device`` is CUDA).
+    ``DataLoader`` workers (page-locked batches when ``device`` is CUDA). With ``train_sizes`` the train cache's short
+    side is at least the largest of them (validation keeps its own, so its numbers do not move).
     """
     device = device or torch.device("cpu")
     pipeline, why = choose_pipeline(cfg)
@@ -248,13 +256,16 @@ def build_loaders(cfg: Config, train_samples: list[Sample], val_samples: list[Sa
     train_cache = val_cache = None
     if cfg.decoded_cache:
         short_side = cfg.cache_size or math.floor(cfg.img_size / data_config["crop_pct"])
+        train_side = max([short_side, *cfg.train_sizes])  # crops at the largest train size need its pixels
         cache_dir = Path(cfg.cache_dir).expanduser() if cfg.cache_dir else None
         if rank == 0:
-            print(f"decoded cache: {len(train_samples) + len(val_samples)} images at short side {short_side} px"
+            sides = f"{short_side} px" if train_side == short_side else (
+                f"{train_side} px (train: the largest of train_sizes), {short_side} px (val)")
+            print(f"decoded cache: {len(train_samples) + len(val_samples)} images at short side {sides}"
                   + (f" in {cache_dir}" if cache_dir else " in memory"), flush=True)
         decoders = max(cfg.workers, os.cpu_count() or 1)  # a one-off job with nothing else running: every core
-        train_cache, val_cache = (DecodedImages.load_or_build([path for path, _ in samples], short_side, decoders,
-                                                              cache_dir) for samples in (train_samples, val_samples))
+        train_cache, val_cache = (DecodedImages.load_or_build([path for path, _ in samples], side, decoders, cache_dir)
+                                  for samples, side in ((train_samples, train_side), (val_samples, short_side)))
     if pipeline == "tensor":
         return _tensor_loaders(cfg, (train_samples, train_cache), (val_samples, val_cache), data_config, rank,
                                world_size, device)
@@ -286,11 +297,14 @@ def _tensor_loaders(cfg: Config, train: tuple[list[Sample], DecodedImages], val:
     if len(train_store) < cfg.batch_size * world_size:
         raise UserError(f"the train split has {len(train_store)} images, fewer than one batch of {cfg.batch_size} x "
                         f"{world_size} process(es); lower batch_size")
+    schedule = SizeSchedule(tuple(cfg.train_sizes), cfg.img_size, cfg.batch_size, cfg.seed, cfg.token_budget,
+                            even=cfg.mixup > 0 or cfg.cutmix > 0) if cfg.train_sizes else None
     train_loader = BatchLoader(train_store, cfg.batch_size, train=True, scale=cfg.scale, hflip=cfg.hflip,
-                               color_jitter=cfg.color_jitter, **common)
+                               color_jitter=cfg.color_jitter, schedule=schedule, **common)
     val_loader = BatchLoader(val_store, cfg.batch_size, train=False, crop_pct=data_config["crop_pct"], **common)
     if rank == 0:
-        print(f"{train_loader.describe()}\n{val_loader.describe()}", flush=True)
+        print(f"{train_loader.describe()}\n{val_loader.describe()}" + (f"\n{schedule.describe()}" if schedule else ""),
+              flush=True)
     return train_loader, val_loader
 
 

@@ -12,6 +12,7 @@ import os
 import random
 import sys
 import time
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -143,8 +144,9 @@ def train_one_epoch(model: nn.Module, loader: DataLoader, optimizer: torch.optim
         ema: timm ``ModelEmaV3`` updated after each step, or None.
 
     Returns:
-        ``train_loss`` (mean over steps and ranks), ``lr`` at the end, ``images_per_s`` and ``skipped``
-        (unreadable images replaced in this epoch, all ranks).
+        ``train_loss`` (mean over steps and ranks), ``lr`` at the end, ``images_per_s`` and ``tokens_per_s`` (all
+        ranks; with ``train_sizes`` only tokens/s compares across sizes), ``sizes`` (``"48:18 64:19"``: steps per
+        size) and ``skipped`` (unreadable images replaced in this epoch, all ranks).
 
     Raises:
         NonFiniteLossError: the loss became NaN/inf. The loss is averaged over ranks first, so every rank stops
@@ -153,6 +155,12 @@ def train_one_epoch(model: nn.Module, loader: DataLoader, optimizer: torch.optim
     model.train()
     steps, start = len(loader), time.perf_counter()
     loss_sum, skipped = 0.0, torch.zeros((), dtype=torch.long)
+    seen, tokens = 0, 0.0  # images and patch tokens of this rank
+    sizes: Counter[tuple[int, int]] = Counter()  # steps per (height, width)
+    # tokens per image are (H / p) x (W / p) for a patch size p; models without patch_embed (CNNs) count pixels / 256,
+    # i.e. as if p were 16, so that tokens/s still compares between sizes
+    patch = getattr(getattr(unwrap_model(model), "patch_embed", None), "patch_size", (16, 16))
+    patch_h, patch_w = (patch, patch) if isinstance(patch, int) else patch
     progress = Progress(steps, f"epoch {epoch + 1}/{cfg.epochs}", cfg.log_interval, env.is_main)
     for step, (images, targets, bad) in enumerate(loader):
         images, targets = _to_device(images, targets, cfg, env.device)
@@ -177,12 +185,18 @@ def train_one_epoch(model: nn.Module, loader: DataLoader, optimizer: torch.optim
             ema.update(unwrap_model(model), step=epoch * steps + step + 1)
         loss_sum += mean_loss
         skipped += bad.sum()
-        rate = (step + 1) * len(images) * env.world_size / (time.perf_counter() - start)
+        height, width = images.shape[-2:]
+        seen, tokens = seen + len(images), tokens + len(images) * (height / patch_h) * (width / patch_w)
+        sizes[height, width] += 1
+        rate = seen * env.world_size / (time.perf_counter() - start)
         progress.update(step, loss=f"{mean_loss:.4f}", lr=f"{optimizer.param_groups[0]['lr']:.2e}",
                         img_s=f"{rate:.0f}")
     progress.close()
+    seconds = time.perf_counter() - start
+    # every rank draws the same batch lengths and sizes (vit_rope.sizes), so one rank's count x world_size is the total
     return {"train_loss": loss_sum / steps, "lr": optimizer.param_groups[0]["lr"],
-            "images_per_s": steps * loader.batch_size * env.world_size / (time.perf_counter() - start),
+            "images_per_s": seen * env.world_size / seconds, "tokens_per_s": tokens * env.world_size / seconds,
+            "sizes": " ".join(f"{h}:{n}" if h == w else f"{h}x{w}:{n}" for (h, w), n in sorted(sizes.items())),
             "skipped": int(reduce_sum(skipped.to(env.device), env))}
 
 
@@ -312,7 +326,7 @@ class RunLog:
                 {key: f"{value:.6g}" if isinstance(value, float) else value for key, value in row.items()})
         if self.tb is not None:
             for key, value in row.items():
-                if key != "epoch":
+                if key != "epoch" and isinstance(value, int | float):  # not text such as sizes
                     self.tb.add_scalar(key, value, row["epoch"])
             self.tb.flush()
 

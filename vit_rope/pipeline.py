@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -228,13 +228,19 @@ class BatchLoader:
     by (seed, epoch, rank), so an epoch is the same whenever it is run (resumes included). Validation: this rank's
     slice ``range(rank, N, world_size)`` in order, every batch including the last partial one, center crops.
     Images and targets are on ``device``; ``skipped`` (unreadable images replaced in the batch) stays on the CPU.
+
+    ``schedule`` (training only; e.g. ``vit_rope.sizes.SizeSchedule``) maps (epoch, step) to the ``(size, batch)`` of
+    that step, for variable-resolution training. An epoch keeps ``len(self)`` steps and step i takes the next
+    ``batch_i`` indices of the epoch's order, wrapping around to its start when they run out: the images seen per
+    epoch vary by a few percent, and since the order is reshuffled every epoch no image is left out for good.
     """
 
     def __init__(self, store: TensorStore, batch_size: int, size: int, *, train: bool,
                  scale: Sequence[float] = (0.08, 1.0), ratio: Sequence[float] = (3 / 4, 4 / 3), hflip: float = 0.5,
                  color_jitter: float | Sequence[float] | None = 0.4, mean: Sequence[float] = IMAGENET_MEAN,
                  std: Sequence[float] = IMAGENET_STD, crop_pct: float = 0.875, seed: int = 0, rank: int = 0,
-                 world_size: int = 1, device: torch.device | str = "cpu", channels_last: bool = False) -> None:
+                 world_size: int = 1, device: torch.device | str = "cpu", channels_last: bool = False,
+                 schedule: Callable[[int, int], tuple[int, int]] | None = None) -> None:
         self.store, self.batch_size, self.size, self.train = store, batch_size, size, train
         self.scale, self.ratio = (float(scale[0]), float(scale[1])), (float(ratio[0]), float(ratio[1]))
         jitter = color_jitter or 0.0
@@ -243,7 +249,7 @@ class BatchLoader:
             raise ValueError("hue jitter is not supported by the batched pipeline")
         self.hflip_p, self.mean, self.std, self.crop_pct = hflip, tuple(mean), tuple(std), crop_pct
         self.seed, self.rank, self.world_size, self.epoch = seed, rank, world_size, 0
-        self.device, self.channels_last = torch.device(device), channels_last
+        self.device, self.channels_last, self.schedule = torch.device(device), channels_last, schedule
         self.sampler = DistributedSampler(range(len(store)), world_size, rank, shuffle=True, seed=seed)
         if train and len(self.sampler) < batch_size:
             raise ValueError(f"{len(store)} images make no full batch of {batch_size} x {world_size} process(es)")
@@ -262,13 +268,17 @@ class BatchLoader:
         """This rank's store indices of each batch of the current epoch."""
         if not self.train:
             return list(torch.arange(self.rank, len(self.store), self.world_size).split(self.batch_size))
-        order = torch.tensor(list(self.sampler), dtype=torch.long)[:len(self) * self.batch_size]
-        return list(order.view(len(self), self.batch_size))
+        order = torch.tensor(list(self.sampler), dtype=torch.long)
+        if self.schedule is None:
+            return list(order[:len(self) * self.batch_size].view(len(self), self.batch_size))
+        lengths = [self.schedule(self.epoch, step)[1] for step in range(len(self))]
+        return list(order[torch.arange(sum(lengths)) % len(order)].split(lengths))  # wraps around the order
 
     def __iter__(self) -> Iterator[tuple[Tensor, Tensor, Tensor]]:
         generator = torch.Generator().manual_seed(epoch_seed(self.seed, self.epoch, self.rank)) if self.train else None
-        for indices in self.batches():
-            yield self.make_batch(indices, self.size, generator)
+        for step, indices in enumerate(self.batches()):
+            size = self.schedule(self.epoch, step)[0] if self.train and self.schedule is not None else self.size
+            yield self.make_batch(indices, size, generator)
 
     def make_batch(self, indices: Tensor, size: int,
                    generator: torch.Generator | None) -> tuple[Tensor, Tensor, Tensor]:
@@ -298,8 +308,10 @@ class BatchLoader:
         what = (f"random-resized crop scale {self.scale} ratio ({self.ratio[0]:.3g}, {self.ratio[1]:.3g}), hflip "
                 f"{self.hflip_p}, color jitter {self.jitter[:3]} (fixed order)" if self.train
                 else f"center crop (crop_pct {self.crop_pct})")
+        scheduled = self.train and self.schedule is not None
+        sizes, batches = ("per-step sizes", "varying length") if scheduled else (f"{self.size} px", self.batch_size)
         return (f"batched {'train' if self.train else 'val'} pipeline on {self.device}: {len(self.store)} decoded "
-                f"images ({self.store.device} store), {what} to {self.size} px by roi_align, normalised; "
-                f"{len(self)} batches of {self.batch_size}, rank {self.rank}/{self.world_size}, no workers")
+                f"images ({self.store.device} store), {what} to {sizes} by roi_align, normalised; "
+                f"{len(self)} batches of {batches}, rank {self.rank}/{self.world_size}, no workers")
 
     __repr__ = describe
