@@ -83,7 +83,10 @@ def scale_frequencies(
     Scaling the x (or y) frequency of a pair by ``a`` is the same as scaling its x (or y) positions by ``a``, so
     every policy is a per-axis, per-pair factor between ``1 / s`` (interpolate) and 1 (extrapolate).
     """
-    if policy.name in ("extrapolate", "normalized") or tuple(grid) == tuple(train_grid):
+    # A shortcut at the training size (the scaling is the identity there), except in torch.export: comparing the
+    # grid would specialise the graph to that size and drop the scaling for every other size it serves.
+    at_training_size = not torch.compiler.is_exporting() and tuple(grid) == tuple(train_grid)
+    if policy.name in ("extrapolate", "normalized") or at_training_size:
         return freqs, 1.0
     # per axis (x, y): s = new size / training size; [2, 1, 1] to broadcast against [2, H, D/2]
     s = torch.tensor([grid[1] / train_grid[1], grid[0] / train_grid[0]], device=freqs.device)[:, None, None]
