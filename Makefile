@@ -1,11 +1,21 @@
 # Two commands do all the set-up on a fresh machine: `make demo` (the main job) and `make test`.
-PYTHON ?= python3
+# They install into the project's own virtual environment, because a stock Debian/Ubuntu refuses pip into the system
+# Python (PEP 668). PYTHON=/path/to/python uses that interpreter as it is instead; VENV_PYTHON picks the one that
+# creates the environment.
+VENV ?= .venv
+VENV_PYTHON ?= python3
+PYTHON ?= $(VENV)/bin/python
 # CUDA builds of torch/torchvision also run on CPU; these versions install from this project's machine cache.
 TORCH ?= torch==2.14.1 torchvision==0.29.1
 
 .PHONY: install demo study bench-cuda test lint
 
-install:
+$(VENV)/bin/python:
+	$(VENV_PYTHON) -m venv $(VENV) || { echo "Could not create $(VENV): install python3-venv (Debian/Ubuntu:" \
+		"apt-get install python3-venv) or name an interpreter with make PYTHON=..." >&2; exit 1; }
+
+install: $(filter $(VENV)/bin/python,$(PYTHON))
+	$(PYTHON) -m pip install -q --upgrade pip
 	$(PYTHON) -m pip install -q $(TORCH)
 	$(PYTHON) -m pip install -q -e '.[dev]'
 

@@ -13,7 +13,9 @@ in random order each round:
   leaves after the workers.
 
 Each loader is one stream over epochs that lives across rounds, as in training. Figures are medians over rounds of
-images/s, and the ratio is the median of per-round ratios to ``step``.
+images/s and patch tokens/s; the ratio is the median of per-round tokens/s ratios to ``step`` (the images/s ratio
+when every step has one size). With ``train_sizes=[...]`` each pipeline draws a size per step and runs a second time
+as ``<pipeline>_one_size`` at ``img_size``; ``step`` always takes a batch at ``img_size``.
 """
 
 from __future__ import annotations
@@ -57,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=20, help="training steps per mode per round")
     parser.add_argument("--json", help="also write the figures to this file")
     parser.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides, as for train.py")
-    args = parser.parse_args(argv)
+    args = parser.parse_intermixed_args(argv)
     cfg = build_config(args.config, args.overrides)
     env = engine.init_distributed(cfg.device)
     data_dir = data.resolve_data_dir(cfg.data_dir, cfg.download_size)
@@ -72,7 +74,10 @@ def main(argv: list[str] | None = None) -> int:
     optimizer = create_optimizer_v2(model, opt=cfg.opt, lr=cfg.lr, weight_decay=cfg.weight_decay)
     loss_fn = torch.nn.CrossEntropyLoss(label_smoothing=cfg.smoothing)
 
-    def step(images: torch.Tensor, targets: torch.Tensor) -> None:
+    patch = getattr(getattr(model, "patch_embed", None), "patch_size", (16, 16))
+
+    def step(images: torch.Tensor, targets: torch.Tensor) -> tuple[int, int]:
+        """One training step; returns the images and patch tokens it took."""
         images, targets = engine._to_device(images, targets, cfg, env.device)
         with engine.autocast(cfg, env.device):
             loss = loss_fn(model(images), targets)
@@ -81,19 +86,24 @@ def main(argv: list[str] | None = None) -> int:
         optimizer.step()
         if env.device.type == "cuda":
             torch.cuda.synchronize()
+        return len(images), len(images) * (images.shape[-2] // patch[0]) * (images.shape[-1] // patch[1])
 
     cores = os.cpu_count() or 1
     modes: dict[str, tuple[int, Callable[[], tuple[torch.Tensor, torch.Tensor]]]] = {}
-    for name in args.pipeline:
-        run_cfg = dataclasses.replace(cfg, pipeline=name, decoded_cache=cfg.decoded_cache or name == "tensor")
+    variants = {name: dict(pipeline=name, decoded_cache=cfg.decoded_cache or name == "tensor")
+                for name in args.pipeline}
+    if cfg.train_sizes:  # the same pipeline at img_size alone, for the tokens/s of variable resolution against one size
+        variants |= {f"{name}_one_size": dict(variant, train_sizes=[]) for name, variant in variants.items()}
+    for name, variant in variants.items():
+        run_cfg = dataclasses.replace(cfg, **variant)
         loader, _ = data.build_loaders(run_cfg, train_samples, val_samples, data_config, device=env.device)
         batches = stream(loader, cfg.seed)
-        threads = engine.set_cpu_threads(cfg.threads, cfg.workers if name == "timm" else 0)
+        threads = engine.set_cpu_threads(cfg.threads, cfg.workers if variant["pipeline"] == "timm" else 0)
         modes[name] = (threads, batches.__next__)
-    fixed = next(iter(modes.values()))[1]()
+    fixed = modes[args.pipeline[0] + ("_one_size" if cfg.train_sizes else "")][1]()  # a batch at img_size
     modes = {"step": (cores, lambda: fixed), **modes}
 
-    times: dict[str, list[float]] = {name: [] for name in modes}
+    rates: dict[str, list[tuple[float, float]]] = {name: [] for name in modes}  # (images/s, tokens/s) per round
     for threads, fetch in modes.values():  # warm-up: first batches, allocator, worker start
         torch.set_num_threads(threads)
         step(*fetch())
@@ -102,18 +112,20 @@ def main(argv: list[str] | None = None) -> int:
             threads, fetch = modes[name]
             torch.set_num_threads(threads)
             start = time.perf_counter()
-            for _ in range(args.steps):
-                step(*fetch())
-            times[name].append(args.steps * cfg.batch_size / (time.perf_counter() - start))
-    rows = [{"mode": name, "threads": modes[name][0], "images_per_s": statistics.median(values),
-             "of_step": statistics.median(v / s for v, s in zip(values, times["step"], strict=True))}
-            for name, values in times.items()]
+            seen = [step(*fetch()) for _ in range(args.steps)]
+            elapsed = time.perf_counter() - start
+            rates[name].append((sum(n for n, _ in seen) / elapsed, sum(t for _, t in seen) / elapsed))
+    rows = [{"mode": name, "threads": modes[name][0], "images_per_s": statistics.median(r[0] for r in values),
+             "tokens_per_s": statistics.median(r[1] for r in values),
+             "of_step": statistics.median(r[1] / s[1] for r, s in zip(values, rates["step"], strict=True))}
+            for name, values in rates.items()]
     print(f"# {args.config} {' '.join(args.overrides)}: {cfg.model} at {cfg.img_size} px, batch {cfg.batch_size}, "
           f"{env.device}, {cores} cores; median of {args.rounds} interleaved rounds x {args.steps} steps")
-    print("| mode | threads | images/s | ratio to the step alone |")
-    print("|---|---|---|---|")
+    print("| mode | threads | images/s | tokens/s | ratio to the step alone (tokens/s) |")
+    print("|---|---|---|---|---|")
     for row in rows:
-        print(f"| {row['mode']} | {row['threads']} | {row['images_per_s']:.1f} | {row['of_step']:.3f} |")
+        print(f"| {row['mode']} | {row['threads']} | {row['images_per_s']:.1f} | {row['tokens_per_s']:.0f} | "
+              f"{row['of_step']:.3f} |")
     if args.json:
         Path(args.json).write_text(json.dumps({"args": vars(args), "rows": rows}, indent=2) + "\n")
     return 0
