@@ -103,7 +103,10 @@ def test_data_dir_resolution(tmp_path: Path, monkeypatch) -> None:
     monkeypatch.setattr(data, "REPO_ROOT", tmp_path / "repo")
     shared = tmp_path / "shared" / "data" / "imagenette"
     shared.mkdir(parents=True)
-    assert data.resolve_data_dir(None) == shared
+    (tmp_path / "repo").mkdir()
+    monkeypatch.chdir(tmp_path / "repo")  # where train.py runs: the saved config names no machine path
+    assert data.resolve_data_dir(None) == Path("../shared/data/imagenette")
+    assert data.resolve_data_dir(None).resolve() == shared.resolve()
 
     shared.rmdir()
     calls = []

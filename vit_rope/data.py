@@ -46,8 +46,8 @@ def resolve_data_dir(data_dir: str | None, download_size: str = "320px") -> Path
     if data_dir:
         return Path(data_dir).expanduser()
     shared = REPO_ROOT.parent / "shared" / "data" / "imagenette"
-    if shared.is_dir():
-        return shared
+    if shared.is_dir():  # relative to the working directory, so that saved configs name no machine path
+        return Path(os.path.relpath(shared))
     from torchvision.datasets import Imagenette
 
     root = Path(os.environ.get("XDG_CACHE_HOME", "~/.cache")).expanduser() / "vit_rope"
