@@ -20,7 +20,7 @@ install: $(filter $(VENV)/bin/python,$(PYTHON))
 	$(PYTHON) -m pip install -q -e '.[dev]'
 
 DEMO_OUT ?= output/demo
-# Trains a 6-block tiny RoPE-Mixed ViT on Imagenette at 64 px (15-20 min on a 2-core CPU), then evaluates it at
+# Trains a 6-block tiny RoPE-Mixed ViT on Imagenette at 64 px (about 9 min on a 2-core CPU), then evaluates it at
 # 0.75x to 2.5x the training size under four RoPE resolution policies, on 1,000 val images (a few minutes).
 demo: install
 	$(PYTHON) train.py -c configs/imagenette_cpu.yaml --output $(DEMO_OUT)
