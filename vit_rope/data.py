@@ -23,7 +23,7 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler, Subset
 
 from vit_rope.config import Config, UserError
 from vit_rope.engine import atomic_save
-from vit_rope.pipeline import BatchLoader, TensorStore
+from vit_rope.pipeline import BatchLoader, TensorStore, epoch_seed
 from vit_rope.sizes import SizeSchedule
 
 _log = logging.getLogger(__name__)
@@ -251,6 +251,9 @@ def build_loaders(cfg: Config, train_samples: list[Sample], val_samples: list[Sa
     """
     device = device or torch.device("cpu")
     pipeline, why = choose_pipeline(cfg)
+    if len(train_samples) < cfg.batch_size * world_size:
+        raise UserError(f"the train split has {len(train_samples)} images, fewer than one batch of {cfg.batch_size} x "
+                        f"{world_size} process(es); lower batch_size")
     if rank == 0:
         print(f"data pipeline: {pipeline} ({why})", flush=True)
     train_cache = val_cache = None
@@ -272,9 +275,6 @@ def build_loaders(cfg: Config, train_samples: list[Sample], val_samples: list[Sa
     train_tf, val_tf = build_transforms(cfg, data_config)
     pin_memory = device.type == "cuda"
     train_set = ImageFolderDataset(train_samples, train_tf, train_cache)
-    if len(train_set) < cfg.batch_size * world_size:
-        raise UserError(f"the train split has {len(train_set)} images, fewer than one batch of {cfg.batch_size} x "
-                        f"{world_size} process(es); lower batch_size")
     if cfg.repeated_aug:
         sampler = RepeatAugSampler(train_set, num_replicas=world_size, rank=rank)
     else:
@@ -294,9 +294,6 @@ def _tensor_loaders(cfg: Config, train: tuple[list[Sample], DecodedImages], val:
                   world_size=world_size, device=device)
     train_store, val_store = (TensorStore.from_decoded(cache, [target for _, target in samples]).to(device)
                               for samples, cache in (train, val))
-    if len(train_store) < cfg.batch_size * world_size:
-        raise UserError(f"the train split has {len(train_store)} images, fewer than one batch of {cfg.batch_size} x "
-                        f"{world_size} process(es); lower batch_size")
     schedule = SizeSchedule(tuple(cfg.train_sizes), cfg.img_size, cfg.batch_size, cfg.seed, cfg.token_budget,
                             even=cfg.mixup > 0 or cfg.cutmix > 0) if cfg.train_sizes else None
     train_loader = BatchLoader(train_store, cfg.batch_size, train=True, scale=cfg.scale, hflip=cfg.hflip,
@@ -314,4 +311,4 @@ def set_epoch(loader: DataLoader | BatchLoader, epoch: int, seed: int, rank: int
         loader.set_epoch(epoch)  # it seeds its own generator from (seed, epoch, rank)
         return
     loader.sampler.set_epoch(epoch)
-    loader.generator.manual_seed(int(np.random.SeedSequence([seed, epoch, rank]).generate_state(1)[0]))
+    loader.generator.manual_seed(epoch_seed(seed, epoch, rank))

@@ -43,7 +43,7 @@ IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 
 
 def epoch_seed(seed: int, epoch: int, rank: int) -> int:
-    """The augmentation seed of (seed, epoch, rank), the same function as ``vit_rope.data.set_epoch`` uses."""
+    """The augmentation seed of (seed, epoch, rank), for this loader and ``vit_rope.data.set_epoch``'s workers."""
     return int(np.random.SeedSequence([seed, epoch, rank]).generate_state(1)[0])
 
 
