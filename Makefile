@@ -8,7 +8,7 @@ PYTHON ?= $(VENV)/bin/python
 # CUDA builds of torch/torchvision also run on CPU; these versions install from this project's machine cache.
 TORCH ?= torch==2.14.1 torchvision==0.29.1
 
-.PHONY: install demo study bench-cuda test lint
+.PHONY: install demo study study-v2 bench-cuda test lint
 
 $(VENV)/bin/python:
 	$(VENV_PYTHON) -m venv $(VENV) || { echo "Could not create $(VENV): install python3-venv (Debian/Ubuntu:" \
@@ -30,7 +30,12 @@ demo: install
 # The resolution-extrapolation study (README): 5 models x 2 seeds trained at 64 px, evaluated at 48-160 px under every
 # policy; about 85 min on a 2-core CPU. Finished runs in output/study are kept, so an interrupted study resumes.
 study: install
-	$(PYTHON) scripts/imagenette_study.py
+	$(PYTHON) scripts/imagenette_study.py --study v1
+
+# Study v2 (README): the training arms (coordinate augmentation, train_sizes, patch 8) with their APE baselines,
+# 12 arms x 2 seeds; each arm is evaluated and reported as soon as its seeds finish, and a rerun resumes.
+study-v2: install
+	$(PYTHON) scripts/imagenette_study.py --study v2
 
 # On a machine with a CUDA GPU: the fused-rotation tests on CUDA, then ViT-S throughput in bf16 (eager and compiled,
 # 224 and 384 px) against DeiT-III and timm's ports, and the rotation alone against the GPU's copy bandwidth.

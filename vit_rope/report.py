@@ -6,7 +6,6 @@ The input is ``vit_rope.evaluate.evaluate_models``'s list, one dict per (model, 
 
 from __future__ import annotations
 
-import csv
 import json
 import os
 import time
@@ -132,85 +131,3 @@ def merge_seeds(results: Sequence[dict[str, Any]], group_of: dict[str, str]) -> 
                        "top1": sum(top1) / len(top1), "top1_min": min(top1), "top1_max": max(top1),
                        "top5": sum(row["top5"] for row in rows) / len(rows), "seeds": len(rows)})
     return merged
-
-
-STUDY_LABELS = {"ape": "APE (timm ViT)", "axial": "RoPE-Axial", "mixed": "RoPE-Mixed", "axial_ape": "RoPE-Axial + APE",
-                "mixed_ape": "RoPE-Mixed + APE"}
-STUDY_BEGIN = "<!-- study:begin (written by scripts/imagenette_study.py --report from results/imagenette) -->"
-STUDY_END = "<!-- study:end -->"
-
-
-def _training(results_dir: Path, runs: Sequence[dict[str, Any]]) -> str:
-    """Per model: final val top-1 at the training size (all val images) over seeds, and minutes per run."""
-    lines = ["| model | seeds | final val top-1 (%) | minutes per run |", "|---|---|---|---|"]
-    by_model: dict[str, list[tuple[float, float]]] = {}
-    for run in runs:
-        with open(results_dir / "runs" / run["name"] / "metrics.csv") as f:
-            rows = list(csv.DictReader(f))
-        by_model.setdefault(run["model"], []).append((float(rows[-1]["top1"]),
-                                                      sum(float(row["seconds"]) for row in rows) / 60))
-    for model, values in by_model.items():
-        top1 = [value[0] for value in values]
-        lines.append(f"| {STUDY_LABELS.get(model, model)} | {len(values)} | {sum(top1) / len(top1):.2f} ± "
-                     f"{(max(top1) - min(top1)) / 2:.1f} | {sum(value[1] for value in values) / len(values):.1f} |")
-    return "\n".join(lines)
-
-
-def _changes(merged: Sequence[dict[str, Any]]) -> str:
-    """Per model: top-1 change from the training size to the largest size, as trained and under the best policy."""
-    largest = max(row["img_size"] for row in merged)
-    lines = [f"| model | top-1 at training size | at {largest}, as trained | at {largest}, best policy |",
-             "|---|---|---|---|"]
-    for model in dict.fromkeys(row["model"] for row in merged):
-        rows = [row for row in merged if row["model"] == model]
-        trained = next(row for row in rows if row["img_size"] == row["train_size"] and row["policy"] in (None,
-                                                                                                      "extrapolate"))
-        plain = next(row for row in rows if row["img_size"] == largest and row["policy"] in (None, "extrapolate"))
-        best = max((row for row in rows if row["img_size"] == largest), key=lambda row: row["top1"])
-        lines.append(f"| {model} | {trained['top1']:.2f} | {plain['top1']:.2f} ({plain['top1'] - trained['top1']:+.1f})"
-                     f" | {best['top1']:.2f} ({best['top1'] - trained['top1']:+.1f}, {best['policy'] or '-'}) |")
-    return "\n".join(lines)
-
-
-def write_study(results_dir: Path, readme: Path | None = None) -> str:
-    """Seed-merged report of a study folder (``scripts/imagenette_study.py``): ``summary.md``, two plots and,
-    given ``readme``, the README's section between the ``STUDY_BEGIN`` and ``STUDY_END`` lines.
-
-    Reads ``eval/results.json`` (one ``vit_rope.evaluate`` run over every checkpoint), ``runs.json`` (name, model,
-    seed, output of each training run), ``runs/<name>/metrics.csv``, ``machine.json`` and ``commands.sh``.
-    """
-    evaluation = json.loads((results_dir / "eval" / "results.json").read_text())
-    runs = json.loads((results_dir / "runs.json").read_text())
-    machine = json.loads((results_dir / "machine.json").read_text())
-    group_of = {row["model"]: STUDY_LABELS.get(run["model"], run["model"]) for row in evaluation["results"]
-                for run in runs if f"{run['output']}/last.pth" in row["model"]}
-    merged = merge_seeds(evaluation["results"], group_of)
-    as_trained = [row for row in merged if row["policy"] in (None, "extrapolate")]
-    policies = [row for row in merged if row["policy"] is not None]
-    plot(as_trained, results_dir / "summary_as_trained.png", "Positions as trained (mean and range over seeds)")
-    plot(policies, results_dir / "summary_policies.png", "RoPE models under each resolution policy")
-    seeds = sorted({run["seed"] for run in runs})
-    note = ("top-1 (%) on Imagenette val, mean ± half the range over seeds " + ", ".join(map(str, seeds))
-            + "; `*` training size. " + evaluation["protocol"] + ".")
-    section = "\n\n".join([
-        f"{len(runs)} training runs ({len(runs) // len(seeds)} models x {len(seeds)} seeds) on "
-        f"{machine['cpu'] or 'CPU'} ({machine['cores']} cores{', ' + machine['gpu'] if machine['gpu'] else ''}), "
-        f"torch {machine['torch']}, timm {machine['timm']}, {machine['date']}; evaluation took "
-        f"{machine['evaluate_s'] / 60:.0f} min. Commands: `results/imagenette/commands.sh`.",
-        "**Training** (final epoch, all val images at the training size):\n\n" + _training(results_dir, runs),
-        f"**Positions as trained** (`extrapolate`; APE resampled bicubically). {note}\n\n"
-        + markdown_table(as_trained),
-        "**Every resolution policy** (RoPE models):\n\n" + markdown_table(policies),
-        "**From the training size to the largest size:**\n\n" + _changes(merged),
-        "![as trained](results/imagenette/summary_as_trained.png)\n"
-        "![policies](results/imagenette/summary_policies.png)",
-    ])
-    (results_dir / "summary.md").write_text("# Resolution extrapolation on Imagenette\n\n" + section + "\n")
-    if readme is not None:
-        text = readme.read_text()
-        if STUDY_BEGIN not in text or STUDY_END not in text:
-            raise ValueError(f"{readme} has no study section to update: add the lines {STUDY_BEGIN!r} and "
-                             f"{STUDY_END!r} where it should go")
-        head, rest = text.split(STUDY_BEGIN, 1)
-        readme.write_text(head + STUDY_BEGIN + "\n" + section + "\n" + STUDY_END + rest.split(STUDY_END, 1)[1])
-    return section

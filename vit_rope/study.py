@@ -1,0 +1,183 @@
+"""Seed-merged report of a resolution-extrapolation study (``scripts/imagenette_study.py``): tables, plots, a verdict.
+
+A study folder holds what the runs left, and the report is rebuilt from those files only:
+
+- ``runs.json``: one entry per training run: ``name``, ``model`` (the arm), ``seed``, ``output``, and optionally
+  ``label`` (the arm's name in tables) and ``baseline`` (the arm of the APE model trained with the same recipe);
+- ``eval/**/results.json``: ``vit_rope.evaluate`` output, one file for all runs or one per arm;
+- ``runs/<name>/metrics.csv``, ``machine.json`` and ``commands.sh``.
+
+The verdict applies the goal of RoPE-ViT (Heo et al., ECCV 2024), whose RoPE-Mixed loses 1.8 points from 224 to
+512 px while APE loses 5.0: RoPE with positions as trained stays within 1 point of its training-size accuracy at
+2x the training size, and is above the APE model of the same recipe at 2x and at the largest size, with every seed
+(the seed ranges do not overlap).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from vit_rope.report import markdown_table, merge_seeds, plot
+
+STUDY_LABELS = {"ape": "APE (timm ViT)", "axial": "RoPE-Axial", "mixed": "RoPE-Mixed", "axial_ape": "RoPE-Axial + APE",
+                "mixed_ape": "RoPE-Mixed + APE"}  # v1's arms, whose runs.json predates the label field
+STUDY_END = "<!-- study:end -->"
+HOLD_POINTS = 1.0  # the largest loss from the training size to 2x that counts as holding accuracy
+
+
+def study_begin(results_dir: Path) -> str:
+    """The README line that opens the section of the study in ``results_dir`` (a path relative to the repo)."""
+    return f"<!-- study:begin (written by scripts/imagenette_study.py --report from {results_dir.as_posix()}) -->"
+
+
+def _label(run: dict[str, Any]) -> str:
+    return run.get("label") or STUDY_LABELS.get(run["model"], run["model"])
+
+
+def _spread(row: dict[str, Any]) -> str:
+    return f"{row['top1']:.2f} ± {(row['top1_max'] - row['top1_min']) / 2:.1f}"
+
+
+def _training(results_dir: Path, runs: Sequence[dict[str, Any]]) -> str:
+    """Per arm: final val top-1 at the training size (all val images) over seeds, and minutes per run."""
+    lines = ["| model | seeds | final val top-1 (%) | minutes per run |", "|---|---|---|---|"]
+    by_model: dict[str, list[tuple[float, float]]] = {}
+    for run in runs:
+        with open(results_dir / "runs" / run["name"] / "metrics.csv") as f:
+            rows = list(csv.DictReader(f))
+        by_model.setdefault(_label(run), []).append((float(rows[-1]["top1"]),
+                                                     sum(float(row["seconds"]) for row in rows) / 60))
+    for model, values in by_model.items():
+        top1 = [value[0] for value in values]
+        lines.append(f"| {model} | {len(values)} | {sum(top1) / len(top1):.2f} ± {(max(top1) - min(top1)) / 2:.1f} "
+                     f"| {sum(value[1] for value in values) / len(values):.1f} |")
+    return "\n".join(lines)
+
+
+def _as_trained(merged: Sequence[dict[str, Any]]) -> dict[str, dict[int, dict[str, Any]]]:
+    """Arm label -> size -> its merged row with positions as trained (``extrapolate``; APE has no policy)."""
+    table: dict[str, dict[int, dict[str, Any]]] = {}
+    for row in merged:
+        if row["policy"] in (None, "extrapolate"):
+            table.setdefault(row["model"], {})[row["img_size"]] = row
+    return table
+
+
+def _changes(merged: Sequence[dict[str, Any]]) -> str:
+    """Per arm: top-1 change from the training size to the largest size, as trained and under the best policy."""
+    largest = max(row["img_size"] for row in merged)
+    lines = [f"| model | top-1 at training size | at {largest}, as trained | at {largest}, best policy |",
+             "|---|---|---|---|"]
+    for model, by_size in _as_trained(merged).items():
+        trained, plain = next(row for row in by_size.values() if row["img_size"] == row["train_size"]), by_size[largest]
+        best = max((row for row in merged if row["model"] == model and row["img_size"] == largest),
+                   key=lambda row: row["top1"])
+        lines.append(f"| {model} | {trained['top1']:.2f} | {plain['top1']:.2f} ({plain['top1'] - trained['top1']:+.1f})"
+                     f" | {best['top1']:.2f} ({best['top1'] - trained['top1']:+.1f}, {best['policy'] or '-'}) |")
+    return "\n".join(lines)
+
+
+def _gap(row: dict[str, Any], other: dict[str, Any]) -> tuple[float, bool]:
+    """Mean difference of two merged rows, and whether every seed of ``row`` is above every seed of ``other``."""
+    return row["top1"] - other["top1"], row["top1_min"] > other["top1_max"]
+
+
+def _verdict(merged: Sequence[dict[str, Any]], runs: Sequence[dict[str, Any]]) -> str:
+    """The goal of the module docstring, per RoPE arm that names its APE baseline, then the best arm per size."""
+    table, labels = _as_trained(merged), {run["model"]: _label(run) for run in runs}
+    largest = max(row["img_size"] for row in merged)
+    lines = [f"| model | at training size | at 2x, as trained | at {largest}, as trained | minus APE of the same "
+             f"recipe at 2x | at {largest} | goal met |", "|---|---|---|---|---|---|---|"]
+    for arm, baseline in dict.fromkeys((run["model"], run.get("baseline")) for run in runs):
+        rows, ape = table.get(labels[arm], {}), table.get(labels.get(baseline, ""), {})
+        trained = next((row for row in rows.values() if row["img_size"] == row["train_size"]), None)
+        if baseline is None or trained is None or not ape:
+            continue
+        double, last = rows.get(2 * trained["train_size"]), rows[largest]
+        if double is None or 2 * trained["train_size"] not in ape:
+            continue
+        (gap2, apart2), (gap_last, apart_last) = _gap(double, ape[double["img_size"]]), _gap(last, ape[largest])
+        met = double["top1"] - trained["top1"] >= -HOLD_POINTS and apart2 and apart_last
+        cells = [labels[arm], _spread(trained), f"{_spread(double)} ({double['top1'] - trained['top1']:+.1f})",
+                 f"{_spread(last)} ({last['top1'] - trained['top1']:+.1f})",
+                 f"{gap2:+.1f} ({'apart' if apart2 else 'overlap'})",
+                 f"{gap_last:+.1f} ({'apart' if apart_last else 'overlap'})", "yes" if met else "no"]
+        lines.append("| " + " | ".join(cells) + " |")
+    picks = []
+    for size in sorted({row["img_size"] for row in merged}):
+        plain = sorted((rows[size] for rows in table.values() if size in rows), key=lambda row: -row["top1"])
+        best = max((row for row in merged if row["img_size"] == size), key=lambda row: row["top1"])
+        runner = f", then {plain[1]['model']} {_spread(plain[1])} (seed ranges " \
+                 f"{'apart' if _gap(plain[0], plain[1])[1] else 'overlap'})" if len(plain) > 1 else ""
+        picks.append(f"- **{size} px** ({size / plain[0]['train_size']:.2g}x): as trained {plain[0]['model']} "
+                     f"{_spread(plain[0])}{runner}; with any policy {best['model']} [{best['policy'] or '-'}] "
+                     f"{_spread(best)}.")
+    return "\n".join(lines) + "\n\nBest arm at each size (top-1 mean ± half the seed range):\n\n" + "\n".join(picks)
+
+
+def _evaluations(results_dir: Path) -> tuple[str, list[dict[str, Any]]]:
+    """The protocol and rows of every ``results.json`` under ``eval/``; they must share one protocol."""
+    files = sorted((results_dir / "eval").rglob("results.json"))
+    if not files:
+        raise FileNotFoundError(f"{results_dir / 'eval'} holds no results.json: run the study's evaluation first")
+    evaluations = [json.loads(path.read_text()) for path in files]
+    protocols = {evaluation["protocol"] for evaluation in evaluations}
+    if len(protocols) > 1:
+        raise ValueError(f"the evaluations under {results_dir / 'eval'} used different protocols: {sorted(protocols)}")
+    return protocols.pop(), [row for evaluation in evaluations for row in evaluation["results"]]
+
+
+def write_study(results_dir: Path, readme: Path | None = None) -> str:
+    """Seed-merged report of a study folder: ``summary.md``, two plots and, given ``readme``, the README's section
+    between ``study_begin(results_dir)`` and the next ``STUDY_END``. ``results_dir`` is relative to the repo root,
+    as the README links into it. Returns the section."""
+    protocol, results = _evaluations(results_dir)
+    runs = json.loads((results_dir / "runs.json").read_text())
+    machine = json.loads((results_dir / "machine.json").read_text())
+    order = {f"({run['output']}/last.pth)": i for i, run in enumerate(runs)}
+    results = sorted((row for row in results if any(row["model"].endswith(key) for key in order)),
+                     key=lambda row: next(i for key, i in order.items() if row["model"].endswith(key)))
+    group_of = {row["model"]: _label(run) for row in results for run in runs
+                if row["model"].endswith(f"({run['output']}/last.pth)")}
+    merged = merge_seeds(results, group_of)
+    as_trained = [row for row in merged if row["policy"] in (None, "extrapolate")]
+    policies = [row for row in merged if row["policy"] is not None]
+    plot(as_trained, results_dir / "summary_as_trained.png", "Positions as trained (mean and range over seeds)")
+    plot(policies, results_dir / "summary_policies.png", "RoPE models under each resolution policy")
+    seeds = sorted({run["seed"] for run in runs})
+    arms = len({run["model"] for run in runs})
+    seconds = machine["evaluate_s"] if isinstance(machine["evaluate_s"], int | float) else sum(
+        machine["evaluate_s"].values())  # v2 records one evaluation per arm
+    note = ("top-1 (%) on Imagenette val, mean ± half the range over seeds " + ", ".join(map(str, seeds))
+            + "; `*` training size. " + protocol + ".")
+    where = results_dir.as_posix()
+    parts = [
+        f"{len(runs)} training runs ({arms} models x {len(seeds)} seeds) on "
+        f"{machine['cpu'] or 'CPU'} ({machine['cores']} cores{', ' + machine['gpu'] if machine['gpu'] else ''}), "
+        f"torch {machine['torch']}, timm {machine['timm']}, {machine['date']}; evaluation took "
+        f"{seconds / 60:.0f} min. Commands: `{where}/commands.sh`.",
+        "**Training** (final epoch, all val images at the training size):\n\n" + _training(results_dir, runs),
+        f"**Positions as trained** (`extrapolate`; APE resampled bicubically). {note}\n\n"
+        + markdown_table(as_trained),
+        "**Every resolution policy** (RoPE models):\n\n" + markdown_table(policies),
+        "**From the training size to the largest size:**\n\n" + _changes(merged),
+    ]
+    if any(run.get("baseline") for run in runs):
+        parts.append(f"**Does RoPE hold its accuracy?** Goal: as trained, within {HOLD_POINTS:g} point of the "
+                     "training-size top-1 at 2x, and above the APE model of the same recipe at 2x and at the largest "
+                     "size with every seed (seed ranges apart).\n\n" + _verdict(merged, runs))
+    parts.append(f"![as trained]({where}/summary_as_trained.png)\n![policies]({where}/summary_policies.png)")
+    section = "\n\n".join(parts)
+    (results_dir / "summary.md").write_text("# Resolution extrapolation on Imagenette\n\n" + section + "\n")
+    if readme is not None:
+        text, begin = readme.read_text(), study_begin(results_dir)
+        if begin not in text or STUDY_END not in text.split(begin, 1)[-1]:
+            raise ValueError(f"{readme} has no study section to update: add the lines {begin!r} and {STUDY_END!r} "
+                             "where it should go")
+        head, rest = text.split(begin, 1)
+        readme.write_text(head + begin + "\n" + section + "\n" + STUDY_END + rest.split(STUDY_END, 1)[1])
+    return section
