@@ -84,16 +84,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--img-sizes", type=int, nargs="+", default=[48, 64, 80, 96, 128, 160],
                         help="evaluation sizes (default 0.75x-2.5x of the 64 px training size)")
     parser.add_argument("--limit", type=int, default=1500, help="val images to evaluate, spread over the classes")
+    parser.add_argument("--results", help="what is committed (default: the study's folder under results/)")
+    parser.add_argument("--runs", help="training outputs, checkpoints (default: the study's folder under output/)")
+    parser.add_argument("--readme", default="README.md", help="the README whose study section is rewritten")
     parser.add_argument("--report", action="store_true", help="only rebuild the report from the study's results")
     args = parser.parse_args(argv)
     configs, results, outputs, arms = STUDIES[args.study]
+    results, outputs = Path(args.results or results), Path(args.runs or outputs)
     unknown = sorted(set(args.arms or ()) - set(arms))
     if unknown:
         parser.error(f"study {args.study} has no arm {', '.join(unknown)}; its arms are {', '.join(arms)}")
     os.chdir(ROOT)
-    results, outputs = Path(results), Path(outputs)
     if args.report:
-        print(write_study(results, Path("README.md")))
+        print(write_study(results, Path(args.readme)))
         return 0
     results.mkdir(parents=True, exist_ok=True)
     study = json.loads((results / "runs.json").read_text()) if (results / "runs.json").exists() else []
@@ -127,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
         (results / "machine.json").write_text(json.dumps({**machine(), "evaluate_s": seconds}, indent=2) + "\n")
         (results / "commands.sh").write_text("# the study's commands, as scripts/imagenette_study.py runs them\n"
                                              + "\n".join(commands) + "\n")
-        print(write_study(results, Path("README.md")))
+        print(write_study(results, Path(args.readme)))
     return 0
 
 
