@@ -2,6 +2,7 @@
 the goal (hold within 1 point at 2x, above the same-recipe APE with every seed at 2x and at the largest size)."""
 
 import csv
+import importlib.util
 import json
 from pathlib import Path
 
@@ -107,6 +108,9 @@ def make_v2(root: Path) -> Path:
 
 def test_verdict_applies_the_goal_per_arm(tmp_path):
     section = study.write_study(make_v2(tmp_path / "results"))
+    if importlib.util.find_spec("matplotlib"):  # one panel per policy; the as-trained plot has APE too
+        assert (tmp_path / "results" / "summary_policies.png").stat().st_size > 0
+        assert (tmp_path / "results" / "summary_as_trained.png").stat().st_size > 0
     assert "8 training runs (4 models x 2 seeds)" in section and "evaluation took 4 min" in section
     verdict = section.split("**Does RoPE hold its accuracy?**", 1)[1]
     # HOLDS: -0.5 at 2x; +9.5 over APE at 128 and +12 at 160 with the seed ranges apart

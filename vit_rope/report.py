@@ -44,19 +44,9 @@ def markdown_table(results: Sequence[dict[str, Any]], metric: str = "top1") -> s
     return "\n".join(lines)
 
 
-def plot(results: Sequence[dict[str, Any]], path: Path, title: str = "Accuracy against resolution") -> bool:
-    """Top-1 against size, one line per model (x policy), dashed vertical lines at the training sizes.
-
-    Uses matplotlib's object API with the Agg canvas, so no global backend is switched. Returns False, after a
-    warning, when matplotlib is not installed.
-    """
-    try:
-        from matplotlib.figure import Figure
-    except ImportError:
-        print("warning: matplotlib is not installed, skipping the plot; pip install 'vit-rope[plot]' for it")
-        return False
-    fig = Figure(figsize=(7, 4.5), layout="constrained")
-    ax = fig.add_subplot()
+def _draw(ax: Any, results: Sequence[dict[str, Any]], colors: dict[str, Any] | None = None) -> None:
+    """Top-1 against size on ``ax``, one line per model (x policy), dashed vertical lines at the training sizes;
+    ``colors`` fixes a model's colour across panels."""
     for train_size in sorted({result["train_size"] for result in results}):
         ax.axvline(train_size, color="grey", linestyle="--", linewidth=1)
         ax.annotate(f"train {train_size}", (train_size, 0), xycoords=("data", "axes fraction"),
@@ -67,12 +57,63 @@ def plot(results: Sequence[dict[str, Any]], path: Path, title: str = "Accuracy a
         spread = [[row["top1"] - row["top1_min"] for row in rows], [row["top1_max"] - row["top1"] for row in rows]] \
             if "top1_min" in rows[0] else None  # merged seeds: bars span the seeds
         ax.errorbar(sizes, [row["top1"] for row in rows], yerr=spread, marker="o", capsize=3,
-                    label=model if policy is None else f"{model} [{policy}]")
-    ax.set(xticks=sorted({result["img_size"] for result in results}), xlabel="input size (px)", ylabel="top-1 (%)",
-           title=title)
+                    color=(colors or {}).get(model), label=model if policy is None else f"{model} [{policy}]")
+    ax.set(xticks=sorted({result["img_size"] for result in results}), xlabel="input size (px)", ylabel="top-1 (%)")
     ax.grid(alpha=0.3)
+
+
+def _figure(size: tuple[float, float]) -> Any:
+    """A matplotlib Figure on the Agg canvas (no global backend is switched), or None, after a warning, when
+    matplotlib is not installed."""
+    try:
+        from matplotlib.figure import Figure
+    except ImportError:
+        print("warning: matplotlib is not installed, skipping the plot; pip install 'vit-rope[plot]' for it")
+        return None
+    return Figure(figsize=size, layout="constrained")
+
+
+def plot(results: Sequence[dict[str, Any]], path: Path, title: str = "Accuracy against resolution") -> bool:
+    """Top-1 against size, one line per model (x policy). Returns False when matplotlib is not installed."""
+    fig = _figure((7, 4.5))
+    if fig is None:
+        return False
+    ax = fig.add_subplot()
+    models = list(dict.fromkeys(result["model"] for result in results))
+    _draw(ax, results, _palette(models) if len(models) > 10 else None)  # past 10 lines the default colours repeat
+    ax.set_title(title)
     ax.legend(fontsize=7)
     fig.savefig(path, dpi=120)
+    return True
+
+
+def _palette(models: Sequence[str]) -> dict[str, Any]:
+    """A colour per model: tab20's 10 dark hues first, then their light pairs, so that neighbours differ."""
+    from matplotlib import colormaps
+
+    return {model: colormaps["tab20"]((2 * i) % 20 + (2 * i // 20) % 2) for i, model in enumerate(models)}
+
+
+def plot_panels(panels: dict[str, Sequence[dict[str, Any]]], path: Path, title: str) -> bool:
+    """One panel per key (e.g. a resolution policy), each model in the same colour in every panel, one legend.
+    Returns False when matplotlib is not installed."""
+    columns = min(3, len(panels))
+    rows = -(-len(panels) // columns)
+    fig = _figure((4.2 * columns, 3.4 * rows + 1.2))
+    if fig is None:
+        return False
+    colors = _palette(list(dict.fromkeys(row["model"] for results in panels.values() for row in results)))
+    axes = fig.subplots(rows, columns, sharey=True, squeeze=False).flatten()
+    for ax, (name, results) in zip(axes, panels.items(), strict=False):
+        _draw(ax, results, colors)
+        ax.set_title(name, fontsize=10)
+    for ax in axes[len(panels):]:
+        ax.set_visible(False)
+    handles = {label.split(" [")[0]: handle for ax in axes for handle, label in zip(*ax.get_legend_handles_labels(),
+                                                                                    strict=True)}
+    fig.legend(list(handles.values()), list(handles), loc="outside lower center", ncols=3, fontsize=8)
+    fig.suptitle(title)
+    fig.savefig(path, dpi=110)
     return True
 
 

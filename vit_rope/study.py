@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from vit_rope.report import markdown_table, merge_seeds, plot
+from vit_rope.report import markdown_table, merge_seeds, plot, plot_panels
 
 STUDY_LABELS = {"ape": "APE (timm ViT)", "axial": "RoPE-Axial", "mixed": "RoPE-Mixed", "axial_ape": "RoPE-Axial + APE",
                 "mixed_ape": "RoPE-Mixed + APE"}  # v1's arms, whose runs.json predates the label field
@@ -147,7 +147,9 @@ def write_study(results_dir: Path, readme: Path | None = None) -> str:
     as_trained = [row for row in merged if row["policy"] in (None, "extrapolate")]
     policies = [row for row in merged if row["policy"] is not None]
     plot(as_trained, results_dir / "summary_as_trained.png", "Positions as trained (mean and range over seeds)")
-    plot(policies, results_dir / "summary_policies.png", "RoPE models under each resolution policy")
+    plot_panels({policy: [row for row in policies if row["policy"] == policy]
+                 for policy in dict.fromkeys(row["policy"] for row in policies)},
+                results_dir / "summary_policies.png", "RoPE models under each resolution policy (mean, seed range)")
     seeds = sorted({run["seed"] for run in runs})
     arms = len({run["model"] for run in runs})
     seconds = machine["evaluate_s"] if isinstance(machine["evaluate_s"], int | float) else sum(
