@@ -87,10 +87,11 @@ def test_write_study_needs_the_readme_markers(tmp_path):
 
 def make_v2(root: Path) -> Path:
     """v2's layout: one eval folder per arm and a baseline per RoPE arm. ``holds`` keeps its training-size top-1 at
-    128 px and beats APE with both seeds; ``drops`` loses 5 points; ``close`` holds but its seeds overlap APE's."""
+    128 px and beats APE with both seeds; ``drops`` loses 5 points; ``close`` holds but its seeds overlap APE's;
+    ``under`` falls below APE with every seed."""
     top1 = {  # arm -> (64 px, 128 px, 160 px) for seed 0; seed 1 adds ``bump`` points
         "ape": ((50.0, 45.0, 40.0), 1.0), "holds": ((55.0, 54.5, 52.0), 1.0),
-        "drops": ((55.0, 50.0, 45.0), 1.0), "close": ((50.0, 49.5, 40.5), 2.0)}
+        "drops": ((55.0, 50.0, 45.0), 1.0), "close": ((50.0, 49.5, 40.5), 2.0), "under": ((52.0, 40.0, 35.0), 1.0)}
     runs, evaluations = [], {}
     for arm, (values, bump) in top1.items():
         for seed in (0, 1):
@@ -103,7 +104,7 @@ def make_v2(root: Path) -> Path:
                 for size, value in zip((64, 128, 160), values, strict=True))
             if arm != "ape":
                 evaluations[arm].append(result(label, "interpolate", 160, 60.0))
-    return write_runs(root, runs, evaluations, evaluate_s={"ape": 60, "holds": 60, "drops": 60, "close": 60})
+    return write_runs(root, runs, evaluations, evaluate_s=dict.fromkeys(top1, 60))
 
 
 def test_verdict_applies_the_goal_per_arm(tmp_path):
@@ -111,7 +112,7 @@ def test_verdict_applies_the_goal_per_arm(tmp_path):
     if importlib.util.find_spec("matplotlib"):  # one panel per policy; the as-trained plot has APE too
         assert (tmp_path / "results" / "summary_policies.png").stat().st_size > 0
         assert (tmp_path / "results" / "summary_as_trained.png").stat().st_size > 0
-    assert "8 training runs (4 models x 2 seeds)" in section and "evaluation took 4 min" in section
+    assert "10 training runs (5 models x 2 seeds)" in section and "evaluation took 5 min" in section
     verdict = section.split("**Does RoPE hold its accuracy?**", 1)[1]
     # HOLDS: -0.5 at 2x; +9.5 over APE at 128 and +12 at 160 with the seed ranges apart
     assert "| HOLDS | 55.50 ± 0.5 | 55.00 ± 0.5 (-0.5) | 52.50 ± 0.5 (-3.0) | +9.5 (apart) | +12.0 (apart) | yes |" \
@@ -119,6 +120,8 @@ def test_verdict_applies_the_goal_per_arm(tmp_path):
     assert "| DROPS |" in verdict and verdict.split("| DROPS |", 1)[1].split("\n", 1)[0].endswith("| no |")
     close = verdict.split("| CLOSE |", 1)[1].split("\n", 1)[0]  # holds at 2x, but at 160 its seeds overlap APE's
     assert close.startswith(" 51.00 ± 1.0 | 50.50 ± 1.0 (-0.5) |") and close.endswith("| +1.0 (overlap) | no |")
+    assert "| UNDER | 52.50 ± 0.5 | 40.50 ± 0.5 (-12.0) | 35.50 ± 0.5 (-17.0) | -5.0 (below) | -5.0 (below) | no |" \
+        in verdict
     assert "- **128 px** (2x): as trained HOLDS 55.00 ± 0.5, then DROPS 50.50 ± 0.5 (seed ranges apart)" in verdict
     assert "- **64 px** (1x): as trained HOLDS 55.50 ± 0.5, then DROPS 55.50 ± 0.5 (seed ranges overlap)" in verdict
     assert "- **160 px** (2.5x): as trained HOLDS 52.50 ± 0.5" in verdict

@@ -81,9 +81,12 @@ def _changes(merged: Sequence[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def _gap(row: dict[str, Any], other: dict[str, Any]) -> tuple[float, bool]:
-    """Mean difference of two merged rows, and whether every seed of ``row`` is above every seed of ``other``."""
-    return row["top1"] - other["top1"], row["top1_min"] > other["top1_max"]
+def _gap(row: dict[str, Any], other: dict[str, Any]) -> str:
+    """Mean difference of two merged rows and how their seed ranges lie: ``apart`` when every seed of ``row`` is
+    above every seed of ``other``, ``below`` when every one is under, else ``overlap``."""
+    side = "apart" if row["top1_min"] > other["top1_max"] else "below" if row["top1_max"] < other["top1_min"] \
+        else "overlap"
+    return f"{row['top1'] - other['top1']:+.1f} ({side})"
 
 
 def _verdict(merged: Sequence[dict[str, Any]], runs: Sequence[dict[str, Any]]) -> str:
@@ -100,19 +103,17 @@ def _verdict(merged: Sequence[dict[str, Any]], runs: Sequence[dict[str, Any]]) -
         double, last = rows.get(2 * trained["train_size"]), rows[largest]
         if double is None or 2 * trained["train_size"] not in ape:
             continue
-        (gap2, apart2), (gap_last, apart_last) = _gap(double, ape[double["img_size"]]), _gap(last, ape[largest])
-        met = double["top1"] - trained["top1"] >= -HOLD_POINTS and apart2 and apart_last
+        gaps = [_gap(double, ape[double["img_size"]]), _gap(last, ape[largest])]
+        met = double["top1"] - trained["top1"] >= -HOLD_POINTS and all(gap.endswith("(apart)") for gap in gaps)
         cells = [labels[arm], _spread(trained), f"{_spread(double)} ({double['top1'] - trained['top1']:+.1f})",
-                 f"{_spread(last)} ({last['top1'] - trained['top1']:+.1f})",
-                 f"{gap2:+.1f} ({'apart' if apart2 else 'overlap'})",
-                 f"{gap_last:+.1f} ({'apart' if apart_last else 'overlap'})", "yes" if met else "no"]
+                 f"{_spread(last)} ({last['top1'] - trained['top1']:+.1f})", *gaps, "yes" if met else "no"]
         lines.append("| " + " | ".join(cells) + " |")
     picks = []
     for size in sorted({row["img_size"] for row in merged}):
         plain = sorted((rows[size] for rows in table.values() if size in rows), key=lambda row: -row["top1"])
         best = max((row for row in merged if row["img_size"] == size), key=lambda row: row["top1"])
         runner = f", then {plain[1]['model']} {_spread(plain[1])} (seed ranges " \
-                 f"{'apart' if _gap(plain[0], plain[1])[1] else 'overlap'})" if len(plain) > 1 else ""
+                 f"{_gap(plain[0], plain[1]).split('(')[1]}" if len(plain) > 1 else ""
         picks.append(f"- **{size} px** ({size / plain[0]['train_size']:.2g}x): as trained {plain[0]['model']} "
                      f"{_spread(plain[0])}{runner}; with any policy {best['model']} [{best['policy'] or '-'}] "
                      f"{_spread(best)}.")
@@ -171,7 +172,8 @@ def write_study(results_dir: Path, readme: Path | None = None) -> str:
     if any(run.get("baseline") for run in runs):
         parts.append(f"**Does RoPE hold its accuracy?** Goal: as trained, within {HOLD_POINTS:g} point of the "
                      "training-size top-1 at 2x, and above the APE model of the same recipe at 2x and at the largest "
-                     "size with every seed (seed ranges apart).\n\n" + _verdict(merged, runs))
+                     "size with every seed (seed ranges apart). `apart`: every seed of the RoPE arm above every seed "
+                     "of its APE; `below`: every one under; `overlap`: neither.\n\n" + _verdict(merged, runs))
     parts.append(f"![as trained]({where}/summary_as_trained.png)\n![policies]({where}/summary_policies.png)")
     section = "\n\n".join(parts)
     (results_dir / "summary.md").write_text("# Resolution extrapolation on Imagenette\n\n" + section + "\n")
