@@ -98,9 +98,18 @@ def supports(qkv: Tensor, cos: Tensor) -> bool:
     return AVAILABLE and qkv.is_cuda and qkv.dtype in DTYPES and cos.dtype in DTYPES
 
 
+def default_block_t(head_dim: int) -> int:
+    """Tokens per program: a tile of about 2048 channel pairs (``BLOCK_T x BLOCK_J``), not yet tuned on a GPU."""
+    return max(1, 2048 // (2 * triton.next_power_of_2(head_dim // 2)))
+
+
 def _launch(src: Tensor, dst: Tensor, cos: Tensor, sin: Tensor, *, conj: bool, copy_v: bool,
-            out: Tensor | None = None) -> tuple[Tensor, Tensor] | None:
-    """Run the kernel over ``src``/``dst`` ``[B, N, 3 or 2, nh, D]``; with ``out``, return the table gradients."""
+            out: Tensor | None = None, block_t: int | None = None, num_warps: int = 4) -> tuple[Tensor, Tensor] | None:
+    """Run the kernel over ``src``/``dst`` ``[B, N, 3 or 2, nh, D]``; with ``out``, return the table gradients.
+
+    ``block_t`` (tokens per program; default ``default_block_t``) and ``num_warps`` exist for
+    ``benchmarks/tune_rope_kernel.py``; the defaults are what the models run.
+    """
     B, N, _, nh, D = src.shape
     half = D // 2
     table_shape = (B, nh, N, half)
@@ -111,7 +120,7 @@ def _launch(src: Tensor, dst: Tensor, cos: Tensor, sin: Tensor, *, conj: bool, c
     if out is not None:
         grads = tuple(torch.empty(table_shape, device=src.device, dtype=torch.float32) for _ in range(2))
     block_j = triton.next_power_of_2(half)
-    block_t = max(1, 2048 // (2 * block_j))
+    block_t = block_t or default_block_t(D)
     kernel = _rotate_kernel if src.is_cuda else _interpreted(_rotate_kernel)
     grid = (triton.cdiv(B * N, block_t), nh)
     saved = out if out is not None else dst  # only read with TABLE_GRAD; any tensor of the same shape fills the slot
@@ -119,6 +128,7 @@ def _launch(src: Tensor, dst: Tensor, cos: Tensor, sin: Tensor, *, conj: bool, c
         src, dst, saved, *(grads or (cos, sin)), cos, sin,
         N, nh, *src.stride()[:4], *dst.stride()[:4], *saved.stride()[:4], *cos.stride(), B * N,
         HALF=half, BLOCK_T=block_t, BLOCK_J=block_j, CONJ=conj, COPY_V=copy_v, TABLE_GRAD=out is not None,
+        num_warps=num_warps,
     )
     return grads
 

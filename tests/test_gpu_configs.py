@@ -1,0 +1,69 @@
+"""The GPU study configs (configs/imagenette_vit_s, issue 16) and the device session scripts, checked on the CPU.
+
+A GPU session has minutes, not hours: a config that fails to parse, a model that does not build, a pipeline that falls
+back to timm's per-image loader, or a shell script with a syntax error would cost a device call. These catch that here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import torch
+
+from train import create_model
+from vit_rope.config import build_config
+from vit_rope.data import choose_pipeline
+
+REPO = Path(__file__).resolve().parent.parent
+CONFIG_DIR = REPO / "configs" / "imagenette_vit_s"
+CONFIGS = sorted(path for path in CONFIG_DIR.glob("*.yaml") if path.name != "base.yaml")
+SESSION = REPO / "scripts" / "gpu_session.sh"
+PER_MODEL_KEYS = {"model", "model_kwargs", "output"}  # what each file may set beside base.yaml's recipe
+
+
+def test_one_config_per_position_encoding_with_one_recipe():
+    assert {path.stem for path in CONFIGS} == {"ape", "axial", "mixed"}
+    recipes = [{key: value for key, value in dataclasses.asdict(build_config(path)).items()
+                if key not in PER_MODEL_KEYS} for path in CONFIGS]
+    assert all(recipe == recipes[0] for recipe in recipes), "the arms must differ only in the model"
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=lambda path: path.stem)
+def test_config_builds_vit_s_on_a_14x14_grid_with_the_tensor_pipeline(path):
+    cfg = build_config(path)
+    assert choose_pipeline(cfg)[0] == "tensor"
+    assert (cfg.amp, cfg.amp_dtype, cfg.compile, cfg.channels_last) == (True, "bfloat16", True, True)
+    assert cfg.decoded_cache and cfg.data_dir.endswith("imagenette-160")
+    torch.manual_seed(0)
+    model, _ = create_model(cfg.model, {"num_classes": 10, "img_size": cfg.img_size, "drop_path_rate": cfg.drop_path,
+                                        **cfg.model_kwargs})
+    patch = model.patch_embed.patch_size
+    assert patch == (8, 8) and cfg.img_size % patch[0] == 0 and cfg.img_size // patch[0] == 14
+    assert tuple(model.patch_embed.grid_size) == (14, 14)
+    assert model.embed_dim == 384 and len(model.blocks) == 12  # ViT-S
+    # the same block as the RoPE models: class token, LayerScale at 1e-5, no position embedding on the class token
+    assert model.cls_token is not None and model.num_prefix_tokens == 1
+    assert torch.allclose(model.blocks[0].ls1.gamma, torch.full_like(model.blocks[0].ls1.gamma, 1e-5))
+    if getattr(model, "pos_embed", None) is not None:
+        assert model.no_embed_class and model.pos_embed.shape[1] == 14 * 14
+    with torch.inference_mode():
+        assert model.eval()(torch.randn(1, 3, cfg.img_size, cfg.img_size)).shape == (1, 10)
+
+
+def test_session_evaluates_0_7x_to_2_3x_in_whole_patches():
+    sizes = [int(size) for size in re.search(r"^EVAL_SIZES=\(([\d ]+)\)", SESSION.read_text(), re.M).group(1).split()]
+    train_size = build_config(CONFIGS[0]).img_size
+    assert sizes == sorted(sizes) and train_size in sizes and all(size % 8 == 0 for size in sizes)
+    assert 0.65 <= sizes[0] / train_size <= 0.75 and 2.25 <= sizes[-1] / train_size <= 2.35
+
+
+@pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
+@pytest.mark.parametrize("script", ["gpu_session.sh", "gpu_prepare.sh"])
+def test_device_scripts_parse(script):
+    result = subprocess.run(["bash", "-n", str(REPO / "scripts" / script)], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
