@@ -23,3 +23,6 @@ python -m vit_rope.evaluate --checkpoint output/study/v2/ape_p8_s0/last.pth outp
 python train.py -c configs/imagenette_study/v2/axial_p8.yaml --output output/study/v2/axial_p8_s0 seed=0
 python train.py -c configs/imagenette_study/v2/axial_p8.yaml --output output/study/v2/axial_p8_s1 seed=1
 python -m vit_rope.evaluate --checkpoint output/study/v2/axial_p8_s0/last.pth output/study/v2/axial_p8_s1/last.pth --img-sizes 48 64 80 96 128 160 --policy extrapolate interpolate ntk yarn normalized --limit 1500 --workers 0 --output results/imagenette/v2/eval/axial_p8
+python train.py -c configs/imagenette_study/v2/mixed_coord_sizes.yaml --output output/study/v2/mixed_coord_sizes_s0 seed=0
+python train.py -c configs/imagenette_study/v2/mixed_coord_sizes.yaml --output output/study/v2/mixed_coord_sizes_s1 seed=1
+python -m vit_rope.evaluate --checkpoint output/study/v2/mixed_coord_sizes_s0/last.pth output/study/v2/mixed_coord_sizes_s1/last.pth --img-sizes 48 64 80 96 128 160 --policy extrapolate interpolate ntk yarn normalized --limit 1500 --workers 0 --output results/imagenette/v2/eval/mixed_coord_sizes
