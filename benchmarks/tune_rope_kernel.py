@@ -192,7 +192,7 @@ def main(argv: list[str] | None = None) -> int:
     for key, value in defaults.items():
         if getattr(args, key) is None:
             setattr(args, key, value)
-    machine = {**report.machine(), "triton": triton.__version__, "cuda": torch.version.cuda,
+    machine = {**report.machine(),
                "command": " ".join(sys.argv) if argv is None else " ".join(["benchmarks/tune_rope_kernel.py", *argv])}
     print(f"# {machine}", flush=True)
     rows, summary = sweep(args)

@@ -45,20 +45,11 @@ STARTUP_MIN, EVAL_MIN = 0.5, 1.0  # train.py start-up and the evaluation of a tr
 
 
 def machine() -> dict[str, Any]:
-    """``vit_rope.report.machine`` plus what a GPU figure also depends on: triton, CUDA, and the GPU's driver, memory,
-    clock and power limit (``nvidia-smi``; None where there is none)."""
-    import torch
-
+    """``vit_rope.report.machine`` (versions, triton and CUDA included) plus what a GPU figure also depends on: the
+    GPU's driver, memory, clock and power limit (``nvidia-smi``; None where there is none)."""
     from vit_rope.report import machine as base_machine
 
     info = base_machine()
-    try:
-        import triton
-
-        info["triton"] = triton.__version__
-    except ImportError:
-        info["triton"] = None
-    info["cuda"] = torch.version.cuda
     try:
         info["nvidia_smi"] = subprocess.run(["nvidia-smi", f"--query-gpu={NVIDIA_QUERY}", "--format=csv,noheader"],
                                             capture_output=True, text=True, timeout=30).stdout.strip()

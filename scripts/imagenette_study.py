@@ -36,7 +36,7 @@ from vit_rope.config import build_config  # noqa: E402  (after the path set-up, 
 from vit_rope.engine import load_checkpoint  # noqa: E402
 from vit_rope.policies import POLICIES  # noqa: E402
 from vit_rope.report import machine  # noqa: E402
-from vit_rope.study import write_study  # noqa: E402
+from vit_rope.study import is_run, write_study  # noqa: E402
 
 # study -> (config folder, results folder, training outputs, {arm: (label, arm of the same-recipe APE baseline)}),
 # arms in the order they run: the cheap, most asked-for ones first.
@@ -73,7 +73,7 @@ def evaluated(folder: Path, runs: list[dict]) -> bool:
     """Whether the ``results.json`` files under ``folder`` hold every one of ``runs`` (a new seed makes its arm
     evaluate again)."""
     labels = {row["model"] for path in folder.rglob("results.json") for row in json.loads(path.read_text())["results"]}
-    return all(any(label.endswith(f"({entry['output']}/last.pth)") for label in labels) for entry in runs)
+    return all(any(is_run(label, entry) for label in labels) for entry in runs)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -136,11 +136,15 @@ def write_reports(results: Sequence[dict[str, Any]], output: Path, protocol: str
 
 
 def machine() -> dict[str, Any]:
-    """Where figures come from: CPU model, cores, GPU, library versions and date (saved beside results)."""
+    """Where figures come from: CPU model, cores, GPU, library versions (triton and CUDA: None where absent) and date
+    (saved beside results)."""
+    import importlib.util
     import platform
 
     import timm
     import torch
+
+    triton = importlib.import_module("triton").__version__ if importlib.util.find_spec("triton") else None
 
     cpuinfo = Path("/proc/cpuinfo")
     names = [line.split(":", 1)[1].strip() for line in cpuinfo.read_text().splitlines()
@@ -148,7 +152,7 @@ def machine() -> dict[str, Any]:
     return {"cpu": names[0] if names else platform.processor() or platform.machine(), "cores": os.cpu_count(),
             "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
             "python": platform.python_version(), "torch": torch.__version__, "timm": timm.__version__,
-            "date": time.strftime("%Y-%m-%d")}
+            "triton": triton, "cuda": torch.version.cuda, "date": time.strftime("%Y-%m-%d")}
 
 
 def merge_seeds(results: Sequence[dict[str, Any]], group_of: dict[str, str]) -> list[dict[str, Any]]:

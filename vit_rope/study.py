@@ -34,6 +34,11 @@ def study_begin(results_dir: Path) -> str:
     return f"<!-- study:begin (written by scripts/imagenette_study.py --report from {results_dir.as_posix()}) -->"
 
 
+def is_run(label: str, run: dict[str, Any]) -> bool:
+    """Whether a ``vit_rope.evaluate`` row label (``"<model> (<checkpoint>)"``) is the final checkpoint of ``run``."""
+    return label.endswith(f"({run['output']}/last.pth)")
+
+
 def _label(run: dict[str, Any]) -> str:
     return run.get("label") or STUDY_LABELS.get(run["model"], run["model"])
 
@@ -81,12 +86,16 @@ def _changes(merged: Sequence[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def _gap(row: dict[str, Any], other: dict[str, Any]) -> str:
-    """Mean difference of two merged rows and how their seed ranges lie: ``apart`` when every seed of ``row`` is
-    above every seed of ``other``, ``below`` when every one is under, else ``overlap``."""
-    side = "apart" if row["top1_min"] > other["top1_max"] else "below" if row["top1_max"] < other["top1_min"] \
+def _side(row: dict[str, Any], other: dict[str, Any]) -> str:
+    """How two merged rows' seed ranges lie: ``apart`` when every seed of ``row`` is above every seed of ``other``,
+    ``below`` when every one is under, else ``overlap``."""
+    return "apart" if row["top1_min"] > other["top1_max"] else "below" if row["top1_max"] < other["top1_min"] \
         else "overlap"
-    return f"{row['top1'] - other['top1']:+.1f} ({side})"
+
+
+def _gap(row: dict[str, Any], other: dict[str, Any]) -> str:
+    """Mean difference of two merged rows and how their seed ranges lie (``_side``)."""
+    return f"{row['top1'] - other['top1']:+.1f} ({_side(row, other)})"
 
 
 def _verdict(merged: Sequence[dict[str, Any]], runs: Sequence[dict[str, Any]]) -> str:
@@ -103,17 +112,18 @@ def _verdict(merged: Sequence[dict[str, Any]], runs: Sequence[dict[str, Any]]) -
         double, last = rows.get(2 * trained["train_size"]), rows[largest]
         if double is None or 2 * trained["train_size"] not in ape:
             continue
-        gaps = [_gap(double, ape[double["img_size"]]), _gap(last, ape[largest])]
-        met = double["top1"] - trained["top1"] >= -HOLD_POINTS and all(gap.endswith("(apart)") for gap in gaps)
+        pairs = [(double, ape[double["img_size"]]), (last, ape[largest])]
+        met = double["top1"] - trained["top1"] >= -HOLD_POINTS and all(_side(*pair) == "apart" for pair in pairs)
         cells = [labels[arm], _spread(trained), f"{_spread(double)} ({double['top1'] - trained['top1']:+.1f})",
-                 f"{_spread(last)} ({last['top1'] - trained['top1']:+.1f})", *gaps, "yes" if met else "no"]
+                 f"{_spread(last)} ({last['top1'] - trained['top1']:+.1f})", *(_gap(*pair) for pair in pairs),
+                 "yes" if met else "no"]
         lines.append("| " + " | ".join(cells) + " |")
     picks = []
     for size in sorted({row["img_size"] for row in merged}):
         plain = sorted((rows[size] for rows in table.values() if size in rows), key=lambda row: -row["top1"])
         best = max((row for row in merged if row["img_size"] == size), key=lambda row: row["top1"])
-        runner = f", then {plain[1]['model']} {_spread(plain[1])} (seed ranges " \
-                 f"{_gap(plain[0], plain[1]).split('(')[1]}" if len(plain) > 1 else ""
+        runner = f", then {plain[1]['model']} {_spread(plain[1])} (seed ranges {_side(plain[0], plain[1])})" \
+            if len(plain) > 1 else ""
         picks.append(f"- **{size} px** ({size / plain[0]['train_size']:.2g}x): as trained {plain[0]['model']} "
                      f"{_spread(plain[0])}{runner}; with any policy {best['model']} [{best['policy'] or '-'}] "
                      f"{_spread(best)}.")
@@ -139,12 +149,10 @@ def write_study(results_dir: Path, readme: Path | None = None) -> str:
     protocol, results = _evaluations(results_dir)
     runs = json.loads((results_dir / "runs.json").read_text())
     machine = json.loads((results_dir / "machine.json").read_text())
-    order = {f"({run['output']}/last.pth)": i for i, run in enumerate(runs)}
-    results = sorted((row for row in results if any(row["model"].endswith(key) for key in order)),
-                     key=lambda row: next(i for key, i in order.items() if row["model"].endswith(key)))
-    group_of = {row["model"]: _label(run) for row in results for run in runs
-                if row["model"].endswith(f"({run['output']}/last.pth)")}
-    merged = merge_seeds(results, group_of)
+    index = {row["model"]: next((i for i, run in enumerate(runs) if is_run(row["model"], run)), None)
+             for row in results}  # evaluation label -> its run in runs.json; others (not in this study) left out
+    results = sorted((row for row in results if index[row["model"]] is not None), key=lambda row: index[row["model"]])
+    merged = merge_seeds(results, {label: _label(runs[i]) for label, i in index.items() if i is not None})
     as_trained = [row for row in merged if row["policy"] in (None, "extrapolate")]
     policies = [row for row in merged if row["policy"] is not None]
     plot(as_trained, results_dir / "summary_as_trained.png", "Positions as trained (mean and range over seeds)")
