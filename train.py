@@ -27,7 +27,7 @@ from timm.scheduler import create_scheduler_v2
 from timm.utils import ModelEmaV3, random_seed
 from torch.nn.parallel import DistributedDataParallel
 
-from vit_rope import data, engine
+from vit_rope import data, engine, train_state
 from vit_rope.config import Config, UserError, check_model_name, parse_args, save_config
 from vit_rope.sizes import check_patch_multiple
 
@@ -63,11 +63,11 @@ def train(cfg: Config) -> None:
     if env.device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = cfg.tf32
     say = print if env.is_main else lambda *args, **kwargs: None
-    resume = engine.load_checkpoint(cfg.resume) if cfg.resume else None  # a bad path fails before slow data work
+    resume = train_state.load_checkpoint(cfg.resume) if cfg.resume else None  # a bad path fails before slow data work
     if resume is not None and resume["model_name"] != cfg.model:
         raise UserError(f"{cfg.resume} was written for model '{resume['model_name']}', this run builds "
                         f"'{cfg.model}'; pass --model {resume['model_name']}")
-    finetune = engine.load_checkpoint(cfg.finetune) if cfg.finetune and resume is None else None
+    finetune = train_state.load_checkpoint(cfg.finetune) if cfg.finetune and resume is None else None
 
     # ---- data: scanned first, because the classifier needs the number of classes -----------------------------
     with engine.main_process_first(env):  # rank 0 downloads, the other ranks wait
@@ -127,15 +127,15 @@ def train(cfg: Config) -> None:
         if ema is not None:  # a run that turns EMA on at resume starts it from the weights
             states["EMA weights"] = (ema.module, resume.get("model_ema", resume["model"]))
         for what, (obj, state) in states.items():
-            engine.load_state(obj, state, what, cfg.resume)
-        engine.set_rng_state(resume["rng"][env.rank % len(resume["rng"])])
+            train_state.load_state(obj, state, what, cfg.resume)
+        train_state.set_rng_state(resume["rng"][env.rank % len(resume["rng"])])
         start_epoch, best_top1 = resume["epoch"], resume["best_top1"]
         say(f"resumed {cfg.resume} at epoch {start_epoch}")
     elif finetune is not None:
         state = finetune["model"]
         if isinstance(net, VisionTransformer):
             state = checkpoint_filter_fn(state, net)  # resamples a learned pos_embed to the new img_size
-        engine.load_state(net, state, "model weights", cfg.finetune)
+        train_state.load_state(net, state, "model weights", cfg.finetune)
         if ema is not None:
             ema.module.load_state_dict(net.state_dict())
 
@@ -171,7 +171,7 @@ def train(cfg: Config) -> None:
         scheduler.step(epoch + 1, stats["top1"])  # per-epoch schedulers only (plateau); the rest step per update
         stats |= {"epoch": epoch + 1, "seconds": time.perf_counter() - start}
         best_top1, is_best = max(best_top1, stats["top1"]), stats["top1"] > best_top1
-        rng = engine.gather_rng_states(env)  # a collective: every rank takes part
+        rng = train_state.gather_rng_states(env)  # a collective: every rank takes part
         if not env.is_main:
             continue
         log.write(stats)
@@ -184,9 +184,9 @@ def train(cfg: Config) -> None:
                 "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
                 "scaler": scaler.state_dict(), "epoch": epoch + 1, "best_top1": best_top1, "rng": rng,
                 "config": dataclasses.asdict(cfg), "metrics": stats}
-        engine.save_checkpoint(ckpt, output / "last.pth")
+        train_state.save_checkpoint(ckpt, output / "last.pth")
         if is_best:
-            engine.save_checkpoint(ckpt, output / "best.pth")
+            train_state.save_checkpoint(ckpt, output / "best.pth")
     if env.is_main:
         log.close()
         say(f"done: best top1 {best_top1:.2f}; checkpoints in {output}")

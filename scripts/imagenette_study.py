@@ -33,10 +33,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from vit_rope.config import build_config  # noqa: E402  (after the path set-up, as the script runs from anywhere)
-from vit_rope.engine import load_checkpoint  # noqa: E402
 from vit_rope.policies import POLICIES  # noqa: E402
 from vit_rope.report import machine  # noqa: E402
 from vit_rope.study import is_run, write_study  # noqa: E402
+from vit_rope.train_state import load_checkpoint  # noqa: E402
 
 # study -> (config folder, results folder, training outputs, {arm: (label, arm of the same-recipe APE baseline)}),
 # arms in the order they run: the cheap, most asked-for ones first.

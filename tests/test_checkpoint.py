@@ -21,7 +21,7 @@ from vit_rope.checkpoint import (
     load_weights,
 )
 from vit_rope.config import UserError
-from vit_rope.engine import load_checkpoint
+from vit_rope.train_state import load_checkpoint
 
 # (timm's port, ours)
 PAIRS = [

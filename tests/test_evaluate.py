@@ -8,7 +8,6 @@ from __future__ import annotations
 import importlib.util
 import json
 import sys
-import warnings
 from pathlib import Path
 
 import pytest
@@ -23,8 +22,10 @@ from torchvision import transforms
 import vit_rope
 from vit_rope import evaluate, report
 from vit_rope.checkpoint import WeightsNotLoadedWarning
-from vit_rope.engine import load_checkpoint, save_checkpoint
+from vit_rope.config import UserError
+from vit_rope.eval_models import EvalModel, load_trained
 from vit_rope.policies import POLICIES
+from vit_rope.train_state import save_checkpoint
 
 ROPE = "vit_rope_tiny_patch16_mixed_224"
 CLASSES = ["class_0", "class_1", "class_2"]
@@ -110,26 +111,20 @@ def test_train_py_checkpoint(image_root: Path, tmp_path: Path) -> None:
     train = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(train)
     assert train.main(tiny_args(image_root, tmp_path / "run", "--epochs", "1", "model_ema=true")) == 0
-    results = evaluate.evaluate_models([evaluate.load_trained(tmp_path / "run" / "best.pth")], image_root, [32, 64],
+    results = evaluate.evaluate_models([load_trained(tmp_path / "run" / "best.pth")], image_root, [32, 64],
                                        ["yarn"], device="cpu", limit=3, batch_size=3, workers=0)
     assert [(r["policy"], r["img_size"], r["images"]) for r in results] == [("yarn", 32, 3), ("yarn", 64, 3)]
     assert all(r["top1"] in (0, 100 / 3, 200 / 3, 100) for r in results)
 
 
-def test_ema_weights_preferred(tmp_path: Path) -> None:
-    path = write_checkpoint(tmp_path / "ema.pth", ema_bias=7.0)
-    assert evaluate.load_trained(path).model.head.bias.tolist() == [7.0] * 3
-    assert evaluate.load_trained(path, use_ema=False).model.head.bias.tolist() != [7.0] * 3
-
-
 def test_classes_matched_by_name(checkpoint: Path) -> None:
     """Outputs are looked up by class name: a reordered checkpoint, or an ImageNet-1k model on a few synsets."""
-    model = evaluate.load_trained(checkpoint)
+    model = load_trained(checkpoint)
     model.classes = CLASSES[::-1]
     assert evaluate.label_map(model, CLASSES, Path("val")).tolist() == [2, 1, 0]
-    imagenet = evaluate.EvalModel("in1k", model.model, 224, ImageNetInfo().label_names())
+    imagenet = EvalModel("in1k", model.model, 224, ImageNetInfo().label_names())
     assert evaluate.label_map(imagenet, ["n01440764", "n01443537"], Path("val")).tolist() == [0, 1]
-    with pytest.raises(evaluate.UserError, match=r"has classes \['dog'\] that in1k was not trained on"):
+    with pytest.raises(UserError, match=r"has classes \['dog'\] that in1k was not trained on"):
         evaluate.label_map(imagenet, ["dog"], Path("val"))
 
 
@@ -189,37 +184,6 @@ def test_bad_input(case: str, message: str, image_root: Path, checkpoint: Path, 
         assert err.rstrip().endswith("for an axial RoPE checkpoint pick vit_rope_tiny_patch16_axial_224")
 
 
-def test_pretrained_file(tmp_path: Path) -> None:
-    """--pretrained-file weights load through timm's pretrained path; a given num_classes keeps the file's head."""
-    torch.manual_seed(0)
-    source = timm.create_model("vit_tiny_patch16_224", depth=1, num_classes=3, img_size=32)
-    torch.save(source.state_dict(), tmp_path / "vit.pth")
-    loaded = evaluate.load_pretrained("vit_tiny_patch16_224", str(tmp_path / "vit.pth"), 10, 32,
-                                      {"depth": 1, "num_classes": 3})
-    assert loaded.train_size == 32 and loaded.classes is None
-    assert all(torch.equal(value, loaded.model.state_dict()[key]) for key, value in source.state_dict().items())
-    with pytest.raises(evaluate.UserError, match="vit.pth does not fit vit_tiny_patch16_224"):
-        evaluate.load_pretrained("vit_tiny_patch16_224", str(tmp_path / "vit.pth"), 10, 32, {"depth": 2})
-
-
-def test_learned_frequencies_checked_for_pretrained_files(tmp_path: Path, capsys) -> None:
-    """A mixed model is evaluated with a mixed checkpoint, refused with an axial one; without a file (timing runs) it
-    keeps its random weights, as before."""
-    kwargs = {"depth": 2, "num_classes": 3}
-    mixed = save_source("mixed", tmp_path / "mixed.pth", num_classes=3)
-    with warnings.catch_warnings():
-        warnings.simplefilter("error", WeightsNotLoadedWarning)
-        loaded = evaluate.load_pretrained(ROPE, str(mixed), 3, 32, kwargs)
-    assert loaded.model.load_report.rope_freqs_loaded and loaded.model.load_report.initialised == {}
-    expected = torch.load(mixed, weights_only=True)["model"]["rope.1.freqs"]
-    assert torch.equal(loaded.model.rope[1].freqs, expected)
-    axial = save_source("axial", tmp_path / "axial.pth", num_classes=3)
-    with pytest.raises(evaluate.UserError, match=f"^{axial} has no learned RoPE frequencies for {ROPE}"):
-        evaluate.load_pretrained(ROPE, str(axial), 3, 32, kwargs)
-    assert not hasattr(evaluate.load_pretrained(ROPE, None, 3, 32, {"depth": 2}).model, "load_report")
-    assert capsys.readouterr().out == ""
-
-
 def test_evaluate_models_refuses_a_model_loaded_without_its_learned_frequencies(image_root: Path,
                                                                                  tmp_path: Path) -> None:
     """The Python API too: ``load_weights`` of an axial file into a mixed model, then ``evaluate_models``."""
@@ -227,31 +191,5 @@ def test_evaluate_models_refuses_a_model_loaded_without_its_learned_frequencies(
     axial = save_source("axial", tmp_path / "axial.pth", num_classes=3)
     with pytest.warns(WeightsNotLoadedWarning):
         vit_rope.load_weights(model, axial)
-    with pytest.raises(evaluate.UserError, match=f"^{axial} has no learned RoPE frequencies"):
-        evaluate.evaluate_models([evaluate.EvalModel("m", model, 32)], image_root, [32], device="cpu", workers=0)
-
-
-def test_plain_vit_into_axial_model_is_evaluated_with_a_warning(tmp_path: Path, capsys) -> None:
-    """No learned frequencies are missing, but the LayerScale that the file lacked is said."""
-    vit = save_source("plain_vit", tmp_path / "vit.pth", num_classes=3)
-    axial = "vit_rope_tiny_patch16_axial_224"
-    loaded = evaluate.load_pretrained(axial, str(vit), 3, 32, {"depth": 2, "num_classes": 3})
-    assert loaded.model.load_report.rope_freqs_loaded
-    assert capsys.readouterr().out.startswith(f"warning: {vit} lacks weights of {axial}, "
-                                              "which were initialised instead: LayerScale set to the identity")
-
-
-def test_checkpoint_of_a_run_seeded_from_pretrained_weights(tmp_path: Path) -> None:
-    """train.py can start a mixed model from a plain ViT (model_kwargs pretrained=true): its checkpoint holds the
-    trained frequencies, so evaluation accepts it, without the seed file (gone here) and without a warning."""
-    seed = save_source("plain_vit", tmp_path / "seed.pth")
-    path = write_checkpoint(tmp_path / "run.pth")
-    ckpt = load_checkpoint(path)
-    ckpt["model_kwargs"] = {**ckpt["model_kwargs"], "pretrained": True, "pretrained_cfg_overlay": {"file": str(seed)}}
-    save_checkpoint(ckpt, path)
-    seed.unlink()
-    with warnings.catch_warnings():
-        warnings.simplefilter("error", WeightsNotLoadedWarning)
-        loaded = evaluate.load_trained(path)
-    assert not hasattr(loaded.model, "load_report")
-    assert torch.equal(loaded.model.rope[0].freqs, ckpt["model"]["rope.0.freqs"])
+    with pytest.raises(UserError, match=f"^{axial} has no learned RoPE frequencies"):
+        evaluate.evaluate_models([EvalModel("m", model, 32)], image_root, [32], device="cpu", workers=0)

@@ -20,7 +20,7 @@ import torch
 from test_evaluate import write_checkpoint
 
 from vit_rope import export
-from vit_rope.evaluate import load_trained
+from vit_rope.eval_models import load_trained
 
 EXPORT_SIZE = (64, 64)
 SIZES = [(64, 64), (96, 48), (128, 80)]  # the export size, non-square, larger than the export in both sides

@@ -22,9 +22,9 @@ from timm.data.distributed_sampler import RepeatAugSampler
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, Subset
 
 from vit_rope.config import Config, UserError
-from vit_rope.engine import atomic_save
 from vit_rope.pipeline import BatchLoader, TensorStore, epoch_seed
 from vit_rope.sizes import SizeSchedule
+from vit_rope.train_state import atomic_save
 
 _log = logging.getLogger(__name__)
 REPO_ROOT = Path(__file__).resolve().parent.parent

@@ -23,7 +23,8 @@ from torch import Tensor, nn
 from . import registry  # noqa: F401  (registers the models)
 from .config import UserError
 from .data import ImageFolderDataset, find_images
-from .evaluate import eval_transform, load_pretrained, load_trained, parse_kwarg, subset
+from .eval_models import load_pretrained, load_trained
+from .evaluate import eval_transform, parse_kwarg, subset
 from .model import RoPEVisionTransformer
 
 

@@ -26,7 +26,8 @@ from torch import nn
 from torch.export import Dim, ExportedProgram
 
 from vit_rope.config import UserError
-from vit_rope.evaluate import load_pretrained, load_trained, parse_kwarg
+from vit_rope.eval_models import load_pretrained, load_trained
+from vit_rope.evaluate import parse_kwarg
 from vit_rope.policies import POLICIES
 
 ONNX_PACKAGES = ("onnx", "onnxscript", "onnxruntime")

@@ -1,0 +1,81 @@
+"""Models for evaluation (vit_rope.eval_models): train.py checkpoints rebuilt (EMA first), timm models with a local
+weights file, and the refusal of a mixed model whose learned frequencies were not in its file."""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+
+import pytest
+import timm
+import torch
+from test_checkpoint import save_source
+from test_evaluate import ROPE, write_checkpoint
+
+from vit_rope.checkpoint import WeightsNotLoadedWarning
+from vit_rope.config import UserError
+from vit_rope.eval_models import load_pretrained, load_trained
+from vit_rope.train_state import load_checkpoint, save_checkpoint
+
+
+def test_ema_weights_preferred(tmp_path: Path) -> None:
+    path = write_checkpoint(tmp_path / "ema.pth", ema_bias=7.0)
+    assert load_trained(path).model.head.bias.tolist() == [7.0] * 3
+    assert load_trained(path, use_ema=False).model.head.bias.tolist() != [7.0] * 3
+
+
+def test_pretrained_file(tmp_path: Path) -> None:
+    """--pretrained-file weights load through timm's pretrained path; a given num_classes keeps the file's head."""
+    torch.manual_seed(0)
+    source = timm.create_model("vit_tiny_patch16_224", depth=1, num_classes=3, img_size=32)
+    torch.save(source.state_dict(), tmp_path / "vit.pth")
+    loaded = load_pretrained("vit_tiny_patch16_224", str(tmp_path / "vit.pth"), 10, 32,
+                                      {"depth": 1, "num_classes": 3})
+    assert loaded.train_size == 32 and loaded.classes is None
+    assert all(torch.equal(value, loaded.model.state_dict()[key]) for key, value in source.state_dict().items())
+    with pytest.raises(UserError, match="vit.pth does not fit vit_tiny_patch16_224"):
+        load_pretrained("vit_tiny_patch16_224", str(tmp_path / "vit.pth"), 10, 32, {"depth": 2})
+
+
+def test_learned_frequencies_checked_for_pretrained_files(tmp_path: Path, capsys) -> None:
+    """A mixed model is evaluated with a mixed checkpoint, refused with an axial one; without a file (timing runs) it
+    keeps its random weights, as before."""
+    kwargs = {"depth": 2, "num_classes": 3}
+    mixed = save_source("mixed", tmp_path / "mixed.pth", num_classes=3)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", WeightsNotLoadedWarning)
+        loaded = load_pretrained(ROPE, str(mixed), 3, 32, kwargs)
+    assert loaded.model.load_report.rope_freqs_loaded and loaded.model.load_report.initialised == {}
+    expected = torch.load(mixed, weights_only=True)["model"]["rope.1.freqs"]
+    assert torch.equal(loaded.model.rope[1].freqs, expected)
+    axial = save_source("axial", tmp_path / "axial.pth", num_classes=3)
+    with pytest.raises(UserError, match=f"^{axial} has no learned RoPE frequencies for {ROPE}"):
+        load_pretrained(ROPE, str(axial), 3, 32, kwargs)
+    assert not hasattr(load_pretrained(ROPE, None, 3, 32, {"depth": 2}).model, "load_report")
+    assert capsys.readouterr().out == ""
+
+
+def test_plain_vit_into_axial_model_is_evaluated_with_a_warning(tmp_path: Path, capsys) -> None:
+    """No learned frequencies are missing, but the LayerScale that the file lacked is said."""
+    vit = save_source("plain_vit", tmp_path / "vit.pth", num_classes=3)
+    axial = "vit_rope_tiny_patch16_axial_224"
+    loaded = load_pretrained(axial, str(vit), 3, 32, {"depth": 2, "num_classes": 3})
+    assert loaded.model.load_report.rope_freqs_loaded
+    assert capsys.readouterr().out.startswith(f"warning: {vit} lacks weights of {axial}, "
+                                              "which were initialised instead: LayerScale set to the identity")
+
+
+def test_checkpoint_of_a_run_seeded_from_pretrained_weights(tmp_path: Path) -> None:
+    """train.py can start a mixed model from a plain ViT (model_kwargs pretrained=true): its checkpoint holds the
+    trained frequencies, so evaluation accepts it, without the seed file (gone here) and without a warning."""
+    seed = save_source("plain_vit", tmp_path / "seed.pth")
+    path = write_checkpoint(tmp_path / "run.pth")
+    ckpt = load_checkpoint(path)
+    ckpt["model_kwargs"] = {**ckpt["model_kwargs"], "pretrained": True, "pretrained_cfg_overlay": {"file": str(seed)}}
+    save_checkpoint(ckpt, path)
+    seed.unlink()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", WeightsNotLoadedWarning)
+        loaded = load_trained(path)
+    assert not hasattr(loaded.model, "load_report")
+    assert torch.equal(loaded.model.rope[0].freqs, ckpt["model"]["rope.0.freqs"])
