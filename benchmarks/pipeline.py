@@ -39,6 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import train  # noqa: E402  (after the path set-up, as the script runs from anywhere)
 from vit_rope import data, engine  # noqa: E402
 from vit_rope.config import build_config  # noqa: E402
+from vit_rope.report import table  # noqa: E402
 
 
 def stream(loader, seed: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
@@ -121,11 +122,9 @@ def main(argv: list[str] | None = None) -> int:
             for name, values in rates.items()]
     print(f"# {args.config} {' '.join(args.overrides)}: {cfg.model} at {cfg.img_size} px, batch {cfg.batch_size}, "
           f"{env.device}, {cores} cores; median of {args.rounds} interleaved rounds x {args.steps} steps")
-    print("| mode | threads | images/s | tokens/s | ratio to the step alone (tokens/s) |")
-    print("|---|---|---|---|---|")
-    for row in rows:
-        print(f"| {row['mode']} | {row['threads']} | {row['images_per_s']:.1f} | {row['tokens_per_s']:.0f} | "
-              f"{row['of_step']:.3f} |")
+    print(table(["mode", "threads", "images/s", "tokens/s", "ratio to the step alone (tokens/s)"],
+                [(r["mode"], r["threads"], f"{r['images_per_s']:.1f}", f"{r['tokens_per_s']:.0f}",
+                  f"{r['of_step']:.3f}") for r in rows]))
     if args.json:
         Path(args.json).write_text(json.dumps({"args": vars(args), "rows": rows}, indent=2) + "\n")
     return 0

@@ -45,6 +45,7 @@ from torch import Tensor
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from vit_rope import triton_rope  # noqa: E402
 from vit_rope.fused import rotate_qk  # noqa: E402  (after the path set-up, as the script runs from anywhere)
+from vit_rope.report import table  # noqa: E402
 from vit_rope.rope import RoPE2D, apply_rope, grid_positions  # noqa: E402
 
 
@@ -137,10 +138,8 @@ def main(argv: list[str] | None = None) -> int:
              "of_copy": medians["copy"] / medians[name]} for name in calls]
     print(f"# {device} {args.dtype} {args.kind}: qkv {list(qkv.shape)}, {torch.get_num_threads()} threads, "
           f"median of {args.rounds} interleaved rounds x {args.iters} calls")
-    print("| implementation | time (us) | GB/s (q, k read + written) | fraction of copy bandwidth |")
-    print("|---|---|---|---|")
-    for row in rows:
-        print(f"| {row['impl']} | {row['us']:.1f} | {row['gb_s']:.1f} | {row['of_copy']:.2f} |")
+    print(table(["implementation", "time (us)", "GB/s (q, k read + written)", "fraction of copy bandwidth"],
+                [(r["impl"], f"{r['us']:.1f}", f"{r['gb_s']:.1f}", f"{r['of_copy']:.2f}") for r in rows]))
     if args.json:
         Path(args.json).write_text(json.dumps({"args": vars(args), "rows": rows}, indent=2) + "\n")
     return 0

@@ -25,6 +25,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from vit_rope.report import table  # noqa: E402  (after the path set-up, as the script runs from anywhere)
+
 
 def memory_mib() -> dict[str, float]:
     """This process's RSS, PSS and PSS split into file-backed (the memory-mapped store) and anonymous memory, MiB."""
@@ -101,11 +103,10 @@ def main(argv: list[str] | None = None) -> int:
         rows.append({"processes": count, **{f"{key}_mib_sum": sum(r[key] for r in results) for key in results[0]},
                      "per_process": results})
     print(f"# {args.config} {' '.join(args.overrides)}: memory added by building the loaders and drawing one epoch")
-    print("| processes | RSS sum (MiB) | PSS sum (MiB): what the machine holds | of which file-backed | anonymous |")
-    print("|---|---|---|---|---|")
-    for row in rows:
-        print(f"| {row['processes']} | {row['rss_mib_sum']:.0f} | {row['pss_mib_sum']:.0f} | "
-              f"{row['pss_file_mib_sum']:.0f} | {row['pss_anon_mib_sum']:.0f} |")
+    print(table(["processes", "RSS sum (MiB)", "PSS sum (MiB): what the machine holds", "of which file-backed",
+                 "anonymous"],
+                [(r["processes"], *(f"{r[key]:.0f}" for key in ("rss_mib_sum", "pss_mib_sum", "pss_file_mib_sum",
+                                                                 "pss_anon_mib_sum"))) for r in rows]))
     if args.json:
         Path(args.json).write_text(json.dumps({"args": vars(args), "rows": rows}, indent=2) + "\n")
     return 0

@@ -138,14 +138,13 @@ def memory(model: nn.Module, step: Callable[[], torch.Tensor], device: torch.dev
 
 def table(rows: list[dict]) -> str:
     """Markdown table of a set of rows; ratios and memory relative to the first (baseline) model of each setting."""
-    head = "| model | size | mode | compiled | images/s | ratio to baseline | activation MiB | peak MiB |"
-    lines = [head, "|---|---|---|---|---|---|---|---|"]
-    for row in rows:
-        act, peak = row.get("activation_mib"), row.get("peak_mib")
-        lines.append(f"| {row['model']} | {row['img_size']} | {row['mode']} | {'yes' if row['compiled'] else 'no'} "
-                     f"| {row['images_per_s']:.1f} | {row['ratio']:.3f} | {'' if act is None else f'{act:.0f}'} "
-                     f"| {'' if peak is None else f'{peak:.0f}'} |")
-    return "\n".join(lines)
+    def mib(value: float | None) -> str:
+        return "" if value is None else f"{value:.0f}"
+
+    return report.table(
+        ["model", "size", "mode", "compiled", "images/s", "ratio to baseline", "activation MiB", "peak MiB"],
+        [(r["model"], r["img_size"], r["mode"], "yes" if r["compiled"] else "no", f"{r['images_per_s']:.1f}",
+          f"{r['ratio']:.3f}", mib(r.get("activation_mib")), mib(r.get("peak_mib"))) for r in rows])
 
 
 def main(argv: list[str] | None = None) -> int:

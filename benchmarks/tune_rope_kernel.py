@@ -160,12 +160,12 @@ def table(summary: list[dict[str, Any]]) -> str:
     def num(value: float | None, fmt: str) -> str:
         return "-" if value is None else format(value, fmt)
 
-    lines = ["| kind | size | pass | default (BLOCK_T, warps) us | best (BLOCK_T, warps) | best us | speedup | "
-             "best of copy GB/s |", "|---|---|---|---|---|---|---|---|"]
-    lines += [f"| {s['kind']} | {s['img_size']} | {s['pass']} | {tuple(s['default'])} {num(s['default_us'], '.1f')} | "
-              f"{tuple(s['best'])} | {s['best_us']:.1f} | {num(s['speedup'], '.2f')} | {s['best_of_copy']:.2f} |"
-              for s in summary]
-    return "\n".join(lines)
+    return report.table(
+        ["kind", "size", "pass", "default (BLOCK_T, warps) us", "best (BLOCK_T, warps)", "best us", "speedup",
+         "best of copy GB/s"],
+        [(s["kind"], s["img_size"], s["pass"], f"{tuple(s['default'])} {num(s['default_us'], '.1f')}",
+          tuple(s["best"]), f"{s['best_us']:.1f}", num(s["speedup"], ".2f"), f"{s['best_of_copy']:.2f}")
+         for s in summary])
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +24,12 @@ def _rows(results: Sequence[dict[str, Any]]) -> dict[tuple[str, str | None], dic
     return rows
 
 
+def table(header: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
+    """A Markdown table from a header and rows of cells, each cell already formatted (``str`` of anything else)."""
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join(["---"] * len(header)) + "|"]
+    return "\n".join(lines + ["| " + " | ".join(str(cell) for cell in row) + " |" for row in rows])
+
+
 def markdown_table(results: Sequence[dict[str, Any]], metric: str = "top1") -> str:
     """One row per model (x policy), one column per size; the training size is starred in the header and each
     row's value at its own training size is bold (models may differ in training size)."""
@@ -31,7 +37,7 @@ def markdown_table(results: Sequence[dict[str, Any]], metric: str = "top1") -> s
     sizes = sorted({result["img_size"] for result in results})
     train_sizes = {result["train_size"] for result in results}
     header = ["model", "policy"] + [f"{size}*" if size in train_sizes else str(size) for size in sizes]
-    lines = ["| " + " | ".join(header) + " |", "|" + "|".join(["---"] * len(header)) + "|"]
+    lines = []
     for (model, policy), by_size in _rows(results).items():
         cells = []
         for size in sizes:
@@ -40,8 +46,8 @@ def markdown_table(results: Sequence[dict[str, Any]], metric: str = "top1") -> s
             if result and f"{metric}_min" in result:  # merged seeds: mean ± half the range
                 text += f" ± {(result[f'{metric}_max'] - result[f'{metric}_min']) / 2:.1f}"
             cells.append(f"**{text}**" if result and size == result["train_size"] else text)
-        lines.append("| " + " | ".join([model, policy or "-", *cells]) + " |")
-    return "\n".join(lines)
+        lines.append([model, policy or "-", *cells])
+    return table(header, lines)
 
 
 def _draw(ax: Any, results: Sequence[dict[str, Any]], colors: dict[str, Any] | None = None) -> None:

@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from vit_rope.report import markdown_table, merge_seeds, plot, plot_panels
+from vit_rope.report import markdown_table, merge_seeds, plot, plot_panels, table
 
 STUDY_LABELS = {"ape": "APE (timm ViT)", "axial": "RoPE-Axial", "mixed": "RoPE-Mixed", "axial_ape": "RoPE-Axial + APE",
                 "mixed_ape": "RoPE-Mixed + APE"}  # v1's arms, whose runs.json predates the label field
@@ -49,18 +49,18 @@ def _spread(row: dict[str, Any]) -> str:
 
 def _training(results_dir: Path, runs: Sequence[dict[str, Any]]) -> str:
     """Per arm: final val top-1 at the training size (all val images) over seeds, and minutes per run."""
-    lines = ["| model | seeds | final val top-1 (%) | minutes per run |", "|---|---|---|---|"]
     by_model: dict[str, list[tuple[float, float]]] = {}
     for run in runs:
         with open(results_dir / "runs" / run["name"] / "metrics.csv") as f:
             rows = list(csv.DictReader(f))
         by_model.setdefault(_label(run), []).append((float(rows[-1]["top1"]),
                                                      sum(float(row["seconds"]) for row in rows) / 60))
+    lines = []
     for model, values in by_model.items():
         top1 = [value[0] for value in values]
-        lines.append(f"| {model} | {len(values)} | {sum(top1) / len(top1):.2f} ± {(max(top1) - min(top1)) / 2:.1f} "
-                     f"| {sum(value[1] for value in values) / len(values):.1f} |")
-    return "\n".join(lines)
+        lines.append([model, len(values), f"{sum(top1) / len(top1):.2f} ± {(max(top1) - min(top1)) / 2:.1f}",
+                      f"{sum(value[1] for value in values) / len(values):.1f}"])
+    return table(["model", "seeds", "final val top-1 (%)", "minutes per run"], lines)
 
 
 def _as_trained(merged: Sequence[dict[str, Any]]) -> dict[str, dict[int, dict[str, Any]]]:
@@ -75,15 +75,14 @@ def _as_trained(merged: Sequence[dict[str, Any]]) -> dict[str, dict[int, dict[st
 def _changes(merged: Sequence[dict[str, Any]]) -> str:
     """Per arm: top-1 change from the training size to the largest size, as trained and under the best policy."""
     largest = max(row["img_size"] for row in merged)
-    lines = [f"| model | top-1 at training size | at {largest}, as trained | at {largest}, best policy |",
-             "|---|---|---|---|"]
+    lines = []
     for model, by_size in _as_trained(merged).items():
         trained, plain = next(row for row in by_size.values() if row["img_size"] == row["train_size"]), by_size[largest]
         best = max((row for row in merged if row["model"] == model and row["img_size"] == largest),
                    key=lambda row: row["top1"])
-        lines.append(f"| {model} | {trained['top1']:.2f} | {plain['top1']:.2f} ({plain['top1'] - trained['top1']:+.1f})"
-                     f" | {best['top1']:.2f} ({best['top1'] - trained['top1']:+.1f}, {best['policy'] or '-'}) |")
-    return "\n".join(lines)
+        lines.append([model, f"{trained['top1']:.2f}", f"{plain['top1']:.2f} ({plain['top1'] - trained['top1']:+.1f})",
+                      f"{best['top1']:.2f} ({best['top1'] - trained['top1']:+.1f}, {best['policy'] or '-'})"])
+    return table(["model", "top-1 at training size", f"at {largest}, as trained", f"at {largest}, best policy"], lines)
 
 
 def _side(row: dict[str, Any], other: dict[str, Any]) -> str:
@@ -100,12 +99,11 @@ def _gap(row: dict[str, Any], other: dict[str, Any]) -> str:
 
 def _verdict(merged: Sequence[dict[str, Any]], runs: Sequence[dict[str, Any]]) -> str:
     """The goal of the module docstring, per RoPE arm that names its APE baseline, then the best arm per size."""
-    table, labels = _as_trained(merged), {run["model"]: _label(run) for run in runs}
+    as_trained, labels = _as_trained(merged), {run["model"]: _label(run) for run in runs}
     largest = max(row["img_size"] for row in merged)
-    lines = [f"| model | at training size | at 2x, as trained | at {largest}, as trained | minus APE of the same "
-             f"recipe at 2x | at {largest} | goal met |", "|---|---|---|---|---|---|---|"]
+    lines = []
     for arm, baseline in dict.fromkeys((run["model"], run.get("baseline")) for run in runs):
-        rows, ape = table.get(labels[arm], {}), table.get(labels.get(baseline, ""), {})
+        rows, ape = as_trained.get(labels[arm], {}), as_trained.get(labels.get(baseline, ""), {})
         trained = next((row for row in rows.values() if row["img_size"] == row["train_size"]), None)
         if baseline is None or trained is None or not ape:
             continue
@@ -117,17 +115,19 @@ def _verdict(merged: Sequence[dict[str, Any]], runs: Sequence[dict[str, Any]]) -
         cells = [labels[arm], _spread(trained), f"{_spread(double)} ({double['top1'] - trained['top1']:+.1f})",
                  f"{_spread(last)} ({last['top1'] - trained['top1']:+.1f})", *(_gap(*pair) for pair in pairs),
                  "yes" if met else "no"]
-        lines.append("| " + " | ".join(cells) + " |")
+        lines.append(cells)
     picks = []
     for size in sorted({row["img_size"] for row in merged}):
-        plain = sorted((rows[size] for rows in table.values() if size in rows), key=lambda row: -row["top1"])
+        plain = sorted((rows[size] for rows in as_trained.values() if size in rows), key=lambda row: -row["top1"])
         best = max((row for row in merged if row["img_size"] == size), key=lambda row: row["top1"])
         runner = f", then {plain[1]['model']} {_spread(plain[1])} (seed ranges {_side(plain[0], plain[1])})" \
             if len(plain) > 1 else ""
         picks.append(f"- **{size} px** ({size / plain[0]['train_size']:.2g}x): as trained {plain[0]['model']} "
                      f"{_spread(plain[0])}{runner}; with any policy {best['model']} [{best['policy'] or '-'}] "
                      f"{_spread(best)}.")
-    return "\n".join(lines) + "\n\nBest arm at each size (top-1 mean ± half the seed range):\n\n" + "\n".join(picks)
+    header = ["model", "at training size", "at 2x, as trained", f"at {largest}, as trained",
+              "minus APE of the same recipe at 2x", f"at {largest}", "goal met"]
+    return table(header, lines) + "\n\nBest arm at each size (top-1 mean ± half the seed range):\n\n" + "\n".join(picks)
 
 
 def _evaluations(results_dir: Path) -> tuple[str, list[dict[str, Any]]]:
