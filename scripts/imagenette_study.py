@@ -69,6 +69,11 @@ def finished(path: Path, epochs: int) -> bool:
     return path.exists() and load_checkpoint(path).get("epoch") == epochs
 
 
+def same_machine(one: dict, other: dict) -> bool:
+    """Whether two ``vit_rope.report.machine`` records describe the same hardware and software (dates aside)."""
+    return all(one.get(key) == other.get(key) for key in ("cpu", "cores", "gpu", "torch", "timm"))
+
+
 def evaluated(folder: Path, runs: list[dict]) -> bool:
     """Whether the ``results.json`` files under ``folder`` hold every one of ``runs`` (a new seed makes its arm
     evaluate again)."""
@@ -101,6 +106,8 @@ def main(argv: list[str] | None = None) -> int:
     results.mkdir(parents=True, exist_ok=True)
     study = json.loads((results / "runs.json").read_text()) if (results / "runs.json").exists() else []
     host = json.loads((results / "machine.json").read_text()) if (results / "machine.json").exists() else {}
+    here, machines = machine(), host.pop("machines", {})
+    home = {key: value for key, value in host.items() if key != "evaluate_s"} or here  # where the study began
     seconds = host.get("evaluate_s", {})
     seconds = seconds if isinstance(seconds, dict) else {"all arms": seconds}  # v1 evaluated every run at once
     commands = (results / "commands.sh").read_text().splitlines()[1:] if (results / "commands.sh").exists() else []
@@ -111,10 +118,12 @@ def main(argv: list[str] | None = None) -> int:
                     "config": config, "output": str(outputs / f"{arm}_s{seed}")} for seed in args.seeds]
         train = [["python", "train.py", "-c", config, "--output", entry["output"], f"seed={entry['seed']}"]
                  for entry in entries]
+        ran = False  # whether this machine trained or evaluated any of the arm
         for entry, command in zip(entries, train, strict=True):
             out = Path(entry["output"])
             if not finished(out / "last.pth", build_config(config, [f"seed={entry['seed']}"]).epochs):
                 run([*command, *([f"resume={out / 'last.pth'}"] if (out / "last.pth").exists() else [])])
+                ran = True
             (results / "runs" / entry["name"]).mkdir(parents=True, exist_ok=True)
             for file in ("config.yaml", "metrics.csv"):
                 shutil.copy(out / file, results / "runs" / entry["name"] / file)
@@ -122,12 +131,17 @@ def main(argv: list[str] | None = None) -> int:
                     "--img-sizes", *map(str, args.img_sizes), "--policy", *POLICIES, "--limit", str(args.limit),
                     "--workers", "0", "--output", str(results / "eval" / arm)]  # both cores compute
         if not evaluated(results / "eval", entries):
-            seconds[arm] = round(run(evaluate))
+            seconds[arm], ran = round(run(evaluate)), True
+        if ran:
+            machines.pop(arm, None)
+            if not same_machine(here, home):
+                machines[arm] = here
         study = [entry for entry in study if entry["name"] not in {e["name"] for e in entries}] + entries
         commands = [line for line in commands if f" {config} " not in line and not line.endswith(f"/eval/{arm}")]
         commands += [shlex.join(command) for command in [*train, evaluate]]
         (results / "runs.json").write_text(json.dumps(study, indent=2) + "\n")
-        (results / "machine.json").write_text(json.dumps({**machine(), "evaluate_s": seconds}, indent=2) + "\n")
+        (results / "machine.json").write_text(json.dumps(
+            {**home, "evaluate_s": seconds, **({"machines": machines} if machines else {})}, indent=2) + "\n")
         (results / "commands.sh").write_text("# the study's commands, as scripts/imagenette_study.py runs them\n"
                                              + "\n".join(commands) + "\n")
         print(write_study(results, Path(args.readme)))

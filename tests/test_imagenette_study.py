@@ -80,3 +80,22 @@ def test_unknown_arm_is_named(script, tmp_path, capsys):
         invoke(script, tmp_path, "--arms", "mixed_p16")
     assert exit_info.value.code == 2
     assert "no arm mixed_p16; its arms are mixed, ape" in capsys.readouterr().err
+
+
+def test_arms_resumed_on_another_machine_are_recorded_and_reported_with_it(script, tmp_path, monkeypatch):
+    def host(cpu: str) -> dict:
+        return {"cpu": cpu, "cores": 2, "gpu": None, "python": "3", "torch": "2", "timm": "1", "date": "today"}
+
+    monkeypatch.setattr(script, "machine", lambda: host("first cpu"))
+    invoke(script, tmp_path, "--arms", "ape", "mixed")
+    monkeypatch.setattr(script, "machine", lambda: host("second cpu"))
+    invoke(script, tmp_path, "--arms", "ape", "mixed", "axial")  # ape and mixed are done: only axial runs here
+    recorded = json.loads((tmp_path / "results" / "machine.json").read_text())
+    assert recorded["cpu"] == "first cpu" and recorded["machines"] == {"axial": host("second cpu")}
+    assert set(recorded["evaluate_s"]) == {"ape", "mixed", "axial"}
+    line = next(line for line in (tmp_path / "README.md").read_text().splitlines() if "training runs" in line)
+    assert "on first cpu (2 cores), torch 2, timm 1, today; RoPE-Axial on second cpu (2 cores)" in line
+
+    monkeypatch.setattr(script, "machine", lambda: host("first cpu"))
+    invoke(script, tmp_path, "--arms", "axial", "--seeds", "0", "1", "2")  # axial runs again on the first machine
+    assert "machines" not in json.loads((tmp_path / "results" / "machine.json").read_text())

@@ -5,7 +5,9 @@ A study folder holds what the runs left, and the report is rebuilt from those fi
 - ``runs.json``: one entry per training run: ``name``, ``model`` (the arm), ``seed``, ``output``, and optionally
   ``label`` (the arm's name in tables) and ``baseline`` (the arm of the APE model trained with the same recipe);
 - ``eval/**/results.json``: ``vit_rope.evaluate`` output, one file for all runs or one per arm;
-- ``runs/<name>/metrics.csv``, ``machine.json`` and ``commands.sh``.
+- ``runs/<name>/metrics.csv``, ``machine.json`` and ``commands.sh``. ``machine.json`` is ``vit_rope.report.machine``
+  of the study's machine, ``evaluate_s`` (seconds, per arm or in all) and, for arms run on another machine (a study
+  resumed elsewhere), ``machines``: arm -> that machine, so minutes per run are read against the right one.
 
 The verdict applies the goal of RoPE-ViT (Heo et al., ECCV 2024), whose RoPE-Mixed loses 1.8 points from 224 to
 512 px while APE loses 5.0: RoPE with positions as trained stays within 1 point of its training-size accuracy at
@@ -130,6 +132,11 @@ def _verdict(merged: Sequence[dict[str, Any]], runs: Sequence[dict[str, Any]]) -
     return table(header, lines) + "\n\nBest arm at each size (top-1 mean ± half the seed range):\n\n" + "\n".join(picks)
 
 
+def _host(machine: dict[str, Any]) -> str:
+    cores = f"{machine['cores']} cores" + (f", {machine['gpu']}" if machine["gpu"] else "")
+    return f"{machine['cpu'] or 'CPU'} ({cores}), torch {machine['torch']}, timm {machine['timm']}"
+
+
 def _evaluations(results_dir: Path) -> tuple[str, list[dict[str, Any]]]:
     """The protocol and rows of every ``results.json`` under ``eval/``; they must share one protocol."""
     files = sorted((results_dir / "eval").rglob("results.json"))
@@ -156,9 +163,10 @@ def write_study(results_dir: Path, readme: Path | None = None) -> str:
     as_trained = [row for row in merged if row["policy"] in (None, "extrapolate")]
     policies = [row for row in merged if row["policy"] is not None]
     plot(as_trained, results_dir / "summary_as_trained.png", "Positions as trained (mean and range over seeds)")
-    plot_panels({policy: [row for row in policies if row["policy"] == policy]
-                 for policy in dict.fromkeys(row["policy"] for row in policies)},
-                results_dir / "summary_policies.png", "RoPE models under each resolution policy (mean, seed range)")
+    if policies:  # none while only APE arms are evaluated
+        plot_panels({policy: [row for row in policies if row["policy"] == policy]
+                     for policy in dict.fromkeys(row["policy"] for row in policies)},
+                    results_dir / "summary_policies.png", "RoPE models under each resolution policy (mean, seed range)")
     seeds = sorted({run["seed"] for run in runs})
     arms = len({run["model"] for run in runs})
     seconds = machine["evaluate_s"] if isinstance(machine["evaluate_s"], int | float) else sum(
@@ -166,15 +174,18 @@ def write_study(results_dir: Path, readme: Path | None = None) -> str:
     note = ("top-1 (%) on Imagenette val, mean ± half the range over seeds " + ", ".join(map(str, seeds))
             + "; `*` training size. " + protocol + ".")
     where = results_dir.as_posix()
+    labels = {run["model"]: _label(run) for run in runs}
+    elsewhere = {}  # the other machines -> the labels of the arms run on each
+    for arm, other in machine.get("machines", {}).items():
+        elsewhere.setdefault(_host(other), []).append(labels.get(arm, arm))
+    others = "".join(f"; {', '.join(arms_there)} on {host}" for host, arms_there in elsewhere.items())
     parts = [
-        f"{len(runs)} training runs ({arms} models x {len(seeds)} seeds) on "
-        f"{machine['cpu'] or 'CPU'} ({machine['cores']} cores{', ' + machine['gpu'] if machine['gpu'] else ''}), "
-        f"torch {machine['torch']}, timm {machine['timm']}, {machine['date']}; evaluation took "
-        f"{seconds / 60:.0f} min. Commands: `{where}/commands.sh`.",
+        f"{len(runs)} training runs ({arms} models x {len(seeds)} seeds) on {_host(machine)}, {machine['date']}"
+        f"{others}; evaluation took {seconds / 60:.0f} min. Commands: `{where}/commands.sh`.",
         "**Training** (final epoch, all val images at the training size):\n\n" + _training(results_dir, runs),
         f"**Positions as trained** (`extrapolate`; APE resampled bicubically). {note}\n\n"
         + markdown_table(as_trained),
-        "**Every resolution policy** (RoPE models):\n\n" + markdown_table(policies),
+        *(["**Every resolution policy** (RoPE models):\n\n" + markdown_table(policies)] if policies else []),
         "**From the training size to the largest size:**\n\n" + _changes(merged),
     ]
     if any(run.get("baseline") for run in runs):
@@ -182,7 +193,8 @@ def write_study(results_dir: Path, readme: Path | None = None) -> str:
                      "training-size top-1 at 2x, and above the APE model of the same recipe at 2x and at the largest "
                      "size with every seed (seed ranges apart). `apart`: every seed of the RoPE arm above every seed "
                      "of its APE; `below`: every one under; `overlap`: neither.\n\n" + _verdict(merged, runs))
-    parts.append(f"![as trained]({where}/summary_as_trained.png)\n![policies]({where}/summary_policies.png)")
+    parts.append(f"![as trained]({where}/summary_as_trained.png)"
+                 + (f"\n![policies]({where}/summary_policies.png)" if policies else ""))
     section = "\n\n".join(parts)
     (results_dir / "summary.md").write_text("# Resolution extrapolation on Imagenette\n\n" + section + "\n")
     if readme is not None:
