@@ -9,7 +9,7 @@ import pytest
 import torch
 from timm.data import resolve_data_config
 
-from vit_rope import data
+from vit_rope import data, decoded
 from vit_rope.config import UserError, build_config
 from vit_rope.pipeline import BatchLoader
 
@@ -44,13 +44,6 @@ def test_empty_train_folder_is_a_user_error(tmp_path: Path) -> None:
         data.find_images(tmp_path / "train")
 
 
-def test_grayscale_and_cmyk_images_come_out_rgb(image_root: Path) -> None:
-    for name in ("class_0/0.jpg", "class_1/0.jpg"):
-        image = data.decode_image(str(image_root / "train" / name))
-        assert image.mode == "RGB" and image.size == (40, 40)
-    assert data.decode_image(str(image_root / "train" / "class_0" / "0.jpg"), short_side=20).size == (20, 20)
-
-
 def _loaders(root: Path, *overrides: str):
     cfg = build_config(None, ["img_size=32", "batch_size=4", "workers=0", *overrides])
     train, classes = data.find_images(root / "train")
@@ -68,12 +61,6 @@ def test_decoded_cache_gives_the_same_validation_batches_and_is_reused_from_disk
     assert len(files) == 2  # train and val
     _, again = _loaders(image_root, "decoded_cache=true", f"cache_dir={tmp_path / 'cache'}", "cache_size=64")
     assert torch.equal(next(iter(again))[0], next(iter(cached))[0])
-
-
-def test_cache_shrinks_large_images_to_the_short_side(image_root: Path) -> None:
-    paths = [str(p) for p in sorted((image_root / "val" / "class_0").iterdir())]
-    images = data.DecodedImages.build(paths, short_side=16, workers=0)
-    assert images.image(0).size == (16, 16) and images.data.dtype == torch.uint8
 
 
 @pytest.mark.parametrize("cached", [False, True])
@@ -164,7 +151,7 @@ def test_tensor_loaders_read_the_store_only_and_never_decode_again(image_root: P
     def no_decoding(*args, **kwargs):
         raise AssertionError("an image was decoded again")
 
-    monkeypatch.setattr(data, "decode_image", no_decoding)
+    monkeypatch.setattr(decoded, "decode_image", no_decoding)
     train_loader, val_loader = _loaders(image_root, *BATCHED, cache, "cache_size=40")  # the cache file, memory-mapped
     for epoch in (0, 1):
         data.set_epoch(train_loader, epoch, seed=0, rank=0)

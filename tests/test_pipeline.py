@@ -139,9 +139,9 @@ def test_the_loader_reads_only_the_store_never_a_file(monkeypatch: pytest.Monkey
     def refuse(*args, **kwargs):
         raise AssertionError("an image was decoded again")
 
-    import vit_rope.data
+    import vit_rope.decoded
 
-    monkeypatch.setattr(vit_rope.data, "decode_image", refuse)
+    monkeypatch.setattr(vit_rope.decoded, "decode_image", refuse)
     monkeypatch.setattr(Image, "open", refuse)
     store, _ = make_store(unreadable=(7,))
     assert len(epoch(loader(store))) == 10 and len(epoch(loader(store, train=False))) == 10

@@ -32,7 +32,7 @@ def epoch_seed(seed: int, epoch: int, rank: int) -> int:
 
 
 class TensorStore:
-    """Decoded images in one flat uint8 tensor (HWC per image, as ``vit_rope.data.DecodedImages``) with targets.
+    """Decoded images in one flat uint8 tensor (HWC per image, as ``vit_rope.decoded.DecodedImages``) with targets.
 
     Args:
         data: flat uint8, may be memory-mapped (``torch.load(mmap=True)``): it is never copied as a whole.
@@ -56,7 +56,7 @@ class TensorStore:
 
     @classmethod
     def from_decoded(cls, images: Any, targets: Tensor | Sequence[int]) -> TensorStore:
-        """A store sharing the tensors of a ``vit_rope.data.DecodedImages`` (no copy)."""
+        """A store sharing the tensors of a ``vit_rope.decoded.DecodedImages`` (no copy)."""
         return cls(images.data, images.offsets, images.shapes, targets)
 
     def __len__(self) -> int:
