@@ -22,8 +22,11 @@ implementation rotates its q and k (patch tokens; the class token is left as it 
 - ``build_tables``: not a rotation but the ``(cos, sin)`` tables themselves, built from the grid as the model does on
   every forward (positions, resolution policy, angles, prefix row): the price of keeping no table cache.
 
-Rounds interleave the implementations; each figure is the median over rounds. Bandwidth counts reading and writing
-q and k once (the least any implementation must move), so "of copy" is the fraction of the copy's bandwidth.
+Rounds interleave the implementations; each figure is the median over rounds. On CUDA a round times each call with
+``triton.testing.do_bench`` (CUDA events, L2 flushed before every call, launches queued behind the flush): a ViT-S
+q and k at batch 128 fit the H100's 50 MB L2, and back-to-back calls on one buffer would measure the cache, not
+memory. On CPU a round is ``--iters`` calls on the host clock. Bandwidth counts reading and writing q and k once (the
+least any implementation must move), so "of copy" is the fraction of the copy's bandwidth.
 """
 
 from __future__ import annotations
@@ -93,6 +96,22 @@ def implementations(qkv: Tensor, cos: Tensor, sin: Tensor) -> dict[str, Callable
     return calls
 
 
+def timer(device: torch.device, iters: int) -> Callable[[Callable[[], object]], float]:
+    """Seconds per call: CUDA events around each call with a cold L2 (do_bench) on CUDA, the host clock on CPU."""
+    if device.type == "cuda":
+        from triton.testing import do_bench  # CUDA builds of torch bring triton
+
+        return lambda fn: do_bench(fn, warmup=5, rep=20, return_mode="median") / 1e3
+
+    def host(fn: Callable[[], object]) -> float:
+        start = time.perf_counter()
+        for _ in range(iters):
+            fn()
+        return (time.perf_counter() - start) / iters
+
+    return host
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -103,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--num-heads", type=int, default=6)
     parser.add_argument("--head-dim", type=int, default=64)
     parser.add_argument("--rounds", type=int, default=15)
-    parser.add_argument("--iters", type=int, default=20, help="calls per implementation per round")
+    parser.add_argument("--iters", type=int, default=20, help="calls per implementation per round (CPU)")
     parser.add_argument("--json", help="also write the figures to this file")
     args = parser.parse_args(argv)
     device, dtype = torch.device(args.device), getattr(torch, args.dtype)
@@ -116,28 +135,21 @@ def main(argv: list[str] | None = None) -> int:
     calls = implementations(qkv, cos, sin)
     calls["build_tables"] = lambda: rope(rope.grid_positions(side, side, device), 1, (side, side))
 
-    def sync() -> None:
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-
+    seconds = timer(device, args.iters)
     times: dict[str, list[float]] = {name: [] for name in calls}
     with torch.no_grad():
         for call in calls.values():  # warm-up
             call()
         for _ in range(args.rounds):
             for name in random.sample(list(calls), len(calls)):
-                sync()
-                start = time.perf_counter()
-                for _ in range(args.iters):
-                    calls[name]()
-                sync()
-                times[name].append((time.perf_counter() - start) / args.iters)
+                times[name].append(seconds(calls[name]))
     moved = 2 * 2 * B * N * nh * D * qkv.element_size()  # read + write of q and k
     medians = {name: statistics.median(values) for name, values in times.items()}
     rows = [{"impl": name, "us": medians[name] * 1e6, "gb_s": moved / medians[name] / 1e9,
              "of_copy": medians["copy"] / medians[name]} for name in calls]
     print(f"# {device} {args.dtype} {args.kind}: qkv {list(qkv.shape)}, {torch.get_num_threads()} threads, "
-          f"median of {args.rounds} interleaved rounds x {args.iters} calls")
+          f"median of {args.rounds} interleaved rounds"
+          + (" (do_bench, L2 flushed)" if device.type == "cuda" else f" x {args.iters} calls"))
     print(table(["implementation", "time (us)", "GB/s (q, k read + written)", "fraction of copy bandwidth"],
                 [(r["impl"], f"{r['us']:.1f}", f"{r['gb_s']:.1f}", f"{r['of_copy']:.2f}") for r in rows]))
     if args.json:

@@ -81,8 +81,14 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize()
 
 
-def benchmark(args: argparse.Namespace) -> list[dict]:
-    """Every (size, mode, compiled) setting: all models interleaved over ``args.rounds`` rounds."""
+def benchmark(args: argparse.Namespace, save: Callable[[list[dict]], None] | None = None) -> list[dict]:
+    """Every (size, mode, compiled) setting: all models interleaved over ``args.rounds`` rounds.
+
+    ``save`` gets the rows after each setting, so a run stopped by a time limit keeps the settings it finished.
+    Compiled settings start from a reset dynamo cache with static shapes: the ViTs share one ``forward`` code
+    object, so settings compiled in one process would otherwise meet dynamo's recompile limit (falling back to eager
+    unseen) and, at a second size, compile dynamic-shape graphs.
+    """
     device = torch.device(args.device)
     names = args.models or FAMILIES[args.family]
     rows = []
@@ -90,12 +96,13 @@ def benchmark(args: argparse.Namespace) -> list[dict]:
         images = torch.randn(args.batch_size, 3, size, size, device=device)
         for compiled in {"eager": [False], "compiled": [True], "both": [False, True]}[args.compile]:
             for mode in args.modes:
+                torch._dynamo.reset()
                 torch.manual_seed(0)
                 models = {name: timm.create_model(name, img_size=size, num_classes=1000).to(device) for name in names}
                 steps = {}
                 for name, model in models.items():
                     model.train(mode == "train")
-                    runner = torch.compile(model) if compiled else model
+                    runner = torch.compile(model, dynamic=False) if compiled else model
                     steps[name] = make_step(runner, images, mode, args.amp)
                     for _ in range(args.warmup):
                         run_step(steps[name], model, mode)
@@ -119,6 +126,8 @@ def benchmark(args: argparse.Namespace) -> list[dict]:
                     rows.append(row)
                 print(table([r for r in rows if (r["img_size"], r["mode"], r["compiled"]) == (size, mode, compiled)]),
                       flush=True)
+                if save is not None:
+                    save(rows)
                 del models, steps
     return rows
 
@@ -168,10 +177,15 @@ def main(argv: list[str] | None = None) -> int:
     machine = {**report.machine(), "threads": torch.get_num_threads(), "batch_size": args.batch_size,
                "amp": args.amp, "rounds": args.rounds, "steps": args.steps, "command": " ".join(sys.argv)}
     print(f"# {machine}", flush=True)
-    rows = benchmark(args)
+
+    def save(rows: list[dict], complete: bool = False) -> None:
+        if args.json:
+            Path(args.json).write_text(json.dumps({"machine": machine, "complete": complete, "rows": rows}, indent=2)
+                                       + "\n")
+
+    rows = benchmark(args, save)
     print("\n" + table(rows))
-    if args.json:
-        Path(args.json).write_text(json.dumps({"machine": machine, "rows": rows}, indent=2) + "\n")
+    save(rows, complete=True)
     return 0
 
 

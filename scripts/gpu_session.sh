@@ -26,7 +26,10 @@
 # results.md, run.json. Checkpoints (~260 MB) stay on the machine, kept only while warm (30 s after a call).
 #
 # Prepare once, here: bash scripts/gpu_prepare.sh. Then device `run` calls, each with carry [".whl", ".data"]
-# (~53 MB), timeout_s 600, back to back (a fresh machine costs 1-2 min, without output/). One session, one issue.
+# (~53 MB; [".whl"] alone where no step reads data: tests, kernel, tune, bench-*), timeout_s 600, back to back (a
+# fresh machine costs 1-2 min, without output/ and its checkpoints: a train call then starts at epoch 0). Where
+# status's budget_left_s is under 620 s, prefix the command with GPU_SESSION_BUDGET=<budget_left_s - 40>: a command
+# the device stops kills this script before its summary and the packing of $OUT. One session, one issue.
 # Issue 15 (~27 min with the start; estimates, not yet measured):
 #   1. bash scripts/gpu_session.sh tests kernel tune                                ~5 min (+1-2 min machine start)
 #      fix what fails before going on
@@ -129,10 +132,12 @@ setup() {
             echo "$want" >/tmp/vit_rope_wheels.stamp
         fi
     else
-        log "warning: no .whl/*.whl (carry [\".whl\", \".data\"]; bash scripts/gpu_prepare.sh makes them): the" \
-            "machine's own timm is used"
+        log "error: no .whl/*.whl (bash scripts/gpu_prepare.sh makes them; carry [\".whl\", \".data\"])"
+        exit 1
     fi
     export PYTHONPATH=$REPO:/tmp/site
+    local err  # vit_rope's own ImportError names an old timm and the fix
+    if ! err=$("$PY" -c "import vit_rope" 2>&1); then log "error: import vit_rope failed: ${err##*$'\n'}"; exit 1; fi
     "${TOOLS[@]}" env "bash scripts/gpu_session.sh $*" >"$OUT/env.txt" 2>&1
     cat "$OUT/env.txt" >>"$LOG"
     grep -E '^(torch|triton|timm|machine|pillow)' "$OUT/env.txt"
@@ -146,7 +151,8 @@ need_data() {
         return 1
     fi
     log "unpacking $DATA_TGZ into $DATA_ROOT"
-    rm -rf "$DATA_DIR" && mkdir -p "$DATA_ROOT" && tar -xzf "$DATA_TGZ" -C "$DATA_ROOT" && touch "$DATA_DIR/.unpacked"
+    rm -rf "$DATA_DIR" && mkdir -p "$DATA_ROOT" && tar -xzf "$DATA_TGZ" -C "$DATA_ROOT" && touch "$DATA_DIR/.unpacked" \
+        || { log "error: unpacking $DATA_TGZ into $DATA_ROOT failed"; return 1; }
     log "data: $(find "$DATA_DIR/train" -type f | wc -l) train / $(find "$DATA_DIR/val" -type f | wc -l) val images"
 }
 

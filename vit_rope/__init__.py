@@ -3,7 +3,7 @@
 Importing the package registers the ``vit_rope_*`` models with timm.
 """
 
-from . import registry  # noqa: F401  (registers the models with timm)
+from . import _requires, registry  # noqa: F401  (checks timm's version, then registers the models with timm)
 from .checkpoint import LoadReport, WeightsNotLoadedWarning, convert_state_dict, load_weights
 from .fused import rotate_qk
 from .model import RoPEVisionTransformer

@@ -100,8 +100,11 @@ def load_pretrained(name: str, weights: str | None, num_classes: int, train_size
         kwargs["img_size"] = train_size
     if weights is None:
         kwargs.setdefault("num_classes", num_classes)
-    overlay = {"file": weights, **({"num_classes": kwargs["num_classes"]} if "num_classes" in kwargs else {})}
-    try:  # the overlay's num_classes keeps a head of that size, which timm would otherwise drop
+    # custom_load=False: the file is a state dict, also for models whose registry weights are JAX .npz files (timm
+    # before 1.0.31 kept their npz loader for a local file); num_classes keeps a head of that size, which timm drops
+    overlay = {"file": weights, "custom_load": False,
+               **({"num_classes": kwargs["num_classes"]} if "num_classes" in kwargs else {})}
+    try:
         with torch.random.fork_rng(devices=[]), warnings.catch_warnings():  # seeded: random weights (no file) repeat
             torch.manual_seed(0)
             warnings.simplefilter("ignore", WeightsNotLoadedWarning)  # model.load_report is checked below instead

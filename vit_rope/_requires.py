@@ -1,0 +1,26 @@
+"""The oldest timm vit_rope runs on, checked at import so that an older one fails with the fix, not deep in a forward.
+
+``attention.py`` reuses timm's ``Attention`` (its ``gate`` and ``attn_dim``, timm 1.0.28) and its mask helpers
+(``maybe_add_mask``, ``resolve_self_attn_mask``, timm 1.0.26). An environment that bypasses pip's check (a
+``PYTHONPATH`` next to an older system timm, as on a lent GPU machine) would otherwise fail only in the first forward.
+"""
+
+from __future__ import annotations
+
+import re
+
+import timm
+
+TIMM_MIN = (1, 0, 28)
+
+
+def check_timm(version: str) -> None:
+    """Raise ImportError, naming the version found and the fix, when ``version`` is older than ``TIMM_MIN``."""
+    found = tuple(int(part) for part in re.findall(r"\d+", version)[:3])
+    if found < TIMM_MIN:
+        need = ".".join(map(str, TIMM_MIN))
+        raise ImportError(f"vit_rope needs timm >= {need}, found timm {version}: pip install 'timm>={need}' "
+                          "(offline: pip install a timm wheel brought along)")
+
+
+check_timm(timm.__version__)
