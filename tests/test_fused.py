@@ -4,6 +4,8 @@ in-place inference path, and the model paths that use each (eager attention, tor
 Both backends are held to the reference: PyTorch, and the Triton kernels (``vit_rope.triton_rope``), which run
 compiled on CUDA and through Triton's interpreter on CPU."""
 
+import re
+
 import pytest
 import timm
 import torch
@@ -242,17 +244,54 @@ def test_compile_has_no_graph_break_and_recompiles_at_most_once_per_size(kind):
 
 @pytest.mark.skipif(not triton_rope.AVAILABLE, reason="triton is not installed")
 @pytest.mark.parametrize("dtype", ["fp32", "bf16"])
-def test_triton_kernel_compiles_for_hopper_in_every_variant(dtype):
-    """The interpreter runs the kernel's Python; this compiles it to a cubin for sm_90 (H100/H200), as a GPU would,
-    which catches what only the compiler checks (layouts, types of the split/join tiles), on machines without one."""
+def test_triton_kernel_compiles_for_hopper_with_16_byte_accesses(dtype):
+    """The interpreter runs the kernel's Python; this compiles it to sm_90 (H100/H200), as a GPU would, which catches
+    what only the compiler checks (layouts, types of the split/join tiles), on machines without one.
+
+    Compiled as the JIT specialises a ViT-S call (head_dim 64; pointers and strides divisible by 16, the table's last
+    stride 1, shared over the batch), every global load and store of the PTX is 16 bytes wide: the rotation is
+    memory-bound, and a kernel addressing channel pairs one by one gets 4-byte accesses in bf16."""
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource, compile
 
     kernel = triton_rope._rotate_kernel
+    names = kernel.arg_names
     pointers = dict(src=dtype, dst=dtype, out=dtype, grad_cos="fp32", grad_sin="fp32", cos="fp32", sin="fp32")
-    signature = {name: f"*{pointers[name]}" if name in pointers else "i32" for name in kernel.arg_names}
+    aligned = set(pointers) | {f"{t}_{s}" for t in "sdo" for s in ("b", "n", "3", "h")} | {"t_n", "t_h"}
+    attrs = {(names.index(name),): [["tt.divisibility", 16]] for name in aligned}
     variants = [(False, False, False), (False, True, False), (True, True, False), (True, True, True)]
     for conj, copy_v, table_grad in variants:  # inference in place, training forward, backward (table gradient)
-        constexprs = dict(HALF=32, BLOCK_T=32, BLOCK_J=32, CONJ=conj, COPY_V=copy_v, TABLE_GRAD=table_grad)
-        source = ASTSource(kernel, signature | dict.fromkeys(constexprs, "constexpr"), constexprs=constexprs)
-        assert compile(source, target=GPUTarget("cuda", 90, 32)).asm["cubin"]
+        constexprs = dict(HALF=32, BLOCK_T=32, BLOCK_J=32, CONJ=conj, COPY_V=copy_v, TABLE_GRAD=table_grad,
+                          t_b=0, t_j=1)
+        signature = {name: "constexpr" if name in constexprs else f"*{pointers[name]}" if name in pointers else "i32"
+                     for name in names}
+        compiled = compile(ASTSource(kernel, signature, constexprs=constexprs, attrs=attrs),
+                           target=GPUTarget("cuda", 90, 32))
+        assert compiled.asm["cubin"]
+        accesses = re.findall(r"\b(?:ld|st)\.global(?:\.[a-z0-9]+)*", compiled.asm["ptx"])
+        assert accesses and all(".v4.b32" in access for access in accesses), sorted(set(accesses))
+
+
+@pytest.mark.skipif(not triton_rope.AVAILABLE, reason="triton is not installed")
+@pytest.mark.parametrize("head_dim", [12, 40])
+def test_triton_masks_the_padding_of_a_head_dim_off_a_power_of_two(head_dim):
+    """The kernel reads a head's channels as one tile padded to a power of two (6 pairs -> 8, 20 -> 32): the padding
+    is masked, so the rotation, v and both gradients equal the PyTorch path, and the in-place rotation touches nothing
+    past the head."""
+    torch.manual_seed(0)
+    freqs = RoPE2D(head_dim, NH, "mixed").freqs.detach()
+    positions = torch.randn(N, 2) * 4
+    lin = torch.randn(B, N + 1, 3, NH, head_dim)
+    weight = torch.randn(B, N + 1, 3, NH, head_dim)
+    results = []
+    for backend in ("torch", "triton"):
+        x, f = lin.clone().requires_grad_(), freqs.clone().requires_grad_()
+        cos, sin = rope_tables(rope_angles(positions, f), 1, 1.3)
+        out = rotate_qk(x * 1, cos, sin, backend)
+        (out * weight).sum().backward()
+        with torch.no_grad():
+            in_place = rotate_qk(lin.clone(), cos, sin, backend)
+        results.append((out, x.grad, f.grad, in_place))
+    for triton_result, torch_result in zip(results[1], results[0], strict=True):  # gradients: sums in another order
+        scale = torch_result.abs().max()
+        torch.testing.assert_close(triton_result / scale, torch_result / scale, atol=1e-5, rtol=1e-5)

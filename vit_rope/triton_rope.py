@@ -5,6 +5,8 @@ channel pair is a complex number ``x0 + i x1`` multiplied by ``t = cos + i sin``
 
 - one launch per layer and pass, where eager PyTorch needs a cast, a complex product and a copy of v;
 - the table tile is loaded once per (tokens, head) program and used for q and k (and for both gradients);
+- a head's channels are read and written as one contiguous tile and split into pairs in registers, so every global
+  access is 16 bytes wide (pair by pair they would be 4 bytes in bf16); tests check this on the sm_90 PTX;
 - tables of any sharing, ``[H, N, D/2]`` or ``[B, H, N, D/2]`` with ``H`` = 1 (axial) or nh (mixed), are read through
   strides (0 where shared), never expanded in memory;
 - backward writes ``dx = conj(t) dy`` and, for learnable tables, the table gradient ``conj(x) dy`` (with
@@ -59,25 +61,28 @@ if AVAILABLE:
         if CONJ:
             s = -s
 
-        # [T, J, 2] offsets of the pairs: [x0 x1 | x2 x3 | ...] -> (x0, x1), (x2, x3), ...
-        pair = (2 * j)[None, :, None] + tl.arange(0, 2)[None, None, :]
-        mask3 = mask[:, :, None] & (pair < 2 * HALF)
-        src_tok = (b * s_b + n * s_n)[:, None, None] + head * s_h + pair
-        dst_tok = (b * d_b + n * d_n)[:, None, None] + head * d_h + pair
+        # [T, 2J] offsets of a head's channels, contiguous: the compiler can issue 16-byte loads and stores; pairs
+        # (x0, x1), (x2, x3), ... come out of a reshape to [T, J, 2] and a split, and go back through a join
+        ch = tl.arange(0, 2 * BLOCK_J)
+        mask2 = (token < NUM_TOKENS)[:, None] & (ch < 2 * HALF)[None, :]
+        src_tok = (b * s_b + n * s_n)[:, None] + head * s_h + ch[None, :]
+        dst_tok = (b * d_b + n * d_n)[:, None] + head * d_h + ch[None, :]
         acc0 = c * 0.0  # [T, J] fp32 (not tl.zeros: a jit function, which Triton's interpreter cannot call)
         acc1 = c * 0.0
         for qk in tl.static_range(2):
-            x0, x1 = tl.split(tl.load(src + src_tok + qk * s_3, mask=mask3, other=0.0).to(tl.float32))
-            y = tl.join(x0 * c - x1 * s, x0 * s + x1 * c)  # (x0 + i x1)(c + i s)
-            tl.store(dst + dst_tok + qk * d_3, y.to(dst.dtype.element_ty), mask=mask3)
+            x = tl.load(src + src_tok + qk * s_3, mask=mask2, other=0.0).to(tl.float32)
+            x0, x1 = tl.split(tl.reshape(x, [BLOCK_T, BLOCK_J, 2]))
+            y = tl.reshape(tl.join(x0 * c - x1 * s, x0 * s + x1 * c), [BLOCK_T, 2 * BLOCK_J])  # (x0 + i x1)(c + i s)
+            tl.store(dst + dst_tok + qk * d_3, y.to(dst.dtype.element_ty), mask=mask2)
             if TABLE_GRAD:  # conj(y) dy, with y the forward output; dividing by t comes after the q + k sum
-                o_tok = (b * o_b + n * o_n)[:, None, None] + head * o_h + pair + qk * o_3
-                y0, y1 = tl.split(tl.load(out + o_tok, mask=mask3, other=0.0).to(tl.float32))
+                o_tok = (b * o_b + n * o_n)[:, None] + head * o_h + ch[None, :] + qk * o_3
+                yo = tl.load(out + o_tok, mask=mask2, other=0.0).to(tl.float32)
+                y0, y1 = tl.split(tl.reshape(yo, [BLOCK_T, BLOCK_J, 2]))
                 acc0 += y0 * x0 + y1 * x1
                 acc1 += y0 * x1 - y1 * x0
         if COPY_V:
-            v = tl.load(src + src_tok + 2 * s_3, mask=mask3, other=0.0)
-            tl.store(dst + dst_tok + 2 * d_3, v.to(dst.dtype.element_ty), mask=mask3)
+            v = tl.load(src + src_tok + 2 * s_3, mask=mask2, other=0.0)
+            tl.store(dst + dst_tok + 2 * d_3, v.to(dst.dtype.element_ty), mask=mask2)
         if TABLE_GRAD:  # conj(x) dy = conj(y) dy * t / |t|^2; here s = -sin (CONJ), so t = c - i s
             norm = c * c + s * s
             g_off = ((b * NH + head) * N + n)[:, None] * HALF + j[None, :]  # contiguous [B, nh, N, D/2]
