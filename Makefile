@@ -8,7 +8,7 @@ PYTHON ?= $(VENV)/bin/python
 # CUDA builds of torch/torchvision also run on CPU; these versions install from this project's machine cache.
 TORCH ?= torch==2.14.1 torchvision==0.29.1
 
-.PHONY: install demo study study-v2 bench-cuda test lint
+.PHONY: install demo study study-v2 study-v3 study-vit-s bench-cuda test lint
 
 $(VENV)/bin/python:
 	$(VENV_PYTHON) -m venv $(VENV) || { echo "Could not create $(VENV): install python3-venv (Debian/Ubuntu:" \
@@ -37,8 +37,19 @@ study: install
 study-v2: install
 	$(PYTHON) scripts/imagenette_study.py --study v2
 
+# Study v3 (docs/studies.md): APE, RoPE-Axial and RoPE-Mixed on a 14x14 training grid (8 px patches at 112 px), 2 seeds,
+# evaluated at 80-256 px; about 10 h on a 2-core CPU. Resumable: a rerun continues each unfinished run from last.pth.
+study-v3: install
+	$(PYTHON) scripts/imagenette_study.py --study v3
+
+# On a machine with CUDA GPUs: ViT-S on the 14x14 grid (configs/imagenette_vit_s), APE / Axial / Mixed x 2 seeds, trained
+# with torchrun over every GPU, evaluated at 80-256 px; resumable. DATA_DIR=... reads another copy of Imagenette.
+study-vit-s: install
+	$(PYTHON) scripts/imagenette_study.py --study vit_s $(if $(DATA_DIR),--data-dir $(DATA_DIR))
+
 # On a machine with a CUDA GPU: the fused-rotation tests on CUDA, then ViT-S throughput in bf16 (eager and compiled,
-# 224 and 384 px) against DeiT-III and timm's ports, and the rotation alone against the GPU's copy bandwidth.
+# 224 and 384 px) against DeiT-III and timm's ports, the rotation alone against the GPU's copy bandwidth, and the
+# Triton kernel's block-size x warps sweep (any setting faster than the default launch is worth a patch).
 BENCH_OUT ?= results/performance
 bench-cuda: install
 	$(PYTHON) -m pytest -q tests/test_fused.py
@@ -46,6 +57,7 @@ bench-cuda: install
 		--rounds 15 --steps 10 --json $(BENCH_OUT)/throughput_cuda_bf16_vit_s.json
 	for kind in axial mixed; do $(PYTHON) benchmarks/rope_kernel.py --device cuda --dtype bfloat16 --kind $$kind \
 		--batch-size 128 --json $(BENCH_OUT)/rope_kernel_cuda_bf16_$$kind.json || exit 1; done
+	$(PYTHON) benchmarks/tune_rope_kernel.py --device cuda --json $(BENCH_OUT)/tune_rope_kernel_cuda.json
 
 lint:
 	$(PYTHON) -m ruff check .

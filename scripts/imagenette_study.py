@@ -2,18 +2,22 @@
 
     python scripts/imagenette_study.py                 # v2: train every arm x seed, evaluating each arm when done
     python scripts/imagenette_study.py --study v1      # v1: APE vs RoPE-Axial vs RoPE-Mixed (and +APE), one recipe
-    python scripts/imagenette_study.py --report        # only rebuild the report and README section from the files
+    python scripts/imagenette_study.py --study v3      # v3: a 14x14 training grid (RoPE-ViT's), evaluated to 2.29x
+    python scripts/imagenette_study.py --study vit_s   # on CUDA GPUs: ViT-S on the 14x14 grid, torchrun over all GPUs
+    python scripts/imagenette_study.py --report        # only rebuild the report and its docs section from the files
     python scripts/imagenette_study.py --arms mixed_p8 ape_p8 --seeds 0 1 2   # a subset, or more seeds
 
 v1 trains five models with one recipe (``configs/imagenette_study/``). v2 (``configs/imagenette_study/v2/``) holds the
 model fixed and changes the training: coordinate augmentation, variable resolution (``train_sizes``) and an 8x8
-patch grid, each with the APE model trained the same way as its baseline.
+patch grid, each with the APE model trained the same way as its baseline. v3 (``configs/imagenette_study/v3/``)
+trains APE, RoPE-Axial and RoPE-Mixed on RoPE-ViT's 14x14 grid (8 px patches at 112 px) and evaluates them at
+RoPE-ViT's size ratios (80-256 px), at crop 1.0 and, as trained, at crop 0.875 too.
 
 Each run is ``train.py`` on the arm's config with ``seed=S``; a run whose ``last.pth`` holds the final epoch is kept
 and an unfinished one resumes, so an interrupted study goes on where it stopped. As soon as every seed of an arm has
 finished, its final checkpoints (``last.pth``: nothing is selected on the val images) are evaluated with
-``vit_rope.evaluate`` at 0.75x-2.5x the training size under every RoPE policy into ``eval/<arm>/``, the configs and
-``metrics.csv`` are copied into ``runs/``, and the report (``summary.md``, plots, the README section) is rebuilt from
+``vit_rope.evaluate`` at the study's sizes under every RoPE policy into ``eval/<arm>/``, the configs and
+``metrics.csv`` are copied into ``runs/``, and the report (``summary.md``, plots, the docs section) is rebuilt from
 the files by ``vit_rope.study.write_study``. A partial study is therefore always a consistent one.
 """
 
@@ -28,6 +32,8 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+
+import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -53,7 +59,18 @@ STUDIES = {
         "mixed_coord_sizes": ("RoPE-Mixed + coord aug + sizes", "ape_sizes"),
         "axial": ("RoPE-Axial", "ape"), "axial_sizes": ("RoPE-Axial + sizes 48-96", "ape_sizes"),
         "axial_coord": ("RoPE-Axial + coord aug", "ape")}),
+    "v3": ("configs/imagenette_study/v3", "results/imagenette/v3", "output/study/v3", {
+        "mixed": ("RoPE-Mixed", "ape"), "ape": ("APE", None), "axial": ("RoPE-Axial", "ape"),
+        "mixed_coord_sizes": ("RoPE-Mixed + coord aug + sizes 80-160", "ape")}),
+    "vit_s": ("configs/imagenette_vit_s", "results/imagenette/vit_s", "output/imagenette_vit_s", {
+        "mixed": ("RoPE-Mixed ViT-S", "ape"), "ape": ("APE ViT-S", None), "axial": ("RoPE-Axial ViT-S", "ape")}),
 }
+# Evaluation sizes per study: 0.75x-2.5x of 64 px (v1, v2); RoPE-ViT's 160-512 px ratios of 112 px (v3, vit_s: grids
+# 10-32).
+SIZES = {"v1": [48, 64, 80, 96, 128, 160], "v2": [48, 64, 80, 96, 128, 160], "v3": [80, 112, 160, 192, 256],
+         "vit_s": [80, 112, 160, 192, 256]}
+# Second crop fraction evaluated (positions as trained only) beside the study's crop 1.0: one crop can favour an arm.
+SECOND_CROP = {"v3": 0.875}
 
 
 def run(command: list[str]) -> float:
@@ -86,16 +103,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--study", choices=STUDIES, default="v2")
     parser.add_argument("--arms", nargs="+", help="arms to run, in this order (default: all of the study's)")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
-    parser.add_argument("--img-sizes", type=int, nargs="+", default=[48, 64, 80, 96, 128, 160],
-                        help="evaluation sizes (default 0.75x-2.5x of the 64 px training size)")
+    parser.add_argument("--img-sizes", type=int, nargs="+",
+                        help="evaluation sizes (default: the study's, e.g. 0.75x-2.5x of v2's 64 px training size)")
     parser.add_argument("--limit", type=int, default=1500, help="val images to evaluate, spread over the classes")
     parser.add_argument("--results", help="what is committed (default: the study's folder under results/)")
     parser.add_argument("--runs", help="training outputs, checkpoints (default: the study's folder under output/)")
-    parser.add_argument("--readme", default="README.md", help="the README whose study section is rewritten")
+    parser.add_argument("--readme", default="docs/studies.md", help="the page whose study section is rewritten")
     parser.add_argument("--report", action="store_true", help="only rebuild the report from the study's results")
+    parser.add_argument("--data-dir", help="dataset root with train/ and val/ (default: the configs', i.e. "
+                        "../shared/data/imagenette when it exists)")
+    parser.add_argument("--gpus", type=int, default=torch.cuda.device_count(),
+                        help="GPUs to train on (default: all); more than one trains with torchrun and splits each "
+                        "config's batch over them, so the global batch stays the config's")
     args = parser.parse_args(argv)
     configs, results, outputs, arms = STUDIES[args.study]
+    sizes = [str(size) for size in args.img_sizes or SIZES[args.study]]
     results, outputs = Path(args.results or results), Path(args.runs or outputs)
+    data = ["--data-dir", args.data_dir] if args.data_dir else []
     unknown = sorted(set(args.arms or ()) - set(arms))
     if unknown:
         parser.error(f"study {args.study} has no arm {', '.join(unknown)}; its arms are {', '.join(arms)}")
@@ -116,7 +140,12 @@ def main(argv: list[str] | None = None) -> int:
         config = f"{configs}/{arm}.yaml"
         entries = [{"name": f"{arm}_s{seed}", "model": arm, "label": label, "baseline": baseline, "seed": seed,
                     "config": config, "output": str(outputs / f"{arm}_s{seed}")} for seed in args.seeds]
-        train = [["python", "train.py", "-c", config, "--output", entry["output"], f"seed={entry['seed']}"]
+        launch, batch = ["python", "train.py"], []
+        if args.gpus > 1:  # one process per GPU, each with its share of the batch
+            launch = ["python", "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={args.gpus}",
+                      "train.py"]
+            batch = [f"batch_size={build_config(config).batch_size // args.gpus}"]
+        train = [[*launch, "-c", config, *data, "--output", entry["output"], *batch, f"seed={entry['seed']}"]
                  for entry in entries]
         ran = False  # whether this machine trained or evaluated any of the arm
         for entry, command in zip(entries, train, strict=True):
@@ -127,18 +156,27 @@ def main(argv: list[str] | None = None) -> int:
             (results / "runs" / entry["name"]).mkdir(parents=True, exist_ok=True)
             for file in ("config.yaml", "metrics.csv"):
                 shutil.copy(out / file, results / "runs" / entry["name"] / file)
-        evaluate = ["python", "-m", "vit_rope.evaluate", "--checkpoint", *(f"{e['output']}/last.pth" for e in entries),
-                    "--img-sizes", *map(str, args.img_sizes), "--policy", *POLICIES, "--limit", str(args.limit),
-                    "--workers", "0", "--output", str(results / "eval" / arm)]  # both cores compute
-        if not evaluated(results / "eval", entries):
-            seconds[arm], ran = round(run(evaluate)), True
+        checkpoints = [f"{entry['output']}/last.pth" for entry in entries]
+        evaluate = ["python", "-m", "vit_rope.evaluate", "--checkpoint", *checkpoints, *data, "--img-sizes", *sizes,
+                    "--policy", *POLICIES, "--limit", str(args.limit), "--workers", "0",  # both cores compute
+                    "--output", str(results / "eval" / arm)]
+        evaluations = [(evaluate, results / "eval")]
+        if args.study in SECOND_CROP:
+            crop = SECOND_CROP[args.study]
+            folder = results / f"eval_crop{crop}"
+            evaluations.append(([*evaluate[:evaluate.index("--policy")], "--crop-pct", str(crop), "--limit",
+                                 str(args.limit), "--workers", "0", "--output", str(folder / arm)], folder))
+        for index, (command, folder) in enumerate(evaluations):
+            if not evaluated(folder, entries):  # seconds: the arm's evaluations on this machine
+                seconds[arm] = round(run(command)) + (seconds.get(arm, 0) if index else 0)
+                ran = True
         if ran:
             machines.pop(arm, None)
             if not same_machine(here, home):
                 machines[arm] = here
         study = [entry for entry in study if entry["name"] not in {e["name"] for e in entries}] + entries
-        commands = [line for line in commands if f" {config} " not in line and not line.endswith(f"/eval/{arm}")]
-        commands += [shlex.join(command) for command in [*train, evaluate]]
+        commands = [line for line in commands if f" {config} " not in line and not line.endswith(f"/{arm}")]
+        commands += [shlex.join(command) for command in [*train, *(command for command, _ in evaluations)]]
         (results / "runs.json").write_text(json.dumps(study, indent=2) + "\n")
         (results / "machine.json").write_text(json.dumps(
             {**home, "evaluate_s": seconds, **({"machines": machines} if machines else {})}, indent=2) + "\n")
