@@ -61,7 +61,7 @@ def test_ntk_is_a_larger_base_per_axis():
     rope = RoPE2D(D, NH, "axial", theta=100.0, train_grid=TRAIN, policy="ntk")
     s, d = 2.0, D // 2
     freqs = rope.freqs
-    scaled, temperature = scale_frequencies(freqs, (TRAIN[0], TRAIN[1] * 2), TRAIN, rope.policy, 100.0, D)
+    scaled, temperature = scale_frequencies(freqs, (TRAIN[0], TRAIN[1] * 2), TRAIN, rope.policy_name, 100.0, D)
     expected_x = axial_frequencies(D, 100.0 * s ** (d / (d - 2)))[0]
     torch.testing.assert_close(scaled[0], expected_x)  # x grew by 2: new base on the x pairs
     torch.testing.assert_close(scaled[1], freqs[1])  # y did not grow: unchanged
@@ -73,7 +73,7 @@ def test_ntk_is_a_larger_base_per_axis():
 def test_yarn_ramps_between_interpolation_and_extrapolation():
     policy = ResolutionPolicy("yarn", yarn_alpha=0.5, yarn_beta=2.0)
     rope = RoPE2D(64, 1, "axial", train_grid=(14, 14), policy=policy)
-    scaled, temperature = scale_frequencies(rope.freqs, (28, 28), (14, 14), policy, 100.0, 64)
+    scaled, temperature = scale_frequencies(rope.freqs, (28, 28), (14, 14), "yarn", 100.0, 64, 0.5, 2.0)
     turns = 14 * rope.freqs[0, 0, :16] / (2 * math.pi)
     ratio = scaled[0, 0, :16] / rope.freqs[0, 0, :16]
     assert torch.allclose(ratio[turns >= 2.0], torch.tensor(1.0))  # many turns seen: extrapolate

@@ -27,23 +27,26 @@ class RoPEAttention(Attention):
     explicitly (useful to inspect attention maps).
     """
 
+    __jit_unused_properties__ = ["plain_qk"]
+
     def project(self, x: Tensor, rope: RopeTables | None = None) -> tuple[Tensor, Tensor, Tensor]:
         """Queries and keys (rotated) and values, each ``[B, nh, N, D]``; diagnostics reuse it for attention maps.
 
         In eager mode q and k are rotated straight in the projection output (``project_rotate_qk``: one pass, in
-        place, no extra memory); torch.compile traces the reference ``apply_rope`` instead and fuses it, as it does
-        the q/k norms.
+        place, no extra memory). torch.compile, FX tracing and TorchScript take the reference ``apply_rope`` instead:
+        compile fuses it as it does the q/k norms, and the others cannot see through an autograd Function that
+        writes in place.
         """
-        fused = rope is not None and self.plain_qk and not torch.compiler.is_compiling()
-        if fused:
-            qkv = project_rotate_qk(self.qkv, x, self.num_heads, *rope)  # [B, N, 3, nh, D]
-        else:
-            qkv = self.qkv(x).unflatten(-1, (3, self.num_heads, self.head_dim))
+        if not torch.jit.is_scripting():  # TorchScript compiles only what this branch leaves out
+            if rope is not None and self.plain_qk and not _tracing(x):
+                qkv = project_rotate_qk(self.qkv, x, self.num_heads, *rope)  # [B, N, 3, nh, D]
+                q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # [B, nh, N, D] each
+                return q, k, v
+        qkv = self.qkv(x).unflatten(-1, (3, self.num_heads, self.head_dim))  # [B, N, 3, nh, D]
         q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # [B, nh, N, D] each
-        if not fused:
-            q, k = self.q_norm(q), self.k_norm(k)
-            if rope is not None:
-                q, k = apply_rope(q, *rope), apply_rope(k, *rope)
+        q, k = self.q_norm(q), self.k_norm(k)
+        if rope is not None:
+            q, k = apply_rope(q, rope[0], rope[1]), apply_rope(k, rope[0], rope[1])
         return q, k, v
 
     @property
@@ -74,6 +77,11 @@ class RoPEAttention(Attention):
         if gate is not None:
             x = x * gate
         return self.proj_drop(self.proj(x))
+
+
+def _tracing(x: Tensor) -> bool:
+    """Whether ``x`` flows through a graph capture (torch.compile, torch.export or FX), not real eager tensors."""
+    return torch.compiler.is_compiling() or isinstance(x, torch.fx.Proxy)
 
 
 class RoPEBlock(Block):

@@ -21,7 +21,7 @@ from itertools import repeat
 from typing import Any
 
 import torch
-from timm.layers import PatchDropoutWithIndices
+from timm.layers import PatchDropoutWithIndices, resample_abs_pos_embed
 from timm.models._features import feature_take_indices
 from timm.models._manipulate import checkpoint
 from timm.models.vision_transformer import VisionTransformer
@@ -30,6 +30,31 @@ from torch import Tensor, nn
 from .attention import RoPEAttention, RoPEBlock, RopeTables
 from .policies import CoordAugment, ResolutionPolicy, augment_positions
 from .rope import RoPE2D, check_head_dim, check_kind
+
+
+def check_patch_multiple(x: Tensor, patch_size: tuple[int, int]) -> Tensor:
+    """``x`` ``[B, C, H, W]`` itself, or a ``ValueError`` naming the sizes when it does not tile into whole patches."""
+    height, width = x.shape[-2], x.shape[-1]
+    ph, pw = patch_size[0], patch_size[1]
+    if height % ph != 0 or width % pw != 0:
+        raise ValueError(
+            f"Image size {height}x{width} (HxW) is not a multiple of the patch size {ph}x{pw}: resize or crop "
+            f"to e.g. {max(ph, height // ph * ph)}x{max(pw, width // pw * pw)}, or build the model with "
+            "dynamic_img_pad=True to pad it."
+        )
+    return x
+
+
+def fit_pos_embed(pos_embed: Tensor, grid: tuple[int, int], train_grid: tuple[int, int], num_prefix_tokens: int
+                  ) -> Tensor:
+    """The learned position embedding ``[1, (P +) N0, C]`` resampled bicubically to ``grid`` (timm's resampling)."""
+    return resample_abs_pos_embed(pos_embed, new_size=[grid[0], grid[1]], old_size=[train_grid[0], train_grid[1]],
+                                  num_prefix_tokens=num_prefix_tokens)
+
+
+# FX: both depend on the input's size, which symbolic tracing only knows as a proxy; the trace records them as calls.
+torch.fx.wrap("check_patch_multiple")
+torch.fx.wrap("fit_pos_embed")
 
 
 class RoPEVisionTransformer(VisionTransformer):
@@ -50,6 +75,8 @@ class RoPEVisionTransformer(VisionTransformer):
         no_embed_class: the APE covers patch tokens only, as in DeiT-III and RoPE-ViT.
         **kwargs: everything else of timm's ``VisionTransformer`` (embed_dim, depth, img_size, drop_path_rate, ...).
     """
+
+    __jit_unused_properties__ = ["rope_policy"]
 
     def __init__(
         self,
@@ -128,22 +155,30 @@ class RoPEVisionTransformer(VisionTransformer):
         matcher["blocks"] = [(r"^blocks\.(\d+)", None), (r"^rope\.(\d+)", None), (r"^norm", (99999,))]
         return matcher
 
-    def check_input_size(self, height: int, width: int) -> None:
-        """Raise a ``ValueError`` naming the sizes when the image does not tile into whole patches."""
-        ph, pw = self.patch_embed.patch_size
-        if height % ph or width % pw:
-            raise ValueError(
-                f"Image size {height}x{width} (HxW) is not a multiple of the patch size {ph}x{pw}: resize or crop "
-                f"to e.g. {max(ph, height // ph * ph)}x{max(pw, width // pw * pw)}."
-            )
-
     def _pos_embed(self, x: Tensor) -> Tensor:
-        """timm's prefix tokens and APE; an empty batch goes through one dummy image, because timm flattens the grid
-        with ``view(B, -1, C)``, which cannot infer the token count of zero elements (timm's own ViTs return
-        ``[0, num_classes]`` for it, and so must we: the last shard of a distributed evaluation can be empty)."""
-        if x.shape[0] == 0:
-            return super()._pos_embed(x.new_zeros(1, *x.shape[1:]))[:0]
-        return super()._pos_embed(x)
+        """Prefix tokens and APE: patch tokens ``[B, h, w, C]`` -> ``[B, P + N, C]``, as timm's ``_pos_embed``.
+
+        Ours rather than timm's for three reasons: timm flattens the grid with ``view(B, -1, C)``, which cannot infer
+        the token count of an empty batch (timm's ViTs return ``[0, num_classes]`` for one, and so must we: the last
+        shard of a distributed evaluation can be empty); its APE resampling compares grid sizes in Python, which FX
+        cannot trace (``fit_pos_embed`` is a leaf for FX); and TorchScript cannot call ``super()``.
+        """
+        B, H, W, C = x.shape
+        x = x.flatten(1, 2)  # [B, N, C]
+        prefix: list[Tensor] = []
+        if self.cls_token is not None:
+            prefix.append(self.cls_token.expand(B, -1, -1))
+        if self.reg_token is not None:
+            prefix.append(self.reg_token.expand(B, -1, -1))
+        pos_embed = self.pos_embed
+        if pos_embed is None:
+            return self.pos_drop(torch.cat(prefix + [x], dim=1))
+        train_grid = self.patch_embed.grid_size
+        if self.no_embed_class:  # DeiT-III / RoPE-ViT: the APE covers the patch tokens only
+            x = x + fit_pos_embed(pos_embed, (H, W), (train_grid[0], train_grid[1]), 0)
+            return self.pos_drop(torch.cat(prefix + [x], dim=1))
+        x = torch.cat(prefix + [x], dim=1)
+        return self.pos_drop(x + fit_pos_embed(pos_embed, (H, W), (train_grid[0], train_grid[1]), len(prefix)))
 
     def _embed(self, x: Tensor) -> tuple[Tensor, Tensor | None, tuple[int, int]]:
         """Patch embedding, prefix tokens and APE.
@@ -152,28 +187,33 @@ class RoPEVisionTransformer(VisionTransformer):
             tokens ``[B, P + N, C]``; per-image positions ``[B, N, 2]`` when coordinate augmentation or patch dropout
             makes them differ between images, else ``None``; the patch grid ``(h, w)``.
         """
-        self.check_input_size(x.shape[-2], x.shape[-1])
+        if not self.patch_embed.dynamic_img_pad:  # with it, timm's PatchEmbed pads to whole patches
+            x = check_patch_multiple(x, self.patch_embed.patch_size)
         x = self.patch_embed(x)  # [B, h, w, C]
         grid = (x.shape[1], x.shape[2])
         x = self._pos_embed(x)  # [B, P + N, C]
+        if torch.jit.is_scripting():  # TorchScript serves inference: no patch dropout or coordinate augmentation
+            return self.norm_pre(x), None, grid
         keep = None
         if isinstance(self.patch_drop, PatchDropoutWithIndices):
             x, keep = self.patch_drop(x)  # keep: [B, K] indices of the kept patches, or None
         x = self.norm_pre(x)
+        return x, self._positions(x, keep, grid), grid
 
+    def _positions(self, x: Tensor, keep: Tensor | None, grid: tuple[int, int]) -> Tensor | None:
+        """Per-image positions ``[B, N, 2]`` under coordinate augmentation (training) and patch dropout, else
+        ``None`` (every image on the plain grid, which ``RoPE2D`` places itself)."""
         augment = self.training and self.coord_aug.active
         if not augment and keep is None:
-            return x, None, grid
+            return None
         positions = self.rope_modules()[0].grid_positions(*grid, x.device)  # [N, 2]
         if augment:
             positions = augment_positions(positions, x.shape[0], self.coord_aug)  # [B, N, 2], one draw per image
         if keep is not None:
             positions = positions.expand(x.shape[0], -1, -1).gather(1, keep[..., None].expand(-1, -1, 2))  # [B, K, 2]
-        return x, positions, grid
+        return positions
 
-    def _rope_per_block(
-        self, positions: Tensor | None, grid: tuple[int, int], device: torch.device
-    ) -> Iterator[RopeTables]:
+    def _rope_per_block(self, positions: Tensor | None, grid: tuple[int, int]) -> Iterator[RopeTables]:
         """Tables for each block in turn: axial ones built once and shared, mixed ones when their block needs them.
 
         Nothing is cached between calls: building a table costs about 0.1% of a ViT-S forward on CPU
@@ -182,8 +222,6 @@ class RoPEVisionTransformer(VisionTransformer):
         bounded for servers that see many sizes.
         """
         P = self.num_prefix_tokens
-        if positions is None:
-            positions = self.rope_modules()[0].grid_positions(*grid, device)
         if isinstance(self.rope, RoPE2D):
             return repeat(self.rope(positions, P, grid))
         return (rope(positions, P, grid) for rope in self.rope)
@@ -194,8 +232,8 @@ class RoPEVisionTransformer(VisionTransformer):
         """Embed ``x`` and run ``blocks``; returns the last tokens and those after the blocks in ``take_indices``."""
         x, positions, grid = self._embed(x)
         intermediates = []
-        for i, (blk, rope) in enumerate(zip(blocks, self._rope_per_block(positions, grid, x.device), strict=False)):
-            if self.grad_checkpointing and not torch.jit.is_scripting():
+        for i, (blk, rope) in enumerate(zip(blocks, self._rope_per_block(positions, grid), strict=False)):
+            if self.grad_checkpointing:
                 x = checkpoint(blk, x, rope=rope, **block_kwargs)
             else:
                 x = blk(x, rope=rope, **block_kwargs)
@@ -205,8 +243,24 @@ class RoPEVisionTransformer(VisionTransformer):
 
     def forward_features(self, x: Tensor, attn_mask: Tensor | None = None, is_causal: bool = False) -> Tensor:
         """Tokens ``[B, P + N, C]`` after the blocks and the final norm."""
-        x, _ = self._forward_blocks(x, self.blocks, attn_mask=attn_mask, is_causal=is_causal)
+        if torch.jit.is_scripting():
+            x = self._scripted_blocks(x, attn_mask, is_causal)
+        else:
+            x, _ = self._forward_blocks(x, self.blocks, attn_mask=attn_mask, is_causal=is_causal)
         return self.norm(x)
+
+    def _scripted_blocks(self, x: Tensor, attn_mask: Tensor | None, is_causal: bool) -> Tensor:
+        """``_forward_blocks`` as TorchScript compiles it: no generator, and modules reached by iteration only.
+        The same tables and blocks (the tests hold the scripted model to the eager one)."""
+        x, positions, grid = self._embed(x)
+        if isinstance(self.rope, RoPE2D):  # axial: one table for every block
+            rope = self.rope(positions, self.num_prefix_tokens, grid)
+            for blk in self.blocks:
+                x = blk(x, rope, attn_mask, is_causal)
+        else:  # mixed: each block's own frequencies
+            for blk, block_rope in zip(self.blocks, self.rope):  # noqa: B905  (TorchScript has no strict=)
+                x = blk(x, block_rope(positions, self.num_prefix_tokens, grid), attn_mask, is_causal)
+        return x
 
     def forward_intermediates(
         self,

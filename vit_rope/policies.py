@@ -66,47 +66,53 @@ class ResolutionPolicy:
         return cls(**policy)
 
 
-def transform_positions(positions: Tensor, grid: tuple[int, int], policy: ResolutionPolicy) -> Tensor:
-    """Integer patch positions ``[..., N, 2]`` (x, y) of an ``(h, w)`` grid, as ``policy`` places them."""
-    if policy.name != "normalized":
+def transform_positions(positions: Tensor, grid: tuple[int, int], policy: str) -> Tensor:
+    """Integer patch positions ``[..., N, 2]`` (x, y) of an ``(h, w)`` grid, as the policy named ``policy`` places
+    them."""
+    if policy != "normalized":
         return positions
     size = torch.tensor([grid[1], grid[0]], device=positions.device, dtype=positions.dtype)  # (w, h)
     return 2 * math.pi * ((positions + 0.5) / size * 2 - 1)  # cell centres mapped to [-1, 1], as DINOv3
 
 
 def scale_frequencies(
-    freqs: Tensor, grid: tuple[int, int], train_grid: tuple[int, int], policy: ResolutionPolicy, theta: float,
-    head_dim: int,
+    freqs: Tensor, grid: tuple[int, int], train_grid: tuple[int, int], policy: str, theta: float, head_dim: int,
+    yarn_alpha: float = 0.5, yarn_beta: float = 2.0, yarn_temperature: bool = True,
 ) -> tuple[Tensor, float]:
-    """Frequencies ``[2, H, D/2]`` to use on ``grid`` under ``policy``, and the attention temperature for the tables.
+    """Frequencies ``[2, H, D/2]`` to use on ``grid`` under the policy named ``policy`` (with the ``yarn_*`` fields
+    of its ``ResolutionPolicy``), and the attention temperature for the tables.
 
     Scaling the x (or y) frequency of a pair by ``a`` is the same as scaling its x (or y) positions by ``a``, so
-    every policy is a per-axis, per-pair factor between ``1 / s`` (interpolate) and 1 (extrapolate).
+    every policy is a per-axis, per-pair factor between ``1 / s`` (interpolate) and 1 (extrapolate). Plain values,
+    not a ``ResolutionPolicy``, so that TorchScript compiles it.
     """
     # A shortcut at the training size (the scaling is the identity there), except in torch.export: comparing the
     # grid would specialise the graph to that size and drop the scaling for every other size it serves.
-    at_training_size = not torch.compiler.is_exporting() and tuple(grid) == tuple(train_grid)
-    if policy.name in ("extrapolate", "normalized") or at_training_size:
+    exporting = False
+    if not torch.jit.is_scripting():
+        exporting = torch.compiler.is_exporting()
+    if policy in ("extrapolate", "normalized") or (not exporting and grid[0] == train_grid[0]
+                                                    and grid[1] == train_grid[1]):
         return freqs, 1.0
     # per axis (x, y): s = new size / training size; [2, 1, 1] to broadcast against [2, H, D/2]
     s = torch.tensor([grid[1] / train_grid[1], grid[0] / train_grid[0]], device=freqs.device)[:, None, None]
-    if policy.name == "interpolate":
+    if policy == "interpolate":
         return freqs / s, 1.0
     s = s.clamp(min=1.0)  # ntk and yarn only ever compress, as in language models
     magnitude = freqs.detach().abs().float().clamp(min=1e-12)
-    if policy.name == "ntk":
+    if policy == "ntk":
         # axial pair i of an axis with d channels has w = theta ** (-2i / d); b' = b s^(d/(d-2)) scales it by
         # s ** (-2i / (d - 2)). The exponent is written through w so that learned (mixed) frequencies follow too.
         d = head_dim // 2
-        exponent = (torch.log(1 / magnitude) / math.log(theta) * d / (d - 2)).clamp(0.0, 1.0)
+        exponent = (-torch.log(magnitude) / math.log(theta) * d / (d - 2)).clamp(0.0, 1.0)
         return freqs * s.pow(-exponent), 1.0
     # yarn: turns of each pair across the training extent of each axis
     extent = torch.tensor([train_grid[1], train_grid[0]], device=freqs.device)[:, None, None]
     turns = extent * magnitude / (2 * math.pi)
-    keep = ((turns - policy.yarn_alpha) / (policy.yarn_beta - policy.yarn_alpha)).clamp(0.0, 1.0)
+    keep = ((turns - yarn_alpha) / (yarn_beta - yarn_alpha)).clamp(0.0, 1.0)
     factor = (1 - keep) / s + keep
     temperature = 1.0
-    if policy.yarn_temperature:
+    if yarn_temperature:
         temperature = 0.1 * math.log(math.sqrt(float(s[0]) * float(s[1]))) + 1.0  # on q and k: logits * t ** 2
     return freqs * factor, temperature
 

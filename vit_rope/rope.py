@@ -21,6 +21,7 @@ import math
 
 import torch
 import torch.nn.functional as F
+from timm.layers import register_notrace_module
 from torch import Tensor, nn
 
 from .policies import ResolutionPolicy, scale_frequencies, transform_positions
@@ -62,7 +63,7 @@ def check_theta(theta: float) -> float:
 
 
 def grid_positions(
-    height: int, width: int, *, device: torch.device | str | None = None, dtype: torch.dtype = torch.float32
+    height: int, width: int, device: torch.device | None = None, dtype: torch.dtype = torch.float32
 ) -> Tensor:
     """Integer patch coordinates of an ``height x width`` grid, in the order timm's PatchEmbed flattens patches.
 
@@ -124,7 +125,7 @@ def rope_angles(positions: Tensor, freqs: Tensor) -> Tensor:
     Returns:
         ``[H, N, D/2]``, or ``[B, H, N, D/2]`` for batched positions.
     """
-    dtype = torch.promote_types(freqs.dtype, torch.float32)  # fp32 at least, fp64 when asked
+    dtype = torch.float64 if freqs.dtype == torch.float64 else torch.float32  # fp32 at least, fp64 when asked
     pos = positions.to(dtype)[..., None, :, :, None]  # [(B,) 1, N, 2, 1]
     f = freqs.to(dtype)  # elementwise products, so autocast never lowers the angles to bf16
     return pos[..., 0, :] * f[0][:, None, :] + pos[..., 1, :] * f[1][:, None, :]
@@ -174,12 +175,21 @@ def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     return torch.stack((x0 * cos - x1 * sin, x1 * cos + x0 * sin), dim=-1).flatten(-2).to(x.dtype)
 
 
+# FX (torchvision's create_feature_extractor, timm's FX feature wrapper): these take the grid size, which symbolic
+# tracing only knows as a proxy, so the trace records them as calls that run with the real sizes. timm's tracer
+# also keeps RoPE2D whole (register_notrace_module).
+for _name in ("grid_positions", "rope_angles", "rope_tables", "transform_positions", "scale_frequencies"):
+    torch.fx.wrap(_name)
+
+
+@register_notrace_module
 class RoPE2D(nn.Module):
     """Frequencies of one 2D RoPE and the tables they give for a set of positions.
 
     Axial frequencies are a fixed, non-persistent buffer (nothing to save, rebuilt on load); mixed frequencies
     are a learnable ``[2, num_heads, head_dim // 2]`` parameter that should get no weight decay (RoPE-ViT).
-    A model with mixed RoPE holds one ``RoPE2D`` per block, as the paper learns frequencies per layer.
+    A model with mixed RoPE holds one ``RoPE2D`` per block, as the paper learns frequencies per layer. The forward
+    compiles with TorchScript: the policy is kept as plain fields, and ``policy`` assembles them.
 
     Args:
         head_dim: channels per head, divisible by 4.
@@ -189,6 +199,8 @@ class RoPE2D(nn.Module):
         train_grid: the ``(h, w)`` patch grid of training, which resolution policies scale against.
         policy: resolution policy (``vit_rope.policies``) for grids other than ``train_grid``.
     """
+
+    __jit_unused_properties__ = ["policy", "learnable"]
 
     def __init__(
         self,
@@ -204,12 +216,22 @@ class RoPE2D(nn.Module):
         self.head_dim = check_head_dim(head_dim)
         self.num_heads = num_heads
         self.theta = check_theta(DEFAULT_THETA[kind] if theta is None else theta)
-        self.train_grid = None if train_grid is None else tuple(train_grid)
-        self.policy = ResolutionPolicy.create(policy)
+        self.train_grid = None if train_grid is None else (int(train_grid[0]), int(train_grid[1]))
+        self.policy = policy
         if kind == "axial":
             self.register_buffer("freqs", axial_frequencies(head_dim, self.theta), persistent=False)
         else:
             self.freqs = nn.Parameter(mixed_frequencies(head_dim, num_heads, self.theta))
+
+    @property
+    def policy(self) -> ResolutionPolicy:
+        return ResolutionPolicy(self.policy_name, self.yarn_alpha, self.yarn_beta, self.yarn_temperature)
+
+    @policy.setter
+    def policy(self, policy: str | dict | ResolutionPolicy) -> None:
+        policy = ResolutionPolicy.create(policy)
+        self.policy_name, self.yarn_alpha, self.yarn_beta = policy.name, policy.yarn_alpha, policy.yarn_beta
+        self.yarn_temperature = policy.yarn_temperature
 
     @property
     def learnable(self) -> bool:
@@ -225,15 +247,15 @@ class RoPE2D(nn.Module):
 
     def grid_positions(self, height: int, width: int, device: torch.device | None = None) -> Tensor:
         """Positions ``[N, 2]`` of an ``height x width`` patch grid as this module's policy places them."""
-        return transform_positions(grid_positions(height, width, device=device), (height, width), self.policy)
+        return transform_positions(grid_positions(height, width, device=device), (height, width), self.policy_name)
 
     def forward(
-        self, positions: Tensor, num_prefix_tokens: int = 0, grid: tuple[int, int] | None = None
+        self, positions: Tensor | None, num_prefix_tokens: int = 0, grid: tuple[int, int] | None = None
     ) -> tuple[Tensor, Tensor]:
         """Tables for ``positions`` (``[N, 2]`` or ``[B, N, 2]``), broadcasting against ``[B, nh, P + N, D/2]``.
 
         Args:
-            positions: float (x, y) per token.
+            positions: float (x, y) per token; ``None`` for the plain ``grid`` (``grid_positions``).
             num_prefix_tokens: identity rows in front, for the class and register tokens.
             grid: the ``(h, w)`` patch grid the positions come from; with ``train_grid`` it lets the resolution
                 policy scale the frequencies. ``None`` uses them as they are.
@@ -241,14 +263,20 @@ class RoPE2D(nn.Module):
         Returns:
             ``(cos, sin)`` of shape ``[H, P + N, D/2]`` (or ``[B, H, P + N, D/2]``), ``H`` = 1 axial or num_heads mixed.
         """
+        if positions is None:
+            if grid is None:
+                raise ValueError("RoPE2D needs positions or the grid to place them on.")
+            positions = self.grid_positions(grid[0], grid[1], self.freqs.device)
         freqs, temperature = self.frequencies(grid)
         return rope_tables(rope_angles(positions, freqs), num_prefix_tokens, temperature)
 
     def frequencies(self, grid: tuple[int, int] | None = None) -> tuple[Tensor, float]:
         """Frequencies ``[2, H, D/2]`` and attention temperature that the policy gives on ``grid`` (``None``: as is)."""
-        if grid is None or self.train_grid is None:
+        train_grid = self.train_grid
+        if grid is None or train_grid is None:
             return self.freqs, 1.0
-        return scale_frequencies(self.freqs, grid, self.train_grid, self.policy, self.theta, self.head_dim)
+        return scale_frequencies(self.freqs, grid, train_grid, self.policy_name, self.theta, self.head_dim,
+                                 self.yarn_alpha, self.yarn_beta, self.yarn_temperature)
 
     def no_weight_decay(self) -> set[str]:
         return {"freqs"} if self.learnable else set()
@@ -256,5 +284,5 @@ class RoPE2D(nn.Module):
     def extra_repr(self) -> str:
         return (
             f"kind={self.kind}, head_dim={self.head_dim}, num_heads={self.num_heads}, theta={self.theta}, "
-            f"train_grid={self.train_grid}, policy={self.policy.name}"
+            f"train_grid={self.train_grid}, policy={self.policy_name}"
         )
