@@ -27,12 +27,12 @@ demo: install
 	$(PYTHON) -m vit_rope.evaluate --checkpoint $(DEMO_OUT)/best.pth --img-sizes 48 64 96 128 160 --limit 1000 --workers 1 \
 		--policy extrapolate interpolate ntk yarn --output $(DEMO_OUT)/eval
 
-# The resolution-extrapolation study (README): 5 models x 2 seeds trained at 64 px, evaluated at 48-160 px under every
+# The resolution-extrapolation study (docs/studies.md): 5 models x 2 seeds trained at 64 px, evaluated at 48-160 px under every
 # policy; about 85 min on a 2-core CPU. Finished runs in output/study are kept, so an interrupted study resumes.
 study: install
 	$(PYTHON) scripts/imagenette_study.py --study v1
 
-# Study v2 (README): the training arms (coordinate augmentation, train_sizes, patch 8) with their APE baselines,
+# Study v2 (docs/studies.md): the training arms (coordinate augmentation, train_sizes, patch 8) with their APE baselines,
 # 12 arms x 2 seeds; each arm is evaluated and reported as soon as its seeds finish, and a rerun resumes.
 study-v2: install
 	$(PYTHON) scripts/imagenette_study.py --study v2

@@ -3,9 +3,10 @@
     python train.py -c configs/imagenette_cpu.yaml [--data-dir DIR] [--output DIR] [key=value ...]
     torchrun --nproc_per_node=N train.py -c configs/rope_vit_s_mixed.yaml --data-dir /data/imagenet
 
-Reads top to bottom: config -> device -> data -> model -> optimizer -> resume -> loop. Writes OUTPUT/config.yaml,
+Reads top to bottom: config -> device -> data folders scanned -> model built, checked and given its weights -> images
+decoded -> optimizer -> resume -> loop, so that bad input fails before the slow data work. Writes OUTPUT/config.yaml,
 metrics.csv, last.pth (every epoch), best.pth and TensorBoard logs (when installed). Exit codes: 0 done, 1 the loss
-diverged, 2 bad input (config, data folder, checkpoint path).
+diverged, 2 bad input (config, model arguments, data folder, checkpoint).
 """
 
 from __future__ import annotations
@@ -16,7 +17,6 @@ import sys
 import time
 from pathlib import Path
 
-import timm
 import torch
 import torch.distributed as dist
 from timm.data import Mixup, resolve_data_config
@@ -28,29 +28,9 @@ from timm.utils import ModelEmaV3, random_seed
 from torch.nn.parallel import DistributedDataParallel
 
 from vit_rope import data, engine, train_state
-from vit_rope.config import Config, UserError, check_model_name, parse_args, save_config
-from vit_rope.sizes import check_patch_multiple
-
-_OPTIONAL_KWARGS = ("img_size", "dynamic_img_size")  # size arguments that models which run at any size (CNNs) lack
-
-
-def create_model(name: str, kwargs: dict) -> tuple[torch.nn.Module, dict]:
-    """``timm.create_model`` with an unknown name or a rejected kwarg reported as a ``UserError``.
-
-    Models without an ``img_size`` / ``dynamic_img_size`` argument (CNNs) run at any size, so those are dropped for
-    them.
-
-    Returns:
-        The model and the kwargs that built it (saved in checkpoints so that the model can be rebuilt).
-    """
-    check_model_name(name)
-    try:
-        return timm.create_model(name, **kwargs), kwargs
-    except TypeError as err:
-        rejected = next((key for key in _OPTIONAL_KWARGS if f"'{key}'" in str(err) and key in kwargs), None)
-        if rejected:
-            return create_model(name, {key: value for key, value in kwargs.items() if key != rejected})
-        raise UserError(f"model '{name}' does not accept {kwargs} ({err}); fix model_kwargs") from None
+from vit_rope.checks import check_model_name, check_multiple, patch_size, scheduler_args
+from vit_rope.config import Config, UserError, parse_args, save_config
+from vit_rope.factory import create_model
 
 
 def train(cfg: Config) -> None:
@@ -63,6 +43,7 @@ def train(cfg: Config) -> None:
     if env.device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = cfg.tf32
     say = print if env.is_main else lambda *args, **kwargs: None
+    check_model_name(cfg.model)  # before a download of the default data set
     resume = train_state.load_checkpoint(cfg.resume) if cfg.resume else None  # a bad path fails before slow data work
     if resume is not None and resume["model_name"] != cfg.model:
         raise UserError(f"{cfg.resume} was written for model '{resume['model_name']}', this run builds "
@@ -76,16 +57,24 @@ def train(cfg: Config) -> None:
     train_samples, classes = data.find_images(data_dir / "train")
     val_samples, _ = data.find_images(data_dir / cfg.val_split, classes, split_key="val_split")
 
-    # ---- model ------------------------------------------------------------------------------------------------
+    # ---- model: built, checked and given its weights before any image is decoded --------------------------------
     dynamic = {"dynamic_img_size": True} if cfg.train_sizes else {}  # timm ViTs resample pos_embed / RoPE per size
     net, model_kwargs = create_model(cfg.model, {"num_classes": len(classes), "img_size": cfg.img_size,
                                                  "drop_path_rate": cfg.drop_path, **dynamic, **cfg.model_kwargs})
+    check_multiple("img_size", [cfg.img_size], net, f"'{cfg.model}'")
     if cfg.train_sizes:
-        patch_size = getattr(getattr(net, "patch_embed", None), "patch_size", None)  # None: a CNN, any size runs
-        if patch_size is not None and not model_kwargs.get("dynamic_img_size"):
+        if patch_size(net) is not None and not model_kwargs.get("dynamic_img_size"):
             raise UserError(f"train_sizes needs a model that runs at any input size, and '{cfg.model}' does not take "
                             "dynamic_img_size=True; pick a ViT (ours, timm's ViTs or RoPE ports) or set train_sizes=[]")
-        check_patch_multiple(cfg.train_sizes, patch_size, f"'{cfg.model}'")
+        check_multiple("train_sizes entry", cfg.train_sizes, net, f"'{cfg.model}'")
+    if resume is not None:
+        train_state.load_state(net, resume["model"], "model weights", cfg.resume)
+    elif finetune is not None:
+        state = finetune["model"]
+        if isinstance(net, VisionTransformer):
+            state = checkpoint_filter_fn(state, net)  # resamples a learned pos_embed to the new img_size
+        train_state.load_state(net, state, "model weights", cfg.finetune, "start from a checkpoint of this model "
+                               "(model and model_kwargs of the run that wrote it)")
     channels_last = cfg.channels_last and env.device.type == "cuda"
     net.to(env.device, memory_format=torch.channels_last if channels_last else torch.preserve_format)
     data_config = resolve_data_config({"input_size": (3, cfg.img_size, cfg.img_size), "crop_pct": cfg.crop_pct,
@@ -99,10 +88,7 @@ def train(cfg: Config) -> None:
 
     # ---- optimizer, schedule, loss, EMA (timm): no weight decay on 1-D params and model.no_weight_decay() ------
     optimizer = create_optimizer_v2(net, opt=cfg.opt, lr=cfg.lr, weight_decay=cfg.weight_decay, momentum=cfg.momentum)
-    scheduler, _ = create_scheduler_v2(optimizer, cfg.sched, num_epochs=cfg.epochs, warmup_epochs=cfg.warmup_epochs,
-                                       warmup_lr=cfg.warmup_lr, min_lr=cfg.min_lr, decay_epochs=cfg.decay_epochs,
-                                       decay_rate=cfg.decay_rate, step_on_epochs=False,
-                                       updates_per_epoch=len(train_loader))
+    scheduler, _ = create_scheduler_v2(optimizer, **scheduler_args(cfg), updates_per_epoch=len(train_loader))
     scaler = torch.amp.GradScaler(env.device.type, enabled=cfg.amp and cfg.amp_dtype == "float16"
                                   and env.device.type == "cuda")  # bf16 needs no loss scaling
     mixup = None
@@ -117,11 +103,10 @@ def train(cfg: Config) -> None:
         loss_fn = LabelSmoothingCrossEntropy(cfg.smoothing) if cfg.smoothing else torch.nn.CrossEntropyLoss()
     ema = ModelEmaV3(net, decay=cfg.model_ema_decay) if cfg.model_ema else None
 
-    # ---- resume a run, or start from another run's weights -----------------------------------------------------
+    # ---- resume a run (its model weights were loaded above) ------------------------------------------------------
     start_epoch, best_top1 = 0, float("-inf")
     if resume is not None:
-        states = {"model weights": (net, resume["model"]), "optimizer state": (optimizer, resume["optimizer"]),
-                  "scheduler": (scheduler, resume["scheduler"])}
+        states = {"optimizer state": (optimizer, resume["optimizer"]), "scheduler": (scheduler, resume["scheduler"])}
         if resume["scaler"]:  # empty when the run used no float16 loss scaling
             states["grad scaler"] = (scaler, resume["scaler"])
         if ema is not None:  # a run that turns EMA on at resume starts it from the weights
@@ -131,13 +116,6 @@ def train(cfg: Config) -> None:
         train_state.set_rng_state(resume["rng"][env.rank % len(resume["rng"])])
         start_epoch, best_top1 = resume["epoch"], resume["best_top1"]
         say(f"resumed {cfg.resume} at epoch {start_epoch}")
-    elif finetune is not None:
-        state = finetune["model"]
-        if isinstance(net, VisionTransformer):
-            state = checkpoint_filter_fn(state, net)  # resamples a learned pos_embed to the new img_size
-        train_state.load_state(net, state, "model weights", cfg.finetune)
-        if ema is not None:
-            ema.module.load_state_dict(net.state_dict())
 
     # ---- wrap for DDP and torch.compile; outputs (rank 0 only) -------------------------------------------------
     model = net

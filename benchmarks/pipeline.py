@@ -36,9 +36,9 @@ from timm.data import resolve_data_config
 from timm.optim import create_optimizer_v2
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import train  # noqa: E402  (after the path set-up, as the script runs from anywhere)
 from vit_rope import data, engine  # noqa: E402
 from vit_rope.config import build_config  # noqa: E402
+from vit_rope.factory import create_model  # noqa: E402  (after the path set-up, as the script runs from anywhere)
 from vit_rope.report import table  # noqa: E402
 
 
@@ -67,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     train_samples, classes = data.find_images(data_dir / "train")
     val_samples, _ = data.find_images(data_dir / cfg.val_split, classes, split_key="val_split")
     torch.manual_seed(cfg.seed)
-    model, _ = train.create_model(cfg.model, {"num_classes": len(classes), "img_size": cfg.img_size,
+    model, _ = create_model(cfg.model, {"num_classes": len(classes), "img_size": cfg.img_size,
                                               "drop_path_rate": cfg.drop_path, **cfg.model_kwargs})
     model.to(env.device).train()
     data_config = resolve_data_config({"input_size": (3, cfg.img_size, cfg.img_size), "crop_pct": cfg.crop_pct,

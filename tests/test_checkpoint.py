@@ -11,17 +11,10 @@ import torch
 from safetensors.torch import save_file
 
 import vit_rope  # noqa: F401  (registers the models)
-from vit_rope.checkpoint import (
-    HEAD,
-    LAYERSCALE,
-    ROPE_FREQS,
-    UnreadableCheckpointError,
-    WeightsNotLoadedWarning,
-    convert_state_dict,
-    load_weights,
-)
+from vit_rope.checkpoint import LAYERSCALE, ROPE_FREQS, WeightsNotLoadedWarning, convert_state_dict, load_weights
 from vit_rope.config import UserError
 from vit_rope.train_state import load_checkpoint
+from vit_rope.weights_file import UnreadableCheckpointError
 
 # (timm's port, ours)
 PAIRS = [
@@ -133,7 +126,7 @@ def test_mismatched_checkpoints_are_clear_errors(tmp_path):
     sd = timm.create_model("vit_small_patch16_rope_224", depth=2).state_dict()
     sd["blocks.0.attn.extra"] = torch.zeros(1)
     del sd["blocks.1.mlp.fc2.bias"]
-    with pytest.raises(ValueError, match=r"missing keys \['blocks.1.mlp.fc2.bias'\].*unexpected keys \['blocks.0.attn"):
+    with pytest.raises(ValueError, match=r"1 missing key: blocks.1.mlp.fc2.bias; 1 unexpected key: blocks.0.attn"):
         convert_state_dict(sd, model)
     mixed = timm.create_model("vit_small_patch16_rope_mixed_224", depth=2).state_dict()
     with pytest.raises(ValueError, match="not a mixed RoPE model"):
@@ -205,9 +198,10 @@ def test_mixed_checkpoint_into_mixed_model_loads_everything(tmp_path):
 def test_classifier_of_another_shape_or_none_is_reported(tmp_path):
     path = save_source("mixed", tmp_path / "mixed.pth", num_classes=3)
     model = timm.create_model(TINY_MIXED, depth=2, num_classes=5)
-    with pytest.warns(WeightsNotLoadedWarning, match="classifier kept at its initialisation"):
+    another_size = "classifier of another size: the checkpoint has 3 classes, the model 5"
+    with pytest.warns(WeightsNotLoadedWarning, match=f"initialised instead: {another_size} \\(head.weight, head.bias"):
         report = load_weights(model, path)
-    assert report.initialised == {HEAD: ("head.weight", "head.bias")}
+    assert report.initialised == {another_size: ("head.weight", "head.bias")} and report.head_reason == another_size
     assert report.skipped == ("head.weight", "head.bias") and report.rope_freqs_loaded
     headless = timm.create_model(TINY_MIXED, depth=2, num_classes=0)  # features: the checkpoint's head is dropped
     with warnings.catch_warnings():
@@ -215,8 +209,56 @@ def test_classifier_of_another_shape_or_none_is_reported(tmp_path):
         report = load_weights(headless, path)
         via_timm = timm.create_model(TINY_MIXED, depth=2, num_classes=0, pretrained=True,
                                      pretrained_cfg_overlay=dict(file=str(path)))
-    assert report.skipped == ("head.weight", "head.bias") and report.initialised == {}
+    assert report.skipped == ("head.weight", "head.bias") and report.initialised == {} and report.head_reason is None
     torch.testing.assert_close(via_timm.blocks[1].mlp.fc2.weight, headless.blocks[1].mlp.fc2.weight)
+
+
+def timm_load(path: Path, **kwargs) -> tuple[torch.nn.Module, list[str]]:
+    """A 2-block tiny mixed model built by timm with ``pretrained=True`` from ``path``, and the warnings it gave."""
+    kwargs.setdefault("pretrained_cfg_overlay", dict(file=str(path)))
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always", WeightsNotLoadedWarning)
+        model = timm.create_model(TINY_MIXED, depth=2, pretrained=True, **kwargs)
+    return model, [str(w.message) for w in record if issubclass(w.category, WeightsNotLoadedWarning)]
+
+
+def test_timm_num_classes_of_another_size_reports_the_classifier_initialised(tmp_path):
+    """timm drops the classifier after our filter when num_classes differs from the pretrained config's (1000): the
+    report and the warning say so, with both class counts, and the head holds its initialisation."""
+    path = save_source("mixed", tmp_path / "mixed.pth", num_classes=3)
+    torch.manual_seed(0)
+    fresh = timm.create_model(TINY_MIXED, depth=2, num_classes=5).head.weight.detach().clone()
+    torch.manual_seed(0)
+    model, warned = timm_load(path, num_classes=5)
+    reason = "classifier of another size: the checkpoint has 3 classes, the model 5"
+    assert model.load_report.head_reason == reason and model.load_report.initialised == {reason: ("head.weight",
+                                                                                                  "head.bias")}
+    assert "head.weight" not in model.load_report.loaded and model.load_report.skipped == ("head.weight", "head.bias")
+    assert len(warned) == 1 and f"initialised instead: {reason} (head.weight, head.bias)" in warned[0]
+    assert torch.equal(model.head.weight, fresh)
+    assert torch.equal(model.blocks[1].attn.qkv.weight, torch.load(path, weights_only=True)["model"][
+        "blocks.1.attn.qkv.weight"])
+
+
+def test_timm_drops_a_fitting_classifier_and_the_report_says_how_to_keep_it(tmp_path):
+    path = save_source("mixed", tmp_path / "mixed.pth", num_classes=3)
+    model, warned = timm_load(path, num_classes=3)  # fits, but the pretrained config declares 1000 classes
+    assert model.load_report.head_reason.startswith("classifier dropped by timm, as num_classes (3) differs from the "
+                                                    "pretrained config's (1000): put num_classes=3 in "
+                                                    "pretrained_cfg_overlay")
+    assert len(warned) == 1 and "classifier dropped by timm" in warned[0]
+    kept, warned = timm_load(path, num_classes=3, pretrained_cfg_overlay=dict(file=str(path), num_classes=3))
+    assert kept.load_report.initialised == {} and warned == [] and "head.weight" in kept.load_report.loaded
+    assert torch.equal(kept.head.weight, torch.load(path, weights_only=True)["model"]["head.weight"])
+
+
+def test_timm_classifier_that_cannot_load_names_both_sizes_and_features_only_needs_none(tmp_path):
+    path = save_source("mixed", tmp_path / "mixed.pth", num_classes=3)
+    with pytest.raises(ValueError, match=r"classifier of another size: the checkpoint has 3 classes, the model "
+                                         r"1000\.\ntimm loads the classifier as it is.*pass the checkpoint's class"):
+        timm_load(path)  # num_classes 1000, as the pretrained config: timm would load the head strictly
+    features, warned = timm_load(path, features_only=True, out_indices=(1,))
+    assert warned == [] and features(torch.zeros(1, 3, 32, 32))[0].shape == (1, 192, 2, 2)
 
 
 def test_timm_pretrained_path_warns_and_marks_the_model(tmp_path):

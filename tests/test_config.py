@@ -85,6 +85,60 @@ def test_bad_values_are_reported_with_key_and_value(override: str, message: str)
         build_config(None, [override])
 
 
+@pytest.mark.parametrize("override, message", [
+    ("lr=[1,", "command-line override 'lr=[1,' is not valid YAML (expected the node content, but found '<stream "
+               "end>'); write lists as [1, 2]"),
+    ("model_kwargs.depth={a", "command-line override 'model_kwargs.depth={a' is not valid YAML"),
+    ("batch_size=1.5", "'batch_size' on the command line must be int, got 1.5"),
+    ("scale=3", "'scale' on the command line must be a list of float, got 3"),
+    ("train_sizes=[32, a]", "'train_sizes' on the command line must be int, got 'a' (an entry of [32, 'a'])"),
+    ("model_kwargs=[1]", "'model_kwargs' on the command line must be a mapping such as {depth: 6}, got [1]"),
+    ("lr=nan", "'lr' on the command line must be a finite number, got 'nan'"),
+    ("crop_pct=abc", "'crop_pct' on the command line must be a finite number or null, got 'abc'"),
+    ("amp=maybe", "'amp' on the command line must be true or false, got 'maybe'"),
+    ("seed=-1", "'seed' must be >= 0, got -1"),
+    ("epochs=-3", "'epochs' must be > 0, got -3"),
+    ("drop_path=1", "'drop_path' must be in [0, 1) (the probability that a block is skipped), got 1.0"),
+    ("crop_pct=0", "'crop_pct' must be in (0, 1] (the fraction of the resized image that the center crop keeps), got "
+                   "0.0"),
+    ("crop_pct=1.2", "'crop_pct' must be in (0, 1]"),
+    ("model_ema_decay=2", "'model_ema_decay' must be between 0 and 1, got 2.0"),
+    ("clip_grad=0", "'clip_grad' must be > 0, got 0.0"),
+    ("scale=[0.5, 2]", "'scale' must be [min, max] crop area fractions with 0 < min <= max <= 1, got [0.5, 2.0]"),
+    ("opt=adamx", "unknown optimizer opt=adamx; did you mean opt=adamax? (timm.optim.list_optimizers() lists them"),
+    ("opt=foo_adamw", "unknown optimizer opt=foo_adamw; did you mean opt=adamw?"),
+    ("sched=cosin", "unknown scheduler sched=cosin; did you mean sched=cosine?"),
+    ("sched=none", "sched=none builds no schedule, and train.py steps one every update"),
+    ("interpolation=bicubik", "'interpolation' must be one of nearest, bilinear, bicubic, box, hamming, lanczos or "
+                              "null (the model's default), got 'bicubik'"),
+    ("auto_augment=bogus", "auto_augment=bogus is not a timm auto-augment string (Unknown AA policy bogus); use e.g."),
+])
+def test_malformed_values_name_the_key_the_value_and_the_fix(override: str, message: str) -> None:
+    with pytest.raises(UserError) as info:
+        build_config(None, [override])
+    assert message in str(info.value)
+
+
+@pytest.mark.parametrize("key", [field.name for field in dataclasses.fields(Config)])
+def test_every_key_is_type_checked_on_the_command_line_and_in_files(key: str, tmp_path: Path) -> None:
+    """A mapping is the wrong type for every key but model_kwargs, which a list is wrong for; the message names the
+    key, the value and the type the key takes (text keys take command-line text verbatim, so only files test them)."""
+    wrong = "[1]" if key == "model_kwargs" else "{a: 1}"
+    (tmp_path / "bad.yaml").write_text(f"{key}: {wrong}\n")
+    with pytest.raises(UserError, match=rf"^config key '{key}' in .*bad\.yaml must be .+, got (\[1\]|\{{'a': 1\}})$"):
+        build_config(tmp_path / "bad.yaml")
+    if key not in ("output", "data_dir", "val_split", "resume", "finetune", "model", "cache_dir", "interpolation",
+                   "auto_augment", "opt", "sched"):  # str keys
+        with pytest.raises(UserError, match=rf"^config key '{key}' on the command line must be .+, got"):
+            build_config(None, [f"{key}={wrong}"])
+
+
+def test_lookahead_optimizers_and_every_documented_scheduler_are_accepted() -> None:
+    assert build_config(None, ["opt=lookahead_adamw"]).opt == "lookahead_adamw"
+    for sched in ("cosine", "tanh", "step", "multistep", "plateau", "poly"):
+        assert build_config(None, [f"sched={sched}"]).sched == sched
+
+
 def test_inheritance_loop_and_missing_file_are_user_errors(tmp_path: Path) -> None:
     (tmp_path / "a.yaml").write_text("base: b.yaml\n")
     (tmp_path / "b.yaml").write_text("base: a.yaml\n")

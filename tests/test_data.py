@@ -63,16 +63,18 @@ def test_decoded_cache_gives_the_same_validation_batches_and_is_reused_from_disk
     assert torch.equal(next(iter(again))[0], next(iter(cached))[0])
 
 
-@pytest.mark.parametrize("cached", [False, True])
-def test_unreadable_image_is_replaced_warned_and_counted(image_root: Path, caplog, cached: bool) -> None:
+@pytest.mark.parametrize("overrides", [(), ("decoded_cache=true",), ("decoded_cache=true", "auto_augment=null",
+                                                                       "reprob=0")], ids=["files", "cached", "tensor"])
+def test_unreadable_image_is_replaced_warned_by_path_and_counted(image_root: Path, caplog,
+                                                                 overrides: tuple[str, ...]) -> None:
     bad = image_root / "train" / "class_2" / "3.jpg"
     bad.write_bytes(b"\xff\xd8\xff\xe0 not really a jpeg")
-    overrides = ["decoded_cache=true"] if cached else []
     train, _ = _loaders(image_root, *overrides)
+    assert isinstance(train, BatchLoader) == ("reprob=0" in overrides)
     with caplog.at_level(logging.WARNING):
         skipped = sum(int(batch[2].sum()) for batch in train)
     assert skipped == 1
-    assert str(bad) in caplog.text and "skipping unreadable image" in caplog.text
+    assert str(bad) in caplog.text and "unreadable image" in caplog.text
 
 
 def test_epoch_order_depends_only_on_seed_and_epoch(image_root: Path) -> None:

@@ -3,8 +3,10 @@
 import json
 import math
 
+import pytest
 import timm
 import torch
+from test_evaluate import ROPE, write_checkpoint
 
 import vit_rope  # noqa: F401  (registers the models)
 from vit_rope.diagnose import attention_entropy, frequency_coverage, main
@@ -47,5 +49,57 @@ def test_cli_writes_report_and_plot(tmp_path, capsys):
     report = json.loads((tmp_path / "out" / "diagnostics.json").read_text())
     assert set(report["sizes"]) == {"32", "64"} and len(report["sizes"]["64"]["entropy"]) == 2
     assert (tmp_path / "out" / "rope_directions.png").stat().st_size > 1000
+    assert report["model"] == "vit_rope_tiny_patch16_mixed_224 (depth=2)"  # num_classes changes no architecture
     assert main(argv[:5] + ["40"] + argv[7:]) == 2
-    assert "not multiples of the patch size 16" in capsys.readouterr().err
+    assert capsys.readouterr().err == ("error: --sizes entry 40 is not a positive multiple of the patch size 16 of "
+                                       "vit_rope_tiny_patch16_mixed_224 (depth=2): use 32 or 48\n")
+
+
+def test_a_model_without_weights_needs_random_init_and_is_labelled(tmp_path, capsys):
+    argv = ["--model", ROPE, "--model-kwargs", "depth=1", "--sizes", "32", "--num-images", "1", "--output",
+            str(tmp_path / "out")]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: --model {ROPE} has no weights") and "--random-init" in err and err.count("\n") == 1
+    assert not (tmp_path / "out").exists()
+    assert main([*argv, "--random-init"]) == 0
+    assert capsys.readouterr().out.startswith(f"{ROPE} (depth=1, random init): RoPE mixed")
+    assert json.loads((tmp_path / "out" / "diagnostics.json").read_text())["model"] == f"{ROPE} (depth=1, random init)"
+
+
+@pytest.mark.parametrize("case, message", [
+    ("zero_size", "error: --sizes entry 0 must be > 0"),
+    ("no_images", "error: --num-images 0 must be > 0"),
+    ("missing_dir", "missing does not exist; pass an ImageFolder root"),
+    ("no_val", "val does not exist; the data dir needs val/ with one folder per class; it has test/: set "
+               "--val-split=test to use that"),
+    ("not_rope", "vit_tiny_patch16_224 (depth=1, random init) is a VisionTransformer, not a vit_rope model"),
+])
+def test_bad_input_is_one_error_line_before_any_work(case, message, image_root, tmp_path, capsys):
+    weights = tmp_path / "w.pth"
+    torch.save(timm.create_model(ROPE, depth=1).state_dict(), weights)
+    model = ["--model", "vit_tiny_patch16_224", "--random-init"] if case == "not_rope" else [
+        "--model", ROPE, "--pretrained-file", str(weights)]
+    if case == "no_val":
+        (image_root / "val").rename(image_root / "test")
+    argv = [*model, "--model-kwargs", "depth=1", "--sizes", "0" if case == "zero_size" else "32", "--num-images",
+            "0" if case == "no_images" else "1", "--data-dir", str(tmp_path / "missing" if case == "missing_dir"
+                                                                   else image_root), "--output", str(tmp_path / "out")]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and message in err and err.count("\n") == 1
+    assert not (tmp_path / "out").exists()
+
+
+def test_images_come_from_the_val_split_of_the_checkpoint_or_the_option(image_root, tmp_path, capsys):
+    (image_root / "val").rename(image_root / "test")
+    checkpoint = write_checkpoint(tmp_path / "best.pth", val_split="test")
+    argv = ["--sizes", "32", "--num-images", "3", "--data-dir", str(image_root), "--output", str(tmp_path / "out")]
+    assert main(["--checkpoint", str(checkpoint), *argv]) == 0  # the run validated on test/: so does diagnose
+    from_split = json.loads((tmp_path / "out" / "diagnostics.json").read_text())["sizes"]["32"]["entropy"]
+    assert main(["--checkpoint", str(checkpoint), *argv[:-1], str(tmp_path / "noise")]) == 0
+    (image_root / "test").rename(image_root / "holdout")
+    assert main(["--checkpoint", str(checkpoint), "--val-split", "holdout", *argv]) == 0
+    assert json.loads((tmp_path / "out" / "diagnostics.json").read_text())["sizes"]["32"]["entropy"] == from_split
+    assert main(["--checkpoint", str(checkpoint), *argv]) == 2
+    assert "test does not exist" in capsys.readouterr().err

@@ -14,7 +14,8 @@ from test_evaluate import ROPE, write_checkpoint
 
 from vit_rope.checkpoint import WeightsNotLoadedWarning
 from vit_rope.config import UserError
-from vit_rope.eval_models import load_pretrained, load_trained
+from vit_rope.eval_models import load_pretrained, load_trained, model_label
+from vit_rope.study import is_run
 from vit_rope.train_state import load_checkpoint, save_checkpoint
 
 
@@ -79,3 +80,45 @@ def test_checkpoint_of_a_run_seeded_from_pretrained_weights(tmp_path: Path) -> N
         loaded = load_trained(path)
     assert not hasattr(loaded.model, "load_report")
     assert torch.equal(loaded.model.rope[0].freqs, ckpt["model"]["rope.0.freqs"])
+
+
+def test_labels_name_what_changed_the_architecture(tmp_path: Path) -> None:
+    """A patch-8, depth-1 checkpoint does not read as the registry's patch-16, depth-12 model; the checkpoint path
+    stays the last parenthesised part, which the study matches runs by."""
+    assert model_label("m", {"num_classes": 3, "img_size": 32, "drop_path_rate": 0.1, "dynamic_img_size": True,
+                             "pretrained": True, "pretrained_cfg_overlay": {"file": "w.pth"}}) == "m"
+    assert model_label("m", {"patch_size": 4, "depth": 6, "embed_dim": 96, "num_heads": 2, "drop_rate": 0.1}, "x") == (
+        "m (patch_size=4, depth=6, embed_dim=96, num_heads=2, x)")
+    (tmp_path / "run").mkdir()
+    path = write_checkpoint(tmp_path / "run" / "last.pth", patch_size=8, depth=1)
+    label = load_trained(path).label
+    assert label == f"{ROPE} (depth=1, patch_size=8) ({path})"  # in the order of model_kwargs
+    assert is_run(label, {"output": str(tmp_path / "run")})
+    source = save_source("mixed", tmp_path / "mixed.pth", num_classes=3)
+    assert load_pretrained(ROPE, str(source), 3, 32, {"depth": 2, "num_classes": 3}).label == f"{ROPE} (depth=2)"
+    assert load_pretrained(ROPE, None, 3, 32, {"depth": 1}).label == f"{ROPE} (depth=1, random init)"
+
+
+def test_weights_that_do_not_fit_the_rebuilt_model_are_listed(tmp_path: Path) -> None:
+    path = write_checkpoint(tmp_path / "run.pth")
+    ckpt = load_checkpoint(path)
+    extra = {f"blocks.{i}.extra": torch.zeros(1) for i in range(12)}
+    ckpt["model"] = {**{k: v for k, v in ckpt["model"].items() if k != "blocks.1.mlp.fc2.bias"}, **extra,
+                     "head.weight": torch.zeros(5, 192)}
+    save_checkpoint(ckpt, path)
+    with pytest.raises(UserError) as info:
+        load_trained(path, use_ema=False)
+    assert str(info.value) == (
+        f"the weights in {path} do not fit {ROPE} rebuilt with {ckpt['model_kwargs']} (1 missing key: "
+        "blocks.1.mlp.fc2.bias; 12 unexpected keys: " + ", ".join(list(extra)[:10]) + ", ... (2 more); 1 key of "
+        "another shape: head.weight (5, 192) in the file, (3, 192) in the model); the checkpoint was written by "
+        "another version of the model's code")
+
+
+def test_a_file_whose_classifier_does_not_fit_is_refused_naming_both_sizes(tmp_path: Path) -> None:
+    source = save_source("mixed", tmp_path / "mixed.pth", num_classes=5)
+    with pytest.raises(UserError) as info:
+        load_pretrained(ROPE, str(source), 3, 32, {"depth": 2, "num_classes": 3})
+    assert str(info.value) == (f"--pretrained-file {source} does not fit {ROPE} (The checkpoint does not fit "
+                               "RoPEVisionTransformer: classifier of another size: the checkpoint has 5 classes, the "
+                               "model 3.); pick the model it was trained as, or --model-kwargs to match it")

@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import shutil
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import timm
@@ -31,16 +33,17 @@ ROPE = "vit_rope_tiny_patch16_mixed_224"
 CLASSES = ["class_0", "class_1", "class_2"]
 
 
-def write_checkpoint(path: Path, ema_bias: float | None = None, drop: tuple[str, ...] = ()) -> Path:
+def write_checkpoint(path: Path, ema_bias: float | None = None, drop: tuple[str, ...] = (), val_split: str = "val",
+                     **model_kwargs: Any) -> Path:
     """A checkpoint with the keys train.py writes; LayerScale at 1 so that the RoPE policy visibly matters."""
-    kwargs = {"num_classes": 3, "img_size": 32, "drop_path_rate": 0.0, "depth": 2}
+    kwargs = {"num_classes": 3, "img_size": 32, "drop_path_rate": 0.0, "depth": 2, **model_kwargs}
     torch.manual_seed(0)
     model = timm.create_model(ROPE, **kwargs)
     for name, param in model.named_parameters():
         if name.endswith(".gamma"):
             param.data.fill_(1.0)
     ckpt = {"model_name": ROPE, "model_kwargs": kwargs, "classes": CLASSES, "model": model.state_dict(),
-            "config": {"img_size": 32, "model": ROPE}, "epoch": 1}
+            "config": {"img_size": 32, "model": ROPE, "val_split": val_split}, "epoch": 1}
     if ema_bias is not None:
         ckpt["model_ema"] = {**model.state_dict(), "head.bias": torch.full((3,), ema_bias)}
     save_checkpoint({key: value for key, value in ckpt.items() if key not in drop}, path)
@@ -81,10 +84,12 @@ def test_checkpoint_and_timm_models(image_root: Path, checkpoint: Path, tmp_path
     """A RoPE checkpoint under two policies, timm's APE ViT and timm's RoPE port: all three reports."""
     out = tmp_path / "eval"
     assert run("--checkpoint", str(checkpoint), "--model", "vit_tiny_patch16_224", "vit_small_patch16_rope_mixed_224",
-               "--model-kwargs", "depth=1", "--train-size", "32", "--data-dir", str(image_root), "--img-sizes", "32",
-               "48", "64", "--policy", "extrapolate", "interpolate", "--output", str(out)) == 0
+               "--model-kwargs", "depth=1", "--train-size", "32", "--random-init", "--data-dir", str(image_root),
+               "--img-sizes", "32", "48", "64", "--policy", "extrapolate", "interpolate", "--output", str(out)) == 0
     printed = capsys.readouterr().out
     assert printed.startswith("protocol: resize the short side to floor(size / 1.0) px (PIL bicubic), center-crop")
+    assert ("warning: vit_tiny_patch16_224, vit_small_patch16_rope_mixed_224 evaluated with random weights "
+            "(--random-init)") in printed
 
     results = json.loads((out / "results.json").read_text())["results"]
     rows = {(r["model"].split(" ")[0], r["policy"], r["img_size"]) for r in results}
@@ -99,8 +104,9 @@ def test_checkpoint_and_timm_models(image_root: Path, checkpoint: Path, tmp_path
     assert ours["extrapolate", 64] != pytest.approx(ours["interpolate", 64], rel=1e-6)  # and the policy is applied
 
     table = (out / "results.md").read_text()
-    assert "| model | policy | 32* | 48 | 64 |" in table and "| vit_tiny_patch16_224 | - | **" in table
-    assert table.count(f"| {ROPE} ({checkpoint}) | interpolate | **") == 3  # top-1, top-5, images/s tables
+    assert "| model | policy | 32* | 48 | 64 |" in table
+    assert "| vit_tiny_patch16_224 (depth=1, random init) | - | **" in table
+    assert table.count(f"| {ROPE} (depth=2) ({checkpoint}) | interpolate | **") == 3  # top-1, top-5, images/s
     with Image.open(out / "accuracy_vs_resolution.png") as image:
         assert image.format == "PNG" and image.size[0] > 100
 
@@ -138,7 +144,7 @@ def test_plot_skipped_without_matplotlib(tmp_path: Path, monkeypatch, capsys) ->
 
 
 @pytest.mark.parametrize("case, message", [
-    ("size", "size 100 is not a multiple of the patch size 16 of vit_rope_tiny_patch16_mixed_224"),
+    ("size", "size 100 is not a positive multiple of the patch size 16 of vit_rope_tiny_patch16_mixed_224"),
     ("policy", f"unknown RoPE policy bogus: choose from {', '.join(POLICIES)}"),
     ("no_name", "has no model_name, so its model cannot be rebuilt"),
     ("no_config", "has no config, so its model cannot be rebuilt"),
@@ -149,6 +155,13 @@ def test_plot_skipped_without_matplotlib(tmp_path: Path, monkeypatch, capsys) ->
                              "truncated or corrupt (or not a weights file); download it again or save it again ["),
     ("corrupt_pretrained", "garbage_header.safetensors is not a readable checkpoint: the file is truncated or "
                            "corrupt (or not a weights file); download it again or save it again [SafetensorError: "),
+    ("no_weights", f"--model {ROPE} has no weights, so it would be evaluated at its random initialisation: pass "
+                   "--pretrained-file PATH (one per --model) or --model-kwargs pretrained=true for timm's published "
+                   "weights, or --random-init to evaluate random weights on purpose"),
+    ("crop_pct", "--crop-pct 1.5 is outside (0, 1]: it is the fraction of the resized image that the center crop "
+                 "keeps"),
+    ("split", "val does not exist; the data dir needs val/ with one folder per class; it has test/: set "
+              "--val-split=test to use that"),
     ("axial_into_mixed", f"axial.pth has no learned RoPE frequencies for {ROPE}, a mixed RoPE model"),
     ("plain_vit_into_mixed", f"plain_vit.pth has no learned RoPE frequencies for {ROPE}, a mixed RoPE model"),
 ])
@@ -162,6 +175,12 @@ def test_bad_input(case: str, message: str, image_root: Path, checkpoint: Path, 
         source[1] = str(tmp_path / "weights.pth")
     if case == "model":
         source = ["--model", "vit_tiny_patch16_22"]
+    if case == "no_weights":
+        source = ["--model", ROPE, "--model-kwargs", "depth=1"]
+    if case == "crop_pct":
+        source += ["--crop-pct", "1.5"]
+    if case == "split":
+        (image_root / "val").rename(image_root / "test")
     if case == "truncated_checkpoint":
         truncated = tmp_path / "truncated.pth"
         truncated.write_bytes(checkpoint.read_bytes()[: checkpoint.stat().st_size // 2])
@@ -192,4 +211,35 @@ def test_evaluate_models_refuses_a_model_loaded_without_its_learned_frequencies(
     with pytest.warns(WeightsNotLoadedWarning):
         vit_rope.load_weights(model, axial)
     with pytest.raises(UserError, match=f"^{axial} has no learned RoPE frequencies"):
+        evaluate.evaluate_models([EvalModel("m", model, 32)], image_root, [32], device="cpu", workers=0)
+
+
+def test_val_split_defaults_to_the_checkpoints_and_can_be_chosen(image_root: Path, tmp_path: Path, capsys) -> None:
+    """A run that validated on test/ (CIFAR-10 as an ImageFolder) is evaluated there; --val-split picks another;
+    checkpoints of different splits need the choice made."""
+    (image_root / "val").rename(image_root / "test")
+    test_run = write_checkpoint(tmp_path / "test_run.pth", val_split="test")
+    args = ["--data-dir", str(image_root), "--img-sizes", "32", "--output", str(tmp_path / "eval")]
+    assert run("--checkpoint", str(test_run), *args) == 0
+    assert f"; {image_root / 'test'}" in capsys.readouterr().out.splitlines()[0]
+    shutil.copytree(image_root / "test", image_root / "holdout")
+    val_run = write_checkpoint(tmp_path / "val_run.pth")
+    assert run("--checkpoint", str(test_run), str(val_run), *args) == 2
+    err = capsys.readouterr().err
+    assert err == (f"error: the checkpoints were validated on different splits ({ROPE} (depth=2) ({test_run}): test, "
+                   f"{ROPE} (depth=2) ({val_run}): val); pass --val-split to pick the one to evaluate on\n")
+    assert run("--checkpoint", str(test_run), str(val_run), "--val-split", "holdout", *args) == 0
+    assert f"; {image_root / 'holdout'}" in capsys.readouterr().out.splitlines()[0]
+    results = json.loads((tmp_path / "eval" / "results.json").read_text())["results"]
+    assert {row["model"] for row in results} == {f"{ROPE} (depth=2) ({test_run})", f"{ROPE} (depth=2) ({val_run})"}
+
+
+def test_evaluate_models_refuses_a_model_whose_classifier_was_not_loaded(image_root: Path, tmp_path: Path) -> None:
+    model = timm.create_model(ROPE, depth=2, num_classes=3)
+    five = save_source("mixed", tmp_path / "five.pth", num_classes=5)
+    with pytest.warns(WeightsNotLoadedWarning, match="classifier of another size"):
+        vit_rope.load_weights(model, five)
+    with pytest.raises(UserError, match=rf"^{five} does not give m its classifier \(classifier of another size: the "
+                                        r"checkpoint has 5 classes, the model 3\), so it would be evaluated with a "
+                                        "random one"):
         evaluate.evaluate_models([EvalModel("m", model, 32)], image_root, [32], device="cpu", workers=0)

@@ -113,7 +113,7 @@ def test_every_order_of_grad_modes_then_training(kind, order):
                 out.sum().backward()
         outputs.append(out.detach().clone() if mode != "enable_grad" else None)
     model.train()
-    model(x).sum().backward()  # the repro: eval under inference_mode, then train at the same grid
+    model(x).sum().backward()  # eval under inference_mode, then train at the same grid
     assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
     evals = [o for o in outputs if o is not None]
     torch.testing.assert_close(evals[0], evals[1])  # both eval-mode calls give the same logits

@@ -3,6 +3,7 @@ resumable epochs, DDP shards, validation coverage, CUDA). The ops it calls are t
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import numpy as np
@@ -133,6 +134,19 @@ def test_unreadable_images_are_replaced_by_the_next_readable_one_and_counted() -
     assert sum(int(s) for _, _, s in train) == 4 and 3 not in torch.cat([t for _, t, _ in train]).tolist()
     with pytest.raises(ValueError, match="resolve"):
         store.gather(torch.tensor([4]))
+
+
+def test_unreadable_images_are_named_by_their_file_in_the_warning(caplog: pytest.LogCaptureFixture) -> None:
+    store, _ = make_store(unreadable=(3, 4))
+    named = TensorStore(store.data, store.offsets, store.shapes, store.targets, [f"/data/{i}.jpg" for i in range(40)])
+    with caplog.at_level(logging.WARNING, logger="vit_rope.pipeline"):
+        loader(named, train=False).make_batch(torch.tensor([2, 3, 4]), 16, None)
+        loader(store, train=False).make_batch(torch.tensor([3]), 16, None)
+    messages = [record.getMessage() for record in caplog.records]
+    assert messages == ["replacing unreadable image(s) /data/3.jpg, /data/4.jpg by the next readable one",
+                        "replacing unreadable image(s) #3 by the next readable one"]  # no paths: indices
+    with pytest.raises(ValueError, match="40 targets, 2 paths"):
+        TensorStore(store.data, store.offsets, store.shapes, store.targets, ["a", "b"])
 
 
 def test_the_loader_reads_only_the_store_never_a_file(monkeypatch: pytest.MonkeyPatch) -> None:

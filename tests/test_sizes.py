@@ -4,15 +4,17 @@ from __future__ import annotations
 
 from collections import Counter
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 import torch
 
 from vit_rope import data
+from vit_rope.checks import check_multiple
 from vit_rope.config import UserError, build_config
 from vit_rope.pipeline import BatchLoader, TensorStore
-from vit_rope.sizes import SizeSchedule, budget_batch, check_patch_multiple, step_size
+from vit_rope.sizes import SizeSchedule, budget_batch, step_size
 
 SIZES = (48, 64, 80, 96)
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
@@ -110,15 +112,19 @@ def test_a_constant_schedule_gives_exactly_the_unscheduled_batches() -> None:
 
 
 @pytest.mark.parametrize("sizes, patch, message", [
-    ([48, 40], 16, "train_sizes entry 40 is not a positive multiple of the model's patch size 16; use e.g. 32 or 48"),
-    ([8], (16, 16), "entry 8 is not a positive multiple of the model's patch size 16; use e.g. 16"),
-    ([21], (14, 7), "patch size 14; use e.g. 14 or 28"),
+    ([48, 40], 16, "train_sizes entry 40 is not a positive multiple of the patch size 16 of m: use 32 or 48"),
+    ([8], (16, 16), "entry 8 is not a positive multiple of the patch size 16 of m: use 16"),
+    ([21], (14, 7), "patch size 14 of m: use 14 or 28"),
+    ([0], 16, "entry 0 is not a positive multiple of the patch size 16 of m: use 16"),
 ])
 def test_a_size_that_does_not_tile_into_patches_is_named_with_a_fix(sizes, patch, message: str) -> None:
+    def model(patch_size):
+        return SimpleNamespace(patch_embed=SimpleNamespace(patch_size=patch_size))
+
     with pytest.raises(UserError, match=message.replace("(", r"\(")):
-        check_patch_multiple(sizes, patch)
-    check_patch_multiple([48, 64], 16)
-    check_patch_multiple([50, 77], None)  # a CNN: any size runs
+        check_multiple("train_sizes entry", sizes, model(patch), "m")
+    check_multiple("train_sizes entry", [48, 64], model(16), "m")
+    check_multiple("train_sizes entry", [50, 77], SimpleNamespace(), "m")  # a CNN: any size runs
 
 
 def test_config_keys_validate_and_need_the_tensor_pipeline() -> None:

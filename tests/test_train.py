@@ -20,6 +20,7 @@ import train
 from vit_rope import engine
 from vit_rope.config import build_config
 from vit_rope.sizes import SizeSchedule
+from vit_rope.train_state import save_checkpoint
 
 MULTIRES = ("decoded_cache=true", "train_sizes=[32, 48]")  # variable resolution needs the batched tensor pipeline
 
@@ -125,8 +126,8 @@ def test_train_sizes_draw_a_size_per_step_under_the_token_budget(image_root: Pat
 
 
 @pytest.mark.parametrize("extra, message", [
-    (("train_sizes=[32, 40]",), f"train_sizes entry 40 is not a positive multiple of '{TINY_MODEL}''s patch size 16; "
-                                "use e.g. 32 or 48"),
+    (("train_sizes=[32, 40]",), f"train_sizes entry 40 is not a positive multiple of the patch size 16 of "
+                                f"'{TINY_MODEL}': use 32 or 48"),
     (("train_sizes=[0]",), "config key 'train_sizes' must list sizes > 0 (pixels), got 0"),
     (("decoded_cache=false", "train_sizes=[32]"), "train_sizes=[32] needs the batched tensor pipeline, which this "
                                                   "config does not get: decoded_cache is off; set decoded_cache=true"),
@@ -137,6 +138,54 @@ def test_bad_train_sizes_exit_2_naming_the_problem(image_root: Path, tmp_path: P
     err = capsys.readouterr().err
     assert err.startswith("error: ") and message in err and err.count("\n") == 1
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("extra, message", [
+    (("--img-size", "36"), f"img_size 36 is not a positive multiple of the patch size 16 of '{TINY_MODEL}': "
+                           "use 32 or 48"),
+    (("opt=adamx",), "unknown optimizer opt=adamx; did you mean opt=adamax?"),
+    (("sched=cosin",), "unknown scheduler sched=cosin; did you mean sched=cosine?"),
+    (("drop_path=1",), "config key 'drop_path' must be in [0, 1)"),
+    (("crop_pct=1.5",), "config key 'crop_pct' must be in (0, 1]"),
+    (("model_kwargs.embed_dim=100",), f"model '{TINY_MODEL}' cannot be built with {{'num_classes': 3, 'img_size': 32, "
+                                      "'drop_path_rate': 0.0, 'depth': 2, 'embed_dim': 100} (ValueError: embed_dim=100 "
+                                      "must be divisible by num_heads=3.); fix model_kwargs"),
+    (("model_kwargs.foo=1",), "got an unexpected keyword argument 'foo'); fix model_kwargs"),
+    (("model_kwargs.patch_size=0",), "(ZeroDivisionError: integer division or modulo by zero); fix model_kwargs"),
+    (("model_kwargs.pretrained=true", "model_kwargs.pretrained_cfg_overlay={file: missing.pth}"),
+     f"model '{TINY_MODEL}' builds, but its pretrained weights (missing.pth) do not load (FileNotFoundError); check "
+     "the weights file, or fix model_kwargs to match it"),
+    (("lr=[1,",), "command-line override 'lr=[1,' is not valid YAML"),
+    (("epochs=abc",), "config key 'epochs' on the command line must be int, got 'abc'"),
+    (("batch_size=1.5",), "config key 'batch_size' on the command line must be int, got 1.5"),
+    (("scale=3",), "config key 'scale' on the command line must be a list of float, got 3"),
+    (("workers=-2",), "config key 'workers' must be >= 0, got -2"),
+])
+def test_bad_input_exits_2_naming_it_before_any_image_is_decoded(image_root: Path, tmp_path: Path, capsys,
+                                                                  extra: tuple[str, ...], message: str) -> None:
+    cache = tmp_path / "cache"
+    assert train.main(tiny_args(image_root, tmp_path / "run", "decoded_cache=true", f"cache_dir={cache}", *extra)) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and message in err and err.count("\n") == 1
+    assert not (tmp_path / "run").exists() and not cache.exists()
+
+
+def test_weights_of_another_architecture_are_listed_key_by_key(image_root: Path, tmp_path: Path, capsys) -> None:
+    """--resume and finetune= with a 4-block checkpoint into a 2-block run: the keys that do not fit, shortened."""
+    deeper = timm.create_model(TINY_MODEL, depth=4, num_classes=3, img_size=32).state_dict()
+    extra = [key for key in deeper if key.startswith(("blocks.2.", "blocks.3.", "rope.2.", "rope.3."))]
+    save_checkpoint({"model_name": TINY_MODEL, "model": deeper}, tmp_path / "deeper.pth")
+    cache = tmp_path / "cache"
+    listed = f"({len(extra)} unexpected keys: {', '.join(extra[:10])}, ... ({len(extra) - 10} more))"
+    for option, fix in ((("--resume", str(tmp_path / "deeper.pth")), "resume with the model and optimizer settings of "
+                                                                      "the run that wrote it"),
+                        ((f"finetune={tmp_path / 'deeper.pth'}",), "start from a checkpoint of this model")):
+        assert train.main(tiny_args(image_root, tmp_path / "run", "decoded_cache=true", f"cache_dir={cache}",
+                                    *option)) == 2
+        err = capsys.readouterr().err
+        assert err == f"error: the model weights in {tmp_path / 'deeper.pth'} does not fit this run {listed}; {fix}" + (
+            " (model and model_kwargs of the run that wrote it)\n" if "finetune" in option[0] else "\n")
+        assert not cache.exists()
 
 
 def test_unreadable_image_is_skipped_and_counted_in_the_epoch_summary(image_root: Path, tmp_path: Path,

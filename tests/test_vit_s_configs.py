@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from train import create_model
 from vit_rope.config import build_config
 from vit_rope.data import choose_pipeline
+from vit_rope.factory import create_model
 
 REPO = Path(__file__).resolve().parent.parent
 CONFIG_DIR = REPO / "configs" / "imagenette_vit_s"

@@ -2,7 +2,7 @@
 
 ``attention.py`` reuses timm's ``Attention`` (its ``gate`` and ``attn_dim``, timm 1.0.28) and its mask helpers
 (``maybe_add_mask``, ``resolve_self_attn_mask``, timm 1.0.26). An environment that bypasses pip's check (a
-``PYTHONPATH`` next to an older system timm, as on a lent GPU machine) would otherwise fail only in the first forward.
+``PYTHONPATH`` next to an older system timm) would otherwise fail only in the first forward.
 """
 
 from __future__ import annotations

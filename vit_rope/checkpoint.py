@@ -28,10 +28,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import safe_open
 from timm.layers import resample_abs_pos_embed, resample_patch_embed
-from timm.models import load_state_dict
 from torch import Tensor, nn
+
+from .weights_file import read_weights, weights_mismatch
 
 _CONTAINER_KEYS = ("model_ema", "state_dict_ema", "model", "state_dict", "module")
 _DROPPED = re.compile(r"^(freqs_t_[xy]|freqs_cis|rope\.(bands|pos_embed.*|t_[xy]))$")  # resolution-dependent buffers
@@ -40,15 +40,11 @@ _CLASSIFIER = ("head.weight", "head.bias")
 # Why a weight of the model holds its initial value rather than one from the checkpoint (keys of LoadReport.initialised)
 ROPE_FREQS = "learned RoPE frequencies kept at their random initialisation"
 LAYERSCALE = "LayerScale set to the identity"
-HEAD = "classifier kept at its initialisation (absent from the checkpoint or of another class count)"
+# (the classifier's reason names the class counts: _fit_classifier words it)
 
 
 class WeightsNotLoadedWarning(UserWarning):
     """A checkpoint lacked weights of the model, which were initialised instead (``LoadReport.initialised``)."""
-
-
-class UnreadableCheckpointError(ValueError):
-    """A weights file whose bytes the library could not parse: truncated, corrupt, or not a checkpoint at all."""
 
 
 @dataclass(frozen=True)
@@ -59,7 +55,8 @@ class LoadReport:
     Attributes:
         source: the file read; None when timm read it (its filter sees the weights, not the path).
         loaded: keys of the model's state dict whose values come from the checkpoint.
-        initialised: reason (``ROPE_FREQS``, ``LAYERSCALE``, ``HEAD``) -> keys that hold initial values instead.
+        initialised: reason (``ROPE_FREQS``, ``LAYERSCALE``, or why the classifier was not loaded, with the class
+            counts) -> keys that hold initial values instead.
         skipped: checkpoint keys not loaded: a classifier of another class count, or one the model does not have.
     """
 
@@ -72,6 +69,11 @@ class LoadReport:
     def rope_freqs_loaded(self) -> bool:
         """False when the model has learned (mixed) RoPE frequencies and the checkpoint had none."""
         return ROPE_FREQS not in self.initialised
+
+    @property
+    def head_reason(self) -> str | None:
+        """Why the model's classifier holds its initial values; None when it was loaded or the model has none."""
+        return next((reason for reason, keys in self.initialised.items() if set(keys) & set(_CLASSIFIER)), None)
 
     def summary(self) -> str:
         """The initialised weights in one line, by reason; empty when everything was loaded."""
@@ -165,13 +167,13 @@ def _convert(state_dict: dict[str, Any], model: nn.Module) -> tuple[dict[str, Te
             out[key] = torch.ones_like(value)  # no LayerScale in the checkpoint: the identity scale keeps its function
             initialised[LAYERSCALE].append(key)
 
-    missing = sorted(set(target) - set(out) - set(_CLASSIFIER))
-    unexpected = sorted(set(out) - set(target) - set(_CLASSIFIER))  # a head the model lacks (num_classes=0) is dropped
-    if missing or unexpected:
-        raise ValueError(
-            f"The checkpoint does not fit {type(model).__name__}: missing keys {missing or 'none'}; unexpected keys "
-            f"{unexpected or 'none'}. Check that the model name (size, axial/mixed, +APE) matches the checkpoint."
-        )
+    def body(state: Mapping[str, Tensor]) -> dict[str, Tensor]:  # the classifier is _fit_classifier's concern
+        return {key: value for key, value in state.items() if key not in _CLASSIFIER}
+
+    mismatch = weights_mismatch(body(target), body(out))
+    if mismatch:
+        raise ValueError(f"The checkpoint does not fit {type(model).__name__}: {mismatch}. Check that the model name "
+                         "(size, axial/mixed, +APE) and its arguments (depth, patch size, ...) match the checkpoint.")
     return out, initialised
 
 
@@ -182,72 +184,73 @@ def convert_state_dict(state_dict: dict[str, Any], model: nn.Module) -> dict[str
     the identity) with a ``WeightsNotLoadedWarning``; ``load_weights`` also returns them as a ``LoadReport``.
 
     Raises:
-        ValueError: the checkpoint does not fit the model; the message lists the missing and unexpected keys.
+        ValueError: the checkpoint does not fit the model; the message lists the missing, unexpected and reshaped
+            keys.
     """
     out, initialised = _convert(state_dict, model)
     _warn(_report(None, out, initialised))
     return out
 
 
-def checkpoint_filter_fn(state_dict: dict[str, Any], model: nn.Module) -> dict[str, Tensor]:
+def _fit_classifier(state_dict: dict[str, Tensor], model: nn.Module, headless: bool = False,
+                    declared: int | None = None) -> tuple[tuple[str, ...], dict[str, list[str]]]:
+    """Take the checkpoint's classifier out of ``state_dict`` unless the model loads it as it is.
+
+    Args:
+        headless: the model's classifier goes after loading (timm's ``features_only``): none is needed.
+        declared: the pretrained config's class count when timm's loader drops the classifier whatever it holds
+            (it does when the model's class count differs from the config's).
+
+    Returns:
+        The checkpoint keys taken out, and ``{why: the model's classifier keys}`` when those keep their
+        initialisation.
+    """
+    target = model.state_dict()
+    ours = [] if headless else [key for key in _CLASSIFIER if key in target]
+    theirs = [key for key in _CLASSIFIER if key in state_dict]
+    classes = target[ours[0]].shape[0] if ours else 0
+    if not ours:
+        reason = None  # nothing to fill: num_classes=0 or features_only
+    elif not theirs:
+        reason = "classifier absent from the checkpoint"
+    elif [state_dict[key].shape for key in theirs] != [target[key].shape for key in ours]:
+        reason = (f"classifier of another size: the checkpoint has {state_dict[theirs[0]].shape[0]} classes, the "
+                  f"model {classes}")
+    elif declared is not None:
+        reason = (f"classifier dropped by timm, as num_classes ({classes}) differs from the pretrained config's "
+                  f"({declared}): put num_classes={classes} in pretrained_cfg_overlay to load the checkpoint's")
+    else:
+        return (), {}
+    for key in theirs:
+        del state_dict[key]
+    return tuple(theirs), {reason: ours} if reason else {}
+
+
+def checkpoint_filter_fn(state_dict: dict[str, Any], model: nn.Module, features_only: bool = False
+                         ) -> dict[str, Tensor]:
     """timm ``pretrained_filter_fn``: lets ``create_model(..., pretrained=True)`` take any supported source.
 
-    Sets ``model.load_report`` (timm then loads exactly the returned weights) and warns like ``convert_state_dict``.
+    Sets ``model.load_report`` and warns like ``load_weights``; timm then loads exactly the returned weights. timm's
+    loader drops the classifier whenever the model's class count differs from the pretrained config's, so the
+    report counts it as initialised then, saying why. When timm keeps it, a classifier that does not fit is a
+    ``ValueError`` naming both class counts on its first line and the two fixes on the next.
+
+    Args:
+        features_only: timm builds a feature extractor, whose classifier is removed after loading.
     """
     out, initialised = _convert(state_dict, model)
-    model.load_report = _report(None, out, initialised)
+    cfg = getattr(model, "pretrained_cfg", None) or {}
+    declared = cfg.get("num_classes") if cfg.get("classifier") else None
+    drops = features_only or (declared is not None and getattr(model, "num_classes", 0) != declared)
+    skipped, head = _fit_classifier(out, model, features_only, declared if drops else None)
+    if head and not drops:  # timm loads it strictly: say why it cannot, rather than torch's shape error
+        raise ValueError(f"The checkpoint does not fit {type(model).__name__}: {next(iter(head))}.\ntimm loads the "
+                         f"classifier as it is, since num_classes equals the pretrained config's ({declared}); pass "
+                         "the checkpoint's class count as num_classes, or put it in pretrained_cfg_overlay (as "
+                         "num_classes) to start a new classifier.")
+    model.load_report = _report(None, out, {**initialised, **head}, skipped)
     _warn(model.load_report)
     return out
-
-
-def _well_formed(path: Path) -> bool:
-    """True when ``path`` parses as safetensors, or as a torch pickle that needs classes ``weights_only`` refuses."""
-    find = getattr(torch.serialization, "get_unsafe_globals_in_checkpoint", None)  # torch >= 2.5
-    try:
-        with safe_open(str(path), framework="pt"):
-            return True
-    except Exception:  # not safetensors: SafetensorError
-        pass
-    try:
-        return find is not None and bool(find(str(path)))
-    except Exception:  # not a torch checkpoint either
-        return False
-
-
-def unreadable_reason(path: str | Path, err: Exception) -> str | None:
-    """What to tell about a checkpoint file whose reading raised ``err`` when its bytes cannot be parsed: that it is
-    truncated or corrupt, the fix, and the library's message; None when ``err`` has another cause, to raise as it is:
-    the operating system's (permissions, memory), or a well-formed file (the other format, a pickle that
-    ``weights_only`` loading refuses to run)."""
-    if isinstance(err, OSError | MemoryError) or _well_formed(Path(path)):
-        return None
-    while err.__cause__ is not None:  # timm re-raises torch's errors with advice for valid files
-        err = err.__cause__
-    text = str(err).split("WeightsUnpickler error:")[-1]  # torch's weights_only failure: the advice before is too
-    detail = next((line.strip() for line in text.splitlines() if line.strip()), "no message")
-    detail = detail if len(detail) <= 200 else detail[:197] + "..."
-    return (f"the file is truncated or corrupt (or not a weights file); download it again or save it again "
-            f"[{type(err).__name__}: {detail}]")
-
-
-def read_weights(path: str | Path) -> dict[str, Any]:
-    """Read a ``.pth`` / ``.pt`` / ``.bin`` (``torch.load(weights_only=True)``) or ``.safetensors`` file, as timm does
-    (its EMA weights when it has them).
-
-    Raises:
-        FileNotFoundError: no file at ``path``.
-        UnreadableCheckpointError: the file cannot be parsed (truncated, corrupt); the message names it.
-    """
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"No checkpoint file at {path}.")
-    try:
-        return load_state_dict(str(path), use_ema=True, weights_only=True)
-    except Exception as err:
-        reason = unreadable_reason(path, err)
-        if reason is None:
-            raise
-        raise UnreadableCheckpointError(f"{path} is not a readable checkpoint: {reason}") from err
 
 
 def load_weights(model: nn.Module, path: str | Path) -> LoadReport:
@@ -260,17 +263,13 @@ def load_weights(model: nn.Module, path: str | Path) -> LoadReport:
         What was loaded and what was initialised instead; also set as ``model.load_report``.
 
     Raises:
-        FileNotFoundError, UnreadableCheckpointError: see ``read_weights``.
-        ValueError: the checkpoint does not fit the model (the message lists the missing and unexpected keys).
+        FileNotFoundError, UnreadableCheckpointError: see ``vit_rope.weights_file.read_weights``.
+        ValueError: the checkpoint does not fit the model (the message lists the missing, unexpected and reshaped
+            keys).
     """
     state_dict, initialised = _convert(read_weights(path), model)
-    target = model.state_dict()
-    skipped = tuple(key for key in _CLASSIFIER if key in state_dict
-                    and (key not in target or state_dict[key].shape != target[key].shape))
-    for key in skipped:
-        del state_dict[key]
-    initialised[HEAD] = [key for key in _CLASSIFIER if key in target and key not in state_dict]
+    skipped, head = _fit_classifier(state_dict, model)
     model.load_state_dict(state_dict, strict=False)  # _convert already checked every key but the head
-    model.load_report = _report(path, state_dict, initialised, skipped)
+    model.load_report = _report(path, state_dict, {**initialised, **head}, skipped)
     _warn(model.load_report)
     return model.load_report

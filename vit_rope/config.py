@@ -11,29 +11,17 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import difflib
+import math
 import types
 import typing
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
 
-import timm
 import yaml
 
-
-class UserError(Exception):
-    """A problem with the user's input (config, data, checkpoint path) rather than a bug in the code.
-
-    ``train.py`` prints the message as a single ``error: ...`` line and exits with code 2 instead of showing a
-    traceback, so every message must say what was wrong, with which value, and what to do about it.
-    """
-
-
-def check_model_name(name: str) -> None:
-    """Raise a ``UserError`` naming the closest timm model when ``name`` is not one (typos are the usual cause)."""
-    if not timm.is_model(name):
-        closest = difflib.get_close_matches(name, timm.list_models(), n=1, cutoff=0)[0]
-        raise UserError(f"unknown model '{name}'; did you mean '{closest}'? (see timm.list_models())")
+from vit_rope.checks import check_config
+from vit_rope.errors import UserError
 
 
 @dataclasses.dataclass
@@ -107,10 +95,6 @@ class Config:
 CLI_FLAGS = {"data_dir": "DIR", "output": "DIR", "model": "NAME", "img_size": "N", "epochs": "N", "batch_size": "N",
              "device": "auto|cuda|cpu", "resume": "PATH", "log_interval": "N"}  # shorthands for key=value
 _HINTS = typing.get_type_hints(Config)
-_POSITIVE = ("img_size", "epochs", "batch_size", "lr")
-_NON_NEGATIVE = ("workers", "threads", "log_interval", "warmup_epochs", "cache_size", "drop_path", "weight_decay",
-                 "mixup", "cutmix")
-_PROBABILITIES = ("hflip", "reprob", "mixup_prob", "mixup_switch_prob", "smoothing")
 
 
 def _unknown_key(key: str, source: str) -> UserError:
@@ -119,38 +103,57 @@ def _unknown_key(key: str, source: str) -> UserError:
 
 
 def _type_name(hint: Any) -> str:
-    return getattr(hint, "__name__", None) or str(hint).replace("typing.", "")
+    """How the expected type of a key reads in an error: ``int``, ``a list of float``, ``'cpu' or 'cuda'``, ..."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin in (typing.Union, types.UnionType):
+        return " or ".join(_type_name(arg) if arg is not type(None) else "null" for arg in args)
+    if origin is Literal:
+        return " or ".join(repr(arg) for arg in args)
+    if origin is list:
+        return f"a list of {args[0].__name__}"
+    if origin is dict:
+        return "a mapping such as {depth: 6}"
+    return "true or false" if hint is bool else "a finite number" if hint is float else hint.__name__
 
 
 def _coerce(key: str, value: Any, hint: Any, source: str) -> Any:
-    """Return ``value`` converted to the type ``hint`` or raise a ``UserError`` naming the key and the value.
+    """Return ``value`` converted to the type ``hint`` or raise a ``UserError`` naming the key, the value and the type.
 
-    YAML reads ``4e-3`` as a string (YAML 1.1 wants a dot in floats), so numeric strings are accepted for floats.
+    YAML reads ``4e-3`` as a string (YAML 1.1 wants a dot in floats), so numeric strings are accepted for floats; NaN
+    and infinity are not numbers a setting can take.
     """
     origin, args = typing.get_origin(hint), typing.get_args(hint)
     if origin in (typing.Union, types.UnionType):
         if value is None and type(None) in args:
             return None
-        return _coerce(key, value, next(a for a in args if a is not type(None)), source)
-    if origin is Literal and value in args:
-        return value
-    if hint is bool and isinstance(value, bool):
-        return value
-    if hint is int and isinstance(value, int) and not isinstance(value, bool):
-        return value
-    if hint is float and not isinstance(value, bool):
         try:
-            return float(value)
-        except (TypeError, ValueError):
+            return _coerce(key, value, next(a for a in args if a is not type(None)), source)
+        except UserError:
             pass
-    if hint is str and isinstance(value, str):
+    elif origin is Literal and value in args:
         return value
-    if origin is dict and isinstance(value, dict):
+    elif hint is bool and isinstance(value, bool):
+        return value
+    elif hint is int and isinstance(value, int) and not isinstance(value, bool):
+        return value
+    elif hint is float and isinstance(value, int | float | str) and not isinstance(value, bool):
+        try:
+            number = float(value)
+        except ValueError:
+            pass
+        else:
+            if math.isfinite(number):
+                return number
+    elif hint is str and isinstance(value, str):
+        return value
+    elif origin is dict and isinstance(value, dict):
         return dict(value)
-    if origin is list and isinstance(value, list | tuple):
-        return [_coerce(key, v, args[0], source) for v in value]
-    expected = " or ".join(repr(a) for a in args) if origin is Literal else _type_name(hint)
-    raise UserError(f"config key '{key}' {source} must be {expected}, got {value!r}")
+    elif origin is list and isinstance(value, list | tuple):
+        try:
+            return [_coerce(key, v, args[0], source) for v in value]
+        except UserError as err:
+            raise UserError(f"{err} (an entry of {value!r})") from None
+    raise UserError(f"config key '{key}' {source} must be {_type_name(hint)}, got {value!r}")
 
 
 def _is_text(hint: Any) -> bool:
@@ -206,31 +209,22 @@ def parse_override(item: str) -> tuple[str, str | None, Any]:
     if subkey:
         if typing.get_origin(hint) is not dict:
             raise UserError(f"'{key}.{subkey}' on the command line: only dict keys such as model_kwargs take a '.'")
-        return key, subkey, yaml.safe_load(text)
+        return key, subkey, _read_yaml(item, text)
     if _is_text(hint):  # paths and names stay verbatim: YAML would mangle 'a: b' or '#'
         value = None if text in ("", "null", "~") else text
     else:
-        value = yaml.safe_load(text)
+        value = _read_yaml(item, text)
     return key, None, _coerce(key, value, hint, "on the command line")
 
 
-def _check_ranges(cfg: Config) -> None:
-    for key in _POSITIVE:
-        if getattr(cfg, key) <= 0:
-            raise UserError(f"config key '{key}' must be > 0, got {getattr(cfg, key)}")
-    for key in _NON_NEGATIVE:
-        if getattr(cfg, key) < 0:
-            raise UserError(f"config key '{key}' must be >= 0, got {getattr(cfg, key)}")
-    for key in _PROBABILITIES:
-        if not 0 <= getattr(cfg, key) <= 1:
-            raise UserError(f"config key '{key}' must be between 0 and 1, got {getattr(cfg, key)}")
-    if len(cfg.scale) != 2 or not 0 < cfg.scale[0] <= cfg.scale[1]:
-        raise UserError(f"config key 'scale' must be [min, max] crop area fractions, got {cfg.scale}")
-    for size in cfg.train_sizes:  # multiples of the patch size are checked once the model is built (train.py)
-        if size <= 0:
-            raise UserError(f"config key 'train_sizes' must list sizes > 0 (pixels), got {size} in {cfg.train_sizes}")
-    if (cfg.mixup > 0 or cfg.cutmix > 0) and cfg.batch_size % 2:
-        raise UserError(f"batch_size must be even when mixup or cutmix is on (timm mixes pairs), got {cfg.batch_size}")
+def _read_yaml(item: str, text: str) -> Any:
+    """The value of the override ``item`` read as YAML, or a ``UserError`` quoting it."""
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        problem = getattr(err, "problem", None) or " ".join(str(err).split())
+        raise UserError(f"command-line override '{item}' is not valid YAML ({problem}); write lists as [1, 2], "
+                        "mappings as {depth: 6}, and quote text with ':' or '#' in it") from None
 
 
 def build_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -> Config:
@@ -248,7 +242,7 @@ def build_config(path: str | Path | None = None, overrides: Sequence[str] = ()) 
         key, entry, value = parse_override(item)
         values[key] = {**values.get(key, {}), entry: value} if entry else value
     cfg = Config(**values)
-    _check_ranges(cfg)
+    check_config(cfg)
     return cfg
 
 

@@ -215,7 +215,8 @@ def _tensor_loaders(cfg: Config, train: tuple[list[Sample], DecodedImages], val:
     """The batched pipeline over the decoded caches; on CUDA the stores move to the GPU (crops never leave it)."""
     common = dict(size=cfg.img_size, mean=data_config["mean"], std=data_config["std"], seed=cfg.seed, rank=rank,
                   world_size=world_size, device=device)
-    train_store, val_store = (TensorStore.from_decoded(cache, [target for _, target in samples]).to(device)
+    train_store, val_store = (TensorStore.from_decoded(cache, [target for _, target in samples],
+                                                       [path for path, _ in samples]).to(device)
                               for samples, cache in (train, val))
     schedule = SizeSchedule(tuple(cfg.train_sizes), cfg.img_size, cfg.batch_size, cfg.seed, cfg.token_budget,
                             even=cfg.mixup > 0 or cfg.cutmix > 0) if cfg.train_sizes else None

@@ -5,7 +5,9 @@ Peng et al. 2023): a channel pair that completes less than one turn across the t
 that a larger grid produces. Mixed RoPE learns its directions, which the plot shows per layer and head. Attention
 entropy tells whether attention spreads out (dilutes) as the token count grows.
 
-``python -m vit_rope.diagnose --checkpoint PATH [--sizes 224 320 512] [--data-dir DIR] [--output DIR]``
+``python -m vit_rope.diagnose --checkpoint PATH [--sizes 224 320 512] [--data-dir DIR [--val-split NAME]]
+[--output DIR]``; ``--model NAME`` takes ``--pretrained-file PATH``, or ``--random-init`` to look at the
+initialisation.
 """
 
 from __future__ import annotations
@@ -21,9 +23,10 @@ import torch
 from torch import Tensor, nn
 
 from . import registry  # noqa: F401  (registers the models)
+from .checks import check_model_name, check_multiple, patch_size
 from .config import UserError
-from .data import ImageFolderDataset, find_images
-from .eval_models import load_pretrained, load_trained
+from .data import ImageFolderDataset, Sample, find_images
+from .eval_models import EvalModel, load_pretrained, load_trained
 from .evaluate import eval_transform, parse_kwarg, subset
 from .model import RoPEVisionTransformer
 
@@ -107,38 +110,33 @@ def main(argv: list[str] | None = None) -> int:
     source.add_argument("--checkpoint", help="a train.py checkpoint")
     source.add_argument("--model", help="a vit_rope timm model name (with --pretrained-file for weights)")
     parser.add_argument("--pretrained-file", help="weights for --model")
+    parser.add_argument("--random-init", action="store_true",
+                        help="diagnose --model without weights, at its random initialisation (labelled so)")
     parser.add_argument("--model-kwargs", nargs="*", type=parse_kwarg, default=[], metavar="KEY=VALUE")
     parser.add_argument("--sizes", nargs="+", type=int, default=[224, 320, 384, 512], help="image sizes to inspect")
-    parser.add_argument("--data-dir", help="ImageFolder root whose val/ images feed the entropy (else noise)")
+    parser.add_argument("--data-dir", help="ImageFolder root whose val split feeds the entropy (else noise)")
+    parser.add_argument("--val-split", metavar="NAME", help="folder of --data-dir to take images from (default: the "
+                        "checkpoint's val_split, else val)")
     parser.add_argument("--num-images", type=int, default=8)
     parser.add_argument("--output", default="output/diagnose")
     args = parser.parse_args(argv)
     try:
-        if args.checkpoint:
-            model = load_trained(args.checkpoint).model
-        else:
-            model = load_pretrained(args.model, args.pretrained_file, 1000, model_kwargs=dict(args.model_kwargs)).model
+        entry, samples = _load(args)
     except UserError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    if not isinstance(model, RoPEVisionTransformer):
-        print(f"error: {type(model).__name__} is not a vit_rope model: nothing to diagnose", file=sys.stderr)
-        return 2
-    patch = model.patch_embed.patch_size[0]
-    bad = [s for s in args.sizes if s % patch]
-    if bad:
-        print(f"error: sizes {bad} are not multiples of the patch size {patch}", file=sys.stderr)
-        return 2
+    model, patch = entry.model, patch_size(entry.model)
     out = Path(args.output)
     out.mkdir(parents=True, exist_ok=True)
 
-    report: dict[str, Any] = {"kind": model.rope_kind, "policy": model.rope_policy.name, "sizes": {}}
+    report: dict[str, Any] = {"model": entry.label, "kind": model.rope_kind, "policy": model.rope_policy.name,
+                              "sizes": {}}
     train_grid = model.rope_modules()[0].train_grid
-    print(f"RoPE {model.rope_kind}, policy {model.rope_policy.name}, training grid {train_grid}")
+    print(f"{entry.label}: RoPE {model.rope_kind}, policy {model.rope_policy.name}, training grid {train_grid}")
     print(f"{'size':>6s} {'unseen-phase channels':>22s} {'attention entropy per layer (nats)'}")
     for size in args.sizes:
         coverage = frequency_coverage(model, (size // patch, size // patch))
-        entropy = attention_entropy(model, _images(args.data_dir, size, args.num_images))
+        entropy = attention_entropy(model, _images(samples, size, args.num_images))
         unseen, pairs = sum(r["unseen"] for r in coverage), sum(r["pairs"] for r in coverage)
         report["sizes"][size] = dict(coverage=coverage, entropy=entropy, unseen=unseen, pairs=pairs)
         print(f"{size:6d} {f'{unseen}/{pairs}':>22s} {' '.join(f'{e:.2f}' for e in entropy)}")
@@ -149,11 +147,40 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _images(data_dir: str | None, size: int, count: int) -> Tensor:
-    """``count`` val images evenly spread over the classes, under the evaluation protocol; noise without data."""
-    if data_dir is None:
+def _load(args: argparse.Namespace) -> tuple[EvalModel, list[Sample] | None]:
+    """The model to diagnose and the images that feed the entropy (None: noise), every argument checked first."""
+    kwargs = dict(args.model_kwargs)
+    bad = [size for size in args.sizes if size <= 0]
+    if bad or args.num_images <= 0:
+        what = f"--sizes entry {bad[0]}" if bad else f"--num-images {args.num_images}"
+        raise UserError(f"{what} must be > 0 (e.g. --sizes 224 320 512 --num-images 8)")
+    if args.data_dir is not None and not Path(args.data_dir).is_dir():
+        raise UserError(f"--data-dir {args.data_dir} does not exist; pass an ImageFolder root (its val split holds "
+                        "one folder per class), or leave it out to feed noise")
+    if args.model:  # a typo before the advice about weights
+        check_model_name(args.model)
+    if args.model and args.pretrained_file is None and not kwargs.get("pretrained") and not args.random_init:
+        raise UserError(f"--model {args.model} has no weights, so its random initialisation would be diagnosed: "
+                        "pass --pretrained-file PATH or --model-kwargs pretrained=true, or --random-init to diagnose "
+                        "the initialisation on purpose")
+    if args.checkpoint:
+        entry = load_trained(args.checkpoint)
+    else:  # the classifier plays no part: built without one, whatever the file's class count
+        entry = load_pretrained(args.model, args.pretrained_file, 0, model_kwargs={**kwargs, "num_classes": 0})
+    if not isinstance(entry.model, RoPEVisionTransformer):
+        raise UserError(f"{entry.label} is a {type(entry.model).__name__}, not a vit_rope model: nothing to "
+                        "diagnose; pass a vit_rope_* model or a checkpoint of one")
+    check_multiple("--sizes entry", args.sizes, entry.model, entry.label)
+    if args.data_dir is None:
+        return entry, None
+    split = args.val_split or entry.val_split or "val"
+    return entry, find_images(Path(args.data_dir) / split, split_key="--val-split")[0]
+
+
+def _images(samples: list[Sample] | None, size: int, count: int) -> Tensor:
+    """``count`` images evenly spread over the classes, under the evaluation protocol; noise without data."""
+    if samples is None:
         return torch.randn(count, 3, size, size, generator=torch.Generator().manual_seed(0))
-    samples, _ = find_images(Path(data_dir) / "val")
     dataset = ImageFolderDataset([samples[i] for i in subset(len(samples), count)], eval_transform(size, 1.0))
     return torch.stack([dataset[i][0] for i in range(len(dataset))])
 

@@ -1,8 +1,12 @@
-"""Accuracy against input resolution: checkpoints or timm models on ``DIR/val`` at several sizes and RoPE policies.
+"""Accuracy against input resolution: checkpoints or timm models on ``DIR/val`` (``--val-split``) at several sizes and
+RoPE policies.
 
     python -m vit_rope.evaluate --checkpoint output/run/best.pth --data-dir DIR --img-sizes 160 224 320 \
         --policy extrapolate interpolate ntk yarn
     python -m vit_rope.evaluate --model vit_small_patch16_224 --pretrained-file vit_s.safetensors --data-dir DIR ...
+
+A ``--model`` without weights (no ``--pretrained-file``, no ``--model-kwargs pretrained=true``) is refused unless
+``--random-init`` asks for its random initialisation, which the reports then label ``random init``.
 
 Writes OUTPUT/results.json, results.md and accuracy_vs_resolution.png (``vit_rope.report``). Exit codes: 0 done, 2 bad
 input (sizes, policies, data folder, checkpoint), all checked before any evaluation starts. One protocol for every
@@ -26,6 +30,7 @@ from torch import nn
 from torch.utils.data import DataLoader, Subset
 from tqdm import tqdm
 
+from vit_rope.checks import check_model_name, check_multiple
 from vit_rope.config import UserError
 from vit_rope.data import ImageFolderDataset, find_images, resolve_data_dir
 from vit_rope.engine import set_cpu_threads
@@ -50,29 +55,32 @@ def label_map(model: EvalModel, val_classes: list[str], val_dir: Path) -> torch.
     return torch.arange(outputs)
 
 
-def check_inputs(val_dir: Path, policies: Sequence[str]) -> tuple[list[tuple[str, int]], list[str]]:
-    """Check the policy names and scan ``val_dir``: ``(path, class index)`` of each image, and the class names.
-
-    The cheap checks, run before any checkpoint is loaded so that a typo fails at once.
-    """
+def check_options(policies: Sequence[str], crop_pct: float) -> None:
+    """The checks that need no model and no data, run first so that a typo fails at once."""
     unknown = sorted(set(policies) - set(POLICIES))
     if unknown:
         raise UserError(f"unknown RoPE policy {', '.join(unknown)}: choose from {', '.join(POLICIES)}")
-    if not val_dir.is_dir():
-        raise UserError(f"{val_dir} does not exist; --data-dir must hold val/ with one folder per class")
-    return find_images(val_dir)
+    if not 0 < crop_pct <= 1:
+        raise UserError(f"--crop-pct {crop_pct} is outside (0, 1]: it is the fraction of the resized image that the "
+                        "center crop keeps (1.0 keeps all of it, 0.875 is timm's usual)")
+
+
+def choose_split(given: str | None, models: Sequence[EvalModel]) -> str:
+    """``--val-split`` when given, else the split the checkpoints' training runs validated on, else ``val``."""
+    if given:
+        return given
+    splits = {entry.val_split for entry in models if entry.val_split}
+    if len(splits) > 1:
+        used = ", ".join(f"{entry.label}: {entry.val_split}" for entry in models if entry.val_split)
+        raise UserError(f"the checkpoints were validated on different splits ({used}); pass --val-split to pick the "
+                        "one to evaluate on")
+    return splits.pop() if splits else "val"
 
 
 def check_sizes(sizes: Sequence[int], models: Sequence[EvalModel]) -> None:
     """Reject sizes that do not tile into whole patches, naming the nearest sizes that do."""
     for entry in models:
-        patch = getattr(getattr(entry.model, "patch_embed", None), "patch_size", None)
-        for size in sizes:
-            if patch and size % patch[0]:
-                lower = size // patch[0] * patch[0]
-                use = f"{lower} or {lower + patch[0]}" if lower else f"{patch[0]}"
-                raise UserError(f"size {size} is not a multiple of the patch size {patch[0]} of {entry.label}: "
-                                f"use {use}")
+        check_multiple("size", sizes, entry.model, entry.label)
 
 
 def eval_transform(size: int, crop_pct: float) -> Any:
@@ -108,8 +116,10 @@ def protocol(crop_pct: float) -> str:
 @torch.inference_mode()
 def evaluate_models(models: Sequence[EvalModel], data_dir: str | Path, img_sizes: Sequence[int],
                     policies: Sequence[str] = ("extrapolate",), crop_pct: float = 1.0, device: str = "auto",
-                    limit: int | None = None, batch_size: int = 64, workers: int = 4) -> list[dict[str, Any]]:
-    """Top-1, top-5 (%), loss and images/s of every model at every size, once per policy for RoPE models.
+                    limit: int | None = None, batch_size: int = 64, workers: int = 4,
+                    val_split: str = "val") -> list[dict[str, Any]]:
+    """Top-1, top-5 (%), loss and images/s of every model at every size on ``data_dir/val_split``, once per policy for
+    RoPE models.
 
     Models without ``set_rope_policy`` (timm's ViTs and RoPE ports, CNNs) run once, with policy None.
     ``images_per_s`` is the model's forward throughput (data loading excluded). Raises ``UserError`` for bad input
@@ -118,8 +128,9 @@ def evaluate_models(models: Sequence[EvalModel], data_dir: str | Path, img_sizes
     device = ("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else device
     if device == "cuda" and not torch.cuda.is_available():
         raise UserError("--device cuda was requested but PyTorch sees no CUDA GPU; pass --device cpu")
-    val_dir = Path(data_dir) / "val"
-    samples, val_classes = check_inputs(val_dir, policies)
+    check_options(policies, crop_pct)
+    val_dir = Path(data_dir) / val_split
+    samples, val_classes = find_images(val_dir, split_key="--val-split")
     check_sizes(img_sizes, models)
     for entry in models:
         check_loaded(entry.model, entry.label)
@@ -176,6 +187,12 @@ def _positive(text: str) -> int:
     return int(text)
 
 
+def _count(text: str) -> int:
+    if not text.isdigit():
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number >= 0")
+    return int(text)
+
+
 def parse_kwarg(text: str) -> tuple[str, Any]:
     key, sep, value = text.partition("=")
     if not sep or not key:
@@ -188,12 +205,18 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--checkpoint", nargs="+", default=[], metavar="PATH", help="train.py checkpoints")
     parser.add_argument("--model", nargs="+", default=[], metavar="NAME", help="timm model names")
     parser.add_argument("--pretrained-file", nargs="+", metavar="PATH", help="weights for each --model, in order")
+    parser.add_argument("--random-init", action="store_true",
+                        help="evaluate a --model without weights (no --pretrained-file, no --model-kwargs "
+                        "pretrained=true) at its random initialisation, labelled 'random init': chance accuracy, "
+                        "for timing")
     parser.add_argument("--model-kwargs", nargs="+", type=parse_kwarg, default=[], metavar="KEY=VALUE",
                         help="extra timm.create_model arguments for every --model (values read as YAML)")
     parser.add_argument("--train-size", type=_positive, help="training size of the --model models (default: theirs)")
     parser.add_argument("--no-ema", action="store_true", help="evaluate a checkpoint's model weights, not its EMA")
-    parser.add_argument("--data-dir", help="dataset root holding val/ (one folder per class); default as train.py: "
-                        "../shared/data/imagenette when it exists, else Imagenette downloaded")
+    parser.add_argument("--data-dir", help="dataset root holding the val split (one folder per class); default as "
+                        "train.py: ../shared/data/imagenette when it exists, else Imagenette downloaded")
+    parser.add_argument("--val-split", metavar="NAME", help="folder of --data-dir to evaluate on (default: the "
+                        "val_split the checkpoints were trained with, else val)")
     parser.add_argument("--img-sizes", nargs="+", type=_positive, default=[224], metavar="SIZE",
                         help="square input sizes, multiples of the patch size (default 224)")
     parser.add_argument("--policy", nargs="+", default=["extrapolate"],
@@ -204,7 +227,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="auto (default): CUDA with bf16 autocast when available")
     parser.add_argument("--limit", type=_positive, help="evaluate this many images, spread evenly over the classes")
     parser.add_argument("--batch-size", type=_positive, default=64, help="default 64")
-    parser.add_argument("--workers", type=int, default=4, help="data loader processes (default 4; 0 loads here)")
+    parser.add_argument("--workers", type=_count, default=4, help="data loader processes (default 4; 0 loads here)")
     return parser
 
 
@@ -217,23 +240,34 @@ def main(argv: list[str] | None = None) -> int:
     weights = args.pretrained_file or [None] * len(args.model)
     if len(weights) != len(args.model):
         parser.error(f"--pretrained-file takes one file per --model: got {len(weights)} for {len(args.model)}")
-    if not 0 < args.crop_pct <= 1:
-        parser.error(f"--crop-pct {args.crop_pct} is outside (0, 1]")
     try:
+        check_options(args.policy, args.crop_pct)
+        for name in args.model:  # a typo before the advice about weights
+            check_model_name(name)
+        unloaded = [name for name, file in zip(args.model, weights, strict=True)
+                    if file is None and not dict(args.model_kwargs).get("pretrained")]
+        if unloaded and not args.random_init:
+            raise UserError(f"--model {unloaded[0]} has no weights, so it would be evaluated at its random "
+                            "initialisation: pass --pretrained-file PATH (one per --model) or --model-kwargs "
+                            "pretrained=true for timm's published weights, or --random-init to evaluate random "
+                            "weights on purpose")
         if args.device != "cuda":  # loader workers need cores of their own, or every thread stalls
             set_cpu_threads(0, args.workers)
         data_dir = resolve_data_dir(args.data_dir)
-        val_dir = data_dir / "val"
-        num_classes = len(check_inputs(val_dir, args.policy)[1])
         models = [load_trained(path, not args.no_ema) for path in args.checkpoint]
+        split = choose_split(args.val_split, models)
+        num_classes = len(find_images(data_dir / split, split_key="--val-split")[1])
         models += [load_pretrained(name, file, num_classes, args.train_size, dict(args.model_kwargs))
                    for name, file in zip(args.model, weights, strict=True)]
         check_sizes(args.img_sizes, models)
-        print(f"protocol: {protocol(args.crop_pct)}; sizes {args.img_sizes}; {val_dir}"
+        print(f"protocol: {protocol(args.crop_pct)}; sizes {args.img_sizes}; {data_dir / split}"
               + (f", {args.limit} images evenly spread" if args.limit else ""), flush=True)
         print("\n".join(f"  {entry.label}: trained at {entry.train_size} px" for entry in models), flush=True)
+        if unloaded:
+            print(f"warning: {', '.join(unloaded)} evaluated with random weights (--random-init): chance accuracy, "
+                  "labelled 'random init'", flush=True)
         results = evaluate_models(models, data_dir, args.img_sizes, args.policy, args.crop_pct, args.device,
-                                  args.limit, args.batch_size, args.workers)
+                                  args.limit, args.batch_size, args.workers, split)
     except UserError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

@@ -39,13 +39,17 @@ class TensorStore:
         offsets: ``[N]`` start of each image in ``data``.
         shapes: ``[N, 2]`` (height, width); height 0 marks an image that could not be decoded.
         targets: ``[N]`` class indices.
+        paths: the file of each image, named when it is unreadable; None names them by index.
     """
 
-    def __init__(self, data: Tensor, offsets: Tensor, shapes: Tensor, targets: Tensor | Sequence[int]) -> None:
+    def __init__(self, data: Tensor, offsets: Tensor, shapes: Tensor, targets: Tensor | Sequence[int],
+                 paths: Sequence[str] | None = None) -> None:
         self.data, self.offsets = data, offsets.cpu().long()
         self.shapes, self.targets = shapes.cpu().long().reshape(-1, 2), torch.as_tensor(targets).long().cpu()
-        if not len(self.shapes) == len(self.offsets) == len(self.targets):
-            raise ValueError(f"{len(self.shapes)} shapes, {len(self.offsets)} offsets, {len(self.targets)} targets")
+        self.paths = paths
+        if not len(self.shapes) == len(self.offsets) == len(self.targets) == len(paths or self.targets):
+            raise ValueError(f"{len(self.shapes)} shapes, {len(self.offsets)} offsets, {len(self.targets)} targets"
+                             + (f", {len(paths)} paths" if paths is not None else ""))
         readable = torch.nonzero(self.shapes[:, 0] > 0)[:, 0]  # [R], ascending
         if len(readable) == 0:
             raise RuntimeError("no image of the dataset could be read")
@@ -55,9 +59,14 @@ class TensorStore:
         self._skips = (self._next - torch.arange(len(self))) % len(self)  # [N]
 
     @classmethod
-    def from_decoded(cls, images: Any, targets: Tensor | Sequence[int]) -> TensorStore:
+    def from_decoded(cls, images: Any, targets: Tensor | Sequence[int], paths: Sequence[str] | None = None
+                     ) -> TensorStore:
         """A store sharing the tensors of a ``vit_rope.decoded.DecodedImages`` (no copy)."""
-        return cls(images.data, images.offsets, images.shapes, targets)
+        return cls(images.data, images.offsets, images.shapes, targets, paths)
+
+    def names(self, indices: Tensor) -> str:
+        """The files of images ``indices`` (``#index`` when the store was given no paths), for a warning."""
+        return ", ".join(self.paths[i] if self.paths is not None else f"#{i}" for i in indices.tolist())
 
     def __len__(self) -> int:
         return len(self.shapes)
@@ -166,8 +175,9 @@ class BatchLoader:
                    generator: torch.Generator | None) -> tuple[Tensor, Tensor, Tensor]:
         """One batch of any length and output ``size``: random crops etc. from ``generator`` when training."""
         resolved, skips = self.store.resolve(indices)  # [B], [B]
-        if skips.any():
-            _log.warning("replacing unreadable image(s) %s by the next readable one", indices[skips > 0].tolist())
+        if skips.any():  # each such index is itself unreadable (a skip starts there)
+            _log.warning("replacing unreadable image(s) %s by the next readable one", self.store.names(
+                indices.cpu()[skips > 0]))
         padded, heights, widths = self.store.gather(resolved, self.device)  # [B, 3, Hmax, Wmax] uint8
         if self.train:
             boxes = augment.rrc_boxes(heights, widths, self.scale, self.ratio, generator)  # [B, 4]

@@ -10,6 +10,7 @@ too: ``timm.create_model(name, pretrained=True, pretrained_cfg_overlay=dict(file
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 from itertools import product
 from typing import Any
 
@@ -68,12 +69,14 @@ default_cfgs = generate_default_cfgs(_default_cfgs())
 
 
 def _create(variant: str, pretrained: bool = False, **kwargs: Any) -> RoPEVisionTransformer:
+    """timm's builder; the checkpoint filter is told about ``features_only``, whose classifier timm drops, so that
+    ``model.load_report`` says what timm's loader then does with the checkpoint's classifier."""
     out_indices = kwargs.pop("out_indices", 3)
     return build_model_with_cfg(
         RoPEVisionTransformer,
         variant,
         pretrained,
-        pretrained_filter_fn=checkpoint_filter_fn,
+        pretrained_filter_fn=partial(checkpoint_filter_fn, features_only=bool(kwargs.get("features_only"))),
         feature_cfg=dict(out_indices=out_indices, feature_cls="getter"),
         **kwargs,
     )

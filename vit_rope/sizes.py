@@ -18,8 +18,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from vit_rope.config import UserError
-
 _TAG = 0x5135E5  # a fourth SeedSequence entry: the size stream differs from the (seed, epoch, rank) augmentation seeds
 
 
@@ -78,21 +76,3 @@ class SizeSchedule:
         rule = (f"token budget of {self.batch_size} x {self.img_size} px" if self.budget
                 else "fixed batch, no token budget")
         return f"variable resolution, one size per step: {batches} images ({rule})"
-
-
-def check_patch_multiple(sizes: Sequence[int], patch_size: int | Sequence[int] | None, model: str = "the model"
-                         ) -> None:
-    """Raise a ``UserError`` naming the first size that does not tile into whole patches, with the nearest fixes.
-
-    Args:
-        patch_size: the model's ``patch_embed.patch_size`` (int or (h, w)); None (a CNN) accepts any size.
-    """
-    if patch_size is None:
-        return
-    patch = int(np.lcm.reduce([int(p) for p in patch_size])) if isinstance(patch_size, Sequence) else int(patch_size)
-    for size in sizes:
-        if size <= 0 or size % patch:
-            below, above = max(patch, size // patch * patch), (max(size, 0) // patch + 1) * patch
-            fix = f"{below} or {above}" if below != above else f"{above}"
-            raise UserError(f"train_sizes entry {size} is not a positive multiple of {model}'s patch size {patch}; "
-                            f"use e.g. {fix}")

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -32,7 +33,8 @@ HOLD_POINTS = 1.0  # the largest loss from the training size to 2x that counts a
 
 
 def study_begin(results_dir: Path) -> str:
-    """The README line that opens the section of the study in ``results_dir`` (a path relative to the repo)."""
+    """The line that opens the section of the study in ``results_dir`` (a path relative to the repo) in its docs page
+    (``docs/studies.md``)."""
     return f"<!-- study:begin (written by scripts/imagenette_study.py --report from {results_dir.as_posix()}) -->"
 
 
@@ -150,9 +152,9 @@ def _evaluations(results_dir: Path) -> tuple[str, list[dict[str, Any]]]:
 
 
 def write_study(results_dir: Path, readme: Path | None = None) -> str:
-    """Seed-merged report of a study folder: ``summary.md``, two plots and, given ``readme``, the README's section
-    between ``study_begin(results_dir)`` and the next ``STUDY_END``. ``results_dir`` is relative to the repo root,
-    as the README links into it. Returns the section."""
+    """Seed-merged report of a study folder: ``summary.md``, two plots and, given ``readme`` (the docs page, e.g.
+    ``docs/studies.md``), that page's section between ``study_begin(results_dir)`` and the next ``STUDY_END``.
+    ``results_dir`` is relative to the repo root, and the section names its files by that path. Returns the section."""
     protocol, results = _evaluations(results_dir)
     runs = json.loads((results_dir / "runs.json").read_text())
     machine = json.loads((results_dir / "machine.json").read_text())
@@ -193,11 +195,14 @@ def write_study(results_dir: Path, readme: Path | None = None) -> str:
                      "training-size top-1 at 2x, and above the APE model of the same recipe at 2x and at the largest "
                      "size with every seed (seed ranges apart). `apart`: every seed of the RoPE arm above every seed "
                      "of its APE; `below`: every one under; `overlap`: neither.\n\n" + _verdict(merged, runs))
-    parts.append(f"![as trained]({where}/summary_as_trained.png)"
-                 + (f"\n![policies]({where}/summary_policies.png)" if policies else ""))
-    section = "\n\n".join(parts)
+    def with_plots(folder: str) -> str:  # the plots, linked from a page in another folder
+        return "\n\n".join([*parts, f"![as trained]({folder}summary_as_trained.png)"
+                              + (f"\n![policies]({folder}summary_policies.png)" if policies else "")])
+
+    section = with_plots("")
     (results_dir / "summary.md").write_text("# Resolution extrapolation on Imagenette\n\n" + section + "\n")
     if readme is not None:
+        section = with_plots(Path(os.path.relpath(results_dir, readme.parent)).as_posix() + "/")
         text, begin = readme.read_text(), study_begin(results_dir)
         if begin not in text or STUDY_END not in text.split(begin, 1)[-1]:
             raise ValueError(f"{readme} has no study section to update: add the lines {begin!r} and {STUDY_END!r} "

@@ -14,10 +14,11 @@ from typing import Any
 import numpy as np
 import torch
 import torch.distributed as dist
+from torch import nn
 
-from vit_rope.checkpoint import unreadable_reason
 from vit_rope.config import UserError
 from vit_rope.engine import DistEnv
+from vit_rope.weights_file import unreadable_reason, weights_mismatch
 
 CHECKPOINT_FORMAT = "vit_rope.train/1"
 
@@ -71,7 +72,7 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
     """Read a checkpoint written by ``save_checkpoint``, with a clear error for anything else.
 
     Loads with ``weights_only=True``: no code from the file is executed. A truncated or corrupt file is a
-    ``UserError`` that says so (``vit_rope.checkpoint.unreadable_reason``).
+    ``UserError`` that says so (``vit_rope.weights_file.unreadable_reason``).
     """
     if not Path(path).is_file():
         raise UserError(f"checkpoint {path} does not exist; pass OUTPUT/last.pth of an earlier run")
@@ -89,11 +90,15 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
     return ckpt
 
 
-def load_state(module: Any, state: dict[str, Any], what: str, path: str | Path) -> None:
-    """``module.load_state_dict(state)`` with a mismatch reported as a ``UserError`` naming the checkpoint."""
+def load_state(module: Any, state: dict[str, Any], what: str, path: str | Path,
+               fix: str = "resume with the model and optimizer settings of the run that wrote it") -> None:
+    """``module.load_state_dict(state)`` with a mismatch reported as a ``UserError`` naming the checkpoint, the keys
+    that do not fit (for a model) and ``fix``."""
+    mismatch = weights_mismatch(module.state_dict(), state) if isinstance(module, nn.Module) else ""
+    if mismatch:
+        raise UserError(f"the {what} in {path} does not fit this run ({mismatch}); {fix}")
     try:
         module.load_state_dict(state)
     except (RuntimeError, ValueError, KeyError) as err:
         first = str(err).strip().splitlines()[0]
-        raise UserError(f"the {what} in {path} does not fit this run ({first}); resume with the model and "
-                        "optimizer settings of the run that wrote it") from None
+        raise UserError(f"the {what} in {path} does not fit this run ({first}); {fix}") from None

@@ -1,0 +1,84 @@
+"""Weights files and state dicts as users meet them: a file read with an error that tells a corrupt file from a
+wrong one, and the keys that keep a state dict from fitting a model, listed on one line.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import safe_open
+from timm.models import load_state_dict
+
+
+class UnreadableCheckpointError(ValueError):
+    """A weights file whose bytes the library could not parse: truncated, corrupt, or not a checkpoint at all."""
+
+
+def _well_formed(path: Path) -> bool:
+    """True when ``path`` parses as safetensors, or as a torch pickle that needs classes ``weights_only`` refuses."""
+    find = getattr(torch.serialization, "get_unsafe_globals_in_checkpoint", None)  # torch >= 2.5
+    try:
+        with safe_open(str(path), framework="pt"):
+            return True
+    except Exception:  # not safetensors: SafetensorError
+        pass
+    try:
+        return find is not None and bool(find(str(path)))
+    except Exception:  # not a torch checkpoint either
+        return False
+
+
+def unreadable_reason(path: str | Path, err: Exception) -> str | None:
+    """What to tell about a checkpoint file whose reading raised ``err`` when its bytes cannot be parsed: that it is
+    truncated or corrupt, the fix, and the library's message; None when ``err`` has another cause, to raise as it is:
+    the operating system's (permissions, memory), or a well-formed file (the other format, a pickle that
+    ``weights_only`` loading refuses to run)."""
+    if isinstance(err, OSError | MemoryError) or _well_formed(Path(path)):
+        return None
+    while err.__cause__ is not None:  # timm re-raises torch's errors with advice for valid files
+        err = err.__cause__
+    text = str(err).split("WeightsUnpickler error:")[-1]  # torch's weights_only failure: the advice before is too
+    detail = next((line.strip() for line in text.splitlines() if line.strip()), "no message")
+    detail = detail if len(detail) <= 200 else detail[:197] + "..."
+    return (f"the file is truncated or corrupt (or not a weights file); download it again or save it again "
+            f"[{type(err).__name__}: {detail}]")
+
+
+def read_weights(path: str | Path) -> dict[str, Any]:
+    """Read a ``.pth`` / ``.pt`` / ``.bin`` (``torch.load(weights_only=True)``) or ``.safetensors`` file, as timm does
+    (its EMA weights when it has them).
+
+    Raises:
+        FileNotFoundError: no file at ``path``.
+        UnreadableCheckpointError: the file cannot be parsed (truncated, corrupt); the message names it.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"No checkpoint file at {path}.")
+    try:
+        return load_state_dict(str(path), use_ema=True, weights_only=True)
+    except Exception as err:
+        reason = unreadable_reason(path, err)
+        if reason is None:
+            raise
+        raise UnreadableCheckpointError(f"{path} is not a readable checkpoint: {reason}") from err
+
+
+def _listed(keys: Sequence[str], limit: int = 10) -> str:
+    return ", ".join(keys) if len(keys) <= limit else f"{', '.join(keys[:limit])}, ... ({len(keys) - limit} more)"
+
+
+def weights_mismatch(expected: Mapping[str, Any], given: Mapping[str, Any]) -> str:
+    """What keeps the state dict ``given`` from loading strictly into a model whose state dict is ``expected``: its
+    missing, unexpected and reshaped keys (the first 10 of each and a count), or "" when it fits. torch's message puts
+    them on many lines, and a model's hundreds of keys would drown the one error line that the CLIs print."""
+    missing = [key for key in expected if key not in given]
+    unexpected = [key for key in given if key not in expected]
+    shapes = {key: tuple(getattr(given[key], "shape", ())) for key in expected if key in given}
+    reshaped = [f"{key} {shape} in the file, {tuple(expected[key].shape)} in the model" for key, shape in shapes.items()
+                if shape != tuple(expected[key].shape)]
+    return "; ".join(f"{len(keys)} {what}{'s' if len(keys) > 1 else ''}: {_listed(keys)}" for what, keys in (
+        ("missing key", missing), ("unexpected key", unexpected), ("key of another shape", reshaped)) if keys)
