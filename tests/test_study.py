@@ -64,7 +64,10 @@ def test_write_study_updates_the_readme_section_only(tmp_path):
     assert "| RoPE-Mixed | 53.00 | 41.00 (-12.0) | 49.00 (-4.0, interpolate) |" in section  # best policy at 128
     assert "| APE (timm ViT) | 51.00 | 31.00 (-20.0) | 31.00 (-20.0, -) |" in section
     assert "goal met" not in section  # v1 names no baselines, so there is no verdict
-    assert (root / "summary.md").read_text().endswith(section + "\n")
+    # plots linked from where each page is: the README beside results/, summary.md inside it
+    assert "![as trained](results/summary_as_trained.png)" in section
+    summary = (root / "summary.md").read_text()
+    assert summary.endswith(section.replace("](results/summary_", "](summary_") + "\n")
 
 
 def test_write_study_leaves_other_study_sections_alone(tmp_path):
