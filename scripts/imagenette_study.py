@@ -41,7 +41,7 @@ sys.path.insert(0, str(ROOT))
 from vit_rope.config import build_config  # noqa: E402  (after the path set-up, as the script runs from anywhere)
 from vit_rope.policies import POLICIES  # noqa: E402
 from vit_rope.report import machine  # noqa: E402
-from vit_rope.study import is_run, write_study  # noqa: E402
+from vit_rope.study import Goal, is_run, write_study  # noqa: E402
 from vit_rope.train_state import load_checkpoint  # noqa: E402
 
 # study -> (config folder, results folder, training outputs, {arm: (label, arm of the same-recipe APE baseline)}),
@@ -69,6 +69,9 @@ STUDIES = {
 # 10-32).
 SIZES = {"v1": [48, 64, 80, 96, 128, 160], "v2": [48, 64, 80, 96, 128, 160], "v3": [80, 112, 160, 192, 256],
          "vit_s": [80, 112, 160, 192, 256]}
+# The goal each RoPE arm is read against: v1 and v2 hold at 2x and beat APE at 2x and at the largest size; on the
+# 14x14 grid, RoPE-ViT's own claim: hold at 1.43x-1.71x (320 and 384 px of 224) and beat APE at 2.29x (512 px).
+GOALS = {"v3": Goal(hold=(1.43, 1.71), beat=(None,)), "vit_s": Goal(hold=(1.43, 1.71), beat=(None,))}
 # Second crop fraction evaluated (positions as trained only) beside the study's crop 1.0: one crop can favour an arm.
 SECOND_CROP = {"v3": 0.875}
 
@@ -125,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"study {args.study} has no arm {', '.join(unknown)}; its arms are {', '.join(arms)}")
     os.chdir(ROOT)
     if args.report:
-        print(write_study(results, Path(args.readme)))
+        print(write_study(results, Path(args.readme), GOALS.get(args.study, Goal())))
         return 0
     results.mkdir(parents=True, exist_ok=True)
     study = json.loads((results / "runs.json").read_text()) if (results / "runs.json").exists() else []
@@ -182,7 +185,7 @@ def main(argv: list[str] | None = None) -> int:
             {**home, "evaluate_s": seconds, **({"machines": machines} if machines else {})}, indent=2) + "\n")
         (results / "commands.sh").write_text("# the study's commands, as scripts/imagenette_study.py runs them\n"
                                              + "\n".join(commands) + "\n")
-        print(write_study(results, Path(args.readme)))
+        print(write_study(results, Path(args.readme), GOALS.get(args.study, Goal())))
     return 0
 
 

@@ -137,3 +137,43 @@ def test_evaluations_must_share_a_protocol(tmp_path):
     path.write_text(json.dumps({**json.loads(path.read_text()), "protocol": "crop 0.875"}))
     with pytest.raises(ValueError, match="different protocols"):
         study.write_study(root)
+
+
+def test_v3_goal_holds_at_1_43x_to_1_71x_and_a_second_crop_gets_its_own_verdict(tmp_path):
+    """RoPE-ViT's reading on a 14x14 grid (112 px): hold within a point at 160 and 192 px, beat APE at 256 px."""
+    root = tmp_path / "results"
+    sizes = (80, 112, 160, 192, 256)
+    top1 = {"ape": (50.0, 60.0, 59.0, 57.0, 50.0), "mixed": (52.0, 61.0, 60.5, 60.2, 56.0),
+            "axial": (52.0, 61.0, 58.0, 57.0, 52.0)}
+    runs, evaluations, crop = [], {}, {}
+    for arm, values in top1.items():
+        for seed in (0, 1):
+            run = {"name": f"{arm}_s{seed}", "model": arm, "label": arm.upper(), "seed": seed,
+                   "baseline": None if arm == "ape" else "ape", "output": f"output/study/v3/{arm}_s{seed}"}
+            runs.append(run)
+            label, policy = f"m ({run['output']}/last.pth)", None if arm == "ape" else "extrapolate"
+            rows = [{**result(label, policy, size, value + seed * 0.4), "train_size": 112}
+                    for size, value in zip(sizes, values, strict=True)]
+            evaluations.setdefault(arm, []).extend(rows)
+            # at crop 0.875 APE gains 7 points at 256 px: MIXED no longer beats it there
+            crop.setdefault(arm, []).extend({**row, "top1": row["top1"] + (7.0 if arm == "ape" and
+                                                                             row["img_size"] == 256 else 0.0)}
+                                            for row in rows)
+    write_runs(root, runs, evaluations, evaluate_s=dict.fromkeys(top1, 60))
+    for arm, rows in crop.items():
+        (root / "eval_crop0.875" / arm).mkdir(parents=True)
+        (root / "eval_crop0.875" / arm / "results.json").write_text(json.dumps({"protocol": "crop 0.875",
+                                                                                 "results": rows}))
+    section = study.write_study(root, goal=study.Goal(hold=(1.43, 1.71), beat=(None,)))
+    main, crop_part = section.split("**At crop 0.875**", 1)
+    assert "Goal: as trained, within 1 point of the training-size top-1 at 1.43x and at 1.71x, and above the APE " \
+        "model of the same recipe at the largest size with every seed" in main
+    header = "| model | at training size | at 160, as trained | at 192, as trained | at 256, as trained | " \
+        "minus APE of the same recipe at 256 | goal met |"
+    assert header in main
+    mixed = "| MIXED | 61.20 ± 0.2 | 60.70 ± 0.2 (-0.5) | 60.40 ± 0.2 (-0.8) | 56.20 ± 0.2 (-5.0) |"
+    assert f"{mixed} +6.0 (apart) | yes |" in main
+    verdict = main.split("**Does RoPE hold its accuracy?**", 1)[1]
+    assert verdict.split("| AXIAL |", 1)[1].split("\n", 1)[0].endswith("| no |")  # -3 at 1.43x: does not hold
+    assert "crop 0.875" in crop_part.split("\n", 1)[0]
+    assert f"{mixed} -1.0 (below) | no |" in crop_part

@@ -21,6 +21,7 @@ import csv
 import json
 import os
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +30,27 @@ from vit_rope.report import markdown_table, merge_seeds, plot, plot_panels, tabl
 STUDY_LABELS = {"ape": "APE (timm ViT)", "axial": "RoPE-Axial", "mixed": "RoPE-Mixed", "axial_ape": "RoPE-Axial + APE",
                 "mixed_ape": "RoPE-Mixed + APE"}  # v1's arms, whose runs.json predates the label field
 STUDY_END = "<!-- study:end -->"
-HOLD_POINTS = 1.0  # the largest loss from the training size to 2x that counts as holding accuracy
+HOLD_POINTS = 1.0  # the largest loss from the training size that counts as holding accuracy
+
+
+@dataclass(frozen=True)
+class Goal:
+    """Where a RoPE arm must hold its accuracy and where it must beat its APE baseline, as ratios of the training
+    size (``None``: the largest size evaluated); each ratio is matched to the nearest evaluated size within 3%.
+
+    The default is v1 and v2's goal (hold at 2x; beat APE at 2x and at the largest size); study v3 takes RoPE-ViT's
+    own reading of its table: hold at 1.43x-1.71x (320 and 384 px of a 224 px model) and beat APE at 2.29x (512 px).
+    """
+
+    hold: tuple[float, ...] = (2.0,)
+    beat: tuple[float | None, ...] = (2.0, None)
+
+    def describe(self) -> str:
+        def at(ratios: tuple[float | None, ...]) -> str:
+            return " and ".join(f"at {ratio:g}x" if ratio is not None else "at the largest size" for ratio in ratios)
+
+        return (f"within {HOLD_POINTS:g} point of the training-size top-1 {at(self.hold)}, and above the APE model of "
+                f"the same recipe {at(self.beat)}")
 
 
 def study_begin(results_dir: Path) -> str:
@@ -76,6 +97,11 @@ def _as_trained(merged: Sequence[dict[str, Any]]) -> dict[str, dict[int, dict[st
     return table
 
 
+def _as_trained_rows(merged: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The merged rows with positions as trained: ``extrapolate`` for RoPE, the only one for APE (policy None)."""
+    return [row for row in merged if row["policy"] in (None, "extrapolate")]
+
+
 def _changes(merged: Sequence[dict[str, Any]]) -> str:
     """Per arm: top-1 change from the training size to the largest size, as trained and under the best policy."""
     largest = max(row["img_size"] for row in merged)
@@ -101,25 +127,39 @@ def _gap(row: dict[str, Any], other: dict[str, Any]) -> str:
     return f"{row['top1'] - other['top1']:+.1f} ({_side(row, other)})"
 
 
-def _verdict(merged: Sequence[dict[str, Any]], runs: Sequence[dict[str, Any]]) -> str:
-    """The goal of the module docstring, per RoPE arm that names its APE baseline, then the best arm per size."""
+def _size_at(ratio: float | None, train_size: int, sizes: Sequence[int]) -> int | None:
+    """The evaluated size at ``ratio`` times the training size (``None``: the largest), within 3%, else None."""
+    if ratio is None:
+        return max(sizes)
+    size = min(sizes, key=lambda size: abs(size - ratio * train_size))
+    return size if abs(size - ratio * train_size) <= 0.03 * ratio * train_size else None
+
+
+def _verdict(merged: Sequence[dict[str, Any]], runs: Sequence[dict[str, Any]], goal: Goal) -> str:
+    """The goal, per RoPE arm that names its APE baseline, then the best arm per size."""
     as_trained, labels = _as_trained(merged), {run["model"]: _label(run) for run in runs}
-    largest = max(row["img_size"] for row in merged)
-    lines = []
+    lines, header = [], []
     for arm, baseline in dict.fromkeys((run["model"], run.get("baseline")) for run in runs):
         rows, ape = as_trained.get(labels[arm], {}), as_trained.get(labels.get(baseline, ""), {})
         trained = next((row for row in rows.values() if row["img_size"] == row["train_size"]), None)
         if baseline is None or trained is None or not ape:
             continue
-        double, last = rows.get(2 * trained["train_size"]), rows[largest]
-        if double is None or 2 * trained["train_size"] not in ape:
+        base = trained["train_size"]
+        hold = [_size_at(ratio, base, list(rows)) for ratio in goal.hold]
+        beat = [_size_at(ratio, base, list(rows)) for ratio in goal.beat]
+        if None in hold or None in beat or any(size not in ape for size in beat):
             continue
-        pairs = [(double, ape[double["img_size"]]), (last, ape[largest])]
-        met = double["top1"] - trained["top1"] >= -HOLD_POINTS and all(_side(*pair) == "apart" for pair in pairs)
-        cells = [labels[arm], _spread(trained), f"{_spread(double)} ({double['top1'] - trained['top1']:+.1f})",
-                 f"{_spread(last)} ({last['top1'] - trained['top1']:+.1f})", *(_gap(*pair) for pair in pairs),
-                 "yes" if met else "no"]
-        lines.append(cells)
+        shown = list(dict.fromkeys(hold + beat))
+        names = {size: "2x" if size == 2 * base else str(size) for size in shown}
+        pairs = [(rows[size], ape[size]) for size in beat]
+        met = all(rows[size]["top1"] - trained["top1"] >= -HOLD_POINTS for size in hold) and all(
+            _side(*pair) == "apart" for pair in pairs)
+        lines.append([labels[arm], _spread(trained),
+                      *(f"{_spread(rows[size])} ({rows[size]['top1'] - trained['top1']:+.1f})" for size in shown),
+                      *(_gap(*pair) for pair in pairs), "yes" if met else "no"])
+        header = ["model", "at training size", *(f"at {names[size]}, as trained" for size in shown),
+                  *(("minus APE of the same recipe at " if i == 0 else "at ") + names[size]
+                    for i, size in enumerate(beat)), "goal met"]
     picks = []
     for size in sorted({row["img_size"] for row in merged}):
         plain = sorted((rows[size] for rows in as_trained.values() if size in rows), key=lambda row: -row["top1"])
@@ -129,9 +169,8 @@ def _verdict(merged: Sequence[dict[str, Any]], runs: Sequence[dict[str, Any]]) -
         picks.append(f"- **{size} px** ({size / plain[0]['train_size']:.2g}x): as trained {plain[0]['model']} "
                      f"{_spread(plain[0])}{runner}; with any policy {best['model']} [{best['policy'] or '-'}] "
                      f"{_spread(best)}.")
-    header = ["model", "at training size", "at 2x, as trained", f"at {largest}, as trained",
-              "minus APE of the same recipe at 2x", f"at {largest}", "goal met"]
-    return table(header, lines) + "\n\nBest arm at each size (top-1 mean ± half the seed range):\n\n" + "\n".join(picks)
+    verdicts = table(header, lines) if lines else "(no RoPE arm has its APE baseline evaluated yet)"
+    return verdicts + "\n\nBest arm at each size (top-1 mean ± half the seed range):\n\n" + "\n".join(picks)
 
 
 def _host(machine: dict[str, Any]) -> str:
@@ -139,30 +178,36 @@ def _host(machine: dict[str, Any]) -> str:
     return f"{machine['cpu'] or 'CPU'} ({cores}), torch {machine['torch']}, timm {machine['timm']}"
 
 
-def _evaluations(results_dir: Path) -> tuple[str, list[dict[str, Any]]]:
-    """The protocol and rows of every ``results.json`` under ``eval/``; they must share one protocol."""
-    files = sorted((results_dir / "eval").rglob("results.json"))
+def _evaluations(folder: Path) -> tuple[str, list[dict[str, Any]]]:
+    """The protocol and rows of every ``results.json`` under ``folder``; they must share one protocol."""
+    files = sorted(folder.rglob("results.json"))
     if not files:
-        raise FileNotFoundError(f"{results_dir / 'eval'} holds no results.json: run the study's evaluation first")
+        raise FileNotFoundError(f"{folder} holds no results.json: run the study's evaluation first")
     evaluations = [json.loads(path.read_text()) for path in files]
     protocols = {evaluation["protocol"] for evaluation in evaluations}
     if len(protocols) > 1:
-        raise ValueError(f"the evaluations under {results_dir / 'eval'} used different protocols: {sorted(protocols)}")
+        raise ValueError(f"the evaluations under {folder} used different protocols: {sorted(protocols)}")
     return protocols.pop(), [row for evaluation in evaluations for row in evaluation["results"]]
 
 
-def write_study(results_dir: Path, readme: Path | None = None) -> str:
-    """Seed-merged report of a study folder: ``summary.md``, two plots and, given ``readme`` (the docs page, e.g.
-    ``docs/studies.md``), that page's section between ``study_begin(results_dir)`` and the next ``STUDY_END``.
-    ``results_dir`` is relative to the repo root, and the section names its files by that path. Returns the section."""
-    protocol, results = _evaluations(results_dir)
-    runs = json.loads((results_dir / "runs.json").read_text())
-    machine = json.loads((results_dir / "machine.json").read_text())
+def _merged(folder: Path, runs: Sequence[dict[str, Any]]) -> tuple[str, list[dict[str, Any]]]:
+    """The protocol of the evaluations under ``folder`` and their rows merged over seeds, arms in ``runs``' order."""
+    protocol, results = _evaluations(folder)
     index = {row["model"]: next((i for i, run in enumerate(runs) if is_run(row["model"], run)), None)
              for row in results}  # evaluation label -> its run in runs.json; others (not in this study) left out
     results = sorted((row for row in results if index[row["model"]] is not None), key=lambda row: index[row["model"]])
-    merged = merge_seeds(results, {label: _label(runs[i]) for label, i in index.items() if i is not None})
-    as_trained = [row for row in merged if row["policy"] in (None, "extrapolate")]
+    return protocol, merge_seeds(results, {label: _label(runs[i]) for label, i in index.items() if i is not None})
+
+
+def write_study(results_dir: Path, readme: Path | None = None, goal: Goal = Goal()) -> str:
+    """Seed-merged report of a study folder: ``summary.md``, two plots and, given ``readme`` (the docs page, e.g.
+    ``docs/studies.md``), that page's section between ``study_begin(results_dir)`` and the next ``STUDY_END``.
+    ``results_dir`` is relative to the repo root, and the section names its files by that path. Evaluations at a
+    second crop fraction (``eval_crop<fraction>/``) get their own table and verdict. Returns the section."""
+    runs = json.loads((results_dir / "runs.json").read_text())
+    machine = json.loads((results_dir / "machine.json").read_text())
+    protocol, merged = _merged(results_dir / "eval", runs)
+    as_trained = _as_trained_rows(merged)
     policies = [row for row in merged if row["policy"] is not None]
     plot(as_trained, results_dir / "summary_as_trained.png", "Positions as trained (mean and range over seeds)")
     if policies:  # none while only APE arms are evaluated
@@ -190,11 +235,16 @@ def write_study(results_dir: Path, readme: Path | None = None) -> str:
         *(["**Every resolution policy** (RoPE models):\n\n" + markdown_table(policies)] if policies else []),
         "**From the training size to the largest size:**\n\n" + _changes(merged),
     ]
-    if any(run.get("baseline") for run in runs):
-        parts.append(f"**Does RoPE hold its accuracy?** Goal: as trained, within {HOLD_POINTS:g} point of the "
-                     "training-size top-1 at 2x, and above the APE model of the same recipe at 2x and at the largest "
-                     "size with every seed (seed ranges apart). `apart`: every seed of the RoPE arm above every seed "
-                     "of its APE; `below`: every one under; `overlap`: neither.\n\n" + _verdict(merged, runs))
+    verdict = any(run.get("baseline") for run in runs)
+    if verdict:
+        parts.append(f"**Does RoPE hold its accuracy?** Goal: as trained, {goal.describe()} with every seed "
+                     "(seed ranges apart). `apart`: every seed of the RoPE arm above every seed of its APE; `below`: "
+                     "every one under; `overlap`: neither.\n\n" + _verdict(merged, runs, goal))
+    for folder in sorted(results_dir.glob("eval_crop*")):  # one crop fraction can favour one arm
+        crop_protocol, crop = _merged(folder, runs)
+        parts.append(f"**At crop {folder.name.removeprefix('eval_crop')}**, positions as trained ({crop_protocol}):"
+                     "\n\n" + markdown_table(_as_trained_rows(crop))
+                     + ("\n\nThe goal at this crop:\n\n" + _verdict(crop, runs, goal) if verdict else ""))
     def with_plots(folder: str) -> str:  # the plots, linked from a page in another folder
         return "\n\n".join([*parts, f"![as trained]({folder}summary_as_trained.png)"
                               + (f"\n![policies]({folder}summary_policies.png)" if policies else "")])
