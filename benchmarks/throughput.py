@@ -2,6 +2,7 @@
 
     python benchmarks/throughput.py                                   # ViT-S, 224 and 384, infer + train, CPU
     python benchmarks/throughput.py --family base --device cuda --amp --compile both --json out.json
+    python benchmarks/throughput.py --family dinov3 --img-sizes 224 512   # DINOv3 ViT-S/16: ours against timm's port
 
 Each round runs every model in turn (a new random order per round) for ``--steps`` timed steps after its warm-up, so
 that the models share the machine's drifts and bursts; a model's figure is the median of its per-round images/s, and
@@ -34,6 +35,8 @@ FAMILIES = {  # baseline first: the same ViT (DeiT-III: LayerScale, class token,
               "vit_small_patch16_rope_224", "vit_small_patch16_rope_mixed_224"],
     "base": ["deit3_base_patch16_224", "vit_rope_base_patch16_axial_224", "vit_rope_base_patch16_mixed_224",
              "vit_base_patch16_rope_224", "vit_base_patch16_rope_mixed_224"],
+    # DINOv3 ViT-S/16: timm's port (eva.py) is the baseline here, ours the same backbone with the fused rotation
+    "dinov3": ["vit_small_patch16_dinov3", "vit_rope_small_patch16_dinov3"],
 }
 
 

@@ -29,6 +29,8 @@ VARIANTS = {
     "mixed": ("vit_rope_tiny_patch16_mixed_224", {}),
     "mixed_ape": ("vit_rope_tiny_patch16_mixed_ape_224", {}),
     "axial_ape_registers": ("vit_rope_tiny_patch16_axial_ape_224", {"reg_tokens": 2}),
+    # DINOv3: normalised coordinates, 4 registers, SwiGLU, qkv bias (narrowed to tiny's width for speed)
+    "dinov3": ("vit_rope_small_plus_patch16_dinov3_qkvb", {"embed_dim": 192, "num_heads": 3}),
 }
 ATOL = 1e-4
 

@@ -57,7 +57,7 @@ def test_gradients_are_exact_in_fp64(kind, prefix, batched):
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
-@pytest.mark.parametrize("kind", ["axial", "mixed"])
+@pytest.mark.parametrize("kind", ["axial", "mixed", "dinov3"])
 @pytest.mark.parametrize("prefix", [0, 1])
 @pytest.mark.parametrize("batched", [False, True], ids=["shared-positions", "per-image-positions"])
 def test_fast_path_equals_reference(backend, device, dtype, kind, prefix, batched):
@@ -87,7 +87,7 @@ def test_fast_path_equals_reference(backend, device, dtype, kind, prefix, batche
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
-@pytest.mark.parametrize("kind", ["axial", "mixed"])
+@pytest.mark.parametrize("kind", ["axial", "mixed", "dinov3"])
 def test_inference_rotates_in_place_and_equals_reference(backend, device, dtype, kind):
     lin, freqs, positions = inputs(kind, 1, False, dtype, device)
     with torch.no_grad():
@@ -192,10 +192,12 @@ def test_training_memory_matches_the_model_without_rope(kind):
     assert ratio <= limit, f"{kind} RoPE saves {ratio:.3f}x the activations of the same ViT without RoPE"
 
 
-def test_model_fast_and_reference_paths_agree(monkeypatch):
+@pytest.mark.parametrize("name", ["vit_rope_tiny_patch16_mixed_224", "vit_rope_small_plus_patch16_dinov3_qkvb"])
+def test_model_fast_and_reference_paths_agree(monkeypatch, name):
     """Eager models use the in-place path; traced ones (torch.compile) the reference: same logits and gradients."""
     torch.manual_seed(0)
-    model = timm.create_model("vit_rope_tiny_patch16_mixed_224", depth=2, num_classes=5, drop_path_rate=0.0)
+    model = timm.create_model(name, depth=2, num_classes=5, drop_path_rate=0.0, embed_dim=192, num_heads=3,
+                              init_values=1.0)
     x = torch.randn(2, 3, 64, 48)
     results = []
     for compiling in (False, True):

@@ -1,6 +1,6 @@
 """Loading the weights users already have into vit_rope models.
 
-Three sources are understood, told apart by their keys:
+Four sources are understood, told apart by their keys:
 
 - timm's ports of RoPE-ViT (``vit_*_patch16_rope[_mixed][_ape]_224`` in ``timm/models/eva.py``), the way users bring
   the published ``naver_in1k`` weights (Heo et al., ECCV 2024, arXiv:2403.13298): LayerScale is ``gamma_1/2``
@@ -8,7 +8,8 @@ Three sources are understood, told apart by their keys:
 - the original RoPE-ViT checkpoints (naver-ai/rope-vit ``deit/models_v2_rope.py``): ``freqs`` ``[2, depth, nh*D/2]``
   plus grid buffers;
 - plain timm ViT / DeiT-III checkpoints, to fine-tune with RoPE: RoPE frequencies keep their initialisation, a
-  missing LayerScale becomes the identity, and the position embedding is dropped or kept (resampled) by variant.
+  missing LayerScale becomes the identity, and the position embedding is dropped or kept (resampled) by variant;
+- DINOv3 backbones, as timm (``Eva``) or Meta saves them, into the ``*_dinov3*`` models (``vit_rope.dinov3``).
 
 Nothing that depends on the input resolution is loaded: RoPE tables are rebuilt for every input.
 
@@ -31,6 +32,7 @@ import torch
 from timm.layers import resample_abs_pos_embed, resample_patch_embed
 from torch import Tensor, nn
 
+from .dinov3 import from_dinov3, is_dinov3
 from .weights_file import read_weights, weights_mismatch
 
 _CONTAINER_KEYS = ("model_ema", "state_dict_ema", "model", "state_dict", "module")
@@ -139,6 +141,8 @@ def _fit_pos_embed(pos_embed: Tensor, model: nn.Module) -> Tensor:
 def _convert(state_dict: dict[str, Any], model: nn.Module) -> tuple[dict[str, Tensor], dict[str, list[str]]]:
     """``convert_state_dict``, plus the model keys it initialised rather than loaded, by reason."""
     state_dict = _unwrap(state_dict)
+    if getattr(model, "rope_kind", None) == "dinov3" and is_dinov3(state_dict):
+        state_dict = from_dinov3(state_dict, model.blocks[0].attn.num_heads)
     target = model.state_dict()
     out: dict[str, Tensor] = {}
     for key, value in state_dict.items():

@@ -29,12 +29,14 @@ from .data import ImageFolderDataset, Sample, find_images
 from .eval_models import EvalModel, load_pretrained, load_trained
 from .evaluate import eval_transform, parse_kwarg, subset
 from .model import RoPEVisionTransformer
+from .rope import RoPE2D
 
 
 def frequency_coverage(model: RoPEVisionTransformer, target_grid: tuple[int, int]) -> list[dict[str, Any]]:
     """Per layer: turns of each channel pair across the training grid and a target grid.
 
-    A pair turns by ``|wx| (w - 1) + |wy| (h - 1)`` radians across an ``h x w`` grid. Pairs with less than one turn
+    A pair turns by ``|wx| ex + |wy| ey`` radians across a grid whose positions span ``(ex, ey)`` (``(w - 1, h - 1)``
+    patches for integer positions; less than 2 per axis for DINOv3's normalised ones). Pairs with less than one turn
     on the training grid whose range grows on the target grid meet phases they never saw.
 
     Returns:
@@ -44,17 +46,18 @@ def frequency_coverage(model: RoPEVisionTransformer, target_grid: tuple[int, int
     rows = []
     for layer, rope in enumerate(model.rope_modules()):
         freqs, _ = rope.frequencies(target_grid)
-        train = _turns(rope.freqs.detach(), rope.train_grid)  # [H, D/2]
-        target = _turns(freqs.detach(), target_grid)
+        train = _turns(rope, rope.freqs.detach(), rope.train_grid)  # [H, D/2]
+        target = _turns(rope, freqs.detach(), target_grid)
         unseen = int(((train < 1) & (target > train + 1e-6)).sum())
         rows.append(dict(layer=layer, train_turns=train.tolist(), target_turns=target.tolist(), unseen=unseen,
                          pairs=train.numel()))  # fmt: skip
     return rows
 
 
-def _turns(freqs: Tensor, grid: tuple[int, int]) -> Tensor:
-    h, w = grid
-    return (freqs[0].abs() * (w - 1) + freqs[1].abs() * (h - 1)) / (2 * math.pi)  # [H, D/2]
+def _turns(rope: RoPE2D, freqs: Tensor, grid: tuple[int, int]) -> Tensor:
+    positions = rope.grid_positions(*grid, freqs.device)  # [N, 2] as the policy places them
+    extent = positions.amax(0) - positions.amin(0)  # (x, y)
+    return (freqs[0].abs() * extent[0] + freqs[1].abs() * extent[1]) / (2 * math.pi)  # [H, D/2]
 
 
 @torch.no_grad()
@@ -94,7 +97,7 @@ def plot_mixed_directions(model: RoPEVisionTransformer, path: Path) -> bool:
         wx, wy = rope.freqs.detach().float()
         for head in range(wx.shape[0]):
             ax.scatter(wx[head], wy[head], s=6, label=f"head {head}")
-        ax.set_title(f"layer {layer}" if len(ropes) > 1 else "axial (all layers)", fontsize=9)
+        ax.set_title(f"layer {layer}" if len(ropes) > 1 else f"{model.rope_kind} (all layers)", fontsize=9)
         ax.set_aspect("equal")
         ax.axhline(0, lw=0.3, c="k")
         ax.axvline(0, lw=0.3, c="k")

@@ -37,6 +37,7 @@ from vit_rope.engine import set_cpu_threads
 from vit_rope.eval_models import EvalModel, check_loaded, load_pretrained, load_trained
 from vit_rope.policies import POLICIES
 from vit_rope.report import write_reports
+from vit_rope.rope import check_policy
 
 
 def label_map(model: EvalModel, val_classes: list[str], val_dir: Path) -> torch.Tensor:
@@ -77,10 +78,17 @@ def choose_split(given: str | None, models: Sequence[EvalModel]) -> str:
     return splits.pop() if splits else "val"
 
 
-def check_sizes(sizes: Sequence[int], models: Sequence[EvalModel]) -> None:
-    """Reject sizes that do not tile into whole patches, naming the nearest sizes that do."""
+def check_sizes(sizes: Sequence[int], models: Sequence[EvalModel], policies: Sequence[str] = ()) -> None:
+    """Reject sizes that do not tile into whole patches, naming the nearest sizes that do, and policies that a
+    model's RoPE cannot take (DINOv3's normalised coordinates take two)."""
     for entry in models:
         check_multiple("size", sizes, entry.model, entry.label)
+        kind = getattr(entry.model, "rope_kind", None)
+        for policy in policies if kind else ():
+            try:
+                check_policy(kind, policy)
+            except ValueError as err:
+                raise UserError(f"{entry.label}: {err}") from None
 
 
 def eval_transform(size: int, crop_pct: float) -> Any:
@@ -259,7 +267,7 @@ def main(argv: list[str] | None = None) -> int:
         num_classes = len(find_images(data_dir / split, split_key="--val-split")[1])
         models += [load_pretrained(name, file, num_classes, args.train_size, dict(args.model_kwargs))
                    for name, file in zip(args.model, weights, strict=True)]
-        check_sizes(args.img_sizes, models)
+        check_sizes(args.img_sizes, models, args.policy)
         print(f"protocol: {protocol(args.crop_pct)}; sizes {args.img_sizes}; {data_dir / split}"
               + (f", {args.limit} images evenly spread" if args.limit else ""), flush=True)
         print("\n".join(f"  {entry.label}: trained at {entry.train_size} px" for entry in models), flush=True)

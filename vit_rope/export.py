@@ -199,7 +199,10 @@ def main(argv: list[str] | None = None) -> int:
         if args.policy is not None:
             if not hasattr(model, "set_rope_policy"):
                 raise UserError(f"--policy applies to vit_rope models; {entry.label} has no RoPE policy")
-            model.set_rope_policy(args.policy)
+            try:
+                model.set_rope_policy(args.policy)
+            except ValueError as err:  # a policy this model's RoPE cannot take (DINOv3's)
+                raise UserError(f"{entry.label}: {err}") from None
         sides = args.img_size or [entry.train_size]
         result = export_onnx(model, args.output, img_size=(sides[0], sides[-1]), batch_size=args.batch_size,
                              opset=args.opset)

@@ -64,12 +64,15 @@ class RoPEVisionTransformer(VisionTransformer):
     position embedding (``pos_embed="learn"``) is resampled bicubically, as timm's ``dynamic_img_size`` does.
 
     Args:
-        rope_kind: ``"axial"`` (fixed frequencies, shared by heads and layers) or ``"mixed"`` (learned per layer
-            and head).
-        rope_theta: frequency base; ``None`` takes RoPE-ViT's value (100 axial, 10 mixed).
+        rope_kind: ``"axial"`` (fixed frequencies, shared by heads and layers), ``"mixed"`` (learned per layer
+            and head) or ``"dinov3"`` (DINOv3's: fixed frequencies on coordinates normalised to [-1, 1]).
+        rope_theta: frequency base; ``None`` takes RoPE-ViT's value (100 axial, 10 mixed) or DINOv3's (100).
         rope_policy: resolution policy for grids other than the training one (``img_size / patch_size``): a name of
             ``vit_rope.policies.POLICIES`` or a dict of ``ResolutionPolicy`` fields; settable later with
-            ``set_rope_policy``.
+            ``set_rope_policy``. ``None``: ``extrapolate``, or ``normalized`` for ``dinov3``.
+        rope_min_period: with ``rope_max_period``, DINOv3's other period schedule (``dinov3`` only).
+        rope_max_period: see ``rope_min_period``.
+        rope_normalize_coords: DINOv3's coordinate normalisation, ``separate``, ``min`` or ``max``.
         rope_coord_aug: training-time coordinate augmentation, a dict of ``CoordAugment`` fields (off by default).
         pos_embed: ``"none"`` for RoPE only, ``"learn"`` for RoPE + APE (RoPE-ViT's "+APE").
         no_embed_class: the APE covers patch tokens only, as in DeiT-III and RoPE-ViT.
@@ -82,8 +85,11 @@ class RoPEVisionTransformer(VisionTransformer):
         self,
         rope_kind: str = "axial",
         rope_theta: float | None = None,
-        rope_policy: str | dict | ResolutionPolicy = "extrapolate",
+        rope_policy: str | dict | ResolutionPolicy | None = None,
         rope_coord_aug: dict | CoordAugment | None = None,
+        rope_min_period: float | None = None,
+        rope_max_period: float | None = None,
+        rope_normalize_coords: str = "separate",
         pos_embed: str = "none",
         no_embed_class: bool = True,
         **kwargs: Any,
@@ -117,8 +123,11 @@ class RoPEVisionTransformer(VisionTransformer):
             theta=rope_theta,
             train_grid=self.patch_embed.grid_size,
             policy=rope_policy,
+            min_period=rope_min_period,
+            max_period=rope_max_period,
+            normalize=rope_normalize_coords,
         )
-        if rope_kind == "axial":
+        if rope_kind != "mixed":  # fixed frequencies: one module for every block
             self.rope: nn.Module = RoPE2D(**rope_args)
         else:
             self.rope = nn.ModuleList(RoPE2D(**rope_args) for _ in self.blocks)

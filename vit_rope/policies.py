@@ -27,6 +27,8 @@ from dataclasses import dataclass, fields
 import torch
 from torch import Tensor
 
+from .dinov3_rope import batch_coordinate_draw
+
 POLICIES = ("extrapolate", "interpolate", "ntk", "yarn", "normalized")
 
 
@@ -126,12 +128,15 @@ class CoordAugment:
         jitter: per-axis log-uniform scale in ``[1/jitter, jitter]`` (DINOv3); 1 is off.
         rescale: shared log-uniform scale in ``[1/rescale, rescale]`` (DINOv3); 1 is off.
         subpixel: uniform noise in ``[-subpixel, subpixel]`` added to every patch position; 0 is off.
+        per_image: one draw per image (RoPE-ViT-style models, more variety per step), or one per batch as DINOv3 and
+            timm's ``RotaryEmbeddingDinoV3`` draw it, with their random calls in their order.
     """
 
     shift: float = 0.0
     jitter: float = 1.0
     rescale: float = 1.0
     subpixel: float = 0.0
+    per_image: bool = True
 
     def __post_init__(self) -> None:
         if self.shift < 0 or self.subpixel < 0 or self.jitter < 1 or self.rescale < 1:
@@ -147,11 +152,18 @@ class CoordAugment:
 def augment_positions(
     positions: Tensor, batch_size: int, aug: CoordAugment, generator: torch.Generator | None = None
 ) -> Tensor:
-    """Draw one coordinate transform per image: ``[N, 2]`` -> ``[B, N, 2]``.
+    """Draw one coordinate transform per image: ``[N, 2]`` -> ``[B, N, 2]`` (or per batch: ``[N, 2]``).
 
     Order as DINOv3: shift, then per-axis jitter, then shared rescale; the subpixel noise comes last.
     """
     B, device = batch_size, positions.device
+    if not aug.per_image:
+        offset, scale = batch_coordinate_draw(aug.shift, aug.jitter, aug.rescale, device, generator)
+        positions = (positions + offset) * scale  # [N, 2]: one transform for the batch
+        if aug.subpixel > 0:
+            noise = torch.rand(B, *positions.shape, generator=generator, device=device) * 2 - 1
+            positions = positions + noise * aug.subpixel  # [B, N, 2]
+        return positions
 
     def uniform(*shape: int, bound: float) -> Tensor:
         return (torch.rand(*shape, generator=generator, device=device) * 2 - 1) * bound

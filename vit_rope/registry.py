@@ -1,10 +1,12 @@
-"""timm registration of the RoPE-ViT models (Heo et al., ECCV 2024, arXiv:2403.13298).
+"""timm registration of the RoPE-ViT models (Heo et al., ECCV 2024, arXiv:2403.13298) and DINOv3's backbones.
 
 ``import vit_rope`` runs this module, after which ``timm.create_model("vit_rope_small_patch16_mixed_224")`` works
 like any timm model. Names are ``vit_rope_{tiny,small,base,large}_patch16_{axial,mixed}[_ape]_224``; the ``_ape``
 variants add RoPE-ViT's learned absolute position embedding. The small, base and large models point at the
 published ``naver_in1k`` weights on the Hugging Face hub (timm's copies, converted on load); any local file works
-too: ``timm.create_model(name, pretrained=True, pretrained_cfg_overlay=dict(file=PATH))``.
+too: ``timm.create_model(name, pretrained=True, pretrained_cfg_overlay=dict(file=PATH))``. DINOv3's backbones are
+``vit_rope_{small,small_plus,base,large}_patch16_dinov3[_qkvb]`` (``vit_rope.dinov3``), pointing at timm's copies of
+Meta's LVD-1689M weights.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from typing import Any
 from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 from timm.models import build_model_with_cfg, generate_default_cfgs, register_model
 
+from . import dinov3
 from .checkpoint import checkpoint_filter_fn
 from .model import RoPEVisionTransformer
 
@@ -33,6 +36,11 @@ _TIMM_PORT_SUFFIX = {("axial", False): "rope", ("mixed", False): "rope_mixed", (
 
 def model_name(size: str, kind: str, ape: bool) -> str:
     return f"vit_rope_{size}_patch16_{kind}{'_ape' if ape else ''}_224"
+
+
+def dinov3_name(size: str, qkv_bias: bool) -> str:
+    """timm's DINOv3 name with ``vit_rope_`` in front: ``vit_rope_small_patch16_dinov3[_qkvb]``."""
+    return f"vit_rope_{size}_patch16_dinov3{'_qkvb' if qkv_bias else ''}"
 
 
 def _cfg(**kwargs: Any) -> dict[str, Any]:
@@ -55,6 +63,10 @@ def _cfg(**kwargs: Any) -> dict[str, Any]:
 
 def _default_cfgs() -> dict[str, Any]:
     cfgs = {}
+    for size, qkvb in product(dinov3.ARCHS, (False, True)):  # Meta's LVD-1689M weights, as timm hosts them
+        name = dinov3_name(size, qkvb)
+        cfgs[f"{name}.lvd1689m"] = _cfg(hf_hub_id=f"timm/{name.replace('vit_rope_', 'vit_')}.lvd1689m", num_classes=0,
+                                        input_size=(3, 256, 256), license="dinov3-license")
     for size, kind, ape in product(ARCHS, ("axial", "mixed"), (False, True)):
         name = model_name(size, kind, ape)
         if size == "tiny":
@@ -90,7 +102,7 @@ def _entrypoint(name: str, model_args: dict[str, Any]) -> Callable[..., RoPEVisi
 
     create.__name__ = create.__qualname__ = name
     create.__module__ = __name__
-    create.__doc__ = f"{name}: RoPE-ViT {model_args['rope_kind']} ViT ({model_args})."
+    create.__doc__ = f"{name}: ViT with {model_args['rope_kind']} RoPE ({model_args})."
     return create
 
 
@@ -108,3 +120,7 @@ for _size, _kind, _ape in product(ARCHS, ("axial", "mixed"), (False, True)):
         **ARCHS[_size],
     )
     globals()[_name] = register_model(_entrypoint(_name, _args))
+
+for _size, _qkvb in product(dinov3.ARCHS, (False, True)):
+    _name = dinov3_name(_size, _qkvb)
+    globals()[_name] = register_model(_entrypoint(_name, dinov3.model_args(_size, _qkvb)))

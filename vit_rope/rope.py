@@ -24,10 +24,14 @@ import torch.nn.functional as F
 from timm.layers import register_notrace_module
 from torch import Tensor, nn
 
+from .dinov3_rope import check_normalize, dinov3_frequencies, dinov3_positions
 from .policies import ResolutionPolicy, scale_frequencies, transform_positions
 
-KINDS = ("axial", "mixed")
-DEFAULT_THETA = {"axial": 100.0, "mixed": 10.0}
+KINDS = ("axial", "mixed", "dinov3")
+DEFAULT_THETA = {"axial": 100.0, "mixed": 10.0, "dinov3": 100.0}
+# dinov3: coordinates normalised to the grid (DINOv3's own) or kept at the training step; nothing else applies to them
+DEFAULT_POLICY = {"axial": "extrapolate", "mixed": "extrapolate", "dinov3": "normalized"}
+DINOV3_POLICIES = ("normalized", "extrapolate")
 
 
 def check_kind(kind: str) -> str:
@@ -35,6 +39,18 @@ def check_kind(kind: str) -> str:
     if kind not in KINDS:
         raise ValueError(f"Unknown RoPE kind {kind!r}: choose one of {', '.join(KINDS)}.")
     return kind
+
+
+def check_policy(kind: str, policy: str) -> str:
+    """Return ``policy`` if it applies to RoPE ``kind``, else raise a ``ValueError`` saying why and what does."""
+    if kind == "dinov3" and policy not in DINOV3_POLICIES:
+        raise ValueError(
+            f"RoPE policy {policy!r} does not apply to DINOv3's RoPE, whose coordinates are normalised to [-1, 1] at "
+            "every size (interpolation is built in, and ntk / yarn rescale frequencies against a training grid of "
+            "integer positions that it does not have). Use 'normalized' (DINOv3's own) or 'extrapolate' (the "
+            "training step between patches, so larger images reach beyond [-1, 1])."
+        )
+    return policy
 
 
 def check_head_dim(head_dim: int) -> int:
@@ -178,7 +194,8 @@ def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
 # FX (torchvision's create_feature_extractor, timm's FX feature wrapper): these take the grid size, which symbolic
 # tracing only knows as a proxy, so the trace records them as calls that run with the real sizes. timm's tracer
 # also keeps RoPE2D whole (register_notrace_module).
-for _name in ("grid_positions", "rope_angles", "rope_tables", "transform_positions", "scale_frequencies"):
+for _name in ("grid_positions", "dinov3_positions", "rope_angles", "rope_tables", "transform_positions",
+              "scale_frequencies"):
     torch.fx.wrap(_name)
 
 
@@ -194,10 +211,15 @@ class RoPE2D(nn.Module):
     Args:
         head_dim: channels per head, divisible by 4.
         num_heads: attention heads (mixed frequencies are per head).
-        kind: ``"axial"`` or ``"mixed"``.
-        theta: frequency base; ``None`` takes RoPE-ViT's value (100 axial, 10 mixed).
+        kind: ``"axial"``, ``"mixed"`` or ``"dinov3"`` (``vit_rope.dinov3_rope``: fixed axial frequencies on
+            normalised coordinates).
+        theta: frequency base; ``None`` takes RoPE-ViT's value (100 axial, 10 mixed) or DINOv3's (100).
         train_grid: the ``(h, w)`` patch grid of training, which resolution policies scale against.
-        policy: resolution policy (``vit_rope.policies``) for grids other than ``train_grid``.
+        policy: resolution policy (``vit_rope.policies``) for grids other than ``train_grid``; ``None`` takes the
+            kind's own (``extrapolate``, DINOv3's ``normalized``).
+        min_period: with ``max_period``, DINOv3's alternative period schedule (``dinov3`` only).
+        max_period: see ``min_period``.
+        normalize: DINOv3's coordinate normalisation, ``separate``, ``min`` or ``max`` (``dinov3`` only).
     """
 
     __jit_unused_properties__ = ["policy", "learnable"]
@@ -209,7 +231,10 @@ class RoPE2D(nn.Module):
         kind: str = "axial",
         theta: float | None = None,
         train_grid: tuple[int, int] | None = None,
-        policy: str | dict | ResolutionPolicy = "extrapolate",
+        policy: str | dict | ResolutionPolicy | None = None,
+        min_period: float | None = None,
+        max_period: float | None = None,
+        normalize: str = "separate",
     ) -> None:
         super().__init__()
         self.kind = check_kind(kind)
@@ -217,11 +242,18 @@ class RoPE2D(nn.Module):
         self.num_heads = num_heads
         self.theta = check_theta(DEFAULT_THETA[kind] if theta is None else theta)
         self.train_grid = None if train_grid is None else (int(train_grid[0]), int(train_grid[1]))
-        self.policy = policy
-        if kind == "axial":
-            self.register_buffer("freqs", axial_frequencies(head_dim, self.theta), persistent=False)
-        else:
+        self.normalize = check_normalize(normalize)
+        self.periods = (min_period, max_period)
+        self.policy = DEFAULT_POLICY[kind] if policy is None else policy
+        if kind == "mixed":
             self.freqs = nn.Parameter(mixed_frequencies(head_dim, num_heads, self.theta))
+        else:
+            self.register_buffer("freqs", self._fixed_frequencies(), persistent=False)
+
+    def _fixed_frequencies(self) -> Tensor:
+        if self.kind == "dinov3":
+            return dinov3_frequencies(self.head_dim, self.theta, *self.periods)
+        return axial_frequencies(self.head_dim, self.theta)
 
     @property
     def policy(self) -> ResolutionPolicy:
@@ -230,6 +262,7 @@ class RoPE2D(nn.Module):
     @policy.setter
     def policy(self, policy: str | dict | ResolutionPolicy) -> None:
         policy = ResolutionPolicy.create(policy)
+        check_policy(self.kind, policy.name)
         self.policy_name, self.yarn_alpha, self.yarn_beta = policy.name, policy.yarn_alpha, policy.yarn_beta
         self.yarn_temperature = policy.yarn_temperature
 
@@ -243,10 +276,14 @@ class RoPE2D(nn.Module):
             if self.learnable:
                 self.freqs.copy_(mixed_frequencies(self.head_dim, self.num_heads, self.theta))
             else:
-                self.freqs.copy_(axial_frequencies(self.head_dim, self.theta))
+                self.freqs.copy_(self._fixed_frequencies())
 
     def grid_positions(self, height: int, width: int, device: torch.device | None = None) -> Tensor:
         """Positions ``[N, 2]`` of an ``height x width`` patch grid as this module's policy places them."""
+        if self.kind == "dinov3":  # normalised by the grid itself, or by the training grid (its patch step)
+            train_grid = self.train_grid
+            reference = (height, width) if self.policy_name == "normalized" or train_grid is None else train_grid
+            return dinov3_positions(height, width, reference, self.normalize, device)
         return transform_positions(grid_positions(height, width, device=device), (height, width), self.policy_name)
 
     def forward(
@@ -285,4 +322,5 @@ class RoPE2D(nn.Module):
         return (
             f"kind={self.kind}, head_dim={self.head_dim}, num_heads={self.num_heads}, theta={self.theta}, "
             f"train_grid={self.train_grid}, policy={self.policy_name}"
+            + (f", normalize={self.normalize}, periods={self.periods}" if self.kind == "dinov3" else "")
         )
