@@ -35,9 +35,8 @@ from vit_rope.config import UserError
 from vit_rope.data import ImageFolderDataset, find_images, resolve_data_dir
 from vit_rope.engine import set_cpu_threads
 from vit_rope.eval_models import EvalModel, check_loaded, load_pretrained, load_trained
-from vit_rope.policies import POLICIES
+from vit_rope.policies import POLICIES, check_policy
 from vit_rope.report import write_reports
-from vit_rope.rope import check_policy
 
 
 def label_map(model: EvalModel, val_classes: list[str], val_dir: Path) -> torch.Tensor:

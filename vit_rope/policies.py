@@ -14,6 +14,9 @@ the new grid onto what the model saw, written as functions of positions and freq
 - ``normalized``: coordinates in [-1, 1] per axis, scaled by 2*pi, so that axial RoPE with theta = 100 is exactly
   DINOv3's RoPE (Simeoni et al. 2025, periods 100 ** (2k / (D/2))); for models trained that way.
 
+DINOv3's RoPE (``vit_rope.dinov3_rope``) normalises its coordinates at every size, so only ``normalized`` (its own)
+and ``extrapolate`` (the training step between patches) apply to it; ``check_policy`` refuses the others, saying why.
+
 A policy acts per axis with the scale ``s = new / training`` grid size; at the training size all of them but
 ``normalized`` leave the tables untouched. Coordinate augmentation (DINOv3's shift, jitter and rescale, plus a
 subpixel jitter) draws one transform per image, shared by all blocks, in training mode only.
@@ -30,6 +33,8 @@ from torch import Tensor
 from .dinov3_rope import batch_coordinate_draw
 
 POLICIES = ("extrapolate", "interpolate", "ntk", "yarn", "normalized")
+# DINOv3's RoPE: coordinates normalised to the grid (its own) or kept at the training step; nothing else applies
+DINOV3_POLICIES = ("normalized", "extrapolate")
 
 
 @dataclass(frozen=True)
@@ -66,6 +71,18 @@ class ResolutionPolicy:
         if unknown:
             raise ValueError(f"Unknown RoPE policy options {unknown}: valid are {valid}.")
         return cls(**policy)
+
+
+def check_policy(kind: str, policy: str) -> str:
+    """Return ``policy`` if it applies to RoPE ``kind``, else raise a ``ValueError`` saying why and what does."""
+    if kind == "dinov3" and policy not in DINOV3_POLICIES:
+        raise ValueError(
+            f"RoPE policy {policy!r} does not apply to DINOv3's RoPE, whose coordinates are normalised to [-1, 1] at "
+            "every size (interpolation is built in, and ntk / yarn rescale frequencies against a training grid of "
+            "integer positions that it does not have). Use 'normalized' (DINOv3's own) or 'extrapolate' (the "
+            "training step between patches, so larger images reach beyond [-1, 1])."
+        )
+    return policy
 
 
 def transform_positions(positions: Tensor, grid: tuple[int, int], policy: str) -> Tensor:

@@ -25,13 +25,11 @@ from timm.layers import register_notrace_module
 from torch import Tensor, nn
 
 from .dinov3_rope import check_normalize, dinov3_frequencies, dinov3_positions
-from .policies import ResolutionPolicy, scale_frequencies, transform_positions
+from .policies import ResolutionPolicy, check_policy, scale_frequencies, transform_positions
 
 KINDS = ("axial", "mixed", "dinov3")
 DEFAULT_THETA = {"axial": 100.0, "mixed": 10.0, "dinov3": 100.0}
-# dinov3: coordinates normalised to the grid (DINOv3's own) or kept at the training step; nothing else applies to them
 DEFAULT_POLICY = {"axial": "extrapolate", "mixed": "extrapolate", "dinov3": "normalized"}
-DINOV3_POLICIES = ("normalized", "extrapolate")
 
 
 def check_kind(kind: str) -> str:
@@ -39,18 +37,6 @@ def check_kind(kind: str) -> str:
     if kind not in KINDS:
         raise ValueError(f"Unknown RoPE kind {kind!r}: choose one of {', '.join(KINDS)}.")
     return kind
-
-
-def check_policy(kind: str, policy: str) -> str:
-    """Return ``policy`` if it applies to RoPE ``kind``, else raise a ``ValueError`` saying why and what does."""
-    if kind == "dinov3" and policy not in DINOV3_POLICIES:
-        raise ValueError(
-            f"RoPE policy {policy!r} does not apply to DINOv3's RoPE, whose coordinates are normalised to [-1, 1] at "
-            "every size (interpolation is built in, and ntk / yarn rescale frequencies against a training grid of "
-            "integer positions that it does not have). Use 'normalized' (DINOv3's own) or 'extrapolate' (the "
-            "training step between patches, so larger images reach beyond [-1, 1])."
-        )
-    return policy
 
 
 def check_head_dim(head_dim: int) -> int:
