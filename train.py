@@ -5,8 +5,8 @@
 
 Reads top to bottom: config -> device -> data folders scanned -> model built, checked and given its weights -> images
 decoded -> optimizer -> resume -> loop, so that bad input fails before the slow data work. Writes OUTPUT/config.yaml,
-metrics.csv, last.pth (every epoch), best.pth and TensorBoard logs (when installed). Exit codes: 0 done, 1 the loss
-diverged, 2 bad input (config, model arguments, data folder, checkpoint).
+metrics.csv, last.pth (every epoch, and every checkpoint_interval steps), best.pth and TensorBoard logs (when
+installed). Exit codes: 0 done, 1 the loss diverged, 2 bad input (config, model arguments, data folder, checkpoint).
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ import logging
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -28,7 +29,7 @@ from timm.utils import ModelEmaV3, random_seed
 from torch.nn.parallel import DistributedDataParallel
 
 from vit_rope import data, engine, train_state
-from vit_rope.checks import check_model_name, check_multiple, patch_size, scheduler_args
+from vit_rope.checks import check_model_name, check_multiple, check_ranks_agree, patch_size, scheduler_args
 from vit_rope.config import Config, UserError, parse_args, save_config
 from vit_rope.factory import create_model
 
@@ -56,6 +57,11 @@ def train(cfg: Config) -> None:
     cfg.data_dir = str(data_dir)
     train_samples, classes = data.find_images(data_dir / "train")
     val_samples, _ = data.find_images(data_dir / cfg.val_split, classes, split_key="val_split")
+    # every rank draws each step's size and images itself, from these: they must agree (a collective under DDP)
+    check_ranks_agree({key: getattr(cfg, key) for key in ("train_sizes", "img_size", "batch_size", "token_budget",
+                                                          "seed", "mixup", "cutmix", "repeated_aug", "epochs",
+                                                          "checkpoint_interval")}
+                      | {"the number of train images": len(train_samples)}, env.world_size)
 
     # ---- model: built, checked and given its weights before any image is decoded --------------------------------
     dynamic = {"dynamic_img_size": True} if cfg.train_sizes else {}  # timm ViTs resample pos_embed / RoPE per size
@@ -103,8 +109,8 @@ def train(cfg: Config) -> None:
         loss_fn = LabelSmoothingCrossEntropy(cfg.smoothing) if cfg.smoothing else torch.nn.CrossEntropyLoss()
     ema = ModelEmaV3(net, decay=cfg.model_ema_decay) if cfg.model_ema else None
 
-    # ---- resume a run (its model weights were loaded above) ------------------------------------------------------
-    start_epoch, best_top1 = 0, float("-inf")
+    # ---- resume a run (its model weights were loaded above), at the start of an epoch or mid-epoch ---------------
+    start_epoch, start_step, totals, best_top1 = 0, 0, None, float("-inf")
     if resume is not None:
         states = {"optimizer state": (optimizer, resume["optimizer"]), "scheduler": (scheduler, resume["scheduler"])}
         if resume["scaler"]:  # empty when the run used no float16 loss scaling
@@ -114,8 +120,13 @@ def train(cfg: Config) -> None:
         for what, (obj, state) in states.items():
             train_state.load_state(obj, state, what, cfg.resume)
         train_state.set_rng_state(resume["rng"][env.rank % len(resume["rng"])])
-        start_epoch, best_top1 = resume["epoch"], resume["best_top1"]
-        say(f"resumed {cfg.resume} at epoch {start_epoch}")
+        start_epoch, best_top1, start_step = resume["epoch"], resume["best_top1"], resume.get("step", 0)
+        if start_step > len(train_loader):
+            raise UserError(f"{cfg.resume} stopped at step {start_step} of epoch {start_epoch + 1}, but this run's "
+                            f"epochs have {len(train_loader)} steps; resume with the batch_size and data of the run "
+                            "that wrote it")
+        totals = engine.EpochTotals(**resume["epoch_totals"]) if start_step else None
+        say(f"resumed {cfg.resume} at epoch {start_epoch}" + (f", step {start_step}" if start_step else ""))
 
     # ---- wrap for DDP and torch.compile; outputs (rank 0 only) -------------------------------------------------
     model = net
@@ -132,16 +143,42 @@ def train(cfg: Config) -> None:
         save_config(cfg, output / "config.yaml")
         log = engine.RunLog(output, columns, start_epoch if resume else None)
 
+    def position(epochs_done: int, step: int) -> str:
+        return f"step {step} of epoch {epochs_done + 1}" if step else f"epoch {epochs_done}"
+
+    saved = position(start_epoch, start_step) if resume else None  # where last.pth stands, for the divergence error
+
+    def save_last(epochs_done: int, extra: dict[str, Any]) -> dict[str, Any] | None:
+        """Write OUTPUT/last.pth (rank 0; returned there, None elsewhere): a collective, every rank must call it."""
+        nonlocal saved
+        saved = position(epochs_done, extra.get("step", 0))
+        rng = train_state.gather_rng_states(env)
+        if not env.is_main:
+            return None
+        ckpt = {"model_name": cfg.model, "model_kwargs": model_kwargs, "classes": classes, "model": net.state_dict(),
+                **({"model_ema": ema.module.state_dict()} if ema else {}),  # the key timm's loaders look for
+                "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
+                "scaler": scaler.state_dict(), "epoch": epochs_done, "best_top1": best_top1, "rng": rng,
+                "config": dataclasses.asdict(cfg), **extra}
+        train_state.save_checkpoint(ckpt, output / "last.pth")
+        return ckpt
+
+    def save_mid_epoch(epoch: int, step: int, totals: engine.EpochTotals) -> None:
+        """``checkpoint_interval``: last.pth at step ``step`` of epoch ``epoch`` (0-based, in progress), with the
+        epoch's totals so far; ``--resume`` goes on from the next step (``vit_rope.steps``)."""
+        save_last(epoch, {"step": step, "epoch_totals": dataclasses.asdict(totals)})
+
     # ---- train ------------------------------------------------------------------------------------------------
     for epoch in range(start_epoch, cfg.epochs):
         start = time.perf_counter()
-        data.set_epoch(train_loader, epoch, cfg.seed, env.rank)
+        data.set_epoch(train_loader, epoch, start_step)
         try:
             stats = engine.train_one_epoch(model, train_loader, optimizer, scheduler, loss_fn, cfg, env, epoch,
-                                           scaler=scaler, mixup=mixup, ema=ema)
+                                           scaler=scaler, mixup=mixup, ema=ema, start_step=start_step, totals=totals,
+                                           checkpoint=save_mid_epoch)
+            start_step, totals = 0, None
         except engine.NonFiniteLossError as err:
-            last = output / "last.pth"
-            kept = f"{last} (epoch {epoch}) is the last good checkpoint" if last.exists() else "no checkpoint yet"
+            kept = f"{output / 'last.pth'} ({saved}) is the last good checkpoint" if saved else "no checkpoint yet"
             raise engine.NonFiniteLossError(f"{err}; {kept}") from None
         stats |= engine.validate(model, val_loader, cfg, env)
         if ema is not None:
@@ -149,7 +186,7 @@ def train(cfg: Config) -> None:
         scheduler.step(epoch + 1, stats["top1"])  # per-epoch schedulers only (plateau); the rest step per update
         stats |= {"epoch": epoch + 1, "seconds": time.perf_counter() - start}
         best_top1, is_best = max(best_top1, stats["top1"]), stats["top1"] > best_top1
-        rng = train_state.gather_rng_states(env)  # a collective: every rank takes part
+        ckpt = save_last(epoch + 1, {"metrics": stats})
         if not env.is_main:
             continue
         log.write(stats)
@@ -157,12 +194,6 @@ def train(cfg: Config) -> None:
         say(f"epoch {epoch + 1}/{cfg.epochs} " + " ".join(
             f"{key} {stats[key]}" if isinstance(stats[key], str) else f"{key} {stats[key]:.4g}" for key in shown)
             + (f" ({stats['skipped']} unreadable image(s) skipped)" if stats["skipped"] else ""), flush=True)
-        ckpt = {"model_name": cfg.model, "model_kwargs": model_kwargs, "classes": classes, "model": net.state_dict(),
-                **({"model_ema": ema.module.state_dict()} if ema else {}),  # the key timm's loaders look for
-                "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
-                "scaler": scaler.state_dict(), "epoch": epoch + 1, "best_top1": best_top1, "rng": rng,
-                "config": dataclasses.asdict(cfg), "metrics": stats}
-        train_state.save_checkpoint(ckpt, output / "last.pth")
         if is_best:
             train_state.save_checkpoint(ckpt, output / "best.pth")
     if env.is_main:

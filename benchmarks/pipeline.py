@@ -2,6 +2,7 @@
 
     python benchmarks/pipeline.py -c configs/imagenette_cpu.yaml                 # tensor and timm pipelines
     python benchmarks/pipeline.py -c configs/imagenette_gpu.yaml --pipeline tensor --json out.json [key=value ...]
+    python benchmarks/pipeline.py -c configs/imagenette_cpu.yaml --pipeline timm "train_sizes=[48, 64, 80, 96]"
 
 The config's model, batch, optimizer and loss take ``--steps`` training steps per round in three ways, interleaved
 in random order each round:
@@ -15,7 +16,10 @@ in random order each round:
 Each loader is one stream over epochs that lives across rounds, as in training. Figures are medians over rounds of
 images/s and patch tokens/s; the ratio is the median of per-round tokens/s ratios to ``step`` (the images/s ratio
 when every step has one size). With ``train_sizes=[...]`` each pipeline draws a size per step and runs a second time
-as ``<pipeline>_one_size`` at ``img_size``; ``step`` always takes a batch at ``img_size``.
+as ``<pipeline>_one_size`` at ``img_size`` (its baseline: the same pipeline, augmentations and workers), and a last
+line gives each pipeline's tokens/s with ``train_sizes`` over its baseline, pooled over all rounds (tokens over
+seconds: one round's few steps draw a random mix of sizes, whose batches load at different speeds); ``step`` always
+takes a batch at ``img_size``.
 """
 
 from __future__ import annotations
@@ -42,11 +46,11 @@ from vit_rope.factory import create_model  # noqa: E402  (after the path set-up,
 from vit_rope.report import table  # noqa: E402
 
 
-def stream(loader, seed: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+def stream(loader) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
     """Batches of one epoch after another, as a training run draws them."""
     epoch = 0
     while True:
-        data.set_epoch(loader, epoch, seed, 0)
+        data.set_epoch(loader, epoch)
         for images, targets, _ in loader:
             yield images, targets
         epoch += 1
@@ -67,8 +71,9 @@ def main(argv: list[str] | None = None) -> int:
     train_samples, classes = data.find_images(data_dir / "train")
     val_samples, _ = data.find_images(data_dir / cfg.val_split, classes, split_key="val_split")
     torch.manual_seed(cfg.seed)
+    dynamic = {"dynamic_img_size": True} if cfg.train_sizes else {}  # as train.py builds it
     model, _ = create_model(cfg.model, {"num_classes": len(classes), "img_size": cfg.img_size,
-                                              "drop_path_rate": cfg.drop_path, **cfg.model_kwargs})
+                                        "drop_path_rate": cfg.drop_path, **dynamic, **cfg.model_kwargs})
     model.to(env.device).train()
     data_config = resolve_data_config({"input_size": (3, cfg.img_size, cfg.img_size), "crop_pct": cfg.crop_pct,
                                        "interpolation": cfg.interpolation}, model=model)
@@ -98,13 +103,13 @@ def main(argv: list[str] | None = None) -> int:
     for name, variant in variants.items():
         run_cfg = dataclasses.replace(cfg, **variant)
         loader, _ = data.build_loaders(run_cfg, train_samples, val_samples, data_config, device=env.device)
-        batches = stream(loader, cfg.seed)
+        batches = stream(loader)
         threads = engine.set_cpu_threads(cfg.threads, cfg.workers if variant["pipeline"] == "timm" else 0)
         modes[name] = (threads, batches.__next__)
     fixed = modes[args.pipeline[0] + ("_one_size" if cfg.train_sizes else "")][1]()  # a batch at img_size
     modes = {"step": (cores, lambda: fixed), **modes}
 
-    rates: dict[str, list[tuple[float, float]]] = {name: [] for name in modes}  # (images/s, tokens/s) per round
+    rounds: dict[str, list[tuple[int, int, float]]] = {name: [] for name in modes}  # (images, tokens, s) per round
     for threads, fetch in modes.values():  # warm-up: first batches, allocator, worker start
         torch.set_num_threads(threads)
         step(*fetch())
@@ -114,8 +119,9 @@ def main(argv: list[str] | None = None) -> int:
             torch.set_num_threads(threads)
             start = time.perf_counter()
             seen = [step(*fetch()) for _ in range(args.steps)]
-            elapsed = time.perf_counter() - start
-            rates[name].append((sum(n for n, _ in seen) / elapsed, sum(t for _, t in seen) / elapsed))
+            rounds[name].append((sum(n for n, _ in seen), sum(t for _, t in seen), time.perf_counter() - start))
+    rates = {name: [(images / seconds, tokens / seconds) for images, tokens, seconds in values]
+             for name, values in rounds.items()}  # (images/s, tokens/s) per round
     rows = [{"mode": name, "threads": modes[name][0], "images_per_s": statistics.median(r[0] for r in values),
              "tokens_per_s": statistics.median(r[1] for r in values),
              "of_step": statistics.median(r[1] / s[1] for r, s in zip(values, rates["step"], strict=True))}
@@ -125,8 +131,15 @@ def main(argv: list[str] | None = None) -> int:
     print(table(["mode", "threads", "images/s", "tokens/s", "ratio to the step alone (tokens/s)"],
                 [(r["mode"], r["threads"], f"{r['images_per_s']:.1f}", f"{r['tokens_per_s']:.0f}",
                   f"{r['of_step']:.3f}") for r in rows]))
+    pooled = {name: sum(tokens for _, tokens, _ in values) / sum(seconds for _, _, seconds in values)
+              for name, values in rounds.items()}  # tokens/s over all rounds
+    sizes_ratio = {name: pooled[name] / pooled[f"{name}_one_size"] for name in args.pipeline if cfg.train_sizes}
+    if sizes_ratio:
+        print(f"train_sizes={cfg.train_sizes} against img_size {cfg.img_size} alone, tokens/s pooled over the "
+              "rounds: " + ", ".join(f"{name} {ratio:.3f}" for name, ratio in sizes_ratio.items()))
     if args.json:
-        Path(args.json).write_text(json.dumps({"args": vars(args), "rows": rows}, indent=2) + "\n")
+        Path(args.json).write_text(json.dumps({"args": vars(args), "rows": rows, "rounds": rounds,
+                                               "train_sizes_ratio": sizes_ratio}, indent=2) + "\n")
     return 0
 
 

@@ -63,7 +63,7 @@ def one_process(config: str, overrides: list[str], rank: int, world_size: int, q
     data_config = resolve_data_config({"input_size": (3, cfg.img_size, cfg.img_size), "crop_pct": cfg.crop_pct,
                                        "interpolation": cfg.interpolation}, model=model)
     train_loader, val_loader = data.build_loaders(cfg, train_samples, val_samples, data_config, rank, world_size)
-    data.set_epoch(train_loader, 0, cfg.seed, rank)
+    data.set_epoch(train_loader, 0)
     for _ in train_loader:
         pass
     for _ in val_loader:

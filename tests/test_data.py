@@ -80,7 +80,7 @@ def test_unreadable_image_is_replaced_warned_by_path_and_counted(image_root: Pat
 def test_epoch_order_depends_only_on_seed_and_epoch(image_root: Path) -> None:
     def first_targets(epoch: int) -> list[int]:
         train, _ = _loaders(image_root)
-        data.set_epoch(train, epoch, seed=0, rank=0)
+        data.set_epoch(train, epoch)
         return [int(t) for _, targets, _ in train for t in targets]
 
     assert first_targets(1) == first_targets(1)
@@ -156,10 +156,10 @@ def test_tensor_loaders_read_the_store_only_and_never_decode_again(image_root: P
     monkeypatch.setattr(decoded, "decode_image", no_decoding)
     train_loader, val_loader = _loaders(image_root, *BATCHED, cache, "cache_size=40")  # the cache file, memory-mapped
     for epoch in (0, 1):
-        data.set_epoch(train_loader, epoch, seed=0, rank=0)
+        data.set_epoch(train_loader, epoch)
         batches = list(train_loader)
         assert len(batches) == len(train_loader) == 24 // 4 and all(x.shape == (4, 3, 32, 32) for x, _, _ in batches)
-    data.set_epoch(first_train, 1, seed=0, rank=0)
+    data.set_epoch(first_train, 1)
     assert all(torch.equal(x, y) for (x, _, _), (y, _, _) in zip(batches, first_train, strict=True))
     seen = torch.cat([targets for _, targets, _ in val_loader])
     val_samples, _ = data.find_images(image_root / "val", ["class_0", "class_1", "class_2"])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 from pathlib import Path
 from types import SimpleNamespace
@@ -91,10 +92,11 @@ def test_scheduled_batches_walk_the_epoch_order_and_wrap_around() -> None:
     store, _ = make_store(40)
     run = loader(store, schedule=SizeSchedule((8, 16), 16, 4, seed=1))  # 16 images per step at 8 px
     run.set_epoch(2)
-    lengths = [len(indices) for indices in run.batches()]
-    assert lengths == [run.schedule(2, step)[1] for step in range(10)] and sum(lengths) > 40
+    batches = [indices for _, indices in run.steps.plan()]
+    lengths = [len(indices) for indices in batches]
+    assert lengths == [run.steps.schedule(2, step)[1] for step in range(10)] and sum(lengths) > 40
     order = list(run.sampler)
-    assert torch.cat(run.batches()).tolist() == [order[i % 40] for i in range(sum(lengths))]
+    assert torch.cat(batches).tolist() == [order[i % 40] for i in range(sum(lengths))]
     resumed = loader(store, schedule=SizeSchedule((8, 16), 16, 4, seed=1))
     resumed.set_epoch(2)
     assert same(list(run), list(resumed))  # a resumed epoch repeats the sizes, lengths and crops
@@ -127,7 +129,7 @@ def test_a_size_that_does_not_tile_into_patches_is_named_with_a_fix(sizes, patch
     check_multiple("train_sizes entry", [50, 77], SimpleNamespace(), "m")  # a CNN: any size runs
 
 
-def test_config_keys_validate_and_need_the_tensor_pipeline() -> None:
+def test_config_keys_validate_and_leave_the_pipeline_choice_alone() -> None:
     assert build_config().train_sizes == [] and build_config().token_budget is True
     with pytest.raises(UserError, match=r"'train_sizes' must list sizes > 0 \(pixels\), got 0"):
         build_config(None, ["train_sizes=[32, 0]"])
@@ -135,9 +137,23 @@ def test_config_keys_validate_and_need_the_tensor_pipeline() -> None:
         build_config(None, ["train_sizes=[a]"])
     cfg = build_config(CONFIG_DIR / "imagenette_cpu_multires.yaml")
     assert cfg.train_sizes == list(SIZES) and cfg.output == "output/imagenette_cpu_multires" and cfg.img_size == 64
-    assert data.choose_pipeline(cfg)[0] == "tensor"
-    with pytest.raises(UserError, match="needs the batched tensor pipeline.*decoded_cache is off.*auto_augment=rand"
-                                        ".*set decoded_cache=true, auto_augment=null, reprob=0"):
-        data.choose_pipeline(build_config(None, ["train_sizes=[32]"]))
-    with pytest.raises(UserError, match="get: pipeline=timm; set"):
-        data.choose_pipeline(build_config(CONFIG_DIR / "imagenette_cpu_multires.yaml", ["pipeline=timm"]))
+    for overrides in ([], ["pipeline=timm"], ["auto_augment=3a"], ["decoded_cache=false"]):
+        with_sizes = build_config(CONFIG_DIR / "imagenette_cpu_multires.yaml", overrides)
+        assert data.choose_pipeline(with_sizes) == data.choose_pipeline(build_config(
+            CONFIG_DIR / "imagenette_cpu.yaml", overrides))  # train_sizes plays no part in the choice
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["batch_size=7", "mixup=0", "cutmix=0", "img_size=32", "train_sizes=[32, 64]"],
+     "train_sizes entry 64 leaves 1 image(s) per step under the token budget (batch_size 7 x (32 / 64)^2), and a "
+     "step needs at least 2 (Mixup pairs, batch statistics); raise batch_size to 8 or more, drop 64 from "
+     "train_sizes, or set token_budget=false"),
+    (["batch_size=2", "img_size=224", "train_sizes=[224, 448]"], "entry 448 leaves 0 image(s) per step"),
+])
+def test_a_budget_under_two_images_per_step_is_an_error_naming_the_size_and_the_fix(overrides: list[str],
+                                                                                      message: str) -> None:
+    with pytest.raises(UserError, match=re.escape(message)):
+        build_config(None, overrides)
+    build_config(None, [*overrides, "token_budget=false"])  # without the budget every step takes batch_size
+    cfg = build_config(None, [*overrides, "batch_size=8"])  # the smallest batch_size the message names is enough
+    assert SizeSchedule(tuple(cfg.train_sizes), cfg.img_size, cfg.batch_size).batch_at(max(cfg.train_sizes)) == 2

@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import types
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -96,6 +97,55 @@ def test_resume_after_interruption_matches_an_uninterrupted_run(image_root: Path
     assert metrics(resumed)[2]["sizes"] == metrics(straight)[2]["sizes"]
 
 
+def killed_at(epoch: int, step: int) -> Callable:
+    """A ``engine.Progress.update`` that stops the run after step ``step`` (1-based) of epoch ``epoch`` (1-based),
+    before any checkpoint of that step: the work since the last checkpoint is lost, as in a killed job."""
+    real = engine.Progress.update
+
+    def update(self, index: int, **stats: str) -> None:
+        real(self, index, **stats)
+        if self.desc.startswith(f"epoch {epoch}/") and index + 1 == step:
+            raise KeyboardInterrupt
+
+    return update
+
+
+def assert_same_weights(a: Path, b: Path) -> None:
+    first, second = (torch.load(path / "last.pth", weights_only=True) for path in (a, b))
+    for key in ("model", "model_ema"):
+        for name, tensor in first[key].items():
+            torch.testing.assert_close(second[key][name], tensor, rtol=0, atol=1e-5, msg=f"{key}.{name}")
+
+
+@pytest.mark.parametrize("extra", [
+    ("workers=1", "train_sizes=[32, 48, 64]"),  # timm's per-image transforms in a worker, a size per step
+    ("decoded_cache=true", "auto_augment=null", "reprob=0", "train_sizes=[32, 48, 64]"),  # the tensor pipeline
+], ids=["per_image", "tensor"])
+def test_a_run_killed_mid_epoch_resumes_to_the_weights_of_an_uninterrupted_run(image_root: Path, tmp_path: Path,
+                                                                               monkeypatch, capsys,
+                                                                               extra: tuple[str, ...]) -> None:
+    # 24 images in steps of 8 at 32 px: 3 steps per epoch, a checkpoint after step 2; killed after step 3 of epoch 2
+    # (before its end-of-epoch checkpoint), so the resumed run redoes step 3; every source of randomness on
+    args = ("checkpoint_interval=2", "mixup=0.8", "cutmix=1.0", "drop_path=0.1",
+            "auto_augment=rand-m9-mstd0.5-inc1-mmax9", "reprob=0.25", "model_ema=true", "warmup_epochs=1", *extra)
+    straight, resumed = tmp_path / "straight", tmp_path / "resumed"
+    assert train.main(tiny_args(image_root, straight, *args)) == 0
+    with monkeypatch.context() as patch:
+        patch.setattr(engine.Progress, "update", killed_at(2, 3))
+        with pytest.raises(KeyboardInterrupt):
+            train.main(tiny_args(image_root, resumed, *args))
+    ckpt = torch.load(resumed / "last.pth", weights_only=True)
+    assert (ckpt["epoch"], ckpt["step"], ckpt["epoch_totals"]["steps"]) == (1, 2, 2)  # epoch 2 in progress
+    capsys.readouterr()
+    assert train.main(tiny_args(image_root, resumed, *args, "--resume", str(resumed / "last.pth"))) == 0
+    assert "at epoch 1, step 2" in capsys.readouterr().out
+    assert_same_weights(straight, resumed)
+    rows = metrics(straight)
+    assert [{key: row[key] for key in ("epoch", "train_loss", "sizes", "lr")} for row in metrics(resumed)] == [
+        {key: row[key] for key in ("epoch", "train_loss", "sizes", "lr")} for row in rows]
+    assert " " in rows[1]["sizes"]  # several sizes were drawn in the interrupted epoch
+
+
 @pytest.mark.parametrize("model, kwargs", [
     (TINY_MODEL, "{depth: 2}"),  # ours
     ("vit_tiny_patch16_224", "{depth: 2}"),  # timm ViT with a learned position embedding (APE), resampled per step
@@ -129,8 +179,8 @@ def test_train_sizes_draw_a_size_per_step_under_the_token_budget(image_root: Pat
     (("train_sizes=[32, 40]",), f"train_sizes entry 40 is not a positive multiple of the patch size 16 of "
                                 f"'{TINY_MODEL}': use 32 or 48"),
     (("train_sizes=[0]",), "config key 'train_sizes' must list sizes > 0 (pixels), got 0"),
-    (("decoded_cache=false", "train_sizes=[32]"), "train_sizes=[32] needs the batched tensor pipeline, which this "
-                                                  "config does not get: decoded_cache is off; set decoded_cache=true"),
+    (("batch_size=6", "train_sizes=[32, 64]"), "train_sizes entry 64 leaves 1 image(s) per step under the token "
+                                                "budget (batch_size 6 x (32 / 64)^2), and a step needs at least 2"),
 ])
 def test_bad_train_sizes_exit_2_naming_the_problem(image_root: Path, tmp_path: Path, capsys, extra: tuple[str, ...],
                                                    message: str) -> None:
@@ -313,20 +363,25 @@ def test_command_line_exit_code_and_single_error_line(tmp_path: Path) -> None:
         f"error: {tmp_path / 'nowhere' / 'train'} does not exist; the data dir needs train/ with one folder per class"]
 
 
-@pytest.mark.parametrize("extra", [(), MULTIRES], ids=["fixed_size", "train_sizes"])
-def test_torchrun_ddp_on_cpu_writes_one_set_of_files(image_root: Path, tmp_path: Path, extra: tuple[str, ...]) -> None:
+@pytest.mark.parametrize("extra, pipeline", [
+    ((), "timm"),
+    (MULTIRES, "tensor"),
+    (("workers=1", "auto_augment=3a", "reprob=0.25", "train_sizes=[32, 48]"), "timm"),  # per image, in workers
+], ids=["fixed_size", "train_sizes", "per_image_train_sizes"])
+def test_torchrun_ddp_on_cpu_writes_one_set_of_files(image_root: Path, tmp_path: Path, extra: tuple[str, ...],
+                                                     pipeline: str) -> None:
     out = tmp_path / "ddp"
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     result = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-                             "train.py", *tiny_args(image_root, out, "--epochs", "1", "--batch-size", "4", *extra)],
+                             "train.py", *tiny_args(image_root, out, "--epochs", "1", "--batch-size", "6", *extra)],
                             cwd=REPO, capture_output=True, text=True, timeout=240, env=env)
     assert result.returncode == 0, result.stderr[-3000:]
     assert sorted(p.name for p in out.iterdir()) == ["best.pth", "config.yaml", "last.pth", "metrics.csv"]
     assert len(metrics(out)) == 1
     assert result.stdout.count("epoch 1/1") == 1  # only rank 0 prints
-    assert "2 x cpu" in result.stdout
+    assert "2 x cpu" in result.stdout and f"data pipeline: {pipeline} (" in result.stdout
     assert len(torch.load(out / "last.pth", weights_only=True)["rng"]) == 2  # one RNG state per rank
     assert yaml.safe_load((out / "config.yaml").read_text())["epochs"] == 1
-    if extra:  # 12 images per rank in batches of 4 at 32 px: 3 steps, each at the size both ranks draw
-        drawn = [SizeSchedule((32, 48), 32, 4)(0, step)[0] for step in range(3)]
+    if extra:  # 12 images per rank in batches of 6 at 32 px: 2 steps, each at the size both ranks draw
+        drawn = [SizeSchedule((32, 48), 32, 6)(0, step)[0] for step in range(2)]
         assert metrics(out)[0]["sizes"] == " ".join(f"{size}:{drawn.count(size)}" for size in sorted(set(drawn)))

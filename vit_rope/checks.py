@@ -9,6 +9,7 @@ fix.
 from __future__ import annotations
 
 import difflib
+import math
 import warnings
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
@@ -16,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import timm
 import torch
+import torch.distributed as dist
 from timm.data import create_transform
 from timm.data.transforms import str_to_interp_mode
 from timm.optim import list_optimizers
@@ -31,8 +33,9 @@ if TYPE_CHECKING:
 # (test, wording, keys): each key's value must pass the test; None (an optional key left unset) is not checked
 _RANGES: tuple[tuple[Callable[[float], bool], str, tuple[str, ...]], ...] = (
     (lambda v: v > 0, "> 0", ("img_size", "epochs", "batch_size", "lr", "decay_epochs", "decay_rate", "clip_grad")),
-    (lambda v: v >= 0, ">= 0", ("seed", "workers", "threads", "log_interval", "warmup_epochs", "cache_size",
-                                "weight_decay", "momentum", "warmup_lr", "min_lr", "color_jitter", "mixup", "cutmix")),
+    (lambda v: v >= 0, ">= 0", ("seed", "workers", "threads", "log_interval", "checkpoint_interval", "warmup_epochs",
+                                "cache_size", "weight_decay", "momentum", "warmup_lr", "min_lr", "color_jitter",
+                                "mixup", "cutmix")),
     (lambda v: 0 <= v <= 1, "between 0 and 1", ("hflip", "reprob", "mixup_prob", "mixup_switch_prob", "smoothing",
                                                 "model_ema_decay")),
     (lambda v: 0 <= v < 1, "in [0, 1) (the probability that a block is skipped)", ("drop_path",)),
@@ -62,6 +65,14 @@ def check_config(cfg: Config) -> None:
     for size in cfg.train_sizes:  # multiples of the patch size are checked once the model is built (train.py)
         if size <= 0:
             raise UserError(f"config key 'train_sizes' must list sizes > 0 (pixels), got {size} in {cfg.train_sizes}")
+        batch = cfg.batch_size * cfg.img_size**2 // size**2  # vit_rope.sizes.budget_batch before its floor
+        if cfg.token_budget and batch < 2:
+            least = math.ceil(2 * size**2 / cfg.img_size**2)
+            least += least % 2 if cfg.mixup > 0 or cfg.cutmix > 0 else 0  # an even batch_size, checked below
+            raise UserError(f"train_sizes entry {size} leaves {batch} image(s) per step under the token budget "
+                            f"(batch_size {cfg.batch_size} x ({cfg.img_size} / {size})^2), and a step needs at least 2 "
+                            f"(Mixup pairs, batch statistics); raise batch_size to {least} or more, drop {size} from "
+                            "train_sizes, or set token_budget=false")
     if (cfg.mixup > 0 or cfg.cutmix > 0) and cfg.batch_size % 2:
         raise UserError(f"batch_size must be even when mixup or cutmix is on (timm mixes pairs), got {cfg.batch_size}")
     _check_optimizer(cfg.opt)
@@ -152,3 +163,24 @@ def check_multiple(what: str, sizes: Sequence[int], model: nn.Module, label: str
             use = f"{lower} or {lower + patch}" if lower and patch else f"{patch or 1}"
             raise UserError(f"{what} {size} is not a positive multiple of the patch size {patch or 1} of {label}: use "
                             f"{use}")
+
+
+def check_ranks_agree(settings: dict[str, Any], world_size: int) -> None:
+    """Raise a ``UserError`` on every rank when the DDP ranks hold different ``settings`` (the keys that fix each
+    step's size, batch and images and when checkpoints are written, and the number of training images).
+
+    Each rank draws its sizes and cuts its steps locally, from (seed, epoch, step), so that no step waits for a
+    collective; ranks launched with different configs or data would run different steps and hang or mix sizes in one
+    gradient. A collective: every rank must call it (it returns at once on one process).
+    """
+    if world_size < 2:
+        return
+    gathered: list[Any] = [None] * world_size
+    dist.all_gather_object(gathered, settings)
+    for rank, other in enumerate(gathered[1:], 1):
+        differ = [f"{key} (rank 0: {gathered[0][key]}, rank {rank}: {other[key]})" for key in settings
+                  if other[key] != gathered[0][key]]
+        if differ:
+            raise UserError(f"the DDP ranks do not agree on {', '.join(differ)}; each rank derives every step's "
+                            "size, images and checkpoints from these, so launch every rank with the same config, "
+                            "command-line overrides and data")

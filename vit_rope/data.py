@@ -1,9 +1,11 @@
 """Datasets and loaders: ImageFolder splits with clear errors, timm transforms, the optional decoded cache
 (``vit_rope.decoded``) and the choice between timm's per-image pipeline and the batched one (``vit_rope.pipeline``).
 
-Unreadable images never stop a run: they are replaced by the next readable image (so batches keep their size, which
-Mixup and DDP rely on), a warning names the file, and the epoch summary counts them. Epoch order and augmentation
-randomness are functions of (seed, epoch, rank) only, so a resumed run sees the same batches as an uninterrupted one.
+Both pipelines cut an epoch into steps with ``vit_rope.steps.StepSampler``, so ``train_sizes`` (one size per step
+from ``vit_rope.sizes.SizeSchedule``) means the same in both. Unreadable images never stop a run: they are replaced
+by the next readable image (so batches keep their size, which Mixup and DDP rely on), a warning names the file, and
+the epoch summary counts them. Epoch order, sizes and augmentation randomness are functions of (seed, epoch, rank,
+step) only, so a run resumed at any step sees the same batches as an uninterrupted one.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -22,8 +25,9 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler, Subset
 
 from vit_rope.config import Config, UserError
 from vit_rope.decoded import DecodedImages, decode_image
-from vit_rope.pipeline import BatchLoader, TensorStore, epoch_seed
+from vit_rope.pipeline import BatchLoader, TensorStore
 from vit_rope.sizes import SizeSchedule
+from vit_rope.steps import Item, StepSampler, global_rng_kept, seed_globals
 
 _log = logging.getLogger(__name__)
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -96,16 +100,17 @@ def find_images(split_dir: Path, classes: list[str] | None = None, split_key: st
     return samples, classes
 
 
-class ImageFolderDataset(Dataset):
-    """``(image tensor, class index, number of unreadable files skipped)`` for each sample of a split."""
+class _Images(Dataset):
+    """The images of a split, from their files or from the decoded cache."""
 
-    def __init__(self, samples: list[Sample], transform: Any, cache: DecodedImages | None = None) -> None:
-        self.samples, self.transform, self.cache = samples, transform, cache
+    def __init__(self, samples: list[Sample], cache: DecodedImages | None = None) -> None:
+        self.samples, self.cache = samples, cache
 
     def __len__(self) -> int:
         return len(self.samples)
 
-    def __getitem__(self, index: int) -> tuple[torch.Tensor, int, int]:
+    def load(self, index: int) -> tuple[Image.Image, int, int]:
+        """``(RGB image, class index, unreadable files skipped)`` of sample ``index`` or the next readable one."""
         for skipped in range(len(self.samples)):
             current = (index + skipped) % len(self.samples)
             path, target = self.samples[current]
@@ -114,22 +119,66 @@ class ImageFolderDataset(Dataset):
             except Exception as err:  # PIL raises OSError, SyntaxError, ValueError, ... for bad files
                 _log.warning("skipping unreadable image %s (%s)", path, err)
                 continue
-            return self.transform(image), target, skipped
+            return image, target, skipped
         raise RuntimeError("no image of the dataset could be read")
 
 
-def build_transforms(cfg: Config, data_config: dict[str, Any]) -> tuple[Any, Any]:
-    """timm's train (random-resized crop, flip, RandAugment/ThreeAugment ``3a``, random erasing) and eval transforms.
+class ImageFolderDataset(_Images):
+    """``(image tensor, class index, number of unreadable files skipped)`` for each sample of a split."""
+
+    def __init__(self, samples: list[Sample], transform: Callable[[Image.Image], torch.Tensor],
+                 cache: DecodedImages | None = None) -> None:
+        super().__init__(samples, cache)
+        self.transform = transform
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int, int]:
+        image, target, skipped = self.load(index)
+        return self.transform(image), target, skipped
+
+
+class SizedImages(_Images):
+    """Training samples for ``StepSampler``'s items ``(index, size, seed)``: the image through timm's transform for
+    ``size``, its random numbers seeded by ``seed``.
+
+    The transforms are built once per size before the loader starts (each worker gets a copy), not per image. Seeding
+    every image makes its augmentation a function of (seed, epoch, rank, step, position) alone, so the batches do not
+    depend on the number of workers or on where a run resumed; the training process's own random state is restored
+    after each batch (``workers=0``).
+    """
+
+    def __init__(self, samples: list[Sample], transforms: Mapping[int, Callable[[Image.Image], torch.Tensor]],
+                 cache: DecodedImages | None = None) -> None:
+        super().__init__(samples, cache)
+        self.transforms = dict(transforms)
+
+    def __getitem__(self, item: Item) -> tuple[torch.Tensor, int, int]:
+        index, size, seed = item
+        image, target, skipped = self.load(index)
+        seed_globals(seed)
+        return self.transforms[size](image), target, skipped
+
+    def __getitems__(self, items: list[Item]) -> list[tuple[torch.Tensor, int, int]]:
+        with global_rng_kept():
+            return [self[item] for item in items]
+
+
+def build_transforms(cfg: Config, data_config: dict[str, Any]) -> tuple[dict[int, Any], Any]:
+    """timm's train transforms (random-resized crop, flip, RandAugment/ThreeAugment ``3a``, random erasing), one per
+    training size (each of ``train_sizes``, else ``img_size``), and the eval transform at ``img_size``.
+
+    A size changes only the output size of the crop and the sizes RandAugment scales with (its translation is a
+    fraction of the image); every other setting is the config's.
 
     Args:
         data_config: from ``timm.data.resolve_data_config``: input size, interpolation, mean/std, crop_pct.
     """
-    common = {key: data_config[key] for key in ("input_size", "interpolation", "mean", "std")}
-    train = create_transform(is_training=True, train_crop_mode=cfg.train_crop_mode, scale=tuple(cfg.scale),
-                             hflip=cfg.hflip, color_jitter=cfg.color_jitter, auto_augment=cfg.auto_augment,
-                             re_prob=cfg.reprob, re_mode="pixel", **common)
-    val = create_transform(is_training=False, crop_pct=data_config["crop_pct"], crop_mode=data_config["crop_mode"],
-                           **common)
+    common = {key: data_config[key] for key in ("interpolation", "mean", "std")}
+    train = {size: create_transform((3, size, size), is_training=True, train_crop_mode=cfg.train_crop_mode,
+                                    scale=tuple(cfg.scale), hflip=cfg.hflip, color_jitter=cfg.color_jitter,
+                                    auto_augment=cfg.auto_augment, re_prob=cfg.reprob, re_mode="pixel", **common)
+             for size in sorted(set(cfg.train_sizes) or {cfg.img_size})}
+    val = create_transform(data_config["input_size"], is_training=False, crop_pct=data_config["crop_pct"],
+                           crop_mode=data_config["crop_mode"], **common)
     return train, val
 
 
@@ -138,8 +187,7 @@ def choose_pipeline(cfg: Config) -> tuple[str, str]:
 
     It needs the decoded cache and augmentations that batch; RandAugment, random erasing, timm's other crop modes and
     repeated augmentation are per image and keep timm's pipeline. ``pipeline: tensor`` with such a config is an error
-    that names what stands in the way, and so is ``train_sizes``, which only the batched pipeline implements (timm's
-    DataLoader fixes one transform, hence one size, for the whole run).
+    that names what stands in the way. ``train_sizes`` runs on both and plays no part in the choice.
     """
     per_image = [reason for reason, present in (
         ("decoded_cache is off", not cfg.decoded_cache),
@@ -147,11 +195,6 @@ def choose_pipeline(cfg: Config) -> tuple[str, str]:
         (f"random erasing (reprob={cfg.reprob}) is per image", cfg.reprob > 0),
         (f"train_crop_mode={cfg.train_crop_mode} is timm's only", cfg.train_crop_mode != "rrc"),
         ("repeated_aug needs timm's sampler", cfg.repeated_aug)) if present]
-    if cfg.train_sizes and (cfg.pipeline == "timm" or per_image):
-        why = "; ".join(["pipeline=timm"] * (cfg.pipeline == "timm") + per_image)
-        raise UserError(f"train_sizes={cfg.train_sizes} needs the batched tensor pipeline, which this config does not "
-                        f"get: {why}; set decoded_cache=true, auto_augment=null, reprob=0, train_crop_mode=rrc, "
-                        "repeated_aug=false and pipeline=auto (or tensor), or train_sizes=[]")
     if cfg.pipeline == "timm":
         return "timm", "pipeline=timm"
     if not per_image:
@@ -165,12 +208,13 @@ def choose_pipeline(cfg: Config) -> tuple[str, str]:
 def build_loaders(cfg: Config, train_samples: list[Sample], val_samples: list[Sample], data_config: dict[str, Any],
                   rank: int = 0, world_size: int = 1, device: torch.device | None = None
                   ) -> tuple[DataLoader | BatchLoader, DataLoader | BatchLoader]:
-    """Training loader (shuffled per epoch, sharded across ranks, last partial batch dropped) and validation loader.
+    """Training loader (shuffled per epoch, sharded across ranks, full steps of ``StepSampler``) and validation loader.
 
     Each rank validates a disjoint slice of the val split without padding, so reduced accuracies are exact. The
     pipeline is ``choose_pipeline``'s: batched tensor loaders on ``device`` (no workers), or timm's transforms in
-    ``DataLoader`` workers (page-locked batches when ``device`` is CUDA). With ``train_sizes`` the train cache's short
-    side is at least the largest of them (validation keeps its own, so its numbers do not move).
+    ``DataLoader`` workers (page-locked batches when ``device`` is CUDA). With ``train_sizes`` every step trains at the
+    size ``SizeSchedule`` draws, validation stays at ``img_size``, and the train cache's short side is at least the
+    largest size (validation keeps its own, so its numbers do not move).
     """
     device = device or torch.device("cpu")
     pipeline, why = choose_pipeline(cfg)
@@ -192,47 +236,58 @@ def build_loaders(cfg: Config, train_samples: list[Sample], val_samples: list[Sa
         decoders = max(cfg.workers, os.cpu_count() or 1)  # a one-off job with nothing else running: every core
         train_cache, val_cache = (DecodedImages.load_or_build([path for path, _ in samples], side, decoders, cache_dir)
                                   for samples, side in ((train_samples, train_side), (val_samples, short_side)))
+    schedule = SizeSchedule(tuple(cfg.train_sizes), cfg.img_size, cfg.batch_size, cfg.seed, cfg.token_budget,
+                            even=cfg.mixup > 0 or cfg.cutmix > 0) if cfg.train_sizes else None
     if pipeline == "tensor":
-        return _tensor_loaders(cfg, (train_samples, train_cache), (val_samples, val_cache), data_config, rank,
-                               world_size, device)
-    train_tf, val_tf = build_transforms(cfg, data_config)
-    pin_memory = device.type == "cuda"
-    train_set = ImageFolderDataset(train_samples, train_tf, train_cache)
-    if cfg.repeated_aug:
-        sampler = RepeatAugSampler(train_set, num_replicas=world_size, rank=rank)
+        train, val = _tensor_loaders(cfg, (train_samples, train_cache), (val_samples, val_cache), data_config, rank,
+                                     world_size, device, schedule)
     else:
-        sampler = DistributedSampler(train_set, num_replicas=world_size, rank=rank, shuffle=True, seed=cfg.seed)
-    train = DataLoader(train_set, cfg.batch_size, sampler=sampler, num_workers=cfg.workers, pin_memory=pin_memory,
-                       drop_last=True, generator=torch.Generator())
-    val_set = Subset(ImageFolderDataset(val_samples, val_tf, val_cache), range(rank, len(val_samples), world_size))
-    val = DataLoader(val_set, cfg.batch_size, num_workers=cfg.workers, pin_memory=pin_memory)
+        train, val = _per_image_loaders(cfg, (train_samples, train_cache), (val_samples, val_cache), data_config,
+                                        rank, world_size, device, schedule)
+    if rank == 0 and schedule is not None:
+        print(schedule.describe(), flush=True)
     return train, val
 
 
+def _per_image_loaders(cfg: Config, train: tuple[list[Sample], DecodedImages | None],
+                       val: tuple[list[Sample], DecodedImages | None], data_config: dict[str, Any], rank: int,
+                       world_size: int, device: torch.device, schedule: SizeSchedule | None
+                       ) -> tuple[DataLoader, DataLoader]:
+    """timm's transforms in ``DataLoader`` workers: ``StepSampler`` hands each worker a whole step, at its size."""
+    train_tfs, val_tf = build_transforms(cfg, data_config)
+    pin_memory = device.type == "cuda"
+    train_set = SizedImages(train[0], train_tfs, train[1])
+    if cfg.repeated_aug:
+        order = RepeatAugSampler(train_set, num_replicas=world_size, rank=rank)
+    else:
+        order = DistributedSampler(train_set, num_replicas=world_size, rank=rank, shuffle=True, seed=cfg.seed)
+    steps = StepSampler(order, cfg.batch_size, cfg.img_size, schedule, cfg.seed, rank)
+    # its own generator: starting the workers then draws nothing from the global RNG that drop-path and Mixup use
+    train_loader = DataLoader(train_set, batch_sampler=steps, num_workers=cfg.workers, pin_memory=pin_memory,
+                              generator=torch.Generator())
+    val_set = Subset(ImageFolderDataset(val[0], val_tf, val[1]), range(rank, len(val[0]), world_size))
+    return train_loader, DataLoader(val_set, cfg.batch_size, num_workers=cfg.workers, pin_memory=pin_memory)
+
+
 def _tensor_loaders(cfg: Config, train: tuple[list[Sample], DecodedImages], val: tuple[list[Sample], DecodedImages],
-                    data_config: dict[str, Any], rank: int, world_size: int, device: torch.device
-                    ) -> tuple[BatchLoader, BatchLoader]:
+                    data_config: dict[str, Any], rank: int, world_size: int, device: torch.device,
+                    schedule: SizeSchedule | None) -> tuple[BatchLoader, BatchLoader]:
     """The batched pipeline over the decoded caches; on CUDA the stores move to the GPU (crops never leave it)."""
     common = dict(size=cfg.img_size, mean=data_config["mean"], std=data_config["std"], seed=cfg.seed, rank=rank,
                   world_size=world_size, device=device)
     train_store, val_store = (TensorStore.from_decoded(cache, [target for _, target in samples],
                                                        [path for path, _ in samples]).to(device)
                               for samples, cache in (train, val))
-    schedule = SizeSchedule(tuple(cfg.train_sizes), cfg.img_size, cfg.batch_size, cfg.seed, cfg.token_budget,
-                            even=cfg.mixup > 0 or cfg.cutmix > 0) if cfg.train_sizes else None
     train_loader = BatchLoader(train_store, cfg.batch_size, train=True, scale=cfg.scale, hflip=cfg.hflip,
                                color_jitter=cfg.color_jitter, schedule=schedule, **common)
     val_loader = BatchLoader(val_store, cfg.batch_size, train=False, crop_pct=data_config["crop_pct"], **common)
     if rank == 0:
-        print(f"{train_loader.describe()}\n{val_loader.describe()}" + (f"\n{schedule.describe()}" if schedule else ""),
-              flush=True)
+        print(f"{train_loader.describe()}\n{val_loader.describe()}", flush=True)
     return train_loader, val_loader
 
 
-def set_epoch(loader: DataLoader | BatchLoader, epoch: int, seed: int, rank: int) -> None:
-    """Fix epoch ``epoch``'s sample order and augmentation seeds (loader workers' too) from (seed, epoch, rank)."""
-    if isinstance(loader, BatchLoader):
-        loader.set_epoch(epoch)  # it seeds its own generator from (seed, epoch, rank)
-        return
-    loader.sampler.set_epoch(epoch)
-    loader.generator.manual_seed(epoch_seed(seed, epoch, rank))
+def set_epoch(loader: DataLoader | BatchLoader, epoch: int, start_step: int = 0) -> None:
+    """Select epoch ``epoch`` of a training loader, to be iterated from step ``start_step`` (a run resumed mid-epoch):
+    its order, sizes and augmentation follow from (seed, epoch, rank, step), whatever ran before."""
+    steps = loader if isinstance(loader, BatchLoader) else loader.batch_sampler
+    steps.set_epoch(epoch, start_step)

@@ -11,9 +11,8 @@ import csv
 import os
 import sys
 import time
-from collections import Counter
-from collections.abc import Iterator
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -129,20 +128,38 @@ def _to_device(images: torch.Tensor, targets: torch.Tensor, cfg: Config, device:
     return images.to(device, non_blocking=True, memory_format=memory_format), targets.to(device, non_blocking=True)
 
 
+@dataclass
+class EpochTotals:
+    """What an epoch's summary adds up over its steps (the same on every rank): saved in a mid-epoch checkpoint, so
+    that a resumed epoch reports the loss, sizes and skipped images of the whole epoch, as if never interrupted."""
+
+    steps: int = 0
+    loss_sum: float = 0.0  # of the per-step losses, each averaged over ranks
+    skipped: int = 0  # unreadable images replaced, all ranks
+    sizes: dict[tuple[int, int], int] = field(default_factory=dict)  # steps per (height, width)
+
+
 def train_one_epoch(model: nn.Module, loader: DataLoader, optimizer: torch.optim.Optimizer, scheduler: Any,
                     loss_fn: nn.Module, cfg: Config, env: DistEnv, epoch: int, *, scaler: torch.amp.GradScaler,
-                    mixup: Any = None, ema: Any = None) -> dict[str, float]:
+                    mixup: Any = None, ema: Any = None, start_step: int = 0, totals: EpochTotals | None = None,
+                    checkpoint: Callable[[int, int, EpochTotals], None] | None = None) -> dict[str, Any]:
     """Train for one epoch, stepping the lr schedule (and EMA) after every optimizer step.
 
     Args:
         epoch: 0-based epoch index; messages show it 1-based.
         mixup: timm ``Mixup`` applied to each batch on the device, or None.
         ema: timm ``ModelEmaV3`` updated after each step, or None.
+        start_step: the first step to run (a run resumed mid-epoch); ``loader`` must start there too
+            (``vit_rope.data.set_epoch``), while ``len(loader)`` stays the whole epoch's steps.
+        totals: the steps before ``start_step``, from the checkpoint that resumed the run.
+        checkpoint: called as ``checkpoint(epoch, steps done, totals)`` on every rank after every
+            ``cfg.checkpoint_interval`` steps but the epoch's last (whose checkpoint ``train.py`` writes after
+            validation).
 
     Returns:
         ``train_loss`` (mean over steps and ranks), ``lr`` at the end, ``images_per_s`` and ``tokens_per_s`` (all
-        ranks; with ``train_sizes`` only tokens/s compares across sizes), ``sizes`` (``"48:18 64:19"``: steps per
-        size) and ``skipped`` (unreadable images replaced in this epoch, all ranks).
+        ranks, steps run by this process; with ``train_sizes`` only tokens/s compares across sizes), ``sizes``
+        (``"48:18 64:19"``: steps per size) and ``skipped`` (unreadable images replaced in this epoch, all ranks).
 
     Raises:
         NonFiniteLossError: the loss became NaN/inf. The loss is averaged over ranks first, so every rank stops
@@ -150,21 +167,23 @@ def train_one_epoch(model: nn.Module, loader: DataLoader, optimizer: torch.optim
     """
     model.train()
     steps, start = len(loader), time.perf_counter()
-    loss_sum, skipped = 0.0, torch.zeros((), dtype=torch.long)
-    seen, tokens = 0, 0.0  # images and patch tokens of this rank
-    sizes: Counter[tuple[int, int]] = Counter()  # steps per (height, width)
+    totals = totals or EpochTotals()
+    seen, tokens = 0, 0.0  # images and patch tokens of this rank, in this process
     # tokens per image are (H / p) x (W / p) for a patch size p; models without patch_embed (CNNs) count pixels / 256,
     # i.e. as if p were 16, so that tokens/s still compares between sizes
     patch = getattr(getattr(unwrap_model(model), "patch_embed", None), "patch_size", (16, 16))
     patch_h, patch_w = (patch, patch) if isinstance(patch, int) else patch
     progress = Progress(steps, f"epoch {epoch + 1}/{cfg.epochs}", cfg.log_interval, env.is_main)
-    for step, (images, targets, bad) in enumerate(loader):
+    for step, (images, targets, bad) in enumerate(loader, start_step):
         images, targets = _to_device(images, targets, cfg, env.device)
         if mixup is not None:
             images, targets = mixup(images, targets)
         with autocast(cfg, env.device):
             loss = loss_fn(model(images), targets)
-        mean_loss = reduce_sum(loss.detach().float(), env).item() / env.world_size
+        # one collective for the loss (every rank stops at the same step) and the unreadable images
+        mean_loss, skipped = reduce_sum(torch.stack([loss.detach().float(), bad.sum().to(env.device, torch.float32)]),
+                                        env).tolist()
+        mean_loss /= env.world_size
         if not np.isfinite(mean_loss):
             progress.close()
             raise NonFiniteLossError(f"training loss became {mean_loss} at epoch {epoch + 1}, step {step + 1} of "
@@ -179,21 +198,25 @@ def train_one_epoch(model: nn.Module, loader: DataLoader, optimizer: torch.optim
         scheduler.step_update(num_updates=epoch * steps + step + 1)
         if ema is not None:
             ema.update(unwrap_model(model), step=epoch * steps + step + 1)
-        loss_sum += mean_loss
-        skipped += bad.sum()
         height, width = images.shape[-2:]
+        totals.steps += 1
+        totals.loss_sum += mean_loss
+        totals.skipped += round(skipped)
+        totals.sizes[height, width] = totals.sizes.get((height, width), 0) + 1
         seen, tokens = seen + len(images), tokens + len(images) * (height / patch_h) * (width / patch_w)
-        sizes[height, width] += 1
         rate = seen * env.world_size / (time.perf_counter() - start)
         progress.update(step, loss=f"{mean_loss:.4f}", lr=f"{optimizer.param_groups[0]['lr']:.2e}",
                         img_s=f"{rate:.0f}")
+        interval = cfg.checkpoint_interval
+        if checkpoint is not None and interval and (step + 1) % interval == 0 and step + 1 < steps:
+            checkpoint(epoch, step + 1, totals)
     progress.close()
     seconds = time.perf_counter() - start
     # every rank draws the same batch lengths and sizes (vit_rope.sizes), so one rank's count x world_size is the total
-    return {"train_loss": loss_sum / steps, "lr": optimizer.param_groups[0]["lr"],
+    return {"train_loss": totals.loss_sum / totals.steps, "lr": optimizer.param_groups[0]["lr"],
             "images_per_s": seen * env.world_size / seconds, "tokens_per_s": tokens * env.world_size / seconds,
-            "sizes": " ".join(f"{h}:{n}" if h == w else f"{h}x{w}:{n}" for (h, w), n in sorted(sizes.items())),
-            "skipped": int(reduce_sum(skipped.to(env.device), env))}
+            "sizes": " ".join(f"{h}:{n}" if h == w else f"{h}x{w}:{n}" for (h, w), n in sorted(totals.sizes.items())),
+            "skipped": totals.skipped}
 
 
 @torch.inference_mode()

@@ -21,13 +21,14 @@ from torch import Tensor
 from torch.utils.data import DistributedSampler
 
 from vit_rope import augment
+from vit_rope.steps import StepSampler
 
 _log = logging.getLogger(__name__)
 IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 
 
 def epoch_seed(seed: int, epoch: int, rank: int) -> int:
-    """The augmentation seed of (seed, epoch, rank), for this loader and ``vit_rope.data.set_epoch``'s workers."""
+    """The seed of the generator that draws a training epoch's crops, flips and jitter on rank ``rank``."""
     return int(np.random.SeedSequence([seed, epoch, rank]).generate_state(1)[0])
 
 
@@ -115,15 +116,13 @@ class BatchLoader:
     """Batches ``(images [B, 3, s, s] normalised, targets [B] long, skipped scalar long)`` from a ``TensorStore``.
 
     Training: each epoch's order is ``DistributedSampler(shuffle=True, seed)``'s (padded to a multiple of
-    ``world_size``, this rank's share), full batches only; crops, flips and jitter come from a CPU generator seeded
-    by (seed, epoch, rank), so an epoch is the same whenever it is run (resumes included). Validation: this rank's
-    slice ``range(rank, N, world_size)`` in order, every batch including the last partial one, center crops.
-    Images and targets are on ``device``; ``skipped`` (unreadable images replaced in the batch) stays on the CPU.
-
-    ``schedule`` (training only; e.g. ``vit_rope.sizes.SizeSchedule``) maps (epoch, step) to the ``(size, batch)`` of
-    that step, for variable-resolution training. An epoch keeps ``len(self)`` steps and step i takes the next
-    ``batch_i`` indices of the epoch's order, wrapping around to its start when they run out: the images seen per
-    epoch vary by a few percent, and since the order is reshuffled every epoch no image is left out for good.
+    ``world_size``, this rank's share), cut into steps by ``vit_rope.steps.StepSampler`` (full batches only; with a
+    ``schedule``, e.g. ``vit_rope.sizes.SizeSchedule``, a size and batch length per step, as the per-image
+    pipeline); crops, flips and jitter come from a CPU generator seeded by (seed, epoch, rank), so an epoch is the
+    same whenever it is run (resumes included: a resumed epoch draws the random numbers of the steps it skips).
+    Validation: this rank's slice ``range(rank, N, world_size)`` in order, every batch including the last partial
+    one, center crops. Images and targets are on ``device``; ``skipped`` (unreadable images replaced in the batch)
+    stays on the CPU.
     """
 
     def __init__(self, store: TensorStore, batch_size: int, size: int, *, train: bool,
@@ -139,37 +138,42 @@ class BatchLoader:
         if len(self.jitter) == 4 and self.jitter[3]:
             raise ValueError("hue jitter is not supported by the batched pipeline")
         self.hflip_p, self.mean, self.std, self.crop_pct = hflip, tuple(mean), tuple(std), crop_pct
-        self.seed, self.rank, self.world_size, self.epoch = seed, rank, world_size, 0
-        self.device, self.channels_last, self.schedule = torch.device(device), channels_last, schedule
+        self.seed, self.rank, self.world_size = seed, rank, world_size
+        self.device, self.channels_last = torch.device(device), channels_last
         self.sampler = DistributedSampler(range(len(store)), world_size, rank, shuffle=True, seed=seed)
         if train and len(self.sampler) < batch_size:
             raise ValueError(f"{len(store)} images make no full batch of {batch_size} x {world_size} process(es)")
+        self.steps = StepSampler(self.sampler, batch_size, size, schedule, seed, rank) if train else None
 
     def __len__(self) -> int:
         if self.train:
-            return len(self.sampler) // self.batch_size
+            return len(self.steps)
         return -(-len(range(self.rank, len(self.store), self.world_size)) // self.batch_size)
 
-    def set_epoch(self, epoch: int) -> None:
-        """Select epoch ``epoch``'s order and augmentation randomness (training)."""
-        self.epoch = epoch
-        self.sampler.set_epoch(epoch)
-
-    def batches(self) -> list[Tensor]:
-        """This rank's store indices of each batch of the current epoch."""
-        if not self.train:
-            return list(torch.arange(self.rank, len(self.store), self.world_size).split(self.batch_size))
-        order = torch.tensor(list(self.sampler), dtype=torch.long)
-        if self.schedule is None:
-            return list(order[:len(self) * self.batch_size].view(len(self), self.batch_size))
-        lengths = [self.schedule(self.epoch, step)[1] for step in range(len(self))]
-        return list(order[torch.arange(sum(lengths)) % len(order)].split(lengths))  # wraps around the order
+    def set_epoch(self, epoch: int, start_step: int = 0) -> None:
+        """Select epoch ``epoch``'s order and augmentation randomness (training), iterated from step ``start_step``."""
+        self.steps.set_epoch(epoch, start_step)
 
     def __iter__(self) -> Iterator[tuple[Tensor, Tensor, Tensor]]:
-        generator = torch.Generator().manual_seed(epoch_seed(self.seed, self.epoch, self.rank)) if self.train else None
-        for step, indices in enumerate(self.batches()):
-            size = self.schedule(self.epoch, step)[0] if self.train and self.schedule is not None else self.size
+        if not self.train:
+            for indices in torch.arange(self.rank, len(self.store), self.world_size).split(self.batch_size):
+                yield self.make_batch(indices, self.size, None)
+            return
+        generator = torch.Generator().manual_seed(epoch_seed(self.seed, self.steps.epoch, self.rank))
+        for step, (size, indices) in enumerate(self.steps.plan()):
+            if step < self.steps.start:  # a resumed epoch: the skipped steps' random numbers, without their images
+                ones = torch.ones(len(indices), dtype=torch.long)
+                self.train_draws(ones, ones, generator)
+                continue
             yield self.make_batch(indices, size, generator)
+
+    def train_draws(self, heights: Tensor, widths: Tensor, generator: torch.Generator | None
+                    ) -> tuple[Tensor, Tensor, Tensor]:
+        """Crop boxes ``[B, 4]``, flips ``[B]`` and jitter factors ``[B, 3]`` of a training batch of images of these
+        sizes; the numbers drawn from ``generator`` depend on the batch length only (``vit_rope.augment``)."""
+        return (augment.rrc_boxes(heights, widths, self.scale, self.ratio, generator),
+                augment.flip_draws(len(heights), self.hflip_p, generator),
+                augment.jitter_factors(len(heights), self.jitter, generator))
 
     def make_batch(self, indices: Tensor, size: int,
                    generator: torch.Generator | None) -> tuple[Tensor, Tensor, Tensor]:
@@ -180,9 +184,7 @@ class BatchLoader:
                 indices.cpu()[skips > 0]))
         padded, heights, widths = self.store.gather(resolved, self.device)  # [B, 3, Hmax, Wmax] uint8
         if self.train:
-            boxes = augment.rrc_boxes(heights, widths, self.scale, self.ratio, generator)  # [B, 4]
-            flips = augment.flip_draws(len(indices), self.hflip_p, generator)  # [B]
-            factors = augment.jitter_factors(len(indices), self.jitter, generator)  # [B, 3]
+            boxes, flips, factors = self.train_draws(heights, widths, generator)  # [B, 4], [B], [B, 3]
         else:
             boxes = augment.center_boxes(heights, widths, size, self.crop_pct)
         images = augment.crop_resize(padded, boxes, size)  # [B, 3, s, s] float 0..255
@@ -200,7 +202,7 @@ class BatchLoader:
         what = (f"random-resized crop scale {self.scale} ratio ({self.ratio[0]:.3g}, {self.ratio[1]:.3g}), hflip "
                 f"{self.hflip_p}, color jitter {self.jitter[:3]} (fixed order)" if self.train
                 else f"center crop (crop_pct {self.crop_pct})")
-        scheduled = self.train and self.schedule is not None
+        scheduled = self.train and self.steps.schedule is not None
         sizes, batches = ("per-step sizes", "varying length") if scheduled else (f"{self.size} px", self.batch_size)
         return (f"batched {'train' if self.train else 'val'} pipeline on {self.device}: {len(self.store)} decoded "
                 f"images ({self.store.device} store), {what} to {sizes} by roi_align, normalised; "
