@@ -71,7 +71,8 @@ SIZES = {"v1": [48, 64, 80, 96, 128, 160], "v2": [48, 64, 80, 96, 128, 160], "v3
          "vit_s": [80, 112, 160, 192, 256]}
 # The goal each RoPE arm is read against: v1 and v2 hold at 2x and beat APE at 2x and at the largest size; on the
 # 14x14 grid, RoPE-ViT's own claim: hold at 1.43x-1.71x (320 and 384 px of 224) and beat APE at 2.29x (512 px).
-GOALS = {"v3": Goal(hold=(1.43, 1.71), beat=(None,)), "vit_s": Goal(hold=(1.43, 1.71), beat=(None,))}
+ROPE_VIT_GOAL = Goal(hold=(1.43, 1.71), beat=(None,))
+GOALS = {"v3": ROPE_VIT_GOAL, "vit_s": ROPE_VIT_GOAL}
 # Second crop fraction evaluated (positions as trained only) beside the study's crop 1.0: one crop can favour an arm.
 SECOND_CROP = {"v3": 0.875}
 
@@ -159,16 +160,15 @@ def main(argv: list[str] | None = None) -> int:
             (results / "runs" / entry["name"]).mkdir(parents=True, exist_ok=True)
             for file in ("config.yaml", "metrics.csv"):
                 shutil.copy(out / file, results / "runs" / entry["name"] / file)
-        checkpoints = [f"{entry['output']}/last.pth" for entry in entries]
-        evaluate = ["python", "-m", "vit_rope.evaluate", "--checkpoint", *checkpoints, *data, "--img-sizes", *sizes,
-                    "--policy", *POLICIES, "--limit", str(args.limit), "--workers", "0",  # both cores compute
-                    "--output", str(results / "eval" / arm)]
-        evaluations = [(evaluate, results / "eval")]
-        if args.study in SECOND_CROP:
-            crop = SECOND_CROP[args.study]
-            folder = results / f"eval_crop{crop}"
-            evaluations.append(([*evaluate[:evaluate.index("--policy")], "--crop-pct", str(crop), "--limit",
-                                 str(args.limit), "--workers", "0", "--output", str(folder / arm)], folder))
+        head = ["python", "-m", "vit_rope.evaluate", "--checkpoint",
+                *(f"{entry['output']}/last.pth" for entry in entries), "--img-sizes", *sizes]
+        tail = [*data, "--limit", str(args.limit), "--workers", "0"]  # both cores compute
+        evaluations = [([*head, "--policy", *POLICIES, *tail, "--output", str(results / "eval" / arm)],
+                        results / "eval")]
+        if args.study in SECOND_CROP:  # positions as trained (the default policy) at the second crop fraction
+            folder = results / f"eval_crop{SECOND_CROP[args.study]}"
+            evaluations.append(([*head, "--crop-pct", str(SECOND_CROP[args.study]), *tail, "--output",
+                                 str(folder / arm)], folder))
         for index, (command, folder) in enumerate(evaluations):
             if not evaluated(folder, entries):  # seconds: the arm's evaluations on this machine
                 seconds[arm] = round(run(command)) + (seconds.get(arm, 0) if index else 0)

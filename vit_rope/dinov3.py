@@ -6,8 +6,8 @@ no position embedding, a LayerNorm of eps 1e-5, optionally no qkv bias and SwiGL
 ``rope_kind="dinov3"``, so every tool of the package (fused rotation, Triton kernels, policies, export, evaluation)
 reaches them. Weights load from timm's ``Eva`` state dicts and from Meta's original checkpoints:
 
-- timm: ``gamma_1`` / ``gamma_2`` -> ``ls1.gamma`` / ``ls2.gamma``; ``attn.q_bias`` and ``attn.v_bias`` -> one qkv
-  bias with a zero key bias (DINOv3 trains none);
+- timm: ``attn.q_bias`` and ``attn.v_bias`` -> one qkv bias with a zero key bias (DINOv3 trains none); its
+  ``gamma_1`` / ``gamma_2`` LayerScale is renamed by ``vit_rope.checkpoint`` as for timm's RoPE-ViT ports;
 - Meta: ``storage_tokens`` -> ``reg_token``; the masked qkv bias keeps its key part at zero; SwiGLU ``w1, w2, w3`` ->
   timm's ``fc1_g, fc1_x, fc2``; ``mask_token``, ``rope_embed.periods``, ``bias_mask`` and ``local_cls_norm`` are
   training-only or rebuilt;
@@ -68,12 +68,13 @@ _DROPPED = re.compile(r"(^mask_token$|^rope_embed\.|^rope\.|\.bias_mask$|^local_
 
 
 def from_dinov3(state_dict: dict[str, Tensor], num_heads: int) -> dict[str, Tensor]:
-    """A timm-``Eva`` or Meta DINOv3 state dict in our keys and channel layout (see the module docstring)."""
+    """A timm-``Eva`` or Meta DINOv3 state dict in our keys and channel layout (see the module docstring), but for
+    timm's LayerScale names, which ``vit_rope.checkpoint`` renames for every timm source."""
     out: dict[str, Tensor] = {}
     for key, value in state_dict.items():
         if _DROPPED.search(key) or key.endswith("attn.v_bias"):  # v_bias: joins q_bias below
             continue
-        key = key.replace("storage_tokens", "reg_token").replace("gamma_1", "ls1.gamma").replace("gamma_2", "ls2.gamma")
+        key = key.replace("storage_tokens", "reg_token")  # gamma_1/2 -> ls1/2.gamma: checkpoint's generic rename
         key = re.sub(r"\.mlp\.(w[123])\.", lambda m: f".mlp.{_META_SWIGLU[m.group(1)]}.", key)
         if key.endswith("attn.q_bias"):  # timm: q and v biases; the key bias is a zero buffer
             value = torch.cat((value, torch.zeros_like(value), state_dict[key.replace("q_bias", "v_bias")]))

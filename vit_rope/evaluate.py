@@ -138,7 +138,7 @@ def evaluate_models(models: Sequence[EvalModel], data_dir: str | Path, img_sizes
     check_options(policies, crop_pct)
     val_dir = Path(data_dir) / val_split
     samples, val_classes = find_images(val_dir, split_key="--val-split")
-    check_sizes(img_sizes, models)
+    check_sizes(img_sizes, models, policies)
     for entry in models:
         check_loaded(entry.model, entry.label)
     maps = [label_map(entry, val_classes, val_dir).to(device) for entry in models]
