@@ -15,7 +15,7 @@ from vit_rope import data
 from vit_rope.checks import check_multiple
 from vit_rope.config import UserError, build_config
 from vit_rope.pipeline import BatchLoader, TensorStore
-from vit_rope.sizes import SizeSchedule, budget_batch, step_size
+from vit_rope.sizes import SizeSchedule, budget_batch, budget_images, step_size
 
 SIZES = (48, 64, 80, 96)
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
@@ -59,6 +59,13 @@ def test_budget_batch_keeps_patches_per_step_within_one_batch_rounding(img_size:
         assert batch >= step and (batch % 2 == 0 or not even)
         assert batch == step or batch * size**2 <= budget < (batch + step) * size**2, (size, batch)
     assert budget_batch(batch_size, img_size, img_size, even) == batch_size - (batch_size % 2 if even else 0)
+
+
+def test_budget_images_is_the_largest_count_within_the_budget_and_may_be_zero() -> None:
+    for batch_size, img_size, size in ((128, 64, 96), (6, 32, 64), (3, 32, 64), (1, 16, 224), (7, 224, 112)):
+        images = budget_images(batch_size, img_size, size)
+        assert images * size**2 <= batch_size * img_size**2 < (images + 1) * size**2
+    assert budget_images(1, 16, 224) == 0 and budget_batch(1, 16, 224) == 1  # the floor is budget_batch's alone
 
 
 def test_schedule_without_budget_keeps_the_batch_and_describes_itself() -> None:

@@ -26,6 +26,7 @@ from torch import nn
 from torchvision.transforms import InterpolationMode
 
 from vit_rope.errors import UserError
+from vit_rope.sizes import budget_images
 
 if TYPE_CHECKING:
     from vit_rope.config import Config
@@ -65,7 +66,7 @@ def check_config(cfg: Config) -> None:
     for size in cfg.train_sizes:  # multiples of the patch size are checked once the model is built (train.py)
         if size <= 0:
             raise UserError(f"config key 'train_sizes' must list sizes > 0 (pixels), got {size} in {cfg.train_sizes}")
-        batch = cfg.batch_size * cfg.img_size**2 // size**2  # vit_rope.sizes.budget_batch before its floor
+        batch = budget_images(cfg.batch_size, cfg.img_size, size)
         if cfg.token_budget and batch < 2:
             least = math.ceil(2 * size**2 / cfg.img_size**2)
             least += least % 2 if cfg.mixup > 0 or cfg.cutmix > 0 else 0  # an even batch_size, checked below

@@ -30,14 +30,20 @@ def step_size(sizes: Sequence[int], seed: int, epoch: int, step: int) -> int:
     return int(sizes[int(draw) % len(sizes)])
 
 
-def budget_batch(batch_size: int, img_size: int, size: int, even: bool = False) -> int:
-    """Images per step at ``size`` that hold about the patches of ``batch_size`` images at ``img_size``.
+def budget_images(batch_size: int, img_size: int, size: int) -> int:
+    """Images at ``size`` that hold at most the patches of ``batch_size`` images at ``img_size`` (may be 0).
 
     Patches per image are ``(size / patch)^2``, so the patch size cancels out: ``batch_size x (img_size / size)^2``,
-    rounded down (never over the budget), to an even number when ``even`` (Mixup / CutMix mix pairs), and at
-    least 1 (2 when even).
+    rounded down (never over the budget).
     """
-    batch = batch_size * img_size**2 // size**2
+    return batch_size * img_size**2 // size**2
+
+
+def budget_batch(batch_size: int, img_size: int, size: int, even: bool = False) -> int:
+    """Images per step at ``size`` under the token budget (``budget_images``), to an even number when ``even``
+    (Mixup / CutMix mix pairs), and at least 1 (2 when even): ``vit_rope.checks`` refuses sizes that need the floor.
+    """
+    batch = budget_images(batch_size, img_size, size)
     return max(batch - batch % 2, 2) if even else max(batch, 1)
 
 
