@@ -88,7 +88,7 @@ def test_write_study_needs_the_readme_markers(tmp_path):
         study.write_study(root, readme)
 
 
-def make_v2(root: Path) -> Path:
+def make_v2(root: Path, seeds: tuple[int, ...] = (0, 1)) -> Path:
     """v2's layout: one eval folder per arm and a baseline per RoPE arm. ``holds`` keeps its training-size top-1 at
     128 px and beats APE with both seeds; ``drops`` loses 5 points; ``close`` holds but its seeds overlap APE's;
     ``under`` falls below APE with every seed."""
@@ -97,7 +97,7 @@ def make_v2(root: Path) -> Path:
         "drops": ((55.0, 50.0, 45.0), 1.0), "close": ((50.0, 49.5, 40.5), 2.0), "under": ((52.0, 40.0, 35.0), 1.0)}
     runs, evaluations = [], {}
     for arm, (values, bump) in top1.items():
-        for seed in (0, 1):
+        for seed in seeds:
             run = {"name": f"{arm}_s{seed}", "model": arm, "label": arm.upper(), "seed": seed,
                    "baseline": None if arm == "ape" else "ape", "output": f"output/study/v2/{arm}_s{seed}"}
             runs.append(run)
@@ -129,6 +129,14 @@ def test_verdict_applies_the_goal_per_arm(tmp_path):
     assert "- **64 px** (1x): as trained HOLDS 55.50 ± 0.5, then DROPS 55.50 ± 0.5 (seed ranges overlap)" in verdict
     assert "- **160 px** (2.5x): as trained HOLDS 52.50 ± 0.5" in verdict
     assert "with any policy HOLDS [interpolate] 60.00 ± 0.0." in verdict  # every RoPE arm scores 60 there
+
+
+def test_verdict_from_one_seed_says_so(tmp_path):
+    """A study read while its second seeds train: a one-seed "range" is a point, so no verdict is final yet."""
+    verdict = study.write_study(make_v2(tmp_path / "results", seeds=(0,))).split("**Does RoPE hold", 1)[1]
+    assert "| HOLDS | 55.00 ± 0.0 | 54.50 ± 0.0 (-0.5) | 52.00 ± 0.0 (-3.0) | +9.5 (apart) | +12.0 (apart) | yes so " \
+        "far (1 seed: no seed range yet) |" in verdict
+    assert verdict.split("| DROPS |", 1)[1].split("\n", 1)[0].endswith("| no so far (1 seed: no seed range yet) |")
 
 
 def test_evaluations_must_share_a_protocol(tmp_path):

@@ -154,9 +154,11 @@ def _verdict(merged: Sequence[dict[str, Any]], runs: Sequence[dict[str, Any]], g
         pairs = [(rows[size], ape[size]) for size in beat]
         met = all(rows[size]["top1"] - trained["top1"] >= -HOLD_POINTS for size in hold) and all(
             _side(*pair) == "apart" for pair in pairs)
+        seeds = min(row["seeds"] for row in [trained, *(rows[size] for size in shown), *(ape[size] for size in beat)])
         lines.append([labels[arm], _spread(trained),
                       *(f"{_spread(rows[size])} ({rows[size]['top1'] - trained['top1']:+.1f})" for size in shown),
-                      *(_gap(*pair) for pair in pairs), "yes" if met else "no"])
+                      *(_gap(*pair) for pair in pairs),
+                      ("yes" if met else "no") + ("" if seeds > 1 else " so far (1 seed: no seed range yet)")])
         header = ["model", "at training size", *(f"at {names[size]}, as trained" for size in shown),
                   *(("minus APE of the same recipe at " if i == 0 else "at ") + names[size]
                     for i, size in enumerate(beat)), "goal met"]
