@@ -1,6 +1,6 @@
 """Resolution-extrapolation studies on Imagenette: which models and training recipes hold accuracy above 64 px.
 
-    python scripts/imagenette_study.py                 # v2: train every arm x seed, evaluating each arm when done
+    python scripts/imagenette_study.py                 # v2: train and evaluate every arm x seed, seed 0 of all first
     python scripts/imagenette_study.py --study v1      # v1: APE vs RoPE-Axial vs RoPE-Mixed (and +APE), one recipe
     python scripts/imagenette_study.py --study v3      # v3: a 14x14 training grid (RoPE-ViT's), evaluated to 2.29x
     python scripts/imagenette_study.py --study vit_s   # on CUDA GPUs: ViT-S on the 14x14 grid, torchrun over all GPUs
@@ -13,12 +13,15 @@ patch grid, each with the APE model trained the same way as its baseline. v3 (``
 trains APE, RoPE-Axial and RoPE-Mixed on RoPE-ViT's 14x14 grid (8 px patches at 112 px) and evaluates them at
 RoPE-ViT's size ratios (80-256 px), at crop 1.0 and, as trained, at crop 0.875 too.
 
-Each run is ``train.py`` on the arm's config with ``seed=S``; a run whose ``last.pth`` holds the final epoch is kept
-and an unfinished one resumes, so an interrupted study goes on where it stopped. As soon as every seed of an arm has
-finished, its final checkpoints (``last.pth``: nothing is selected on the val images) are evaluated with
-``vit_rope.evaluate`` at the study's sizes under every RoPE policy into ``eval/<arm>/``, the configs and
-``metrics.csv`` are copied into ``runs/``, and the report (``summary.md``, plots, the docs section) is rebuilt from
-the files by ``vit_rope.study.write_study``. A partial study is therefore always a consistent one.
+Runs go seed by seed: the first seed of every arm, then the second, so that a whole one-seed comparison exists as
+early as possible (arms in ``LATER``, such as v3's remedy, wait until every seed of the others is done). Each run is
+``train.py`` on the arm's config with ``seed=S``; a run whose ``last.pth`` holds the final epoch is kept and an
+unfinished one resumes, so an interrupted study goes on where it stopped. As soon as a run has finished, its final
+checkpoint (``last.pth``: nothing is selected on the val images) is evaluated with ``vit_rope.evaluate`` at the
+study's sizes under every RoPE policy into ``eval/<arm>/<run>/``, its config and ``metrics.csv`` are copied into
+``runs/``, and the report (``summary.md``, plots, the docs section) is rebuilt from the files by
+``vit_rope.study.write_study``, which merges the seeds evaluated so far. A partial study is therefore always a
+consistent one.
 """
 
 from __future__ import annotations
@@ -73,6 +76,8 @@ SIZES = {"v1": [48, 64, 80, 96, 128, 160], "v2": [48, 64, 80, 96, 128, 160], "v3
 # 14x14 grid, RoPE-ViT's own claim: hold at 1.43x-1.71x (320 and 384 px of 224) and beat APE at 2.29x (512 px).
 ROPE_VIT_GOAL = Goal(hold=(1.43, 1.71), beat=(None,))
 GOALS = {"v3": ROPE_VIT_GOAL, "vit_s": ROPE_VIT_GOAL}
+# Arms that wait until every seed of the others is done: v3's remedy comes after its three controls.
+LATER = {"v3": ("mixed_coord_sizes",)}
 # Second crop fraction evaluated (positions as trained only) beside the study's crop 1.0: one crop can favour an arm.
 SECOND_CROP = {"v3": 0.875}
 
@@ -96,8 +101,7 @@ def same_machine(one: dict, other: dict) -> bool:
 
 
 def evaluated(folder: Path, runs: list[dict]) -> bool:
-    """Whether the ``results.json`` files under ``folder`` hold every one of ``runs`` (a new seed makes its arm
-    evaluate again)."""
+    """Whether the ``results.json`` files under ``folder`` hold every one of ``runs``."""
     labels = {row["model"] for path in folder.rglob("results.json") for row in json.loads(path.read_text())["results"]}
     return all(any(is_run(label, entry) for label in labels) for entry in runs)
 
@@ -139,47 +143,51 @@ def main(argv: list[str] | None = None) -> int:
     seconds = host.get("evaluate_s", {})
     seconds = seconds if isinstance(seconds, dict) else {"all arms": seconds}  # v1 evaluated every run at once
     commands = (results / "commands.sh").read_text().splitlines()[1:] if (results / "commands.sh").exists() else []
-    for arm in args.arms or arms:
+    chosen = args.arms or list(arms)
+    later = [arm for arm in chosen if arm in LATER.get(args.study, ())]
+    # every arm's first seed before any second one, so that a whole comparison exists as early as possible
+    plan = [(seed, arm) for group in ([arm for arm in chosen if arm not in later], later) for seed in args.seeds
+            for arm in group]
+    for seed, arm in plan:
         label, baseline = arms[arm]
         config = f"{configs}/{arm}.yaml"
-        entries = [{"name": f"{arm}_s{seed}", "model": arm, "label": label, "baseline": baseline, "seed": seed,
-                    "config": config, "output": str(outputs / f"{arm}_s{seed}")} for seed in args.seeds]
+        name, out = f"{arm}_s{seed}", outputs / f"{arm}_s{seed}"
+        entry = {"name": name, "model": arm, "label": label, "baseline": baseline, "seed": seed,
+                 "config": config, "output": str(out)}
         launch, batch = ["python", "train.py"], []
         if args.gpus > 1:  # one process per GPU, each with its share of the batch
             launch = ["python", "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={args.gpus}",
                       "train.py"]
             batch = [f"batch_size={build_config(config).batch_size // args.gpus}"]
-        train = [[*launch, "-c", config, *data, "--output", entry["output"], *batch, f"seed={entry['seed']}"]
-                 for entry in entries]
-        ran = False  # whether this machine trained or evaluated any of the arm
-        for entry, command in zip(entries, train, strict=True):
-            out = Path(entry["output"])
-            if not finished(out / "last.pth", build_config(config, [f"seed={entry['seed']}"]).epochs):
-                run([*command, *([f"resume={out / 'last.pth'}"] if (out / "last.pth").exists() else [])])
-                ran = True
-            (results / "runs" / entry["name"]).mkdir(parents=True, exist_ok=True)
-            for file in ("config.yaml", "metrics.csv"):
-                shutil.copy(out / file, results / "runs" / entry["name"] / file)
-        head = ["python", "-m", "vit_rope.evaluate", "--checkpoint",
-                *(f"{entry['output']}/last.pth" for entry in entries), "--img-sizes", *sizes]
+        train = [*launch, "-c", config, *data, "--output", str(out), *batch, f"seed={seed}"]
+        ran = False  # whether this machine trained or evaluated the run
+        if not finished(out / "last.pth", build_config(config, [f"seed={seed}"]).epochs):
+            run([*train, *([f"resume={out / 'last.pth'}"] if (out / "last.pth").exists() else [])])
+            ran = True
+        (results / "runs" / name).mkdir(parents=True, exist_ok=True)
+        for file in ("config.yaml", "metrics.csv"):
+            shutil.copy(out / file, results / "runs" / name / file)
+        head = ["python", "-m", "vit_rope.evaluate", "--checkpoint", f"{out}/last.pth", "--img-sizes", *sizes]
         tail = [*data, "--limit", str(args.limit), "--workers", "0"]  # both cores compute
-        evaluations = [([*head, "--policy", *POLICIES, *tail, "--output", str(results / "eval" / arm)],
+        evaluations = [([*head, "--policy", *POLICIES, *tail, "--output", str(results / "eval" / arm / name)],
                         results / "eval")]
         if args.study in SECOND_CROP:  # positions as trained (the default policy) at the second crop fraction
             folder = results / f"eval_crop{SECOND_CROP[args.study]}"
             evaluations.append(([*head, "--crop-pct", str(SECOND_CROP[args.study]), *tail, "--output",
-                                 str(folder / arm)], folder))
+                                 str(folder / arm / name)], folder))
         for index, (command, folder) in enumerate(evaluations):
-            if not evaluated(folder, entries):  # seconds: the arm's evaluations on this machine
-                seconds[arm] = round(run(command)) + (seconds.get(arm, 0) if index else 0)
+            if not evaluated(folder, [entry]):  # seconds: the run's evaluations on this machine
+                seconds[name] = round(run(command)) + (seconds.get(name, 0) if index else 0)
                 ran = True
         if ran:
             machines.pop(arm, None)
             if not same_machine(here, home):
                 machines[arm] = here
-        study = [entry for entry in study if entry["name"] not in {e["name"] for e in entries}] + entries
-        commands = [line for line in commands if f" {config} " not in line and not line.endswith(f"/{arm}")]
-        commands += [shlex.join(command) for command in [*train, *(command for command, _ in evaluations)]]
+        names = [other["name"] for other in study]  # a run keeps its place in the tables: arms in first-run order
+        study = [entry if other == name else study[i] for i, other in enumerate(names)] + (
+            [] if name in names else [entry])
+        commands = [line for line in commands if f" {out} " not in line and f" {out}/" not in line]
+        commands += [shlex.join(command) for command in [train, *(command for command, _ in evaluations)]]
         (results / "runs.json").write_text(json.dumps(study, indent=2) + "\n")
         (results / "machine.json").write_text(json.dumps(
             {**home, "evaluate_s": seconds, **({"machines": machines} if machines else {})}, indent=2) + "\n")

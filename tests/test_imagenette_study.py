@@ -1,5 +1,6 @@
-"""``scripts/imagenette_study.py``: runs each arm once, evaluates it as soon as its seeds are done, resumes, and
-rebuilds the report from the files. Training and evaluation are replaced by stand-ins that write what they would."""
+"""``scripts/imagenette_study.py``: runs seed by seed over the arms, evaluates each run as soon as it is done,
+resumes, and rebuilds the report from the files. Training and evaluation are replaced by stand-ins that write what
+they would."""
 
 import csv
 import importlib.util
@@ -33,10 +34,13 @@ def script(monkeypatch):
                 csv.writer(f).writerows([["epoch", "top1", "seconds"], [10, 45.0, 30.0]])
         else:  # vit_rope.evaluate: a RoPE model holds 50 at every size, APE falls by 5 per size step
             checkpoints = command[command.index("--checkpoint") + 1:command.index("--img-sizes")]
-            sizes = [int(size) for size in command[command.index("--img-sizes") + 1:command.index("--policy")]]
+            after = command[command.index("--img-sizes") + 1:]
+            sizes = [int(size) for size in after[:next(i for i, arg in enumerate(after) if arg.startswith("--"))]]
             rows = [{"model": f"m ({path})", "policy": None if "ape" in path else "extrapolate", "img_size": size,
-                     "train_size": 64, "top1": (50.0 - 5 * i if "ape" in path else 50.0) + n / 10, "top5": 90.0}
-                    for n, path in enumerate(checkpoints) for i, size in enumerate(sizes)]
+                     "train_size": sizes[1], "top1": (50.0 - 5 * i if "ape" in path else 50.0) + seed / 10,
+                     "top5": 90.0}
+                    for path in checkpoints for seed in [int(path.rsplit("_s", 1)[1].split("/")[0])]
+                    for i, size in enumerate(sizes)]
             Path(value["--output"]).mkdir(parents=True, exist_ok=True)
             (Path(value["--output"]) / "results.json").write_text(json.dumps({"protocol": "p", "results": rows}))
         return 60.0
@@ -56,23 +60,45 @@ def invoke(script, tmp_path: Path, *args: str) -> list[list[str]]:
     return [command[1] if command[1] == "train.py" else command[-1].rsplit("/", 1)[1] for command in script.calls]
 
 
-def test_arms_train_then_evaluate_then_resume(script, tmp_path):
-    assert invoke(script, tmp_path, "--arms", "mixed", "ape") == ["train.py", "train.py", "mixed",
-                                                                  "train.py", "train.py", "ape"]
+def test_runs_go_seed_by_seed_each_evaluated_when_done_then_resume(script, tmp_path):
+    assert invoke(script, tmp_path, "--arms", "mixed", "ape") == ["train.py", "mixed_s0", "train.py", "ape_s0",
+                                                                  "train.py", "mixed_s1", "train.py", "ape_s1"]
     runs = json.loads((tmp_path / "results" / "runs.json").read_text())
-    assert [(run["name"], run["baseline"]) for run in runs] == [("mixed_s0", "ape"), ("mixed_s1", "ape"),
-                                                                ("ape_s0", None), ("ape_s1", None)]
+    assert [(run["name"], run["baseline"]) for run in runs] == [("mixed_s0", "ape"), ("ape_s0", None),
+                                                                ("mixed_s1", "ape"), ("ape_s1", None)]
     readme = (tmp_path / "README.md").read_text()
     held = "| 50.05 ± 0.1 | 50.05 ± 0.1 (+0.0) | 50.05 ± 0.1 (+0.0) | +20.0 (apart) | +25.0 (apart) | yes |"
     assert f"| RoPE-Mixed {held}" in readme
-    assert json.loads((tmp_path / "results" / "machine.json").read_text())["evaluate_s"] == {"mixed": 60, "ape": 60}
+    assert json.loads((tmp_path / "results" / "machine.json").read_text())["evaluate_s"] == dict.fromkeys(
+        ["mixed_s0", "ape_s0", "mixed_s1", "ape_s1"], 60)
+    assert "evaluation took 4 min" in readme
     commands = (tmp_path / "results" / "commands.sh").read_text().splitlines()
-    assert len(commands) == 7 and commands[1].endswith("--output " + str(tmp_path / "runs" / "mixed_s0") + " seed=0")
+    assert len(commands) == 9 and commands[1].endswith("--output " + str(tmp_path / "runs" / "mixed_s0") + " seed=0")
+    assert commands[2].endswith("--output " + str(tmp_path / "results" / "eval" / "mixed" / "mixed_s0"))
 
     assert invoke(script, tmp_path, "--arms", "mixed", "ape") == []  # everything done: nothing runs again
-    assert invoke(script, tmp_path, "--arms", "mixed", "--seeds", "0", "1", "2") == ["train.py", "mixed"]
-    assert len(json.loads((tmp_path / "results" / "runs.json").read_text())) == 5
-    assert len((tmp_path / "results" / "commands.sh").read_text().splitlines()) == 8  # mixed's lines replaced
+    assert invoke(script, tmp_path, "--arms", "mixed", "--seeds", "0", "1", "2") == ["train.py", "mixed_s2"]
+    runs = json.loads((tmp_path / "results" / "runs.json").read_text())
+    assert [run["name"] for run in runs] == ["mixed_s0", "ape_s0", "mixed_s1", "ape_s1", "mixed_s2"]
+    assert len((tmp_path / "results" / "commands.sh").read_text().splitlines()) == 11
+    (tmp_path / "results" / "eval" / "ape" / "ape_s1" / "results.json").unlink()  # one run's evaluation lost
+    assert invoke(script, tmp_path, "--arms", "ape") == ["ape_s1"]
+    lines = (tmp_path / "results" / "commands.sh").read_text().splitlines()
+    assert len(lines) == 11 and sum("/ape_s1" in line for line in lines) == 2  # replaced, not repeated
+
+
+def test_v3_runs_its_controls_seed_by_seed_before_the_remedy_and_evaluates_each_at_two_crops(script, tmp_path):
+    invoke(script, tmp_path, "--study", "v3")
+    trained = [Path(call[call.index("--output") + 1]).name for call in script.calls if call[1] == "train.py"]
+    assert trained == ["mixed_s0", "ape_s0", "axial_s0", "mixed_s1", "ape_s1", "axial_s1", "mixed_coord_sizes_s0",
+                       "mixed_coord_sizes_s1"]
+    evaluations = [call for call in script.calls if call[1] != "train.py"]
+    assert len(evaluations) == 16 and all(call.count("--checkpoint") == 1 for call in evaluations)
+    assert {"--crop-pct" in call for call in evaluations[:2]} == {True, False}
+    results = tmp_path / "results"
+    assert (results / "eval_crop0.875" / "mixed" / "mixed_s1" / "results.json").exists()
+    section = (tmp_path / "README.md").read_text()
+    assert "8 training runs (4 models x 2 seeds)" in section and "**At crop 0.875**" in section
 
 
 def test_unknown_arm_is_named(script, tmp_path, capsys):
@@ -92,7 +118,7 @@ def test_arms_resumed_on_another_machine_are_recorded_and_reported_with_it(scrip
     invoke(script, tmp_path, "--arms", "ape", "mixed", "axial")  # ape and mixed are done: only axial runs here
     recorded = json.loads((tmp_path / "results" / "machine.json").read_text())
     assert recorded["cpu"] == "first cpu" and recorded["machines"] == {"axial": host("second cpu")}
-    assert set(recorded["evaluate_s"]) == {"ape", "mixed", "axial"}
+    assert set(recorded["evaluate_s"]) == {f"{arm}_s{seed}" for arm in ("ape", "mixed", "axial") for seed in (0, 1)}
     line = next(line for line in (tmp_path / "README.md").read_text().splitlines() if "training runs" in line)
     assert "on first cpu (2 cores), torch 2, timm 1, today; RoPE-Axial on second cpu (2 cores)" in line
 
