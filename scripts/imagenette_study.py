@@ -133,7 +133,15 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"study {args.study} has no arm {', '.join(unknown)}; its arms are {', '.join(arms)}")
     os.chdir(ROOT)
     if args.report:
-        print(write_study(results, Path(args.readme), GOALS.get(args.study, Goal())))
+        if not (results / "runs.json").exists():
+            print(f"error: {results} holds no finished run of study {args.study} yet (no runs.json): run "
+                  f"`python scripts/imagenette_study.py --study {args.study}` first", file=sys.stderr)
+            return 2
+        try:
+            print(write_study(results, Path(args.readme), GOALS.get(args.study, Goal())))
+        except (FileNotFoundError, ValueError) as err:  # no evaluation yet, mixed protocols, no docs section
+            print(f"error: {err}", file=sys.stderr)
+            return 2
         return 0
     results.mkdir(parents=True, exist_ok=True)
     study = json.loads((results / "runs.json").read_text()) if (results / "runs.json").exists() else []

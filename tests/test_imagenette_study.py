@@ -101,6 +101,19 @@ def test_v3_runs_its_controls_seed_by_seed_before_the_remedy_and_evaluates_each_
     assert "8 training runs (4 models x 2 seeds)" in section and "**At crop 0.875**" in section
 
 
+def test_report_before_any_run_or_without_a_docs_section_is_an_error_line(script, tmp_path, capsys):
+    assert script.main(["--study", "v3", "--report", "--results", str(tmp_path / "none")]) == 2
+    assert capsys.readouterr().err == (f"error: {tmp_path / 'none'} holds no finished run of study v3 yet (no "
+                                       "runs.json): run `python scripts/imagenette_study.py --study v3` first\n")
+    invoke(script, tmp_path, "--arms", "ape", "--seeds", "0")
+    (tmp_path / "README.md").write_text("no markers\n")
+    capsys.readouterr()
+    assert script.main(["--report", "--results", str(tmp_path / "results"), "--readme", str(tmp_path / "README.md")]) \
+        == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and "has no study section to update" in err and err.count("\n") == 1
+
+
 def test_unknown_arm_is_named(script, tmp_path, capsys):
     with pytest.raises(SystemExit) as exit_info:
         invoke(script, tmp_path, "--arms", "mixed_p16")
