@@ -29,6 +29,21 @@ def test_shipped_configs_name_registered_models(path: Path) -> None:
     assert timm.is_model(model), f"{path.name}: unknown model {model}"
 
 
+V3 = CONFIG_DIR / "imagenette_study" / "v3"
+
+
+def test_v3_arms_share_one_recipe_and_validate_on_the_full_image() -> None:
+    """Study v3 compares models, so its control arms differ in the model only and the remedy arm adds train_sizes
+    (its coordinate augmentation is a model kwarg); training-time validation uses the study's crop 1.0 for every arm,
+    whatever the model's default."""
+    base = dataclasses.asdict(build_config(V3 / "mixed.yaml"))
+    for path in sorted(set(V3.glob("*.yaml")) - {V3 / "base.yaml"}):  # the arms
+        cfg = dataclasses.asdict(build_config(path))
+        changed = {key for key in base if cfg[key] != base[key]} - {"model", "model_kwargs"}
+        assert changed == ({"train_sizes"} if path.stem == "mixed_coord_sizes" else set()), (path, changed)
+        assert (cfg["img_size"], cfg["crop_pct"], cfg["model_kwargs"]["patch_size"]) == (112, 1.0, 8), path
+
+
 def test_base_yaml_lists_every_key_with_its_default_and_a_comment() -> None:
     base = CONFIG_DIR / "base.yaml"
     assert yaml.safe_load(base.read_text()) == dataclasses.asdict(Config())

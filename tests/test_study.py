@@ -133,7 +133,9 @@ def test_verdict_applies_the_goal_per_arm(tmp_path):
 
 def test_verdict_from_one_seed_says_so(tmp_path):
     """A study read while its second seeds train: a one-seed "range" is a point, so no verdict is final yet."""
-    verdict = study.write_study(make_v2(tmp_path / "results", seeds=(0,))).split("**Does RoPE hold", 1)[1]
+    section = study.write_study(make_v2(tmp_path / "results", seeds=(0,)))
+    assert section.startswith("5 training runs (5 models x 1 seed) on test cpu")
+    verdict = section.split("**Does RoPE hold", 1)[1]
     assert "| HOLDS | 55.00 ± 0.0 | 54.50 ± 0.0 (-0.5) | 52.00 ± 0.0 (-3.0) | +9.5 (apart) | +12.0 (apart) | yes so " \
         "far (1 seed: no seed range yet) |" in verdict
     assert verdict.split("| DROPS |", 1)[1].split("\n", 1)[0].endswith("| no so far (1 seed: no seed range yet) |")

@@ -175,6 +175,10 @@ def _verdict(merged: Sequence[dict[str, Any]], runs: Sequence[dict[str, Any]], g
     return verdicts + "\n\nBest arm at each size (top-1 mean ± half the seed range):\n\n" + "\n".join(picks)
 
 
+def _count(number: int, noun: str) -> str:
+    return f"{number} {noun}{'' if number == 1 else 's'}"
+
+
 def _host(machine: dict[str, Any]) -> str:
     cores = f"{machine['cores']} cores" + (f", {machine['gpu']}" if machine["gpu"] else "")
     return f"{machine['cpu'] or 'CPU'} ({cores}), torch {machine['torch']}, timm {machine['timm']}"
@@ -229,7 +233,8 @@ def write_study(results_dir: Path, readme: Path | None = None, goal: Goal = Goal
         elsewhere.setdefault(_host(other), []).append(labels.get(arm, arm))
     others = "".join(f"; {', '.join(arms_there)} on {host}" for host, arms_there in elsewhere.items())
     parts = [
-        f"{len(runs)} training runs ({arms} models x {len(seeds)} seeds) on {_host(machine)}, {machine['date']}"
+        f"{_count(len(runs), 'training run')} ({_count(arms, 'model')} x {_count(len(seeds), 'seed')}) on "
+        f"{_host(machine)}, {machine['date']}"
         f"{others}; evaluation took {seconds / 60:.0f} min. Commands: `{where}/commands.sh`.",
         "**Training** (final epoch, all val images at the training size):\n\n" + _training(results_dir, runs),
         f"**Positions as trained** (`extrapolate`; APE resampled bicubically). {note}\n\n"
