@@ -38,7 +38,7 @@ study-v2: install
 	$(PYTHON) scripts/imagenette_study.py --study v2
 
 # Study v3 (docs/studies.md): APE, RoPE-Axial and RoPE-Mixed on a 14x14 training grid (8 px patches at 112 px), 2 seeds,
-# evaluated at 80-256 px; about 10 h on a 2-core CPU. Resumable: a rerun continues each unfinished run from last.pth.
+# evaluated at 80-256 px; about 16 h on a 2-core CPU. Resumable: a rerun continues each unfinished run from last.pth.
 study-v3: install
 	$(PYTHON) scripts/imagenette_study.py --study v3
 
