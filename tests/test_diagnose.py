@@ -23,8 +23,9 @@ def test_frequency_coverage_counts_channels_with_unseen_phases():
     target_turns = torch.tensor(larger["target_turns"])
     torch.testing.assert_close(target_turns, train_turns * 15 / 3)  # extrapolate: the range grows with the grid
     model.set_rope_policy("interpolate")
-    interpolated = torch.tensor(frequency_coverage(model, (16, 16))[0]["target_turns"])
-    torch.testing.assert_close(interpolated, train_turns * 3.75 / 3)  # positions squeezed into [0, 3.75]
+    interpolated = frequency_coverage(model, (16, 16))[0]
+    torch.testing.assert_close(torch.tensor(interpolated["target_turns"]), train_turns * 3.75 / 3)  # in [0, 3.75]
+    assert interpolated["unseen"] == 0  # 0.75 beyond the training range: less than one training step
     mixed = timm.create_model("vit_rope_tiny_patch16_mixed_224", depth=3, img_size=64)
     assert len(frequency_coverage(mixed, (8, 8))) == 3  # one row per layer
 
@@ -53,6 +54,25 @@ def test_cli_writes_report_and_plot(tmp_path, capsys):
     assert main(argv[:5] + ["40"] + argv[7:]) == 2
     assert capsys.readouterr().err == ("error: --sizes entry 40 is not a positive multiple of the patch size 16 of "
                                        "vit_rope_tiny_patch16_mixed_224 (depth=2): use 32 or 48\n")
+
+
+def test_policy_option_diagnoses_under_another_resolution_policy(tmp_path, capsys):
+    argv = ["--model", ROPE, "--random-init", "--model-kwargs", "depth=1", "img_size=32", "--sizes", "32", "128",
+            "--num-images", "1"]
+    turns = {}
+    for policy in ("extrapolate", "interpolate"):
+        assert main([*argv, "--policy", policy, "--output", str(tmp_path / policy)]) == 0
+        report = json.loads((tmp_path / policy / "diagnostics.json").read_text())
+        assert report["policy"] == policy and f"policy {policy}" in capsys.readouterr().out
+        turns[policy] = torch.tensor(report["sizes"]["128"]["coverage"][0]["target_turns"])
+    # on an 8x8 grid of a 2x2-trained model, interpolate keeps positions within 1.75 patches, extrapolate spans 7
+    torch.testing.assert_close(turns["interpolate"] * 7 / 1.75, turns["extrapolate"])
+    dinov3 = ["--model", "vit_rope_small_patch16_dinov3", "--random-init", "--model-kwargs", "depth=1", "--sizes", "32",
+              "--num-images", "1", "--policy", "yarn", "--output", str(tmp_path / "dinov3")]
+    assert main(dinov3) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: --policy yarn: RoPE policy 'yarn' does not apply to DINOv3's RoPE") and \
+        err.count("\n") == 1 and not (tmp_path / "dinov3").exists()
 
 
 def test_a_model_without_weights_needs_random_init_and_is_labelled(tmp_path, capsys):

@@ -5,9 +5,10 @@ Peng et al. 2023): a channel pair that completes less than one turn across the t
 that a larger grid produces. Mixed RoPE learns its directions, which the plot shows per layer and head. Attention
 entropy tells whether attention spreads out (dilutes) as the token count grows.
 
-``python -m vit_rope.diagnose --checkpoint PATH [--sizes 224 320 512] [--data-dir DIR [--val-split NAME]]
-[--output DIR]``; ``--model NAME`` takes ``--pretrained-file PATH``, or ``--random-init`` to look at the
-initialisation.
+``python -m vit_rope.diagnose --checkpoint PATH [--sizes 224 320 512] [--policy NAME] [--data-dir DIR
+[--val-split NAME]] [--output DIR]``; ``--model NAME`` takes ``--pretrained-file PATH``, or ``--random-init`` to look
+at the initialisation. ``--policy`` diagnoses the model under another resolution policy than its own, e.g. to see
+whether ``interpolate`` changes the attention entropy at the same token count or only the phases.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from .data import ImageFolderDataset, Sample, find_images
 from .eval_models import EvalModel, load_pretrained, load_trained
 from .evaluate import eval_transform, parse_kwarg, subset
 from .model import RoPEVisionTransformer
+from .policies import POLICIES, check_policy
 from .rope import RoPE2D
 
 
@@ -37,7 +39,8 @@ def frequency_coverage(model: RoPEVisionTransformer, target_grid: tuple[int, int
 
     A pair turns by ``|wx| ex + |wy| ey`` radians across a grid whose positions span ``(ex, ey)`` (``(w - 1, h - 1)``
     patches for integer positions; less than 2 per axis for DINOv3's normalised ones). Pairs with less than one turn
-    on the training grid whose range grows on the target grid meet phases they never saw.
+    on the training grid whose range grows on the target grid by more than one training step meet phases they never
+    saw (``interpolate`` stretches the range by less than a step, a resampling effect rather than an extrapolation).
 
     Returns:
         One dict per layer (one for axial, whose tables all layers share): ``train_turns`` and ``target_turns``
@@ -47,8 +50,9 @@ def frequency_coverage(model: RoPEVisionTransformer, target_grid: tuple[int, int
     for layer, rope in enumerate(model.rope_modules()):
         freqs, _ = rope.frequencies(target_grid)
         train = _turns(rope, rope.freqs.detach(), rope.train_grid)  # [H, D/2]
+        step = train / max(max(rope.train_grid) - 1, 1)  # turns over one training step (the longer axis)
         target = _turns(rope, freqs.detach(), target_grid)
-        unseen = int(((train < 1) & (target > train + 1e-6)).sum())
+        unseen = int(((train < 1) & (target > train + step + 1e-6)).sum())
         rows.append(dict(layer=layer, train_turns=train.tolist(), target_turns=target.tolist(), unseen=unseen,
                          pairs=train.numel()))  # fmt: skip
     return rows
@@ -120,6 +124,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--data-dir", help="ImageFolder root whose val split feeds the entropy (else noise)")
     parser.add_argument("--val-split", metavar="NAME", help="folder of --data-dir to take images from (default: the "
                         "checkpoint's val_split, else val)")
+    parser.add_argument("--policy", choices=POLICIES, help="resolution policy to diagnose under (default: the "
+                        "model's own)")
     parser.add_argument("--num-images", type=int, default=8)
     parser.add_argument("--output", default="output/diagnose")
     args = parser.parse_args(argv)
@@ -174,6 +180,11 @@ def _load(args: argparse.Namespace) -> tuple[EvalModel, list[Sample] | None]:
         raise UserError(f"{entry.label} is a {type(entry.model).__name__}, not a vit_rope model: nothing to "
                         "diagnose; pass a vit_rope_* model or a checkpoint of one")
     check_multiple("--sizes entry", args.sizes, entry.model, entry.label)
+    if args.policy is not None:
+        try:
+            entry.model.set_rope_policy(check_policy(entry.model.rope_kind, args.policy))
+        except ValueError as err:
+            raise UserError(f"--policy {args.policy}: {err}") from err
     if args.data_dir is None:
         return entry, None
     split = args.val_split or entry.val_split or "val"
