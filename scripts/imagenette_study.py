@@ -191,9 +191,11 @@ def main(argv: list[str] | None = None) -> int:
             machines.pop(arm, None)
             if not same_machine(here, home):
                 machines[arm] = here
-        names = [other["name"] for other in study]  # a run keeps its place in the tables: arms in first-run order
-        study = [entry if other == name else study[i] for i, other in enumerate(names)] + (
-            [] if name in names else [entry])
+        place = next((i for i, other in enumerate(study) if other["name"] == name), None)
+        if place is None:
+            study.append(entry)
+        else:  # a run keeps its place in the tables: arms in first-run order
+            study[place] = entry
         commands = [line for line in commands if f" {out} " not in line and f" {out}/" not in line]
         commands += [shlex.join(command) for command in [train, *(command for command, _ in evaluations)]]
         (results / "runs.json").write_text(json.dumps(study, indent=2) + "\n")

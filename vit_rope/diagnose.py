@@ -30,7 +30,7 @@ from .data import ImageFolderDataset, Sample, find_images
 from .eval_models import EvalModel, load_pretrained, load_trained
 from .evaluate import eval_transform, parse_kwarg, subset
 from .model import RoPEVisionTransformer
-from .policies import POLICIES, check_policy
+from .policies import POLICIES
 from .rope import RoPE2D
 
 
@@ -181,8 +181,8 @@ def _load(args: argparse.Namespace) -> tuple[EvalModel, list[Sample] | None]:
                         "diagnose; pass a vit_rope_* model or a checkpoint of one")
     check_multiple("--sizes entry", args.sizes, entry.model, entry.label)
     if args.policy is not None:
-        try:
-            entry.model.set_rope_policy(check_policy(entry.model.rope_kind, args.policy))
+        try:  # each RoPE2D checks that the policy applies to its kind (policies.check_policy)
+            entry.model.set_rope_policy(args.policy)
         except ValueError as err:
             raise UserError(f"--policy {args.policy}: {err}") from err
     if args.data_dir is None:
