@@ -20,8 +20,8 @@ unfinished one resumes, so an interrupted study goes on where it stopped. As soo
 checkpoint (``last.pth``: nothing is selected on the val images) is evaluated with ``vit_rope.evaluate`` at the
 study's sizes under every RoPE policy into ``eval/<arm>/<run>/``, its config and ``metrics.csv`` are copied into
 ``runs/``, and the report (``summary.md``, plots, the docs section) is rebuilt from the files by
-``vit_rope.study.write_study``, which merges the seeds evaluated so far. A partial study is therefore always a
-consistent one.
+``vit_rope.study.write_study``, which merges the seeds evaluated so far, together with the table that puts every
+study side by side (``vit_rope.study_compare``). A partial study is therefore always a consistent one.
 """
 
 from __future__ import annotations
@@ -45,6 +45,7 @@ from vit_rope.config import build_config  # noqa: E402  (after the path set-up, 
 from vit_rope.policies import POLICIES  # noqa: E402
 from vit_rope.report import machine  # noqa: E402
 from vit_rope.study import Goal, is_run, write_study  # noqa: E402
+from vit_rope.study_compare import write_comparison  # noqa: E402
 from vit_rope.train_state import load_checkpoint  # noqa: E402
 
 # study -> (config folder, results folder, training outputs, {arm: (label, arm of the same-recipe APE baseline)}),
@@ -68,6 +69,8 @@ STUDIES = {
     "vit_s": ("configs/imagenette_vit_s", "results/imagenette/vit_s", "output/imagenette_vit_s", {
         "mixed": ("RoPE-Mixed ViT-S", "ape"), "ape": ("APE ViT-S", None), "axial": ("RoPE-Axial ViT-S", "ape")}),
 }
+# The studies whose committed results the side-by-side table of the docs page (vit_rope.study_compare) reads.
+COMPARED = {study: Path(folder) for study, (_, folder, _, _) in STUDIES.items()}
 # Evaluation sizes per study: 0.75x-2.5x of 64 px (v1, v2); RoPE-ViT's 160-512 px ratios of 112 px (v3, vit_s: grids
 # 10-32).
 SIZES = {"v1": [48, 64, 80, 96, 128, 160], "v2": [48, 64, 80, 96, 128, 160], "v3": [80, 112, 160, 192, 256],
@@ -139,6 +142,7 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         try:
             print(write_study(results, Path(args.readme), GOALS.get(args.study, Goal())))
+            write_comparison(Path(args.readme), COMPARED)
         except (FileNotFoundError, ValueError) as err:  # no evaluation yet, mixed protocols, no docs section
             print(f"error: {err}", file=sys.stderr)
             return 2
@@ -204,6 +208,7 @@ def main(argv: list[str] | None = None) -> int:
         (results / "commands.sh").write_text("# the study's commands, as scripts/imagenette_study.py runs them\n"
                                              + "\n".join(commands) + "\n")
         print(write_study(results, Path(args.readme), GOALS.get(args.study, Goal())))
+        write_comparison(Path(args.readme), COMPARED)
     return 0
 
 

@@ -64,11 +64,11 @@ def is_run(label: str, run: dict[str, Any]) -> bool:
     return label.endswith(f"({run['output']}/last.pth)")
 
 
-def _label(run: dict[str, Any]) -> str:
+def arm_label(run: dict[str, Any]) -> str:
     return run.get("label") or STUDY_LABELS.get(run["model"], run["model"])
 
 
-def _spread(row: dict[str, Any]) -> str:
+def spread(row: dict[str, Any]) -> str:
     return f"{row['top1']:.2f} ± {(row['top1_max'] - row['top1_min']) / 2:.1f}"
 
 
@@ -78,7 +78,7 @@ def _training(results_dir: Path, runs: Sequence[dict[str, Any]]) -> str:
     for run in runs:
         with open(results_dir / "runs" / run["name"] / "metrics.csv") as f:
             rows = list(csv.DictReader(f))
-        by_model.setdefault(_label(run), []).append((float(rows[-1]["top1"]),
+        by_model.setdefault(arm_label(run), []).append((float(rows[-1]["top1"]),
                                                      sum(float(row["seconds"]) for row in rows) / 60))
     lines = []
     for model, values in by_model.items():
@@ -88,7 +88,7 @@ def _training(results_dir: Path, runs: Sequence[dict[str, Any]]) -> str:
     return table(["model", "seeds", "final val top-1 (%)", "minutes per run"], lines)
 
 
-def _as_trained(merged: Sequence[dict[str, Any]]) -> dict[str, dict[int, dict[str, Any]]]:
+def as_trained_by_arm(merged: Sequence[dict[str, Any]]) -> dict[str, dict[int, dict[str, Any]]]:
     """Arm label -> size -> its merged row with positions as trained (``extrapolate``; APE has no policy)."""
     table: dict[str, dict[int, dict[str, Any]]] = {}
     for row in merged:
@@ -106,7 +106,7 @@ def _changes(merged: Sequence[dict[str, Any]]) -> str:
     """Per arm: top-1 change from the training size to the largest size, as trained and under the best policy."""
     largest = max(row["img_size"] for row in merged)
     lines = []
-    for model, by_size in _as_trained(merged).items():
+    for model, by_size in as_trained_by_arm(merged).items():
         trained, plain = next(row for row in by_size.values() if row["img_size"] == row["train_size"]), by_size[largest]
         best = max((row for row in merged if row["model"] == model and row["img_size"] == largest),
                    key=lambda row: row["top1"])
@@ -137,7 +137,7 @@ def _size_at(ratio: float | None, train_size: int, sizes: Sequence[int]) -> int 
 
 def _verdict(merged: Sequence[dict[str, Any]], runs: Sequence[dict[str, Any]], goal: Goal) -> str:
     """The goal, per RoPE arm that names its APE baseline, then the best arm per size."""
-    as_trained, labels = _as_trained(merged), {run["model"]: _label(run) for run in runs}
+    as_trained, labels = as_trained_by_arm(merged), {run["model"]: arm_label(run) for run in runs}
     lines, header = [], []
     for arm, baseline in dict.fromkeys((run["model"], run.get("baseline")) for run in runs):
         rows, ape = as_trained.get(labels[arm], {}), as_trained.get(labels.get(baseline, ""), {})
@@ -155,8 +155,8 @@ def _verdict(merged: Sequence[dict[str, Any]], runs: Sequence[dict[str, Any]], g
         met = all(rows[size]["top1"] - trained["top1"] >= -HOLD_POINTS for size in hold) and all(
             _side(*pair) == "apart" for pair in pairs)
         seeds = min(row["seeds"] for row in [trained, *(rows[size] for size in shown), *(ape[size] for size in beat)])
-        lines.append([labels[arm], _spread(trained),
-                      *(f"{_spread(rows[size])} ({rows[size]['top1'] - trained['top1']:+.1f})" for size in shown),
+        lines.append([labels[arm], spread(trained),
+                      *(f"{spread(rows[size])} ({rows[size]['top1'] - trained['top1']:+.1f})" for size in shown),
                       *(_gap(*pair) for pair in pairs),
                       ("yes" if met else "no") + ("" if seeds > 1 else " so far (1 seed: no seed range yet)")])
         header = ["model", "at training size", *(f"at {names[size]}, as trained" for size in shown),
@@ -166,11 +166,11 @@ def _verdict(merged: Sequence[dict[str, Any]], runs: Sequence[dict[str, Any]], g
     for size in sorted({row["img_size"] for row in merged}):
         plain = sorted((rows[size] for rows in as_trained.values() if size in rows), key=lambda row: -row["top1"])
         best = max((row for row in merged if row["img_size"] == size), key=lambda row: row["top1"])
-        runner = f", then {plain[1]['model']} {_spread(plain[1])} (seed ranges {_side(plain[0], plain[1])})" \
+        runner = f", then {plain[1]['model']} {spread(plain[1])} (seed ranges {_side(plain[0], plain[1])})" \
             if len(plain) > 1 else ""
         picks.append(f"- **{size} px** ({size / plain[0]['train_size']:.2g}x): as trained {plain[0]['model']} "
-                     f"{_spread(plain[0])}{runner}; with any policy {best['model']} [{best['policy'] or '-'}] "
-                     f"{_spread(best)}.")
+                     f"{spread(plain[0])}{runner}; with any policy {best['model']} [{best['policy'] or '-'}] "
+                     f"{spread(best)}.")
     verdicts = table(header, lines) if lines else "(no RoPE arm has its APE baseline evaluated yet)"
     return verdicts + "\n\nBest arm at each size (top-1 mean ± half the seed range):\n\n" + "\n".join(picks)
 
@@ -196,13 +196,13 @@ def _evaluations(folder: Path) -> tuple[str, list[dict[str, Any]]]:
     return protocols.pop(), [row for evaluation in evaluations for row in evaluation["results"]]
 
 
-def _merged(folder: Path, runs: Sequence[dict[str, Any]]) -> tuple[str, list[dict[str, Any]]]:
+def merged_results(folder: Path, runs: Sequence[dict[str, Any]]) -> tuple[str, list[dict[str, Any]]]:
     """The protocol of the evaluations under ``folder`` and their rows merged over seeds, arms in ``runs``' order."""
     protocol, results = _evaluations(folder)
     index = {row["model"]: next((i for i, run in enumerate(runs) if is_run(row["model"], run)), None)
              for row in results}  # evaluation label -> its run in runs.json; others (not in this study) left out
     results = sorted((row for row in results if index[row["model"]] is not None), key=lambda row: index[row["model"]])
-    return protocol, merge_seeds(results, {label: _label(runs[i]) for label, i in index.items() if i is not None})
+    return protocol, merge_seeds(results, {label: arm_label(runs[i]) for label, i in index.items() if i is not None})
 
 
 def write_study(results_dir: Path, readme: Path | None = None, goal: Goal = Goal()) -> str:
@@ -212,7 +212,7 @@ def write_study(results_dir: Path, readme: Path | None = None, goal: Goal = Goal
     second crop fraction (``eval_crop<fraction>/``) get their own table and verdict. Returns the section."""
     runs = json.loads((results_dir / "runs.json").read_text())
     machine = json.loads((results_dir / "machine.json").read_text())
-    protocol, merged = _merged(results_dir / "eval", runs)
+    protocol, merged = merged_results(results_dir / "eval", runs)
     as_trained = _as_trained_rows(merged)
     policies = [row for row in merged if row["policy"] is not None]
     plot(as_trained, results_dir / "summary_as_trained.png", "Positions as trained (mean and range over seeds)")
@@ -227,7 +227,7 @@ def write_study(results_dir: Path, readme: Path | None = None, goal: Goal = Goal
     note = ("top-1 (%) on Imagenette val, mean ± half the range over seeds " + ", ".join(map(str, seeds))
             + "; `*` training size. " + protocol + ".")
     where = results_dir.as_posix()
-    labels = {run["model"]: _label(run) for run in runs}
+    labels = {run["model"]: arm_label(run) for run in runs}
     elsewhere = {}  # the other machines -> the labels of the arms run on each
     for arm, other in machine.get("machines", {}).items():
         elsewhere.setdefault(_host(other), []).append(labels.get(arm, arm))
@@ -248,7 +248,7 @@ def write_study(results_dir: Path, readme: Path | None = None, goal: Goal = Goal
                      "(seed ranges apart). `apart`: every seed of the RoPE arm above every seed of its APE; `below`: "
                      "every one under; `overlap`: neither.\n\n" + _verdict(merged, runs, goal))
     for folder in sorted(results_dir.glob("eval_crop*")):  # one crop fraction can favour one arm
-        crop_protocol, crop = _merged(folder, runs)
+        crop_protocol, crop = merged_results(folder, runs)
         parts.append(f"**At crop {folder.name.removeprefix('eval_crop')}**, positions as trained ({crop_protocol}):"
                      "\n\n" + markdown_table(_as_trained_rows(crop))
                      + ("\n\nThe goal at this crop:\n\n" + _verdict(crop, runs, goal) if verdict else ""))
