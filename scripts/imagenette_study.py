@@ -44,7 +44,7 @@ sys.path.insert(0, str(ROOT))
 from vit_rope.config import build_config  # noqa: E402  (after the path set-up, as the script runs from anywhere)
 from vit_rope.policies import POLICIES  # noqa: E402
 from vit_rope.report import machine  # noqa: E402
-from vit_rope.study import Goal, is_run, write_study  # noqa: E402
+from vit_rope.study import HEADLINE_END, Goal, headline, headline_begin, is_run, replace_section, write_study  # noqa: E402
 from vit_rope.study_compare import write_comparison  # noqa: E402
 from vit_rope.train_state import load_checkpoint  # noqa: E402
 
@@ -71,6 +71,8 @@ STUDIES = {
 }
 # The studies whose committed results the side-by-side table of the docs page (vit_rope.study_compare) reads.
 COMPARED = {study: Path(folder) for study, (_, folder, _, _) in STUDIES.items()}
+# The study whose summary (vit_rope.study.headline) the README shows beside RoPE-ViT's table: the 14x14 grid.
+HEADLINE = "v3"
 # Evaluation sizes per study: 0.75x-2.5x of 64 px (v1, v2); RoPE-ViT's 160-512 px ratios of 112 px (v3, vit_s: grids
 # 10-32).
 SIZES = {"v1": [48, 64, 80, 96, 128, 160], "v2": [48, 64, 80, 96, 128, 160], "v3": [80, 112, 160, 192, 256],
@@ -109,6 +111,15 @@ def evaluated(folder: Path, runs: list[dict]) -> bool:
     return all(any(is_run(label, entry) for label in labels) for entry in runs)
 
 
+def write_reports(study: str, results: Path, readme: Path) -> None:
+    """The study's report and docs section, the side-by-side table, and (for the committed results of the study
+    the README summarises) the README's table."""
+    print(write_study(results, readme, GOALS.get(study, Goal())))
+    write_comparison(readme, COMPARED)
+    if study == HEADLINE and results == COMPARED[study]:
+        replace_section(Path("README.md"), headline_begin(results), HEADLINE_END, headline(results))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--study", choices=STUDIES, default="v2")
@@ -141,8 +152,7 @@ def main(argv: list[str] | None = None) -> int:
                   f"`python scripts/imagenette_study.py --study {args.study}` first", file=sys.stderr)
             return 2
         try:
-            print(write_study(results, Path(args.readme), GOALS.get(args.study, Goal())))
-            write_comparison(Path(args.readme), COMPARED)
+            write_reports(args.study, results, Path(args.readme))
         except (FileNotFoundError, ValueError) as err:  # no evaluation yet, mixed protocols, no docs section
             print(f"error: {err}", file=sys.stderr)
             return 2
@@ -207,8 +217,7 @@ def main(argv: list[str] | None = None) -> int:
             {**home, "evaluate_s": seconds, **({"machines": machines} if machines else {})}, indent=2) + "\n")
         (results / "commands.sh").write_text("# the study's commands, as scripts/imagenette_study.py runs them\n"
                                              + "\n".join(commands) + "\n")
-        print(write_study(results, Path(args.readme), GOALS.get(args.study, Goal())))
-        write_comparison(Path(args.readme), COMPARED)
+        write_reports(args.study, results, Path(args.readme))
     return 0
 
 

@@ -30,6 +30,7 @@ from vit_rope.report import markdown_table, merge_seeds, plot, plot_panels, tabl
 STUDY_LABELS = {"ape": "APE (timm ViT)", "axial": "RoPE-Axial", "mixed": "RoPE-Mixed", "axial_ape": "RoPE-Axial + APE",
                 "mixed_ape": "RoPE-Mixed + APE"}  # v1's arms, whose runs.json predates the label field
 STUDY_END = "<!-- study:end -->"
+HEADLINE_END = "<!-- headline:end -->"
 HOLD_POINTS = 1.0  # the largest loss from the training size that counts as holding accuracy
 
 
@@ -260,10 +261,43 @@ def write_study(results_dir: Path, readme: Path | None = None, goal: Goal = Goal
     (results_dir / "summary.md").write_text("# Resolution extrapolation on Imagenette\n\n" + section + "\n")
     if readme is not None:
         section = with_plots(Path(os.path.relpath(results_dir, readme.parent)).as_posix() + "/")
-        text, begin = readme.read_text(), study_begin(results_dir)
-        if begin not in text or STUDY_END not in text.split(begin, 1)[-1]:
+        begin = study_begin(results_dir)
+        if not replace_section(readme, begin, STUDY_END, section):
             raise ValueError(f"{readme} has no study section to update: add the lines {begin!r} and {STUDY_END!r} "
                              "where it should go")
-        head, rest = text.split(begin, 1)
-        readme.write_text(head + begin + "\n" + section + "\n" + STUDY_END + rest.split(STUDY_END, 1)[1])
     return section
+
+
+def replace_section(page: Path, begin: str, end: str, body: str) -> bool:
+    """Rewrite what lies between the line ``begin`` of ``page`` and the next ``end`` with ``body``; the rest of the
+    page is kept as it is. Returns False, and leaves the page alone, when it has no such section."""
+    text = page.read_text()
+    if begin not in text or end not in text.split(begin, 1)[1]:
+        return False
+    head, rest = text.split(begin, 1)
+    page.write_text(head + begin + "\n" + body + "\n" + end + rest.split(end, 1)[1])
+    return True
+
+
+def headline_begin(results_dir: Path) -> str:
+    """The line that opens a study's front-page summary (``headline``) in the README."""
+    return f"<!-- headline:begin (written by scripts/imagenette_study.py from {results_dir.as_posix()}) -->"
+
+
+def headline(results_dir: Path) -> str:
+    """A study in one table for the front page: every arm with positions as trained, then each RoPE arm under the
+    policy that is best at the largest size (when that is not ``extrapolate``), seeds merged."""
+    runs = json.loads((results_dir / "runs.json").read_text())
+    _, merged = merged_results(results_dir / "eval", runs)
+    largest = max(row["img_size"] for row in merged)
+    rows = _as_trained_rows(merged)
+    for model in dict.fromkeys(row["model"] for row in merged if row["policy"] is not None):
+        best = max((row for row in merged if row["model"] == model and row["img_size"] == largest),
+                   key=lambda row: row["top1"])["policy"]
+        if best != "extrapolate":
+            rows += [row for row in merged if row["model"] == model and row["policy"] == best]
+    seeds = sorted({run["seed"] for run in runs})
+    return (f"{_count(len(runs), 'finished run')}, {'seed' if len(seeds) == 1 else 'seeds'} "
+            f"{', '.join(map(str, seeds))}: top-1 (%), mean ± half the "
+            f"seed range; `*` training size; policy `extrapolate` or `-` (APE): positions as trained.\n\n"
+            + markdown_table(rows))

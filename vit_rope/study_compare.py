@@ -19,7 +19,7 @@ from typing import Any
 import yaml
 
 from vit_rope.report import table
-from vit_rope.study import arm_label, as_trained_by_arm, merged_results, spread
+from vit_rope.study import arm_label, as_trained_by_arm, merged_results, replace_section, spread
 
 COMPARE_BEGIN = "<!-- compare:begin (written by scripts/imagenette_study.py from every study's results folder) -->"
 COMPARE_END = "<!-- compare:end -->"
@@ -88,10 +88,4 @@ def comparison(studies: Mapping[str, Path]) -> str:
 def write_comparison(readme: Path, studies: Mapping[str, Path]) -> bool:
     """Rewrite the section of ``readme`` between ``COMPARE_BEGIN`` and ``COMPARE_END`` with ``comparison(studies)``;
     a page without the section is left alone (returns False)."""
-    text = readme.read_text()
-    if COMPARE_BEGIN not in text or COMPARE_END not in text.split(COMPARE_BEGIN, 1)[1]:
-        return False
-    head, rest = text.split(COMPARE_BEGIN, 1)
-    readme.write_text(head + COMPARE_BEGIN + "\n" + comparison(studies) + "\n" + COMPARE_END
-                      + rest.split(COMPARE_END, 1)[1])
-    return True
+    return replace_section(readme, COMPARE_BEGIN, COMPARE_END, comparison(studies))
