@@ -123,9 +123,14 @@ def _side(row: dict[str, Any], other: dict[str, Any]) -> str:
         else "overlap"
 
 
+def _one_seed(row: dict[str, Any], other: dict[str, Any]) -> bool:
+    """Whether either row has one seed, whose "range" is a point: how the ranges lie then says nothing yet."""
+    return min(row["seeds"], other["seeds"]) < 2
+
+
 def _gap(row: dict[str, Any], other: dict[str, Any]) -> str:
-    """Mean difference of two merged rows and how their seed ranges lie (``_side``)."""
-    return f"{row['top1'] - other['top1']:+.1f} ({_side(row, other)})"
+    """Mean difference of two merged rows and how their seed ranges lie (``_side``; ``1 seed`` while one has one)."""
+    return f"{row['top1'] - other['top1']:+.1f} ({'1 seed' if _one_seed(row, other) else _side(row, other)})"
 
 
 def _size_at(ratio: float | None, train_size: int, sizes: Sequence[int]) -> int | None:
@@ -167,8 +172,9 @@ def _verdict(merged: Sequence[dict[str, Any]], runs: Sequence[dict[str, Any]], g
     for size in sorted({row["img_size"] for row in merged}):
         plain = sorted((rows[size] for rows in as_trained.values() if size in rows), key=lambda row: -row["top1"])
         best = max((row for row in merged if row["img_size"] == size), key=lambda row: row["top1"])
-        runner = f", then {plain[1]['model']} {spread(plain[1])} (seed ranges {_side(plain[0], plain[1])})" \
-            if len(plain) > 1 else ""
+        ranges = "" if len(plain) < 2 else "1 seed: no range yet" if _one_seed(*plain[:2]) else \
+            f"seed ranges {_side(plain[0], plain[1])}"
+        runner = f", then {plain[1]['model']} {spread(plain[1])} ({ranges})" if ranges else ""
         picks.append(f"- **{size} px** ({size / plain[0]['train_size']:.2g}x): as trained {plain[0]['model']} "
                      f"{spread(plain[0])}{runner}; with any policy {best['model']} [{best['policy'] or '-'}] "
                      f"{spread(best)}.")
