@@ -98,6 +98,17 @@ def as_trained_by_arm(merged: Sequence[dict[str, Any]]) -> dict[str, dict[int, d
     return table
 
 
+def training_row(by_size: dict[int, dict[str, Any]]) -> dict[str, Any] | None:
+    """An arm's row at its own training size from its rows by size (``as_trained_by_arm``), or None if not evaluated."""
+    return next((row for row in by_size.values() if row["img_size"] == row["train_size"]), None)
+
+
+def best_row(merged: Sequence[dict[str, Any]], model: str, size: int) -> dict[str, Any]:
+    """The merged row of ``model`` with the highest top-1 at ``size`` over its policies (as trained included)."""
+    rows = (row for row in merged if row["model"] == model and row["img_size"] == size)
+    return max(rows, key=lambda row: row["top1"])
+
+
 def _as_trained_rows(merged: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     """The merged rows with positions as trained: ``extrapolate`` for RoPE, the only one for APE (policy None)."""
     return [row for row in merged if row["policy"] in (None, "extrapolate")]
@@ -108,9 +119,7 @@ def _changes(merged: Sequence[dict[str, Any]]) -> str:
     largest = max(row["img_size"] for row in merged)
     lines = []
     for model, by_size in as_trained_by_arm(merged).items():
-        trained, plain = next(row for row in by_size.values() if row["img_size"] == row["train_size"]), by_size[largest]
-        best = max((row for row in merged if row["model"] == model and row["img_size"] == largest),
-                   key=lambda row: row["top1"])
+        trained, plain, best = training_row(by_size), by_size[largest], best_row(merged, model, largest)
         lines.append([model, f"{trained['top1']:.2f}", f"{plain['top1']:.2f} ({plain['top1'] - trained['top1']:+.1f})",
                       f"{best['top1']:.2f} ({best['top1'] - trained['top1']:+.1f}, {best['policy'] or '-'})"])
     return table(["model", "top-1 at training size", f"at {largest}, as trained", f"at {largest}, best policy"], lines)
@@ -147,7 +156,7 @@ def _verdict(merged: Sequence[dict[str, Any]], runs: Sequence[dict[str, Any]], g
     lines, header = [], []
     for arm, baseline in dict.fromkeys((run["model"], run.get("baseline")) for run in runs):
         rows, ape = as_trained.get(labels[arm], {}), as_trained.get(labels.get(baseline, ""), {})
-        trained = next((row for row in rows.values() if row["img_size"] == row["train_size"]), None)
+        trained = training_row(rows)
         if baseline is None or trained is None or not ape:
             continue
         base = trained["train_size"]
@@ -298,8 +307,7 @@ def headline(results_dir: Path) -> str:
     largest = max(row["img_size"] for row in merged)
     rows = _as_trained_rows(merged)
     for model in dict.fromkeys(row["model"] for row in merged if row["policy"] is not None):
-        best = max((row for row in merged if row["model"] == model and row["img_size"] == largest),
-                   key=lambda row: row["top1"])["policy"]
+        best = best_row(merged, model, largest)["policy"]
         if best != "extrapolate":
             rows += [row for row in merged if row["model"] == model and row["policy"] == best]
     seeds = sorted({run["seed"] for run in runs})

@@ -18,8 +18,8 @@ from typing import Any
 
 import yaml
 
+from vit_rope import study
 from vit_rope.report import table
-from vit_rope.study import arm_label, as_trained_by_arm, merged_results, replace_section, spread
 
 COMPARE_BEGIN = "<!-- compare:begin (written by scripts/imagenette_study.py from every study's results folder) -->"
 COMPARE_END = "<!-- compare:end -->"
@@ -41,15 +41,15 @@ def _grids(results_dir: Path, runs: list[dict[str, Any]]) -> dict[str, str]:
     """Arm label -> its training grid, ``"hxw"`` patches, from the first run's saved config."""
     grids = {}
     for run in runs:
-        if arm_label(run) not in grids:
+        if study.arm_label(run) not in grids:
             config = yaml.safe_load((results_dir / "runs" / run["name"] / "config.yaml").read_text())
             side = config["img_size"] // patch_size(config)
-            grids[arm_label(run)] = f"{side}x{side}"
+            grids[study.arm_label(run)] = f"{side}x{side}"
     return grids
 
 
 def _change(row: dict[str, Any], trained: dict[str, Any]) -> str:
-    return f"{spread(row)} ({row['top1'] - trained['top1']:+.1f})"
+    return f"{study.spread(row)} ({row['top1'] - trained['top1']:+.1f})"
 
 
 def comparison_rows(name: str, results_dir: Path) -> list[list[Any]]:
@@ -57,20 +57,19 @@ def comparison_rows(name: str, results_dir: Path) -> list[list[Any]]:
     if not (results_dir / "runs.json").exists() or not any((results_dir / "eval").rglob("results.json")):
         return []
     runs = json.loads((results_dir / "runs.json").read_text())
-    _, merged = merged_results(results_dir / "eval", runs)
+    _, merged = study.merged_results(results_dir / "eval", runs)
     grids, rows = _grids(results_dir, runs), []
-    for label, by_size in as_trained_by_arm(merged).items():
-        trained = next((row for row in by_size.values() if row["img_size"] == row["train_size"]), None)
+    for label, by_size in study.as_trained_by_arm(merged).items():
+        trained = study.training_row(by_size)
         if trained is None:  # not evaluated at its training size: nothing to measure a change from
             continue
         base, larger = trained["train_size"], sorted(size for size in by_size if size > trained["train_size"])[-2:]
         changes = ["-"] * (2 - len(larger)) + [_change(by_size[size], trained) for size in larger]
         best = "-"
         if larger:
-            row = max((row for row in merged if row["model"] == label and row["img_size"] == larger[-1]),
-                      key=lambda row: row["top1"])
+            row = study.best_row(merged, label, larger[-1])
             best = f"{_change(row, trained)}, {row['policy'] or 'as trained'}"
-        rows.append([name, grids[label], label, trained["seeds"], spread(trained),
+        rows.append([name, grids[label], label, trained["seeds"], study.spread(trained),
                      " / ".join(f"{size / base:.3g}x" for size in larger) or "-", *changes, best])
     return rows
 
@@ -88,4 +87,4 @@ def comparison(studies: Mapping[str, Path]) -> str:
 def write_comparison(readme: Path, studies: Mapping[str, Path]) -> bool:
     """Rewrite the section of ``readme`` between ``COMPARE_BEGIN`` and ``COMPARE_END`` with ``comparison(studies)``;
     a page without the section is left alone (returns False)."""
-    return replace_section(readme, COMPARE_BEGIN, COMPARE_END, comparison(studies))
+    return study.replace_section(readme, COMPARE_BEGIN, COMPARE_END, comparison(studies))
