@@ -5,8 +5,9 @@
 
 Reads top to bottom: config -> device -> data folders scanned -> model built, checked and given its weights -> images
 decoded -> optimizer -> resume -> loop, so that bad input fails before the slow data work. Writes OUTPUT/config.yaml,
-metrics.csv, last.pth (every epoch, and every checkpoint_interval steps), best.pth and TensorBoard logs (when
-installed). Exit codes: 0 done, 1 the loss diverged, 2 bad input (config, model arguments, data folder, checkpoint).
+metrics.csv, last.pth (every epoch, and every checkpoint_interval steps), best.pth, epoch_E.pth (every keep_every
+epochs) and TensorBoard logs (when installed). Exit codes: 0 done, 1 the loss diverged, 2 bad input (config, model
+arguments, data folder, checkpoint).
 """
 
 from __future__ import annotations
@@ -196,6 +197,8 @@ def train(cfg: Config) -> None:
             + (f" ({stats['skipped']} unreadable image(s) skipped)" if stats["skipped"] else ""), flush=True)
         if is_best:
             train_state.save_checkpoint(ckpt, output / "best.pth")
+        if cfg.keep_every and (epoch + 1) % cfg.keep_every == 0:
+            train_state.save_checkpoint(ckpt, output / f"epoch_{epoch + 1}.pth")
     if env.is_main:
         log.close()
         say(f"done: best top1 {best_top1:.2f}; checkpoints in {output}")

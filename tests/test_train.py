@@ -33,8 +33,11 @@ def metrics(output: Path) -> list[dict[str, str]]:
 
 def test_two_epochs_learn_and_write_every_output(image_root: Path, tmp_path: Path, capsys) -> None:
     out = tmp_path / "run"
-    assert train.main(tiny_args(image_root, out, "batch_size=4")) == 0
-    assert {p.name for p in out.iterdir()} >= {"config.yaml", "metrics.csv", "last.pth", "best.pth"}
+    assert train.main(tiny_args(image_root, out, "batch_size=4", "keep_every=2")) == 0
+    assert {p.name for p in out.iterdir()} >= {"config.yaml", "metrics.csv", "last.pth", "best.pth", "epoch_2.pth"}
+    assert not (out / "epoch_1.pth").exists()  # kept every 2 epochs only
+    kept, last = (torch.load(out / name, weights_only=True) for name in ("epoch_2.pth", "last.pth"))
+    assert kept["epoch"] == 2 and all(torch.equal(kept["model"][k], v) for k, v in last["model"].items())
     rows = metrics(out)
     assert [row["epoch"] for row in rows] == ["1", "2"]
     assert list(rows[0]) == ["epoch", "train_loss", "val_loss", "top1", "top5", "lr", "images_per_s", "seconds",
