@@ -21,7 +21,9 @@ checkpoint (``last.pth``: nothing is selected on the val images) is evaluated wi
 study's sizes under every RoPE policy into ``eval/<arm>/<run>/``, its config and ``metrics.csv`` are copied into
 ``runs/``, and the report (``summary.md``, plots, the docs section) is rebuilt from the files by
 ``vit_rope.study.write_study``, which merges the seeds evaluated so far, together with the table that puts every
-study side by side (``vit_rope.study_compare``). A partial study is therefore always a consistent one.
+study side by side (``vit_rope.study_compare``). Checkpoints a run kept part-way (``keep_every`` in its config, as in
+v3) are evaluated with positions as trained into ``course/<arm>/<run>/`` for the table of accuracy over the schedule
+(``vit_rope.study_course``). A partial study is therefore always a consistent one.
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ from vit_rope.policies import POLICIES  # noqa: E402
 from vit_rope.report import machine  # noqa: E402
 from vit_rope.study import HEADLINE_END, Goal, headline, headline_begin, is_run, replace_section, write_study  # noqa: E402
 from vit_rope.study_compare import write_comparison  # noqa: E402
+from vit_rope.study_course import COURSE, COURSE_END, course_begin, course_table, kept_epoch  # noqa: E402
 from vit_rope.train_state import load_checkpoint  # noqa: E402
 
 # study -> (config folder, results folder, training outputs, {arm: (label, arm of the same-recipe APE baseline)}),
@@ -105,16 +108,19 @@ def same_machine(one: dict, other: dict) -> bool:
     return all(one.get(key) == other.get(key) for key in ("cpu", "cores", "gpu", "torch", "timm"))
 
 
-def evaluated(folder: Path, runs: list[dict]) -> bool:
-    """Whether the ``results.json`` files under ``folder`` hold every one of ``runs``."""
+def evaluated(folder: Path, runs: list[dict], checkpoints: tuple[str, ...] = ("last.pth",)) -> bool:
+    """Whether the ``results.json`` files under ``folder`` hold each of ``checkpoints`` of every one of ``runs``."""
     labels = {row["model"] for path in folder.rglob("results.json") for row in json.loads(path.read_text())["results"]}
-    return all(any(is_run(label, entry) for label in labels) for entry in runs)
+    return all(any(is_run(label, entry, name) for label in labels) for entry in runs for name in checkpoints)
 
 
 def write_reports(study: str, results: Path, readme: Path) -> None:
     """The study's report and docs section, the side-by-side table, and (for the committed results of the study
     the README summarises) the README's table."""
     print(write_study(results, readme, GOALS.get(study, Goal())))
+    course = course_table(results, json.loads((results / "runs.json").read_text()))
+    if course:  # on the page when it has the markers
+        replace_section(readme, course_begin(results), COURSE_END, course)
     write_comparison(readme, COMPARED)
     if study == HEADLINE and results == COMPARED[study]:
         replace_section(Path("README.md"), headline_begin(results), HEADLINE_END, headline(results))
@@ -183,7 +189,8 @@ def main(argv: list[str] | None = None) -> int:
             batch = [f"batch_size={build_config(config).batch_size // args.gpus}"]
         train = [*launch, "-c", config, *data, "--output", str(out), *batch, f"seed={seed}"]
         ran = False  # whether this machine trained or evaluated the run
-        if not finished(out / "last.pth", build_config(config, [f"seed={seed}"]).epochs):
+        epochs = build_config(config, [f"seed={seed}"]).epochs
+        if not finished(out / "last.pth", epochs):
             run([*train, *([f"resume={out / 'last.pth'}"] if (out / "last.pth").exists() else [])])
             ran = True
         (results / "runs" / name).mkdir(parents=True, exist_ok=True)
@@ -192,13 +199,19 @@ def main(argv: list[str] | None = None) -> int:
         head = ["python", "-m", "vit_rope.evaluate", "--checkpoint", f"{out}/last.pth", "--img-sizes", *sizes]
         tail = [*data, "--limit", str(args.limit), "--workers", "0"]  # both cores compute
         evaluations = [([*head, "--policy", *POLICIES, *tail, "--output", str(results / "eval" / arm / name)],
-                        results / "eval")]
+                        results / "eval", ("last.pth",))]
         if args.study in SECOND_CROP:  # positions as trained (the default policy) at the second crop fraction
             folder = results / f"eval_crop{SECOND_CROP[args.study]}"
             evaluations.append(([*head, "--crop-pct", str(SECOND_CROP[args.study]), *tail, "--output",
-                                 str(folder / arm / name)], folder))
-        for index, (command, folder) in enumerate(evaluations):
-            if not evaluated(folder, [entry]):  # seconds: the run's evaluations on this machine
+                                 str(folder / arm / name)], folder, ("last.pth",)))
+        kept = sorted((path for path in out.glob("epoch_*.pth") if kept_epoch(path) not in (None, epochs)),
+                      key=kept_epoch)  # checkpoints kept part-way (keep_every): positions as trained over the course
+        if kept:
+            evaluations.append((["python", "-m", "vit_rope.evaluate", "--checkpoint", *map(str, kept), "--img-sizes",
+                                 *sizes, *tail, "--output", str(results / COURSE / arm / name)], results / COURSE,
+                                tuple(path.name for path in kept)))
+        for index, (command, folder, checkpoints) in enumerate(evaluations):
+            if not evaluated(folder, [entry], checkpoints):  # seconds: the run's evaluations on this machine
                 seconds[name] = round(run(command)) + (seconds.get(name, 0) if index else 0)
                 ran = True
         if ran:
@@ -211,7 +224,7 @@ def main(argv: list[str] | None = None) -> int:
         else:  # a run keeps its place in the tables: arms in first-run order
             study[place] = entry
         commands = [line for line in commands if f" {out} " not in line and f" {out}/" not in line]
-        commands += [shlex.join(command) for command in [train, *(command for command, _ in evaluations)]]
+        commands += [shlex.join(command) for command in [train, *(command for command, _, _ in evaluations)]]
         (results / "runs.json").write_text(json.dumps(study, indent=2) + "\n")
         (results / "machine.json").write_text(json.dumps(
             {**home, "evaluate_s": seconds, **({"machines": machines} if machines else {})}, indent=2) + "\n")

@@ -9,7 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from vit_rope.config import build_config
 from vit_rope.study import STUDY_END, study_begin
+from vit_rope.study_course import COURSE_END, course_begin
 
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "imagenette_study.py"
 
@@ -26,12 +28,14 @@ def script(monkeypatch):
         module.calls.append(command)
         value = dict(zip(command, command[1:], strict=False))
         if command[1] == "train.py":
-            out = Path(value["--output"])
+            out, cfg = Path(value["--output"]), build_config(value["-c"])
             out.mkdir(parents=True, exist_ok=True)
-            (out / "last.pth").write_bytes(b"")
+            for name in ["last.pth", *(f"epoch_{e}.pth" for e in range(cfg.keep_every, cfg.epochs + 1, cfg.keep_every
+                                                                       or 1) if cfg.keep_every)]:
+                (out / name).write_bytes(b"")
             (out / "config.yaml").write_text(f"seed: {command[-1]}\n")
             with open(out / "metrics.csv", "w", newline="") as f:
-                csv.writer(f).writerows([["epoch", "top1", "seconds"], [10, 45.0, 30.0]])
+                csv.writer(f).writerows([["epoch", "top1", "seconds"], [cfg.epochs, 45.0, 30.0]])
         else:  # vit_rope.evaluate: a RoPE model holds 50 at every size, APE falls by 5 per size step
             checkpoints = command[command.index("--checkpoint") + 1:command.index("--img-sizes")]
             after = command[command.index("--img-sizes") + 1:]
@@ -87,18 +91,28 @@ def test_runs_go_seed_by_seed_each_evaluated_when_done_then_resume(script, tmp_p
     assert len(lines) == 11 and sum("/ape_s1" in line for line in lines) == 2  # replaced, not repeated
 
 
-def test_v3_runs_its_controls_seed_by_seed_before_the_remedy_and_evaluates_each_at_two_crops(script, tmp_path):
+def test_v3_runs_its_controls_seed_by_seed_before_the_remedy_and_evaluates_each_at_two_crops_and_over_the_course(
+        script, tmp_path):
+    results = tmp_path / "results"
+    (tmp_path / "README.md").write_text(f"{study_begin(results)}\n{STUDY_END}\n{course_begin(results)}\n{COURSE_END}\n")
     invoke(script, tmp_path, "--study", "v3")
     trained = [Path(call[call.index("--output") + 1]).name for call in script.calls if call[1] == "train.py"]
     assert trained == ["mixed_s0", "ape_s0", "axial_s0", "mixed_s1", "ape_s1", "axial_s1", "mixed_coord_sizes_s0",
                        "mixed_coord_sizes_s1"]
     evaluations = [call for call in script.calls if call[1] != "train.py"]
-    assert len(evaluations) == 16 and all(call.count("--checkpoint") == 1 for call in evaluations)
+    assert len(evaluations) == 24 and all(call.count("--checkpoint") == 1 for call in evaluations)
     assert {"--crop-pct" in call for call in evaluations[:2]} == {True, False}
-    results = tmp_path / "results"
+    course = evaluations[2]  # v3 keeps epochs 10 and 20 (30 is last.pth): both, positions as trained, crop 1.0
+    checkpoints = course[course.index("--checkpoint") + 1:course.index("--img-sizes")]
+    assert checkpoints == [str(tmp_path / "runs" / "mixed_s0" / f"epoch_{e}.pth") for e in (10, 20)]
+    assert "--policy" not in course and "--crop-pct" not in course
     assert (results / "eval_crop0.875" / "mixed" / "mixed_s1" / "results.json").exists()
-    section = (tmp_path / "README.md").read_text()
-    assert "8 training runs (4 models x 2 seeds)" in section and "**At crop 0.875**" in section
+    assert (results / "course" / "axial" / "axial_s1" / "results.json").exists()
+    page = (tmp_path / "README.md").read_text()
+    assert "8 training runs (4 models x 2 seeds)" in page and "**At crop 0.875**" in page
+    assert "| RoPE-Mixed | 20 | 2 | 50.05 ± 0.1 | **50.05 ± 0.1** |" in page  # the course table, between its markers
+    assert page.index("| APE | 30 | 2 |") < page.index(COURSE_END)
+    assert invoke(script, tmp_path, "--study", "v3") == []  # the kept checkpoints' evaluations are not repeated
 
 
 def test_report_before_any_run_or_without_a_docs_section_is_an_error_line(script, tmp_path, capsys):

@@ -60,9 +60,10 @@ def study_begin(results_dir: Path) -> str:
     return f"<!-- study:begin (written by scripts/imagenette_study.py --report from {results_dir.as_posix()}) -->"
 
 
-def is_run(label: str, run: dict[str, Any]) -> bool:
-    """Whether a ``vit_rope.evaluate`` row label (``"<model> (<checkpoint>)"``) is the final checkpoint of ``run``."""
-    return label.endswith(f"({run['output']}/last.pth)")
+def is_run(label: str, run: dict[str, Any], checkpoint: str = "last.pth") -> bool:
+    """Whether a ``vit_rope.evaluate`` row label (``"<model> (<checkpoint>)"``) is the final checkpoint of ``run`` (or
+    the one named ``checkpoint`` in its output folder)."""
+    return label.endswith(f"({run['output']}/{checkpoint})")
 
 
 def arm_label(run: dict[str, Any]) -> str:
@@ -109,7 +110,7 @@ def best_row(merged: Sequence[dict[str, Any]], model: str, size: int) -> dict[st
     return max(rows, key=lambda row: row["top1"])
 
 
-def _as_trained_rows(merged: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+def as_trained_rows(merged: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     """The merged rows with positions as trained: ``extrapolate`` for RoPE, the only one for APE (policy None)."""
     return [row for row in merged if row["policy"] in (None, "extrapolate")]
 
@@ -200,7 +201,7 @@ def _host(machine: dict[str, Any]) -> str:
     return f"{machine['cpu'] or 'CPU'} ({cores}), torch {machine['torch']}, timm {machine['timm']}"
 
 
-def _evaluations(folder: Path) -> tuple[str, list[dict[str, Any]]]:
+def read_evaluations(folder: Path) -> tuple[str, list[dict[str, Any]]]:
     """The protocol and rows of every ``results.json`` under ``folder``; they must share one protocol."""
     files = sorted(folder.rglob("results.json"))
     if not files:
@@ -214,7 +215,7 @@ def _evaluations(folder: Path) -> tuple[str, list[dict[str, Any]]]:
 
 def merged_results(folder: Path, runs: Sequence[dict[str, Any]]) -> tuple[str, list[dict[str, Any]]]:
     """The protocol of the evaluations under ``folder`` and their rows merged over seeds, arms in ``runs``' order."""
-    protocol, results = _evaluations(folder)
+    protocol, results = read_evaluations(folder)
     index = {row["model"]: next((i for i, run in enumerate(runs) if is_run(row["model"], run)), None)
              for row in results}  # evaluation label -> its run in runs.json; others (not in this study) left out
     results = sorted((row for row in results if index[row["model"]] is not None), key=lambda row: index[row["model"]])
@@ -229,7 +230,7 @@ def write_study(results_dir: Path, readme: Path | None = None, goal: Goal = Goal
     runs = json.loads((results_dir / "runs.json").read_text())
     machine = json.loads((results_dir / "machine.json").read_text())
     protocol, merged = merged_results(results_dir / "eval", runs)
-    as_trained = _as_trained_rows(merged)
+    as_trained = as_trained_rows(merged)
     policies = [row for row in merged if row["policy"] is not None]
     plot(as_trained, results_dir / "summary_as_trained.png", "Positions as trained (mean and range over seeds)")
     if policies:  # none while only APE arms are evaluated
@@ -266,7 +267,7 @@ def write_study(results_dir: Path, readme: Path | None = None, goal: Goal = Goal
     for folder in sorted(results_dir.glob("eval_crop*")):  # one crop fraction can favour one arm
         crop_protocol, crop = merged_results(folder, runs)
         parts.append(f"**At crop {folder.name.removeprefix('eval_crop')}**, positions as trained ({crop_protocol}):"
-                     "\n\n" + markdown_table(_as_trained_rows(crop))
+                     "\n\n" + markdown_table(as_trained_rows(crop))
                      + ("\n\nThe goal at this crop:\n\n" + _verdict(crop, runs, goal) if verdict else ""))
     def with_plots(folder: str) -> str:  # the plots, linked from a page in another folder
         return "\n\n".join([*parts, f"![as trained]({folder}summary_as_trained.png)"
@@ -305,7 +306,7 @@ def headline(results_dir: Path) -> str:
     runs = json.loads((results_dir / "runs.json").read_text())
     _, merged = merged_results(results_dir / "eval", runs)
     largest = max(row["img_size"] for row in merged)
-    rows = _as_trained_rows(merged)
+    rows = as_trained_rows(merged)
     for model in dict.fromkeys(row["model"] for row in merged if row["policy"] is not None):
         best = best_row(merged, model, largest)["policy"]
         if best != "extrapolate":

@@ -1,0 +1,94 @@
+"""A study's runs over their schedule: accuracy with positions as trained at every evaluated size, from checkpoints
+kept part-way through training (``keep_every`` in ``train.py``) and the final one.
+
+RoPE-ViT (Heo et al., ECCV 2024, arXiv:2403.13298) trains for hundreds of epochs on ImageNet; the CPU studies train
+tens on Imagenette. Whether RoPE's loss above the training size shrinks or grows as training goes on is the evidence
+this table gives for or against schedule length as the cause: a loss that shrinks from one kept epoch to the next
+points to a longer schedule, one that grows points elsewhere.
+
+A study folder's ``course/**/results.json`` are ``vit_rope.evaluate`` outputs of the kept ``epoch_E.pth`` files of its
+runs; the final epoch is read from the study's own ``eval/`` rows of ``last.pth``, and only runs with kept checkpoints
+count, so every epoch of an arm is read over the same seeds.
+"""
+
+from __future__ import annotations
+
+import csv
+import re
+from pathlib import Path
+from typing import Any
+
+from vit_rope.report import merge_seeds, table
+from vit_rope.study import arm_label, as_trained_rows, read_evaluations
+
+COURSE = "course"  # the folder of a study's results that holds the evaluations of kept checkpoints
+COURSE_END = "<!-- course:end -->"
+_KEPT = re.compile(r"\((.+)/epoch_(\d+)\.pth\)$")  # "<model> (<run output>/epoch_<E>.pth)", an evaluate label
+
+
+def course_begin(results_dir: Path) -> str:
+    """The line that opens the table of ``course_table(results_dir)`` in the docs page."""
+    return f"<!-- course:begin (written by scripts/imagenette_study.py from {results_dir.as_posix()}/{COURSE}) -->"
+
+
+def kept_epoch(path: Path) -> int | None:
+    """E of a kept checkpoint's file name ``epoch_E.pth``, else None."""
+    match = re.fullmatch(r"epoch_(\d+)\.pth", path.name)
+    return int(match.group(1)) if match else None
+
+
+def _final_epoch(results_dir: Path, run: dict[str, Any]) -> int:
+    with open(results_dir / "runs" / run["name"] / "metrics.csv") as f:
+        return int(list(csv.DictReader(f))[-1]["epoch"])
+
+
+def course_rows(results_dir: Path, runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Rows with positions as trained, merged over the seeds that kept checkpoints, with ``model`` the arm's label
+    and an ``epoch``; empty when no run kept any."""
+    if not any((results_dir / COURSE).rglob("results.json")):
+        return []
+    protocol, kept = read_evaluations(results_dir / COURSE)
+    final_protocol, final = read_evaluations(results_dir / "eval")
+    if protocol != final_protocol:
+        raise ValueError(f"the kept checkpoints of {results_dir} were evaluated with another protocol than the final "
+                         f"ones ({protocol!r}, not {final_protocol!r}): evaluate them again as the study does")
+    by_output = {run["output"]: run for run in runs}
+    group_of, with_course = {}, {}  # evaluate label -> "<arm label>\0<epoch>" (merge_seeds' groups); output -> run
+    for row in kept:
+        match = _KEPT.search(row["model"])
+        if match and match.group(1) in by_output:
+            run = with_course[match.group(1)] = by_output[match.group(1)]
+            group_of[row["model"]] = f"{arm_label(run)}\0{match.group(2)}"
+    for row in final:  # the final epoch of the same runs
+        run = next((run for output, run in with_course.items() if row["model"].endswith(f"({output}/last.pth)")),
+                   None)
+        if run is not None:
+            group_of[row["model"]] = f"{arm_label(run)}\0{_final_epoch(results_dir, run)}"
+    merged = merge_seeds(as_trained_rows(kept + final), group_of)
+    for row in merged:
+        row["model"], epoch = row["model"].split("\0")
+        row["epoch"] = int(epoch)
+    order = list(dict.fromkeys(arm_label(run) for run in runs))
+    return sorted(merged, key=lambda row: (order.index(row["model"]), row["epoch"], row["img_size"]))
+
+
+def course_table(results_dir: Path, runs: list[dict[str, Any]]) -> str:
+    """One line per arm and kept epoch: top-1 as trained at each size (mean ± half the seed range; the training size
+    in bold) and the change from the training size to the largest size. Empty when no run kept checkpoints."""
+    rows = course_rows(results_dir, runs)
+    if not rows:
+        return ""
+    sizes = sorted({row["img_size"] for row in rows})
+    train_size = rows[0]["train_size"]
+    lines = []
+    for key in dict.fromkeys((row["model"], row["epoch"], row["seeds"]) for row in rows):
+        by_size = {row["img_size"]: row for row in rows if (row["model"], row["epoch"], row["seeds"]) == key}
+        cells = [f"{by_size[size]['top1']:.2f} ± {(by_size[size]['top1_max'] - by_size[size]['top1_min']) / 2:.1f}"
+                 if size in by_size else "" for size in sizes]
+        cells = [f"**{cell}**" if size == train_size else cell for size, cell in zip(sizes, cells, strict=True)]
+        change = (f"{by_size[sizes[-1]]['top1'] - by_size[train_size]['top1']:+.1f}"
+                  if train_size in by_size and sizes[-1] in by_size else "")
+        lines.append([key[0], key[1], key[2], *cells, change])
+    header = ["model", "epoch", "seeds", *(f"{size}*" if size == train_size else str(size) for size in sizes),
+              f"{sizes[-1]} minus {train_size}"]
+    return table(header, lines)
