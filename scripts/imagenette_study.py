@@ -45,9 +45,9 @@ sys.path.insert(0, str(ROOT))
 
 from vit_rope.config import build_config  # noqa: E402  (after the path set-up, as the script runs from anywhere)
 from vit_rope.policies import POLICIES  # noqa: E402
-from vit_rope.report import machine  # noqa: E402
-from vit_rope.study import HEADLINE_END, Goal, headline, headline_begin, is_run, replace_section, write_study  # noqa: E402
-from vit_rope.study_compare import write_comparison  # noqa: E402
+from vit_rope.report import machine, replace_section  # noqa: E402
+from vit_rope.study import Goal, is_run, write_study  # noqa: E402
+from vit_rope.study_compare import HEADLINE_END, headline, headline_begin, write_comparison  # noqa: E402
 from vit_rope.study_course import COURSE, COURSE_END, course_begin, course_table, kept_epoch  # noqa: E402
 from vit_rope.train_state import load_checkpoint  # noqa: E402
 
@@ -74,7 +74,7 @@ STUDIES = {
 }
 # The studies whose committed results the side-by-side table of the docs page (vit_rope.study_compare) reads.
 COMPARED = {study: Path(folder) for study, (_, folder, _, _) in STUDIES.items()}
-# The study whose summary (vit_rope.study.headline) the README shows beside RoPE-ViT's table: the 14x14 grid.
+# The study whose summary (vit_rope.study_compare.headline) the README shows beside RoPE-ViT's table: the 14x14 grid.
 HEADLINE = "v3"
 # Evaluation sizes per study: 0.75x-2.5x of 64 px (v1, v2); RoPE-ViT's 160-512 px ratios of 112 px (v3, vit_s: grids
 # 10-32).

@@ -14,3 +14,13 @@ def test_merge_seeds_gives_mean_and_range():
     assert merged["model"] == "A" and merged["seeds"] == 2
     assert (merged["top1"], merged["top1_min"], merged["top1_max"]) == (52.0, 50.0, 54.0)
     assert "52.00 ± 2.0" in report.markdown_table([merged])
+
+
+def test_replace_section_keeps_the_page_around_it_and_leaves_pages_without_it_alone(tmp_path):
+    page = tmp_path / "README.md"
+    page.write_text("top\n<!-- a -->\nold\n<!-- b -->\nbottom <!-- b -->\n")
+    assert report.replace_section(page, "<!-- a -->", "<!-- b -->", "new\nlines")
+    assert page.read_text() == "top\n<!-- a -->\nnew\nlines\n<!-- b -->\nbottom <!-- b -->\n"
+    for text in ("top\n", "<!-- b -->\n<!-- a -->\n"):  # no begin; an end only before it
+        page.write_text(text)
+        assert not report.replace_section(page, "<!-- a -->", "<!-- b -->", "new") and page.read_text() == text

@@ -189,23 +189,3 @@ def test_v3_goal_holds_at_1_43x_to_1_71x_and_a_second_crop_gets_its_own_verdict(
     assert verdict.split("| AXIAL |", 1)[1].split("\n", 1)[0].endswith("| no |")  # -3 at 1.43x: does not hold
     assert "crop 0.875" in crop_part.split("\n", 1)[0]
     assert f"{mixed} -1.0 (below) | no |" in crop_part
-
-
-def test_headline_shows_every_arm_as_trained_then_each_rope_arm_under_its_best_policy(tmp_path):
-    root = make_v1(tmp_path / "results")
-    text = study.headline(root)
-    assert text.startswith("4 finished runs, seeds 0, 1: top-1 (%)")
-    rows = [line for line in text.splitlines() if line.startswith("| ") and "model" not in line]
-    assert rows == ["| APE (timm ViT) | - | **51.00 ± 1.0** | 31.00 ± 1.0 |",
-                    "| RoPE-Mixed | extrapolate | **53.00 ± 1.0** | 41.00 ± 1.0 |",
-                    "| RoPE-Mixed | interpolate | **53.00 ± 1.0** | 49.00 ± 1.0 |"]  # best at 128 px
-
-
-def test_replace_section_keeps_the_page_around_it_and_leaves_pages_without_it_alone(tmp_path):
-    page = tmp_path / "README.md"
-    page.write_text("top\n<!-- a -->\nold\n<!-- b -->\nbottom <!-- b -->\n")
-    assert study.replace_section(page, "<!-- a -->", "<!-- b -->", "new\nlines")
-    assert page.read_text() == "top\n<!-- a -->\nnew\nlines\n<!-- b -->\nbottom <!-- b -->\n"
-    for text in ("top\n", "<!-- b -->\n<!-- a -->\n"):  # no begin; an end only before it
-        page.write_text(text)
-        assert not study.replace_section(page, "<!-- a -->", "<!-- b -->", "new") and page.read_text() == text

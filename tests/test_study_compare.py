@@ -75,3 +75,12 @@ def test_write_comparison_rewrites_its_section_only(studies, tmp_path):
     other.write_text(f"no section here\n{study_compare.COMPARE_BEGIN}\n")  # no end marker: left alone
     assert not study_compare.write_comparison(other, studies)
     assert other.read_text() == f"no section here\n{study_compare.COMPARE_BEGIN}\n"
+
+
+def test_headline_shows_every_arm_as_trained_then_each_rope_arm_under_its_best_policy(studies):
+    text = study_compare.headline(studies["big"])
+    assert text.startswith("2 finished runs, seed 0: top-1 (%)")
+    rows = [line for line in text.splitlines() if line.startswith("| ") and "model" not in line]
+    assert rows == ["| ROPE | extrapolate | **60.00 ± 0.0** | 50.00 ± 0.0 | 40.00 ± 0.0 |",
+                    "| APE | - | **58.00 ± 0.0** | 57.00 ± 0.0 | 55.00 ± 0.0 |",
+                    "| ROPE | interpolate | **60.00 ± 0.0** | 61.00 ± 0.0 | 62.50 ± 0.0 |"]  # best at 256 px

@@ -182,3 +182,14 @@ def merge_seeds(results: Sequence[dict[str, Any]], group_of: dict[str, str]) -> 
                        "top1": sum(top1) / len(top1), "top1_min": min(top1), "top1_max": max(top1),
                        "top5": sum(row["top5"] for row in rows) / len(rows), "seeds": len(rows)})
     return merged
+
+
+def replace_section(page: Path, begin: str, end: str, body: str) -> bool:
+    """Rewrite what lies between the line ``begin`` of ``page`` and the next ``end`` with ``body``; the rest of the
+    page is kept as it is. Returns False, and leaves the page alone, when it has no such section."""
+    text = page.read_text()
+    if begin not in text or end not in text.split(begin, 1)[1]:
+        return False
+    head, rest = text.split(begin, 1)
+    page.write_text(head + begin + "\n" + body + "\n" + end + rest.split(end, 1)[1])
+    return True

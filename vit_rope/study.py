@@ -25,12 +25,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from vit_rope.report import markdown_table, merge_seeds, plot, plot_panels, table
+from vit_rope.report import markdown_table, merge_seeds, plot, plot_panels, replace_section, table
 
 STUDY_LABELS = {"ape": "APE (timm ViT)", "axial": "RoPE-Axial", "mixed": "RoPE-Mixed", "axial_ape": "RoPE-Axial + APE",
                 "mixed_ape": "RoPE-Mixed + APE"}  # v1's arms, whose runs.json predates the label field
 STUDY_END = "<!-- study:end -->"
-HEADLINE_END = "<!-- headline:end -->"
 HOLD_POINTS = 1.0  # the largest loss from the training size that counts as holding accuracy
 
 
@@ -192,7 +191,7 @@ def _verdict(merged: Sequence[dict[str, Any]], runs: Sequence[dict[str, Any]], g
     return verdicts + "\n\nBest arm at each size (top-1 mean ± half the seed range):\n\n" + "\n".join(picks)
 
 
-def _count(number: int, noun: str) -> str:
+def counted(number: int, noun: str) -> str:
     return f"{number} {noun}{'' if number == 1 else 's'}"
 
 
@@ -250,7 +249,7 @@ def write_study(results_dir: Path, readme: Path | None = None, goal: Goal = Goal
         elsewhere.setdefault(_host(other), []).append(labels.get(arm, arm))
     others = "".join(f"; {', '.join(arms_there)} on {host}" for host, arms_there in elsewhere.items())
     parts = [
-        f"{_count(len(runs), 'training run')} ({_count(arms, 'model')} x {_count(len(seeds), 'seed')}) on "
+        f"{counted(len(runs), 'training run')} ({counted(arms, 'model')} x {counted(len(seeds), 'seed')}) on "
         f"{_host(machine)}, {machine['date']}"
         f"{others}; evaluation took {seconds / 60:.0f} min. Commands: `{where}/commands.sh`.",
         "**Training** (final epoch, all val images at the training size):\n\n" + _training(results_dir, runs),
@@ -282,37 +281,3 @@ def write_study(results_dir: Path, readme: Path | None = None, goal: Goal = Goal
             raise ValueError(f"{readme} has no study section to update: add the lines {begin!r} and {STUDY_END!r} "
                              "where it should go")
     return section
-
-
-def replace_section(page: Path, begin: str, end: str, body: str) -> bool:
-    """Rewrite what lies between the line ``begin`` of ``page`` and the next ``end`` with ``body``; the rest of the
-    page is kept as it is. Returns False, and leaves the page alone, when it has no such section."""
-    text = page.read_text()
-    if begin not in text or end not in text.split(begin, 1)[1]:
-        return False
-    head, rest = text.split(begin, 1)
-    page.write_text(head + begin + "\n" + body + "\n" + end + rest.split(end, 1)[1])
-    return True
-
-
-def headline_begin(results_dir: Path) -> str:
-    """The line that opens a study's front-page summary (``headline``) in the README."""
-    return f"<!-- headline:begin (written by scripts/imagenette_study.py from {results_dir.as_posix()}) -->"
-
-
-def headline(results_dir: Path) -> str:
-    """A study in one table for the front page: every arm with positions as trained, then each RoPE arm under the
-    policy that is best at the largest size (when that is not ``extrapolate``), seeds merged."""
-    runs = json.loads((results_dir / "runs.json").read_text())
-    _, merged = merged_results(results_dir / "eval", runs)
-    largest = max(row["img_size"] for row in merged)
-    rows = as_trained_rows(merged)
-    for model in dict.fromkeys(row["model"] for row in merged if row["policy"] is not None):
-        best = best_row(merged, model, largest)["policy"]
-        if best != "extrapolate":
-            rows += [row for row in merged if row["model"] == model and row["policy"] == best]
-    seeds = sorted({run["seed"] for run in runs})
-    return (f"{_count(len(runs), 'finished run')}, {'seed' if len(seeds) == 1 else 'seeds'} "
-            f"{', '.join(map(str, seeds))}: top-1 (%), mean ± half the "
-            f"seed range; `*` training size; policy `extrapolate` or `-` (APE): positions as trained.\n\n"
-            + markdown_table(rows))

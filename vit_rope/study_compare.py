@@ -5,7 +5,7 @@ RoPE-ViT (Heo et al., ECCV 2024, arXiv:2403.13298) reports RoPE-Mixed extrapolat
 (224 px, 16 px patches). Each study (``vit_rope.study``) answers for one grid and recipe; this table puts every arm of
 every study in one place, by training grid: top-1 at the training size, as trained at the two largest evaluated
 sizes, and under the best policy at the largest. It reads the same files as each study's own report, so it is
-rebuilt with them and is consistent with them.
+rebuilt with them and is consistent with them. ``headline`` gives one study in a table for the README's front page.
 """
 
 from __future__ import annotations
@@ -19,10 +19,11 @@ from typing import Any
 import yaml
 
 from vit_rope import study
-from vit_rope.report import table
+from vit_rope.report import markdown_table, replace_section, table
 
 COMPARE_BEGIN = "<!-- compare:begin (written by scripts/imagenette_study.py from every study's results folder) -->"
 COMPARE_END = "<!-- compare:end -->"
+HEADLINE_END = "<!-- headline:end -->"
 
 
 def patch_size(config: dict[str, Any]) -> int:
@@ -87,4 +88,27 @@ def comparison(studies: Mapping[str, Path]) -> str:
 def write_comparison(readme: Path, studies: Mapping[str, Path]) -> bool:
     """Rewrite the section of ``readme`` between ``COMPARE_BEGIN`` and ``COMPARE_END`` with ``comparison(studies)``;
     a page without the section is left alone (returns False)."""
-    return study.replace_section(readme, COMPARE_BEGIN, COMPARE_END, comparison(studies))
+    return replace_section(readme, COMPARE_BEGIN, COMPARE_END, comparison(studies))
+
+
+def headline_begin(results_dir: Path) -> str:
+    """The line that opens a study's front-page summary (``headline``) in the README."""
+    return f"<!-- headline:begin (written by scripts/imagenette_study.py from {results_dir.as_posix()}) -->"
+
+
+def headline(results_dir: Path) -> str:
+    """A study in one table for the front page: every arm with positions as trained, then each RoPE arm under the
+    policy that is best at the largest size (when that is not ``extrapolate``), seeds merged."""
+    runs = json.loads((results_dir / "runs.json").read_text())
+    _, merged = study.merged_results(results_dir / "eval", runs)
+    largest = max(row["img_size"] for row in merged)
+    rows = study.as_trained_rows(merged)
+    for model in dict.fromkeys(row["model"] for row in merged if row["policy"] is not None):
+        best = study.best_row(merged, model, largest)["policy"]
+        if best != "extrapolate":
+            rows += [row for row in merged if row["model"] == model and row["policy"] == best]
+    seeds = sorted({run["seed"] for run in runs})
+    return (f"{study.counted(len(runs), 'finished run')}, {'seed' if len(seeds) == 1 else 'seeds'} "
+            f"{', '.join(map(str, seeds))}: top-1 (%), mean ± half the "
+            f"seed range; `*` training size; policy `extrapolate` or `-` (APE): positions as trained.\n\n"
+            + markdown_table(rows))
