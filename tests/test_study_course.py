@@ -16,7 +16,7 @@ def write_results(folder: Path, rows: list[dict], protocol: str = "crop 1.0") ->
 
 
 def row(checkpoint: str, policy: str | None, size: int, top1: float) -> dict:
-    return {"model": f"m ({checkpoint})", "policy": policy, "img_size": size, "train_size": 112, "top1": top1,
+    return {"model": f"m (depth=6) ({checkpoint})", "policy": policy, "img_size": size, "train_size": 112, "top1": top1,
             "top5": 90.0}
 
 

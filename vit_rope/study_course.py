@@ -23,7 +23,7 @@ from vit_rope.study import arm_label, as_trained_rows, read_evaluations
 
 COURSE = "course"  # the folder of a study's results that holds the evaluations of kept checkpoints
 COURSE_END = "<!-- course:end -->"
-_KEPT = re.compile(r"\((.+)/epoch_(\d+)\.pth\)$")  # "<model> (<run output>/epoch_<E>.pth)", an evaluate label
+_KEPT = re.compile(r"\(([^()]+)/epoch_(\d+)\.pth\)$")  # "<model> (<run output>/epoch_<E>.pth)", an evaluate label
 
 
 def course_begin(results_dir: Path) -> str:
