@@ -16,6 +16,7 @@ import dataclasses
 import logging
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -149,20 +150,22 @@ def train(cfg: Config) -> None:
 
     saved = position(start_epoch, start_step) if resume else None  # where last.pth stands, for the divergence error
 
-    def save_last(epochs_done: int, extra: dict[str, Any]) -> dict[str, Any] | None:
-        """Write OUTPUT/last.pth (rank 0; returned there, None elsewhere): a collective, every rank must call it."""
+    def save_last(epochs_done: int, extra: dict[str, Any], copies: Sequence[str] = ()) -> None:
+        """Write OUTPUT/last.pth (rank 0), after the same checkpoint under the names ``copies`` (best.pth, epoch_E.pth):
+        a crash between the writes leaves last.pth an epoch behind, so resuming redoes the epoch and writes the copies
+        again, where the other order would lose them. A collective: every rank must call it."""
         nonlocal saved
         saved = position(epochs_done, extra.get("step", 0))
         rng = train_state.gather_rng_states(env)
         if not env.is_main:
-            return None
+            return
         ckpt = {"model_name": cfg.model, "model_kwargs": model_kwargs, "classes": classes, "model": net.state_dict(),
                 **({"model_ema": ema.module.state_dict()} if ema else {}),  # the key timm's loaders look for
                 "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
                 "scaler": scaler.state_dict(), "epoch": epochs_done, "best_top1": best_top1, "rng": rng,
                 "config": dataclasses.asdict(cfg), **extra}
-        train_state.save_checkpoint(ckpt, output / "last.pth")
-        return ckpt
+        for name in (*copies, "last.pth"):
+            train_state.save_checkpoint(ckpt, output / name)
 
     def save_mid_epoch(epoch: int, step: int, totals: engine.EpochTotals) -> None:
         """``checkpoint_interval``: last.pth at step ``step`` of epoch ``epoch`` (0-based, in progress), with the
@@ -187,7 +190,10 @@ def train(cfg: Config) -> None:
         scheduler.step(epoch + 1, stats["top1"])  # per-epoch schedulers only (plateau); the rest step per update
         stats |= {"epoch": epoch + 1, "seconds": time.perf_counter() - start}
         best_top1, is_best = max(best_top1, stats["top1"]), stats["top1"] > best_top1
-        ckpt = save_last(epoch + 1, {"metrics": stats})
+        copies = ["best.pth"] if is_best else []
+        if cfg.keep_every and (epoch + 1) % cfg.keep_every == 0:
+            copies.append(f"epoch_{epoch + 1}.pth")
+        save_last(epoch + 1, {"metrics": stats}, copies)
         if not env.is_main:
             continue
         log.write(stats)
@@ -195,10 +201,6 @@ def train(cfg: Config) -> None:
         say(f"epoch {epoch + 1}/{cfg.epochs} " + " ".join(
             f"{key} {stats[key]}" if isinstance(stats[key], str) else f"{key} {stats[key]:.4g}" for key in shown)
             + (f" ({stats['skipped']} unreadable image(s) skipped)" if stats["skipped"] else ""), flush=True)
-        if is_best:
-            train_state.save_checkpoint(ckpt, output / "best.pth")
-        if cfg.keep_every and (epoch + 1) % cfg.keep_every == 0:
-            train_state.save_checkpoint(ckpt, output / f"epoch_{epoch + 1}.pth")
     if env.is_main:
         log.close()
         say(f"done: best top1 {best_top1:.2f}; checkpoints in {output}")

@@ -43,12 +43,12 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from vit_rope.config import build_config  # noqa: E402  (after the path set-up, as the script runs from anywhere)
+from vit_rope.config import build_config, load_yaml  # noqa: E402  (after the path set-up, as the script runs from anywhere)
 from vit_rope.policies import POLICIES  # noqa: E402
 from vit_rope.report import machine, replace_section  # noqa: E402
 from vit_rope.study import Goal, is_run, write_study  # noqa: E402
 from vit_rope.study_compare import HEADLINE_END, headline, headline_begin, write_comparison  # noqa: E402
-from vit_rope.study_course import COURSE, COURSE_END, course_begin, course_table, kept_epoch  # noqa: E402
+from vit_rope.study_course import COURSE, COURSE_END, course_begin, course_table  # noqa: E402
 from vit_rope.train_state import load_checkpoint  # noqa: E402
 
 # study -> (config folder, results folder, training outputs, {arm: (label, arm of the same-recipe APE baseline)}),
@@ -204,8 +204,8 @@ def main(argv: list[str] | None = None) -> int:
             folder = results / f"eval_crop{SECOND_CROP[args.study]}"
             evaluations.append(([*head, "--crop-pct", str(SECOND_CROP[args.study]), *tail, "--output",
                                  str(folder / arm / name)], folder, ("last.pth",)))
-        kept = sorted((path for path in out.glob("epoch_*.pth") if kept_epoch(path) not in (None, epochs)),
-                      key=kept_epoch)  # checkpoints kept part-way (keep_every): positions as trained over the course
+        keep = load_yaml(out / "config.yaml").get("keep_every") or 0  # the run's own (runs before keep_every: none)
+        kept = [out / f"epoch_{epoch}.pth" for epoch in (range(keep, epochs, keep) if keep else ())]  # part-way
         if kept:
             evaluations.append((["python", "-m", "vit_rope.evaluate", "--checkpoint", *map(str, kept), "--img-sizes",
                                  *sizes, *tail, "--output", str(results / COURSE / arm / name)], results / COURSE,

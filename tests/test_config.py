@@ -154,6 +154,11 @@ def test_lookahead_optimizers_and_every_documented_scheduler_are_accepted() -> N
         assert build_config(None, [f"sched={sched}"]).sched == sched
 
 
+def test_keep_every_beyond_the_run_warns_that_nothing_will_be_kept() -> None:
+    with pytest.warns(UserWarning, match="keep_every 50 is more than the 30 epochs.*set keep_every to 30 or less"):
+        build_config(None, ["epochs=30", "keep_every=50"])
+
+
 def test_inheritance_loop_and_missing_file_are_user_errors(tmp_path: Path) -> None:
     (tmp_path / "a.yaml").write_text("base: b.yaml\n")
     (tmp_path / "b.yaml").write_text("base: a.yaml\n")

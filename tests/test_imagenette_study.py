@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from vit_rope.config import build_config
+from vit_rope.config import build_config, save_config
 from vit_rope.study import STUDY_END, study_begin
 from vit_rope.study_course import COURSE_END, course_begin
 
@@ -28,12 +28,12 @@ def script(monkeypatch):
         module.calls.append(command)
         value = dict(zip(command, command[1:], strict=False))
         if command[1] == "train.py":
-            out, cfg = Path(value["--output"]), build_config(value["-c"])
+            out, cfg = Path(value["--output"]), build_config(value["-c"], [command[-1]])
             out.mkdir(parents=True, exist_ok=True)
-            for name in ["last.pth", *(f"epoch_{e}.pth" for e in range(cfg.keep_every, cfg.epochs + 1, cfg.keep_every
-                                                                       or 1) if cfg.keep_every)]:
+            k = cfg.keep_every
+            for name in ["last.pth", *(f"epoch_{e}.pth" for e in (range(k, cfg.epochs + 1, k) if k else ()))]:
                 (out / name).write_bytes(b"")
-            (out / "config.yaml").write_text(f"seed: {command[-1]}\n")
+            save_config(cfg, out / "config.yaml")
             with open(out / "metrics.csv", "w", newline="") as f:
                 csv.writer(f).writerows([["epoch", "top1", "seconds"], [cfg.epochs, 45.0, 30.0]])
         else:  # vit_rope.evaluate: a RoPE model holds 50 at every size, APE falls by 5 per size step
@@ -112,7 +112,11 @@ def test_v3_runs_its_controls_seed_by_seed_before_the_remedy_and_evaluates_each_
     assert "8 training runs (4 models x 2 seeds)" in page and "**At crop 0.875**" in page
     assert "| RoPE-Mixed | 20 | 2 | 50.05 ± 0.1 | **50.05 ± 0.1** |" in page  # the course table, between its markers
     assert page.index("| APE | 30 | 2 |") < page.index(COURSE_END)
+    for path in (tmp_path / "runs").rglob("epoch_*.pth"):  # kept checkpoints cleaned up once evaluated
+        path.unlink()
     assert invoke(script, tmp_path, "--study", "v3") == []  # the kept checkpoints' evaluations are not repeated
+    commands = (results / "commands.sh").read_text()  # and their command stays, named from the run's config
+    assert f"--checkpoint {tmp_path / 'runs' / 'axial_s1' / 'epoch_10.pth'} " in commands
 
 
 def test_report_before_any_run_or_without_a_docs_section_is_an_error_line(script, tmp_path, capsys):

@@ -10,18 +10,22 @@ import yaml
 from vit_rope import study_compare
 
 
-def make_study(root: Path, model: str, model_kwargs: dict, img_size: int, rows: dict[str, dict]) -> Path:
-    """A study folder with one run per arm: ``rows`` maps an arm to {(policy, size): top1}; seed 0 only."""
+def make_study(root: Path, model: str, model_kwargs: dict, img_size: int, rows: dict[str, dict],
+               seeds: tuple[int, ...] = (0,)) -> Path:
+    """A study folder with one run per arm and seed: ``rows`` maps an arm to {(policy, size): top1}, which seed s
+    scores plus s."""
     runs, results = [], []
     for arm, scores in rows.items():
-        run = {"name": f"{arm}_s0", "model": arm, "label": arm.upper(), "seed": 0, "output": f"out/{arm}_s0"}
-        runs.append(run)
-        (root / "runs" / run["name"]).mkdir(parents=True)
-        (root / "runs" / run["name"] / "config.yaml").write_text(
-            yaml.safe_dump({"model": model, "model_kwargs": model_kwargs, "img_size": img_size}))
-        results += [{"model": f"m ({run['output']}/last.pth)", "policy": policy, "img_size": size,
-                     "train_size": img_size, "top1": top1, "top5": 90.0, "loss": 1.0, "images_per_s": 1.0}
-                    for (policy, size), top1 in scores.items()]
+        for seed in seeds:
+            run = {"name": f"{arm}_s{seed}", "model": arm, "label": arm.upper(), "seed": seed,
+                   "output": f"out/{arm}_s{seed}"}
+            runs.append(run)
+            (root / "runs" / run["name"]).mkdir(parents=True)
+            (root / "runs" / run["name"] / "config.yaml").write_text(
+                yaml.safe_dump({"model": model, "model_kwargs": model_kwargs, "img_size": img_size}))
+            results += [{"model": f"m ({run['output']}/last.pth)", "policy": policy, "img_size": size,
+                         "train_size": img_size, "top1": top1 + seed, "top5": 90.0, "loss": 1.0, "images_per_s": 1.0}
+                        for (policy, size), top1 in scores.items()]
     (root / "eval").mkdir(parents=True)
     (root / "eval" / "results.json").write_text(json.dumps({"protocol": "crop 1.0", "results": results}))
     (root / "runs.json").write_text(json.dumps(runs))
@@ -84,3 +88,11 @@ def test_headline_shows_every_arm_as_trained_then_each_rope_arm_under_its_best_p
     assert rows == ["| ROPE | extrapolate | **60.00 ± 0.0** | 50.00 ± 0.0 | 40.00 ± 0.0 |",
                     "| APE | - | **58.00 ± 0.0** | 57.00 ± 0.0 | 55.00 ± 0.0 |",
                     "| ROPE | interpolate | **60.00 ± 0.0** | 61.00 ± 0.0 | 62.50 ± 0.0 |"]  # best at 256 px
+
+
+def test_headline_names_the_seeds_and_merges_them(tmp_path):
+    folder = make_study(tmp_path, "vit_tiny_patch16_224", {}, 64, {"ape": {(None, 64): 45.0, (None, 128): 44.0}},
+                        seeds=(0, 1))
+    text = study_compare.headline(folder)
+    assert text.startswith("2 finished runs, seeds 0, 1: top-1 (%)")
+    assert "| APE | - | **45.50 ± 0.5** | 44.50 ± 0.5 |" in text.splitlines()

@@ -77,6 +77,14 @@ def test_kept_checkpoints_under_another_protocol_are_an_error(study):
         study_course.course_rows(folder, runs)
 
 
+def test_a_kept_checkpoint_of_no_run_is_an_error_that_names_it(study):
+    folder, runs = study  # e.g. a run renamed or its output moved after its course was evaluated
+    write_results(folder / "course" / "old", [row("out/renamed_s0/epoch_10.pth", "extrapolate", 112, 1.0)])
+    named = r"'m \(depth=6\) \(out/renamed_s0/epoch_10.pth\)'.*out/mixed_s0, out/mixed_s1"
+    with pytest.raises(ValueError, match=named):
+        study_course.course_rows(folder, runs)
+
+
 def test_kept_epoch_reads_the_file_name():
     assert study_course.kept_epoch(Path("out/run/epoch_20.pth")) == 20
     assert study_course.kept_epoch(Path("out/run/last.pth")) is None

@@ -50,6 +50,30 @@ def test_two_epochs_learn_and_write_every_output(image_root: Path, tmp_path: Pat
     assert build_config(out / "config.yaml").data_dir == str(image_root)  # the resolved config repeats the run
 
 
+def test_a_crash_while_writing_last_pth_loses_no_kept_checkpoint(image_root: Path, tmp_path: Path,
+                                                                  monkeypatch) -> None:
+    # best.pth and epoch_E.pth are written before last.pth: a crash in between leaves last.pth an epoch behind, and
+    # the resumed run redoes that epoch and writes them again
+    out, real_save = tmp_path / "run", train.train_state.save_checkpoint
+
+    def crash_on_last_of_epoch_2(state: dict, path: Path) -> None:
+        if path.name == "last.pth" and state["epoch"] == 2:
+            raise KeyboardInterrupt
+        real_save(state, path)
+
+    monkeypatch.setattr(train.train_state, "save_checkpoint", crash_on_last_of_epoch_2)
+    with pytest.raises(KeyboardInterrupt):
+        train.main(tiny_args(image_root, out, "keep_every=2"))
+    monkeypatch.setattr(train.train_state, "save_checkpoint", real_save)
+    assert torch.load(out / "last.pth", weights_only=True)["epoch"] == 1
+    assert torch.load(out / "epoch_2.pth", weights_only=True)["epoch"] == 2
+    assert train.main(tiny_args(image_root, out, "keep_every=2", "--resume", str(out / "last.pth"))) == 0
+    kept, last = (torch.load(out / name, weights_only=True) for name in ("epoch_2.pth", "last.pth"))
+    assert kept["epoch"] == last["epoch"] == 2
+    assert all(torch.equal(kept["model"][k], v) for k, v in last["model"].items())  # rewritten by the resumed run
+    assert [row["epoch"] for row in metrics(out)] == ["1", "2"]
+
+
 def test_checkpoint_loads_weights_only_and_rebuilds_the_model_alone(image_root: Path, tmp_path: Path) -> None:
     out = tmp_path / "run"
     assert train.main(tiny_args(image_root, out, "--epochs", "1", "model_ema=true")) == 0

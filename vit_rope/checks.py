@@ -74,6 +74,10 @@ def check_config(cfg: Config) -> None:
                             f"(batch_size {cfg.batch_size} x ({cfg.img_size} / {size})^2), and a step needs at least 2 "
                             f"(Mixup pairs, batch statistics); raise batch_size to {least} or more, drop {size} from "
                             "train_sizes, or set token_budget=false")
+    if cfg.keep_every > cfg.epochs:
+        warnings.warn(f"keep_every {cfg.keep_every} is more than the {cfg.epochs} epochs of the run, so no epoch_E.pth "
+                      f"will be kept (only last.pth and best.pth); set keep_every to {cfg.epochs} or less to keep some",
+                      UserWarning, stacklevel=3)
     if (cfg.mixup > 0 or cfg.cutmix > 0) and cfg.batch_size % 2:
         raise UserError(f"batch_size must be even when mixup or cutmix is on (timm mixes pairs), got {cfg.batch_size}")
     _check_optimizer(cfg.opt)

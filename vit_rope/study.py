@@ -66,10 +66,14 @@ def is_run(label: str, run: dict[str, Any], checkpoint: str = "last.pth") -> boo
 
 
 def arm_label(run: dict[str, Any]) -> str:
+    """The name of a run's arm in the tables: its ``label`` in runs.json, else the study's name of its model, so that
+    two arms of one model (e.g. with and without a training remedy) stay apart."""
     return run.get("label") or STUDY_LABELS.get(run["model"], run["model"])
 
 
 def spread(row: dict[str, Any]) -> str:
+    """A merged row's top-1 as ``mean ± half the range over seeds``, the tables' one measure of seed spread (± 0.0 is
+    a single seed: no spread measured, not none)."""
     return f"{row['top1']:.2f} ± {(row['top1_max'] - row['top1_min']) / 2:.1f}"
 
 
@@ -192,6 +196,7 @@ def _verdict(merged: Sequence[dict[str, Any]], runs: Sequence[dict[str, Any]], g
 
 
 def counted(number: int, noun: str) -> str:
+    """``number`` and ``noun``, plural unless one (``1 seed``, ``2 seeds``), for the generated sentences."""
     return f"{number} {noun}{'' if number == 1 else 's'}"
 
 

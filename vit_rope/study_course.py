@@ -19,11 +19,10 @@ from pathlib import Path
 from typing import Any
 
 from vit_rope.report import merge_seeds, table
-from vit_rope.study import arm_label, as_trained_rows, read_evaluations
+from vit_rope.study import arm_label, as_trained_rows, is_run, read_evaluations, spread
 
 COURSE = "course"  # the folder of a study's results that holds the evaluations of kept checkpoints
 COURSE_END = "<!-- course:end -->"
-_KEPT = re.compile(r"\(([^()]+)/epoch_(\d+)\.pth\)$")  # "<model> (<run output>/epoch_<E>.pth)", an evaluate label
 
 
 def course_begin(results_dir: Path) -> str:
@@ -35,6 +34,19 @@ def kept_epoch(path: Path) -> int | None:
     """E of a kept checkpoint's file name ``epoch_E.pth``, else None."""
     match = re.fullmatch(r"epoch_(\d+)\.pth", path.name)
     return int(match.group(1)) if match else None
+
+
+def _kept_run(label: str, runs: list[dict[str, Any]], folder: Path) -> tuple[dict[str, Any], int]:
+    """The run and epoch E of a kept checkpoint's evaluate label ``"<model> (<run output>/epoch_E.pth)"``."""
+    match = re.search(r"\(([^()]+)\)$", label)
+    epoch = kept_epoch(Path(match.group(1))) if match else None
+    run = next((run for run in runs if epoch is not None and is_run(label, run, f"epoch_{epoch}.pth")), None)
+    if run is None:
+        raise ValueError(f"{folder} holds an evaluation of {label!r}, which is no kept checkpoint of this study's "
+                         "runs: a label must end in (<run output>/epoch_E.pth) with an output of runs.json "
+                         f"({', '.join(run['output'] for run in runs)}); delete {folder}/<arm>/<run>/ of the stale "
+                         "evaluation and run the study script again to evaluate the kept checkpoints afresh")
+    return run, epoch
 
 
 def _final_epoch(results_dir: Path, run: dict[str, Any]) -> int:
@@ -51,17 +63,15 @@ def course_rows(results_dir: Path, runs: list[dict[str, Any]]) -> list[dict[str,
     final_protocol, final = read_evaluations(results_dir / "eval")
     if protocol != final_protocol:
         raise ValueError(f"the kept checkpoints of {results_dir} were evaluated with another protocol than the final "
-                         f"ones ({protocol!r}, not {final_protocol!r}): evaluate them again as the study does")
-    by_output = {run["output"]: run for run in runs}
-    group_of, with_course = {}, {}  # evaluate label -> "<arm label>\0<epoch>" (merge_seeds' groups); output -> run
+                         f"ones ({protocol!r}, not {final_protocol!r}): delete {results_dir / COURSE} and run the "
+                         "study script again, which evaluates them afresh with the protocol of eval/")
+    group_of, with_course = {}, {}  # evaluate label -> "<arm label>\0<epoch>" (merge_seeds' groups); name -> run
     for row in kept:
-        match = _KEPT.search(row["model"])
-        if match and match.group(1) in by_output:
-            run = with_course[match.group(1)] = by_output[match.group(1)]
-            group_of[row["model"]] = f"{arm_label(run)}\0{match.group(2)}"
+        run, epoch = _kept_run(row["model"], runs, results_dir / COURSE)
+        with_course[run["name"]] = run
+        group_of[row["model"]] = f"{arm_label(run)}\0{epoch}"
     for row in final:  # the final epoch of the same runs
-        run = next((run for output, run in with_course.items() if row["model"].endswith(f"({output}/last.pth)")),
-                   None)
+        run = next((run for run in with_course.values() if is_run(row["model"], run)), None)
         if run is not None:
             group_of[row["model"]] = f"{arm_label(run)}\0{_final_epoch(results_dir, run)}"
     merged = merge_seeds(as_trained_rows(kept + final), group_of)
@@ -83,8 +93,7 @@ def course_table(results_dir: Path, runs: list[dict[str, Any]]) -> str:
     lines = []
     for key in dict.fromkeys((row["model"], row["epoch"], row["seeds"]) for row in rows):
         by_size = {row["img_size"]: row for row in rows if (row["model"], row["epoch"], row["seeds"]) == key}
-        cells = [f"{by_size[size]['top1']:.2f} ± {(by_size[size]['top1_max'] - by_size[size]['top1_min']) / 2:.1f}"
-                 if size in by_size else "" for size in sizes]
+        cells = [spread(by_size[size]) if size in by_size else "" for size in sizes]
         cells = [f"**{cell}**" if size == train_size else cell for size, cell in zip(sizes, cells, strict=True)]
         change = (f"{by_size[sizes[-1]]['top1'] - by_size[train_size]['top1']:+.1f}"
                   if train_size in by_size and sizes[-1] in by_size else "")
