@@ -58,6 +58,9 @@ def train(cfg: Config) -> None:
         data_dir = data.resolve_data_dir(cfg.data_dir, cfg.download_size)
     cfg.data_dir = str(data_dir)
     train_samples, classes = data.find_images(data_dir / "train")
+    if len(classes) < 2:  # a one-way classifier learns nothing: loss 0 and top-1 100 from the first step
+        raise UserError(f"{data_dir / 'train'} has {len(classes)} class folder ({classes[0]}); a classifier needs "
+                        "two or more, each in a folder of its own")
     val_samples, _ = data.find_images(data_dir / cfg.val_split, classes, split_key="val_split")
     # every rank draws each step's size and images itself, from these: they must agree (a collective under DDP)
     check_ranks_agree({key: getattr(cfg, key) for key in ("train_sizes", "img_size", "batch_size", "token_budget",

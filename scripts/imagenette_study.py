@@ -122,7 +122,7 @@ def write_reports(study: str, results: Path, readme: Path) -> None:
     if course:  # on the page when it has the markers
         replace_section(readme, course_begin(results), COURSE_END, course)
     write_comparison(readme, COMPARED)
-    if study == HEADLINE and results == COMPARED[study]:
+    if study == HEADLINE and results.resolve() == COMPARED[study].resolve():  # the script runs from the root
         replace_section(Path("README.md"), headline_begin(results), HEADLINE_END, headline(results))
 
 
@@ -136,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--limit", type=int, default=1500, help="val images to evaluate, spread over the classes")
     parser.add_argument("--results", help="what is committed (default: the study's folder under results/)")
     parser.add_argument("--runs", help="training outputs, checkpoints (default: the study's folder under output/)")
-    parser.add_argument("--readme", default="docs/studies.md", help="the page whose study section is rewritten")
+    parser.add_argument("--readme", help="the page whose study section is rewritten (default: docs/studies.md)")
     parser.add_argument("--report", action="store_true", help="only rebuild the report from the study's results")
     parser.add_argument("--data-dir", help="dataset root with train/ and val/ (default: the configs', i.e. "
                         "../shared/data/imagenette when it exists)")
@@ -146,8 +146,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     configs, results, outputs, arms = STUDIES[args.study]
     sizes = [str(size) for size in args.img_sizes or SIZES[args.study]]
-    results, outputs = Path(args.results or results), Path(args.runs or outputs)
-    data = ["--data-dir", args.data_dir] if args.data_dir else []
+    # paths given are the caller's, relative to where it runs; the defaults are the repository's (the script works
+    # from its root, where the configs are)
+    results, outputs = (Path(given).resolve() if given else Path(default)
+                        for given, default in ((args.results, results), (args.runs, outputs)))
+    readme = Path(args.readme).resolve() if args.readme else Path("docs/studies.md")
+    data = ["--data-dir", str(Path(args.data_dir).resolve())] if args.data_dir else []
     unknown = sorted(set(args.arms or ()) - set(arms))
     if unknown:
         parser.error(f"study {args.study} has no arm {', '.join(unknown)}; its arms are {', '.join(arms)}")
@@ -158,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
                   f"`python scripts/imagenette_study.py --study {args.study}` first", file=sys.stderr)
             return 2
         try:
-            write_reports(args.study, results, Path(args.readme))
+            write_reports(args.study, results, readme)
         except (FileNotFoundError, ValueError) as err:  # no evaluation yet, mixed protocols, no docs section
             print(f"error: {err}", file=sys.stderr)
             return 2
@@ -230,7 +234,7 @@ def main(argv: list[str] | None = None) -> int:
             {**home, "evaluate_s": seconds, **({"machines": machines} if machines else {})}, indent=2) + "\n")
         (results / "commands.sh").write_text("# the study's commands, as scripts/imagenette_study.py runs them\n"
                                              + "\n".join(commands) + "\n")
-        write_reports(args.study, results, Path(args.readme))
+        write_reports(args.study, results, readme)
     return 0
 
 

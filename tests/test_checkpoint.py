@@ -325,3 +325,23 @@ def test_readable_files_of_the_wrong_kind_are_not_called_corrupt(tmp_path):
     torch.save({"extra": _Payload()}, tmp_path / "unsafe.pth")
     with pytest.raises(UserError, match="is not a vit-rope training checkpoint: torch.load failed"):
         load_checkpoint(tmp_path / "unsafe.pth")
+
+
+def test_a_trained_ape_dropped_by_a_rope_only_model_is_reported(tmp_path):
+    source = timm.create_model("vit_rope_tiny_patch16_axial_ape_224", depth=2)
+    torch.save(source.state_dict(), tmp_path / "ape.pth")
+    model = timm.create_model("vit_rope_tiny_patch16_axial_224", depth=2)
+    with pytest.warns(WeightsNotLoadedWarning, match=r"ape.pth has an absolute position embedding \(pos_embed\), "
+                      r"which was not loaded.*for evaluation, load it into the \+APE variant\.$"):
+        report = load_weights(model, tmp_path / "ape.pth")
+    assert report.skipped == ("pos_embed",) and report.initialised == {}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the same checkpoint into its own variant: nothing to say
+        assert load_weights(source, tmp_path / "ape.pth").skipped == ()
+
+
+def test_mismatch_message_counts_in_words():
+    model = timm.create_model("vit_rope_tiny_patch16_axial_224", depth=1)
+    sd = {**model.state_dict(), "norm.weight": torch.ones(3), "norm.bias": torch.ones(3)}
+    with pytest.raises(ValueError, match=r"2 keys of another shape: norm.weight \(3,\) in the file"):
+        convert_state_dict(sd, model)

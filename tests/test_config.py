@@ -179,3 +179,10 @@ def test_saved_config_reloads_to_the_same_config(tmp_path: Path) -> None:
     cfg = build_config(CONFIG_DIR / "base.yaml", ["lr=0.01", "model_kwargs.depth=2"])
     save_config(cfg, tmp_path / "config.yaml")
     assert build_config(tmp_path / "config.yaml") == cfg
+
+
+def test_output_that_is_a_file_is_refused_before_the_run(tmp_path: Path) -> None:
+    (tmp_path / "best.pth").write_bytes(b"weights")
+    with pytest.raises(UserError, match=r"output .*best.pth is a file, not a folder"):
+        build_config(None, [f"output={tmp_path / 'best.pth'}"])
+    assert build_config(None, [f"output={tmp_path / 'new'}"]).output == str(tmp_path / "new")  # made later

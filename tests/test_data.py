@@ -30,6 +30,8 @@ def test_find_images_lists_every_image_with_train_class_indices(image_root: Path
     (lambda root: [p.rename(p.with_suffix(".txt")) for p in (root / "train" / "class_1").iterdir()],
      "class_1 holds no images"),
     (lambda root: (root / "val" / "class_9").mkdir(), "class_9 is a class the train split does not have"),
+    (lambda root: [p.write_bytes(b"not an image") for p in (root / "val").rglob("*.*")],
+     r"none of the \d+ images under .*val can be read \(e.g. .*val/class_0/"),
 ])
 def test_bad_layouts_are_user_errors_naming_the_path(image_root: Path, breakage, message: str) -> None:
     breakage(image_root)

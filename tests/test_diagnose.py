@@ -50,10 +50,10 @@ def test_cli_writes_report_and_plot(tmp_path, capsys):
     report = json.loads((tmp_path / "out" / "diagnostics.json").read_text())
     assert set(report["sizes"]) == {"32", "64"} and len(report["sizes"]["64"]["entropy"]) == 2
     assert (tmp_path / "out" / "rope_directions.png").stat().st_size > 1000
-    assert report["model"] == "vit_rope_tiny_patch16_mixed_224 (depth=2)"  # num_classes changes no architecture
+    assert report["model"] == f"vit_rope_tiny_patch16_mixed_224 (depth=2) ({weights})"  # num_classes: no architecture
     assert main(argv[:5] + ["40"] + argv[7:]) == 2
     assert capsys.readouterr().err == ("error: --sizes entry 40 is not a positive multiple of the patch size 16 of "
-                                       "vit_rope_tiny_patch16_mixed_224 (depth=2): use 32 or 48\n")
+                                       f"vit_rope_tiny_patch16_mixed_224 (depth=2) ({weights}): use 32 or 48\n")
 
 
 def test_policy_option_diagnoses_under_another_resolution_policy(tmp_path, capsys):

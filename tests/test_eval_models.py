@@ -95,7 +95,8 @@ def test_labels_name_what_changed_the_architecture(tmp_path: Path) -> None:
     assert label == f"{ROPE} (depth=1, patch_size=8) ({path})"  # in the order of model_kwargs
     assert is_run(label, {"output": str(tmp_path / "run")})
     source = save_source("mixed", tmp_path / "mixed.pth", num_classes=3)
-    assert load_pretrained(ROPE, str(source), 3, 32, {"depth": 2, "num_classes": 3}).label == f"{ROPE} (depth=2)"
+    assert load_pretrained(ROPE, str(source), 3, 32, {"depth": 2, "num_classes": 3}).label == (
+        f"{ROPE} (depth=2) ({source})")
     assert load_pretrained(ROPE, None, 3, 32, {"depth": 1}).label == f"{ROPE} (depth=1, random init)"
 
 
@@ -122,3 +123,21 @@ def test_a_file_whose_classifier_does_not_fit_is_refused_naming_both_sizes(tmp_p
     assert str(info.value) == (f"--pretrained-file {source} does not fit {ROPE} (The checkpoint does not fit "
                                "RoPEVisionTransformer: classifier of another size: the checkpoint has 5 classes, the "
                                "model 3.); pick the model it was trained as, or --model-kwargs to match it")
+
+
+def test_a_weights_file_gives_the_model_its_class_count(tmp_path: Path) -> None:
+    """--pretrained-file without num_classes: the file's classifier decides, not the registry's 1000."""
+    source = save_source("mixed", tmp_path / "three.pth", num_classes=3)
+    assert load_pretrained(ROPE, str(source), 7, 32, {"depth": 2}).model.num_classes == 3
+    assert load_pretrained(ROPE, str(source), 7, 32, {"depth": 2, "num_classes": 3}).model.num_classes == 3
+    with pytest.raises(UserError, match=r"three.pth does not fit .* classifier of another size: the checkpoint has 3 "
+                                        r"classes, the model 5"):
+        load_pretrained(ROPE, str(source), 7, 32, {"depth": 2, "num_classes": 5})
+
+
+def test_timm_weights_that_do_not_fit_name_the_keys(tmp_path: Path) -> None:
+    """torch's load error puts the keys on lines of their own: all of it reaches the one error line."""
+    torch.save(timm.create_model("vit_tiny_patch16_224", depth=2, num_classes=3).state_dict(), tmp_path / "two.pth")
+    with pytest.raises(UserError, match=r"two.pth does not fit vit_tiny_patch16_224 \(Error\(s\) in loading state_dict "
+                                        r"for VisionTransformer: Unexpected key\(s\) in state_dict: \"blocks.1"):
+        load_pretrained("vit_tiny_patch16_224", str(tmp_path / "two.pth"), 3, 32, {"depth": 1})

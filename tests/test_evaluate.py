@@ -164,6 +164,9 @@ def test_plot_skipped_without_matplotlib(tmp_path: Path, monkeypatch, capsys) ->
               "--val-split=test to use that"),
     ("axial_into_mixed", f"axial.pth has no learned RoPE frequencies for {ROPE}, a mixed RoPE model"),
     ("plain_vit_into_mixed", f"plain_vit.pth has no learned RoPE frequencies for {ROPE}, a mixed RoPE model"),
+    ("twice", "best.pth) is given twice, and its rows would merge in the reports"),
+    ("output_file", "is a file, not a folder: name a folder to write into"),
+    ("folder_checkpoint", "is a folder; pass OUTPUT/last.pth"),
 ])
 def test_bad_input(case: str, message: str, image_root: Path, checkpoint: Path, tmp_path: Path, capsys) -> None:
     """Each mistake: exit code 2, one line naming the value, and nothing evaluated or written."""
@@ -179,6 +182,10 @@ def test_bad_input(case: str, message: str, image_root: Path, checkpoint: Path, 
         source = ["--model", ROPE, "--model-kwargs", "depth=1"]
     if case == "crop_pct":
         source += ["--crop-pct", "1.5"]
+    if case == "twice":
+        source.append(str(checkpoint))
+    if case == "folder_checkpoint":
+        source[1] = str(tmp_path)
     if case == "split":
         (image_root / "val").rename(image_root / "test")
     if case == "truncated_checkpoint":
@@ -193,7 +200,8 @@ def test_bad_input(case: str, message: str, image_root: Path, checkpoint: Path, 
                   "--model-kwargs", "depth=2", "num_classes=3", "--train-size", "32"]
     code = run(*source, "--data-dir", str(tmp_path / "missing" if case == "no_val" else image_root),
                "--img-sizes", "32", *(["100"] if case == "size" else []),
-               "--policy", "bogus" if case == "policy" else "extrapolate", "--output", str(tmp_path / "eval"))
+               "--policy", "bogus" if case == "policy" else "extrapolate",
+               "--output", str(checkpoint if case == "output_file" else tmp_path / "eval"))
     err = capsys.readouterr().err
     assert code == 2 and err.startswith("error: ") and message in err and err.count("\n") == 1
     assert not (tmp_path / "eval").exists()
@@ -243,3 +251,18 @@ def test_evaluate_models_refuses_a_model_whose_classifier_was_not_loaded(image_r
                                         r"checkpoint has 5 classes, the model 3\), so it would be evaluated with a "
                                         "random one"):
         evaluate.evaluate_models([EvalModel("m", model, 32)], image_root, [32], device="cpu", workers=0)
+
+
+def test_an_unreadable_val_image_is_left_out_not_counted_twice(image_root: Path, checkpoint: Path, capsys) -> None:
+    """Its slot holds the next readable image, which is also evaluated in its own: the metrics are those of the
+    readable images alone, as if the broken file were not there."""
+    model = load_trained(checkpoint)
+    broken = sorted((image_root / "val" / "class_1").iterdir())[0]
+    broken.write_bytes(b"not an image")
+    with_broken = evaluate.evaluate_models([model], image_root, [32], device="cpu", workers=0)[0]
+    assert "1 unreadable image(s) left out at 32 px" in capsys.readouterr().out
+    broken.unlink()
+    without = evaluate.evaluate_models([model], image_root, [32], device="cpu", workers=0)[0]
+    assert with_broken["images"] == without["images"]
+    for metric in ("top1", "top5", "loss"):
+        assert with_broken[metric] == pytest.approx(without[metric])

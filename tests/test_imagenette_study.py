@@ -156,3 +156,19 @@ def test_arms_resumed_on_another_machine_are_recorded_and_reported_with_it(scrip
     monkeypatch.setattr(script, "machine", lambda: host("first cpu"))
     invoke(script, tmp_path, "--arms", "axial", "--seeds", "0", "1", "2")  # axial runs again on the first machine
     assert "machines" not in json.loads((tmp_path / "results" / "machine.json").read_text())
+
+
+def test_relative_paths_are_the_callers_not_the_repositorys(script, tmp_path, monkeypatch):
+    """The script works from the repository's root (its configs), but --results, --runs, --readme and --data-dir
+    name places relative to where it was started."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "page.md").write_text(f"{study_begin(tmp_path / 'out')}\n{STUDY_END}\n")
+    (tmp_path / "data").mkdir()
+    assert script.main(["--study", "v3", "--arms", "ape", "--seeds", "0", "--results", "out", "--runs", "runs",
+                        "--readme", "page.md", "--data-dir", "data"]) == 0
+    assert (tmp_path / "out" / "runs.json").exists() and (tmp_path / "runs" / "ape_s0" / "last.pth").exists()
+    assert "| APE |" in (tmp_path / "page.md").read_text()
+    train = next(command for command in script.calls if command[1] == "train.py")
+    assert train[train.index("--data-dir") + 1] == str(tmp_path / "data")
+    monkeypatch.chdir(tmp_path)
+    assert script.main(["--study", "v3", "--report", "--results", "out", "--readme", "page.md"]) == 0

@@ -3,6 +3,8 @@ timm's), FX backward, and timm's ``dynamic_img_pad``. Every graph is held to the
 them non-square, and with LayerScale at 1 so that the logits are of order 1 (timm's 1e-5 would hide differences)."""
 
 import io
+import subprocess
+import sys
 import warnings
 
 import pytest
@@ -109,3 +111,21 @@ def test_dynamic_img_pad_pads_as_timm_and_the_error_says_so():
     assert features[0].shape == (2, 192, 4, 5)
     with pytest.raises(ValueError, match=r"50x70 .*dynamic_img_pad=True"):
         model("vit_rope_tiny_patch16_mixed_224")(x)
+
+
+def test_torchscript_does_not_depend_on_what_the_process_scripted_before():
+    """TorchScript types a module class by the first instance it scripts; an axial or DINOv3 model scripted after a
+    mixed one (whose RoPE2D holds a parameter, not a buffer) failed to compile. A fresh process sets that order."""
+    code = """
+import warnings, timm, torch, vit_rope
+warnings.simplefilter("ignore")
+x = torch.randn(1, 3, 48, 80)
+for name in ["vit_rope_tiny_patch16_mixed_224", "vit_rope_tiny_patch16_axial_224", "vit_rope_small_patch16_dinov3"]:
+    torch.manual_seed(0)
+    model = timm.create_model(name, depth=2, num_classes=5, init_values=1.0).eval()
+    with torch.inference_mode():
+        torch.testing.assert_close(torch.jit.script(model)(x), model(x), atol=1e-5, rtol=1e-5)
+print("ok")
+"""
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-2000:]

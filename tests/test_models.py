@@ -236,3 +236,47 @@ def test_bad_input_errors():
         timm.create_model("vit_rope_tiny_patch16_axial_224", embed_dim=150, num_heads=3)
     with pytest.raises(ValueError, match=r"axial, mixed"):
         RoPEVisionTransformer(rope_kind="spiral", embed_dim=64, num_heads=2, depth=1)
+
+
+@pytest.mark.parametrize("kwargs", [{"reg_tokens": 4}, {"class_token": False, "reg_tokens": 2, "global_pool": "avg"}])
+def test_ape_with_prefix_rows_covers_every_prefix_token(kwargs):
+    """With ``no_embed_class=False`` the APE has a row per class and register token, as in timm's ViT."""
+    model = tiny("vit_rope_tiny_patch16_axial_ape_224", img_size=64, no_embed_class=False, **kwargs).eval()
+    torch.nn.init.normal_(model.pos_embed)
+    P = model.num_prefix_tokens
+    assert model.pos_embed.shape == (1, P + 16, 192)
+    tokens = torch.randn(2, 4, 4, 192)  # [B, h, w, C] at the built grid: the APE is added as it is
+    prefix = [t.expand(2, -1, -1) for t in (model.cls_token, model.reg_token) if t is not None]
+    expected = torch.cat([*prefix, tokens.flatten(1, 2)], dim=1) + model.pos_embed
+    torch.testing.assert_close(model._pos_embed(tokens), expected, atol=0, rtol=0)
+    other = model._pos_embed(torch.zeros(2, 3, 5, 192))  # another grid: prefix rows kept, patch rows resampled
+    torch.testing.assert_close(other[:, :P] - torch.cat(prefix, dim=1), model.pos_embed[:, :P].expand(2, -1, -1))
+    with torch.inference_mode():
+        for size in SIZES:
+            assert model(torch.randn(2, 3, *size)).shape == (2, 5)
+
+
+@pytest.mark.parametrize(("name", "default"), [("vit_rope_tiny_patch16_mixed_224", "extrapolate"),
+                                               ("vit_rope_small_patch16_dinov3", "normalized")])
+def test_set_rope_policy_none_restores_the_default(name, default):
+    model = tiny(name, rope_policy="yarn" if default == "extrapolate" else "extrapolate")
+    model.set_rope_policy(None)
+    assert model.rope_policy.name == default
+    assert all(rope.policy.name == default for rope in model.rope_modules())
+    with pytest.raises(ValueError, match=r"Policy options \['yarn_beta'\] go with a policy name"):
+        model.set_rope_policy({"name": "yarn"}, yarn_beta=4.0)
+
+
+@pytest.mark.parametrize("option", [{"rope_min_period": 0.5}, {"rope_max_period": 90.0},
+                                    {"rope_normalize_coords": "max"}])
+@pytest.mark.parametrize("kind", ["axial", "mixed"])
+def test_dinov3_rope_options_are_refused_for_other_kinds(kind, option):
+    with pytest.raises(ValueError, match=rf"rope_kind='dinov3'.*{kind}"):
+        tiny(f"vit_rope_tiny_patch16_{kind}_224", **option)
+
+
+def test_forward_intermediates_nchw_under_patch_dropout_says_what_to_do():
+    model = tiny(patch_drop_rate=0.5).train()
+    with pytest.raises(ValueError, match=r"Patch dropout kept \d+ of the 4x6 patches.*model.eval\(\).*NLC"):
+        model.forward_intermediates(torch.randn(2, 3, 64, 96))
+    assert model.forward_intermediates(torch.randn(2, 3, 64, 96), output_fmt="NLC")[1][0].shape[1] < 24

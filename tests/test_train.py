@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import os
+import shutil
 import subprocess
 import sys
 import types
@@ -289,6 +290,9 @@ def test_diverging_loss_stops_naming_epoch_and_step_and_keeps_last_checkpoint(im
 @pytest.mark.parametrize("breakage, message", [
     (lambda root: (root / "train").rename(root / "training"), "/train does not exist"),
     (lambda root: [p.unlink() for p in (root / "val" / "class_0").iterdir()], "val/class_0 holds no images"),
+    (lambda root: [shutil.rmtree(d) for split in ("train", "val") for d in (root / split).iterdir()
+                   if d.name != "class_0"], "/train has 1 class folder (class_0); a classifier needs two or more"),
+    (lambda root: [p.write_bytes(b"broken") for p in (root / "val").rglob("*.*")], "images under"),
 ])
 def test_bad_data_folder_exits_2_with_one_line(image_root: Path, tmp_path: Path, capsys, breakage,
                                                message: str) -> None:

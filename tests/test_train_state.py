@@ -83,3 +83,15 @@ def test_anything_but_a_training_checkpoint_is_a_user_error(content, message: st
 def test_a_state_that_does_not_fit_names_what_and_where(tmp_path: Path) -> None:
     with pytest.raises(UserError, match=r"the model weights in run/last.pth does not fit this run \(.*\); resume"):
         load_state(nn.Linear(2, 2), nn.Linear(3, 2).state_dict(), "model weights", "run/last.pth")
+
+
+@pytest.mark.parametrize("keep", [5000, 0.5])
+def test_truncated_checkpoint_is_called_truncated(tmp_path: Path, keep) -> None:
+    """Cut early, torch's zip reader fails with the operating system's EINVAL, which still means a broken file."""
+    path = tmp_path / "last.pth"
+    torch.save({"format": "x", "weights": torch.randn(64, 1024)}, path)
+    data = path.read_bytes()
+    path.write_bytes(data[: keep if isinstance(keep, int) else int(len(data) * keep)])
+    with pytest.raises(UserError, match=r"last.pth is not a vit-rope training checkpoint: torch.load failed, the file "
+                       r"is truncated or corrupt"):
+        load_checkpoint(path)

@@ -20,7 +20,6 @@ Weights that a checkpoint lacks and that are initialised instead are never silen
 
 from __future__ import annotations
 
-import math
 import re
 import warnings
 from collections.abc import Mapping
@@ -29,15 +28,17 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from timm.layers import resample_abs_pos_embed, resample_patch_embed
+from timm.layers import resample_patch_embed
 from torch import Tensor, nn
 
 from .dinov3 import from_dinov3, is_dinov3
+from .pos_embed import fit_checkpoint_pos_embed
 from .weights_file import read_weights, weights_mismatch
 
 _CONTAINER_KEYS = ("model_ema", "state_dict_ema", "model", "state_dict", "module")
 _DROPPED = re.compile(r"^(freqs_t_[xy]|freqs_cis|rope\.(bands|pos_embed.*|t_[xy]))$")  # resolution-dependent buffers
 _CLASSIFIER = ("head.weight", "head.bias")
+_POS_EMBED = "pos_embed"
 
 # Why a weight of the model holds its initial value rather than one from the checkpoint (keys of LoadReport.initialised)
 ROPE_FREQS = "learned RoPE frequencies kept at their random initialisation"
@@ -46,7 +47,8 @@ LAYERSCALE = "LayerScale set to the identity"
 
 
 class WeightsNotLoadedWarning(UserWarning):
-    """A checkpoint lacked weights of the model, which were initialised instead (``LoadReport.initialised``)."""
+    """A checkpoint lacked weights of the model, which were initialised instead (``LoadReport.initialised``), or held
+    an absolute position embedding that a RoPE-only model has no place for (``LoadReport.skipped``)."""
 
 
 @dataclass(frozen=True)
@@ -59,7 +61,8 @@ class LoadReport:
         loaded: keys of the model's state dict whose values come from the checkpoint.
         initialised: reason (``ROPE_FREQS``, ``LAYERSCALE``, or why the classifier was not loaded, with the class
             counts) -> keys that hold initial values instead.
-        skipped: checkpoint keys not loaded: a classifier of another class count, or one the model does not have.
+        skipped: checkpoint keys not loaded: a classifier of another class count, or one the model does not have;
+            ``pos_embed`` when the model has no absolute position embedding (RoPE only).
     """
 
     source: str | None
@@ -93,10 +96,17 @@ def _report(source: str | Path | None, state_dict: Mapping[str, Tensor], initial
 
 
 def _warn(report: LoadReport, stacklevel: int = 3) -> None:
+    """One ``WeightsNotLoadedWarning`` for a load that initialised weights or dropped the checkpoint's APE."""
+    parts = []
     if report.initialised:
-        warnings.warn(f"{report.source or 'The checkpoint'} lacks weights of the model, which were initialised "
-                      f"instead: {report.summary()}. Fine for fine-tuning; for evaluation, load a checkpoint that "
-                      "has them.", WeightsNotLoadedWarning, stacklevel=stacklevel)
+        parts.append(f"lacks weights of the model, which were initialised instead: {report.summary()}")
+    if _POS_EMBED in report.skipped:
+        parts.append("has an absolute position embedding (pos_embed), which was not loaded: the model has none and "
+                     "encodes positions with RoPE alone (its +APE variant, *_ape, keeps it)")
+    if parts:
+        advice = "load a checkpoint that has them" if report.initialised else "load it into the +APE variant"
+        warnings.warn(f"{report.source or 'The checkpoint'} {'; it also '.join(parts)}. Fine for fine-tuning; for "
+                      f"evaluation, {advice}.", WeightsNotLoadedWarning, stacklevel=stacklevel)
 
 
 def _unwrap(state_dict: dict[str, Any]) -> dict[str, Tensor]:
@@ -124,27 +134,16 @@ def _split_mixed_freqs(freqs: Tensor, model: nn.Module) -> dict[str, Tensor]:
     return {f"rope.{i}.freqs": freqs[:, i].clone() for i in range(depth)}
 
 
-def _fit_pos_embed(pos_embed: Tensor, model: nn.Module) -> Tensor:
-    """Strip the source's prefix rows if the model has none, and resample to the model's grid (bicubic)."""
-    grid = model.patch_embed.grid_size
-    num_prefix = 0 if model.no_embed_class else model.num_prefix_tokens
-    src_len = pos_embed.shape[1]
-    src_prefix = next(p for p in range(src_len) if math.isqrt(src_len - p) ** 2 == src_len - p)  # square grids
-    if src_prefix and not num_prefix:
-        pos_embed, src_prefix = pos_embed[:, src_prefix:], 0
-    src_side = math.isqrt(pos_embed.shape[1] - src_prefix)
-    return resample_abs_pos_embed(
-        pos_embed, new_size=grid, old_size=(src_side, src_side), num_prefix_tokens=src_prefix, verbose=False
-    )
-
-
-def _convert(state_dict: dict[str, Any], model: nn.Module) -> tuple[dict[str, Tensor], dict[str, list[str]]]:
-    """``convert_state_dict``, plus the model keys it initialised rather than loaded, by reason."""
+def _convert(state_dict: dict[str, Any], model: nn.Module
+             ) -> tuple[dict[str, Tensor], dict[str, list[str]], tuple[str, ...]]:
+    """``convert_state_dict``, plus the model keys it initialised rather than loaded, by reason, and the checkpoint
+    keys it dropped (an absolute position embedding the model has no place for)."""
     state_dict = _unwrap(state_dict)
     if getattr(model, "rope_kind", None) == "dinov3" and is_dinov3(state_dict):
         state_dict = from_dinov3(state_dict, model.blocks[0].attn.num_heads)
     target = model.state_dict()
     out: dict[str, Tensor] = {}
+    dropped: tuple[str, ...] = ()
     for key, value in state_dict.items():
         if _DROPPED.match(key):
             continue
@@ -152,10 +151,11 @@ def _convert(state_dict: dict[str, Any], model: nn.Module) -> tuple[dict[str, Te
             out.update(_split_mixed_freqs(value, model))
             continue
         key = re.sub(r"\.gamma_([12])$", r".ls\1.gamma", key)  # EVA / DeiT-III naming of LayerScale
-        if key == "pos_embed":
+        if key == _POS_EMBED:
             if getattr(model, "pos_embed", None) is None:
-                continue  # RoPE-only model: the absolute embedding is dropped
-            value = _fit_pos_embed(value, model)
+                dropped = (key,)  # RoPE-only model: the absolute embedding is dropped, and the report says so
+                continue
+            value = fit_checkpoint_pos_embed(value, model)
         elif key == "patch_embed.proj.weight" and value.shape[-2:] != target[key].shape[-2:]:
             value = resample_patch_embed(value, list(target[key].shape[-2:]), verbose=False)
         out[key] = value
@@ -178,7 +178,7 @@ def _convert(state_dict: dict[str, Any], model: nn.Module) -> tuple[dict[str, Te
     if mismatch:
         raise ValueError(f"The checkpoint does not fit {type(model).__name__}: {mismatch}. Check that the model name "
                          "(size, axial/mixed, +APE) and its arguments (depth, patch size, ...) match the checkpoint.")
-    return out, initialised
+    return out, initialised, dropped
 
 
 def convert_state_dict(state_dict: dict[str, Any], model: nn.Module) -> dict[str, Tensor]:
@@ -191,8 +191,8 @@ def convert_state_dict(state_dict: dict[str, Any], model: nn.Module) -> dict[str
         ValueError: the checkpoint does not fit the model; the message lists the missing, unexpected and reshaped
             keys.
     """
-    out, initialised = _convert(state_dict, model)
-    _warn(_report(None, out, initialised))
+    out, initialised, dropped = _convert(state_dict, model)
+    _warn(_report(None, out, initialised, dropped))
     return out
 
 
@@ -242,7 +242,7 @@ def checkpoint_filter_fn(state_dict: dict[str, Any], model: nn.Module, features_
     Args:
         features_only: timm builds a feature extractor, whose classifier is removed after loading.
     """
-    out, initialised = _convert(state_dict, model)
+    out, initialised, dropped = _convert(state_dict, model)
     cfg = getattr(model, "pretrained_cfg", None) or {}
     declared = cfg.get("num_classes") if cfg.get("classifier") else None
     drops = features_only or (declared is not None and getattr(model, "num_classes", 0) != declared)
@@ -252,7 +252,7 @@ def checkpoint_filter_fn(state_dict: dict[str, Any], model: nn.Module, features_
                          f"classifier as it is, since num_classes equals the pretrained config's ({declared}); pass "
                          "the checkpoint's class count as num_classes, or put it in pretrained_cfg_overlay (as "
                          "num_classes) to start a new classifier.")
-    model.load_report = _report(None, out, {**initialised, **head}, skipped)
+    model.load_report = _report(None, out, {**initialised, **head}, dropped + skipped)
     _warn(model.load_report)
     return out
 
@@ -271,9 +271,9 @@ def load_weights(model: nn.Module, path: str | Path) -> LoadReport:
         ValueError: the checkpoint does not fit the model (the message lists the missing, unexpected and reshaped
             keys).
     """
-    state_dict, initialised = _convert(read_weights(path), model)
+    state_dict, initialised, dropped = _convert(read_weights(path), model)
     skipped, head = _fit_classifier(state_dict, model)
     model.load_state_dict(state_dict, strict=False)  # _convert already checked every key but the head
-    model.load_report = _report(path, state_dict, {**initialised, **head}, skipped)
+    model.load_report = _report(path, state_dict, {**initialised, **head}, dropped + skipped)
     _warn(model.load_report)
     return model.load_report

@@ -12,6 +12,7 @@ import difflib
 import math
 import warnings
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -22,7 +23,7 @@ from timm.data import create_transform
 from timm.data.transforms import str_to_interp_mode
 from timm.optim import list_optimizers
 from timm.scheduler import create_scheduler_v2
-from torch import nn
+from torch import Tensor, nn
 from torchvision.transforms import InterpolationMode
 
 from vit_rope.errors import UserError
@@ -53,8 +54,18 @@ def check_model_name(name: str) -> None:
         raise UserError(f"unknown model '{name}'; did you mean '{closest}'? (see timm.list_models())")
 
 
+def check_output_dir(path: str | Path, option: str) -> Path:
+    """``path`` as a ``Path`` if it is a folder or does not exist yet (it is made later), else a ``UserError``: a file
+    there would only fail at the first write, after the training or the evaluation."""
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise UserError(f"{option} {path} is a file, not a folder: name a folder to write into (it is made if missing)")
+    return path
+
+
 def check_config(cfg: Config) -> None:
     """Raise a ``UserError`` for the first value of ``cfg`` out of its range or unknown to timm."""
+    check_output_dir(cfg.output, "output")
     for test, wording, keys in _RANGES:
         for key in keys:
             value = getattr(cfg, key)
@@ -168,6 +179,19 @@ def check_multiple(what: str, sizes: Sequence[int], model: nn.Module, label: str
             use = f"{lower} or {lower + patch}" if lower and patch else f"{patch or 1}"
             raise UserError(f"{what} {size} is not a positive multiple of the patch size {patch or 1} of {label}: use "
                             f"{use}")
+
+
+def check_patch_multiple(x: Tensor, patch_size: tuple[int, int]) -> Tensor:
+    """``x`` ``[B, C, H, W]`` itself, or a ``ValueError`` naming the sizes when it does not tile into whole patches."""
+    height, width = x.shape[-2], x.shape[-1]
+    ph, pw = patch_size[0], patch_size[1]
+    if height % ph != 0 or width % pw != 0:
+        raise ValueError(
+            f"Image size {height}x{width} (HxW) is not a multiple of the patch size {ph}x{pw}: resize or crop "
+            f"to e.g. {max(ph, height // ph * ph)}x{max(pw, width // pw * pw)}, or build the model with "
+            "dynamic_img_pad=True to pad it."
+        )
+    return x
 
 
 def check_ranks_agree(settings: dict[str, Any], world_size: int) -> None:

@@ -97,6 +97,15 @@ def find_images(split_dir: Path, classes: list[str] | None = None, split_key: st
         if not files:
             raise UserError(f"{folder} holds no images; add images (any format PIL reads) or remove the folder")
         samples += [(path, classes.index(name)) for path in files]
+    for path, _ in samples:  # up to the first readable image: one decode for a usual split
+        try:
+            decode_image(path)
+            break
+        except Exception:  # PIL raises OSError, SyntaxError, ValueError, ... for bad files
+            continue
+    else:  # a split of unreadable files would only fail once its loader starts, after a training epoch for val
+        raise UserError(f"none of the {len(samples)} images under {split_dir} can be read (e.g. {samples[0][0]}): "
+                        "replace the corrupt files, or point the data dir at the data set")
     return samples, classes
 
 

@@ -24,7 +24,7 @@ import torch
 from torch import Tensor, nn
 
 from . import registry  # noqa: F401  (registers the models)
-from .checks import check_model_name, check_multiple, patch_size
+from .checks import check_model_name, check_multiple, check_output_dir, patch_size
 from .config import UserError
 from .data import ImageFolderDataset, Sample, find_images
 from .eval_models import EvalModel, load_pretrained, load_trained
@@ -163,6 +163,7 @@ def _load(args: argparse.Namespace) -> tuple[EvalModel, list[Sample] | None]:
     if bad or args.num_images <= 0:
         what = f"--sizes entry {bad[0]}" if bad else f"--num-images {args.num_images}"
         raise UserError(f"{what} must be > 0 (e.g. --sizes 224 320 512 --num-images 8)")
+    check_output_dir(args.output, "--output")
     if args.data_dir is not None and not Path(args.data_dir).is_dir():
         raise UserError(f"--data-dir {args.data_dir} does not exist; pass an ImageFolder root (its val split holds "
                         "one folder per class), or leave it out to feed noise")

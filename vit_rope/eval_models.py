@@ -101,8 +101,9 @@ def load_pretrained(name: str, weights: str | None, num_classes: int, train_size
     initialised rather than loaded are printed as a warning.
 
     Args:
-        weights: a file timm's ``pretrained_cfg_overlay`` loads; the model then keeps its own class count unless
-            ``num_classes`` is in ``model_kwargs``.
+        weights: a file timm's ``pretrained_cfg_overlay`` loads; the model takes the file's class count (the rows
+            of its ``head.weight``; a file without one leaves the model's) unless ``num_classes`` is in
+            ``model_kwargs``.
         num_classes: outputs of a model with random weights (the val folder's class count).
         train_size: built at this size; None takes ``img_size`` from ``model_kwargs`` or the pretrained config.
         model_kwargs: more ``timm.create_model`` arguments (``depth``, ``num_classes``, ``pretrained``, ...).
@@ -115,6 +116,13 @@ def load_pretrained(name: str, weights: str | None, num_classes: int, train_size
         kwargs["img_size"] = train_size
     if weights is None and not published:
         kwargs.setdefault("num_classes", num_classes)
+    if weights is not None and "num_classes" not in kwargs:  # the file's classifier, whatever the registry's default
+        try:
+            head = read_weights(weights).get("head.weight")
+        except UnreadableCheckpointError as unreadable:
+            raise UserError(str(unreadable)) from None
+        if head is not None:
+            kwargs["num_classes"] = head.shape[0]
     # custom_load=False: the file is a state dict, also for models whose registry weights are JAX .npz files (timm
     # before 1.0.31 kept their npz loader for a local file); num_classes keeps a head of that size, which timm drops
     overlay = {"file": weights, "custom_load": False,
@@ -136,8 +144,11 @@ def load_pretrained(name: str, weights: str | None, num_classes: int, train_size
                 pass
         if weights is None or not isinstance(err, RuntimeError | ValueError):
             raise
-        raise UserError(f"--pretrained-file {weights} does not fit {name} ({str(err).strip().splitlines()[0]}); "
-                        "pick the model it was trained as, or --model-kwargs to match it") from None
+        lines = str(err).strip().splitlines()  # torch's load_state_dict lists the keys on lines of their own
+        detail = " ".join(line.strip() for line in lines) if isinstance(err, RuntimeError) else lines[0]
+        detail = detail if len(detail) <= 600 else detail[:597] + "..."
+        raise UserError(f"--pretrained-file {weights} does not fit {name} ({detail}); pick the model it was trained "
+                        "as, or --model-kwargs to match it") from None
     check_loaded(model, name, weights)
     report = getattr(model, "load_report", None)
     if report is not None and report.initialised:
@@ -146,6 +157,7 @@ def load_pretrained(name: str, weights: str | None, num_classes: int, train_size
     size = kwargs.get("img_size", model.pretrained_cfg["input_size"][-1])
     classes = ImageNetInfo().label_names() if kwargs["pretrained"] and model.num_classes == 1000 else None
     label = model_label(name, kwargs, *([] if kwargs["pretrained"] else ["random init"]))
+    label += f" ({weights})" if weights is not None else ""  # the file, as for checkpoints: two files, two rows
     return EvalModel(label, model, int(size), classes)
 
 

@@ -30,7 +30,7 @@ from torch import nn
 from torch.utils.data import DataLoader, Subset
 from tqdm import tqdm
 
-from vit_rope.checks import check_model_name, check_multiple
+from vit_rope.checks import check_model_name, check_multiple, check_output_dir
 from vit_rope.config import UserError
 from vit_rope.data import ImageFolderDataset, find_images, resolve_data_dir
 from vit_rope.engine import set_cpu_threads
@@ -155,10 +155,12 @@ def evaluate_models(models: Sequence[EvalModel], data_dir: str | Path, img_sizes
         loader = DataLoader(Subset(ImageFolderDataset(samples, eval_transform(size, crop_pct)), indices), batch_size,
                             num_workers=workers, pin_memory=device == "cuda")
         totals = torch.zeros(len(runs), 4, dtype=torch.float64)  # loss sum, top-1 hits, top-5 hits, seconds
-        skipped = 0
+        skipped = counted = 0
         batches = tqdm(loader, f"{size} px", leave=False, disable=not sys.stderr.isatty())
         for step, (images, targets, bad) in enumerate(batches):
             images, skipped = images.to(device, non_blocking=True), skipped + int(bad.sum())
+            keep = (bad == 0).to(device)  # [B]; an unreadable image's slot holds the next readable one: not twice
+            counted += int(keep.sum())
             for row, (i, policy) in enumerate(runs):
                 model, labels = models[i].model, maps[i][targets.to(device)]
                 inputs = (images - norms[i][0]) / norms[i][1]
@@ -172,18 +174,23 @@ def evaluate_models(models: Sequence[EvalModel], data_dir: str | Path, img_sizes
                     logits = model(inputs).float()
                     sync()
                 seconds = time.perf_counter() - start
+                logits, labels = logits[keep], labels[keep]
                 hits = logits.topk(min(5, logits.shape[1])).indices == labels[:, None]  # [B, k], rank order
                 loss = nn.functional.cross_entropy(logits, labels, reduction="sum")
                 totals[row] += torch.tensor([loss.item(), hits[:, 0].sum().item(), hits.any(1).sum().item(), seconds],
                                             dtype=torch.float64)
+        if not counted:
+            raise UserError(f"none of the {len(indices)} val images evaluated could be read; replace the corrupt files "
+                            "or raise --limit")
         if skipped:
-            print(f"warning: {skipped} unreadable image(s) at {size} px were replaced by the next readable one")
+            print(f"warning: {skipped} unreadable image(s) left out at {size} px: top-1 and top-5 are over the "
+                  f"{counted} of {len(indices)} that could be read")
         for row, (i, policy) in enumerate(runs):
             loss_sum, hits1, hits5, seconds = totals[row].tolist()
             results.append({"model": models[i].label, "policy": policy, "img_size": size,
-                            "train_size": models[i].train_size, "top1": 100 * hits1 / len(indices),
-                            "top5": 100 * hits5 / len(indices), "loss": loss_sum / len(indices),
-                            "images_per_s": len(indices) / seconds, "images": len(indices), "crop_pct": crop_pct,
+                            "train_size": models[i].train_size, "top1": 100 * hits1 / counted,
+                            "top5": 100 * hits5 / counted, "loss": loss_sum / counted,
+                            "images_per_s": len(indices) / seconds, "images": counted, "crop_pct": crop_pct,
                             "device": device})
     return results
 
@@ -249,6 +256,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--pretrained-file takes one file per --model: got {len(weights)} for {len(args.model)}")
     try:
         check_options(args.policy, args.crop_pct)
+        check_output_dir(args.output, "--output")
         for name in args.model:  # a typo before the advice about weights
             check_model_name(name)
         unloaded = [name for name, file in zip(args.model, weights, strict=True)
@@ -266,6 +274,11 @@ def main(argv: list[str] | None = None) -> int:
         num_classes = len(find_images(data_dir / split, split_key="--val-split")[1])
         models += [load_pretrained(name, file, num_classes, args.train_size, dict(args.model_kwargs))
                    for name, file in zip(args.model, weights, strict=True)]
+        labels = [entry.label for entry in models]
+        repeated = next((label for label in labels if labels.count(label) > 1), None)
+        if repeated:
+            raise UserError(f"{repeated} is given twice, and its rows would merge in the reports: name each "
+                            "checkpoint or --model / --pretrained-file pair once")
         check_sizes(args.img_sizes, models, args.policy)
         print(f"protocol: {protocol(args.crop_pct)}; sizes {args.img_sizes}; {data_dir / split}"
               + (f", {args.limit} images evenly spread" if args.limit else ""), flush=True)

@@ -21,36 +21,17 @@ from itertools import repeat
 from typing import Any
 
 import torch
-from timm.layers import PatchDropoutWithIndices, resample_abs_pos_embed
+from timm.layers import PatchDropoutWithIndices
 from timm.models._features import feature_take_indices
 from timm.models._manipulate import checkpoint
 from timm.models.vision_transformer import VisionTransformer
 from torch import Tensor, nn
 
 from .attention import RoPEAttention, RoPEBlock, RopeTables
+from .checks import check_patch_multiple
 from .policies import CoordAugment, ResolutionPolicy, augment_positions
+from .pos_embed import fit_pos_embed
 from .rope import RoPE2D, check_head_dim, check_kind
-
-
-def check_patch_multiple(x: Tensor, patch_size: tuple[int, int]) -> Tensor:
-    """``x`` ``[B, C, H, W]`` itself, or a ``ValueError`` naming the sizes when it does not tile into whole patches."""
-    height, width = x.shape[-2], x.shape[-1]
-    ph, pw = patch_size[0], patch_size[1]
-    if height % ph != 0 or width % pw != 0:
-        raise ValueError(
-            f"Image size {height}x{width} (HxW) is not a multiple of the patch size {ph}x{pw}: resize or crop "
-            f"to e.g. {max(ph, height // ph * ph)}x{max(pw, width // pw * pw)}, or build the model with "
-            "dynamic_img_pad=True to pad it."
-        )
-    return x
-
-
-def fit_pos_embed(pos_embed: Tensor, grid: tuple[int, int], train_grid: tuple[int, int], num_prefix_tokens: int
-                  ) -> Tensor:
-    """The learned position embedding ``[1, (P +) N0, C]`` resampled bicubically to ``grid`` (timm's resampling)."""
-    return resample_abs_pos_embed(pos_embed, new_size=[grid[0], grid[1]], old_size=[train_grid[0], train_grid[1]],
-                                  num_prefix_tokens=num_prefix_tokens)
-
 
 # FX: both depend on the input's size, which symbolic tracing only knows as a proxy; the trace records them as calls.
 torch.fx.wrap("check_patch_multiple")
@@ -80,6 +61,10 @@ class RoPEVisionTransformer(VisionTransformer):
     """
 
     __jit_unused_properties__ = ["rope_policy"]
+    # rope_per_block: one RoPE2D per block (mixed) or one for all (fixed frequencies). A constant, so that TorchScript
+    # compiles only the branch that applies: its isinstance on RoPE2D takes the type of the first RoPE2D it scripted
+    # in the process, so after a mixed model's (a parameter) an axial model's (a buffer) no longer counted as RoPE2D.
+    __constants__ = ["rope_per_block"]
 
     def __init__(
         self,
@@ -127,33 +112,39 @@ class RoPEVisionTransformer(VisionTransformer):
             max_period=rope_max_period,
             normalize=rope_normalize_coords,
         )
-        if rope_kind != "mixed":  # fixed frequencies: one module for every block
-            self.rope: nn.Module = RoPE2D(**rope_args)
+        self.rope_per_block = rope_kind == "mixed"  # learned frequencies: one module per block
+        if self.rope_per_block:
+            self.rope: nn.Module = nn.ModuleList(RoPE2D(**rope_args) for _ in self.blocks)
         else:
-            self.rope = nn.ModuleList(RoPE2D(**rope_args) for _ in self.blocks)
+            self.rope = RoPE2D(**rope_args)
 
     @property
     def rope_policy(self) -> ResolutionPolicy:
         return self.rope_modules()[0].policy
 
-    def set_rope_policy(self, policy: str | dict | ResolutionPolicy, **options: Any) -> None:
-        """Choose how RoPE follows input sizes other than the training one (see ``vit_rope.policies``).
+    def set_rope_policy(self, policy: str | dict | ResolutionPolicy | None, **options: Any) -> None:
+        """Choose how RoPE follows input sizes other than the training one (see ``vit_rope.policies``); ``None``
+        restores the default (``extrapolate``, DINOv3's ``normalized``), as ``rope_policy=None`` at creation.
 
         Example: ``model.set_rope_policy("yarn", yarn_beta=4.0)``.
         """
-        policy = ResolutionPolicy.create(dict(name=policy, **options) if isinstance(policy, str) else policy)
+        if isinstance(policy, str):
+            policy = ResolutionPolicy.create(dict(name=policy, **options))
+        elif options:
+            raise ValueError(f"Policy options {sorted(options)} go with a policy name, as in "
+                             f"set_rope_policy('yarn', yarn_beta=4.0); got the policy {policy!r}.")
         for rope in self.rope_modules():
             rope.policy = policy
 
     def rope_modules(self) -> list[RoPE2D]:
         """The RoPE2D modules: one shared (axial) or one per block (mixed)."""
-        return [self.rope] if isinstance(self.rope, RoPE2D) else list(self.rope)
+        return list(self.rope) if self.rope_per_block else [self.rope]
 
     @torch.jit.ignore
     def no_weight_decay(self) -> set[str]:
         """timm's set plus the mixed frequencies (RoPE-ViT trains them without weight decay)."""
         nwd = super().no_weight_decay()
-        if isinstance(self.rope, nn.ModuleList):
+        if self.rope_per_block:
             nwd |= {f"rope.{i}.freqs" for i in range(len(self.rope))}
         return nwd
 
@@ -187,7 +178,8 @@ class RoPEVisionTransformer(VisionTransformer):
             x = x + fit_pos_embed(pos_embed, (H, W), (train_grid[0], train_grid[1]), 0)
             return self.pos_drop(torch.cat(prefix + [x], dim=1))
         x = torch.cat(prefix + [x], dim=1)
-        return self.pos_drop(x + fit_pos_embed(pos_embed, (H, W), (train_grid[0], train_grid[1]), len(prefix)))
+        P = self.num_prefix_tokens  # class and register tokens, each with its row of the APE
+        return self.pos_drop(x + fit_pos_embed(pos_embed, (H, W), (train_grid[0], train_grid[1]), P))
 
     def _embed(self, x: Tensor) -> tuple[Tensor, Tensor | None, tuple[int, int]]:
         """Patch embedding, prefix tokens and APE.
@@ -231,9 +223,9 @@ class RoPEVisionTransformer(VisionTransformer):
         bounded for servers that see many sizes.
         """
         P = self.num_prefix_tokens
-        if isinstance(self.rope, RoPE2D):
-            return repeat(self.rope(positions, P, grid))
-        return (rope(positions, P, grid) for rope in self.rope)
+        if self.rope_per_block:
+            return (rope(positions, P, grid) for rope in self.rope)
+        return repeat(self.rope(positions, P, grid))
 
     def _forward_blocks(
         self, x: Tensor, blocks: nn.Module, take_indices: list[int] = (), norm: bool = False, **block_kwargs: Any
@@ -262,13 +254,13 @@ class RoPEVisionTransformer(VisionTransformer):
         """``_forward_blocks`` as TorchScript compiles it: no generator, and modules reached by iteration only.
         The same tables and blocks (the tests hold the scripted model to the eager one)."""
         x, positions, grid = self._embed(x)
-        if isinstance(self.rope, RoPE2D):  # axial: one table for every block
+        if self.rope_per_block:  # mixed: each block's own frequencies
+            for blk, block_rope in zip(self.blocks, self.rope):  # noqa: B905  (TorchScript has no strict=)
+                x = blk(x, block_rope(positions, self.num_prefix_tokens, grid), attn_mask, is_causal)
+        else:  # fixed frequencies: one table for every block
             rope = self.rope(positions, self.num_prefix_tokens, grid)
             for blk in self.blocks:
                 x = blk(x, rope, attn_mask, is_causal)
-        else:  # mixed: each block's own frequencies
-            for blk, block_rope in zip(self.blocks, self.rope):  # noqa: B905  (TorchScript has no strict=)
-                x = blk(x, block_rope(positions, self.num_prefix_tokens, grid), attn_mask, is_causal)
         return x
 
     def forward_intermediates(
@@ -299,6 +291,9 @@ class RoPEVisionTransformer(VisionTransformer):
         intermediates = [y[:, P:] for y in intermediates]
         if output_fmt == "NCHW":
             h, w = self.patch_embed.dynamic_feat_size((height, width))
+            if intermediates and intermediates[0].shape[1] != h * w:
+                raise ValueError(f"Patch dropout kept {intermediates[0].shape[1]} of the {h}x{w} patches, which make "
+                                 "no NCHW map: call model.eval() first, or ask for output_fmt='NLC'.")
             intermediates = [y.reshape(B, h, w, y.shape[-1]).permute(0, 3, 1, 2).contiguous() for y in intermediates]
 
         if output_dict:
@@ -319,6 +314,6 @@ class RoPEVisionTransformer(VisionTransformer):
     ) -> list[int]:
         """timm's pruning, also dropping the mixed frequencies of the removed blocks."""
         take_indices = super().prune_intermediate_layers(indices, prune_norm, prune_head)
-        if isinstance(self.rope, nn.ModuleList):
+        if self.rope_per_block:
             self.rope = self.rope[: len(self.blocks)]
         return take_indices

@@ -224,13 +224,18 @@ class RoPE2D(nn.Module):
     ) -> None:
         super().__init__()
         self.kind = check_kind(kind)
+        if kind != "dinov3" and (min_period is not None or max_period is not None or normalize != "separate"):
+            raise ValueError(
+                f"min_period={min_period}, max_period={max_period} and normalize={normalize!r} set DINOv3's RoPE "
+                f"(rope_kind='dinov3') and do nothing for {kind!r}: leave them unset, or use a *_dinov3 model."
+            )
         self.head_dim = check_head_dim(head_dim)
         self.num_heads = num_heads
         self.theta = check_theta(DEFAULT_THETA[kind] if theta is None else theta)
         self.train_grid = None if train_grid is None else (int(train_grid[0]), int(train_grid[1]))
         self.normalize = check_normalize(normalize)
         self.periods = (min_period, max_period)
-        self.policy = DEFAULT_POLICY[kind] if policy is None else policy
+        self.policy = policy
         if kind == "mixed":
             self.freqs = nn.Parameter(mixed_frequencies(head_dim, num_heads, self.theta))
         else:
@@ -246,8 +251,8 @@ class RoPE2D(nn.Module):
         return ResolutionPolicy(self.policy_name, self.yarn_alpha, self.yarn_beta, self.yarn_temperature)
 
     @policy.setter
-    def policy(self, policy: str | dict | ResolutionPolicy) -> None:
-        policy = ResolutionPolicy.create(policy)
+    def policy(self, policy: str | dict | ResolutionPolicy | None) -> None:
+        policy = ResolutionPolicy.create(DEFAULT_POLICY[self.kind] if policy is None else policy)  # None: the kind's
         check_policy(self.kind, policy.name)
         self.policy_name, self.yarn_alpha, self.yarn_beta = policy.name, policy.yarn_alpha, policy.yarn_beta
         self.yarn_temperature = policy.yarn_temperature

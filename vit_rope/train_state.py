@@ -75,7 +75,8 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
     ``UserError`` that says so (``vit_rope.weights_file.unreadable_reason``).
     """
     if not Path(path).is_file():
-        raise UserError(f"checkpoint {path} does not exist; pass OUTPUT/last.pth (or a kept OUTPUT/epoch_E.pth) of "
+        what = "is a folder" if Path(path).is_dir() else "does not exist"
+        raise UserError(f"checkpoint {path} {what}; pass OUTPUT/last.pth (or a kept OUTPUT/epoch_E.pth) of "
                         "an earlier run")
     try:
         ckpt = torch.load(path, map_location="cpu", weights_only=True)

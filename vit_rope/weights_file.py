@@ -4,6 +4,7 @@ wrong one, and the keys that keep a state dict from fitting a model, listed on o
 
 from __future__ import annotations
 
+import errno
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -36,7 +37,9 @@ def unreadable_reason(path: str | Path, err: Exception) -> str | None:
     truncated or corrupt, the fix, and the library's message; None when ``err`` has another cause, to raise as it is:
     the operating system's (permissions, memory), or a well-formed file (the other format, a pickle that
     ``weights_only`` loading refuses to run)."""
-    if isinstance(err, OSError | MemoryError) or _well_formed(Path(path)):
+    # the operating system's errors are its own, but for EINVAL: a seek past the end of a truncated zip archive
+    system = isinstance(err, OSError) and err.errno != errno.EINVAL or isinstance(err, MemoryError)
+    if system or _well_formed(Path(path)):
         return None
     while err.__cause__ is not None:  # timm re-raises torch's errors with advice for valid files
         err = err.__cause__
@@ -80,5 +83,6 @@ def weights_mismatch(expected: Mapping[str, Any], given: Mapping[str, Any]) -> s
     shapes = {key: tuple(getattr(given[key], "shape", ())) for key in expected if key in given}
     reshaped = [f"{key} {shape} in the file, {tuple(expected[key].shape)} in the model" for key, shape in shapes.items()
                 if shape != tuple(expected[key].shape)]
-    return "; ".join(f"{len(keys)} {what}{'s' if len(keys) > 1 else ''}: {_listed(keys)}" for what, keys in (
-        ("missing key", missing), ("unexpected key", unexpected), ("key of another shape", reshaped)) if keys)
+    return "; ".join(f"{len(keys)} {one if len(keys) == 1 else many}: {_listed(keys)}" for one, many, keys in (
+        ("missing key", "missing keys", missing), ("unexpected key", "unexpected keys", unexpected),
+        ("key of another shape", "keys of another shape", reshaped)) if keys)

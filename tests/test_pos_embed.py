@@ -1,0 +1,64 @@
+"""The +APE models' absolute position embedding from checkpoints: the source grid a state dict does not record, read
+back exactly for the same model (square or not) and resampled for another grid, as timm resamples it."""
+
+import pytest
+import timm
+import torch
+from timm.layers import resample_abs_pos_embed
+
+import vit_rope  # noqa: F401  (registers the models)
+from vit_rope.checkpoint import load_weights
+from vit_rope.pos_embed import source_grid
+
+
+@pytest.mark.parametrize(("rows", "grid", "prefix", "expected"), [
+    (24, (4, 6), 0, (0, (4, 6))),  # the same non-square model
+    (96, (4, 6), 0, (0, (8, 12))),  # a proportional size
+    (197, (4, 6), 0, (1, (14, 14))),  # timm's square ViT, class token row included
+    (196, (7, 7), 0, (0, (14, 14))),  # DeiT-III / RoPE-ViT: patch rows only
+    (29, (4, 6), 5, (5, (4, 6))),  # class and register tokens with their rows
+    (129, (4, 8), 0, (1, (8, 16))),  # a non-square timm ViT with a class token row
+])
+def test_source_grid_prefers_the_models_aspect_ratio_then_a_square(rows, grid, prefix, expected):
+    assert source_grid(rows, grid, prefix) == expected
+
+
+def test_source_grid_that_fits_nothing_is_an_error_naming_the_rows():
+    with pytest.raises(ValueError, match=r"23 rows.*4x6.*img_size"):
+        source_grid(23, (4, 6), 0)
+
+
+def ape_model(img_size, seed: int, **kwargs) -> torch.nn.Module:
+    torch.manual_seed(seed)
+    model = timm.create_model("vit_rope_tiny_patch16_axial_ape_224", depth=1, num_classes=5, img_size=img_size,
+                              **kwargs)
+    torch.nn.init.normal_(model.pos_embed)  # distinct rows, so that any resampling shows
+    return model
+
+
+@pytest.mark.parametrize("kwargs", [{}, {"no_embed_class": False, "reg_tokens": 2}])
+def test_non_square_checkpoint_loads_back_exactly(tmp_path, kwargs):
+    source = ape_model((64, 96), seed=0, **kwargs)
+    torch.save(source.state_dict(), tmp_path / "ape.pth")
+    target = ape_model((64, 96), seed=1, **kwargs)
+    assert not torch.equal(target.pos_embed, source.pos_embed)
+    load_weights(target, tmp_path / "ape.pth")
+    torch.testing.assert_close(target.pos_embed, source.pos_embed, atol=0, rtol=0)
+    through_timm = timm.create_model("vit_rope_tiny_patch16_axial_ape_224", depth=1, num_classes=5,
+                                     img_size=(64, 96), pretrained=True, **kwargs,
+                                     pretrained_cfg_overlay=dict(file=str(tmp_path / "ape.pth")))
+    torch.testing.assert_close(through_timm.pos_embed, source.pos_embed, atol=0, rtol=0)
+
+
+def test_non_square_timm_vit_is_resampled_from_its_own_grid():
+    torch.manual_seed(0)
+    vit = timm.create_model("vit_tiny_patch16_224", depth=1, num_classes=5, img_size=(128, 256))  # 8x16, class row
+    torch.nn.init.normal_(vit.pos_embed)
+    patches = vit.pos_embed[:, 1:]
+    same = ape_model((128, 256), seed=1)
+    same.load_state_dict(vit_rope.convert_state_dict(vit.state_dict(), same), strict=False)
+    torch.testing.assert_close(same.pos_embed, patches, atol=0, rtol=0)
+    half = ape_model((64, 128), seed=1)
+    half.load_state_dict(vit_rope.convert_state_dict(vit.state_dict(), half), strict=False)
+    expected = resample_abs_pos_embed(patches, new_size=[4, 8], old_size=[8, 16], num_prefix_tokens=0)
+    torch.testing.assert_close(half.pos_embed, expected)
