@@ -84,6 +84,13 @@ def train(cfg: Config) -> None:
         state = finetune["model"]
         if isinstance(net, VisionTransformer):
             state = checkpoint_filter_fn(state, net)  # resamples a learned pos_embed to the new img_size
+        head = net.pretrained_cfg.get("classifier", "head")  # a new data set: the classifier starts afresh
+        fresh = {key: value for key, value in net.state_dict().items() if key.startswith(f"{head}.")
+                 and key in state and state[key].shape != value.shape}
+        if fresh:
+            say(f"finetune: {cfg.finetune} classifies {state[next(iter(fresh))].shape[0]} classes and this data set "
+                f"{len(classes)}: the classifier ({', '.join(fresh)}) starts from its initialisation")
+            state = {**state, **fresh}
         train_state.load_state(net, state, "model weights", cfg.finetune, "start from a checkpoint of this model "
                                "(model and model_kwargs of the run that wrote it)")
     channels_last = cfg.channels_last and env.device.type == "cuda"

@@ -159,6 +159,11 @@ def test_keep_every_beyond_the_run_warns_that_nothing_will_be_kept() -> None:
         build_config(None, ["epochs=30", "keep_every=50"])
 
 
+def test_warmup_as_long_as_the_run_warns_that_lr_is_never_reached() -> None:
+    with pytest.warns(UserWarning, match=r"warmup_epochs 5 is not less than the 5 epochs.*never reaches lr=0.001"):
+        build_config(None, ["epochs=5", "warmup_epochs=5", "lr=1e-3"])
+
+
 def test_inheritance_loop_and_missing_file_are_user_errors(tmp_path: Path) -> None:
     (tmp_path / "a.yaml").write_text("base: b.yaml\n")
     (tmp_path / "b.yaml").write_text("base: a.yaml\n")
@@ -168,6 +173,7 @@ def test_inheritance_loop_and_missing_file_are_user_errors(tmp_path: Path) -> No
         load_yaml(tmp_path / "missing.yaml")
 
 
+@pytest.mark.filterwarnings("ignore:warmup_epochs 5 is not less than the 3 epochs")  # the defaults' warmup
 def test_cli_flags_and_overrides_mix_and_text_values_stay_verbatim(tmp_path: Path) -> None:
     cfg = parse_args(["--epochs", "3", "crop_pct=null", "--output", str(tmp_path / "a: b #1"), "--model", "m",
                       "scale=[0.5, 1.0]", "--resume", "null"])

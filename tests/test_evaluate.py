@@ -266,3 +266,11 @@ def test_an_unreadable_val_image_is_left_out_not_counted_twice(image_root: Path,
     assert with_broken["images"] == without["images"]
     for metric in ("top1", "top5", "loss"):
         assert with_broken[metric] == pytest.approx(without[metric])
+
+
+def test_train_size_without_a_model_is_a_usage_error(checkpoint: Path, image_root: Path, capsys) -> None:
+    """--train-size builds --model models; a checkpoint keeps its run's size, so it alone would be ignored."""
+    with pytest.raises(SystemExit) as exit_info:
+        run("--checkpoint", str(checkpoint), "--train-size", "64", "--data-dir", str(image_root))
+    assert exit_info.value.code == 2
+    assert "--train-size goes with --model" in capsys.readouterr().err

@@ -16,6 +16,13 @@ def test_merge_seeds_gives_mean_and_range():
     assert "52.00 ± 2.0" in report.markdown_table([merged])
 
 
+def test_one_seed_shows_no_spread():
+    """``± 0.0`` would read as seeds that agree; one seed has no range to show."""
+    (merged,) = report.merge_seeds([result("a s0", "yarn", 64, 50.0)], {"a s0": "A"})
+    assert merged["seeds"] == 1
+    assert "| A | yarn | **50.00** |" in report.markdown_table([merged])
+
+
 def test_replace_section_keeps_the_page_around_it_and_leaves_pages_without_it_alone(tmp_path):
     page = tmp_path / "README.md"
     page.write_text("top\n<!-- a -->\nold\n<!-- b -->\nbottom <!-- b -->\n")

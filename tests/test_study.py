@@ -136,9 +136,9 @@ def test_verdict_from_one_seed_says_so(tmp_path):
     section = study.write_study(make_v2(tmp_path / "results", seeds=(0,)))
     assert section.startswith("5 training runs (5 models x 1 seed) on test cpu")
     verdict = section.split("**Does RoPE hold", 1)[1]
-    assert "| HOLDS | 55.00 ± 0.0 | 54.50 ± 0.0 (-0.5) | 52.00 ± 0.0 (-3.0) | +9.5 (1 seed) | +12.0 (1 seed) | " \
+    assert "| HOLDS | 55.00 | 54.50 (-0.5) | 52.00 (-3.0) | +9.5 (1 seed) | +12.0 (1 seed) | " \
         "yes so far (1 seed: no seed range yet) |" in verdict
-    assert "as trained HOLDS 55.00 ± 0.0, then DROPS 55.00 ± 0.0 (1 seed: no range yet)" in verdict  # no "apart"
+    assert "as trained HOLDS 55.00, then DROPS 55.00 (1 seed: no range yet)" in verdict  # no "apart"
     assert "seed ranges" not in verdict.split("Best arm at each size", 1)[1]
     assert verdict.split("| DROPS |", 1)[1].split("\n", 1)[0].endswith("| no so far (1 seed: no seed range yet) |")
 

@@ -55,11 +55,11 @@ def test_patch_size_comes_from_the_kwargs_then_the_name():
 def test_comparison_sorts_by_grid_and_measures_changes_from_the_training_size(studies):
     lines = study_compare.comparison(studies).splitlines()
     assert lines[0].startswith("| study | grid | model | seeds | top-1 at training size |")
-    assert lines[2] == "| small | 4x4 | APE | 1 | 45.00 ± 0.0 | 1.25x | - | 46.00 ± 0.0 (+1.0) | 46.00 ± 0.0 (+1.0), " \
+    assert lines[2] == "| small | 4x4 | APE | 1 | 45.00 | 1.25x | - | 46.00 (+1.0) | 46.00 (+1.0), " \
                        "as trained |"  # one larger size: the second-largest column is empty
-    assert lines[3] == "| big | 14x14 | ROPE | 1 | 60.00 ± 0.0 | 1.71x / 2.29x | 50.00 ± 0.0 (-10.0) | " \
-                       "40.00 ± 0.0 (-20.0) | 62.50 ± 0.0 (+2.5), interpolate |"
-    assert lines[4].startswith("| big | 14x14 | APE | 1 | 58.00 ± 0.0 | 1.71x / 2.29x | 57.00 ± 0.0 (-1.0) |")
+    assert lines[3] == "| big | 14x14 | ROPE | 1 | 60.00 | 1.71x / 2.29x | 50.00 (-10.0) | " \
+                       "40.00 (-20.0) | 62.50 (+2.5), interpolate |"
+    assert lines[4].startswith("| big | 14x14 | APE | 1 | 58.00 | 1.71x / 2.29x | 57.00 (-1.0) |")
     assert len(lines) == 5  # the study without files adds nothing
 
 
@@ -85,9 +85,9 @@ def test_headline_shows_every_arm_as_trained_then_each_rope_arm_under_its_best_p
     text = study_compare.headline(studies["big"])
     assert text.startswith("2 finished runs, seed 0: top-1 (%)")
     rows = [line for line in text.splitlines() if line.startswith("| ") and "model" not in line]
-    assert rows == ["| ROPE | extrapolate | **60.00 ± 0.0** | 50.00 ± 0.0 | 40.00 ± 0.0 |",
-                    "| APE | - | **58.00 ± 0.0** | 57.00 ± 0.0 | 55.00 ± 0.0 |",
-                    "| ROPE | interpolate | **60.00 ± 0.0** | 61.00 ± 0.0 | 62.50 ± 0.0 |"]  # best at 256 px
+    assert rows == ["| ROPE | extrapolate | **60.00** | 50.00 | 40.00 |",
+                    "| APE | - | **58.00** | 57.00 | 55.00 |",
+                    "| ROPE | interpolate | **60.00** | 61.00 | 62.50 |"]  # best at 256 px
 
 
 def test_headline_names_the_seeds_and_merges_them(tmp_path):

@@ -60,8 +60,8 @@ def test_table_gives_the_change_from_the_training_size_per_epoch(study):
     assert lines[0] == "| model | epoch | seeds | 112* | 256 | 256 minus 112 |"
     assert lines[2:] == ["| RoPE-Mixed | 10 | 2 | **51.00 ± 1.0** | 31.00 ± 1.0 | -20.0 |",
                          "| RoPE-Mixed | 30 | 2 | **61.00 ± 1.0** | 51.00 ± 1.0 | -10.0 |",
-                         "| APE | 10 | 1 | **50.00 ± 0.0** | 55.00 ± 0.0 | +5.0 |",
-                         "| APE | 30 | 1 | **60.00 ± 0.0** | 65.00 ± 0.0 | +5.0 |"]
+                         "| APE | 10 | 1 | **50.00** | 55.00 | +5.0 |",
+                         "| APE | 30 | 1 | **60.00** | 65.00 | +5.0 |"]
 
 
 def test_no_kept_checkpoint_gives_no_table(tmp_path):

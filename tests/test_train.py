@@ -416,3 +416,19 @@ def test_torchrun_ddp_on_cpu_writes_one_set_of_files(image_root: Path, tmp_path:
     if extra:  # 12 images per rank in batches of 6 at 32 px: 2 steps, each at the size both ranks draw
         drawn = [SizeSchedule((32, 48), 32, 6)(0, step)[0] for step in range(2)]
         assert metrics(out)[0]["sizes"] == " ".join(f"{size}:{drawn.count(size)}" for size in sorted(set(drawn)))
+
+
+def test_finetune_on_a_data_set_of_other_classes_starts_a_new_classifier(image_root: Path, tmp_path: Path,
+                                                                         capsys) -> None:
+    assert train.main(tiny_args(image_root, tmp_path / "three", "--epochs", "1")) == 0
+    shutil.rmtree(image_root / "train" / "class_2")
+    shutil.rmtree(image_root / "val" / "class_2")
+    assert train.main(tiny_args(image_root, tmp_path / "two", "--epochs", "1", "lr=1e-12", "min_lr=1e-13",
+                                f"finetune={tmp_path / 'three' / 'last.pth'}")) == 0  # a step too small to move
+    assert "classifies 3 classes and this data set 2: the classifier (head.weight, head.bias) starts from its " \
+           "initialisation" in capsys.readouterr().out
+    three = torch.load(tmp_path / "three" / "last.pth", weights_only=True)["model"]
+    two = torch.load(tmp_path / "two" / "last.pth", weights_only=True)["model"]
+    assert two["head.weight"].shape[0] == 2 and three["head.weight"].shape[0] == 3
+    body = [key for key in three if not key.startswith("head.")]
+    assert all(torch.allclose(two[key], three[key], atol=1e-6) for key in body)  # the body came from the checkpoint

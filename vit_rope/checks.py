@@ -85,6 +85,10 @@ def check_config(cfg: Config) -> None:
                             f"(batch_size {cfg.batch_size} x ({cfg.img_size} / {size})^2), and a step needs at least 2 "
                             f"(Mixup pairs, batch statistics); raise batch_size to {least} or more, drop {size} from "
                             "train_sizes, or set token_budget=false")
+    if cfg.warmup_epochs >= cfg.epochs > 0:
+        warnings.warn(f"warmup_epochs {cfg.warmup_epochs} is not less than the {cfg.epochs} epochs of the run, so the "
+                      f"learning rate never reaches lr={cfg.lr}; lower warmup_epochs below {cfg.epochs}",
+                      UserWarning, stacklevel=3)
     if cfg.keep_every > cfg.epochs:
         warnings.warn(f"keep_every {cfg.keep_every} is more than the {cfg.epochs} epochs of the run, so no epoch_E.pth "
                       f"will be kept (only last.pth and best.pth); set keep_every to {cfg.epochs} or less to keep some",

@@ -251,6 +251,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if not args.checkpoint and not args.model:
         parser.error("pass --checkpoint PATH ... and/or --model NAME ...")
+    if args.train_size is not None and not args.model:
+        parser.error("--train-size goes with --model: a --checkpoint is rebuilt at the size its run trained at")
     weights = args.pretrained_file or [None] * len(args.model)
     if len(weights) != len(args.model):
         parser.error(f"--pretrained-file takes one file per --model: got {len(weights)} for {len(args.model)}")

@@ -43,7 +43,7 @@ def markdown_table(results: Sequence[dict[str, Any]], metric: str = "top1") -> s
         for size in sizes:
             result = by_size.get(size)
             text = fmt.format(result[metric]) if result else ""
-            if result and f"{metric}_min" in result:  # merged seeds: mean ± half the range
+            if result and f"{metric}_min" in result and result["seeds"] > 1:  # merged seeds: mean ± half the range
                 text += f" ± {(result[f'{metric}_max'] - result[f'{metric}_min']) / 2:.1f}"
             cells.append(f"**{text}**" if result and size == result["train_size"] else text)
         lines.append([model, policy or "-", *cells])

@@ -72,8 +72,10 @@ def arm_label(run: dict[str, Any]) -> str:
 
 
 def spread(row: dict[str, Any]) -> str:
-    """A merged row's top-1 as ``mean ± half the range over seeds``, the tables' one measure of seed spread (± 0.0 is
-    a single seed: no spread measured, not none)."""
+    """A merged row's top-1 as ``mean ± half the range over seeds``, the tables' one measure of seed spread; a single
+    seed's top-1 alone, since ``± 0.0`` would read as seeds that agree."""
+    if row.get("seeds", 2) < 2:
+        return f"{row['top1']:.2f}"
     return f"{row['top1']:.2f} ± {(row['top1_max'] - row['top1_min']) / 2:.1f}"
 
 
@@ -88,8 +90,8 @@ def _training(results_dir: Path, runs: Sequence[dict[str, Any]]) -> str:
     lines = []
     for model, values in by_model.items():
         top1 = [value[0] for value in values]
-        lines.append([model, len(values), f"{sum(top1) / len(top1):.2f} ± {(max(top1) - min(top1)) / 2:.1f}",
-                      f"{sum(value[1] for value in values) / len(values):.1f}"])
+        merged = {"top1": sum(top1) / len(top1), "top1_min": min(top1), "top1_max": max(top1), "seeds": len(top1)}
+        lines.append([model, len(values), spread(merged), f"{sum(value[1] for value in values) / len(values):.1f}"])
     return table(["model", "seeds", "final val top-1 (%)", "minutes per run"], lines)
 
 
