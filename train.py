@@ -16,7 +16,7 @@ import dataclasses
 import logging
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +34,24 @@ from vit_rope import data, engine, train_state
 from vit_rope.checks import check_model_name, check_multiple, check_ranks_agree, patch_size, scheduler_args
 from vit_rope.config import Config, UserError, parse_args, save_config
 from vit_rope.factory import create_model
+
+
+def new_classifier(state: dict[str, torch.Tensor], net: torch.nn.Module, theirs: list[str] | None, ours: list[str],
+                   source: str, say: Callable[[str], None]) -> dict[str, torch.Tensor]:
+    """``state`` with the model's own initial classifier when the checkpoint's was trained on other classes (another
+    count, or other names in its saved ``classes``): fine-tuning on a new data set starts a new classifier, as timm's
+    loader does; a model without one (``num_classes=0``) drops the checkpoint's."""
+    heads = net.pretrained_cfg.get("classifier") or "head"
+    heads = (heads,) if isinstance(heads, str) else tuple(heads)  # DeiT's distilled models have two
+    own = net.state_dict()
+    other = theirs is not None and list(theirs) != list(ours)
+    keys = [key for key in state if any(key.startswith(f"{head}.") for head in heads)]
+    fresh = {key: own[key] for key in keys if key in own and (other or state[key].shape != own[key].shape)}
+    stale = [key for key in keys if key not in own]
+    if fresh or stale:
+        say(f"finetune: {source} was trained on other classes than this data set's {len(ours)}: its classifier "
+            f"({', '.join(keys)}) is {'replaced by a new one' if fresh else 'dropped (num_classes=0)'}")
+    return {**{key: value for key, value in state.items() if key not in stale}, **fresh}
 
 
 def train(cfg: Config) -> None:
@@ -84,13 +102,7 @@ def train(cfg: Config) -> None:
         state = finetune["model"]
         if isinstance(net, VisionTransformer):
             state = checkpoint_filter_fn(state, net)  # resamples a learned pos_embed to the new img_size
-        head = net.pretrained_cfg.get("classifier", "head")  # a new data set: the classifier starts afresh
-        fresh = {key: value for key, value in net.state_dict().items() if key.startswith(f"{head}.")
-                 and key in state and state[key].shape != value.shape}
-        if fresh:
-            say(f"finetune: {cfg.finetune} classifies {state[next(iter(fresh))].shape[0]} classes and this data set "
-                f"{len(classes)}: the classifier ({', '.join(fresh)}) starts from its initialisation")
-            state = {**state, **fresh}
+        state = new_classifier(state, net, finetune.get("classes"), classes, cfg.finetune, say)
         train_state.load_state(net, state, "model weights", cfg.finetune, "start from a checkpoint of this model "
                                "(model and model_kwargs of the run that wrote it)")
     channels_last = cfg.channels_last and env.device.type == "cuda"

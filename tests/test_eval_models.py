@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import timm
 import torch
+from safetensors.torch import save_file
 from test_checkpoint import save_source
 from test_evaluate import ROPE, write_checkpoint
 
@@ -17,6 +18,7 @@ from vit_rope.config import UserError
 from vit_rope.eval_models import load_pretrained, load_trained, model_label
 from vit_rope.study import is_run
 from vit_rope.train_state import load_checkpoint, save_checkpoint
+from vit_rope.weights_file import tensor_rows
 
 
 def test_ema_weights_preferred(tmp_path: Path) -> None:
@@ -141,3 +143,23 @@ def test_timm_weights_that_do_not_fit_name_the_keys(tmp_path: Path) -> None:
     with pytest.raises(UserError, match=r"two.pth does not fit vit_tiny_patch16_224 \(Error\(s\) in loading state_dict "
                                         r"for VisionTransformer: Unexpected key\(s\) in state_dict: \"blocks.1"):
         load_pretrained("vit_tiny_patch16_224", str(tmp_path / "two.pth"), 3, 32, {"depth": 1})
+
+
+def test_tensor_rows_reads_the_classifier_without_loading_the_file(tmp_path: Path) -> None:
+    head = {"head.weight": torch.zeros(7, 4), "blocks.0.w": torch.zeros(2, 2)}
+    save_file(head, tmp_path / "w.safetensors")
+    torch.save({"model": head, "model_ema": {**head, "head.weight": torch.zeros(9, 4)}}, tmp_path / "ema.pth")
+    torch.save({"state_dict": {f"module.{k}": v for k, v in head.items()}}, tmp_path / "ddp.pth")
+    assert tensor_rows(tmp_path / "w.safetensors", "head.weight") == 7
+    assert tensor_rows(tmp_path / "ema.pth", "head.weight") == 9  # EMA first, as timm's loader
+    assert tensor_rows(tmp_path / "ddp.pth", "head.weight") == 7
+    assert tensor_rows(tmp_path / "w.safetensors", "head.fc.weight") is None
+    (tmp_path / "bad.pth").write_bytes(b"garbage")
+    assert tensor_rows(tmp_path / "bad.pth", "head.weight") is None  # the full read names what is wrong
+
+
+def test_a_file_weights_only_refuses_is_an_error_line_not_a_traceback(tmp_path: Path) -> None:
+    model = timm.create_model(ROPE, depth=1, num_classes=3)
+    torch.save({"model": model.state_dict(), "run_dir": Path("/x")}, tmp_path / "pickled.pth")
+    with pytest.raises(UserError, match="pickled.pth"):
+        load_pretrained(ROPE, str(tmp_path / "pickled.pth"), 3, 32, {"depth": 1})

@@ -425,10 +425,38 @@ def test_finetune_on_a_data_set_of_other_classes_starts_a_new_classifier(image_r
     shutil.rmtree(image_root / "val" / "class_2")
     assert train.main(tiny_args(image_root, tmp_path / "two", "--epochs", "1", "lr=1e-12", "min_lr=1e-13",
                                 f"finetune={tmp_path / 'three' / 'last.pth'}")) == 0  # a step too small to move
-    assert "classifies 3 classes and this data set 2: the classifier (head.weight, head.bias) starts from its " \
-           "initialisation" in capsys.readouterr().out
+    assert "was trained on other classes than this data set's 2: its classifier (head.weight, head.bias) is replaced " \
+           "by a new one" in capsys.readouterr().out
     three = torch.load(tmp_path / "three" / "last.pth", weights_only=True)["model"]
     two = torch.load(tmp_path / "two" / "last.pth", weights_only=True)["model"]
     assert two["head.weight"].shape[0] == 2 and three["head.weight"].shape[0] == 3
     body = [key for key in three if not key.startswith("head.")]
     assert all(torch.allclose(two[key], three[key], atol=1e-6) for key in body)  # the body came from the checkpoint
+
+
+def test_finetune_onto_as_many_other_classes_also_starts_a_new_classifier(image_root: Path, tmp_path: Path,
+                                                                           capsys) -> None:
+    """Imagenette to Imagewoof: ten classes each, other ones; the checkpoint's saved class names tell."""
+    assert train.main(tiny_args(image_root, tmp_path / "first", "--epochs", "1")) == 0
+    for split in ("train", "val"):
+        (image_root / split / "class_0").rename(image_root / split / "class_9")
+    assert train.main(tiny_args(image_root, tmp_path / "second", "--epochs", "1",
+                                f"finetune={tmp_path / 'first' / 'last.pth'}")) == 0
+    assert "its classifier (head.weight, head.bias) is replaced by a new one" in capsys.readouterr().out
+    assert train.main(tiny_args(image_root, tmp_path / "same", "--epochs", "1",
+                                f"finetune={tmp_path / 'second' / 'last.pth'}")) == 0
+    assert "classifier" not in capsys.readouterr().out  # the same classes: it is kept
+
+
+def test_new_classifier_handles_two_heads_and_none() -> None:
+    """DeiT's distilled models name two classifiers; num_classes=0 has none to fill."""
+    distilled = timm.create_model("deit_tiny_distilled_patch16_224", depth=1, num_classes=2)
+    state = timm.create_model("deit_tiny_distilled_patch16_224", depth=1, num_classes=3).state_dict()
+    said = []
+    out = train.new_classifier(state, distilled, None, ["a", "b"], "x.pth", said.append)
+    assert all(out[key].shape == value.shape for key, value in distilled.state_dict().items())
+    assert "head_dist.weight" in said[0]
+    headless = timm.create_model("vit_tiny_patch16_224", depth=1, num_classes=0)
+    out = train.new_classifier(timm.create_model("vit_tiny_patch16_224", depth=1, num_classes=3).state_dict(),
+                               headless, None, ["a", "b"], "x.pth", said.append)
+    assert set(out) == set(headless.state_dict()) and "dropped (num_classes=0)" in said[1]

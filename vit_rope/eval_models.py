@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 from timm.data import ImageNetInfo
+from timm.models import get_pretrained_cfg_value
 from torch import nn
 
 import vit_rope  # noqa: F401  (registers the vit_rope_* models)
@@ -23,7 +24,7 @@ from vit_rope.checkpoint import WeightsNotLoadedWarning
 from vit_rope.config import UserError
 from vit_rope.factory import PretrainedLoadError, create_model
 from vit_rope.train_state import load_checkpoint
-from vit_rope.weights_file import UnreadableCheckpointError, read_weights, weights_mismatch
+from vit_rope.weights_file import UnreadableCheckpointError, read_weights, tensor_rows, weights_mismatch
 
 # create_model arguments that leave the architecture (and so the label) as it is: the class count (the reports say
 # the classes), the training size (reported on its own), dropout rates (training only) and where weights come from
@@ -117,12 +118,10 @@ def load_pretrained(name: str, weights: str | None, num_classes: int, train_size
     if weights is None and not published:
         kwargs.setdefault("num_classes", num_classes)
     if weights is not None and "num_classes" not in kwargs:  # the file's classifier, whatever the registry's default
-        try:
-            head = read_weights(weights).get("head.weight")
-        except UnreadableCheckpointError as unreadable:
-            raise UserError(str(unreadable)) from None
-        if head is not None:
-            kwargs["num_classes"] = head.shape[0]
+        classifier = get_pretrained_cfg_value(name, "classifier") or "head"
+        classes = tensor_rows(weights, f"{classifier if isinstance(classifier, str) else classifier[0]}.weight")
+        if classes is not None:
+            kwargs["num_classes"] = classes
     # custom_load=False: the file is a state dict, also for models whose registry weights are JAX .npz files (timm
     # before 1.0.31 kept their npz loader for a local file); num_classes keeps a head of that size, which timm drops
     overlay = {"file": weights, "custom_load": False,

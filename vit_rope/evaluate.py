@@ -158,7 +158,7 @@ def evaluate_models(models: Sequence[EvalModel], data_dir: str | Path, img_sizes
         skipped = counted = 0
         batches = tqdm(loader, f"{size} px", leave=False, disable=not sys.stderr.isatty())
         for step, (images, targets, bad) in enumerate(batches):
-            images, skipped = images.to(device, non_blocking=True), skipped + int(bad.sum())
+            images, skipped = images.to(device, non_blocking=True), skipped + int((bad > 0).sum())  # slots refilled
             keep = (bad == 0).to(device)  # [B]; an unreadable image's slot holds the next readable one: not twice
             counted += int(keep.sum())
             for row, (i, policy) in enumerate(runs):

@@ -50,6 +50,27 @@ def unreadable_reason(path: str | Path, err: Exception) -> str | None:
             f"[{type(err).__name__}: {detail}]")
 
 
+# Where training scripts nest the state dict, EMA first as timm's loader prefers it.
+_CONTAINERS = ("state_dict_ema", "model_ema", "state_dict", "model", "module")
+
+
+def tensor_rows(path: str | Path, key: str) -> int | None:
+    """The first dimension of tensor ``key`` in a weights file, read without loading the rest: the safetensors header,
+    or a memory-mapped torch file (its EMA or model container too); None when the file has no such tensor or cannot
+    be read this way (the full read that follows reports what is wrong)."""
+    try:
+        if Path(path).suffix == ".safetensors":
+            with safe_open(str(path), framework="pt") as f:
+                return f.get_slice(key).get_shape()[0] if key in f.keys() else None
+        state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except Exception:  # an old-format pickle (no mmap), a corrupt file, classes weights_only refuses
+        return None
+    while isinstance(state, dict) and key not in state and f"module.{key}" not in state:
+        state = next((state[name] for name in _CONTAINERS if isinstance(state.get(name), dict)), None)
+    value = state.get(key, state.get(f"module.{key}")) if isinstance(state, dict) else None
+    return int(value.shape[0]) if isinstance(value, torch.Tensor) and value.dim() else None
+
+
 def read_weights(path: str | Path) -> dict[str, Any]:
     """Read a ``.pth`` / ``.pt`` / ``.bin`` (``torch.load(weights_only=True)``) or ``.safetensors`` file, as timm does
     (its EMA weights when it has them).
