@@ -33,9 +33,8 @@ from torch import Tensor, nn
 
 from .dinov3 import from_dinov3, is_dinov3
 from .pos_embed import fit_checkpoint_pos_embed
-from .weights_file import read_weights, weights_mismatch
+from .weights_file import read_weights, unwrap_state_dict, weights_mismatch
 
-_CONTAINER_KEYS = ("model_ema", "state_dict_ema", "model", "state_dict", "module")
 _DROPPED = re.compile(r"^(freqs_t_[xy]|freqs_cis|rope\.(bands|pos_embed.*|t_[xy]))$")  # resolution-dependent buffers
 _CLASSIFIER = ("head.weight", "head.bias")
 _POS_EMBED = "pos_embed"
@@ -109,13 +108,6 @@ def _warn(report: LoadReport, stacklevel: int = 3) -> None:
                       f"evaluation, {advice}.", WeightsNotLoadedWarning, stacklevel=stacklevel)
 
 
-def _unwrap(state_dict: dict[str, Any]) -> dict[str, Tensor]:
-    for key in _CONTAINER_KEYS:
-        if isinstance(state_dict.get(key), dict):
-            return _unwrap(state_dict[key])
-    return {k.removeprefix("module."): v for k, v in state_dict.items()}
-
-
 def _split_mixed_freqs(freqs: Tensor, model: nn.Module) -> dict[str, Tensor]:
     """``[2, depth, nh, D/2]`` (timm) or ``[2, depth, nh * D/2]`` (RoPE-ViT) -> one ``[2, nh, D/2]`` per block."""
     if not isinstance(getattr(model, "rope", None), nn.ModuleList):
@@ -138,7 +130,7 @@ def _convert(state_dict: dict[str, Any], model: nn.Module
              ) -> tuple[dict[str, Tensor], dict[str, list[str]], tuple[str, ...]]:
     """``convert_state_dict``, plus the model keys it initialised rather than loaded, by reason, and the checkpoint
     keys it dropped (an absolute position embedding the model has no place for)."""
-    state_dict = _unwrap(state_dict)
+    state_dict = unwrap_state_dict(state_dict)
     if getattr(model, "rope_kind", None) == "dinov3" and is_dinov3(state_dict):
         state_dict = from_dinov3(state_dict, model.blocks[0].attn.num_heads)
     target = model.state_dict()

@@ -54,13 +54,11 @@ def check_model_name(name: str) -> None:
         raise UserError(f"unknown model '{name}'; did you mean '{closest}'? (see timm.list_models())")
 
 
-def check_output_dir(path: str | Path, option: str) -> Path:
-    """``path`` as a ``Path`` if it is a folder or does not exist yet (it is made later), else a ``UserError``: a file
+def check_output_dir(path: str | Path, option: str) -> None:
+    """Raise a ``UserError`` when ``path`` is a file: a folder or nothing yet (it is made later) is fine, and a file
     there would only fail at the first write, after the training or the evaluation."""
-    path = Path(path)
-    if path.exists() and not path.is_dir():
+    if Path(path).exists() and not Path(path).is_dir():
         raise UserError(f"{option} {path} is a file, not a folder: name a folder to write into (it is made if missing)")
-    return path
 
 
 def check_config(cfg: Config) -> None:

@@ -51,7 +51,15 @@ def unreadable_reason(path: str | Path, err: Exception) -> str | None:
 
 
 # Where training scripts nest the state dict, EMA first as timm's loader prefers it.
-_CONTAINERS = ("state_dict_ema", "model_ema", "state_dict", "model", "module")
+_CONTAINER_KEYS = ("model_ema", "state_dict_ema", "model", "state_dict", "module")
+
+
+def unwrap_state_dict(state_dict: dict[str, Any]) -> dict[str, Any]:
+    """The state dict inside a training script's container (EMA first), without DDP's ``module.`` prefixes."""
+    for key in _CONTAINER_KEYS:
+        if isinstance(state_dict.get(key), dict):
+            return unwrap_state_dict(state_dict[key])
+    return {k.removeprefix("module."): v for k, v in state_dict.items()}
 
 
 def tensor_rows(path: str | Path, key: str) -> int | None:
@@ -65,9 +73,7 @@ def tensor_rows(path: str | Path, key: str) -> int | None:
         state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
     except Exception:  # an old-format pickle (no mmap), a corrupt file, classes weights_only refuses
         return None
-    while isinstance(state, dict) and key not in state and f"module.{key}" not in state:
-        state = next((state[name] for name in _CONTAINERS if isinstance(state.get(name), dict)), None)
-    value = state.get(key, state.get(f"module.{key}")) if isinstance(state, dict) else None
+    value = unwrap_state_dict(state).get(key) if isinstance(state, dict) else None
     return int(value.shape[0]) if isinstance(value, torch.Tensor) and value.dim() else None
 
 
