@@ -8,7 +8,7 @@ PYTHON ?= $(VENV)/bin/python
 # CUDA builds of torch/torchvision also run on CPU; these versions install from this project's machine cache.
 TORCH ?= torch==2.14.1 torchvision==0.29.1
 
-.PHONY: install demo study study-v2 study-v3 study-vit-s bench-cuda test lint
+.PHONY: install demo study study-v2 study-v3 study-v4 study-vit-s bench-cuda test lint
 
 $(VENV)/bin/python:
 	$(VENV_PYTHON) -m venv $(VENV) || { echo "Could not create $(VENV): install python3-venv (Debian/Ubuntu:" \
@@ -41,6 +41,11 @@ study-v2: install
 # evaluated at 80-256 px; about 16 h on a 2-core CPU. Resumable: a rerun continues each unfinished run from last.pth.
 study-v3: install
 	$(PYTHON) scripts/imagenette_study.py --study v3
+
+# Study v4 (docs/studies.md): the training-side remedies and the data question on v3's 14x14 grid, 2 seeds each, about
+# 2.5 h per run on a 2-core CPU. Resumable, and it skips finished runs and evaluations.
+study-v4: install
+	$(PYTHON) scripts/imagenette_study.py --study v4
 
 # On a machine with CUDA GPUs: ViT-S on the 14x14 grid (configs/imagenette_vit_s), APE / Axial / Mixed x 2 seeds, trained
 # with torchrun over every GPU, evaluated at 80-256 px; resumable. DATA_DIR=... reads another copy of Imagenette.

@@ -69,6 +69,9 @@ STUDIES = {
     "v3": ("configs/imagenette_study/v3", "results/imagenette/v3", "output/study/v3", {
         "mixed": ("RoPE-Mixed", "ape"), "ape": ("APE", None), "axial": ("RoPE-Axial", "ape"),
         "mixed_coord_sizes": ("RoPE-Mixed + coord aug + sizes 80-160", "ape")}),
+    "v4": ("configs/imagenette_study/v4", "results/imagenette/v4", "output/study/v4", {
+        "mixed_coord_sizes": ("RoPE-Mixed + coord aug + sizes 80-160", "ape_sizes"),
+        "ape_sizes": ("APE + sizes 80-160", None)}),
     "vit_s": ("configs/imagenette_vit_s", "results/imagenette/vit_s", "output/imagenette_vit_s", {
         "mixed": ("RoPE-Mixed ViT-S", "ape"), "ape": ("APE ViT-S", None), "axial": ("RoPE-Axial ViT-S", "ape")}),
 }
@@ -79,15 +82,16 @@ HEADLINE = "v3"
 # Evaluation sizes per study: 0.75x-2.5x of 64 px (v1, v2); RoPE-ViT's 160-512 px ratios of 112 px (v3, vit_s: grids
 # 10-32).
 SIZES = {"v1": [48, 64, 80, 96, 128, 160], "v2": [48, 64, 80, 96, 128, 160], "v3": [80, 112, 160, 192, 256],
+         "v4": [80, 112, 160, 192, 256],
          "vit_s": [80, 112, 160, 192, 256]}
 # The goal each RoPE arm is read against: v1 and v2 hold at 2x and beat APE at 2x and at the largest size; on the
 # 14x14 grid, RoPE-ViT's own claim: hold at 1.43x-1.71x (320 and 384 px of 224) and beat APE at 2.29x (512 px).
 ROPE_VIT_GOAL = Goal(hold=(1.43, 1.71), beat=(None,))
-GOALS = {"v3": ROPE_VIT_GOAL, "vit_s": ROPE_VIT_GOAL}
+GOALS = {"v3": ROPE_VIT_GOAL, "v4": ROPE_VIT_GOAL, "vit_s": ROPE_VIT_GOAL}
 # Arms that wait until every seed of the others is done: v3's remedy comes after its three controls.
 LATER = {"v3": ("mixed_coord_sizes",)}
 # Second crop fraction evaluated (positions as trained only) beside the study's crop 1.0: one crop can favour an arm.
-SECOND_CROP = {"v3": 0.875}
+SECOND_CROP = {"v3": 0.875, "v4": 0.875}
 
 
 def run(command: list[str]) -> float:
