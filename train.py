@@ -30,10 +30,15 @@ from timm.scheduler import create_scheduler_v2
 from timm.utils import ModelEmaV3, random_seed
 from torch.nn.parallel import DistributedDataParallel
 
-from vit_rope import data, engine, train_state
-from vit_rope.checks import check_model_name, check_multiple, check_ranks_agree, patch_size, scheduler_args
-from vit_rope.config import Config, UserError, parse_args, save_config
-from vit_rope.factory import create_model
+from vit_rope.checks import check_model_name, check_multiple, patch_size
+from vit_rope.data import folders
+from vit_rope.errors import UserError
+from vit_rope.models.factory import create_model
+from vit_rope.train import engine, loaders
+from vit_rope.train import state as train_state
+from vit_rope.train.checks import check_ranks_agree, scheduler_args
+from vit_rope.train.cli import parse_args
+from vit_rope.train.config import Config, save_config
 
 
 def new_classifier(state: dict[str, torch.Tensor], net: torch.nn.Module, theirs: list[str] | None, ours: list[str],
@@ -59,7 +64,7 @@ def train(cfg: Config) -> None:
     # ---- device, seeds ----------------------------------------------------------------------------------------
     env = engine.init_distributed(cfg.device)
     random_seed(cfg.seed, env.rank)
-    pipeline, _ = data.choose_pipeline(cfg)  # the batched tensor pipeline needs no loader workers
+    pipeline, _ = loaders.choose_pipeline(cfg)  # the batched tensor pipeline needs no loader workers
     threads = engine.set_cpu_threads(cfg.threads, cfg.workers if pipeline == "timm" else 0)
     if env.device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = cfg.tf32
@@ -73,13 +78,13 @@ def train(cfg: Config) -> None:
 
     # ---- data: scanned first, because the classifier needs the number of classes -----------------------------
     with engine.main_process_first(env):  # rank 0 downloads, the other ranks wait
-        data_dir = data.resolve_data_dir(cfg.data_dir, cfg.download_size)
+        data_dir = folders.resolve_data_dir(cfg.data_dir, cfg.download_size)
     cfg.data_dir = str(data_dir)
-    train_samples, classes = data.find_images(data_dir / "train")
+    train_samples, classes = folders.find_images(data_dir / "train")
     if len(classes) < 2:  # a one-way classifier learns nothing: loss 0 and top-1 100 from the first step
         raise UserError(f"{data_dir / 'train'} has {len(classes)} class folder ({classes[0]}); a classifier needs "
                         "two or more, each in a folder of its own")
-    val_samples, _ = data.find_images(data_dir / cfg.val_split, classes, split_key="val_split")
+    val_samples, _ = folders.find_images(data_dir / cfg.val_split, classes, split_key="val_split")
     # every rank draws each step's size and images itself, from these: they must agree (a collective under DDP)
     check_ranks_agree({key: getattr(cfg, key) for key in ("train_sizes", "img_size", "batch_size", "token_budget",
                                                           "seed", "mixup", "cutmix", "repeated_aug", "epochs",
@@ -110,7 +115,7 @@ def train(cfg: Config) -> None:
     data_config = resolve_data_config({"input_size": (3, cfg.img_size, cfg.img_size), "crop_pct": cfg.crop_pct,
                                        "interpolation": cfg.interpolation}, model=net)
     with engine.main_process_first(env):  # rank 0 writes the decoded cache, the other ranks read it
-        train_loader, val_loader = data.build_loaders(cfg, train_samples, val_samples, data_config, env.rank,
+        train_loader, val_loader = loaders.build_loaders(cfg, train_samples, val_samples, data_config, env.rank,
                                                       env.world_size, env.device)
     say(f"{cfg.model}: {sum(p.numel() for p in net.parameters()) / 1e6:.2f}M params on {env.world_size} x "
         f"{env.device.type} ({threads} CPU threads each); {len(train_samples)} train / {len(val_samples)} val "
@@ -191,13 +196,13 @@ def train(cfg: Config) -> None:
 
     def save_mid_epoch(epoch: int, step: int, totals: engine.EpochTotals) -> None:
         """``checkpoint_interval``: last.pth at step ``step`` of epoch ``epoch`` (0-based, in progress), with the
-        epoch's totals so far; ``--resume`` goes on from the next step (``vit_rope.steps``)."""
+        epoch's totals so far; ``--resume`` goes on from the next step (``vit_rope.data.steps``)."""
         save_last(epoch, {"step": step, "epoch_totals": dataclasses.asdict(totals)})
 
     # ---- train ------------------------------------------------------------------------------------------------
     for epoch in range(start_epoch, cfg.epochs):
         start = time.perf_counter()
-        data.set_epoch(train_loader, epoch, start_step)
+        loaders.set_epoch(train_loader, epoch, start_step)
         try:
             stats = engine.train_one_epoch(model, train_loader, optimizer, scheduler, loss_fn, cfg, env, epoch,
                                            scaler=scaler, mixup=mixup, ema=ema, start_step=start_step, totals=totals,

@@ -33,7 +33,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import vit_rope  # noqa: E402  (registers the vit_rope_* models)
-from vit_rope import report  # noqa: E402
+from vit_rope.eval import report  # noqa: E402
 
 MODELS = {"timm": "vit_small_patch16_dinov3", "vit_rope": "vit_rope_small_patch16_dinov3"}
 FIXED_MMAP = {"MALLOC_MMAP_THRESHOLD_": str(2**20)}  # glibc: blocks >= 1 MiB are mmapped, returned when freed

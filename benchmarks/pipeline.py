@@ -9,7 +9,8 @@ in random order each round:
 
 - ``step``: the training step alone, on one batch fetched beforehand, with every CPU thread of the machine: what
   the model can do, the reference of every ratio;
-- ``tensor``: the batched tensor pipeline (``vit_rope.pipeline``) feeding the step, with the threads train.py gives;
+- ``tensor``: the batched tensor pipeline (``vit_rope.data.pipeline``) feeding the step, with the threads train.py
+gives;
 - ``timm``: timm's per-image transforms in ``workers`` DataLoader processes feeding the step, with the threads train.py
   leaves after the workers.
 
@@ -40,17 +41,21 @@ from timm.data import resolve_data_config
 from timm.optim import create_optimizer_v2
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from vit_rope import data, engine  # noqa: E402
-from vit_rope.config import build_config  # noqa: E402
-from vit_rope.factory import create_model  # noqa: E402  (after the path set-up, as the script runs from anywhere)
-from vit_rope.report import table  # noqa: E402
+from vit_rope.data import folders
+from vit_rope.eval.report import table  # noqa: E402
+from vit_rope.models.factory import create_model  # noqa: E402  (after the path set-up, as the script runs from anywhere)
+from vit_rope.train import (
+    engine,  # noqa: E402
+    loaders,
+)
+from vit_rope.train.cli import build_config  # noqa: E402
 
 
 def stream(loader) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
     """Batches of one epoch after another, as a training run draws them."""
     epoch = 0
     while True:
-        data.set_epoch(loader, epoch)
+        loaders.set_epoch(loader, epoch)
         for images, targets, _ in loader:
             yield images, targets
         epoch += 1
@@ -67,9 +72,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_intermixed_args(argv)
     cfg = build_config(args.config, args.overrides)
     env = engine.init_distributed(cfg.device)
-    data_dir = data.resolve_data_dir(cfg.data_dir, cfg.download_size)
-    train_samples, classes = data.find_images(data_dir / "train")
-    val_samples, _ = data.find_images(data_dir / cfg.val_split, classes, split_key="val_split")
+    data_dir = folders.resolve_data_dir(cfg.data_dir, cfg.download_size)
+    train_samples, classes = folders.find_images(data_dir / "train")
+    val_samples, _ = folders.find_images(data_dir / cfg.val_split, classes, split_key="val_split")
     torch.manual_seed(cfg.seed)
     dynamic = {"dynamic_img_size": True} if cfg.train_sizes else {}  # as train.py builds it
     model, _ = create_model(cfg.model, {"num_classes": len(classes), "img_size": cfg.img_size,
@@ -102,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
         variants |= {f"{name}_one_size": dict(variant, train_sizes=[]) for name, variant in variants.items()}
     for name, variant in variants.items():
         run_cfg = dataclasses.replace(cfg, **variant)
-        loader, _ = data.build_loaders(run_cfg, train_samples, val_samples, data_config, device=env.device)
+        loader, _ = loaders.build_loaders(run_cfg, train_samples, val_samples, data_config, device=env.device)
         batches = stream(loader)
         threads = engine.set_cpu_threads(cfg.threads, cfg.workers if variant["pipeline"] == "timm" else 0)
         modes[name] = (threads, batches.__next__)

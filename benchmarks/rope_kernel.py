@@ -7,14 +7,14 @@ Input: the qkv projection output of one attention layer, ``[B, N, 3, nh, D]`` wi
 implementation rotates its q and k (patch tokens; the class token is left as it is) by the same tables:
 
 - ``copy``: no rotation, ``q`` and ``k`` copied into a preallocated buffer; the bandwidth reference;
-- ``ours_in_place``: ``vit_rope.fused.rotate_qk`` without autograd: in place in the qkv buffer (eager inference),
+- ``ours_in_place``: ``vit_rope.layers.fused.rotate_qk`` without autograd: in place in the qkv buffer (eager inference),
   PyTorch backend;
 - ``ours_autograd``: ``rotate_qk`` recording autograd, on a qkv tensor it may not change: a new qkv tensor, q and k
   rotated and v copied in one pass, so it moves v too (half as much again as q and k), PyTorch backend. Our models in
   training rotate in place instead, inside the projection's autograd node (``project_rotate_qk``), as
   ``ours_in_place`` does;
 - ``ours_triton_in_place``, ``ours_triton_autograd``: the same with the Triton kernels (CUDA only);
-- ``ours_reference``: ``vit_rope.rope.apply_rope`` on q and k, out of place (what torch.compile fuses);
+- ``ours_reference``: ``vit_rope.layers.rope.apply_rope`` on q and k, out of place (what torch.compile fuses);
 - ``complex_rope_vit``: RoPE-ViT's ``apply_rotary_emb`` (fp32 complex product, class token sliced off and written
   back);
 - ``timm_rot_embed_cat``: timm's ``apply_rot_embed_cat`` as its Eva attention calls it (prefix sliced off and
@@ -46,10 +46,10 @@ from timm.layers import apply_rot_embed_cat
 from torch import Tensor
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from vit_rope import triton_rope  # noqa: E402
-from vit_rope.fused import rotate_qk  # noqa: E402  (after the path set-up, as the script runs from anywhere)
-from vit_rope.report import table  # noqa: E402
-from vit_rope.rope import RoPE2D, apply_rope, grid_positions  # noqa: E402
+from vit_rope.eval.report import table  # noqa: E402
+from vit_rope.layers import triton_rope  # noqa: E402
+from vit_rope.layers.fused import rotate_qk  # noqa: E402  (after the path set-up, as the script runs from anywhere)
+from vit_rope.layers.rope import RoPE2D, apply_rope, grid_positions  # noqa: E402
 
 
 def split(qkv: Tensor) -> tuple[Tensor, Tensor, Tensor]:

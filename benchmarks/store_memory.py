@@ -25,7 +25,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from vit_rope.report import table  # noqa: E402  (after the path set-up, as the script runs from anywhere)
+from vit_rope.eval.report import table  # noqa: E402  (after the path set-up, as the script runs from anywhere)
 
 
 def memory_mib() -> dict[str, float]:
@@ -50,20 +50,21 @@ def one_process(config: str, overrides: list[str], rank: int, world_size: int, q
     from timm.data import resolve_data_config
 
     import vit_rope  # noqa: F401  (registers the models)
-    from vit_rope import data
-    from vit_rope.config import build_config
+    from vit_rope.data import folders
+    from vit_rope.train import loaders
+    from vit_rope.train.cli import build_config
 
     torch.set_num_threads(1)
     baseline = memory_mib()
     cfg = build_config(config, overrides)
-    data_dir = data.resolve_data_dir(cfg.data_dir, cfg.download_size)
-    train_samples, classes = data.find_images(data_dir / "train")
-    val_samples, _ = data.find_images(data_dir / cfg.val_split, classes, split_key="val_split")
+    data_dir = folders.resolve_data_dir(cfg.data_dir, cfg.download_size)
+    train_samples, classes = folders.find_images(data_dir / "train")
+    val_samples, _ = folders.find_images(data_dir / cfg.val_split, classes, split_key="val_split")
     model = timm.create_model(cfg.model, num_classes=len(classes), img_size=cfg.img_size, **cfg.model_kwargs)
     data_config = resolve_data_config({"input_size": (3, cfg.img_size, cfg.img_size), "crop_pct": cfg.crop_pct,
                                        "interpolation": cfg.interpolation}, model=model)
-    train_loader, val_loader = data.build_loaders(cfg, train_samples, val_samples, data_config, rank, world_size)
-    data.set_epoch(train_loader, 0)
+    train_loader, val_loader = loaders.build_loaders(cfg, train_samples, val_samples, data_config, rank, world_size)
+    loaders.set_epoch(train_loader, 0)
     for _ in train_loader:
         pass
     for _ in val_loader:

@@ -28,7 +28,7 @@ from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import vit_rope  # noqa: E402,F401  (registers the vit_rope_* models)
-from vit_rope import report  # noqa: E402
+from vit_rope.eval import report  # noqa: E402
 
 FAMILIES = {  # baseline first: the same ViT (DeiT-III: LayerScale, class token, qkv bias) without RoPE
     "small": ["deit3_small_patch16_224", "vit_rope_small_patch16_axial_224", "vit_rope_small_patch16_mixed_224",

@@ -3,9 +3,9 @@
     python benchmarks/tune_rope_kernel.py --device cuda --json out.json   # ViT-S shapes, bf16, batch 128, 224 + 384
     python benchmarks/tune_rope_kernel.py --device cpu                    # tiny shapes, Triton's interpreter, no timing
 
-``vit_rope.triton_rope._launch`` picks ``BLOCK_T = 2048 // (2 * BLOCK_J)`` tokens per program and Triton's default of
-4 warps, a guess that has not been measured on a GPU. This script calls ``_launch`` with other values of those two,
-for each pass our models make:
+``vit_rope.layers.triton_rope._launch`` picks ``BLOCK_T = 2048 // (2 * BLOCK_J)`` tokens per program and Triton's
+default of 4 warps, a guess that has not been measured on a GPU. This script calls ``_launch`` with other values of
+those two, for each pass our models make:
 
 - ``infer_in_place``: q and k rotated in the qkv buffer (eager inference);
 - ``train_forward``: a new qkv, q and k rotated and v copied (``rotate_qk`` recording autograd);
@@ -32,8 +32,9 @@ import torch
 from torch import Tensor
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from vit_rope import report, triton_rope  # noqa: E402  (after the path set-up, as the script runs from anywhere)
-from vit_rope.rope import RoPE2D, grid_positions  # noqa: E402
+from vit_rope.eval import report
+from vit_rope.layers import triton_rope  # noqa: E402  (after the path set-up, as the script runs from anywhere)
+from vit_rope.layers.rope import RoPE2D, grid_positions  # noqa: E402
 
 if triton_rope.AVAILABLE:
     import triton

@@ -20,10 +20,10 @@ unfinished one resumes, so an interrupted study goes on where it stopped. As soo
 checkpoint (``last.pth``: nothing is selected on the val images) is evaluated with ``vit_rope.evaluate`` at the
 study's sizes under every RoPE policy into ``eval/<arm>/<run>/``, its config and ``metrics.csv`` are copied into
 ``runs/``, and the report (``summary.md``, plots, the docs section) is rebuilt from the files by
-``vit_rope.study.write_study``, which merges the seeds evaluated so far, together with the table that puts every
-study side by side (``vit_rope.study_compare``). Checkpoints a run kept part-way (``keep_every`` in its config, as in
+``studies.report.write_study``, which merges the seeds evaluated so far, together with the table that puts every
+study side by side (``studies.compare``). Checkpoints a run kept part-way (``keep_every`` in its config, as in
 v3) are evaluated with positions as trained into ``course/<arm>/<run>/`` for the table of accuracy over the schedule
-(``vit_rope.study_course``). A partial study is therefore always a consistent one.
+(``studies.course``). A partial study is therefore always a consistent one.
 """
 
 from __future__ import annotations
@@ -43,13 +43,14 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from vit_rope.config import build_config, load_yaml  # noqa: E402  (after the path set-up, as the script runs from anywhere)
-from vit_rope.policies import POLICIES  # noqa: E402
-from vit_rope.report import machine, replace_section  # noqa: E402
-from vit_rope.study import Goal, is_run, write_study  # noqa: E402
-from vit_rope.study_compare import HEADLINE_END, headline, headline_begin, write_comparison  # noqa: E402
-from vit_rope.study_course import COURSE, COURSE_END, course_begin, course_table  # noqa: E402
-from vit_rope.train_state import load_checkpoint  # noqa: E402
+from studies.compare import HEADLINE_END, headline, headline_begin, write_comparison  # noqa: E402
+from studies.course import COURSE, COURSE_END, course_begin, course_table  # noqa: E402
+from studies.report import Goal, is_run, write_study  # noqa: E402
+from vit_rope.eval.report import machine, replace_section  # noqa: E402
+from vit_rope.layers.policies import POLICIES  # noqa: E402
+from vit_rope.train.cli import build_config  # noqa: E402  (after the path set-up, as the script runs from anywhere)
+from vit_rope.train.config import load_yaml  # noqa: E402
+from vit_rope.train.state import load_checkpoint  # noqa: E402
 
 # study -> (config folder, results folder, training outputs, {arm: (label, arm of the same-recipe APE baseline)}),
 # arms in the order they run: the cheap, most asked-for ones first.
@@ -75,9 +76,9 @@ STUDIES = {
     "vit_s": ("configs/imagenette_vit_s", "results/imagenette/vit_s", "output/imagenette_vit_s", {
         "mixed": ("RoPE-Mixed ViT-S", "ape"), "ape": ("APE ViT-S", None), "axial": ("RoPE-Axial ViT-S", "ape")}),
 }
-# The studies whose committed results the side-by-side table of the docs page (vit_rope.study_compare) reads.
+# The studies whose committed results the side-by-side table of the docs page (studies.compare) reads.
 COMPARED = {study: Path(folder) for study, (_, folder, _, _) in STUDIES.items()}
-# The study whose summary (vit_rope.study_compare.headline) the README shows beside RoPE-ViT's table: the 14x14 grid.
+# The study whose summary (studies.compare.headline) the README shows beside RoPE-ViT's table: the 14x14 grid.
 HEADLINE = "v3"
 # Evaluation sizes per study: 0.75x-2.5x of 64 px (v1, v2); RoPE-ViT's 160-512 px ratios of 112 px (v3, vit_s: grids
 # 10-32).
@@ -108,7 +109,7 @@ def finished(path: Path, epochs: int) -> bool:
 
 
 def same_machine(one: dict, other: dict) -> bool:
-    """Whether two ``vit_rope.report.machine`` records describe the same hardware and software (dates aside)."""
+    """Whether two ``vit_rope.eval.report.machine`` records describe the same hardware and software (dates aside)."""
     return all(one.get(key) == other.get(key) for key in ("cpu", "cores", "gpu", "torch", "timm"))
 
 

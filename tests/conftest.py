@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -13,9 +12,7 @@ from PIL import Image
 
 import vit_rope  # noqa: F401  (registers the vit_rope_* models)
 
-REPO = Path(__file__).resolve().parent.parent
-if str(REPO) not in sys.path:  # train.py is a script at the repo root; bare `pytest` does not put it on the path
-    sys.path.insert(0, str(REPO))
+REPO = Path(__file__).resolve().parent.parent  # train.py is imported from there (pyproject's pythonpath)
 
 # One thread: the test models are so small that thread hand-offs cost more than they save, and the DDP test runs
 # two processes on the two cores of the CI machine.

@@ -1,13 +1,18 @@
 """vit-rope: 2D rotary position embeddings (RoPE-ViT, Heo et al., ECCV 2024) for timm Vision Transformers.
 
-Importing the package registers the ``vit_rope_*`` models with timm.
+Importing the package registers the ``vit_rope_*`` models with timm. The subpackages are its layers, each importing
+only the ones before it: ``layers`` (the RoPE maths, resolution policies, fused rotation, attention), ``models`` (the
+ViT, its registry, DINOv3 backbones, weight conversion), ``data`` (folders, decoded cache, batched pipeline, step
+sampler), ``train`` (config, checks, loaders, engine, resumable state) and ``eval`` (evaluation harness, reports,
+diagnostics, ONNX export); ``evaluate``, ``diagnose`` and ``export`` are the ``python -m vit_rope.X`` commands.
 """
 
-from . import _requires, registry  # noqa: F401  (checks timm's version, then registers the models with timm)
-from .checkpoint import LoadReport, WeightsNotLoadedWarning, convert_state_dict, load_weights
-from .fused import rotate_qk
-from .model import RoPEVisionTransformer
-from .rope import RoPE2D, apply_rope, grid_positions
+from vit_rope import _requires  # noqa: F401  (checks timm's version before anything imports timm's models)
+from vit_rope.layers.fused import rotate_qk
+from vit_rope.layers.rope import RoPE2D, apply_rope, grid_positions
+from vit_rope.models import registry  # noqa: F401  (registers the models with timm)
+from vit_rope.models.checkpoint import LoadReport, WeightsNotLoadedWarning, convert_state_dict, load_weights
+from vit_rope.models.vit import RoPEVisionTransformer
 
 __all__ = ["LoadReport", "RoPE2D", "RoPEVisionTransformer", "WeightsNotLoadedWarning", "apply_rope",
            "convert_state_dict", "grid_positions", "load_weights", "rotate_qk"]

@@ -1,0 +1,114 @@
+"""Resolution-extrapolation studies side by side: does RoPE's accuracy as trained hold above the training size on
+larger training grids?
+
+RoPE-ViT (Heo et al., ECCV 2024, arXiv:2403.13298) reports RoPE-Mixed extrapolating as trained from a 14x14 grid
+(224 px, 16 px patches). Each study (``studies.report``) answers for one grid and recipe; this table puts every arm of
+every study in one place, by training grid: top-1 at the training size, as trained at the two largest evaluated
+sizes, and under the best policy at the largest. It reads the same files as each study's own report, so it is
+rebuilt with them and is consistent with them. ``headline`` gives one study in a table for the README's front page.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from studies import report as study
+from vit_rope.eval.report import markdown_table, replace_section, table
+
+COMPARE_BEGIN = "<!-- compare:begin (written by scripts/imagenette_study.py from every study's results folder) -->"
+COMPARE_END = "<!-- compare:end -->"
+HEADLINE_END = "<!-- headline:end -->"
+
+
+def patch_size(config: dict[str, Any]) -> int:
+    """The patch size of a run's resolved config: ``model_kwargs.patch_size``, else the ``patchN`` of the model
+    name (timm's names), else a ``ValueError`` naming the model."""
+    size = (config.get("model_kwargs") or {}).get("patch_size")
+    if size is None:
+        match = re.search(r"patch(\d+)", config["model"])
+        if match is None:
+            raise ValueError(f"cannot tell the patch size of model {config['model']!r}: set model_kwargs.patch_size")
+        size = int(match.group(1))
+    return size if isinstance(size, int) else int(size[0])
+
+
+def _grids(results_dir: Path, runs: list[dict[str, Any]]) -> dict[str, str]:
+    """Arm label -> its training grid, ``"hxw"`` patches, from the first run's saved config."""
+    grids = {}
+    for run in runs:
+        if study.arm_label(run) not in grids:
+            config = yaml.safe_load((results_dir / "runs" / run["name"] / "config.yaml").read_text())
+            side = config["img_size"] // patch_size(config)
+            grids[study.arm_label(run)] = f"{side}x{side}"
+    return grids
+
+
+def _change(row: dict[str, Any], trained: dict[str, Any]) -> str:
+    return f"{study.spread(row)} ({row['top1'] - trained['top1']:+.1f})"
+
+
+def comparison_rows(name: str, results_dir: Path) -> list[list[Any]]:
+    """One table row per arm of the study in ``results_dir`` evaluated so far (none before the first evaluation)."""
+    if not (results_dir / "runs.json").exists() or not any((results_dir / "eval").rglob("results.json")):
+        return []
+    runs = json.loads((results_dir / "runs.json").read_text())
+    _, merged = study.merged_results(results_dir / "eval", runs)
+    grids, rows = _grids(results_dir, runs), []
+    for label, by_size in study.as_trained_by_arm(merged).items():
+        trained = study.training_row(by_size)
+        if trained is None:  # not evaluated at its training size: nothing to measure a change from
+            continue
+        base, larger = trained["train_size"], sorted(size for size in by_size if size > trained["train_size"])[-2:]
+        changes = ["-"] * (2 - len(larger)) + [_change(by_size[size], trained) for size in larger]
+        best = "-"
+        if larger:
+            row = study.best_row(merged, label, larger[-1])
+            best = f"{_change(row, trained)}, {row['policy'] or 'as trained'}"
+        rows.append([name, grids[label], label, trained["seeds"], study.spread(trained),
+                     " / ".join(f"{size / base:.3g}x" for size in larger) or "-", *changes, best])
+    return rows
+
+
+def comparison(studies: Mapping[str, Path]) -> str:
+    """The side-by-side table of ``studies`` (name -> results folder), sorted by training grid, then study."""
+    rows = [row for name, folder in studies.items() for row in comparison_rows(name, folder)]
+    if not rows:
+        return "(no study evaluated yet)"
+    rows.sort(key=lambda row: int(row[1].split("x")[0]))  # stable: studies and arms keep their order within a grid
+    return table(["study", "grid", "model", "seeds", "top-1 at training size", "larger sizes",
+                  "as trained, second largest", "as trained, largest", "best policy at the largest"], rows)
+
+
+def write_comparison(readme: Path, studies: Mapping[str, Path]) -> bool:
+    """Rewrite the section of ``readme`` between ``COMPARE_BEGIN`` and ``COMPARE_END`` with ``comparison(studies)``;
+    a page without the section is left alone (returns False)."""
+    return replace_section(readme, COMPARE_BEGIN, COMPARE_END, comparison(studies))
+
+
+def headline_begin(results_dir: Path) -> str:
+    """The line that opens a study's front-page summary (``headline``) in the README."""
+    return f"<!-- headline:begin (written by scripts/imagenette_study.py from {results_dir.as_posix()}) -->"
+
+
+def headline(results_dir: Path) -> str:
+    """A study in one table for the front page: every arm with positions as trained, then each RoPE arm under the
+    policy that is best at the largest size (when that is not ``extrapolate``), seeds merged."""
+    runs = json.loads((results_dir / "runs.json").read_text())
+    _, merged = study.merged_results(results_dir / "eval", runs)
+    largest = max(row["img_size"] for row in merged)
+    rows = study.as_trained_rows(merged)
+    for model in dict.fromkeys(row["model"] for row in merged if row["policy"] is not None):
+        best = study.best_row(merged, model, largest)["policy"]
+        if best != "extrapolate":
+            rows += [row for row in merged if row["model"] == model and row["policy"] == best]
+    seeds = sorted({run["seed"] for run in runs})
+    return (f"{study.counted(len(runs), 'finished run')}, {'seed' if len(seeds) == 1 else 'seeds'} "
+            f"{', '.join(map(str, seeds))}: top-1 (%), mean ± half the "
+            f"seed range; `*` training size; policy `extrapolate` or `-` (APE): positions as trained.\n\n"
+            + markdown_table(rows))

@@ -1,0 +1,170 @@
+"""Data side: folder scanning and its errors, RGB conversion, the decoded cache, skipping unreadable images."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import pytest
+import torch
+from timm.data import resolve_data_config
+
+from vit_rope.data import decoded, folders
+from vit_rope.data.pipeline import BatchLoader
+from vit_rope.errors import UserError
+from vit_rope.train import loaders
+from vit_rope.train.cli import build_config
+
+DATA_CONFIG = resolve_data_config({"input_size": (3, 32, 32), "crop_pct": 0.875, "interpolation": "bilinear"})
+
+
+def test_find_images_lists_every_image_with_train_class_indices(image_root: Path) -> None:
+    train, classes = folders.find_images(image_root / "train")
+    val, _ = folders.find_images(image_root / "val", classes)
+    assert classes == ["class_0", "class_1", "class_2"]
+    assert len(train) == 24 and len(val) == 12
+    assert sorted({target for _, target in val}) == [0, 1, 2]
+
+
+@pytest.mark.parametrize("breakage, message", [
+    (lambda root: (root / "val").rename(root / "valid"), "val does not exist"),
+    (lambda root: [p.unlink() for p in (root / "train" / "class_2").iterdir()], "class_2 holds no images"),
+    (lambda root: [p.rename(p.with_suffix(".txt")) for p in (root / "train" / "class_1").iterdir()],
+     "class_1 holds no images"),
+    (lambda root: (root / "val" / "class_9").mkdir(), "class_9 is a class the train split does not have"),
+    (lambda root: [p.write_bytes(b"not an image") for p in (root / "val").rglob("*.*")],
+     r"none of the \d+ images under .*val can be read \(e.g. .*val/class_0/"),
+])
+def test_bad_layouts_are_user_errors_naming_the_path(image_root: Path, breakage, message: str) -> None:
+    breakage(image_root)
+    with pytest.raises(UserError, match=message):
+        _, classes = folders.find_images(image_root / "train")
+        folders.find_images(image_root / "val", classes)
+
+
+def test_empty_train_folder_is_a_user_error(tmp_path: Path) -> None:
+    (tmp_path / "train").mkdir()
+    with pytest.raises(UserError, match="has no class folders"):
+        folders.find_images(tmp_path / "train")
+
+
+def _loaders(root: Path, *overrides: str):
+    cfg = build_config(None, ["img_size=32", "batch_size=4", "workers=0", *overrides])
+    train, classes = folders.find_images(root / "train")
+    val, _ = folders.find_images(root / "val", classes)
+    return loaders.build_loaders(cfg, train, val, DATA_CONFIG)
+
+
+def test_decoded_cache_gives_the_same_validation_batches_and_is_reused_from_disk(image_root: Path,
+                                                                                   tmp_path: Path) -> None:
+    _, plain = _loaders(image_root)
+    _, cached = _loaders(image_root, "decoded_cache=true", f"cache_dir={tmp_path / 'cache'}", "cache_size=64")
+    for (x, y, _), (xc, yc, _) in zip(plain, cached, strict=True):
+        assert torch.equal(y, yc) and torch.allclose(x, xc)  # 40 px images fit the cache: no shrinking
+    files = list((tmp_path / "cache").glob("decoded-64px-*.pt"))
+    assert len(files) == 2  # train and val
+    _, again = _loaders(image_root, "decoded_cache=true", f"cache_dir={tmp_path / 'cache'}", "cache_size=64")
+    assert torch.equal(next(iter(again))[0], next(iter(cached))[0])
+
+
+@pytest.mark.parametrize("overrides", [(), ("decoded_cache=true",), ("decoded_cache=true", "auto_augment=null",
+                                                                       "reprob=0")], ids=["files", "cached", "tensor"])
+def test_unreadable_image_is_replaced_warned_by_path_and_counted(image_root: Path, caplog,
+                                                                 overrides: tuple[str, ...]) -> None:
+    bad = image_root / "train" / "class_2" / "3.jpg"
+    bad.write_bytes(b"\xff\xd8\xff\xe0 not really a jpeg")
+    train, _ = _loaders(image_root, *overrides)
+    assert isinstance(train, BatchLoader) == ("reprob=0" in overrides)
+    with caplog.at_level(logging.WARNING):
+        skipped = sum(int(batch[2].sum()) for batch in train)
+    assert skipped == 1
+    assert str(bad) in caplog.text and "unreadable image" in caplog.text
+
+
+def test_epoch_order_depends_only_on_seed_and_epoch(image_root: Path) -> None:
+    def first_targets(epoch: int) -> list[int]:
+        train, _ = _loaders(image_root)
+        loaders.set_epoch(train, epoch)
+        return [int(t) for _, targets, _ in train for t in targets]
+
+    assert first_targets(1) == first_targets(1)
+    assert first_targets(1) != first_targets(2)
+
+
+def test_data_dir_resolution(tmp_path: Path, monkeypatch) -> None:
+    assert folders.resolve_data_dir(str(tmp_path)) == tmp_path
+    monkeypatch.setattr(folders, "REPO_ROOT", tmp_path / "repo")
+    shared = tmp_path / "shared" / "data" / "imagenette"
+    shared.mkdir(parents=True)
+    (tmp_path / "repo").mkdir()
+    monkeypatch.chdir(tmp_path / "repo")  # where train.py runs: the saved config names no machine path
+    assert folders.resolve_data_dir(None) == Path("../shared/data/imagenette")
+    assert folders.resolve_data_dir(None).resolve() == shared.resolve()
+
+    shared.rmdir()
+    calls = []
+
+    class FakeImagenette:  # stands in for the download: no network in tests
+        def __init__(self, root, split, size, download):
+            calls.append((Path(root), split, size, download))
+
+    monkeypatch.setattr("torchvision.datasets.Imagenette", FakeImagenette)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    assert folders.resolve_data_dir(None, "160px") == tmp_path / "cache" / "vit_rope" / "imagenette2-160"
+    assert calls == [(tmp_path / "cache" / "vit_rope", split, "160px", True) for split in ("train", "val")]
+
+
+def test_failed_download_is_a_user_error(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setattr(folders, "REPO_ROOT", tmp_path / "repo")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+
+    def offline(*args, **kwargs):
+        raise RuntimeError("network unreachable")
+
+    monkeypatch.setattr("torchvision.datasets.Imagenette", offline)
+    with pytest.raises(UserError, match="could not download Imagenette.*pass --data-dir"):
+        folders.resolve_data_dir(None)
+
+
+BATCHED = ("decoded_cache=true", "auto_augment=null", "reprob=0")
+
+
+@pytest.mark.parametrize("overrides, expected", [
+    (BATCHED, ("tensor", "every augmentation of the config batches")),
+    (BATCHED[1:], ("timm", "decoded_cache is off")),
+    ((*BATCHED, "reprob=0.25"), ("timm", "random erasing (reprob=0.25) is per image")),
+    ((*BATCHED, "auto_augment=3a"), ("timm", "auto_augment=3a is per image")),
+    ((*BATCHED, "train_crop_mode=rkrr"), ("timm", "train_crop_mode=rkrr is timm's only")),
+    ((*BATCHED, "pipeline=timm"), ("timm", "pipeline=timm")),
+])
+def test_auto_pipeline_is_tensor_only_when_every_augmentation_batches(overrides, expected) -> None:
+    name, why = loaders.choose_pipeline(build_config(None, list(overrides)))
+    assert name == expected[0] and expected[1] in why
+
+
+def test_tensor_pipeline_refuses_a_per_image_config_naming_the_keys() -> None:
+    with pytest.raises(UserError, match=r"pipeline=tensor cannot run this config: .*auto_augment=rand.*reprob=0.25"):
+        loaders.choose_pipeline(build_config(None, ["decoded_cache=true", "pipeline=tensor"]))
+
+
+def test_tensor_loaders_read_the_store_only_and_never_decode_again(image_root: Path, tmp_path: Path,
+                                                                   monkeypatch, capsys) -> None:
+    cache = f"cache_dir={tmp_path / 'cache'}"
+    first_train, first_val = _loaders(image_root, *BATCHED, cache, "cache_size=40")
+    assert isinstance(first_train, BatchLoader) and isinstance(first_val, BatchLoader)
+    assert "data pipeline: tensor" in capsys.readouterr().out
+
+    def no_decoding(*args, **kwargs):
+        raise AssertionError("an image was decoded again")
+
+    monkeypatch.setattr(decoded, "decode_image", no_decoding)
+    train_loader, val_loader = _loaders(image_root, *BATCHED, cache, "cache_size=40")  # the cache file, memory-mapped
+    for epoch in (0, 1):
+        loaders.set_epoch(train_loader, epoch)
+        batches = list(train_loader)
+        assert len(batches) == len(train_loader) == 24 // 4 and all(x.shape == (4, 3, 32, 32) for x, _, _ in batches)
+    loaders.set_epoch(first_train, 1)
+    assert all(torch.equal(x, y) for (x, _, _), (y, _, _) in zip(batches, first_train, strict=True))
+    seen = torch.cat([targets for _, targets, _ in val_loader])
+    val_samples, _ = folders.find_images(image_root / "val", ["class_0", "class_1", "class_2"])
+    assert sorted(seen.tolist()) == sorted(target for _, target in val_samples)  # every val image once

@@ -1,0 +1,125 @@
+"""Diagnostics: frequency coverage, attention entropy and the directions plot, on tiny models."""
+
+import json
+import math
+
+import pytest
+import timm
+import torch
+from test_evaluate import ROPE, write_checkpoint
+
+import vit_rope  # noqa: F401  (registers the models)
+from vit_rope.eval.diagnose import attention_entropy, frequency_coverage, main
+
+
+def test_frequency_coverage_counts_channels_with_unseen_phases():
+    model = timm.create_model("vit_rope_tiny_patch16_axial_224", depth=2, img_size=64)  # 4x4 training grid
+    at_train = frequency_coverage(model, (4, 4))
+    assert len(at_train) == 1 and at_train[0]["unseen"] == 0  # axial: one table for all layers
+    larger = frequency_coverage(model, (16, 16))[0]
+    train_turns = torch.tensor(larger["train_turns"])
+    # with theta = 100 on a 4-wide grid, the low-frequency pairs never complete a turn: they meet new phases
+    assert larger["unseen"] == int((train_turns < 1).sum()) > 0
+    target_turns = torch.tensor(larger["target_turns"])
+    torch.testing.assert_close(target_turns, train_turns * 15 / 3)  # extrapolate: the range grows with the grid
+    model.set_rope_policy("interpolate")
+    interpolated = frequency_coverage(model, (16, 16))[0]
+    torch.testing.assert_close(torch.tensor(interpolated["target_turns"]), train_turns * 3.75 / 3)  # in [0, 3.75]
+    assert interpolated["unseen"] == 0  # 0.75 beyond the training range: less than one training step
+    mixed = timm.create_model("vit_rope_tiny_patch16_mixed_224", depth=3, img_size=64)
+    assert len(frequency_coverage(mixed, (8, 8))) == 3  # one row per layer
+
+
+def test_attention_entropy_is_bounded_by_uniform():
+    model = timm.create_model("vit_rope_tiny_patch16_mixed_224", depth=2, img_size=32)
+    images = torch.randn(2, 3, 64, 48)
+    entropy = attention_entropy(model, images)
+    assert len(entropy) == 2
+    n_tokens = 1 + 4 * 3
+    assert all(0 < e <= math.log(n_tokens) + 1e-5 for e in entropy)
+    assert not any(blk.attn._forward_pre_hooks for blk in model.blocks)  # hooks removed
+
+
+def test_cli_writes_report_and_plot(tmp_path, capsys):
+    weights = tmp_path / "w.pth"
+    model = timm.create_model("vit_rope_tiny_patch16_mixed_224", depth=2, num_classes=3)
+    torch.save(model.state_dict(), weights)
+    argv = ["--model", "vit_rope_tiny_patch16_mixed_224", "--pretrained-file", str(weights), "--sizes", "32", "64",
+            "--num-images", "2", "--output", str(tmp_path / "out"), "--model-kwargs", "depth=2", "num_classes=3"]
+    assert main(argv) == 0
+    report = json.loads((tmp_path / "out" / "diagnostics.json").read_text())
+    assert set(report["sizes"]) == {"32", "64"} and len(report["sizes"]["64"]["entropy"]) == 2
+    assert (tmp_path / "out" / "rope_directions.png").stat().st_size > 1000
+    assert report["model"] == f"vit_rope_tiny_patch16_mixed_224 (depth=2) ({weights})"  # num_classes: no architecture
+    assert main(argv[:5] + ["40"] + argv[7:]) == 2
+    assert capsys.readouterr().err == ("error: --sizes entry 40 is not a positive multiple of the patch size 16 of "
+                                       f"vit_rope_tiny_patch16_mixed_224 (depth=2) ({weights}): use 32 or 48\n")
+
+
+def test_policy_option_diagnoses_under_another_resolution_policy(tmp_path, capsys):
+    argv = ["--model", ROPE, "--random-init", "--model-kwargs", "depth=1", "img_size=32", "--sizes", "32", "128",
+            "--num-images", "1"]
+    turns = {}
+    for policy in ("extrapolate", "interpolate"):
+        assert main([*argv, "--policy", policy, "--output", str(tmp_path / policy)]) == 0
+        report = json.loads((tmp_path / policy / "diagnostics.json").read_text())
+        assert report["policy"] == policy and f"policy {policy}" in capsys.readouterr().out
+        turns[policy] = torch.tensor(report["sizes"]["128"]["coverage"][0]["target_turns"])
+    # on an 8x8 grid of a 2x2-trained model, interpolate keeps positions within 1.75 patches, extrapolate spans 7
+    torch.testing.assert_close(turns["interpolate"] * 7 / 1.75, turns["extrapolate"])
+    dinov3 = ["--model", "vit_rope_small_patch16_dinov3", "--random-init", "--model-kwargs", "depth=1", "--sizes", "32",
+              "--num-images", "1", "--policy", "yarn", "--output", str(tmp_path / "dinov3")]
+    assert main(dinov3) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: --policy yarn: RoPE policy 'yarn' does not apply to DINOv3's RoPE") and \
+        err.count("\n") == 1 and not (tmp_path / "dinov3").exists()
+
+
+def test_a_model_without_weights_needs_random_init_and_is_labelled(tmp_path, capsys):
+    argv = ["--model", ROPE, "--model-kwargs", "depth=1", "--sizes", "32", "--num-images", "1", "--output",
+            str(tmp_path / "out")]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: --model {ROPE} has no weights") and "--random-init" in err and err.count("\n") == 1
+    assert not (tmp_path / "out").exists()
+    assert main([*argv, "--random-init"]) == 0
+    assert capsys.readouterr().out.startswith(f"{ROPE} (depth=1, random init): RoPE mixed")
+    assert json.loads((tmp_path / "out" / "diagnostics.json").read_text())["model"] == f"{ROPE} (depth=1, random init)"
+
+
+@pytest.mark.parametrize("case, message", [
+    ("zero_size", "error: --sizes entry 0 must be > 0"),
+    ("no_images", "error: --num-images 0 must be > 0"),
+    ("missing_dir", "missing does not exist; pass an ImageFolder root"),
+    ("no_val", "val does not exist; the data dir needs val/ with one folder per class; it has test/: set "
+               "--val-split=test to use that"),
+    ("not_rope", "vit_tiny_patch16_224 (depth=1, random init) is a VisionTransformer, not a vit_rope model"),
+])
+def test_bad_input_is_one_error_line_before_any_work(case, message, image_root, tmp_path, capsys):
+    weights = tmp_path / "w.pth"
+    torch.save(timm.create_model(ROPE, depth=1).state_dict(), weights)
+    model = ["--model", "vit_tiny_patch16_224", "--random-init"] if case == "not_rope" else [
+        "--model", ROPE, "--pretrained-file", str(weights)]
+    if case == "no_val":
+        (image_root / "val").rename(image_root / "test")
+    argv = [*model, "--model-kwargs", "depth=1", "--sizes", "0" if case == "zero_size" else "32", "--num-images",
+            "0" if case == "no_images" else "1", "--data-dir", str(tmp_path / "missing" if case == "missing_dir"
+                                                                   else image_root), "--output", str(tmp_path / "out")]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and message in err and err.count("\n") == 1
+    assert not (tmp_path / "out").exists()
+
+
+def test_images_come_from_the_val_split_of_the_checkpoint_or_the_option(image_root, tmp_path, capsys):
+    (image_root / "val").rename(image_root / "test")
+    checkpoint = write_checkpoint(tmp_path / "best.pth", val_split="test")
+    argv = ["--sizes", "32", "--num-images", "3", "--data-dir", str(image_root), "--output", str(tmp_path / "out")]
+    assert main(["--checkpoint", str(checkpoint), *argv]) == 0  # the run validated on test/: so does diagnose
+    from_split = json.loads((tmp_path / "out" / "diagnostics.json").read_text())["sizes"]["32"]["entropy"]
+    assert main(["--checkpoint", str(checkpoint), *argv[:-1], str(tmp_path / "noise")]) == 0
+    (image_root / "test").rename(image_root / "holdout")
+    assert main(["--checkpoint", str(checkpoint), "--val-split", "holdout", *argv]) == 0
+    assert json.loads((tmp_path / "out" / "diagnostics.json").read_text())["sizes"]["32"]["entropy"] == from_split
+    assert main(["--checkpoint", str(checkpoint), *argv]) == 2
+    assert "test does not exist" in capsys.readouterr().err

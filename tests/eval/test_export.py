@@ -1,0 +1,161 @@
+"""ONNX export: one file, exported once at 64x64, serves other batches and sizes (non-square too) as eager does.
+
+Each model variant (axial, mixed, mixed + APE, registers) is exported once per module; 2-block tiny models with
+LayerScale at 1, so that attention and RoPE visibly shape the output. The command line is run from a timm model name
+and from a ``train.py`` checkpoint (``write_checkpoint`` of ``test_evaluate.py``).
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime
+import pytest
+import timm
+import torch
+from test_evaluate import write_checkpoint
+
+from vit_rope.eval import onnx as export
+from vit_rope.eval.loading import load_trained
+
+EXPORT_SIZE = (64, 64)
+SIZES = [(64, 64), (96, 48), (128, 80)]  # the export size, non-square, larger than the export in both sides
+VARIANTS = {
+    "axial": ("vit_rope_tiny_patch16_axial_224", {}),
+    "mixed": ("vit_rope_tiny_patch16_mixed_224", {}),
+    "mixed_ape": ("vit_rope_tiny_patch16_mixed_ape_224", {}),
+    "axial_ape_registers": ("vit_rope_tiny_patch16_axial_ape_224", {"reg_tokens": 2}),
+    # DINOv3: normalised coordinates, 4 registers, SwiGLU, qkv bias (narrowed to tiny's width for speed)
+    "dinov3": ("vit_rope_small_plus_patch16_dinov3_qkvb", {"embed_dim": 192, "num_heads": 3}),
+}
+ATOL = 1e-4
+
+
+def tiny(name: str, **kwargs) -> torch.nn.Module:
+    """A 2-block, 5-class model with LayerScale at 1 (1e-5 by default would make every block nearly the identity)."""
+    torch.manual_seed(0)
+    model = timm.create_model(name, depth=2, num_classes=5, **kwargs)
+    for key, param in model.named_parameters():
+        if key.endswith(".gamma"):
+            param.data.fill_(1.0)
+    return model
+
+
+def session(path: Path) -> onnxruntime.InferenceSession:
+    options = onnxruntime.SessionOptions()
+    options.intra_op_num_threads = 1
+    return onnxruntime.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+
+
+def images(batch: int, h: int, w: int) -> torch.Tensor:
+    return torch.randn(batch, 3, h, w, generator=torch.Generator().manual_seed(batch * 1000 + h + w))
+
+
+def run_onnx(sess: onnxruntime.InferenceSession, x: torch.Tensor) -> np.ndarray:
+    return sess.run(None, {"images": x.numpy()})[0]
+
+
+def eager(model: torch.nn.Module, x: torch.Tensor) -> np.ndarray:
+    with torch.no_grad():
+        return model.eval()(x).numpy()
+
+
+@pytest.fixture(scope="module", params=list(VARIANTS))
+def exported(request, tmp_path_factory):
+    """(model, export result, ONNX Runtime session, model.training right after the export) for one variant."""
+    name, kwargs = VARIANTS[request.param]
+    model = tiny(name, **kwargs)
+    result = export.export_onnx(model, tmp_path_factory.mktemp(request.param) / "model.onnx", img_size=EXPORT_SIZE)
+    return model, result, session(result.path), model.training
+
+
+@pytest.mark.parametrize("batch", [1, 3])
+@pytest.mark.parametrize("size", SIZES, ids=[f"{h}x{w}" for h, w in SIZES])
+def test_onnx_matches_eager(exported, size: tuple[int, int], batch: int) -> None:
+    model, _, sess, _ = exported
+    x = images(batch, *size)
+    expected, got = eager(model, x), run_onnx(sess, x)
+    assert got.shape == expected.shape == (batch, 5)
+    np.testing.assert_allclose(got, expected, rtol=0, atol=ATOL)
+    if batch > 1:  # each image gets its own logits: the batch is not broadcast from one image
+        assert np.abs(expected - expected[:1]).max() > 1e-3
+
+
+def test_export_result_and_graph(exported) -> None:
+    """Diffs at the export size and a second, non-square size; the graph's batch, height and width are symbolic;
+    the model's training mode is left as it was; weights are inside the one file."""
+    model, result, _, training_after = exported
+    assert training_after is True
+    assert set(result.diffs) == {(2, 64, 64), (3, 96, 64)}
+    assert all(0 <= diff < ATOL for diff in result.diffs.values())
+    graph = onnx.load(str(result.path)).graph
+    dims = graph.input[0].type.tensor_type.shape.dim
+    assert [d.dim_value for d in dims][1] == 3
+    assert all(dims[i].dim_param and not dims[i].dim_value for i in (0, 2, 3))
+    assert graph.output[0].name == "logits" and graph.output[0].type.tensor_type.shape.dim[0].dim_param
+    assert not list(result.path.parent.glob("*.data"))
+
+
+def test_export_program_runs_at_other_sizes() -> None:
+    """The torch.export program (before ONNX) takes other batches and sizes and matches eager."""
+    model = tiny("vit_rope_tiny_patch16_mixed_224")
+    program = export.export_program(model, EXPORT_SIZE, batch_size=2).module()
+    for batch, (h, w) in [(1, (96, 48)), (3, (128, 80))]:
+        x = images(batch, h, w)
+        with torch.no_grad():
+            torch.testing.assert_close(program(x), model.eval()(x), rtol=0, atol=1e-5)
+
+
+def test_cli_from_model_name(tmp_path: Path, capsys) -> None:
+    out = tmp_path / "onnx" / "axial.onnx"
+    assert export.main(["--model", "vit_rope_tiny_patch16_axial_224", "--model-kwargs", "depth=1",
+                        "--num-classes", "4", "--img-size", "48", "32", "--output", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert str(out) in printed and "MiB" in printed
+    diffs = {shape: float(diff) for shape, diff in re.findall(r"(\d+ x \d+x\d+) images: .* = (\S+)", printed)}
+    assert set(diffs) == {"2 x 48x32", "3 x 64x32"} and max(diffs.values()) < ATOL
+    assert run_onnx(session(out), images(1, 80, 64)).shape == (1, 4)
+
+
+def test_cli_from_checkpoint_with_policy(tmp_path: Path, capsys) -> None:
+    """A train.py checkpoint (trained at 32 px), exported at its training size under `interpolate`: the file still
+    follows the policy at other sizes, where the policy changes the logits."""
+    checkpoint = write_checkpoint(tmp_path / "best.pth")
+    out = tmp_path / "model.onnx"
+    assert export.main(["--checkpoint", str(checkpoint), "--policy", "interpolate", "--output", str(out)]) == 0
+    assert "2 x 32x32 images" in capsys.readouterr().out
+    model = load_trained(checkpoint).model
+    x = images(3, 80, 48)
+    extrapolated = eager(model, x)
+    model.set_rope_policy("interpolate")
+    expected, got = eager(model, x), run_onnx(session(out), x)
+    assert np.abs(expected - extrapolated).max() > 1e-3
+    np.testing.assert_allclose(got, expected, rtol=0, atol=ATOL)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--img-size", "50"], "image size 50x50 (HxW) must be a multiple of the patch size 16x16"),
+    (["--img-size", "64", "16"], "use e.g. 64x32"),
+    (["--batch-size", "1"], "batch_size 1"),
+    (["--policy", "yarn"], "yarn_temperature=False"),
+    (["--policy", "nearest"], "unknown RoPE policy 'nearest'"),
+])
+def test_cli_rejects_bad_input(tmp_path: Path, capsys, args: list[str], message: str) -> None:
+    out = tmp_path / "model.onnx"
+    code = export.main(["--model", "vit_rope_tiny_patch16_mixed_224", "--model-kwargs", "depth=1", "--output",
+                        str(out), *args])
+    err = capsys.readouterr().err
+    assert code == 2 and err.startswith("error: ") and message in err
+    assert not out.exists()
+
+
+def test_missing_onnxruntime_is_named(tmp_path: Path, monkeypatch, capsys) -> None:
+    monkeypatch.setitem(sys.modules, "onnxruntime", None)  # importlib then finds no such package
+    with pytest.raises(ModuleNotFoundError, match=r"onnxruntime.*pip install 'vit-rope\[export\]'"):
+        export.require_onnx()
+    assert export.main(["--model", "vit_rope_tiny_patch16_mixed_224", "--output", str(tmp_path / "m.onnx")]) == 2
+    assert "vit-rope[export]" in capsys.readouterr().err

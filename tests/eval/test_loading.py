@@ -1,0 +1,165 @@
+"""Models for evaluation (vit_rope.eval.loading): train.py checkpoints rebuilt (EMA first), timm models with a local
+weights file, and the refusal of a mixed model whose learned frequencies were not in its file."""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+
+import pytest
+import timm
+import torch
+from safetensors.torch import save_file
+from test_checkpoint import save_source
+from test_evaluate import ROPE, write_checkpoint
+
+from studies.report import is_run
+from vit_rope.errors import UserError
+from vit_rope.eval.loading import load_pretrained, load_trained, model_label
+from vit_rope.models.checkpoint import WeightsNotLoadedWarning
+from vit_rope.models.weights_file import tensor_rows
+from vit_rope.train.state import load_checkpoint, save_checkpoint
+
+
+def test_ema_weights_preferred(tmp_path: Path) -> None:
+    path = write_checkpoint(tmp_path / "ema.pth", ema_bias=7.0)
+    assert load_trained(path).model.head.bias.tolist() == [7.0] * 3
+    assert load_trained(path, use_ema=False).model.head.bias.tolist() != [7.0] * 3
+
+
+def test_pretrained_file(tmp_path: Path) -> None:
+    """--pretrained-file weights load through timm's pretrained path; a given num_classes keeps the file's head."""
+    torch.manual_seed(0)
+    source = timm.create_model("vit_tiny_patch16_224", depth=1, num_classes=3, img_size=32)
+    torch.save(source.state_dict(), tmp_path / "vit.pth")
+    loaded = load_pretrained("vit_tiny_patch16_224", str(tmp_path / "vit.pth"), 10, 32,
+                                      {"depth": 1, "num_classes": 3})
+    assert loaded.train_size == 32 and loaded.classes is None
+    assert all(torch.equal(value, loaded.model.state_dict()[key]) for key, value in source.state_dict().items())
+    with pytest.raises(UserError, match="vit.pth does not fit vit_tiny_patch16_224"):
+        load_pretrained("vit_tiny_patch16_224", str(tmp_path / "vit.pth"), 10, 32, {"depth": 2})
+
+
+def test_learned_frequencies_checked_for_pretrained_files(tmp_path: Path, capsys) -> None:
+    """A mixed model is evaluated with a mixed checkpoint, refused with an axial one; without a file (timing runs) it
+    keeps its random weights, as before."""
+    kwargs = {"depth": 2, "num_classes": 3}
+    mixed = save_source("mixed", tmp_path / "mixed.pth", num_classes=3)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", WeightsNotLoadedWarning)
+        loaded = load_pretrained(ROPE, str(mixed), 3, 32, kwargs)
+    assert loaded.model.load_report.rope_freqs_loaded and loaded.model.load_report.initialised == {}
+    expected = torch.load(mixed, weights_only=True)["model"]["rope.1.freqs"]
+    assert torch.equal(loaded.model.rope[1].freqs, expected)
+    axial = save_source("axial", tmp_path / "axial.pth", num_classes=3)
+    with pytest.raises(UserError, match=f"^{axial} has no learned RoPE frequencies for {ROPE}"):
+        load_pretrained(ROPE, str(axial), 3, 32, kwargs)
+    assert not hasattr(load_pretrained(ROPE, None, 3, 32, {"depth": 2}).model, "load_report")
+    assert capsys.readouterr().out == ""
+
+
+def test_plain_vit_into_axial_model_is_evaluated_with_a_warning(tmp_path: Path, capsys) -> None:
+    """No learned frequencies are missing, but the LayerScale that the file lacked is said."""
+    vit = save_source("plain_vit", tmp_path / "vit.pth", num_classes=3)
+    axial = "vit_rope_tiny_patch16_axial_224"
+    loaded = load_pretrained(axial, str(vit), 3, 32, {"depth": 2, "num_classes": 3})
+    assert loaded.model.load_report.rope_freqs_loaded
+    assert capsys.readouterr().out.startswith(f"warning: {vit} lacks weights of {axial}, "
+                                              "which were initialised instead: LayerScale set to the identity")
+
+
+def test_checkpoint_of_a_run_seeded_from_pretrained_weights(tmp_path: Path) -> None:
+    """train.py can start a mixed model from a plain ViT (model_kwargs pretrained=true): its checkpoint holds the
+    trained frequencies, so evaluation accepts it, without the seed file (gone here) and without a warning."""
+    seed = save_source("plain_vit", tmp_path / "seed.pth")
+    path = write_checkpoint(tmp_path / "run.pth")
+    ckpt = load_checkpoint(path)
+    ckpt["model_kwargs"] = {**ckpt["model_kwargs"], "pretrained": True, "pretrained_cfg_overlay": {"file": str(seed)}}
+    save_checkpoint(ckpt, path)
+    seed.unlink()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", WeightsNotLoadedWarning)
+        loaded = load_trained(path)
+    assert not hasattr(loaded.model, "load_report")
+    assert torch.equal(loaded.model.rope[0].freqs, ckpt["model"]["rope.0.freqs"])
+
+
+def test_labels_name_what_changed_the_architecture(tmp_path: Path) -> None:
+    """A patch-8, depth-1 checkpoint does not read as the registry's patch-16, depth-12 model; the checkpoint path
+    stays the last parenthesised part, which the study matches runs by."""
+    assert model_label("m", {"num_classes": 3, "img_size": 32, "drop_path_rate": 0.1, "dynamic_img_size": True,
+                             "pretrained": True, "pretrained_cfg_overlay": {"file": "w.pth"}}) == "m"
+    assert model_label("m", {"patch_size": 4, "depth": 6, "embed_dim": 96, "num_heads": 2, "drop_rate": 0.1}, "x") == (
+        "m (patch_size=4, depth=6, embed_dim=96, num_heads=2, x)")
+    (tmp_path / "run").mkdir()
+    path = write_checkpoint(tmp_path / "run" / "last.pth", patch_size=8, depth=1)
+    label = load_trained(path).label
+    assert label == f"{ROPE} (depth=1, patch_size=8) ({path})"  # in the order of model_kwargs
+    assert is_run(label, {"output": str(tmp_path / "run")})
+    source = save_source("mixed", tmp_path / "mixed.pth", num_classes=3)
+    assert load_pretrained(ROPE, str(source), 3, 32, {"depth": 2, "num_classes": 3}).label == (
+        f"{ROPE} (depth=2) ({source})")
+    assert load_pretrained(ROPE, None, 3, 32, {"depth": 1}).label == f"{ROPE} (depth=1, random init)"
+
+
+def test_weights_that_do_not_fit_the_rebuilt_model_are_listed(tmp_path: Path) -> None:
+    path = write_checkpoint(tmp_path / "run.pth")
+    ckpt = load_checkpoint(path)
+    extra = {f"blocks.{i}.extra": torch.zeros(1) for i in range(12)}
+    ckpt["model"] = {**{k: v for k, v in ckpt["model"].items() if k != "blocks.1.mlp.fc2.bias"}, **extra,
+                     "head.weight": torch.zeros(5, 192)}
+    save_checkpoint(ckpt, path)
+    with pytest.raises(UserError) as info:
+        load_trained(path, use_ema=False)
+    assert str(info.value) == (
+        f"the weights in {path} do not fit {ROPE} rebuilt with {ckpt['model_kwargs']} (1 missing key: "
+        "blocks.1.mlp.fc2.bias; 12 unexpected keys: " + ", ".join(list(extra)[:10]) + ", ... (2 more); 1 key of "
+        "another shape: head.weight (5, 192) in the file, (3, 192) in the model); the checkpoint was written by "
+        "another version of the model's code")
+
+
+def test_a_file_whose_classifier_does_not_fit_is_refused_naming_both_sizes(tmp_path: Path) -> None:
+    source = save_source("mixed", tmp_path / "mixed.pth", num_classes=5)
+    with pytest.raises(UserError) as info:
+        load_pretrained(ROPE, str(source), 3, 32, {"depth": 2, "num_classes": 3})
+    assert str(info.value) == (f"--pretrained-file {source} does not fit {ROPE} (The checkpoint does not fit "
+                               "RoPEVisionTransformer: classifier of another size: the checkpoint has 5 classes, the "
+                               "model 3.); pick the model it was trained as, or --model-kwargs to match it")
+
+
+def test_a_weights_file_gives_the_model_its_class_count(tmp_path: Path) -> None:
+    """--pretrained-file without num_classes: the file's classifier decides, not the registry's 1000."""
+    source = save_source("mixed", tmp_path / "three.pth", num_classes=3)
+    assert load_pretrained(ROPE, str(source), 7, 32, {"depth": 2}).model.num_classes == 3
+    assert load_pretrained(ROPE, str(source), 7, 32, {"depth": 2, "num_classes": 3}).model.num_classes == 3
+    with pytest.raises(UserError, match=r"three.pth does not fit .* classifier of another size: the checkpoint has 3 "
+                                        r"classes, the model 5"):
+        load_pretrained(ROPE, str(source), 7, 32, {"depth": 2, "num_classes": 5})
+
+
+def test_timm_weights_that_do_not_fit_name_the_keys(tmp_path: Path) -> None:
+    """torch's load error puts the keys on lines of their own: all of it reaches the one error line."""
+    torch.save(timm.create_model("vit_tiny_patch16_224", depth=2, num_classes=3).state_dict(), tmp_path / "two.pth")
+    with pytest.raises(UserError, match=r"two.pth does not fit vit_tiny_patch16_224 \(Error\(s\) in loading state_dict "
+                                        r"for VisionTransformer: Unexpected key\(s\) in state_dict: \"blocks.1"):
+        load_pretrained("vit_tiny_patch16_224", str(tmp_path / "two.pth"), 3, 32, {"depth": 1})
+
+
+def test_tensor_rows_reads_the_classifier_without_loading_the_file(tmp_path: Path) -> None:
+    head = {"head.weight": torch.zeros(7, 4), "blocks.0.w": torch.zeros(2, 2)}
+    save_file(head, tmp_path / "w.safetensors")
+    torch.save({"model": head, "model_ema": {**head, "head.weight": torch.zeros(9, 4)}}, tmp_path / "ema.pth")
+    torch.save({"state_dict": {f"module.{k}": v for k, v in head.items()}}, tmp_path / "ddp.pth")
+    assert tensor_rows(tmp_path / "w.safetensors", "head.weight") == 7
+    assert tensor_rows(tmp_path / "ema.pth", "head.weight") == 9  # EMA first, as timm's loader
+    assert tensor_rows(tmp_path / "ddp.pth", "head.weight") == 7
+    assert tensor_rows(tmp_path / "w.safetensors", "head.fc.weight") is None
+    (tmp_path / "bad.pth").write_bytes(b"garbage")
+    assert tensor_rows(tmp_path / "bad.pth", "head.weight") is None  # the full read names what is wrong
+
+
+def test_a_file_weights_only_refuses_is_an_error_line_not_a_traceback(tmp_path: Path) -> None:
+    model = timm.create_model(ROPE, depth=1, num_classes=3)
+    torch.save({"model": model.state_dict(), "run_dir": Path("/x")}, tmp_path / "pickled.pth")
+    with pytest.raises(UserError, match="pickled.pth"):
+        load_pretrained(ROPE, str(tmp_path / "pickled.pth"), 3, 32, {"depth": 1})

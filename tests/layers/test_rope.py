@@ -1,0 +1,191 @@
+"""The maths of vit_rope.layers.rope: relative-position property, equivalences with RoFormer's forms, layout, errors."""
+
+import math
+
+import pytest
+import torch
+from timm.layers import PatchEmbed
+
+from vit_rope.layers.rope import (
+    RoPE2D,
+    apply_rope,
+    axial_frequencies,
+    grid_positions,
+    mixed_frequencies,
+    rope_angles,
+    rope_tables,
+)
+
+KINDS = ("axial", "mixed")
+B, NH, N, D = 2, 3, 10, 16
+
+
+def scores(q: torch.Tensor, k: torch.Tensor, rope: RoPE2D, pos_q: torch.Tensor, pos_k: torch.Tensor) -> torch.Tensor:
+    """``[B, nh, Nq, Nk]`` dot products of rotated queries and keys."""
+    return apply_rope(q, *rope(pos_q)) @ apply_rope(k, *rope(pos_k)).transpose(-2, -1)
+
+
+@pytest.fixture
+def qk() -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(0)
+    return torch.randn(B, NH, N, D, generator=g), torch.randn(B, NH, N, D, generator=g)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("shift", [(3.0, -5.0), (0.37, 1.91), (-12.5, 0.0)])
+def test_scores_invariant_to_common_translation(kind, shift, qk):
+    torch.manual_seed(1)
+    rope = RoPE2D(D, NH, kind)
+    q, k = qk
+    pos = torch.rand(N, 2) * 14 - 2  # fractional and negative positions
+    moved = pos + torch.tensor(shift)
+    reference = scores(q, k, rope, pos, pos)
+    torch.testing.assert_close(scores(q, k, rope, moved, moved), reference, atol=2e-4, rtol=1e-4)
+    # moving only the keys breaks it: the scores really depend on the offset
+    assert (scores(q, k, rope, pos, moved) - reference).abs().max() > 1e-2
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_scores_depend_only_on_offset_between_grids(kind, qk):
+    """A query grid against a shifted key grid equals the same offset anywhere else in the plane."""
+    rope = RoPE2D(D, NH, kind)
+    q, k = qk
+    pos = torch.randn(N, 2) * 4
+    offset = torch.tensor([1.5, -2.0])
+    far = torch.tensor([100.0, 37.0])
+    torch.testing.assert_close(
+        scores(q, k, rope, pos + far, pos + far + offset), scores(q, k, rope, pos, pos + offset), atol=5e-4, rtol=1e-4
+    )
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_apply_rope_equals_rotation_matrix_and_complex_product(kind):
+    torch.manual_seed(2)
+    rope = RoPE2D(D, NH, kind)
+    pos = torch.randn(N, 2) * 5
+    x = torch.randn(B, NH, N, D, dtype=torch.float64)
+    angles = rope_angles(pos, rope.freqs.double()).expand(NH, N, D // 2)  # [nh, N, D/2]
+    out = apply_rope(x, *rope_tables(angles))
+
+    # explicit block-diagonal rotation, one [D, D] matrix per (head, position)
+    mats = torch.stack(
+        [
+            torch.block_diag(
+                *[
+                    torch.tensor([[math.cos(a), -math.sin(a)], [math.sin(a), math.cos(a)]], dtype=torch.float64)
+                    for a in row
+                ]
+            )
+            for row in angles.reshape(-1, D // 2).tolist()
+        ]
+    ).reshape(NH, N, D, D)
+    torch.testing.assert_close(out, torch.einsum("hnij,bhnj->bhni", mats, x))
+
+    # complex formulation of RoFormer / RoPE-ViT: (x0 + i x1) * exp(i angle)
+    z = torch.view_as_complex(x.reshape(B, NH, N, D // 2, 2).contiguous()) * torch.polar(
+        torch.ones_like(angles), angles
+    )
+    torch.testing.assert_close(out, torch.view_as_real(z).flatten(-2))
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_apply_rope_preserves_norms(kind, qk):
+    rope = RoPE2D(D, NH, kind)
+    q, _ = qk
+    out = apply_rope(q, *rope(torch.randn(N, 2) * 50))
+    torch.testing.assert_close(out.norm(dim=-1), q.norm(dim=-1))
+
+
+def test_axial_with_y_zero_is_1d_rope_on_the_x_half():
+    theta, t = 100.0, torch.arange(N, dtype=torch.float32) * 1.5
+    x = torch.randn(B, NH, N, D)
+    out = apply_rope(x, *RoPE2D(D, NH, "axial", theta)(torch.stack((t, torch.zeros(N)), -1)))
+    # RoFormer 1D RoPE on d = D/2 channels: pair i turns by t * theta^(-2i/d)
+    d = D // 2
+    inv_freq = theta ** (-torch.arange(0, d, 2, dtype=torch.float64) / d)
+    z = torch.view_as_complex(x[..., :d].double().reshape(B, NH, N, d // 2, 2).contiguous())
+    ref = torch.view_as_real(
+        z * torch.polar(torch.ones(N, d // 2, dtype=torch.float64), torch.outer(t.double(), inv_freq))
+    )
+    torch.testing.assert_close(out[..., :d], ref.flatten(-2).float(), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(out[..., d:], x[..., d:])  # y = 0: the y half is untouched
+
+
+def test_axial_frequencies_follow_rope_vit():
+    freqs = axial_frequencies(64, 100.0)
+    assert freqs.shape == (2, 1, 32)
+    expected = torch.tensor([100.0 ** (-4 * k / 64) for k in range(16)])
+    torch.testing.assert_close(freqs[0, 0, :16], expected)
+    torch.testing.assert_close(freqs[1, 0, 16:], expected)
+    assert freqs[0, 0, 16:].abs().sum() == 0 and freqs[1, 0, :16].abs().sum() == 0
+
+
+def test_mixed_init_is_a_rotated_axial_frame_per_head():
+    freqs = mixed_frequencies(64, 6, 10.0, generator=torch.Generator().manual_seed(0))  # [2, nh, D/2]
+    assert freqs.shape == (2, 6, 32)
+    mag = torch.tensor([10.0 ** (-4 * k / 64) for k in range(16)])
+    wx, wy = freqs
+    torch.testing.assert_close(torch.hypot(wx, wy), torch.cat((mag, mag)).expand(6, 32))
+    # the second half of the pairs turns along the direction orthogonal to the first half
+    torch.testing.assert_close(wx[:, :16] * wx[:, 16:] + wy[:, :16] * wy[:, 16:], torch.zeros(6, 16), atol=1e-6, rtol=0)
+    directions = torch.atan2(wy[:, 0], wx[:, 0])
+    assert directions.unique().numel() == 6  # one random direction per head
+
+
+def test_grid_positions_follow_patch_embed_flattening():
+    h, w, p = 3, 4, 8
+    pos = grid_positions(h, w)
+    assert pos.shape == (h * w, 2) and pos.dtype == torch.float32
+    embed = PatchEmbed(img_size=(h * p, w * p), patch_size=p, in_chans=1, embed_dim=1)
+    torch.nn.init.ones_(embed.proj.weight)
+    torch.nn.init.zeros_(embed.proj.bias)
+    for row, col in [(0, 3), (2, 1), (1, 0)]:
+        img = torch.zeros(1, 1, h * p, w * p)
+        img[..., row * p, col * p] = 1.0
+        token = embed(img)[0, :, 0].nonzero().item()
+        assert pos[token].tolist() == [col, row]  # x = column, y = row
+
+
+def test_tables_broadcast_and_prefix_rows_are_identity():
+    pos = torch.randn(N, 2)
+    cos, sin = RoPE2D(D, NH, "axial")(pos, num_prefix_tokens=2)
+    assert cos.shape == sin.shape == (1, N + 2, D // 2)  # one value per channel pair
+    assert (cos[:, :2] == 1).all() and (sin[:, :2] == 0).all()
+    cos, sin = RoPE2D(D, NH, "mixed")(pos.expand(B, N, 2), num_prefix_tokens=1)
+    assert cos.shape == (B, NH, N + 1, D // 2)
+    x = torch.randn(B, NH, N + 1, D)
+    out = apply_rope(x, cos, sin)
+    assert torch.equal(out[:, :, 0], x[:, :, 0])
+
+
+def test_low_precision_inputs_keep_fp32_angles():
+    rope = RoPE2D(D, NH, "mixed").to(torch.bfloat16)
+    pos = torch.tensor([[1000.0, 517.0], [3.0, 4.0]])
+    cos, _ = rope(pos)
+    assert cos.dtype == torch.float32
+    exact = rope_angles(pos.double(), rope.freqs.double())
+    torch.testing.assert_close(rope_angles(pos, rope.freqs).double(), exact, atol=1e-3, rtol=0)
+    x = torch.randn(B, NH, 2, D)
+    out = apply_rope(x.bfloat16(), cos, _)
+    assert out.dtype == torch.bfloat16
+    torch.testing.assert_close(out.float(), apply_rope(x.bfloat16().float(), cos, _), atol=2e-2, rtol=1e-2)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_autograd_is_exact(kind):
+    rope = RoPE2D(D, 2, kind).double()
+    x = torch.randn(1, 2, 4, D, dtype=torch.float64, requires_grad=True)
+    pos = torch.randn(4, 2, dtype=torch.float64)
+
+    def f(x, freqs):
+        return apply_rope(x, *rope_tables(rope_angles(pos, freqs)))
+
+    freqs = rope.freqs.detach().clone().requires_grad_(kind == "mixed")
+    assert torch.autograd.gradcheck(f, (x, freqs))
+
+
+def test_bad_input_errors():
+    with pytest.raises(ValueError, match=r"divisible by 4.*head_dim=30.*28 or 32"):
+        RoPE2D(30, 2)
+    with pytest.raises(ValueError, match=r"'polar'.*axial, mixed"):
+        RoPE2D(16, 2, kind="polar")

@@ -1,0 +1,138 @@
+"""DINOv3 backbones (vit_rope.models.dinov3): every registered size loads timm's Eva weights (and Meta's key names) and
+gives timm's features and logits, at 224 and at two other sizes, one of them non-square. Models are randomly initialised
+(no download), with LayerScale at 1 and random biases and tokens so that every weight moves the output."""
+
+import json
+
+import pytest
+import timm
+import torch
+from safetensors.torch import save_file
+
+import vit_rope
+from vit_rope.eval import diagnose
+from vit_rope.eval import harness as evaluate
+from vit_rope.models.checkpoint import WeightsNotLoadedWarning, convert_state_dict
+from vit_rope.models.registry import dinov3_name
+
+SIZES = [(224, 224), (256, 192), (320, 320)]
+ARCHS = [("small", False), ("small_plus", True), ("base", True), ("large", False)]
+
+
+def timm_dinov3(size: str, qkv_bias: bool, **kwargs) -> torch.nn.Module:
+    torch.manual_seed(0)
+    model = timm.create_model(dinov3_name(size, qkv_bias).replace("vit_rope_", "vit_"), init_values=1.0, **kwargs)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.endswith("bias") or "token" in name:
+                param.normal_(0, 0.2)
+    return model.eval()
+
+
+def meta_keys(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """timm's Eva state dict under Meta's DINOv3 names: storage tokens, one masked qkv bias, SwiGLU w1 / w2 / w3."""
+    out = {"mask_token": torch.zeros(1, state["cls_token"].shape[-1])}
+    swiglu = any(".mlp.fc1_g." in key for key in state)
+    for key, value in state.items():
+        key = key.replace("reg_token", "storage_tokens").replace("gamma_1", "ls1.gamma").replace("gamma_2", "ls2.gamma")
+        if swiglu:
+            key = key.replace("mlp.fc1_g", "mlp.w1").replace("mlp.fc1_x", "mlp.w2").replace("mlp.fc2", "mlp.w3")
+        if key.endswith("attn.q_bias"):
+            v_bias = state[key.replace("attn.q_bias", "attn.v_bias")]
+            out[key.replace("q_bias", "qkv.bias")] = torch.cat((value, torch.full_like(value, 7.0), v_bias))  # k masked
+            out[key.replace("q_bias", "qkv.bias_mask")] = torch.cat((torch.ones_like(value), torch.zeros_like(value),
+                                                                     torch.ones_like(value)))
+        elif not key.endswith("attn.v_bias"):
+            out[key] = value
+    out["rope_embed.periods"] = torch.ones(8)
+    return out
+
+
+@pytest.mark.parametrize(("size", "qkv_bias"), ARCHS)
+def test_logits_and_features_match_timm_from_timm_and_meta_files(size, qkv_bias, tmp_path):
+    depth = 12 if size == "small" else 2  # every width, head count and MLP at full size; depth 2 for speed
+    theirs = timm_dinov3(size, qkv_bias, depth=depth, num_classes=5)
+    save_file(theirs.state_dict(), tmp_path / "timm.safetensors")
+    torch.save(meta_keys(theirs.state_dict()), tmp_path / "meta.pth")
+    for path in (tmp_path / "timm.safetensors", tmp_path / "meta.pth"):
+        ours = timm.create_model(dinov3_name(size, qkv_bias), depth=depth, num_classes=5, init_values=1.0).eval()
+        report = vit_rope.load_weights(ours, path)
+        assert not report.initialised and set(report.loaded) == set(ours.state_dict())
+        with torch.inference_mode():
+            for height, width in SIZES:
+                x = torch.randn(2, 3, height, width)
+                features = theirs.forward_features(x)
+                assert features.std() > 0.5
+                torch.testing.assert_close(ours.forward_features(x), features, atol=1e-4, rtol=1e-4)
+                torch.testing.assert_close(ours(x), theirs(x), atol=1e-4, rtol=1e-4)
+
+
+def test_pretrained_file_through_timm_create_model_as_a_backbone(tmp_path):
+    """As timm's own DINOv3 configs: no classifier (num_classes=0), pooled features out; the load report is clean."""
+    theirs = timm_dinov3("small", False, depth=2, num_classes=0)
+    save_file(theirs.state_dict(), tmp_path / "w.safetensors")
+    ours = timm.create_model("vit_rope_small_patch16_dinov3", pretrained=True, depth=2, init_values=1.0,
+                             pretrained_cfg_overlay=dict(file=str(tmp_path / "w.safetensors"))).eval()
+    assert ours.num_classes == 0 and not ours.load_report.initialised
+    x = torch.randn(1, 3, 192, 288)
+    with torch.inference_mode():
+        torch.testing.assert_close(ours(x), theirs(x), atol=1e-4, rtol=1e-4)
+        assert ours(x).shape == (1, 384)
+
+
+def test_register_tokens_in_intermediates_and_features_only():
+    model = timm.create_model("vit_rope_small_patch16_dinov3", depth=4).eval()
+    assert model.num_prefix_tokens == 5  # class token and 4 registers
+    x = torch.randn(2, 3, 160, 224)
+    with torch.inference_mode():
+        out = model.forward_intermediates(x, indices=2, return_prefix_tokens=True, intermediates_only=True)
+        features = timm.create_model("vit_rope_small_patch16_dinov3", depth=4, features_only=True,
+                                     out_indices=(1, 3)).eval()(x)
+    (patches, prefix), _ = out
+    assert patches.shape == (2, 384, 10, 14) and prefix.shape == (2, 5, 384)
+    assert [f.shape for f in features] == [(2, 384, 10, 14)] * 2
+
+
+def test_a_checkpoint_of_another_dinov3_size_is_refused_naming_the_keys():
+    theirs = timm_dinov3("small", False, depth=2)
+    with pytest.raises(ValueError, match=r"does not fit RoPEVisionTransformer: .*reg_token"):
+        convert_state_dict(theirs.state_dict(), timm.create_model("vit_rope_base_patch16_dinov3", depth=2))
+
+
+def test_default_policy_is_dinov3s_and_the_others_are_refused():
+    model = timm.create_model("vit_rope_small_patch16_dinov3", depth=1)
+    assert model.rope_policy.name == "normalized"
+    model.set_rope_policy("extrapolate")
+    with pytest.raises(ValueError, match="does not apply to DINOv3"):
+        model.set_rope_policy("yarn")
+
+
+def test_missing_layerscale_is_reported_and_warned():
+    model = timm.create_model("vit_rope_small_patch16_dinov3", depth=1, num_classes=0)
+    state = timm_dinov3("small", False, depth=1, num_classes=0).state_dict()
+    with pytest.warns(WeightsNotLoadedWarning, match="LayerScale"):
+        out = convert_state_dict({k: v for k, v in state.items() if "gamma" not in k}, model)
+    assert torch.equal(out["blocks.0.ls1.gamma"], torch.ones(384))
+
+
+def test_evaluate_and_diagnose_a_dinov3_model_from_timms_weights(image_root, tmp_path, capsys):
+    """Weights in timm's Eva layout, evaluated under both DINOv3 policies and diagnosed, end to end on tiny data."""
+    theirs = timm_dinov3("small", True, depth=1, num_classes=3, embed_dim=192, num_heads=3)
+    torch.save(theirs.state_dict(), tmp_path / "eva.pth")
+    model = ["--model", "vit_rope_small_patch16_dinov3_qkvb", "--pretrained-file", str(tmp_path / "eva.pth"),
+             "--model-kwargs", "depth=1", "num_classes=3", "embed_dim=192", "num_heads=3"]
+    assert evaluate.main([*model, "--data-dir", str(image_root), "--img-sizes", "32", "48", "--policy", "normalized",
+                          "extrapolate", "--output", str(tmp_path / "eval"), "--device", "cpu", "--workers", "0"]) == 0
+    rows = json.loads((tmp_path / "eval" / "results.json").read_text())["results"]
+    assert {(row["policy"], row["img_size"]) for row in rows} == {(p, s) for p in ("normalized", "extrapolate")
+                                                                   for s in (32, 48)}
+    assert evaluate.main([*model, "--data-dir", str(image_root), "--img-sizes", "32", "--policy", "yarn", "--output",
+                          str(tmp_path / "eval2"), "--device", "cpu", "--workers", "0"]) == 2
+    assert "does not apply to DINOv3" in capsys.readouterr().err
+    assert diagnose.main([*model, "--data-dir", str(image_root), "--sizes", "32", "64", "--num-images", "2",
+                          "--output", str(tmp_path / "diag")]) == 0
+    report = json.loads((tmp_path / "diag" / "diagnostics.json").read_text())
+    assert report["kind"] == "dinov3" and report["policy"] == "normalized"
+    coverage = report["sizes"]["64"]["coverage"][0]
+    # normalised coordinates span less than 2 at every size, so no pair turns further than on the training grid
+    assert coverage["unseen"] == 0

@@ -1,0 +1,98 @@
+"""The package's shape, read from its source: its folders are layers that import only the layers below them, no two
+modules import each other, few modules sit directly in ``vit_rope/``, and the declared dependencies are exactly the
+third-party modules it imports (optional ones in an extra)."""
+
+from __future__ import annotations
+
+import ast
+import sys
+from pathlib import Path
+
+import pytest
+import tomllib
+from conftest import REPO
+
+PACKAGE = REPO / "vit_rope"
+# lowest first: a module may import its own layer and the ones before it
+LAYERS = ["base", "layers", "models", "data", "train", "eval", "commands"]
+BASE = {"vit_rope.errors", "vit_rope.checks", "vit_rope._requires"}
+COMMANDS = {"vit_rope", "vit_rope.evaluate", "vit_rope.diagnose", "vit_rope.export"}
+# import name -> distribution, where they differ
+DISTRIBUTIONS = {"PIL": "pillow", "yaml": "pyyaml"}
+# imported only where the feature is used, and installed with torch's CUDA builds
+WITH_TORCH = {"triton"}
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(REPO).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imports(path: Path) -> set[str]:
+    """Every module ``path`` imports, wherever in the file (``TYPE_CHECKING`` blocks and functions included)."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.add(node.module)
+            found.update(f"{node.module}.{alias.name}" for alias in node.names)  # from pkg import module
+    return found
+
+
+MODULES = {module_name(path): path for path in PACKAGE.rglob("*.py")}
+GRAPH = {name: {other for other in imports(path) if other in MODULES and other != name} for name, path in
+         MODULES.items()}
+
+
+def layer(name: str) -> int:
+    if name in BASE:
+        return LAYERS.index("base")
+    if name in COMMANDS:
+        return LAYERS.index("commands")
+    return LAYERS.index(name.split(".")[1])
+
+
+def test_every_module_is_in_a_layer_and_few_sit_at_the_top() -> None:
+    top = [path.name for path in MODULES.values() if path.parent == PACKAGE]
+    assert len(top) <= 8, top
+    for name in MODULES:
+        assert name in BASE | COMMANDS or name.split(".")[1] in LAYERS, f"{name} is in no layer"
+
+
+@pytest.mark.parametrize("name", sorted(MODULES))
+def test_a_module_imports_no_higher_layer(name: str) -> None:
+    higher = [other for other in GRAPH[name] if layer(other) > layer(name)]
+    assert not higher, f"{name} ({LAYERS[layer(name)]}) imports {higher}"
+
+
+def test_no_import_circle() -> None:
+    done: set[str] = set()
+
+    def visit(name: str, path: tuple[str, ...]) -> None:
+        if name in path:
+            pytest.fail("import circle: " + " -> ".join((*path[path.index(name):], name)))
+        if name in done:
+            return
+        for other in sorted(GRAPH[name]):
+            if other.rsplit(".", 1)[0] != name:  # a package's __init__ naming its own submodule is no circle
+                visit(other, (*path, name))
+        done.add(name)
+
+    for name in sorted(GRAPH):
+        visit(name, ())
+
+
+def test_declared_dependencies_are_the_imported_modules() -> None:
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+
+    def names(requirements: list[str]) -> set[str]:
+        return {req.split(">")[0].split("=")[0].split("<")[0].split("[")[0].strip().lower() for req in requirements}
+
+    declared = names(project["dependencies"])
+    extras = set().union(*(names(reqs) for reqs in project["optional-dependencies"].values()))
+    third_party = {name.split(".")[0] for path in MODULES.values() for name in imports(path)}
+    third_party -= {"vit_rope", *sys.stdlib_module_names}
+    imported = {DISTRIBUTIONS.get(name, name).lower() for name in third_party} - WITH_TORCH
+    assert imported - declared - extras == set(), "imported, not declared"
+    assert declared - imported == set(), "declared, never imported"

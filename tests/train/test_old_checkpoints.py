@@ -1,0 +1,45 @@
+"""Checkpoints written before the package moved into layers (tests/fixtures/resume_epoch1_of2.pth: epoch 1 of a
+2-epoch run of a 1-block RoPE-Mixed ViT, written by the code of 2026-11-25 before the move, from tiny_args with
+``model_kwargs={depth: 1, embed_dim: 16, num_heads: 2, patch_size: 8} model_ema=true`` on conftest's image folder)
+still load for evaluation and still resume, to the weights of an uninterrupted run of today's code."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import torch
+from conftest import REPO, tiny_args, write_image_folder
+
+import train
+from vit_rope.eval.loading import load_trained
+from vit_rope.train.state import load_checkpoint
+
+FIXTURE = REPO / "tests" / "fixtures" / "resume_epoch1_of2.pth"
+ARGS = ("model_kwargs={depth: 1, embed_dim: 16, num_heads: 2, patch_size: 8}", "model_ema=true")
+
+
+def test_a_checkpoint_from_before_the_move_rebuilds_its_model_for_evaluation() -> None:
+    ckpt = load_checkpoint(FIXTURE)
+    assert ckpt["epoch"] == 1 and ckpt["model_name"] == "vit_rope_tiny_patch16_mixed_224"
+    entry = load_trained(FIXTURE)
+    assert entry.train_size == 32 and entry.classes == ["class_0", "class_1", "class_2"]
+    for name, tensor in entry.model.state_dict().items():  # the EMA weights, loaded strictly
+        torch.testing.assert_close(tensor, ckpt["model_ema"][name], rtol=0, atol=0, msg=name)
+    with torch.no_grad():
+        logits = entry.model(torch.randn(2, 3, 48, 64))
+    assert logits.shape == (2, 3) and torch.isfinite(logits).all()
+
+
+def test_a_checkpoint_from_before_the_move_resumes_to_an_uninterrupted_run(tmp_path: Path) -> None:
+    data = write_image_folder(tmp_path / "data")
+    straight, resumed = tmp_path / "straight", tmp_path / "resumed"
+    resumed.mkdir()
+    shutil.copy(FIXTURE, resumed / "last.pth")
+    assert train.main(tiny_args(data, straight, *ARGS)) == 0
+    assert train.main(tiny_args(data, resumed, *ARGS, "--resume", str(resumed / "last.pth"))) == 0
+    a, b = (torch.load(path / "last.pth", weights_only=True) for path in (straight, resumed))
+    assert a["epoch"] == b["epoch"] == 2
+    for key in ("model", "model_ema"):
+        for name, tensor in a[key].items():
+            torch.testing.assert_close(b[key][name], tensor, rtol=0, atol=1e-5, msg=f"{key}.{name}")

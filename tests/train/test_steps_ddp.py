@@ -1,0 +1,114 @@
+"""The per-image pipeline with ``train_sizes`` under DDP: 2 gloo ranks on the CPU (``torch.multiprocessing``), 2 loader
+workers each. The ranks must agree on every step's size and batch length without talking, take disjoint shards of
+the data, refuse to start when their size settings differ, and resume mid-epoch to the weights of a run that was
+never interrupted."""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from conftest import tiny_args
+from test_steps import PER_IMAGE, indexed_loaders
+from test_train import assert_same_weights, killed_at, metrics
+
+import train
+from vit_rope.errors import UserError
+from vit_rope.train import engine, loaders
+from vit_rope.train.checks import check_ranks_agree
+
+WORLD = 2
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _rank_main(rank: int, job: Callable[..., Any], args: tuple, out: Path) -> None:
+    """One rank: torchrun's environment, then ``job(*args)``; what it returns is saved for the test to read."""
+    os.environ.update(MASTER_ADDR="127.0.0.1", RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(WORLD),
+                      LOCAL_WORLD_SIZE=str(WORLD), OMP_NUM_THREADS="1")
+    torch.set_num_threads(1)
+    torch.save(job(rank, *args), out / f"rank{rank}.pt")
+
+
+def run_ranks(job: Callable[..., Any], out: Path, *args: Any) -> list[Any]:
+    """``job(rank, *args)`` in ``WORLD`` processes forked from this one (no second import of torch: seconds, not a
+    minute), whose loader workers fork in turn, as under ``torchrun``."""
+    mp.start_processes(_rank_main, args=(job, args, out), nprocs=WORLD, start_method="fork")
+    return [torch.load(out / f"rank{rank}.pt", weights_only=False) for rank in range(WORLD)]
+
+
+def _loader_steps(rank: int, root: Path, port: int) -> dict[str, Any]:
+    os.environ["MASTER_PORT"] = str(port)
+    dist.init_process_group("gloo")
+    try:
+        loader, _ = indexed_loaders(root, *PER_IMAGE, "batch_size=4", "train_sizes=[16, 24, 32]", "workers=2",
+                                    rank=rank, world_size=WORLD)
+        steps = {}
+        for epoch in (0, 1):
+            loaders.set_epoch(loader, epoch)
+            steps[epoch] = [(images.shape[-1], targets.tolist()) for images, targets, _ in loader]
+        shard, refusal = list(loader.batch_sampler.order), None
+        try:  # a rank launched with other sizes: both must refuse before any step
+            check_ranks_agree({"train_sizes": [16, 32, 48] if rank == 0 else [16, 32, 64], "seed": 0}, WORLD)
+        except UserError as err:
+            refusal = str(err)
+        return {"steps": steps, "shard": shard, "refusal": refusal}
+    finally:
+        dist.destroy_process_group()
+
+
+def test_ranks_with_two_workers_each_agree_on_sizes_and_batches_and_split_the_data(image_root: Path,
+                                                                                   tmp_path: Path) -> None:
+    ranks = run_ranks(_loader_steps, tmp_path, image_root, free_port())
+    for epoch in (0, 1):
+        shapes = [[(size, len(targets)) for size, targets in rank["steps"][epoch]] for rank in ranks]
+        assert shapes[0] == shapes[1] and len(shapes[0]) == 3  # 24 images / 2 ranks / 4: 3 steps per epoch
+        seen = [{i for _, targets in rank["steps"][epoch] for i in targets} for rank in ranks]
+        assert not seen[0] & seen[1]  # each image on one rank only
+    assert len({size for epoch in (0, 1) for size, _ in ranks[0]["steps"][epoch]}) > 1
+    assert not set(ranks[0]["shard"]) & set(ranks[1]["shard"])  # the shards are disjoint and cover the data
+    assert sorted(ranks[0]["shard"] + ranks[1]["shard"]) == list(range(24))
+    for rank in ranks:  # each step takes its shard's order, as one process would
+        flat = [i for _, targets in rank["steps"][1] for i in targets]
+        assert flat == [rank["shard"][i % 12] for i in range(len(flat))]
+    assert ranks[0]["refusal"] == ranks[1]["refusal"] == (
+        "the DDP ranks do not agree on train_sizes (rank 0: [16, 32, 48], rank 1: [16, 32, 64]); each rank derives "
+        "every step's size, images and checkpoints from these, so launch every rank with the same config, "
+        "command-line overrides and data")
+
+
+def _train_runs(rank: int, root: Path, out: Path, ports: list[int]) -> None:
+    """train.py's main, three times on every rank: uninterrupted, killed mid-epoch, resumed."""
+    # 12 images per rank in steps of 4 at 48 px: 3 steps per epoch, a checkpoint after step 2
+    args = ("--img-size", "48", "--batch-size", "4", "train_sizes=[32, 48]", "checkpoint_interval=2", "workers=2",
+            "mixup=0.8", "auto_augment=rand-m9-mstd0.5-inc1", "reprob=0.25", "drop_path=0.1", "model_ema=true",
+            "warmup_epochs=1")
+    os.environ["MASTER_PORT"] = str(ports[0])
+    assert train.main(tiny_args(root, out / "straight", *args)) == 0
+    os.environ["MASTER_PORT"] = str(ports[1])
+    real = engine.Progress.update
+    engine.Progress.update = killed_at(2, 3)  # after step 3 of epoch 2, before the end-of-epoch checkpoint
+    with pytest.raises(KeyboardInterrupt):
+        train.main(tiny_args(root, out / "resumed", *args))
+    engine.Progress.update = real
+    os.environ["MASTER_PORT"] = str(ports[2])
+    assert train.main(tiny_args(root, out / "resumed", *args, "--resume", str(out / "resumed" / "last.pth"))) == 0
+
+
+def test_a_ddp_run_killed_mid_epoch_resumes_to_the_same_weights(image_root: Path, tmp_path: Path) -> None:
+    run_ranks(_train_runs, tmp_path, image_root, tmp_path, [free_port() for _ in range(3)])
+    assert_same_weights(tmp_path / "straight", tmp_path / "resumed")
+    assert len(torch.load(tmp_path / "resumed" / "last.pth", weights_only=True)["rng"]) == WORLD
+    assert [row["train_loss"] for row in metrics(tmp_path / "straight")] == [
+        row["train_loss"] for row in metrics(tmp_path / "resumed")]

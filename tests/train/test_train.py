@@ -1,0 +1,462 @@
+"""End-to-end training runs of a tiny ViT on a generated ImageFolder (CPU): outputs, resume, DDP, bad input."""
+
+from __future__ import annotations
+
+import csv
+import os
+import shutil
+import subprocess
+import sys
+import types
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import timm
+import torch
+import yaml
+from conftest import REPO, ROPE_MODEL, TINY_MODEL, tiny_args
+from timm.optim import create_optimizer_v2
+
+import train
+from vit_rope.data.sizes import SizeSchedule
+from vit_rope.train import engine
+from vit_rope.train.cli import build_config
+from vit_rope.train.state import save_checkpoint
+
+MULTIRES = ("decoded_cache=true", "train_sizes=[32, 48]")  # variable resolution needs the batched tensor pipeline
+
+
+def metrics(output: Path) -> list[dict[str, str]]:
+    with (output / "metrics.csv").open() as f:
+        return list(csv.DictReader(f))
+
+
+def test_two_epochs_learn_and_write_every_output(image_root: Path, tmp_path: Path, capsys) -> None:
+    out = tmp_path / "run"
+    assert train.main(tiny_args(image_root, out, "batch_size=4", "keep_every=2")) == 0
+    assert {p.name for p in out.iterdir()} >= {"config.yaml", "metrics.csv", "last.pth", "best.pth", "epoch_2.pth"}
+    assert not (out / "epoch_1.pth").exists()  # kept every 2 epochs only
+    kept, last = (torch.load(out / name, weights_only=True) for name in ("epoch_2.pth", "last.pth"))
+    assert kept["epoch"] == 2 and all(torch.equal(kept["model"][k], v) for k, v in last["model"].items())
+    rows = metrics(out)
+    assert [row["epoch"] for row in rows] == ["1", "2"]
+    assert list(rows[0]) == ["epoch", "train_loss", "val_loss", "top1", "top5", "lr", "images_per_s", "seconds",
+                             "tokens_per_s", "sizes"]  # new columns are appended, the older ones keep their places
+    assert rows[0]["sizes"] == "32:6"  # 24 images in batches of 4, all at img_size
+    assert float(rows[0]["tokens_per_s"]) == pytest.approx(4 * float(rows[0]["images_per_s"]), rel=1e-4)  # 2x2 patches
+    assert float(rows[1]["train_loss"]) < float(rows[0]["train_loss"])
+    assert 0 <= float(rows[1]["top1"]) <= 100 and float(rows[1]["top5"]) == 100  # 3 classes: top-5 is everything
+    assert "top1" in capsys.readouterr().out
+    assert build_config(out / "config.yaml").data_dir == str(image_root)  # the resolved config repeats the run
+
+
+def test_a_crash_while_writing_last_pth_loses_no_kept_checkpoint(image_root: Path, tmp_path: Path,
+                                                                  monkeypatch) -> None:
+    # best.pth and epoch_E.pth are written before last.pth: a crash in between leaves last.pth an epoch behind, and
+    # the resumed run redoes that epoch and writes them again
+    out, real_save = tmp_path / "run", train.train_state.save_checkpoint
+
+    def crash_on_last_of_epoch_2(state: dict, path: Path) -> None:
+        if path.name == "last.pth" and state["epoch"] == 2:
+            raise KeyboardInterrupt
+        real_save(state, path)
+
+    monkeypatch.setattr(train.train_state, "save_checkpoint", crash_on_last_of_epoch_2)
+    with pytest.raises(KeyboardInterrupt):
+        train.main(tiny_args(image_root, out, "keep_every=2"))
+    monkeypatch.setattr(train.train_state, "save_checkpoint", real_save)
+    assert torch.load(out / "last.pth", weights_only=True)["epoch"] == 1
+    assert torch.load(out / "epoch_2.pth", weights_only=True)["epoch"] == 2
+    assert train.main(tiny_args(image_root, out, "keep_every=2", "--resume", str(out / "last.pth"))) == 0
+    kept, last = (torch.load(out / name, weights_only=True) for name in ("epoch_2.pth", "last.pth"))
+    assert kept["epoch"] == last["epoch"] == 2
+    assert all(torch.equal(kept["model"][k], v) for k, v in last["model"].items())  # rewritten by the resumed run
+    assert [row["epoch"] for row in metrics(out)] == ["1", "2"]
+
+
+def test_checkpoint_loads_weights_only_and_rebuilds_the_model_alone(image_root: Path, tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    assert train.main(tiny_args(image_root, out, "--epochs", "1", "model_ema=true")) == 0
+    ckpt = torch.load(out / "last.pth", weights_only=True)
+    assert {"format", "model_name", "model_kwargs", "classes", "model", "model_ema", "optimizer", "scheduler",
+            "scaler", "epoch", "best_top1", "rng", "config", "metrics"} <= set(ckpt)
+    assert ckpt["epoch"] == 1 and ckpt["classes"] == ["class_0", "class_1", "class_2"]
+    model = timm.create_model(ckpt["model_name"], **ckpt["model_kwargs"])
+    model.load_state_dict(ckpt["model"])
+    assert model(torch.zeros(1, 3, 32, 32)).shape == (1, 3)
+    assert "ema_top1" in metrics(out)[0]
+
+
+@pytest.mark.parametrize("extra", [
+    ("workers=0",),  # augmentation in this process
+    ("workers=1",),  # augmentation in a loader worker process
+    ("decoded_cache=true", "auto_augment=null", "reprob=0", "train_sizes=[32, 48, 64]"),  # a size per step, batched
+], ids=["workers0", "workers1", "train_sizes"])
+def test_resume_after_interruption_matches_an_uninterrupted_run(image_root: Path, tmp_path: Path, monkeypatch,
+                                                                 extra: tuple[str, ...]) -> None:
+    # every source of randomness on: data order, RandAugment, random erasing, Mixup/CutMix, drop-path, EMA
+    random_all = ("--epochs", "3", "mixup=0.8", "cutmix=1.0", "auto_augment=rand-m9-mstd0.5-inc1", "reprob=0.25",
+                  "drop_path=0.1", "model_ema=true", "warmup_epochs=1", *extra)
+    straight, resumed = tmp_path / "straight", tmp_path / "resumed"
+    assert train.main(tiny_args(image_root, straight, *random_all)) == 0
+
+    real_epoch = engine.train_one_epoch
+
+    def killed_in_third_epoch(*args, **kwargs):
+        if args[7] == 2:  # 0-based epoch index
+            raise KeyboardInterrupt
+        return real_epoch(*args, **kwargs)
+
+    monkeypatch.setattr(engine, "train_one_epoch", killed_in_third_epoch)
+    with pytest.raises(KeyboardInterrupt):
+        train.main(tiny_args(image_root, resumed, *random_all))
+    monkeypatch.setattr(engine, "train_one_epoch", real_epoch)
+    assert torch.load(resumed / "last.pth", weights_only=True)["epoch"] == 2
+    assert train.main(tiny_args(image_root, resumed, *random_all, "--resume", str(resumed / "last.pth"))) == 0
+
+    a = torch.load(straight / "last.pth", weights_only=True)
+    b = torch.load(resumed / "last.pth", weights_only=True)
+    for key in ("model", "model_ema"):
+        for name, tensor in a[key].items():
+            torch.testing.assert_close(b[key][name], tensor, rtol=0, atol=1e-5, msg=f"{key}.{name}")
+    assert [row["epoch"] for row in metrics(resumed)] == ["1", "2", "3"]
+    assert metrics(resumed)[2]["train_loss"] == metrics(straight)[2]["train_loss"]
+    assert metrics(resumed)[2]["sizes"] == metrics(straight)[2]["sizes"]
+
+
+def killed_at(epoch: int, step: int) -> Callable:
+    """A ``engine.Progress.update`` that stops the run after step ``step`` (1-based) of epoch ``epoch`` (1-based),
+    before any checkpoint of that step: the work since the last checkpoint is lost, as in a killed job."""
+    real = engine.Progress.update
+
+    def update(self, index: int, **stats: str) -> None:
+        real(self, index, **stats)
+        if self.desc.startswith(f"epoch {epoch}/") and index + 1 == step:
+            raise KeyboardInterrupt
+
+    return update
+
+
+def assert_same_weights(a: Path, b: Path) -> None:
+    first, second = (torch.load(path / "last.pth", weights_only=True) for path in (a, b))
+    for key in ("model", "model_ema"):
+        for name, tensor in first[key].items():
+            torch.testing.assert_close(second[key][name], tensor, rtol=0, atol=1e-5, msg=f"{key}.{name}")
+
+
+@pytest.mark.parametrize("extra", [
+    ("workers=1", "train_sizes=[32, 48, 64]"),  # timm's per-image transforms in a worker, a size per step
+    ("decoded_cache=true", "auto_augment=null", "reprob=0", "train_sizes=[32, 48, 64]"),  # the tensor pipeline
+], ids=["per_image", "tensor"])
+def test_a_run_killed_mid_epoch_resumes_to_the_weights_of_an_uninterrupted_run(image_root: Path, tmp_path: Path,
+                                                                               monkeypatch, capsys,
+                                                                               extra: tuple[str, ...]) -> None:
+    # 24 images in steps of 8 at 32 px: 3 steps per epoch, a checkpoint after step 2; killed after step 3 of epoch 2
+    # (before its end-of-epoch checkpoint), so the resumed run redoes step 3; every source of randomness on
+    args = ("checkpoint_interval=2", "mixup=0.8", "cutmix=1.0", "drop_path=0.1",
+            "auto_augment=rand-m9-mstd0.5-inc1", "reprob=0.25", "model_ema=true", "warmup_epochs=1", *extra)
+    straight, resumed = tmp_path / "straight", tmp_path / "resumed"
+    assert train.main(tiny_args(image_root, straight, *args)) == 0
+    with monkeypatch.context() as patch:
+        patch.setattr(engine.Progress, "update", killed_at(2, 3))
+        with pytest.raises(KeyboardInterrupt):
+            train.main(tiny_args(image_root, resumed, *args))
+    ckpt = torch.load(resumed / "last.pth", weights_only=True)
+    assert (ckpt["epoch"], ckpt["step"], ckpt["epoch_totals"]["steps"]) == (1, 2, 2)  # epoch 2 in progress
+    capsys.readouterr()
+    assert train.main(tiny_args(image_root, resumed, *args, "--resume", str(resumed / "last.pth"))) == 0
+    assert "at epoch 1, step 2" in capsys.readouterr().out
+    assert_same_weights(straight, resumed)
+    rows = metrics(straight)
+    assert [{key: row[key] for key in ("epoch", "train_loss", "sizes", "lr")} for row in metrics(resumed)] == [
+        {key: row[key] for key in ("epoch", "train_loss", "sizes", "lr")} for row in rows]
+    assert " " in rows[1]["sizes"]  # several sizes were drawn in the interrupted epoch
+
+
+@pytest.mark.parametrize("model, kwargs", [
+    (TINY_MODEL, "{depth: 2}"),  # ours
+    ("vit_tiny_patch16_224", "{depth: 2}"),  # timm ViT with a learned position embedding (APE), resampled per step
+    ("vit_small_patch16_rope_mixed_224", "{depth: 2}"),  # timm's RoPE port
+    ("resnet10t", "{}"),  # a CNN: any size runs, no dynamic_img_size to pass
+])
+def test_train_sizes_draw_a_size_per_step_under_the_token_budget(image_root: Path, tmp_path: Path, capsys,
+                                                                  model: str, kwargs: str) -> None:
+    out = tmp_path / "run"
+    assert train.main(tiny_args(image_root, out, "--epochs", "1", "--model", model, f"model_kwargs={kwargs}",
+                                "model_ema=true", *MULTIRES)) == 0
+    schedule = SizeSchedule((32, 48), 32, 8)
+    drawn = [schedule(0, step) for step in range(3)]  # 24 images: 3 steps, as without train_sizes
+    row = metrics(out)[0]
+    assert row["sizes"] == "32:2 48:1" and [size for size, _ in drawn] == [32, 32, 48]
+    patches = sum(batch * (size / 16) ** 2 for size, batch in drawn) / sum(batch for _, batch in drawn)
+    if model != "resnet10t":  # CNNs count pixels / 256 as tokens, which for 16 px patches is the same number
+        assert float(row["tokens_per_s"]) == pytest.approx(patches * float(row["images_per_s"]), rel=1e-4)
+    printed = capsys.readouterr().out
+    assert "sizes 32:2 48:1" in printed and "32 px x 8, 48 px x 3 images (token budget of 8 x 32 px)" in printed
+    ckpt = torch.load(out / "last.pth", weights_only=True)
+    assert bool(ckpt["model_kwargs"].get("dynamic_img_size")) is (model != "resnet10t")
+    net = timm.create_model(ckpt["model_name"], **ckpt["model_kwargs"])
+    net.load_state_dict(ckpt["model"])
+    if model == "vit_tiny_patch16_224":
+        assert ckpt["model"]["pos_embed"].shape[1] == 5  # still the 2x2 grid of img_size (+ class token)
+    assert net(torch.zeros(1, 3, 48, 48)).shape == (1, 3)
+
+
+@pytest.mark.parametrize("extra, message", [
+    (("train_sizes=[32, 40]",), f"train_sizes entry 40 is not a positive multiple of the patch size 16 of "
+                                f"'{TINY_MODEL}': use 32 or 48"),
+    (("train_sizes=[0]",), "config key 'train_sizes' must list sizes > 0 (pixels), got 0"),
+    (("batch_size=6", "train_sizes=[32, 64]"), "train_sizes entry 64 leaves 1 image(s) per step under the token "
+                                                "budget (batch_size 6 x (32 / 64)^2), and a step needs at least 2"),
+])
+def test_bad_train_sizes_exit_2_naming_the_problem(image_root: Path, tmp_path: Path, capsys, extra: tuple[str, ...],
+                                                   message: str) -> None:
+    assert train.main(tiny_args(image_root, tmp_path / "run", "decoded_cache=true", *extra)) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and message in err and err.count("\n") == 1
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("extra, message", [
+    (("--img-size", "36"), f"img_size 36 is not a positive multiple of the patch size 16 of '{TINY_MODEL}': "
+                           "use 32 or 48"),
+    (("opt=adamx",), "unknown optimizer opt=adamx; did you mean opt=adamax?"),
+    (("sched=cosin",), "unknown scheduler sched=cosin; did you mean sched=cosine?"),
+    (("drop_path=1",), "config key 'drop_path' must be in [0, 1)"),
+    (("crop_pct=1.5",), "config key 'crop_pct' must be in (0, 1]"),
+    (("model_kwargs.embed_dim=100",), f"model '{TINY_MODEL}' cannot be built with {{'num_classes': 3, 'img_size': 32, "
+                                      "'drop_path_rate': 0.0, 'depth': 2, 'embed_dim': 100} (ValueError: embed_dim=100 "
+                                      "must be divisible by num_heads=3.); fix model_kwargs"),
+    (("model_kwargs.foo=1",), "got an unexpected keyword argument 'foo'); fix model_kwargs"),
+    (("model_kwargs.patch_size=0",), "(ZeroDivisionError: integer division or modulo by zero); fix model_kwargs"),
+    (("model_kwargs.pretrained=true", "model_kwargs.pretrained_cfg_overlay={file: missing.pth}"),
+     f"model '{TINY_MODEL}' builds, but its pretrained weights (missing.pth) do not load (FileNotFoundError); check "
+     "the weights file, or fix model_kwargs to match it"),
+    (("lr=[1,",), "command-line override 'lr=[1,' is not valid YAML"),
+    (("epochs=abc",), "config key 'epochs' on the command line must be int, got 'abc'"),
+    (("batch_size=1.5",), "config key 'batch_size' on the command line must be int, got 1.5"),
+    (("scale=3",), "config key 'scale' on the command line must be a list of float, got 3"),
+    (("workers=-2",), "config key 'workers' must be >= 0, got -2"),
+])
+def test_bad_input_exits_2_naming_it_before_any_image_is_decoded(image_root: Path, tmp_path: Path, capsys,
+                                                                  extra: tuple[str, ...], message: str) -> None:
+    cache = tmp_path / "cache"
+    assert train.main(tiny_args(image_root, tmp_path / "run", "decoded_cache=true", f"cache_dir={cache}", *extra)) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and message in err and err.count("\n") == 1
+    assert not (tmp_path / "run").exists() and not cache.exists()
+
+
+def test_weights_of_another_architecture_are_listed_key_by_key(image_root: Path, tmp_path: Path, capsys) -> None:
+    """--resume and finetune= with a 4-block checkpoint into a 2-block run: the keys that do not fit, shortened."""
+    deeper = timm.create_model(TINY_MODEL, depth=4, num_classes=3, img_size=32).state_dict()
+    extra = [key for key in deeper if key.startswith(("blocks.2.", "blocks.3.", "rope.2.", "rope.3."))]
+    save_checkpoint({"model_name": TINY_MODEL, "model": deeper}, tmp_path / "deeper.pth")
+    cache = tmp_path / "cache"
+    listed = f"({len(extra)} unexpected keys: {', '.join(extra[:10])}, ... ({len(extra) - 10} more))"
+    for option, fix in ((("--resume", str(tmp_path / "deeper.pth")), "resume with the model and optimizer settings of "
+                                                                      "the run that wrote it"),
+                        ((f"finetune={tmp_path / 'deeper.pth'}",), "start from a checkpoint of this model")):
+        assert train.main(tiny_args(image_root, tmp_path / "run", "decoded_cache=true", f"cache_dir={cache}",
+                                    *option)) == 2
+        err = capsys.readouterr().err
+        assert err == f"error: the model weights in {tmp_path / 'deeper.pth'} does not fit this run {listed}; {fix}" + (
+            " (model and model_kwargs of the run that wrote it)\n" if "finetune" in option[0] else "\n")
+        assert not cache.exists()
+
+
+def test_unreadable_image_is_skipped_and_counted_in_the_epoch_summary(image_root: Path, tmp_path: Path,
+                                                                        capsys) -> None:
+    bad = image_root / "train" / "class_1" / "5.jpg"
+    bad.write_bytes(b"not an image at all")
+    assert train.main(tiny_args(image_root, tmp_path / "run", "--epochs", "1")) == 0
+    captured = capsys.readouterr()
+    assert "(1 unreadable image(s) skipped)" in captured.out
+
+
+def test_diverging_loss_stops_naming_epoch_and_step_and_keeps_last_checkpoint(image_root: Path, tmp_path: Path,
+                                                                               capsys) -> None:
+    # a step schedule that multiplies the lr by 1e30 after epoch 1 makes epoch 2 blow up
+    out = tmp_path / "run"
+    code = train.main(tiny_args(image_root, out, "sched=step", "decay_epochs=1", "decay_rate=1e30", "opt=sgd",
+                                "lr=0.1"))
+    err = capsys.readouterr().err
+    assert code == 1
+    assert "at epoch 2, step 2 of 3" in err and "last.pth (epoch 1) is the last good checkpoint" in err
+    assert torch.load(out / "last.pth", weights_only=True)["epoch"] == 1
+
+
+@pytest.mark.parametrize("breakage, message", [
+    (lambda root: (root / "train").rename(root / "training"), "/train does not exist"),
+    (lambda root: [p.unlink() for p in (root / "val" / "class_0").iterdir()], "val/class_0 holds no images"),
+    (lambda root: [shutil.rmtree(d) for split in ("train", "val") for d in (root / split).iterdir()
+                   if d.name != "class_0"], "/train has 1 class folder (class_0); a classifier needs two or more"),
+    (lambda root: [p.write_bytes(b"broken") for p in (root / "val").rglob("*.*")], "images under"),
+])
+def test_bad_data_folder_exits_2_with_one_line(image_root: Path, tmp_path: Path, capsys, breakage,
+                                               message: str) -> None:
+    breakage(image_root)
+    assert train.main(tiny_args(image_root, tmp_path / "run")) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and message in err and err.count("\n") == 1
+    assert not (tmp_path / "run").exists()
+
+
+def test_val_split_names_the_evaluation_folder(image_root: Path, tmp_path: Path, capsys) -> None:
+    (image_root / "val").rename(image_root / "test")  # CIFAR-10 as an ImageFolder ships train/ and test/
+    assert train.main(tiny_args(image_root, tmp_path / "run", "--epochs", "1")) == 2
+    err = capsys.readouterr().err
+    assert "val does not exist" in err and "it has test/: set val_split=test" in err
+    assert train.main(tiny_args(image_root, tmp_path / "run", "--epochs", "1", "val_split=test")) == 0
+    assert build_config(tmp_path / "run" / "config.yaml").val_split == "test"
+    assert 0 <= float(metrics(tmp_path / "run")[0]["top1"]) <= 100
+
+
+def test_resume_from_something_else_is_a_clear_error(image_root: Path, tmp_path: Path, capsys) -> None:
+    (tmp_path / "notes.pth").write_text("hello")
+    torch.save({"weights": torch.zeros(1)}, tmp_path / "other.pth")
+    for path, message in (("notes.pth", "is not a vit-rope training checkpoint: torch.load failed"),
+                          ("other.pth", "is not a vit-rope training checkpoint (no format"),
+                          ("missing.pth", "does not exist")):
+        assert train.main(tiny_args(image_root, tmp_path / "run", "--resume", str(tmp_path / path))) == 2
+        assert message in capsys.readouterr().err
+
+
+def test_unknown_model_and_key_suggest_the_closest_name(image_root: Path, tmp_path: Path, capsys) -> None:
+    assert train.main(tiny_args(image_root, tmp_path / "run", "--model", "vit_tiny_patch16_22")) == 2
+    assert "did you mean 'vit_tiny_patch16_224'" in capsys.readouterr().err
+    assert train.main(tiny_args(image_root, tmp_path / "run", "epoch=3")) == 2
+    assert "did you mean 'epochs'" in capsys.readouterr().err
+
+
+def test_finetune_at_a_higher_resolution_resamples_the_position_embedding(image_root: Path, tmp_path: Path) -> None:
+    model = ROPE_MODEL.replace("mixed", "mixed_ape") if TINY_MODEL == ROPE_MODEL else TINY_MODEL
+    assert train.main(tiny_args(image_root, tmp_path / "low", "--model", model, "--epochs", "1")) == 0
+    assert train.main(tiny_args(image_root, tmp_path / "high", "--model", model, "--epochs", "1", "--img-size", "48",
+                                f"finetune={tmp_path / 'low' / 'last.pth'}")) == 0
+    pos_embed = torch.load(tmp_path / "high" / "last.pth", weights_only=True)["model"]["pos_embed"]
+    assert pos_embed.shape[1] in (9, 10)  # 3x3 patches (+ class token unless no_embed_class)
+
+
+def test_mixed_rope_frequencies_get_no_weight_decay(image_root: Path, tmp_path: Path, monkeypatch) -> None:
+    if TINY_MODEL != ROPE_MODEL:
+        pytest.skip("vit_rope models are not registered yet")
+    built = {}
+
+    def spy(model, **kwargs):
+        built.update(model=model, optimizer=create_optimizer_v2(model, **kwargs))
+        return built["optimizer"]
+
+    monkeypatch.setattr(train, "create_optimizer_v2", spy)
+    assert train.main(tiny_args(image_root, tmp_path / "run", "--epochs", "1", "opt=lamb", "weight_decay=0.05")) == 0
+    decay = {id(p): group["weight_decay"] for group in built["optimizer"].param_groups for p in group["params"]}
+    freqs = [p for name, p in built["model"].named_parameters() if name.startswith("rope.")]
+    assert len(freqs) == 2 and all(decay[id(p)] == 0 for p in freqs)  # one frequency tensor per block
+    assert decay[id(built["model"].blocks[0].attn.qkv.weight)] == 0.05
+
+
+def test_any_timm_model_trains_including_cnns_and_timm_rope_ports(image_root: Path, tmp_path: Path) -> None:
+    for name, kwargs in (("vit_small_patch16_rope_mixed_224", "{depth: 2}"), ("resnet10t", "{}")):
+        args = tiny_args(image_root, tmp_path / name, "--model", name, "--epochs", "1", f"model_kwargs={kwargs}")
+        assert train.main(args) == 0
+        ckpt = torch.load(tmp_path / name / "last.pth", weights_only=True)
+        timm.create_model(ckpt["model_name"], **ckpt["model_kwargs"]).load_state_dict(ckpt["model"])
+
+
+def test_run_log_drops_rows_past_the_resumed_epoch_and_feeds_tensorboard(tmp_path: Path, monkeypatch) -> None:
+    scalars = []
+
+    class FakeWriter:  # tensorboard is optional and not installed in CI
+        def __init__(self, logdir: str) -> None:
+            assert logdir == str(tmp_path / "tensorboard")
+
+        def add_scalar(self, key: str, value: float, step: int) -> None:
+            scalars.append((key, value, step))
+
+        flush = close = lambda self: None
+
+    monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", types.SimpleNamespace(SummaryWriter=FakeWriter))
+    log = engine.RunLog(tmp_path, ["epoch", "top1"], resume_epoch=None)
+    for epoch in (1, 2, 3):
+        log.write({"epoch": epoch, "top1": 10.0 * epoch})
+    log.close()
+    engine.RunLog(tmp_path, ["epoch", "top1"], resume_epoch=2).close()
+    assert [row["epoch"] for row in metrics(tmp_path)] == ["1", "2"]
+    assert ("top1", 30.0, 3) in scalars
+
+
+def test_command_line_exit_code_and_single_error_line(tmp_path: Path) -> None:
+    result = subprocess.run([sys.executable, "train.py", "--data-dir", str(tmp_path / "nowhere"), "--device", "cpu"],
+                            cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [
+        f"error: {tmp_path / 'nowhere' / 'train'} does not exist; the data dir needs train/ with one folder per class"]
+
+
+@pytest.mark.parametrize("extra, pipeline", [
+    ((), "timm"),
+    (MULTIRES, "tensor"),
+    (("workers=1", "auto_augment=3a", "reprob=0.25", "train_sizes=[32, 48]"), "timm"),  # per image, in workers
+], ids=["fixed_size", "train_sizes", "per_image_train_sizes"])
+def test_torchrun_ddp_on_cpu_writes_one_set_of_files(image_root: Path, tmp_path: Path, extra: tuple[str, ...],
+                                                     pipeline: str) -> None:
+    out = tmp_path / "ddp"
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    result = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                             "train.py", *tiny_args(image_root, out, "--epochs", "1", "--batch-size", "6", *extra)],
+                            cwd=REPO, capture_output=True, text=True, timeout=240, env=env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert sorted(p.name for p in out.iterdir()) == ["best.pth", "config.yaml", "last.pth", "metrics.csv"]
+    assert len(metrics(out)) == 1
+    assert result.stdout.count("epoch 1/1") == 1  # only rank 0 prints
+    assert "2 x cpu" in result.stdout and f"data pipeline: {pipeline} (" in result.stdout
+    assert len(torch.load(out / "last.pth", weights_only=True)["rng"]) == 2  # one RNG state per rank
+    assert yaml.safe_load((out / "config.yaml").read_text())["epochs"] == 1
+    if extra:  # 12 images per rank in batches of 6 at 32 px: 2 steps, each at the size both ranks draw
+        drawn = [SizeSchedule((32, 48), 32, 6)(0, step)[0] for step in range(2)]
+        assert metrics(out)[0]["sizes"] == " ".join(f"{size}:{drawn.count(size)}" for size in sorted(set(drawn)))
+
+
+def test_finetune_on_a_data_set_of_other_classes_starts_a_new_classifier(image_root: Path, tmp_path: Path,
+                                                                         capsys) -> None:
+    assert train.main(tiny_args(image_root, tmp_path / "three", "--epochs", "1")) == 0
+    shutil.rmtree(image_root / "train" / "class_2")
+    shutil.rmtree(image_root / "val" / "class_2")
+    assert train.main(tiny_args(image_root, tmp_path / "two", "--epochs", "1", "lr=1e-12", "min_lr=1e-13",
+                                f"finetune={tmp_path / 'three' / 'last.pth'}")) == 0  # a step too small to move
+    assert "was trained on other classes than this data set's 2: its classifier (head.weight, head.bias) is replaced " \
+           "by a new one" in capsys.readouterr().out
+    three = torch.load(tmp_path / "three" / "last.pth", weights_only=True)["model"]
+    two = torch.load(tmp_path / "two" / "last.pth", weights_only=True)["model"]
+    assert two["head.weight"].shape[0] == 2 and three["head.weight"].shape[0] == 3
+    body = [key for key in three if not key.startswith("head.")]
+    assert all(torch.allclose(two[key], three[key], atol=1e-6) for key in body)  # the body came from the checkpoint
+
+
+def test_finetune_onto_as_many_other_classes_also_starts_a_new_classifier(image_root: Path, tmp_path: Path,
+                                                                           capsys) -> None:
+    """Imagenette to Imagewoof: ten classes each, other ones; the checkpoint's saved class names tell."""
+    assert train.main(tiny_args(image_root, tmp_path / "first", "--epochs", "1")) == 0
+    for split in ("train", "val"):
+        (image_root / split / "class_0").rename(image_root / split / "class_9")
+    assert train.main(tiny_args(image_root, tmp_path / "second", "--epochs", "1",
+                                f"finetune={tmp_path / 'first' / 'last.pth'}")) == 0
+    assert "its classifier (head.weight, head.bias) is replaced by a new one" in capsys.readouterr().out
+    assert train.main(tiny_args(image_root, tmp_path / "same", "--epochs", "1",
+                                f"finetune={tmp_path / 'second' / 'last.pth'}")) == 0
+    assert "classifier" not in capsys.readouterr().out  # the same classes: it is kept
+
+
+def test_new_classifier_handles_two_heads_and_none() -> None:
+    """DeiT's distilled models name two classifiers; num_classes=0 has none to fill."""
+    distilled = timm.create_model("deit_tiny_distilled_patch16_224", depth=1, num_classes=2)
+    state = timm.create_model("deit_tiny_distilled_patch16_224", depth=1, num_classes=3).state_dict()
+    said = []
+    out = train.new_classifier(state, distilled, None, ["a", "b"], "x.pth", said.append)
+    assert all(out[key].shape == value.shape for key, value in distilled.state_dict().items())
+    assert "head_dist.weight" in said[0]
+    headless = timm.create_model("vit_tiny_patch16_224", depth=1, num_classes=0)
+    out = train.new_classifier(timm.create_model("vit_tiny_patch16_224", depth=1, num_classes=3).state_dict(),
+                               headless, None, ["a", "b"], "x.pth", said.append)
+    assert set(out) == set(headless.state_dict()) and "dropped (num_classes=0)" in said[1]

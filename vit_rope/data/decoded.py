@@ -1,0 +1,95 @@
+"""The decoded-image cache: every image of a split decoded once, short side shrunk, in one flat uint8 tensor.
+
+On a small CPU, decoding full-size JPEGs every epoch costs more than a tiny ViT's training step; on a GPU the same
+store feeds the batched pipeline (``vit_rope.data.pipeline.TensorStore``) from device memory. The cache file is written
+atomically and memory-mapped, so the DDP ranks of a machine share one copy through the page cache.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+
+import numpy as np
+import torch
+from PIL import Image
+from torch.utils.data import DataLoader, Dataset
+
+from vit_rope.models.weights_file import atomic_save
+
+
+def decode_image(path: str, short_side: int | None = None) -> Image.Image:
+    """Read an image as RGB (grayscale, CMYK, palette all converted); optionally shrink its short side.
+
+    ``draft`` lets the JPEG decoder itself downscale by 2-8x, which is most of the decoded cache's speed-up.
+    """
+    with Image.open(path) as img:
+        if short_side:
+            img.draft("RGB", (short_side, short_side))
+        img = img.convert("RGB")
+    if short_side and min(img.size) > short_side:
+        scale = short_side / min(img.size)
+        img = img.resize([max(1, round(side * scale)) for side in img.size], Image.Resampling.BICUBIC)
+    return img
+
+
+class _Decoder(Dataset):
+    """Decodes for the cache in loader workers; a file that fails becomes an empty array, reported on use."""
+
+    def __init__(self, paths: list[str], short_side: int) -> None:
+        self.paths, self.short_side = paths, short_side
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+    def __getitem__(self, index: int) -> torch.Tensor:
+        try:
+            return torch.from_numpy(np.array(decode_image(self.paths[index], self.short_side)))
+        except Exception:  # any failure to read the file; the dataset warns each time it is drawn
+            return torch.zeros((0, 0, 3), dtype=torch.uint8)
+
+
+class DecodedImages:
+    """A split decoded once, short side shrunk to a fixed size, in one flat uint8 tensor (HWC per image).
+
+    On a small CPU, decoding full-size JPEGs every epoch costs more than a tiny ViT's training step. A single flat
+    tensor rather than a list of arrays is shared by forked loader workers instead of being copied into each.
+    """
+
+    def __init__(self, data: torch.Tensor, offsets: torch.Tensor, shapes: torch.Tensor) -> None:
+        self.data, self.offsets, self.shapes = data, offsets, shapes
+
+    def image(self, index: int) -> Image.Image:
+        height, width = self.shapes[index].tolist()
+        if height == 0:
+            raise OSError("it could not be decoded when the cache was built")
+        start = int(self.offsets[index])
+        return Image.fromarray(self.data[start:start + height * width * 3].view(height, width, 3).numpy())
+
+    @classmethod
+    def build(cls, paths: list[str], short_side: int, workers: int) -> DecodedImages:
+        """Decode ``paths`` in parallel (``workers`` processes) into a new cache."""
+        loader = DataLoader(_Decoder(paths, short_side), batch_size=32, num_workers=workers, collate_fn=list)
+        arrays = [array for batch in loader for array in batch]
+        shapes = torch.tensor([array.shape[:2] for array in arrays], dtype=torch.long).reshape(-1, 2)
+        sizes = shapes.prod(1) * 3
+        return cls(torch.cat([array.reshape(-1) for array in arrays]), sizes.cumsum(0) - sizes, shapes)
+
+    @classmethod
+    def load_or_build(cls, paths: list[str], short_side: int, workers: int, cache_dir: Path | None) -> DecodedImages:
+        """Build the cache, or with ``cache_dir`` reuse the file of an earlier run on the same files and size.
+
+        The file name hashes every path, size and modification time, so a changed dataset is decoded again.
+        """
+        if cache_dir is None:
+            return cls.build(paths, short_side, workers)
+        listing = [(path, os.stat(path).st_size, os.stat(path).st_mtime_ns) for path in paths]
+        digest = hashlib.sha1(repr((listing, short_side)).encode()).hexdigest()[:16]
+        file = cache_dir / f"decoded-{short_side}px-{digest}.pt"
+        if file.exists():  # memory-mapped: the processes of a machine share the page cache's one copy
+            return cls(**torch.load(file, weights_only=True, mmap=True))
+        images = cls.build(paths, short_side, workers)
+        cache_dir.mkdir(parents=True, exist_ok=True)
+        atomic_save({"data": images.data, "offsets": images.offsets, "shapes": images.shapes}, file)
+        return cls(**torch.load(file, weights_only=True, mmap=True))  # drop the private copy for the shared one

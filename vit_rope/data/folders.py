@@ -1,0 +1,166 @@
+"""Datasets and loaders: ImageFolder splits with clear errors, timm transforms, the optional decoded cache
+(``vit_rope.data.decoded``) and the choice between timm's per-image pipeline and the batched one
+(``vit_rope.data.pipeline``).
+
+Both pipelines cut an epoch into steps with ``vit_rope.data.steps.StepSampler``, so ``train_sizes`` (one size per step
+from ``vit_rope.sizes.SizeSchedule``) means the same in both. Unreadable images never stop a run: they are replaced
+by the next readable image (so batches keep their size, which Mixup and DDP rely on), a warning names the file, and
+the epoch summary counts them. Epoch order, sizes and augmentation randomness are functions of (seed, epoch, rank,
+step) only, so a run resumed at any step sees the same batches as an uninterrupted one.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable, Mapping
+from pathlib import Path
+
+import torch
+from PIL import Image
+from torch.utils.data import Dataset
+
+from vit_rope.data.decoded import DecodedImages, decode_image
+from vit_rope.data.steps import Item, global_rng_kept, seed_globals
+from vit_rope.errors import UserError
+
+_log = logging.getLogger(__name__)
+REPO_ROOT = Path(__file__).resolve().parents[2]
+IMAGE_EXTENSIONS = frozenset(ext for ext, fmt in Image.registered_extensions().items() if fmt in Image.OPEN)
+Sample = tuple[str, int]
+
+
+def resolve_data_dir(data_dir: str | None, download_size: str = "320px") -> Path:
+    """Choose the dataset root: ``data_dir``, else the shared Imagenette next to the repo, else download Imagenette.
+
+    The order lets the same command work in this project's workspace (``../shared/data/imagenette``) and for users
+    with only internet access (torchvision's Imagenette into ``~/.cache/vit_rope``); it never falls back to
+    synthetic data.
+
+    Args:
+        data_dir: ``--data-dir``; must contain ``train/`` and ``val/``.
+        download_size: Imagenette variant to download: ``full``, ``320px`` or ``160px``.
+    """
+    if data_dir:
+        return Path(data_dir).expanduser()
+    shared = REPO_ROOT.parent / "shared" / "data" / "imagenette"
+    if shared.is_dir():  # relative to the working directory, so that saved configs name no machine path
+        return Path(os.path.relpath(shared))
+    from torchvision.datasets import Imagenette
+
+    root = Path(os.environ.get("XDG_CACHE_HOME", "~/.cache")).expanduser() / "vit_rope"
+    print(f"no --data-dir and no {shared}: downloading Imagenette ({download_size}) to {root}", flush=True)
+    try:
+        for split in ("train", "val"):
+            Imagenette(root, split=split, size=download_size, download=True)
+    except (OSError, RuntimeError) as err:
+        raise UserError(f"could not download Imagenette to {root} ({err}); pass --data-dir DIR with train/ and "
+                        "val/ class folders") from None
+    return root / ("imagenette2" if download_size == "full" else f"imagenette2-{download_size.removesuffix('px')}")
+
+
+def find_images(split_dir: Path, classes: list[str] | None = None, split_key: str | None = None
+                ) -> tuple[list[Sample], list[str]]:
+    """List ``(path, class index)`` for an ImageFolder split (one sub-folder per class, images in any PIL format).
+
+    Args:
+        split_dir: ``DIR/train`` or ``DIR/<val_split>``.
+        classes: the train split's class names, so that val indices match; None to take them from this folder.
+        split_key: the setting that named this split (e.g. ``val_split``); when the folder is missing, the error
+            lists the other folders of the data dir and tells to set it (CIFAR-10 and others ship ``test/``).
+
+    Returns:
+        The samples and the class names.
+    """
+    if not split_dir.is_dir():
+        message = f"{split_dir} does not exist; the data dir needs {split_dir.name}/ with one folder per class"
+        others = sorted(d.name for d in split_dir.parent.iterdir() if d.is_dir() and d.name != "train"
+                        and not d.name.startswith(".")) if split_dir.parent.is_dir() else []
+        if split_key and others:
+            message += f"; it has {', '.join(f'{name}/' for name in others)}: set {split_key}={others[0]} to use that"
+        raise UserError(message)
+    found = sorted(d.name for d in split_dir.iterdir() if d.is_dir() and not d.name.startswith("."))
+    if not found:
+        raise UserError(f"{split_dir} has no class folders; put each class's images in {split_dir}/<class name>/")
+    classes = classes or found
+    samples = []
+    for name in found:
+        folder = split_dir / name
+        if name not in classes:
+            raise UserError(f"{folder} is a class the train split does not have; rename or remove it")
+        files = sorted(str(p) for p in folder.rglob("*") if p.suffix.lower() in IMAGE_EXTENSIONS and p.is_file())
+        if not files:
+            raise UserError(f"{folder} holds no images; add images (any format PIL reads) or remove the folder")
+        samples += [(path, classes.index(name)) for path in files]
+    for path, _ in samples:  # up to the first readable image: one decode for a usual split
+        try:
+            decode_image(path)
+            break
+        except Exception:  # PIL raises OSError, SyntaxError, ValueError, ... for bad files
+            continue
+    else:  # a split of unreadable files would only fail once its loader starts, after a training epoch for val
+        raise UserError(f"none of the {len(samples)} images under {split_dir} can be read (e.g. {samples[0][0]}): "
+                        "replace the corrupt files, or point the data dir at the data set")
+    return samples, classes
+
+
+class _Images(Dataset):
+    """The images of a split, from their files or from the decoded cache."""
+
+    def __init__(self, samples: list[Sample], cache: DecodedImages | None = None) -> None:
+        self.samples, self.cache = samples, cache
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def load(self, index: int) -> tuple[Image.Image, int, int]:
+        """``(RGB image, class index, unreadable files skipped)`` of sample ``index`` or the next readable one."""
+        for skipped in range(len(self.samples)):
+            current = (index + skipped) % len(self.samples)
+            path, target = self.samples[current]
+            try:
+                image = decode_image(path) if self.cache is None else self.cache.image(current)
+            except Exception as err:  # PIL raises OSError, SyntaxError, ValueError, ... for bad files
+                _log.warning("skipping unreadable image %s (%s)", path, err)
+                continue
+            return image, target, skipped
+        raise RuntimeError("no image of the dataset could be read")
+
+
+class ImageFolderDataset(_Images):
+    """``(image tensor, class index, number of unreadable files skipped)`` for each sample of a split."""
+
+    def __init__(self, samples: list[Sample], transform: Callable[[Image.Image], torch.Tensor],
+                 cache: DecodedImages | None = None) -> None:
+        super().__init__(samples, cache)
+        self.transform = transform
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int, int]:
+        image, target, skipped = self.load(index)
+        return self.transform(image), target, skipped
+
+
+class SizedImages(_Images):
+    """Training samples for ``StepSampler``'s items ``(index, size, seed)``: the image through timm's transform for
+    ``size``, its random numbers seeded by ``seed``.
+
+    The transforms are built once per size before the loader starts (each worker gets a copy), not per image. Seeding
+    every image makes its augmentation a function of (seed, epoch, rank, step, position) alone, so the batches do not
+    depend on the number of workers or on where a run resumed; the training process's own random state is restored
+    after each batch (``workers=0``).
+    """
+
+    def __init__(self, samples: list[Sample], transforms: Mapping[int, Callable[[Image.Image], torch.Tensor]],
+                 cache: DecodedImages | None = None) -> None:
+        super().__init__(samples, cache)
+        self.transforms = dict(transforms)
+
+    def __getitem__(self, item: Item) -> tuple[torch.Tensor, int, int]:
+        index, size, seed = item
+        image, target, skipped = self.load(index)
+        seed_globals(seed)
+        return self.transforms[size](image), target, skipped
+
+    def __getitems__(self, items: list[Item]) -> list[tuple[torch.Tensor, int, int]]:
+        with global_rng_kept():
+            return [self[item] for item in items]

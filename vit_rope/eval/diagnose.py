@@ -1,0 +1,200 @@
+"""Diagnostics of a RoPE ViT: frequency coverage, learned mixed directions, attention entropy across sizes.
+
+Why a model extrapolates or not can often be read off its frequencies (RoPE-ViT, Heo et al., ECCV 2024; YaRN,
+Peng et al. 2023): a channel pair that completes less than one turn across the training grid never saw the phases
+that a larger grid produces. Mixed RoPE learns its directions, which the plot shows per layer and head. Attention
+entropy tells whether attention spreads out (dilutes) as the token count grows.
+
+``python -m vit_rope.diagnose --checkpoint PATH [--sizes 224 320 512] [--policy NAME] [--data-dir DIR
+[--val-split NAME]] [--output DIR]``; ``--model NAME`` takes ``--pretrained-file PATH``, or ``--random-init`` to look
+at the initialisation. ``--policy`` diagnoses the model under another resolution policy than its own, e.g. to see
+whether ``interpolate`` changes the attention entropy at the same token count or only the phases.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from vit_rope.checks import check_model_name, check_multiple, check_output_dir, patch_size
+from vit_rope.data.folders import ImageFolderDataset, Sample, find_images
+from vit_rope.errors import UserError
+from vit_rope.eval.harness import eval_transform, parse_kwarg, subset
+from vit_rope.eval.loading import EvalModel, load_pretrained, load_trained
+from vit_rope.layers.policies import POLICIES
+from vit_rope.layers.rope import RoPE2D
+from vit_rope.models import registry  # noqa: F401  (registers the models)
+from vit_rope.models.vit import RoPEVisionTransformer
+
+
+def frequency_coverage(model: RoPEVisionTransformer, target_grid: tuple[int, int]) -> list[dict[str, Any]]:
+    """Per layer: turns of each channel pair across the training grid and a target grid.
+
+    A pair turns by ``|wx| ex + |wy| ey`` radians across a grid whose positions span ``(ex, ey)`` (``(w - 1, h - 1)``
+    patches for integer positions; less than 2 per axis for DINOv3's normalised ones). Pairs with less than one turn
+    on the training grid whose range grows on the target grid by more than one training step meet phases they never
+    saw (``interpolate`` stretches the range by less than a step, a resampling effect rather than an extrapolation).
+
+    Returns:
+        One dict per layer (one for axial, whose tables all layers share): ``train_turns`` and ``target_turns``
+        ``[heads][pairs]`` lists, and ``unseen`` = the number of (head, pair) channels that see unseen phases.
+    """
+    rows = []
+    for layer, rope in enumerate(model.rope_modules()):
+        freqs, _ = rope.frequencies(target_grid)
+        train = _turns(rope, rope.freqs.detach(), rope.train_grid)  # [H, D/2]
+        step = train / max(max(rope.train_grid) - 1, 1)  # turns over one training step (the longer axis)
+        target = _turns(rope, freqs.detach(), target_grid)
+        unseen = int(((train < 1) & (target > train + step + 1e-6)).sum())
+        rows.append(dict(layer=layer, train_turns=train.tolist(), target_turns=target.tolist(), unseen=unseen,
+                         pairs=train.numel()))  # fmt: skip
+    return rows
+
+
+def _turns(rope: RoPE2D, freqs: Tensor, grid: tuple[int, int]) -> Tensor:
+    positions = rope.grid_positions(*grid, freqs.device)  # [N, 2] as the policy places them
+    extent = positions.amax(0) - positions.amin(0)  # (x, y)
+    return (freqs[0].abs() * extent[0] + freqs[1].abs() * extent[1]) / (2 * math.pi)  # [H, D/2]
+
+
+@torch.no_grad()
+def attention_entropy(model: RoPEVisionTransformer, images: Tensor) -> list[float]:
+    """Mean entropy (nats) of the attention distributions of each block, over images, heads and queries."""
+    entropies: list[float] = []
+
+    def hook(attn: nn.Module, args: tuple, kwargs: dict) -> None:
+        q, k, _ = attn.project(args[0], kwargs.get("rope"))
+        p = torch.softmax((q * attn.scale) @ k.transpose(-2, -1), dim=-1)  # [B, nh, N, N]
+        entropies.append(float(-(p * p.clamp_min(1e-12).log()).sum(-1).mean()))
+
+    handles = [blk.attn.register_forward_pre_hook(hook, with_kwargs=True) for blk in model.blocks]
+    try:
+        model.eval()(images)
+    finally:
+        for handle in handles:
+            handle.remove()
+    return entropies
+
+
+def plot_mixed_directions(model: RoPEVisionTransformer, path: Path) -> bool:
+    """Scatter of the learned (wx, wy) of every pair, one panel per layer, one colour per head."""
+    try:
+        from matplotlib.figure import Figure  # object API on the Agg canvas: no global backend switch
+    except ImportError:
+        print("matplotlib is not installed: skipping the directions plot (pip install matplotlib)", file=sys.stderr)
+        return False
+    ropes = model.rope_modules()
+    cols = min(6, len(ropes))
+    rows = math.ceil(len(ropes) / cols)
+    fig = Figure(figsize=(2.6 * cols, 2.6 * rows), layout="tight")
+    axes = fig.subplots(rows, cols, squeeze=False)
+    for ax in axes.flat[len(ropes):]:
+        ax.axis("off")
+    for layer, (rope, ax) in enumerate(zip(ropes, axes.flat, strict=False)):
+        wx, wy = rope.freqs.detach().float()
+        for head in range(wx.shape[0]):
+            ax.scatter(wx[head], wy[head], s=6, label=f"head {head}")
+        ax.set_title(f"layer {layer}" if len(ropes) > 1 else f"{model.rope_kind} (all layers)", fontsize=9)
+        ax.set_aspect("equal")
+        ax.axhline(0, lw=0.3, c="k")
+        ax.axvline(0, lw=0.3, c="k")
+    axes.flat[0].legend(fontsize=6)
+    fig.suptitle(f"RoPE frequencies (wx, wy) per pair ({model.rope_kind})")
+    fig.savefig(path, dpi=120)
+    return True
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--checkpoint", help="a train.py checkpoint")
+    source.add_argument("--model", help="a vit_rope timm model name (with --pretrained-file for weights)")
+    parser.add_argument("--pretrained-file", help="weights for --model")
+    parser.add_argument("--random-init", action="store_true",
+                        help="diagnose --model without weights, at its random initialisation (labelled so)")
+    parser.add_argument("--model-kwargs", nargs="*", type=parse_kwarg, default=[], metavar="KEY=VALUE")
+    parser.add_argument("--sizes", nargs="+", type=int, default=[224, 320, 384, 512], help="image sizes to inspect")
+    parser.add_argument("--data-dir", help="ImageFolder root whose val split feeds the entropy (else noise)")
+    parser.add_argument("--val-split", metavar="NAME", help="folder of --data-dir to take images from (default: the "
+                        "checkpoint's val_split, else val)")
+    parser.add_argument("--policy", choices=POLICIES, help="resolution policy to diagnose under (default: the "
+                        "model's own)")
+    parser.add_argument("--num-images", type=int, default=8)
+    parser.add_argument("--output", default="output/diagnose")
+    args = parser.parse_args(argv)
+    try:
+        entry, samples = _load(args)
+    except UserError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    model, patch = entry.model, patch_size(entry.model)
+    out = Path(args.output)
+    out.mkdir(parents=True, exist_ok=True)
+
+    report: dict[str, Any] = {"model": entry.label, "kind": model.rope_kind, "policy": model.rope_policy.name,
+                              "sizes": {}}
+    train_grid = model.rope_modules()[0].train_grid
+    print(f"{entry.label}: RoPE {model.rope_kind}, policy {model.rope_policy.name}, training grid {train_grid}")
+    print(f"{'size':>6s} {'unseen-phase channels':>22s} {'attention entropy per layer (nats)'}")
+    for size in args.sizes:
+        coverage = frequency_coverage(model, (size // patch, size // patch))
+        entropy = attention_entropy(model, _images(samples, size, args.num_images))
+        unseen, pairs = sum(r["unseen"] for r in coverage), sum(r["pairs"] for r in coverage)
+        report["sizes"][size] = dict(coverage=coverage, entropy=entropy, unseen=unseen, pairs=pairs)
+        print(f"{size:6d} {f'{unseen}/{pairs}':>22s} {' '.join(f'{e:.2f}' for e in entropy)}")
+    (out / "diagnostics.json").write_text(json.dumps(report, indent=1))
+    print(f"wrote {out / 'diagnostics.json'}")
+    if plot_mixed_directions(model, out / "rope_directions.png"):
+        print(f"wrote {out / 'rope_directions.png'}")
+    return 0
+
+
+def _load(args: argparse.Namespace) -> tuple[EvalModel, list[Sample] | None]:
+    """The model to diagnose and the images that feed the entropy (None: noise), every argument checked first."""
+    kwargs = dict(args.model_kwargs)
+    bad = [size for size in args.sizes if size <= 0]
+    if bad or args.num_images <= 0:
+        what = f"--sizes entry {bad[0]}" if bad else f"--num-images {args.num_images}"
+        raise UserError(f"{what} must be > 0 (e.g. --sizes 224 320 512 --num-images 8)")
+    check_output_dir(args.output, "--output")
+    if args.data_dir is not None and not Path(args.data_dir).is_dir():
+        raise UserError(f"--data-dir {args.data_dir} does not exist; pass an ImageFolder root (its val split holds "
+                        "one folder per class), or leave it out to feed noise")
+    if args.model:  # a typo before the advice about weights
+        check_model_name(args.model)
+    if args.model and args.pretrained_file is None and not kwargs.get("pretrained") and not args.random_init:
+        raise UserError(f"--model {args.model} has no weights, so its random initialisation would be diagnosed: "
+                        "pass --pretrained-file PATH or --model-kwargs pretrained=true, or --random-init to diagnose "
+                        "the initialisation on purpose")
+    if args.checkpoint:
+        entry = load_trained(args.checkpoint)
+    else:  # the classifier plays no part: built without one, whatever the file's class count
+        entry = load_pretrained(args.model, args.pretrained_file, 0, model_kwargs={**kwargs, "num_classes": 0})
+    if not isinstance(entry.model, RoPEVisionTransformer):
+        raise UserError(f"{entry.label} is a {type(entry.model).__name__}, not a vit_rope model: nothing to "
+                        "diagnose; pass a vit_rope_* model or a checkpoint of one")
+    check_multiple("--sizes entry", args.sizes, entry.model, entry.label)
+    if args.policy is not None:
+        try:  # each RoPE2D checks that the policy applies to its kind (policies.check_policy)
+            entry.model.set_rope_policy(args.policy)
+        except ValueError as err:
+            raise UserError(f"--policy {args.policy}: {err}") from err
+    if args.data_dir is None:
+        return entry, None
+    split = args.val_split or entry.val_split or "val"
+    return entry, find_images(Path(args.data_dir) / split, split_key="--val-split")[0]
+
+
+def _images(samples: list[Sample] | None, size: int, count: int) -> Tensor:
+    """``count`` images evenly spread over the classes, under the evaluation protocol; noise without data."""
+    if samples is None:
+        return torch.randn(count, 3, size, size, generator=torch.Generator().manual_seed(0))
+    dataset = ImageFolderDataset([samples[i] for i in subset(len(samples), count)], eval_transform(size, 1.0))
+    return torch.stack([dataset[i][0] for i in range(len(dataset))])

@@ -1,0 +1,297 @@
+"""Accuracy against input resolution: checkpoints or timm models on ``DIR/val`` (``--val-split``) at several sizes and
+RoPE policies.
+
+    python -m vit_rope.evaluate --checkpoint output/run/best.pth --data-dir DIR --img-sizes 160 224 320 \
+        --policy extrapolate interpolate ntk yarn
+    python -m vit_rope.evaluate --model vit_small_patch16_224 --pretrained-file vit_s.safetensors --data-dir DIR ...
+
+A ``--model`` without weights (no ``--pretrained-file``, no ``--model-kwargs pretrained=true``) is refused unless
+``--random-init`` asks for its random initialisation, which the reports then label ``random init``.
+
+Writes OUTPUT/results.json, results.md and accuracy_vs_resolution.png (``vit_rope.eval.report``). Exit codes: 0 done, 2
+bad input (sizes, policies, data folder, checkpoint), all checked before any evaluation starts. One protocol for every
+model, so that the numbers compare (crop_pct 1.0 by default, as RoPE-ViT); each size's images are decoded once and fed
+to every model and policy in turn.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+import yaml
+from timm.data import create_transform, resolve_data_config
+from torch import nn
+from torch.utils.data import DataLoader, Subset
+from tqdm import tqdm
+
+from vit_rope.checks import check_model_name, check_multiple, check_output_dir
+from vit_rope.data.folders import ImageFolderDataset, find_images, resolve_data_dir
+from vit_rope.errors import UserError
+from vit_rope.eval.loading import EvalModel, check_loaded, load_pretrained, load_trained
+from vit_rope.eval.report import write_reports
+from vit_rope.layers.policies import POLICIES, check_policy
+from vit_rope.train.engine import set_cpu_threads
+
+
+def label_map(model: EvalModel, val_classes: list[str], val_dir: Path) -> torch.Tensor:
+    """Output index of each val class: by name when the model's classes are known (so that an ImageNet-1k model
+    scores on a folder of a few synsets), else in folder order."""
+    if model.classes is not None:
+        unknown = [name for name in val_classes if name not in model.classes]
+        if unknown:
+            raise UserError(f"{val_dir} has classes {unknown[:5]} that {model.label} was not trained on; evaluate "
+                            "on a folder of its classes")
+        return torch.tensor([model.classes.index(name) for name in val_classes])
+    outputs = model.model.num_classes
+    if outputs != len(val_classes):
+        raise UserError(f"{model.label} has {outputs} outputs but {val_dir} has {len(val_classes)} classes; use a "
+                        "folder of its classes, or --model-kwargs num_classes=N")
+    return torch.arange(outputs)
+
+
+def check_options(policies: Sequence[str], crop_pct: float) -> None:
+    """The checks that need no model and no data, run first so that a typo fails at once."""
+    unknown = sorted(set(policies) - set(POLICIES))
+    if unknown:
+        raise UserError(f"unknown RoPE policy {', '.join(unknown)}: choose from {', '.join(POLICIES)}")
+    if not 0 < crop_pct <= 1:
+        raise UserError(f"--crop-pct {crop_pct} is outside (0, 1]: it is the fraction of the resized image that the "
+                        "center crop keeps (1.0 keeps all of it, 0.875 is timm's usual)")
+
+
+def choose_split(given: str | None, models: Sequence[EvalModel]) -> str:
+    """``--val-split`` when given, else the split the checkpoints' training runs validated on, else ``val``."""
+    if given:
+        return given
+    splits = {entry.val_split for entry in models if entry.val_split}
+    if len(splits) > 1:
+        used = ", ".join(f"{entry.label}: {entry.val_split}" for entry in models if entry.val_split)
+        raise UserError(f"the checkpoints were validated on different splits ({used}); pass --val-split to pick the "
+                        "one to evaluate on")
+    return splits.pop() if splits else "val"
+
+
+def check_sizes(sizes: Sequence[int], models: Sequence[EvalModel], policies: Sequence[str] = ()) -> None:
+    """Reject sizes that do not tile into whole patches, naming the nearest sizes that do, and policies that a
+    model's RoPE cannot take (DINOv3's normalised coordinates take two)."""
+    for entry in models:
+        check_multiple("size", sizes, entry.model, entry.label)
+        kind = getattr(entry.model, "rope_kind", None)
+        for policy in policies if kind else ():
+            try:
+                check_policy(kind, policy)
+            except ValueError as err:
+                raise UserError(f"{entry.label}: {err}") from None
+
+
+def eval_transform(size: int, crop_pct: float) -> Any:
+    """timm's eval transform: Resize(short side floor(size / crop_pct), bicubic), CenterCrop(size), ToTensor, with
+    pixels left in [0, 1]: each model is normalised with its own mean/std (``normalisation``), as it was trained.
+    ``tests/test_evaluate.py`` checks it is exactly that."""
+    return create_transform(input_size=(3, size, size), crop_pct=crop_pct, crop_mode="center", interpolation="bicubic",
+                            mean=(0.0, 0.0, 0.0), std=(1.0, 1.0, 1.0), is_training=False)
+
+
+def normalisation(model: nn.Module, device: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """The mean and std (``[1, 3, 1, 1]``) a timm model's data config gives, which is what ``train.py`` normalised
+    its inputs with: ImageNet's for ours and DeiT, 0.5 for timm's augreg ViTs such as ``vit_tiny_patch16_224``."""
+    config = resolve_data_config({}, model=model)
+    return (torch.tensor(config["mean"], device=device).view(1, 3, 1, 1),
+            torch.tensor(config["std"], device=device).view(1, 3, 1, 1))
+
+
+def subset(count: int, limit: int | None) -> list[int]:
+    """``limit`` evenly spaced indices of ``count`` samples; samples are sorted by class, so every class appears."""
+    if limit is None or limit >= count:
+        return list(range(count))
+    return [i * count // limit for i in range(limit)]
+
+
+def protocol(crop_pct: float) -> str:
+    """The preprocessing in words, printed first and stored with the results so that numbers are never compared
+    across protocols unknowingly."""
+    return (f"resize the short side to floor(size / {crop_pct}) px (PIL bicubic), center-crop size x size, each "
+            "model's own mean/std normalisation, as in training (timm create_transform, crop_mode center)")
+
+
+@torch.inference_mode()
+def evaluate_models(models: Sequence[EvalModel], data_dir: str | Path, img_sizes: Sequence[int],
+                    policies: Sequence[str] = ("extrapolate",), crop_pct: float = 1.0, device: str = "auto",
+                    limit: int | None = None, batch_size: int = 64, workers: int = 4,
+                    val_split: str = "val") -> list[dict[str, Any]]:
+    """Top-1, top-5 (%), loss and images/s of every model at every size on ``data_dir/val_split``, once per policy for
+    RoPE models.
+
+    Models without ``set_rope_policy`` (timm's ViTs and RoPE ports, CNNs) run once, with policy None.
+    ``images_per_s`` is the model's forward throughput (data loading excluded). Raises ``UserError`` for bad input
+    before any image is decoded.
+    """
+    device = ("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else device
+    if device == "cuda" and not torch.cuda.is_available():
+        raise UserError("--device cuda was requested but PyTorch sees no CUDA GPU; pass --device cpu")
+    check_options(policies, crop_pct)
+    val_dir = Path(data_dir) / val_split
+    samples, val_classes = find_images(val_dir, split_key="--val-split")
+    check_sizes(img_sizes, models, policies)
+    for entry in models:
+        check_loaded(entry.model, entry.label)
+    maps = [label_map(entry, val_classes, val_dir).to(device) for entry in models]
+    norms = [normalisation(entry.model, device) for entry in models]
+    runs = [(i, policy) for i, entry in enumerate(models)
+            for policy in (policies if hasattr(entry.model, "set_rope_policy") else (None,))]
+    for entry in models:
+        entry.model.to(device).eval()
+    indices = subset(len(samples), limit)
+    amp = torch.autocast("cuda", dtype=torch.bfloat16, enabled=device == "cuda")
+    sync = torch.cuda.synchronize if device == "cuda" else lambda: None  # CUDA runs asynchronously: time whole calls
+    results = []
+    for size in img_sizes:
+        loader = DataLoader(Subset(ImageFolderDataset(samples, eval_transform(size, crop_pct)), indices), batch_size,
+                            num_workers=workers, pin_memory=device == "cuda")
+        totals = torch.zeros(len(runs), 4, dtype=torch.float64)  # loss sum, top-1 hits, top-5 hits, seconds
+        skipped = counted = 0
+        batches = tqdm(loader, f"{size} px", leave=False, disable=not sys.stderr.isatty())
+        for step, (images, targets, bad) in enumerate(batches):
+            images, skipped = images.to(device, non_blocking=True), skipped + int((bad > 0).sum())  # slots refilled
+            keep = (bad == 0).to(device)  # [B]; an unreadable image's slot holds the next readable one: not twice
+            counted += int(keep.sum())
+            for row, (i, policy) in enumerate(runs):
+                model, labels = models[i].model, maps[i][targets.to(device)]
+                inputs = (images - norms[i][0]) / norms[i][1]
+                if policy is not None:
+                    model.set_rope_policy(policy)
+                with amp:
+                    if step == 0:  # untimed warm-up: first-call allocations and kernel choices are not throughput
+                        model(inputs)
+                    sync()
+                    start = time.perf_counter()
+                    logits = model(inputs).float()
+                    sync()
+                seconds = time.perf_counter() - start
+                logits, labels = logits[keep], labels[keep]
+                hits = logits.topk(min(5, logits.shape[1])).indices == labels[:, None]  # [B, k], rank order
+                loss = nn.functional.cross_entropy(logits, labels, reduction="sum")
+                totals[row] += torch.tensor([loss.item(), hits[:, 0].sum().item(), hits.any(1).sum().item(), seconds],
+                                            dtype=torch.float64)
+        if not counted:
+            raise UserError(f"none of the {len(indices)} val images evaluated could be read; replace the corrupt files "
+                            "or raise --limit")
+        if skipped:
+            print(f"warning: {skipped} unreadable image(s) left out at {size} px: top-1 and top-5 are over the "
+                  f"{counted} of {len(indices)} that could be read")
+        for row, (i, policy) in enumerate(runs):
+            loss_sum, hits1, hits5, seconds = totals[row].tolist()
+            results.append({"model": models[i].label, "policy": policy, "img_size": size,
+                            "train_size": models[i].train_size, "top1": 100 * hits1 / counted,
+                            "top5": 100 * hits5 / counted, "loss": loss_sum / counted,
+                            "images_per_s": len(indices) / seconds, "images": counted, "crop_pct": crop_pct,
+                            "device": device})
+    return results
+
+
+def _positive(text: str) -> int:
+    if not text.isdigit() or int(text) == 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive whole number")
+    return int(text)
+
+
+def _count(text: str) -> int:
+    if not text.isdigit():
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number >= 0")
+    return int(text)
+
+
+def parse_kwarg(text: str) -> tuple[str, Any]:
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"{text!r} is not KEY=VALUE (e.g. depth=2)")
+    return key, yaml.safe_load(value)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="vit-rope-evaluate", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--checkpoint", nargs="+", default=[], metavar="PATH", help="train.py checkpoints")
+    parser.add_argument("--model", nargs="+", default=[], metavar="NAME", help="timm model names")
+    parser.add_argument("--pretrained-file", nargs="+", metavar="PATH", help="weights for each --model, in order")
+    parser.add_argument("--random-init", action="store_true",
+                        help="evaluate a --model without weights (no --pretrained-file, no --model-kwargs "
+                        "pretrained=true) at its random initialisation, labelled 'random init': chance accuracy, "
+                        "for timing")
+    parser.add_argument("--model-kwargs", nargs="+", type=parse_kwarg, default=[], metavar="KEY=VALUE",
+                        help="extra timm.create_model arguments for every --model (values read as YAML)")
+    parser.add_argument("--train-size", type=_positive, help="training size of the --model models (default: theirs)")
+    parser.add_argument("--no-ema", action="store_true", help="evaluate a checkpoint's model weights, not its EMA")
+    parser.add_argument("--data-dir", help="dataset root holding the val split (one folder per class); default as "
+                        "train.py: ../shared/data/imagenette when it exists, else Imagenette downloaded")
+    parser.add_argument("--val-split", metavar="NAME", help="folder of --data-dir to evaluate on (default: the "
+                        "val_split the checkpoints were trained with, else val)")
+    parser.add_argument("--img-sizes", nargs="+", type=_positive, default=[224], metavar="SIZE",
+                        help="square input sizes, multiples of the patch size (default 224)")
+    parser.add_argument("--policy", nargs="+", default=["extrapolate"],
+                        help=f"RoPE policies: {', '.join(POLICIES)} (default extrapolate)")
+    parser.add_argument("--crop-pct", type=float, default=1.0, help="center-crop fraction (default 1.0)")
+    parser.add_argument("--output", default="output/eval", help="folder for the results (default output/eval)")
+    parser.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto",
+                        help="auto (default): CUDA with bf16 autocast when available")
+    parser.add_argument("--limit", type=_positive, help="evaluate this many images, spread evenly over the classes")
+    parser.add_argument("--batch-size", type=_positive, default=64, help="default 64")
+    parser.add_argument("--workers", type=_count, default=4, help="data loader processes (default 4; 0 loads here)")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Command-line entry point; returns the exit code (0 done, 2 bad input)."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not args.checkpoint and not args.model:
+        parser.error("pass --checkpoint PATH ... and/or --model NAME ...")
+    if args.train_size is not None and not args.model:
+        parser.error("--train-size goes with --model: a --checkpoint is rebuilt at the size its run trained at")
+    weights = args.pretrained_file or [None] * len(args.model)
+    if len(weights) != len(args.model):
+        parser.error(f"--pretrained-file takes one file per --model: got {len(weights)} for {len(args.model)}")
+    try:
+        check_options(args.policy, args.crop_pct)
+        check_output_dir(args.output, "--output")
+        for name in args.model:  # a typo before the advice about weights
+            check_model_name(name)
+        unloaded = [name for name, file in zip(args.model, weights, strict=True)
+                    if file is None and not dict(args.model_kwargs).get("pretrained")]
+        if unloaded and not args.random_init:
+            raise UserError(f"--model {unloaded[0]} has no weights, so it would be evaluated at its random "
+                            "initialisation: pass --pretrained-file PATH (one per --model) or --model-kwargs "
+                            "pretrained=true for timm's published weights, or --random-init to evaluate random "
+                            "weights on purpose")
+        if args.device != "cuda":  # loader workers need cores of their own, or every thread stalls
+            set_cpu_threads(0, args.workers)
+        data_dir = resolve_data_dir(args.data_dir)
+        models = [load_trained(path, not args.no_ema) for path in args.checkpoint]
+        split = choose_split(args.val_split, models)
+        num_classes = len(find_images(data_dir / split, split_key="--val-split")[1])
+        models += [load_pretrained(name, file, num_classes, args.train_size, dict(args.model_kwargs))
+                   for name, file in zip(args.model, weights, strict=True)]
+        labels = [entry.label for entry in models]
+        repeated = next((label for label in labels if labels.count(label) > 1), None)
+        if repeated:
+            raise UserError(f"{repeated} is given twice, and its rows would merge in the reports: name each "
+                            "checkpoint or --model / --pretrained-file pair once")
+        check_sizes(args.img_sizes, models, args.policy)
+        print(f"protocol: {protocol(args.crop_pct)}; sizes {args.img_sizes}; {data_dir / split}"
+              + (f", {args.limit} images evenly spread" if args.limit else ""), flush=True)
+        print("\n".join(f"  {entry.label}: trained at {entry.train_size} px" for entry in models), flush=True)
+        if unloaded:
+            print(f"warning: {', '.join(unloaded)} evaluated with random weights (--random-init): chance accuracy, "
+                  "labelled 'random init'", flush=True)
+        results = evaluate_models(models, data_dir, args.img_sizes, args.policy, args.crop_pct, args.device,
+                                  args.limit, args.batch_size, args.workers, split)
+    except UserError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    print(write_reports(results, Path(args.output), protocol(args.crop_pct)))
+    return 0

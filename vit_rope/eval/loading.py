@@ -1,0 +1,180 @@
+"""The models that evaluation, export and diagnosis take: a ``train.py`` checkpoint rebuilt from what it stores, or
+a timm model (ours, timm's ViTs and RoPE ports, CNNs) with the weights of a local file or timm's published ones.
+
+Both are built with ``dynamic_img_size=True`` where the model takes it, because they are run at sizes other than the
+one they were trained at (RoPE-ViT, Heo et al. 2024, evaluates from 0.6x to 2.3x). A mixed RoPE model whose learned
+frequencies were not in its weights, or a model whose classifier was not, is refused rather than evaluated at
+random values; a model without any weights is labelled ``random init`` wherever it is reported.
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from timm.data import ImageNetInfo
+from timm.models import get_pretrained_cfg_value
+from torch import nn
+
+from vit_rope.errors import UserError
+from vit_rope.models import registry  # noqa: F401  (registers the vit_rope_* models)
+from vit_rope.models.checkpoint import WeightsNotLoadedWarning
+from vit_rope.models.factory import PretrainedLoadError, create_model
+from vit_rope.models.weights_file import UnreadableCheckpointError, read_weights, tensor_rows, weights_mismatch
+from vit_rope.train.state import load_checkpoint
+
+# create_model arguments that leave the architecture (and so the label) as it is: the class count (the reports say
+# the classes), the training size (reported on its own), dropout rates (training only) and where weights come from
+_NOT_ARCHITECTURE = frozenset({"num_classes", "img_size", "dynamic_img_size", "pretrained", "pretrained_cfg",
+                               "pretrained_cfg_overlay", "pretrained_strict", "checkpoint_path", "cache_dir"})
+
+
+@dataclass
+class EvalModel:
+    """A model ready to evaluate, with what the report needs to know about it.
+
+    Attributes:
+        label: row name in the reports: the model name, then the arguments that changed its architecture, then for
+            checkpoints the path (always the last parenthesised part, which ``studies.report.is_run`` matches).
+        model: the network; evaluated in eval mode.
+        train_size: the resolution it was trained at, marked in the reports and the reference of RoPE policies.
+        classes: class name of each output; None when unknown (outputs are then taken in val folder order).
+        val_split: the data folder its training run validated on (``train.py``'s ``val_split``); None when unknown.
+    """
+
+    label: str
+    model: nn.Module
+    train_size: int
+    classes: list[str] | None = None
+    val_split: str | None = None
+
+
+def model_label(name: str, model_kwargs: dict[str, Any], *notes: str) -> str:
+    """``name (patch_size=4, depth=6, ...)``: the model name with the ``model_kwargs`` that change its architecture
+    (two models of one registry name can differ in patch size, depth, width, heads, ...) and any ``notes``."""
+    changes = [f"{key}={value}" for key, value in model_kwargs.items()
+               if key not in _NOT_ARCHITECTURE and not key.endswith("_rate")]
+    return f"{name} ({', '.join([*changes, *notes])})" if changes or notes else name
+
+
+def _build(name: str, kwargs: dict[str, Any]) -> nn.Module:
+    """``create_model`` with ``dynamic_img_size=True``, so that ViTs run at every size: timm ViTs then interpolate
+    their position embeddings and timm's RoPE ports rebuild their grids; CNNs run at any size without it."""
+    return create_model(name, {"dynamic_img_size": True, **kwargs}, "--model-kwargs")[0]
+
+
+def load_trained(path: str | Path, use_ema: bool = True) -> EvalModel:
+    """Rebuild the model of a ``train.py`` checkpoint and load its weights strictly (EMA weights when saved).
+
+    Reads the keys ``model_name``, ``model_kwargs``, ``config["img_size"]``, ``model``, ``model_ema`` (optional),
+    ``classes`` (optional) and ``config["val_split"]`` (optional). The model is built without the pretrained
+    weights its ``model_kwargs`` may name (the run's starting point): the strict load replaces every weight, learned
+    RoPE frequencies included.
+    """
+    ckpt = load_checkpoint(path)
+    missing = [key for key in ("model_name", "model_kwargs", "config", "model") if key not in ckpt]
+    if missing or "img_size" not in ckpt["config"]:
+        raise UserError(f"{path} has no {', '.join(missing) or 'config img_size'}, so its model cannot be rebuilt; "
+                        "pass a last.pth or best.pth written by train.py")
+    name, kwargs, train_size = ckpt["model_name"], ckpt["model_kwargs"], int(ckpt["config"]["img_size"])
+    model = _build(name, {**kwargs, "img_size": train_size, "pretrained": False})
+    ema = use_ema and ckpt.get("model_ema") is not None
+    weights = ckpt["model_ema"] if ema else ckpt["model"]
+    mismatch = weights_mismatch(model.state_dict(), weights)
+    if mismatch:
+        raise UserError(f"the weights in {path} do not fit {name} rebuilt with {kwargs} ({mismatch}); the "
+                        "checkpoint was written by another version of the model's code")
+    model.load_state_dict(weights)
+    label = f"{model_label(name, kwargs)} ({path}{', EMA' if ema else ''})"
+    return EvalModel(label, model, train_size, ckpt.get("classes"), ckpt["config"].get("val_split"))
+
+
+def load_pretrained(name: str, weights: str | None, num_classes: int, train_size: int | None = None,
+                    model_kwargs: dict[str, Any] | None = None) -> EvalModel:
+    """A timm model with the weights of a local file, or timm's published weights (``pretrained: true`` in
+    ``model_kwargs``), or random weights without either (for timing and export tests), labelled ``random init``.
+
+    A vit_rope model whose file lacks its learned RoPE frequencies (an axial or plain ViT checkpoint into a mixed
+    model) or its classifier is refused: those would be evaluated at their random initialisation. Other weights
+    initialised rather than loaded are printed as a warning.
+
+    Args:
+        weights: a file timm's ``pretrained_cfg_overlay`` loads; the model takes the file's class count (the rows
+            of its ``head.weight``; a file without one leaves the model's) unless ``num_classes`` is in
+            ``model_kwargs``.
+        num_classes: outputs of a model with random weights (the val folder's class count).
+        train_size: built at this size; None takes ``img_size`` from ``model_kwargs`` or the pretrained config.
+        model_kwargs: more ``timm.create_model`` arguments (``depth``, ``num_classes``, ``pretrained``, ...).
+    """
+    kwargs = dict(model_kwargs or {})
+    if weights is not None and not Path(weights).is_file():
+        raise UserError(f"--pretrained-file {weights} does not exist")
+    published = weights is None and bool(kwargs.get("pretrained"))
+    if train_size is not None:
+        kwargs["img_size"] = train_size
+    if weights is None and not published:
+        kwargs.setdefault("num_classes", num_classes)
+    if weights is not None and "num_classes" not in kwargs:  # the file's classifier, whatever the registry's default
+        classifier = get_pretrained_cfg_value(name, "classifier") or "head"
+        classes = tensor_rows(weights, f"{classifier if isinstance(classifier, str) else classifier[0]}.weight")
+        if classes is not None:
+            kwargs["num_classes"] = classes
+    # custom_load=False: the file is a state dict, also for models whose registry weights are JAX .npz files (timm
+    # before 1.0.31 kept their npz loader for a local file); num_classes keeps a head of that size, which timm drops
+    overlay = {"file": weights, "custom_load": False,
+               **({"num_classes": kwargs["num_classes"]} if "num_classes" in kwargs else {})} if weights else {}
+    kwargs["pretrained"] = weights is not None or published
+    try:
+        with torch.random.fork_rng(devices=[]), warnings.catch_warnings():  # seeded: random weights (no file) repeat
+            torch.manual_seed(0)
+            warnings.simplefilter("ignore", WeightsNotLoadedWarning)  # model.load_report is checked below instead
+            model = _build(name, {"pretrained_cfg_overlay": overlay, **kwargs} if overlay else kwargs)
+    except PretrainedLoadError as failed:
+        err = failed.__cause__
+        if weights is not None:
+            try:  # timm's read error (SafetensorError: header too large, ...) names neither the file nor the fix
+                read_weights(weights)
+            except UnreadableCheckpointError as unreadable:
+                raise UserError(str(unreadable)) from None
+            except Exception:  # a well-formed file that weights_only refuses: reported below as before
+                pass
+        if weights is None or not isinstance(err, RuntimeError | ValueError):
+            raise
+        lines = str(err).strip().splitlines()  # torch's load_state_dict lists the keys on lines of their own
+        detail = " ".join(line.strip() for line in lines) if isinstance(err, RuntimeError) else lines[0]
+        detail = detail if len(detail) <= 600 else detail[:597] + "..."
+        raise UserError(f"--pretrained-file {weights} does not fit {name} ({detail}); pick the model it was trained "
+                        "as, or --model-kwargs to match it") from None
+    check_loaded(model, name, weights)
+    report = getattr(model, "load_report", None)
+    if report is not None and report.initialised:
+        print(f"warning: {weights or 'the published checkpoint'} lacks weights of {name}, which were initialised "
+              f"instead: {report.summary()}")
+    size = kwargs.get("img_size", model.pretrained_cfg["input_size"][-1])
+    classes = ImageNetInfo().label_names() if kwargs["pretrained"] and model.num_classes == 1000 else None
+    label = model_label(name, kwargs, *([] if kwargs["pretrained"] else ["random init"]))
+    label += f" ({weights})" if weights is not None else ""  # the file, as for checkpoints: two files, two rows
+    return EvalModel(label, model, int(size), classes)
+
+
+def check_loaded(model: nn.Module, name: str, weights: str | Path | None = None) -> None:
+    """Refuse a model whose learned RoPE frequencies or classifier kept their random initialisation because its
+    weights file had none (``model.load_report``, left by vit_rope's checkpoint loading: ``load_weights`` or
+    ``pretrained=True``)."""
+    report = getattr(model, "load_report", None)
+    if report is None:
+        return
+    source = report.source or weights or "its weights file"
+    if report.head_reason is not None:
+        raise UserError(f"{source} does not give {name} its classifier ({report.head_reason}), so it would be "
+                        "evaluated with a random one; build the model with the checkpoint's class count "
+                        "(--model-kwargs num_classes=N) and evaluate on a folder of its classes")
+    if report.rope_freqs_loaded:
+        return
+    axial = name.replace("_mixed", "_axial") if "_mixed" in name else "an axial RoPE model"
+    raise UserError(f"{source} has no learned RoPE frequencies for {name}, a mixed RoPE model, so they would be "
+                    "evaluated at their random initialisation; evaluate a checkpoint of a mixed model trained or "
+                    f"fine-tuned with them, or for an axial RoPE checkpoint pick {axial}")

@@ -1,0 +1,217 @@
+"""ONNX export with a dynamic batch, height and width: one file serves every image size the model accepts.
+
+Why: a RoPE ViT builds its rotation tables from the patch grid inside ``forward``, so nothing in it is fixed to the
+training size, and an export that keeps height and width symbolic runs at every multiple of the patch size.
+What: ``export_program`` (``torch.export`` with the batch and ``H / patch``, ``W / patch`` dynamic), ``export_onnx``
+(that program as one ONNX file, checked with ONNX Runtime against eager PyTorch at the export size and at about 1.5x
+its height) and the command line::
+
+    python -m vit_rope.export --checkpoint output/demo/best.pth --output model.onnx [--img-size H [W]]
+    python -m vit_rope.export --model vit_rope_small_patch16_mixed_224 --pretrained-file w.safetensors --output m.onnx
+
+Exit codes: 0 written and checked, 1 ONNX Runtime disagrees with eager, 2 bad input. Needs ``onnx``, ``onnxscript``
+and ``onnxruntime``: ``pip install 'vit-rope[export]'``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+from torch.export import Dim, ExportedProgram
+
+from vit_rope.errors import UserError
+from vit_rope.eval.harness import parse_kwarg
+from vit_rope.eval.loading import load_pretrained, load_trained
+from vit_rope.layers.policies import POLICIES
+
+ONNX_PACKAGES = ("onnx", "onnxscript", "onnxruntime")
+Shape = tuple[int, int, int]  # (batch, height, width)
+
+
+class ExportError(RuntimeError):
+    """The written ONNX file does not reproduce the eager model."""
+
+
+class ExportInputError(ValueError):
+    """An argument that cannot be exported (size, batch, policy); the message says which and what to use."""
+
+
+@dataclass(frozen=True)
+class OnnxExport:
+    """A written ONNX file and, for each checked ``(batch, H, W)``, the max ``|ONNX Runtime - eager|``."""
+
+    path: Path
+    diffs: dict[Shape, float]
+
+
+def require_onnx() -> None:
+    """Raise ``ModuleNotFoundError`` naming the missing export packages and how to install them."""
+    missing = [name for name in ONNX_PACKAGES if importlib.util.find_spec(name) is None]
+    if missing:
+        raise ModuleNotFoundError(f"ONNX export needs {', '.join(missing)}, not installed here: "
+                                  "pip install 'vit-rope[export]' (or the dev extra, 'vit-rope[dev]')")
+
+
+def check_img_size(model: nn.Module, img_size: tuple[int, int]) -> tuple[int, int]:
+    """Return the patch size ``(ph, pw)``; raise ``ExportInputError`` unless both sides are whole patches, two or
+    more (torch.export turns a dimension of size 1 into a constant)."""
+    patch = getattr(getattr(model, "patch_embed", None), "patch_size", None)
+    if patch is None:
+        raise ExportInputError(f"{type(model).__name__} has no patch_embed.patch_size: only ViTs export here")
+    (ph, pw), (h, w) = patch, img_size
+    if h % ph or w % pw or h < 2 * ph or w < 2 * pw:
+        near = f"{max(2 * ph, round(h / ph) * ph)}x{max(2 * pw, round(w / pw) * pw)}"
+        raise ExportInputError(f"image size {h}x{w} (HxW) must be a multiple of the patch size {ph}x{pw}, with at "
+                               f"least two patches per side: use e.g. {near}")
+    return ph, pw
+
+
+def _images(model: nn.Module, batch: int, h: int, w: int) -> torch.Tensor:
+    """Seeded random images: the same shape always gives the same tensor."""
+    generator = torch.Generator().manual_seed(h * 10_000 + w)
+    return torch.randn(batch, model.patch_embed.proj.in_channels, h, w, generator=generator)
+
+
+def export_program(model: nn.Module, img_size: tuple[int, int] = (224, 224), batch_size: int = 2,
+                   dynamic: bool = True) -> ExportedProgram:
+    """``torch.export`` of ``model`` in eval mode (its mode is restored after), batch and patch grid dynamic."""
+    ph, pw = check_img_size(model, img_size)
+    if dynamic and batch_size < 2:
+        raise ExportInputError(f"batch_size {batch_size}: trace with 2 or more images (torch.export fixes a batch "
+                               "of 1 as a constant); the exported batch stays dynamic")
+    policy = getattr(model, "rope_policy", None)
+    if dynamic and policy is not None and policy.name == "yarn" and policy.yarn_temperature:
+        raise ExportInputError("the yarn policy's attention temperature is a Python float of the grid "
+                               "(vit_rope/layers/policies.py), which torch.export cannot keep dynamic: use another "
+                               "policy or set_rope_policy('yarn', yarn_temperature=False)")
+    h, w = img_size
+    dims = ({0: Dim("batch", min=1), 2: ph * Dim("grid_h", min=1), 3: pw * Dim("grid_w", min=1)},)
+    was_training = model.training
+    try:
+        return torch.export.export(model.eval(), (_images(model, batch_size, h, w),),
+                                   dynamic_shapes=dims if dynamic else None)
+    finally:
+        model.train(was_training)
+
+
+def compare_onnx(model: nn.Module, path: str | Path, shapes: list[Shape]) -> dict[Shape, tuple[float, float]]:
+    """``(batch, H, W) -> (max |ONNX Runtime - eager|, max |eager|)`` on seeded random images of each shape."""
+    import onnxruntime
+
+    options = onnxruntime.SessionOptions()
+    options.intra_op_num_threads = torch.get_num_threads()
+    session = onnxruntime.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    was_training = model.training
+    diffs = {}
+    try:
+        for batch, h, w in shapes:
+            images = _images(model, batch, h, w)
+            with torch.no_grad():
+                expected = model.eval()(images).float().numpy()
+            try:  # a graph that kept some size fixed fails here (onnxruntime's own exception classes)
+                got = session.run(None, {session.get_inputs()[0].name: images.numpy()})[0]
+                if got.shape != expected.shape:
+                    raise ValueError(f"output shape {got.shape}, eager {expected.shape}")
+            except Exception as err:
+                raise ExportError(f"ONNX Runtime cannot run {path} at {batch}x{h}x{w} like eager PyTorch "
+                                  f"({str(err).strip().splitlines()[0][:300]}); do not use it") from err
+            diffs[batch, h, w] = float(abs(got - expected).max()), float(abs(expected).max())
+    finally:
+        model.train(was_training)
+    return diffs
+
+
+def export_onnx(model: nn.Module, path: str | Path, *, img_size: tuple[int, int] = (224, 224), batch_size: int = 2,
+                opset: int | None = None, dynamic: bool = True, atol: float = 1e-4) -> OnnxExport:
+    """Write ``model`` in eval mode as one ONNX file (weights inside) and check it with ONNX Runtime.
+
+    ``dynamic``: batch, height and width are free in the graph (any multiple of the patch size), checked against
+    eager at ``(batch_size, H, W)`` and ``(batch_size + 1, about 1.5 H, W)``; else all fixed to ``(batch_size, H, W)``
+    and checked there. Raises ``ExportInputError`` (size, batch, policy),
+    ``ModuleNotFoundError`` (onnx, onnxscript or onnxruntime missing) and ``ExportError`` when a diff exceeds
+    ``atol`` (times the largest eager output when that is above 1).
+    """
+    require_onnx()
+    ph, _ = check_img_size(model, img_size)
+    program = export_program(model, img_size, batch_size, dynamic)
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    output = "logits" if getattr(model, "num_classes", 0) else "features"
+    torch.onnx.export(program, (_images(model, batch_size, *img_size),), str(path), dynamo=True, verbose=False,
+                      opset_version=opset, external_data=False, input_names=["images"], output_names=[output])
+    (h, w), shapes = img_size, [(batch_size, *img_size)]
+    if dynamic:  # about 1.5x the height in whole patches, at least one more; non-square when the export is square
+        shapes.append((batch_size + 1, max(h + ph, round(1.5 * h / ph) * ph), w))
+    diffs = compare_onnx(model, path, shapes)
+    for (b, h, w), (diff, largest) in diffs.items():
+        if not diff <= atol * max(1.0, largest):  # NaN fails too
+            raise ExportError(f"{path}: ONNX Runtime differs from eager PyTorch by {diff:.2e} at {b}x{h}x{w} "
+                              f"(tolerance {atol * max(1.0, largest):.1e}); the file is kept for inspection, do not "
+                              "use it")
+    return OnnxExport(path, {shape: diff for shape, (diff, _) in diffs.items()})
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="vit-rope-export", description=__doc__.split("\n\n")[0])
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--checkpoint", metavar="PATH", help="a train.py checkpoint (last.pth, best.pth)")
+    source.add_argument("--model", metavar="NAME", help="a timm model name (vit_rope_* or timm's own ViTs)")
+    parser.add_argument("--pretrained-file", metavar="FILE", help="weights for --model (default: random weights)")
+    parser.add_argument("--num-classes", type=int, help="outputs of --model (default: the file's, else 1000)")
+    parser.add_argument("--model-kwargs", nargs="+", type=parse_kwarg, default=[], metavar="KEY=VALUE",
+                        help="extra timm.create_model arguments for --model (values read as YAML)")
+    parser.add_argument("--no-ema", action="store_true", help="export a checkpoint's model weights, not its EMA")
+    parser.add_argument("--output", required=True, metavar="FILE", help="the ONNX file to write")
+    parser.add_argument("--img-size", nargs="+", type=int, metavar="SIDE",
+                        help="example size, H or H W, multiples of the patch size (default: the training size)")
+    parser.add_argument("--batch-size", type=int, default=2, help="example batch, 2 or more (default 2)")
+    parser.add_argument("--policy", help=f"RoPE resolution policy: {', '.join(POLICIES)} (default: the model's)")
+    parser.add_argument("--opset", type=int, help="ONNX opset (default: torch.onnx's)")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Command-line entry point; returns the exit code (0 done, 1 ONNX Runtime disagrees with eager, 2 bad input)."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.checkpoint and (args.pretrained_file or args.num_classes is not None or args.model_kwargs):
+        parser.error("--pretrained-file, --num-classes and --model-kwargs go with --model: a checkpoint rebuilds "
+                     "its own model")
+    if args.img_size and len(args.img_size) > 2:
+        parser.error(f"--img-size takes H or H W, got {len(args.img_size)} values")
+    try:
+        require_onnx()
+        if args.policy is not None and args.policy not in POLICIES:
+            raise UserError(f"unknown RoPE policy '{args.policy}': choose from {', '.join(POLICIES)}")
+        if args.checkpoint:
+            entry = load_trained(args.checkpoint, not args.no_ema)
+        else:
+            classes = {} if args.num_classes is None else {"num_classes": args.num_classes}
+            entry = load_pretrained(args.model, args.pretrained_file, classes.get("num_classes", 1000),
+                                    model_kwargs=dict(args.model_kwargs, **classes))
+        model = entry.model
+        if args.policy is not None:
+            if not hasattr(model, "set_rope_policy"):
+                raise UserError(f"--policy applies to vit_rope models; {entry.label} has no RoPE policy")
+            try:
+                model.set_rope_policy(args.policy)
+            except ValueError as err:  # a policy this model's RoPE cannot take (DINOv3's)
+                raise UserError(f"{entry.label}: {err}") from None
+        sides = args.img_size or [entry.train_size]
+        result = export_onnx(model, args.output, img_size=(sides[0], sides[-1]), batch_size=args.batch_size,
+                             opset=args.opset)
+    except (UserError, ExportInputError, ModuleNotFoundError, ExportError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1 if isinstance(err, ExportError) else 2
+    patch = "x".join(map(str, model.patch_embed.patch_size))
+    print(f"wrote {result.path} ({result.path.stat().st_size / 2**20:.1f} MiB) from {entry.label}: batch, height "
+          f"and width dynamic (multiples of {patch})")
+    for (b, h, w), diff in result.diffs.items():
+        print(f"  {b} x {h}x{w} images: max |ONNX Runtime - eager| = {diff:.2e}")
+    return 0

@@ -1,0 +1,99 @@
+"""Attention and transformer block of timm's ViT, with 2D RoPE on the queries and keys.
+
+RoPE (RoFormer, arXiv:2104.09864; RoPE-ViT, arXiv:2403.13298) acts inside attention only: q and k are rotated
+by the position of their token before the dot product, v is not. The tables arrive from the model, built once per
+forward; prefix tokens (class, registers) have identity rows in them, so they are never rotated.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from timm.layers import maybe_add_mask, resolve_self_attn_mask
+from timm.models.vision_transformer import Attention, Block
+from torch import Tensor, nn
+
+from vit_rope.layers.fused import project_rotate_qk
+from vit_rope.layers.rope import apply_rope
+
+RopeTables = tuple[Tensor, Tensor]
+
+
+class RoPEAttention(Attention):
+    """timm ``Attention`` whose ``forward`` takes ``rope=(cos, sin)`` tables for the whole sequence.
+
+    Same parameters and state-dict keys as timm's ``Attention``, so ViT and DeiT-III weights load unchanged.
+    ``F.scaled_dot_product_attention`` is the fast path; ``fused_attn = False`` computes the same scores
+    explicitly (useful to inspect attention maps).
+    """
+
+    __jit_unused_properties__ = ["plain_qk"]
+
+    def project(self, x: Tensor, rope: RopeTables | None = None) -> tuple[Tensor, Tensor, Tensor]:
+        """Queries and keys (rotated) and values, each ``[B, nh, N, D]``; diagnostics reuse it for attention maps.
+
+        In eager mode q and k are rotated straight in the projection output (``project_rotate_qk``: one pass, in
+        place, no extra memory). torch.compile, FX tracing and TorchScript take the reference ``apply_rope`` instead:
+        compile fuses it as it does the q/k norms, and the others cannot see through an autograd Function that
+        writes in place.
+        """
+        if not torch.jit.is_scripting():  # TorchScript compiles only what this branch leaves out
+            if rope is not None and self.plain_qk and not _tracing(x):
+                qkv = project_rotate_qk(self.qkv, x, self.num_heads, *rope)  # [B, N, 3, nh, D]
+                q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # [B, nh, N, D] each
+                return q, k, v
+        qkv = self.qkv(x).unflatten(-1, (3, self.num_heads, self.head_dim))  # [B, N, 3, nh, D]
+        q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # [B, nh, N, D] each
+        q, k = self.q_norm(q), self.k_norm(k)
+        if rope is not None:
+            q, k = apply_rope(q, rope[0], rope[1]), apply_rope(k, rope[0], rope[1])
+        return q, k, v
+
+    @property
+    def plain_qk(self) -> bool:
+        """No q/k norm: RoPE can rotate q and k straight in the projection output."""
+        return isinstance(self.q_norm, nn.Identity) and isinstance(self.k_norm, nn.Identity)
+
+    def forward(
+        self,
+        x: Tensor,
+        rope: RopeTables | None = None,
+        attn_mask: Tensor | None = None,
+        is_causal: bool = False,
+    ) -> Tensor:
+        B, N, _ = x.shape
+        gate = self.gate(x).sigmoid() if self.gate is not None else None
+        q, k, v = self.project(x, rope)
+        if self.fused_attn:
+            x = F.scaled_dot_product_attention(
+                q, k, v, attn_mask=attn_mask, dropout_p=self.attn_drop.p if self.training else 0.0, is_causal=is_causal
+            )
+        else:
+            attn = (q * self.scale) @ k.transpose(-2, -1)  # [B, nh, N, N]
+            attn = maybe_add_mask(attn, resolve_self_attn_mask(N, attn, attn_mask, is_causal))
+            x = self.attn_drop(attn.softmax(dim=-1)) @ v
+
+        x = self.norm(x.transpose(1, 2).reshape(B, N, self.attn_dim))  # [B, N, nh * D]
+        if gate is not None:
+            x = x * gate
+        return self.proj_drop(self.proj(x))
+
+
+def _tracing(x: Tensor) -> bool:
+    """Whether ``x`` flows through a graph capture (torch.compile, torch.export or FX), not real eager tensors."""
+    return torch.compiler.is_compiling() or isinstance(x, torch.fx.Proxy)
+
+
+class RoPEBlock(Block):
+    """timm pre-norm ``Block`` (LayerScale, drop-path, Mlp) that hands the RoPE tables to its attention."""
+
+    def forward(
+        self,
+        x: Tensor,
+        rope: RopeTables | None = None,
+        attn_mask: Tensor | None = None,
+        is_causal: bool = False,
+    ) -> Tensor:
+        x = x + self.drop_path1(self.ls1(self.attn(self.norm1(x), rope=rope, attn_mask=attn_mask, is_causal=is_causal)))
+        return x + self.drop_path2(self.ls2(self.mlp(self.norm2(x))))
+

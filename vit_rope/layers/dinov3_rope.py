@@ -1,0 +1,110 @@
+"""DINOv3's 2D RoPE as pure functions: period schedule, normalised patch coordinates, channel layout, coordinate draws.
+
+DINOv3 (Simeoni et al. 2025, arXiv:2508.10104) is axial RoPE with three differences from RoPE-ViT's (arXiv:2403.13298):
+
+- **coordinates**: patch centres normalised to [-1, 1], ``2 (i + 0.5) / d - 1``, with ``d`` each axis's own size
+  (``separate``) or the grid's shorter (``min``) or longer (``max``) side, so that a larger image covers the same
+  range with finer steps: the model never meets a coordinate outside what it was trained on;
+- **periods**: pair ``j`` of an axis turns by ``2 pi x / p_j`` with ``p_j = base ** (4 j / D)`` (base 100) or
+  ``p_j = min_period (max_period / min_period) ** (j / (D/4 - 1))``; ``vit_rope`` keeps the ``2 pi / p_j`` as the
+  frequencies, so positions stay in normalised units and coordinate augmentation is in DINOv3's units;
+- **layout**: rotate-half pairs ``(c, c + D/2)``, the first D/4 turning with y (row) and the last with x. Our
+  kernels rotate interleaved pairs with x first; ``interleave_permutation`` is the row order of the q / k
+  projection that turns one into the other, applied once when weights load (q . k is unchanged by a permutation
+  applied to both).
+
+Training-time coordinate augmentation (shift, per-axis jitter, shared rescale) is
+``vit_rope.layers.policies.CoordAugment``; with ``per_image=False`` it makes DINOv3's one draw per batch, with the same
+random calls in the same order as DINOv3 and timm's ``RotaryEmbeddingDinoV3``, so the same random state gives the same
+coordinates.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+NORMALIZE = ("separate", "min", "max")
+
+
+def check_normalize(normalize: str) -> str:
+    """Return ``normalize`` if DINOv3 knows it, else raise a ``ValueError`` listing the choices."""
+    if normalize not in NORMALIZE:
+        raise ValueError(f"Unknown DINOv3 coordinate normalisation {normalize!r}: choose one of "
+                         f"{', '.join(NORMALIZE)}.")
+    return normalize
+
+
+def dinov3_frequencies(head_dim: int, base: float = 100.0, min_period: float | None = None,
+                       max_period: float | None = None) -> Tensor:
+    """Frequencies ``2 pi / p_j`` as ``(wx, wy)`` ``[2, 1, head_dim // 2]``: x drives the first D/4 pairs, y the last.
+
+    ``min_period`` and ``max_period`` together replace the ``base`` schedule (DINOv3's two options).
+    """
+    quarter = head_dim // 4
+    if (min_period is None) != (max_period is None):
+        raise ValueError(f"DINOv3 RoPE needs both min_period and max_period or neither, got {min_period} and "
+                         f"{max_period}.")
+    if min_period is not None and max_period is not None:
+        if not 0 < min_period <= max_period:
+            raise ValueError(f"DINOv3 RoPE needs 0 < min_period <= max_period, got {min_period} and {max_period}.")
+        periods = min_period * (max_period / min_period) ** torch.linspace(0, 1, quarter, dtype=torch.float32)
+    else:
+        periods = base ** (2.0 * torch.arange(quarter, dtype=torch.float32) / (head_dim // 2))
+    magnitude = 2 * math.pi / periods  # [D/4]
+    zeros = torch.zeros_like(magnitude)
+    return torch.stack((torch.cat((magnitude, zeros)), torch.cat((zeros, magnitude))))[:, None, :]
+
+
+def dinov3_positions(height: int, width: int, reference: tuple[int, int], normalize: str = "separate",
+                     device: torch.device | None = None) -> Tensor:
+    """Patch-centre coordinates ``[height * width, 2]`` as ``(x, y)``, row-major like timm's PatchEmbed.
+
+    ``2 (i + 0.5) / d - 1`` per axis, ``d`` taken from ``reference`` (``(h, w)``): the grid itself gives DINOv3's
+    coordinates (every size spans [-1, 1]); the training grid keeps the training step between patches instead.
+    """
+    if normalize == "separate":  # sizes stay ints: float() of a traced size would fix it in an exported graph
+        dy, dx = reference[0], reference[1]
+    elif normalize == "min":
+        dy = dx = min(reference[0], reference[1])
+    else:
+        dy = dx = max(reference[0], reference[1])
+    ys = (torch.arange(height, device=device, dtype=torch.float32) + 0.5) / dy * 2.0 - 1.0
+    xs = (torch.arange(width, device=device, dtype=torch.float32) + 0.5) / dx * 2.0 - 1.0
+    grid_y, grid_x = torch.meshgrid(ys, xs, indexing="ij")
+    return torch.stack((grid_x, grid_y), dim=-1).reshape(-1, 2)  # [N, 2]
+
+
+def interleave_permutation(head_dim: int) -> Tensor:
+    """Index ``[head_dim]``: row ``c`` of our q (or k) head is row ``index[c]`` of DINOv3's rotate-half head.
+
+    Our pair ``p`` (channels ``2p, 2p + 1``, x for ``p < D/4``) is DINOv3's pair ``(p + D/4) mod D/2`` (channels
+    ``i, i + D/2``, y for ``i < D/4``).
+    """
+    half, quarter = head_dim // 2, head_dim // 4
+    channel = torch.arange(head_dim)
+    pair = (channel // 2 + quarter) % half
+    return pair + (channel % 2) * half
+
+
+def batch_coordinate_draw(shift: float, jitter: float, rescale: float, device: torch.device | None = None,
+                          generator: torch.Generator | None = None) -> tuple[Tensor, Tensor]:
+    """DINOv3's one augmentation draw for a batch: ``(offset, scale)`` ``[2]`` each, in ``(x, y)`` order.
+
+    The random calls and their order are DINOv3's (shift, then per-axis jitter, then the shared rescale, each a
+    ``uniform_`` over ``(h, w)``), so the same random state draws the same transform. Coordinates become
+    ``(positions + offset) * scale``.
+    """
+    def uniform(size: int, bound: float) -> Tensor:
+        return torch.empty(size, device=device).uniform_(-bound, bound, generator=generator)
+
+    offset, scale = torch.zeros(2, device=device), torch.ones(2, device=device)
+    if shift > 0:
+        offset = uniform(2, shift)
+    if jitter > 1:
+        scale = uniform(2, math.log(jitter)).exp()
+    if rescale > 1:
+        scale = scale * uniform(1, math.log(rescale)).exp()
+    return offset.flip(0), scale.flip(0)  # (h, w) -> (x, y)

@@ -1,0 +1,207 @@
+"""RoPE rotation of the queries and keys straight from the qkv projection's output, in one pass.
+
+The reference ``vit_rope.layers.rope.apply_rope`` (RoFormer, arXiv:2104.09864; RoPE-ViT, arXiv:2403.13298) rotates q and
+k out of place in several elementwise passes, and autograd keeps extra copies for backward. In eager mode that is the
+cost timm's RoPE ports pay (5-10% of a ViT-S step on CPU, a third on GPUs). Here each channel pair is one complex
+number and its rotation one complex product, ``(x0 + i x1) * (cos + i sin)``, over the q and k slices of the
+``[B, N, 3, nh, D]`` qkv tensor:
+
+- without autograd (inference) the product is done in place: one pass over q and k, nothing allocated;
+- with autograd, ``project_rotate_qk`` makes the qkv projection and the rotation one autograd node, so the rotation
+  is in place in training too, and its backward rotates the gradient in the pass that copies it back to the
+  projection's layout (which a ViT without RoPE does as well). Rotating a Linear's output in place outside such a node
+  would cost more: the output is a view, and autograd would clone the whole gradient around the in-place op.
+  ``rotate_qk`` on a given qkv tensor (which others may hold) writes a new one instead: q and k rotated, v copied, in
+  one pass. Either way autograd saves only what attention keeps anyway, so training memory is the same as without
+  RoPE; learnable (mixed) tables get their gradient from the rotated q and k, ``dt = conj(y) dy * t / |t|^2``, at
+  table size after the batch sum;
+- bf16/fp16 pairs are rotated in fp32 and rounded once; prefix tokens have identity rows in the tables, so nothing
+  is sliced or concatenated;
+- on CUDA, Triton kernels (``vit_rope.layers.triton_rope``) do each pass in one launch; this PyTorch code is the
+fallback.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from torch.autograd.function import FunctionCtx, once_differentiable
+
+from vit_rope.layers import triton_rope
+
+BACKENDS = ("auto", "torch", "triton")
+
+
+def _as_pairs(x: Tensor) -> Tensor:
+    """Complex view of the interleaved pairs: ``[..., D] -> [..., D/2]`` complex, ``x0 + i x1``.
+
+    A view (no copy) of any layout whose pairs are adjacent, such as the q/k slice of the qkv tensor; other layouts
+    are copied first.
+    """
+    if x.stride(-1) != 1 or x.storage_offset() % 2 or any(stride % 2 for stride in x.stride()[:-1]):
+        x = x.contiguous()
+    return torch.view_as_complex(x.unflatten(-1, (-1, 2)))
+
+
+def _table(cos: Tensor, sin: Tensor, dtype: torch.dtype) -> Tensor:
+    """``cos + i sin`` laid out for the qk slice: ``[(B,) H, P+N, D/2] -> [(B,) P+N, 1, H, D/2]`` complex."""
+    real = torch.float64 if dtype == torch.float64 else torch.float32
+    return torch.complex(cos.to(real), sin.to(real)).transpose(-3, -2).unsqueeze(-3)
+
+
+def _rotate(src: Tensor, table: Tensor, out: Tensor) -> None:
+    """``out = src * table`` pair by pair (``out`` may be ``src``); bf16/fp16 go through fp32 and are rounded once.
+
+    Shapes: ``src``, ``out`` ``[B, N, 2, nh, D]`` (any strides), ``table`` ``[(B,) N, 1, H, D/2]`` complex.
+    """
+    if src.dtype == table.real.dtype:
+        torch.mul(_as_pairs(src), table, out=_as_pairs(out))
+    else:
+        out.copy_(torch.view_as_real(_as_pairs(src.to(table.real.dtype)) * table).flatten(-2))
+
+
+def _rotated_qkv(qkv: Tensor, table: Tensor) -> Tensor:
+    """A new contiguous ``[B, N, 3, nh, D]`` tensor: q and k of ``qkv`` rotated by ``table``, v copied."""
+    out = torch.empty(qkv.shape, dtype=qkv.dtype, device=qkv.device)
+    out[:, :, 2] = qkv[:, :, 2]
+    _rotate(qkv[:, :, :2], table, out[:, :, :2])
+    return out
+
+
+def _rotation_grads(grad: Tensor, out: Tensor | None, cos: Tensor, sin: Tensor, use_triton: bool
+                    ) -> tuple[Tensor, Tensor | None, Tensor | None]:
+    """Backward of the rotation ``y = t x`` per pair: ``dx = conj(t) dy`` (a new contiguous ``[B, N, 3, nh, D]``, v's
+    gradient copied) and, given the forward output ``out``, ``dt = conj(x) dy`` as the gradients of cos and sin."""
+    if use_triton:
+        return triton_rope.rotated_backward(grad, out, cos, sin)
+    table = _table(cos, sin, grad.dtype)
+    grad_qkv = _rotated_qkv(grad, table.conj())
+    if out is None:
+        return grad_qkv, None, None
+    real = table.real.dtype
+    grad_table = torch.view_as_real(_as_pairs(out[:, :, :2].to(real)).conj() * _as_pairs(grad[:, :, :2].to(real)))
+    if table.dim() == 4:  # one table for the batch; one dim at a time is several times faster on CPU
+        grad_table = grad_table.sum(0)  # [B, N, 2, nh, D/2, 2] -> [N, 2, nh, D/2, 2]
+    grad_table = grad_table.sum(-4, keepdim=True).sum_to_size(*table.shape, 2)  # q and k (heads, if shared)
+    grad_table = torch.view_as_complex(grad_table) * table / table.abs() ** 2  # x = y / t
+    grad_table = grad_table.squeeze(-3).transpose(-3, -2)  # [(B,) H, P+N, D/2], as cos and sin
+    return grad_qkv, grad_table.real.to(cos.dtype), grad_table.imag.to(sin.dtype)
+
+
+def _rotate_in_place(qkv: Tensor, cos: Tensor, sin: Tensor, use_triton: bool) -> None:
+    if use_triton and qkv.stride(-1) == 1:
+        triton_rope.rotate_(qkv, cos, sin)
+    else:
+        _rotate(qkv[:, :, :2], _table(cos, sin, qkv.dtype), qkv[:, :, :2])
+
+
+class _RotateQK(torch.autograd.Function):
+    """Autograd of the rotation of a given qkv tensor, out of place (it may be a view that others hold)."""
+
+    @staticmethod
+    def forward(ctx: FunctionCtx, qkv: Tensor, cos: Tensor, sin: Tensor, use_triton: bool) -> Tensor:
+        out = triton_rope.rotated(qkv, cos, sin) if use_triton else _rotated_qkv(qkv, _table(cos, sin, qkv.dtype))
+        ctx.use_triton = use_triton
+        ctx.save_for_backward(out if cos.requires_grad or sin.requires_grad else None, cos, sin)
+        return out
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx: FunctionCtx, grad: Tensor) -> tuple[Tensor, Tensor | None, Tensor | None, None]:
+        out, cos, sin = ctx.saved_tensors
+        return *_rotation_grads(grad, out, cos, sin, ctx.use_triton), None
+
+
+class _ProjectRotateQK(torch.autograd.Function):
+    """The qkv projection and the rotation as one autograd node: ``rotate(x W^T + b)``.
+
+    The projection output belongs to this node, so the rotation runs in place in training too: one pass over q and k,
+    nothing allocated, v untouched (the Linear's output, a view, rotated in place outside would make autograd copy the
+    whole gradient around it). Backward rotates the gradient in the pass that a plain ViT spends copying it back to
+    the projection's layout, then does the Linear's two products. Under autocast, x, W and b are cast as autocast casts
+    them for a Linear, and those casts are what is saved, as for a Linear.
+    """
+
+    @staticmethod
+    def forward(ctx: FunctionCtx, x: Tensor, weight: Tensor, bias: Tensor | None, cos: Tensor, sin: Tensor,
+                num_heads: int, use_triton: bool) -> Tensor:
+        device = x.device.type
+        if torch.is_autocast_enabled(device):
+            dtype = torch.get_autocast_dtype(device)
+            x, weight = x.to(dtype), weight.to(dtype)
+            bias = None if bias is None else bias.to(dtype)
+        with torch.autocast(device, enabled=False):
+            qkv = F.linear(x, weight, bias).unflatten(-1, (3, num_heads, -1))  # [B, N, 3, nh, D]
+        _rotate_in_place(qkv, cos, sin, use_triton)
+        ctx.use_triton, ctx.has_bias = use_triton, bias is not None
+        ctx.save_for_backward(x, weight, qkv if cos.requires_grad or sin.requires_grad else None, cos, sin)
+        return qkv
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx: FunctionCtx, grad: Tensor) -> tuple[Tensor | None, ...]:
+        x, weight, out, cos, sin = ctx.saved_tensors
+        grad_qkv, grad_cos, grad_sin = _rotation_grads(grad, out, cos, sin, ctx.use_triton)
+        grad_qkv = grad_qkv.flatten(-3)  # [B, N, 3 * nh * D], the projection's layout
+        grad_x = grad_qkv @ weight if ctx.needs_input_grad[0] else None
+        flat = grad_qkv.flatten(0, -2)  # [B * N, 3C]
+        grad_weight = flat.t() @ x.flatten(0, -2) if ctx.needs_input_grad[1] else None
+        grad_bias = flat.sum(0) if ctx.has_bias and ctx.needs_input_grad[2] else None
+        return grad_x, grad_weight, grad_bias, grad_cos, grad_sin, None, None
+
+
+def rotate_qk(qkv: Tensor, cos: Tensor, sin: Tensor, backend: str = "auto") -> Tensor:
+    """Rotate the queries and keys of a qkv projection output; the values pass through.
+
+    Args:
+        qkv: ``[B, N, 3, nh, D]``, ``qkv(x).reshape(B, N, 3, nh, D)``. Changed in place when autograd does not
+            record (inference, ``no_grad``), so it must not be used afterwards.
+        cos: ``[H, N, D/2]`` or ``[B, H, N, D/2]`` from ``rope_tables`` (``H`` = 1 or nh; prefix rows included).
+        sin: same shape as ``cos``.
+        backend: ``"auto"`` takes the Triton kernels for CUDA tensors (fp32/bf16/fp16, Triton installed) and PyTorch
+            otherwise; ``"torch"`` or ``"triton"`` force one (``"triton"`` on CPU runs Triton's interpreter, for
+            tests).
+
+    Returns:
+        ``[B, N, 3, nh, D]`` with q and k rotated: ``apply_rope`` on each (tests hold the values and every gradient
+        of both backends to it).
+    """
+    use_triton = _use_triton(qkv, cos, backend)
+    if torch.is_grad_enabled() and (qkv.requires_grad or cos.requires_grad or sin.requires_grad):
+        return _RotateQK.apply(qkv, cos, sin, use_triton)
+    _rotate_in_place(qkv, cos, sin, use_triton)
+    return qkv
+
+
+def project_rotate_qk(linear: nn.Module, x: Tensor, num_heads: int, cos: Tensor, sin: Tensor,
+                      backend: str = "auto") -> Tensor:
+    """``rotate_qk(linear(x).unflatten(-1, (3, num_heads, -1)), cos, sin)``, cheaper in training.
+
+    With autograd and a plain ``nn.Linear`` (no hooks), projection and rotation are one autograd node that rotates in
+    place; otherwise (inference, hooks, LoRA-style wrappers) the Linear is called as it is and ``rotate_qk`` follows.
+
+    Args:
+        linear: the attention's qkv projection, ``C -> 3 * nh * D``.
+        x: ``[B, N, C]`` tokens.
+        num_heads: ``nh``.
+        cos: see ``rotate_qk``.
+        sin: see ``rotate_qk``.
+        backend: see ``rotate_qk``.
+
+    Returns:
+        ``[B, N, 3, nh, D]`` with q and k rotated.
+    """
+    plain = type(linear) is nn.Linear and not (linear._forward_hooks or linear._forward_pre_hooks)
+    tracked = x.requires_grad or linear.weight.requires_grad or cos.requires_grad or sin.requires_grad
+    if plain and torch.is_grad_enabled() and tracked:
+        return _ProjectRotateQK.apply(x, linear.weight, linear.bias, cos, sin, num_heads, _use_triton(x, cos, backend))
+    return rotate_qk(linear(x).unflatten(-1, (3, num_heads, -1)), cos, sin, backend)
+
+
+def _use_triton(x: Tensor, cos: Tensor, backend: str) -> bool:
+    if backend not in BACKENDS:
+        raise ValueError(f"rotate_qk: backend={backend!r} is not one of {BACKENDS}")
+    if backend == "triton" and not triton_rope.AVAILABLE:
+        raise RuntimeError("rotate_qk: backend='triton' needs the triton package (pip install triton)")
+    return backend == "triton" or (backend == "auto" and triton_rope.supports(x, cos))

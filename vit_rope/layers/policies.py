@@ -1,0 +1,198 @@
+"""Resolution policies and training-time coordinate augmentation for 2D RoPE.
+
+A RoPE model trained on an ``h0 x w0`` patch grid meets other grids at test time. Each policy below is a way to map
+the new grid onto what the model saw, written as functions of positions and frequencies:
+
+- ``extrapolate``: integer positions, the grid simply grows (RoPE-ViT, Heo et al., ECCV 2024, arXiv:2403.13298);
+- ``interpolate``: positions scaled into the training range (EVA-02, Fang et al. 2023; timm's ``ref_feat_shape``);
+- ``ntk``: NTK-aware base scaling per axis, ``b' = b * s ** (d / (d - 2))`` (bloc97, 2023): high frequencies are
+  kept, the lowest one is fully interpolated;
+- ``yarn``: per-frequency blend of interpolation and extrapolation by the number of turns a pair makes across the
+  training grid, with an attention temperature (YaRN, Peng et al. 2023, arXiv:2309.00071). The language-model ramp
+  (alpha=1, beta=32 turns over thousands of tokens) would interpolate every pair of a 14x14 grid, so the ramp here is
+  in turns over the image: pairs with fewer than ``alpha`` turns interpolate, more than ``beta`` extrapolate;
+- ``normalized``: coordinates in [-1, 1] per axis, scaled by 2*pi, so that axial RoPE with theta = 100 is exactly
+  DINOv3's RoPE (Simeoni et al. 2025, periods 100 ** (2k / (D/2))); for models trained that way.
+
+DINOv3's RoPE (``vit_rope.layers.dinov3_rope``) normalises its coordinates at every size, so only ``normalized`` (its
+own) and ``extrapolate`` (the training step between patches) apply to it; ``check_policy`` refuses the others, saying
+why.
+
+A policy acts per axis with the scale ``s = new / training`` grid size; at the training size all of them but
+``normalized`` leave the tables untouched. Coordinate augmentation (DINOv3's shift, jitter and rescale, plus a
+subpixel jitter) draws one transform per image, shared by all blocks, in training mode only.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, fields
+
+import torch
+from torch import Tensor
+
+from vit_rope.layers.dinov3_rope import batch_coordinate_draw
+
+POLICIES = ("extrapolate", "interpolate", "ntk", "yarn", "normalized")
+# DINOv3's RoPE: coordinates normalised to the grid (its own) or kept at the training step; nothing else applies
+DINOV3_POLICIES = ("normalized", "extrapolate")
+
+
+@dataclass(frozen=True)
+class ResolutionPolicy:
+    """How RoPE positions and frequencies follow the input grid.
+
+    Attributes:
+        name: one of ``POLICIES``.
+        yarn_alpha: with ``yarn``, pairs making fewer turns than this across the training grid are interpolated.
+        yarn_beta: with ``yarn``, pairs making more turns than this are extrapolated; linear ramp in between.
+        yarn_temperature: with ``yarn``, sharpen attention by ``(0.1 ln s + 1) ** 2`` as the token count grows.
+    """
+
+    name: str = "extrapolate"
+    yarn_alpha: float = 0.5
+    yarn_beta: float = 2.0
+    yarn_temperature: bool = True
+
+    def __post_init__(self) -> None:
+        if self.name not in POLICIES:
+            raise ValueError(f"Unknown RoPE resolution policy {self.name!r}: choose one of {', '.join(POLICIES)}.")
+        if not 0 <= self.yarn_alpha < self.yarn_beta:
+            raise ValueError(f"yarn needs 0 <= yarn_alpha < yarn_beta, got {self.yarn_alpha} and {self.yarn_beta}.")
+
+    @classmethod
+    def create(cls, policy: str | dict | ResolutionPolicy) -> ResolutionPolicy:
+        """Accept a name, a dict of the fields (as in a YAML config) or a policy."""
+        if isinstance(policy, ResolutionPolicy):
+            return policy
+        if isinstance(policy, str):
+            return cls(policy)
+        valid = [f.name for f in fields(cls)]
+        unknown = sorted(set(policy) - set(valid))
+        if unknown:
+            raise ValueError(f"Unknown RoPE policy options {unknown}: valid are {valid}.")
+        return cls(**policy)
+
+
+def check_policy(kind: str, policy: str) -> str:
+    """Return ``policy`` if it applies to RoPE ``kind``, else raise a ``ValueError`` saying why and what does."""
+    if kind == "dinov3" and policy not in DINOV3_POLICIES:
+        raise ValueError(
+            f"RoPE policy {policy!r} does not apply to DINOv3's RoPE, whose coordinates are normalised to [-1, 1] at "
+            "every size (interpolation is built in, and ntk / yarn rescale frequencies against a training grid of "
+            "integer positions that it does not have). Use 'normalized' (DINOv3's own) or 'extrapolate' (the "
+            "training step between patches, so larger images reach beyond [-1, 1])."
+        )
+    return policy
+
+
+def transform_positions(positions: Tensor, grid: tuple[int, int], policy: str) -> Tensor:
+    """Integer patch positions ``[..., N, 2]`` (x, y) of an ``(h, w)`` grid, as the policy named ``policy`` places
+    them."""
+    if policy != "normalized":
+        return positions
+    size = torch.tensor([grid[1], grid[0]], device=positions.device, dtype=positions.dtype)  # (w, h)
+    return 2 * math.pi * ((positions + 0.5) / size * 2 - 1)  # cell centres mapped to [-1, 1], as DINOv3
+
+
+def scale_frequencies(
+    freqs: Tensor, grid: tuple[int, int], train_grid: tuple[int, int], policy: str, theta: float, head_dim: int,
+    yarn_alpha: float = 0.5, yarn_beta: float = 2.0, yarn_temperature: bool = True,
+) -> tuple[Tensor, float]:
+    """Frequencies ``[2, H, D/2]`` to use on ``grid`` under the policy named ``policy`` (with the ``yarn_*`` fields
+    of its ``ResolutionPolicy``), and the attention temperature for the tables.
+
+    Scaling the x (or y) frequency of a pair by ``a`` is the same as scaling its x (or y) positions by ``a``, so
+    every policy is a per-axis, per-pair factor between ``1 / s`` (interpolate) and 1 (extrapolate). Plain values,
+    not a ``ResolutionPolicy``, so that TorchScript compiles it.
+    """
+    # A shortcut at the training size (the scaling is the identity there), except in torch.export: comparing the
+    # grid would specialise the graph to that size and drop the scaling for every other size it serves.
+    exporting = False
+    if not torch.jit.is_scripting():
+        exporting = torch.compiler.is_exporting()
+    if policy in ("extrapolate", "normalized") or (not exporting and grid[0] == train_grid[0]
+                                                    and grid[1] == train_grid[1]):
+        return freqs, 1.0
+    # per axis (x, y): s = new size / training size; [2, 1, 1] to broadcast against [2, H, D/2]
+    s = torch.tensor([grid[1] / train_grid[1], grid[0] / train_grid[0]], device=freqs.device)[:, None, None]
+    if policy == "interpolate":
+        return freqs / s, 1.0
+    s = s.clamp(min=1.0)  # ntk and yarn only ever compress, as in language models
+    magnitude = freqs.detach().abs().float().clamp(min=1e-12)
+    if policy == "ntk":
+        # axial pair i of an axis with d channels has w = theta ** (-2i / d); b' = b s^(d/(d-2)) scales it by
+        # s ** (-2i / (d - 2)). The exponent is written through w so that learned (mixed) frequencies follow too.
+        d = head_dim // 2
+        exponent = (-torch.log(magnitude) / math.log(theta) * d / (d - 2)).clamp(0.0, 1.0)
+        return freqs * s.pow(-exponent), 1.0
+    # yarn: turns of each pair across the training extent of each axis
+    extent = torch.tensor([train_grid[1], train_grid[0]], device=freqs.device)[:, None, None]
+    turns = extent * magnitude / (2 * math.pi)
+    keep = ((turns - yarn_alpha) / (yarn_beta - yarn_alpha)).clamp(0.0, 1.0)
+    factor = (1 - keep) / s + keep
+    temperature = 1.0
+    if yarn_temperature:
+        temperature = 0.1 * math.log(math.sqrt(float(s[0]) * float(s[1]))) + 1.0  # on q and k: logits * t ** 2
+    return freqs * factor, temperature
+
+
+@dataclass(frozen=True)
+class CoordAugment:
+    """Training-time augmentation of patch coordinates (in patch units), one draw per image.
+
+    Attributes:
+        shift: uniform shift in ``[-shift, shift]`` per axis (DINOv3); 0 is off.
+        jitter: per-axis log-uniform scale in ``[1/jitter, jitter]`` (DINOv3); 1 is off.
+        rescale: shared log-uniform scale in ``[1/rescale, rescale]`` (DINOv3); 1 is off.
+        subpixel: uniform noise in ``[-subpixel, subpixel]`` added to every patch position; 0 is off.
+        per_image: one draw per image (RoPE-ViT-style models, more variety per step), or one per batch as DINOv3 and
+            timm's ``RotaryEmbeddingDinoV3`` draw it, with their random calls in their order.
+    """
+
+    shift: float = 0.0
+    jitter: float = 1.0
+    rescale: float = 1.0
+    subpixel: float = 0.0
+    per_image: bool = True
+
+    def __post_init__(self) -> None:
+        if self.shift < 0 or self.subpixel < 0 or self.jitter < 1 or self.rescale < 1:
+            raise ValueError(
+                f"Coordinate augmentation needs shift >= 0, subpixel >= 0, jitter >= 1 and rescale >= 1; got {self}."
+            )
+
+    @property
+    def active(self) -> bool:
+        return self.shift > 0 or self.jitter > 1 or self.rescale > 1 or self.subpixel > 0
+
+
+def augment_positions(
+    positions: Tensor, batch_size: int, aug: CoordAugment, generator: torch.Generator | None = None
+) -> Tensor:
+    """Draw one coordinate transform per image: ``[N, 2]`` -> ``[B, N, 2]`` (or per batch: ``[N, 2]``).
+
+    Order as DINOv3: shift, then per-axis jitter, then shared rescale; the subpixel noise comes last.
+    """
+    B, device = batch_size, positions.device
+    if not aug.per_image:
+        offset, scale = batch_coordinate_draw(aug.shift, aug.jitter, aug.rescale, device, generator)
+        positions = (positions + offset) * scale  # [N, 2]: one transform for the batch
+        if aug.subpixel > 0:
+            noise = torch.rand(B, *positions.shape, generator=generator, device=device) * 2 - 1
+            positions = positions + noise * aug.subpixel  # [B, N, 2]
+        return positions
+
+    def uniform(*shape: int, bound: float) -> Tensor:
+        return (torch.rand(*shape, generator=generator, device=device) * 2 - 1) * bound
+
+    out = positions.expand(B, *positions.shape)  # [B, N, 2]
+    if aug.shift > 0:
+        out = out + uniform(B, 1, 2, bound=aug.shift)
+    if aug.jitter > 1:
+        out = out * uniform(B, 1, 2, bound=math.log(aug.jitter)).exp()
+    if aug.rescale > 1:
+        out = out * uniform(B, 1, 1, bound=math.log(aug.rescale)).exp()
+    if aug.subpixel > 0:
+        out = out + uniform(*out.shape, bound=aug.subpixel)
+    return out

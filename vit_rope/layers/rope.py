@@ -1,0 +1,317 @@
+"""2D rotary position embeddings (RoPE) for Vision Transformers.
+
+RoFormer (Su et al., 2021, arXiv:2104.09864) rotates each channel pair ``(x_2i, x_2i+1)`` of the queries and keys
+by an angle proportional to the token position, so that ``q . k`` depends only on the offset between positions.
+RoPE-ViT (Heo et al., "Rotary Position Embedding for Vision Transformer", ECCV 2024, arXiv:2403.13298) brings it to
+image grids, where a patch has a position ``(x, y)``:
+
+- **axial**: the first ``head_dim / 4`` pairs turn with ``x`` and the last ``head_dim / 4`` with ``y``, at fixed
+  frequencies ``theta ** (-4k / head_dim)`` (theta = 100);
+- **mixed**: each head learns frequency vectors ``(wx, wy)`` and the angle of pair ``i`` is ``x * wx_i + y * wy_i``,
+  so that a pair can turn along any direction of the image (theta = 10 at initialisation, one set per layer).
+
+Both are the same formula, ``angle = x * wx + y * wy``: axial RoPE is the special case with ``wy = 0`` on the
+first half of the pairs and ``wx = 0`` on the second. This module holds that formula as pure functions plus a thin
+``RoPE2D`` module that owns the frequencies. Channel layout is interleaved pairs, as in RoFormer and RoPE-ViT.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from timm.layers import register_notrace_module
+from torch import Tensor, nn
+
+from vit_rope.layers.dinov3_rope import check_normalize, dinov3_frequencies, dinov3_positions
+from vit_rope.layers.policies import ResolutionPolicy, check_policy, scale_frequencies, transform_positions
+
+KINDS = ("axial", "mixed", "dinov3")
+DEFAULT_THETA = {"axial": 100.0, "mixed": 10.0, "dinov3": 100.0}
+DEFAULT_POLICY = {"axial": "extrapolate", "mixed": "extrapolate", "dinov3": "normalized"}
+
+
+def check_kind(kind: str) -> str:
+    """Return ``kind`` if it names a RoPE variant, else raise a ``ValueError`` listing the variants."""
+    if kind not in KINDS:
+        raise ValueError(f"Unknown RoPE kind {kind!r}: choose one of {', '.join(KINDS)}.")
+    return kind
+
+
+def check_head_dim(head_dim: int) -> int:
+    """Return ``head_dim`` if 2D RoPE can use it: two axes times pairs of channels need ``4 | head_dim``."""
+    if head_dim <= 0 or head_dim % 4:
+        lower, upper = head_dim - head_dim % 4, head_dim - head_dim % 4 + 4
+        raise ValueError(
+            f"2D RoPE needs a head_dim divisible by 4 (pairs of channels for each of the x and y axes), got "
+            f"head_dim={head_dim}. Change embed_dim / num_heads so that head_dim is {lower or 4} or {upper}."
+        )
+    return head_dim
+
+
+def check_theta(theta: float) -> float:
+    """Return ``theta`` as a float if it can be a frequency base, else raise a ``ValueError`` naming the value.
+
+    ``theta ** (-4k / D)`` is inf, NaN or complex for a base <= 0 or NaN, and every output of the model would be NaN.
+    """
+    theta = float(theta)
+    if not math.isfinite(theta) or theta <= 0:
+        raise ValueError(
+            f"RoPE theta (rope_theta) must be a finite number > 0, got {theta}. Leave it None for RoPE-ViT's values "
+            f"({DEFAULT_THETA['axial']:g} axial, {DEFAULT_THETA['mixed']:g} mixed)."
+        )
+    return theta
+
+
+def grid_positions(
+    height: int, width: int, device: torch.device | None = None, dtype: torch.dtype = torch.float32
+) -> Tensor:
+    """Integer patch coordinates of an ``height x width`` grid, in the order timm's PatchEmbed flattens patches.
+
+    Returns:
+        ``[height * width, 2]`` float ``(x, y)`` per patch: x is the column, y the row, row-major.
+    """
+    ys, xs = torch.meshgrid(
+        torch.arange(height, device=device, dtype=dtype),
+        torch.arange(width, device=device, dtype=dtype),
+        indexing="ij",
+    )
+    return torch.stack((xs, ys), dim=-1).reshape(-1, 2)  # [N, 2]
+
+
+def _magnitudes(head_dim: int, theta: float) -> Tensor:
+    """``theta ** (-4k / head_dim)`` for ``k < head_dim / 4``: one frequency per pair of each axis."""
+    return 1.0 / (theta ** (torch.arange(0, head_dim, 4, dtype=torch.float32) / head_dim))
+
+
+def axial_frequencies(head_dim: int, theta: float = DEFAULT_THETA["axial"]) -> Tensor:
+    """Axial RoPE as ``(wx, wy)``: x drives the first ``head_dim / 4`` pairs, y the last ``head_dim / 4``.
+
+    Returns:
+        ``[2, 1, head_dim // 2]``; the singleton is the head axis (all heads share the frequencies).
+    """
+    mag = _magnitudes(check_head_dim(head_dim), theta)
+    zeros = torch.zeros_like(mag)
+    wx = torch.cat((mag, zeros))
+    wy = torch.cat((zeros, mag))
+    return torch.stack((wx, wy))[:, None, :]
+
+
+def mixed_frequencies(
+    head_dim: int, num_heads: int, theta: float = DEFAULT_THETA["mixed"], generator: torch.Generator | None = None
+) -> Tensor:
+    """RoPE-ViT's initialisation of mixed frequencies: one random direction per head.
+
+    The first ``head_dim / 4`` pairs turn along a random angle ``phi`` and the last ``head_dim / 4`` along the
+    orthogonal direction ``phi + pi / 2``, with the axial magnitudes, so that at initialisation each head is an
+    axial RoPE in a randomly rotated frame; training then moves the frequencies freely.
+
+    Returns:
+        ``[2, num_heads, head_dim // 2]`` as ``(wx, wy)``.
+    """
+    mag = _magnitudes(check_head_dim(head_dim), theta)  # [D/4]
+    phi = torch.rand(num_heads, 1, generator=generator) * (2 * math.pi)  # [nh, 1]
+    angles = torch.cat((phi.expand(-1, mag.numel()), (phi + math.pi / 2).expand(-1, mag.numel())), dim=-1)
+    mag = torch.cat((mag, mag))  # [D/2]
+    return torch.stack((mag * torch.cos(angles), mag * torch.sin(angles)))  # [2, nh, D/2]
+
+
+def rope_angles(positions: Tensor, freqs: Tensor) -> Tensor:
+    """Angle of every channel pair at every position, ``x * wx + y * wy``, in fp32 (or fp64) even for bf16 freqs.
+
+    Args:
+        positions: ``[N, 2]`` or ``[B, N, 2]`` float ``(x, y)``; fractional and negative values are fine.
+        freqs: ``[2, H, D/2]`` frequencies ``(wx, wy)``, ``H`` = 1 (shared by all heads) or num_heads.
+
+    Returns:
+        ``[H, N, D/2]``, or ``[B, H, N, D/2]`` for batched positions.
+    """
+    dtype = torch.float64 if freqs.dtype == torch.float64 else torch.float32  # fp32 at least, fp64 when asked
+    pos = positions.to(dtype)[..., None, :, :, None]  # [(B,) 1, N, 2, 1]
+    f = freqs.to(dtype)  # elementwise products, so autocast never lowers the angles to bf16
+    return pos[..., 0, :] * f[0][:, None, :] + pos[..., 1, :] * f[1][:, None, :]
+
+
+def rope_tables(angles: Tensor, num_prefix_tokens: int = 0, temperature: float = 1.0) -> tuple[Tensor, Tensor]:
+    """Turn pair angles into the ``(cos, sin)`` tables that ``apply_rope`` and ``rotate_qk`` take.
+
+    One value per channel pair (not per channel): half the memory and work of tables repeated for both channels
+    of a pair. Prefix tokens (class, registers) get identity rows (cos = 1, sin = 0) in front, so attention
+    rotates the whole sequence in one pass instead of slicing prefix tokens off and concatenating them back.
+
+    Args:
+        angles: ``[..., N, D/2]`` from ``rope_angles``.
+        num_prefix_tokens: identity rows to put before the N patch rows.
+        temperature: scales every row (prefix rows too), hence every attention logit by ``temperature ** 2``.
+
+    Returns:
+        ``(cos, sin)``, each ``[..., P + N, D/2]`` in fp32.
+    """
+    cos, sin = angles.cos(), angles.sin()
+    if temperature != 1.0:
+        cos, sin = cos * temperature, sin * temperature
+    if num_prefix_tokens:
+        cos = F.pad(cos, (0, 0, num_prefix_tokens, 0), value=temperature)
+        sin = F.pad(sin, (0, 0, num_prefix_tokens, 0), value=0.0)
+    return cos, sin
+
+
+def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """Rotate the interleaved channel pairs of ``x`` by the angles behind ``(cos, sin)``, out of place.
+
+    ``[x0 x1 ...] -> [x0 c - x1 s, x1 c + x0 s, ...]``. The reference path: plain differentiable ops that
+    autocast and torch.compile (which fuses them into one kernel) see through; eager attention uses the fused
+    ``vit_rope.layers.fused.rotate_qk``, which tests hold equal to this. With fp32 tables and a bf16/fp16 ``x`` the
+    rotation is computed in fp32 and cast back once.
+
+    Args:
+        x: ``[B, nh, N, D]`` queries or keys (any leading shape that broadcasts with the tables).
+        cos: ``[..., N, D/2]`` from ``rope_tables``.
+        sin: ``[..., N, D/2]`` from ``rope_tables``.
+
+    Returns:
+        The rotated tensor, same shape and dtype as ``x``.
+    """
+    x0, x1 = x.unflatten(-1, (-1, 2)).unbind(-1)  # [..., D/2] each: even and odd channels
+    return torch.stack((x0 * cos - x1 * sin, x1 * cos + x0 * sin), dim=-1).flatten(-2).to(x.dtype)
+
+
+# FX (torchvision's create_feature_extractor, timm's FX feature wrapper): these take the grid size, which symbolic
+# tracing only knows as a proxy, so the trace records them as calls that run with the real sizes. timm's tracer
+# also keeps RoPE2D whole (register_notrace_module).
+for _name in ("grid_positions", "dinov3_positions", "rope_angles", "rope_tables", "transform_positions",
+              "scale_frequencies"):
+    torch.fx.wrap(_name)
+
+
+@register_notrace_module
+class RoPE2D(nn.Module):
+    """Frequencies of one 2D RoPE and the tables they give for a set of positions.
+
+    Axial frequencies are a fixed, non-persistent buffer (nothing to save, rebuilt on load); mixed frequencies
+    are a learnable ``[2, num_heads, head_dim // 2]`` parameter that should get no weight decay (RoPE-ViT).
+    A model with mixed RoPE holds one ``RoPE2D`` per block, as the paper learns frequencies per layer. The forward
+    compiles with TorchScript: the policy is kept as plain fields, and ``policy`` assembles them.
+
+    Args:
+        head_dim: channels per head, divisible by 4.
+        num_heads: attention heads (mixed frequencies are per head).
+        kind: ``"axial"``, ``"mixed"`` or ``"dinov3"`` (``vit_rope.layers.dinov3_rope``: fixed axial frequencies on
+            normalised coordinates).
+        theta: frequency base; ``None`` takes RoPE-ViT's value (100 axial, 10 mixed) or DINOv3's (100).
+        train_grid: the ``(h, w)`` patch grid of training, which resolution policies scale against.
+        policy: resolution policy (``vit_rope.layers.policies``) for grids other than ``train_grid``; ``None`` takes the
+            kind's own (``extrapolate``, DINOv3's ``normalized``).
+        min_period: with ``max_period``, DINOv3's alternative period schedule (``dinov3`` only).
+        max_period: see ``min_period``.
+        normalize: DINOv3's coordinate normalisation, ``separate``, ``min`` or ``max`` (``dinov3`` only).
+    """
+
+    __jit_unused_properties__ = ["policy", "learnable"]
+
+    def __init__(
+        self,
+        head_dim: int,
+        num_heads: int,
+        kind: str = "axial",
+        theta: float | None = None,
+        train_grid: tuple[int, int] | None = None,
+        policy: str | dict | ResolutionPolicy | None = None,
+        min_period: float | None = None,
+        max_period: float | None = None,
+        normalize: str = "separate",
+    ) -> None:
+        super().__init__()
+        self.kind = check_kind(kind)
+        if kind != "dinov3" and (min_period is not None or max_period is not None or normalize != "separate"):
+            raise ValueError(
+                f"min_period={min_period}, max_period={max_period} and normalize={normalize!r} set DINOv3's RoPE "
+                f"(rope_kind='dinov3') and do nothing for {kind!r}: leave them unset, or use a *_dinov3 model."
+            )
+        self.head_dim = check_head_dim(head_dim)
+        self.num_heads = num_heads
+        self.theta = check_theta(DEFAULT_THETA[kind] if theta is None else theta)
+        self.train_grid = None if train_grid is None else (int(train_grid[0]), int(train_grid[1]))
+        self.normalize = check_normalize(normalize)
+        self.periods = (min_period, max_period)
+        self.policy = policy
+        if kind == "mixed":
+            self.freqs = nn.Parameter(mixed_frequencies(head_dim, num_heads, self.theta))
+        else:
+            self.register_buffer("freqs", self._fixed_frequencies(), persistent=False)
+
+    def _fixed_frequencies(self) -> Tensor:
+        if self.kind == "dinov3":
+            return dinov3_frequencies(self.head_dim, self.theta, *self.periods)
+        return axial_frequencies(self.head_dim, self.theta)
+
+    @property
+    def policy(self) -> ResolutionPolicy:
+        return ResolutionPolicy(self.policy_name, self.yarn_alpha, self.yarn_beta, self.yarn_temperature)
+
+    @policy.setter
+    def policy(self, policy: str | dict | ResolutionPolicy | None) -> None:
+        policy = ResolutionPolicy.create(DEFAULT_POLICY[self.kind] if policy is None else policy)  # None: the kind's
+        check_policy(self.kind, policy.name)
+        self.policy_name, self.yarn_alpha, self.yarn_beta = policy.name, policy.yarn_alpha, policy.yarn_beta
+        self.yarn_temperature = policy.yarn_temperature
+
+    @property
+    def learnable(self) -> bool:
+        return isinstance(self.freqs, nn.Parameter)
+
+    def reset_parameters(self) -> None:
+        """Redraw mixed directions (timm's ``init_weights`` calls this); axial frequencies are fixed."""
+        with torch.no_grad():
+            if self.learnable:
+                self.freqs.copy_(mixed_frequencies(self.head_dim, self.num_heads, self.theta))
+            else:
+                self.freqs.copy_(self._fixed_frequencies())
+
+    def grid_positions(self, height: int, width: int, device: torch.device | None = None) -> Tensor:
+        """Positions ``[N, 2]`` of an ``height x width`` patch grid as this module's policy places them."""
+        if self.kind == "dinov3":  # normalised by the grid itself, or by the training grid (its patch step)
+            train_grid = self.train_grid
+            reference = (height, width) if self.policy_name == "normalized" or train_grid is None else train_grid
+            return dinov3_positions(height, width, reference, self.normalize, device)
+        return transform_positions(grid_positions(height, width, device=device), (height, width), self.policy_name)
+
+    def forward(
+        self, positions: Tensor | None, num_prefix_tokens: int = 0, grid: tuple[int, int] | None = None
+    ) -> tuple[Tensor, Tensor]:
+        """Tables for ``positions`` (``[N, 2]`` or ``[B, N, 2]``), broadcasting against ``[B, nh, P + N, D/2]``.
+
+        Args:
+            positions: float (x, y) per token; ``None`` for the plain ``grid`` (``grid_positions``).
+            num_prefix_tokens: identity rows in front, for the class and register tokens.
+            grid: the ``(h, w)`` patch grid the positions come from; with ``train_grid`` it lets the resolution
+                policy scale the frequencies. ``None`` uses them as they are.
+
+        Returns:
+            ``(cos, sin)`` of shape ``[H, P + N, D/2]`` (or ``[B, H, P + N, D/2]``), ``H`` = 1 axial or num_heads mixed.
+        """
+        if positions is None:
+            if grid is None:
+                raise ValueError("RoPE2D needs positions or the grid to place them on.")
+            positions = self.grid_positions(grid[0], grid[1], self.freqs.device)
+        freqs, temperature = self.frequencies(grid)
+        return rope_tables(rope_angles(positions, freqs), num_prefix_tokens, temperature)
+
+    def frequencies(self, grid: tuple[int, int] | None = None) -> tuple[Tensor, float]:
+        """Frequencies ``[2, H, D/2]`` and attention temperature that the policy gives on ``grid`` (``None``: as is)."""
+        train_grid = self.train_grid
+        if grid is None or train_grid is None:
+            return self.freqs, 1.0
+        return scale_frequencies(self.freqs, grid, train_grid, self.policy_name, self.theta, self.head_dim,
+                                 self.yarn_alpha, self.yarn_beta, self.yarn_temperature)
+
+    def no_weight_decay(self) -> set[str]:
+        return {"freqs"} if self.learnable else set()
+
+    def extra_repr(self) -> str:
+        return (
+            f"kind={self.kind}, head_dim={self.head_dim}, num_heads={self.num_heads}, theta={self.theta}, "
+            f"train_grid={self.train_grid}, policy={self.policy_name}"
+            + (f", normalize={self.normalize}, periods={self.periods}" if self.kind == "dinov3" else "")
+        )

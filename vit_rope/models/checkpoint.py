@@ -1,0 +1,271 @@
+"""Loading the weights users already have into vit_rope models.
+
+Four sources are understood, told apart by their keys:
+
+- timm's ports of RoPE-ViT (``vit_*_patch16_rope[_mixed][_ape]_224`` in ``timm/models/eva.py``), the way users bring
+  the published ``naver_in1k`` weights (Heo et al., ECCV 2024, arXiv:2403.13298): LayerScale is ``gamma_1/2``
+  and the mixed frequencies are one ``rope.freqs`` tensor ``[2, depth, nh, D/2]``;
+- the original RoPE-ViT checkpoints (naver-ai/rope-vit ``deit/models_v2_rope.py``): ``freqs`` ``[2, depth, nh*D/2]``
+  plus grid buffers;
+- plain timm ViT / DeiT-III checkpoints, to fine-tune with RoPE: RoPE frequencies keep their initialisation, a
+  missing LayerScale becomes the identity, and the position embedding is dropped or kept (resampled) by variant;
+- DINOv3 backbones, as timm (``Eva``) or Meta saves them, into the ``*_dinov3*`` models (``vit_rope.models.dinov3``).
+
+Nothing that depends on the input resolution is loaded: RoPE tables are rebuilt for every input.
+
+Weights that a checkpoint lacks and that are initialised instead are never silent: every entry point warns
+(``WeightsNotLoadedWarning``) and leaves a ``LoadReport`` on the model as ``model.load_report``, which
+``vit_rope.evaluate`` reads to refuse a mixed model whose learned frequencies are still random.
+"""
+
+from __future__ import annotations
+
+import re
+import warnings
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from timm.layers import resample_patch_embed
+from torch import Tensor, nn
+
+from vit_rope.layers.pos_embed import fit_checkpoint_pos_embed
+from vit_rope.models.dinov3 import from_dinov3, is_dinov3
+from vit_rope.models.weights_file import read_weights, unwrap_state_dict, weights_mismatch
+
+_DROPPED = re.compile(r"^(freqs_t_[xy]|freqs_cis|rope\.(bands|pos_embed.*|t_[xy]))$")  # resolution-dependent buffers
+_CLASSIFIER = ("head.weight", "head.bias")
+_POS_EMBED = "pos_embed"
+
+# Why a weight of the model holds its initial value rather than one from the checkpoint (keys of LoadReport.initialised)
+ROPE_FREQS = "learned RoPE frequencies kept at their random initialisation"
+LAYERSCALE = "LayerScale set to the identity"
+# (the classifier's reason names the class counts: _fit_classifier words it)
+
+
+class WeightsNotLoadedWarning(UserWarning):
+    """A checkpoint lacked weights of the model, which were initialised instead (``LoadReport.initialised``), or held
+    an absolute position embedding that a RoPE-only model has no place for (``LoadReport.skipped``)."""
+
+
+@dataclass(frozen=True)
+class LoadReport:
+    """What a vit_rope model took from a checkpoint; ``load_weights`` returns it and sets it as ``model.load_report``
+    (timm's ``pretrained=True`` loading sets it too). It describes that load: a later ``load_state_dict`` is not seen.
+
+    Attributes:
+        source: the file read; None when timm read it (its filter sees the weights, not the path).
+        loaded: keys of the model's state dict whose values come from the checkpoint.
+        initialised: reason (``ROPE_FREQS``, ``LAYERSCALE``, or why the classifier was not loaded, with the class
+            counts) -> keys that hold initial values instead.
+        skipped: checkpoint keys not loaded: a classifier of another class count, or one the model does not have;
+            ``pos_embed`` when the model has no absolute position embedding (RoPE only).
+    """
+
+    source: str | None
+    loaded: tuple[str, ...]
+    initialised: Mapping[str, tuple[str, ...]]
+    skipped: tuple[str, ...] = ()
+
+    @property
+    def rope_freqs_loaded(self) -> bool:
+        """False when the model has learned (mixed) RoPE frequencies and the checkpoint had none."""
+        return ROPE_FREQS not in self.initialised
+
+    @property
+    def head_reason(self) -> str | None:
+        """Why the model's classifier holds its initial values; None when it was loaded or the model has none."""
+        return next((reason for reason, keys in self.initialised.items() if set(keys) & set(_CLASSIFIER)), None)
+
+    def summary(self) -> str:
+        """The initialised weights in one line, by reason; empty when everything was loaded."""
+        def keys(names: tuple[str, ...]) -> str:
+            return ", ".join(names) if len(names) <= 3 else f"{names[0]}, ..., {names[-1]}: {len(names)} tensors"
+
+        return "; ".join(f"{reason} ({keys(names)})" for reason, names in self.initialised.items())
+
+
+def _report(source: str | Path | None, state_dict: Mapping[str, Tensor], initialised: dict[str, list[str]],
+            skipped: tuple[str, ...] = ()) -> LoadReport:
+    taken = {key for keys in initialised.values() for key in keys}
+    return LoadReport(None if source is None else str(source), tuple(k for k in state_dict if k not in taken),
+                      {reason: tuple(keys) for reason, keys in initialised.items() if keys}, skipped)
+
+
+def _warn(report: LoadReport, stacklevel: int = 3) -> None:
+    """One ``WeightsNotLoadedWarning`` for a load that initialised weights or dropped the checkpoint's APE."""
+    parts = []
+    if report.initialised:
+        parts.append(f"lacks weights of the model, which were initialised instead: {report.summary()}")
+    if _POS_EMBED in report.skipped:
+        parts.append("has an absolute position embedding (pos_embed), which was not loaded: the model has none and "
+                     "encodes positions with RoPE alone (its +APE variant, *_ape, keeps it)")
+    if parts:
+        advice = "load a checkpoint that has them" if report.initialised else "load it into the +APE variant"
+        warnings.warn(f"{report.source or 'The checkpoint'} {'; it also '.join(parts)}. Fine for fine-tuning; for "
+                      f"evaluation, {advice}.", WeightsNotLoadedWarning, stacklevel=stacklevel)
+
+
+def _split_mixed_freqs(freqs: Tensor, model: nn.Module) -> dict[str, Tensor]:
+    """``[2, depth, nh, D/2]`` (timm) or ``[2, depth, nh * D/2]`` (RoPE-ViT) -> one ``[2, nh, D/2]`` per block."""
+    if not isinstance(getattr(model, "rope", None), nn.ModuleList):
+        raise ValueError(
+            f"The checkpoint has learned mixed RoPE frequencies {tuple(freqs.shape)}, but the model is not a mixed "
+            "RoPE model: load it into a vit_rope_*_mixed* model."
+        )
+    target = model.rope[0].freqs.shape  # [2, nh, D/2]
+    depth = freqs.shape[1]
+    if depth != len(model.rope) or freqs[:, 0].numel() != target.numel():
+        raise ValueError(
+            f"Mixed RoPE frequencies of shape {tuple(freqs.shape)} do not fit a model with depth {len(model.rope)} "
+            f"and per-layer frequencies {tuple(target)}: pick the model of the same size as the checkpoint."
+        )
+    freqs = freqs.reshape(2, depth, *target[1:])
+    return {f"rope.{i}.freqs": freqs[:, i].clone() for i in range(depth)}
+
+
+def _convert(state_dict: dict[str, Any], model: nn.Module
+             ) -> tuple[dict[str, Tensor], dict[str, list[str]], tuple[str, ...]]:
+    """``convert_state_dict``, plus the model keys it initialised rather than loaded, by reason, and the checkpoint
+    keys it dropped (an absolute position embedding the model has no place for)."""
+    state_dict = unwrap_state_dict(state_dict)
+    if getattr(model, "rope_kind", None) == "dinov3" and is_dinov3(state_dict):
+        state_dict = from_dinov3(state_dict, model.blocks[0].attn.num_heads)
+    target = model.state_dict()
+    out: dict[str, Tensor] = {}
+    dropped: tuple[str, ...] = ()
+    for key, value in state_dict.items():
+        if _DROPPED.match(key):
+            continue
+        if key in ("rope.freqs", "freqs"):
+            out.update(_split_mixed_freqs(value, model))
+            continue
+        key = re.sub(r"\.gamma_([12])$", r".ls\1.gamma", key)  # EVA / DeiT-III naming of LayerScale
+        if key == _POS_EMBED:
+            if getattr(model, "pos_embed", None) is None:
+                dropped = (key,)  # RoPE-only model: the absolute embedding is dropped, and the report says so
+                continue
+            value = fit_checkpoint_pos_embed(value, model)
+        elif key == "patch_embed.proj.weight" and value.shape[-2:] != target[key].shape[-2:]:
+            value = resample_patch_embed(value, list(target[key].shape[-2:]), verbose=False)
+        out[key] = value
+
+    initialised: dict[str, list[str]] = {ROPE_FREQS: [], LAYERSCALE: []}
+    for key, value in target.items():
+        if key in out:
+            continue
+        if re.fullmatch(r"rope\.\d+\.freqs", key):
+            out[key] = value  # a checkpoint without RoPE: keep the model's initial frequencies
+            initialised[ROPE_FREQS].append(key)
+        elif re.fullmatch(r"blocks\.\d+\.ls[12]\.gamma", key):
+            out[key] = torch.ones_like(value)  # no LayerScale in the checkpoint: the identity scale keeps its function
+            initialised[LAYERSCALE].append(key)
+
+    def body(state: Mapping[str, Tensor]) -> dict[str, Tensor]:  # the classifier is _fit_classifier's concern
+        return {key: value for key, value in state.items() if key not in _CLASSIFIER}
+
+    mismatch = weights_mismatch(body(target), body(out))
+    if mismatch:
+        raise ValueError(f"The checkpoint does not fit {type(model).__name__}: {mismatch}. Check that the model name "
+                         "(size, axial/mixed, +APE) and its arguments (depth, patch size, ...) match the checkpoint.")
+    return out, initialised, dropped
+
+
+def convert_state_dict(state_dict: dict[str, Any], model: nn.Module) -> dict[str, Tensor]:
+    """Map a timm RoPE-ViT port, an original RoPE-ViT, a timm ViT/DeiT-III or a vit_rope state dict onto ``model``.
+
+    Weights the checkpoint lacks are filled in (mixed RoPE frequencies at the model's initialisation, LayerScale at
+    the identity) with a ``WeightsNotLoadedWarning``; ``load_weights`` also returns them as a ``LoadReport``.
+
+    Raises:
+        ValueError: the checkpoint does not fit the model; the message lists the missing, unexpected and reshaped
+            keys.
+    """
+    out, initialised, dropped = _convert(state_dict, model)
+    _warn(_report(None, out, initialised, dropped))
+    return out
+
+
+def _fit_classifier(state_dict: dict[str, Tensor], model: nn.Module, headless: bool = False,
+                    declared: int | None = None) -> tuple[tuple[str, ...], dict[str, list[str]]]:
+    """Take the checkpoint's classifier out of ``state_dict`` unless the model loads it as it is.
+
+    Args:
+        headless: the model's classifier goes after loading (timm's ``features_only``): none is needed.
+        declared: the pretrained config's class count when timm's loader drops the classifier whatever it holds
+            (it does when the model's class count differs from the config's).
+
+    Returns:
+        The checkpoint keys taken out, and ``{why: the model's classifier keys}`` when those keep their
+        initialisation.
+    """
+    target = model.state_dict()
+    ours = [] if headless else [key for key in _CLASSIFIER if key in target]
+    theirs = [key for key in _CLASSIFIER if key in state_dict]
+    classes = target[ours[0]].shape[0] if ours else 0
+    if not ours:
+        reason = None  # nothing to fill: num_classes=0 or features_only
+    elif not theirs:
+        reason = "classifier absent from the checkpoint"
+    elif [state_dict[key].shape for key in theirs] != [target[key].shape for key in ours]:
+        reason = (f"classifier of another size: the checkpoint has {state_dict[theirs[0]].shape[0]} classes, the "
+                  f"model {classes}")
+    elif declared is not None:
+        reason = (f"classifier dropped by timm, as num_classes ({classes}) differs from the pretrained config's "
+                  f"({declared}): put num_classes={classes} in pretrained_cfg_overlay to load the checkpoint's")
+    else:
+        return (), {}
+    for key in theirs:
+        del state_dict[key]
+    return tuple(theirs), {reason: ours} if reason else {}
+
+
+def checkpoint_filter_fn(state_dict: dict[str, Any], model: nn.Module, features_only: bool = False
+                         ) -> dict[str, Tensor]:
+    """timm ``pretrained_filter_fn``: lets ``create_model(..., pretrained=True)`` take any supported source.
+
+    Sets ``model.load_report`` and warns like ``load_weights``; timm then loads exactly the returned weights. timm's
+    loader drops the classifier whenever the model's class count differs from the pretrained config's, so the
+    report counts it as initialised then, saying why. When timm keeps it, a classifier that does not fit is a
+    ``ValueError`` naming both class counts on its first line and the two fixes on the next.
+
+    Args:
+        features_only: timm builds a feature extractor, whose classifier is removed after loading.
+    """
+    out, initialised, dropped = _convert(state_dict, model)
+    cfg = getattr(model, "pretrained_cfg", None) or {}
+    declared = cfg.get("num_classes") if cfg.get("classifier") else None
+    drops = features_only or (declared is not None and getattr(model, "num_classes", 0) != declared)
+    skipped, head = _fit_classifier(out, model, features_only, declared if drops else None)
+    if head and not drops:  # timm loads it strictly: say why it cannot, rather than torch's shape error
+        raise ValueError(f"The checkpoint does not fit {type(model).__name__}: {next(iter(head))}.\ntimm loads the "
+                         f"classifier as it is, since num_classes equals the pretrained config's ({declared}); pass "
+                         "the checkpoint's class count as num_classes, or put it in pretrained_cfg_overlay (as "
+                         "num_classes) to start a new classifier.")
+    model.load_report = _report(None, out, {**initialised, **head}, dropped + skipped)
+    _warn(model.load_report)
+    return out
+
+
+def load_weights(model: nn.Module, path: str | Path) -> LoadReport:
+    """Load a ``.pth`` / ``.pt`` / ``.bin`` (``torch.load(weights_only=True)``) or ``.safetensors`` file into ``model``.
+
+    The classifier is loaded only when its shape matches, so a 1000-class checkpoint can seed a 10-class model.
+    Weights the checkpoint lacks are initialised, with a ``WeightsNotLoadedWarning``.
+
+    Returns:
+        What was loaded and what was initialised instead; also set as ``model.load_report``.
+
+    Raises:
+        FileNotFoundError, UnreadableCheckpointError: see ``vit_rope.models.weights_file.read_weights``.
+        ValueError: the checkpoint does not fit the model (the message lists the missing, unexpected and reshaped
+            keys).
+    """
+    state_dict, initialised, dropped = _convert(read_weights(path), model)
+    skipped, head = _fit_classifier(state_dict, model)
+    model.load_state_dict(state_dict, strict=False)  # _convert already checked every key but the head
+    model.load_report = _report(path, state_dict, {**initialised, **head}, dropped + skipped)
+    _warn(model.load_report)
+    return model.load_report

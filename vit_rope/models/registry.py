@@ -1,0 +1,126 @@
+"""timm registration of the RoPE-ViT models (Heo et al., ECCV 2024, arXiv:2403.13298) and DINOv3's backbones.
+
+``import vit_rope`` runs this module, after which ``timm.create_model("vit_rope_small_patch16_mixed_224")`` works
+like any timm model. Names are ``vit_rope_{tiny,small,base,large}_patch16_{axial,mixed}[_ape]_224``; the ``_ape``
+variants add RoPE-ViT's learned absolute position embedding. The small, base and large models point at the
+published ``naver_in1k`` weights on the Hugging Face hub (timm's copies, converted on load); any local file works
+too: ``timm.create_model(name, pretrained=True, pretrained_cfg_overlay=dict(file=PATH))``. DINOv3's backbones are
+``vit_rope_{small,small_plus,base,large}_patch16_dinov3[_qkvb]`` (``vit_rope.models.dinov3``), pointing at timm's copies
+of Meta's LVD-1689M weights.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from functools import partial
+from itertools import product
+from typing import Any
+
+from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
+from timm.models import build_model_with_cfg, generate_default_cfgs, register_model
+
+from vit_rope.models import dinov3
+from vit_rope.models.checkpoint import checkpoint_filter_fn
+from vit_rope.models.vit import RoPEVisionTransformer
+
+# DeiT-III / RoPE-ViT widths; tiny = 192 wide, 3 heads (head_dim 64 everywhere).
+ARCHS: dict[str, dict[str, int]] = {
+    "tiny": dict(embed_dim=192, depth=12, num_heads=3),
+    "small": dict(embed_dim=384, depth=12, num_heads=6),
+    "base": dict(embed_dim=768, depth=12, num_heads=12),
+    "large": dict(embed_dim=1024, depth=24, num_heads=16),
+}
+_TIMM_PORT_SUFFIX = {("axial", False): "rope", ("mixed", False): "rope_mixed", ("axial", True): "rope_ape",
+                     ("mixed", True): "rope_mixed_ape"}  # fmt: skip
+
+
+def model_name(size: str, kind: str, ape: bool) -> str:
+    return f"vit_rope_{size}_patch16_{kind}{'_ape' if ape else ''}_224"
+
+
+def dinov3_name(size: str, qkv_bias: bool) -> str:
+    """timm's DINOv3 name with ``vit_rope_`` in front: ``vit_rope_small_patch16_dinov3[_qkvb]``."""
+    return f"vit_rope_{size}_patch16_dinov3{'_qkvb' if qkv_bias else ''}"
+
+
+def _cfg(**kwargs: Any) -> dict[str, Any]:
+    return {
+        "url": "",
+        "num_classes": 1000,
+        "input_size": (3, 224, 224),
+        "pool_size": None,
+        "crop_pct": 1.0,  # RoPE-ViT evaluates on the full center crop
+        "interpolation": "bicubic",
+        "fixed_input_size": False,
+        "mean": IMAGENET_DEFAULT_MEAN,
+        "std": IMAGENET_DEFAULT_STD,
+        "first_conv": "patch_embed.proj",
+        "classifier": "head",
+        "license": "apache-2.0",
+        **kwargs,
+    }
+
+
+def _default_cfgs() -> dict[str, Any]:
+    cfgs = {}
+    for size, qkvb in product(dinov3.ARCHS, (False, True)):  # Meta's LVD-1689M weights, as timm hosts them
+        name = dinov3_name(size, qkvb)
+        cfgs[f"{name}.lvd1689m"] = _cfg(hf_hub_id=f"timm/{name.replace('vit_rope_', 'vit_')}.lvd1689m", num_classes=0,
+                                        input_size=(3, 256, 256), license="dinov3-license")
+    for size, kind, ape in product(ARCHS, ("axial", "mixed"), (False, True)):
+        name = model_name(size, kind, ape)
+        if size == "tiny":
+            cfgs[name] = _cfg()
+        else:  # the published weights, as timm hosts them
+            hub_id = f"timm/vit_{size}_patch16_{_TIMM_PORT_SUFFIX[kind, ape]}_224.naver_in1k"
+            cfgs[f"{name}.naver_in1k"] = _cfg(hf_hub_id=hub_id, crop_pct=0.9)
+    return cfgs
+
+
+default_cfgs = generate_default_cfgs(_default_cfgs())
+
+
+def _create(variant: str, pretrained: bool = False, **kwargs: Any) -> RoPEVisionTransformer:
+    """timm's builder; the checkpoint filter is told about ``features_only``, whose classifier timm drops, so that
+    ``model.load_report`` says what timm's loader then does with the checkpoint's classifier."""
+    out_indices = kwargs.pop("out_indices", 3)
+    return build_model_with_cfg(
+        RoPEVisionTransformer,
+        variant,
+        pretrained,
+        pretrained_filter_fn=partial(checkpoint_filter_fn, features_only=bool(kwargs.get("features_only"))),
+        feature_cfg=dict(out_indices=out_indices, feature_cls="getter"),
+        **kwargs,
+    )
+
+
+def _entrypoint(name: str, model_args: dict[str, Any]) -> Callable[..., RoPEVisionTransformer]:
+    """One timm entry point: the named architecture, where any keyword argument overrides the defaults."""
+
+    def create(pretrained: bool = False, **kwargs: Any) -> RoPEVisionTransformer:
+        return _create(name, pretrained=pretrained, **dict(model_args, **kwargs))
+
+    create.__name__ = create.__qualname__ = name
+    create.__module__ = __name__
+    create.__doc__ = f"{name}: ViT with {model_args['rope_kind']} RoPE ({model_args})."
+    return create
+
+
+for _size, _kind, _ape in product(ARCHS, ("axial", "mixed"), (False, True)):
+    _name = model_name(_size, _kind, _ape)
+    _args = dict(
+        patch_size=16,
+        mlp_ratio=4,
+        qkv_bias=True,
+        init_values=1e-5,  # LayerScale, as RoPE-ViT / timm's ports
+        class_token=True,
+        global_pool="token",
+        rope_kind=_kind,
+        pos_embed="learn" if _ape else "none",
+        **ARCHS[_size],
+    )
+    globals()[_name] = register_model(_entrypoint(_name, _args))
+
+for _size, _qkvb in product(dinov3.ARCHS, (False, True)):
+    _name = dinov3_name(_size, _qkvb)
+    globals()[_name] = register_model(_entrypoint(_name, dinov3.model_args(_size, _qkvb)))

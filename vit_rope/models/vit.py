@@ -1,0 +1,319 @@
+"""Vision Transformer with 2D RoPE, built on timm's ``VisionTransformer``.
+
+The architecture is RoPE-ViT's (Heo et al., ECCV 2024, arXiv:2403.13298), itself DeiT-III's ViT (Touvron et al.,
+ECCV 2022): class token, qkv bias, LayerScale, with the absolute position embedding replaced by RoPE in every
+attention layer ("+APE" variants keep a learned one as well). Everything except the block loop is timm's: patch
+embedding, prefix tokens, APE resampling, pooling, head, feature extraction helpers.
+
+Data flow of one forward::
+
+    image [B, 3, H, W] -> PatchEmbed -> tokens [B, h, w, C]       grid (h, w) = (H / p, W / p)
+      -> positions = grid_positions(h, w)                        [N, 2]
+      -> prefix tokens (+ APE)                                   [B, P + N, C]
+      -> RoPE tables: axial once for all blocks, mixed per block from its own frequencies
+      -> blocks (rotate q, k; prefix rows are identity) -> norm -> pool -> head
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from itertools import repeat
+from typing import Any
+
+import torch
+from timm.layers import PatchDropoutWithIndices
+from timm.models._features import feature_take_indices
+from timm.models._manipulate import checkpoint
+from timm.models.vision_transformer import VisionTransformer
+from torch import Tensor, nn
+
+from vit_rope.checks import check_patch_multiple
+from vit_rope.layers.attention import RoPEAttention, RoPEBlock, RopeTables
+from vit_rope.layers.policies import CoordAugment, ResolutionPolicy, augment_positions
+from vit_rope.layers.pos_embed import fit_pos_embed
+from vit_rope.layers.rope import RoPE2D, check_head_dim, check_kind
+
+# FX: both depend on the input's size, which symbolic tracing only knows as a proxy; the trace records them as calls.
+torch.fx.wrap("check_patch_multiple")
+torch.fx.wrap("fit_pos_embed")
+
+
+class RoPEVisionTransformer(VisionTransformer):
+    """timm ``VisionTransformer`` whose attention layers use 2D RoPE.
+
+    Any input whose sides are multiples of the patch size runs: the RoPE grid is rebuilt for it and a learned
+    position embedding (``pos_embed="learn"``) is resampled bicubically, as timm's ``dynamic_img_size`` does.
+
+    Args:
+        rope_kind: ``"axial"`` (fixed frequencies, shared by heads and layers), ``"mixed"`` (learned per layer
+            and head) or ``"dinov3"`` (DINOv3's: fixed frequencies on coordinates normalised to [-1, 1]).
+        rope_theta: frequency base; ``None`` takes RoPE-ViT's value (100 axial, 10 mixed) or DINOv3's (100).
+        rope_policy: resolution policy for grids other than the training one (``img_size / patch_size``): a name of
+            ``vit_rope.layers.policies.POLICIES`` or a dict of ``ResolutionPolicy`` fields; settable later with
+            ``set_rope_policy``. ``None``: ``extrapolate``, or ``normalized`` for ``dinov3``.
+        rope_min_period: with ``rope_max_period``, DINOv3's other period schedule (``dinov3`` only).
+        rope_max_period: see ``rope_min_period``.
+        rope_normalize_coords: DINOv3's coordinate normalisation, ``separate``, ``min`` or ``max``.
+        rope_coord_aug: training-time coordinate augmentation, a dict of ``CoordAugment`` fields (off by default).
+        pos_embed: ``"none"`` for RoPE only, ``"learn"`` for RoPE + APE (RoPE-ViT's "+APE").
+        no_embed_class: the APE covers patch tokens only, as in DeiT-III and RoPE-ViT.
+        **kwargs: everything else of timm's ``VisionTransformer`` (embed_dim, depth, img_size, drop_path_rate, ...).
+    """
+
+    __jit_unused_properties__ = ["rope_policy"]
+    # rope_per_block: one RoPE2D per block (mixed) or one for all (fixed frequencies). A constant, so that TorchScript
+    # compiles only the branch that applies: its isinstance on RoPE2D takes the type of the first RoPE2D it scripted
+    # in the process, so after a mixed model's (a parameter) an axial model's (a buffer) no longer counted as RoPE2D.
+    __constants__ = ["rope_per_block"]
+
+    def __init__(
+        self,
+        rope_kind: str = "axial",
+        rope_theta: float | None = None,
+        rope_policy: str | dict | ResolutionPolicy | None = None,
+        rope_coord_aug: dict | CoordAugment | None = None,
+        rope_min_period: float | None = None,
+        rope_max_period: float | None = None,
+        rope_normalize_coords: str = "separate",
+        pos_embed: str = "none",
+        no_embed_class: bool = True,
+        **kwargs: Any,
+    ) -> None:
+        check_kind(rope_kind)
+        embed_dim, num_heads = kwargs.get("embed_dim", 768), kwargs.get("num_heads", 12)
+        if embed_dim % num_heads:
+            raise ValueError(f"embed_dim={embed_dim} must be divisible by num_heads={num_heads}.")
+        check_head_dim(embed_dim // num_heads)
+        if kwargs.pop("dynamic_img_size", True) is False:
+            raise ValueError("RoPE models always accept any input size (dynamic_img_size=True); do not set it False.")
+        patch_drop_rate = kwargs.pop("patch_drop_rate", 0.0)
+        super().__init__(
+            pos_embed=pos_embed,
+            no_embed_class=no_embed_class,
+            dynamic_img_size=True,
+            block_fn=RoPEBlock,
+            attn_layer=RoPEAttention,
+            **kwargs,
+        )
+        if patch_drop_rate > 0:  # the kept indices are needed to keep each token's position
+            self.patch_drop = PatchDropoutWithIndices(patch_drop_rate, num_prefix_tokens=self.num_prefix_tokens)
+        self.rope_kind = rope_kind
+        self.coord_aug = rope_coord_aug if isinstance(rope_coord_aug, CoordAugment) else CoordAugment(
+            **(rope_coord_aug or {})
+        )
+        rope_args = dict(
+            head_dim=embed_dim // num_heads,
+            num_heads=num_heads,
+            kind=rope_kind,
+            theta=rope_theta,
+            train_grid=self.patch_embed.grid_size,
+            policy=rope_policy,
+            min_period=rope_min_period,
+            max_period=rope_max_period,
+            normalize=rope_normalize_coords,
+        )
+        self.rope_per_block = rope_kind == "mixed"  # learned frequencies: one module per block
+        if self.rope_per_block:
+            self.rope: nn.Module = nn.ModuleList(RoPE2D(**rope_args) for _ in self.blocks)
+        else:
+            self.rope = RoPE2D(**rope_args)
+
+    @property
+    def rope_policy(self) -> ResolutionPolicy:
+        return self.rope_modules()[0].policy
+
+    def set_rope_policy(self, policy: str | dict | ResolutionPolicy | None, **options: Any) -> None:
+        """Choose how RoPE follows input sizes other than the training one (see ``vit_rope.layers.policies``); ``None``
+        restores the default (``extrapolate``, DINOv3's ``normalized``), as ``rope_policy=None`` at creation.
+
+        Example: ``model.set_rope_policy("yarn", yarn_beta=4.0)``.
+        """
+        if isinstance(policy, str):
+            policy = ResolutionPolicy.create(dict(name=policy, **options))
+        elif options:
+            raise ValueError(f"Policy options {sorted(options)} go with a policy name, as in "
+                             f"set_rope_policy('yarn', yarn_beta=4.0); got the policy {policy!r}.")
+        for rope in self.rope_modules():
+            rope.policy = policy
+
+    def rope_modules(self) -> list[RoPE2D]:
+        """The RoPE2D modules: one shared (axial) or one per block (mixed)."""
+        return list(self.rope) if self.rope_per_block else [self.rope]
+
+    @torch.jit.ignore
+    def no_weight_decay(self) -> set[str]:
+        """timm's set plus the mixed frequencies (RoPE-ViT trains them without weight decay)."""
+        nwd = super().no_weight_decay()
+        if self.rope_per_block:
+            nwd |= {f"rope.{i}.freqs" for i in range(len(self.rope))}
+        return nwd
+
+    @torch.jit.ignore
+    def group_matcher(self, coarse: bool = False) -> dict[str, Any]:
+        """timm's groups, with each layer's mixed frequencies grouped with its block (for layer-wise lr decay)."""
+        matcher = super().group_matcher(coarse)
+        matcher["blocks"] = [(r"^blocks\.(\d+)", None), (r"^rope\.(\d+)", None), (r"^norm", (99999,))]
+        return matcher
+
+    def _pos_embed(self, x: Tensor) -> Tensor:
+        """Prefix tokens and APE: patch tokens ``[B, h, w, C]`` -> ``[B, P + N, C]``, as timm's ``_pos_embed``.
+
+        Ours rather than timm's for three reasons: timm flattens the grid with ``view(B, -1, C)``, which cannot infer
+        the token count of an empty batch (timm's ViTs return ``[0, num_classes]`` for one, and so must we: the last
+        shard of a distributed evaluation can be empty); its APE resampling compares grid sizes in Python, which FX
+        cannot trace (``fit_pos_embed`` is a leaf for FX); and TorchScript cannot call ``super()``.
+        """
+        B, H, W, C = x.shape
+        x = x.flatten(1, 2)  # [B, N, C]
+        prefix: list[Tensor] = []
+        if self.cls_token is not None:
+            prefix.append(self.cls_token.expand(B, -1, -1))
+        if self.reg_token is not None:
+            prefix.append(self.reg_token.expand(B, -1, -1))
+        pos_embed = self.pos_embed
+        if pos_embed is None:
+            return self.pos_drop(torch.cat(prefix + [x], dim=1))
+        train_grid = self.patch_embed.grid_size
+        if self.no_embed_class:  # DeiT-III / RoPE-ViT: the APE covers the patch tokens only
+            x = x + fit_pos_embed(pos_embed, (H, W), (train_grid[0], train_grid[1]), 0)
+            return self.pos_drop(torch.cat(prefix + [x], dim=1))
+        x = torch.cat(prefix + [x], dim=1)
+        P = self.num_prefix_tokens  # class and register tokens, each with its row of the APE
+        return self.pos_drop(x + fit_pos_embed(pos_embed, (H, W), (train_grid[0], train_grid[1]), P))
+
+    def _embed(self, x: Tensor) -> tuple[Tensor, Tensor | None, tuple[int, int]]:
+        """Patch embedding, prefix tokens and APE.
+
+        Returns:
+            tokens ``[B, P + N, C]``; per-image positions ``[B, N, 2]`` when coordinate augmentation or patch dropout
+            makes them differ between images, else ``None``; the patch grid ``(h, w)``.
+        """
+        if not self.patch_embed.dynamic_img_pad:  # with it, timm's PatchEmbed pads to whole patches
+            x = check_patch_multiple(x, self.patch_embed.patch_size)
+        x = self.patch_embed(x)  # [B, h, w, C]
+        grid = (x.shape[1], x.shape[2])
+        x = self._pos_embed(x)  # [B, P + N, C]
+        if torch.jit.is_scripting():  # TorchScript serves inference: no patch dropout or coordinate augmentation
+            return self.norm_pre(x), None, grid
+        keep = None
+        if isinstance(self.patch_drop, PatchDropoutWithIndices):
+            x, keep = self.patch_drop(x)  # keep: [B, K] indices of the kept patches, or None
+        x = self.norm_pre(x)
+        return x, self._positions(x, keep, grid), grid
+
+    def _positions(self, x: Tensor, keep: Tensor | None, grid: tuple[int, int]) -> Tensor | None:
+        """Per-image positions ``[B, N, 2]`` under coordinate augmentation (training) and patch dropout, else
+        ``None`` (every image on the plain grid, which ``RoPE2D`` places itself)."""
+        augment = self.training and self.coord_aug.active
+        if not augment and keep is None:
+            return None
+        positions = self.rope_modules()[0].grid_positions(*grid, x.device)  # [N, 2]
+        if augment:
+            positions = augment_positions(positions, x.shape[0], self.coord_aug)  # [B, N, 2], one draw per image
+        if keep is not None:
+            positions = positions.expand(x.shape[0], -1, -1).gather(1, keep[..., None].expand(-1, -1, 2))  # [B, K, 2]
+        return positions
+
+    def _rope_per_block(self, positions: Tensor | None, grid: tuple[int, int]) -> Iterator[RopeTables]:
+        """Tables for each block in turn: axial ones built once and shared, mixed ones when their block needs them.
+
+        Nothing is cached between calls: building a table costs about 0.1% of a ViT-S forward on CPU
+        (``benchmarks/rope_kernel.py``, row ``build_tables``), and a cache would have to follow grad modes
+        (tables made under ``inference_mode`` cannot be saved for backward), policies, devices and dtypes, and be
+        bounded for servers that see many sizes.
+        """
+        P = self.num_prefix_tokens
+        if self.rope_per_block:
+            return (rope(positions, P, grid) for rope in self.rope)
+        return repeat(self.rope(positions, P, grid))
+
+    def _forward_blocks(
+        self, x: Tensor, blocks: nn.Module, take_indices: list[int] = (), norm: bool = False, **block_kwargs: Any
+    ) -> tuple[Tensor, list[Tensor]]:
+        """Embed ``x`` and run ``blocks``; returns the last tokens and those after the blocks in ``take_indices``."""
+        x, positions, grid = self._embed(x)
+        intermediates = []
+        for i, (blk, rope) in enumerate(zip(blocks, self._rope_per_block(positions, grid), strict=False)):
+            if self.grad_checkpointing:
+                x = checkpoint(blk, x, rope=rope, **block_kwargs)
+            else:
+                x = blk(x, rope=rope, **block_kwargs)
+            if i in take_indices:
+                intermediates.append(self.norm(x) if norm else x)
+        return x, intermediates
+
+    def forward_features(self, x: Tensor, attn_mask: Tensor | None = None, is_causal: bool = False) -> Tensor:
+        """Tokens ``[B, P + N, C]`` after the blocks and the final norm."""
+        if torch.jit.is_scripting():
+            x = self._scripted_blocks(x, attn_mask, is_causal)
+        else:
+            x, _ = self._forward_blocks(x, self.blocks, attn_mask=attn_mask, is_causal=is_causal)
+        return self.norm(x)
+
+    def _scripted_blocks(self, x: Tensor, attn_mask: Tensor | None, is_causal: bool) -> Tensor:
+        """``_forward_blocks`` as TorchScript compiles it: no generator, and modules reached by iteration only.
+        The same tables and blocks (the tests hold the scripted model to the eager one)."""
+        x, positions, grid = self._embed(x)
+        if self.rope_per_block:  # mixed: each block's own frequencies
+            for blk, block_rope in zip(self.blocks, self.rope):  # noqa: B905  (TorchScript has no strict=)
+                x = blk(x, block_rope(positions, self.num_prefix_tokens, grid), attn_mask, is_causal)
+        else:  # fixed frequencies: one table for every block
+            rope = self.rope(positions, self.num_prefix_tokens, grid)
+            for blk in self.blocks:
+                x = blk(x, rope, attn_mask, is_causal)
+        return x
+
+    def forward_intermediates(
+        self,
+        x: Tensor,
+        indices: int | list[int] | None = None,
+        return_prefix_tokens: bool = False,
+        norm: bool = False,
+        stop_early: bool = False,
+        output_fmt: str = "NCHW",
+        intermediates_only: bool = False,
+        output_dict: bool = False,
+        attn_mask: Tensor | None = None,
+        is_causal: bool = False,
+    ) -> list[Tensor] | tuple[Tensor, list[Tensor]] | dict[str, Any]:
+        """timm's ``forward_intermediates`` contract (same arguments and outputs), with RoPE in every block."""
+        if output_fmt not in ("NCHW", "NLC"):
+            raise ValueError(f"output_fmt must be 'NCHW' or 'NLC', got {output_fmt!r}.")
+        take_indices, max_index = feature_take_indices(len(self.blocks), indices)
+        blocks = self.blocks[: max_index + 1] if stop_early else self.blocks
+        B, _, height, width = x.shape
+        x, intermediates = self._forward_blocks(
+            x, blocks, take_indices, norm, attn_mask=attn_mask, is_causal=is_causal
+        )
+
+        P = self.num_prefix_tokens
+        prefix_tokens = [y[:, :P] for y in intermediates] if P else None
+        intermediates = [y[:, P:] for y in intermediates]
+        if output_fmt == "NCHW":
+            h, w = self.patch_embed.dynamic_feat_size((height, width))
+            if intermediates and intermediates[0].shape[1] != h * w:
+                raise ValueError(f"Patch dropout kept {intermediates[0].shape[1]} of the {h}x{w} patches, which make "
+                                 "no NCHW map: call model.eval() first, or ask for output_fmt='NLC'.")
+            intermediates = [y.reshape(B, h, w, y.shape[-1]).permute(0, 3, 1, 2).contiguous() for y in intermediates]
+
+        if output_dict:
+            out: dict[str, Any] = {"image_intermediates": intermediates}
+            if prefix_tokens is not None and return_prefix_tokens:
+                out["image_intermediates_prefix"] = prefix_tokens
+            if not intermediates_only:
+                out["image_features"] = self.norm(x)
+            return out
+        if return_prefix_tokens and prefix_tokens is not None:
+            intermediates = list(zip(intermediates, prefix_tokens, strict=True))
+        if intermediates_only:
+            return intermediates
+        return self.norm(x), intermediates
+
+    def prune_intermediate_layers(
+        self, indices: int | list[int] = 1, prune_norm: bool = False, prune_head: bool = True
+    ) -> list[int]:
+        """timm's pruning, also dropping the mixed frequencies of the removed blocks."""
+        take_indices = super().prune_intermediate_layers(indices, prune_norm, prune_head)
+        if self.rope_per_block:
+            self.rope = self.rope[: len(self.blocks)]
+        return take_indices

@@ -1,0 +1,124 @@
+"""Weights files and state dicts as users meet them: a file read with an error that tells a corrupt file from a
+wrong one, and the keys that keep a state dict from fitting a model, listed on one line; and files written atomically
+(checkpoints, the decoded cache), so that a kill mid-write never leaves a half file under the real name.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import safe_open
+from timm.models import load_state_dict
+
+
+class UnreadableCheckpointError(ValueError):
+    """A weights file whose bytes the library could not parse: truncated, corrupt, or not a checkpoint at all."""
+
+
+def _well_formed(path: Path) -> bool:
+    """True when ``path`` parses as safetensors, or as a torch pickle that needs classes ``weights_only`` refuses."""
+    find = getattr(torch.serialization, "get_unsafe_globals_in_checkpoint", None)  # torch >= 2.5
+    try:
+        with safe_open(str(path), framework="pt"):
+            return True
+    except Exception:  # not safetensors: SafetensorError
+        pass
+    try:
+        return find is not None and bool(find(str(path)))
+    except Exception:  # not a torch checkpoint either
+        return False
+
+
+def unreadable_reason(path: str | Path, err: Exception) -> str | None:
+    """What to tell about a checkpoint file whose reading raised ``err`` when its bytes cannot be parsed: that it is
+    truncated or corrupt, the fix, and the library's message; None when ``err`` has another cause, to raise as it is:
+    the operating system's (permissions, memory), or a well-formed file (the other format, a pickle that
+    ``weights_only`` loading refuses to run)."""
+    # the operating system's errors are its own, but for EINVAL: a seek past the end of a truncated zip archive
+    system = isinstance(err, OSError) and err.errno != errno.EINVAL or isinstance(err, MemoryError)
+    if system or _well_formed(Path(path)):
+        return None
+    while err.__cause__ is not None:  # timm re-raises torch's errors with advice for valid files
+        err = err.__cause__
+    text = str(err).split("WeightsUnpickler error:")[-1]  # torch's weights_only failure: the advice before is too
+    detail = next((line.strip() for line in text.splitlines() if line.strip()), "no message")
+    detail = detail if len(detail) <= 200 else detail[:197] + "..."
+    return (f"the file is truncated or corrupt (or not a weights file); download it again or save it again "
+            f"[{type(err).__name__}: {detail}]")
+
+
+# Where training scripts nest the state dict, EMA first as timm's loader prefers it.
+_CONTAINER_KEYS = ("model_ema", "state_dict_ema", "model", "state_dict", "module")
+
+
+def unwrap_state_dict(state_dict: dict[str, Any]) -> dict[str, Any]:
+    """The state dict inside a training script's container (EMA first), without DDP's ``module.`` prefixes."""
+    for key in _CONTAINER_KEYS:
+        if isinstance(state_dict.get(key), dict):
+            return unwrap_state_dict(state_dict[key])
+    return {k.removeprefix("module."): v for k, v in state_dict.items()}
+
+
+def tensor_rows(path: str | Path, key: str) -> int | None:
+    """The first dimension of tensor ``key`` in a weights file, read without loading the rest: the safetensors header,
+    or a memory-mapped torch file (its EMA or model container too); None when the file has no such tensor or cannot
+    be read this way (the full read that follows reports what is wrong)."""
+    try:
+        if Path(path).suffix == ".safetensors":
+            with safe_open(str(path), framework="pt") as f:
+                return f.get_slice(key).get_shape()[0] if key in f.keys() else None
+        state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except Exception:  # an old-format pickle (no mmap), a corrupt file, classes weights_only refuses
+        return None
+    value = unwrap_state_dict(state).get(key) if isinstance(state, dict) else None
+    return int(value.shape[0]) if isinstance(value, torch.Tensor) and value.dim() else None
+
+
+def read_weights(path: str | Path) -> dict[str, Any]:
+    """Read a ``.pth`` / ``.pt`` / ``.bin`` (``torch.load(weights_only=True)``) or ``.safetensors`` file, as timm does
+    (its EMA weights when it has them).
+
+    Raises:
+        FileNotFoundError: no file at ``path``.
+        UnreadableCheckpointError: the file cannot be parsed (truncated, corrupt); the message names it.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"No checkpoint file at {path}.")
+    try:
+        return load_state_dict(str(path), use_ema=True, weights_only=True)
+    except Exception as err:
+        reason = unreadable_reason(path, err)
+        if reason is None:
+            raise
+        raise UnreadableCheckpointError(f"{path} is not a readable checkpoint: {reason}") from err
+
+
+def _listed(keys: Sequence[str], limit: int = 10) -> str:
+    return ", ".join(keys) if len(keys) <= limit else f"{', '.join(keys[:limit])}, ... ({len(keys) - limit} more)"
+
+
+def weights_mismatch(expected: Mapping[str, Any], given: Mapping[str, Any]) -> str:
+    """What keeps the state dict ``given`` from loading strictly into a model whose state dict is ``expected``: its
+    missing, unexpected and reshaped keys (the first 10 of each and a count), or "" when it fits. torch's message puts
+    them on many lines, and a model's hundreds of keys would drown the one error line that the CLIs print."""
+    missing = [key for key in expected if key not in given]
+    unexpected = [key for key in given if key not in expected]
+    shapes = {key: tuple(getattr(given[key], "shape", ())) for key in expected if key in given}
+    reshaped = [f"{key} {shape} in the file, {tuple(expected[key].shape)} in the model" for key, shape in shapes.items()
+                if shape != tuple(expected[key].shape)]
+    return "; ".join(f"{len(keys)} {one if len(keys) == 1 else many}: {_listed(keys)}" for one, many, keys in (
+        ("missing key", "missing keys", missing), ("unexpected key", "unexpected keys", unexpected),
+        ("key of another shape", "keys of another shape", reshaped)) if keys)
+
+
+def atomic_save(obj: Any, path: Path) -> None:
+    """``torch.save`` to a temporary file in the same folder, then rename: a kill mid-save leaves the old file."""
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    torch.save(obj, tmp)
+    os.replace(tmp, path)

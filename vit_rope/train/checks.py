@@ -1,0 +1,163 @@
+"""Checks of a training config beyond its types: value ranges, the names timm must know (optimizer, scheduler,
+interpolation, auto-augment), the token budget of ``train_sizes``, and DDP ranks that agree.
+
+``vit_rope.train.cli.build_config`` runs ``check_config`` on every config it builds, so a typo or an out-of-range value
+fails before any data is scanned, downloaded or decoded. Each failure is a ``UserError`` naming the key, the value
+and the fix.
+"""
+
+from __future__ import annotations
+
+import difflib
+import math
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from timm.data import create_transform
+from timm.data.transforms import str_to_interp_mode
+from timm.optim import list_optimizers
+from timm.scheduler import create_scheduler_v2
+from torch import nn
+from torchvision.transforms import InterpolationMode
+
+from vit_rope.checks import check_output_dir
+from vit_rope.data.auto_augment import safe_transform
+from vit_rope.data.sizes import budget_images
+from vit_rope.errors import UserError
+from vit_rope.train.config import Config
+
+# (test, wording, keys): each key's value must pass the test; None (an optional key left unset) is not checked
+_RANGES: tuple[tuple[Callable[[float], bool], str, tuple[str, ...]], ...] = (
+    (lambda v: v > 0, "> 0", ("img_size", "epochs", "batch_size", "lr", "decay_epochs", "decay_rate", "clip_grad")),
+    (lambda v: v >= 0, ">= 0", ("seed", "workers", "threads", "log_interval", "checkpoint_interval", "keep_every",
+                                "warmup_epochs", "cache_size", "weight_decay", "momentum", "warmup_lr", "min_lr",
+                                "color_jitter", "mixup", "cutmix")),
+    (lambda v: 0 <= v <= 1, "between 0 and 1", ("hflip", "reprob", "mixup_prob", "mixup_switch_prob", "smoothing",
+                                                "model_ema_decay")),
+    (lambda v: 0 <= v < 1, "in [0, 1) (the probability that a block is skipped)", ("drop_path",)),
+    (lambda v: 0 < v <= 1, "in (0, 1] (the fraction of the resized image that the center crop keeps)",
+     ("crop_pct",)),
+)
+_SCHEDULERS = ("cosine", "tanh", "step", "multistep", "plateau", "poly")  # the ones base.yaml documents
+
+
+def check_config(cfg: Config) -> None:
+    """Raise a ``UserError`` for the first value of ``cfg`` out of its range or unknown to timm."""
+    check_output_dir(cfg.output, "output")
+    for test, wording, keys in _RANGES:
+        for key in keys:
+            value = getattr(cfg, key)
+            if value is not None and not test(value):
+                raise UserError(f"config key '{key}' must be {wording}, got {value}")
+    if len(cfg.scale) != 2 or not 0 < cfg.scale[0] <= cfg.scale[1] <= 1:
+        raise UserError(f"config key 'scale' must be [min, max] crop area fractions with 0 < min <= max <= 1, got "
+                        f"{cfg.scale}")
+    for size in cfg.train_sizes:  # multiples of the patch size are checked once the model is built (train.py)
+        if size <= 0:
+            raise UserError(f"config key 'train_sizes' must list sizes > 0 (pixels), got {size} in {cfg.train_sizes}")
+        batch = budget_images(cfg.batch_size, cfg.img_size, size)
+        if cfg.token_budget and batch < 2:
+            least = math.ceil(2 * size**2 / cfg.img_size**2)
+            least += least % 2 if cfg.mixup > 0 or cfg.cutmix > 0 else 0  # an even batch_size, checked below
+            raise UserError(f"train_sizes entry {size} leaves {batch} image(s) per step under the token budget "
+                            f"(batch_size {cfg.batch_size} x ({cfg.img_size} / {size})^2), and a step needs at least 2 "
+                            f"(Mixup pairs, batch statistics); raise batch_size to {least} or more, drop {size} from "
+                            "train_sizes, or set token_budget=false")
+    if cfg.warmup_epochs >= cfg.epochs > 0:
+        warnings.warn(f"warmup_epochs {cfg.warmup_epochs} is not less than the {cfg.epochs} epochs of the run, so the "
+                      f"learning rate never reaches lr={cfg.lr}; lower warmup_epochs below {cfg.epochs}",
+                      UserWarning, stacklevel=3)
+    if cfg.keep_every > cfg.epochs:
+        warnings.warn(f"keep_every {cfg.keep_every} is more than the {cfg.epochs} epochs of the run, so no epoch_E.pth "
+                      f"will be kept (only last.pth and best.pth); set keep_every to {cfg.epochs} or less to keep some",
+                      UserWarning, stacklevel=3)
+    if (cfg.mixup > 0 or cfg.cutmix > 0) and cfg.batch_size % 2:
+        raise UserError(f"batch_size must be even when mixup or cutmix is on (timm mixes pairs), got {cfg.batch_size}")
+    _check_optimizer(cfg.opt)
+    _check_scheduler(cfg)
+    if cfg.interpolation is not None:
+        _check_interpolation(cfg.interpolation)
+    if cfg.auto_augment is not None:
+        interpolation = {} if cfg.interpolation is None else {"interpolation": cfg.interpolation}
+        try:  # timm parses the string, then every op runs at its extreme magnitudes (vit_rope.data.auto_augment)
+            safe_transform(lambda aa: create_transform(input_size=cfg.img_size, is_training=True, auto_augment=aa,
+                                                       **interpolation), cfg.auto_augment)
+        except (AssertionError, ValueError, KeyError, IndexError) as err:
+            raise UserError(f"auto_augment={cfg.auto_augment} is not a timm auto-augment string ({err}); use e.g. "
+                            "rand-m9-mstd0.5-inc1, 3a, augmix-m5, original, or null for none") from None
+
+
+def _check_optimizer(opt: str) -> None:
+    """timm's ``create_optimizer_v2`` reads ``lookahead_<name>`` as Lookahead around ``<name>``."""
+    names = list_optimizers()
+    parts = opt.lower().split("_")
+    if parts[-1] in names and parts[:-1] in ([], ["lookahead"]):
+        return
+    closest = difflib.get_close_matches(parts[-1], names, n=1, cutoff=0)[0]
+    raise UserError(f"unknown optimizer opt={opt}; did you mean opt={closest}? (timm.optim.list_optimizers() lists "
+                    "them; lookahead_<name> wraps one in Lookahead)")
+
+
+def scheduler_args(cfg: Config) -> dict[str, Any]:
+    """``timm.scheduler.create_scheduler_v2``'s arguments but ``updates_per_epoch``: the lr changes every update,
+    except under ``plateau``, which timm steps once per epoch (on the val top-1 that ``train.py`` passes it)."""
+    return dict(sched=cfg.sched, num_epochs=cfg.epochs, warmup_epochs=cfg.warmup_epochs, warmup_lr=cfg.warmup_lr,
+                min_lr=cfg.min_lr, decay_epochs=cfg.decay_epochs, decay_rate=cfg.decay_rate,
+                step_on_epochs=cfg.sched == "plateau")
+
+
+def _check_scheduler(cfg: Config) -> None:
+    """Build the schedule on a one-parameter optimizer: timm has no list of its names, and its other arguments
+    (decay_epochs against epochs for wsd) are checked too."""
+    probe = torch.optim.SGD([nn.Parameter(torch.zeros(1))], lr=cfg.lr)
+    try:
+        with warnings.catch_warnings():  # timm's deprecation notices come once, when train.py builds the schedule
+            warnings.simplefilter("ignore")
+            scheduler, _ = create_scheduler_v2(probe, **scheduler_args(cfg), updates_per_epoch=1)
+    except (ValueError, AssertionError) as err:
+        if "nknown" not in str(err):
+            raise UserError(f"sched={cfg.sched} does not fit this config ({err}); change the keys it names") from None
+        closest = difflib.get_close_matches(cfg.sched, _SCHEDULERS, n=1, cutoff=0)[0]
+        raise UserError(f"unknown scheduler sched={cfg.sched}; did you mean sched={closest}? (timm's "
+                        f"create_scheduler_v2 takes {', '.join(_SCHEDULERS)}, ...)") from None
+    if scheduler is None:
+        raise UserError(f"sched={cfg.sched} builds no schedule, and train.py steps one every update; pick one of "
+                        f"{', '.join(_SCHEDULERS)} (sched=step with decay_rate=1 keeps the lr fixed)")
+
+
+def _check_interpolation(name: str) -> None:
+    def known(mode: str) -> bool:
+        try:
+            str_to_interp_mode(mode)
+        except KeyError:
+            return False
+        return True
+
+    if not known(name):
+        names = [mode.value for mode in InterpolationMode if known(mode.value)]
+        raise UserError(f"config key 'interpolation' must be one of {', '.join(names)} or null (the model's default), "
+                        f"got {name!r}")
+
+
+def check_ranks_agree(settings: dict[str, Any], world_size: int) -> None:
+    """Raise a ``UserError`` on every rank when the DDP ranks hold different ``settings`` (the keys that fix each
+    step's size, batch and images and when checkpoints are written, and the number of training images).
+
+    Each rank draws its sizes and cuts its steps locally, from (seed, epoch, step), so that no step waits for a
+    collective; ranks launched with different configs or data would run different steps and hang or mix sizes in one
+    gradient. A collective: every rank must call it (it returns at once on one process).
+    """
+    if world_size < 2:
+        return
+    gathered: list[Any] = [None] * world_size
+    dist.all_gather_object(gathered, settings)
+    for rank, other in enumerate(gathered[1:], 1):
+        differ = [f"{key} (rank 0: {gathered[0][key]}, rank {rank}: {other[key]})" for key in settings
+                  if other[key] != gathered[0][key]]
+        if differ:
+            raise UserError(f"the DDP ranks do not agree on {', '.join(differ)}; each rank derives every step's "
+                            "size, images and checkpoints from these, so launch every rank with the same config, "
+                            "command-line overrides and data")

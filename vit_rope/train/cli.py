@@ -1,0 +1,52 @@
+"""One checked ``Config`` from defaults, a YAML chain and the command line: what ``train.py`` and the study script
+call. Kept apart from ``vit_rope.train.config`` (what a config is and how text becomes typed values) so that the
+checks (``vit_rope.train.checks``) can read a ``Config`` without the two modules importing each other.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+from pathlib import Path
+
+from vit_rope.train.checks import check_config
+from vit_rope.train.config import CLI_FLAGS, Config, load_yaml, parse_override
+
+
+def build_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -> Config:
+    """Defaults, then the YAML chain of ``path``, then ``key=value`` overrides, validated.
+
+    Args:
+        path: Optional YAML config file.
+        overrides: ``key=value`` strings, applied in order.
+
+    Returns:
+        The resolved configuration.
+    """
+    values = load_yaml(path) if path else {}
+    for item in overrides:
+        key, entry, value = parse_override(item)
+        values[key] = {**values.get(key, {}), entry: value} if entry else value
+    cfg = Config(**values)
+    check_config(cfg)
+    return cfg
+
+
+def parse_args(argv: list[str] | None = None) -> Config:
+    """Parse the ``train.py`` command line into a validated ``Config``.
+
+    The named flags (``--epochs 3``) are shorthands for the ``key=value`` overrides and go through the same checks.
+    """
+    parser = argparse.ArgumentParser(
+        description="Train a timm image classifier (RoPE ViTs included) from a YAML config.",
+        epilog="Any config key can be set as key=value, e.g. lr=4e-3 model_kwargs.depth=6 auto_augment=null.",
+    )
+    parser.add_argument("-c", "--config", help="YAML config file (see configs/)")
+    for key, metavar in CLI_FLAGS.items():
+        parser.add_argument("--" + key.replace("_", "-"), dest=key, metavar=metavar, help=f"same as {key}={metavar}")
+    parser.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides")
+    args = parser.parse_intermixed_args(argv)
+    flags = [f"{key}={getattr(args, key)}" for key in CLI_FLAGS if getattr(args, key) is not None]
+    return build_config(args.config, flags + args.overrides)
+
+

@@ -1,0 +1,231 @@
+"""Training configuration: one flat dataclass, YAML files that inherit from each other, and CLI overrides.
+
+The keys are flat (``lr``, ``img_size``, ...) so that every one of them can be overridden on the command line as
+``key=value`` without a path syntax. ``Config`` holds the defaults and the types; ``configs/base.yaml`` documents
+every key and a test keeps the two in sync. A YAML file may name its parent with ``base: other.yaml`` (relative to
+the file) and then only lists the keys it changes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import math
+import types
+import typing
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+from vit_rope.errors import UserError
+
+
+@dataclasses.dataclass
+class Config:
+    """Every training setting; see ``configs/base.yaml`` for what each key does."""
+
+    # run
+    output: str = "output/run"
+    data_dir: str | None = None
+    val_split: str = "val"
+    download_size: Literal["full", "320px", "160px"] = "320px"
+    resume: str | None = None
+    finetune: str | None = None
+    seed: int = 0
+    device: Literal["auto", "cuda", "cpu"] = "auto"
+    log_interval: int = 50
+    checkpoint_interval: int = 0
+    keep_every: int = 0
+    threads: int = 0
+    # model
+    model: str = "vit_rope_small_patch16_mixed_224"
+    model_kwargs: dict[str, Any] = dataclasses.field(default_factory=dict)
+    img_size: int = 224
+    drop_path: float = 0.1
+    model_ema: bool = False
+    model_ema_decay: float = 0.9998
+    # data
+    batch_size: int = 128
+    train_sizes: list[int] = dataclasses.field(default_factory=list)
+    token_budget: bool = True
+    workers: int = 4
+    decoded_cache: bool = False
+    pipeline: Literal["auto", "tensor", "timm"] = "auto"
+    cache_dir: str | None = None
+    cache_size: int = 0
+    crop_pct: float | None = None
+    interpolation: str | None = None
+    train_crop_mode: Literal["rrc", "rkrc", "rkrr"] = "rrc"
+    scale: list[float] = dataclasses.field(default_factory=lambda: [0.08, 1.0])
+    hflip: float = 0.5
+    color_jitter: float = 0.4
+    auto_augment: str | None = "rand-m9-mstd0.5-inc1"
+    reprob: float = 0.25
+    repeated_aug: bool = False
+    mixup: float = 0.8
+    cutmix: float = 1.0
+    mixup_prob: float = 1.0
+    mixup_switch_prob: float = 0.5
+    # loss and optimisation
+    loss: Literal["ce", "bce"] = "ce"
+    smoothing: float = 0.1
+    opt: str = "adamw"
+    lr: float = 1e-3
+    weight_decay: float = 0.05
+    momentum: float = 0.9
+    clip_grad: float | None = None
+    clip_mode: Literal["norm", "value", "agc"] = "norm"
+    sched: str = "cosine"
+    epochs: int = 300
+    warmup_epochs: int = 5
+    warmup_lr: float = 1e-6
+    min_lr: float = 1e-5
+    decay_epochs: float = 30.0
+    decay_rate: float = 0.1
+    # performance (CUDA only; ignored on CPU)
+    amp: bool = True
+    amp_dtype: Literal["bfloat16", "float16"] = "bfloat16"
+    channels_last: bool = True
+    compile: bool = False
+    tf32: bool = True
+
+
+CLI_FLAGS = {"data_dir": "DIR", "output": "DIR", "model": "NAME", "img_size": "N", "epochs": "N", "batch_size": "N",
+             "device": "auto|cuda|cpu", "resume": "PATH", "log_interval": "N"}  # shorthands for key=value
+_HINTS = typing.get_type_hints(Config)
+
+
+def _unknown_key(key: str, source: str) -> UserError:
+    closest = difflib.get_close_matches(key, list(_HINTS), n=1, cutoff=0)[0]
+    return UserError(f"unknown config key '{key}' {source}; did you mean '{closest}'? (all keys: configs/base.yaml)")
+
+
+def _type_name(hint: Any) -> str:
+    """How the expected type of a key reads in an error: ``int``, ``a list of float``, ``'cpu' or 'cuda'``, ..."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin in (typing.Union, types.UnionType):
+        return " or ".join(_type_name(arg) if arg is not type(None) else "null" for arg in args)
+    if origin is Literal:
+        return " or ".join(repr(arg) for arg in args)
+    if origin is list:
+        return f"a list of {args[0].__name__}"
+    if origin is dict:
+        return "a mapping such as {depth: 6}"
+    return "true or false" if hint is bool else "a finite number" if hint is float else hint.__name__
+
+
+def _coerce(key: str, value: Any, hint: Any, source: str) -> Any:
+    """Return ``value`` converted to the type ``hint`` or raise a ``UserError`` naming the key, the value and the type.
+
+    YAML reads ``4e-3`` as a string (YAML 1.1 wants a dot in floats), so numeric strings are accepted for floats; NaN
+    and infinity are not numbers a setting can take.
+    """
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        try:
+            return _coerce(key, value, next(a for a in args if a is not type(None)), source)
+        except UserError:
+            pass
+    elif origin is Literal and value in args:
+        return value
+    elif hint is bool and isinstance(value, bool):
+        return value
+    elif hint is int and isinstance(value, int) and not isinstance(value, bool):
+        return value
+    elif hint is float and isinstance(value, int | float | str) and not isinstance(value, bool):
+        try:
+            number = float(value)
+        except ValueError:
+            pass
+        else:
+            if math.isfinite(number):
+                return number
+    elif hint is str and isinstance(value, str):
+        return value
+    elif origin is dict and isinstance(value, dict):
+        return dict(value)
+    elif origin is list and isinstance(value, list | tuple):
+        try:
+            return [_coerce(key, v, args[0], source) for v in value]
+        except UserError as err:
+            raise UserError(f"{err} (an entry of {value!r})") from None
+    raise UserError(f"config key '{key}' {source} must be {_type_name(hint)}, got {value!r}")
+
+
+def _is_text(hint: Any) -> bool:
+    """True for ``str``, ``str | None`` and ``Literal`` of strings: keys whose command-line value is taken as is."""
+    args = [a for a in typing.get_args(hint) if a is not type(None)] or [hint]
+    return all(a is str or typing.get_origin(a) is Literal for a in args)
+
+
+def load_yaml(path: str | Path, _seen: tuple[Path, ...] = ()) -> dict[str, Any]:
+    """Read a config file and the chain of ``base:`` parents it names, with every key checked and typed.
+
+    Args:
+        path: YAML file; its ``base:`` entry, if any, is resolved relative to this file.
+
+    Returns:
+        The key/value pairs set somewhere in the chain; a child's value replaces its parent's (dicts included).
+    """
+    path = Path(path).resolve()
+    if path in _seen:
+        raise UserError(f"config inheritance loops back to {path}; remove one of the 'base:' entries")
+    if not path.is_file():
+        raise UserError(f"config file {path} does not exist; pass an existing YAML file with -c")
+    try:
+        raw = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as err:
+        raise UserError(f"config file {path} is not valid YAML: {' '.join(str(err).split())}") from None
+    if not isinstance(raw, dict):
+        raise UserError(f"config file {path} must hold 'key: value' lines, got {type(raw).__name__}")
+    parent = raw.pop("base", None)
+    values = {}
+    for key, value in raw.items():
+        if key not in _HINTS:
+            raise _unknown_key(key, f"in {path}")
+        values[key] = _coerce(key, value, _HINTS[key], f"in {path}")
+    if parent is None:
+        return values
+    return {**load_yaml(path.parent / parent, (*_seen, path)), **values}
+
+
+def parse_override(item: str) -> tuple[str, str | None, Any]:
+    """Split a ``key=value`` or ``key.entry=value`` argument into a checked key, the dict entry, and a typed value.
+
+    Values are read as YAML (``null``, ``[0.5, 1.0]``, ``{depth: 2}``), except text keys, which are kept verbatim.
+    ``model_kwargs={depth: 2}`` replaces the dict; ``model_kwargs.depth=2`` sets one entry and keeps the others.
+    """
+    key, sep, text = item.partition("=")
+    if not sep or not key:
+        raise UserError(f"command-line override '{item}' is not of the form key=value (e.g. lr=1e-3)")
+    key, _, subkey = key.replace("-", "_").partition(".")
+    if key not in _HINTS:
+        raise _unknown_key(key, "on the command line")
+    hint = _HINTS[key]
+    if subkey:
+        if typing.get_origin(hint) is not dict:
+            raise UserError(f"'{key}.{subkey}' on the command line: only dict keys such as model_kwargs take a '.'")
+        return key, subkey, _read_yaml(item, text)
+    if _is_text(hint):  # paths and names stay verbatim: YAML would mangle 'a: b' or '#'
+        value = None if text in ("", "null", "~") else text
+    else:
+        value = _read_yaml(item, text)
+    return key, None, _coerce(key, value, hint, "on the command line")
+
+
+def _read_yaml(item: str, text: str) -> Any:
+    """The value of the override ``item`` read as YAML, or a ``UserError`` quoting it."""
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        problem = getattr(err, "problem", None) or " ".join(str(err).split())
+        raise UserError(f"command-line override '{item}' is not valid YAML ({problem}); write lists as [1, 2], "
+                        "mappings as {depth: 6}, and quote text with ':' or '#' in it") from None
+
+
+def save_config(cfg: Config, path: str | Path) -> None:
+    """Write the resolved config as YAML that ``-c`` can read back to repeat the run."""
+    Path(path).write_text(yaml.safe_dump(dataclasses.asdict(cfg), sort_keys=False))

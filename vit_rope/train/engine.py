@@ -1,0 +1,278 @@
+"""Training engine: device and DDP setup, one training epoch, validation and the per-epoch log.
+
+Everything here works the same on one CPU process and on N GPUs under ``torchrun``: metrics are reduced across
+ranks, and only rank 0 touches files.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import csv
+import os
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from timm.utils import accuracy, dispatch_clip_grad, unwrap_model
+from timm.utils.distributed import init_distributed_device_so
+from torch import nn
+from torch.utils.data import DataLoader
+from tqdm import tqdm
+
+from vit_rope.errors import UserError
+from vit_rope.train.config import Config
+
+
+class NonFiniteLossError(RuntimeError):
+    """The training loss became NaN or inf; raised on every rank before the bad step changes the weights."""
+
+
+@dataclass(frozen=True)
+class DistEnv:
+    """Where this process runs: its device, its rank and the number of processes."""
+
+    device: torch.device
+    rank: int = 0
+    world_size: int = 1
+
+    @property
+    def distributed(self) -> bool:
+        return self.world_size > 1
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+def init_distributed(device: str) -> DistEnv:
+    """Pick the device and, when launched by ``torchrun``, join the process group (NCCL on CUDA, gloo on CPU).
+
+    Args:
+        device: ``auto``, ``cuda`` or ``cpu``; ``auto`` takes CUDA when it is available.
+    """
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cuda" and not torch.cuda.is_available():
+        raise UserError("device 'cuda' was requested but PyTorch sees no CUDA GPU; pass --device cpu")
+    info = init_distributed_device_so(device)  # timm: reads torchrun/SLURM env, sets the local GPU
+    return DistEnv(torch.device(info["device"]), info["global_rank"], info["world_size"])
+
+
+def set_cpu_threads(threads: int, workers: int) -> int:
+    """Set PyTorch's intra-op CPU threads and return the number.
+
+    Args:
+        threads: explicit count, or 0 for automatic: ``OMP_NUM_THREADS`` when set (torchrun sets 1), else this
+            process's share of the cores minus the loader ``workers``, which need cores of their own.
+    """
+    if threads or "OMP_NUM_THREADS" not in os.environ:
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+        torch.set_num_threads(threads or max(1, cores // int(os.environ.get("LOCAL_WORLD_SIZE", 1)) - workers))
+    return torch.get_num_threads()
+
+
+@contextlib.contextmanager
+def main_process_first(env: DistEnv) -> Iterator[None]:
+    """Let rank 0 run the block (download, write a cache) before the other ranks, which then reuse its result."""
+    if env.distributed and not env.is_main:
+        dist.barrier()
+    yield
+    if env.distributed and env.is_main:
+        dist.barrier()
+
+
+def reduce_sum(values: torch.Tensor, env: DistEnv) -> torch.Tensor:
+    """Sum a tensor over all ranks (identity on one process)."""
+    if env.distributed:
+        values = values.clone()
+        dist.all_reduce(values)
+    return values
+
+
+def autocast(cfg: Config, device: torch.device) -> torch.autocast:
+    """Mixed precision on CUDA when ``cfg.amp``; full fp32 on CPU, where bf16 autocast is slow on most machines."""
+    return torch.autocast(device.type, dtype=getattr(torch, cfg.amp_dtype), enabled=cfg.amp and device.type == "cuda")
+
+
+class Progress:
+    """A tqdm bar on a terminal, else a line every ``log_interval`` steps; quiet for 0 and on ranks other than 0."""
+
+    def __init__(self, total: int, desc: str, log_interval: int, enabled: bool) -> None:
+        self.total, self.desc, self.start = total, desc, time.perf_counter()
+        self.log_interval = log_interval if enabled else 0
+        self.bar = tqdm(total=total, desc=desc, leave=False, dynamic_ncols=True) if (
+            self.log_interval and sys.stderr.isatty()) else None
+
+    def update(self, step: int, **stats: str) -> None:
+        if self.bar is not None:
+            self.bar.set_postfix(stats, refresh=False)
+            self.bar.update()
+        elif self.log_interval and (step + 1) % self.log_interval == 0:
+            elapsed = time.perf_counter() - self.start
+            eta = elapsed / (step + 1) * (self.total - step - 1)
+            fields = " ".join(f"{key} {value}" for key, value in stats.items())
+            print(f"{self.desc} step {step + 1}/{self.total} {fields} eta {eta:.0f}s", flush=True)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+def _to_device(images: torch.Tensor, targets: torch.Tensor, cfg: Config, device: torch.device):
+    memory_format = torch.channels_last if cfg.channels_last and device.type == "cuda" else torch.contiguous_format
+    return images.to(device, non_blocking=True, memory_format=memory_format), targets.to(device, non_blocking=True)
+
+
+@dataclass
+class EpochTotals:
+    """What an epoch's summary adds up over its steps (the same on every rank): saved in a mid-epoch checkpoint, so
+    that a resumed epoch reports the loss, sizes and skipped images of the whole epoch, as if never interrupted."""
+
+    steps: int = 0
+    loss_sum: float = 0.0  # of the per-step losses, each averaged over ranks
+    skipped: int = 0  # unreadable images replaced, all ranks
+    sizes: dict[tuple[int, int], int] = field(default_factory=dict)  # steps per (height, width)
+
+
+def train_one_epoch(model: nn.Module, loader: DataLoader, optimizer: torch.optim.Optimizer, scheduler: Any,
+                    loss_fn: nn.Module, cfg: Config, env: DistEnv, epoch: int, *, scaler: torch.amp.GradScaler,
+                    mixup: Any = None, ema: Any = None, start_step: int = 0, totals: EpochTotals | None = None,
+                    checkpoint: Callable[[int, int, EpochTotals], None] | None = None) -> dict[str, Any]:
+    """Train for one epoch, stepping the lr schedule (and EMA) after every optimizer step.
+
+    Args:
+        epoch: 0-based epoch index; messages show it 1-based.
+        mixup: timm ``Mixup`` applied to each batch on the device, or None.
+        ema: timm ``ModelEmaV3`` updated after each step, or None.
+        start_step: the first step to run (a run resumed mid-epoch); ``loader`` must start there too
+            (``vit_rope.train.loaders.set_epoch``), while ``len(loader)`` stays the whole epoch's steps.
+        totals: the steps before ``start_step``, from the checkpoint that resumed the run.
+        checkpoint: called as ``checkpoint(epoch, steps done, totals)`` on every rank after every
+            ``cfg.checkpoint_interval`` steps but the epoch's last (whose checkpoint ``train.py`` writes after
+            validation).
+
+    Returns:
+        ``train_loss`` (mean over steps and ranks), ``lr`` at the end, ``images_per_s`` and ``tokens_per_s`` (all
+        ranks, steps run by this process; with ``train_sizes`` only tokens/s compares across sizes), ``sizes``
+        (``"48:18 64:19"``: steps per size) and ``skipped`` (unreadable images replaced in this epoch, all ranks).
+
+    Raises:
+        NonFiniteLossError: the loss became NaN/inf. The loss is averaged over ranks first, so every rank stops
+            at the same step instead of leaving the others waiting in a collective.
+    """
+    model.train()
+    steps, start = len(loader), time.perf_counter()
+    totals = totals or EpochTotals()
+    seen, tokens = 0, 0.0  # images and patch tokens of this rank, in this process
+    # tokens per image are (H / p) x (W / p) for a patch size p; models without patch_embed (CNNs) count pixels / 256,
+    # i.e. as if p were 16, so that tokens/s still compares between sizes
+    patch = getattr(getattr(unwrap_model(model), "patch_embed", None), "patch_size", (16, 16))
+    patch_h, patch_w = (patch, patch) if isinstance(patch, int) else patch
+    progress = Progress(steps, f"epoch {epoch + 1}/{cfg.epochs}", cfg.log_interval, env.is_main)
+    for step, (images, targets, bad) in enumerate(loader, start_step):
+        images, targets = _to_device(images, targets, cfg, env.device)
+        if mixup is not None:
+            images, targets = mixup(images, targets)
+        with autocast(cfg, env.device):
+            loss = loss_fn(model(images), targets)
+        # one collective for the loss (every rank stops at the same step) and the unreadable images
+        mean_loss, skipped = reduce_sum(torch.stack([loss.detach().float(), bad.sum().to(env.device, torch.float32)]),
+                                        env).tolist()
+        mean_loss /= env.world_size
+        if not np.isfinite(mean_loss):
+            progress.close()
+            raise NonFiniteLossError(f"training loss became {mean_loss} at epoch {epoch + 1}, step {step + 1} of "
+                                     f"{steps}; lower lr or set clip_grad")
+        optimizer.zero_grad(set_to_none=True)
+        scaler.scale(loss).backward()
+        if cfg.clip_grad is not None:
+            scaler.unscale_(optimizer)
+            dispatch_clip_grad(model.parameters(), cfg.clip_grad, mode=cfg.clip_mode)
+        scaler.step(optimizer)
+        scaler.update()
+        scheduler.step_update(num_updates=epoch * steps + step + 1)
+        if ema is not None:
+            ema.update(unwrap_model(model), step=epoch * steps + step + 1)
+        height, width = images.shape[-2:]
+        totals.steps += 1
+        totals.loss_sum += mean_loss
+        totals.skipped += round(skipped)
+        totals.sizes[height, width] = totals.sizes.get((height, width), 0) + 1
+        seen, tokens = seen + len(images), tokens + len(images) * (height / patch_h) * (width / patch_w)
+        rate = seen * env.world_size / (time.perf_counter() - start)
+        progress.update(step, loss=f"{mean_loss:.4f}", lr=f"{optimizer.param_groups[0]['lr']:.2e}",
+                        img_s=f"{rate:.0f}")
+        interval = cfg.checkpoint_interval
+        if checkpoint is not None and interval and (step + 1) % interval == 0 and step + 1 < steps:
+            checkpoint(epoch, step + 1, totals)
+    progress.close()
+    seconds = time.perf_counter() - start
+    # every rank draws the same batch lengths and sizes (vit_rope.data.sizes): one count x world_size is the total
+    return {"train_loss": totals.loss_sum / totals.steps, "lr": optimizer.param_groups[0]["lr"],
+            "images_per_s": seen * env.world_size / seconds, "tokens_per_s": tokens * env.world_size / seconds,
+            "sizes": " ".join(f"{h}:{n}" if h == w else f"{h}x{w}:{n}" for (h, w), n in sorted(totals.sizes.items())),
+            "skipped": totals.skipped}
+
+
+@torch.inference_mode()
+def validate(model: nn.Module, loader: DataLoader, cfg: Config, env: DistEnv) -> dict[str, float]:
+    """Cross-entropy loss, top-1 and top-5 accuracy (%) over the whole validation split, summed across ranks.
+
+    Each rank sees a disjoint slice of the split (no padding), so the numbers are exact under DDP too.
+    """
+    model.eval()
+    totals = torch.zeros(4, dtype=torch.float64, device=env.device)  # loss sum, top-1 hits, top-5 hits, images
+    for images, targets, _ in loader:
+        images, targets = _to_device(images, targets, cfg, env.device)
+        with autocast(cfg, env.device):
+            logits = model(images)
+        top1, top5 = accuracy(logits, targets, topk=(1, min(5, logits.shape[1])))
+        loss = nn.functional.cross_entropy(logits.float(), targets, reduction="sum")
+        count = torch.tensor(float(len(targets)), device=env.device)
+        totals += torch.stack([loss, top1 * count / 100, top5 * count / 100, count]).double()
+    loss_sum, hits1, hits5, count = reduce_sum(totals, env).tolist()
+    return {"val_loss": loss_sum / count, "top1": 100 * hits1 / count, "top5": 100 * hits5 / count}
+
+
+class RunLog:
+    """``metrics.csv`` (one row per epoch) plus TensorBoard scalars when tensorboard is installed; rank 0 only.
+
+    On resume, rows past the checkpoint's epoch are dropped: they belong to an epoch that will be run again.
+    """
+
+    def __init__(self, output: Path, columns: list[str], resume_epoch: int | None) -> None:
+        self.path, self.columns = output / "metrics.csv", columns
+        kept = []
+        if resume_epoch is not None and self.path.exists():
+            with self.path.open() as f:
+                kept = [row for row in csv.DictReader(f) if int(row["epoch"]) <= resume_epoch]
+        with self.path.open("w", newline="") as f:
+            writer = csv.DictWriter(f, columns, extrasaction="ignore")
+            writer.writeheader()
+            writer.writerows(kept)
+        try:
+            from torch.utils.tensorboard import SummaryWriter
+        except ImportError:  # tensorboard is optional
+            self.tb = None
+        else:
+            self.tb = SummaryWriter(str(output / "tensorboard"))
+
+    def write(self, row: dict[str, float]) -> None:
+        with self.path.open("a", newline="") as f:
+            csv.DictWriter(f, self.columns, extrasaction="ignore").writerow(
+                {key: f"{value:.6g}" if isinstance(value, float) else value for key, value in row.items()})
+        if self.tb is not None:
+            for key, value in row.items():
+                if key != "epoch" and isinstance(value, int | float):  # not text such as sizes
+                    self.tb.add_scalar(key, value, row["epoch"])
+            self.tb.flush()
+
+    def close(self) -> None:
+        if self.tb is not None:
+            self.tb.close()

@@ -1,0 +1,170 @@
+"""Training and validation loaders from a config: timm's transforms, the optional decoded cache
+(``vit_rope.data.decoded``) and the choice between timm's per-image pipeline and the batched one
+(``vit_rope.data.pipeline``).
+
+Both pipelines cut an epoch into steps with ``vit_rope.data.steps.StepSampler``, so ``train_sizes`` (one size per step
+from ``vit_rope.data.sizes.SizeSchedule``) means the same in both. Epoch order, sizes and augmentation randomness are
+functions of (seed, epoch, rank, step) only, so a run resumed at any step sees the same batches as an uninterrupted
+one.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+from timm.data import create_transform
+from timm.data.distributed_sampler import RepeatAugSampler
+from torch.utils.data import DataLoader, DistributedSampler, Subset
+
+from vit_rope.data.auto_augment import safe_transform
+from vit_rope.data.decoded import DecodedImages
+from vit_rope.data.folders import ImageFolderDataset, Sample, SizedImages
+from vit_rope.data.pipeline import BatchLoader, TensorStore
+from vit_rope.data.sizes import SizeSchedule
+from vit_rope.data.steps import StepSampler
+from vit_rope.errors import UserError
+from vit_rope.train.config import Config
+
+_log = logging.getLogger(__name__)
+
+
+def build_transforms(cfg: Config, data_config: dict[str, Any]) -> tuple[dict[int, Any], Any]:
+    """timm's train transforms (random-resized crop, flip, RandAugment/ThreeAugment ``3a``, random erasing), one per
+    training size (each of ``train_sizes``, else ``img_size``), and the eval transform at ``img_size``.
+
+    A size changes only the output size of the crop and the sizes RandAugment scales with (its translation is a
+    fraction of the image); every other setting is the config's.
+
+    Args:
+        data_config: from ``timm.data.resolve_data_config``: input size, interpolation, mean/std, crop_pct.
+    """
+    common = {key: data_config[key] for key in ("interpolation", "mean", "std")}
+
+    def train_transform(size: int, auto_augment: str | None) -> Any:
+        return create_transform((3, size, size), is_training=True, train_crop_mode=cfg.train_crop_mode,
+                                scale=tuple(cfg.scale), hflip=cfg.hflip, color_jitter=cfg.color_jitter,
+                                auto_augment=auto_augment, re_prob=cfg.reprob, re_mode="pixel", **common)
+
+    # safe_transform: timm's 0-bit Posterize gives the black image it means instead of Pillow 13's ValueError
+    train = {size: safe_transform(functools.partial(train_transform, size), cfg.auto_augment)
+             for size in sorted(set(cfg.train_sizes) or {cfg.img_size})}
+    val = create_transform(data_config["input_size"], is_training=False, crop_pct=data_config["crop_pct"],
+                           crop_mode=data_config["crop_mode"], **common)
+    return train, val
+
+
+def choose_pipeline(cfg: Config) -> tuple[str, str]:
+    """``("tensor" | "timm", why)``: the batched tensor pipeline (``vit_rope.data.pipeline``) when the config allows it.
+
+    It needs the decoded cache and augmentations that batch; RandAugment, random erasing, timm's other crop modes and
+    repeated augmentation are per image and keep timm's pipeline. ``pipeline: tensor`` with such a config is an error
+    that names what stands in the way. ``train_sizes`` runs on both and plays no part in the choice.
+    """
+    per_image = [reason for reason, present in (
+        ("decoded_cache is off", not cfg.decoded_cache),
+        (f"auto_augment={cfg.auto_augment} is per image", cfg.auto_augment),
+        (f"random erasing (reprob={cfg.reprob}) is per image", cfg.reprob > 0),
+        (f"train_crop_mode={cfg.train_crop_mode} is timm's only", cfg.train_crop_mode != "rrc"),
+        ("repeated_aug needs timm's sampler", cfg.repeated_aug)) if present]
+    if cfg.pipeline == "timm":
+        return "timm", "pipeline=timm"
+    if not per_image:
+        return "tensor", "decoded cache on and every augmentation of the config batches"
+    if cfg.pipeline == "tensor":
+        raise UserError(f"pipeline=tensor cannot run this config: {'; '.join(per_image)}; change those keys or set "
+                        "pipeline=auto")
+    return "timm", "; ".join(per_image)
+
+
+def build_loaders(cfg: Config, train_samples: list[Sample], val_samples: list[Sample], data_config: dict[str, Any],
+                  rank: int = 0, world_size: int = 1, device: torch.device | None = None
+                  ) -> tuple[DataLoader | BatchLoader, DataLoader | BatchLoader]:
+    """Training loader (shuffled per epoch, sharded across ranks, full steps of ``StepSampler``) and validation loader.
+
+    Each rank validates a disjoint slice of the val split without padding, so reduced accuracies are exact. The
+    pipeline is ``choose_pipeline``'s: batched tensor loaders on ``device`` (no workers), or timm's transforms in
+    ``DataLoader`` workers (page-locked batches when ``device`` is CUDA). With ``train_sizes`` every step trains at the
+    size ``SizeSchedule`` draws, validation stays at ``img_size``, and the train cache's short side is at least the
+    largest size (validation keeps its own, so its numbers do not move).
+    """
+    device = device or torch.device("cpu")
+    pipeline, why = choose_pipeline(cfg)
+    if len(train_samples) < cfg.batch_size * world_size:
+        raise UserError(f"the train split has {len(train_samples)} images, fewer than one batch of {cfg.batch_size} x "
+                        f"{world_size} process(es); lower batch_size")
+    if rank == 0:
+        print(f"data pipeline: {pipeline} ({why})", flush=True)
+    train_cache = val_cache = None
+    if cfg.decoded_cache:
+        short_side = cfg.cache_size or math.floor(cfg.img_size / data_config["crop_pct"])
+        train_side = max([short_side, *cfg.train_sizes])  # crops at the largest train size need its pixels
+        cache_dir = Path(cfg.cache_dir).expanduser() if cfg.cache_dir else None
+        if rank == 0:
+            sides = f"{short_side} px" if train_side == short_side else (
+                f"{train_side} px (train: the largest of train_sizes), {short_side} px (val)")
+            print(f"decoded cache: {len(train_samples) + len(val_samples)} images at short side {sides}"
+                  + (f" in {cache_dir}" if cache_dir else " in memory"), flush=True)
+        decoders = max(cfg.workers, os.cpu_count() or 1)  # a one-off job with nothing else running: every core
+        train_cache, val_cache = (DecodedImages.load_or_build([path for path, _ in samples], side, decoders, cache_dir)
+                                  for samples, side in ((train_samples, train_side), (val_samples, short_side)))
+    schedule = SizeSchedule(tuple(cfg.train_sizes), cfg.img_size, cfg.batch_size, cfg.seed, cfg.token_budget,
+                            even=cfg.mixup > 0 or cfg.cutmix > 0) if cfg.train_sizes else None
+    if pipeline == "tensor":
+        train, val = _tensor_loaders(cfg, (train_samples, train_cache), (val_samples, val_cache), data_config, rank,
+                                     world_size, device, schedule)
+    else:
+        train, val = _per_image_loaders(cfg, (train_samples, train_cache), (val_samples, val_cache), data_config,
+                                        rank, world_size, device, schedule)
+    if rank == 0 and schedule is not None:
+        print(schedule.describe(), flush=True)
+    return train, val
+
+
+def _per_image_loaders(cfg: Config, train: tuple[list[Sample], DecodedImages | None],
+                       val: tuple[list[Sample], DecodedImages | None], data_config: dict[str, Any], rank: int,
+                       world_size: int, device: torch.device, schedule: SizeSchedule | None
+                       ) -> tuple[DataLoader, DataLoader]:
+    """timm's transforms in ``DataLoader`` workers: ``StepSampler`` hands each worker a whole step, at its size."""
+    train_tfs, val_tf = build_transforms(cfg, data_config)
+    pin_memory = device.type == "cuda"
+    train_set = SizedImages(train[0], train_tfs, train[1])
+    if cfg.repeated_aug:
+        order = RepeatAugSampler(train_set, num_replicas=world_size, rank=rank)
+    else:
+        order = DistributedSampler(train_set, num_replicas=world_size, rank=rank, shuffle=True, seed=cfg.seed)
+    steps = StepSampler(order, cfg.batch_size, cfg.img_size, schedule, cfg.seed, rank)
+    # its own generator: starting the workers then draws nothing from the global RNG that drop-path and Mixup use
+    train_loader = DataLoader(train_set, batch_sampler=steps, num_workers=cfg.workers, pin_memory=pin_memory,
+                              generator=torch.Generator())
+    val_set = Subset(ImageFolderDataset(val[0], val_tf, val[1]), range(rank, len(val[0]), world_size))
+    return train_loader, DataLoader(val_set, cfg.batch_size, num_workers=cfg.workers, pin_memory=pin_memory)
+
+
+def _tensor_loaders(cfg: Config, train: tuple[list[Sample], DecodedImages], val: tuple[list[Sample], DecodedImages],
+                    data_config: dict[str, Any], rank: int, world_size: int, device: torch.device,
+                    schedule: SizeSchedule | None) -> tuple[BatchLoader, BatchLoader]:
+    """The batched pipeline over the decoded caches; on CUDA the stores move to the GPU (crops never leave it)."""
+    common = dict(size=cfg.img_size, mean=data_config["mean"], std=data_config["std"], seed=cfg.seed, rank=rank,
+                  world_size=world_size, device=device)
+    train_store, val_store = (TensorStore.from_decoded(cache, [target for _, target in samples],
+                                                       [path for path, _ in samples]).to(device)
+                              for samples, cache in (train, val))
+    train_loader = BatchLoader(train_store, cfg.batch_size, train=True, scale=cfg.scale, hflip=cfg.hflip,
+                               color_jitter=cfg.color_jitter, schedule=schedule, **common)
+    val_loader = BatchLoader(val_store, cfg.batch_size, train=False, crop_pct=data_config["crop_pct"], **common)
+    if rank == 0:
+        print(f"{train_loader.describe()}\n{val_loader.describe()}", flush=True)
+    return train_loader, val_loader
+
+
+def set_epoch(loader: DataLoader | BatchLoader, epoch: int, start_step: int = 0) -> None:
+    """Select epoch ``epoch`` of a training loader, to be iterated from step ``start_step`` (a run resumed mid-epoch):
+    its order, sizes and augmentation follow from (seed, epoch, rank, step), whatever ran before."""
+    steps = loader if isinstance(loader, BatchLoader) else loader.batch_sampler
+    steps.set_epoch(epoch, start_step)
