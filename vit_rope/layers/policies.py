@@ -116,25 +116,36 @@ def scale_frequencies(
         return freqs, 1.0
     # per axis (x, y): s = new size / training size; [2, 1, 1] to broadcast against [2, H, D/2]
     s = torch.tensor([grid[1] / train_grid[1], grid[0] / train_grid[0]], device=freqs.device)[:, None, None]
+    factor = policy_factors(freqs, s, train_grid, policy, theta, head_dim, yarn_alpha, yarn_beta)
+    temperature = 1.0
+    if policy == "yarn" and yarn_temperature:
+        stretch = s.clamp(min=1.0)
+        temperature = 0.1 * math.log(math.sqrt(float(stretch[0]) * float(stretch[1]))) + 1.0  # logits * t ** 2
+    return freqs * factor, temperature
+
+
+def policy_factors(
+    freqs: Tensor, scale: Tensor, train_grid: tuple[int, int], policy: str, theta: float, head_dim: int,
+    yarn_alpha: float = 0.5, yarn_beta: float = 2.0,
+) -> Tensor:
+    """The per-axis, per-pair factor on ``freqs`` ``[2, H, D/2]`` of the policies that depend on the grid
+    (``interpolate``, ``ntk``, ``yarn``), for the size ratios ``scale`` (new size / training size per axis (x, y),
+    ``[2, 1, 1]``, or ``[B, 2, 1, 1]`` for one grid per sample, as in NaFlex batches)."""
     if policy == "interpolate":
-        return freqs / s, 1.0
-    s = s.clamp(min=1.0)  # ntk and yarn only ever compress, as in language models
+        return 1.0 / scale
+    scale = scale.clamp(min=1.0)  # ntk and yarn only ever compress, as in language models
     magnitude = freqs.detach().abs().float().clamp(min=1e-12)
     if policy == "ntk":
         # axial pair i of an axis with d channels has w = theta ** (-2i / d); b' = b s^(d/(d-2)) scales it by
         # s ** (-2i / (d - 2)). The exponent is written through w so that learned (mixed) frequencies follow too.
         d = head_dim // 2
         exponent = (-torch.log(magnitude) / math.log(theta) * d / (d - 2)).clamp(0.0, 1.0)
-        return freqs * s.pow(-exponent), 1.0
+        return scale.pow(-exponent)
     # yarn: turns of each pair across the training extent of each axis
     extent = torch.tensor([train_grid[1], train_grid[0]], device=freqs.device)[:, None, None]
     turns = extent * magnitude / (2 * math.pi)
     keep = ((turns - yarn_alpha) / (yarn_beta - yarn_alpha)).clamp(0.0, 1.0)
-    factor = (1 - keep) / s + keep
-    temperature = 1.0
-    if yarn_temperature:
-        temperature = 0.1 * math.log(math.sqrt(float(s[0]) * float(s[1]))) + 1.0  # on q and k: logits * t ** 2
-    return freqs * factor, temperature
+    return (1 - keep) / scale + keep
 
 
 @dataclass(frozen=True)
@@ -170,7 +181,8 @@ class CoordAugment:
 def augment_positions(
     positions: Tensor, batch_size: int, aug: CoordAugment, generator: torch.Generator | None = None
 ) -> Tensor:
-    """Draw one coordinate transform per image: ``[N, 2]`` -> ``[B, N, 2]`` (or per batch: ``[N, 2]``).
+    """Draw one coordinate transform per image: ``[N, 2]`` (or each image's own, ``[B, N, 2]``) -> ``[B, N, 2]`` (or
+    one transform for the batch: the shape of ``positions``).
 
     Order as DINOv3: shift, then per-axis jitter, then shared rescale; the subpixel noise comes last.
     """
@@ -179,14 +191,14 @@ def augment_positions(
         offset, scale = batch_coordinate_draw(aug.shift, aug.jitter, aug.rescale, device, generator)
         positions = (positions + offset) * scale  # [N, 2]: one transform for the batch
         if aug.subpixel > 0:
-            noise = torch.rand(B, *positions.shape, generator=generator, device=device) * 2 - 1
+            noise = torch.rand(B, *positions.shape[-2:], generator=generator, device=device) * 2 - 1
             positions = positions + noise * aug.subpixel  # [B, N, 2]
         return positions
 
     def uniform(*shape: int, bound: float) -> Tensor:
         return (torch.rand(*shape, generator=generator, device=device) * 2 - 1) * bound
 
-    out = positions.expand(B, *positions.shape)  # [B, N, 2]
+    out = positions.expand(B, *positions.shape[-2:])  # [B, N, 2]
     if aug.shift > 0:
         out = out + uniform(B, 1, 2, bound=aug.shift)
     if aug.jitter > 1:

@@ -25,6 +25,7 @@ from timm.layers import register_notrace_module
 from torch import Tensor, nn
 
 from vit_rope.layers.dinov3_rope import check_normalize, dinov3_frequencies, dinov3_positions
+from vit_rope.layers.naflex import sample_frequencies
 from vit_rope.layers.policies import ResolutionPolicy, check_policy, scale_frequencies, transform_positions
 
 KINDS = ("axial", "mixed", "dinov3")
@@ -122,15 +123,17 @@ def rope_angles(positions: Tensor, freqs: Tensor) -> Tensor:
 
     Args:
         positions: ``[N, 2]`` or ``[B, N, 2]`` float ``(x, y)``; fractional and negative values are fine.
-        freqs: ``[2, H, D/2]`` frequencies ``(wx, wy)``, ``H`` = 1 (shared by all heads) or num_heads.
+        freqs: ``[2, H, D/2]`` frequencies ``(wx, wy)``, ``H`` = 1 (shared by all heads) or num_heads; or
+            ``[B, 2, H, D/2]``, one set per sample (a policy applied to each sample's grid in a NaFlex batch).
 
     Returns:
-        ``[H, N, D/2]``, or ``[B, H, N, D/2]`` for batched positions.
+        ``[H, N, D/2]``, or ``[B, H, N, D/2]`` for batched positions or frequencies.
     """
     dtype = torch.float64 if freqs.dtype == torch.float64 else torch.float32  # fp32 at least, fp64 when asked
     pos = positions.to(dtype)[..., None, :, :, None]  # [(B,) 1, N, 2, 1]
     f = freqs.to(dtype)  # elementwise products, so autocast never lowers the angles to bf16
-    return pos[..., 0, :] * f[0][:, None, :] + pos[..., 1, :] * f[1][:, None, :]
+    fx, fy = f.select(-3, 0)[..., :, None, :], f.select(-3, 1)[..., :, None, :]  # [(B,) H, 1, D/2] each
+    return pos[..., 0, :] * fx + pos[..., 1, :] * fy
 
 
 def rope_tables(angles: Tensor, num_prefix_tokens: int = 0, temperature: float = 1.0) -> tuple[Tensor, Tensor]:
@@ -297,6 +300,17 @@ class RoPE2D(nn.Module):
             positions = self.grid_positions(grid[0], grid[1], self.freqs.device)
         freqs, temperature = self.frequencies(grid)
         return rope_tables(rope_angles(positions, freqs), num_prefix_tokens, temperature)
+
+    @torch.jit.unused
+    def sample_tables(self, positions: Tensor, num_prefix_tokens: int, grid: Tensor) -> tuple[Tensor, Tensor]:
+        """Tables ``[B, H, P + N, D/2]`` for a NaFlex batch: ``positions`` ``[B, N, 2]`` from
+        ``vit_rope.layers.naflex.coord_positions``, the policy applied to each sample's grid ``[B, 2]`` (h, w)."""
+        freqs, temperature = sample_frequencies(self.freqs, grid, self.train_grid, self.policy_name, self.theta,
+                                                self.head_dim, self.yarn_alpha, self.yarn_beta, self.yarn_temperature)
+        cos, sin = rope_tables(rope_angles(positions, freqs), num_prefix_tokens)
+        if temperature is not None:  # prefix rows too, as rope_tables pads them with the temperature
+            cos, sin = cos * temperature, sin * temperature
+        return cos, sin
 
     def frequencies(self, grid: tuple[int, int] | None = None) -> tuple[Tensor, float]:
         """Frequencies ``[2, H, D/2]`` and attention temperature that the policy gives on ``grid`` (``None``: as is)."""

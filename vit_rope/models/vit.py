@@ -29,9 +29,11 @@ from torch import Tensor, nn
 
 from vit_rope.checks import check_patch_multiple
 from vit_rope.layers.attention import RoPEAttention, RoPEBlock, RopeTables
+from vit_rope.layers.naflex import naflex_grid
 from vit_rope.layers.policies import CoordAugment, ResolutionPolicy, augment_positions
 from vit_rope.layers.pos_embed import fit_pos_embed
 from vit_rope.layers.rope import RoPE2D, check_head_dim, check_kind
+from vit_rope.models.naflex import NaFlexBatch, embed_naflex, naflex_batch, naflex_maps, pool_naflex
 
 # FX: both depend on the input's size, which symbolic tracing only knows as a proxy; the trace records them as calls.
 torch.fx.wrap("check_patch_multiple")
@@ -214,7 +216,7 @@ class RoPEVisionTransformer(VisionTransformer):
             positions = positions.expand(x.shape[0], -1, -1).gather(1, keep[..., None].expand(-1, -1, 2))  # [B, K, 2]
         return positions
 
-    def _rope_per_block(self, positions: Tensor | None, grid: tuple[int, int]) -> Iterator[RopeTables]:
+    def _rope_per_block(self, positions: Tensor | None, grid: tuple[int, int] | Tensor) -> Iterator[RopeTables]:
         """Tables for each block in turn: axial ones built once and shared, mixed ones when their block needs them.
 
         Nothing is cached between calls: building a table costs about 0.1% of a ViT-S forward on CPU
@@ -223,15 +225,25 @@ class RoPEVisionTransformer(VisionTransformer):
         bounded for servers that see many sizes.
         """
         P = self.num_prefix_tokens
+        if isinstance(grid, Tensor):  # a NaFlex batch: one grid per sample
+            if self.rope_per_block:
+                return (rope.sample_tables(positions, P, grid) for rope in self.rope)
+            return repeat(self.rope.sample_tables(positions, P, grid))
         if self.rope_per_block:
             return (rope(positions, P, grid) for rope in self.rope)
         return repeat(self.rope(positions, P, grid))
 
     def _forward_blocks(
-        self, x: Tensor, blocks: nn.Module, take_indices: list[int] = (), norm: bool = False, **block_kwargs: Any
-    ) -> tuple[Tensor, list[Tensor]]:
-        """Embed ``x`` and run ``blocks``; returns the last tokens and those after the blocks in ``take_indices``."""
-        x, positions, grid = self._embed(x)
+        self, x: Tensor | NaFlexBatch, blocks: nn.Module, take_indices: list[int] = (), norm: bool = False,
+        **block_kwargs: Any,
+    ) -> tuple[Tensor, list[Tensor], Tensor | None]:
+        """Embed ``x`` (images, or a NaFlex batch) and run ``blocks``; returns the last tokens, those after the blocks
+        in ``take_indices``, and for a NaFlex batch its tokens' validity ``[B, N]`` (after patch dropout)."""
+        valid = None
+        if isinstance(x, NaFlexBatch):
+            x, positions, grid, valid, block_kwargs["attn_mask"] = embed_naflex(self, x)
+        else:
+            x, positions, grid = self._embed(x)
         intermediates = []
         for i, (blk, rope) in enumerate(zip(blocks, self._rope_per_block(positions, grid), strict=False)):
             if self.grad_checkpointing:
@@ -240,15 +252,44 @@ class RoPEVisionTransformer(VisionTransformer):
                 x = blk(x, rope=rope, **block_kwargs)
             if i in take_indices:
                 intermediates.append(self.norm(x) if norm else x)
-        return x, intermediates
+        return x, intermediates, valid
 
-    def forward_features(self, x: Tensor, attn_mask: Tensor | None = None, is_causal: bool = False) -> Tensor:
-        """Tokens ``[B, P + N, C]`` after the blocks and the final norm."""
+    def forward(self, x: Tensor, attn_mask: Tensor | None = None, is_causal: bool = False,
+                patch_coord: Tensor | None = None, patch_valid: Tensor | None = None) -> Tensor:
+        """Logits ``[B, num_classes]`` of images ``[B, C, H, W]``, or of a NaFlex batch (``vit_rope.models.naflex``):
+        timm's collated dict, or ``patches`` ``[B, N, P*P*C]`` with ``patch_coord`` and ``patch_valid``."""
+        if not torch.jit.is_scripting():
+            batch = naflex_batch(x, patch_coord, patch_valid, attn_mask)
+            if batch is not None:
+                tokens, _, valid = self._forward_blocks(batch, self.blocks, is_causal=is_causal)
+                return self._naflex_head(self.norm(tokens), False, valid)
+        return self.forward_head(self.forward_features(x, attn_mask=attn_mask, is_causal=is_causal))
+
+    def forward_features(self, x: Tensor, attn_mask: Tensor | None = None, is_causal: bool = False,
+                         patch_coord: Tensor | None = None, patch_valid: Tensor | None = None) -> Tensor:
+        """Tokens ``[B, P + N, C]`` after the blocks and the final norm; for a NaFlex batch (as ``forward`` takes
+        it) its padded tokens, which ``forward_head(x, patch_valid=...)`` pools over the valid ones only."""
         if torch.jit.is_scripting():
             x = self._scripted_blocks(x, attn_mask, is_causal)
         else:
-            x, _ = self._forward_blocks(x, self.blocks, attn_mask=attn_mask, is_causal=is_causal)
+            batch = naflex_batch(x, patch_coord, patch_valid, attn_mask)
+            x, _, _ = self._forward_blocks(x if batch is None else batch, self.blocks, attn_mask=attn_mask,
+                                           is_causal=is_causal)  # a NaFlex batch's padding mask replaces attn_mask
         return self.norm(x)
+
+    def forward_head(self, x: Tensor, pre_logits: bool = False, patch_valid: Tensor | None = None) -> Tensor:
+        """timm's head (pool, fc_norm, dropout, classifier); with ``patch_valid`` ``[B, N]`` (a NaFlex batch) the
+        pooling reads valid tokens only."""
+        if not torch.jit.is_scripting():
+            if patch_valid is not None:
+                return self._naflex_head(x, pre_logits, patch_valid)
+        x = self.head_drop(self.fc_norm(self.pool(x)))
+        return x if pre_logits else self.head(x)
+
+    @torch.jit.unused
+    def _naflex_head(self, x: Tensor, pre_logits: bool, valid: Tensor) -> Tensor:
+        x = self.head_drop(self.fc_norm(pool_naflex(self, x, valid.bool())))
+        return x if pre_logits else self.head(x)
 
     def _scripted_blocks(self, x: Tensor, attn_mask: Tensor | None, is_causal: bool) -> Tensor:
         """``_forward_blocks`` as TorchScript compiles it: no generator, and modules reached by iteration only.
@@ -275,21 +316,32 @@ class RoPEVisionTransformer(VisionTransformer):
         output_dict: bool = False,
         attn_mask: Tensor | None = None,
         is_causal: bool = False,
+        patch_coord: Tensor | None = None,
+        patch_valid: Tensor | None = None,
     ) -> list[Tensor] | tuple[Tensor, list[Tensor]] | dict[str, Any]:
-        """timm's ``forward_intermediates`` contract (same arguments and outputs), with RoPE in every block."""
+        """timm's ``forward_intermediates`` contract (same arguments and outputs), with RoPE in every block; for a
+        NaFlex batch, NLC tokens padded as the input, or per-sample NCHW maps (``_naflex_intermediates``)."""
         if output_fmt not in ("NCHW", "NLC"):
             raise ValueError(f"output_fmt must be 'NCHW' or 'NLC', got {output_fmt!r}.")
+        batch_shape = x.shape if isinstance(x, Tensor) else None
         take_indices, max_index = feature_take_indices(len(self.blocks), indices)
         blocks = self.blocks[: max_index + 1] if stop_early else self.blocks
-        B, _, height, width = x.shape
-        x, intermediates = self._forward_blocks(
-            x, blocks, take_indices, norm, attn_mask=attn_mask, is_causal=is_causal
+        batch = naflex_batch(x, patch_coord, patch_valid, attn_mask)
+        x, intermediates, valid = self._forward_blocks(
+            x if batch is None else batch, blocks, take_indices, norm, attn_mask=attn_mask, is_causal=is_causal
         )
 
         P = self.num_prefix_tokens
         prefix_tokens = [y[:, :P] for y in intermediates] if P else None
         intermediates = [y[:, P:] for y in intermediates]
-        if output_fmt == "NCHW":
+        if batch is not None and output_fmt == "NCHW":  # each sample's map in the corner of the largest grid
+            if valid.shape != batch.valid.shape:
+                raise ValueError("Patch dropout dropped tokens of the NaFlex batch, which make no NCHW maps: call "
+                                 "model.eval() first, or ask for output_fmt='NLC'.")
+            grid = naflex_grid(batch.coord, batch.valid)
+            intermediates = [naflex_maps(y, batch.coord, batch.valid, grid) for y in intermediates]
+        elif output_fmt == "NCHW":
+            B, _, height, width = batch_shape
             h, w = self.patch_embed.dynamic_feat_size((height, width))
             if intermediates and intermediates[0].shape[1] != h * w:
                 raise ValueError(f"Patch dropout kept {intermediates[0].shape[1]} of the {h}x{w} patches, which make "
@@ -302,6 +354,8 @@ class RoPEVisionTransformer(VisionTransformer):
                 out["image_intermediates_prefix"] = prefix_tokens
             if not intermediates_only:
                 out["image_features"] = self.norm(x)
+            if valid is not None:  # NaFlex: which tokens are real (after patch dropout)
+                out["patch_valid"] = valid
             return out
         if return_prefix_tokens and prefix_tokens is not None:
             intermediates = list(zip(intermediates, prefix_tokens, strict=True))
@@ -317,3 +371,12 @@ class RoPEVisionTransformer(VisionTransformer):
         if self.rope_per_block:
             self.rope = self.rope[: len(self.blocks)]
         return take_indices
+
+
+# FX writes a traced model's forward signature from the annotations of ``forward``, which ``from __future__ import
+# annotations`` leaves as strings that the traced code (and TorchScript after it) cannot resolve: the real types, as
+# timm's own forward has them.
+RoPEVisionTransformer.forward.__annotations__.update(
+    x=Tensor, attn_mask=Tensor | None, is_causal=bool, patch_coord=Tensor | None, patch_valid=Tensor | None,
+    **{"return": Tensor},
+)

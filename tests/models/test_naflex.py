@@ -1,0 +1,186 @@
+"""NaFlex batches (vit_rope.models.naflex, vit_rope.layers.naflex): in one batch that mixes aspect ratios, padded to one
+length, each sample's logits, features and gradients equal the same model on that image alone, for every kind of
+position encoding and every resolution policy; padding changes nothing."""
+
+from __future__ import annotations
+
+import pytest
+import timm
+import torch
+from timm.data.naflex_transforms import patchify_image
+
+from vit_rope.layers.naflex import coord_positions, naflex_grid, sample_frequencies, sample_pos_embed
+from vit_rope.layers.policies import scale_frequencies
+from vit_rope.layers.pos_embed import fit_pos_embed
+
+PATCH, LENGTH = 16, 32
+GRIDS = [(4, 6), (6, 3), (5, 5)]  # the training grid is 5x5 (80 px): larger, smaller and equal on each axis
+BASE = dict(img_size=80, embed_dim=32, depth=2, num_heads=2, num_classes=7, init_values=0.5)
+KINDS = {  # name -> (model, extra kwargs, policies)
+    "axial": ("vit_rope_tiny_patch16_axial_224", {}, ("extrapolate", "interpolate", "ntk", "yarn", "normalized")),
+    "mixed": ("vit_rope_tiny_patch16_mixed_224", {}, ("extrapolate", "interpolate", "ntk", "yarn")),
+    "axial_ape": ("vit_rope_tiny_patch16_axial_ape_224", {}, ("extrapolate", "interpolate")),
+    "mixed_ape_cls": ("vit_rope_tiny_patch16_mixed_ape_224", {"no_embed_class": False}, ("extrapolate",)),
+    "dinov3": ("vit_rope_tiny_patch16_axial_224", {"rope_kind": "dinov3", "reg_tokens": 2, "global_pool": "avg"},
+               ("normalized", "extrapolate")),
+    "dinov3_min": ("vit_rope_tiny_patch16_axial_224", {"rope_kind": "dinov3", "rope_normalize_coords": "min"},
+                   ("normalized",)),
+}
+CASES = [(kind, policy) for kind, (_, _, policies) in KINDS.items() for policy in policies]
+
+
+def build(kind: str, policy: str = "extrapolate", **kwargs) -> torch.nn.Module:
+    name, extra, _ = KINDS[kind]
+    torch.manual_seed(0)
+    model = timm.create_model(name, **{**BASE, **extra, **kwargs}).eval()
+    with torch.no_grad():  # non-zero class token, head and positions, so that every path shows in the logits
+        for param in model.parameters():
+            param.add_(torch.randn_like(param) * 0.2)
+    model.set_rope_policy(policy)
+    return model
+
+
+def pack(images: list[torch.Tensor], length: int = LENGTH, pad_value: float = -2.0) -> dict[str, torch.Tensor]:
+    """Images as timm's NaFlexCollator packs them: flat channels-last patches, (y, x) coordinates, validity."""
+    patches = torch.full((len(images), length, PATCH * PATCH * 3), pad_value)
+    coord = torch.zeros(len(images), length, 2, dtype=torch.long)
+    valid = torch.zeros(len(images), length, dtype=torch.bool)
+    for b, image in enumerate(images):
+        flat, where, ok = patchify_image(image, (PATCH, PATCH))
+        patches[b, :len(flat)], coord[b, :len(flat)], valid[b, :len(flat)] = flat, where, ok
+    return {"patches": patches, "patch_coord": coord, "patch_valid": valid, "seq_len": length}
+
+
+def images(grids: list[tuple[int, int]] = GRIDS) -> list[torch.Tensor]:
+    torch.manual_seed(1)
+    return [torch.randn(3, h * PATCH, w * PATCH) for h, w in grids]
+
+
+@pytest.mark.parametrize("kind,policy", CASES)
+def test_each_sample_of_a_mixed_batch_equals_its_image_alone(kind: str, policy: str) -> None:
+    model, inputs = build(kind, policy), images()
+    batch = pack(inputs)
+    with torch.no_grad():
+        logits = model(batch)
+        tokens = model.forward_features(batch)
+        pooled = model.forward_head(tokens, pre_logits=True, patch_valid=batch["patch_valid"])
+        P = model.num_prefix_tokens
+        for b, image in enumerate(inputs):
+            n = int(batch["patch_valid"][b].sum())
+            alone = model.forward_features(image[None])
+            torch.testing.assert_close(tokens[b, :P + n], alone[0], rtol=1e-4, atol=1e-4)
+            torch.testing.assert_close(pooled[b], model.forward_head(alone, pre_logits=True)[0], rtol=1e-4, atol=1e-4)
+            torch.testing.assert_close(logits[b], model(image[None])[0], rtol=1e-4, atol=1e-4)
+    assert logits.abs().max() > 0.1  # the comparison is not between two near-zero outputs
+
+
+@pytest.mark.parametrize("kind", ["mixed", "axial_ape", "dinov3"])
+def test_gradients_of_a_mixed_batch_are_the_sum_of_each_images(kind: str) -> None:
+    inputs = images()
+    model = build(kind, "interpolate" if kind != "dinov3" else "normalized").train()
+    batch = pack(inputs)
+    batch["patches"].requires_grad_(True)
+    model(batch).square().sum().backward()
+    together = {name: param.grad.clone() for name, param in model.named_parameters()}
+    model.zero_grad()
+    alone = [image.clone().requires_grad_(True) for image in inputs]
+    sum(model(image[None]).square().sum() for image in alone).backward()
+    for name, param in model.named_parameters():  # to 1e-4 of each gradient's largest entry
+        scale = float(param.grad.abs().max())
+        torch.testing.assert_close(together[name], param.grad, rtol=1e-4, atol=1e-4 * scale, msg=name)
+    for b, image in enumerate(alone):  # the input gradient, patch by patch, and nothing into the padding
+        n = int(batch["patch_valid"][b].sum())
+        flat = patchify_image(image.grad, (PATCH, PATCH), include_info=False)
+        torch.testing.assert_close(batch["patches"].grad[b, :n], flat, rtol=1e-4, atol=1e-4 * float(flat.abs().max()))
+        assert batch["patches"].grad[b, n:].abs().max() == 0
+
+
+def test_the_forms_of_a_batch_agree_and_padding_changes_nothing() -> None:
+    model, inputs = build("mixed", "yarn"), images()
+    batch = pack(inputs)
+    with torch.no_grad():
+        as_dict = model(batch)
+        as_kwargs = model(batch["patches"], patch_coord=batch["patch_coord"], patch_valid=batch["patch_valid"])
+        longer = model(pack(inputs, length=LENGTH + 9, pad_value=5.0))
+        full = pack([inputs[2]], length=25)  # the 5x5 image, no padding
+        del full["patch_valid"]  # every token valid
+        one = model(full)
+    torch.testing.assert_close(as_kwargs, as_dict, rtol=0, atol=0)
+    torch.testing.assert_close(longer, as_dict, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(one[0], as_dict[2], rtol=1e-4, atol=1e-4)
+
+
+def test_intermediates_of_a_batch_are_each_images_maps() -> None:
+    model, inputs = build("axial", "interpolate"), images()
+    batch = pack(inputs)
+    with torch.no_grad():
+        maps = model.forward_intermediates(batch, indices=[0, 1], intermediates_only=True)
+        tokens = model.forward_intermediates(batch, output_fmt="NLC", output_dict=True)
+        for b, (image, (h, w)) in enumerate(zip(inputs, GRIDS, strict=True)):
+            for ours, theirs in zip(maps, model.forward_intermediates(image[None], intermediates_only=True),
+                                    strict=True):
+                assert ours.shape[-2:] == (6, 6)  # the batch's largest grid on each axis
+                torch.testing.assert_close(ours[b, :, :h, :w], theirs[0], rtol=1e-4, atol=1e-4)
+                assert ours[b, :, h:].abs().sum() == 0 and ours[b, :, :, w:].abs().sum() == 0
+    assert tokens["patch_valid"].equal(batch["patch_valid"])
+    assert tokens["image_intermediates"][0].shape == (3, LENGTH, BASE["embed_dim"])
+
+
+def test_coordinate_augmentation_draws_per_sample() -> None:
+    model = build("mixed", rope_coord_aug={"rescale": 2.0})
+    same = images([(5, 5)]) * 2
+    batch = pack(same)
+    with torch.no_grad():
+        model.train()
+        trained = model(batch)
+        model.eval()
+        evaluated = model(batch)
+    assert not torch.allclose(trained[0], trained[1])  # one draw per image
+    torch.testing.assert_close(evaluated[0], evaluated[1])  # none in evaluation
+
+
+@pytest.mark.parametrize("grid", [(1, 1), (3, 7), (5, 5), (9, 4), (17, 30)])
+def test_per_token_position_embedding_equals_the_resampled_table(grid: tuple[int, int]) -> None:
+    torch.manual_seed(0)
+    table = torch.randn(1, 25, 8)
+    h, w = grid
+    coord = torch.stack(torch.meshgrid(torch.arange(h), torch.arange(w), indexing="ij"), -1).reshape(1, -1, 2)
+    ours = sample_pos_embed(table[0], coord, torch.tensor([[h, w]]), (5, 5))
+    torch.testing.assert_close(ours[0], fit_pos_embed(table, grid, (5, 5), 0)[0], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("policy", ["interpolate", "ntk", "yarn"])
+def test_per_sample_frequencies_are_the_policys_on_each_grid(policy: str) -> None:
+    torch.manual_seed(0)
+    freqs = torch.randn(2, 2, 8)
+    grids = torch.tensor([[4, 6], [6, 3], [5, 5], [10, 12]])
+    batched, temperature = sample_frequencies(freqs, grids, (5, 5), policy, 10.0, 32)
+    for b, (h, w) in enumerate(grids.tolist()):
+        single, t = scale_frequencies(freqs, (h, w), (5, 5), policy, 10.0, 32)
+        torch.testing.assert_close(batched[b], single, rtol=1e-6, atol=1e-7)
+        assert (temperature is None and t == 1.0) or abs(float(temperature[b]) - t) < 1e-6
+
+
+def test_grid_and_positions_ignore_padding() -> None:
+    batch = pack(images())
+    grid = naflex_grid(batch["patch_coord"], batch["patch_valid"])
+    assert grid.tolist() == [list(g) for g in GRIDS]
+    positions = coord_positions(batch["patch_coord"], grid, "axial", "extrapolate", (5, 5))
+    assert positions[0, :24].tolist()[:7] == [[x, 0.0] for x in range(6)] + [[0.0, 1.0]]
+
+
+def test_a_bad_batch_is_refused_naming_what_it_needs() -> None:
+    model, batch = build("axial"), pack(images())
+    with pytest.raises(ValueError, match="patch_coord"):
+        model({"patches": batch["patches"]})
+    with pytest.raises(ValueError, match="patch embedding takes 768"):
+        model(batch["patches"][..., :100], patch_coord=batch["patch_coord"])
+
+
+def test_compiled_model_equals_eager_on_batches_of_other_grids() -> None:
+    model = build("mixed", "interpolate")
+    compiled = torch.compile(model, dynamic=False)
+    with torch.no_grad():
+        for grids in (GRIDS, [(2, 8), (5, 1), (4, 4)]):
+            batch = pack(images(grids))
+            torch.testing.assert_close(compiled(batch), model(batch), rtol=1e-4, atol=1e-4)

@@ -1,0 +1,100 @@
+"""Per-sample positions for NaFlex batches: every image at its own size and aspect ratio, its patches packed into one
+padded sequence (NaViT, Dehghani et al., NeurIPS 2023; timm's NaFlexViT, as in SigLIP 2's NaFlex variant).
+
+timm's collator gives each sample's patches with their ``patch_coord`` ``[B, N, 2]`` as (y, x) and ``patch_valid``
+``[B, N]``; padding rows have coordinate (0, 0). Here a sample's grid, its positions under the resolution policy,
+its policy-scaled frequencies and its absolute position embedding are tensors computed for the whole batch at once:
+no Python loop over samples or grid sizes, no ``.item()``, so torch.compile sees one graph whatever the grids. Each
+function equals, for a batch of one image, what the image path computes for that image's grid (the tests hold them
+together).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+from vit_rope.layers.policies import policy_factors
+
+_AA_BICUBIC = -0.5  # the cubic coefficient of PyTorch's antialiased bicubic resampling (timm's APE resampling)
+
+
+def naflex_grid(coord: Tensor, valid: Tensor) -> Tensor:
+    """Each sample's patch grid ``[B, 2]`` as (h, w): one more than its largest valid coordinate per axis."""
+    return (coord * valid[..., None]).amax(1) + 1  # [B, 2]
+
+
+def key_padding_mask(valid: Tensor, num_prefix_tokens: int) -> Tensor:
+    """Boolean attention mask ``[B, 1, 1, P + N]`` that hides padding from every query as a key.
+
+    Keys only: masking the padded queries' rows too would leave rows with no key, whose softmax is NaN, and NaN times
+    a zero gradient is still NaN. A padded query attends to the valid keys and its output is never read.
+    """
+    return torch.cat((valid.new_ones(valid.shape[0], num_prefix_tokens), valid), dim=1)[:, None, None, :]
+
+
+def coord_positions(coord: Tensor, grid: Tensor, kind: str, policy: str, train_grid: tuple[int, int] | None,
+                    normalize: str = "separate") -> Tensor:
+    """Positions ``[B, N, 2]`` (x, y) of the patches at ``coord`` ``[B, N, 2]`` (y, x) as ``RoPE2D.grid_positions``
+    places them on each sample's grid ``[B, 2]`` (h, w): integer positions, DINOv3's normalised ones, or the
+    ``normalized`` policy's."""
+    xy = coord.flip(-1).float()  # [B, N, 2] (x, y)
+    size = grid.flip(-1).float()[:, None, :]  # [B, 1, 2] (w, h)
+    if kind == "dinov3":  # normalised by the grid itself, or by the training grid (its patch step)
+        reference = size
+        if policy != "normalized" and train_grid is not None:
+            reference = size.new_tensor([train_grid[1], train_grid[0]]).expand_as(size)
+        if normalize == "min":
+            reference = reference.amin(-1, keepdim=True).expand_as(reference)
+        elif normalize == "max":
+            reference = reference.amax(-1, keepdim=True).expand_as(reference)
+        return (xy + 0.5) / reference * 2.0 - 1.0  # the order of dinov3_positions: equal to the bit
+    if policy == "normalized":
+        return 2 * math.pi * ((xy + 0.5) / size * 2 - 1)
+    return xy
+
+
+def sample_frequencies(freqs: Tensor, grid: Tensor, train_grid: tuple[int, int] | None, policy: str, theta: float,
+                       head_dim: int, yarn_alpha: float = 0.5, yarn_beta: float = 2.0,
+                       yarn_temperature: bool = True) -> tuple[Tensor, Tensor | None]:
+    """``scale_frequencies`` for a batch of grids ``[B, 2]``: frequencies ``[B, 2, H, D/2]`` (or the shared
+    ``[2, H, D/2]`` when the policy does not depend on the grid) and the attention temperature ``[B, 1, 1, 1]`` (or
+    None). At the training grid every factor is exactly 1."""
+    if policy in ("extrapolate", "normalized") or train_grid is None:
+        return freqs, None
+    scale = grid.flip(-1).float() / grid.new_tensor([train_grid[1], train_grid[0]]).float()  # [B, 2] (x, y)
+    scale = scale[:, :, None, None]  # [B, 2, 1, 1] against [2, H, D/2]
+    factor = policy_factors(freqs, scale, train_grid, policy, theta, head_dim, yarn_alpha, yarn_beta)
+    temperature = None
+    if policy == "yarn" and yarn_temperature:
+        stretch = scale.clamp(min=1.0)
+        temperature = (0.1 * torch.log(torch.sqrt(stretch[:, 0] * stretch[:, 1])) + 1.0)[:, None]  # [B, 1, 1, 1]
+    return freqs * factor, temperature
+
+
+def _aa_bicubic_weights(index: Tensor, out_len: Tensor, in_len: int) -> Tensor:
+    """Weights ``[B, N, in_len]`` that PyTorch's antialiased bicubic resize from ``in_len`` to each sample's
+    ``out_len`` ``[B, 1]`` gives output ``index`` ``[B, N]`` (align_corners=False), computed per token: the
+    separable kernel that ``F.interpolate(..., mode="bicubic", antialias=True)`` applies, support widened by the
+    scale when it shrinks and the weights renormalised over the input."""
+    scale = in_len / out_len.double()  # [B, 1]
+    center = scale * (index.double() + 0.5)  # [B, N]
+    support = scale.clamp(min=1.0)[..., None]  # [B, 1, 1]
+    taps = torch.arange(in_len, dtype=torch.float64, device=index.device) + 0.5  # [in_len]
+    x = ((taps - center[..., None]) / support).abs()  # [B, N, in_len]
+    a = _AA_BICUBIC
+    w = torch.where(x < 1, ((a + 2) * x - (a + 3)) * x * x + 1,
+                    torch.where(x < 2, (((x - 5) * x + 8) * x - 4) * a, torch.zeros_like(x)))
+    return (w / w.sum(-1, keepdim=True)).float()
+
+
+def sample_pos_embed(table: Tensor, coord: Tensor, grid: Tensor, train_grid: tuple[int, int]) -> Tensor:
+    """The absolute position embedding ``[B, N, C]`` of each patch, as ``fit_pos_embed`` resamples the ``[h0 * w0, C]``
+    training ``table`` to each sample's grid (bicubic, antialiased), read at the patch's coordinate: one weighted
+    sum over the table per token instead of a resampled table per grid size."""
+    wy = _aa_bicubic_weights(coord[..., 0], grid[:, :1], train_grid[0])  # [B, N, h0]
+    wx = _aa_bicubic_weights(coord[..., 1], grid[:, 1:], train_grid[1])  # [B, N, w0]
+    weights = (wy[..., :, None] * wx[..., None, :]).flatten(-2)  # [B, N, h0 * w0]
+    return (weights @ table.float()).to(table.dtype)

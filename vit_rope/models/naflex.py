@@ -1,0 +1,134 @@
+"""NaFlex batches on ``RoPEVisionTransformer``: every image at its own size and aspect ratio, its patches packed into
+one padded sequence (NaViT, Dehghani et al., NeurIPS 2023; timm's NaFlexViT and NaFlex loader).
+
+The input is what timm's ``NaFlexCollator`` yields: ``patches`` ``[B, N, P*P*C]`` (each patch flattened channels-last),
+``patch_coord`` ``[B, N, 2]`` as (y, x) and ``patch_valid`` ``[B, N]``, as a dict or as tensors and keyword arguments.
+The model's own patch embedding runs on the flat patches (its convolution read as a linear layer, so one state dict
+serves both inputs), each sample gets the positions, policy and APE of its own grid (``vit_rope.layers.naflex``),
+attention hides padding from the keys, and pooling reads valid tokens only. Nothing loops over samples or sizes:
+each sample's output equals the model's output on that image alone (the tests hold them together).
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import torch
+import torch.nn.functional as F
+from timm.models.naflexvit import global_pool_naflex
+from torch import Tensor, nn
+
+from vit_rope.layers.naflex import coord_positions, key_padding_mask, naflex_grid, sample_pos_embed
+from vit_rope.layers.policies import augment_positions
+
+NAFLEX_KEYS = ("patches", "patch_coord", "patch_valid")
+
+
+class NaFlexBatch(NamedTuple):
+    """One NaFlex batch, checked: ``patches`` ``[B, N, P*P*C]``, ``coord`` ``[B, N, 2]`` (y, x) integers, ``valid``
+    ``[B, N]`` bool, and an optional ``attn_mask`` that replaces the padding mask."""
+
+    patches: Tensor
+    coord: Tensor
+    valid: Tensor
+    attn_mask: Tensor | None
+
+
+def naflex_batch(x: Any, patch_coord: Tensor | None = None, patch_valid: Tensor | None = None,
+                 attn_mask: Tensor | None = None) -> NaFlexBatch | None:
+    """The NaFlex batch that ``x`` and the keyword arguments name, or None for an image batch ``[B, C, H, W]``.
+
+    ``x`` is timm's collated dict (``patches``, ``patch_coord``, ``patch_valid``, optional ``attn_mask``; other keys,
+    such as the collator's ``seq_len``, are ignored), or the ``patches`` tensor with ``patch_coord`` given. Without
+    ``patch_valid`` every token counts as valid.
+    """
+    if isinstance(x, torch.fx.Proxy):  # FX symbolic tracing (torchvision's feature extractor) traces images only
+        return None
+    if isinstance(x, dict):
+        missing = [key for key in NAFLEX_KEYS[:2] if key not in x]
+        if missing:
+            raise ValueError(f"A NaFlex batch dict needs the keys {', '.join(NAFLEX_KEYS[:2])} (and patch_valid for "
+                             f"padding), as timm's NaFlexCollator yields; {', '.join(missing)} missing from "
+                             f"{sorted(x)}.")
+        patches, patch_coord = x["patches"], x["patch_coord"]
+        patch_valid, attn_mask = x.get("patch_valid", patch_valid), x.get("attn_mask", attn_mask)
+    elif patch_coord is not None:
+        patches = x
+    else:
+        return None
+    if patches.dim() != 3 or patch_coord.shape != (*patches.shape[:2], 2):
+        raise ValueError(f"NaFlex patches must be [B, N, P*P*C] with patch_coord [B, N, 2] (y, x); got "
+                         f"{tuple(patches.shape)} and {tuple(patch_coord.shape)}.")
+    if patch_valid is None:
+        patch_valid = torch.ones(patches.shape[:2], dtype=torch.bool, device=patches.device)
+    return NaFlexBatch(patches, patch_coord.long(), patch_valid.bool(), attn_mask)
+
+
+def embed_patches(patch_embed: nn.Module, patches: Tensor) -> Tensor:
+    """timm's ``PatchEmbed`` on flattened patches ``[B, N, P*P*C]`` (channels-last, as timm's ``Patchify``):
+    its convolution ``[C_out, C, P, P]`` read as a linear layer ``[C_out, P*P*C]``, then its norm."""
+    proj = patch_embed.proj
+    expected = proj.weight[0].numel()
+    if patches.shape[-1] != expected:
+        raise ValueError(f"NaFlex patches have {patches.shape[-1]} values each, this model's patch embedding takes "
+                         f"{expected} ({'x'.join(map(str, proj.kernel_size))} patches of {proj.in_channels} "
+                         "channels): build the loader with the model's patch size.")
+    weight = proj.weight.permute(0, 2, 3, 1).flatten(1)  # [C_out, P*P*C] in (y, x, channel) order
+    return patch_embed.norm(F.linear(patches, weight, proj.bias))  # [B, N, C_out]
+
+
+def embed_naflex(model: nn.Module, batch: NaFlexBatch) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """Tokens, positions and masks of a NaFlex batch, as ``RoPEVisionTransformer._embed`` for images.
+
+    Returns:
+        tokens ``[B, P + N, C]``; positions ``[B, N, 2]`` (policy-placed, augmented in training); each sample's grid
+        ``[B, 2]`` (h, w); ``valid`` ``[B, N]`` and the attention mask ``[B, 1, 1, P + N]`` (or the caller's), both
+        after patch dropout when it runs.
+    """
+    patches, coord, valid, attn_mask = batch
+    B = patches.shape[0]
+    x = embed_patches(model.patch_embed, patches)  # [B, N, C]
+    grid = naflex_grid(coord, valid)  # [B, 2] (h, w), before any dropout
+    prefix = [token.expand(B, -1, -1) for token in (model.cls_token, model.reg_token) if token is not None]
+    P = model.num_prefix_tokens
+    if model.pos_embed is not None:
+        own = 0 if model.no_embed_class else P  # prefix rows of the table, added to the prefix tokens
+        x = x + sample_pos_embed(model.pos_embed[0, own:], coord, grid, model.patch_embed.grid_size)
+        prefix = [token + model.pos_embed[:, i:i + 1] for i, token in enumerate(prefix)] if own else prefix
+    x = model.pos_drop(torch.cat(prefix + [x], dim=1))  # [B, P + N, C]
+    rope = model.rope_modules()[0]
+    positions = coord_positions(coord, grid, rope.kind, rope.policy_name, rope.train_grid, rope.normalize)
+    if model.training and model.coord_aug.active:
+        positions = augment_positions(positions, B, model.coord_aug)  # [B, N, 2], a draw per sample
+    if hasattr(model.patch_drop, "prob"):  # PatchDropoutWithIndices: positions and validity follow the kept tokens
+        x, keep = model.patch_drop(x)
+        if keep is not None:
+            positions = positions.gather(1, keep[..., None].expand(-1, -1, 2))
+            valid = valid.gather(1, keep)
+    mask = key_padding_mask(valid, P) if attn_mask is None else attn_mask
+    return model.norm_pre(x), positions, grid, valid, mask
+
+
+def pool_naflex(model: nn.Module, x: Tensor, valid: Tensor) -> Tensor:
+    """The model's pooling over valid tokens only: timm's ``global_pool_naflex`` (avg, max, avgmax; the class token
+    as is), or its attention pool with padding hidden from its keys."""
+    P = model.num_prefix_tokens
+    if model.attn_pool is None:
+        return global_pool_naflex(x, valid, model.global_pool, P, model.pool_include_prefix)
+    if model.pool_include_prefix:
+        keys = key_padding_mask(valid, P)
+    else:
+        x, keys = x[:, P:], valid[:, None, None, :]
+    bias = torch.zeros(keys.shape, dtype=x.dtype, device=x.device).masked_fill(~keys, float("-inf"))
+    return model.attn_pool(x, attn_mask=bias)  # [B, C]
+
+
+def naflex_maps(tokens: Tensor, coord: Tensor, valid: Tensor, grid: Tensor) -> Tensor:
+    """Patch tokens ``[B, N, C]`` as per-sample feature maps ``[B, C, H, W]`` (``H``, ``W``: the largest grid of
+    the batch), each sample's map in its top-left corner, zeros elsewhere."""
+    B, _, C = tokens.shape
+    height, width = (int(side) for side in grid.amax(0).tolist())
+    maps = tokens.new_zeros(B, height * width, C)
+    index = (coord[..., 0] * width + coord[..., 1]).masked_fill(~valid, height * width)  # padding: a spare slot
+    maps = torch.cat((maps, maps.new_zeros(B, 1, C)), dim=1).scatter(1, index[..., None].expand(-1, -1, C), tokens)
+    return maps[:, :-1].reshape(B, height, width, C).permute(0, 3, 1, 2).contiguous()
