@@ -47,7 +47,7 @@ from studies.compare import HEADLINE_END, headline, headline_begin, write_compar
 from studies.course import COURSE, COURSE_END, course_begin, course_table  # noqa: E402
 from studies.report import Goal, is_run, write_study  # noqa: E402
 from vit_rope.eval.report import machine, replace_section  # noqa: E402
-from vit_rope.layers.policies import POLICIES  # noqa: E402
+from vit_rope.layers.policies import DINOV3_POLICIES, POLICIES  # noqa: E402
 from vit_rope.train.cli import build_config  # noqa: E402  (after the path set-up, as the script runs from anywhere)
 from vit_rope.train.config import load_yaml  # noqa: E402
 from vit_rope.train.state import load_checkpoint  # noqa: E402
@@ -72,7 +72,7 @@ STUDIES = {
         "mixed_coord_sizes": ("RoPE-Mixed + coord aug + sizes 80-160", "ape")}),
     "v4": ("configs/imagenette_study/v4", "results/imagenette/v4", "output/study/v4", {
         "mixed_coord_sizes": ("RoPE-Mixed + coord aug + sizes 80-160", "ape_sizes"),
-        "ape_sizes": ("APE + sizes 80-160", None)}),
+        "dinov3": ("DINOv3 RoPE + coord rescale 2", "ape_sizes"), "ape_sizes": ("APE + sizes 80-160", None)}),
     "vit_s": ("configs/imagenette_vit_s", "results/imagenette/vit_s", "output/imagenette_vit_s", {
         "mixed": ("RoPE-Mixed ViT-S", "ape"), "ape": ("APE ViT-S", None), "axial": ("RoPE-Axial ViT-S", "ape")}),
 }
@@ -207,17 +207,22 @@ def main(argv: list[str] | None = None) -> int:
             shutil.copy(out / file, results / "runs" / name / file)
         head = ["python", "-m", "vit_rope.evaluate", "--checkpoint", f"{out}/last.pth", "--img-sizes", *sizes]
         tail = [*data, "--limit", str(args.limit), "--workers", "0"]  # both cores compute
-        evaluations = [([*head, "--policy", *POLICIES, *tail, "--output", str(results / "eval" / arm / name)],
+        dinov3 = build_config(config).model_kwargs.get("rope_kind") == "dinov3"
+        policies = DINOV3_POLICIES if dinov3 else POLICIES
+        if dinov3:  # trained on normalised coordinates: its positions as trained are `normalized`, not `extrapolate`
+            entry["as_trained"] = "normalized"
+        own = ["--policy", "normalized"] if dinov3 else []  # positions as trained, at the second crop and kept epochs
+        evaluations = [([*head, "--policy", *policies, *tail, "--output", str(results / "eval" / arm / name)],
                         results / "eval", ("last.pth",))]
         if args.study in SECOND_CROP:  # positions as trained (the default policy) at the second crop fraction
             folder = results / f"eval_crop{SECOND_CROP[args.study]}"
-            evaluations.append(([*head, "--crop-pct", str(SECOND_CROP[args.study]), *tail, "--output",
+            evaluations.append(([*head, *own, "--crop-pct", str(SECOND_CROP[args.study]), *tail, "--output",
                                  str(folder / arm / name)], folder, ("last.pth",)))
         keep = load_yaml(out / "config.yaml").get("keep_every") or 0  # the run's own (runs before keep_every: none)
         kept = [out / f"epoch_{epoch}.pth" for epoch in (range(keep, epochs, keep) if keep else ())]  # part-way
         if kept:
             evaluations.append((["python", "-m", "vit_rope.evaluate", "--checkpoint", *map(str, kept), "--img-sizes",
-                                 *sizes, *tail, "--output", str(results / COURSE / arm / name)], results / COURSE,
+                                 *sizes, *own, *tail, "--output", str(results / COURSE / arm / name)], results / COURSE,
                                 tuple(path.name for path in kept)))
         for index, (command, folder, checkpoints) in enumerate(evaluations):
             if not evaluated(folder, [entry], checkpoints):  # seconds: the run's evaluations on this machine

@@ -60,7 +60,7 @@ def comparison_rows(name: str, results_dir: Path) -> list[list[Any]]:
     runs = json.loads((results_dir / "runs.json").read_text())
     _, merged = study.merged_results(results_dir / "eval", runs)
     grids, rows = _grids(results_dir, runs), []
-    for label, by_size in study.as_trained_by_arm(merged).items():
+    for label, by_size in study.as_trained_by_arm(merged, study.trained_policies(runs)).items():
         trained = study.training_row(by_size)
         if trained is None:  # not evaluated at its training size: nothing to measure a change from
             continue
@@ -102,7 +102,7 @@ def headline(results_dir: Path) -> str:
     runs = json.loads((results_dir / "runs.json").read_text())
     _, merged = study.merged_results(results_dir / "eval", runs)
     largest = max(row["img_size"] for row in merged)
-    rows = study.as_trained_rows(merged)
+    rows = study.as_trained_rows(merged, study.trained_policies(runs))
     for model in dict.fromkeys(row["model"] for row in merged if row["policy"] is not None):
         best = study.best_row(merged, model, largest)["policy"]
         if best != "extrapolate":

@@ -18,7 +18,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from studies.report import arm_label, as_trained_rows, is_run, read_evaluations, spread
+from studies.report import arm_label, as_trained_rows, is_run, read_evaluations, spread, trained_policies
 from vit_rope.eval.report import merge_seeds, table
 
 COURSE = "course"  # the folder of a study's results that holds the evaluations of kept checkpoints
@@ -74,10 +74,11 @@ def course_rows(results_dir: Path, runs: list[dict[str, Any]]) -> list[dict[str,
         run = next((run for run in with_course.values() if is_run(row["model"], run)), None)
         if run is not None:
             group_of[row["model"]] = f"{arm_label(run)}\0{_final_epoch(results_dir, run)}"
-    merged = merge_seeds(as_trained_rows(kept + final), group_of)
+    merged = merge_seeds(kept + final, group_of)
     for row in merged:
         row["model"], epoch = row["model"].split("\0")
         row["epoch"] = int(epoch)
+    merged = as_trained_rows(merged, trained_policies(runs))
     order = list(dict.fromkeys(arm_label(run) for run in runs))
     return sorted(merged, key=lambda row: (order.index(row["model"]), row["epoch"], row["img_size"]))
 

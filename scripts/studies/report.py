@@ -96,11 +96,23 @@ def _training(results_dir: Path, runs: Sequence[dict[str, Any]]) -> str:
     return table(["model", "seeds", "final val top-1 (%)", "minutes per run"], lines)
 
 
-def as_trained_by_arm(merged: Sequence[dict[str, Any]]) -> dict[str, dict[int, dict[str, Any]]]:
-    """Arm label -> size -> its merged row with positions as trained (``extrapolate``; APE has no policy)."""
+def trained_policies(runs: Sequence[dict[str, Any]]) -> dict[str, str]:
+    """Arm label -> the policy that places positions as the arm was trained: ``as_trained`` in runs.json (DINOv3's
+    RoPE: ``normalized``), else ``extrapolate``."""
+    return {arm_label(run): run.get("as_trained", "extrapolate") for run in runs}
+
+
+def is_as_trained(row: dict[str, Any], policies: dict[str, str]) -> bool:
+    """Whether a merged row has positions as its arm was trained (``trained_policies``; APE has no policy)."""
+    return row["policy"] is None or row["policy"] == policies.get(row["model"], "extrapolate")
+
+
+def as_trained_by_arm(merged: Sequence[dict[str, Any]], policies: dict[str, str] | None = None
+                      ) -> dict[str, dict[int, dict[str, Any]]]:
+    """Arm label -> size -> its merged row with positions as trained (``is_as_trained``)."""
     table: dict[str, dict[int, dict[str, Any]]] = {}
     for row in merged:
-        if row["policy"] in (None, "extrapolate"):
+        if is_as_trained(row, policies or {}):
             table.setdefault(row["model"], {})[row["img_size"]] = row
     return table
 
@@ -116,16 +128,16 @@ def best_row(merged: Sequence[dict[str, Any]], model: str, size: int) -> dict[st
     return max(rows, key=lambda row: row["top1"])
 
 
-def as_trained_rows(merged: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The merged rows with positions as trained: ``extrapolate`` for RoPE, the only one for APE (policy None)."""
-    return [row for row in merged if row["policy"] in (None, "extrapolate")]
+def as_trained_rows(merged: Sequence[dict[str, Any]], policies: dict[str, str] | None = None) -> list[dict[str, Any]]:
+    """The merged rows with positions as trained (``is_as_trained``)."""
+    return [row for row in merged if is_as_trained(row, policies or {})]
 
 
-def _changes(merged: Sequence[dict[str, Any]]) -> str:
+def _changes(merged: Sequence[dict[str, Any]], policies: dict[str, str]) -> str:
     """Per arm: top-1 change from the training size to the largest size, as trained and under the best policy."""
     largest = max(row["img_size"] for row in merged)
     lines = []
-    for model, by_size in as_trained_by_arm(merged).items():
+    for model, by_size in as_trained_by_arm(merged, policies).items():
         trained, plain, best = training_row(by_size), by_size[largest], best_row(merged, model, largest)
         lines.append([model, f"{trained['top1']:.2f}", f"{plain['top1']:.2f} ({plain['top1'] - trained['top1']:+.1f})",
                       f"{best['top1']:.2f} ({best['top1'] - trained['top1']:+.1f}, {best['policy'] or '-'})"])
@@ -159,7 +171,8 @@ def _size_at(ratio: float | None, train_size: int, sizes: Sequence[int]) -> int 
 
 def _verdict(merged: Sequence[dict[str, Any]], runs: Sequence[dict[str, Any]], goal: Goal) -> str:
     """The goal, per RoPE arm that names its APE baseline, then the best arm per size."""
-    as_trained, labels = as_trained_by_arm(merged), {run["model"]: arm_label(run) for run in runs}
+    as_trained = as_trained_by_arm(merged, trained_policies(runs))
+    labels = {run["model"]: arm_label(run) for run in runs}
     lines, header = [], []
     for arm, baseline in dict.fromkeys((run["model"], run.get("baseline")) for run in runs):
         rows, ape = as_trained.get(labels[arm], {}), as_trained.get(labels.get(baseline, ""), {})
@@ -237,7 +250,7 @@ def write_study(results_dir: Path, readme: Path | None = None, goal: Goal = Goal
     runs = json.loads((results_dir / "runs.json").read_text())
     machine = json.loads((results_dir / "machine.json").read_text())
     protocol, merged = merged_results(results_dir / "eval", runs)
-    as_trained = as_trained_rows(merged)
+    as_trained = as_trained_rows(merged, trained_policies(runs))
     policies = [row for row in merged if row["policy"] is not None]
     plot(as_trained, results_dir / "summary_as_trained.png", "Positions as trained (mean and range over seeds)")
     if policies:  # none while only APE arms are evaluated
@@ -251,6 +264,8 @@ def write_study(results_dir: Path, readme: Path | None = None, goal: Goal = Goal
     note = ("top-1 (%) on Imagenette val, mean ± half the range over seeds " + ", ".join(map(str, seeds))
             + "; `*` training size. " + protocol + ".")
     where = results_dir.as_posix()
+    own = ", or `normalized` for an arm trained on normalised coordinates" if any("as_trained" in run for run in runs) \
+        else ""
     labels = {run["model"]: arm_label(run) for run in runs}
     elsewhere = {}  # the other machines -> the labels of the arms run on each
     for arm, other in machine.get("machines", {}).items():
@@ -261,10 +276,10 @@ def write_study(results_dir: Path, readme: Path | None = None, goal: Goal = Goal
         f"{_host(machine)}, {machine['date']}"
         f"{others}; evaluation took {seconds / 60:.0f} min. Commands: `{where}/commands.sh`.",
         "**Training** (final epoch, all val images at the training size):\n\n" + _training(results_dir, runs),
-        f"**Positions as trained** (`extrapolate`; APE resampled bicubically). {note}\n\n"
+        f"**Positions as trained** (`extrapolate`{own}; APE resampled bicubically). {note}\n\n"
         + markdown_table(as_trained),
         *(["**Every resolution policy** (RoPE models):\n\n" + markdown_table(policies)] if policies else []),
-        "**From the training size to the largest size:**\n\n" + _changes(merged),
+        "**From the training size to the largest size:**\n\n" + _changes(merged, trained_policies(runs)),
     ]
     verdict = any(run.get("baseline") for run in runs)
     if verdict:
@@ -274,7 +289,7 @@ def write_study(results_dir: Path, readme: Path | None = None, goal: Goal = Goal
     for folder in sorted(results_dir.glob("eval_crop*")):  # one crop fraction can favour one arm
         crop_protocol, crop = merged_results(folder, runs)
         parts.append(f"**At crop {folder.name.removeprefix('eval_crop')}**, positions as trained ({crop_protocol}):"
-                     "\n\n" + markdown_table(as_trained_rows(crop))
+                     "\n\n" + markdown_table(as_trained_rows(crop, trained_policies(runs)))
                      + ("\n\nThe goal at this crop:\n\n" + _verdict(crop, runs, goal) if verdict else ""))
     def with_plots(folder: str) -> str:  # the plots, linked from a page in another folder
         return "\n\n".join([*parts, f"![as trained]({folder}summary_as_trained.png)"

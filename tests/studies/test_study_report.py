@@ -189,3 +189,29 @@ def test_v3_goal_holds_at_1_43x_to_1_71x_and_a_second_crop_gets_its_own_verdict(
     assert verdict.split("| AXIAL |", 1)[1].split("\n", 1)[0].endswith("| no |")  # -3 at 1.43x: does not hold
     assert "crop 0.875" in crop_part.split("\n", 1)[0]
     assert f"{mixed} -1.0 (below) | no |" in crop_part
+
+
+def test_an_arm_trained_on_normalised_coordinates_is_read_under_its_own_policy(tmp_path):
+    """DINOv3's RoPE is trained with ``normalized`` positions (runs.json ``as_trained``): that policy, not
+    ``extrapolate``, is its positions as trained in every table and in the verdict."""
+    runs = [{"name": f"{arm}_s{seed}", "model": arm, "seed": seed, "output": f"out/{arm}_s{seed}",
+             "label": label, "baseline": baseline, **extra}
+            for arm, label, baseline, extra in (("ape", "APE", None, {}),
+                                                ("dinov3", "DINOv3 RoPE", "ape", {"as_trained": "normalized"}))
+            for seed in (0, 1)]
+    rows = []
+    for run in runs:
+        label, bump = f"m ({run['output']}/last.pth)", run["seed"] * 0.5
+        if run["model"] == "ape":
+            rows += [result(label, None, 64, 50.0 + bump), result(label, None, 128, 45.0 + bump)]
+        else:
+            for policy, high in (("normalized", 60.0), ("extrapolate", 20.0)):
+                rows += [result(label, policy, 64, 60.0 + bump), result(label, policy, 128, high + bump)]
+    root = write_runs(tmp_path / "results", runs, {"ape": rows[:4], "dinov3": rows[4:]})
+    section = study.write_study(root, goal=study.Goal(hold=(2.0,), beat=(2.0,)))
+    as_trained = section.split("**Positions as trained**")[1].split("**Every resolution policy**")[0]
+    assert "| DINOv3 RoPE | normalized | **60.25 ± 0.2** | 60.25 ± 0.2 |" in as_trained
+    assert "| DINOv3 RoPE | extrapolate |" not in as_trained
+    assert "| DINOv3 RoPE | 60.25 | 60.25 (+0.0) | 60.25 (+0.0, normalized) |" in section
+    verdict = section.split("**Does RoPE hold its accuracy?**")[1]
+    assert "| DINOv3 RoPE | 60.25 ± 0.2 | 60.25 ± 0.2 (+0.0) | +15.0 (apart) | yes |" in verdict
