@@ -143,6 +143,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--runs", help="training outputs, checkpoints (default: the study's folder under output/)")
     parser.add_argument("--readme", help="the page whose study section is rewritten (default: docs/studies.md)")
     parser.add_argument("--report", action="store_true", help="only rebuild the report from the study's results")
+    parser.add_argument("--skip-kept", action="store_true",
+                        help="do not evaluate the checkpoints a run kept part-way (keep_every), when time is short: "
+                        "the schedule table then lacks the run")
     parser.add_argument("--data-dir", help="dataset root with train/ and val/ (default: the configs', i.e. "
                         "../shared/data/imagenette when it exists)")
     parser.add_argument("--gpus", type=int, default=torch.cuda.device_count(),
@@ -220,7 +223,7 @@ def main(argv: list[str] | None = None) -> int:
                                  str(folder / arm / name)], folder, ("last.pth",)))
         keep = load_yaml(out / "config.yaml").get("keep_every") or 0  # the run's own (runs before keep_every: none)
         kept = [out / f"epoch_{epoch}.pth" for epoch in (range(keep, epochs, keep) if keep else ())]  # part-way
-        if kept:
+        if kept and not args.skip_kept:
             evaluations.append((["python", "-m", "vit_rope.evaluate", "--checkpoint", *map(str, kept), "--img-sizes",
                                  *sizes, *own, *tail, "--output", str(results / COURSE / arm / name)], results / COURSE,
                                 tuple(path.name for path in kept)))

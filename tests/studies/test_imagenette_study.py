@@ -41,11 +41,13 @@ def script(monkeypatch):
             checkpoints = command[command.index("--checkpoint") + 1:command.index("--img-sizes")]
             after = command[command.index("--img-sizes") + 1:]
             sizes = [int(size) for size in after[:next(i for i, arg in enumerate(after) if arg.startswith("--"))]]
-            rows = [{"model": f"m ({path})", "policy": None if "ape" in path else "extrapolate", "img_size": size,
+            given = after[after.index("--policy") + 1:] if "--policy" in after else ["extrapolate"]
+            policies = given[:next((i for i, arg in enumerate(given) if arg.startswith("--")), len(given))]
+            rows = [{"model": f"m ({path})", "policy": None if "ape" in path else policy, "img_size": size,
                      "train_size": sizes[1], "top1": (50.0 - 5 * i if "ape" in path else 50.0) + seed / 10,
                      "top5": 90.0}
                     for path in checkpoints for seed in [int(path.rsplit("_s", 1)[1].split("/")[0])]
-                    for i, size in enumerate(sizes)]
+                    for policy in (policies[:1] if "ape" in path else policies) for i, size in enumerate(sizes)]
             Path(value["--output"]).mkdir(parents=True, exist_ok=True)
             (Path(value["--output"]) / "results.json").write_text(json.dumps({"protocol": "p", "results": rows}))
         return 60.0
@@ -118,6 +120,19 @@ def test_v3_runs_its_controls_seed_by_seed_before_the_remedy_and_evaluates_each_
     assert invoke(script, tmp_path, "--study", "v3") == []  # the kept checkpoints' evaluations are not repeated
     commands = (results / "commands.sh").read_text()  # and their command stays, named from the run's config
     assert f"--checkpoint {tmp_path / 'runs' / 'axial_s1' / 'epoch_10.pth'} " in commands
+
+
+def test_v4_reads_dinov3_under_its_own_policies_and_skip_kept_leaves_the_kept_checkpoints(script, tmp_path):
+    invoke(script, tmp_path, "--study", "v4", "--arms", "dinov3", "ape_sizes", "--seeds", "0", "--skip-kept")
+    evaluations = [call for call in script.calls if call[1] != "train.py"]
+    assert len(evaluations) == 4  # final checkpoint at crop 1.0 and 0.875 for each arm, no kept epoch
+    assert all(not any("epoch_" in arg for arg in call) for call in evaluations)
+    dinov3 = [call for call in evaluations if "dinov3_s0" in call[-1]]
+    every, crop = (call[call.index("--policy") + 1:call.index("--limit")] for call in dinov3)
+    assert every == ["normalized", "extrapolate"]  # the policies DINOv3's RoPE takes, not interpolate / ntk / yarn
+    assert crop[:2] == ["normalized", "--crop-pct"]  # positions as trained: normalised coordinates
+    runs = json.loads((tmp_path / "results" / "runs.json").read_text())
+    assert [run.get("as_trained") for run in runs] == ["normalized", None]
 
 
 def test_report_before_any_run_or_without_a_docs_section_is_an_error_line(script, tmp_path, capsys):
