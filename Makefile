@@ -57,12 +57,13 @@ study-vit-s: install
 # Triton kernel's block-size x warps sweep (any setting faster than the default launch is worth a patch).
 BENCH_OUT ?= results/performance
 bench-cuda: install
-	$(PYTHON) -m pytest -q tests/test_fused.py
+	$(PYTHON) -m pytest -q tests/layers/test_fused.py
 	$(PYTHON) benchmarks/throughput.py --device cuda --amp --compile both --img-sizes 224 384 --batch-size 128 \
 		--rounds 15 --steps 10 --json $(BENCH_OUT)/throughput_cuda_bf16_vit_s.json
 	for kind in axial mixed; do $(PYTHON) benchmarks/rope_kernel.py --device cuda --dtype bfloat16 --kind $$kind \
 		--batch-size 128 --json $(BENCH_OUT)/rope_kernel_cuda_bf16_$$kind.json || exit 1; done
 	$(PYTHON) benchmarks/tune_rope_kernel.py --device cuda --json $(BENCH_OUT)/tune_rope_kernel_cuda.json
+	$(PYTHON) benchmarks/naflex.py --device cuda --json $(BENCH_OUT)/naflex_cuda_vit_s.json
 
 lint:
 	$(PYTHON) -m ruff check .

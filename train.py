@@ -24,6 +24,7 @@ import torch
 import torch.distributed as dist
 from timm.data import Mixup, resolve_data_config
 from timm.loss import BinaryCrossEntropy, LabelSmoothingCrossEntropy, SoftTargetCrossEntropy
+from timm.models.naflexvit import NaFlexVit
 from timm.models.vision_transformer import VisionTransformer, checkpoint_filter_fn
 from timm.optim import create_optimizer_v2
 from timm.scheduler import create_scheduler_v2
@@ -34,6 +35,7 @@ from vit_rope.checks import check_model_name, check_multiple, patch_size
 from vit_rope.data import folders
 from vit_rope.errors import UserError
 from vit_rope.models.factory import create_model
+from vit_rope.models.vit import RoPEVisionTransformer
 from vit_rope.train import engine, loaders
 from vit_rope.train import state as train_state
 from vit_rope.train.checks import check_ranks_agree, scheduler_args
@@ -59,13 +61,24 @@ def new_classifier(state: dict[str, torch.Tensor], net: torch.nn.Module, theirs:
     return {**{key: value for key, value in state.items() if key not in stale}, **fresh}
 
 
+def naflex_patch(net: torch.nn.Module, name: str) -> int:
+    """The patch size of a model that takes timm's NaFlex batches (ours; timm's NaFlexViT), else a ``UserError``."""
+    if isinstance(net, RoPEVisionTransformer | NaFlexVit):
+        patch = (net.patch_embed if isinstance(net, RoPEVisionTransformer) else net.embeds).patch_size
+        if len(set(patch)) == 1:
+            return patch[0]
+    raise UserError(f"naflex=true needs a model that takes NaFlex batches with square patches, and '{name}' "
+                    f"({type(net).__name__}) does not; pick a vit_rope_* model or timm's naflexvit_*, or set "
+                    "naflex=false")
+
+
 def train(cfg: Config) -> None:
     """Run (or resume) the training described by ``cfg``."""
     # ---- device, seeds ----------------------------------------------------------------------------------------
     env = engine.init_distributed(cfg.device)
     random_seed(cfg.seed, env.rank)
     pipeline, _ = loaders.choose_pipeline(cfg)  # the batched tensor pipeline needs no loader workers
-    threads = engine.set_cpu_threads(cfg.threads, cfg.workers if pipeline == "timm" else 0)
+    threads = engine.set_cpu_threads(cfg.threads, 0 if pipeline == "tensor" else cfg.workers)
     if env.device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = cfg.tf32
     say = print if env.is_main else lambda *args, **kwargs: None
@@ -88,7 +101,7 @@ def train(cfg: Config) -> None:
     # every rank draws each step's size and images itself, from these: they must agree (a collective under DDP)
     check_ranks_agree({key: getattr(cfg, key) for key in ("train_sizes", "img_size", "batch_size", "token_budget",
                                                           "seed", "mixup", "cutmix", "repeated_aug", "epochs",
-                                                          "checkpoint_interval")}
+                                                          "checkpoint_interval", "naflex", "naflex_seq_lens")}
                       | {"the number of train images": len(train_samples)}, env.world_size)
 
     # ---- model: built, checked and given its weights before any image is decoded --------------------------------
@@ -114,9 +127,11 @@ def train(cfg: Config) -> None:
     net.to(env.device, memory_format=torch.channels_last if channels_last else torch.preserve_format)
     data_config = resolve_data_config({"input_size": (3, cfg.img_size, cfg.img_size), "crop_pct": cfg.crop_pct,
                                        "interpolation": cfg.interpolation}, model=net)
+    patch = naflex_patch(net, cfg.model) if cfg.naflex else 16
     with engine.main_process_first(env):  # rank 0 writes the decoded cache, the other ranks read it
         train_loader, val_loader = loaders.build_loaders(cfg, train_samples, val_samples, data_config, env.rank,
-                                                      env.world_size, env.device)
+                                                      env.world_size, env.device, patch=patch,
+                                                      num_classes=len(classes))
     say(f"{cfg.model}: {sum(p.numel() for p in net.parameters()) / 1e6:.2f}M params on {env.world_size} x "
         f"{env.device.type} ({threads} CPU threads each); {len(train_samples)} train / {len(val_samples)} val "
         f"images, {len(classes)} classes, {len(train_loader)} steps per epoch")
@@ -126,13 +141,13 @@ def train(cfg: Config) -> None:
     scheduler, _ = create_scheduler_v2(optimizer, **scheduler_args(cfg), updates_per_epoch=len(train_loader))
     scaler = torch.amp.GradScaler(env.device.type, enabled=cfg.amp and cfg.amp_dtype == "float16"
                                   and env.device.type == "cuda")  # bf16 needs no loss scaling
-    mixup = None
-    if cfg.mixup > 0 or cfg.cutmix > 0:
+    mixing, mixup = cfg.mixup > 0 or cfg.cutmix > 0, None
+    if mixing and not cfg.naflex:  # NaFlex mixes in its loader (timm's NaFlexMixup): the targets come soft
         mixup = Mixup(mixup_alpha=cfg.mixup, cutmix_alpha=cfg.cutmix, prob=cfg.mixup_prob,
                       switch_prob=cfg.mixup_switch_prob, label_smoothing=cfg.smoothing, num_classes=len(classes))
     if cfg.loss == "bce":
         loss_fn = BinaryCrossEntropy(smoothing=cfg.smoothing)  # DeiT-III; Mixup's soft targets pass through as is
-    elif mixup is not None:
+    elif mixing:
         loss_fn = SoftTargetCrossEntropy()  # Mixup already applied the label smoothing
     else:
         loss_fn = LabelSmoothingCrossEntropy(cfg.smoothing) if cfg.smoothing else torch.nn.CrossEntropyLoss()
@@ -166,7 +181,7 @@ def train(cfg: Config) -> None:
     output = Path(cfg.output)
     columns = ["epoch", "train_loss", "val_loss", "top1", "top5", "lr", "images_per_s", "seconds"]
     columns += ["ema_top1", "ema_top5"] if ema is not None else []
-    columns += ["tokens_per_s", "sizes"]  # appended last, so readers of the older columns still work
+    columns += ["tokens_per_s", "sizes"] + ["padding"] * cfg.naflex  # last, so readers of older columns still work
     if env.is_main:
         output.mkdir(parents=True, exist_ok=True)
         save_config(cfg, output / "config.yaml")

@@ -3,13 +3,16 @@
 import json
 import math
 
+import numpy as np
 import pytest
 import timm
 import torch
+from PIL import Image
 from test_evaluate import ROPE, write_checkpoint
+from test_naflex import pack
 
 import vit_rope  # noqa: F401  (registers the models)
-from vit_rope.eval.diagnose import attention_entropy, frequency_coverage, main
+from vit_rope.eval.diagnose import attention_entropy, budget_coverage, frequency_coverage, main
 
 
 def test_frequency_coverage_counts_channels_with_unseen_phases():
@@ -123,3 +126,54 @@ def test_images_come_from_the_val_split_of_the_checkpoint_or_the_option(image_ro
     assert json.loads((tmp_path / "out" / "diagnostics.json").read_text())["sizes"]["32"]["entropy"] == from_split
     assert main(["--checkpoint", str(checkpoint), *argv]) == 2
     assert "test does not exist" in capsys.readouterr().err
+
+
+def test_attention_entropy_of_a_naflex_batch_is_over_its_real_tokens():
+    """An image packed with padding into a longer sequence has the entropy of the image alone: padding is hidden
+    from the keys and its queries are not counted."""
+    model = timm.create_model("vit_rope_tiny_patch16_mixed_224", depth=2, img_size=32)
+    torch.manual_seed(0)
+    image = torch.randn(3, 32, 64)
+    packed = pack([image], length=20)  # 8 real tokens, 12 of padding
+    torch.testing.assert_close(attention_entropy(model, packed), attention_entropy(model, image[None]))
+
+
+def test_budget_coverage_counts_a_channel_unseen_on_any_grid():
+    model = timm.create_model("vit_rope_tiny_patch16_axial_224", depth=1, img_size=64)  # 4x4 training grid
+    wide, tall = budget_coverage(model, [(2, 12)])[0], budget_coverage(model, [(12, 2)])[0]
+    assert wide["unseen"] == frequency_coverage(model, (2, 12))[0]["unseen"] > 0
+    both = budget_coverage(model, [(2, 12), (12, 2)])[0]
+    assert max(wide["unseen"], tall["unseen"]) < both["unseen"] <= wide["unseen"] + tall["unseen"]  # x and y pairs
+
+
+def test_seq_lens_measure_at_token_budgets_over_the_images_own_grids(image_root, tmp_path, capsys):
+    """Square 40x40 images at 4 tokens are the 32 px images: the same entropy; a 2:1 image at 12 tokens has a grid of
+    its own, reported with the budget."""
+    weights = tmp_path / "w.pth"
+    torch.save(timm.create_model(ROPE, depth=2, num_classes=3).state_dict(), weights)
+    argv = ["--model", ROPE, "--pretrained-file", str(weights), "--model-kwargs", "depth=2", "num_classes=3",
+            "img_size=32", "--data-dir", str(image_root), "--num-images", "13", "--output", str(tmp_path / "out")]
+    assert main([*argv, "--sizes", "32", "--seq-lens", "4"]) == 0
+    report = json.loads((tmp_path / "out" / "diagnostics.json").read_text())
+    square, budget = report["sizes"]["32"], report["seq_lens"]["4"]
+    assert budget["grids"] == [[2, 2]] and budget["unseen"] == square["unseen"]
+    assert budget["entropy"] == pytest.approx(square["entropy"], rel=1e-5)
+    labels = [line.split()[:2] for line in capsys.readouterr().out.splitlines()]
+    assert ["32", "px"] in labels and ["4", "tokens"] in labels  # the console table's rows
+    Image.fromarray(np.full((40, 80, 3), 128, dtype=np.uint8)).save(image_root / "val" / "class_0" / "wide.png")
+    assert main([*argv, "--seq-lens", "12"]) == 0  # budgets alone: no default sizes
+    report = json.loads((tmp_path / "out" / "diagnostics.json").read_text())
+    assert report["sizes"] == {} and report["seq_lens"]["12"]["grids"] == [[2, 4], [3, 3]]
+
+
+@pytest.mark.parametrize("budget, message", [
+    ("0", "error: --seq-lens 0 is below one patch"),
+    ("12", "error: --seq-lens resizes images keeping their aspect ratio, and the noise fed without --data-dir has "
+           "none: pass --data-dir DIR"),
+])
+def test_bad_budgets_or_budgets_of_noise_are_refused(budget, message, tmp_path, capsys):
+    argv = ["--model", ROPE, "--random-init", "--model-kwargs", "depth=1", "--seq-lens", budget, "--output",
+            str(tmp_path / "out")]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(message) and err.count("\n") == 1 and not (tmp_path / "out").exists()

@@ -25,6 +25,7 @@ from vit_rope.train.cli import build_config
 from vit_rope.train.state import save_checkpoint
 
 MULTIRES = ("decoded_cache=true", "train_sizes=[32, 48]")  # variable resolution needs the batched tensor pipeline
+NAFLEX = ("naflex=true", "naflex_seq_lens=[9, 16]")  # native aspect ratios: 3 or 4 patches a side, 8 images a step
 
 
 def metrics(output: Path) -> list[dict[str, str]]:
@@ -92,7 +93,8 @@ def test_checkpoint_loads_weights_only_and_rebuilds_the_model_alone(image_root: 
     ("workers=0",),  # augmentation in this process
     ("workers=1",),  # augmentation in a loader worker process
     ("decoded_cache=true", "auto_augment=null", "reprob=0", "train_sizes=[32, 48, 64]"),  # a size per step, batched
-], ids=["workers0", "workers1", "train_sizes"])
+    ("workers=1", *NAFLEX),  # timm's NaFlex loader: transforms and Mixup in a worker, patch erasing on the device
+], ids=["workers0", "workers1", "train_sizes", "naflex"])
 def test_resume_after_interruption_matches_an_uninterrupted_run(image_root: Path, tmp_path: Path, monkeypatch,
                                                                  extra: tuple[str, ...]) -> None:
     # every source of randomness on: data order, RandAugment, random erasing, Mixup/CutMix, drop-path, EMA
@@ -148,7 +150,8 @@ def assert_same_weights(a: Path, b: Path) -> None:
 @pytest.mark.parametrize("extra", [
     ("workers=1", "train_sizes=[32, 48, 64]"),  # timm's per-image transforms in a worker, a size per step
     ("decoded_cache=true", "auto_augment=null", "reprob=0", "train_sizes=[32, 48, 64]"),  # the tensor pipeline
-], ids=["per_image", "tensor"])
+    NAFLEX,  # timm's NaFlex loader, in this process
+], ids=["per_image", "tensor", "naflex"])
 def test_a_run_killed_mid_epoch_resumes_to_the_weights_of_an_uninterrupted_run(image_root: Path, tmp_path: Path,
                                                                                monkeypatch, capsys,
                                                                                extra: tuple[str, ...]) -> None:
@@ -398,7 +401,8 @@ def test_command_line_exit_code_and_single_error_line(tmp_path: Path) -> None:
     ((), "timm"),
     (MULTIRES, "tensor"),
     (("workers=1", "auto_augment=3a", "reprob=0.25", "train_sizes=[32, 48]"), "timm"),  # per image, in workers
-], ids=["fixed_size", "train_sizes", "per_image_train_sizes"])
+    (("workers=1", "mixup=0.8", "cutmix=1.0", "reprob=0.25", *NAFLEX), "naflex"),
+], ids=["fixed_size", "train_sizes", "per_image_train_sizes", "naflex"])
 def test_torchrun_ddp_on_cpu_writes_one_set_of_files(image_root: Path, tmp_path: Path, extra: tuple[str, ...],
                                                      pipeline: str) -> None:
     out = tmp_path / "ddp"
@@ -413,7 +417,7 @@ def test_torchrun_ddp_on_cpu_writes_one_set_of_files(image_root: Path, tmp_path:
     assert "2 x cpu" in result.stdout and f"data pipeline: {pipeline} (" in result.stdout
     assert len(torch.load(out / "last.pth", weights_only=True)["rng"]) == 2  # one RNG state per rank
     assert yaml.safe_load((out / "config.yaml").read_text())["epochs"] == 1
-    if extra:  # 12 images per rank in batches of 6 at 32 px: 2 steps, each at the size both ranks draw
+    if "train_sizes=[32, 48]" in extra:  # 12 images per rank in batches of 6 at 32 px: 2 steps, at the size drawn
         drawn = [SizeSchedule((32, 48), 32, 6)(0, step)[0] for step in range(2)]
         assert metrics(out)[0]["sizes"] == " ".join(f"{size}:{drawn.count(size)}" for size in sorted(set(drawn)))
 

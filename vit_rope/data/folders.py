@@ -104,7 +104,7 @@ def find_images(split_dir: Path, classes: list[str] | None = None, split_key: st
     return samples, classes
 
 
-class _Images(Dataset):
+class Images(Dataset):
     """The images of a split, from their files or from the decoded cache."""
 
     def __init__(self, samples: list[Sample], cache: DecodedImages | None = None) -> None:
@@ -127,7 +127,7 @@ class _Images(Dataset):
         raise RuntimeError("no image of the dataset could be read")
 
 
-class ImageFolderDataset(_Images):
+class ImageFolderDataset(Images):
     """``(image tensor, class index, number of unreadable files skipped)`` for each sample of a split."""
 
     def __init__(self, samples: list[Sample], transform: Callable[[Image.Image], torch.Tensor],
@@ -140,7 +140,7 @@ class ImageFolderDataset(_Images):
         return self.transform(image), target, skipped
 
 
-class SizedImages(_Images):
+class SizedImages(Images):
     """Training samples for ``StepSampler``'s items ``(index, size, seed)``: the image through timm's transform for
     ``size``, its random numbers seeded by ``seed``.
 

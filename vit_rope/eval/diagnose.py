@@ -5,10 +5,15 @@ Peng et al. 2023): a channel pair that completes less than one turn across the t
 that a larger grid produces. Mixed RoPE learns its directions, which the plot shows per layer and head. Attention
 entropy tells whether attention spreads out (dilutes) as the token count grows.
 
-``python -m vit_rope.diagnose --checkpoint PATH [--sizes 224 320 512] [--policy NAME] [--data-dir DIR
-[--val-split NAME]] [--output DIR]``; ``--model NAME`` takes ``--pretrained-file PATH``, or ``--random-init`` to look
-at the initialisation. ``--policy`` diagnoses the model under another resolution policy than its own, e.g. to see
-whether ``interpolate`` changes the attention entropy at the same token count or only the phases.
+``python -m vit_rope.diagnose --checkpoint PATH [--sizes 224 320 512] [--seq-lens 196 400] [--policy NAME]
+[--data-dir DIR [--val-split NAME]] [--output DIR]``; ``--model NAME`` takes ``--pretrained-file PATH``, or
+``--random-init`` to look at the initialisation. ``--policy`` diagnoses the model under another resolution policy than
+its own, e.g. to see whether ``interpolate`` changes the attention entropy at the same token count or only the phases.
+
+``--seq-lens`` measures the same at token budgets, each image of ``--data-dir`` at its own aspect ratio
+(``vit_rope.eval.naflex``). A budget has no single grid, each image's aspect ratio sets its own, so its unseen-phase
+count is over the images' grids (a channel counts when it meets unseen phases on any of them), and it needs images:
+noise has no aspect ratio to keep.
 """
 
 from __future__ import annotations
@@ -26,8 +31,10 @@ from torch import Tensor, nn
 from vit_rope.checks import check_model_name, check_multiple, check_output_dir, patch_size
 from vit_rope.data.folders import ImageFolderDataset, Sample, find_images
 from vit_rope.errors import UserError
+from vit_rope.eval import naflex
 from vit_rope.eval.harness import eval_transform, parse_kwarg, subset
 from vit_rope.eval.loading import EvalModel, load_pretrained, load_trained
+from vit_rope.layers.naflex import naflex_grid
 from vit_rope.layers.policies import POLICIES
 from vit_rope.layers.rope import RoPE2D
 from vit_rope.models import registry  # noqa: F401  (registers the models)
@@ -48,14 +55,30 @@ def frequency_coverage(model: RoPEVisionTransformer, target_grid: tuple[int, int
     """
     rows = []
     for layer, rope in enumerate(model.rope_modules()):
-        freqs, _ = rope.frequencies(target_grid)
-        train = _turns(rope, rope.freqs.detach(), rope.train_grid)  # [H, D/2]
-        step = train / max(max(rope.train_grid) - 1, 1)  # turns over one training step (the longer axis)
-        target = _turns(rope, freqs.detach(), target_grid)
-        unseen = int(((train < 1) & (target > train + step + 1e-6)).sum())
-        rows.append(dict(layer=layer, train_turns=train.tolist(), target_turns=target.tolist(), unseen=unseen,
-                         pairs=train.numel()))  # fmt: skip
+        train, target, unseen = _coverage(rope, target_grid)
+        rows.append(dict(layer=layer, train_turns=train.tolist(), target_turns=target.tolist(),
+                         unseen=int(unseen.sum()), pairs=train.numel()))  # fmt: skip
     return rows
+
+
+def budget_coverage(model: RoPEVisionTransformer, grids: list[tuple[int, int]]) -> list[dict[str, Any]]:
+    """Per layer: the channel pairs that meet unseen phases on at least one of ``grids``, the (h, w) grids of the
+    images at a token budget (a budget has no single grid: each image's aspect ratio sets its own)."""
+    rows = []
+    for layer, rope in enumerate(model.rope_modules()):
+        unseen = torch.stack([_coverage(rope, grid)[2] for grid in grids]).any(0)  # [H, D/2]
+        rows.append(dict(layer=layer, unseen=int(unseen.sum()), pairs=unseen.numel()))
+    return rows
+
+
+def _coverage(rope: RoPE2D, grid: tuple[int, int]) -> tuple[Tensor, Tensor, Tensor]:
+    """Turns ``[H, D/2]`` of each pair across the training grid and across ``grid`` under the policy, and whether
+    the pair meets unseen phases there (``frequency_coverage``)."""
+    freqs, _ = rope.frequencies(grid)
+    train = _turns(rope, rope.freqs.detach(), rope.train_grid)  # [H, D/2]
+    step = train / max(max(rope.train_grid) - 1, 1)  # turns over one training step (the longer axis)
+    target = _turns(rope, freqs.detach(), grid)
+    return train, target, (train < 1) & (target > train + step + 1e-6)
 
 
 def _turns(rope: RoPE2D, freqs: Tensor, grid: tuple[int, int]) -> Tensor:
@@ -65,14 +88,19 @@ def _turns(rope: RoPE2D, freqs: Tensor, grid: tuple[int, int]) -> Tensor:
 
 
 @torch.no_grad()
-def attention_entropy(model: RoPEVisionTransformer, images: Tensor) -> list[float]:
-    """Mean entropy (nats) of the attention distributions of each block, over images, heads and queries."""
+def attention_entropy(model: RoPEVisionTransformer, images: Tensor | dict[str, Tensor]) -> list[float]:
+    """Mean entropy (nats) of the attention distributions of each block, over images, heads and queries; for a
+    NaFlex batch over its real tokens, padding hidden from the keys as the model hides it."""
     entropies: list[float] = []
 
     def hook(attn: nn.Module, args: tuple, kwargs: dict) -> None:
         q, k, _ = attn.project(args[0], kwargs.get("rope"))
-        p = torch.softmax((q * attn.scale) @ k.transpose(-2, -1), dim=-1)  # [B, nh, N, N]
-        entropies.append(float(-(p * p.clamp_min(1e-12).log()).sum(-1).mean()))
+        scores = (q * attn.scale) @ k.transpose(-2, -1)  # [B, nh, N, N]
+        real = kwargs.get("attn_mask")  # a NaFlex batch's [B, 1, 1, N], False for padding; None for images
+        p = torch.softmax(scores if real is None else scores.masked_fill(~real, float("-inf")), dim=-1)
+        entropy = -(p * p.clamp_min(1e-12).log()).sum(-1)  # [B, nh, N]
+        queries = torch.ones_like(entropy[:, :1]) if real is None else real[:, :, 0].to(entropy.dtype)  # [B, 1, N]
+        entropies.append(float((entropy * queries).sum() / (queries.sum() * entropy.shape[1])))
 
     handles = [blk.attn.register_forward_pre_hook(hook, with_kwargs=True) for blk in model.blocks]
     try:
@@ -120,7 +148,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--random-init", action="store_true",
                         help="diagnose --model without weights, at its random initialisation (labelled so)")
     parser.add_argument("--model-kwargs", nargs="*", type=parse_kwarg, default=[], metavar="KEY=VALUE")
-    parser.add_argument("--sizes", nargs="+", type=int, default=[224, 320, 384, 512], help="image sizes to inspect")
+    parser.add_argument("--sizes", nargs="+", type=int, help="square image sizes to inspect (default 224 320 384 "
+                        "512, none with --seq-lens)")
+    parser.add_argument("--seq-lens", nargs="+", type=naflex.seq_len_arg, default=[], metavar="L",
+                        help="token budgets to inspect: the --data-dir images (needed: noise has no aspect ratio) "
+                        "resized keeping their aspect ratio to at most L patches; unseen-phase channels count over "
+                        "their grids, as a budget has no single one")
     parser.add_argument("--data-dir", help="ImageFolder root whose val split feeds the entropy (else noise)")
     parser.add_argument("--val-split", metavar="NAME", help="folder of --data-dir to take images from (default: the "
                         "checkpoint's val_split, else val)")
@@ -129,6 +162,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--num-images", type=int, default=8)
     parser.add_argument("--output", default="output/diagnose")
     args = parser.parse_args(argv)
+    args.sizes = args.sizes or ([] if args.seq_lens else [224, 320, 384, 512])
     try:
         entry, samples = _load(args)
     except UserError as err:
@@ -139,21 +173,31 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
 
     report: dict[str, Any] = {"model": entry.label, "kind": model.rope_kind, "policy": model.rope_policy.name,
-                              "sizes": {}}
+                              "sizes": {}, "seq_lens": {}}
     train_grid = model.rope_modules()[0].train_grid
     print(f"{entry.label}: RoPE {model.rope_kind}, policy {model.rope_policy.name}, training grid {train_grid}")
-    print(f"{'size':>6s} {'unseen-phase channels':>22s} {'attention entropy per layer (nats)'}")
+    print(f"{'size':>10s} {'unseen-phase channels':>22s} {'attention entropy per layer (nats)'}")
     for size in args.sizes:
-        coverage = frequency_coverage(model, (size // patch, size // patch))
-        entropy = attention_entropy(model, _images(samples, size, args.num_images))
-        unseen, pairs = sum(r["unseen"] for r in coverage), sum(r["pairs"] for r in coverage)
-        report["sizes"][size] = dict(coverage=coverage, entropy=entropy, unseen=unseen, pairs=pairs)
-        print(f"{size:6d} {f'{unseen}/{pairs}':>22s} {' '.join(f'{e:.2f}' for e in entropy)}")
+        _record(report["sizes"], size, f"{size} px", frequency_coverage(model, (size // patch, size // patch)),
+                attention_entropy(model, _images(samples, size, args.num_images)))
+    for seq_len in args.seq_lens:
+        batch = _budget_batch(samples, seq_len, naflex.naflex_patch(model), args.num_images)
+        grids = sorted({(h, w) for h, w in naflex_grid(batch["patch_coord"], batch["patch_valid"]).tolist()})
+        _record(report["seq_lens"], seq_len, f"{seq_len} tokens", budget_coverage(model, grids),
+                attention_entropy(model, batch), grids=grids)
     (out / "diagnostics.json").write_text(json.dumps(report, indent=1))
     print(f"wrote {out / 'diagnostics.json'}")
     if plot_mixed_directions(model, out / "rope_directions.png"):
         print(f"wrote {out / 'rope_directions.png'}")
     return 0
+
+
+def _record(table: dict[int, Any], key: int, label: str, coverage: list[dict[str, Any]], entropy: list[float],
+            **extra: Any) -> None:
+    """One size's or budget's measures into the report's ``table`` and as a line of the console table."""
+    unseen, pairs = sum(r["unseen"] for r in coverage), sum(r["pairs"] for r in coverage)
+    table[key] = dict(coverage=coverage, entropy=entropy, unseen=unseen, pairs=pairs, **extra)
+    print(f"{label:>10s} {f'{unseen}/{pairs}':>22s} {' '.join(f'{e:.2f}' for e in entropy)}")
 
 
 def _load(args: argparse.Namespace) -> tuple[EvalModel, list[Sample] | None]:
@@ -163,6 +207,10 @@ def _load(args: argparse.Namespace) -> tuple[EvalModel, list[Sample] | None]:
     if bad or args.num_images <= 0:
         what = f"--sizes entry {bad[0]}" if bad else f"--num-images {args.num_images}"
         raise UserError(f"{what} must be > 0 (e.g. --sizes 224 320 512 --num-images 8)")
+    naflex.check_seq_lens(args.seq_lens)
+    if args.seq_lens and args.data_dir is None:
+        raise UserError("--seq-lens resizes images keeping their aspect ratio, and the noise fed without --data-dir "
+                        "has none: pass --data-dir DIR (an ImageFolder root), or inspect square --sizes")
     check_output_dir(args.output, "--output")
     if args.data_dir is not None and not Path(args.data_dir).is_dir():
         raise UserError(f"--data-dir {args.data_dir} does not exist; pass an ImageFolder root (its val split holds "
@@ -192,9 +240,21 @@ def _load(args: argparse.Namespace) -> tuple[EvalModel, list[Sample] | None]:
     return entry, find_images(Path(args.data_dir) / split, split_key="--val-split")[0]
 
 
+def _items(samples: list[Sample], count: int, transform: Any) -> list[tuple[Any, int, int]]:
+    """``count`` dataset items evenly spread over the classes, through an evaluation ``transform``."""
+    dataset = ImageFolderDataset([samples[i] for i in subset(len(samples), count)], transform)
+    return [dataset[i] for i in range(len(dataset))]
+
+
 def _images(samples: list[Sample] | None, size: int, count: int) -> Tensor:
-    """``count`` images evenly spread over the classes, under the evaluation protocol; noise without data."""
+    """``count`` images ``[count, 3, size, size]`` under the evaluation protocol; noise without data."""
     if samples is None:
         return torch.randn(count, 3, size, size, generator=torch.Generator().manual_seed(0))
-    dataset = ImageFolderDataset([samples[i] for i in subset(len(samples), count)], eval_transform(size, 1.0))
-    return torch.stack([dataset[i][0] for i in range(len(dataset))])
+    return torch.stack([item[0] for item in _items(samples, count, eval_transform(size, 1.0))])
+
+
+def _budget_batch(samples: list[Sample], seq_len: int, patch: tuple[int, int], count: int) -> dict[str, Tensor]:
+    """``count`` images at token budget ``seq_len``, each at its own aspect ratio, as one NaFlex batch padded to
+    ``seq_len`` (``vit_rope.eval.naflex``)."""
+    items = _items(samples, count, naflex.budget_transform(seq_len, patch))
+    return naflex.BudgetCollator(seq_len)(items)[0]

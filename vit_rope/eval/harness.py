@@ -4,6 +4,7 @@ RoPE policies.
     python -m vit_rope.evaluate --checkpoint output/run/best.pth --data-dir DIR --img-sizes 160 224 320 \
         --policy extrapolate interpolate ntk yarn
     python -m vit_rope.evaluate --model vit_small_patch16_224 --pretrained-file vit_s.safetensors --data-dir DIR ...
+    python -m vit_rope.evaluate --checkpoint output/run/best.pth --data-dir DIR --seq-lens 64 196 400 784
 
 A ``--model`` without weights (no ``--pretrained-file``, no ``--model-kwargs pretrained=true``) is refused unless
 ``--random-init`` asks for its random initialisation, which the reports then label ``random init``.
@@ -11,7 +12,8 @@ A ``--model`` without weights (no ``--pretrained-file``, no ``--model-kwargs pre
 Writes OUTPUT/results.json, results.md and accuracy_vs_resolution.png (``vit_rope.eval.report``). Exit codes: 0 done, 2
 bad input (sizes, policies, data folder, checkpoint), all checked before any evaluation starts. One protocol for every
 model, so that the numbers compare (crop_pct 1.0 by default, as RoPE-ViT); each size's images are decoded once and fed
-to every model and policy in turn.
+to every model and policy in turn. ``--seq-lens`` adds token budgets, each image at its own aspect ratio
+(``vit_rope.eval.naflex``), for models that take timm's NaFlex batches.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from tqdm import tqdm
 from vit_rope.checks import check_model_name, check_multiple, check_output_dir
 from vit_rope.data.folders import ImageFolderDataset, find_images, resolve_data_dir
 from vit_rope.errors import UserError
+from vit_rope.eval import naflex
 from vit_rope.eval.loading import EvalModel, check_loaded, load_pretrained, load_trained
 from vit_rope.eval.report import write_reports
 from vit_rope.layers.policies import POLICIES, check_policy
@@ -55,8 +58,9 @@ def label_map(model: EvalModel, val_classes: list[str], val_dir: Path) -> torch.
     return torch.arange(outputs)
 
 
-def check_options(policies: Sequence[str], crop_pct: float) -> None:
+def check_options(policies: Sequence[str], crop_pct: float, seq_lens: Sequence[int] = ()) -> None:
     """The checks that need no model and no data, run first so that a typo fails at once."""
+    naflex.check_seq_lens(seq_lens)
     unknown = sorted(set(policies) - set(POLICIES))
     if unknown:
         raise UserError(f"unknown RoPE policy {', '.join(unknown)}: choose from {', '.join(POLICIES)}")
@@ -77,9 +81,12 @@ def choose_split(given: str | None, models: Sequence[EvalModel]) -> str:
     return splits.pop() if splits else "val"
 
 
-def check_sizes(sizes: Sequence[int], models: Sequence[EvalModel], policies: Sequence[str] = ()) -> None:
-    """Reject sizes that do not tile into whole patches, naming the nearest sizes that do, and policies that a
-    model's RoPE cannot take (DINOv3's normalised coordinates take two)."""
+def check_sizes(sizes: Sequence[int], models: Sequence[EvalModel], policies: Sequence[str] = (),
+                seq_lens: Sequence[int] = ()) -> None:
+    """Reject sizes that do not tile into whole patches, naming the nearest sizes that do, policies that a model's
+    RoPE cannot take (DINOv3's normalised coordinates take two), and with token budgets models without NaFlex."""
+    if seq_lens:
+        naflex.check_naflex(models)
     for entry in models:
         check_multiple("size", sizes, entry.model, entry.label)
         kind = getattr(entry.model, "rope_kind", None)
@@ -124,9 +131,9 @@ def protocol(crop_pct: float) -> str:
 def evaluate_models(models: Sequence[EvalModel], data_dir: str | Path, img_sizes: Sequence[int],
                     policies: Sequence[str] = ("extrapolate",), crop_pct: float = 1.0, device: str = "auto",
                     limit: int | None = None, batch_size: int = 64, workers: int = 4,
-                    val_split: str = "val") -> list[dict[str, Any]]:
-    """Top-1, top-5 (%), loss and images/s of every model at every size on ``data_dir/val_split``, once per policy for
-    RoPE models.
+                    val_split: str = "val", seq_lens: Sequence[int] = ()) -> list[dict[str, Any]]:
+    """Top-1, top-5 (%), loss and images/s of every model at every size and token budget (``seq_lens``,
+    ``vit_rope.eval.naflex``) on ``data_dir/val_split``, once per policy for RoPE models.
 
     Models without ``set_rope_policy`` (timm's ViTs and RoPE ports, CNNs) run once, with policy None.
     ``images_per_s`` is the model's forward throughput (data loading excluded). Raises ``UserError`` for bad input
@@ -135,10 +142,13 @@ def evaluate_models(models: Sequence[EvalModel], data_dir: str | Path, img_sizes
     device = ("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else device
     if device == "cuda" and not torch.cuda.is_available():
         raise UserError("--device cuda was requested but PyTorch sees no CUDA GPU; pass --device cpu")
-    check_options(policies, crop_pct)
+    check_options(policies, crop_pct, seq_lens)
     val_dir = Path(data_dir) / val_split
     samples, val_classes = find_images(val_dir, split_key="--val-split")
-    check_sizes(img_sizes, models, policies)
+    check_sizes(img_sizes, models, policies, seq_lens)
+    settings = [naflex.Setting(f"{size} px", {"img_size": size, "seq_len": None, "crop_pct": crop_pct},
+                               eval_transform(size, crop_pct), None, list(range(len(models)))) for size in img_sizes]
+    settings += naflex.budget_settings(seq_lens, [naflex.naflex_patch(entry.model) for entry in models])
     for entry in models:
         check_loaded(entry.model, entry.label)
     maps = [label_map(entry, val_classes, val_dir).to(device) for entry in models]
@@ -151,19 +161,21 @@ def evaluate_models(models: Sequence[EvalModel], data_dir: str | Path, img_sizes
     amp = torch.autocast("cuda", dtype=torch.bfloat16, enabled=device == "cuda")
     sync = torch.cuda.synchronize if device == "cuda" else lambda: None  # CUDA runs asynchronously: time whole calls
     results = []
-    for size in img_sizes:
-        loader = DataLoader(Subset(ImageFolderDataset(samples, eval_transform(size, crop_pct)), indices), batch_size,
-                            num_workers=workers, pin_memory=device == "cuda")
+    for setting in settings:
+        loader = DataLoader(Subset(ImageFolderDataset(samples, setting.transform), indices), batch_size,
+                            num_workers=workers, pin_memory=device == "cuda", collate_fn=setting.collate)
+        fed = [row for row, (i, _) in enumerate(runs) if i in setting.models]
         totals = torch.zeros(len(runs), 4, dtype=torch.float64)  # loss sum, top-1 hits, top-5 hits, seconds
         skipped = counted = 0
-        batches = tqdm(loader, f"{size} px", leave=False, disable=not sys.stderr.isatty())
-        for step, (images, targets, bad) in enumerate(batches):
-            images, skipped = images.to(device, non_blocking=True), skipped + int((bad > 0).sum())  # slots refilled
+        batches = tqdm(loader, setting.name, leave=False, disable=not sys.stderr.isatty())
+        for step, (images, targets, bad) in enumerate(batches):  # images [B, C, H, W] or a NaFlex batch
+            images, skipped = naflex.to_device(images, device), skipped + int((bad > 0).sum())  # slots refilled
             keep = (bad == 0).to(device)  # [B]; an unreadable image's slot holds the next readable one: not twice
             counted += int(keep.sum())
-            for row, (i, policy) in enumerate(runs):
+            for row in fed:
+                i, policy = runs[row]
                 model, labels = models[i].model, maps[i][targets.to(device)]
-                inputs = (images - norms[i][0]) / norms[i][1]
+                inputs = naflex.normalise(images, *norms[i])
                 if policy is not None:
                     model.set_rope_policy(policy)
                 with amp:
@@ -183,15 +195,14 @@ def evaluate_models(models: Sequence[EvalModel], data_dir: str | Path, img_sizes
             raise UserError(f"none of the {len(indices)} val images evaluated could be read; replace the corrupt files "
                             "or raise --limit")
         if skipped:
-            print(f"warning: {skipped} unreadable image(s) left out at {size} px: top-1 and top-5 are over the "
+            print(f"warning: {skipped} unreadable image(s) left out at {setting.name}: top-1 and top-5 are over the "
                   f"{counted} of {len(indices)} that could be read")
-        for row, (i, policy) in enumerate(runs):
-            loss_sum, hits1, hits5, seconds = totals[row].tolist()
-            results.append({"model": models[i].label, "policy": policy, "img_size": size,
+        for row in fed:
+            (i, policy), (loss_sum, hits1, hits5, seconds) = runs[row], totals[row].tolist()
+            results.append({"model": models[i].label, "policy": policy, **setting.fields,
                             "train_size": models[i].train_size, "top1": 100 * hits1 / counted,
                             "top5": 100 * hits5 / counted, "loss": loss_sum / counted,
-                            "images_per_s": len(indices) / seconds, "images": counted, "crop_pct": crop_pct,
-                            "device": device})
+                            "images_per_s": len(indices) / seconds, "images": counted, "device": device})
     return results
 
 
@@ -231,8 +242,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "train.py: ../shared/data/imagenette when it exists, else Imagenette downloaded")
     parser.add_argument("--val-split", metavar="NAME", help="folder of --data-dir to evaluate on (default: the "
                         "val_split the checkpoints were trained with, else val)")
-    parser.add_argument("--img-sizes", nargs="+", type=_positive, default=[224], metavar="SIZE",
-                        help="square input sizes, multiples of the patch size (default 224)")
+    parser.add_argument("--img-sizes", nargs="+", type=_positive, metavar="SIZE",
+                        help="square input sizes, multiples of the patch size (default 224, none with --seq-lens)")
+    parser.add_argument("--seq-lens", nargs="+", type=naflex.seq_len_arg, default=[], metavar="L",
+                        help="token budgets: each image resized keeping its aspect ratio to at most L patches (timm's "
+                        "NaFlex eval transform), for models that take NaFlex batches; with --img-sizes, both")
     parser.add_argument("--policy", nargs="+", default=["extrapolate"],
                         help=f"RoPE policies: {', '.join(POLICIES)} (default extrapolate)")
     parser.add_argument("--crop-pct", type=float, default=1.0, help="center-crop fraction (default 1.0)")
@@ -257,7 +271,7 @@ def main(argv: list[str] | None = None) -> int:
     if len(weights) != len(args.model):
         parser.error(f"--pretrained-file takes one file per --model: got {len(weights)} for {len(args.model)}")
     try:
-        check_options(args.policy, args.crop_pct)
+        check_options(args.policy, args.crop_pct, args.seq_lens)
         check_output_dir(args.output, "--output")
         for name in args.model:  # a typo before the advice about weights
             check_model_name(name)
@@ -281,17 +295,19 @@ def main(argv: list[str] | None = None) -> int:
         if repeated:
             raise UserError(f"{repeated} is given twice, and its rows would merge in the reports: name each "
                             "checkpoint or --model / --pretrained-file pair once")
-        check_sizes(args.img_sizes, models, args.policy)
-        print(f"protocol: {protocol(args.crop_pct)}; sizes {args.img_sizes}; {data_dir / split}"
-              + (f", {args.limit} images evenly spread" if args.limit else ""), flush=True)
+        sizes = args.img_sizes or ([] if args.seq_lens else [224])
+        check_sizes(sizes, models, args.policy, args.seq_lens)
+        text = "; ".join([protocol(args.crop_pct)] * bool(sizes) + [naflex.PROTOCOL] * bool(args.seq_lens))
+        print(f"protocol: {text}; sizes {sizes}; " + (f"budgets {args.seq_lens}; " if args.seq_lens else "")
+              + f"{data_dir / split}" + (f", {args.limit} images evenly spread" if args.limit else ""), flush=True)
         print("\n".join(f"  {entry.label}: trained at {entry.train_size} px" for entry in models), flush=True)
         if unloaded:
             print(f"warning: {', '.join(unloaded)} evaluated with random weights (--random-init): chance accuracy, "
                   "labelled 'random init'", flush=True)
-        results = evaluate_models(models, data_dir, args.img_sizes, args.policy, args.crop_pct, args.device,
-                                  args.limit, args.batch_size, args.workers, split)
+        results = evaluate_models(models, data_dir, sizes, args.policy, args.crop_pct, args.device, args.limit,
+                                  args.batch_size, args.workers, split, args.seq_lens)
     except UserError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    print(write_reports(results, Path(args.output), protocol(args.crop_pct)))
+    print(write_reports(results, Path(args.output), text))
     return 0

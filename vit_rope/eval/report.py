@@ -1,12 +1,17 @@
 """Reports of a multi-resolution evaluation: ``results.json``, a Markdown table and an accuracy-vs-size plot.
 
-The input is ``vit_rope.eval.harness.evaluate_models``'s list, one dict per (model, size, policy). matplotlib is
-optional (the ``plot`` extra): without it only the plot is skipped, with a one-line warning.
+The input is ``vit_rope.eval.harness.evaluate_models``'s list, one dict per (model, size, policy): a square size
+(``img_size``) or a token budget (``seq_len``, ``vit_rope.eval.naflex``). Budgets get columns of their own, labelled
+``L tokens``, and are plotted dashed at ``sqrt(L * h * w)`` px for (h, w) patches, the side of the square image of L
+patches: the x axis stays the input side in px, and a budget lines up with the square size of the same token count
+(196 tokens of 16 px patches at 224 px). matplotlib is optional (the ``plot`` extra): without it only the plot is
+skipped, with a one-line warning.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import time
 from collections.abc import Iterable, Sequence
@@ -16,11 +21,34 @@ from typing import Any
 METRICS = {"top1": ("top-1 (%)", "{:.2f}"), "top5": ("top-5 (%)", "{:.2f}"), "images_per_s": ("images/s", "{:.1f}")}
 
 
-def _rows(results: Sequence[dict[str, Any]]) -> dict[tuple[str, str | None], dict[int, dict[str, Any]]]:
-    """Results grouped by (model, policy) row and size, in the order they were evaluated."""
-    rows: dict[tuple[str, str | None], dict[int, dict[str, Any]]] = {}
+def _column(result: dict[str, Any]) -> tuple[str, int]:
+    """A result's column: ``("px", side)`` for a square size, ``("tokens", L)`` for a token budget (squares first)."""
+    return ("tokens", result["seq_len"]) if result.get("seq_len") else ("px", result["img_size"])
+
+
+def _header(column: tuple[str, int]) -> str:
+    return f"{column[1]} tokens" if column[0] == "tokens" else str(column[1])
+
+
+def _as_trained(result: dict[str, Any]) -> bool:
+    """Whether a result is at its model's training size: that size, or for a budget the token count of that size."""
+    if not result.get("seq_len"):
+        return result["img_size"] == result["train_size"]
+    height, width = result["patch_size"]
+    return result["seq_len"] == (result["train_size"] // height) * (result["train_size"] // width)
+
+
+def _x(result: dict[str, Any]) -> float:
+    """Where a result is plotted: its size, or for a budget the side of the square image of as many patches."""
+    return math.sqrt(result["seq_len"] * math.prod(result["patch_size"])) if result.get("seq_len") \
+        else result["img_size"]
+
+
+def _rows(results: Sequence[dict[str, Any]]) -> dict[tuple[str, str | None], dict[tuple[str, int], dict[str, Any]]]:
+    """Results grouped by (model, policy) row and column, in the order they were evaluated."""
+    rows: dict[tuple[str, str | None], dict[tuple[str, int], dict[str, Any]]] = {}
     for result in results:
-        rows.setdefault((result["model"], result["policy"]), {})[result["img_size"]] = result
+        rows.setdefault((result["model"], result["policy"]), {})[_column(result)] = result
     return rows
 
 
@@ -31,40 +59,47 @@ def table(header: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
 
 
 def markdown_table(results: Sequence[dict[str, Any]], metric: str = "top1") -> str:
-    """One row per model (x policy), one column per size; the training size is starred in the header and each
-    row's value at its own training size is bold (models may differ in training size)."""
+    """One row per model (x policy), one column per size then per token budget (``L tokens``); the training size
+    (for budgets: its token count) is starred in the header and each row's value there is bold (models may differ in
+    training size)."""
     fmt = METRICS[metric][1]
-    sizes = sorted({result["img_size"] for result in results})
-    train_sizes = {result["train_size"] for result in results}
-    header = ["model", "policy"] + [f"{size}*" if size in train_sizes else str(size) for size in sizes]
+    columns = sorted({_column(result) for result in results})
+    trained = {_column(result) for result in results if _as_trained(result)}
+    header = ["model", "policy"] + [_header(column) + ("*" if column in trained else "") for column in columns]
     lines = []
-    for (model, policy), by_size in _rows(results).items():
+    for (model, policy), by_column in _rows(results).items():
         cells = []
-        for size in sizes:
-            result = by_size.get(size)
+        for column in columns:
+            result = by_column.get(column)
             text = fmt.format(result[metric]) if result else ""
             if result and f"{metric}_min" in result and result["seeds"] > 1:  # merged seeds: mean ± half the range
                 text += f" ± {(result[f'{metric}_max'] - result[f'{metric}_min']) / 2:.1f}"
-            cells.append(f"**{text}**" if result and size == result["train_size"] else text)
+            cells.append(f"**{text}**" if result and _as_trained(result) else text)
         lines.append([model, policy or "-", *cells])
     return table(header, lines)
 
 
 def _draw(ax: Any, results: Sequence[dict[str, Any]], colors: dict[str, Any] | None = None) -> None:
-    """Top-1 against size on ``ax``, one line per model (x policy), dashed vertical lines at the training sizes;
-    ``colors`` fixes a model's colour across panels."""
+    """Top-1 against size on ``ax``, one line per model (x policy) and protocol (token budgets dashed, at the side
+    of the square image of as many patches), dashed vertical lines at the training sizes; ``colors`` fixes a model's
+    colour across panels."""
     for train_size in sorted({result["train_size"] for result in results}):
         ax.axvline(train_size, color="grey", linestyle="--", linewidth=1)
         ax.annotate(f"train {train_size}", (train_size, 0), xycoords=("data", "axes fraction"),
                     xytext=(3, 3), textcoords="offset points", color="grey", fontsize=8)
-    for (model, policy), by_size in _rows(results).items():
-        sizes = sorted(by_size)
-        rows = [by_size[size] for size in sizes]
-        spread = [[row["top1"] - row["top1_min"] for row in rows], [row["top1_max"] - row["top1"] for row in rows]] \
-            if "top1_min" in rows[0] else None  # merged seeds: bars span the seeds
-        ax.errorbar(sizes, [row["top1"] for row in rows], yerr=spread, marker="o", capsize=3,
-                    color=(colors or {}).get(model), label=model if policy is None else f"{model} [{policy}]")
-    ax.set(xticks=sorted({result["img_size"] for result in results}), xlabel="input size (px)", ylabel="top-1 (%)")
+    for (model, policy), by_column in _rows(results).items():
+        for kind in sorted({column[0] for column in by_column}):  # px, then tokens
+            rows = [by_column[column] for column in sorted(by_column) if column[0] == kind]
+            spread = [[row["top1"] - row["top1_min"] for row in rows],
+                      [row["top1_max"] - row["top1"] for row in rows]] if "top1_min" in rows[0] else None  # seeds
+            notes = [note for note in (policy, "tokens" if kind == "tokens" else None) if note]
+            ax.errorbar([_x(row) for row in rows], [row["top1"] for row in rows], yerr=spread, capsize=3,
+                        marker="s" if kind == "tokens" else "o", linestyle="--" if kind == "tokens" else "-",
+                        color=(colors or {}).get(model), label=f"{model} [{', '.join(notes)}]" if notes else model)
+    ticks = sorted({round(_x(result)) for result in results})
+    budgets = any(result.get("seq_len") for result in results)
+    ax.set(xticks=ticks, xticklabels=[str(tick) for tick in ticks], ylabel="top-1 (%)",
+           xlabel="input size (px)" + ("; dashed: token budget L at sqrt(L) x patch px" if budgets else ""))
     ax.grid(alpha=0.3)
 
 
@@ -133,6 +168,9 @@ def write_reports(results: Sequence[dict[str, Any]], output: Path, protocol: str
     (output / "results.json").write_text(json.dumps({"protocol": protocol, "results": list(results)}, indent=2))
     tables = "\n\n".join(f"## {METRICS[metric][0]}\n\n{markdown_table(results, metric)}" for metric in METRICS)
     note = "`*` training size; **bold**: the value at the row's own training size."
+    if any(result.get("seq_len") for result in results):
+        note += (" `L tokens`: a token budget, each image resized keeping its aspect ratio to at most L patches (`*`: "
+                 "the training size's token count); plain numbers are square sizes in px.")
     (output / "results.md").write_text(f"# Accuracy against resolution\n\nProtocol: {protocol}.\n\n{note}\n\n"
                                        f"{tables}\n")
     written = ["results.json", "results.md"]
@@ -162,7 +200,7 @@ def machine() -> dict[str, Any]:
 
 
 def merge_seeds(results: Sequence[dict[str, Any]], group_of: dict[str, str]) -> list[dict[str, Any]]:
-    """Results of several seeds of a model merged into one row per (model, policy, size).
+    """Results of several seeds of a model merged into one row per (model, policy, size or token budget).
 
     Args:
         results: ``evaluate_models`` rows.
@@ -171,16 +209,18 @@ def merge_seeds(results: Sequence[dict[str, Any]], group_of: dict[str, str]) -> 
     Returns:
         Rows with ``top1`` / ``top5`` the mean over seeds, ``top1_min`` / ``top1_max`` their range and ``seeds``.
     """
-    groups: dict[tuple[str, str | None, int], list[dict[str, Any]]] = {}
+    groups: dict[tuple[str, str | None, tuple[str, int]], list[dict[str, Any]]] = {}
     for result in results:
         if result["model"] in group_of:
-            groups.setdefault((group_of[result["model"]], result["policy"], result["img_size"]), []).append(result)
+            groups.setdefault((group_of[result["model"]], result["policy"], _column(result)), []).append(result)
     merged = []
-    for (model, policy, size), rows in groups.items():
+    for (model, policy, _), rows in groups.items():
         top1 = [row["top1"] for row in rows]
-        merged.append({"model": model, "policy": policy, "img_size": size, "train_size": rows[0]["train_size"],
-                       "top1": sum(top1) / len(top1), "top1_min": min(top1), "top1_max": max(top1),
-                       "top5": sum(row["top5"] for row in rows) / len(rows), "seeds": len(rows)})
+        budget = {key: rows[0][key] for key in ("seq_len", "patch_size") if rows[0].get("seq_len")}
+        merged.append({"model": model, "policy": policy, "img_size": rows[0]["img_size"], **budget,
+                       "train_size": rows[0]["train_size"], "top1": sum(top1) / len(top1), "top1_min": min(top1),
+                       "top1_max": max(top1), "top5": sum(row["top5"] for row in rows) / len(rows),
+                       "seeds": len(rows)})
     return merged
 
 

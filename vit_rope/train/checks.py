@@ -66,6 +66,8 @@ def check_config(cfg: Config) -> None:
                             f"(batch_size {cfg.batch_size} x ({cfg.img_size} / {size})^2), and a step needs at least 2 "
                             f"(Mixup pairs, batch statistics); raise batch_size to {least} or more, drop {size} from "
                             "train_sizes, or set token_budget=false")
+    if cfg.naflex:
+        _check_naflex(cfg)
     if cfg.warmup_epochs >= cfg.epochs > 0:
         warnings.warn(f"warmup_epochs {cfg.warmup_epochs} is not less than the {cfg.epochs} epochs of the run, so the "
                       f"learning rate never reaches lr={cfg.lr}; lower warmup_epochs below {cfg.epochs}",
@@ -88,6 +90,26 @@ def check_config(cfg: Config) -> None:
         except (AssertionError, ValueError, KeyError, IndexError) as err:
             raise UserError(f"auto_augment={cfg.auto_augment} is not a timm auto-augment string ({err}); use e.g. "
                             "rand-m9-mstd0.5-inc1, 3a, augmix-m5, original, or null for none") from None
+
+
+def _check_naflex(cfg: Config) -> None:
+    """NaFlex steps take their sizes from ``naflex_seq_lens`` and run timm's NaFlex loader, which has its own crop and
+    no repeated augmentation: the keys that would silently mean nothing are errors."""
+    if not cfg.naflex_seq_lens or min(cfg.naflex_seq_lens) < 1:
+        raise UserError(f"config key 'naflex_seq_lens' must list sequence lengths >= 1 (patches per image), got "
+                        f"{cfg.naflex_seq_lens}; e.g. [128, 256, 576, 784, 1024] for 16 px patches around 224 px")
+    if cfg.naflex_val_seq_len < 0:
+        raise UserError(f"config key 'naflex_val_seq_len' must be >= 1 patches, or 0 for (img_size / patch size)^2, "
+                        f"got {cfg.naflex_val_seq_len}")
+    conflicts = [why for why, present in (
+        ("train_sizes (NaFlex draws each step's sequence length from naflex_seq_lens): set train_sizes=[]",
+         cfg.train_sizes),
+        ("repeated_aug (timm's NaFlex loader has no repeated augmentation): set repeated_aug=false", cfg.repeated_aug),
+        ("pipeline=tensor (NaFlex runs timm's NaFlex loader): set pipeline=auto", cfg.pipeline == "tensor"),
+        (f"train_crop_mode={cfg.train_crop_mode} (NaFlex crops with timm's random-resized crop to a token budget): "
+         "set train_crop_mode=rrc", cfg.train_crop_mode != "rrc")) if present]
+    if conflicts:
+        raise UserError(f"naflex=true does not go with {conflicts[0]}, or naflex=false")
 
 
 def _check_optimizer(opt: str) -> None:

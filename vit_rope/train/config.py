@@ -49,6 +49,9 @@ class Config:
     batch_size: int = 128
     train_sizes: list[int] = dataclasses.field(default_factory=list)
     token_budget: bool = True
+    naflex: bool = False
+    naflex_seq_lens: list[int] = dataclasses.field(default_factory=lambda: [128, 256, 576, 784, 1024])
+    naflex_val_seq_len: int = 0
     workers: int = 4
     decoded_cache: bool = False
     pipeline: Literal["auto", "tensor", "timm"] = "auto"

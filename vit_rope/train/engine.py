@@ -124,9 +124,26 @@ class Progress:
             self.bar.close()
 
 
-def _to_device(images: torch.Tensor, targets: torch.Tensor, cfg: Config, device: torch.device):
+Batch = torch.Tensor | dict[str, Any]  # images [B, C, H, W], or timm's NaFlex dict (patches [B, N, P*P*C], ...)
+
+
+def _to_device(images: Batch, targets: torch.Tensor, cfg: Config, device: torch.device) -> tuple[Batch, torch.Tensor]:
+    if isinstance(images, dict):  # NaFlex: timm's prefetcher already put the batch on the device
+        return images, targets.to(device, non_blocking=True)
     memory_format = torch.channels_last if cfg.channels_last and device.type == "cuda" else torch.contiguous_format
     return images.to(device, non_blocking=True, memory_format=memory_format), targets.to(device, non_blocking=True)
+
+
+def _batch_tokens(images: Batch, patch: tuple[int, int]) -> tuple[tuple[int, int], float, float]:
+    """``(size, tokens, slots)`` of a batch: a NaFlex batch's size is ``(sequence length, 0)``, its tokens the valid
+    patches and its slots the padded sequence; an image batch's size is ``(height, width)`` and each image has
+    ``(H / p) x (W / p)`` tokens, no padding."""
+    if isinstance(images, dict):
+        valid = images["patch_valid"]  # [B, N]
+        return (valid.shape[1], 0), float(valid.sum()), float(valid.numel())
+    height, width = images.shape[-2:]
+    tokens = len(images) * (height / patch[0]) * (width / patch[1])
+    return (height, width), tokens, tokens
 
 
 @dataclass
@@ -137,7 +154,9 @@ class EpochTotals:
     steps: int = 0
     loss_sum: float = 0.0  # of the per-step losses, each averaged over ranks
     skipped: int = 0  # unreadable images replaced, all ranks
-    sizes: dict[tuple[int, int], int] = field(default_factory=dict)  # steps per (height, width)
+    sizes: dict[tuple[int, int], int] = field(default_factory=dict)  # steps per (height, width), NaFlex (length, 0)
+    tokens: float = 0.0  # patch tokens of this rank, padding excluded
+    slots: float = 0.0  # sequence positions of this rank, padding included
 
 
 def train_one_epoch(model: nn.Module, loader: DataLoader, optimizer: torch.optim.Optimizer, scheduler: Any,
@@ -148,7 +167,7 @@ def train_one_epoch(model: nn.Module, loader: DataLoader, optimizer: torch.optim
 
     Args:
         epoch: 0-based epoch index; messages show it 1-based.
-        mixup: timm ``Mixup`` applied to each batch on the device, or None.
+        mixup: timm ``Mixup`` applied to each batch on the device, or None (NaFlex batches come mixed).
         ema: timm ``ModelEmaV3`` updated after each step, or None.
         start_step: the first step to run (a run resumed mid-epoch); ``loader`` must start there too
             (``vit_rope.train.loaders.set_epoch``), while ``len(loader)`` stays the whole epoch's steps.
@@ -159,8 +178,10 @@ def train_one_epoch(model: nn.Module, loader: DataLoader, optimizer: torch.optim
 
     Returns:
         ``train_loss`` (mean over steps and ranks), ``lr`` at the end, ``images_per_s`` and ``tokens_per_s`` (all
-        ranks, steps run by this process; with ``train_sizes`` only tokens/s compares across sizes), ``sizes``
-        (``"48:18 64:19"``: steps per size) and ``skipped`` (unreadable images replaced in this epoch, all ranks).
+        ranks, steps run by this process; with ``train_sizes`` only tokens/s compares across sizes; padding not
+        counted), ``sizes`` (``"48:18 64:19"``: steps per size; NaFlex ``"256t:40"``: steps per sequence length),
+        ``padding`` (the fraction of NaFlex sequence positions that held padding, all ranks, the whole epoch) and
+        ``skipped`` (unreadable images replaced in this epoch, all ranks).
 
     Raises:
         NonFiniteLossError: the loss became NaN/inf. The loss is averaged over ranks first, so every rank stops
@@ -199,12 +220,13 @@ def train_one_epoch(model: nn.Module, loader: DataLoader, optimizer: torch.optim
         scheduler.step_update(num_updates=epoch * steps + step + 1)
         if ema is not None:
             ema.update(unwrap_model(model), step=epoch * steps + step + 1)
-        height, width = images.shape[-2:]
+        size, step_tokens, slots = _batch_tokens(images, (patch_h, patch_w))
         totals.steps += 1
         totals.loss_sum += mean_loss
         totals.skipped += round(skipped)
-        totals.sizes[height, width] = totals.sizes.get((height, width), 0) + 1
-        seen, tokens = seen + len(images), tokens + len(images) * (height / patch_h) * (width / patch_w)
+        totals.sizes[size] = totals.sizes.get(size, 0) + 1
+        totals.tokens, totals.slots = totals.tokens + step_tokens, totals.slots + slots
+        seen, tokens = seen + len(targets), tokens + step_tokens
         rate = seen * env.world_size / (time.perf_counter() - start)
         progress.update(step, loss=f"{mean_loss:.4f}", lr=f"{optimizer.param_groups[0]['lr']:.2e}",
                         img_s=f"{rate:.0f}")
@@ -213,11 +235,20 @@ def train_one_epoch(model: nn.Module, loader: DataLoader, optimizer: torch.optim
             checkpoint(epoch, step + 1, totals)
     progress.close()
     seconds = time.perf_counter() - start
+    valid, slots = reduce_sum(torch.tensor([totals.tokens, totals.slots], dtype=torch.float64, device=env.device),
+                              env).tolist()
     # every rank draws the same batch lengths and sizes (vit_rope.data.sizes): one count x world_size is the total
     return {"train_loss": totals.loss_sum / totals.steps, "lr": optimizer.param_groups[0]["lr"],
             "images_per_s": seen * env.world_size / seconds, "tokens_per_s": tokens * env.world_size / seconds,
-            "sizes": " ".join(f"{h}:{n}" if h == w else f"{h}x{w}:{n}" for (h, w), n in sorted(totals.sizes.items())),
-            "skipped": totals.skipped}
+            "sizes": " ".join(_size_name(h, w, n) for (h, w), n in sorted(totals.sizes.items())),
+            "padding": 1 - valid / slots, "skipped": totals.skipped}
+
+
+def _size_name(height: int, width: int, steps: int) -> str:
+    """``64:12`` (square), ``64x96:12`` or ``256t:12`` (NaFlex steps of sequence length 256)."""
+    if width == 0:
+        return f"{height}t:{steps}"
+    return f"{height}:{steps}" if height == width else f"{height}x{width}:{steps}"
 
 
 @torch.inference_mode()

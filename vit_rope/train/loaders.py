@@ -1,16 +1,18 @@
 """Training and validation loaders from a config: timm's transforms, the optional decoded cache
-(``vit_rope.data.decoded``) and the choice between timm's per-image pipeline and the batched one
-(``vit_rope.data.pipeline``).
+(``vit_rope.data.decoded``) and the choice between timm's per-image pipeline, the batched one
+(``vit_rope.data.pipeline``) and timm's NaFlex loader (``vit_rope.data.naflex``, native aspect ratios).
 
-Both pipelines cut an epoch into steps with ``vit_rope.data.steps.StepSampler``, so ``train_sizes`` (one size per step
-from ``vit_rope.data.sizes.SizeSchedule``) means the same in both. Epoch order, sizes and augmentation randomness are
-functions of (seed, epoch, rank, step) only, so a run resumed at any step sees the same batches as an uninterrupted
-one.
+The per-image and batched pipelines cut an epoch into steps with ``vit_rope.data.steps.StepSampler``, so
+``train_sizes`` (one size per step from ``vit_rope.data.sizes.SizeSchedule``) means the same in both; NaFlex steps
+follow timm's schedule of sequence lengths. In all three, epoch order, sizes and augmentation randomness are functions
+of (seed, epoch, rank, step) only, so a run resumed at any step sees the same batches as an uninterrupted one.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import io
 import logging
 import math
 import os
@@ -18,13 +20,16 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from timm.data import create_transform
+from timm.data import NaFlexMixup, create_transform
 from timm.data.distributed_sampler import RepeatAugSampler
+from timm.data.naflex_dataset import NaFlexCollator
+from timm.data.naflex_random_erasing import PatchRandomErasing
 from torch.utils.data import DataLoader, DistributedSampler, Subset
 
 from vit_rope.data.auto_augment import safe_transform
 from vit_rope.data.decoded import DecodedImages
-from vit_rope.data.folders import ImageFolderDataset, Sample, SizedImages
+from vit_rope.data.folders import ImageFolderDataset, Images, Sample, SizedImages
+from vit_rope.data.naflex import NaFlexLoader, NaFlexSteps
 from vit_rope.data.pipeline import BatchLoader, TensorStore
 from vit_rope.data.sizes import SizeSchedule
 from vit_rope.data.steps import StepSampler
@@ -32,6 +37,7 @@ from vit_rope.errors import UserError
 from vit_rope.train.config import Config
 
 _log = logging.getLogger(__name__)
+Loader = DataLoader | BatchLoader | NaFlexLoader
 
 
 def build_transforms(cfg: Config, data_config: dict[str, Any]) -> tuple[dict[int, Any], Any]:
@@ -60,12 +66,16 @@ def build_transforms(cfg: Config, data_config: dict[str, Any]) -> tuple[dict[int
 
 
 def choose_pipeline(cfg: Config) -> tuple[str, str]:
-    """``("tensor" | "timm", why)``: the batched tensor pipeline (``vit_rope.data.pipeline``) when the config allows it.
+    """``("tensor" | "timm" | "naflex", why)``: timm's NaFlex loader (``vit_rope.data.naflex``) when ``cfg.naflex``,
+    else the batched tensor pipeline (``vit_rope.data.pipeline``) when the config allows it.
 
-    It needs the decoded cache and augmentations that batch; RandAugment, random erasing, timm's other crop modes and
-    repeated augmentation are per image and keep timm's pipeline. ``pipeline: tensor`` with such a config is an error
-    that names what stands in the way. ``train_sizes`` runs on both and plays no part in the choice.
+    The tensor pipeline needs the decoded cache and augmentations that batch; RandAugment, random erasing, timm's other
+    crop modes and repeated augmentation are per image and keep timm's pipeline. ``pipeline: tensor`` with such a config
+    is an error that names what stands in the way. ``train_sizes`` runs on both and plays no part in the choice.
     """
+    if cfg.naflex:  # train.checks.check_config refuses pipeline=tensor and what NaFlex cannot do
+        lengths = " ".join(map(str, cfg.naflex_seq_lens))
+        return "naflex", f"naflex=true: native aspect ratios, sequence lengths {lengths}"
     per_image = [reason for reason, present in (
         ("decoded_cache is off", not cfg.decoded_cache),
         (f"auto_augment={cfg.auto_augment} is per image", cfg.auto_augment),
@@ -83,15 +93,20 @@ def choose_pipeline(cfg: Config) -> tuple[str, str]:
 
 
 def build_loaders(cfg: Config, train_samples: list[Sample], val_samples: list[Sample], data_config: dict[str, Any],
-                  rank: int = 0, world_size: int = 1, device: torch.device | None = None
-                  ) -> tuple[DataLoader | BatchLoader, DataLoader | BatchLoader]:
+                  rank: int = 0, world_size: int = 1, device: torch.device | None = None, *, patch: int = 16,
+                  num_classes: int = 0) -> tuple[Loader, Loader]:
     """Training loader (shuffled per epoch, sharded across ranks, full steps of ``StepSampler``) and validation loader.
 
     Each rank validates a disjoint slice of the val split without padding, so reduced accuracies are exact. The
-    pipeline is ``choose_pipeline``'s: batched tensor loaders on ``device`` (no workers), or timm's transforms in
-    ``DataLoader`` workers (page-locked batches when ``device`` is CUDA). With ``train_sizes`` every step trains at the
-    size ``SizeSchedule`` draws, validation stays at ``img_size``, and the train cache's short side is at least the
-    largest size (validation keeps its own, so its numbers do not move).
+    pipeline is ``choose_pipeline``'s: batched tensor loaders on ``device`` (no workers), timm's transforms in
+    ``DataLoader`` workers (page-locked batches when ``device`` is CUDA), or timm's NaFlex loader. With ``train_sizes``
+    every step trains at the size ``SizeSchedule`` draws, validation stays at ``img_size``, and the train cache's short
+    side is at least the largest size (validation keeps its own, so its numbers do not move); with ``naflex`` at least
+    the side of a square image of the longest sequence.
+
+    Args:
+        patch: the model's patch size (NaFlex cuts images into patches in the loader).
+        num_classes: for NaFlex's Mixup, which makes the soft targets in the loader workers.
     """
     device = device or torch.device("cpu")
     pipeline, why = choose_pipeline(cfg)
@@ -103,7 +118,8 @@ def build_loaders(cfg: Config, train_samples: list[Sample], val_samples: list[Sa
     train_cache = val_cache = None
     if cfg.decoded_cache:
         short_side = cfg.cache_size or math.floor(cfg.img_size / data_config["crop_pct"])
-        train_side = max([short_side, *cfg.train_sizes])  # crops at the largest train size need its pixels
+        largest = [math.ceil(math.sqrt(max(cfg.naflex_seq_lens))) * patch] if cfg.naflex else cfg.train_sizes
+        train_side = max([short_side, *largest])  # crops at the largest train size need its pixels
         cache_dir = Path(cfg.cache_dir).expanduser() if cfg.cache_dir else None
         if rank == 0:
             sides = f"{short_side} px" if train_side == short_side else (
@@ -115,7 +131,10 @@ def build_loaders(cfg: Config, train_samples: list[Sample], val_samples: list[Sa
                                   for samples, side in ((train_samples, train_side), (val_samples, short_side)))
     schedule = SizeSchedule(tuple(cfg.train_sizes), cfg.img_size, cfg.batch_size, cfg.seed, cfg.token_budget,
                             even=cfg.mixup > 0 or cfg.cutmix > 0) if cfg.train_sizes else None
-    if pipeline == "tensor":
+    if pipeline == "naflex":
+        train, val = _naflex_loaders(cfg, (train_samples, train_cache), (val_samples, val_cache), data_config, rank,
+                                     world_size, device, patch, num_classes)
+    elif pipeline == "tensor":
         train, val = _tensor_loaders(cfg, (train_samples, train_cache), (val_samples, val_cache), data_config, rank,
                                      world_size, device, schedule)
     else:
@@ -163,8 +182,58 @@ def _tensor_loaders(cfg: Config, train: tuple[list[Sample], DecodedImages], val:
     return train_loader, val_loader
 
 
-def set_epoch(loader: DataLoader | BatchLoader, epoch: int, start_step: int = 0) -> None:
+def _naflex_loaders(cfg: Config, train: tuple[list[Sample], DecodedImages | None],
+                    val: tuple[list[Sample], DecodedImages | None], data_config: dict[str, Any], rank: int,
+                    world_size: int, device: torch.device, patch: int, num_classes: int
+                    ) -> tuple[NaFlexLoader, NaFlexLoader]:
+    """timm's NaFlex pipeline (``vit_rope.data.naflex``): per sequence length timm's NaFlex train transform (random-
+    resized crop to the token budget, flip, colour jitter or auto-augment), ``NaFlexMixup`` in the workers and patch
+    random erasing on the device; validation resizes each image, aspect ratio kept, to ``naflex_val_seq_len`` patches.
+
+    ``batch_size`` is the images of a step at the longest sequence length: every step holds about ``batch_size`` x
+    that many tokens (timm's ``max_tokens_per_batch``), in batches of a multiple of 8 images when ``batch_size`` is one.
+    """
+    common = {key: data_config[key] for key in ("interpolation", "mean", "std")}
+    longest = max(cfg.naflex_seq_lens)
+
+    def train_transform(max_seq_len: int, patch_size: tuple[int, int], auto_augment: str | None) -> Any:
+        return create_transform(is_training=True, naflex=True, max_seq_len=max_seq_len, patch_size=patch_size,
+                                scale=tuple(cfg.scale), hflip=cfg.hflip, color_jitter=cfg.color_jitter,
+                                auto_augment=auto_augment, use_prefetcher=True, **common)
+
+    def transform_factory(max_seq_len: int, patch_size: tuple[int, int]) -> Any:
+        return safe_transform(functools.partial(train_transform, max_seq_len, patch_size), cfg.auto_augment)
+
+    mixup = NaFlexMixup(num_classes=num_classes, mixup_alpha=cfg.mixup, cutmix_alpha=cfg.cutmix,
+                        switch_prob=cfg.mixup_switch_prob, prob=cfg.mixup_prob, label_smoothing=cfg.smoothing
+                        ) if cfg.mixup > 0 or cfg.cutmix > 0 else None
+    with contextlib.redirect_stdout(io.StringIO()):  # timm prints its schedule on every rank; describe() says it once
+        steps = NaFlexSteps(Images(*train), transform_factory, mixup, patch_size=patch,
+                            seq_lens=tuple(cfg.naflex_seq_lens), max_tokens_per_batch=cfg.batch_size * longest,
+                            seed=cfg.seed, rank=rank, world_size=world_size, batch_divisor=math.gcd(8, cfg.batch_size))
+    pin_memory = device.type == "cuda"
+    # its own generator: starting the workers then draws nothing from the global RNG that drop-path uses
+    train_loader = DataLoader(steps, batch_size=None, num_workers=cfg.workers, pin_memory=pin_memory,
+                              generator=torch.Generator())
+    val_len = cfg.naflex_val_seq_len or (cfg.img_size // patch) ** 2
+    val_tf = create_transform(is_training=False, naflex=True, max_seq_len=val_len, patch_size=patch, patchify=True,
+                              use_prefetcher=True, **common)
+    val_set = Subset(ImageFolderDataset(val[0], val_tf, val[1]), range(rank, len(val[0]), world_size))
+    val_loader = DataLoader(val_set, max(1, cfg.batch_size * longest // val_len), num_workers=cfg.workers,
+                            pin_memory=pin_memory, collate_fn=NaFlexCollator(val_len))
+    erasing = PatchRandomErasing(erase_prob=cfg.reprob, mode="pixel", device=device) if cfg.reprob > 0 else None
+    norm = dict(mean=data_config["mean"], std=data_config["std"], device=device)
+    if rank == 0:
+        lengths = " ".join(f"{length}x{batch}" for length, batch in sorted(set(steps.schedule)))
+        print(f"NaFlex train: {len(steps)} steps per epoch of (sequence length x images) {lengths}, patch {patch}, "
+              f"Mixup/CutMix {'in the loader' if mixup else 'off'}, patch erasing {cfg.reprob}; NaFlex val: each "
+              f"image resized, aspect ratio kept, to at most {val_len} patches", flush=True)
+    return (NaFlexLoader(train_loader, erasing=erasing, seed=cfg.seed, rank=rank, **norm),
+            NaFlexLoader(val_loader, **norm))
+
+
+def set_epoch(loader: Loader, epoch: int, start_step: int = 0) -> None:
     """Select epoch ``epoch`` of a training loader, to be iterated from step ``start_step`` (a run resumed mid-epoch):
     its order, sizes and augmentation follow from (seed, epoch, rank, step), whatever ran before."""
-    steps = loader if isinstance(loader, BatchLoader) else loader.batch_sampler
+    steps = loader if isinstance(loader, BatchLoader | NaFlexLoader) else loader.batch_sampler
     steps.set_epoch(epoch, start_step)

@@ -1,0 +1,28 @@
+"""Smoke run of ``benchmarks/naflex.py``: a 1-block run of every contender on a tiny NaFlex batch writes every run,
+mode and ratio with positive numbers, so the full measurement (minutes on a quiet machine) cannot fail at its end."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from benchmarks import naflex
+
+
+def test_a_tiny_run_writes_every_contender_and_ratio(tmp_path: Path) -> None:
+    out = tmp_path / "naflex.json"
+    # L = 18 pads: the 1:1 image fits as 4x4 patches, the 1:4 one as 2x9
+    assert naflex.main(["--depth", "1", "--rounds", "1", "--warmup", "0", "--seq-lens", "18", "--batch-size", "2",
+                        "--json", str(out)]) == 0
+    result = json.loads(out.read_text())
+    assert result["complete"]
+    rows = {(row["run"], row["mode"]): row for row in result["rows"]}
+    assert set(rows) == {(run, mode) for run in [*naflex.CONTENDERS, *naflex.SQUARE] for mode in naflex.MODES}
+    assert rows["ours_mixed", "train"]["valid_tokens"] == 16 + 18
+    for row in rows.values():
+        assert row["seconds"] > 0 and row["tokens_per_s"] > 0
+        assert row["mode"] == "infer" or row["activation_mib"] > 0
+    ratios = {(ratio["ratio"], ratio["mode"]) for ratio in result["ratios"]}
+    assert ratios == {(name, mode) for name, *_ in naflex.SPEED_TARGETS for mode in naflex.MODES} | {
+        (name, "memory") for name, *_ in naflex.MEMORY_TARGETS}
+    assert all(ratio["value"] > 0 and isinstance(ratio["pass"], bool) for ratio in result["ratios"])

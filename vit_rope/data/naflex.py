@@ -1,0 +1,167 @@
+"""Native aspect-ratio (NaFlex) batches for training and validation, from timm's NaFlex data pipeline.
+
+Patch-n-pack (Dehghani et al., "Patch n' Pack: NaViT", NeurIPS 2023): each image keeps its aspect ratio, is cut into
+patches and padded to one sequence length per step. timm's ``timm/data/naflex_*.py`` implement it (SigLIP2-NaFlex,
+NaFlexViT): a canonical schedule of ``(sequence length, batch size)`` steps (``NaFlexMapDatasetWrapper``), the
+random-resized crop to a token budget, ``NaFlexMixup`` (Mixup/CutMix between images of different sizes, in the loader
+workers), ``Patchify``, ``NaFlexCollator``, normalisation on the device (``NaFlexPrefetchLoader``) and
+``PatchRandomErasing``. All of those are used here as they are. What this module adds is what the other pipelines of
+``train.py`` promise (``vit_rope.data.steps``):
+
+- **resume at any step**: an epoch's steps and every image's augmentation are functions of (seed, epoch, rank, step,
+  position): each image's transform, each step's Mixup and each step's erasing draw from seeds of their own, so the
+  batches depend neither on the number of workers nor on where a run was resumed (timm's workers draw from one
+  stream per worker);
+- **unreadable images** are replaced by the next readable one (timm's wrapper drops them and shrinks the batch) and
+  counted in the epoch's summary;
+- batches come as ``(inputs, targets, skipped)`` like the other pipelines', ``inputs`` being timm's NaFlex dict.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import numpy as np
+import torch
+from timm.data.naflex_dataset import NaFlexMapDatasetWrapper
+from timm.data.naflex_loader import NaFlexPrefetchLoader
+from timm.data.naflex_random_erasing import PatchRandomErasing
+from torch import Tensor
+from torch.utils.data import DataLoader
+
+from vit_rope.data.folders import Images
+from vit_rope.data.steps import global_rng_kept, sample_seeds, seed_globals
+
+NaFlexBatch = tuple[dict[str, Any], Tensor, Tensor]  # timm's NaFlex dict, targets [B] or soft [B, classes], skipped [B]
+_ERASE_TAG = 0xE7A5E  # a last SeedSequence entry: the erasing seeds differ from the images' and Mixup's
+
+
+class NaFlexSteps(NaFlexMapDatasetWrapper):
+    """timm's ``NaFlexMapDatasetWrapper`` over a split's images, with per-image seeds and a mid-epoch start.
+
+    Its canonical schedule (how many steps of which sequence length an epoch has, the same on every rank), the
+    epoch's shuffle of images and steps, the transforms per sequence length, ``Patchify`` and the collators are
+    timm's; only the iteration is ours, so that step k of an epoch is the same batch however the run got there.
+
+    Args:
+        images: the split's images (``vit_rope.data.folders``), read from files or the decoded cache.
+        transform_factory: ``(max_seq_len=, patch_size=) -> transform`` (timm's ``create_transform`` with
+            ``naflex=True``).
+        mixup: timm's ``NaFlexMixup`` (soft targets), or None for class indices.
+        kwargs: the rest of ``NaFlexMapDatasetWrapper``'s arguments (patch size, sequence lengths, tokens per batch,
+            seed, rank, world size).
+    """
+
+    def __init__(self, images: Images, transform_factory: Callable[..., Any], mixup: Any = None,
+                 **kwargs: Any) -> None:
+        super().__init__(images, transform_factory=transform_factory, mixup_fn=mixup,
+                         distributed=kwargs.get("world_size", 1) > 1, **kwargs)
+        self.start = 0
+
+    @property
+    def schedule(self) -> list[tuple[int, int]]:
+        """``(sequence length, images)`` of every step of an epoch, in timm's canonical order (epochs shuffle it)."""
+        return list(self._canonical_batch_schedule)
+
+    def set_epoch(self, epoch: int, start_step: int = 0) -> None:
+        """Select epoch ``epoch``, to be iterated from step ``start_step`` (a run resumed mid-epoch)."""
+        if not 0 <= start_step <= len(self):
+            raise ValueError(f"start_step {start_step} is outside the epoch's {len(self)} steps")
+        super().set_epoch(epoch)
+        self.start = start_step
+
+    def __iter__(self) -> Iterator[tuple[dict[str, Any], Tensor]]:
+        """This worker's steps from ``start``: step i goes to worker ``(i - start) % workers``, the order in which a
+        ``DataLoader`` takes batches from its workers, so the batches arrive in step order."""
+        info = torch.utils.data.get_worker_info()
+        workers, worker = (info.num_workers, info.id) if info is not None else (1, 0)
+        epoch = self.shared_epoch.value
+        if self.mixup_fn is not None:
+            self.mixup_fn.set_epoch(epoch)
+        steps = self._prepare_epoch_batches(epoch)
+        for step in range(self.start + worker, len(steps), workers):
+            seq_len, patch_idx, indices = steps[step]
+            with global_rng_kept():  # workers=0: the training process's own draws stay its own
+                batch = self._batch(step, self.transforms[seq_len, patch_idx], self.patchifiers[patch_idx],
+                                    self.collate_fns[seq_len], indices, epoch)
+            yield batch
+
+    def _batch(self, step: int, transform: Callable[[Any], Tensor], patchify: Callable[[Tensor], dict[str, Tensor]],
+               collate: Callable[[list[Any]], tuple[dict[str, Any], Tensor]], indices: list[int], epoch: int
+               ) -> tuple[dict[str, Any], Tensor]:
+        """One step: each image transformed under its own seed, Mixup under the step's, then patchified and padded."""
+        *image_seeds, mix_seed = sample_seeds(self.seed, epoch, self.rank, step, len(indices) + 1)
+        images, targets, skipped = [], [], []
+        for index, seed in zip(indices, image_seeds, strict=True):
+            image, target, skips = self.base_dataset.load(index)
+            seed_globals(seed)
+            images.append(transform(image))
+            targets.append(target)
+            skipped.append(skips)
+        if self.mixup_fn is not None:
+            seed_globals(mix_seed)
+            images, targets = self.mixup_fn(images, targets)
+        inputs, targets = collate([(patchify(image), target) for image, target in zip(images, targets, strict=True)])
+        inputs["skipped"] = torch.tensor(skipped)  # [B]; a tensor, so the prefetcher moves it with the rest
+        return inputs, targets
+
+
+class NaFlexLoader:
+    """Batches ``(inputs, targets, skipped)`` on the device: timm's ``NaFlexPrefetchLoader`` (device copy, normalised
+    patches) over a ``DataLoader``, then ``PatchRandomErasing`` under a seed per step.
+
+    Args:
+        loader: a ``DataLoader`` over ``NaFlexSteps`` (training, ``batch_size=None``) or over a dataset of patchified
+            images with timm's ``NaFlexCollator`` (validation).
+        mean, std: normalisation, in [0, 1] units as timm's configs give them.
+        device: where batches go.
+        erasing: timm's ``PatchRandomErasing``, or None.
+        seed, rank: the run's seed and this process's rank, for the erasing seeds.
+        channels: image channels (the last of a patch's values, ``Patchify``'s channels-last layout).
+    """
+
+    def __init__(self, loader: DataLoader, mean: tuple[float, ...], std: tuple[float, ...], device: torch.device,
+                 erasing: PatchRandomErasing | None = None, seed: int = 0, rank: int = 0, channels: int = 3) -> None:
+        self.loader, self.erasing, self.seed, self.rank, self.channels = loader, erasing, seed, rank, channels
+        self.prefetch = NaFlexPrefetchLoader(loader, mean=mean, std=std, channels=channels, device=device)
+        self.epoch, self.start = 0, 0
+
+    def __len__(self) -> int:
+        return len(self.loader)
+
+    @property
+    def steps(self) -> NaFlexSteps | None:
+        """The training schedule, None for a validation loader."""
+        return self.loader.dataset if isinstance(self.loader.dataset, NaFlexSteps) else None
+
+    def set_epoch(self, epoch: int, start_step: int = 0) -> None:
+        """Select epoch ``epoch`` of a training loader, from step ``start_step``."""
+        self.steps.set_epoch(epoch, start_step)
+        self.epoch, self.start = epoch, start_step
+
+    def __iter__(self) -> Iterator[NaFlexBatch]:
+        for step, (inputs, targets) in enumerate(self.prefetch, self.start):
+            skipped = inputs.pop("skipped", None)
+            if skipped is None:  # validation: timm's collator carries no count
+                skipped = torch.zeros(len(targets), dtype=torch.long)
+            if self.erasing is not None:
+                inputs["patches"] = self._erase(step, inputs)
+            yield inputs, targets, skipped
+
+    def _erase(self, step: int, inputs: dict[str, Any]) -> Tensor:
+        """timm's patch erasing of step ``step``, its draws from a seed of (seed, epoch, rank, step) alone."""
+        patches = inputs["patches"]  # [B, N, P*P*C], channels last within a patch
+        seed = int(np.random.SeedSequence([self.seed, self.epoch, self.rank, step, _ERASE_TAG]).generate_state(1)[0])
+        devices = [patches.device] if patches.device.type == "cuda" else []
+        state = random.getstate()
+        try:
+            with torch.random.fork_rng(devices=devices, device_type=patches.device.type):
+                random.seed(seed)
+                torch.manual_seed(seed)
+                erased = self.erasing(patches.view(*patches.shape[:2], -1, self.channels),  # [B, N, P*P, C]
+                                      patch_coord=inputs["patch_coord"], patch_valid=inputs.get("patch_valid"))
+        finally:
+            random.setstate(state)
+        return erased.view(patches.shape)

@@ -1,0 +1,142 @@
+"""Token budgets: evaluation at native aspect ratio with timm's NaFlex pieces, beside the square sizes of the harness.
+
+A budget L resizes each image, keeping its aspect ratio, to the largest size whose sides are multiples of the patch
+and which cuts into at most L patches, and packs the patches into one sequence padded to L (NaViT; SigLIP 2's NaFlex).
+Why beside the square protocol: a square size crops landscape and portrait images to their centre, and its token count
+grows with the square of the side; a budget keeps the whole image and fixes the compute (L tokens), which is how a
+NaFlex model is served. The pieces are timm's own, as its NaFlex validation loader builds them (``create_transform``
+with ``naflex=True``: ``ResizeToSequence``, ``Patchify``; ``NaFlexCollator``), so the numbers compare with timm's.
+
+Rows of a budget hold ``seq_len`` (L) and ``patch_size`` (h, w) and ``img_size`` None; the reports label their columns
+``L tokens`` and plot them at ``sqrt(L * h * w)`` px, the side of the square image of L patches (196 tokens of 16 px
+patches: 224 px), so that a budget sits beside the square size of the same token count.
+"""
+
+from __future__ import annotations
+
+import argparse
+import inspect
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple
+
+import torch
+from timm.data import create_transform
+from timm.data.naflex_dataset import NaFlexCollator
+from timm.layers import to_2tuple
+from torch import Tensor, nn
+
+from vit_rope.errors import UserError
+from vit_rope.eval.loading import EvalModel
+
+PROTOCOL = ("token budgets: resize keeping the aspect ratio to the largest size whose sides are multiples of the patch "
+            "and which cuts into at most L patches (PIL bicubic, no crop), patches packed and padded to L (timm "
+            "create_transform naflex=True, NaFlexCollator), each model's own mean/std normalisation")
+
+
+class Setting(NamedTuple):
+    """One loader of an evaluation and the models it feeds: a square size, or a token budget at one patch size.
+
+    Attributes:
+        name: as printed, e.g. ``224 px`` or ``196 tokens``.
+        fields: what each result row of it records (``img_size``, ``seq_len``, ``patch_size``, ``crop_pct``).
+        transform: an image to the loader's item (a tensor, or timm's patch dict).
+        collate: the loader's ``collate_fn``; None for PyTorch's default.
+        models: indices of the models it feeds.
+    """
+
+    name: str
+    fields: dict[str, Any]
+    transform: Callable[[Any], Any]
+    collate: Callable[[list[tuple[Any, int, int]]], Any] | None
+    models: list[int]
+
+
+def seq_len_arg(text: str) -> int:
+    """``--seq-lens`` entries: whole numbers; their range is checked by ``check_seq_lens`` with the other input."""
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of tokens (e.g. 196: 14x14 patches of "
+                                         "16 px)") from None
+
+
+def check_seq_lens(seq_lens: Sequence[int]) -> None:
+    """Refuse a budget below one patch (no image fits it), before any model is built."""
+    bad = next((seq_len for seq_len in seq_lens if seq_len < 1), None)
+    if bad is not None:
+        raise UserError(f"--seq-lens {bad} is below one patch: a token budget is the most patches an image is cut "
+                        "into, e.g. --seq-lens 64 196 400 784")
+
+
+def naflex_patch(model: nn.Module) -> tuple[int, int] | None:
+    """The (h, w) patch of a model that takes timm's NaFlex batches, None for one that does not.
+
+    A model takes them when its forward has timm's NaFlex argument ``patch_coord`` (ours, timm's NaFlexViT); its patch
+    is timm's ``get_patch_size()`` (NaFlexViT's hook for loader wiring) or its ``patch_embed.patch_size`` (ours).
+    """
+    if "patch_coord" not in inspect.signature(model.forward).parameters:
+        return None
+    getter = getattr(model, "get_patch_size", None)
+    patch = getter() if getter is not None else getattr(getattr(model, "patch_embed", None), "patch_size", None)
+    return None if patch is None else tuple(int(side) for side in to_2tuple(patch))
+
+
+def check_naflex(models: Sequence[EvalModel]) -> None:
+    """Raise a ``UserError`` naming the first model that cannot take NaFlex batches, and what to do."""
+    for entry in models:
+        if naflex_patch(entry.model) is None:
+            raise UserError(f"{entry.label} cannot be evaluated at token budgets: a {type(entry.model).__name__} "
+                            "does not take NaFlex batches (its forward has no patch_coord); drop --seq-lens to "
+                            "evaluate it at square --img-sizes, or evaluate a vit_rope_* or timm naflexvit_* model")
+
+
+def budget_transform(seq_len: int, patch: tuple[int, int]) -> Callable[[Any], dict[str, Tensor]]:
+    """timm's NaFlex eval transform for budget ``seq_len``: ``ResizeToSequence`` (PIL bicubic, as the square
+    protocol), then pixels in [0, 1] cut by ``Patchify`` into ``patches`` ``[n, h*w*3]`` (channels last),
+    ``patch_coord`` ``[n, 2]`` (y, x) and ``patch_valid`` ``[n]``, n <= ``seq_len``. Mean 0 and std 1: each model is
+    normalised with its own afterwards (``normalise``), so that one loader serves every model of a patch size."""
+    return create_transform(is_training=False, naflex=True, patch_size=patch, max_seq_len=seq_len, patchify=True,
+                            interpolation="bicubic", mean=(0.0, 0.0, 0.0), std=(1.0, 1.0, 1.0), use_prefetcher=False)
+
+
+class BudgetCollator:
+    """timm's ``NaFlexCollator`` (items padded to ``seq_len``) on ``ImageFolderDataset`` items ``(patch dict, class,
+    skipped)``: it reads the first two, and the count of unreadable files skipped, which it drops, is kept as a third
+    tensor ``[B]``, so that the harness leaves refilled slots out as it does for square sizes."""
+
+    def __init__(self, seq_len: int) -> None:
+        self.collate = NaFlexCollator(max_seq_len=seq_len)
+
+    def __call__(self, items: list[tuple[dict[str, Tensor], int, int]]) -> tuple[dict[str, Any], Tensor, Tensor]:
+        batch, targets = self.collate(items)
+        return batch, targets, torch.tensor([item[2] for item in items])
+
+
+def budget_settings(seq_lens: Sequence[int], patches: Sequence[tuple[int, int] | None]) -> list[Setting]:
+    """One setting per budget and patch size among ``patches`` (one per model, ``naflex_patch``; None for a model
+    that ``check_naflex`` refuses): models of another patch cut images into other patches, so they need a loader of
+    their own."""
+    return [Setting(f"{seq_len} tokens" + (f" ({patch[0]}x{patch[1]} patches)" if len(set(patches)) > 1 else ""),
+                    {"img_size": None, "seq_len": seq_len, "patch_size": list(patch), "crop_pct": None},
+                    budget_transform(seq_len, patch), BudgetCollator(seq_len),
+                    [i for i, other in enumerate(patches) if other == patch])
+            for seq_len in seq_lens for patch in dict.fromkeys(patches)]
+
+
+def to_device(inputs: Tensor | dict[str, Any], device: str) -> Tensor | dict[str, Any]:
+    """Images ``[B, C, H, W]``, or every tensor of a NaFlex batch, on ``device``."""
+    if isinstance(inputs, dict):
+        return {key: value.to(device, non_blocking=True) if isinstance(value, Tensor) else value
+                for key, value in inputs.items()}
+    return inputs.to(device, non_blocking=True)
+
+
+def normalise(inputs: Tensor | dict[str, Any], mean: Tensor, std: Tensor) -> Tensor | dict[str, Any]:
+    """``inputs`` with a model's ``mean`` and ``std`` (``[1, C, 1, 1]``): images ``[B, C, H, W]``, or a NaFlex batch
+    whose patches ``[B, N, P*P*C]`` are channels last, so the channel is their fastest index. Padding patches change
+    too; the model never reads them."""
+    if not isinstance(inputs, dict):
+        return (inputs - mean) / std
+    patches = inputs["patches"].unflatten(-1, (-1, mean.numel()))  # [B, N, P*P, C]
+    return {**inputs, "patches": ((patches - mean.flatten()) / std.flatten()).flatten(-2)}  # [B, N, P*P*C]
+
