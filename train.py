@@ -98,6 +98,11 @@ def train(cfg: Config) -> None:
         raise UserError(f"{data_dir / 'train'} has {len(classes)} class folder ({classes[0]}); a classifier needs "
                         "two or more, each in a folder of its own")
     val_samples, _ = folders.find_images(data_dir / cfg.val_split, classes, split_key="val_split")
+    if cfg.train_fraction < 1:
+        everything = len(train_samples)
+        train_samples = folders.balanced_subset(train_samples, cfg.train_fraction, cfg.train_subset_seed)
+        say(f"train subset: {len(train_samples)} of {everything} images ({cfg.train_fraction:g} of each class, "
+            f"train_subset_seed {cfg.train_subset_seed}), listed in {Path(cfg.output) / 'train_subset.txt'}")
     # every rank draws each step's size and images itself, from these: they must agree (a collective under DDP)
     check_ranks_agree({key: getattr(cfg, key) for key in ("train_sizes", "img_size", "batch_size", "token_budget",
                                                           "seed", "mixup", "cutmix", "repeated_aug", "epochs",
@@ -185,6 +190,9 @@ def train(cfg: Config) -> None:
     if env.is_main:
         output.mkdir(parents=True, exist_ok=True)
         save_config(cfg, output / "config.yaml")
+        if cfg.train_fraction < 1:  # the images a subset run trained on, relative to the data dir
+            (output / "train_subset.txt").write_text(
+                "".join(f"{Path(path).relative_to(data_dir).as_posix()}\n" for path, _ in train_samples))
         log = engine.RunLog(output, columns, start_epoch if resume else None)
 
     def position(epochs_done: int, step: int) -> str:

@@ -194,3 +194,4 @@ def test_output_that_is_a_file_is_refused_before_the_run(tmp_path: Path) -> None
     with pytest.raises(UserError, match=r"output .*best.pth is a file, not a folder"):
         build_config(None, [f"output={tmp_path / 'best.pth'}"])
     assert build_config(None, [f"output={tmp_path / 'new'}"]).output == str(tmp_path / "new")  # made later
+

@@ -19,6 +19,7 @@ from conftest import REPO, ROPE_MODEL, TINY_MODEL, tiny_args
 from timm.optim import create_optimizer_v2
 
 import train
+from vit_rope.data import folders
 from vit_rope.data.sizes import SizeSchedule
 from vit_rope.train import engine
 from vit_rope.train.cli import build_config
@@ -464,3 +465,19 @@ def test_new_classifier_handles_two_heads_and_none() -> None:
     out = train.new_classifier(timm.create_model("vit_tiny_patch16_224", depth=1, num_classes=3).state_dict(),
                                headless, None, ["a", "b"], "x.pth", said.append)
     assert set(out) == set(headless.state_dict()) and "dropped (num_classes=0)" in said[1]
+
+
+def test_train_fraction_trains_on_the_same_class_balanced_subset_whatever_the_seed(image_root: Path,
+                                                                                   tmp_path: Path) -> None:
+    samples, _ = folders.find_images(image_root / "train")  # 8 images per class
+    third = folders.balanced_subset(samples, 1 / 3, seed=0)
+    assert [sum(target == c for _, target in third) for c in range(3)] == [3, 3, 3]  # round(8 / 3) each
+    assert third == folders.balanced_subset(samples, 1 / 3, seed=0) != folders.balanced_subset(samples, 1 / 3, seed=1)
+    assert third == sorted(third, key=samples.index)  # in the split's order
+    for seed in (0, 1):  # the run's seed does not change the subset; train_subset_seed does
+        out = tmp_path / f"run{seed}"
+        assert train.main(tiny_args(image_root, out, "--epochs", "1", "--batch-size", "4", f"seed={seed}",
+                                    "train_fraction=0.34")) == 0
+        listed = (out / "train_subset.txt").read_text().split()
+        assert listed == [Path(path).relative_to(image_root).as_posix() for path, _ in third]
+        assert metrics(out)[0]["sizes"] == "32:2"  # 9 images in steps of 4

@@ -16,6 +16,7 @@ import os
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
+import numpy as np
 import torch
 from PIL import Image
 from torch.utils.data import Dataset
@@ -102,6 +103,25 @@ def find_images(split_dir: Path, classes: list[str] | None = None, split_key: st
         raise UserError(f"none of the {len(samples)} images under {split_dir} can be read (e.g. {samples[0][0]}): "
                         "replace the corrupt files, or point the data dir at the data set")
     return samples, classes
+
+
+def balanced_subset(samples: list[Sample], fraction: float, seed: int) -> list[Sample]:
+    """A class-balanced ``fraction`` of ``samples``: each class keeps ``round(fraction x its images)`` (at least one),
+    drawn by ``seed`` alone, in the samples' order.
+
+    Why a seed of its own (``train_subset_seed``, not the run's): runs that differ in seed or model must train on the
+    same images for a data-size comparison to mean anything (study v4, stage 2).
+    """
+    rng = np.random.default_rng(seed)
+    by_class: dict[int, list[int]] = {}
+    for index, (_, target) in enumerate(samples):
+        by_class.setdefault(target, []).append(index)
+    kept = []
+    for target in sorted(by_class):
+        indices = by_class[target]
+        count = max(1, round(fraction * len(indices)))
+        kept += [indices[i] for i in rng.choice(len(indices), count, replace=False)]
+    return [samples[index] for index in sorted(kept)]
 
 
 class Images(Dataset):

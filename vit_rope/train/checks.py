@@ -32,14 +32,15 @@ from vit_rope.train.config import Config
 # (test, wording, keys): each key's value must pass the test; None (an optional key left unset) is not checked
 _RANGES: tuple[tuple[Callable[[float], bool], str, tuple[str, ...]], ...] = (
     (lambda v: v > 0, "> 0", ("img_size", "epochs", "batch_size", "lr", "decay_epochs", "decay_rate", "clip_grad")),
-    (lambda v: v >= 0, ">= 0", ("seed", "workers", "threads", "log_interval", "checkpoint_interval", "keep_every",
-                                "warmup_epochs", "cache_size", "weight_decay", "momentum", "warmup_lr", "min_lr",
-                                "color_jitter", "mixup", "cutmix")),
+    (lambda v: v >= 0, ">= 0", ("seed", "train_subset_seed", "workers", "threads", "log_interval",
+                                "checkpoint_interval", "keep_every", "warmup_epochs", "cache_size", "weight_decay",
+                                "momentum", "warmup_lr", "min_lr", "color_jitter", "mixup", "cutmix")),
     (lambda v: 0 <= v <= 1, "between 0 and 1", ("hflip", "reprob", "mixup_prob", "mixup_switch_prob", "smoothing",
                                                 "model_ema_decay")),
     (lambda v: 0 <= v < 1, "in [0, 1) (the probability that a block is skipped)", ("drop_path",)),
     (lambda v: 0 < v <= 1, "in (0, 1] (the fraction of the resized image that the center crop keeps)",
      ("crop_pct",)),
+    (lambda v: 0 < v <= 1, "in (0, 1] (the fraction of each class's train images to train on)", ("train_fraction",)),
 )
 _SCHEDULERS = ("cosine", "tanh", "step", "multistep", "plateau", "poly")  # the ones base.yaml documents
 

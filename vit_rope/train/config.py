@@ -29,6 +29,8 @@ class Config:
     output: str = "output/run"
     data_dir: str | None = None
     val_split: str = "val"
+    train_fraction: float = 1.0
+    train_subset_seed: int = 0
     download_size: Literal["full", "320px", "160px"] = "320px"
     resume: str | None = None
     finetune: str | None = None
