@@ -72,7 +72,9 @@ STUDIES = {
         "mixed_coord_sizes": ("RoPE-Mixed + coord aug + sizes 80-160", "ape")}),
     "v4": ("configs/imagenette_study/v4", "results/imagenette/v4", "output/study/v4", {
         "mixed_coord_sizes": ("RoPE-Mixed + coord aug + sizes 80-160", "ape_sizes"),
-        "dinov3": ("DINOv3 RoPE + coord rescale 2", "ape_sizes"), "ape_sizes": ("APE + sizes 80-160", None)}),
+        "dinov3": ("DINOv3 RoPE + coord rescale 2", "ape_sizes"), "ape_sizes": ("APE + sizes 80-160", None),
+        "mixed_third": ("RoPE-Mixed, a third of the images x 90 epochs", "ape_third"),
+        "ape_third": ("APE, a third of the images x 90 epochs", None)}),
     "vit_s": ("configs/imagenette_vit_s", "results/imagenette/vit_s", "output/imagenette_vit_s", {
         "mixed": ("RoPE-Mixed ViT-S", "ape"), "ape": ("APE ViT-S", None), "axial": ("RoPE-Axial ViT-S", "ape")}),
 }
@@ -89,8 +91,9 @@ SIZES = {"v1": [48, 64, 80, 96, 128, 160], "v2": [48, 64, 80, 96, 128, 160], "v3
 # 14x14 grid, RoPE-ViT's own claim: hold at 1.43x-1.71x (320 and 384 px of 224) and beat APE at 2.29x (512 px).
 ROPE_VIT_GOAL = Goal(hold=(1.43, 1.71), beat=(None,))
 GOALS = {"v3": ROPE_VIT_GOAL, "v4": ROPE_VIT_GOAL, "vit_s": ROPE_VIT_GOAL}
-# Arms that wait until every seed of the others is done: v3's remedy comes after its three controls.
-LATER = {"v3": ("mixed_coord_sizes",)}
+# Arms that wait until every seed of the others is done: v3's remedy comes after its three controls, v4's stage 2
+# (the data question) after stage 1.
+LATER = {"v3": ("mixed_coord_sizes",), "v4": ("mixed_third", "ape_third")}
 # Second crop fraction evaluated (positions as trained only) beside the study's crop 1.0: one crop can favour an arm.
 SECOND_CROP = {"v3": 0.875, "v4": 0.875}
 
