@@ -6,7 +6,8 @@ variants add RoPE-ViT's learned absolute position embedding. The rotation kinds 
 ``vit_rope_{tiny,small,base}_patch16_{golden,string,string_mixed}_224`` (``ROTATION_KINDS``): golden-angle RoPE and
 Cayley-STRING over axial or mixed RoPE (``vit_rope.layers.frequencies``, ``vit_rope.layers.string``). The small,
 base and large models point at the published ``naver_in1k`` weights on the Hugging Face hub (timm's copies,
-converted on load); any local file works too: ``timm.create_model(name, pretrained=True, pretrained_cfg_overlay=dict(file=PATH))``. DINOv3's backbones are
+converted on load); any local file works too:
+``timm.create_model(name, pretrained=True, pretrained_cfg_overlay=dict(file=PATH))``. DINOv3's backbones are
 ``vit_rope_{small,small_plus,base,large}_patch16_dinov3[_qkvb]`` (``vit_rope.models.dinov3``), pointing at timm's copies
 of Meta's LVD-1689M weights.
 """
