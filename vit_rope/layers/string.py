@@ -29,7 +29,10 @@ from torch import Tensor, nn
 
 
 def cayley(skew: Tensor) -> Tensor:
-    """``P = (I - S)(I + S)^-1`` with ``S = A - A^T``: an orthogonal ``[..., D, D]`` for any ``A`` ``[..., D, D]``."""
+    """``P = (I - S)(I + S)^-1`` with ``S = A - A^T``: an orthogonal ``[..., D, D]`` for any ``A`` ``[..., D, D]``,
+    in fp32 at least (a solve in bf16 would lose orthogonality)."""
+    if skew.dtype != torch.float64:
+        skew = skew.float()
     s = skew - skew.transpose(-1, -2)  # exactly skew-symmetric
     eye = torch.eye(s.shape[-1], dtype=s.dtype, device=s.device)
     return torch.linalg.solve(eye + s, eye - s)  # (I + S)^-1 (I - S), which equals (I - S)(I + S)^-1 (they commute)
@@ -58,6 +61,11 @@ def fold_qk(basis: Tensor, weight: Tensor, bias: Tensor | None) -> tuple[Tensor,
     return folded, torch.cat((bqk, b[2:]), 0).flatten()
 
 
+# FX (torchvision's feature extractor, timm's tracer): recorded as calls, whose shapes and dtypes the trace cannot read
+torch.fx.wrap("cayley")
+torch.fx.wrap("fold_qk")
+
+
 class CayleyString(nn.Module):
     """The learned ``S`` of one attention layer and the qkv projection it folds into (see the module docstring).
 
@@ -71,13 +79,13 @@ class CayleyString(nn.Module):
         self._cache: tuple[tuple[int, ...], Tensor, Tensor | None] | None = None
 
     def basis(self) -> Tensor:
-        """``P`` ``[nh, D, D]``, orthogonal (in fp32 at least: a solve in bf16 would lose orthogonality)."""
-        skew = self.skew if self.skew.dtype == torch.float64 else self.skew.float()
-        return cayley(skew)
+        """``P`` ``[nh, D, D]``, orthogonal."""
+        return cayley(self.skew)
 
     def forward(self, weight: Tensor, bias: Tensor | None) -> tuple[Tensor, Tensor | None]:
         if not torch.jit.is_scripting():
-            if not torch.is_grad_enabled() and not torch.compiler.is_compiling() and not torch.jit.is_tracing():
+            eager = not (torch.compiler.is_compiling() or torch.jit.is_tracing() or isinstance(weight, torch.fx.Proxy))
+            if eager and not torch.is_grad_enabled():
                 return self._cached(weight, bias)
         return fold_qk(self.basis(), weight, bias)
 
