@@ -24,6 +24,7 @@ KINDS = {  # every RoPE table, and STRING over axial and mixed
     "string_axial": dict(rope_kind="string", rope_string_base="axial"),
     "string_mixed": dict(rope_kind="string", rope_string_base="mixed"),
     "string_golden": dict(rope_kind="string", rope_string_base="golden"),
+    "string_dinov3": dict(rope_kind="string", rope_string_base="dinov3", rope_policy="extrapolate"),
 }
 
 
@@ -134,6 +135,16 @@ def test_string_stays_orthogonal_through_training_and_folds_exactly(kind: str):
         assert not any("string" in key for key in folded_model.state_dict())
         torch.testing.assert_close(folded_model(x), unfolded, atol=1e-5, rtol=1e-5)
         torch.testing.assert_close(per_forward, unfolded, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("name", [f"vit_rope_tiny_patch16_{kind}_224" for kind in ROTATION_KINDS])
+def test_intermediates_of_images_and_naflex_batches(name: str):
+    model = timm.create_model(name, depth=2, num_classes=3, rope_fraction=0.5).eval()
+    maps = model.forward_intermediates(torch.randn(2, 3, 48, 64), intermediates_only=True)
+    assert [tuple(m.shape) for m in maps] == [(2, 192, 3, 4)] * 2
+    flat, coord = image_patches(3, 4)
+    naflex = model.forward_intermediates(batch([coord + 2], flat, length=16), intermediates_only=True)
+    assert naflex[0].shape == (1, 192, 5, 6)  # the sample's map in the corner of its grid, coordinates from 2
 
 
 def test_unknown_kind_and_bad_fraction_are_errors_that_say_what_is_allowed():

@@ -11,8 +11,10 @@ image grids, where a patch has a position ``(x, y)``:
   so that a pair can turn along any direction of the image (theta = 10 at initialisation, one set per layer).
 
 Both are the same formula, ``angle = x * wx + y * wy``: axial RoPE is the special case with ``wy = 0`` on the
-first half of the pairs and ``wx = 0`` on the second. This module holds that formula as pure functions plus a thin
-``RoPE2D`` module that owns the frequencies. Channel layout is interleaved pairs, as in RoFormer and RoPE-ViT.
+first half of the pairs and ``wx = 0`` on the second, and the other kinds only change the vectors
+(``vit_rope.layers.frequencies``: golden-angle directions; p-RoPE's unrotated pairs). This module holds that formula
+as pure functions plus a thin ``RoPE2D`` module that owns the frequencies. Channel layout is interleaved pairs, as in
+RoFormer and RoPE-ViT.
 """
 
 from __future__ import annotations
@@ -158,8 +160,8 @@ for _name in ("grid_positions", "dinov3_positions", "rope_angles", "rope_tables"
 class RoPE2D(nn.Module):
     """Frequencies of one 2D RoPE and the tables they give for a set of positions.
 
-    Axial frequencies are a fixed, non-persistent buffer (nothing to save, rebuilt on load); mixed frequencies
-    are a learnable ``[2, num_heads, head_dim // 2]`` parameter that should get no weight decay (RoPE-ViT).
+    Axial, golden and DINOv3 frequencies are a fixed, non-persistent buffer (nothing to save, rebuilt on load); mixed
+    frequencies are a learnable ``[2, num_heads, head_dim // 2]`` parameter that should get no weight decay (RoPE-ViT).
     A model with mixed RoPE holds one ``RoPE2D`` per block, as the paper learns frequencies per layer. The forward
     compiles with TorchScript: the policy is kept as plain fields, and ``policy`` assembles them.
 
