@@ -178,3 +178,20 @@ def test_onnx_export_at_a_size_other_than_training_matches_eager(name: str, tmp_
         import onnx
         assert not {node.op_type for node in onnx.load(str(result.path)).graph.node} & {"Inverse", "Solve"}
         assert any(key.endswith("skew") for key in model.state_dict())  # the caller's model is not folded
+
+
+def test_a_checkpoint_without_string_loads_with_p_the_identity_and_says_so(tmp_path):
+    from vit_rope.models.checkpoint import STRING, WeightsNotLoadedWarning, load_weights
+
+    torch.manual_seed(0)
+    axial = timm.create_model("vit_rope_tiny_patch16_axial_224", depth=2, num_classes=3)
+    torch.save(axial.state_dict(), tmp_path / "axial.pth")
+    string = timm.create_model("vit_rope_tiny_patch16_string_224", depth=2, num_classes=3)
+    with torch.no_grad():
+        string.blocks[0].attn.string.skew.normal_()
+    with pytest.warns(WeightsNotLoadedWarning, match="Cayley-STRING"):
+        report = load_weights(string, tmp_path / "axial.pth")
+    assert set(report.initialised[STRING]) == {f"blocks.{i}.attn.string.skew" for i in range(2)}
+    x = torch.randn(1, 3, 32, 48)
+    with torch.no_grad():
+        torch.testing.assert_close(string.eval()(x), axial.eval()(x), atol=1e-6, rtol=0)
