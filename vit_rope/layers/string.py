@@ -97,6 +97,12 @@ class CayleyString(nn.Module):
             self._cache = (key, *fold_qk(self.basis(), weight, bias))
         return self._cache[1], self._cache[2]
 
+    def train(self, mode: bool = True) -> CayleyString:
+        """Also drop the evaluation fold when training starts: it would be stale after the first step anyway."""
+        if mode:
+            self._cache = None
+        return super().train(mode)
+
     @torch.no_grad()
     def fold_into_(self, linear: nn.Linear) -> None:
         """Write ``P`` into ``linear`` (the qkv projection) and reset ``S`` to 0: the same function, ``P = I`` after."""
