@@ -16,7 +16,8 @@ from torchvision.models.feature_extraction import create_feature_extractor, get_
 
 import vit_rope  # noqa: F401  (registers the models)
 
-NAMES = ["vit_rope_tiny_patch16_axial_224", "vit_rope_tiny_patch16_mixed_224", "vit_rope_tiny_patch16_mixed_ape_224"]
+NAMES = ["vit_rope_tiny_patch16_axial_224", "vit_rope_tiny_patch16_mixed_224", "vit_rope_tiny_patch16_mixed_ape_224",
+         "vit_rope_tiny_patch16_golden_224", "vit_rope_tiny_patch16_string_mixed_224"]
 SIZES = [(64, 64), (48, 80)]
 
 

@@ -75,7 +75,7 @@ def _coverage(rope: RoPE2D, grid: tuple[int, int]) -> tuple[Tensor, Tensor, Tens
     """Turns ``[H, D/2]`` of each pair across the training grid and across ``grid`` under the policy, and whether
     the pair meets unseen phases there (``frequency_coverage``)."""
     freqs, _ = rope.frequencies(grid)
-    train = _turns(rope, rope.freqs.detach(), rope.train_grid)  # [H, D/2]
+    train = _turns(rope, rope.pair_frequencies().detach(), rope.train_grid)  # [H, D/2]
     step = train / max(max(rope.train_grid) - 1, 1)  # turns over one training step (the longer axis)
     target = _turns(rope, freqs.detach(), grid)
     return train, target, (train < 1) & (target > train + step + 1e-6)
@@ -126,7 +126,7 @@ def plot_mixed_directions(model: RoPEVisionTransformer, path: Path) -> bool:
     for ax in axes.flat[len(ropes):]:
         ax.axis("off")
     for layer, (rope, ax) in enumerate(zip(ropes, axes.flat, strict=False)):
-        wx, wy = rope.freqs.detach().float()
+        wx, wy = rope.pair_frequencies().detach().float()
         for head in range(wx.shape[0]):
             ax.scatter(wx[head], wy[head], s=6, label=f"head {head}")
         ax.set_title(f"layer {layer}" if len(ropes) > 1 else f"{model.rope_kind} (all layers)", fontsize=9)

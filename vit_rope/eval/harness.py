@@ -89,7 +89,8 @@ def check_sizes(sizes: Sequence[int], models: Sequence[EvalModel], policies: Seq
         naflex.check_naflex(models)
     for entry in models:
         check_multiple("size", sizes, entry.model, entry.label)
-        kind = getattr(entry.model, "rope_kind", None)
+        # the RoPE table's kind (STRING's base for a STRING model) decides which policies apply
+        kind = getattr(entry.model, "rope_string_base", None) or getattr(entry.model, "rope_kind", None)
         for policy in policies if kind else ():
             try:
                 check_policy(kind, policy)

@@ -16,6 +16,7 @@ and ``onnxruntime``: ``pip install 'vit-rope[export]'``.
 from __future__ import annotations
 
 import argparse
+import copy
 import importlib.util
 import sys
 from dataclasses import dataclass
@@ -80,7 +81,10 @@ def _images(model: nn.Module, batch: int, h: int, w: int) -> torch.Tensor:
 
 def export_program(model: nn.Module, img_size: tuple[int, int] = (224, 224), batch_size: int = 2,
                    dynamic: bool = True) -> ExportedProgram:
-    """``torch.export`` of ``model`` in eval mode (its mode is restored after), batch and patch grid dynamic."""
+    """``torch.export`` of ``model`` in eval mode (its mode is restored after), batch and patch grid dynamic.
+
+    A Cayley-STRING model is exported from a copy with ``P`` written into its qkv weights (``fold_string_``): the
+    graph is the base kind's, with no solve and no fold."""
     ph, pw = check_img_size(model, img_size)
     if dynamic and batch_size < 2:
         raise ExportInputError(f"batch_size {batch_size}: trace with 2 or more images (torch.export fixes a batch "
@@ -92,6 +96,9 @@ def export_program(model: nn.Module, img_size: tuple[int, int] = (224, 224), bat
                                "policy or set_rope_policy('yarn', yarn_temperature=False)")
     h, w = img_size
     dims = ({0: Dim("batch", min=1), 2: ph * Dim("grid_h", min=1), 3: pw * Dim("grid_w", min=1)},)
+    if getattr(model, "rope_string_base", None) is not None:
+        model = copy.deepcopy(model)
+        model.fold_string_()
     was_training = model.training
     try:
         return torch.export.export(model.eval(), (_images(model, batch_size, h, w),),

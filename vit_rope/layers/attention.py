@@ -7,13 +7,15 @@ forward; prefix tokens (class, registers) have identity rows in them, so they ar
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import torch.nn.functional as F
 from timm.layers import maybe_add_mask, resolve_self_attn_mask
 from timm.models.vision_transformer import Attention, Block
 from torch import Tensor, nn
 
-from vit_rope.layers.fused import project_rotate_qk
+from vit_rope.layers.fused import project_rotate_qk, project_weights_rotate_qk
 from vit_rope.layers.rope import apply_rope
 
 RopeTables = tuple[Tensor, Tensor]
@@ -24,10 +26,15 @@ class RoPEAttention(Attention):
 
     Same parameters and state-dict keys as timm's ``Attention``, so ViT and DeiT-III weights load unchanged.
     ``F.scaled_dot_product_attention`` is the fast path; ``fused_attn = False`` computes the same scores
-    explicitly (useful to inspect attention maps).
+    explicitly (useful to inspect attention maps). ``string`` is None, or Cayley-STRING's learned basis
+    (``vit_rope.layers.string.CayleyString``), folded into the q and k rows of the projection at every forward.
     """
 
     __jit_unused_properties__ = ["plain_qk"]
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.string: nn.Module | None = None
 
     def project(self, x: Tensor, rope: RopeTables | None = None) -> tuple[Tensor, Tensor, Tensor]:
         """Queries and keys (rotated) and values, each ``[B, nh, N, D]``; diagnostics reuse it for attention maps.
@@ -39,10 +46,19 @@ class RoPEAttention(Attention):
         """
         if not torch.jit.is_scripting():  # TorchScript compiles only what this branch leaves out
             if rope is not None and self.plain_qk and not _tracing(x):
-                qkv = project_rotate_qk(self.qkv, x, self.num_heads, *rope)  # [B, N, 3, nh, D]
+                if self.string is None:
+                    qkv = project_rotate_qk(self.qkv, x, self.num_heads, *rope)  # [B, N, 3, nh, D]
+                else:
+                    weight, bias = self.string(self.qkv.weight, self.qkv.bias)
+                    qkv = project_weights_rotate_qk(x, weight, bias, self.num_heads, *rope)
                 q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # [B, nh, N, D] each
                 return q, k, v
-        qkv = self.qkv(x).unflatten(-1, (3, self.num_heads, self.head_dim))  # [B, N, 3, nh, D]
+        if self.string is None:
+            qkv = self.qkv(x)
+        else:  # P q = (P W_q) x + P b_q: the folded projection
+            weight, bias = self.string(self.qkv.weight, self.qkv.bias)
+            qkv = F.linear(x, weight, bias)
+        qkv = qkv.unflatten(-1, (3, self.num_heads, self.head_dim))  # [B, N, 3, nh, D]
         q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # [B, nh, N, D] each
         q, k = self.q_norm(q), self.k_norm(k)
         if rope is not None:

@@ -192,11 +192,20 @@ def project_rotate_qk(linear: nn.Module, x: Tensor, num_heads: int, cos: Tensor,
     Returns:
         ``[B, N, 3, nh, D]`` with q and k rotated.
     """
-    plain = type(linear) is nn.Linear and not (linear._forward_hooks or linear._forward_pre_hooks)
-    tracked = x.requires_grad or linear.weight.requires_grad or cos.requires_grad or sin.requires_grad
-    if plain and torch.is_grad_enabled() and tracked:
-        return _ProjectRotateQK.apply(x, linear.weight, linear.bias, cos, sin, num_heads, _use_triton(x, cos, backend))
+    if type(linear) is nn.Linear and not (linear._forward_hooks or linear._forward_pre_hooks):
+        return project_weights_rotate_qk(x, linear.weight, linear.bias, num_heads, cos, sin, backend)
     return rotate_qk(linear(x).unflatten(-1, (3, num_heads, -1)), cos, sin, backend)
+
+
+def project_weights_rotate_qk(x: Tensor, weight: Tensor, bias: Tensor | None, num_heads: int, cos: Tensor,
+                              sin: Tensor, backend: str = "auto") -> Tensor:
+    """``project_rotate_qk`` for a projection given as its weight ``[3 * nh * D, C]`` and bias: Cayley-STRING's
+    folded projection (``vit_rope.layers.string``), which no Linear holds. Projection and rotation are one autograd
+    node when autograd records, and the rotation is in place either way."""
+    tracked = x.requires_grad or weight.requires_grad or cos.requires_grad or sin.requires_grad
+    if torch.is_grad_enabled() and tracked:
+        return _ProjectRotateQK.apply(x, weight, bias, cos, sin, num_heads, _use_triton(x, cos, backend))
+    return rotate_qk(F.linear(x, weight, bias).unflatten(-1, (3, num_heads, -1)), cos, sin, backend)
 
 
 def _use_triton(x: Tensor, cos: Tensor, backend: str) -> bool:

@@ -11,8 +11,10 @@ image grids, where a patch has a position ``(x, y)``:
   so that a pair can turn along any direction of the image (theta = 10 at initialisation, one set per layer).
 
 Both are the same formula, ``angle = x * wx + y * wy``: axial RoPE is the special case with ``wy = 0`` on the
-first half of the pairs and ``wx = 0`` on the second. This module holds that formula as pure functions plus a thin
-``RoPE2D`` module that owns the frequencies. Channel layout is interleaved pairs, as in RoFormer and RoPE-ViT.
+first half of the pairs and ``wx = 0`` on the second, and the other kinds only change the vectors
+(``vit_rope.layers.frequencies``: golden-angle directions; p-RoPE's unrotated pairs). This module holds that formula
+as pure functions plus a thin ``RoPE2D`` module that owns the frequencies. Channel layout is interleaved pairs, as in
+RoFormer and RoPE-ViT.
 """
 
 from __future__ import annotations
@@ -25,30 +27,33 @@ from timm.layers import register_notrace_module
 from torch import Tensor, nn
 
 from vit_rope.layers.dinov3_rope import check_normalize, dinov3_frequencies, dinov3_positions
+from vit_rope.layers.frequencies import (
+    MIXED_INITS,
+    axial_frequencies,
+    check_fraction,
+    check_head_dim,
+    golden_frequencies,
+    mixed_frequencies,
+    rotated_pairs,
+)
 from vit_rope.layers.naflex import sample_frequencies
 from vit_rope.layers.policies import ResolutionPolicy, check_policy, scale_frequencies, transform_positions
 
-KINDS = ("axial", "mixed", "dinov3")
-DEFAULT_THETA = {"axial": 100.0, "mixed": 10.0, "dinov3": 100.0}
-DEFAULT_POLICY = {"axial": "extrapolate", "mixed": "extrapolate", "dinov3": "normalized"}
+KINDS = ("axial", "mixed", "golden", "dinov3")
+DEFAULT_THETA = {"axial": 100.0, "mixed": 10.0, "golden": 100.0, "dinov3": 100.0}
+DEFAULT_POLICY = {"axial": "extrapolate", "mixed": "extrapolate", "golden": "extrapolate", "dinov3": "normalized"}
+# the names tests and tools import from here; they live in vit_rope.layers.frequencies
+__all__ = ["KINDS", "RoPE2D", "apply_rope", "axial_frequencies", "check_fraction", "check_head_dim", "check_kind",
+           "check_theta", "golden_frequencies", "grid_positions", "mixed_frequencies", "rope_angles", "rope_tables"]
 
 
-def check_kind(kind: str) -> str:
-    """Return ``kind`` if it names a RoPE variant, else raise a ``ValueError`` listing the variants."""
+def check_kind(kind: str, models: bool = False) -> str:
+    """Return ``kind`` if it names a RoPE table, else raise a ``ValueError`` listing them (and, for ``models``, the
+    ``string`` kind that models also take: Cayley-STRING over one of them)."""
     if kind not in KINDS:
-        raise ValueError(f"Unknown RoPE kind {kind!r}: choose one of {', '.join(KINDS)}.")
+        extra = " (or rope_kind='string' on a model: Cayley-STRING over rope_string_base)" if models else ""
+        raise ValueError(f"Unknown RoPE kind {kind!r}: choose one of {', '.join(KINDS)}{extra}.")
     return kind
-
-
-def check_head_dim(head_dim: int) -> int:
-    """Return ``head_dim`` if 2D RoPE can use it: two axes times pairs of channels need ``4 | head_dim``."""
-    if head_dim <= 0 or head_dim % 4:
-        lower, upper = head_dim - head_dim % 4, head_dim - head_dim % 4 + 4
-        raise ValueError(
-            f"2D RoPE needs a head_dim divisible by 4 (pairs of channels for each of the x and y axes), got "
-            f"head_dim={head_dim}. Change embed_dim / num_heads so that head_dim is {lower or 4} or {upper}."
-        )
-    return head_dim
 
 
 def check_theta(theta: float) -> float:
@@ -79,43 +84,6 @@ def grid_positions(
         indexing="ij",
     )
     return torch.stack((xs, ys), dim=-1).reshape(-1, 2)  # [N, 2]
-
-
-def _magnitudes(head_dim: int, theta: float) -> Tensor:
-    """``theta ** (-4k / head_dim)`` for ``k < head_dim / 4``: one frequency per pair of each axis."""
-    return 1.0 / (theta ** (torch.arange(0, head_dim, 4, dtype=torch.float32) / head_dim))
-
-
-def axial_frequencies(head_dim: int, theta: float = DEFAULT_THETA["axial"]) -> Tensor:
-    """Axial RoPE as ``(wx, wy)``: x drives the first ``head_dim / 4`` pairs, y the last ``head_dim / 4``.
-
-    Returns:
-        ``[2, 1, head_dim // 2]``; the singleton is the head axis (all heads share the frequencies).
-    """
-    mag = _magnitudes(check_head_dim(head_dim), theta)
-    zeros = torch.zeros_like(mag)
-    wx = torch.cat((mag, zeros))
-    wy = torch.cat((zeros, mag))
-    return torch.stack((wx, wy))[:, None, :]
-
-
-def mixed_frequencies(
-    head_dim: int, num_heads: int, theta: float = DEFAULT_THETA["mixed"], generator: torch.Generator | None = None
-) -> Tensor:
-    """RoPE-ViT's initialisation of mixed frequencies: one random direction per head.
-
-    The first ``head_dim / 4`` pairs turn along a random angle ``phi`` and the last ``head_dim / 4`` along the
-    orthogonal direction ``phi + pi / 2``, with the axial magnitudes, so that at initialisation each head is an
-    axial RoPE in a randomly rotated frame; training then moves the frequencies freely.
-
-    Returns:
-        ``[2, num_heads, head_dim // 2]`` as ``(wx, wy)``.
-    """
-    mag = _magnitudes(check_head_dim(head_dim), theta)  # [D/4]
-    phi = torch.rand(num_heads, 1, generator=generator) * (2 * math.pi)  # [nh, 1]
-    angles = torch.cat((phi.expand(-1, mag.numel()), (phi + math.pi / 2).expand(-1, mag.numel())), dim=-1)
-    mag = torch.cat((mag, mag))  # [D/2]
-    return torch.stack((mag * torch.cos(angles), mag * torch.sin(angles)))  # [2, nh, D/2]
 
 
 def rope_angles(positions: Tensor, freqs: Tensor) -> Tensor:
@@ -192,16 +160,16 @@ for _name in ("grid_positions", "dinov3_positions", "rope_angles", "rope_tables"
 class RoPE2D(nn.Module):
     """Frequencies of one 2D RoPE and the tables they give for a set of positions.
 
-    Axial frequencies are a fixed, non-persistent buffer (nothing to save, rebuilt on load); mixed frequencies
-    are a learnable ``[2, num_heads, head_dim // 2]`` parameter that should get no weight decay (RoPE-ViT).
+    Axial, golden and DINOv3 frequencies are a fixed, non-persistent buffer (nothing to save, rebuilt on load); mixed
+    frequencies are a learnable ``[2, num_heads, head_dim // 2]`` parameter that should get no weight decay (RoPE-ViT).
     A model with mixed RoPE holds one ``RoPE2D`` per block, as the paper learns frequencies per layer. The forward
     compiles with TorchScript: the policy is kept as plain fields, and ``policy`` assembles them.
 
     Args:
         head_dim: channels per head, divisible by 4.
         num_heads: attention heads (mixed frequencies are per head).
-        kind: ``"axial"``, ``"mixed"`` or ``"dinov3"`` (``vit_rope.layers.dinov3_rope``: fixed axial frequencies on
-            normalised coordinates).
+        kind: ``"axial"``, ``"mixed"``, ``"golden"`` (``vit_rope.layers.frequencies``: fixed golden-angle directions)
+            or ``"dinov3"`` (``vit_rope.layers.dinov3_rope``: fixed axial frequencies on normalised coordinates).
         theta: frequency base; ``None`` takes RoPE-ViT's value (100 axial, 10 mixed) or DINOv3's (100).
         train_grid: the ``(h, w)`` patch grid of training, which resolution policies scale against.
         policy: resolution policy (``vit_rope.layers.policies``) for grids other than ``train_grid``; ``None`` takes the
@@ -209,6 +177,9 @@ class RoPE2D(nn.Module):
         min_period: with ``max_period``, DINOv3's alternative period schedule (``dinov3`` only).
         max_period: see ``min_period``.
         normalize: DINOv3's coordinate normalisation, ``separate``, ``min`` or ``max`` (``dinov3`` only).
+        fraction: p-RoPE's share of pairs rotated (the highest frequencies); the others stay unrotated, learned ones
+            too: a fixed mask multiplies the frequencies, so their gradient is 0.
+        init: how ``mixed`` frequencies start: ``"rope-vit"`` (a random frame per head) or ``"golden"``.
     """
 
     __jit_unused_properties__ = ["policy", "learnable"]
@@ -224,6 +195,8 @@ class RoPE2D(nn.Module):
         min_period: float | None = None,
         max_period: float | None = None,
         normalize: str = "separate",
+        fraction: float = 1.0,
+        init: str = "rope-vit",
     ) -> None:
         super().__init__()
         self.kind = check_kind(kind)
@@ -239,14 +212,23 @@ class RoPE2D(nn.Module):
         self.normalize = check_normalize(normalize)
         self.periods = (min_period, max_period)
         self.policy = policy
+        if init not in MIXED_INITS or (init != "rope-vit" and kind != "mixed"):
+            raise ValueError(f"RoPE init={init!r}: mixed frequencies start as one of {', '.join(MIXED_INITS)}; other "
+                             f"kinds (here {kind!r}) take the default 'rope-vit' only.")
+        self.init, self.fraction = init, check_fraction(fraction)
         if kind == "mixed":
-            self.freqs = nn.Parameter(mixed_frequencies(head_dim, num_heads, self.theta))
+            self.freqs = nn.Parameter(self._initial_frequencies())
         else:
-            self.register_buffer("freqs", self._fixed_frequencies(), persistent=False)
+            self.register_buffer("freqs", self._initial_frequencies(), persistent=False)
+        self.register_buffer("rotated", rotated_pairs(self.freqs, self.fraction), persistent=False)  # [1, H, D/2]
 
-    def _fixed_frequencies(self) -> Tensor:
+    def _initial_frequencies(self) -> Tensor:
         if self.kind == "dinov3":
             return dinov3_frequencies(self.head_dim, self.theta, *self.periods)
+        if self.kind == "golden" or self.init == "golden":
+            return golden_frequencies(self.head_dim, self.num_heads, self.theta)
+        if self.kind == "mixed":
+            return mixed_frequencies(self.head_dim, self.num_heads, self.theta)
         return axial_frequencies(self.head_dim, self.theta)
 
     @property
@@ -265,12 +247,9 @@ class RoPE2D(nn.Module):
         return isinstance(self.freqs, nn.Parameter)
 
     def reset_parameters(self) -> None:
-        """Redraw mixed directions (timm's ``init_weights`` calls this); axial frequencies are fixed."""
+        """Redraw mixed directions (timm's ``init_weights`` calls this); fixed frequencies are rebuilt as they were."""
         with torch.no_grad():
-            if self.learnable:
-                self.freqs.copy_(mixed_frequencies(self.head_dim, self.num_heads, self.theta))
-            else:
-                self.freqs.copy_(self._fixed_frequencies())
+            self.freqs.copy_(self._initial_frequencies())
 
     def grid_positions(self, height: int, width: int, device: torch.device | None = None) -> Tensor:
         """Positions ``[N, 2]`` of an ``height x width`` patch grid as this module's policy places them."""
@@ -305,8 +284,9 @@ class RoPE2D(nn.Module):
     def sample_tables(self, positions: Tensor, num_prefix_tokens: int, grid: Tensor) -> tuple[Tensor, Tensor]:
         """Tables ``[B, H, P + N, D/2]`` for a NaFlex batch: ``positions`` ``[B, N, 2]`` from
         ``vit_rope.layers.naflex.coord_positions``, the policy applied to each sample's grid ``[B, 2]`` (h, w)."""
-        freqs, temperature = sample_frequencies(self.freqs, grid, self.train_grid, self.policy_name, self.theta,
-                                                self.head_dim, self.yarn_alpha, self.yarn_beta, self.yarn_temperature)
+        freqs, temperature = sample_frequencies(self.pair_frequencies(), grid, self.train_grid, self.policy_name,
+                                                self.theta, self.head_dim, self.yarn_alpha, self.yarn_beta,
+                                                self.yarn_temperature)
         cos, sin = rope_tables(rope_angles(positions, freqs), num_prefix_tokens)
         if temperature is not None:  # prefix rows too, as rope_tables pads them with the temperature
             cos, sin = cos * temperature, sin * temperature
@@ -316,9 +296,13 @@ class RoPE2D(nn.Module):
         """Frequencies ``[2, H, D/2]`` and attention temperature that the policy gives on ``grid`` (``None``: as is)."""
         train_grid = self.train_grid
         if grid is None or train_grid is None:
-            return self.freqs, 1.0
-        return scale_frequencies(self.freqs, grid, train_grid, self.policy_name, self.theta, self.head_dim,
+            return self.pair_frequencies(), 1.0
+        return scale_frequencies(self.pair_frequencies(), grid, train_grid, self.policy_name, self.theta, self.head_dim,
                                  self.yarn_alpha, self.yarn_beta, self.yarn_temperature)
+
+    def pair_frequencies(self) -> Tensor:
+        """The frequencies ``[2, H, D/2]`` in use: p-RoPE's unrotated pairs at 0."""
+        return self.freqs * self.rotated
 
     def no_weight_decay(self) -> set[str]:
         return {"freqs"} if self.learnable else set()
@@ -327,5 +311,7 @@ class RoPE2D(nn.Module):
         return (
             f"kind={self.kind}, head_dim={self.head_dim}, num_heads={self.num_heads}, theta={self.theta}, "
             f"train_grid={self.train_grid}, policy={self.policy_name}"
+            + (f", fraction={self.fraction}" if self.fraction != 1.0 else "")
+            + (f", init={self.init}" if self.learnable else "")
             + (f", normalize={self.normalize}, periods={self.periods}" if self.kind == "dinov3" else "")
         )

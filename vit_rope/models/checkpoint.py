@@ -42,6 +42,7 @@ _POS_EMBED = "pos_embed"
 # Why a weight of the model holds its initial value rather than one from the checkpoint (keys of LoadReport.initialised)
 ROPE_FREQS = "learned RoPE frequencies kept at their random initialisation"
 LAYERSCALE = "LayerScale set to the identity"
+STRING = "Cayley-STRING bases set to the identity (the base RoPE kind)"
 # (the classifier's reason names the class counts: _fit_classifier words it)
 
 
@@ -152,7 +153,7 @@ def _convert(state_dict: dict[str, Any], model: nn.Module
             value = resample_patch_embed(value, list(target[key].shape[-2:]), verbose=False)
         out[key] = value
 
-    initialised: dict[str, list[str]] = {ROPE_FREQS: [], LAYERSCALE: []}
+    initialised: dict[str, list[str]] = {ROPE_FREQS: [], LAYERSCALE: [], STRING: []}
     for key, value in target.items():
         if key in out:
             continue
@@ -162,6 +163,9 @@ def _convert(state_dict: dict[str, Any], model: nn.Module
         elif re.fullmatch(r"blocks\.\d+\.ls[12]\.gamma", key):
             out[key] = torch.ones_like(value)  # no LayerScale in the checkpoint: the identity scale keeps its function
             initialised[LAYERSCALE].append(key)
+        elif re.fullmatch(r"blocks\.\d+\.attn\.string\.skew", key):
+            out[key] = torch.zeros_like(value)  # a checkpoint without STRING: P = I keeps its function
+            initialised[STRING].append(key)
 
     def body(state: Mapping[str, Tensor]) -> dict[str, Tensor]:  # the classifier is _fit_classifier's concern
         return {key: value for key, value in state.items() if key not in _CLASSIFIER}

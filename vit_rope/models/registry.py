@@ -2,9 +2,12 @@
 
 ``import vit_rope`` runs this module, after which ``timm.create_model("vit_rope_small_patch16_mixed_224")`` works
 like any timm model. Names are ``vit_rope_{tiny,small,base,large}_patch16_{axial,mixed}[_ape]_224``; the ``_ape``
-variants add RoPE-ViT's learned absolute position embedding. The small, base and large models point at the
-published ``naver_in1k`` weights on the Hugging Face hub (timm's copies, converted on load); any local file works
-too: ``timm.create_model(name, pretrained=True, pretrained_cfg_overlay=dict(file=PATH))``. DINOv3's backbones are
+variants add RoPE-ViT's learned absolute position embedding. The rotation kinds without published weights are
+``vit_rope_{tiny,small,base}_patch16_{golden,string,string_mixed}_224`` (``ROTATION_KINDS``): golden-angle RoPE and
+Cayley-STRING over axial or mixed RoPE (``vit_rope.layers.frequencies``, ``vit_rope.layers.string``). The small,
+base and large models point at the published ``naver_in1k`` weights on the Hugging Face hub (timm's copies,
+converted on load); any local file works too:
+``timm.create_model(name, pretrained=True, pretrained_cfg_overlay=dict(file=PATH))``. DINOv3's backbones are
 ``vit_rope_{small,small_plus,base,large}_patch16_dinov3[_qkvb]`` (``vit_rope.models.dinov3``), pointing at timm's copies
 of Meta's LVD-1689M weights.
 """
@@ -29,6 +32,12 @@ ARCHS: dict[str, dict[str, int]] = {
     "small": dict(embed_dim=384, depth=12, num_heads=6),
     "base": dict(embed_dim=768, depth=12, num_heads=12),
     "large": dict(embed_dim=1024, depth=24, num_heads=16),
+}
+# name suffix -> model arguments of the rotation kinds (no published weights, hence no large size)
+ROTATION_KINDS: dict[str, dict[str, str]] = {
+    "golden": dict(rope_kind="golden"),
+    "string": dict(rope_kind="string", rope_string_base="axial"),
+    "string_mixed": dict(rope_kind="string", rope_string_base="mixed"),
 }
 _TIMM_PORT_SUFFIX = {("axial", False): "rope", ("mixed", False): "rope_mixed", ("axial", True): "rope_ape",
                      ("mixed", True): "rope_mixed_ape"}  # fmt: skip
@@ -74,6 +83,8 @@ def _default_cfgs() -> dict[str, Any]:
         else:  # the published weights, as timm hosts them
             hub_id = f"timm/vit_{size}_patch16_{_TIMM_PORT_SUFFIX[kind, ape]}_224.naver_in1k"
             cfgs[f"{name}.naver_in1k"] = _cfg(hf_hub_id=hub_id, crop_pct=0.9)
+    for size, kind in product(("tiny", "small", "base"), ROTATION_KINDS):
+        cfgs[model_name(size, kind, False)] = _cfg()
     return cfgs
 
 
@@ -106,20 +117,16 @@ def _entrypoint(name: str, model_args: dict[str, Any]) -> Callable[..., RoPEVisi
     return create
 
 
+_DEIT3 = dict(patch_size=16, mlp_ratio=4, qkv_bias=True, init_values=1e-5,  # LayerScale, as RoPE-ViT / timm's ports
+              class_token=True, global_pool="token")
 for _size, _kind, _ape in product(ARCHS, ("axial", "mixed"), (False, True)):
     _name = model_name(_size, _kind, _ape)
-    _args = dict(
-        patch_size=16,
-        mlp_ratio=4,
-        qkv_bias=True,
-        init_values=1e-5,  # LayerScale, as RoPE-ViT / timm's ports
-        class_token=True,
-        global_pool="token",
-        rope_kind=_kind,
-        pos_embed="learn" if _ape else "none",
-        **ARCHS[_size],
-    )
+    _args = dict(_DEIT3, rope_kind=_kind, pos_embed="learn" if _ape else "none", **ARCHS[_size])
     globals()[_name] = register_model(_entrypoint(_name, _args))
+
+for _size, _kind in product(("tiny", "small", "base"), ROTATION_KINDS):
+    _name = model_name(_size, _kind, False)
+    globals()[_name] = register_model(_entrypoint(_name, dict(_DEIT3, **ROTATION_KINDS[_kind], **ARCHS[_size])))
 
 for _size, _qkvb in product(dinov3.ARCHS, (False, True)):
     _name = dinov3_name(_size, _qkvb)

@@ -33,6 +33,7 @@ from vit_rope.layers.naflex import naflex_grid
 from vit_rope.layers.policies import CoordAugment, ResolutionPolicy, augment_positions
 from vit_rope.layers.pos_embed import fit_pos_embed
 from vit_rope.layers.rope import RoPE2D, check_head_dim, check_kind
+from vit_rope.layers.string import CayleyString
 from vit_rope.models.naflex import NaFlexBatch, embed_naflex, naflex_batch, naflex_maps, pool_naflex
 
 # FX: both depend on the input's size, which symbolic tracing only knows as a proxy; the trace records them as calls.
@@ -48,7 +49,12 @@ class RoPEVisionTransformer(VisionTransformer):
 
     Args:
         rope_kind: ``"axial"`` (fixed frequencies, shared by heads and layers), ``"mixed"`` (learned per layer
-            and head) or ``"dinov3"`` (DINOv3's: fixed frequencies on coordinates normalised to [-1, 1]).
+            and head), ``"golden"`` (fixed golden-angle directions per head), ``"dinov3"`` (DINOv3's: fixed
+            frequencies on coordinates normalised to [-1, 1]) or ``"string"`` (Cayley-STRING,
+            ``vit_rope.layers.string``: a learned orthogonal basis per layer and head before ``rope_string_base``).
+        rope_string_base: the RoPE kind under ``string``: ``axial``, ``mixed``, ``golden`` or ``dinov3``.
+        rope_fraction: p-RoPE's share of channel pairs rotated, the highest frequencies (1: all, 0: none).
+        rope_mixed_init: how ``mixed`` frequencies start: ``"rope-vit"`` (RoPE-ViT's) or ``"golden"``.
         rope_theta: frequency base; ``None`` takes RoPE-ViT's value (100 axial, 10 mixed) or DINOv3's (100).
         rope_policy: resolution policy for grids other than the training one (``img_size / patch_size``): a name of
             ``vit_rope.layers.policies.POLICIES`` or a dict of ``ResolutionPolicy`` fields; settable later with
@@ -77,11 +83,14 @@ class RoPEVisionTransformer(VisionTransformer):
         rope_min_period: float | None = None,
         rope_max_period: float | None = None,
         rope_normalize_coords: str = "separate",
+        rope_string_base: str = "axial",
+        rope_fraction: float = 1.0,
+        rope_mixed_init: str = "rope-vit",
         pos_embed: str = "none",
         no_embed_class: bool = True,
         **kwargs: Any,
     ) -> None:
-        check_kind(rope_kind)
+        base_kind = check_kind(rope_string_base if rope_kind == "string" else rope_kind, models=True)
         embed_dim, num_heads = kwargs.get("embed_dim", 768), kwargs.get("num_heads", 12)
         if embed_dim % num_heads:
             raise ValueError(f"embed_dim={embed_dim} must be divisible by num_heads={num_heads}.")
@@ -106,15 +115,21 @@ class RoPEVisionTransformer(VisionTransformer):
         rope_args = dict(
             head_dim=embed_dim // num_heads,
             num_heads=num_heads,
-            kind=rope_kind,
+            kind=base_kind,
             theta=rope_theta,
             train_grid=self.patch_embed.grid_size,
             policy=rope_policy,
             min_period=rope_min_period,
             max_period=rope_max_period,
             normalize=rope_normalize_coords,
+            fraction=rope_fraction,
+            init=rope_mixed_init,
         )
-        self.rope_per_block = rope_kind == "mixed"  # learned frequencies: one module per block
+        self.rope_string_base = base_kind if rope_kind == "string" else None
+        if rope_kind == "string":  # P = I at creation: the base kind exactly
+            for blk in self.blocks:
+                blk.attn.string = CayleyString(num_heads, embed_dim // num_heads)
+        self.rope_per_block = base_kind == "mixed"  # learned frequencies: one module per block
         if self.rope_per_block:
             self.rope: nn.Module = nn.ModuleList(RoPE2D(**rope_args) for _ in self.blocks)
         else:
@@ -144,11 +159,21 @@ class RoPEVisionTransformer(VisionTransformer):
 
     @torch.jit.ignore
     def no_weight_decay(self) -> set[str]:
-        """timm's set plus the mixed frequencies (RoPE-ViT trains them without weight decay)."""
+        """timm's set plus the mixed frequencies (RoPE-ViT trains them without weight decay) and STRING's ``S``."""
         nwd = super().no_weight_decay()
         if self.rope_per_block:
             nwd |= {f"rope.{i}.freqs" for i in range(len(self.rope))}
-        return nwd
+        return nwd | {f"{name}.skew" for name, module in self.named_modules() if isinstance(module, CayleyString)}
+
+    @torch.jit.ignore
+    def fold_string_(self) -> None:
+        """Write each layer's STRING basis ``P`` into its qkv projection and drop ``S``: the same function, at the
+        cost of the base kind with no bookkeeping at all (ONNX export calls it on a copy). Training goes on as the
+        base kind."""
+        for blk in self.blocks:
+            if blk.attn.string is not None:
+                blk.attn.string.fold_into_(blk.attn.qkv)
+                blk.attn.string = None
 
     @torch.jit.ignore
     def group_matcher(self, coarse: bool = False) -> dict[str, Any]:

@@ -1,0 +1,197 @@
+"""The rotation kinds on the ViT (golden, Cayley-STRING over axial and mixed, p-RoPE on every kind): registered names,
+translation invariance on NaFlex batches whose coordinates are shifted and sparse, STRING's orthogonality through
+training and its fold, p-RoPE at 0 blind to positions, ONNX export, and errors."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import timm
+import torch
+from timm.data.naflex_transforms import patchify_image
+
+import vit_rope  # noqa: F401  (registers the models)
+from vit_rope.models.registry import ROTATION_KINDS
+
+PATCH = 16
+BASE = dict(img_size=80, embed_dim=32, depth=2, num_heads=2, num_classes=7, init_values=0.5)
+KINDS = {  # every RoPE table, and STRING over axial and mixed
+    "axial": dict(rope_kind="axial"),
+    "mixed": dict(rope_kind="mixed"),
+    "golden": dict(rope_kind="golden"),
+    "dinov3": dict(rope_kind="dinov3", rope_policy="extrapolate"),
+    "string_axial": dict(rope_kind="string", rope_string_base="axial"),
+    "string_mixed": dict(rope_kind="string", rope_string_base="mixed"),
+    "string_golden": dict(rope_kind="string", rope_string_base="golden"),
+    "string_dinov3": dict(rope_kind="string", rope_string_base="dinov3", rope_policy="extrapolate"),
+}
+
+
+def build(kind: str, **kwargs) -> torch.nn.Module:
+    torch.manual_seed(0)
+    model = timm.create_model("vit_rope_tiny_patch16_axial_224", **{**BASE, **KINDS[kind], **kwargs}).eval()
+    with torch.no_grad():  # every parameter off its initial value (STRING's P off the identity too)
+        for param in model.parameters():
+            param.add_(torch.randn_like(param) * 0.2)
+    return model
+
+
+def batch(coords: list[torch.Tensor], flat: torch.Tensor, length: int = 40) -> dict[str, torch.Tensor]:
+    """Samples of the same patches ``flat`` [N, P*P*3] at the (y, x) coordinates of ``coords``, padded to
+    ``length``."""
+    patches = torch.full((len(coords), length, flat.shape[-1]), -2.0)
+    coord = torch.zeros(len(coords), length, 2, dtype=torch.long)
+    valid = torch.zeros(len(coords), length, dtype=torch.bool)
+    for b, where in enumerate(coords):
+        patches[b, :len(where)], coord[b, :len(where)], valid[b, :len(where)] = flat[:len(where)], where, True
+    return {"patches": patches, "patch_coord": coord, "patch_valid": valid}
+
+
+def image_patches(h: int = 5, w: int = 6) -> tuple[torch.Tensor, torch.Tensor]:
+    torch.manual_seed(1)
+    flat, coord, _ = patchify_image(torch.randn(3, h * PATCH, w * PATCH), (PATCH, PATCH))
+    return flat, coord  # [N, P*P*3], [N, 2] (y, x)
+
+
+def test_rotation_kinds_are_registered_and_create_through_timm():
+    for size in ("tiny", "small", "base"):
+        for kind in ROTATION_KINDS:
+            assert f"vit_rope_{size}_patch16_{kind}_224" in timm.list_models("vit_rope_*")
+    model = timm.create_model("vit_rope_tiny_patch16_string_mixed_224", depth=2, num_classes=3)
+    assert model.rope_kind == "string" and model.rope_string_base == "mixed"
+    assert model(torch.randn(1, 3, 48, 64)).shape == (1, 3)
+
+
+@pytest.mark.parametrize("fraction", [0.5, 1.0])
+@pytest.mark.parametrize("kind", list(KINDS))
+def test_logits_see_offsets_only_on_shifted_and_sparse_coordinates(kind: str, fraction: float):
+    """A crop's patches at a common integer offset, and a sparse (MAE-style) subset of them, give the same logits as
+    at the origin; one patch moved alone changes them. No prefix token: an unrotated class token's scores with the
+    patches see their absolute positions (RoPE-ViT's design), so the property is the patches' among themselves."""
+    model = build(kind, rope_fraction=fraction, class_token=False, global_pool="avg")
+    flat, coord = image_patches()
+    keep = torch.tensor([0, 2, 3, 7, 8, 11, 13, 17, 20, 22, 23, 27, 29])  # sparse: no row or column is full
+    moved = coord.clone()
+    moved[4] = torch.tensor([9, 9])  # one patch moves alone
+    samples = [coord, coord + torch.tensor([3, 5]), moved]
+    with torch.no_grad():
+        full = model(batch(samples, flat))
+        sparse = model(batch([coord[keep], coord[keep] + torch.tensor([7, 2])], flat[keep]))
+    torch.testing.assert_close(full[1], full[0], atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(sparse[1], sparse[0], atol=1e-4, rtol=1e-4)
+    assert (full[2] - full[0]).abs().max() > 1e-3
+
+
+@pytest.mark.parametrize("kind", list(KINDS))
+def test_no_rotated_pair_makes_the_model_blind_to_positions(kind: str):
+    """rope_fraction=0: the patches in another order (their coordinates kept) give the same tokens in that order."""
+    model = build(kind, rope_fraction=0.0)
+    flat, coord = image_patches()
+    order = torch.randperm(len(flat), generator=torch.Generator().manual_seed(0))
+    x = batch([coord], flat)
+    shuffled = batch([coord], flat[order])
+    with torch.no_grad():
+        tokens = model.forward_features(x)[0, 1:31]  # class token, then the 30 patches
+        permuted = model.forward_features(shuffled)[0, 1:31]
+        logits = model(x), model(shuffled)
+    torch.testing.assert_close(permuted, tokens[order], atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(*logits, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("kind", ["string_axial", "string_mixed"])
+def test_string_stays_orthogonal_through_training_and_folds_exactly(kind: str):
+    torch.manual_seed(0)
+    model = timm.create_model("vit_rope_tiny_patch16_axial_224", **{**BASE, **KINDS[kind]})
+    base_kind = model.rope_string_base
+    fresh = timm.create_model("vit_rope_tiny_patch16_axial_224", **{**BASE, "rope_kind": base_kind})
+    fresh.load_state_dict(model.state_dict(), strict=False)  # P = I at creation: the base kind exactly
+    x = torch.randn(2, 3, 64, 48)
+    with torch.no_grad():
+        torch.testing.assert_close(model.eval()(x), fresh.eval()(x), atol=1e-6, rtol=0)
+
+    model.train()
+    decay = [p for n, p in model.named_parameters() if n not in model.no_weight_decay()]
+    no_decay = [p for n, p in model.named_parameters() if n in model.no_weight_decay()]
+    assert all(n.endswith("skew") for n, _ in model.named_parameters() if "string" in n)
+    optimizer = torch.optim.AdamW([{"params": decay}, {"params": no_decay, "weight_decay": 0.0}], lr=0.05)
+    for _ in range(3):
+        model(x).logsumexp(-1).sum().backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    for blk in model.blocks:
+        basis = blk.attn.string.basis()
+        assert (basis - torch.eye(basis.shape[-1])).abs().max() > 1e-2  # P has moved
+        eye = torch.eye(basis.shape[-1]).expand_as(basis)
+        torch.testing.assert_close(basis.transpose(-1, -2) @ basis, eye, atol=1e-5, rtol=0)
+
+    model.eval()
+    with torch.no_grad():
+        unfolded = model(x)
+        with torch.enable_grad():
+            per_forward = model(x).detach()  # the fold of the training path
+        folded_model = copy.deepcopy(model)
+        folded_model.fold_string_()
+        assert not any("string" in key for key in folded_model.state_dict())
+        torch.testing.assert_close(folded_model(x), unfolded, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(per_forward, unfolded, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("name", [f"vit_rope_tiny_patch16_{kind}_224" for kind in ROTATION_KINDS])
+def test_intermediates_of_images_and_naflex_batches(name: str):
+    model = timm.create_model(name, depth=2, num_classes=3, rope_fraction=0.5).eval()
+    maps = model.forward_intermediates(torch.randn(2, 3, 48, 64), intermediates_only=True)
+    assert [tuple(m.shape) for m in maps] == [(2, 192, 3, 4)] * 2
+    flat, coord = image_patches(3, 4)
+    naflex = model.forward_intermediates(batch([coord + 2], flat, length=16), intermediates_only=True)
+    assert naflex[0].shape == (1, 192, 5, 6)  # the sample's map in the corner of its grid, coordinates from 2
+
+
+def test_unknown_kind_and_bad_fraction_are_errors_that_say_what_is_allowed():
+    with pytest.raises(ValueError, match=r"'spiral'.*axial, mixed, golden, dinov3.*'string'"):
+        timm.create_model("vit_rope_tiny_patch16_axial_224", rope_kind="spiral")
+    with pytest.raises(ValueError, match=r"'spiral'.*axial, mixed, golden, dinov3"):
+        timm.create_model("vit_rope_tiny_patch16_string_224", rope_string_base="spiral")
+    with pytest.raises(ValueError, match=r"rope_fraction must be in \[0, 1\].*2\.0"):
+        timm.create_model("vit_rope_tiny_patch16_golden_224", rope_fraction=2)
+
+
+@pytest.mark.parametrize("name", ["vit_rope_tiny_patch16_golden_224", "vit_rope_tiny_patch16_string_mixed_224"])
+def test_onnx_export_at_a_size_other_than_training_matches_eager(name: str, tmp_path):
+    onnxruntime = pytest.importorskip("onnxruntime")
+    from vit_rope.eval import onnx as export
+
+    torch.manual_seed(0)
+    model = timm.create_model(name, depth=2, num_classes=5, init_values=1.0)
+    with torch.no_grad():
+        for key, param in model.named_parameters():
+            if key.endswith("skew"):
+                param.normal_(std=0.3)
+    result = export.export_onnx(model, tmp_path / "model.onnx", img_size=(64, 48))
+    sess = onnxruntime.InferenceSession(str(result.path), providers=["CPUExecutionProvider"])
+    x = torch.randn(2, 3, 96, 80)
+    with torch.no_grad():
+        expected = model.eval()(x).numpy()
+    torch.testing.assert_close(torch.from_numpy(sess.run(None, {"images": x.numpy()})[0]), torch.from_numpy(expected),
+                               atol=1e-4, rtol=1e-4)
+    if "string" in name:  # exported folded: the graph has no solve
+        import onnx
+        assert not {node.op_type for node in onnx.load(str(result.path)).graph.node} & {"Inverse", "Solve"}
+        assert any(key.endswith("skew") for key in model.state_dict())  # the caller's model is not folded
+
+
+def test_a_checkpoint_without_string_loads_with_p_the_identity_and_says_so(tmp_path):
+    from vit_rope.models.checkpoint import STRING, WeightsNotLoadedWarning, load_weights
+
+    torch.manual_seed(0)
+    axial = timm.create_model("vit_rope_tiny_patch16_axial_224", depth=2, num_classes=3)
+    torch.save(axial.state_dict(), tmp_path / "axial.pth")
+    string = timm.create_model("vit_rope_tiny_patch16_string_224", depth=2, num_classes=3)
+    with torch.no_grad():
+        string.blocks[0].attn.string.skew.normal_()
+    with pytest.warns(WeightsNotLoadedWarning, match="Cayley-STRING"):
+        report = load_weights(string, tmp_path / "axial.pth")
+    assert set(report.initialised[STRING]) == {f"blocks.{i}.attn.string.skew" for i in range(2)}
+    x = torch.randn(1, 3, 32, 48)
+    with torch.no_grad():
+        torch.testing.assert_close(string.eval()(x), axial.eval()(x), atol=1e-6, rtol=0)

@@ -1,0 +1,117 @@
+"""Cayley-STRING: RoPE after a learned orthogonal change of basis of the queries and keys.
+
+STRING (Schenck, Reid et al., "Learning the RoPEs: Better 2D and 3D Position Encodings with STRING", ICML 2025,
+arXiv:2502.02562) rotates ``P q`` and ``P k`` instead of ``q`` and ``k``: ``q' = R(r) P q``. ``P`` is orthogonal and
+the same at every position, so ``(R(r_i) P q) . (R(r_j) P k) = (P q) . R(r_j - r_i) (P k)`` depends on positions only
+through their offset: exact translation invariance, as RoPE. Its Cayley form parametrises ``P`` by a skew-symmetric
+``S``: ``P = (I - S)(I + S)^-1``, orthogonal for every ``S`` (``I + S`` is always invertible), and ``P = I`` at
+``S = 0``, so a fresh model is its base kind exactly.
+
+Choices here:
+
+- ``P`` is learned per layer and per head, ``[nh, D, D]``: each head has its own RoPE table (mixed and golden
+  frequencies differ by head), hence its own best basis for it, and a per-head ``P`` is what keeps the fold below
+  block-diagonal. It costs ``nh * D * D`` parameters per layer (``C * D``, a sixth of a ViT-S qkv projection's).
+- ``S = A - A^T`` from an unconstrained ``A``: skew-symmetric to the bit after any optimizer step, so ``P`` stays
+  orthogonal to rounding (the Cayley transform needs no re-projection). ``A`` starts at 0 and gets no weight decay,
+  as RoPE-ViT's learned frequencies: decay would pull ``P`` back to ``I``, i.e. towards the base kind.
+- ``P`` never touches activations: ``P q = P W_q x + P b_q``, so ``P`` is folded into the q and k rows of the qkv
+  projection, ``W_q' = blockdiag(P) W_q`` (``C * C * D`` multiply-adds per layer and forward, nothing per token), and
+  the fused in-place rotation (``vit_rope.layers.fused``) runs on the folded projection as it runs on a plain one.
+  Without autograd (evaluation) the folded weights are kept until the weights or ``S`` change, so inference costs
+  what the base kind costs; ``fold_string_`` writes them into the model for export.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+
+def cayley(skew: Tensor) -> Tensor:
+    """``P = (I - S)(I + S)^-1`` with ``S = A - A^T``: an orthogonal ``[..., D, D]`` for any ``A`` ``[..., D, D]``,
+    in fp32 at least (a solve in bf16 would lose orthogonality)."""
+    if skew.dtype != torch.float64:
+        skew = skew.float()
+    s = skew - skew.transpose(-1, -2)  # exactly skew-symmetric
+    eye = torch.eye(s.shape[-1], dtype=s.dtype, device=s.device)
+    return torch.linalg.solve(eye + s, eye - s)  # (I + S)^-1 (I - S), which equals (I - S)(I + S)^-1 (they commute)
+
+
+def fold_qk(basis: Tensor, weight: Tensor, bias: Tensor | None) -> tuple[Tensor, Tensor | None]:
+    """The qkv projection that gives ``P q`` and ``P k`` (``v`` unchanged): ``blockdiag(P)`` times its q and k rows.
+
+    Args:
+        basis: ``[nh, D, D]`` orthogonal, one per head.
+        weight: ``[3 * nh * D, C]`` of timm's qkv Linear (rows ordered q, k, v, then head, then channel).
+        bias: ``[3 * nh * D]`` or None.
+
+    Returns:
+        ``(weight', bias')`` of the same shapes and dtypes.
+    """
+    nh, d = basis.shape[0], basis.shape[-1]
+    rows = weight.unflatten(0, (3, nh, d))  # [3, nh, D, C]
+    p = basis.to(weight.dtype)
+    qk = torch.einsum("hde,theC->thdC", p, rows[:2])  # [2, nh, D, C]
+    folded = torch.cat((qk, rows[2:]), 0).flatten(0, 2)
+    if bias is None:
+        return folded, None
+    b = bias.unflatten(0, (3, nh, d))  # [3, nh, D]
+    bqk = torch.einsum("hde,the->thd", p.to(bias.dtype), b[:2])
+    return folded, torch.cat((bqk, b[2:]), 0).flatten()
+
+
+# FX (torchvision's feature extractor, timm's tracer): recorded as calls, whose shapes and dtypes the trace cannot read
+torch.fx.wrap("cayley")
+torch.fx.wrap("fold_qk")
+
+
+class CayleyString(nn.Module):
+    """The learned ``S`` of one attention layer and the qkv projection it folds into (see the module docstring).
+
+    ``forward(weight, bias)`` returns the folded projection. In eager evaluation (no autograd) it is computed once
+    per version of the weights, ``S``, device and dtype, so repeated forwards cost what the base kind costs.
+    """
+
+    def __init__(self, num_heads: int, head_dim: int) -> None:
+        super().__init__()
+        self.skew = nn.Parameter(torch.zeros(num_heads, head_dim, head_dim))  # A, with S = A - A^T; P = I at 0
+        self._cache: tuple[tuple[int, ...], Tensor, Tensor | None] | None = None
+
+    def basis(self) -> Tensor:
+        """``P`` ``[nh, D, D]``, orthogonal."""
+        return cayley(self.skew)
+
+    def forward(self, weight: Tensor, bias: Tensor | None) -> tuple[Tensor, Tensor | None]:
+        if not torch.jit.is_scripting():
+            eager = not (torch.compiler.is_compiling() or torch.jit.is_tracing() or isinstance(weight, torch.fx.Proxy))
+            if eager and not torch.is_grad_enabled():
+                return self._cached(weight, bias)
+        return fold_qk(self.basis(), weight, bias)
+
+    @torch.jit.unused
+    def _cached(self, weight: Tensor, bias: Tensor | None) -> tuple[Tensor, Tensor | None]:
+        tensors = (weight, self.skew) if bias is None else (weight, self.skew, bias)
+        key = tuple(x for t in tensors for x in (t._version, t.data_ptr()))
+        if self._cache is None or self._cache[0] != key:
+            self._cache = (key, *fold_qk(self.basis(), weight, bias))
+        return self._cache[1], self._cache[2]
+
+    def train(self, mode: bool = True) -> CayleyString:
+        """Also drop the evaluation fold when training starts: it would be stale after the first step anyway."""
+        if mode:
+            self._cache = None
+        return super().train(mode)
+
+    @torch.no_grad()
+    def fold_into_(self, linear: nn.Linear) -> None:
+        """Write ``P`` into ``linear`` (the qkv projection) and reset ``S`` to 0: the same function, ``P = I`` after."""
+        weight, bias = fold_qk(self.basis(), linear.weight, linear.bias)
+        linear.weight.copy_(weight)
+        if bias is not None:
+            linear.bias.copy_(bias)
+        self.skew.zero_()
+        self._cache = None
+
+    def extra_repr(self) -> str:
+        return f"num_heads={self.skew.shape[0]}, head_dim={self.skew.shape[-1]}"
