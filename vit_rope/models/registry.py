@@ -6,7 +6,9 @@ variants add RoPE-ViT's learned absolute position embedding. The small, base and
 published ``naver_in1k`` weights on the Hugging Face hub (timm's copies, converted on load); any local file works
 too: ``timm.create_model(name, pretrained=True, pretrained_cfg_overlay=dict(file=PATH))``. DINOv3's backbones are
 ``vit_rope_{small,small_plus,base,large}_patch16_dinov3[_qkvb]`` (``vit_rope.models.dinov3``), pointing at timm's copies
-of Meta's LVD-1689M weights.
+of Meta's LVD-1689M weights. The attention-bias models, LookHere and 2D-ALiBi on the same DeiT-III ViT, are
+``vit_rope_{tiny,small,base}_patch16_{lookhere,alibi}_224`` (no published weights in timm's format; LookHere's
+official checkpoints load with ``vit_rope.load_weights``, ``vit_rope.models.lookhere_weights``).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from typing import Any
 from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 from timm.models import build_model_with_cfg, generate_default_cfgs, register_model
 
+from vit_rope.layers.attn_bias import BIAS_KINDS
 from vit_rope.models import dinov3
 from vit_rope.models.checkpoint import checkpoint_filter_fn
 from vit_rope.models.vit import RoPEVisionTransformer
@@ -30,6 +33,7 @@ ARCHS: dict[str, dict[str, int]] = {
     "base": dict(embed_dim=768, depth=12, num_heads=12),
     "large": dict(embed_dim=1024, depth=24, num_heads=16),
 }
+BIAS_SIZES = ("tiny", "small", "base")
 _TIMM_PORT_SUFFIX = {("axial", False): "rope", ("mixed", False): "rope_mixed", ("axial", True): "rope_ape",
                      ("mixed", True): "rope_mixed_ape"}  # fmt: skip
 
@@ -74,6 +78,8 @@ def _default_cfgs() -> dict[str, Any]:
         else:  # the published weights, as timm hosts them
             hub_id = f"timm/vit_{size}_patch16_{_TIMM_PORT_SUFFIX[kind, ape]}_224.naver_in1k"
             cfgs[f"{name}.naver_in1k"] = _cfg(hf_hub_id=hub_id, crop_pct=0.9)
+    for size, kind in product(BIAS_SIZES, BIAS_KINDS):
+        cfgs[model_name(size, kind, False)] = _cfg()
     return cfgs
 
 
@@ -102,11 +108,13 @@ def _entrypoint(name: str, model_args: dict[str, Any]) -> Callable[..., RoPEVisi
 
     create.__name__ = create.__qualname__ = name
     create.__module__ = __name__
-    create.__doc__ = f"{name}: ViT with {model_args['rope_kind']} RoPE ({model_args})."
+    encoding = model_args["rope_kind"] + ("" if model_args["rope_kind"] in BIAS_KINDS else " RoPE")
+    create.__doc__ = f"{name}: ViT with {encoding} ({model_args})."
     return create
 
 
-for _size, _kind, _ape in product(ARCHS, ("axial", "mixed"), (False, True)):
+_BIASED = [(size, kind, False) for size, kind in product(BIAS_SIZES, BIAS_KINDS)]
+for _size, _kind, _ape in [*product(ARCHS, ("axial", "mixed"), (False, True)), *_BIASED]:
     _name = model_name(_size, _kind, _ape)
     _args = dict(
         patch_size=16,
