@@ -129,6 +129,8 @@ class RoPEBlock(Block):
         bias: Tensor | None = None,
         bias_scale: float = 1.0,
     ) -> Tensor:
-        x = x + self.drop_path1(self.ls1(self.attn(self.norm1(x), rope, attn_mask, is_causal, bias, bias_scale)))
+        x = x + self.drop_path1(self.ls1(self.attn(
+            self.norm1(x), rope=rope, attn_mask=attn_mask, is_causal=is_causal, bias=bias, bias_scale=bias_scale
+        )))  # keywords: hooks read them (vit_rope.eval.diagnose)
         return x + self.drop_path2(self.ls2(self.mlp(self.norm2(x))))
 
