@@ -1,5 +1,6 @@
-"""The attention-bias models (LookHere, 2D-ALiBi) in the evaluation tools: ONNX export served at other sizes, the
-harness's policy check, and ``vit_rope.diagnose`` (attention entropy with the bias; no frequencies to cover)."""
+"""The attention-bias models (LookHere, 2D-ALiBi) in the tools: ONNX export served at other sizes, the harness's policy
+check, ``vit_rope.diagnose`` (attention entropy with the bias; no frequencies to cover), and the factory that
+train.py's ``model`` / ``model_kwargs`` go through (a YAML ``lh_config`` preset or dict; a bad one is one error)."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from vit_rope.eval import onnx as export
 from vit_rope.eval.diagnose import attention_entropy, main
 from vit_rope.eval.harness import check_sizes
 from vit_rope.eval.loading import EvalModel
+from vit_rope.models.factory import create_model
 
 LOOKHERE = "vit_rope_tiny_patch16_lookhere_224"
 
@@ -70,3 +72,12 @@ def test_diagnose_cli_on_a_bias_model(tmp_path: Path, capsys) -> None:
     assert report["sizes"]["64"]["pairs"] == 0 and len(report["sizes"]["64"]["entropy"]) == 1
     assert main([*argv, "--policy", "yarn"]) == 2
     assert "Policy 'yarn' does not apply to lookhere" in capsys.readouterr().err
+
+
+def test_factory_builds_what_a_train_config_names() -> None:
+    cfg = {"depth": 2, "num_classes": 10, "img_size": 64, "lh_config": {"global_slope": 1.0, "layer_slopes": [1, 0.5],
+                                                                       "head_directions": "corners"}}
+    model, _ = create_model(LOOKHERE, cfg)
+    assert model.rope.lh_config["head_directions"] == "corners" and model(torch.randn(1, 3, 64, 64)).shape == (1, 10)
+    with pytest.raises(UserError, match="Unknown LookHere preset 'lh30'"):
+        create_model(LOOKHERE, {"lh_config": "lh30"})

@@ -195,3 +195,27 @@ def test_forward_intermediates_and_features_only() -> None:
     assert [tuple(m.shape) for m in maps] == [(1, 32, 3, 5)] * 2
     backbone = timm.create_model("vit_rope_tiny_patch16_alibi_224", features_only=True, depth=2, out_indices=(1,))
     assert backbone(torch.randn(1, 3, 64, 48))[0].shape == (1, 192, 4, 3)
+
+
+def test_gradients_of_a_mixed_batch_are_the_sum_of_each_images() -> None:
+    model, inputs = build("lh45_regs", "interpolate").train(), images()
+    model(pack(inputs)).square().sum().backward()
+    together = {name: param.grad.clone() for name, param in model.named_parameters()}
+    model.zero_grad()
+    sum(model(image[None]).square().sum() for image in inputs).backward()
+    for name, param in model.named_parameters():
+        scale = float(param.grad.abs().max())
+        torch.testing.assert_close(together[name], param.grad, rtol=1e-4, atol=1e-4 * scale, msg=name)
+
+
+@pytest.mark.filterwarnings("ignore::FutureWarning")  # torch.jit's deprecation
+def test_grad_checkpointing_gives_the_same_result_and_torchscript_is_refused_clearly() -> None:
+    model, x = build("alibi").train(), torch.randn(2, 3, 64, 48)
+    model(x).square().sum().backward()
+    plain = model.blocks[0].attn.qkv.weight.grad.clone()
+    model.zero_grad()
+    model.set_grad_checkpointing(True)
+    model(x).square().sum().backward()
+    torch.testing.assert_close(model.blocks[0].attn.qkv.weight.grad, plain, rtol=1e-5, atol=1e-6)
+    with pytest.raises(RuntimeError, match="TorchScript does not support the alibi models"):
+        torch.jit.script(model)

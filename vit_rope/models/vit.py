@@ -160,6 +160,14 @@ class RoPEVisionTransformer(VisionTransformer):
         """The RoPE2D modules: one shared (axial) or one per block (mixed); or the one ``AttnBias``."""
         return list(self.rope) if self.rope_per_block else [self.rope]
 
+    def __prepare_scriptable__(self) -> RoPEVisionTransformer:
+        """``torch.jit.script`` calls this first: the bias models keep their tables in a Python cache, which TorchScript
+        cannot compile, so they say so rather than fail deep in the compiler."""
+        if isinstance(self.rope, AttnBias):
+            raise RuntimeError(f"TorchScript does not support the {self.rope_kind} models (their bias tables live in a "
+                               "Python cache); export them with vit_rope.export (ONNX) or run them eagerly.")
+        return self
+
     def reset_classifier(self, num_classes: int, global_pool: str | None = None) -> None:
         """timm's, keeping the MLP head (``head_hidden_dim``) when the model has one."""
         super().reset_classifier(num_classes, global_pool)
