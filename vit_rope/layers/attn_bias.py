@@ -12,7 +12,8 @@ in a small cache (``AttnBias.CACHE_SIZE`` grids), keyed by grid, prefix count, d
 NaFlex batch or per-image positions (coordinate augmentation, patch dropout) build theirs per forward.
 
 Resolution policies: ``extrapolate`` keeps patch positions as they are (the penalty grows with the image);
-``interpolate`` scales them per axis to the training grid, so distances span what training saw. ``ntk``, ``yarn`` and
+``interpolate`` scales them per axis by training / input grid size (neighbours ``1 / s`` apart), so distances
+span the training range. ``ntk``, ``yarn`` and
 ``normalized`` rescale rotation frequencies, which a bias does not have: ``policies.check_policy`` refuses them.
 """
 
@@ -50,11 +51,11 @@ def alibi_penalty(positions: Tensor, slopes: Tensor) -> Tensor:
     return slopes.to(dist.device)[:, None, None] * dist[..., None, :, :]
 
 
-def policy_positions(positions: Tensor, grid: Tensor | tuple[int, int], train_grid: tuple[int, int] | None,
+def policy_positions(positions: Tensor, grid: Tensor | tuple[int, int] | None, train_grid: tuple[int, int] | None,
                      policy: str) -> Tensor:
     """Positions ``[..., N, 2]`` (x, y) as the policy places them: as they are, or (``interpolate``) scaled per axis
-    by training / input grid size; ``grid`` is ``(h, w)`` or one per sample ``[B, 2]``."""
-    if policy != "interpolate" or train_grid is None:
+    by training / input grid size; ``grid`` is ``(h, w)``, one per sample ``[B, 2]``, or None (as they are)."""
+    if policy != "interpolate" or train_grid is None or grid is None:
         return positions
     train = positions.new_tensor([train_grid[1], train_grid[0]])  # (w0, h0)
     if isinstance(grid, Tensor):
@@ -139,7 +140,7 @@ class AttnBias(nn.Module):
                                              cfg["fill_with"], valid)
         return out
 
-    def _layers(self, positions: Tensor, grid: Tensor | tuple[int, int], num_prefix_tokens: int,
+    def _layers(self, positions: Tensor, grid: Tensor | tuple[int, int] | None, num_prefix_tokens: int,
                 valid: Tensor | None = None) -> list[Tensor]:
         positions = policy_positions(positions, grid, self.train_grid, self.policy_name)
         tables = {spec: pad_prefix(t, num_prefix_tokens) for spec, t in self._penalties(positions, valid).items()}
@@ -150,7 +151,7 @@ class AttnBias(nn.Module):
         """Each block's penalty table ``[1 or B, H, P + N, P + N]`` (blocks with the same directions share one), for
         ``positions`` (``[N, 2]`` or ``[B, N, 2]``) or, when ``None``, the plain ``grid`` (cached)."""
         if positions is not None:
-            tables = self._layers(positions, grid if grid is not None else (0, 0), num_prefix_tokens)
+            tables = self._layers(positions, grid, num_prefix_tokens)
             return [t if t.dim() == 4 else t[None] for t in tables]
         if grid is None:
             raise ValueError("AttnBias needs positions or the grid to place them on.")
