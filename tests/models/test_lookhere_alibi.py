@@ -219,3 +219,19 @@ def test_grad_checkpointing_gives_the_same_result_and_torchscript_is_refused_cle
     torch.testing.assert_close(model.blocks[0].attn.qkv.weight.grad, plain, rtol=1e-5, atol=1e-6)
     with pytest.raises(RuntimeError, match="TorchScript does not support the alibi models"):
         torch.jit.script(model)
+
+
+@pytest.mark.parametrize("kind", ["alibi", "lh45_regs"])
+def test_fx_feature_extraction_with_timms_tracer_options(kind: str) -> None:
+    """timm's tracer keeps ``AttnBias`` whole (a leaf), so the traced graph calls it with the real grid."""
+    from timm.models import get_notrace_functions, get_notrace_modules
+    from torchvision.models.feature_extraction import create_feature_extractor
+
+    model = build(kind)
+    options = dict(leaf_modules=get_notrace_modules(), autowrap_functions=get_notrace_functions())
+    extractor = create_feature_extractor(model, return_nodes={"blocks.0": "b0", "head": "logits"},
+                                         tracer_kwargs=options)
+    with torch.no_grad():
+        for size in ((64, 64), (48, 80)):
+            x = torch.randn(2, 3, *size)
+            torch.testing.assert_close(extractor(x)["logits"], model(x), rtol=1e-5, atol=1e-5)

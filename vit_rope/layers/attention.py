@@ -52,10 +52,10 @@ class RoPEAttention(Attention):
             q, k = apply_rope(q, rope[0], rope[1]), apply_rope(k, rope[0], rope[1])
         return q, k, v
 
-    def _biased(self, q: Tensor, k: Tensor, v: Tensor, bias: Tensor, scale: float, attn_mask: Tensor | None
-                ) -> Tensor:
+    def _biased(self, q: Tensor, k: Tensor, v: Tensor, bias: Tensor, scale: float, attn_mask: Tensor | None,
+                is_causal: bool = False) -> Tensor:
         """Attention with ``scale * bias`` ``[1 or B, nh, N, N]`` added to the logits and ``attn_mask`` (a NaFlex
-        batch's key padding, boolean or additive) applied with it, as one additive mask.
+        batch's key padding, boolean or additive; or ``is_causal``) applied with it, as one additive mask.
 
         SDPA takes the mask (``[1, nh, N, N]`` for a plain grid: no copy per image). Measured on this project's CPU
         (torch 2.14.1, one thread, ViT-S attention alone, batch 8 at 224 px): SDPA 16.7 ms without a mask, 19.4 ms
@@ -63,19 +63,14 @@ class RoPEAttention(Attention):
         66.2 ms); so SDPA it is, and the explicit path serves ``fused_attn = False`` (attention maps, the reference).
         """
         drop = self.attn_drop.p if self.training else 0.0
+        N = q.shape[-2]
         if self.fused_attn:
             mask = (bias * scale).to(q.dtype)  # [1 or B, nh, N, N]
-            if attn_mask is not None and attn_mask.dtype == torch.bool:
-                mask = mask.masked_fill(~attn_mask, float("-inf"))
-            elif attn_mask is not None:
-                mask = mask + attn_mask
+            mask = maybe_add_mask(mask, resolve_self_attn_mask(N, mask, attn_mask, is_causal))  # timm's: FX-safe
             return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=drop)
         attn = (q * self.scale) @ k.transpose(-2, -1)  # [B, nh, N, N]
         attn = attn.add_(bias, alpha=scale)  # in place: the product's backward does not need it
-        if attn_mask is not None and attn_mask.dtype == torch.bool:
-            attn = attn.masked_fill_(~attn_mask, float("-inf"))
-        elif attn_mask is not None:
-            attn = attn + attn_mask
+        attn = maybe_add_mask(attn, resolve_self_attn_mask(N, attn, attn_mask, is_causal))
         return self.attn_drop(attn.softmax(dim=-1)) @ v
 
     @property
@@ -96,7 +91,7 @@ class RoPEAttention(Attention):
         gate = self.gate(x).sigmoid() if self.gate is not None else None
         q, k, v = self.project(x, rope)
         if bias is not None:
-            x = self._biased(q, k, v, bias, bias_scale, attn_mask)
+            x = self._biased(q, k, v, bias, bias_scale, attn_mask, is_causal)
         elif self.fused_attn:
             x = F.scaled_dot_product_attention(
                 q, k, v, attn_mask=attn_mask, dropout_p=self.attn_drop.p if self.training else 0.0, is_causal=is_causal

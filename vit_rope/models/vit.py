@@ -263,8 +263,10 @@ class RoPEVisionTransformer(VisionTransformer):
         naflex = isinstance(grid, Tensor)  # a NaFlex batch: one grid per sample
         if isinstance(self.rope, AttnBias):
             tables = self.rope.sample_tables(positions, P, grid, valid) if naflex else self.rope(positions, P, grid)
-            return ({"bias": table, "bias_scale": scale} if scale else {}
-                    for table, scale in zip(tables, self.rope.scales, strict=True))
+            # indexed, not iterated: FX records the tables as one call whose items it can index but not unpack
+            scales = self.rope.scales
+            return ({"bias": tables[i], "bias_scale": scale} if scale else {} for i, scale in enumerate(scales))
+
         def tables(rope: RoPE2D) -> tuple[Tensor, Tensor]:
             return rope.sample_tables(positions, P, grid) if naflex else rope(positions, P, grid)
 
