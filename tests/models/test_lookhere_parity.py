@@ -26,10 +26,11 @@ CASES = [  # (head_directions, heads, distance, fill_with)
     ("diagonals", 4, "square", "zero"),
     ("eighths1-eighths2", 12, "linear", "inf"),
     ("zerohalves-none-center", 12, "linear", "inf"),
+    (["halves", "triangles"], 4, "linear", "inf"),  # one string per layer
 ]
 
 
-def config(directions: str, distance: str, fill_with: str) -> dict:
+def config(directions: str | list[str], distance: str, fill_with: str) -> dict:
     return dict(global_slope=2.0, layer_slopes=[1.5, 0.5], head_directions=directions, distance=distance,
                 fill_with=fill_with)
 
@@ -52,8 +53,8 @@ def ours(cfg: dict, heads: int) -> torch.nn.Module:
 
 
 @pytest.mark.parametrize("directions,heads,distance,fill_with", CASES)
-def test_official_checkpoint_gives_the_official_logits(tmp_path: Path, directions: str, heads: int, distance: str,
-                                                       fill_with: str) -> None:
+def test_official_checkpoint_gives_the_official_logits(tmp_path: Path, directions: str | list[str], heads: int,
+                                                       distance: str, fill_with: str) -> None:
     cfg = config(directions, distance, fill_with)
     reference = official(cfg, heads)
     path = tmp_path / "lh.pth"
