@@ -16,7 +16,7 @@ import torch
 from lookhere_official import LookHere
 
 import vit_rope
-from vit_rope.models.lookhere_weights import official_lookhere_args
+from vit_rope.eval.loading import load_pretrained
 
 IMG, LARGER, DEPTH, CLASSES = 64, 96, 2, 10  # 4x4 training grid, 6x6 beyond it
 CASES = [  # (head_directions, heads, distance, fill_with)
@@ -48,8 +48,7 @@ def official(cfg: dict, heads: int) -> torch.nn.Module:
 
 def ours(cfg: dict, heads: int) -> torch.nn.Module:
     return timm.create_model("vit_rope_tiny_patch16_lookhere_224", img_size=IMG, embed_dim=8 * heads, depth=DEPTH,
-                             num_heads=heads, num_classes=CLASSES, lh_config=cfg,
-                             **{**official_lookhere_args("tiny"), "head_hidden_dim": 32 * heads}).eval()
+                             num_heads=heads, num_classes=CLASSES, lh_config=cfg, official=True).eval()
 
 
 @pytest.mark.parametrize("directions,heads,distance,fill_with", CASES)
@@ -90,9 +89,27 @@ def test_official_checkpoint_that_does_not_fit_is_refused(tmp_path: Path) -> Non
         vit_rope.load_weights(other, path)
     linear_head = timm.create_model("vit_rope_tiny_patch16_lookhere_224", img_size=IMG, embed_dim=32, depth=DEPTH,
                                     num_heads=4, num_classes=CLASSES, lh_config=cfg)
-    with pytest.raises(ValueError, match="head_hidden_dim=128"):
+    with pytest.raises(ValueError, match=r"official=True \(or head_hidden_dim=128\)"):
         vit_rope.load_weights(linear_head, path)
     alibi = timm.create_model("vit_rope_tiny_patch16_alibi_224", img_size=IMG, embed_dim=32, depth=DEPTH,
                               num_heads=4, num_classes=CLASSES)
     with pytest.raises(ValueError, match="encoding is 'alibi'"):
         vit_rope.load_weights(alibi, path)
+    with pytest.raises(ValueError, match="official=True builds LookHere's official ViT"):
+        timm.create_model("vit_rope_tiny_patch16_alibi_224", official=True)
+
+
+def test_evaluation_harness_loads_an_official_file(tmp_path: Path) -> None:
+    """What ``vit_rope.evaluate --model NAME --pretrained-file FILE --model-kwargs official=true lh_config=...``
+    does."""
+    cfg = config("corners", "linear", "inf")
+    reference = official(cfg, 4)
+    path = tmp_path / "lh.pth"
+    torch.save({"weights": reference.state_dict(), "config": cfg}, path)
+    entry = load_pretrained("vit_rope_tiny_patch16_lookhere_224", str(path), CLASSES, train_size=IMG,
+                            model_kwargs=dict(official=True, lh_config=cfg, embed_dim=32, num_heads=4, depth=DEPTH,
+                                              num_classes=CLASSES))
+    x = torch.randn(2, 3, LARGER, LARGER)
+    reference.set_pos_embed(LARGER // 16)
+    with torch.no_grad():
+        torch.testing.assert_close(entry.model.eval()(x), reference(x), rtol=1e-3, atol=1e-3)

@@ -3,11 +3,11 @@
 The official files are ``{"weights": state_dict, "config": lh_config}``. Their ViT is DeiT-III's (class token, qkv
 bias, LayerScale) with timm's key names, LayerNorm at eps 1e-5, no position embedding and a classifier MLP
 ``Linear -> Tanh -> Linear`` on the class token; the biases are not in the weights but rebuilt from the config. So
-the weights load as they are into our model created with ``official_lookhere_args`` and the checkpoint's config::
+the weights load as they are into our model created with ``official=True`` (``official_lookhere_args``) and the
+checkpoint's config::
 
     ckpt = torch.load("LH_180_weights_and_config.pth", weights_only=True)
-    model = timm.create_model("vit_rope_base_patch16_lookhere_224", lh_config=ckpt["config"],
-                              **official_lookhere_args("base"))
+    model = timm.create_model("vit_rope_base_patch16_lookhere_224", official=True, lh_config=ckpt["config"])
     vit_rope.load_weights(model, "LH_180_weights_and_config.pth")
 
 ``vit_rope.models.checkpoint`` calls ``from_lookhere`` for any file of that form.
@@ -22,16 +22,13 @@ from torch import Tensor, nn
 
 from vit_rope.layers.lookhere import check_config
 
-_WIDTHS = {"tiny": 192, "small": 384, "base": 768}
 
-
-def official_lookhere_args(size: str = "base", mlp_ratio: float = 4.0) -> dict[str, Any]:
-    """What the official ViT differs from ours in, as ``timm.create_model`` arguments: its LayerNorm eps, its
-    LayerScale initialisation and its MLP classifier (hidden width ``mlp_ratio * embed_dim``)."""
-    if size not in _WIDTHS:
-        raise ValueError(f"Unknown size {size!r} for LookHere models: choose one of {', '.join(_WIDTHS)}.")
+def official_lookhere_args(embed_dim: int, mlp_ratio: float = 4.0) -> dict[str, Any]:
+    """What the official ViT differs from ours in, as ``timm.create_model`` arguments (what ``official=True`` adds to
+    a ``*_lookhere_*`` model's): its LayerNorm eps, its LayerScale initialisation and its MLP classifier (hidden width
+    ``mlp_ratio * embed_dim``)."""
     return dict(norm_layer=partial(nn.LayerNorm, eps=1e-5), init_values=1e-4,
-                head_hidden_dim=int(_WIDTHS[size] * mlp_ratio))
+                head_hidden_dim=int(embed_dim * mlp_ratio))
 
 
 def is_lookhere_checkpoint(obj: Any) -> bool:
@@ -61,5 +58,5 @@ def from_lookhere(obj: dict[str, Any], model: nn.Module) -> dict[str, Tensor]:
     if "head.fc1.weight" in weights and not hasattr(model.head, "fc1"):
         hidden = weights["head.fc1.weight"].shape[0]
         raise ValueError(f"The checkpoint's classifier is an MLP (hidden width {hidden}, Tanh), the model's a linear "
-                         f"layer: create the model with head_hidden_dim={hidden}, or **official_lookhere_args(size).")
+                         f"layer: create the model with official=True (or head_hidden_dim={hidden}).")
     return weights

@@ -24,6 +24,7 @@ from timm.models import build_model_with_cfg, generate_default_cfgs, register_mo
 from vit_rope.layers.attn_bias import BIAS_KINDS
 from vit_rope.models import dinov3
 from vit_rope.models.checkpoint import checkpoint_filter_fn
+from vit_rope.models.lookhere_weights import official_lookhere_args
 from vit_rope.models.vit import RoPEVisionTransformer
 
 # DeiT-III / RoPE-ViT widths; tiny = 192 wide, 3 heads (head_dim 64 everywhere).
@@ -103,7 +104,12 @@ def _create(variant: str, pretrained: bool = False, **kwargs: Any) -> RoPEVision
 def _entrypoint(name: str, model_args: dict[str, Any]) -> Callable[..., RoPEVisionTransformer]:
     """One timm entry point: the named architecture, where any keyword argument overrides the defaults."""
 
-    def create(pretrained: bool = False, **kwargs: Any) -> RoPEVisionTransformer:
+    def create(pretrained: bool = False, official: bool = False, **kwargs: Any) -> RoPEVisionTransformer:
+        if official:  # LookHere's official ViT, which its published checkpoints need
+            if model_args["rope_kind"] != "lookhere":
+                raise ValueError(f"official=True builds LookHere's official ViT; {name} is not a LookHere model.")
+            embed_dim, mlp_ratio = kwargs.get("embed_dim", model_args["embed_dim"]), kwargs.get("mlp_ratio", 4.0)
+            kwargs = {**official_lookhere_args(embed_dim, mlp_ratio), **kwargs}
         return _create(name, pretrained=pretrained, **dict(model_args, **kwargs))
 
     create.__name__ = create.__qualname__ = name
