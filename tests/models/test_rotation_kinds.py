@@ -12,7 +12,8 @@ import torch
 from timm.data.naflex_transforms import patchify_image
 
 import vit_rope  # noqa: F401  (registers the models)
-from vit_rope.models.registry import ROTATION_KINDS
+
+ROTATION_KINDS = ("golden", "string", "string_mixed")  # the rotating name suffixes of registry.NEW_KINDS
 
 PATCH = 16
 BASE = dict(img_size=80, embed_dim=32, depth=2, num_heads=2, num_classes=7, init_values=0.5)

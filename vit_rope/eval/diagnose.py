@@ -35,7 +35,7 @@ from vit_rope.eval import naflex
 from vit_rope.eval.harness import eval_transform, parse_kwarg, subset
 from vit_rope.eval.loading import EvalModel, load_pretrained, load_trained
 from vit_rope.layers.naflex import naflex_grid
-from vit_rope.layers.policies import POLICIES
+from vit_rope.layers.policies import BIAS_KINDS, POLICIES
 from vit_rope.layers.rope import RoPE2D
 from vit_rope.models import registry  # noqa: F401  (registers the models)
 from vit_rope.models.vit import RoPEVisionTransformer
@@ -54,7 +54,7 @@ def frequency_coverage(model: RoPEVisionTransformer, target_grid: tuple[int, int
         ``[heads][pairs]`` lists, and ``unseen`` = the number of (head, pair) channels that see unseen phases.
     """
     rows = []
-    for layer, rope in enumerate(model.rope_modules()):
+    for layer, rope in enumerate(_rotations(model)):
         train, target, unseen = _coverage(rope, target_grid)
         rows.append(dict(layer=layer, train_turns=train.tolist(), target_turns=target.tolist(),
                          unseen=int(unseen.sum()), pairs=train.numel()))  # fmt: skip
@@ -65,10 +65,16 @@ def budget_coverage(model: RoPEVisionTransformer, grids: list[tuple[int, int]]) 
     """Per layer: the channel pairs that meet unseen phases on at least one of ``grids``, the (h, w) grids of the
     images at a token budget (a budget has no single grid: each image's aspect ratio sets its own)."""
     rows = []
-    for layer, rope in enumerate(model.rope_modules()):
+    for layer, rope in enumerate(_rotations(model)):
         unseen = torch.stack([_coverage(rope, grid)[2] for grid in grids]).any(0)  # [H, D/2]
         rows.append(dict(layer=layer, unseen=int(unseen.sum()), pairs=unseen.numel()))
     return rows
+
+
+def _rotations(model: RoPEVisionTransformer) -> list[RoPE2D]:
+    """The model's RoPE modules; none for the attention biases (LookHere, 2D-ALiBi), which have no frequencies, so
+    their coverage is 0 of 0 channels and only their attention entropy is measured."""
+    return [rope for rope in model.rope_modules() if isinstance(rope, RoPE2D)]
 
 
 def _coverage(rope: RoPE2D, grid: tuple[int, int]) -> tuple[Tensor, Tensor, Tensor]:
@@ -96,6 +102,8 @@ def attention_entropy(model: RoPEVisionTransformer, images: Tensor | dict[str, T
     def hook(attn: nn.Module, args: tuple, kwargs: dict) -> None:
         q, k, _ = attn.project(args[0], kwargs.get("rope"))
         scores = (q * attn.scale) @ k.transpose(-2, -1)  # [B, nh, N, N]
+        if kwargs.get("bias") is not None:  # LookHere, 2D-ALiBi: the block's penalty, as the model adds it
+            scores = scores + kwargs["bias_scale"] * kwargs["bias"]
         real = kwargs.get("attn_mask")  # a NaFlex batch's [B, 1, 1, N], False for padding; None for images
         p = torch.softmax(scores if real is None else scores.masked_fill(~real, float("-inf")), dim=-1)
         entropy = -(p * p.clamp_min(1e-12).log()).sum(-1)  # [B, nh, N]
@@ -112,13 +120,16 @@ def attention_entropy(model: RoPEVisionTransformer, images: Tensor | dict[str, T
 
 
 def plot_mixed_directions(model: RoPEVisionTransformer, path: Path) -> bool:
-    """Scatter of the learned (wx, wy) of every pair, one panel per layer, one colour per head."""
+    """Scatter of the learned (wx, wy) of every pair, one panel per layer, one colour per head (no plot, False, for
+    a model without frequencies)."""
+    ropes = _rotations(model)
+    if not ropes:
+        return False
     try:
         from matplotlib.figure import Figure  # object API on the Agg canvas: no global backend switch
     except ImportError:
         print("matplotlib is not installed: skipping the directions plot (pip install matplotlib)", file=sys.stderr)
         return False
-    ropes = model.rope_modules()
     cols = min(6, len(ropes))
     rows = math.ceil(len(ropes) / cols)
     fig = Figure(figsize=(2.6 * cols, 2.6 * rows), layout="tight")
@@ -175,7 +186,8 @@ def main(argv: list[str] | None = None) -> int:
     report: dict[str, Any] = {"model": entry.label, "kind": model.rope_kind, "policy": model.rope_policy.name,
                               "sizes": {}, "seq_lens": {}}
     train_grid = model.rope_modules()[0].train_grid
-    print(f"{entry.label}: RoPE {model.rope_kind}, policy {model.rope_policy.name}, training grid {train_grid}")
+    encoding = model.rope_kind if model.rope_kind in BIAS_KINDS else f"RoPE {model.rope_kind}"
+    print(f"{entry.label}: {encoding}, policy {model.rope_policy.name}, training grid {train_grid}")
     print(f"{'size':>10s} {'unseen-phase channels':>22s} {'attention entropy per layer (nats)'}")
     for size in args.sizes:
         _record(report["sizes"], size, f"{size} px", frequency_coverage(model, (size // patch, size // patch)),

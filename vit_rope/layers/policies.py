@@ -36,6 +36,9 @@ from vit_rope.layers.dinov3_rope import batch_coordinate_draw
 POLICIES = ("extrapolate", "interpolate", "ntk", "yarn", "normalized")
 # DINOv3's RoPE: coordinates normalised to the grid (its own) or kept at the training step; nothing else applies
 DINOV3_POLICIES = ("normalized", "extrapolate")
+# Attention biases (vit_rope.layers.attn_bias) have positions but no frequencies: as they are, or scaled to training
+BIAS_KINDS = ("lookhere", "alibi")
+BIAS_POLICIES = ("extrapolate", "interpolate")
 
 
 @dataclass(frozen=True)
@@ -75,7 +78,12 @@ class ResolutionPolicy:
 
 
 def check_policy(kind: str, policy: str) -> str:
-    """Return ``policy`` if it applies to RoPE ``kind``, else raise a ``ValueError`` saying why and what does."""
+    """Return ``policy`` if it applies to RoPE ``kind`` (or an attention bias), else raise a ``ValueError`` saying
+    why and what does."""
+    if kind in BIAS_KINDS and policy not in BIAS_POLICIES:
+        raise ValueError(f"Policy {policy!r} does not apply to {kind}, an attention bias: ntk, yarn and normalized "
+                         "rescale RoPE frequencies, which it has none of. Use 'extrapolate' (positions as they are) "
+                         "or 'interpolate' (positions scaled to the training grid).")
     if kind == "dinov3" and policy not in DINOV3_POLICIES:
         raise ValueError(
             f"RoPE policy {policy!r} does not apply to DINOv3's RoPE, whose coordinates are normalised to [-1, 1] at "

@@ -9,7 +9,9 @@ Four sources are understood, told apart by their keys:
   plus grid buffers;
 - plain timm ViT / DeiT-III checkpoints, to fine-tune with RoPE: RoPE frequencies keep their initialisation, a
   missing LayerScale becomes the identity, and the position embedding is dropped or kept (resampled) by variant;
-- DINOv3 backbones, as timm (``Eva``) or Meta saves them, into the ``*_dinov3*`` models (``vit_rope.models.dinov3``).
+- DINOv3 backbones, as timm (``Eva``) or Meta saves them, into the ``*_dinov3*`` models (``vit_rope.models.dinov3``);
+- LookHere's official files, ``{"weights", "config"}``, into the ``*_lookhere_*`` models
+  (``vit_rope.models.lookhere_weights``).
 
 Nothing that depends on the input resolution is loaded: RoPE tables are rebuilt for every input.
 
@@ -33,6 +35,7 @@ from torch import Tensor, nn
 
 from vit_rope.layers.pos_embed import fit_checkpoint_pos_embed
 from vit_rope.models.dinov3 import from_dinov3, is_dinov3
+from vit_rope.models.lookhere_weights import from_lookhere, is_lookhere_checkpoint
 from vit_rope.models.weights_file import read_weights, unwrap_state_dict, weights_mismatch
 
 _DROPPED = re.compile(r"^(freqs_t_[xy]|freqs_cis|rope\.(bands|pos_embed.*|t_[xy]))$")  # resolution-dependent buffers
@@ -131,6 +134,8 @@ def _convert(state_dict: dict[str, Any], model: nn.Module
              ) -> tuple[dict[str, Tensor], dict[str, list[str]], tuple[str, ...]]:
     """``convert_state_dict``, plus the model keys it initialised rather than loaded, by reason, and the checkpoint
     keys it dropped (an absolute position embedding the model has no place for)."""
+    if is_lookhere_checkpoint(state_dict):  # {"weights", "config"}: LookHere's official files
+        state_dict = from_lookhere(state_dict, model)
     state_dict = unwrap_state_dict(state_dict)
     if getattr(model, "rope_kind", None) == "dinov3" and is_dinov3(state_dict):
         state_dict = from_dinov3(state_dict, model.blocks[0].attn.num_heads)

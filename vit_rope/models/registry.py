@@ -3,13 +3,15 @@
 ``import vit_rope`` runs this module, after which ``timm.create_model("vit_rope_small_patch16_mixed_224")`` works
 like any timm model. Names are ``vit_rope_{tiny,small,base,large}_patch16_{axial,mixed}[_ape]_224``; the ``_ape``
 variants add RoPE-ViT's learned absolute position embedding. The rotation kinds without published weights are
-``vit_rope_{tiny,small,base}_patch16_{golden,string,string_mixed}_224`` (``ROTATION_KINDS``): golden-angle RoPE and
+``vit_rope_{tiny,small,base}_patch16_{golden,string,string_mixed}_224`` (``NEW_KINDS``): golden-angle RoPE and
 Cayley-STRING over axial or mixed RoPE (``vit_rope.layers.frequencies``, ``vit_rope.layers.string``). The small,
 base and large models point at the published ``naver_in1k`` weights on the Hugging Face hub (timm's copies,
 converted on load); any local file works too:
 ``timm.create_model(name, pretrained=True, pretrained_cfg_overlay=dict(file=PATH))``. DINOv3's backbones are
 ``vit_rope_{small,small_plus,base,large}_patch16_dinov3[_qkvb]`` (``vit_rope.models.dinov3``), pointing at timm's copies
-of Meta's LVD-1689M weights.
+of Meta's LVD-1689M weights. The attention-bias models, LookHere and 2D-ALiBi on the same DeiT-III ViT, are
+``vit_rope_{tiny,small,base}_patch16_{lookhere,alibi}_224`` (no published weights in timm's format; LookHere's
+official checkpoints load with ``vit_rope.load_weights``, ``vit_rope.models.lookhere_weights``).
 """
 
 from __future__ import annotations
@@ -22,8 +24,10 @@ from typing import Any
 from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 from timm.models import build_model_with_cfg, generate_default_cfgs, register_model
 
+from vit_rope.layers.attn_bias import BIAS_KINDS
 from vit_rope.models import dinov3
 from vit_rope.models.checkpoint import checkpoint_filter_fn
+from vit_rope.models.lookhere_weights import official_lookhere_args
 from vit_rope.models.vit import RoPEVisionTransformer
 
 # DeiT-III / RoPE-ViT widths; tiny = 192 wide, 3 heads (head_dim 64 everywhere).
@@ -33,12 +37,15 @@ ARCHS: dict[str, dict[str, int]] = {
     "base": dict(embed_dim=768, depth=12, num_heads=12),
     "large": dict(embed_dim=1024, depth=24, num_heads=16),
 }
-# name suffix -> model arguments of the rotation kinds (no published weights, hence no large size)
-ROTATION_KINDS: dict[str, dict[str, str]] = {
+# name suffix -> model arguments of the kinds without published weights (hence tiny, small and base only): the rotation
+# kinds and the attention-bias kinds
+NEW_KINDS: dict[str, dict[str, str]] = {
     "golden": dict(rope_kind="golden"),
     "string": dict(rope_kind="string", rope_string_base="axial"),
     "string_mixed": dict(rope_kind="string", rope_string_base="mixed"),
+    **{kind: dict(rope_kind=kind) for kind in BIAS_KINDS},
 }
+NEW_SIZES = ("tiny", "small", "base")
 _TIMM_PORT_SUFFIX = {("axial", False): "rope", ("mixed", False): "rope_mixed", ("axial", True): "rope_ape",
                      ("mixed", True): "rope_mixed_ape"}  # fmt: skip
 
@@ -83,7 +90,7 @@ def _default_cfgs() -> dict[str, Any]:
         else:  # the published weights, as timm hosts them
             hub_id = f"timm/vit_{size}_patch16_{_TIMM_PORT_SUFFIX[kind, ape]}_224.naver_in1k"
             cfgs[f"{name}.naver_in1k"] = _cfg(hf_hub_id=hub_id, crop_pct=0.9)
-    for size, kind in product(("tiny", "small", "base"), ROTATION_KINDS):
+    for size, kind in product(NEW_SIZES, NEW_KINDS):
         cfgs[model_name(size, kind, False)] = _cfg()
     return cfgs
 
@@ -108,12 +115,18 @@ def _create(variant: str, pretrained: bool = False, **kwargs: Any) -> RoPEVision
 def _entrypoint(name: str, model_args: dict[str, Any]) -> Callable[..., RoPEVisionTransformer]:
     """One timm entry point: the named architecture, where any keyword argument overrides the defaults."""
 
-    def create(pretrained: bool = False, **kwargs: Any) -> RoPEVisionTransformer:
+    def create(pretrained: bool = False, official: bool = False, **kwargs: Any) -> RoPEVisionTransformer:
+        if official:  # LookHere's official ViT, which its published checkpoints need
+            if model_args["rope_kind"] != "lookhere":
+                raise ValueError(f"official=True builds LookHere's official ViT; {name} is not a LookHere model.")
+            embed_dim, mlp_ratio = kwargs.get("embed_dim", model_args["embed_dim"]), kwargs.get("mlp_ratio", 4.0)
+            kwargs = {**official_lookhere_args(embed_dim, mlp_ratio), **kwargs}
         return _create(name, pretrained=pretrained, **dict(model_args, **kwargs))
 
     create.__name__ = create.__qualname__ = name
     create.__module__ = __name__
-    create.__doc__ = f"{name}: ViT with {model_args['rope_kind']} RoPE ({model_args})."
+    encoding = model_args["rope_kind"] + ("" if model_args["rope_kind"] in BIAS_KINDS else " RoPE")
+    create.__doc__ = f"{name}: ViT with {encoding} ({model_args})."
     return create
 
 
@@ -124,9 +137,9 @@ for _size, _kind, _ape in product(ARCHS, ("axial", "mixed"), (False, True)):
     _args = dict(_DEIT3, rope_kind=_kind, pos_embed="learn" if _ape else "none", **ARCHS[_size])
     globals()[_name] = register_model(_entrypoint(_name, _args))
 
-for _size, _kind in product(("tiny", "small", "base"), ROTATION_KINDS):
+for _size, _kind in product(NEW_SIZES, NEW_KINDS):
     _name = model_name(_size, _kind, False)
-    globals()[_name] = register_model(_entrypoint(_name, dict(_DEIT3, **ROTATION_KINDS[_kind], **ARCHS[_size])))
+    globals()[_name] = register_model(_entrypoint(_name, dict(_DEIT3, **NEW_KINDS[_kind], **ARCHS[_size])))
 
 for _size, _qkvb in product(dinov3.ARCHS, (False, True)):
     _name = dinov3_name(_size, _qkvb)

@@ -21,14 +21,15 @@ from itertools import repeat
 from typing import Any
 
 import torch
-from timm.layers import PatchDropoutWithIndices
+from timm.layers import Mlp, PatchDropoutWithIndices
 from timm.models._features import feature_take_indices
 from timm.models._manipulate import checkpoint
 from timm.models.vision_transformer import VisionTransformer
 from torch import Tensor, nn
 
 from vit_rope.checks import check_patch_multiple
-from vit_rope.layers.attention import RoPEAttention, RoPEBlock, RopeTables
+from vit_rope.layers.attention import RoPEAttention, RoPEBlock
+from vit_rope.layers.attn_bias import BIAS_KINDS, AttnBias
 from vit_rope.layers.naflex import naflex_grid
 from vit_rope.layers.policies import CoordAugment, ResolutionPolicy, augment_positions
 from vit_rope.layers.pos_embed import fit_pos_embed
@@ -51,7 +52,8 @@ class RoPEVisionTransformer(VisionTransformer):
         rope_kind: ``"axial"`` (fixed frequencies, shared by heads and layers), ``"mixed"`` (learned per layer
             and head), ``"golden"`` (fixed golden-angle directions per head), ``"dinov3"`` (DINOv3's: fixed
             frequencies on coordinates normalised to [-1, 1]) or ``"string"`` (Cayley-STRING,
-            ``vit_rope.layers.string``: a learned orthogonal basis per layer and head before ``rope_string_base``).
+            ``vit_rope.layers.string``: a learned orthogonal basis per layer and head before ``rope_string_base``);
+            or an attention bias instead of RoPE, ``"lookhere"`` or ``"alibi"`` (``vit_rope.layers.attn_bias``).
         rope_string_base: the RoPE kind under ``string``: ``axial``, ``mixed``, ``golden`` or ``dinov3``.
         rope_fraction: p-RoPE's share of channel pairs rotated, the highest frequencies (1: all, 0: none).
         rope_mixed_init: how ``mixed`` frequencies start: ``"rope-vit"`` (RoPE-ViT's) or ``"golden"``.
@@ -63,6 +65,9 @@ class RoPEVisionTransformer(VisionTransformer):
         rope_max_period: see ``rope_min_period``.
         rope_normalize_coords: DINOv3's coordinate normalisation, ``separate``, ``min`` or ``max``.
         rope_coord_aug: training-time coordinate augmentation, a dict of ``CoordAugment`` fields (off by default).
+        lh_config: LookHere's configuration, a preset name (``lh180``, ``lh90``, ``lh45``) or the official dict.
+        head_hidden_dim: a classifier MLP ``Linear -> Tanh -> Linear`` with this hidden width instead of one linear
+            layer (LookHere's official head); ``None``: timm's linear head.
         pos_embed: ``"none"`` for RoPE only, ``"learn"`` for RoPE + APE (RoPE-ViT's "+APE").
         no_embed_class: the APE covers patch tokens only, as in DeiT-III and RoPE-ViT.
         **kwargs: everything else of timm's ``VisionTransformer`` (embed_dim, depth, img_size, drop_path_rate, ...).
@@ -86,15 +91,20 @@ class RoPEVisionTransformer(VisionTransformer):
         rope_string_base: str = "axial",
         rope_fraction: float = 1.0,
         rope_mixed_init: str = "rope-vit",
+        lh_config: str | dict | None = None,
+        head_hidden_dim: int | None = None,
         pos_embed: str = "none",
         no_embed_class: bool = True,
         **kwargs: Any,
     ) -> None:
-        base_kind = check_kind(rope_string_base if rope_kind == "string" else rope_kind, models=True)
+        biased = rope_kind in BIAS_KINDS
+        base_kind = None if biased else check_kind(rope_string_base if rope_kind == "string" else rope_kind,
+                                                   models=True)
         embed_dim, num_heads = kwargs.get("embed_dim", 768), kwargs.get("num_heads", 12)
         if embed_dim % num_heads:
             raise ValueError(f"embed_dim={embed_dim} must be divisible by num_heads={num_heads}.")
-        check_head_dim(embed_dim // num_heads)
+        if not biased:
+            check_head_dim(embed_dim // num_heads)
         if kwargs.pop("dynamic_img_size", True) is False:
             raise ValueError("RoPE models always accept any input size (dynamic_img_size=True); do not set it False.")
         patch_drop_rate = kwargs.pop("patch_drop_rate", 0.0)
@@ -129,8 +139,16 @@ class RoPEVisionTransformer(VisionTransformer):
         if rope_kind == "string":  # P = I at creation: the base kind exactly
             for blk in self.blocks:
                 blk.attn.string = CayleyString(num_heads, embed_dim // num_heads)
+        self.head_hidden_dim = head_hidden_dim
+        if head_hidden_dim:
+            self.reset_classifier(self.num_classes)
         self.rope_per_block = base_kind == "mixed"  # learned frequencies: one module per block
-        if self.rope_per_block:
+        if biased:
+            self.rope = AttnBias(rope_kind, num_heads, len(self.blocks), self.patch_embed.grid_size, rope_policy,
+                                 lh_config)
+        elif lh_config is not None:
+            raise ValueError(f"lh_config sets LookHere (rope_kind='lookhere') and does nothing for {rope_kind!r}.")
+        elif self.rope_per_block:
             self.rope: nn.Module = nn.ModuleList(RoPE2D(**rope_args) for _ in self.blocks)
         else:
             self.rope = RoPE2D(**rope_args)
@@ -153,9 +171,23 @@ class RoPEVisionTransformer(VisionTransformer):
         for rope in self.rope_modules():
             rope.policy = policy
 
-    def rope_modules(self) -> list[RoPE2D]:
-        """The RoPE2D modules: one shared (axial) or one per block (mixed)."""
+    def rope_modules(self) -> list[RoPE2D | AttnBias]:
+        """The RoPE2D modules: one shared (axial) or one per block (mixed); or the one ``AttnBias``."""
         return list(self.rope) if self.rope_per_block else [self.rope]
+
+    def __prepare_scriptable__(self) -> RoPEVisionTransformer:
+        """``torch.jit.script`` calls this first: the bias models keep their tables in a Python cache, which TorchScript
+        cannot compile, so they say so rather than fail deep in the compiler."""
+        if isinstance(self.rope, AttnBias):
+            raise RuntimeError(f"TorchScript does not support the {self.rope_kind} models (their bias tables live in a "
+                               "Python cache); export them with vit_rope.export (ONNX) or run them eagerly.")
+        return self
+
+    def reset_classifier(self, num_classes: int, global_pool: str | None = None) -> None:
+        """timm's, keeping the MLP head (``head_hidden_dim``) when the model has one."""
+        super().reset_classifier(num_classes, global_pool)
+        if self.head_hidden_dim and num_classes > 0:
+            self.head = Mlp(self.embed_dim, self.head_hidden_dim, num_classes, act_layer=nn.Tanh)
 
     @torch.jit.ignore
     def no_weight_decay(self) -> set[str]:
@@ -241,22 +273,30 @@ class RoPEVisionTransformer(VisionTransformer):
             positions = positions.expand(x.shape[0], -1, -1).gather(1, keep[..., None].expand(-1, -1, 2))  # [B, K, 2]
         return positions
 
-    def _rope_per_block(self, positions: Tensor | None, grid: tuple[int, int] | Tensor) -> Iterator[RopeTables]:
-        """Tables for each block in turn: axial ones built once and shared, mixed ones when their block needs them.
+    def _encodings(self, positions: Tensor | None, grid: tuple[int, int] | Tensor, valid: Tensor | None = None
+                   ) -> Iterator[dict[str, Any]]:
+        """Each block's position encoding, as keyword arguments of ``RoPEBlock``: ``rope`` tables (axial ones built
+        once and shared, mixed ones when their block needs them), or an attention ``bias`` and its ``bias_scale``.
 
-        Nothing is cached between calls: building a table costs about 0.1% of a ViT-S forward on CPU
+        RoPE tables are not cached between calls: building one costs about 0.1% of a ViT-S forward on CPU
         (``benchmarks/rope_kernel.py``, row ``build_tables``), and a cache would have to follow grad modes
         (tables made under ``inference_mode`` cannot be saved for backward), policies, devices and dtypes, and be
-        bounded for servers that see many sizes.
+        bounded for servers that see many sizes. A bias table is ``N x N`` per head, which ``AttnBias`` caches for
+        plain grids on those keys.
         """
         P = self.num_prefix_tokens
-        if isinstance(grid, Tensor):  # a NaFlex batch: one grid per sample
-            if self.rope_per_block:
-                return (rope.sample_tables(positions, P, grid) for rope in self.rope)
-            return repeat(self.rope.sample_tables(positions, P, grid))
-        if self.rope_per_block:
-            return (rope(positions, P, grid) for rope in self.rope)
-        return repeat(self.rope(positions, P, grid))
+        naflex = isinstance(grid, Tensor)  # a NaFlex batch: one grid per sample
+        if isinstance(self.rope, AttnBias):
+            tables = self.rope.sample_tables(positions, P, grid, valid) if naflex else self.rope(positions, P, grid)
+            # indexed, not iterated: FX records the tables as one call whose items it can index but not unpack
+            scales = self.rope.scales
+            return ({"bias": tables[i], "bias_scale": scale} if scale else {} for i, scale in enumerate(scales))
+
+        def tables(rope: RoPE2D) -> tuple[Tensor, Tensor]:
+            return rope.sample_tables(positions, P, grid) if naflex else rope(positions, P, grid)
+
+        ropes = map(tables, self.rope) if self.rope_per_block else repeat(tables(self.rope))
+        return ({"rope": rope} for rope in ropes)
 
     def _forward_blocks(
         self, x: Tensor | NaFlexBatch, blocks: nn.Module, take_indices: list[int] = (), norm: bool = False,
@@ -270,11 +310,11 @@ class RoPEVisionTransformer(VisionTransformer):
         else:
             x, positions, grid = self._embed(x)
         intermediates = []
-        for i, (blk, rope) in enumerate(zip(blocks, self._rope_per_block(positions, grid), strict=False)):
+        for i, (blk, encoding) in enumerate(zip(blocks, self._encodings(positions, grid, valid), strict=False)):
             if self.grad_checkpointing:
-                x = checkpoint(blk, x, rope=rope, **block_kwargs)
+                x = checkpoint(blk, x, **encoding, **block_kwargs)
             else:
-                x = blk(x, rope=rope, **block_kwargs)
+                x = blk(x, **encoding, **block_kwargs)
             if i in take_indices:
                 intermediates.append(self.norm(x) if norm else x)
         return x, intermediates, valid

@@ -1,0 +1,83 @@
+"""The attention-bias models (LookHere, 2D-ALiBi) in the tools: ONNX export served at other sizes, the harness's policy
+check, ``vit_rope.diagnose`` (attention entropy with the bias; no frequencies to cover), and the factory that
+train.py's ``model`` / ``model_kwargs`` go through (a YAML ``lh_config`` preset or dict; a bad one is one error)."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import onnxruntime
+import pytest
+import timm
+import torch
+
+from vit_rope.errors import UserError
+from vit_rope.eval import onnx as export
+from vit_rope.eval.diagnose import attention_entropy, main
+from vit_rope.eval.harness import check_sizes
+from vit_rope.eval.loading import EvalModel
+from vit_rope.models.factory import create_model
+
+LOOKHERE = "vit_rope_tiny_patch16_lookhere_224"
+
+
+def tiny(name: str, **kwargs) -> torch.nn.Module:
+    torch.manual_seed(0)
+    model = timm.create_model(name, depth=2, num_classes=5, **kwargs)
+    for key, param in model.named_parameters():
+        if key.endswith(".gamma"):
+            param.data.fill_(1.0)
+    return model.eval()
+
+
+def test_onnx_export_serves_other_sizes(tmp_path: Path) -> None:
+    model = tiny(LOOKHERE, lh_config="lh90", reg_tokens=1)
+    result = export.export_onnx(model, tmp_path / "model.onnx", img_size=(64, 64))
+    options = onnxruntime.SessionOptions()
+    options.intra_op_num_threads = 1
+    session = onnxruntime.InferenceSession(str(result.path), options, providers=["CPUExecutionProvider"])
+    for batch, (h, w) in [(1, (64, 64)), (2, (96, 48)), (1, (128, 80))]:
+        x = torch.randn(batch, 3, h, w)
+        with torch.no_grad():
+            expected = model(x).numpy()
+        assert np.abs(expected).max() > 0.1
+        np.testing.assert_allclose(session.run(None, {"images": x.numpy()})[0], expected, rtol=1e-4, atol=1e-4)
+
+
+def test_harness_refuses_policies_without_meaning_for_a_bias() -> None:
+    entry = EvalModel("alibi", tiny("vit_rope_tiny_patch16_alibi_224"), 224)
+    check_sizes([64], [entry], ["extrapolate", "interpolate"])
+    with pytest.raises(UserError, match="alibi: Policy 'ntk' does not apply to alibi, an attention bias"):
+        check_sizes([64], [entry], ["extrapolate", "ntk"])
+
+
+def test_attention_entropy_sees_the_bias() -> None:
+    model = tiny(LOOKHERE)
+    x = torch.randn(2, 3, 64, 48)
+    entropy = attention_entropy(model, x)
+    assert all(0 < e <= math.log(1 + 12) for e in entropy)
+    model.rope.scales = [0.0, 0.0]  # the same model without its masks and penalties attends more widely
+    assert all(a < b for a, b in zip(entropy, attention_entropy(model, x), strict=True))
+
+
+def test_diagnose_cli_on_a_bias_model(tmp_path: Path, capsys) -> None:
+    argv = ["--model", LOOKHERE, "--random-init", "--model-kwargs", "depth=1", "--sizes", "32", "64",
+            "--num-images", "1", "--output", str(tmp_path)]
+    assert main(argv) == 0
+    assert capsys.readouterr().out.startswith(f"{LOOKHERE} (depth=1, random init): lookhere, policy extrapolate")
+    report = json.loads((tmp_path / "diagnostics.json").read_text())
+    assert report["sizes"]["64"]["pairs"] == 0 and len(report["sizes"]["64"]["entropy"]) == 1
+    assert main([*argv, "--policy", "yarn"]) == 2
+    assert "Policy 'yarn' does not apply to lookhere" in capsys.readouterr().err
+
+
+def test_factory_builds_what_a_train_config_names() -> None:
+    cfg = {"depth": 2, "num_classes": 10, "img_size": 64, "lh_config": {"global_slope": 1.0, "layer_slopes": [1, 0.5],
+                                                                       "head_directions": "corners"}}
+    model, _ = create_model(LOOKHERE, cfg)
+    assert model.rope.lh_config["head_directions"] == "corners" and model(torch.randn(1, 3, 64, 64)).shape == (1, 10)
+    with pytest.raises(UserError, match="Unknown LookHere preset 'lh30'"):
+        create_model(LOOKHERE, {"lh_config": "lh30"})

@@ -1,0 +1,237 @@
+"""The attention-bias models (LookHere, 2D-ALiBi) through timm and NaFlex batches: registered names, each sample of a
+mixed-aspect batch equal to its image alone, logits that only offsets move (sparse and shifted coordinates included),
+the bounded table cache across sizes and grad modes, the policies, and the errors for bad configurations."""
+
+from __future__ import annotations
+
+import pytest
+import timm
+import torch
+from timm.data.naflex_transforms import patchify_image
+
+from vit_rope.layers.attn_bias import alibi_penalty, alibi_slopes
+from vit_rope.layers.lookhere import PRESETS, head_plan, lookhere_penalty
+
+PATCH = 16
+BASE = dict(img_size=80, embed_dim=48, depth=2, num_heads=3, num_classes=7, init_values=0.5)
+KINDS = {  # name -> (model, extra kwargs)
+    "alibi": ("vit_rope_tiny_patch16_alibi_224", {}),
+    "lh180": ("vit_rope_tiny_patch16_lookhere_224", {"lh_config": "lh180"}),
+    "lh90": ("vit_rope_tiny_patch16_lookhere_224", {"lh_config": "lh90", "num_heads": 4, "embed_dim": 32}),
+    "lh45_regs": ("vit_rope_tiny_patch16_lookhere_224", {"lh_config": "lh45", "reg_tokens": 2}),
+    "lh_center_max": ("vit_rope_tiny_patch16_lookhere_224", {"lh_config": dict(
+        global_slope=1.0, layer_slopes=[1.0, 0.5], head_directions="center", distance="sqrt", fill_with="max")}),
+}
+
+
+def build(kind: str, policy: str = "extrapolate", **kwargs) -> torch.nn.Module:
+    name, extra = KINDS[kind]
+    torch.manual_seed(0)
+    model = timm.create_model(name, **{**BASE, **extra, **kwargs}).eval()
+    with torch.no_grad():
+        for param in model.parameters():
+            param.add_(torch.randn_like(param) * 0.2)
+    model.set_rope_policy(policy)
+    return model
+
+
+def pack(images: list[torch.Tensor], length: int = 32) -> dict[str, torch.Tensor]:
+    """Images as timm's NaFlexCollator packs them."""
+    patches = torch.zeros(len(images), length, PATCH * PATCH * 3)
+    coord = torch.zeros(len(images), length, 2, dtype=torch.long)
+    valid = torch.zeros(len(images), length, dtype=torch.bool)
+    for b, image in enumerate(images):
+        flat, where, ok = patchify_image(image, (PATCH, PATCH))
+        patches[b, :len(flat)], coord[b, :len(flat)], valid[b, :len(flat)] = flat, where, ok
+    return {"patches": patches, "patch_coord": coord, "patch_valid": valid}
+
+
+def images(grids: tuple[tuple[int, int], ...] = ((4, 6), (6, 3), (5, 5))) -> list[torch.Tensor]:
+    torch.manual_seed(1)
+    return [torch.randn(3, h * PATCH, w * PATCH) for h, w in grids]
+
+
+def test_every_kind_is_registered_at_tiny_small_and_base() -> None:
+    names = set(timm.list_models("vit_rope_*"))
+    for size in ("tiny", "small", "base"):
+        for kind in ("lookhere", "alibi"):
+            assert f"vit_rope_{size}_patch16_{kind}_224" in names
+    model = timm.create_model("vit_rope_small_patch16_lookhere_224", depth=1, num_classes=3)
+    assert model.rope_kind == "lookhere" and model.rope.lh_config["head_directions"] == "halves"
+    assert model(torch.randn(1, 3, 48, 64)).shape == (1, 3)
+
+
+@pytest.mark.parametrize("kind,policy", [(k, "extrapolate") for k in KINDS]
+                         + [("alibi", "interpolate"), ("lh45_regs", "interpolate")])
+def test_each_sample_of_a_mixed_batch_equals_its_image_alone(kind: str, policy: str) -> None:
+    model, inputs = build(kind, policy), images()
+    batch = pack(inputs)
+    with torch.no_grad():
+        logits = model(batch)
+        for b, image in enumerate(inputs):
+            torch.testing.assert_close(logits[b], model(image[None])[0], rtol=1e-4, atol=1e-4)
+        for blk in model.blocks:  # the explicit path is the reference of the fused one
+            blk.attn.fused_attn = False
+        torch.testing.assert_close(model(batch), logits, rtol=1e-5, atol=1e-5)
+    assert logits.abs().max() > 0.1
+
+
+@pytest.mark.parametrize("kind", list(KINDS))
+def test_only_offsets_move_the_logits_of_sparse_shifted_samples(kind: str) -> None:
+    """Prefix tokens are unbiased, so the whole output depends on offsets only (for RoPE, whose unrotated class token
+    meets rotated patches, only the patch-patch logits do)."""
+    model = build(kind)
+    batch = pack(images())
+    torch.manual_seed(2)
+    batch["patch_valid"] &= torch.rand(batch["patch_valid"].shape) > 0.3  # holes: sparse grids
+    shifted = {**batch, "patch_coord": batch["patch_coord"] + torch.tensor([3, 5])}  # no sample starts at (0, 0)
+    moved = {**batch, "patch_coord": batch["patch_coord"].clone()}
+    moved["patch_coord"][:, 0] += torch.tensor([3, 1])  # one patch of each sample 3 rows down, 1 right
+    with torch.no_grad():
+        logits = model(batch)
+        torch.testing.assert_close(model(shifted), logits, rtol=1e-4, atol=1e-4)
+        changed = (model(moved) - logits).abs().amax(-1)  # [B]
+    assert (changed > 1e-4).all(), changed  # (equal ones differ by < 1e-6)
+
+
+@pytest.mark.parametrize("name", ["alibi", *PRESETS])
+def test_penalties_depend_on_offsets_only_even_fractional_ones(name: str) -> None:
+    torch.manual_seed(3)
+    positions = torch.rand(2, 9, 2) * 5  # fractional, anywhere
+    shift = torch.tensor([[[2.37, -1.61]], [[-0.5, 7.25]]])
+
+    def penalty(pos: torch.Tensor) -> torch.Tensor:
+        if name == "alibi":
+            return alibi_penalty(pos, alibi_slopes(6))
+        return lookhere_penalty(pos, *head_plan(PRESETS[name]["head_directions"], 6))
+
+    before = penalty(positions)
+    torch.testing.assert_close(penalty(positions + shift), before, rtol=1e-4, atol=1e-4)
+    one = positions.clone()
+    one[:, 4] += 0.75
+    assert ((penalty(one) - before).abs().nan_to_num(1.0).amax((1, 2, 3)) > 1e-3).all()
+
+
+def test_prefix_tokens_are_unbiased_and_own_rows_and_columns_are_zero() -> None:
+    model = build("lh180", reg_tokens=2)
+    tables = model.rope(None, model.num_prefix_tokens, (3, 4))
+    P = model.num_prefix_tokens
+    assert tables[0].shape == (1, 3, P + 12, P + 12)
+    assert tables[0][..., :P, :].abs().max() == 0 and tables[0][..., :, :P].abs().max() == 0
+    assert tables[0][0, 0].diagonal().abs().max() == 0  # a patch sees itself, unpenalised
+    assert torch.isinf(tables[0][0, 0]).any()  # and "up" hides what is below
+
+
+def test_cache_is_bounded_and_follows_grad_modes() -> None:
+    model = build("alibi")
+    for size in (48, 64, 80, 96):
+        with torch.no_grad():
+            model(torch.randn(1, 3, size, size))
+    assert len(model.rope._cache) == model.rope.CACHE_SIZE
+    x = torch.randn(2, 3, 64, 64)
+    with torch.inference_mode():
+        model(x)
+    model.train()
+    model(x).square().sum().backward()  # tables made under inference_mode are not reused for autograd
+    assert model.blocks[0].attn.qkv.weight.grad is not None
+    assert not any("anchor" in key or "cache" in key for key in model.state_dict())
+
+
+def test_interpolate_scales_positions_to_the_training_grid() -> None:
+    model = build("alibi", "interpolate")
+    with torch.no_grad():
+        train = model.rope(None, 0, (5, 5))[0]
+        double = model.rope(None, 0, (10, 10))[0]
+    torch.testing.assert_close(double[..., 0, 1], train[..., 0, 1] / 2)  # half the step between neighbours
+    assert model(torch.randn(1, 3, 160, 160)).isfinite().all()
+
+
+def test_policies_without_meaning_are_refused() -> None:
+    model = build("lh180")
+    for policy in ("ntk", "yarn", "normalized"):
+        with pytest.raises(ValueError, match=f"Policy '{policy}' does not apply to lookhere.*'extrapolate'"):
+            model.set_rope_policy(policy)
+
+
+@pytest.mark.parametrize("kwargs,message", [
+    (dict(lh_config=dict(global_slope=1.0, layer_slopes=[1, 0], head_directions="halves-sideways")),
+     "Unknown LookHere direction 'sideways'.*choose groups of none, zero"),
+    (dict(lh_config=dict(global_slope=1.0, layer_slopes=[1, 0], head_directions="halves-corners-triangles-none"),
+          num_heads=3), "has 4 groups, more than num_heads=3"),
+    (dict(lh_config="lh360"), "Unknown LookHere preset 'lh360'.*lh180, lh90, lh45"),
+    (dict(lh_config=dict(global_slope=1.0, layer_slopes=[1, 0], head_directions="halves", fill="inf")),
+     r"unknown keys \['fill'\]"),
+    (dict(lh_config=dict(global_slope=1.0, layer_slopes=[1, 0], head_directions="halves", distance="cosine")),
+     "distance='cosine'.*linear, sqrt, square"),
+    (dict(lh_config=dict(global_slope=1.0, layer_slopes=[1, 0], head_directions=["halves"] * 3)),
+     "one per layer: got 3 for depth 2"),
+])
+def test_bad_lookhere_configurations_name_the_value(kwargs: dict, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        timm.create_model("vit_rope_tiny_patch16_lookhere_224", **{**BASE, **kwargs})
+
+
+def test_lh_config_is_refused_for_other_kinds() -> None:
+    for name in ("vit_rope_tiny_patch16_alibi_224", "vit_rope_tiny_patch16_axial_224"):
+        with pytest.raises(ValueError, match="lh_config sets LookHere"):
+            timm.create_model(name, **BASE, lh_config="lh90")
+
+
+def test_head_plans_follow_the_official_splits_and_cover_tiny() -> None:
+    directions, slopes = head_plan("halves", 12)
+    assert directions[:4] == (("up",), ("down",), ("left",), ("right",)) and slopes == (0.5,) * 4 + (0.25,) * 4 + (
+        0.125,) * 4
+    directions, slopes = head_plan("halves", 3)  # tiny: the group's directions in turn
+    assert directions == (("up",), ("down",), ("left",)) and slopes == (0.5,) * 3
+    directions, _ = head_plan("eighths1-eighths2", 6)  # official: 4 + 2
+    assert directions[4:] == (("tri_up", "right"), ("tri_down", "right"))
+    directions, _ = head_plan("eighths1-eighths2", 3)  # ours: 2 + 1
+    assert directions == (("tri_up", "left"), ("tri_down", "left"), ("tri_up", "right"))
+
+
+def test_forward_intermediates_and_features_only() -> None:
+    model = build("lh90")
+    maps = model.forward_intermediates(torch.randn(1, 3, 48, 80), indices=2, intermediates_only=True)
+    assert [tuple(m.shape) for m in maps] == [(1, 32, 3, 5)] * 2
+    backbone = timm.create_model("vit_rope_tiny_patch16_alibi_224", features_only=True, depth=2, out_indices=(1,))
+    assert backbone(torch.randn(1, 3, 64, 48))[0].shape == (1, 192, 4, 3)
+
+
+def test_gradients_of_a_mixed_batch_are_the_sum_of_each_images() -> None:
+    model, inputs = build("lh45_regs", "interpolate").train(), images()
+    model(pack(inputs)).square().sum().backward()
+    together = {name: param.grad.clone() for name, param in model.named_parameters()}
+    model.zero_grad()
+    sum(model(image[None]).square().sum() for image in inputs).backward()
+    for name, param in model.named_parameters():
+        scale = float(param.grad.abs().max())
+        torch.testing.assert_close(together[name], param.grad, rtol=1e-4, atol=1e-4 * scale, msg=name)
+
+
+@pytest.mark.filterwarnings("ignore::FutureWarning")  # torch.jit's deprecation
+def test_grad_checkpointing_gives_the_same_result_and_torchscript_is_refused_clearly() -> None:
+    model, x = build("alibi").train(), torch.randn(2, 3, 64, 48)
+    model(x).square().sum().backward()
+    plain = model.blocks[0].attn.qkv.weight.grad.clone()
+    model.zero_grad()
+    model.set_grad_checkpointing(True)
+    model(x).square().sum().backward()
+    torch.testing.assert_close(model.blocks[0].attn.qkv.weight.grad, plain, rtol=1e-5, atol=1e-6)
+    with pytest.raises(RuntimeError, match="TorchScript does not support the alibi models"):
+        torch.jit.script(model)
+
+
+@pytest.mark.parametrize("kind", ["alibi", "lh45_regs"])
+def test_fx_feature_extraction_with_timms_tracer_options(kind: str) -> None:
+    """timm's tracer keeps ``AttnBias`` whole (a leaf), so the traced graph calls it with the real grid."""
+    from timm.models import get_notrace_functions, get_notrace_modules
+    from torchvision.models.feature_extraction import create_feature_extractor
+
+    model = build(kind)
+    options = dict(leaf_modules=get_notrace_modules(), autowrap_functions=get_notrace_functions())
+    extractor = create_feature_extractor(model, return_nodes={"blocks.0": "b0", "head": "logits"},
+                                         tracer_kwargs=options)
+    with torch.no_grad():
+        for size in ((64, 64), (48, 80)):
+            x = torch.randn(2, 3, *size)
+            torch.testing.assert_close(extractor(x)["logits"], model(x), rtol=1e-5, atol=1e-5)

@@ -1,0 +1,181 @@
+"""Position encodings as additive attention biases: LookHere and 2D-ALiBi.
+
+- **2D-ALiBi** (CROMA, Fuller et al., NeurIPS 2023, arXiv:2311.00566): ALiBi's per-head linear penalty (Press et
+  al., ICLR 2022) on the Euclidean distance between patches, ``-m_h * |p_k - p_q|``, the same in every layer.
+- **LookHere** (Fuller et al., NeurIPS 2024, arXiv:2405.13985): directed masks and distance penalties per head, with
+  a slope per layer (``vit_rope.layers.lookhere``).
+
+Both are a penalty table ``[H, N, N]`` of the patch positions times one scale per layer, so the model builds the
+table once per forward and every block adds ``scale * table`` to its logits (``RoPEAttention``). Prefix tokens
+(class, registers) are neither biased nor penalised: their rows and columns are 0. The table of a plain grid is kept
+in a small cache (``AttnBias.CACHE_SIZE`` grids), keyed by grid, prefix count, device, policy and inference mode; a
+NaFlex batch or per-image positions (coordinate augmentation, patch dropout) build theirs per forward.
+
+Resolution policies: ``extrapolate`` keeps patch positions as they are (the penalty grows with the image);
+``interpolate`` scales them per axis by training / input grid size (neighbours ``1 / s`` apart), so distances
+span the training range. ``ntk``, ``yarn`` and
+``normalized`` rescale rotation frequencies, which a bias does not have: ``policies.check_policy`` refuses them.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import OrderedDict
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from timm.layers import register_notrace_module
+from torch import Tensor, nn
+
+from vit_rope.layers.lookhere import check_config, head_plan, layer_scales, lookhere_penalty
+from vit_rope.layers.policies import BIAS_KINDS, ResolutionPolicy, check_policy
+from vit_rope.layers.rope import grid_positions
+
+
+def alibi_slopes(num_heads: int) -> Tensor:
+    """ALiBi's head slopes (Press et al. 2022): ``2 ** (-8 i / n)`` for a power of two ``n``; otherwise those of the
+    power of two below, then every other slope of the power above, as their reference code does. ``[num_heads]``."""
+    def powers(n: int) -> list[float]:
+        return [2.0 ** (-8.0 * (i + 1) / n) for i in range(n)]
+
+    below = 2 ** int(math.floor(math.log2(num_heads)))
+    slopes = powers(below) + powers(2 * below)[0::2][: num_heads - below]
+    return torch.tensor(slopes, dtype=torch.float32)
+
+
+def alibi_penalty(positions: Tensor, slopes: Tensor) -> Tensor:
+    """2D-ALiBi penalties ``[..., H, N, N]`` = slope times Euclidean distance, for positions ``[..., N, 2]``."""
+    pos = positions.float()
+    dist = (pos[..., None, :, :] - pos[..., :, None, :]).square().sum(-1).sqrt()  # [..., N, N]
+    return slopes.to(dist.device)[:, None, None] * dist[..., None, :, :]
+
+
+def policy_positions(positions: Tensor, grid: Tensor | tuple[int, int] | None, train_grid: tuple[int, int] | None,
+                     policy: str) -> Tensor:
+    """Positions ``[..., N, 2]`` (x, y) as the policy places them: as they are, or (``interpolate``) scaled per axis
+    by training / input grid size; ``grid`` is ``(h, w)``, one per sample ``[B, 2]``, or None (as they are)."""
+    if policy != "interpolate" or train_grid is None or grid is None:
+        return positions
+    train = positions.new_tensor([train_grid[1], train_grid[0]])  # (w0, h0)
+    if isinstance(grid, Tensor):
+        return positions * (train / grid.flip(-1).to(positions.dtype))[:, None, :]  # [B, 1, 2]
+    return positions * (train / positions.new_tensor([grid[1], grid[0]]))
+
+
+def pad_prefix(table: Tensor, num_prefix_tokens: int) -> Tensor:
+    """Zero rows and columns in front for the prefix tokens: ``[..., N, N]`` -> ``[..., P + N, P + N]``."""
+    return F.pad(table, (num_prefix_tokens, 0, num_prefix_tokens, 0)) if num_prefix_tokens else table
+
+
+def _building_graph() -> bool:
+    """Whether a graph is being captured (torch.compile, torch.export, TorchScript tracing): no Python cache then."""
+    return torch.compiler.is_compiling() or torch.jit.is_tracing()
+
+
+@register_notrace_module
+class AttnBias(nn.Module):
+    """The penalty tables of one bias kind and the scale each block multiplies them by; nothing learned, nothing
+    saved. Quacks like ``RoPE2D`` where the model and the harness look (``kind``, ``policy``, ``train_grid``,
+    ``grid_positions``).
+
+    Args:
+        kind: ``"lookhere"`` or ``"alibi"``.
+        num_heads: attention heads.
+        depth: blocks (LookHere's slopes and directions are per layer).
+        train_grid: the ``(h, w)`` training grid, which ``interpolate`` scales against.
+        policy: ``extrapolate`` (default) or ``interpolate``.
+        lh_config: LookHere's configuration (``vit_rope.layers.lookhere.check_config``): a preset name or the
+            official dict; ``None`` is ``lh180``.
+    """
+
+    CACHE_SIZE = 2
+    normalize = "separate"  # read by the NaFlex positions (DINOv3's option): plain integer positions here
+
+    def __init__(self, kind: str, num_heads: int, depth: int, train_grid: tuple[int, int] | None = None,
+                 policy: str | dict | ResolutionPolicy | None = None,
+                 lh_config: str | dict[str, Any] | None = None) -> None:
+        super().__init__()
+        if kind not in BIAS_KINDS:
+            raise ValueError(f"Unknown attention bias {kind!r}: choose one of {', '.join(BIAS_KINDS)}.")
+        if kind != "lookhere" and lh_config is not None:
+            raise ValueError(f"lh_config sets LookHere (rope_kind='lookhere') and does nothing for {kind!r}.")
+        self.kind, self.num_heads, self.depth = kind, num_heads, depth
+        self.train_grid = None if train_grid is None else (int(train_grid[0]), int(train_grid[1]))
+        self.policy = policy
+        self._cache: OrderedDict[tuple, list[Tensor]] = OrderedDict()
+        self.register_buffer("anchor", torch.zeros(0), persistent=False)  # follows .to(device): the tables' device
+        if kind == "lookhere":
+            self.lh_config = check_config(lh_config, num_heads, depth)
+            specs = self.lh_config["head_directions"]
+            self.layer_specs = [specs] * depth if isinstance(specs, str) else list(specs)
+            self.scales = layer_scales(self.lh_config, depth)
+        else:
+            self.lh_config = None
+            self.layer_specs = ["alibi"] * depth
+            self.scales = [-1.0] * depth
+
+    @property
+    def policy(self) -> ResolutionPolicy:
+        return ResolutionPolicy(self.policy_name)
+
+    @policy.setter
+    def policy(self, policy: str | dict | ResolutionPolicy | None) -> None:
+        policy = ResolutionPolicy.create("extrapolate" if policy is None else policy)
+        self.policy_name = check_policy(self.kind, policy.name)
+
+    def grid_positions(self, height: int, width: int, device: torch.device | None = None) -> Tensor:
+        """Integer positions ``[N, 2]`` of a grid (the policy acts on the tables, with the grid known there)."""
+        return grid_positions(height, width, device=device)
+
+    def _penalties(self, positions: Tensor, valid: Tensor | None) -> dict[str, Tensor]:
+        """One penalty table ``[..., H, N, N]`` per distinct layer spec."""
+        out = {}
+        for spec in dict.fromkeys(self.layer_specs):
+            if spec == "alibi":
+                out[spec] = alibi_penalty(positions, alibi_slopes(self.num_heads))
+            else:
+                cfg = self.lh_config
+                out[spec] = lookhere_penalty(positions, *head_plan(spec, self.num_heads), cfg["distance"],
+                                             cfg["fill_with"], valid)
+        return out
+
+    def _layers(self, positions: Tensor, grid: Tensor | tuple[int, int] | None, num_prefix_tokens: int,
+                valid: Tensor | None = None) -> list[Tensor]:
+        positions = policy_positions(positions, grid, self.train_grid, self.policy_name)
+        tables = {spec: pad_prefix(t, num_prefix_tokens) for spec, t in self._penalties(positions, valid).items()}
+        return [tables[spec] for spec in self.layer_specs]
+
+    def forward(self, positions: Tensor | None, num_prefix_tokens: int = 0, grid: tuple[int, int] | None = None
+                ) -> list[Tensor]:
+        """Each block's penalty table ``[1 or B, H, P + N, P + N]`` (blocks with the same directions share one), for
+        ``positions`` (``[N, 2]`` or ``[B, N, 2]``) or, when ``None``, the plain ``grid`` (cached)."""
+        if positions is not None:
+            tables = self._layers(positions, grid, num_prefix_tokens)
+            return [t if t.dim() == 4 else t[None] for t in tables]
+        if grid is None:
+            raise ValueError("AttnBias needs positions or the grid to place them on.")
+        device = self.anchor.device
+        if _building_graph():  # a traced or compiled graph serves every size: no Python state in it
+            return [t[None] for t in self._layers(grid_positions(grid[0], grid[1], device=device), grid,
+                                                  num_prefix_tokens)]
+        key = (int(grid[0]), int(grid[1]), num_prefix_tokens, str(device), self.policy_name,
+               torch.is_inference_mode_enabled())
+        if key in self._cache:
+            self._cache.move_to_end(key)
+        else:
+            self._cache[key] = [t[None] for t in self._layers(grid_positions(grid[0], grid[1], device=device),
+                                                              grid, num_prefix_tokens)]
+            while len(self._cache) > self.CACHE_SIZE:
+                self._cache.popitem(last=False)
+        return self._cache[key]
+
+    def sample_tables(self, positions: Tensor, num_prefix_tokens: int, grid: Tensor, valid: Tensor | None = None
+                      ) -> list[Tensor]:
+        """Each block's table ``[B, H, P + N, P + N]`` for a NaFlex batch: ``positions`` ``[B, N, 2]``, each
+        sample's grid ``[B, 2]`` (h, w) for the policy, ``valid`` ``[B, N]``."""
+        return self._layers(positions, grid, num_prefix_tokens, valid)
+
+    def extra_repr(self) -> str:
+        return (f"kind={self.kind}, num_heads={self.num_heads}, train_grid={self.train_grid}, "
+                f"policy={self.policy_name}" + (f", lh_config={self.lh_config}" if self.lh_config else ""))

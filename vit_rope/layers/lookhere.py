@@ -1,0 +1,195 @@
+"""LookHere's directed attention masks and distance penalties (Fuller et al., NeurIPS 2024, arXiv:2405.13985).
+
+Each head looks in a fixed direction: keys outside its field of view are masked (or given a fixed penalty), keys
+inside are penalised by their distance to the query, with a slope per head, per layer and overall::
+
+    logit(q, k) += -global_slope * layer_slope[l] * head_slope[h] * f(|p_k - p_q|)    inside head h's view
+    logit(q, k) += -inf                                                             outside (fill_with="inf")
+
+Everything depends on the offset ``p_k - p_q`` only (``center`` heads excepted: they penalise the distance to the
+middle of the image), so a common shift of every patch changes nothing. The configuration is the official code's
+dict (github.com/GreenCUBIC/lookhere, MIT): ``global_slope``, ``layer_slopes`` (first and last layer, linear in
+between), ``head_directions`` (groups of 4 heads joined by ``-``, or one such string per layer), ``distance``
+(``linear``, ``sqrt``, ``square``) and ``fill_with`` (``inf``, ``zero``, ``max``). Written from the paper and that
+code's semantics, as pure functions of positions, so that NaFlex samples and fractional coordinates work too.
+"""
+
+from __future__ import annotations
+
+from itertools import groupby
+from typing import Any
+
+import torch
+from torch import Tensor
+
+# Each group gives 4 heads their fields of view; a head's view is the intersection of its tokens' views. "up" is
+# towards smaller y (the top row), as images are stored. "tri_*" are 90-degree cones, "diag_a_b" the union of two.
+DIRECTION_GROUPS: dict[str, tuple[tuple[str, ...], ...]] = {
+    "none": ((),) * 4,
+    "zero": (("zero",),) * 4,
+    "none1zero3": ((),) + (("zero",),) * 3,
+    "none2zero2": ((),) * 2 + (("zero",),) * 2,
+    "none3zero1": ((),) * 3 + (("zero",),),
+    "center": (("center",),) * 4,
+    "halves": (("up",), ("down",), ("left",), ("right",)),
+    "corners": (("up", "left"), ("up", "right"), ("down", "left"), ("down", "right")),
+    "triangles": (("tri_up",), ("tri_down",), ("tri_left",), ("tri_right",)),
+    "diagonals": (("diag_up_right",), ("diag_up_left",), ("diag_down_right",), ("diag_down_left",)),
+    "eighths1": (("tri_up", "left"), ("tri_down", "left"), ("tri_left", "up"), ("tri_right", "up")),
+    "eighths2": (("tri_up", "right"), ("tri_down", "right"), ("tri_left", "down"), ("tri_right", "down")),
+    "zerohalves": (("zero", "up"), ("zero", "down"), ("zero", "left"), ("zero", "right")),
+    "zerocorners": (("zero", "up", "left"), ("zero", "up", "right"), ("zero", "down", "left"),
+                    ("zero", "down", "right")),
+    "zerotriangles": (("zero", "tri_up"), ("zero", "tri_down"), ("zero", "tri_left"), ("zero", "tri_right")),
+}
+_UNDIRECTED = ("zero", "center", "none")  # groups whose heads take the "none" slopes
+_NONE_SLOPES = (0.25, 0.0625, 0.015625, 0.00390625)
+DISTANCES = ("linear", "sqrt", "square")
+FILLS = ("inf", "zero", "max")
+CONFIG_KEYS = ("global_slope", "layer_slopes", "head_directions", "distance", "fill_with")
+
+# The paper's models by the field of view of each head: 180 (half-planes), 90 (cones), 45 (eighths). Our reading of
+# the names, not copies of the published configs (their checkpoints carry their own config, which loading checks).
+PRESETS: dict[str, dict[str, Any]] = {
+    "lh180": dict(global_slope=1.0, layer_slopes=[1.5, 0.5], head_directions="halves", distance="linear",
+                  fill_with="inf"),
+    "lh90": dict(global_slope=1.0, layer_slopes=[1.5, 0.5], head_directions="triangles", distance="linear",
+                 fill_with="inf"),
+    "lh45": dict(global_slope=1.0, layer_slopes=[1.5, 0.5], head_directions="eighths1-eighths2", distance="linear",
+                 fill_with="inf"),
+}
+# (number of groups, heads) -> heads per group, as the official code assigns them
+_SPLITS = {(2, 6): (4, 2), (2, 12): (8, 4), (2, 16): (8, 8), (3, 12): (4, 4, 4), (3, 16): (8, 4, 4),
+           (4, 16): (4, 4, 4, 4)}
+
+
+def check_config(config: str | dict[str, Any] | None, num_heads: int, depth: int) -> dict[str, Any]:
+    """The LookHere configuration as a complete dict: a preset name, ``None`` (``lh180``) or the official dict, with
+    its defaults (``distance="linear"``, ``fill_with="inf"``); raises a ``ValueError`` naming what does not fit."""
+    if config is None or isinstance(config, str):
+        name = config or "lh180"
+        if name not in PRESETS:
+            raise ValueError(f"Unknown LookHere preset {name!r}: choose one of {', '.join(PRESETS)}, or pass the "
+                             f"official configuration dict with keys {', '.join(CONFIG_KEYS)}.")
+        config = PRESETS[name]
+    unknown = sorted(set(config) - set(CONFIG_KEYS))
+    missing = [key for key in CONFIG_KEYS[:3] if key not in config]
+    if unknown or missing:
+        raise ValueError(f"LookHere lh_config {config} has unknown keys {unknown} and lacks {missing}: the keys are "
+                         f"{', '.join(CONFIG_KEYS)} (the last two optional).")
+    out = {"distance": "linear", "fill_with": "inf", **config}
+    if out["distance"] not in DISTANCES or out["fill_with"] not in FILLS:
+        raise ValueError(f"LookHere distance={out['distance']!r} and fill_with={out['fill_with']!r}: distance is one "
+                         f"of {', '.join(DISTANCES)}, fill_with one of {', '.join(FILLS)}.")
+    slopes = out["layer_slopes"]
+    if len(slopes) != 2:
+        raise ValueError(f"LookHere layer_slopes must be [first, last] (linear in between), got {slopes}.")
+    directions = out["head_directions"]
+    if not isinstance(directions, str) and len(directions) != depth:
+        raise ValueError(f"LookHere head_directions is one string, or one per layer: got {len(directions)} for "
+                         f"depth {depth}.")
+    for spec in [directions] if isinstance(directions, str) else directions:
+        head_plan(spec, num_heads)
+    out["layer_slopes"] = [float(s) for s in slopes]
+    out["head_directions"] = directions if isinstance(directions, str) else list(directions)
+    return out
+
+
+def head_plan(spec: str, num_heads: int) -> tuple[tuple[tuple[str, ...], ...], tuple[float, ...]]:
+    """Each head's direction tokens and slope for a ``head_directions`` string such as ``"halves"`` or
+    ``"eighths1-eighths2"``.
+
+    Head counts follow the official code: one group repeated over a multiple of 4 heads, or the splits of
+    ``_SPLITS``. Elsewhere (3 heads of ``tiny``; one group on 6 heads of ``small``; 2 groups on 3 heads) the heads
+    are split among the groups as evenly as possible, earlier groups first, and each group's heads take its
+    directions in turn: ``halves`` on 3 heads looks up, down and left, ``eighths1-eighths2`` on 3 heads takes two
+    eighths of the first group and one of the second. Slopes halve every 4 heads as in the official code;
+    consecutive heads of the same group share one slope sequence, as the official ``groupby`` makes them.
+    """
+    names = spec.split("-")
+    bad = [name for name in names if name not in DIRECTION_GROUPS]
+    if bad:
+        raise ValueError(f"Unknown LookHere direction {bad[0]!r} in head_directions={spec!r}: choose groups of "
+                         f"{', '.join(DIRECTION_GROUPS)}, joined by '-'.")
+    if len(names) > num_heads:
+        raise ValueError(f"LookHere head_directions={spec!r} has {len(names)} groups, more than num_heads={num_heads}: "
+                         f"use at most {num_heads} groups (each group needs a head).")
+    # the official split where it has one, else as even as possible, earlier groups taking the extra heads
+    even = tuple(num_heads // len(names) + (i < num_heads % len(names)) for i in range(len(names)))
+    counts = (num_heads,) if len(names) == 1 else _SPLITS.get((len(names), num_heads), even)
+    heads = [(name, DIRECTION_GROUPS[name][i % 4]) for name, count in zip(names, counts, strict=True)
+             for i in range(count)]
+    slopes: list[float] = []
+    for name, run in groupby(name for name, _ in heads):
+        n = len(list(run))
+        if any(word in name for word in _UNDIRECTED):
+            slopes += [_NONE_SLOPES[i if n <= 4 else i * 4 // n] for i in range(n)]
+        else:
+            slopes += [2.0 ** -(1 + i // 4) for i in range(n)]
+    return tuple(dirs for _, dirs in heads), tuple(slopes)
+
+
+def _hidden(token: str, dx: Tensor, dy: Tensor) -> Tensor:
+    """Keys ``[..., N, N]`` that ``token`` hides from each query, from the key-minus-query offsets."""
+    if token.startswith("diag_"):
+        _, first, second = token.split("_")
+        return _hidden(f"tri_{first}", dx, dy) & _hidden(f"tri_{second}", dx, dy)
+    if token.startswith("tri_"):  # the 90-degree cone around the axis, its edges included
+        ax, ay = dx.abs(), dy.abs()
+        seen = {"tri_up": -dy >= ax, "tri_down": dy >= ax, "tri_left": -dx >= ay, "tri_right": dx >= ay}[token]
+        return ~seen
+    return {"up": dy > 0, "down": dy < 0, "left": dx > 0, "right": dx < 0}[token]
+
+
+def lookhere_penalty(positions: Tensor, directions: tuple[tuple[str, ...], ...], slopes: tuple[float, ...],
+                     distance: str = "linear", fill_with: str = "inf", valid: Tensor | None = None) -> Tensor:
+    """Penalties ``[..., H, N, N]`` (>= 0, ``inf`` where a head does not look) of patches at ``positions``
+    ``[..., N, 2]`` (x, y), before the layer and global slopes.
+
+    Args:
+        positions: float patch positions, any offset, fractional or sparse.
+        directions: each head's direction tokens (``head_plan``).
+        slopes: each head's slope.
+        distance: ``linear`` (Euclidean), ``sqrt`` or ``square`` of it.
+        fill_with: what hidden keys get: ``inf`` (masked), ``zero`` (no penalty) or ``max`` (the largest penalty of
+            the head on that image).
+        valid: ``[..., N]`` real patches (NaFlex); padding is left out of ``center`` and ``max``.
+    """
+    pos = positions.float()
+    offsets = pos[..., None, :, :] - pos[..., :, None, :]  # [..., N(query), N(key), 2], key minus query
+    dx, dy = offsets.unbind(-1)
+    dist = offsets.square().sum(-1)  # squared, so that "square" needs no sqrt
+    dist = {"linear": dist.sqrt(), "sqrt": dist.sqrt().sqrt(), "square": dist}[distance]
+    if valid is None:
+        valid = torch.ones(pos.shape[:-1], dtype=torch.bool, device=pos.device)
+    heads = []
+    for dirs, slope in zip(directions, slopes, strict=True):
+        if "zero" in dirs:
+            value = torch.zeros_like(dist)
+        elif "center" in dirs:  # the middle of the image's patches (their bounding box), for every query
+            lo = pos.masked_fill(~valid[..., None], float("inf")).amin(-2, keepdim=True)
+            hi = pos.masked_fill(~valid[..., None], float("-inf")).amax(-2, keepdim=True)
+            value = (pos - (lo + hi) / 2).norm(dim=-1)[..., None, :].expand_as(dist)
+        else:
+            value = dist
+        hidden = torch.zeros_like(dist, dtype=torch.bool)
+        for token in dirs:
+            if token not in ("zero", "center"):
+                hidden = hidden | _hidden(token, dx, dy)
+        if fill_with == "inf":
+            value = value.masked_fill(hidden, float("inf"))
+        elif fill_with == "max":
+            pairs = valid[..., :, None] & valid[..., None, :]
+            top = value.masked_fill(~pairs, 0).amax((-2, -1), keepdim=True)
+            value = torch.where(hidden, top, value)
+        else:
+            value = value.masked_fill(hidden, 0.0)
+        heads.append(value * slope)
+    return torch.stack(heads, dim=-3)  # [..., H, N, N]
+
+
+def layer_scales(config: dict[str, Any], depth: int) -> list[float]:
+    """The multiplier of each layer's penalty, ``-global_slope * layer_slope``: 0 leaves the layer unbiased."""
+    first, last = config["layer_slopes"]
+    ramp = torch.linspace(first, last, depth, dtype=torch.float64).tolist()
+    return [-config["global_slope"] * slope for slope in ramp]
