@@ -11,8 +11,8 @@ from pathlib import Path
 import numpy as np
 import onnxruntime
 import pytest
-import timm
 import torch
+from test_export import tiny
 
 from vit_rope.errors import UserError
 from vit_rope.eval import onnx as export
@@ -24,17 +24,8 @@ from vit_rope.models.factory import create_model
 LOOKHERE = "vit_rope_tiny_patch16_lookhere_224"
 
 
-def tiny(name: str, **kwargs) -> torch.nn.Module:
-    torch.manual_seed(0)
-    model = timm.create_model(name, depth=2, num_classes=5, **kwargs)
-    for key, param in model.named_parameters():
-        if key.endswith(".gamma"):
-            param.data.fill_(1.0)
-    return model.eval()
-
-
 def test_onnx_export_serves_other_sizes(tmp_path: Path) -> None:
-    model = tiny(LOOKHERE, lh_config="lh90", reg_tokens=1)
+    model = tiny(LOOKHERE, lh_config="lh90", reg_tokens=1).eval()
     result = export.export_onnx(model, tmp_path / "model.onnx", img_size=(64, 64))
     options = onnxruntime.SessionOptions()
     options.intra_op_num_threads = 1
@@ -48,14 +39,14 @@ def test_onnx_export_serves_other_sizes(tmp_path: Path) -> None:
 
 
 def test_harness_refuses_policies_without_meaning_for_a_bias() -> None:
-    entry = EvalModel("alibi", tiny("vit_rope_tiny_patch16_alibi_224"), 224)
+    entry = EvalModel("alibi", tiny("vit_rope_tiny_patch16_alibi_224").eval(), 224)
     check_sizes([64], [entry], ["extrapolate", "interpolate"])
     with pytest.raises(UserError, match="alibi: Policy 'ntk' does not apply to alibi, an attention bias"):
         check_sizes([64], [entry], ["extrapolate", "ntk"])
 
 
 def test_attention_entropy_sees_the_bias() -> None:
-    model = tiny(LOOKHERE)
+    model = tiny(LOOKHERE).eval()
     x = torch.randn(2, 3, 64, 48)
     entropy = attention_entropy(model, x)
     assert all(0 < e <= math.log(1 + 12) for e in entropy)
