@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 import timm
 import torch
+from test_rotation_kinds import assert_same_gradients
 from timm.data.naflex_transforms import patchify_image
 
 from vit_rope.layers.attn_bias import alibi_penalty, alibi_slopes
@@ -235,3 +236,18 @@ def test_fx_feature_extraction_with_timms_tracer_options(kind: str) -> None:
         for size in ((64, 64), (48, 80)):
             x = torch.randn(2, 3, *size)
             torch.testing.assert_close(extractor(x)["logits"], model(x), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("kind", ["alibi", "lh90"])
+def test_compiled_model_equals_eager_on_images_and_naflex_batches_with_gradients(kind: str) -> None:
+    """torch.compile traces through the table cache (built outside the graph): logits at two sizes, a NaFlex batch,
+    and the gradients of a training step equal the eager model's."""
+    model = build(kind)
+    compiled = torch.compile(model, dynamic=False)
+    with torch.no_grad():
+        for size in (80, 112):
+            x = torch.randn(2, 3, size, size)
+            torch.testing.assert_close(compiled(x), model(x), rtol=1e-4, atol=1e-4)
+        batch = pack(images())
+        torch.testing.assert_close(compiled(batch), model(batch), rtol=1e-4, atol=1e-4)
+    assert_same_gradients(model, compiled, model, torch.randn(2, 3, 96, 96))

@@ -196,3 +196,28 @@ def test_a_checkpoint_without_string_loads_with_p_the_identity_and_says_so(tmp_p
     x = torch.randn(1, 3, 32, 48)
     with torch.no_grad():
         torch.testing.assert_close(string.eval()(x), axial.eval()(x), atol=1e-6, rtol=0)
+
+
+@pytest.mark.parametrize("kind", ["string_mixed", "golden"])
+def test_compiled_model_equals_eager_in_training_and_after_the_fold(kind: str):
+    """torch.compile of a training step (STRING's basis rebuilt from S in the graph) gives the eager gradients; in
+    eval the cached fold compiles to the eager logits."""
+    model = build(kind).train()
+    compiled = torch.compile(model, dynamic=False)
+    x = torch.randn(2, 3, 96, 80)
+    assert_same_gradients(model, compiled, model, x)
+    model.eval()
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(x), model(x), rtol=1e-4, atol=1e-4)
+
+
+def assert_same_gradients(model: torch.nn.Module, first, second, x: torch.Tensor) -> None:
+    """The gradients of ``model``'s parameters through ``first(x)`` and ``second(x)`` (callables over the same
+    parameters, e.g. the compiled and the eager model) agree to 1e-4."""
+    grads = []
+    for forward in (first, second):
+        model.zero_grad(set_to_none=True)
+        forward(x).square().sum().backward()
+        grads.append({name: param.grad for name, param in model.named_parameters()})
+    for name, grad in grads[0].items():
+        torch.testing.assert_close(grad, grads[1][name], rtol=1e-4, atol=1e-5, msg=name)

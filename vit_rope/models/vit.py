@@ -12,12 +12,12 @@ Data flow of one forward::
       -> prefix tokens (+ APE)                                   [B, P + N, C]
       -> RoPE tables: axial once for all blocks, mixed per block from its own frequencies
       -> blocks (rotate q, k; prefix rows are identity) -> norm -> pool -> head
+
+Which encoding the blocks get (RoPE kinds, STRING, attention biases) is ``vit_rope.models.encodings``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from itertools import repeat
 from typing import Any
 
 import torch
@@ -29,12 +29,10 @@ from torch import Tensor, nn
 
 from vit_rope.checks import check_patch_multiple
 from vit_rope.layers.attention import RoPEAttention, RoPEBlock
-from vit_rope.layers.attn_bias import BIAS_KINDS, AttnBias
 from vit_rope.layers.naflex import naflex_grid
-from vit_rope.layers.policies import CoordAugment, ResolutionPolicy, augment_positions
+from vit_rope.layers.policies import CoordAugment, ResolutionPolicy
 from vit_rope.layers.pos_embed import fit_pos_embed
-from vit_rope.layers.rope import RoPE2D, check_head_dim, check_kind
-from vit_rope.layers.string import CayleyString
+from vit_rope.models.encodings import PositionEncodingMixin, check_encoding
 from vit_rope.models.naflex import NaFlexBatch, embed_naflex, naflex_batch, naflex_maps, pool_naflex
 
 # FX: both depend on the input's size, which symbolic tracing only knows as a proxy; the trace records them as calls.
@@ -42,7 +40,7 @@ torch.fx.wrap("check_patch_multiple")
 torch.fx.wrap("fit_pos_embed")
 
 
-class RoPEVisionTransformer(VisionTransformer):
+class RoPEVisionTransformer(PositionEncodingMixin, VisionTransformer):
     """timm ``VisionTransformer`` whose attention layers use 2D RoPE.
 
     Any input whose sides are multiples of the patch size runs: the RoPE grid is rebuilt for it and a learned
@@ -73,12 +71,6 @@ class RoPEVisionTransformer(VisionTransformer):
         **kwargs: everything else of timm's ``VisionTransformer`` (embed_dim, depth, img_size, drop_path_rate, ...).
     """
 
-    __jit_unused_properties__ = ["rope_policy"]
-    # rope_per_block: one RoPE2D per block (mixed) or one for all (fixed frequencies). A constant, so that TorchScript
-    # compiles only the branch that applies: its isinstance on RoPE2D takes the type of the first RoPE2D it scripted
-    # in the process, so after a mixed model's (a parameter) an axial model's (a buffer) no longer counted as RoPE2D.
-    __constants__ = ["rope_per_block"]
-
     def __init__(
         self,
         rope_kind: str = "axial",
@@ -97,14 +89,8 @@ class RoPEVisionTransformer(VisionTransformer):
         no_embed_class: bool = True,
         **kwargs: Any,
     ) -> None:
-        biased = rope_kind in BIAS_KINDS
-        base_kind = None if biased else check_kind(rope_string_base if rope_kind == "string" else rope_kind,
-                                                   models=True)
-        embed_dim, num_heads = kwargs.get("embed_dim", 768), kwargs.get("num_heads", 12)
-        if embed_dim % num_heads:
-            raise ValueError(f"embed_dim={embed_dim} must be divisible by num_heads={num_heads}.")
-        if not biased:
-            check_head_dim(embed_dim // num_heads)
+        num_heads = kwargs.get("num_heads", 12)
+        base_kind = check_encoding(rope_kind, rope_string_base, kwargs.get("embed_dim", 768), num_heads)
         if kwargs.pop("dynamic_img_size", True) is False:
             raise ValueError("RoPE models always accept any input size (dynamic_img_size=True); do not set it False.")
         patch_drop_rate = kwargs.pop("patch_drop_rate", 0.0)
@@ -118,70 +104,12 @@ class RoPEVisionTransformer(VisionTransformer):
         )
         if patch_drop_rate > 0:  # the kept indices are needed to keep each token's position
             self.patch_drop = PatchDropoutWithIndices(patch_drop_rate, num_prefix_tokens=self.num_prefix_tokens)
-        self.rope_kind = rope_kind
-        self.coord_aug = rope_coord_aug if isinstance(rope_coord_aug, CoordAugment) else CoordAugment(
-            **(rope_coord_aug or {})
-        )
-        rope_args = dict(
-            head_dim=embed_dim // num_heads,
-            num_heads=num_heads,
-            kind=base_kind,
-            theta=rope_theta,
-            train_grid=self.patch_embed.grid_size,
-            policy=rope_policy,
-            min_period=rope_min_period,
-            max_period=rope_max_period,
-            normalize=rope_normalize_coords,
-            fraction=rope_fraction,
-            init=rope_mixed_init,
-        )
-        self.rope_string_base = base_kind if rope_kind == "string" else None
-        if rope_kind == "string":  # P = I at creation: the base kind exactly
-            for blk in self.blocks:
-                blk.attn.string = CayleyString(num_heads, embed_dim // num_heads)
         self.head_hidden_dim = head_hidden_dim
         if head_hidden_dim:
             self.reset_classifier(self.num_classes)
-        self.rope_per_block = base_kind == "mixed"  # learned frequencies: one module per block
-        if biased:
-            self.rope = AttnBias(rope_kind, num_heads, len(self.blocks), self.patch_embed.grid_size, rope_policy,
-                                 lh_config)
-        elif lh_config is not None:
-            raise ValueError(f"lh_config sets LookHere (rope_kind='lookhere') and does nothing for {rope_kind!r}.")
-        elif self.rope_per_block:
-            self.rope: nn.Module = nn.ModuleList(RoPE2D(**rope_args) for _ in self.blocks)
-        else:
-            self.rope = RoPE2D(**rope_args)
-
-    @property
-    def rope_policy(self) -> ResolutionPolicy:
-        return self.rope_modules()[0].policy
-
-    def set_rope_policy(self, policy: str | dict | ResolutionPolicy | None, **options: Any) -> None:
-        """Choose how RoPE follows input sizes other than the training one (see ``vit_rope.layers.policies``); ``None``
-        restores the default (``extrapolate``, DINOv3's ``normalized``), as ``rope_policy=None`` at creation.
-
-        Example: ``model.set_rope_policy("yarn", yarn_beta=4.0)``.
-        """
-        if isinstance(policy, str):
-            policy = ResolutionPolicy.create(dict(name=policy, **options))
-        elif options:
-            raise ValueError(f"Policy options {sorted(options)} go with a policy name, as in "
-                             f"set_rope_policy('yarn', yarn_beta=4.0); got the policy {policy!r}.")
-        for rope in self.rope_modules():
-            rope.policy = policy
-
-    def rope_modules(self) -> list[RoPE2D | AttnBias]:
-        """The RoPE2D modules: one shared (axial) or one per block (mixed); or the one ``AttnBias``."""
-        return list(self.rope) if self.rope_per_block else [self.rope]
-
-    def __prepare_scriptable__(self) -> RoPEVisionTransformer:
-        """``torch.jit.script`` calls this first: the bias models keep their tables in a Python cache, which TorchScript
-        cannot compile, so they say so rather than fail deep in the compiler."""
-        if isinstance(self.rope, AttnBias):
-            raise RuntimeError(f"TorchScript does not support the {self.rope_kind} models (their bias tables live in a "
-                               "Python cache); export them with vit_rope.export (ONNX) or run them eagerly.")
-        return self
+        self._init_encoding(rope_kind, base_kind, num_heads, rope_coord_aug, lh_config, rope_policy,
+                            theta=rope_theta, min_period=rope_min_period, max_period=rope_max_period,
+                            normalize=rope_normalize_coords, fraction=rope_fraction, init=rope_mixed_init)
 
     def reset_classifier(self, num_classes: int, global_pool: str | None = None) -> None:
         """timm's, keeping the MLP head (``head_hidden_dim``) when the model has one."""
@@ -191,21 +119,8 @@ class RoPEVisionTransformer(VisionTransformer):
 
     @torch.jit.ignore
     def no_weight_decay(self) -> set[str]:
-        """timm's set plus the mixed frequencies (RoPE-ViT trains them without weight decay) and STRING's ``S``."""
-        nwd = super().no_weight_decay()
-        if self.rope_per_block:
-            nwd |= {f"rope.{i}.freqs" for i in range(len(self.rope))}
-        return nwd | {f"{name}.skew" for name, module in self.named_modules() if isinstance(module, CayleyString)}
-
-    @torch.jit.ignore
-    def fold_string_(self) -> None:
-        """Write each layer's STRING basis ``P`` into its qkv projection and drop ``S``: the same function, at the
-        cost of the base kind with no bookkeeping at all (ONNX export calls it on a copy). Training goes on as the
-        base kind."""
-        for blk in self.blocks:
-            if blk.attn.string is not None:
-                blk.attn.string.fold_into_(blk.attn.qkv)
-                blk.attn.string = None
+        """timm's set plus the encoding's (``PositionEncodingMixin.encoding_no_weight_decay``)."""
+        return super().no_weight_decay() | self.encoding_no_weight_decay()
 
     @torch.jit.ignore
     def group_matcher(self, coarse: bool = False) -> dict[str, Any]:
@@ -259,44 +174,6 @@ class RoPEVisionTransformer(VisionTransformer):
             x, keep = self.patch_drop(x)  # keep: [B, K] indices of the kept patches, or None
         x = self.norm_pre(x)
         return x, self._positions(x, keep, grid), grid
-
-    def _positions(self, x: Tensor, keep: Tensor | None, grid: tuple[int, int]) -> Tensor | None:
-        """Per-image positions ``[B, N, 2]`` under coordinate augmentation (training) and patch dropout, else
-        ``None`` (every image on the plain grid, which ``RoPE2D`` places itself)."""
-        augment = self.training and self.coord_aug.active
-        if not augment and keep is None:
-            return None
-        positions = self.rope_modules()[0].grid_positions(*grid, x.device)  # [N, 2]
-        if augment:
-            positions = augment_positions(positions, x.shape[0], self.coord_aug)  # [B, N, 2], one draw per image
-        if keep is not None:
-            positions = positions.expand(x.shape[0], -1, -1).gather(1, keep[..., None].expand(-1, -1, 2))  # [B, K, 2]
-        return positions
-
-    def _encodings(self, positions: Tensor | None, grid: tuple[int, int] | Tensor, valid: Tensor | None = None
-                   ) -> Iterator[dict[str, Any]]:
-        """Each block's position encoding, as keyword arguments of ``RoPEBlock``: ``rope`` tables (axial ones built
-        once and shared, mixed ones when their block needs them), or an attention ``bias`` and its ``bias_scale``.
-
-        RoPE tables are not cached between calls: building one costs about 0.1% of a ViT-S forward on CPU
-        (``benchmarks/rope_kernel.py``, row ``build_tables``), and a cache would have to follow grad modes
-        (tables made under ``inference_mode`` cannot be saved for backward), policies, devices and dtypes, and be
-        bounded for servers that see many sizes. A bias table is ``N x N`` per head, which ``AttnBias`` caches for
-        plain grids on those keys.
-        """
-        P = self.num_prefix_tokens
-        naflex = isinstance(grid, Tensor)  # a NaFlex batch: one grid per sample
-        if isinstance(self.rope, AttnBias):
-            tables = self.rope.sample_tables(positions, P, grid, valid) if naflex else self.rope(positions, P, grid)
-            # indexed, not iterated: FX records the tables as one call whose items it can index but not unpack
-            scales = self.rope.scales
-            return ({"bias": tables[i], "bias_scale": scale} if scale else {} for i, scale in enumerate(scales))
-
-        def tables(rope: RoPE2D) -> tuple[Tensor, Tensor]:
-            return rope.sample_tables(positions, P, grid) if naflex else rope(positions, P, grid)
-
-        ropes = map(tables, self.rope) if self.rope_per_block else repeat(tables(self.rope))
-        return ({"rope": rope} for rope in ropes)
 
     def _forward_blocks(
         self, x: Tensor | NaFlexBatch, blocks: nn.Module, take_indices: list[int] = (), norm: bool = False,
