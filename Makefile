@@ -8,7 +8,7 @@ PYTHON ?= $(VENV)/bin/python
 # CUDA builds of torch/torchvision also run on CPU; these versions install from this project's machine cache.
 TORCH ?= torch==2.14.1 torchvision==0.29.1
 
-.PHONY: install demo study study-v2 study-v3 study-v4 study-vit-s bench-cuda test lint
+.PHONY: install demo study study-v2 study-v3 study-v4 study-encodings study-vit-s bench-cuda test lint
 
 $(VENV)/bin/python:
 	$(VENV_PYTHON) -m venv $(VENV) || { echo "Could not create $(VENV): install python3-venv (Debian/Ubuntu:" \
@@ -46,6 +46,13 @@ study-v3: install
 # 2.5 h per run on a 2-core CPU. Resumable, and it skips finished runs and evaluations.
 study-v4: install
 	$(PYTHON) scripts/imagenette_study.py --study v4
+
+# Position encodings on v2's 8x8 grid (docs/studies.md): golden-angle RoPE, STRING over RoPE-Mixed, LookHere and 2D-ALiBi,
+# 2 seeds each, beside one re-run seed of v2's RoPE-Mixed, RoPE-Axial and APE patch-8 arms; 11 runs of about 15 min
+# (training and evaluation, 2.7 h in all) on a 2-core CPU. Resumable.
+study-encodings: install
+	$(PYTHON) scripts/imagenette_study.py --study encodings --seeds 0
+	$(PYTHON) scripts/imagenette_study.py --study encodings --arms golden string_mixed lookhere alibi --seeds 1
 
 # On a machine with CUDA GPUs: ViT-S on the 14x14 grid (configs/imagenette_vit_s), APE / Axial / Mixed x 2 seeds, trained
 # with torchrun over every GPU, evaluated at 80-256 px; resumable. DATA_DIR=... reads another copy of Imagenette.

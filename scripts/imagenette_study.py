@@ -3,6 +3,9 @@
     python scripts/imagenette_study.py                 # v2: train and evaluate every arm x seed, seed 0 of all first
     python scripts/imagenette_study.py --study v1      # v1: APE vs RoPE-Axial vs RoPE-Mixed (and +APE), one recipe
     python scripts/imagenette_study.py --study v3      # v3: a 14x14 training grid (RoPE-ViT's), evaluated to 2.29x
+    python scripts/imagenette_study.py --study encodings --seeds 0 && \
+        python scripts/imagenette_study.py --study encodings --arms golden string_mixed lookhere alibi --seeds 1
+                                                       # position encodings on v2's 8x8 grid (controls: one seed)
     python scripts/imagenette_study.py --study vit_s   # on CUDA GPUs: ViT-S on the 14x14 grid, torchrun over all GPUs
     python scripts/imagenette_study.py --report        # only rebuild the report and its docs section from the files
     python scripts/imagenette_study.py --arms mixed_p8 ape_p8 --seeds 0 1 2   # a subset, or more seeds
@@ -47,7 +50,8 @@ from studies.compare import HEADLINE_END, headline, headline_begin, write_compar
 from studies.course import COURSE, COURSE_END, course_begin, course_table  # noqa: E402
 from studies.report import Goal, is_run, write_study  # noqa: E402
 from vit_rope.eval.report import machine, replace_section  # noqa: E402
-from vit_rope.layers.policies import DINOV3_POLICIES, POLICIES  # noqa: E402
+from vit_rope.layers.policies import kind_policies  # noqa: E402
+from vit_rope.models.factory import create_model  # noqa: E402
 from vit_rope.train.cli import build_config  # noqa: E402  (after the path set-up, as the script runs from anywhere)
 from vit_rope.train.config import load_yaml  # noqa: E402
 from vit_rope.train.state import load_checkpoint  # noqa: E402
@@ -75,6 +79,11 @@ STUDIES = {
         "dinov3": ("DINOv3 RoPE + coord rescale 2", "ape_sizes"), "ape_sizes": ("APE + sizes 80-160", None),
         "mixed_third": ("RoPE-Mixed, a third of the images x 90 epochs", "ape_third"),
         "ape_third": ("APE, a third of the images x 90 epochs", None)}),
+    "encodings": ("configs/imagenette_study/encodings", "results/imagenette/encodings", "output/study/encodings", {
+        "mixed_p8": ("RoPE-Mixed, patch 8", "ape_p8"), "axial_p8": ("RoPE-Axial, patch 8", "ape_p8"),
+        "ape_p8": ("APE, patch 8", None), "golden": ("Golden-angle RoPE, patch 8", "ape_p8"),
+        "string_mixed": ("STRING over RoPE-Mixed, patch 8", "ape_p8"),
+        "lookhere": ("LookHere LH-180, patch 8", "ape_p8"), "alibi": ("2D-ALiBi, patch 8", "ape_p8")}),
     "vit_s": ("configs/imagenette_vit_s", "results/imagenette/vit_s", "output/imagenette_vit_s", {
         "mixed": ("RoPE-Mixed ViT-S", "ape"), "ape": ("APE ViT-S", None), "axial": ("RoPE-Axial ViT-S", "ape")}),
 }
@@ -85,6 +94,7 @@ HEADLINE = "v3"
 # Evaluation sizes per study: 0.75x-2.5x of 64 px (v1, v2); RoPE-ViT's 160-512 px ratios of 112 px (v3, vit_s: grids
 # 10-32).
 SIZES = {"v1": [48, 64, 80, 96, 128, 160], "v2": [48, 64, 80, 96, 128, 160], "v3": [80, 112, 160, 192, 256],
+         "encodings": [48, 64, 80, 96, 128, 160],
          "v4": [80, 112, 160, 192, 256],
          "vit_s": [80, 112, 160, 192, 256]}
 # The goal each RoPE arm is read against: v1 and v2 hold at 2x and beat APE at 2x and at the largest size; on the
@@ -95,7 +105,15 @@ GOALS = {"v3": ROPE_VIT_GOAL, "v4": ROPE_VIT_GOAL, "vit_s": ROPE_VIT_GOAL}
 # (the data question) after stage 1.
 LATER = {"v3": ("mixed_coord_sizes",), "v4": ("mixed_third", "ape_third")}
 # Second crop fraction evaluated (positions as trained only) beside the study's crop 1.0: one crop can favour an arm.
-SECOND_CROP = {"v3": 0.875, "v4": 0.875}
+SECOND_CROP = {"v3": 0.875, "v4": 0.875, "encodings": 0.875}
+
+
+def encoding_kind(config: str) -> str | None:
+    """The RoPE kind of a config's model (STRING's base kind for a STRING model), its attention-bias kind, or
+    ``None`` without either: which evaluation policies apply (``kind_policies``)."""
+    settings = build_config(config)
+    model, _ = create_model(settings.model, {**settings.model_kwargs, "img_size": settings.img_size})
+    return getattr(model, "rope_string_base", None) or getattr(model, "rope_kind", None)
 
 
 def run(command: list[str]) -> float:
@@ -213,8 +231,8 @@ def main(argv: list[str] | None = None) -> int:
             shutil.copy(out / file, results / "runs" / name / file)
         head = ["python", "-m", "vit_rope.evaluate", "--checkpoint", f"{out}/last.pth", "--img-sizes", *sizes]
         tail = [*data, "--limit", str(args.limit), "--workers", "0"]  # both cores compute
-        dinov3 = build_config(config).model_kwargs.get("rope_kind") == "dinov3"
-        policies = DINOV3_POLICIES if dinov3 else POLICIES
+        kind = encoding_kind(config)
+        policies, dinov3 = kind_policies(kind), kind == "dinov3"
         if dinov3:  # trained on normalised coordinates: its positions as trained are `normalized`, not `extrapolate`
             entry["as_trained"] = "normalized"
         own = ["--policy", "normalized"] if dinov3 else []  # positions as trained, at the second crop and kept epochs

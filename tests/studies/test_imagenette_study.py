@@ -135,6 +135,19 @@ def test_v4_reads_dinov3_under_its_own_policies_and_skip_kept_leaves_the_kept_ch
     assert [run.get("as_trained") for run in runs] == ["normalized", None]
 
 
+def test_encodings_study_evaluates_each_kind_under_the_policies_it_takes(script, tmp_path):
+    """Biases take extrapolate and interpolate only, STRING its base kind's (all), APE runs once; every arm at two
+    crops."""
+    invoke(script, tmp_path, "--study", "encodings", "--arms", "lookhere", "string_mixed", "ape_p8", "--seeds", "0")
+    evaluations = [call for call in script.calls if call[1] != "train.py" and "--crop-pct" not in call]
+    policies = {call[-1].rsplit("/", 1)[1]: call[call.index("--policy") + 1:call.index("--limit")]
+                for call in evaluations}
+    assert policies == {"lookhere_s0": ["extrapolate", "interpolate"],
+                        "string_mixed_s0": ["extrapolate", "interpolate", "ntk", "yarn", "normalized"],
+                        "ape_p8_s0": ["extrapolate", "interpolate", "ntk", "yarn", "normalized"]}
+    assert sum("--crop-pct" in call for call in script.calls) == 3
+
+
 def test_report_before_any_run_or_without_a_docs_section_is_an_error_line(script, tmp_path, capsys):
     assert script.main(["--study", "v3", "--report", "--results", str(tmp_path / "none")]) == 2
     assert capsys.readouterr().err == (f"error: {tmp_path / 'none'} holds no finished run of study v3 yet (no "

@@ -77,6 +77,12 @@ class ResolutionPolicy:
         return cls(**policy)
 
 
+def kind_policies(kind: str | None) -> tuple[str, ...]:
+    """Every policy that applies to RoPE ``kind`` or an attention bias (``check_policy``'s rule); all of them for
+    ``None`` (a model without RoPE runs once whatever the policy)."""
+    return BIAS_POLICIES if kind in BIAS_KINDS else DINOV3_POLICIES if kind == "dinov3" else POLICIES
+
+
 def check_policy(kind: str, policy: str) -> str:
     """Return ``policy`` if it applies to RoPE ``kind`` (or an attention bias), else raise a ``ValueError`` saying
     why and what does."""
