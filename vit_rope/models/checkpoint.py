@@ -9,7 +9,9 @@ Four sources are understood, told apart by their keys:
   plus grid buffers;
 - plain timm ViT / DeiT-III checkpoints, to fine-tune with RoPE: RoPE frequencies keep their initialisation, a
   missing LayerScale becomes the identity, and the position embedding is dropped or kept (resampled) by variant;
-- DINOv3 backbones, as timm (``Eva``) or Meta saves them, into the ``*_dinov3*`` models (``vit_rope.models.dinov3``);
+- DINOv3 backbones, as timm (``Eva``) or Meta saves them, into the ``*_dinov3*`` and ``*_lingbot`` models
+  (``vit_rope.models.dinov3``), and as Hugging Face transformers saves them (``model.safetensors``, a folder with
+  its ``config.json``, which is checked against the model: ``vit_rope.models.hf_dinov3``);
 - LookHere's official files, ``{"weights", "config"}``, into the ``*_lookhere_*`` models
   (``vit_rope.models.lookhere_weights``).
 
@@ -34,6 +36,7 @@ from timm.layers import resample_patch_embed
 from torch import Tensor, nn
 
 from vit_rope.layers.pos_embed import fit_checkpoint_pos_embed
+from vit_rope.models import hf_dinov3
 from vit_rope.models.dinov3 import from_dinov3, is_dinov3
 from vit_rope.models.lookhere_weights import from_lookhere, is_lookhere_checkpoint
 from vit_rope.models.weights_file import read_weights, unwrap_state_dict, weights_mismatch
@@ -66,12 +69,15 @@ class LoadReport:
             counts) -> keys that hold initial values instead.
         skipped: checkpoint keys not loaded: a classifier of another class count, or one the model does not have;
             ``pos_embed`` when the model has no absolute position embedding (RoPE only).
+        converted_from: the format whose names and channel layout were converted to ours (``HF_FORMAT``, Meta's or
+            timm's DINOv3, LookHere's official files); None when only timm's renames applied.
     """
 
     source: str | None
     loaded: tuple[str, ...]
     initialised: Mapping[str, tuple[str, ...]]
     skipped: tuple[str, ...] = ()
+    converted_from: str | None = None
 
     @property
     def rope_freqs_loaded(self) -> bool:
@@ -92,10 +98,10 @@ class LoadReport:
 
 
 def _report(source: str | Path | None, state_dict: Mapping[str, Tensor], initialised: dict[str, list[str]],
-            skipped: tuple[str, ...] = ()) -> LoadReport:
+            skipped: tuple[str, ...] = (), converted_from: str | None = None) -> LoadReport:
     taken = {key for keys in initialised.values() for key in keys}
     return LoadReport(None if source is None else str(source), tuple(k for k in state_dict if k not in taken),
-                      {reason: tuple(keys) for reason, keys in initialised.items() if keys}, skipped)
+                      {reason: tuple(keys) for reason, keys in initialised.items() if keys}, skipped, converted_from)
 
 
 def _warn(report: LoadReport, stacklevel: int = 3) -> None:
@@ -131,13 +137,18 @@ def _split_mixed_freqs(freqs: Tensor, model: nn.Module) -> dict[str, Tensor]:
 
 
 def _convert(state_dict: dict[str, Any], model: nn.Module
-             ) -> tuple[dict[str, Tensor], dict[str, list[str]], tuple[str, ...]]:
-    """``convert_state_dict``, plus the model keys it initialised rather than loaded, by reason, and the checkpoint
-    keys it dropped (an absolute position embedding the model has no place for)."""
+             ) -> tuple[dict[str, Tensor], dict[str, list[str]], tuple[str, ...], str | None]:
+    """``convert_state_dict``, plus the model keys it initialised rather than loaded, by reason, the checkpoint
+    keys it dropped (an absolute position embedding the model has no place for) and the format converted from."""
+    converted = None
     if is_lookhere_checkpoint(state_dict):  # {"weights", "config"}: LookHere's official files
-        state_dict = from_lookhere(state_dict, model)
+        state_dict, converted = from_lookhere(state_dict, model), "LookHere's official file"
     state_dict = unwrap_state_dict(state_dict)
-    if getattr(model, "rope_kind", None) == "dinov3" and is_dinov3(state_dict):
+    hf_dinov3.refuse_other_hf(state_dict)
+    if hf_dinov3.is_hf_dinov3(state_dict):
+        state_dict, converted = hf_dinov3.from_hf_dinov3(state_dict, model), hf_dinov3.HF_FORMAT
+    elif getattr(model, "rope_kind", None) == "dinov3" and is_dinov3(state_dict):
+        converted = "Meta's DINOv3" if "storage_tokens" in state_dict else "timm's Eva DINOv3"
         state_dict = from_dinov3(state_dict, model.blocks[0].attn.num_heads)
     target = model.state_dict()
     out: dict[str, Tensor] = {}
@@ -179,7 +190,7 @@ def _convert(state_dict: dict[str, Any], model: nn.Module
     if mismatch:
         raise ValueError(f"The checkpoint does not fit {type(model).__name__}: {mismatch}. Check that the model name "
                          "(size, axial/mixed, +APE) and its arguments (depth, patch size, ...) match the checkpoint.")
-    return out, initialised, dropped
+    return out, initialised, dropped, converted
 
 
 def convert_state_dict(state_dict: dict[str, Any], model: nn.Module) -> dict[str, Tensor]:
@@ -192,7 +203,7 @@ def convert_state_dict(state_dict: dict[str, Any], model: nn.Module) -> dict[str
         ValueError: the checkpoint does not fit the model; the message lists the missing, unexpected and reshaped
             keys.
     """
-    out, initialised, dropped = _convert(state_dict, model)
+    out, initialised, dropped, _ = _convert(state_dict, model)
     _warn(_report(None, out, initialised, dropped))
     return out
 
@@ -243,7 +254,7 @@ def checkpoint_filter_fn(state_dict: dict[str, Any], model: nn.Module, features_
     Args:
         features_only: timm builds a feature extractor, whose classifier is removed after loading.
     """
-    out, initialised, dropped = _convert(state_dict, model)
+    out, initialised, dropped, converted = _convert(state_dict, model)
     cfg = getattr(model, "pretrained_cfg", None) or {}
     declared = cfg.get("num_classes") if cfg.get("classifier") else None
     drops = features_only or (declared is not None and getattr(model, "num_classes", 0) != declared)
@@ -253,13 +264,15 @@ def checkpoint_filter_fn(state_dict: dict[str, Any], model: nn.Module, features_
                          f"classifier as it is, since num_classes equals the pretrained config's ({declared}); pass "
                          "the checkpoint's class count as num_classes, or put it in pretrained_cfg_overlay (as "
                          "num_classes) to start a new classifier.")
-    model.load_report = _report(None, out, {**initialised, **head}, dropped + skipped)
+    model.load_report = _report(None, out, {**initialised, **head}, dropped + skipped, converted)
     _warn(model.load_report)
     return out
 
 
 def load_weights(model: nn.Module, path: str | Path) -> LoadReport:
-    """Load a ``.pth`` / ``.pt`` / ``.bin`` (``torch.load(weights_only=True)``) or ``.safetensors`` file into ``model``.
+    """Load a ``.pth`` / ``.pt`` / ``.bin`` (``torch.load(weights_only=True)``) or ``.safetensors`` file into ``model``,
+    or a transformers folder (``model.safetensors``); a transformers ``config.json`` in that folder or beside a
+    ``model.safetensors`` file is checked against the model first (``vit_rope.models.hf_dinov3.check_hf_config``).
 
     The classifier is loaded only when its shape matches, so a 1000-class checkpoint can seed a 10-class model.
     Weights the checkpoint lacks are initialised, with a ``WeightsNotLoadedWarning``.
@@ -268,13 +281,17 @@ def load_weights(model: nn.Module, path: str | Path) -> LoadReport:
         What was loaded and what was initialised instead; also set as ``model.load_report``.
 
     Raises:
-        FileNotFoundError, UnreadableCheckpointError: see ``vit_rope.models.weights_file.read_weights``.
+        FileNotFoundError, UnreadableCheckpointError: see ``vit_rope.models.weights_file.read_weights``; a folder
+            without ``model.safetensors``.
         ValueError: the checkpoint does not fit the model (the message lists the missing, unexpected and reshaped
-            keys).
+            keys), or its transformers config.json does not (the message names the field and the model that fits).
     """
-    state_dict, initialised, dropped = _convert(read_weights(path), model)
+    config = hf_dinov3.hf_config(path)
+    if config is not None:
+        hf_dinov3.check_hf_config(config, model)
+    state_dict, initialised, dropped, converted = _convert(read_weights(hf_dinov3.weights_path(path)), model)
     skipped, head = _fit_classifier(state_dict, model)
     model.load_state_dict(state_dict, strict=False)  # _convert already checked every key but the head
-    model.load_report = _report(path, state_dict, {**initialised, **head}, dropped + skipped)
+    model.load_report = _report(path, state_dict, {**initialised, **head}, dropped + skipped, converted)
     _warn(model.load_report)
     return model.load_report

@@ -14,6 +14,12 @@ reaches them. Weights load from timm's ``Eva`` state dicts and from Meta's origi
 - both: the q and k rows of every head are permuted from rotate-half to interleaved pairs
   (``interleave_permutation``), which leaves every attention score as it was.
 
+LingBot-Vision (Fu et al. 2026, "Vision Pretraining for Dense Spatial Perception", arXiv:2607.05247) trains
+DINOv3's architecture for dense features at 512 px and reads its class token; timm ports it as
+``vit_*_patch16_lingbot``, so its twins are these models with that pooling and size (``lingbot_args``), and its
+weights load through the same conversion. HF transformers' DINOv3 files convert onto timm's keys first
+(``vit_rope.models.hf_dinov3``).
+
 Left out: the 7B model's specifics (untied norms and the layer options timm's ``vit_7b_patch16_dinov3`` adds).
 """
 
@@ -36,11 +42,27 @@ ARCHS: dict[str, dict[str, Any]] = {
     "base": dict(embed_dim=768, depth=12, num_heads=12),
     "large": dict(embed_dim=1024, depth=24, num_heads=16),
 }
+# timm's LingBot-Vision widths (vit_*_patch16_lingbot): DINOv3's, and a giant with SwiGLU (hidden 4096), no qkv bias.
+LINGBOT_ARCHS: dict[str, dict[str, Any]] = {
+    **{size: ARCHS[size] for size in ("small", "base", "large")},
+    "giant": dict(embed_dim=1536, depth=40, num_heads=24, swiglu=True, mlp_ratio=4 * 2 / 3),
+}
 
 
-def model_args(size: str, qkv_bias: bool) -> dict[str, Any]:
-    """Keyword arguments of ``RoPEVisionTransformer`` for DINOv3 ``size`` (timm's defaults, global average pooling)."""
-    arch = dict(ARCHS[size])
+def dinov3_name(size: str, qkv_bias: bool) -> str:
+    """timm's DINOv3 name with ``vit_rope_`` in front: ``vit_rope_small_patch16_dinov3[_qkvb]``."""
+    return f"vit_rope_{size}_patch16_dinov3{'_qkvb' if qkv_bias else ''}"
+
+
+def lingbot_name(size: str) -> str:
+    """timm's LingBot-Vision name with ``vit_rope_`` in front: ``vit_rope_small_patch16_lingbot``."""
+    return f"vit_rope_{size}_patch16_lingbot"
+
+
+def model_args(size: str, qkv_bias: bool, archs: dict[str, dict[str, Any]] = ARCHS) -> dict[str, Any]:
+    """Keyword arguments of ``RoPEVisionTransformer`` for DINOv3 ``size`` of ``archs`` (timm's defaults, global
+    average pooling)."""
+    arch = dict(archs[size])
     swiglu = arch.pop("swiglu", False)
     return dict(
         img_size=256,  # DINOv3's pretraining size, the training grid of the `extrapolate` policy
@@ -58,6 +80,12 @@ def model_args(size: str, qkv_bias: bool) -> dict[str, Any]:
     )
 
 
+def lingbot_args(size: str) -> dict[str, Any]:
+    """Keyword arguments for LingBot-Vision ``size``: DINOv3's (qkv bias but for the giant), reading the class token
+    and built for 512 px as timm's ``vit_*_patch16_lingbot`` are."""
+    return model_args(size, size != "giant", LINGBOT_ARCHS) | dict(global_pool="token", img_size=512)
+
+
 def is_dinov3(state_dict: dict[str, Any]) -> bool:
     """Whether ``state_dict`` is a DINOv3 ViT as timm (``Eva``) or Meta saves it."""
     return "storage_tokens" in state_dict or any(key.endswith(".gamma_1") for key in state_dict)
@@ -72,12 +100,13 @@ def from_dinov3(state_dict: dict[str, Tensor], num_heads: int) -> dict[str, Tens
     timm's LayerScale names, which ``vit_rope.models.checkpoint`` renames for every timm source."""
     out: dict[str, Tensor] = {}
     for key, value in state_dict.items():
-        if _DROPPED.search(key) or key.endswith("attn.v_bias"):  # v_bias: joins q_bias below
+        if _DROPPED.search(key) or key.endswith(("attn.k_bias", "attn.v_bias")):  # they join q_bias below
             continue
         key = key.replace("storage_tokens", "reg_token")  # gamma_1/2 -> ls1/2.gamma: checkpoint's generic rename
         key = re.sub(r"\.mlp\.(w[123])\.", lambda m: f".mlp.{_META_SWIGLU[m.group(1)]}.", key)
-        if key.endswith("attn.q_bias"):  # timm: q and v biases; the key bias is a zero buffer
-            value = torch.cat((value, torch.zeros_like(value), state_dict[key.replace("q_bias", "v_bias")]))
+        if key.endswith("attn.q_bias"):  # timm: q and v biases, the key bias a zero buffer (HF may train one)
+            k_bias = state_dict.get(key.replace("q_bias", "k_bias"), torch.zeros_like(value))
+            value = torch.cat((value, k_bias, state_dict[key.replace("q_bias", "v_bias")]))
             key = key.replace("q_bias", "qkv.bias")
         elif key.endswith("attn.qkv.bias"):  # Meta: the key bias is masked to zero in the forward
             q, _, v = value.chunk(3)

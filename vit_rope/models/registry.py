@@ -9,7 +9,9 @@ base and large models point at the published ``naver_in1k`` weights on the Huggi
 converted on load); any local file works too:
 ``timm.create_model(name, pretrained=True, pretrained_cfg_overlay=dict(file=PATH))``. DINOv3's backbones are
 ``vit_rope_{small,small_plus,base,large}_patch16_dinov3[_qkvb]`` (``vit_rope.models.dinov3``), pointing at timm's copies
-of Meta's LVD-1689M weights. The attention-bias models, LookHere and 2D-ALiBi on the same DeiT-III ViT, are
+of Meta's LVD-1689M weights; LingBot-Vision's (Fu et al. 2026, arXiv:2607.05247), DINOv3's architecture reading its
+class token at 512 px, are ``vit_rope_{small,base,large,giant}_patch16_lingbot``, their configs taken from timm's
+(``timm.models.eva.default_cfgs``). The attention-bias models, LookHere and 2D-ALiBi on the same DeiT-III ViT, are
 ``vit_rope_{tiny,small,base}_patch16_{lookhere,alibi}_224`` (no published weights in timm's format; LookHere's
 official checkpoints load with ``vit_rope.load_weights``, ``vit_rope.models.lookhere_weights``).
 """
@@ -23,10 +25,12 @@ from typing import Any
 
 from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 from timm.models import build_model_with_cfg, generate_default_cfgs, register_model
+from timm.models.eva import default_cfgs as eva_default_cfgs
 
 from vit_rope.layers.attn_bias import BIAS_KINDS
 from vit_rope.models import dinov3
 from vit_rope.models.checkpoint import checkpoint_filter_fn
+from vit_rope.models.dinov3 import dinov3_name, lingbot_name
 from vit_rope.models.lookhere_weights import official_lookhere_args
 from vit_rope.models.vit import RoPEVisionTransformer
 
@@ -54,11 +58,6 @@ def model_name(size: str, kind: str, ape: bool) -> str:
     return f"vit_rope_{size}_patch16_{kind}{'_ape' if ape else ''}_224"
 
 
-def dinov3_name(size: str, qkv_bias: bool) -> str:
-    """timm's DINOv3 name with ``vit_rope_`` in front: ``vit_rope_small_patch16_dinov3[_qkvb]``."""
-    return f"vit_rope_{size}_patch16_dinov3{'_qkvb' if qkv_bias else ''}"
-
-
 def _cfg(**kwargs: Any) -> dict[str, Any]:
     return {
         "url": "",
@@ -83,6 +82,11 @@ def _default_cfgs() -> dict[str, Any]:
         name = dinov3_name(size, qkvb)
         cfgs[f"{name}.lvd1689m"] = _cfg(hf_hub_id=f"timm/{name.replace('vit_rope_', 'vit_')}.lvd1689m", num_classes=0,
                                         input_size=(3, 256, 256), license="dinov3-license")
+    for size in dinov3.LINGBOT_ARCHS:  # timm's configs (mean, std, 512 px, licence, hub copy), any input size
+        timm_name = lingbot_name(size).replace("vit_rope_", "vit_")
+        for tag in eva_default_cfgs[timm_name].tags:
+            cfg = eva_default_cfgs[timm_name].cfgs[tag].to_dict()
+            cfgs[f"{lingbot_name(size)}.{tag}"] = dict(cfg, fixed_input_size=False)
     for size, kind, ape in product(ARCHS, ("axial", "mixed"), (False, True)):
         name = model_name(size, kind, ape)
         if size == "tiny":
@@ -144,3 +148,7 @@ for _size, _kind in product(NEW_SIZES, NEW_KINDS):
 for _size, _qkvb in product(dinov3.ARCHS, (False, True)):
     _name = dinov3_name(_size, _qkvb)
     globals()[_name] = register_model(_entrypoint(_name, dinov3.model_args(_size, _qkvb)))
+
+for _size in dinov3.LINGBOT_ARCHS:
+    _name = lingbot_name(_size)
+    globals()[_name] = register_model(_entrypoint(_name, dinov3.lingbot_args(_size)))

@@ -1,0 +1,234 @@
+"""DINOv3 (Simeoni et al. 2025, arXiv:2508.10104) as Hugging Face transformers saves it, for the
+``vit_rope_*_dinov3*`` models, without transformers.
+
+Most DINOv3 downloads are ``DINOv3ViTModel`` folders: ``model.safetensors`` and ``config.json``. The weights are
+timm's ``Eva`` DINOv3 under other names, with separate q/k/v projections; HF's RoPE is timm's
+``RotaryEmbeddingDinoV3`` (rotate-half pairs, coordinates normalised to [-1, 1]). So ``to_timm_keys`` renames the
+file onto timm's keys and ``vit_rope.models.dinov3.from_dinov3`` does the rest, permuting the q and k rows to our
+interleaved pairs. The config decides what the weights cannot show (RoPE theta, LayerNorm eps, activation):
+``check_hf_config`` holds a model to it, ``dinov3_args_from_hf_config`` names the model that fits and
+``create_from_hf`` builds and loads it. HF's pooler reads the class token (``pooler_output = norm(x)[:, 0]``), so
+that model pools with ``global_pool="token"``; it has no classifier.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import timm
+import torch
+from timm.layers import LayerNorm, LayerScale, SwiGLU
+from torch import Tensor, nn
+
+from vit_rope.models.dinov3 import ARCHS, dinov3_name, from_dinov3
+
+HF_FORMAT = "Hugging Face transformers' DINOv3ViTModel"
+MODEL_TYPE = "dinov3_vit"
+WEIGHTS, CONFIG = "model.safetensors", "config.json"
+# DINOv3ViTConfig's defaults (transformers 5.24): transformers leaves values equal to them out of config.json
+_DEFAULTS: dict[str, Any] = dict(
+    patch_size=16, hidden_size=384, intermediate_size=1536, num_hidden_layers=12, num_attention_heads=6,
+    hidden_act="gelu", layer_norm_eps=1e-5, rope_theta=100.0, image_size=224, num_channels=3, query_bias=True,
+    key_bias=False, value_bias=True, proj_bias=True, mlp_bias=True, layerscale_value=1.0, use_gated_mlp=False,
+    num_register_tokens=0, pos_embed_shift=None, pos_embed_jitter=None, pos_embed_rescale=2.0,
+)
+# transformers' other ViT-like model types users hold, and what they are
+_OTHER_TYPES = {
+    "dinov2": "DINOv2 (a learned absolute position embedding, no RoPE)",
+    "dinov2_with_registers": "DINOv2 with registers (a learned absolute position embedding, no RoPE)",
+    "dinov3_convnext": "DINOv3's ConvNeXt (a CNN, no attention)",
+    "vit": "a ViT with a learned absolute position embedding (no RoPE)",
+}
+_SUPPORTED = f"vit_rope loads transformers' DINOv3 ViTs (model_type {MODEL_TYPE!r}) only"
+_LAYER = re.compile(r"^(?:model\.)?layer\.(\d+)\.")  # transformers 5 saves model.layer.i, 4.x saved layer.i
+_RENAMES = (("attention.o_proj.", "attn.proj."), ("layer_scale1.lambda1", "gamma_1"),
+            ("layer_scale2.lambda1", "gamma_2"), ("mlp.down_proj.", "mlp.fc2."))
+
+
+def is_hf_dinov3(state_dict: dict[str, Any]) -> bool:
+    """Whether ``state_dict`` is a ``DINOv3ViTModel``'s (its patch embedding is a bare ``Conv2d``)."""
+    return "embeddings.patch_embeddings.weight" in state_dict
+
+
+def refuse_other_hf(state_dict: dict[str, Any]) -> None:
+    """Raise for transformers' ViT / DINOv2 weights, which no vit_rope model takes, rather than list their keys."""
+    if any(key.endswith("embeddings.patch_embeddings.projection.weight") for key in state_dict):
+        raise ValueError(f"The checkpoint looks like Hugging Face transformers' ViT or DINOv2 "
+                         f"(embeddings.patch_embeddings.projection, encoder.layer.*): {_SUPPORTED}; a DINOv2 or ViT "
+                         "runs in timm's own models (vit_*_patch14_dinov2, vit_*_patch16_224); no vit_rope twin.")
+
+
+def to_timm_keys(state_dict: dict[str, Tensor]) -> dict[str, Tensor]:
+    """A ``DINOv3ViTModel`` state dict under timm ``Eva``'s DINOv3 names: q/k/v projections fused into ``qkv``
+    (missing q or v biases as zeros beside a present one; a trained key bias as ``k_bias``), SwiGLU's
+    ``gate/up/down_proj`` as ``fc1_g/fc1_x/fc2`` and a plain MLP's ``up/down_proj`` as ``fc1/fc2``."""
+    gated = any(".mlp.gate_proj." in key for key in state_dict)
+    renames = (*_RENAMES, ("mlp.gate_proj.", "mlp.fc1_g."), ("mlp.up_proj.", "mlp.fc1_x." if gated else "mlp.fc1."))
+    out: dict[str, Tensor] = {}
+    for key, value in state_dict.items():
+        if key in ("embeddings.mask_token", "rope_embeddings.inv_freq") or re.search(r"\.[qkv]_proj\.", key):
+            continue  # masking is pretraining only, the RoPE is rebuilt; q/k/v are fused below
+        key = key.replace("embeddings.cls_token", "cls_token").replace("embeddings.register_tokens", "reg_token")
+        key = key.replace("embeddings.patch_embeddings.", "patch_embed.proj.")
+        key = _LAYER.sub(r"blocks.\1.", key)
+        for old, new in renames:
+            key = key.replace(old, new)
+        out[key] = value
+    for key in state_dict:
+        if match := re.fullmatch(r"((?:model\.)?layer\.(\d+)\.attention\.)q_proj\.weight", key):
+            prefix, block = match.group(1), f"blocks.{match.group(2)}.attn."
+            out[block + "qkv.weight"] = torch.cat([state_dict[f"{prefix}{n}_proj.weight"] for n in "qkv"])
+            biases = {n: state_dict.get(f"{prefix}{n}_proj.bias") for n in "qkv"}
+            if any(bias is not None for bias in biases.values()):
+                zeros = torch.zeros_like(state_dict[key][:, 0])
+                out[block + "q_bias"], out[block + "v_bias"] = (biases[n] if biases[n] is not None else zeros
+                                                                for n in "qv")
+                if biases["k"] is not None:
+                    out[block + "k_bias"] = biases["k"]
+    return out
+
+
+def from_hf_dinov3(state_dict: dict[str, Tensor], model: nn.Module) -> dict[str, Tensor]:
+    """A ``DINOv3ViTModel`` state dict in our keys and channel layout, for a ``rope_kind="dinov3"`` model."""
+    if getattr(model, "rope_kind", None) != "dinov3":
+        raise ValueError(f"The checkpoint is {HF_FORMAT}, which loads into the vit_rope_*_patch16_dinov3* models; this "
+                         f"model has rope_kind={getattr(model, 'rope_kind', None)!r}. With the folder's config.json, "
+                         "vit_rope.models.hf_dinov3.create_from_hf(folder) builds the model that fits.")
+    return from_dinov3(to_timm_keys(state_dict), model.blocks[0].attn.num_heads)
+
+
+def weights_path(path: str | Path) -> Path:
+    """The weights file of ``path``: itself, or the ``model.safetensors`` of a folder."""
+    path = Path(path)
+    if not path.is_dir():
+        return path
+    if not (path / WEIGHTS).is_file():
+        raise FileNotFoundError(f"No {WEIGHTS} in the folder {path} (it holds {sorted(p.name for p in path.iterdir())})"
+                                f": give the weights file itself, or a transformers folder with {WEIGHTS} and {CONFIG} "
+                                "(sharded weights are not supported).")
+    return path / WEIGHTS
+
+
+def hf_config(path: str | Path) -> dict[str, Any] | None:
+    """The transformers ``config.json`` of a folder, or beside a ``model.safetensors`` file; None when there is none
+    or it is not transformers' (timm's hub folders hold a ``config.json`` too, without ``model_type``)."""
+    path = Path(path)
+    file = path / CONFIG if path.is_dir() else path.with_name(CONFIG) if path.name == WEIGHTS else None
+    if file is None or not file.is_file():
+        return None
+    config = json.loads(file.read_text())
+    return config if "model_type" in config else None
+
+
+def _hidden(config: dict[str, Any], mlp_ratio: float) -> int:
+    """The MLP width ``mlp_ratio`` gives in our model: ``int(C * ratio)``, rounded up to 8 for SwiGLU (``align_to``)."""
+    hidden = int(config["hidden_size"] * mlp_ratio)
+    return hidden + (-hidden % 8 if config["use_gated_mlp"] else 0)
+
+
+def _size(c: dict[str, Any]) -> str:
+    """Which of ``dinov3.ARCHS`` has the width, head count and MLP kind of config ``c`` (defaults filled in)."""
+    def arch_shape(arch: dict[str, Any]) -> tuple[int, int, bool]:
+        return arch["embed_dim"], arch["num_heads"], arch.get("swiglu", False)
+
+    shape = (c["hidden_size"], c["num_attention_heads"], bool(c["use_gated_mlp"]))
+    size = next((size for size, arch in ARCHS.items() if arch_shape(arch) == shape), None)
+    if size is None:
+        sizes = ", ".join(f"{size} {arch_shape(arch)}" for size, arch in ARCHS.items())
+        raise ValueError(f"config.json has (hidden_size, num_attention_heads, use_gated_mlp) = {shape}, which no "
+                         f"vit_rope DINOv3 model has: the sizes are {sizes} (the 7B and huge_plus are not ported).")
+    return size
+
+
+def _pair(size: int | list[int] | tuple[int, ...]) -> tuple[int, int]:
+    return (size, size) if isinstance(size, int) else (int(size[0]), int(size[-1]))
+
+
+def dinov3_args_from_hf_config(config: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    """The ``vit_rope_*_dinov3*`` model and keyword arguments that build a ``DINOv3ViTModel`` of ``config`` (a
+    ``config.json``'s dict): class-token pooling as HF's pooler, no classifier, its depth, sizes, RoPE theta and
+    coordinate augmentation (DINOv3's, one draw per batch, training only).
+
+    Raises:
+        ValueError: not a DINOv3 ViT config (``model_type``), or options no vit_rope DINOv3 model has; the message
+            names the value.
+    """
+    c = {**_DEFAULTS, **config}
+    model_type = c.get("model_type", MODEL_TYPE)
+    if model_type != MODEL_TYPE:
+        looks = _OTHER_TYPES.get(model_type, "not a DINOv3 ViT")
+        raise ValueError(f"config.json has model_type {model_type!r}, {looks}: {_SUPPORTED}.")
+    gated = bool(c["use_gated_mlp"])
+    if c["hidden_act"] != ("silu" if gated else "gelu") or not (c["proj_bias"] and c["mlp_bias"]):
+        raise ValueError(f"config.json has hidden_act={c['hidden_act']!r}, use_gated_mlp={gated}, proj_bias="
+                         f"{c['proj_bias']}, mlp_bias={c['mlp_bias']}: vit_rope's DINOv3 models have GELU MLPs or "
+                         "SiLU-gated ones (use_gated_mlp), with biases, as Meta's DINOv3.")
+    size = _size(c)
+    mlp_ratio = c["intermediate_size"] / c["hidden_size"]
+    if _hidden(c, mlp_ratio) != c["intermediate_size"]:
+        raise ValueError(f"config.json has intermediate_size={c['intermediate_size']}, which a ratio of "
+                         f"hidden_size={c['hidden_size']} cannot give (SwiGLU widths are multiples of 8).")
+    qkv_bias = any(c[key] for key in ("query_bias", "key_bias", "value_bias"))
+    aug = dict(shift=c["pos_embed_shift"] or 0.0, jitter=c["pos_embed_jitter"] or 1.0,
+               rescale=c["pos_embed_rescale"] or 1.0)
+    kwargs = dict(depth=c["num_hidden_layers"], num_classes=0, global_pool="token", img_size=_pair(c["image_size"]),
+                  patch_size=_pair(c["patch_size"]), in_chans=c["num_channels"], mlp_ratio=mlp_ratio,
+                  init_values=c["layerscale_value"], rope_theta=float(c["rope_theta"]))
+    if aug != dict(shift=0.0, jitter=1.0, rescale=1.0):
+        kwargs["rope_coord_aug"] = dict(aug, per_image=False)
+    if c["layer_norm_eps"] != 1e-5:
+        kwargs["norm_layer"] = partial(LayerNorm, eps=c["layer_norm_eps"])
+    return dinov3_name(size, qkv_bias), kwargs
+
+
+def check_hf_config(config: dict[str, Any], model: nn.Module) -> None:
+    """Raise unless ``model`` is the ``DINOv3ViTModel`` that ``config`` describes, naming the first field that
+    differs, its value in the file and in the model, and the vit_rope model that fits."""
+    name, kwargs = dinov3_args_from_hf_config(config)
+    depth = kwargs["depth"]
+    fits = name if depth == ARCHS[_size({**_DEFAULTS, **config})]["depth"] else f"{name} with depth={depth}"
+    if getattr(model, "rope_kind", None) != "dinov3":
+        raise ValueError(f"config.json describes {HF_FORMAT}, whose weights load into {fits}; this model has "
+                         f"rope_kind={getattr(model, 'rope_kind', None)!r}.")
+    c, block = {**_DEFAULTS, **config}, model.blocks[0]
+    fields = {  # field: (the file's value, as compared; the model's)
+        "hidden_size": (c["hidden_size"], model.embed_dim),
+        "num_hidden_layers": (c["num_hidden_layers"], len(model.blocks)),
+        "num_attention_heads": (c["num_attention_heads"], block.attn.num_heads),
+        "num_register_tokens": (c["num_register_tokens"], model.num_reg_tokens),
+        "use_gated_mlp": (bool(c["use_gated_mlp"]), isinstance(block.mlp, SwiGLU)),
+        "intermediate_size": (c["intermediate_size"], block.mlp.fc2.in_features),
+        "layerscale_value (LayerScale)": (True, isinstance(block.ls1, LayerScale)),
+        "rope_theta": (float(c["rope_theta"]), model.rope.theta),
+        "patch_size": (_pair(c["patch_size"]), tuple(model.patch_embed.patch_size)),
+        "layer_norm_eps": (c["layer_norm_eps"], model.norm.eps),
+        "query_bias/key_bias/value_bias (qkv bias)": (any(c[k] for k in ("query_bias", "key_bias", "value_bias")),
+                                                      block.attn.qkv.bias is not None),
+    }
+    for field, (theirs, ours) in fields.items():
+        if theirs != ours:
+            raise ValueError(f"config.json does not fit the model: {field} is {theirs} in the file, {ours} in the "
+                             f"model. Build {fits} (vit_rope.models.hf_dinov3.create_from_hf(folder) builds and "
+                             "loads it).")
+
+
+def create_from_hf(path: str | Path, **kwargs: Any) -> nn.Module:
+    """The vit_rope DINOv3 model of a transformers folder (``config.json`` + ``model.safetensors``), its weights
+    loaded; ``kwargs`` override the config's arguments (``dinov3_args_from_hf_config``), e.g. ``num_classes``.
+
+    Raises:
+        FileNotFoundError: the folder lacks ``config.json`` (it decides the model) or ``model.safetensors``.
+        ValueError: the config or the weights are not a DINOv3 ViT that vit_rope has.
+    """
+    config = hf_config(path)
+    if config is None:
+        raise FileNotFoundError(f"No transformers {CONFIG} at {path}: it decides which model to build. Give the "
+                                f"folder that holds {CONFIG} and {WEIGHTS}, or build the model yourself and call "
+                                "vit_rope.load_weights(model, path).")
+    name, args = dinov3_args_from_hf_config(config)
+    overlay = dict(file=str(weights_path(path)))
+    return timm.create_model(name, pretrained=True, pretrained_cfg_overlay=overlay, **{**args, **kwargs})
