@@ -10,6 +10,8 @@ Four sources are understood, told apart by their keys:
 - plain timm ViT / DeiT-III checkpoints, to fine-tune with RoPE: RoPE frequencies keep their initialisation, a
   missing LayerScale becomes the identity, and the position embedding is dropped or kept (resampled) by variant;
 - DINOv3 backbones, as timm (``Eva``) or Meta saves them, into the ``*_dinov3*`` models (``vit_rope.models.dinov3``);
+- timm's other ``Eva`` 2D-RoPE backbones (EVA-02, Perception Encoder, SBB RoPE ViTs) into their twins
+  (``vit_rope.models.eva_weights``), chosen by the model's ``qk_layout`` rather than by keys, which the families share;
 - LookHere's official files, ``{"weights", "config"}``, into the ``*_lookhere_*`` models
   (``vit_rope.models.lookhere_weights``).
 
@@ -35,6 +37,7 @@ from torch import Tensor, nn
 
 from vit_rope.layers.pos_embed import fit_checkpoint_pos_embed
 from vit_rope.models.dinov3 import from_dinov3, is_dinov3
+from vit_rope.models.eva_weights import EVA_LAYOUTS, check_family, from_eva, is_eva
 from vit_rope.models.lookhere_weights import from_lookhere, is_lookhere_checkpoint
 from vit_rope.models.weights_file import read_weights, unwrap_state_dict, weights_mismatch
 
@@ -66,12 +69,15 @@ class LoadReport:
             counts) -> keys that hold initial values instead.
         skipped: checkpoint keys not loaded: a classifier of another class count, or one the model does not have;
             ``pos_embed`` when the model has no absolute position embedding (RoPE only).
+        converted: what was changed on the way in, one line per kind of change (fused projections, permuted q/k
+            rows, dropped buffers), for the sources whose weights are not in our layout (timm ``Eva``, DINOv3).
     """
 
     source: str | None
     loaded: tuple[str, ...]
     initialised: Mapping[str, tuple[str, ...]]
     skipped: tuple[str, ...] = ()
+    converted: tuple[str, ...] = ()
 
     @property
     def rope_freqs_loaded(self) -> bool:
@@ -92,10 +98,10 @@ class LoadReport:
 
 
 def _report(source: str | Path | None, state_dict: Mapping[str, Tensor], initialised: dict[str, list[str]],
-            skipped: tuple[str, ...] = ()) -> LoadReport:
+            skipped: tuple[str, ...] = (), converted: tuple[str, ...] = ()) -> LoadReport:
     taken = {key for keys in initialised.values() for key in keys}
     return LoadReport(None if source is None else str(source), tuple(k for k in state_dict if k not in taken),
-                      {reason: tuple(keys) for reason, keys in initialised.items() if keys}, skipped)
+                      {reason: tuple(keys) for reason, keys in initialised.items() if keys}, skipped, converted)
 
 
 def _warn(report: LoadReport, stacklevel: int = 3) -> None:
@@ -131,14 +137,19 @@ def _split_mixed_freqs(freqs: Tensor, model: nn.Module) -> dict[str, Tensor]:
 
 
 def _convert(state_dict: dict[str, Any], model: nn.Module
-             ) -> tuple[dict[str, Tensor], dict[str, list[str]], tuple[str, ...]]:
-    """``convert_state_dict``, plus the model keys it initialised rather than loaded, by reason, and the checkpoint
-    keys it dropped (an absolute position embedding the model has no place for)."""
+             ) -> tuple[dict[str, Tensor], dict[str, list[str]], tuple[str, ...], tuple[str, ...]]:
+    """``convert_state_dict``, plus the model keys it initialised rather than loaded, by reason, the checkpoint
+    keys it dropped (an absolute position embedding the model has no place for) and what it converted."""
     if is_lookhere_checkpoint(state_dict):  # {"weights", "config"}: LookHere's official files
         state_dict = from_lookhere(state_dict, model)
     state_dict = unwrap_state_dict(state_dict)
-    if getattr(model, "rope_kind", None) == "dinov3" and is_dinov3(state_dict):
+    check_family(state_dict, model)
+    converted: tuple[str, ...] = ()
+    if getattr(model, "qk_layout", None) in EVA_LAYOUTS and is_eva(state_dict):  # before is_dinov3: gamma_1 in both
+        state_dict, converted = from_eva(state_dict, model)
+    elif getattr(model, "rope_kind", None) == "dinov3" and is_dinov3(state_dict):
         state_dict = from_dinov3(state_dict, model.blocks[0].attn.num_heads)
+        converted = ("DINOv3: q/k rows of every head permuted from rotate-half to interleaved pairs",)
     target = model.state_dict()
     out: dict[str, Tensor] = {}
     dropped: tuple[str, ...] = ()
@@ -179,7 +190,7 @@ def _convert(state_dict: dict[str, Any], model: nn.Module
     if mismatch:
         raise ValueError(f"The checkpoint does not fit {type(model).__name__}: {mismatch}. Check that the model name "
                          "(size, axial/mixed, +APE) and its arguments (depth, patch size, ...) match the checkpoint.")
-    return out, initialised, dropped
+    return out, initialised, dropped, converted
 
 
 def convert_state_dict(state_dict: dict[str, Any], model: nn.Module) -> dict[str, Tensor]:
@@ -192,7 +203,7 @@ def convert_state_dict(state_dict: dict[str, Any], model: nn.Module) -> dict[str
         ValueError: the checkpoint does not fit the model; the message lists the missing, unexpected and reshaped
             keys.
     """
-    out, initialised, dropped = _convert(state_dict, model)
+    out, initialised, dropped, _ = _convert(state_dict, model)
     _warn(_report(None, out, initialised, dropped))
     return out
 
@@ -243,7 +254,7 @@ def checkpoint_filter_fn(state_dict: dict[str, Any], model: nn.Module, features_
     Args:
         features_only: timm builds a feature extractor, whose classifier is removed after loading.
     """
-    out, initialised, dropped = _convert(state_dict, model)
+    out, initialised, dropped, converted = _convert(state_dict, model)
     cfg = getattr(model, "pretrained_cfg", None) or {}
     declared = cfg.get("num_classes") if cfg.get("classifier") else None
     drops = features_only or (declared is not None and getattr(model, "num_classes", 0) != declared)
@@ -253,7 +264,7 @@ def checkpoint_filter_fn(state_dict: dict[str, Any], model: nn.Module, features_
                          f"classifier as it is, since num_classes equals the pretrained config's ({declared}); pass "
                          "the checkpoint's class count as num_classes, or put it in pretrained_cfg_overlay (as "
                          "num_classes) to start a new classifier.")
-    model.load_report = _report(None, out, {**initialised, **head}, dropped + skipped)
+    model.load_report = _report(None, out, {**initialised, **head}, dropped + skipped, converted)
     _warn(model.load_report)
     return out
 
@@ -272,9 +283,14 @@ def load_weights(model: nn.Module, path: str | Path) -> LoadReport:
         ValueError: the checkpoint does not fit the model (the message lists the missing, unexpected and reshaped
             keys).
     """
-    state_dict, initialised, dropped = _convert(read_weights(path), model)
+    return load_state_dict(model, read_weights(path), path)
+
+
+def load_state_dict(model: nn.Module, state_dict: dict[str, Any], source: str | Path | None = None) -> LoadReport:
+    """``load_weights`` for a state dict already in memory (``vit_rope.from_timm`` passes a timm model's)."""
+    state_dict, initialised, dropped, converted = _convert(state_dict, model)
     skipped, head = _fit_classifier(state_dict, model)
     model.load_state_dict(state_dict, strict=False)  # _convert already checked every key but the head
-    model.load_report = _report(path, state_dict, {**initialised, **head}, dropped + skipped)
+    model.load_report = _report(source, state_dict, {**initialised, **head}, dropped + skipped, converted)
     _warn(model.load_report)
     return model.load_report

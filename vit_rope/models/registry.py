@@ -11,7 +11,9 @@ converted on load); any local file works too:
 ``vit_rope_{small,small_plus,base,large}_patch16_dinov3[_qkvb]`` (``vit_rope.models.dinov3``), pointing at timm's copies
 of Meta's LVD-1689M weights. The attention-bias models, LookHere and 2D-ALiBi on the same DeiT-III ViT, are
 ``vit_rope_{tiny,small,base}_patch16_{lookhere,alibi}_224`` (no published weights in timm's format; LookHere's
-official checkpoints load with ``vit_rope.load_weights``, ``vit_rope.models.lookhere_weights``).
+official checkpoints load with ``vit_rope.load_weights``, ``vit_rope.models.lookhere_weights``). Twins of timm's
+other 2D-RoPE backbones (EVA-02, Perception Encoder, SBB RoPE ViTs) are named by the same rule
+(``vit_rope.models.eva_families``) and point at timm's weights.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from timm.models import build_model_with_cfg, generate_default_cfgs, register_mo
 from vit_rope.layers.attn_bias import BIAS_KINDS
 from vit_rope.models import dinov3
 from vit_rope.models.checkpoint import checkpoint_filter_fn
+from vit_rope.models.eva_families import FAMILIES, twin_cfgs, twin_name
 from vit_rope.models.lookhere_weights import official_lookhere_args
 from vit_rope.models.vit import RoPEVisionTransformer
 
@@ -92,7 +95,7 @@ def _default_cfgs() -> dict[str, Any]:
             cfgs[f"{name}.naver_in1k"] = _cfg(hf_hub_id=hub_id, crop_pct=0.9)
     for size, kind in product(NEW_SIZES, NEW_KINDS):
         cfgs[model_name(size, kind, False)] = _cfg()
-    return cfgs
+    return {**cfgs, **twin_cfgs()}
 
 
 default_cfgs = generate_default_cfgs(_default_cfgs())
@@ -144,3 +147,8 @@ for _size, _kind in product(NEW_SIZES, NEW_KINDS):
 for _size, _qkvb in product(dinov3.ARCHS, (False, True)):
     _name = dinov3_name(_size, _qkvb)
     globals()[_name] = register_model(_entrypoint(_name, dinov3.model_args(_size, _qkvb)))
+
+for _table in FAMILIES.values():  # twins of timm's Eva backbones (vit_rope.models.eva_families)
+    for _timm_name, _args in _table.items():
+        _name = twin_name(_timm_name)
+        globals()[_name] = register_model(_entrypoint(_name, _args))
