@@ -32,6 +32,9 @@ CASES = {
                            [(448, 448), (224, 168)], dict(qk_layout="eva_ij")),
     "pe_gigantic_no_class_token": ("vit_pe_core_gigantic_patch14_448", dict(embed_dim=128, num_heads=2),
                                    [(448, 448), (224, 168)], dict(rope_ref_grid=(16, 16))),
+    "sapiens2_gqa_block": ("vit_base_patch16_sapiens2", dict(embed_dim=192, num_heads=6, num_kv_heads=(6, 3),
+                                                              img_size=(128, 96)), [(128, 96), (96, 160)],
+                           dict(qk_layout="eva_xy")),
 }
 
 
@@ -86,7 +89,7 @@ def test_twin_equals_timm_through_load_weights_and_from_timm(case, tmp_path):
         for size in sizes:
             feat, logits = max_rel_diff(eva, twin, size)
             assert feat < 1e-4 and logits < 1e-4, (path, size, feat, logits)
-    if twins["pth"].qk_layout == "eva_ij":
+    if twins["pth"].qk_layout != "eva_xy":
         assert any("permuted" in line for line in twins["from_timm"].load_report.converted)
 
 
@@ -117,6 +120,7 @@ def test_dinov3_from_timm_equals_timm():
     ("vit_pe_spatial_tiny_patch16_512", "vit_rope_eva02_tiny_patch14_224", "Perception Encoder",
      "vit_rope_pe_spatial_tiny_patch16_512"),
     ("vit_small_patch16_dinov3", "vit_rope_medium_patch16_reg1_gap_256", "DINOv3", "dinov3"),
+    ("vit_base_patch16_sapiens2", "vit_rope_small_patch16_dinov3", "Sapiens2", "vit_rope_base_patch16_sapiens2"),
 ])
 def test_checkpoint_of_another_family_names_it_and_the_twin(source, target, family, suggestion):
     state = timm.create_model(source, device="meta").state_dict()  # keys and shapes: all the check reads
@@ -137,6 +141,12 @@ def test_twin_options_are_refused_where_they_mean_nothing():
         vit_rope.RoPEVisionTransformer(embed_dim=64, depth=1, num_heads=1, attn_pool_num_heads=8)
     with pytest.raises(ValueError, match="Unknown q/k layout 'cat'"):
         vit_rope.RoPEVisionTransformer(embed_dim=64, depth=1, num_heads=1, qk_layout="cat")
+    with pytest.raises(ValueError, match="num_kv_heads=3 must divide num_heads=4"):
+        vit_rope.RoPEVisionTransformer(embed_dim=64, depth=1, num_heads=4, num_kv_heads=3)
+    with pytest.raises(ValueError, match="num_kv_heads has 2 entries for 1 blocks"):
+        vit_rope.RoPEVisionTransformer(embed_dim=64, depth=1, num_heads=4, num_kv_heads=(2, 2))
+    with pytest.raises(ValueError, match="Cayley-STRING .* grouped-query attention"):
+        vit_rope.RoPEVisionTransformer(embed_dim=64, depth=1, num_heads=4, num_kv_heads=2, rope_kind="string")
 
 
 @pytest.mark.parametrize("name", ["vit_rope_eva02_tiny_patch14_224", "vit_rope_pe_core_tiny_patch16_384",
@@ -152,3 +162,12 @@ def test_twins_through_timm_feature_api(name):
     assert [f.shape for f in features(x)] == [(2, 128, 3, 5)] * 2
     model.reset_classifier(7)
     assert model(x).shape == (2, 7)
+
+
+def test_sapiens2_twin_keeps_grouped_query_attention():
+    name, widths, _, _ = CASES["sapiens2_gqa_block"]
+    eva = timm_model(name, widths)
+    twin = vit_rope.from_timm(eva)
+    assert [blk.attn.num_kv_heads for blk in twin.blocks] == [6, 3]
+    assert isinstance(twin.blocks[0].ls2, torch.nn.Identity)  # LayerScale on the attention branch only
+    assert sum(p.numel() for p in twin.parameters()) == sum(p.numel() for p in eva.parameters())

@@ -15,7 +15,8 @@ from vit_rope.models.vit import RoPEVisionTransformer
 # the twins of timm's Eva backbones (up to 1.8B parameters) by the smallest of each family and block kind
 EVA_TWINS = {twin_name(name) for table in FAMILIES.values() for name in table}
 SMALLEST_TWINS = ["vit_rope_eva02_tiny_patch14_224", "vit_rope_pe_core_tiny_patch16_384",
-                  "vit_rope_pe_spatial_tiny_patch16_512", "vit_rope_medium_patch16_reg1_gap_256"]
+                  "vit_rope_pe_spatial_tiny_patch16_512", "vit_rope_medium_patch16_reg1_gap_256",
+                  "vit_rope_base_patch16_sapiens2"]
 MODEL_NAMES = [name for name in timm.list_models("vit_rope_*") if name not in EVA_TWINS] + SMALLEST_TWINS
 SIZES = [(2, 2), (4, 4), (3, 5)]  # in patches: two square resolutions and a non-square one
 

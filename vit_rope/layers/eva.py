@@ -4,11 +4,14 @@
   width in one ``fc1`` (``PackedSwiGLU``);
 - the attention-pool head of Perception Encoder's core models (Bolya et al. 2025, arXiv:2504.13181): timm's
   ``AttentionPoolLatent`` with its own head count and MLP ratio, where ``VisionTransformer`` reuses the model's
-  (``resize_attn_pool``).
+  (``resize_attn_pool``);
+- Sapiens2's blocks (Khirodkar et al. 2026, arXiv:2604.21681): grouped-query attention in some blocks only, LayerScale
+  on the attention branch only (``eva_blocks_``), options ``VisionTransformer`` builds every block the same without.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from functools import partial
 from typing import Any
 
@@ -41,3 +44,24 @@ def resize_attn_pool(pool: AttentionPoolLatent | None, num_heads: int | None, ml
         norm_layer=partial(type(pool.norm), eps=pool.norm.eps),
         act_layer=type(pool.mlp.act),
     )
+
+
+LAYER_SCALES = ("both", "attn")
+
+
+def eva_blocks_(blocks: nn.Sequential, num_kv_heads: int | Sequence[int] | None, layer_scale: str) -> None:
+    """Give ``blocks`` timm ``Eva``'s per-block options: ``num_kv_heads`` (one for all blocks or one per block;
+    ``None`` entries keep full attention) groups their attention (``RoPEAttention.group_kv_heads_``); ``layer_scale``
+    ``"attn"`` keeps LayerScale on the attention branch only (``attn_only_layer_scale``)."""
+    if layer_scale not in LAYER_SCALES:
+        raise ValueError(f"layer_scale={layer_scale!r}: choose one of {', '.join(LAYER_SCALES)}.")
+    per_block = [num_kv_heads] * len(blocks) if num_kv_heads is None or isinstance(num_kv_heads, int) else \
+        list(num_kv_heads)
+    if len(per_block) != len(blocks):
+        raise ValueError(f"num_kv_heads has {len(per_block)} entries for {len(blocks)} blocks: give one per block "
+                         "(or one int for all), and set it again when you change depth.")
+    for block, heads in zip(blocks, per_block, strict=True):
+        if heads is not None and heads != block.attn.num_heads:
+            block.attn.group_kv_heads_(heads)
+        if layer_scale == "attn":
+            block.ls2 = nn.Identity()

@@ -69,6 +69,10 @@ class PositionEncodingMixin:
         )
         self.rope_string_base = base_kind if rope_kind == "string" else None
         if rope_kind == "string":  # P = I at creation: the base kind exactly
+            if any(blk.attn.num_kv_heads != num_heads for blk in self.blocks):
+                raise ValueError("Cayley-STRING (rope_kind='string') folds into [3, nh, D] q/k/v rows; grouped-query "
+                                 "attention (num_kv_heads) has fewer: use another rope_kind or leave num_kv_heads "
+                                 "unset.")
             for blk in self.blocks:
                 blk.attn.string = CayleyString(num_heads, head_dim)
         self.rope_per_block = base_kind == "mixed"  # learned frequencies: one module per block

@@ -1,7 +1,8 @@
 """The timm ``Eva`` backbones that have a vit_rope twin: one table per family, timm name -> twin arguments.
 
 Families (all 2D RoPE in timm's ``eva.py``): EVA-02 (Fang et al. 2023, arXiv:2303.11331), Perception Encoder (Bolya
-et al. 2025, arXiv:2504.13181) and timm's SBB RoPE ViTs (``vit_*_patch16_rope_reg*_gap_256``). A twin is a
+et al. 2025, arXiv:2504.13181), timm's SBB RoPE ViTs (``vit_*_patch16_rope_reg*_gap_256``) and Sapiens2 (Khirodkar
+et al. 2026, arXiv:2604.21681). A twin is a
 ``RoPEVisionTransformer`` whose keyword arguments rebuild the timm model block for block; its name follows the rule
 of our RoPE-ViT and DINOv3 names (``twin_name``). Weights convert in ``vit_rope.models.eva_weights``; the registry
 (``vit_rope.models.eva_registry``) turns these tables into timm models.
@@ -12,7 +13,7 @@ from __future__ import annotations
 from functools import partial
 from typing import Any
 
-from timm.layers import LayerNorm, SwiGLU
+from timm.layers import LayerNorm, RmsNorm, SwiGLU
 from torch import nn
 
 from vit_rope.layers.eva import PackedSwiGLU
@@ -86,8 +87,29 @@ SBB: dict[str, dict[str, Any]] = {
     for size, regs in (("medium", 1), ("mediumd", 1), ("betwixt", 4), ("base", 1))
 }
 
+# Sapiens2: DINOv3's RoPE (rotate-half), q/k/v with biases and RmsNorm q/k norms, packed SwiGLU, LayerScale on the
+# attention branch only, 8 registers; grouped-query attention in all but the first and last 8 blocks
+_SAPIENS2 = dict(img_size=(1024, 768), patch_size=16, class_token=True, reg_tokens=8, pos_embed="none", qkv_bias=True,
+                 qk_norm=True, norm_layer=partial(RmsNorm, eps=1e-6), mlp_layer=PackedSwiGLU, mlp_ratio=4.0,
+                 init_values=1.0, layer_scale="attn", global_pool="token", rope_kind="dinov3", rope_theta=100.0,
+                 rope_coord_aug=dict(rescale=2.0, per_image=False), qk_layout="rotate_half")
+
+
+def _sapiens2(embed_dim: int, depth: int, num_heads: int, num_kv_heads: int) -> dict[str, Any]:
+    kv_heads = tuple(num_heads if i < 8 or i >= depth - 8 else num_kv_heads for i in range(depth))
+    return dict(_SAPIENS2, embed_dim=embed_dim, depth=depth, num_heads=num_heads, num_kv_heads=kv_heads)
+
+
+SAPIENS2: dict[str, dict[str, Any]] = {
+    "vit_base_patch16_sapiens2": _sapiens2(768, 12, 12, 6),
+    "vit_large_patch16_sapiens2": _sapiens2(1024, 24, 16, 8),
+    "vit_huge_patch16_sapiens2": _sapiens2(1280, 32, 16, 8),
+    "vit_giant_patch16_sapiens2": _sapiens2(1536, 40, 24, 12),
+    "vit_5b_patch16_sapiens2": _sapiens2(2432, 56, 32, 16),
+}
+
 FAMILIES: dict[str, dict[str, dict[str, Any]]] = {
-    "EVA-02": EVA02, "Perception Encoder": PERCEPTION_ENCODER, "SBB RoPE ViT": SBB,
+    "EVA-02": EVA02, "Perception Encoder": PERCEPTION_ENCODER, "SBB RoPE ViT": SBB, "Sapiens2": SAPIENS2,
 }  # fmt: skip
 
 

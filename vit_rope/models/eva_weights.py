@@ -1,8 +1,9 @@
-"""timm ``Eva`` state dicts (EVA-02, arXiv:2303.11331; Perception Encoder, arXiv:2504.13181; timm's SBB RoPE ViTs)
-in the keys and q/k layout of their vit_rope twins (``vit_rope.models.eva_families``).
+"""timm ``Eva`` state dicts (EVA-02, arXiv:2303.11331; Perception Encoder, arXiv:2504.13181; timm's SBB RoPE ViTs;
+Sapiens2, arXiv:2604.21681) in the keys and q/k layout of their vit_rope twins (``vit_rope.models.eva_families``).
 
 - ``attn.q_bias`` / ``attn.v_bias`` (``EvaAttention``, whose key bias is a zero buffer) -> one ``qkv.bias`` with a zero
-  key part; separate ``q_proj`` / ``k_proj`` / ``v_proj`` -> one fused ``qkv`` (a missing key bias is zero);
+  key part; separate ``q_proj`` / ``k_proj`` / ``v_proj`` -> one fused ``qkv`` (a missing key bias is zero; under
+  grouped-query attention its k and v parts have the block's kv heads);
 - the q and k rows of every head, and the ``q_norm`` / ``k_norm`` affine that follows them, are permuted from the
   model's ``qk_layout`` into our interleaved, x-first pairs (``qk_permutation``): every attention score is unchanged;
 - RoPE buffers are dropped (our tables are rebuilt per input); ``gamma_1`` / ``gamma_2`` are renamed by
@@ -23,7 +24,7 @@ from torch import Tensor, nn
 from vit_rope.layers.dinov3_rope import qk_permutation
 from vit_rope.models.eva_families import FAMILIES, twin_name
 
-EVA_LAYOUTS = ("eva_ij", "eva_xy")
+EVA_LAYOUTS = ("eva_ij", "eva_xy", "rotate_half")  # rotate_half: Sapiens2 (DINOv3's own twins go through dinov3.py)
 _DROPPED = re.compile(r"(^rope\.|\.attn\.k_bias$)")
 _SEPARATE = re.compile(r"^(blocks\.\d+\.attn\.)([qkv])_proj\.(weight|bias)$")
 
@@ -35,8 +36,7 @@ def is_eva(state_dict: dict[str, Any]) -> bool:
 
 def from_eva(state_dict: dict[str, Tensor], model: nn.Module) -> tuple[dict[str, Tensor], tuple[str, ...]]:
     """``state_dict`` in the keys and q/k layout of ``model`` (see the module docstring), with what was converted."""
-    attn = model.blocks[0].attn
-    num_heads, head_dim = attn.num_heads, attn.head_dim
+    head_dim = model.blocks[0].attn.head_dim
     index = qk_permutation(model.qk_layout, head_dim)
     permute = not torch.equal(index, torch.arange(head_dim))
     out: dict[str, Tensor] = {}
@@ -65,8 +65,11 @@ def from_eva(state_dict: dict[str, Tensor], model: nn.Module) -> tuple[dict[str,
         notes.add("separate q_proj / k_proj / v_proj -> fused qkv")
     if permute:
         for key in [k for k in out if k.endswith(("attn.qkv.weight", "attn.qkv.bias"))]:
-            q, k, v = out[key].unflatten(0, (3, num_heads, head_dim)).unbind(0)  # [nh, D, ...] each
-            out[key] = torch.stack((q.index_select(1, index), k.index_select(1, index), v)).flatten(0, 2)
+            attn = model.blocks[int(key.split(".")[1])].attn
+            q, k, v = out[key].split([attn.num_heads * head_dim, attn.num_kv_heads * head_dim,
+                                      attn.num_kv_heads * head_dim])
+            q, k = (t.unflatten(0, (-1, head_dim)).index_select(1, index).flatten(0, 1) for t in (q, k))  # per head
+            out[key] = torch.cat((q, k, v))
         for key in [k for k in out if re.search(r"attn\.[qk]_norm\.(weight|bias)$", k)]:
             out[key] = out[key].index_select(0, index)  # a per-channel affine follows its channels
         notes.add(f"q/k rows of every head permuted from timm's {model.qk_layout} layout to interleaved x-first pairs")
@@ -81,6 +84,8 @@ def checkpoint_family(state_dict: dict[str, Any]) -> str | None:
     cls, reg, ape = "cls_token" in keys, "reg_token" in keys or "storage_tokens" in keys, "pos_embed" in keys
     if "norm_pre.weight" in keys and ape:
         return "Perception Encoder"
+    if "blocks.0.attn.q_norm.weight" in keys and reg and not ape:
+        return "Sapiens2"
     if reg and not ape:
         return ("DINOv3" if layer_scale else None) if cls else "SBB RoPE ViT"
     if cls and ape and not reg and not layer_scale and _swiglu(state_dict):

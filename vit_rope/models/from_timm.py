@@ -2,8 +2,9 @@
 
 The way in for a model timm already loaded (from its hub, a local file, after fine-tuning): one call gives the twin
 that our tools reach (resolution policies, fused rotation, ONNX at any size, NaFlex, diagnostics). Families: EVA-02
-(Fang et al. 2023, arXiv:2303.11331), Perception Encoder (Bolya et al. 2025, arXiv:2504.13181), timm's SBB RoPE ViTs
-(``vit_rope.models.eva_families``) and DINOv3 (Simeoni et al. 2025, arXiv:2508.10104; ``vit_rope.models.dinov3``).
+(Fang et al. 2023, arXiv:2303.11331), Perception Encoder (Bolya et al. 2025, arXiv:2504.13181), timm's SBB RoPE ViTs,
+Sapiens2 (Khirodkar et al. 2026, arXiv:2604.21681; all four in ``vit_rope.models.eva_families``) and DINOv3 (Simeoni
+et al. 2025, arXiv:2508.10104; ``vit_rope.models.dinov3``).
 """
 
 from __future__ import annotations
@@ -19,7 +20,8 @@ from vit_rope.models.eva_families import FAMILIES, twin_name
 from vit_rope.models.vit import RoPEVisionTransformer
 
 SUPPORTED = ("EVA-02 (eva02_*_patch14_*, eva02_*_clip_*), Perception Encoder (vit_pe_{core,lang,spatial}_*), SBB RoPE "
-             "ViT (vit_*_patch16_rope_reg*_gap_256), DINOv3 (vit_*_patch16_dinov3[_qkvb])")
+             "ViT (vit_*_patch16_rope_reg*_gap_256), Sapiens2 (vit_*_patch16_sapiens2), DINOv3 "
+             "(vit_*_patch16_dinov3[_qkvb])")
 _DINOV3 = re.compile(r"vit_\w+_patch16_dinov3(_qkvb)?")
 
 
@@ -31,6 +33,9 @@ def _architecture(model: nn.Module) -> dict[str, Any]:
         num_heads=model.blocks[0].attn.num_heads, num_classes=model.num_classes, global_pool=model.global_pool,
         in_chans=model.patch_embed.proj.in_channels,
     )
+    kv_heads = [getattr(block.attn, "num_kv_heads", None) for block in model.blocks]  # AttentionRope's
+    if None not in kv_heads:
+        args.update(num_kv_heads=tuple(kv_heads))
     rope = getattr(model, "rope", None)
     if getattr(rope, "ref_feat_shape", None) is not None:  # cat RoPE; DINOv3's normalises coordinates instead
         args.update(rope_ref_grid=tuple(rope.ref_feat_shape), rope_grid_offset=float(rope.grid_offset))

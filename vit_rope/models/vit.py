@@ -30,7 +30,7 @@ from torch import Tensor, nn
 from vit_rope.checks import check_patch_multiple
 from vit_rope.layers.attention import RoPEAttention, RoPEBlock
 from vit_rope.layers.dinov3_rope import check_qk_layout
-from vit_rope.layers.eva import resize_attn_pool
+from vit_rope.layers.eva import eva_blocks_, resize_attn_pool
 from vit_rope.layers.naflex import naflex_grid
 from vit_rope.layers.policies import CoordAugment, ResolutionPolicy
 from vit_rope.layers.pos_embed import fit_pos_embed
@@ -72,6 +72,8 @@ class RoPEVisionTransformer(PositionEncodingMixin, VisionTransformer):
             the loader permutes their rows into ours (``models.eva_weights``).
         attn_pool_num_heads: heads of the attention-pool head (``global_pool="map"``) if not the model's.
         attn_pool_mlp_ratio: MLP ratio of the attention-pool head if not the model's.
+        num_kv_heads: grouped-query attention, one count for all blocks or one per block (``layers.eva``).
+        layer_scale: ``"both"`` branches (timm's) or ``"attn"`` only (Sapiens2).
         lh_config: LookHere's configuration, a preset name (``lh180``, ``lh90``, ``lh45``) or the official dict.
         head_hidden_dim: a classifier MLP ``Linear -> Tanh -> Linear`` with this hidden width instead of one linear
             layer (LookHere's official head); ``None``: timm's linear head.
@@ -97,6 +99,8 @@ class RoPEVisionTransformer(PositionEncodingMixin, VisionTransformer):
         qk_layout: str = "interleaved",
         attn_pool_num_heads: int | None = None,
         attn_pool_mlp_ratio: float | None = None,
+        num_kv_heads: int | tuple[int, ...] | None = None,
+        layer_scale: str = "both",
         lh_config: str | dict | None = None,
         head_hidden_dim: int | None = None,
         pos_embed: str = "none",
@@ -121,6 +125,7 @@ class RoPEVisionTransformer(PositionEncodingMixin, VisionTransformer):
         self.qk_layout = check_qk_layout(qk_layout)
         if attn_pool_num_heads or attn_pool_mlp_ratio:
             self.attn_pool = resize_attn_pool(self.attn_pool, attn_pool_num_heads, attn_pool_mlp_ratio)
+        eva_blocks_(self.blocks, num_kv_heads, layer_scale)
         self.head_hidden_dim = head_hidden_dim
         if head_hidden_dim:
             self.reset_classifier(self.num_classes)
