@@ -35,6 +35,8 @@ CASES = {
     "sapiens2_gqa_block": ("vit_base_patch16_sapiens2", dict(embed_dim=192, num_heads=6, num_kv_heads=(6, 3),
                                                               img_size=(128, 96)), [(128, 96), (96, 160)],
                            dict(qk_layout="eva_xy")),
+    "lingbot_small": ("vit_small_patch16_lingbot", dict(embed_dim=128, num_heads=2), [(512, 512), (256, 384)],
+                      dict(rope_policy="extrapolate")),
 }
 
 

@@ -1,11 +1,11 @@
 """The timm ``Eva`` backbones that have a vit_rope twin: one table per family, timm name -> twin arguments.
 
 Families (all 2D RoPE in timm's ``eva.py``): EVA-02 (Fang et al. 2023, arXiv:2303.11331), Perception Encoder (Bolya
-et al. 2025, arXiv:2504.13181), timm's SBB RoPE ViTs (``vit_*_patch16_rope_reg*_gap_256``) and Sapiens2 (Khirodkar
-et al. 2026, arXiv:2604.21681). A twin is a
-``RoPEVisionTransformer`` whose keyword arguments rebuild the timm model block for block; its name follows the rule
-of our RoPE-ViT and DINOv3 names (``twin_name``). Weights convert in ``vit_rope.models.eva_weights``; the registry
-(``vit_rope.models.eva_registry``) turns these tables into timm models.
+et al. 2025, arXiv:2504.13181), timm's SBB RoPE ViTs (``vit_*_patch16_rope_reg*_gap_256``), Sapiens2 (Khirodkar
+et al. 2026, arXiv:2604.21681) and LingBot-Vision (arXiv:2607.05247, DINOv3's architecture: ``vit_rope.models.dinov3``).
+A twin is a ``RoPEVisionTransformer`` whose keyword arguments rebuild the timm model block for block; its name follows
+the rule of our RoPE-ViT and DINOv3 names (``twin_name``). Weights convert in ``vit_rope.models.eva_weights`` (and
+``vit_rope.models.dinov3`` for LingBot); ``vit_rope.models.registry`` turns these tables into timm models.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from timm.layers import LayerNorm, RmsNorm, SwiGLU
 from torch import nn
 
 from vit_rope.layers.eva import PackedSwiGLU
+from vit_rope.models import dinov3
 
 _WIDTHS = {  # embed_dim, depth, num_heads
     "tiny": (192, 12, 3), "small": (384, 12, 6), "base": (768, 12, 12), "large": (1024, 24, 16),
@@ -108,8 +109,18 @@ SAPIENS2: dict[str, dict[str, Any]] = {
     "vit_5b_patch16_sapiens2": _sapiens2(2432, 56, 32, 16),
 }
 
+# LingBot-Vision: DINOv3's backbones (weights load as DINOv3's), class-token pooling at 512 px; giant: SwiGLU 8/3
+_LINGBOT = dict(global_pool="token", img_size=512)
+LINGBOT: dict[str, dict[str, Any]] = {
+    **{f"vit_{size}_patch16_lingbot": dict(dinov3.model_args(size, True), **_LINGBOT) for size in ("small", "base",
+                                                                                                   "large")},
+    "vit_giant_patch16_lingbot": dict(dinov3.model_args("small_plus", False), embed_dim=1536, depth=40, num_heads=24,
+                                      mlp_ratio=8 / 3, **_LINGBOT),
+}
+
 FAMILIES: dict[str, dict[str, dict[str, Any]]] = {
     "EVA-02": EVA02, "Perception Encoder": PERCEPTION_ENCODER, "SBB RoPE ViT": SBB, "Sapiens2": SAPIENS2,
+    "LingBot-Vision": LINGBOT,
 }  # fmt: skip
 
 
