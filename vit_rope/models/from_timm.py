@@ -1,9 +1,9 @@
 """``vit_rope.from_timm``: a built timm ``Eva`` backbone as its vit_rope twin, with the same weights.
 
-The way in for a model timm already loaded (from its hub, a local file, after fine-tuning): one call gives the twin
-that our tools reach (resolution policies, fused rotation, ONNX at any size, NaFlex, diagnostics). Families: EVA-02
-(Fang et al. 2023, arXiv:2303.11331), Perception Encoder (Bolya et al. 2025, arXiv:2504.13181), timm's SBB RoPE ViTs,
-Sapiens2 (Khirodkar et al. 2026, arXiv:2604.21681; all four in ``vit_rope.models.eva_families``) and DINOv3 (Simeoni
+The way in for a model timm already loaded (from its hub, a local file, after fine-tuning): one call gives the twin that
+our tools reach (resolution policies, fused rotation, ONNX at any size, NaFlex, diagnostics). Families: EVA-02 (Fang et
+al. 2023, arXiv:2303.11331), Perception Encoder (Bolya et al. 2025, arXiv:2504.13181), timm's SBB RoPE ViTs, Sapiens2
+(Khirodkar et al. 2026, arXiv:2604.21681), LingBot-Vision (all in ``vit_rope.models.eva_families``) and DINOv3 (Simeoni
 et al. 2025, arXiv:2508.10104; ``vit_rope.models.dinov3``).
 """
 
@@ -20,8 +20,8 @@ from vit_rope.models.eva_families import FAMILIES, twin_name
 from vit_rope.models.vit import RoPEVisionTransformer
 
 SUPPORTED = ("EVA-02 (eva02_*_patch14_*, eva02_*_clip_*), Perception Encoder (vit_pe_{core,lang,spatial}_*), SBB RoPE "
-             "ViT (vit_*_patch16_rope_reg*_gap_256), Sapiens2 (vit_*_patch16_sapiens2), DINOv3 "
-             "(vit_*_patch16_dinov3[_qkvb])")
+             "ViT (vit_*_patch16_rope_reg*_gap_256), Sapiens2 (vit_*_patch16_sapiens2), LingBot-Vision "
+             "(vit_*_patch16_lingbot), DINOv3 (vit_*_patch16_dinov3[_qkvb])")
 _DINOV3 = re.compile(r"vit_\w+_patch16_dinov3(_qkvb)?")
 
 
@@ -43,11 +43,12 @@ def _architecture(model: nn.Module) -> dict[str, Any]:
 
 
 def from_timm(model: nn.Module) -> RoPEVisionTransformer:
-    """The vit_rope twin of a timm ``Eva`` ``model`` (EVA-02, Perception Encoder, SBB RoPE ViT or DINOv3), built
+    """The vit_rope twin of a timm ``Eva`` ``model`` (any family of ``SUPPORTED``), built
     with the model's sizes and head and loaded with its weights through ``vit_rope.load_weights``' converter.
 
     Returns:
-        The twin, in the train / eval mode of ``model``; ``twin.load_report`` says what was converted.
+        The twin, on the device and in the dtype and train / eval mode of ``model``; ``twin.load_report`` says what
+        was converted.
 
     Raises:
         ValueError: ``model`` has no twin; the message names it and the families supported.
@@ -60,4 +61,5 @@ def from_timm(model: nn.Module) -> RoPEVisionTransformer:
                          f"{SUPPORTED}.")
     twin = timm.create_model(twin_name(timm_name), **_architecture(model))
     load_state_dict(twin, model.state_dict(), source=f"timm {timm_name}")
-    return twin.train(model.training)
+    param = next(model.parameters())
+    return twin.to(device=param.device, dtype=param.dtype).train(model.training)
