@@ -1,10 +1,12 @@
 """vit-rope: 2D rotary position embeddings (RoPE-ViT, Heo et al., ECCV 2024) for timm Vision Transformers.
 
-Importing the package registers the ``vit_rope_*`` models with timm. The subpackages are its layers, each importing
-only the ones before it: ``layers`` (the RoPE maths, resolution policies, fused rotation, attention), ``models`` (the
-ViT, its registry, DINOv3 backbones, weight conversion), ``data`` (folders, decoded cache, batched pipeline, step
-sampler), ``train`` (config, checks, loaders, engine, resumable state) and ``eval`` (evaluation harness, reports,
-diagnostics, ONNX export); ``evaluate``, ``diagnose`` and ``export`` are the ``python -m vit_rope.X`` commands.
+Importing the package registers the ``vit_rope_*`` models with timm; ``from_timm`` turns a built timm ``Eva`` backbone
+(EVA-02, Perception Encoder, Sapiens2, DINOv3, ...) into its ``vit_rope_*`` twin with the same weights. The subpackages
+are its layers, each importing only the ones before it: ``layers`` (the RoPE maths, resolution policies, fused rotation,
+attention), ``models`` (the ViT, its registry, DINOv3 backbones, weight conversion), ``data`` (folders, decoded cache,
+batched pipeline, step sampler), ``train`` (config, checks, loaders, engine, resumable state) and ``eval`` (evaluation
+harness, reports, diagnostics, ONNX export); ``evaluate``, ``diagnose`` and ``export`` are the ``python -m vit_rope.X``
+commands.
 """
 
 from vit_rope import _requires  # noqa: F401  (checks timm's version before anything imports timm's models)
@@ -12,8 +14,9 @@ from vit_rope.layers.fused import rotate_qk
 from vit_rope.layers.rope import RoPE2D, apply_rope, grid_positions
 from vit_rope.models import registry  # noqa: F401  (registers the models with timm)
 from vit_rope.models.checkpoint import LoadReport, WeightsNotLoadedWarning, convert_state_dict, load_weights
+from vit_rope.models.from_timm import from_timm
 from vit_rope.models.vit import RoPEVisionTransformer
 
 __all__ = ["LoadReport", "RoPE2D", "RoPEVisionTransformer", "WeightsNotLoadedWarning", "apply_rope",
-           "convert_state_dict", "grid_positions", "load_weights", "rotate_qk"]
+           "convert_state_dict", "from_timm", "grid_positions", "load_weights", "rotate_qk"]
 __version__ = "0.1.0"

@@ -9,22 +9,28 @@ from test_dinov3 import assert_same_outputs, timm_eva
 from timm.models import get_pretrained_cfg
 
 import vit_rope
-from vit_rope.models.dinov3 import LINGBOT_ARCHS, lingbot_name
+from vit_rope.models.eva_families import LINGBOT, twin_name
+
+SIZES = [name.split("_")[1] for name in LINGBOT]  # small, base, large, giant
 
 
-@pytest.mark.parametrize("size", list(LINGBOT_ARCHS))
+def lingbot_name(size: str) -> str:
+    return twin_name(f"vit_{size}_patch16_lingbot")
+
+
+@pytest.mark.parametrize("size", SIZES)
 def test_lingbot_twin_gives_timms_features_and_logits(size, tmp_path):
     theirs = timm_eva(f"vit_{size}_patch16_lingbot", depth=2, num_classes=5)
     save_file(theirs.state_dict(), tmp_path / "eva.safetensors")
     ours = timm.create_model(lingbot_name(size), depth=2, num_classes=5).eval()
     report = vit_rope.load_weights(ours, tmp_path / "eva.safetensors")
-    assert report.converted_from == "timm's Eva DINOv3" and not report.initialised
+    assert report.converted[0].startswith("timm's Eva DINOv3") and not report.initialised
     assert ours.patch_embed.img_size == (512, 512) and ours.global_pool == "token"
     assert_same_outputs(ours, theirs, [(512, 512), (192, 320)], batch=1)
 
 
 def test_lingbot_configs_are_timms_for_any_input_size():
-    for size in LINGBOT_ARCHS:
+    for size in SIZES:
         ours = get_pretrained_cfg(lingbot_name(size)).to_dict()
         theirs = get_pretrained_cfg(f"vit_{size}_patch16_lingbot").to_dict()
         assert ours.pop("fixed_input_size") is False and theirs.pop("fixed_input_size") is True

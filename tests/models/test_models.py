@@ -9,12 +9,16 @@ from timm.layers import DropPath
 
 import vit_rope  # noqa: F401  (registers the models)
 from vit_rope.layers.rope import RoPE2D
+from vit_rope.models.eva_families import FAMILIES, twin_name
 from vit_rope.models.vit import RoPEVisionTransformer
 
-MODEL_NAMES = timm.list_models("vit_rope_*")
-# billion-parameter models run cut to 2 blocks here (their block kinds are in the smaller models too)
-CUT_TO_2_BLOCKS = {"vit_rope_giant_patch16_lingbot"}
-SIZES = [(32, 32), (64, 64), (48, 80)]  # two square resolutions and a non-square one
+# the twins of timm's Eva backbones (up to 1.8B parameters) by the smallest of each family and block kind
+EVA_TWINS = {twin_name(name) for table in FAMILIES.values() for name in table}
+SMALLEST_TWINS = ["vit_rope_eva02_tiny_patch14_224", "vit_rope_pe_core_tiny_patch16_384",
+                  "vit_rope_pe_spatial_tiny_patch16_512", "vit_rope_medium_patch16_reg1_gap_256",
+                  "vit_rope_base_patch16_sapiens2"]
+MODEL_NAMES = [name for name in timm.list_models("vit_rope_*") if name not in EVA_TWINS] + SMALLEST_TWINS
+SIZES = [(2, 2), (4, 4), (3, 5)]  # in patches: two square resolutions and a non-square one
 
 
 def tiny(name: str = "vit_rope_tiny_patch16_mixed_224", **kwargs) -> RoPEVisionTransformer:
@@ -39,11 +43,11 @@ def test_all_variants_are_registered():
 @pytest.mark.parametrize("name", MODEL_NAMES)
 def test_forward_backward_at_any_size(name):
     torch.manual_seed(0)
-    cut = {"depth": 2} if name in CUT_TO_2_BLOCKS else {}
-    model = timm.create_model(name, num_classes=3, img_size=32, drop_path_rate=0.1, **cut)
+    model = timm.create_model(name, num_classes=3, img_size=32, drop_path_rate=0.1)
+    patch = model.patch_embed.patch_size[0]
     loss = 0.0
     for h, w in SIZES:
-        out = model(torch.randn(1, 3, h, w))
+        out = model(torch.randn(1, 3, h * patch, w * patch))
         assert out.shape == (1, 3) and torch.isfinite(out).all()
         loss = loss + out.square().mean()
     loss.backward()
@@ -51,7 +55,7 @@ def test_forward_backward_at_any_size(name):
     assert not no_grad, f"parameters without a finite gradient: {no_grad}"
 
     model.eval()
-    x = torch.randn(2, 3, 48, 80)
+    x = torch.randn(2, 3, 3 * patch, 5 * patch)
     with torch.no_grad():
         set_fused(model, True)
         fused = model(x)
@@ -255,8 +259,8 @@ def test_ape_with_prefix_rows_covers_every_prefix_token(kwargs):
     other = model._pos_embed(torch.zeros(2, 3, 5, 192))  # another grid: prefix rows kept, patch rows resampled
     torch.testing.assert_close(other[:, :P] - torch.cat(prefix, dim=1), model.pos_embed[:, :P].expand(2, -1, -1))
     with torch.inference_mode():
-        for size in SIZES:
-            assert model(torch.randn(2, 3, *size)).shape == (2, 5)
+        for h, w in SIZES:
+            assert model(torch.randn(2, 3, 16 * h, 16 * w)).shape == (2, 5)
 
 
 @pytest.mark.parametrize(("name", "default"), [("vit_rope_tiny_patch16_mixed_224", "extrapolate"),

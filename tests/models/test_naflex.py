@@ -25,6 +25,7 @@ KINDS = {  # name -> (model, extra kwargs, policies)
                ("normalized", "extrapolate")),
     "dinov3_min": ("vit_rope_tiny_patch16_axial_224", {"rope_kind": "dinov3", "rope_normalize_coords": "min"},
                    ("normalized",)),
+    "pe_offset": ("vit_rope_pe_spatial_tiny_patch16_512", {}, ("interpolate", "extrapolate", "normalized")),
 }
 CASES = [(kind, policy) for kind, (_, _, policies) in KINDS.items() for policy in policies]
 

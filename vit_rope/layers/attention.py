@@ -31,6 +31,7 @@ class RoPEAttention(Attention):
     ``F.scaled_dot_product_attention`` is the fast path; ``fused_attn = False`` computes the same scores
     explicitly (useful to inspect attention maps). ``string`` is None, or Cayley-STRING's learned basis
     (``vit_rope.layers.string.CayleyString``), folded into the q and k rows of the projection at every forward.
+    ``num_kv_heads`` below ``num_heads`` is grouped-query attention (``group_kv_heads_``).
     """
 
     __jit_unused_properties__ = ["plain_qk"]
@@ -38,6 +39,29 @@ class RoPEAttention(Attention):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.string: nn.Module | None = None
+        self.num_kv_heads = self.num_heads
+
+    def group_kv_heads_(self, num_kv_heads: int) -> None:
+        """Grouped-query attention as timm's ``AttentionRope`` (Sapiens2): ``num_kv_heads`` key / value heads, head
+        ``h`` reading kv head ``h // (num_heads // num_kv_heads)``. The projection stays one ``qkv`` (our key), with
+        rows ``[q heads; k heads; v heads]``: ``[(nh + 2 nkv) D, C]``, newly initialised."""
+        if num_kv_heads < 1 or self.num_heads % num_kv_heads:
+            raise ValueError(f"num_kv_heads={num_kv_heads} must divide num_heads={self.num_heads}.")
+        bias = self.qkv.bias is not None
+        self.qkv = nn.Linear(self.qkv.in_features, (self.num_heads + 2 * num_kv_heads) * self.head_dim, bias=bias)
+        self.num_kv_heads = num_kv_heads
+
+    def _project_grouped(self, x: Tensor, rope: RopeTables | None) -> tuple[Tensor, Tensor, Tensor]:
+        """``project`` under grouped-query attention: k and v rotated and normed per kv head, then repeated."""
+        nh, nkv, D = self.num_heads, self.num_kv_heads, self.head_dim
+        q, k, v = self.qkv(x).split([nh * D, nkv * D, nkv * D], dim=-1)
+        q = self.q_norm(q.unflatten(-1, (nh, D)).transpose(1, 2))  # [B, nh, N, D]
+        k = self.k_norm(k.unflatten(-1, (nkv, D)).transpose(1, 2))  # [B, nkv, N, D]
+        v = v.unflatten(-1, (nkv, D)).transpose(1, 2)  # [B, nkv, N, D]
+        if rope is not None:
+            q, k = apply_rope(q, rope[0], rope[1]), apply_rope(k, rope[0], rope[1])
+        groups = nh // nkv
+        return q, k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
 
     def project(self, x: Tensor, rope: RopeTables | None = None) -> tuple[Tensor, Tensor, Tensor]:
         """Queries and keys (rotated) and values, each ``[B, nh, N, D]``; diagnostics reuse it for attention maps.
@@ -47,6 +71,8 @@ class RoPEAttention(Attention):
         compile fuses it as it does the q/k norms, and the others cannot see through an autograd Function that
         writes in place.
         """
+        if self.num_kv_heads != self.num_heads:
+            return self._project_grouped(x, rope)
         if not torch.jit.is_scripting():  # TorchScript compiles only what this branch leaves out
             if rope is not None and self.plain_qk and not _tracing(x):
                 if self.string is None:

@@ -91,6 +91,7 @@ class AttnBias(nn.Module):
 
     CACHE_SIZE = 2
     normalize = "separate"  # read by the NaFlex positions (DINOv3's option): plain integer positions here
+    offset = 0.0  # read by the NaFlex positions too (RoPE2D's option): no shift for a bias
 
     def __init__(self, kind: str, num_heads: int, depth: int, train_grid: tuple[int, int] | None = None,
                  policy: str | dict | ResolutionPolicy | None = None,

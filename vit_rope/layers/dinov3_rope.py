@@ -17,6 +17,10 @@ Training-time coordinate augmentation (shift, per-axis jitter, shared rescale) i
 ``vit_rope.layers.policies.CoordAugment``; with ``per_image=False`` it makes DINOv3's one draw per batch, with the same
 random calls in the same order as DINOv3 and timm's ``RotaryEmbeddingDinoV3``, so the same random state gives the same
 coordinates.
+
+The q / k layouts of other checkpoints come here too (``qk_permutation``): timm's ``Eva`` rotates interleaved pairs
+like ours, but with ``grid_indexing='ij'`` (EVA-02, Fang et al. 2023, arXiv:2303.11331; timm's SBB RoPE ViTs) its
+first D/4 pairs turn with y; with ``'xy'`` (Perception Encoder, Bolya et al. 2025, arXiv:2504.13181) it is ours.
 """
 
 from __future__ import annotations
@@ -87,6 +91,33 @@ def interleave_permutation(head_dim: int) -> Tensor:
     channel = torch.arange(head_dim)
     pair = (channel // 2 + quarter) % half
     return pair + (channel % 2) * half
+
+
+QK_LAYOUTS = ("interleaved", "eva_ij", "eva_xy", "rotate_half")
+
+
+def check_qk_layout(layout: str) -> str:
+    """Return ``layout`` if ``qk_permutation`` knows it, else raise a ``ValueError`` listing the choices."""
+    if layout not in QK_LAYOUTS:
+        raise ValueError(f"Unknown q/k layout {layout!r}: choose one of {', '.join(QK_LAYOUTS)} (the layout of the "
+                         "checkpoint the model loads).")
+    return layout
+
+
+def qk_permutation(layout: str, head_dim: int) -> Tensor:
+    """Index ``[head_dim]``: row ``c`` of our q (or k) head is row ``index[c]`` of a head in ``layout``.
+
+    ``interleaved`` (ours) and ``eva_xy`` (timm's cat RoPE, x first): the identity; ``eva_ij`` (cat RoPE, y first):
+    our pair ``p`` is timm's pair ``(p + D/4) mod D/2``, channel parity kept; ``rotate_half``: DINOv3's
+    (``interleave_permutation``). Any permutation applied to both q and k leaves every attention score as it was.
+    """
+    channel = torch.arange(head_dim)
+    if check_qk_layout(layout) in ("interleaved", "eva_xy"):
+        return channel
+    if layout == "rotate_half":
+        return interleave_permutation(head_dim)
+    half, quarter = head_dim // 2, head_dim // 4
+    return 2 * ((channel // 2 + quarter) % half) + channel % 2
 
 
 def batch_coordinate_draw(shift: float, jitter: float, rescale: float, device: torch.device | None = None,

@@ -36,10 +36,10 @@ def key_padding_mask(valid: Tensor, num_prefix_tokens: int) -> Tensor:
 
 
 def coord_positions(coord: Tensor, grid: Tensor, kind: str, policy: str, train_grid: tuple[int, int] | None,
-                    normalize: str = "separate") -> Tensor:
+                    normalize: str = "separate", offset: float = 0.0) -> Tensor:
     """Positions ``[B, N, 2]`` (x, y) of the patches at ``coord`` ``[B, N, 2]`` (y, x) as ``RoPE2D.grid_positions``
     places them on each sample's grid ``[B, 2]`` (h, w): integer positions, DINOv3's normalised ones, or the
-    ``normalized`` policy's."""
+    ``normalized`` policy's; ``offset`` is ``RoPE2D.offset``, added to integer positions."""
     xy = coord.flip(-1).float()  # [B, N, 2] (x, y)
     size = grid.flip(-1).float()[:, None, :]  # [B, 1, 2] (w, h)
     if kind == "dinov3":  # normalised by the grid itself, or by the training grid (its patch step)
@@ -51,6 +51,7 @@ def coord_positions(coord: Tensor, grid: Tensor, kind: str, policy: str, train_g
         elif normalize == "max":
             reference = reference.amax(-1, keepdim=True).expand_as(reference)
         return (xy + 0.5) / reference * 2.0 - 1.0  # the order of dinov3_positions: equal to the bit
+    xy = xy + offset
     if policy == "normalized":
         return 2 * math.pi * ((xy + 0.5) / size * 2 - 1)
     return xy

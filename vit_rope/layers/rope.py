@@ -180,6 +180,8 @@ class RoPE2D(nn.Module):
         fraction: p-RoPE's share of pairs rotated (the highest frequencies); the others stay unrotated, learned ones
             too: a fixed mask multiplies the frequencies, so their gradient is 0.
         init: how ``mixed`` frequencies start: ``"rope-vit"`` (a random frame per head) or ``"golden"``.
+        offset: added to the integer patch positions before the policy places them (Perception Encoder's
+            ``rope_grid_offset=1``: patches at 1..n, the unrotated class token at 0); not for ``dinov3``.
     """
 
     __jit_unused_properties__ = ["policy", "learnable"]
@@ -197,9 +199,14 @@ class RoPE2D(nn.Module):
         normalize: str = "separate",
         fraction: float = 1.0,
         init: str = "rope-vit",
+        offset: float = 0.0,
     ) -> None:
         super().__init__()
         self.kind = check_kind(kind)
+        if kind == "dinov3" and offset:
+            raise ValueError(f"offset={offset} shifts integer patch positions; DINOv3's RoPE (rope_kind='dinov3') "
+                             "places patch centres in [-1, 1] itself: leave the offset at 0.")
+        self.offset = float(offset)
         if kind != "dinov3" and (min_period is not None or max_period is not None or normalize != "separate"):
             raise ValueError(
                 f"min_period={min_period}, max_period={max_period} and normalize={normalize!r} set DINOv3's RoPE "
@@ -257,7 +264,8 @@ class RoPE2D(nn.Module):
             train_grid = self.train_grid
             reference = (height, width) if self.policy_name == "normalized" or train_grid is None else train_grid
             return dinov3_positions(height, width, reference, self.normalize, device)
-        return transform_positions(grid_positions(height, width, device=device), (height, width), self.policy_name)
+        positions = grid_positions(height, width, device=device) + self.offset  # [N, 2]
+        return transform_positions(positions, (height, width), self.policy_name)
 
     def forward(
         self, positions: Tensor | None, num_prefix_tokens: int = 0, grid: tuple[int, int] | None = None
@@ -312,6 +320,7 @@ class RoPE2D(nn.Module):
             f"kind={self.kind}, head_dim={self.head_dim}, num_heads={self.num_heads}, theta={self.theta}, "
             f"train_grid={self.train_grid}, policy={self.policy_name}"
             + (f", fraction={self.fraction}" if self.fraction != 1.0 else "")
+            + (f", offset={self.offset}" if self.offset else "")
             + (f", init={self.init}" if self.learnable else "")
             + (f", normalize={self.normalize}, periods={self.periods}" if self.kind == "dinov3" else "")
         )

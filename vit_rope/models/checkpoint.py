@@ -12,6 +12,8 @@ Four sources are understood, told apart by their keys:
 - DINOv3 backbones, as timm (``Eva``) or Meta saves them, into the ``*_dinov3*`` and ``*_lingbot`` models
   (``vit_rope.models.dinov3``), and as Hugging Face transformers saves them (``model.safetensors``, a folder with
   its ``config.json``, which is checked against the model: ``vit_rope.models.hf_dinov3``);
+- timm's other ``Eva`` 2D-RoPE backbones (EVA-02, Perception Encoder, SBB RoPE ViTs) into their twins
+  (``vit_rope.models.eva_weights``), chosen by the model's ``qk_layout`` rather than by keys, which the families share;
 - LookHere's official files, ``{"weights", "config"}``, into the ``*_lookhere_*`` models
   (``vit_rope.models.lookhere_weights``).
 
@@ -38,11 +40,13 @@ from torch import Tensor, nn
 from vit_rope.layers.pos_embed import fit_checkpoint_pos_embed
 from vit_rope.models import hf_dinov3
 from vit_rope.models.dinov3 import from_dinov3, is_dinov3
+from vit_rope.models.eva_weights import EVA_LAYOUTS, check_family, from_eva, is_eva
 from vit_rope.models.lookhere_weights import from_lookhere, is_lookhere_checkpoint
 from vit_rope.models.weights_file import read_weights, unwrap_state_dict, weights_mismatch
 
 _DROPPED = re.compile(r"^(freqs_t_[xy]|freqs_cis|rope\.(bands|pos_embed.*|t_[xy]))$")  # resolution-dependent buffers
 _CLASSIFIER = ("head.weight", "head.bias")
+_DINOV3_QK = "DINOv3: q/k rows of every head permuted from rotate-half to interleaved pairs"
 _POS_EMBED = "pos_embed"
 
 # Why a weight of the model holds its initial value rather than one from the checkpoint (keys of LoadReport.initialised)
@@ -69,15 +73,16 @@ class LoadReport:
             counts) -> keys that hold initial values instead.
         skipped: checkpoint keys not loaded: a classifier of another class count, or one the model does not have;
             ``pos_embed`` when the model has no absolute position embedding (RoPE only).
-        converted_from: the format whose names and channel layout were converted to ours (``HF_FORMAT``, Meta's or
-            timm's DINOv3, LookHere's official files); None when only timm's renames applied.
+        converted: what was changed on the way in, one line per kind of change (the source format, fused
+            projections, permuted q/k rows, dropped buffers), for the sources whose weights are not in our layout
+            (timm ``Eva``, DINOv3 as timm, Meta or Hugging Face save it, LookHere's official files).
     """
 
     source: str | None
     loaded: tuple[str, ...]
     initialised: Mapping[str, tuple[str, ...]]
     skipped: tuple[str, ...] = ()
-    converted_from: str | None = None
+    converted: tuple[str, ...] = ()
 
     @property
     def rope_freqs_loaded(self) -> bool:
@@ -98,10 +103,10 @@ class LoadReport:
 
 
 def _report(source: str | Path | None, state_dict: Mapping[str, Tensor], initialised: dict[str, list[str]],
-            skipped: tuple[str, ...] = (), converted_from: str | None = None) -> LoadReport:
+            skipped: tuple[str, ...] = (), converted: tuple[str, ...] = ()) -> LoadReport:
     taken = {key for keys in initialised.values() for key in keys}
     return LoadReport(None if source is None else str(source), tuple(k for k in state_dict if k not in taken),
-                      {reason: tuple(keys) for reason, keys in initialised.items() if keys}, skipped, converted_from)
+                      {reason: tuple(keys) for reason, keys in initialised.items() if keys}, skipped, converted)
 
 
 def _warn(report: LoadReport, stacklevel: int = 3) -> None:
@@ -137,19 +142,24 @@ def _split_mixed_freqs(freqs: Tensor, model: nn.Module) -> dict[str, Tensor]:
 
 
 def _convert(state_dict: dict[str, Any], model: nn.Module
-             ) -> tuple[dict[str, Tensor], dict[str, list[str]], tuple[str, ...], str | None]:
+             ) -> tuple[dict[str, Tensor], dict[str, list[str]], tuple[str, ...], tuple[str, ...]]:
     """``convert_state_dict``, plus the model keys it initialised rather than loaded, by reason, the checkpoint
-    keys it dropped (an absolute position embedding the model has no place for) and the format converted from."""
-    converted = None
+    keys it dropped (an absolute position embedding the model has no place for) and what it converted."""
+    converted: tuple[str, ...] = ()
     if is_lookhere_checkpoint(state_dict):  # {"weights", "config"}: LookHere's official files
-        state_dict, converted = from_lookhere(state_dict, model), "LookHere's official file"
+        state_dict, converted = from_lookhere(state_dict, model), ("LookHere's official file: keys renamed to ours",)
     state_dict = unwrap_state_dict(state_dict)
     hf_dinov3.refuse_other_hf(state_dict)
-    if hf_dinov3.is_hf_dinov3(state_dict):
-        state_dict, converted = hf_dinov3.from_hf_dinov3(state_dict, model), hf_dinov3.HF_FORMAT
+    check_family(state_dict, model)
+    if hf_dinov3.is_hf_dinov3(state_dict):  # renamed onto timm's DINOv3 keys, then converted as those
+        state_dict, converted = hf_dinov3.from_hf_dinov3(state_dict, model), (
+            f"{hf_dinov3.HF_FORMAT}: keys renamed to timm's, separate q / k / v projections fused", _DINOV3_QK)
+    elif getattr(model, "qk_layout", None) in EVA_LAYOUTS and is_eva(state_dict):  # before is_dinov3: both gamma_1
+        state_dict, converted = from_eva(state_dict, model)
     elif getattr(model, "rope_kind", None) == "dinov3" and is_dinov3(state_dict):
-        converted = "Meta's DINOv3" if "storage_tokens" in state_dict else "timm's Eva DINOv3"
+        source = "Meta's DINOv3" if "storage_tokens" in state_dict else "timm's Eva DINOv3"
         state_dict = from_dinov3(state_dict, model.blocks[0].attn.num_heads)
+        converted = (f"{source}: q / v biases joined into the qkv bias", _DINOV3_QK)
     target = model.state_dict()
     out: dict[str, Tensor] = {}
     dropped: tuple[str, ...] = ()
@@ -289,9 +299,14 @@ def load_weights(model: nn.Module, path: str | Path) -> LoadReport:
     config = hf_dinov3.hf_config(path)
     if config is not None:
         hf_dinov3.check_hf_config(config, model)
-    state_dict, initialised, dropped, converted = _convert(read_weights(hf_dinov3.weights_path(path)), model)
+    return load_state_dict(model, read_weights(hf_dinov3.weights_path(path)), path)
+
+
+def load_state_dict(model: nn.Module, state_dict: dict[str, Any], source: str | Path | None = None) -> LoadReport:
+    """``load_weights`` for a state dict already in memory (``vit_rope.from_timm`` passes a timm model's)."""
+    state_dict, initialised, dropped, converted = _convert(state_dict, model)
     skipped, head = _fit_classifier(state_dict, model)
     model.load_state_dict(state_dict, strict=False)  # _convert already checked every key but the head
-    model.load_report = _report(path, state_dict, {**initialised, **head}, dropped + skipped, converted)
+    model.load_report = _report(source, state_dict, {**initialised, **head}, dropped + skipped, converted)
     _warn(model.load_report)
     return model.load_report

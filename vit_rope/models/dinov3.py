@@ -14,11 +14,8 @@ reaches them. Weights load from timm's ``Eva`` state dicts and from Meta's origi
 - both: the q and k rows of every head are permuted from rotate-half to interleaved pairs
   (``interleave_permutation``), which leaves every attention score as it was.
 
-LingBot-Vision (Fu et al. 2026, "Vision Pretraining for Dense Spatial Perception", arXiv:2607.05247) trains
-DINOv3's architecture for dense features at 512 px and reads its class token; timm ports it as
-``vit_*_patch16_lingbot``, so its twins are these models with that pooling and size (``lingbot_args``), and its
-weights load through the same conversion. HF transformers' DINOv3 files convert onto timm's keys first
-(``vit_rope.models.hf_dinov3``).
+HF transformers' DINOv3 files convert onto timm's keys first (``vit_rope.models.hf_dinov3``); LingBot-Vision's
+backbones, DINOv3's architecture, are registered with the other Eva twins (``vit_rope.models.eva_families``).
 
 Left out: the 7B model's specifics (untied norms and the layer options timm's ``vit_7b_patch16_dinov3`` adds).
 """
@@ -42,11 +39,6 @@ ARCHS: dict[str, dict[str, Any]] = {
     "base": dict(embed_dim=768, depth=12, num_heads=12),
     "large": dict(embed_dim=1024, depth=24, num_heads=16),
 }
-# timm's LingBot-Vision widths (vit_*_patch16_lingbot): DINOv3's, and a giant with SwiGLU (hidden 4096), no qkv bias.
-LINGBOT_ARCHS: dict[str, dict[str, Any]] = {
-    **{size: ARCHS[size] for size in ("small", "base", "large")},
-    "giant": dict(embed_dim=1536, depth=40, num_heads=24, swiglu=True, mlp_ratio=4 * 2 / 3),
-}
 
 
 def dinov3_name(size: str, qkv_bias: bool) -> str:
@@ -54,15 +46,9 @@ def dinov3_name(size: str, qkv_bias: bool) -> str:
     return f"vit_rope_{size}_patch16_dinov3{'_qkvb' if qkv_bias else ''}"
 
 
-def lingbot_name(size: str) -> str:
-    """timm's LingBot-Vision name with ``vit_rope_`` in front: ``vit_rope_small_patch16_lingbot``."""
-    return f"vit_rope_{size}_patch16_lingbot"
-
-
-def model_args(size: str, qkv_bias: bool, archs: dict[str, dict[str, Any]] = ARCHS) -> dict[str, Any]:
-    """Keyword arguments of ``RoPEVisionTransformer`` for DINOv3 ``size`` of ``archs`` (timm's defaults, global
-    average pooling)."""
-    arch = dict(archs[size])
+def model_args(size: str, qkv_bias: bool) -> dict[str, Any]:
+    """Keyword arguments of ``RoPEVisionTransformer`` for DINOv3 ``size`` (timm's defaults, global average pooling)."""
+    arch = dict(ARCHS[size])
     swiglu = arch.pop("swiglu", False)
     return dict(
         img_size=256,  # DINOv3's pretraining size, the training grid of the `extrapolate` policy
@@ -78,12 +64,6 @@ def model_args(size: str, qkv_bias: bool, archs: dict[str, dict[str, Any]] = ARC
         **({"mlp_layer": partial(SwiGLU, align_to=8), "act_layer": nn.SiLU} if swiglu else {}),
         **arch,
     )
-
-
-def lingbot_args(size: str) -> dict[str, Any]:
-    """Keyword arguments for LingBot-Vision ``size``: DINOv3's (qkv bias but for the giant), reading the class token
-    and built for 512 px as timm's ``vit_*_patch16_lingbot`` are."""
-    return model_args(size, size != "giant", LINGBOT_ARCHS) | dict(global_pool="token", img_size=512)
 
 
 def is_dinov3(state_dict: dict[str, Any]) -> bool:

@@ -54,9 +54,14 @@ class PositionEncodingMixin:
 
     def _init_encoding(self, rope_kind: str, base_kind: str | None, num_heads: int,
                        rope_coord_aug: dict | CoordAugment | None, lh_config: str | dict | None,
-                       policy: str | dict | ResolutionPolicy | None, **rope_args: Any) -> None:
+                       policy: str | dict | ResolutionPolicy | None, ref_grid: tuple[int, int] | None = None,
+                       **rope_args: Any) -> None:
         """Build the encoding of ``rope_kind`` (``base_kind`` from ``check_encoding``); ``rope_args`` are
-        ``RoPE2D``'s (theta, periods, normalisation, fraction, init)."""
+        ``RoPE2D``'s (theta, periods, normalisation, fraction, init, offset).
+
+        ``ref_grid``: the grid RoPE's policies scale against instead of the patch grid (timm ``Eva``'s
+        ``ref_feat_shape``: EVA-02 at 336 px still places its 24x24 patches on the 16x16 grid it was trained on, which
+        is the ``interpolate`` policy against ``ref_grid``). The APE keeps resampling from the patch grid."""
         head_dim = self.embed_dim // num_heads
         self.rope_kind = rope_kind
         self.coord_aug = rope_coord_aug if isinstance(rope_coord_aug, CoordAugment) else CoordAugment(
@@ -64,15 +69,23 @@ class PositionEncodingMixin:
         )
         self.rope_string_base = base_kind if rope_kind == "string" else None
         if rope_kind == "string":  # P = I at creation: the base kind exactly
+            if any(blk.attn.num_kv_heads != num_heads for blk in self.blocks):
+                raise ValueError("Cayley-STRING (rope_kind='string') folds into [3, nh, D] q/k/v rows; grouped-query "
+                                 "attention (num_kv_heads) has fewer: use another rope_kind or leave num_kv_heads "
+                                 "unset.")
             for blk in self.blocks:
                 blk.attn.string = CayleyString(num_heads, head_dim)
         self.rope_per_block = base_kind == "mixed"  # learned frequencies: one module per block
         train_grid = self.patch_embed.grid_size
         if base_kind is None:
+            if ref_grid is not None or rope_args.get("offset"):
+                raise ValueError(f"rope_ref_grid={ref_grid} and rope_grid_offset={rope_args.get('offset')} place "
+                                 f"RoPE positions; the {rope_kind} bias has none: leave them unset.")
             self.rope = AttnBias(rope_kind, num_heads, len(self.blocks), train_grid, policy, lh_config)
             return
         if lh_config is not None:
             raise ValueError(f"lh_config sets LookHere (rope_kind='lookhere') and does nothing for {rope_kind!r}.")
+        train_grid = train_grid if ref_grid is None else (int(ref_grid[0]), int(ref_grid[1]))
         rope_args.update(head_dim=head_dim, num_heads=num_heads, kind=base_kind, train_grid=train_grid, policy=policy)
         self.rope: nn.Module = (nn.ModuleList(RoPE2D(**rope_args) for _ in self.blocks) if self.rope_per_block
                                 else RoPE2D(**rope_args))

@@ -97,7 +97,8 @@ def embed_naflex(model: nn.Module, batch: NaFlexBatch) -> tuple[Tensor, Tensor, 
         prefix = [token + model.pos_embed[:, i:i + 1] for i, token in enumerate(prefix)] if own else prefix
     x = model.pos_drop(torch.cat(prefix + [x], dim=1))  # [B, P + N, C]
     rope = model.rope_modules()[0]
-    positions = coord_positions(coord, grid, rope.kind, rope.policy_name, rope.train_grid, rope.normalize)
+    positions = coord_positions(coord, grid, rope.kind, rope.policy_name, rope.train_grid, rope.normalize,
+                                rope.offset)
     if model.training and model.coord_aug.active:
         positions = augment_positions(positions, B, model.coord_aug)  # [B, N, 2], a draw per sample
     if hasattr(model.patch_drop, "prob"):  # PatchDropoutWithIndices: positions and validity follow the kept tokens

@@ -9,11 +9,11 @@ base and large models point at the published ``naver_in1k`` weights on the Huggi
 converted on load); any local file works too:
 ``timm.create_model(name, pretrained=True, pretrained_cfg_overlay=dict(file=PATH))``. DINOv3's backbones are
 ``vit_rope_{small,small_plus,base,large}_patch16_dinov3[_qkvb]`` (``vit_rope.models.dinov3``), pointing at timm's copies
-of Meta's LVD-1689M weights; LingBot-Vision's (Fu et al. 2026, arXiv:2607.05247), DINOv3's architecture reading its
-class token at 512 px, are ``vit_rope_{small,base,large,giant}_patch16_lingbot``, their configs taken from timm's
-(``timm.models.eva.default_cfgs``). The attention-bias models, LookHere and 2D-ALiBi on the same DeiT-III ViT, are
+of Meta's LVD-1689M weights. The attention-bias models, LookHere and 2D-ALiBi on the same DeiT-III ViT, are
 ``vit_rope_{tiny,small,base}_patch16_{lookhere,alibi}_224`` (no published weights in timm's format; LookHere's
-official checkpoints load with ``vit_rope.load_weights``, ``vit_rope.models.lookhere_weights``).
+official checkpoints load with ``vit_rope.load_weights``, ``vit_rope.models.lookhere_weights``). Twins of timm's
+other 2D-RoPE backbones (EVA-02, Perception Encoder, SBB RoPE ViTs) are named by the same rule
+(``vit_rope.models.eva_families``) and point at timm's weights.
 """
 
 from __future__ import annotations
@@ -25,12 +25,12 @@ from typing import Any
 
 from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 from timm.models import build_model_with_cfg, generate_default_cfgs, register_model
-from timm.models.eva import default_cfgs as eva_default_cfgs
 
 from vit_rope.layers.attn_bias import BIAS_KINDS
 from vit_rope.models import dinov3
 from vit_rope.models.checkpoint import checkpoint_filter_fn
-from vit_rope.models.dinov3 import dinov3_name, lingbot_name
+from vit_rope.models.dinov3 import dinov3_name
+from vit_rope.models.eva_families import FAMILIES, twin_cfgs, twin_name
 from vit_rope.models.lookhere_weights import official_lookhere_args
 from vit_rope.models.vit import RoPEVisionTransformer
 
@@ -82,11 +82,6 @@ def _default_cfgs() -> dict[str, Any]:
         name = dinov3_name(size, qkvb)
         cfgs[f"{name}.lvd1689m"] = _cfg(hf_hub_id=f"timm/{name.replace('vit_rope_', 'vit_')}.lvd1689m", num_classes=0,
                                         input_size=(3, 256, 256), license="dinov3-license")
-    for size in dinov3.LINGBOT_ARCHS:  # timm's configs (mean, std, 512 px, licence, hub copy), any input size
-        timm_name = lingbot_name(size).replace("vit_rope_", "vit_")
-        for tag in eva_default_cfgs[timm_name].tags:
-            cfg = eva_default_cfgs[timm_name].cfgs[tag].to_dict()
-            cfgs[f"{lingbot_name(size)}.{tag}"] = dict(cfg, fixed_input_size=False)
     for size, kind, ape in product(ARCHS, ("axial", "mixed"), (False, True)):
         name = model_name(size, kind, ape)
         if size == "tiny":
@@ -96,7 +91,7 @@ def _default_cfgs() -> dict[str, Any]:
             cfgs[f"{name}.naver_in1k"] = _cfg(hf_hub_id=hub_id, crop_pct=0.9)
     for size, kind in product(NEW_SIZES, NEW_KINDS):
         cfgs[model_name(size, kind, False)] = _cfg()
-    return cfgs
+    return {**cfgs, **twin_cfgs()}
 
 
 default_cfgs = generate_default_cfgs(_default_cfgs())
@@ -149,6 +144,7 @@ for _size, _qkvb in product(dinov3.ARCHS, (False, True)):
     _name = dinov3_name(_size, _qkvb)
     globals()[_name] = register_model(_entrypoint(_name, dinov3.model_args(_size, _qkvb)))
 
-for _size in dinov3.LINGBOT_ARCHS:
-    _name = lingbot_name(_size)
-    globals()[_name] = register_model(_entrypoint(_name, dinov3.lingbot_args(_size)))
+for _table in FAMILIES.values():  # twins of timm's Eva backbones (vit_rope.models.eva_families)
+    for _timm_name, _args in _table.items():
+        _name = twin_name(_timm_name)
+        globals()[_name] = register_model(_entrypoint(_name, _args))

@@ -29,6 +29,8 @@ from torch import Tensor, nn
 
 from vit_rope.checks import check_patch_multiple
 from vit_rope.layers.attention import RoPEAttention, RoPEBlock
+from vit_rope.layers.dinov3_rope import check_qk_layout
+from vit_rope.layers.eva import eva_blocks_, resize_attn_pool
 from vit_rope.layers.naflex import naflex_grid
 from vit_rope.layers.policies import CoordAugment, ResolutionPolicy
 from vit_rope.layers.pos_embed import fit_pos_embed
@@ -63,6 +65,15 @@ class RoPEVisionTransformer(PositionEncodingMixin, VisionTransformer):
         rope_max_period: see ``rope_min_period``.
         rope_normalize_coords: DINOv3's coordinate normalisation, ``separate``, ``min`` or ``max``.
         rope_coord_aug: training-time coordinate augmentation, a dict of ``CoordAugment`` fields (off by default).
+        rope_grid_offset: added to RoPE's integer patch positions (Perception Encoder's 1: patches at 1..n).
+        rope_ref_grid: the ``(h, w)`` grid RoPE's policy scales against, when it is not the patch grid (timm
+            ``Eva``'s ``ref_feat_shape``; ``models.encodings``).
+        qk_layout: the q/k channel layout of the checkpoints this model loads (``layers.dinov3_rope.QK_LAYOUTS``):
+            the loader permutes their rows into ours (``models.eva_weights``).
+        attn_pool_num_heads: heads of the attention-pool head (``global_pool="map"``) if not the model's.
+        attn_pool_mlp_ratio: MLP ratio of the attention-pool head if not the model's.
+        num_kv_heads: grouped-query attention, one count for all blocks or one per block (``layers.eva``).
+        layer_scale: ``"both"`` branches (timm's) or ``"attn"`` only (Sapiens2).
         lh_config: LookHere's configuration, a preset name (``lh180``, ``lh90``, ``lh45``) or the official dict.
         head_hidden_dim: a classifier MLP ``Linear -> Tanh -> Linear`` with this hidden width instead of one linear
             layer (LookHere's official head); ``None``: timm's linear head.
@@ -83,6 +94,13 @@ class RoPEVisionTransformer(PositionEncodingMixin, VisionTransformer):
         rope_string_base: str = "axial",
         rope_fraction: float = 1.0,
         rope_mixed_init: str = "rope-vit",
+        rope_grid_offset: float = 0.0,
+        rope_ref_grid: tuple[int, int] | None = None,
+        qk_layout: str = "interleaved",
+        attn_pool_num_heads: int | None = None,
+        attn_pool_mlp_ratio: float | None = None,
+        num_kv_heads: int | tuple[int, ...] | None = None,
+        layer_scale: str = "both",
         lh_config: str | dict | None = None,
         head_hidden_dim: int | None = None,
         pos_embed: str = "none",
@@ -104,12 +122,17 @@ class RoPEVisionTransformer(PositionEncodingMixin, VisionTransformer):
         )
         if patch_drop_rate > 0:  # the kept indices are needed to keep each token's position
             self.patch_drop = PatchDropoutWithIndices(patch_drop_rate, num_prefix_tokens=self.num_prefix_tokens)
+        self.qk_layout = check_qk_layout(qk_layout)
+        if attn_pool_num_heads or attn_pool_mlp_ratio:
+            self.attn_pool = resize_attn_pool(self.attn_pool, attn_pool_num_heads, attn_pool_mlp_ratio)
+        eva_blocks_(self.blocks, num_kv_heads, layer_scale)
         self.head_hidden_dim = head_hidden_dim
         if head_hidden_dim:
             self.reset_classifier(self.num_classes)
-        self._init_encoding(rope_kind, base_kind, num_heads, rope_coord_aug, lh_config, rope_policy,
-                            theta=rope_theta, min_period=rope_min_period, max_period=rope_max_period,
-                            normalize=rope_normalize_coords, fraction=rope_fraction, init=rope_mixed_init)
+        self._init_encoding(rope_kind, base_kind, num_heads, rope_coord_aug, lh_config, rope_policy, rope_ref_grid,
+                            offset=rope_grid_offset, theta=rope_theta, min_period=rope_min_period,
+                            max_period=rope_max_period, normalize=rope_normalize_coords,
+                            fraction=rope_fraction, init=rope_mixed_init)
 
     def reset_classifier(self, num_classes: int, global_pool: str | None = None) -> None:
         """timm's, keeping the MLP head (``head_hidden_dim``) when the model has one."""

@@ -1,0 +1,192 @@
+"""Twins of timm's Eva 2D-RoPE backbones: the same logits and features as timm's model, through load_weights (.pth and
+.safetensors) and from_timm, at the native size and a non-square other one; wrong layouts differ; wrong families are
+refused by name. Depth-2 random models, widths cut where the family's other block kinds survive it."""
+
+from __future__ import annotations
+
+import pytest
+import timm
+import torch
+from safetensors.torch import save_file
+
+import vit_rope
+from vit_rope.models.eva_families import twin_name
+
+# timm name, width overrides (both models), sizes (native first), an override of the twin that must change outputs
+CASES = {
+    "sbb_base": ("vit_base_patch16_rope_reg1_gap_256", dict(embed_dim=192, num_heads=3), [(256, 256), (224, 320)],
+                 dict(qk_layout="eva_xy")),
+    "sbb_betwixt_reg4": ("vit_betwixt_patch16_rope_reg4_gap_256", dict(embed_dim=192, num_heads=3),
+                         [(256, 256), (224, 320)], dict(qk_layout="eva_xy")),
+    "sbb_mediumd_no_qkv_bias": ("vit_mediumd_patch16_rope_reg1_gap_256", dict(embed_dim=128, num_heads=2),
+                                [(256, 256), (192, 288)], dict(qk_layout="eva_xy")),
+    "eva02_tiny_packed_swiglu": ("eva02_tiny_patch14_224", {}, [(224, 224), (168, 280)], dict(qk_layout="eva_xy")),
+    "eva02_tiny_336_ref16": ("eva02_tiny_patch14_336", {}, [(336, 336), (196, 308)], dict(rope_ref_grid=(24, 24))),
+    "eva02_clip_separate_qkv": ("eva02_base_patch16_clip_224", dict(embed_dim=192, num_heads=3),
+                                [(224, 224), (160, 288)], dict(qk_layout="eva_xy")),
+    "pe_core_tiny_attn_pool": ("vit_pe_core_tiny_patch16_384", {}, [(384, 384), (256, 384)],
+                               dict(rope_grid_offset=0.0)),
+    "pe_spatial_tiny_no_norm": ("vit_pe_spatial_tiny_patch16_512", {}, [(512, 512), (256, 320)],
+                                dict(rope_grid_offset=0.0)),
+    "pe_lang_layerscale": ("vit_pe_lang_large_patch14_448", dict(embed_dim=128, num_heads=2),
+                           [(448, 448), (224, 168)], dict(qk_layout="eva_ij")),
+    "pe_gigantic_no_class_token": ("vit_pe_core_gigantic_patch14_448", dict(embed_dim=128, num_heads=2),
+                                   [(448, 448), (224, 168)], dict(rope_ref_grid=(16, 16))),
+    "sapiens2_gqa_block": ("vit_base_patch16_sapiens2", dict(embed_dim=192, num_heads=6, num_kv_heads=(6, 3),
+                                                              img_size=(128, 96)), [(128, 96), (96, 160)],
+                           dict(qk_layout="eva_xy")),
+    "lingbot_small": ("vit_small_patch16_lingbot", dict(embed_dim=128, num_heads=2), [(512, 512), (256, 384)],
+                      dict(rope_policy="extrapolate")),
+}
+
+
+def randomize_(model: torch.nn.Module) -> None:
+    """Every parameter away from its init (LayerScale 1e-5 would hide attention), norm scales around 1."""
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            noise = torch.randn(p.shape, generator=g) * 0.1
+            if "norm" in name and name.endswith("weight"):
+                p.copy_(1 + noise)
+            elif "gamma" in name:
+                p.copy_(0.5 + noise)
+            else:
+                p.copy_(noise * 2)
+
+
+def timm_model(name: str, widths: dict) -> torch.nn.Module:
+    model = timm.create_model(name, depth=2, dynamic_img_size=True, **widths)
+    randomize_(model)
+    return model.eval()
+
+
+@torch.no_grad()
+def max_rel_diff(a: torch.nn.Module, b: torch.nn.Module, size: tuple[int, int]) -> tuple[float, float]:
+    """Largest difference of forward_features and of the logits, relative to the largest value of timm's."""
+    x = torch.randn(2, 3, *size, generator=torch.Generator().manual_seed(1))
+    fa, fb = a.forward_features(x), b.forward_features(x)
+    la, lb = a.forward_head(fa), b.forward_head(fb)
+    return float((fa - fb).abs().max() / fa.abs().max()), float((la - lb).abs().max() / la.abs().max())
+
+
+def twin_for(name: str, widths: dict, eva: torch.nn.Module, **overrides) -> torch.nn.Module:
+    return timm.create_model(twin_name(name), depth=2, num_classes=eva.num_classes, **widths, **overrides).eval()
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_twin_equals_timm_through_load_weights_and_from_timm(case, tmp_path):
+    name, widths, sizes, _ = CASES[case]
+    eva = timm_model(name, widths)
+    state = eva.state_dict()
+    torch.save(state, tmp_path / "w.pth")
+    save_file({k: v.contiguous() for k, v in state.items()}, str(tmp_path / "w.safetensors"))
+    twins = {}
+    for suffix in ("pth", "safetensors"):
+        twins[suffix] = twin_for(name, widths, eva)
+        report = vit_rope.load_weights(twins[suffix], tmp_path / f"w.{suffix}")
+        assert not report.initialised, report.summary()
+    twins["timm_pretrained"] = timm.create_model(  # timm's loader, through our checkpoint filter
+        twin_name(name), pretrained=True, pretrained_cfg_overlay=dict(file=str(tmp_path / "w.pth")), depth=2,
+        num_classes=eva.num_classes, **widths).eval()
+    assert twins["timm_pretrained"].load_report.converted == twins["pth"].load_report.converted
+    twins["from_timm"] = vit_rope.from_timm(eva)
+    assert not twins["from_timm"].training
+    for path, twin in twins.items():
+        for size in sizes:
+            feat, logits = max_rel_diff(eva, twin, size)
+            assert feat < 1e-4 and logits < 1e-4, (path, size, feat, logits)
+    if twins["pth"].qk_layout != "eva_xy":
+        assert any("permuted" in line for line in twins["from_timm"].load_report.converted)
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_wrong_layout_or_offset_differs(case, tmp_path):
+    name, widths, sizes, wrong = CASES[case]
+    eva = timm_model(name, widths)
+    torch.save(eva.state_dict(), tmp_path / "w.pth")
+    twin = twin_for(name, widths, eva, **wrong)
+    vit_rope.load_weights(twin, tmp_path / "w.pth")
+    feat, _ = max_rel_diff(eva, twin, sizes[-1])
+    assert feat > 1e-3
+
+
+def test_dinov3_from_timm_equals_timm():
+    eva = timm_model("vit_small_patch16_dinov3", dict(embed_dim=128, num_heads=2))
+    twin = vit_rope.from_timm(eva)
+    assert twin.load_report.converted
+    for size in ((256, 256), (192, 288)):
+        feat, logits = max_rel_diff(eva, twin, size)
+        assert feat < 1e-4 and logits < 1e-4, (size, feat, logits)
+
+
+@pytest.mark.parametrize("source, target, family, suggestion", [
+    ("vit_betwixt_patch16_rope_reg4_gap_256", "vit_rope_small_patch16_dinov3", "SBB RoPE ViT",
+     "vit_rope_betwixt_patch16_reg4_gap_256"),
+    ("eva02_tiny_patch14_224", "vit_rope_pe_core_tiny_patch16_384", "EVA-02", "vit_rope_eva02_tiny_patch14_224"),
+    ("vit_pe_spatial_tiny_patch16_512", "vit_rope_eva02_tiny_patch14_224", "Perception Encoder",
+     "vit_rope_pe_spatial_tiny_patch16_512"),
+    ("vit_small_patch16_dinov3", "vit_rope_medium_patch16_reg1_gap_256", "DINOv3", "dinov3"),
+    ("vit_base_patch16_sapiens2", "vit_rope_small_patch16_dinov3", "Sapiens2", "vit_rope_base_patch16_sapiens2"),
+])
+def test_checkpoint_of_another_family_names_it_and_the_twin(source, target, family, suggestion):
+    state = timm.create_model(source, device="meta").state_dict()  # keys and shapes: all the check reads
+    model = timm.create_model(target, depth=1, embed_dim=64, num_heads=1)
+    with pytest.raises(ValueError, match=rf"looks like a {family} backbone.*load it into .*{suggestion}"):
+        vit_rope.convert_state_dict(state, model)
+
+
+def test_from_timm_refuses_a_model_without_twin():
+    with pytest.raises(ValueError, match=r"from_timm got resnet10t, which has no vit_rope twin. Supported: EVA-02"):
+        vit_rope.from_timm(timm.create_model("resnet10t", device="meta"))
+
+
+def test_twin_options_are_refused_where_they_mean_nothing():
+    with pytest.raises(ValueError, match="offset=1.0 shifts integer patch positions"):
+        vit_rope.RoPE2D(64, 1, kind="dinov3", offset=1.0)
+    with pytest.raises(ValueError, match="attn_pool_num_heads=8 .* only global_pool='map' has"):
+        vit_rope.RoPEVisionTransformer(embed_dim=64, depth=1, num_heads=1, attn_pool_num_heads=8)
+    with pytest.raises(ValueError, match="Unknown q/k layout 'cat'"):
+        vit_rope.RoPEVisionTransformer(embed_dim=64, depth=1, num_heads=1, qk_layout="cat")
+    with pytest.raises(ValueError, match="num_kv_heads=3 must divide num_heads=4"):
+        vit_rope.RoPEVisionTransformer(embed_dim=64, depth=1, num_heads=4, num_kv_heads=3)
+    with pytest.raises(ValueError, match="num_kv_heads has 2 entries for 1 blocks"):
+        vit_rope.RoPEVisionTransformer(embed_dim=64, depth=1, num_heads=4, num_kv_heads=(2, 2))
+    with pytest.raises(ValueError, match="Cayley-STRING .* grouped-query attention"):
+        vit_rope.RoPEVisionTransformer(embed_dim=64, depth=1, num_heads=4, num_kv_heads=2, rope_kind="string")
+
+
+@pytest.mark.parametrize("name", ["vit_rope_eva02_tiny_patch14_224", "vit_rope_pe_core_tiny_patch16_384",
+                                  "vit_rope_pe_lang_large_patch14_448", "vit_rope_medium_patch16_reg1_gap_256"])
+def test_twins_through_timm_feature_api(name):
+    small = dict(depth=2, embed_dim=128, num_heads=2)
+    model = timm.create_model(name, num_classes=5, **small).eval()
+    patch = model.patch_embed.patch_size[0]
+    x = torch.randn(2, 3, 3 * patch, 5 * patch)
+    final, inter = model.forward_intermediates(x)
+    assert final.shape == model.forward_features(x).shape and [t.shape for t in inter] == [(2, 128, 3, 5)] * 2
+    features = timm.create_model(name, features_only=True, out_indices=(0, 1), **small)
+    assert [f.shape for f in features(x)] == [(2, 128, 3, 5)] * 2
+    model.reset_classifier(7)
+    assert model(x).shape == (2, 7)
+
+
+def test_sapiens2_twin_keeps_grouped_query_attention():
+    name, widths, _, _ = CASES["sapiens2_gqa_block"]
+    eva = timm_model(name, widths)
+    twin = vit_rope.from_timm(eva)
+    assert [blk.attn.num_kv_heads for blk in twin.blocks] == [6, 3]
+    assert isinstance(twin.blocks[0].ls2, torch.nn.Identity)  # LayerScale on the attention branch only
+    assert sum(p.numel() for p in twin.parameters()) == sum(p.numel() for p in eva.parameters())
+
+
+@pytest.mark.parametrize("name, kwargs", [
+    ("vit_rope_pe_core_tiny_patch16_384", dict(img_size=64, embed_dim=64, num_heads=2)),  # offset, ref grid, pool
+    ("vit_rope_base_patch16_sapiens2", dict(img_size=(64, 48), embed_dim=96, num_heads=6, num_kv_heads=3)),  # GQA
+])
+def test_twin_exports_to_onnx_at_any_size(name, kwargs, tmp_path):
+    from vit_rope.eval.onnx import export_onnx
+
+    model = timm.create_model(name, depth=1, num_classes=5, **kwargs)
+    randomize_(model)
+    result = export_onnx(model, tmp_path / "twin.onnx", img_size=model.patch_embed.img_size)
+    assert len(result.diffs) == 2 and all(diff < 1e-4 for diff in result.diffs.values()), result.diffs

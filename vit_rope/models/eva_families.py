@@ -1,0 +1,150 @@
+"""The timm ``Eva`` backbones that have a vit_rope twin: one table per family, timm name -> twin arguments.
+
+Families (all 2D RoPE in timm's ``eva.py``): EVA-02 (Fang et al. 2023, arXiv:2303.11331), Perception Encoder (Bolya
+et al. 2025, arXiv:2504.13181), timm's SBB RoPE ViTs (``vit_*_patch16_rope_reg*_gap_256``), Sapiens2 (Khirodkar
+et al. 2026, arXiv:2604.21681) and LingBot-Vision (arXiv:2607.05247, DINOv3's architecture: ``vit_rope.models.dinov3``).
+A twin is a ``RoPEVisionTransformer`` whose keyword arguments rebuild the timm model block for block; its name follows
+the rule of our RoPE-ViT and DINOv3 names (``twin_name``). Weights convert in ``vit_rope.models.eva_weights`` (and
+``vit_rope.models.dinov3`` for LingBot); ``vit_rope.models.registry`` turns these tables into timm models.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import Any
+
+from timm.layers import LayerNorm, RmsNorm, SwiGLU
+from torch import nn
+
+from vit_rope.layers.eva import PackedSwiGLU
+from vit_rope.models import dinov3
+
+_WIDTHS = {  # embed_dim, depth, num_heads
+    "tiny": (192, 12, 3), "small": (384, 12, 6), "base": (768, 12, 12), "large": (1024, 24, 16),
+    "medium": (512, 12, 8), "mediumd": (512, 20, 8), "betwixt": (640, 12, 10), "gigantic": (1536, 50, 16),
+}  # fmt: skip
+
+
+def _arch(size: str, img_size: int, patch_size: int, depth: int | None = None, **kwargs: Any) -> dict[str, Any]:
+    dim, size_depth, heads = _WIDTHS[size]
+    return dict(img_size=img_size, patch_size=patch_size, embed_dim=dim, depth=depth or size_depth, num_heads=heads,
+                **kwargs)
+
+
+# EVA-02: cat RoPE with 'ij' indexing on the 16x16 reference grid, class token and its APE row, no LayerScale
+_EVA02 = dict(class_token=True, qkv_bias=True, pos_embed="learn", no_embed_class=False, rope_kind="axial",
+              rope_theta=1e4, rope_ref_grid=(16, 16), rope_policy="interpolate", qk_layout="eva_ij",
+              act_layer=nn.SiLU, mlp_ratio=4 * 2 / 3, global_pool="avg")
+_PACKED = dict(_EVA02, mlp_layer=PackedSwiGLU)  # tiny, small: GluMlp with the gate first
+_SWIGLU = dict(_EVA02, mlp_layer=SwiGLU, scale_mlp_norm=True)  # base, large: SwiGLU with its norm
+_CLIP = dict(_SWIGLU, scale_attn_norm=True, global_pool="token")
+EVA02: dict[str, dict[str, Any]] = {
+    "eva02_tiny_patch14_224": _arch("tiny", 224, 14, **_PACKED),
+    "eva02_small_patch14_224": _arch("small", 224, 14, **_PACKED),
+    "eva02_base_patch14_224": _arch("base", 224, 14, **_SWIGLU),
+    "eva02_large_patch14_224": _arch("large", 224, 14, **_SWIGLU),
+    "eva02_tiny_patch14_336": _arch("tiny", 336, 14, **_PACKED),
+    "eva02_small_patch14_336": _arch("small", 336, 14, **_PACKED),
+    "eva02_base_patch14_448": _arch("base", 448, 14, **_SWIGLU),
+    "eva02_large_patch14_448": _arch("large", 448, 14, **_SWIGLU),
+    "eva02_base_patch16_clip_224": _arch("base", 224, 16, **_CLIP),
+    "eva02_large_patch14_clip_224": _arch("large", 224, 14, **_CLIP),
+    "eva02_large_patch14_clip_336": _arch("large", 336, 14, **_CLIP),
+}
+
+# Perception Encoder: cat RoPE with 'xy' indexing (our layout), patches at 1..n (class token at 0), a norm before
+# the blocks, LayerNorm eps 1e-5; core models pool with an 8-head attention pool over every token, class included
+_PE = dict(class_token=True, qkv_bias=True, pre_norm=True, pos_embed="learn", no_embed_class=False, rope_kind="axial",
+           rope_theta=1e4, rope_grid_offset=1.0, rope_policy="interpolate", qk_layout="eva_xy",
+           norm_layer=partial(LayerNorm, eps=1e-5))
+_CORE = dict(_PE, global_pool="map", attn_pool_num_heads=8, attn_pool_mlp_ratio=4.0, pool_include_prefix=True)
+_DENSE = dict(_PE, global_pool="avg", final_norm=False, fc_norm=False)  # lang, spatial: raw tokens
+_GIGANTIC = dict(class_token=False, rope_grid_offset=0.0, mlp_ratio=8960 / 1536)
+PERCEPTION_ENCODER: dict[str, dict[str, Any]] = {
+    "vit_pe_core_tiny_patch16_384": _arch("tiny", 384, 16, **_CORE, rope_ref_grid=(24, 24)),
+    "vit_pe_core_small_patch16_384": _arch("small", 384, 16, **_CORE, rope_ref_grid=(24, 24)),
+    "vit_pe_core_base_patch16_224": _arch("base", 224, 16, **_CORE, rope_ref_grid=(14, 14)),
+    "vit_pe_core_large_patch14_336": _arch("large", 336, 14, **_CORE, rope_ref_grid=(24, 24)),
+    "vit_pe_core_gigantic_patch14_448": _arch("gigantic", 448, 14, **{**_CORE, **_GIGANTIC}, rope_ref_grid=(32, 32)),
+    "vit_pe_lang_large_patch14_448": _arch("large", 448, 14, **_DENSE, rope_ref_grid=(32, 32), init_values=0.1,
+                                           depth=23),
+    "vit_pe_lang_gigantic_patch14_448": _arch("gigantic", 448, 14, **{**_DENSE, **_GIGANTIC}, rope_ref_grid=(32, 32),
+                                              init_values=0.1, depth=47),
+    "vit_pe_spatial_tiny_patch16_512": _arch("tiny", 512, 16, **_DENSE, rope_ref_grid=(32, 32)),
+    "vit_pe_spatial_small_patch16_512": _arch("small", 512, 16, **_DENSE, rope_ref_grid=(32, 32)),
+    "vit_pe_spatial_base_patch16_512": _arch("base", 512, 16, **_DENSE, rope_ref_grid=(32, 32)),
+    "vit_pe_spatial_large_patch14_448": _arch("large", 448, 14, **_DENSE, rope_ref_grid=(32, 32)),
+    "vit_pe_spatial_gigantic_patch14_448": _arch("gigantic", 448, 14, **{**_DENSE, **_GIGANTIC},
+                                                 rope_ref_grid=(32, 32), init_values=0.1),
+}
+
+# timm's SBB RoPE ViTs: no class token, registers, no APE, LayerScale, average pool and fc_norm; 'ij' cat RoPE whose
+# reference grid is the native one
+_SBB = dict(class_token=False, pos_embed="none", init_values=1e-5, global_pool="avg",
+            rope_kind="axial", rope_theta=1e4, rope_ref_grid=(16, 16), rope_policy="interpolate", qk_layout="eva_ij")
+SBB: dict[str, dict[str, Any]] = {
+    f"vit_{size}_patch16_rope_reg{regs}_gap_256": _arch(size, 256, 16, **_SBB, reg_tokens=regs,
+                                                       qkv_bias=size != "mediumd")
+    for size, regs in (("medium", 1), ("mediumd", 1), ("betwixt", 4), ("base", 1))
+}
+
+# Sapiens2: DINOv3's RoPE (rotate-half), q/k/v with biases and RmsNorm q/k norms, packed SwiGLU, LayerScale on the
+# attention branch only, 8 registers; grouped-query attention in all but the first and last 8 blocks
+_SAPIENS2 = dict(img_size=(1024, 768), patch_size=16, class_token=True, reg_tokens=8, pos_embed="none", qkv_bias=True,
+                 qk_norm=True, norm_layer=partial(RmsNorm, eps=1e-6), mlp_layer=PackedSwiGLU, mlp_ratio=4.0,
+                 init_values=1.0, layer_scale="attn", global_pool="token", rope_kind="dinov3", rope_theta=100.0,
+                 rope_coord_aug=dict(rescale=2.0, per_image=False), qk_layout="rotate_half")
+
+
+def _sapiens2(embed_dim: int, depth: int, num_heads: int, num_kv_heads: int) -> dict[str, Any]:
+    kv_heads = tuple(num_heads if i < 8 or i >= depth - 8 else num_kv_heads for i in range(depth))
+    return dict(_SAPIENS2, embed_dim=embed_dim, depth=depth, num_heads=num_heads, num_kv_heads=kv_heads)
+
+
+SAPIENS2: dict[str, dict[str, Any]] = {
+    "vit_base_patch16_sapiens2": _sapiens2(768, 12, 12, 6),
+    "vit_large_patch16_sapiens2": _sapiens2(1024, 24, 16, 8),
+    "vit_huge_patch16_sapiens2": _sapiens2(1280, 32, 16, 8),
+    "vit_giant_patch16_sapiens2": _sapiens2(1536, 40, 24, 12),
+    "vit_5b_patch16_sapiens2": _sapiens2(2432, 56, 32, 16),
+}
+
+# LingBot-Vision: DINOv3's backbones (weights load as DINOv3's), class-token pooling at 512 px; giant: SwiGLU 8/3
+_LINGBOT = dict(global_pool="token", img_size=512)
+LINGBOT: dict[str, dict[str, Any]] = {
+    **{f"vit_{size}_patch16_lingbot": dict(dinov3.model_args(size, True), **_LINGBOT) for size in ("small", "base",
+                                                                                                   "large")},
+    "vit_giant_patch16_lingbot": dict(dinov3.model_args("small_plus", False), embed_dim=1536, depth=40, num_heads=24,
+                                      mlp_ratio=8 / 3, **_LINGBOT),
+}
+
+FAMILIES: dict[str, dict[str, dict[str, Any]]] = {
+    "EVA-02": EVA02, "Perception Encoder": PERCEPTION_ENCODER, "SBB RoPE ViT": SBB, "Sapiens2": SAPIENS2,
+    "LingBot-Vision": LINGBOT,
+}  # fmt: skip
+
+
+def twin_name(timm_name: str) -> str:
+    """Our name for a timm model: drop a leading ``vit_`` and any ``_rope``, prefix ``vit_rope_``
+    (``vit_base_patch16_rope_reg1_gap_256`` -> ``vit_rope_base_patch16_reg1_gap_256``)."""
+    name = timm_name.removeprefix("vit_").replace("_rope", "")
+    return f"vit_rope_{name}"
+
+
+def family_of(timm_name: str) -> str | None:
+    """The family whose table holds ``timm_name``, or ``None``."""
+    return next((family for family, table in FAMILIES.items() if timm_name in table), None)
+
+
+def twin_cfgs() -> dict[str, dict[str, Any]]:
+    """``{twin.tag: cfg}``: timm's own (``timm.models.eva.default_cfgs``: the same weights on timm's hub, read
+    through our checkpoint filter, preprocessing, class count, licence, origin and paper), but for any input size
+    (``fixed_input_size`` off: the twins run at every size)."""
+    from timm.models.eva import default_cfgs as eva_cfgs
+
+    cfgs: dict[str, dict[str, Any]] = {}
+    for table in FAMILIES.values():
+        for timm_name in table:
+            for tag, cfg in eva_cfgs[timm_name].cfgs.items():
+                cfgs[f"{twin_name(timm_name)}.{tag}"] = dict(cfg.to_dict(), fixed_input_size=False)
+    return cfgs

@@ -1,0 +1,65 @@
+"""``vit_rope.from_timm``: a built timm ``Eva`` backbone as its vit_rope twin, with the same weights.
+
+The way in for a model timm already loaded (from its hub, a local file, after fine-tuning): one call gives the twin that
+our tools reach (resolution policies, fused rotation, ONNX at any size, NaFlex, diagnostics). Families: EVA-02 (Fang et
+al. 2023, arXiv:2303.11331), Perception Encoder (Bolya et al. 2025, arXiv:2504.13181), timm's SBB RoPE ViTs, Sapiens2
+(Khirodkar et al. 2026, arXiv:2604.21681), LingBot-Vision (all in ``vit_rope.models.eva_families``) and DINOv3 (Simeoni
+et al. 2025, arXiv:2508.10104; ``vit_rope.models.dinov3``).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import timm
+from torch import nn
+
+from vit_rope.models.checkpoint import load_state_dict
+from vit_rope.models.eva_families import FAMILIES, twin_name
+from vit_rope.models.vit import RoPEVisionTransformer
+
+SUPPORTED = ("EVA-02 (eva02_*_patch14_*, eva02_*_clip_*), Perception Encoder (vit_pe_{core,lang,spatial}_*), SBB RoPE "
+             "ViT (vit_*_patch16_rope_reg*_gap_256), Sapiens2 (vit_*_patch16_sapiens2), LingBot-Vision "
+             "(vit_*_patch16_lingbot), DINOv3 (vit_*_patch16_dinov3[_qkvb])")
+_DINOV3 = re.compile(r"vit_\w+_patch16_dinov3(_qkvb)?")
+
+
+def _architecture(model: nn.Module) -> dict[str, Any]:
+    """The twin's keyword arguments that the built ``model`` decides: sizes, head, and the RoPE reference grid and
+    offset timm gave it (a model built with other widths or depth than its entry point's is followed too)."""
+    args: dict[str, Any] = dict(
+        img_size=tuple(model.patch_embed.img_size), embed_dim=model.embed_dim, depth=len(model.blocks),
+        num_heads=model.blocks[0].attn.num_heads, num_classes=model.num_classes, global_pool=model.global_pool,
+        in_chans=model.patch_embed.proj.in_channels,
+    )
+    kv_heads = [getattr(block.attn, "num_kv_heads", None) for block in model.blocks]  # AttentionRope's
+    if None not in kv_heads:
+        args.update(num_kv_heads=tuple(kv_heads))
+    rope = getattr(model, "rope", None)
+    if getattr(rope, "ref_feat_shape", None) is not None:  # cat RoPE; DINOv3's normalises coordinates instead
+        args.update(rope_ref_grid=tuple(rope.ref_feat_shape), rope_grid_offset=float(rope.grid_offset))
+    return args
+
+
+def from_timm(model: nn.Module) -> RoPEVisionTransformer:
+    """The vit_rope twin of a timm ``Eva`` ``model`` (any family of ``SUPPORTED``), built
+    with the model's sizes and head and loaded with its weights through ``vit_rope.load_weights``' converter.
+
+    Returns:
+        The twin, on the device and in the dtype and train / eval mode of ``model``; ``twin.load_report`` says what
+        was converted.
+
+    Raises:
+        ValueError: ``model`` has no twin; the message names it and the families supported.
+    """
+    timm_name = (getattr(model, "pretrained_cfg", None) or {}).get("architecture")
+    supported = timm_name is not None and (any(timm_name in table for table in FAMILIES.values())
+                                           or (_DINOV3.fullmatch(timm_name) and timm.is_model(twin_name(timm_name))))
+    if not supported:
+        raise ValueError(f"from_timm got {timm_name or type(model).__name__}, which has no vit_rope twin. Supported: "
+                         f"{SUPPORTED}.")
+    twin = timm.create_model(twin_name(timm_name), **_architecture(model))
+    load_state_dict(twin, model.state_dict(), source=f"timm {timm_name}")
+    param = next(model.parameters())
+    return twin.to(device=param.device, dtype=param.dtype).train(model.training)
