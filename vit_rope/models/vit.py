@@ -22,7 +22,6 @@ from typing import Any
 
 import torch
 from timm.layers import Mlp, PatchDropoutWithIndices
-from timm.models._features import feature_take_indices
 from timm.models._manipulate import checkpoint
 from timm.models.vision_transformer import VisionTransformer
 from torch import Tensor, nn
@@ -31,18 +30,18 @@ from vit_rope.checks import check_patch_multiple
 from vit_rope.layers.attention import RoPEAttention, RoPEBlock
 from vit_rope.layers.dinov3_rope import check_qk_layout
 from vit_rope.layers.eva import eva_blocks_, resize_attn_pool
-from vit_rope.layers.naflex import naflex_grid
 from vit_rope.layers.policies import CoordAugment, ResolutionPolicy
 from vit_rope.layers.pos_embed import fit_pos_embed
 from vit_rope.models.encodings import PositionEncodingMixin, check_encoding
-from vit_rope.models.naflex import NaFlexBatch, embed_naflex, naflex_batch, naflex_maps, pool_naflex
+from vit_rope.models.features import FeatureMixin
+from vit_rope.models.naflex import NaFlexBatch, embed_naflex, naflex_batch, pool_naflex
 
 # FX: both depend on the input's size, which symbolic tracing only knows as a proxy; the trace records them as calls.
 torch.fx.wrap("check_patch_multiple")
 torch.fx.wrap("fit_pos_embed")
 
 
-class RoPEVisionTransformer(PositionEncodingMixin, VisionTransformer):
+class RoPEVisionTransformer(PositionEncodingMixin, FeatureMixin, VisionTransformer):
     """timm ``VisionTransformer`` whose attention layers use 2D RoPE.
 
     Any input whose sides are multiples of the patch size runs: the RoPE grid is rebuilt for it and a learned
@@ -268,74 +267,6 @@ class RoPEVisionTransformer(PositionEncodingMixin, VisionTransformer):
             for blk in self.blocks:
                 x = blk(x, rope, attn_mask, is_causal)
         return x
-
-    def forward_intermediates(
-        self,
-        x: Tensor,
-        indices: int | list[int] | None = None,
-        return_prefix_tokens: bool = False,
-        norm: bool = False,
-        stop_early: bool = False,
-        output_fmt: str = "NCHW",
-        intermediates_only: bool = False,
-        output_dict: bool = False,
-        attn_mask: Tensor | None = None,
-        is_causal: bool = False,
-        patch_coord: Tensor | None = None,
-        patch_valid: Tensor | None = None,
-    ) -> list[Tensor] | tuple[Tensor, list[Tensor]] | dict[str, Any]:
-        """timm's ``forward_intermediates`` contract (same arguments and outputs), with RoPE in every block; for a
-        NaFlex batch, NLC tokens padded as the input, or per-sample NCHW maps (``_naflex_intermediates``)."""
-        if output_fmt not in ("NCHW", "NLC"):
-            raise ValueError(f"output_fmt must be 'NCHW' or 'NLC', got {output_fmt!r}.")
-        batch_shape = x.shape if isinstance(x, Tensor) else None
-        take_indices, max_index = feature_take_indices(len(self.blocks), indices)
-        blocks = self.blocks[: max_index + 1] if stop_early else self.blocks
-        batch = naflex_batch(x, patch_coord, patch_valid, attn_mask)
-        x, intermediates, valid = self._forward_blocks(
-            x if batch is None else batch, blocks, take_indices, norm, attn_mask=attn_mask, is_causal=is_causal
-        )
-
-        P = self.num_prefix_tokens
-        prefix_tokens = [y[:, :P] for y in intermediates] if P else None
-        intermediates = [y[:, P:] for y in intermediates]
-        if batch is not None and output_fmt == "NCHW":  # each sample's map in the corner of the largest grid
-            if valid.shape != batch.valid.shape:
-                raise ValueError("Patch dropout dropped tokens of the NaFlex batch, which make no NCHW maps: call "
-                                 "model.eval() first, or ask for output_fmt='NLC'.")
-            grid = naflex_grid(batch.coord, batch.valid)
-            intermediates = [naflex_maps(y, batch.coord, batch.valid, grid) for y in intermediates]
-        elif output_fmt == "NCHW":
-            B, _, height, width = batch_shape
-            h, w = self.patch_embed.dynamic_feat_size((height, width))
-            if intermediates and intermediates[0].shape[1] != h * w:
-                raise ValueError(f"Patch dropout kept {intermediates[0].shape[1]} of the {h}x{w} patches, which make "
-                                 "no NCHW map: call model.eval() first, or ask for output_fmt='NLC'.")
-            intermediates = [y.reshape(B, h, w, y.shape[-1]).permute(0, 3, 1, 2).contiguous() for y in intermediates]
-
-        if output_dict:
-            out: dict[str, Any] = {"image_intermediates": intermediates}
-            if prefix_tokens is not None and return_prefix_tokens:
-                out["image_intermediates_prefix"] = prefix_tokens
-            if not intermediates_only:
-                out["image_features"] = self.norm(x)
-            if valid is not None:  # NaFlex: which tokens are real (after patch dropout)
-                out["patch_valid"] = valid
-            return out
-        if return_prefix_tokens and prefix_tokens is not None:
-            intermediates = list(zip(intermediates, prefix_tokens, strict=True))
-        if intermediates_only:
-            return intermediates
-        return self.norm(x), intermediates
-
-    def prune_intermediate_layers(
-        self, indices: int | list[int] = 1, prune_norm: bool = False, prune_head: bool = True
-    ) -> list[int]:
-        """timm's pruning, also dropping the mixed frequencies of the removed blocks."""
-        take_indices = super().prune_intermediate_layers(indices, prune_norm, prune_head)
-        if self.rope_per_block:
-            self.rope = self.rope[: len(self.blocks)]
-        return take_indices
 
 
 # FX writes a traced model's forward signature from the annotations of ``forward``, which ``from __future__ import
