@@ -8,7 +8,8 @@ PYTHON ?= $(VENV)/bin/python
 # CUDA builds of torch/torchvision also run on CPU; these versions install from this project's machine cache.
 TORCH ?= torch==2.14.1 torchvision==0.29.1
 
-.PHONY: install demo study study-v2 study-v3 study-v4 study-encodings study-vit-s bench-cuda test lint
+.PHONY: install demo study study-v2 study-v3 study-v4 study-encodings study-vit-s bench-cuda bench-kinds bench-twins \
+	test lint
 
 $(VENV)/bin/python:
 	$(VENV_PYTHON) -m venv $(VENV) || { echo "Could not create $(VENV): install python3-venv (Debian/Ubuntu:" \
@@ -71,6 +72,16 @@ bench-cuda: install
 		--batch-size 128 --json $(BENCH_OUT)/rope_kernel_cuda_bf16_$$kind.json || exit 1; done
 	$(PYTHON) benchmarks/tune_rope_kernel.py --device cuda --json $(BENCH_OUT)/tune_rope_kernel_cuda.json
 	$(PYTHON) benchmarks/naflex.py --device cuda --json $(BENCH_OUT)/naflex_cuda_vit_s.json
+
+# On a quiet CPU (nothing else running; docs/performance.md): the position-encoding kinds against axial RoPE, ViT-S,
+# batch 8 at 224 px and 2 at 448 px (about 15 min on a 2-core CPU), and the twins of timm's Eva backbones against
+# timm's models at their native inputs (about 15 min, most of it Sapiens2 at 1024x768).
+bench-kinds: install
+	$(PYTHON) benchmarks/throughput.py --family kinds --img-sizes 224 448 --batch-sizes 8 2 --rounds 15 --steps 2 \
+		--json $(BENCH_OUT)/throughput_cpu_kinds_vit_s.json
+
+bench-twins: install
+	$(PYTHON) benchmarks/twins.py --rounds 5 --json $(BENCH_OUT)/twins_cpu.json
 
 lint:
 	$(PYTHON) -m ruff check .

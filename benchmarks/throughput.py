@@ -3,12 +3,15 @@
     python benchmarks/throughput.py                                   # ViT-S, 224 and 384, infer + train, CPU
     python benchmarks/throughput.py --family base --device cuda --amp --compile both --json out.json
     python benchmarks/throughput.py --family dinov3 --img-sizes 224 512   # DINOv3 ViT-S/16: ours against timm's port
+    python benchmarks/throughput.py --family kinds --img-sizes 224 448 --batch-sizes 8 2   # encodings against axial
 
 Each round runs every model in turn (a new random order per round) for ``--steps`` timed steps after its warm-up, so
 that the models share the machine's drifts and bursts; a model's figure is the median of its per-round images/s, and
 its ratio to the baseline is the median of the per-round ratios (paired within a round). Memory is the peak of a
 training step: CUDA's allocator peak on GPUs, and everywhere the bytes of the distinct tensors autograd saves for
-backward (activation memory; weights, gradients and optimizer state are the same across models).
+backward (activation memory; weights, gradients and optimizer state are the same across models). A family with
+targets (``TARGETS``: the position-encoding kinds of issue 38 against axial RoPE) prints PASS or MISS per row and
+saves the targets with the rows.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import timm
 import torch
@@ -29,6 +33,7 @@ from torch import nn
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import vit_rope  # noqa: E402,F401  (registers the vit_rope_* models)
 from vit_rope.eval import report  # noqa: E402
+from vit_rope.layers.string import CayleyString  # noqa: E402
 
 FAMILIES = {  # baseline first: the same ViT (DeiT-III: LayerScale, class token, qkv bias) without RoPE
     "small": ["deit3_small_patch16_224", "vit_rope_small_patch16_axial_224", "vit_rope_small_patch16_mixed_224",
@@ -37,7 +42,36 @@ FAMILIES = {  # baseline first: the same ViT (DeiT-III: LayerScale, class token,
              "vit_base_patch16_rope_224", "vit_base_patch16_rope_mixed_224"],
     # DINOv3 ViT-S/16: timm's port (eva.py) is the baseline here, ours the same backbone with the fused rotation
     "dinov3": ["vit_small_patch16_dinov3", "vit_rope_small_patch16_dinov3"],
+    # position-encoding kinds (issue 38) against axial RoPE of the same size; STRING is over axial, then over mixed
+    "kinds": ["vit_rope_small_patch16_axial_224", *(f"vit_rope_small_patch16_{kind}_224" for kind in
+                                                    ("golden", "string", "string_mixed", "lookhere", "alibi"))],
 }
+_STRING = ("vit_rope_small_patch16_string_224", "vit_rope_small_patch16_string_mixed_224")
+# Least ratio to the family's baseline: (model, mode or None for both, img size or None for any, target). STRING's
+# inference runs in eval(), where each block's basis is folded into its qkv weights once and reused (checked per row)
+TARGETS: dict[str, list[tuple[str, str | None, int | None, float]]] = {
+    "kinds": [("vit_rope_small_patch16_golden_224", None, None, 0.95),
+              *((name, mode, None, target) for name in _STRING for mode, target in (("train", 0.90), ("infer", 0.95))),
+              *((f"vit_rope_small_patch16_{kind}_224", None, size, target) for kind in ("lookhere", "alibi")
+                for size, target in ((224, 0.95), (448, 0.85)))],
+}
+
+
+def against(value: float, target: float, at_most: bool = False) -> dict[str, Any]:
+    """A measured ratio's target, its sense (speed: at least, memory: at most) and whether the value meets it."""
+    return {"target": target, "sense": "<=" if at_most else ">=",
+            "pass": value <= target if at_most else value >= target}
+
+
+def verdict(row: dict) -> tuple[str, str]:
+    """The target and PASS or MISS of a row that ``against`` judged, as table cells; empty for a row without one."""
+    return (f"{row['sense']} {row['target']:.2f}", "PASS" if row["pass"] else "MISS") if "target" in row else ("", "")
+
+
+def target(family: str | None, model: str, size: int, mode: str) -> float | None:
+    """The least ratio to the baseline that ``TARGETS`` sets for this row, or ``None`` (no target)."""
+    return next((least for name, on_mode, on_size, least in TARGETS.get(family or "", [])
+                 if name == model and on_mode in (None, mode) and on_size in (None, size)), None)
 
 
 def activation_bytes(model: nn.Module, step: Callable[[], torch.Tensor]) -> int:
@@ -84,6 +118,55 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize()
 
 
+def prepare(models: dict[str, nn.Module], images: torch.Tensor, mode: str, amp: bool, warmup: int,
+            compiled: bool = False) -> dict[str, Callable[[], torch.Tensor]]:
+    """Each model's step in ``mode`` (train() or eval()), compiled or not, after ``warmup`` untimed steps."""
+    steps = {}
+    for name, model in models.items():
+        model.train(mode == "train")
+        runner = torch.compile(model, dynamic=False) if compiled else model
+        steps[name] = make_step(runner, images, mode, amp)
+        for _ in range(warmup):
+            run_step(steps[name], model, mode)
+    return steps
+
+
+def interleaved_speeds(steps: dict[str, Callable[[], torch.Tensor]], models: dict[str, nn.Module], mode: str,
+                       batch_size: int, rounds: int, steps_per_round: int, device: torch.device
+                       ) -> dict[str, list[float]]:
+    """Images/s of each model in every round; each round runs the models in a new random order, so that they share
+    the machine's drifts and bursts and a per-round ratio compares like with like."""
+    names = list(steps)
+    speeds: dict[str, list[float]] = {name: [] for name in names}
+    for _ in range(rounds):
+        for name in random.sample(names, len(names)):
+            sync(device)
+            start = time.perf_counter()
+            for _ in range(steps_per_round):
+                run_step(steps[name], models[name], mode)
+            sync(device)
+            speeds[name].append(steps_per_round * batch_size / (time.perf_counter() - start))
+    return speeds
+
+
+def paired_ratio(speeds: list[float], baseline: list[float]) -> float:
+    """Median of the per-round ratios: paired within a round, so a burst that slows one round cancels out."""
+    return statistics.median(s / b for s, b in zip(speeds, baseline, strict=True))
+
+
+def string_fold_reused(model: nn.Module, step: Callable[[], torch.Tensor]) -> dict[str, bool]:
+    """For a STRING model in eval(): whether one more inference call reuses every block's folded qkv weights
+    (``CayleyString``'s cache) rather than folding ``P`` again, i.e. whether the timed calls cost what the base
+    kind costs. Empty for other models."""
+    strings = [module for module in model.modules() if isinstance(module, CayleyString)]
+    if not strings:
+        return {}
+    before = [module._cache for module in strings]
+    step()
+    return {"string_fold_reused": all(cache is not None and module._cache is cache
+                                      for module, cache in zip(strings, before, strict=True))}
+
+
 def benchmark(args: argparse.Namespace, save: Callable[[list[dict]], None] | None = None) -> list[dict]:
     """Every (size, mode, compiled) setting: all models interleaved over ``args.rounds`` rounds.
 
@@ -94,38 +177,28 @@ def benchmark(args: argparse.Namespace, save: Callable[[list[dict]], None] | Non
     """
     device = torch.device(args.device)
     names = args.models or FAMILIES[args.family]
+    family = None if args.models else args.family
+    depth = {"depth": args.depth} if args.depth else {}
     rows = []
-    for size in args.img_sizes:
-        images = torch.randn(args.batch_size, 3, size, size, device=device)
+    for size, batch_size in zip(args.img_sizes, args.batch_sizes, strict=True):
+        images = torch.randn(batch_size, 3, size, size, device=device)
         for compiled in {"eager": [False], "compiled": [True], "both": [False, True]}[args.compile]:
             for mode in args.modes:
                 torch._dynamo.reset()
                 torch.manual_seed(0)
-                models = {name: timm.create_model(name, img_size=size, num_classes=1000).to(device) for name in names}
-                steps = {}
-                for name, model in models.items():
-                    model.train(mode == "train")
-                    runner = torch.compile(model, dynamic=False) if compiled else model
-                    steps[name] = make_step(runner, images, mode, args.amp)
-                    for _ in range(args.warmup):
-                        run_step(steps[name], model, mode)
-                speeds: dict[str, list[float]] = {name: [] for name in names}
-                for _ in range(args.rounds):
-                    for name in random.sample(names, len(names)):
-                        sync(device)
-                        start = time.perf_counter()
-                        for _ in range(args.steps):
-                            run_step(steps[name], models[name], mode)
-                        sync(device)
-                        speeds[name].append(args.steps * args.batch_size / (time.perf_counter() - start))
+                models = {name: timm.create_model(name, img_size=size, num_classes=1000, **depth).to(device)
+                          for name in names}
+                steps = prepare(models, images, mode, args.amp, args.warmup, compiled)
+                speeds = interleaved_speeds(steps, models, mode, batch_size, args.rounds, args.steps, device)
                 for name in names:
-                    row = {"model": name, "img_size": size, "mode": mode, "compiled": compiled,
-                           "images_per_s": statistics.median(speeds[name]),
-                           "ratio": statistics.median(s / b for s, b in zip(speeds[name], speeds[names[0]],
-                                                                                strict=True)),
-                           "rounds": speeds[name]}
-                    if mode == "train":
-                        row.update(memory(models[name], steps[name], device))
+                    row = {"model": name, "img_size": size, "batch_size": batch_size, "mode": mode,
+                           "compiled": compiled, "images_per_s": statistics.median(speeds[name]),
+                           "ratio": paired_ratio(speeds[name], speeds[names[0]]), "rounds": speeds[name]}
+                    row.update(memory(models[name], steps[name], device) if mode == "train" else
+                               string_fold_reused(models[name], steps[name]))
+                    least = target(family, name, size, mode)
+                    if least is not None:
+                        row.update(against(row["ratio"], least))
                     rows.append(row)
                 print(table([r for r in rows if (r["img_size"], r["mode"], r["compiled"]) == (size, mode, compiled)]),
                       flush=True)
@@ -148,15 +221,25 @@ def memory(model: nn.Module, step: Callable[[], torch.Tensor], device: torch.dev
     return out
 
 
+def setup_machine(threads: int | None, **settings: Any) -> dict[str, Any]:
+    """Set torch's CPU threads when given; the machine, thread count, ``settings`` and command line, which every
+    result file carries so that a figure can be traced to where and how it was measured."""
+    if threads:
+        torch.set_num_threads(threads)
+    return {**report.machine(), "threads": torch.get_num_threads(), **settings, "command": " ".join(sys.argv)}
+
+
 def table(rows: list[dict]) -> str:
     """Markdown table of a set of rows; ratios and memory relative to the first (baseline) model of each setting."""
     def mib(value: float | None) -> str:
         return "" if value is None else f"{value:.0f}"
 
     return report.table(
-        ["model", "size", "mode", "compiled", "images/s", "ratio to baseline", "activation MiB", "peak MiB"],
-        [(r["model"], r["img_size"], r["mode"], "yes" if r["compiled"] else "no", f"{r['images_per_s']:.1f}",
-          f"{r['ratio']:.3f}", mib(r.get("activation_mib")), mib(r.get("peak_mib"))) for r in rows])
+        ["model", "size", "batch", "mode", "compiled", "images/s", "ratio to baseline", "target", "result",
+         "activation MiB", "peak MiB"],
+        [(r["model"], r["img_size"], r["batch_size"], r["mode"], "yes" if r["compiled"] else "no",
+          f"{r['images_per_s']:.1f}", f"{r['ratio']:.3f}", *verdict(r), mib(r.get("activation_mib")),
+          mib(r.get("peak_mib"))) for r in rows])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -164,7 +247,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--family", choices=FAMILIES, default="small", help="model set (baseline first)")
     parser.add_argument("--models", nargs="+", help="timm names instead of --family; the first is the baseline")
     parser.add_argument("--img-sizes", type=int, nargs="+", default=[224, 384])
-    parser.add_argument("--batch-size", type=int, default=8)
+    parser.add_argument("--batch-size", type=int, default=8, help="batch at every size (unless --batch-sizes)")
+    parser.add_argument("--batch-sizes", type=int, nargs="+", help="one batch per --img-sizes entry, in its order")
+    parser.add_argument("--depth", type=int, help="blocks of every model (default: each model's; fewer for smoke runs)")
     parser.add_argument("--modes", nargs="+", choices=("infer", "train"), default=["infer", "train"])
     parser.add_argument("--compile", choices=("eager", "compiled", "both"), default="eager")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -175,16 +260,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, help="torch CPU threads (default: torch's)")
     parser.add_argument("--json", help="also write the rows and the machine to this file")
     args = parser.parse_args(argv)
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    machine = {**report.machine(), "threads": torch.get_num_threads(), "batch_size": args.batch_size,
-               "amp": args.amp, "rounds": args.rounds, "steps": args.steps, "command": " ".join(sys.argv)}
+    args.batch_sizes = args.batch_sizes or [args.batch_size] * len(args.img_sizes)
+    if len(args.batch_sizes) != len(args.img_sizes):
+        parser.error(f"--batch-sizes {args.batch_sizes} needs one batch per --img-sizes {args.img_sizes}")
+    machine = setup_machine(args.threads, batch_sizes=args.batch_sizes, depth=args.depth, amp=args.amp,
+                            rounds=args.rounds, steps=args.steps)
+    targets = [dict(zip(("model", "mode", "img_size", "target"), row, strict=True))
+               for row in ([] if args.models else TARGETS.get(args.family, []))]
     print(f"# {machine}", flush=True)
 
     def save(rows: list[dict], complete: bool = False) -> None:
         if args.json:
-            Path(args.json).write_text(json.dumps({"machine": machine, "complete": complete, "rows": rows}, indent=2)
-                                       + "\n")
+            result = {"machine": machine, "complete": complete, "targets": targets, "rows": rows}
+            Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
 
     rows = benchmark(args, save)
     print("\n" + table(rows))

@@ -1,8 +1,12 @@
-"""Shared fixtures for the training-side tests: a tiny generated ImageFolder and the arguments of a tiny run."""
+"""Shared fixtures: for the training-side tests a tiny generated ImageFolder and the arguments of a tiny run; for the
+benchmarks' smoke tests a run of a benchmark's ``main`` that returns the JSON it wrote."""
 
 from __future__ import annotations
 
+import json
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -56,3 +60,17 @@ def tiny_args(data_dir: Path, output: Path, *extra: str) -> list[str]:
             "model_kwargs.depth=2", "--device", "cpu", "--epochs", "2", "--batch-size", "8", "--log-interval", "0",
             "threads=1", "workers=0", "warmup_epochs=0", "lr=2e-3", "min_lr=1e-4", "drop_path=0", "mixup=0", "cutmix=0",
             "auto_augment=null", "reprob=0", "smoothing=0", *extra]
+
+
+@pytest.fixture
+def run_benchmark(tmp_path: Path) -> Callable[[Callable[[list[str]], int], list[str]], dict[str, Any]]:
+    """``run(main, argv)``: a benchmark script's ``main`` with ``argv`` and ``--json`` into a temporary file, checked
+    to succeed and to mark its result complete (written after its last setting); the result."""
+    def run(main: Callable[[list[str]], int], argv: list[str]) -> dict[str, Any]:
+        out = tmp_path / "benchmark.json"
+        assert main([*argv, "--json", str(out)]) == 0
+        result = json.loads(out.read_text())
+        assert result["complete"]
+        return result
+
+    return run

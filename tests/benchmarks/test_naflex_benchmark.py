@@ -3,19 +3,15 @@ mode and ratio with positive numbers, so the full measurement (minutes on a quie
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
+from collections.abc import Callable
 
 from benchmarks import naflex
 
 
-def test_a_tiny_run_writes_every_contender_and_ratio(tmp_path: Path) -> None:
-    out = tmp_path / "naflex.json"
+def test_a_tiny_run_writes_every_contender_and_ratio(run_benchmark: Callable) -> None:
     # L = 18 pads: the 1:1 image fits as 4x4 patches, the 1:4 one as 2x9
-    assert naflex.main(["--depth", "1", "--rounds", "1", "--warmup", "0", "--seq-lens", "18", "--batch-size", "2",
-                        "--json", str(out)]) == 0
-    result = json.loads(out.read_text())
-    assert result["complete"]
+    result = run_benchmark(naflex.main, ["--depth", "1", "--rounds", "1", "--warmup", "0", "--seq-lens", "18",
+                                         "--batch-size", "2"])
     rows = {(row["run"], row["mode"]): row for row in result["rows"]}
     assert set(rows) == {(run, mode) for run in [*naflex.CONTENDERS, *naflex.SQUARE] for mode in naflex.MODES}
     assert rows["ours_mixed", "train"]["valid_tokens"] == 16 + 18

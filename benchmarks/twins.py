@@ -1,0 +1,154 @@
+"""Images/s and activation memory of our twins of timm's Eva backbones against timm's own models, in one run.
+
+    python benchmarks/twins.py --json results/performance/twins_cpu.json   # every family at its native input, CPU
+    python benchmarks/twins.py --families eva02 dinov3 --rounds 3           # a subset
+
+For the smallest size of each family (``FAMILIES``) at its native input, timm's model (``timm.create_model(name,
+pretrained=False)``: random weights, which speed and memory do not depend on) and our twin made from it by
+``vit_rope.from_timm`` (the same weights) run inference (eval, ``torch.inference_mode``) and a training step (forward,
+cross-entropy, backward; the optimizer step is the same for both and left out), both eager and fp32. Rounds, medians
+and per-round paired ratios are ``benchmarks/throughput.py``'s (its functions, reused): per family and mode, each
+round runs the two models in a new random order. Memory is a training step's activation memory (the distinct tensors
+autograd saves, ``throughput.activation_bytes``). Targets (printed PASS / MISS and saved, never an error): twin / timm
+images/s at least ``SPEED_TARGET`` in both modes, activation memory at most ``MEMORY_TARGET``.
+
+Attention is like for like: timm's ``Eva`` attention and ours both call ``F.scaled_dot_product_attention`` on CPU
+(timm's ``use_fused_attn()``); ours rotates q and k in place inside the qkv projection (the fused rotation) in every
+block without q/k norm or grouped kv heads, and with timm's reference rotation otherwise (Sapiens2). Each model's
+attention path is counted per block, printed and saved (``attention_paths``).
+
+Default batches are small (``FAMILIES``): these are 257- to 3,081-token inputs on a CPU. Batch 2 gives each timed step
+two images (one would let a single image's cache effects decide a ratio) at 0.2-4 s per training step on 2 cores
+(estimated from their FLOPs); Sapiens2 (ViT-B at 1024x768, 3,081 tokens, about 1 TFLOP per image forward) takes
+batch 1, some 35 s per training step there, and is most of the run's 15 minutes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import statistics
+import sys
+from pathlib import Path
+
+import timm
+import torch
+from timm.models import get_pretrained_cfg
+from torch import nn
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import vit_rope  # noqa: E402
+from benchmarks import throughput  # noqa: E402
+from vit_rope.eval import report  # noqa: E402
+
+MODES = ("infer", "train")
+FAMILIES = {  # family -> (timm name of its smallest size, default batch size)
+    "eva02": ("eva02_tiny_patch14_224", 2),
+    "pe_core": ("vit_pe_core_tiny_patch16_384", 2),
+    "pe_spatial": ("vit_pe_spatial_tiny_patch16_512", 2),
+    "sbb": ("vit_medium_patch16_rope_reg1_gap_256", 2),
+    "sapiens2": ("vit_base_patch16_sapiens2", 1),
+    "lingbot": ("vit_small_patch16_lingbot", 2),
+    "dinov3": ("vit_small_patch16_dinov3", 2),
+}
+# Sapiens2 gives timm one kv-head count per block; a cut depth needs a shorter list: full attention, which all 12
+# blocks of its ViT-B have (grouped kv heads skip the first and last 8 blocks)
+CUT_DEPTH_ARGS = {"sapiens2": {"num_kv_heads": 12}}
+SPEED_TARGET, MEMORY_TARGET = 1.0, 1.0
+
+
+def input_size(name: str, scale: float) -> tuple[int, int]:
+    """The native (height, width) of timm's pretrained cfg, times ``scale`` rounded to whole patches (smoke runs)."""
+    patch = int(re.search(r"patch(\d+)", name)[1])
+    return tuple(max(1, round(side * scale / patch)) * patch for side in get_pretrained_cfg(name).input_size[1:])
+
+
+def attention_paths(model: nn.Module) -> dict[str, int]:
+    """Blocks, blocks whose attention runs SDPA, and (twins) blocks that rotate q and k with the fused in-place
+    rotation, the condition ``RoPEAttention.project`` takes it under in eager mode."""
+    attns = [block.attn for block in model.blocks]
+    paths = {"blocks": len(attns), "sdpa_blocks": sum(bool(attn.fused_attn) for attn in attns)}
+    if isinstance(model, vit_rope.RoPEVisionTransformer):
+        paths["fused_rotation_blocks"] = sum(attn.plain_qk and attn.num_kv_heads == attn.num_heads for attn in attns)
+    return paths
+
+
+def measure(args: argparse.Namespace, family: str) -> tuple[list[dict], list[dict]]:
+    """One family: timm's model and its twin, interleaved per mode; the rows and the ratios against the targets."""
+    name, default_batch = FAMILIES[family]
+    batch_size, size = args.batch_size or default_batch, input_size(name, args.scale)
+    device = torch.device(args.device)
+    torch.manual_seed(0)
+    depth = {"depth": args.depth, **CUT_DEPTH_ARGS.get(family, {})} if args.depth else {}
+    timm_model = timm.create_model(name, pretrained=False, img_size=size, **depth).to(device)
+    models = {"timm": timm_model, "twin": vit_rope.from_timm(timm_model)}
+    # like for like: both fp32 (from_timm keeps the timm model's dtype), both eager (neither is compiled)
+    assert {param.dtype for model in models.values() for param in model.parameters()} == {torch.float32}
+    paths = {run: attention_paths(model) for run, model in models.items()}
+    print(f"# {family}: {name} -> {models['twin'].default_cfg['architecture']}, {size[0]}x{size[1]}, batch "
+          f"{batch_size}, attention paths {paths}", flush=True)
+    images = torch.randn(batch_size, 3, *size, device=device)
+    rows, ratios = [], []
+    for mode in MODES:
+        steps = throughput.prepare(models, images, mode, amp=False, warmup=args.warmup)
+        speeds = throughput.interleaved_speeds(steps, models, mode, batch_size, args.rounds, args.steps, device)
+        for run, model in models.items():
+            row = {"family": family, "run": run, "model": name if run == "timm" else model.default_cfg["architecture"],
+                   "img_size": list(size), "batch_size": batch_size, "mode": mode,
+                   "images_per_s": statistics.median(speeds[run]), "rounds": speeds[run], **paths[run]}
+            rows.append(row | (throughput.memory(model, steps[run], device) if mode == "train" else {}))
+        value = throughput.paired_ratio(speeds["twin"], speeds["timm"])
+        ratios.append({"family": family, "mode": mode, "ratio": "images/s twin / timm", "value": value,
+                       **throughput.against(value, SPEED_TARGET)})
+    train = {row["run"]: row["activation_mib"] for row in rows if row["mode"] == "train"}
+    value = train["twin"] / train["timm"]
+    ratios.append({"family": family, "mode": "train", "ratio": "activation MiB twin / timm", "value": value,
+                   **throughput.against(value, MEMORY_TARGET, at_most=True)})
+    return rows, ratios
+
+
+def print_tables(rows: list[dict], ratios: list[dict]) -> None:
+    """Images/s and memory per model, then each ratio against its target."""
+    print(report.table(
+        ["family", "run", "model", "input", "batch", "mode", "images/s", "activation MiB", "SDPA / fused rotation"],
+        [(r["family"], r["run"], r["model"], "x".join(map(str, r["img_size"])), r["batch_size"], r["mode"],
+          f"{r['images_per_s']:.2f}", f"{r['activation_mib']:.0f}" if "activation_mib" in r else "",
+          f"{r['sdpa_blocks']}/{r['blocks']}, {r.get('fused_rotation_blocks', '-')}/{r['blocks']}") for r in rows]))
+    print(report.table(["family", "mode", "ratio", "value", "target", "result"],
+                       [(r["family"], r["mode"], r["ratio"], f"{r['value']:.3f}", *throughput.verdict(r))
+                        for r in ratios]), flush=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--families", nargs="+", choices=FAMILIES, default=list(FAMILIES))
+    parser.add_argument("--batch-size", type=int, help="every family's batch (default: FAMILIES', 2; Sapiens2 1)")
+    parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds (medians over them)")
+    parser.add_argument("--steps", type=int, default=1, help="timed steps per model per round")
+    parser.add_argument("--warmup", type=int, default=1, help="untimed steps per model and mode before the rounds")
+    parser.add_argument("--depth", type=int, help="blocks of every model (default: each model's; fewer for smoke runs)")
+    parser.add_argument("--scale", type=float, default=1.0, help="input sides times this, in whole patches (smoke)")
+    parser.add_argument("--threads", type=int, help="torch CPU threads (default: torch's)")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--json", help="also write the rows, ratios and machine to this file")
+    args = parser.parse_args(argv)
+    machine = throughput.setup_machine(args.threads)
+    print(f"# {machine}", flush=True)
+    rows, ratios = [], []
+    for family in args.families:
+        new_rows, new_ratios = measure(args, family)
+        print_tables(new_rows, new_ratios)
+        rows, ratios = rows + new_rows, ratios + new_ratios
+        if args.json:  # after every family, so a run stopped part-way keeps the families it finished
+            result = {"machine": machine, "args": vars(args), "complete": family == args.families[-1],
+                      "targets": {"speed": SPEED_TARGET, "memory": MEMORY_TARGET}, "rows": rows, "ratios": ratios}
+            Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
+    if len(args.families) > 1:
+        print("\n# all families")
+        print_tables(rows, ratios)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
