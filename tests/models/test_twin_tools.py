@@ -171,6 +171,10 @@ def test_evaluate_and_diagnose_run_on_twins_under_two_policies(weights, image_ro
     assert all(r["images"] == 12 and 0 <= r["top1"] <= r["top5"] <= 100 and r["loss"] > 0 for r in results)
     loss = {(r["policy"], r["img_size"]): r["loss"] for r in results}
     assert loss["extrapolate", int(sizes[1])] != pytest.approx(loss["interpolate", int(sizes[1])], rel=1e-6)
+    # without --policy, the twin's own (timm's interpolate), labelled so
+    assert harness.main([*source, *common, "--img-sizes", sizes[1], "--output", str(tmp_path / "own")]) == 0
+    [own] = json.loads((tmp_path / "own" / "results.json").read_text())["results"]
+    assert own["policy"] == "interpolate" and own["loss"] == pytest.approx(loss["interpolate", int(sizes[1])])
     assert harness.main([*source, *common, "--img-sizes", bad, "--output", str(tmp_path / "bad")]) == 2
     assert f"size {bad} is not a positive multiple of the patch size" in capsys.readouterr().err
     for policy in ("extrapolate", "interpolate"):
