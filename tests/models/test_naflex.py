@@ -41,20 +41,21 @@ def build(kind: str, policy: str = "extrapolate", **kwargs) -> torch.nn.Module:
     return model
 
 
-def pack(images: list[torch.Tensor], length: int = LENGTH, pad_value: float = -2.0) -> dict[str, torch.Tensor]:
+def pack(images: list[torch.Tensor], length: int = LENGTH, pad_value: float = -2.0,
+         patch: int = PATCH) -> dict[str, torch.Tensor]:
     """Images as timm's NaFlexCollator packs them: flat channels-last patches, (y, x) coordinates, validity."""
-    patches = torch.full((len(images), length, PATCH * PATCH * 3), pad_value)
+    patches = torch.full((len(images), length, patch * patch * 3), pad_value)
     coord = torch.zeros(len(images), length, 2, dtype=torch.long)
     valid = torch.zeros(len(images), length, dtype=torch.bool)
     for b, image in enumerate(images):
-        flat, where, ok = patchify_image(image, (PATCH, PATCH))
+        flat, where, ok = patchify_image(image, (patch, patch))
         patches[b, :len(flat)], coord[b, :len(flat)], valid[b, :len(flat)] = flat, where, ok
     return {"patches": patches, "patch_coord": coord, "patch_valid": valid, "seq_len": length}
 
 
-def images(grids: list[tuple[int, int]] = GRIDS) -> list[torch.Tensor]:
+def images(grids: list[tuple[int, int]] = GRIDS, patch: int = PATCH) -> list[torch.Tensor]:
     torch.manual_seed(1)
-    return [torch.randn(3, h * PATCH, w * PATCH) for h, w in grids]
+    return [torch.randn(3, h * patch, w * patch) for h, w in grids]
 
 
 @pytest.mark.parametrize("kind,policy", CASES)

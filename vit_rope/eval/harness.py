@@ -130,23 +130,26 @@ def protocol(crop_pct: float) -> str:
 
 @torch.inference_mode()
 def evaluate_models(models: Sequence[EvalModel], data_dir: str | Path, img_sizes: Sequence[int],
-                    policies: Sequence[str] = ("extrapolate",), crop_pct: float = 1.0, device: str = "auto",
+                    policies: Sequence[str] | None = None, crop_pct: float = 1.0, device: str = "auto",
                     limit: int | None = None, batch_size: int = 64, workers: int = 4,
                     val_split: str = "val", seq_lens: Sequence[int] = ()) -> list[dict[str, Any]]:
     """Top-1, top-5 (%), loss and images/s of every model at every size and token budget (``seq_lens``,
     ``vit_rope.eval.naflex``) on ``data_dir/val_split``, once per policy for RoPE models.
 
-    Models without ``set_rope_policy`` (timm's ViTs and RoPE ports, CNNs) run once, with policy None.
+    ``policies`` ``None`` runs each RoPE model under its own policy, the one it was built with (RoPE-ViT's
+    ``extrapolate``, DINOv3's ``normalized``, the Eva twins' ``interpolate``, which is what timm runs them with: a
+    fixed default would evaluate those twins as they were never trained), labelled with its name. Models without
+    ``set_rope_policy`` (timm's ViTs and RoPE ports, CNNs) run once, with policy None.
     ``images_per_s`` is the model's forward throughput (data loading excluded). Raises ``UserError`` for bad input
     before any image is decoded.
     """
     device = ("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else device
     if device == "cuda" and not torch.cuda.is_available():
         raise UserError("--device cuda was requested but PyTorch sees no CUDA GPU; pass --device cpu")
-    check_options(policies, crop_pct, seq_lens)
+    check_options(policies or (), crop_pct, seq_lens)
     val_dir = Path(data_dir) / val_split
     samples, val_classes = find_images(val_dir, split_key="--val-split")
-    check_sizes(img_sizes, models, policies, seq_lens)
+    check_sizes(img_sizes, models, policies or (), seq_lens)
     settings = [naflex.Setting(f"{size} px", {"img_size": size, "seq_len": None, "crop_pct": crop_pct},
                                eval_transform(size, crop_pct), None, list(range(len(models)))) for size in img_sizes]
     settings += naflex.budget_settings(seq_lens, [naflex.naflex_patch(entry.model) for entry in models])
@@ -154,8 +157,9 @@ def evaluate_models(models: Sequence[EvalModel], data_dir: str | Path, img_sizes
         check_loaded(entry.model, entry.label)
     maps = [label_map(entry, val_classes, val_dir).to(device) for entry in models]
     norms = [normalisation(entry.model, device) for entry in models]
-    runs = [(i, policy) for i, entry in enumerate(models)
-            for policy in (policies if hasattr(entry.model, "set_rope_policy") else (None,))]
+    # each RoPE model's own policy, read before any run sets another; None (left as built, options too) runs it
+    own = [entry.model.rope_policy.name if hasattr(entry.model, "set_rope_policy") else None for entry in models]
+    runs = [(i, policy) for i in range(len(models)) for policy in ((policies or (None,)) if own[i] else (None,))]
     for entry in models:
         entry.model.to(device).eval()
     indices = subset(len(samples), limit)
@@ -200,7 +204,7 @@ def evaluate_models(models: Sequence[EvalModel], data_dir: str | Path, img_sizes
                   f"{counted} of {len(indices)} that could be read")
         for row in fed:
             (i, policy), (loss_sum, hits1, hits5, seconds) = runs[row], totals[row].tolist()
-            results.append({"model": models[i].label, "policy": policy, **setting.fields,
+            results.append({"model": models[i].label, "policy": policy or own[i], **setting.fields,
                             "train_size": models[i].train_size, "top1": 100 * hits1 / counted,
                             "top5": 100 * hits5 / counted, "loss": loss_sum / counted,
                             "images_per_s": len(indices) / seconds, "images": counted, "device": device})
@@ -248,8 +252,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--seq-lens", nargs="+", type=naflex.seq_len_arg, default=[], metavar="L",
                         help="token budgets: each image resized keeping its aspect ratio to at most L patches (timm's "
                         "NaFlex eval transform), for models that take NaFlex batches; with --img-sizes, both")
-    parser.add_argument("--policy", nargs="+", default=["extrapolate"],
-                        help=f"RoPE policies: {', '.join(POLICIES)} (default extrapolate)")
+    parser.add_argument("--policy", nargs="+",
+                        help=f"RoPE policies: {', '.join(POLICIES)} (default: each model's own, the one it was built "
+                        "with: extrapolate for RoPE-ViT, normalized for DINOv3, interpolate for the EVA-02, PE and "
+                        "SBB twins, as timm runs them)")
     parser.add_argument("--crop-pct", type=float, default=1.0, help="center-crop fraction (default 1.0)")
     parser.add_argument("--output", default="output/eval", help="folder for the results (default output/eval)")
     parser.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto",
@@ -272,7 +278,7 @@ def main(argv: list[str] | None = None) -> int:
     if len(weights) != len(args.model):
         parser.error(f"--pretrained-file takes one file per --model: got {len(weights)} for {len(args.model)}")
     try:
-        check_options(args.policy, args.crop_pct, args.seq_lens)
+        check_options(args.policy or (), args.crop_pct, args.seq_lens)
         check_output_dir(args.output, "--output")
         for name in args.model:  # a typo before the advice about weights
             check_model_name(name)
@@ -297,7 +303,7 @@ def main(argv: list[str] | None = None) -> int:
             raise UserError(f"{repeated} is given twice, and its rows would merge in the reports: name each "
                             "checkpoint or --model / --pretrained-file pair once")
         sizes = args.img_sizes or ([] if args.seq_lens else [224])
-        check_sizes(sizes, models, args.policy, args.seq_lens)
+        check_sizes(sizes, models, args.policy or (), args.seq_lens)
         text = "; ".join([protocol(args.crop_pct)] * bool(sizes) + [naflex.PROTOCOL] * bool(args.seq_lens))
         print(f"protocol: {text}; sizes {sizes}; " + (f"budgets {args.seq_lens}; " if args.seq_lens else "")
               + f"{data_dir / split}" + (f", {args.limit} images evenly spread" if args.limit else ""), flush=True)
