@@ -51,6 +51,7 @@ from studies.course import COURSE, COURSE_END, course_begin, course_table  # noq
 from studies.report import Goal, is_run, write_study  # noqa: E402
 from vit_rope.eval.report import machine, replace_section  # noqa: E402
 from vit_rope.layers.policies import kind_policies  # noqa: E402
+from vit_rope.models.encodings import policy_kind  # noqa: E402
 from vit_rope.models.factory import create_model  # noqa: E402
 from vit_rope.train.cli import build_config  # noqa: E402  (after the path set-up, as the script runs from anywhere)
 from vit_rope.train.config import load_yaml  # noqa: E402
@@ -109,11 +110,9 @@ SECOND_CROP = {"v3": 0.875, "v4": 0.875, "encodings": 0.875}
 
 
 def encoding_kind(config: str) -> str | None:
-    """The RoPE kind of a config's model (STRING's base kind for a STRING model), its attention-bias kind, or
-    ``None`` without either: which evaluation policies apply (``kind_policies``)."""
+    """``policy_kind`` of a config's model: which evaluation policies apply (``kind_policies``)."""
     settings = build_config(config)
-    model, _ = create_model(settings.model, {**settings.model_kwargs, "img_size": settings.img_size})
-    return getattr(model, "rope_string_base", None) or getattr(model, "rope_kind", None)
+    return policy_kind(create_model(settings.model, {**settings.model_kwargs, "img_size": settings.img_size})[0])
 
 
 def run(command: list[str]) -> float:

@@ -39,6 +39,7 @@ from vit_rope.eval import naflex
 from vit_rope.eval.loading import EvalModel, check_loaded, load_pretrained, load_trained
 from vit_rope.eval.report import write_reports
 from vit_rope.layers.policies import POLICIES, check_policy
+from vit_rope.models.encodings import policy_kind
 from vit_rope.train.engine import set_cpu_threads
 
 
@@ -89,8 +90,7 @@ def check_sizes(sizes: Sequence[int], models: Sequence[EvalModel], policies: Seq
         naflex.check_naflex(models)
     for entry in models:
         check_multiple("size", sizes, entry.model, entry.label)
-        # the RoPE table's kind (STRING's base for a STRING model) decides which policies apply
-        kind = getattr(entry.model, "rope_string_base", None) or getattr(entry.model, "rope_kind", None)
+        kind = policy_kind(entry.model)
         for policy in policies if kind else ():
             try:
                 check_policy(kind, policy)

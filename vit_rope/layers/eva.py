@@ -1,4 +1,4 @@
-"""The two pieces of timm's ``Eva`` blocks and heads that ``VisionTransformer``'s keyword arguments cannot name.
+"""The pieces of timm's ``Eva`` blocks and heads that ``VisionTransformer``'s keyword arguments cannot name.
 
 - EVA-02's packed SwiGLU (Fang et al. 2023, arXiv:2303.11331): timm's ``GluMlp`` with the gate first, twice the hidden
   width in one ``fc1`` (``PackedSwiGLU``);

@@ -41,6 +41,13 @@ def check_encoding(rope_kind: str, rope_string_base: str, embed_dim: int, num_he
     return base_kind
 
 
+def policy_kind(model: nn.Module) -> str | None:
+    """The kind whose resolution policies apply to ``model`` (``layers.policies.kind_policies``): its RoPE table's
+    kind (STRING's base kind for a STRING model), its attention-bias kind, or ``None`` for a model with neither
+    (timm's ViTs, CNNs)."""
+    return getattr(model, "rope_string_base", None) or getattr(model, "rope_kind", None)
+
+
 class PositionEncodingMixin:
     """The position-encoding half of ``RoPEVisionTransformer``: built by ``_init_encoding`` after timm's
     ``VisionTransformer.__init__`` (it needs the blocks and the patch grid), then asked once per forward for every
