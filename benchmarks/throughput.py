@@ -10,7 +10,7 @@ that the models share the machine's drifts and bursts; a model's figure is the m
 its ratio to the baseline is the median of the per-round ratios (paired within a round). Memory is the peak of a
 training step: CUDA's allocator peak on GPUs, and everywhere the bytes of the distinct tensors autograd saves for
 backward (activation memory; weights, gradients and optimizer state are the same across models). A family with
-targets (``TARGETS``: the position-encoding kinds of issue 38 against axial RoPE) prints PASS or MISS per row and
+targets (``TARGETS``: the position-encoding kinds against axial RoPE) prints PASS or MISS per row and
 saves the targets with the rows.
 """
 
@@ -42,7 +42,7 @@ FAMILIES = {  # baseline first: the same ViT (DeiT-III: LayerScale, class token,
              "vit_base_patch16_rope_224", "vit_base_patch16_rope_mixed_224"],
     # DINOv3 ViT-S/16: timm's port (eva.py) is the baseline here, ours the same backbone with the fused rotation
     "dinov3": ["vit_small_patch16_dinov3", "vit_rope_small_patch16_dinov3"],
-    # position-encoding kinds (issue 38) against axial RoPE of the same size; STRING is over axial, then over mixed
+    # position-encoding kinds against axial RoPE of the same size; STRING is over axial, then over mixed
     "kinds": ["vit_rope_small_patch16_axial_224", *(f"vit_rope_small_patch16_{kind}_224" for kind in
                                                     ("golden", "string", "string_mixed", "lookhere", "alibi"))],
 }

@@ -1,4 +1,4 @@
-"""Our tools on the twins of timm's Eva backbones (issue 39), one small twin per family with every block kind kept:
+"""Our tools on the twins of timm's Eva backbones, one small twin per family with every block kind kept:
 every resolution policy that applies at a non-native non-square size, ONNX at any size checked by ONNX Runtime,
 forward_intermediates / features_only with prefix tokens apart, NaFlex batches equal to each image alone, and
 vit_rope.evaluate / diagnose on a patch-14 twin and a register twin without class token. Parity with timm at the native
