@@ -8,7 +8,7 @@ PYTHON ?= $(VENV)/bin/python
 # CUDA builds of torch/torchvision also run on CPU; these versions install from this project's machine cache.
 TORCH ?= torch==2.14.1 torchvision==0.29.1
 
-.PHONY: install demo study study-v2 study-v3 study-v4 study-encodings study-vit-s bench-cuda bench-kinds bench-twins \
+.PHONY: install demo study study-v2 study-v3 study-v4 study-encodings study-vit-s naflex-demo bench-cuda bench-kinds bench-twins \
 	test lint
 
 $(VENV)/bin/python:
@@ -54,6 +54,20 @@ study-v4: install
 study-encodings: install
 	$(PYTHON) scripts/imagenette_study.py --study encodings --seeds 0
 	$(PYTHON) scripts/imagenette_study.py --study encodings --arms golden string_mixed lookhere alibi --seeds 1
+
+# NaFlex against the square pipeline (docs/training.md): the demo's model trained both ways at about 2,000 tokens per
+# step for the demo's 20 epochs, then both evaluated at square sizes and at token budgets, under both policies that
+# keep positions (as trained) or the training grid's range; about 40 min on a 2-core CPU.
+NAFLEX_OUT ?= output/naflex_demo
+NAFLEX_RESULTS ?= results/imagenette/naflex
+naflex-demo: install
+	$(PYTHON) train.py -c configs/imagenette_cpu.yaml --output $(NAFLEX_OUT)/square
+	$(PYTHON) train.py -c configs/imagenette_naflex.yaml --output $(NAFLEX_OUT)/naflex
+	$(PYTHON) -m vit_rope.evaluate --checkpoint $(NAFLEX_OUT)/square/last.pth $(NAFLEX_OUT)/naflex/last.pth \
+		--img-sizes 48 64 96 128 160 --seq-lens 9 16 36 64 100 --policy extrapolate interpolate --limit 1500 \
+		--workers 1 --output $(NAFLEX_RESULTS)
+	for run in square naflex; do mkdir -p $(NAFLEX_RESULTS)/$$run && \
+		cp $(NAFLEX_OUT)/$$run/config.yaml $(NAFLEX_OUT)/$$run/metrics.csv $(NAFLEX_RESULTS)/$$run/ || exit 1; done
 
 # On a machine with CUDA GPUs: ViT-S on the 14x14 grid (configs/imagenette_vit_s), APE / Axial / Mixed x 2 seeds, trained
 # with torchrun over every GPU, evaluated at 80-256 px; resumable. DATA_DIR=... reads another copy of Imagenette.

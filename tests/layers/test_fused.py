@@ -13,7 +13,7 @@ import torch
 import vit_rope  # noqa: F401  (registers the models)
 from benchmarks.throughput import activation_bytes  # the benchmark's own measure, so both agree
 from vit_rope.layers import triton_rope
-from vit_rope.layers.fused import project_rotate_qk, rotate_qk
+from vit_rope.layers.fused import project_rotate_qk, rotate_heads_, rotate_qk
 from vit_rope.layers.rope import RoPE2D, apply_rope, rope_angles, rope_tables
 
 B, N, NH, D = 2, 7, 3, 8
@@ -211,18 +211,51 @@ def test_model_fast_and_reference_paths_agree(monkeypatch, name):
         torch.testing.assert_close(fast, ref, atol=1e-5, rtol=1e-4)
 
 
-def test_qk_norm_takes_the_reference_path():
-    """With q/k norms RoPE must rotate the normalised q and k, which the in-place path cannot; both agree then."""
+@pytest.mark.parametrize("num_kv_heads", [3, 1], ids=["mha", "gqa"])
+def test_qk_norm_rotates_the_normed_q_and_k_in_place_in_inference(num_kv_heads):
+    """With q/k norms RoPE must rotate the normalised q and k, which the projection's in-place path cannot: training
+    takes the reference, inference rotates the norms' outputs where they are; both equal the reference."""
     torch.manual_seed(0)
     model = timm.create_model("vit_rope_tiny_patch16_axial_224", depth=1, num_classes=5, qk_norm=True)
     attn = model.blocks[0].attn
+    if num_kv_heads != attn.num_heads:
+        attn.group_kv_heads_(num_kv_heads)
     assert not attn.plain_qk
+    normed = {}
+    attn.q_norm.register_forward_hook(lambda module, args, out: normed.update(q=out))
     x = torch.randn(2, 17, 192)
     rope = model.rope(model.rope.grid_positions(4, 4), 1)
-    q, k, _ = attn.project(x, rope)
     plain_q, plain_k, _ = attn.project(x)
-    torch.testing.assert_close(q, apply_rope(plain_q, *rope))
-    torch.testing.assert_close(k, apply_rope(plain_k, *rope))
+    expected = apply_rope(plain_q, *rope), apply_rope(plain_k, *rope)
+    q, k, _ = attn.project(x, rope)
+    assert q.grad_fn is not None and q is not normed["q"]
+    with torch.no_grad():
+        q_fast, k_fast, _ = attn.project(x, rope)
+    assert q_fast is normed["q"]  # rotated where the norm wrote it: nothing allocated
+    for got in ((q, k), (q_fast, k_fast)):  # k of grouped heads: rotated, then repeated as project repeats it
+        torch.testing.assert_close(got[0], expected[0])
+        torch.testing.assert_close(got[1], expected[1])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("kind", ["axial", "mixed"])
+@pytest.mark.parametrize("batched", [False, True], ids=["shared-positions", "per-image-positions"])
+def test_rotate_heads_in_place_equals_reference(dtype, kind, batched):
+    lin, freqs, positions = inputs(kind, 1, batched, dtype, "cpu")
+    cos, sin = rope_tables(rope_angles(positions, freqs.detach()), 1)
+    x = lin.detach()[..., : NH * D].unflatten(-1, (NH, D)).transpose(1, 2).contiguous()  # [B, nh, P+N, D]
+    expected = apply_rope(x, cos, sin)
+    out = rotate_heads_(x, cos, sin)
+    assert out is x
+    tol = TOLERANCES[dtype]
+    torch.testing.assert_close(out.float(), expected.float(), atol=tol, rtol=tol)
+
+
+def test_rotate_heads_refuses_a_layout_it_cannot_write_in_place():
+    x = torch.randn(2, NH, N, 2 * D)[..., ::2]  # channels two floats apart
+    cos, sin = rope_tables(rope_angles(torch.randn(N, 2), RoPE2D(D, NH, "axial").freqs))
+    with pytest.raises(ValueError, match=r"does not hold its channel pairs adjacent; rotate a contiguous tensor"):
+        rotate_heads_(x, cos, sin)
 
 
 @pytest.mark.parametrize("kind", ["axial", "mixed"])

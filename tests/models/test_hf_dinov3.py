@@ -2,7 +2,8 @@
 (random, depth 2) is written out under HF's documented names (``DINOv3ViTModel``: separate q/k/v projections,
 ``layer_scale{1,2}.lambda1``, ``gate/up/down_proj``) with a ``config.json``, loaded into our model, and must give timm's
 features and pooled output (HF's pooler: the class token) at the native size and a non-square one. The mapping below is
-written from HF's names, independently of the library's."""
+written from HF's names, independently of the library's; one test also holds them to ``transformers.DINOv3ViTModel``
+built from the same files (transformers is in the test extras)."""
 
 import json
 

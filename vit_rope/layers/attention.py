@@ -18,7 +18,7 @@ from timm.layers import maybe_add_mask, resolve_self_attn_mask
 from timm.models.vision_transformer import Attention, Block
 from torch import Tensor, nn
 
-from vit_rope.layers.fused import project_rotate_qk, project_weights_rotate_qk
+from vit_rope.layers.fused import pairs_adjacent, project_rotate_qk, project_weights_rotate_qk, rotate_heads_
 from vit_rope.layers.rope import apply_rope
 
 RopeTables = tuple[Tensor, Tensor]
@@ -59,7 +59,7 @@ class RoPEAttention(Attention):
         k = self.k_norm(k.unflatten(-1, (nkv, D)).transpose(1, 2))  # [B, nkv, N, D]
         v = v.unflatten(-1, (nkv, D)).transpose(1, 2)  # [B, nkv, N, D]
         if rope is not None:
-            q, k = apply_rope(q, rope[0], rope[1]), apply_rope(k, rope[0], rope[1])
+            q, k = self._rotate_normed(q, k, rope)
         groups = nh // nkv
         return q, k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
 
@@ -91,8 +91,17 @@ class RoPEAttention(Attention):
         q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # [B, nh, N, D] each
         q, k = self.q_norm(q), self.k_norm(k)
         if rope is not None:
-            q, k = apply_rope(q, rope[0], rope[1]), apply_rope(k, rope[0], rope[1])
+            q, k = self._rotate_normed(q, k, rope)
         return q, k, v
+
+    def _rotate_normed(self, q: Tensor, k: Tensor, rope: RopeTables) -> tuple[Tensor, Tensor]:
+        """q and k rotated after the q/k norms (or on the reference path): in place in eager inference when the norms
+        made them (``rotate_heads_``: one pass each), else out of place (``apply_rope``)."""
+        if not torch.jit.is_scripting():
+            if not self.plain_qk and not torch.is_grad_enabled() and not _tracing(q) and not torch.jit.is_tracing():
+                if pairs_adjacent(q) and pairs_adjacent(k):
+                    return rotate_heads_(q, rope[0], rope[1]), rotate_heads_(k, rope[0], rope[1])
+        return apply_rope(q, rope[0], rope[1]), apply_rope(k, rope[0], rope[1])
 
     def _biased(self, q: Tensor, k: Tensor, v: Tensor, bias: Tensor, scale: float, attn_mask: Tensor | None,
                 is_causal: bool = False) -> Tensor:

@@ -39,15 +39,26 @@ def _as_pairs(x: Tensor) -> Tensor:
     A view (no copy) of any layout whose pairs are adjacent, such as the q/k slice of the qkv tensor; other layouts
     are copied first.
     """
-    if x.stride(-1) != 1 or x.storage_offset() % 2 or any(stride % 2 for stride in x.stride()[:-1]):
+    if not pairs_adjacent(x):
         x = x.contiguous()
     return torch.view_as_complex(x.unflatten(-1, (-1, 2)))
 
 
+def _complex(cos: Tensor, sin: Tensor, dtype: torch.dtype) -> Tensor:
+    """``cos + i sin`` ``[(B,) H, P+N, D/2]`` complex, fp32 (fp64 for fp64 ``dtype``)."""
+    real = torch.float64 if dtype == torch.float64 else torch.float32
+    return torch.complex(cos.to(real), sin.to(real))
+
+
 def _table(cos: Tensor, sin: Tensor, dtype: torch.dtype) -> Tensor:
     """``cos + i sin`` laid out for the qk slice: ``[(B,) H, P+N, D/2] -> [(B,) P+N, 1, H, D/2]`` complex."""
-    real = torch.float64 if dtype == torch.float64 else torch.float32
-    return torch.complex(cos.to(real), sin.to(real)).transpose(-3, -2).unsqueeze(-3)
+    return _complex(cos, sin, dtype).transpose(-3, -2).unsqueeze(-3)
+
+
+def pairs_adjacent(x: Tensor) -> bool:
+    """Whether ``x``'s channel pairs can be seen as complex numbers without a copy (``_as_pairs``), so that a
+    rotation can write into ``x`` itself."""
+    return x.stride(-1) == 1 and x.storage_offset() % 2 == 0 and all(stride % 2 == 0 for stride in x.stride()[:-1])
 
 
 def _rotate(src: Tensor, table: Tensor, out: Tensor) -> None:
@@ -172,6 +183,18 @@ def rotate_qk(qkv: Tensor, cos: Tensor, sin: Tensor, backend: str = "auto") -> T
         return _RotateQK.apply(qkv, cos, sin, use_triton)
     _rotate_in_place(qkv, cos, sin, use_triton)
     return qkv
+
+
+def rotate_heads_(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """Rotate queries or keys ``x`` ``[B, h, N, D]`` in place by ``(cos, sin)`` ``[(B,) H, N, D/2]`` (``H`` = 1 or h),
+    in one pass; returns ``x``. Inference only (no autograd), for q and k that a q/k norm made (Sapiens2): the norm's
+    output is a tensor of the caller's own, so the rotation may overwrite it, where the reference ``apply_rope``
+    makes several passes and new tensors. ``x`` must pass ``pairs_adjacent`` (a norm's output does)."""
+    if not pairs_adjacent(x):
+        raise ValueError(f"rotate_heads_: x of shape {tuple(x.shape)} and strides {x.stride()} does not hold its "
+                         "channel pairs adjacent; rotate a contiguous tensor, or use apply_rope.")
+    _rotate(x, _complex(cos, sin, x.dtype), x)
+    return x
 
 
 def project_rotate_qk(linear: nn.Module, x: Tensor, num_heads: int, cos: Tensor, sin: Tensor,

@@ -1,0 +1,41 @@
+"""RMSNorm (Zhang & Sennrich, NeurIPS 2019, arXiv:1910.07467) as timm's ``RmsNorm``, with fewer passes in inference.
+
+Sapiens2 (Khirodkar et al. 2026, arXiv:2604.21681) normalises every block input and every query and key with RMSNorm.
+On CPU neither timm's ``rms_norm`` nor PyTorch's ``F.rms_norm`` is one kernel: squares, mean, rescale and weight are
+four or five passes over the activations, each one bound by memory, so a ViT-B Sapiens2 at 512x384 spends about a fifth
+of its inference in them (torch.profiler, torch 2.14.1, 2 cores). Where autograd does not record, ``RmsNorm`` here takes
+three: one reduction (``torch.linalg.vector_norm``), one rescale into a new tensor and the weight multiplied in place.
+Training, scripting and graph capture keep timm's code, so gradients and saved activations are timm's.
+"""
+
+from __future__ import annotations
+
+import torch
+from timm.layers import RmsNorm as TimmRmsNorm
+from timm.layers.fast_norm import fast_rms_norm, rms_norm
+from torch import Tensor
+
+
+class RmsNorm(TimmRmsNorm):
+    """timm's ``RmsNorm`` (same arguments, parameter and state-dict key) with a three-pass inference path for fp32 and
+    fp64 inputs; equal to timm's to float rounding (``tests/layers/test_rms_norm.py``). TorchScript compiles timm's
+    path only (it cannot call ``super()``, hence timm's two functions by name)."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        if not torch.jit.is_scripting():
+            if self.inference_path(x):
+                scale = torch.linalg.vector_norm(x, dim=-1, keepdim=True)  # [..., 1]: sqrt(sum x^2)
+                scale = scale.square_().div_(x.shape[-1]).add_(self.eps).rsqrt_()  # 1 / sqrt(mean x^2 + eps)
+                x = x * scale
+                return x if self.weight is None else x.mul_(self.weight)
+        if self._fast_norm:
+            return fast_rms_norm(x, self.normalized_shape, self.weight, self.eps)
+        return rms_norm(x, self.normalized_shape, self.weight, self.eps)
+
+    @torch.jit.unused
+    def inference_path(self, x: Tensor) -> bool:
+        """Whether ``x`` takes the three passes: no autograd, no graph capture, no fused kernel (timm's fast norm),
+        fp32/fp64, one normalised dim."""
+        capturing = torch.jit.is_tracing() or torch.compiler.is_compiling()
+        return (not torch.is_grad_enabled() and not capturing and not self._fast_norm
+                and len(self.normalized_shape) == 1 and x.dtype in (torch.float32, torch.float64))
