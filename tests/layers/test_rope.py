@@ -158,6 +158,22 @@ def test_tables_broadcast_and_prefix_rows_are_identity():
     assert torch.equal(out[:, :, 0], x[:, :, 0])
 
 
+@pytest.mark.parametrize("batched", ["positions", "frequencies", "both", "neither"])
+def test_tables_are_token_major_in_memory_as_the_rotation_reads_them(batched):
+    """``[(B,) H, N, D/2]`` tables over ``[(B,) N, H, D/2]`` memory, prefix rows included: the fused rotation's
+    ``[(B,) N, 1, H, D/2]`` view of them is contiguous, and the values are the head-major formula's."""
+    pos = torch.randn(*((B,) if batched in ("positions", "both") else ()), N, 2) * 5
+    freqs = torch.randn(*((B,) if batched in ("frequencies", "both") else ()), 2, NH, D // 2)
+    angles = rope_angles(pos, freqs)
+    x, y = pos[..., None, :, 0, None], pos[..., None, :, 1, None]  # [(B,) 1, N, 1]
+    expected = x * freqs[..., 0, :, None, :] + y * freqs[..., 1, :, None, :]  # [(B,) H, N, D/2]
+    torch.testing.assert_close(angles, expected.expand_as(angles), atol=1e-5, rtol=1e-6)
+    head_major = rope_tables(angles.contiguous(), num_prefix_tokens=2, temperature=1.5)
+    for table, same in zip(rope_tables(angles, num_prefix_tokens=2, temperature=1.5), head_major, strict=True):
+        assert table.shape[-3:] == (NH, N + 2, D // 2) and table.transpose(-3, -2).is_contiguous()
+        assert same.is_contiguous() and torch.equal(table, same)  # prefix rows too
+
+
 def test_low_precision_inputs_keep_fp32_angles():
     rope = RoPE2D(D, NH, "mixed").to(torch.bfloat16)
     pos = torch.tensor([[1000.0, 517.0], [3.0, 4.0]])

@@ -95,13 +95,23 @@ def rope_angles(positions: Tensor, freqs: Tensor) -> Tensor:
             ``[B, 2, H, D/2]``, one set per sample (a policy applied to each sample's grid in a NaFlex batch).
 
     Returns:
-        ``[H, N, D/2]``, or ``[B, H, N, D/2]`` for batched positions or frequencies.
+        ``[H, N, D/2]``, or ``[B, H, N, D/2]`` for batched positions or frequencies: a view of token-major memory
+        (``[(B,) N, H, D/2]`` contiguous), the order in which the fused rotation reads its table; one ``addcmul``
+        writes it row after row, where a head-major broadcast of per-token positions strides through memory.
     """
     dtype = torch.float64 if freqs.dtype == torch.float64 else torch.float32  # fp32 at least, fp64 when asked
-    pos = positions.to(dtype)[..., None, :, :, None]  # [(B,) 1, N, 2, 1]
-    f = freqs.to(dtype)  # elementwise products, so autocast never lowers the angles to bf16
-    fx, fy = f.select(-3, 0)[..., :, None, :], f.select(-3, 1)[..., :, None, :]  # [(B,) H, 1, D/2] each
-    return pos[..., 0, :] * fx + pos[..., 1, :] * fy
+    pos = positions.to(dtype)[..., None, None]  # [(B,) N, 2, 1, 1]
+    f = freqs.to(dtype).unsqueeze(-3)  # [(B,) 2, 1, H, D/2]; elementwise, so autocast never lowers the angles to bf16
+    angles = torch.addcmul(pos[..., 0, :, :] * f.select(-4, 0), pos[..., 1, :, :], f.select(-4, 1))  # [(B,) N, H, D/2]
+    return angles.transpose(-3, -2)
+
+
+def _prepend_rows(x: Tensor, count: int, value: float) -> Tensor:
+    """``count`` rows of ``value`` before the N rows of ``x`` ``[..., N, D/2]``, in ``x``'s memory order: token-major
+    tables (``rope_angles``) stay token-major."""
+    if x.dim() >= 3 and x.transpose(-3, -2).is_contiguous():
+        return F.pad(x.transpose(-3, -2), (0, 0, 0, 0, count, 0), value=value).transpose(-3, -2)
+    return F.pad(x, (0, 0, count, 0), value=value)
 
 
 def rope_tables(angles: Tensor, num_prefix_tokens: int = 0, temperature: float = 1.0) -> tuple[Tensor, Tensor]:
@@ -123,8 +133,8 @@ def rope_tables(angles: Tensor, num_prefix_tokens: int = 0, temperature: float =
     if temperature != 1.0:
         cos, sin = cos * temperature, sin * temperature
     if num_prefix_tokens:
-        cos = F.pad(cos, (0, 0, num_prefix_tokens, 0), value=temperature)
-        sin = F.pad(sin, (0, 0, num_prefix_tokens, 0), value=0.0)
+        cos = _prepend_rows(cos, num_prefix_tokens, temperature)
+        sin = _prepend_rows(sin, num_prefix_tokens, 0.0)
     return cos, sin
 
 
