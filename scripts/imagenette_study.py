@@ -46,7 +46,15 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from studies.compare import HEADLINE_END, headline, headline_begin, write_comparison  # noqa: E402
+from studies.compare import (  # noqa: E402
+    HEADLINE_END,
+    REPRODUCTION_END,
+    headline,
+    headline_begin,
+    reproduction,
+    reproduction_begin,
+    write_comparison,
+)
 from studies.course import COURSE, COURSE_END, course_begin, course_table  # noqa: E402
 from studies.report import Goal, is_run, write_study  # noqa: E402
 from vit_rope.eval.report import machine, replace_section  # noqa: E402
@@ -105,6 +113,8 @@ GOALS = {"v3": ROPE_VIT_GOAL, "v4": ROPE_VIT_GOAL, "vit_s": ROPE_VIT_GOAL}
 # Arms that wait until every seed of the others is done: v3's remedy comes after its three controls, v4's stage 2
 # (the data question) after stage 1.
 LATER = {"v3": ("mixed_coord_sizes",), "v4": ("mixed_third", "ape_third")}
+# Arms re-run from another study to show that they reproduce it: study -> (the study they come from, its arms).
+REPRODUCES = {"encodings": ("v2", ("mixed_p8", "axial_p8", "ape_p8"))}
 # Second crop fraction evaluated (positions as trained only) beside the study's crop 1.0: one crop can favour an arm.
 SECOND_CROP = {"v3": 0.875, "v4": 0.875, "encodings": 0.875}
 
@@ -146,6 +156,10 @@ def write_reports(study: str, results: Path, readme: Path) -> None:
     course = course_table(results, json.loads((results / "runs.json").read_text()))
     if course:  # on the page when it has the markers
         replace_section(readme, course_begin(results), COURSE_END, course)
+    if study in REPRODUCES:  # on the page when it has the markers
+        source, arms = REPRODUCES[study]
+        replace_section(readme, reproduction_begin(results), REPRODUCTION_END,
+                        reproduction(results, COMPARED[source], arms))
     write_comparison(readme, COMPARED)
     if study == HEADLINE and results.resolve() == COMPARED[study].resolve():  # the script runs from the root
         replace_section(Path("README.md"), headline_begin(results), HEADLINE_END, headline(results))

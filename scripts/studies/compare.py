@@ -91,6 +91,50 @@ def write_comparison(readme: Path, studies: Mapping[str, Path]) -> bool:
     return replace_section(readme, COMPARE_BEGIN, COMPARE_END, comparison(studies))
 
 
+REPRODUCTION_END = "<!-- reproduction:end -->"
+
+
+def reproduction_begin(results_dir: Path) -> str:
+    """The line that opens the table of a study's re-run arms against the study they come from (``reproduction``)."""
+    return f"<!-- reproduction:begin (written by scripts/imagenette_study.py from {results_dir.as_posix()}) -->"
+
+
+def _as_trained_by_run(results_dir: Path, arms: tuple[str, ...]) -> dict[tuple[str, int], dict[int, dict[str, Any]]]:
+    """(arm, seed) -> size -> the run's row with positions as trained, for the runs of ``arms`` evaluated so far."""
+    if not (results_dir / "runs.json").exists() or not any((results_dir / "eval").rglob("results.json")):
+        return {}
+    found = {}
+    for run in json.loads((results_dir / "runs.json").read_text()):
+        if run["model"] in arms:
+            _, merged = study.merged_results(results_dir / "eval", [run])
+            by_size = study.as_trained_by_arm(merged, study.trained_policies([run])).get(study.arm_label(run))
+            if by_size:
+                found[run["model"], run["seed"]] = by_size
+    return found
+
+
+def reproduction(results_dir: Path, reference_dir: Path, arms: tuple[str, ...]) -> str:
+    """Do the ``arms`` that the study in ``results_dir`` re-ran reproduce the study in ``reference_dir`` they come
+    from? Per arm and seed run in both: top-1 with positions as trained at every size both evaluated, the reference's
+    row above the re-run's, and the largest difference between the two."""
+    reference, rerun = _as_trained_by_run(reference_dir, arms), _as_trained_by_run(results_dir, arms)
+    pairs = [key for key in rerun if key in reference]
+    if not pairs:
+        return "(no re-run evaluated yet)"
+    sizes = sorted(set.intersection(*(set(reference[key]) & set(rerun[key]) for key in pairs)))
+    rows = []
+    for arm, seed in pairs:
+        old, new = reference[arm, seed], rerun[arm, seed]
+        label, train_size = next(iter(new.values()))["model"], next(iter(new.values()))["train_size"]
+        gap = max(abs(new[size]["top1"] - old[size]["top1"]) for size in sizes)
+        for where, rows_by_size, last in ((reference_dir.name, old, "-"), ("re-run", new, f"{gap:.2f}")):
+            cells = [f"**{row['top1']:.2f}**" if size == train_size else f"{row['top1']:.2f}"
+                     for size, row in ((size, rows_by_size[size]) for size in sizes)]
+            rows.append([label, seed, where, *cells, last])
+    header = [f"{size}*" if size == train_size else str(size) for size in sizes]
+    return table(["model", "seed", "run", *header, "largest difference (points)"], rows)
+
+
 def headline_begin(results_dir: Path) -> str:
     """The line that opens a study's front-page summary (``headline``) in the README."""
     return f"<!-- headline:begin (written by scripts/imagenette_study.py from {results_dir.as_posix()}) -->"

@@ -96,3 +96,17 @@ def test_headline_names_the_seeds_and_merges_them(tmp_path):
     text = study_compare.headline(folder)
     assert text.startswith("2 finished runs, seeds 0, 1: top-1 (%)")
     assert "| APE | - | **45.50 ± 0.5** | 44.50 ± 0.5 |" in text.splitlines()
+
+
+def test_reproduction_puts_each_rerun_under_the_run_it_repeats(tmp_path):
+    scores = {("extrapolate", 64): 50.0, ("extrapolate", 128): 40.0, ("interpolate", 128): 45.0}
+    source = make_study(tmp_path / "v2", "vit_rope_tiny_patch16_mixed_224", {}, 64,
+                        {"mixed": scores, "ape": {(None, 64): 52.0, (None, 128): 49.0}, "other": scores}, seeds=(0, 1))
+    rerun = make_study(tmp_path / "encodings", "vit_rope_tiny_patch16_mixed_224", {}, 64,
+                       {"mixed": {**scores, ("extrapolate", 128): 41.5}, "new_kind": scores})
+    table = study_compare.reproduction(rerun, source, ("mixed", "ape"))
+    lines = table.splitlines()
+    assert lines[0] == "| model | seed | run | 64* | 128 | largest difference (points) |"
+    assert lines[2:] == ["| MIXED | 0 | v2 | **50.00** | 40.00 | - |",  # as trained only; seed 1 was not re-run
+                         "| MIXED | 0 | re-run | **50.00** | 41.50 | 1.50 |"]
+    assert study_compare.reproduction(rerun, source, ("ape",)) == "(no re-run evaluated yet)"
