@@ -20,8 +20,9 @@ def test_a_tiny_run_writes_every_family_row_and_ratio(run_benchmark: Callable) -
     for (family, run, mode), row in rows.items():
         assert row["images_per_s"] > 0 and row["blocks"] == row["sdpa_blocks"] == 1
         assert mode == "infer" or row["activation_mib"] > 0
-        if run == "twin":  # Sapiens2's q/k norms keep timm's reference rotation; every other family fuses it
+        if run == "twin":  # Sapiens2 rotates after its q/k norms; every other family fuses it into the projection
             assert row["fused_rotation_blocks"] == (family != "sapiens2")
+            assert row["after_norm_blocks"] == (family == "sapiens2")
             assert row["model"].startswith("vit_rope_")
     ratios = {(ratio["family"], ratio["ratio"]) for ratio in result["ratios"]}
     assert len(result["ratios"]) == 3 * len(twins.FAMILIES) and len(ratios) == 2 * len(twins.FAMILIES)
