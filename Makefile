@@ -8,8 +8,8 @@ PYTHON ?= $(VENV)/bin/python
 # CUDA builds of torch/torchvision also run on CPU; these versions install from this project's machine cache.
 TORCH ?= torch==2.14.1 torchvision==0.29.1
 
-.PHONY: install demo study study-v2 study-v3 study-v4 study-encodings study-vit-s naflex-demo bench-cuda bench-kinds bench-twins \
-	test lint
+.PHONY: install demo study study-v2 study-v3 study-v4 study-encodings study-vit-s naflex-demo bench-cuda bench-kinds \
+	bench-twins test lint
 
 $(VENV)/bin/python:
 	$(VENV_PYTHON) -m venv $(VENV) || { echo "Could not create $(VENV): install python3-venv (Debian/Ubuntu:" \

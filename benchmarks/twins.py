@@ -16,7 +16,8 @@ Attention is like for like: timm's ``Eva`` attention and ours both call ``F.scal
 (timm's ``use_fused_attn()``); ours rotates q and k in place inside the qkv projection (the fused rotation) in every
 block without q/k norm or grouped kv heads; Sapiens2's q/k norms come first, so there ours rotates their outputs in
 place in inference and takes the reference rotation in training. Each model's attention path is counted per block,
-printed and saved (``attention_paths``).
+printed and saved (``attention_paths``). One more difference, Sapiens2's only: in inference the twin's RMSNorm
+(``vit_rope.layers.rms_norm``) takes three passes where timm's takes four or five, so its inference ratio holds both.
 
 Default batches are small (``FAMILIES``): these are 257- to 3,081-token inputs on a CPU. Batch 2 gives each timed step
 two images (one would let a single image's cache effects decide a ratio) at 0.2-4 s per training step on 2 cores
@@ -67,13 +68,13 @@ def input_size(name: str, scale: float) -> tuple[int, int]:
 
 def attention_paths(model: nn.Module) -> dict[str, int]:
     """Blocks, blocks whose attention runs SDPA, and (twins) blocks that rotate q and k with the fused in-place
-    rotation, the condition ``RoPEAttention.project`` takes it under in eager mode, and blocks that rotate the q/k
-    norms' outputs in place instead (inference; training takes the reference rotation there)."""
+    rotation, the condition ``RoPEAttention.project`` takes it under in eager mode, and blocks with q/k norms, which
+    rotate the norms' outputs in place in inference and take the reference rotation in training."""
     attns = [block.attn for block in model.blocks]
     paths = {"blocks": len(attns), "sdpa_blocks": sum(bool(attn.fused_attn) for attn in attns)}
     if isinstance(model, vit_rope.RoPEVisionTransformer):
         paths["fused_rotation_blocks"] = sum(attn.plain_qk and attn.num_kv_heads == attn.num_heads for attn in attns)
-        paths["after_norm_blocks"] = sum(not attn.plain_qk for attn in attns)
+        paths["qk_norm_blocks"] = sum(not attn.plain_qk for attn in attns)
     return paths
 
 
@@ -115,11 +116,11 @@ def print_tables(rows: list[dict], ratios: list[dict]) -> None:
     """Images/s and memory per model, then each ratio against its target."""
     print(report.table(
         ["family", "run", "model", "input", "batch", "mode", "images/s", "activation MiB",
-         "SDPA / fused rotation / after q/k norm"],
+         "SDPA / fused rotation / q/k norm"],
         [(r["family"], r["run"], r["model"], "x".join(map(str, r["img_size"])), r["batch_size"], r["mode"],
           f"{r['images_per_s']:.2f}", f"{r['activation_mib']:.0f}" if "activation_mib" in r else "",
           f"{r['sdpa_blocks']}/{r['blocks']}, {r.get('fused_rotation_blocks', '-')}/{r['blocks']}, "
-          f"{r.get('after_norm_blocks', '-')}/{r['blocks']}") for r in rows]))
+          f"{r.get('qk_norm_blocks', '-')}/{r['blocks']}") for r in rows]))
     print(report.table(["family", "mode", "ratio", "value", "target", "result"],
                        [(r["family"], r["mode"], r["ratio"], f"{r['value']:.3f}", *throughput.verdict(r))
                         for r in ratios]), flush=True)

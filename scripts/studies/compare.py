@@ -116,23 +116,30 @@ def _as_trained_by_run(results_dir: Path, arms: tuple[str, ...]) -> dict[tuple[s
 def reproduction(results_dir: Path, reference_dir: Path, arms: tuple[str, ...]) -> str:
     """Do the ``arms`` that the study in ``results_dir`` re-ran reproduce the study in ``reference_dir`` they come
     from? Per arm and seed run in both: top-1 with positions as trained at every size both evaluated, the reference's
-    row above the re-run's, and the largest difference between the two."""
+    row above the re-run's, the largest difference between the two, and beside it the largest difference between the
+    reference's own seeds of that arm (how far two runs of one recipe fall apart anyway)."""
     reference, rerun = _as_trained_by_run(reference_dir, arms), _as_trained_by_run(results_dir, arms)
     pairs = [key for key in rerun if key in reference]
-    if not pairs:
+    sizes = sorted(set.intersection(*(set(reference[key]) & set(rerun[key]) for key in pairs))) if pairs else []
+    if not sizes:
         return "(no re-run evaluated yet)"
-    sizes = sorted(set.intersection(*(set(reference[key]) & set(rerun[key]) for key in pairs)))
-    rows = []
+
+    def gap(one: dict[int, dict[str, Any]], other: dict[int, dict[str, Any]]) -> float:
+        return max(abs(one[size]["top1"] - other[size]["top1"]) for size in sizes)
+
+    train_size, rows = rerun[pairs[0]][sizes[0]]["train_size"], []
     for arm, seed in pairs:
-        old, new = reference[arm, seed], rerun[arm, seed]
-        label, train_size = next(iter(new.values()))["model"], next(iter(new.values()))["train_size"]
-        gap = max(abs(new[size]["top1"] - old[size]["top1"]) for size in sizes)
-        for where, rows_by_size, last in ((reference_dir.name, old, "-"), ("re-run", new, f"{gap:.2f}")):
-            cells = [f"**{row['top1']:.2f}**" if size == train_size else f"{row['top1']:.2f}"
-                     for size, row in ((size, rows_by_size[size]) for size in sizes)]
-            rows.append([label, seed, where, *cells, last])
+        seeds = [runs for (other, _), runs in reference.items() if other == arm]
+        spread = f"{gap(*seeds[:2]):.2f}" if len(seeds) > 1 and all(set(sizes) <= set(runs) for runs in seeds) else "-"
+        difference = f"{gap(reference[arm, seed], rerun[arm, seed]):.2f}"
+        for where, by_size, cells in ((reference_dir.name, reference[arm, seed], ["-", "-"]),
+                                      ("re-run", rerun[arm, seed], [difference, spread])):
+            top1 = [f"**{by_size[size]['top1']:.2f}**" if size == train_size else f"{by_size[size]['top1']:.2f}"
+                    for size in sizes]
+            rows.append([by_size[sizes[0]]["model"], seed, where, *top1, *cells])
     header = [f"{size}*" if size == train_size else str(size) for size in sizes]
-    return table(["model", "seed", "run", *header, "largest difference (points)"], rows)
+    return table(["model", "seed", "run", *header, "largest difference (points)",
+                  f"largest difference between {reference_dir.name}'s seeds"], rows)
 
 
 def headline_begin(results_dir: Path) -> str:

@@ -22,7 +22,7 @@ def test_a_tiny_run_writes_every_family_row_and_ratio(run_benchmark: Callable) -
         assert mode == "infer" or row["activation_mib"] > 0
         if run == "twin":  # Sapiens2 rotates after its q/k norms; every other family fuses it into the projection
             assert row["fused_rotation_blocks"] == (family != "sapiens2")
-            assert row["after_norm_blocks"] == (family == "sapiens2")
+            assert row["qk_norm_blocks"] == (family == "sapiens2")
             assert row["model"].startswith("vit_rope_")
     ratios = {(ratio["family"], ratio["ratio"]) for ratio in result["ratios"]}
     assert len(result["ratios"]) == 3 * len(twins.FAMILIES) and len(ratios) == 2 * len(twins.FAMILIES)

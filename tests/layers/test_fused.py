@@ -12,7 +12,7 @@ import torch
 
 import vit_rope  # noqa: F401  (registers the models)
 from benchmarks.throughput import activation_bytes  # the benchmark's own measure, so both agree
-from vit_rope.layers import triton_rope
+from vit_rope.layers import attention, triton_rope
 from vit_rope.layers.fused import project_rotate_qk, rotate_heads_, rotate_qk
 from vit_rope.layers.rope import RoPE2D, apply_rope, rope_angles, rope_tables
 
@@ -212,29 +212,38 @@ def test_model_fast_and_reference_paths_agree(monkeypatch, name):
 
 
 @pytest.mark.parametrize("num_kv_heads", [3, 1], ids=["mha", "gqa"])
-def test_qk_norm_rotates_the_normed_q_and_k_in_place_in_inference(num_kv_heads):
+def test_qk_norm_rotates_the_normed_q_and_k_in_place_in_inference(monkeypatch, num_kv_heads):
     """With q/k norms RoPE must rotate the normalised q and k, which the projection's in-place path cannot: training
-    takes the reference, inference rotates the norms' outputs where they are; both equal the reference."""
+    takes the reference, inference rotates the norms' outputs where they are (unless a hook holds them, or a norm is
+    an Identity passing on a view of the projection); all equal the reference."""
     torch.manual_seed(0)
     model = timm.create_model("vit_rope_tiny_patch16_axial_224", depth=1, num_classes=5, qk_norm=True)
     attn = model.blocks[0].attn
     if num_kv_heads != attn.num_heads:
         attn.group_kv_heads_(num_kv_heads)
     assert not attn.plain_qk
-    normed = {}
-    attn.q_norm.register_forward_hook(lambda module, args, out: normed.update(q=out))
+    in_place = []
+    monkeypatch.setattr(attention, "rotate_heads_", lambda *args: in_place.append(args) or rotate_heads_(*args))
     x = torch.randn(2, 17, 192)
     rope = model.rope(model.rope.grid_positions(4, 4), 1)
     plain_q, plain_k, _ = attn.project(x)
     expected = apply_rope(plain_q, *rope), apply_rope(plain_k, *rope)
-    q, k, _ = attn.project(x, rope)
-    assert q.grad_fn is not None and q is not normed["q"]
+    results = {"training": attn.project(x, rope)}
+    assert results["training"][0].grad_fn is not None and not in_place
     with torch.no_grad():
-        q_fast, k_fast, _ = attn.project(x, rope)
-    assert q_fast is normed["q"]  # rotated where the norm wrote it: nothing allocated
-    for got in ((q, k), (q_fast, k_fast)):  # k of grouped heads: rotated, then repeated as project repeats it
-        torch.testing.assert_close(got[0], expected[0])
-        torch.testing.assert_close(got[1], expected[1])
+        results["inference"] = attn.project(x, rope)
+        assert len(in_place) == 1 and in_place[0][0] is results["inference"][0]  # the norm's output, rotated there
+        handle = attn.q_norm.register_forward_hook(lambda module, args, out: None)
+        results["hooked norm"] = attn.project(x, rope)
+        handle.remove()
+        k_norm, attn.k_norm = attn.k_norm, torch.nn.Identity()
+        results["one norm"] = attn.project(x, rope)
+        attn.k_norm = k_norm
+    assert len(in_place) == 1  # neither of the last two rotated in place
+    for name, (q, k, _) in results.items():  # k of grouped heads: rotated, then repeated as project repeats it
+        torch.testing.assert_close(q, expected[0], msg=name)
+        if name != "one norm":
+            torch.testing.assert_close(k, expected[1], msg=name)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
@@ -243,19 +252,22 @@ def test_qk_norm_rotates_the_normed_q_and_k_in_place_in_inference(num_kv_heads):
 def test_rotate_heads_in_place_equals_reference(dtype, kind, batched):
     lin, freqs, positions = inputs(kind, 1, batched, dtype, "cpu")
     cos, sin = rope_tables(rope_angles(positions, freqs.detach()), 1)
-    x = lin.detach()[..., : NH * D].unflatten(-1, (NH, D)).transpose(1, 2).contiguous()  # [B, nh, P+N, D]
-    expected = apply_rope(x, cos, sin)
-    out = rotate_heads_(x, cos, sin)
-    assert out is x
+    q, k = (lin.detach()[..., i * NH * D:(i + 1) * NH * D].unflatten(-1, (NH, D)).transpose(1, 2).contiguous()
+            for i in range(2))  # [B, nh, P+N, D] each
+    expected = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+    out = rotate_heads_(q, k, cos, sin)
+    assert out[0] is q and out[1] is k
     tol = TOLERANCES[dtype]
-    torch.testing.assert_close(out.float(), expected.float(), atol=tol, rtol=tol)
+    for got, want in zip(out, expected, strict=True):
+        torch.testing.assert_close(got.float(), want.float(), atol=tol, rtol=tol)
 
 
 def test_rotate_heads_refuses_a_layout_it_cannot_write_in_place():
-    x = torch.randn(2, NH, N, 2 * D)[..., ::2]  # channels two floats apart
+    q = torch.randn(2, NH, N, D)
+    k = torch.randn(2, NH, N, 2 * D)[..., ::2]  # channels two floats apart
     cos, sin = rope_tables(rope_angles(torch.randn(N, 2), RoPE2D(D, NH, "axial").freqs))
-    with pytest.raises(ValueError, match=r"does not hold its channel pairs adjacent; rotate a contiguous tensor"):
-        rotate_heads_(x, cos, sin)
+    with pytest.raises(ValueError, match=r"k of shape .* does not hold its channel pairs adjacent; rotate a"):
+        rotate_heads_(q, k, cos, sin)
 
 
 @pytest.mark.parametrize("kind", ["axial", "mixed"])

@@ -54,6 +54,15 @@ def test_other_dtypes_and_compiled_graphs_take_timms_path(monkeypatch):
         assert not ours.inference_path(torch.randn(2, 16))
 
 
+def test_fx_traces_timms_path_even_without_autograd():
+    ours, _ = pair(16)
+    with torch.no_grad():
+        traced = torch.fx.symbolic_trace(ours)  # proxies have no data: the three passes are not recorded
+        assert "vector_norm" not in traced.code
+        x = torch.randn(4, 16)
+        torch.testing.assert_close(traced(x), ours(x), atol=1e-6, rtol=1e-6)
+
+
 def test_scripts_and_the_scripted_norm_equals_eager():
     ours, _ = pair(16)
     buffer = io.BytesIO()

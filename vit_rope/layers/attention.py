@@ -18,8 +18,9 @@ from timm.layers import maybe_add_mask, resolve_self_attn_mask
 from timm.models.vision_transformer import Attention, Block
 from torch import Tensor, nn
 
+from vit_rope.layers.capture import capturing
 from vit_rope.layers.fused import pairs_adjacent, project_rotate_qk, project_weights_rotate_qk, rotate_heads_
-from vit_rope.layers.rope import apply_rope
+from vit_rope.layers.rotary import apply_rope
 
 RopeTables = tuple[Tensor, Tensor]
 
@@ -74,7 +75,7 @@ class RoPEAttention(Attention):
         if self.num_kv_heads != self.num_heads:
             return self._project_grouped(x, rope)
         if not torch.jit.is_scripting():  # TorchScript compiles only what this branch leaves out
-            if rope is not None and self.plain_qk and not _tracing(x):
+            if rope is not None and self.plain_qk and not capturing(x):
                 if self.string is None:
                     qkv = project_rotate_qk(self.qkv, x, self.num_heads, *rope)  # [B, N, 3, nh, D]
                 else:
@@ -96,12 +97,19 @@ class RoPEAttention(Attention):
 
     def _rotate_normed(self, q: Tensor, k: Tensor, rope: RopeTables) -> tuple[Tensor, Tensor]:
         """q and k rotated after the q/k norms (or on the reference path): in place in eager inference when the norms
-        made them (``rotate_heads_``: one pass each), else out of place (``apply_rope``)."""
+        made them (``rotate_heads_``: one product each), else out of place (``apply_rope``)."""
         if not torch.jit.is_scripting():
-            if not self.plain_qk and not torch.is_grad_enabled() and not _tracing(q) and not torch.jit.is_tracing():
-                if pairs_adjacent(q) and pairs_adjacent(k):
-                    return rotate_heads_(q, rope[0], rope[1]), rotate_heads_(k, rope[0], rope[1])
+            if self._rotates_normed_in_place(q, k):
+                return rotate_heads_(q, k, rope[0], rope[1])
         return apply_rope(q, rope[0], rope[1]), apply_rope(k, rope[0], rope[1])
+
+    @torch.jit.unused
+    def _rotates_normed_in_place(self, q: Tensor, k: Tensor) -> bool:
+        """Eager inference, and q and k are the outputs of two norms that nothing else sees (no forward hooks, no
+        ``Identity`` passing on a view of the projection): tensors of this call's own, which may be overwritten."""
+        own = all(not isinstance(norm, nn.Identity) and not norm._forward_hooks for norm in (self.q_norm, self.k_norm))
+        return (own and not torch.is_grad_enabled() and not capturing(q) and pairs_adjacent(q)
+                and pairs_adjacent(k))
 
     def _biased(self, q: Tensor, k: Tensor, v: Tensor, bias: Tensor, scale: float, attn_mask: Tensor | None,
                 is_causal: bool = False) -> Tensor:
@@ -156,11 +164,6 @@ class RoPEAttention(Attention):
         if gate is not None:
             x = x * gate
         return self.proj_drop(self.proj(x))
-
-
-def _tracing(x: Tensor) -> bool:
-    """Whether ``x`` flows through a graph capture (torch.compile, torch.export or FX), not real eager tensors."""
-    return torch.compiler.is_compiling() or isinstance(x, torch.fx.Proxy)
 
 
 class RoPEBlock(Block):

@@ -28,9 +28,10 @@ import torch.nn.functional as F
 from timm.layers import register_notrace_module
 from torch import Tensor, nn
 
+from vit_rope.layers.capture import capturing
 from vit_rope.layers.lookhere import check_config, head_plan, layer_scales, lookhere_penalty
 from vit_rope.layers.policies import BIAS_KINDS, ResolutionPolicy, check_policy
-from vit_rope.layers.rope import grid_positions
+from vit_rope.layers.rotary import grid_positions
 
 
 def alibi_slopes(num_heads: int) -> Tensor:
@@ -66,11 +67,6 @@ def policy_positions(positions: Tensor, grid: Tensor | tuple[int, int] | None, t
 def pad_prefix(table: Tensor, num_prefix_tokens: int) -> Tensor:
     """Zero rows and columns in front for the prefix tokens: ``[..., N, N]`` -> ``[..., P + N, P + N]``."""
     return F.pad(table, (num_prefix_tokens, 0, num_prefix_tokens, 0)) if num_prefix_tokens else table
-
-
-def _building_graph() -> bool:
-    """Whether a graph is being captured (torch.compile, torch.export, TorchScript tracing): no Python cache then."""
-    return torch.compiler.is_compiling() or torch.jit.is_tracing()
 
 
 @register_notrace_module
@@ -157,7 +153,7 @@ class AttnBias(nn.Module):
         if grid is None:
             raise ValueError("AttnBias needs positions or the grid to place them on.")
         device = self.anchor.device
-        if _building_graph():  # a traced or compiled graph serves every size: no Python state in it
+        if capturing():  # a traced or compiled graph serves every size: no Python state in it
             return [t[None] for t in self._layers(grid_positions(grid[0], grid[1], device=device), grid,
                                                   num_prefix_tokens)]
         key = (int(grid[0]), int(grid[1]), num_prefix_tokens, str(device), self.policy_name,

@@ -64,7 +64,8 @@ def pairs_adjacent(x: Tensor) -> bool:
 def _rotate(src: Tensor, table: Tensor, out: Tensor) -> None:
     """``out = src * table`` pair by pair (``out`` may be ``src``); bf16/fp16 go through fp32 and are rounded once.
 
-    Shapes: ``src``, ``out`` ``[B, N, 2, nh, D]`` (any strides), ``table`` ``[(B,) N, 1, H, D/2]`` complex.
+    Shapes: ``src``, ``out`` ``[B, N, 2, nh, D]`` (any strides) with ``table`` ``[(B,) N, 1, H, D/2]`` complex (the
+    qk slice of a projection), or ``[B, h, N, D]`` with ``[(B,) H, N, D/2]`` (``rotate_heads_``).
     """
     if src.dtype == table.real.dtype:
         torch.mul(_as_pairs(src), table, out=_as_pairs(out))
@@ -185,16 +186,20 @@ def rotate_qk(qkv: Tensor, cos: Tensor, sin: Tensor, backend: str = "auto") -> T
     return qkv
 
 
-def rotate_heads_(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    """Rotate queries or keys ``x`` ``[B, h, N, D]`` in place by ``(cos, sin)`` ``[(B,) H, N, D/2]`` (``H`` = 1 or h),
-    in one pass; returns ``x``. Inference only (no autograd), for q and k that a q/k norm made (Sapiens2): the norm's
-    output is a tensor of the caller's own, so the rotation may overwrite it, where the reference ``apply_rope``
-    makes several passes and new tensors. ``x`` must pass ``pairs_adjacent`` (a norm's output does)."""
-    if not pairs_adjacent(x):
-        raise ValueError(f"rotate_heads_: x of shape {tuple(x.shape)} and strides {x.stride()} does not hold its "
-                         "channel pairs adjacent; rotate a contiguous tensor, or use apply_rope.")
-    _rotate(x, _complex(cos, sin, x.dtype), x)
-    return x
+def rotate_heads_(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor]:
+    """Rotate queries ``q`` and keys ``k`` ``[B, h, N, D]`` in place by ``(cos, sin)`` ``[(B,) H, N, D/2]`` (``H`` = 1
+    or h; ``k`` may have fewer heads when ``H`` = 1); returns them. Inference only (no autograd), for q and k that q/k
+    norms made (Sapiens2): tensors of the caller's own, so one complex product per pair may overwrite them, where the
+    reference ``apply_rope`` makes several passes and new tensors (bf16/fp16 also pass through fp32 once). Both must
+    pass ``pairs_adjacent`` (a norm's output does)."""
+    for name, x in (("q", q), ("k", k)):
+        if not pairs_adjacent(x):
+            raise ValueError(f"rotate_heads_: {name} of shape {tuple(x.shape)} and strides {x.stride()} does not hold "
+                             "its channel pairs adjacent; rotate a contiguous tensor, or use apply_rope.")
+    table = _complex(cos, sin, q.dtype)  # built once for q and k
+    _rotate(q, table, q)
+    _rotate(k, table, k)
+    return q, k
 
 
 def project_rotate_qk(linear: nn.Module, x: Tensor, num_heads: int, cos: Tensor, sin: Tensor,

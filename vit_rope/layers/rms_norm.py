@@ -1,11 +1,11 @@
 """RMSNorm (Zhang & Sennrich, NeurIPS 2019, arXiv:1910.07467) as timm's ``RmsNorm``, with fewer passes in inference.
 
 Sapiens2 (Khirodkar et al. 2026, arXiv:2604.21681) normalises every block input and every query and key with RMSNorm.
-On CPU neither timm's ``rms_norm`` nor PyTorch's ``F.rms_norm`` is one kernel: squares, mean, rescale and weight are
-four or five passes over the activations, each one bound by memory, so a ViT-B Sapiens2 at 512x384 spends about a fifth
-of its inference in them (torch.profiler, torch 2.14.1, 2 cores). Where autograd does not record, ``RmsNorm`` here takes
-three: one reduction (``torch.linalg.vector_norm``), one rescale into a new tensor and the weight multiplied in place.
-Training, scripting and graph capture keep timm's code, so gradients and saved activations are timm's.
+On CPU neither timm's ``rms_norm`` nor PyTorch's ``F.rms_norm`` (torch 2.14) is one kernel: squares, mean, rescale
+and weight are four or five passes over the activations, each bound by memory. Where autograd does not record,
+``RmsNorm`` here takes three: one reduction (``torch.linalg.vector_norm``), one rescale into a new tensor and the weight
+multiplied in place. Training, scripting and graph capture keep timm's code, so gradients and saved activations are
+timm's.
 """
 
 from __future__ import annotations
@@ -14,6 +14,8 @@ import torch
 from timm.layers import RmsNorm as TimmRmsNorm
 from timm.layers.fast_norm import fast_rms_norm, rms_norm
 from torch import Tensor
+
+from vit_rope.layers.capture import capturing
 
 
 class RmsNorm(TimmRmsNorm):
@@ -36,6 +38,5 @@ class RmsNorm(TimmRmsNorm):
     def inference_path(self, x: Tensor) -> bool:
         """Whether ``x`` takes the three passes: no autograd, no graph capture, no fused kernel (timm's fast norm),
         fp32/fp64, one normalised dim."""
-        capturing = torch.jit.is_tracing() or torch.compiler.is_compiling()
-        return (not torch.is_grad_enabled() and not capturing and not self._fast_norm
+        return (not torch.is_grad_enabled() and not capturing(x) and not self._fast_norm
                 and len(self.normalized_shape) == 1 and x.dtype in (torch.float32, torch.float64))

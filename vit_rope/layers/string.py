@@ -27,6 +27,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from vit_rope.layers.capture import capturing
+
 
 def cayley(skew: Tensor) -> Tensor:
     """``P = (I - S)(I + S)^-1`` with ``S = A - A^T``: an orthogonal ``[..., D, D]`` for any ``A`` ``[..., D, D]``,
@@ -84,8 +86,7 @@ class CayleyString(nn.Module):
 
     def forward(self, weight: Tensor, bias: Tensor | None) -> tuple[Tensor, Tensor | None]:
         if not torch.jit.is_scripting():
-            eager = not (torch.compiler.is_compiling() or torch.jit.is_tracing() or isinstance(weight, torch.fx.Proxy))
-            if eager and not torch.is_grad_enabled():
+            if not capturing(weight) and not torch.is_grad_enabled():
                 return self._cached(weight, bias)
         return fold_qk(self.basis(), weight, bias)
 
