@@ -23,8 +23,8 @@ from torchvision import transforms
 
 import vit_rope
 from vit_rope.errors import UserError
+from vit_rope.eval import cli, report
 from vit_rope.eval import harness as evaluate
-from vit_rope.eval import report
 from vit_rope.eval.loading import EvalModel, load_trained
 from vit_rope.layers.policies import POLICIES
 from vit_rope.models.checkpoint import WeightsNotLoadedWarning
@@ -57,7 +57,7 @@ def checkpoint(tmp_path: Path) -> Path:
 
 
 def run(*args: str) -> int:
-    return evaluate.main([*args, "--device", "cpu", "--workers", "0", "--batch-size", "8"])
+    return cli.main([*args, "--device", "cpu", "--workers", "0", "--batch-size", "8"])
 
 
 def test_transform_is_the_protocol() -> None:

@@ -32,7 +32,8 @@ from vit_rope.checks import check_model_name, check_multiple, check_output_dir, 
 from vit_rope.data.folders import ImageFolderDataset, Sample, find_images
 from vit_rope.errors import UserError
 from vit_rope.eval import naflex
-from vit_rope.eval.harness import eval_transform, parse_kwarg, subset
+from vit_rope.eval.cli import parse_kwarg
+from vit_rope.eval.harness import eval_transform, subset
 from vit_rope.eval.loading import EvalModel, load_pretrained, load_trained
 from vit_rope.layers.naflex import naflex_grid
 from vit_rope.layers.policies import BIAS_KINDS, POLICIES

@@ -27,7 +27,7 @@ from torch import nn
 from torch.export import Dim, ExportedProgram
 
 from vit_rope.errors import UserError
-from vit_rope.eval.harness import parse_kwarg
+from vit_rope.eval.cli import parse_kwarg
 from vit_rope.eval.loading import load_pretrained, load_trained
 from vit_rope.layers.policies import POLICIES
 

@@ -1,0 +1,144 @@
+"""Accuracy against input resolution: checkpoints or timm models on ``DIR/val`` (``--val-split``) at several sizes and
+RoPE policies.
+
+    python -m vit_rope.evaluate --checkpoint output/run/best.pth --data-dir DIR --img-sizes 160 224 320 \
+        --policy extrapolate interpolate ntk yarn
+    python -m vit_rope.evaluate --model vit_small_patch16_224 --pretrained-file vit_s.safetensors --data-dir DIR ...
+    python -m vit_rope.evaluate --checkpoint output/run/best.pth --data-dir DIR --seq-lens 64 196 400 784
+
+A ``--model`` without weights (no ``--pretrained-file``, no ``--model-kwargs pretrained=true``) is refused unless
+``--random-init`` asks for its random initialisation, which the reports then label ``random init``.
+
+The command-line layer over ``vit_rope.eval.harness``. Writes OUTPUT/results.json, results.md and
+accuracy_vs_resolution.png (``vit_rope.eval.report``). Exit codes: 0 done, 2 bad input (sizes, policies, data folder,
+checkpoint), all checked before any evaluation starts. ``--seq-lens`` adds token budgets, each image at its own aspect
+ratio (``vit_rope.eval.naflex``), for models that take timm's NaFlex batches.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from vit_rope.checks import check_model_name, check_output_dir
+from vit_rope.data.folders import find_images, resolve_data_dir
+from vit_rope.errors import UserError
+from vit_rope.eval import naflex
+from vit_rope.eval.harness import check_options, check_sizes, choose_split, evaluate_models, protocol
+from vit_rope.eval.loading import load_pretrained, load_trained
+from vit_rope.eval.report import write_reports
+from vit_rope.layers.policies import POLICIES
+from vit_rope.train.engine import set_cpu_threads
+
+
+def _positive(text: str) -> int:
+    if not text.isdigit() or int(text) == 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive whole number")
+    return int(text)
+
+
+def _count(text: str) -> int:
+    if not text.isdigit():
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number >= 0")
+    return int(text)
+
+
+def parse_kwarg(text: str) -> tuple[str, Any]:
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"{text!r} is not KEY=VALUE (e.g. depth=2)")
+    return key, yaml.safe_load(value)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="vit-rope-evaluate", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--checkpoint", nargs="+", default=[], metavar="PATH", help="train.py checkpoints")
+    parser.add_argument("--model", nargs="+", default=[], metavar="NAME", help="timm model names")
+    parser.add_argument("--pretrained-file", nargs="+", metavar="PATH", help="weights for each --model, in order")
+    parser.add_argument("--random-init", action="store_true",
+                        help="evaluate a --model without weights (no --pretrained-file, no --model-kwargs "
+                        "pretrained=true) at its random initialisation, labelled 'random init': chance accuracy, "
+                        "for timing")
+    parser.add_argument("--model-kwargs", nargs="+", type=parse_kwarg, default=[], metavar="KEY=VALUE",
+                        help="extra timm.create_model arguments for every --model (values read as YAML)")
+    parser.add_argument("--train-size", type=_positive, help="training size of the --model models (default: theirs)")
+    parser.add_argument("--no-ema", action="store_true", help="evaluate a checkpoint's model weights, not its EMA")
+    parser.add_argument("--data-dir", help="dataset root holding the val split (one folder per class); default as "
+                        "train.py: ../shared/data/imagenette when it exists, else Imagenette downloaded")
+    parser.add_argument("--val-split", metavar="NAME", help="folder of --data-dir to evaluate on (default: the "
+                        "val_split the checkpoints were trained with, else val)")
+    parser.add_argument("--img-sizes", nargs="+", type=_positive, metavar="SIZE",
+                        help="square input sizes, multiples of the patch size (default 224, none with --seq-lens)")
+    parser.add_argument("--seq-lens", nargs="+", type=naflex.seq_len_arg, default=[], metavar="L",
+                        help="token budgets: each image resized keeping its aspect ratio to at most L patches (timm's "
+                        "NaFlex eval transform), for models that take NaFlex batches; with --img-sizes, both")
+    parser.add_argument("--policy", nargs="+",
+                        help=f"RoPE policies: {', '.join(POLICIES)} (default: each model's own, the one it was built "
+                        "with: extrapolate for RoPE-ViT, normalized for DINOv3, interpolate for the EVA-02, PE and "
+                        "SBB twins, as timm runs them)")
+    parser.add_argument("--crop-pct", type=float, default=1.0, help="center-crop fraction (default 1.0)")
+    parser.add_argument("--output", default="output/eval", help="folder for the results (default output/eval)")
+    parser.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto",
+                        help="auto (default): CUDA with bf16 autocast when available")
+    parser.add_argument("--limit", type=_positive, help="evaluate this many images, spread evenly over the classes")
+    parser.add_argument("--batch-size", type=_positive, default=64, help="default 64")
+    parser.add_argument("--workers", type=_count, default=4, help="data loader processes (default 4; 0 loads here)")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Command-line entry point; returns the exit code (0 done, 2 bad input)."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not args.checkpoint and not args.model:
+        parser.error("pass --checkpoint PATH ... and/or --model NAME ...")
+    if args.train_size is not None and not args.model:
+        parser.error("--train-size goes with --model: a --checkpoint is rebuilt at the size its run trained at")
+    weights = args.pretrained_file or [None] * len(args.model)
+    if len(weights) != len(args.model):
+        parser.error(f"--pretrained-file takes one file per --model: got {len(weights)} for {len(args.model)}")
+    try:
+        check_options(args.policy or (), args.crop_pct, args.seq_lens)
+        check_output_dir(args.output, "--output")
+        for name in args.model:  # a typo before the advice about weights
+            check_model_name(name)
+        unloaded = [name for name, file in zip(args.model, weights, strict=True)
+                    if file is None and not dict(args.model_kwargs).get("pretrained")]
+        if unloaded and not args.random_init:
+            raise UserError(f"--model {unloaded[0]} has no weights, so it would be evaluated at its random "
+                            "initialisation: pass --pretrained-file PATH (one per --model) or --model-kwargs "
+                            "pretrained=true for timm's published weights, or --random-init to evaluate random "
+                            "weights on purpose")
+        if args.device != "cuda":  # loader workers need cores of their own, or every thread stalls
+            set_cpu_threads(0, args.workers)
+        data_dir = resolve_data_dir(args.data_dir)
+        models = [load_trained(path, not args.no_ema) for path in args.checkpoint]
+        split = choose_split(args.val_split, models)
+        num_classes = len(find_images(data_dir / split, split_key="--val-split")[1])
+        models += [load_pretrained(name, file, num_classes, args.train_size, dict(args.model_kwargs))
+                   for name, file in zip(args.model, weights, strict=True)]
+        labels = [entry.label for entry in models]
+        repeated = next((label for label in labels if labels.count(label) > 1), None)
+        if repeated:
+            raise UserError(f"{repeated} is given twice, and its rows would merge in the reports: name each "
+                            "checkpoint or --model / --pretrained-file pair once")
+        sizes = args.img_sizes or ([] if args.seq_lens else [224])
+        check_sizes(sizes, models, args.policy or (), args.seq_lens)
+        text = "; ".join([protocol(args.crop_pct)] * bool(sizes) + [naflex.PROTOCOL] * bool(args.seq_lens))
+        print(f"protocol: {text}; sizes {sizes}; " + (f"budgets {args.seq_lens}; " if args.seq_lens else "")
+              + f"{data_dir / split}" + (f", {args.limit} images evenly spread" if args.limit else ""), flush=True)
+        print("\n".join(f"  {entry.label}: trained at {entry.train_size} px" for entry in models), flush=True)
+        if unloaded:
+            print(f"warning: {', '.join(unloaded)} evaluated with random weights (--random-init): chance accuracy, "
+                  "labelled 'random init'", flush=True)
+        results = evaluate_models(models, data_dir, sizes, args.policy, args.crop_pct, args.device, args.limit,
+                                  args.batch_size, args.workers, split, args.seq_lens)
+    except UserError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    print(write_reports(results, Path(args.output), text))
+    return 0
