@@ -100,17 +100,17 @@ def reproduction_begin(results_dir: Path) -> str:
 
 
 def _as_trained_by_run(results_dir: Path, arms: tuple[str, ...]) -> dict[tuple[str, int], dict[int, dict[str, Any]]]:
-    """(arm, seed) -> size -> the run's row with positions as trained, for the runs of ``arms`` evaluated so far."""
+    """(arm, seed) -> size -> the run's row with positions as trained (its ``model`` the run's label: the arm's, then
+    the seed), for the runs of ``arms`` evaluated so far. The evaluations are read once; the per-run labels keep
+    ``merged_results`` from merging the seeds."""
     if not (results_dir / "runs.json").exists() or not any((results_dir / "eval").rglob("results.json")):
         return {}
-    found = {}
-    for run in json.loads((results_dir / "runs.json").read_text()):
-        if run["model"] in arms:
-            _, merged = study.merged_results(results_dir / "eval", [run])
-            by_size = study.as_trained_by_arm(merged, study.trained_policies([run])).get(study.arm_label(run))
-            if by_size:
-                found[run["model"], run["seed"]] = by_size
-    return found
+    runs = {f"{study.arm_label(run)}, seed {run['seed']}": run
+            for run in json.loads((results_dir / "runs.json").read_text()) if run["model"] in arms}
+    labelled = [{**run, "label": label} for label, run in runs.items()]
+    _, merged = study.merged_results(results_dir / "eval", labelled)
+    by_label = study.as_trained_by_arm(merged, study.trained_policies(labelled))
+    return {(run["model"], run["seed"]): by_label[label] for label, run in runs.items() if label in by_label}
 
 
 def reproduction(results_dir: Path, reference_dir: Path, arms: tuple[str, ...]) -> str:
@@ -128,15 +128,19 @@ def reproduction(results_dir: Path, reference_dir: Path, arms: tuple[str, ...]) 
         return max(abs(one[size]["top1"] - other[size]["top1"]) for size in sizes)
 
     train_size, rows = rerun[pairs[0]][sizes[0]]["train_size"], []
-    for arm, seed in pairs:
+    spreads = {}  # arm -> the largest difference between the reference's first two seeds of it
+    for arm in dict.fromkeys(arm for arm, _ in pairs):
         seeds = [runs for (other, _), runs in reference.items() if other == arm]
-        spread = f"{gap(*seeds[:2]):.2f}" if len(seeds) > 1 and all(set(sizes) <= set(runs) for runs in seeds) else "-"
+        ok = len(seeds) > 1 and all(set(sizes) <= set(runs) for runs in seeds)
+        spreads[arm] = f"{gap(*seeds[:2]):.2f}" if ok else "-"
+    for arm, seed in pairs:
+        label, spread = rerun[arm, seed][sizes[0]]["model"].rsplit(", seed ", 1)[0], spreads[arm]
         difference = f"{gap(reference[arm, seed], rerun[arm, seed]):.2f}"
         for where, by_size, cells in ((reference_dir.name, reference[arm, seed], ["-", "-"]),
                                       ("re-run", rerun[arm, seed], [difference, spread])):
             top1 = [f"**{by_size[size]['top1']:.2f}**" if size == train_size else f"{by_size[size]['top1']:.2f}"
                     for size in sizes]
-            rows.append([by_size[sizes[0]]["model"], seed, where, *top1, *cells])
+            rows.append([label, seed, where, *top1, *cells])
     header = [f"{size}*" if size == train_size else str(size) for size in sizes]
     return table(["model", "seed", "run", *header, "largest difference (points)",
                   f"largest difference between {reference_dir.name}'s seeds"], rows)
