@@ -11,6 +11,7 @@ from vit_rope.layers.rope import (
     apply_rope,
     axial_frequencies,
     grid_positions,
+    learned_tables,
     mixed_frequencies,
     rope_angles,
     rope_tables,
@@ -198,6 +199,35 @@ def test_autograd_is_exact(kind):
 
     freqs = rope.freqs.detach().clone().requires_grad_(kind == "mixed")
     assert torch.autograd.gradcheck(f, (x, freqs))
+
+
+@pytest.mark.parametrize("batched", ["positions", "frequencies", "both", "neither", "shared-heads"])
+@pytest.mark.parametrize(("prefix", "temperature"), [(0, 1.0), (2, 1.5)])
+def test_learned_tables_equal_the_plain_functions_in_values_and_gradients(batched, prefix, temperature):
+    """The learned-frequency tables' own backward (``cos * dsin - sin * dcos``, one product with the positions) gives
+    what autograd gives through ``rope_angles`` and ``rope_tables``, for every batching of positions and frequencies,
+    prefix rows and a temperature; gradcheck holds it in fp64."""
+    heads = 1 if batched == "shared-heads" else NH
+    pos = torch.randn(*((B,) if batched in ("positions", "both") else ()), N, 2, dtype=torch.float64) * 5
+    freqs = torch.randn(*((B,) if batched in ("frequencies", "both") else ()), 2, heads, D // 2, dtype=torch.float64)
+    freqs.requires_grad_()
+    mine = learned_tables(pos, freqs, prefix, temperature)
+    plain = rope_tables(rope_angles(pos, freqs), prefix, temperature)
+    weights = [torch.randn_like(t) for t in plain]
+    for table, same in zip(mine, plain, strict=True):
+        assert table.grad_fn is not None and "LearnedTables" in type(table.grad_fn).__name__
+        assert table.stride() == same.stride() and torch.equal(table, same)
+    grads = [torch.autograd.grad(sum((t * w).sum() for t, w in zip(out, weights, strict=True)), freqs)[0]
+             for out in (mine, plain)]
+    torch.testing.assert_close(grads[0], grads[1], atol=1e-10, rtol=1e-10)
+    assert torch.autograd.gradcheck(lambda f: learned_tables(pos, f, prefix, temperature), (freqs,))
+
+
+def test_learned_tables_take_the_plain_path_without_a_frequency_gradient():
+    pos, freqs = torch.randn(N, 2), torch.randn(2, NH, D // 2)
+    assert learned_tables(pos, freqs)[0].grad_fn is None
+    with torch.no_grad():
+        assert learned_tables(pos, freqs.requires_grad_())[0].grad_fn is None
 
 
 def test_bad_input_errors():

@@ -92,11 +92,11 @@ def _rotation_grads(grad: Tensor, out: Tensor | None, cos: Tensor, sin: Tensor, 
     if out is None:
         return grad_qkv, None, None
     real = table.real.dtype
-    grad_table = torch.view_as_real(_as_pairs(out[:, :, :2].to(real)).conj() * _as_pairs(grad[:, :, :2].to(real)))
+    y, g = _as_pairs(out[:, :, :2].to(real)), _as_pairs(grad[:, :, :2].to(real))  # [B, N, 2, nh, D/2] complex
+    grad_table = y[:, :, :1].conj() * g[:, :, :1] + y[:, :, 1:].conj() * g[:, :, 1:]  # q's + k's: [B, N, 1, nh, D/2]
     if table.dim() == 4:  # one table for the batch; one dim at a time is several times faster on CPU
-        grad_table = grad_table.sum(0)  # [B, N, 2, nh, D/2, 2] -> [N, 2, nh, D/2, 2]
-    grad_table = grad_table.sum(-4, keepdim=True).sum_to_size(*table.shape, 2)  # q and k (heads, if shared)
-    grad_table = torch.view_as_complex(grad_table) * table / table.abs() ** 2  # x = y / t
+        grad_table = grad_table.sum(0)  # [N, 1, nh, D/2]
+    grad_table = grad_table.sum_to_size(table.shape) / table.conj()  # heads, if shared; x = y / t: t / |t|^2 = 1 / t*
     grad_table = grad_table.squeeze(-3).transpose(-3, -2)  # [(B,) H, P+N, D/2], as cos and sin
     return grad_qkv, grad_table.real.to(cos.dtype), grad_table.imag.to(sin.dtype)
 

@@ -38,7 +38,7 @@ from vit_rope.layers.frequencies import (
 )
 from vit_rope.layers.naflex import sample_frequencies
 from vit_rope.layers.policies import ResolutionPolicy, check_policy, scale_frequencies, transform_positions
-from vit_rope.layers.rotary import apply_rope, grid_positions, rope_angles, rope_tables
+from vit_rope.layers.rotary import apply_rope, grid_positions, learned_tables, rope_angles, rope_tables
 
 KINDS = ("axial", "mixed", "golden", "dinov3")
 DEFAULT_THETA = {"axial": 100.0, "mixed": 10.0, "golden": 100.0, "dinov3": 100.0}
@@ -74,8 +74,8 @@ def check_theta(theta: float) -> float:
 # FX (torchvision's create_feature_extractor, timm's FX feature wrapper): these take the grid size, which symbolic
 # tracing only knows as a proxy, so the trace records them as calls that run with the real sizes. timm's tracer
 # also keeps RoPE2D whole (register_notrace_module).
-for _name in ("grid_positions", "dinov3_positions", "rope_angles", "rope_tables", "transform_positions",
-              "scale_frequencies"):
+for _name in ("grid_positions", "dinov3_positions", "learned_tables", "rope_angles", "rope_tables",
+              "transform_positions", "scale_frequencies"):
     torch.fx.wrap(_name)
 
 
@@ -209,7 +209,14 @@ class RoPE2D(nn.Module):
                 raise ValueError("RoPE2D needs positions or the grid to place them on.")
             positions = self.grid_positions(grid[0], grid[1], self.freqs.device)
         freqs, temperature = self.frequencies(grid)
+        if not torch.jit.is_scripting():
+            return self._learned_tables(positions, freqs, num_prefix_tokens, temperature)
         return rope_tables(rope_angles(positions, freqs), num_prefix_tokens, temperature)
+
+    @torch.jit.unused
+    def _learned_tables(self, positions: Tensor, freqs: Tensor, num_prefix_tokens: int, temperature: float
+                        ) -> tuple[Tensor, Tensor]:
+        return learned_tables(positions, freqs, num_prefix_tokens, temperature)
 
     @torch.jit.unused
     def sample_tables(self, positions: Tensor, num_prefix_tokens: int, grid: Tensor) -> tuple[Tensor, Tensor]:
@@ -218,7 +225,7 @@ class RoPE2D(nn.Module):
         freqs, temperature = sample_frequencies(self.pair_frequencies(), grid, self.train_grid, self.policy_name,
                                                 self.theta, self.head_dim, self.yarn_alpha, self.yarn_beta,
                                                 self.yarn_temperature)
-        cos, sin = rope_tables(rope_angles(positions, freqs), num_prefix_tokens)
+        cos, sin = learned_tables(positions, freqs, num_prefix_tokens)
         if temperature is not None:  # prefix rows too, as rope_tables pads them with the temperature
             cos, sin = cos * temperature, sin * temperature
         return cos, sin
