@@ -57,7 +57,7 @@ study-encodings: install
 
 # NaFlex against the square pipeline (docs/training.md): the demo's model trained both ways at about 2,000 tokens per
 # step for the demo's 20 epochs, then both evaluated at square sizes and at token budgets, under both policies that
-# keep positions (as trained) or the training grid's range; about 40 min on a 2-core CPU.
+# keep positions (as trained) or the training grid's range; about 45 min on a 2-core CPU.
 NAFLEX_OUT ?= output/naflex_demo
 NAFLEX_RESULTS ?= results/imagenette/naflex
 naflex-demo: install
