@@ -6,6 +6,7 @@ import pytest
 import torch
 from timm.layers import PatchEmbed
 
+import vit_rope.layers.rope as rope_module
 from vit_rope.layers.rope import (
     RoPE2D,
     apply_rope,
@@ -223,11 +224,38 @@ def test_learned_tables_equal_the_plain_functions_in_values_and_gradients(batche
     assert torch.autograd.gradcheck(lambda f: learned_tables(pos, f, prefix, temperature), (freqs,))
 
 
-def test_learned_tables_take_the_plain_path_without_a_frequency_gradient():
+def test_learned_tables_take_the_plain_path_without_a_frequency_gradient_or_with_a_position_one():
     pos, freqs = torch.randn(N, 2), torch.randn(2, NH, D // 2)
     assert learned_tables(pos, freqs)[0].grad_fn is None
     with torch.no_grad():
         assert learned_tables(pos, freqs.requires_grad_())[0].grad_fn is None
+    pos.requires_grad_()
+    cos, sin = learned_tables(pos, freqs)
+    assert "LearnedTables" not in type(cos.grad_fn).__name__
+    (cos.sum() + sin.sum()).backward()
+    assert pos.grad is not None and freqs.grad is not None
+
+
+@pytest.mark.parametrize("naflex", [False, True])
+def test_mixed_rope_in_training_takes_the_learned_tables_with_the_plain_gradient(naflex, monkeypatch):
+    """``RoPE2D`` (per-sample positions, and NaFlex's ``sample_tables`` with per-sample policy-scaled frequencies)
+    builds its tables with ``learned_tables``; the frequency gradient is autograd's through the plain functions."""
+    rope = RoPE2D(D, NH, "mixed", train_grid=(4, 4), policy="interpolate", fraction=0.5).double()
+    pos = torch.randn(B, N, 2, dtype=torch.float64) * 3
+    grid = torch.tensor([[4, 6], [3, 5]])
+    weights = [torch.randn(B, NH, N + 2, D // 2, dtype=torch.float64) for _ in range(2)]
+
+    def frequency_grad(expected_node: bool) -> torch.Tensor:
+        rope.freqs.grad = None
+        cos, sin = rope.sample_tables(pos, 2, grid) if naflex else rope(pos, 2, (5, 6))
+        assert ("LearnedTables" in type(cos.grad_fn).__name__) == expected_node
+        (cos * weights[0] + sin * weights[1]).sum().backward()
+        return rope.freqs.grad
+
+    mine = frequency_grad(True)
+    monkeypatch.setattr(rope_module, "learned_tables", lambda p, f, n=0, t=1.0: rope_tables(rope_angles(p, f), n, t))
+    torch.testing.assert_close(mine, frequency_grad(False), atol=1e-10, rtol=1e-10)
+    assert mine.abs().sum() > 0 and (mine * (1 - rope.rotated)).abs().max() == 0  # p-RoPE's unrotated pairs: 0
 
 
 def test_bad_input_errors():

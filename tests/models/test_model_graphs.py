@@ -76,6 +76,18 @@ def test_torchvision_feature_extractor_without_tracer_options(name):
             assert out["block0"].shape == (2, 1 + height // 16 * width // 16, 192)
 
 
+@pytest.mark.parametrize("name", ["vit_rope_tiny_patch16_axial_224", "vit_rope_tiny_patch16_mixed_224"])
+def test_plain_fx_trace_then_torchscript(name):
+    """FX records the table functions as calls (``torch.fx.wrap``) that TorchScript compiles: the eager path's
+    autograd Function for learned tables must not reach the traced graph."""
+    eager = model(name)
+    scripted = script(create_feature_extractor(eager, return_nodes={"head": "logits"}))
+    with torch.inference_mode():
+        for size in SIZES:
+            x = torch.randn(1, 3, *size)
+            torch.testing.assert_close(scripted(x)["logits"], eager(x), atol=1e-5, rtol=1e-5)
+
+
 def test_timm_fx_tracer_options_then_torchscript():
     eager = model("vit_rope_tiny_patch16_mixed_ape_224")
     options = dict(leaf_modules=get_notrace_modules(), autowrap_functions=get_notrace_functions())

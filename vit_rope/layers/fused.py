@@ -13,7 +13,7 @@ number and its rotation one complex product, ``(x0 + i x1) * (cos + i sin)``, ov
   would cost more: the output is a view, and autograd would clone the whole gradient around the in-place op.
   ``rotate_qk`` on a given qkv tensor (which others may hold) writes a new one instead: q and k rotated, v copied, in
   one pass. Either way autograd saves only what attention keeps anyway, so training memory is the same as without
-  RoPE; learnable (mixed) tables get their gradient from the rotated q and k, ``dt = conj(y) dy * t / |t|^2``, at
+  RoPE; learnable (mixed) tables get their gradient from the rotated q and k, ``dt = conj(y) dy / conj(t)``, at
   table size after the batch sum;
 - bf16/fp16 pairs are rotated in fp32 and rounded once; prefix tokens have identity rows in the tables, so nothing
   is sliced or concatenated;

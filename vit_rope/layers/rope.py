@@ -26,6 +26,7 @@ import torch
 from timm.layers import register_notrace_module
 from torch import Tensor, nn
 
+from vit_rope.layers.capture import capturing
 from vit_rope.layers.dinov3_rope import check_normalize, dinov3_frequencies, dinov3_positions
 from vit_rope.layers.frequencies import (
     MIXED_INITS,
@@ -74,8 +75,8 @@ def check_theta(theta: float) -> float:
 # FX (torchvision's create_feature_extractor, timm's FX feature wrapper): these take the grid size, which symbolic
 # tracing only knows as a proxy, so the trace records them as calls that run with the real sizes. timm's tracer
 # also keeps RoPE2D whole (register_notrace_module).
-for _name in ("grid_positions", "dinov3_positions", "learned_tables", "rope_angles", "rope_tables",
-              "transform_positions", "scale_frequencies"):
+for _name in ("grid_positions", "dinov3_positions", "rope_angles", "rope_tables", "transform_positions",
+              "scale_frequencies"):
     torch.fx.wrap(_name)
 
 
@@ -210,12 +211,16 @@ class RoPE2D(nn.Module):
             positions = self.grid_positions(grid[0], grid[1], self.freqs.device)
         freqs, temperature = self.frequencies(grid)
         if not torch.jit.is_scripting():
-            return self._learned_tables(positions, freqs, num_prefix_tokens, temperature)
+            return self._tables(positions, freqs, num_prefix_tokens, temperature)
         return rope_tables(rope_angles(positions, freqs), num_prefix_tokens, temperature)
 
     @torch.jit.unused
-    def _learned_tables(self, positions: Tensor, freqs: Tensor, num_prefix_tokens: int, temperature: float
-                        ) -> tuple[Tensor, Tensor]:
+    def _tables(self, positions: Tensor, freqs: Tensor, num_prefix_tokens: int, temperature: float
+                ) -> tuple[Tensor, Tensor]:
+        """Eager: ``learned_tables`` (a cheaper backward for learned frequencies). Graph captures: the plain
+        functions, which FX records as calls (wrapped above; a traced model then scripts) and compilers fuse."""
+        if capturing(freqs):
+            return rope_tables(rope_angles(positions, freqs), num_prefix_tokens, temperature)
         return learned_tables(positions, freqs, num_prefix_tokens, temperature)
 
     @torch.jit.unused
@@ -225,7 +230,7 @@ class RoPE2D(nn.Module):
         freqs, temperature = sample_frequencies(self.pair_frequencies(), grid, self.train_grid, self.policy_name,
                                                 self.theta, self.head_dim, self.yarn_alpha, self.yarn_beta,
                                                 self.yarn_temperature)
-        cos, sin = learned_tables(positions, freqs, num_prefix_tokens)
+        cos, sin = self._tables(positions, freqs, num_prefix_tokens, 1.0)
         if temperature is not None:  # prefix rows too, as rope_tables pads them with the temperature
             cos, sin = cos * temperature, sin * temperature
         return cos, sin

@@ -16,8 +16,6 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.autograd.function import FunctionCtx, once_differentiable
 
-from vit_rope.layers.capture import capturing
-
 
 def grid_positions(
     height: int, width: int, device: torch.device | None = None, dtype: torch.dtype = torch.float32
@@ -93,8 +91,9 @@ class _LearnedTables(torch.autograd.Function):
     Autograd through ``cos``, ``sin`` and ``addcmul`` recomputes both functions, multiplies, negates and adds, then
     reduces ``positions * grad`` once per axis: about ten passes over ``[(B,) H, N, D/2]`` per block, which per-sample
     tables (NaFlex batches, coordinate augmentation) pay at batch size. Here the angle's gradient is
-    ``cos * dsin - sin * dcos`` from the tables that the rotation saves anyway (no extra memory), and the frequencies'
-    is one matrix product with the positions: ``dw[a] = sum over samples and tokens of pos[a] * dangle``.
+    ``cos * dsin - sin * dcos`` from the tables it returns, which the rotation saves anyway (autograd kept the angles
+    besides), and the frequencies' is one matrix product with the positions: ``dw[a] = sum over samples and tokens of
+    pos[a] * dangle``. First-order, like the fused rotation (``vit_rope.layers.fused``).
     """
 
     @staticmethod
@@ -124,9 +123,9 @@ class _LearnedTables(torch.autograd.Function):
 def learned_tables(positions: Tensor, freqs: Tensor, num_prefix_tokens: int = 0,
                    temperature: float = 1.0) -> tuple[Tensor, Tensor]:
     """``rope_tables(rope_angles(positions, freqs), num_prefix_tokens, temperature)``, with a cheaper backward when
-    autograd records for the frequencies (learned mixed RoPE in training); ``positions`` get no gradient, and in
-    eager mode only (graph captures take the plain functions, which compilers fuse anyway)."""
-    if torch.is_grad_enabled() and not capturing(positions) and freqs.requires_grad and not positions.requires_grad:
+    autograd records for the frequencies but not for the positions (learned mixed RoPE in training); otherwise the
+    plain functions. For eager tensors: ``RoPE2D`` takes the plain functions under graph captures."""
+    if torch.is_grad_enabled() and freqs.requires_grad and not positions.requires_grad:
         return _LearnedTables.apply(positions, freqs, num_prefix_tokens, temperature)
     return rope_tables(rope_angles(positions, freqs), num_prefix_tokens, temperature)
 
