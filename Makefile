@@ -49,8 +49,8 @@ study-v4: install
 	$(PYTHON) scripts/imagenette_study.py --study v4
 
 # Position encodings on v2's 8x8 grid (docs/studies.md): golden-angle RoPE, STRING over RoPE-Mixed, LookHere and 2D-ALiBi,
-# 2 seeds each, beside one re-run seed of v2's RoPE-Mixed, RoPE-Axial and APE patch-8 arms; 11 runs of about 15 min
-# (training and evaluation, 2.7 h in all) on a 2-core CPU. Resumable.
+# 2 seeds each, beside one re-run seed of v2's RoPE-Mixed, RoPE-Axial and APE patch-8 arms; 11 runs of 21-26 min of
+# training and 5-15 min of evaluation (every policy of the kind) each, about 6 h in all on a 2-core CPU. Resumable.
 study-encodings: install
 	$(PYTHON) scripts/imagenette_study.py --study encodings --seeds 0
 	$(PYTHON) scripts/imagenette_study.py --study encodings --arms golden string_mixed lookhere alibi --seeds 1

@@ -1,0 +1,4 @@
+# the study's commands, as scripts/imagenette_study.py runs them
+python train.py -c configs/imagenette_study/encodings/mixed_p8.yaml --output output/study/encodings/mixed_p8_s0 seed=0
+python -m vit_rope.evaluate --checkpoint output/study/encodings/mixed_p8_s0/last.pth --img-sizes 48 64 80 96 128 160 --policy extrapolate interpolate ntk yarn normalized --limit 1500 --workers 0 --output results/imagenette/encodings/eval/mixed_p8/mixed_p8_s0
+python -m vit_rope.evaluate --checkpoint output/study/encodings/mixed_p8_s0/last.pth --img-sizes 48 64 80 96 128 160 --crop-pct 0.875 --limit 1500 --workers 0 --output results/imagenette/encodings/eval_crop0.875/mixed_p8/mixed_p8_s0
