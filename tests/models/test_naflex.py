@@ -9,9 +9,12 @@ import timm
 import torch
 from timm.data.naflex_transforms import patchify_image
 
-from vit_rope.layers.naflex import coord_positions, naflex_grid, sample_frequencies, sample_pos_embed
+import vit_rope.layers.rope as rope_module
+from vit_rope.layers.naflex import coord_positions, lattice, naflex_grid, sample_frequencies, sample_pos_embed
+from vit_rope.layers.naflex import gather_rows as naflex_gather
 from vit_rope.layers.policies import scale_frequencies
 from vit_rope.layers.pos_embed import fit_pos_embed
+from vit_rope.layers.rope import RoPE2D
 
 PATCH, LENGTH = 16, 32
 GRIDS = [(4, 6), (6, 3), (5, 5)]  # the training grid is 5x5 (80 px): larger, smaller and equal on each axis
@@ -76,10 +79,12 @@ def test_each_sample_of_a_mixed_batch_equals_its_image_alone(kind: str, policy: 
     assert logits.abs().max() > 0.1  # the comparison is not between two near-zero outputs
 
 
-@pytest.mark.parametrize("kind", ["mixed", "axial_ape", "dinov3"])
-def test_gradients_of_a_mixed_batch_are_the_sum_of_each_images(kind: str) -> None:
+@pytest.mark.parametrize("kind,policy", [("mixed", "interpolate"), ("mixed", "extrapolate"),
+                                         ("axial_ape", "interpolate"), ("dinov3", "normalized")])
+def test_gradients_of_a_mixed_batch_are_the_sum_of_each_images(kind: str, policy: str) -> None:
+    """``extrapolate``: the tables are gathered from the batch's lattice, and so are their gradients."""
     inputs = images()
-    model = build(kind, "interpolate" if kind != "dinov3" else "normalized").train()
+    model = build(kind, policy).train()
     batch = pack(inputs)
     batch["patches"].requires_grad_(True)
     model(batch).square().sum().backward()
@@ -169,6 +174,54 @@ def test_grid_and_positions_ignore_padding() -> None:
     assert grid.tolist() == [list(g) for g in GRIDS]
     positions = coord_positions(batch["patch_coord"], grid, "axial", "extrapolate", (5, 5))
     assert positions[0, :24].tolist()[:7] == [[x, 0.0] for x in range(6)] + [[0.0, 1.0]]
+
+
+def test_the_lattice_names_each_tokens_cell_of_the_bounding_grid() -> None:
+    batch = pack(images())
+    coord, valid = batch["patch_coord"], batch["patch_valid"]
+    rows, grid = lattice(coord, valid, 2)
+    assert grid == (6, 6)  # 4x6, 6x3, 5x5
+    assert rows[:, :2].eq(0).all()  # prefix tokens: the identity row
+    expected = (1 + coord[..., 0] * 6 + coord[..., 1]).masked_fill(~valid, 1)  # padding: the cell (0, 0)
+    assert rows[:, 2:].equal(expected) and rows[0, 2 + 23] == 1 + 3 * 6 + 5
+    shifted = coord + torch.tensor([1, 2])  # a crop of a larger image: still on the lattice, a larger box
+    assert lattice(shifted, valid, 0).grid == (7, 8)
+    assert lattice(coord - 1, valid, 0) is None  # negative coordinates
+    wide = pack(images([(1, 8), (8, 1)]), length=8)  # an 8x8 box for 16 tokens: tables per token are cheaper
+    assert lattice(wide["patch_coord"], wide["patch_valid"], 1) is None
+
+
+@pytest.mark.parametrize("kind,offset", [("axial", 0.0), ("mixed", 0.0), ("golden", 0.0), ("mixed", 1.0)])
+@pytest.mark.parametrize("policy", ["extrapolate", "interpolate"])
+def test_tables_gathered_from_the_lattice_equal_tables_per_token(kind: str, offset: float, policy: str,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """Values and the frequencies' gradient; the lattice serves ``extrapolate`` only, other policies scale each
+    sample's frequencies and build tables per token."""
+    torch.manual_seed(0)
+    rope = RoPE2D(16, 2, kind, train_grid=(5, 5), policy=policy, offset=offset, fraction=0.75).double()
+    batch = pack(images())
+    coord, valid = batch["patch_coord"], batch["patch_valid"]
+    grid = naflex_grid(coord, valid)
+    positions = coord_positions(coord, grid, kind, policy, (5, 5), offset=offset).double()
+    gathered = []
+    monkeypatch.setattr(rope_module, "gather_rows", lambda t, r: gathered.append(r) or naflex_gather(t, r))
+    weights = torch.randn(2, 3, 2, 2 + LENGTH, 8, dtype=torch.float64)
+
+    def tables(lattice_: tuple | None) -> tuple[torch.Tensor, ...]:
+        rope.freqs.grad = None
+        rope.freqs.requires_grad_(kind == "mixed")
+        cos, sin = rope.sample_tables(positions, 2, grid, lattice_)
+        if kind == "mixed":
+            (cos * weights[0] + sin * weights[1]).sum().backward()
+        return cos, sin, rope.freqs.grad
+
+    per_token = tables(None)
+    assert not gathered
+    on_lattice = tables(lattice(coord, valid, 2))
+    assert len(gathered) == (2 if policy == "extrapolate" else 0)
+    for mine, theirs in zip(on_lattice, per_token, strict=True):
+        torch.testing.assert_close(mine, theirs, rtol=1e-12, atol=1e-12)
+    assert per_token[1][:, :, 2:].abs().max() > 0.1 and (kind != "mixed" or per_token[2].abs().max() > 0)
 
 
 def test_a_bad_batch_is_refused_naming_what_it_needs() -> None:

@@ -37,7 +37,7 @@ from vit_rope.layers.frequencies import (
     mixed_frequencies,
     rotated_pairs,
 )
-from vit_rope.layers.naflex import sample_frequencies
+from vit_rope.layers.naflex import Lattice, gather_rows, sample_frequencies
 from vit_rope.layers.policies import ResolutionPolicy, check_policy, scale_frequencies, transform_positions
 from vit_rope.layers.rotary import apply_rope, grid_positions, learned_tables, rope_angles, rope_tables
 
@@ -224,9 +224,19 @@ class RoPE2D(nn.Module):
         return learned_tables(positions, freqs, num_prefix_tokens, temperature)
 
     @torch.jit.unused
-    def sample_tables(self, positions: Tensor, num_prefix_tokens: int, grid: Tensor) -> tuple[Tensor, Tensor]:
+    def sample_tables(self, positions: Tensor, num_prefix_tokens: int, grid: Tensor, lattice: Lattice | None = None
+                      ) -> tuple[Tensor, Tensor]:
         """Tables ``[B, H, P + N, D/2]`` for a NaFlex batch: ``positions`` ``[B, N, 2]`` from
-        ``vit_rope.layers.naflex.coord_positions``, the policy applied to each sample's grid ``[B, 2]`` (h, w)."""
+        ``vit_rope.layers.naflex.coord_positions``, the policy applied to each sample's grid ``[B, 2]`` (h, w).
+
+        ``lattice`` (``vit_rope.layers.naflex.lattice``) says that the positions are the patch coordinates themselves
+        (no augmentation, no dropout). Where the policy keeps the frequencies and integer positions (``extrapolate``,
+        kinds other than DINOv3's), a position's table is then the same in every sample: the tables of the batch's
+        bounding grid are built once and each token's row gathered from them."""
+        if lattice is not None and self.kind != "dinov3" and self.policy_name == "extrapolate":
+            positions = self.grid_positions(*lattice.grid, positions.device)  # [h * w, 2], offset included
+            cos, sin = self._tables(positions, self.pair_frequencies(), 1, 1.0)  # [H, 1 + h * w, D/2]
+            return gather_rows(cos, lattice.rows), gather_rows(sin, lattice.rows)
         freqs, temperature = sample_frequencies(self.pair_frequencies(), grid, self.train_grid, self.policy_name,
                                                 self.theta, self.head_dim, self.yarn_alpha, self.yarn_beta,
                                                 self.yarn_temperature)

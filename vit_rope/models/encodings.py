@@ -24,6 +24,7 @@ import torch
 from torch import Tensor, nn
 
 from vit_rope.layers.attn_bias import BIAS_KINDS, AttnBias
+from vit_rope.layers.naflex import Lattice
 from vit_rope.layers.policies import CoordAugment, ResolutionPolicy, augment_positions
 from vit_rope.layers.rope import RoPE2D, check_head_dim, check_kind
 from vit_rope.layers.string import CayleyString
@@ -156,10 +157,11 @@ class PositionEncodingMixin:
             positions = positions.expand(x.shape[0], -1, -1).gather(1, keep[..., None].expand(-1, -1, 2))  # [B, K, 2]
         return positions
 
-    def _encodings(self, positions: Tensor | None, grid: tuple[int, int] | Tensor, valid: Tensor | None = None
-                   ) -> Iterator[dict[str, Any]]:
+    def _encodings(self, positions: Tensor | None, grid: tuple[int, int] | Tensor, valid: Tensor | None = None,
+                   lattice: Lattice | None = None) -> Iterator[dict[str, Any]]:
         """Each block's position encoding, as keyword arguments of ``RoPEBlock``: ``rope`` tables (axial ones built
         once and shared, mixed ones when their block needs them), or an attention ``bias`` and its ``bias_scale``.
+        A NaFlex batch (``grid`` ``[B, 2]``) gives per-sample tables, gathered from its ``lattice`` when there is one.
 
         RoPE tables are not cached between calls: building one costs about 0.1% of a ViT-S forward on CPU
         (``benchmarks/rope_kernel.py``, row ``build_tables``), and a cache would have to follow grad modes
@@ -176,7 +178,7 @@ class PositionEncodingMixin:
             return ({"bias": tables[i], "bias_scale": scale} if scale else {} for i, scale in enumerate(scales))
 
         def tables(rope: RoPE2D) -> tuple[Tensor, Tensor]:
-            return rope.sample_tables(positions, P, grid) if naflex else rope(positions, P, grid)
+            return rope.sample_tables(positions, P, grid, lattice) if naflex else rope(positions, P, grid)
 
         ropes = map(tables, self.rope) if self.rope_per_block else repeat(tables(self.rope))
         return ({"rope": rope} for rope in ropes)

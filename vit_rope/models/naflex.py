@@ -18,8 +18,10 @@ import torch.nn.functional as F
 from timm.models.naflexvit import global_pool_naflex
 from torch import Tensor, nn
 
-from vit_rope.layers.naflex import coord_positions, key_padding_mask, naflex_grid, sample_pos_embed
+from vit_rope.layers.capture import capturing
+from vit_rope.layers.naflex import Lattice, coord_positions, key_padding_mask, lattice, naflex_grid, sample_pos_embed
 from vit_rope.layers.policies import augment_positions
+from vit_rope.layers.rope import RoPE2D
 
 NAFLEX_KEYS = ("patches", "patch_coord", "patch_valid")
 
@@ -77,13 +79,15 @@ def embed_patches(patch_embed: nn.Module, patches: Tensor) -> Tensor:
     return patch_embed.norm(F.linear(patches, weight, proj.bias))  # [B, N, C_out]
 
 
-def embed_naflex(model: nn.Module, batch: NaFlexBatch) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+def embed_naflex(model: nn.Module, batch: NaFlexBatch
+                 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Lattice | None]:
     """Tokens, positions and masks of a NaFlex batch, as ``RoPEVisionTransformer._embed`` for images.
 
     Returns:
         tokens ``[B, P + N, C]``; positions ``[B, N, 2]`` (policy-placed, augmented in training); each sample's grid
         ``[B, 2]`` (h, w); ``valid`` ``[B, N]`` and the attention mask ``[B, 1, 1, P + N]`` (or the caller's), both
-        after patch dropout when it runs.
+        after patch dropout when it runs; and, in eager mode for RoPE positions that are the patch coordinates
+        themselves, the batch's ``Lattice``, from which ``RoPE2D.sample_tables`` gathers tables (else ``None``).
     """
     patches, coord, valid, attn_mask = batch
     B = patches.shape[0]
@@ -99,15 +103,18 @@ def embed_naflex(model: nn.Module, batch: NaFlexBatch) -> tuple[Tensor, Tensor, 
     rope = model.rope_modules()[0]
     positions = coord_positions(coord, grid, rope.kind, rope.policy_name, rope.train_grid, rope.normalize,
                                 rope.offset)
+    on_lattice = isinstance(rope, RoPE2D) and rope.kind != "dinov3" and not capturing(x)
     if model.training and model.coord_aug.active:
         positions = augment_positions(positions, B, model.coord_aug)  # [B, N, 2], a draw per sample
+        on_lattice = False
     if hasattr(model.patch_drop, "prob"):  # PatchDropoutWithIndices: positions and validity follow the kept tokens
         x, keep = model.patch_drop(x)
         if keep is not None:
             positions = positions.gather(1, keep[..., None].expand(-1, -1, 2))
             valid = valid.gather(1, keep)
+            on_lattice = False
     mask = key_padding_mask(valid, P) if attn_mask is None else attn_mask
-    return model.norm_pre(x), positions, grid, valid, mask
+    return model.norm_pre(x), positions, grid, valid, mask, lattice(coord, valid, P) if on_lattice else None
 
 
 def pool_naflex(model: nn.Module, x: Tensor, valid: Tensor) -> Tensor:

@@ -203,13 +203,14 @@ class RoPEVisionTransformer(PositionEncodingMixin, FeatureMixin, VisionTransform
     ) -> tuple[Tensor, list[Tensor], Tensor | None]:
         """Embed ``x`` (images, or a NaFlex batch) and run ``blocks``; returns the last tokens, those after the blocks
         in ``take_indices``, and for a NaFlex batch its tokens' validity ``[B, N]`` (after patch dropout)."""
-        valid = None
+        valid = lattice = None
         if isinstance(x, NaFlexBatch):
-            x, positions, grid, valid, block_kwargs["attn_mask"] = embed_naflex(self, x)
+            x, positions, grid, valid, block_kwargs["attn_mask"], lattice = embed_naflex(self, x)
         else:
             x, positions, grid = self._embed(x)
         intermediates = []
-        for i, (blk, encoding) in enumerate(zip(blocks, self._encodings(positions, grid, valid), strict=False)):
+        encodings = self._encodings(positions, grid, valid, lattice)
+        for i, (blk, encoding) in enumerate(zip(blocks, encodings, strict=False)):
             if self.grad_checkpointing:
                 x = checkpoint(blk, x, **encoding, **block_kwargs)
             else:
