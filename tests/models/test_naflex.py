@@ -186,7 +186,6 @@ def test_the_lattice_names_each_tokens_cell_of_the_bounding_grid() -> None:
     assert rows[:, 2:].equal(expected) and rows[0, 2 + 23] == 1 + 3 * 6 + 5
     shifted = coord + torch.tensor([1, 2])  # a crop of a larger image: still on the lattice, a larger box
     assert lattice(shifted, valid, 0).grid == (7, 8)
-    assert lattice(coord - 1, valid, 0) is None  # negative coordinates
     wide = pack(images([(1, 8), (8, 1)]), length=8)  # an 8x8 box for 16 tokens: tables per token are cheaper
     assert lattice(wide["patch_coord"], wide["patch_valid"], 1) is None
 
@@ -230,6 +229,20 @@ def test_a_bad_batch_is_refused_naming_what_it_needs() -> None:
         model({"patches": batch["patches"]})
     with pytest.raises(ValueError, match="patch embedding takes 768"):
         model(batch["patches"][..., :100], patch_coord=batch["patch_coord"])
+    with pytest.raises(ValueError, match=r"patch_valid \(3, 32\) was given without patch_coord"):
+        model(batch["patches"], patch_valid=batch["patch_valid"])
+    with pytest.raises(ValueError, match=r"patch_valid must be \[B, N\] = \(3, 32\).*got \(3, 31\)"):
+        model({**batch, "patch_valid": batch["patch_valid"][:, 1:]})
+    moved = batch["patch_coord"].clone()
+    moved[1, 4] = torch.tensor([2, -1])
+    with pytest.raises(ValueError, match=r"negative \(y, x\) = \(2, -1\) at sample 1, token 4"):
+        model({**batch, "patch_coord": moved})
+    moved[1, 4], moved[2, -1] = torch.tensor([0, 1]), torch.tensor([-5, -5])  # padding may hold anything
+    model({**batch, "patch_coord": moved})
+    empty = batch["patch_valid"].clone()
+    empty[2] = False
+    with pytest.raises(ValueError, match=r"no valid token in sample\(s\) \[2\]"):
+        model.forward_features({**batch, "patch_valid": empty})
 
 
 def test_compiled_model_equals_eager_on_batches_of_other_grids() -> None:

@@ -40,19 +40,18 @@ class Lattice(NamedTuple):
 
 
 def lattice(coord: Tensor, valid: Tensor, num_prefix_tokens: int) -> Lattice | None:
-    """The ``Lattice`` of a batch with coordinates ``coord`` ``[B, N, 2]`` (y, x) and validity ``valid`` ``[B, N]``;
-    ``None`` when a coordinate is negative or the bounding grid has as many cells as the batch has tokens (tables
-    per token are then no dearer than tables per cell).
+    """The ``Lattice`` of a batch with coordinates ``coord`` ``[B, N, 2]`` (y, x), none negative, and validity
+    ``valid`` ``[B, N]``; ``None`` when the bounding grid has as many cells as the batch has tokens (tables per token
+    are then no dearer than tables per cell).
 
     Tables for a position do not depend on the sample under a policy that leaves the frequencies alone, and a batch
     of B grids covers at most their bounding grid: building that grid's tables once and gathering a row per token
     replaces ``B * N`` angle, cosine and sine evaluations with ``h * w`` of them (8 mixed-aspect samples of 256 tokens
     in a 22 x 32 box: a third). Reads the box's size from the tensors: one host sync.
     """
-    placed = coord * valid[..., None]  # [B, N, 2]: padding at (0, 0)
-    low, height, width = torch.cat((placed.amin().view(1), placed.amax((0, 1)) + 1)).tolist()
+    height, width = ((coord * valid[..., None]).amax((0, 1)) + 1).tolist()  # padding counts as (0, 0)
     B, N = valid.shape
-    if low < 0 or height * width >= B * N:
+    if height * width >= B * N:
         return None
     rows = (coord[..., 0] * width + coord[..., 1] + 1).masked_fill(~valid, 1)  # [B, N]
     return Lattice(torch.cat((rows.new_zeros(B, num_prefix_tokens), rows), dim=1), (height, width))

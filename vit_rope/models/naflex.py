@@ -56,6 +56,9 @@ def naflex_batch(x: Any, patch_coord: Tensor | None = None, patch_valid: Tensor 
         patch_valid, attn_mask = x.get("patch_valid", patch_valid), x.get("attn_mask", attn_mask)
     elif patch_coord is not None:
         patches = x
+    elif patch_valid is not None:
+        raise ValueError(f"patch_valid {tuple(patch_valid.shape)} was given without patch_coord: a NaFlex batch "
+                         "needs both, patch_coord [B, N, 2] as the (y, x) patch index of every token.")
     else:
         return None
     if patches.dim() != 3 or patch_coord.shape != (*patches.shape[:2], 2):
@@ -63,7 +66,28 @@ def naflex_batch(x: Any, patch_coord: Tensor | None = None, patch_valid: Tensor 
                          f"{tuple(patches.shape)} and {tuple(patch_coord.shape)}.")
     if patch_valid is None:
         patch_valid = torch.ones(patches.shape[:2], dtype=torch.bool, device=patches.device)
-    return NaFlexBatch(patches, patch_coord.long(), patch_valid.bool(), attn_mask)
+    elif patch_valid.shape != patches.shape[:2]:
+        raise ValueError(f"NaFlex patch_valid must be [B, N] = {tuple(patches.shape[:2])} like the patches; got "
+                         f"{tuple(patch_valid.shape)}.")
+    batch = NaFlexBatch(patches, patch_coord.long(), patch_valid.bool(), attn_mask)
+    if not capturing(patches):  # graph captures take the batch as it comes: checking reads values on the host
+        check_coordinates(batch.coord, batch.valid)
+    return batch
+
+
+def check_coordinates(coord: Tensor, valid: Tensor) -> None:
+    """Raise a ``ValueError`` if a valid token's ``coord`` ``[B, N, 2]`` is negative (before the image's first patch)
+    or a sample of ``valid`` ``[B, N]`` has no valid token (nothing to pool, no grid to place). One host sync."""
+    low, empty = torch.stack(((coord * valid[..., None]).amin(), (~valid.any(1)).sum())).tolist()
+    if low < 0:
+        where = ((coord < 0).any(-1) & valid).nonzero()[0].tolist()
+        raise ValueError(f"NaFlex patch_coord {tuple(coord.shape)} has a negative (y, x) = "
+                         f"{tuple(coord[where[0], where[1]].tolist())} at sample {where[0]}, token {where[1]}: "
+                         "coordinates are patch indices from the image's top-left patch, (0, 0).")
+    if empty:
+        samples = (~valid.any(1)).nonzero().flatten().tolist()
+        raise ValueError(f"NaFlex patch_valid {tuple(valid.shape)} marks no valid token in sample(s) {samples}: "
+                         "every sample needs at least one patch; leave empty images out of the batch.")
 
 
 def embed_patches(patch_embed: nn.Module, patches: Tensor) -> Tensor:
