@@ -110,7 +110,7 @@ def test_the_forms_of_a_batch_agree_and_padding_changes_nothing() -> None:
         as_kwargs = model(batch["patches"], patch_coord=batch["patch_coord"], patch_valid=batch["patch_valid"])
         longer = model(pack(inputs, length=LENGTH + 9, pad_value=5.0))
         full = pack([inputs[2]], length=25)  # the 5x5 image, no padding
-        del full["patch_valid"]  # every token valid
+        assert full["patch_valid"].all()
         one = model(full)
     torch.testing.assert_close(as_kwargs, as_dict, rtol=0, atol=0)
     torch.testing.assert_close(longer, as_dict, rtol=1e-5, atol=1e-5)
@@ -225,10 +225,14 @@ def test_tables_gathered_from_the_lattice_equal_tables_per_token(kind: str, offs
 
 def test_a_bad_batch_is_refused_naming_what_it_needs() -> None:
     model, batch = build("axial"), pack(images())
-    with pytest.raises(ValueError, match="patch_coord"):
+    with pytest.raises(ValueError, match="patch_coord, patch_valid missing from"):
         model({"patches": batch["patches"]})
+    with pytest.raises(ValueError, match="patch_valid missing from"):
+        model({"patches": batch["patches"], "patch_coord": batch["patch_coord"]})
+    with pytest.raises(ValueError, match=r"\(3, 32, 768\) came with patch_coord but without patch_valid"):
+        model(batch["patches"], patch_coord=batch["patch_coord"])
     with pytest.raises(ValueError, match="patch embedding takes 768"):
-        model(batch["patches"][..., :100], patch_coord=batch["patch_coord"])
+        model(batch["patches"][..., :100], patch_coord=batch["patch_coord"], patch_valid=batch["patch_valid"])
     with pytest.raises(ValueError, match=r"patch_valid \(3, 32\) was given without patch_coord"):
         model(batch["patches"], patch_valid=batch["patch_valid"])
     with pytest.raises(ValueError, match=r"patch_valid must be \[B, N\] = \(3, 32\).*got \(3, 31\)"):

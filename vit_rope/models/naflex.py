@@ -41,19 +41,19 @@ def naflex_batch(x: Any, patch_coord: Tensor | None = None, patch_valid: Tensor 
     """The NaFlex batch that ``x`` and the keyword arguments name, or None for an image batch ``[B, C, H, W]``.
 
     ``x`` is timm's collated dict (``patches``, ``patch_coord``, ``patch_valid``, optional ``attn_mask``; other keys,
-    such as the collator's ``seq_len``, are ignored), or the ``patches`` tensor with ``patch_coord`` given. Without
-    ``patch_valid`` every token counts as valid.
+    such as the collator's ``seq_len``, are ignored), or the ``patches`` tensor with ``patch_coord`` and
+    ``patch_valid`` given. ``patch_valid`` is required even without padding: a batch that lost it would otherwise
+    attend to and pool its padding silently.
     """
     if isinstance(x, torch.fx.Proxy):  # FX symbolic tracing (torchvision's feature extractor) traces images only
         return None
     if isinstance(x, dict):
-        missing = [key for key in NAFLEX_KEYS[:2] if key not in x]
+        missing = [key for key in NAFLEX_KEYS if key not in x]
         if missing:
-            raise ValueError(f"A NaFlex batch dict needs the keys {', '.join(NAFLEX_KEYS[:2])} (and patch_valid for "
-                             f"padding), as timm's NaFlexCollator yields; {', '.join(missing)} missing from "
-                             f"{sorted(x)}.")
-        patches, patch_coord = x["patches"], x["patch_coord"]
-        patch_valid, attn_mask = x.get("patch_valid", patch_valid), x.get("attn_mask", attn_mask)
+            raise ValueError(f"A NaFlex batch dict needs the keys {', '.join(NAFLEX_KEYS)}, as timm's NaFlexCollator "
+                             f"yields them; {', '.join(missing)} missing from {sorted(x)}.")
+        patches, patch_coord, patch_valid = (x[key] for key in NAFLEX_KEYS)
+        attn_mask = x.get("attn_mask", attn_mask)
     elif patch_coord is not None:
         patches = x
     elif patch_valid is not None:
@@ -65,8 +65,10 @@ def naflex_batch(x: Any, patch_coord: Tensor | None = None, patch_valid: Tensor 
         raise ValueError(f"NaFlex patches must be [B, N, P*P*C] with patch_coord [B, N, 2] (y, x); got "
                          f"{tuple(patches.shape)} and {tuple(patch_coord.shape)}.")
     if patch_valid is None:
-        patch_valid = torch.ones(patches.shape[:2], dtype=torch.bool, device=patches.device)
-    elif patch_valid.shape != patches.shape[:2]:
+        raise ValueError(f"NaFlex patches {tuple(patches.shape)} came with patch_coord but without patch_valid [B, N] "
+                         "(False for padding): pass it, torch.ones(B, N, dtype=torch.bool) for a batch without "
+                         "padding.")
+    if patch_valid.shape != patches.shape[:2]:
         raise ValueError(f"NaFlex patch_valid must be [B, N] = {tuple(patches.shape[:2])} like the patches; got "
                          f"{tuple(patch_valid.shape)}.")
     batch = NaFlexBatch(patches, patch_coord.long(), patch_valid.bool(), attn_mask)
