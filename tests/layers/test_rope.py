@@ -17,6 +17,7 @@ from vit_rope.layers.rope import (
     rope_angles,
     rope_tables,
 )
+from vit_rope.layers.rotary import grid_tables
 
 KINDS = ("axial", "mixed")
 B, NH, N, D = 2, 3, 10, 16
@@ -263,3 +264,23 @@ def test_bad_input_errors():
         RoPE2D(30, 2)
     with pytest.raises(ValueError, match=r"'polar'.*axial, mixed"):
         RoPE2D(16, 2, kind="polar")
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.float64, 1e-12), (torch.float32, 5e-5)])
+def test_grid_tables_from_one_table_per_axis_equal_the_direct_tables(dtype, tol):
+    """Values (angles up to a few hundred radians, offset positions, prefix rows) and the frequencies' gradient."""
+    freqs = (mixed_frequencies(D, NH, 10.0) * 16).to(dtype).requires_grad_(True)
+    xs, ys = torch.arange(7, dtype=dtype) + 1, torch.arange(5, dtype=dtype) + 1  # Perception Encoder's offset
+    positions = torch.stack(torch.meshgrid(ys, xs, indexing="ij")[::-1], dim=-1).reshape(-1, 2)  # [35, 2] (x, y)
+    weights = torch.randn(2, NH, 2 + 35, D // 2, dtype=dtype)
+
+    def tables_and_grad(cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        (grad,) = torch.autograd.grad((cos * weights[0] + sin * weights[1]).sum(), freqs)
+        return cos, sin, grad
+
+    mine = tables_and_grad(*grid_tables(xs, ys, freqs, 2))
+    direct = tables_and_grad(*rope_tables(rope_angles(positions, freqs), 2))
+    assert mine[0].transpose(0, 1).is_contiguous()  # token-major, as the fused rotation reads it
+    for a, b in zip(mine, direct, strict=True):
+        torch.testing.assert_close(a, b, rtol=tol, atol=tol * float(b.abs().max()))
+    assert rope_angles(positions, freqs).abs().max() > 100

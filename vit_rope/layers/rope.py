@@ -39,7 +39,7 @@ from vit_rope.layers.frequencies import (
 )
 from vit_rope.layers.naflex import Lattice, gather_rows, sample_frequencies
 from vit_rope.layers.policies import ResolutionPolicy, check_policy, scale_frequencies, transform_positions
-from vit_rope.layers.rotary import apply_rope, grid_positions, learned_tables, rope_angles, rope_tables
+from vit_rope.layers.rotary import apply_rope, grid_positions, grid_tables, learned_tables, rope_angles, rope_tables
 
 KINDS = ("axial", "mixed", "golden", "dinov3")
 DEFAULT_THETA = {"axial": 100.0, "mixed": 10.0, "golden": 100.0, "dinov3": 100.0}
@@ -232,10 +232,12 @@ class RoPE2D(nn.Module):
         ``lattice`` (``vit_rope.layers.naflex.lattice``) says that the positions are the patch coordinates themselves
         (no augmentation, no dropout). Where the policy keeps the frequencies and integer positions (``extrapolate``,
         kinds other than DINOv3's), a position's table is then the same in every sample: the tables of the batch's
-        bounding grid are built once and each token's row gathered from them."""
+        bounding grid are built once, from one table per axis (``grid_tables``), and each token's row gathered."""
         if lattice is not None and self.kind != "dinov3" and self.policy_name == "extrapolate":
-            positions = self.grid_positions(*lattice.grid, positions.device)  # [h * w, 2], offset included
-            cos, sin = self._tables(positions, self.pair_frequencies(), 1, 1.0)  # [H, 1 + h * w, D/2]
+            height, width = lattice.grid
+            ys, xs = (torch.arange(n, device=positions.device, dtype=torch.float32) + self.offset
+                      for n in (height, width))  # grid_positions' rows and columns
+            cos, sin = grid_tables(xs, ys, self.pair_frequencies(), 1)  # [H, 1 + h * w, D/2]
             return gather_rows(cos, lattice.rows), gather_rows(sin, lattice.rows)
         freqs, temperature = sample_frequencies(self.pair_frequencies(), grid, self.train_grid, self.policy_name,
                                                 self.theta, self.head_dim, self.yarn_alpha, self.yarn_beta,

@@ -85,6 +85,35 @@ def rope_tables(angles: Tensor, num_prefix_tokens: int = 0, temperature: float =
     return cos, sin
 
 
+def grid_tables(xs: Tensor, ys: Tensor, freqs: Tensor, num_prefix_tokens: int = 0) -> tuple[Tensor, Tensor]:
+    """``rope_tables(rope_angles(positions, freqs), num_prefix_tokens)`` for the grid of positions ``(xs[j], ys[i])``
+    in row-major order, from the tables of each axis: ``h + w`` sines and cosines instead of ``h * w``.
+
+    The angle is a sum, ``x * wx + y * wy``, so ``cos = cos_x cos_y - sin_x sin_y`` and ``sin = sin_x cos_y +
+    cos_x sin_y``: four products over the grid replace the transcendental functions, which cost some 30 times a
+    product on CPU. Equal to the direct tables up to rounding (each axis angle is smaller than their sum, so its
+    rounding is no larger).
+
+    Args:
+        xs: ``[w]`` x positions of the grid's columns.
+        ys: ``[h]`` y positions of its rows.
+        freqs: ``[2, H, D/2]`` frequencies ``(wx, wy)``.
+        num_prefix_tokens: identity rows to put in front.
+
+    Returns:
+        ``(cos, sin)``, each ``[H, P + h * w, D/2]``, token-major as ``rope_tables``'.
+    """
+    def axis(positions: Tensor) -> tuple[Tensor, Tensor]:  # [n, 2] -> [n, H, D/2] each, angles of one axis only
+        return tuple(t.transpose(0, 1) for t in rope_tables(rope_angles(positions, freqs)))
+
+    cos_x, sin_x = axis(torch.stack((xs, torch.zeros_like(xs)), dim=-1))  # [w, H, D/2]
+    cos_y, sin_y = (t[:, None] for t in axis(torch.stack((torch.zeros_like(ys), ys), dim=-1)))  # [h, 1, H, D/2]
+    cos = (cos_y * cos_x).addcmul_(sin_y, sin_x, value=-1).flatten(0, 1)  # [h * w, H, D/2]
+    sin = (sin_y * cos_x).addcmul_(cos_y, sin_x).flatten(0, 1)
+    return (_prepend_rows(cos.transpose(0, 1), num_prefix_tokens, 1.0),
+            _prepend_rows(sin.transpose(0, 1), num_prefix_tokens, 0.0))
+
+
 class _LearnedTables(torch.autograd.Function):
     """``rope_tables(rope_angles(positions, freqs), ...)`` with a backward for the frequencies in three table passes.
 
