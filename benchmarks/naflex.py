@@ -82,8 +82,9 @@ DIFFERENCES = [
     "without fc_norm, 1000 classes; RoPE on interleaved channel pairs over (x, y), theta 10 (mixed) and 100 (axial)",
     "rotation: ours rotate q and k in place inside the qkv projection's autograd node, with per-sample tables; timm's "
     "AttentionRope rotates them out of place (apply_rot_embed_cat) and concatenates the class token back",
-    "mixed tables: ours are built block by block as each block runs; timm's NaFlexRopeIterator builds every block's "
-    "table per grid size up front and copies them into a padded [B, heads, N, head_dim] buffer per block",
+    "mixed tables: ours are built block by block as each block runs, once for the batch's bounding grid (from one "
+    "table per axis) and gathered per token; timm's NaFlexRopeIterator builds every block's table per grid size up "
+    "front and copies them into a padded [B, heads, N, head_dim] buffer per block",
     "padding mask: both hide padding from the keys only, [B, 1, 1, N]: ours boolean, timm's additive float "
     "(use_key_only_attn_mask=True; timm's default is a [B, 1, N, N] mask)",
     "patch embedding: ours is the Conv2d's weight read as a linear layer over the flat patches, timm's a Linear: the "

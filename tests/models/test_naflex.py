@@ -217,8 +217,10 @@ def test_tables_gathered_from_the_lattice_equal_tables_per_token(kind: str, offs
     per_token = tables(None)
     assert not gathered
     on_lattice = tables(lattice(coord, valid, 2))
-    assert len(gathered) == (2 if policy == "extrapolate" else 0)
-    for mine, theirs in zip(on_lattice, per_token, strict=True):
+    with torch.no_grad():  # inference: the bounding grid's tables from one table per axis
+        inference = rope.sample_tables(positions, 2, grid, lattice(coord, valid, 2))
+    assert len(gathered) == (4 if policy == "extrapolate" else 0)
+    for mine, theirs in zip((*on_lattice, *inference), (*per_token, *per_token[:2]), strict=True):
         torch.testing.assert_close(mine, theirs, rtol=1e-12, atol=1e-12)
     assert per_token[1][:, :, 2:].abs().max() > 0.1 and (kind != "mixed" or per_token[2].abs().max() > 0)
 
