@@ -47,7 +47,8 @@ def lattice(coord: Tensor, valid: Tensor, num_prefix_tokens: int) -> Lattice | N
     Tables for a position do not depend on the sample under a policy that leaves the frequencies alone, and a batch
     of B grids covers at most their bounding grid: building that grid's tables once and gathering a row per token
     replaces ``B * N`` angle, cosine and sine evaluations with ``h * w`` of them (8 mixed-aspect samples of 256 tokens
-    in a 22 x 32 box: a third). Reads the box's size from the tensors: one host sync.
+    in a 22 x 32 box: a third), or ``h + w`` from one table per axis (``RoPE2D.sample_tables`` in inference). Reads the
+    box's size from the tensors: one host sync.
     """
     height, width = ((coord * valid[..., None]).amax((0, 1)) + 1).tolist()  # padding counts as (0, 0)
     B, N = valid.shape
