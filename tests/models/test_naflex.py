@@ -179,15 +179,16 @@ def test_grid_and_positions_ignore_padding() -> None:
 def test_the_lattice_names_each_tokens_cell_of_the_bounding_grid() -> None:
     batch = pack(images())
     coord, valid = batch["patch_coord"], batch["patch_valid"]
-    rows, grid = lattice(coord, valid, 2)
+    rows, grid = lattice(coord, valid, naflex_grid(coord, valid), 2)
     assert grid == (6, 6)  # 4x6, 6x3, 5x5
     assert rows[:, :2].eq(0).all()  # prefix tokens: the identity row
     expected = (1 + coord[..., 0] * 6 + coord[..., 1]).masked_fill(~valid, 1)  # padding: the cell (0, 0)
     assert rows[:, 2:].equal(expected) and rows[0, 2 + 23] == 1 + 3 * 6 + 5
     shifted = coord + torch.tensor([1, 2])  # a crop of a larger image: still on the lattice, a larger box
-    assert lattice(shifted, valid, 0).grid == (7, 8)
+    assert lattice(shifted, valid, naflex_grid(shifted, valid), 0).grid == (7, 8)
     wide = pack(images([(1, 8), (8, 1)]), length=8)  # an 8x8 box for 16 tokens: tables per token are cheaper
-    assert lattice(wide["patch_coord"], wide["patch_valid"], 1) is None
+    wide_grid = naflex_grid(wide["patch_coord"], wide["patch_valid"])
+    assert lattice(wide["patch_coord"], wide["patch_valid"], wide_grid, 1) is None
 
 
 @pytest.mark.parametrize("kind,offset", [("axial", 0.0), ("mixed", 0.0), ("golden", 0.0), ("mixed", 1.0)])
@@ -216,9 +217,9 @@ def test_tables_gathered_from_the_lattice_equal_tables_per_token(kind: str, offs
 
     per_token = tables(None)
     assert not gathered
-    on_lattice = tables(lattice(coord, valid, 2))
+    on_lattice = tables(lattice(coord, valid, grid, 2))
     with torch.no_grad():  # inference: the bounding grid's tables from one table per axis
-        inference = rope.sample_tables(positions, 2, grid, lattice(coord, valid, 2))
+        inference = rope.sample_tables(positions, 2, grid, lattice(coord, valid, grid, 2))
     assert len(gathered) == (4 if policy == "extrapolate" else 0)
     for mine, theirs in zip((*on_lattice, *inference), (*per_token, *per_token[:2]), strict=True):
         torch.testing.assert_close(mine, theirs, rtol=1e-12, atol=1e-12)

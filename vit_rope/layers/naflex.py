@@ -39,10 +39,10 @@ class Lattice(NamedTuple):
     grid: tuple[int, int]
 
 
-def lattice(coord: Tensor, valid: Tensor, num_prefix_tokens: int) -> Lattice | None:
-    """The ``Lattice`` of a batch with coordinates ``coord`` ``[B, N, 2]`` (y, x), none negative, and validity
-    ``valid`` ``[B, N]``; ``None`` when the bounding grid has as many cells as the batch has tokens (tables per token
-    are then no dearer than tables per cell).
+def lattice(coord: Tensor, valid: Tensor, grid: Tensor, num_prefix_tokens: int) -> Lattice | None:
+    """The ``Lattice`` of a batch with coordinates ``coord`` ``[B, N, 2]`` (y, x), none negative, validity ``valid``
+    ``[B, N]`` and each sample's grid ``grid`` ``[B, 2]`` (``naflex_grid``); ``None`` when the bounding grid has as
+    many cells as the batch has tokens (tables per token are then no dearer than tables per cell).
 
     Tables for a position do not depend on the sample under a policy that leaves the frequencies alone, and a batch
     of B grids covers at most their bounding grid: building that grid's tables once and gathering a row per token
@@ -50,7 +50,7 @@ def lattice(coord: Tensor, valid: Tensor, num_prefix_tokens: int) -> Lattice | N
     in a 22 x 32 box: a third), or ``h + w`` from one table per axis (``RoPE2D.sample_tables`` in inference). Reads the
     box's size from the tensors: one host sync.
     """
-    height, width = ((coord * valid[..., None]).amax((0, 1)) + 1).tolist()  # padding counts as (0, 0)
+    height, width = grid.amax(0).tolist()  # the bounding grid
     B, N = valid.shape
     if height * width >= B * N:
         return None

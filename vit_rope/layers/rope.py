@@ -235,14 +235,13 @@ class RoPE2D(nn.Module):
         bounding grid are built once (in inference from one table per axis, ``grid_tables``) and each token's row
         gathered."""
         if lattice is not None and self.kind != "dinov3" and self.policy_name == "extrapolate":
-            height, width = lattice.grid
+            width = lattice.grid[1]
+            cells = self.grid_positions(*lattice.grid, positions.device)  # [h * w, 2] (x, y), offset included
             freqs = self.pair_frequencies()
             if torch.is_grad_enabled() and freqs.requires_grad:  # learned_tables: a backward cheaper than the axes'
-                cos, sin = self._tables(self.grid_positions(height, width, positions.device), freqs, 1, 1.0)
-            else:
-                ys, xs = (torch.arange(n, device=positions.device, dtype=torch.float32) + self.offset
-                          for n in (height, width))  # grid_positions' rows and columns
-                cos, sin = grid_tables(xs, ys, freqs, 1)  # [H, 1 + h * w, D/2]
+                cos, sin = self._tables(cells, freqs, 1, 1.0)
+            else:  # the first row's x and the first column's y
+                cos, sin = grid_tables(cells[:width, 0], cells[::width, 1], freqs, 1)  # [H, 1 + h * w, D/2]
             return gather_rows(cos, lattice.rows), gather_rows(sin, lattice.rows)
         freqs, temperature = sample_frequencies(self.pair_frequencies(), grid, self.train_grid, self.policy_name,
                                                 self.theta, self.head_dim, self.yarn_alpha, self.yarn_beta,

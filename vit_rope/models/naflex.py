@@ -140,7 +140,7 @@ def embed_naflex(model: nn.Module, batch: NaFlexBatch
             valid = valid.gather(1, keep)
             on_lattice = False
     mask = key_padding_mask(valid, P) if attn_mask is None else attn_mask
-    return model.norm_pre(x), positions, grid, valid, mask, lattice(coord, valid, P) if on_lattice else None
+    return model.norm_pre(x), positions, grid, valid, mask, lattice(coord, valid, grid, P) if on_lattice else None
 
 
 def pool_naflex(model: nn.Module, x: Tensor, valid: Tensor) -> Tensor:
