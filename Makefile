@@ -9,7 +9,7 @@ PYTHON ?= $(VENV)/bin/python
 TORCH ?= torch==2.14.1 torchvision==0.29.1
 
 .PHONY: install demo study study-v2 study-v3 study-v4 study-encodings study-vit-s naflex-demo bench-cuda bench-kinds \
-	bench-twins test lint
+	bench-twins timm-suite test lint
 
 $(VENV)/bin/python:
 	$(VENV_PYTHON) -m venv $(VENV) || { echo "Could not create $(VENV): install python3-venv (Debian/Ubuntu:" \
@@ -96,6 +96,12 @@ bench-kinds: install
 
 bench-twins: install
 	$(PYTHON) benchmarks/twins.py --rounds 5 --json $(BENCH_OUT)/twins_cpu.json
+
+# timm's own model tests (tests/test_models.py of the installed timm's source release, downloaded from PyPI) on the
+# vit_rope_* models: forward, backward, default configs, features, FX, TorchScript. Hours on a CPU for all 75 models;
+# MODELS narrows them with a pytest -k expression (make timm-suite MODELS=tiny: about 10 min on a 2-core CPU).
+timm-suite: install
+	$(PYTHON) scripts/timm_model_suite.py $(if $(MODELS),--match "$(MODELS)")
 
 lint:
 	$(PYTHON) -m ruff check .

@@ -24,8 +24,10 @@ from vit_rope.models.factory import create_model
 LOOKHERE = "vit_rope_tiny_patch16_lookhere_224"
 
 
-def test_onnx_export_serves_other_sizes(tmp_path: Path) -> None:
-    model = tiny(LOOKHERE, lh_config="lh90", reg_tokens=1).eval()
+@pytest.mark.parametrize("name,kwargs", [(LOOKHERE, {"lh_config": "lh90", "reg_tokens": 1}),
+                                         ("vit_rope_tiny_patch16_alibi_224", {})])
+def test_onnx_export_serves_other_sizes(tmp_path: Path, name: str, kwargs: dict) -> None:
+    model = tiny(name, **kwargs).eval()
     result = export.export_onnx(model, tmp_path / "model.onnx", img_size=(64, 64))
     options = onnxruntime.SessionOptions()
     options.intra_op_num_threads = 1

@@ -166,6 +166,12 @@ def test_policies_without_meaning_are_refused() -> None:
      "distance='cosine'.*linear, sqrt, square"),
     (dict(lh_config=dict(global_slope=1.0, layer_slopes=[1, 0], head_directions=["halves"] * 3)),
      "one per layer: got 3 for depth 2"),
+    (dict(lh_config=dict(global_slope="big", layer_slopes=[1, 0], head_directions="halves")),
+     "global_slope must be a number .*got 'big'"),
+    (dict(lh_config=dict(global_slope=1.0, layer_slopes=0.5, head_directions="halves")),
+     r"layer_slopes must be two numbers \[first, last\].*got 0\.5"),
+    (dict(lh_config=dict(global_slope=1.0, layer_slopes=[1, "x"], head_directions="halves")),
+     r"layer_slopes must be two numbers.*got \[1, 'x'\]"),
 ])
 def test_bad_lookhere_configurations_name_the_value(kwargs: dict, message: str) -> None:
     with pytest.raises(ValueError, match=message):

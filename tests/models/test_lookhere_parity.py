@@ -109,7 +109,12 @@ def test_evaluation_harness_loads_an_official_file(tmp_path: Path) -> None:
     entry = load_pretrained("vit_rope_tiny_patch16_lookhere_224", str(path), CLASSES, train_size=IMG,
                             model_kwargs=dict(official=True, lh_config=cfg, embed_dim=32, num_heads=4, depth=DEPTH,
                                               num_classes=CLASSES))
+    # without lh_config and official: the harness reads both from the file
+    bare = load_pretrained("vit_rope_tiny_patch16_lookhere_224", str(path), CLASSES, train_size=IMG,
+                           model_kwargs=dict(embed_dim=32, num_heads=4, depth=DEPTH))
+    assert bare.model.rope.lh_config == entry.model.rope.lh_config and bare.model.head_hidden_dim == 128
     x = torch.randn(2, 3, LARGER, LARGER)
     reference.set_pos_embed(LARGER // 16)
     with torch.no_grad():
         torch.testing.assert_close(entry.model.eval()(x), reference(x), rtol=1e-3, atol=1e-3)
+        torch.testing.assert_close(bare.model.eval()(x), entry.model(x), rtol=0, atol=0)

@@ -156,6 +156,22 @@ def test_policy_device_and_dtype_changes_take_effect_after_a_forward():
     torch.testing.assert_close(double.float(), after, atol=1e-4, rtol=1e-4)
 
 
+@pytest.mark.parametrize("name,kwargs", [("vit_rope_tiny_patch16_mixed_224", {}),
+                                         ("vit_rope_tiny_patch16_string_mixed_224", {}),
+                                         ("vit_rope_tiny_patch16_lookhere_224", {"official": True})])
+def test_factory_device_and_dtype_reach_every_module(name, kwargs):
+    """timm's ``create_model(..., device=, dtype=)``: our modules (RoPE, STRING, an MLP head) go where timm's do; on
+    the meta device a forward with autograd gives the output's shape, as timm's model tests run it."""
+    model = timm.create_model(name, depth=2, device="meta", **kwargs)
+    assert {t.device.type for t in itertools.chain(model.parameters(), model.buffers())} == {"meta"}
+    assert model(torch.empty(2, 3, 32, 48, device="meta")).shape == (2, 1000)
+    model.reset_classifier(5)
+    assert {p.device.type for p in model.head.parameters()} == {"meta"}
+    double = timm.create_model(name, depth=2, dtype=torch.float64, **kwargs)
+    assert {p.dtype for p in double.parameters()} == {torch.float64}
+    assert double(torch.randn(1, 3, 32, 32, dtype=torch.float64)).dtype == torch.float64
+
+
 @pytest.mark.parametrize("name", ["vit_rope_tiny_patch16_axial_224", "vit_rope_tiny_patch16_mixed_ape_224"])
 def test_empty_batch_gives_empty_outputs_as_timm(name):
     model = tiny(name, reg_tokens=2)

@@ -29,6 +29,8 @@ KINDS = {  # name -> (model, extra kwargs, policies)
     "dinov3_min": ("vit_rope_tiny_patch16_axial_224", {"rope_kind": "dinov3", "rope_normalize_coords": "min"},
                    ("normalized",)),
     "pe_offset": ("vit_rope_pe_spatial_tiny_patch16_512", {}, ("interpolate", "extrapolate", "normalized")),
+    "golden": ("vit_rope_tiny_patch16_golden_224", {}, ("extrapolate", "yarn")),
+    "string_mixed": ("vit_rope_tiny_patch16_string_mixed_224", {}, ("extrapolate", "interpolate")),
 }
 CASES = [(kind, policy) for kind, (_, _, policies) in KINDS.items() for policy in policies]
 
@@ -129,8 +131,22 @@ def test_intermediates_of_a_batch_are_each_images_maps() -> None:
                 assert ours.shape[-2:] == (6, 6)  # the batch's largest grid on each axis
                 torch.testing.assert_close(ours[b, :, :h, :w], theirs[0], rtol=1e-4, atol=1e-4)
                 assert ours[b, :, h:].abs().sum() == 0 and ours[b, :, :, w:].abs().sum() == 0
-    assert tokens["patch_valid"].equal(batch["patch_valid"])
+    assert tokens["patch_valid"].equal(batch["patch_valid"]) and tokens["patch_coord"].equal(batch["patch_coord"])
     assert tokens["image_intermediates"][0].shape == (3, LENGTH, BASE["embed_dim"])
+
+
+def test_intermediate_tokens_carry_the_coordinates_patch_dropout_kept() -> None:
+    model, inputs = build("mixed", patch_drop_rate=0.5).train(), images()
+    batch = pack(inputs)
+    torch.manual_seed(3)
+    out = model.forward_intermediates(batch, indices=1, output_fmt="NLC", output_dict=True)
+    tokens, coord, valid = out["image_intermediates"][0], out["patch_coord"], out["patch_valid"]
+    assert tokens.shape[1] == coord.shape[1] == valid.shape[1] < LENGTH
+    for b in range(len(inputs)):  # every kept token is one of the sample's tokens, each kept once
+        pairs = {tuple(yx) for yx, ok in zip(batch["patch_coord"][b].tolist(), batch["patch_valid"][b], strict=True)
+                 if ok}
+        kept = [tuple(yx) for yx, ok in zip(coord[b].tolist(), valid[b], strict=True) if ok]
+        assert set(kept) <= pairs and len(set(kept)) == len(kept)
 
 
 def test_coordinate_augmentation_draws_per_sample() -> None:
@@ -250,6 +266,26 @@ def test_a_bad_batch_is_refused_naming_what_it_needs() -> None:
     empty[2] = False
     with pytest.raises(ValueError, match=r"no valid token in sample\(s\) \[2\]"):
         model.forward_features({**batch, "patch_valid": empty})
+    with pytest.raises(ValueError, match=r"tensor \(3, 32, 768\) reads as NaFlex patches, which need patch_coord"):
+        model.forward_intermediates(batch["patches"])
+    with pytest.raises(ValueError, match="patch_coord must hold integer patch indices .*torch.float32"):
+        model({**batch, "patch_coord": batch["patch_coord"] + 0.5})
+    with pytest.raises(ValueError, match=r"attn_mask \(3, 1, 1, 32\) does not fit the batch's 3 samples of 33 tokens"):
+        model({**batch, "attn_mask": batch["patch_valid"][:, None, None, :]})
+
+
+def test_a_given_attention_mask_replaces_the_padding_mask_and_an_empty_batch_gives_empty_outputs() -> None:
+    model, batch = build("axial"), pack(images())
+    keys = torch.cat((torch.ones(3, 1, dtype=torch.bool), batch["patch_valid"]), dim=1)  # the class token, patches
+    with torch.no_grad():
+        torch.testing.assert_close(model({**batch, "attn_mask": keys[:, None, None, :]}), model(batch), rtol=0, atol=0)
+        square = keys[:, None, None, :].repeat(1, 1, keys.shape[1], 1)  # [B, 1, T, T]: the same key mask per query
+        square[:, :, 1:, 0] = False  # and the class token hidden from the patches
+        changed = model({**batch, "attn_mask": square})
+        assert changed.isfinite().all() and (changed - model(batch)).abs().max() > 1e-3
+        nothing = {key: value[:0] for key, value in batch.items() if key != "seq_len"}
+        assert model(nothing).shape == (0, BASE["num_classes"])
+        assert model.forward_intermediates(nothing, intermediates_only=True)[0].shape == (0, BASE["embed_dim"], 0, 0)
 
 
 def test_compiled_model_equals_eager_on_batches_of_other_grids() -> None:
@@ -259,3 +295,22 @@ def test_compiled_model_equals_eager_on_batches_of_other_grids() -> None:
         for grids in (GRIDS, [(2, 8), (5, 1), (4, 4)]):
             batch = pack(images(grids))
             torch.testing.assert_close(compiled(batch), model(batch), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("kind,policy", [("axial_ape", "interpolate"), ("dinov3", "normalized"),
+                                         ("golden", "yarn"), ("string_mixed", "extrapolate")])
+def test_compiled_training_step_equals_eager_for_other_kinds(kind: str, policy: str) -> None:
+    """Logits and every parameter's gradient of a NaFlex training step, compiled and eager."""
+    model = build(kind, policy).train()
+    compiled = torch.compile(model, dynamic=False)
+    batch = pack(images())
+    grads = []
+    for runner in (model, compiled):
+        model.zero_grad()
+        logits = runner(batch)
+        logits.square().sum().backward()
+        grads.append((logits.detach(), {name: param.grad.clone() for name, param in model.named_parameters()}))
+    (eager, eager_grads), (ours, ours_grads) = grads
+    torch.testing.assert_close(ours, eager, rtol=1e-4, atol=1e-4)
+    for name, grad in eager_grads.items():
+        torch.testing.assert_close(ours_grads[name], grad, rtol=1e-4, atol=1e-4 * float(grad.abs().max()), msg=name)

@@ -149,12 +149,22 @@ def test_intermediates_of_images_and_naflex_batches(name: str):
 
 
 def test_unknown_kind_and_bad_fraction_are_errors_that_say_what_is_allowed():
-    with pytest.raises(ValueError, match=r"'spiral'.*axial, mixed, golden, dinov3.*'string'"):
+    with pytest.raises(ValueError, match=r"RoPE kind 'spiral'.*golden, dinov3, string .*lookhere or alibi"):
         timm.create_model("vit_rope_tiny_patch16_axial_224", rope_kind="spiral")
-    with pytest.raises(ValueError, match=r"'spiral'.*axial, mixed, golden, dinov3"):
+    with pytest.raises(ValueError, match=r"rope_string_base .* 'spiral': choose one of axial, mixed, golden, dinov3.$"):
         timm.create_model("vit_rope_tiny_patch16_string_224", rope_string_base="spiral")
     with pytest.raises(ValueError, match=r"rope_fraction must be in \[0, 1\].*2\.0"):
         timm.create_model("vit_rope_tiny_patch16_golden_224", rope_fraction=2)
+
+
+def test_arguments_a_kind_would_ignore_are_errors():
+    with pytest.raises(ValueError, match=r"rope_string_base='mixed' names the RoPE under Cayley-STRING.*'golden'"):
+        timm.create_model("vit_rope_tiny_patch16_golden_224", rope_string_base="mixed")
+    with pytest.raises(ValueError, match=r"rope_fraction=0\.5, rope_mixed_init='golden' configure RoPE; the alibi"):
+        timm.create_model("vit_rope_tiny_patch16_alibi_224", rope_fraction=0.5, rope_mixed_init="golden")
+    with pytest.raises(ValueError, match=r"rope_theta=10\.0, rope_ref_grid=\(4, 4\) configure RoPE; the lookhere"):
+        timm.create_model("vit_rope_tiny_patch16_lookhere_224", rope_theta=10.0, rope_ref_grid=(4, 4))
+    assert timm.create_model("vit_rope_tiny_patch16_alibi_224", depth=1, rope_fraction=1.0).rope_kind == "alibi"
 
 
 @pytest.mark.parametrize("name", ["vit_rope_tiny_patch16_golden_224", "vit_rope_tiny_patch16_string_mixed_224"])

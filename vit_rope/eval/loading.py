@@ -23,6 +23,7 @@ from vit_rope.errors import UserError
 from vit_rope.models import registry  # noqa: F401  (registers the vit_rope_* models)
 from vit_rope.models.checkpoint import WeightsNotLoadedWarning
 from vit_rope.models.factory import PretrainedLoadError, create_model
+from vit_rope.models.lookhere_weights import official_file_args
 from vit_rope.models.weights_file import UnreadableCheckpointError, read_weights, tensor_rows, weights_mismatch
 from vit_rope.train.state import load_checkpoint
 
@@ -112,6 +113,8 @@ def load_pretrained(name: str, weights: str | None, num_classes: int, train_size
     kwargs = dict(model_kwargs or {})
     if weights is not None and not Path(weights).is_file():
         raise UserError(f"--pretrained-file {weights} does not exist")
+    if weights is not None and "lookhere" in name:  # an official LookHere file names its config: take it
+        kwargs = {**official_file_args(weights), **kwargs}
     published = weights is None and bool(kwargs.get("pretrained"))
     if train_size is not None:
         kwargs["img_size"] = train_size

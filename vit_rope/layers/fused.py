@@ -23,6 +23,8 @@ fallback.
 
 from __future__ import annotations
 
+from contextlib import nullcontext
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -139,11 +141,12 @@ class _ProjectRotateQK(torch.autograd.Function):
     def forward(ctx: FunctionCtx, x: Tensor, weight: Tensor, bias: Tensor | None, cos: Tensor, sin: Tensor,
                 num_heads: int, use_triton: bool) -> Tensor:
         device = x.device.type
-        if torch.is_autocast_enabled(device):
+        autocast = torch.amp.is_autocast_available(device)  # not on every device: "meta" (shape checks) has none
+        if autocast and torch.is_autocast_enabled(device):
             dtype = torch.get_autocast_dtype(device)
             x, weight = x.to(dtype), weight.to(dtype)
             bias = None if bias is None else bias.to(dtype)
-        with torch.autocast(device, enabled=False):
+        with torch.autocast(device, enabled=False) if autocast else nullcontext():
             qkv = F.linear(x, weight, bias).unflatten(-1, (3, num_heads, -1))  # [B, N, 3, nh, D]
         _rotate_in_place(qkv, cos, sin, use_triton)
         ctx.use_triton, ctx.has_bias = use_triton, bias is not None

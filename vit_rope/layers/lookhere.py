@@ -16,6 +16,8 @@ code's semantics, as pure functions of positions, so that NaFlex samples and fra
 
 from __future__ import annotations
 
+import math
+import numbers
 from itertools import groupby
 from typing import Any
 
@@ -63,6 +65,11 @@ _SPLITS = {(2, 6): (4, 2), (2, 12): (8, 4), (2, 16): (8, 8), (3, 12): (4, 4, 4),
            (4, 16): (4, 4, 4, 4)}
 
 
+def _numbers(*values: Any) -> bool:
+    """Whether every value is a real, finite number (bools are not)."""
+    return all(isinstance(v, numbers.Real) and not isinstance(v, bool) and math.isfinite(v) for v in values)
+
+
 def check_config(config: str | dict[str, Any] | None, num_heads: int, depth: int) -> dict[str, Any]:
     """The LookHere configuration as a complete dict: a preset name, ``None`` (``lh180``) or the official dict, with
     its defaults (``distance="linear"``, ``fill_with="inf"``); raises a ``ValueError`` naming what does not fit."""
@@ -82,8 +89,12 @@ def check_config(config: str | dict[str, Any] | None, num_heads: int, depth: int
         raise ValueError(f"LookHere distance={out['distance']!r} and fill_with={out['fill_with']!r}: distance is one "
                          f"of {', '.join(DISTANCES)}, fill_with one of {', '.join(FILLS)}.")
     slopes = out["layer_slopes"]
-    if len(slopes) != 2:
-        raise ValueError(f"LookHere layer_slopes must be [first, last] (linear in between), got {slopes}.")
+    if not _numbers(out["global_slope"]):
+        raise ValueError(f"LookHere global_slope must be a number (the penalty's overall scale), got "
+                         f"{out['global_slope']!r}.")
+    if not isinstance(slopes, (list, tuple)) or len(slopes) != 2 or not _numbers(*slopes):
+        raise ValueError(f"LookHere layer_slopes must be two numbers [first, last] (linear in between), got "
+                         f"{slopes!r}.")
     directions = out["head_directions"]
     if not isinstance(directions, str) and len(directions) != depth:
         raise ValueError(f"LookHere head_directions is one string, or one per layer: got {len(directions)} for "

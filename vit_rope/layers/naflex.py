@@ -50,8 +50,10 @@ def lattice(coord: Tensor, valid: Tensor, grid: Tensor, num_prefix_tokens: int) 
     in a 22 x 32 box: a third), or ``h + w`` from one table per axis (``RoPE2D.sample_tables`` in inference). Reads the
     box's size from the tensors: one host sync.
     """
-    height, width = grid.amax(0).tolist()  # the bounding grid
     B, N = valid.shape
+    if not B:
+        return None
+    height, width = grid.amax(0).tolist()  # the bounding grid
     if height * width >= B * N:
         return None
     rows = (coord[..., 0] * width + coord[..., 1] + 1).masked_fill(~valid, 1)  # [B, N]

@@ -49,12 +49,13 @@ __all__ = ["KINDS", "RoPE2D", "apply_rope", "axial_frequencies", "check_fraction
            "check_theta", "golden_frequencies", "grid_positions", "mixed_frequencies", "rope_angles", "rope_tables"]
 
 
-def check_kind(kind: str, models: bool = False) -> str:
-    """Return ``kind`` if it names a RoPE table, else raise a ``ValueError`` listing them (and, for ``models``, the
-    ``string`` kind that models also take: Cayley-STRING over one of them)."""
+def check_kind(kind: str, models: bool = False, what: str = "RoPE kind") -> str:
+    """Return ``kind`` if it names a RoPE table, else raise a ``ValueError`` that calls it ``what`` and lists them
+    (and, for ``models``, the other kinds that models take: Cayley-STRING and the attention biases)."""
     if kind not in KINDS:
-        extra = " (or rope_kind='string' on a model: Cayley-STRING over rope_string_base)" if models else ""
-        raise ValueError(f"Unknown RoPE kind {kind!r}: choose one of {', '.join(KINDS)}{extra}.")
+        extra = (", string (Cayley-STRING over rope_string_base), or an attention bias instead of RoPE, lookhere or "
+                 "alibi" if models else "")
+        raise ValueError(f"Unknown {what} {kind!r}: choose one of {', '.join(KINDS)}{extra}.")
     return kind
 
 

@@ -16,6 +16,7 @@ keys that checkpoints carry.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Iterator
 from itertools import repeat
 from typing import Any
@@ -29,17 +30,40 @@ from vit_rope.layers.policies import CoordAugment, ResolutionPolicy, augment_pos
 from vit_rope.layers.rope import RoPE2D, check_head_dim, check_kind
 from vit_rope.layers.string import CayleyString
 
+# RoPE2D's arguments -> the model arguments that set them
+ROPE_ARGS = {"theta": "rope_theta", "min_period": "rope_min_period", "max_period": "rope_max_period",
+             "normalize": "rope_normalize_coords", "fraction": "rope_fraction", "init": "rope_mixed_init",
+             "offset": "rope_grid_offset"}
 
-def check_encoding(rope_kind: str, rope_string_base: str, embed_dim: int, num_heads: int) -> str | None:
-    """The RoPE kind that builds the tables (``rope_string_base`` under ``string``), or ``None`` for a bias kind;
-    raises ``ValueError`` for an unknown kind or a width that the kind cannot split into heads and pairs."""
+
+def check_encoding(rope_kind: str, rope_string_base: str | None, embed_dim: int, num_heads: int) -> str | None:
+    """The RoPE kind that builds the tables (``rope_string_base`` under ``string``, ``axial`` if unset), or ``None``
+    for a bias kind; raises ``ValueError`` for an unknown kind, a ``rope_string_base`` without ``string``, or a width
+    that the kind cannot split into heads and pairs."""
     if embed_dim % num_heads:
         raise ValueError(f"embed_dim={embed_dim} must be divisible by num_heads={num_heads}.")
+    if rope_string_base is not None and rope_kind != "string":
+        raise ValueError(f"rope_string_base={rope_string_base!r} names the RoPE under Cayley-STRING "
+                         f"(rope_kind='string'); rope_kind={rope_kind!r} would ignore it: leave it unset.")
     if rope_kind in BIAS_KINDS:
         return None
-    base_kind = check_kind(rope_string_base if rope_kind == "string" else rope_kind, models=True)
+    if rope_kind == "string":
+        base_kind = check_kind(rope_string_base or "axial", what="rope_string_base (the RoPE under Cayley-STRING)")
+    else:
+        base_kind = check_kind(rope_kind, models=True)
     check_head_dim(embed_dim // num_heads)
     return base_kind
+
+
+def check_no_rope_args(rope_kind: str, ref_grid: tuple[int, int] | None, rope_args: dict[str, Any]) -> None:
+    """Raise a ``ValueError`` naming the model arguments that configure RoPE (``rope_args``: ``RoPE2D``'s, away from
+    its defaults; ``rope_ref_grid``) given to a model of the attention bias ``rope_kind``, which would ignore them."""
+    defaults = inspect.signature(RoPE2D).parameters
+    given = [f"{ROPE_ARGS[name]}={value!r}" for name, value in rope_args.items() if value != defaults[name].default]
+    given += [f"rope_ref_grid={ref_grid}"] if ref_grid is not None else []
+    if given:
+        raise ValueError(f"{', '.join(given)} configure RoPE; the {rope_kind} bias has no RoPE and would ignore "
+                         "them: leave them unset.")
 
 
 def policy_kind(model: nn.Module) -> str | None:
@@ -86,9 +110,7 @@ class PositionEncodingMixin:
         self.rope_per_block = base_kind == "mixed"  # learned frequencies: one module per block
         train_grid = self.patch_embed.grid_size
         if base_kind is None:
-            if ref_grid is not None or rope_args.get("offset"):
-                raise ValueError(f"rope_ref_grid={ref_grid} and rope_grid_offset={rope_args.get('offset')} place "
-                                 f"RoPE positions; the {rope_kind} bias has none: leave them unset.")
+            check_no_rope_args(rope_kind, ref_grid, rope_args)
             self.rope = AttnBias(rope_kind, num_heads, len(self.blocks), train_grid, policy, lh_config)
             return
         if lh_config is not None:

@@ -43,7 +43,7 @@ class FeatureMixin:
         take_indices, max_index = feature_take_indices(len(self.blocks), indices)
         blocks = self.blocks[: max_index + 1] if stop_early else self.blocks
         batch = naflex_batch(x, patch_coord, patch_valid, attn_mask)
-        x, intermediates, valid = self._forward_blocks(
+        x, intermediates, kept = self._forward_blocks(
             x if batch is None else batch, blocks, take_indices, norm, attn_mask=attn_mask, is_causal=is_causal
         )
 
@@ -51,7 +51,7 @@ class FeatureMixin:
         prefix_tokens = [y[:, :P] for y in intermediates] if P else None
         intermediates = [y[:, P:] for y in intermediates]
         if batch is not None and output_fmt == "NCHW":  # each sample's map in the corner of the largest grid
-            if valid.shape != batch.valid.shape:
+            if kept.valid.shape != batch.valid.shape:
                 raise ValueError("Patch dropout dropped tokens of the NaFlex batch, which make no NCHW maps: call "
                                  "model.eval() first, or ask for output_fmt='NLC'.")
             grid = naflex_grid(batch.coord, batch.valid)
@@ -70,8 +70,8 @@ class FeatureMixin:
                 out["image_intermediates_prefix"] = prefix_tokens
             if not intermediates_only:
                 out["image_features"] = self.norm(x)
-            if valid is not None:  # NaFlex: which tokens are real (after patch dropout)
-                out["patch_valid"] = valid
+            if kept is not None:  # NaFlex: which patch each token is, and whether it is real (after patch dropout)
+                out["patch_coord"], out["patch_valid"] = kept.coord, kept.valid
             return out
         if return_prefix_tokens and prefix_tokens is not None:
             intermediates = list(zip(intermediates, prefix_tokens, strict=True))

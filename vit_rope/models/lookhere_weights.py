@@ -10,14 +10,17 @@ checkpoint's config::
     model = timm.create_model("vit_rope_base_patch16_lookhere_224", official=True, lh_config=ckpt["config"])
     vit_rope.load_weights(model, "LH_180_weights_and_config.pth")
 
-``vit_rope.models.checkpoint`` calls ``from_lookhere`` for any file of that form.
+``vit_rope.models.checkpoint`` calls ``from_lookhere`` for any file of that form, and the evaluation harness takes
+the config and ``official=True`` from the file itself (``official_file_args``) unless ``--model-kwargs`` gives them.
 """
 
 from __future__ import annotations
 
 from functools import partial
+from pathlib import Path
 from typing import Any
 
+import torch
 from torch import Tensor, nn
 
 from vit_rope.layers.lookhere import check_config
@@ -35,6 +38,21 @@ def is_lookhere_checkpoint(obj: Any) -> bool:
     """Whether ``obj`` is an official LookHere file: ``weights`` (a state dict) and ``config`` (an ``lh_config``)."""
     return (isinstance(obj, dict) and isinstance(obj.get("weights"), dict) and isinstance(obj.get("config"), dict)
             and "head_directions" in obj["config"])
+
+
+def official_file_args(path: str | Path) -> dict[str, Any]:
+    """What a ``*_lookhere_*`` model needs to load ``path`` if it is an official LookHere file: the file's
+    ``lh_config``, ``official=True`` and its classifier's ``num_classes``; ``{}`` for any other file. Reads the file
+    memory-mapped (the full read that loading does reports what is wrong with a bad one)."""
+    try:
+        obj = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except Exception:  # safetensors, an old-format pickle, a corrupt file: not an official LookHere file as saved
+        return {}
+    if not is_lookhere_checkpoint(obj):
+        return {}
+    classifier = obj["weights"].get("head.fc2.weight")  # the MLP head's output layer
+    classes = {"num_classes": int(classifier.shape[0])} if isinstance(classifier, Tensor) else {}
+    return {"lh_config": obj["config"], "official": True, **classes}
 
 
 def from_lookhere(obj: dict[str, Any], model: nn.Module) -> dict[str, Tensor]:

@@ -36,6 +36,14 @@ class NaFlexBatch(NamedTuple):
     attn_mask: Tensor | None
 
 
+class Kept(NamedTuple):
+    """The tokens of a NaFlex batch after patch dropout (all of them without it): ``coord`` ``[B, K, 2]`` (y, x) and
+    ``valid`` ``[B, K]``, in the order of the blocks' patch tokens."""
+
+    coord: Tensor
+    valid: Tensor
+
+
 def naflex_batch(x: Any, patch_coord: Tensor | None = None, patch_valid: Tensor | None = None,
                  attn_mask: Tensor | None = None) -> NaFlexBatch | None:
     """The NaFlex batch that ``x`` and the keyword arguments name, or None for an image batch ``[B, C, H, W]``.
@@ -59,6 +67,10 @@ def naflex_batch(x: Any, patch_coord: Tensor | None = None, patch_valid: Tensor 
     elif patch_valid is not None:
         raise ValueError(f"patch_valid {tuple(patch_valid.shape)} was given without patch_coord: a NaFlex batch "
                          "needs both, patch_coord [B, N, 2] as the (y, x) patch index of every token.")
+    elif isinstance(x, Tensor) and x.dim() == 3:
+        raise ValueError(f"A [B, N, P*P*C] tensor {tuple(x.shape)} reads as NaFlex patches, which need patch_coord "
+                         "[B, N, 2] (y, x) and patch_valid [B, N]: pass them as keyword arguments, or the dict "
+                         "timm's NaFlexCollator yields; images are [B, C, H, W].")
     else:
         return None
     if patches.dim() != 3 or patch_coord.shape != (*patches.shape[:2], 2):
@@ -71,6 +83,9 @@ def naflex_batch(x: Any, patch_coord: Tensor | None = None, patch_valid: Tensor 
     if patch_valid.shape != patches.shape[:2]:
         raise ValueError(f"NaFlex patch_valid must be [B, N] = {tuple(patches.shape[:2])} like the patches; got "
                          f"{tuple(patch_valid.shape)}.")
+    if patch_coord.is_floating_point() or patch_coord.is_complex():
+        raise ValueError(f"NaFlex patch_coord must hold integer patch indices (y, x); got {patch_coord.dtype}. "
+                         "Convert with .long() if the values are whole, or build the batch with timm's Patchify.")
     batch = NaFlexBatch(patches, patch_coord.long(), patch_valid.bool(), attn_mask)
     if not capturing(patches):  # graph captures take the batch as it comes: checking reads values on the host
         check_coordinates(batch.coord, batch.valid)
@@ -80,6 +95,8 @@ def naflex_batch(x: Any, patch_coord: Tensor | None = None, patch_valid: Tensor 
 def check_coordinates(coord: Tensor, valid: Tensor) -> None:
     """Raise a ``ValueError`` if a valid token's ``coord`` ``[B, N, 2]`` is negative (before the image's first patch)
     or a sample of ``valid`` ``[B, N]`` has no valid token (nothing to pool, no grid to place). One host sync."""
+    if not valid.shape[0]:  # an empty batch, which gives empty outputs as an empty image batch does
+        return
     low, empty = torch.stack(((coord * valid[..., None]).amin(), (~valid.any(1)).sum())).tolist()
     if low < 0:
         where = ((coord < 0).any(-1) & valid).nonzero()[0].tolist()
@@ -90,6 +107,22 @@ def check_coordinates(coord: Tensor, valid: Tensor) -> None:
         samples = (~valid.any(1)).nonzero().flatten().tolist()
         raise ValueError(f"NaFlex patch_valid {tuple(valid.shape)} marks no valid token in sample(s) {samples}: "
                          "every sample needs at least one patch; leave empty images out of the batch.")
+
+
+def check_attn_mask(attn_mask: Tensor, batch_size: int, tokens: int) -> Tensor:
+    """The caller's ``attn_mask`` for a NaFlex batch of ``batch_size`` samples of ``tokens`` tokens (prefix and
+    patches, after patch dropout), if it broadcasts to ``[B, heads, T, T]`` as attention reads it; else a
+    ``ValueError`` naming both shapes."""
+    B, T = batch_size, tokens
+    try:
+        shape = torch.broadcast_shapes(attn_mask.shape, (B, 1, T, T))
+    except RuntimeError:
+        shape = None
+    if attn_mask.dim() > 4 or shape is None or (shape[0], *shape[2:]) != (B, T, T):
+        raise ValueError(f"NaFlex attn_mask {tuple(attn_mask.shape)} does not fit the batch's {B} samples of {T} "
+                         "tokens (prefix tokens and patches): it must broadcast to [B, heads, T, T], such as a key "
+                         "mask [B, 1, 1, T]; leave it out to hide the padding from the keys.")
+    return attn_mask
 
 
 def embed_patches(patch_embed: nn.Module, patches: Tensor) -> Tensor:
@@ -106,14 +139,15 @@ def embed_patches(patch_embed: nn.Module, patches: Tensor) -> Tensor:
 
 
 def embed_naflex(model: nn.Module, batch: NaFlexBatch
-                 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Lattice | None]:
+                 ) -> tuple[Tensor, Tensor, Tensor, Kept, Tensor, Lattice | None]:
     """Tokens, positions and masks of a NaFlex batch, as ``RoPEVisionTransformer._embed`` for images.
 
     Returns:
         tokens ``[B, P + N, C]``; positions ``[B, N, 2]`` (policy-placed, augmented in training); each sample's grid
-        ``[B, 2]`` (h, w); ``valid`` ``[B, N]`` and the attention mask ``[B, 1, 1, P + N]`` (or the caller's), both
-        after patch dropout when it runs; and, in eager mode for RoPE positions that are the patch coordinates
-        themselves, the batch's ``Lattice``, from which ``RoPE2D.sample_tables`` gathers tables (else ``None``).
+        ``[B, 2]`` (h, w); the ``Kept`` tokens' coordinates and validity, and the attention mask ``[B, 1, 1, P + N]``
+        (or the caller's), both after patch dropout when it runs; and, in eager mode for RoPE positions that are the
+        patch coordinates themselves, the batch's ``Lattice``, from which ``RoPE2D.sample_tables`` gathers tables
+        (else ``None``).
     """
     patches, coord, valid, attn_mask = batch
     B = patches.shape[0]
@@ -133,14 +167,15 @@ def embed_naflex(model: nn.Module, batch: NaFlexBatch
     if model.training and model.coord_aug.active:
         positions = augment_positions(positions, B, model.coord_aug)  # [B, N, 2], a draw per sample
         on_lattice = False
+    kept = Kept(coord, valid)
     if hasattr(model.patch_drop, "prob"):  # PatchDropoutWithIndices: positions and validity follow the kept tokens
         x, keep = model.patch_drop(x)
         if keep is not None:
-            positions = positions.gather(1, keep[..., None].expand(-1, -1, 2))
-            valid = valid.gather(1, keep)
+            index = keep[..., None].expand(-1, -1, 2)  # [B, K, 2]
+            positions, kept = positions.gather(1, index), Kept(coord.gather(1, index), valid.gather(1, keep))
             on_lattice = False
-    mask = key_padding_mask(valid, P) if attn_mask is None else attn_mask
-    return model.norm_pre(x), positions, grid, valid, mask, lattice(coord, valid, grid, P) if on_lattice else None
+    mask = key_padding_mask(kept.valid, P) if attn_mask is None else check_attn_mask(attn_mask, *x.shape[:2])
+    return model.norm_pre(x), positions, grid, kept, mask, lattice(coord, valid, grid, P) if on_lattice else None
 
 
 def pool_naflex(model: nn.Module, x: Tensor, valid: Tensor) -> Tensor:
@@ -161,7 +196,7 @@ def naflex_maps(tokens: Tensor, coord: Tensor, valid: Tensor, grid: Tensor) -> T
     """Patch tokens ``[B, N, C]`` as per-sample feature maps ``[B, C, H, W]`` (``H``, ``W``: the largest grid of
     the batch), each sample's map in its top-left corner, zeros elsewhere."""
     B, _, C = tokens.shape
-    height, width = (int(side) for side in grid.amax(0).tolist())
+    height, width = (int(side) for side in grid.amax(0).tolist()) if B else (0, 0)
     maps = tokens.new_zeros(B, height * width, C)
     index = (coord[..., 0] * width + coord[..., 1]).masked_fill(~valid, height * width)  # padding: a spare slot
     maps = torch.cat((maps, maps.new_zeros(B, 1, C)), dim=1).scatter(1, index[..., None].expand(-1, -1, C), tokens)

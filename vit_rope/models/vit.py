@@ -21,7 +21,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from timm.layers import Mlp, PatchDropoutWithIndices
+from timm.layers import Mlp, PatchDropoutWithIndices, get_device_dtype
 from timm.models._manipulate import checkpoint
 from timm.models.vision_transformer import VisionTransformer
 from torch import Tensor, nn
@@ -34,7 +34,7 @@ from vit_rope.layers.policies import CoordAugment, ResolutionPolicy
 from vit_rope.layers.pos_embed import fit_pos_embed
 from vit_rope.models.encodings import PositionEncodingMixin, check_encoding
 from vit_rope.models.features import FeatureMixin
-from vit_rope.models.naflex import NaFlexBatch, embed_naflex, naflex_batch, pool_naflex
+from vit_rope.models.naflex import Kept, NaFlexBatch, embed_naflex, naflex_batch, pool_naflex
 
 # FX: both depend on the input's size, which symbolic tracing only knows as a proxy; the trace records them as calls.
 torch.fx.wrap("check_patch_multiple")
@@ -53,7 +53,7 @@ class RoPEVisionTransformer(PositionEncodingMixin, FeatureMixin, VisionTransform
             frequencies on coordinates normalised to [-1, 1]) or ``"string"`` (Cayley-STRING,
             ``vit_rope.layers.string``: a learned orthogonal basis per layer and head before ``rope_string_base``);
             or an attention bias instead of RoPE, ``"lookhere"`` or ``"alibi"`` (``vit_rope.layers.attn_bias``).
-        rope_string_base: the RoPE kind under ``string``: ``axial``, ``mixed``, ``golden`` or ``dinov3``.
+        rope_string_base: the RoPE kind under ``string``: ``axial`` (if unset), ``mixed``, ``golden`` or ``dinov3``.
         rope_fraction: p-RoPE's share of channel pairs rotated, the highest frequencies (1: all, 0: none).
         rope_mixed_init: how ``mixed`` frequencies start: ``"rope-vit"`` (RoPE-ViT's) or ``"golden"``.
         rope_theta: frequency base; ``None`` takes RoPE-ViT's value (100 axial, 10 mixed) or DINOv3's (100).
@@ -90,7 +90,7 @@ class RoPEVisionTransformer(PositionEncodingMixin, FeatureMixin, VisionTransform
         rope_min_period: float | None = None,
         rope_max_period: float | None = None,
         rope_normalize_coords: str = "separate",
-        rope_string_base: str = "axial",
+        rope_string_base: str | None = None,
         rope_fraction: float = 1.0,
         rope_mixed_init: str = "rope-vit",
         rope_grid_offset: float = 0.0,
@@ -132,12 +132,16 @@ class RoPEVisionTransformer(PositionEncodingMixin, FeatureMixin, VisionTransform
                             offset=rope_grid_offset, theta=rope_theta, min_period=rope_min_period,
                             max_period=rope_max_period, normalize=rope_normalize_coords,
                             fraction=rope_fraction, init=rope_mixed_init)
+        factory = {key: kwargs[key] for key in ("device", "dtype") if kwargs.get(key) is not None}
+        if factory:  # timm built its modules there (create_model(device=..., dtype=...)); ours follow
+            self.to(**factory)
 
     def reset_classifier(self, num_classes: int, global_pool: str | None = None) -> None:
         """timm's, keeping the MLP head (``head_hidden_dim``) when the model has one."""
         super().reset_classifier(num_classes, global_pool)
-        if self.head_hidden_dim and num_classes > 0:
-            self.head = Mlp(self.embed_dim, self.head_hidden_dim, num_classes, act_layer=nn.Tanh)
+        if self.head_hidden_dim and num_classes > 0:  # where the model's weights are, in their dtype, as timm's head
+            self.head = Mlp(self.embed_dim, self.head_hidden_dim, num_classes, act_layer=nn.Tanh,
+                            **get_device_dtype(self))
 
     @torch.jit.ignore
     def no_weight_decay(self) -> set[str]:
@@ -200,16 +204,17 @@ class RoPEVisionTransformer(PositionEncodingMixin, FeatureMixin, VisionTransform
     def _forward_blocks(
         self, x: Tensor | NaFlexBatch, blocks: nn.Module, take_indices: list[int] = (), norm: bool = False,
         **block_kwargs: Any,
-    ) -> tuple[Tensor, list[Tensor], Tensor | None]:
+    ) -> tuple[Tensor, list[Tensor], Kept | None]:
         """Embed ``x`` (images, or a NaFlex batch) and run ``blocks``; returns the last tokens, those after the blocks
-        in ``take_indices``, and for a NaFlex batch its tokens' validity ``[B, N]`` (after patch dropout)."""
-        valid = lattice = None
+        in ``take_indices``, and for a NaFlex batch its ``Kept`` tokens' coordinates and validity (after patch
+        dropout)."""
+        kept = lattice = None
         if isinstance(x, NaFlexBatch):
-            x, positions, grid, valid, block_kwargs["attn_mask"], lattice = embed_naflex(self, x)
+            x, positions, grid, kept, block_kwargs["attn_mask"], lattice = embed_naflex(self, x)
         else:
             x, positions, grid = self._embed(x)
         intermediates = []
-        encodings = self._encodings(positions, grid, valid, lattice)
+        encodings = self._encodings(positions, grid, None if kept is None else kept.valid, lattice)
         for i, (blk, encoding) in enumerate(zip(blocks, encodings, strict=False)):
             if self.grad_checkpointing:
                 x = checkpoint(blk, x, **encoding, **block_kwargs)
@@ -217,7 +222,7 @@ class RoPEVisionTransformer(PositionEncodingMixin, FeatureMixin, VisionTransform
                 x = blk(x, **encoding, **block_kwargs)
             if i in take_indices:
                 intermediates.append(self.norm(x) if norm else x)
-        return x, intermediates, valid
+        return x, intermediates, kept
 
     def forward(self, x: Tensor, attn_mask: Tensor | None = None, is_causal: bool = False,
                 patch_coord: Tensor | None = None, patch_valid: Tensor | None = None) -> Tensor:
@@ -226,8 +231,8 @@ class RoPEVisionTransformer(PositionEncodingMixin, FeatureMixin, VisionTransform
         if not torch.jit.is_scripting():
             batch = naflex_batch(x, patch_coord, patch_valid, attn_mask)
             if batch is not None:
-                tokens, _, valid = self._forward_blocks(batch, self.blocks, is_causal=is_causal)
-                return self._naflex_head(self.norm(tokens), False, valid)
+                tokens, _, kept = self._forward_blocks(batch, self.blocks, is_causal=is_causal)
+                return self._naflex_head(self.norm(tokens), False, kept.valid)
         return self.forward_head(self.forward_features(x, attn_mask=attn_mask, is_causal=is_causal))
 
     def forward_features(self, x: Tensor, attn_mask: Tensor | None = None, is_causal: bool = False,
