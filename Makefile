@@ -99,7 +99,7 @@ bench-twins: install
 
 # timm's own model tests (tests/test_models.py of the installed timm's source release, downloaded from PyPI) on the
 # vit_rope_* models: forward, backward, default configs, features, FX, TorchScript. Hours on a CPU for all 75 models;
-# MODELS narrows them with a pytest -k expression (make timm-suite MODELS=tiny: about 10 min on a 2-core CPU).
+# MODELS narrows them with a pytest -k expression (make timm-suite MODELS=tiny: about 2 min on a 2-core CPU).
 timm-suite: install
 	$(PYTHON) scripts/timm_model_suite.py $(if $(MODELS),--match "$(MODELS)")
 

@@ -10,7 +10,7 @@ import torch
 from safetensors.torch import save_file
 
 import vit_rope
-from vit_rope.models.eva_families import twin_name
+from vit_rope.models.eva_families import FAMILIES, twin_name
 
 # timm name, width overrides (both models), sizes (native first), an override of the twin that must change outputs
 CASES = {
@@ -168,6 +168,18 @@ def test_twins_through_timm_feature_api(name):
     assert [f.shape for f in features(x)] == [(2, 128, 3, 5)] * 2
     model.reset_classifier(7)
     assert model(x).shape == (2, 7)
+
+
+def test_twins_name_a_smallest_input_of_whole_patches():
+    """timm's model tests pick a small input from ``min_input_size``: it must be a multiple of the twin's patch."""
+    for table in FAMILIES.values():
+        for timm_name, args in table.items():
+            smallest = timm.models.get_pretrained_cfg_value(twin_name(timm_name), "min_input_size")
+            assert smallest[1] % args["patch_size"] == 0 and smallest[2] % args["patch_size"] == 0, timm_name
+    twin = "vit_rope_eva02_tiny_patch14_224"
+    assert timm.models.get_pretrained_cfg_value(twin, "min_input_size") == (3, 112, 112)
+    model = timm.create_model(twin, depth=1, num_classes=5).eval()
+    assert model(torch.randn(1, 3, 112, 112)).shape == (1, 5)
 
 
 def test_sapiens2_twin_keeps_grouped_query_attention():

@@ -165,6 +165,8 @@ def test_factory_device_and_dtype_reach_every_module(name, kwargs):
     model = timm.create_model(name, depth=2, device="meta", **kwargs)
     assert {t.device.type for t in itertools.chain(model.parameters(), model.buffers())} == {"meta"}
     assert model(torch.empty(2, 3, 32, 48, device="meta")).shape == (2, 1000)
+    with torch.device("meta"):  # built under a device context too (timm's tests build config checks so)
+        assert timm.create_model(name, depth=2, **kwargs)(torch.empty(1, 3, 32, 32)).shape == (1, 1000)
     model.reset_classifier(5)
     assert {p.device.type for p in model.head.parameters()} == {"meta"}
     double = timm.create_model(name, depth=2, dtype=torch.float64, **kwargs)

@@ -202,5 +202,5 @@ def lookhere_penalty(positions: Tensor, directions: tuple[tuple[str, ...], ...],
 def layer_scales(config: dict[str, Any], depth: int) -> list[float]:
     """The multiplier of each layer's penalty, ``-global_slope * layer_slope``: 0 leaves the layer unbiased."""
     first, last = config["layer_slopes"]
-    ramp = torch.linspace(first, last, depth, dtype=torch.float64).tolist()
+    ramp = torch.linspace(first, last, depth, dtype=torch.float64, device="cpu").tolist()  # under any device context
     return [-config["global_slope"] * slope for slope in ramp]

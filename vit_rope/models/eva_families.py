@@ -141,12 +141,16 @@ def family_of(timm_name: str) -> str | None:
 def twin_cfgs() -> dict[str, dict[str, Any]]:
     """``{twin.tag: cfg}``: timm's own (``timm.models.eva.default_cfgs``: the same weights on timm's hub, read
     through our checkpoint filter, preprocessing, class count, licence, origin and paper), but for any input size
-    (``fixed_input_size`` off: the twins run at every size)."""
+    (``fixed_input_size`` off: the twins run at every multiple of their patch size). ``min_input_size`` is eight
+    patches a side, so that tools which pick a small input from it (timm's model tests) pick a multiple of the patch
+    size: 112 px for patch 14, where their default 128 px is none."""
     from timm.models.eva import default_cfgs as eva_cfgs
 
     cfgs: dict[str, dict[str, Any]] = {}
     for table in FAMILIES.values():
-        for timm_name in table:
+        for timm_name, args in table.items():
+            smallest = (3, 8 * args["patch_size"], 8 * args["patch_size"])
             for tag, cfg in eva_cfgs[timm_name].cfgs.items():
-                cfgs[f"{twin_name(timm_name)}.{tag}"] = dict(cfg.to_dict(), fixed_input_size=False)
+                cfgs[f"{twin_name(timm_name)}.{tag}"] = dict(cfg.to_dict(), fixed_input_size=False,
+                                                             min_input_size=smallest)
     return cfgs
