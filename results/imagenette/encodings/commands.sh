@@ -17,3 +17,6 @@ python -m vit_rope.evaluate --checkpoint output/study/encodings/string_mixed_s0/
 python train.py -c configs/imagenette_study/encodings/lookhere.yaml --output output/study/encodings/lookhere_s0 seed=0
 python -m vit_rope.evaluate --checkpoint output/study/encodings/lookhere_s0/last.pth --img-sizes 48 64 80 96 128 160 --policy extrapolate interpolate --limit 1500 --workers 0 --output results/imagenette/encodings/eval/lookhere/lookhere_s0
 python -m vit_rope.evaluate --checkpoint output/study/encodings/lookhere_s0/last.pth --img-sizes 48 64 80 96 128 160 --crop-pct 0.875 --limit 1500 --workers 0 --output results/imagenette/encodings/eval_crop0.875/lookhere/lookhere_s0
+python train.py -c configs/imagenette_study/encodings/alibi.yaml --output output/study/encodings/alibi_s0 seed=0
+python -m vit_rope.evaluate --checkpoint output/study/encodings/alibi_s0/last.pth --img-sizes 48 64 80 96 128 160 --policy extrapolate interpolate --limit 1500 --workers 0 --output results/imagenette/encodings/eval/alibi/alibi_s0
+python -m vit_rope.evaluate --checkpoint output/study/encodings/alibi_s0/last.pth --img-sizes 48 64 80 96 128 160 --crop-pct 0.875 --limit 1500 --workers 0 --output results/imagenette/encodings/eval_crop0.875/alibi/alibi_s0
