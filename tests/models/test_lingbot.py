@@ -35,4 +35,5 @@ def test_lingbot_configs_are_timms_for_any_input_size():
         theirs = get_pretrained_cfg(f"vit_{size}_patch16_lingbot").to_dict()
         assert ours.pop("fixed_input_size") is False and theirs.pop("fixed_input_size") is True
         assert ours.pop("architecture") == lingbot_name(size) and theirs.pop("architecture") != lingbot_name(size)
+        assert ours.pop("min_input_size") == (3, 128, 128) and "min_input_size" not in theirs  # eight patches a side
         assert ours == theirs and ours["input_size"] == (3, 512, 512) and ours["license"] == "apache-2.0"
