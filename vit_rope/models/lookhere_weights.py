@@ -20,10 +20,10 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-import torch
 from torch import Tensor, nn
 
 from vit_rope.layers.lookhere import check_config
+from vit_rope.models.weights_file import mapped_file
 
 
 def official_lookhere_args(embed_dim: int, mlp_ratio: float = 4.0) -> dict[str, Any]:
@@ -44,10 +44,7 @@ def official_file_args(path: str | Path) -> dict[str, Any]:
     """What a ``*_lookhere_*`` model needs to load ``path`` if it is an official LookHere file: the file's
     ``lh_config``, ``official=True`` and its classifier's ``num_classes``; ``{}`` for any other file. Reads the file
     memory-mapped (the full read that loading does reports what is wrong with a bad one)."""
-    try:
-        obj = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-    except Exception:  # safetensors, an old-format pickle, a corrupt file: not an official LookHere file as saved
-        return {}
+    obj = mapped_file(path)
     if not is_lookhere_checkpoint(obj):
         return {}
     classifier = obj["weights"].get("head.fc2.weight")  # the MLP head's output layer

@@ -64,17 +64,27 @@ def unwrap_state_dict(state_dict: dict[str, Any]) -> dict[str, Any]:
     return {k.removeprefix("module."): v for k, v in state_dict.items()}
 
 
+def mapped_file(path: str | Path) -> Any:
+    """A torch weights file's object, memory-mapped (tensors are read only when touched), or None when it cannot be
+    read this way: safetensors, an old-format pickle (no mmap), a corrupt file, classes ``weights_only`` refuses (the
+    full read that follows reports what is wrong)."""
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except Exception:
+        return None
+
+
 def tensor_rows(path: str | Path, key: str) -> int | None:
     """The first dimension of tensor ``key`` in a weights file, read without loading the rest: the safetensors header,
     or a memory-mapped torch file (its EMA or model container too); None when the file has no such tensor or cannot
     be read this way (the full read that follows reports what is wrong)."""
-    try:
-        if Path(path).suffix == ".safetensors":
+    if Path(path).suffix == ".safetensors":
+        try:
             with safe_open(str(path), framework="pt") as f:
                 return f.get_slice(key).get_shape()[0] if key in f.keys() else None
-        state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-    except Exception:  # an old-format pickle (no mmap), a corrupt file, classes weights_only refuses
-        return None
+        except Exception:  # a corrupt header
+            return None
+    state = mapped_file(path)
     value = unwrap_state_dict(state).get(key) if isinstance(state, dict) else None
     return int(value.shape[0]) if isinstance(value, torch.Tensor) and value.dim() else None
 
