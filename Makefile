@@ -21,8 +21,9 @@ install: $(filter $(VENV)/bin/python,$(PYTHON))
 	$(PYTHON) -m pip install -q -e '.[dev]'
 
 DEMO_OUT ?= output/demo
-# Trains a 6-block tiny RoPE-Mixed ViT on Imagenette at 64 px (about 9 min on a 2-core CPU), then evaluates it at
-# 0.75x to 2.5x the training size under four RoPE resolution policies, on 1,000 val images (a few minutes).
+# Trains a 6-block tiny RoPE-Mixed ViT on Imagenette at 64 px, then evaluates it at 0.75x to 2.5x the training size
+# under four RoPE resolution policies, on 1,000 val images: 15 min 57 s in all, installs included, when last measured
+# on a 2-core CPU (README.md).
 demo: install
 	$(PYTHON) train.py -c configs/imagenette_cpu.yaml --output $(DEMO_OUT)
 	$(PYTHON) -m vit_rope.evaluate --checkpoint $(DEMO_OUT)/best.pth --img-sizes 48 64 96 128 160 --limit 1000 --workers 1 \
@@ -49,8 +50,8 @@ study-v4: install
 	$(PYTHON) scripts/imagenette_study.py --study v4
 
 # Position encodings on v2's 8x8 grid (docs/studies.md): golden-angle RoPE, STRING over RoPE-Mixed, LookHere and 2D-ALiBi,
-# 2 seeds each, beside one re-run seed of v2's RoPE-Mixed, RoPE-Axial and APE patch-8 arms; 11 runs of 21-26 min of
-# training and 5-15 min of evaluation (every policy of the kind) each, about 6 h in all on a 2-core CPU. Resumable.
+# 2 seeds each, beside one re-run seed of v2's RoPE-Mixed, RoPE-Axial and APE patch-8 arms; 11 runs of 22-46 min of
+# training and 6-21 min of evaluation (every policy of the kind) each, about 8 h in all on a busy 2-core CPU. Resumable.
 study-encodings: install
 	$(PYTHON) scripts/imagenette_study.py --study encodings --seeds 0
 	$(PYTHON) scripts/imagenette_study.py --study encodings --arms golden string_mixed lookhere alibi --seeds 1

@@ -53,6 +53,10 @@ def test_cli_writes_report_and_plot(tmp_path, capsys):
     report = json.loads((tmp_path / "out" / "diagnostics.json").read_text())
     assert set(report["sizes"]) == {"32", "64"} and len(report["sizes"]["64"]["entropy"]) == 2
     assert (tmp_path / "out" / "rope_directions.png").stat().st_size > 1000
+    # diagnosed without its classifier: how far its pooled features move without positions, no top-1 to keep
+    assert set(report["sizes"]["64"]["without_positions"]) == {"output_change"}
+    assert report["sizes"]["64"]["without_positions"]["output_change"] > 0
+    assert "outputs move" in capsys.readouterr().out
     assert report["model"] == f"vit_rope_tiny_patch16_mixed_224 (depth=2) ({weights})"  # num_classes: no architecture
     assert main(argv[:5] + ["40"] + argv[7:]) == 2
     assert capsys.readouterr().err == ("error: --sizes entry 40 is not a positive multiple of the patch size 16 of "
@@ -119,7 +123,12 @@ def test_images_come_from_the_val_split_of_the_checkpoint_or_the_option(image_ro
     checkpoint = write_checkpoint(tmp_path / "best.pth", val_split="test")
     argv = ["--sizes", "32", "--num-images", "3", "--data-dir", str(image_root), "--output", str(tmp_path / "out")]
     assert main(["--checkpoint", str(checkpoint), *argv]) == 0  # the run validated on test/: so does diagnose
-    from_split = json.loads((tmp_path / "out" / "diagnostics.json").read_text())["sizes"]["32"]["entropy"]
+    measured = json.loads((tmp_path / "out" / "diagnostics.json").read_text())["sizes"]["32"]
+    from_split = measured["entropy"]
+    # a classifier: the share of the 3 images whose top-1 class survives without positions
+    kept = measured["without_positions"]["predictions_kept"]
+    assert 0 <= kept <= 1 and kept * 3 == pytest.approx(round(kept * 3))
+    assert "top-1" in capsys.readouterr().out
     assert main(["--checkpoint", str(checkpoint), *argv[:-1], str(tmp_path / "noise")]) == 0
     (image_root / "test").rename(image_root / "holdout")
     assert main(["--checkpoint", str(checkpoint), "--val-split", "holdout", *argv]) == 0

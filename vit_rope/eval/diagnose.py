@@ -3,7 +3,9 @@
 Why a model extrapolates or not can often be read off its frequencies (RoPE-ViT, Heo et al., ECCV 2024; YaRN,
 Peng et al. 2023): a channel pair that completes less than one turn across the training grid never saw the phases
 that a larger grid produces. Mixed RoPE learns its directions, which the plot shows per layer and head. Attention
-entropy tells whether attention spreads out (dilutes) as the token count grows.
+entropy tells whether attention spreads out (dilutes) as the token count grows. The same images run once more without
+the position encoding (``vit_rope.eval.ablation``): how much the outputs change, and how many top-1 classes stay,
+says how much the model uses positions at each size at all.
 
 ``python -m vit_rope.diagnose --checkpoint PATH [--sizes 224 320 512] [--seq-lens 196 400] [--policy NAME]
 [--data-dir DIR [--val-split NAME]] [--output DIR]``; ``--model NAME`` takes ``--pretrained-file PATH``, or
@@ -32,6 +34,7 @@ from vit_rope.checks import check_model_name, check_multiple, check_output_dir, 
 from vit_rope.data.folders import ImageFolderDataset, Sample, find_images
 from vit_rope.errors import UserError
 from vit_rope.eval import naflex
+from vit_rope.eval.ablation import position_reliance
 from vit_rope.eval.cli import parse_kwarg
 from vit_rope.eval.harness import eval_transform, subset
 from vit_rope.eval.loading import EvalModel, load_pretrained, load_trained
@@ -189,15 +192,17 @@ def main(argv: list[str] | None = None) -> int:
     train_grid = model.rope_modules()[0].train_grid
     encoding = model.rope_kind if model.rope_kind in BIAS_KINDS else f"RoPE {model.rope_kind}"
     print(f"{entry.label}: {encoding}, policy {model.rope_policy.name}, training grid {train_grid}")
-    print(f"{'size':>10s} {'unseen-phase channels':>22s} {'attention entropy per layer (nats)'}")
+    print(f"{'size':>10s} {'unseen-phase channels':>22s} {'without positions':>26s} "
+          f"{'attention entropy per layer (nats)'}")
     for size in args.sizes:
+        images = _images(samples, size, args.num_images)
         _record(report["sizes"], size, f"{size} px", frequency_coverage(model, (size // patch, size // patch)),
-                attention_entropy(model, _images(samples, size, args.num_images)))
+                attention_entropy(model, images), position_reliance(model, images))
     for seq_len in args.seq_lens:
         batch = _budget_batch(samples, seq_len, naflex.naflex_patch(model), args.num_images)
         grids = sorted({(h, w) for h, w in naflex_grid(batch["patch_coord"], batch["patch_valid"]).tolist()})
         _record(report["seq_lens"], seq_len, f"{seq_len} tokens", budget_coverage(model, grids),
-                attention_entropy(model, batch), grids=grids)
+                attention_entropy(model, batch), position_reliance(model, batch), grids=grids)
     (out / "diagnostics.json").write_text(json.dumps(report, indent=1))
     print(f"wrote {out / 'diagnostics.json'}")
     if plot_mixed_directions(model, out / "rope_directions.png"):
@@ -206,11 +211,15 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _record(table: dict[int, Any], key: int, label: str, coverage: list[dict[str, Any]], entropy: list[float],
-            **extra: Any) -> None:
+            reliance: dict[str, float], **extra: Any) -> None:
     """One size's or budget's measures into the report's ``table`` and as a line of the console table."""
     unseen, pairs = sum(r["unseen"] for r in coverage), sum(r["pairs"] for r in coverage)
-    table[key] = dict(coverage=coverage, entropy=entropy, unseen=unseen, pairs=pairs, **extra)
-    print(f"{label:>10s} {f'{unseen}/{pairs}':>22s} {' '.join(f'{e:.2f}' for e in entropy)}")
+    table[key] = dict(coverage=coverage, entropy=entropy, unseen=unseen, pairs=pairs, without_positions=reliance,
+                      **extra)
+    blind = f"outputs move {reliance['output_change']:.1%}"
+    if "predictions_kept" in reliance:
+        blind += f", top-1 {reliance['predictions_kept']:.0%} kept"
+    print(f"{label:>10s} {f'{unseen}/{pairs}':>22s} {blind:>26s} {' '.join(f'{e:.2f}' for e in entropy)}")
 
 
 def _load(args: argparse.Namespace) -> tuple[EvalModel, list[Sample] | None]:

@@ -1,0 +1,69 @@
+"""Position ablation: how much of a trained model's output its position encoding makes.
+
+A ViT without a position encoding sees its patches as a set (permuting them permutes its patch tokens), and trained so
+it still learns to classify (CPVT, Chu et al., ICLR 2023, trains DeiT without one as a baseline). So a trained model
+may use its encoding a lot or barely, and which one matters when its resolution policies are compared: a model that
+barely uses an attention bias gives the same logits under any scale of it, so its ``interpolate`` and ``extrapolate``
+rows agree for that reason, not because both hold. Removing the encoding at test time measures it: the RoPE tables
+become none (no rotation; STRING's orthogonal P alone leaves q.k unchanged), the APE becomes zero, an attention bias
+(LookHere, 2D-ALiBi) becomes none; everything else, weights and inputs, stays.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from vit_rope.models.vit import RoPEVisionTransformer
+
+
+@contextmanager
+def without_positions(model: RoPEVisionTransformer) -> Iterator[RoPEVisionTransformer]:
+    """Run ``model`` without its position encoding inside the block; restored (the APE's values too) on leaving it.
+
+    Blocks are called with keywords (``RoPEVisionTransformer._forward_blocks``), so a pre-hook on each one replaces
+    the RoPE tables and the bias it is handed; the APE parameter is zeroed in place and its values put back.
+    """
+    handles = [blk.register_forward_pre_hook(_no_encoding, with_kwargs=True) for blk in model.blocks]
+    pos_embed = getattr(model, "pos_embed", None)
+    saved = None if pos_embed is None else pos_embed.detach().clone()
+    try:
+        if pos_embed is not None:
+            with torch.no_grad():
+                pos_embed.zero_()
+        yield model
+    finally:
+        for handle in handles:
+            handle.remove()
+        if saved is not None:
+            with torch.no_grad():
+                pos_embed.copy_(saved)
+
+
+def _no_encoding(block: nn.Module, args: tuple, kwargs: dict[str, Any]) -> tuple[tuple, dict[str, Any]]:
+    return args, {**kwargs, "rope": None, "bias": None}
+
+
+@torch.no_grad()
+def position_reliance(model: RoPEVisionTransformer, images: Tensor | dict[str, Tensor]) -> dict[str, float]:
+    """What removing the position encoding changes in ``model``'s outputs on ``images`` (``[B, 3, H, W]`` or a
+    NaFlex batch).
+
+    Returns:
+        ``output_change``: mean over images of ``|out_without - out| / |out|`` of the outputs (logits, or the pooled
+        features of a model without a classifier); ``predictions_kept``: for a classifier, the fraction of images
+        whose top-1 class stays the same (1.0: the encoding decides no prediction on these images).
+    """
+    model.eval()
+    outputs = model(images)  # [B, classes] or [B, C]
+    with without_positions(model):
+        blind = model(images)
+    change = (blind - outputs).norm(dim=-1) / outputs.norm(dim=-1).clamp_min(1e-12)  # [B]
+    report = {"output_change": float(change.mean())}
+    if model.num_classes > 0:
+        report["predictions_kept"] = float((blind.argmax(-1) == outputs.argmax(-1)).float().mean())
+    return report
