@@ -5,9 +5,9 @@
 
 Reads top to bottom: config -> device -> data folders scanned -> model built, checked and given its weights -> images
 decoded -> optimizer -> resume -> loop, so that bad input fails before the slow data work. Writes OUTPUT/config.yaml,
-metrics.csv, last.pth (every epoch, and every checkpoint_interval steps), best.pth, epoch_E.pth (every keep_every
-epochs) and TensorBoard logs (when installed). Exit codes: 0 done, 1 the loss diverged, 2 bad input (config, model
-arguments, data folder, checkpoint).
+metrics.csv, last.pth (every epoch, and every checkpoint_interval steps), best.pth (among the epochs validated, every
+val_interval and the last), epoch_E.pth (every keep_every epochs) and TensorBoard logs (when installed). Exit codes:
+0 done, 1 the loss diverged, 2 bad input (config, model arguments, data folder, checkpoint).
 """
 
 from __future__ import annotations
@@ -234,12 +234,16 @@ def train(cfg: Config) -> None:
         except engine.NonFiniteLossError as err:
             kept = f"{output / 'last.pth'} ({saved}) is the last good checkpoint" if saved else "no checkpoint yet"
             raise engine.NonFiniteLossError(f"{err}; {kept}") from None
-        stats |= engine.validate(model, val_loader, cfg, env)
-        if ema is not None:
-            stats |= {f"ema_{key}": value for key, value in engine.validate(ema.module, val_loader, cfg, env).items()}
-        scheduler.step(epoch + 1, stats["top1"])  # per-epoch schedulers only (plateau); the rest step per update
+        validated = (epoch + 1) % cfg.val_interval == 0 or epoch + 1 == cfg.epochs
+        if validated:
+            stats |= engine.validate(model, val_loader, cfg, env)
+            if ema is not None:
+                stats |= {f"ema_{key}": value for key, value in engine.validate(ema.module, val_loader, cfg,
+                                                                                  env).items()}
+        scheduler.step(epoch + 1, stats.get("top1"))  # per-epoch schedulers only (plateau); the rest step per update
         stats |= {"epoch": epoch + 1, "seconds": time.perf_counter() - start}
-        best_top1, is_best = max(best_top1, stats["top1"]), stats["top1"] > best_top1
+        is_best = validated and stats["top1"] > best_top1
+        best_top1 = stats["top1"] if is_best else best_top1
         copies = ["best.pth"] if is_best else []
         if cfg.keep_every and (epoch + 1) % cfg.keep_every == 0:
             copies.append(f"epoch_{epoch + 1}.pth")
@@ -247,7 +251,8 @@ def train(cfg: Config) -> None:
         if not env.is_main:
             continue
         log.write(stats)
-        shown = [key for key in columns[1:] if key != "sizes" or " " in stats["sizes"]]  # sizes: when 2+ were drawn
+        # sizes when 2+ were drawn; the val columns in validated epochs only
+        shown = [key for key in columns[1:] if key in stats and (key != "sizes" or " " in stats["sizes"])]
         say(f"epoch {epoch + 1}/{cfg.epochs} " + " ".join(
             f"{key} {stats[key]}" if isinstance(stats[key], str) else f"{key} {stats[key]:.4g}" for key in shown)
             + (f" ({stats['skipped']} unreadable image(s) skipped)" if stats["skipped"] else ""), flush=True)

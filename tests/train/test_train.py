@@ -178,6 +178,29 @@ def test_a_run_killed_mid_epoch_resumes_to_the_weights_of_an_uninterrupted_run(i
     assert " " in rows[1]["sizes"]  # several sizes were drawn in the interrupted epoch
 
 
+@pytest.mark.parametrize("extra", [
+    (),  # timm's per-image transforms: iterating a DataLoader draws its workers' base seed from the global RNG
+    ("decoded_cache=true", "auto_augment=null", "reprob=0", "train_sizes=[32, 48]"),  # the tensor pipeline
+], ids=["per_image", "tensor"])
+def test_validating_less_often_trains_the_same_weights(image_root: Path, tmp_path: Path,
+                                                      extra: tuple[str, ...]) -> None:
+    # every source of randomness on; 3 epochs, validated every 2 epochs and after the last: epochs 2 and 3
+    args = ("--epochs", "3", "mixup=0.8", "cutmix=1.0", "drop_path=0.1", "auto_augment=rand-m9-mstd0.5-inc1",
+            "reprob=0.25", "model_ema=true", *extra)
+    every, sparse = tmp_path / "every", tmp_path / "sparse"
+    assert train.main(tiny_args(image_root, every, *args)) == 0
+    assert train.main(tiny_args(image_root, sparse, *args, "val_interval=2")) == 0
+    assert_same_weights(every, sparse)
+    full, rows = metrics(every), metrics(sparse)
+    assert [row["top1"] != "" for row in rows] == [False, True, True]
+    for row, reference in zip(rows, full, strict=True):
+        assert row["train_loss"] == reference["train_loss"]
+        assert row["top1"] in ("", reference["top1"]) and row["val_loss"] in ("", reference["val_loss"])
+    best = torch.load(sparse / "best.pth", weights_only=True)
+    validated = {int(row["epoch"]): float(row["top1"]) for row in rows if row["top1"]}
+    assert best["epoch"] in validated and best["best_top1"] == pytest.approx(max(validated.values()), abs=1e-4)
+
+
 @pytest.mark.parametrize("model, kwargs", [
     (TINY_MODEL, "{depth: 2}"),  # ours
     ("vit_tiny_patch16_224", "{depth: 2}"),  # timm ViT with a learned position embedding (APE), resampled per step
@@ -242,6 +265,9 @@ def test_bad_train_sizes_exit_2_naming_the_problem(image_root: Path, tmp_path: P
     (("batch_size=1.5",), "config key 'batch_size' on the command line must be int, got 1.5"),
     (("scale=3",), "config key 'scale' on the command line must be a list of float, got 3"),
     (("workers=-2",), "config key 'workers' must be >= 0, got -2"),
+    (("val_interval=0",), "config key 'val_interval' must be > 0, got 0"),
+    (("sched=plateau", "val_interval=2"), "sched=plateau steps on every epoch's val top-1, so it needs val_interval=1, "
+                                          "got val_interval=2"),
 ])
 def test_bad_input_exits_2_naming_it_before_any_image_is_decoded(image_root: Path, tmp_path: Path, capsys,
                                                                   extra: tuple[str, ...], message: str) -> None:

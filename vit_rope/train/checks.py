@@ -31,7 +31,8 @@ from vit_rope.train.config import Config
 
 # (test, wording, keys): each key's value must pass the test; None (an optional key left unset) is not checked
 _RANGES: tuple[tuple[Callable[[float], bool], str, tuple[str, ...]], ...] = (
-    (lambda v: v > 0, "> 0", ("img_size", "epochs", "batch_size", "lr", "decay_epochs", "decay_rate", "clip_grad")),
+    (lambda v: v > 0, "> 0", ("img_size", "epochs", "batch_size", "lr", "decay_epochs", "decay_rate", "clip_grad",
+                              "val_interval")),
     (lambda v: v >= 0, ">= 0", ("seed", "train_subset_seed", "workers", "threads", "log_interval",
                                 "checkpoint_interval", "keep_every", "warmup_epochs", "cache_size", "weight_decay",
                                 "momentum", "warmup_lr", "min_lr", "color_jitter", "mixup", "cutmix")),
@@ -79,6 +80,9 @@ def check_config(cfg: Config) -> None:
                       UserWarning, stacklevel=3)
     if (cfg.mixup > 0 or cfg.cutmix > 0) and cfg.batch_size % 2:
         raise UserError(f"batch_size must be even when mixup or cutmix is on (timm mixes pairs), got {cfg.batch_size}")
+    if cfg.sched == "plateau" and cfg.val_interval != 1:
+        raise UserError(f"sched=plateau steps on every epoch's val top-1, so it needs val_interval=1, got "
+                        f"val_interval={cfg.val_interval}; set val_interval=1 or choose another sched (cosine, ...)")
     _check_optimizer(cfg.opt)
     _check_scheduler(cfg)
     if cfg.interpolation is not None:

@@ -39,6 +39,7 @@ class Config:
     log_interval: int = 50
     checkpoint_interval: int = 0
     keep_every: int = 0
+    val_interval: int = 1
     threads: int = 0
     # model
     model: str = "vit_rope_small_patch16_mixed_224"

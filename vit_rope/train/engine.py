@@ -25,6 +25,7 @@ from torch import nn
 from torch.utils.data import DataLoader
 from tqdm import tqdm
 
+from vit_rope.data.steps import global_rng_kept
 from vit_rope.errors import UserError
 from vit_rope.train.config import Config
 
@@ -255,8 +256,15 @@ def _size_name(height: int, width: int, steps: int) -> str:
 def validate(model: nn.Module, loader: DataLoader, cfg: Config, env: DistEnv) -> dict[str, float]:
     """Cross-entropy loss, top-1 and top-5 accuracy (%) over the whole validation split, summed across ranks.
 
-    Each rank sees a disjoint slice of the split (no padding), so the numbers are exact under DDP too.
+    Each rank sees a disjoint slice of the split (no padding), so the numbers are exact under DDP too. The global
+    random state is as before on return (a ``DataLoader`` draws its workers' base seed from it), so how often a run
+    validates (``val_interval``) does not change its training.
     """
+    with global_rng_kept():
+        return _validate(model, loader, cfg, env)
+
+
+def _validate(model: nn.Module, loader: DataLoader, cfg: Config, env: DistEnv) -> dict[str, float]:
     model.eval()
     totals = torch.zeros(4, dtype=torch.float64, device=env.device)  # loss sum, top-1 hits, top-5 hits, images
     for images, targets, _ in loader:
