@@ -21,12 +21,13 @@ early as possible (arms in ``LATER``, such as v3's remedy, wait until every seed
 ``train.py`` on the arm's config with ``seed=S``; a run whose ``last.pth`` holds the final epoch is kept and an
 unfinished one resumes, so an interrupted study goes on where it stopped. As soon as a run has finished, its final
 checkpoint (``last.pth``: nothing is selected on the val images) is evaluated with ``vit_rope.evaluate`` at the
-study's sizes under every RoPE policy into ``eval/<arm>/<run>/``, its config and ``metrics.csv`` are copied into
-``runs/``, and the report (``summary.md``, plots, the docs section) is rebuilt from the files by
-``studies.report.write_study``, which merges the seeds evaluated so far, together with the table that puts every
-study side by side (``studies.compare``). Checkpoints a run kept part-way (``keep_every`` in its config, as in
-v3) are evaluated with positions as trained into ``course/<arm>/<run>/`` for the table of accuracy over the schedule
-(``studies.course``). A partial study is therefore always a consistent one.
+study's sizes under every RoPE policy into ``eval/<arm>/<run>/``, its config and ``metrics.csv`` (and the list of
+its train images, ``train_subset.txt``, when it trains on a ``train_fraction``) are copied into ``runs/``, and the
+report (``summary.md``, plots, the docs section) is rebuilt from the files by ``studies.report.write_study``, which
+merges the seeds evaluated so far, together with the table that puts every study side by side (``studies.compare``).
+Checkpoints a run kept part-way (``keep_every`` in its config, as in v3) are evaluated with positions as trained into
+``course/<arm>/<run>/`` for the table of accuracy over the schedule (``studies.course``). A partial study is
+therefore always a consistent one.
 """
 
 from __future__ import annotations
@@ -240,8 +241,9 @@ def main(argv: list[str] | None = None) -> int:
             run([*train, *([f"resume={out / 'last.pth'}"] if (out / "last.pth").exists() else [])])
             ran = True
         (results / "runs" / name).mkdir(parents=True, exist_ok=True)
-        for file in ("config.yaml", "metrics.csv"):
-            shutil.copy(out / file, results / "runs" / name / file)
+        for file in ("config.yaml", "metrics.csv", "train_subset.txt"):  # the subset: runs on a train_fraction
+            if file != "train_subset.txt" or (out / file).exists():
+                shutil.copy(out / file, results / "runs" / name / file)
         head = ["python", "-m", "vit_rope.evaluate", "--checkpoint", f"{out}/last.pth", "--img-sizes", *sizes]
         tail = [*data, "--limit", str(args.limit), "--workers", "0"]  # both cores compute
         kind = encoding_kind(config)

@@ -35,6 +35,8 @@ def script(monkeypatch):
             for name in ["last.pth", *(f"epoch_{e}.pth" for e in (range(k, cfg.epochs + 1, k) if k else ()))]:
                 (out / name).write_bytes(b"")
             save_config(cfg, out / "config.yaml")
+            if cfg.train_fraction < 1:
+                (out / "train_subset.txt").write_text("train/a/1.jpg\n")
             with open(out / "metrics.csv", "w", newline="") as f:
                 csv.writer(f).writerows([["epoch", "top1", "seconds"], [cfg.epochs, 45.0, 30.0]])
         else:  # vit_rope.evaluate: a RoPE model holds 50 at every size, APE falls by 5 per size step
@@ -133,6 +135,10 @@ def test_v4_reads_dinov3_under_its_own_policies_and_skip_kept_leaves_the_kept_ch
     assert crop[:2] == ["normalized", "--crop-pct"]  # positions as trained: normalised coordinates
     runs = json.loads((tmp_path / "results" / "runs.json").read_text())
     assert [run.get("as_trained") for run in runs] == ["normalized", None]
+    invoke(script, tmp_path, "--study", "v4", "--arms", "mixed_third", "--seeds", "0", "--skip-kept")
+    kept = tmp_path / "results" / "runs"  # stage 2's subset of the train images is committed with its run
+    assert (kept / "mixed_third_s0" / "train_subset.txt").read_text() == "train/a/1.jpg\n"
+    assert not (kept / "ape_sizes_s0" / "train_subset.txt").exists()
 
 
 def test_encodings_study_evaluates_each_kind_under_the_policies_it_takes(script, tmp_path):
