@@ -70,6 +70,12 @@ def test_leaving_restores_the_encoding_even_after_an_error(kind: str) -> None:
     assert not any(blk._forward_pre_hooks for blk in model.blocks)
 
 
+def test_other_models_are_refused_not_half_ablated() -> None:
+    with pytest.raises(TypeError, match="got Eva, whose position encoding"), without_positions(timm.create_model(
+            "vit_small_patch16_rope_mixed_224", depth=1)):
+        pass
+
+
 def test_reliance_is_zero_for_a_model_that_has_no_positions_to_lose() -> None:
     images = torch.randn(4, 3, 64, 64)
     blind = build("axial", rope_fraction=0.0)  # every pair unrotated, no APE: positions never reach it

@@ -26,8 +26,13 @@ def without_positions(model: RoPEVisionTransformer) -> Iterator[RoPEVisionTransf
     """Run ``model`` without its position encoding inside the block; restored (the APE's values too) on leaving it.
 
     Blocks are called with keywords (``RoPEVisionTransformer._forward_blocks``), so a pre-hook on each one replaces
-    the RoPE tables and the bias it is handed; the APE parameter is zeroed in place and its values put back.
+    the RoPE tables and the bias it is handed; the APE parameter is zeroed in place and its values put back. Other
+    models keep their encodings in places this does not know (timm's ``Eva`` rotates inside its attention), so they
+    are refused rather than run half-ablated.
     """
+    if not isinstance(model, RoPEVisionTransformer):
+        raise TypeError(f"without_positions takes a vit_rope model (RoPEVisionTransformer); got "
+                        f"{type(model).__name__}, whose position encoding it cannot find")
     handles = [blk.register_forward_pre_hook(_no_encoding, with_kwargs=True) for blk in model.blocks]
     pos_embed = getattr(model, "pos_embed", None)
     saved = None if pos_embed is None else pos_embed.detach().clone()
