@@ -236,14 +236,14 @@ def main(argv: list[str] | None = None) -> int:
             batch = [f"batch_size={build_config(config).batch_size // args.gpus}"]
         train = [*launch, "-c", config, *data, "--output", str(out), *batch, f"seed={seed}"]
         ran = False  # whether this machine trained or evaluated the run
-        epochs = build_config(config, [f"seed={seed}"]).epochs
+        cfg = build_config(config, [f"seed={seed}"])
+        epochs = cfg.epochs
         if not finished(out / "last.pth", epochs):
             run([*train, *([f"resume={out / 'last.pth'}"] if (out / "last.pth").exists() else [])])
             ran = True
         (results / "runs" / name).mkdir(parents=True, exist_ok=True)
-        for file in ("config.yaml", "metrics.csv", "train_subset.txt"):  # the subset: runs on a train_fraction
-            if file != "train_subset.txt" or (out / file).exists():
-                shutil.copy(out / file, results / "runs" / name / file)
+        for file in ("config.yaml", "metrics.csv", *(["train_subset.txt"] if cfg.train_fraction < 1 else [])):
+            shutil.copy(out / file, results / "runs" / name / file)
         head = ["python", "-m", "vit_rope.evaluate", "--checkpoint", f"{out}/last.pth", "--img-sizes", *sizes]
         tail = [*data, "--limit", str(args.limit), "--workers", "0"]  # both cores compute
         kind = encoding_kind(config)

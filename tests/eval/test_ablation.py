@@ -34,7 +34,7 @@ def build(kind: str, **kwargs) -> torch.nn.Module:
 
 
 def shuffle_patches(images: torch.Tensor, order: torch.Tensor) -> torch.Tensor:
-    """``[B, 3, H, W]`` with its PATCH x PATCH patches moved to the raster positions ``order``."""
+    """``[B, C, H, W]`` with its PATCH x PATCH patches moved to the raster positions ``order``."""
     B, C, H, W = images.shape
     h, w = H // PATCH, W // PATCH
     patches = images.reshape(B, C, h, PATCH, w, PATCH).permute(0, 2, 4, 1, 3, 5).reshape(B, h * w, C, PATCH, PATCH)
@@ -82,6 +82,19 @@ def test_reliance_is_zero_for_a_model_that_has_no_positions_to_lose() -> None:
     assert position_reliance(blind, images) == {"output_change": pytest.approx(0, abs=1e-6), "predictions_kept": 1.0}
     reliance = position_reliance(build("axial"), images)
     assert reliance["output_change"] > 1e-2 and 0 <= reliance["predictions_kept"] <= 1
+
+
+@pytest.mark.parametrize("kind", ["lookhere", "axial_ape"])
+def test_without_positions_a_naflex_sample_still_equals_its_image_alone(kind: str) -> None:
+    """The padding mask is no position: it stays when the bias goes, so each sample is still its image alone."""
+    torch.manual_seed(3)
+    inputs = [torch.randn(3, 64, 96), torch.randn(3, 80, 48)]
+    model = build(kind)
+    with torch.no_grad(), without_positions(model):
+        logits = model(pack(inputs, length=28))
+        for b, image in enumerate(inputs):
+            torch.testing.assert_close(logits[b], model(pack([image], length=28))[0], atol=1e-5, rtol=1e-5)
+            torch.testing.assert_close(logits[b], model(image[None])[0], atol=1e-4, rtol=1e-4)
 
 
 def test_reliance_of_a_naflex_batch_and_of_a_model_without_classifier() -> None:

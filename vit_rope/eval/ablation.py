@@ -5,8 +5,9 @@ it still learns to classify (CPVT, Chu et al., ICLR 2023, trains DeiT without on
 may use its encoding a lot or barely, and which one matters when its resolution policies are compared: a model that
 barely uses an attention bias gives the same logits under any scale of it, so its ``interpolate`` and ``extrapolate``
 rows agree for that reason, not because both hold. Removing the encoding at test time measures it: the RoPE tables
-become none (no rotation; STRING's orthogonal P alone leaves q.k unchanged), the APE becomes zero, an attention bias
-(LookHere, 2D-ALiBi) becomes none; everything else, weights and inputs, stays.
+become none (no rotation; STRING's orthogonal P alone leaves q.k unchanged), each patch row of the APE becomes the
+rows' mean (the part they share says nothing about where a patch is; prefix-token rows, fixed offsets, stay), an
+attention bias (LookHere, 2D-ALiBi) becomes none; everything else, weights and inputs, stays.
 """
 
 from __future__ import annotations
@@ -26,20 +27,22 @@ def without_positions(model: RoPEVisionTransformer) -> Iterator[RoPEVisionTransf
     """Run ``model`` without its position encoding inside the block; restored (the APE's values too) on leaving it.
 
     Blocks are called with keywords (``RoPEVisionTransformer._forward_blocks``), so a pre-hook on each one replaces
-    the RoPE tables and the bias it is handed; the APE parameter is zeroed in place and its values put back. Other
-    models keep their encodings in places this does not know (timm's ``Eva`` rotates inside its attention), so they
-    are refused rather than run half-ablated.
+    the RoPE tables and the bias it is handed; the APE's patch rows are set to their mean in place and put back.
+    Other models keep their encodings in places this does not know (timm's ``Eva`` rotates inside its attention), so
+    they are refused rather than run half-ablated.
     """
     if not isinstance(model, RoPEVisionTransformer):
         raise TypeError(f"without_positions takes a vit_rope model (RoPEVisionTransformer); got "
-                        f"{type(model).__name__}, whose position encoding it cannot find")
+                        f"{type(model).__name__}, whose position encoding it cannot find: pass the vit_rope model "
+                        "itself (a compiled or DDP-wrapped one as ._orig_mod or .module)")
     handles = [blk.register_forward_pre_hook(_no_encoding, with_kwargs=True) for blk in model.blocks]
     pos_embed = getattr(model, "pos_embed", None)
     saved = None if pos_embed is None else pos_embed.detach().clone()
     try:
         if pos_embed is not None:
             with torch.no_grad():
-                pos_embed.zero_()
+                patches = pos_embed[:, 0 if model.no_embed_class else model.num_prefix_tokens:]  # [1, N, C]
+                patches.copy_(patches.mean(1, keepdim=True).expand_as(patches))
         yield model
     finally:
         for handle in handles:
@@ -61,12 +64,15 @@ def position_reliance(model: RoPEVisionTransformer, images: Tensor | dict[str, T
     Returns:
         ``output_change``: mean over images of ``|out_without - out| / |out|`` of the outputs (logits, or the pooled
         features of a model without a classifier); ``predictions_kept``: for a classifier, the fraction of images
-        whose top-1 class stays the same (1.0: the encoding decides no prediction on these images).
+        whose top-1 class stays the same (1.0: the encoding decides no prediction on these images). Measured in eval
+        mode; the model's mode is restored.
     """
+    training = model.training
     model.eval()
-    outputs = model(images)  # [B, classes] or [B, C]
+    outputs = model(images)  # [B, num_classes] or [B, C]
     with without_positions(model):
         blind = model(images)
+    model.train(training)
     change = (blind - outputs).norm(dim=-1) / outputs.norm(dim=-1).clamp_min(1e-12)  # [B]
     report = {"output_change": float(change.mean())}
     if model.num_classes > 0:

@@ -192,7 +192,7 @@ def main(argv: list[str] | None = None) -> int:
     train_grid = model.rope_modules()[0].train_grid
     encoding = model.rope_kind if model.rope_kind in BIAS_KINDS else f"RoPE {model.rope_kind}"
     print(f"{entry.label}: {encoding}, policy {model.rope_policy.name}, training grid {train_grid}")
-    print(f"{'size':>10s} {'unseen-phase channels':>22s} {'without positions':>26s} "
+    print(f"{'size':>10s} {'unseen-phase channels':>22s} {'without positions':>36s} "
           f"{'attention entropy per layer (nats)'}")
     for size in args.sizes:
         images = _images(samples, size, args.num_images)
@@ -219,7 +219,7 @@ def _record(table: dict[int, Any], key: int, label: str, coverage: list[dict[str
     blind = f"outputs move {reliance['output_change']:.1%}"
     if "predictions_kept" in reliance:
         blind += f", top-1 {reliance['predictions_kept']:.0%} kept"
-    print(f"{label:>10s} {f'{unseen}/{pairs}':>22s} {blind:>26s} {' '.join(f'{e:.2f}' for e in entropy)}")
+    print(f"{label:>10s} {f'{unseen}/{pairs}':>22s} {blind:>36s} {' '.join(f'{e:.2f}' for e in entropy)}")
 
 
 def _load(args: argparse.Namespace) -> tuple[EvalModel, list[Sample] | None]:
