@@ -237,8 +237,7 @@ def main(argv: list[str] | None = None) -> int:
         train = [*launch, "-c", config, *data, "--output", str(out), *batch, f"seed={seed}"]
         ran = False  # whether this machine trained or evaluated the run
         cfg = build_config(config, [f"seed={seed}"])
-        epochs = cfg.epochs
-        if not finished(out / "last.pth", epochs):
+        if not finished(out / "last.pth", cfg.epochs):
             run([*train, *([f"resume={out / 'last.pth'}"] if (out / "last.pth").exists() else [])])
             ran = True
         (results / "runs" / name).mkdir(parents=True, exist_ok=True)
@@ -258,7 +257,7 @@ def main(argv: list[str] | None = None) -> int:
             evaluations.append(([*head, *own, "--crop-pct", str(SECOND_CROP[args.study]), *tail, "--output",
                                  str(folder / arm / name)], folder, ("last.pth",)))
         keep = load_yaml(out / "config.yaml").get("keep_every") or 0  # the run's own (runs before keep_every: none)
-        kept = [out / f"epoch_{epoch}.pth" for epoch in (range(keep, epochs, keep) if keep else ())]  # part-way
+        kept = [out / f"epoch_{epoch}.pth" for epoch in (range(keep, cfg.epochs, keep) if keep else ())]  # part-way
         if kept and not args.skip_kept:
             evaluations.append((["python", "-m", "vit_rope.evaluate", "--checkpoint", *map(str, kept), "--img-sizes",
                                  *sizes, *own, *tail, "--output", str(results / COURSE / arm / name)], results / COURSE,

@@ -111,3 +111,10 @@ def test_reliance_of_a_naflex_batch_and_of_a_model_without_classifier() -> None:
     assert reliance["predictions_kept"] == float((blind.argmax(-1) == logits.argmax(-1)).float().mean())
     features = position_reliance(build("lookhere", num_classes=0), torch.randn(2, 3, 64, 64))
     assert set(features) == {"output_change"} and features["output_change"] > 0  # pooled features, no top-1
+
+
+def test_reliance_restores_training_mode_even_when_the_forward_fails() -> None:
+    model = build("axial").train()
+    with pytest.raises(RuntimeError):
+        position_reliance(model, torch.randn(2, 5, 64, 64))  # five channels: the patch embedding refuses them
+    assert model.training and all(module.training for module in model.modules())

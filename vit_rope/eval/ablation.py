@@ -69,10 +69,12 @@ def position_reliance(model: RoPEVisionTransformer, images: Tensor | dict[str, T
     """
     training = model.training
     model.eval()
-    outputs = model(images)  # [B, num_classes] or [B, C]
-    with without_positions(model):
-        blind = model(images)
-    model.train(training)
+    try:
+        outputs = model(images)  # [B, num_classes] or [B, C]
+        with without_positions(model):
+            blind = model(images)
+    finally:
+        model.train(training)
     change = (blind - outputs).norm(dim=-1) / outputs.norm(dim=-1).clamp_min(1e-12)  # [B]
     report = {"output_change": float(change.mean())}
     if model.num_classes > 0:
