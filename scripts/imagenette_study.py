@@ -4,7 +4,7 @@
     python scripts/imagenette_study.py --study v1      # v1: APE vs RoPE-Axial vs RoPE-Mixed (and +APE), one recipe
     python scripts/imagenette_study.py --study v3      # v3: a 14x14 training grid (RoPE-ViT's), evaluated to 2.29x
     python scripts/imagenette_study.py --study encodings --seeds 0 && \
-        python scripts/imagenette_study.py --study encodings --arms golden string_mixed lookhere alibi --seeds 1
+        python scripts/imagenette_study.py --study encodings --arms golden string_mixed lookhere alibi nope --seeds 1
                                                        # position encodings on v2's 8x8 grid (controls: one seed)
     python scripts/imagenette_study.py --study vit_s   # on CUDA GPUs: ViT-S on the 14x14 grid, torchrun over all GPUs
     python scripts/imagenette_study.py --report        # only rebuild the report and its docs section from the files
@@ -93,7 +93,8 @@ STUDIES = {
         "mixed_p8": ("RoPE-Mixed, patch 8", "ape_p8"), "axial_p8": ("RoPE-Axial, patch 8", "ape_p8"),
         "ape_p8": ("APE, patch 8", None), "golden": ("Golden-angle RoPE, patch 8", "ape_p8"),
         "string_mixed": ("STRING over RoPE-Mixed, patch 8", "ape_p8"),
-        "lookhere": ("LookHere LH-180, patch 8", "ape_p8"), "alibi": ("2D-ALiBi, patch 8", "ape_p8")}),
+        "lookhere": ("LookHere LH-180, patch 8", "ape_p8"), "alibi": ("2D-ALiBi, patch 8", "ape_p8"),
+        "nope": ("No position encoding, patch 8", "ape_p8")}),
     "vit_s": ("configs/imagenette_vit_s", "results/imagenette/vit_s", "output/imagenette_vit_s", {
         "mixed": ("RoPE-Mixed ViT-S", "ape"), "ape": ("APE ViT-S", None), "axial": ("RoPE-Axial ViT-S", "ape")}),
 }

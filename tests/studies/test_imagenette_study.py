@@ -142,16 +142,18 @@ def test_v4_reads_dinov3_under_its_own_policies_and_skip_kept_leaves_the_kept_ch
 
 
 def test_encodings_study_evaluates_each_kind_under_the_policies_it_takes(script, tmp_path):
-    """Biases take extrapolate and interpolate only, STRING its base kind's (all), APE runs once; every arm at two
-    crops."""
-    invoke(script, tmp_path, "--study", "encodings", "--arms", "lookhere", "string_mixed", "ape_p8", "--seeds", "0")
+    """Biases take extrapolate and interpolate only, STRING its base kind's (all), APE and no encoding run once; every
+    arm at two crops."""
+    invoke(script, tmp_path, "--study", "encodings", "--arms", "lookhere", "string_mixed", "ape_p8", "nope", "--seeds",
+           "0")
     evaluations = [call for call in script.calls if call[1] != "train.py" and "--crop-pct" not in call]
     policies = {call[-1].rsplit("/", 1)[1]: call[call.index("--policy") + 1:call.index("--limit")]
                 for call in evaluations}
     assert policies == {"lookhere_s0": ["extrapolate", "interpolate"],
                         "string_mixed_s0": ["extrapolate", "interpolate", "ntk", "yarn", "normalized"],
-                        "ape_p8_s0": ["extrapolate", "interpolate", "ntk", "yarn", "normalized"]}
-    assert sum("--crop-pct" in call for call in script.calls) == 3
+                        "ape_p8_s0": ["extrapolate", "interpolate", "ntk", "yarn", "normalized"],
+                        "nope_s0": ["extrapolate", "interpolate", "ntk", "yarn", "normalized"]}
+    assert sum("--crop-pct" in call for call in script.calls) == 4
 
 
 def test_report_before_any_run_or_without_a_docs_section_is_an_error_line(script, tmp_path, capsys):
@@ -207,3 +209,16 @@ def test_relative_paths_are_the_callers_not_the_repositorys(script, tmp_path, mo
     assert train[train.index("--data-dir") + 1] == str(tmp_path / "data")
     monkeypatch.chdir(tmp_path)
     assert script.main(["--study", "v3", "--report", "--results", "out", "--readme", "page.md"]) == 0
+
+
+STUDY_NAMES = ["v1", "v2", "v3", "v4", "encodings", "vit_s"]
+
+
+@pytest.mark.parametrize("study", STUDY_NAMES)
+def test_every_arm_of_every_study_has_a_config_that_validates_and_builds(script, study):
+    assert set(script.STUDIES) == set(STUDY_NAMES), "a study is missing from this test"
+    configs, _, _, arms = script.STUDIES[study]
+    assert set(arms) <= {path.stem for path in (SCRIPT.parents[1] / configs).glob("*.yaml")}, "an arm has no config"
+    for arm, (_, baseline) in arms.items():
+        assert baseline is None or baseline in arms
+        script.encoding_kind(str(SCRIPT.parents[1] / configs / f"{arm}.yaml"))  # loads, validates, builds the model
