@@ -57,7 +57,7 @@ from studies.compare import (  # noqa: E402
     write_comparison,
 )
 from studies.course import COURSE, COURSE_END, course_begin, course_table  # noqa: E402
-from studies.report import Goal, is_run, write_study  # noqa: E402
+from studies.report import Control, Goal, is_run, write_study  # noqa: E402
 from vit_rope.eval.report import machine, replace_section  # noqa: E402
 from vit_rope.layers.policies import kind_policies  # noqa: E402
 from vit_rope.models.encodings import policy_kind  # noqa: E402
@@ -115,6 +115,9 @@ GOALS = {"v3": ROPE_VIT_GOAL, "v4": ROPE_VIT_GOAL, "vit_s": ROPE_VIT_GOAL}
 # Arms that wait until every seed of the others is done: v3's remedy comes after its three controls, v4's stage 2
 # (the data question) after stage 1.
 LATER = {"v3": ("mixed_coord_sizes",), "v4": ("mixed_third", "ape_third")}
+# APE arms of another study that a study's RoPE arms must also beat: v4's goal names v3's APE (trained at 112 px
+# alone) beside its own APE + sizes. study -> [(name in the tables, the other study, its arm)].
+CONTROLS = {"v4": [("v3's APE", "v3", "ape")]}
 # Arms re-run from another study to show that they reproduce it: study -> (the study they come from, its arms).
 REPRODUCES = {"encodings": ("v2", ("mixed_p8", "axial_p8", "ape_p8"))}
 # Second crop fraction evaluated (positions as trained only) beside the study's crop 1.0: one crop can favour an arm.
@@ -154,7 +157,8 @@ def evaluated(folder: Path, runs: list[dict], checkpoints: tuple[str, ...] = ("l
 def write_reports(study: str, results: Path, readme: Path) -> None:
     """The study's report and docs section, the side-by-side table, and (for the committed results of the study
     the README summarises) the README's table."""
-    print(write_study(results, readme, GOALS.get(study, Goal())))
+    controls = [Control(name, COMPARED[source], arm) for name, source, arm in CONTROLS.get(study, [])]
+    print(write_study(results, readme, GOALS.get(study, Goal()), controls))
     course = course_table(results, json.loads((results / "runs.json").read_text()))
     if course:  # on the page when it has the markers
         replace_section(readme, course_begin(results), COURSE_END, course)

@@ -6,14 +6,15 @@ A study folder holds what the runs left, and the report is rebuilt from those fi
   ``label`` (the arm's name in tables) and ``baseline`` (the arm of the APE model trained with the same recipe);
 - ``eval/**/results.json``: ``vit_rope.evaluate`` output, one file for all runs or one per arm;
 - ``runs/<name>/metrics.csv``, ``machine.json`` and ``commands.sh``. ``machine.json`` is
-``vit_rope.eval.report.machine``
-  of the study's machine, ``evaluate_s`` (seconds, per arm or in all) and, for arms run on another machine (a study
-  resumed elsewhere), ``machines``: arm -> that machine, so minutes per run are read against the right one.
+  ``vit_rope.eval.report.machine`` of the study's machine, ``evaluate_s`` (seconds, per arm or in all) and, for arms
+  run on another machine (a study resumed elsewhere), ``machines``: arm -> that machine, so minutes per run are read
+  against the right one.
 
 The verdict applies the goal of RoPE-ViT (Heo et al., ECCV 2024), whose RoPE-Mixed loses 1.8 points from 224 to
 512 px while APE loses 5.0: RoPE with positions as trained stays within 1 point of its training-size accuracy at
 2x the training size, and is above the APE model of the same recipe at 2x and at the largest size, with every seed
-(the seed ranges do not overlap).
+(the seed ranges do not overlap). A study can name controls from another study's files (``Control``) that its RoPE
+arms must beat as well.
 """
 
 from __future__ import annotations
@@ -46,12 +47,43 @@ class Goal:
     hold: tuple[float, ...] = (2.0,)
     beat: tuple[float | None, ...] = (2.0, None)
 
-    def describe(self) -> str:
+    def describe(self, controls: Sequence[str] = ()) -> str:
+        """The goal in words; ``controls``: the names of the other APE arms to beat (``Control``)."""
         def at(ratios: tuple[float | None, ...]) -> str:
             return " and ".join(f"at {ratio:g}x" if ratio is not None else "at the largest size" for ratio in ratios)
 
-        return (f"within {HOLD_POINTS:g} point of the training-size top-1 {at(self.hold)}, and above the APE model of "
-                f"the same recipe {at(self.beat)}")
+        apes = ["the APE model of the same recipe", *controls]
+        named = " and ".join([", ".join(apes[:-1]), apes[-1]] if controls else apes)
+        return (f"within {HOLD_POINTS:g} point of the training-size top-1 {at(self.hold)}, and above {named} "
+                f"{at(self.beat)}")
+
+
+@dataclass(frozen=True)
+class Control:
+    """An APE arm of another study that this study's RoPE arms must also beat at the goal's sizes, read from that
+    study's committed files: ``name`` in the tables, its study's ``results_dir`` and its ``arm``."""
+
+    name: str
+    results_dir: Path
+    arm: str
+
+
+def control_rows(control: Control, folder: str, protocol: str) -> dict[int, dict[str, Any]] | None:
+    """The control's seed-merged rows with positions as trained, by size, from its study's ``folder`` (``eval`` or
+    ``eval_crop<fraction>``); None when that study has no such folder. Its protocol must be ``protocol``, the one of
+    the rows it is set against."""
+    if not (control.results_dir / folder).is_dir():
+        return None
+    runs = [run for run in json.loads((control.results_dir / "runs.json").read_text()) if run["model"] == control.arm]
+    theirs, merged = merged_results(control.results_dir / folder, runs) if runs else ("", [])
+    rows = as_trained_by_arm(merged, trained_policies(runs)).get(arm_label(runs[0])) if runs else None
+    if not rows:
+        raise ValueError(f"{control.results_dir / folder} holds no evaluated run of arm {control.arm!r}, the control "
+                         f"{control.name!r}: evaluate it there or drop the control")
+    if theirs != protocol:
+        raise ValueError(f"the control {control.name!r} was evaluated as {theirs!r}, this study as {protocol!r}: "
+                         "a verdict needs one protocol")
+    return rows
 
 
 def study_begin(results_dir: Path) -> str:
@@ -169,8 +201,11 @@ def _size_at(ratio: float | None, train_size: int, sizes: Sequence[int]) -> int 
     return size if abs(size - ratio * train_size) <= 0.03 * ratio * train_size else None
 
 
-def _verdict(merged: Sequence[dict[str, Any]], runs: Sequence[dict[str, Any]], goal: Goal) -> str:
-    """The goal, per RoPE arm that names its APE baseline, then the best arm per size."""
+def _verdict(merged: Sequence[dict[str, Any]], runs: Sequence[dict[str, Any]], goal: Goal,
+             controls: dict[str, dict[int, dict[str, Any]]] | None = None) -> str:
+    """The goal, per RoPE arm that names its APE baseline (and against every control: name -> its rows by size),
+    then the best arm per size."""
+    controls = controls or {}
     as_trained = as_trained_by_arm(merged, trained_policies(runs))
     labels = {run["model"]: arm_label(run) for run in runs}
     lines, header = [], []
@@ -182,21 +217,22 @@ def _verdict(merged: Sequence[dict[str, Any]], runs: Sequence[dict[str, Any]], g
         base = trained["train_size"]
         hold = [_size_at(ratio, base, list(rows)) for ratio in goal.hold]
         beat = [_size_at(ratio, base, list(rows)) for ratio in goal.beat]
-        if None in hold or None in beat or any(size not in ape for size in beat):
+        others = [ape, *controls.values()]  # every APE the arm must beat
+        if None in hold or None in beat or any(size not in other for size in beat for other in others):
             continue
         shown = list(dict.fromkeys(hold + beat))
         names = {size: "2x" if size == 2 * base else str(size) for size in shown}
-        pairs = [(rows[size], ape[size]) for size in beat]
+        pairs = [(rows[size], other[size]) for other in others for size in beat]
         met = all(rows[size]["top1"] - trained["top1"] >= -HOLD_POINTS for size in hold) and all(
             _side(*pair) == "apart" for pair in pairs)
-        seeds = min(row["seeds"] for row in [trained, *(rows[size] for size in shown), *(ape[size] for size in beat)])
+        seeds = min(row["seeds"] for row in [trained, *(rows[size] for size in shown), *(pair[1] for pair in pairs)])
         lines.append([labels[arm], spread(trained),
                       *(f"{spread(rows[size])} ({rows[size]['top1'] - trained['top1']:+.1f})" for size in shown),
                       *(_gap(*pair) for pair in pairs),
                       ("yes" if met else "no") + ("" if seeds > 1 else " so far (1 seed: no seed range yet)")])
         header = ["model", "at training size", *(f"at {names[size]}, as trained" for size in shown),
-                  *(("minus APE of the same recipe at " if i == 0 else "at ") + names[size]
-                    for i, size in enumerate(beat)), "goal met"]
+                  *((f"minus {other} at " if i == 0 else "at ") + names[size]
+                    for other in ["APE of the same recipe", *controls] for i, size in enumerate(beat)), "goal met"]
     picks = []
     for size in sorted({row["img_size"] for row in merged}):
         plain = sorted((rows[size] for rows in as_trained.values() if size in rows), key=lambda row: -row["top1"])
@@ -242,11 +278,14 @@ def merged_results(folder: Path, runs: Sequence[dict[str, Any]]) -> tuple[str, l
     return protocol, merge_seeds(results, {label: arm_label(runs[i]) for label, i in index.items() if i is not None})
 
 
-def write_study(results_dir: Path, readme: Path | None = None, goal: Goal = Goal()) -> str:
+def write_study(results_dir: Path, readme: Path | None = None, goal: Goal = Goal(),
+                controls: Sequence[Control] = ()) -> str:
     """Seed-merged report of a study folder: ``summary.md``, two plots and, given ``readme`` (the docs page, e.g.
     ``docs/studies.md``), that page's section between ``study_begin(results_dir)`` and the next ``STUDY_END``.
     ``results_dir`` is relative to the repo root, and the section names its files by that path. Evaluations at a
-    second crop fraction (``eval_crop<fraction>/``) get their own table and verdict. Returns the section."""
+    second crop fraction (``eval_crop<fraction>/``) get their own table and verdict. The verdict also sets the RoPE
+    arms against ``controls`` (APE arms of other studies, at each crop where they were evaluated). Returns the
+    section."""
     runs = json.loads((results_dir / "runs.json").read_text())
     machine = json.loads((results_dir / "machine.json").read_text())
     protocol, merged = merged_results(results_dir / "eval", runs)
@@ -282,15 +321,23 @@ def write_study(results_dir: Path, readme: Path | None = None, goal: Goal = Goal
         "**From the training size to the largest size:**\n\n" + _changes(merged, trained_policies(runs)),
     ]
     verdict = any(run.get("baseline") for run in runs)
+
+    def against(folder: str, protocol: str) -> dict[str, dict[int, dict[str, Any]]]:  # the controls evaluated there
+        found = {control.name: control_rows(control, folder, protocol) for control in controls}
+        return {name: rows for name, rows in found.items() if rows is not None}
+
     if verdict:
-        parts.append(f"**Does RoPE hold its accuracy?** Goal: as trained, {goal.describe()} with every seed "
+        names = [control.name for control in controls]
+        parts.append(f"**Does RoPE hold its accuracy?** Goal: as trained, {goal.describe(names)} with every seed "
                      "(seed ranges apart). `apart`: every seed of the RoPE arm above every seed of its APE; `below`: "
-                     "every one under; `overlap`: neither.\n\n" + _verdict(merged, runs, goal))
+                     "every one under; `overlap`: neither.\n\n"
+                     + _verdict(merged, runs, goal, against("eval", protocol)))
     for folder in sorted(results_dir.glob("eval_crop*")):  # one crop fraction can favour one arm
         crop_protocol, crop = merged_results(folder, runs)
         parts.append(f"**At crop {folder.name.removeprefix('eval_crop')}**, positions as trained ({crop_protocol}):"
                      "\n\n" + markdown_table(as_trained_rows(crop, trained_policies(runs)))
-                     + ("\n\nThe goal at this crop:\n\n" + _verdict(crop, runs, goal) if verdict else ""))
+                     + ("\n\nThe goal at this crop:\n\n"
+                        + _verdict(crop, runs, goal, against(folder.name, crop_protocol)) if verdict else ""))
     def with_plots(folder: str) -> str:  # the plots, linked from a page in another folder
         return "\n\n".join([*parts, f"![as trained]({folder}summary_as_trained.png)"
                               + (f"\n![policies]({folder}summary_policies.png)" if policies else "")])

@@ -11,6 +11,7 @@ import pytest
 
 from studies.course import COURSE_END, course_begin
 from studies.report import STUDY_END, study_begin
+from vit_rope.eval.harness import protocol
 from vit_rope.train.cli import build_config
 from vit_rope.train.config import save_config
 
@@ -51,7 +52,8 @@ def script(monkeypatch):
                     for path in checkpoints for seed in [int(path.rsplit("_s", 1)[1].split("/")[0])]
                     for policy in (policies[:1] if "ape" in path else policies) for i, size in enumerate(sizes)]
             Path(value["--output"]).mkdir(parents=True, exist_ok=True)
-            (Path(value["--output"]) / "results.json").write_text(json.dumps({"protocol": "p", "results": rows}))
+            evaluation = {"protocol": protocol(float(value.get("--crop-pct", 1.0))), "results": rows}
+            (Path(value["--output"]) / "results.json").write_text(json.dumps(evaluation))
         return 60.0
 
     monkeypatch.setattr(module, "run", run)
@@ -135,6 +137,8 @@ def test_v4_reads_dinov3_under_its_own_policies_and_skip_kept_leaves_the_kept_ch
     assert crop[:2] == ["normalized", "--crop-pct"]  # positions as trained: normalised coordinates
     runs = json.loads((tmp_path / "results" / "runs.json").read_text())
     assert [run.get("as_trained") for run in runs] == ["normalized", None]
+    page = (tmp_path / "README.md").read_text()  # the goal names v3's APE, read from its committed results
+    assert page.count("| minus APE of the same recipe at 256 | minus v3's APE at 256 | goal met |") == 2  # two crops
     invoke(script, tmp_path, "--study", "v4", "--arms", "mixed_third", "--seeds", "0", "--skip-kept")
     kept = tmp_path / "results" / "runs"  # stage 2's subset of the train images is committed with its run
     assert (kept / "mixed_third_s0" / "train_subset.txt").read_text() == "train/a/1.jpg\n"
