@@ -57,7 +57,7 @@ from studies.compare import (  # noqa: E402
     write_comparison,
 )
 from studies.course import COURSE, COURSE_END, course_begin, course_table  # noqa: E402
-from studies.report import Control, Goal, is_run, write_study  # noqa: E402
+from studies.report import Control, Goal, is_run, machines_by_run, write_study  # noqa: E402
 from vit_rope.eval.report import machine, replace_section  # noqa: E402
 from vit_rope.layers.policies import kind_policies  # noqa: E402
 from vit_rope.models.encodings import policy_kind  # noqa: E402
@@ -218,7 +218,7 @@ def main(argv: list[str] | None = None) -> int:
     results.mkdir(parents=True, exist_ok=True)
     study = json.loads((results / "runs.json").read_text()) if (results / "runs.json").exists() else []
     host = json.loads((results / "machine.json").read_text()) if (results / "machine.json").exists() else {}
-    here, machines = machine(), host.pop("machines", {})
+    here, machines = machine(), machines_by_run(host.pop("machines", {}), study)
     home = {key: value for key, value in host.items() if key != "evaluate_s"} or here  # where the study began
     seconds = host.get("evaluate_s", {})
     seconds = seconds if isinstance(seconds, dict) else {"all arms": seconds}  # v1 evaluated every run at once
@@ -272,9 +272,9 @@ def main(argv: list[str] | None = None) -> int:
                 seconds[name] = round(run(command)) + (seconds.get(name, 0) if index else 0)
                 ran = True
         if ran:
-            machines.pop(arm, None)
+            machines.pop(name, None)
             if not same_machine(here, home):
-                machines[arm] = here
+                machines[name] = here
         place = next((i for i, other in enumerate(study) if other["name"] == name), None)
         if place is None:
             study.append(entry)

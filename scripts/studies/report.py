@@ -7,8 +7,8 @@ A study folder holds what the runs left, and the report is rebuilt from those fi
 - ``eval/**/results.json``: ``vit_rope.evaluate`` output, one file for all runs or one per arm;
 - ``runs/<name>/metrics.csv``, ``machine.json`` and ``commands.sh``. ``machine.json`` is
   ``vit_rope.eval.report.machine`` of the study's machine, ``evaluate_s`` (seconds, per arm or in all) and, for arms
-  run on another machine (a study resumed elsewhere), ``machines``: arm -> that machine, so minutes per run are read
-  against the right one.
+  run on another machine (a study resumed elsewhere), ``machines``: run name -> that machine (an arm's name in
+  earlier files: all its runs), so minutes per run are read against the right one.
 
 The verdict applies the goal of RoPE-ViT (Heo et al., ECCV 2024), whose RoPE-Mixed loses 1.8 points from 224 to
 512 px while APE loses 5.0: RoPE with positions as trained stays within 1 point of its training-size accuracy at
@@ -112,19 +112,31 @@ def spread(row: dict[str, Any]) -> str:
     return f"{row['top1']:.2f} ± {(row['top1_max'] - row['top1_min']) / 2:.1f}"
 
 
-def _training(results_dir: Path, runs: Sequence[dict[str, Any]]) -> str:
-    """Per arm: final val top-1 at the training size (all val images) over seeds, and minutes per run."""
-    by_model: dict[str, list[tuple[float, float]]] = {}
+def machines_by_run(machines: dict[str, dict[str, Any]], runs: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """``machine.json``'s ``machines`` keyed by run name: an arm's name (how earlier files recorded it) stands for
+    every run of that arm."""
+    by_run = {name: host for name, host in machines.items() if name not in {run["model"] for run in runs}}
+    return {**{run["name"]: machines[run["model"]] for run in runs if run["model"] in machines}, **by_run}
+
+
+def _training(results_dir: Path, runs: Sequence[dict[str, Any]], elsewhere: dict[str, dict[str, Any]]) -> str:
+    """Per arm: final val top-1 at the training size (all val images) over seeds, and minutes per run: their mean,
+    or each seed's when the arm's runs trained on different machines (``elsewhere``: run name -> machine)."""
+    by_model: dict[str, list[tuple[float, float, str]]] = {}
     for run in runs:
         with open(results_dir / "runs" / run["name"] / "metrics.csv") as f:
             rows = list(csv.DictReader(f))
         by_model.setdefault(arm_label(run), []).append((float(rows[-1]["top1"]),
-                                                     sum(float(row["seconds"]) for row in rows) / 60))
+                                                     sum(float(row["seconds"]) for row in rows) / 60,
+                                                     _host(elsewhere[run["name"]]) if run["name"] in elsewhere
+                                                     else "home"))
     lines = []
     for model, values in by_model.items():
-        top1 = [value[0] for value in values]
+        top1, minutes = [value[0] for value in values], [value[1] for value in values]
         merged = {"top1": sum(top1) / len(top1), "top1_min": min(top1), "top1_max": max(top1), "seeds": len(top1)}
-        lines.append([model, len(values), spread(merged), f"{sum(value[1] for value in values) / len(values):.1f}"])
+        hosts = len({value[2] for value in values})
+        lines.append([model, len(values), spread(merged), f"{sum(minutes) / len(minutes):.1f}" if hosts == 1 else
+                      " / ".join(f"{value:.1f}" for value in minutes) + f" ({hosts} machines)"])
     return table(["model", "seeds", "final val top-1 (%)", "minutes per run"], lines)
 
 
@@ -305,16 +317,20 @@ def write_study(results_dir: Path, readme: Path | None = None, goal: Goal = Goal
     where = results_dir.as_posix()
     own = ", or `normalized` for an arm trained on normalised coordinates" if any("as_trained" in run for run in runs) \
         else ""
-    labels = {run["model"]: arm_label(run) for run in runs}
-    elsewhere = {}  # the other machines -> the labels of the arms run on each
-    for arm, other in machine.get("machines", {}).items():
-        elsewhere.setdefault(_host(other), []).append(labels.get(arm, arm))
-    others = "".join(f"; {', '.join(arms_there)} on {host}" for host, arms_there in elsewhere.items())
+    by_run = machines_by_run(machine.get("machines", {}), runs)
+    elsewhere: dict[str, dict[str, list[int]]] = {}  # the other machines -> arm label -> the seeds run on each
+    for run in runs:
+        if run["name"] in by_run:
+            elsewhere.setdefault(_host(by_run[run["name"]]), {}).setdefault(arm_label(run), []).append(run["seed"])
+    every = {label: sorted(run["seed"] for run in runs if arm_label(run) == label) for label in map(arm_label, runs)}
+    others = "".join(
+        "; " + ", ".join(label if seeds == every[label] else f"{label} (seed {', '.join(map(str, seeds))})"
+                         for label, seeds in there.items()) + f" on {host}" for host, there in elsewhere.items())
     parts = [
         f"{counted(len(runs), 'training run')} ({counted(arms, 'model')} x {counted(len(seeds), 'seed')}) on "
         f"{_host(machine)}, {machine['date']}"
         f"{others}; evaluation took {seconds / 60:.0f} min. Commands: `{where}/commands.sh`.",
-        "**Training** (final epoch, all val images at the training size):\n\n" + _training(results_dir, runs),
+        "**Training** (final epoch, all val images at the training size):\n\n" + _training(results_dir, runs, by_run),
         f"**Positions as trained** (`extrapolate`{own}; APE resampled bicubically). {note}\n\n"
         + markdown_table(as_trained),
         *(["**Every resolution policy** (RoPE models):\n\n" + markdown_table(policies)] if policies else []),

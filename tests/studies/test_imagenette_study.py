@@ -5,6 +5,7 @@ they would."""
 import csv
 import importlib.util
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -189,13 +190,24 @@ def test_arms_resumed_on_another_machine_are_recorded_and_reported_with_it(scrip
     monkeypatch.setattr(script, "machine", lambda: host("second cpu"))
     invoke(script, tmp_path, "--arms", "ape", "mixed", "axial")  # ape and mixed are done: only axial runs here
     recorded = json.loads((tmp_path / "results" / "machine.json").read_text())
-    assert recorded["cpu"] == "first cpu" and recorded["machines"] == {"axial": host("second cpu")}
+    assert recorded["cpu"] == "first cpu"
+    assert recorded["machines"] == {"axial_s0": host("second cpu"), "axial_s1": host("second cpu")}
     assert set(recorded["evaluate_s"]) == {f"{arm}_s{seed}" for arm in ("ape", "mixed", "axial") for seed in (0, 1)}
     line = next(line for line in (tmp_path / "README.md").read_text().splitlines() if "training runs" in line)
     assert "on first cpu (2 cores), torch 2, timm 1, today; RoPE-Axial on second cpu (2 cores)" in line
 
+    invoke(script, tmp_path, "--arms", "mixed", "--seeds", "2")  # one seed of an arm elsewhere: named with its seed
+    page = (tmp_path / "README.md").read_text()
+    assert "; RoPE-Axial, RoPE-Mixed (seed 2) on second cpu (2 cores)" in page
+    assert "| RoPE-Mixed | 3 | 45.00 ± 0.0 | 0.5 / 0.5 / 0.5 (2 machines) |" in page  # minutes per seed, not a mean
+    assert "| RoPE-Axial | 2 | 45.00 ± 0.0 | 0.5 |" in page  # both seeds on the second machine
+
     monkeypatch.setattr(script, "machine", lambda: host("first cpu"))
-    invoke(script, tmp_path, "--arms", "axial", "--seeds", "0", "1", "2")  # axial runs again on the first machine
+    shutil.rmtree(tmp_path / "runs" / "mixed_s2")  # mixed seed 2 trains again, on the first machine
+    invoke(script, tmp_path, "--arms", "mixed", "--seeds", "2")
+    assert set(json.loads((tmp_path / "results" / "machine.json").read_text())["machines"]) == {"axial_s0", "axial_s1"}
+    shutil.rmtree(tmp_path / "runs")
+    invoke(script, tmp_path, "--arms", "axial")  # and so does every run of axial
     assert "machines" not in json.loads((tmp_path / "results" / "machine.json").read_text())
 
 

@@ -263,3 +263,10 @@ def test_a_control_of_another_protocol_or_never_evaluated_is_an_error(tmp_path):
         study.write_study(root, controls=[study.Control("x", other, "ape")])
     with pytest.raises(ValueError, match=r"holds no evaluated run of arm 'mixed', the control 'x'"):
         study.write_study(root, controls=[study.Control("x", other, "mixed")])
+
+
+def test_machines_recorded_by_arm_in_earlier_files_stand_for_every_run_of_it():
+    runs = [{"name": f"{arm}_s{seed}", "model": arm} for arm in ("ape", "axial") for seed in (0, 1)]
+    there, other = {"cpu": "there"}, {"cpu": "other"}
+    assert study.machines_by_run({"axial": there, "ape_s1": other}, runs) == {
+        "axial_s0": there, "axial_s1": there, "ape_s1": other}
