@@ -29,3 +29,6 @@ python -m vit_rope.evaluate --checkpoint output/study/encodings/golden_s1/last.p
 python train.py -c configs/imagenette_study/encodings/alibi.yaml --output output/study/encodings/alibi_s1 seed=1
 python -m vit_rope.evaluate --checkpoint output/study/encodings/alibi_s1/last.pth --img-sizes 48 64 80 96 128 160 --policy extrapolate interpolate --limit 1500 --workers 0 --output results/imagenette/encodings/eval/alibi/alibi_s1
 python -m vit_rope.evaluate --checkpoint output/study/encodings/alibi_s1/last.pth --img-sizes 48 64 80 96 128 160 --crop-pct 0.875 --limit 1500 --workers 0 --output results/imagenette/encodings/eval_crop0.875/alibi/alibi_s1
+python train.py -c configs/imagenette_study/encodings/nope.yaml --output output/study/encodings/nope_s1 seed=1
+python -m vit_rope.evaluate --checkpoint output/study/encodings/nope_s1/last.pth --img-sizes 48 64 80 96 128 160 --policy extrapolate interpolate ntk yarn normalized --limit 1500 --workers 0 --output results/imagenette/encodings/eval/nope/nope_s1
+python -m vit_rope.evaluate --checkpoint output/study/encodings/nope_s1/last.pth --img-sizes 48 64 80 96 128 160 --crop-pct 0.875 --limit 1500 --workers 0 --output results/imagenette/encodings/eval_crop0.875/nope/nope_s1
