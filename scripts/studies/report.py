@@ -75,8 +75,10 @@ def control_rows(control: Control, folder: str, protocol: str) -> dict[int, dict
     if not (control.results_dir / folder).is_dir():
         return None
     runs = [run for run in json.loads((control.results_dir / "runs.json").read_text()) if run["model"] == control.arm]
-    theirs, merged = merged_results(control.results_dir / folder, runs) if runs else ("", [])
-    rows = as_trained_by_arm(merged, trained_policies(runs)).get(arm_label(runs[0])) if runs else None
+    rows: dict[int, dict[str, Any]] = {}
+    if runs:
+        theirs, merged = merged_results(control.results_dir / folder, runs)
+        rows = as_trained_by_arm(merged, trained_policies(runs)).get(arm_label(runs[0]), {})
     if not rows:
         raise ValueError(f"{control.results_dir / folder} holds no evaluated run of arm {control.arm!r}, the control "
                          f"{control.name!r}: evaluate it there or drop the control")
@@ -214,10 +216,9 @@ def _size_at(ratio: float | None, train_size: int, sizes: Sequence[int]) -> int 
 
 
 def _verdict(merged: Sequence[dict[str, Any]], runs: Sequence[dict[str, Any]], goal: Goal,
-             controls: dict[str, dict[int, dict[str, Any]]] | None = None) -> str:
+             controls: dict[str, dict[int, dict[str, Any]]]) -> str:
     """The goal, per RoPE arm that names its APE baseline (and against every control: name -> its rows by size),
     then the best arm per size."""
-    controls = controls or {}
     as_trained = as_trained_by_arm(merged, trained_policies(runs))
     labels = {run["model"]: arm_label(run) for run in runs}
     lines, header = [], []
