@@ -57,7 +57,9 @@ from studies.compare import (  # noqa: E402
     write_comparison,
 )
 from studies.course import COURSE, COURSE_END, course_begin, course_table  # noqa: E402
-from studies.report import Control, Goal, is_run, machines_by_run, write_study  # noqa: E402
+from studies.goal import Control, Goal  # noqa: E402
+from studies.report import machines_by_run, write_study  # noqa: E402
+from studies.results import is_run  # noqa: E402
 from vit_rope.eval.report import machine, replace_section  # noqa: E402
 from vit_rope.layers.policies import kind_policies  # noqa: E402
 from vit_rope.models.encodings import policy_kind  # noqa: E402

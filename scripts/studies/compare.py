@@ -18,7 +18,17 @@ from typing import Any
 
 import yaml
 
-from studies import report as study
+from studies.results import (
+    arm_label,
+    as_trained_by_arm,
+    as_trained_rows,
+    best_row,
+    counted,
+    merged_results,
+    spread,
+    trained_policies,
+    training_row,
+)
 from vit_rope.eval.report import markdown_table, replace_section, table
 
 COMPARE_BEGIN = "<!-- compare:begin (written by scripts/imagenette_study.py from every study's results folder) -->"
@@ -42,15 +52,15 @@ def _grids(results_dir: Path, runs: list[dict[str, Any]]) -> dict[str, str]:
     """Arm label -> its training grid, ``"hxw"`` patches, from the first run's saved config."""
     grids = {}
     for run in runs:
-        if study.arm_label(run) not in grids:
+        if arm_label(run) not in grids:
             config = yaml.safe_load((results_dir / "runs" / run["name"] / "config.yaml").read_text())
             side = config["img_size"] // patch_size(config)
-            grids[study.arm_label(run)] = f"{side}x{side}"
+            grids[arm_label(run)] = f"{side}x{side}"
     return grids
 
 
 def _change(row: dict[str, Any], trained: dict[str, Any]) -> str:
-    return f"{study.spread(row)} ({row['top1'] - trained['top1']:+.1f})"
+    return f"{spread(row)} ({row['top1'] - trained['top1']:+.1f})"
 
 
 def comparison_rows(name: str, results_dir: Path) -> list[list[Any]]:
@@ -58,19 +68,19 @@ def comparison_rows(name: str, results_dir: Path) -> list[list[Any]]:
     if not (results_dir / "runs.json").exists() or not any((results_dir / "eval").rglob("results.json")):
         return []
     runs = json.loads((results_dir / "runs.json").read_text())
-    _, merged = study.merged_results(results_dir / "eval", runs)
+    _, merged = merged_results(results_dir / "eval", runs)
     grids, rows = _grids(results_dir, runs), []
-    for label, by_size in study.as_trained_by_arm(merged, study.trained_policies(runs)).items():
-        trained = study.training_row(by_size)
+    for label, by_size in as_trained_by_arm(merged, trained_policies(runs)).items():
+        trained = training_row(by_size)
         if trained is None:  # not evaluated at its training size: nothing to measure a change from
             continue
         base, larger = trained["train_size"], sorted(size for size in by_size if size > trained["train_size"])[-2:]
         changes = ["-"] * (2 - len(larger)) + [_change(by_size[size], trained) for size in larger]
         best = "-"
         if larger:
-            row = study.best_row(merged, label, larger[-1])
+            row = best_row(merged, label, larger[-1])
             best = f"{_change(row, trained)}, {row['policy'] or 'as trained'}"
-        rows.append([name, grids[label], label, trained["seeds"], study.spread(trained),
+        rows.append([name, grids[label], label, trained["seeds"], spread(trained),
                      " / ".join(f"{size / base:.3g}x" for size in larger) or "-", *changes, best])
     return rows
 
@@ -105,11 +115,11 @@ def _as_trained_by_run(results_dir: Path, arms: tuple[str, ...]) -> dict[tuple[s
     ``merged_results`` from merging the seeds."""
     if not (results_dir / "runs.json").exists() or not any((results_dir / "eval").rglob("results.json")):
         return {}
-    runs = {f"{study.arm_label(run)}, seed {run['seed']}": run
+    runs = {f"{arm_label(run)}, seed {run['seed']}": run
             for run in json.loads((results_dir / "runs.json").read_text()) if run["model"] in arms}
     labelled = [{**run, "label": label} for label, run in runs.items()]
-    _, merged = study.merged_results(results_dir / "eval", labelled)
-    by_label = study.as_trained_by_arm(merged, study.trained_policies(labelled))
+    _, merged = merged_results(results_dir / "eval", labelled)
+    by_label = as_trained_by_arm(merged, trained_policies(labelled))
     return {(run["model"], run["seed"]): by_label[label] for label, run in runs.items() if label in by_label}
 
 
@@ -134,10 +144,10 @@ def reproduction(results_dir: Path, reference_dir: Path, arms: tuple[str, ...]) 
         ok = len(seeds) > 1 and all(set(sizes) <= set(runs) for runs in seeds)
         spreads[arm] = f"{gap(*seeds[:2]):.2f}" if ok else "-"
     for arm, seed in pairs:
-        label, spread = rerun[arm, seed][sizes[0]]["model"].rsplit(", seed ", 1)[0], spreads[arm]
+        label, seed_gap = rerun[arm, seed][sizes[0]]["model"].rsplit(", seed ", 1)[0], spreads[arm]
         difference = f"{gap(reference[arm, seed], rerun[arm, seed]):.2f}"
         for where, by_size, cells in ((reference_dir.name, reference[arm, seed], ["-", "-"]),
-                                      ("re-run", rerun[arm, seed], [difference, spread])):
+                                      ("re-run", rerun[arm, seed], [difference, seed_gap])):
             top1 = [f"**{by_size[size]['top1']:.2f}**" if size == train_size else f"{by_size[size]['top1']:.2f}"
                     for size in sizes]
             rows.append([label, seed, where, *top1, *cells])
@@ -155,15 +165,15 @@ def headline(results_dir: Path) -> str:
     """A study in one table for the front page: every arm with positions as trained, then each RoPE arm under the
     policy that is best at the largest size (when that is not ``extrapolate``), seeds merged."""
     runs = json.loads((results_dir / "runs.json").read_text())
-    _, merged = study.merged_results(results_dir / "eval", runs)
+    _, merged = merged_results(results_dir / "eval", runs)
     largest = max(row["img_size"] for row in merged)
-    rows = study.as_trained_rows(merged, study.trained_policies(runs))
+    rows = as_trained_rows(merged, trained_policies(runs))
     for model in dict.fromkeys(row["model"] for row in merged if row["policy"] is not None):
-        best = study.best_row(merged, model, largest)["policy"]
+        best = best_row(merged, model, largest)["policy"]
         if best != "extrapolate":
             rows += [row for row in merged if row["model"] == model and row["policy"] == best]
     seeds = sorted({run["seed"] for run in runs})
-    return (f"{study.counted(len(runs), 'finished run')}, {'seed' if len(seeds) == 1 else 'seeds'} "
+    return (f"{counted(len(runs), 'finished run')}, {'seed' if len(seeds) == 1 else 'seeds'} "
             f"{', '.join(map(str, seeds))}: top-1 (%), mean ± half the "
             f"seed range; `*` training size; policy `extrapolate` or `-` (APE): positions as trained.\n\n"
             + markdown_table(rows))

@@ -18,7 +18,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from studies.report import arm_label, as_trained_rows, is_run, read_evaluations, spread, trained_policies
+from studies.results import arm_label, as_trained_rows, is_run, read_evaluations, spread, trained_policies
 from vit_rope.eval.report import merge_seeds, table
 
 COURSE = "course"  # the folder of a study's results that holds the evaluations of kept checkpoints

@@ -13,7 +13,7 @@ from safetensors.torch import save_file
 from test_checkpoint import save_source
 from test_evaluate import ROPE, write_checkpoint
 
-from studies.report import is_run
+from studies.results import is_run
 from vit_rope.errors import UserError
 from vit_rope.eval.loading import load_pretrained, load_trained, model_label
 from vit_rope.models.checkpoint import WeightsNotLoadedWarning

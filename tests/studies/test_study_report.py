@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from studies import goal
 from studies import report as study
 
 
@@ -177,7 +178,7 @@ def test_v3_goal_holds_at_1_43x_to_1_71x_and_a_second_crop_gets_its_own_verdict(
         (root / "eval_crop0.875" / arm).mkdir(parents=True)
         (root / "eval_crop0.875" / arm / "results.json").write_text(json.dumps({"protocol": "crop 0.875",
                                                                                  "results": rows}))
-    section = study.write_study(root, goal=study.Goal(hold=(1.43, 1.71), beat=(None,)))
+    section = study.write_study(root, goal=goal.Goal(hold=(1.43, 1.71), beat=(None,)))
     main, crop_part = section.split("**At crop 0.875**", 1)
     assert "Goal: as trained, within 1 point of the training-size top-1 at 1.43x and at 1.71x, and above the APE " \
         "model of the same recipe at the largest size with every seed" in main
@@ -209,7 +210,7 @@ def test_an_arm_trained_on_normalised_coordinates_is_read_under_its_own_policy(t
             for policy, high in (("normalized", 60.0), ("extrapolate", 20.0)):
                 rows += [result(label, policy, 64, 60.0 + bump), result(label, policy, 128, high + bump)]
     root = write_runs(tmp_path / "results", runs, {"ape": rows[:4], "dinov3": rows[4:]})
-    section = study.write_study(root, goal=study.Goal(hold=(2.0,), beat=(2.0,)))
+    section = study.write_study(root, goal=goal.Goal(hold=(2.0,), beat=(2.0,)))
     as_trained = section.split("**Positions as trained**")[1].split("**Every resolution policy**")[0]
     assert "| DINOv3 RoPE | normalized | **60.25 ± 0.2** | 60.25 ± 0.2 |" in as_trained
     assert "| DINOv3 RoPE | extrapolate |" not in as_trained
@@ -233,14 +234,14 @@ def make_control(root: Path, top1: tuple[float, float, float], protocol: str = "
 def test_a_control_of_another_study_must_be_beaten_too(tmp_path):
     """v4's goal names v3's APE beside its own: an arm above its same-recipe APE but under the control is no."""
     root = make_v2(tmp_path / "results")
-    strong = study.Control("the other APE", make_control(tmp_path / "strong", (60.0, 58.0, 57.0)), "ape")
+    strong = goal.Control("the other APE", make_control(tmp_path / "strong", (60.0, 58.0, 57.0)), "ape")
     section = study.write_study(root, controls=[strong])
     assert "and above the APE model of the same recipe and the other APE at 2x and at the largest size" in section
     assert "| minus APE of the same recipe at 2x | at 160 | minus the other APE at 2x | at 160 | goal met |" in section
     # HOLDS: 55.00 / 52.50 against the control's 58.50 / 57.50 (seeds 58-59, 57-58)
     holds = section.split("**Does RoPE hold", 1)[1].split("| HOLDS |", 1)[1].split("\n", 1)[0]
     assert holds.endswith("| +9.5 (apart) | +12.0 (apart) | -3.5 (below) | -5.0 (below) | no |")
-    weak = study.Control("the other APE", make_control(tmp_path / "weak", (40.0, 30.0, 20.0)), "ape")
+    weak = goal.Control("the other APE", make_control(tmp_path / "weak", (40.0, 30.0, 20.0)), "ape")
     section = study.write_study(root, controls=[weak])
     holds = section.split("**Does RoPE hold", 1)[1].split("| HOLDS |", 1)[1].split("\n", 1)[0]
     assert holds.endswith("| +24.5 (apart) | +32.0 (apart) | yes |")
@@ -251,7 +252,7 @@ def test_a_control_is_read_at_each_crop_only_where_it_was_evaluated(tmp_path):
     shutil.copytree(root / "eval", root / "eval_crop0.875")
     for path in (root / "eval_crop0.875").rglob("results.json"):
         path.write_text(json.dumps({**json.loads(path.read_text()), "protocol": "crop 0.875"}))
-    control = study.Control("the other APE", make_control(tmp_path / "other", (40.0, 30.0, 20.0)), "ape")
+    control = goal.Control("the other APE", make_control(tmp_path / "other", (40.0, 30.0, 20.0)), "ape")
     main, crop = study.write_study(root, controls=[control]).split("**At crop 0.875**", 1)
     assert "minus the other APE" in main and "minus the other APE" not in crop  # the other study has no second crop
 
@@ -260,9 +261,9 @@ def test_a_control_of_another_protocol_or_never_evaluated_is_an_error(tmp_path):
     root = make_v2(tmp_path / "results")
     other = make_control(tmp_path / "other", (40.0, 30.0, 20.0), protocol="crop 0.875")
     with pytest.raises(ValueError, match="the control 'x' was evaluated as 'crop 0.875', this study as 'crop 1.0'"):
-        study.write_study(root, controls=[study.Control("x", other, "ape")])
+        study.write_study(root, controls=[goal.Control("x", other, "ape")])
     with pytest.raises(ValueError, match=r"holds no evaluated run of arm 'mixed', the control 'x'"):
-        study.write_study(root, controls=[study.Control("x", other, "mixed")])
+        study.write_study(root, controls=[goal.Control("x", other, "mixed")])
 
 
 def test_machines_recorded_by_arm_in_earlier_files_stand_for_every_run_of_it():

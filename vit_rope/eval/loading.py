@@ -39,7 +39,7 @@ class EvalModel:
 
     Attributes:
         label: row name in the reports: the model name, then the arguments that changed its architecture, then for
-            checkpoints the path (always the last parenthesised part, which ``studies.report.is_run`` matches).
+            checkpoints the path (always the last parenthesised part, which ``studies.results.is_run`` matches).
         model: the network; evaluated in eval mode.
         train_size: the resolution it was trained at, marked in the reports and the reference of RoPE policies.
         classes: class name of each output; None when unknown (outputs are then taken in val folder order).

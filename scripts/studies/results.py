@@ -1,0 +1,103 @@
+"""A study's runs and evaluations as the reports read them: arm labels, seed-merged rows, positions as trained.
+
+A study folder holds ``runs.json`` (one entry per training run: ``name``, ``model`` (the arm), ``seed``, ``output``,
+and optionally ``label``, the arm's name in tables, ``baseline``, the arm of the APE model trained with the same recipe,
+and ``as_trained``, the policy that places positions as the arm was trained) and ``eval/**/results.json``
+(``vit_rope.evaluate`` output, one file for all runs or one per arm). Every report (``report``, ``goal``, ``compare``,
+``course``) reads them through this module, so one run is one arm under one label everywhere.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from vit_rope.eval.report import merge_seeds
+
+STUDY_LABELS = {"ape": "APE (timm ViT)", "axial": "RoPE-Axial", "mixed": "RoPE-Mixed", "axial_ape": "RoPE-Axial + APE",
+                "mixed_ape": "RoPE-Mixed + APE"}  # v1's arms, whose runs.json predates the label field
+
+
+def is_run(label: str, run: dict[str, Any], checkpoint: str = "last.pth") -> bool:
+    """Whether a ``vit_rope.evaluate`` row label (``"<model> (<checkpoint>)"``) is the final checkpoint of ``run`` (or
+    the one named ``checkpoint`` in its output folder)."""
+    return label.endswith(f"({run['output']}/{checkpoint})")
+
+
+def arm_label(run: dict[str, Any]) -> str:
+    """The name of a run's arm in the tables: its ``label`` in runs.json, else the study's name of its model, so that
+    two arms of one model (e.g. with and without a training remedy) stay apart."""
+    return run.get("label") or STUDY_LABELS.get(run["model"], run["model"])
+
+
+def spread(row: dict[str, Any]) -> str:
+    """A merged row's top-1 as ``mean ± half the range over seeds``, the tables' one measure of seed spread; a single
+    seed's top-1 alone, since ``± 0.0`` would read as seeds that agree."""
+    if row.get("seeds", 2) < 2:
+        return f"{row['top1']:.2f}"
+    return f"{row['top1']:.2f} ± {(row['top1_max'] - row['top1_min']) / 2:.1f}"
+
+
+def counted(number: int, noun: str) -> str:
+    """``number`` and ``noun``, plural unless one (``1 seed``, ``2 seeds``), for the generated sentences."""
+    return f"{number} {noun}{'' if number == 1 else 's'}"
+
+
+def trained_policies(runs: Sequence[dict[str, Any]]) -> dict[str, str]:
+    """Arm label -> the policy that places positions as the arm was trained: ``as_trained`` in runs.json (DINOv3's
+    RoPE: ``normalized``), else ``extrapolate``."""
+    return {arm_label(run): run.get("as_trained", "extrapolate") for run in runs}
+
+
+def is_as_trained(row: dict[str, Any], policies: dict[str, str]) -> bool:
+    """Whether a merged row has positions as its arm was trained (``trained_policies``; APE has no policy)."""
+    return row["policy"] is None or row["policy"] == policies.get(row["model"], "extrapolate")
+
+
+def as_trained_by_arm(merged: Sequence[dict[str, Any]], policies: dict[str, str] | None = None
+                      ) -> dict[str, dict[int, dict[str, Any]]]:
+    """Arm label -> size -> its merged row with positions as trained (``is_as_trained``)."""
+    table: dict[str, dict[int, dict[str, Any]]] = {}
+    for row in merged:
+        if is_as_trained(row, policies or {}):
+            table.setdefault(row["model"], {})[row["img_size"]] = row
+    return table
+
+
+def training_row(by_size: dict[int, dict[str, Any]]) -> dict[str, Any] | None:
+    """An arm's row at its own training size from its rows by size (``as_trained_by_arm``), or None if not evaluated."""
+    return next((row for row in by_size.values() if row["img_size"] == row["train_size"]), None)
+
+
+def best_row(merged: Sequence[dict[str, Any]], model: str, size: int) -> dict[str, Any]:
+    """The merged row of ``model`` with the highest top-1 at ``size`` over its policies (as trained included)."""
+    rows = (row for row in merged if row["model"] == model and row["img_size"] == size)
+    return max(rows, key=lambda row: row["top1"])
+
+
+def as_trained_rows(merged: Sequence[dict[str, Any]], policies: dict[str, str] | None = None) -> list[dict[str, Any]]:
+    """The merged rows with positions as trained (``is_as_trained``)."""
+    return [row for row in merged if is_as_trained(row, policies or {})]
+
+
+def read_evaluations(folder: Path) -> tuple[str, list[dict[str, Any]]]:
+    """The protocol and rows of every ``results.json`` under ``folder``; they must share one protocol."""
+    files = sorted(folder.rglob("results.json"))
+    if not files:
+        raise FileNotFoundError(f"{folder} holds no results.json: run the study's evaluation first")
+    evaluations = [json.loads(path.read_text()) for path in files]
+    protocols = {evaluation["protocol"] for evaluation in evaluations}
+    if len(protocols) > 1:
+        raise ValueError(f"the evaluations under {folder} used different protocols: {sorted(protocols)}")
+    return protocols.pop(), [row for evaluation in evaluations for row in evaluation["results"]]
+
+
+def merged_results(folder: Path, runs: Sequence[dict[str, Any]]) -> tuple[str, list[dict[str, Any]]]:
+    """The protocol of the evaluations under ``folder`` and their rows merged over seeds, arms in ``runs``' order."""
+    protocol, results = read_evaluations(folder)
+    index = {row["model"]: next((i for i, run in enumerate(runs) if is_run(row["model"], run)), None)
+             for row in results}  # evaluation label -> its run in runs.json; others (not in this study) left out
+    results = sorted((row for row in results if index[row["model"]] is not None), key=lambda row: index[row["model"]])
+    return protocol, merge_seeds(results, {label: arm_label(runs[i]) for label, i in index.items() if i is not None})
