@@ -36,7 +36,7 @@ from vit_rope.data import folders
 from vit_rope.errors import UserError
 from vit_rope.models.factory import create_model
 from vit_rope.models.vit import RoPEVisionTransformer
-from vit_rope.train import engine, loaders
+from vit_rope.train import distributed, engine, loaders
 from vit_rope.train import state as train_state
 from vit_rope.train.checks import check_ranks_agree, scheduler_args
 from vit_rope.train.cli import parse_args
@@ -75,10 +75,10 @@ def naflex_patch(net: torch.nn.Module, name: str) -> int:
 def train(cfg: Config) -> None:
     """Run (or resume) the training described by ``cfg``."""
     # ---- device, seeds ----------------------------------------------------------------------------------------
-    env = engine.init_distributed(cfg.device)
+    env = distributed.init_distributed(cfg.device)
     random_seed(cfg.seed, env.rank)
     pipeline, _ = loaders.choose_pipeline(cfg)  # the batched tensor pipeline needs no loader workers
-    threads = engine.set_cpu_threads(cfg.threads, 0 if pipeline == "tensor" else cfg.workers)
+    threads = distributed.set_cpu_threads(cfg.threads, 0 if pipeline == "tensor" else cfg.workers)
     if env.device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = cfg.tf32
     say = print if env.is_main else lambda *args, **kwargs: None
@@ -90,7 +90,7 @@ def train(cfg: Config) -> None:
     finetune = train_state.load_checkpoint(cfg.finetune) if cfg.finetune and resume is None else None
 
     # ---- data: scanned first, because the classifier needs the number of classes -----------------------------
-    with engine.main_process_first(env):  # rank 0 downloads, the other ranks wait
+    with distributed.main_process_first(env):  # rank 0 downloads, the other ranks wait
         data_dir = folders.resolve_data_dir(cfg.data_dir, cfg.download_size)
     cfg.data_dir = str(data_dir)
     train_samples, classes = folders.find_images(data_dir / "train")
@@ -133,7 +133,7 @@ def train(cfg: Config) -> None:
     data_config = resolve_data_config({"input_size": (3, cfg.img_size, cfg.img_size), "crop_pct": cfg.crop_pct,
                                        "interpolation": cfg.interpolation}, model=net)
     patch = naflex_patch(net, cfg.model) if cfg.naflex else 16
-    with engine.main_process_first(env):  # rank 0 writes the decoded cache, the other ranks read it
+    with distributed.main_process_first(env):  # rank 0 writes the decoded cache, the other ranks read it
         train_loader, val_loader = loaders.build_loaders(cfg, train_samples, val_samples, data_config, env.rank,
                                                       env.world_size, env.device, patch=patch,
                                                       num_classes=len(classes))

@@ -44,10 +44,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from vit_rope.data import folders
 from vit_rope.eval.report import table  # noqa: E402
 from vit_rope.models.factory import create_model  # noqa: E402  (after the path set-up, as the script runs from anywhere)
-from vit_rope.train import (
-    engine,  # noqa: E402
-    loaders,
-)
+from vit_rope.train import distributed, engine, loaders  # noqa: E402
 from vit_rope.train.cli import build_config  # noqa: E402
 
 
@@ -71,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides, as for train.py")
     args = parser.parse_intermixed_args(argv)
     cfg = build_config(args.config, args.overrides)
-    env = engine.init_distributed(cfg.device)
+    env = distributed.init_distributed(cfg.device)
     data_dir = folders.resolve_data_dir(cfg.data_dir, cfg.download_size)
     train_samples, classes = folders.find_images(data_dir / "train")
     val_samples, _ = folders.find_images(data_dir / cfg.val_split, classes, split_key="val_split")
@@ -109,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
         run_cfg = dataclasses.replace(cfg, **variant)
         loader, _ = loaders.build_loaders(run_cfg, train_samples, val_samples, data_config, device=env.device)
         batches = stream(loader)
-        threads = engine.set_cpu_threads(cfg.threads, cfg.workers if variant["pipeline"] == "timm" else 0)
+        threads = distributed.set_cpu_threads(cfg.threads, cfg.workers if variant["pipeline"] == "timm" else 0)
         modes[name] = (threads, batches.__next__)
     fixed = modes[args.pipeline[0] + ("_one_size" if cfg.train_sizes else "")][1]()  # a batch at img_size
     modes = {"step": (cores, lambda: fixed), **modes}

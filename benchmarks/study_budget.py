@@ -26,7 +26,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import vit_rope  # noqa: E402,F401  (registers the vit_rope_* models)
 from vit_rope.eval import report  # noqa: E402
-from vit_rope.train.engine import set_cpu_threads  # noqa: E402
+from vit_rope.train.distributed import set_cpu_threads  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:

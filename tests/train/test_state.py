@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from vit_rope.errors import UserError
-from vit_rope.train.engine import DistEnv
+from vit_rope.train.distributed import DistEnv
 from vit_rope.train.state import (
     CHECKPOINT_FORMAT,
     atomic_save,

@@ -32,7 +32,7 @@ from vit_rope.eval.harness import check_options, check_sizes, choose_split, eval
 from vit_rope.eval.loading import load_pretrained, load_trained
 from vit_rope.eval.report import write_reports
 from vit_rope.layers.policies import POLICIES
-from vit_rope.train.engine import set_cpu_threads
+from vit_rope.train.distributed import set_cpu_threads
 
 
 def _positive(text: str) -> int:

@@ -17,7 +17,7 @@ from torch import nn
 
 from vit_rope.errors import UserError
 from vit_rope.models.weights_file import atomic_save, unreadable_reason, weights_mismatch
-from vit_rope.train.engine import DistEnv
+from vit_rope.train.distributed import DistEnv
 
 CHECKPOINT_FORMAT = "vit_rope.train/1"
 

@@ -1,0 +1,81 @@
+"""Where a training process runs: its device, its rank among ``torchrun``'s processes, its CPU threads, and the
+collectives the engine needs (a barrier for work rank 0 does first, a sum of metrics over ranks).
+
+The process group comes from timm's ``init_distributed_device_so`` (torchrun / SLURM environment), so one command
+runs on one CPU process or N GPUs; on one process the collectives do nothing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from timm.utils.distributed import init_distributed_device_so
+
+from vit_rope.errors import UserError
+
+
+@dataclass(frozen=True)
+class DistEnv:
+    """Where this process runs: its device, its rank and the number of processes."""
+
+    device: torch.device
+    rank: int = 0
+    world_size: int = 1
+
+    @property
+    def distributed(self) -> bool:
+        return self.world_size > 1
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+def init_distributed(device: str) -> DistEnv:
+    """Pick the device and, when launched by ``torchrun``, join the process group (NCCL on CUDA, gloo on CPU).
+
+    Args:
+        device: ``auto``, ``cuda`` or ``cpu``; ``auto`` takes CUDA when it is available.
+    """
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cuda" and not torch.cuda.is_available():
+        raise UserError("device 'cuda' was requested but PyTorch sees no CUDA GPU; pass --device cpu")
+    info = init_distributed_device_so(device)  # timm: reads torchrun/SLURM env, sets the local GPU
+    return DistEnv(torch.device(info["device"]), info["global_rank"], info["world_size"])
+
+
+def set_cpu_threads(threads: int, workers: int) -> int:
+    """Set PyTorch's intra-op CPU threads and return the number.
+
+    Args:
+        threads: explicit count, or 0 for automatic: ``OMP_NUM_THREADS`` when set (torchrun sets 1), else this
+            process's share of the cores minus the loader ``workers``, which need cores of their own.
+    """
+    if threads or "OMP_NUM_THREADS" not in os.environ:
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+        torch.set_num_threads(threads or max(1, cores // int(os.environ.get("LOCAL_WORLD_SIZE", 1)) - workers))
+    return torch.get_num_threads()
+
+
+@contextlib.contextmanager
+def main_process_first(env: DistEnv) -> Iterator[None]:
+    """Let rank 0 run the block (download, write a cache) before the other ranks, which then reuse its result."""
+    if env.distributed and not env.is_main:
+        dist.barrier()
+    yield
+    if env.distributed and env.is_main:
+        dist.barrier()
+
+
+def reduce_sum(values: torch.Tensor, env: DistEnv) -> torch.Tensor:
+    """Sum a tensor over all ranks (identity on one process)."""
+    if env.distributed:
+        values = values.clone()
+        dist.all_reduce(values)
+    return values
