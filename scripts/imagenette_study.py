@@ -150,7 +150,7 @@ def same_machine(one: dict, other: dict) -> bool:
     return all(one.get(key) == other.get(key) for key in ("cpu", "cores", "gpu", "torch", "timm"))
 
 
-def evaluated(folder: Path, runs: list[dict], checkpoints: tuple[str, ...] = ("last.pth",)) -> bool:
+def evaluated(folder: Path, runs: list[dict], checkpoints: tuple[str, ...]) -> bool:
     """Whether the ``results.json`` files under ``folder`` hold each of ``checkpoints`` of every one of ``runs``."""
     labels = {row["model"] for path in folder.rglob("results.json") for row in json.loads(path.read_text())["results"]}
     return all(any(is_run(label, entry, name) for label in labels) for entry in runs for name in checkpoints)

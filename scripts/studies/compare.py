@@ -22,8 +22,11 @@ from studies.results import (
     arm_label,
     as_trained_by_arm,
     as_trained_rows,
+    begin_marker,
     best_row,
+    change,
     counted,
+    has_evaluations,
     merged_results,
     spread,
     trained_policies,
@@ -31,7 +34,7 @@ from studies.results import (
 )
 from vit_rope.eval.report import markdown_table, replace_section, table
 
-COMPARE_BEGIN = "<!-- compare:begin (written by scripts/imagenette_study.py from every study's results folder) -->"
+COMPARE_BEGIN = begin_marker("compare", "from every study's results folder")
 COMPARE_END = "<!-- compare:end -->"
 HEADLINE_END = "<!-- headline:end -->"
 
@@ -59,13 +62,9 @@ def _grids(results_dir: Path, runs: list[dict[str, Any]]) -> dict[str, str]:
     return grids
 
 
-def _change(row: dict[str, Any], trained: dict[str, Any]) -> str:
-    return f"{spread(row)} ({row['top1'] - trained['top1']:+.1f})"
-
-
 def comparison_rows(name: str, results_dir: Path) -> list[list[Any]]:
     """One table row per arm of the study in ``results_dir`` evaluated so far (none before the first evaluation)."""
-    if not (results_dir / "runs.json").exists() or not any((results_dir / "eval").rglob("results.json")):
+    if not has_evaluations(results_dir):
         return []
     runs = json.loads((results_dir / "runs.json").read_text())
     _, merged = merged_results(results_dir / "eval", runs)
@@ -75,11 +74,11 @@ def comparison_rows(name: str, results_dir: Path) -> list[list[Any]]:
         if trained is None:  # not evaluated at its training size: nothing to measure a change from
             continue
         base, larger = trained["train_size"], sorted(size for size in by_size if size > trained["train_size"])[-2:]
-        changes = ["-"] * (2 - len(larger)) + [_change(by_size[size], trained) for size in larger]
+        changes = ["-"] * (2 - len(larger)) + [change(by_size[size], trained) for size in larger]
         best = "-"
         if larger:
             row = best_row(merged, label, larger[-1])
-            best = f"{_change(row, trained)}, {row['policy'] or 'as trained'}"
+            best = f"{change(row, trained)}, {row['policy'] or 'as trained'}"
         rows.append([name, grids[label], label, trained["seeds"], spread(trained),
                      " / ".join(f"{size / base:.3g}x" for size in larger) or "-", *changes, best])
     return rows
@@ -106,14 +105,14 @@ REPRODUCTION_END = "<!-- reproduction:end -->"
 
 def reproduction_begin(results_dir: Path) -> str:
     """The line that opens the table of a study's re-run arms against the study they come from (``reproduction``)."""
-    return f"<!-- reproduction:begin (written by scripts/imagenette_study.py from {results_dir.as_posix()}) -->"
+    return begin_marker("reproduction", f"from {results_dir.as_posix()}")
 
 
 def _as_trained_by_run(results_dir: Path, arms: tuple[str, ...]) -> dict[tuple[str, int], dict[int, dict[str, Any]]]:
     """(arm, seed) -> size -> the run's row with positions as trained (its ``model`` the run's label: the arm's, then
     the seed), for the runs of ``arms`` evaluated so far. The evaluations are read once; the per-run labels keep
     ``merged_results`` from merging the seeds."""
-    if not (results_dir / "runs.json").exists() or not any((results_dir / "eval").rglob("results.json")):
+    if not has_evaluations(results_dir):
         return {}
     runs = {f"{arm_label(run)}, seed {run['seed']}": run
             for run in json.loads((results_dir / "runs.json").read_text()) if run["model"] in arms}
@@ -158,7 +157,7 @@ def reproduction(results_dir: Path, reference_dir: Path, arms: tuple[str, ...]) 
 
 def headline_begin(results_dir: Path) -> str:
     """The line that opens a study's front-page summary (``headline``) in the README."""
-    return f"<!-- headline:begin (written by scripts/imagenette_study.py from {results_dir.as_posix()}) -->"
+    return begin_marker("headline", f"from {results_dir.as_posix()}")
 
 
 def headline(results_dir: Path) -> str:

@@ -18,7 +18,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from studies.results import arm_label, as_trained_rows, is_run, read_evaluations, spread, trained_policies
+from studies.results import arm_label, as_trained_rows, begin_marker, is_run, read_evaluations, spread, trained_policies
 from vit_rope.eval.report import merge_seeds, table
 
 COURSE = "course"  # the folder of a study's results that holds the evaluations of kept checkpoints
@@ -27,7 +27,7 @@ COURSE_END = "<!-- course:end -->"
 
 def course_begin(results_dir: Path) -> str:
     """The line that opens the table of ``course_table(results_dir)`` in the docs page."""
-    return f"<!-- course:begin (written by scripts/imagenette_study.py from {results_dir.as_posix()}/{COURSE}) -->"
+    return begin_marker("course", f"from {results_dir.as_posix()}/{COURSE}")
 
 
 def kept_epoch(path: Path) -> int | None:

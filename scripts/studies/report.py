@@ -22,6 +22,7 @@ from studies.results import (
     arm_label,
     as_trained_by_arm,
     as_trained_rows,
+    begin_marker,
     best_row,
     counted,
     merged_results,
@@ -37,7 +38,7 @@ STUDY_END = "<!-- study:end -->"
 def study_begin(results_dir: Path) -> str:
     """The line that opens the section of the study in ``results_dir`` (a path relative to the repo) in its docs page
     (``docs/studies.md``)."""
-    return f"<!-- study:begin (written by scripts/imagenette_study.py --report from {results_dir.as_posix()}) -->"
+    return begin_marker("study", f"--report from {results_dir.as_posix()}")
 
 
 def machines_by_run(machines: dict[str, dict[str, Any]], runs: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:

@@ -16,8 +16,16 @@ from typing import Any
 
 from vit_rope.eval.report import merge_seeds
 
-STUDY_LABELS = {"ape": "APE (timm ViT)", "axial": "RoPE-Axial", "mixed": "RoPE-Mixed", "axial_ape": "RoPE-Axial + APE",
-                "mixed_ape": "RoPE-Mixed + APE"}  # v1's arms, whose runs.json predates the label field
+
+def begin_marker(kind: str, source: str) -> str:
+    """The line that opens a section of kind ``kind`` that the study script writes into a docs page, naming what it is
+    written from (``source``), so that a reader knows not to edit it by hand."""
+    return f"<!-- {kind}:begin (written by scripts/imagenette_study.py {source}) -->"
+
+
+def has_evaluations(results_dir: Path) -> bool:
+    """Whether the study in ``results_dir`` has its ``runs.json`` and at least one evaluation (``eval/``)."""
+    return (results_dir / "runs.json").exists() and any((results_dir / "eval").rglob("results.json"))
 
 
 def is_run(label: str, run: dict[str, Any], checkpoint: str = "last.pth") -> bool:
@@ -27,9 +35,9 @@ def is_run(label: str, run: dict[str, Any], checkpoint: str = "last.pth") -> boo
 
 
 def arm_label(run: dict[str, Any]) -> str:
-    """The name of a run's arm in the tables: its ``label`` in runs.json, else the study's name of its model, so that
-    two arms of one model (e.g. with and without a training remedy) stay apart."""
-    return run.get("label") or STUDY_LABELS.get(run["model"], run["model"])
+    """The name of a run's arm in the tables: its ``label`` in runs.json (the study script's name of the arm), else
+    the arm itself; two arms of one model (e.g. with and without a training remedy) stay apart either way."""
+    return run.get("label") or run["model"]
 
 
 def spread(row: dict[str, Any]) -> str:
@@ -38,6 +46,11 @@ def spread(row: dict[str, Any]) -> str:
     if row.get("seeds", 2) < 2:
         return f"{row['top1']:.2f}"
     return f"{row['top1']:.2f} ± {(row['top1_max'] - row['top1_min']) / 2:.1f}"
+
+
+def change(row: dict[str, Any], trained: dict[str, Any]) -> str:
+    """A merged row's ``spread`` and its change in points from the arm's ``trained`` row (at the training size)."""
+    return f"{spread(row)} ({row['top1'] - trained['top1']:+.1f})"
 
 
 def counted(number: int, noun: str) -> str:
@@ -90,7 +103,8 @@ def read_evaluations(folder: Path) -> tuple[str, list[dict[str, Any]]]:
     evaluations = [json.loads(path.read_text()) for path in files]
     protocols = {evaluation["protocol"] for evaluation in evaluations}
     if len(protocols) > 1:
-        raise ValueError(f"the evaluations under {folder} used different protocols: {sorted(protocols)}")
+        raise ValueError(f"the evaluations under {folder} used different protocols: {sorted(protocols)}; delete the "
+                         "stale eval folders of the other protocol and run the study script again to re-evaluate them")
     return protocols.pop(), [row for evaluation in evaluations for row in evaluation["results"]]
 
 
