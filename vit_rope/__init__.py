@@ -4,9 +4,9 @@ Importing the package registers the ``vit_rope_*`` models with timm; ``from_timm
 (EVA-02, Perception Encoder, Sapiens2, DINOv3, ...) into its ``vit_rope_*`` twin with the same weights. The subpackages
 are its layers, each importing only the ones before it: ``layers`` (the RoPE maths, resolution policies, fused rotation,
 attention), ``models`` (the ViT, its registry, DINOv3 backbones, weight conversion), ``data`` (folders, decoded cache,
-batched pipeline, step sampler), ``train`` (config, checks, loaders, engine, resumable state) and ``eval`` (evaluation
-harness, reports, diagnostics, ONNX export); ``evaluate``, ``diagnose`` and ``export`` are the ``python -m vit_rope.X``
-commands.
+batched pipeline, step sampler), ``train`` (config, checks, loaders, distributed set-up, engine, resumable state) and
+``eval`` (evaluation harness, reports, diagnostics, ONNX export); ``evaluate``, ``diagnose`` and ``export`` are the
+``python -m vit_rope.X`` commands.
 """
 
 from vit_rope import _requires  # noqa: F401  (checks timm's version before anything imports timm's models)

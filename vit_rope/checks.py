@@ -1,5 +1,5 @@
-"""Checks of user input that every layer needs: a model name timm knows, an output folder, and image sizes that tile
-into whole patches. The checks of a training config are in ``vit_rope.train.checks``.
+"""Checks of user input that every layer needs: a model name timm knows, an output folder, a device PyTorch has, and
+image sizes that tile into whole patches. The checks of a training config are in ``vit_rope.train.checks``.
 
 Each failure is a ``UserError`` (or, inside a model's forward, a ``ValueError``) naming the value and the fix.
 """
@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import timm
+import torch
 from torch import Tensor, nn
 
 from vit_rope.errors import UserError
@@ -22,6 +23,17 @@ def check_model_name(name: str) -> None:
     if not timm.is_model(name):
         closest = difflib.get_close_matches(name, timm.list_models(), n=1, cutoff=0)[0]
         raise UserError(f"unknown model '{name}'; did you mean '{closest}'? (see timm.list_models())")
+
+
+def resolve_device(device: str) -> str:
+    """The device a ``--device`` value names: ``auto`` is CUDA when PyTorch sees a GPU, else the CPU; ``cuda``
+    without a GPU is a ``UserError`` (a CUDA build of PyTorch on a machine without one would fail later, deep in a
+    kernel)."""
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cuda" and not torch.cuda.is_available():
+        raise UserError("--device cuda was requested but PyTorch sees no CUDA GPU; pass --device cpu")
+    return device
 
 
 def check_output_dir(path: str | Path, option: str) -> None:

@@ -1,5 +1,4 @@
-"""The error type of bad user input, in a module of its own so that every other module can import it (``config``
-re-exports it, where the rest of the code takes it from)."""
+"""The error type of bad user input, in a module of its own so that every other module can import it."""
 
 from __future__ import annotations
 

@@ -38,6 +38,9 @@ def test_pretrained_file(tmp_path: Path) -> None:
     assert all(torch.equal(value, loaded.model.state_dict()[key]) for key, value in source.state_dict().items())
     with pytest.raises(UserError, match="vit.pth does not fit vit_tiny_patch16_224"):
         load_pretrained("vit_tiny_patch16_224", str(tmp_path / "vit.pth"), 10, 32, {"depth": 2})
+    for missing in (tmp_path / "absent.pth", tmp_path):  # no such file; a folder
+        with pytest.raises(UserError, match=f"--pretrained-file {missing} is not a file: pass the path of a weights"):
+            load_pretrained("vit_tiny_patch16_224", str(missing), 10, 32, {"depth": 1})
 
 
 def test_learned_frequencies_checked_for_pretrained_files(tmp_path: Path, capsys) -> None:

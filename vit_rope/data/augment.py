@@ -17,7 +17,7 @@ What matches timm / torchvision and what is approximated:
 - Colour jitter has torchvision's ``ColorJitter`` factor law for brightness, contrast and saturation (no hue), applied
   in the fixed order brightness, contrast, saturation; timm / torchvision pick a random order per image.
 - Not covered: RandAugment / ThreeAugment, random erasing, timm's ``rkrc`` / ``rkrr`` crop modes, repeated
-  augmentation. Configs that use them need the ``DataLoader`` pipeline of ``vit_rope.data``.
+  augmentation. Configs that use them need timm's per-image pipeline (``pipeline=timm``, ``vit_rope.train.loaders``).
 """
 
 from __future__ import annotations

@@ -1,12 +1,12 @@
-"""Datasets and loaders: ImageFolder splits with clear errors, timm transforms, the optional decoded cache
-(``vit_rope.data.decoded``) and the choice between timm's per-image pipeline and the batched one
-(``vit_rope.data.pipeline``).
+"""Image folders: the data root (a shared copy, or Imagenette downloaded), ImageFolder splits scanned with clear
+errors, class-balanced subsets, and the datasets timm's per-image pipeline reads them through (from the files or the
+decoded cache, ``vit_rope.data.decoded``); ``vit_rope.train.loaders`` builds the loaders on them.
 
-Both pipelines cut an epoch into steps with ``vit_rope.data.steps.StepSampler``, so ``train_sizes`` (one size per step
-from ``vit_rope.sizes.SizeSchedule``) means the same in both. Unreadable images never stop a run: they are replaced
-by the next readable image (so batches keep their size, which Mixup and DDP rely on), a warning names the file, and
-the epoch summary counts them. Epoch order, sizes and augmentation randomness are functions of (seed, epoch, rank,
-step) only, so a run resumed at any step sees the same batches as an uninterrupted one.
+Training items come from ``vit_rope.data.steps.StepSampler``, so ``train_sizes`` (one size per step from
+``vit_rope.data.sizes.SizeSchedule``) means the same in both pipelines. Unreadable images never stop a run: they are
+replaced by the next readable image (so batches keep their size, which Mixup and DDP rely on), a warning names the
+file, and the epoch summary counts them. Epoch order, sizes and augmentation randomness are functions of (seed, epoch,
+rank, step) only, so a run resumed at any step sees the same batches as an uninterrupted one.
 """
 
 from __future__ import annotations
@@ -144,7 +144,9 @@ class Images(Dataset):
                 _log.warning("skipping unreadable image %s (%s)", path, err)
                 continue
             return image, target, skipped
-        raise RuntimeError("no image of the dataset could be read")
+        raise UserError(f"none of the {len(self.samples)} images of this split can be read any more (the first: "
+                        f"{self.samples[0][0]}): were the files changed during the run? Replace the corrupt files, "
+                        "or point the data dir at the data set")
 
 
 class ImageFolderDataset(Images):

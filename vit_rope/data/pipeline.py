@@ -22,6 +22,7 @@ from torch.utils.data import DistributedSampler
 
 from vit_rope.data import augment
 from vit_rope.data.steps import StepSampler
+from vit_rope.errors import UserError
 
 _log = logging.getLogger(__name__)
 IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
@@ -53,7 +54,9 @@ class TensorStore:
                              + (f", {len(paths)} paths" if paths is not None else ""))
         readable = torch.nonzero(self.shapes[:, 0] > 0)[:, 0]  # [R], ascending
         if len(readable) == 0:
-            raise RuntimeError("no image of the dataset could be read")
+            example = f" (the first: {paths[0]})" if paths else ""
+            raise UserError(f"none of the {len(self.targets)} images of this split could be decoded{example}: replace "
+                            "the corrupt files, or point the data dir at the data set")
         # next readable index at or after each index, wrapping, as ImageFolderDataset's replacement
         pos = torch.searchsorted(readable, torch.arange(len(self)))
         self._next = readable[pos % len(readable)]  # [N]
@@ -137,7 +140,9 @@ class BatchLoader:
         jitter = color_jitter or 0.0
         self.jitter = tuple(float(j) for j in ((jitter,) * 3 if isinstance(jitter, (int, float)) else jitter))
         if len(self.jitter) == 4 and self.jitter[3]:
-            raise ValueError("hue jitter is not supported by the batched pipeline")
+            raise ValueError(f"color_jitter={tuple(jitter)} asks for hue jitter, which the batched pipeline does not "
+                             "have: pass one value or three (brightness, contrast, saturation), or use timm's "
+                             "per-image pipeline (pipeline=timm)")
         self.hflip_p, self.mean, self.std, self.crop_pct = hflip, tuple(mean), tuple(std), crop_pct
         self.seed, self.rank, self.world_size = seed, rank, world_size
         self.device, self.channels_last = torch.device(device), channels_last

@@ -42,6 +42,7 @@ from vit_rope.layers.naflex import naflex_grid
 from vit_rope.layers.policies import BIAS_KINDS, POLICIES
 from vit_rope.layers.rope import RoPE2D
 from vit_rope.models import registry  # noqa: F401  (registers the models)
+from vit_rope.models.naflex import naflex_patch
 from vit_rope.models.vit import RoPEVisionTransformer
 
 
@@ -199,7 +200,7 @@ def main(argv: list[str] | None = None) -> int:
         _record(report["sizes"], size, f"{size} px", frequency_coverage(model, (size // patch, size // patch)),
                 attention_entropy(model, images), position_reliance(model, images))
     for seq_len in args.seq_lens:
-        batch = _budget_batch(samples, seq_len, naflex.naflex_patch(model), args.num_images)
+        batch = _budget_batch(samples, seq_len, naflex_patch(model), args.num_images)
         grids = sorted({(h, w) for h, w in naflex_grid(batch["patch_coord"], batch["patch_valid"]).tolist()})
         _record(report["seq_lens"], seq_len, f"{seq_len} tokens", budget_coverage(model, grids),
                 attention_entropy(model, batch), position_reliance(model, batch), grids=grids)

@@ -20,13 +20,14 @@ from torch import nn
 from torch.utils.data import DataLoader, Subset
 from tqdm import tqdm
 
-from vit_rope.checks import check_multiple
+from vit_rope.checks import check_multiple, resolve_device
 from vit_rope.data.folders import ImageFolderDataset, find_images
 from vit_rope.errors import UserError
 from vit_rope.eval import naflex
 from vit_rope.eval.loading import EvalModel, check_loaded
 from vit_rope.layers.policies import POLICIES, check_policy
 from vit_rope.models.encodings import policy_kind
+from vit_rope.models.naflex import naflex_patch
 
 
 def label_map(model: EvalModel, val_classes: list[str], val_dir: Path) -> torch.Tensor:
@@ -129,16 +130,14 @@ def evaluate_models(models: Sequence[EvalModel], data_dir: str | Path, img_sizes
     ``images_per_s`` is the model's forward throughput (data loading excluded). Raises ``UserError`` for bad input
     before any image is decoded.
     """
-    device = ("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else device
-    if device == "cuda" and not torch.cuda.is_available():
-        raise UserError("--device cuda was requested but PyTorch sees no CUDA GPU; pass --device cpu")
+    device = resolve_device(device)
     check_options(policies or (), crop_pct, seq_lens)
     val_dir = Path(data_dir) / val_split
     samples, val_classes = find_images(val_dir, split_key="--val-split")
     check_sizes(img_sizes, models, policies or (), seq_lens)
     settings = [naflex.Setting(f"{size} px", {"img_size": size, "seq_len": None, "crop_pct": crop_pct},
                                eval_transform(size, crop_pct), None, list(range(len(models)))) for size in img_sizes]
-    settings += naflex.budget_settings(seq_lens, [naflex.naflex_patch(entry.model) for entry in models])
+    settings += naflex.budget_settings(seq_lens, [naflex_patch(entry.model) for entry in models])
     for entry in models:
         check_loaded(entry.model, entry.label)
     maps = [label_map(entry, val_classes, val_dir).to(device) for entry in models]

@@ -112,7 +112,8 @@ def load_pretrained(name: str, weights: str | None, num_classes: int, train_size
     """
     kwargs = dict(model_kwargs or {})
     if weights is not None and not Path(weights).is_file():
-        raise UserError(f"--pretrained-file {weights} does not exist")
+        raise UserError(f"--pretrained-file {weights} is not a file: pass the path of a weights file (.pth, .pt, "
+                        ".bin or .safetensors)")
     if weights is not None and "lookhere" in name:  # an official LookHere file names its config: take it
         kwargs = {**official_file_args(weights), **kwargs}
     published = weights is None and bool(kwargs.get("pretrained"))

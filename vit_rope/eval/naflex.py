@@ -15,18 +15,17 @@ patches: 224 px), so that a budget sits beside the square size of the same token
 from __future__ import annotations
 
 import argparse
-import inspect
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 import torch
 from timm.data import create_transform
 from timm.data.naflex_dataset import NaFlexCollator
-from timm.layers import to_2tuple
-from torch import Tensor, nn
+from torch import Tensor
 
 from vit_rope.errors import UserError
 from vit_rope.eval.loading import EvalModel
+from vit_rope.models.naflex import naflex_patch
 
 PROTOCOL = ("token budgets: resize keeping the aspect ratio to the largest size whose sides are multiples of the patch "
             "and which cuts into at most L patches (PIL bicubic, no crop), patches packed and padded to L (timm "
@@ -66,19 +65,6 @@ def check_seq_lens(seq_lens: Sequence[int]) -> None:
     if bad is not None:
         raise UserError(f"--seq-lens {bad} is below one patch: a token budget is the most patches an image is cut "
                         "into, e.g. --seq-lens 64 196 400 784")
-
-
-def naflex_patch(model: nn.Module) -> tuple[int, int] | None:
-    """The (h, w) patch of a model that takes timm's NaFlex batches, None for one that does not.
-
-    A model takes them when its forward has timm's NaFlex argument ``patch_coord`` (ours, timm's NaFlexViT); its patch
-    is timm's ``get_patch_size()`` (NaFlexViT's hook for loader wiring) or its ``patch_embed.patch_size`` (ours).
-    """
-    if "patch_coord" not in inspect.signature(model.forward).parameters:
-        return None
-    getter = getattr(model, "get_patch_size", None)
-    patch = getter() if getter is not None else getattr(getattr(model, "patch_embed", None), "patch_size", None)
-    return None if patch is None else tuple(int(side) for side in to_2tuple(patch))
 
 
 def check_naflex(models: Sequence[EvalModel]) -> None:

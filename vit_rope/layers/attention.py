@@ -47,7 +47,9 @@ class RoPEAttention(Attention):
         ``h`` reading kv head ``h // (num_heads // num_kv_heads)``. The projection stays one ``qkv`` (our key), with
         rows ``[q heads; k heads; v heads]``: ``[(nh + 2 nkv) D, C]``, newly initialised."""
         if num_kv_heads < 1 or self.num_heads % num_kv_heads:
-            raise ValueError(f"num_kv_heads={num_kv_heads} must divide num_heads={self.num_heads}.")
+            divisors = [n for n in range(1, self.num_heads + 1) if self.num_heads % n == 0]
+            raise ValueError(f"num_kv_heads={num_kv_heads} must divide num_heads={self.num_heads}: pick one of "
+                             f"{divisors}")
         bias = self.qkv.bias is not None
         self.qkv = nn.Linear(self.qkv.in_features, (self.num_heads + 2 * num_kv_heads) * self.head_dim, bias=bias)
         self.num_kv_heads = num_kv_heads

@@ -133,11 +133,6 @@ def twin_name(timm_name: str) -> str:
     return f"vit_rope_{name}"
 
 
-def family_of(timm_name: str) -> str | None:
-    """The family whose table holds ``timm_name``, or ``None``."""
-    return next((family for family, table in FAMILIES.items() if timm_name in table), None)
-
-
 def twin_cfgs() -> dict[str, dict[str, Any]]:
     """``{twin.tag: cfg}``: timm's own (``timm.models.eva.default_cfgs``: the same weights on timm's hub, read
     through our checkpoint filter, preprocessing, class count, licence, origin and paper), but for any input size

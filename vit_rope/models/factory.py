@@ -24,7 +24,7 @@ _BUILD_ERRORS = (ValueError, AssertionError, ArithmeticError, RuntimeError, KeyE
 
 class PretrainedLoadError(UserError):
     """The architecture builds, but its pretrained weights do not load; ``__cause__`` holds what loading raised, for
-    callers that know the weights file and can say more (``eval_models.load_pretrained``)."""
+    callers that know the weights file and can say more (``vit_rope.eval.loading.load_pretrained``)."""
 
 
 def create_model(name: str, kwargs: dict[str, Any], setting: str = "model_kwargs") -> tuple[nn.Module, dict[str, Any]]:

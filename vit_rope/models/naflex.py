@@ -11,10 +11,12 @@ each sample's output equals the model's output on that image alone (the tests ho
 
 from __future__ import annotations
 
+import inspect
 from typing import Any, NamedTuple
 
 import torch
 import torch.nn.functional as F
+from timm.layers import to_2tuple
 from timm.models.naflexvit import global_pool_naflex
 from torch import Tensor, nn
 
@@ -24,6 +26,19 @@ from vit_rope.layers.policies import augment_positions
 from vit_rope.layers.rope import RoPE2D
 
 NAFLEX_KEYS = ("patches", "patch_coord", "patch_valid")
+
+
+def naflex_patch(model: nn.Module) -> tuple[int, int] | None:
+    """The (h, w) patch of a model that takes timm's NaFlex batches, None for one that does not.
+
+    A model takes them when its forward has timm's NaFlex argument ``patch_coord`` (ours, timm's NaFlexViT); its patch
+    is timm's ``get_patch_size()`` (NaFlexViT's hook for loader wiring) or its ``patch_embed.patch_size`` (ours).
+    """
+    if "patch_coord" not in inspect.signature(model.forward).parameters:
+        return None
+    getter = getattr(model, "get_patch_size", None)
+    patch = getter() if getter is not None else getattr(getattr(model, "patch_embed", None), "patch_size", None)
+    return None if patch is None else tuple(int(side) for side in to_2tuple(patch))
 
 
 class NaFlexBatch(NamedTuple):

@@ -1,5 +1,5 @@
 """Where a training process runs: its device, its rank among ``torchrun``'s processes, its CPU threads, and the
-collectives the engine needs (a barrier for work rank 0 does first, a sum of metrics over ranks).
+collectives training needs (a barrier for work rank 0 does first, a sum of metrics over ranks).
 
 The process group comes from timm's ``init_distributed_device_so`` (torchrun / SLURM environment), so one command
 runs on one CPU process or N GPUs; on one process the collectives do nothing.
@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 from timm.utils.distributed import init_distributed_device_so
 
-from vit_rope.errors import UserError
+from vit_rope.checks import resolve_device
 
 
 @dataclass(frozen=True)
@@ -42,11 +42,7 @@ def init_distributed(device: str) -> DistEnv:
     Args:
         device: ``auto``, ``cuda`` or ``cpu``; ``auto`` takes CUDA when it is available.
     """
-    if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    if device == "cuda" and not torch.cuda.is_available():
-        raise UserError("device 'cuda' was requested but PyTorch sees no CUDA GPU; pass --device cpu")
-    info = init_distributed_device_so(device)  # timm: reads torchrun/SLURM env, sets the local GPU
+    info = init_distributed_device_so(resolve_device(device))  # timm: reads torchrun/SLURM env, sets the local GPU
     return DistEnv(torch.device(info["device"]), info["global_rank"], info["world_size"])
 
 
