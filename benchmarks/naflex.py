@@ -35,7 +35,6 @@ import math
 import random
 import statistics
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -48,7 +47,7 @@ from timm.data.naflex_transforms import Patchify
 from torch import Tensor, nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from benchmarks.throughput import memory, sync  # noqa: E402  (after the path set-up, as the script runs from anywhere)
+from benchmarks.throughput import against, interleaved_seconds, memory, verdict  # noqa: E402  (after the path set-up, as the script runs from anywhere)
 from vit_rope.eval import report  # noqa: E402
 
 PATCH, NUM_CLASSES, MODES = 16, 1000, ("infer", "train")
@@ -165,14 +164,7 @@ def measure(args: argparse.Namespace, models: dict[str, tuple[nn.Module, torch.o
     for call in calls.values():
         for _ in range(args.warmup):
             call()
-    seconds: dict[tuple[str, str], list[float]] = {cell: [] for cell in calls}
-    for _ in range(args.rounds):
-        for cell in random.sample(list(calls), len(calls)):
-            sync(device)
-            start = time.perf_counter()
-            calls[cell]()
-            sync(device)
-            seconds[cell].append(time.perf_counter() - start)
+    seconds = interleaved_seconds(calls, args.rounds, device)
 
     rows = []
     for (run, mode), times in seconds.items():
@@ -189,13 +181,13 @@ def measure(args: argparse.Namespace, models: dict[str, tuple[nn.Module, torch.o
             per_round = [(tokens[run] / a) / (tokens[ref] / b)
                          for a, b in zip(seconds[run, mode], seconds[ref, mode], strict=True)]
             value = statistics.median(per_round)
-            ratios.append({"seq_len": seq_len, "mode": mode, "ratio": name, "value": value, "target": target,
-                           "pass": None if target is None else value >= target})
+            ratios.append({"seq_len": seq_len, "mode": mode, "ratio": name, "value": value,
+                           **({"target": None, "pass": None} if target is None else against(value, target))})
     activation = {row["run"]: row["activation_mib"] for row in rows if row["mode"] == "train"}
     for name, run, ref, target in MEMORY_TARGETS:
         value = activation[run] / activation[ref]
-        ratios.append({"seq_len": seq_len, "mode": "memory", "ratio": name, "value": value, "target": target,
-                       "pass": value <= target})
+        ratios.append({"seq_len": seq_len, "mode": "memory", "ratio": name, "value": value,
+                       **against(value, target, at_most=True)})
     return rows, ratios
 
 
@@ -225,9 +217,7 @@ def print_tables(rows: list[dict], ratios: list[dict]) -> None:
           f"{cells[run, 'train']['peak_mib']:.0f}" if "peak_mib" in cells[run, "train"] else "") for run in runs]))
     print(report.table(["ratio", "L", "mode", "value", "target", "result"],
                        [(r["ratio"], r["seq_len"], r["mode"], f"{r['value']:.3f}",
-                         "-" if r["target"] is None else f"{'>=' if r['mode'] != 'memory' else '<='} {r['target']:.2f}",
-                         "-" if r["pass"] is None else "PASS" if r["pass"] else "MISS") for r in ratios]),
-          flush=True)
+                         *(cell or "-" for cell in verdict(r))) for r in ratios]), flush=True)
 
 
 def main(argv: list[str] | None = None) -> int:

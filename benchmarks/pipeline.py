@@ -48,7 +48,7 @@ from vit_rope.train import distributed, engine, loaders  # noqa: E402
 from vit_rope.train.cli import build_config  # noqa: E402
 
 
-def stream(loader) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+def stream(loader: loaders.Loader) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
     """Batches of one epoch after another, as a training run draws them."""
     epoch = 0
     while True:

@@ -22,7 +22,7 @@ import random
 import statistics
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Hashable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -65,7 +65,9 @@ def against(value: float, target: float, at_most: bool = False) -> dict[str, Any
 
 def verdict(row: dict) -> tuple[str, str]:
     """The target and PASS or MISS of a row that ``against`` judged, as table cells; empty for a row without one."""
-    return (f"{row['sense']} {row['target']:.2f}", "PASS" if row["pass"] else "MISS") if "target" in row else ("", "")
+    if row.get("target") is None:
+        return "", ""
+    return f"{row['sense']} {row['target']:.2f}", "PASS" if row["pass"] else "MISS"
 
 
 def target(family: str | None, model: str, size: int, mode: str) -> float | None:
@@ -131,22 +133,33 @@ def prepare(models: dict[str, nn.Module], images: torch.Tensor, mode: str, amp: 
     return steps
 
 
+def interleaved_seconds(calls: Mapping[Hashable, Callable[[], object]], rounds: int, device: torch.device
+                        ) -> dict[Hashable, list[float]]:
+    """Seconds of each call in every round; each round runs the calls in a new random order, so that they share the
+    machine's drifts and bursts and a per-round ratio compares like with like."""
+    seconds: dict[Hashable, list[float]] = {key: [] for key in calls}
+    for _ in range(rounds):
+        for key in random.sample(list(calls), len(calls)):
+            sync(device)
+            start = time.perf_counter()
+            calls[key]()
+            sync(device)
+            seconds[key].append(time.perf_counter() - start)
+    return seconds
+
+
 def interleaved_speeds(steps: dict[str, Callable[[], torch.Tensor]], models: dict[str, nn.Module], mode: str,
                        batch_size: int, rounds: int, steps_per_round: int, device: torch.device
                        ) -> dict[str, list[float]]:
-    """Images/s of each model in every round; each round runs the models in a new random order, so that they share
-    the machine's drifts and bursts and a per-round ratio compares like with like."""
-    names = list(steps)
-    speeds: dict[str, list[float]] = {name: [] for name in names}
-    for _ in range(rounds):
-        for name in random.sample(names, len(names)):
-            sync(device)
-            start = time.perf_counter()
+    """Images/s of each model in every round of ``interleaved_seconds``, ``steps_per_round`` steps a round."""
+    def calls(name: str) -> Callable[[], None]:
+        def call() -> None:
             for _ in range(steps_per_round):
                 run_step(steps[name], models[name], mode)
-            sync(device)
-            speeds[name].append(steps_per_round * batch_size / (time.perf_counter() - start))
-    return speeds
+        return call
+
+    seconds = interleaved_seconds({name: calls(name) for name in steps}, rounds, device)
+    return {name: [steps_per_round * batch_size / t for t in times] for name, times in seconds.items()}
 
 
 def paired_ratio(speeds: list[float], baseline: list[float]) -> float:

@@ -188,7 +188,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", help="also write the rows, the summary and the machine to this file")
     args = parser.parse_args(argv)
     if not triton_rope.AVAILABLE:
-        parser.error("triton is not installed")
+        parser.error("triton is not installed: CUDA builds of torch bring it, else pip install triton")
     defaults = DEFAULTS["cuda" if torch.device(args.device).type == "cuda" else "cpu"]
     for key, value in defaults.items():
         if getattr(args, key) is None:
