@@ -13,8 +13,9 @@ from vit_rope import _requires  # noqa: F401  (checks timm's version before anyt
 from vit_rope.layers.fused import rotate_qk
 from vit_rope.layers.rope import RoPE2D, apply_rope, grid_positions
 from vit_rope.models import registry  # noqa: F401  (registers the models with timm)
-from vit_rope.models.checkpoint import LoadReport, WeightsNotLoadedWarning, convert_state_dict, load_weights
+from vit_rope.models.checkpoint import convert_state_dict, load_weights
 from vit_rope.models.from_timm import from_timm
+from vit_rope.models.load_report import LoadReport, WeightsNotLoadedWarning
 from vit_rope.models.vit import RoPEVisionTransformer
 
 __all__ = ["LoadReport", "RoPE2D", "RoPEVisionTransformer", "WeightsNotLoadedWarning", "apply_rope",

@@ -27,7 +27,7 @@ from vit_rope.eval import cli, report
 from vit_rope.eval import harness as evaluate
 from vit_rope.eval.loading import EvalModel, load_trained
 from vit_rope.layers.policies import POLICIES
-from vit_rope.models.checkpoint import WeightsNotLoadedWarning
+from vit_rope.models.load_report import WeightsNotLoadedWarning
 from vit_rope.train.state import save_checkpoint
 
 ROPE = "vit_rope_tiny_patch16_mixed_224"

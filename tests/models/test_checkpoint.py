@@ -12,7 +12,8 @@ from safetensors.torch import save_file
 
 import vit_rope  # noqa: F401  (registers the models)
 from vit_rope.errors import UserError
-from vit_rope.models.checkpoint import LAYERSCALE, ROPE_FREQS, WeightsNotLoadedWarning, convert_state_dict, load_weights
+from vit_rope.models.checkpoint import convert_state_dict, load_weights
+from vit_rope.models.load_report import LAYERSCALE, ROPE_FREQS, WeightsNotLoadedWarning
 from vit_rope.models.weights_file import UnreadableCheckpointError
 from vit_rope.train.state import load_checkpoint
 

@@ -11,7 +11,8 @@ from safetensors.torch import save_file
 
 import vit_rope
 from vit_rope.eval import cli, diagnose
-from vit_rope.models.checkpoint import WeightsNotLoadedWarning, convert_state_dict
+from vit_rope.models.checkpoint import convert_state_dict
+from vit_rope.models.load_report import WeightsNotLoadedWarning
 from vit_rope.models.registry import dinov3_name
 
 SIZES = [(224, 224), (256, 192), (320, 320)]

@@ -21,8 +21,8 @@ from torch import nn
 
 from vit_rope.errors import UserError
 from vit_rope.models import registry  # noqa: F401  (registers the vit_rope_* models)
-from vit_rope.models.checkpoint import WeightsNotLoadedWarning
 from vit_rope.models.factory import PretrainedLoadError, create_model
+from vit_rope.models.load_report import WeightsNotLoadedWarning
 from vit_rope.models.lookhere_weights import official_file_args
 from vit_rope.models.weights_file import UnreadableCheckpointError, read_weights, tensor_rows, weights_mismatch
 from vit_rope.train.state import load_checkpoint

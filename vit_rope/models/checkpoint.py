@@ -20,16 +20,15 @@ Four sources are understood, told apart by their keys:
 Nothing that depends on the input resolution is loaded: RoPE tables are rebuilt for every input.
 
 Weights that a checkpoint lacks and that are initialised instead are never silent: every entry point warns
-(``WeightsNotLoadedWarning``) and leaves a ``LoadReport`` on the model as ``model.load_report``, which
-``vit_rope.evaluate`` reads to refuse a mixed model whose learned frequencies are still random.
+(``WeightsNotLoadedWarning``) and leaves a ``LoadReport`` on the model as ``model.load_report``
+(``vit_rope.models.load_report``), which ``vit_rope.evaluate`` reads to refuse a mixed model whose learned frequencies
+are still random.
 """
 
 from __future__ import annotations
 
 import re
-import warnings
 from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -41,86 +40,21 @@ from vit_rope.layers.pos_embed import fit_checkpoint_pos_embed
 from vit_rope.models import hf_dinov3
 from vit_rope.models.dinov3 import from_dinov3, is_dinov3
 from vit_rope.models.eva_weights import EVA_LAYOUTS, check_family, from_eva, is_eva
+from vit_rope.models.load_report import (
+    CLASSIFIER,
+    LAYERSCALE,
+    POS_EMBED,
+    ROPE_FREQS,
+    STRING,
+    LoadReport,
+    report,
+    warn_initialised,
+)
 from vit_rope.models.lookhere_weights import from_lookhere, is_lookhere_checkpoint
 from vit_rope.models.weights_file import read_weights, unwrap_state_dict, weights_mismatch
 
 _DROPPED = re.compile(r"^(freqs_t_[xy]|freqs_cis|rope\.(bands|pos_embed.*|t_[xy]))$")  # resolution-dependent buffers
-_CLASSIFIER = ("head.weight", "head.bias")
 _DINOV3_QK = "DINOv3: q/k rows of every head permuted from rotate-half to interleaved pairs"
-_POS_EMBED = "pos_embed"
-
-# Why a weight of the model holds its initial value rather than one from the checkpoint (keys of LoadReport.initialised)
-ROPE_FREQS = "learned RoPE frequencies kept at their random initialisation"
-LAYERSCALE = "LayerScale set to the identity"
-STRING = "Cayley-STRING bases set to the identity (the base RoPE kind)"
-# (the classifier's reason names the class counts: _fit_classifier words it)
-
-
-class WeightsNotLoadedWarning(UserWarning):
-    """A checkpoint lacked weights of the model, which were initialised instead (``LoadReport.initialised``), or held
-    an absolute position embedding that a RoPE-only model has no place for (``LoadReport.skipped``)."""
-
-
-@dataclass(frozen=True)
-class LoadReport:
-    """What a vit_rope model took from a checkpoint; ``load_weights`` returns it and sets it as ``model.load_report``
-    (timm's ``pretrained=True`` loading sets it too). It describes that load: a later ``load_state_dict`` is not seen.
-
-    Attributes:
-        source: the file read; None when timm read it (its filter sees the weights, not the path).
-        loaded: keys of the model's state dict whose values come from the checkpoint.
-        initialised: reason (``ROPE_FREQS``, ``LAYERSCALE``, or why the classifier was not loaded, with the class
-            counts) -> keys that hold initial values instead.
-        skipped: checkpoint keys not loaded: a classifier of another class count, or one the model does not have;
-            ``pos_embed`` when the model has no absolute position embedding (RoPE only).
-        converted: what was changed on the way in, one line per kind of change (the source format, fused
-            projections, permuted q/k rows, dropped buffers), for the sources whose weights are not in our layout
-            (timm ``Eva``, DINOv3 as timm, Meta or Hugging Face save it, LookHere's official files).
-    """
-
-    source: str | None
-    loaded: tuple[str, ...]
-    initialised: Mapping[str, tuple[str, ...]]
-    skipped: tuple[str, ...] = ()
-    converted: tuple[str, ...] = ()
-
-    @property
-    def rope_freqs_loaded(self) -> bool:
-        """False when the model has learned (mixed) RoPE frequencies and the checkpoint had none."""
-        return ROPE_FREQS not in self.initialised
-
-    @property
-    def head_reason(self) -> str | None:
-        """Why the model's classifier holds its initial values; None when it was loaded or the model has none."""
-        return next((reason for reason, keys in self.initialised.items() if set(keys) & set(_CLASSIFIER)), None)
-
-    def summary(self) -> str:
-        """The initialised weights in one line, by reason; empty when everything was loaded."""
-        def keys(names: tuple[str, ...]) -> str:
-            return ", ".join(names) if len(names) <= 3 else f"{names[0]}, ..., {names[-1]}: {len(names)} tensors"
-
-        return "; ".join(f"{reason} ({keys(names)})" for reason, names in self.initialised.items())
-
-
-def _report(source: str | Path | None, state_dict: Mapping[str, Tensor], initialised: dict[str, list[str]],
-            skipped: tuple[str, ...] = (), converted: tuple[str, ...] = ()) -> LoadReport:
-    taken = {key for keys in initialised.values() for key in keys}
-    return LoadReport(None if source is None else str(source), tuple(k for k in state_dict if k not in taken),
-                      {reason: tuple(keys) for reason, keys in initialised.items() if keys}, skipped, converted)
-
-
-def _warn(report: LoadReport, stacklevel: int = 3) -> None:
-    """One ``WeightsNotLoadedWarning`` for a load that initialised weights or dropped the checkpoint's APE."""
-    parts = []
-    if report.initialised:
-        parts.append(f"lacks weights of the model, which were initialised instead: {report.summary()}")
-    if _POS_EMBED in report.skipped:
-        parts.append("has an absolute position embedding (pos_embed), which was not loaded: the model has none and "
-                     "encodes positions with RoPE alone (its +APE variant, *_ape, keeps it)")
-    if parts:
-        advice = "load a checkpoint that has them" if report.initialised else "load it into the +APE variant"
-        warnings.warn(f"{report.source or 'The checkpoint'} {'; it also '.join(parts)}. Fine for fine-tuning; for "
-                      f"evaluation, {advice}.", WeightsNotLoadedWarning, stacklevel=stacklevel)
 
 
 def _split_mixed_freqs(freqs: Tensor, model: nn.Module) -> dict[str, Tensor]:
@@ -170,7 +104,7 @@ def _convert(state_dict: dict[str, Any], model: nn.Module
             out.update(_split_mixed_freqs(value, model))
             continue
         key = re.sub(r"\.gamma_([12])$", r".ls\1.gamma", key)  # EVA / DeiT-III naming of LayerScale
-        if key == _POS_EMBED:
+        if key == POS_EMBED:
             if getattr(model, "pos_embed", None) is None:
                 dropped = (key,)  # RoPE-only model: the absolute embedding is dropped, and the report says so
                 continue
@@ -194,7 +128,7 @@ def _convert(state_dict: dict[str, Any], model: nn.Module
             initialised[STRING].append(key)
 
     def body(state: Mapping[str, Tensor]) -> dict[str, Tensor]:  # the classifier is _fit_classifier's concern
-        return {key: value for key, value in state.items() if key not in _CLASSIFIER}
+        return {key: value for key, value in state.items() if key not in CLASSIFIER}
 
     mismatch = weights_mismatch(body(target), body(out))
     if mismatch:
@@ -214,7 +148,7 @@ def convert_state_dict(state_dict: dict[str, Any], model: nn.Module) -> dict[str
             keys.
     """
     out, initialised, dropped, _ = _convert(state_dict, model)
-    _warn(_report(None, out, initialised, dropped))
+    warn_initialised(report(None, out, initialised, dropped))
     return out
 
 
@@ -232,8 +166,8 @@ def _fit_classifier(state_dict: dict[str, Tensor], model: nn.Module, headless: b
         initialisation.
     """
     target = model.state_dict()
-    ours = [] if headless else [key for key in _CLASSIFIER if key in target]
-    theirs = [key for key in _CLASSIFIER if key in state_dict]
+    ours = [] if headless else [key for key in CLASSIFIER if key in target]
+    theirs = [key for key in CLASSIFIER if key in state_dict]
     classes = target[ours[0]].shape[0] if ours else 0
     if not ours:
         reason = None  # nothing to fill: num_classes=0 or features_only
@@ -274,8 +208,8 @@ def checkpoint_filter_fn(state_dict: dict[str, Any], model: nn.Module, features_
                          f"classifier as it is, since num_classes equals the pretrained config's ({declared}); pass "
                          "the checkpoint's class count as num_classes, or put it in pretrained_cfg_overlay (as "
                          "num_classes) to start a new classifier.")
-    model.load_report = _report(None, out, {**initialised, **head}, dropped + skipped, converted)
-    _warn(model.load_report)
+    model.load_report = report(None, out, {**initialised, **head}, dropped + skipped, converted)
+    warn_initialised(model.load_report)
     return out
 
 
@@ -307,6 +241,6 @@ def load_state_dict(model: nn.Module, state_dict: dict[str, Any], source: str | 
     state_dict, initialised, dropped, converted = _convert(state_dict, model)
     skipped, head = _fit_classifier(state_dict, model)
     model.load_state_dict(state_dict, strict=False)  # _convert already checked every key but the head
-    model.load_report = _report(source, state_dict, {**initialised, **head}, dropped + skipped, converted)
-    _warn(model.load_report)
+    model.load_report = report(source, state_dict, {**initialised, **head}, dropped + skipped, converted)
+    warn_initialised(model.load_report)
     return model.load_report

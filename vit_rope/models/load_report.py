@@ -1,0 +1,93 @@
+"""What loading a checkpoint into a vit_rope model did: the weights it took, those it left at their initialisation and
+why, what it skipped and converted (``LoadReport``), and the warning that keeps an incomplete load from passing
+silently (``WeightsNotLoadedWarning``).
+
+A mixed RoPE model evaluated with random frequencies, or a classifier left at its initialisation, scores like a broken
+model rather than failing: ``vit_rope.evaluate`` reads the report to refuse such a model, and every loading entry point
+(``vit_rope.models.checkpoint``) warns.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from torch import Tensor
+
+CLASSIFIER = ("head.weight", "head.bias")
+POS_EMBED = "pos_embed"
+
+# Why a weight of the model holds its initial value rather than one from the checkpoint (keys of LoadReport.initialised)
+ROPE_FREQS = "learned RoPE frequencies kept at their random initialisation"
+LAYERSCALE = "LayerScale set to the identity"
+STRING = "Cayley-STRING bases set to the identity (the base RoPE kind)"
+# (the classifier's reason names the class counts: checkpoint._fit_classifier words it)
+
+
+class WeightsNotLoadedWarning(UserWarning):
+    """A checkpoint lacked weights of the model, which were initialised instead (``LoadReport.initialised``), or held
+    an absolute position embedding that a RoPE-only model has no place for (``LoadReport.skipped``)."""
+
+
+@dataclass(frozen=True)
+class LoadReport:
+    """What a vit_rope model took from a checkpoint; ``load_weights`` returns it and sets it as ``model.load_report``
+    (timm's ``pretrained=True`` loading sets it too). It describes that load: a later ``load_state_dict`` is not seen.
+
+    Attributes:
+        source: the file read; None when timm read it (its filter sees the weights, not the path).
+        loaded: keys of the model's state dict whose values come from the checkpoint.
+        initialised: reason (``ROPE_FREQS``, ``LAYERSCALE``, or why the classifier was not loaded, with the class
+            counts) -> keys that hold initial values instead.
+        skipped: checkpoint keys not loaded: a classifier of another class count, or one the model does not have;
+            ``pos_embed`` when the model has no absolute position embedding (RoPE only).
+        converted: what was changed on the way in, one line per kind of change (the source format, fused
+            projections, permuted q/k rows, dropped buffers), for the sources whose weights are not in our layout
+            (timm ``Eva``, DINOv3 as timm, Meta or Hugging Face save it, LookHere's official files).
+    """
+
+    source: str | None
+    loaded: tuple[str, ...]
+    initialised: Mapping[str, tuple[str, ...]]
+    skipped: tuple[str, ...] = ()
+    converted: tuple[str, ...] = ()
+
+    @property
+    def rope_freqs_loaded(self) -> bool:
+        """False when the model has learned (mixed) RoPE frequencies and the checkpoint had none."""
+        return ROPE_FREQS not in self.initialised
+
+    @property
+    def head_reason(self) -> str | None:
+        """Why the model's classifier holds its initial values; None when it was loaded or the model has none."""
+        return next((reason for reason, keys in self.initialised.items() if set(keys) & set(CLASSIFIER)), None)
+
+    def summary(self) -> str:
+        """The initialised weights in one line, by reason; empty when everything was loaded."""
+        def keys(names: tuple[str, ...]) -> str:
+            return ", ".join(names) if len(names) <= 3 else f"{names[0]}, ..., {names[-1]}: {len(names)} tensors"
+
+        return "; ".join(f"{reason} ({keys(names)})" for reason, names in self.initialised.items())
+
+
+def report(source: str | Path | None, state_dict: Mapping[str, Tensor], initialised: dict[str, list[str]],
+            skipped: tuple[str, ...] = (), converted: tuple[str, ...] = ()) -> LoadReport:
+    taken = {key for keys in initialised.values() for key in keys}
+    return LoadReport(None if source is None else str(source), tuple(k for k in state_dict if k not in taken),
+                      {reason: tuple(keys) for reason, keys in initialised.items() if keys}, skipped, converted)
+
+
+def warn_initialised(report: LoadReport, stacklevel: int = 3) -> None:
+    """One ``WeightsNotLoadedWarning`` for a load that initialised weights or dropped the checkpoint's APE."""
+    parts = []
+    if report.initialised:
+        parts.append(f"lacks weights of the model, which were initialised instead: {report.summary()}")
+    if POS_EMBED in report.skipped:
+        parts.append("has an absolute position embedding (pos_embed), which was not loaded: the model has none and "
+                     "encodes positions with RoPE alone (its +APE variant, *_ape, keeps it)")
+    if parts:
+        advice = "load a checkpoint that has them" if report.initialised else "load it into the +APE variant"
+        warnings.warn(f"{report.source or 'The checkpoint'} {'; it also '.join(parts)}. Fine for fine-tuning; for "
+                      f"evaluation, {advice}.", WeightsNotLoadedWarning, stacklevel=stacklevel)
