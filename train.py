@@ -70,24 +70,11 @@ def naflex_patch(net: torch.nn.Module, name: str) -> int:
     return patch[0]
 
 
-def train(cfg: Config) -> None:
-    """Run (or resume) the training described by ``cfg``."""
-    # ---- device, seeds ----------------------------------------------------------------------------------------
-    env = distributed.init_distributed(cfg.device)
-    random_seed(cfg.seed, env.rank)
-    pipeline, _ = loaders.choose_pipeline(cfg)  # the batched tensor pipeline needs no loader workers
-    threads = distributed.set_cpu_threads(cfg.threads, 0 if pipeline == "tensor" else cfg.workers)
-    if env.device.type == "cuda":
-        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = cfg.tf32
-    say = print if env.is_main else lambda *args, **kwargs: None
-    check_model_name(cfg.model)  # before a download of the default data set
-    resume = train_state.load_checkpoint(cfg.resume) if cfg.resume else None  # a bad path fails before slow data work
-    if resume is not None and resume["model_name"] != cfg.model:
-        raise UserError(f"{cfg.resume} was written for model '{resume['model_name']}', this run builds "
-                        f"'{cfg.model}'; pass --model {resume['model_name']}")
-    finetune = train_state.load_checkpoint(cfg.finetune) if cfg.finetune and resume is None else None
-
-    # ---- data: scanned first, because the classifier needs the number of classes -----------------------------
+def scan_data(cfg: Config, env: distributed.DistEnv, say: Callable[[str], None]
+              ) -> tuple[Path, list[folders.Sample], list[folders.Sample], list[str]]:
+    """``(data dir, train samples, val samples, classes)``: the folders found (downloaded by rank 0 if need be), the
+    train split cut to ``train_fraction``, and every rank's view of them checked to agree. ``cfg.data_dir`` becomes
+    the folder found, so the saved config names it."""
     with distributed.main_process_first(env):  # rank 0 downloads, the other ranks wait
         data_dir = folders.resolve_data_dir(cfg.data_dir, cfg.download_size)
     cfg.data_dir = str(data_dir)
@@ -106,8 +93,13 @@ def train(cfg: Config) -> None:
                                                           "seed", "mixup", "cutmix", "repeated_aug", "epochs",
                                                           "checkpoint_interval", "naflex", "naflex_seq_lens")}
                       | {"the number of train images": len(train_samples)}, env.world_size)
+    return data_dir, train_samples, val_samples, classes
 
-    # ---- model: built, checked and given its weights before any image is decoded --------------------------------
+
+def build_model(cfg: Config, classes: list[str], resume: dict[str, Any] | None, finetune: dict[str, Any] | None,
+                say: Callable[[str], None]) -> tuple[torch.nn.Module, dict[str, Any]]:
+    """The model and the keyword arguments it was built with, checked against the training sizes and given the
+    weights of the run it resumes or of the checkpoint it fine-tunes (a new classifier for new classes)."""
     dynamic = {"dynamic_img_size": True} if cfg.train_sizes else {}  # timm ViTs resample pos_embed / RoPE per size
     net, model_kwargs = create_model(cfg.model, {"num_classes": len(classes), "img_size": cfg.img_size,
                                                  "drop_path_rate": cfg.drop_path, **dynamic, **cfg.model_kwargs})
@@ -126,6 +118,70 @@ def train(cfg: Config) -> None:
         state = new_classifier(state, net, finetune.get("classes"), classes, cfg.finetune, say)
         train_state.load_state(net, state, "model weights", cfg.finetune, "start from a checkpoint of this model "
                                "(model and model_kwargs of the run that wrote it)")
+    return net, model_kwargs
+
+
+def criterion(cfg: Config, num_classes: int) -> tuple[torch.nn.Module, Mixup | None]:
+    """The loss and, when the batches are mixed here, timm's ``Mixup``: the loss takes soft targets whenever images
+    are mixed (here or, for NaFlex, in timm's loader), and label smoothing is applied once, by Mixup or by the loss."""
+    mixing, mixup = cfg.mixup > 0 or cfg.cutmix > 0, None
+    if mixing and not cfg.naflex:  # NaFlex mixes in its loader (timm's NaFlexMixup): the targets come soft
+        mixup = Mixup(mixup_alpha=cfg.mixup, cutmix_alpha=cfg.cutmix, prob=cfg.mixup_prob,
+                      switch_prob=cfg.mixup_switch_prob, label_smoothing=cfg.smoothing, num_classes=num_classes)
+    if cfg.loss == "bce":
+        loss_fn = BinaryCrossEntropy(smoothing=cfg.smoothing)  # DeiT-III; Mixup's soft targets pass through as is
+    elif mixing:
+        loss_fn = SoftTargetCrossEntropy()  # Mixup already applied the label smoothing
+    else:
+        loss_fn = LabelSmoothingCrossEntropy(cfg.smoothing) if cfg.smoothing else torch.nn.CrossEntropyLoss()
+    return loss_fn, mixup
+
+
+def restore(resume: dict[str, Any], cfg: Config, env: distributed.DistEnv, steps_per_epoch: int,
+            optimizer: torch.optim.Optimizer, scheduler: Any, scaler: torch.amp.GradScaler, ema: ModelEmaV3 | None
+            ) -> tuple[int, int, engine.EpochTotals | None, float]:
+    """Put the training state of the checkpoint ``resume`` back (its model weights are already in): optimizer,
+    schedule, loss scaler, EMA and this rank's random state. Returns ``(epochs done, step in the next epoch, that
+    epoch's totals so far, best top-1)``."""
+    states = {"optimizer state": (optimizer, resume["optimizer"]), "scheduler": (scheduler, resume["scheduler"])}
+    if resume["scaler"]:  # empty when the run used no float16 loss scaling
+        states["grad scaler"] = (scaler, resume["scaler"])
+    if ema is not None:  # a run that turns EMA on at resume starts it from the weights
+        states["EMA weights"] = (ema.module, resume.get("model_ema", resume["model"]))
+    for what, (obj, state) in states.items():
+        train_state.load_state(obj, state, what, cfg.resume)
+    train_state.set_rng_state(resume["rng"][env.rank % len(resume["rng"])])
+    start_epoch, best_top1, start_step = resume["epoch"], resume["best_top1"], resume.get("step", 0)
+    if start_step > steps_per_epoch:
+        raise UserError(f"{cfg.resume} stopped at step {start_step} of epoch {start_epoch + 1}, but this run's "
+                        f"epochs have {steps_per_epoch} steps; resume with the batch_size and data of the run "
+                        "that wrote it")
+    totals = engine.EpochTotals(**resume["epoch_totals"]) if start_step else None
+    return start_epoch, start_step, totals, best_top1
+
+
+def train(cfg: Config) -> None:
+    """Run (or resume) the training described by ``cfg``."""
+    # ---- device, seeds ----------------------------------------------------------------------------------------
+    env = distributed.init_distributed(cfg.device)
+    random_seed(cfg.seed, env.rank)
+    pipeline, _ = loaders.choose_pipeline(cfg)  # the batched tensor pipeline needs no loader workers
+    threads = distributed.set_cpu_threads(cfg.threads, 0 if pipeline == "tensor" else cfg.workers)
+    if env.device.type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = cfg.tf32
+    say = print if env.is_main else lambda *args, **kwargs: None
+    check_model_name(cfg.model)  # before a download of the default data set
+    resume = train_state.load_checkpoint(cfg.resume) if cfg.resume else None  # a bad path fails before slow data work
+    if resume is not None and resume["model_name"] != cfg.model:
+        raise UserError(f"{cfg.resume} was written for model '{resume['model_name']}', this run builds "
+                        f"'{cfg.model}'; pass --model {resume['model_name']}")
+    finetune = train_state.load_checkpoint(cfg.finetune) if cfg.finetune and resume is None else None
+
+    # ---- data: scanned first, because the classifier needs the number of classes -----------------------------
+    data_dir, train_samples, val_samples, classes = scan_data(cfg, env, say)
+
+    # ---- model: built, checked and given its weights before any image is decoded --------------------------------
+    net, model_kwargs = build_model(cfg, classes, resume, finetune, say)
     channels_last = cfg.channels_last and env.device.type == "cuda"
     net.to(env.device, memory_format=torch.channels_last if channels_last else torch.preserve_format)
     data_config = resolve_data_config({"input_size": (3, cfg.img_size, cfg.img_size), "crop_pct": cfg.crop_pct,
@@ -144,35 +200,14 @@ def train(cfg: Config) -> None:
     scheduler, _ = create_scheduler_v2(optimizer, **scheduler_args(cfg), updates_per_epoch=len(train_loader))
     scaler = torch.amp.GradScaler(env.device.type, enabled=cfg.amp and cfg.amp_dtype == "float16"
                                   and env.device.type == "cuda")  # bf16 needs no loss scaling
-    mixing, mixup = cfg.mixup > 0 or cfg.cutmix > 0, None
-    if mixing and not cfg.naflex:  # NaFlex mixes in its loader (timm's NaFlexMixup): the targets come soft
-        mixup = Mixup(mixup_alpha=cfg.mixup, cutmix_alpha=cfg.cutmix, prob=cfg.mixup_prob,
-                      switch_prob=cfg.mixup_switch_prob, label_smoothing=cfg.smoothing, num_classes=len(classes))
-    if cfg.loss == "bce":
-        loss_fn = BinaryCrossEntropy(smoothing=cfg.smoothing)  # DeiT-III; Mixup's soft targets pass through as is
-    elif mixing:
-        loss_fn = SoftTargetCrossEntropy()  # Mixup already applied the label smoothing
-    else:
-        loss_fn = LabelSmoothingCrossEntropy(cfg.smoothing) if cfg.smoothing else torch.nn.CrossEntropyLoss()
+    loss_fn, mixup = criterion(cfg, len(classes))
     ema = ModelEmaV3(net, decay=cfg.model_ema_decay) if cfg.model_ema else None
 
     # ---- resume a run (its model weights were loaded above), at the start of an epoch or mid-epoch ---------------
     start_epoch, start_step, totals, best_top1 = 0, 0, None, float("-inf")
     if resume is not None:
-        states = {"optimizer state": (optimizer, resume["optimizer"]), "scheduler": (scheduler, resume["scheduler"])}
-        if resume["scaler"]:  # empty when the run used no float16 loss scaling
-            states["grad scaler"] = (scaler, resume["scaler"])
-        if ema is not None:  # a run that turns EMA on at resume starts it from the weights
-            states["EMA weights"] = (ema.module, resume.get("model_ema", resume["model"]))
-        for what, (obj, state) in states.items():
-            train_state.load_state(obj, state, what, cfg.resume)
-        train_state.set_rng_state(resume["rng"][env.rank % len(resume["rng"])])
-        start_epoch, best_top1, start_step = resume["epoch"], resume["best_top1"], resume.get("step", 0)
-        if start_step > len(train_loader):
-            raise UserError(f"{cfg.resume} stopped at step {start_step} of epoch {start_epoch + 1}, but this run's "
-                            f"epochs have {len(train_loader)} steps; resume with the batch_size and data of the run "
-                            "that wrote it")
-        totals = engine.EpochTotals(**resume["epoch_totals"]) if start_step else None
+        start_epoch, start_step, totals, best_top1 = restore(resume, cfg, env, len(train_loader), optimizer,
+                                                             scheduler, scaler, ema)
         say(f"resumed {cfg.resume} at epoch {start_epoch}" + (f", step {start_step}" if start_step else ""))
 
     # ---- wrap for DDP and torch.compile; outputs (rank 0 only) -------------------------------------------------
