@@ -24,6 +24,7 @@ import torch
 import torch.distributed as dist
 from timm.data import Mixup, resolve_data_config
 from timm.loss import BinaryCrossEntropy, LabelSmoothingCrossEntropy, SoftTargetCrossEntropy
+from timm.models.naflexvit import NaFlexVit
 from timm.models.vision_transformer import VisionTransformer, checkpoint_filter_fn
 from timm.optim import create_optimizer_v2
 from timm.scheduler import create_scheduler_v2
@@ -35,6 +36,7 @@ from vit_rope.data import folders
 from vit_rope.errors import UserError
 from vit_rope.models import naflex as models_naflex
 from vit_rope.models.factory import create_model
+from vit_rope.models.vit import RoPEVisionTransformer
 from vit_rope.train import distributed, engine, loaders
 from vit_rope.train import state as train_state
 from vit_rope.train.checks import check_ranks_agree, scheduler_args
@@ -61,8 +63,9 @@ def new_classifier(state: dict[str, torch.Tensor], net: torch.nn.Module, theirs:
 
 
 def naflex_patch(net: torch.nn.Module, name: str) -> int:
-    """The patch size of a model that takes timm's NaFlex batches with square patches, else a ``UserError``."""
-    patch = models_naflex.naflex_patch(net)
+    """The patch size of a model that trains on timm's NaFlex batches with square patches (ours, timm's NaFlexViT:
+    the models whose NaFlex training is tested), else a ``UserError``."""
+    patch = models_naflex.naflex_patch(net) if isinstance(net, RoPEVisionTransformer | NaFlexVit) else None
     if patch is None or patch[0] != patch[1]:
         raise UserError(f"naflex=true needs a model that takes NaFlex batches with square patches, and '{name}' "
                         f"({type(net).__name__}) does not; pick a vit_rope_* model or timm's naflexvit_*, or set "

@@ -181,8 +181,8 @@ def measure(args: argparse.Namespace, models: dict[str, tuple[nn.Module, torch.o
             per_round = [(tokens[run] / a) / (tokens[ref] / b)
                          for a, b in zip(seconds[run, mode], seconds[ref, mode], strict=True)]
             value = statistics.median(per_round)
-            ratios.append({"seq_len": seq_len, "mode": mode, "ratio": name, "value": value,
-                           **({"target": None, "pass": None} if target is None else against(value, target))})
+            judged = {"target": None, "sense": None, "pass": None} if target is None else against(value, target)
+            ratios.append({"seq_len": seq_len, "mode": mode, "ratio": name, "value": value, **judged})
     activation = {row["run"]: row["activation_mib"] for row in rows if row["mode"] == "train"}
     for name, run, ref, target in MEMORY_TARGETS:
         value = activation[run] / activation[ref]

@@ -162,4 +162,3 @@ def write_study(results_dir: Path, readme: Path | None = None, goal: Goal = Goal
             raise ValueError(f"{readme} has no study section to update: add the lines {begin!r} and {STUDY_END!r} "
                              "where it should go")
     return section
-

@@ -14,6 +14,7 @@ from torch.utils.data import DistributedSampler
 
 from vit_rope.data.augment import crop_resize
 from vit_rope.data.pipeline import BatchLoader, TensorStore
+from vit_rope.errors import UserError
 
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 
@@ -147,6 +148,16 @@ def test_unreadable_images_are_named_by_their_file_in_the_warning(caplog: pytest
                         "replacing unreadable image(s) #3 by the next readable one"]  # no paths: indices
     with pytest.raises(ValueError, match="40 targets, 2 paths"):
         TensorStore(store.data, store.offsets, store.shapes, store.targets, ["a", "b"])
+
+
+def test_a_store_of_unreadable_images_and_hue_jitter_are_errors_that_say_what_to_do() -> None:
+    store, _ = make_store(n=3)
+    undecoded = torch.zeros_like(store.shapes)  # height 0: an image that could not be decoded
+    with pytest.raises(UserError, match=r"none of the 3 images of this split could be decoded \(the first: /d/0.jpg\): "
+                                        "replace the corrupt files"):
+        TensorStore(store.data, store.offsets, undecoded, store.targets, [f"/d/{i}.jpg" for i in range(3)])
+    with pytest.raises(ValueError, match=r"color_jitter=\(0.4, 0.4, 0.4, 0.1\) asks for hue jitter.*pipeline=timm"):
+        loader(make_store()[0], color_jitter=(0.4, 0.4, 0.4, 0.1))
 
 
 def test_the_loader_reads_only_the_store_never_a_file(monkeypatch: pytest.MonkeyPatch) -> None:

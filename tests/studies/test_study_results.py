@@ -32,7 +32,7 @@ def test_a_row_is_a_run_by_its_checkpoint_path():
     assert not results.is_run("m (out/mixed_s01/last.pth)", entry)  # another run whose name starts alike
 
 
-def test_labels_come_from_runs_json_then_the_study_then_the_arm():
+def test_labels_come_from_runs_json_then_the_arm():
     assert results.arm_label(run("mixed", 0, label="RoPE-Mixed + sizes")) == "RoPE-Mixed + sizes"
     assert results.arm_label(run("golden", 0)) == "golden"  # a runs.json written by hand, without labels
 

@@ -74,20 +74,22 @@ class LoadReport:
 
 def report(source: str | Path | None, state_dict: Mapping[str, Tensor], initialised: dict[str, list[str]],
             skipped: tuple[str, ...] = (), converted: tuple[str, ...] = ()) -> LoadReport:
+    """The report of a load that put ``state_dict`` into the model: every key is loaded but those ``initialised``
+    names (reason -> keys; reasons without keys are dropped)."""
     taken = {key for keys in initialised.values() for key in keys}
     return LoadReport(None if source is None else str(source), tuple(k for k in state_dict if k not in taken),
                       {reason: tuple(keys) for reason, keys in initialised.items() if keys}, skipped, converted)
 
 
-def warn_initialised(report: LoadReport, stacklevel: int = 3) -> None:
+def warn_initialised(load: LoadReport, stacklevel: int = 3) -> None:
     """One ``WeightsNotLoadedWarning`` for a load that initialised weights or dropped the checkpoint's APE."""
     parts = []
-    if report.initialised:
-        parts.append(f"lacks weights of the model, which were initialised instead: {report.summary()}")
-    if POS_EMBED in report.skipped:
+    if load.initialised:
+        parts.append(f"lacks weights of the model, which were initialised instead: {load.summary()}")
+    if POS_EMBED in load.skipped:
         parts.append("has an absolute position embedding (pos_embed), which was not loaded: the model has none and "
                      "encodes positions with RoPE alone (its +APE variant, *_ape, keeps it)")
     if parts:
-        advice = "load a checkpoint that has them" if report.initialised else "load it into the +APE variant"
-        warnings.warn(f"{report.source or 'The checkpoint'} {'; it also '.join(parts)}. Fine for fine-tuning; for "
+        advice = "load a checkpoint that has them" if load.initialised else "load it into the +APE variant"
+        warnings.warn(f"{load.source or 'The checkpoint'} {'; it also '.join(parts)}. Fine for fine-tuning; for "
                       f"evaluation, {advice}.", WeightsNotLoadedWarning, stacklevel=stacklevel)
