@@ -118,8 +118,9 @@ GOALS = {"v3": ROPE_VIT_GOAL, "v4": ROPE_VIT_GOAL, "vit_s": ROPE_VIT_GOAL}
 # (the data question) after stage 1.
 LATER = {"v3": ("mixed_coord_sizes",), "v4": ("mixed_third", "ape_third")}
 # APE arms of another study that a study's RoPE arms must also beat: v4's goal names v3's APE (trained at 112 px
-# alone) beside its own APE + sizes. study -> [(name in the tables, the other study, its arm)].
-CONTROLS = {"v4": [("v3's APE", "v3", "ape")]}
+# alone) beside its own APE + sizes; the encodings study, which re-runs one seed of v2's APE, is read against v2's
+# two seeds of it too. study -> [(name in the tables, the other study, its arm)].
+CONTROLS = {"v4": [("v3's APE", "v3", "ape")], "encodings": [("v2's APE, patch 8", "v2", "ape_p8")]}
 # Arms re-run from another study to show that they reproduce it: study -> (the study they come from, its arms).
 REPRODUCES = {"encodings": ("v2", ("mixed_p8", "axial_p8", "ape_p8"))}
 # Second crop fraction evaluated (positions as trained only) beside the study's crop 1.0: one crop can favour an arm.
