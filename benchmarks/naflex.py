@@ -47,7 +47,8 @@ from timm.data.naflex_transforms import Patchify
 from torch import Tensor, nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from benchmarks.throughput import against, interleaved_seconds, memory, verdict  # noqa: E402  (after the path set-up, as the script runs from anywhere)
+# after the path set-up, as the script runs from anywhere:
+from benchmarks.throughput import against, interleaved_seconds, memory, verdict  # noqa: E402
 from vit_rope.eval import report  # noqa: E402
 
 PATCH, NUM_CLASSES, MODES = 16, 1000, ("infer", "train")
