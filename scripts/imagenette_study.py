@@ -58,6 +58,7 @@ from studies.compare import (  # noqa: E402
 )
 from studies.course import COURSE, COURSE_END, course_begin, course_table  # noqa: E402
 from studies.goal import Control, Goal  # noqa: E402
+from studies.paired import Pair  # noqa: E402
 from studies.report import machines_by_run, write_study  # noqa: E402
 from studies.results import is_run  # noqa: E402
 from vit_rope.eval.report import machine, replace_section  # noqa: E402
@@ -121,6 +122,10 @@ LATER = {"v3": ("mixed_coord_sizes",), "v4": ("mixed_third", "ape_third")}
 # alone) beside its own APE + sizes; the encodings study, which re-runs one seed of v2's APE, is read against v2's
 # two seeds of it too. study -> [(name in the tables, the other study, its arm)].
 CONTROLS = {"v4": [("v3's APE", "v3", "ape")], "encodings": [("v2's APE, patch 8", "v2", "ape_p8")]}
+# Arms set against the same model trained another way in another study: change above the training size here, there
+# and the difference (studies.paired). v4's stage 2 (a third of the images) against v3's runs on all of them: the data
+# question. study -> [(arm, the other study, its arm)].
+PAIRS = {"v4": [("mixed_third", "v3", "mixed"), ("ape_third", "v3", "ape")]}
 # Arms re-run from another study to show that they reproduce it: study -> (the study they come from, its arms).
 REPRODUCES = {"encodings": ("v2", ("mixed_p8", "axial_p8", "ape_p8"))}
 # Second crop fraction evaluated (positions as trained only) beside the study's crop 1.0: one crop can favour an arm.
@@ -161,7 +166,9 @@ def write_reports(study: str, results: Path, readme: Path) -> None:
     """The study's report and docs section, the side-by-side table, and (for the committed results of the study
     the README summarises) the README's table."""
     controls = [Control(name, COMPARED[source], arm) for name, source, arm in CONTROLS.get(study, [])]
-    print(write_study(results, readme, GOALS.get(study, Goal()), controls))
+    pairs = [Pair(arm, Control(f"{source}'s {STUDIES[source][3][theirs][0]}", COMPARED[source], theirs))
+             for arm, source, theirs in PAIRS.get(study, [])]
+    print(write_study(results, readme, GOALS.get(study, Goal()), controls, pairs))
     course = course_table(results, json.loads((results / "runs.json").read_text()))
     if course:  # on the page when it has the markers
         replace_section(readme, course_begin(results), COURSE_END, course)

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from studies.goal import Control, Goal, control_rows, verdict
+from studies.paired import Pair, paired
 from studies.results import (
     arm_label,
     as_trained_by_arm,
@@ -86,13 +87,14 @@ def _changes(merged: Sequence[dict[str, Any]], policies: dict[str, str]) -> str:
 
 
 def write_study(results_dir: Path, readme: Path | None = None, goal: Goal = Goal(),
-                controls: Sequence[Control] = ()) -> str:
+                controls: Sequence[Control] = (), pairs: Sequence[Pair] = ()) -> str:
     """Seed-merged report of a study folder: ``summary.md``, two plots and, given ``readme`` (the docs page, e.g.
     ``docs/studies.md``), that page's section between ``study_begin(results_dir)`` and the next ``STUDY_END``.
     ``results_dir`` is relative to the repo root, and the section names its files by that path. Evaluations at a
     second crop fraction (``eval_crop<fraction>/``) get their own table and verdict. The verdict also sets the RoPE
-    arms against ``controls`` (APE arms of other studies, at each crop where they were evaluated). Returns the
-    section."""
+    arms against ``controls`` (APE arms of other studies, at each crop where they were evaluated), and ``pairs``
+    (``studies.paired``) set arms' changes above the training size against the same models in other studies. Returns
+    the section."""
     runs = json.loads((results_dir / "runs.json").read_text())
     machine = json.loads((results_dir / "machine.json").read_text())
     protocol, merged = merged_results(results_dir / "eval", runs)
@@ -137,18 +139,28 @@ def write_study(results_dir: Path, readme: Path | None = None, goal: Goal = Goal
         found = {control.name: control_rows(control, folder, protocol) for control in controls}
         return {name: rows for name, rows in found.items() if rows is not None}
 
+    def counterparts(rows: list[dict[str, Any]], folder: str, protocol: str) -> list[str]:  # the pairs' table
+        found = paired(rows, runs, pairs, lambda other: control_rows(other, folder, protocol))
+        return [] if found is None else [
+            "**Against the same model in another study** (positions as trained; each change in points from the "
+            "arm's own training-size top-1, mean over seeds: this study / the other (this study minus the other)):"
+            "\n\n" + found]
+
     if baselines:
         names = [control.name for control in controls]
         parts.append(f"**Does RoPE hold its accuracy?** Goal: as trained, {goal.describe(names)} with every seed "
                      "(seed ranges apart). `apart`: every seed of the RoPE arm above every seed of its APE; `below`: "
                      "every one under; `overlap`: neither.\n\n"
                      + verdict(merged, runs, goal, against("eval", protocol)))
+    parts += counterparts(merged, "eval", protocol)
     for folder in sorted(results_dir.glob("eval_crop*")):  # one crop fraction can favour one arm
         crop_protocol, crop = merged_results(folder, runs)
         parts.append(f"**At crop {folder.name.removeprefix('eval_crop')}**, positions as trained ({crop_protocol}):"
                      "\n\n" + markdown_table(as_trained_rows(crop, trained_policies(runs)))
                      + ("\n\nThe goal at this crop:\n\n"
                         + verdict(crop, runs, goal, against(folder.name, crop_protocol)) if baselines else ""))
+        parts += counterparts(crop, folder.name, crop_protocol)
+
     def with_plots(folder: str) -> str:  # the plots, linked from a page in another folder
         return "\n\n".join([*parts, f"![as trained]({folder}summary_as_trained.png)"
                               + (f"\n![policies]({folder}summary_policies.png)" if policies else "")])
