@@ -16,6 +16,7 @@ import dataclasses
 import logging
 import sys
 import time
+import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -24,53 +25,21 @@ import torch
 import torch.distributed as dist
 from timm.data import Mixup, resolve_data_config
 from timm.loss import BinaryCrossEntropy, LabelSmoothingCrossEntropy, SoftTargetCrossEntropy
-from timm.models.naflexvit import NaFlexVit
-from timm.models.vision_transformer import VisionTransformer, checkpoint_filter_fn
 from timm.optim import create_optimizer_v2
 from timm.scheduler import create_scheduler_v2
 from timm.utils import ModelEmaV3, random_seed
 from torch.nn.parallel import DistributedDataParallel
 
-from vit_rope.checks import check_model_name, check_multiple, patch_size
+from vit_rope.checks import check_model_name
 from vit_rope.data import folders
 from vit_rope.errors import UserError
-from vit_rope.models import naflex as models_naflex
-from vit_rope.models.factory import create_model
-from vit_rope.models.vit import RoPEVisionTransformer
 from vit_rope.train import distributed, engine, loaders
 from vit_rope.train import state as train_state
 from vit_rope.train.checks import check_ranks_agree, scheduler_args
 from vit_rope.train.cli import parse_args
 from vit_rope.train.config import Config, save_config
-
-
-def new_classifier(state: dict[str, torch.Tensor], net: torch.nn.Module, theirs: list[str] | None, ours: list[str],
-                   source: str, say: Callable[[str], None]) -> dict[str, torch.Tensor]:
-    """``state`` with the model's own initial classifier when the checkpoint's was trained on other classes (another
-    count, or other names in its saved ``classes``): fine-tuning on a new data set starts a new classifier, as timm's
-    loader does; a model without one (``num_classes=0``) drops the checkpoint's."""
-    heads = net.pretrained_cfg.get("classifier") or "head"
-    heads = (heads,) if isinstance(heads, str) else tuple(heads)  # DeiT's distilled models have two
-    own = net.state_dict()
-    other = theirs is not None and list(theirs) != list(ours)
-    keys = [key for key in state if any(key.startswith(f"{head}.") for head in heads)]
-    fresh = {key: own[key] for key in keys if key in own and (other or state[key].shape != own[key].shape)}
-    stale = [key for key in keys if key not in own]
-    if fresh or stale:
-        say(f"finetune: {source} was trained on other classes than this data set's {len(ours)}: its classifier "
-            f"({', '.join(keys)}) is {'replaced by a new one' if fresh else 'dropped (num_classes=0)'}")
-    return {**{key: value for key, value in state.items() if key not in stale}, **fresh}
-
-
-def naflex_patch(net: torch.nn.Module, name: str) -> int:
-    """The patch size of a model that trains on timm's NaFlex batches with square patches (ours, timm's NaFlexViT:
-    the models whose NaFlex training is tested), else a ``UserError``."""
-    patch = models_naflex.naflex_patch(net) if isinstance(net, RoPEVisionTransformer | NaFlexVit) else None
-    if patch is None or patch[0] != patch[1]:
-        raise UserError(f"naflex=true needs a model that takes NaFlex batches with square patches, and '{name}' "
-                        f"({type(net).__name__}) does not; pick a vit_rope_* model or timm's naflexvit_*, or set "
-                        "naflex=false")
-    return patch[0]
+from vit_rope.train.model import build_model, naflex_patch
+from vit_rope.train.resume import reconcile, restore
 
 
 def scan_data(cfg: Config, env: distributed.DistEnv, say: Callable[[str], None]
@@ -99,31 +68,6 @@ def scan_data(cfg: Config, env: distributed.DistEnv, say: Callable[[str], None]
     return data_dir, train_samples, val_samples, classes
 
 
-def build_model(cfg: Config, classes: list[str], resume: dict[str, Any] | None, finetune: dict[str, Any] | None,
-                say: Callable[[str], None]) -> tuple[torch.nn.Module, dict[str, Any]]:
-    """The model and the keyword arguments it was built with, checked against the training sizes and given the
-    weights of the run it resumes or of the checkpoint it fine-tunes (a new classifier for new classes)."""
-    dynamic = {"dynamic_img_size": True} if cfg.train_sizes else {}  # timm ViTs resample pos_embed / RoPE per size
-    net, model_kwargs = create_model(cfg.model, {"num_classes": len(classes), "img_size": cfg.img_size,
-                                                 "drop_path_rate": cfg.drop_path, **dynamic, **cfg.model_kwargs})
-    check_multiple("img_size", [cfg.img_size], net, f"'{cfg.model}'")
-    if cfg.train_sizes:
-        if patch_size(net) is not None and not model_kwargs.get("dynamic_img_size"):
-            raise UserError(f"train_sizes needs a model that runs at any input size, and '{cfg.model}' does not take "
-                            "dynamic_img_size=True; pick a ViT (ours, timm's ViTs or RoPE ports) or set train_sizes=[]")
-        check_multiple("train_sizes entry", cfg.train_sizes, net, f"'{cfg.model}'")
-    if resume is not None:
-        train_state.load_state(net, resume["model"], "model weights", cfg.resume)
-    elif finetune is not None:
-        state = finetune["model"]
-        if isinstance(net, VisionTransformer):
-            state = checkpoint_filter_fn(state, net)  # resamples a learned pos_embed to the new img_size
-        state = new_classifier(state, net, finetune.get("classes"), classes, cfg.finetune, say)
-        train_state.load_state(net, state, "model weights", cfg.finetune, "start from a checkpoint of this model "
-                               "(model and model_kwargs of the run that wrote it)")
-    return net, model_kwargs
-
-
 def criterion(cfg: Config, num_classes: int) -> tuple[torch.nn.Module, Mixup | None]:
     """The loss and, when the batches are mixed here, timm's ``Mixup``: the loss takes soft targets whenever images
     are mixed (here or, for NaFlex, in timm's loader), and label smoothing is applied once, by Mixup or by the loss."""
@@ -138,29 +82,6 @@ def criterion(cfg: Config, num_classes: int) -> tuple[torch.nn.Module, Mixup | N
     else:
         loss_fn = LabelSmoothingCrossEntropy(cfg.smoothing) if cfg.smoothing else torch.nn.CrossEntropyLoss()
     return loss_fn, mixup
-
-
-def restore(resume: dict[str, Any], cfg: Config, env: distributed.DistEnv, steps_per_epoch: int,
-            optimizer: torch.optim.Optimizer, scheduler: Any, scaler: torch.amp.GradScaler, ema: ModelEmaV3 | None
-            ) -> tuple[int, int, engine.EpochTotals | None, float]:
-    """Put the training state of the checkpoint ``resume`` back (its model weights are already in): optimizer,
-    schedule, loss scaler, EMA and this rank's random state. Returns ``(epochs done, step in the next epoch, that
-    epoch's totals so far, best top-1)``."""
-    states = {"optimizer state": (optimizer, resume["optimizer"]), "scheduler": (scheduler, resume["scheduler"])}
-    if resume["scaler"]:  # empty when the run used no float16 loss scaling
-        states["grad scaler"] = (scaler, resume["scaler"])
-    if ema is not None:  # a run that turns EMA on at resume starts it from the weights
-        states["EMA weights"] = (ema.module, resume.get("model_ema", resume["model"]))
-    for what, (obj, state) in states.items():
-        train_state.load_state(obj, state, what, cfg.resume)
-    train_state.set_rng_state(resume["rng"][env.rank % len(resume["rng"])])
-    start_epoch, best_top1, start_step = resume["epoch"], resume["best_top1"], resume.get("step", 0)
-    if start_step > steps_per_epoch:
-        raise UserError(f"{cfg.resume} stopped at step {start_step} of epoch {start_epoch + 1}, but this run's "
-                        f"epochs have {steps_per_epoch} steps; resume with the batch_size and data of the run "
-                        "that wrote it")
-    totals = engine.EpochTotals(**resume["epoch_totals"]) if start_step else None
-    return start_epoch, start_step, totals, best_top1
 
 
 def train(cfg: Config) -> None:
@@ -178,6 +99,8 @@ def train(cfg: Config) -> None:
     if resume is not None and resume["model_name"] != cfg.model:
         raise UserError(f"{cfg.resume} was written for model '{resume['model_name']}', this run builds "
                         f"'{cfg.model}'; pass --model {resume['model_name']}")
+    if resume is not None:
+        cfg = reconcile(cfg, resume)  # the optimizer and schedule keys go on as saved; other differences named
     finetune = train_state.load_checkpoint(cfg.finetune) if cfg.finetune and resume is None else None
 
     # ---- data: scanned first, because the classifier needs the number of classes -----------------------------
@@ -300,17 +223,19 @@ def train(cfg: Config) -> None:
 def main(argv: list[str] | None = None) -> int:
     """Command-line entry point; returns the exit code (0 done, 1 loss diverged, 2 bad input)."""
     logging.basicConfig(format="%(levelname)s: %(message)s")
-    try:
-        train(parse_args(argv))
-    except UserError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
-    except engine.NonFiniteLossError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 1
-    finally:
-        if dist.is_initialized():
-            dist.destroy_process_group()
+    with warnings.catch_warnings():  # a warning is one line for the user, not the library line that raised it
+        warnings.showwarning = lambda message, *args, **kwargs: print(f"warning: {message}", file=sys.stderr)
+        try:
+            train(parse_args(argv))
+        except UserError as err:
+            print(f"error: {err}", file=sys.stderr)
+            return 2
+        except engine.NonFiniteLossError as err:
+            print(f"error: {err}", file=sys.stderr)
+            return 1
+        finally:
+            if dist.is_initialized():
+                dist.destroy_process_group()
     return 0
 
 

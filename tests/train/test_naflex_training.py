@@ -86,10 +86,3 @@ def test_the_decoded_cache_holds_the_longest_sequences_pixels(image_root: Path, 
     assert "short side 64 px (train" in capsys.readouterr().out  # sqrt(16) patches of 16 px; val keeps 32 / crop_pct
 
 
-def test_naflex_training_takes_ours_and_timms_naflexvit_with_their_patch_and_refuses_other_models() -> None:
-    ours = timm.create_model("vit_rope_tiny_patch16_mixed_224", depth=1, patch_size=8, num_classes=3)
-    theirs = timm.create_model("naflexvit_base_patch16_gap", depth=1, num_classes=3)
-    assert (train.naflex_patch(ours, "ours"), train.naflex_patch(theirs, "theirs")) == (8, 16)
-    with pytest.raises(train.UserError, match="'cnn' \\(ResNet\\) does not; pick a vit_rope_\\* model or timm's "
-                                              "naflexvit_\\*, or set naflex=false"):
-        train.naflex_patch(timm.create_model("resnet10t", num_classes=3), "cnn")

@@ -480,20 +480,6 @@ def test_finetune_onto_as_many_other_classes_also_starts_a_new_classifier(image_
     assert "classifier" not in capsys.readouterr().out  # the same classes: it is kept
 
 
-def test_new_classifier_handles_two_heads_and_none() -> None:
-    """DeiT's distilled models name two classifiers; num_classes=0 has none to fill."""
-    distilled = timm.create_model("deit_tiny_distilled_patch16_224", depth=1, num_classes=2)
-    state = timm.create_model("deit_tiny_distilled_patch16_224", depth=1, num_classes=3).state_dict()
-    said = []
-    out = train.new_classifier(state, distilled, None, ["a", "b"], "x.pth", said.append)
-    assert all(out[key].shape == value.shape for key, value in distilled.state_dict().items())
-    assert "head_dist.weight" in said[0]
-    headless = timm.create_model("vit_tiny_patch16_224", depth=1, num_classes=0)
-    out = train.new_classifier(timm.create_model("vit_tiny_patch16_224", depth=1, num_classes=3).state_dict(),
-                               headless, None, ["a", "b"], "x.pth", said.append)
-    assert set(out) == set(headless.state_dict()) and "dropped (num_classes=0)" in said[1]
-
-
 def test_train_fraction_trains_on_the_same_class_balanced_subset_whatever_the_seed(image_root: Path,
                                                                                    tmp_path: Path) -> None:
     samples, _ = folders.find_images(image_root / "train")  # 8 images per class

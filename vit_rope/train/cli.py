@@ -6,24 +6,28 @@ checks (``vit_rope.train.checks``) can read a ``Config`` without the two modules
 from __future__ import annotations
 
 import argparse
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 from vit_rope.train.checks import check_config
 from vit_rope.train.config import CLI_FLAGS, Config, load_yaml, parse_override
+from vit_rope.train.resume import saved_settings
 
 
-def build_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -> Config:
-    """Defaults, then the YAML chain of ``path``, then ``key=value`` overrides, validated.
+def build_config(path: str | Path | None = None, overrides: Sequence[str] = (),
+                 base: Mapping[str, Any] | None = None) -> Config:
+    """Defaults, then the YAML chain of ``path`` (or the values ``base``), then ``key=value`` overrides, validated.
 
     Args:
         path: Optional YAML config file.
         overrides: ``key=value`` strings, applied in order.
+        base: Settings to start from instead of a file, e.g. a resumed run's (``resume.saved_settings``).
 
     Returns:
         The resolved configuration.
     """
-    values = load_yaml(path) if path else {}
+    values = load_yaml(path) if path else dict(base or {})
     for item in overrides:
         key, entry, value = parse_override(item)
         values[key] = {**values.get(key, {}), entry: value} if entry else value
@@ -36,6 +40,8 @@ def parse_args(argv: list[str] | None = None) -> Config:
     """Parse the ``train.py`` command line into a validated ``Config``.
 
     The named flags (``--epochs 3``) are shorthands for the ``key=value`` overrides and go through the same checks.
+    ``--resume`` without ``-c`` starts from the settings of the run that wrote the checkpoint, so that it goes on as it
+    was.
     """
     parser = argparse.ArgumentParser(
         description="Train a timm image classifier (RoPE ViTs included) from a YAML config.",
@@ -47,6 +53,8 @@ def parse_args(argv: list[str] | None = None) -> Config:
     parser.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides")
     args = parser.parse_intermixed_args(argv)
     flags = [f"{key}={getattr(args, key)}" for key in CLI_FLAGS if getattr(args, key) is not None]
-    return build_config(args.config, flags + args.overrides)
+    resume = [parse_override(item)[2] for item in flags + args.overrides if item.startswith("resume=")]
+    base = saved_settings(resume[-1]) if resume and resume[-1] and not args.config else None
+    return build_config(args.config, flags + args.overrides, base)
 
 

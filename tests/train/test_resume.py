@@ -1,0 +1,97 @@
+"""Resuming a run (``vit_rope.train.resume``): ``--resume`` alone goes on with the run's own settings; the optimizer and
+schedule keep the checkpoint's values whatever the command line says (and config.yaml records them); every other
+setting that differs is named in one warning. Interrupted-and-resumed runs matching uninterrupted ones, mid-epoch
+and with every source of randomness, are tested in test_train.py."""
+
+from __future__ import annotations
+
+import logging
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from conftest import tiny_args
+
+import train
+from vit_rope.errors import UserError
+from vit_rope.train import resume
+from vit_rope.train.cli import build_config, parse_args
+
+SETTINGS = ("keep_every=1", "warmup_epochs=1", "model_kwargs.embed_dim=48")
+
+
+@pytest.fixture
+def first_epoch(image_root: Path, tmp_path: Path) -> tuple[Path, Path]:
+    """A 2-epoch run (``straight``) and a copy of its epoch-1 checkpoint as the last.pth of another folder."""
+    straight, stopped = tmp_path / "straight", tmp_path / "stopped"
+    assert train.main(tiny_args(image_root, straight, *SETTINGS)) == 0
+    stopped.mkdir()
+    shutil.copy(straight / "epoch_1.pth", stopped / "last.pth")
+    return straight, stopped
+
+
+def weights(path: Path) -> dict[str, torch.Tensor]:
+    return torch.load(path, weights_only=True)["model"]
+
+
+def test_resume_alone_goes_on_with_the_runs_own_settings(first_epoch, caplog) -> None:
+    straight, stopped = first_epoch
+    with caplog.at_level(logging.WARNING):
+        assert train.main(["--resume", str(stopped / "last.pth"), "--output", str(stopped)]) == 0
+    assert "resume:" not in caplog.text  # nothing differs but the output folder
+    for name, tensor in weights(straight / "last.pth").items():
+        torch.testing.assert_close(weights(stopped / "last.pth")[name], tensor, rtol=0, atol=1e-6, msg=name)
+    assert yaml.safe_load((stopped / "config.yaml").read_text())["model_kwargs"] == {"depth": 2, "embed_dim": 48}
+
+
+def test_optimizer_and_schedule_overrides_keep_the_checkpoints_values_and_say_so(first_epoch, image_root: Path,
+                                                                                   caplog) -> None:
+    straight, stopped = first_epoch
+    args = tiny_args(image_root, stopped, *SETTINGS, "lr=5e-3", "weight_decay=0.1", "--resume",
+                     str(stopped / "last.pth"))
+    with caplog.at_level(logging.WARNING):
+        assert train.main(args) == 0
+    message = caplog.text
+    assert "Kept from its optimizer and schedule state: lr 0.002 (not 0.005), weight_decay 0.05 (not 0.1)" in message
+    assert "Taken from this run" not in message
+    saved = yaml.safe_load((stopped / "config.yaml").read_text())
+    assert (saved["lr"], saved["weight_decay"]) == (2e-3, 0.05)  # what the run went on with
+    for name, tensor in weights(straight / "last.pth").items():  # the same run as the uninterrupted one
+        torch.testing.assert_close(weights(stopped / "last.pth")[name], tensor, rtol=0, atol=1e-6, msg=name)
+
+
+def test_other_differences_are_named_as_changing_the_run(first_epoch, image_root: Path, caplog) -> None:
+    _, stopped = first_epoch
+    with caplog.at_level(logging.WARNING):
+        assert train.main(tiny_args(image_root, stopped, *SETTINGS, "--batch-size", "4", "hflip=0",
+                                    "--resume", str(stopped / "last.pth"))) == 0
+    message = caplog.text
+    assert "so it goes on differently from the run that stopped: batch_size 4 (the run's 8), hflip 0.0 (the run's " \
+           "0.5)" in message and "resume with --resume alone" in message
+    assert "Kept from" not in message
+
+
+def test_resume_without_a_config_reads_the_checkpoint_and_command_line_overrides_still_win(first_epoch) -> None:
+    _, stopped = first_epoch
+    cfg = parse_args(["--resume", str(stopped / "last.pth"), "--epochs", "5", "keep_every=0"])
+    assert (cfg.epochs, cfg.keep_every, cfg.img_size, cfg.model_kwargs) == (5, 0, 32, {"depth": 2, "embed_dim": 48})
+    assert cfg.resume == str(stopped / "last.pth")
+    assert parse_args(["--resume", str(stopped / "last.pth"), "-c", "configs/base.yaml"]).img_size == 224  # -c wins
+
+
+def test_saved_settings_drop_keys_this_version_no_longer_knows(first_epoch, tmp_path: Path) -> None:
+    _, stopped = first_epoch
+    ckpt = torch.load(stopped / "last.pth", weights_only=True)
+    ckpt["config"]["a_key_of_an_older_version"] = 1
+    torch.save(ckpt, tmp_path / "older.pth")
+    settings = resume.saved_settings(tmp_path / "older.pth")
+    assert "a_key_of_an_older_version" not in settings and "resume" not in settings
+    assert build_config(overrides=[], base=settings).model_kwargs == {"depth": 2, "embed_dim": 48}
+
+
+def test_resume_alone_of_something_else_is_a_clear_error(tmp_path: Path) -> None:
+    (tmp_path / "notes.pth").write_text("hello")
+    with pytest.raises(UserError, match="is not a vit-rope training checkpoint"):
+        parse_args(["--resume", str(tmp_path / "notes.pth")])

@@ -1,0 +1,86 @@
+"""Resuming a run: the settings it goes on with, and the training state put back from its checkpoint.
+
+A checkpoint holds the config of the run that wrote it, so ``train.py --resume OUTPUT/last.pth`` alone goes on with
+that run's settings (``saved_settings``: the defaults under the command line's overrides). A resumed run is the same
+run as an uninterrupted one only with the same settings: the optimizer and the schedule go on from their saved state,
+whatever the command line says of them, so their keys keep the checkpoint's values (and the saved config.yaml says
+so); any other setting that differs changes the run from there on. ``reconcile`` applies the first rule and names
+every difference in one warning, instead of letting an override pass unnoticed. ``restore`` puts the optimizer,
+schedule, loss scaler, EMA and random state back.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from pathlib import Path
+from typing import Any
+
+import torch
+from timm.utils import ModelEmaV3
+
+from vit_rope.errors import UserError
+from vit_rope.train import engine
+from vit_rope.train import state as train_state
+from vit_rope.train.config import Config
+from vit_rope.train.distributed import DistEnv
+
+_log = logging.getLogger(__name__)
+
+# Carried by the optimizer's and the scheduler's saved state (timm's schedulers save every argument they were built
+# with): a resumed run keeps the checkpoint's values, as the restored state would anyway.
+STATE_KEYS = ("opt", "lr", "weight_decay", "momentum", "sched", "warmup_epochs", "warmup_lr", "min_lr", "decay_epochs",
+              "decay_rate")
+# Where and how fast a run goes, not what it computes (at most float rounding on CUDA): free to change on resume.
+FREE_KEYS = ("output", "data_dir", "resume", "finetune", "download_size", "device", "log_interval",
+             "checkpoint_interval", "keep_every", "val_interval", "threads", "workers", "cache_dir", "cache_size",
+             "compile", "channels_last", "tf32")
+
+
+def saved_settings(path: str | Path) -> dict[str, Any]:
+    """The settings of the run that wrote the checkpoint ``path`` (its saved config, keys this version still knows),
+    for ``--resume`` without ``-c``; empty for a checkpoint that saved none."""
+    saved = train_state.load_checkpoint(path).get("config") or {}
+    known = {field.name for field in dataclasses.fields(Config)}
+    return {key: value for key, value in saved.items() if key in known and key not in ("resume", "finetune")}
+
+
+def reconcile(cfg: Config, resume: dict[str, Any]) -> Config:
+    """``cfg`` with the optimizer and schedule keys (``STATE_KEYS``) of the checkpoint ``resume`` (as loaded by
+    ``train_state.load_checkpoint`` from ``cfg.resume``), and one warning naming every setting that differs from the
+    run that wrote it, but the ``FREE_KEYS``."""
+    saved = resume.get("config") or {}  # checkpoints without a config: nothing to compare
+    differ = [key for key in saved if hasattr(cfg, key) and key not in FREE_KEYS and getattr(cfg, key) != saved[key]]
+    if not differ:
+        return cfg
+    kept = [f"{key} {saved[key]!r} (not {getattr(cfg, key)!r})" for key in differ if key in STATE_KEYS]
+    changed = [f"{key} {getattr(cfg, key)!r} (the run's {saved[key]!r})" for key in differ if key not in STATE_KEYS]
+    _log.warning(f"resume: {cfg.resume} was written with other settings than this run's. "
+                 + (f"Kept from its optimizer and schedule state: {', '.join(kept)}. " if kept else "")
+                 + (f"Taken from this run, so it goes on differently from the run that stopped: {', '.join(changed)}. "
+                    if changed else "")
+                 + "To go on as the run was, resume with --resume alone (its settings are the defaults then).")
+    return dataclasses.replace(cfg, **{key: saved[key] for key in differ if key in STATE_KEYS})
+
+
+def restore(resume: dict[str, Any], cfg: Config, env: DistEnv, steps_per_epoch: int,
+            optimizer: torch.optim.Optimizer, scheduler: Any, scaler: torch.amp.GradScaler, ema: ModelEmaV3 | None
+            ) -> tuple[int, int, engine.EpochTotals | None, float]:
+    """Put the training state of the checkpoint ``resume`` back (its model weights are already in): optimizer,
+    schedule, loss scaler, EMA and this rank's random state. Returns ``(epochs done, step in the next epoch, that
+    epoch's totals so far, best top-1)``."""
+    states = {"optimizer state": (optimizer, resume["optimizer"]), "scheduler": (scheduler, resume["scheduler"])}
+    if resume["scaler"]:  # empty when the run used no float16 loss scaling
+        states["grad scaler"] = (scaler, resume["scaler"])
+    if ema is not None:  # a run that turns EMA on at resume starts it from the weights
+        states["EMA weights"] = (ema.module, resume.get("model_ema", resume["model"]))
+    for what, (obj, state) in states.items():
+        train_state.load_state(obj, state, what, cfg.resume)
+    train_state.set_rng_state(resume["rng"][env.rank % len(resume["rng"])])
+    start_epoch, best_top1, start_step = resume["epoch"], resume["best_top1"], resume.get("step", 0)
+    if start_step > steps_per_epoch:
+        raise UserError(f"{cfg.resume} stopped at step {start_step} of epoch {start_epoch + 1}, but this run's "
+                        f"epochs have {steps_per_epoch} steps; resume with the batch_size and data of the run "
+                        "that wrote it")
+    totals = engine.EpochTotals(**resume["epoch_totals"]) if start_step else None
+    return start_epoch, start_step, totals, best_top1
