@@ -61,6 +61,10 @@ def test_cli_writes_report_and_plot(tmp_path, capsys):
     assert main(argv[:5] + ["40"] + argv[7:]) == 2
     assert capsys.readouterr().err == ("error: --sizes entry 40 is not a positive multiple of the patch size 16 of "
                                        f"vit_rope_tiny_patch16_mixed_224 (depth=2) ({weights}): use 32 or 48\n")
+    # evaluate's names of the same options are taken too
+    same = ["--img-sizes" if arg == "--sizes" else "--limit" if arg == "--num-images" else arg for arg in argv]
+    assert main([*same[:-4], str(tmp_path / "again"), *same[-3:]]) == 0
+    assert json.loads((tmp_path / "again" / "diagnostics.json").read_text())["sizes"].keys() == {"32", "64"}
 
 
 def test_policy_option_diagnoses_under_another_resolution_policy(tmp_path, capsys):

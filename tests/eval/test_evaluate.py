@@ -133,6 +133,9 @@ def test_classes_matched_by_name(checkpoint: Path) -> None:
     assert evaluate.label_map(imagenet, ["n01440764", "n01443537"], Path("val")).tolist() == [0, 1]
     with pytest.raises(UserError, match=r"has classes \['dog'\] that in1k was not trained on"):
         evaluate.label_map(imagenet, ["dog"], Path("val"))
+    imagenet.data_dir = "data/imagenet"  # a checkpoint names the data its run read: the error says where to look
+    with pytest.raises(UserError, match=r"folder of its classes \(its run trained on data/imagenet: --data-dir "):
+        evaluate.label_map(imagenet, ["dog"], Path("val"))
 
 
 def test_plot_skipped_without_matplotlib(tmp_path: Path, monkeypatch, capsys) -> None:
@@ -279,3 +282,18 @@ def test_train_size_without_a_model_is_a_usage_error(checkpoint: Path, image_roo
         run("--checkpoint", str(checkpoint), "--train-size", "64", "--data-dir", str(image_root))
     assert exit_info.value.code == 2
     assert "--train-size goes with --model" in capsys.readouterr().err
+
+
+def test_model_kwargs_without_a_model_is_a_usage_error(checkpoint: Path, image_root: Path, capsys) -> None:
+    """A checkpoint is rebuilt with its run's model_kwargs: others given with it alone would be ignored."""
+    with pytest.raises(SystemExit) as exit_info:
+        run("--checkpoint", str(checkpoint), "--model-kwargs", "depth=3", "--data-dir", str(image_root))
+    assert exit_info.value.code == 2
+    assert "--model-kwargs goes with --model" in capsys.readouterr().err
+
+
+def test_without_img_sizes_each_model_is_evaluated_at_its_training_size(checkpoint: Path, image_root: Path,
+                                                                        tmp_path: Path) -> None:
+    assert run("--checkpoint", str(checkpoint), "--data-dir", str(image_root), "--output", str(tmp_path / "e")) == 0
+    rows = json.loads((tmp_path / "e" / "results.json").read_text())["results"]
+    assert {row["img_size"] for row in rows} == {32} and all(row["train_size"] == 32 for row in rows)

@@ -112,7 +112,7 @@ def test_export_program_runs_at_other_sizes() -> None:
 
 def test_cli_from_model_name(tmp_path: Path, capsys) -> None:
     out = tmp_path / "onnx" / "axial.onnx"
-    assert export.main(["--model", "vit_rope_tiny_patch16_axial_224", "--model-kwargs", "depth=1",
+    assert export.main(["--model", "vit_rope_tiny_patch16_axial_224", "--model-kwargs", "depth=1", "--random-init",
                         "--num-classes", "4", "--img-size", "48", "32", "--output", str(out)]) == 0
     printed = capsys.readouterr().out
     assert str(out) in printed and "MiB" in printed
@@ -143,13 +143,24 @@ def test_cli_from_checkpoint_with_policy(tmp_path: Path, capsys) -> None:
     (["--batch-size", "1"], "batch_size 1"),
     (["--policy", "yarn"], "yarn_temperature=False"),
     (["--policy", "nearest"], "unknown RoPE policy 'nearest'"),
+    (["--output", "."], "--output . is a folder: name the ONNX file to write, e.g. model.onnx"),
 ])
 def test_cli_rejects_bad_input(tmp_path: Path, capsys, args: list[str], message: str) -> None:
     out = tmp_path / "model.onnx"
-    code = export.main(["--model", "vit_rope_tiny_patch16_mixed_224", "--model-kwargs", "depth=1", "--output",
-                        str(out), *args])
+    code = export.main(["--model", "vit_rope_tiny_patch16_mixed_224", "--model-kwargs", "depth=1", "--random-init",
+                        "--output", str(out), *args])
     err = capsys.readouterr().err
     assert code == 2 and err.startswith("error: ") and message in err
+    assert not out.exists()
+
+
+def test_a_model_without_weights_needs_random_init(tmp_path: Path, capsys) -> None:
+    """Random weights in a file meant for deployment are a mistake unless asked for, as in vit_rope.evaluate."""
+    out = tmp_path / "m.onnx"
+    assert export.main(["--model", "vit_rope_tiny_patch16_mixed_224", "--model-kwargs", "depth=1", "--output",
+                        str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: --model vit_rope_tiny_patch16_mixed_224 has no weights") and "--random-init" in err
     assert not out.exists()
 
 

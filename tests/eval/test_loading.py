@@ -166,3 +166,10 @@ def test_a_file_weights_only_refuses_is_an_error_line_not_a_traceback(tmp_path: 
     torch.save({"model": model.state_dict(), "run_dir": Path("/x")}, tmp_path / "pickled.pth")
     with pytest.raises(UserError, match="pickled.pth"):
         load_pretrained(ROPE, str(tmp_path / "pickled.pth"), 3, 32, {"depth": 1})
+
+
+def test_a_train_py_checkpoint_as_a_pretrained_file_points_to_checkpoint(tmp_path: Path) -> None:
+    """Loaded as plain weights it would be rebuilt at the registry's size (224), not its training size: refused."""
+    path = write_checkpoint(tmp_path / "run.pth")
+    with pytest.raises(UserError, match=f"--pretrained-file {path} is a train.py checkpoint: pass it as --checkpoint"):
+        load_pretrained(ROPE, str(path), 3, None, {"depth": 1})

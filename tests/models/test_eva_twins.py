@@ -138,6 +138,9 @@ def test_checkpoint_of_another_family_names_it_and_the_twin(source, target, fami
 def test_from_timm_refuses_a_model_without_twin():
     with pytest.raises(ValueError, match=r"from_timm got resnet10t, which has no vit_rope twin. Supported: EVA-02"):
         vit_rope.from_timm(timm.create_model("resnet10t", device="meta"))
+    port = timm.create_model("vit_small_patch16_rope_mixed_224", depth=1, device="meta")  # timm's RoPE-ViT port
+    with pytest.raises(ValueError, match=r"no vit_rope twin.*load the port's weights with vit_rope.load_weights"):
+        vit_rope.from_timm(port)
 
 
 def test_twin_options_are_refused_where_they_mean_nothing():

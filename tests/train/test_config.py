@@ -81,6 +81,10 @@ def test_unknown_key_in_file_names_key_file_and_closest_match(tmp_path: Path) ->
     (tmp_path / "typo.yaml").write_text("epoch: 3\n")
     with pytest.raises(UserError, match="did you mean 'epochs'"):
         load_yaml(tmp_path / "typo.yaml")
+    for other, ours in (("learning_rate", "lr"), ("aa", "auto_augment"), ("drop_path_rate", "drop_path")):
+        (tmp_path / "other.yaml").write_text(f"{other}: 1\n")  # another trainer's name: ours, not the closest spelling
+        with pytest.raises(UserError, match=f"did you mean '{ours}'"):
+            load_yaml(tmp_path / "other.yaml")
 
 
 def test_unknown_key_on_command_line_names_closest_match() -> None:
@@ -171,8 +175,13 @@ def test_inheritance_loop_and_missing_file_are_user_errors(tmp_path: Path) -> No
     (tmp_path / "b.yaml").write_text("base: a.yaml\n")
     with pytest.raises(UserError, match="loops back"):
         load_yaml(tmp_path / "a.yaml")
-    with pytest.raises(UserError, match="does not exist"):
+    with pytest.raises(UserError, match="does not exist; pass an existing YAML file with -c"):
         load_yaml(tmp_path / "missing.yaml")
+    with pytest.raises(UserError, match="is a folder"):
+        load_yaml(tmp_path)
+    (tmp_path / "child.yaml").write_text("base: gone.yaml\n")  # the line to fix is in the child, not -c
+    with pytest.raises(UserError, match=r"gone\.yaml does not exist; named by 'base:' in .*child\.yaml; fix that line"):
+        load_yaml(tmp_path / "child.yaml")
 
 
 @pytest.mark.filterwarnings("ignore:warmup_epochs 5 is not less than the 3 epochs")  # the defaults' warmup

@@ -72,7 +72,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--val-split", metavar="NAME", help="folder of --data-dir to evaluate on (default: the "
                         "val_split the checkpoints were trained with, else val)")
     parser.add_argument("--img-sizes", nargs="+", type=_positive, metavar="SIZE",
-                        help="square input sizes, multiples of the patch size (default 224, none with --seq-lens)")
+                        help="square input sizes, multiples of the patch size (default: the models' training "
+                        "sizes; none with --seq-lens)")
     parser.add_argument("--seq-lens", nargs="+", type=naflex.seq_len_arg, default=[], metavar="L",
                         help="token budgets: each image resized keeping its aspect ratio to at most L patches (timm's "
                         "NaFlex eval transform), for models that take NaFlex batches; with --img-sizes, both")
@@ -98,6 +99,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("pass --checkpoint PATH ... and/or --model NAME ...")
     if args.train_size is not None and not args.model:
         parser.error("--train-size goes with --model: a --checkpoint is rebuilt at the size its run trained at")
+    if args.model_kwargs and not args.model:
+        parser.error("--model-kwargs goes with --model: a --checkpoint is rebuilt with the model_kwargs its run saved")
     weights = args.pretrained_file or [None] * len(args.model)
     if len(weights) != len(args.model):
         parser.error(f"--pretrained-file takes one file per --model: got {len(weights)} for {len(args.model)}")
@@ -126,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
         if repeated:
             raise UserError(f"{repeated} is given twice, and its rows would merge in the reports: name each "
                             "checkpoint or --model / --pretrained-file pair once")
-        sizes = args.img_sizes or ([] if args.seq_lens else [224])
+        sizes = args.img_sizes or ([] if args.seq_lens else sorted({entry.train_size for entry in models}))
         check_sizes(sizes, models, args.policy or (), args.seq_lens)
         text = "; ".join([protocol(args.crop_pct)] * bool(sizes) + [naflex.PROTOCOL] * bool(args.seq_lens))
         print(f"protocol: {text}; sizes {sizes}; " + (f"budgets {args.seq_lens}; " if args.seq_lens else "")

@@ -156,7 +156,7 @@ def plot_mixed_directions(model: RoPEVisionTransformer, path: Path) -> bool:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="vit-rope-diagnose", description=__doc__.splitlines()[0])
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--checkpoint", help="a train.py checkpoint")
     source.add_argument("--model", help="a vit_rope timm model name (with --pretrained-file for weights)")
@@ -164,8 +164,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--random-init", action="store_true",
                         help="diagnose --model without weights, at its random initialisation (labelled so)")
     parser.add_argument("--model-kwargs", nargs="*", type=parse_kwarg, default=[], metavar="KEY=VALUE")
-    parser.add_argument("--sizes", nargs="+", type=int, help="square image sizes to inspect (default 224 320 384 "
-                        "512, none with --seq-lens)")
+    parser.add_argument("--sizes", "--img-sizes", nargs="+", type=int,
+                        help="square image sizes to inspect (default 224 320 384 512, none with --seq-lens)")
     parser.add_argument("--seq-lens", nargs="+", type=naflex.seq_len_arg, default=[], metavar="L",
                         help="token budgets to inspect: the --data-dir images (needed: noise has no aspect ratio) "
                         "resized keeping their aspect ratio to at most L patches; unseen-phase channels count over "
@@ -175,7 +175,8 @@ def main(argv: list[str] | None = None) -> int:
                         "checkpoint's val_split, else val)")
     parser.add_argument("--policy", choices=POLICIES, help="resolution policy to diagnose under (default: the "
                         "model's own)")
-    parser.add_argument("--num-images", type=int, default=8)
+    parser.add_argument("--num-images", "--limit", type=int, default=8,
+                        help="val images to inspect (default 8; --limit as in vit_rope.evaluate)")
     parser.add_argument("--output", default="output/diagnose")
     args = parser.parse_args(argv)
     args.sizes = args.sizes or ([] if args.seq_lens else [224, 320, 384, 512])

@@ -33,16 +33,17 @@ from vit_rope.models.naflex import naflex_patch
 def label_map(model: EvalModel, val_classes: list[str], val_dir: Path) -> torch.Tensor:
     """Output index of each val class: by name when the model's classes are known (so that an ImageNet-1k model
     scores on a folder of a few synsets), else in folder order."""
+    trained_on = f" (its run trained on {model.data_dir}: --data-dir {model.data_dir})" if model.data_dir else ""
     if model.classes is not None:
         unknown = [name for name in val_classes if name not in model.classes]
         if unknown:
             raise UserError(f"{val_dir} has classes {unknown[:5]} that {model.label} was not trained on; evaluate "
-                            "on a folder of its classes")
+                            f"on a folder of its classes{trained_on}")
         return torch.tensor([model.classes.index(name) for name in val_classes])
     outputs = model.model.num_classes
     if outputs != len(val_classes):
         raise UserError(f"{model.label} has {outputs} outputs but {val_dir} has {len(val_classes)} classes; use a "
-                        "folder of its classes, or --model-kwargs num_classes=N")
+                        f"folder of its classes{trained_on}, or --model-kwargs num_classes=N")
     return torch.arange(outputs)
 
 

@@ -24,8 +24,14 @@ from vit_rope.models import registry  # noqa: F401  (registers the vit_rope_* mo
 from vit_rope.models.factory import PretrainedLoadError, create_model
 from vit_rope.models.load_report import WeightsNotLoadedWarning
 from vit_rope.models.lookhere_weights import official_file_args
-from vit_rope.models.weights_file import UnreadableCheckpointError, read_weights, tensor_rows, weights_mismatch
-from vit_rope.train.state import load_checkpoint
+from vit_rope.models.weights_file import (
+    UnreadableCheckpointError,
+    mapped_file,
+    read_weights,
+    tensor_rows,
+    weights_mismatch,
+)
+from vit_rope.train.state import CHECKPOINT_FORMAT, load_checkpoint
 
 # create_model arguments that leave the architecture (and so the label) as it is: the class count (the reports say
 # the classes), the training size (reported on its own), dropout rates (training only) and where weights come from
@@ -44,6 +50,8 @@ class EvalModel:
         train_size: the resolution it was trained at, marked in the reports and the reference of RoPE policies.
         classes: class name of each output; None when unknown (outputs are then taken in val folder order).
         val_split: the data folder its training run validated on (``train.py``'s ``val_split``); None when unknown.
+        data_dir: the data set its training run read (``train.py``'s ``data_dir``), named when the classes of the
+            evaluated folder do not fit; None when unknown.
     """
 
     label: str
@@ -51,6 +59,7 @@ class EvalModel:
     train_size: int
     classes: list[str] | None = None
     val_split: str | None = None
+    data_dir: str | None = None
 
 
 def model_label(name: str, model_kwargs: dict[str, Any], *notes: str) -> str:
@@ -90,7 +99,14 @@ def load_trained(path: str | Path, use_ema: bool = True) -> EvalModel:
                         "checkpoint was written by another version of the model's code")
     model.load_state_dict(weights)
     label = f"{model_label(name, kwargs)} ({path}{', EMA' if ema else ''})"
-    return EvalModel(label, model, train_size, ckpt.get("classes"), ckpt["config"].get("val_split"))
+    return EvalModel(label, model, train_size, ckpt.get("classes"), ckpt["config"].get("val_split"),
+                     ckpt["config"].get("data_dir"))
+
+
+def _is_training_checkpoint(path: str | Path) -> bool:
+    """Whether ``path`` is a checkpoint written by train.py (its format tag), read memory-mapped."""
+    state = None if Path(path).suffix == ".safetensors" else mapped_file(path)
+    return isinstance(state, dict) and state.get("format") == CHECKPOINT_FORMAT
 
 
 def load_pretrained(name: str, weights: str | None, num_classes: int, train_size: int | None = None,
@@ -114,6 +130,9 @@ def load_pretrained(name: str, weights: str | None, num_classes: int, train_size
     if weights is not None and not Path(weights).is_file():
         raise UserError(f"--pretrained-file {weights} is not a file: pass the path of a weights file (.pth, .pt, "
                         ".bin or .safetensors)")
+    if weights is not None and _is_training_checkpoint(weights):
+        raise UserError(f"--pretrained-file {weights} is a train.py checkpoint: pass it as --checkpoint {weights}, "
+                        "which rebuilds its model as it was trained (training size, model_kwargs, classes)")
     if weights is not None and "lookhere" in name:  # an official LookHere file names its config: take it
         kwargs = {**official_file_args(weights), **kwargs}
     published = weights is None and bool(kwargs.get("pretrained"))

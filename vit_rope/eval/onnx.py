@@ -164,12 +164,21 @@ def export_onnx(model: nn.Module, path: str | Path, *, img_size: tuple[int, int]
     return OnnxExport(path, {shape: diff for shape, (diff, _) in diffs.items()})
 
 
+def check_output_file(path: str | Path) -> None:
+    """Raise a ``UserError`` when ``path`` is a folder: the export would fail at its last step, the write."""
+    if Path(path).is_dir():
+        raise UserError(f"--output {path} is a folder: name the ONNX file to write, e.g. {Path(path) / 'model.onnx'}")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="vit-rope-export", description=__doc__.split("\n\n")[0])
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--checkpoint", metavar="PATH", help="a train.py checkpoint (last.pth, best.pth)")
     source.add_argument("--model", metavar="NAME", help="a timm model name (vit_rope_* or timm's own ViTs)")
-    parser.add_argument("--pretrained-file", metavar="FILE", help="weights for --model (default: random weights)")
+    parser.add_argument("--pretrained-file", metavar="FILE", help="weights for --model")
+    parser.add_argument("--random-init", action="store_true",
+                        help="export a --model without weights (no --pretrained-file, no --model-kwargs "
+                        "pretrained=true) at its random initialisation, to try the export itself")
     parser.add_argument("--num-classes", type=int, help="outputs of --model (default: the file's, else 1000)")
     parser.add_argument("--model-kwargs", nargs="+", type=parse_kwarg, default=[], metavar="KEY=VALUE",
                         help="extra timm.create_model arguments for --model (values read as YAML)")
@@ -194,6 +203,11 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--img-size takes H or H W, got {len(args.img_size)} values")
     try:
         require_onnx()
+        check_output_file(args.output)
+        if args.model and not (args.pretrained_file or dict(args.model_kwargs).get("pretrained") or args.random_init):
+            raise UserError(f"--model {args.model} has no weights, so the file would hold its random initialisation: "
+                            "pass --pretrained-file PATH or --model-kwargs pretrained=true for timm's published "
+                            "weights, or --random-init to export random weights on purpose")
         if args.policy is not None and args.policy not in POLICIES:
             raise UserError(f"unknown RoPE policy '{args.policy}': choose from {', '.join(POLICIES)}")
         if args.checkpoint:

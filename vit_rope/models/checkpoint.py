@@ -213,10 +213,11 @@ def checkpoint_filter_fn(state_dict: dict[str, Any], model: nn.Module, features_
     return out
 
 
-def load_weights(model: nn.Module, path: str | Path) -> LoadReport:
+def load_weights(model: nn.Module, path: str | Path | Mapping[str, Any]) -> LoadReport:
     """Load a ``.pth`` / ``.pt`` / ``.bin`` (``torch.load(weights_only=True)``) or ``.safetensors`` file into ``model``,
     or a transformers folder (``model.safetensors``); a transformers ``config.json`` in that folder or beside a
     ``model.safetensors`` file is checked against the model first (``vit_rope.models.hf_dinov3.check_hf_config``).
+    A state dict already in memory is taken as well (``load_state_dict``).
 
     The classifier is loaded only when its shape matches, so a 1000-class checkpoint can seed a 10-class model.
     Weights the checkpoint lacks are initialised, with a ``WeightsNotLoadedWarning``.
@@ -230,6 +231,8 @@ def load_weights(model: nn.Module, path: str | Path) -> LoadReport:
         ValueError: the checkpoint does not fit the model (the message lists the missing, unexpected and reshaped
             keys), or its transformers config.json does not (the message names the field and the model that fits).
     """
+    if isinstance(path, Mapping):
+        return load_state_dict(model, dict(path))
     config = hf_dinov3.hf_config(path)
     if config is not None:
         hf_dinov3.check_hf_config(config, model)

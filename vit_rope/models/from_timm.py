@@ -57,8 +57,11 @@ def from_timm(model: nn.Module) -> RoPEVisionTransformer:
     supported = timm_name is not None and (any(timm_name in table for table in FAMILIES.values())
                                            or (_DINOV3.fullmatch(timm_name) and timm.is_model(twin_name(timm_name))))
     if not supported:
+        ports = " For timm's RoPE-ViT ports (vit_*_patch16_rope_*), create the vit_rope model of the same size and " \
+            "kind and load the port's weights with vit_rope.load_weights(model, file)." \
+            if timm_name is not None and "_rope_" in timm_name else ""
         raise ValueError(f"from_timm got {timm_name or type(model).__name__}, which has no vit_rope twin. Supported: "
-                         f"{SUPPORTED}.")
+                         f"{SUPPORTED}.{ports}")
     twin = timm.create_model(twin_name(timm_name), **_architecture(model))
     load_state_dict(twin, model.state_dict(), source=f"timm {timm_name}")
     param = next(model.parameters())

@@ -102,8 +102,16 @@ CLI_FLAGS = {"data_dir": "DIR", "output": "DIR", "model": "NAME", "img_size": "N
 _HINTS = typing.get_type_hints(Config)
 
 
+# Names other trainers (timm's train.py, Hugging Face, DeiT) give to a key, for the suggestion in an unknown-key error,
+# where the closest spelling would mislead (learning_rate is closest to decay_rate).
+_OTHER_NAMES = {"learning_rate": "lr", "optimizer": "opt", "scheduler": "sched", "num_epochs": "epochs",
+                "drop_path_rate": "drop_path", "label_smoothing": "smoothing", "num_workers": "workers",
+                "input_size": "img_size", "image_size": "img_size", "model_name": "model", "aa": "auto_augment",
+                "bce_loss": "loss", "warmup": "warmup_epochs", "data": "data_dir", "ema": "model_ema"}
+
+
 def _unknown_key(key: str, source: str) -> UserError:
-    closest = difflib.get_close_matches(key, list(_HINTS), n=1, cutoff=0)[0]
+    closest = _OTHER_NAMES.get(key) or difflib.get_close_matches(key, list(_HINTS), n=1, cutoff=0)[0]
     return UserError(f"unknown config key '{key}' {source}; did you mean '{closest}'? (all keys: configs/base.yaml)")
 
 
@@ -180,7 +188,9 @@ def load_yaml(path: str | Path, _seen: tuple[Path, ...] = ()) -> dict[str, Any]:
     if path in _seen:
         raise UserError(f"config inheritance loops back to {path}; remove one of the 'base:' entries")
     if not path.is_file():
-        raise UserError(f"config file {path} does not exist; pass an existing YAML file with -c")
+        what = "is a folder" if path.is_dir() else "does not exist"
+        where = f"named by 'base:' in {_seen[-1]}; fix that line" if _seen else "pass an existing YAML file with -c"
+        raise UserError(f"config file {path} {what}; {where}")
     try:
         raw = yaml.safe_load(path.read_text()) or {}
     except yaml.YAMLError as err:
