@@ -190,3 +190,10 @@ def test_bad_budgets_or_budgets_of_noise_are_refused(budget, message, tmp_path, 
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert err.startswith(message) and err.count("\n") == 1 and not (tmp_path / "out").exists()
+
+
+def test_without_sizes_a_checkpoint_is_inspected_at_rope_vits_ratios_of_its_training_size(tmp_path, capsys):
+    """A 32 px run with 16 px patches: 1x, 1.43x, 1.71x and 2.29x in whole patches are 32, 48, 48 and 80 px."""
+    checkpoint = write_checkpoint(tmp_path / "best.pth")
+    assert main(["--checkpoint", str(checkpoint), "--num-images", "1", "--output", str(tmp_path / "out")]) == 0
+    assert list(json.loads((tmp_path / "out" / "diagnostics.json").read_text())["sizes"]) == ["32", "48", "80"]

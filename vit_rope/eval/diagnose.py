@@ -165,7 +165,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="diagnose --model without weights, at its random initialisation (labelled so)")
     parser.add_argument("--model-kwargs", nargs="*", type=parse_kwarg, default=[], metavar="KEY=VALUE")
     parser.add_argument("--sizes", "--img-sizes", nargs="+", type=int,
-                        help="square image sizes to inspect (default 224 320 384 512, none with --seq-lens)")
+                        help="square image sizes to inspect (default: 1, 1.43, 1.71 and 2.29 times the training size, "
+                        "RoPE-ViT's 224-512 px of a 224 px model, in whole patches; none with --seq-lens)")
     parser.add_argument("--seq-lens", nargs="+", type=naflex.seq_len_arg, default=[], metavar="L",
                         help="token budgets to inspect: the --data-dir images (needed: noise has no aspect ratio) "
                         "resized keeping their aspect ratio to at most L patches; unseen-phase channels count over "
@@ -179,7 +180,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="val images to inspect (default 8; --limit as in vit_rope.evaluate)")
     parser.add_argument("--output", default="output/diagnose")
     args = parser.parse_args(argv)
-    args.sizes = args.sizes or ([] if args.seq_lens else [224, 320, 384, 512])
+    args.sizes = args.sizes or ([] if args.seq_lens else None)  # None: from the training size, once it is known
     try:
         entry, samples = _load(args)
     except UserError as err:
@@ -227,7 +228,7 @@ def _record(table: dict[int, Any], key: int, label: str, coverage: list[dict[str
 def _load(args: argparse.Namespace) -> tuple[EvalModel, list[Sample] | None]:
     """The model to diagnose and the images that feed the entropy (None: noise), every argument checked first."""
     kwargs = dict(args.model_kwargs)
-    bad = [size for size in args.sizes if size <= 0]
+    bad = [size for size in args.sizes or () if size <= 0]
     if bad or args.num_images <= 0:
         what = f"--sizes entry {bad[0]}" if bad else f"--num-images {args.num_images}"
         raise UserError(f"{what} must be > 0 (e.g. --sizes 224 320 512 --num-images 8)")
@@ -252,6 +253,10 @@ def _load(args: argparse.Namespace) -> tuple[EvalModel, list[Sample] | None]:
     if not isinstance(entry.model, RoPEVisionTransformer):
         raise UserError(f"{entry.label} is a {type(entry.model).__name__}, not a vit_rope model: nothing to "
                         "diagnose; pass a vit_rope_* model or a checkpoint of one")
+    if args.sizes is None:  # RoPE-ViT's 224, 320, 384 and 512 px of a 224 px model, in whole patches
+        patch = patch_size(entry.model)
+        args.sizes = list(dict.fromkeys(patch * max(1, round(entry.train_size * ratio / 224 / patch))
+                                        for ratio in (224, 320, 384, 512)))
     check_multiple("--sizes entry", args.sizes, entry.model, entry.label)
     if args.policy is not None:
         try:  # each RoPE2D checks that the policy applies to its kind (policies.check_policy)
