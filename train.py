@@ -100,7 +100,7 @@ def train(cfg: Config) -> None:
         raise UserError(f"{cfg.resume} was written for model '{resume['model_name']}', this run builds "
                         f"'{cfg.model}'; pass --model {resume['model_name']}")
     if resume is not None:
-        cfg = reconcile(cfg, resume)  # the optimizer and schedule keys go on as saved; other differences named
+        cfg = reconcile(cfg, resume, env.is_main)  # optimizer and schedule keys as saved; other differences named
     finetune = train_state.load_checkpoint(cfg.finetune) if cfg.finetune and resume is None else None
 
     # ---- data: scanned first, because the classifier needs the number of classes -----------------------------

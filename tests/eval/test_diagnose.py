@@ -197,3 +197,11 @@ def test_without_sizes_a_checkpoint_is_inspected_at_rope_vits_ratios_of_its_trai
     checkpoint = write_checkpoint(tmp_path / "best.pth")
     assert main(["--checkpoint", str(checkpoint), "--num-images", "1", "--output", str(tmp_path / "out")]) == 0
     assert list(json.loads((tmp_path / "out" / "diagnostics.json").read_text())["sizes"]) == ["32", "48", "80"]
+
+
+def test_model_options_with_a_checkpoint_are_a_usage_error(tmp_path, capsys):
+    """A checkpoint rebuilds its own model: --model-kwargs with it alone would be ignored, as in vit_rope.evaluate."""
+    checkpoint = write_checkpoint(tmp_path / "best.pth")
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--checkpoint", str(checkpoint), "--model-kwargs", "depth=3", "--output", str(tmp_path / "out")])
+    assert exit_info.value.code == 2 and "go with --model" in capsys.readouterr().err

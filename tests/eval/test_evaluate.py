@@ -159,9 +159,9 @@ def test_plot_skipped_without_matplotlib(tmp_path: Path, monkeypatch, capsys) ->
                              "truncated or corrupt (or not a weights file); download it again or save it again ["),
     ("corrupt_pretrained", "garbage_header.safetensors is not a readable checkpoint: the file is truncated or "
                            "corrupt (or not a weights file); download it again or save it again [SafetensorError: "),
-    ("no_weights", f"--model {ROPE} has no weights, so it would be evaluated at its random initialisation: pass "
-                   "--pretrained-file PATH (one per --model) or --model-kwargs pretrained=true for timm's published "
-                   "weights, or --random-init to evaluate random weights on purpose"),
+    ("no_weights", f"--model {ROPE} has no weights, so the command would evaluate its random initialisation: pass "
+                   "--pretrained-file PATH or --model-kwargs pretrained=true for timm's published weights, or "
+                   "--random-init to evaluate random weights on purpose"),
     ("crop_pct", "--crop-pct 1.5 is outside (0, 1]: it is the fraction of the resized image that the center crop "
                  "keeps"),
     ("split", "val does not exist; the data dir needs val/ with one folder per class; it has test/: set "

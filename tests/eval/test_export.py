@@ -170,3 +170,12 @@ def test_missing_onnxruntime_is_named(tmp_path: Path, monkeypatch, capsys) -> No
         export.require_onnx()
     assert export.main(["--model", "vit_rope_tiny_patch16_mixed_224", "--output", str(tmp_path / "m.onnx")]) == 2
     assert "vit-rope[export]" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("args", [["--checkpoint", "c.pth", "--random-init"],
+                                  ["--model", "vit_rope_tiny_patch16_mixed_224", "--random-init", "--pretrained-file",
+                                   "w.pth"]])
+def test_random_init_goes_with_a_model_alone(tmp_path: Path, args: list[str], capsys) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        export.main([*args, "--output", str(tmp_path / "m.onnx")])
+    assert exit_info.value.code == 2 and "--random-init" in capsys.readouterr().err

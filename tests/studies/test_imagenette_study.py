@@ -238,4 +238,3 @@ def test_every_arm_of_every_study_has_a_config_that_validates_and_builds(script,
     for arm, (_, baseline) in arms.items():
         assert baseline is None or baseline in arms
         script.encoding_kind(str(SCRIPT.parents[1] / configs / f"{arm}.yaml"))  # loads, validates, builds the model
-

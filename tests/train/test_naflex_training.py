@@ -84,5 +84,3 @@ def test_bad_naflex_settings_exit_2_before_any_image_is_decoded(image_root: Path
 def test_the_decoded_cache_holds_the_longest_sequences_pixels(image_root: Path, tmp_path: Path, capsys) -> None:
     assert train.main(tiny_args(image_root, tmp_path / "run", *NAFLEX, "--epochs", "1", "decoded_cache=true")) == 0
     assert "short side 64 px (train" in capsys.readouterr().out  # sqrt(16) patches of 16 px; val keeps 32 / crop_pct
-
-

@@ -29,7 +29,7 @@ from vit_rope.data.folders import find_images, resolve_data_dir
 from vit_rope.errors import UserError
 from vit_rope.eval import naflex
 from vit_rope.eval.harness import check_options, check_sizes, choose_split, evaluate_models, protocol
-from vit_rope.eval.loading import load_pretrained, load_trained
+from vit_rope.eval.loading import check_weights, load_pretrained, load_trained
 from vit_rope.eval.report import write_reports
 from vit_rope.layers.policies import POLICIES
 from vit_rope.train.distributed import set_cpu_threads
@@ -72,8 +72,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--val-split", metavar="NAME", help="folder of --data-dir to evaluate on (default: the "
                         "val_split the checkpoints were trained with, else val)")
     parser.add_argument("--img-sizes", nargs="+", type=_positive, metavar="SIZE",
-                        help="square input sizes, multiples of the patch size (default: the models' training "
-                        "sizes; none with --seq-lens)")
+                        help="square input sizes, multiples of the patch size (default: every model's training "
+                        "size, each model at all of them; none with --seq-lens)")
     parser.add_argument("--seq-lens", nargs="+", type=naflex.seq_len_arg, default=[], metavar="L",
                         help="token budgets: each image resized keeping its aspect ratio to at most L patches (timm's "
                         "NaFlex eval transform), for models that take NaFlex batches; with --img-sizes, both")
@@ -109,13 +109,10 @@ def main(argv: list[str] | None = None) -> int:
         check_output_dir(args.output, "--output")
         for name in args.model:  # a typo before the advice about weights
             check_model_name(name)
+        for name, file in zip(args.model, weights, strict=True):
+            check_weights(name, file, dict(args.model_kwargs), args.random_init, "evaluate")
         unloaded = [name for name, file in zip(args.model, weights, strict=True)
                     if file is None and not dict(args.model_kwargs).get("pretrained")]
-        if unloaded and not args.random_init:
-            raise UserError(f"--model {unloaded[0]} has no weights, so it would be evaluated at its random "
-                            "initialisation: pass --pretrained-file PATH (one per --model) or --model-kwargs "
-                            "pretrained=true for timm's published weights, or --random-init to evaluate random "
-                            "weights on purpose")
         if args.device != "cuda":  # loader workers need cores of their own, or every thread stalls
             set_cpu_threads(0, args.workers)
         data_dir = resolve_data_dir(args.data_dir)

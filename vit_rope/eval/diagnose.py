@@ -37,7 +37,7 @@ from vit_rope.eval import naflex
 from vit_rope.eval.ablation import position_reliance
 from vit_rope.eval.cli import parse_kwarg
 from vit_rope.eval.harness import eval_transform, subset
-from vit_rope.eval.loading import EvalModel, load_pretrained, load_trained
+from vit_rope.eval.loading import EvalModel, check_weights, load_pretrained, load_trained
 from vit_rope.layers.naflex import naflex_grid
 from vit_rope.layers.policies import BIAS_KINDS, POLICIES
 from vit_rope.layers.rope import RoPE2D
@@ -180,6 +180,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="val images to inspect (default 8; --limit as in vit_rope.evaluate)")
     parser.add_argument("--output", default="output/diagnose")
     args = parser.parse_args(argv)
+    if args.checkpoint and (args.model_kwargs or args.pretrained_file or args.random_init):
+        parser.error("--model-kwargs, --pretrained-file and --random-init go with --model: a checkpoint rebuilds its "
+                     "own model, with its weights")
     args.sizes = args.sizes or ([] if args.seq_lens else None)  # None: from the training size, once it is known
     try:
         entry, samples = _load(args)
@@ -242,10 +245,8 @@ def _load(args: argparse.Namespace) -> tuple[EvalModel, list[Sample] | None]:
                         "one folder per class), or leave it out to feed noise")
     if args.model:  # a typo before the advice about weights
         check_model_name(args.model)
-    if args.model and args.pretrained_file is None and not kwargs.get("pretrained") and not args.random_init:
-        raise UserError(f"--model {args.model} has no weights, so its random initialisation would be diagnosed: "
-                        "pass --pretrained-file PATH or --model-kwargs pretrained=true, or --random-init to diagnose "
-                        "the initialisation on purpose")
+    if args.model:
+        check_weights(args.model, args.pretrained_file, kwargs, args.random_init, "diagnose")
     if args.checkpoint:
         entry = load_trained(args.checkpoint)
     else:  # the classifier plays no part: built without one, whatever the file's class count

@@ -103,6 +103,16 @@ def load_trained(path: str | Path, use_ema: bool = True) -> EvalModel:
                      ckpt["config"].get("data_dir"))
 
 
+def check_weights(name: str, weights: str | None, model_kwargs: dict[str, Any], random_init: bool, use: str) -> None:
+    """A ``UserError`` when ``--model name`` has neither a weights file nor timm's published weights and
+    ``--random-init`` did not ask for random ones: the commands would ``use`` (evaluate, diagnose, export) its random
+    initialisation, a mistake unless on purpose."""
+    if weights is None and not model_kwargs.get("pretrained") and not random_init:
+        raise UserError(f"--model {name} has no weights, so the command would {use} its random initialisation: pass "
+                        "--pretrained-file PATH or --model-kwargs pretrained=true for timm's published weights, or "
+                        f"--random-init to {use} random weights on purpose")
+
+
 def _is_training_checkpoint(path: str | Path) -> bool:
     """Whether ``path`` is a checkpoint written by train.py (its format tag), read memory-mapped."""
     state = None if Path(path).suffix == ".safetensors" else mapped_file(path)

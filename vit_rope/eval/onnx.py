@@ -28,7 +28,7 @@ from torch.export import Dim, ExportedProgram
 
 from vit_rope.errors import UserError
 from vit_rope.eval.cli import parse_kwarg
-from vit_rope.eval.loading import load_pretrained, load_trained
+from vit_rope.eval.loading import check_weights, load_pretrained, load_trained
 from vit_rope.layers.policies import POLICIES
 
 ONNX_PACKAGES = ("onnx", "onnxscript", "onnxruntime")
@@ -196,18 +196,19 @@ def main(argv: list[str] | None = None) -> int:
     """Command-line entry point; returns the exit code (0 done, 1 ONNX Runtime disagrees with eager, 2 bad input)."""
     parser = build_parser()
     args = parser.parse_args(argv)
-    if args.checkpoint and (args.pretrained_file or args.num_classes is not None or args.model_kwargs):
-        parser.error("--pretrained-file, --num-classes and --model-kwargs go with --model: a checkpoint rebuilds "
-                     "its own model")
+    if args.checkpoint and (args.pretrained_file or args.num_classes is not None or args.model_kwargs
+                            or args.random_init):
+        parser.error("--pretrained-file, --num-classes, --model-kwargs and --random-init go with --model: a checkpoint "
+                     "rebuilds its own model, with its weights")
+    if args.random_init and args.pretrained_file:
+        parser.error("--random-init exports random weights, --pretrained-file a file's: pass one of them")
     if args.img_size and len(args.img_size) > 2:
         parser.error(f"--img-size takes H or H W, got {len(args.img_size)} values")
     try:
         require_onnx()
         check_output_file(args.output)
-        if args.model and not (args.pretrained_file or dict(args.model_kwargs).get("pretrained") or args.random_init):
-            raise UserError(f"--model {args.model} has no weights, so the file would hold its random initialisation: "
-                            "pass --pretrained-file PATH or --model-kwargs pretrained=true for timm's published "
-                            "weights, or --random-init to export random weights on purpose")
+        if args.model:
+            check_weights(args.model, args.pretrained_file, dict(args.model_kwargs), args.random_init, "export")
         if args.policy is not None and args.policy not in POLICIES:
             raise UserError(f"unknown RoPE policy '{args.policy}': choose from {', '.join(POLICIES)}")
         if args.checkpoint:

@@ -22,7 +22,8 @@ def build_config(path: str | Path | None = None, overrides: Sequence[str] = (),
     Args:
         path: Optional YAML config file.
         overrides: ``key=value`` strings, applied in order.
-        base: Settings to start from instead of a file, e.g. a resumed run's (``resume.saved_settings``).
+        base: Settings to start from instead of a file, typed (``config.typed``), e.g. a resumed run's
+            (``resume.saved_settings``).
 
     Returns:
         The resolved configuration.

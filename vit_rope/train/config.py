@@ -208,6 +208,13 @@ def load_yaml(path: str | Path, _seen: tuple[Path, ...] = ()) -> dict[str, Any]:
     return {**load_yaml(path.parent / parent, (*_seen, path)), **values}
 
 
+def typed(values: dict[str, Any], source: str) -> dict[str, Any]:
+    """The keys of ``values`` that a config has, typed as ``load_yaml`` types a file's (a ``UserError`` names the key,
+    the value and ``source``); keys no config has any more (a checkpoint's saved config of an older version) are left
+    out."""
+    return {key: _coerce(key, value, _HINTS[key], source) for key, value in values.items() if key in _HINTS}
+
+
 def parse_override(item: str) -> tuple[str, str | None, Any]:
     """Split a ``key=value`` or ``key.entry=value`` argument into a checked key, the dict entry, and a typed value.
 

@@ -12,7 +12,7 @@ schedule, loss scaler, EMA and random state back.
 from __future__ import annotations
 
 import dataclasses
-import logging
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -22,10 +22,9 @@ from timm.utils import ModelEmaV3
 from vit_rope.errors import UserError
 from vit_rope.train import engine
 from vit_rope.train import state as train_state
-from vit_rope.train.config import Config
+from vit_rope.train.checks import check_config
+from vit_rope.train.config import Config, typed
 from vit_rope.train.distributed import DistEnv
-
-_log = logging.getLogger(__name__)
 
 # Carried by the optimizer's and the scheduler's saved state (timm's schedulers save every argument they were built
 # with): a resumed run keeps the checkpoint's values, as the restored state would anyway.
@@ -38,29 +37,43 @@ FREE_KEYS = ("output", "data_dir", "resume", "finetune", "download_size", "devic
 
 
 def saved_settings(path: str | Path) -> dict[str, Any]:
-    """The settings of the run that wrote the checkpoint ``path`` (its saved config, keys this version still knows),
-    for ``--resume`` without ``-c``; empty for a checkpoint that saved none."""
-    saved = train_state.load_checkpoint(path).get("config") or {}
-    known = {field.name for field in dataclasses.fields(Config)}
-    return {key: value for key, value in saved.items() if key in known and key not in ("resume", "finetune")}
+    """The settings of the run that wrote the checkpoint ``path`` (its saved config, typed; keys this version no
+    longer has left out), for ``--resume`` without ``-c``; ``output`` is the checkpoint's folder, wherever the run was
+    started from or the folder has moved since."""
+    saved = train_state.load_checkpoint(path, mmap=True).get("config") or {}
+    settings = typed(saved, f"in the config saved in {path}")
+    settings.pop("resume", None)
+    return {**settings, "output": str(Path(path).parent)}
 
 
-def reconcile(cfg: Config, resume: dict[str, Any]) -> Config:
+def reconcile(cfg: Config, resume: dict[str, Any], warn: bool = True) -> Config:
     """``cfg`` with the optimizer and schedule keys (``STATE_KEYS``) of the checkpoint ``resume`` (as loaded by
-    ``train_state.load_checkpoint`` from ``cfg.resume``), and one warning naming every setting that differs from the
-    run that wrote it, but the ``FREE_KEYS``."""
-    saved = resume.get("config") or {}  # checkpoints without a config: nothing to compare
-    differ = [key for key in saved if hasattr(cfg, key) and key not in FREE_KEYS and getattr(cfg, key) != saved[key]]
+    ``train_state.load_checkpoint`` from ``cfg.resume``), checked again, and (``warn``: on one rank) one warning naming
+    every setting that differs from the run that wrote it, but the ``FREE_KEYS``. A key the saved config lacks (a
+    setting added since) is compared with its default, the behaviour before it existed."""
+    if not resume.get("config"):  # a checkpoint without its config: nothing to compare
+        return cfg
+    defaults = Config()
+    saved = {field.name: getattr(defaults, field.name) for field in dataclasses.fields(Config)} | typed(
+        resume["config"], f"in the config saved in {cfg.resume}")
+    differ = [key for key, value in saved.items() if key not in FREE_KEYS and getattr(cfg, key) != value]
     if not differ:
         return cfg
     kept = [f"{key} {saved[key]!r} (not {getattr(cfg, key)!r})" for key in differ if key in STATE_KEYS]
     changed = [f"{key} {getattr(cfg, key)!r} (the run's {saved[key]!r})" for key in differ if key not in STATE_KEYS]
-    _log.warning(f"resume: {cfg.resume} was written with other settings than this run's. "
-                 + (f"Kept from its optimizer and schedule state: {', '.join(kept)}. " if kept else "")
-                 + (f"Taken from this run, so it goes on differently from the run that stopped: {', '.join(changed)}. "
-                    if changed else "")
-                 + "To go on as the run was, resume with --resume alone (its settings are the defaults then).")
-    return dataclasses.replace(cfg, **{key: saved[key] for key in differ if key in STATE_KEYS})
+    length = {"epochs", "batch_size", "train_fraction"} & set(differ)
+    if warn:
+        warnings.warn(
+            f"resume: {cfg.resume} was written with other settings than this run's. "
+            + (f"Kept from its optimizer and schedule state: {', '.join(kept)}. " if kept else "")
+            + (f"Taken from this run, so it goes on differently from the run that stopped: {', '.join(changed)}. "
+               if changed else "")
+            + (f"The learning-rate schedule keeps the run's length in optimizer updates (its saved state) whatever "
+               f"{' and '.join(sorted(length))} now say: updates past its end run at min_lr. " if length else "")
+            + "To go on as the run was, resume with --resume alone (its settings are the defaults then).", stacklevel=2)
+    cfg = dataclasses.replace(cfg, **{key: saved[key] for key in differ if key in STATE_KEYS})
+    check_config(cfg)
+    return cfg
 
 
 def restore(resume: dict[str, Any], cfg: Config, env: DistEnv, steps_per_epoch: int,

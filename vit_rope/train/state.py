@@ -60,18 +60,19 @@ def save_checkpoint(state: dict[str, Any], path: Path) -> None:
     atomic_save({"format": CHECKPOINT_FORMAT, **state}, path)
 
 
-def load_checkpoint(path: str | Path) -> dict[str, Any]:
+def load_checkpoint(path: str | Path, mmap: bool = False) -> dict[str, Any]:
     """Read a checkpoint written by ``save_checkpoint``, with a clear error for anything else.
 
     Loads with ``weights_only=True``: no code from the file is executed. A truncated or corrupt file is a
-    ``UserError`` that says so (``vit_rope.models.weights_file.unreadable_reason``).
+    ``UserError`` that says so (``vit_rope.models.weights_file.unreadable_reason``). ``mmap``: tensors are read only
+    when touched, for a caller that wants the saved config alone.
     """
     if not Path(path).is_file():
         what = "is a folder" if Path(path).is_dir() else "does not exist"
         raise UserError(f"checkpoint {path} {what}; pass OUTPUT/last.pth (or a kept OUTPUT/epoch_E.pth) of "
                         "an earlier run")
     try:
-        ckpt = torch.load(path, map_location="cpu", weights_only=True)
+        ckpt = torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
     except Exception as err:  # torch raises several types (UnpicklingError, RuntimeError, EOFError) for foreign files
         unreadable = unreadable_reason(path, err)
         if unreadable is not None:
