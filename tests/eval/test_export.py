@@ -95,8 +95,9 @@ def test_export_result_and_graph(exported) -> None:
     graph = onnx.load(str(result.path)).graph
     dims = graph.input[0].type.tensor_type.shape.dim
     assert [d.dim_value for d in dims][1] == 3
-    assert all(dims[i].dim_param and not dims[i].dim_value for i in (0, 2, 3))
-    assert graph.output[0].name == "logits" and graph.output[0].type.tensor_type.shape.dim[0].dim_param
+    assert [dims[i].dim_param for i in (0, 2, 3)] == ["batch", "height", "width"] and not dims[0].dim_value
+    assert graph.output[0].name == "logits" and graph.output[0].type.tensor_type.shape.dim[0].dim_param == "batch"
+    assert graph.output[0].type.tensor_type.shape.dim[1].dim_value == model.num_classes  # fixed sizes stay fixed
     assert not list(result.path.parent.glob("*.data"))
 
 

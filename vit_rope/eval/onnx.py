@@ -107,6 +107,22 @@ def export_program(model: nn.Module, img_size: tuple[int, int] = (224, 224), bat
         model.train(was_training)
 
 
+def name_dims(path: str | Path, names: tuple[str, ...] = ("batch", "channels", "height", "width")) -> None:
+    """Rename the symbolic input dimensions of the ONNX file ``path`` to ``names`` (torch.export calls them ``s77`` or
+    ``16*s52``), everywhere in the graph the same symbol appears (the output's batch too), so that tools that read the
+    file (Netron, TensorRT profiles, ONNX Runtime errors) speak of batch, height and width."""
+    import onnx
+
+    proto = onnx.load(str(path))
+    renamed = {dim.dim_param: name for dim, name in zip(proto.graph.input[0].type.tensor_type.shape.dim, names,
+                                                        strict=True) if dim.dim_param}
+    for value in [*proto.graph.input, *proto.graph.output, *proto.graph.value_info]:
+        for dim in value.type.tensor_type.shape.dim:
+            if dim.dim_param in renamed:  # dim_param and dim_value are one field: a fixed size stays untouched
+                dim.dim_param = renamed[dim.dim_param]
+    onnx.save(proto, str(path))
+
+
 def compare_onnx(model: nn.Module, path: str | Path, shapes: list[Shape]) -> dict[Shape, tuple[float, float]]:
     """``(batch, H, W) -> (max |ONNX Runtime - eager|, max |eager|)`` on seeded random images of each shape."""
     import onnxruntime
@@ -152,6 +168,8 @@ def export_onnx(model: nn.Module, path: str | Path, *, img_size: tuple[int, int]
     output = "logits" if getattr(model, "num_classes", 0) else "features"
     torch.onnx.export(program, (_images(model, batch_size, *img_size),), str(path), dynamo=True, verbose=False,
                       opset_version=opset, external_data=False, input_names=["images"], output_names=[output])
+    if dynamic:
+        name_dims(path)
     (h, w), shapes = img_size, [(batch_size, *img_size)]
     if dynamic:  # about 1.5x the height in whole patches, at least one more; non-square when the export is square
         shapes.append((batch_size + 1, max(h + ph, round(1.5 * h / ph) * ph), w))
