@@ -4,6 +4,7 @@ augmentation that depends neither on the loader workers nor on where a run resum
 
 from __future__ import annotations
 
+import multiprocessing
 import random
 from pathlib import Path
 
@@ -113,6 +114,29 @@ def test_per_image_batches_depend_neither_on_workers_nor_on_a_mid_epoch_resume(i
     assert same(first, epoch(with_workers, 1))  # RandAugment, erasing: each image seeded, whichever worker runs it
     assert same(first[1:], epoch(with_workers, 1, start_step=1)) and same(first[2:], epoch(in_process, 1, 2))
     assert not same(first, epoch(in_process, 2)[:len(first)])
+
+
+def test_loader_workers_start_once_per_run_and_serve_every_pass(image_root: Path) -> None:
+    """Forking new workers as the last ones shut down (the next epoch; with an EMA, its validation pass right after the
+    model's) can hang a DDP rank, so the per-image loaders keep their workers; every pass still sees its whole split
+    in order, and each training epoch the batches set_epoch chose."""
+    train, val = indexed_loaders(image_root, *PER_IMAGE, "workers=2")
+    in_process, _ = indexed_loaders(image_root, *PER_IMAGE)
+    before = {child.pid for child in multiprocessing.active_children()}
+
+    def workers() -> set[int]:
+        return {child.pid for child in multiprocessing.active_children()} - before
+
+    passes = [[(images, targets) for images, targets, _ in val]]
+    started = workers()
+    passes += [[(images, targets) for images, targets, _ in val] for _ in range(2)]
+    assert len(started) == 2 and workers() == started
+    assert sum(len(targets) for _, targets in passes[0]) == 12  # the tiny ImageFolder: 3 classes x 4 val images
+    assert all(same(passes[0], other) for other in passes[1:])
+    first = epoch(train, 1)
+    started = workers()
+    assert len(started) == 4 and same(epoch(train, 2), epoch(in_process, 2)) and workers() == started
+    assert same(first, epoch(in_process, 1))
 
 
 def test_in_process_augmentation_leaves_the_training_random_state_alone(image_root: Path) -> None:

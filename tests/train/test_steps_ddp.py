@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import socket
 from collections.abc import Callable
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,7 @@ import torch.multiprocessing as mp
 from conftest import tiny_args
 from test_steps import PER_IMAGE, indexed_loaders
 from test_train import assert_same_weights, killed_at, metrics
+from torch.distributed import distributed_c10d
 
 import train
 from vit_rope.errors import UserError
@@ -38,6 +40,7 @@ def _rank_main(rank: int, job: Callable[..., Any], args: tuple, out: Path) -> No
     os.environ.update(MASTER_ADDR="127.0.0.1", RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(WORLD),
                       LOCAL_WORLD_SIZE=str(WORLD), OMP_NUM_THREADS="1")
     torch.set_num_threads(1)
+    distributed_c10d.default_pg_timeout = timedelta(minutes=4)  # a hung collective fails the test, not gloo's 30 min
     torch.save(job(rank, *args), out / f"rank{rank}.pt")
 
 

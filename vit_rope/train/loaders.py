@@ -158,11 +158,15 @@ def _per_image_loaders(cfg: Config, train: tuple[list[Sample], DecodedImages | N
     else:
         order = DistributedSampler(train_set, num_replicas=world_size, rank=rank, shuffle=True, seed=cfg.seed)
     steps = StepSampler(order, cfg.batch_size, cfg.img_size, schedule, cfg.seed, rank)
-    # its own generator: starting the workers then draws nothing from the global RNG that drop-path and Mixup use
+    # persistent workers (as timm's loaders): forking new workers as the last ones shut down (the next epoch, the EMA's
+    # validation pass after the model's) can hang a DDP rank in the DataLoader; forking once also saves the start-up.
+    # The sampler, which set_epoch moves on, stays in this process. Its own generator: starting the workers then
+    # draws nothing from the global RNG that drop-path and Mixup use.
     train_loader = DataLoader(train_set, batch_sampler=steps, num_workers=cfg.workers, pin_memory=pin_memory,
-                              generator=torch.Generator())
+                              generator=torch.Generator(), persistent_workers=cfg.workers > 0)
     val_set = Subset(ImageFolderDataset(val[0], val_tf, val[1]), range(rank, len(val[0]), world_size))
-    return train_loader, DataLoader(val_set, cfg.batch_size, num_workers=cfg.workers, pin_memory=pin_memory)
+    return train_loader, DataLoader(val_set, cfg.batch_size, num_workers=cfg.workers, pin_memory=pin_memory,
+                                    persistent_workers=cfg.workers > 0)
 
 
 def _tensor_loaders(cfg: Config, train: tuple[list[Sample], DecodedImages], val: tuple[list[Sample], DecodedImages],
@@ -212,7 +216,8 @@ def _naflex_loaders(cfg: Config, train: tuple[list[Sample], DecodedImages | None
                             seq_lens=tuple(cfg.naflex_seq_lens), max_tokens_per_batch=cfg.batch_size * longest,
                             seed=cfg.seed, rank=rank, world_size=world_size, batch_divisor=math.gcd(8, cfg.batch_size))
     pin_memory = device.type == "cuda"
-    # its own generator: starting the workers then draws nothing from the global RNG that drop-path uses
+    # not persistent, unlike the other loaders: its workers hold copies of the steps, which set_epoch must reach afresh
+    # each epoch. Its own generator: starting the workers then draws nothing from the global RNG that drop-path uses.
     train_loader = DataLoader(steps, batch_size=None, num_workers=cfg.workers, pin_memory=pin_memory,
                               generator=torch.Generator())
     val_len = cfg.naflex_val_seq_len or (cfg.img_size // patch) ** 2
@@ -220,7 +225,8 @@ def _naflex_loaders(cfg: Config, train: tuple[list[Sample], DecodedImages | None
                               use_prefetcher=True, **common)
     val_set = Subset(ImageFolderDataset(val[0], val_tf, val[1]), range(rank, len(val[0]), world_size))
     val_loader = DataLoader(val_set, max(1, cfg.batch_size * longest // val_len), num_workers=cfg.workers,
-                            pin_memory=pin_memory, collate_fn=NaFlexCollator(val_len))
+                            pin_memory=pin_memory, collate_fn=NaFlexCollator(val_len),
+                            persistent_workers=cfg.workers > 0)  # as the per-image loaders
     erasing = PatchRandomErasing(erase_prob=cfg.reprob, mode="pixel", device=device) if cfg.reprob > 0 else None
     norm = dict(mean=data_config["mean"], std=data_config["std"], device=device)
     if rank == 0:
