@@ -35,8 +35,8 @@ def loader(samples: list, workers: int = 0, rank: int = 0, world_size: int = 1, 
                         patch_size=8, seed=3, rank=rank, world_size=world_size, batch_divisor=1,
                         mixup=NaFlexMixup(num_classes=3) if mixup else None)
     erasing = PatchRandomErasing(erase_prob=1.0, mode="pixel", device="cpu") if erase else None
-    return NaFlexLoader(DataLoader(steps, batch_size=None, num_workers=workers), MEAN, STD, torch.device("cpu"),
-                        erasing=erasing, seed=3, rank=rank)
+    data = DataLoader(steps, batch_size=None, num_workers=workers, persistent_workers=workers > 0)  # as training's
+    return NaFlexLoader(data, MEAN, STD, torch.device("cpu"), erasing=erasing, seed=3, rank=rank)
 
 
 def epoch(data: NaFlexLoader, index: int, start: int = 0) -> list[tuple[dict, torch.Tensor, torch.Tensor]]:
@@ -56,10 +56,13 @@ def assert_same(a: list, b: list) -> None:
 def test_a_step_is_the_same_batch_whatever_the_workers_and_wherever_the_epoch_starts(samples: list) -> None:
     # every source of randomness on: RandAugment, the crop to the token budget, Mixup/CutMix, patch erasing
     in_process = epoch(loader(samples, mixup=True, erase=True), 1)
-    assert_same(in_process, epoch(loader(samples, workers=2, mixup=True, erase=True), 1))
+    with_workers = loader(samples, workers=2, mixup=True, erase=True)
+    assert_same(in_process, epoch(with_workers, 1))
     assert_same(in_process[2:], epoch(loader(samples, mixup=True, erase=True), 1, start=2))  # a resumed epoch
+    assert_same(in_process[2:], epoch(with_workers, 1, start=2))  # set_epoch reaches the running workers
     other = epoch(loader(samples, mixup=True, erase=True), 2)
     assert not torch.equal(other[0][0]["patches"][:1], in_process[0][0]["patches"][:1])  # a new epoch, new draws
+    assert_same(other, epoch(with_workers, 2))
 
 
 def test_batches_hold_native_aspect_ratios_within_each_steps_sequence_length(samples: list) -> None:

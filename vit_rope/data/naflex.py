@@ -28,6 +28,7 @@ import torch
 from timm.data.naflex_dataset import NaFlexMapDatasetWrapper
 from timm.data.naflex_loader import NaFlexPrefetchLoader
 from timm.data.naflex_random_erasing import PatchRandomErasing
+from timm.data.readers.shared_count import SharedCount
 from torch import Tensor
 from torch.utils.data import DataLoader
 
@@ -58,7 +59,7 @@ class NaFlexSteps(NaFlexMapDatasetWrapper):
                  **kwargs: Any) -> None:
         super().__init__(images, transform_factory=transform_factory, mixup_fn=mixup,
                          distributed=kwargs.get("world_size", 1) > 1, **kwargs)
-        self.start = 0
+        self.shared_start = SharedCount(0)  # as timm's shared_epoch: set here, read by persistent loader workers
 
     @property
     def schedule(self) -> list[tuple[int, int]]:
@@ -70,18 +71,18 @@ class NaFlexSteps(NaFlexMapDatasetWrapper):
         if not 0 <= start_step <= len(self):
             raise ValueError(f"start_step {start_step} is outside the epoch's {len(self)} steps")
         super().set_epoch(epoch)
-        self.start = start_step
+        self.shared_start.value = start_step
 
     def __iter__(self) -> Iterator[tuple[dict[str, Any], Tensor]]:
-        """This worker's steps from ``start``: step i goes to worker ``(i - start) % workers``, the order in which a
-        ``DataLoader`` takes batches from its workers, so the batches arrive in step order."""
+        """This worker's steps from ``start_step``: step i goes to worker ``(i - start_step) % workers``, the order in
+        which a ``DataLoader`` takes batches from its workers, so the batches arrive in step order."""
         info = torch.utils.data.get_worker_info()
         workers, worker = (info.num_workers, info.id) if info is not None else (1, 0)
-        epoch = self.shared_epoch.value
+        epoch, start = self.shared_epoch.value, self.shared_start.value
         if self.mixup_fn is not None:
             self.mixup_fn.set_epoch(epoch)
         steps = self._prepare_epoch_batches(epoch)
-        for step in range(self.start + worker, len(steps), workers):
+        for step in range(start + worker, len(steps), workers):
             seq_len, patch_idx, indices = steps[step]
             with global_rng_kept():  # workers=0: the training process's own draws stay its own
                 batch = self._batch(step, self.transforms[seq_len, patch_idx], self.patchifiers[patch_idx],

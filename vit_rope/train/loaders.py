@@ -216,10 +216,10 @@ def _naflex_loaders(cfg: Config, train: tuple[list[Sample], DecodedImages | None
                             seq_lens=tuple(cfg.naflex_seq_lens), max_tokens_per_batch=cfg.batch_size * longest,
                             seed=cfg.seed, rank=rank, world_size=world_size, batch_divisor=math.gcd(8, cfg.batch_size))
     pin_memory = device.type == "cuda"
-    # not persistent, unlike the other loaders: its workers hold copies of the steps, which set_epoch must reach afresh
-    # each epoch. Its own generator: starting the workers then draws nothing from the global RNG that drop-path uses.
+    # persistent workers, as the per-image loaders (set_epoch reaches them through shared counters). Its own
+    # generator: starting the workers then draws nothing from the global RNG that drop-path uses.
     train_loader = DataLoader(steps, batch_size=None, num_workers=cfg.workers, pin_memory=pin_memory,
-                              generator=torch.Generator())
+                              generator=torch.Generator(), persistent_workers=cfg.workers > 0)
     val_len = cfg.naflex_val_seq_len or (cfg.img_size // patch) ** 2
     val_tf = create_transform(is_training=False, naflex=True, max_seq_len=val_len, patch_size=patch, patchify=True,
                               use_prefetcher=True, **common)
