@@ -26,3 +26,6 @@ python -m vit_rope.evaluate --checkpoint output/study/v4/ape_third_s0/last.pth -
 python train.py -c configs/imagenette_study/v4/mixed_third.yaml --output output/study/v4/mixed_third_s1 seed=1
 python -m vit_rope.evaluate --checkpoint output/study/v4/mixed_third_s1/last.pth --img-sizes 80 112 160 192 256 --policy extrapolate interpolate ntk yarn normalized --limit 1500 --workers 0 --output results/imagenette/v4/eval/mixed_third/mixed_third_s1
 python -m vit_rope.evaluate --checkpoint output/study/v4/mixed_third_s1/last.pth --img-sizes 80 112 160 192 256 --crop-pct 0.875 --limit 1500 --workers 0 --output results/imagenette/v4/eval_crop0.875/mixed_third/mixed_third_s1
+python train.py -c configs/imagenette_study/v4/ape_third.yaml --output output/study/v4/ape_third_s1 seed=1
+python -m vit_rope.evaluate --checkpoint output/study/v4/ape_third_s1/last.pth --img-sizes 80 112 160 192 256 --policy extrapolate interpolate ntk yarn normalized --limit 1500 --workers 0 --output results/imagenette/v4/eval/ape_third/ape_third_s1
+python -m vit_rope.evaluate --checkpoint output/study/v4/ape_third_s1/last.pth --img-sizes 80 112 160 192 256 --crop-pct 0.875 --limit 1500 --workers 0 --output results/imagenette/v4/eval_crop0.875/ape_third/ape_third_s1
