@@ -145,28 +145,30 @@ def build_loaders(cfg: Config, train_samples: list[Sample], val_samples: list[Sa
     return train, val
 
 
+def _workers(cfg: Config, device: torch.device) -> dict[str, Any]:
+    """A ``DataLoader``'s worker options: ``workers`` processes that live for the run (persistent, as timm's loaders).
+    Forking new workers as the last ones shut down (the next epoch; with an EMA, its validation pass right after the
+    model's) can hang a DDP rank in the DataLoader, and forking once also saves the start-up."""
+    return dict(num_workers=cfg.workers, pin_memory=device.type == "cuda", persistent_workers=cfg.workers > 0)
+
+
 def _per_image_loaders(cfg: Config, train: tuple[list[Sample], DecodedImages | None],
                        val: tuple[list[Sample], DecodedImages | None], data_config: dict[str, Any], rank: int,
                        world_size: int, device: torch.device, schedule: SizeSchedule | None
                        ) -> tuple[DataLoader, DataLoader]:
     """timm's transforms in ``DataLoader`` workers: ``StepSampler`` hands each worker a whole step, at its size."""
     train_tfs, val_tf = build_transforms(cfg, data_config)
-    pin_memory = device.type == "cuda"
     train_set = SizedImages(train[0], train_tfs, train[1])
     if cfg.repeated_aug:
         order = RepeatAugSampler(train_set, num_replicas=world_size, rank=rank)
     else:
         order = DistributedSampler(train_set, num_replicas=world_size, rank=rank, shuffle=True, seed=cfg.seed)
     steps = StepSampler(order, cfg.batch_size, cfg.img_size, schedule, cfg.seed, rank)
-    # persistent workers (as timm's loaders): forking new workers as the last ones shut down (the next epoch, the EMA's
-    # validation pass after the model's) can hang a DDP rank in the DataLoader; forking once also saves the start-up.
-    # The sampler, which set_epoch moves on, stays in this process. Its own generator: starting the workers then
-    # draws nothing from the global RNG that drop-path and Mixup use.
-    train_loader = DataLoader(train_set, batch_sampler=steps, num_workers=cfg.workers, pin_memory=pin_memory,
-                              generator=torch.Generator(), persistent_workers=cfg.workers > 0)
+    # the sampler, which set_epoch moves on, stays in this process; its own generator: starting the workers then draws
+    # nothing from the global RNG that drop-path and Mixup use
+    train_loader = DataLoader(train_set, batch_sampler=steps, generator=torch.Generator(), **_workers(cfg, device))
     val_set = Subset(ImageFolderDataset(val[0], val_tf, val[1]), range(rank, len(val[0]), world_size))
-    return train_loader, DataLoader(val_set, cfg.batch_size, num_workers=cfg.workers, pin_memory=pin_memory,
-                                    persistent_workers=cfg.workers > 0)
+    return train_loader, DataLoader(val_set, cfg.batch_size, **_workers(cfg, device))
 
 
 def _tensor_loaders(cfg: Config, train: tuple[list[Sample], DecodedImages], val: tuple[list[Sample], DecodedImages],
@@ -215,18 +217,15 @@ def _naflex_loaders(cfg: Config, train: tuple[list[Sample], DecodedImages | None
         steps = NaFlexSteps(Images(*train), transform_factory, mixup, patch_size=patch,
                             seq_lens=tuple(cfg.naflex_seq_lens), max_tokens_per_batch=cfg.batch_size * longest,
                             seed=cfg.seed, rank=rank, world_size=world_size, batch_divisor=math.gcd(8, cfg.batch_size))
-    pin_memory = device.type == "cuda"
-    # persistent workers, as the per-image loaders (set_epoch reaches them through shared counters). Its own
-    # generator: starting the workers then draws nothing from the global RNG that drop-path uses.
-    train_loader = DataLoader(steps, batch_size=None, num_workers=cfg.workers, pin_memory=pin_memory,
-                              generator=torch.Generator(), persistent_workers=cfg.workers > 0)
+    # set_epoch reaches the workers through shared counters; its own generator: starting the workers then draws
+    # nothing from the global RNG that drop-path uses
+    train_loader = DataLoader(steps, batch_size=None, generator=torch.Generator(), **_workers(cfg, device))
     val_len = cfg.naflex_val_seq_len or (cfg.img_size // patch) ** 2
     val_tf = create_transform(is_training=False, naflex=True, max_seq_len=val_len, patch_size=patch, patchify=True,
                               use_prefetcher=True, **common)
     val_set = Subset(ImageFolderDataset(val[0], val_tf, val[1]), range(rank, len(val[0]), world_size))
-    val_loader = DataLoader(val_set, max(1, cfg.batch_size * longest // val_len), num_workers=cfg.workers,
-                            pin_memory=pin_memory, collate_fn=NaFlexCollator(val_len),
-                            persistent_workers=cfg.workers > 0)  # as the per-image loaders
+    val_loader = DataLoader(val_set, max(1, cfg.batch_size * longest // val_len), collate_fn=NaFlexCollator(val_len),
+                            **_workers(cfg, device))
     erasing = PatchRandomErasing(erase_prob=cfg.reprob, mode="pixel", device=device) if cfg.reprob > 0 else None
     norm = dict(mean=data_config["mean"], std=data_config["std"], device=device)
     if rank == 0:
