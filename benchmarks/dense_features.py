@@ -33,6 +33,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import vit_rope  # noqa: E402  (registers the vit_rope_* models)
+from benchmarks.machine import describe_machine  # noqa: E402
 from vit_rope.eval import report  # noqa: E402
 
 MODELS = {"timm": "vit_small_patch16_dinov3", "vit_rope": "vit_rope_small_patch16_dinov3"}
@@ -97,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
                          f"{row['peak_mib_fixed_mmap']:.0f}", f"{ratio:.3f}" if key == "vit_rope" else "1"]
                         for key, row in rows.items()]))
     if args.json:
-        machine = {**report.machine(), "threads": torch.get_num_threads(), "command": " ".join(sys.argv)}
+        machine = {**describe_machine(), "threads": torch.get_num_threads(), "command": " ".join(sys.argv)}
         Path(args.json).write_text(json.dumps({"machine": machine, "img_size": args.img_size, "rows": rows,
                                                "speed_ratio": ratio, "runs": runs}, indent=2) + "\n")
     return 0

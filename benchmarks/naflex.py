@@ -48,6 +48,7 @@ from torch import Tensor, nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 # after the path set-up, as the script runs from anywhere:
+from benchmarks.machine import describe_machine  # noqa: E402
 from benchmarks.throughput import against, interleaved_seconds, memory, verdict  # noqa: E402
 from vit_rope.eval import report  # noqa: E402
 
@@ -234,7 +235,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
-    machine = {**report.machine(), "threads": torch.get_num_threads(), "command": " ".join(sys.argv)}
+    machine = {**describe_machine(), "threads": torch.get_num_threads(), "command": " ".join(sys.argv)}
     print(f"# {machine}\n# what differs between the contenders:\n" + "\n".join(f"#   {d}" for d in DIFFERENCES))
     models = build(args)
     print("# parameters: " + ", ".join(f"{run} {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M"

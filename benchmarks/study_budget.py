@@ -25,6 +25,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import vit_rope  # noqa: E402,F401  (registers the vit_rope_* models)
+from benchmarks.machine import describe_machine  # noqa: E402
 from vit_rope.eval import report  # noqa: E402
 from vit_rope.train.distributed import set_cpu_threads  # noqa: E402
 
@@ -91,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         setup = {key: getattr(args, key) for key in ("img_size", "patch_size", "batch_size", "rounds", "steps",
                                                       "train_images", "val_images", "runs")}
-        args.json.write_text(json.dumps({"machine": report.machine(), "setup": setup, "rows": rows}, indent=2) + "\n")
+        args.json.write_text(json.dumps({"machine": describe_machine(), "setup": setup, "rows": rows}, indent=2) + "\n")
     return 0
 
 

@@ -32,8 +32,9 @@ from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import vit_rope  # noqa: E402,F401  (registers the vit_rope_* models)
+from benchmarks.machine import describe_machine  # noqa: E402
 from vit_rope.eval import report  # noqa: E402
-from vit_rope.layers.string import CayleyString  # noqa: E402
+from vit_rope.layers.cayley_string import CayleyString  # noqa: E402
 
 FAMILIES = {  # baseline first: the same ViT (DeiT-III: LayerScale, class token, qkv bias) without RoPE
     "small": ["deit3_small_patch16_224", "vit_rope_small_patch16_axial_224", "vit_rope_small_patch16_mixed_224",
@@ -239,7 +240,7 @@ def setup_machine(threads: int | None, **settings: Any) -> dict[str, Any]:
     result file carries so that a figure can be traced to where and how it was measured."""
     if threads:
         torch.set_num_threads(threads)
-    return {**report.machine(), "threads": torch.get_num_threads(), **settings, "command": " ".join(sys.argv)}
+    return {**describe_machine(), "threads": torch.get_num_threads(), **settings, "command": " ".join(sys.argv)}
 
 
 def table(rows: list[dict]) -> str:

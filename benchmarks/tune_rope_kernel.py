@@ -32,6 +32,7 @@ import torch
 from torch import Tensor
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks.machine import describe_machine  # noqa: E402
 from vit_rope.eval import report
 from vit_rope.layers import triton_rope  # noqa: E402  (after the path set-up, as the script runs from anywhere)
 from vit_rope.layers.rope import RoPE2D, grid_positions  # noqa: E402
@@ -193,7 +194,7 @@ def main(argv: list[str] | None = None) -> int:
     for key, value in defaults.items():
         if getattr(args, key) is None:
             setattr(args, key, value)
-    machine = {**report.machine(),
+    machine = {**describe_machine(),
                "command": " ".join(sys.argv) if argv is None else " ".join(["benchmarks/tune_rope_kernel.py", *argv])}
     print(f"# {machine}", flush=True)
     rows, summary = sweep(args)

@@ -47,6 +47,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.machine import describe_machine  # noqa: E402
 from studies.catalog import (  # noqa: E402
     COMPARED,
     CONTROLS,
@@ -72,8 +73,7 @@ from studies.course import COURSE, COURSE_END, course_begin, course_table  # noq
 from studies.goal import Control, Goal  # noqa: E402
 from studies.paired import Pair  # noqa: E402
 from studies.report import machines_by_run, write_study  # noqa: E402
-from studies.results import is_run  # noqa: E402
-from vit_rope.eval.report import machine, replace_section  # noqa: E402
+from studies.results import is_run, replace_section  # noqa: E402
 from vit_rope.layers.policies import kind_policies  # noqa: E402
 from vit_rope.models.encodings import policy_kind  # noqa: E402
 from vit_rope.models.factory import create_model  # noqa: E402
@@ -102,7 +102,8 @@ def finished(path: Path, epochs: int) -> bool:
 
 
 def same_machine(one: dict, other: dict) -> bool:
-    """Whether two ``vit_rope.eval.report.machine`` records describe the same hardware and software (dates aside)."""
+    """Whether two ``benchmarks.machine.describe_machine`` records describe the same hardware and software (dates
+    aside)."""
     return all(one.get(key) == other.get(key) for key in ("cpu", "cores", "gpu", "torch", "timm"))
 
 
@@ -178,7 +179,7 @@ def main(argv: list[str] | None = None) -> int:
     results.mkdir(parents=True, exist_ok=True)
     study = json.loads((results / "runs.json").read_text()) if (results / "runs.json").exists() else []
     host = json.loads((results / "machine.json").read_text()) if (results / "machine.json").exists() else {}
-    here, machines = machine(), machines_by_run(host.pop("machines", {}), study)
+    here, machines = describe_machine(), machines_by_run(host.pop("machines", {}), study)
     home = {key: value for key, value in host.items() if key != "evaluate_s"} or here  # where the study began
     seconds = host.get("evaluate_s", {})
     seconds = seconds if isinstance(seconds, dict) else {"all arms": seconds}  # v1 evaluated every run at once

@@ -28,11 +28,12 @@ from studies.results import (
     counted,
     has_evaluations,
     merged_results,
+    replace_section,
     spread,
     trained_policies,
     training_row,
 )
-from vit_rope.eval.report import markdown_table, replace_section, table
+from vit_rope.eval.report import markdown_table, table
 
 COMPARE_BEGIN = begin_marker("compare", "from every study's results folder")
 COMPARE_END = "<!-- compare:end -->"

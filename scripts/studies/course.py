@@ -18,8 +18,17 @@ import re
 from pathlib import Path
 from typing import Any
 
-from studies.results import arm_label, as_trained_rows, begin_marker, is_run, read_evaluations, spread, trained_policies
-from vit_rope.eval.report import merge_seeds, table
+from studies.results import (
+    arm_label,
+    as_trained_rows,
+    begin_marker,
+    is_run,
+    merge_seeds,
+    read_evaluations,
+    spread,
+    trained_policies,
+)
+from vit_rope.eval.report import table
 
 COURSE = "course"  # the folder of a study's results that holds the evaluations of kept checkpoints
 COURSE_END = "<!-- course:end -->"

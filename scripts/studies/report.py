@@ -2,10 +2,10 @@
 
 A study folder holds what the runs left, and the report is rebuilt from those files only: ``runs.json`` and
 ``eval/**/results.json`` (read by ``studies.results``), ``runs/<name>/metrics.csv``, ``machine.json`` and
-``commands.sh``. ``machine.json`` is ``vit_rope.eval.report.machine`` of the study's machine, ``evaluate_s`` (seconds,
-per arm or in all) and, for arms run on another machine (a study resumed elsewhere), ``machines``: run name -> that
-machine (an arm's name in earlier files: all its runs), so minutes per run are read against the right one. The
-verdict is ``studies.goal``'s.
+``commands.sh``. ``machine.json`` is ``benchmarks.machine.describe_machine`` of the study's machine,
+``evaluate_s`` (seconds, per arm or in all) and, for arms run on another machine (a study resumed elsewhere),
+``machines``: run name -> that machine (an arm's name in earlier files: all its runs), so minutes per run are read
+against the right one. The verdict is ``studies.goal``'s.
 """
 
 from __future__ import annotations
@@ -27,11 +27,12 @@ from studies.results import (
     best_row,
     counted,
     merged_results,
+    replace_section,
     spread,
     trained_policies,
     training_row,
 )
-from vit_rope.eval.report import markdown_table, plot, plot_panels, replace_section, table
+from vit_rope.eval.report import markdown_table, plot, plot_panels, table
 
 STUDY_END = "<!-- study:end -->"
 

@@ -1,4 +1,5 @@
-"""A study's runs and evaluations as the reports read them: arm labels, seed-merged rows, positions as trained.
+"""A study's runs and evaluations as the reports read them: arm labels, seed-merged rows, positions as trained; and
+the sections the study script writes into docs pages (``begin_marker``, ``replace_section``).
 
 A study folder holds ``runs.json`` (one entry per training run: ``name``, ``model`` (the arm), ``seed``, ``output``,
 and optionally ``label``, the arm's name in tables, ``baseline``, the arm of the APE model trained with the same recipe,
@@ -14,13 +15,24 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from vit_rope.eval.report import merge_seeds
+from vit_rope.eval.report import column_of
 
 
 def begin_marker(kind: str, source: str) -> str:
     """The line that opens a section of kind ``kind`` that the study script writes into a docs page, naming what it is
     written from (``source``), so that a reader knows not to edit it by hand."""
     return f"<!-- {kind}:begin (written by scripts/imagenette_study.py {source}) -->"
+
+
+def replace_section(page: Path, begin: str, end: str, body: str) -> bool:
+    """Rewrite what lies between the line ``begin`` of ``page`` and the next ``end`` with ``body``; the rest of the
+    page is kept as it is. Returns False, and leaves the page alone, when it has no such section."""
+    text = page.read_text()
+    if begin not in text or end not in text.split(begin, 1)[1]:
+        return False
+    head, rest = text.split(begin, 1)
+    page.write_text(head + begin + "\n" + body + "\n" + end + rest.split(end, 1)[1])
+    return True
 
 
 def has_evaluations(results_dir: Path) -> bool:
@@ -106,6 +118,31 @@ def read_evaluations(folder: Path) -> tuple[str, list[dict[str, Any]]]:
         raise ValueError(f"the evaluations under {folder} used different protocols: {sorted(protocols)}; delete the "
                          "stale eval folders of the other protocol and run the study script again to re-evaluate them")
     return protocols.pop(), [row for evaluation in evaluations for row in evaluation["results"]]
+
+
+def merge_seeds(results: Sequence[dict[str, Any]], group_of: dict[str, str]) -> list[dict[str, Any]]:
+    """Results of several seeds of a model merged into one row per (model, policy, size or token budget).
+
+    Args:
+        results: ``evaluate_models`` rows.
+        group_of: row ``model`` label -> the name its seeds share; rows of other labels are left out.
+
+    Returns:
+        Rows with ``top1`` / ``top5`` the mean over seeds, ``top1_min`` / ``top1_max`` their range and ``seeds``.
+    """
+    groups: dict[tuple[str, str | None, tuple[str, int]], list[dict[str, Any]]] = {}
+    for result in results:
+        if result["model"] in group_of:
+            groups.setdefault((group_of[result["model"]], result["policy"], column_of(result)), []).append(result)
+    merged = []
+    for (model, policy, _), rows in groups.items():
+        top1 = [row["top1"] for row in rows]
+        budget = {key: rows[0][key] for key in ("seq_len", "patch_size") if rows[0].get("seq_len")}
+        merged.append({"model": model, "policy": policy, "img_size": rows[0]["img_size"], **budget,
+                       "train_size": rows[0]["train_size"], "top1": sum(top1) / len(top1), "top1_min": min(top1),
+                       "top1_max": max(top1), "top5": sum(row["top5"] for row in rows) / len(rows),
+                       "seeds": len(rows)})
+    return merged
 
 
 def merged_results(folder: Path, runs: Sequence[dict[str, Any]]) -> tuple[str, list[dict[str, Any]]]:

@@ -1,33 +1,64 @@
-"""Seed merging (``vit_rope.eval.report.merge_seeds``): mean and range over seeds."""
+"""The accuracy-against-resolution plot (``vit_rope.eval.report``): lines named by what tells them apart, the model
+in the title, and a legend that covers no line."""
+
+import pytest
 
 from vit_rope.eval import report
 
+pytest.importorskip("matplotlib")
 
-def result(model: str, policy: str | None, size: int, top1: float) -> dict:
-    return {"model": model, "policy": policy, "img_size": size, "train_size": 64, "top1": top1, "top5": 90.0,
-            "loss": 1.0, "images_per_s": 100.0}
-
-
-def test_merge_seeds_gives_mean_and_range():
-    rows = [result("a s0", "yarn", 64, 50.0), result("a s1", "yarn", 64, 54.0), result("other", "yarn", 64, 1.0)]
-    (merged,) = report.merge_seeds(rows, {"a s0": "A", "a s1": "A"})
-    assert merged["model"] == "A" and merged["seeds"] == 2
-    assert (merged["top1"], merged["top1_min"], merged["top1_max"]) == (52.0, 50.0, 54.0)
-    assert "52.00 ± 2.0" in report.markdown_table([merged])
+DEMO = "vit_rope_tiny_patch16_mixed_224 (output/demo/best.pth)"
+SIZES = (48, 64, 80, 96, 128, 160)
+# top-1 of the demo's policies: extrapolate falls at 128-160 px, where the legend sat over it
+CURVES = {"extrapolate": (43, 52, 51, 48, 37, 31), "interpolate": (45, 52, 54, 54, 53, 49),
+          "ntk": (43, 52, 52, 50, 42, 37), "yarn": (43, 52, 54, 54, 52, 48), "normalized": (31, 37, 41, 42, 43, 42)}
 
 
-def test_one_seed_shows_no_spread():
-    """``± 0.0`` would read as seeds that agree; one seed has no range to show."""
-    (merged,) = report.merge_seeds([result("a s0", "yarn", 64, 50.0)], {"a s0": "A"})
-    assert merged["seeds"] == 1
-    assert "| A | yarn | **50.00** |" in report.markdown_table([merged])
+def results(model: str = DEMO, shift: float = 0.0) -> list[dict]:
+    return [{"model": model, "policy": policy, "img_size": size, "train_size": 64, "top1": top1 + shift}
+            for policy, curve in CURVES.items() for size, top1 in zip(SIZES, curve, strict=True)]
 
 
-def test_replace_section_keeps_the_page_around_it_and_leaves_pages_without_it_alone(tmp_path):
-    page = tmp_path / "README.md"
-    page.write_text("top\n<!-- a -->\nold\n<!-- b -->\nbottom <!-- b -->\n")
-    assert report.replace_section(page, "<!-- a -->", "<!-- b -->", "new\nlines")
-    assert page.read_text() == "top\n<!-- a -->\nnew\nlines\n<!-- b -->\nbottom <!-- b -->\n"
-    for text in ("top\n", "<!-- b -->\n<!-- a -->\n"):  # no begin; an end only before it
-        page.write_text(text)
-        assert not report.replace_section(page, "<!-- a -->", "<!-- b -->", "new") and page.read_text() == text
+def legend_of(fig):
+    (ax,) = fig.axes
+    return ax, ax.get_legend() or fig.legends[0]
+
+
+def covered_points(fig) -> list:
+    """The data points (and midpoints of the segments between them) that lie under the legend, in display space."""
+    ax, legend = legend_of(fig)
+    fig.draw_without_rendering()
+    box = legend.get_window_extent()
+    covered = []
+    for line in ax.get_lines():
+        points = ax.transData.transform(line.get_xydata())
+        covered += [tuple(p) for p in [*points, *(points[:-1] + points[1:]) / 2] if box.contains(*p)]
+    return covered
+
+
+def test_one_model_names_its_lines_by_policy_and_goes_in_the_title():
+    fig = report.accuracy_figure(results())
+    ax, legend = legend_of(fig)
+    assert [text.get_text() for text in legend.get_texts()] == list(CURVES)
+    assert ax.get_title() == DEMO and fig.get_suptitle() == "Accuracy against resolution"
+    assert covered_points(fig) == []
+
+
+def test_several_models_are_named_by_their_run_folder_and_the_legend_leaves_the_lines_alone():
+    fig = report.accuracy_figure(results() + results(DEMO.replace("demo", "multires"), shift=-3.0))
+    ax, legend = legend_of(fig)
+    assert [text.get_text() for text in legend.get_texts()] == [f"{run} [{policy}]" for run in ("demo", "multires")
+                                                                for policy in CURVES]
+    assert ax.get_title() == "vit_rope_tiny_patch16_mixed_224"
+    assert covered_points(fig) == []
+
+
+def test_short_names_keep_what_differs_and_whole_labels_otherwise():
+    ema = "m (out/a/best.pth, EMA)"
+    assert report.short_names(["m (out/a/best.pth)", "m (out/a/last.pth)"]) == \
+        ("m", {"m (out/a/best.pth)": "best.pth", "m (out/a/last.pth)": "last.pth"})
+    assert report.short_names(["m (out/a/best.pth)", "n (out/b/best.pth)"]) == \
+        (None, {"m (out/a/best.pth)": "m (a)", "n (out/b/best.pth)": "n (b)"})
+    assert report.short_names(["m (out/a/best.pth)", ema])[1] == {"m (out/a/best.pth)": "best.pth",
+                                                                   ema: "best.pth, EMA"}
+    assert report.short_names(["RoPE-Mixed", "APE"]) == (None, {"RoPE-Mixed": "RoPE-Mixed", "APE": "APE"})

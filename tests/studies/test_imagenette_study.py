@@ -185,9 +185,9 @@ def test_arms_resumed_on_another_machine_are_recorded_and_reported_with_it(scrip
     def host(cpu: str) -> dict:
         return {"cpu": cpu, "cores": 2, "gpu": None, "python": "3", "torch": "2", "timm": "1", "date": "today"}
 
-    monkeypatch.setattr(script, "machine", lambda: host("first cpu"))
+    monkeypatch.setattr(script, "describe_machine", lambda: host("first cpu"))
     invoke(script, tmp_path, "--arms", "ape", "mixed")
-    monkeypatch.setattr(script, "machine", lambda: host("second cpu"))
+    monkeypatch.setattr(script, "describe_machine", lambda: host("second cpu"))
     invoke(script, tmp_path, "--arms", "ape", "mixed", "axial")  # ape and mixed are done: only axial runs here
     recorded = json.loads((tmp_path / "results" / "machine.json").read_text())
     assert recorded["cpu"] == "first cpu"
@@ -202,7 +202,7 @@ def test_arms_resumed_on_another_machine_are_recorded_and_reported_with_it(scrip
     assert "| RoPE-Mixed | 3 | 45.00 ± 0.0 | 0.5 / 0.5 / 0.5 (2 machines) |" in page  # minutes per seed, not a mean
     assert "| RoPE-Axial | 2 | 45.00 ± 0.0 | 0.5 |" in page  # both seeds on the second machine
 
-    monkeypatch.setattr(script, "machine", lambda: host("first cpu"))
+    monkeypatch.setattr(script, "describe_machine", lambda: host("first cpu"))
     shutil.rmtree(tmp_path / "runs" / "mixed_s2")  # mixed seed 2 trains again, on the first machine
     invoke(script, tmp_path, "--arms", "mixed", "--seeds", "2")
     assert set(json.loads((tmp_path / "results" / "machine.json").read_text())["machines"]) == {"axial_s0", "axial_s1"}

@@ -1,6 +1,6 @@
 """A study's runs and evaluations as every report reads them (``studies.results``): rows belong to a run by their
 checkpoint, arms merge their seeds under one label in ``runs.json``'s order, and positions as trained follow the arm's
-own policy."""
+own policy; the docs sections the study script rewrites."""
 
 import json
 from pathlib import Path
@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from studies import results
+from vit_rope.eval import report
 
 
 def run(arm: str, seed: int, **extra: str) -> dict:
@@ -82,3 +83,39 @@ def test_no_evaluation_or_two_protocols_is_an_error_that_says_what_to_do(tmp_pat
     write(tmp_path / "b", [], protocol="crop 0.875")
     with pytest.raises(ValueError, match=r"different protocols: \['crop 0.875', 'crop 1.0'\]; delete the stale"):
         results.read_evaluations(tmp_path)
+
+
+def evaluated(model: str, policy: str | None, top1: float, **fields) -> dict:
+    return {"model": model, "policy": policy, "img_size": 64, "train_size": 64, "top1": top1, "top5": 90.0,
+            "loss": 1.0, "images_per_s": 100.0, **fields}
+
+
+def test_merge_seeds_gives_mean_and_range_and_one_seed_no_spread():
+    rows = [evaluated("a s0", "yarn", 50.0), evaluated("a s1", "yarn", 54.0), evaluated("other", "yarn", 1.0)]
+    (merged,) = results.merge_seeds(rows, {"a s0": "A", "a s1": "A"})
+    assert merged["model"] == "A" and merged["seeds"] == 2
+    assert (merged["top1"], merged["top1_min"], merged["top1_max"]) == (52.0, 50.0, 54.0)
+    assert "52.00 ± 2.0" in report.markdown_table([merged])
+    (single,) = results.merge_seeds(rows[:1], {"a s0": "A"})  # ``± 0.0`` would read as seeds that agree
+    assert single["seeds"] == 1 and "| A | yarn | **50.00** |" in report.markdown_table([single])
+
+
+def test_a_token_budget_merges_apart_from_the_size_of_its_token_count():
+    """196 tokens of 16 px patches plot at 224 px, but they are a seed-merged row of their own."""
+    rows = [evaluated(f"m{seed}", None, 70.0 + seed, train_size=224, **fields)
+            for seed in (0, 2) for fields in ({"img_size": 224, "seq_len": None},
+                                              {"img_size": None, "seq_len": 196, "patch_size": [16, 16]})]
+    merged = results.merge_seeds(rows, {"m0": "m", "m2": "m"})
+    assert [(row["img_size"], row.get("seq_len"), row["top1"], row["seeds"]) for row in merged] == \
+        [(224, None, 71.0, 2), (None, 196, 71.0, 2)]
+    assert report.markdown_table(merged).splitlines()[2] == "| m | - | **71.00 ± 1.0** | **71.00 ± 1.0** |"
+
+
+def test_replace_section_keeps_the_page_around_it_and_leaves_pages_without_it_alone(tmp_path):
+    page = tmp_path / "README.md"
+    page.write_text("top\n<!-- a -->\nold\n<!-- b -->\nbottom <!-- b -->\n")
+    assert results.replace_section(page, "<!-- a -->", "<!-- b -->", "new\nlines")
+    assert page.read_text() == "top\n<!-- a -->\nnew\nlines\n<!-- b -->\nbottom <!-- b -->\n"
+    for text in ("top\n", "<!-- b -->\n<!-- a -->\n"):  # no begin; an end only before it
+        page.write_text(text)
+        assert not results.replace_section(page, "<!-- a -->", "<!-- b -->", "new") and page.read_text() == text

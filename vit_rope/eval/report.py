@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import time
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -21,8 +19,9 @@ from typing import Any
 METRICS = {"top1": ("top-1 (%)", "{:.2f}"), "top5": ("top-5 (%)", "{:.2f}"), "images_per_s": ("images/s", "{:.1f}")}
 
 
-def _column(result: dict[str, Any]) -> tuple[str, int]:
-    """A result's column: ``("px", side)`` for a square size, ``("tokens", L)`` for a token budget (squares first)."""
+def column_of(result: dict[str, Any]) -> tuple[str, int]:
+    """A result's column in the tables, which seed merging also groups by: ``("px", side)`` for a square size,
+    ``("tokens", L)`` for a token budget (squares first)."""
     return ("tokens", result["seq_len"]) if result.get("seq_len") else ("px", result["img_size"])
 
 
@@ -48,7 +47,7 @@ def _rows(results: Sequence[dict[str, Any]]) -> dict[tuple[str, str | None], dic
     """Results grouped by (model, policy) row and column, in the order they were evaluated."""
     rows: dict[tuple[str, str | None], dict[tuple[str, int], dict[str, Any]]] = {}
     for result in results:
-        rows.setdefault((result["model"], result["policy"]), {})[_column(result)] = result
+        rows.setdefault((result["model"], result["policy"]), {})[column_of(result)] = result
     return rows
 
 
@@ -63,8 +62,8 @@ def markdown_table(results: Sequence[dict[str, Any]], metric: str = "top1") -> s
     (for budgets: its token count) is starred in the header and each row's value there is bold (models may differ in
     training size)."""
     fmt = METRICS[metric][1]
-    columns = sorted({_column(result) for result in results})
-    trained = {_column(result) for result in results if _as_trained(result)}
+    columns = sorted({column_of(result) for result in results})
+    trained = {column_of(result) for result in results if _as_trained(result)}
     header = ["model", "policy"] + [_header(column) + ("*" if column in trained else "") for column in columns]
     lines = []
     for (model, policy), by_column in _rows(results).items():
@@ -79,10 +78,11 @@ def markdown_table(results: Sequence[dict[str, Any]], metric: str = "top1") -> s
     return table(header, lines)
 
 
-def _draw(ax: Any, results: Sequence[dict[str, Any]], colors: dict[str, Any] | None = None) -> None:
+def _draw(ax: Any, results: Sequence[dict[str, Any]], colors: dict[str, Any] | None = None,
+          names: dict[str, str] | None = None) -> None:
     """Top-1 against size on ``ax``, one line per model (x policy) and protocol (token budgets dashed, at the side
     of the square image of as many patches), dashed vertical lines at the training sizes; ``colors`` fixes a model's
-    colour across panels."""
+    colour across panels, and ``names`` its name in the legend (``""``: the policy alone names a line)."""
     for train_size in sorted({result["train_size"] for result in results}):
         ax.axvline(train_size, color="grey", linestyle="--", linewidth=1)
         ax.annotate(f"train {train_size}", (train_size, 0), xycoords=("data", "axes fraction"),
@@ -95,7 +95,7 @@ def _draw(ax: Any, results: Sequence[dict[str, Any]], colors: dict[str, Any] | N
             notes = [note for note in (policy, "tokens" if kind == "tokens" else None) if note]
             ax.errorbar([_x(row) for row in rows], [row["top1"] for row in rows], yerr=spread, capsize=3,
                         marker="s" if kind == "tokens" else "o", linestyle="--" if kind == "tokens" else "-",
-                        color=(colors or {}).get(model), label=f"{model} [{', '.join(notes)}]" if notes else model)
+                        color=(colors or {}).get(model), label=_label((names or {}).get(model, model), notes, model))
     ticks = sorted({round(_x(result)) for result in results})
     budgets = any(result.get("seq_len") for result in results)
     ax.set(xticks=ticks, xticklabels=[str(tick) for tick in ticks], ylabel="top-1 (%)",
@@ -114,16 +114,92 @@ def _figure(size: tuple[float, float]) -> Any:
     return Figure(figsize=size, layout="constrained")
 
 
-def plot(results: Sequence[dict[str, Any]], path: Path, title: str = "Accuracy against resolution") -> bool:
-    """Top-1 against size, one line per model (x policy). Returns False when matplotlib is not installed."""
+def _label(name: str, notes: Sequence[str], model: str) -> str:
+    """A line's legend entry: its model's name, then its policy (and ``tokens`` for budgets) in brackets; the notes
+    alone when the name is ``""`` (one model, named in the title), the model when neither is left."""
+    if not name:
+        return ", ".join(notes) or model
+    return f"{name} [{', '.join(notes)}]" if notes else name
+
+
+def short_names(models: Sequence[str]) -> tuple[str | None, dict[str, str]]:
+    """Legend names of several evaluated models: what they share, for the title, and what tells each apart.
+
+    A checkpoint's label ends in its path, ``"vit_rope_tiny_patch16_mixed_224 (output/demo/best.pth)"``; when every
+    label has one, the path is cut to the folders and file that differ (``demo``, the run folder, for best.pth of
+    several runs), and the model name goes to the title if it is the same for all. Labels without a path, or paths
+    that cut to nothing or to the same name, are kept whole.
+
+    Returns:
+        The model name every label shares (None if they differ) and the legend name of each label.
+    """
+    splits = [label.rsplit(" (", 1) for label in models]
+    if len(models) < 2 or not all(len(split) == 2 and "/" in split[1] for split in splits):
+        return None, {label: label for label in models}
+    parts = [split[1].rstrip(")").split("/") for split in splits]
+    front = 0
+    while all(len(path) > front for path in parts) and len({path[front] for path in parts}) == 1:
+        front += 1
+    back = 0
+    while (all(len(path) > front + back for path in parts)
+           and len({path[len(path) - 1 - back] for path in parts}) == 1):
+        back += 1
+    paths = ["/".join(path[front:len(path) - back]) for path in parts]
+    if not all(paths) or len(set(paths)) < len(paths):
+        paths = [split[1].rstrip(")") for split in splits]
+    heads = {split[0] for split in splits}
+    common = heads.pop() if len(heads) == 1 else None
+    return common, {label: path if common else f"{split[0]} ({path})"
+                    for label, split, path in zip(models, splits, paths, strict=True)}
+
+
+def _covers_a_curve(ax: Any, legend: Any) -> bool:
+    """Whether the drawn ``legend`` lies over any line of ``ax`` (points, the segments between them and the seed
+    ranges) or over its annotations (the training-size notes)."""
+    box = legend.get_window_extent().padded(2)
+    for container in ax.containers:  # one errorbar per line: its data line, then its caps
+        for line in [container.lines[0], *container.lines[1]]:
+            points = ax.transData.transform(line.get_xydata())
+            for start, end in zip(points[:-1], points[1:], strict=True):  # the segments, sampled every 1/20
+                if any(box.contains(*(start + (end - start) * step / 20)) for step in range(21)):
+                    return True
+            if any(box.contains(*point) for point in points):
+                return True
+    return any(box.overlaps(text.get_window_extent()) for text in ax.texts)
+
+
+def accuracy_figure(results: Sequence[dict[str, Any]], title: str = "Accuracy against resolution") -> Any:
+    """Top-1 against size, one line per model (x policy), as a matplotlib Figure (None without matplotlib).
+
+    One model: each line is named by its policy and the model (with its checkpoint) goes in the title. Several: each
+    is named by what tells it apart (``short_names``), what they share going in the title. The legend sits inside the
+    axes where it covers no line, else outside them on the right.
+    """
     fig = _figure((7, 4.5))
     if fig is None:
-        return False
+        return None
     ax = fig.add_subplot()
     models = list(dict.fromkeys(result["model"] for result in results))
-    _draw(ax, results, _palette(models) if len(models) > 10 else None)  # past 10 lines the default colours repeat
-    ax.set_title(title)
-    ax.legend(fontsize=7)
+    common, names = (models[0], {models[0]: ""}) if len(models) == 1 else short_names(models)
+    _draw(ax, results, _palette(models) if len(models) > 10 else None, names)  # past 10 lines the colours repeat
+    fig.suptitle(title)
+    if common:
+        ax.set_title(common, fontsize=9)
+    heading = "policy" if len(models) == 1 and any(result["policy"] for result in results) else None
+    legend = ax.legend(fontsize=7, title=heading, title_fontsize=7)
+    fig.draw_without_rendering()
+    if _covers_a_curve(ax, legend):
+        legend.remove()
+        fig.legend(*ax.get_legend_handles_labels(), loc="outside right upper", fontsize=7, title=heading,
+                   title_fontsize=7)
+    return fig
+
+
+def plot(results: Sequence[dict[str, Any]], path: Path, title: str = "Accuracy against resolution") -> bool:
+    """``accuracy_figure`` saved to ``path``. Returns False when matplotlib is not installed."""
+    fig = accuracy_figure(results, title)
+    if fig is None:
+        return False
     fig.savefig(path, dpi=120)
     return True
 
@@ -177,59 +253,3 @@ def write_reports(results: Sequence[dict[str, Any]], output: Path, protocol: str
     if plot(results, output / "accuracy_vs_resolution.png"):
         written.append("accuracy_vs_resolution.png")
     return f"top-1 (%):\n{markdown_table(results)}\n\nwrote {', '.join(str(output / name) for name in written)}"
-
-
-def machine() -> dict[str, Any]:
-    """Where figures come from: CPU model, cores, GPU, library versions (triton and CUDA: None where absent) and date
-    (saved beside results)."""
-    import importlib.util
-    import platform
-
-    import timm
-    import torch
-
-    triton = importlib.import_module("triton").__version__ if importlib.util.find_spec("triton") else None
-
-    cpuinfo = Path("/proc/cpuinfo")
-    names = [line.split(":", 1)[1].strip() for line in cpuinfo.read_text().splitlines()
-             if line.startswith("model name")] if cpuinfo.exists() else []
-    return {"cpu": names[0] if names else platform.processor() or platform.machine(), "cores": os.cpu_count(),
-            "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
-            "python": platform.python_version(), "torch": torch.__version__, "timm": timm.__version__,
-            "triton": triton, "cuda": torch.version.cuda, "date": time.strftime("%Y-%m-%d")}
-
-
-def merge_seeds(results: Sequence[dict[str, Any]], group_of: dict[str, str]) -> list[dict[str, Any]]:
-    """Results of several seeds of a model merged into one row per (model, policy, size or token budget).
-
-    Args:
-        results: ``evaluate_models`` rows.
-        group_of: row ``model`` label -> the name its seeds share; rows of other labels are left out.
-
-    Returns:
-        Rows with ``top1`` / ``top5`` the mean over seeds, ``top1_min`` / ``top1_max`` their range and ``seeds``.
-    """
-    groups: dict[tuple[str, str | None, tuple[str, int]], list[dict[str, Any]]] = {}
-    for result in results:
-        if result["model"] in group_of:
-            groups.setdefault((group_of[result["model"]], result["policy"], _column(result)), []).append(result)
-    merged = []
-    for (model, policy, _), rows in groups.items():
-        top1 = [row["top1"] for row in rows]
-        budget = {key: rows[0][key] for key in ("seq_len", "patch_size") if rows[0].get("seq_len")}
-        merged.append({"model": model, "policy": policy, "img_size": rows[0]["img_size"], **budget,
-                       "train_size": rows[0]["train_size"], "top1": sum(top1) / len(top1), "top1_min": min(top1),
-                       "top1_max": max(top1), "top5": sum(row["top5"] for row in rows) / len(rows),
-                       "seeds": len(rows)})
-    return merged
-
-
-def replace_section(page: Path, begin: str, end: str, body: str) -> bool:
-    """Rewrite what lies between the line ``begin`` of ``page`` and the next ``end`` with ``body``; the rest of the
-    page is kept as it is. Returns False, and leaves the page alone, when it has no such section."""
-    text = page.read_text()
-    if begin not in text or end not in text.split(begin, 1)[1]:
-        return False
-    head, rest = text.split(begin, 1)
-    page.write_text(head + begin + "\n" + body + "\n" + end + rest.split(end, 1)[1])
-    return True
