@@ -1,7 +1,8 @@
 """Batched tensor data pipeline: a decoded uint8 store, augmented one *batch* at a time on the compute device.
 
 Why: training from the decoded cache through a ``DataLoader`` spends a worker process per core on per-image PIL
-augmentation, so on a 2-core CPU the model ran at about 0.55x its step speed. Here the cache is one flat uint8 store
+augmentation, which on a small CPU leaves the training step a fraction of its speed (docs/performance.md, "Data
+pipeline"). Here the cache is one flat uint8 store
 (optionally memory-mapped and shared by processes, or held on a GPU), and each batch is cropped, resized, flipped,
 colour-jittered and normalised by a handful of batched tensor ops in the training process itself (CPU threads or
 CUDA); there are no worker processes and an image is never decoded again.
