@@ -7,9 +7,13 @@ VENV_PYTHON ?= python3
 PYTHON ?= $(VENV)/bin/python
 # CUDA builds of torch/torchvision also run on CPU; these versions install from this project's machine cache.
 TORCH ?= torch==2.14.1 torchvision==0.29.1
+# The GPU targets (gpu-check, gpu-bench, bench-cuda, study-vit-s) install into .venv only when they run its Python: with
+# PYTHON=python3 (an interpreter that already has torch, timm >= 1.0.28 and the rest, e.g. with PYTHONPATH=$$PWD for a
+# plain checkout) they install nothing, so they run on a GPU machine without a package index.
+GPU_INSTALL = $(if $(filter $(VENV)/bin/python,$(PYTHON)),install)
 
 .PHONY: install demo study study-v2 study-v3 study-v4 study-encodings study-vit-s naflex-demo bench-cuda bench-kinds \
-	bench-twins timm-suite test lint
+	bench-twins timm-suite test lint gpu-check gpu-bench
 
 $(VENV)/bin/python:
 	$(VENV_PYTHON) -m venv $(VENV) || { echo "Could not create $(VENV): install python3-venv (Debian/Ubuntu:" \
@@ -73,21 +77,31 @@ naflex-demo: install
 
 # On a machine with CUDA GPUs: ViT-S on the 14x14 grid (configs/imagenette_vit_s), APE / Axial / Mixed x 2 seeds, trained
 # with torchrun over every GPU, evaluated at 80-256 px; resumable. DATA_DIR=... reads another copy of Imagenette.
-study-vit-s: install
+study-vit-s: $(GPU_INSTALL)
 	$(PYTHON) scripts/imagenette_study.py --study vit_s $(if $(DATA_DIR),--data-dir $(DATA_DIR))
 
 # On a machine with a CUDA GPU: the fused-rotation tests on CUDA, then ViT-S throughput in bf16 (eager and compiled,
 # 224 and 384 px) against DeiT-III and timm's ports, the rotation alone against the GPU's copy bandwidth, and the
 # Triton kernel's block-size x warps sweep (any setting faster than the default launch is worth a patch).
 BENCH_OUT ?= results/performance
-bench-cuda: install
-	$(PYTHON) -m pytest -q tests/layers/test_fused.py
+bench-cuda: $(GPU_INSTALL)
+	$(PYTHON) -m pytest -q -m cuda
 	$(PYTHON) benchmarks/throughput.py --device cuda --amp --compile both --img-sizes 224 384 --batch-size 128 \
 		--rounds 15 --steps 10 --json $(BENCH_OUT)/throughput_cuda_bf16_vit_s.json
 	for kind in axial mixed; do $(PYTHON) benchmarks/rope_kernel.py --device cuda --dtype bfloat16 --kind $$kind \
 		--batch-size 128 --json $(BENCH_OUT)/rope_kernel_cuda_bf16_$$kind.json || exit 1; done
 	$(PYTHON) benchmarks/tune_rope_kernel.py --device cuda --json $(BENCH_OUT)/tune_rope_kernel_cuda.json
 	$(PYTHON) benchmarks/naflex.py --device cuda --json $(BENCH_OUT)/naflex_cuda_vit_s.json
+
+# The GPU claims in two commands of at most 8 minutes each on one H100 (docs/gpu.md): gpu-check runs the CUDA tests,
+# every family's bf16 logits against fp32 on the CPU, a compiled train.py run on Imagenette (DATA_DIR: train/ and val/,
+# or the folder the 160 px tarball unpacked into) and its evaluation, and the rotation against the copy bandwidth;
+# gpu-bench the throughput against DeiT-III-S and timm's ports (eager, compiled), the kernel sweep and data feeding.
+# Each step goes on past a failed one; the summary and its JSON land in OUT. DEVICE=cpu runs every step at tiny sizes.
+DEVICE ?= cuda
+gpu-check gpu-bench: $(GPU_INSTALL)
+	$(PYTHON) scripts/gpu_check.py --suite $(@:gpu-%=%) --device $(DEVICE) $(if $(DATA_DIR),--data-dir $(DATA_DIR)) \
+		$(if $(OUT),--output $(OUT))
 
 # On a quiet CPU (nothing else running; docs/performance.md): the position-encoding kinds against axial RoPE, ViT-S,
 # batch 8 at 224 px and 2 at 448 px (about 15 min on a 2-core CPU), and the twins of timm's Eva backbones against

@@ -92,7 +92,7 @@ def train(cfg: Config) -> None:
     pipeline, _ = loaders.choose_pipeline(cfg)  # the batched tensor pipeline needs no loader workers
     threads = distributed.set_cpu_threads(cfg.threads, 0 if pipeline == "tensor" else cfg.workers)
     if env.device.type == "cuda":
-        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = cfg.tf32
+        distributed.set_tf32(cfg.tf32)
     say = print if env.is_main else lambda *args, **kwargs: None
     check_model_name(cfg.model)  # before a download of the default data set
     resume = train_state.load_checkpoint(cfg.resume) if cfg.resume else None  # a bad path fails before slow data work

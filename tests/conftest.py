@@ -26,6 +26,19 @@ ROPE_MODEL = "vit_rope_tiny_patch16_mixed_224"
 TINY_MODEL = ROPE_MODEL if ROPE_MODEL in timm.list_models("vit_rope*") else "vit_tiny_patch16_224"
 
 
+@pytest.hookimpl(tryfirst=True)  # before ``-m`` deselects: ``pytest -m cuda`` must see the marks added here
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark ``cuda`` every test parametrised with the device ``"cuda"`` (as well as those marked by hand), so that
+    ``pytest -m cuda`` selects all the GPU checks on a GPU machine, and skip them where PyTorch sees no GPU."""
+    skip = pytest.mark.skip(reason="needs a CUDA GPU")
+    for item in items:
+        params = getattr(item, "callspec", None)
+        if params is not None and any(isinstance(value, str) and value == "cuda" for value in params.params.values()):
+            item.add_marker(pytest.mark.cuda)
+        if item.get_closest_marker("cuda") is not None and not torch.cuda.is_available():
+            item.add_marker(skip)
+
+
 def write_image_folder(root: Path, train_per_class: int = 8, val_per_class: int = 4) -> Path:
     """3 classes of 40x40 images whose dominant color channel is the class, as JPEG and PNG.
 

@@ -187,7 +187,7 @@ def test_make_batch_takes_any_size_and_batch_length_per_call() -> None:
     assert "train" in run.describe() and "40 decoded images" in repr(run)
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.cuda
 @pytest.mark.parametrize("store_on_gpu", [False, True])
 def test_cuda_batches_match_cpu_batches(store_on_gpu: bool) -> None:
     store, _ = make_store(unreadable=(2,))

@@ -5,6 +5,7 @@ follow the explicit count, ``OMP_NUM_THREADS``, or this process's share of the c
 from __future__ import annotations
 
 import os
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -85,3 +86,25 @@ def test_two_ranks_sum_over_each_other_and_rank_0_goes_first(tmp_path):
     assert all(rank["total"] == [3.0, 30.0] for rank in ranks)
     assert [rank["own"] for rank in ranks] == [[1.0, 10.0], [2.0, 20.0]]  # the input is not summed in place
     assert [rank["seen"] for rank in ranks] == [False, True]
+
+
+@pytest.mark.parametrize("enabled", [False, True])
+def test_tf32_is_set_silently_and_stays_readable(monkeypatch, enabled):
+    """Torch 2.9-2.11 warn when the allow_tf32 flags are set (train.py would print it on every GPU run); the flags
+    must stay readable afterwards, as they do not after torch's newer fp32_precision settings."""
+    real = torch._C._set_cublas_allow_tf32
+
+    def deprecated(value: bool) -> None:  # what torch 2.9-2.11 do when the flag is set
+        warnings.warn("Please use the new API settings to control TF32 behavior, such as ...", UserWarning,
+                      stacklevel=2)
+        real(value)
+
+    monkeypatch.setattr(torch._C, "_set_cublas_allow_tf32", deprecated)
+    with pytest.warns(UserWarning):  # the stand-in warns
+        torch.backends.cuda.matmul.allow_tf32 = enabled
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        distributed.set_tf32(enabled)
+        distributed.set_tf32(not enabled)
+        distributed.set_tf32(enabled)
+    assert torch.backends.cuda.matmul.allow_tf32 is enabled and torch.backends.cudnn.allow_tf32 is enabled

@@ -96,11 +96,12 @@ def test_checkpoint_loads_weights_only_and_rebuilds_the_model_alone(image_root: 
     ("decoded_cache=true", "auto_augment=null", "reprob=0", "train_sizes=[32, 48, 64]"),  # a size per step, batched
     ("workers=1", *NAFLEX),  # timm's NaFlex loader: transforms and Mixup in a worker, patch erasing on the device
 ], ids=["workers0", "workers1", "train_sizes", "naflex"])
+@pytest.mark.parametrize("device", ["cpu", "cuda"])  # cuda: bf16 autocast, channels-last and the CUDA RNG's state
 def test_resume_after_interruption_matches_an_uninterrupted_run(image_root: Path, tmp_path: Path, monkeypatch,
-                                                                 extra: tuple[str, ...]) -> None:
+                                                                 extra: tuple[str, ...], device: str) -> None:
     # every source of randomness on: data order, RandAugment, random erasing, Mixup/CutMix, drop-path, EMA
     random_all = ("--epochs", "3", "mixup=0.8", "cutmix=1.0", "auto_augment=rand-m9-mstd0.5-inc1", "reprob=0.25",
-                  "drop_path=0.1", "model_ema=true", "warmup_epochs=1", *extra)
+                  "drop_path=0.1", "model_ema=true", "warmup_epochs=1", "--device", device, *extra)
     straight, resumed = tmp_path / "straight", tmp_path / "resumed"
     assert train.main(tiny_args(image_root, straight, *random_all)) == 0
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -75,3 +76,16 @@ def reduce_sum(values: torch.Tensor, env: DistEnv) -> torch.Tensor:
         values = values.clone()
         dist.all_reduce(values)
     return values
+
+
+def set_tf32(enabled: bool) -> None:
+    """Let CUDA matmuls and convolutions run fp32 products in TF32 (``tf32: true``), or keep them fp32.
+
+    Through the ``allow_tf32`` flags, the only settings torch keeps readable both ways: after the newer
+    ``fp32_precision`` ones, any code that reads ``allow_tf32`` fails ("a mix of the legacy and new APIs", torch 2.14).
+    Torch 2.9 to 2.11 warn once that the flags will be deprecated; that warning is silenced here, as train.py prints
+    every warning to the user.
+    """
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Please use the new API settings to control TF32")
+        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = enabled
