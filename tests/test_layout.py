@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 import tomllib
-from conftest import REPO
+
+from helpers.training import REPO
 
 PACKAGE = REPO / "vit_rope"
 # lowest first: a module may import its own layer and the ones before it

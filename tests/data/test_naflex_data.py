@@ -6,11 +6,11 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import write_image_folder
 from timm.data import NaFlexMixup, create_transform
 from timm.data.naflex_random_erasing import PatchRandomErasing
 from torch.utils.data import DataLoader
 
+from helpers.training import write_image_folder
 from vit_rope.data.folders import Images, find_images
 from vit_rope.data.naflex import NaFlexLoader, NaFlexSteps
 

@@ -11,34 +11,19 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from timm.data import resolve_data_config
 from timm.data.distributed_sampler import RepeatAugSampler
 from torch.utils.data import DataLoader, DistributedSampler
 
-from vit_rope.data import folders
+from helpers.training import PER_IMAGE, indexed_loaders
 from vit_rope.data.pipeline import BatchLoader
 from vit_rope.data.sizes import SizeSchedule
 from vit_rope.data.steps import StepSampler, sample_seeds
 from vit_rope.train import loaders
-from vit_rope.train.cli import build_config
-
-DATA_CONFIG = resolve_data_config({"input_size": (3, 32, 32), "crop_pct": 0.875, "interpolation": "bicubic"})
-PER_IMAGE = ("img_size=32", "batch_size=8", "workers=0", "auto_augment=rand-m9-mstd0.5-inc1", "reprob=0.25",
-             "mixup=0.8", "train_sizes=[16, 32, 48]")
 
 
 def sampler(n: int = 40, batch_size: int = 4, schedule=None, rank: int = 0, world_size: int = 1) -> StepSampler:
     order = DistributedSampler(range(n), world_size, rank, shuffle=True, seed=3)
     return StepSampler(order, batch_size, 16, schedule, seed=3, rank=rank)
-
-
-def indexed_loaders(root: Path, *overrides: str, rank: int = 0, world_size: int = 1):
-    """``build_loaders`` over the tiny ImageFolder with each train image's target = its index, to follow the order."""
-    cfg = build_config(None, list(overrides))
-    train, classes = folders.find_images(root / "train")
-    val, _ = folders.find_images(root / "val", classes)
-    return loaders.build_loaders(cfg, [(path, i) for i, (path, _) in enumerate(train)], val, DATA_CONFIG, rank,
-                              world_size)
 
 
 def epoch(loader, number: int, start_step: int = 0) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:

@@ -3,9 +3,9 @@
 import pytest
 import timm
 import torch
-from test_naflex import pack
 
 import vit_rope  # noqa: F401  (registers the models)
+from helpers.naflex import pack
 from vit_rope.eval.ablation import position_reliance, without_positions
 
 PATCH = 16

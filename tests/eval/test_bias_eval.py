@@ -12,8 +12,8 @@ import numpy as np
 import onnxruntime
 import pytest
 import torch
-from test_export import tiny
 
+from helpers.models import tiny
 from vit_rope.errors import UserError
 from vit_rope.eval import onnx as export
 from vit_rope.eval.diagnose import attention_entropy, main

@@ -8,10 +8,10 @@ import pytest
 import timm
 import torch
 from PIL import Image
-from test_evaluate import ROPE, write_checkpoint
-from test_naflex import pack
 
 import vit_rope  # noqa: F401  (registers the models)
+from helpers.evaluation import ROPE, write_checkpoint
+from helpers.naflex import pack
 from vit_rope.eval.diagnose import attention_entropy, budget_coverage, frequency_coverage, main
 
 

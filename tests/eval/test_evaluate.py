@@ -10,54 +10,29 @@ import json
 import shutil
 import sys
 from pathlib import Path
-from typing import Any
 
 import pytest
 import timm
 import torch
-from conftest import tiny_args
 from PIL import Image
-from test_checkpoint import save_source, write_corrupt
 from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD, ImageNetInfo
 from torchvision import transforms
 
 import vit_rope
+from helpers.checkpoints import save_source, write_corrupt
+from helpers.evaluation import CLASSES, ROPE, run, write_checkpoint
+from helpers.training import tiny_args
 from vit_rope.errors import UserError
-from vit_rope.eval import cli, report
 from vit_rope.eval import harness as evaluate
+from vit_rope.eval import report
 from vit_rope.eval.loading import EvalModel, load_trained
 from vit_rope.layers.policies import POLICIES
 from vit_rope.models.load_report import WeightsNotLoadedWarning
-from vit_rope.train.state import save_checkpoint
-
-ROPE = "vit_rope_tiny_patch16_mixed_224"
-CLASSES = ["class_0", "class_1", "class_2"]
-
-
-def write_checkpoint(path: Path, ema_bias: float | None = None, drop: tuple[str, ...] = (), val_split: str = "val",
-                     **model_kwargs: Any) -> Path:
-    """A checkpoint with the keys train.py writes; LayerScale at 1 so that the RoPE policy visibly matters."""
-    kwargs = {"num_classes": 3, "img_size": 32, "drop_path_rate": 0.0, "depth": 2, **model_kwargs}
-    torch.manual_seed(0)
-    model = timm.create_model(ROPE, **kwargs)
-    for name, param in model.named_parameters():
-        if name.endswith(".gamma"):
-            param.data.fill_(1.0)
-    ckpt = {"model_name": ROPE, "model_kwargs": kwargs, "classes": CLASSES, "model": model.state_dict(),
-            "config": {"img_size": 32, "model": ROPE, "val_split": val_split}, "epoch": 1}
-    if ema_bias is not None:
-        ckpt["model_ema"] = {**model.state_dict(), "head.bias": torch.full((3,), ema_bias)}
-    save_checkpoint({key: value for key, value in ckpt.items() if key not in drop}, path)
-    return path
 
 
 @pytest.fixture
 def checkpoint(tmp_path: Path) -> Path:
     return write_checkpoint(tmp_path / "best.pth")
-
-
-def run(*args: str) -> int:
-    return cli.main([*args, "--device", "cpu", "--workers", "0", "--batch-size", "8"])
 
 
 def test_transform_is_the_protocol() -> None:

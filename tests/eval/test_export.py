@@ -2,7 +2,7 @@
 
 Each model variant (axial, mixed, mixed + APE, registers) is exported once per module; 2-block tiny models with
 LayerScale at 1, so that attention and RoPE visibly shape the output. The command line is run from a timm model name
-and from a ``train.py`` checkpoint (``write_checkpoint`` of ``test_evaluate.py``).
+and from a ``train.py`` checkpoint (``helpers.evaluation.write_checkpoint``).
 """
 
 from __future__ import annotations
@@ -15,10 +15,10 @@ import numpy as np
 import onnx
 import onnxruntime
 import pytest
-import timm
 import torch
-from test_evaluate import write_checkpoint
 
+from helpers.evaluation import write_checkpoint
+from helpers.models import tiny
 from vit_rope.eval import onnx as export
 from vit_rope.eval.loading import load_trained
 
@@ -33,16 +33,6 @@ VARIANTS = {
     "dinov3": ("vit_rope_small_plus_patch16_dinov3_qkvb", {"embed_dim": 192, "num_heads": 3}),
 }
 ATOL = 1e-4
-
-
-def tiny(name: str, **kwargs) -> torch.nn.Module:
-    """A 2-block, 5-class model with LayerScale at 1 (1e-5 by default would make every block nearly the identity)."""
-    torch.manual_seed(0)
-    model = timm.create_model(name, depth=2, num_classes=5, **kwargs)
-    for key, param in model.named_parameters():
-        if key.endswith(".gamma"):
-            param.data.fill_(1.0)
-    return model
 
 
 def session(path: Path) -> onnxruntime.InferenceSession:

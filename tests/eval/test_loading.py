@@ -10,9 +10,9 @@ import pytest
 import timm
 import torch
 from safetensors.torch import save_file
-from test_checkpoint import save_source
-from test_evaluate import ROPE, write_checkpoint
 
+from helpers.checkpoints import save_source
+from helpers.evaluation import ROPE, write_checkpoint
 from studies.results import is_run
 from vit_rope.errors import UserError
 from vit_rope.eval.loading import load_pretrained, load_trained, model_label

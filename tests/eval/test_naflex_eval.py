@@ -15,9 +15,9 @@ import pytest
 import timm
 import torch
 from PIL import Image
-from test_evaluate import ROPE, run, write_checkpoint
 from torchvision import transforms
 
+from helpers.evaluation import ROPE, run, write_checkpoint
 from vit_rope.eval import harness, naflex, report
 from vit_rope.eval.loading import load_trained
 

@@ -4,13 +4,13 @@ what was initialised rather than loaded, and unreadable files."""
 import warnings
 from pathlib import Path
 
-import numpy as np
 import pytest
 import timm
 import torch
 from safetensors.torch import save_file
 
 import vit_rope  # noqa: F401  (registers the models)
+from helpers.checkpoints import CORRUPT, save_source, write_corrupt
 from vit_rope.errors import UserError
 from vit_rope.models.checkpoint import convert_state_dict, load_weights
 from vit_rope.models.load_report import LAYERSCALE, ROPE_FREQS, WeightsNotLoadedWarning
@@ -161,13 +161,6 @@ def test_loading_is_weights_only(tmp_path):
 TINY_MIXED = "vit_rope_tiny_patch16_mixed_224"
 
 
-def save_source(kind: str, path: Path, **kwargs) -> Path:
-    """The weights of a 2-block tiny model: an axial RoPE checkpoint, a plain timm ViT, or a mixed RoPE checkpoint."""
-    name = {"axial": "vit_rope_tiny_patch16_axial_224", "plain_vit": "vit_tiny_patch16_224", "mixed": TINY_MIXED}[kind]
-    torch.save({"model": timm.create_model(name, depth=2, **kwargs).state_dict()}, path)
-    return path
-
-
 @pytest.mark.parametrize("kind", ["axial", "plain_vit"])
 def test_checkpoint_without_learned_frequencies_is_warned_and_reported(kind, tmp_path):
     path = save_source(kind, tmp_path / f"{kind}.pth")
@@ -274,34 +267,6 @@ def test_timm_pretrained_path_warns_and_marks_the_model(tmp_path):
 
 
 # ---- unreadable files: an error naming the file and the fix, the library's message after ---------------------------
-
-CORRUPT = {  # file name -> what safetensors / timm's torch.load says about it
-    "garbage_header.safetensors": "header too large",
-    "truncated.safetensors": "incomplete metadata",
-    "truncated.pth": "PytorchStreamReader failed reading zip archive",
-    "random.bin": "UnpicklingError: Unsupported operand",  # not torch's advice to retry with weights_only=False
-    "empty.pth": "EOFError",
-}
-
-
-def write_corrupt(path: Path) -> Path:
-    """A broken weights file of the kind its name in ``CORRUPT`` says, cut from a real 1-block checkpoint."""
-    state = timm.create_model("vit_rope_tiny_patch16_axial_224", depth=1).state_dict()
-    stem = path.name.split(".")[0]
-    if stem == "truncated":
-        if path.suffix == ".safetensors":
-            save_file(state, str(path))
-        else:
-            torch.save(state, path)
-        path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
-    elif stem == "garbage_header":  # the first 8 bytes give the header length
-        path.write_bytes(b"\xff" * 8 + b"{}")
-    elif stem == "random":
-        path.write_bytes(np.random.default_rng(0).integers(0, 256, 4096, dtype=np.uint8).tobytes())
-    else:
-        path.write_bytes(b"")
-    return path
-
 
 @pytest.mark.parametrize("name", list(CORRUPT))
 def test_unreadable_file_is_an_error_naming_it(name, tmp_path):

@@ -10,6 +10,7 @@ import torch
 from safetensors.torch import save_file
 
 import vit_rope
+from helpers.models import assert_same_outputs, timm_eva
 from vit_rope.eval import cli, diagnose
 from vit_rope.models.checkpoint import convert_state_dict
 from vit_rope.models.load_report import WeightsNotLoadedWarning
@@ -21,17 +22,6 @@ ARCHS = [("small", False), ("small_plus", True), ("base", True), ("large", False
 
 def timm_dinov3(size: str, qkv_bias: bool, **kwargs) -> torch.nn.Module:
     return timm_eva(dinov3_name(size, qkv_bias).replace("vit_rope_", "vit_"), **kwargs)
-
-
-def timm_eva(name: str, **kwargs) -> torch.nn.Module:
-    """timm model ``name`` with LayerScale at 1 and random biases and tokens, so that every weight moves the output."""
-    torch.manual_seed(0)
-    model = timm.create_model(name, init_values=1.0, **kwargs)
-    with torch.no_grad():
-        for param_name, param in model.named_parameters():
-            if param_name.endswith("bias") or "token" in param_name:
-                param.normal_(0, 0.2)
-    return model.eval()
 
 
 def meta_keys(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -64,18 +54,6 @@ def test_logits_and_features_match_timm_from_timm_and_meta_files(size, qkv_bias,
         report = vit_rope.load_weights(ours, path)
         assert not report.initialised and set(report.loaded) == set(ours.state_dict())
         assert_same_outputs(ours, theirs, SIZES)
-
-
-def assert_same_outputs(ours: torch.nn.Module, theirs: torch.nn.Module, sizes: list[tuple[int, int]],
-                        batch: int = 2) -> None:
-    """``ours`` gives the features and outputs of timm's model ``theirs`` to 1e-4 at every (height, width)."""
-    with torch.inference_mode():
-        for height, width in sizes:
-            x = torch.randn(batch, 3, height, width)
-            features = theirs.forward_features(x)
-            assert features.std() > 0.5
-            torch.testing.assert_close(ours.forward_features(x), features, atol=1e-4, rtol=1e-4)
-            torch.testing.assert_close(ours(x), theirs(x), atol=1e-4, rtol=1e-4)
 
 
 def test_pretrained_file_through_timm_create_model_as_a_backbone(tmp_path):

@@ -10,6 +10,7 @@ import torch
 from safetensors.torch import save_file
 
 import vit_rope
+from helpers.models import randomize_
 from vit_rope.models.eva_families import FAMILIES, twin_name
 
 # timm name, width overrides (both models), sizes (native first), an override of the twin that must change outputs
@@ -38,20 +39,6 @@ CASES = {
     "lingbot_small": ("vit_small_patch16_lingbot", dict(embed_dim=128, num_heads=2), [(512, 512), (256, 384)],
                       dict(rope_policy="extrapolate")),
 }
-
-
-def randomize_(model: torch.nn.Module) -> None:
-    """Every parameter away from its init (LayerScale 1e-5 would hide attention), norm scales around 1."""
-    g = torch.Generator().manual_seed(0)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            noise = torch.randn(p.shape, generator=g) * 0.1
-            if "norm" in name and name.endswith("weight"):
-                p.copy_(1 + noise)
-            elif "gamma" in name:
-                p.copy_(0.5 + noise)
-            else:
-                p.copy_(noise * 2)
 
 
 def timm_model(name: str, widths: dict) -> torch.nn.Module:

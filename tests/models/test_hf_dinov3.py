@@ -11,9 +11,9 @@ import pytest
 import timm
 import torch
 from safetensors.torch import save_file
-from test_dinov3 import assert_same_outputs, timm_eva
 
 import vit_rope
+from helpers.models import assert_same_outputs, timm_eva
 from vit_rope.models.checkpoint import convert_state_dict
 from vit_rope.models.hf_dinov3 import HF_FORMAT, create_from_hf, dinov3_args_from_hf_config
 

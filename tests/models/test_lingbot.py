@@ -5,10 +5,10 @@ non-square size; their pretrained configs are timm's, but for any input size."""
 import pytest
 import timm
 from safetensors.torch import save_file
-from test_dinov3 import assert_same_outputs, timm_eva
 from timm.models import get_pretrained_cfg
 
 import vit_rope
+from helpers.models import assert_same_outputs, timm_eva
 from vit_rope.models.eva_families import LINGBOT, twin_name
 
 SIZES = [name.split("_")[1] for name in LINGBOT]  # small, base, large, giant

@@ -7,13 +7,12 @@ from __future__ import annotations
 import pytest
 import timm
 import torch
-from test_rotation_kinds import assert_same_gradients
-from timm.data.naflex_transforms import patchify_image
 
+from helpers.models import assert_same_gradients
+from helpers.naflex import images, pack
 from vit_rope.layers.attn_bias import alibi_penalty, alibi_slopes
 from vit_rope.layers.lookhere import PRESETS, head_plan, lookhere_penalty
 
-PATCH = 16
 BASE = dict(img_size=80, embed_dim=48, depth=2, num_heads=3, num_classes=7, init_values=0.5)
 KINDS = {  # name -> (model, extra kwargs)
     "alibi": ("vit_rope_tiny_patch16_alibi_224", {}),
@@ -34,22 +33,6 @@ def build(kind: str, policy: str = "extrapolate", **kwargs) -> torch.nn.Module:
             param.add_(torch.randn_like(param) * 0.2)
     model.set_rope_policy(policy)
     return model
-
-
-def pack(images: list[torch.Tensor], length: int = 32) -> dict[str, torch.Tensor]:
-    """Images as timm's NaFlexCollator packs them."""
-    patches = torch.zeros(len(images), length, PATCH * PATCH * 3)
-    coord = torch.zeros(len(images), length, 2, dtype=torch.long)
-    valid = torch.zeros(len(images), length, dtype=torch.bool)
-    for b, image in enumerate(images):
-        flat, where, ok = patchify_image(image, (PATCH, PATCH))
-        patches[b, :len(flat)], coord[b, :len(flat)], valid[b, :len(flat)] = flat, where, ok
-    return {"patches": patches, "patch_coord": coord, "patch_valid": valid}
-
-
-def images(grids: tuple[tuple[int, int], ...] = ((4, 6), (6, 3), (5, 5))) -> list[torch.Tensor]:
-    torch.manual_seed(1)
-    return [torch.randn(3, h * PATCH, w * PATCH) for h, w in grids]
 
 
 def test_every_kind_is_registered_at_tiny_small_and_base() -> None:

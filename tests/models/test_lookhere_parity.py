@@ -1,5 +1,5 @@
 """LookHere's official checkpoints (vit_rope.models.lookhere_weights): the official model (a reference copy of its code,
-tests/models/lookhere_official.py), built at random and saved in its checkpoint format, loads through
+tests/helpers/lookhere_official.py), built at random and saved in its checkpoint format, loads through
 ``vit_rope.load_weights`` into our LookHere model and gives the same logits at its training grid and a larger one.
 
 The official code rounds its bias to bf16 (ours stays fp32), so features agree to 1e-3 of their scale, not exactly; the
@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 import timm
 import torch
-from lookhere_official import LookHere
 
 import vit_rope
+from helpers.lookhere_official import LookHere
 from vit_rope.eval.loading import load_pretrained
 
 IMG, LARGER, DEPTH, CLASSES = 64, 96, 2, 10  # 4x4 training grid, 6x6 beyond it

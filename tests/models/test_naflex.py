@@ -10,14 +10,13 @@ import torch
 from timm.data.naflex_transforms import patchify_image
 
 import vit_rope.layers.rope as rope_module
+from helpers.naflex import GRIDS, LENGTH, PATCH, images, pack
 from vit_rope.layers.naflex import coord_positions, lattice, naflex_grid, sample_frequencies, sample_pos_embed
 from vit_rope.layers.naflex import gather_rows as naflex_gather
 from vit_rope.layers.policies import scale_frequencies
 from vit_rope.layers.pos_embed import fit_pos_embed
 from vit_rope.layers.rope import RoPE2D
 
-PATCH, LENGTH = 16, 32
-GRIDS = [(4, 6), (6, 3), (5, 5)]  # the training grid is 5x5 (80 px): larger, smaller and equal on each axis
 BASE = dict(img_size=80, embed_dim=32, depth=2, num_heads=2, num_classes=7, init_values=0.5)
 KINDS = {  # name -> (model, extra kwargs, policies)
     "axial": ("vit_rope_tiny_patch16_axial_224", {}, ("extrapolate", "interpolate", "ntk", "yarn", "normalized")),
@@ -44,23 +43,6 @@ def build(kind: str, policy: str = "extrapolate", **kwargs) -> torch.nn.Module:
             param.add_(torch.randn_like(param) * 0.2)
     model.set_rope_policy(policy)
     return model
-
-
-def pack(images: list[torch.Tensor], length: int = LENGTH, pad_value: float = -2.0,
-         patch: int = PATCH) -> dict[str, torch.Tensor]:
-    """Images as timm's NaFlexCollator packs them: flat channels-last patches, (y, x) coordinates, validity."""
-    patches = torch.full((len(images), length, patch * patch * 3), pad_value)
-    coord = torch.zeros(len(images), length, 2, dtype=torch.long)
-    valid = torch.zeros(len(images), length, dtype=torch.bool)
-    for b, image in enumerate(images):
-        flat, where, ok = patchify_image(image, (patch, patch))
-        patches[b, :len(flat)], coord[b, :len(flat)], valid[b, :len(flat)] = flat, where, ok
-    return {"patches": patches, "patch_coord": coord, "patch_valid": valid, "seq_len": length}
-
-
-def images(grids: list[tuple[int, int]] = GRIDS, patch: int = PATCH) -> list[torch.Tensor]:
-    torch.manual_seed(1)
-    return [torch.randn(3, h * patch, w * patch) for h, w in grids]
 
 
 @pytest.mark.parametrize("kind,policy", CASES)

@@ -12,6 +12,7 @@ import torch
 from timm.data.naflex_transforms import patchify_image
 
 import vit_rope  # noqa: F401  (registers the models)
+from helpers.models import assert_same_gradients
 
 ROTATION_KINDS = ("golden", "string", "string_mixed")  # the rotating name suffixes of registry.NEW_KINDS
 
@@ -222,13 +223,3 @@ def test_compiled_model_equals_eager_in_training_and_after_the_fold(kind: str):
         torch.testing.assert_close(compiled(x), model(x), rtol=1e-4, atol=1e-4)
 
 
-def assert_same_gradients(model: torch.nn.Module, first, second, x: torch.Tensor) -> None:
-    """The gradients of ``model``'s parameters through ``first(x)`` and ``second(x)`` (callables over the same
-    parameters, e.g. the compiled and the eager model) agree to 1e-4."""
-    grads = []
-    for forward in (first, second):
-        model.zero_grad(set_to_none=True)
-        forward(x).square().sum().backward()
-        grads.append({name: param.grad for name, param in model.named_parameters()})
-    for name, grad in grads[0].items():
-        torch.testing.assert_close(grad, grads[1][name], rtol=1e-4, atol=1e-5, msg=name)

@@ -13,9 +13,9 @@ from itertools import combinations
 import pytest
 import timm
 import torch
-from test_eva_twins import randomize_
-from test_naflex import images, pack
 
+from helpers.models import randomize_
+from helpers.naflex import images, pack
 from vit_rope.eval import cli
 from vit_rope.eval.diagnose import attention_entropy, frequency_coverage
 from vit_rope.eval.diagnose import main as diagnose

@@ -11,10 +11,10 @@ from pathlib import Path
 
 import gpu_check
 import pytest
-from conftest import REPO, write_image_folder
 from gpucheck import preflight, steps
 from PIL import Image
 
+from helpers.training import REPO, write_image_folder
 from vit_rope._requires import TIMM_MIN
 
 

@@ -7,8 +7,8 @@ import shutil
 from pathlib import Path
 
 import pytest
-from test_study_report import make_v2, result, write_runs
 
+from helpers.studies import make_v2, result, write_runs
 from studies import goal
 from studies import report as study
 

@@ -7,8 +7,8 @@ import shutil
 from pathlib import Path
 
 import pytest
-from test_study_report import result, write_runs
 
+from helpers.studies import result, write_runs
 from studies import goal, paired
 from studies import report as study
 

@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 import torch
 import torch.distributed as dist
-from test_steps_ddp import free_port, run_ranks
 
+from helpers.ddp import free_port, run_ranks
 from vit_rope.errors import UserError
 from vit_rope.train import distributed
 

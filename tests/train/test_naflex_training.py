@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 import timm
 import torch
-from conftest import tiny_args
 from PIL import Image
 
 import train
+from helpers.training import tiny_args
 
 NAFLEX = ("naflex=true", "naflex_seq_lens=[4, 9, 16]")
 

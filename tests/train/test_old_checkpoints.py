@@ -9,9 +9,9 @@ import shutil
 from pathlib import Path
 
 import torch
-from conftest import REPO, tiny_args, write_image_folder
 
 import train
+from helpers.training import REPO, tiny_args, write_image_folder
 from vit_rope.eval.loading import load_trained
 from vit_rope.train.state import load_checkpoint
 

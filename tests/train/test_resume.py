@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from conftest import tiny_args
 
 import train
+from helpers.training import tiny_args
 from vit_rope.errors import UserError
 from vit_rope.train import resume
 from vit_rope.train.cli import build_config, parse_args

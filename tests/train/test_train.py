@@ -2,23 +2,21 @@
 
 from __future__ import annotations
 
-import csv
 import os
 import shutil
 import subprocess
 import sys
 import types
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import timm
 import torch
 import yaml
-from conftest import REPO, ROPE_MODEL, TINY_MODEL, tiny_args
 from timm.optim import create_optimizer_v2
 
 import train
+from helpers.training import REPO, ROPE_MODEL, TINY_MODEL, assert_same_weights, killed_at, metrics, tiny_args
 from vit_rope.data import folders
 from vit_rope.data.sizes import SizeSchedule
 from vit_rope.train import engine
@@ -27,11 +25,6 @@ from vit_rope.train.state import save_checkpoint
 
 MULTIRES = ("decoded_cache=true", "train_sizes=[32, 48]")  # variable resolution needs the batched tensor pipeline
 NAFLEX = ("naflex=true", "naflex_seq_lens=[9, 16]")  # native aspect ratios: 3 or 4 patches a side, 8 images a step
-
-
-def metrics(output: Path) -> list[dict[str, str]]:
-    with (output / "metrics.csv").open() as f:
-        return list(csv.DictReader(f))
 
 
 def test_two_epochs_learn_and_write_every_output(image_root: Path, tmp_path: Path, capsys) -> None:
@@ -127,26 +120,6 @@ def test_resume_after_interruption_matches_an_uninterrupted_run(image_root: Path
     assert [row["epoch"] for row in metrics(resumed)] == ["1", "2", "3"]
     assert metrics(resumed)[2]["train_loss"] == metrics(straight)[2]["train_loss"]
     assert metrics(resumed)[2]["sizes"] == metrics(straight)[2]["sizes"]
-
-
-def killed_at(epoch: int, step: int) -> Callable:
-    """A ``engine.Progress.update`` that stops the run after step ``step`` (1-based) of epoch ``epoch`` (1-based),
-    before any checkpoint of that step: the work since the last checkpoint is lost, as in a killed job."""
-    real = engine.Progress.update
-
-    def update(self, index: int, **stats: str) -> None:
-        real(self, index, **stats)
-        if self.desc.startswith(f"epoch {epoch}/") and index + 1 == step:
-            raise KeyboardInterrupt
-
-    return update
-
-
-def assert_same_weights(a: Path, b: Path) -> None:
-    first, second = (torch.load(path / "last.pth", weights_only=True) for path in (a, b))
-    for key in ("model", "model_ema"):
-        for name, tensor in first[key].items():
-            torch.testing.assert_close(second[key][name], tensor, rtol=0, atol=1e-5, msg=f"{key}.{name}")
 
 
 @pytest.mark.parametrize("extra", [

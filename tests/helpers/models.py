@@ -1,0 +1,68 @@
+"""Small models whose every weight shows in the output, and checks that two models (or two paths through one) give
+the same outputs and gradients."""
+
+from __future__ import annotations
+
+import timm
+import torch
+
+import vit_rope  # noqa: F401  (registers the vit_rope_* models)
+
+
+def tiny(name: str, **kwargs) -> torch.nn.Module:
+    """A 2-block, 5-class model with LayerScale at 1 (1e-5 by default would make every block nearly the identity)."""
+    torch.manual_seed(0)
+    model = timm.create_model(name, depth=2, num_classes=5, **kwargs)
+    for key, param in model.named_parameters():
+        if key.endswith(".gamma"):
+            param.data.fill_(1.0)
+    return model
+
+
+def randomize_(model: torch.nn.Module) -> None:
+    """Every parameter away from its init (LayerScale 1e-5 would hide attention), norm scales around 1."""
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            noise = torch.randn(p.shape, generator=g) * 0.1
+            if "norm" in name and name.endswith("weight"):
+                p.copy_(1 + noise)
+            elif "gamma" in name:
+                p.copy_(0.5 + noise)
+            else:
+                p.copy_(noise * 2)
+
+
+def timm_eva(name: str, **kwargs) -> torch.nn.Module:
+    """timm model ``name`` with LayerScale at 1 and random biases and tokens, so that every weight moves the output."""
+    torch.manual_seed(0)
+    model = timm.create_model(name, init_values=1.0, **kwargs)
+    with torch.no_grad():
+        for param_name, param in model.named_parameters():
+            if param_name.endswith("bias") or "token" in param_name:
+                param.normal_(0, 0.2)
+    return model.eval()
+
+
+def assert_same_outputs(ours: torch.nn.Module, theirs: torch.nn.Module, sizes: list[tuple[int, int]],
+                        batch: int = 2) -> None:
+    """``ours`` gives the features and outputs of timm's model ``theirs`` to 1e-4 at every (height, width)."""
+    with torch.inference_mode():
+        for height, width in sizes:
+            x = torch.randn(batch, 3, height, width)
+            features = theirs.forward_features(x)
+            assert features.std() > 0.5
+            torch.testing.assert_close(ours.forward_features(x), features, atol=1e-4, rtol=1e-4)
+            torch.testing.assert_close(ours(x), theirs(x), atol=1e-4, rtol=1e-4)
+
+
+def assert_same_gradients(model: torch.nn.Module, first, second, x: torch.Tensor) -> None:
+    """The gradients of ``model``'s parameters through ``first(x)`` and ``second(x)`` (callables over the same
+    parameters, e.g. the compiled and the eager model) agree to 1e-4."""
+    grads = []
+    for forward in (first, second):
+        model.zero_grad(set_to_none=True)
+        forward(x).square().sum().backward()
+        grads.append({name: param.grad for name, param in model.named_parameters()})
+    for name, grad in grads[0].items():
+        torch.testing.assert_close(grad, grads[1][name], rtol=1e-4, atol=1e-5, msg=name)
