@@ -110,6 +110,24 @@ def test_create_from_hf_builds_the_model_of_the_config(tmp_path):
     assert_same_outputs(ours, theirs, SIZES)
 
 
+def test_the_training_grid_is_dinov3s_256_px_not_the_configs_image_size(tmp_path):
+    """Every DINOv3 config.json says image_size 224, transformers' default, which no forward reads; DINOv3 pretrained
+    at 256 px (Meta's train configs: global_crops_size 256). Under `extrapolate`, positions are DINOv3's own (its
+    coordinates normalised by the input grid: the `normalized` policy) at 256 px, 16 patches, not at 224 px."""
+    folder = write_hf(tmp_path / "hf", timm_dinov3("vit_small_patch16_dinov3_qkvb"))
+    assert json.loads((folder / "config.json").read_text())["image_size"] == 224
+    ours = create_from_hf(folder).eval()
+    assert ours.patch_embed.img_size == (256, 256)
+
+    def features(size: int, policy: str) -> torch.Tensor:
+        ours.set_rope_policy(policy)
+        with torch.inference_mode():
+            return ours.forward_features(torch.randn(1, 3, size, size, generator=torch.Generator().manual_seed(0)))
+
+    torch.testing.assert_close(features(256, "extrapolate"), features(256, "normalized"), atol=1e-5, rtol=1e-5)
+    assert (features(224, "extrapolate") - features(224, "normalized")).abs().max() > 1e-3  # 14 patches: 2/16 apart
+
+
 def test_against_transformers_dinov3_model(tmp_path):
     transformers = pytest.importorskip("transformers")
     theirs = timm_dinov3("vit_small_patch16_dinov3_qkvb")

@@ -21,6 +21,8 @@ coordinates.
 The q / k layouts of other checkpoints come here too (``qk_permutation``): timm's ``Eva`` rotates interleaved pairs
 like ours, but with ``grid_indexing='ij'`` (EVA-02, Fang et al. 2023, arXiv:2303.11331; timm's SBB RoPE ViTs) its
 first D/4 pairs turn with y; with ``'xy'`` (Perception Encoder, Bolya et al. 2025, arXiv:2504.13181) it is ours.
+``permute_qk_rows`` applies such a permutation to the q and k rows of a checkpoint's qkv projection, the one place
+every converter does it.
 """
 
 from __future__ import annotations
@@ -81,16 +83,21 @@ def dinov3_positions(height: int, width: int, reference: tuple[int, int], normal
     return torch.stack((grid_x, grid_y), dim=-1).reshape(-1, 2)  # [N, 2]
 
 
+def _swapped_axes(head_dim: int) -> tuple[Tensor, Tensor]:
+    """For each of our channels ``[head_dim]``: the pair of a layout whose first D/4 pairs turn with the other axis
+    (DINOv3's, timm Eva's ``'ij'``), ``(p + D/4) mod D/2`` for our pair ``p``, and the channel's place in its pair."""
+    channel = torch.arange(head_dim)
+    return (channel // 2 + head_dim // 4) % (head_dim // 2), channel % 2
+
+
 def interleave_permutation(head_dim: int) -> Tensor:
     """Index ``[head_dim]``: row ``c`` of our q (or k) head is row ``index[c]`` of DINOv3's rotate-half head.
 
     Our pair ``p`` (channels ``2p, 2p + 1``, x for ``p < D/4``) is DINOv3's pair ``(p + D/4) mod D/2`` (channels
     ``i, i + D/2``, y for ``i < D/4``).
     """
-    half, quarter = head_dim // 2, head_dim // 4
-    channel = torch.arange(head_dim)
-    pair = (channel // 2 + quarter) % half
-    return pair + (channel % 2) * half
+    pair, place = _swapped_axes(head_dim)
+    return pair + place * (head_dim // 2)
 
 
 QK_LAYOUTS = ("interleaved", "eva_ij", "eva_xy", "rotate_half")
@@ -111,13 +118,24 @@ def qk_permutation(layout: str, head_dim: int) -> Tensor:
     our pair ``p`` is timm's pair ``(p + D/4) mod D/2``, channel parity kept; ``rotate_half``: DINOv3's
     (``interleave_permutation``). Any permutation applied to both q and k leaves every attention score as it was.
     """
-    channel = torch.arange(head_dim)
     if check_qk_layout(layout) in ("interleaved", "eva_xy"):
-        return channel
+        return torch.arange(head_dim)
     if layout == "rotate_half":
         return interleave_permutation(head_dim)
-    half, quarter = head_dim // 2, head_dim // 4
-    return 2 * ((channel // 2 + quarter) % half) + channel % 2
+    pair, place = _swapped_axes(head_dim)
+    return 2 * pair + place
+
+
+def permute_qk_rows(value: Tensor, index: Tensor, num_heads: int, num_kv_heads: int | None = None) -> Tensor:
+    """The rows of a qkv weight ``[(nh + 2 nkv) D, C]`` or bias ``[(nh + 2 nkv) D]`` with every q and k head's rows
+    taken in the order ``index`` (``qk_permutation``, ``[D]``) and the v rows as they are: a checkpoint's q / k layout
+    turned into ours once, when weights load. ``num_kv_heads`` (grouped-query attention) defaults to ``num_heads``."""
+    head_dim = index.numel()
+    kv_rows = (num_heads if num_kv_heads is None else num_kv_heads) * head_dim
+    q, k, v = value.split([num_heads * head_dim, kv_rows, kv_rows])
+    index = index.to(value.device)
+    q, k = (rows.unflatten(0, (-1, head_dim)).index_select(1, index).flatten(0, 1) for rows in (q, k))
+    return torch.cat((q, k, v))
 
 
 def batch_coordinate_draw(shift: float, jitter: float, rescale: float, device: torch.device | None = None,

@@ -1,6 +1,7 @@
 """Loading the weights users already have into vit_rope models.
 
-Four sources are understood, told apart by their keys:
+These sources are understood, each recognised by a marker only its format carries (``vit_rope.models.formats``,
+which also converts the formats that need more than the renames done here):
 
 - timm's ports of RoPE-ViT (``vit_*_patch16_rope[_mixed][_ape]_224`` in ``timm/models/eva.py``), the way users bring
   the published ``naver_in1k`` weights (Heo et al., ECCV 2024, arXiv:2403.13298): LayerScale is ``gamma_1/2``
@@ -12,8 +13,8 @@ Four sources are understood, told apart by their keys:
 - DINOv3 backbones, as timm (``Eva``) or Meta saves them, into the ``*_dinov3*`` and ``*_lingbot`` models
   (``vit_rope.models.dinov3``), and as Hugging Face transformers saves them (``model.safetensors``, a folder with
   its ``config.json``, which is checked against the model: ``vit_rope.models.hf_dinov3``);
-- timm's other ``Eva`` 2D-RoPE backbones (EVA-02, Perception Encoder, SBB RoPE ViTs) into their twins
-  (``vit_rope.models.eva_weights``), chosen by the model's ``qk_layout`` rather than by keys, which the families share;
+- timm's other ``Eva`` 2D-RoPE backbones (EVA-02, Perception Encoder, SBB RoPE ViTs, Sapiens2) into their twins
+  (``vit_rope.models.eva_weights``), the q / k layout given by the model's ``qk_layout``, as the families share keys;
 - LookHere's official files, ``{"weights", "config"}``, into the ``*_lookhere_*`` models
   (``vit_rope.models.lookhere_weights``).
 
@@ -38,8 +39,7 @@ from torch import Tensor, nn
 
 from vit_rope.layers.pos_embed import fit_checkpoint_pos_embed
 from vit_rope.models import hf_dinov3
-from vit_rope.models.dinov3 import from_dinov3, is_dinov3
-from vit_rope.models.eva_weights import EVA_LAYOUTS, check_family, from_eva, is_eva
+from vit_rope.models.formats import convert_format
 from vit_rope.models.load_report import (
     CLASSIFIER,
     LAYERSCALE,
@@ -50,11 +50,9 @@ from vit_rope.models.load_report import (
     report,
     warn_initialised,
 )
-from vit_rope.models.lookhere_weights import from_lookhere, is_lookhere_checkpoint
 from vit_rope.models.weights_file import read_weights, unwrap_state_dict, weights_mismatch
 
 _DROPPED = re.compile(r"^(freqs_t_[xy]|freqs_cis|rope\.(bands|pos_embed.*|t_[xy]))$")  # resolution-dependent buffers
-_DINOV3_QK = "DINOv3: q/k rows of every head permuted from rotate-half to interleaved pairs"
 
 
 def _split_mixed_freqs(freqs: Tensor, model: nn.Module) -> dict[str, Tensor]:
@@ -79,21 +77,7 @@ def _convert(state_dict: dict[str, Any], model: nn.Module
              ) -> tuple[dict[str, Tensor], dict[str, list[str]], tuple[str, ...], tuple[str, ...]]:
     """``convert_state_dict``, plus the model keys it initialised rather than loaded, by reason, the checkpoint
     keys it dropped (an absolute position embedding the model has no place for) and what it converted."""
-    converted: tuple[str, ...] = ()
-    if is_lookhere_checkpoint(state_dict):  # {"weights", "config"}: LookHere's official files
-        state_dict, converted = from_lookhere(state_dict, model), ("LookHere's official file: keys renamed to ours",)
-    state_dict = unwrap_state_dict(state_dict)
-    hf_dinov3.refuse_other_hf(state_dict)
-    check_family(state_dict, model)
-    if hf_dinov3.is_hf_dinov3(state_dict):  # renamed onto timm's DINOv3 keys, then converted as those
-        state_dict, converted = hf_dinov3.from_hf_dinov3(state_dict, model), (
-            f"{hf_dinov3.HF_FORMAT}: keys renamed to timm's, separate q / k / v projections fused", _DINOV3_QK)
-    elif getattr(model, "qk_layout", None) in EVA_LAYOUTS and is_eva(state_dict):  # before is_dinov3: both gamma_1
-        state_dict, converted = from_eva(state_dict, model)
-    elif getattr(model, "rope_kind", None) == "dinov3" and is_dinov3(state_dict):
-        source = "Meta's DINOv3" if "storage_tokens" in state_dict else "timm's Eva DINOv3"
-        state_dict = from_dinov3(state_dict, model.blocks[0].attn.num_heads)
-        converted = (f"{source}: q / v biases joined into the qkv bias", _DINOV3_QK)
+    state_dict, converted = convert_format(unwrap_state_dict(state_dict), model)
     target = model.state_dict()
     out: dict[str, Tensor] = {}
     dropped: tuple[str, ...] = ()

@@ -12,7 +12,7 @@ reaches them. Weights load from timm's ``Eva`` state dicts and from Meta's origi
   timm's ``fc1_g, fc1_x, fc2``; ``mask_token``, ``rope_embed.periods``, ``bias_mask`` and ``local_cls_norm`` are
   training-only or rebuilt;
 - both: the q and k rows of every head are permuted from rotate-half to interleaved pairs
-  (``interleave_permutation``), which leaves every attention score as it was.
+  (``qk_permutation``, ``permute_qk_rows``), which leaves every attention score as it was.
 
 HF transformers' DINOv3 files convert onto timm's keys first (``vit_rope.models.hf_dinov3``); LingBot-Vision's
 backbones, DINOv3's architecture, are registered with the other Eva twins (``vit_rope.models.eva_families``).
@@ -30,15 +30,21 @@ import torch
 from timm.layers import LayerNorm, SwiGLU
 from torch import Tensor, nn
 
-from vit_rope.layers.dinov3_rope import interleave_permutation
+from vit_rope.layers.dinov3_rope import permute_qk_rows, qk_permutation
+from vit_rope.models.widths import width
 
-# timm's DINOv3 widths (vit_*_patch16_dinov3[_qkvb]); the +variants have SwiGLU MLPs.
-ARCHS: dict[str, dict[str, Any]] = {
-    "small": dict(embed_dim=384, depth=12, num_heads=6),
-    "small_plus": dict(embed_dim=384, depth=12, num_heads=6, swiglu=True),
-    "base": dict(embed_dim=768, depth=12, num_heads=12),
-    "large": dict(embed_dim=1024, depth=24, num_heads=16),
-}
+SIZES = ("small", "small_plus", "base", "large")  # timm's vit_*_patch16_dinov3[_qkvb]
+# DINOv3's pretraining size: Meta's train configs crop 256 px (dinov3/configs/train/dinov3_vitl16_lvd1689m_distilled
+# .yaml and dinov3_vit7b16_pretrain.yaml, global_crops_size: 256), timm's configs say input_size 256; the training
+# grid of the `extrapolate` policy (16 x 16 patches of 16 px). The img_size=224 of Meta's hub and transformers'
+# config.json sizes a patch embedding that checks nothing and enters no forward: their RoPE reads the input's grid.
+PRETRAIN_SIZE = 256
+
+
+def architecture(size: str) -> dict[str, Any]:
+    """Width, depth and heads of DINOv3 ``size`` (``vit_rope.models.widths``), and whether its MLP is SwiGLU: the
+    ``_plus`` sizes have the width of the size they extend and a SwiGLU MLP."""
+    return dict(width(size.removesuffix("_plus")), swiglu=size.endswith("_plus"))
 
 
 def dinov3_name(size: str, qkv_bias: bool) -> str:
@@ -48,10 +54,10 @@ def dinov3_name(size: str, qkv_bias: bool) -> str:
 
 def model_args(size: str, qkv_bias: bool) -> dict[str, Any]:
     """Keyword arguments of ``RoPEVisionTransformer`` for DINOv3 ``size`` (timm's defaults, global average pooling)."""
-    arch = dict(ARCHS[size])
-    swiglu = arch.pop("swiglu", False)
+    arch = architecture(size)
+    swiglu = arch.pop("swiglu")
     return dict(
-        img_size=256,  # DINOv3's pretraining size, the training grid of the `extrapolate` policy
+        img_size=PRETRAIN_SIZE,
         patch_size=16,
         qkv_bias=qkv_bias,
         init_values=1e-5,
@@ -66,9 +72,16 @@ def model_args(size: str, qkv_bias: bool) -> dict[str, Any]:
     )
 
 
-def is_dinov3(state_dict: dict[str, Any]) -> bool:
-    """Whether ``state_dict`` is a DINOv3 ViT as timm (``Eva``) or Meta saves it."""
-    return "storage_tokens" in state_dict or any(key.endswith(".gamma_1") for key in state_dict)
+def is_meta_dinov3(state_dict: dict[str, Any]) -> bool:
+    """Whether ``state_dict`` carries the marker of Meta's DINOv3 checkpoints: ``storage_tokens``, Meta's name for the
+    registers (timm's and transformers' files call them otherwise)."""
+    return "storage_tokens" in state_dict
+
+
+def fuse_qkv_bias(q_bias: Tensor, v_bias: Tensor, k_bias: Tensor | None = None) -> Tensor:
+    """One qkv bias from a checkpoint's q and v biases: DINOv3, EVA-02 and timm's ``EvaAttention`` train no key bias
+    (timm keeps a zero buffer, Meta masks it), so a missing ``k_bias`` is zero; transformers' files may train one."""
+    return torch.cat((q_bias, torch.zeros_like(v_bias) if k_bias is None else k_bias, v_bias))
 
 
 _META_SWIGLU = {"w1": "fc1_g", "w2": "fc1_x", "w3": "fc2"}
@@ -85,20 +98,13 @@ def from_dinov3(state_dict: dict[str, Tensor], num_heads: int) -> dict[str, Tens
         key = key.replace("storage_tokens", "reg_token")  # gamma_1/2 -> ls1/2.gamma: checkpoint's generic rename
         key = re.sub(r"\.mlp\.(w[123])\.", lambda m: f".mlp.{_META_SWIGLU[m.group(1)]}.", key)
         if key.endswith("attn.q_bias"):  # timm: q and v biases, the key bias a zero buffer (HF may train one)
-            k_bias = state_dict.get(key.replace("q_bias", "k_bias"), torch.zeros_like(value))
-            value = torch.cat((value, k_bias, state_dict[key.replace("q_bias", "v_bias")]))
+            value = fuse_qkv_bias(value, state_dict[key.replace("q_bias", "v_bias")],
+                                  state_dict.get(key.replace("q_bias", "k_bias")))
             key = key.replace("q_bias", "qkv.bias")
         elif key.endswith("attn.qkv.bias"):  # Meta: the key bias is masked to zero in the forward
             q, _, v = value.chunk(3)
-            value = torch.cat((q, torch.zeros_like(q), v))
+            value = fuse_qkv_bias(q, v)
         if key.endswith(("attn.qkv.weight", "attn.qkv.bias")):
-            value = _interleave_qk(value, num_heads)
+            value = permute_qk_rows(value, qk_permutation("rotate_half", value.shape[0] // (3 * num_heads)), num_heads)
         out[key] = value
     return out
-
-
-def _interleave_qk(value: Tensor, num_heads: int) -> Tensor:
-    """Rows of a qkv weight ``[3C, C]`` or bias ``[3C]``: q and k heads from rotate-half to interleaved pairs."""
-    q, k, v = value.unflatten(0, (3, num_heads, -1)).unbind(0)  # [nh, D, ...] each
-    index = interleave_permutation(q.shape[1]).to(value.device)
-    return torch.stack((q.index_select(1, index), k.index_select(1, index), v)).flatten(0, 2)

@@ -19,17 +19,12 @@ from torch import nn
 from vit_rope.layers.eva import PackedSwiGLU
 from vit_rope.layers.rms_norm import RmsNorm
 from vit_rope.models import dinov3
-
-_WIDTHS = {  # embed_dim, depth, num_heads
-    "tiny": (192, 12, 3), "small": (384, 12, 6), "base": (768, 12, 12), "large": (1024, 24, 16),
-    "medium": (512, 12, 8), "mediumd": (512, 20, 8), "betwixt": (640, 12, 10), "gigantic": (1536, 50, 16),
-}  # fmt: skip
+from vit_rope.models.widths import width
 
 
-def _arch(size: str, img_size: int, patch_size: int, depth: int | None = None, **kwargs: Any) -> dict[str, Any]:
-    dim, size_depth, heads = _WIDTHS[size]
-    return dict(img_size=img_size, patch_size=patch_size, embed_dim=dim, depth=depth or size_depth, num_heads=heads,
-                **kwargs)
+def _arch(size: str, img_size: int, patch_size: int, **kwargs: Any) -> dict[str, Any]:
+    """The twin of a timm model of ``size`` (``vit_rope.models.widths``); ``kwargs`` may override its depth."""
+    return dict(width(size), img_size=img_size, patch_size=patch_size, **kwargs)
 
 
 # EVA-02: cat RoPE with 'ij' indexing on the 16x16 reference grid, class token and its APE row, no LayerScale
@@ -82,7 +77,8 @@ PERCEPTION_ENCODER: dict[str, dict[str, Any]] = {
 # timm's SBB RoPE ViTs: no class token, registers, no APE, LayerScale, average pool and fc_norm; 'ij' cat RoPE whose
 # reference grid is the native one
 _SBB = dict(class_token=False, pos_embed="none", init_values=1e-5, global_pool="avg",
-            rope_kind="axial", rope_theta=1e4, rope_ref_grid=(16, 16), rope_policy="interpolate", qk_layout="eva_ij")
+            rope_kind="axial", rope_theta=1e4, rope_ref_grid=(16, 16), rope_policy="interpolate",
+            qk_layout="eva_ij")
 SBB: dict[str, dict[str, Any]] = {
     f"vit_{size}_patch16_rope_reg{regs}_gap_256": _arch(size, 256, 16, **_SBB, reg_tokens=regs,
                                                        qkv_bias=size != "mediumd")
@@ -98,26 +94,24 @@ _SAPIENS2 = dict(img_size=(1024, 768), patch_size=16, class_token=True, reg_toke
                  rope_coord_aug=dict(rescale=2.0, per_image=False), qk_layout="rotate_half")
 
 
-def _sapiens2(embed_dim: int, depth: int, num_heads: int, num_kv_heads: int) -> dict[str, Any]:
-    kv_heads = tuple(num_heads if i < 8 or i >= depth - 8 else num_kv_heads for i in range(depth))
-    return dict(_SAPIENS2, embed_dim=embed_dim, depth=depth, num_heads=num_heads, num_kv_heads=kv_heads)
+def _sapiens2(size: str) -> dict[str, Any]:
+    """Half the heads as key / value heads in every block but the first and last 8."""
+    arch = width(size)
+    depth, heads = arch["depth"], arch["num_heads"]
+    kv_heads = tuple(heads if i < 8 or i >= depth - 8 else heads // 2 for i in range(depth))
+    return dict(_SAPIENS2, **arch, num_kv_heads=kv_heads)
 
 
 SAPIENS2: dict[str, dict[str, Any]] = {
-    "vit_base_patch16_sapiens2": _sapiens2(768, 12, 12, 6),
-    "vit_large_patch16_sapiens2": _sapiens2(1024, 24, 16, 8),
-    "vit_huge_patch16_sapiens2": _sapiens2(1280, 32, 16, 8),
-    "vit_giant_patch16_sapiens2": _sapiens2(1536, 40, 24, 12),
-    "vit_5b_patch16_sapiens2": _sapiens2(2432, 56, 32, 16),
-}
+    f"vit_{size}_patch16_sapiens2": _sapiens2(size) for size in ("base", "large", "huge", "giant", "5b")}
 
 # LingBot-Vision: DINOv3's backbones (weights load as DINOv3's), class-token pooling at 512 px; giant: SwiGLU 8/3
 _LINGBOT = dict(global_pool="token", img_size=512)
 LINGBOT: dict[str, dict[str, Any]] = {
     **{f"vit_{size}_patch16_lingbot": dict(dinov3.model_args(size, True), **_LINGBOT) for size in ("small", "base",
                                                                                                    "large")},
-    "vit_giant_patch16_lingbot": dict(dinov3.model_args("small_plus", False), embed_dim=1536, depth=40, num_heads=24,
-                                      mlp_ratio=8 / 3, **_LINGBOT),
+    "vit_giant_patch16_lingbot": dict(dinov3.model_args("small_plus", False), **width("giant"), mlp_ratio=8 / 3,
+                                      **_LINGBOT),
 }
 
 FAMILIES: dict[str, dict[str, dict[str, Any]]] = {

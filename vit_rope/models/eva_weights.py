@@ -21,7 +21,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from vit_rope.layers.dinov3_rope import qk_permutation
+from vit_rope.layers.dinov3_rope import permute_qk_rows, qk_permutation
+from vit_rope.models.dinov3 import fuse_qkv_bias
 from vit_rope.models.eva_families import FAMILIES, twin_name
 
 EVA_LAYOUTS = ("eva_ij", "eva_xy", "rotate_half")  # rotate_half: Sapiens2 (DINOv3's own twins go through dinov3.py)
@@ -30,7 +31,9 @@ _SEPARATE = re.compile(r"^(blocks\.\d+\.attn\.)([qkv])_proj\.(weight|bias)$")
 
 
 def is_eva(state_dict: dict[str, Any]) -> bool:
-    """Whether ``state_dict`` holds timm ``Eva`` attention or LayerScale keys (a twin's own state dict has none)."""
+    """Whether ``state_dict`` carries the marker of timm's ``Eva`` files: ``EvaAttention``'s separate q / v biases or
+    projections, or LayerScale as ``gamma_1`` (ours and timm's ``VisionTransformer`` say ``ls1.gamma``). DeiT-III's
+    and RoPE-ViT's own code name LayerScale so too, and load the same way: their q / k rows are ours."""
     return any(key.endswith((".attn.q_bias", ".attn.q_proj.weight", ".gamma_1")) for key in state_dict)
 
 
@@ -53,23 +56,19 @@ def from_eva(state_dict: dict[str, Tensor], model: nn.Module) -> tuple[dict[str,
         if key.endswith("attn.v_bias"):  # joins q_bias
             continue
         if key.endswith("attn.q_bias"):
-            value = torch.cat((value, torch.zeros_like(value), state_dict[key.replace("q_bias", "v_bias")]))
+            value = fuse_qkv_bias(value, state_dict[key.replace("q_bias", "v_bias")])
             key = key.replace("q_bias", "qkv.bias")
             notes.add("q_bias / v_bias -> qkv.bias with a zero key bias")
         out[key] = value
     for prefix, parts in separate.items():
-        zero_k = torch.zeros(parts["kw"].shape[0], dtype=parts["kw"].dtype)
         out[prefix + "qkv.weight"] = torch.cat((parts["qw"], parts["kw"], parts["vw"]))
         if "qb" in parts:  # EVA-02 trains no key bias
-            out[prefix + "qkv.bias"] = torch.cat((parts["qb"], parts.get("kb", zero_k), parts["vb"]))
+            out[prefix + "qkv.bias"] = fuse_qkv_bias(parts["qb"], parts["vb"], parts.get("kb"))
         notes.add("separate q_proj / k_proj / v_proj -> fused qkv")
     if permute:
         for key in [k for k in out if k.endswith(("attn.qkv.weight", "attn.qkv.bias"))]:
             attn = model.blocks[int(key.split(".")[1])].attn
-            q, k, v = out[key].split([attn.num_heads * head_dim, attn.num_kv_heads * head_dim,
-                                      attn.num_kv_heads * head_dim])
-            q, k = (t.unflatten(0, (-1, head_dim)).index_select(1, index).flatten(0, 1) for t in (q, k))  # per head
-            out[key] = torch.cat((q, k, v))
+            out[key] = permute_qk_rows(out[key], index, attn.num_heads, attn.num_kv_heads)
         for key in [k for k in out if re.search(r"attn\.[qk]_norm\.(weight|bias)$", k)]:
             out[key] = out[key].index_select(0, index)  # a per-channel affine follows its channels
         notes.add(f"q/k rows of every head permuted from timm's {model.qk_layout} layout to interleaved x-first pairs")

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Mapping
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -24,7 +25,7 @@ import torch
 from timm.layers import LayerNorm, LayerScale, SwiGLU
 from torch import Tensor, nn
 
-from vit_rope.models.dinov3 import ARCHS, dinov3_name, from_dinov3
+from vit_rope.models.dinov3 import PRETRAIN_SIZE, SIZES, architecture, dinov3_name, from_dinov3
 
 HF_FORMAT = "Hugging Face transformers' DINOv3ViTModel"
 MODEL_TYPE = "dinov3_vit"
@@ -32,7 +33,7 @@ WEIGHTS, CONFIG = "model.safetensors", "config.json"
 # DINOv3ViTConfig's defaults (transformers 5.24): transformers leaves values equal to them out of config.json
 _DEFAULTS: dict[str, Any] = dict(
     patch_size=16, hidden_size=384, intermediate_size=1536, num_hidden_layers=12, num_attention_heads=6,
-    hidden_act="gelu", layer_norm_eps=1e-5, rope_theta=100.0, image_size=224, num_channels=3, query_bias=True,
+    hidden_act="gelu", layer_norm_eps=1e-5, rope_theta=100.0, num_channels=3, query_bias=True,
     key_bias=False, value_bias=True, proj_bias=True, mlp_bias=True, layerscale_value=1.0, use_gated_mlp=False,
     num_register_tokens=0, pos_embed_shift=None, pos_embed_jitter=None, pos_embed_rescale=2.0,
 )
@@ -49,17 +50,23 @@ _RENAMES = (("attention.o_proj.", "attn.proj."), ("layer_scale1.lambda1", "gamma
             ("layer_scale2.lambda1", "gamma_2"), ("mlp.down_proj.", "mlp.fc2."))
 
 
-def is_hf_dinov3(state_dict: dict[str, Any]) -> bool:
-    """Whether ``state_dict`` is a ``DINOv3ViTModel``'s (its patch embedding is a bare ``Conv2d``)."""
+def is_hf_dinov3(state_dict: Mapping[str, Any]) -> bool:
+    """Whether ``state_dict`` carries the marker of a ``DINOv3ViTModel``'s: its patch embedding, a bare ``Conv2d``
+    under ``embeddings.patch_embeddings``."""
     return "embeddings.patch_embeddings.weight" in state_dict
 
 
-def refuse_other_hf(state_dict: dict[str, Any]) -> None:
-    """Raise for transformers' ViT / DINOv2 weights, which no vit_rope model takes, rather than list their keys."""
-    if any(key.endswith("embeddings.patch_embeddings.projection.weight") for key in state_dict):
-        raise ValueError(f"The checkpoint looks like Hugging Face transformers' ViT or DINOv2 "
-                         f"(embeddings.patch_embeddings.projection, encoder.layer.*): {_SUPPORTED}; a DINOv2 or ViT "
-                         "runs in timm's own models (vit_*_patch14_dinov2, vit_*_patch16_224); no vit_rope twin.")
+def is_other_hf(state_dict: Mapping[str, Any]) -> bool:
+    """Whether ``state_dict`` carries the marker of transformers' ViT / DINOv2: their patch embedding, a
+    ``projection`` under ``embeddings.patch_embeddings``."""
+    return any(key.endswith("embeddings.patch_embeddings.projection.weight") for key in state_dict)
+
+
+def other_hf_error() -> ValueError:
+    """The error for transformers' ViT / DINOv2 weights, which no vit_rope model takes, rather than a list of keys."""
+    return ValueError(f"The checkpoint looks like Hugging Face transformers' ViT or DINOv2 "
+                      f"(embeddings.patch_embeddings.projection, encoder.layer.*): {_SUPPORTED}; a DINOv2 or ViT "
+                      "runs in timm's own models (vit_*_patch14_dinov2, vit_*_patch16_224); no vit_rope twin.")
 
 
 def to_timm_keys(state_dict: dict[str, Tensor]) -> dict[str, Tensor]:
@@ -96,7 +103,8 @@ def from_hf_dinov3(state_dict: dict[str, Tensor], model: nn.Module) -> dict[str,
     """A ``DINOv3ViTModel`` state dict in our keys and channel layout, for a ``rope_kind="dinov3"`` model."""
     if getattr(model, "rope_kind", None) != "dinov3":
         raise ValueError(f"The checkpoint is {HF_FORMAT}, which loads into the vit_rope_*_patch16_dinov3* models; this "
-                         f"model has rope_kind={getattr(model, 'rope_kind', None)!r}. With the folder's config.json, "
+                         f"model has rope_kind={getattr(model, 'rope_kind', None)!r}. With the folder's "
+                         "config.json, "
                          "vit_rope.models.hf_dinov3.create_from_hf(folder) builds the model that fits.")
     return from_dinov3(to_timm_keys(state_dict), model.blocks[0].attn.num_heads)
 
@@ -131,14 +139,15 @@ def _hidden(config: dict[str, Any], mlp_ratio: float) -> int:
 
 
 def _size(c: dict[str, Any]) -> str:
-    """Which of ``dinov3.ARCHS`` has the width, head count and MLP kind of config ``c`` (defaults filled in)."""
-    def arch_shape(arch: dict[str, Any]) -> tuple[int, int, bool]:
-        return arch["embed_dim"], arch["num_heads"], arch.get("swiglu", False)
+    """Which of ``dinov3.SIZES`` has the width, head count and MLP kind of config ``c`` (defaults filled in)."""
+    def arch_shape(size: str) -> tuple[int, int, bool]:
+        arch = architecture(size)
+        return arch["embed_dim"], arch["num_heads"], arch["swiglu"]
 
     shape = (c["hidden_size"], c["num_attention_heads"], bool(c["use_gated_mlp"]))
-    size = next((size for size, arch in ARCHS.items() if arch_shape(arch) == shape), None)
+    size = next((size for size in SIZES if arch_shape(size) == shape), None)
     if size is None:
-        sizes = ", ".join(f"{size} {arch_shape(arch)}" for size, arch in ARCHS.items())
+        sizes = ", ".join(f"{size} {arch_shape(size)}" for size in SIZES)
         raise ValueError(f"config.json has (hidden_size, num_attention_heads, use_gated_mlp) = {shape}, which no "
                          f"vit_rope DINOv3 model has: the sizes are {sizes} (the 7B and huge_plus are not ported).")
     return size
@@ -151,7 +160,8 @@ def _pair(size: int | list[int] | tuple[int, ...]) -> tuple[int, int]:
 def dinov3_args_from_hf_config(config: dict[str, Any]) -> tuple[str, dict[str, Any]]:
     """The ``vit_rope_*_dinov3*`` model and keyword arguments that build a ``DINOv3ViTModel`` of ``config`` (a
     ``config.json``'s dict): class-token pooling as HF's pooler, no classifier, its depth, sizes, RoPE theta and
-    coordinate augmentation (DINOv3's, one draw per batch, training only).
+    coordinate augmentation (DINOv3's, one draw per batch, training only), and DINOv3's 256 px training size, which
+    the config does not record (its ``image_size`` is transformers' default, 224).
 
     Raises:
         ValueError: not a DINOv3 ViT config (``model_type``), or options no vit_rope DINOv3 model has; the message
@@ -175,7 +185,9 @@ def dinov3_args_from_hf_config(config: dict[str, Any]) -> tuple[str, dict[str, A
     qkv_bias = any(c[key] for key in ("query_bias", "key_bias", "value_bias"))
     aug = dict(shift=c["pos_embed_shift"] or 0.0, jitter=c["pos_embed_jitter"] or 1.0,
                rescale=c["pos_embed_rescale"] or 1.0)
-    kwargs = dict(depth=c["num_hidden_layers"], num_classes=0, global_pool="token", img_size=_pair(c["image_size"]),
+    # img_size: DINOv3's 256 px (dinov3.PRETRAIN_SIZE), not image_size, which is 224 in every DINOv3 config.json: the
+    # default of transformers (and of Meta's hub), read by no forward, so it records nothing of training
+    kwargs = dict(depth=c["num_hidden_layers"], num_classes=0, global_pool="token", img_size=PRETRAIN_SIZE,
                   patch_size=_pair(c["patch_size"]), in_chans=c["num_channels"], mlp_ratio=mlp_ratio,
                   init_values=c["layerscale_value"], rope_theta=float(c["rope_theta"]))
     if aug != dict(shift=0.0, jitter=1.0, rescale=1.0):
@@ -190,7 +202,7 @@ def check_hf_config(config: dict[str, Any], model: nn.Module) -> None:
     differs, its value in the file and in the model, and the vit_rope model that fits."""
     name, kwargs = dinov3_args_from_hf_config(config)
     depth = kwargs["depth"]
-    fits = name if depth == ARCHS[_size({**_DEFAULTS, **config})]["depth"] else f"{name} with depth={depth}"
+    fits = name if depth == architecture(_size({**_DEFAULTS, **config}))["depth"] else f"{name} with depth={depth}"
     if getattr(model, "rope_kind", None) != "dinov3":
         raise ValueError(f"config.json describes {HF_FORMAT}, whose weights load into {fits}; this model has "
                          f"rope_kind={getattr(model, 'rope_kind', None)!r}.")

@@ -33,14 +33,9 @@ from vit_rope.models.dinov3 import dinov3_name
 from vit_rope.models.eva_families import FAMILIES, twin_cfgs, twin_name
 from vit_rope.models.lookhere_weights import official_lookhere_args
 from vit_rope.models.vit import RoPEVisionTransformer
+from vit_rope.models.widths import width
 
-# DeiT-III / RoPE-ViT widths; tiny = 192 wide, 3 heads (head_dim 64 everywhere).
-ARCHS: dict[str, dict[str, int]] = {
-    "tiny": dict(embed_dim=192, depth=12, num_heads=3),
-    "small": dict(embed_dim=384, depth=12, num_heads=6),
-    "base": dict(embed_dim=768, depth=12, num_heads=12),
-    "large": dict(embed_dim=1024, depth=24, num_heads=16),
-}
+SIZES = ("tiny", "small", "base", "large")  # RoPE-ViT's DeiT-III sizes (widths: vit_rope.models.widths)
 # name suffix -> model arguments of the kinds without published weights (hence tiny, small and base only): the rotation
 # kinds and the attention-bias kinds
 NEW_KINDS: dict[str, dict[str, str]] = {
@@ -78,11 +73,11 @@ def _cfg(**kwargs: Any) -> dict[str, Any]:
 
 def _default_cfgs() -> dict[str, Any]:
     cfgs = {}
-    for size, qkvb in product(dinov3.ARCHS, (False, True)):  # Meta's LVD-1689M weights, as timm hosts them
+    for size, qkvb in product(dinov3.SIZES, (False, True)):  # Meta's LVD-1689M weights, as timm hosts them
         name = dinov3_name(size, qkvb)
         cfgs[f"{name}.lvd1689m"] = _cfg(hf_hub_id=f"timm/{name.replace('vit_rope_', 'vit_')}.lvd1689m", num_classes=0,
                                         input_size=(3, 256, 256), license="dinov3-license")
-    for size, kind, ape in product(ARCHS, ("axial", "mixed"), (False, True)):
+    for size, kind, ape in product(SIZES, ("axial", "mixed"), (False, True)):
         name = model_name(size, kind, ape)
         if size == "tiny":
             cfgs[name] = _cfg()
@@ -131,16 +126,16 @@ def _entrypoint(name: str, model_args: dict[str, Any]) -> Callable[..., RoPEVisi
 
 _DEIT3 = dict(patch_size=16, mlp_ratio=4, qkv_bias=True, init_values=1e-5,  # LayerScale, as RoPE-ViT / timm's ports
               class_token=True, global_pool="token")
-for _size, _kind, _ape in product(ARCHS, ("axial", "mixed"), (False, True)):
+for _size, _kind, _ape in product(SIZES, ("axial", "mixed"), (False, True)):
     _name = model_name(_size, _kind, _ape)
-    _args = dict(_DEIT3, rope_kind=_kind, pos_embed="learn" if _ape else "none", **ARCHS[_size])
+    _args = dict(_DEIT3, rope_kind=_kind, pos_embed="learn" if _ape else "none", **width(_size))
     globals()[_name] = register_model(_entrypoint(_name, _args))
 
 for _size, _kind in product(NEW_SIZES, NEW_KINDS):
     _name = model_name(_size, _kind, False)
-    globals()[_name] = register_model(_entrypoint(_name, dict(_DEIT3, **NEW_KINDS[_kind], **ARCHS[_size])))
+    globals()[_name] = register_model(_entrypoint(_name, dict(_DEIT3, **NEW_KINDS[_kind], **width(_size))))
 
-for _size, _qkvb in product(dinov3.ARCHS, (False, True)):
+for _size, _qkvb in product(dinov3.SIZES, (False, True)):
     _name = dinov3_name(_size, _qkvb)
     globals()[_name] = register_model(_entrypoint(_name, dinov3.model_args(_size, _qkvb)))
 

@@ -1,0 +1,28 @@
+"""The widths of the model sizes, one table for every family the package builds.
+
+RoPE-ViT's DeiT-III ViTs (``vit_rope.models.registry``), DINOv3's backbones (``vit_rope.models.dinov3``) and the twins
+of timm's Eva backbones (``vit_rope.models.eva_families``) name their sizes alike; one table keeps a size from meaning
+one width in one family and another elsewhere. Where a family's size differs from the table (PE's lang models are
+one or three blocks shallower, LingBot's giant has a SwiGLU MLP), the family says so where it is defined.
+"""
+
+from __future__ import annotations
+
+# size -> (embed_dim, depth, num_heads); head_dim 64 but for huge (80), gigantic (96) and 5b (76)
+_TABLE: dict[str, tuple[int, int, int]] = {
+    "tiny": (192, 12, 3), "small": (384, 12, 6), "medium": (512, 12, 8), "mediumd": (512, 20, 8),
+    "betwixt": (640, 12, 10), "base": (768, 12, 12), "large": (1024, 24, 16), "huge": (1280, 32, 16),
+    "giant": (1536, 40, 24), "gigantic": (1536, 50, 16), "5b": (2432, 56, 32),
+}  # fmt: skip
+
+
+def width(size: str) -> dict[str, int]:
+    """``embed_dim``, ``depth`` and ``num_heads`` of ``size``, as model keyword arguments (a fresh dict).
+
+    Raises:
+        KeyError: an unknown size; the message lists the sizes there are.
+    """
+    if size not in _TABLE:
+        raise KeyError(f"Unknown model size {size!r}: the sizes are {', '.join(_TABLE)}.")
+    embed_dim, depth, num_heads = _TABLE[size]
+    return dict(embed_dim=embed_dim, depth=depth, num_heads=num_heads)
