@@ -48,6 +48,7 @@ from torch import Tensor
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from vit_rope.eval.report import table  # noqa: E402
 from vit_rope.layers import triton_rope  # noqa: E402
+from vit_rope.layers.encoding import image_coords  # noqa: E402
 from vit_rope.layers.fused import rotate_qk  # noqa: E402  (after the path set-up, as the script runs from anywhere)
 from vit_rope.layers.rope import RoPE2D, apply_rope, grid_positions  # noqa: E402
 
@@ -133,7 +134,8 @@ def main(argv: list[str] | None = None) -> int:
     with torch.no_grad():
         cos, sin = rope(grid_positions(side, side, device=device), num_prefix_tokens=1)  # [H, N, D/2]
     calls = implementations(qkv, cos, sin)
-    calls["build_tables"] = lambda: rope(rope.grid_positions(side, side, device), 1, (side, side))
+    coord, grids = image_coords(side, side, device)
+    calls["build_tables"] = lambda: rope(rope.place(coord, grids), 1, grids)  # as a model's forward builds them
 
     seconds = timer(device, args.iters)
     times: dict[str, list[float]] = {name: [] for name in calls}

@@ -17,7 +17,7 @@ KINDS = {  # every encoding: RoPE tables, STRING, RoPE + APE (patches only or wi
     "string_mixed": ("vit_rope_tiny_patch16_string_mixed_224", {}),
     "axial_ape": ("vit_rope_tiny_patch16_axial_ape_224", {}),
     "mixed_ape_cls": ("vit_rope_tiny_patch16_mixed_ape_224", {"no_embed_class": False}),
-    "dinov3": ("vit_rope_tiny_patch16_axial_224", {"rope_kind": "dinov3", "reg_tokens": 2}),
+    "dinov3": ("vit_rope_tiny_patch16_axial_224", {"encoding": "dinov3", "reg_tokens": 2}),
     "lookhere": ("vit_rope_tiny_patch16_lookhere_224", {}),
     "alibi": ("vit_rope_tiny_patch16_alibi_224", {}),
 }

@@ -71,6 +71,7 @@ def test_factory_builds_what_a_train_config_names() -> None:
     cfg = {"depth": 2, "num_classes": 10, "img_size": 64, "lh_config": {"global_slope": 1.0, "layer_slopes": [1, 0.5],
                                                                        "head_directions": "corners"}}
     model, _ = create_model(LOOKHERE, cfg)
-    assert model.rope.lh_config["head_directions"] == "corners" and model(torch.randn(1, 3, 64, 64)).shape == (1, 10)
+    assert model.pos_encoding.lh_config["head_directions"] == "corners"
+    assert model(torch.randn(1, 3, 64, 64)).shape == (1, 10)
     with pytest.raises(UserError, match="Unknown LookHere preset 'lh30'"):
         create_model(LOOKHERE, {"lh_config": "lh30"})

@@ -25,7 +25,7 @@ def test_frequency_coverage_counts_channels_with_unseen_phases():
     assert larger["unseen"] == int((train_turns < 1).sum()) > 0
     target_turns = torch.tensor(larger["target_turns"])
     torch.testing.assert_close(target_turns, train_turns * 15 / 3)  # extrapolate: the range grows with the grid
-    model.set_rope_policy("interpolate")
+    model.set_resolution_policy("interpolate")
     interpolated = frequency_coverage(model, (16, 16))[0]
     torch.testing.assert_close(torch.tensor(interpolated["target_turns"]), train_turns * 3.75 / 3)  # in [0, 3.75]
     assert interpolated["unseen"] == 0  # 0.75 beyond the training range: less than one training step

@@ -112,17 +112,19 @@ def test_cli_from_model_name(tmp_path: Path, capsys) -> None:
     assert run_onnx(session(out), images(1, 80, 64)).shape == (1, 4)
 
 
-def test_cli_from_checkpoint_with_policy(tmp_path: Path, capsys) -> None:
-    """A train.py checkpoint (trained at 32 px), exported at its training size under `interpolate`: the file still
-    follows the policy at other sizes, where the policy changes the logits."""
+@pytest.mark.parametrize("policy", ["interpolate", "yarn"])
+def test_cli_from_checkpoint_with_policy(tmp_path: Path, capsys, policy: str) -> None:
+    """A train.py checkpoint (trained at 32 px), exported at its training size under a policy: the file still
+    follows the policy at other sizes, where the policy changes the logits (yarn's attention temperature too, a
+    tensor of the grid)."""
     checkpoint = write_checkpoint(tmp_path / "best.pth")
     out = tmp_path / "model.onnx"
-    assert export.main(["--checkpoint", str(checkpoint), "--policy", "interpolate", "--output", str(out)]) == 0
+    assert export.main(["--checkpoint", str(checkpoint), "--policy", policy, "--output", str(out)]) == 0
     assert "2 x 32x32 images" in capsys.readouterr().out
     model = load_trained(checkpoint).model
     x = images(3, 80, 48)
     extrapolated = eager(model, x)
-    model.set_rope_policy("interpolate")
+    model.set_resolution_policy(policy)
     expected, got = eager(model, x), run_onnx(session(out), x)
     assert np.abs(expected - extrapolated).max() > 1e-3
     np.testing.assert_allclose(got, expected, rtol=0, atol=ATOL)
@@ -132,7 +134,6 @@ def test_cli_from_checkpoint_with_policy(tmp_path: Path, capsys) -> None:
     (["--img-size", "50"], "image size 50x50 (HxW) must be a multiple of the patch size 16x16"),
     (["--img-size", "64", "16"], "use e.g. 64x32"),
     (["--batch-size", "1"], "batch_size 1"),
-    (["--policy", "yarn"], "yarn_temperature=False"),
     (["--policy", "nearest"], "unknown RoPE policy 'nearest'"),
     (["--output", "."], "--output . is a folder: name the ONNX file to write, e.g. model.onnx"),
 ])

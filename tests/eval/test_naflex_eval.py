@@ -65,7 +65,7 @@ def test_a_budget_batch_gives_the_logits_of_its_resized_images_alone() -> None:
     resize = transforms.Compose(transform.transforms[:-1])  # the same steps up to Patchify: the resized image
     batch = naflex.normalise(naflex.BudgetCollator(seq_len)([(transform(p), 0, 0) for p in pictures])[0], mean, std)
     for policy in ("extrapolate", "interpolate"):
-        model.set_rope_policy(policy)
+        model.set_resolution_policy(policy)
         with torch.no_grad():
             logits = model(batch)
             for b, image in enumerate(pictures):

@@ -28,7 +28,7 @@ def test_diagnose_runs_on_the_rotation_kinds(name: str, kwargs: list[str], tmp_p
             "--output", str(tmp_path / "out"), "--model-kwargs", "depth=2", "num_classes=3", *kwargs]
     assert main(argv) == 0
     report = json.loads((tmp_path / "out" / "diagnostics.json").read_text())
-    assert report["kind"] == model.rope_kind and len(report["sizes"]["64"]["entropy"]) == 2
+    assert report["kind"] == model.encoding_kind and len(report["sizes"]["64"]["entropy"]) == 2
 
 
 def test_a_string_model_takes_the_policies_of_its_table() -> None:

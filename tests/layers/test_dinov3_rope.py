@@ -8,7 +8,8 @@ import pytest
 import torch
 from timm.layers.pos_embed_sincos import RotaryEmbeddingDinoV3, _apply_coord_augs, _build_grid, apply_rot_embed_cat
 
-from vit_rope.layers.dinov3_rope import dinov3_positions, interleave_permutation
+from vit_rope.layers.dinov3_rope import interleave_permutation
+from vit_rope.layers.encoding import image_coords
 from vit_rope.layers.policies import CoordAugment, augment_positions
 from vit_rope.layers.rope import RoPE2D, apply_rope, rope_angles
 
@@ -22,6 +23,17 @@ def ours(grid, normalize="separate", periods=(None, None), train_grid=(14, 14), 
                   normalize=normalize, **kwargs)
 
 
+def placed(rope: RoPE2D, grid: tuple[int, int]) -> torch.Tensor:
+    """Positions ``[N, 2]`` of an image batch's ``grid`` as ``rope`` places them."""
+    return rope.place(*image_coords(*grid))
+
+
+def tables(rope: RoPE2D, grid: tuple[int, int], num_prefix_tokens: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """The tables of an image batch on ``grid``, as the model builds them."""
+    coord, grids = image_coords(*grid)
+    return rope(rope.place(coord, grids), num_prefix_tokens, grids)
+
+
 def timm_rope(normalize="separate", periods=(None, None)) -> RotaryEmbeddingDinoV3:
     return RotaryEmbeddingDinoV3(D, temperature=100, min_period=periods[0], max_period=periods[1],
                                  normalize_coords=normalize)
@@ -31,7 +43,7 @@ def timm_rope(normalize="separate", periods=(None, None)) -> RotaryEmbeddingDino
 @pytest.mark.parametrize("grid", GRIDS)
 def test_rotated_queries_and_angles_match_timm(grid, normalize, periods):
     theirs = timm_rope(normalize, periods).get_embed(list(grid))  # [N, 2D]: sin, cos in rotate-half layout
-    cos, sin = ours(grid, normalize, periods)(None, 0, grid)  # [1, N, D/2]
+    cos, sin = tables(ours(grid, normalize, periods), grid)  # [1, N, D/2]
     index = interleave_permutation(D)
     q = torch.randn(2, HEADS, grid[0] * grid[1], D)
     expected = apply_rot_embed_cat(q, theirs, half=True)
@@ -46,7 +58,7 @@ def test_rotated_queries_and_angles_match_timm(grid, normalize, periods):
 def test_positions_are_timms_centred_grid_in_x_y_order():
     for grid, normalize in itertools.product(GRIDS, ["separate", "min", "max"]):
         timm_grid = _build_grid(list(grid), grid_type="centered", normalize_coords=normalize).flatten(0, 1)  # (y, x)
-        torch.testing.assert_close(dinov3_positions(*grid, grid, normalize), timm_grid.flip(-1))
+        torch.testing.assert_close(placed(ours(grid, normalize), grid), timm_grid.flip(-1))
 
 
 def test_interleave_permutation_is_a_permutation_pairing_halves():
@@ -62,7 +74,7 @@ def test_batch_coordinate_draw_repeats_timm_under_the_same_random_state():
     torch.manual_seed(7)
     expected = _apply_coord_augs(coords, 0.3, 1.4, 2.0).flip(-1)
     torch.manual_seed(7)
-    got = augment_positions(dinov3_positions(*grid, grid), 4, aug)
+    got = augment_positions(placed(ours(grid), grid), 4, aug)
     assert got.shape == (grid[0] * grid[1], 2)  # one transform for the batch, as DINOv3
     torch.testing.assert_close(got, expected, atol=1e-6, rtol=1e-6)
 
@@ -83,11 +95,11 @@ def test_per_image_draws_follow_the_same_laws():
 def test_policies_for_normalised_coordinates():
     rope = ours((14, 14))
     assert rope.policy.name == "normalized"  # DINOv3's own
-    torch.testing.assert_close(rope.grid_positions(28, 28).abs().max(), torch.tensor(1 - 1 / 28))
+    torch.testing.assert_close(placed(rope, (28, 28)).abs().max(), torch.tensor(1 - 1 / 28))
     rope.policy = "extrapolate"  # the training step between patches: a 2x grid reaches twice as far
-    torch.testing.assert_close(rope.grid_positions(28, 28).amax() - rope.grid_positions(28, 28).amin(),
+    torch.testing.assert_close(placed(rope, (28, 28)).amax() - placed(rope, (28, 28)).amin(),
                                torch.tensor(2 * 27 / 14))
-    torch.testing.assert_close(rope.grid_positions(14, 14), ours((14, 14)).grid_positions(14, 14))
+    torch.testing.assert_close(placed(rope, (14, 14)), placed(ours((14, 14)), (14, 14)))
     for name in ("interpolate", "ntk", "yarn"):
         with pytest.raises(ValueError, match=rf"{name}.*does not apply to DINOv3.*'normalized'.*'extrapolate'"):
             rope.policy = name
@@ -100,7 +112,9 @@ def test_fixed_frequencies_follow_dtype_moves_and_script():
         warnings.simplefilter("ignore", FutureWarning)
         scripted = torch.jit.script(rope)
     for grid in [(14, 14), (20, 11)]:
-        for a, b in zip(scripted(None, 5, grid), rope(None, 5, grid), strict=True):
+        coord, grids = image_coords(*grid)
+        positions = rope.place(coord, grids)
+        for a, b in zip(scripted(positions, 5, grids), rope(positions, 5, grids), strict=True):
             torch.testing.assert_close(a, b)
     assert rope_angles(torch.zeros(1, 2), rope.freqs).abs().max() == 0
 

@@ -13,6 +13,7 @@ import torch
 import vit_rope  # noqa: F401  (registers the models)
 from benchmarks.throughput import activation_bytes  # the benchmark's own measure, so both agree
 from vit_rope.layers import attention, triton_rope
+from vit_rope.layers.encoding import image_positions
 from vit_rope.layers.fused import project_rotate_qk, rotate_heads_, rotate_qk
 from vit_rope.layers.rope import RoPE2D, apply_rope, rope_angles, rope_tables
 
@@ -226,7 +227,8 @@ def test_qk_norm_rotates_the_normed_q_and_k_in_place_in_inference(monkeypatch, n
     in_place = []
     monkeypatch.setattr(attention, "rotate_heads_", lambda *args: in_place.append(args) or rotate_heads_(*args))
     x = torch.randn(2, 17, 192)
-    rope = model.rope(model.rope.grid_positions(4, 4), 1)
+    positions = image_positions(model.rope[0], 4, 4)
+    rope = model.rope[0](positions.coords, 1, positions.grids)
     plain_q, plain_k, _ = attn.project(x)
     expected = apply_rope(plain_q, *rope), apply_rope(plain_k, *rope)
     results = {"training": attn.project(x, rope)}

@@ -8,14 +8,17 @@ import torch
 from timm.layers.pos_embed_sincos import build_rotary_pos_embed
 
 import vit_rope  # noqa: F401  (registers the models)
-from vit_rope.layers.policies import POLICIES, CoordAugment, ResolutionPolicy, augment_positions, scale_frequencies
+from vit_rope.layers.encoding import image_coords
+from vit_rope.layers.policies import POLICIES, CoordAugment, ResolutionPolicy, augment_positions, policy_frequencies
 from vit_rope.layers.rope import RoPE2D, apply_rope, axial_frequencies
 
 D, NH, TRAIN = 16, 2, (6, 8)
 
 
-def tables(rope: RoPE2D, grid: tuple[int, int], shift: float = 0.0):
-    return rope(rope.grid_positions(*grid) + shift, 1, grid)
+def tables(rope: RoPE2D, grid: tuple[int, int], shift: float = 0.0, num_prefix_tokens: int = 1):
+    """The tables of an image batch on ``grid``, as the model builds them, with every position moved by ``shift``."""
+    coord, grids = image_coords(*grid)
+    return rope(rope.place(coord, grids) + shift, num_prefix_tokens, grids)
 
 
 @pytest.mark.parametrize("kind", ["axial", "mixed"])
@@ -48,7 +51,7 @@ def test_interpolate_matches_timm_ref_feat_shape():
     """EVA-02 / timm: positions t -> t / size * ref_size."""
     grid = (9, 13)
     rope = RoPE2D(64, 1, "axial", train_grid=TRAIN, policy="interpolate")
-    cos, sin = rope(rope.grid_positions(*grid), 0, grid)
+    cos, sin = tables(rope, grid, num_prefix_tokens=0)
     timm_sin, timm_cos = build_rotary_pos_embed(
         list(grid), dim=64, temperature=100.0, in_pixels=False, ref_feat_shape=list(TRAIN), grid_indexing="xy"
     )
@@ -61,11 +64,13 @@ def test_ntk_is_a_larger_base_per_axis():
     rope = RoPE2D(D, NH, "axial", theta=100.0, train_grid=TRAIN, policy="ntk")
     s, d = 2.0, D // 2
     freqs = rope.freqs
-    scaled, temperature = scale_frequencies(freqs, (TRAIN[0], TRAIN[1] * 2), TRAIN, rope.policy_name, 100.0, D)
+    scaled, temperature = policy_frequencies(freqs, torch.tensor([[TRAIN[0], TRAIN[1] * 2]]), TRAIN,
+                                             rope.policy_name, 100.0, D)
+    scaled = scaled[0]  # the one grid's
     expected_x = axial_frequencies(D, 100.0 * s ** (d / (d - 2)))[0]
     torch.testing.assert_close(scaled[0], expected_x)  # x grew by 2: new base on the x pairs
     torch.testing.assert_close(scaled[1], freqs[1])  # y did not grow: unchanged
-    assert temperature == 1.0
+    assert temperature is None  # no attention temperature
     lowest = D // 4 - 1
     torch.testing.assert_close(scaled[0, 0, lowest], freqs[0, 0, lowest] / s)  # lowest frequency fully interpolated
 
@@ -73,21 +78,23 @@ def test_ntk_is_a_larger_base_per_axis():
 def test_yarn_ramps_between_interpolation_and_extrapolation():
     policy = ResolutionPolicy("yarn", yarn_alpha=0.5, yarn_beta=2.0)
     rope = RoPE2D(64, 1, "axial", train_grid=(14, 14), policy=policy)
-    scaled, temperature = scale_frequencies(rope.freqs, (28, 28), (14, 14), "yarn", 100.0, 64, 0.5, 2.0)
+    scaled, temperature = policy_frequencies(rope.freqs, torch.tensor([[28, 28]]), (14, 14), "yarn", 100.0, 64,
+                                             0.5, 2.0)
+    scaled = scaled[0]  # the one grid's
     turns = 14 * rope.freqs[0, 0, :16] / (2 * math.pi)
     ratio = scaled[0, 0, :16] / rope.freqs[0, 0, :16]
     assert torch.allclose(ratio[turns >= 2.0], torch.tensor(1.0))  # many turns seen: extrapolate
     assert torch.allclose(ratio[turns <= 0.5], torch.tensor(0.5))  # under half a turn: interpolate
     middle = (turns > 0.5) & (turns < 2.0)
     assert middle.any() and ((ratio[middle] > 0.5) & (ratio[middle] < 1.0)).all()
-    assert temperature == pytest.approx(0.1 * math.log(2.0) + 1.0)
+    assert temperature.item() == pytest.approx(0.1 * math.log(2.0) + 1.0)
 
 
 def test_normalized_axial_is_dinov3_rope():
     """DINOv3: coords in [-1, 1] (cell centres), angle = 2 pi c / period_k, period_k = 100 ** (2k / (D/2))."""
     rope = RoPE2D(D, 1, "axial", theta=100.0, policy="normalized")
     grid = (4, 6)
-    pos = rope.grid_positions(*grid)
+    pos = rope.place(*image_coords(*grid))
     cos, _ = rope(pos)
     c = (torch.arange(6) + 0.5) / 6 * 2 - 1  # x of the first row
     periods = 100.0 ** (2 * torch.arange(D // 4) / (D // 2))
@@ -103,13 +110,14 @@ def test_policy_on_a_built_model():
     small, large = torch.randn(1, 3, 64, 64), torch.randn(1, 3, 128, 96)
     with torch.no_grad():
         base_small, base_large = model(small), model(large)
-        model.set_rope_policy("interpolate")
-        assert model.rope_policy.name == "interpolate"
+        model.set_resolution_policy("interpolate")
+        assert model.resolution_policy.name == "interpolate"
         torch.testing.assert_close(model(small), base_small)
         assert (model(large) - base_large).abs().max() > 1e-4
     with pytest.raises(ValueError, match="extrapolate, interpolate, ntk, yarn, normalized"):
-        model.set_rope_policy("stretch")
-    mixed = timm.create_model("vit_rope_tiny_patch16_mixed_224", depth=2, rope_policy={"name": "yarn", "yarn_beta": 4})
+        model.set_resolution_policy("stretch")
+    mixed = timm.create_model("vit_rope_tiny_patch16_mixed_224", depth=2,
+                              resolution_policy={"name": "yarn", "yarn_beta": 4})
     assert all(r.policy.yarn_beta == 4 for r in mixed.rope)
 
 
@@ -120,10 +128,10 @@ def test_coordinate_augmentation_only_in_training():
     model.eval()
     with torch.no_grad():
         assert torch.equal(model(x), model(x))
-        _, positions, _ = model._embed(x)
-        assert positions is None  # eval: the plain grid, cached tables
+        positions = model._embed(x).positions.coords
+        assert positions.shape == (4, 2)  # eval: the plain grid, one set of positions (and tables) for the batch
         model.train()
-        _, positions, _ = model._embed(x)
+        positions = model._embed(x).positions.coords
     assert positions.shape == (2, 4, 2) and not torch.equal(positions[0], positions[1])  # one draw per image
 
 

@@ -239,8 +239,9 @@ def test_learned_tables_take_the_plain_path_without_a_frequency_gradient_or_with
 
 @pytest.mark.parametrize("naflex", [False, True])
 def test_mixed_rope_in_training_takes_the_learned_tables_with_the_plain_gradient(naflex, monkeypatch):
-    """``RoPE2D`` (per-sample positions, and NaFlex's ``sample_tables`` with per-sample policy-scaled frequencies)
-    builds its tables with ``learned_tables``; the frequency gradient is autograd's through the plain functions."""
+    """``RoPE2D`` (per-sample positions on one grid, or on a grid per sample as in NaFlex batches, with per-sample
+    policy-scaled frequencies) builds its tables with ``learned_tables``; the frequency gradient is autograd's through
+    the plain functions."""
     rope = RoPE2D(D, NH, "mixed", train_grid=(4, 4), policy="interpolate", fraction=0.5).double()
     pos = torch.randn(B, N, 2, dtype=torch.float64) * 3
     grid = torch.tensor([[4, 6], [3, 5]])
@@ -248,7 +249,7 @@ def test_mixed_rope_in_training_takes_the_learned_tables_with_the_plain_gradient
 
     def frequency_grad(expected_node: bool) -> torch.Tensor:
         rope.freqs.grad = None
-        cos, sin = rope.sample_tables(pos, 2, grid) if naflex else rope(pos, 2, (5, 6))
+        cos, sin = rope(pos, 2, grid if naflex else torch.tensor([[5, 6]]))
         assert ("LearnedTables" in type(cos.grad_fn).__name__) == expected_node
         (cos * weights[0] + sin * weights[1]).sum().backward()
         return rope.freqs.grad

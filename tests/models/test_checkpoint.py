@@ -91,7 +91,7 @@ def test_plain_vit_into_rope_ape_model():
     """timm ViT (class-token APE row, no LayerScale) -> RoPE+APE: weights carried, APE stripped, identity scales."""
     source = timm.create_model("vit_small_patch16_224", depth=2)
     model = timm.create_model("vit_rope_small_patch16_axial_ape_224", depth=2)
-    freqs_before = model.rope.freqs.clone()
+    freqs_before = model.rope[0].freqs.clone()
     with pytest.warns(WeightsNotLoadedWarning, match=r"LayerScale set to the identity \(blocks.0.ls1.gamma, ..., "
                       r"blocks.1.ls2.gamma: 4 tensors\)\. Fine for fine-tuning") as record:
         sd = convert_state_dict(source.state_dict(), model)
@@ -100,7 +100,7 @@ def test_plain_vit_into_rope_ape_model():
     torch.testing.assert_close(model.pos_embed, source.pos_embed[:, 1:])
     torch.testing.assert_close(model.blocks[1].attn.qkv.weight, source.blocks[1].attn.qkv.weight)
     assert (model.blocks[0].ls1.gamma == 1).all()
-    assert torch.equal(model.rope.freqs, freqs_before)
+    assert torch.equal(model.rope[0].freqs, freqs_before)
 
 
 def test_deit3_into_rope_mixed_model_drops_the_ape():

@@ -90,10 +90,10 @@ def test_a_checkpoint_of_another_dinov3_size_is_refused_naming_the_keys():
 
 def test_default_policy_is_dinov3s_and_the_others_are_refused():
     model = timm.create_model("vit_rope_small_patch16_dinov3", depth=1)
-    assert model.rope_policy.name == "normalized"
-    model.set_rope_policy("extrapolate")
+    assert model.resolution_policy.name == "normalized"
+    model.set_resolution_policy("extrapolate")
     with pytest.raises(ValueError, match="does not apply to DINOv3"):
-        model.set_rope_policy("yarn")
+        model.set_resolution_policy("yarn")
 
 
 def test_missing_layerscale_is_reported_and_warned():

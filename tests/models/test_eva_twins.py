@@ -37,7 +37,7 @@ CASES = {
                                                               img_size=(128, 96)), [(128, 96), (96, 160)],
                            dict(qk_layout="eva_xy")),
     "lingbot_small": ("vit_small_patch16_lingbot", dict(embed_dim=128, num_heads=2), [(512, 512), (256, 384)],
-                      dict(rope_policy="extrapolate")),
+                      dict(resolution_policy="extrapolate")),
 }
 
 
@@ -142,7 +142,7 @@ def test_twin_options_are_refused_where_they_mean_nothing():
     with pytest.raises(ValueError, match="num_kv_heads has 2 entries for 1 blocks"):
         vit_rope.RoPEVisionTransformer(embed_dim=64, depth=1, num_heads=4, num_kv_heads=(2, 2))
     with pytest.raises(ValueError, match="Cayley-STRING .* grouped-query attention"):
-        vit_rope.RoPEVisionTransformer(embed_dim=64, depth=1, num_heads=4, num_kv_heads=2, rope_kind="string")
+        vit_rope.RoPEVisionTransformer(embed_dim=64, depth=1, num_heads=4, num_kv_heads=2, encoding="string")
 
 
 @pytest.mark.parametrize("name", ["vit_rope_eva02_tiny_patch14_224", "vit_rope_pe_core_tiny_patch16_384",

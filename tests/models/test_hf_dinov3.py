@@ -120,7 +120,7 @@ def test_the_training_grid_is_dinov3s_256_px_not_the_configs_image_size(tmp_path
     assert ours.patch_embed.img_size == (256, 256)
 
     def features(size: int, policy: str) -> torch.Tensor:
-        ours.set_rope_policy(policy)
+        ours.set_resolution_policy(policy)
         with torch.inference_mode():
             return ours.forward_features(torch.randn(1, 3, size, size, generator=torch.Generator().manual_seed(0)))
 
@@ -150,7 +150,7 @@ def test_against_transformers_dinov3_model(tmp_path):
     ("vit_rope_small_patch16_dinov3_qkvb", {"rope_theta": 1000.0}, r"rope_theta is 1000\.0 in the file, 100\.0"),
     ("vit_rope_small_patch16_dinov3_qkvb", {"num_register_tokens": 0}, r"num_register_tokens is 0 in the file, 4"),
     ("vit_rope_small_patch16_axial_224", {}, r"load into vit_rope_small_patch16_dinov3_qkvb with depth=2; this model "
-                                             r"has rope_kind='axial'"),
+                                             r"has encoding='axial'"),
 ])
 def test_a_config_that_does_not_fit_the_model_is_refused_naming_the_field(model_name, extra, message, tmp_path):
     folder = write_hf(tmp_path / "hf", timm_dinov3("vit_small_patch16_dinov3_qkvb"), **extra)

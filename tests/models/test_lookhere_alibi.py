@@ -11,6 +11,7 @@ import torch
 from helpers.models import assert_same_gradients
 from helpers.naflex import images, pack
 from vit_rope.layers.attn_bias import alibi_penalty, alibi_slopes
+from vit_rope.layers.encoding import image_positions
 from vit_rope.layers.lookhere import PRESETS, head_plan, lookhere_penalty
 
 BASE = dict(img_size=80, embed_dim=48, depth=2, num_heads=3, num_classes=7, init_values=0.5)
@@ -31,7 +32,7 @@ def build(kind: str, policy: str = "extrapolate", **kwargs) -> torch.nn.Module:
     with torch.no_grad():
         for param in model.parameters():
             param.add_(torch.randn_like(param) * 0.2)
-    model.set_rope_policy(policy)
+    model.set_resolution_policy(policy)
     return model
 
 
@@ -41,7 +42,7 @@ def test_every_kind_is_registered_at_tiny_small_and_base() -> None:
         for kind in ("lookhere", "alibi"):
             assert f"vit_rope_{size}_patch16_{kind}_224" in names
     model = timm.create_model("vit_rope_small_patch16_lookhere_224", depth=1, num_classes=3)
-    assert model.rope_kind == "lookhere" and model.rope.lh_config["head_directions"] == "halves"
+    assert model.encoding_kind == "lookhere" and model.pos_encoding.lh_config["head_directions"] == "halves"
     assert model(torch.randn(1, 3, 48, 64)).shape == (1, 3)
 
 
@@ -98,7 +99,7 @@ def test_penalties_depend_on_offsets_only_even_fractional_ones(name: str) -> Non
 
 def test_prefix_tokens_are_unbiased_and_own_rows_and_columns_are_zero() -> None:
     model = build("lh180", reg_tokens=2)
-    tables = model.rope(None, model.num_prefix_tokens, (3, 4))
+    tables = model.pos_encoding(image_positions(model.pos_encoding, 3, 4), model.num_prefix_tokens)
     P = model.num_prefix_tokens
     assert tables[0].shape == (1, 3, P + 12, P + 12)
     assert tables[0][..., :P, :].abs().max() == 0 and tables[0][..., :, :P].abs().max() == 0
@@ -111,7 +112,7 @@ def test_cache_is_bounded_and_follows_grad_modes() -> None:
     for size in (48, 64, 80, 96):
         with torch.no_grad():
             model(torch.randn(1, 3, size, size))
-    assert len(model.rope._cache) == model.rope.CACHE_SIZE
+    assert len(model.pos_encoding._cache) == model.pos_encoding.CACHE_SIZE
     x = torch.randn(2, 3, 64, 64)
     with torch.inference_mode():
         model(x)
@@ -124,8 +125,8 @@ def test_cache_is_bounded_and_follows_grad_modes() -> None:
 def test_interpolate_scales_positions_to_the_training_grid() -> None:
     model = build("alibi", "interpolate")
     with torch.no_grad():
-        train = model.rope(None, 0, (5, 5))[0]
-        double = model.rope(None, 0, (10, 10))[0]
+        train = model.pos_encoding(image_positions(model.pos_encoding, 5, 5), 0)[0]
+        double = model.pos_encoding(image_positions(model.pos_encoding, 10, 10), 0)[0]
     torch.testing.assert_close(double[..., 0, 1], train[..., 0, 1] / 2)  # half the step between neighbours
     assert model(torch.randn(1, 3, 160, 160)).isfinite().all()
 
@@ -134,7 +135,7 @@ def test_policies_without_meaning_are_refused() -> None:
     model = build("lh180")
     for policy in ("ntk", "yarn", "normalized"):
         with pytest.raises(ValueError, match=f"Policy '{policy}' does not apply to lookhere.*'extrapolate'"):
-            model.set_rope_policy(policy)
+            model.set_resolution_policy(policy)
 
 
 @pytest.mark.parametrize("kwargs,message", [

@@ -68,9 +68,10 @@ def test_official_checkpoint_gives_the_official_logits(tmp_path: Path, direction
         with torch.no_grad():
             theirs, mine = reference.forward_features(x), model.forward_features(x)  # [B, 1 + N, C] tokens
             torch.testing.assert_close(model.forward_head(mine), reference.forward_head(theirs), rtol=1e-3, atol=1e-3)
-            scales, model.rope.scales = model.rope.scales, [0.0] * DEPTH  # the same model without any bias
+            bias = model.pos_encoding
+            scales, bias.scales = bias.scales, [0.0] * DEPTH  # the same model without any bias
             unbiased = model.forward_features(x)
-            model.rope.scales = scales
+            model.pos_encoding.scales = scales
         tolerance = 1e-3 * float(theirs.abs().max())
         torch.testing.assert_close(mine, theirs, rtol=0, atol=tolerance, msg=f"{directions} at {size} px")
         assert (unbiased - theirs).abs().max() > 10 * tolerance  # the bias is what the comparison checks
@@ -112,7 +113,7 @@ def test_evaluation_harness_loads_an_official_file(tmp_path: Path) -> None:
     # without lh_config and official: the harness reads both from the file
     bare = load_pretrained("vit_rope_tiny_patch16_lookhere_224", str(path), CLASSES, train_size=IMG,
                            model_kwargs=dict(embed_dim=32, num_heads=4, depth=DEPTH))
-    assert bare.model.rope.lh_config == entry.model.rope.lh_config and bare.model.head_hidden_dim == 128
+    assert bare.model.pos_encoding.lh_config == entry.model.pos_encoding.lh_config and bare.model.head_hidden_dim == 128
     x = torch.randn(2, 3, LARGER, LARGER)
     reference.set_pos_embed(LARGER // 16)
     with torch.no_grad():

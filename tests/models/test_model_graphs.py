@@ -57,7 +57,7 @@ def test_torchscript_matches_eager_at_two_sizes_and_survives_save_and_load(name)
 
 @pytest.mark.parametrize("policy", ["interpolate", "yarn", "normalized"])
 def test_torchscript_keeps_the_resolution_policy(policy):
-    eager = model("vit_rope_tiny_patch16_mixed_224", img_size=64, rope_policy=policy)
+    eager = model("vit_rope_tiny_patch16_mixed_224", img_size=64, resolution_policy=policy)
     x = torch.randn(1, 3, 96, 128)  # not the training grid: the policy changes the tables
     with torch.inference_mode():
         torch.testing.assert_close(script(eager)(x), eager(x), atol=1e-5, rtol=1e-5)

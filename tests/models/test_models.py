@@ -75,7 +75,7 @@ def test_rope_changes_the_output_and_is_shared_or_per_layer(kind):
         flipped = model(x.flip(-1))
     assert (out - flipped).abs().max() > 1e-4  # positions are seen: mirrored input, different output
     if kind == "axial":
-        assert isinstance(model.rope, RoPE2D) and not list(model.rope.parameters())
+        assert len(model.rope) == 1 and isinstance(model.rope[0], RoPE2D) and not list(model.rope.parameters())
     else:
         assert len(model.rope) == len(model.blocks)
         assert not torch.equal(model.rope[0].freqs, model.rope[1].freqs)  # one set of frequencies per layer
@@ -143,9 +143,9 @@ def test_policy_device_and_dtype_changes_take_effect_after_a_forward():
     x = torch.randn(1, 3, 64, 64)
     with torch.inference_mode():
         before = model(x)
-        model.set_rope_policy("interpolate")
+        model.set_resolution_policy("interpolate")
         after = model(x)
-        fresh = tiny("vit_rope_tiny_patch16_axial_224", img_size=32, rope_policy="interpolate").eval()
+        fresh = tiny("vit_rope_tiny_patch16_axial_224", img_size=32, resolution_policy="interpolate").eval()
         fresh.load_state_dict(model.state_dict())
         for blk in fresh.blocks:
             blk.ls1.gamma.data.fill_(1.0)
@@ -260,7 +260,7 @@ def test_bad_input_errors():
     with pytest.raises(ValueError, match=r"head_dim=50"):
         timm.create_model("vit_rope_tiny_patch16_axial_224", embed_dim=150, num_heads=3)
     with pytest.raises(ValueError, match=r"axial, mixed"):
-        RoPEVisionTransformer(rope_kind="spiral", embed_dim=64, num_heads=2, depth=1)
+        RoPEVisionTransformer(encoding="spiral", embed_dim=64, num_heads=2, depth=1)
 
 
 @pytest.mark.parametrize("kwargs", [{"reg_tokens": 4}, {"class_token": False, "reg_tokens": 2, "global_pool": "avg"}])
@@ -284,19 +284,19 @@ def test_ape_with_prefix_rows_covers_every_prefix_token(kwargs):
 @pytest.mark.parametrize(("name", "default"), [("vit_rope_tiny_patch16_mixed_224", "extrapolate"),
                                                ("vit_rope_small_patch16_dinov3", "normalized")])
 def test_set_rope_policy_none_restores_the_default(name, default):
-    model = tiny(name, rope_policy="yarn" if default == "extrapolate" else "extrapolate")
-    model.set_rope_policy(None)
-    assert model.rope_policy.name == default
-    assert all(rope.policy.name == default for rope in model.rope_modules())
+    model = tiny(name, resolution_policy="yarn" if default == "extrapolate" else "extrapolate")
+    model.set_resolution_policy(None)
+    assert model.resolution_policy.name == default
+    assert all(rope.policy.name == default for rope in model.pos_encoding)
     with pytest.raises(ValueError, match=r"Policy options \['yarn_beta'\] go with a policy name"):
-        model.set_rope_policy({"name": "yarn"}, yarn_beta=4.0)
+        model.set_resolution_policy({"name": "yarn"}, yarn_beta=4.0)
 
 
 @pytest.mark.parametrize("option", [{"rope_min_period": 0.5}, {"rope_max_period": 90.0},
                                     {"rope_normalize_coords": "max"}])
 @pytest.mark.parametrize("kind", ["axial", "mixed"])
 def test_dinov3_rope_options_are_refused_for_other_kinds(kind, option):
-    with pytest.raises(ValueError, match=rf"rope_kind='dinov3'.*{kind}"):
+    with pytest.raises(ValueError, match=rf"encoding='dinov3'.*{kind}"):
         tiny(f"vit_rope_tiny_patch16_{kind}_224", **option)
 
 

@@ -11,11 +11,12 @@ from timm.data.naflex_transforms import patchify_image
 
 import vit_rope.layers.rope as rope_module
 from helpers.naflex import GRIDS, LENGTH, PATCH, images, pack
-from vit_rope.layers.naflex import coord_positions, lattice, naflex_grid, sample_frequencies, sample_pos_embed
+from vit_rope.layers.encoding import Positions
 from vit_rope.layers.naflex import gather_rows as naflex_gather
-from vit_rope.layers.policies import scale_frequencies
+from vit_rope.layers.naflex import lattice, naflex_grid, pos_embed_at
+from vit_rope.layers.policies import place_positions, policy_frequencies
 from vit_rope.layers.pos_embed import fit_pos_embed
-from vit_rope.layers.rope import RoPE2D
+from vit_rope.layers.rope_encoding import RotaryEncoding
 
 BASE = dict(img_size=80, embed_dim=32, depth=2, num_heads=2, num_classes=7, init_values=0.5)
 KINDS = {  # name -> (model, extra kwargs, policies)
@@ -23,9 +24,9 @@ KINDS = {  # name -> (model, extra kwargs, policies)
     "mixed": ("vit_rope_tiny_patch16_mixed_224", {}, ("extrapolate", "interpolate", "ntk", "yarn")),
     "axial_ape": ("vit_rope_tiny_patch16_axial_ape_224", {}, ("extrapolate", "interpolate")),
     "mixed_ape_cls": ("vit_rope_tiny_patch16_mixed_ape_224", {"no_embed_class": False}, ("extrapolate",)),
-    "dinov3": ("vit_rope_tiny_patch16_axial_224", {"rope_kind": "dinov3", "reg_tokens": 2, "global_pool": "avg"},
+    "dinov3": ("vit_rope_tiny_patch16_axial_224", {"encoding": "dinov3", "reg_tokens": 2, "global_pool": "avg"},
                ("normalized", "extrapolate")),
-    "dinov3_min": ("vit_rope_tiny_patch16_axial_224", {"rope_kind": "dinov3", "rope_normalize_coords": "min"},
+    "dinov3_min": ("vit_rope_tiny_patch16_axial_224", {"encoding": "dinov3", "rope_normalize_coords": "min"},
                    ("normalized",)),
     "pe_offset": ("vit_rope_pe_spatial_tiny_patch16_512", {}, ("interpolate", "extrapolate", "normalized")),
     "golden": ("vit_rope_tiny_patch16_golden_224", {}, ("extrapolate", "yarn")),
@@ -41,7 +42,7 @@ def build(kind: str, policy: str = "extrapolate", **kwargs) -> torch.nn.Module:
     with torch.no_grad():  # non-zero class token, head and positions, so that every path shows in the logits
         for param in model.parameters():
             param.add_(torch.randn_like(param) * 0.2)
-    model.set_rope_policy(policy)
+    model.set_resolution_policy(policy)
     return model
 
 
@@ -150,7 +151,7 @@ def test_per_token_position_embedding_equals_the_resampled_table(grid: tuple[int
     table = torch.randn(1, 25, 8)
     h, w = grid
     coord = torch.stack(torch.meshgrid(torch.arange(h), torch.arange(w), indexing="ij"), -1).reshape(1, -1, 2)
-    ours = sample_pos_embed(table[0], coord, torch.tensor([[h, w]]), (5, 5))
+    ours = pos_embed_at(table[0], coord, torch.tensor([[h, w]]), (5, 5))
     torch.testing.assert_close(ours[0], fit_pos_embed(table, grid, (5, 5), 0)[0], rtol=1e-5, atol=1e-5)
 
 
@@ -159,18 +160,18 @@ def test_per_sample_frequencies_are_the_policys_on_each_grid(policy: str) -> Non
     torch.manual_seed(0)
     freqs = torch.randn(2, 2, 8)
     grids = torch.tensor([[4, 6], [6, 3], [5, 5], [10, 12]])
-    batched, temperature = sample_frequencies(freqs, grids, (5, 5), policy, 10.0, 32)
-    for b, (h, w) in enumerate(grids.tolist()):
-        single, t = scale_frequencies(freqs, (h, w), (5, 5), policy, 10.0, 32)
-        torch.testing.assert_close(batched[b], single, rtol=1e-6, atol=1e-7)
-        assert (temperature is None and t == 1.0) or abs(float(temperature[b]) - t) < 1e-6
+    batched, temperature = policy_frequencies(freqs, grids, (5, 5), policy, 10.0, 32)
+    for b in range(len(grids)):  # each sample's frequencies are those of its grid alone (an image batch's)
+        single, t = policy_frequencies(freqs, grids[b:b + 1], (5, 5), policy, 10.0, 32)
+        torch.testing.assert_close(batched[b], single[0], rtol=1e-6, atol=1e-7)
+        assert (temperature is None and t is None) or abs(float(temperature[b]) - float(t)) < 1e-6
 
 
 def test_grid_and_positions_ignore_padding() -> None:
     batch = pack(images())
     grid = naflex_grid(batch["patch_coord"], batch["patch_valid"])
     assert grid.tolist() == [list(g) for g in GRIDS]
-    positions = coord_positions(batch["patch_coord"], grid, "axial", "extrapolate", (5, 5))
+    positions = place_positions(batch["patch_coord"], grid, "axial", "extrapolate", (5, 5))
     assert positions[0, :24].tolist()[:7] == [[x, 0.0] for x in range(6)] + [[0.0, 1.0]]
 
 
@@ -196,11 +197,13 @@ def test_tables_gathered_from_the_lattice_equal_tables_per_token(kind: str, offs
     """Values and the frequencies' gradient; the lattice serves ``extrapolate`` only, other policies scale each
     sample's frequencies and build tables per token."""
     torch.manual_seed(0)
-    rope = RoPE2D(16, 2, kind, train_grid=(5, 5), policy=policy, offset=offset, fraction=0.75).double()
+    encoding = RotaryEncoding(1, kind == "mixed", head_dim=16, num_heads=2, kind=kind, train_grid=(5, 5),
+                              policy=policy, offset=offset, fraction=0.75).double()
+    rope = encoding[0]
     batch = pack(images())
     coord, valid = batch["patch_coord"], batch["patch_valid"]
     grid = naflex_grid(coord, valid)
-    positions = coord_positions(coord, grid, kind, policy, (5, 5), offset=offset).double()
+    positions = encoding.place(coord, grid).double()
     gathered = []
     monkeypatch.setattr(rope_module, "gather_rows", lambda t, r: gathered.append(r) or naflex_gather(t, r))
     weights = torch.randn(2, 3, 2, 2 + LENGTH, 8, dtype=torch.float64)
@@ -208,7 +211,7 @@ def test_tables_gathered_from_the_lattice_equal_tables_per_token(kind: str, offs
     def tables(lattice_: tuple | None) -> tuple[torch.Tensor, ...]:
         rope.freqs.grad = None
         rope.freqs.requires_grad_(kind == "mixed")
-        cos, sin = rope.sample_tables(positions, 2, grid, lattice_)
+        cos, sin = encoding.block_inputs(Positions(positions, grid, None, valid, lattice_), 2)[0]["rope"]
         if kind == "mixed":
             (cos * weights[0] + sin * weights[1]).sum().backward()
         return cos, sin, rope.freqs.grad
@@ -217,7 +220,8 @@ def test_tables_gathered_from_the_lattice_equal_tables_per_token(kind: str, offs
     assert not gathered
     on_lattice = tables(lattice(coord, valid, grid, 2))
     with torch.no_grad():  # inference: the bounding grid's tables from one table per axis
-        inference = rope.sample_tables(positions, 2, grid, lattice(coord, valid, grid, 2))
+        on_grid = Positions(positions, grid, None, valid, lattice(coord, valid, grid, 2))
+        inference = encoding.block_inputs(on_grid, 2)[0]["rope"]
     assert len(gathered) == (4 if policy == "extrapolate" else 0)
     for mine, theirs in zip((*on_lattice, *inference), (*per_token, *per_token[:2]), strict=True):
         torch.testing.assert_close(mine, theirs, rtol=1e-12, atol=1e-12)

@@ -19,14 +19,14 @@ ROTATION_KINDS = ("golden", "string", "string_mixed")  # the rotating name suffi
 PATCH = 16
 BASE = dict(img_size=80, embed_dim=32, depth=2, num_heads=2, num_classes=7, init_values=0.5)
 KINDS = {  # every RoPE table, and STRING over axial and mixed
-    "axial": dict(rope_kind="axial"),
-    "mixed": dict(rope_kind="mixed"),
-    "golden": dict(rope_kind="golden"),
-    "dinov3": dict(rope_kind="dinov3", rope_policy="extrapolate"),
-    "string_axial": dict(rope_kind="string", rope_string_base="axial"),
-    "string_mixed": dict(rope_kind="string", rope_string_base="mixed"),
-    "string_golden": dict(rope_kind="string", rope_string_base="golden"),
-    "string_dinov3": dict(rope_kind="string", rope_string_base="dinov3", rope_policy="extrapolate"),
+    "axial": dict(encoding="axial"),
+    "mixed": dict(encoding="mixed"),
+    "golden": dict(encoding="golden"),
+    "dinov3": dict(encoding="dinov3", resolution_policy="extrapolate"),
+    "string_axial": dict(encoding="string", rope_string_base="axial"),
+    "string_mixed": dict(encoding="string", rope_string_base="mixed"),
+    "string_golden": dict(encoding="string", rope_string_base="golden"),
+    "string_dinov3": dict(encoding="string", rope_string_base="dinov3", resolution_policy="extrapolate"),
 }
 
 
@@ -61,7 +61,7 @@ def test_rotation_kinds_are_registered_and_create_through_timm():
         for kind in ROTATION_KINDS:
             assert f"vit_rope_{size}_patch16_{kind}_224" in timm.list_models("vit_rope_*")
     model = timm.create_model("vit_rope_tiny_patch16_string_mixed_224", depth=2, num_classes=3)
-    assert model.rope_kind == "string" and model.rope_string_base == "mixed"
+    assert model.encoding_kind == "string" and model.rope_string_base == "mixed"
     assert model(torch.randn(1, 3, 48, 64)).shape == (1, 3)
 
 
@@ -106,7 +106,7 @@ def test_string_stays_orthogonal_through_training_and_folds_exactly(kind: str):
     torch.manual_seed(0)
     model = timm.create_model("vit_rope_tiny_patch16_axial_224", **{**BASE, **KINDS[kind]})
     base_kind = model.rope_string_base
-    fresh = timm.create_model("vit_rope_tiny_patch16_axial_224", **{**BASE, "rope_kind": base_kind})
+    fresh = timm.create_model("vit_rope_tiny_patch16_axial_224", **{**BASE, "encoding": base_kind})
     fresh.load_state_dict(model.state_dict(), strict=False)  # P = I at creation: the base kind exactly
     x = torch.randn(2, 3, 64, 48)
     with torch.no_grad():
@@ -150,8 +150,8 @@ def test_intermediates_of_images_and_naflex_batches(name: str):
 
 
 def test_unknown_kind_and_bad_fraction_are_errors_that_say_what_is_allowed():
-    with pytest.raises(ValueError, match=r"RoPE kind 'spiral'.*golden, dinov3, string .*lookhere or alibi"):
-        timm.create_model("vit_rope_tiny_patch16_axial_224", rope_kind="spiral")
+    with pytest.raises(ValueError, match=r"position encoding 'spiral'.*golden, dinov3, string, lookhere, alibi, none"):
+        timm.create_model("vit_rope_tiny_patch16_axial_224", encoding="spiral")
     with pytest.raises(ValueError, match=r"rope_string_base .* 'spiral': choose one of axial, mixed, golden, dinov3.$"):
         timm.create_model("vit_rope_tiny_patch16_string_224", rope_string_base="spiral")
     with pytest.raises(ValueError, match=r"rope_fraction must be in \[0, 1\].*2\.0"):

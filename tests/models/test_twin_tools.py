@@ -20,6 +20,7 @@ from vit_rope.eval import cli
 from vit_rope.eval.diagnose import attention_entropy, frequency_coverage
 from vit_rope.eval.diagnose import main as diagnose
 from vit_rope.eval.onnx import export_onnx
+from vit_rope.layers.encoding import image_positions
 from vit_rope.layers.policies import kind_policies
 from vit_rope.layers.rope import grid_positions, rope_angles
 
@@ -50,14 +51,14 @@ def patch_of(model: torch.nn.Module) -> int:
 @pytest.mark.parametrize("family", FAMILIES)
 def test_every_policy_runs_at_a_non_native_non_square_size_and_changes_the_output(family):
     model = build(family)
-    rope = model.rope_modules()[0]
+    rope = model.rope[0]
     # wider than the grid the policies scale against, so that ntk and yarn (which only compress) act too
     grid = (3, rope.train_grid[1] + 2)
     patch = patch_of(model)
     x = torch.randn(1, 3, grid[0] * patch, grid[1] * patch, generator=torch.Generator().manual_seed(0))
     features = {}
     for policy in kind_policies(rope.kind):
-        model.set_rope_policy(policy)
+        model.set_resolution_policy(policy)
         with torch.no_grad():
             features[policy] = model.forward_features(x)
         assert features[policy].shape == (1, PREFIX[family] + grid[0] * grid[1], model.embed_dim)
@@ -72,10 +73,11 @@ def test_pe_offset_comes_before_the_policy_scaling_against_the_reference_grid(po
     """timm's Eva (build_rotary_pos_embed): positions t = arange(n) + grid_offset, then t * ref / n; ours must place
     PE's patches at (i + 1) * 24 / n under interpolate and at i + 1 under extrapolate, after set_rope_policy too."""
     model = build("pe_core", depth=1)
-    model.set_rope_policy(policy)
-    rope = model.rope_modules()[0]
+    model.set_resolution_policy(policy)
+    rope = model.rope[0]
     assert rope.train_grid == (24, 24) and rope.offset == 1.0
-    cos, sin = rope(None, 1, (30, 20))
+    positions = image_positions(rope, 30, 20)
+    cos, sin = rope(positions.coords, 1, positions.grids)
     scale = torch.tensor([24 / 20, 24 / 30]) if policy == "interpolate" else torch.ones(2)  # (x, y): ref / grid
     expected = rope_angles((grid_positions(30, 20) + 1) * scale, rope.pair_frequencies())
     torch.testing.assert_close(cos[:, 1:], expected.cos())
@@ -132,7 +134,7 @@ def test_diagnostics_of_every_family(family):
     patch = patch_of(model)
     entropy = attention_entropy(model, torch.randn(2, 3, 3 * patch, 5 * patch))
     assert len(entropy) == 2 and all(0 < e <= math.log(PREFIX[family] + 15) + 1e-5 for e in entropy)
-    rope = model.rope_modules()[0]
+    rope = model.rope[0]
     at_reference = frequency_coverage(model, rope.train_grid)
     assert len(at_reference) == 1 and at_reference[0]["unseen"] == 0 < at_reference[0]["pairs"]
 

@@ -38,6 +38,7 @@ from vit_rope.eval.ablation import position_reliance
 from vit_rope.eval.cli import parse_kwarg
 from vit_rope.eval.harness import eval_transform, subset
 from vit_rope.eval.loading import EvalModel, check_weights, load_pretrained, load_trained
+from vit_rope.layers.encoding import image_coords
 from vit_rope.layers.naflex import naflex_grid
 from vit_rope.layers.policies import BIAS_KINDS, POLICIES
 from vit_rope.layers.rope import RoPE2D
@@ -79,13 +80,14 @@ def budget_coverage(model: RoPEVisionTransformer, grids: list[tuple[int, int]]) 
 def _rotations(model: RoPEVisionTransformer) -> list[RoPE2D]:
     """The model's RoPE modules; none for the attention biases (LookHere, 2D-ALiBi), which have no frequencies, so
     their coverage is 0 of 0 channels and only their attention entropy is measured."""
-    return [rope for rope in model.rope_modules() if isinstance(rope, RoPE2D)]
+    return [rope for rope in model.pos_encoding if isinstance(rope, RoPE2D)] if model.rotary else []
 
 
 def _coverage(rope: RoPE2D, grid: tuple[int, int]) -> tuple[Tensor, Tensor, Tensor]:
     """Turns ``[H, D/2]`` of each pair across the training grid and across ``grid`` under the policy, and whether
     the pair meets unseen phases there (``frequency_coverage``)."""
-    freqs, _ = rope.frequencies(grid)
+    freqs, _ = rope.frequencies(torch.tensor([grid]))
+    freqs = freqs.reshape(rope.freqs.shape)  # one grid: [1, 2, H, D/2] -> [2, H, D/2]
     train = _turns(rope, rope.pair_frequencies().detach(), rope.train_grid)  # [H, D/2]
     step = train / max(max(rope.train_grid) - 1, 1)  # turns over one training step (the longer axis)
     target = _turns(rope, freqs.detach(), grid)
@@ -93,7 +95,7 @@ def _coverage(rope: RoPE2D, grid: tuple[int, int]) -> tuple[Tensor, Tensor, Tens
 
 
 def _turns(rope: RoPE2D, freqs: Tensor, grid: tuple[int, int]) -> Tensor:
-    positions = rope.grid_positions(*grid, freqs.device)  # [N, 2] as the policy places them
+    positions = rope.place(*image_coords(*grid, freqs.device))  # [N, 2] as the policy places them
     extent = positions.amax(0) - positions.amin(0)  # (x, y)
     return (freqs[0].abs() * extent[0] + freqs[1].abs() * extent[1]) / (2 * math.pi)  # [H, D/2]
 
@@ -145,12 +147,12 @@ def plot_mixed_directions(model: RoPEVisionTransformer, path: Path) -> bool:
         wx, wy = rope.pair_frequencies().detach().float()
         for head in range(wx.shape[0]):
             ax.scatter(wx[head], wy[head], s=6, label=f"head {head}")
-        ax.set_title(f"layer {layer}" if len(ropes) > 1 else f"{model.rope_kind} (all layers)", fontsize=9)
+        ax.set_title(f"layer {layer}" if len(ropes) > 1 else f"{model.encoding_kind} (all layers)", fontsize=9)
         ax.set_aspect("equal")
         ax.axhline(0, lw=0.3, c="k")
         ax.axvline(0, lw=0.3, c="k")
     axes.flat[0].legend(fontsize=6)
-    fig.suptitle(f"RoPE frequencies (wx, wy) per pair ({model.rope_kind})")
+    fig.suptitle(f"RoPE frequencies (wx, wy) per pair ({model.encoding_kind})")
     fig.savefig(path, dpi=120)
     return True
 
@@ -193,11 +195,10 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.output)
     out.mkdir(parents=True, exist_ok=True)
 
-    report: dict[str, Any] = {"model": entry.label, "kind": model.rope_kind, "policy": model.rope_policy.name,
-                              "sizes": {}, "seq_lens": {}}
-    train_grid = model.rope_modules()[0].train_grid
-    encoding = model.rope_kind if model.rope_kind in BIAS_KINDS else f"RoPE {model.rope_kind}"
-    print(f"{entry.label}: {encoding}, policy {model.rope_policy.name}, training grid {train_grid}")
+    kind, policy = model.encoding_kind, model.resolution_policy.name
+    report: dict[str, Any] = {"model": entry.label, "kind": kind, "policy": policy, "sizes": {}, "seq_lens": {}}
+    encoding = kind if kind in BIAS_KINDS else f"RoPE {kind}"
+    print(f"{entry.label}: {encoding}, policy {policy}, training grid {model.pos_encoding.train_grid}")
     print(f"{'size':>10s} {'unseen-phase channels':>22s} {'without positions':>36s} "
           f"{'attention entropy per layer (nats)'}")
     for size in args.sizes:
@@ -261,7 +262,7 @@ def _load(args: argparse.Namespace) -> tuple[EvalModel, list[Sample] | None]:
     check_multiple("--sizes entry", args.sizes, entry.model, entry.label)
     if args.policy is not None:
         try:  # each RoPE2D checks that the policy applies to its kind (policies.check_policy)
-            entry.model.set_rope_policy(args.policy)
+            entry.model.set_resolution_policy(args.policy)
         except ValueError as err:
             raise UserError(f"--policy {args.policy}: {err}") from err
     if args.data_dir is None:

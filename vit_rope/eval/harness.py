@@ -127,7 +127,7 @@ def evaluate_models(models: Sequence[EvalModel], data_dir: str | Path, img_sizes
     ``policies`` ``None`` runs each RoPE model under its own policy, the one it was built with (RoPE-ViT's
     ``extrapolate``, DINOv3's ``normalized``, the Eva twins' ``interpolate``, which is what timm runs them with: a
     fixed default would evaluate those twins as they were never trained), labelled with its name. Models without
-    ``set_rope_policy`` (timm's ViTs and RoPE ports, CNNs) run once, with policy None.
+    ``set_resolution_policy`` (timm's ViTs and RoPE ports, CNNs) run once, with policy None.
     ``images_per_s`` is the model's forward throughput (data loading excluded). Raises ``UserError`` for bad input
     before any image is decoded.
     """
@@ -144,7 +144,8 @@ def evaluate_models(models: Sequence[EvalModel], data_dir: str | Path, img_sizes
     maps = [label_map(entry, val_classes, val_dir).to(device) for entry in models]
     norms = [normalisation(entry.model, device) for entry in models]
     # each RoPE model's own policy, read before any run sets another; None (left as built, options too) runs it
-    own = [entry.model.rope_policy.name if hasattr(entry.model, "set_rope_policy") else None for entry in models]
+    own = [entry.model.resolution_policy.name if hasattr(entry.model, "set_resolution_policy") else None
+           for entry in models]
     runs = [(i, policy) for i in range(len(models)) for policy in ((policies or (None,)) if own[i] else (None,))]
     for entry in models:
         entry.model.to(device).eval()
@@ -168,7 +169,7 @@ def evaluate_models(models: Sequence[EvalModel], data_dir: str | Path, img_sizes
                 model, labels = models[i].model, maps[i][targets.to(device)]
                 inputs = naflex.normalise(images, *norms[i])
                 if policy is not None:
-                    model.set_rope_policy(policy)
+                    model.set_resolution_policy(policy)
                 with amp:
                     if step == 0:  # untimed warm-up: first-call allocations and kernel choices are not throughput
                         model(inputs)

@@ -89,11 +89,6 @@ def export_program(model: nn.Module, img_size: tuple[int, int] = (224, 224), bat
     if dynamic and batch_size < 2:
         raise ExportInputError(f"batch_size {batch_size}: trace with 2 or more images (torch.export fixes a batch "
                                "of 1 as a constant); the exported batch stays dynamic")
-    policy = getattr(model, "rope_policy", None)
-    if dynamic and policy is not None and policy.name == "yarn" and policy.yarn_temperature:
-        raise ExportInputError("the yarn policy's attention temperature is a Python float of the grid "
-                               "(vit_rope/layers/policies.py), which torch.export cannot keep dynamic: use another "
-                               "policy or set_rope_policy('yarn', yarn_temperature=False)")
     h, w = img_size
     dims = ({0: Dim("batch", min=1), 2: ph * Dim("grid_h", min=1), 3: pw * Dim("grid_w", min=1)},)
     if getattr(model, "rope_string_base", None) is not None:
@@ -237,10 +232,10 @@ def main(argv: list[str] | None = None) -> int:
                                     model_kwargs=dict(args.model_kwargs, **classes))
         model = entry.model
         if args.policy is not None:
-            if not hasattr(model, "set_rope_policy"):
+            if not hasattr(model, "set_resolution_policy"):
                 raise UserError(f"--policy applies to vit_rope models; {entry.label} has no RoPE policy")
             try:
-                model.set_rope_policy(args.policy)
+                model.set_resolution_policy(args.policy)
             except ValueError as err:  # a policy this model's RoPE cannot take (DINOv3's)
                 raise UserError(f"{entry.label}: {err}") from None
         sides = args.img_size or [entry.train_size]

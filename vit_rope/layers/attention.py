@@ -31,7 +31,7 @@ class RoPEAttention(Attention):
     Same parameters and state-dict keys as timm's ``Attention``, so ViT and DeiT-III weights load unchanged.
     ``F.scaled_dot_product_attention`` is the fast path; ``fused_attn = False`` computes the same scores
     explicitly (useful to inspect attention maps). ``string`` is None, or Cayley-STRING's learned basis
-    (``vit_rope.layers.string.CayleyString``), folded into the q and k rows of the projection at every forward.
+    (``vit_rope.layers.cayley_string.CayleyString``), folded into the q and k rows of the projection at every forward.
     ``num_kv_heads`` below ``num_heads`` is grouped-query attention (``group_kv_heads_``).
     """
 
@@ -118,10 +118,9 @@ class RoPEAttention(Attention):
         """Attention with ``scale * bias`` ``[1 or B, nh, N, N]`` added to the logits and ``attn_mask`` (a NaFlex
         batch's key padding, boolean or additive; or ``is_causal``) applied with it, as one additive mask.
 
-        SDPA takes the mask (``[1, nh, N, N]`` for a plain grid: no copy per image). Measured on this project's CPU
-        (torch 2.14.1, one thread, ViT-S attention alone, batch 8 at 224 px): SDPA 16.7 ms without a mask, 19.4 ms
-        with this one, 24.0 ms for the explicit product + in-place bias + softmax below (training step 58.8 / 61.2 /
-        66.2 ms); so SDPA it is, and the explicit path serves ``fused_attn = False`` (attention maps, the reference).
+        SDPA takes the mask (``[1, nh, N, N]`` for a plain grid: no copy per image); it is faster on CPU than the
+        explicit product + in-place bias + softmax below (docs/performance.md, "Attention with a bias"), which serves
+        ``fused_attn = False`` (attention maps, the reference).
         """
         drop = self.attn_drop.p if self.training else 0.0
         N = q.shape[-2]

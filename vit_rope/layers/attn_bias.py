@@ -7,9 +7,9 @@
 
 Both are a penalty table ``[H, N, N]`` of the patch positions times one scale per layer, so the model builds the
 table once per forward and every block adds ``scale * table`` to its logits (``RoPEAttention``). Prefix tokens
-(class, registers) are neither biased nor penalised: their rows and columns are 0. The table of a plain grid is kept
-in a small cache (``AttnBias.CACHE_SIZE`` grids), keyed by grid, prefix count, device, policy and inference mode; a
-NaFlex batch or per-image positions (coordinate augmentation, patch dropout) build theirs per forward.
+(class, registers) are neither biased nor penalised: their rows and columns are 0. The table of an image batch's grid
+is kept in a small cache (``AttnBias.CACHE_SIZE`` grids), keyed by grid, prefix count, device, policy and inference
+mode; a NaFlex batch or per-image positions (coordinate augmentation, patch dropout) build theirs per forward.
 
 Resolution policies: ``extrapolate`` keeps patch positions as they are (the penalty grows with the image);
 ``interpolate`` scales them per axis by training / input grid size (neighbours ``1 / s`` apart), so distances
@@ -26,12 +26,12 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from timm.layers import register_notrace_module
-from torch import Tensor, nn
+from torch import Tensor
 
 from vit_rope.layers.capture import capturing
+from vit_rope.layers.encoding import PositionEncoding, Positions
 from vit_rope.layers.lookhere import check_config, head_plan, layer_scales, lookhere_penalty
 from vit_rope.layers.policies import BIAS_KINDS, ResolutionPolicy, check_policy
-from vit_rope.layers.rotary import grid_positions
 
 
 def alibi_slopes(num_heads: int) -> Tensor:
@@ -52,16 +52,13 @@ def alibi_penalty(positions: Tensor, slopes: Tensor) -> Tensor:
     return slopes.to(dist.device)[:, None, None] * dist[..., None, :, :]
 
 
-def policy_positions(positions: Tensor, grid: Tensor | tuple[int, int] | None, train_grid: tuple[int, int] | None,
-                     policy: str) -> Tensor:
-    """Positions ``[..., N, 2]`` (x, y) as the policy places them: as they are, or (``interpolate``) scaled per axis
-    by training / input grid size; ``grid`` is ``(h, w)``, one per sample ``[B, 2]``, or None (as they are)."""
-    if policy != "interpolate" or train_grid is None or grid is None:
+def policy_positions(positions: Tensor, grids: Tensor, train_grid: tuple[int, int] | None, policy: str) -> Tensor:
+    """Positions ``[N, 2]`` or ``[B, N, 2]`` (x, y) as the policy places them on the grids ``grids`` ``[1 or B, 2]``
+    (h, w): as they are, or (``interpolate``) scaled per axis by training / input grid size."""
+    if policy != "interpolate" or train_grid is None:
         return positions
-    train = positions.new_tensor([train_grid[1], train_grid[0]])  # (w0, h0)
-    if isinstance(grid, Tensor):
-        return positions * (train / grid.flip(-1).to(positions.dtype))[:, None, :]  # [B, 1, 2]
-    return positions * (train / positions.new_tensor([grid[1], grid[0]]))
+    scale = positions.new_tensor([train_grid[1], train_grid[0]]) / grids.flip(-1).to(positions.dtype)  # [b, 2]
+    return positions * (scale if positions.dim() == 2 else scale[:, None, :])
 
 
 def pad_prefix(table: Tensor, num_prefix_tokens: int) -> Tensor:
@@ -70,10 +67,9 @@ def pad_prefix(table: Tensor, num_prefix_tokens: int) -> Tensor:
 
 
 @register_notrace_module
-class AttnBias(nn.Module):
+class AttnBias(PositionEncoding):
     """The penalty tables of one bias kind and the scale each block multiplies them by; nothing learned, nothing
-    saved. Quacks like ``RoPE2D`` where the model and the harness look (``kind``, ``policy``, ``train_grid``,
-    ``grid_positions``).
+    saved.
 
     Args:
         kind: ``"lookhere"`` or ``"alibi"``.
@@ -86,8 +82,6 @@ class AttnBias(nn.Module):
     """
 
     CACHE_SIZE = 2
-    normalize = "separate"  # read by the NaFlex positions (DINOv3's option): plain integer positions here
-    offset = 0.0  # read by the NaFlex positions too (RoPE2D's option): no shift for a bias
 
     def __init__(self, kind: str, num_heads: int, depth: int, train_grid: tuple[int, int] | None = None,
                  policy: str | dict | ResolutionPolicy | None = None,
@@ -96,7 +90,7 @@ class AttnBias(nn.Module):
         if kind not in BIAS_KINDS:
             raise ValueError(f"Unknown attention bias {kind!r}: choose one of {', '.join(BIAS_KINDS)}.")
         if kind != "lookhere" and lh_config is not None:
-            raise ValueError(f"lh_config sets LookHere (rope_kind='lookhere') and does nothing for {kind!r}.")
+            raise ValueError(f"lh_config sets LookHere (encoding='lookhere') and does nothing for {kind!r}.")
         self.kind, self.num_heads, self.depth = kind, num_heads, depth
         self.train_grid = None if train_grid is None else (int(train_grid[0]), int(train_grid[1]))
         self.policy = policy
@@ -121,10 +115,6 @@ class AttnBias(nn.Module):
         policy = ResolutionPolicy.create("extrapolate" if policy is None else policy)
         self.policy_name = check_policy(self.kind, policy.name)
 
-    def grid_positions(self, height: int, width: int, device: torch.device | None = None) -> Tensor:
-        """Integer positions ``[N, 2]`` of a grid (the policy acts on the tables, with the grid known there)."""
-        return grid_positions(height, width, device=device)
-
     def _penalties(self, positions: Tensor, valid: Tensor | None) -> dict[str, Tensor]:
         """One penalty table ``[..., H, N, N]`` per distinct layer spec."""
         out = {}
@@ -137,41 +127,37 @@ class AttnBias(nn.Module):
                                              cfg["fill_with"], valid)
         return out
 
-    def _layers(self, positions: Tensor, grid: Tensor | tuple[int, int] | None, num_prefix_tokens: int,
-                valid: Tensor | None = None) -> list[Tensor]:
-        positions = policy_positions(positions, grid, self.train_grid, self.policy_name)
-        tables = {spec: pad_prefix(t, num_prefix_tokens) for spec, t in self._penalties(positions, valid).items()}
+    def _layers(self, positions: Positions, num_prefix_tokens: int) -> list[Tensor]:
+        placed = policy_positions(positions.coords, positions.grids, self.train_grid, self.policy_name)
+        penalties = self._penalties(placed, positions.valid)
+        tables = {spec: pad_prefix(t if t.dim() == 4 else t[None], num_prefix_tokens) for spec, t in penalties.items()}
         return [tables[spec] for spec in self.layer_specs]
 
-    def forward(self, positions: Tensor | None, num_prefix_tokens: int = 0, grid: tuple[int, int] | None = None
-                ) -> list[Tensor]:
-        """Each block's penalty table ``[1 or B, H, P + N, P + N]`` (blocks with the same directions share one), for
-        ``positions`` (``[N, 2]`` or ``[B, N, 2]``) or, when ``None``, the plain ``grid`` (cached)."""
-        if positions is not None:
-            tables = self._layers(positions, grid, num_prefix_tokens)
-            return [t if t.dim() == 4 else t[None] for t in tables]
-        if grid is None:
-            raise ValueError("AttnBias needs positions or the grid to place them on.")
-        device = self.anchor.device
-        if capturing():  # a traced or compiled graph serves every size: no Python state in it
-            return [t[None] for t in self._layers(grid_positions(grid[0], grid[1], device=device), grid,
-                                                  num_prefix_tokens)]
-        key = (int(grid[0]), int(grid[1]), num_prefix_tokens, str(device), self.policy_name,
+    def forward(self, positions: Positions, num_prefix_tokens: int = 0) -> list[Tensor]:
+        """Each block's penalty table ``[1 or B, H, P + N, P + N]`` (blocks with the same directions share one);
+        an image batch's (one grid, positions shared by the batch) cached per grid."""
+        grid = positions.grid
+        if grid is None or positions.coords.dim() != 2 or capturing():  # a captured graph serves every size
+            return self._layers(positions, num_prefix_tokens)
+        key = (int(grid[0]), int(grid[1]), num_prefix_tokens, str(self.anchor.device), self.policy_name,
                torch.is_inference_mode_enabled())
         if key in self._cache:
             self._cache.move_to_end(key)
         else:
-            self._cache[key] = [t[None] for t in self._layers(grid_positions(grid[0], grid[1], device=device),
-                                                              grid, num_prefix_tokens)]
+            self._cache[key] = self._layers(positions, num_prefix_tokens)
             while len(self._cache) > self.CACHE_SIZE:
                 self._cache.popitem(last=False)
         return self._cache[key]
 
-    def sample_tables(self, positions: Tensor, num_prefix_tokens: int, grid: Tensor, valid: Tensor | None = None
-                      ) -> list[Tensor]:
-        """Each block's table ``[B, H, P + N, P + N]`` for a NaFlex batch: ``positions`` ``[B, N, 2]``, each
-        sample's grid ``[B, 2]`` (h, w) for the policy, ``valid`` ``[B, N]``."""
-        return self._layers(positions, grid, num_prefix_tokens, valid)
+    def block_inputs(self, positions: Positions, num_prefix_tokens: int) -> list[dict[str, Any]]:
+        tables = self(positions, num_prefix_tokens)
+        # indexed, not iterated: FX records the tables as one call whose items it can index but not unpack
+        return [{"bias": tables[i], "bias_scale": scale} if scale else {} for i, scale in enumerate(self.scales)]
+
+    def prune_(self, depth: int) -> None:
+        """Keep the first ``depth`` blocks' directions and scales (timm's ``prune_intermediate_layers``)."""
+        self.depth, self.layer_specs, self.scales = depth, self.layer_specs[:depth], self.scales[:depth]
+        self._cache.clear()
 
     def extra_repr(self) -> str:
         return (f"kind={self.kind}, num_heads={self.num_heads}, train_grid={self.train_grid}, "

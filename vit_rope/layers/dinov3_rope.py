@@ -64,25 +64,6 @@ def dinov3_frequencies(head_dim: int, base: float = 100.0, min_period: float | N
     return torch.stack((torch.cat((magnitude, zeros)), torch.cat((zeros, magnitude))))[:, None, :]
 
 
-def dinov3_positions(height: int, width: int, reference: tuple[int, int], normalize: str = "separate",
-                     device: torch.device | None = None) -> Tensor:
-    """Patch-centre coordinates ``[height * width, 2]`` as ``(x, y)``, row-major like timm's PatchEmbed.
-
-    ``2 (i + 0.5) / d - 1`` per axis, ``d`` taken from ``reference`` (``(h, w)``): the grid itself gives DINOv3's
-    coordinates (every size spans [-1, 1]); the training grid keeps the training step between patches instead.
-    """
-    if normalize == "separate":  # sizes stay ints: float() of a traced size would fix it in an exported graph
-        dy, dx = reference[0], reference[1]
-    elif normalize == "min":
-        dy = dx = min(reference[0], reference[1])
-    else:
-        dy = dx = max(reference[0], reference[1])
-    ys = (torch.arange(height, device=device, dtype=torch.float32) + 0.5) / dy * 2.0 - 1.0
-    xs = (torch.arange(width, device=device, dtype=torch.float32) + 0.5) / dx * 2.0 - 1.0
-    grid_y, grid_x = torch.meshgrid(ys, xs, indexing="ij")
-    return torch.stack((grid_x, grid_y), dim=-1).reshape(-1, 2)  # [N, 2]
-
-
 def _swapped_axes(head_dim: int) -> tuple[Tensor, Tensor]:
     """For each of our channels ``[head_dim]``: the pair of a layout whose first D/4 pairs turn with the other axis
     (DINOv3's, timm Eva's ``'ij'``), ``(p + D/4) mod D/2`` for our pair ``p``, and the channel's place in its pair."""

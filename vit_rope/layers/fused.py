@@ -2,7 +2,7 @@
 
 The reference ``vit_rope.layers.rope.apply_rope`` (RoFormer, arXiv:2104.09864; RoPE-ViT, arXiv:2403.13298) rotates q and
 k out of place in several elementwise passes, and autograd keeps extra copies for backward. In eager mode that is the
-cost timm's RoPE ports pay (5-10% of a ViT-S step on CPU, a third on GPUs). Here each channel pair is one complex
+cost timm's RoPE ports pay (docs/performance.md, "CPU throughput"). Here each channel pair is one complex
 number and its rotation one complex product, ``(x0 + i x1) * (cos + i sin)``, over the q and k slices of the
 ``[B, N, 3, nh, D]`` qkv tensor:
 
@@ -231,8 +231,8 @@ def project_rotate_qk(linear: nn.Module, x: Tensor, num_heads: int, cos: Tensor,
 def project_weights_rotate_qk(x: Tensor, weight: Tensor, bias: Tensor | None, num_heads: int, cos: Tensor,
                               sin: Tensor, backend: str = "auto") -> Tensor:
     """``project_rotate_qk`` for a projection given as its weight ``[3 * nh * D, C]`` and bias: Cayley-STRING's
-    folded projection (``vit_rope.layers.string``), which no Linear holds. Projection and rotation are one autograd
-    node when autograd records, and the rotation is in place either way."""
+    folded projection (``vit_rope.layers.cayley_string``), which no Linear holds. Projection and rotation are one
+    autograd node when autograd records, and the rotation is in place either way."""
     tracked = x.requires_grad or weight.requires_grad or cos.requires_grad or sin.requires_grad
     if torch.is_grad_enabled() and tracked:
         return _ProjectRotateQK.apply(x, weight, bias, cos, sin, num_heads, _use_triton(x, cos, backend))

@@ -1,23 +1,20 @@
-"""Per-sample positions for NaFlex batches: every image at its own size and aspect ratio, its patches packed into one
-padded sequence (NaViT, Dehghani et al., NeurIPS 2023; timm's NaFlexViT, as in SigLIP 2's NaFlex variant).
+"""What NaFlex batches need beyond an image batch: every image at its own size and aspect ratio, its patches packed
+into one padded sequence (NaViT, Dehghani et al., NeurIPS 2023; timm's NaFlexViT, as in SigLIP 2's NaFlex variant).
 
 timm's collator gives each sample's patches with their ``patch_coord`` ``[B, N, 2]`` as (y, x) and ``patch_valid``
-``[B, N]``; padding rows have coordinate (0, 0). Here a sample's grid, its positions under the resolution policy,
-its policy-scaled frequencies and its absolute position embedding are tensors computed for the whole batch at once:
-no Python loop over samples or grid sizes, no ``.item()``, so torch.compile sees one graph whatever the grids. Each
-function equals, for a batch of one image, what the image path computes for that image's grid (the tests hold them
-together).
+``[B, N]``; padding rows have coordinate (0, 0). Here are what only such batches need: each sample's grid, the
+padding mask, the rows of one table that tokens on a shared lattice read, and the absolute position embedding read at
+each patch's coordinate. All are tensors computed for the whole batch at once: no Python loop over samples or grid
+sizes, no ``.item()``, so torch.compile sees one graph whatever the grids. Positions and policies are the same
+functions for both kinds of batch (``vit_rope.layers.policies``).
 """
 
 from __future__ import annotations
 
-import math
 from typing import NamedTuple
 
 import torch
 from torch import Tensor
-
-from vit_rope.layers.policies import policy_factors
 
 _AA_BICUBIC = -0.5  # the cubic coefficient of PyTorch's antialiased bicubic resampling (timm's APE resampling)
 
@@ -31,7 +28,7 @@ class Lattice(NamedTuple):
     """Where each token of a NaFlex batch reads its RoPE table when its position is its patch coordinate.
 
     ``rows`` ``[B, P + N]`` index the tables of the batch's bounding ``grid`` (h, w) with one identity row in front,
-    as ``RoPE2D(None, 1, grid)`` lays them out: prefix tokens read row 0, the patch at (y, x) row ``1 + y * w + x``,
+    as ``RoPE2D.lattice_tables`` lays them out: prefix tokens read row 0, the patch at (y, x) row ``1 + y * w + x``,
     padding the patch at (0, 0), where timm's collator puts it.
     """
 
@@ -47,7 +44,7 @@ def lattice(coord: Tensor, valid: Tensor, grid: Tensor, num_prefix_tokens: int) 
     Tables for a position do not depend on the sample under a policy that leaves the frequencies alone, and a batch
     of B grids covers at most their bounding grid: building that grid's tables once and gathering a row per token
     replaces ``B * N`` angle, cosine and sine evaluations with ``h * w`` of them (8 mixed-aspect samples of 256 tokens
-    in a 22 x 32 box: a third), or ``h + w`` from one table per axis (``RoPE2D.sample_tables`` in inference). Reads the
+    in a 22 x 32 box: a third), or ``h + w`` from one table per axis (``RoPE2D.lattice_tables`` in inference). Reads the
     box's size from the tensors: one host sync.
     """
     B, N = valid.shape
@@ -77,46 +74,6 @@ def key_padding_mask(valid: Tensor, num_prefix_tokens: int) -> Tensor:
     return torch.cat((valid.new_ones(valid.shape[0], num_prefix_tokens), valid), dim=1)[:, None, None, :]
 
 
-def coord_positions(coord: Tensor, grid: Tensor, kind: str, policy: str, train_grid: tuple[int, int] | None,
-                    normalize: str = "separate", offset: float = 0.0) -> Tensor:
-    """Positions ``[B, N, 2]`` (x, y) of the patches at ``coord`` ``[B, N, 2]`` (y, x) as ``RoPE2D.grid_positions``
-    places them on each sample's grid ``[B, 2]`` (h, w): integer positions, DINOv3's normalised ones, or the
-    ``normalized`` policy's; ``offset`` is ``RoPE2D.offset``, added to integer positions."""
-    xy = coord.flip(-1).float()  # [B, N, 2] (x, y)
-    size = grid.flip(-1).float()[:, None, :]  # [B, 1, 2] (w, h)
-    if kind == "dinov3":  # normalised by the grid itself, or by the training grid (its patch step)
-        reference = size
-        if policy != "normalized" and train_grid is not None:
-            reference = size.new_tensor([train_grid[1], train_grid[0]]).expand_as(size)
-        if normalize == "min":
-            reference = reference.amin(-1, keepdim=True).expand_as(reference)
-        elif normalize == "max":
-            reference = reference.amax(-1, keepdim=True).expand_as(reference)
-        return (xy + 0.5) / reference * 2.0 - 1.0  # the order of dinov3_positions: equal to the bit
-    xy = xy + offset
-    if policy == "normalized":
-        return 2 * math.pi * ((xy + 0.5) / size * 2 - 1)
-    return xy
-
-
-def sample_frequencies(freqs: Tensor, grid: Tensor, train_grid: tuple[int, int] | None, policy: str, theta: float,
-                       head_dim: int, yarn_alpha: float = 0.5, yarn_beta: float = 2.0,
-                       yarn_temperature: bool = True) -> tuple[Tensor, Tensor | None]:
-    """``scale_frequencies`` for a batch of grids ``[B, 2]``: frequencies ``[B, 2, H, D/2]`` (or the shared
-    ``[2, H, D/2]`` when the policy does not depend on the grid) and the attention temperature ``[B, 1, 1, 1]`` (or
-    None). At the training grid every factor is exactly 1."""
-    if policy in ("extrapolate", "normalized") or train_grid is None:
-        return freqs, None
-    scale = grid.flip(-1).float() / grid.new_tensor([train_grid[1], train_grid[0]]).float()  # [B, 2] (x, y)
-    scale = scale[:, :, None, None]  # [B, 2, 1, 1] against [2, H, D/2]
-    factor = policy_factors(freqs, scale, train_grid, policy, theta, head_dim, yarn_alpha, yarn_beta)
-    temperature = None
-    if policy == "yarn" and yarn_temperature:
-        stretch = scale.clamp(min=1.0)
-        temperature = (0.1 * torch.log(torch.sqrt(stretch[:, 0] * stretch[:, 1])) + 1.0)[:, None]  # [B, 1, 1, 1]
-    return freqs * factor, temperature
-
-
 def _aa_bicubic_weights(index: Tensor, out_len: Tensor, in_len: int) -> Tensor:
     """Weights ``[B, N, in_len]`` that PyTorch's antialiased bicubic resize from ``in_len`` to each sample's
     ``out_len`` ``[B, 1]`` gives output ``index`` ``[B, N]`` (align_corners=False), computed per token: the
@@ -133,7 +90,7 @@ def _aa_bicubic_weights(index: Tensor, out_len: Tensor, in_len: int) -> Tensor:
     return (w / w.sum(-1, keepdim=True)).float()
 
 
-def sample_pos_embed(table: Tensor, coord: Tensor, grid: Tensor, train_grid: tuple[int, int]) -> Tensor:
+def pos_embed_at(table: Tensor, coord: Tensor, grid: Tensor, train_grid: tuple[int, int]) -> Tensor:
     """The absolute position embedding ``[B, N, C]`` of each patch, as ``fit_pos_embed`` resamples the ``[h0 * w0, C]``
     training ``table`` to each sample's grid (bicubic, antialiased), read at the patch's coordinate: one weighted
     sum over the table per token instead of a resampled table per grid size."""

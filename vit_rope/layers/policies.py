@@ -100,41 +100,59 @@ def check_policy(kind: str, policy: str) -> str:
     return policy
 
 
-def transform_positions(positions: Tensor, grid: tuple[int, int], policy: str) -> Tensor:
-    """Integer patch positions ``[..., N, 2]`` (x, y) of an ``(h, w)`` grid, as the policy named ``policy`` places
-    them."""
-    if policy != "normalized":
-        return positions
-    size = torch.tensor([grid[1], grid[0]], device=positions.device, dtype=positions.dtype)  # (w, h)
-    return 2 * math.pi * ((positions + 0.5) / size * 2 - 1)  # cell centres mapped to [-1, 1], as DINOv3
+def place_positions(coord: Tensor, grids: Tensor, kind: str, policy: str, train_grid: tuple[int, int] | None,
+                    normalize: str = "separate", offset: float = 0.0) -> Tensor:
+    """Positions ``[..., N, 2]`` (x, y) of the patches at ``coord`` ``[..., N, 2]`` (y, x) of the grids ``grids``
+    ``[1 or B, 2]`` (h, w) as the policy named ``policy`` places them for the RoPE ``kind`` (or a bias): integer
+    positions shifted by ``offset`` (Perception Encoder's 1), the ``normalized`` policy's (cell centres in
+    ``2 pi [-1, 1]``), or DINOv3's normalised ones (by the grid itself, or by the training grid: its patch step).
+
+    One function for an image's grid (``coord`` ``[N, 2]``, ``grids`` ``[1, 2]``) and a NaFlex batch's (one grid per
+    sample), so that a sample's positions equal those of its image alone to the bit."""
+    xy = coord.flip(-1).float()  # [..., N, 2] (x, y)
+    size = grids.flip(-1).float()[:, None, :]  # [1 or B, 1, 2] (w, h)
+    if coord.dim() == 2:  # one grid: [1, 1, 2] -> [1, 2], positions [N, 2]
+        size = size[0]
+    if kind == "dinov3":
+        reference = size
+        if policy != "normalized" and train_grid is not None:  # the training grid's patch step
+            reference = torch.tensor([float(train_grid[1]), float(train_grid[0])], device=size.device).expand_as(size)
+        if normalize == "min":
+            reference = reference.amin(-1, keepdim=True).expand_as(reference)
+        elif normalize == "max":
+            reference = reference.amax(-1, keepdim=True).expand_as(reference)
+        return (xy + 0.5) / reference * 2.0 - 1.0
+    xy = xy + offset
+    if policy == "normalized":
+        return 2 * math.pi * ((xy + 0.5) / size * 2 - 1)  # cell centres mapped to [-1, 1], as DINOv3
+    return xy
 
 
-def scale_frequencies(
-    freqs: Tensor, grid: tuple[int, int], train_grid: tuple[int, int], policy: str, theta: float, head_dim: int,
+def policy_frequencies(
+    freqs: Tensor, grids: Tensor | None, train_grid: tuple[int, int] | None, policy: str, theta: float, head_dim: int,
     yarn_alpha: float = 0.5, yarn_beta: float = 2.0, yarn_temperature: bool = True,
-) -> tuple[Tensor, float]:
-    """Frequencies ``[2, H, D/2]`` to use on ``grid`` under the policy named ``policy`` (with the ``yarn_*`` fields
-    of its ``ResolutionPolicy``), and the attention temperature for the tables.
+) -> tuple[Tensor, Tensor | None]:
+    """Frequencies to use on the grids ``grids`` ``[1 or B, 2]`` (h, w) under the policy named ``policy`` (with the
+    ``yarn_*`` fields of its ``ResolutionPolicy``), and the attention temperature that scales the tables.
 
     Scaling the x (or y) frequency of a pair by ``a`` is the same as scaling its x (or y) positions by ``a``, so
-    every policy is a per-axis, per-pair factor between ``1 / s`` (interpolate) and 1 (extrapolate). Plain values,
-    not a ``ResolutionPolicy``, so that TorchScript compiles it.
+    every policy is a per-axis, per-pair factor between ``1 / s`` (interpolate) and 1 (extrapolate), ``s`` = grid /
+    training grid per axis; at the training grid every factor is exactly 1. Plain values, not a ``ResolutionPolicy``,
+    so that TorchScript compiles it.
+
+    Returns:
+        ``freqs`` ``[2, H, D/2]`` as they are (``extrapolate``, ``normalized``, no grid), else one set per grid
+        ``[1 or B, 2, H, D/2]``; the temperature ``[1 or B, 1, 1, 1]`` (``yarn``), else ``None``.
     """
-    # A shortcut at the training size (the scaling is the identity there), except in torch.export: comparing the
-    # grid would specialise the graph to that size and drop the scaling for every other size it serves.
-    exporting = False
-    if not torch.jit.is_scripting():
-        exporting = torch.compiler.is_exporting()
-    if policy in ("extrapolate", "normalized") or (not exporting and grid[0] == train_grid[0]
-                                                    and grid[1] == train_grid[1]):
-        return freqs, 1.0
-    # per axis (x, y): s = new size / training size; [2, 1, 1] to broadcast against [2, H, D/2]
-    s = torch.tensor([grid[1] / train_grid[1], grid[0] / train_grid[0]], device=freqs.device)[:, None, None]
-    factor = policy_factors(freqs, s, train_grid, policy, theta, head_dim, yarn_alpha, yarn_beta)
-    temperature = 1.0
+    if policy in ("extrapolate", "normalized") or grids is None or train_grid is None:
+        return freqs, None
+    train = torch.tensor([float(train_grid[1]), float(train_grid[0])], device=freqs.device)
+    scale = (grids.flip(-1).float().to(freqs.device) / train)[:, :, None, None]  # [1 or B, 2, 1, 1] (x, y)
+    factor = policy_factors(freqs, scale, train_grid, policy, theta, head_dim, yarn_alpha, yarn_beta)
+    temperature: Tensor | None = None
     if policy == "yarn" and yarn_temperature:
-        stretch = s.clamp(min=1.0)
-        temperature = 0.1 * math.log(math.sqrt(float(stretch[0]) * float(stretch[1]))) + 1.0  # logits * t ** 2
+        stretch = scale.clamp(min=1.0)
+        temperature = (0.1 * torch.log(torch.sqrt(stretch[:, 0] * stretch[:, 1])) + 1.0)[:, None]  # [b, 1, 1, 1]
     return freqs * factor, temperature
 
 
@@ -143,8 +161,8 @@ def policy_factors(
     yarn_alpha: float = 0.5, yarn_beta: float = 2.0,
 ) -> Tensor:
     """The per-axis, per-pair factor on ``freqs`` ``[2, H, D/2]`` of the policies that depend on the grid
-    (``interpolate``, ``ntk``, ``yarn``), for the size ratios ``scale`` (new size / training size per axis (x, y),
-    ``[2, 1, 1]``, or ``[B, 2, 1, 1]`` for one grid per sample, as in NaFlex batches)."""
+    (``interpolate``, ``ntk``, ``yarn``), for the size ratios ``scale`` ``[B, 2, 1, 1]`` (new size / training size
+    per axis (x, y), one per grid)."""
     if policy == "interpolate":
         return 1.0 / scale
     scale = scale.clamp(min=1.0)  # ntk and yarn only ever compress, as in language models

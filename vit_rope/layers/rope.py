@@ -27,7 +27,7 @@ from timm.layers import register_notrace_module
 from torch import Tensor, nn
 
 from vit_rope.layers.capture import capturing
-from vit_rope.layers.dinov3_rope import check_normalize, dinov3_frequencies, dinov3_positions
+from vit_rope.layers.dinov3_rope import check_normalize, dinov3_frequencies
 from vit_rope.layers.frequencies import (
     MIXED_INITS,
     axial_frequencies,
@@ -37,8 +37,8 @@ from vit_rope.layers.frequencies import (
     mixed_frequencies,
     rotated_pairs,
 )
-from vit_rope.layers.naflex import Lattice, gather_rows, sample_frequencies
-from vit_rope.layers.policies import ResolutionPolicy, check_policy, scale_frequencies, transform_positions
+from vit_rope.layers.naflex import Lattice, gather_rows
+from vit_rope.layers.policies import ResolutionPolicy, check_policy, place_positions, policy_frequencies
 from vit_rope.layers.rotary import apply_rope, grid_positions, grid_tables, learned_tables, rope_angles, rope_tables
 
 KINDS = ("axial", "mixed", "golden", "dinov3")
@@ -73,12 +73,37 @@ def check_theta(theta: float) -> float:
     return theta
 
 
-# FX (torchvision's create_feature_extractor, timm's FX feature wrapper): these take the grid size, which symbolic
-# tracing only knows as a proxy, so the trace records them as calls that run with the real sizes. timm's tracer
-# also keeps RoPE2D whole (register_notrace_module).
-for _name in ("grid_positions", "dinov3_positions", "rope_angles", "rope_tables", "transform_positions",
-              "scale_frequencies"):
-    torch.fx.wrap(_name)
+def policy_tables(positions: Tensor, freqs: Tensor, grids: Tensor | None, num_prefix_tokens: int,
+                  train_grid: tuple[int, int] | None, policy: str, theta: float, head_dim: int, yarn_alpha: float,
+                  yarn_beta: float, yarn_temperature: bool) -> tuple[Tensor, Tensor]:
+    """``RoPE2D``'s tables: the frequencies ``[2, H, D/2]`` as the policy (its name and fields) scales them on the
+    grids ``grids``, then ``(cos, sin)`` of ``positions`` with ``num_prefix_tokens`` identity rows in front and the
+    policy's attention temperature. One function for an image batch's grid and a NaFlex batch's grids.
+
+    Eager: ``learned_tables`` (a cheaper backward for learned frequencies). Graph captures: the plain functions,
+    which compilers fuse; FX records this function as one call (wrapped below), since it branches on shapes."""
+    freqs, temperature = policy_frequencies(freqs, grids, train_grid, policy, theta, head_dim, yarn_alpha, yarn_beta,
+                                            yarn_temperature)
+    if freqs.dim() == 4 and freqs.shape[0] == 1:  # one grid for the batch: the shared frequencies' cheaper paths
+        freqs = freqs[0]
+    if torch.jit.is_scripting():
+        cos, sin = rope_tables(rope_angles(positions, freqs), num_prefix_tokens)
+    elif capturing(freqs):
+        cos, sin = rope_tables(rope_angles(positions, freqs), num_prefix_tokens)
+    else:
+        cos, sin = learned_tables(positions, freqs, num_prefix_tokens)
+    if temperature is not None:  # prefix rows too: every logit scales by temperature ** 2
+        if cos.dim() == 3:
+            temperature = temperature[0]
+        cos, sin = cos * temperature, sin * temperature
+    return cos, sin
+
+
+# FX (torchvision's create_feature_extractor, timm's FX feature wrapper): placing positions and building tables
+# branch on shapes, which symbolic tracing only knows as proxies, so the trace records each as a call that runs with
+# the real tensors. timm's tracer also keeps RoPE2D whole (register_notrace_module).
+torch.fx.wrap("place_positions")
+torch.fx.wrap("policy_tables")
 
 
 @register_notrace_module
@@ -129,13 +154,13 @@ class RoPE2D(nn.Module):
         super().__init__()
         self.kind = check_kind(kind)
         if kind == "dinov3" and offset:
-            raise ValueError(f"offset={offset} shifts integer patch positions; DINOv3's RoPE (rope_kind='dinov3') "
+            raise ValueError(f"offset={offset} shifts integer patch positions; DINOv3's RoPE (encoding='dinov3') "
                              "places patch centres in [-1, 1] itself: leave the offset at 0.")
         self.offset = float(offset)
         if kind != "dinov3" and (min_period is not None or max_period is not None or normalize != "separate"):
             raise ValueError(
                 f"min_period={min_period}, max_period={max_period} and normalize={normalize!r} set DINOv3's RoPE "
-                f"(rope_kind='dinov3') and do nothing for {kind!r}: leave them unset, or use a *_dinov3 model."
+                f"(encoding='dinov3') and do nothing for {kind!r}: leave them unset, or use a *_dinov3 model."
             )
         self.head_dim = check_head_dim(head_dim)
         self.num_heads = num_heads
@@ -183,82 +208,49 @@ class RoPE2D(nn.Module):
         with torch.no_grad():
             self.freqs.copy_(self._initial_frequencies())
 
-    def grid_positions(self, height: int, width: int, device: torch.device | None = None) -> Tensor:
-        """Positions ``[N, 2]`` of an ``height x width`` patch grid as this module's policy places them."""
-        if self.kind == "dinov3":  # normalised by the grid itself, or by the training grid (its patch step)
-            train_grid = self.train_grid
-            reference = (height, width) if self.policy_name == "normalized" or train_grid is None else train_grid
-            return dinov3_positions(height, width, reference, self.normalize, device)
-        positions = grid_positions(height, width, device=device) + self.offset  # [N, 2]
-        return transform_positions(positions, (height, width), self.policy_name)
+    def place(self, coord: Tensor, grids: Tensor) -> Tensor:
+        """Positions ``[..., N, 2]`` (x, y) of the patches at ``coord`` ``[..., N, 2]`` (y, x) of the grids ``grids``
+        ``[1 or B, 2]`` (h, w), as this module's kind, offset and policy place them (``policies.place_positions``)."""
+        return place_positions(coord, grids, self.kind, self.policy_name, self.train_grid, self.normalize, self.offset)
 
-    def forward(
-        self, positions: Tensor | None, num_prefix_tokens: int = 0, grid: tuple[int, int] | None = None
-    ) -> tuple[Tensor, Tensor]:
-        """Tables for ``positions`` (``[N, 2]`` or ``[B, N, 2]``), broadcasting against ``[B, nh, P + N, D/2]``.
+    def forward(self, positions: Tensor, num_prefix_tokens: int = 0, grids: Tensor | None = None
+                ) -> tuple[Tensor, Tensor]:
+        """Tables for ``positions`` (``[N, 2]`` shared by the batch, or ``[B, N, 2]``) from ``place``.
 
         Args:
-            positions: float (x, y) per token; ``None`` for the plain ``grid`` (``grid_positions``).
+            positions: float (x, y) per patch token.
             num_prefix_tokens: identity rows in front, for the class and register tokens.
-            grid: the ``(h, w)`` patch grid the positions come from; with ``train_grid`` it lets the resolution
-                policy scale the frequencies. ``None`` uses them as they are.
+            grids: each sample's patch grid ``[1 or B, 2]`` (h, w), which the resolution policy scales against the
+                training grid; ``None`` uses the frequencies as they are.
 
         Returns:
-            ``(cos, sin)`` of shape ``[H, P + N, D/2]`` (or ``[B, H, P + N, D/2]``), ``H`` = 1 axial or num_heads mixed.
+            ``(cos, sin)`` of shape ``[H, P + N, D/2]`` (or ``[B, H, P + N, D/2]``), ``H`` = 1 axial or num_heads mixed,
+            broadcasting against ``[B, nh, P + N, D/2]``.
         """
-        if positions is None:
-            if grid is None:
-                raise ValueError("RoPE2D needs positions or the grid to place them on.")
-            positions = self.grid_positions(grid[0], grid[1], self.freqs.device)
-        freqs, temperature = self.frequencies(grid)
-        if not torch.jit.is_scripting():
-            return self._tables(positions, freqs, num_prefix_tokens, temperature)
-        return rope_tables(rope_angles(positions, freqs), num_prefix_tokens, temperature)
+        return policy_tables(positions, self.pair_frequencies(), grids, num_prefix_tokens, self.train_grid,
+                             self.policy_name, self.theta, self.head_dim, self.yarn_alpha, self.yarn_beta,
+                             self.yarn_temperature)
 
     @torch.jit.unused
-    def _tables(self, positions: Tensor, freqs: Tensor, num_prefix_tokens: int, temperature: float
-                ) -> tuple[Tensor, Tensor]:
-        """Eager: ``learned_tables`` (a cheaper backward for learned frequencies). Graph captures: the plain
-        functions, which FX records as calls (wrapped above; a traced model then scripts) and compilers fuse."""
-        if capturing(freqs):
-            return rope_tables(rope_angles(positions, freqs), num_prefix_tokens, temperature)
-        return learned_tables(positions, freqs, num_prefix_tokens, temperature)
+    def lattice_tables(self, lattice: Lattice) -> tuple[Tensor, Tensor]:
+        """Tables ``[B, H, P + N, D/2]`` of a NaFlex batch whose positions are its patch coordinates, under a policy
+        that keeps the frequencies and the integer positions (``extrapolate``, kinds other than DINOv3's): a
+        position's table is then the same in every sample, so the tables of the batch's bounding grid are built once
+        (in inference from one table per axis, ``grid_tables``) and each token's row gathered (``lattice``)."""
+        height, width = lattice.grid
+        cells = grid_positions(height, width, device=self.rotated.device) + self.offset  # [h * w, 2] (x, y)
+        freqs = self.pair_frequencies()
+        if torch.is_grad_enabled() and freqs.requires_grad:  # learned_tables: a backward cheaper than the axes'
+            cos, sin = learned_tables(cells, freqs, 1)
+        else:  # the first row's x and the first column's y
+            cos, sin = grid_tables(cells[:width, 0], cells[::width, 1], freqs, 1)  # [H, 1 + h * w, D/2]
+        return gather_rows(cos, lattice.rows), gather_rows(sin, lattice.rows)
 
-    @torch.jit.unused
-    def sample_tables(self, positions: Tensor, num_prefix_tokens: int, grid: Tensor, lattice: Lattice | None = None
-                      ) -> tuple[Tensor, Tensor]:
-        """Tables ``[B, H, P + N, D/2]`` for a NaFlex batch: ``positions`` ``[B, N, 2]`` from
-        ``vit_rope.layers.naflex.coord_positions``, the policy applied to each sample's grid ``[B, 2]`` (h, w).
-
-        ``lattice`` (``vit_rope.layers.naflex.lattice``) says that the positions are the patch coordinates themselves
-        (no augmentation, no dropout). Where the policy keeps the frequencies and integer positions (``extrapolate``,
-        kinds other than DINOv3's), a position's table is then the same in every sample: the tables of the batch's
-        bounding grid are built once (in inference from one table per axis, ``grid_tables``) and each token's row
-        gathered."""
-        if lattice is not None and self.kind != "dinov3" and self.policy_name == "extrapolate":
-            width = lattice.grid[1]
-            cells = self.grid_positions(*lattice.grid, positions.device)  # [h * w, 2] (x, y), offset included
-            freqs = self.pair_frequencies()
-            if torch.is_grad_enabled() and freqs.requires_grad:  # learned_tables: a backward cheaper than the axes'
-                cos, sin = self._tables(cells, freqs, 1, 1.0)
-            else:  # the first row's x and the first column's y
-                cos, sin = grid_tables(cells[:width, 0], cells[::width, 1], freqs, 1)  # [H, 1 + h * w, D/2]
-            return gather_rows(cos, lattice.rows), gather_rows(sin, lattice.rows)
-        freqs, temperature = sample_frequencies(self.pair_frequencies(), grid, self.train_grid, self.policy_name,
-                                                self.theta, self.head_dim, self.yarn_alpha, self.yarn_beta,
-                                                self.yarn_temperature)
-        cos, sin = self._tables(positions, freqs, num_prefix_tokens, 1.0)
-        if temperature is not None:  # prefix rows too, as rope_tables pads them with the temperature
-            cos, sin = cos * temperature, sin * temperature
-        return cos, sin
-
-    def frequencies(self, grid: tuple[int, int] | None = None) -> tuple[Tensor, float]:
-        """Frequencies ``[2, H, D/2]`` and attention temperature that the policy gives on ``grid`` (``None``: as is)."""
-        train_grid = self.train_grid
-        if grid is None or train_grid is None:
-            return self.pair_frequencies(), 1.0
-        return scale_frequencies(self.pair_frequencies(), grid, train_grid, self.policy_name, self.theta, self.head_dim,
-                                 self.yarn_alpha, self.yarn_beta, self.yarn_temperature)
+    def frequencies(self, grids: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
+        """Frequencies and attention temperature that the policy gives on the grids ``grids`` ``[1 or B, 2]``
+        (``policies.policy_frequencies``; ``None``: as they are)."""
+        return policy_frequencies(self.pair_frequencies(), grids, self.train_grid, self.policy_name, self.theta,
+                                  self.head_dim, self.yarn_alpha, self.yarn_beta, self.yarn_temperature)
 
     def pair_frequencies(self) -> Tensor:
         """The frequencies ``[2, H, D/2]`` in use: p-RoPE's unrotated pairs at 0."""

@@ -90,9 +90,9 @@ def grid_tables(xs: Tensor, ys: Tensor, freqs: Tensor, num_prefix_tokens: int = 
     in row-major order, from the tables of each axis: ``h + w`` sines and cosines instead of ``h * w``.
 
     The angle is a sum, ``x * wx + y * wy``, so ``cos = cos_x cos_y - sin_x sin_y`` and ``sin = sin_x cos_y +
-    cos_x sin_y``: four products over the grid replace the transcendental functions, which cost some 30 times a
-    product on CPU. Equal to the direct tables up to rounding (each axis angle is smaller than their sum, so its
-    rounding is no larger).
+    cos_x sin_y``: four products over the grid replace the transcendental functions, which cost several products
+    each on CPU (docs/performance.md, "How the rotation is computed"). Equal to the direct tables up to rounding
+    (each axis angle is smaller than their sum, so its rounding is no larger).
 
     Args:
         xs: ``[w]`` x positions of the grid's columns.

@@ -3,7 +3,7 @@
 DINOv3's ViTs are timm ``VisionTransformer`` blocks with a class token, 4 register ("storage") tokens, LayerScale,
 no position embedding, a LayerNorm of eps 1e-5, optionally no qkv bias and SwiGLU MLPs, and DINOv3's RoPE
 (``vit_rope.layers.dinov3_rope``). timm ports them in ``eva.py``; here they are ``RoPEVisionTransformer`` with
-``rope_kind="dinov3"``, so every tool of the package (fused rotation, Triton kernels, policies, export, evaluation)
+``encoding="dinov3"``, so every tool of the package (fused rotation, Triton kernels, policies, export, evaluation)
 reaches them. Weights load from timm's ``Eva`` state dicts and from Meta's original checkpoints:
 
 - timm: ``attn.q_bias`` and ``attn.v_bias`` -> one qkv bias with a zero key bias (DINOv3 trains none); its
@@ -66,7 +66,7 @@ def model_args(size: str, qkv_bias: bool) -> dict[str, Any]:
         global_pool="avg",  # timm's default for its port; DINOv3 itself reads the class token (global_pool="token")
         fc_norm=False,
         norm_layer=partial(LayerNorm, eps=1e-5),
-        rope_kind="dinov3",
+        encoding="dinov3",
         **({"mlp_layer": partial(SwiGLU, align_to=8), "act_layer": nn.SiLU} if swiglu else {}),
         **arch,
     )

@@ -1,159 +1,243 @@
-"""The position encoding of a vit_rope model: which kind, the modules that hold it, and what each block gets.
+"""The position encoding of a vit_rope model: which kinds there are, how each is built, and the model's side of it.
 
-One concept for every kind the models offer, so that the ViT class (``vit_rope.models.vit``) only runs blocks:
+Every kind is a ``PositionEncoding`` (``vit_rope.layers.encoding``), built here from the model's arguments:
 
-- RoPE (``vit_rope.layers.rope``): ``axial`` and ``golden`` (fixed frequencies, one ``RoPE2D`` for all blocks, its
-  tables built once per forward), ``mixed`` (RoPE-ViT, Heo et al. ECCV 2024: learned frequencies, one ``RoPE2D`` per
-  block), ``dinov3`` (DINOv3's normalised coordinates);
-- ``string`` (Cayley-STRING, Schenck et al. ICML 2025: ``vit_rope.layers.string``): a learned orthogonal basis per
-  layer and head, held by each block's attention, over one of the RoPE kinds above;
+- RoPE (``vit_rope.layers.rope``, ``RotaryEncoding``): ``axial`` and ``golden`` (fixed frequencies, one ``RoPE2D``
+  for all blocks), ``mixed`` (RoPE-ViT, Heo et al. ECCV 2024: learned frequencies, one ``RoPE2D`` per block),
+  ``dinov3`` (DINOv3's normalised coordinates);
+- ``string`` (Cayley-STRING, Schenck et al. ICML 2025: ``vit_rope.layers.cayley_string``): a learned orthogonal basis
+  per layer and head, held by each block's attention, over one of the RoPE kinds above;
 - attention biases instead of a rotation, ``lookhere`` (Fuller et al. NeurIPS 2024) and ``alibi`` (2D-ALiBi, CROMA,
-  NeurIPS 2023): one ``AttnBias`` for all blocks, which caches its tables per grid (``vit_rope.layers.attn_bias``).
+  NeurIPS 2023): one ``AttnBias`` for all blocks, which caches its tables per grid (``vit_rope.layers.attn_bias``);
+- ``none``: no position encoding (``NoEncoding``), the control of the encodings study.
 
-Every kind lives at the model's ``rope`` attribute (a module, or a ``ModuleList`` of one per block), the state-dict
-keys that checkpoints carry.
+A rotation lives at the model's ``rope`` attribute (the state-dict keys ``rope.<block>.freqs`` that RoPE-ViT's and
+timm's checkpoints carry); any other kind at ``pos_encoding``; ``model.pos_encoding`` names the model's encoding
+whatever its kind. A new kind is one ``PositionEncoding`` subclass and one entry of ``BUILDERS``.
 """
 
 from __future__ import annotations
 
 import inspect
-from collections.abc import Iterator
-from itertools import repeat
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch import Tensor, nn
+from torch import nn
 
 from vit_rope.layers.attn_bias import BIAS_KINDS, AttnBias
-from vit_rope.layers.naflex import Lattice
-from vit_rope.layers.policies import CoordAugment, ResolutionPolicy, augment_positions
+from vit_rope.layers.cayley_string import CayleyString
+from vit_rope.layers.encoding import NoEncoding, PositionEncoding
+from vit_rope.layers.policies import CoordAugment, ResolutionPolicy
+from vit_rope.layers.rope import KINDS as ROPE_KINDS
 from vit_rope.layers.rope import RoPE2D, check_head_dim, check_kind
-from vit_rope.layers.string import CayleyString
-
-# RoPE2D's arguments -> the model arguments that set them
-ROPE_ARGS = {"theta": "rope_theta", "min_period": "rope_min_period", "max_period": "rope_max_period",
-             "normalize": "rope_normalize_coords", "fraction": "rope_fraction", "init": "rope_mixed_init",
-             "offset": "rope_grid_offset"}
+from vit_rope.layers.rope_encoding import RotaryEncoding
 
 
-def check_encoding(rope_kind: str, rope_string_base: str | None, embed_dim: int, num_heads: int) -> str | None:
+@dataclass(frozen=True)
+class EncodingSpec:
+    """What every kind is built from: the model's shape, its training grid, the policy and the kind's options.
+
+    Attributes:
+        kind: the encoding (``KINDS``); ``base`` is the RoPE kind that builds the tables (STRING's base kind).
+        depth: blocks; num_heads: attention heads; head_dim: channels per head.
+        train_grid: the patch grid of training, or ``ref_grid`` where policies scale against another.
+        policy: the resolution policy (``None``: the kind's own).
+        rope_options: the RoPE options given (``RoPE2D``'s arguments, and ``ref_grid``), each with the model argument
+            that gave it: ``{"theta": ("rope_theta", 1e4)}``.
+        lh_config: LookHere's configuration, or ``None``.
+    """
+
+    kind: str
+    base: str | None
+    depth: int
+    num_heads: int
+    head_dim: int
+    train_grid: tuple[int, int]
+    policy: str | dict | ResolutionPolicy | None
+    rope_options: dict[str, tuple[str, Any]]
+    lh_config: str | dict | None
+
+
+def _rotary(spec: EncodingSpec) -> PositionEncoding:
+    if spec.lh_config is not None:
+        raise ValueError(f"lh_config sets LookHere (encoding='lookhere') and does nothing for {spec.kind!r}.")
+    options = {name: value for name, (_, value) in spec.rope_options.items() if name != "ref_grid"}
+    return RotaryEncoding(spec.depth, spec.base == "mixed", head_dim=spec.head_dim, num_heads=spec.num_heads,
+                          kind=spec.base, train_grid=spec.train_grid, policy=spec.policy, **options)
+
+
+def _no_rope_options(spec: EncodingSpec) -> None:
+    """Refuse RoPE options given to a kind without RoPE; a value that is RoPE2D's own default changes nothing."""
+    defaults = inspect.signature(RoPE2D).parameters
+    given = ", ".join(f"{argument}={value!r}" for name, (argument, value) in spec.rope_options.items()
+                      if name not in defaults or value != defaults[name].default)
+    if given:
+        raise ValueError(f"{given} configure RoPE; the {spec.kind} encoding has no RoPE and would ignore them: "
+                         "leave them unset.")
+
+
+def _bias(spec: EncodingSpec) -> PositionEncoding:
+    _no_rope_options(spec)
+    return AttnBias(spec.kind, spec.num_heads, spec.depth, spec.train_grid, spec.policy, spec.lh_config)
+
+
+def _none(spec: EncodingSpec) -> PositionEncoding:
+    _no_rope_options(spec)
+    if spec.lh_config is not None:
+        raise ValueError("lh_config sets LookHere (encoding='lookhere') and does nothing without an encoding.")
+    return NoEncoding(spec.depth, spec.train_grid)
+
+
+# kind -> builder of its PositionEncoding: a new kind is one entry here and its class
+BUILDERS: dict[str, Callable[[EncodingSpec], PositionEncoding]] = {
+    **dict.fromkeys((*ROPE_KINDS, "string"), _rotary), **dict.fromkeys(BIAS_KINDS, _bias), "none": _none,
+}
+KINDS = tuple(BUILDERS)
+
+
+def check_encoding(kind: str, rope_string_base: str | None, embed_dim: int, num_heads: int) -> str | None:
     """The RoPE kind that builds the tables (``rope_string_base`` under ``string``, ``axial`` if unset), or ``None``
-    for a bias kind; raises ``ValueError`` for an unknown kind, a ``rope_string_base`` without ``string``, or a width
-    that the kind cannot split into heads and pairs."""
+    for a kind without RoPE; raises ``ValueError`` for an unknown kind, a ``rope_string_base`` without ``string``, or a
+    width that the kind cannot split into heads and pairs."""
     if embed_dim % num_heads:
         raise ValueError(f"embed_dim={embed_dim} must be divisible by num_heads={num_heads}.")
-    if rope_string_base is not None and rope_kind != "string":
+    if rope_string_base is not None and kind != "string":
         raise ValueError(f"rope_string_base={rope_string_base!r} names the RoPE under Cayley-STRING "
-                         f"(rope_kind='string'); rope_kind={rope_kind!r} would ignore it: leave it unset.")
-    if rope_kind in BIAS_KINDS:
+                         f"(encoding='string'); encoding={kind!r} would ignore it: leave it unset.")
+    if kind not in KINDS:
+        raise ValueError(f"Unknown position encoding {kind!r}: choose one of {', '.join(KINDS)}.")
+    if BUILDERS[kind] is not _rotary:
         return None
-    if rope_kind == "string":
-        base_kind = check_kind(rope_string_base or "axial", what="rope_string_base (the RoPE under Cayley-STRING)")
+    if kind == "string":
+        base = check_kind(rope_string_base or "axial", what="rope_string_base (the RoPE under Cayley-STRING)")
     else:
-        base_kind = check_kind(rope_kind, models=True)
+        base = check_kind(kind)
     check_head_dim(embed_dim // num_heads)
-    return base_kind
+    return base
 
 
-def check_no_rope_args(rope_kind: str, ref_grid: tuple[int, int] | None, rope_args: dict[str, Any]) -> None:
-    """Raise a ``ValueError`` naming the model arguments that configure RoPE (``rope_args``: ``RoPE2D``'s, away from
-    its defaults; ``rope_ref_grid``) given to a model of the attention bias ``rope_kind``, which would ignore them."""
-    defaults = inspect.signature(RoPE2D).parameters
-    given = [f"{ROPE_ARGS[name]}={value!r}" for name, value in rope_args.items() if value != defaults[name].default]
-    given += [f"rope_ref_grid={ref_grid}"] if ref_grid is not None else []
-    if given:
-        raise ValueError(f"{', '.join(given)} configure RoPE; the {rope_kind} bias has no RoPE and would ignore "
-                         "them: leave them unset.")
+def renamed(name: str, value: Any, old_name: str, old_value: Any) -> Any:
+    """The value of the model argument ``name``, or of its deprecated name ``old_name`` (with a warning), which wins
+    when both are given: the registered models give ``name``, and a config written before the rename the old one."""
+    if old_value is None:
+        return value
+    warnings.warn(f"{old_name} is deprecated: use {name} (it names every position encoding, attention biases "
+                  "included).", FutureWarning, stacklevel=4)
+    return old_value
 
 
 def policy_kind(model: nn.Module) -> str | None:
     """The kind whose resolution policies apply to ``model`` (``layers.policies.kind_policies``): its RoPE table's
     kind (STRING's base kind for a STRING model), its attention-bias kind, or ``None`` for a model with neither
-    (timm's ViTs, CNNs)."""
-    return getattr(model, "rope_string_base", None) or getattr(model, "rope_kind", None)
+    (timm's ViTs, CNNs, no encoding)."""
+    kind = getattr(model, "rope_string_base", None) or getattr(model, "encoding_kind", None)
+    return None if kind == "none" else kind
 
 
 class PositionEncodingMixin:
     """The position-encoding half of ``RoPEVisionTransformer``: built by ``_init_encoding`` after timm's
-    ``VisionTransformer.__init__`` (it needs the blocks and the patch grid), then asked once per forward for every
-    block's encoding (``_encodings``)."""
+    ``VisionTransformer.__init__`` (it needs the blocks and the patch grid)."""
 
-    __jit_unused_properties__ = ["rope_policy"]
-    # rope_per_block: one RoPE2D per block (mixed) or one for all (fixed frequencies). A constant, so that TorchScript
-    # compiles only the branch that applies: its isinstance on RoPE2D takes the type of the first RoPE2D it scripted
-    # in the process, so after a mixed model's (a parameter) an axial model's (a buffer) no longer counted as RoPE2D.
-    __constants__ = ["rope_per_block"]
+    __jit_unused_properties__ = ["resolution_policy", "rope_policy", "rope_kind"]
+    # constants, so that TorchScript compiles only the branch that applies: its isinstance on RoPE2D takes the type of
+    # the first RoPE2D it scripted in the process, so after a mixed model's (a parameter) an axial model's (a buffer)
+    # no longer counted as RoPE2D
+    __constants__ = ["rope_per_block", "rotary"]
 
-    def _init_encoding(self, rope_kind: str, base_kind: str | None, num_heads: int,
-                       rope_coord_aug: dict | CoordAugment | None, lh_config: str | dict | None,
-                       policy: str | dict | ResolutionPolicy | None, ref_grid: tuple[int, int] | None = None,
-                       **rope_args: Any) -> None:
-        """Build the encoding of ``rope_kind`` (``base_kind`` from ``check_encoding``); ``rope_args`` are
-        ``RoPE2D``'s (theta, periods, normalisation, fraction, init, offset).
+    def _init_encoding(self, kind: str, base: str | None, num_heads: int, coord_aug: dict | CoordAugment | None,
+                       lh_config: str | dict | None, policy: str | dict | ResolutionPolicy | None,
+                       rope_options: dict[str, tuple[str, Any]]) -> None:
+        """Build the encoding of ``kind`` (``base`` from ``check_encoding``) from the given RoPE options
+        (``EncodingSpec.rope_options``).
 
-        ``ref_grid``: the grid RoPE's policies scale against instead of the patch grid (timm ``Eva``'s
+        ``ref_grid``: the grid the policies scale against instead of the patch grid (timm ``Eva``'s
         ``ref_feat_shape``: EVA-02 at 336 px still places its 24x24 patches on the 16x16 grid it was trained on, which
         is the ``interpolate`` policy against ``ref_grid``). The APE keeps resampling from the patch grid."""
         head_dim = self.embed_dim // num_heads
-        self.rope_kind = rope_kind
-        self.coord_aug = rope_coord_aug if isinstance(rope_coord_aug, CoordAugment) else CoordAugment(
-            **(rope_coord_aug or {})
-        )
-        self.rope_string_base = base_kind if rope_kind == "string" else None
-        if rope_kind == "string":  # P = I at creation: the base kind exactly
+        self.encoding_kind = kind
+        self.coord_aug = coord_aug if isinstance(coord_aug, CoordAugment) else CoordAugment(**(coord_aug or {}))
+        self.rope_string_base = base if kind == "string" else None
+        if kind == "string":  # P = I at creation: the base kind exactly
             if any(blk.attn.num_kv_heads != num_heads for blk in self.blocks):
-                raise ValueError("Cayley-STRING (rope_kind='string') folds into [3, nh, D] q/k/v rows; grouped-query "
-                                 "attention (num_kv_heads) has fewer: use another rope_kind or leave num_kv_heads "
+                raise ValueError("Cayley-STRING (encoding='string') folds into [3, nh, D] q/k/v rows; grouped-query "
+                                 "attention (num_kv_heads) has fewer: use another encoding or leave num_kv_heads "
                                  "unset.")
             for blk in self.blocks:
                 blk.attn.string = CayleyString(num_heads, head_dim)
-        self.rope_per_block = base_kind == "mixed"  # learned frequencies: one module per block
-        train_grid = self.patch_embed.grid_size
-        if base_kind is None:
-            check_no_rope_args(rope_kind, ref_grid, rope_args)
-            self.rope = AttnBias(rope_kind, num_heads, len(self.blocks), train_grid, policy, lh_config)
-            return
-        if lh_config is not None:
-            raise ValueError(f"lh_config sets LookHere (rope_kind='lookhere') and does nothing for {rope_kind!r}.")
-        train_grid = train_grid if ref_grid is None else (int(ref_grid[0]), int(ref_grid[1]))
-        rope_args.update(head_dim=head_dim, num_heads=num_heads, kind=base_kind, train_grid=train_grid, policy=policy)
-        self.rope: nn.Module = (nn.ModuleList(RoPE2D(**rope_args) for _ in self.blocks) if self.rope_per_block
-                                else RoPE2D(**rope_args))
+        ref_grid = rope_options.get("ref_grid", (None, None))[1]
+        train_grid = tuple(self.patch_embed.grid_size) if ref_grid is None else (int(ref_grid[0]), int(ref_grid[1]))
+        spec = EncodingSpec(kind, base, len(self.blocks), num_heads, head_dim, train_grid, policy, rope_options,
+                            lh_config)
+        encoding = BUILDERS[kind](spec)
+        self.rotary = isinstance(encoding, RotaryEncoding)
+        self.rope_per_block = self.rotary and encoding.per_block
+        if self.rotary:
+            self.rope = encoding  # RoPE-ViT's and timm's state-dict keys: rope.<block>.freqs
+        else:
+            self.pos_encoding = encoding
+
+    def __getattr__(self, name: str) -> Any:
+        """``pos_encoding`` of a RoPE model is its ``rope``; ``rope`` of a model without RoPE is the deprecated name
+        of its ``pos_encoding``."""
+        modules = self.__dict__.get("_modules", {})
+        if name == "pos_encoding" and "rope" in modules:
+            return modules["rope"]
+        if name == "rope" and "pos_encoding" in modules:
+            warnings.warn("model.rope of a model without RoPE is deprecated: use model.pos_encoding.", FutureWarning,
+                          stacklevel=2)
+            return modules["pos_encoding"]
+        return super().__getattr__(name)
+
+    @property
+    def rope_kind(self) -> str:
+        """Deprecated name of ``encoding_kind``."""
+        warnings.warn("model.rope_kind is deprecated: use model.encoding_kind.", FutureWarning, stacklevel=2)
+        return self.encoding_kind
+
+    @property
+    def resolution_policy(self) -> ResolutionPolicy:
+        return self.pos_encoding.policy
 
     @property
     def rope_policy(self) -> ResolutionPolicy:
-        return self.rope_modules()[0].policy
+        """Deprecated name of ``resolution_policy``."""
+        warnings.warn("model.rope_policy is deprecated: use model.resolution_policy.", FutureWarning, stacklevel=2)
+        return self.resolution_policy
 
-    def set_rope_policy(self, policy: str | dict | ResolutionPolicy | None, **options: Any) -> None:
-        """Choose how RoPE follows input sizes other than the training one (see ``vit_rope.layers.policies``); ``None``
-        restores the default (``extrapolate``, DINOv3's ``normalized``), as ``rope_policy=None`` at creation.
+    def set_resolution_policy(self, policy: str | dict | ResolutionPolicy | None, **options: Any) -> None:
+        """Choose how positions follow input sizes other than the training one (see ``vit_rope.layers.policies``);
+        ``None`` restores the default (``extrapolate``, DINOv3's ``normalized``), as ``policy=None`` at creation.
 
-        Example: ``model.set_rope_policy("yarn", yarn_beta=4.0)``.
+        Example: ``model.set_resolution_policy("yarn", yarn_beta=4.0)``.
         """
         if isinstance(policy, str):
             policy = ResolutionPolicy.create(dict(name=policy, **options))
         elif options:
             raise ValueError(f"Policy options {sorted(options)} go with a policy name, as in "
-                             f"set_rope_policy('yarn', yarn_beta=4.0); got the policy {policy!r}.")
-        for rope in self.rope_modules():
-            rope.policy = policy
+                             f"set_resolution_policy('yarn', yarn_beta=4.0); got the policy {policy!r}.")
+        self.pos_encoding.policy = policy
 
-    def rope_modules(self) -> list[RoPE2D | AttnBias]:
-        """The RoPE2D modules: one shared (axial) or one per block (mixed); or the one ``AttnBias``."""
-        return list(self.rope) if self.rope_per_block else [self.rope]
+    def set_rope_policy(self, policy: str | dict | ResolutionPolicy | None, **options: Any) -> None:
+        """Deprecated name of ``set_resolution_policy``."""
+        warnings.warn("set_rope_policy is deprecated: use set_resolution_policy.", FutureWarning, stacklevel=2)
+        self.set_resolution_policy(policy, **options)
 
     def __prepare_scriptable__(self) -> PositionEncodingMixin:
         """``torch.jit.script`` calls this first: the bias models keep their tables in a Python cache, which TorchScript
         cannot compile, so they say so rather than fail deep in the compiler."""
-        if isinstance(self.rope, AttnBias):
-            raise RuntimeError(f"TorchScript does not support the {self.rope_kind} models (their bias tables live in a "
-                               "Python cache); export them with vit_rope.export (ONNX) or run them eagerly.")
+        if isinstance(self.pos_encoding, AttnBias):
+            raise RuntimeError(f"TorchScript does not support the {self.encoding_kind} models (their bias tables live "
+                               "in a Python cache); export them with vit_rope.export (ONNX) or run them eagerly.")
         return self
 
     @torch.jit.ignore
     def encoding_no_weight_decay(self) -> set[str]:
-        """The mixed frequencies (RoPE-ViT trains them without weight decay) and STRING's ``S``."""
-        nwd = {f"rope.{i}.freqs" for i in range(len(self.rope))} if self.rope_per_block else set()
+        """The encoding's (RoPE-ViT trains mixed frequencies without weight decay) and STRING's ``S``."""
+        prefix = "rope" if self.rotary else "pos_encoding"
+        nwd = {f"{prefix}.{name}" for name in self.pos_encoding.no_weight_decay()}
         return nwd | {f"{name}.skew" for name, module in self.named_modules() if isinstance(module, CayleyString)}
 
     @torch.jit.ignore
@@ -165,42 +249,3 @@ class PositionEncodingMixin:
             if blk.attn.string is not None:
                 blk.attn.string.fold_into_(blk.attn.qkv)
                 blk.attn.string = None
-
-    def _positions(self, x: Tensor, keep: Tensor | None, grid: tuple[int, int]) -> Tensor | None:
-        """Per-image positions ``[B, N, 2]`` under coordinate augmentation (training) and patch dropout, else
-        ``None`` (every image on the plain grid, which ``RoPE2D`` places itself)."""
-        augment = self.training and self.coord_aug.active
-        if not augment and keep is None:
-            return None
-        positions = self.rope_modules()[0].grid_positions(*grid, x.device)  # [N, 2]
-        if augment:
-            positions = augment_positions(positions, x.shape[0], self.coord_aug)  # [B, N, 2], one draw per image
-        if keep is not None:
-            positions = positions.expand(x.shape[0], -1, -1).gather(1, keep[..., None].expand(-1, -1, 2))  # [B, K, 2]
-        return positions
-
-    def _encodings(self, positions: Tensor | None, grid: tuple[int, int] | Tensor, valid: Tensor | None = None,
-                   lattice: Lattice | None = None) -> Iterator[dict[str, Any]]:
-        """Each block's position encoding, as keyword arguments of ``RoPEBlock``: ``rope`` tables (axial ones built
-        once and shared, mixed ones when their block needs them), or an attention ``bias`` and its ``bias_scale``.
-        A NaFlex batch (``grid`` ``[B, 2]``) gives per-sample tables, gathered from its ``lattice`` when there is one.
-
-        RoPE tables are not cached between calls: building one costs about 0.1% of a ViT-S forward on CPU
-        (``benchmarks/rope_kernel.py``, row ``build_tables``), and a cache would have to follow grad modes
-        (tables made under ``inference_mode`` cannot be saved for backward), policies, devices and dtypes, and be
-        bounded for servers that see many sizes. A bias table is ``N x N`` per head, which ``AttnBias`` caches for
-        plain grids on those keys.
-        """
-        P = self.num_prefix_tokens
-        naflex = isinstance(grid, Tensor)  # a NaFlex batch: one grid per sample
-        if isinstance(self.rope, AttnBias):
-            tables = self.rope.sample_tables(positions, P, grid, valid) if naflex else self.rope(positions, P, grid)
-            # indexed, not iterated: FX records the tables as one call whose items it can index but not unpack
-            scales = self.rope.scales
-            return ({"bias": tables[i], "bias_scale": scale} if scale else {} for i, scale in enumerate(scales))
-
-        def tables(rope: RoPE2D) -> tuple[Tensor, Tensor]:
-            return rope.sample_tables(positions, P, grid, lattice) if naflex else rope(positions, P, grid)
-
-        ropes = map(tables, self.rope) if self.rope_per_block else repeat(tables(self.rope))
-        return ({"rope": rope} for rope in ropes)

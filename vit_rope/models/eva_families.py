@@ -28,8 +28,8 @@ def _arch(size: str, img_size: int, patch_size: int, **kwargs: Any) -> dict[str,
 
 
 # EVA-02: cat RoPE with 'ij' indexing on the 16x16 reference grid, class token and its APE row, no LayerScale
-_EVA02 = dict(class_token=True, qkv_bias=True, pos_embed="learn", no_embed_class=False, rope_kind="axial",
-              rope_theta=1e4, rope_ref_grid=(16, 16), rope_policy="interpolate", qk_layout="eva_ij",
+_EVA02 = dict(class_token=True, qkv_bias=True, pos_embed="learn", no_embed_class=False, encoding="axial",
+              rope_theta=1e4, rope_ref_grid=(16, 16), resolution_policy="interpolate", qk_layout="eva_ij",
               act_layer=nn.SiLU, mlp_ratio=4 * 2 / 3, global_pool="avg")
 _PACKED = dict(_EVA02, mlp_layer=PackedSwiGLU)  # tiny, small: GluMlp with the gate first
 _SWIGLU = dict(_EVA02, mlp_layer=SwiGLU, scale_mlp_norm=True)  # base, large: SwiGLU with its norm
@@ -50,8 +50,8 @@ EVA02: dict[str, dict[str, Any]] = {
 
 # Perception Encoder: cat RoPE with 'xy' indexing (our layout), patches at 1..n (class token at 0), a norm before
 # the blocks, LayerNorm eps 1e-5; core models pool with an 8-head attention pool over every token, class included
-_PE = dict(class_token=True, qkv_bias=True, pre_norm=True, pos_embed="learn", no_embed_class=False, rope_kind="axial",
-           rope_theta=1e4, rope_grid_offset=1.0, rope_policy="interpolate", qk_layout="eva_xy",
+_PE = dict(class_token=True, qkv_bias=True, pre_norm=True, pos_embed="learn", no_embed_class=False, encoding="axial",
+           rope_theta=1e4, rope_grid_offset=1.0, resolution_policy="interpolate", qk_layout="eva_xy",
            norm_layer=partial(LayerNorm, eps=1e-5))
 _CORE = dict(_PE, global_pool="map", attn_pool_num_heads=8, attn_pool_mlp_ratio=4.0, pool_include_prefix=True)
 _DENSE = dict(_PE, global_pool="avg", final_norm=False, fc_norm=False)  # lang, spatial: raw tokens
@@ -77,7 +77,7 @@ PERCEPTION_ENCODER: dict[str, dict[str, Any]] = {
 # timm's SBB RoPE ViTs: no class token, registers, no APE, LayerScale, average pool and fc_norm; 'ij' cat RoPE whose
 # reference grid is the native one
 _SBB = dict(class_token=False, pos_embed="none", init_values=1e-5, global_pool="avg",
-            rope_kind="axial", rope_theta=1e4, rope_ref_grid=(16, 16), rope_policy="interpolate",
+            encoding="axial", rope_theta=1e4, rope_ref_grid=(16, 16), resolution_policy="interpolate",
             qk_layout="eva_ij")
 SBB: dict[str, dict[str, Any]] = {
     f"vit_{size}_patch16_rope_reg{regs}_gap_256": _arch(size, 256, 16, **_SBB, reg_tokens=regs,
@@ -90,7 +90,7 @@ SBB: dict[str, dict[str, Any]] = {
 # first and last 8 blocks
 _SAPIENS2 = dict(img_size=(1024, 768), patch_size=16, class_token=True, reg_tokens=8, pos_embed="none", qkv_bias=True,
                  qk_norm=True, norm_layer=partial(RmsNorm, eps=1e-6), mlp_layer=PackedSwiGLU, mlp_ratio=4.0,
-                 init_values=1.0, layer_scale="attn", global_pool="token", rope_kind="dinov3", rope_theta=100.0,
+                 init_values=1.0, layer_scale="attn", global_pool="token", encoding="dinov3", rope_theta=100.0,
                  rope_coord_aug=dict(rescale=2.0, per_image=False), qk_layout="rotate_half")
 
 

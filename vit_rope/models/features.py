@@ -43,7 +43,7 @@ class FeatureMixin:
         take_indices, max_index = feature_take_indices(len(self.blocks), indices)
         blocks = self.blocks[: max_index + 1] if stop_early else self.blocks
         batch = naflex_batch(x, patch_coord, patch_valid, attn_mask)
-        x, intermediates, kept = self._forward_blocks(
+        x, intermediates, embedded = self._forward_blocks(
             x if batch is None else batch, blocks, take_indices, norm, attn_mask=attn_mask, is_causal=is_causal
         )
 
@@ -51,7 +51,7 @@ class FeatureMixin:
         prefix_tokens = [y[:, :P] for y in intermediates] if P else None
         intermediates = [y[:, P:] for y in intermediates]
         if batch is not None and output_fmt == "NCHW":  # each sample's map in the corner of the largest grid
-            if kept.valid.shape != batch.valid.shape:
+            if embedded.valid.shape != batch.valid.shape:
                 raise ValueError("Patch dropout dropped tokens of the NaFlex batch, which make no NCHW maps: call "
                                  "model.eval() first, or ask for output_fmt='NLC'.")
             grid = naflex_grid(batch.coord, batch.valid)
@@ -70,8 +70,8 @@ class FeatureMixin:
                 out["image_intermediates_prefix"] = prefix_tokens
             if not intermediates_only:
                 out["image_features"] = self.norm(x)
-            if kept is not None:  # NaFlex: which patch each token is, and whether it is real (after patch dropout)
-                out["patch_coord"], out["patch_valid"] = kept.coord, kept.valid
+            if batch is not None:  # NaFlex: which patch each token is, and whether it is real (after patch dropout)
+                out["patch_coord"], out["patch_valid"] = embedded.coord, embedded.valid
             return out
         if return_prefix_tokens and prefix_tokens is not None:
             intermediates = list(zip(intermediates, prefix_tokens, strict=True))
@@ -82,10 +82,9 @@ class FeatureMixin:
     def prune_intermediate_layers(
         self, indices: int | list[int] = 1, prune_norm: bool = False, prune_head: bool = True
     ) -> list[int]:
-        """timm's pruning, also dropping the mixed frequencies of the removed blocks."""
+        """timm's pruning, also dropping the encoding of the removed blocks (mixed frequencies, bias layers)."""
         take_indices = super().prune_intermediate_layers(indices, prune_norm, prune_head)
-        if self.rope_per_block:
-            self.rope = self.rope[: len(self.blocks)]
+        self.pos_encoding.prune_(len(self.blocks))
         return take_indices
 
 

@@ -63,18 +63,18 @@ def _dinov3(state_dict: dict[str, Any], model: nn.Module, source: str) -> Conver
 
 
 def _meta_dinov3(state_dict: dict[str, Any], model: nn.Module) -> Converted:
-    kind = getattr(model, "rope_kind", None)
+    kind = getattr(model, "encoding_kind", None)
     if kind != "dinov3":
         raise ValueError(f"The checkpoint is Meta's DINOv3 (it has storage_tokens), which loads into the "
                          f"vit_rope_*_patch16_dinov3* and vit_rope_*_patch16_lingbot models; this model has "
-                         f"rope_kind={kind!r}.")
+                         f"encoding={kind!r}.")
     return _dinov3(state_dict, model, "Meta's DINOv3")
 
 
 def _timm_eva(state_dict: dict[str, Any], model: nn.Module) -> Converted:
     if getattr(model, "qk_layout", None) in EVA_LAYOUTS:  # a twin of timm's Eva (Sapiens2's layout is rotate-half)
         return from_eva(state_dict, model)
-    if getattr(model, "rope_kind", None) == "dinov3":  # DINOv3 and LingBot: timm's layout is DINOv3's rotate-half
+    if getattr(model, "encoding_kind", None) == "dinov3":  # DINOv3 and LingBot: timm's layout is DINOv3's rotate-half
         return _dinov3(state_dict, model, "timm's Eva DINOv3")
     return state_dict, ()  # timm's RoPE-ViT ports, DeiT-III: their q / k rows are ours, gamma_1 renamed as all are
 

@@ -100,10 +100,10 @@ def to_timm_keys(state_dict: dict[str, Tensor]) -> dict[str, Tensor]:
 
 
 def from_hf_dinov3(state_dict: dict[str, Tensor], model: nn.Module) -> dict[str, Tensor]:
-    """A ``DINOv3ViTModel`` state dict in our keys and channel layout, for a ``rope_kind="dinov3"`` model."""
-    if getattr(model, "rope_kind", None) != "dinov3":
+    """A ``DINOv3ViTModel`` state dict in our keys and channel layout, for a ``encoding="dinov3"`` model."""
+    if getattr(model, "encoding_kind", None) != "dinov3":
         raise ValueError(f"The checkpoint is {HF_FORMAT}, which loads into the vit_rope_*_patch16_dinov3* models; this "
-                         f"model has rope_kind={getattr(model, 'rope_kind', None)!r}. With the folder's "
+                         f"model has encoding={getattr(model, 'encoding_kind', None)!r}. With the folder's "
                          "config.json, "
                          "vit_rope.models.hf_dinov3.create_from_hf(folder) builds the model that fits.")
     return from_dinov3(to_timm_keys(state_dict), model.blocks[0].attn.num_heads)
@@ -203,9 +203,9 @@ def check_hf_config(config: dict[str, Any], model: nn.Module) -> None:
     name, kwargs = dinov3_args_from_hf_config(config)
     depth = kwargs["depth"]
     fits = name if depth == architecture(_size({**_DEFAULTS, **config}))["depth"] else f"{name} with depth={depth}"
-    if getattr(model, "rope_kind", None) != "dinov3":
+    if getattr(model, "encoding_kind", None) != "dinov3":
         raise ValueError(f"config.json describes {HF_FORMAT}, whose weights load into {fits}; this model has "
-                         f"rope_kind={getattr(model, 'rope_kind', None)!r}.")
+                         f"encoding={getattr(model, 'encoding_kind', None)!r}.")
     c, block = {**_DEFAULTS, **config}, model.blocks[0]
     fields = {  # field: (the file's value, as compared; the model's)
         "hidden_size": (c["hidden_size"], model.embed_dim),
@@ -215,7 +215,7 @@ def check_hf_config(config: dict[str, Any], model: nn.Module) -> None:
         "use_gated_mlp": (bool(c["use_gated_mlp"]), isinstance(block.mlp, SwiGLU)),
         "intermediate_size": (c["intermediate_size"], block.mlp.fc2.in_features),
         "layerscale_value (LayerScale)": (True, isinstance(block.ls1, LayerScale)),
-        "rope_theta": (float(c["rope_theta"]), model.rope.theta),
+        "rope_theta": (float(c["rope_theta"]), model.rope[0].theta),
         "patch_size": (_pair(c["patch_size"]), tuple(model.patch_embed.patch_size)),
         "layer_norm_eps": (c["layer_norm_eps"], model.norm.eps),
         "query_bias/key_bias/value_bias (qkv bias)": (any(c[k] for k in ("query_bias", "key_bias", "value_bias")),

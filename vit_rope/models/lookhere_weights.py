@@ -60,12 +60,12 @@ def from_lookhere(obj: dict[str, Any], model: nn.Module) -> dict[str, Tensor]:
         ValueError: the model is not LookHere, its ``lh_config`` differs from the checkpoint's, or it has a linear
             classifier where the checkpoint has an MLP; the message names both values and the fix.
     """
-    kind = getattr(model, "rope_kind", None)
+    kind = getattr(model, "encoding_kind", None)
     if kind != "lookhere":
         raise ValueError(f"The checkpoint is an official LookHere one, the model's encoding is {kind!r}: load it into "
                          "a vit_rope_*_lookhere_* model.")
-    ours = model.rope.lh_config
-    theirs = check_config(obj["config"], model.rope.num_heads, len(model.blocks))
+    ours = model.pos_encoding.lh_config
+    theirs = check_config(obj["config"], model.pos_encoding.num_heads, len(model.blocks))
     if theirs != ours:
         raise ValueError(f"The checkpoint's LookHere config {theirs} differs from the model's {ours}: create the model "
                          "with lh_config=<the checkpoint's 'config'>.")

@@ -17,13 +17,9 @@ from typing import Any, NamedTuple
 import torch
 import torch.nn.functional as F
 from timm.layers import to_2tuple
-from timm.models.naflexvit import global_pool_naflex
 from torch import Tensor, nn
 
 from vit_rope.layers.capture import capturing
-from vit_rope.layers.naflex import Lattice, coord_positions, key_padding_mask, lattice, naflex_grid, sample_pos_embed
-from vit_rope.layers.policies import augment_positions
-from vit_rope.layers.rope import RoPE2D
 
 NAFLEX_KEYS = ("patches", "patch_coord", "patch_valid")
 
@@ -49,14 +45,6 @@ class NaFlexBatch(NamedTuple):
     coord: Tensor
     valid: Tensor
     attn_mask: Tensor | None
-
-
-class Kept(NamedTuple):
-    """The tokens of a NaFlex batch after patch dropout (all of them without it): ``coord`` ``[B, K, 2]`` (y, x) and
-    ``valid`` ``[B, K]``, in the order of the blocks' patch tokens."""
-
-    coord: Tensor
-    valid: Tensor
 
 
 def naflex_batch(x: Any, patch_coord: Tensor | None = None, patch_valid: Tensor | None = None,
@@ -151,60 +139,6 @@ def embed_patches(patch_embed: nn.Module, patches: Tensor) -> Tensor:
                          "channels): build the loader with the model's patch size.")
     weight = proj.weight.permute(0, 2, 3, 1).flatten(1)  # [C_out, P*P*C] in (y, x, channel) order
     return patch_embed.norm(F.linear(patches, weight, proj.bias))  # [B, N, C_out]
-
-
-def embed_naflex(model: nn.Module, batch: NaFlexBatch
-                 ) -> tuple[Tensor, Tensor, Tensor, Kept, Tensor, Lattice | None]:
-    """Tokens, positions and masks of a NaFlex batch, as ``RoPEVisionTransformer._embed`` for images.
-
-    Returns:
-        tokens ``[B, P + N, C]``; positions ``[B, N, 2]`` (policy-placed, augmented in training); each sample's grid
-        ``[B, 2]`` (h, w); the ``Kept`` tokens' coordinates and validity, and the attention mask ``[B, 1, 1, P + N]``
-        (or the caller's), both after patch dropout when it runs; and, in eager mode for RoPE positions that are the
-        patch coordinates themselves, the batch's ``Lattice``, from which ``RoPE2D.sample_tables`` gathers tables
-        (else ``None``).
-    """
-    patches, coord, valid, attn_mask = batch
-    B = patches.shape[0]
-    x = embed_patches(model.patch_embed, patches)  # [B, N, C]
-    grid = naflex_grid(coord, valid)  # [B, 2] (h, w), before any dropout
-    prefix = [token.expand(B, -1, -1) for token in (model.cls_token, model.reg_token) if token is not None]
-    P = model.num_prefix_tokens
-    if model.pos_embed is not None:
-        own = 0 if model.no_embed_class else P  # prefix rows of the table, added to the prefix tokens
-        x = x + sample_pos_embed(model.pos_embed[0, own:], coord, grid, model.patch_embed.grid_size)
-        prefix = [token + model.pos_embed[:, i:i + 1] for i, token in enumerate(prefix)] if own else prefix
-    x = model.pos_drop(torch.cat(prefix + [x], dim=1))  # [B, P + N, C]
-    rope = model.rope_modules()[0]
-    positions = coord_positions(coord, grid, rope.kind, rope.policy_name, rope.train_grid, rope.normalize,
-                                rope.offset)
-    on_lattice = isinstance(rope, RoPE2D) and rope.kind != "dinov3" and not capturing(x)
-    if model.training and model.coord_aug.active:
-        positions = augment_positions(positions, B, model.coord_aug)  # [B, N, 2], a draw per sample
-        on_lattice = False
-    kept = Kept(coord, valid)
-    if hasattr(model.patch_drop, "prob"):  # PatchDropoutWithIndices: positions and validity follow the kept tokens
-        x, keep = model.patch_drop(x)
-        if keep is not None:
-            index = keep[..., None].expand(-1, -1, 2)  # [B, K, 2]
-            positions, kept = positions.gather(1, index), Kept(coord.gather(1, index), valid.gather(1, keep))
-            on_lattice = False
-    mask = key_padding_mask(kept.valid, P) if attn_mask is None else check_attn_mask(attn_mask, *x.shape[:2])
-    return model.norm_pre(x), positions, grid, kept, mask, lattice(coord, valid, grid, P) if on_lattice else None
-
-
-def pool_naflex(model: nn.Module, x: Tensor, valid: Tensor) -> Tensor:
-    """The model's pooling over valid tokens only: timm's ``global_pool_naflex`` (avg, max, avgmax; the class token
-    as is), or its attention pool with padding hidden from its keys."""
-    P = model.num_prefix_tokens
-    if model.attn_pool is None:
-        return global_pool_naflex(x, valid, model.global_pool, P, model.pool_include_prefix)
-    if model.pool_include_prefix:
-        keys = key_padding_mask(valid, P)
-    else:
-        x, keys = x[:, P:], valid[:, None, None, :]
-    bias = torch.zeros(keys.shape, dtype=x.dtype, device=x.device).masked_fill(~keys, float("-inf"))
-    return model.attn_pool(x, attn_mask=bias)  # [B, C]
 
 
 def naflex_maps(tokens: Tensor, coord: Tensor, valid: Tensor, grid: Tensor) -> Tensor:

@@ -4,7 +4,7 @@
 like any timm model. Names are ``vit_rope_{tiny,small,base,large}_patch16_{axial,mixed}[_ape]_224``; the ``_ape``
 variants add RoPE-ViT's learned absolute position embedding. The rotation kinds without published weights are
 ``vit_rope_{tiny,small,base}_patch16_{golden,string,string_mixed}_224`` (``NEW_KINDS``): golden-angle RoPE and
-Cayley-STRING over axial or mixed RoPE (``vit_rope.layers.frequencies``, ``vit_rope.layers.string``). The small,
+Cayley-STRING over axial or mixed RoPE (``vit_rope.layers.frequencies``, ``vit_rope.layers.cayley_string``). The small,
 base and large models point at the published ``naver_in1k`` weights on the Hugging Face hub (timm's copies,
 converted on load); any local file works too:
 ``timm.create_model(name, pretrained=True, pretrained_cfg_overlay=dict(file=PATH))``. DINOv3's backbones are
@@ -39,10 +39,10 @@ SIZES = ("tiny", "small", "base", "large")  # RoPE-ViT's DeiT-III sizes (widths:
 # name suffix -> model arguments of the kinds without published weights (hence tiny, small and base only): the rotation
 # kinds and the attention-bias kinds
 NEW_KINDS: dict[str, dict[str, str]] = {
-    "golden": dict(rope_kind="golden"),
-    "string": dict(rope_kind="string", rope_string_base="axial"),
-    "string_mixed": dict(rope_kind="string", rope_string_base="mixed"),
-    **{kind: dict(rope_kind=kind) for kind in BIAS_KINDS},
+    "golden": dict(encoding="golden"),
+    "string": dict(encoding="string", rope_string_base="axial"),
+    "string_mixed": dict(encoding="string", rope_string_base="mixed"),
+    **{kind: dict(encoding=kind) for kind in BIAS_KINDS},
 }
 NEW_SIZES = ("tiny", "small", "base")
 _TIMM_PORT_SUFFIX = {("axial", False): "rope", ("mixed", False): "rope_mixed", ("axial", True): "rope_ape",
@@ -111,7 +111,7 @@ def _entrypoint(name: str, model_args: dict[str, Any]) -> Callable[..., RoPEVisi
 
     def create(pretrained: bool = False, official: bool = False, **kwargs: Any) -> RoPEVisionTransformer:
         if official:  # LookHere's official ViT, which its published checkpoints need
-            if model_args["rope_kind"] != "lookhere":
+            if model_args["encoding"] != "lookhere":
                 raise ValueError(f"official=True builds LookHere's official ViT; {name} is not a LookHere model.")
             embed_dim, mlp_ratio = kwargs.get("embed_dim", model_args["embed_dim"]), kwargs.get("mlp_ratio", 4.0)
             kwargs = {**official_lookhere_args(embed_dim, mlp_ratio), **kwargs}
@@ -119,7 +119,7 @@ def _entrypoint(name: str, model_args: dict[str, Any]) -> Callable[..., RoPEVisi
 
     create.__name__ = create.__qualname__ = name
     create.__module__ = __name__
-    encoding = model_args["rope_kind"] + ("" if model_args["rope_kind"] in BIAS_KINDS else " RoPE")
+    encoding = model_args["encoding"] + ("" if model_args["encoding"] in BIAS_KINDS else " RoPE")
     create.__doc__ = f"{name}: ViT with {encoding} ({model_args})."
     return create
 
@@ -128,7 +128,7 @@ _DEIT3 = dict(patch_size=16, mlp_ratio=4, qkv_bias=True, init_values=1e-5,  # La
               class_token=True, global_pool="token")
 for _size, _kind, _ape in product(SIZES, ("axial", "mixed"), (False, True)):
     _name = model_name(_size, _kind, _ape)
-    _args = dict(_DEIT3, rope_kind=_kind, pos_embed="learn" if _ape else "none", **width(_size))
+    _args = dict(_DEIT3, encoding=_kind, pos_embed="learn" if _ape else "none", **width(_size))
     globals()[_name] = register_model(_entrypoint(_name, _args))
 
 for _size, _kind in product(NEW_SIZES, NEW_KINDS):

@@ -5,15 +5,16 @@ ECCV 2022): class token, qkv bias, LayerScale, with the absolute position embedd
 attention layer ("+APE" variants keep a learned one as well). Everything except the block loop is timm's: patch
 embedding, prefix tokens, APE resampling, pooling, head, feature extraction helpers.
 
-Data flow of one forward::
+Data flow of one forward (``vit_rope.models.embedding``; a NaFlex batch takes the same route)::
 
-    image [B, 3, H, W] -> PatchEmbed -> tokens [B, h, w, C]       grid (h, w) = (H / p, W / p)
-      -> positions = grid_positions(h, w)                        [N, 2]
+    image [B, 3, H, W] -> PatchEmbed -> tokens [B, N, C]          grid (h, w) = (H / p, W / p)
+      -> coordinates [N, 2] (y, x), grids [1, 2]                  NaFlex: [B, N, 2], [B, 2]
       -> prefix tokens (+ APE)                                   [B, P + N, C]
-      -> RoPE tables: axial once for all blocks, mixed per block from its own frequencies
-      -> blocks (rotate q, k; prefix rows are identity) -> norm -> pool -> head
+      -> Positions: placed by the encoding's policy, augmented in training
+      -> encoding.block_inputs: RoPE tables (axial once for all blocks, mixed per block) or bias tables
+      -> blocks (rotate q, k or add the bias; prefix rows are identity) -> norm -> pool -> head
 
-Which encoding the blocks get (RoPE kinds, STRING, attention biases) is ``vit_rope.models.encodings``.
+Which encoding the blocks get (RoPE kinds, STRING, attention biases, none) is ``vit_rope.models.encodings``.
 """
 
 from __future__ import annotations
@@ -26,40 +27,40 @@ from timm.models._manipulate import checkpoint
 from timm.models.vision_transformer import VisionTransformer
 from torch import Tensor, nn
 
-from vit_rope.checks import check_patch_multiple
 from vit_rope.layers.attention import RoPEAttention, RoPEBlock
 from vit_rope.layers.dinov3_rope import check_qk_layout
+from vit_rope.layers.encoding import image_coords
 from vit_rope.layers.eva import eva_blocks_, resize_attn_pool
 from vit_rope.layers.policies import CoordAugment, ResolutionPolicy
-from vit_rope.layers.pos_embed import fit_pos_embed
-from vit_rope.models.encodings import PositionEncodingMixin, check_encoding
+from vit_rope.models.embedding import Embedded, EmbeddingMixin
+from vit_rope.models.encodings import PositionEncodingMixin, check_encoding, renamed
 from vit_rope.models.features import FeatureMixin
-from vit_rope.models.naflex import Kept, NaFlexBatch, embed_naflex, naflex_batch, pool_naflex
-
-# FX: both depend on the input's size, which symbolic tracing only knows as a proxy; the trace records them as calls.
-torch.fx.wrap("check_patch_multiple")
-torch.fx.wrap("fit_pos_embed")
+from vit_rope.models.naflex import NaFlexBatch, naflex_batch
 
 
-class RoPEVisionTransformer(PositionEncodingMixin, FeatureMixin, VisionTransformer):
+class RoPEVisionTransformer(PositionEncodingMixin, EmbeddingMixin, FeatureMixin, VisionTransformer):
     """timm ``VisionTransformer`` whose attention layers use 2D RoPE.
 
     Any input whose sides are multiples of the patch size runs: the RoPE grid is rebuilt for it and a learned
     position embedding (``pos_embed="learn"``) is resampled bicubically, as timm's ``dynamic_img_size`` does.
 
     Args:
-        rope_kind: ``"axial"`` (fixed frequencies, shared by heads and layers), ``"mixed"`` (learned per layer
-            and head), ``"golden"`` (fixed golden-angle directions per head), ``"dinov3"`` (DINOv3's: fixed
-            frequencies on coordinates normalised to [-1, 1]) or ``"string"`` (Cayley-STRING,
-            ``vit_rope.layers.string``: a learned orthogonal basis per layer and head before ``rope_string_base``);
-            or an attention bias instead of RoPE, ``"lookhere"`` or ``"alibi"`` (``vit_rope.layers.attn_bias``).
+        encoding: the position encoding (``vit_rope.models.encodings.KINDS``): ``"axial"`` (fixed frequencies, shared
+            by heads and layers), ``"mixed"`` (learned per layer and head), ``"golden"`` (fixed golden-angle directions
+            per head), ``"dinov3"`` (DINOv3's: fixed frequencies on coordinates normalised to [-1, 1]) or ``"string"``
+            (Cayley-STRING, ``vit_rope.layers.cayley_string``: a learned orthogonal basis per layer and head before
+            ``rope_string_base``); an attention bias instead of RoPE, ``"lookhere"`` or ``"alibi"``
+            (``vit_rope.layers.attn_bias``); or ``"none"``. ``None``: ``"axial"``.
+        rope_kind: deprecated name of ``encoding``.
         rope_string_base: the RoPE kind under ``string``: ``axial`` (if unset), ``mixed``, ``golden`` or ``dinov3``.
         rope_fraction: p-RoPE's share of channel pairs rotated, the highest frequencies (1: all, 0: none).
         rope_mixed_init: how ``mixed`` frequencies start: ``"rope-vit"`` (RoPE-ViT's) or ``"golden"``.
-        rope_theta: frequency base; ``None`` takes RoPE-ViT's value (100 axial, 10 mixed) or DINOv3's (100).
-        rope_policy: resolution policy for grids other than the training one (``img_size / patch_size``): a name of
-            ``vit_rope.layers.policies.POLICIES`` or a dict of ``ResolutionPolicy`` fields; settable later with
-            ``set_rope_policy``. ``None``: ``extrapolate``, or ``normalized`` for ``dinov3``.
+        rope_theta: frequency base; ``None`` (as every RoPE option: the kind's own) takes RoPE-ViT's value (100
+            axial, 10 mixed) or DINOv3's (100).
+        resolution_policy: how positions follow grids other than the training one (``img_size / patch_size``): a
+            name of ``vit_rope.layers.policies.POLICIES`` or a dict of ``ResolutionPolicy`` fields; settable later
+            with ``set_resolution_policy``. ``None``: ``extrapolate``, or ``normalized`` for ``dinov3``.
+        rope_policy: deprecated name of ``resolution_policy``.
         rope_min_period: with ``rope_max_period``, DINOv3's other period schedule (``dinov3`` only).
         rope_max_period: see ``rope_min_period``.
         rope_normalize_coords: DINOv3's coordinate normalisation, ``separate``, ``min`` or ``max``.
@@ -83,17 +84,17 @@ class RoPEVisionTransformer(PositionEncodingMixin, FeatureMixin, VisionTransform
 
     def __init__(
         self,
-        rope_kind: str = "axial",
+        encoding: str | None = None,
+        resolution_policy: str | dict | ResolutionPolicy | None = None,
         rope_theta: float | None = None,
-        rope_policy: str | dict | ResolutionPolicy | None = None,
         rope_coord_aug: dict | CoordAugment | None = None,
         rope_min_period: float | None = None,
         rope_max_period: float | None = None,
-        rope_normalize_coords: str = "separate",
+        rope_normalize_coords: str | None = None,
         rope_string_base: str | None = None,
-        rope_fraction: float = 1.0,
-        rope_mixed_init: str = "rope-vit",
-        rope_grid_offset: float = 0.0,
+        rope_fraction: float | None = None,
+        rope_mixed_init: str | None = None,
+        rope_grid_offset: float | None = None,
         rope_ref_grid: tuple[int, int] | None = None,
         qk_layout: str = "interleaved",
         attn_pool_num_heads: int | None = None,
@@ -104,10 +105,14 @@ class RoPEVisionTransformer(PositionEncodingMixin, FeatureMixin, VisionTransform
         head_hidden_dim: int | None = None,
         pos_embed: str = "none",
         no_embed_class: bool = True,
+        rope_kind: str | None = None,
+        rope_policy: str | dict | ResolutionPolicy | None = None,
         **kwargs: Any,
     ) -> None:
         num_heads = kwargs.get("num_heads", 12)
-        base_kind = check_encoding(rope_kind, rope_string_base, kwargs.get("embed_dim", 768), num_heads)
+        encoding = renamed("encoding", encoding, "rope_kind", rope_kind) or "axial"
+        resolution_policy = renamed("resolution_policy", resolution_policy, "rope_policy", rope_policy)
+        base_kind = check_encoding(encoding, rope_string_base, kwargs.get("embed_dim", 768), num_heads)
         if kwargs.pop("dynamic_img_size", True) is False:
             raise ValueError("RoPE models always accept any input size (dynamic_img_size=True); do not set it False.")
         patch_drop_rate = kwargs.pop("patch_drop_rate", 0.0)
@@ -128,10 +133,14 @@ class RoPEVisionTransformer(PositionEncodingMixin, FeatureMixin, VisionTransform
         self.head_hidden_dim = head_hidden_dim
         if head_hidden_dim:
             self.reset_classifier(self.num_classes)
-        self._init_encoding(rope_kind, base_kind, num_heads, rope_coord_aug, lh_config, rope_policy, rope_ref_grid,
-                            offset=rope_grid_offset, theta=rope_theta, min_period=rope_min_period,
-                            max_period=rope_max_period, normalize=rope_normalize_coords,
-                            fraction=rope_fraction, init=rope_mixed_init)
+        rope_options = {  # RoPE2D's argument: the model argument that sets it and its value (None: the kind's own)
+            "theta": ("rope_theta", rope_theta), "min_period": ("rope_min_period", rope_min_period),
+            "max_period": ("rope_max_period", rope_max_period), "normalize": ("rope_normalize_coords",
+            rope_normalize_coords), "fraction": ("rope_fraction", rope_fraction), "init": ("rope_mixed_init",
+            rope_mixed_init), "offset": ("rope_grid_offset", rope_grid_offset), "ref_grid": ("rope_ref_grid",
+            rope_ref_grid)}
+        self._init_encoding(encoding, base_kind, num_heads, rope_coord_aug, lh_config, resolution_policy,
+                            {name: given for name, given in rope_options.items() if given[1] is not None})
         factory = {key: kwargs[key] for key in ("device", "dtype") if kwargs.get(key) is not None}
         if factory:  # timm built its modules there (create_model(device=..., dtype=...)); ours follow
             self.to(**factory)
@@ -155,74 +164,25 @@ class RoPEVisionTransformer(PositionEncodingMixin, FeatureMixin, VisionTransform
         matcher["blocks"] = [(r"^blocks\.(\d+)", None), (r"^rope\.(\d+)", None), (r"^norm", (99999,))]
         return matcher
 
-    def _pos_embed(self, x: Tensor) -> Tensor:
-        """Prefix tokens and APE: patch tokens ``[B, h, w, C]`` -> ``[B, P + N, C]``, as timm's ``_pos_embed``.
-
-        Ours rather than timm's for three reasons: timm flattens the grid with ``view(B, -1, C)``, which cannot infer
-        the token count of an empty batch (timm's ViTs return ``[0, num_classes]`` for one, and so must we: the last
-        shard of a distributed evaluation can be empty); its APE resampling compares grid sizes in Python, which FX
-        cannot trace (``fit_pos_embed`` is a leaf for FX); and TorchScript cannot call ``super()``.
-        """
-        B, H, W, C = x.shape
-        x = x.flatten(1, 2)  # [B, N, C]
-        prefix: list[Tensor] = []
-        if self.cls_token is not None:
-            prefix.append(self.cls_token.expand(B, -1, -1))
-        if self.reg_token is not None:
-            prefix.append(self.reg_token.expand(B, -1, -1))
-        pos_embed = self.pos_embed
-        if pos_embed is None:
-            return self.pos_drop(torch.cat(prefix + [x], dim=1))
-        train_grid = self.patch_embed.grid_size
-        if self.no_embed_class:  # DeiT-III / RoPE-ViT: the APE covers the patch tokens only
-            x = x + fit_pos_embed(pos_embed, (H, W), (train_grid[0], train_grid[1]), 0)
-            return self.pos_drop(torch.cat(prefix + [x], dim=1))
-        x = torch.cat(prefix + [x], dim=1)
-        P = self.num_prefix_tokens  # class and register tokens, each with its row of the APE
-        return self.pos_drop(x + fit_pos_embed(pos_embed, (H, W), (train_grid[0], train_grid[1]), P))
-
-    def _embed(self, x: Tensor) -> tuple[Tensor, Tensor | None, tuple[int, int]]:
-        """Patch embedding, prefix tokens and APE.
-
-        Returns:
-            tokens ``[B, P + N, C]``; per-image positions ``[B, N, 2]`` when coordinate augmentation or patch dropout
-            makes them differ between images, else ``None``; the patch grid ``(h, w)``.
-        """
-        if not self.patch_embed.dynamic_img_pad:  # with it, timm's PatchEmbed pads to whole patches
-            x = check_patch_multiple(x, self.patch_embed.patch_size)
-        x = self.patch_embed(x)  # [B, h, w, C]
-        grid = (x.shape[1], x.shape[2])
-        x = self._pos_embed(x)  # [B, P + N, C]
-        if torch.jit.is_scripting():  # TorchScript serves inference: no patch dropout or coordinate augmentation
-            return self.norm_pre(x), None, grid
-        keep = None
-        if isinstance(self.patch_drop, PatchDropoutWithIndices):
-            x, keep = self.patch_drop(x)  # keep: [B, K] indices of the kept patches, or None
-        x = self.norm_pre(x)
-        return x, self._positions(x, keep, grid), grid
-
     def _forward_blocks(
         self, x: Tensor | NaFlexBatch, blocks: nn.Module, take_indices: list[int] = (), norm: bool = False,
         **block_kwargs: Any,
-    ) -> tuple[Tensor, list[Tensor], Kept | None]:
+    ) -> tuple[Tensor, list[Tensor], Embedded]:
         """Embed ``x`` (images, or a NaFlex batch) and run ``blocks``; returns the last tokens, those after the blocks
-        in ``take_indices``, and for a NaFlex batch its ``Kept`` tokens' coordinates and validity (after patch
-        dropout)."""
-        kept = lattice = None
-        if isinstance(x, NaFlexBatch):
-            x, positions, grid, kept, block_kwargs["attn_mask"], lattice = embed_naflex(self, x)
-        else:
-            x, positions, grid = self._embed(x)
-        intermediates = []
-        encodings = self._encodings(positions, grid, None if kept is None else kept.valid, lattice)
-        for i, (blk, encoding) in enumerate(zip(blocks, encodings, strict=False)):
+        in ``take_indices``, and the embedding (a NaFlex batch's coordinates and validity after patch dropout)."""
+        embedded = self._embed(x)
+        if embedded.attn_mask is not None:  # a NaFlex batch's padding mask, or the caller's checked against it
+            block_kwargs["attn_mask"] = embedded.attn_mask
+        x, intermediates = embedded.tokens, []
+        encodings = self.pos_encoding.block_inputs(embedded.positions, self.num_prefix_tokens)
+        for i, blk in enumerate(blocks):
             if self.grad_checkpointing:
-                x = checkpoint(blk, x, **encoding, **block_kwargs)
+                x = checkpoint(blk, x, **encodings[i], **block_kwargs)
             else:
-                x = blk(x, **encoding, **block_kwargs)
+                x = blk(x, **encodings[i], **block_kwargs)
             if i in take_indices:
                 intermediates.append(self.norm(x) if norm else x)
-        return x, intermediates, kept
+        return x, intermediates, embedded
 
     def forward(self, x: Tensor, attn_mask: Tensor | None = None, is_causal: bool = False,
                 patch_coord: Tensor | None = None, patch_valid: Tensor | None = None) -> Tensor:
@@ -231,8 +191,8 @@ class RoPEVisionTransformer(PositionEncodingMixin, FeatureMixin, VisionTransform
         if not torch.jit.is_scripting():
             batch = naflex_batch(x, patch_coord, patch_valid, attn_mask)
             if batch is not None:
-                tokens, _, kept = self._forward_blocks(batch, self.blocks, is_causal=is_causal)
-                return self._naflex_head(self.norm(tokens), False, kept.valid)
+                tokens, _, embedded = self._forward_blocks(batch, self.blocks, is_causal=is_causal)
+                return self._naflex_head(self.norm(tokens), False, embedded.valid)
         return self.forward_head(self.forward_features(x, attn_mask=attn_mask, is_causal=is_causal))
 
     def forward_features(self, x: Tensor, attn_mask: Tensor | None = None, is_causal: bool = False,
@@ -258,20 +218,28 @@ class RoPEVisionTransformer(PositionEncodingMixin, FeatureMixin, VisionTransform
 
     @torch.jit.unused
     def _naflex_head(self, x: Tensor, pre_logits: bool, valid: Tensor) -> Tensor:
-        x = self.head_drop(self.fc_norm(pool_naflex(self, x, valid.bool())))
+        x = self.head_drop(self.fc_norm(self._pool_valid(x, valid.bool())))
         return x if pre_logits else self.head(x)
 
     def _scripted_blocks(self, x: Tensor, attn_mask: Tensor | None, is_causal: bool) -> Tensor:
-        """``_forward_blocks`` as TorchScript compiles it: no generator, and modules reached by iteration only.
-        The same tables and blocks (the tests hold the scripted model to the eager one)."""
-        x, positions, grid = self._embed(x)
-        if self.rope_per_block:  # mixed: each block's own frequencies
-            for blk, block_rope in zip(self.blocks, self.rope):  # noqa: B905  (TorchScript has no strict=)
-                x = blk(x, block_rope(positions, self.num_prefix_tokens, grid), attn_mask, is_causal)
-        else:  # fixed frequencies: one table for every block
-            rope = self.rope(positions, self.num_prefix_tokens, grid)
+        """``_forward_blocks`` as TorchScript compiles it, for images and RoPE models: no NamedTuples, no generator,
+        modules reached by iteration only. The same tokens, tables and blocks (the tests hold the scripted model to
+        the eager one)."""
+        tokens, grid = self._patch_tokens(x)
+        coord, grids = image_coords(grid[0], grid[1], tokens.device)
+        x = self.norm_pre(self._prefix_and_ape(tokens, coord, grids, grid))
+        if not self.rotary:
             for blk in self.blocks:
-                x = blk(x, rope, attn_mask, is_causal)
+                x = blk(x, None, attn_mask, is_causal)
+        elif self.rope_per_block:  # mixed: each block's own frequencies
+            positions = self.rope[0].place(coord, grids)
+            for blk, block_rope in zip(self.blocks, self.rope):  # noqa: B905  (TorchScript has no strict=)
+                x = blk(x, block_rope(positions, self.num_prefix_tokens, grids), attn_mask, is_causal)
+        else:  # fixed frequencies: one table for every block
+            rope = self.rope[0]
+            tables = rope(rope.place(coord, grids), self.num_prefix_tokens, grids)
+            for blk in self.blocks:
+                x = blk(x, tables, attn_mask, is_causal)
         return x
 
 

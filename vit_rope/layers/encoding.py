@@ -1,0 +1,131 @@
+"""One interface for every position encoding of the ViT: the positions of a batch in, what each block needs out.
+
+Every encoding answers the same question for attention (the interface of PaPE's repository, DTU-PAS/parabolic-
+position-encoding, ``pape/nn/positions/base.py``, and of timm's NaFlexViT, whose one embedding path serves both
+kinds of batch): given where the patches of a batch sit, what does each block get? Rotations (RoFormer, RoPE-ViT,
+DINOv3: ``vit_rope.layers.rope``) give per-token ``(cos, sin)`` tables that rotate q and k; attention biases
+(LookHere, 2D-ALiBi: ``vit_rope.layers.attn_bias``) give per-pair logits; no encoding gives nothing. The learned
+absolute table of the +APE models is added by the embedding itself (``vit_rope.layers.pos_embed``), as timm does.
+
+``Positions`` is the one value the embedding builds per forward. An image batch is the case of one grid that every
+sample shares (positions ``[N, 2]``, ``grid`` known as Python ints, so tables are built once for the batch and biases
+cached per size); a NaFlex batch is the general case (one grid per sample, positions ``[B, N, 2]``, padding). The
+encodings take both through the same call.
+
+Adding a kind: one subclass of ``PositionEncoding`` (``place`` if its positions are not the integer patch
+coordinates, ``forward`` for what each block gets, ``policy`` for the resolution policies it takes) and its entry in
+``vit_rope.models.encodings`` (docs/layout.md says how).
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import torch
+from torch import Tensor, nn
+
+from vit_rope.layers.naflex import Lattice
+from vit_rope.layers.policies import ResolutionPolicy
+
+
+class Positions(NamedTuple):
+    """Where the patch tokens of a batch sit, built once per forward by the embedding.
+
+    Attributes:
+        coords: ``(x, y)`` per patch token as the encoding places them (``PositionEncoding.place``), after coordinate
+            augmentation and patch dropout: ``[N, 2]`` when every sample of the batch shares them, else ``[B, N, 2]``.
+        grids: each sample's patch grid (h, w), ``[1, 2]`` for an image batch, ``[B, 2]`` for a NaFlex batch: what
+            the resolution policies scale against the training grid.
+        grid: the batch's one grid as Python ints (an image batch), ``None`` for a NaFlex batch; the key of tables
+            built once per size.
+        valid: ``[B, N]`` False for padding (NaFlex), ``None`` when every token is real.
+        lattice: where each token of a NaFlex batch reads the tables of the batch's bounding grid, when its position
+            is its patch coordinate (``vit_rope.layers.naflex.lattice``); ``None`` otherwise.
+    """
+
+    coords: Tensor
+    grids: Tensor
+    grid: tuple[int, int] | None = None
+    valid: Tensor | None = None
+    lattice: Lattice | None = None
+
+
+def image_coords(height: int, width: int, device: torch.device | None = None) -> tuple[Tensor, Tensor]:
+    """The patch coordinates ``[h * w, 2]`` (y, x) of an ``height x width`` grid, in the order timm's PatchEmbed
+    flattens patches (row-major), and the grid as ``[1, 2]`` (h, w): the NaFlex format, for an image batch."""
+    ys, xs = torch.meshgrid(torch.arange(height, device=device), torch.arange(width, device=device), indexing="ij")
+    coord = torch.stack((ys, xs), dim=-1).reshape(-1, 2)  # [N, 2] (y, x)
+    return coord, coord[-1:] + 1  # the last patch is (h - 1, w - 1): the grid without a Python number in a tensor
+
+
+def image_positions(encoding: nn.Module, height: int, width: int, device: torch.device | None = None) -> Positions:
+    """The ``Positions`` of an image batch on an ``height x width`` grid as ``encoding`` (a ``PositionEncoding`` or
+    a ``RoPE2D``) places them, without augmentation: what a model's forward builds for its blocks."""
+    coord, grids = image_coords(height, width, device)
+    return Positions(encoding.place(coord, grids), grids, (height, width))
+
+
+class PositionEncoding(nn.Module):
+    """What every position encoding implements; the model, NaFlex batches, the evaluation harness, ``diagnose`` and
+    export call nothing else.
+
+    Attributes:
+        kind: the encoding's name (``vit_rope.models.encodings.KINDS``).
+        train_grid: the ``(h, w)`` grid that resolution policies scale against (``None``: none).
+    """
+
+    __jit_unused_properties__ = ["policy", "uses_lattice"]  # TorchScript compiles only the tables (RoPE2D)
+    kind = "none"  # no class annotations: TorchScript reads them as attribute types and cannot resolve them
+    train_grid = None
+
+    @property
+    def policy(self) -> ResolutionPolicy:
+        """How positions follow grids other than the training one (``vit_rope.layers.policies``)."""
+        return ResolutionPolicy("extrapolate")
+
+    @policy.setter
+    def policy(self, policy: str | dict | ResolutionPolicy | None) -> None:
+        ResolutionPolicy.create("extrapolate" if policy is None else policy)  # any: positions change nothing here
+
+    @property
+    def uses_lattice(self) -> bool:
+        """Whether a NaFlex batch whose positions are its patch coordinates should carry a ``Lattice`` (tables of its
+        bounding grid, read per token): worth its host sync only where a position's tables are the same in every
+        sample."""
+        return False
+
+    def place(self, coord: Tensor, grids: Tensor) -> Tensor:
+        """Positions ``[..., N, 2]`` (x, y) of the patches at ``coord`` ``[..., N, 2]`` (y, x) of the grids ``grids``
+        ``[1 or B, 2]``, as this encoding and its policy see them; the integer patch coordinates by default."""
+        return coord.flip(-1).float()
+
+    def block_inputs(self, positions: Positions, num_prefix_tokens: int) -> list[dict[str, Any]]:
+        """Each block's keyword arguments for ``RoPEBlock`` (``rope`` tables, or an attention ``bias`` with its
+        ``bias_scale``; none for no encoding), for ``positions`` and ``num_prefix_tokens`` prefix tokens (class,
+        registers) in front of the patches, which no encoding moves.
+
+        A plain method, so that FX symbolic tracing runs through it: the tables come from calls of modules that it
+        keeps whole (``RoPE2D``, ``AttnBias``), whose outputs it can index but not unpack."""
+        raise NotImplementedError
+
+    def prune_(self, depth: int) -> None:
+        """Keep what the first ``depth`` blocks need (timm's ``prune_intermediate_layers``)."""
+        self.depth = depth
+
+    def no_weight_decay(self) -> set[str]:
+        """Names (relative to this module) of parameters to train without weight decay."""
+        return set()
+
+
+class NoEncoding(PositionEncoding):
+    """No position encoding at all: attention sees content only (the control of the encodings study)."""
+
+    def __init__(self, depth: int, train_grid: tuple[int, int] | None = None) -> None:
+        super().__init__()
+        self.depth, self.train_grid = depth, train_grid
+
+    def block_inputs(self, positions: Positions, num_prefix_tokens: int) -> list[dict[str, Any]]:
+        return [{} for _ in range(self.depth)]
+
+    def extra_repr(self) -> str:
+        return f"depth={self.depth}"

@@ -1,0 +1,77 @@
+"""Rotary position encodings as one ``PositionEncoding``: the ``RoPE2D`` tables every block rotates q and k by.
+
+RoPE-ViT (Heo et al., ECCV 2024, arXiv:2403.13298) learns mixed frequencies per layer, so a mixed model holds one
+``RoPE2D`` per block; fixed frequencies (axial, golden, DINOv3's) are the same in every block, so one ``RoPE2D`` and
+one pair of tables serve them all. Either way the tables are built once per forward, from the ``Positions`` of the
+batch: shared by every image of an image batch (``[H, P + N, D/2]``), or per sample of a NaFlex batch
+(``[B, H, P + N, D/2]``, gathered from the tables of the batch's bounding grid when its positions are its patch
+coordinates).
+
+The module is a ``ModuleList`` of its ``RoPE2D`` modules, so that a mixed model's state dict keeps RoPE-ViT's and
+timm's keys ``rope.<block>.freqs`` and TorchScript iterates it as a list.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from torch import Tensor, nn
+
+from vit_rope.layers.encoding import PositionEncoding, Positions
+from vit_rope.layers.policies import ResolutionPolicy
+from vit_rope.layers.rope import RoPE2D
+
+
+class RotaryEncoding(PositionEncoding, nn.ModuleList):
+    """One ``RoPE2D`` per block (``per_block``: learned frequencies) or one for all blocks.
+
+    Args:
+        depth: blocks of the model.
+        per_block: one ``RoPE2D`` per block (mixed frequencies), else one shared.
+        **rope_args: ``RoPE2D``'s arguments (head_dim, num_heads, kind, theta, train_grid, policy, ...).
+    """
+
+    def __init__(self, depth: int, per_block: bool, **rope_args: Any) -> None:
+        super().__init__(RoPE2D(**rope_args) for _ in range(depth if per_block else 1))
+        self.depth, self.per_block = depth, per_block
+        self.kind, self.train_grid = self[0].kind, self[0].train_grid
+
+    @property
+    def policy(self) -> ResolutionPolicy:
+        return self[0].policy
+
+    @policy.setter
+    def policy(self, policy: str | dict | ResolutionPolicy | None) -> None:
+        for rope in self:
+            rope.policy = policy
+
+    @property
+    def uses_lattice(self) -> bool:
+        return self.kind != "dinov3" and self[0].policy_name == "extrapolate"
+
+    def place(self, coord: Tensor, grids: Tensor) -> Tensor:
+        return self[0].place(coord, grids)
+
+    def block_inputs(self, positions: Positions, num_prefix_tokens: int) -> list[dict[str, Any]]:
+        def tables(rope: RoPE2D) -> dict[str, Any]:
+            if positions.lattice is not None and self.uses_lattice:
+                return {"rope": rope.lattice_tables(positions.lattice)}
+            return {"rope": rope(positions.coords, num_prefix_tokens, positions.grids)}
+
+        if self.per_block:
+            return [tables(rope) for rope in self]
+        return [tables(self[0])] * self.depth
+
+    def prune_(self, depth: int) -> None:
+        """Keep the first ``depth`` blocks' frequencies (timm's ``prune_intermediate_layers``)."""
+        if self.per_block:
+            for index in reversed(range(depth, len(self))):
+                del self[index]
+        self.depth = depth
+
+    def no_weight_decay(self) -> set[str]:
+        """Learned mixed frequencies: RoPE-ViT trains them without weight decay."""
+        return {f"{index}.{name}" for index, rope in enumerate(self) for name in rope.no_weight_decay()}
+
+    def extra_repr(self) -> str:
+        return f"depth={self.depth}, per_block={self.per_block}"

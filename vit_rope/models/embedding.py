@@ -1,0 +1,128 @@
+"""The embedding of ``RoPEVisionTransformer``: one route from an image batch or a NaFlex batch to tokens and positions.
+
+An image batch ``[B, C, H, W]`` is the case of a NaFlex batch (NaViT, Dehghani et al., NeurIPS 2023; timm's
+NaFlexViT) where every sample has the same grid and no padding, as timm's ``NaFlexEmbeds`` treats both: patches are
+embedded (a convolution over the image, or the same weights read as a linear layer over flat patches), each patch gets
+its coordinate (y, x) and each sample its grid, the APE is read at the coordinates (resampled once per grid for an
+image batch), prefix tokens go in front, then patch dropout and coordinate augmentation. The encoding places the
+coordinates under its resolution policy (``PositionEncoding.place``) and the result is one ``Positions`` value that
+every block's encoding is built from.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+from timm.layers import PatchDropoutWithIndices
+from timm.models.naflexvit import global_pool_naflex
+from torch import Tensor
+
+from vit_rope.checks import check_patch_multiple
+from vit_rope.layers.capture import capturing
+from vit_rope.layers.encoding import Positions, image_coords
+from vit_rope.layers.naflex import key_padding_mask, lattice, naflex_grid, pos_embed_at
+from vit_rope.layers.policies import augment_positions
+from vit_rope.layers.pos_embed import fit_pos_embed
+from vit_rope.models.naflex import NaFlexBatch, check_attn_mask, embed_patches
+
+# FX: these depend on the input's size, which symbolic tracing only knows as a proxy; the trace records them as calls.
+torch.fx.wrap("check_patch_multiple")
+torch.fx.wrap("fit_pos_embed")
+torch.fx.wrap("image_coords")
+
+
+class Embedded(NamedTuple):
+    """What the embedding hands the blocks: ``tokens`` ``[B, P + N, C]`` (after patch dropout and ``norm_pre``), their
+    ``positions``, the attention mask (a NaFlex batch's key padding, or the caller's) and, for a NaFlex batch, the
+    coordinates ``coord`` ``[B, N, 2]`` (y, x) and validity ``valid`` ``[B, N]`` of the tokens the blocks see."""
+
+    tokens: Tensor
+    positions: Positions
+    attn_mask: Tensor | None
+    coord: Tensor | None
+    valid: Tensor | None
+
+
+class EmbeddingMixin:
+    """``_embed`` and the pooling over valid tokens of ``RoPEVisionTransformer``."""
+
+    def _patch_tokens(self, x: Tensor) -> tuple[Tensor, tuple[int, int]]:
+        """Patch tokens ``[B, N, C]`` of images ``[B, C, H, W]`` and their grid (h, w)."""
+        if not self.patch_embed.dynamic_img_pad:  # with it, timm's PatchEmbed pads to whole patches
+            x = check_patch_multiple(x, self.patch_embed.patch_size)
+        x = self.patch_embed(x)  # [B, h, w, C]
+        return x.flatten(1, 2), (x.shape[1], x.shape[2])  # flatten, not view: an empty batch has no token count
+
+    def _prefix_and_ape(self, tokens: Tensor, coord: Tensor, grids: Tensor, grid: tuple[int, int] | None) -> Tensor:
+        """Prefix tokens in front of the patch tokens ``[B, N, C]``, each with its APE row (+APE models): the table
+        resampled once to an image batch's ``grid``, or read at each patch's coordinate of a NaFlex batch."""
+        B = tokens.shape[0]
+        prefix: list[Tensor] = []
+        if self.cls_token is not None:
+            prefix.append(self.cls_token.expand(B, -1, -1))
+        if self.reg_token is not None:
+            prefix.append(self.reg_token.expand(B, -1, -1))
+        pos_embed = self.pos_embed
+        if pos_embed is None:
+            return self.pos_drop(torch.cat(prefix + [tokens], dim=1))  # [B, P + N, C]
+        own = 0 if self.no_embed_class else self.num_prefix_tokens  # DeiT-III / RoPE-ViT: patch rows only
+        train_grid = self.patch_embed.grid_size
+        if grid is None:  # read at each patch's coordinate: [B, own + N, C]
+            if torch.jit.is_scripting():
+                raise RuntimeError("TorchScript serves image batches only.")
+            rows = torch.cat((pos_embed[:, :own].expand(B, -1, -1),
+                              pos_embed_at(pos_embed[0, own:], coord, grids, (train_grid[0], train_grid[1]))), 1)
+        else:
+            rows = fit_pos_embed(pos_embed, grid, (train_grid[0], train_grid[1]), own)  # [1, own + N, C]
+        if own:  # a row for each prefix token too
+            return self.pos_drop(torch.cat(prefix + [tokens], dim=1) + rows)
+        return self.pos_drop(torch.cat(prefix + [tokens + rows], dim=1))
+
+    @torch.jit.unused
+    def _embed(self, x: Tensor | NaFlexBatch) -> Embedded:
+        """Tokens, positions and masks of images ``[B, C, H, W]`` or a ``NaFlexBatch``, by one route."""
+        P = self.num_prefix_tokens
+        attn_mask = valid = grid = None
+        if isinstance(x, NaFlexBatch):
+            patches, coord, valid, attn_mask = x
+            tokens = embed_patches(self.patch_embed, patches)  # [B, N, C]
+            grids = naflex_grid(coord, valid)  # [B, 2] (h, w), before any dropout
+        else:
+            tokens, grid = self._patch_tokens(x)
+            coord, grids = image_coords(grid[0], grid[1], tokens.device)  # [N, 2] (y, x) shared, [1, 2]
+        B = tokens.shape[0]
+        x = self._prefix_and_ape(tokens, coord, grids, grid)
+        positions = self.pos_encoding.place(coord, grids)  # [N, 2] or [B, N, 2] (x, y)
+        on_lattice = valid is not None and self.pos_encoding.uses_lattice and not capturing(x)
+        keep = None
+        if isinstance(self.patch_drop, PatchDropoutWithIndices):
+            x, keep = self.patch_drop(x)  # keep: [B, K] indices of the kept patches, or None
+        if self.training and self.coord_aug.active:
+            positions = augment_positions(positions, B, self.coord_aug)  # [B, N, 2], a draw per sample
+            on_lattice = False
+        if keep is not None:  # positions, coordinates and validity follow the kept tokens
+            index = keep[..., None].expand(-1, -1, 2)  # [B, K, 2]
+            positions = positions.expand(B, -1, -1).gather(1, index)
+            coord = coord.expand(B, -1, -1).gather(1, index)
+            valid = None if valid is None else valid.gather(1, keep)
+            on_lattice = False
+        if valid is not None:
+            attn_mask = key_padding_mask(valid, P) if attn_mask is None else check_attn_mask(attn_mask, *x.shape[:2])
+        lattice_ = lattice(coord, valid, grids, P) if on_lattice else None
+        positions = Positions(positions, grids, grid, valid, lattice_)
+        return Embedded(self.norm_pre(x), positions, attn_mask, None if grid is not None else coord, valid)
+
+    @torch.jit.unused
+    def _pool_valid(self, x: Tensor, valid: Tensor) -> Tensor:
+        """The model's pooling over valid tokens only: timm's ``global_pool_naflex`` (avg, max, avgmax; the class
+        token as is), or its attention pool with padding hidden from its keys."""
+        P = self.num_prefix_tokens
+        if self.attn_pool is None:
+            return global_pool_naflex(x, valid, self.global_pool, P, self.pool_include_prefix)
+        if self.pool_include_prefix:
+            keys = key_padding_mask(valid, P)
+        else:
+            x, keys = x[:, P:], valid[:, None, None, :]
+        bias = torch.zeros(keys.shape, dtype=x.dtype, device=x.device).masked_fill(~keys, float("-inf"))
+        return self.attn_pool(x, attn_mask=bias)  # [B, C]
