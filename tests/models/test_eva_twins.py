@@ -50,7 +50,7 @@ def timm_model(name: str, widths: dict) -> torch.nn.Module:
 @torch.no_grad()
 def max_rel_diff(a: torch.nn.Module, b: torch.nn.Module, size: tuple[int, int]) -> tuple[float, float]:
     """Largest difference of forward_features and of the logits, relative to the largest value of timm's."""
-    x = torch.randn(2, 3, *size, generator=torch.Generator().manual_seed(1))
+    x = torch.randn(1, 3, *size, generator=torch.Generator().manual_seed(1))  # one image: parity is per image
     fa, fb = a.forward_features(x), b.forward_features(x)
     la, lb = a.forward_head(fa), b.forward_head(fb)
     return float((fa - fb).abs().max() / fa.abs().max()), float((la - lb).abs().max() / la.abs().max())
