@@ -153,7 +153,7 @@ def test_timms_transform_is_built_once_per_size_and_each_step_trains_at_its_size
         loaders.set_epoch(train, number)
         sizes = [size for size, _ in train.batch_sampler.plan()]
         assert [tuple(images.shape[1:]) for images, _, _ in train] == [(3, size, size) for size in sizes]
-    assert len(built) == 4  # no transform built per image, per step or per epoch
+    assert len(built) == 4  # the count is the property: no transform built per image, per step or per epoch
     assert {tuple(images.shape[1:]) for images, _, _ in val} == {(3, 32, 32)}  # validation at img_size
 
 

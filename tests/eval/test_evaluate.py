@@ -16,6 +16,7 @@ import timm
 import torch
 from PIL import Image
 from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD, ImageNetInfo
+from timm.data.transforms import MaybeToTensor
 from torchvision import transforms
 
 import vit_rope
@@ -39,7 +40,8 @@ def test_transform_is_the_protocol() -> None:
     """timm's eval transform is exactly: short side to floor(size / crop_pct) bicubic, center crop, pixels in [0, 1];
     each model then gets the mean/std it was trained with (ImageNet's for ours, 0.5 for timm's augreg ViT)."""
     steps = evaluate.eval_transform(64, 0.875).transforms
-    assert [type(step).__name__ for step in steps] == ["Resize", "CenterCrop", "MaybeToTensor", "Normalize"]
+    assert [type(step) for step in steps] == [transforms.Resize, transforms.CenterCrop, MaybeToTensor,
+                                              transforms.Normalize]
     assert steps[0].size == 73 and steps[0].interpolation == transforms.InterpolationMode.BICUBIC  # int: short side
     assert list(steps[1].size) == [64, 64]
     assert steps[3].mean.tolist() == [0.0, 0.0, 0.0] and steps[3].std.tolist() == [1.0, 1.0, 1.0]

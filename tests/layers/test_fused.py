@@ -163,7 +163,8 @@ def test_projection_node_equals_linear_then_reference(backend, device, autocast,
 
 
 def test_projection_with_hooks_calls_the_linear():
-    """Hooks (or a Linear subclass) see the projection as it is: the Linear is called, then the rotation follows."""
+    """Hooks (or a Linear subclass) see the projection as it is: the Linear is called, then the rotation follows, with
+    the reference's values and gradient."""
     _, freqs, positions = inputs("mixed", 1, False, torch.float32, "cpu")
     module, reference = Projection(fused=True), Projection(fused=False)
     reference.load_state_dict(module.state_dict())
@@ -172,8 +173,11 @@ def test_projection_with_hooks_calls_the_linear():
     x = torch.randn(B, N + 1, 5, requires_grad=True)
     cos, sin = rope_tables(rope_angles(positions, freqs), 1, 1.3)
     out = project_rotate_qk(module.qkv, x, NH, cos, sin)
-    assert seen == [(B, N + 1, 3 * NH * D)] and out.grad_fn.name() == "_RotateQKBackward"
-    torch.testing.assert_close(out.permute(2, 0, 3, 1, 4), reference(x, freqs, positions))
+    assert seen == [(B, N + 1, 3 * NH * D)]
+    expected, weights = reference(x, freqs, positions), torch.randn(3, B, NH, N + 1, D)
+    torch.testing.assert_close(out.permute(2, 0, 3, 1, 4), expected)
+    grads = [torch.autograd.grad((qkv * weights).sum(), x)[0] for qkv in (out.permute(2, 0, 3, 1, 4), expected)]
+    torch.testing.assert_close(grads[0], grads[1])
 
 
 def test_unknown_backend_is_refused():
@@ -289,6 +293,7 @@ def test_compile_has_no_graph_break_and_recompiles_at_most_once_per_size(kind):
     sizes = [64, 64, 96, 128, 64, 80]
     for size in sizes:
         compiled(torch.randn(1, 3, size, size)).sum().backward()
+    # the number of compilations is the property: one per size, none per call
     assert len(compiles) <= len(set(sizes)), f"{len(compiles)} compilations for {len(set(sizes))} sizes"
 
 

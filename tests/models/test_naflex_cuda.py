@@ -8,8 +8,9 @@ import copy
 
 import pytest
 import torch
-from test_naflex import KINDS, build, images, pack
+from test_naflex import KINDS, build
 
+from helpers.naflex import images, pack
 from vit_rope.train.distributed import set_tf32
 
 
