@@ -10,6 +10,7 @@ batched pipeline, step sampler), ``train`` (config, checks, loaders, distributed
 """
 
 from vit_rope import _requires  # noqa: F401  (checks timm's version before anything imports timm's models)
+from vit_rope.eval.from_checkpoint import create_from_checkpoint
 from vit_rope.layers.fused import rotate_qk
 from vit_rope.layers.rope import RoPE2D, apply_rope, grid_positions
 from vit_rope.models import registry  # noqa: F401  (registers the models with timm)
@@ -19,5 +20,5 @@ from vit_rope.models.load_report import LoadReport, WeightsNotLoadedWarning
 from vit_rope.models.vit import RoPEVisionTransformer
 
 __all__ = ["LoadReport", "RoPE2D", "RoPEVisionTransformer", "WeightsNotLoadedWarning", "apply_rope",
-           "convert_state_dict", "from_timm", "grid_positions", "load_weights", "rotate_qk"]
+           "convert_state_dict", "create_from_checkpoint", "from_timm", "grid_positions", "load_weights", "rotate_qk"]
 __version__ = "0.1.0"

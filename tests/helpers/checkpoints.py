@@ -46,3 +46,22 @@ def write_corrupt(path: Path) -> Path:
     else:
         path.write_bytes(b"")
     return path
+
+
+def meta_keys(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """timm's Eva state dict under Meta's DINOv3 names: storage tokens, one masked qkv bias, SwiGLU w1 / w2 / w3."""
+    out = {"mask_token": torch.zeros(1, state["cls_token"].shape[-1])}
+    swiglu = any(".mlp.fc1_g." in key for key in state)
+    for key, value in state.items():
+        key = key.replace("reg_token", "storage_tokens").replace("gamma_1", "ls1.gamma").replace("gamma_2", "ls2.gamma")
+        if swiglu:
+            key = key.replace("mlp.fc1_g", "mlp.w1").replace("mlp.fc1_x", "mlp.w2").replace("mlp.fc2", "mlp.w3")
+        if key.endswith("attn.q_bias"):
+            v_bias = state[key.replace("attn.q_bias", "attn.v_bias")]
+            out[key.replace("q_bias", "qkv.bias")] = torch.cat((value, torch.full_like(value, 7.0), v_bias))  # k masked
+            out[key.replace("q_bias", "qkv.bias_mask")] = torch.cat((torch.ones_like(value), torch.zeros_like(value),
+                                                                     torch.ones_like(value)))
+        elif not key.endswith("attn.v_bias"):
+            out[key] = value
+    out["rope_embed.periods"] = torch.ones(8)
+    return out

@@ -10,6 +10,7 @@ import torch
 from safetensors.torch import save_file
 
 import vit_rope
+from helpers.checkpoints import meta_keys
 from helpers.models import assert_same_outputs, timm_eva
 from vit_rope.eval import cli, diagnose
 from vit_rope.models.checkpoint import convert_state_dict
@@ -22,25 +23,6 @@ ARCHS = [("small", False), ("small_plus", True), ("base", True), ("large", False
 
 def timm_dinov3(size: str, qkv_bias: bool, **kwargs) -> torch.nn.Module:
     return timm_eva(dinov3_name(size, qkv_bias).replace("vit_rope_", "vit_"), **kwargs)
-
-
-def meta_keys(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """timm's Eva state dict under Meta's DINOv3 names: storage tokens, one masked qkv bias, SwiGLU w1 / w2 / w3."""
-    out = {"mask_token": torch.zeros(1, state["cls_token"].shape[-1])}
-    swiglu = any(".mlp.fc1_g." in key for key in state)
-    for key, value in state.items():
-        key = key.replace("reg_token", "storage_tokens").replace("gamma_1", "ls1.gamma").replace("gamma_2", "ls2.gamma")
-        if swiglu:
-            key = key.replace("mlp.fc1_g", "mlp.w1").replace("mlp.fc1_x", "mlp.w2").replace("mlp.fc2", "mlp.w3")
-        if key.endswith("attn.q_bias"):
-            v_bias = state[key.replace("attn.q_bias", "attn.v_bias")]
-            out[key.replace("q_bias", "qkv.bias")] = torch.cat((value, torch.full_like(value, 7.0), v_bias))  # k masked
-            out[key.replace("q_bias", "qkv.bias_mask")] = torch.cat((torch.ones_like(value), torch.zeros_like(value),
-                                                                     torch.ones_like(value)))
-        elif not key.endswith("attn.v_bias"):
-            out[key] = value
-    out["rope_embed.periods"] = torch.ones(8)
-    return out
 
 
 @pytest.mark.parametrize(("size", "qkv_bias"), ARCHS)

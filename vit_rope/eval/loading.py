@@ -113,7 +113,7 @@ def check_weights(name: str, weights: str | None, model_kwargs: dict[str, Any], 
                         f"--random-init to {use} random weights on purpose")
 
 
-def _is_training_checkpoint(path: str | Path) -> bool:
+def is_training_checkpoint(path: str | Path) -> bool:
     """Whether ``path`` is a checkpoint written by train.py (its format tag), read memory-mapped."""
     state = None if Path(path).suffix == ".safetensors" else mapped_file(path)
     return isinstance(state, dict) and state.get("format") == CHECKPOINT_FORMAT
@@ -140,7 +140,7 @@ def load_pretrained(name: str, weights: str | None, num_classes: int, train_size
     if weights is not None and not Path(weights).is_file():
         raise UserError(f"--pretrained-file {weights} is not a file: pass the path of a weights file (.pth, .pt, "
                         ".bin or .safetensors)")
-    if weights is not None and _is_training_checkpoint(weights):
+    if weights is not None and is_training_checkpoint(weights):
         raise UserError(f"--pretrained-file {weights} is a train.py checkpoint: pass it as --checkpoint {weights}, "
                         "which rebuilds its model as it was trained (training size, model_kwargs, classes)")
     if weights is not None and "lookhere" in name:  # an official LookHere file names its config: take it
