@@ -45,7 +45,8 @@ FAMILIES = {  # baseline first: the same ViT (DeiT-III: LayerScale, class token,
     "dinov3": ["vit_small_patch16_dinov3", "vit_rope_small_patch16_dinov3"],
     # position-encoding kinds against axial RoPE of the same size; STRING is over axial, then over mixed
     "kinds": ["vit_rope_small_patch16_axial_224", *(f"vit_rope_small_patch16_{kind}_224" for kind in
-                                                    ("golden", "string", "string_mixed", "lookhere", "alibi"))],
+                                                    ("golden", "string", "string_mixed", "lookhere", "alibi",
+                                                     "comrope_ap", "comrope_ld", "liere"))],
 }
 _STRING = ("vit_rope_small_patch16_string_224", "vit_rope_small_patch16_string_mixed_224")
 # Least ratio to the family's baseline: (model, mode or None for both, img size or None for any, target). STRING's
@@ -54,7 +55,12 @@ TARGETS: dict[str, list[tuple[str, str | None, int | None, float]]] = {
     "kinds": [("vit_rope_small_patch16_golden_224", None, None, 0.95),
               *((name, mode, None, target) for name in _STRING for mode, target in (("train", 0.90), ("infer", 0.95))),
               *((f"vit_rope_small_patch16_{kind}_224", None, size, target) for kind in ("lookhere", "alibi")
-                for size, target in ((224, 0.95), (448, 0.85)))],
+                for size, target in ((224, 0.95), (448, 0.85))),
+              # issue 52: ComRoPE's tables exponentiated once per grid in eval, LieRE's one set for every block
+              *((f"vit_rope_small_patch16_{kind}_224", mode, None, target) for kind in ("comrope_ap", "comrope_ld")
+                for mode, target in (("train", 0.85), ("infer", 0.95))),
+              *(("vit_rope_small_patch16_liere_224", mode, None, target) for mode, target in (("train", 0.80),
+                                                                                              ("infer", 0.90)))],
 }
 
 

@@ -9,8 +9,8 @@ index (``pip download --no-binary``; once, into ``--out``), and runs its ``test_
 first, so that the ``vit_rope_*`` models are in timm's registry when pytest collects the test parameters. Selected:
 the tests whose id names a ``vit_rope_`` model (forward, backward, default configs, features, intermediates, FX,
 TorchScript), less those that download published weights (no hub here; ``test_model_load_pretrained`` and the
-like) and TorchScript on LookHere and 2D-ALiBi, which refuse it by design (docs/models.md). The exit status is
-pytest's.
+like) and TorchScript on LookHere, 2D-ALiBi, ComRoPE and LieRE, which refuse it by design (docs/models.md). The exit
+status is pytest's.
 """
 
 from __future__ import annotations
@@ -23,8 +23,9 @@ from pathlib import Path
 
 import timm
 
-# TorchScript on the attention-bias models: refused with a clear error (their tables come from a Python cache)
-KNOWN_REFUSALS = "not (torchscript and (lookhere or alibi))"
+# TorchScript on the attention-bias models and the rotations from learned generators (ComRoPE, LieRE): refused with a
+# clear error (their tables come from a Python cache)
+KNOWN_REFUSALS = "not (torchscript and (lookhere or alibi or comrope or liere))"
 
 
 def timm_tests(out: Path) -> Path:

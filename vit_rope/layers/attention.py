@@ -6,6 +6,8 @@ forward; prefix tokens (class, registers) have identity rows in them, so they ar
 
 Attention-bias encodings (LookHere, 2D-ALiBi: ``vit_rope.layers.attn_bias``) arrive instead as a penalty table
 ``bias`` ``[1 or B, nh, N, N]`` and the block's ``bias_scale``, added to the logits as ``bias_scale * bias``.
+Rotations that are not 2x2 pairs (ComRoPE, LieRE: ``vit_rope.layers.lie_rotation``) arrive as ``rotation``, orthogonal
+``b x b`` blocks ``[1 or B, nh or 1, N, D/b, b, b]`` that turn q and k after the projection and the q/k norms.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from torch import Tensor, nn
 
 from vit_rope.layers.capture import capturing
 from vit_rope.layers.fused import pairs_adjacent, project_rotate_qk, project_weights_rotate_qk, rotate_heads_
+from vit_rope.layers.lie_rotation import rotate_blocks
 from vit_rope.layers.rotary import apply_rope
 
 RopeTables = tuple[Tensor, Tensor]
@@ -66,7 +69,8 @@ class RoPEAttention(Attention):
         groups = nh // nkv
         return q, k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
 
-    def project(self, x: Tensor, rope: RopeTables | None = None) -> tuple[Tensor, Tensor, Tensor]:
+    def project(self, x: Tensor, rope: RopeTables | None = None,
+                rotation: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
         """Queries and keys (rotated) and values, each ``[B, nh, N, D]``; diagnostics reuse it for attention maps.
 
         In eager mode q and k are rotated straight in the projection output (``project_rotate_qk``: one pass, in
@@ -95,6 +99,8 @@ class RoPEAttention(Attention):
         q, k = self.q_norm(q), self.k_norm(k)
         if rope is not None:
             q, k = self._rotate_normed(q, k, rope)
+        if rotation is not None:
+            q, k = rotate_blocks(q, rotation), rotate_blocks(k, rotation)
         return q, k, v
 
     def _rotate_normed(self, q: Tensor, k: Tensor, rope: RopeTables) -> tuple[Tensor, Tensor]:
@@ -146,10 +152,11 @@ class RoPEAttention(Attention):
         is_causal: bool = False,
         bias: Tensor | None = None,
         bias_scale: float = 1.0,
+        rotation: Tensor | None = None,
     ) -> Tensor:
         B, N, _ = x.shape
         gate = self.gate(x).sigmoid() if self.gate is not None else None
-        q, k, v = self.project(x, rope)
+        q, k, v = self.project(x, rope, rotation)
         if bias is not None:
             x = self._biased(q, k, v, bias, bias_scale, attn_mask, is_causal)
         elif self.fused_attn:
@@ -168,8 +175,8 @@ class RoPEAttention(Attention):
 
 
 class RoPEBlock(Block):
-    """timm pre-norm ``Block`` (LayerScale, drop-path, Mlp) that hands the RoPE tables (or the bias) to its
-    attention."""
+    """timm pre-norm ``Block`` (LayerScale, drop-path, Mlp) that hands the RoPE tables (or the bias, or the block
+    rotations) to its attention."""
 
     def forward(
         self,
@@ -179,9 +186,11 @@ class RoPEBlock(Block):
         is_causal: bool = False,
         bias: Tensor | None = None,
         bias_scale: float = 1.0,
+        rotation: Tensor | None = None,
     ) -> Tensor:
         x = x + self.drop_path1(self.ls1(self.attn(
-            self.norm1(x), rope=rope, attn_mask=attn_mask, is_causal=is_causal, bias=bias, bias_scale=bias_scale
+            self.norm1(x), rope=rope, attn_mask=attn_mask, is_causal=is_causal, bias=bias, bias_scale=bias_scale,
+            rotation=rotation,
         )))  # keywords: hooks read them (vit_rope.eval.diagnose)
         return x + self.drop_path2(self.ls2(self.mlp(self.norm2(x))))
 

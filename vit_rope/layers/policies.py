@@ -39,6 +39,8 @@ DINOV3_POLICIES = ("normalized", "extrapolate")
 # Attention biases (vit_rope.layers.attn_bias) have positions but no frequencies: as they are, or scaled to training
 BIAS_KINDS = ("lookhere", "alibi")
 BIAS_POLICIES = ("extrapolate", "interpolate")
+# Rotations from learned generators (ComRoPE, LieRE: vit_rope.layers.lie_rotation) have positions but no frequencies
+GENERATOR_KINDS = ("comrope_ap", "comrope_ld", "liere")
 
 
 @dataclass(frozen=True)
@@ -80,7 +82,9 @@ class ResolutionPolicy:
 def kind_policies(kind: str | None) -> tuple[str, ...]:
     """Every policy that applies to RoPE ``kind`` or an attention bias (``check_policy``'s rule); all of them for
     ``None`` (a model without RoPE runs once whatever the policy)."""
-    return BIAS_POLICIES if kind in BIAS_KINDS else DINOV3_POLICIES if kind == "dinov3" else POLICIES
+    if kind in BIAS_KINDS or kind in GENERATOR_KINDS:
+        return BIAS_POLICIES
+    return DINOV3_POLICIES if kind == "dinov3" else POLICIES
 
 
 def check_policy(kind: str, policy: str) -> str:
@@ -90,6 +94,11 @@ def check_policy(kind: str, policy: str) -> str:
         raise ValueError(f"Policy {policy!r} does not apply to {kind}, an attention bias: ntk, yarn and normalized "
                          "rescale RoPE frequencies, which it has none of. Use 'extrapolate' (positions as they are) "
                          "or 'interpolate' (positions scaled to the training grid).")
+    if kind in GENERATOR_KINDS and policy not in BIAS_POLICIES:
+        raise ValueError(f"Policy {policy!r} does not apply to {kind}: ntk, yarn and normalized rescale RoPE "
+                         "frequencies, and its rotations come from learned generators instead. Use 'extrapolate' "
+                         "(positions at the training step) or 'interpolate' (positions scaled to the training "
+                         "extent); docs/models.md says what each means for it.")
     if kind == "dinov3" and policy not in DINOV3_POLICIES:
         raise ValueError(
             f"RoPE policy {policy!r} does not apply to DINOv3's RoPE, whose coordinates are normalised to [-1, 1] at "

@@ -9,6 +9,9 @@ Every kind is a ``PositionEncoding`` (``vit_rope.layers.encoding``), built here 
   per layer and head, held by each block's attention, over one of the RoPE kinds above;
 - attention biases instead of a rotation, ``lookhere`` (Fuller et al. NeurIPS 2024) and ``alibi`` (2D-ALiBi, CROMA,
   NeurIPS 2023): one ``AttnBias`` for all blocks, which caches its tables per grid (``vit_rope.layers.attn_bias``);
+- rotations from learned generators instead of RoPE's pairs, ``comrope_ap`` and ``comrope_ld`` (ComRoPE, Yu et al. CVPR
+  2025: ``vit_rope.layers.comrope``) and ``liere`` (LieRE, Ostmeier et al. ICML 2025: ``vit_rope.layers.liere``),
+  with their options in ``encoding_options``;
 - ``none``: no position encoding (``NoEncoding``), the control of the encodings study.
 
 A rotation lives at the model's ``rope`` attribute (the state-dict keys ``rope.<block>.freqs`` that RoPE-ViT's and
@@ -18,6 +21,7 @@ whatever its kind. A new kind is one ``PositionEncoding`` subclass and one entry
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import warnings
 from collections.abc import Callable
@@ -29,7 +33,9 @@ from torch import nn
 
 from vit_rope.layers.attn_bias import BIAS_KINDS, AttnBias
 from vit_rope.layers.cayley_string import CayleyString
+from vit_rope.layers.comrope import COMROPE_KINDS, ComRoPE
 from vit_rope.layers.encoding import NoEncoding, PositionEncoding
+from vit_rope.layers.liere import LieRE
 from vit_rope.layers.policies import CoordAugment, ResolutionPolicy
 from vit_rope.layers.rope import KINDS as ROPE_KINDS
 from vit_rope.layers.rope import RoPE2D, check_head_dim, check_kind
@@ -48,6 +54,7 @@ class EncodingSpec:
         rope_options: the RoPE options given (``RoPE2D``'s arguments, and ``ref_grid``), each with the model argument
             that gave it: ``{"theta": ("rope_theta", 1e4)}``.
         lh_config: LookHere's configuration, or ``None``.
+        options: the kind's own options (the model's ``encoding_options``), checked by its builder.
     """
 
     kind: str
@@ -59,11 +66,22 @@ class EncodingSpec:
     policy: str | dict | ResolutionPolicy | None
     rope_options: dict[str, tuple[str, Any]]
     lh_config: str | dict | None
+    options: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+
+def _options(spec: EncodingSpec, allowed: tuple[str, ...]) -> dict[str, Any]:
+    """The kind's ``encoding_options``; refuses names it does not take, saying which it does."""
+    unknown = sorted(set(spec.options) - set(allowed))
+    if unknown:
+        takes = f"takes {', '.join(allowed)}" if allowed else "takes none"
+        raise ValueError(f"encoding_options {unknown} do not apply to the {spec.kind} encoding, which {takes}.")
+    return dict(spec.options)
 
 
 def _rotary(spec: EncodingSpec) -> PositionEncoding:
     if spec.lh_config is not None:
         raise ValueError(f"lh_config sets LookHere (encoding='lookhere') and does nothing for {spec.kind!r}.")
+    _options(spec, ())
     options = {name: value for name, (_, value) in spec.rope_options.items() if name != "ref_grid"}
     return RotaryEncoding(spec.depth, spec.base == "mixed", head_dim=spec.head_dim, num_heads=spec.num_heads,
                           kind=spec.base, train_grid=spec.train_grid, policy=spec.policy, **options)
@@ -81,6 +99,7 @@ def _no_rope_options(spec: EncodingSpec) -> None:
 
 def _bias(spec: EncodingSpec) -> PositionEncoding:
     _no_rope_options(spec)
+    _options(spec, ())
     return AttnBias(spec.kind, spec.num_heads, spec.depth, spec.train_grid, spec.policy, spec.lh_config)
 
 
@@ -88,12 +107,27 @@ def _none(spec: EncodingSpec) -> PositionEncoding:
     _no_rope_options(spec)
     if spec.lh_config is not None:
         raise ValueError("lh_config sets LookHere (encoding='lookhere') and does nothing without an encoding.")
+    _options(spec, ())
     return NoEncoding(spec.depth, spec.train_grid)
+
+
+def _generated(spec: EncodingSpec) -> PositionEncoding:
+    """ComRoPE or LieRE: rotations from learned generators, with their options (``ComRoPE``'s or ``LieRE``'s
+    arguments)."""
+    _no_rope_options(spec)
+    if spec.lh_config is not None:
+        raise ValueError(f"lh_config sets LookHere (encoding='lookhere') and does nothing for {spec.kind!r}.")
+    if spec.kind == "liere":
+        options = _options(spec, ("generator_dim", "per_head", "per_layer"))
+        return LieRE(spec.depth, spec.num_heads, spec.head_dim, spec.train_grid, spec.policy, **options)
+    options = _options(spec, ("block_size", "init_std", "cls_position"))
+    return ComRoPE(spec.kind, spec.depth, spec.num_heads, spec.head_dim, spec.train_grid, spec.policy, **options)
 
 
 # kind -> builder of its PositionEncoding: a new kind is one entry here and its class
 BUILDERS: dict[str, Callable[[EncodingSpec], PositionEncoding]] = {
     **dict.fromkeys((*ROPE_KINDS, "string"), _rotary), **dict.fromkeys(BIAS_KINDS, _bias), "none": _none,
+    **dict.fromkeys((*COMROPE_KINDS, "liere"), _generated),
 }
 KINDS = tuple(BUILDERS)
 
@@ -149,7 +183,7 @@ class PositionEncodingMixin:
 
     def _init_encoding(self, kind: str, base: str | None, num_heads: int, coord_aug: dict | CoordAugment | None,
                        lh_config: str | dict | None, policy: str | dict | ResolutionPolicy | None,
-                       rope_options: dict[str, tuple[str, Any]]) -> None:
+                       rope_options: dict[str, tuple[str, Any]], options: dict[str, Any] | None = None) -> None:
         """Build the encoding of ``kind`` (``base`` from ``check_encoding``) from the given RoPE options
         (``EncodingSpec.rope_options``).
 
@@ -170,7 +204,7 @@ class PositionEncodingMixin:
         ref_grid = rope_options.get("ref_grid", (None, None))[1]
         train_grid = tuple(self.patch_embed.grid_size) if ref_grid is None else (int(ref_grid[0]), int(ref_grid[1]))
         spec = EncodingSpec(kind, base, len(self.blocks), num_heads, head_dim, train_grid, policy, rope_options,
-                            lh_config)
+                            lh_config, dict(options or {}))
         encoding = BUILDERS[kind](spec)
         self.rotary = isinstance(encoding, RotaryEncoding)
         self.rope_per_block = self.rotary and encoding.per_block
@@ -228,9 +262,9 @@ class PositionEncodingMixin:
     def __prepare_scriptable__(self) -> PositionEncodingMixin:
         """``torch.jit.script`` calls this first: the bias models keep their tables in a Python cache, which TorchScript
         cannot compile, so they say so rather than fail deep in the compiler."""
-        if isinstance(self.pos_encoding, AttnBias):
-            raise RuntimeError(f"TorchScript does not support the {self.encoding_kind} models (their bias tables live "
-                               "in a Python cache); export them with vit_rope.export (ONNX) or run them eagerly.")
+        if isinstance(self.pos_encoding, (AttnBias, ComRoPE, LieRE)):
+            raise RuntimeError(f"TorchScript does not support the {self.encoding_kind} models (their tables live in "
+                               "a Python cache); export them with vit_rope.export (ONNX) or run them eagerly.")
         return self
 
     @torch.jit.ignore

@@ -75,6 +75,9 @@ class RoPEVisionTransformer(PositionEncodingMixin, EmbeddingMixin, FeatureMixin,
         num_kv_heads: grouped-query attention, one count for all blocks or one per block (``layers.eva``).
         layer_scale: ``"both"`` branches (timm's) or ``"attn"`` only (Sapiens2).
         lh_config: LookHere's configuration, a preset name (``lh180``, ``lh90``, ``lh45``) or the official dict.
+        encoding_options: the options of a kind that has its own (``comrope_ap`` / ``comrope_ld``: ``block_size``,
+            ``init_std``, ``cls_position``; ``liere``: ``generator_dim``, ``per_head``, ``per_layer``); ``None``: its
+            defaults. Other kinds refuse them.
         head_hidden_dim: a classifier MLP ``Linear -> Tanh -> Linear`` with this hidden width instead of one linear
             layer (LookHere's official head); ``None``: timm's linear head.
         pos_embed: ``"none"`` for RoPE only, ``"learn"`` for RoPE + APE (RoPE-ViT's "+APE").
@@ -102,6 +105,7 @@ class RoPEVisionTransformer(PositionEncodingMixin, EmbeddingMixin, FeatureMixin,
         num_kv_heads: int | tuple[int, ...] | None = None,
         layer_scale: str = "both",
         lh_config: str | dict | None = None,
+        encoding_options: dict[str, Any] | None = None,
         head_hidden_dim: int | None = None,
         pos_embed: str = "none",
         no_embed_class: bool = True,
@@ -140,7 +144,8 @@ class RoPEVisionTransformer(PositionEncodingMixin, EmbeddingMixin, FeatureMixin,
             rope_mixed_init), "offset": ("rope_grid_offset", rope_grid_offset), "ref_grid": ("rope_ref_grid",
             rope_ref_grid)}
         self._init_encoding(encoding, base_kind, num_heads, rope_coord_aug, lh_config, resolution_policy,
-                            {name: given for name, given in rope_options.items() if given[1] is not None})
+                            {name: given for name, given in rope_options.items() if given[1] is not None},
+                            encoding_options)
         factory = {key: kwargs[key] for key in ("device", "dtype") if kwargs.get(key) is not None}
         if factory:  # timm built its modules there (create_model(device=..., dtype=...)); ours follow
             self.to(**factory)

@@ -1,0 +1,128 @@
+"""ComRoPE-AP, ComRoPE-LD and LieRE on the ViT: registered names, NaFlex batches (a sample equals its image alone;
+ComRoPE's patch logits see offsets only on shifted and sparse coordinates), features, position reliance, the
+policies each takes, ONNX export at two sizes, and errors."""
+
+from __future__ import annotations
+
+import pytest
+import timm
+import torch
+
+import vit_rope  # noqa: F401  (registers the models)
+from helpers.naflex import images, pack
+from vit_rope.eval.ablation import position_reliance
+
+KINDS = ("comrope_ap", "comrope_ld", "liere")
+BASE = dict(img_size=80, embed_dim=32, depth=2, num_heads=2, num_classes=7, init_values=0.5)
+OPTIONS = {"comrope_ap": {"block_size": 4}, "comrope_ld": {"block_size": 4}, "liere": {"generator_dim": 4}}
+
+
+def build(kind: str, policy: str = "extrapolate", **kwargs) -> torch.nn.Module:
+    torch.manual_seed(0)
+    model = timm.create_model(f"vit_rope_tiny_patch16_{kind}_224",
+                              **{**BASE, "encoding_options": OPTIONS[kind], **kwargs}).eval()
+    with torch.no_grad():
+        for param in model.parameters():
+            param.add_(torch.randn_like(param) * 0.2)
+    model.set_resolution_policy(policy)
+    return model
+
+
+def test_kinds_are_registered_for_three_sizes_with_the_official_defaults():
+    for size in ("tiny", "small", "base"):
+        for kind in KINDS:
+            assert f"vit_rope_{size}_patch16_{kind}_224" in timm.list_models("vit_rope_*")
+    model = timm.create_model("vit_rope_small_patch16_comrope_ld_224", depth=1)
+    assert model.pos_encoding.freqs.shape == (1, 6, 1, 8, 8, 8) and model.pos_encoding.multiplier.shape[2] == 2
+    model = timm.create_model("vit_rope_small_patch16_liere_224", depth=2)
+    assert model.pos_encoding.generator_raw_params.shape == (2, 1, 6 * 8, 8, 8)  # per head, one set for all blocks
+
+
+@pytest.mark.parametrize("policy", ["extrapolate", "interpolate"])
+@pytest.mark.parametrize("kind", KINDS)
+def test_each_sample_of_a_mixed_batch_equals_its_image_alone(kind: str, policy: str):
+    model, inputs = build(kind, policy), images()
+    batch = pack(inputs)
+    with torch.no_grad():
+        logits = model(batch)
+        for b, image in enumerate(inputs):
+            torch.testing.assert_close(logits[b], model(image[None])[0], atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("kind", ["comrope_ap", "comrope_ld"])
+def test_comrope_patch_logits_see_offsets_only_on_shifted_and_sparse_coordinates(kind: str):
+    model = build(kind, class_token=False, global_pool="avg")
+    flat, coord, _ = timm.data.naflex_transforms.patchify_image(images([(5, 6)])[0], (16, 16))
+    keep = torch.tensor([0, 2, 3, 7, 8, 11, 13, 17, 20, 22, 23, 27, 29])  # sparse: no row or column is full
+    moved = coord.clone()
+    moved[4] = torch.tensor([9, 9])
+
+    def batch(coords: list[torch.Tensor], patches: torch.Tensor) -> dict[str, torch.Tensor]:
+        n = len(coords[0])
+        return {"patches": patches[None].expand(len(coords), -1, -1), "patch_coord": torch.stack(coords),
+                "patch_valid": torch.ones(len(coords), n, dtype=torch.bool)}
+
+    with torch.no_grad():
+        full = model(batch([coord, coord + torch.tensor([3, 5]), moved], flat))
+        sparse = model(batch([coord[keep], coord[keep] + torch.tensor([7, 2])], flat[keep]))
+    torch.testing.assert_close(full[1], full[0], atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(sparse[1], sparse[0], atol=1e-4, rtol=1e-4)
+    assert (full[2] - full[0]).abs().max() > 1e-3
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_intermediates_and_position_reliance(kind: str):
+    model = build(kind)
+    x = torch.randn(2, 3, 64, 96)
+    with torch.no_grad():
+        final, inter = model.forward_intermediates(x, indices=2)
+        torch.testing.assert_close(final, model.forward_features(x))
+        naflex = model.forward_intermediates(pack(images()), indices=1)
+        reliance = position_reliance(model, x)
+    assert len(inter) == 2 and inter[0].shape == (2, 32, 4, 6) and len(naflex[1]) == 1
+    assert reliance["output_change"] > 1e-3  # without its rotations the model computes something else
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_training_grid_tables_are_cached_in_eval_and_follow_the_generators(kind: str):
+    model = build(kind)
+    x = torch.randn(1, 3, 80, 80)
+    with torch.no_grad():
+        before = model(x)
+        assert torch.equal(model(x), before) and len(model.pos_encoding._cache) == 1
+        for param in model.pos_encoding.parameters():
+            param.mul_(1.5)
+        assert not torch.allclose(model(x), before)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_onnx_export_at_two_sizes_matches_eager(kind: str, tmp_path):
+    onnxruntime = pytest.importorskip("onnxruntime")
+    from vit_rope.eval import onnx as export
+
+    model = build(kind)
+    result = export.export_onnx(model, tmp_path / "model.onnx", img_size=(64, 48))
+    sess = onnxruntime.InferenceSession(str(result.path), providers=["CPUExecutionProvider"])
+    for size in ((80, 80), (96, 128)):
+        x = torch.randn(2, 3, *size)
+        with torch.no_grad():
+            expected = model(x)
+        got = torch.from_numpy(sess.run(None, {"images": x.numpy()})[0])
+        torch.testing.assert_close(got, expected, atol=1e-4, rtol=1e-4)
+
+
+def test_bad_options_and_policies_are_errors_that_say_what_fits():
+    with pytest.raises(ValueError, match=r"block_size'\]=5 must divide the head width 16"):
+        build("comrope_ld", encoding_options={"block_size": 5})
+    with pytest.raises(ValueError, match=r"\['generator_dim'\] do not apply to the comrope_ap encoding, which takes "
+                                         "block_size, init_std, cls_position"):
+        build("comrope_ap", encoding_options={"generator_dim": 4})
+    with pytest.raises(ValueError, match=r"\['block_size'\] do not apply to the axial encoding, which takes none"):
+        timm.create_model("vit_rope_tiny_patch16_axial_224", encoding_options={"block_size": 4})
+    with pytest.raises(ValueError, match="rope_theta=.* configure RoPE"):
+        build("liere", rope_theta=10.0)
+    model = build("comrope_ap")
+    with pytest.raises(ValueError, match="'ntk' does not apply to comrope_ap"):
+        model.set_resolution_policy("ntk")
+    with pytest.raises(RuntimeError, match="TorchScript does not support the liere models"):
+        torch.jit.script(build("liere"))

@@ -1,0 +1,107 @@
+"""ComRoPE: RoPE whose rotations come from trainable commuting angle matrices, so attention stays exactly relative.
+
+ComRoPE (Yu et al., "ComRoPE: Scalable and Robust Rotary Position Embedding Parameterized by Trainable Commuting Angle
+Matrices", CVPR 2025, arXiv:2506.03737; code github.com/Longin-Yu/ComRoPE, ``model.py`` at commit 7aeef083) rotates
+q and k by ``R(p) = exp(p_x A_x + p_y A_y)``. ``R(p)^T R(p') = R(p' - p)``, so that scores see offsets only, holds
+exactly when ``A_x`` and ``A_y`` commute; both parametrisations make them commute by construction, block-diagonal with
+``b x b`` blocks ``B_j`` per head and layer:
+
+- **ComRoPE-AP** (axis partition, ``comrope_ap``): block ``j`` turns with one axis only, ``B_j = P_j - P_j^T`` for axis
+  ``j mod 2`` (y for even ``j``, x for odd, the official order) and 0 for the other: blocks on different axes act on
+  different channels.
+- **ComRoPE-LD** (linear dependence, ``comrope_ld``): one ``P_j`` per block, scaled per axis: ``B_ij = theta_ij (P_j -
+  P_j^T)``; multiples of one matrix commute. ``theta`` is shared by the heads of a layer, as officially.
+
+As the official code: ``P`` is per layer and head, drawn ``N(0, init_std^2)`` with ``init_std = 1``, ``theta`` from
+``N(0, 1)``; positions are patch centres in units of the grid, ``(i + 0.5) / n`` per axis (their ``axis_scale``), and
+the class token (every prefix token here) sits at ``(0.5, 0.5)`` and is rotated too (their ``cls_position``;
+``cls_position=None`` leaves prefix tokens unrotated). The block size defaults to 8 (``block_size``;
+``model.py``'s config default is 2, with which ComRoPE-AP is RoPE with learned frequencies).
+
+Resolution policies: ``extrapolate`` divides by the training grid ``n`` at every size (a patch moves by ``1 / n`` as in
+training and larger images reach past 1: the official model given its training positions' step); ``interpolate``
+divides by the input grid (positions span [0, 1] at every size: the official model built for the new image size).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from vit_rope.layers.lie_rotation import BlockRotation, check_block, unit_positions
+from vit_rope.layers.policies import ResolutionPolicy
+
+# FX (timm's and torchvision's tracers): recorded as one call, whose branches on shapes the trace cannot take
+torch.fx.wrap("unit_positions")
+
+COMROPE_KINDS = ("comrope_ap", "comrope_ld")
+
+
+class ComRoPE(BlockRotation):
+    """ComRoPE-AP or -LD angle matrices for every block (see the module docstring).
+
+    Args:
+        kind: ``"comrope_ap"`` or ``"comrope_ld"``.
+        depth: blocks; num_heads: heads; head_dim: channels per head.
+        train_grid: the ``(h, w)`` training grid.
+        policy: ``extrapolate`` (default) or ``interpolate``.
+        block_size: ``b``, which must divide ``head_dim`` (and, for AP, ``head_dim / 2``: the two axes split the
+            blocks evenly).
+        init_std: the standard deviation of ``P`` at initialisation.
+        cls_position: where prefix tokens sit, in grid units, on both axes; ``None``: not rotated.
+
+    Parameters (official layout with the layers stacked in front, axes in the official order (y, x)): ``freqs``
+    ``[L, H, 1, D/b, b, b]`` (``P``), and for LD ``multiplier`` ``[L, 1, 2, D/b, 1, 1]`` (``theta``).
+    """
+
+    def __init__(self, kind: str, depth: int, num_heads: int, head_dim: int, train_grid: tuple[int, int],
+                 policy: str | dict | ResolutionPolicy | None = None, block_size: int = 8, init_std: float = 1.0,
+                 cls_position: float | None = 0.5) -> None:
+        if kind not in COMROPE_KINDS:
+            raise ValueError(f"Unknown ComRoPE kind {kind!r}: choose one of {', '.join(COMROPE_KINDS)}.")
+        self.kind = kind
+        super().__init__(depth, train_grid, policy, cls_position)
+        self.block_size = check_block("encoding_options['block_size']", block_size, head_dim)
+        num_blocks = head_dim // block_size
+        if kind == "comrope_ap" and num_blocks % 2:
+            fits = [d for d in range(2, head_dim // 2 + 1) if (head_dim // 2) % d == 0]
+            raise ValueError(f"encoding_options['block_size']={block_size} leaves {num_blocks} blocks per head, "
+                             f"which ComRoPE-AP cannot split evenly between the two axes: pick one of {fits}.")
+        self.init_std = init_std
+        self.freqs = nn.Parameter(torch.randn(depth, num_heads, 1, num_blocks, block_size, block_size) * init_std)
+        if kind == "comrope_ld":
+            self.multiplier = nn.Parameter(torch.randn(depth, 1, 2, num_blocks, 1, 1))
+        else:
+            mask = torch.zeros(2, num_blocks)  # block j turns with axis j mod 2 (y, x)
+            mask[0, 0::2], mask[1, 1::2] = 1.0, 1.0
+            self.register_buffer("axis_mask", mask[:, :, None, None], persistent=False)  # [2, m, 1, 1]
+
+    @property
+    def per_layer(self) -> bool:
+        return True
+
+    def generators(self) -> Tensor:
+        skew = self.freqs - self.freqs.transpose(-1, -2)  # [L, H, 1, m, b, b]
+        scale = self.multiplier if self.kind == "comrope_ld" else self.axis_mask
+        return (skew * scale).flip(2)  # [L, H, 2, m, b, b], axes (y, x) -> (x, y)
+
+    def place(self, coord: Tensor, grids: Tensor) -> Tensor:
+        """Patch centres in grid units, ``(i + 0.5) / n``: ``n`` the training grid (``extrapolate``) or the input's
+        (``interpolate``)."""
+        return unit_positions(coord, grids, self.train_grid, self.kind, self.policy_name)
+
+    def prune_(self, depth: int) -> None:
+        """Keep the first ``depth`` blocks' matrices (timm's ``prune_intermediate_layers``)."""
+        self.freqs = nn.Parameter(self.freqs.data[:depth])
+        if self.kind == "comrope_ld":
+            self.multiplier = nn.Parameter(self.multiplier.data[:depth])
+        self.depth = depth
+
+    def no_weight_decay(self) -> set[str]:
+        """Weight decay would shrink the angle matrices towards no rotation at all (as for RoPE-ViT's frequencies)."""
+        return {"freqs", "multiplier"} if self.kind == "comrope_ld" else {"freqs"}
+
+    def extra_repr(self) -> str:
+        L, H, _, m, b, _ = self.freqs.shape
+        return (f"kind={self.kind}, depth={L}, num_heads={H}, blocks={m}x{b}, train_grid={self.train_grid}, "
+                f"policy={self.policy_name}, cls_position={self.prefix_position}")

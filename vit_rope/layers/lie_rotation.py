@@ -1,0 +1,192 @@
+"""Rotations ``R(p) = exp(sum_i p_i A_i)`` from learned skew-symmetric generators, acting on blocks of channels.
+
+ComRoPE (``vit_rope.layers.comrope``) and LieRE (``vit_rope.layers.liere``) both rotate each query and key by such an
+``R`` instead of RoPE's 2x2 pairs: the head's ``D`` channels are cut into ``D / b`` contiguous blocks of ``b``, and
+each block gets its own ``b x b`` orthogonal matrix per token (and per head, per layer where the kind learns them).
+What differs between them is how the generators ``A_x, A_y`` are parametrised (commuting or not) and where a patch
+sits; this module holds what they share:
+
+- ``expm``: the matrix exponential. Eager runs take ``torch.linalg.matrix_exp``; graph captures (torch.compile,
+  export, ONNX, FX) take scaling and squaring with a Taylor polynomial written in matmuls (every ONNX runtime has
+  them; ``matrix_exp`` has no ONNX op), with the squarings counted from the norm and masked, so one graph serves
+  every position range.
+- ``rotate_blocks``: ``R`` applied to q or k ``[B, H, N, D]``. A table shared by the batch (an image batch) is one
+  batched matmul with the batch as the last dimension (``[H, N, m, b, b] @ [H, N, m, b, B]``), 2.5x faster on CPU
+  than the per-token matrix-vector product it replaces, which per-sample tables (NaFlex) take.
+- ``BlockRotation``: the ``PositionEncoding`` of both kinds: tables ``[1 or B, H, P + N, D/b, b, b]`` per block
+  (prefix tokens at a kind's own position, or the identity), built once per forward and, for an image batch in
+  evaluation, kept per grid until the generators change.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from typing import Any
+
+import torch
+from timm.layers import register_notrace_module
+from torch import Tensor
+
+from vit_rope.layers.capture import capturing
+from vit_rope.layers.encoding import PositionEncoding, Positions
+from vit_rope.layers.policies import ResolutionPolicy, check_policy
+
+TAYLOR_ORDER = 12  # after scaling to a norm <= 1/2: remainder below 0.5**13 / 13! ~ 1e-14
+MAX_SQUARINGS = 16  # norms up to 2**15: far past any position range times generator a model meets
+
+
+def expm(skew: Tensor) -> Tensor:
+    """``exp(S)`` of ``[..., b, b]`` matrices, in fp32 at least: ``torch.linalg.matrix_exp`` in eager, scaling and
+    squaring of a Taylor polynomial (matmuls only) under a graph capture, equal to 1e-6."""
+    dtype = skew.dtype
+    if dtype not in (torch.float32, torch.float64):
+        skew = skew.float()
+    if not capturing(skew):
+        return torch.linalg.matrix_exp(skew.contiguous()).to(dtype)
+    return expm_by_squaring(skew).to(dtype)
+
+
+def expm_by_squaring(skew: Tensor) -> Tensor:
+    """``exp(S)`` of ``[..., b, b]`` by scaling, a Taylor polynomial and squaring: matmuls and ``where`` only, so that
+    ONNX exports it; the squarings follow each matrix's norm, masked past its own count."""
+    norm = skew.abs().sum(-1).amax(-1)  # [...] the infinity norm bounds the spectral one
+    squarings = torch.ceil(torch.log2(norm.clamp_min(1e-30) * 2)).clamp(0, MAX_SQUARINGS)  # [...] so |S / 2^s| <= 1/2
+    scaled = skew / torch.exp2(squarings)[..., None, None]
+    eye = torch.eye(skew.shape[-1], dtype=skew.dtype, device=skew.device).expand_as(skew)
+    out, term = eye, eye
+    for k in range(1, TAYLOR_ORDER + 1):
+        term = term @ scaled / k
+        out = out + term
+    for step in range(MAX_SQUARINGS):
+        out = torch.where((step < squarings)[..., None, None], out @ out, out)
+    return out
+
+
+def rotate_blocks(x: Tensor, rotation: Tensor) -> Tensor:
+    """``x`` ``[B, H, N, D]`` with each block of ``b`` channels turned by its matrix of ``rotation``
+    ``[1 or B, H or 1, N, D/b, b, b]``; channels past the last whole block (LieRE's) stay as they are."""
+    m, b = rotation.shape[-3], rotation.shape[-1]
+    rotation = rotation.to(x.dtype)
+    blocks = x[..., : m * b].unflatten(-1, (m, b))  # [B, H, N, m, b]
+    if not capturing(x) and rotation.shape[0] == 1:  # one table for the batch: the batch as the matmul's columns
+        turned = (rotation[0] @ blocks.permute(1, 2, 3, 4, 0)).permute(4, 0, 1, 2, 3)  # [B, H, N, m, b]
+    else:
+        turned = (rotation @ blocks[..., None])[..., 0]
+    turned = turned.flatten(-2)
+    if capturing(x) or m * b != x.shape[-1]:  # FX sees shapes as proxies: no test on them
+        return torch.cat((turned, x[..., m * b:]), -1)
+    return turned
+
+
+def check_block(name: str, block: int, head_dim: int) -> int:
+    """``block`` if it cuts ``head_dim`` channels into whole blocks of at least 2; else a ``ValueError`` naming the
+    sizes that would."""
+    if block < 2 or head_dim % block:
+        fits = [d for d in range(2, head_dim + 1) if head_dim % d == 0]
+        raise ValueError(f"{name}={block} must divide the head width {head_dim} (and be at least 2): pick one of "
+                         f"{fits}.")
+    return block
+
+
+@register_notrace_module
+class BlockRotation(PositionEncoding):
+    """What ComRoPE and LieRE share: the rotation tables of each block from the kind's ``generators()`` and the
+    positions its ``place`` gives. Resolution policies: ``extrapolate`` and ``interpolate`` (what each means is the
+    kind's ``place``); ``ntk``, ``yarn`` and ``normalized`` rescale RoPE frequencies, which these kinds do not have.
+
+    Args:
+        depth: blocks of the model.
+        train_grid: the ``(h, w)`` training grid, which the policies scale against.
+        policy: ``extrapolate`` (default) or ``interpolate``.
+        prefix_position: the position of every prefix token (class, registers) in the kind's units, or ``None`` for
+            the identity (prefix tokens not rotated).
+    """
+
+    CACHE_SIZE = 2
+
+    def __init__(self, depth: int, train_grid: tuple[int, int], policy: str | dict | ResolutionPolicy | None,
+                 prefix_position: float | None) -> None:
+        super().__init__()
+        self.depth, self.train_grid = depth, (int(train_grid[0]), int(train_grid[1]))
+        self.prefix_position = prefix_position
+        self.policy = policy
+        self._cache: OrderedDict[tuple, Tensor] = OrderedDict()
+
+    @property
+    def policy(self) -> ResolutionPolicy:
+        return ResolutionPolicy(self.policy_name)
+
+    @policy.setter
+    def policy(self, policy: str | dict | ResolutionPolicy | None) -> None:
+        policy = ResolutionPolicy.create("extrapolate" if policy is None else policy)
+        self.policy_name = check_policy(self.kind, policy.name)
+        self._cache = OrderedDict()
+
+    def generators(self) -> Tensor:
+        """The skew-symmetric generators ``[L, H, 2, D/b, b, b]`` (``L``: 1, shared by every block, or one per block),
+        along the axes (x, y) of the positions ``place`` gives."""
+        raise NotImplementedError
+
+    def tables(self, positions: Tensor, num_prefix_tokens: int) -> Tensor:
+        """``R`` ``[L, 1 or B, H, P + N, D/b, b, b]`` for positions ``[N, 2]`` or ``[B, N, 2]`` (x, y)."""
+        gens = self.generators().float()  # [L, H, 2, m, b, b]
+        pos = positions.float() if positions.dim() == 3 else positions.float()[None]  # [1 or B, N, 2]
+        if num_prefix_tokens:
+            prefix = pos.new_full((pos.shape[0], num_prefix_tokens, 2), self.prefix_position or 0.0)
+            pos = torch.cat((prefix, pos), 1)  # [1 or B, P + N, 2]
+        skew = torch.einsum("bna,lhamij->lbhnmij", pos, gens)  # [L, 1 or B, H, P + N, m, b, b]
+        rotation = expm(skew)
+        if num_prefix_tokens and self.prefix_position is None:  # exactly the identity, whatever the rounding
+            eye = torch.eye(rotation.shape[-1], dtype=rotation.dtype, device=rotation.device)
+            keep = torch.arange(rotation.shape[3], device=rotation.device) >= num_prefix_tokens  # [P + N]
+            rotation = torch.where(keep[:, None, None, None], rotation, eye)
+        return rotation
+
+    def forward(self, positions: Positions, num_prefix_tokens: int = 0) -> Tensor:
+        """Every block's tables (``tables``); an image batch's in evaluation kept per grid until the generators,
+        the policy or the device change."""
+        grid = positions.grid
+        if (grid is None or positions.coords.dim() != 2 or torch.is_grad_enabled() or capturing()
+                or torch.jit.is_scripting()):
+            return self.tables(positions.coords, num_prefix_tokens)
+        params = tuple(x for p in self.parameters() for x in (p._version, p.data_ptr()))
+        key = (int(grid[0]), int(grid[1]), num_prefix_tokens, str(positions.coords.device), params)
+        if key in self._cache:
+            self._cache.move_to_end(key)
+        else:
+            self._cache[key] = self.tables(positions.coords, num_prefix_tokens)
+            while len(self._cache) > self.CACHE_SIZE:
+                self._cache.popitem(last=False)
+        return self._cache[key]
+
+    def block_inputs(self, positions: Positions, num_prefix_tokens: int) -> list[dict[str, Any]]:
+        tables = self(positions, num_prefix_tokens)  # [L, 1 or B, H, P + N, m, b, b]
+        # indexed, not iterated: FX records the tables as one call whose items it can index but not unpack
+        return [{"rotation": tables[i if self.per_layer else 0]} for i in range(self.depth)]
+
+    @property
+    def per_layer(self) -> bool:
+        """Whether each block has its own generators."""
+        return False
+
+    def train(self, mode: bool = True) -> BlockRotation:
+        """Also drop the kept tables when training starts: the generators move at every step."""
+        if mode:
+            self._cache = OrderedDict()
+        return super().train(mode)
+
+
+def unit_positions(coord: Tensor, grids: Tensor, train_grid: tuple[int, int], kind: str, policy: str) -> Tensor:
+    """Positions ``[..., N, 2]`` (x, y) of the patches at ``coord`` ``[..., N, 2]`` (y, x) of the grids ``grids``
+    ``[1 or B, 2]`` (h, w), in units of a grid, as ComRoPE (``(i + 0.5) / n``) or LieRE (``i / (m - 1)``, times
+    ``m / n`` under ``extrapolate``) places them; ``n`` the training grid, or under ``interpolate`` (ComRoPE) the
+    input's. One function for an image's grid and a NaFlex batch's, so that a sample's positions equal those of its
+    image alone to the bit."""
+    xy = coord.flip(-1).float()
+    size = grids.flip(-1).float()  # [1 or B, 2] (w, h)
+    train = torch.tensor([float(train_grid[1]), float(train_grid[0])], device=size.device)
+    if kind == "liere":
+        offset, scale = 0.0, (size - 1).clamp_min(1) * (1.0 if policy == "interpolate" else train / size)
+    else:
+        offset, scale = 0.5, size if policy == "interpolate" else train.expand_as(size)
+    return (xy + offset) / (scale[0] if coord.dim() == 2 else scale[:, None, :])

@@ -1,0 +1,91 @@
+"""LieRE: rotations ``exp(p_x A_x + p_y A_y)`` from learned skew-symmetric generators that need not commute.
+
+LieRE (Ostmeier et al., "LieRE: Generalizing Rotary Position Encodings", ICML 2025, arXiv:2406.10322; code
+github.com/StanfordMIMI/LieRE, ``models/rope_vit.py`` at commit b27b41ba) learns the generators ``A_x, A_y`` freely:
+block-diagonal with ``g x g`` blocks (the generator size), per head. Because they need not commute, ``R(p)^T R(p')``
+is not ``R(p' - p)`` in general: scores depend on where two patches are, not only on their offset. Where the
+generators commute (``g = 2``, or trained so) it is relative as RoPE is; the tests show both.
+
+As the official code (its ImageNet recipe, ``lightning_imagenet.sh`` and ``lightning_conf/imagenet_224.yaml``):
+
+- generator size 8 (``generator_dim``; ``ModelArgs``' default is 64, one generator per head), generators per
+  head, drawn from ``U(0, 2 pi)`` on the upper triangle (``generator_raw_params``; ``A = U - U^T``);
+- one set of generators for every block. Their config asks for one per layer (``rotary_embedding_per_layer``), but
+  their ``Transformer.forward`` overwrites the per-layer tables with layer 0's in its first iteration, so every layer
+  turns by layer 0's generators and the published checkpoints were trained that way; ``per_layer=True`` gives
+  each block its own;
+- the class token (every prefix token here) is not rotated;
+- positions are ``linspace(0, m / n, m)`` per axis on an ``m``-patch axis trained at ``n`` (``PositionEncoderBase``):
+  ``i / (n - 1)`` at the training size, and at other sizes the image spans ``m / n`` of the training extent. That is
+  ``extrapolate`` here; ``interpolate`` is their ``scale_0_to_1`` branch, ``i / (m - 1)`` (positions span [0, 1] at
+  every size).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor, nn
+
+from vit_rope.layers.lie_rotation import BlockRotation, check_block, unit_positions
+from vit_rope.layers.policies import ResolutionPolicy
+
+# FX (timm's and torchvision's tracers): recorded as one call, whose branches on shapes the trace cannot take
+torch.fx.wrap("unit_positions")
+
+
+class LieRE(BlockRotation):
+    """LieRE's generators (see the module docstring).
+
+    Args:
+        depth: blocks; num_heads: heads; head_dim: channels per head.
+        train_grid: the ``(h, w)`` training grid.
+        policy: ``extrapolate`` (default, the official positions) or ``interpolate``.
+        generator_dim: ``g``, which must divide ``head_dim``.
+        per_head: generators per head (official ImageNet recipe), else shared by the heads.
+        per_layer: generators per block, else one set for all (what the official code runs).
+
+    Parameter (the official layout): ``generator_raw_params`` ``[2, L, G, g, g]``, axes (y, x), ``L`` 1 or depth,
+    ``G = heads * D / g`` (head-major) or ``D / g``; only its upper triangle is used.
+    """
+
+    kind = "liere"
+
+    def __init__(self, depth: int, num_heads: int, head_dim: int, train_grid: tuple[int, int],
+                 policy: str | dict | ResolutionPolicy | None = None, generator_dim: int = 8, per_head: bool = True,
+                 per_layer: bool = False) -> None:
+        super().__init__(depth, train_grid, policy, None)
+        self.generator_dim = check_block("encoding_options['generator_dim']", generator_dim, head_dim)
+        self.heads, self._per_layer = (num_heads if per_head else 1), per_layer
+        count = self.heads * (head_dim // generator_dim)
+        self.generator_raw_params = nn.Parameter(
+            torch.rand(2, depth if per_layer else 1, count, generator_dim, generator_dim) * 2 * math.pi)
+
+    @property
+    def per_layer(self) -> bool:
+        return self._per_layer
+
+    def generators(self) -> Tensor:
+        upper = torch.triu(self.generator_raw_params, diagonal=1)  # [2, L, G, g, g]
+        skew = (upper - upper.transpose(-1, -2)).unflatten(2, (self.heads, -1))  # [2, L, H or 1, m, g, g]
+        return skew.permute(1, 2, 0, 3, 4, 5).flip(2)  # [L, H or 1, 2, m, g, g], axes (y, x) -> (x, y)
+
+    def place(self, coord: Tensor, grids: Tensor) -> Tensor:
+        """``i / (m - 1)`` on an ``m``-patch axis (``interpolate``), times ``m / n`` (``extrapolate``, official)."""
+        return unit_positions(coord, grids, self.train_grid, self.kind, self.policy_name)
+
+    def prune_(self, depth: int) -> None:
+        """Keep the first ``depth`` blocks' generators (timm's ``prune_intermediate_layers``)."""
+        if self._per_layer:
+            self.generator_raw_params = nn.Parameter(self.generator_raw_params.data[:, :depth])
+        self.depth = depth
+
+    def no_weight_decay(self) -> set[str]:
+        """Weight decay would pull the generators towards no rotation at all."""
+        return {"generator_raw_params"}
+
+    def extra_repr(self) -> str:
+        _, L, G, g, _ = self.generator_raw_params.shape
+        return (f"depth={self.depth}, heads={self.heads}, generators={G}x{g}x{g}, per_layer={self._per_layer}, "
+                f"train_grid={self.train_grid}, policy={self.policy_name}")
