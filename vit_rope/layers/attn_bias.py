@@ -20,7 +20,6 @@ span the training range. ``ntk``, ``yarn`` and
 from __future__ import annotations
 
 import math
-from collections import OrderedDict
 from typing import Any
 
 import torch
@@ -29,9 +28,9 @@ from timm.layers import register_notrace_module
 from torch import Tensor
 
 from vit_rope.layers.capture import capturing
-from vit_rope.layers.encoding import PositionEncoding, Positions
+from vit_rope.layers.encoding import GridTables, PositionEncoding, Positions
 from vit_rope.layers.lookhere import check_config, head_plan, layer_scales, lookhere_penalty
-from vit_rope.layers.policies import BIAS_KINDS, ResolutionPolicy, check_policy
+from vit_rope.layers.policies import BIAS_KINDS, ResolutionPolicy
 
 
 def alibi_slopes(num_heads: int) -> Tensor:
@@ -94,7 +93,7 @@ class AttnBias(PositionEncoding):
         self.kind, self.num_heads, self.depth = kind, num_heads, depth
         self.train_grid = None if train_grid is None else (int(train_grid[0]), int(train_grid[1]))
         self.policy = policy
-        self._cache: OrderedDict[tuple, list[Tensor]] = OrderedDict()
+        self._cache = GridTables(self.CACHE_SIZE)
         self.register_buffer("anchor", torch.zeros(0), persistent=False)  # follows .to(device): the tables' device
         if kind == "lookhere":
             self.lh_config = check_config(lh_config, num_heads, depth)
@@ -105,15 +104,6 @@ class AttnBias(PositionEncoding):
             self.lh_config = None
             self.layer_specs = ["alibi"] * depth
             self.scales = [-1.0] * depth
-
-    @property
-    def policy(self) -> ResolutionPolicy:
-        return ResolutionPolicy(self.policy_name)
-
-    @policy.setter
-    def policy(self, policy: str | dict | ResolutionPolicy | None) -> None:
-        policy = ResolutionPolicy.create("extrapolate" if policy is None else policy)
-        self.policy_name = check_policy(self.kind, policy.name)
 
     def _penalties(self, positions: Tensor, valid: Tensor | None) -> dict[str, Tensor]:
         """One penalty table ``[..., H, N, N]`` per distinct layer spec."""
@@ -141,13 +131,7 @@ class AttnBias(PositionEncoding):
             return self._layers(positions, num_prefix_tokens)
         key = (int(grid[0]), int(grid[1]), num_prefix_tokens, str(self.anchor.device), self.policy_name,
                torch.is_inference_mode_enabled())
-        if key in self._cache:
-            self._cache.move_to_end(key)
-        else:
-            self._cache[key] = self._layers(positions, num_prefix_tokens)
-            while len(self._cache) > self.CACHE_SIZE:
-                self._cache.popitem(last=False)
-        return self._cache[key]
+        return self._cache.get(key, lambda: self._layers(positions, num_prefix_tokens))
 
     def block_inputs(self, positions: Positions, num_prefix_tokens: int) -> list[dict[str, Any]]:
         tables = self(positions, num_prefix_tokens)

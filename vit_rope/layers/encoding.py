@@ -19,13 +19,17 @@ coordinates, ``forward`` for what each block gets, ``policy`` for the resolution
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from collections import OrderedDict
+from collections.abc import Callable, Hashable
+from typing import Any, NamedTuple, TypeVar
 
 import torch
 from torch import Tensor, nn
 
 from vit_rope.layers.naflex import Lattice
-from vit_rope.layers.policies import ResolutionPolicy
+from vit_rope.layers.policies import ResolutionPolicy, check_policy
+
+T = TypeVar("T")
 
 
 class Positions(NamedTuple):
@@ -65,6 +69,33 @@ def image_positions(encoding: nn.Module, height: int, width: int, device: torch.
     return Positions(encoding.place(coord, grids), grids, (height, width))
 
 
+class GridTables:
+    """The tables of the last few image-batch grids, kept between calls (least recently used dropped): an encoding
+    whose tables cost more than a rotation table (a bias ``[H, N, N]``, matrix exponentials) builds them once per
+    size in evaluation. The key holds everything they depend on (grid, prefix count, device, policy, ...); callers
+    keep graph captures, which must not hold Python state, away from it."""
+
+    def __init__(self, size: int = 2) -> None:
+        self.size = size
+        self._tables: OrderedDict[Hashable, Any] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._tables)
+
+    def get(self, key: Hashable, build: Callable[[], T]) -> T:
+        """The tables of ``key``, built by ``build`` the first time."""
+        if key in self._tables:
+            self._tables.move_to_end(key)
+        else:
+            self._tables[key] = build()
+            while len(self._tables) > self.size:
+                self._tables.popitem(last=False)
+        return self._tables[key]
+
+    def clear(self) -> None:
+        self._tables.clear()
+
+
 class PositionEncoding(nn.Module):
     """What every position encoding implements; the model, NaFlex batches, the evaluation harness, ``diagnose`` and
     export call nothing else.
@@ -78,14 +109,18 @@ class PositionEncoding(nn.Module):
     kind = "none"  # no class annotations: TorchScript reads them as attribute types and cannot resolve them
     train_grid = None
 
+    default_policy = "extrapolate"
+
     @property
     def policy(self) -> ResolutionPolicy:
-        """How positions follow grids other than the training one (``vit_rope.layers.policies``)."""
-        return ResolutionPolicy("extrapolate")
+        """How positions follow grids other than the training one (``vit_rope.layers.policies``); setting it checks
+        that it applies to the kind (``policies.check_policy``), ``None`` restores ``default_policy``."""
+        return ResolutionPolicy(self.policy_name)
 
     @policy.setter
     def policy(self, policy: str | dict | ResolutionPolicy | None) -> None:
-        ResolutionPolicy.create("extrapolate" if policy is None else policy)  # any: positions change nothing here
+        policy = ResolutionPolicy.create(self.default_policy if policy is None else policy)
+        self.policy_name = check_policy(self.kind, policy.name)
 
     @property
     def uses_lattice(self) -> bool:
@@ -123,6 +158,7 @@ class NoEncoding(PositionEncoding):
     def __init__(self, depth: int, train_grid: tuple[int, int] | None = None) -> None:
         super().__init__()
         self.depth, self.train_grid = depth, train_grid
+        self.policy = None  # every policy is taken, and changes nothing
 
     def block_inputs(self, positions: Positions, num_prefix_tokens: int) -> list[dict[str, Any]]:
         return [{} for _ in range(self.depth)]

@@ -20,7 +20,6 @@ sits; this module holds what they share:
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from typing import Any
 
 import torch
@@ -28,8 +27,8 @@ from timm.layers import register_notrace_module
 from torch import Tensor
 
 from vit_rope.layers.capture import capturing
-from vit_rope.layers.encoding import PositionEncoding, Positions
-from vit_rope.layers.policies import ResolutionPolicy, check_policy
+from vit_rope.layers.encoding import GridTables, PositionEncoding, Positions
+from vit_rope.layers.policies import ResolutionPolicy
 
 TAYLOR_ORDER = 12  # after scaling to a norm <= 1/2: remainder below 0.5**13 / 13! ~ 1e-14
 MAX_SQUARINGS = 16  # norms up to 2**15: far past any position range times generator a model meets
@@ -110,17 +109,7 @@ class BlockRotation(PositionEncoding):
         self.depth, self.train_grid = depth, (int(train_grid[0]), int(train_grid[1]))
         self.prefix_position = prefix_position
         self.policy = policy
-        self._cache: OrderedDict[tuple, Tensor] = OrderedDict()
-
-    @property
-    def policy(self) -> ResolutionPolicy:
-        return ResolutionPolicy(self.policy_name)
-
-    @policy.setter
-    def policy(self, policy: str | dict | ResolutionPolicy | None) -> None:
-        policy = ResolutionPolicy.create("extrapolate" if policy is None else policy)
-        self.policy_name = check_policy(self.kind, policy.name)
-        self._cache = OrderedDict()
+        self._cache = GridTables(self.CACHE_SIZE)
 
     def generators(self) -> Tensor:
         """The skew-symmetric generators ``[L, H, 2, D/b, b, b]`` (``L``: 1, shared by every block, or one per block),
@@ -150,14 +139,8 @@ class BlockRotation(PositionEncoding):
                 or torch.jit.is_scripting()):
             return self.tables(positions.coords, num_prefix_tokens)
         params = tuple(x for p in self.parameters() for x in (p._version, p.data_ptr()))
-        key = (int(grid[0]), int(grid[1]), num_prefix_tokens, str(positions.coords.device), params)
-        if key in self._cache:
-            self._cache.move_to_end(key)
-        else:
-            self._cache[key] = self.tables(positions.coords, num_prefix_tokens)
-            while len(self._cache) > self.CACHE_SIZE:
-                self._cache.popitem(last=False)
-        return self._cache[key]
+        key = (int(grid[0]), int(grid[1]), num_prefix_tokens, str(positions.coords.device), self.policy_name, params)
+        return self._cache.get(key, lambda: self.tables(positions.coords, num_prefix_tokens))
 
     def block_inputs(self, positions: Positions, num_prefix_tokens: int) -> list[dict[str, Any]]:
         tables = self(positions, num_prefix_tokens)  # [L, 1 or B, H, P + N, m, b, b]
@@ -172,7 +155,7 @@ class BlockRotation(PositionEncoding):
     def train(self, mode: bool = True) -> BlockRotation:
         """Also drop the kept tables when training starts: the generators move at every step."""
         if mode:
-            self._cache = OrderedDict()
+            self._cache.clear()
         return super().train(mode)
 
 
