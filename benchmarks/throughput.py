@@ -46,7 +46,7 @@ FAMILIES = {  # baseline first: the same ViT (DeiT-III: LayerScale, class token,
     # position-encoding kinds against axial RoPE of the same size; STRING is over axial, then over mixed
     "kinds": ["vit_rope_small_patch16_axial_224", *(f"vit_rope_small_patch16_{kind}_224" for kind in
                                                     ("golden", "string", "string_mixed", "lookhere", "alibi",
-                                                     "comrope_ap", "comrope_ld", "liere"))],
+                                                     "comrope_ap", "comrope_ld", "liere", "pape", "pape_ri"))],
 }
 _STRING = ("vit_rope_small_patch16_string_224", "vit_rope_small_patch16_string_mixed_224")
 # Least ratio to the family's baseline: (model, mode or None for both, img size or None for any, target). STRING's
@@ -60,7 +60,12 @@ TARGETS: dict[str, list[tuple[str, str | None, int | None, float]]] = {
               *((f"vit_rope_small_patch16_{kind}_224", mode, None, target) for kind in ("comrope_ap", "comrope_ld")
                 for mode, target in (("train", 0.85), ("infer", 0.95))),
               *(("vit_rope_small_patch16_liere_224", mode, None, target) for mode, target in (("train", 0.80),
-                                                                                              ("infer", 0.90)))],
+                                                                                              ("infer", 0.90))),
+              # issue 52: PaPE's q.k is 64 + 100 channels wide (50 parabolas) and it projects 2 x 300 more per token;
+              # PaPE-RI's 64 + 3 (padded to 72) and 6 more. 448 first: the first row that matches sets the target
+              *((f"vit_rope_small_patch16_{kind}_224", mode, size, target)
+                for kind, targets in (("pape", (0.65, 0.80, 0.75)), ("pape_ri", (0.90, 0.95, 0.90)))
+                for mode, size, target in zip((None, "infer", "train"), (448, 224, 224), targets, strict=True))],
 }
 
 

@@ -23,9 +23,9 @@ from pathlib import Path
 
 import timm
 
-# TorchScript on the attention-bias models and the rotations from learned generators (ComRoPE, LieRE): refused with a
-# clear error (their tables come from a Python cache)
-KNOWN_REFUSALS = "not (torchscript and (lookhere or alibi or comrope or liere))"
+# TorchScript on the attention-bias models, the rotations from learned generators (ComRoPE, LieRE) and the parabolic
+# biases (PaPE, PaPE-RI): refused with a clear error (the scripted forward builds RoPE tables only)
+KNOWN_REFUSALS = "not (torchscript and (lookhere or alibi or comrope or liere or pape))"
 
 
 def timm_tests(out: Path) -> Path:

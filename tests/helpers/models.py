@@ -66,3 +66,35 @@ def assert_same_gradients(model: torch.nn.Module, first, second, x: torch.Tensor
         grads.append({name: param.grad for name, param in model.named_parameters()})
     for name, grad in grads[0].items():
         torch.testing.assert_close(grad, grads[1][name], rtol=1e-4, atol=1e-5, msg=name)
+
+
+def assert_onnx_matches_eager(model: torch.nn.Module, folder) -> None:
+    """``model`` exported to ONNX at 64x48 (dynamic sizes) gives its eager logits at 80x80 and 96x128 (ONNX Runtime;
+    skipped without it)."""
+    import pytest
+
+    onnxruntime = pytest.importorskip("onnxruntime")
+    from vit_rope.eval import onnx as export
+
+    result = export.export_onnx(model, folder / "model.onnx", img_size=(64, 48))
+    sess = onnxruntime.InferenceSession(str(result.path), providers=["CPUExecutionProvider"])
+    for size in ((80, 80), (96, 128)):
+        x = torch.randn(2, 3, *size)
+        with torch.no_grad():
+            expected = model(x)
+        got = torch.from_numpy(sess.run(None, {"images": x.numpy()})[0])
+        torch.testing.assert_close(got, expected, atol=1e-4, rtol=1e-4)
+
+
+def assert_features_and_reliance(model: torch.nn.Module, x: torch.Tensor, naflex: dict) -> None:
+    """``forward_intermediates`` of a 2-block, 32-wide ``model`` on images ``x`` ``[2, 3, 64, 96]`` and a NaFlex batch
+    ``naflex``, and the position ablation: the model uses its positions."""
+    from vit_rope.eval.ablation import position_reliance
+
+    with torch.no_grad():
+        final, inter = model.forward_intermediates(x, indices=2)
+        torch.testing.assert_close(final, model.forward_features(x))
+        flex = model.forward_intermediates(naflex, indices=1)
+        reliance = position_reliance(model, x)
+    assert len(inter) == 2 and inter[0].shape == (2, 32, 4, 6) and len(flex[1]) == 1
+    assert reliance["output_change"] > 1e-3  # without its encoding the model computes something else

@@ -24,3 +24,24 @@ def pack(images: list[torch.Tensor], length: int = LENGTH, pad_value: float = -2
 def images(grids: list[tuple[int, int]] = GRIDS, patch: int = PATCH) -> list[torch.Tensor]:
     torch.manual_seed(1)
     return [torch.randn(3, h * patch, w * patch) for h, w in grids]
+
+
+def offset_logits(model: torch.nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
+    """Logits of one 5x6 image's patches as NaFlex batches: ``full`` ``[3, K]`` at their coordinates, all shifted by
+    (3, 5), and with patch 4 moved to (9, 9); ``sparse`` ``[2, K]`` for 13 of them (no row or column full) at their
+    coordinates and shifted by (7, 2). A kind that sees offsets only gives ``full[1] == full[0]`` and
+    ``sparse[1] == sparse[0]``, and ``full[2] != full[0]``."""
+    flat, coord, _ = patchify_image(images([(5, 6)])[0], (PATCH, PATCH))
+    keep = torch.tensor([0, 2, 3, 7, 8, 11, 13, 17, 20, 22, 23, 27, 29])
+    moved = coord.clone()
+    moved[4] = torch.tensor([9, 9])
+
+    def batch(coords: list[torch.Tensor], patches: torch.Tensor) -> dict[str, torch.Tensor]:
+        n = len(coords[0])
+        return {"patches": patches[None].expand(len(coords), -1, -1), "patch_coord": torch.stack(coords),
+                "patch_valid": torch.ones(len(coords), n, dtype=torch.bool)}
+
+    with torch.no_grad():
+        full = model(batch([coord, coord + torch.tensor([3, 5]), moved], flat))
+        sparse = model(batch([coord[keep], coord[keep] + torch.tensor([7, 2])], flat[keep]))
+    return full, sparse

@@ -9,8 +9,8 @@ import timm
 import torch
 
 import vit_rope  # noqa: F401  (registers the models)
-from helpers.naflex import images, pack
-from vit_rope.eval.ablation import position_reliance
+from helpers.models import assert_features_and_reliance, assert_onnx_matches_eager
+from helpers.naflex import images, offset_logits, pack
 
 KINDS = ("comrope_ap", "comrope_ld", "liere")
 BASE = dict(img_size=80, embed_dim=32, depth=2, num_heads=2, num_classes=7, init_values=0.5)
@@ -51,20 +51,7 @@ def test_each_sample_of_a_mixed_batch_equals_its_image_alone(kind: str, policy: 
 
 @pytest.mark.parametrize("kind", ["comrope_ap", "comrope_ld"])
 def test_comrope_patch_logits_see_offsets_only_on_shifted_and_sparse_coordinates(kind: str):
-    model = build(kind, class_token=False, global_pool="avg")
-    flat, coord, _ = timm.data.naflex_transforms.patchify_image(images([(5, 6)])[0], (16, 16))
-    keep = torch.tensor([0, 2, 3, 7, 8, 11, 13, 17, 20, 22, 23, 27, 29])  # sparse: no row or column is full
-    moved = coord.clone()
-    moved[4] = torch.tensor([9, 9])
-
-    def batch(coords: list[torch.Tensor], patches: torch.Tensor) -> dict[str, torch.Tensor]:
-        n = len(coords[0])
-        return {"patches": patches[None].expand(len(coords), -1, -1), "patch_coord": torch.stack(coords),
-                "patch_valid": torch.ones(len(coords), n, dtype=torch.bool)}
-
-    with torch.no_grad():
-        full = model(batch([coord, coord + torch.tensor([3, 5]), moved], flat))
-        sparse = model(batch([coord[keep], coord[keep] + torch.tensor([7, 2])], flat[keep]))
+    full, sparse = offset_logits(build(kind, class_token=False, global_pool="avg"))
     torch.testing.assert_close(full[1], full[0], atol=1e-4, rtol=1e-4)
     torch.testing.assert_close(sparse[1], sparse[0], atol=1e-4, rtol=1e-4)
     assert (full[2] - full[0]).abs().max() > 1e-3
@@ -72,15 +59,7 @@ def test_comrope_patch_logits_see_offsets_only_on_shifted_and_sparse_coordinates
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_intermediates_and_position_reliance(kind: str):
-    model = build(kind)
-    x = torch.randn(2, 3, 64, 96)
-    with torch.no_grad():
-        final, inter = model.forward_intermediates(x, indices=2)
-        torch.testing.assert_close(final, model.forward_features(x))
-        naflex = model.forward_intermediates(pack(images()), indices=1)
-        reliance = position_reliance(model, x)
-    assert len(inter) == 2 and inter[0].shape == (2, 32, 4, 6) and len(naflex[1]) == 1
-    assert reliance["output_change"] > 1e-3  # without its rotations the model computes something else
+    assert_features_and_reliance(build(kind), torch.randn(2, 3, 64, 96), pack(images()))
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -97,18 +76,7 @@ def test_training_grid_tables_are_cached_in_eval_and_follow_the_generators(kind:
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_onnx_export_at_two_sizes_matches_eager(kind: str, tmp_path):
-    onnxruntime = pytest.importorskip("onnxruntime")
-    from vit_rope.eval import onnx as export
-
-    model = build(kind)
-    result = export.export_onnx(model, tmp_path / "model.onnx", img_size=(64, 48))
-    sess = onnxruntime.InferenceSession(str(result.path), providers=["CPUExecutionProvider"])
-    for size in ((80, 80), (96, 128)):
-        x = torch.randn(2, 3, *size)
-        with torch.no_grad():
-            expected = model(x)
-        got = torch.from_numpy(sess.run(None, {"images": x.numpy()})[0])
-        torch.testing.assert_close(got, expected, atol=1e-4, rtol=1e-4)
+    assert_onnx_matches_eager(build(kind), tmp_path)
 
 
 def test_bad_options_and_policies_are_errors_that_say_what_fits():

@@ -7,8 +7,8 @@ barely uses an attention bias gives the same logits under any scale of it, so it
 rows agree for that reason, not because both hold. Removing the encoding at test time measures it: the RoPE tables
 become none (no rotation; STRING's orthogonal P alone leaves q.k unchanged), each patch row of the APE becomes the
 rows' mean (the part they share says nothing about where a patch is; prefix-token rows, fixed offsets, stay), an
-attention bias (LookHere, 2D-ALiBi) and the block rotations of ComRoPE and LieRE become none; everything else,
-weights and inputs, stays.
+attention bias (LookHere, 2D-ALiBi) and the block rotations of ComRoPE and LieRE become none, and so do PaPE's
+parabolas (no channels added to q and k); everything else, weights and inputs, stays.
 """
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ def without_positions(model: RoPEVisionTransformer) -> Iterator[RoPEVisionTransf
 
 
 def _no_encoding(block: nn.Module, args: tuple, kwargs: dict[str, Any]) -> tuple[tuple, dict[str, Any]]:
-    return args, {**kwargs, "rope": None, "bias": None, "rotation": None}
+    return args, {**kwargs, "rope": None, "bias": None, "rotation": None, "pape": None}
 
 
 @torch.no_grad()

@@ -107,7 +107,9 @@ def attention_entropy(model: RoPEVisionTransformer, images: Tensor | dict[str, T
     entropies: list[float] = []
 
     def hook(attn: nn.Module, args: tuple, kwargs: dict) -> None:
-        q, k, _ = attn.project(args[0], kwargs.get("rope"))
+        q, k, v = attn.project(args[0], kwargs.get("rope"))
+        if attn.pape is not None and kwargs.get("pape") is not None:  # PaPE: its parabolas' channels, as the model
+            q, k, _ = attn.pape(args[0], q, k, v, kwargs["pape"])
         scores = (q * attn.scale) @ k.transpose(-2, -1)  # [B, nh, N, N]
         if kwargs.get("bias") is not None:  # LookHere, 2D-ALiBi: the block's penalty, as the model adds it
             scores = scores + kwargs["bias_scale"] * kwargs["bias"]

@@ -6,6 +6,7 @@ What decides the model, format by format (each recognised by its marker, ``vit_r
 - a ``train.py`` checkpoint: its model name, ``model_kwargs`` and training size (``load_trained``; EMA weights when
   it saved them);
 - a transformers DINOv3 folder (``config.json`` + ``model.safetensors``): its config (``hf_dinov3.create_from_hf``);
+- PaPE's official folder (``config.json`` + ``model.pt``): its config (``pape_weights.create_from_pape``);
 - LookHere's official file: its ``config`` and width (``vit_rope_<size>_patch16_lookhere_224``, ``official=True``);
 - Meta's DINOv3 and timm's DINOv3 files: their width, SwiGLU or not, and qkv bias (``vit_rope_<size>_patch16_dinov3``
   with ``_qkvb`` where the file has q / v biases);
@@ -29,7 +30,7 @@ import timm
 from torch import nn
 
 from vit_rope.eval.loading import is_training_checkpoint, load_trained
-from vit_rope.models import hf_dinov3
+from vit_rope.models import hf_dinov3, pape_weights
 from vit_rope.models.dinov3 import SIZES as DINOV3_SIZES
 from vit_rope.models.dinov3 import architecture, dinov3_name
 from vit_rope.models.formats import checkpoint_format
@@ -109,7 +110,11 @@ def create_from_checkpoint(path: str | Path, model: str | None = None, **overrid
     if not path.exists():
         raise FileNotFoundError(f"No checkpoint at {path}: give a weights file, a train.py checkpoint or a "
                                 "transformers DINOv3 folder (config.json + model.safetensors).")
-    if path.is_dir() or hf_dinov3.hf_config(path) is not None:
+    if pape_weights.pape_config(path) is not None:  # PaPE's official folder (or its model.pt beside config.json)
+        if model is None:
+            return pape_weights.create_from_pape(path, **overrides)
+        path = pape_weights.weights_path(path)  # the weights, into the model named
+    elif path.is_dir() or hf_dinov3.hf_config(path) is not None:
         return hf_dinov3.create_from_hf(path, **overrides) if model is None else timm.create_model(
             model, pretrained=True, pretrained_cfg_overlay=dict(file=str(hf_dinov3.weights_path(path))), **overrides)
     if is_training_checkpoint(path):

@@ -8,6 +8,8 @@ Attention-bias encodings (LookHere, 2D-ALiBi: ``vit_rope.layers.attn_bias``) arr
 ``bias`` ``[1 or B, nh, N, N]`` and the block's ``bias_scale``, added to the logits as ``bias_scale * bias``.
 Rotations that are not 2x2 pairs (ComRoPE, LieRE: ``vit_rope.layers.lie_rotation``) arrive as ``rotation``, orthogonal
 ``b x b`` blocks ``[1 or B, nh or 1, N, D/b, b, b]`` that turn q and k after the projection and the q/k norms.
+PaPE and PaPE-RI (``vit_rope.layers.pape``) arrive as every token's position ``pape`` ``[1 or B, N, 2]``, from which
+the block's own layer (``RoPEAttention.pape``) appends its parabolas' channels to q and k.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ class RoPEAttention(Attention):
     ``F.scaled_dot_product_attention`` is the fast path; ``fused_attn = False`` computes the same scores
     explicitly (useful to inspect attention maps). ``string`` is None, or Cayley-STRING's learned basis
     (``vit_rope.layers.cayley_string.CayleyString``), folded into the q and k rows of the projection at every forward.
+    ``pape`` is None, or the layer of PaPE or PaPE-RI (``vit_rope.layers.pape``) that widens q and k.
     ``num_kv_heads`` below ``num_heads`` is grouped-query attention (``group_kv_heads_``).
     """
 
@@ -43,6 +46,7 @@ class RoPEAttention(Attention):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.string: nn.Module | None = None
+        self.pape: nn.Module | None = None
         self.num_kv_heads = self.num_heads
 
     def group_kv_heads_(self, num_kv_heads: int) -> None:
@@ -153,20 +157,26 @@ class RoPEAttention(Attention):
         bias: Tensor | None = None,
         bias_scale: float = 1.0,
         rotation: Tensor | None = None,
+        pape: Tensor | None = None,
     ) -> Tensor:
         B, N, _ = x.shape
         gate = self.gate(x).sigmoid() if self.gate is not None else None
         q, k, v = self.project(x, rope, rotation)
+        if self.pape is not None and pape is not None:  # [B, nh, N, D + E]: the parabolas' scores in q.k, v padded
+            q, k, v = self.pape(x, q, k, v, pape)
         if bias is not None:
             x = self._biased(q, k, v, bias, bias_scale, attn_mask, is_causal)
         elif self.fused_attn:
             x = F.scaled_dot_product_attention(
-                q, k, v, attn_mask=attn_mask, dropout_p=self.attn_drop.p if self.training else 0.0, is_causal=is_causal
+                q, k, v, attn_mask=attn_mask, dropout_p=self.attn_drop.p if self.training else 0.0, is_causal=is_causal,
+                scale=self.scale,  # 1 / sqrt(D) also when q and k carry PaPE's channels
             )
         else:
             attn = (q * self.scale) @ k.transpose(-2, -1)  # [B, nh, N, N]
             attn = maybe_add_mask(attn, resolve_self_attn_mask(N, attn, attn_mask, is_causal))
             x = self.attn_drop(attn.softmax(dim=-1)) @ v
+        if self.pape is not None and pape is not None:
+            x = x[..., : self.head_dim]  # v's padding
 
         x = self.norm(x.transpose(1, 2).reshape(B, N, self.attn_dim))  # [B, N, nh * D]
         if gate is not None:
@@ -175,8 +185,8 @@ class RoPEAttention(Attention):
 
 
 class RoPEBlock(Block):
-    """timm pre-norm ``Block`` (LayerScale, drop-path, Mlp) that hands the RoPE tables (or the bias, or the block
-    rotations) to its attention."""
+    """timm pre-norm ``Block`` (LayerScale, drop-path, Mlp) that hands the RoPE tables (or the bias, the block
+    rotations, PaPE's positions) to its attention."""
 
     def forward(
         self,
@@ -187,10 +197,11 @@ class RoPEBlock(Block):
         bias: Tensor | None = None,
         bias_scale: float = 1.0,
         rotation: Tensor | None = None,
+        pape: Tensor | None = None,
     ) -> Tensor:
         x = x + self.drop_path1(self.ls1(self.attn(
             self.norm1(x), rope=rope, attn_mask=attn_mask, is_causal=is_causal, bias=bias, bias_scale=bias_scale,
-            rotation=rotation,
+            rotation=rotation, pape=pape,
         )))  # keywords: hooks read them (vit_rope.eval.diagnose)
         return x + self.drop_path2(self.ls2(self.mlp(self.norm2(x))))
 

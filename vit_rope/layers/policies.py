@@ -41,6 +41,9 @@ BIAS_KINDS = ("lookhere", "alibi")
 BIAS_POLICIES = ("extrapolate", "interpolate")
 # Rotations from learned generators (ComRoPE, LieRE: vit_rope.layers.lie_rotation) have positions but no frequencies
 GENERATOR_KINDS = ("comrope_ap", "comrope_ld", "liere")
+# Parabolic biases (PaPE, PaPE-RI: vit_rope.layers.pape): positions as they are, scaled to training, or by the grid
+PAPE_KINDS = ("pape", "pape_ri")
+PAPE_POLICIES = ("extrapolate", "interpolate", "normalized")
 
 
 @dataclass(frozen=True)
@@ -84,6 +87,8 @@ def kind_policies(kind: str | None) -> tuple[str, ...]:
     ``None`` (a model without RoPE runs once whatever the policy)."""
     if kind in BIAS_KINDS or kind in GENERATOR_KINDS:
         return BIAS_POLICIES
+    if kind in PAPE_KINDS:
+        return PAPE_POLICIES
     return DINOV3_POLICIES if kind == "dinov3" else POLICIES
 
 
@@ -99,6 +104,11 @@ def check_policy(kind: str, policy: str) -> str:
                          "frequencies, and its rotations come from learned generators instead. Use 'extrapolate' "
                          "(positions at the training step) or 'interpolate' (positions scaled to the training "
                          "extent); docs/models.md says what each means for it.")
+    if kind in PAPE_KINDS and policy not in PAPE_POLICIES:
+        raise ValueError(f"Policy {policy!r} does not apply to {kind}, a parabolic bias: ntk and yarn rescale RoPE "
+                         "frequencies, which it has none of. Use 'extrapolate' (positions as they are), 'interpolate' "
+                         "(positions scaled to the training grid) or 'normalized' (positions divided by the grid, "
+                         "PaPE's normalize option).")
     if kind == "dinov3" and policy not in DINOV3_POLICIES:
         raise ValueError(
             f"RoPE policy {policy!r} does not apply to DINOv3's RoPE, whose coordinates are normalised to [-1, 1] at "

@@ -16,7 +16,9 @@ which also converts the formats that need more than the renames done here):
 - timm's other ``Eva`` 2D-RoPE backbones (EVA-02, Perception Encoder, SBB RoPE ViTs, Sapiens2) into their twins
   (``vit_rope.models.eva_weights``), the q / k layout given by the model's ``qk_layout``, as the families share keys;
 - LookHere's official files, ``{"weights", "config"}``, into the ``*_lookhere_*`` models
-  (``vit_rope.models.lookhere_weights``).
+  (``vit_rope.models.lookhere_weights``);
+- PaPE's official folders (``config.json`` + ``model.pt``) into the ``*_pape_*`` and ``*_pape_ri_*`` models
+  (``vit_rope.models.pape_weights``).
 
 Nothing that depends on the input resolution is loaded: RoPE tables are rebuilt for every input.
 
@@ -38,7 +40,7 @@ from timm.layers import resample_patch_embed
 from torch import Tensor, nn
 
 from vit_rope.layers.pos_embed import fit_checkpoint_pos_embed
-from vit_rope.models import hf_dinov3
+from vit_rope.models import hf_dinov3, pape_weights
 from vit_rope.models.formats import convert_format
 from vit_rope.models.load_report import (
     CLASSIFIER,
@@ -200,7 +202,8 @@ def checkpoint_filter_fn(state_dict: dict[str, Any], model: nn.Module, features_
 def load_weights(model: nn.Module, path: str | Path | Mapping[str, Any]) -> LoadReport:
     """Load a ``.pth`` / ``.pt`` / ``.bin`` (``torch.load(weights_only=True)``) or ``.safetensors`` file into ``model``,
     or a transformers folder (``model.safetensors``); a transformers ``config.json`` in that folder or beside a
-    ``model.safetensors`` file is checked against the model first (``vit_rope.models.hf_dinov3.check_hf_config``).
+    ``model.safetensors`` file is checked against the model first (``vit_rope.models.hf_dinov3.check_hf_config``), as
+    is PaPE's official ``config.json`` beside its ``model.pt`` (``vit_rope.models.pape_weights``).
     A state dict already in memory is taken as well (``load_state_dict``).
 
     The classifier is loaded only when its shape matches, so a 1000-class checkpoint can seed a 10-class model.
@@ -217,6 +220,12 @@ def load_weights(model: nn.Module, path: str | Path | Mapping[str, Any]) -> Load
     """
     if isinstance(path, Mapping):
         return load_state_dict(model, dict(path))
+    config = pape_weights.pape_config(path)
+    if config is not None:  # PaPE's official folder: config.json + model.pt, both checked against the model
+        state_dict = read_weights(pape_weights.weights_path(path))
+        pape_weights.check_pape_config(config, model)
+        pape_weights.check_pape_weights(config, state_dict)
+        return load_state_dict(model, state_dict, path)
     config = hf_dinov3.hf_config(path)
     if config is not None:
         hf_dinov3.check_hf_config(config, model)

@@ -12,6 +12,8 @@ Every kind is a ``PositionEncoding`` (``vit_rope.layers.encoding``), built here 
 - rotations from learned generators instead of RoPE's pairs, ``comrope_ap`` and ``comrope_ld`` (ComRoPE, Yu et al. CVPR
   2025: ``vit_rope.layers.comrope``) and ``liere`` (LieRE, Ostmeier et al. ICML 2025: ``vit_rope.layers.liere``),
   with their options in ``encoding_options``;
+- ``pape`` and ``pape_ri`` (PaPE, PaPE-RI, Koo Øhrstrøm et al. 2026: ``vit_rope.layers.pape``): a parabolic bias
+  that each query's content shapes, written into q and k as extra channels by a layer in each block's attention;
 - ``none``: no position encoding (``NoEncoding``), the control of the encodings study.
 
 A rotation lives at the model's ``rope`` attribute (the state-dict keys ``rope.<block>.freqs`` that RoPE-ViT's and
@@ -36,6 +38,7 @@ from vit_rope.layers.cayley_string import CayleyString
 from vit_rope.layers.comrope import COMROPE_KINDS, ComRoPE
 from vit_rope.layers.encoding import NoEncoding, PositionEncoding
 from vit_rope.layers.liere import LieRE
+from vit_rope.layers.pape import PAPE_KINDS, ParabolicEncoding
 from vit_rope.layers.policies import CoordAugment, ResolutionPolicy
 from vit_rope.layers.rope import KINDS as ROPE_KINDS
 from vit_rope.layers.rope import RoPE2D, check_head_dim, check_kind
@@ -124,10 +127,19 @@ def _generated(spec: EncodingSpec) -> PositionEncoding:
     return ComRoPE(spec.kind, spec.depth, spec.num_heads, spec.head_dim, spec.train_grid, spec.policy, **options)
 
 
+def _parabolic(spec: EncodingSpec) -> PositionEncoding:
+    """PaPE or PaPE-RI, with PaPE's ``parabolas`` per head (``encoding_options``)."""
+    _no_rope_options(spec)
+    if spec.lh_config is not None:
+        raise ValueError(f"lh_config sets LookHere (encoding='lookhere') and does nothing for {spec.kind!r}.")
+    options = _options(spec, ("parabolas",) if spec.kind == "pape" else ())
+    return ParabolicEncoding(spec.kind, spec.depth, spec.train_grid, spec.policy, **options)
+
+
 # kind -> builder of its PositionEncoding: a new kind is one entry here and its class
 BUILDERS: dict[str, Callable[[EncodingSpec], PositionEncoding]] = {
     **dict.fromkeys((*ROPE_KINDS, "string"), _rotary), **dict.fromkeys(BIAS_KINDS, _bias), "none": _none,
-    **dict.fromkeys((*COMROPE_KINDS, "liere"), _generated),
+    **dict.fromkeys((*COMROPE_KINDS, "liere"), _generated), **dict.fromkeys(PAPE_KINDS, _parabolic),
 }
 KINDS = tuple(BUILDERS)
 
@@ -206,6 +218,9 @@ class PositionEncodingMixin:
         spec = EncodingSpec(kind, base, len(self.blocks), num_heads, head_dim, train_grid, policy, rope_options,
                             lh_config, dict(options or {}))
         encoding = BUILDERS[kind](spec)
+        if isinstance(encoding, ParabolicEncoding):  # its weights are per layer, and need the attention's input
+            for blk in self.blocks:
+                blk.attn.pape = encoding.layer(self.embed_dim, num_heads)
         self.rotary = isinstance(encoding, RotaryEncoding)
         self.rope_per_block = self.rotary and encoding.per_block
         if self.rotary:
@@ -262,9 +277,10 @@ class PositionEncodingMixin:
     def __prepare_scriptable__(self) -> PositionEncodingMixin:
         """``torch.jit.script`` calls this first: the bias models keep their tables in a Python cache, which TorchScript
         cannot compile, so they say so rather than fail deep in the compiler."""
-        if isinstance(self.pos_encoding, (AttnBias, ComRoPE, LieRE)):
-            raise RuntimeError(f"TorchScript does not support the {self.encoding_kind} models (their tables live in "
-                               "a Python cache); export them with vit_rope.export (ONNX) or run them eagerly.")
+        if isinstance(self.pos_encoding, (AttnBias, ComRoPE, LieRE, ParabolicEncoding)):
+            raise RuntimeError(f"TorchScript does not support the {self.encoding_kind} models (the scripted forward "
+                               "builds RoPE tables only); export them with vit_rope.export (ONNX) or run them "
+                               "eagerly.")
         return self
 
     @torch.jit.ignore

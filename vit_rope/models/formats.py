@@ -9,7 +9,8 @@ keys it has and the formats there are. The markers:
 - transformers' ``DINOv3ViTModel`` (``vit_rope.models.hf_dinov3``): ``embeddings.patch_embeddings.weight``;
 - transformers' ViT / DINOv2, refused (no vit_rope model takes them): ``embeddings.patch_embeddings.projection``;
 - Meta's DINOv3 (``vit_rope.models.dinov3``): ``storage_tokens``;
-- timm's ``Eva`` (``vit_rope.models.eva_weights``): ``attn.q_bias``, ``attn.q_proj`` or LayerScale as ``gamma_1``.
+- timm's ``Eva`` (``vit_rope.models.eva_weights``): ``attn.q_bias``, ``attn.q_proj`` or LayerScale as ``gamma_1``;
+- PaPE's official ``ImageClassifier`` (``vit_rope.models.pape_weights``): ``cls`` and ``encoder.layers.*``.
 
 Where one format serves several models, the model decides the conversion, not the order of the checks: a timm
 ``Eva`` file goes through ``from_eva`` into a twin with an Eva q / k layout, through ``from_dinov3`` into a DINOv3
@@ -24,10 +25,11 @@ from typing import Any
 
 from torch import Tensor, nn
 
-from vit_rope.models import hf_dinov3
+from vit_rope.models import hf_dinov3, pape_weights
 from vit_rope.models.dinov3 import from_dinov3, is_meta_dinov3
 from vit_rope.models.eva_weights import EVA_LAYOUTS, check_family, from_eva, is_eva
 from vit_rope.models.lookhere_weights import from_lookhere, is_lookhere_checkpoint
+from vit_rope.models.pape_weights import from_pape, is_pape_checkpoint
 from vit_rope.models.weights_file import unwrap_state_dict
 
 Converted = tuple[dict[str, Any], tuple[str, ...]]  # the state dict in our keys (but for generic renames), and notes
@@ -79,6 +81,10 @@ def _timm_eva(state_dict: dict[str, Any], model: nn.Module) -> Converted:
     return state_dict, ()  # timm's RoPE-ViT ports, DeiT-III: their q / k rows are ours, gamma_1 renamed as all are
 
 
+def _pape(state_dict: dict[str, Any], model: nn.Module) -> Converted:
+    return from_pape(state_dict, model), (f"{pape_weights.FORMAT}: keys renamed to ours",)
+
+
 def _as_is(state_dict: dict[str, Any], model: nn.Module) -> Converted:
     return state_dict, ()
 
@@ -95,6 +101,7 @@ FORMATS: tuple[Format, ...] = (
            hf_dinov3.is_other_hf, _other_hf),
     Format("Meta's DINOv3", "'storage_tokens'", is_meta_dinov3, _meta_dinov3),
     Format("timm's Eva", "keys ending in '.attn.q_bias', '.attn.q_proj.weight' or '.gamma_1'", is_eva, _timm_eva),
+    Format(pape_weights.FORMAT, "'cls' and 'encoder.layers.*' keys", is_pape_checkpoint, _pape),
 )
 # what a file without any other format's marker must have: timm's VisionTransformer keys, which are ours
 VIT = Format("timm's VisionTransformer (vit_rope's own, timm's ViT and DeiT-III)", "'patch_embed.*' or "

@@ -13,9 +13,12 @@ of Meta's LVD-1689M weights. The attention-bias models, LookHere and 2D-ALiBi on
 ``vit_rope_{tiny,small,base}_patch16_{lookhere,alibi}_224`` (no published weights in timm's format; LookHere's
 official checkpoints load with ``vit_rope.load_weights``, ``vit_rope.models.lookhere_weights``). Rotations from learned
 generators, ComRoPE-AP, ComRoPE-LD and LieRE, are
-``vit_rope_{tiny,small,base}_patch16_{comrope_ap,comrope_ld,liere}_224``. Twins of timm's other 2D-RoPE backbones
-(EVA-02, Perception Encoder, SBB RoPE ViTs) are named by the same rule (``vit_rope.models.eva_families``) and point at
-timm's weights.
+``vit_rope_{tiny,small,base}_patch16_{comrope_ap,comrope_ld,liere}_224``.
+PaPE and PaPE-RI, parabolic biases in extra q / k channels, are
+``vit_rope_{tiny,small,base}_patch16_{pape,pape_ri}_224`` (PaPE's official folders build and load with
+``vit_rope.models.pape_weights``). Twins of timm's other 2D-RoPE
+backbones (EVA-02, Perception Encoder, SBB RoPE ViTs) are named by the same rule (``vit_rope.models.eva_families``) and
+point at timm's weights.
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 from timm.models import build_model_with_cfg, generate_default_cfgs, register_model
 
 from vit_rope.layers.attn_bias import BIAS_KINDS
-from vit_rope.layers.policies import GENERATOR_KINDS
+from vit_rope.layers.policies import GENERATOR_KINDS, PAPE_KINDS
 from vit_rope.models import dinov3
 from vit_rope.models.checkpoint import checkpoint_filter_fn
 from vit_rope.models.dinov3 import dinov3_name
@@ -47,6 +50,7 @@ NEW_KINDS: dict[str, dict[str, str]] = {
     "string_mixed": dict(encoding="string", rope_string_base="mixed"),
     **{kind: dict(encoding=kind) for kind in BIAS_KINDS},
     **{kind: dict(encoding=kind) for kind in GENERATOR_KINDS},  # ComRoPE-AP, ComRoPE-LD, LieRE
+    **{kind: dict(encoding=kind) for kind in PAPE_KINDS},  # PaPE, PaPE-RI
 }
 NEW_SIZES = ("tiny", "small", "base")
 _TIMM_PORT_SUFFIX = {("axial", False): "rope", ("mixed", False): "rope_mixed", ("axial", True): "rope_ape",

@@ -1,0 +1,182 @@
+"""PaPE and PaPE-RI (vit_rope.layers.pape) and PaPE's official folders (vit_rope.models.pape_weights): logits equal the
+official code's on the same weights at its training grid and a larger one (reference written by
+tests/fixtures/pape/make_reference.py from DTU-PAS/parabolic-position-encoding at 21cb390), patch logits that see
+offsets only, NaFlex samples equal to their image alone, features, position reliance, diagnostics, ONNX export at other
+sizes, and errors that say what fits."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+import timm
+import torch
+from timm.models import get_notrace_functions, get_notrace_modules
+from torchvision.models.feature_extraction import create_feature_extractor
+
+import vit_rope
+from helpers.models import assert_features_and_reliance, assert_onnx_matches_eager
+from helpers.naflex import images, offset_logits, pack
+from vit_rope.eval.diagnose import attention_entropy
+from vit_rope.models.pape_weights import create_from_pape, pape_args_from_config
+
+FIXTURES = Path(__file__).parents[1] / "fixtures" / "pape"
+sys.path.insert(0, str(FIXTURES))
+from make_reference import images as reference_images  # noqa: E402  (the script that wrote the reference)
+
+KINDS = ("pape", "pape_ri")
+BASE = dict(img_size=80, embed_dim=32, depth=2, num_heads=2, num_classes=7, init_values=0.5)
+REFERENCE = torch.load(FIXTURES / "reference.pt", weights_only=True)
+
+
+def build(kind: str, policy: str = "extrapolate", **kwargs) -> torch.nn.Module:
+    torch.manual_seed(0)
+    options = {"encoding_options": {"parabolas": 3}} if kind == "pape" else {}
+    model = timm.create_model(f"vit_rope_tiny_patch16_{kind}_224", **{**BASE, **options, **kwargs}).eval()
+    with torch.no_grad():  # non-zero class token and head, so that every path shows in the logits
+        for param in model.parameters():
+            param.add_(torch.randn_like(param) * 0.2)
+    model.set_resolution_policy(policy)
+    return model
+
+
+def test_kinds_are_registered_for_three_sizes_with_the_official_defaults():
+    for size in ("tiny", "small", "base"):
+        for kind in KINDS:
+            assert f"vit_rope_{size}_patch16_{kind}_224" in timm.list_models("vit_rope_*")
+    model = timm.create_model("vit_rope_small_patch16_pape_224", depth=1)
+    assert model.blocks[0].attn.pape.position.weight.shape == (6 * 50, 2)  # 50 parabolas per head
+    assert model.blocks[0].attn.pape.ab.weight.shape == (2 * 6 * 50, 384)
+    model = timm.create_model("vit_rope_small_patch16_pape_ri_224", depth=1)
+    assert model.blocks[0].attn.pape.position_scales.abs().max() <= 2 ** -0.5
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_official_folder_logits_equal_the_official_code_at_the_training_grid_and_a_larger_one(kind: str):
+    model = create_from_pape(FIXTURES / kind).eval()
+    assert not model.load_report.initialised and model.pos_encoding.train_grid == (14, 14)
+    policies = ("extrapolate", "normalized") if kind == "pape" else ("extrapolate",)
+    for policy in policies:
+        model.set_resolution_policy(policy)
+        for size in (224, 320):
+            with torch.no_grad():
+                logits = model(reference_images(size))
+            suffix = "_normalized" if policy == "normalized" else ""
+            torch.testing.assert_close(logits, REFERENCE[f"{kind}_{size}{suffix}"], atol=1e-4, rtol=1e-4)
+
+
+def test_load_weights_takes_the_folder_into_the_model_its_config_describes():
+    config = json.loads((FIXTURES / "pape" / "config.json").read_text())
+    name, kwargs = pape_args_from_config(config)
+    model = timm.create_model(name, **kwargs).eval()
+    report = vit_rope.load_weights(model, FIXTURES / "pape")
+    assert not report.initialised
+    with torch.no_grad():
+        torch.testing.assert_close(model(reference_images(224)), REFERENCE["pape_224"], atol=1e-4, rtol=1e-4)
+
+
+def test_create_from_checkpoint_builds_the_folder_or_loads_it_into_the_model_named():
+    built = vit_rope.create_from_checkpoint(FIXTURES / "pape_ri").eval()
+    _, kwargs = pape_args_from_config(json.loads((FIXTURES / "pape_ri" / "config.json").read_text()))
+    named = vit_rope.create_from_checkpoint(FIXTURES / "pape_ri", model="vit_rope_tiny_patch16_pape_ri_224",
+                                            **kwargs).eval()
+    with torch.no_grad():
+        for model in (built, named):
+            torch.testing.assert_close(model(reference_images(224)), REFERENCE["pape_ri_224"], atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("policy", ["extrapolate", "interpolate", "normalized"])
+def test_each_sample_of_a_mixed_batch_equals_its_image_alone(kind: str, policy: str):
+    model, inputs = build(kind, policy), images()
+    batch = pack(inputs)
+    with torch.no_grad():
+        logits = model(batch)
+        for b, image in enumerate(inputs):
+            torch.testing.assert_close(logits[b], model(image[None])[0], atol=1e-4, rtol=1e-4)
+    assert logits.abs().max() > 0.1
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_patch_logits_see_offsets_only_on_shifted_and_sparse_coordinates(kind: str):
+    full, sparse = offset_logits(build(kind, class_token=False, global_pool="avg"))
+    torch.testing.assert_close(full[1], full[0], atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(sparse[1], sparse[0], atol=1e-4, rtol=1e-4)
+    assert (full[2] - full[0]).abs().max() > 1e-3
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_intermediates_diagnostics_and_position_reliance(kind: str):
+    model, x = build(kind), torch.randn(2, 3, 64, 96)
+    assert_features_and_reliance(model, x, pack(images()))
+    entropy = attention_entropy(model, x)
+    model.blocks[0].attn.pape = None  # the entropy of attention without the parabolas differs
+    assert abs(entropy[0] - attention_entropy(model, x)[0]) > 1e-3  # the diagnostics see the parabolas
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_training_step_and_compile(kind: str):
+    model = build(kind).train()
+    x = torch.randn(2, 3, 64, 64)
+    model(x).sum().backward()
+    assert all(p.grad is not None for p in model.blocks[0].attn.pape.parameters())
+    compiled = torch.compile(model.eval(), dynamic=False)
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(x), model(x), atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("tracer", ["plain", "timm"])
+def test_fx_feature_extraction_matches_eager(tracer: str):
+    eager = build("pape")
+    options = dict(leaf_modules=get_notrace_modules(), autowrap_functions=get_notrace_functions())
+    extractor = create_feature_extractor(eager, return_nodes={"norm": "tokens", "head": "logits"},
+                                         tracer_kwargs=options if tracer == "timm" else None)
+    with torch.no_grad():
+        for size in ((64, 64), (48, 80)):
+            x = torch.randn(2, 3, *size)
+            torch.testing.assert_close(extractor(x)["logits"], eager(x), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_onnx_export_at_two_sizes_matches_eager(kind: str, tmp_path):
+    assert_onnx_matches_eager(build(kind), tmp_path)
+
+
+def test_bad_options_and_policies_are_errors_that_say_what_fits():
+    for bad in (0, -3, 2.5):
+        with pytest.raises(ValueError, match=rf"parabolas={bad!r} must be a whole number .* at least 1"):
+            build("pape", encoding_options={"parabolas": bad})
+    with pytest.raises(ValueError, match=r"\['parabolas'\] do not apply to the pape_ri encoding, which takes none"):
+        build("pape_ri", encoding_options={"parabolas": 3})
+    model = build("pape")
+    with pytest.raises(ValueError, match="'yarn' does not apply to pape, a parabolic bias"):
+        model.set_resolution_policy("yarn")
+    with pytest.raises(RuntimeError, match="TorchScript does not support the pape_ri models"):
+        torch.jit.script(build("pape_ri"))
+
+
+def test_official_folders_that_disagree_or_fit_another_kind_are_errors(tmp_path):
+    folder = tmp_path / "pape"
+    shutil.copytree(FIXTURES / "pape", folder)
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "pape": {"parabolas": 50}}))
+    with pytest.raises(ValueError, match=r"num_heads x pape.parabolas is 100 in config.json, 6 in the weights"):
+        create_from_pape(folder)
+    (folder / "config.json").write_text(json.dumps({**config, "positional": "pape_ri"}))
+    with pytest.raises(ValueError, match=r"model.pt holds the weights of 'pape'.*positional='pape' fits"):
+        create_from_pape(folder)
+    (folder / "config.json").write_text(json.dumps({**config, "positional": "rope_mixed"}))
+    with pytest.raises(ValueError, match=r"positional='rope_mixed'; vit_rope builds the official PaPE classifiers"):
+        create_from_pape(folder)
+    ri = create_from_pape(FIXTURES / "pape_ri")
+    with pytest.raises(ValueError, match=r"describes an official pape classifier.*encoding='pape_ri'"):
+        vit_rope.load_weights(ri, FIXTURES / "pape")
+    with pytest.raises(ValueError, match=r"with encoding 'pape'; the model has encoding='pape_ri'.*_pape_224"):
+        vit_rope.load_weights(ri, torch.load(FIXTURES / "pape" / "model.pt", weights_only=True))
+    name, kwargs = pape_args_from_config(config)
+    wider = timm.create_model(name, **{**kwargs, "encoding_options": {"parabolas": 4}})
+    with pytest.raises(ValueError, match=r"pape.parabolas is 3 in the file, 4 in the model"):
+        vit_rope.load_weights(wider, FIXTURES / "pape")

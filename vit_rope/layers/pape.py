@@ -1,0 +1,183 @@
+"""PaPE and PaPE-RI: a content-dependent parabolic attention bias, written into q and k as extra channels.
+
+Parabolic Position Encoding (Koo Øhrstrøm et al., "Where to Attend: A Principled Vision-Centric Position Encoding with
+Parabolas", arXiv:2602.01418, 2026; code: github.com/DTU-PAS/parabolic-position-encoding, ``pape/nn/positions/pape.py``
+and ``pape_ri.py``, read at commit 21cb390) adds to the logit of query ``i`` and key ``j`` of every head a sum of
+parabolas in their offset, with coefficients that the query's content chooses:
+
+- **PaPE**: ``sum_f -a_f(x_i) d_f^2 + b_f(x_i) d_f``, ``d_f = w_f . (p_i - p_j)``: ``F`` parabolas per head (the
+  paper's default 50) along learned directions ``w_f`` (``position``, ``[H * F, 2]`` per layer), with ``a = softplus``
+  and ``b`` of one learned projection of the token (``ab``, ``[2 * H * F, C]`` per layer): a peak whose width, place
+  and tilt each query sets, translation invariant and directional;
+- **PaPE-RI** (rotation invariant): ``-a(x_i) s_h^2 |p_i - p_j|^2``, one parabola per head in the Euclidean offset,
+  ``a = softplus`` of a projection ``[H, C]`` per layer and a fixed random scale ``s_h`` per head and layer (a buffer
+  drawn from ``U(-1/sqrt 2, 1/sqrt 2)``, as the official code does).
+
+Both are written into q and k as extra channels, so any attention kernel computes them with ``q . k`` and no mask:
+expanding the square, ``-a (p_i - p_j)^2 + b (p_i - p_j)`` is ``-a p_j^2 + (2 a p_i - b) p_j`` plus terms of the
+query alone, which the softmax over keys cancels. So q gets ``[a, 2 a p - b]`` and k ``[-p^2, p]`` (PaPE: ``2 F``
+channels per head; the official code writes ``3 F + 2`` with the query's own terms; PaPE-RI: ``[a, 2 a p]`` against
+``[-|p|^2, p]``, 3 channels instead of 5), zero-padded to a multiple of 8 as the official code does for the kernels.
+The scores are the official ones up to a constant per query, so attention and every output equal its (the parity
+tests); the scale stays ``1 / sqrt(D)`` of the head width, which the attention passes to the kernel.
+
+Positions are the official ones: the class token (every prefix token) at the origin and patches from 1, ``(x, y) =
+(col + 1, row + 1)``. The position-dependent key channels need the layer's ``position`` weights and the coefficients
+need its input, so each block's attention holds its layer (``RoPEAttention.pape``: ``PaPELayer``, ``PaPERILayer``)
+and the encoding hands every block the same positions ``[1 or B, P + N, 2]``. Resolution policies: ``extrapolate`` (the
+official code at every size: integer positions, the parabolas reach as far as the image), ``interpolate`` (positions
+scaled per axis by training / input grid, so the image spans the training extent) and ``normalized`` (positions
+divided by the grid, the official ``normalize: true``; its code divides x by the row count and y by the column count,
+the same on its square images). ``ntk`` and ``yarn`` rescale RoPE frequencies, which PaPE has none of.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from timm.layers import register_notrace_module
+from torch import Tensor, nn
+
+from vit_rope.layers.encoding import PositionEncoding, Positions
+from vit_rope.layers.policies import PAPE_KINDS, ResolutionPolicy
+
+PARABOLAS = 50  # the official default (pape/configs.py, PaPEConfig.parabolas)
+
+
+def check_parabolas(parabolas: int) -> int:
+    """``parabolas`` if it is a whole count of at least 1; else a ``ValueError`` naming it and what fits."""
+    if isinstance(parabolas, bool) or not isinstance(parabolas, int) or parabolas < 1:
+        raise ValueError(f"parabolas={parabolas!r} must be a whole number of parabolas per head, at least 1 (the "
+                         f"paper's default is {PARABOLAS}).")
+    return parabolas
+
+
+def pape_positions(coord: Tensor, grids: Tensor, policy: str, train_grid: tuple[int, int] | None) -> Tensor:
+    """Positions ``[..., N, 2]`` (x, y) of the patches at ``coord`` ``[..., N, 2]`` (y, x) of the grids ``grids``
+    ``[1 or B, 2]`` (h, w): the official ``(col + 1, row + 1)`` (the origin is the class token's), as they are
+    (``extrapolate``), divided by the grid (``normalized``) or scaled by training / input grid (``interpolate``)."""
+    xy = coord.flip(-1).float() + 1.0
+    if policy == "extrapolate":
+        return xy
+    size = grids.flip(-1).float()  # [1 or B, 2] (w, h)
+    size = size[0] if coord.dim() == 2 else size[:, None, :]  # [2] or [B, 1, 2]
+    if policy == "normalized" or train_grid is None:
+        return xy / size
+    return xy * xy.new_tensor([float(train_grid[1]), float(train_grid[0])]) / size
+
+
+class ParabolaLayer(nn.Module):
+    """What PaPE's and PaPE-RI's layers share: their channels appended to q and k.
+
+    ``forward(x, q, k, v, positions)`` returns q and k ``[B, nh, N, D]`` with the parabolas' channels appended
+    (``[B, nh, N, D + E]``, ``E`` padded so that ``D + E`` is a multiple of 8) and v zero-padded to their width, whose
+    output the attention cuts back to ``D``: every kernel takes q, k and v of one width (on CPU, SDPA's flash kernel
+    does not take a narrower v, and its fallback is 2.5x slower). ``x`` ``[B, N, C]`` is the attention's input,
+    ``positions`` ``[1 or B, N, 2]``. The official names of the weights (``position``, ``ab``; ``a``,
+    ``position_scales``) keep its keys.
+    """
+
+    def __init__(self, dim: int, num_heads: int, parabolas: int, width: int) -> None:
+        super().__init__()
+        self.num_heads, self.parabolas = num_heads, parabolas
+        self.pad = -(dim // num_heads + width) % 8  # known here, so that FX traces no shape arithmetic
+        self.widen = width + self.pad  # channels q, k and v gain
+
+    def channels(self, x: Tensor, positions: Tensor) -> tuple[Tensor, Tensor]:
+        """The extra channels of q ``[B, nh, N, E]`` and of k ``[1 or B, nh, N, E]``."""
+        raise NotImplementedError
+
+    def forward(self, x: Tensor, q: Tensor, k: Tensor, v: Tensor, positions: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        q_extra, k_extra = self.channels(x, positions)
+        q = F.pad(torch.cat((q, q_extra.to(q.dtype)), -1), (0, self.pad))
+        k_extra = k_extra.to(k.dtype).expand(k.shape[0], -1, -1, -1)  # [B, nh, N, E]
+        k = F.pad(torch.cat((k, k_extra), -1), (0, self.pad))
+        return q, k, F.pad(v, (0, self.widen))
+
+    def extra_repr(self) -> str:
+        return f"num_heads={self.num_heads}, parabolas={self.parabolas}"
+
+
+@register_notrace_module
+class PaPELayer(ParabolaLayer):
+    """One layer's PaPE: learned parabola directions (``position``) and the projection that gives each query its
+    coefficients (``ab``)."""
+
+    def __init__(self, dim: int, num_heads: int, parabolas: int = PARABOLAS) -> None:
+        super().__init__(dim, num_heads, check_parabolas(parabolas), 2 * parabolas)
+        self.position = nn.Linear(2, num_heads * parabolas, bias=False)
+        self.ab = nn.Linear(dim, 2 * num_heads * parabolas, bias=False)
+
+    def channels(self, x: Tensor, positions: Tensor) -> tuple[Tensor, Tensor]:
+        p = self.position(positions.to(x.dtype)).unflatten(-1, (self.num_heads, -1)).transpose(1, 2)  # [b, nh, N, F]
+        ab = self.ab(x).unflatten(-1, (2, self.num_heads, -1)).permute(2, 0, 3, 1, 4)  # [2, B, nh, N, F]
+        a, b = F.softplus(ab[0]), ab[1]
+        return torch.cat((a, 2 * a * p - b), -1), torch.cat((-p.square(), p), -1)
+
+
+@register_notrace_module
+class PaPERILayer(ParabolaLayer):
+    """One layer's PaPE-RI: a fixed random scale per head (``position_scales``, saved, as the official buffer) and the
+    projection that gives each query the curvature of its one parabola (``a``)."""
+
+    def __init__(self, dim: int, num_heads: int) -> None:
+        super().__init__(dim, num_heads, 1, 3)
+        bound = math.sqrt(1 / 2)  # the official sqrt(1 / num_positions), two coordinates
+        self.register_buffer("position_scales", (2 * torch.rand(1, num_heads, 1, 1) - 1) * bound)
+        self.a = nn.Linear(dim, num_heads, bias=False)
+
+    def channels(self, x: Tensor, positions: Tensor) -> tuple[Tensor, Tensor]:
+        p = positions.to(x.dtype)[:, None] * self.position_scales.to(x.dtype)  # [b, nh, N, 2]
+        a = F.softplus(self.a(x)).transpose(1, 2)[..., None]  # [B, nh, N, 1]
+        return torch.cat((a, 2 * a * p), -1), torch.cat((-p.square().sum(-1, keepdim=True), p), -1)
+
+
+@register_notrace_module
+class ParabolicEncoding(PositionEncoding):
+    """PaPE or PaPE-RI as the model's encoding: the official positions of every token, handed to each block's
+    ``ParabolaLayer`` (``layer`` builds them; the model puts one in each block's attention). Nothing learned here.
+
+    Args:
+        kind: ``"pape"`` or ``"pape_ri"``.
+        depth: blocks of the model.
+        train_grid: the ``(h, w)`` training grid, which ``interpolate`` scales against.
+        policy: ``extrapolate`` (default), ``interpolate`` or ``normalized``.
+        parabolas: PaPE's parabolas per head (the official 50); PaPE-RI has one per head and refuses it.
+    """
+
+    def __init__(self, kind: str, depth: int, train_grid: tuple[int, int] | None = None,
+                 policy: str | dict | ResolutionPolicy | None = None, parabolas: int | None = None) -> None:
+        super().__init__()
+        if kind not in PAPE_KINDS:
+            raise ValueError(f"Unknown parabolic encoding {kind!r}: choose one of {', '.join(PAPE_KINDS)}.")
+        if kind == "pape_ri" and parabolas is not None:
+            raise ValueError(f"parabolas={parabolas!r} sets PaPE (encoding='pape'); PaPE-RI has one parabola per "
+                             "head, in the Euclidean offset: leave it unset.")
+        self.kind, self.depth = kind, depth
+        self.parabolas = None if kind == "pape_ri" else check_parabolas(PARABOLAS if parabolas is None else parabolas)
+        self.train_grid = None if train_grid is None else (int(train_grid[0]), int(train_grid[1]))
+        self.policy = policy
+
+    def layer(self, dim: int, num_heads: int) -> ParabolaLayer:
+        """A new layer of this kind for an attention of width ``dim`` and ``num_heads`` heads."""
+        if self.kind == "pape_ri":
+            return PaPERILayer(dim, num_heads)
+        return PaPELayer(dim, num_heads, self.parabolas)
+
+    def place(self, coord: Tensor, grids: Tensor) -> Tensor:
+        return pape_positions(coord, grids, self.policy_name, self.train_grid)
+
+    def forward(self, positions: Positions, num_prefix_tokens: int = 0) -> Tensor:
+        """Every token's position ``[1 or B, P + N, 2]``: prefix tokens at the origin, then the patches'."""
+        coords = positions.coords.reshape(-1, positions.coords.shape[-2], 2)  # [1 or B, N, 2]
+        return F.pad(coords.float(), (0, 0, num_prefix_tokens, 0))
+
+    def block_inputs(self, positions: Positions, num_prefix_tokens: int) -> list[dict[str, Any]]:
+        return [{"pape": self(positions, num_prefix_tokens)}] * self.depth
+
+    def extra_repr(self) -> str:
+        return (f"kind={self.kind}, depth={self.depth}, train_grid={self.train_grid}, policy={self.policy_name}"
+                + (f", parabolas={self.parabolas}" if self.parabolas else ""))
