@@ -94,3 +94,21 @@ def test_bad_options_and_policies_are_errors_that_say_what_fits():
         model.set_resolution_policy("ntk")
     with pytest.raises(RuntimeError, match="TorchScript does not support the liere models"):
         torch.jit.script(build("liere"))
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_grouped_query_attention_rotates_the_shared_keys_too(kind):
+    """One key / value head shared by both query heads (``num_kv_heads=1``) is the full model whose key and value
+    rows are the same for every head: the rotations must act on the grouped path as on the full one."""
+    grouped = build(kind, num_kv_heads=1)
+    full = build(kind)
+    D = full.blocks[0].attn.head_dim
+    state = grouped.state_dict()
+    for name, value in state.items():
+        if name.endswith("attn.qkv.weight") or name.endswith("attn.qkv.bias"):
+            q, k, v = value.split([2 * D, D, D])
+            state[name] = torch.cat((q, k, k, v, v))  # [q heads; k head twice; v head twice]
+    full.load_state_dict(state)
+    x = torch.randn(2, 3, 80, 48)
+    with torch.no_grad():
+        torch.testing.assert_close(grouped(x), full(x), atol=1e-5, rtol=1e-5)

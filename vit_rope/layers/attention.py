@@ -83,7 +83,15 @@ class RoPEAttention(Attention):
         writes in place.
         """
         if self.num_kv_heads != self.num_heads:
-            return self._project_grouped(x, rope)
+            q, k, v = self._project_grouped(x, rope)
+        else:
+            q, k, v = self._project_full(x, rope)
+        if rotation is not None and not torch.jit.is_scripting():  # block rotations: eager, compiled and exported
+            q, k = rotate_blocks(q, rotation), rotate_blocks(k, rotation)  # k repeated per query head under GQA
+        return q, k, v
+
+    def _project_full(self, x: Tensor, rope: RopeTables | None) -> tuple[Tensor, Tensor, Tensor]:
+        """``project`` with as many key / value heads as query heads."""
         if not torch.jit.is_scripting():  # TorchScript compiles only what this branch leaves out
             if rope is not None and self.plain_qk and not capturing(x):
                 if self.string is None:
@@ -103,8 +111,6 @@ class RoPEAttention(Attention):
         q, k = self.q_norm(q), self.k_norm(k)
         if rope is not None:
             q, k = self._rotate_normed(q, k, rope)
-        if rotation is not None:
-            q, k = rotate_blocks(q, rotation), rotate_blocks(k, rotation)
         return q, k, v
 
     def _rotate_normed(self, q: Tensor, k: Tensor, rope: RopeTables) -> tuple[Tensor, Tensor]:
