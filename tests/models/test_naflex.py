@@ -204,6 +204,8 @@ def test_tables_gathered_from_the_lattice_equal_tables_per_token(kind: str, offs
     coord, valid = batch["patch_coord"], batch["patch_valid"]
     grid = naflex_grid(coord, valid)
     positions = encoding.place(coord, grid).double()
+    # the count is the property: on the lattice (extrapolate only) the bounding grid's tables are built once and each
+    # token's row gathered, cos and sin, in training and in inference; other policies build tables per token
     gathered = []
     monkeypatch.setattr(rope_module, "gather_rows", lambda t, r: gathered.append(r) or naflex_gather(t, r))
     weights = torch.randn(2, 3, 2, 2 + LENGTH, 8, dtype=torch.float64)
