@@ -53,7 +53,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=Path("output/timm-suite"), help="where timm's tests go")
     parser.add_argument("pytest_args", nargs="*", help="more pytest arguments, after --")
     args = parser.parse_args(argv)
-    tests = timm_tests(args.out)
+    tests = timm_tests(args.out.resolve())  # absolute: pytest runs from the release's folder
     selection = f"vit_rope_ and not pretrained and {KNOWN_REFUSALS}" + (f" and ({args.match})" if args.match else "")
     # vit_rope registers its models on import, before pytest collects timm's parametrised model lists
     code = "import sys, pytest, vit_rope; sys.exit(pytest.main(sys.argv[1:]))"
