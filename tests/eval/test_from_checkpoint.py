@@ -99,7 +99,9 @@ def test_a_transformers_dinov3_folder_gives_transformers_outputs(tmp_path: Path)
     hf.save_pretrained(tmp_path / "hf")
     model = vit_rope.create_from_checkpoint(tmp_path / "hf").eval()
     assert model.encoding_kind == "dinov3" and len(model.blocks) == 2
+    named = vit_rope.create_from_checkpoint(tmp_path / "hf", model=model.default_cfg["architecture"], depth=2).eval()
     x = torch.randn(2, 3, 64, 96)
     with torch.inference_mode():
-        torch.testing.assert_close(model.forward_features(x), hf(pixel_values=x).last_hidden_state, atol=1e-4,
-                                   rtol=1e-4)
+        expected = hf(pixel_values=x).last_hidden_state
+        for built in (model, named):
+            torch.testing.assert_close(built.forward_features(x), expected, atol=1e-4, rtol=1e-4)

@@ -114,9 +114,10 @@ def create_from_checkpoint(path: str | Path, model: str | None = None, **overrid
         if model is None:
             return pape_weights.create_from_pape(path, **overrides)
         path = pape_weights.weights_path(path)  # the weights, into the model named
-    elif path.is_dir() or hf_dinov3.hf_config(path) is not None:
-        return hf_dinov3.create_from_hf(path, **overrides) if model is None else timm.create_model(
-            model, pretrained=True, pretrained_cfg_overlay=dict(file=str(hf_dinov3.weights_path(path))), **overrides)
+    elif path.is_dir() or hf_dinov3.hf_config(path) is not None:  # a transformers DINOv3 folder (or its weights)
+        if model is None:
+            return hf_dinov3.create_from_hf(path, **overrides)
+        path = hf_dinov3.weights_path(path)  # the weights, into the model named
     if is_training_checkpoint(path):
         if model is not None or overrides:
             raise ValueError(f"{path} is a train.py checkpoint, which rebuilds its model as it was trained; "
