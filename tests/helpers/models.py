@@ -33,6 +33,18 @@ def randomize_(model: torch.nn.Module) -> None:
                 p.copy_(noise * 2)
 
 
+def perturbed(name: str, policy: str = "extrapolate", **kwargs) -> torch.nn.Module:
+    """Model ``name`` in eval mode with every parameter moved off its initialisation (a zero head or class token would
+    hide paths from the logits), under resolution ``policy``."""
+    torch.manual_seed(0)
+    model = timm.create_model(name, **kwargs).eval()
+    with torch.no_grad():
+        for param in model.parameters():
+            param.add_(torch.randn_like(param) * 0.2)
+    model.set_resolution_policy(policy)
+    return model
+
+
 def timm_eva(name: str, **kwargs) -> torch.nn.Module:
     """timm model ``name`` with LayerScale at 1 and random biases and tokens, so that every weight moves the output."""
     torch.manual_seed(0)

@@ -26,6 +26,18 @@ def images(grids: list[tuple[int, int]] = GRIDS, patch: int = PATCH) -> list[tor
     return [torch.randn(3, h * patch, w * patch) for h, w in grids]
 
 
+def samples_equal_images(model: torch.nn.Module) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Checks that each sample of a NaFlex batch of ``images()`` gives the logits of its image alone; returns the
+    batch's logits and the batch."""
+    inputs = images()
+    batch = pack(inputs)
+    with torch.no_grad():
+        logits = model(batch)
+        for b, image in enumerate(inputs):
+            torch.testing.assert_close(logits[b], model(image[None])[0], atol=1e-4, rtol=1e-4)
+    return logits, batch
+
+
 def offset_logits(model: torch.nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
     """Logits of one 5x6 image's patches as NaFlex batches: ``full`` ``[3, K]`` at their coordinates, all shifted by
     (3, 5), and with patch 4 moved to (9, 9); ``sparse`` ``[2, K]`` for 13 of them (no row or column full) at their

@@ -9,8 +9,8 @@ import timm
 import torch
 
 import vit_rope  # noqa: F401  (registers the models)
-from helpers.models import assert_features_and_reliance, assert_onnx_matches_eager
-from helpers.naflex import images, offset_logits, pack
+from helpers.models import assert_features_and_reliance, assert_onnx_matches_eager, perturbed
+from helpers.naflex import images, offset_logits, pack, samples_equal_images
 
 KINDS = ("comrope_ap", "comrope_ld", "liere")
 BASE = dict(img_size=80, embed_dim=32, depth=2, num_heads=2, num_classes=7, init_values=0.5)
@@ -18,14 +18,8 @@ OPTIONS = {"comrope_ap": {"block_size": 4}, "comrope_ld": {"block_size": 4}, "li
 
 
 def build(kind: str, policy: str = "extrapolate", **kwargs) -> torch.nn.Module:
-    torch.manual_seed(0)
-    model = timm.create_model(f"vit_rope_tiny_patch16_{kind}_224",
-                              **{**BASE, "encoding_options": OPTIONS[kind], **kwargs}).eval()
-    with torch.no_grad():
-        for param in model.parameters():
-            param.add_(torch.randn_like(param) * 0.2)
-    model.set_resolution_policy(policy)
-    return model
+    return perturbed(f"vit_rope_tiny_patch16_{kind}_224", policy,
+                     **{**BASE, "encoding_options": OPTIONS[kind], **kwargs})
 
 
 def test_kinds_are_registered_for_three_sizes_with_the_official_defaults():
@@ -41,12 +35,7 @@ def test_kinds_are_registered_for_three_sizes_with_the_official_defaults():
 @pytest.mark.parametrize("policy", ["extrapolate", "interpolate"])
 @pytest.mark.parametrize("kind", KINDS)
 def test_each_sample_of_a_mixed_batch_equals_its_image_alone(kind: str, policy: str):
-    model, inputs = build(kind, policy), images()
-    batch = pack(inputs)
-    with torch.no_grad():
-        logits = model(batch)
-        for b, image in enumerate(inputs):
-            torch.testing.assert_close(logits[b], model(image[None])[0], atol=1e-4, rtol=1e-4)
+    samples_equal_images(build(kind, policy))
 
 
 @pytest.mark.parametrize("kind", ["comrope_ap", "comrope_ld"])

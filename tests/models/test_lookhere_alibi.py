@@ -8,8 +8,8 @@ import pytest
 import timm
 import torch
 
-from helpers.models import assert_same_gradients
-from helpers.naflex import images, pack
+from helpers.models import assert_same_gradients, perturbed
+from helpers.naflex import images, pack, samples_equal_images
 from vit_rope.layers.attn_bias import alibi_penalty, alibi_slopes
 from vit_rope.layers.encoding import image_positions
 from vit_rope.layers.lookhere import PRESETS, head_plan, lookhere_penalty
@@ -27,13 +27,7 @@ KINDS = {  # name -> (model, extra kwargs)
 
 def build(kind: str, policy: str = "extrapolate", **kwargs) -> torch.nn.Module:
     name, extra = KINDS[kind]
-    torch.manual_seed(0)
-    model = timm.create_model(name, **{**BASE, **extra, **kwargs}).eval()
-    with torch.no_grad():
-        for param in model.parameters():
-            param.add_(torch.randn_like(param) * 0.2)
-    model.set_resolution_policy(policy)
-    return model
+    return perturbed(name, policy, **{**BASE, **extra, **kwargs})
 
 
 def test_every_kind_is_registered_at_tiny_small_and_base() -> None:
@@ -49,12 +43,9 @@ def test_every_kind_is_registered_at_tiny_small_and_base() -> None:
 @pytest.mark.parametrize("kind,policy", [(k, "extrapolate") for k in KINDS]
                          + [("alibi", "interpolate"), ("lh45_regs", "interpolate")])
 def test_each_sample_of_a_mixed_batch_equals_its_image_alone(kind: str, policy: str) -> None:
-    model, inputs = build(kind, policy), images()
-    batch = pack(inputs)
+    model = build(kind, policy)
+    logits, batch = samples_equal_images(model)
     with torch.no_grad():
-        logits = model(batch)
-        for b, image in enumerate(inputs):
-            torch.testing.assert_close(logits[b], model(image[None])[0], rtol=1e-4, atol=1e-4)
         for blk in model.blocks:  # the explicit path is the reference of the fused one
             blk.attn.fused_attn = False
         torch.testing.assert_close(model(batch), logits, rtol=1e-5, atol=1e-5)
