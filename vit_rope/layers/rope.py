@@ -28,6 +28,7 @@ from torch import Tensor, nn
 
 from vit_rope.layers.capture import capturing
 from vit_rope.layers.dinov3_rope import check_normalize, dinov3_frequencies
+from vit_rope.layers.encoding import image_coords
 from vit_rope.layers.frequencies import (
     MIXED_INITS,
     axial_frequencies,
@@ -238,7 +239,7 @@ class RoPE2D(nn.Module):
         position's table is then the same in every sample, so the tables of the batch's bounding grid are built once
         (in inference from one table per axis, ``grid_tables``) and each token's row gathered (``lattice``)."""
         height, width = lattice.grid
-        cells = grid_positions(height, width, device=self.rotated.device) + self.offset  # [h * w, 2] (x, y)
+        cells = self.place(*image_coords(height, width, self.rotated.device))  # [h * w, 2] (x, y), row-major
         freqs = self.pair_frequencies()
         if torch.is_grad_enabled() and freqs.requires_grad:  # learned_tables: a backward cheaper than the axes'
             cos, sin = learned_tables(cells, freqs, 1)
