@@ -56,12 +56,12 @@ TARGETS: dict[str, list[tuple[str, str | None, int | None, float]]] = {
               *((name, mode, None, target) for name in _STRING for mode, target in (("train", 0.90), ("infer", 0.95))),
               *((f"vit_rope_small_patch16_{kind}_224", None, size, target) for kind in ("lookhere", "alibi")
                 for size, target in ((224, 0.95), (448, 0.85))),
-              # issue 52: ComRoPE's tables exponentiated once per grid in eval, LieRE's one set for every block
+              # ComRoPE's tables exponentiated once per grid in eval, LieRE's one set for every block
               *((f"vit_rope_small_patch16_{kind}_224", mode, None, target) for kind in ("comrope_ap", "comrope_ld")
                 for mode, target in (("train", 0.85), ("infer", 0.95))),
               *(("vit_rope_small_patch16_liere_224", mode, None, target) for mode, target in (("train", 0.80),
                                                                                               ("infer", 0.90))),
-              # issue 52: PaPE's q.k is 64 + 100 channels wide (50 parabolas) and it projects 2 x 300 more per token;
+              # PaPE's q.k is 64 + 100 channels wide (50 parabolas) and it projects 2 x 300 more per token;
               # PaPE-RI's 64 + 3 (padded to 72) and 6 more. 448 first: the first row that matches sets the target
               *((f"vit_rope_small_patch16_{kind}_224", mode, size, target)
                 for kind, targets in (("pape", (0.65, 0.80, 0.75)), ("pape_ri", (0.90, 0.95, 0.90)))

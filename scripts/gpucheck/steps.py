@@ -1,6 +1,6 @@
 """The steps of ``make gpu-check`` and ``make gpu-bench``: each one command line (or a few) of the project's own
 entry points, with its time limit on one H100 (an estimate, not a measurement: docs/gpu.md) and how its outputs are
-judged against the targets of issue 50. On ``--device cpu`` every command takes tiny sizes, so that a test runs the
+judged against its targets. On ``--device cpu`` every command takes tiny sizes, so that a test runs the
 whole of either suite on a CPU in about a minute.
 
 The order is by risk: what could make every GPU figure meaningless (the CUDA tests, the families' logits, a real
