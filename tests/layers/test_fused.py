@@ -12,7 +12,8 @@ import torch
 
 import vit_rope  # noqa: F401  (registers the models)
 from benchmarks.throughput import activation_bytes  # the benchmark's own measure, so both agree
-from vit_rope.layers import attention, triton_rope
+from helpers.autograd import SavedForBackward
+from vit_rope.layers import triton_rope
 from vit_rope.layers.encoding import image_positions
 from vit_rope.layers.fused import project_rotate_qk, rotate_heads_, rotate_qk
 from vit_rope.layers.rope import RoPE2D, apply_rope, rope_angles, rope_tables
@@ -113,9 +114,13 @@ class Projection(torch.nn.Module):
         """q, k, v ``[3, B, nh, N, D]``, with one prefix token and yarn's temperature (|t| != 1)."""
         cos, sin = rope_tables(rope_angles(positions, freqs), 1, 1.3)
         if self.fused:
-            qkv = project_rotate_qk(self.qkv, x, NH, cos, sin, self.backend)
-            if torch.is_grad_enabled():  # one autograd node, which rotates in place
-                assert qkv.grad_fn.name() == "_ProjectRotateQKBackward"
+            with SavedForBackward() as saved:
+                qkv = project_rotate_qk(self.qkv, x, NH, cos, sin, self.backend)
+            with SavedForBackward() as projection:
+                self.qkv(x)
+            # rotated in place: beyond the tables and the output, it keeps what the projection alone keeps (its input
+            # and weight, or their autocast copies), where the reference keeps q and k before and after the rotation
+            assert saved.beyond(cos, sin, qkv) <= projection.beyond()
             return qkv.permute(2, 0, 3, 1, 4)
         q, k, v = self.qkv(x).unflatten(-1, (3, NH, D)).permute(2, 0, 3, 1, 4).unbind(0)
         return torch.stack((apply_rope(q, cos, sin), apply_rope(k, cos, sin), v))
@@ -217,8 +222,21 @@ def test_model_fast_and_reference_paths_agree(monkeypatch, name):
         torch.testing.assert_close(fast, ref, atol=1e-5, rtol=1e-4)
 
 
+class KeepsOutput(torch.nn.Module):
+    """A norm that keeps its last output, as a module of its own: a forward hook would hold the output, which makes
+    the attention rotate out of place."""
+
+    def __init__(self, norm: torch.nn.Module):
+        super().__init__()
+        self.norm, self.output = norm, None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.output = self.norm(x)
+        return self.output
+
+
 @pytest.mark.parametrize("num_kv_heads", [3, 1], ids=["mha", "gqa"])
-def test_qk_norm_rotates_the_normed_q_and_k_in_place_in_inference(monkeypatch, num_kv_heads):
+def test_qk_norm_rotates_the_normed_q_and_k_in_place_in_inference(num_kv_heads):
     """With q/k norms RoPE must rotate the normalised q and k, which the projection's in-place path cannot: training
     takes the reference, inference rotates the norms' outputs where they are (unless a hook holds them, or a norm is
     an Identity passing on a view of the projection); all equal the reference."""
@@ -228,25 +246,34 @@ def test_qk_norm_rotates_the_normed_q_and_k_in_place_in_inference(monkeypatch, n
     if num_kv_heads != attn.num_heads:
         attn.group_kv_heads_(num_kv_heads)
     assert not attn.plain_qk
-    in_place = []
-    monkeypatch.setattr(attention, "rotate_heads_", lambda *args: in_place.append(args) or rotate_heads_(*args))
+    attn.q_norm = q_norm = KeepsOutput(attn.q_norm)
     x = torch.randn(2, 17, 192)
     positions = image_positions(model.rope[0], 4, 4)
     rope = model.rope[0](positions.coords, 1, positions.grids)
     plain_q, plain_k, _ = attn.project(x)
     expected = apply_rope(plain_q, *rope), apply_rope(plain_k, *rope)
+
+    def rotated_in_place(q: torch.Tensor) -> bool:
+        """Whether ``q`` is the norm's output, overwritten (else the norm's output still holds the unrotated q)."""
+        if q.data_ptr() == q_norm.output.data_ptr():
+            return True
+        assert torch.equal(q_norm.output, plain_q)
+        return False
+
     results = {"training": attn.project(x, rope)}
-    assert results["training"][0].grad_fn is not None and not in_place
+    assert results["training"][0].grad_fn is not None and not rotated_in_place(results["training"][0])
     with torch.no_grad():
         results["inference"] = attn.project(x, rope)
-        assert len(in_place) == 1 and in_place[0][0] is results["inference"][0]  # the norm's output, rotated there
-        handle = attn.q_norm.register_forward_hook(lambda module, args, out: None)
+        assert rotated_in_place(results["inference"][0])  # the norm's output, rotated there
+        held = []
+        handle = q_norm.register_forward_hook(lambda module, args, out: held.append(out))
         results["hooked norm"] = attn.project(x, rope)
         handle.remove()
+        assert not rotated_in_place(results["hooked norm"][0]) and torch.equal(held[0], plain_q)  # what it holds
         k_norm, attn.k_norm = attn.k_norm, torch.nn.Identity()
         results["one norm"] = attn.project(x, rope)
         attn.k_norm = k_norm
-    assert len(in_place) == 1  # neither of the last two rotated in place
+        assert not rotated_in_place(results["one norm"][0])
     for name, (q, k, _) in results.items():  # k of grouped heads: rotated, then repeated as project repeats it
         torch.testing.assert_close(q, expected[0], msg=name)
         if name != "one norm":

@@ -7,6 +7,7 @@ import torch
 from timm.layers import PatchEmbed
 
 import vit_rope.layers.rope as rope_module
+from helpers.autograd import SavedForBackward
 from vit_rope.layers.rope import (
     RoPE2D,
     apply_rope,
@@ -213,11 +214,15 @@ def test_learned_tables_equal_the_plain_functions_in_values_and_gradients(batche
     pos = torch.randn(*((B,) if batched in ("positions", "both") else ()), N, 2, dtype=torch.float64) * 5
     freqs = torch.randn(*((B,) if batched in ("frequencies", "both") else ()), 2, heads, D // 2, dtype=torch.float64)
     freqs.requires_grad_()
-    mine = learned_tables(pos, freqs, prefix, temperature)
-    plain = rope_tables(rope_angles(pos, freqs), prefix, temperature)
+    with SavedForBackward() as saved:
+        mine = learned_tables(pos, freqs, prefix, temperature)
+    with SavedForBackward() as saved_plain:
+        plain = rope_tables(rope_angles(pos, freqs), prefix, temperature)
+    # what the own backward buys: it keeps the positions and the tables it returns, autograd's path the angles too
+    assert saved.beyond(pos, *mine) == 0 < saved_plain.beyond(pos, freqs, *plain)
     weights = [torch.randn_like(t) for t in plain]
     for table, same in zip(mine, plain, strict=True):
-        assert table.grad_fn is not None and "LearnedTables" in type(table.grad_fn).__name__
+        assert table.grad_fn is not None
         assert table.stride() == same.stride() and torch.equal(table, same)
     grads = [torch.autograd.grad(sum((t * w).sum() for t, w in zip(out, weights, strict=True)), freqs)[0]
              for out in (mine, plain)]
@@ -230,11 +235,12 @@ def test_learned_tables_take_the_plain_path_without_a_frequency_gradient_or_with
     assert learned_tables(pos, freqs)[0].grad_fn is None
     with torch.no_grad():
         assert learned_tables(pos, freqs.requires_grad_())[0].grad_fn is None
-    pos.requires_grad_()
-    cos, sin = learned_tables(pos, freqs)
-    assert "LearnedTables" not in type(cos.grad_fn).__name__
-    (cos.sum() + sin.sum()).backward()
-    assert pos.grad is not None and freqs.grad is not None
+    pos.requires_grad_()  # the own backward gives the frequencies only: the plain functions, both gradients exactly
+    weights = torch.randn(2, NH, N, D // 2)
+    grads = [torch.autograd.grad((cos * weights[0] + sin * weights[1]).sum(), (pos, freqs))
+             for cos, sin in (learned_tables(pos, freqs), rope_tables(rope_angles(pos, freqs)))]
+    for mine, plain in zip(*grads, strict=True):
+        assert torch.equal(mine, plain)
 
 
 @pytest.mark.parametrize("naflex", [False, True])
@@ -247,10 +253,13 @@ def test_mixed_rope_in_training_takes_the_learned_tables_with_the_plain_gradient
     grid = torch.tensor([[4, 6], [3, 5]])
     weights = [torch.randn(B, NH, N + 2, D // 2, dtype=torch.float64) for _ in range(2)]
 
-    def frequency_grad(expected_node: bool) -> torch.Tensor:
+    angles = B * N * NH * D // 2  # one table of angles, which autograd's path keeps for cos and sin
+
+    def frequency_grad(learned: bool) -> torch.Tensor:
         rope.freqs.grad = None
-        cos, sin = rope(pos, 2, grid if naflex else torch.tensor([[5, 6]]))
-        assert ("LearnedTables" in type(cos.grad_fn).__name__) == expected_node
+        with SavedForBackward() as saved:
+            cos, sin = rope(pos, 2, grid if naflex else torch.tensor([[5, 6]]))
+        assert (saved.beyond(pos, cos, sin) < angles) == learned  # the learned tables keep no angles
         (cos * weights[0] + sin * weights[1]).sum().backward()
         return rope.freqs.grad
 
