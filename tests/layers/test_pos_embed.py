@@ -83,3 +83,17 @@ def test_non_square_timm_vit_is_resampled_from_its_own_grid():
     torch.testing.assert_close(same.pos_embed, patches, atol=0, rtol=0)
     expected = resample_abs_pos_embed(patches, new_size=[4, 8], old_size=[8, 16], num_prefix_tokens=0)
     torch.testing.assert_close(half.pos_embed, expected)
+
+
+
+@pytest.mark.parametrize("kwargs", [{}, {"no_embed_class": False, "reg_tokens": 2}])
+def test_set_input_size_resamples_the_table_that_the_encoding_reads(kwargs):
+    """timm's ``set_input_size`` resamples ``pos_embed`` to the new grid, and the APE reads the table with that grid
+    (the model's, not one of its own): a forward at the new size is the one before, bit for bit."""
+    model = ape_model((32, 48), seed=0, **kwargs).eval()
+    x = torch.randn(2, 3, 64, 64)
+    with torch.no_grad():
+        before = model(x)
+        model.set_input_size(img_size=(64, 64))
+        assert model.pos_embed.shape[1] == model.ape.num_prefix_rows + 16
+        torch.testing.assert_close(model(x), before, atol=0, rtol=0)

@@ -5,7 +5,8 @@ position-encoding, ``pape/nn/positions/base.py``, and of timm's NaFlexViT, whose
 kinds of batch): given where the patches of a batch sit, what does each block get? Rotations (RoFormer, RoPE-ViT,
 DINOv3: ``vit_rope.layers.rope``) give per-token ``(cos, sin)`` tables that rotate q and k; attention biases
 (LookHere, 2D-ALiBi: ``vit_rope.layers.attn_bias``) give per-pair logits; no encoding gives nothing. The learned
-absolute table of the +APE models is added by the embedding itself (``vit_rope.layers.pos_embed``), as timm does.
+absolute table of the +APE models gives the embedding rows to add instead (``vit_rope.layers.pos_embed``'s
+``AbsoluteEncoding``, beside the model's encoding for the blocks).
 
 ``Positions`` is the one value the embedding builds per forward. An image batch is the case of one grid that every
 sample shares (positions ``[N, 2]``, ``grid`` known as Python ints, so tables are built once for the batch and biases

@@ -2,8 +2,8 @@
 
 RoPE-ViT (Heo et al., ECCV 2024, arXiv:2403.13298) keeps DeiT-III's APE beside RoPE in its "+APE" variants. An APE is a
 table learnt for one patch grid, so every other grid takes it resampled bicubically (timm's
-``resample_abs_pos_embed``): at each forward for the input's grid, and once when a checkpoint trained on another grid
-is loaded, whose grid the state dict does not store and ``source_grids`` infers.
+``resample_abs_pos_embed``): at each forward for the input's grid (``AbsoluteEncoding``), and once when a checkpoint
+trained on another grid is loaded, whose grid the state dict does not store and ``source_grids`` infers.
 """
 
 from __future__ import annotations
@@ -11,8 +11,15 @@ from __future__ import annotations
 import math
 import warnings
 
+import torch
 from timm.layers import resample_abs_pos_embed
 from torch import Tensor, nn
+
+from vit_rope.layers.encoding import PositionEncoding
+from vit_rope.layers.naflex import pos_embed_at
+
+# FX: resampling depends on the input's size, which symbolic tracing only knows as a proxy; the trace records a call.
+torch.fx.wrap("fit_pos_embed")
 
 
 def fit_pos_embed(pos_embed: Tensor, grid: tuple[int, int], train_grid: tuple[int, int], num_prefix_tokens: int
@@ -20,6 +27,47 @@ def fit_pos_embed(pos_embed: Tensor, grid: tuple[int, int], train_grid: tuple[in
     """The learned position embedding ``[1, (P +) N0, C]`` resampled bicubically to ``grid`` (timm's resampling)."""
     return resample_abs_pos_embed(pos_embed, new_size=[grid[0], grid[1]], old_size=[train_grid[0], train_grid[1]],
                                   num_prefix_tokens=num_prefix_tokens)
+
+
+class AbsoluteEncoding(PositionEncoding):
+    """The APE as a position encoding: what the embedding adds to the tokens, where the other kinds give each block
+    its inputs (``block_inputs``, which this one does not have: blocks get nothing from it).
+
+    It holds the logic only, placing and resampling the table it is given. The table stays the model's ``pos_embed``
+    parameter because timm's ``VisionTransformer`` reads it there: its weights, ``checkpoint_filter_fn`` and
+    ``set_input_size`` (which resamples it and changes the patch grid it belongs to), ``no_weight_decay`` and the
+    state-dict key ``pos_embed`` of every APE checkpoint. Its grid comes with it at each call for the same reason.
+
+    Args:
+        num_prefix_rows: the table's rows for prefix tokens in front of its patch rows: 0 for DeiT-III and RoPE-ViT
+            (``no_embed_class``), the class and register tokens' count for timm's ViT.
+    """
+
+    kind = "ape"
+    default_policy = "interpolate"  # the table is resampled to each grid: positions scaled to the training one
+
+    def __init__(self, num_prefix_rows: int) -> None:
+        super().__init__()
+        self.num_prefix_rows = num_prefix_rows
+        self.policy = None
+
+    def forward(self, table: Tensor, positions: Tensor, grids: Tensor, grid: tuple[int, int] | None,
+                table_grid: tuple[int, int]) -> Tensor:
+        """The rows ``[1 or B, R + N, C]`` (``R`` = ``num_prefix_rows``) that the embedding adds to the prefix and
+        patch tokens, from the ``table`` ``[1, R + h0 * w0, C]`` learnt on ``table_grid`` (h0, w0): resampled once
+        to an image batch's ``grid``, or read at each patch's position (``positions`` ``[B, N, 2]`` (x, y) from
+        ``place``, on the grids ``grids`` ``[B, 2]``) of a NaFlex batch (``grid`` ``None``)."""
+        own = self.num_prefix_rows
+        if grid is None:  # read at each patch's coordinate: [B, own + N, C]
+            if torch.jit.is_scripting():
+                raise RuntimeError("TorchScript serves image batches only.")
+            coord = positions.flip(-1)  # [B, N, 2] (y, x): the integer coordinates, exactly
+            return torch.cat((table[:, :own].expand(coord.shape[0], -1, -1),
+                              pos_embed_at(table[0, own:], coord, grids, table_grid)), 1)
+        return fit_pos_embed(table, grid, table_grid, own)  # [1, own + N, C]
+
+    def extra_repr(self) -> str:
+        return f"num_prefix_rows={self.num_prefix_rows}"
 
 
 def source_grids(rows: int, grid: tuple[int, int], num_prefix: int) -> list[tuple[int, tuple[int, int]]]:

@@ -3,8 +3,9 @@
 An image batch ``[B, C, H, W]`` is the case of a NaFlex batch (NaViT, Dehghani et al., NeurIPS 2023; timm's
 NaFlexViT) where every sample has the same grid and no padding, as timm's ``NaFlexEmbeds`` treats both: patches are
 embedded (a convolution over the image, or the same weights read as a linear layer over flat patches), each patch gets
-its coordinate (y, x) and each sample its grid, the APE is read at the coordinates (resampled once per grid for an
-image batch), prefix tokens go in front, then patch dropout and coordinate augmentation. The encoding places the
+its coordinate (y, x) and each sample its grid, prefix tokens go in front with the rows of the APE, an encoding of its
+own (``AbsoluteEncoding``: the table resampled once per grid for an image batch, read at the coordinates of a NaFlex
+batch), then patch dropout and coordinate augmentation. The encoding places the
 coordinates under its resolution policy (``PositionEncoding.place``) and the result is one ``Positions`` value that
 every block's encoding is built from.
 """
@@ -21,14 +22,12 @@ from torch import Tensor
 from vit_rope.checks import check_patch_multiple
 from vit_rope.layers.capture import capturing
 from vit_rope.layers.encoding import Positions, image_coords
-from vit_rope.layers.naflex import key_padding_mask, lattice, naflex_grid, pos_embed_at
+from vit_rope.layers.naflex import key_padding_mask, lattice, naflex_grid
 from vit_rope.layers.policies import augment_positions
-from vit_rope.layers.pos_embed import fit_pos_embed
 from vit_rope.models.naflex import NaFlexBatch, check_attn_mask, embed_patches
 
 # FX: these depend on the input's size, which symbolic tracing only knows as a proxy; the trace records them as calls.
 torch.fx.wrap("check_patch_multiple")
-torch.fx.wrap("fit_pos_embed")
 torch.fx.wrap("image_coords")
 
 
@@ -55,8 +54,8 @@ class EmbeddingMixin:
         return x.flatten(1, 2), (x.shape[1], x.shape[2])  # flatten, not view: an empty batch has no token count
 
     def _prefix_and_ape(self, tokens: Tensor, coord: Tensor, grids: Tensor, grid: tuple[int, int] | None) -> Tensor:
-        """Prefix tokens in front of the patch tokens ``[B, N, C]``, each with its APE row (+APE models): the table
-        resampled once to an image batch's ``grid``, or read at each patch's coordinate of a NaFlex batch."""
+        """Prefix tokens in front of the patch tokens ``[B, N, C]``, each with its APE row (+APE models: the rows of
+        ``AbsoluteEncoding``, one route for image and NaFlex batches)."""
         B = tokens.shape[0]
         prefix: list[Tensor] = []
         if self.cls_token is not None:
@@ -66,15 +65,10 @@ class EmbeddingMixin:
         pos_embed = self.pos_embed
         if pos_embed is None:
             return self.pos_drop(torch.cat(prefix + [tokens], dim=1))  # [B, P + N, C]
-        own = 0 if self.no_embed_class else self.num_prefix_tokens  # DeiT-III / RoPE-ViT: patch rows only
-        train_grid = self.patch_embed.grid_size
-        if grid is None:  # read at each patch's coordinate: [B, own + N, C]
-            if torch.jit.is_scripting():
-                raise RuntimeError("TorchScript serves image batches only.")
-            rows = torch.cat((pos_embed[:, :own].expand(B, -1, -1),
-                              pos_embed_at(pos_embed[0, own:], coord, grids, (train_grid[0], train_grid[1]))), 1)
-        else:
-            rows = fit_pos_embed(pos_embed, grid, (train_grid[0], train_grid[1]), own)  # [1, own + N, C]
+        table_grid = self.patch_embed.grid_size  # the table and its grid are timm's, given to the APE's logic
+        positions = self.ape.place(coord, grids)
+        rows = self.ape(pos_embed, positions, grids, grid, (table_grid[0], table_grid[1]))  # [1 or B, own + N, C]
+        own = self.ape.num_prefix_rows
         if own:  # a row for each prefix token too
             return self.pos_drop(torch.cat(prefix + [tokens], dim=1) + rows)
         return self.pos_drop(torch.cat(prefix + [tokens + rows], dim=1))

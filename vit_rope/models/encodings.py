@@ -40,6 +40,7 @@ from vit_rope.layers.encoding import NoEncoding, PositionEncoding
 from vit_rope.layers.liere import LieRE
 from vit_rope.layers.pape import PAPE_KINDS, ParabolicEncoding
 from vit_rope.layers.policies import CoordAugment, ResolutionPolicy
+from vit_rope.layers.pos_embed import AbsoluteEncoding
 from vit_rope.layers.rope import KINDS as ROPE_KINDS
 from vit_rope.layers.rope import RoPE2D, check_head_dim, check_kind
 from vit_rope.layers.rope_encoding import RotaryEncoding
@@ -227,6 +228,9 @@ class PositionEncodingMixin:
             self.rope = encoding  # RoPE-ViT's and timm's state-dict keys: rope.<block>.freqs
         else:
             self.pos_encoding = encoding
+        # the +APE models' table is timm's pos_embed; what the embedding adds from it is an encoding too
+        own = 0 if self.no_embed_class else self.num_prefix_tokens
+        self.ape = None if self.pos_embed is None else AbsoluteEncoding(own)
 
     def __getattr__(self, name: str) -> Any:
         """``pos_encoding`` of a RoPE model is its ``rope``; ``rope`` of a model without RoPE is the deprecated name
