@@ -65,7 +65,7 @@ def test_ntk_is_a_larger_base_per_axis():
     s, d = 2.0, D // 2
     freqs = rope.freqs
     scaled, temperature = policy_frequencies(freqs, torch.tensor([[TRAIN[0], TRAIN[1] * 2]]), TRAIN,
-                                             rope.policy_name, 100.0, D)
+                                             rope.resolution, 100.0, D)
     scaled = scaled[0]  # the one grid's
     expected_x = axial_frequencies(D, 100.0 * s ** (d / (d - 2)))[0]
     torch.testing.assert_close(scaled[0], expected_x)  # x grew by 2: new base on the x pairs
@@ -78,8 +78,8 @@ def test_ntk_is_a_larger_base_per_axis():
 def test_yarn_ramps_between_interpolation_and_extrapolation():
     policy = ResolutionPolicy("yarn", yarn_alpha=0.5, yarn_beta=2.0)
     rope = RoPE2D(64, 1, "axial", train_grid=(14, 14), policy=policy)
-    scaled, temperature = policy_frequencies(rope.freqs, torch.tensor([[28, 28]]), (14, 14), "yarn", 100.0, 64,
-                                             0.5, 2.0)
+    scaled, temperature = policy_frequencies(rope.freqs, torch.tensor([[28, 28]]), (14, 14), policy.values(), 100.0,
+                                             64)
     scaled = scaled[0]  # the one grid's
     turns = 14 * rope.freqs[0, 0, :16] / (2 * math.pi)
     ratio = scaled[0, 0, :16] / rope.freqs[0, 0, :16]

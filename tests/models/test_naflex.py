@@ -14,7 +14,7 @@ from helpers.naflex import GRIDS, LENGTH, PATCH, images, pack
 from vit_rope.layers.encoding import Positions
 from vit_rope.layers.naflex import gather_rows as naflex_gather
 from vit_rope.layers.naflex import lattice, naflex_grid, pos_embed_at
-from vit_rope.layers.policies import place_positions, policy_frequencies
+from vit_rope.layers.policies import ResolutionPolicy, place_positions, policy_frequencies
 from vit_rope.layers.pos_embed import fit_pos_embed
 from vit_rope.layers.rope_encoding import RotaryEncoding
 
@@ -160,9 +160,10 @@ def test_per_sample_frequencies_are_the_policys_on_each_grid(policy: str) -> Non
     torch.manual_seed(0)
     freqs = torch.randn(2, 2, 8)
     grids = torch.tensor([[4, 6], [6, 3], [5, 5], [10, 12]])
-    batched, temperature = policy_frequencies(freqs, grids, (5, 5), policy, 10.0, 32)
+    values = ResolutionPolicy(policy).values()
+    batched, temperature = policy_frequencies(freqs, grids, (5, 5), values, 10.0, 32)
     for b in range(len(grids)):  # each sample's frequencies are those of its grid alone (an image batch's)
-        single, t = policy_frequencies(freqs, grids[b:b + 1], (5, 5), policy, 10.0, 32)
+        single, t = policy_frequencies(freqs, grids[b:b + 1], (5, 5), values, 10.0, 32)
         torch.testing.assert_close(batched[b], single[0], rtol=1e-6, atol=1e-7)
         assert (temperature is None and t is None) or abs(float(temperature[b]) - float(t)) < 1e-6
 

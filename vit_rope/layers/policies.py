@@ -26,7 +26,8 @@ subpixel jitter) draws one transform per image, shared by all blocks, in trainin
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, fields
+from dataclasses import astuple, dataclass, fields
+from typing import NamedTuple, get_type_hints
 
 import torch
 from torch import Tensor
@@ -80,6 +81,16 @@ class ResolutionPolicy:
         if unknown:
             raise ValueError(f"Unknown RoPE policy options {unknown}: valid are {valid}.")
         return cls(**policy)
+
+    def values(self) -> ScriptPolicy:
+        """The policy as the one value that TorchScript compiles (``ScriptPolicy``)."""
+        return ScriptPolicy(*astuple(self))
+
+
+# ResolutionPolicy's fields as a NamedTuple: TorchScript compiles no dataclass, so RoPE2D keeps its policy as one and
+# hands it to policy_frequencies whole. Functional form, from the dataclass's resolved types: under ``from __future__
+# import annotations`` a class body's would be strings, which TorchScript cannot resolve in a NamedTuple.
+ScriptPolicy = NamedTuple("ScriptPolicy", list(get_type_hints(ResolutionPolicy).items()))
 
 
 def kind_policies(kind: str | None) -> tuple[str, ...]:
@@ -148,45 +159,43 @@ def place_positions(coord: Tensor, grids: Tensor, kind: str, policy: str, train_
 
 
 def policy_frequencies(
-    freqs: Tensor, grids: Tensor | None, train_grid: tuple[int, int] | None, policy: str, theta: float, head_dim: int,
-    yarn_alpha: float = 0.5, yarn_beta: float = 2.0, yarn_temperature: bool = True,
+    freqs: Tensor, grids: Tensor | None, train_grid: tuple[int, int] | None, policy: ScriptPolicy, theta: float,
+    head_dim: int,
 ) -> tuple[Tensor, Tensor | None]:
-    """Frequencies to use on the grids ``grids`` ``[1 or B, 2]`` (h, w) under the policy named ``policy`` (with the
-    ``yarn_*`` fields of its ``ResolutionPolicy``), and the attention temperature that scales the tables.
+    """Frequencies to use on the grids ``grids`` ``[1 or B, 2]`` (h, w) under ``policy`` (``ResolutionPolicy.values``:
+    the form TorchScript compiles), and the attention temperature that scales the tables.
 
     Scaling the x (or y) frequency of a pair by ``a`` is the same as scaling its x (or y) positions by ``a``, so
     every policy is a per-axis, per-pair factor between ``1 / s`` (interpolate) and 1 (extrapolate), ``s`` = grid /
-    training grid per axis; at the training grid every factor is exactly 1. Plain values, not a ``ResolutionPolicy``,
-    so that TorchScript compiles it.
+    training grid per axis; at the training grid every factor is exactly 1.
 
     Returns:
         ``freqs`` ``[2, H, D/2]`` as they are (``extrapolate``, ``normalized``, no grid), else one set per grid
         ``[1 or B, 2, H, D/2]``; the temperature ``[1 or B, 1, 1, 1]`` (``yarn``), else ``None``.
     """
-    if policy in ("extrapolate", "normalized") or grids is None or train_grid is None:
+    if policy.name in ("extrapolate", "normalized") or grids is None or train_grid is None:
         return freqs, None
     train = torch.tensor([float(train_grid[1]), float(train_grid[0])], device=freqs.device)
     scale = (grids.flip(-1).float().to(freqs.device) / train)[:, :, None, None]  # [1 or B, 2, 1, 1] (x, y)
-    factor = policy_factors(freqs, scale, train_grid, policy, theta, head_dim, yarn_alpha, yarn_beta)
+    factor = policy_factors(freqs, scale, train_grid, policy, theta, head_dim)
     temperature: Tensor | None = None
-    if policy == "yarn" and yarn_temperature:
+    if policy.name == "yarn" and policy.yarn_temperature:
         stretch = scale.clamp(min=1.0)
         temperature = (0.1 * torch.log(torch.sqrt(stretch[:, 0] * stretch[:, 1])) + 1.0)[:, None]  # [b, 1, 1, 1]
     return freqs * factor, temperature
 
 
 def policy_factors(
-    freqs: Tensor, scale: Tensor, train_grid: tuple[int, int], policy: str, theta: float, head_dim: int,
-    yarn_alpha: float = 0.5, yarn_beta: float = 2.0,
+    freqs: Tensor, scale: Tensor, train_grid: tuple[int, int], policy: ScriptPolicy, theta: float, head_dim: int,
 ) -> Tensor:
     """The per-axis, per-pair factor on ``freqs`` ``[2, H, D/2]`` of the policies that depend on the grid
     (``interpolate``, ``ntk``, ``yarn``), for the size ratios ``scale`` ``[B, 2, 1, 1]`` (new size / training size
     per axis (x, y), one per grid)."""
-    if policy == "interpolate":
+    if policy.name == "interpolate":
         return 1.0 / scale
     scale = scale.clamp(min=1.0)  # ntk and yarn only ever compress, as in language models
     magnitude = freqs.detach().abs().float().clamp(min=1e-12)
-    if policy == "ntk":
+    if policy.name == "ntk":
         # axial pair i of an axis with d channels has w = theta ** (-2i / d); b' = b s^(d/(d-2)) scales it by
         # s ** (-2i / (d - 2)). The exponent is written through w so that learned (mixed) frequencies follow too.
         d = head_dim // 2
@@ -195,7 +204,7 @@ def policy_factors(
     # yarn: turns of each pair across the training extent of each axis
     extent = torch.tensor([train_grid[1], train_grid[0]], device=freqs.device)[:, None, None]
     turns = extent * magnitude / (2 * math.pi)
-    keep = ((turns - yarn_alpha) / (yarn_beta - yarn_alpha)).clamp(0.0, 1.0)
+    keep = ((turns - policy.yarn_alpha) / (policy.yarn_beta - policy.yarn_alpha)).clamp(0.0, 1.0)
     return (1 - keep) / scale + keep
 
 

@@ -39,7 +39,7 @@ from vit_rope.layers.frequencies import (
     rotated_pairs,
 )
 from vit_rope.layers.naflex import Lattice, gather_rows
-from vit_rope.layers.policies import ResolutionPolicy, check_policy, place_positions, policy_frequencies
+from vit_rope.layers.policies import ResolutionPolicy, ScriptPolicy, check_policy, place_positions, policy_frequencies
 from vit_rope.layers.rotary import apply_rope, grid_positions, grid_tables, learned_tables, rope_angles, rope_tables
 
 KINDS = ("axial", "mixed", "golden", "dinov3")
@@ -75,16 +75,15 @@ def check_theta(theta: float) -> float:
 
 
 def policy_tables(positions: Tensor, freqs: Tensor, grids: Tensor | None, num_prefix_tokens: int,
-                  train_grid: tuple[int, int] | None, policy: str, theta: float, head_dim: int, yarn_alpha: float,
-                  yarn_beta: float, yarn_temperature: bool) -> tuple[Tensor, Tensor]:
-    """``RoPE2D``'s tables: the frequencies ``[2, H, D/2]`` as the policy (its name and fields) scales them on the
-    grids ``grids``, then ``(cos, sin)`` of ``positions`` with ``num_prefix_tokens`` identity rows in front and the
-    policy's attention temperature. One function for an image batch's grid and a NaFlex batch's grids.
+                  train_grid: tuple[int, int] | None, policy: ScriptPolicy, theta: float, head_dim: int
+                  ) -> tuple[Tensor, Tensor]:
+    """``RoPE2D``'s tables: the frequencies ``[2, H, D/2]`` as ``policy`` scales them on the grids ``grids``, then
+    ``(cos, sin)`` of ``positions`` with ``num_prefix_tokens`` identity rows in front and the policy's attention
+    temperature. One function for an image batch's grid and a NaFlex batch's grids.
 
     Eager: ``learned_tables`` (a cheaper backward for learned frequencies). Graph captures: the plain functions,
     which compilers fuse; FX records this function as one call (wrapped below), since it branches on shapes."""
-    freqs, temperature = policy_frequencies(freqs, grids, train_grid, policy, theta, head_dim, yarn_alpha, yarn_beta,
-                                            yarn_temperature)
+    freqs, temperature = policy_frequencies(freqs, grids, train_grid, policy, theta, head_dim)
     if freqs.dim() == 4 and freqs.shape[0] == 1:  # one grid for the batch: the shared frequencies' cheaper paths
         freqs = freqs[0]
     if torch.jit.is_scripting():
@@ -114,7 +113,8 @@ class RoPE2D(nn.Module):
     Axial, golden and DINOv3 frequencies are a fixed, non-persistent buffer (nothing to save, rebuilt on load); mixed
     frequencies are a learnable ``[2, num_heads, head_dim // 2]`` parameter that should get no weight decay (RoPE-ViT).
     A model with mixed RoPE holds one ``RoPE2D`` per block, as the paper learns frequencies per layer. The forward
-    compiles with TorchScript: the policy is kept as plain fields, and ``policy`` assembles them.
+    compiles with TorchScript: the policy is kept as the NamedTuple it compiles (``resolution``, a
+    ``ScriptPolicy``), and ``policy`` turns it back into a ``ResolutionPolicy``.
 
     Args:
         head_dim: channels per head, divisible by 4.
@@ -191,14 +191,13 @@ class RoPE2D(nn.Module):
 
     @property
     def policy(self) -> ResolutionPolicy:
-        return ResolutionPolicy(self.policy_name, self.yarn_alpha, self.yarn_beta, self.yarn_temperature)
+        return ResolutionPolicy(*self.resolution)
 
     @policy.setter
     def policy(self, policy: str | dict | ResolutionPolicy | None) -> None:
         policy = ResolutionPolicy.create(DEFAULT_POLICY[self.kind] if policy is None else policy)  # None: the kind's
         check_policy(self.kind, policy.name)
-        self.policy_name, self.yarn_alpha, self.yarn_beta = policy.name, policy.yarn_alpha, policy.yarn_beta
-        self.yarn_temperature = policy.yarn_temperature
+        self.resolution = policy.values()
 
     @property
     def learnable(self) -> bool:
@@ -212,7 +211,8 @@ class RoPE2D(nn.Module):
     def place(self, coord: Tensor, grids: Tensor) -> Tensor:
         """Positions ``[..., N, 2]`` (x, y) of the patches at ``coord`` ``[..., N, 2]`` (y, x) of the grids ``grids``
         ``[1 or B, 2]`` (h, w), as this module's kind, offset and policy place them (``policies.place_positions``)."""
-        return place_positions(coord, grids, self.kind, self.policy_name, self.train_grid, self.normalize, self.offset)
+        return place_positions(coord, grids, self.kind, self.resolution.name, self.train_grid, self.normalize,
+                               self.offset)
 
     def forward(self, positions: Tensor, num_prefix_tokens: int = 0, grids: Tensor | None = None
                 ) -> tuple[Tensor, Tensor]:
@@ -229,8 +229,7 @@ class RoPE2D(nn.Module):
             broadcasting against ``[B, nh, P + N, D/2]``.
         """
         return policy_tables(positions, self.pair_frequencies(), grids, num_prefix_tokens, self.train_grid,
-                             self.policy_name, self.theta, self.head_dim, self.yarn_alpha, self.yarn_beta,
-                             self.yarn_temperature)
+                             self.resolution, self.theta, self.head_dim)
 
     @torch.jit.unused
     def lattice_tables(self, lattice: Lattice) -> tuple[Tensor, Tensor]:
@@ -250,8 +249,8 @@ class RoPE2D(nn.Module):
     def frequencies(self, grids: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
         """Frequencies and attention temperature that the policy gives on the grids ``grids`` ``[1 or B, 2]``
         (``policies.policy_frequencies``; ``None``: as they are)."""
-        return policy_frequencies(self.pair_frequencies(), grids, self.train_grid, self.policy_name, self.theta,
-                                  self.head_dim, self.yarn_alpha, self.yarn_beta, self.yarn_temperature)
+        return policy_frequencies(self.pair_frequencies(), grids, self.train_grid, self.resolution, self.theta,
+                                  self.head_dim)
 
     def pair_frequencies(self) -> Tensor:
         """The frequencies ``[2, H, D/2]`` in use: p-RoPE's unrotated pairs at 0."""
@@ -263,9 +262,14 @@ class RoPE2D(nn.Module):
     def extra_repr(self) -> str:
         return (
             f"kind={self.kind}, head_dim={self.head_dim}, num_heads={self.num_heads}, theta={self.theta}, "
-            f"train_grid={self.train_grid}, policy={self.policy_name}"
+            f"train_grid={self.train_grid}, policy={self.resolution.name}"
             + (f", fraction={self.fraction}" if self.fraction != 1.0 else "")
             + (f", offset={self.offset}" if self.offset else "")
             + (f", init={self.init}" if self.learnable else "")
             + (f", normalize={self.normalize}, periods={self.periods}" if self.kind == "dinov3" else "")
         )
+
+
+# TorchScript takes a NamedTuple attribute for a plain tuple unless the class annotates it, and a class body's
+# annotation would be a string under ``from __future__ import annotations``: the type itself, so that it compiles
+RoPE2D.__annotations__["resolution"] = ScriptPolicy

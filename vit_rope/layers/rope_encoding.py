@@ -47,7 +47,7 @@ class RotaryEncoding(PositionEncoding, nn.ModuleList):
 
     @property
     def uses_lattice(self) -> bool:
-        return self.kind != "dinov3" and self[0].policy_name == "extrapolate"
+        return self.kind != "dinov3" and self[0].resolution.name == "extrapolate"
 
     def place(self, coord: Tensor, grids: Tensor) -> Tensor:
         return self[0].place(coord, grids)
