@@ -226,7 +226,8 @@ def main(argv: list[str] | None = None) -> int:
     with warnings.catch_warnings():  # a warning is one line for the user, not the library line that raised it
         warnings.showwarning = lambda message, *args, **kwargs: print(f"warning: {message}", file=sys.stderr)
         try:
-            train(parse_args(argv))
+            with distributed.flushed_subnormals():
+                train(parse_args(argv))
         except UserError as err:
             print(f"error: {err}", file=sys.stderr)
             return 2

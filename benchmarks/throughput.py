@@ -35,6 +35,7 @@ import vit_rope  # noqa: E402,F401  (registers the vit_rope_* models)
 from benchmarks.machine import describe_machine  # noqa: E402
 from vit_rope.eval import report  # noqa: E402
 from vit_rope.layers.cayley_string import CayleyString  # noqa: E402
+from vit_rope.train.distributed import flushed_subnormals  # noqa: E402
 
 FAMILIES = {  # baseline first: the same ViT (DeiT-III: LayerScale, class token, qkv bias) without RoPE
     "small": ["deit3_small_patch16_224", "vit_rope_small_patch16_axial_224", "vit_rope_small_patch16_mixed_224",
@@ -299,7 +300,8 @@ def main(argv: list[str] | None = None) -> int:
             result = {"machine": machine, "complete": complete, "targets": targets, "rows": rows}
             Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
 
-    rows = benchmark(args, save)
+    with flushed_subnormals():  # as train.py and vit_rope.evaluate run
+        rows = benchmark(args, save)
     print("\n" + table(rows))
     save(rows, complete=True)
     return 0

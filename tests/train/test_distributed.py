@@ -108,3 +108,15 @@ def test_tf32_is_set_silently_and_stays_readable(monkeypatch, enabled):
         distributed.set_tf32(not enabled)
         distributed.set_tf32(enabled)
     assert torch.backends.cuda.matmul.allow_tf32 is enabled and torch.backends.cudnn.allow_tf32 is enabled
+
+
+@pytest.mark.skipif(not torch.set_flush_denormal(False), reason="this CPU has no flush-to-zero mode")  # off: default
+def test_flushed_subnormals_reads_subnormals_as_zero_inside_the_block_only():
+    """Inside the block a subnormal float (1e-39 < 1.2e-38, float32's smallest normal) reads as zero; after it, as
+    itself again, so that code after a training or evaluation run computes as before."""
+    tiny = torch.tensor([1e-39])
+    assert (tiny * 1.0).item() > 0
+    with distributed.flushed_subnormals():
+        assert (tiny * 1.0).item() == 0.0
+        assert (torch.tensor([1e-20]) * 1e-20).item() == 0.0  # a subnormal result is flushed too
+    assert (tiny * 1.0).item() > 0

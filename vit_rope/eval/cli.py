@@ -32,7 +32,7 @@ from vit_rope.eval.harness import check_options, check_sizes, choose_split, eval
 from vit_rope.eval.loading import check_weights, load_pretrained, load_trained
 from vit_rope.eval.report import write_reports
 from vit_rope.layers.policies import POLICIES
-from vit_rope.train.distributed import set_cpu_threads
+from vit_rope.train.distributed import flushed_subnormals, set_cpu_threads
 
 
 def _positive(text: str) -> int:
@@ -135,8 +135,9 @@ def main(argv: list[str] | None = None) -> int:
         if unloaded:
             print(f"warning: {', '.join(unloaded)} evaluated with random weights (--random-init): chance accuracy, "
                   "labelled 'random init'", flush=True)
-        results = evaluate_models(models, data_dir, sizes, args.policy, args.crop_pct, args.device, args.limit,
-                                  args.batch_size, args.workers, split, args.seq_lens)
+        with flushed_subnormals():
+            results = evaluate_models(models, data_dir, sizes, args.policy, args.crop_pct, args.device, args.limit,
+                                      args.batch_size, args.workers, split, args.seq_lens)
     except UserError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

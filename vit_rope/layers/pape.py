@@ -15,9 +15,13 @@ parabolas in their offset, with coefficients that the query's content chooses:
 
 Both are written into q and k as extra channels, so any attention kernel computes them with ``q . k`` and no mask:
 expanding the square, ``-a (p_i - p_j)^2 + b (p_i - p_j)`` is ``-a p_j^2 + (2 a p_i - b) p_j`` plus terms of the
-query alone, which the softmax over keys cancels. So q gets ``[a, 2 a p - b]`` and k ``[-p^2, p]`` (PaPE: ``2 F``
-channels per head; the official code writes ``3 F + 2`` with the query's own terms; PaPE-RI: ``[a, 2 a p]`` against
-``[-|p|^2, p]``, 3 channels instead of 5), zero-padded to a multiple of 8 as the official code does for the kernels.
+query alone, which the softmax over keys cancels. For PaPE, ``p_j = w_f . (x_j, y_j)`` is linear in the key's
+position, so the key's part of all ``F`` parabolas, ``sum_f -a_f p_j^2 + c_f p_j`` with ``c_f = 2 a_f p_i - b_f``, is
+one dot product of k's ``[x^2, xy, y^2, x, y]`` with q's five sums over the parabolas ``[-sum_f a_f w_fx^2, -sum_f 2
+a_f w_fx w_fy, -sum_f a_f w_fy^2, sum_f c_f w_fx, sum_f c_f w_fy]``: 5 channels per head for any parabola count (the
+official code writes ``3 F + 2``, 152 at the default 50), so q.k is 64 + 5 channels wide, not 64 + 152. PaPE-RI: q's
+``[a, 2 a p]`` against k's ``[-|p|^2, p]``, 3 channels instead of the official 5. Both are zero-padded to a multiple of
+8 as the official code does for the kernels.
 The scores are the official ones up to a constant per query, so attention and every output equal its (the parity
 tests); the scale stays ``1 / sqrt(D)`` of the head width, which the attention passes to the kernel.
 
@@ -86,16 +90,23 @@ class ParabolaLayer(nn.Module):
         self.pad = -(dim // num_heads + width) % 8  # known here, so that FX traces no shape arithmetic
         self.widen = width + self.pad  # channels q, k and v gain
 
-    def channels(self, x: Tensor, positions: Tensor) -> tuple[Tensor, Tensor]:
-        """The extra channels of q ``[B, nh, N, E]`` and of k ``[1 or B, nh, N, E]``."""
+    def channels(self, x: Tensor, positions: Tensor) -> tuple[list[Tensor], list[Tensor]]:
+        """The extra channels of q (pieces ``[B, N, nh, *]``) and of k (pieces ``[1 or B, N, nh or 1, *]``), in
+        order."""
         raise NotImplementedError
 
     def forward(self, x: Tensor, q: Tensor, k: Tensor, v: Tensor, positions: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         q_extra, k_extra = self.channels(x, positions)
-        q = F.pad(torch.cat((q, q_extra.to(q.dtype)), -1), (0, self.pad))
-        k_extra = k_extra.to(k.dtype).expand(k.shape[0], -1, -1, -1)  # [B, nh, N, E]
-        k = F.pad(torch.cat((k, k_extra), -1), (0, self.pad))
-        return q, k, F.pad(v, (0, self.widen))
+        B, H, N, _ = q.shape
+        zero = q.new_zeros(())
+
+        def widen(t: Tensor, extra: list[Tensor], pad: int) -> Tensor:
+            """``t`` ``[B, nh, N, D]`` and its extra channels in one concatenation, padding included, token-major as
+            the projections write them (the pieces are read in their own order, not gathered head by head)."""
+            pieces = [t.transpose(1, 2), *(e.to(t.dtype).expand(B, N, H, -1) for e in extra)]
+            return torch.cat([*pieces, zero.expand(B, N, H, pad)], -1).transpose(1, 2)  # [B, nh, N, D + E]
+
+        return widen(q, q_extra, self.pad), widen(k, k_extra, self.pad), widen(v, [], self.widen)
 
     def extra_repr(self) -> str:
         return f"num_heads={self.num_heads}, parabolas={self.parabolas}"
@@ -107,15 +118,22 @@ class PaPELayer(ParabolaLayer):
     coefficients (``ab``)."""
 
     def __init__(self, dim: int, num_heads: int, parabolas: int = PARABOLAS) -> None:
-        super().__init__(dim, num_heads, check_parabolas(parabolas), 2 * parabolas)
+        super().__init__(dim, num_heads, check_parabolas(parabolas), 5)
         self.position = nn.Linear(2, num_heads * parabolas, bias=False)
         self.ab = nn.Linear(dim, 2 * num_heads * parabolas, bias=False)
 
-    def channels(self, x: Tensor, positions: Tensor) -> tuple[Tensor, Tensor]:
-        p = self.position(positions.to(x.dtype)).unflatten(-1, (self.num_heads, -1)).transpose(1, 2)  # [b, nh, N, F]
-        ab = self.ab(x).unflatten(-1, (2, self.num_heads, -1)).permute(2, 0, 3, 1, 4)  # [2, B, nh, N, F]
-        a, b = F.softplus(ab[0]), ab[1]
-        return torch.cat((a, 2 * a * p - b), -1), torch.cat((-p.square(), p), -1)
+    def channels(self, x: Tensor, positions: Tensor) -> tuple[list[Tensor], list[Tensor]]:
+        pos = positions.to(x.dtype)  # [b, N, 2] (x, y)
+        p = self.position(pos).unflatten(-1, (self.num_heads, -1))  # [b, N, nh, F]
+        ab = self.ab(x).unflatten(-1, (2, self.num_heads, -1))  # [B, N, 2, nh, F]
+        a = F.softplus(ab[:, :, 0])
+        c = torch.addcmul(-ab[:, :, 1], a, p, value=2)  # [B, N, nh, F] the key position's coefficient
+        w = self.position.weight.to(x.dtype).unflatten(0, (self.num_heads, -1))  # [nh, F, 2]
+        wx, wy = w.unbind(-1)
+        square = torch.stack((wx * wx, 2 * wx * wy, wy * wy), -1)  # [nh, F, 3]: p^2 in x^2, xy, y^2
+        q_extra = [torch.einsum("bnhf,hfk->bnhk", a, -square), torch.einsum("bnhf,hfk->bnhk", c, w)]  # [B, N, nh, 3], 2
+        px, py = pos.unbind(-1)
+        return q_extra, [torch.stack((px * px, px * py, py * py, px, py), -1)[:, :, None]]  # k: [b, N, 1, 5]
 
 
 @register_notrace_module
@@ -129,10 +147,10 @@ class PaPERILayer(ParabolaLayer):
         self.register_buffer("position_scales", (2 * torch.rand(1, num_heads, 1, 1) - 1) * bound)
         self.a = nn.Linear(dim, num_heads, bias=False)
 
-    def channels(self, x: Tensor, positions: Tensor) -> tuple[Tensor, Tensor]:
-        p = positions.to(x.dtype)[:, None] * self.position_scales.to(x.dtype)  # [b, nh, N, 2]
-        a = F.softplus(self.a(x)).transpose(1, 2)[..., None]  # [B, nh, N, 1]
-        return torch.cat((a, 2 * a * p), -1), torch.cat((-p.square().sum(-1, keepdim=True), p), -1)
+    def channels(self, x: Tensor, positions: Tensor) -> tuple[list[Tensor], list[Tensor]]:
+        p = positions.to(x.dtype)[:, :, None] * self.position_scales.to(x.dtype).view(1, 1, -1, 1)  # [b, N, nh, 2]
+        a = F.softplus(self.a(x))[..., None]  # [B, N, nh, 1]
+        return [a, 2 * a * p], [-p.square().sum(-1, keepdim=True), p]
 
 
 @register_notrace_module

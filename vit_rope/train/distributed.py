@@ -78,6 +78,24 @@ def reduce_sum(values: torch.Tensor, env: DistEnv) -> torch.Tensor:
     return values
 
 
+@contextlib.contextmanager
+def flushed_subnormals() -> Iterator[None]:
+    """Treat subnormal floats as zero in CPU arithmetic while the block runs (x86's flush-to-zero and
+    denormals-are-zero; a no-op where the CPU has no such mode).
+
+    A softmax over logits more than ~87 below its row's maximum gives probabilities under float32's smallest normal
+    number (1.2e-38). x86 cores take many times longer on such subnormal operands, and every matmul of a backward that
+    carries them slows down with them: PaPE, whose parabolas put distant keys a hundred or more below the nearest,
+    trains several times slower on CPU without this (``docs/performance.md``). Values this small change no result.
+    Torch cannot report the flag's state, so the block leaves it off, torch's default, for the code that follows.
+    """
+    torch.set_flush_denormal(True)
+    try:
+        yield
+    finally:
+        torch.set_flush_denormal(False)
+
+
 def set_tf32(enabled: bool) -> None:
     """Let CUDA matmuls and convolutions run fp32 products in TF32 (``tf32: true``), or keep them fp32.
 
