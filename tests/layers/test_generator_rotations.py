@@ -165,3 +165,28 @@ def test_bad_block_sizes_and_generators_are_errors_that_say_what_fits():
         LieRE(1, 2, 16, (4, 4), generator_dim=6)
     with pytest.raises(ValueError, match="'yarn' does not apply to liere.*'extrapolate'"):
         LieRE(1, 2, 16, (4, 4), policy="yarn")
+
+
+@pytest.mark.parametrize("kind", ["comrope_ap", "comrope_ld"])
+def test_comrope_grid_tables_from_rows_and_columns_equal_one_exponential_per_cell(kind: str):
+    """An image batch's tables come from one exponential per row and per column and a product per cell (the
+    generators commute): equal to ``exp(x A_x + y A_y)`` of each cell, prefix tokens included, to fp32 rounding."""
+    torch.manual_seed(0)
+    encoding = ComRoPE(kind, 2, 2, 16, (4, 4), block_size=4)
+    positions = image_positions(encoding, 5, 3)
+    per_cell = encoding.tables(positions.coords, 1)  # no grid: the exponential of every cell
+    by_axes = encoding.tables(positions.coords, 1, (5, 3))
+    torch.testing.assert_close(by_axes, per_cell, atol=1e-5, rtol=1e-5)
+
+
+def test_liere_generators_do_not_commute_so_its_tables_are_never_factored_by_axes():
+    """LieRE's generators need not commute: per axis, ``exp(y A_y) exp(x A_x)`` differs from ``exp(x A_x + y A_y)``,
+    which is why the factored tables are ComRoPE's only."""
+    torch.manual_seed(0)
+    encoding = LieRE(1, 2, 16, (4, 4), generator_dim=4)
+    positions = image_positions(encoding, 4, 4)
+    assert not encoding.commuting
+    gens = encoding.generators().float()
+    factored = encoding.grid_tables(positions.coords.float(), gens, (4, 4))
+    torch.testing.assert_close(encoding.tables(positions.coords, 0, (4, 4)), encoding.tables(positions.coords, 0))
+    assert (factored - encoding.tables(positions.coords, 0)).abs().max() > 1e-3

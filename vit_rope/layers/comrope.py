@@ -80,6 +80,10 @@ class ComRoPE(BlockRotation):
     def per_layer(self) -> bool:
         return True
 
+    @property
+    def commuting(self) -> bool:
+        return True
+
     def generators(self) -> Tensor:
         skew = self.freqs - self.freqs.transpose(-1, -2)  # [L, H, 1, m, b, b]
         scale = self.multiplier if self.kind == "comrope_ld" else self.axis_mask

@@ -68,7 +68,9 @@ def rotate_blocks(x: Tensor, rotation: Tensor) -> Tensor:
     rotation = rotation.to(x.dtype)
     blocks = x[..., : m * b].unflatten(-1, (m, b))  # [B, H, N, m, b]
     if not capturing(x) and rotation.shape[0] == 1:  # one table for the batch: the batch as the matmul's columns
-        turned = (rotation[0] @ blocks.permute(1, 2, 3, 4, 0)).permute(4, 0, 1, 2, 3)  # [B, H, N, m, b]
+        # [B, H, N, m, b], made contiguous: SDPA's CPU flash kernel takes only channels of stride 1 (else its
+        # unfused fallback runs, twice as slow)
+        turned = (rotation[0] @ blocks.permute(1, 2, 3, 4, 0)).permute(4, 0, 1, 2, 3).contiguous()
     else:
         turned = (rotation @ blocks[..., None])[..., 0]
     turned = turned.flatten(-2)
@@ -116,36 +118,64 @@ class BlockRotation(PositionEncoding):
         along the axes (x, y) of the positions ``place`` gives."""
         raise NotImplementedError
 
-    def tables(self, positions: Tensor, num_prefix_tokens: int) -> Tensor:
-        """``R`` ``[L, 1 or B, H, P + N, D/b, b, b]`` for positions ``[N, 2]`` or ``[B, N, 2]`` (x, y)."""
+    def tables(self, positions: Tensor, num_prefix_tokens: int, grid: tuple[int, int] | None = None) -> Tensor:
+        """``R`` ``[L, 1 or B, H, P + N, D/b, b, b]`` for positions ``[N, 2]`` or ``[B, N, 2]`` (x, y); ``grid`` the
+        ``(h, w)`` of an image batch, whose positions are its cells in row-major order."""
         gens = self.generators().float()  # [L, H, 2, m, b, b]
         pos = positions.float() if positions.dim() == 3 else positions.float()[None]  # [1 or B, N, 2]
-        if num_prefix_tokens:
-            prefix = pos.new_full((pos.shape[0], num_prefix_tokens, 2), self.prefix_position or 0.0)
-            pos = torch.cat((prefix, pos), 1)  # [1 or B, P + N, 2]
-        skew = torch.einsum("bna,lhamij->lbhnmij", pos, gens)  # [L, 1 or B, H, P + N, m, b, b]
-        rotation = expm(skew)
-        if num_prefix_tokens and self.prefix_position is None:  # exactly the identity, whatever the rounding
-            eye = torch.eye(rotation.shape[-1], dtype=rotation.dtype, device=rotation.device)
-            keep = torch.arange(rotation.shape[3], device=rotation.device) >= num_prefix_tokens  # [P + N]
-            rotation = torch.where(keep[:, None, None, None], rotation, eye)
-        return rotation
+        if grid is not None and self.commuting and pos.shape[0] == 1:
+            rotation = self.grid_tables(pos[0], gens, grid)
+        else:
+            rotation = expm(torch.einsum("bna,lhamij->lbhnmij", pos, gens))  # [L, 1 or B, H, N, m, b, b]
+        if not num_prefix_tokens:
+            return rotation
+        if self.prefix_position is None:  # exactly the identity, whatever the rounding
+            prefix = torch.eye(gens.shape[-1], device=gens.device).expand(*gens.shape[:2], num_prefix_tokens,
+                                                                           *gens.shape[3:])  # [L, H, P, m, b, b]
+        else:
+            prefix = expm(gens.sum(2) * self.prefix_position)[:, :, None].expand(-1, -1, num_prefix_tokens,
+                                                                                   -1, -1, -1)
+        prefix = prefix[:, None].expand(-1, rotation.shape[1], -1, -1, -1, -1, -1)
+        return torch.cat((prefix.to(rotation.dtype), rotation), 3)
+
+    @staticmethod
+    def grid_tables(pos: Tensor, gens: Tensor, grid: tuple[int, int]) -> Tensor:
+        """``R`` ``[L, 1, H, N, m, b, b]`` of a grid's positions ``[N, 2]`` when the generators commute:
+        ``exp(x A_x + y A_y) = exp(y A_y) exp(x A_x)``, so one exponential per column and one per row (``h + w``
+        instead of ``h * w``, and as many fewer backward passes through them) and one product per cell."""
+        h, w = grid
+        cells = pos.view(h, w, 2)
+        turn_x = expm(torch.einsum("w,lhmij->lhwmij", cells[0, :, 0], gens[:, :, 0]))  # [L, H, w, m, b, b]
+        turn_y = expm(torch.einsum("r,lhmij->lhrmij", cells[:, 0, 1], gens[:, :, 1]))  # [L, H, h, m, b, b]
+        return (turn_y[:, :, :, None] @ turn_x[:, :, None]).flatten(2, 3)[:, None]
+
+    @property
+    def commuting(self) -> bool:
+        """Whether the kind's ``A_x`` and ``A_y`` commute by construction (ComRoPE), which ``grid_tables`` needs."""
+        return False
 
     def forward(self, positions: Positions, num_prefix_tokens: int = 0) -> Tensor:
         """Every block's tables (``tables``); an image batch's in evaluation kept per grid until the generators,
         the policy or the device change."""
         grid = positions.grid
-        if (grid is None or positions.coords.dim() != 2 or torch.is_grad_enabled() or capturing()
-                or torch.jit.is_scripting()):
+        if grid is None or positions.coords.dim() != 2:
             return self.tables(positions.coords, num_prefix_tokens)
+        if torch.is_grad_enabled() or capturing() or torch.jit.is_scripting():
+            # an export keeps the grid's size dynamic, which the per-axis tables would fix (a view to h x w)
+            exporting = torch.compiler.is_exporting() or torch.jit.is_tracing() or torch.jit.is_scripting()
+            return self.tables(positions.coords, num_prefix_tokens, None if exporting else (int(grid[0]), int(grid[1])))
         params = tuple(x for p in self.parameters() for x in (p._version, p.data_ptr()))
         key = (int(grid[0]), int(grid[1]), num_prefix_tokens, str(positions.coords.device), self.policy_name, params)
-        return self._cache.get(key, lambda: self.tables(positions.coords, num_prefix_tokens))
+        return self._cache.get(key, lambda: self.tables(positions.coords, num_prefix_tokens, key[:2]))
 
     def block_inputs(self, positions: Positions, num_prefix_tokens: int) -> list[dict[str, Any]]:
         tables = self(positions, num_prefix_tokens)  # [L, 1 or B, H, P + N, m, b, b]
-        # indexed, not iterated: FX records the tables as one call whose items it can index but not unpack
-        return [{"rotation": tables[i if self.per_layer else 0]} for i in range(self.depth)]
+        if not self.per_layer:
+            return [{"rotation": tables[0]}] * self.depth  # one tensor for every block: one gradient to sum into
+        if isinstance(tables, torch.fx.Proxy):  # FX records the tables as one call: indexable, not unpackable
+            return [{"rotation": tables[i]} for i in range(self.depth)]
+        # unbound, not indexed: each index's backward would fill a zero gradient of all L layers' tables
+        return [{"rotation": table} for table in tables.unbind(0)]
 
     @property
     def per_layer(self) -> bool:
