@@ -79,6 +79,17 @@ def rotate_blocks(x: Tensor, rotation: Tensor) -> Tensor:
     return turned
 
 
+def axis_turns(values: Tensor, gen: Tensor) -> Tensor:
+    """``exp(v_c A)`` ``[L, H, n, m, b, b]`` for evenly spaced ``values`` ``[n]`` and generators ``gen`` ``[L, H, m,
+    b, b]``: the first and the step exponentiated, the rest as the step's powers (one product each)."""
+    turns = [expm(values[0] * gen)]
+    if values.shape[0] > 1:
+        step = expm((values[1] - values[0]) * gen)
+        for _ in range(values.shape[0] - 1):
+            turns.append(turns[-1] @ step)
+    return torch.stack(turns, 2)
+
+
 def check_block(name: str, block: int, head_dim: int) -> int:
     """``block`` if it cuts ``head_dim`` channels into whole blocks of at least 2; else a ``ValueError`` naming the
     sizes that would."""
@@ -141,17 +152,19 @@ class BlockRotation(PositionEncoding):
     @staticmethod
     def grid_tables(pos: Tensor, gens: Tensor, grid: tuple[int, int]) -> Tensor:
         """``R`` ``[L, 1, H, N, m, b, b]`` of a grid's positions ``[N, 2]`` when the generators commute:
-        ``exp(x A_x + y A_y) = exp(y A_y) exp(x A_x)``, so one exponential per column and one per row (``h + w``
-        instead of ``h * w``, and as many fewer backward passes through them) and one product per cell."""
+        ``exp(x A_x + y A_y) = exp(y A_y) exp(x A_x)``, and along an axis the positions are evenly spaced, ``x_c = x_0
+        + c d``, so ``exp(x_c A) = exp(x_0 A) exp(d A)^c``: two exponentials per axis and a product per column, row
+        and cell, instead of an exponential (and its costlier backward) per cell."""
         h, w = grid
         cells = pos.view(h, w, 2)
-        turn_x = expm(torch.einsum("w,lhmij->lhwmij", cells[0, :, 0], gens[:, :, 0]))  # [L, H, w, m, b, b]
-        turn_y = expm(torch.einsum("r,lhmij->lhrmij", cells[:, 0, 1], gens[:, :, 1]))  # [L, H, h, m, b, b]
+        turn_x = axis_turns(cells[0, :, 0], gens[:, :, 0])  # [L, H, w, m, b, b]
+        turn_y = axis_turns(cells[:, 0, 1], gens[:, :, 1])  # [L, H, h, m, b, b]
         return (turn_y[:, :, :, None] @ turn_x[:, :, None]).flatten(2, 3)[:, None]
 
     @property
     def commuting(self) -> bool:
-        """Whether the kind's ``A_x`` and ``A_y`` commute by construction (ComRoPE), which ``grid_tables`` needs."""
+        """Whether the kind's ``A_x`` and ``A_y`` commute by construction (ComRoPE), which ``grid_tables`` needs (with
+        a ``place`` that spaces a grid's columns and rows evenly, as every policy of these kinds does)."""
         return False
 
     def forward(self, positions: Positions, num_prefix_tokens: int = 0) -> Tensor:
