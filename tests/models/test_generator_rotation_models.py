@@ -11,6 +11,7 @@ import torch
 import vit_rope  # noqa: F401  (registers the models)
 from helpers.models import assert_features_and_reliance, assert_onnx_matches_eager, perturbed
 from helpers.naflex import images, offset_logits, pack, samples_equal_images
+from vit_rope.layers.encoding import image_positions
 
 KINDS = ("comrope_ap", "comrope_ld", "liere")
 BASE = dict(img_size=80, embed_dim=32, depth=2, num_heads=2, num_classes=7, init_values=0.5)
@@ -101,3 +102,21 @@ def test_grouped_query_attention_rotates_the_shared_keys_too(kind):
     x = torch.randn(2, 3, 80, 48)
     with torch.no_grad():
         torch.testing.assert_close(grouped(x), full(x), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("kind", ["comrope_ap", "comrope_ld"])
+def test_comrope_inference_in_rope_form_equals_its_block_rotations(kind: str):
+    """In eager inference ComRoPE runs as RoPE in a folded basis (``vit_rope.layers.spectral``); its logits equal the
+    block rotations' (the path autograd takes), also after its matrices and the projections change in place."""
+    model = build(kind).eval()
+    x = torch.randn(2, 3, 64, 96)
+    with torch.no_grad():  # the RoPE form is what the blocks are handed in inference
+        inputs = model.pos_encoding.block_inputs(image_positions(model.pos_encoding, 4, 6), model.num_prefix_tokens)
+    assert all("spectral" in item for item in inputs)
+    for _ in range(2):
+        with torch.no_grad():
+            folded = model(x)
+        torch.testing.assert_close(folded, model(x).detach(), atol=1e-5, rtol=1e-5)
+        with torch.no_grad():  # new weights: the kept form and the folded projection must not be reused
+            model.pos_encoding.freqs.mul_(1.1)
+            model.blocks[0].attn.qkv.weight.mul_(0.9)

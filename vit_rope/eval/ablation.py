@@ -54,7 +54,7 @@ def without_positions(model: RoPEVisionTransformer) -> Iterator[RoPEVisionTransf
 
 
 def _no_encoding(block: nn.Module, args: tuple, kwargs: dict[str, Any]) -> tuple[tuple, dict[str, Any]]:
-    return args, {**kwargs, "rope": None, "bias": None, "rotation": None, "pape": None}
+    return args, {**kwargs, "rope": None, "bias": None, "rotation": None, "pape": None, "spectral": None}
 
 
 @torch.no_grad()

@@ -23,6 +23,7 @@ from timm.models.vision_transformer import Attention, Block
 from torch import Tensor, nn
 
 from vit_rope.layers.capture import capturing
+from vit_rope.layers.cayley_string import fold_qk
 from vit_rope.layers.fused import pairs_adjacent, project_rotate_qk, project_weights_rotate_qk, rotate_heads_
 from vit_rope.layers.lie_rotation import rotate_blocks
 from vit_rope.layers.rotary import apply_rope
@@ -48,6 +49,7 @@ class RoPEAttention(Attention):
         self.string: nn.Module | None = None
         self.pape: nn.Module | None = None
         self.num_kv_heads = self.num_heads
+        self._spectral_fold: tuple[Any, ...] | None = None
 
     def group_kv_heads_(self, num_kv_heads: int) -> None:
         """Grouped-query attention as timm's ``AttentionRope`` (Sapiens2): ``num_kv_heads`` key / value heads, head
@@ -73,8 +75,8 @@ class RoPEAttention(Attention):
         groups = nh // nkv
         return q, k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
 
-    def project(self, x: Tensor, rope: RopeTables | None = None,
-                rotation: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
+    def project(self, x: Tensor, rope: RopeTables | None = None, rotation: Tensor | None = None,
+                spectral: tuple[Tensor, Tensor, Tensor] | None = None) -> tuple[Tensor, Tensor, Tensor]:
         """Queries and keys (rotated) and values, each ``[B, nh, N, D]``; diagnostics reuse it for attention maps.
 
         In eager mode q and k are rotated straight in the projection output (``project_rotate_qk``: one pass, in
@@ -82,6 +84,9 @@ class RoPEAttention(Attention):
         compile fuses it as it does the q/k norms, and the others cannot see through an autograd Function that
         writes in place.
         """
+        if not torch.jit.is_scripting():  # TorchScript compiles only what this branch leaves out
+            if spectral is not None and self._folds_spectral(x):
+                return self._project_spectral(x, spectral)
         if self.num_kv_heads != self.num_heads:
             q, k, v = self._project_grouped(x, rope)
         else:
@@ -89,6 +94,32 @@ class RoPEAttention(Attention):
         if rotation is not None and not torch.jit.is_scripting():  # block rotations: eager, compiled and exported
             q, k = rotate_blocks(q, rotation), rotate_blocks(k, rotation)  # k repeated per query head under GQA
         return q, k, v
+
+    @torch.jit.unused
+    def _folds_spectral(self, x: Tensor) -> bool:
+        """Whether ``spectral`` (block rotations in RoPE form) can replace ``rotation``: eager inference, and the
+        basis can fold into the projection (no q/k norms, no STRING basis, a key head per query head)."""
+        return (not torch.is_grad_enabled() and not capturing(x) and self.plain_qk and self.string is None
+                and self.num_kv_heads == self.num_heads)
+
+    @torch.jit.unused
+    def _project_spectral(self, x: Tensor, spectral: tuple[Tensor, Tensor, Tensor]) -> tuple[Tensor, Tensor, Tensor]:
+        """q and k projected in the basis of ``spectral`` (folded into the qkv weights once per basis and weights)
+        and rotated by its RoPE tables in place: ComRoPE in evaluation (``vit_rope.layers.spectral``)."""
+        basis, cos, sin = spectral
+        weight, bias = self.qkv.weight, self.qkv.bias
+        key = (weight._version, weight.data_ptr(), None if bias is None else (bias._version, bias.data_ptr()))
+        if self._spectral_fold is None or self._spectral_fold[0] is not basis or self._spectral_fold[1] != key:
+            self._spectral_fold = (basis, key, *fold_qk(basis, weight, bias))  # holds basis: no address reuse
+        qkv = project_weights_rotate_qk(x, self._spectral_fold[2], self._spectral_fold[3], self.num_heads, cos, sin)
+        q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # [B, nh, N, D] each
+        return q, k, v
+
+    def train(self, mode: bool = True) -> RoPEAttention:
+        """Also drop the folded projection of ``spectral`` when training starts."""
+        if mode:
+            self._spectral_fold = None
+        return super().train(mode)
 
     def _project_full(self, x: Tensor, rope: RopeTables | None) -> tuple[Tensor, Tensor, Tensor]:
         """``project`` with as many key / value heads as query heads."""
@@ -164,10 +195,11 @@ class RoPEAttention(Attention):
         bias_scale: float = 1.0,
         rotation: Tensor | None = None,
         pape: Tensor | None = None,
+        spectral: tuple[Tensor, Tensor, Tensor] | None = None,
     ) -> Tensor:
         B, N, _ = x.shape
         gate = self.gate(x).sigmoid() if self.gate is not None else None
-        q, k, v = self.project(x, rope, rotation)
+        q, k, v = self.project(x, rope, rotation, spectral)
         if self.pape is not None and pape is not None:  # [B, nh, N, D + E]: the parabolas' scores in q.k, v padded
             q, k, v = self.pape(x, q, k, v, pape)
         if bias is not None:
@@ -204,10 +236,11 @@ class RoPEBlock(Block):
         bias_scale: float = 1.0,
         rotation: Tensor | None = None,
         pape: Tensor | None = None,
+        spectral: tuple[Tensor, Tensor, Tensor] | None = None,
     ) -> Tensor:
         x = x + self.drop_path1(self.ls1(self.attn(
             self.norm1(x), rope=rope, attn_mask=attn_mask, is_causal=is_causal, bias=bias, bias_scale=bias_scale,
-            rotation=rotation, pape=pape,
+            rotation=rotation, pape=pape, spectral=spectral,
         )))  # keywords: hooks read them (vit_rope.eval.diagnose)
         return x + self.drop_path2(self.ls2(self.mlp(self.norm2(x))))
 

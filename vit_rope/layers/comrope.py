@@ -18,6 +18,9 @@ the class token (every prefix token here) sits at ``(0.5, 0.5)`` and is rotated 
 ``cls_position=None`` leaves prefix tokens unrotated). The block size defaults to 8 (``block_size``;
 ``model.py``'s config default is 2, with which ComRoPE-AP is RoPE with learned frequencies).
 
+In eager inference of an image batch the blocks are handed their rotations in RoPE form as well (a basis folded into
+the projection and mixed-RoPE tables, ``vit_rope.layers.spectral``), which costs what mixed RoPE costs.
+
 Resolution policies: ``extrapolate`` divides by the training grid ``n`` at every size (a patch moves by ``1 / n`` as in
 training and larger images reach past 1: the official model given its training positions' step); ``interpolate``
 divides by the input grid (positions span [0, 1] at every size: the official model built for the new image size).
@@ -25,11 +28,16 @@ divides by the input grid (positions span [0, 1] at every size: the official mod
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import Tensor, nn
 
+from vit_rope.layers.encoding import GridTables, Positions
 from vit_rope.layers.lie_rotation import BlockRotation, check_block, unit_positions
 from vit_rope.layers.policies import ResolutionPolicy
+from vit_rope.layers.rotary import rope_angles, rope_tables
+from vit_rope.layers.spectral import spectral_form
 
 # FX (timm's and torchvision's tracers): recorded as one call, whose branches on shapes the trace cannot take
 torch.fx.wrap("unit_positions")
@@ -68,6 +76,7 @@ class ComRoPE(BlockRotation):
             raise ValueError(f"encoding_options['block_size']={block_size} leaves {num_blocks} blocks per head, "
                              f"which ComRoPE-AP cannot split evenly between the two axes: pick one of {fits}.")
         self.init_std = init_std
+        self._spectral = GridTables(self.CACHE_SIZE)
         self.freqs = nn.Parameter(torch.randn(depth, num_heads, 1, num_blocks, block_size, block_size) * init_std)
         if kind == "comrope_ld":
             self.multiplier = nn.Parameter(torch.randn(depth, 1, 2, num_blocks, 1, 1))
@@ -88,6 +97,42 @@ class ComRoPE(BlockRotation):
         skew = self.freqs - self.freqs.transpose(-1, -2)  # [L, H, 1, m, b, b]
         scale = self.multiplier if self.kind == "comrope_ld" else self.axis_mask
         return (skew * scale).flip(2)  # [L, H, 2, m, b, b], axes (y, x) -> (x, y)
+
+    def block_inputs(self, positions: Positions, num_prefix_tokens: int) -> list[dict[str, Any]]:
+        """The block rotations, and in eager evaluation of an image batch also their RoPE form (``spectral``:
+        basis, cos, sin per block, kept per grid), which attention takes where it can fold the basis into its
+        projection (``vit_rope.layers.spectral``)."""
+        inputs = super().block_inputs(positions, num_prefix_tokens)
+        key = self.cache_key(positions, num_prefix_tokens)
+        if key is None:
+            return inputs
+        spectral = self._spectral.get(key, lambda: self.spectral_tables(positions.coords, num_prefix_tokens))
+        if spectral is None:
+            return inputs
+        return [{**item, "spectral": layer} for item, layer in zip(inputs, spectral, strict=True)]
+
+    def spectral_tables(self, coords: Tensor, num_prefix_tokens: int) -> list[tuple[Tensor, Tensor, Tensor]] | None:
+        """Per block, the basis ``[H, D, D]`` and RoPE tables ``[H, P + N, D/2]`` equal to its rotations at the
+        placed positions ``coords`` ``[N, 2]`` (``spectral_form``), or ``None`` where the form is ambiguous."""
+        with torch.no_grad():
+            skew = (self.freqs - self.freqs.transpose(-1, -2))[:, :, 0]  # [L, H, m, b, b]
+            scale = self.multiplier[:, 0, :, :, 0, 0] if self.kind == "comrope_ld" else self.axis_mask[None, ..., 0, 0]
+            form = spectral_form(skew, scale.flip(1))  # axes (y, x) -> (x, y)
+            if form is None:
+                return None
+            basis, freqs = form
+            pos, identity_rows = coords.float(), num_prefix_tokens
+            if num_prefix_tokens and self.prefix_position is not None:  # prefix tokens turned at their position
+                pos = torch.cat((pos.new_full((num_prefix_tokens, 2), self.prefix_position), pos))
+                identity_rows = 0
+            cos, sin = rope_tables(rope_angles(pos, freqs.to(pos.device)), identity_rows)  # [L, H, P + N, D/2]
+        return list(zip(basis.to(pos.device).unbind(0), cos.unbind(0), sin.unbind(0), strict=True))
+
+    def train(self, mode: bool = True) -> ComRoPE:
+        """Also drop the kept RoPE forms when training starts."""
+        if mode:
+            self._spectral.clear()
+        return super().train(mode)
 
     def place(self, coord: Tensor, grids: Tensor) -> Tensor:
         """Patch centres in grid units, ``(i + 0.5) / n``: ``n`` the training grid (``extrapolate``) or the input's

@@ -173,13 +173,22 @@ class BlockRotation(PositionEncoding):
         grid = positions.grid
         if grid is None or positions.coords.dim() != 2:
             return self.tables(positions.coords, num_prefix_tokens)
-        if torch.is_grad_enabled() or capturing() or torch.jit.is_scripting():
+        key = self.cache_key(positions, num_prefix_tokens)
+        if key is None:
             # an export keeps the grid's size dynamic, which the per-axis tables would fix (a view to h x w)
             exporting = torch.compiler.is_exporting() or torch.jit.is_tracing() or torch.jit.is_scripting()
             return self.tables(positions.coords, num_prefix_tokens, None if exporting else (int(grid[0]), int(grid[1])))
-        params = tuple(x for p in self.parameters() for x in (p._version, p.data_ptr()))
-        key = (int(grid[0]), int(grid[1]), num_prefix_tokens, str(positions.coords.device), self.policy_name, params)
         return self._cache.get(key, lambda: self.tables(positions.coords, num_prefix_tokens, key[:2]))
+
+    def cache_key(self, positions: Positions, num_prefix_tokens: int) -> tuple | None:
+        """What an image batch's tables in eager evaluation depend on (grid, prefix count, device, policy, the
+        parameters' versions); ``None`` where they are not kept: NaFlex batches, autograd, graph captures."""
+        grid = positions.grid
+        if (grid is None or positions.coords.dim() != 2 or torch.is_grad_enabled() or capturing()
+                or torch.jit.is_scripting()):
+            return None
+        params = tuple(x for p in self.parameters() for x in (p._version, p.data_ptr()))
+        return (int(grid[0]), int(grid[1]), num_prefix_tokens, str(positions.coords.device), self.policy_name, params)
 
     def block_inputs(self, positions: Positions, num_prefix_tokens: int) -> list[dict[str, Any]]:
         tables = self(positions, num_prefix_tokens)  # [L, 1 or B, H, P + N, m, b, b]
