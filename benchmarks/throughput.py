@@ -17,6 +17,7 @@ saves the targets with the rows.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import random
 import statistics
@@ -285,12 +286,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup", type=int, default=2, help="untimed steps per model before the rounds")
     parser.add_argument("--threads", type=int, help="torch CPU threads (default: torch's)")
     parser.add_argument("--json", help="also write the rows and the machine to this file")
+    parser.add_argument("--keep-subnormals", action="store_true",
+                        help="compute with subnormal floats as they are (train.py and vit_rope.evaluate flush them)")
     args = parser.parse_args(argv)
     args.batch_sizes = args.batch_sizes or [args.batch_size] * len(args.img_sizes)
     if len(args.batch_sizes) != len(args.img_sizes):
         parser.error(f"--batch-sizes {args.batch_sizes} needs one batch per --img-sizes {args.img_sizes}")
     machine = setup_machine(args.threads, batch_sizes=args.batch_sizes, depth=args.depth, amp=args.amp,
-                            rounds=args.rounds, steps=args.steps)
+                            rounds=args.rounds, steps=args.steps, subnormals_flushed=not args.keep_subnormals)
     targets = [dict(zip(("model", "mode", "img_size", "target"), row, strict=True))
                for row in ([] if args.models else TARGETS.get(args.family, []))]
     print(f"# {machine}", flush=True)
@@ -300,7 +303,7 @@ def main(argv: list[str] | None = None) -> int:
             result = {"machine": machine, "complete": complete, "targets": targets, "rows": rows}
             Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
 
-    with flushed_subnormals():  # as train.py and vit_rope.evaluate run
+    with contextlib.nullcontext() if args.keep_subnormals else flushed_subnormals():  # as train.py and evaluate run
         rows = benchmark(args, save)
     print("\n" + table(rows))
     save(rows, complete=True)
