@@ -3,6 +3,8 @@ the same outputs and gradients."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import timm
 import torch
 
@@ -58,14 +60,15 @@ def timm_eva(name: str, **kwargs) -> torch.nn.Module:
 
 def assert_same_outputs(ours: torch.nn.Module, theirs: torch.nn.Module, sizes: list[tuple[int, int]],
                         batch: int = 2) -> None:
-    """``ours`` gives the features and outputs of timm's model ``theirs`` to 1e-4 at every (height, width)."""
+    """``ours`` gives the features and outputs of timm's model ``theirs`` to 1e-4 at every (height, width). timm's
+    logits are its head over the features already computed (what its ``forward`` does); ours come from ``ours(x)``."""
     with torch.inference_mode():
         for height, width in sizes:
             x = torch.randn(batch, 3, height, width)
             features = theirs.forward_features(x)
             assert features.std() > 0.5
             torch.testing.assert_close(ours.forward_features(x), features, atol=1e-4, rtol=1e-4)
-            torch.testing.assert_close(ours(x), theirs(x), atol=1e-4, rtol=1e-4)
+            torch.testing.assert_close(ours(x), theirs.forward_head(features), atol=1e-4, rtol=1e-4)
 
 
 def assert_same_gradients(model: torch.nn.Module, first, second, x: torch.Tensor) -> None:
@@ -80,16 +83,26 @@ def assert_same_gradients(model: torch.nn.Module, first, second, x: torch.Tensor
         torch.testing.assert_close(grad, grads[1][name], rtol=1e-4, atol=1e-5, msg=name)
 
 
+def onnx_session(path) -> Any:
+    """An ONNX Runtime CPU session on one thread, as the tests' torch runs (conftest): its default, a spinning thread
+    per core, would take the other core from a second test process (``make test`` runs two)."""
+    import onnxruntime
+
+    options = onnxruntime.SessionOptions()
+    options.intra_op_num_threads = 1
+    return onnxruntime.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+
+
 def assert_onnx_matches_eager(model: torch.nn.Module, folder) -> None:
     """``model`` exported to ONNX at 64x48 (dynamic sizes) gives its eager logits at 80x80 and 96x128 (ONNX Runtime;
     skipped without it)."""
     import pytest
 
-    onnxruntime = pytest.importorskip("onnxruntime")
+    pytest.importorskip("onnxruntime")
     from vit_rope.eval import onnx as export
 
     result = export.export_onnx(model, folder / "model.onnx", img_size=(64, 48))
-    sess = onnxruntime.InferenceSession(str(result.path), providers=["CPUExecutionProvider"])
+    sess = onnx_session(result.path)
     for size in ((80, 80), (96, 128)):
         x = torch.randn(2, 3, *size)
         with torch.no_grad():

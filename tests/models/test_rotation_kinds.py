@@ -12,7 +12,7 @@ import torch
 from timm.data.naflex_transforms import patchify_image
 
 import vit_rope  # noqa: F401  (registers the models)
-from helpers.models import assert_same_gradients
+from helpers.models import assert_same_gradients, onnx_session
 
 ROTATION_KINDS = ("golden", "string", "string_mixed")  # the rotating name suffixes of registry.NEW_KINDS
 
@@ -170,7 +170,7 @@ def test_arguments_a_kind_would_ignore_are_errors():
 
 @pytest.mark.parametrize("name", ["vit_rope_tiny_patch16_golden_224", "vit_rope_tiny_patch16_string_mixed_224"])
 def test_onnx_export_at_a_size_other_than_training_matches_eager(name: str, tmp_path):
-    onnxruntime = pytest.importorskip("onnxruntime")
+    pytest.importorskip("onnxruntime")
     from vit_rope.eval import onnx as export
 
     torch.manual_seed(0)
@@ -180,7 +180,7 @@ def test_onnx_export_at_a_size_other_than_training_matches_eager(name: str, tmp_
             if key.endswith("skew"):
                 param.normal_(std=0.3)
     result = export.export_onnx(model, tmp_path / "model.onnx", img_size=(64, 48))
-    sess = onnxruntime.InferenceSession(str(result.path), providers=["CPUExecutionProvider"])
+    sess = onnx_session(result.path)
     x = torch.randn(2, 3, 96, 80)
     with torch.no_grad():
         expected = model.eval()(x).numpy()
