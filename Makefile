@@ -122,5 +122,8 @@ timm-suite: install
 lint:
 	$(PYTHON) -m ruff check .
 
+# The suite in TEST_WORKERS pytest processes (pytest-xdist; each test file whole in one of them, torch on one thread
+# each: tests/conftest.py); TEST_WORKERS=0 runs it in this process alone.
+TEST_WORKERS ?= 2
 test: install lint
-	$(PYTHON) -m pytest -q
+	$(PYTHON) -m pytest -q $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile)

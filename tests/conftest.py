@@ -14,8 +14,8 @@ import torch
 import vit_rope  # noqa: F401  (registers the vit_rope_* models)
 from helpers.training import write_image_folder
 
-# One thread: the test models are so small that thread hand-offs cost more than they save, and the DDP test runs
-# two processes on the two cores of the CI machine.
+# One thread: the test models are so small that thread hand-offs cost more than they save, and both the DDP test and
+# make test (two pytest-xdist workers, each importing this file) run two processes on the two cores of the CI machine.
 torch.set_num_threads(1)
 
 
