@@ -26,8 +26,8 @@ The scores are the official ones up to a constant per query, so attention and ev
 tests); the scale stays ``1 / sqrt(D)`` of the head width, which the attention passes to the kernel.
 
 Positions are the official ones: the class token (every prefix token) at the origin and patches from 1, ``(x, y) =
-(col + 1, row + 1)``. The position-dependent key channels need the layer's ``position`` weights and the coefficients
-need its input, so each block's attention holds its layer (``RoPEAttention.pape``: ``PaPELayer``, ``PaPERILayer``)
+(col + 1, row + 1)``. The query's channels need the layer's ``position`` weights and its input (PaPE-RI's keys its
+``position_scales``), so each block's attention holds its layer (``RoPEAttention.pape``: ``PaPELayer``, ``PaPERILayer``)
 and the encoding hands every block the same positions ``[1 or B, P + N, 2]``. Resolution policies: ``extrapolate`` (the
 official code at every size: integer positions, the parabolas reach as far as the image), ``interpolate`` (positions
 scaled per axis by training / input grid, so the image spans the training extent) and ``normalized`` (positions
