@@ -63,8 +63,9 @@ TARGETS: dict[str, list[tuple[str, str | None, int | None, float]]] = {
                 for mode, target in (("train", 0.85), ("infer", 0.95))),
               *(("vit_rope_small_patch16_liere_224", mode, None, target) for mode, target in (("train", 0.80),
                                                                                               ("infer", 0.90))),
-              # PaPE's q.k is 64 + 100 channels wide (50 parabolas) and it projects 2 x 300 more per token;
-              # PaPE-RI's 64 + 3 (padded to 72) and 6 more. 448 first: the first row that matches sets the target
+              # PaPE projects 2 x 300 more per token (50 parabolas) and sums them into q.k 64 + 5 wide (padded to
+              # 72); PaPE-RI's q.k is 64 + 3 (padded to 72) and it projects 6 more. 448 first: the first row that
+              # matches sets the target
               *((f"vit_rope_small_patch16_{kind}_224", mode, size, target)
                 for kind, targets in (("pape", (0.65, 0.80, 0.75)), ("pape_ri", (0.90, 0.95, 0.90)))
                 for mode, size, target in zip((None, "infer", "train"), (448, 224, 224), targets, strict=True))],

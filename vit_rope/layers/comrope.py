@@ -94,9 +94,14 @@ class ComRoPE(BlockRotation):
         return True
 
     def generators(self) -> Tensor:
-        skew = self.freqs - self.freqs.transpose(-1, -2)  # [L, H, 1, m, b, b]
-        scale = self.multiplier if self.kind == "comrope_ld" else self.axis_mask
+        skew, scale = self.angle_matrices()
         return (skew * scale).flip(2)  # [L, H, 2, m, b, b], axes (y, x) -> (x, y)
+
+    def angle_matrices(self) -> tuple[Tensor, Tensor]:
+        """Each block's skew-symmetric ``S = P - P^T`` ``[L, H, 1, m, b, b]`` and its factor per axis, in the official
+        order (y, x): ``theta`` ``[L, 1, 2, m, 1, 1]`` (LD) or the axis mask ``[2, m, 1, 1]`` (AP)."""
+        skew = self.freqs - self.freqs.transpose(-1, -2)
+        return skew, self.multiplier if self.kind == "comrope_ld" else self.axis_mask
 
     def block_inputs(self, positions: Positions, num_prefix_tokens: int) -> list[dict[str, Any]]:
         """The block rotations, and in eager evaluation of an image batch also their RoPE form (``spectral``:
@@ -115,9 +120,9 @@ class ComRoPE(BlockRotation):
         """Per block, the basis ``[H, D, D]`` and RoPE tables ``[H, P + N, D/2]`` equal to its rotations at the
         placed positions ``coords`` ``[N, 2]`` (``spectral_form``), or ``None`` where the form is ambiguous."""
         with torch.no_grad():
-            skew = (self.freqs - self.freqs.transpose(-1, -2))[:, :, 0]  # [L, H, m, b, b]
-            scale = self.multiplier[:, 0, :, :, 0, 0] if self.kind == "comrope_ld" else self.axis_mask[None, ..., 0, 0]
-            form = spectral_form(skew, scale.flip(1))  # axes (y, x) -> (x, y)
+            skew, scale = self.angle_matrices()
+            scale = scale.reshape(-1, 2, skew.shape[3])  # [L or 1, 2, m]
+            form = spectral_form(skew[:, :, 0], scale.flip(1))  # axes (y, x) -> (x, y)
             if form is None:
                 return None
             basis, freqs = form
