@@ -1,5 +1,5 @@
 """Rotations from learned generators (vit_rope.layers.lie_rotation, comrope, liere): parity with the official code,
-the block rotation against a dense product, the exportable matrix exponential, and each kind's properties: norms
+the block rotation against a dense product, per-axis turns against per-cell ones, and each kind's properties: norms
 kept, ComRoPE's matrices commuting (hence relative), LieRE equal to exp(sum p_i A_i) and relative only where its
 generators commute."""
 
@@ -13,7 +13,7 @@ import torch
 from vit_rope.layers.attention import RoPEAttention
 from vit_rope.layers.comrope import ComRoPE
 from vit_rope.layers.encoding import image_positions
-from vit_rope.layers.lie_rotation import expm_by_squaring, rotate_blocks
+from vit_rope.layers.lie_rotation import rotate_axes, rotate_blocks, rotate_qk
 from vit_rope.layers.liere import LieRE
 
 # official outputs: make_generator_rotation_reference.py beside this file, ComRoPE at 7aeef083, LieRE at b27b41ba
@@ -48,11 +48,12 @@ def comrope_attention(ref: dict[str, torch.Tensor], kind: str, policy: str) -> t
 def test_comrope_attention_equals_the_official_layer(reference, kind: str, policy: str, grid: int):
     attn, encoding = comrope_attention(reference, kind, policy)
     x = reference[f"comrope_{kind}.x{grid}"]
-    rotation = encoding.block_inputs(image_positions(encoding, grid, grid), 1)[0]["rotation"]
+    inputs = encoding.block_inputs(image_positions(encoding, grid, grid), 1)[0]  # per axis: the grid's rows, columns
+    assert set(inputs) == {"axis_rotation"}
     with torch.no_grad():
-        q, k, _ = attn.project(x, rotation=rotation)
+        q, k, _ = attn.project(x, **inputs)
         probs = ((q * attn.scale) @ k.transpose(-1, -2)).softmax(-1)
-        out = attn(x, rotation=rotation)
+        out = attn(x, **inputs)
     expected = f"comrope_{kind}.{policy}{grid}"
     torch.testing.assert_close(probs, reference[expected + ".probs"], atol=1e-5, rtol=1e-4)
     torch.testing.assert_close(out, reference[expected + ".out"], atol=1e-5, rtol=1e-4)
@@ -93,16 +94,6 @@ def test_rotate_blocks_is_the_dense_block_diagonal_product(shared: bool):
     torch.testing.assert_close(rotate_blocks(x, partial)[..., 8:], x[..., 8:])
 
 
-def test_exportable_exponential_equals_matrix_exp():
-    torch.manual_seed(0)
-    a = torch.randn(64, 8, 8) * torch.logspace(-3, 2.5, 64)[:, None, None]  # norms from 1e-2 to ~1e4
-    skew = (a - a.transpose(-1, -2)).double()
-    torch.testing.assert_close(expm_by_squaring(skew), torch.linalg.matrix_exp(skew), atol=1e-9, rtol=1e-9)
-    moderate = skew[:48].float()  # fp32 angles up to ~100 (past what positions times generators reach)
-    torch.testing.assert_close(expm_by_squaring(moderate), torch.linalg.matrix_exp(skew[:48]).float(), atol=2e-5,
-                               rtol=1e-5)
-
-
 def encodings() -> dict[str, torch.nn.Module]:
     torch.manual_seed(0)
     return {"comrope_ap": ComRoPE("comrope_ap", 2, 2, 16, (4, 4), block_size=4),
@@ -110,13 +101,22 @@ def encodings() -> dict[str, torch.nn.Module]:
             "liere": LieRE(2, 2, 16, (4, 4), generator_dim=4)}
 
 
+def turned(q: torch.Tensor, k: torch.Tensor, inputs: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """q and k turned as a block's attention turns them with its inputs."""
+    if "rotation" in inputs:
+        return rotate_qk(q, k, inputs["rotation"])
+    return rotate_axes(q, k, inputs["axis_rotation"])
+
+
 @pytest.mark.parametrize("kind", ["comrope_ap", "comrope_ld", "liere"])
 def test_every_rotation_keeps_norms(kind: str):
     encoding = encodings()[kind]
-    rotation = encoding.block_inputs(image_positions(encoding, 5, 7), 1)[0]["rotation"]  # [1, H, P + N, m, b, b]
-    x = torch.randn(2, 2, 36, 16)
+    positions = image_positions(encoding, 5, 7)
+    q, k = torch.randn(2, 2, 2, 36, 16).unbind(0)
     with torch.no_grad():
-        torch.testing.assert_close(rotate_blocks(x, rotation).norm(dim=-1), x.norm(dim=-1))
+        for x, rotated in zip((q, k), turned(q, k, encoding.block_inputs(positions, 1)[0]), strict=True):
+            torch.testing.assert_close(rotated.norm(dim=-1), x.norm(dim=-1))
+        rotation = encoding.tables(positions.coords, 1)  # [L, 1, H, P + N, m, b, b]
     eye = torch.eye(rotation.shape[-1])
     torch.testing.assert_close(rotation @ rotation.transpose(-1, -2), eye.expand_as(rotation), atol=1e-5, rtol=0)
 
@@ -167,26 +167,36 @@ def test_bad_block_sizes_and_generators_are_errors_that_say_what_fits():
         LieRE(1, 2, 16, (4, 4), policy="yarn")
 
 
+@pytest.mark.parametrize("cls_position", [0.5, None])
 @pytest.mark.parametrize("kind", ["comrope_ap", "comrope_ld"])
-def test_comrope_grid_tables_from_rows_and_columns_equal_one_exponential_per_cell(kind: str):
-    """An image batch's tables come from one exponential per row and per column and a product per cell (the
-    generators commute): equal to ``exp(x A_x + y A_y)`` of each cell, prefix tokens included, to fp32 rounding."""
+def test_comrope_turns_per_axis_equal_one_exponential_per_cell(kind: str, cls_position: float | None):
+    """An image batch is turned per axis (``rotate_axes``: one exponential per row and per column, applied column by
+    column, then row by row; AP's blocks by their one axis), since the generators commute: q and k equal those turned
+    by ``exp(x A_x + y A_y)`` of each cell, prefix tokens included, and so do the generators' gradients."""
     torch.manual_seed(0)
-    encoding = ComRoPE(kind, 2, 2, 16, (4, 4), block_size=4)
+    encoding = ComRoPE(kind, 2, 2, 16, (4, 4), block_size=4, cls_position=cls_position)
     positions = image_positions(encoding, 5, 3)
-    per_cell = encoding.tables(positions.coords, 1)  # no grid: the exponential of every cell
-    by_axes = encoding.tables(positions.coords, 1, (5, 3))
-    torch.testing.assert_close(by_axes, per_cell, atol=1e-5, rtol=1e-5)
+    q, k = torch.randn(2, 3, 2, 1 + 15, 16).unbind(0)
+    inputs = encoding.block_inputs(positions, 1)
+    assert all(set(item) == {"axis_rotation"} for item in inputs)
+    per_cell = encoding.tables(positions.coords, 1)[1]  # [1, H, P + N, m, b, b]
+    by_axes = turned(q, k, inputs[1])
+    expected = rotate_blocks(q, per_cell), rotate_blocks(k, per_cell)
+    torch.testing.assert_close(by_axes, expected, atol=1e-5, rtol=1e-5)
+    grads = [torch.autograd.grad(sum((a * b).sum() for a, b in zip(out, (k, q), strict=True)),
+                                 encoding.parameters()) for out in (by_axes, expected)]
+    torch.testing.assert_close(grads[0], grads[1], atol=1e-4, rtol=1e-4)
 
 
 def test_liere_generators_do_not_commute_so_its_tables_are_never_factored_by_axes():
     """LieRE's generators need not commute: per axis, ``exp(y A_y) exp(x A_x)`` differs from ``exp(x A_x + y A_y)``,
-    which is why the factored tables are ComRoPE's only."""
+    which is why only ComRoPE is turned per axis."""
     torch.manual_seed(0)
     encoding = LieRE(1, 2, 16, (4, 4), generator_dim=4)
     positions = image_positions(encoding, 4, 4)
-    assert not encoding.commuting
-    gens = encoding.generators().float()
-    factored = encoding.grid_tables(positions.coords.float(), gens, (4, 4))
-    torch.testing.assert_close(encoding.tables(positions.coords, 0, (4, 4)), encoding.tables(positions.coords, 0))
-    assert (factored - encoding.tables(positions.coords, 0)).abs().max() > 1e-3
+    assert not encoding.commuting and set(encoding.block_inputs(positions, 0)[0]) == {"rotation"}
+    q, k = torch.randn(2, 1, 2, 16, 16).unbind(0)
+    with torch.no_grad():
+        factored = rotate_axes(q, k, tuple(t[0] for t in encoding.axis_tables(positions.coords, 0, (4, 4))))
+        per_cell = rotate_qk(q, k, encoding.tables(positions.coords, 0)[0])
+    assert (factored[0] - per_cell[0]).abs().max() > 1e-3

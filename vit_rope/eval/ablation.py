@@ -54,7 +54,8 @@ def without_positions(model: RoPEVisionTransformer) -> Iterator[RoPEVisionTransf
 
 
 def _no_encoding(block: nn.Module, args: tuple, kwargs: dict[str, Any]) -> tuple[tuple, dict[str, Any]]:
-    return args, {**kwargs, "rope": None, "bias": None, "rotation": None, "pape": None, "spectral": None}
+    encoding = ("rope", "bias", "rotation", "pape", "spectral", "axis_rotation")  # what any encoding hands a block
+    return args, {**kwargs, **dict.fromkeys(encoding)}
 
 
 @torch.no_grad()

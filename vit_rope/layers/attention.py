@@ -7,7 +7,8 @@ forward; prefix tokens (class, registers) have identity rows in them, so they ar
 Attention-bias encodings (LookHere, 2D-ALiBi: ``vit_rope.layers.attn_bias``) arrive instead as a penalty table
 ``bias`` ``[1 or B, nh, N, N]`` and the block's ``bias_scale``, added to the logits as ``bias_scale * bias``.
 Rotations that are not 2x2 pairs (ComRoPE, LieRE: ``vit_rope.layers.lie_rotation``) arrive as ``rotation``, orthogonal
-``b x b`` blocks ``[1 or B, nh or 1, N, D/b, b, b]`` that turn q and k after the projection and the q/k norms.
+``b x b`` blocks ``[1 or B, nh or 1, N, D/b, b, b]`` that turn q and k after the projection and the q/k norms, or
+for commuting ones in an image batch per axis as ``axis_rotation`` (``lie_rotation.rotate_axes``).
 PaPE and PaPE-RI (``vit_rope.layers.pape``) arrive as every token's position ``pape`` ``[1 or B, N, 2]``, from which
 the block's own layer (``RoPEAttention.pape``) appends its parabolas' channels to q and k.
 """
@@ -25,7 +26,7 @@ from torch import Tensor, nn
 from vit_rope.layers.capture import capturing
 from vit_rope.layers.cayley_string import fold_qk
 from vit_rope.layers.fused import pairs_adjacent, project_rotate_qk, project_weights_rotate_qk, rotate_heads_
-from vit_rope.layers.lie_rotation import rotate_blocks
+from vit_rope.layers.lie_rotation import rotate_axes, rotate_qk
 from vit_rope.layers.rotary import apply_rope
 
 RopeTables = tuple[Tensor, Tensor]
@@ -76,7 +77,8 @@ class RoPEAttention(Attention):
         return q, k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
 
     def project(self, x: Tensor, rope: RopeTables | None = None, rotation: Tensor | None = None,
-                spectral: tuple[Tensor, Tensor, Tensor] | None = None) -> tuple[Tensor, Tensor, Tensor]:
+                spectral: tuple[Tensor, Tensor, Tensor] | None = None,
+                axis_rotation: tuple[Tensor, Tensor, Tensor] | None = None) -> tuple[Tensor, Tensor, Tensor]:
         """Queries and keys (rotated) and values, each ``[B, nh, N, D]``; diagnostics reuse it for attention maps.
 
         In eager mode q and k are rotated straight in the projection output (``project_rotate_qk``: one pass, in
@@ -91,8 +93,11 @@ class RoPEAttention(Attention):
             q, k, v = self._project_grouped(x, rope)
         else:
             q, k, v = self._project_full(x, rope)
-        if rotation is not None and not torch.jit.is_scripting():  # block rotations: eager, compiled and exported
-            q, k = rotate_blocks(q, rotation), rotate_blocks(k, rotation)  # k repeated per query head under GQA
+        if not torch.jit.is_scripting():  # block rotations: eager, compiled and exported; k repeated under GQA
+            if rotation is not None:
+                q, k = rotate_qk(q, k, rotation)
+            elif axis_rotation is not None:
+                q, k = rotate_axes(q, k, axis_rotation)
         return q, k, v
 
     @torch.jit.unused
@@ -196,10 +201,11 @@ class RoPEAttention(Attention):
         rotation: Tensor | None = None,
         pape: Tensor | None = None,
         spectral: tuple[Tensor, Tensor, Tensor] | None = None,
+        axis_rotation: tuple[Tensor, Tensor, Tensor] | None = None,
     ) -> Tensor:
         B, N, _ = x.shape
         gate = self.gate(x).sigmoid() if self.gate is not None else None
-        q, k, v = self.project(x, rope, rotation, spectral)
+        q, k, v = self.project(x, rope, rotation, spectral, axis_rotation)
         if self.pape is not None and pape is not None:  # [B, nh, N, D + E]: the parabolas' scores in q.k, v padded
             q, k, v = self.pape(x, q, k, v, pape)
         if bias is not None:
@@ -237,10 +243,11 @@ class RoPEBlock(Block):
         rotation: Tensor | None = None,
         pape: Tensor | None = None,
         spectral: tuple[Tensor, Tensor, Tensor] | None = None,
+        axis_rotation: tuple[Tensor, Tensor, Tensor] | None = None,
     ) -> Tensor:
         x = x + self.drop_path1(self.ls1(self.attn(
             self.norm1(x), rope=rope, attn_mask=attn_mask, is_causal=is_causal, bias=bias, bias_scale=bias_scale,
-            rotation=rotation, pape=pape, spectral=spectral,
+            rotation=rotation, pape=pape, spectral=spectral, axis_rotation=axis_rotation,
         )))  # keywords: hooks read them (vit_rope.eval.diagnose)
         return x + self.drop_path2(self.ls2(self.mlp(self.norm2(x))))
 

@@ -93,6 +93,11 @@ class ComRoPE(BlockRotation):
     def commuting(self) -> bool:
         return True
 
+    @property
+    def axis_blocks(self) -> tuple[slice, slice]:
+        """AP: x turns the odd blocks only and y the even ones (the others' generators are zero)."""
+        return (slice(1, None, 2), slice(0, None, 2)) if self.kind == "comrope_ap" else (slice(None), slice(None))
+
     def generators(self) -> Tensor:
         skew, scale = self.angle_matrices()
         return (skew * scale).flip(2)  # [L, H, 2, m, b, b], axes (y, x) -> (x, y)

@@ -6,16 +6,15 @@ each block gets its own ``b x b`` orthogonal matrix per token (and per head, per
 What differs between them is how the generators ``A_x, A_y`` are parametrised (commuting or not) and where a patch
 sits; this module holds what they share:
 
-- ``expm``: the matrix exponential. Eager runs take ``torch.linalg.matrix_exp``; graph captures (torch.compile,
-  export, ONNX, FX) take scaling and squaring with a Taylor polynomial written in matmuls (every ONNX runtime has
-  them; ``matrix_exp`` has no ONNX op), with the squarings counted from the norm and masked, so one graph serves
-  every position range.
 - ``rotate_blocks``: ``R`` applied to q or k ``[B, H, N, D]``. A table shared by the batch (an image batch) is one
   batched matmul with the batch as the last dimension (``[H, N, m, b, b] @ [H, N, m, b, B]``), 2.5x faster on CPU
   than the per-token matrix-vector product it replaces, which per-sample tables (NaFlex) take.
+- ``rotate_axes``: an image batch's q and k turned by commuting generators (ComRoPE) without a table per cell:
+  ``exp(x A_x + y A_y) = exp(y A_y) exp(x A_x)``, so each axis turns the grid's columns or rows by its own tables
+  ``[H, w or h, m, b, b]``, one matmul per column (row) with the batch and the rows (columns) as its columns.
 - ``BlockRotation``: the ``PositionEncoding`` of both kinds: tables ``[1 or B, H, P + N, D/b, b, b]`` per block
-  (prefix tokens at a kind's own position, or the identity), built once per forward and, for an image batch in
-  evaluation, kept per grid until the generators change.
+  (prefix tokens at a kind's own position, or the identity), or per axis (``rotate_axes``), built once per forward
+  and, for an image batch in evaluation, kept per grid until the generators change.
 """
 
 from __future__ import annotations
@@ -28,37 +27,8 @@ from torch import Tensor
 
 from vit_rope.layers.capture import capturing
 from vit_rope.layers.encoding import GridTables, PositionEncoding, Positions
+from vit_rope.layers.expm import expm
 from vit_rope.layers.policies import ResolutionPolicy
-
-TAYLOR_ORDER = 12  # after scaling to a norm <= 1/2: remainder below 0.5**13 / 13! ~ 1e-14
-MAX_SQUARINGS = 16  # norms up to 2**15: far past any position range times generator a model meets
-
-
-def expm(skew: Tensor) -> Tensor:
-    """``exp(S)`` of ``[..., b, b]`` matrices, in fp32 at least: ``torch.linalg.matrix_exp`` in eager, scaling and
-    squaring of a Taylor polynomial (matmuls only) under a graph capture, equal to 1e-6."""
-    dtype = skew.dtype
-    if dtype not in (torch.float32, torch.float64):
-        skew = skew.float()
-    if not capturing(skew):
-        return torch.linalg.matrix_exp(skew.contiguous()).to(dtype)
-    return expm_by_squaring(skew).to(dtype)
-
-
-def expm_by_squaring(skew: Tensor) -> Tensor:
-    """``exp(S)`` of ``[..., b, b]`` by scaling, a Taylor polynomial and squaring: matmuls and ``where`` only, so that
-    ONNX exports it; the squarings follow each matrix's norm, masked past its own count."""
-    norm = skew.abs().sum(-1).amax(-1)  # [...] the infinity norm bounds the spectral one
-    squarings = torch.ceil(torch.log2(norm.clamp_min(1e-30) * 2)).clamp(0, MAX_SQUARINGS)  # [...] so |S / 2^s| <= 1/2
-    scaled = skew / torch.exp2(squarings)[..., None, None]
-    eye = torch.eye(skew.shape[-1], dtype=skew.dtype, device=skew.device).expand_as(skew)
-    out, term = eye, eye
-    for k in range(1, TAYLOR_ORDER + 1):
-        term = term @ scaled / k
-        out = out + term
-    for step in range(MAX_SQUARINGS):
-        out = torch.where((step < squarings)[..., None, None], out @ out, out)
-    return out
 
 
 def rotate_blocks(x: Tensor, rotation: Tensor) -> Tensor:
@@ -77,6 +47,41 @@ def rotate_blocks(x: Tensor, rotation: Tensor) -> Tensor:
     if capturing(x) or m * b != x.shape[-1]:  # FX sees shapes as proxies: no test on them
         return torch.cat((turned, x[..., m * b:]), -1)
     return turned
+
+
+def rotate_qk(q: Tensor, k: Tensor, rotation: Tensor) -> tuple[Tensor, Tensor]:
+    """``rotate_blocks`` of q and k ``[B, H, N, D]`` by one table: for a table shared by the batch that covers every
+    channel, one matmul with q's and k's samples together as its columns (gathered in one copy)."""
+    B, H, N, D = q.shape
+    m, b = rotation.shape[-3], rotation.shape[-1]
+    if capturing(q) or rotation.shape[0] != 1 or q.shape != k.shape or m * b != D:
+        return rotate_blocks(q, rotation), rotate_blocks(k, rotation)
+    columns = torch.stack((q.permute(1, 2, 3, 0), k.permute(1, 2, 3, 0)), -2)  # [H, N, D, 2, B]
+    turned = rotation[0].to(q.dtype) @ columns.view(H, N, m, b, 2 * B)  # [H, N, m, b, 2B]
+    out = turned.view(H, N, D, 2, B).permute(3, 4, 0, 1, 2).contiguous()  # [2, B, H, N, D]: SDPA's flash layout
+    return out[0], out[1]
+
+
+def rotate_axes(q: Tensor, k: Tensor, turns: tuple[Tensor, Tensor, Tensor]) -> tuple[Tensor, Tensor]:
+    """q and k ``[B, H, P + h * w, D]`` of an image batch turned by commuting rotations given per axis, ``turns =
+    (prefix, turn_x, turn_y)``: the prefix tokens' ``[H, P, m, b, b]``, the columns' ``[H, w, m_x, b, b]`` and the
+    rows' ``[H, h, m_y, b, b]``. Every block turns by both axes (``m_x = m_y = m``: x, then y) or, with ``m / 2``
+    tables each, the even blocks by y only and the odd ones by x only (ComRoPE-AP). Equal to ``rotate_blocks`` with
+    the tables of every cell (``exp(y A_y) exp(x A_x)``), at a fraction of the products in both directions."""
+    prefix, turn_x, turn_y = (t.to(q.dtype) for t in turns)
+    P, m, b = prefix.shape[1], prefix.shape[2], prefix.shape[-1]
+    h, w = turn_y.shape[1], turn_x.shape[1]
+    qk = torch.stack((q, k))  # [2, B, H, P + N, D]
+    head = torch.einsum("hpmij,cbhpmj->cbhpmi", prefix, qk[:, :, :, :P].unflatten(-1, (m, b)))
+    cells = qk[:, :, :, P:].unflatten(-1, (m, b)).unflatten(3, (h, w))  # [2, B, H, h, w, m, b]
+    if turn_x.shape[2] == m:  # every block turns with both axes
+        cells = torch.einsum("hymij,cbhyxmj->cbhyxmi", turn_y, torch.einsum("hxmij,cbhyxmj->cbhyxmi", turn_x, cells))
+    else:  # blocks 0::2 turn with y, 1::2 with x
+        pairs = cells.unflatten(-2, (m // 2, 2))  # [2, B, H, h, w, m/2, 2, b]
+        cells = torch.stack((torch.einsum("hymij,cbhyxmj->cbhyxmi", turn_y, pairs[..., 0, :]),
+                             torch.einsum("hxmij,cbhyxmj->cbhyxmi", turn_x, pairs[..., 1, :])), -2).flatten(-3, -2)
+    out = torch.cat((head.flatten(-2), cells.flatten(-2).flatten(3, 4)), 3)
+    return out[0], out[1]
 
 
 def axis_turns(values: Tensor, gen: Tensor) -> Tensor:
@@ -129,56 +134,57 @@ class BlockRotation(PositionEncoding):
         along the axes (x, y) of the positions ``place`` gives."""
         raise NotImplementedError
 
-    def tables(self, positions: Tensor, num_prefix_tokens: int, grid: tuple[int, int] | None = None) -> Tensor:
-        """``R`` ``[L, 1 or B, H, P + N, D/b, b, b]`` for positions ``[N, 2]`` or ``[B, N, 2]`` (x, y); ``grid`` the
-        ``(h, w)`` of an image batch, whose positions are its cells in row-major order."""
+    def tables(self, positions: Tensor, num_prefix_tokens: int) -> Tensor:
+        """``R`` ``[L, 1 or B, H, P + N, D/b, b, b]`` for positions ``[N, 2]`` or ``[B, N, 2]`` (x, y): an exponential
+        per token."""
         gens = self.generators().float()  # [L, H, 2, m, b, b]
         pos = positions.float() if positions.dim() == 3 else positions.float()[None]  # [1 or B, N, 2]
-        if grid is not None and self.commuting and pos.shape[0] == 1:
-            rotation = self.grid_tables(pos[0], gens, grid)
-        else:
-            rotation = expm(torch.einsum("bna,lhamij->lbhnmij", pos, gens))  # [L, 1 or B, H, N, m, b, b]
+        rotation = expm(torch.einsum("bna,lhamij->lbhnmij", pos, gens))  # [L, 1 or B, H, N, m, b, b]
         if not num_prefix_tokens:
             return rotation
-        if self.prefix_position is None:  # exactly the identity, whatever the rounding
-            prefix = torch.eye(gens.shape[-1], device=gens.device).expand(*gens.shape[:2], num_prefix_tokens,
-                                                                           *gens.shape[3:])  # [L, H, P, m, b, b]
-        else:
-            prefix = expm(gens.sum(2) * self.prefix_position)[:, :, None].expand(-1, -1, num_prefix_tokens,
-                                                                                   -1, -1, -1)
-        prefix = prefix[:, None].expand(-1, rotation.shape[1], -1, -1, -1, -1, -1)
+        prefix = self.prefix_tables(gens, num_prefix_tokens)[:, None].expand(-1, rotation.shape[1], -1, -1, -1, -1, -1)
         return torch.cat((prefix.to(rotation.dtype), rotation), 3)
 
-    @staticmethod
-    def grid_tables(pos: Tensor, gens: Tensor, grid: tuple[int, int]) -> Tensor:
-        """``R`` ``[L, 1, H, N, m, b, b]`` of a grid's positions ``[N, 2]`` when the generators commute:
-        ``exp(x A_x + y A_y) = exp(y A_y) exp(x A_x)``, and along an axis the positions are evenly spaced, ``x_c = x_0
-        + c d``, so ``exp(x_c A) = exp(x_0 A) exp(d A)^c``: two exponentials per axis and a product per column, row
-        and cell, instead of an exponential (and its costlier backward) per cell."""
+    def prefix_tables(self, gens: Tensor, num_prefix_tokens: int) -> Tensor:
+        """The prefix tokens' ``R`` ``[L, H, P, m, b, b]``: at the kind's ``prefix_position`` on both axes, or exactly
+        the identity."""
+        if self.prefix_position is None:  # exactly the identity, whatever the rounding
+            eye = torch.eye(gens.shape[-1], device=gens.device)
+            return eye.expand(*gens.shape[:2], num_prefix_tokens, *gens.shape[3:])
+        return expm(gens.sum(2) * self.prefix_position)[:, :, None].expand(-1, -1, num_prefix_tokens, -1, -1, -1)
+
+    def axis_tables(self, positions: Tensor, num_prefix_tokens: int, grid: tuple[int, int]) -> tuple[Tensor, ...]:
+        """``rotate_axes``' tables of an image batch's positions ``[N, 2]`` (its ``(h, w)`` grid's cells in row-major
+        order) when the generators commute: the prefix tokens' ``[L, H, P, m, b, b]``, the columns' ``[L, H, w, m_x,
+        b, b]`` and the rows' ``[L, H, h, m_y, b, b]`` (the blocks ``axis_blocks`` names). Along an axis the
+        positions are evenly spaced, ``x_c = x_0 + c d``, so ``exp(x_c A) = exp(x_0 A) exp(d A)^c``: two exponentials
+        per axis instead of one (and its costlier backward) per cell."""
+        gens = self.generators().float()  # [L, H, 2, m, b, b]
         h, w = grid
-        cells = pos.view(h, w, 2)
-        turn_x = axis_turns(cells[0, :, 0], gens[:, :, 0])  # [L, H, w, m, b, b]
-        turn_y = axis_turns(cells[:, 0, 1], gens[:, :, 1])  # [L, H, h, m, b, b]
-        return (turn_y[:, :, :, None] @ turn_x[:, :, None]).flatten(2, 3)[:, None]
+        cells = positions.float().view(h, w, 2)
+        x_blocks, y_blocks = self.axis_blocks
+        turn_x = axis_turns(cells[0, :, 0], gens[:, :, 0, x_blocks])  # [L, H, w, m_x, b, b]
+        turn_y = axis_turns(cells[:, 0, 1], gens[:, :, 1, y_blocks])  # [L, H, h, m_y, b, b]
+        return self.prefix_tables(gens, num_prefix_tokens), turn_x, turn_y
 
     @property
     def commuting(self) -> bool:
-        """Whether the kind's ``A_x`` and ``A_y`` commute by construction (ComRoPE), which ``grid_tables`` needs (with
+        """Whether the kind's ``A_x`` and ``A_y`` commute by construction (ComRoPE), which ``axis_tables`` needs (with
         a ``place`` that spaces a grid's columns and rows evenly, as every policy of these kinds does)."""
         return False
 
+    @property
+    def axis_blocks(self) -> tuple[slice, slice]:
+        """The blocks that x and y turn, in one of ``rotate_axes``' layouts: every block by both axes by default."""
+        return slice(None), slice(None)
+
     def forward(self, positions: Positions, num_prefix_tokens: int = 0) -> Tensor:
-        """Every block's tables (``tables``); an image batch's in evaluation kept per grid until the generators,
-        the policy or the device change."""
-        grid = positions.grid
-        if grid is None or positions.coords.dim() != 2:
-            return self.tables(positions.coords, num_prefix_tokens)
+        """Every block's tables per token (``tables``); an image batch's in evaluation kept per grid until the
+        generators, the policy or the device change."""
         key = self.cache_key(positions, num_prefix_tokens)
         if key is None:
-            # an export keeps the grid's size dynamic, which the per-axis tables would fix (a view to h x w)
-            exporting = torch.compiler.is_exporting() or torch.jit.is_tracing() or torch.jit.is_scripting()
-            return self.tables(positions.coords, num_prefix_tokens, None if exporting else (int(grid[0]), int(grid[1])))
-        return self._cache.get(key, lambda: self.tables(positions.coords, num_prefix_tokens, key[:2]))
+            return self.tables(positions.coords, num_prefix_tokens)
+        return self._cache.get(key, lambda: self.tables(positions.coords, num_prefix_tokens))
 
     def cache_key(self, positions: Positions, num_prefix_tokens: int) -> tuple | None:
         """What an image batch's tables in eager evaluation depend on (grid, prefix count, device, policy, the
@@ -190,7 +196,25 @@ class BlockRotation(PositionEncoding):
         params = tuple(x for p in self.parameters() for x in (p._version, p.data_ptr()))
         return (int(grid[0]), int(grid[1]), num_prefix_tokens, str(positions.coords.device), self.policy_name, params)
 
+    def by_axes(self, positions: Positions) -> bool:
+        """Whether the blocks get their rotations per axis (``rotate_axes``): an image batch of a kind whose
+        generators commute, outside exports (which keep the grid's size dynamic, and a view to ``h x w`` would fix
+        it) and FX tracing (whose proxies have no grid)."""
+        return (self.commuting and positions.grid is not None and not isinstance(positions.coords, torch.fx.Proxy)
+                and positions.coords.dim() == 2 and not (torch.compiler.is_exporting() or torch.jit.is_tracing()
+                                                         or torch.jit.is_scripting()))
+
     def block_inputs(self, positions: Positions, num_prefix_tokens: int) -> list[dict[str, Any]]:
+        if self.by_axes(positions):
+            grid = (int(positions.grid[0]), int(positions.grid[1]))
+
+            def build() -> tuple[Tensor, ...]:
+                return self.axis_tables(positions.coords, num_prefix_tokens, grid)
+
+            key = self.cache_key(positions, num_prefix_tokens)
+            turns = build() if key is None else self._cache.get((*key, "axes"), build)
+            layers = list(zip(*(t.unbind(0) for t in turns), strict=True))  # one per block, or one for all
+            return [{"axis_rotation": layer} for layer in (layers * self.depth if len(layers) == 1 else layers)]
         tables = self(positions, num_prefix_tokens)  # [L, 1 or B, H, P + N, m, b, b]
         if not self.per_layer:
             return [{"rotation": tables[0]}] * self.depth  # one tensor for every block: one gradient to sum into
