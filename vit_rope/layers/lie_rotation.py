@@ -6,9 +6,9 @@ each block gets its own ``b x b`` orthogonal matrix per token (and per head, per
 What differs between them is how the generators ``A_x, A_y`` are parametrised (commuting or not) and where a patch
 sits; this module holds what they share:
 
-- ``rotate_blocks``: ``R`` applied to q or k ``[B, H, N, D]``. A table shared by the batch (an image batch) is one
-  batched matmul with the batch as the last dimension (``[H, N, m, b, b] @ [H, N, m, b, B]``), 2.5x faster on CPU
-  than the per-token matrix-vector product it replaces, which per-sample tables (NaFlex) take.
+- ``rotate_blocks``: ``R`` applied to q or k ``[B, H, N, D]``, per token (per-sample tables: NaFlex), or with a table
+  shared by the batch as one batched matmul with the batch as the last dimension (``[H, N, m, b, b] @ [H, N, m, b,
+  B]``); ``rotate_qk`` turns q and k of an image batch together in one such matmul.
 - ``rotate_axes``: an image batch's q and k turned by commuting generators (ComRoPE) without a table per cell:
   ``exp(x A_x + y A_y) = exp(y A_y) exp(x A_x)``, so each axis turns the grid's columns or rows by its own tables
   ``[H, w or h, m, b, b]``, one matmul per column (row) with the batch and the rows (columns) as its columns.
@@ -51,14 +51,15 @@ def rotate_blocks(x: Tensor, rotation: Tensor) -> Tensor:
 
 def rotate_qk(q: Tensor, k: Tensor, rotation: Tensor) -> tuple[Tensor, Tensor]:
     """``rotate_blocks`` of q and k ``[B, H, N, D]`` by one table: for a table shared by the batch that covers every
-    channel, one matmul with q's and k's samples together as its columns (gathered in one copy)."""
+    channel, one matmul ``x^T R^T`` with q's and k's samples together as its rows, whose copies in and out move whole
+    blocks of ``b`` channels (``R x`` with the samples as columns would move single channels)."""
     B, H, N, D = q.shape
     m, b = rotation.shape[-3], rotation.shape[-1]
     if capturing(q) or rotation.shape[0] != 1 or q.shape != k.shape or m * b != D:
         return rotate_blocks(q, rotation), rotate_blocks(k, rotation)
-    columns = torch.stack((q.permute(1, 2, 3, 0), k.permute(1, 2, 3, 0)), -2)  # [H, N, D, 2, B]
-    turned = rotation[0].to(q.dtype) @ columns.view(H, N, m, b, 2 * B)  # [H, N, m, b, 2B]
-    out = turned.view(H, N, D, 2, B).permute(3, 4, 0, 1, 2).contiguous()  # [2, B, H, N, D]: SDPA's flash layout
+    rows = torch.stack((q, k)).permute(2, 3, 0, 1, 4).reshape(H, N, 2 * B, m, b).transpose(2, 3)  # [H, N, m, 2B, b]
+    turned = rows @ rotation[0].transpose(-1, -2).to(q.dtype)  # [H, N, m, 2B, b]
+    out = turned.view(H, N, m, 2, B, b).permute(3, 4, 0, 1, 2, 5).reshape(2, B, H, N, D)  # SDPA's flash layout
     return out[0], out[1]
 
 
