@@ -38,6 +38,8 @@ from vit_rope.eval.report import markdown_table, table
 COMPARE_BEGIN = begin_marker("compare", "from every study's results folder")
 COMPARE_END = "<!-- compare:end -->"
 HEADLINE_END = "<!-- headline:end -->"
+# every arm's saved config is read at each report: libyaml's loader (C) where PyYAML was built with it
+FAST_YAML = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 
 def patch_size(config: dict[str, Any]) -> int:
@@ -57,7 +59,8 @@ def _grids(results_dir: Path, runs: list[dict[str, Any]]) -> dict[str, str]:
     grids = {}
     for run in runs:
         if arm_label(run) not in grids:
-            config = yaml.safe_load((results_dir / "runs" / run["name"] / "config.yaml").read_text())
+            text = (results_dir / "runs" / run["name"] / "config.yaml").read_text()
+            config = yaml.load(text, Loader=FAST_YAML)
             side = config["img_size"] // patch_size(config)
             grids[arm_label(run)] = f"{side}x{side}"
     return grids
