@@ -6,9 +6,10 @@ each block gets its own ``b x b`` orthogonal matrix per token (and per head, per
 What differs between them is how the generators ``A_x, A_y`` are parametrised (commuting or not) and where a patch
 sits; this module holds what they share:
 
-- ``rotate_blocks``: ``R`` applied to q or k ``[B, H, N, D]``, per token (per-sample tables: NaFlex), or with a table
-  shared by the batch as one batched matmul with the batch as the last dimension (``[H, N, m, b, b] @ [H, N, m, b,
-  B]``); ``rotate_qk`` turns q and k of an image batch together in one such matmul.
+- ``rotate_blocks``: ``R`` applied to q or k ``[B, H, N, D]``, a matrix-vector product per token (per-sample tables:
+  NaFlex; graph captures); ``rotate_qk`` turns q and k of an image batch by the batch's one table in one batched
+  matmul, every sample of both as its rows (``[H, N, m, 2B, b] @ [H, N, m, b, b]``), output in the layout SDPA's CPU
+  flash kernel takes (channels of stride 1; else its unfused fallback runs).
 - ``rotate_axes``: an image batch's q and k turned by commuting generators (ComRoPE) without a table per cell:
   ``exp(x A_x + y A_y) = exp(y A_y) exp(x A_x)``, so each axis turns the grid's columns or rows by its own tables
   ``[H, w or h, m, b, b]``, one matmul per column (row) with the batch and the rows (columns) as its columns.
@@ -37,13 +38,7 @@ def rotate_blocks(x: Tensor, rotation: Tensor) -> Tensor:
     m, b = rotation.shape[-3], rotation.shape[-1]
     rotation = rotation.to(x.dtype)
     blocks = x[..., : m * b].unflatten(-1, (m, b))  # [B, H, N, m, b]
-    if not capturing(x) and rotation.shape[0] == 1:  # one table for the batch: the batch as the matmul's columns
-        # [B, H, N, m, b], made contiguous: SDPA's CPU flash kernel takes only channels of stride 1 (else its
-        # unfused fallback runs, twice as slow)
-        turned = (rotation[0] @ blocks.permute(1, 2, 3, 4, 0)).permute(4, 0, 1, 2, 3).contiguous()
-    else:
-        turned = (rotation @ blocks[..., None])[..., 0]
-    turned = turned.flatten(-2)
+    turned = (rotation @ blocks[..., None])[..., 0].flatten(-2)
     if capturing(x) or m * b != x.shape[-1]:  # FX sees shapes as proxies: no test on them
         return torch.cat((turned, x[..., m * b:]), -1)
     return turned
