@@ -59,3 +59,6 @@ python -m vit_rope.evaluate --checkpoint output/study/encodings/pape_s1/last.pth
 python train.py -c configs/imagenette_study/encodings/comrope_ld.yaml --output output/study/encodings/comrope_ld_s1 seed=1
 python -m vit_rope.evaluate --checkpoint output/study/encodings/comrope_ld_s1/last.pth --img-sizes 48 64 80 96 128 160 --policy extrapolate interpolate --limit 1500 --workers 0 --output results/imagenette/encodings/eval/comrope_ld/comrope_ld_s1
 python -m vit_rope.evaluate --checkpoint output/study/encodings/comrope_ld_s1/last.pth --img-sizes 48 64 80 96 128 160 --crop-pct 0.875 --limit 1500 --workers 0 --output results/imagenette/encodings/eval_crop0.875/comrope_ld/comrope_ld_s1
+python train.py -c configs/imagenette_study/encodings/liere.yaml --output output/study/encodings/liere_s1 seed=1
+python -m vit_rope.evaluate --checkpoint output/study/encodings/liere_s1/last.pth --img-sizes 48 64 80 96 128 160 --policy extrapolate interpolate --limit 1500 --workers 0 --output results/imagenette/encodings/eval/liere/liere_s1
+python -m vit_rope.evaluate --checkpoint output/study/encodings/liere_s1/last.pth --img-sizes 48 64 80 96 128 160 --crop-pct 0.875 --limit 1500 --workers 0 --output results/imagenette/encodings/eval_crop0.875/liere/liere_s1
