@@ -176,10 +176,10 @@ def test_comrope_turns_per_axis_equal_one_exponential_per_cell(kind: str, cls_po
     torch.manual_seed(0)
     encoding = ComRoPE(kind, 2, 2, 16, (4, 4), block_size=4, cls_position=cls_position)
     positions = image_positions(encoding, 5, 3)
-    q, k = torch.randn(2, 3, 2, 1 + 15, 16).unbind(0)
-    inputs = encoding.block_inputs(positions, 1)
+    q, k = torch.randn(2, 3, 2, 2 + 15, 16).unbind(0)  # a class token and a register
+    inputs = encoding.block_inputs(positions, 2)
     assert all(set(item) == {"axis_rotation"} for item in inputs)
-    per_cell = encoding.tables(positions.coords, 1)[1]  # [1, H, P + N, m, b, b]
+    per_cell = encoding.tables(positions.coords, 2)[1]  # [1, H, P + N, m, b, b]
     by_axes = turned(q, k, inputs[1])
     expected = rotate_blocks(q, per_cell), rotate_blocks(k, per_cell)
     torch.testing.assert_close(by_axes, expected, atol=1e-5, rtol=1e-5)
