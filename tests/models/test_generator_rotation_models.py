@@ -9,7 +9,7 @@ import timm
 import torch
 
 import vit_rope  # noqa: F401  (registers the models)
-from helpers.models import assert_features_and_reliance, assert_onnx_matches_eager, perturbed
+from helpers.models import assert_features_and_reliance, assert_onnx_matches_eager, assert_same_gradients, perturbed
 from helpers.naflex import images, offset_logits, pack, samples_equal_images
 from vit_rope.layers.encoding import image_positions
 
@@ -72,16 +72,8 @@ def test_compiled_training_step_equals_eager(kind: str):
     model = build(kind, depth=1).train()
     compiled = torch.compile(model, dynamic=False, backend="aot_eager")
     x = torch.randn(2, 3, 64, 96)
-    results = []
-    for runner in (model, compiled):
-        model.zero_grad()
-        logits = runner(x)
-        logits.square().sum().backward()
-        results.append((logits.detach(), {name: param.grad.clone() for name, param in model.named_parameters()}))
-    (eager, eager_grads), (ours, ours_grads) = results
-    torch.testing.assert_close(ours, eager, rtol=1e-4, atol=1e-4)
-    for name, grad in eager_grads.items():
-        torch.testing.assert_close(ours_grads[name], grad, rtol=1e-4, atol=1e-4 * float(grad.abs().max()), msg=name)
+    torch.testing.assert_close(compiled(x), model(x), rtol=1e-4, atol=1e-4)
+    assert_same_gradients(model, compiled, model, x)
 
 
 @pytest.mark.parametrize("kind", KINDS)
