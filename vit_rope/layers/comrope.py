@@ -43,6 +43,7 @@ from vit_rope.layers.spectral import spectral_form
 torch.fx.wrap("unit_positions")
 
 COMROPE_KINDS = ("comrope_ap", "comrope_ld")
+AP_BLOCKS = slice(1, None, 2), slice(0, None, 2)  # ComRoPE-AP's blocks of x (odd) and of y (even), the official order
 
 
 class ComRoPE(BlockRotation):
@@ -82,7 +83,7 @@ class ComRoPE(BlockRotation):
             self.multiplier = nn.Parameter(torch.randn(depth, 1, 2, num_blocks, 1, 1))
         else:
             mask = torch.zeros(2, num_blocks)  # block j turns with axis j mod 2 (y, x)
-            mask[0, 0::2], mask[1, 1::2] = 1.0, 1.0
+            mask[0, AP_BLOCKS[1]], mask[1, AP_BLOCKS[0]] = 1.0, 1.0  # rows in the official order (y, x)
             self.register_buffer("axis_mask", mask[:, :, None, None], persistent=False)  # [2, m, 1, 1]
 
     @property
@@ -96,7 +97,7 @@ class ComRoPE(BlockRotation):
     @property
     def axis_blocks(self) -> tuple[slice, slice]:
         """AP: x turns the odd blocks only and y the even ones (the others' generators are zero)."""
-        return (slice(1, None, 2), slice(0, None, 2)) if self.kind == "comrope_ap" else (slice(None), slice(None))
+        return AP_BLOCKS if self.kind == "comrope_ap" else (slice(None), slice(None))
 
     def generators(self) -> Tensor:
         skew, scale = self.angle_matrices()
