@@ -13,6 +13,7 @@ from __future__ import annotations
 import csv
 import json
 import os
+from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -107,7 +108,11 @@ def write_study(results_dir: Path, readme: Path | None = None, goal: Goal = Goal
                      for policy in dict.fromkeys(row["policy"] for row in policies)},
                     results_dir / "summary_policies.png", "RoPE models under each resolution policy (mean, seed range)")
     seeds = sorted({run["seed"] for run in runs})
-    arms = len({run["model"] for run in runs})
+    per_arm = Counter(run["model"] for run in runs)  # arm -> how many seeds it ran
+    fewest, most = min(per_arm.values()), max(per_arm.values())
+    grid = (f"{counted(len(per_arm), 'model')} x {counted(len(seeds), 'seed')}" if fewest == len(seeds) else
+            f"{counted(len(per_arm), 'model')}, {fewest}{f' to {most}' if most > fewest else ''} "
+            f"{'seed' if most == 1 else 'seeds'} each")
     seconds = machine["evaluate_s"] if isinstance(machine["evaluate_s"], int | float) else sum(
         machine["evaluate_s"].values())  # v2 records one evaluation per arm
     note = ("top-1 (%) on Imagenette val, mean ± half the range over seeds " + ", ".join(map(str, seeds))
@@ -125,7 +130,7 @@ def write_study(results_dir: Path, readme: Path | None = None, goal: Goal = Goal
         "; " + ", ".join(label if seeds == every[label] else f"{label} (seed {', '.join(map(str, seeds))})"
                          for label, seeds in there.items()) + f" on {host}" for host, there in elsewhere.items())
     parts = [
-        f"{counted(len(runs), 'training run')} ({counted(arms, 'model')} x {counted(len(seeds), 'seed')}) on "
+        f"{counted(len(runs), 'training run')} ({grid}) on "
         f"{_host(machine)}, {machine['date']}"
         f"{others}; evaluation took {seconds / 60:.0f} min. Commands: `{where}/commands.sh`.",
         "**Training** (final epoch, all val images at the training size):\n\n" + _training(results_dir, runs, by_run),

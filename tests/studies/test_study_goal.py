@@ -131,3 +131,13 @@ def test_a_control_of_another_protocol_or_never_evaluated_is_an_error(tmp_path):
         study.write_study(root, controls=[goal.Control("x", other, "ape")])
     with pytest.raises(ValueError, match=r"holds no evaluated run of arm 'mixed', the control 'x'"):
         study.write_study(root, controls=[goal.Control("x", other, "mixed")])
+
+
+def test_the_headline_counts_seeds_per_model_when_one_model_has_fewer(tmp_path):
+    """A study whose newest arm has run one seed of two: the first line says so instead of "5 models x 2 seeds"."""
+    results = make_v2(tmp_path / "results")
+    runs = json.loads((results / "runs.json").read_text())
+    (results / "runs.json").write_text(json.dumps([run for run in runs if run["name"] != "under_s1"]))
+    section = study.write_study(results)
+    assert section.startswith("9 training runs (5 models, 1 to 2 seeds each) on test cpu")
+    assert "| UNDER | 52.00 |" in section.split("**Does RoPE hold", 1)[1]  # its one seed, no range

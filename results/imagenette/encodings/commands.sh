@@ -65,3 +65,6 @@ python -m vit_rope.evaluate --checkpoint output/study/encodings/liere_s1/last.pt
 python train.py -c configs/imagenette_study/encodings/pape_ri.yaml --output output/study/encodings/pape_ri_s1 seed=1
 python -m vit_rope.evaluate --checkpoint output/study/encodings/pape_ri_s1/last.pth --img-sizes 48 64 80 96 128 160 --policy extrapolate interpolate normalized --limit 1500 --workers 0 --output results/imagenette/encodings/eval/pape_ri/pape_ri_s1
 python -m vit_rope.evaluate --checkpoint output/study/encodings/pape_ri_s1/last.pth --img-sizes 48 64 80 96 128 160 --crop-pct 0.875 --limit 1500 --workers 0 --output results/imagenette/encodings/eval_crop0.875/pape_ri/pape_ri_s1
+python train.py -c configs/imagenette_study/encodings/comrope_ap.yaml --output output/study/encodings/comrope_ap_s1 seed=1
+python -m vit_rope.evaluate --checkpoint output/study/encodings/comrope_ap_s1/last.pth --img-sizes 48 64 80 96 128 160 --policy extrapolate interpolate --limit 1500 --workers 0 --output results/imagenette/encodings/eval/comrope_ap/comrope_ap_s1
+python -m vit_rope.evaluate --checkpoint output/study/encodings/comrope_ap_s1/last.pth --img-sizes 48 64 80 96 128 160 --crop-pct 0.875 --limit 1500 --workers 0 --output results/imagenette/encodings/eval_crop0.875/comrope_ap/comrope_ap_s1
