@@ -53,9 +53,10 @@ def rotate_qk(q: Tensor, k: Tensor, rotation: Tensor) -> tuple[Tensor, Tensor]:
     if capturing(q) or rotation.shape[0] != 1 or q.shape != k.shape or m * b != D:
         return rotate_blocks(q, rotation), rotate_blocks(k, rotation)
     rows = torch.stack((q, k)).permute(2, 3, 0, 1, 4).reshape(H, N, 2 * B, m, b).transpose(2, 3)  # [H, N, m, 2B, b]
-    turned = rows @ rotation[0].transpose(-1, -2).to(q.dtype)  # [H, N, m, 2B, b]
-    out = turned.view(H, N, m, 2, B, b).permute(3, 4, 0, 1, 2, 5).reshape(2, B, H, N, D)  # SDPA's flash layout
-    return out[0], out[1]
+    # squeeze and unbind, not [0]: an index's backward writes the gradient into zeros of the whole tensor
+    turned = rows @ rotation.squeeze(0).transpose(-1, -2).to(q.dtype)  # [H, N, m, 2B, b]
+    q, k = turned.view(H, N, m, 2, B, b).permute(3, 4, 0, 1, 2, 5).reshape(2, B, H, N, D).unbind(0)  # flash layout
+    return q, k
 
 
 def rotate_axes(q: Tensor, k: Tensor, turns: tuple[Tensor, Tensor, Tensor]) -> tuple[Tensor, Tensor]:
@@ -76,8 +77,8 @@ def rotate_axes(q: Tensor, k: Tensor, turns: tuple[Tensor, Tensor, Tensor]) -> t
         pairs = cells.unflatten(-2, (m // 2, 2))  # [2, B, H, h, w, m/2, 2, b]
         cells = torch.stack((torch.einsum("hymij,cbhyxmj->cbhyxmi", turn_y, pairs[..., 0, :]),
                              torch.einsum("hxmij,cbhyxmj->cbhyxmi", turn_x, pairs[..., 1, :])), -2).flatten(-3, -2)
-    out = torch.cat((head.flatten(-2), cells.flatten(-2).flatten(3, 4)), 3)
-    return out[0], out[1]
+    q, k = torch.cat((head.flatten(-2), cells.flatten(-2).flatten(3, 4)), 3).unbind(0)
+    return q, k
 
 
 def axis_turns(values: Tensor, gen: Tensor) -> Tensor:
@@ -213,7 +214,7 @@ class BlockRotation(PositionEncoding):
             return [{"axis_rotation": layer} for layer in (layers * self.depth if len(layers) == 1 else layers)]
         tables = self(positions, num_prefix_tokens)  # [L, 1 or B, H, P + N, m, b, b]
         if not self.per_layer:
-            return [{"rotation": tables[0]}] * self.depth  # one tensor for every block: one gradient to sum into
+            return [{"rotation": tables.squeeze(0)}] * self.depth  # one tensor for every block, one gradient
         if isinstance(tables, torch.fx.Proxy):  # FX records the tables as one call: indexable, not unpackable
             return [{"rotation": tables[i]} for i in range(self.depth)]
         # unbound, not indexed: each index's backward would fill a zero gradient of all L layers' tables
