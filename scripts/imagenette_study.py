@@ -115,13 +115,14 @@ def evaluated(folder: Path, runs: list[dict], checkpoints: tuple[str, ...]) -> b
     return all(any(is_run(label, entry, name) for label in labels) for entry in runs for name in checkpoints)
 
 
-def write_reports(study: str, results: Path, readme: Path) -> None:
+def write_reports(study: str, results: Path, readme: Path, plots: bool = True) -> None:
     """The study's report and docs section, the side-by-side table, and (for the committed results of the study
-    the README summarises) the README's table."""
+    the README summarises) the README's table; the plots too with ``plots`` (a study draws them once, at its end:
+    an interrupted one gets them from ``--report``)."""
     controls = [Control(name, COMPARED[source], arm) for name, source, arm in CONTROLS.get(study, [])]
     pairs = [Pair(arm, Control(f"{source}'s {STUDIES[source][3][theirs][0]}", COMPARED[source], theirs))
              for arm, source, theirs in PAIRS.get(study, [])]
-    print(write_study(results, readme, GOALS.get(study, Goal()), controls, pairs))
+    print(write_study(results, readme, GOALS.get(study, Goal()), controls, pairs, plots))
     course = course_table(results, json.loads((results / "runs.json").read_text()))
     if course:  # on the page when it has the markers
         replace_section(readme, course_begin(results), COURSE_END, course)
@@ -191,7 +192,7 @@ def main(argv: list[str] | None = None) -> int:
     # every arm's first seed before any second one, so that a whole comparison exists as early as possible
     plan = [(seed, arm) for group in ([arm for arm in chosen if arm not in later], later) for seed in args.seeds
             for arm in group]
-    for seed, arm in plan:
+    for step, (seed, arm) in enumerate(plan, start=1):
         label, baseline = arms[arm]
         config = f"{configs}/{arm}.yaml"
         name, out = f"{arm}_s{seed}", outputs / f"{arm}_s{seed}"
@@ -250,7 +251,7 @@ def main(argv: list[str] | None = None) -> int:
             {**home, "evaluate_s": seconds, **({"machines": machines} if machines else {})}, indent=2) + "\n")
         (results / "commands.sh").write_text("# the study's commands, as scripts/imagenette_study.py runs them\n"
                                              + "\n".join(commands) + "\n")
-        write_reports(args.study, results, readme)
+        write_reports(args.study, results, readme, plots=step == len(plan))  # the tables after every run
     return 0
 
 

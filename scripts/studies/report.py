@@ -89,21 +89,22 @@ def _changes(merged: Sequence[dict[str, Any]], policies: dict[str, str]) -> str:
 
 
 def write_study(results_dir: Path, readme: Path | None = None, goal: Goal = Goal(),
-                controls: Sequence[Control] = (), pairs: Sequence[Pair] = ()) -> str:
+                controls: Sequence[Control] = (), pairs: Sequence[Pair] = (), plots: bool = True) -> str:
     """Seed-merged report of a study folder: ``summary.md``, two plots and, given ``readme`` (the docs page, e.g.
     ``docs/studies.md``), that page's section between ``study_begin(results_dir)`` and the next ``STUDY_END``.
     ``results_dir`` is relative to the repo root, and the section names its files by that path. Evaluations at a
     second crop fraction (``eval_crop<fraction>/``) get their own table and verdict. The verdict also sets the RoPE
     arms against ``controls`` (APE arms of other studies, at each crop where they were evaluated), and ``pairs``
     (``studies.paired``) set arms' changes above the training size against the same models in other studies. Returns
-    the section."""
+    the section. ``plots=False`` leaves the plots as they are (a study redraws them at its end)."""
     runs = json.loads((results_dir / "runs.json").read_text())
     machine = json.loads((results_dir / "machine.json").read_text())
     protocol, merged = merged_results(results_dir / "eval", runs)
     as_trained = as_trained_rows(merged, trained_policies(runs))
     policies = [row for row in merged if row["policy"] is not None]
-    plot(as_trained, results_dir / "summary_as_trained.png", "Positions as trained (mean and range over seeds)")
-    if policies:  # none while only APE arms are evaluated
+    if plots:
+        plot(as_trained, results_dir / "summary_as_trained.png", "Positions as trained (mean and range over seeds)")
+    if plots and policies:  # none while only APE arms are evaluated
         plot_panels({policy: [row for row in policies if row["policy"] == policy]
                      for policy in dict.fromkeys(row["policy"] for row in policies)},
                     results_dir / "summary_policies.png", "RoPE models under each resolution policy (mean, seed range)")

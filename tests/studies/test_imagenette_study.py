@@ -84,6 +84,9 @@ def test_runs_go_seed_by_seed_each_evaluated_when_done_then_resume(script, tmp_p
     assert json.loads((tmp_path / "results" / "machine.json").read_text())["evaluate_s"] == dict.fromkeys(
         ["mixed_s0", "ape_s0", "mixed_s1", "ape_s1"], 60)
     assert "evaluation took 4 min" in readme
+    if importlib.util.find_spec("matplotlib"):  # drawn once, when the last run is reported
+        assert {path.name for path in (tmp_path / "results").glob("*.png")} == {"summary_as_trained.png",
+                                                                               "summary_policies.png"}
     commands = (tmp_path / "results" / "commands.sh").read_text().splitlines()
     assert len(commands) == 9 and commands[1].endswith("--output " + str(tmp_path / "runs" / "mixed_s0") + " seed=0")
     assert commands[2].endswith("--output " + str(tmp_path / "results" / "eval" / "mixed" / "mixed_s0"))
