@@ -53,7 +53,7 @@ def rotate_qk(q: Tensor, k: Tensor, rotation: Tensor) -> tuple[Tensor, Tensor]:
     if capturing(q) or rotation.shape[0] != 1 or q.shape != k.shape or m * b != D:
         return rotate_blocks(q, rotation), rotate_blocks(k, rotation)
     rows = torch.stack((q, k)).permute(2, 3, 0, 1, 4).reshape(H, N, 2 * B, m, b).transpose(2, 3)  # [H, N, m, 2B, b]
-    # squeeze and unbind, not [0]: an index's backward writes the gradient into zeros of the whole tensor
+    # squeeze and unbind, not [0]: an index's backward writes each gradient into zeros of the whole
     turned = rows @ rotation.squeeze(0).transpose(-1, -2).to(q.dtype)  # [H, N, m, 2B, b]
     q, k = turned.view(H, N, m, 2, B, b).permute(3, 4, 0, 1, 2, 5).reshape(2, B, H, N, D).unbind(0)  # flash layout
     return q, k
@@ -69,14 +69,16 @@ def rotate_axes(q: Tensor, k: Tensor, turns: tuple[Tensor, Tensor, Tensor]) -> t
     P, m, b = prefix.shape[1], prefix.shape[2], prefix.shape[-1]
     h, w = turn_y.shape[1], turn_x.shape[1]
     qk = torch.stack((q, k))  # [2, B, H, P + N, D]
-    head = torch.einsum("hpmij,cbhpmj->cbhpmi", prefix, qk[:, :, :, :P].unflatten(-1, (m, b)))
-    cells = qk[:, :, :, P:].unflatten(-1, (m, b)).unflatten(3, (h, w))  # [2, B, H, h, w, m, b]
+    # split and unbind, not slices or indices, whose backward writes each gradient into zeros of the whole
+    head, cells = qk.split((P, h * w), 3)
+    head = torch.einsum("hpmij,cbhpmj->cbhpmi", prefix, head.unflatten(-1, (m, b)))
+    cells = cells.unflatten(-1, (m, b)).unflatten(3, (h, w))  # [2, B, H, h, w, m, b]
     if turn_x.shape[2] == m:  # every block turns with both axes
         cells = torch.einsum("hymij,cbhyxmj->cbhyxmi", turn_y, torch.einsum("hxmij,cbhyxmj->cbhyxmi", turn_x, cells))
     else:  # blocks 0::2 turn with y, 1::2 with x
-        pairs = cells.unflatten(-2, (m // 2, 2))  # [2, B, H, h, w, m/2, 2, b]
-        cells = torch.stack((torch.einsum("hymij,cbhyxmj->cbhyxmi", turn_y, pairs[..., 0, :]),
-                             torch.einsum("hxmij,cbhyxmj->cbhyxmi", turn_x, pairs[..., 1, :])), -2).flatten(-3, -2)
+        by_y, by_x = cells.unflatten(-2, (m // 2, 2)).unbind(-2)  # [2, B, H, h, w, m/2, b] each
+        cells = torch.stack((torch.einsum("hymij,cbhyxmj->cbhyxmi", turn_y, by_y),
+                             torch.einsum("hxmij,cbhyxmj->cbhyxmi", turn_x, by_x)), -2).flatten(-3, -2)
     q, k = torch.cat((head.flatten(-2), cells.flatten(-2).flatten(3, 4)), 3).unbind(0)
     return q, k
 
