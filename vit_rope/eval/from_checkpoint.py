@@ -8,6 +8,8 @@ What decides the model, format by format (each recognised by its marker, ``vit_r
 - a transformers DINOv3 folder (``config.json`` + ``model.safetensors``): its config (``hf_dinov3.create_from_hf``);
 - PaPE's official folder (``config.json`` + ``model.pt``): its config (``pape_weights.create_from_pape``);
 - LookHere's official file: its ``config`` and width (``vit_rope_<size>_patch16_lookhere_224``, ``official=True``);
+- LieRE's official ``RoPEViT`` (a Lightning checkpoint or its state dict): its tensors' shapes
+  (``liere_weights.liere_args``; the training size, which it does not save, 224 px unless ``img_size`` is given);
 - Meta's DINOv3 and timm's DINOv3 files: their width, SwiGLU or not, and qkv bias (``vit_rope_<size>_patch16_dinov3``
   with ``_qkvb`` where the file has q / v biases);
 - timm's RoPE-ViT ports and RoPE-ViT's own files (the ``naver_in1k`` weights): their width, learned mixed frequencies
@@ -30,7 +32,7 @@ import timm
 from torch import nn
 
 from vit_rope.eval.loading import is_training_checkpoint, load_trained
-from vit_rope.models import hf_dinov3, pape_weights
+from vit_rope.models import hf_dinov3, liere_weights, pape_weights
 from vit_rope.models.dinov3 import SIZES as DINOV3_SIZES
 from vit_rope.models.dinov3 import architecture, dinov3_name
 from vit_rope.models.formats import checkpoint_format
@@ -86,6 +88,8 @@ def describe(path: str | Path) -> tuple[str | None, dict[str, Any]]:
         return name, {**_shape(obj["weights"]), **official_file_args(path)}
     state_dict = unwrap_state_dict(obj) if isinstance(obj, dict) else {}
     fmt = checkpoint_format(state_dict)
+    if fmt.name == liere_weights.FORMAT:  # its shapes say the whole architecture
+        return liere_weights.liere_args(state_dict)
     name = None
     if fmt.name == "Meta's DINOv3" or (fmt.name == "timm's Eva" and "reg_token" in state_dict
                                         and "pos_embed" not in state_dict):

@@ -10,7 +10,8 @@ keys it has and the formats there are. The markers:
 - transformers' ViT / DINOv2, refused (no vit_rope model takes them): ``embeddings.patch_embeddings.projection``;
 - Meta's DINOv3 (``vit_rope.models.dinov3``): ``storage_tokens``;
 - timm's ``Eva`` (``vit_rope.models.eva_weights``): ``attn.q_bias``, ``attn.q_proj`` or LayerScale as ``gamma_1``;
-- PaPE's official ``ImageClassifier`` (``vit_rope.models.pape_weights``): ``cls`` and ``encoder.layers.*``.
+- PaPE's official ``ImageClassifier`` (``vit_rope.models.pape_weights``): ``cls`` and ``encoder.layers.*``;
+- LieRE's official ``RoPEViT`` (``vit_rope.models.liere_weights``): ``position_encoder.generator_raw_params``.
 
 Where one format serves several models, the model decides the conversion, not the order of the checks: a timm
 ``Eva`` file goes through ``from_eva`` into a twin with an Eva q / k layout, through ``from_dinov3`` into a DINOv3
@@ -25,9 +26,10 @@ from typing import Any
 
 from torch import Tensor, nn
 
-from vit_rope.models import hf_dinov3, pape_weights
+from vit_rope.models import hf_dinov3, liere_weights, pape_weights
 from vit_rope.models.dinov3 import from_dinov3, is_meta_dinov3
 from vit_rope.models.eva_weights import EVA_LAYOUTS, check_family, from_eva, is_eva
+from vit_rope.models.liere_weights import from_liere, is_liere_checkpoint
 from vit_rope.models.lookhere_weights import from_lookhere, is_lookhere_checkpoint
 from vit_rope.models.pape_weights import from_pape, is_pape_checkpoint
 from vit_rope.models.weights_file import unwrap_state_dict
@@ -102,6 +104,7 @@ FORMATS: tuple[Format, ...] = (
     Format("Meta's DINOv3", "'storage_tokens'", is_meta_dinov3, _meta_dinov3),
     Format("timm's Eva", "keys ending in '.attn.q_bias', '.attn.q_proj.weight' or '.gamma_1'", is_eva, _timm_eva),
     Format(pape_weights.FORMAT, "'cls' and 'encoder.layers.*' keys", is_pape_checkpoint, _pape),
+    Format(liere_weights.FORMAT, f"'{liere_weights.MARKER}'", is_liere_checkpoint, from_liere),
 )
 # what a file without any other format's marker must have: timm's VisionTransformer keys, which are ours
 VIT = Format("timm's VisionTransformer (vit_rope's own, timm's ViT and DeiT-III)", "'patch_embed.*' or "

@@ -1,0 +1,113 @@
+"""LieRE's official image classifiers (github.com/StanfordMIMI/LieRE, ``models/rope_vit.py``) as vit_rope models.
+
+The official ``RoPEViT`` is lucidrains' ViT (``models/vit.py``) with LieRE's ``FlexibleAttention``: a linear patch
+embedding on ``(p1 p2 c)``-ordered pixels, a class token, pre-norm blocks (LayerNorm eps 1e-5, qkv without bias, GELU
+MLPs, no LayerScale), the LayerNorm and linear head of ``mlp_head`` on the class token, and heads of 64 channels (its
+attention asserts it). Its absolute table ``pos_embedding`` is kept at zeros for LieRE (unless
+``force_absolute_encodings``). So a checkpoint is our ``vit_rope_*_patch16_liere_224`` with the arguments
+``liere_args`` reads from the tensors' shapes, and its keys map onto ours (``from_liere``): the linear patch weight
+becomes the convolution's, ``position_encoder.generator_raw_params`` our ``pos_encoding.generator_raw_params``.
+
+What the format leaves open: the training size is not saved; the ImageNet recipe (``lightning_conf/imagenet_224.yaml``)
+trains at 224 px, so the model takes ``img_size=224`` (pass another to ``create_from_checkpoint``). Generators saved
+per layer (``rotary_embedding_per_layer``) are reduced to layer 0's, which is what the official ``Transformer.forward``
+turns every block by (see ``vit_rope.layers.liere``). A Lightning checkpoint's ``model.`` prefix is dropped.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from functools import partial
+from typing import Any
+
+from torch import Tensor, nn
+
+FORMAT = "LieRE's official RoPEViT"
+MARKER = "position_encoder.generator_raw_params"
+HEAD_DIM = 64  # FlexibleAttention: "Only support 64 head size for now."
+TRAIN_SIZE = 224  # lightning_conf/imagenet_224.yaml: the size the format does not save
+WIDTHS = {192: "tiny", 384: "small", 768: "base"}
+# the official keys (after transformer.layers.{i}.) -> ours (after blocks.{i}.)
+_LAYER_KEYS = {"0.norm": "norm1", "0.fn.to_qkv": "attn.qkv", "0.fn.to_out.0": "attn.proj", "1.norm": "norm2",
+               "1.fn.net.0": "mlp.fc1", "1.fn.net.3": "mlp.fc2"}
+_TOP_KEYS = {"cls_token": "cls_token", "mlp_head.0.": "norm.", "mlp_head.1.": "head.",
+             "to_patch_embedding.1.bias": "patch_embed.proj.bias", MARKER: "pos_encoding.generator_raw_params"}
+
+
+def _plain(state_dict: dict[str, Any]) -> dict[str, Any]:
+    return {key.removeprefix("model."): value for key, value in state_dict.items()}
+
+
+def is_liere_checkpoint(state_dict: Any) -> bool:
+    """Whether ``state_dict`` is an official ``RoPEViT``'s with LieRE generators: the key ``MARKER``."""
+    return any(key.removeprefix("model.") == MARKER for key in state_dict)
+
+
+def liere_args(state_dict: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    """The vit_rope model name and ``timm.create_model`` arguments of an official checkpoint, from its shapes.
+
+    Raises:
+        ValueError: a tensor LieRE's model always has is missing, the patch embedding is not of square RGB patches,
+            or the width does not split into heads of 64.
+    """
+    sd = _plain(state_dict)
+    needed = ("cls_token", "to_patch_embedding.1.weight", "mlp_head.1.weight", MARKER)
+    missing = [key for key in needed if key not in sd]
+    if missing:
+        raise ValueError(f"The checkpoint has {MARKER} but lacks {', '.join(missing)}: {FORMAT}s have all of "
+                         f"{', '.join(needed)}. Save the whole model's state_dict.")
+    dim = int(sd["cls_token"].shape[-1])
+    patch = math.isqrt(int(sd["to_patch_embedding.1.weight"].shape[1]) // 3)
+    if 3 * patch * patch != sd["to_patch_embedding.1.weight"].shape[1] or dim % HEAD_DIM:
+        raise ValueError(f"The checkpoint's patch embedding takes {sd['to_patch_embedding.1.weight'].shape[1]} "
+                         f"values and its width is {dim}: vit_rope builds {FORMAT}s of square RGB patches "
+                         f"(3 p^2 values) and heads of {HEAD_DIM} channels.")
+    heads = dim // HEAD_DIM
+    depth = 1 + max(int(m[1]) for key in sd if (m := re.match(r"transformer\.layers\.(\d+)\.", key)))
+    generators = sd[MARKER]  # [2, L, G, g, g]
+    size = generators.shape[-1]
+    options = {"generator_dim": int(size), "per_head": int(generators.shape[2]) == heads * (HEAD_DIM // size)}
+    hidden = int(sd["transformer.layers.0.1.fn.net.0.weight"].shape[0])
+    kwargs = dict(embed_dim=dim, depth=depth, num_heads=heads, mlp_ratio=hidden / dim, patch_size=patch,
+                  img_size=TRAIN_SIZE, num_classes=int(sd["mlp_head.1.weight"].shape[0]), qkv_bias=False,
+                  init_values=0.0,  # no LayerScale (timm.create_model drops arguments that are None)
+                  norm_layer=partial(nn.LayerNorm, eps=1e-5), class_token=True, global_pool="token",
+                  encoding_options=options)
+    return f"vit_rope_{WIDTHS.get(dim, 'base')}_patch16_liere_224", kwargs
+
+
+def from_liere(state_dict: dict[str, Any], model: nn.Module) -> tuple[dict[str, Tensor], tuple[str, ...]]:
+    """An official checkpoint in our keys, for ``model`` (a LieRE model), with notes on what was converted; tensor
+    shapes are checked by the caller, which lists any that differ.
+
+    Raises:
+        ValueError: the model is not a LieRE one, or the checkpoint's absolute table is not zero (a LieRE model
+            trained with ``force_absolute_encodings``, which no vit_rope model has).
+    """
+    if getattr(model, "encoding_kind", None) != "liere":
+        raise ValueError(f"The checkpoint is {FORMAT} with LieRE generators; the model has encoding="
+                         f"{getattr(model, 'encoding_kind', None)!r}: load it into a vit_rope_*_patch16_liere_224 "
+                         "model (create_from_checkpoint builds the one it describes).")
+    sd = _plain(state_dict)
+    table = sd.pop("pos_embedding", None)
+    if table is not None and table.abs().max() > 0:
+        raise ValueError(f"The checkpoint's pos_embedding is not zero (max |value| {float(table.abs().max()):.3g}): "
+                         "a LieRE model trained with absolute encodings as well, which vit_rope does not build.")
+    notes = [f"{FORMAT}: keys renamed to ours, the linear patch embedding as a convolution"]
+    out = {}
+    for key, value in sd.items():
+        match = re.fullmatch(r"transformer\.layers\.(\d+)\.(\d\.norm|\d\.fn\.\w+(?:\.\d)?)\.(weight|bias)", key)
+        if match:
+            out[f"blocks.{match[1]}.{_LAYER_KEYS[match[2]]}.{match[3]}"] = value
+        elif key == "to_patch_embedding.1.weight":  # [D, p * p * 3], pixels in (p1 p2 c) order -> [D, 3, p, p]
+            patch = math.isqrt(value.shape[1] // 3)
+            out["patch_embed.proj.weight"] = value.view(value.shape[0], patch, patch, 3).permute(0, 3, 1, 2)
+        else:
+            prefix = next((p for p in _TOP_KEYS if key == p or key.startswith(p) and p.endswith(".")), None)
+            out[key if prefix is None else _TOP_KEYS[prefix] + key[len(prefix):]] = value
+    generators = out.get("pos_encoding.generator_raw_params")
+    if generators is not None and generators.shape[1] > 1 and not model.pos_encoding.per_layer:
+        out["pos_encoding.generator_raw_params"] = generators[:, :1]
+        notes.append("generators per layer reduced to layer 0's, which the official forward turns every block by")
+    return out, tuple(notes)
