@@ -24,6 +24,10 @@ _script = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(_script)  # the script that wrote the reference: its test images
 
 
+class AttributeDict(dict):
+    """Lightning keeps its hyper-parameters in a class of its own, which torch's safe loading refuses to run."""
+
+
 def state_dict() -> dict[str, torch.Tensor]:
     return torch.load(CHECKPOINT, weights_only=True)["state_dict"]
 
@@ -64,3 +68,7 @@ def test_what_does_not_fit_is_refused_with_the_reason(tmp_path):
     torch.save({"state_dict": partial}, tmp_path / "partial.ckpt")
     with pytest.raises(ValueError, match="lacks mlp_head.1.weight"):
         vit_rope.create_from_checkpoint(tmp_path / "partial.ckpt")
+    lightning = {"state_dict": state_dict(), "hyper_parameters": AttributeDict(initialization_factor=6.28)}
+    torch.save(lightning, tmp_path / "lightning.ckpt")
+    with pytest.raises(Exception, match="weights_only"):  # torch's reason, not "no format"
+        vit_rope.create_from_checkpoint(tmp_path / "lightning.ckpt")

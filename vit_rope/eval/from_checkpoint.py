@@ -37,7 +37,7 @@ from vit_rope.models.dinov3 import SIZES as DINOV3_SIZES
 from vit_rope.models.dinov3 import architecture, dinov3_name
 from vit_rope.models.formats import checkpoint_format
 from vit_rope.models.lookhere_weights import is_lookhere_checkpoint, official_file_args
-from vit_rope.models.weights_file import mapped_file, unwrap_state_dict
+from vit_rope.models.weights_file import mapped_file, read_weights, unwrap_state_dict
 from vit_rope.models.widths import width
 
 ROPE_VIT_SIZES = ("tiny", "small", "base", "large")  # vit_rope_<size>_patch16_{axial,mixed}[_ape]_224
@@ -82,6 +82,8 @@ def describe(path: str | Path) -> tuple[str | None, dict[str, Any]]:
     ``None`` for the name where its keys do not say (timm's ViT, DeiT-III, axial RoPE-ViT ports, our own state dicts,
     timm's Eva families, widths of no registered size)."""
     obj = mapped_file(path)
+    if obj is None:  # not readable memory-mapped: the full read gives the state dict or says what keeps it from it
+        obj = read_weights(path)
     if is_lookhere_checkpoint(obj):
         size = _size(obj["weights"], ROPE_VIT_SIZES)
         name = None if size is None else f"vit_rope_{size}_patch16_lookhere_224"
