@@ -52,7 +52,8 @@ def liere_args(state_dict: dict[str, Any]) -> tuple[str, dict[str, Any]]:
             or the width does not split into heads of 64.
     """
     sd = _plain(state_dict)
-    needed = ("cls_token", "to_patch_embedding.1.weight", "mlp_head.1.weight", MARKER)
+    needed = ("cls_token", "to_patch_embedding.1.weight", "transformer.layers.0.1.fn.net.0.weight",
+              "mlp_head.1.weight", MARKER)
     missing = [key for key in needed if key not in sd]
     if missing:
         raise ValueError(f"The checkpoint has {MARKER} but lacks {', '.join(missing)}: {FORMAT}s have all of "
