@@ -48,15 +48,20 @@ def squaring_chain(a: Tensor, order: int, steps: int | None = None) -> tuple[Ten
     entry is ``exp(A)``). ``steps`` fixed for a graph capture, else the batch's largest ``s`` (a host sync)."""
     norm = a.detach().abs().sum(-1).amax(-1)  # [...] the infinity norm bounds the spectral one
     squarings = torch.ceil(torch.log2(norm.clamp_min(1e-30) * 2)).clamp(0, MAX_SQUARINGS)
-    scaled = a / torch.exp2(squarings)[..., None, None]
-    terms = [scaled]
-    for k in range(2, order + 1):
-        terms.append(terms[-1] @ scaled / k)
+    terms = taylor_terms(a / torch.exp2(squarings)[..., None, None], order)
     eye = torch.eye(a.shape[-1], dtype=a.dtype, device=a.device)
     chain = [eye + sum(terms)]
     for step in range(int(squarings.max()) if steps is None and a.numel() else steps or 0):
         chain.append(torch.where((step < squarings)[..., None, None], chain[-1] @ chain[-1], chain[-1]))
     return squarings, terms, chain
+
+
+def taylor_terms(scaled: Tensor, order: int) -> list[Tensor]:
+    """The Taylor terms ``X^k / k!`` of ``exp(X)`` for ``k = 1..order``, ``X`` ``[..., b, b]``."""
+    terms = [scaled]
+    for k in range(2, order + 1):
+        terms.append(terms[-1] @ scaled / k)
+    return terms
 
 
 def frechet(a: Tensor, e: Tensor, powers: tuple[Tensor, list[Tensor], list[Tensor]] | None = None) -> Tensor:
@@ -98,7 +103,5 @@ class MatrixExp(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad: Tensor) -> Tensor:
         squarings, scaled, *chain = ctx.saved_tensors
-        terms = [scaled]
-        for k in range(2, frechet_order(scaled.dtype)):
-            terms.append(terms[-1] @ scaled / k)
+        terms = taylor_terms(scaled, frechet_order(scaled.dtype) - 1)  # frechet takes all but the last
         return frechet(scaled, grad.mT.contiguous(), (squarings, terms, chain)).mT  # L(A^T, G) = L(A, G^T)^T

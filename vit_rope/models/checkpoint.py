@@ -18,7 +18,9 @@ which also converts the formats that need more than the renames done here):
 - LookHere's official files, ``{"weights", "config"}``, into the ``*_lookhere_*`` models
   (``vit_rope.models.lookhere_weights``);
 - PaPE's official folders (``config.json`` + ``model.pt``) into the ``*_pape_*`` and ``*_pape_ri_*`` models
-  (``vit_rope.models.pape_weights``).
+  (``vit_rope.models.pape_weights``);
+- LieRE's official ``RoPEViT`` checkpoints (Lightning files or their state dicts) into the ``*_liere_*`` models
+  (``vit_rope.models.liere_weights``).
 
 Nothing that depends on the input resolution is loaded: RoPE tables are rebuilt for every input.
 

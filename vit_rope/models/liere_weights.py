@@ -23,6 +23,8 @@ from typing import Any
 
 from torch import Tensor, nn
 
+from vit_rope.models.weights_file import renamed_key
+
 FORMAT = "LieRE's official RoPEViT"
 MARKER = "position_encoder.generator_raw_params"
 HEAD_DIM = 64  # FlexibleAttention: "Only support 64 head size for now."
@@ -105,8 +107,7 @@ def from_liere(state_dict: dict[str, Any], model: nn.Module) -> tuple[dict[str, 
             patch = math.isqrt(value.shape[1] // 3)
             out["patch_embed.proj.weight"] = value.view(value.shape[0], patch, patch, 3).permute(0, 3, 1, 2)
         else:
-            prefix = next((p for p in _TOP_KEYS if key == p or key.startswith(p) and p.endswith(".")), None)
-            out[key if prefix is None else _TOP_KEYS[prefix] + key[len(prefix):]] = value
+            out[renamed_key(key, _TOP_KEYS)] = value
     generators = out.get("pos_encoding.generator_raw_params")
     if generators is not None and generators.shape[1] > 1 and not model.pos_encoding.per_layer:
         out["pos_encoding.generator_raw_params"] = generators[:, :1]

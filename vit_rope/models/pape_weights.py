@@ -33,7 +33,7 @@ from timm.layers import PatchEmbed
 from torch import Tensor, nn
 
 from vit_rope.layers.pape import PARABOLAS
-from vit_rope.models.weights_file import read_weights
+from vit_rope.models.weights_file import read_weights, renamed_key
 
 CONFIG, WEIGHTS = "config.json", "model.pt"
 FORMAT = "PaPE's official ImageClassifier"
@@ -205,8 +205,7 @@ def from_pape(state_dict: dict[str, Any], model: nn.Module) -> dict[str, Tensor]
         if match:
             out[f"blocks.{match[1]}.{_LAYER_KEYS[match[2]]}.{match[3]}"] = value
             continue
-        prefix = next((p for p in _TOP_KEYS if key == p or key.startswith(p) and p.endswith(".")), None)
-        out[key if prefix is None else _TOP_KEYS[prefix] + key[len(prefix):]] = value
+        out[renamed_key(key, _TOP_KEYS)] = value
     return out
 
 

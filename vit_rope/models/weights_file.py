@@ -64,6 +64,13 @@ def unwrap_state_dict(state_dict: dict[str, Any]) -> dict[str, Any]:
     return {k.removeprefix("module."): v for k, v in state_dict.items()}
 
 
+def renamed_key(key: str, renames: Mapping[str, str]) -> str:
+    """``key`` in our names by an official format's table ``renames``: an entry equal to the key, or one ending in
+    ``.`` that starts it (a module's prefix), replaced; a key no entry matches stays as it is."""
+    prefix = next((p for p in renames if key == p or key.startswith(p) and p.endswith(".")), None)
+    return key if prefix is None else renames[prefix] + key[len(prefix):]
+
+
 def mapped_file(path: str | Path) -> Any:
     """A torch weights file's object, memory-mapped (tensors are read only when touched), or None when it cannot be
     read this way: safetensors, an old-format pickle (no mmap), a corrupt file, classes ``weights_only`` refuses (the
