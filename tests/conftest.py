@@ -4,6 +4,7 @@ benchmark's ``main`` that returns the JSON it wrote. The helpers the tests share
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -16,7 +17,10 @@ from helpers.training import write_image_folder
 
 # One thread: the test models are so small that thread hand-offs cost more than they save, and both the DDP test and
 # make test (two pytest-xdist workers, each importing this file) run two processes on the two cores of the CI machine.
+# The processes the tests start (torchrun, the GPU check's steps on the CPU, timm's test suite) inherit it: with
+# torch's default of a thread per core, each one's threads wait spinning on the cores the other worker runs on.
 torch.set_num_threads(1)
+os.environ["OMP_NUM_THREADS"] = "1"
 
 
 @pytest.hookimpl(tryfirst=True)  # before ``-m`` deselects: ``pytest -m cuda`` must see the marks added here
