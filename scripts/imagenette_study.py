@@ -77,7 +77,7 @@ from studies.paired import Pair  # noqa: E402
 from studies.report import machines_by_run, write_study  # noqa: E402
 from studies.results import is_run, replace_section  # noqa: E402
 from vit_rope.layers.policies import kind_policies  # noqa: E402
-from vit_rope.models.encodings import policy_kind  # noqa: E402
+from vit_rope.models.encoding_kinds import policy_kind  # noqa: E402
 from vit_rope.models.factory import create_model  # noqa: E402
 from vit_rope.train.cli import build_config  # noqa: E402  (after the path set-up, as the script runs from anywhere)
 from vit_rope.train.config import load_yaml  # noqa: E402

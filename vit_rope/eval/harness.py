@@ -26,7 +26,7 @@ from vit_rope.errors import UserError
 from vit_rope.eval import naflex
 from vit_rope.eval.loading import EvalModel, check_loaded
 from vit_rope.layers.policies import POLICIES, check_policy
-from vit_rope.models.encodings import policy_kind
+from vit_rope.models.encoding_kinds import policy_kind
 from vit_rope.models.naflex import naflex_patch
 
 

@@ -15,7 +15,7 @@ encodings take both through the same call.
 
 Adding a kind: one subclass of ``PositionEncoding`` (``place`` if its positions are not the integer patch
 coordinates, ``forward`` for what each block gets, ``policy`` for the resolution policies it takes) and its entry in
-``vit_rope.models.encodings`` (docs/layout.md says how).
+``vit_rope.models.encoding_kinds`` (docs/layout.md says how).
 """
 
 from __future__ import annotations
@@ -102,7 +102,7 @@ class PositionEncoding(nn.Module):
     export call nothing else.
 
     Attributes:
-        kind: the encoding's name (``vit_rope.models.encodings.KINDS``).
+        kind: the encoding's name (``vit_rope.models.encoding_kinds.KINDS``).
         train_grid: the ``(h, w)`` grid that resolution policies scale against (``None``: none).
     """
 

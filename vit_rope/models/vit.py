@@ -14,7 +14,7 @@ Data flow of one forward (``vit_rope.models.embedding``; a NaFlex batch takes th
       -> encoding.block_inputs: RoPE tables (axial once for all blocks, mixed per block) or bias tables
       -> blocks (rotate q, k or add the bias; prefix rows are identity) -> norm -> pool -> head
 
-Which encoding the blocks get (RoPE kinds, STRING, attention biases, none) is ``vit_rope.models.encodings``.
+Which encoding the blocks get (RoPE kinds, STRING, attention biases, none) is ``vit_rope.models.encoding_kinds``.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from vit_rope.layers.encoding import image_coords
 from vit_rope.layers.eva import eva_blocks_, resize_attn_pool
 from vit_rope.layers.policies import CoordAugment, ResolutionPolicy
 from vit_rope.models.embedding import Embedded, EmbeddingMixin
-from vit_rope.models.encodings import PositionEncodingMixin, check_encoding, renamed
+from vit_rope.models.encoding_kinds import PositionEncodingMixin, check_encoding, renamed
 from vit_rope.models.features import FeatureMixin
 from vit_rope.models.naflex import NaFlexBatch, naflex_batch
 
@@ -45,12 +45,15 @@ class RoPEVisionTransformer(PositionEncodingMixin, EmbeddingMixin, FeatureMixin,
     position embedding (``pos_embed="learn"``) is resampled bicubically, as timm's ``dynamic_img_size`` does.
 
     Args:
-        encoding: the position encoding (``vit_rope.models.encodings.KINDS``): ``"axial"`` (fixed frequencies, shared
-            by heads and layers), ``"mixed"`` (learned per layer and head), ``"golden"`` (fixed golden-angle directions
-            per head), ``"dinov3"`` (DINOv3's: fixed frequencies on coordinates normalised to [-1, 1]) or ``"string"``
-            (Cayley-STRING, ``vit_rope.layers.cayley_string``: a learned orthogonal basis per layer and head before
-            ``rope_string_base``); an attention bias instead of RoPE, ``"lookhere"`` or ``"alibi"``
-            (``vit_rope.layers.attn_bias``); or ``"none"``. ``None``: ``"axial"``.
+        encoding: the position encoding (``vit_rope.models.encoding_kinds.KINDS``): ``"axial"`` (fixed frequencies,
+            shared by heads and layers), ``"mixed"`` (learned per layer and head), ``"golden"`` (fixed golden-angle
+            directions per head), ``"dinov3"`` (DINOv3's: fixed frequencies on coordinates normalised to [-1, 1]) or
+            ``"string"`` (Cayley-STRING, ``vit_rope.layers.cayley_string``: a learned orthogonal basis per layer and
+            head before ``rope_string_base``); an attention bias instead of RoPE, ``"lookhere"`` or ``"alibi"``
+            (``vit_rope.layers.attn_bias``); rotations from learned generators, ``"comrope_ap"``, ``"comrope_ld"``
+            (``vit_rope.layers.comrope``) or ``"liere"`` (``vit_rope.layers.liere``); PaPE's parabolic bias in extra
+            q / k channels, ``"pape"`` or ``"pape_ri"`` (``vit_rope.layers.pape``); or ``"none"``. ``None``:
+            ``"axial"``.
         rope_kind: deprecated name of ``encoding``.
         rope_string_base: the RoPE kind under ``string``: ``axial`` (if unset), ``mixed``, ``golden`` or ``dinov3``.
         rope_fraction: p-RoPE's share of channel pairs rotated, the highest frequencies (1: all, 0: none).
@@ -67,7 +70,7 @@ class RoPEVisionTransformer(PositionEncodingMixin, EmbeddingMixin, FeatureMixin,
         rope_coord_aug: training-time coordinate augmentation, a dict of ``CoordAugment`` fields (off by default).
         rope_grid_offset: added to RoPE's integer patch positions (Perception Encoder's 1: patches at 1..n).
         rope_ref_grid: the ``(h, w)`` grid RoPE's policy scales against, when it is not the patch grid (timm
-            ``Eva``'s ``ref_feat_shape``; ``models.encodings``).
+            ``Eva``'s ``ref_feat_shape``; ``models.encoding_kinds``).
         qk_layout: the q/k channel layout of the checkpoints this model loads (``layers.dinov3_rope.QK_LAYOUTS``):
             the loader permutes their rows into ours (``models.eva_weights``).
         attn_pool_num_heads: heads of the attention-pool head (``global_pool="map"``) if not the model's.
