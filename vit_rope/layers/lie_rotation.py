@@ -30,6 +30,7 @@ from vit_rope.layers.capture import capturing
 from vit_rope.layers.encoding import GridTables, PositionEncoding, Positions
 from vit_rope.layers.expm import expm
 from vit_rope.layers.policies import ResolutionPolicy
+from vit_rope.layers.shared_rotation import rotate_shared, share, shared_node
 
 
 def rotate_blocks(x: Tensor, rotation: Tensor) -> Tensor:
@@ -52,6 +53,9 @@ def rotate_qk(q: Tensor, k: Tensor, rotation: Tensor) -> tuple[Tensor, Tensor]:
     m, b = rotation.shape[-3], rotation.shape[-1]
     if capturing(q) or rotation.shape[0] != 1 or q.shape != k.shape or m * b != D:
         return rotate_blocks(q, rotation), rotate_blocks(k, rotation)
+    node = shared_node(rotation)
+    if node is not None:  # training, one table for every block
+        return rotate_shared(q, k, rotation, node)
     rows = torch.stack((q, k)).permute(2, 3, 0, 1, 4).reshape(H, N, 2 * B, m, b).transpose(2, 3)  # [H, N, m, 2B, b]
     # squeeze and unbind, not [0]: an index's backward writes each gradient into zeros of the whole
     turned = rows @ rotation.squeeze(0).transpose(-1, -2).to(q.dtype)  # [H, N, m, 2B, b]
@@ -216,7 +220,7 @@ class BlockRotation(PositionEncoding):
             return [{"axis_rotation": layer} for layer in (layers * self.depth if len(layers) == 1 else layers)]
         tables = self(positions, num_prefix_tokens)  # [L, 1 or B, H, P + N, m, b, b]
         if not self.per_layer:
-            return [{"rotation": tables.squeeze(0)}] * self.depth  # one tensor for every block, one gradient
+            return [{"rotation": share(tables.squeeze(0))}] * self.depth  # one table: its gradient one product
         if isinstance(tables, torch.fx.Proxy):  # FX records the tables as one call: indexable, not unpackable
             return [{"rotation": tables[i]} for i in range(self.depth)]
         # unbound, not indexed: each index's backward would fill a zero gradient of all L layers' tables
