@@ -21,7 +21,7 @@ one dot product of k's ``[x^2, xy, y^2, x, y]`` with q's five sums over the para
 a_f w_fx w_fy, -sum_f a_f w_fy^2, sum_f c_f w_fx, sum_f c_f w_fy]``: 5 channels per head for any parabola count (the
 official code writes ``3 F + 2``, 152 at the default 50), so q.k is 64 + 5 channels wide, not 64 + 152. PaPE-RI: q's
 ``[a, 2 a p]`` against k's ``[-|p|^2, p]``, 3 channels instead of the official 5. Both are zero-padded to a multiple of
-8 as the official code does for the kernels.
+4 (the official code pads to 8; zeros change no score, and PaPE-RI's heads are then 68 channels wide, not 72).
 The scores are the official ones up to a constant per query, so attention and every output equal its (the parity
 tests); the scale stays ``1 / sqrt(D)`` of the head width, which the attention passes to the kernel.
 
@@ -77,17 +77,17 @@ class ParabolaLayer(nn.Module):
     """What PaPE's and PaPE-RI's layers share: their channels appended to q and k.
 
     ``forward(x, q, k, v, positions)`` returns q and k ``[B, nh, N, D]`` with the parabolas' channels appended
-    (``[B, nh, N, D + E]``, ``E`` padded so that ``D + E`` is a multiple of 8) and v zero-padded to their width, whose
+    (``[B, nh, N, D + E]``, ``E`` padded so that ``D + E`` is a multiple of 4) and v zero-padded to their width, whose
     output the attention cuts back to ``D``: every kernel takes q, k and v of one width (on CPU, SDPA's flash kernel
-    does not take a narrower v, and its fallback is 2.5x slower). ``x`` ``[B, N, C]`` is the attention's input,
-    ``positions`` ``[1 or B, N, 2]``. The official names of the weights (``position``, ``ab``; ``a``,
+    does not take a narrower v, and its fallback is slower: docs/models.md). ``x`` ``[B, N, C]`` is the attention's
+    input, ``positions`` ``[1 or B, N, 2]``. The official names of the weights (``position``, ``ab``; ``a``,
     ``position_scales``) keep its keys.
     """
 
     def __init__(self, dim: int, num_heads: int, parabolas: int, width: int) -> None:
         super().__init__()
         self.num_heads, self.parabolas = num_heads, parabolas
-        self.pad = -(dim // num_heads + width) % 8  # known here, so that FX traces no shape arithmetic
+        self.pad = -(dim // num_heads + width) % 4  # known here, so that FX traces no shape arithmetic
         self.widen = width + self.pad  # channels q, k and v gain
 
     def channels(self, x: Tensor, positions: Tensor) -> tuple[list[Tensor], list[Tensor]]:

@@ -24,12 +24,12 @@ from typing import Any
 from torch import Tensor, nn
 
 from vit_rope.models.weights_file import renamed_key
+from vit_rope.models.widths import size_of
 
 FORMAT = "LieRE's official RoPEViT"
 MARKER = "position_encoder.generator_raw_params"
 HEAD_DIM = 64  # FlexibleAttention: "Only support 64 head size for now."
 TRAIN_SIZE = 224  # lightning_conf/imagenet_224.yaml: the size the format does not save
-WIDTHS = {192: "tiny", 384: "small", 768: "base"}
 # the official keys (after transformer.layers.{i}.) -> ours (after blocks.{i}.)
 _LAYER_KEYS = {"0.norm": "norm1", "0.fn.to_qkv": "attn.qkv", "0.fn.to_out.0": "attn.proj", "1.norm": "norm2",
                "1.fn.net.0": "mlp.fc1", "1.fn.net.3": "mlp.fc2"}
@@ -77,7 +77,8 @@ def liere_args(state_dict: dict[str, Any]) -> tuple[str, dict[str, Any]]:
                   init_values=0.0,  # no LayerScale (timm.create_model drops arguments that are None)
                   norm_layer=partial(nn.LayerNorm, eps=1e-5), class_token=True, global_pool="token",
                   encoding_options=options)
-    return f"vit_rope_{WIDTHS.get(dim, 'base')}_patch16_liere_224", kwargs
+    named = size_of(dim, ("tiny", "small", "base")) or "base"  # the registered ones; the arguments set the width
+    return f"vit_rope_{named}_patch16_liere_224", kwargs
 
 
 def from_liere(state_dict: dict[str, Any], model: nn.Module) -> tuple[dict[str, Tensor], tuple[str, ...]]:

@@ -26,3 +26,9 @@ def width(size: str) -> dict[str, int]:
         raise KeyError(f"Unknown model size {size!r}: the sizes are {', '.join(_TABLE)}.")
     embed_dim, depth, num_heads = _TABLE[size]
     return dict(embed_dim=embed_dim, depth=depth, num_heads=num_heads)
+
+
+def size_of(embed_dim: int, sizes: tuple[str, ...]) -> str | None:
+    """The one of ``sizes`` whose width is ``embed_dim`` (a checkpoint's model name read from its shapes), or
+    ``None``."""
+    return next((size for size in sizes if _TABLE[size][0] == embed_dim), None)
