@@ -71,7 +71,7 @@ class Chain(NamedTuple):
     ``powers[j - 1]``'s rows from ``bounds[j] - bounds[j - 1]`` on, squared; its first ``bounds[j + 1] - bounds[j]``
     rows are ``exp(A)`` of the matrices squared ``j`` times."""
 
-    order: Tensor  # [n]: the batch's matrices in sorted order
+    perm: Tensor  # [n]: the batch's matrices in sorted order
     count: Tensor  # [n]: their squarings, ascending
     bounds: list[int]  # [0, first index of s > 0, ..., of s > s_max - 1, n]
     scaled: Tensor  # [n, b, b]: A / 2^s, sorted
@@ -94,11 +94,11 @@ def chain(a: Tensor, order: int) -> tuple[Chain, list[Tensor]]:
     return Chain(perm, count, bounds, scaled, powers), terms
 
 
-def finished(rows: list[Tensor], bounds: list[int], order: Tensor, shape: torch.Size) -> Tensor:
+def finished(rows: list[Tensor], bounds: list[int], perm: Tensor, shape: torch.Size) -> Tensor:
     """The matrices of the squaring levels ``rows`` (``Chain.powers``' layout) whose squarings end there, put back in
     the batch's order, ``[*shape]``."""
     done = torch.cat([level[: bounds[j + 1] - bounds[j]] for j, level in enumerate(rows)])
-    return torch.empty_like(done).index_copy_(0, order, done).view(shape)
+    return torch.empty_like(done).index_copy_(0, perm, done).view(shape)
 
 
 def frechet(a: Tensor | None, e: Tensor, powers: tuple[Chain, list[Tensor]] | None = None) -> Tensor:
@@ -111,7 +111,7 @@ def frechet(a: Tensor | None, e: Tensor, powers: tuple[Chain, list[Tensor]] | No
         powers = steps, terms[:-1]
     steps, terms = powers
     shape = e.shape
-    e = e.reshape(-1, *e.shape[-2:])[steps.order] / torch.exp2(steps.count)[:, None, None]
+    e = e.reshape(-1, *e.shape[-2:])[steps.perm] / torch.exp2(steps.count)[:, None, None]
     derivative = e  # the k-th term's derivative: sum_i A^i E A^(k-1-i) / k!, with A and E scaled
     total = derivative
     for k, term in enumerate(terms, start=2):  # term: A^(k-1) / (k-1)!, up to the order's
@@ -122,7 +122,7 @@ def frechet(a: Tensor | None, e: Tensor, powers: tuple[Chain, list[Tensor]] | No
         done = steps.bounds[step + 1] - steps.bounds[step]
         power, total = power[done:], levels[-1][done:]
         levels.append(power @ total + total @ power)
-    return finished(levels, steps.bounds, steps.order, shape)
+    return finished(levels, steps.bounds, steps.perm, shape)
 
 
 def frechet_order(dtype: torch.dtype) -> int:
@@ -138,13 +138,13 @@ class MatrixExp(torch.autograd.Function):
     @staticmethod
     def forward(ctx, skew: Tensor) -> Tensor:
         steps, _ = chain(skew, frechet_order(skew.dtype))
-        ctx.save_for_backward(steps.order, steps.count, steps.scaled, *steps.powers)
+        ctx.save_for_backward(steps.perm, steps.count, steps.scaled, *steps.powers)
         ctx.bounds = steps.bounds
-        return finished(steps.powers, steps.bounds, steps.order, skew.shape)
+        return finished(steps.powers, steps.bounds, steps.perm, skew.shape)
 
     @staticmethod
     def backward(ctx, grad: Tensor) -> Tensor:
-        order, count, scaled, *powers = ctx.saved_tensors
+        perm, count, scaled, *powers = ctx.saved_tensors
         terms = taylor_terms(scaled, frechet_order(scaled.dtype) - 1)  # frechet takes all but the last
-        steps = Chain(order, count, ctx.bounds, scaled, powers)
+        steps = Chain(perm, count, ctx.bounds, scaled, powers)
         return frechet(None, grad.mT, (steps, terms)).mT  # L(A^T, G) = L(A, G^T)^T

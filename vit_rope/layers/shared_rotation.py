@@ -16,6 +16,8 @@ captures (compile, export), evaluation and frozen tables are never marked.
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import Tensor
 from torch.autograd.function import FunctionCtx, once_differentiable
@@ -48,7 +50,7 @@ class SharedTable(torch.autograd.Function):
 
 
 def share(table: Tensor) -> Tensor:
-    """``table`` marked for ``rotate`` where eager autograd records it; else as it is."""
+    """``table`` marked for ``rotate_shared`` where eager autograd records it; else as it is."""
     if capturing(table) or not (torch.is_grad_enabled() and table.requires_grad):
         return table
     return SharedTable.apply(table)
@@ -85,7 +87,7 @@ def rotate_shared(q: Tensor, k: Tensor, table: Tensor, node: object) -> tuple[Te
     out as ``[R, T, b]``, so that the backward can join every block's rows without reordering them."""
     B, H, N, D = q.shape
     b = table.shape[-1]
-    rows = torch.stack((q, k)).view(-1, table[0].numel() // (b * b), b).transpose(0, 1)  # [T, R, b]
+    rows = torch.stack((q, k)).view(-1, math.prod(table.shape[1:-2]), b).transpose(0, 1)  # [T, R, b]
     turned = RotateShared.apply(rows, table, node)
     q, k = turned.transpose(0, 1).contiguous().view(2, B, H, N, D).unbind(0)  # flash layout
     return q, k
