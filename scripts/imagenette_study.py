@@ -76,18 +76,21 @@ from studies.goal import Control, Goal  # noqa: E402
 from studies.paired import Pair  # noqa: E402
 from studies.report import machines_by_run, write_study  # noqa: E402
 from studies.results import is_run, replace_section  # noqa: E402
-from vit_rope.layers.policies import kind_policies  # noqa: E402
-from vit_rope.models.encoding_kinds import policy_kind  # noqa: E402
+from vit_rope.layers.policies import POLICIES  # noqa: E402
+from vit_rope.models.encoding_kinds import resolution_encoding  # noqa: E402
 from vit_rope.models.factory import create_model  # noqa: E402
 from vit_rope.train.cli import build_config  # noqa: E402  (after the path set-up, as the script runs from anywhere)
 from vit_rope.train.config import load_yaml  # noqa: E402
 from vit_rope.train.state import load_checkpoint  # noqa: E402
 
 
-def encoding_kind(config: str) -> str | None:
-    """``policy_kind`` of a config's model: which evaluation policies apply (``kind_policies``)."""
+def evaluation_policies(config: str) -> tuple[tuple[str, ...], str]:
+    """The resolution policies that apply to a config's model (all of them for a model without an encoding to
+    choose), and its own: its positions as trained (``normalized`` for DINOv3's RoPE, else ``extrapolate``)."""
     settings = build_config(config)
-    return policy_kind(create_model(settings.model, {**settings.model_kwargs, "img_size": settings.img_size})[0])
+    model = create_model(settings.model, {**settings.model_kwargs, "img_size": settings.img_size})[0]
+    encoding = resolution_encoding(model)
+    return (POLICIES, "extrapolate") if encoding is None else (encoding.policies, encoding.policy.name)
 
 
 def run(command: list[str]) -> float:
@@ -214,11 +217,10 @@ def main(argv: list[str] | None = None) -> int:
             shutil.copy(out / file, results / "runs" / name / file)
         head = ["python", "-m", "vit_rope.evaluate", "--checkpoint", f"{out}/last.pth", "--img-sizes", *sizes]
         tail = [*data, "--limit", str(args.limit), "--workers", "0"]  # both cores compute
-        kind = encoding_kind(config)
-        policies, dinov3 = kind_policies(kind), kind == "dinov3"
-        if dinov3:  # trained on normalised coordinates: its positions as trained are `normalized`, not `extrapolate`
-            entry["as_trained"] = "normalized"
-        own = ["--policy", "normalized"] if dinov3 else []  # positions as trained, at the second crop and kept epochs
+        policies, trained = evaluation_policies(config)
+        if trained != "extrapolate":  # DINOv3's normalised coordinates: its positions as trained are `normalized`
+            entry["as_trained"] = trained
+        own = [] if trained == "extrapolate" else ["--policy", trained]  # as trained, at the second crop, kept epochs
         evaluations = [([*head, "--policy", *policies, *tail, "--output", str(results / "eval" / arm / name)],
                         results / "eval", ("last.pth",))]
         if args.study in SECOND_CROP:  # positions as trained (the default policy) at the second crop fraction

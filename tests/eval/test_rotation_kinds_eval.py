@@ -1,5 +1,6 @@
 """The rotation kinds through the evaluation tools: ``vit_rope.diagnose`` from a weights file (golden, STRING over
-mixed with p-RoPE), and the policies a STRING model takes being those of its RoPE table."""
+mixed with p-RoPE), its attention entropy under block rotations (ComRoPE, LieRE), and the policies a STRING model takes
+being those of its RoPE table."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ import timm
 import torch
 
 from vit_rope.errors import UserError
-from vit_rope.eval.diagnose import main
+from vit_rope.eval.ablation import without_positions
+from vit_rope.eval.diagnose import attention_entropy, main
 from vit_rope.eval.harness import check_sizes
 from vit_rope.eval.loading import EvalModel
 
@@ -37,3 +39,23 @@ def test_a_string_model_takes_the_policies_of_its_table() -> None:
     check_sizes([32], [entry], ["normalized", "extrapolate"])
     with pytest.raises(UserError, match="does not apply to DINOv3"):
         check_sizes([32], [entry], ["ntk"])
+
+
+@pytest.mark.parametrize("kind", ["comrope_ld", "liere"])
+def test_attention_entropy_sees_the_block_rotations(kind: str) -> None:
+    """``diagnose``'s attention entropy turns q and k as the model does: it changes when the positions are removed,
+    and equals that of no positions once the generators are zero (every rotation the identity)."""
+    torch.manual_seed(0)
+    model = timm.create_model(f"vit_rope_tiny_patch16_{kind}_224", depth=2, num_classes=3).eval()
+    with torch.no_grad():  # sharper attention than at initialisation, where every distribution is nearly uniform
+        for blk in model.blocks:
+            blk.attn.qkv.weight.mul_(20.0)
+    x = torch.randn(2, 3, 64, 64)
+    turned = attention_entropy(model, x)
+    with without_positions(model):
+        content = attention_entropy(model, x)
+    assert max(abs(a - b) for a, b in zip(turned, content, strict=True)) > 1e-3
+    with torch.no_grad():
+        for param in model.pos_encoding.parameters():
+            param.zero_()
+    torch.testing.assert_close(attention_entropy(model, x), content, atol=1e-5, rtol=0)

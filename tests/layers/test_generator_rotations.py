@@ -13,7 +13,7 @@ import torch
 from vit_rope.layers.attention import RoPEAttention
 from vit_rope.layers.comrope import ComRoPE
 from vit_rope.layers.encoding import image_positions
-from vit_rope.layers.lie_rotation import rotate_axes, rotate_blocks, rotate_qk
+from vit_rope.layers.lie_rotation import AxisRotations, BlockRotations, rotate_axes, rotate_blocks, rotate_qk
 from vit_rope.layers.liere import LieRE
 
 # official outputs: make_generator_rotation_reference.py beside this file, ComRoPE at 7aeef083, LieRE at b27b41ba
@@ -49,7 +49,7 @@ def test_comrope_attention_equals_the_official_layer(reference, kind: str, polic
     attn, encoding = comrope_attention(reference, kind, policy)
     x = reference[f"comrope_{kind}.x{grid}"]
     inputs = encoding.block_inputs(image_positions(encoding, grid, grid), 1)[0]  # per axis: the grid's rows, columns
-    assert set(inputs) == {"axis_rotation"}
+    assert isinstance(inputs["encoding"], AxisRotations)
     with torch.no_grad():
         q, k, _ = attn.project(x, **inputs)
         probs = ((q * attn.scale) @ k.transpose(-1, -2)).softmax(-1)
@@ -68,8 +68,8 @@ def test_liere_attention_equals_the_official_layer(reference, grid: int):
         attn.proj.weight.copy_(reference["liere.to_out.0.weight"])
         attn.proj.bias.copy_(reference["liere.to_out.0.bias"])
         encoding.generator_raw_params.copy_(reference["liere.generator_raw_params"])
-        rotation = encoding.block_inputs(image_positions(encoding, grid, grid), 1)[0]["rotation"]
-        out = attn(reference[f"liere.x{grid}"], rotation=rotation)
+        inputs = encoding.block_inputs(image_positions(encoding, grid, grid), 1)[0]
+        out = attn(reference[f"liere.x{grid}"], **inputs)
     torch.testing.assert_close(out, reference[f"liere.extrapolate{grid}.out"], atol=1e-5, rtol=1e-4)
 
 
@@ -101,11 +101,10 @@ def encodings() -> dict[str, torch.nn.Module]:
             "liere": LieRE(2, 2, 16, (4, 4), generator_dim=4)}
 
 
-def turned(q: torch.Tensor, k: torch.Tensor, inputs: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-    """q and k turned as a block's attention turns them with its inputs."""
-    if "rotation" in inputs:
-        return rotate_qk(q, k, inputs["rotation"])
-    return rotate_axes(q, k, inputs["axis_rotation"])
+def turned(q: torch.Tensor, k: torch.Tensor, inputs: dict[str, object]) -> tuple[torch.Tensor, torch.Tensor]:
+    """q and k turned as a block's attention turns them with its inputs (v plays no part)."""
+    q, k, _ = inputs["encoding"].transform(None, None, q, k, k)
+    return q, k
 
 
 @pytest.mark.parametrize("kind", ["comrope_ap", "comrope_ld", "liere"])
@@ -178,7 +177,7 @@ def test_comrope_turns_per_axis_equal_one_exponential_per_cell(kind: str, cls_po
     positions = image_positions(encoding, 5, 3)
     q, k = torch.randn(2, 3, 2, 2 + 15, 16).unbind(0)  # a class token and a register
     inputs = encoding.block_inputs(positions, 2)
-    assert all(set(item) == {"axis_rotation"} for item in inputs)
+    assert all(isinstance(item["encoding"], AxisRotations) for item in inputs)
     per_cell = encoding.tables(positions.coords, 2)[1]  # [1, H, P + N, m, b, b]
     by_axes = turned(q, k, inputs[1])
     expected = rotate_blocks(q, per_cell), rotate_blocks(k, per_cell)
@@ -194,7 +193,7 @@ def test_liere_generators_do_not_commute_so_its_tables_are_never_factored_by_axe
     torch.manual_seed(0)
     encoding = LieRE(1, 2, 16, (4, 4), generator_dim=4)
     positions = image_positions(encoding, 4, 4)
-    assert not encoding.commuting and set(encoding.block_inputs(positions, 0)[0]) == {"rotation"}
+    assert not encoding.commuting and isinstance(encoding.block_inputs(positions, 0)[0]["encoding"], BlockRotations)
     q, k = torch.randn(2, 1, 2, 16, 16).unbind(0)
     with torch.no_grad():
         factored = rotate_axes(q, k, tuple(t[0] for t in encoding.axis_tables(positions.coords, 0, (4, 4))))

@@ -21,7 +21,6 @@ from vit_rope.eval.diagnose import attention_entropy, frequency_coverage
 from vit_rope.eval.diagnose import main as diagnose
 from vit_rope.eval.onnx import export_onnx
 from vit_rope.layers.encoding import image_positions
-from vit_rope.layers.policies import kind_policies
 from vit_rope.layers.rope import grid_positions, rope_angles
 
 SMALL = dict(embed_dim=64, num_heads=2, num_classes=5)
@@ -57,7 +56,7 @@ def test_every_policy_runs_at_a_non_native_non_square_size_and_changes_the_outpu
     patch = patch_of(model)
     x = torch.randn(1, 3, grid[0] * patch, grid[1] * patch, generator=torch.Generator().manual_seed(0))
     features = {}
-    for policy in kind_policies(rope.kind):
+    for policy in model.pos_encoding.policies:
         model.set_resolution_policy(policy)
         with torch.no_grad():
             features[policy] = model.forward_features(x)

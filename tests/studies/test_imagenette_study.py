@@ -240,4 +240,6 @@ def test_every_arm_of_every_study_has_a_config_that_validates_and_builds(script,
     assert set(arms) <= {path.stem for path in (SCRIPT.parents[1] / configs).glob("*.yaml")}, "an arm has no config"
     for arm, (_, baseline) in arms.items():
         assert baseline is None or baseline in arms
-        script.encoding_kind(str(SCRIPT.parents[1] / configs / f"{arm}.yaml"))  # loads, validates, builds the model
+        # loads, validates and builds the model; its positions as trained are among the policies it is evaluated under
+        policies, trained = script.evaluation_policies(str(SCRIPT.parents[1] / configs / f"{arm}.yaml"))
+        assert trained in policies and set(policies) <= set(script.POLICIES)

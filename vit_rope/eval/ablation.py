@@ -20,6 +20,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from vit_rope.layers.encoding import BLOCK_ARGS
 from vit_rope.models.vit import RoPEVisionTransformer
 
 
@@ -54,8 +55,7 @@ def without_positions(model: RoPEVisionTransformer) -> Iterator[RoPEVisionTransf
 
 
 def _no_encoding(block: nn.Module, args: tuple, kwargs: dict[str, Any]) -> tuple[tuple, dict[str, Any]]:
-    encoding = ("rope", "bias", "rotation", "pape", "spectral", "axis_rotation")  # what any encoding hands a block
-    return args, {**kwargs, **dict.fromkeys(encoding)}
+    return args, {**kwargs, **dict.fromkeys(BLOCK_ARGS)}  # what any encoding hands a block
 
 
 @torch.no_grad()

@@ -38,9 +38,10 @@ from vit_rope.eval.ablation import position_reliance
 from vit_rope.eval.cli import parse_kwarg
 from vit_rope.eval.harness import eval_transform, subset
 from vit_rope.eval.loading import EvalModel, check_weights, load_pretrained, load_trained
+from vit_rope.layers.attn_bias import BIAS_KINDS
 from vit_rope.layers.encoding import image_coords
 from vit_rope.layers.naflex import naflex_grid
-from vit_rope.layers.policies import BIAS_KINDS, POLICIES
+from vit_rope.layers.policies import POLICIES
 from vit_rope.layers.rope import RoPE2D
 from vit_rope.models import registry  # noqa: F401  (registers the models)
 from vit_rope.models.naflex import naflex_patch
@@ -107,12 +108,11 @@ def attention_entropy(model: RoPEVisionTransformer, images: Tensor | dict[str, T
     entropies: list[float] = []
 
     def hook(attn: nn.Module, args: tuple, kwargs: dict) -> None:
-        q, k, v = attn.project(args[0], kwargs.get("rope"))
-        if attn.pape is not None and kwargs.get("pape") is not None:  # PaPE: its parabolas' channels, as the model
-            q, k, _ = attn.pape(args[0], q, k, v, kwargs["pape"])
+        encoding = kwargs.get("encoding")  # as the model: RoPE tables, or the kind's q / k transform and bias
+        q, k, _ = attn.project(args[0], kwargs.get("rope"), encoding)
         scores = (q * attn.scale) @ k.transpose(-2, -1)  # [B, nh, N, N]
-        if kwargs.get("bias") is not None:  # LookHere, 2D-ALiBi: the block's penalty, as the model adds it
-            scores = scores + kwargs["bias_scale"] * kwargs["bias"]
+        if encoding is not None and encoding.bias is not None:  # LookHere, 2D-ALiBi: the block's penalty
+            scores = scores + encoding.bias_scale * encoding.bias
         real = kwargs.get("attn_mask")  # a NaFlex batch's [B, 1, 1, N], False for padding; None for images
         p = torch.softmax(scores if real is None else scores.masked_fill(~real, float("-inf")), dim=-1)
         entropy = -(p * p.clamp_min(1e-12).log()).sum(-1)  # [B, nh, N]

@@ -25,8 +25,8 @@ from vit_rope.data.folders import ImageFolderDataset, find_images
 from vit_rope.errors import UserError
 from vit_rope.eval import naflex
 from vit_rope.eval.loading import EvalModel, check_loaded
-from vit_rope.layers.policies import POLICIES, check_policy
-from vit_rope.models.encoding_kinds import policy_kind
+from vit_rope.layers.policies import POLICIES
+from vit_rope.models.encoding_kinds import resolution_encoding
 from vit_rope.models.naflex import naflex_patch
 
 
@@ -78,10 +78,10 @@ def check_sizes(sizes: Sequence[int], models: Sequence[EvalModel], policies: Seq
         naflex.check_naflex(models)
     for entry in models:
         check_multiple("size", sizes, entry.model, entry.label)
-        kind = policy_kind(entry.model)
-        for policy in policies if kind else ():
+        encoding = resolution_encoding(entry.model)
+        for policy in policies if encoding else ():
             try:
-                check_policy(kind, policy)
+                encoding.check_policy(policy)
             except ValueError as err:
                 raise UserError(f"{entry.label}: {err}") from None
 

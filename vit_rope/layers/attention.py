@@ -4,13 +4,10 @@ RoPE (RoFormer, arXiv:2104.09864; RoPE-ViT, arXiv:2403.13298) acts inside attent
 by the position of their token before the dot product, v is not. The tables arrive from the model, built once per
 forward; prefix tokens (class, registers) have identity rows in them, so they are never rotated.
 
-Attention-bias encodings (LookHere, 2D-ALiBi: ``vit_rope.layers.attn_bias``) arrive instead as a penalty table
-``bias`` ``[1 or B, nh, N, N]`` and the block's ``bias_scale``, added to the logits as ``bias_scale * bias``.
-Rotations that are not 2x2 pairs (ComRoPE, LieRE: ``vit_rope.layers.lie_rotation``) arrive as ``rotation``, orthogonal
-``b x b`` blocks ``[1 or B, nh or 1, N, D/b, b, b]`` that turn q and k after the projection and the q/k norms, or
-for commuting ones in an image batch per axis as ``axis_rotation`` (``lie_rotation.rotate_axes``).
-PaPE and PaPE-RI (``vit_rope.layers.pape``) arrive as every token's position ``pape`` ``[1 or B, N, 2]``, from which
-the block's own layer (``RoPEAttention.pape``) appends its parabolas' channels to q and k.
+Every other encoding arrives as one ``encoding`` argument, a ``BlockInput`` of its kind
+(``vit_rope.layers.encoding``): a transform of q, k and v after the projection and the q/k norms (ComRoPE's and
+LieRE's block rotations, PaPE's parabola channels) and an attention bias ``[1 or B, nh, N, N]`` added to the logits
+times ``bias_scale`` (LookHere, 2D-ALiBi). Attention knows no kind by name.
 """
 
 from __future__ import annotations
@@ -24,9 +21,7 @@ from timm.models.vision_transformer import Attention, Block
 from torch import Tensor, nn
 
 from vit_rope.layers.capture import capturing
-from vit_rope.layers.cayley_string import fold_qk
 from vit_rope.layers.fused import pairs_adjacent, project_rotate_qk, project_weights_rotate_qk, rotate_heads_
-from vit_rope.layers.lie_rotation import rotate_axes, rotate_qk
 from vit_rope.layers.rotary import apply_rope
 
 RopeTables = tuple[Tensor, Tensor]
@@ -39,8 +34,8 @@ class RoPEAttention(Attention):
     ``F.scaled_dot_product_attention`` is the fast path; ``fused_attn = False`` computes the same scores
     explicitly (useful to inspect attention maps). ``string`` is None, or Cayley-STRING's learned basis
     (``vit_rope.layers.cayley_string.CayleyString``), folded into the q and k rows of the projection at every forward.
-    ``pape`` is None, or the layer of PaPE or PaPE-RI (``vit_rope.layers.pape``) that widens q and k.
-    ``num_kv_heads`` below ``num_heads`` is grouped-query attention (``group_kv_heads_``).
+    An encoding may put layers of its own here (``PositionEncoding.attach_``: PaPE's ``pape``), which its
+    ``BlockInput`` uses. ``num_kv_heads`` below ``num_heads`` is grouped-query attention (``group_kv_heads_``).
     """
 
     __jit_unused_properties__ = ["plain_qk"]
@@ -48,9 +43,7 @@ class RoPEAttention(Attention):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.string: nn.Module | None = None
-        self.pape: nn.Module | None = None
         self.num_kv_heads = self.num_heads
-        self._spectral_fold: tuple[Any, ...] | None = None
 
     def group_kv_heads_(self, num_kv_heads: int) -> None:
         """Grouped-query attention as timm's ``AttentionRope`` (Sapiens2): ``num_kv_heads`` key / value heads, head
@@ -76,10 +69,10 @@ class RoPEAttention(Attention):
         groups = nh // nkv
         return q, k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
 
-    def project(self, x: Tensor, rope: RopeTables | None = None, rotation: Tensor | None = None,
-                spectral: tuple[Tensor, Tensor, Tensor] | None = None,
-                axis_rotation: tuple[Tensor, Tensor, Tensor] | None = None) -> tuple[Tensor, Tensor, Tensor]:
-        """Queries and keys (rotated) and values, each ``[B, nh, N, D]``; diagnostics reuse it for attention maps.
+    def project(self, x: Tensor, rope: RopeTables | None = None, encoding: Any = None) -> tuple[Tensor, Tensor, Tensor]:
+        """Queries and keys (rotated, or as ``encoding`` transforms them) and values, each ``[B, nh, N, D]`` (q and k
+        wider with PaPE's channels); diagnostics reuse it for attention maps. ``encoding`` is a ``BlockInput``
+        (typed ``Any``: TorchScript, which never sees one, would compile the class).
 
         In eager mode q and k are rotated straight in the projection output (``project_rotate_qk``: one pass, in
         place, no extra memory). torch.compile, FX tracing and TorchScript take the reference ``apply_rope`` instead:
@@ -87,44 +80,18 @@ class RoPEAttention(Attention):
         writes in place.
         """
         if not torch.jit.is_scripting():  # TorchScript compiles only what this branch leaves out
-            if spectral is not None and self._folds_spectral(x):
-                return self._project_spectral(x, spectral)
+            if encoding is not None:
+                projected = encoding.project(self, x)
+                if projected is not None:
+                    return projected
         if self.num_kv_heads != self.num_heads:
             q, k, v = self._project_grouped(x, rope)
         else:
             q, k, v = self._project_full(x, rope)
-        if not torch.jit.is_scripting():  # block rotations: eager, compiled and exported; k repeated under GQA
-            if rotation is not None:
-                q, k = rotate_qk(q, k, rotation)
-            elif axis_rotation is not None:
-                q, k = rotate_axes(q, k, axis_rotation)
+        if not torch.jit.is_scripting():  # eager, compiled and exported; k and v repeated under GQA
+            if encoding is not None:
+                q, k, v = encoding.transform(self, x, q, k, v)
         return q, k, v
-
-    @torch.jit.unused
-    def _folds_spectral(self, x: Tensor) -> bool:
-        """Whether ``spectral`` (block rotations in RoPE form) can replace ``rotation``: eager inference, and the
-        basis can fold into the projection (no q/k norms, no STRING basis, a key head per query head)."""
-        return (not torch.is_grad_enabled() and not capturing(x) and self.plain_qk and self.string is None
-                and self.num_kv_heads == self.num_heads)
-
-    @torch.jit.unused
-    def _project_spectral(self, x: Tensor, spectral: tuple[Tensor, Tensor, Tensor]) -> tuple[Tensor, Tensor, Tensor]:
-        """q and k projected in the basis of ``spectral`` (folded into the qkv weights once per basis and weights)
-        and rotated by its RoPE tables in place: ComRoPE in evaluation (``vit_rope.layers.spectral``)."""
-        basis, cos, sin = spectral
-        weight, bias = self.qkv.weight, self.qkv.bias
-        key = (weight._version, weight.data_ptr(), None if bias is None else (bias._version, bias.data_ptr()))
-        if self._spectral_fold is None or self._spectral_fold[0] is not basis or self._spectral_fold[1] != key:
-            self._spectral_fold = (basis, key, *fold_qk(basis, weight, bias))  # holds basis: no address reuse
-        qkv = project_weights_rotate_qk(x, self._spectral_fold[2], self._spectral_fold[3], self.num_heads, cos, sin)
-        q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # [B, nh, N, D] each
-        return q, k, v
-
-    def train(self, mode: bool = True) -> RoPEAttention:
-        """Also drop the folded projection of ``spectral`` when training starts."""
-        if mode:
-            self._spectral_fold = None
-        return super().train(mode)
 
     def _project_full(self, x: Tensor, rope: RopeTables | None) -> tuple[Tensor, Tensor, Tensor]:
         """``project`` with as many key / value heads as query heads."""
@@ -190,24 +157,18 @@ class RoPEAttention(Attention):
         """No q/k norm: RoPE can rotate q and k straight in the projection output."""
         return isinstance(self.q_norm, nn.Identity) and isinstance(self.k_norm, nn.Identity)
 
-    def forward(
-        self,
-        x: Tensor,
-        rope: RopeTables | None = None,
-        attn_mask: Tensor | None = None,
-        is_causal: bool = False,
-        bias: Tensor | None = None,
-        bias_scale: float = 1.0,
-        rotation: Tensor | None = None,
-        pape: Tensor | None = None,
-        spectral: tuple[Tensor, Tensor, Tensor] | None = None,
-        axis_rotation: tuple[Tensor, Tensor, Tensor] | None = None,
-    ) -> Tensor:
+    def forward(self, x: Tensor, rope: RopeTables | None = None, attn_mask: Tensor | None = None,
+                is_causal: bool = False, encoding: Any = None) -> Tensor:
+        """Attention of the tokens ``x`` ``[B, N, C]`` with the RoPE tables ``rope`` or the ``BlockInput``
+        ``encoding`` of the model's encoding (``project``)."""
         B, N, _ = x.shape
         gate = self.gate(x).sigmoid() if self.gate is not None else None
-        q, k, v = self.project(x, rope, rotation, spectral, axis_rotation)
-        if self.pape is not None and pape is not None:  # [B, nh, N, D + E]: the parabolas' scores in q.k, v padded
-            q, k, v = self.pape(x, q, k, v, pape)
+        q, k, v = self.project(x, rope, encoding)
+        bias: Tensor | None = None
+        bias_scale = 1.0
+        if not torch.jit.is_scripting():
+            if encoding is not None:
+                bias, bias_scale = encoding.bias, encoding.bias_scale
         if bias is not None:
             x = self._biased(q, k, v, bias, bias_scale, attn_mask, is_causal)
         elif self.fused_attn:
@@ -219,8 +180,9 @@ class RoPEAttention(Attention):
             attn = (q * self.scale) @ k.transpose(-2, -1)  # [B, nh, N, N]
             attn = maybe_add_mask(attn, resolve_self_attn_mask(N, attn, attn_mask, is_causal))
             x = self.attn_drop(attn.softmax(dim=-1)) @ v
-        if self.pape is not None and pape is not None:
-            x = x[..., : self.head_dim]  # v's padding
+        if not torch.jit.is_scripting():
+            if encoding is not None:  # v may be padded to the width of the encoding's wider q and k
+                x = x[..., : self.head_dim]
 
         x = self.norm(x.transpose(1, 2).reshape(B, N, self.attn_dim))  # [B, N, nh * D]
         if gate is not None:
@@ -229,25 +191,12 @@ class RoPEAttention(Attention):
 
 
 class RoPEBlock(Block):
-    """timm pre-norm ``Block`` (LayerScale, drop-path, Mlp) that hands the RoPE tables (or the bias, the block
-    rotations, PaPE's positions) to its attention."""
+    """timm pre-norm ``Block`` (LayerScale, drop-path, Mlp) that hands the RoPE tables or the encoding's
+    ``BlockInput`` to its attention."""
 
-    def forward(
-        self,
-        x: Tensor,
-        rope: RopeTables | None = None,
-        attn_mask: Tensor | None = None,
-        is_causal: bool = False,
-        bias: Tensor | None = None,
-        bias_scale: float = 1.0,
-        rotation: Tensor | None = None,
-        pape: Tensor | None = None,
-        spectral: tuple[Tensor, Tensor, Tensor] | None = None,
-        axis_rotation: tuple[Tensor, Tensor, Tensor] | None = None,
-    ) -> Tensor:
+    def forward(self, x: Tensor, rope: RopeTables | None = None, attn_mask: Tensor | None = None,
+                is_causal: bool = False, encoding: Any = None) -> Tensor:
         x = x + self.drop_path1(self.ls1(self.attn(
-            self.norm1(x), rope=rope, attn_mask=attn_mask, is_causal=is_causal, bias=bias, bias_scale=bias_scale,
-            rotation=rotation, pape=pape, spectral=spectral, axis_rotation=axis_rotation,
+            self.norm1(x), rope=rope, attn_mask=attn_mask, is_causal=is_causal, encoding=encoding,
         )))  # keywords: hooks read them (vit_rope.eval.diagnose)
         return x + self.drop_path2(self.ls2(self.mlp(self.norm2(x))))
-

@@ -14,7 +14,7 @@ mode; a NaFlex batch or per-image positions (coordinate augmentation, patch drop
 Resolution policies: ``extrapolate`` keeps patch positions as they are (the penalty grows with the image);
 ``interpolate`` scales them per axis by training / input grid size (neighbours ``1 / s`` apart), so distances
 span the training range. ``ntk``, ``yarn`` and
-``normalized`` rescale rotation frequencies, which a bias does not have: ``policies.check_policy`` refuses them.
+``normalized`` rescale rotation frequencies, which a bias does not have: ``AttnBias.policies`` leaves them out.
 """
 
 from __future__ import annotations
@@ -28,9 +28,11 @@ from timm.layers import register_notrace_module
 from torch import Tensor
 
 from vit_rope.layers.capture import capturing
-from vit_rope.layers.encoding import GridTables, PositionEncoding, Positions
+from vit_rope.layers.encoding import BlockInput, GridTables, PositionEncoding, Positions
 from vit_rope.layers.lookhere import check_config, head_plan, layer_scales, lookhere_penalty
-from vit_rope.layers.policies import BIAS_KINDS, ResolutionPolicy
+from vit_rope.layers.policies import POSITION_POLICIES, ResolutionPolicy
+
+BIAS_KINDS = ("lookhere", "alibi")
 
 
 def alibi_slopes(num_heads: int) -> Tensor:
@@ -65,6 +67,13 @@ def pad_prefix(table: Tensor, num_prefix_tokens: int) -> Tensor:
     return F.pad(table, (num_prefix_tokens, 0, num_prefix_tokens, 0)) if num_prefix_tokens else table
 
 
+class Bias(BlockInput):
+    """A block's penalty table ``bias`` ``[1 or B, H, P + N, P + N]`` and its scale, added to the logits."""
+
+    def __init__(self, bias: Tensor, scale: float) -> None:
+        self.bias, self.bias_scale = bias, scale
+
+
 @register_notrace_module
 class AttnBias(PositionEncoding):
     """The penalty tables of one bias kind and the scale each block multiplies them by; nothing learned, nothing
@@ -81,6 +90,7 @@ class AttnBias(PositionEncoding):
     """
 
     CACHE_SIZE = 2
+    policies = POSITION_POLICIES
 
     def __init__(self, kind: str, num_heads: int, depth: int, train_grid: tuple[int, int] | None = None,
                  policy: str | dict | ResolutionPolicy | None = None,
@@ -104,6 +114,11 @@ class AttnBias(PositionEncoding):
             self.lh_config = None
             self.layer_specs = ["alibi"] * depth
             self.scales = [-1.0] * depth
+
+    def refusal(self, policy: str) -> str:
+        return (f"Policy {policy!r} does not apply to {self.kind}, an attention bias: ntk, yarn and normalized "
+                "rescale RoPE frequencies, which it has none of. Use 'extrapolate' (positions as they are) or "
+                "'interpolate' (positions scaled to the training grid).")
 
     def _penalties(self, positions: Tensor, valid: Tensor | None) -> dict[str, Tensor]:
         """One penalty table ``[..., H, N, N]`` per distinct layer spec."""
@@ -136,7 +151,7 @@ class AttnBias(PositionEncoding):
     def block_inputs(self, positions: Positions, num_prefix_tokens: int) -> list[dict[str, Any]]:
         tables = self(positions, num_prefix_tokens)
         # indexed, not iterated: FX records the tables as one call whose items it can index but not unpack
-        return [{"bias": tables[i], "bias_scale": scale} if scale else {} for i, scale in enumerate(self.scales)]
+        return [{"encoding": Bias(tables[i], scale)} if scale else {} for i, scale in enumerate(self.scales)]
 
     def prune_(self, depth: int) -> None:
         """Keep the first ``depth`` blocks' directions and scales (timm's ``prune_intermediate_layers``)."""

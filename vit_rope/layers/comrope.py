@@ -37,7 +37,7 @@ from vit_rope.layers.encoding import GridTables, Positions
 from vit_rope.layers.lie_rotation import BlockRotation, check_block, unit_positions
 from vit_rope.layers.policies import ResolutionPolicy
 from vit_rope.layers.rotary import rope_angles, rope_tables
-from vit_rope.layers.spectral import spectral_form
+from vit_rope.layers.spectral import FoldedProjection, Spectral, spectral_form
 
 # FX (timm's and torchvision's tracers): recorded as one call, whose branches on shapes the trace cannot take
 torch.fx.wrap("unit_positions")
@@ -78,6 +78,7 @@ class ComRoPE(BlockRotation):
                              f"which ComRoPE-AP cannot split evenly between the two axes: pick one of {fits}.")
         self.init_std = init_std
         self._spectral = GridTables(self.CACHE_SIZE)
+        self._folds = [FoldedProjection() for _ in range(depth)]  # each block's projection in the RoPE form's basis
         self.freqs = nn.Parameter(torch.randn(depth, num_heads, 1, num_blocks, block_size, block_size) * init_std)
         if kind == "comrope_ld":
             self.multiplier = nn.Parameter(torch.randn(depth, 1, 2, num_blocks, 1, 1))
@@ -110,9 +111,9 @@ class ComRoPE(BlockRotation):
         return skew, self.multiplier if self.kind == "comrope_ld" else self.axis_mask
 
     def block_inputs(self, positions: Positions, num_prefix_tokens: int) -> list[dict[str, Any]]:
-        """The block rotations, and in eager evaluation of an image batch also their RoPE form (``spectral``:
-        basis, cos, sin per block, kept per grid), which attention takes where it can fold the basis into its
-        projection (``vit_rope.layers.spectral``)."""
+        """The block rotations, and in eager evaluation of an image batch also their RoPE form (basis, cos, sin per
+        block, kept per grid: ``Spectral``), which attention takes where it can fold the basis into its projection
+        (``vit_rope.layers.spectral``)."""
         inputs = super().block_inputs(positions, num_prefix_tokens)
         key = self.cache_key(positions, num_prefix_tokens)
         if key is None:
@@ -120,7 +121,8 @@ class ComRoPE(BlockRotation):
         spectral = self._spectral.get(key, lambda: self.spectral_tables(positions.coords, num_prefix_tokens))
         if spectral is None:
             return inputs
-        return [{**item, "spectral": layer} for item, layer in zip(inputs, spectral, strict=True)]
+        return [{"encoding": Spectral(item["encoding"], *layer, fold)}
+                for item, layer, fold in zip(inputs, spectral, self._folds, strict=True)]
 
     def spectral_tables(self, coords: Tensor, num_prefix_tokens: int) -> list[tuple[Tensor, Tensor, Tensor]] | None:
         """Per block, the basis ``[H, D, D]`` and RoPE tables ``[H, P + N, D/2]`` equal to its rotations at the
@@ -140,9 +142,11 @@ class ComRoPE(BlockRotation):
         return list(zip(basis.to(pos.device).unbind(0), cos.unbind(0), sin.unbind(0), strict=True))
 
     def train(self, mode: bool = True) -> ComRoPE:
-        """Also drop the kept RoPE forms when training starts."""
+        """Also drop the kept RoPE forms and folded projections when training starts."""
         if mode:
             self._spectral.clear()
+            for fold in self._folds:
+                fold.clear()
         return super().train(mode)
 
     def place(self, coord: Tensor, grids: Tensor) -> Tensor:
@@ -155,7 +159,7 @@ class ComRoPE(BlockRotation):
         self.freqs = nn.Parameter(self.freqs.data[:depth])
         if self.kind == "comrope_ld":
             self.multiplier = nn.Parameter(self.multiplier.data[:depth])
-        self.depth = depth
+        self.depth, self._folds = depth, self._folds[:depth]
 
     def no_weight_decay(self) -> set[str]:
         """Weight decay would shrink the angle matrices towards no rotation at all (as for RoPE-ViT's frequencies)."""

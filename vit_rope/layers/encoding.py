@@ -3,8 +3,10 @@
 Every encoding answers the same question for attention (the interface of PaPE's repository, DTU-PAS/parabolic-
 position-encoding, ``pape/nn/positions/base.py``, and of timm's NaFlexViT, whose one embedding path serves both
 kinds of batch): given where the patches of a batch sit, what does each block get? Rotations (RoFormer, RoPE-ViT,
-DINOv3: ``vit_rope.layers.rope``) give per-token ``(cos, sin)`` tables that rotate q and k; attention biases
-(LookHere, 2D-ALiBi: ``vit_rope.layers.attn_bias``) give per-pair logits; no encoding gives nothing. The learned
+DINOv3: ``vit_rope.layers.rope``) give per-token ``(cos, sin)`` tables that rotate q and k (the ``rope`` argument
+of a block: the path of the fused kernels and of TorchScript); every other kind gives a ``BlockInput`` (the
+``encoding`` argument), which transforms q, k and v after the projection (block rotations, PaPE's channels) or adds a
+bias to the logits (LookHere, 2D-ALiBi); no encoding gives nothing. The learned
 absolute table of the +APE models gives the embedding rows to add instead (``vit_rope.layers.pos_embed``'s
 ``AbsoluteEncoding``, beside the model's encoding for the blocks).
 
@@ -14,7 +16,8 @@ cached per size); a NaFlex batch is the general case (one grid per sample, posit
 encodings take both through the same call.
 
 Adding a kind: one subclass of ``PositionEncoding`` (``place`` if its positions are not the integer patch
-coordinates, ``forward`` for what each block gets, ``policy`` for the resolution policies it takes) and its entry in
+coordinates, ``block_inputs`` for what each block gets, usually a ``BlockInput`` of its own; ``policies`` for the
+resolution policies it takes; ``attach_`` if each attention holds weights of its own) and its entry in
 ``vit_rope.models.encoding_kinds`` (docs/layout.md says how).
 """
 
@@ -28,7 +31,7 @@ import torch
 from torch import Tensor, nn
 
 from vit_rope.layers.naflex import Lattice
-from vit_rope.layers.policies import ResolutionPolicy, check_policy
+from vit_rope.layers.policies import POLICIES, ResolutionPolicy, check_policy
 
 T = TypeVar("T")
 
@@ -97,6 +100,34 @@ class GridTables:
         self._tables.clear()
 
 
+# the keyword arguments of a block (``RoPEBlock``) through which any encoding reaches it
+BLOCK_ARGS = ("rope", "encoding")
+
+
+class BlockInput:
+    """What one block's attention gets from a position encoding other than RoPE tables: a transform of q, k and v
+    after the projection and the q/k norms, an attention bias, or both. The base changes nothing; each kind's input
+    overrides what it uses. ``RoPEAttention`` calls these in eager mode, under ``torch.compile``, FX and export (never
+    TorchScript, which scripts RoPE models only).
+
+    Attributes:
+        bias: logits ``[1 or B, nh, N, N]`` added to every query's scores times ``bias_scale``; ``None``: none.
+    """
+
+    bias: Tensor | None = None
+    bias_scale: float = 1.0
+
+    def project(self, attn: nn.Module, x: Tensor) -> tuple[Tensor, Tensor, Tensor] | None:
+        """q, k and v ``[B, nh, N, D]`` of the tokens ``x`` ``[B, N, C]`` computed in place of ``attn``'s projection
+        and ``transform`` (an equal but cheaper form), or ``None`` for the projection."""
+        return None
+
+    def transform(self, attn: nn.Module, x: Tensor, q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """q, k and v ``[B, nh, N, D]`` as the encoding changes them (``x`` the attention's input tokens); q and k
+        may come back wider than ``D``, v padded to their width (attention keeps the first ``D`` channels)."""
+        return q, k, v
+
+
 class PositionEncoding(nn.Module):
     """What every position encoding implements; the model, NaFlex batches, the evaluation harness, ``diagnose`` and
     export call nothing else.
@@ -104,24 +135,42 @@ class PositionEncoding(nn.Module):
     Attributes:
         kind: the encoding's name (``vit_rope.models.encoding_kinds.KINDS``).
         train_grid: the ``(h, w)`` grid that resolution policies scale against (``None``: none).
+        policies: the resolution policies that apply to the kind (``vit_rope.layers.policies``).
+        scriptable: whether ``torch.jit.script`` compiles a model with this encoding (its forward builds RoPE tables
+            or nothing; Python caches and ``BlockInput`` do not compile).
     """
 
-    __jit_unused_properties__ = ["policy", "uses_lattice"]  # TorchScript compiles only the tables (RoPE2D)
+    __jit_unused_properties__ = ["policy", "policies", "uses_lattice"]  # TorchScript compiles only the tables (RoPE2D)
     kind = "none"  # no class annotations: TorchScript reads them as attribute types and cannot resolve them
     train_grid = None
+    policies = POLICIES
+    scriptable = False
 
     default_policy = "extrapolate"
 
     @property
     def policy(self) -> ResolutionPolicy:
         """How positions follow grids other than the training one (``vit_rope.layers.policies``); setting it checks
-        that it applies to the kind (``policies.check_policy``), ``None`` restores ``default_policy``."""
+        that it applies to the kind (``check_policy``), ``None`` restores ``default_policy``."""
         return ResolutionPolicy(self.policy_name)
 
     @policy.setter
     def policy(self, policy: str | dict | ResolutionPolicy | None) -> None:
         policy = ResolutionPolicy.create(self.default_policy if policy is None else policy)
-        self.policy_name = check_policy(self.kind, policy.name)
+        self.policy_name = self.check_policy(policy.name)
+
+    def check_policy(self, policy: str) -> str:
+        """Return ``policy`` if it applies to the kind (one of ``policies``), else raise a ``ValueError`` saying why
+        and what does."""
+        return check_policy(policy, self.policies, self.refusal(policy))
+
+    def refusal(self, policy: str) -> str:
+        """Why ``policy`` does not apply to the kind, and what to use instead."""
+        return f"Policy {policy!r} does not apply to {self.kind}: use one of {', '.join(map(repr, self.policies))}."
+
+    def attach_(self, blocks: nn.ModuleList, dim: int, num_heads: int) -> None:
+        """Give each block's attention (width ``dim``, ``num_heads`` heads) the weights of its own that the kind
+        has there (PaPE's layers, STRING's bases), under the state-dict keys of its checkpoints; none by default."""
 
     @property
     def uses_lattice(self) -> bool:
@@ -136,9 +185,9 @@ class PositionEncoding(nn.Module):
         return coord.flip(-1).float()
 
     def block_inputs(self, positions: Positions, num_prefix_tokens: int) -> list[dict[str, Any]]:
-        """Each block's keyword arguments for ``RoPEBlock`` (``rope`` tables, or an attention ``bias`` with its
-        ``bias_scale``; none for no encoding), for ``positions`` and ``num_prefix_tokens`` prefix tokens (class,
-        registers) in front of the patches, which no encoding moves.
+        """Each block's keyword arguments for ``RoPEBlock`` (``BLOCK_ARGS``: ``rope`` tables, or the kind's
+        ``encoding``, a ``BlockInput``; none for no encoding), for ``positions`` and ``num_prefix_tokens`` prefix
+        tokens (class, registers) in front of the patches, which no encoding moves.
 
         A plain method, so that FX symbolic tracing runs through it: the tables come from calls of modules that it
         keeps whole (``RoPE2D``, ``AttnBias``), whose outputs it can index but not unpack."""
@@ -154,7 +203,10 @@ class PositionEncoding(nn.Module):
 
 
 class NoEncoding(PositionEncoding):
-    """No position encoding at all: attention sees content only (the control of the encodings study)."""
+    """No position encoding at all: attention sees content only (the control of the encodings study). Every policy
+    is taken, and changes nothing."""
+
+    scriptable = True
 
     def __init__(self, depth: int, train_grid: tuple[int, int] | None = None) -> None:
         super().__init__()

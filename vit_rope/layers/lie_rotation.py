@@ -13,6 +13,8 @@ sits; this module holds what they share:
 - ``rotate_axes``: an image batch's q and k turned by commuting generators (ComRoPE) without a table per cell:
   ``exp(x A_x + y A_y) = exp(y A_y) exp(x A_x)``, so each axis turns the grid's columns or rows by its own tables
   ``[H, w or h, m, b, b]``, one matmul per column (row) with the batch and the rows (columns) as its columns.
+- ``BlockRotations`` and ``AxisRotations``: what a block's attention gets (``BlockInput``), ``rotate_qk``'s tables or
+  ``rotate_axes``' per-axis ones.
 - ``BlockRotation``: the ``PositionEncoding`` of both kinds: tables ``[1 or B, H, P + N, D/b, b, b]`` per block
   (prefix tokens at a kind's own position, or the identity), or per axis (``rotate_axes``), built once per forward
   and, for an image batch in evaluation, kept per grid until the generators change.
@@ -27,9 +29,9 @@ from timm.layers import register_notrace_module
 from torch import Tensor
 
 from vit_rope.layers.capture import capturing
-from vit_rope.layers.encoding import GridTables, PositionEncoding, Positions
+from vit_rope.layers.encoding import BlockInput, GridTables, PositionEncoding, Positions
 from vit_rope.layers.expm import expm
-from vit_rope.layers.policies import ResolutionPolicy
+from vit_rope.layers.policies import POSITION_POLICIES, ResolutionPolicy
 from vit_rope.layers.shared_rotation import rotate_shared, share, shared_node
 
 
@@ -109,6 +111,29 @@ def check_block(name: str, block: int, head_dim: int) -> int:
 
 
 @register_notrace_module
+class BlockRotations(BlockInput):
+    """A block's rotations of q and k, one ``b x b`` matrix per token and channel block: ``rotation`` ``[1 or B, nh or
+    1, N, D/b, b, b]`` (``rotate_qk``)."""
+
+    def __init__(self, rotation: Tensor) -> None:
+        self.rotation = rotation
+
+    def transform(self, attn: Any, x: Tensor, q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        q, k = rotate_qk(q, k, self.rotation)
+        return q, k, v
+
+
+class AxisRotations(BlockInput):
+    """A block's commuting rotations of an image batch per axis: ``turns`` as ``rotate_axes`` takes them."""
+
+    def __init__(self, turns: tuple[Tensor, Tensor, Tensor]) -> None:
+        self.turns = turns
+
+    def transform(self, attn: Any, x: Tensor, q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        q, k = rotate_axes(q, k, self.turns)
+        return q, k, v
+
+
 class BlockRotation(PositionEncoding):
     """What ComRoPE and LieRE share: the rotation tables of each block from the kind's ``generators()`` and the
     positions its ``place`` gives. Resolution policies: ``extrapolate`` and ``interpolate`` (what each means is the
@@ -123,6 +148,7 @@ class BlockRotation(PositionEncoding):
     """
 
     CACHE_SIZE = 2
+    policies = POSITION_POLICIES
 
     def __init__(self, depth: int, train_grid: tuple[int, int], policy: str | dict | ResolutionPolicy | None,
                  prefix_position: float | None) -> None:
@@ -131,6 +157,12 @@ class BlockRotation(PositionEncoding):
         self.prefix_position = prefix_position
         self.policy = policy
         self._cache = GridTables(self.CACHE_SIZE)
+
+    def refusal(self, policy: str) -> str:
+        return (f"Policy {policy!r} does not apply to {self.kind}: ntk, yarn and normalized rescale RoPE frequencies, "
+                "and its rotations come from learned generators instead. Use 'extrapolate' (positions at the training "
+                "step) or 'interpolate' (positions scaled to the training extent); docs/models.md says what each "
+                "means for it.")
 
     def generators(self) -> Tensor:
         """The skew-symmetric generators ``[L, H, 2, D/b, b, b]`` (``L``: 1, shared by every block, or one per block),
@@ -217,14 +249,15 @@ class BlockRotation(PositionEncoding):
             key = self.cache_key(positions, num_prefix_tokens)
             turns = build() if key is None else self._cache.get((*key, "axes"), build)
             layers = list(zip(*(t.unbind(0) for t in turns), strict=True))  # one per block, or one for all
-            return [{"axis_rotation": layer} for layer in (layers * self.depth if len(layers) == 1 else layers)]
+            return [{"encoding": AxisRotations(layer)}
+                    for layer in (layers * self.depth if len(layers) == 1 else layers)]
         tables = self(positions, num_prefix_tokens)  # [L, 1 or B, H, P + N, m, b, b]
-        if not self.per_layer:
-            return [{"rotation": share(tables.squeeze(0))}] * self.depth  # one table: its gradient one product
+        if not self.per_layer:  # one table: its gradient one product
+            return [{"encoding": BlockRotations(share(tables.squeeze(0)))}] * self.depth
         if isinstance(tables, torch.fx.Proxy):  # FX records the tables as one call: indexable, not unpackable
-            return [{"rotation": tables[i]} for i in range(self.depth)]
+            return [{"encoding": BlockRotations(tables[i])} for i in range(self.depth)]
         # unbound, not indexed: each index's backward would fill a zero gradient of all L layers' tables
-        return [{"rotation": table} for table in tables.unbind(0)]
+        return [{"encoding": BlockRotations(table)} for table in tables.unbind(0)]
 
     @property
     def per_layer(self) -> bool:

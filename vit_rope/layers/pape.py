@@ -25,14 +25,15 @@ official code writes ``3 F + 2``, 152 at the default 50), so q.k is 64 + 5 chann
 The scores are the official ones up to a constant per query, so attention and every output equal its (the parity
 tests); the scale stays ``1 / sqrt(D)`` of the head width, which the attention passes to the kernel.
 
-Positions are the official ones: the class token (every prefix token) at the origin and patches from 1, ``(x, y) =
-(col + 1, row + 1)``. The query's channels need the layer's ``position`` weights and its input (PaPE-RI's keys its
-``position_scales``), so each block's attention holds its layer (``RoPEAttention.pape``: ``PaPELayer``, ``PaPERILayer``)
-and the encoding hands every block the same positions ``[1 or B, P + N, 2]``. Resolution policies: ``extrapolate`` (the
-official code at every size: integer positions, the parabolas reach as far as the image), ``interpolate`` (positions
-scaled per axis by training / input grid, so the image spans the training extent) and ``normalized`` (positions
-divided by the grid, the official ``normalize: true``; its code divides x by the row count and y by the column count,
-the same on its square images). ``ntk`` and ``yarn`` rescale RoPE frequencies, which PaPE has none of.
+Positions are the official ones: the class token (every prefix token) at the origin and patches from 1,
+``(x, y) = (col + 1, row + 1)``. The query's channels need the layer's ``position`` weights and its input (PaPE-RI's
+keys its ``position_scales``), so each block's attention holds its layer (its ``pape``: ``PaPELayer``,
+``PaPERILayer``) and the encoding hands every block the same positions ``[1 or B, P + N, 2]`` (``Parabolas``).
+Resolution policies: ``extrapolate`` (the official code at every size: integer positions, the parabolas reach as far
+as the image), ``interpolate`` (positions scaled per axis by training / input grid, so the image spans the training
+extent) and ``normalized`` (positions divided by the grid, the official ``normalize: true``; its code divides x by the
+row count and y by the column count, the same on its square images). ``ntk`` and ``yarn`` rescale RoPE frequencies,
+which PaPE has none of.
 """
 
 from __future__ import annotations
@@ -45,8 +46,10 @@ import torch.nn.functional as F
 from timm.layers import register_notrace_module
 from torch import Tensor, nn
 
-from vit_rope.layers.encoding import PositionEncoding, Positions
-from vit_rope.layers.policies import PAPE_KINDS, ResolutionPolicy
+from vit_rope.layers.encoding import BlockInput, PositionEncoding, Positions
+from vit_rope.layers.policies import ResolutionPolicy
+
+PAPE_KINDS = ("pape", "pape_ri")
 
 PARABOLAS = 50  # the official default (pape/configs.py, PaPEConfig.parabolas)
 
@@ -153,10 +156,22 @@ class PaPERILayer(ParabolaLayer):
         return [a, 2 * a * p], [-p.square().sum(-1, keepdim=True), p]
 
 
+class Parabolas(BlockInput):
+    """Every token's position ``[1 or B, P + N, 2]``, from which the block's own layer (its attention's ``pape``)
+    appends the parabolas' channels to q and k and pads v."""
+
+    def __init__(self, positions: Tensor) -> None:
+        self.positions = positions
+
+    def transform(self, attn: nn.Module, x: Tensor, q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        layer = getattr(attn, "pape", None)  # None: the layer removed, attention without the parabolas
+        return (q, k, v) if layer is None else layer(x, q, k, v, self.positions)
+
+
 @register_notrace_module
 class ParabolicEncoding(PositionEncoding):
     """PaPE or PaPE-RI as the model's encoding: the official positions of every token, handed to each block's
-    ``ParabolaLayer`` (``layer`` builds them; the model puts one in each block's attention). Nothing learned here.
+    ``ParabolaLayer`` (``layer`` builds them; ``attach_`` puts one in each block's attention). Nothing learned here.
 
     Args:
         kind: ``"pape"`` or ``"pape_ri"``.
@@ -165,6 +180,8 @@ class ParabolicEncoding(PositionEncoding):
         policy: ``extrapolate`` (default), ``interpolate`` or ``normalized``.
         parabolas: PaPE's parabolas per head (the official 50); PaPE-RI has one per head and refuses it.
     """
+
+    policies = ("extrapolate", "interpolate", "normalized")
 
     def __init__(self, kind: str, depth: int, train_grid: tuple[int, int] | None = None,
                  policy: str | dict | ResolutionPolicy | None = None, parabolas: int | None = None) -> None:
@@ -179,11 +196,22 @@ class ParabolicEncoding(PositionEncoding):
         self.train_grid = None if train_grid is None else (int(train_grid[0]), int(train_grid[1]))
         self.policy = policy
 
+    def refusal(self, policy: str) -> str:
+        return (f"Policy {policy!r} does not apply to {self.kind}, a parabolic bias: ntk and yarn rescale RoPE "
+                "frequencies, which it has none of. Use 'extrapolate' (positions as they are), 'interpolate' "
+                "(positions scaled to the training grid) or 'normalized' (positions divided by the grid, PaPE's "
+                "normalize option).")
+
     def layer(self, dim: int, num_heads: int) -> ParabolaLayer:
         """A new layer of this kind for an attention of width ``dim`` and ``num_heads`` heads."""
         if self.kind == "pape_ri":
             return PaPERILayer(dim, num_heads)
         return PaPELayer(dim, num_heads, self.parabolas)
+
+    def attach_(self, blocks: nn.ModuleList, dim: int, num_heads: int) -> None:
+        """Each block's attention gets its own layer (``pape``: the official checkpoints' weights are per layer)."""
+        for blk in blocks:
+            blk.attn.pape = self.layer(dim, num_heads)
 
     def place(self, coord: Tensor, grids: Tensor) -> Tensor:
         return pape_positions(coord, grids, self.policy_name, self.train_grid)
@@ -194,7 +222,7 @@ class ParabolicEncoding(PositionEncoding):
         return F.pad(coords.float(), (0, 0, num_prefix_tokens, 0))
 
     def block_inputs(self, positions: Positions, num_prefix_tokens: int) -> list[dict[str, Any]]:
-        return [{"pape": self(positions, num_prefix_tokens)}] * self.depth
+        return [{"encoding": Parabolas(self(positions, num_prefix_tokens))}] * self.depth
 
     def extra_repr(self) -> str:
         return (f"kind={self.kind}, depth={self.depth}, train_grid={self.train_grid}, policy={self.policy_name}"

@@ -14,9 +14,10 @@ the new grid onto what the model saw, written as functions of positions and freq
 - ``normalized``: coordinates in [-1, 1] per axis, scaled by 2*pi, so that axial RoPE with theta = 100 is exactly
   DINOv3's RoPE (Simeoni et al. 2025, periods 100 ** (2k / (D/2))); for models trained that way.
 
-DINOv3's RoPE (``vit_rope.layers.dinov3_rope``) normalises its coordinates at every size, so only ``normalized`` (its
-own) and ``extrapolate`` (the training step between patches) apply to it; ``check_policy`` refuses the others, saying
-why.
+Each encoding states the policies it takes (``PositionEncoding.policies``) and why it refuses the others: DINOv3's
+RoPE (``vit_rope.layers.dinov3_rope``) normalises its coordinates at every size, so only ``normalized`` (its own) and
+``extrapolate`` (the training step between patches) apply to it; encodings without frequencies take the policies of
+positions only.
 
 A policy acts per axis with the scale ``s = new / training`` grid size; at the training size all of them but
 ``normalized`` leave the tables untouched. Coordinate augmentation (DINOv3's shift, jitter and rescale, plus a
@@ -35,16 +36,8 @@ from torch import Tensor
 from vit_rope.layers.dinov3_rope import batch_coordinate_draw
 
 POLICIES = ("extrapolate", "interpolate", "ntk", "yarn", "normalized")
-# DINOv3's RoPE: coordinates normalised to the grid (its own) or kept at the training step; nothing else applies
-DINOV3_POLICIES = ("normalized", "extrapolate")
-# Attention biases (vit_rope.layers.attn_bias) have positions but no frequencies: as they are, or scaled to training
-BIAS_KINDS = ("lookhere", "alibi")
-BIAS_POLICIES = ("extrapolate", "interpolate")
-# Rotations from learned generators (ComRoPE, LieRE: vit_rope.layers.lie_rotation) have positions but no frequencies
-GENERATOR_KINDS = ("comrope_ap", "comrope_ld", "liere")
-# Parabolic biases (PaPE, PaPE-RI: vit_rope.layers.pape): positions as they are, scaled to training, or by the grid
-PAPE_KINDS = ("pape", "pape_ri")
-PAPE_POLICIES = ("extrapolate", "interpolate", "normalized")
+# positions without frequencies (attention biases, rotations from learned generators): as they are, or scaled
+POSITION_POLICIES = ("extrapolate", "interpolate")
 
 
 @dataclass(frozen=True)
@@ -93,40 +86,11 @@ class ResolutionPolicy:
 ScriptPolicy = NamedTuple("ScriptPolicy", list(get_type_hints(ResolutionPolicy).items()))
 
 
-def kind_policies(kind: str | None) -> tuple[str, ...]:
-    """Every policy that applies to RoPE ``kind`` or an attention bias (``check_policy``'s rule); all of them for
-    ``None`` (a model without RoPE runs once whatever the policy)."""
-    if kind in BIAS_KINDS or kind in GENERATOR_KINDS:
-        return BIAS_POLICIES
-    if kind in PAPE_KINDS:
-        return PAPE_POLICIES
-    return DINOV3_POLICIES if kind == "dinov3" else POLICIES
-
-
-def check_policy(kind: str, policy: str) -> str:
-    """Return ``policy`` if it applies to RoPE ``kind`` (or an attention bias), else raise a ``ValueError`` saying
-    why and what does."""
-    if kind in BIAS_KINDS and policy not in BIAS_POLICIES:
-        raise ValueError(f"Policy {policy!r} does not apply to {kind}, an attention bias: ntk, yarn and normalized "
-                         "rescale RoPE frequencies, which it has none of. Use 'extrapolate' (positions as they are) "
-                         "or 'interpolate' (positions scaled to the training grid).")
-    if kind in GENERATOR_KINDS and policy not in BIAS_POLICIES:
-        raise ValueError(f"Policy {policy!r} does not apply to {kind}: ntk, yarn and normalized rescale RoPE "
-                         "frequencies, and its rotations come from learned generators instead. Use 'extrapolate' "
-                         "(positions at the training step) or 'interpolate' (positions scaled to the training "
-                         "extent); docs/models.md says what each means for it.")
-    if kind in PAPE_KINDS and policy not in PAPE_POLICIES:
-        raise ValueError(f"Policy {policy!r} does not apply to {kind}, a parabolic bias: ntk and yarn rescale RoPE "
-                         "frequencies, which it has none of. Use 'extrapolate' (positions as they are), 'interpolate' "
-                         "(positions scaled to the training grid) or 'normalized' (positions divided by the grid, "
-                         "PaPE's normalize option).")
-    if kind == "dinov3" and policy not in DINOV3_POLICIES:
-        raise ValueError(
-            f"RoPE policy {policy!r} does not apply to DINOv3's RoPE, whose coordinates are normalised to [-1, 1] at "
-            "every size (interpolation is built in, and ntk / yarn rescale frequencies against a training grid of "
-            "integer positions that it does not have). Use 'normalized' (DINOv3's own) or 'extrapolate' (the "
-            "training step between patches, so larger images reach beyond [-1, 1])."
-        )
+def check_policy(policy: str, policies: tuple[str, ...], refusal: str) -> str:
+    """Return ``policy`` if it is one of ``policies`` (those an encoding takes), else raise a ``ValueError`` with the
+    encoding's ``refusal`` (why the others do not apply, and what does)."""
+    if policy not in policies:
+        raise ValueError(refusal)
     return policy
 
 

@@ -39,12 +39,21 @@ from vit_rope.layers.frequencies import (
     rotated_pairs,
 )
 from vit_rope.layers.naflex import Lattice, gather_rows
-from vit_rope.layers.policies import ResolutionPolicy, ScriptPolicy, check_policy, place_positions, policy_frequencies
+from vit_rope.layers.policies import (
+    POLICIES,
+    ResolutionPolicy,
+    ScriptPolicy,
+    check_policy,
+    place_positions,
+    policy_frequencies,
+)
 from vit_rope.layers.rotary import apply_rope, grid_positions, grid_tables, learned_tables, rope_angles, rope_tables
 
 KINDS = ("axial", "mixed", "golden", "dinov3")
 DEFAULT_THETA = {"axial": 100.0, "mixed": 10.0, "golden": 100.0, "dinov3": 100.0}
 DEFAULT_POLICY = {"axial": "extrapolate", "mixed": "extrapolate", "golden": "extrapolate", "dinov3": "normalized"}
+# DINOv3's RoPE: coordinates normalised to the grid (its own) or kept at the training step; nothing else applies
+DINOV3_POLICIES = ("normalized", "extrapolate")
 # the names tests and tools import from here; they live in vit_rope.layers.frequencies and vit_rope.layers.rotary
 __all__ = ["KINDS", "RoPE2D", "apply_rope", "axial_frequencies", "check_fraction", "check_head_dim", "check_kind",
            "check_theta", "golden_frequencies", "grid_positions", "mixed_frequencies", "rope_angles", "rope_tables"]
@@ -135,7 +144,7 @@ class RoPE2D(nn.Module):
             ``rope_grid_offset=1``: patches at 1..n, the unrotated class token at 0); not for ``dinov3``.
     """
 
-    __jit_unused_properties__ = ["policy", "learnable"]
+    __jit_unused_properties__ = ["policy", "policies", "learnable"]
 
     def __init__(
         self,
@@ -196,8 +205,21 @@ class RoPE2D(nn.Module):
     @policy.setter
     def policy(self, policy: str | dict | ResolutionPolicy | None) -> None:
         policy = ResolutionPolicy.create(DEFAULT_POLICY[self.kind] if policy is None else policy)  # None: the kind's
-        check_policy(self.kind, policy.name)
+        self.check_policy(policy.name)
         self.resolution = policy.values()
+
+    @property
+    def policies(self) -> tuple[str, ...]:
+        """The resolution policies that apply to this kind: all of them but for DINOv3's normalised coordinates."""
+        return DINOV3_POLICIES if self.kind == "dinov3" else POLICIES
+
+    def check_policy(self, policy: str) -> str:
+        """Return ``policy`` if it applies to this kind, else raise a ``ValueError`` saying why and what does."""
+        return check_policy(policy, self.policies, (
+            f"RoPE policy {policy!r} does not apply to DINOv3's RoPE, whose coordinates are normalised to [-1, 1] at "
+            "every size (interpolation is built in, and ntk / yarn rescale frequencies against a training grid of "
+            "integer positions that it does not have). Use 'normalized' (DINOv3's own) or 'extrapolate' (the "
+            "training step between patches, so larger images reach beyond [-1, 1])."))
 
     @property
     def learnable(self) -> bool:

@@ -8,7 +8,9 @@ batch: shared by every image of an image batch (``[H, P + N, D/2]``), or per sam
 coordinates).
 
 The module is a ``ModuleList`` of its ``RoPE2D`` modules, so that a mixed model's state dict keeps RoPE-ViT's and
-timm's keys ``rope.<block>.freqs`` and TorchScript iterates it as a list.
+timm's keys ``rope.<block>.freqs`` and TorchScript iterates it as a list. Under Cayley-STRING (Schenck et al. ICML
+2025, ``vit_rope.layers.cayley_string``) each block's attention also holds a learned basis that turns q and k before
+the tables rotate them.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from typing import Any
 
 from torch import Tensor, nn
 
+from vit_rope.layers.cayley_string import CayleyString
 from vit_rope.layers.encoding import PositionEncoding, Positions
 from vit_rope.layers.policies import ResolutionPolicy
 from vit_rope.layers.rope import RoPE2D
@@ -28,12 +31,15 @@ class RotaryEncoding(PositionEncoding, nn.ModuleList):
     Args:
         depth: blocks of the model.
         per_block: one ``RoPE2D`` per block (mixed frequencies), else one shared.
+        string: Cayley-STRING over these tables: ``attach_`` gives each attention a ``CayleyString`` basis.
         **rope_args: ``RoPE2D``'s arguments (head_dim, num_heads, kind, theta, train_grid, policy, ...).
     """
 
-    def __init__(self, depth: int, per_block: bool, **rope_args: Any) -> None:
+    scriptable = True
+
+    def __init__(self, depth: int, per_block: bool, string: bool = False, **rope_args: Any) -> None:
         super().__init__(RoPE2D(**rope_args) for _ in range(depth if per_block else 1))
-        self.depth, self.per_block = depth, per_block
+        self.depth, self.per_block, self.string = depth, per_block, string
         self.kind, self.train_grid = self[0].kind, self[0].train_grid
 
     @property
@@ -44,6 +50,23 @@ class RotaryEncoding(PositionEncoding, nn.ModuleList):
     def policy(self, policy: str | dict | ResolutionPolicy | None) -> None:
         for rope in self:
             rope.policy = policy
+
+    @property
+    def policies(self) -> tuple[str, ...]:
+        return self[0].policies
+
+    def check_policy(self, policy: str) -> str:
+        return self[0].check_policy(policy)
+
+    def attach_(self, blocks: nn.ModuleList, dim: int, num_heads: int) -> None:
+        """Under STRING, a basis ``P`` per attention, the identity at creation (the base kind exactly)."""
+        if not self.string:
+            return
+        if any(blk.attn.num_kv_heads != num_heads for blk in blocks):
+            raise ValueError("Cayley-STRING (encoding='string') folds into [3, nh, D] q/k/v rows; grouped-query "
+                             "attention (num_kv_heads) has fewer: use another encoding or leave num_kv_heads unset.")
+        for blk in blocks:
+            blk.attn.string = CayleyString(num_heads, dim // num_heads)
 
     @property
     def uses_lattice(self) -> bool:
@@ -74,4 +97,4 @@ class RotaryEncoding(PositionEncoding, nn.ModuleList):
         return {f"{index}.{name}" for index, rope in enumerate(self) for name in rope.no_weight_decay()}
 
     def extra_repr(self) -> str:
-        return f"depth={self.depth}, per_block={self.per_block}"
+        return f"depth={self.depth}, per_block={self.per_block}" + (", string=True" if self.string else "")

@@ -14,15 +14,22 @@ for it.
 
 Only for evaluation: the decomposition has no stable gradient where two ``w_k`` meet, and training moves ``S`` at every
 step. ``spectral_form`` computes it in float64 and checks it (``Q`` orthogonal, ``Q T Q^T = S``); where the check
-fails (a ``w_k`` of 0 makes the pairing ambiguous) the caller keeps the block rotations.
+fails (a ``w_k`` of 0 makes the pairing ambiguous) the caller keeps the block rotations. ``Spectral`` is what a block
+gets: its rotations, and the RoPE form that attention takes where the basis can fold into its projection.
 """
 
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
+
+from vit_rope.layers.capture import capturing
+from vit_rope.layers.cayley_string import fold_qk
+from vit_rope.layers.encoding import BlockInput
+from vit_rope.layers.fused import project_weights_rotate_qk
 
 TOLERANCE = 1e-9  # float64 reconstruction error accepted, relative to the largest entry of S
 
@@ -57,3 +64,43 @@ def spectral_form(skew: Tensor, scale: Tensor) -> tuple[Tensor, Tensor] | None:
     basis = torch.einsum("lhjac,jk->lhjakc", q.mT, torch.eye(m, dtype=s.dtype, device=s.device))
     freqs = w[:, None] * scale.double()[:, :, None, :, None]  # [L, 2, H, m, b/2]
     return basis.reshape(L, H, m * b, m * b).float(), freqs.flatten(-2).float()
+
+
+class FoldedProjection:
+    """One attention's qkv weights with a basis folded into their q and k rows (``fold_qk``), kept while the basis and
+    the weights stay the same (their versions and storage): folded once per grid and weights, not per forward."""
+
+    def __init__(self) -> None:
+        self._kept: tuple[Any, ...] | None = None
+
+    def get(self, basis: Tensor, qkv: nn.Linear) -> tuple[Tensor, Tensor | None]:
+        weight, bias = qkv.weight, qkv.bias
+        key = (weight._version, weight.data_ptr(), None if bias is None else (bias._version, bias.data_ptr()))
+        if self._kept is None or self._kept[0] is not basis or self._kept[1] != key:
+            self._kept = (basis, key, *fold_qk(basis, weight, bias))  # holds basis: no address reuse
+        return self._kept[2], self._kept[3]
+
+    def clear(self) -> None:
+        self._kept = None
+
+
+class Spectral(BlockInput):
+    """A block's commuting rotations (``rotations``, the input they have otherwise) with their RoPE form ``basis``
+    ``[H, D, D]``, ``cos`` and ``sin`` ``[H, P + N, D/2]``: in eager inference, where the basis can fold into the
+    projection (no q/k norms, no STRING basis, a key head per query head), q and k are projected in the basis and
+    rotated in place by the tables, at the cost of mixed RoPE; elsewhere the rotations run."""
+
+    def __init__(self, rotations: BlockInput, basis: Tensor, cos: Tensor, sin: Tensor, fold: FoldedProjection) -> None:
+        self.rotations, self.basis, self.cos, self.sin, self.fold = rotations, basis, cos, sin, fold
+
+    def project(self, attn: nn.Module, x: Tensor) -> tuple[Tensor, Tensor, Tensor] | None:
+        if (torch.is_grad_enabled() or capturing(x) or not attn.plain_qk or attn.string is not None
+                or attn.num_kv_heads != attn.num_heads):
+            return None
+        weight, bias = self.fold.get(self.basis, attn.qkv)
+        qkv = project_weights_rotate_qk(x, weight, bias, attn.num_heads, self.cos, self.sin)  # [B, N, 3, nh, D]
+        q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # [B, nh, N, D] each
+        return q, k, v
+
+    def transform(self, attn: nn.Module, x: Tensor, q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        return self.rotations.transform(attn, x, q, k, v)

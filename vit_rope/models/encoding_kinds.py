@@ -87,8 +87,9 @@ def _rotary(spec: EncodingSpec) -> PositionEncoding:
         raise ValueError(f"lh_config sets LookHere (encoding='lookhere') and does nothing for {spec.kind!r}.")
     _options(spec, ())
     options = {name: value for name, (_, value) in spec.rope_options.items() if name != "ref_grid"}
-    return RotaryEncoding(spec.depth, spec.base == "mixed", head_dim=spec.head_dim, num_heads=spec.num_heads,
-                          kind=spec.base, train_grid=spec.train_grid, policy=spec.policy, **options)
+    return RotaryEncoding(spec.depth, spec.base == "mixed", spec.kind == "string", head_dim=spec.head_dim,
+                          num_heads=spec.num_heads, kind=spec.base, train_grid=spec.train_grid, policy=spec.policy,
+                          **options)
 
 
 def _no_rope_options(spec: EncodingSpec) -> None:
@@ -176,12 +177,11 @@ def renamed(name: str, value: Any, old_name: str, old_value: Any) -> Any:
     return old_value
 
 
-def policy_kind(model: nn.Module) -> str | None:
-    """The kind whose resolution policies apply to ``model`` (``layers.policies.kind_policies``): its RoPE table's
-    kind (STRING's base kind for a STRING model), its attention-bias kind, or ``None`` for a model with neither
-    (timm's ViTs, CNNs, no encoding)."""
-    kind = getattr(model, "rope_string_base", None) or getattr(model, "encoding_kind", None)
-    return None if kind == "none" else kind
+def resolution_encoding(model: nn.Module) -> PositionEncoding | None:
+    """The position encoding of ``model`` whose resolution policies matter (its ``policies``, ``check_policy``), or
+    ``None`` for a model that has none to choose: timm's ViTs, CNNs, no encoding."""
+    encoding = getattr(model, "pos_encoding", None) if isinstance(model, PositionEncodingMixin) else None
+    return None if encoding is None or isinstance(encoding, NoEncoding) else encoding
 
 
 class PositionEncodingMixin:
@@ -207,21 +207,12 @@ class PositionEncodingMixin:
         self.encoding_kind = kind
         self.coord_aug = coord_aug if isinstance(coord_aug, CoordAugment) else CoordAugment(**(coord_aug or {}))
         self.rope_string_base = base if kind == "string" else None
-        if kind == "string":  # P = I at creation: the base kind exactly
-            if any(blk.attn.num_kv_heads != num_heads for blk in self.blocks):
-                raise ValueError("Cayley-STRING (encoding='string') folds into [3, nh, D] q/k/v rows; grouped-query "
-                                 "attention (num_kv_heads) has fewer: use another encoding or leave num_kv_heads "
-                                 "unset.")
-            for blk in self.blocks:
-                blk.attn.string = CayleyString(num_heads, head_dim)
         ref_grid = rope_options.get("ref_grid", (None, None))[1]
         train_grid = tuple(self.patch_embed.grid_size) if ref_grid is None else (int(ref_grid[0]), int(ref_grid[1]))
         spec = EncodingSpec(kind, base, len(self.blocks), num_heads, head_dim, train_grid, policy, rope_options,
                             lh_config, dict(options or {}))
         encoding = BUILDERS[kind](spec)
-        if isinstance(encoding, ParabolicEncoding):  # its weights are per layer, and need the attention's input
-            for blk in self.blocks:
-                blk.attn.pape = encoding.layer(self.embed_dim, num_heads)
+        encoding.attach_(self.blocks, self.embed_dim, num_heads)
         self.rotary = isinstance(encoding, RotaryEncoding)
         self.rope_per_block = self.rotary and encoding.per_block
         if self.rotary:
@@ -281,7 +272,7 @@ class PositionEncodingMixin:
     def __prepare_scriptable__(self) -> PositionEncodingMixin:
         """``torch.jit.script`` calls this first: the bias models keep their tables in a Python cache, which TorchScript
         cannot compile, so they say so rather than fail deep in the compiler."""
-        if isinstance(self.pos_encoding, (AttnBias, ComRoPE, LieRE, ParabolicEncoding)):
+        if not self.pos_encoding.scriptable:
             raise RuntimeError(f"TorchScript does not support the {self.encoding_kind} models (the scripted forward "
                                "builds RoPE tables only); export them with vit_rope.export (ONNX) or run them "
                                "eagerly.")

@@ -32,7 +32,8 @@ from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 from timm.models import build_model_with_cfg, generate_default_cfgs, register_model
 
 from vit_rope.layers.attn_bias import BIAS_KINDS
-from vit_rope.layers.policies import GENERATOR_KINDS, PAPE_KINDS
+from vit_rope.layers.comrope import COMROPE_KINDS
+from vit_rope.layers.pape import PAPE_KINDS
 from vit_rope.models import dinov3
 from vit_rope.models.checkpoint import checkpoint_filter_fn
 from vit_rope.models.dinov3 import dinov3_name
@@ -49,7 +50,7 @@ NEW_KINDS: dict[str, dict[str, str]] = {
     "string": dict(encoding="string", rope_string_base="axial"),
     "string_mixed": dict(encoding="string", rope_string_base="mixed"),
     **{kind: dict(encoding=kind) for kind in BIAS_KINDS},
-    **{kind: dict(encoding=kind) for kind in GENERATOR_KINDS},  # ComRoPE-AP, ComRoPE-LD, LieRE
+    **{kind: dict(encoding=kind) for kind in (*COMROPE_KINDS, "liere")},  # ComRoPE-AP, ComRoPE-LD, LieRE
     **{kind: dict(encoding=kind) for kind in PAPE_KINDS},  # PaPE, PaPE-RI
 }
 NEW_SIZES = ("tiny", "small", "base")
