@@ -64,7 +64,7 @@ TARGETS: dict[str, list[tuple[str, str | None, int | None, float]]] = {
               *(("vit_rope_small_patch16_liere_224", mode, None, target) for mode, target in (("train", 0.80),
                                                                                               ("infer", 0.90))),
               # PaPE projects 2 x 300 more per token (50 parabolas) and sums them into q.k 64 + 5 wide (padded to
-              # 72); PaPE-RI's q.k is 64 + 3 (padded to 72) and it projects 6 more. 448 first: the first row that
+              # 72); PaPE-RI's q.k is 64 + 3 (padded to 68) and it projects 6 more. 448 first: the first row that
               # matches sets the target
               *((f"vit_rope_small_patch16_{kind}_224", mode, size, target)
                 for kind, targets in (("pape", (0.65, 0.80, 0.75)), ("pape_ri", (0.90, 0.95, 0.90)))

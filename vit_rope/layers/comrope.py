@@ -34,15 +34,24 @@ import torch
 from torch import Tensor, nn
 
 from vit_rope.layers.encoding import GridTables, Positions
-from vit_rope.layers.lie_rotation import BlockRotation, check_block, unit_positions
+from vit_rope.layers.lie_rotation import BlockRotation, by_grid, check_block, grid_units
 from vit_rope.layers.policies import ResolutionPolicy
 from vit_rope.layers.rotary import rope_angles, rope_tables
 from vit_rope.layers.spectral import FoldedProjection, Spectral, spectral_form
 
-# FX (timm's and torchvision's tracers): recorded as one call, whose branches on shapes the trace cannot take
-torch.fx.wrap("unit_positions")
-
 COMROPE_KINDS = ("comrope_ap", "comrope_ld")
+
+
+def comrope_positions(coord: Tensor, grids: Tensor, train_grid: tuple[int, int], policy: str) -> Tensor:
+    """ComRoPE's positions ``[..., N, 2]`` (x, y) of the patches at ``coord`` ``[..., N, 2]`` (y, x) of the grids
+    ``grids`` ``[1 or B, 2]`` (h, w): patch centres ``(i + 0.5) / n``, ``n`` the training grid, or under
+    ``interpolate`` the input's."""
+    xy, size, train = grid_units(coord, grids, train_grid)
+    return by_grid(xy + 0.5, size if policy == "interpolate" else train.expand_as(size))
+
+
+# FX (timm's and torchvision's tracers): recorded as one call, whose branches on shapes the trace cannot take
+torch.fx.wrap("comrope_positions")
 AP_BLOCKS = slice(1, None, 2), slice(0, None, 2)  # ComRoPE-AP's blocks of x (odd) and of y (even), the official order
 
 
@@ -152,7 +161,7 @@ class ComRoPE(BlockRotation):
     def place(self, coord: Tensor, grids: Tensor) -> Tensor:
         """Patch centres in grid units, ``(i + 0.5) / n``: ``n`` the training grid (``extrapolate``) or the input's
         (``interpolate``)."""
-        return unit_positions(coord, grids, self.train_grid, self.kind, self.policy_name)
+        return comrope_positions(coord, grids, self.train_grid, self.policy_name)
 
     def prune_(self, depth: int) -> None:
         """Keep the first ``depth`` blocks' matrices (timm's ``prune_intermediate_layers``)."""

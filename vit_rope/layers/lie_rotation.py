@@ -271,17 +271,17 @@ class BlockRotation(PositionEncoding):
         return super().train(mode)
 
 
-def unit_positions(coord: Tensor, grids: Tensor, train_grid: tuple[int, int], kind: str, policy: str) -> Tensor:
-    """Positions ``[..., N, 2]`` (x, y) of the patches at ``coord`` ``[..., N, 2]`` (y, x) of the grids ``grids``
-    ``[1 or B, 2]`` (h, w), in units of a grid, as ComRoPE (``(i + 0.5) / n``) or LieRE (``i / (m - 1)``, times
-    ``m / n`` under ``extrapolate``) places them; ``n`` the training grid, or under ``interpolate`` (ComRoPE) the
-    input's. One function for an image's grid and a NaFlex batch's, so that a sample's positions equal those of its
-    image alone to the bit."""
-    xy = coord.flip(-1).float()
+def grid_units(coord: Tensor, grids: Tensor, train_grid: tuple[int, int]) -> tuple[Tensor, Tensor, Tensor]:
+    """The patches at ``coord`` ``[..., N, 2]`` (y, x) as ``(x, y)`` floats, the sizes ``[1 or B, 2]`` (w, h) of their
+    grids ``grids`` ``[1 or B, 2]`` (h, w) and the training grid ``[2]`` (w, h): what ComRoPE and LieRE place their
+    positions in units of a grid from (``by_grid``)."""
     size = grids.flip(-1).float()  # [1 or B, 2] (w, h)
     train = torch.tensor([float(train_grid[1]), float(train_grid[0])], device=size.device)
-    if kind == "liere":
-        offset, scale = 0.0, (size - 1).clamp_min(1) * (1.0 if policy == "interpolate" else train / size)
-    else:
-        offset, scale = 0.5, size if policy == "interpolate" else train.expand_as(size)
-    return (xy + offset) / (scale[0] if coord.dim() == 2 else scale[:, None, :])
+    return coord.flip(-1).float(), size, train
+
+
+def by_grid(xy: Tensor, scale: Tensor) -> Tensor:
+    """Positions ``xy`` ``[..., N, 2]`` divided by one scale per grid ``[1 or B, 2]``: one function for an image's
+    grid (``xy`` ``[N, 2]``) and a NaFlex batch's, so that a sample's positions equal those of its image alone to the
+    bit."""
+    return xy / (scale[0] if xy.dim() == 2 else scale[:, None, :])

@@ -28,11 +28,20 @@ import math
 import torch
 from torch import Tensor, nn
 
-from vit_rope.layers.lie_rotation import BlockRotation, check_block, unit_positions
+from vit_rope.layers.lie_rotation import BlockRotation, by_grid, check_block, grid_units
 from vit_rope.layers.policies import ResolutionPolicy
 
+
+def liere_positions(coord: Tensor, grids: Tensor, train_grid: tuple[int, int], policy: str) -> Tensor:
+    """LieRE's positions ``[..., N, 2]`` (x, y) of the patches at ``coord`` ``[..., N, 2]`` (y, x) of the grids
+    ``grids`` ``[1 or B, 2]`` (h, w): ``i / (m - 1)`` on an ``m``-patch axis, times ``m / n`` (``n`` the training
+    grid) under ``extrapolate``."""
+    xy, size, train = grid_units(coord, grids, train_grid)
+    return by_grid(xy, (size - 1).clamp_min(1) * (1.0 if policy == "interpolate" else train / size))
+
+
 # FX (timm's and torchvision's tracers): recorded as one call, whose branches on shapes the trace cannot take
-torch.fx.wrap("unit_positions")
+torch.fx.wrap("liere_positions")
 
 
 class LieRE(BlockRotation):
@@ -73,7 +82,7 @@ class LieRE(BlockRotation):
 
     def place(self, coord: Tensor, grids: Tensor) -> Tensor:
         """``i / (m - 1)`` on an ``m``-patch axis (``interpolate``), times ``m / n`` (``extrapolate``, official)."""
-        return unit_positions(coord, grids, self.train_grid, self.kind, self.policy_name)
+        return liere_positions(coord, grids, self.train_grid, self.policy_name)
 
     def prune_(self, depth: int) -> None:
         """Keep the first ``depth`` blocks' generators (timm's ``prune_intermediate_layers``)."""
