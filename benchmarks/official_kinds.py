@@ -132,10 +132,10 @@ class OurAttention(ResidualAttention):
                           for _ in range(widths.depth)])
         self.encoding, self.grid = encoding, widths.grid
 
-    def layer_inputs(self, x: Tensor) -> Sequence[dict[str, Tensor]]:
+    def layer_inputs(self, x: Tensor) -> Sequence[dict[str, Any]]:
         return self.encoding.block_inputs(image_positions(self.encoding, self.grid, self.grid, x.device), 1)
 
-    def attend(self, layer: nn.Module, x: Tensor, inputs: dict[str, Tensor]) -> Tensor:
+    def attend(self, layer: nn.Module, x: Tensor, inputs: dict[str, Any]) -> Tensor:
         return layer(x, **inputs)
 
 

@@ -1,12 +1,14 @@
 """ComRoPE-AP, ComRoPE-LD and LieRE on the ViT: registered names, NaFlex batches (a sample equals its image alone;
 ComRoPE's patch logits see offsets only on shifted and sparse coordinates), features, position reliance, the
-policies each takes, a compiled training step, ONNX export at two sizes, and errors."""
+policies each takes, a compiled training step, ONNX export at two sizes, FX feature extraction, and errors."""
 
 from __future__ import annotations
 
 import pytest
 import timm
 import torch
+from timm.models import get_notrace_functions, get_notrace_modules
+from torchvision.models.feature_extraction import create_feature_extractor
 
 import vit_rope  # noqa: F401  (registers the models)
 from helpers.models import assert_features_and_reliance, assert_onnx_matches_eager, assert_same_gradients, perturbed
@@ -133,3 +135,16 @@ def test_comrope_inference_in_rope_form_equals_its_block_rotations(kind: str):
         with torch.no_grad():  # new weights: the kept form and the folded projection must not be reused
             model.pos_encoding.freqs.mul_(1.1)
             model.blocks[0].attn.qkv.weight.mul_(0.9)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_fx_feature_extraction_with_timms_tracer_options(kind: str):
+    """timm's tracer keeps the encoding whole (a leaf), so the traced graph builds its tables at each input's grid."""
+    model = build(kind).eval()
+    options = dict(leaf_modules=get_notrace_modules(), autowrap_functions=get_notrace_functions())
+    extractor = create_feature_extractor(model, return_nodes={"blocks.0": "b0", "head": "logits"},
+                                         tracer_kwargs=options)
+    with torch.no_grad():
+        for size in ((64, 64), (48, 80)):
+            x = torch.randn(2, 3, *size)
+            torch.testing.assert_close(extractor(x)["logits"], model(x), rtol=1e-5, atol=1e-5)

@@ -38,7 +38,6 @@ from vit_rope.eval.ablation import position_reliance
 from vit_rope.eval.cli import parse_kwarg
 from vit_rope.eval.harness import eval_transform, subset
 from vit_rope.eval.loading import EvalModel, check_weights, load_pretrained, load_trained
-from vit_rope.layers.attn_bias import BIAS_KINDS
 from vit_rope.layers.encoding import image_coords
 from vit_rope.layers.naflex import naflex_grid
 from vit_rope.layers.policies import POLICIES
@@ -199,7 +198,7 @@ def main(argv: list[str] | None = None) -> int:
 
     kind, policy = model.encoding_kind, model.resolution_policy.name
     report: dict[str, Any] = {"model": entry.label, "kind": kind, "policy": policy, "sizes": {}, "seq_lens": {}}
-    encoding = kind if kind in BIAS_KINDS else f"RoPE {kind}"
+    encoding = f"RoPE {kind}" if model.rotary else kind
     print(f"{entry.label}: {encoding}, policy {policy}, training grid {model.pos_encoding.train_grid}")
     print(f"{'size':>10s} {'unseen-phase channels':>22s} {'without positions':>36s} "
           f"{'attention entropy per layer (nats)'}")
@@ -263,7 +262,7 @@ def _load(args: argparse.Namespace) -> tuple[EvalModel, list[Sample] | None]:
                                         for ratio in (224, 320, 384, 512)))
     check_multiple("--sizes entry", args.sizes, entry.model, entry.label)
     if args.policy is not None:
-        try:  # each RoPE2D checks that the policy applies to its kind (policies.check_policy)
+        try:  # the encoding checks that the policy applies to its kind (its check_policy)
             entry.model.set_resolution_policy(args.policy)
         except ValueError as err:
             raise UserError(f"--policy {args.policy}: {err}") from err

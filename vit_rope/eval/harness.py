@@ -79,7 +79,7 @@ def check_sizes(sizes: Sequence[int], models: Sequence[EvalModel], policies: Seq
     for entry in models:
         check_multiple("size", sizes, entry.model, entry.label)
         encoding = resolution_encoding(entry.model)
-        for policy in policies if encoding else ():
+        for policy in policies if encoding is not None else ():
             try:
                 encoding.check_policy(policy)
             except ValueError as err:

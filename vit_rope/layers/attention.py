@@ -146,7 +146,7 @@ class RoPEAttention(Attention):
         if self.fused_attn:
             mask = (bias * scale).to(q.dtype)  # [1 or B, nh, N, N]
             mask = maybe_add_mask(mask, resolve_self_attn_mask(N, mask, attn_mask, is_causal))  # timm's: FX-safe
-            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=drop)
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=drop, scale=self.scale)
         attn = (q * self.scale) @ k.transpose(-2, -1)  # [B, nh, N, N]
         attn = attn.add_(bias, alpha=scale)  # in place: the product's backward does not need it
         attn = maybe_add_mask(attn, resolve_self_attn_mask(N, attn, attn_mask, is_causal))

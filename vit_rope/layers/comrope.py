@@ -150,13 +150,12 @@ class ComRoPE(BlockRotation):
             cos, sin = rope_tables(rope_angles(pos, freqs.to(pos.device)), identity_rows)  # [L, H, P + N, D/2]
         return list(zip(basis.to(pos.device).unbind(0), cos.unbind(0), sin.unbind(0), strict=True))
 
-    def train(self, mode: bool = True) -> ComRoPE:
-        """Also drop the kept RoPE forms and folded projections when training starts."""
-        if mode:
-            self._spectral.clear()
-            for fold in self._folds:
-                fold.clear()
-        return super().train(mode)
+    def clear_(self) -> None:
+        """Also drop the kept RoPE forms and folded projections."""
+        super().clear_()
+        self._spectral.clear()
+        for fold in self._folds:
+            fold.clear()
 
     def place(self, coord: Tensor, grids: Tensor) -> Tensor:
         """Patch centres in grid units, ``(i + 0.5) / n``: ``n`` the training grid (``extrapolate``) or the input's
@@ -169,6 +168,7 @@ class ComRoPE(BlockRotation):
         if self.kind == "comrope_ld":
             self.multiplier = nn.Parameter(self.multiplier.data[:depth])
         self.depth, self._folds = depth, self._folds[:depth]
+        self.clear_()
 
     def no_weight_decay(self) -> set[str]:
         """Weight decay would shrink the angle matrices towards no rotation at all (as for RoPE-ViT's frequencies)."""

@@ -110,7 +110,6 @@ def check_block(name: str, block: int, head_dim: int) -> int:
     return block
 
 
-@register_notrace_module
 class BlockRotations(BlockInput):
     """A block's rotations of q and k, one ``b x b`` matrix per token and channel block: ``rotation`` ``[1 or B, nh or
     1, N, D/b, b, b]`` (``rotate_qk``)."""
@@ -134,6 +133,7 @@ class AxisRotations(BlockInput):
         return q, k, v
 
 
+@register_notrace_module
 class BlockRotation(PositionEncoding):
     """What ComRoPE and LieRE share: the rotation tables of each block from the kind's ``generators()`` and the
     positions its ``place`` gives. Resolution policies: ``extrapolate`` and ``interpolate`` (what each means is the
@@ -225,7 +225,7 @@ class BlockRotation(PositionEncoding):
         """What an image batch's tables in eager evaluation depend on (grid, prefix count, device, policy, the
         parameters' versions); ``None`` where they are not kept: NaFlex batches, autograd, graph captures."""
         grid = positions.grid
-        if (grid is None or positions.coords.dim() != 2 or torch.is_grad_enabled() or capturing()
+        if (grid is None or capturing(positions.coords) or positions.coords.dim() != 2 or torch.is_grad_enabled()
                 or torch.jit.is_scripting()):
             return None
         params = tuple(x for p in self.parameters() for x in (p._version, p.data_ptr()))
@@ -264,10 +264,14 @@ class BlockRotation(PositionEncoding):
         """Whether each block has its own generators."""
         return False
 
+    def clear_(self) -> None:
+        """Drop the kept tables: when training starts (the generators move at every step) and when blocks are
+        pruned."""
+        self._cache.clear()
+
     def train(self, mode: bool = True) -> BlockRotation:
-        """Also drop the kept tables when training starts: the generators move at every step."""
         if mode:
-            self._cache.clear()
+            self.clear_()
         return super().train(mode)
 
 

@@ -89,6 +89,7 @@ class LieRE(BlockRotation):
         if self._per_layer:
             self.generator_raw_params = nn.Parameter(self.generator_raw_params.data[:, :depth])
         self.depth = depth
+        self.clear_()
 
     def no_weight_decay(self) -> set[str]:
         """Weight decay would pull the generators towards no rotation at all."""

@@ -270,8 +270,8 @@ class PositionEncodingMixin:
         self.set_resolution_policy(policy, **options)
 
     def __prepare_scriptable__(self) -> PositionEncodingMixin:
-        """``torch.jit.script`` calls this first: the bias models keep their tables in a Python cache, which TorchScript
-        cannot compile, so they say so rather than fail deep in the compiler."""
+        """``torch.jit.script`` calls this first: models whose encoding does not script (``scriptable``: Python caches,
+        ``BlockInput``) say so rather than fail deep in the compiler."""
         if not self.pos_encoding.scriptable:
             raise RuntimeError(f"TorchScript does not support the {self.encoding_kind} models (the scripted forward "
                                "builds RoPE tables only); export them with vit_rope.export (ONNX) or run them "
@@ -294,3 +294,5 @@ class PositionEncodingMixin:
             if blk.attn.string is not None:
                 blk.attn.string.fold_into_(blk.attn.qkv)
                 blk.attn.string = None
+        if self.rotary:
+            self.rope.string = False

@@ -2,8 +2,10 @@
 
 ``import vit_rope`` runs this module, after which ``timm.create_model("vit_rope_small_patch16_mixed_224")`` works
 like any timm model. Names are ``vit_rope_{tiny,small,base,large}_patch16_{axial,mixed}[_ape]_224``; the ``_ape``
-variants add RoPE-ViT's learned absolute position embedding. The rotation kinds without published weights are
-``vit_rope_{tiny,small,base}_patch16_{golden,string,string_mixed}_224`` (``NEW_KINDS``): golden-angle RoPE and
+variants add RoPE-ViT's learned absolute position embedding. Every other kind of position encoding
+(``vit_rope.models.encoding_kinds.KINDS``) is registered as ``vit_rope_{tiny,small,base}_patch16_<kind>_224``
+(``NEW_KINDS``), STRING twice. The rotation kinds without published weights are
+``vit_rope_{tiny,small,base}_patch16_{golden,string,string_mixed}_224``: golden-angle RoPE and
 Cayley-STRING over axial or mixed RoPE (``vit_rope.layers.frequencies``, ``vit_rope.layers.cayley_string``). The small,
 base and large models point at the published ``naver_in1k`` weights on the Hugging Face hub (timm's copies,
 converted on load); any local file works too:
@@ -31,27 +33,23 @@ from typing import Any
 from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 from timm.models import build_model_with_cfg, generate_default_cfgs, register_model
 
-from vit_rope.layers.attn_bias import BIAS_KINDS
-from vit_rope.layers.comrope import COMROPE_KINDS
-from vit_rope.layers.pape import PAPE_KINDS
+from vit_rope.layers.rope import KINDS as ROPE_KINDS
 from vit_rope.models import dinov3
 from vit_rope.models.checkpoint import checkpoint_filter_fn
 from vit_rope.models.dinov3 import dinov3_name
+from vit_rope.models.encoding_kinds import KINDS
 from vit_rope.models.eva_families import FAMILIES, twin_cfgs, twin_name
 from vit_rope.models.lookhere_weights import official_lookhere_args
 from vit_rope.models.vit import RoPEVisionTransformer
 from vit_rope.models.widths import width
 
 SIZES = ("tiny", "small", "base", "large")  # RoPE-ViT's DeiT-III sizes (widths: vit_rope.models.widths)
-# name suffix -> model arguments of the kinds without published weights (hence tiny, small and base only): the rotation
-# kinds and the attention-bias kinds
+# name suffix -> model arguments of the kinds without published weights (hence tiny, small and base only): every kind
+# but those named with their weights (axial, mixed; DINOv3's backbones) and no encoding; STRING over axial and mixed
 NEW_KINDS: dict[str, dict[str, str]] = {
-    "golden": dict(encoding="golden"),
+    **{kind: dict(encoding=kind) for kind in KINDS if kind not in ("axial", "mixed", "dinov3", "string", "none")},
     "string": dict(encoding="string", rope_string_base="axial"),
     "string_mixed": dict(encoding="string", rope_string_base="mixed"),
-    **{kind: dict(encoding=kind) for kind in BIAS_KINDS},
-    **{kind: dict(encoding=kind) for kind in (*COMROPE_KINDS, "liere")},  # ComRoPE-AP, ComRoPE-LD, LieRE
-    **{kind: dict(encoding=kind) for kind in PAPE_KINDS},  # PaPE, PaPE-RI
 }
 NEW_SIZES = ("tiny", "small", "base")
 _TIMM_PORT_SUFFIX = {("axial", False): "rope", ("mixed", False): "rope_mixed", ("axial", True): "rope_ape",
@@ -128,7 +126,7 @@ def _entrypoint(name: str, model_args: dict[str, Any]) -> Callable[..., RoPEVisi
 
     create.__name__ = create.__qualname__ = name
     create.__module__ = __name__
-    encoding = model_args["encoding"] + ("" if model_args["encoding"] in BIAS_KINDS else " RoPE")
+    encoding = model_args["encoding"] + (" RoPE" if model_args["encoding"] in (*ROPE_KINDS, "string") else "")
     create.__doc__ = f"{name}: ViT with {encoding} ({model_args})."
     return create
 
