@@ -83,6 +83,22 @@ def assert_same_gradients(model: torch.nn.Module, first, second, x: torch.Tensor
         torch.testing.assert_close(grad, grads[1][name], rtol=1e-4, atol=1e-5, msg=name)
 
 
+def assert_fx_features_match_eager(model: torch.nn.Module, timm_tracer: bool = True) -> None:
+    """torchvision's FX feature extraction of ``model`` gives its eager logits at two grids; with timm's tracer options
+    (its leaf modules and wrapped functions: the encodings it keeps whole build their tables at each input's grid) or
+    with the plain tracer."""
+    from timm.models import get_notrace_functions, get_notrace_modules
+    from torchvision.models.feature_extraction import create_feature_extractor
+
+    options = dict(leaf_modules=get_notrace_modules(), autowrap_functions=get_notrace_functions())
+    extractor = create_feature_extractor(model, return_nodes={"blocks.0": "b0", "head": "logits"},
+                                         tracer_kwargs=options if timm_tracer else None)
+    with torch.no_grad():
+        for size in ((64, 64), (48, 80)):
+            x = torch.randn(2, 3, *size)
+            torch.testing.assert_close(extractor(x)["logits"], model(x), rtol=1e-5, atol=1e-5)
+
+
 def onnx_session(path) -> Any:
     """An ONNX Runtime CPU session on one thread, as the tests' torch runs (conftest): its default, a spinning thread
     per core, would take the other core from a second test process (``make test`` runs two)."""

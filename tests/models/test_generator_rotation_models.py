@@ -7,11 +7,15 @@ from __future__ import annotations
 import pytest
 import timm
 import torch
-from timm.models import get_notrace_functions, get_notrace_modules
-from torchvision.models.feature_extraction import create_feature_extractor
 
 import vit_rope  # noqa: F401  (registers the models)
-from helpers.models import assert_features_and_reliance, assert_onnx_matches_eager, assert_same_gradients, perturbed
+from helpers.models import (
+    assert_features_and_reliance,
+    assert_fx_features_match_eager,
+    assert_onnx_matches_eager,
+    assert_same_gradients,
+    perturbed,
+)
 from helpers.naflex import images, offset_logits, pack, samples_equal_images
 from vit_rope.layers.encoding import image_positions
 from vit_rope.layers.spectral import Spectral
@@ -140,11 +144,4 @@ def test_comrope_inference_in_rope_form_equals_its_block_rotations(kind: str):
 @pytest.mark.parametrize("kind", KINDS)
 def test_fx_feature_extraction_with_timms_tracer_options(kind: str):
     """timm's tracer keeps the encoding whole (a leaf), so the traced graph builds its tables at each input's grid."""
-    model = build(kind).eval()
-    options = dict(leaf_modules=get_notrace_modules(), autowrap_functions=get_notrace_functions())
-    extractor = create_feature_extractor(model, return_nodes={"blocks.0": "b0", "head": "logits"},
-                                         tracer_kwargs=options)
-    with torch.no_grad():
-        for size in ((64, 64), (48, 80)):
-            x = torch.randn(2, 3, *size)
-            torch.testing.assert_close(extractor(x)["logits"], model(x), rtol=1e-5, atol=1e-5)
+    assert_fx_features_match_eager(build(kind).eval())

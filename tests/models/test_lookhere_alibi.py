@@ -8,7 +8,7 @@ import pytest
 import timm
 import torch
 
-from helpers.models import assert_same_gradients, perturbed
+from helpers.models import assert_fx_features_match_eager, assert_same_gradients, perturbed
 from helpers.naflex import images, pack, samples_equal_images
 from vit_rope.layers.attn_bias import alibi_penalty, alibi_slopes
 from vit_rope.layers.encoding import image_positions
@@ -206,17 +206,7 @@ def test_grad_checkpointing_gives_the_same_result_and_torchscript_is_refused_cle
 @pytest.mark.parametrize("kind", ["alibi", "lh45_regs"])
 def test_fx_feature_extraction_with_timms_tracer_options(kind: str) -> None:
     """timm's tracer keeps ``AttnBias`` whole (a leaf), so the traced graph calls it with the real grid."""
-    from timm.models import get_notrace_functions, get_notrace_modules
-    from torchvision.models.feature_extraction import create_feature_extractor
-
-    model = build(kind)
-    options = dict(leaf_modules=get_notrace_modules(), autowrap_functions=get_notrace_functions())
-    extractor = create_feature_extractor(model, return_nodes={"blocks.0": "b0", "head": "logits"},
-                                         tracer_kwargs=options)
-    with torch.no_grad():
-        for size in ((64, 64), (48, 80)):
-            x = torch.randn(2, 3, *size)
-            torch.testing.assert_close(extractor(x)["logits"], model(x), rtol=1e-5, atol=1e-5)
+    assert_fx_features_match_eager(build(kind))
 
 
 @pytest.mark.parametrize("kind", ["alibi", "lh90"])

@@ -14,11 +14,14 @@ from pathlib import Path
 import pytest
 import timm
 import torch
-from timm.models import get_notrace_functions, get_notrace_modules
-from torchvision.models.feature_extraction import create_feature_extractor
 
 import vit_rope
-from helpers.models import assert_features_and_reliance, assert_onnx_matches_eager, perturbed
+from helpers.models import (
+    assert_features_and_reliance,
+    assert_fx_features_match_eager,
+    assert_onnx_matches_eager,
+    perturbed,
+)
 from helpers.naflex import images, offset_logits, pack, samples_equal_images
 from vit_rope.eval.diagnose import attention_entropy
 from vit_rope.models.pape_weights import create_from_pape, pape_args_from_config
@@ -121,14 +124,7 @@ def test_training_step_and_compile(kind: str):
 
 @pytest.mark.parametrize("tracer", ["plain", "timm"])
 def test_fx_feature_extraction_matches_eager(tracer: str):
-    eager = build("pape")
-    options = dict(leaf_modules=get_notrace_modules(), autowrap_functions=get_notrace_functions())
-    extractor = create_feature_extractor(eager, return_nodes={"norm": "tokens", "head": "logits"},
-                                         tracer_kwargs=options if tracer == "timm" else None)
-    with torch.no_grad():
-        for size in ((64, 64), (48, 80)):
-            x = torch.randn(2, 3, *size)
-            torch.testing.assert_close(extractor(x)["logits"], eager(x), atol=1e-5, rtol=1e-5)
+    assert_fx_features_match_eager(build("pape"), timm_tracer=tracer == "timm")
 
 
 @pytest.mark.parametrize("kind", KINDS)
