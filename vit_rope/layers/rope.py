@@ -59,13 +59,11 @@ __all__ = ["KINDS", "RoPE2D", "apply_rope", "axial_frequencies", "check_fraction
            "check_theta", "golden_frequencies", "grid_positions", "mixed_frequencies", "rope_angles", "rope_tables"]
 
 
-def check_kind(kind: str, models: bool = False, what: str = "RoPE kind") -> str:
-    """Return ``kind`` if it names a RoPE table, else raise a ``ValueError`` that calls it ``what`` and lists them
-    (and, for ``models``, the other kinds that models take: Cayley-STRING and the attention biases)."""
+def check_kind(kind: str, what: str = "RoPE kind") -> str:
+    """Return ``kind`` if it names a RoPE table, else raise a ``ValueError`` that calls it ``what`` and lists them (a
+    model's other kinds: ``vit_rope.models.encoding_kinds.check_encoding``)."""
     if kind not in KINDS:
-        extra = (", string (Cayley-STRING over rope_string_base), or an attention bias instead of RoPE, lookhere or "
-                 "alibi" if models else "")
-        raise ValueError(f"Unknown {what} {kind!r}: choose one of {', '.join(KINDS)}{extra}.")
+        raise ValueError(f"Unknown {what} {kind!r}: choose one of {', '.join(KINDS)}.")
     return kind
 
 
