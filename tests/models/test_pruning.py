@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from helpers.models import randomize_
 from vit_rope.models.encoding_kinds import KINDS
 from vit_rope.models.vit import RoPEVisionTransformer
 
@@ -20,9 +21,9 @@ def test_a_pruned_model_is_the_shallower_model_with_its_weights(kind: str) -> No
     kwargs = dict(BASE, encoding=kind, encoding_options=OPTIONS.get(kind))
     torch.manual_seed(0)
     model = RoPEVisionTransformer(**kwargs).eval()
-    trained = {name: value + torch.randn_like(value) * 0.05 if value.is_floating_point() else value
-               for name, value in model.state_dict().items()}  # a trained model's values, not the initial ones
-    model.load_state_dict(trained, assign=True)  # as a model just loaded: tensors of their own, never written
+    randomize_(model)  # a trained model's values, not the initial ones
+    # as a model just loaded: tensors of their own, never written since (the kept tables' keys see no new version)
+    model.load_state_dict({name: value.clone() for name, value in model.state_dict().items()}, assign=True)
     x = torch.randn(2, 3, 48, 80)
     with torch.no_grad():
         model(x)  # evaluation keeps the tables of all three blocks for this grid

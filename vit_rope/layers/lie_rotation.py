@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 from timm.layers import register_notrace_module
-from torch import Tensor
+from torch import Tensor, nn
 
 from vit_rope.layers.capture import capturing
 from vit_rope.layers.encoding import BlockInput, GridTables, PositionEncoding, Positions
@@ -117,7 +117,7 @@ class BlockRotations(BlockInput):
     def __init__(self, rotation: Tensor) -> None:
         self.rotation = rotation
 
-    def transform(self, attn: Any, x: Tensor, q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    def transform(self, attn: nn.Module, x: Tensor, q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         q, k = rotate_qk(q, k, self.rotation)
         return q, k, v
 
@@ -128,7 +128,7 @@ class AxisRotations(BlockInput):
     def __init__(self, turns: tuple[Tensor, Tensor, Tensor]) -> None:
         self.turns = turns
 
-    def transform(self, attn: Any, x: Tensor, q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    def transform(self, attn: nn.Module, x: Tensor, q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         q, k = rotate_axes(q, k, self.turns)
         return q, k, v
 
