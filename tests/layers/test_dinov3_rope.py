@@ -20,7 +20,7 @@ OPTIONS = list(itertools.product(["separate", "min", "max"], [(None, None), (0.5
 
 def ours(grid, normalize="separate", periods=(None, None), train_grid=(14, 14), **kwargs) -> RoPE2D:
     return RoPE2D(D, HEADS, "dinov3", train_grid=train_grid, min_period=periods[0], max_period=periods[1],
-                  normalize=normalize, **kwargs)
+                  normalize_coords=normalize, **kwargs)
 
 
 def placed(rope: RoPE2D, grid: tuple[int, int]) -> torch.Tensor:

@@ -28,7 +28,7 @@ def test_golden_schedule_steps_by_the_golden_angle_with_log_spaced_magnitudes():
 
 
 def test_golden_initialises_mixed():
-    rope = RoPE2D(D, NH, kind="mixed", init="golden", theta=100.0)
+    rope = RoPE2D(D, NH, kind="mixed", mixed_init="golden", theta=100.0)
     assert rope.learnable
     torch.testing.assert_close(rope.freqs.detach(), golden_frequencies(D, NH, 100.0))
 
@@ -111,7 +111,7 @@ def test_string_keeps_its_fold_while_weights_are_unchanged_and_refolds_when_they
     (dict(kind="spiral"), r"'spiral'.*axial, mixed, golden, dinov3"),
     (dict(fraction=1.5), r"rope_fraction must be in \[0, 1\].*1\.5"),
     (dict(fraction=-0.1), r"rope_fraction must be in \[0, 1\].*-0\.1"),
-    (dict(kind="axial", init="golden"), r"init='golden'.*rope-vit, golden"),
+    (dict(kind="axial", mixed_init="golden"), r"init='golden'.*rope-vit, golden"),
 ])
 def test_bad_input_names_the_value_and_what_is_allowed(kwargs: dict, message: str):
     with pytest.raises(ValueError, match=message):

@@ -276,6 +276,24 @@ def test_bad_input_errors():
         RoPE2D(16, 2, kind="polar")
 
 
+def test_earlier_argument_names_still_work_with_a_warning():
+    """``normalize``, ``init`` and ``offset`` became the model's names without ``rope_``; the old ones warn."""
+    positions = torch.rand(6, 2) * 4
+    for old, new, value, kind in [("init", "mixed_init", "golden", "mixed"), ("offset", "grid_offset", 1.0, "axial"),
+                                  ("normalize", "normalize_coords", "max", "dinov3")]:
+        torch.manual_seed(0)
+        current = RoPE2D(D, NH, kind, train_grid=(2, 3), **{new: value})
+        torch.manual_seed(0)
+        with pytest.warns(FutureWarning, match=f"RoPE2D's {old} is deprecated: use {new}"):
+            earlier = RoPE2D(D, NH, kind, train_grid=(2, 3), **{old: value})
+        assert getattr(earlier, new) == value
+        grids = torch.tensor([[2, 3]])
+        torch.testing.assert_close(earlier(earlier.place(positions, grids), 1, grids),
+                                   current(current.place(positions, grids), 1, grids), rtol=0, atol=0)
+    with pytest.raises(TypeError, match=r"unexpected keyword arguments \['thta'\]"):
+        RoPE2D(D, NH, thta=10.0)
+
+
 @pytest.mark.parametrize("dtype,tol", [(torch.float64, 1e-12), (torch.float32, 5e-5)])
 def test_grid_tables_from_one_table_per_axis_equal_the_direct_tables(dtype, tol):
     """Values (angles up to a few hundred radians, offset positions, prefix rows) and the frequencies' gradient."""

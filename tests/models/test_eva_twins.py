@@ -132,7 +132,7 @@ def test_from_timm_refuses_a_model_without_twin():
 
 def test_twin_options_are_refused_where_they_mean_nothing():
     with pytest.raises(ValueError, match="offset=1.0 shifts integer patch positions"):
-        vit_rope.RoPE2D(64, 1, kind="dinov3", offset=1.0)
+        vit_rope.RoPE2D(64, 1, kind="dinov3", grid_offset=1.0)
     with pytest.raises(ValueError, match="attn_pool_num_heads=8 .* only global_pool='map' has"):
         vit_rope.RoPEVisionTransformer(embed_dim=64, depth=1, num_heads=1, attn_pool_num_heads=8)
     with pytest.raises(ValueError, match="Unknown q/k layout 'cat'"):

@@ -74,7 +74,7 @@ def test_pe_offset_comes_before_the_policy_scaling_against_the_reference_grid(po
     model = build("pe_core", depth=1)
     model.set_resolution_policy(policy)
     rope = model.rope[0]
-    assert rope.train_grid == (24, 24) and rope.offset == 1.0
+    assert rope.train_grid == (24, 24) and rope.grid_offset == 1.0
     positions = image_positions(rope, 30, 20)
     cos, sin = rope(positions.coords, 1, positions.grids)
     scale = torch.tensor([24 / 20, 24 / 30]) if policy == "interpolate" else torch.ones(2)  # (x, y): ref / grid

@@ -21,6 +21,8 @@ RoFormer and RoPE-ViT.
 from __future__ import annotations
 
 import math
+import warnings
+from typing import Any
 
 import torch
 from timm.layers import register_notrace_module
@@ -106,6 +108,20 @@ def policy_tables(positions: Tensor, freqs: Tensor, grids: Tensor | None, num_pr
     return cos, sin
 
 
+def _renamed_arguments(renamed: dict[str, Any], normalize_coords: str, mixed_init: str, grid_offset: float
+                       ) -> tuple[str, str, float]:
+    """``RoPE2D``'s three renamed arguments, taking a value given under the earlier name (with a warning): the names
+    now match the model's ``rope_*`` arguments."""
+    unknown = sorted(set(renamed) - {"normalize", "init", "offset"})
+    if unknown:
+        raise TypeError(f"RoPE2D got unexpected keyword arguments {unknown}.")
+    for old, new in (("normalize", "normalize_coords"), ("init", "mixed_init"), ("offset", "grid_offset")):
+        if old in renamed:
+            warnings.warn(f"RoPE2D's {old} is deprecated: use {new}.", FutureWarning, stacklevel=4)
+    return (renamed.get("normalize", normalize_coords), renamed.get("init", mixed_init),
+            renamed.get("offset", grid_offset))
+
+
 # FX (torchvision's create_feature_extractor, timm's FX feature wrapper): placing positions and building tables
 # branch on shapes, which symbolic tracing only knows as proxies, so the trace records each as a call that runs with
 # the real tensors. timm's tracer also keeps RoPE2D whole (register_notrace_module).
@@ -134,12 +150,15 @@ class RoPE2D(nn.Module):
             kind's own (``extrapolate``, DINOv3's ``normalized``).
         min_period: with ``max_period``, DINOv3's alternative period schedule (``dinov3`` only).
         max_period: see ``min_period``.
-        normalize: DINOv3's coordinate normalisation, ``separate``, ``min`` or ``max`` (``dinov3`` only).
+        normalize_coords: DINOv3's coordinate normalisation, ``separate``, ``min`` or ``max`` (``dinov3`` only).
         fraction: p-RoPE's share of pairs rotated (the highest frequencies); the others stay unrotated, learned ones
             too: a fixed mask multiplies the frequencies, so their gradient is 0.
-        init: how ``mixed`` frequencies start: ``"rope-vit"`` (a random frame per head) or ``"golden"``.
-        offset: added to the integer patch positions before the policy places them (Perception Encoder's
-            ``rope_grid_offset=1``: patches at 1..n, the unrotated class token at 0); not for ``dinov3``.
+        mixed_init: how ``mixed`` frequencies start: ``"rope-vit"`` (a random frame per head) or ``"golden"``.
+        grid_offset: added to the integer patch positions before the policy places them (Perception Encoder's 1:
+            patches at 1..n, the unrotated class token at 0); not for ``dinov3``.
+        **renamed: the earlier names of three arguments, deprecated: ``normalize``, ``init``, ``offset``.
+
+    The model's RoPE arguments are these names with ``rope_`` in front (``rope_theta``, ``rope_grid_offset``, ...).
     """
 
     __jit_unused_properties__ = ["policy", "policies", "learnable"]
@@ -154,33 +173,37 @@ class RoPE2D(nn.Module):
         policy: str | dict | ResolutionPolicy | None = None,
         min_period: float | None = None,
         max_period: float | None = None,
-        normalize: str = "separate",
+        normalize_coords: str = "separate",
         fraction: float = 1.0,
-        init: str = "rope-vit",
-        offset: float = 0.0,
+        mixed_init: str = "rope-vit",
+        grid_offset: float = 0.0,
+        **renamed: Any,
     ) -> None:
         super().__init__()
+        normalize_coords, mixed_init, grid_offset = _renamed_arguments(renamed, normalize_coords, mixed_init,
+                                                                       grid_offset)
         self.kind = check_kind(kind)
-        if kind == "dinov3" and offset:
-            raise ValueError(f"offset={offset} shifts integer patch positions; DINOv3's RoPE (encoding='dinov3') "
-                             "places patch centres in [-1, 1] itself: leave the offset at 0.")
-        self.offset = float(offset)
-        if kind != "dinov3" and (min_period is not None or max_period is not None or normalize != "separate"):
+        if kind == "dinov3" and grid_offset:
+            raise ValueError(f"grid_offset={grid_offset} shifts integer patch positions; DINOv3's RoPE "
+                             "(encoding='dinov3') places patch centres in [-1, 1] itself: leave the offset at 0.")
+        self.grid_offset = float(grid_offset)
+        if kind != "dinov3" and (min_period is not None or max_period is not None or normalize_coords != "separate"):
             raise ValueError(
-                f"min_period={min_period}, max_period={max_period} and normalize={normalize!r} set DINOv3's RoPE "
-                f"(encoding='dinov3') and do nothing for {kind!r}: leave them unset, or use a *_dinov3 model."
+                f"min_period={min_period}, max_period={max_period} and normalize_coords={normalize_coords!r} set "
+                f"DINOv3's RoPE (encoding='dinov3') and do nothing for {kind!r}: leave them unset, or use a *_dinov3 "
+                "model."
             )
         self.head_dim = check_head_dim(head_dim)
         self.num_heads = num_heads
         self.theta = check_theta(DEFAULT_THETA[kind] if theta is None else theta)
         self.train_grid = None if train_grid is None else (int(train_grid[0]), int(train_grid[1]))
-        self.normalize = check_normalize(normalize)
+        self.normalize_coords = check_normalize(normalize_coords)
         self.periods = (min_period, max_period)
         self.policy = policy
-        if init not in MIXED_INITS or (init != "rope-vit" and kind != "mixed"):
-            raise ValueError(f"RoPE init={init!r}: mixed frequencies start as one of {', '.join(MIXED_INITS)}; other "
-                             f"kinds (here {kind!r}) take the default 'rope-vit' only.")
-        self.init, self.fraction = init, check_fraction(fraction)
+        if mixed_init not in MIXED_INITS or (mixed_init != "rope-vit" and kind != "mixed"):
+            raise ValueError(f"RoPE mixed_init={mixed_init!r}: mixed frequencies start as one of "
+                             f"{', '.join(MIXED_INITS)}; other kinds (here {kind!r}) take the default 'rope-vit' only.")
+        self.mixed_init, self.fraction = mixed_init, check_fraction(fraction)
         if kind == "mixed":
             self.freqs = nn.Parameter(self._initial_frequencies())
         else:
@@ -190,7 +213,7 @@ class RoPE2D(nn.Module):
     def _initial_frequencies(self) -> Tensor:
         if self.kind == "dinov3":
             return dinov3_frequencies(self.head_dim, self.theta, *self.periods)
-        if self.kind == "golden" or self.init == "golden":
+        if self.kind == "golden" or self.mixed_init == "golden":
             return golden_frequencies(self.head_dim, self.num_heads, self.theta)
         if self.kind == "mixed":
             return mixed_frequencies(self.head_dim, self.num_heads, self.theta)
@@ -231,8 +254,8 @@ class RoPE2D(nn.Module):
     def place(self, coord: Tensor, grids: Tensor) -> Tensor:
         """Positions ``[..., N, 2]`` (x, y) of the patches at ``coord`` ``[..., N, 2]`` (y, x) of the grids ``grids``
         ``[1 or B, 2]`` (h, w), as this module's kind, offset and policy place them (``policies.place_positions``)."""
-        return place_positions(coord, grids, self.kind, self.resolution.name, self.train_grid, self.normalize,
-                               self.offset)
+        return place_positions(coord, grids, self.kind, self.resolution.name, self.train_grid,
+                               self.normalize_coords, self.grid_offset)
 
     def forward(self, positions: Tensor, num_prefix_tokens: int = 0, grids: Tensor | None = None
                 ) -> tuple[Tensor, Tensor]:
@@ -284,9 +307,9 @@ class RoPE2D(nn.Module):
             f"kind={self.kind}, head_dim={self.head_dim}, num_heads={self.num_heads}, theta={self.theta}, "
             f"train_grid={self.train_grid}, policy={self.resolution.name}"
             + (f", fraction={self.fraction}" if self.fraction != 1.0 else "")
-            + (f", offset={self.offset}" if self.offset else "")
-            + (f", init={self.init}" if self.learnable else "")
-            + (f", normalize={self.normalize}, periods={self.periods}" if self.kind == "dinov3" else "")
+            + (f", grid_offset={self.grid_offset}" if self.grid_offset else "")
+            + (f", mixed_init={self.mixed_init}" if self.learnable else "")
+            + (f", normalize_coords={self.normalize_coords}, periods={self.periods}" if self.kind == "dinov3" else "")
         )
 
 

@@ -55,8 +55,9 @@ class EncodingSpec:
         depth: blocks; num_heads: attention heads; head_dim: channels per head.
         train_grid: the patch grid of training, or ``ref_grid`` where policies scale against another.
         policy: the resolution policy (``None``: the kind's own).
-        rope_options: the RoPE options given (``RoPE2D``'s arguments, and ``ref_grid``), each with the model argument
-            that gave it: ``{"theta": ("rope_theta", 1e4)}``.
+        rope_options: the RoPE options given, ``RoPE2D``'s arguments (each the model's ``rope_*`` argument without
+            its prefix): ``{"theta": 1e4}``.
+        ref_grid: the model's ``rope_ref_grid`` if given (then ``train_grid``), which only RoPE kinds take.
         lh_config: LookHere's configuration, or ``None``.
         options: the kind's own options (the model's ``encoding_options``), checked by its builder.
     """
@@ -68,7 +69,8 @@ class EncodingSpec:
     head_dim: int
     train_grid: tuple[int, int]
     policy: str | dict | ResolutionPolicy | None
-    rope_options: dict[str, tuple[str, Any]]
+    rope_options: dict[str, Any]
+    ref_grid: tuple[int, int] | None
     lh_config: str | dict | None
     options: dict[str, Any] = dataclasses.field(default_factory=dict)
 
@@ -86,17 +88,17 @@ def _rotary(spec: EncodingSpec) -> PositionEncoding:
     if spec.lh_config is not None:
         raise ValueError(f"lh_config sets LookHere (encoding='lookhere') and does nothing for {spec.kind!r}.")
     _options(spec, ())
-    options = {name: value for name, (_, value) in spec.rope_options.items() if name != "ref_grid"}
     return RotaryEncoding(spec.depth, spec.base == "mixed", spec.kind == "string", head_dim=spec.head_dim,
                           num_heads=spec.num_heads, kind=spec.base, train_grid=spec.train_grid, policy=spec.policy,
-                          **options)
+                          **spec.rope_options)
 
 
 def _no_rope_options(spec: EncodingSpec) -> None:
     """Refuse RoPE options given to a kind without RoPE; a value that is RoPE2D's own default changes nothing."""
     defaults = inspect.signature(RoPE2D).parameters
-    given = ", ".join(f"{argument}={value!r}" for name, (argument, value) in spec.rope_options.items()
-                      if name not in defaults or value != defaults[name].default)
+    given = [f"rope_{name}={value!r}" for name, value in spec.rope_options.items()
+             if value != defaults[name].default]
+    given = ", ".join(given + ([] if spec.ref_grid is None else [f"rope_ref_grid={spec.ref_grid!r}"]))
     if given:
         raise ValueError(f"{given} configure RoPE; the {spec.kind} encoding has no RoPE and would ignore them: "
                          "leave them unset.")
@@ -196,7 +198,8 @@ class PositionEncodingMixin:
 
     def _init_encoding(self, kind: str, base: str | None, num_heads: int, coord_aug: dict | CoordAugment | None,
                        lh_config: str | dict | None, policy: str | dict | ResolutionPolicy | None,
-                       rope_options: dict[str, tuple[str, Any]], options: dict[str, Any] | None = None) -> None:
+                       rope_options: dict[str, Any], ref_grid: tuple[int, int] | None = None,
+                       options: dict[str, Any] | None = None) -> None:
         """Build the encoding of ``kind`` (``base`` from ``check_encoding``) from the given RoPE options
         (``EncodingSpec.rope_options``).
 
@@ -207,10 +210,9 @@ class PositionEncodingMixin:
         self.encoding_kind = kind
         self.coord_aug = coord_aug if isinstance(coord_aug, CoordAugment) else CoordAugment(**(coord_aug or {}))
         self.rope_string_base = base if kind == "string" else None
-        ref_grid = rope_options.get("ref_grid", (None, None))[1]
         train_grid = tuple(self.patch_embed.grid_size) if ref_grid is None else (int(ref_grid[0]), int(ref_grid[1]))
         spec = EncodingSpec(kind, base, len(self.blocks), num_heads, head_dim, train_grid, policy, rope_options,
-                            lh_config, dict(options or {}))
+                            ref_grid, lh_config, dict(options or {}))
         encoding = BUILDERS[kind](spec)
         encoding.attach_(self.blocks, self.embed_dim, num_heads)
         self.rotary = isinstance(encoding, RotaryEncoding)

@@ -140,15 +140,13 @@ class RoPEVisionTransformer(PositionEncodingMixin, EmbeddingMixin, FeatureMixin,
         self.head_hidden_dim = head_hidden_dim
         if head_hidden_dim:
             self.reset_classifier(self.num_classes)
-        rope_options = {  # RoPE2D's argument: the model argument that sets it and its value (None: the kind's own)
-            "theta": ("rope_theta", rope_theta), "min_period": ("rope_min_period", rope_min_period),
-            "max_period": ("rope_max_period", rope_max_period), "normalize": ("rope_normalize_coords",
-            rope_normalize_coords), "fraction": ("rope_fraction", rope_fraction), "init": ("rope_mixed_init",
-            rope_mixed_init), "offset": ("rope_grid_offset", rope_grid_offset), "ref_grid": ("rope_ref_grid",
-            rope_ref_grid)}
+        rope_options = dict(  # RoPE2D's arguments, each the model's without "rope_" (None: the kind's own)
+            theta=rope_theta, min_period=rope_min_period, max_period=rope_max_period,
+            normalize_coords=rope_normalize_coords, fraction=rope_fraction, mixed_init=rope_mixed_init,
+            grid_offset=rope_grid_offset)
         self._init_encoding(encoding, base_kind, num_heads, rope_coord_aug, lh_config, resolution_policy,
-                            {name: given for name, given in rope_options.items() if given[1] is not None},
-                            encoding_options)
+                            {name: value for name, value in rope_options.items() if value is not None},
+                            rope_ref_grid, encoding_options)
         factory = {key: kwargs[key] for key in ("device", "dtype") if kwargs.get(key) is not None}
         if factory:  # timm built its modules there (create_model(device=..., dtype=...)); ours follow
             self.to(**factory)
