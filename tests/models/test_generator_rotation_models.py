@@ -141,6 +141,41 @@ def test_comrope_inference_in_rope_form_equals_its_block_rotations(kind: str):
             model.blocks[0].attn.qkv.weight.mul_(0.9)
 
 
+class LowRank(torch.nn.Module):
+    """A LoRA-style wrapper of a Linear: its ``weight`` is the base's, its output the base's plus a low-rank update."""
+
+    def __init__(self, base: torch.nn.Linear) -> None:
+        super().__init__()
+        self.base = base
+        self.down = torch.nn.Parameter(torch.randn(base.in_features, 2) * 0.1)
+        self.up = torch.nn.Parameter(torch.randn(2, base.out_features) * 0.1)
+
+    @property
+    def weight(self) -> torch.Tensor:
+        return self.base.weight
+
+    @property
+    def bias(self) -> torch.Tensor | None:
+        return self.base.bias
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.base(x) + x @ self.down @ self.up
+
+
+def test_comrope_inference_calls_a_hooked_or_wrapped_projection():
+    """The RoPE form folds the basis into the projection's weights, which do not say what a hooked or wrapped
+    projection computes: such a projection is called, in inference as in training."""
+    model = build("comrope_ld").eval()
+    x = torch.randn(2, 3, 64, 96)
+    seen = []
+    model.blocks[0].attn.qkv.register_forward_hook(lambda module, args, out: seen.append(out.shape))
+    model.blocks[1].attn.qkv = LowRank(model.blocks[1].attn.qkv)
+    with torch.no_grad():
+        inferred = model(x)
+    assert seen == [torch.Size([2, 1 + 24, 3 * model.embed_dim])]
+    torch.testing.assert_close(inferred, model(x).detach(), atol=1e-5, rtol=1e-5)
+
+
 @pytest.mark.parametrize("kind", KINDS)
 def test_fx_feature_extraction_with_timms_tracer_options(kind: str):
     """timm's tracer keeps the encoding whole (a leaf), so the traced graph builds its tables at each input's grid."""

@@ -87,17 +87,20 @@ class FoldedProjection:
 class Spectral(BlockInput):
     """A block's commuting rotations (``rotations``, the input they have otherwise) with their RoPE form ``basis``
     ``[H, D, D]``, ``cos`` and ``sin`` ``[H, P + N, D/2]``: in eager inference, where the basis can fold into the
-    projection (no q/k norms, no STRING basis, a key head per query head), q and k are projected in the basis and
+    projection (no q/k norms, no STRING basis, a key head per query head,
+    a plain ``nn.Linear`` without hooks), q and k are projected in the basis and
     rotated in place by the tables, at the cost of mixed RoPE; elsewhere the rotations run."""
 
     def __init__(self, rotations: BlockInput, basis: Tensor, cos: Tensor, sin: Tensor, fold: FoldedProjection) -> None:
         self.rotations, self.basis, self.cos, self.sin, self.fold = rotations, basis, cos, sin, fold
 
     def project(self, attn: nn.Module, x: Tensor) -> tuple[Tensor, Tensor, Tensor] | None:
+        qkv = attn.qkv  # a plain Linear without hooks: its weights say all it computes (not so for LoRA's wrapper)
         if (torch.is_grad_enabled() or capturing(x) or not attn.plain_qk or attn.string is not None
-                or attn.num_kv_heads != attn.num_heads):
+                or attn.num_kv_heads != attn.num_heads or type(qkv) is not nn.Linear or qkv._forward_hooks
+                or qkv._forward_pre_hooks):
             return None
-        weight, bias = self.fold.get(self.basis, attn.qkv)
+        weight, bias = self.fold.get(self.basis, qkv)
         qkv = project_weights_rotate_qk(x, weight, bias, attn.num_heads, self.cos, self.sin)  # [B, N, 3, nh, D]
         q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # [B, nh, N, D] each
         return q, k, v
