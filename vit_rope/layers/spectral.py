@@ -87,9 +87,9 @@ class FoldedProjection:
 class Spectral(BlockInput):
     """A block's commuting rotations (``rotations``, the input they have otherwise) with their RoPE form ``basis``
     ``[H, D, D]``, ``cos`` and ``sin`` ``[H, P + N, D/2]``: in eager inference, where the basis can fold into the
-    projection (no q/k norms, no STRING basis, a key head per query head,
-    a plain ``nn.Linear`` without hooks), q and k are projected in the basis and
-    rotated in place by the tables, at the cost of mixed RoPE; elsewhere the rotations run."""
+    projection (no q/k norms, no STRING basis, a key head per query head, a plain ``nn.Linear`` without hooks), q and
+    k are projected in the basis and rotated in place by the tables, at the cost of mixed RoPE; elsewhere the
+    rotations run."""
 
     def __init__(self, rotations: BlockInput, basis: Tensor, cos: Tensor, sin: Tensor, fold: FoldedProjection) -> None:
         self.rotations, self.basis, self.cos, self.sin, self.fold = rotations, basis, cos, sin, fold
