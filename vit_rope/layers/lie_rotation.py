@@ -89,15 +89,26 @@ def rotate_axes(q: Tensor, k: Tensor, turns: tuple[Tensor, Tensor, Tensor]) -> t
     return q, k
 
 
-def axis_turns(values: Tensor, gen: Tensor) -> Tensor:
-    """``exp(v_c A)`` ``[L, H, n, m, b, b]`` for evenly spaced ``values`` ``[n]`` and generators ``gen`` ``[L, H, m,
-    b, b]``: the first and the step exponentiated, the rest as the step's powers (one product each)."""
-    turns = [expm(values[0] * gen)]
-    if values.shape[0] > 1:
-        step = expm((values[1] - values[0]) * gen)
-        for _ in range(values.shape[0] - 1):
-            turns.append(turns[-1] @ step)
-    return torch.stack(turns, 2)
+def axis_turns(values: tuple[Tensor, Tensor], gens: tuple[Tensor, Tensor], prefix: Tensor | None = None
+               ) -> tuple[Tensor, ...]:
+    """``exp(v_c A)`` ``[L, H, n, m, b, b]`` of each axis, for its evenly spaced ``values`` ``[n]`` and generators
+    ``[L, H, m, b, b]``, then ``exp(prefix)`` if given: the first and the step of both axes exponentiated in one call
+    (whose cost is per call more than per matrix: small products), the rest as the steps' powers, both axes in one
+    product per power."""
+    blocks = [gen.shape[2] for gen in gens]
+    sizes = [value.shape[0] for value in values]
+    steps = [value[1] - value[0] if value.shape[0] > 1 else value[0] * 0 for value in values]
+    exponents = [value[0] * gen for value, gen in zip(values, gens, strict=True)]
+    exponents += [step * gen for step, gen in zip(steps, gens, strict=True)]
+    exponents += [] if prefix is None else [prefix]
+    exps = expm(torch.cat(exponents, 2)).split([*blocks, *blocks] + ([] if prefix is None else [prefix.shape[2]]), 2)
+    first, step = torch.cat(exps[:2], 2), torch.cat(exps[2:4], 2)  # [L, H, m_x + m_y, b, b]
+    turns = [first]
+    for _ in range(max(sizes) - 1):
+        turns.append(turns[-1] @ step)
+    table = torch.stack(turns, 2)  # [L, H, n, m_x + m_y, b, b]
+    per_axis = tuple(part.narrow(2, 0, size) for part, size in zip(table.split(blocks, 3), sizes, strict=True))
+    return per_axis + tuple(exps[4:])
 
 
 def check_block(name: str, block: int, head_dim: int) -> int:
@@ -198,9 +209,11 @@ class BlockRotation(PositionEncoding):
         h, w = grid
         cells = positions.float().view(h, w, 2)
         x_blocks, y_blocks = self.axis_blocks
-        turn_x = axis_turns(cells[0, :, 0], gens[:, :, 0, x_blocks])  # [L, H, w, m_x, b, b]
-        turn_y = axis_turns(cells[:, 0, 1], gens[:, :, 1, y_blocks])  # [L, H, h, m_y, b, b]
-        return self.prefix_tables(gens, num_prefix_tokens), turn_x, turn_y
+        axes = (cells[0, :, 0], cells[:, 0, 1]), (gens[:, :, 0, x_blocks], gens[:, :, 1, y_blocks])
+        if self.prefix_position is None or not num_prefix_tokens:  # the identity, or no prefix token
+            return self.prefix_tables(gens, num_prefix_tokens), *axis_turns(*axes)
+        turn_x, turn_y, prefix = axis_turns(*axes, gens.sum(2) * self.prefix_position)  # in the same exponential call
+        return prefix[:, :, None].expand(-1, -1, num_prefix_tokens, -1, -1, -1), turn_x, turn_y
 
     @property
     def commuting(self) -> bool:
