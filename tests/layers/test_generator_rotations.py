@@ -11,9 +11,10 @@ import pytest
 import torch
 
 from vit_rope.layers.attention import RoPEAttention
+from vit_rope.layers.axis_rotation import AxisRotations, rotate_axes
 from vit_rope.layers.comrope import ComRoPE
 from vit_rope.layers.encoding import image_positions
-from vit_rope.layers.lie_rotation import AxisRotations, BlockRotations, rotate_axes, rotate_blocks, rotate_qk
+from vit_rope.layers.lie_rotation import BlockRotations, rotate_blocks, rotate_qk
 from vit_rope.layers.liere import LieRE
 
 # official outputs: make_generator_rotation_reference.py beside this file, ComRoPE at 7aeef083, LieRE at b27b41ba

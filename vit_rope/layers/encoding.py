@@ -30,6 +30,7 @@ from typing import Any, NamedTuple, TypeVar
 import torch
 from torch import Tensor, nn
 
+from vit_rope.layers.capture import capturing
 from vit_rope.layers.naflex import Lattice
 from vit_rope.layers.policies import POLICIES, ResolutionPolicy, check_policy
 
@@ -126,6 +127,15 @@ class BlockInput:
         """q, k and v ``[B, nh, N, D]`` as the encoding changes them (``x`` the attention's input tokens); q and k
         may come back wider than ``D``, v padded to their width (attention keeps the first ``D`` channels)."""
         return q, k, v
+
+
+def plain_projection(attn: nn.Module, x: Tensor) -> bool:
+    """Whether a ``BlockInput`` may compute ``attn``'s projection of ``x`` in a form of its own (``project``): no
+    graph capture, no q/k norms, STRING basis or grouped keys, and a ``qkv`` that is a plain ``nn.Linear`` without
+    hooks, whose weights then say all it computes (not so for a LoRA-style wrapper)."""
+    qkv = attn.qkv
+    return (not capturing(x) and attn.plain_qk and attn.string is None and attn.num_kv_heads == attn.num_heads
+            and type(qkv) is nn.Linear and not (qkv._forward_hooks or qkv._forward_pre_hooks))
 
 
 class PositionEncoding(nn.Module):

@@ -10,13 +10,10 @@ sits; this module holds what they share:
   NaFlex; graph captures); ``rotate_qk`` turns q and k of an image batch by the batch's one table in one batched
   matmul, every sample of both as its rows (``[H, N, m, 2B, b] @ [H, N, m, b, b]``), output in the layout SDPA's CPU
   flash kernel takes (channels of stride 1; else its unfused fallback runs).
-- ``rotate_axes``: an image batch's q and k turned by commuting generators (ComRoPE) without a table per cell:
-  ``exp(x A_x + y A_y) = exp(y A_y) exp(x A_x)``, so each axis turns the grid's columns or rows by its own tables
-  ``[H, w or h, m, b, b]``, one matmul per column (row) with the batch and the rows (columns) as its columns.
-- ``BlockRotations`` and ``AxisRotations``: what a block's attention gets (``BlockInput``), ``rotate_qk``'s tables or
-  ``rotate_axes``' per-axis ones.
+- ``BlockRotations``: what a block's attention gets (``BlockInput``), ``rotate_qk``'s tables; where the generators
+  commute (ComRoPE), an image batch's blocks get ``vit_rope.layers.axis_rotation.AxisRotations`` instead.
 - ``BlockRotation``: the ``PositionEncoding`` of both kinds: tables ``[1 or B, H, P + N, D/b, b, b]`` per block
-  (prefix tokens at a kind's own position, or the identity), or per axis (``rotate_axes``), built once per forward
+  (prefix tokens at a kind's own position, or the identity), or per axis (``axis_tables``), built once per forward
   and, for an image batch in evaluation, kept per grid until the generators change.
 """
 
@@ -28,6 +25,7 @@ import torch
 from timm.layers import register_notrace_module
 from torch import Tensor, nn
 
+from vit_rope.layers.axis_rotation import AxisRotations, axis_turns
 from vit_rope.layers.capture import capturing
 from vit_rope.layers.encoding import BlockInput, GridTables, PositionEncoding, Positions
 from vit_rope.layers.expm import expm
@@ -65,52 +63,6 @@ def rotate_qk(q: Tensor, k: Tensor, rotation: Tensor) -> tuple[Tensor, Tensor]:
     return q, k
 
 
-def rotate_axes(q: Tensor, k: Tensor, turns: tuple[Tensor, Tensor, Tensor]) -> tuple[Tensor, Tensor]:
-    """q and k ``[B, H, P + h * w, D]`` of an image batch turned by commuting rotations given per axis, ``turns =
-    (prefix, turn_x, turn_y)``: the prefix tokens' ``[H, P, m, b, b]``, the columns' ``[H, w, m_x, b, b]`` and the
-    rows' ``[H, h, m_y, b, b]``. Every block turns by both axes (``m_x = m_y = m``: x, then y) or, with ``m / 2``
-    tables each, the even blocks by y only and the odd ones by x only (ComRoPE-AP). Equal to ``rotate_blocks`` with
-    the tables of every cell (``exp(y A_y) exp(x A_x)``), at a fraction of the products in both directions."""
-    prefix, turn_x, turn_y = (t.to(q.dtype) for t in turns)
-    P, m, b = prefix.shape[1], prefix.shape[2], prefix.shape[-1]
-    h, w = turn_y.shape[1], turn_x.shape[1]
-    qk = torch.stack((q, k))  # [2, B, H, P + N, D]
-    # split and unbind, not slices or indices, whose backward writes each gradient into zeros of the whole
-    head, cells = qk.split((P, h * w), 3)
-    head = torch.einsum("hpmij,cbhpmj->cbhpmi", prefix, head.unflatten(-1, (m, b)))
-    cells = cells.unflatten(-1, (m, b)).unflatten(3, (h, w))  # [2, B, H, h, w, m, b]
-    if turn_x.shape[2] == m:  # every block turns with both axes
-        cells = torch.einsum("hymij,cbhyxmj->cbhyxmi", turn_y, torch.einsum("hxmij,cbhyxmj->cbhyxmi", turn_x, cells))
-    else:  # blocks 0::2 turn with y, 1::2 with x
-        by_y, by_x = cells.unflatten(-2, (m // 2, 2)).unbind(-2)  # [2, B, H, h, w, m/2, b] each
-        cells = torch.stack((torch.einsum("hymij,cbhyxmj->cbhyxmi", turn_y, by_y),
-                             torch.einsum("hxmij,cbhyxmj->cbhyxmi", turn_x, by_x)), -2).flatten(-3, -2)
-    q, k = torch.cat((head.flatten(-2), cells.flatten(-2).flatten(3, 4)), 3).unbind(0)
-    return q, k
-
-
-def axis_turns(values: tuple[Tensor, Tensor], gens: tuple[Tensor, Tensor], prefix: Tensor | None = None
-               ) -> tuple[Tensor, ...]:
-    """``exp(v_c A)`` ``[L, H, n, m, b, b]`` of each axis, for its evenly spaced ``values`` ``[n]`` and generators
-    ``[L, H, m, b, b]``, then ``exp(prefix)`` if given: the first and the step of both axes exponentiated in one call
-    (whose cost is per call more than per matrix: small products), the rest as the steps' powers, both axes in one
-    product per power."""
-    blocks = [gen.shape[2] for gen in gens]
-    sizes = [value.shape[0] for value in values]
-    steps = [value[1] - value[0] if value.shape[0] > 1 else value[0] * 0 for value in values]
-    exponents = [value[0] * gen for value, gen in zip(values, gens, strict=True)]
-    exponents += [step * gen for step, gen in zip(steps, gens, strict=True)]
-    exponents += [] if prefix is None else [prefix]
-    exps = expm(torch.cat(exponents, 2)).split([*blocks, *blocks] + ([] if prefix is None else [prefix.shape[2]]), 2)
-    first, step = torch.cat(exps[:2], 2), torch.cat(exps[2:4], 2)  # [L, H, m_x + m_y, b, b]
-    turns = [first]
-    for _ in range(max(sizes) - 1):
-        turns.append(turns[-1] @ step)
-    table = torch.stack(turns, 2)  # [L, H, n, m_x + m_y, b, b]
-    per_axis = tuple(part.narrow(2, 0, size) for part, size in zip(table.split(blocks, 3), sizes, strict=True))
-    return per_axis + tuple(exps[4:])
-
-
 def check_block(name: str, block: int, head_dim: int) -> int:
     """``block`` if it cuts ``head_dim`` channels into whole blocks of at least 2; else a ``ValueError`` naming the
     sizes that would."""
@@ -130,17 +82,6 @@ class BlockRotations(BlockInput):
 
     def transform(self, attn: nn.Module, x: Tensor, q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         q, k = rotate_qk(q, k, self.rotation)
-        return q, k, v
-
-
-class AxisRotations(BlockInput):
-    """A block's commuting rotations of an image batch per axis: ``turns`` as ``rotate_axes`` takes them."""
-
-    def __init__(self, turns: tuple[Tensor, Tensor, Tensor]) -> None:
-        self.turns = turns
-
-    def transform(self, attn: nn.Module, x: Tensor, q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        q, k = rotate_axes(q, k, self.turns)
         return q, k, v
 
 

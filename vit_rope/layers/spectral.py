@@ -26,9 +26,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from vit_rope.layers.capture import capturing
 from vit_rope.layers.cayley_string import fold_qk
-from vit_rope.layers.encoding import BlockInput
+from vit_rope.layers.encoding import BlockInput, plain_projection
 from vit_rope.layers.fused import project_weights_rotate_qk
 
 TOLERANCE = 1e-9  # float64 reconstruction error accepted, relative to the largest entry of S
@@ -95,12 +94,9 @@ class Spectral(BlockInput):
         self.rotations, self.basis, self.cos, self.sin, self.fold = rotations, basis, cos, sin, fold
 
     def project(self, attn: nn.Module, x: Tensor) -> tuple[Tensor, Tensor, Tensor] | None:
-        qkv = attn.qkv  # a plain Linear without hooks: its weights say all it computes (not so for LoRA's wrapper)
-        if (torch.is_grad_enabled() or capturing(x) or not attn.plain_qk or attn.string is not None
-                or attn.num_kv_heads != attn.num_heads or type(qkv) is not nn.Linear or qkv._forward_hooks
-                or qkv._forward_pre_hooks):
+        if torch.is_grad_enabled() or not plain_projection(attn, x):
             return None
-        weight, bias = self.fold.get(self.basis, qkv)
+        weight, bias = self.fold.get(self.basis, attn.qkv)
         qkv = project_weights_rotate_qk(x, weight, bias, attn.num_heads, self.cos, self.sin)  # [B, N, 3, nh, D]
         q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # [B, nh, N, D] each
         return q, k, v
