@@ -116,6 +116,14 @@ def test_an_attention_with_qk_norms_or_a_hooked_projection_keeps_the_per_axis_pr
     hooked = attention()
     hooked.qkv.register_forward_hook(lambda module, args, out: None)
     assert block.project(hooked, x) is None
+    backward_hooked = attention()  # a backward hook must see the projection's gradient in training
+    backward_hooked.qkv.register_full_backward_hook(lambda module, grad_in, grad_out: None)
+    assert block.project(backward_hooked, x) is None
+    handle = torch.nn.modules.module.register_module_forward_hook(lambda module, args, out: None)
+    try:  # hooks for every module
+        assert block.project(attention(), x) is None
+    finally:
+        handle.remove()
 
 
 @pytest.mark.parametrize("kind", ["comrope_ap", "comrope_ld"])

@@ -290,6 +290,8 @@ def test_earlier_argument_names_still_work_with_a_warning():
         grids = torch.tensor([[2, 3]])
         torch.testing.assert_close(earlier(earlier.place(positions, grids), 1, grids),
                                    current(current.place(positions, grids), 1, grids), rtol=0, atol=0)
+    with pytest.raises(TypeError, match="RoPE2D got offset=1.0 and grid_offset=2.0: give grid_offset only"):
+        RoPE2D(D, NH, offset=1.0, grid_offset=2.0)
     with pytest.raises(TypeError, match=r"unexpected keyword arguments \['thta'\]"):
         RoPE2D(D, NH, thta=10.0)
 

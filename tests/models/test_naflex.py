@@ -199,7 +199,7 @@ def test_tables_gathered_from_the_lattice_equal_tables_per_token(kind: str, offs
     sample's frequencies and build tables per token."""
     torch.manual_seed(0)
     encoding = RotaryEncoding(1, kind == "mixed", head_dim=16, num_heads=2, kind=kind, train_grid=(5, 5),
-                              policy=policy, offset=offset, fraction=0.75).double()
+                              policy=policy, grid_offset=offset, fraction=0.75).double()
     rope = encoding[0]
     batch = pack(images())
     coord, valid = batch["patch_coord"], batch["patch_valid"]

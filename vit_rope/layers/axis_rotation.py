@@ -21,8 +21,9 @@ from vit_rope.layers.encoding import BlockInput, plain_projection
 from vit_rope.layers.expm import expm
 from vit_rope.layers.paired_rotation import project_rotate_paired
 
-# the per-cell path's products have the batch's images as their rows: below 8 (2-core CPUs, ViT-S at 224 and 448 px),
-# the per-axis products, fewer and with more rows, cost less despite their reorderings (docs/performance.md)
+# the per-cell path's products have the batch's images as their rows: with 2 images (2-core CPU, ViT-S at 448 px) the
+# per-axis products, fewer and with more rows, cost less despite their reorderings (docs/performance.md); 8 and more
+# were faster paired
 PAIRED_MIN_BATCH = 8
 
 
@@ -96,7 +97,7 @@ class AxisRotations(BlockInput):
     def project(self, attn: nn.Module, x: Tensor) -> tuple[Tensor, Tensor, Tensor] | None:
         """From a plain projection, for a batch of ``PAIRED_MIN_BATCH`` images or more: the rotations as one table
         per cell, applied as the projection writes q and k."""
-        if x.shape[0] < PAIRED_MIN_BATCH or not plain_projection(attn, x):
+        if not plain_projection(attn, x) or x.shape[0] < PAIRED_MIN_BATCH:  # no batch-size guard under compile
             return None
         return project_rotate_paired(attn, x, cell_table(self.turns))
 

@@ -134,8 +134,18 @@ def plain_projection(attn: nn.Module, x: Tensor) -> bool:
     graph capture, no q/k norms, STRING basis or grouped keys, and a ``qkv`` that is a plain ``nn.Linear`` without
     hooks, whose weights then say all it computes (not so for a LoRA-style wrapper)."""
     qkv = attn.qkv
+    hooks = (qkv._forward_hooks, qkv._forward_pre_hooks, qkv._backward_hooks, qkv._backward_pre_hooks,
+             *global_module_hooks())
     return (not capturing(x) and attn.plain_qk and attn.string is None and attn.num_kv_heads == attn.num_heads
-            and type(qkv) is nn.Linear and not (qkv._forward_hooks or qkv._forward_pre_hooks))
+            and type(qkv) is nn.Linear and not any(hooks))
+
+
+def global_module_hooks() -> tuple[dict, ...]:
+    """The hooks registered for every module (``torch.nn.modules.module.register_module_*_hook``)."""
+    module = torch.nn.modules.module
+    names = ("_global_forward_hooks", "_global_forward_pre_hooks", "_global_backward_hooks",
+             "_global_backward_pre_hooks")
+    return tuple(getattr(module, name, {}) for name in names)
 
 
 class PositionEncoding(nn.Module):

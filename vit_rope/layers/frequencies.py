@@ -5,7 +5,7 @@ Every kind turns pair ``i`` by ``x * wx_i + y * wy_i``; the kinds differ only in
 - **axial** (RoPE-ViT, Heo et al., ECCV 2024, arXiv:2403.13298): the first ``D/4`` pairs turn with x, the last with
   y, magnitudes ``theta ** (-4k / D)``;
 - **mixed** (RoPE-ViT): learned per layer and head, initialised as axial RoPE in a randomly rotated frame per head
-  (or, ``init="golden"``, as the golden schedule below);
+  (or, ``mixed_init="golden"``, as the golden schedule below);
 - **golden** (J. Xiong, "On N-dimensional Rotary Positional Embeddings", 2025, https://jerryxio.ng/posts/nd-rope/,
   its 2D "golden gate" RoPE): fixed directions that step by the golden angle ``pi (3 - sqrt 5)`` from one pair to
   the next (and on across heads), with log-spaced magnitudes from 1 down to ``1 / theta``. Consecutive directions

@@ -115,9 +115,13 @@ def _renamed_arguments(renamed: dict[str, Any], normalize_coords: str, mixed_ini
     unknown = sorted(set(renamed) - {"normalize", "init", "offset"})
     if unknown:
         raise TypeError(f"RoPE2D got unexpected keyword arguments {unknown}.")
+    defaults = {"normalize_coords": "separate", "mixed_init": "rope-vit", "grid_offset": 0.0}
+    given = {"normalize_coords": normalize_coords, "mixed_init": mixed_init, "grid_offset": grid_offset}
     for old, new in (("normalize", "normalize_coords"), ("init", "mixed_init"), ("offset", "grid_offset")):
         if old in renamed:
-            warnings.warn(f"RoPE2D's {old} is deprecated: use {new}.", FutureWarning, stacklevel=4)
+            if given[new] != defaults[new]:
+                raise TypeError(f"RoPE2D got {old}={renamed[old]!r} and {new}={given[new]!r}: give {new} only.")
+            warnings.warn(f"RoPE2D's {old} is deprecated: use {new}.", FutureWarning, stacklevel=3)
     return (renamed.get("normalize", normalize_coords), renamed.get("init", mixed_init),
             renamed.get("offset", grid_offset))
 
