@@ -377,3 +377,22 @@ def test_triton_masks_the_padding_of_a_head_dim_off_a_power_of_two(head_dim):
     for triton_result, torch_result in zip(results[1], results[0], strict=True):  # gradients: sums in another order
         scale = torch_result.abs().max()
         torch.testing.assert_close(triton_result / scale, torch_result / scale, atol=1e-5, rtol=1e-5)
+
+
+def test_a_hooked_projection_is_called_so_its_backward_hooks_see_its_gradient():
+    """The fused projection and rotation replaces the Linear's call: a Linear with a backward hook, or any hook for
+    every module, is called as it is, so the hook runs and sees the gradient, as without RoPE."""
+    linear = torch.nn.Linear(D * NH, 3 * D * NH)
+    x = torch.randn(2, 5, D * NH, requires_grad=True)
+    cos, sin = torch.ones(1, 5, D // 2), torch.zeros(1, 5, D // 2)
+    seen = []
+    handle = linear.register_full_backward_hook(lambda module, grad_in, grad_out: seen.append(grad_out[0].shape))
+    project_rotate_qk(linear, x, NH, cos, sin).sum().backward()
+    handle.remove()
+    assert seen == [torch.Size([2, 5, 3 * D * NH])]
+    handle = torch.nn.modules.module.register_module_forward_hook(lambda module, args, out: seen.append(module))
+    try:
+        project_rotate_qk(linear, x, NH, cos, sin).sum().backward()
+    finally:
+        handle.remove()
+    assert seen[-1] is linear

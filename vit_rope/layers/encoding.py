@@ -31,6 +31,7 @@ import torch
 from torch import Tensor, nn
 
 from vit_rope.layers.capture import capturing
+from vit_rope.layers.fused import plain_linear
 from vit_rope.layers.naflex import Lattice
 from vit_rope.layers.policies import POLICIES, ResolutionPolicy, check_policy
 
@@ -133,19 +134,8 @@ def plain_projection(attn: nn.Module, x: Tensor) -> bool:
     """Whether a ``BlockInput`` may compute ``attn``'s projection of ``x`` in a form of its own (``project``): no
     graph capture, no q/k norms, STRING basis or grouped keys, and a ``qkv`` that is a plain ``nn.Linear`` without
     hooks, whose weights then say all it computes (not so for a LoRA-style wrapper)."""
-    qkv = attn.qkv
-    hooks = (qkv._forward_hooks, qkv._forward_pre_hooks, qkv._backward_hooks, qkv._backward_pre_hooks,
-             *global_module_hooks())
     return (not capturing(x) and attn.plain_qk and attn.string is None and attn.num_kv_heads == attn.num_heads
-            and type(qkv) is nn.Linear and not any(hooks))
-
-
-def global_module_hooks() -> tuple[dict, ...]:
-    """The hooks registered for every module (``torch.nn.modules.module.register_module_*_hook``)."""
-    module = torch.nn.modules.module
-    names = ("_global_forward_hooks", "_global_forward_pre_hooks", "_global_backward_hooks",
-             "_global_backward_pre_hooks")
-    return tuple(getattr(module, name, {}) for name in names)
+            and plain_linear(attn.qkv))
 
 
 class PositionEncoding(nn.Module):

@@ -205,12 +205,24 @@ def rotate_heads_(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tenso
     return q, k
 
 
+def plain_linear(linear: nn.Module) -> bool:
+    """Whether ``linear`` is a plain ``nn.Linear`` that no hook watches (its own forward or backward hooks, or those
+    registered for every module): its weights then say all it computes, and a fused form of it changes nothing a user
+    sees (not so for a LoRA-style wrapper or a hooked layer, which are called as they are)."""
+    module = torch.nn.modules.module
+    every = (module._global_forward_hooks, module._global_forward_pre_hooks, module._global_backward_hooks,
+             module._global_backward_pre_hooks)
+    own = (linear._forward_hooks, linear._forward_pre_hooks, linear._backward_hooks, linear._backward_pre_hooks)
+    return type(linear) is nn.Linear and not any((*own, *every))
+
+
 def project_rotate_qk(linear: nn.Module, x: Tensor, num_heads: int, cos: Tensor, sin: Tensor,
                       backend: str = "auto") -> Tensor:
     """``rotate_qk(linear(x).unflatten(-1, (3, num_heads, -1)), cos, sin)``, cheaper in training.
 
-    With autograd and a plain ``nn.Linear`` (no hooks), projection and rotation are one autograd node that rotates in
-    place; otherwise (inference, hooks, LoRA-style wrappers) the Linear is called as it is and ``rotate_qk`` follows.
+    With autograd and a plain ``nn.Linear`` (``plain_linear``), projection and rotation are one autograd node that
+    rotates in place; otherwise (inference, hooks, LoRA-style wrappers) the Linear is called as it is and ``rotate_qk``
+    follows.
 
     Args:
         linear: the attention's qkv projection, ``C -> 3 * nh * D``.
@@ -223,7 +235,7 @@ def project_rotate_qk(linear: nn.Module, x: Tensor, num_heads: int, cos: Tensor,
     Returns:
         ``[B, N, 3, nh, D]`` with q and k rotated.
     """
-    if type(linear) is nn.Linear and not (linear._forward_hooks or linear._forward_pre_hooks):
+    if plain_linear(linear):
         return project_weights_rotate_qk(x, linear.weight, linear.bias, num_heads, cos, sin, backend)
     return rotate_qk(linear(x).unflatten(-1, (3, num_heads, -1)), cos, sin, backend)
 
