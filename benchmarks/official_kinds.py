@@ -58,11 +58,11 @@ from torch import Tensor, nn
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from benchmarks.throughput import against, interleaved_speeds, paired_ratio, prepare, setup_machine, verdict  # noqa: E402
+from vit_rope.encodings.base import image_positions  # noqa: E402
+from vit_rope.encodings.generators.comrope import ComRoPE  # noqa: E402
+from vit_rope.encodings.generators.liere import LieRE  # noqa: E402
 from vit_rope.eval import report  # noqa: E402
 from vit_rope.layers.attention import RoPEAttention  # noqa: E402
-from vit_rope.layers.comrope import ComRoPE  # noqa: E402
-from vit_rope.layers.encoding import image_positions  # noqa: E402
-from vit_rope.layers.liere import LieRE  # noqa: E402
 from vit_rope.models.pape_weights import create_from_pape  # noqa: E402
 from vit_rope.train.distributed import flushed_subnormals  # noqa: E402
 
@@ -132,11 +132,11 @@ class OurAttention(ResidualAttention):
                           for _ in range(widths.depth)])
         self.encoding, self.grid = encoding, widths.grid
 
-    def layer_inputs(self, x: Tensor) -> Sequence[dict[str, Any]]:
+    def layer_inputs(self, x: Tensor) -> Sequence[Any]:
         return self.encoding.block_inputs(image_positions(self.encoding, self.grid, self.grid, x.device), 1)
 
-    def attend(self, layer: nn.Module, x: Tensor, inputs: dict[str, Any]) -> Tensor:
-        return layer(x, **inputs)
+    def attend(self, layer: nn.Module, x: Tensor, inputs: Any) -> Tensor:
+        return layer(x, inputs)
 
 
 class OfficialComRoPE(ResidualAttention):

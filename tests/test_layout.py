@@ -15,7 +15,7 @@ from helpers.training import REPO
 
 PACKAGE = REPO / "vit_rope"
 # lowest first: a module may import its own layer and the ones before it
-LAYERS = ["base", "layers", "models", "data", "train", "eval", "commands"]
+LAYERS = ["base", "layers", "encodings", "models", "data", "train", "eval", "commands"]
 BASE = {"vit_rope.errors", "vit_rope.checks", "vit_rope._requires"}
 COMMANDS = {"vit_rope", "vit_rope.evaluate", "vit_rope.diagnose", "vit_rope.export"}
 # import name -> distribution, where they differ

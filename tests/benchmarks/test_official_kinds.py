@@ -15,7 +15,7 @@ import torch
 
 from benchmarks import official_kinds
 from benchmarks.official_kinds import Pair, Widths
-from vit_rope.layers.liere import LieRE
+from vit_rope.encodings.generators.liere import LieRE
 
 TINY = Widths(dim=32, heads=2, depth=2, mlp=64, img_size=64)
 

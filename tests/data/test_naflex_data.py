@@ -1,4 +1,5 @@
-"""timm's NaFlex batches through ``vit_rope.data.naflex``: step order, seeds, ranks, Mixup, erasing, bad files."""
+"""timm's NaFlex batches through ``vit_rope.data.naflex_loader``: step order, seeds, ranks, Mixup, erasing, bad
+files."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from torch.utils.data import DataLoader
 
 from helpers.training import write_image_folder
 from vit_rope.data.folders import Images, find_images
-from vit_rope.data.naflex import NaFlexLoader, NaFlexSteps
+from vit_rope.data.naflex_loader import NaFlexLoader, NaFlexSteps
 
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 

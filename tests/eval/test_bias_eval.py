@@ -1,6 +1,7 @@
 """The attention-bias models (LookHere, 2D-ALiBi) in the tools: ONNX export served at other sizes, the harness's policy
 check, ``vit_rope.diagnose`` (attention entropy with the bias; no frequencies to cover), and the factory that
-train.py's ``model`` / ``model_kwargs`` go through (a YAML ``lh_config`` preset or dict; a bad one is one error)."""
+train.py's ``model`` / ``model_kwargs`` go through (a YAML LookHere ``config`` preset or dict in ``encoding_options``; a
+bad one is one error)."""
 
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ from vit_rope.models.factory import create_model
 LOOKHERE = "vit_rope_tiny_patch16_lookhere_224"
 
 
-@pytest.mark.parametrize("name,kwargs", [(LOOKHERE, {"lh_config": "lh90", "reg_tokens": 1}),
+@pytest.mark.parametrize("name,kwargs", [(LOOKHERE, {"encoding_options": {"config": "lh90"}, "reg_tokens": 1}),
                                          ("vit_rope_tiny_patch16_alibi_224", {})])
 def test_onnx_export_serves_other_sizes(tmp_path: Path, name: str, kwargs: dict) -> None:
     model = tiny(name, **kwargs).eval()
@@ -52,7 +53,7 @@ def test_attention_entropy_sees_the_bias() -> None:
     x = torch.randn(2, 3, 64, 48)
     entropy = attention_entropy(model, x)
     assert all(0 < e <= math.log(1 + 12) for e in entropy)
-    model.rope.scales = [0.0, 0.0]  # the same model without its masks and penalties attends more widely
+    model.pos_encoding.scales = [0.0, 0.0]  # the same model without its masks and penalties attends more widely
     assert all(a < b for a, b in zip(entropy, attention_entropy(model, x), strict=True))
 
 
@@ -68,10 +69,12 @@ def test_diagnose_cli_on_a_bias_model(tmp_path: Path, capsys) -> None:
 
 
 def test_factory_builds_what_a_train_config_names() -> None:
-    cfg = {"depth": 2, "num_classes": 10, "img_size": 64, "lh_config": {"global_slope": 1.0, "layer_slopes": [1, 0.5],
-                                                                       "head_directions": "corners"}}
+    config = {"global_slope": 1.0, "layer_slopes": [1, 0.5], "head_directions": "corners"}
+    cfg = {"depth": 2, "num_classes": 10, "img_size": 64, "encoding_options": {"config": config}}
     model, _ = create_model(LOOKHERE, cfg)
-    assert model.pos_encoding.lh_config["head_directions"] == "corners"
+    assert model.pos_encoding.config["head_directions"] == "corners"
     assert model(torch.randn(1, 3, 64, 64)).shape == (1, 10)
     with pytest.raises(UserError, match="Unknown LookHere preset 'lh30'"):
-        create_model(LOOKHERE, {"lh_config": "lh30"})
+        create_model(LOOKHERE, {"encoding_options": {"config": "lh30"}})
+    with pytest.raises(UserError, match="lh_config is now encoding_options"):  # the earlier argument, named
+        create_model(LOOKHERE, {"lh_config": "lh90"})

@@ -23,11 +23,11 @@ import vit_rope
 from helpers.checkpoints import save_source, write_corrupt
 from helpers.evaluation import CLASSES, ROPE, run, write_checkpoint
 from helpers.training import tiny_args
+from vit_rope.encodings.policies import POLICIES
 from vit_rope.errors import UserError
 from vit_rope.eval import harness as evaluate
 from vit_rope.eval import report
 from vit_rope.eval.loading import EvalModel, load_trained
-from vit_rope.layers.policies import POLICIES
 from vit_rope.models.load_report import WeightsNotLoadedWarning
 
 

@@ -69,7 +69,7 @@ def test_an_official_lookhere_file_gives_its_config_and_needs_its_width_named(tm
         vit_rope.create_from_checkpoint(path)
     model = vit_rope.create_from_checkpoint(path, model="vit_rope_tiny_patch16_lookhere_224", img_size=64,
                                             embed_dim=32, num_heads=4).eval()
-    assert model.pos_encoding.lh_config["head_directions"] == "halves" and model.head_hidden_dim == 128
+    assert model.pos_encoding.config["head_directions"] == "halves" and model.head_hidden_dim == 128
     x = torch.randn(2, 3, 64, 64)
     with torch.no_grad():
         torch.testing.assert_close(model(x), reference(x), rtol=1e-3, atol=1e-3)

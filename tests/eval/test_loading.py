@@ -52,8 +52,8 @@ def test_learned_frequencies_checked_for_pretrained_files(tmp_path: Path, capsys
         warnings.simplefilter("error", WeightsNotLoadedWarning)
         loaded = load_pretrained(ROPE, str(mixed), 3, 32, kwargs)
     assert loaded.model.load_report.rope_freqs_loaded and loaded.model.load_report.initialised == {}
-    expected = torch.load(mixed, weights_only=True)["model"]["rope.1.freqs"]
-    assert torch.equal(loaded.model.rope[1].freqs, expected)
+    expected = torch.load(mixed, weights_only=True)["model"]["pos_encoding.1.freqs"]
+    assert torch.equal(loaded.model.pos_encoding[1].freqs, expected)
     axial = save_source("axial", tmp_path / "axial.pth", num_classes=3)
     with pytest.raises(UserError, match=f"^{axial} has no learned RoPE frequencies for {ROPE}"):
         load_pretrained(ROPE, str(axial), 3, 32, kwargs)
@@ -84,7 +84,7 @@ def test_checkpoint_of_a_run_seeded_from_pretrained_weights(tmp_path: Path) -> N
         warnings.simplefilter("error", WeightsNotLoadedWarning)
         loaded = load_trained(path)
     assert not hasattr(loaded.model, "load_report")
-    assert torch.equal(loaded.model.rope[0].freqs, ckpt["model"]["rope.0.freqs"])
+    assert torch.equal(loaded.model.pos_encoding[0].freqs, ckpt["model"]["pos_encoding.0.freqs"])
 
 
 def test_labels_name_what_changed_the_architecture(tmp_path: Path) -> None:

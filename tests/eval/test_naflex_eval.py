@@ -1,6 +1,6 @@
-"""Token budgets (vit_rope.eval.naflex): timm's NaFlex eval transform keeps each image's aspect ratio within the budget,
-a budget batch gives the logits of its resized images run alone, square images at the token count of a size score as
-that size, and the command writes both protocols' rows or refuses bad budgets and models without NaFlex.
+"""Token budgets (vit_rope.eval.token_budget): timm's NaFlex eval transform keeps each image's aspect ratio within the
+budget, a budget batch gives the logits of its resized images run alone, square images at the token count of a size
+score as that size, and the command writes both protocols' rows or refuses bad budgets and models without NaFlex.
 
 CPU, 2-block models on the 40x40 ImageFolder of ``conftest.py``.
 """
@@ -18,7 +18,8 @@ from PIL import Image
 from torchvision import transforms
 
 from helpers.evaluation import ROPE, run, write_checkpoint
-from vit_rope.eval import harness, naflex, report
+from vit_rope.eval import harness, report
+from vit_rope.eval import token_budget as naflex
 from vit_rope.eval.loading import load_trained
 
 PATCH = (16, 16)

@@ -13,10 +13,10 @@ import torch
 import vit_rope  # noqa: F401  (registers the models)
 from benchmarks.throughput import activation_bytes  # the benchmark's own measure, so both agree
 from helpers.autograd import SavedForBackward
+from vit_rope.encodings.base import image_positions
+from vit_rope.encodings.rope.tables import RoPE2D, apply_rope, rope_angles, rope_tables
 from vit_rope.layers import triton_rope
-from vit_rope.layers.encoding import image_positions
 from vit_rope.layers.fused import project_rotate_qk, rotate_heads_, rotate_qk
-from vit_rope.layers.rope import RoPE2D, apply_rope, rope_angles, rope_tables
 
 B, N, NH, D = 2, 7, 3, 8
 DEVICES = ["cpu", "cuda"]  # "cuda" is marked and skipped without a GPU by conftest.py
@@ -248,8 +248,8 @@ def test_qk_norm_rotates_the_normed_q_and_k_in_place_in_inference(num_kv_heads):
     assert not attn.plain_qk
     attn.q_norm = q_norm = KeepsOutput(attn.q_norm)
     x = torch.randn(2, 17, 192)
-    positions = image_positions(model.rope[0], 4, 4)
-    rope = model.rope[0](positions.coords, 1, positions.grids)
+    positions = image_positions(model.pos_encoding[0], 4, 4)
+    rope = model.pos_encoding[0](positions.coords, 1, positions.grids)
     plain_q, plain_k, _ = attn.project(x)
     expected = apply_rope(plain_q, *rope), apply_rope(plain_k, *rope)
 

@@ -11,12 +11,12 @@ import torch
 
 import vit_rope  # noqa: F401  (registers the models)
 from helpers.models import randomize_
-from vit_rope.layers import axis_rotation
+from vit_rope.encodings.base import image_positions
+from vit_rope.encodings.generators import axis_rotation
+from vit_rope.encodings.generators.axis_rotation import PAIRED_MIN_BATCH, AxisRotations
+from vit_rope.encodings.generators.block_rotation import rotate_blocks
+from vit_rope.encodings.generators.comrope import ComRoPE
 from vit_rope.layers.attention import RoPEAttention
-from vit_rope.layers.axis_rotation import PAIRED_MIN_BATCH, AxisRotations
-from vit_rope.layers.comrope import ComRoPE
-from vit_rope.layers.encoding import image_positions
-from vit_rope.layers.lie_rotation import rotate_blocks
 from vit_rope.layers.paired_rotation import RotatePaired, paired_projection, project_rotate_paired
 
 DIM, HEADS, BLOCK = 32, 2, 4  # head width 16: 4 blocks of 4
@@ -87,7 +87,7 @@ def test_comrope_per_axis_rotations_from_the_paired_projection_equal_the_per_axi
     x = torch.randn(PAIRED_MIN_BATCH, 2 + 12, DIM, dtype=torch.float64, requires_grad=True)
     results = []
     for paired in (True, False):
-        block = encoding.block_inputs(positions, 2)[0]["encoding"]
+        block = encoding.block_inputs(positions, 2)[0]
         assert isinstance(block, AxisRotations)
         if paired:
             q, k, v = block.project(attn, x)
@@ -109,7 +109,7 @@ def test_an_attention_with_qk_norms_or_a_hooked_projection_keeps_the_per_axis_pr
     attention projects as usual and the rotations follow (``transform``)."""
     monkeypatch.setattr(axis_rotation, "PAIRED_MIN_BATCH", 1)
     encoding = ComRoPE("comrope_ld", 1, HEADS, DIM // HEADS, (4, 4), block_size=BLOCK).double()
-    block = encoding.block_inputs(image_positions(encoding, 2, 2), 0)[0]["encoding"]
+    block = encoding.block_inputs(image_positions(encoding, 2, 2), 0)[0]
     x = torch.randn(2, 4, DIM, dtype=torch.float64)
     assert block.project(attention(), x) is not None
     assert block.project(attention(qk_norm=True, norm_layer=torch.nn.LayerNorm), x) is None
@@ -136,7 +136,7 @@ def test_a_comrope_model_trains_alike_on_either_path(kind: str, monkeypatch):
     model = model.double().train()
     x = torch.randn(PAIRED_MIN_BATCH, 3, 64, 48, dtype=torch.float64)
     tokens = torch.randn(PAIRED_MIN_BATCH, 1 + 12, model.embed_dim, dtype=torch.float64)
-    block = model.pos_encoding.block_inputs(image_positions(model.pos_encoding, 4, 3), 1)[0]["encoding"]
+    block = model.pos_encoding.block_inputs(image_positions(model.pos_encoding, 4, 3), 1)[0]
     assert block.project(model.blocks[0].attn, tokens) is not None  # the paired path is the one taken
 
     def step() -> tuple[torch.Tensor, list[torch.Tensor]]:

@@ -8,8 +8,8 @@ import pytest
 import timm
 import torch
 
-from vit_rope.layers import lie_rotation
-from vit_rope.layers.lie_rotation import rotate_qk
+from vit_rope.encodings.generators import block_rotation as lie_rotation
+from vit_rope.encodings.generators.block_rotation import rotate_qk
 from vit_rope.layers.shared_rotation import share, shared_node
 
 

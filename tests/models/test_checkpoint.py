@@ -91,7 +91,7 @@ def test_plain_vit_into_rope_ape_model():
     """timm ViT (class-token APE row, no LayerScale) -> RoPE+APE: weights carried, APE stripped, identity scales."""
     source = timm.create_model("vit_small_patch16_224", depth=2)
     model = timm.create_model("vit_rope_small_patch16_axial_ape_224", depth=2)
-    freqs_before = model.rope[0].freqs.clone()
+    freqs_before = model.pos_encoding[0].freqs.clone()
     with pytest.warns(WeightsNotLoadedWarning, match=r"LayerScale set to the identity \(blocks.0.ls1.gamma, ..., "
                       r"blocks.1.ls2.gamma: 4 tensors\)\. Fine for fine-tuning") as record:
         sd = convert_state_dict(source.state_dict(), model)
@@ -100,19 +100,19 @@ def test_plain_vit_into_rope_ape_model():
     torch.testing.assert_close(model.pos_embed, source.pos_embed[:, 1:])
     torch.testing.assert_close(model.blocks[1].attn.qkv.weight, source.blocks[1].attn.qkv.weight)
     assert (model.blocks[0].ls1.gamma == 1).all()
-    assert torch.equal(model.rope[0].freqs, freqs_before)
+    assert torch.equal(model.pos_encoding[0].freqs, freqs_before)
 
 
 def test_deit3_into_rope_mixed_model_drops_the_ape():
     source = timm.create_model("deit3_small_patch16_224", depth=2)
     model = timm.create_model("vit_rope_small_patch16_mixed_224", depth=2)
-    freqs = [r.freqs.detach().clone() for r in model.rope]
-    with pytest.warns(WeightsNotLoadedWarning, match=rf"{ROPE_FREQS} \(rope.0.freqs, rope.1.freqs\)"):
+    freqs = [r.freqs.detach().clone() for r in model.pos_encoding]
+    with pytest.warns(WeightsNotLoadedWarning, match=rf"{ROPE_FREQS} \(pos_encoding.0.freqs, pos_encoding.1.freqs\)"):
         sd = convert_state_dict(source.state_dict(), model)
     assert "pos_embed" not in sd
     model.load_state_dict(sd)
     torch.testing.assert_close(model.blocks[0].ls2.gamma, source.blocks[0].ls2.gamma)
-    assert all(torch.equal(r.freqs, f) for r, f in zip(model.rope, freqs, strict=True))  # initialised, not loaded
+    assert all(torch.equal(r.freqs, f) for r, f in zip(model.pos_encoding, freqs, strict=True))  # kept, not loaded
 
 
 def test_deit3_resampled_into_a_smaller_grid(tmp_path):
@@ -165,18 +165,20 @@ TINY_MIXED = "vit_rope_tiny_patch16_mixed_224"
 def test_checkpoint_without_learned_frequencies_is_warned_and_reported(kind, tmp_path):
     path = save_source(kind, tmp_path / f"{kind}.pth")
     model = timm.create_model(TINY_MIXED, depth=2)
-    initial = [rope.freqs.detach().clone() for rope in model.rope]
+    initial = [rope.freqs.detach().clone() for rope in model.pos_encoding]
     with pytest.warns(WeightsNotLoadedWarning) as record:
         report = load_weights(model, path)
     assert len(record) == 1  # once, naming the file, what was initialised and why it matters
     message = str(record[0].message)
-    assert message.startswith(f"{path} lacks weights of the model") and "rope.0.freqs, rope.1.freqs" in message
+    assert message.startswith(f"{path} lacks weights of the model")
+    assert "pos_encoding.0.freqs, pos_encoding.1.freqs" in message
     assert message.endswith("Fine for fine-tuning; for evaluation, load a checkpoint that has them.")
-    assert report.initialised[ROPE_FREQS] == ("rope.0.freqs", "rope.1.freqs") and not report.rope_freqs_loaded
+    assert report.initialised[ROPE_FREQS] == ("pos_encoding.0.freqs", "pos_encoding.1.freqs")
+    assert not report.rope_freqs_loaded
     assert (LAYERSCALE in report.initialised) == (kind == "plain_vit")  # timm's augreg ViT has no LayerScale
     assert report.source == str(path) and model.load_report is report
-    assert "blocks.1.attn.qkv.weight" in report.loaded and "rope.0.freqs" not in report.loaded
-    assert all(torch.equal(rope.freqs, f) for rope, f in zip(model.rope, initial, strict=True))
+    assert "blocks.1.attn.qkv.weight" in report.loaded and "pos_encoding.0.freqs" not in report.loaded
+    assert all(torch.equal(rope.freqs, f) for rope, f in zip(model.pos_encoding, initial, strict=True))
 
 
 def test_mixed_checkpoint_into_mixed_model_loads_everything(tmp_path):

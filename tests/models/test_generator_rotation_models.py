@@ -17,7 +17,7 @@ from helpers.models import (
     perturbed,
 )
 from helpers.naflex import images, offset_logits, pack, samples_equal_images
-from vit_rope.layers.encoding import image_positions
+from vit_rope.encodings.base import image_positions
 from vit_rope.layers.spectral import Spectral
 
 KINDS = ("comrope_ap", "comrope_ld", "liere")
@@ -131,7 +131,7 @@ def test_comrope_inference_in_rope_form_equals_its_block_rotations(kind: str):
     x = torch.randn(2, 3, 64, 96)
     with torch.no_grad():  # the RoPE form is what the blocks are handed in inference
         inputs = model.pos_encoding.block_inputs(image_positions(model.pos_encoding, 4, 6), model.num_prefix_tokens)
-    assert all(isinstance(item["encoding"], Spectral) for item in inputs)
+    assert all(isinstance(item, Spectral) for item in inputs)
     for _ in range(2):
         with torch.no_grad():
             folded = model(x)

@@ -10,18 +10,19 @@ import torch
 
 from helpers.models import assert_fx_features_match_eager, assert_same_gradients, perturbed
 from helpers.naflex import images, pack, samples_equal_images
-from vit_rope.layers.attn_bias import alibi_penalty, alibi_slopes
-from vit_rope.layers.encoding import image_positions
-from vit_rope.layers.lookhere import PRESETS, head_plan, lookhere_penalty
+from vit_rope.encodings.base import image_positions
+from vit_rope.encodings.bias.attn_bias import alibi_penalty, alibi_slopes
+from vit_rope.encodings.bias.lookhere import PRESETS, head_plan, lookhere_penalty
 
 BASE = dict(img_size=80, embed_dim=48, depth=2, num_heads=3, num_classes=7, init_values=0.5)
 KINDS = {  # name -> (model, extra kwargs)
     "alibi": ("vit_rope_tiny_patch16_alibi_224", {}),
-    "lh180": ("vit_rope_tiny_patch16_lookhere_224", {"lh_config": "lh180"}),
-    "lh90": ("vit_rope_tiny_patch16_lookhere_224", {"lh_config": "lh90", "num_heads": 4, "embed_dim": 32}),
-    "lh45_regs": ("vit_rope_tiny_patch16_lookhere_224", {"lh_config": "lh45", "reg_tokens": 2}),
-    "lh_center_max": ("vit_rope_tiny_patch16_lookhere_224", {"lh_config": dict(
-        global_slope=1.0, layer_slopes=[1.0, 0.5], head_directions="center", distance="sqrt", fill_with="max")}),
+    "lh180": ("vit_rope_tiny_patch16_lookhere_224", {"encoding_options": {"config": "lh180"}}),
+    "lh90": ("vit_rope_tiny_patch16_lookhere_224",
+             {"encoding_options": {"config": "lh90"}, "num_heads": 4, "embed_dim": 32}),
+    "lh45_regs": ("vit_rope_tiny_patch16_lookhere_224", {"encoding_options": {"config": "lh45"}, "reg_tokens": 2}),
+    "lh_center_max": ("vit_rope_tiny_patch16_lookhere_224", {"encoding_options": {"config": dict(
+        global_slope=1.0, layer_slopes=[1.0, 0.5], head_directions="center", distance="sqrt", fill_with="max")}}),
 }
 
 
@@ -36,7 +37,7 @@ def test_every_kind_is_registered_at_tiny_small_and_base() -> None:
         for kind in ("lookhere", "alibi"):
             assert f"vit_rope_{size}_patch16_{kind}_224" in names
     model = timm.create_model("vit_rope_small_patch16_lookhere_224", depth=1, num_classes=3)
-    assert model.encoding_kind == "lookhere" and model.pos_encoding.lh_config["head_directions"] == "halves"
+    assert model.encoding_kind == "lookhere" and model.pos_encoding.config["head_directions"] == "halves"
     assert model(torch.randn(1, 3, 48, 64)).shape == (1, 3)
 
 
@@ -130,22 +131,25 @@ def test_policies_without_meaning_are_refused() -> None:
 
 
 @pytest.mark.parametrize("kwargs,message", [
-    (dict(lh_config=dict(global_slope=1.0, layer_slopes=[1, 0], head_directions="halves-sideways")),
+    (dict(encoding_options={"config": dict(global_slope=1.0, layer_slopes=[1, 0], head_directions="halves-sideways")}),
      "Unknown LookHere direction 'sideways'.*choose groups of none, zero"),
-    (dict(lh_config=dict(global_slope=1.0, layer_slopes=[1, 0], head_directions="halves-corners-triangles-none"),
-          num_heads=3), "has 4 groups, more than num_heads=3"),
-    (dict(lh_config="lh360"), "Unknown LookHere preset 'lh360'.*lh180, lh90, lh45"),
-    (dict(lh_config=dict(global_slope=1.0, layer_slopes=[1, 0], head_directions="halves", fill="inf")),
+    (dict(encoding_options={"config": dict(global_slope=1.0, layer_slopes=[1, 0],
+                                           head_directions="halves-corners-triangles-none")}, num_heads=3),
+     "has 4 groups, more than num_heads=3"),
+    (dict(encoding_options={"config": "lh360"}), "Unknown LookHere preset 'lh360'.*lh180, lh90, lh45"),
+    (dict(encoding_options={"config": dict(global_slope=1.0, layer_slopes=[1, 0], head_directions="halves",
+                                           fill="inf")}),
      r"unknown keys \['fill'\]"),
-    (dict(lh_config=dict(global_slope=1.0, layer_slopes=[1, 0], head_directions="halves", distance="cosine")),
+    (dict(encoding_options={"config": dict(global_slope=1.0, layer_slopes=[1, 0], head_directions="halves",
+                                           distance="cosine")}),
      "distance='cosine'.*linear, sqrt, square"),
-    (dict(lh_config=dict(global_slope=1.0, layer_slopes=[1, 0], head_directions=["halves"] * 3)),
+    (dict(encoding_options={"config": dict(global_slope=1.0, layer_slopes=[1, 0], head_directions=["halves"] * 3)}),
      "one per layer: got 3 for depth 2"),
-    (dict(lh_config=dict(global_slope="big", layer_slopes=[1, 0], head_directions="halves")),
+    (dict(encoding_options={"config": dict(global_slope="big", layer_slopes=[1, 0], head_directions="halves")}),
      "global_slope must be a number .*got 'big'"),
-    (dict(lh_config=dict(global_slope=1.0, layer_slopes=0.5, head_directions="halves")),
+    (dict(encoding_options={"config": dict(global_slope=1.0, layer_slopes=0.5, head_directions="halves")}),
      r"layer_slopes must be two numbers \[first, last\].*got 0\.5"),
-    (dict(lh_config=dict(global_slope=1.0, layer_slopes=[1, "x"], head_directions="halves")),
+    (dict(encoding_options={"config": dict(global_slope=1.0, layer_slopes=[1, "x"], head_directions="halves")}),
      r"layer_slopes must be two numbers.*got \[1, 'x'\]"),
 ])
 def test_bad_lookhere_configurations_name_the_value(kwargs: dict, message: str) -> None:
@@ -153,10 +157,10 @@ def test_bad_lookhere_configurations_name_the_value(kwargs: dict, message: str) 
         timm.create_model("vit_rope_tiny_patch16_lookhere_224", **{**BASE, **kwargs})
 
 
-def test_lh_config_is_refused_for_other_kinds() -> None:
+def test_lookhere_config_is_refused_for_other_kinds() -> None:
     for name in ("vit_rope_tiny_patch16_alibi_224", "vit_rope_tiny_patch16_axial_224"):
-        with pytest.raises(ValueError, match="lh_config sets LookHere"):
-            timm.create_model(name, **BASE, lh_config="lh90")
+        with pytest.raises(ValueError, match="do not apply to the"):
+            timm.create_model(name, **BASE, encoding_options={"config": "lh90"})
 
 
 def test_head_plans_follow_the_official_splits_and_cover_tiny() -> None:

@@ -48,7 +48,8 @@ def official(cfg: dict, heads: int) -> torch.nn.Module:
 
 def ours(cfg: dict, heads: int) -> torch.nn.Module:
     return timm.create_model("vit_rope_tiny_patch16_lookhere_224", img_size=IMG, embed_dim=8 * heads, depth=DEPTH,
-                             num_heads=heads, num_classes=CLASSES, lh_config=cfg, official=True).eval()
+                             num_heads=heads, num_classes=CLASSES, encoding_options={"config": cfg},
+                             official=True).eval()
 
 
 @pytest.mark.parametrize("directions,heads,distance,fill_with", CASES)
@@ -82,14 +83,14 @@ def test_official_checkpoint_that_does_not_fit_is_refused(tmp_path: Path) -> Non
     path = tmp_path / "lh.pth"
     torch.save({"weights": official(cfg, 4).state_dict(), "config": cfg}, path)
     wider = timm.create_model("vit_rope_tiny_patch16_lookhere_224", img_size=IMG, embed_dim=64, depth=DEPTH,
-                              num_heads=4, num_classes=CLASSES, lh_config=cfg, head_hidden_dim=128)
+                              num_heads=4, num_classes=CLASSES, encoding_options={"config": cfg}, head_hidden_dim=128)
     with pytest.raises(ValueError, match=r"blocks.0.attn.qkv.weight \(96, 32\) in the file, \(192, 64\) in the model"):
         vit_rope.load_weights(wider, path)
     other = ours(config("corners", "linear", "inf"), 4)
     with pytest.raises(ValueError, match="LookHere config .*'halves'.* differs from the model's .*'corners'"):
         vit_rope.load_weights(other, path)
     linear_head = timm.create_model("vit_rope_tiny_patch16_lookhere_224", img_size=IMG, embed_dim=32, depth=DEPTH,
-                                    num_heads=4, num_classes=CLASSES, lh_config=cfg)
+                                    num_heads=4, num_classes=CLASSES, encoding_options={"config": cfg})
     with pytest.raises(ValueError, match=r"official=True \(or head_hidden_dim=128\)"):
         vit_rope.load_weights(linear_head, path)
     alibi = timm.create_model("vit_rope_tiny_patch16_alibi_224", img_size=IMG, embed_dim=32, depth=DEPTH,
@@ -101,19 +102,20 @@ def test_official_checkpoint_that_does_not_fit_is_refused(tmp_path: Path) -> Non
 
 
 def test_evaluation_harness_loads_an_official_file(tmp_path: Path) -> None:
-    """What ``vit_rope.evaluate --model NAME --pretrained-file FILE --model-kwargs official=true lh_config=...``
+    """What ``vit_rope.evaluate --model NAME --pretrained-file FILE --model-kwargs official=true encoding_options=...``
     does."""
     cfg = config("corners", "linear", "inf")
     reference = official(cfg, 4)
     path = tmp_path / "lh.pth"
     torch.save({"weights": reference.state_dict(), "config": cfg}, path)
     entry = load_pretrained("vit_rope_tiny_patch16_lookhere_224", str(path), CLASSES, train_size=IMG,
-                            model_kwargs=dict(official=True, lh_config=cfg, embed_dim=32, num_heads=4, depth=DEPTH,
+                            model_kwargs=dict(official=True, encoding_options={"config": cfg}, embed_dim=32,
+                            num_heads=4, depth=DEPTH,
                                               num_classes=CLASSES))
-    # without lh_config and official: the harness reads both from the file
+    # without the LookHere config and official: the harness reads both from the file
     bare = load_pretrained("vit_rope_tiny_patch16_lookhere_224", str(path), CLASSES, train_size=IMG,
                            model_kwargs=dict(embed_dim=32, num_heads=4, depth=DEPTH))
-    assert bare.model.pos_encoding.lh_config == entry.model.pos_encoding.lh_config and bare.model.head_hidden_dim == 128
+    assert bare.model.pos_encoding.config == entry.model.pos_encoding.config and bare.model.head_hidden_dim == 128
     x = torch.randn(2, 3, LARGER, LARGER)
     reference.set_pos_embed(LARGER // 16)
     with torch.no_grad():

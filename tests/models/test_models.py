@@ -7,8 +7,8 @@ import timm
 import torch
 from timm.layers import DropPath
 
-import vit_rope  # noqa: F401  (registers the models)
-from vit_rope.layers.rope import RoPE2D
+import vit_rope
+from vit_rope.encodings.rope.tables import RoPE2D
 from vit_rope.models.eva_families import FAMILIES, twin_name
 from vit_rope.models.vit import RoPEVisionTransformer
 
@@ -78,16 +78,17 @@ def test_rope_changes_the_output_and_is_shared_or_per_layer(kind):
         flipped = model(x.flip(-1))
     assert (out - flipped).abs().max() > 1e-4  # positions are seen: mirrored input, different output
     if kind == "axial":
-        assert len(model.rope) == 1 and isinstance(model.rope[0], RoPE2D) and not list(model.rope.parameters())
+        assert len(model.pos_encoding) == 1 and isinstance(model.pos_encoding[0], RoPE2D)
+        assert not list(model.pos_encoding.parameters())
     else:
-        assert len(model.rope) == len(model.blocks)
-        assert not torch.equal(model.rope[0].freqs, model.rope[1].freqs)  # one set of frequencies per layer
+        assert len(model.pos_encoding) == len(model.blocks)
+        assert not torch.equal(model.pos_encoding[0].freqs, model.pos_encoding[1].freqs)  # frequencies per layer
 
 
 def test_tables_are_not_in_the_state_dict():
-    assert not [k for k in tiny("vit_rope_tiny_patch16_axial_224").state_dict() if "rope" in k]
-    mixed_keys = [k for k in tiny().state_dict() if "rope" in k]
-    assert mixed_keys == ["rope.0.freqs", "rope.1.freqs"]
+    assert not [k for k in tiny("vit_rope_tiny_patch16_axial_224").state_dict() if "pos_encoding" in k]
+    mixed_keys = [k for k in tiny().state_dict() if "pos_encoding" in k]
+    assert mixed_keys == ["pos_encoding.0.freqs", "pos_encoding.1.freqs"]
 
 
 def _state_between_calls(model: torch.nn.Module) -> list[str]:
@@ -225,7 +226,7 @@ def test_timm_api():
 
     model.reset_classifier(7)
     assert model(x).shape == (2, 7)
-    assert "rope.0.freqs" in model.no_weight_decay() and "rope.1.freqs" in model.no_weight_decay()
+    assert "pos_encoding.0.freqs" in model.no_weight_decay() and "pos_encoding.1.freqs" in model.no_weight_decay()
     assert isinstance(tiny(drop_path_rate=0.2).blocks[-1].drop_path1, DropPath)
 
 
@@ -286,13 +287,36 @@ def test_ape_with_prefix_rows_covers_every_prefix_token(kwargs):
 
 @pytest.mark.parametrize(("name", "default"), [("vit_rope_tiny_patch16_mixed_224", "extrapolate"),
                                                ("vit_rope_small_patch16_dinov3", "normalized")])
-def test_set_rope_policy_none_restores_the_default(name, default):
+def test_set_resolution_policy_none_restores_the_default(name, default):
     model = tiny(name, resolution_policy="yarn" if default == "extrapolate" else "extrapolate")
     model.set_resolution_policy(None)
     assert model.resolution_policy.name == default
     assert all(rope.policy.name == default for rope in model.pos_encoding)
     with pytest.raises(ValueError, match=r"Policy options \['yarn_beta'\] go with a policy name"):
         model.set_resolution_policy({"name": "yarn"}, yarn_beta=4.0)
+
+
+@pytest.mark.parametrize(("old", "new"), [("rope_kind", "encoding"), ("rope_policy", "resolution_policy"),
+                                          ("lh_config", "encoding_options")])
+def test_earlier_model_arguments_are_refused_naming_the_new_one(old, new):
+    with pytest.raises(TypeError, match=f"{old} is now {new}"):
+        tiny("vit_rope_tiny_patch16_lookhere_224", **{old: "lh90"})
+    model = tiny()
+    for name in ("rope", "rope_kind", "rope_policy", "set_rope_policy", "fold_string_"):
+        assert not hasattr(model, name), name
+
+
+def test_weights_saved_under_rope_load_as_the_encodings():
+    """Checkpoints of RoPE-ViT's layout, and ours before every kind lived at ``pos_encoding``, keep the mixed
+    frequencies under ``rope.``: ``load_state_dict`` and ``load_weights`` take them."""
+    source, target = tiny(), tiny()
+    old = {key.replace("pos_encoding.", "rope.", 1): value for key, value in source.state_dict().items()}
+    assert "rope.0.freqs" in old
+    target.load_state_dict(old, strict=True)
+    assert torch.equal(target.pos_encoding[1].freqs, source.pos_encoding[1].freqs)
+    fresh = tiny()
+    report = vit_rope.load_weights(fresh, old)
+    assert report.rope_freqs_loaded and torch.equal(fresh.pos_encoding[0].freqs, source.pos_encoding[0].freqs)
 
 
 @pytest.mark.parametrize("option", [{"rope_min_period": 0.5}, {"rope_max_period": 90.0},

@@ -1,5 +1,5 @@
-"""NaFlex batches (vit_rope.models.naflex, vit_rope.layers.naflex): in one batch that mixes aspect ratios, padded to one
-length, each sample's logits, features and gradients equal the same model on that image alone, for every kind of
+"""NaFlex batches (vit_rope.models.naflex_batch, vit_rope.layers.lattice): in one batch that mixes aspect ratios, padded
+to one length, each sample's logits, features and gradients equal the same model on that image alone, for every kind of
 position encoding and every resolution policy; padding changes nothing."""
 
 from __future__ import annotations
@@ -9,14 +9,14 @@ import timm
 import torch
 from timm.data.naflex_transforms import patchify_image
 
-import vit_rope.layers.rope as rope_module
+import vit_rope.encodings.rope.tables as rope_module
 from helpers.naflex import GRIDS, LENGTH, PATCH, images, pack
-from vit_rope.layers.encoding import Positions
-from vit_rope.layers.naflex import gather_rows as naflex_gather
-from vit_rope.layers.naflex import lattice, naflex_grid, pos_embed_at
-from vit_rope.layers.policies import ResolutionPolicy, place_positions, policy_frequencies
-from vit_rope.layers.pos_embed import fit_pos_embed
-from vit_rope.layers.rope_encoding import RotaryEncoding
+from vit_rope.encodings.ape import fit_pos_embed
+from vit_rope.encodings.base import Positions
+from vit_rope.encodings.policies import ResolutionPolicy, place_positions, policy_frequencies
+from vit_rope.encodings.rope.encoding import RotaryEncoding
+from vit_rope.layers.lattice import gather_rows as naflex_gather
+from vit_rope.layers.lattice import lattice, naflex_grid, pos_embed_at
 
 BASE = dict(img_size=80, embed_dim=32, depth=2, num_heads=2, num_classes=7, init_values=0.5)
 KINDS = {  # name -> (model, extra kwargs, policies)
@@ -214,7 +214,7 @@ def test_tables_gathered_from_the_lattice_equal_tables_per_token(kind: str, offs
     def tables(lattice_: tuple | None) -> tuple[torch.Tensor, ...]:
         rope.freqs.grad = None
         rope.freqs.requires_grad_(kind == "mixed")
-        cos, sin = encoding.block_inputs(Positions(positions, grid, None, valid, lattice_), 2)[0]["rope"]
+        cos, sin = encoding.block_inputs(Positions(positions, grid, None, valid, lattice_), 2)[0]
         if kind == "mixed":
             (cos * weights[0] + sin * weights[1]).sum().backward()
         return cos, sin, rope.freqs.grad
@@ -224,7 +224,7 @@ def test_tables_gathered_from_the_lattice_equal_tables_per_token(kind: str, offs
     on_lattice = tables(lattice(coord, valid, grid, 2))
     with torch.no_grad():  # inference: the bounding grid's tables from one table per axis
         on_grid = Positions(positions, grid, None, valid, lattice(coord, valid, grid, 2))
-        inference = encoding.block_inputs(on_grid, 2)[0]["rope"]
+        inference = encoding.block_inputs(on_grid, 2)[0]
     assert len(gathered) == (4 if policy == "extrapolate" else 0)
     for mine, theirs in zip((*on_lattice, *inference), (*per_token, *per_token[:2]), strict=True):
         torch.testing.assert_close(mine, theirs, rtol=1e-12, atol=1e-12)

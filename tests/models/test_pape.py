@@ -1,5 +1,5 @@
-"""PaPE and PaPE-RI (vit_rope.layers.pape) and PaPE's official folders (vit_rope.models.pape_weights): logits equal the
-official code's on the same weights at its training grid and a larger one (reference written by
+"""PaPE and PaPE-RI (vit_rope.encodings.pape.encoding) and PaPE's official folders (vit_rope.models.pape_weights):
+logits equal the official code's on the same weights at its training grid and a larger one (reference written by
 tests/fixtures/pape/make_reference.py from DTU-PAS/parabolic-position-encoding at 21cb390), patch logits that see
 offsets only, NaFlex samples equal to their image alone, features, position reliance, diagnostics, ONNX export at other
 sizes, and errors that say what fits."""

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from helpers.models import randomize_
-from vit_rope.models.encoding_kinds import KINDS
+from vit_rope.encodings import KINDS
 from vit_rope.models.vit import RoPEVisionTransformer
 
 BASE = dict(img_size=64, patch_size=16, embed_dim=32, depth=3, num_heads=2, num_classes=5, reg_tokens=1)

@@ -61,7 +61,7 @@ def test_rotation_kinds_are_registered_and_create_through_timm():
         for kind in ROTATION_KINDS:
             assert f"vit_rope_{size}_patch16_{kind}_224" in timm.list_models("vit_rope_*")
     model = timm.create_model("vit_rope_tiny_patch16_string_mixed_224", depth=2, num_classes=3)
-    assert model.encoding_kind == "string" and model.rope_string_base == "mixed"
+    assert model.encoding_kind == "string" and model.pos_encoding.kind == "mixed"
     assert model(torch.randn(1, 3, 48, 64)).shape == (1, 3)
 
 
@@ -105,7 +105,7 @@ def test_no_rotated_pair_makes_the_model_blind_to_positions(kind: str):
 def test_string_stays_orthogonal_through_training_and_folds_exactly(kind: str):
     torch.manual_seed(0)
     model = timm.create_model("vit_rope_tiny_patch16_axial_224", **{**BASE, **KINDS[kind]})
-    base_kind = model.rope_string_base
+    base_kind = model.pos_encoding.kind
     fresh = timm.create_model("vit_rope_tiny_patch16_axial_224", **{**BASE, "encoding": base_kind})
     fresh.load_state_dict(model.state_dict(), strict=False)  # P = I at creation: the base kind exactly
     x = torch.randn(2, 3, 64, 48)
@@ -133,7 +133,7 @@ def test_string_stays_orthogonal_through_training_and_folds_exactly(kind: str):
         with torch.enable_grad():
             per_forward = model(x).detach()  # the fold of the training path
         folded_model = copy.deepcopy(model)
-        folded_model.fold_string_()
+        folded_model.fold_encoding_()
         assert not any("string" in key for key in folded_model.state_dict())
         torch.testing.assert_close(folded_model(x), unfolded, atol=1e-5, rtol=1e-5)
         torch.testing.assert_close(per_forward, unfolded, atol=1e-5, rtol=1e-5)
@@ -150,7 +150,7 @@ def test_intermediates_of_images_and_naflex_batches(name: str):
 
 
 def test_unknown_kind_and_bad_fraction_are_errors_that_say_what_is_allowed():
-    with pytest.raises(ValueError, match=r"position encoding 'spiral'.*golden, dinov3, string, lookhere, alibi, none"):
+    with pytest.raises(ValueError, match=r"position encoding 'spiral'.*golden, dinov3, string, none, lookhere, alibi"):
         timm.create_model("vit_rope_tiny_patch16_axial_224", encoding="spiral")
     with pytest.raises(ValueError, match=r"rope_string_base .* 'spiral': choose one of axial, mixed, golden, dinov3.$"):
         timm.create_model("vit_rope_tiny_patch16_string_224", rope_string_base="spiral")
@@ -165,7 +165,7 @@ def test_arguments_a_kind_would_ignore_are_errors():
         timm.create_model("vit_rope_tiny_patch16_alibi_224", rope_fraction=0.5, rope_mixed_init="golden")
     with pytest.raises(ValueError, match=r"rope_theta=10\.0, rope_ref_grid=\(4, 4\) configure RoPE; the lookhere"):
         timm.create_model("vit_rope_tiny_patch16_lookhere_224", rope_theta=10.0, rope_ref_grid=(4, 4))
-    assert timm.create_model("vit_rope_tiny_patch16_alibi_224", depth=1, rope_fraction=1.0).rope_kind == "alibi"
+    assert timm.create_model("vit_rope_tiny_patch16_alibi_224", depth=1, rope_fraction=1.0).encoding_kind == "alibi"
 
 
 @pytest.mark.parametrize("name", ["vit_rope_tiny_patch16_golden_224", "vit_rope_tiny_patch16_string_mixed_224"])

@@ -16,12 +16,12 @@ import torch
 
 from helpers.models import randomize_
 from helpers.naflex import images, pack
+from vit_rope.encodings.base import image_positions
+from vit_rope.encodings.rope.tables import grid_positions, rope_angles
 from vit_rope.eval import cli
 from vit_rope.eval.diagnose import attention_entropy, frequency_coverage
 from vit_rope.eval.diagnose import main as diagnose
 from vit_rope.eval.onnx import export_onnx
-from vit_rope.layers.encoding import image_positions
-from vit_rope.layers.rope import grid_positions, rope_angles
 
 SMALL = dict(embed_dim=64, num_heads=2, num_classes=5)
 FAMILIES = {  # family -> (smallest twin, width cuts): depth 2, every block kind of the family kept
@@ -50,7 +50,7 @@ def patch_of(model: torch.nn.Module) -> int:
 @pytest.mark.parametrize("family", FAMILIES)
 def test_every_policy_runs_at_a_non_native_non_square_size_and_changes_the_output(family):
     model = build(family)
-    rope = model.rope[0]
+    rope = model.pos_encoding[0]
     # wider than the grid the policies scale against, so that ntk and yarn (which only compress) act too
     grid = (3, rope.train_grid[1] + 2)
     patch = patch_of(model)
@@ -70,10 +70,11 @@ def test_every_policy_runs_at_a_non_native_non_square_size_and_changes_the_outpu
 @pytest.mark.parametrize("policy", ["extrapolate", "interpolate"])
 def test_pe_offset_comes_before_the_policy_scaling_against_the_reference_grid(policy):
     """timm's Eva (build_rotary_pos_embed): positions t = arange(n) + grid_offset, then t * ref / n; ours must place
-    PE's patches at (i + 1) * 24 / n under interpolate and at i + 1 under extrapolate, after set_rope_policy too."""
+    PE's patches at (i + 1) * 24 / n under interpolate and at i + 1 under extrapolate, after set_resolution_policy
+    too."""
     model = build("pe_core", depth=1)
     model.set_resolution_policy(policy)
-    rope = model.rope[0]
+    rope = model.pos_encoding[0]
     assert rope.train_grid == (24, 24) and rope.grid_offset == 1.0
     positions = image_positions(rope, 30, 20)
     cos, sin = rope(positions.coords, 1, positions.grids)
@@ -133,7 +134,7 @@ def test_diagnostics_of_every_family(family):
     patch = patch_of(model)
     entropy = attention_entropy(model, torch.randn(2, 3, 3 * patch, 5 * patch))
     assert len(entropy) == 2 and all(0 < e <= math.log(PREFIX[family] + 15) + 1e-5 for e in entropy)
-    rope = model.rope[0]
+    rope = model.pos_encoding[0]
     at_reference = frequency_coverage(model, rope.train_grid)
     assert len(at_reference) == 1 and at_reference[0]["unseen"] == 0 < at_reference[0]["pairs"]
 

@@ -13,6 +13,7 @@ import torch
 import train
 from helpers.training import REPO, tiny_args, write_image_folder
 from vit_rope.eval.loading import load_trained
+from vit_rope.models.encoding import encoding_key
 from vit_rope.train.state import load_checkpoint
 
 FIXTURE = REPO / "tests" / "fixtures" / "resume_epoch1_of2.pth"
@@ -24,8 +25,9 @@ def test_a_checkpoint_from_before_the_move_rebuilds_its_model_for_evaluation() -
     assert ckpt["epoch"] == 1 and ckpt["model_name"] == "vit_rope_tiny_patch16_mixed_224"
     entry = load_trained(FIXTURE)
     assert entry.train_size == 32 and entry.classes == ["class_0", "class_1", "class_2"]
+    saved = {encoding_key(name): tensor for name, tensor in ckpt["model_ema"].items()}  # rope.* -> pos_encoding.*
     for name, tensor in entry.model.state_dict().items():  # the EMA weights, loaded strictly
-        torch.testing.assert_close(tensor, ckpt["model_ema"][name], rtol=0, atol=0, msg=name)
+        torch.testing.assert_close(tensor, saved[name], rtol=0, atol=0, msg=name)
     with torch.no_grad():
         logits = entry.model(torch.randn(2, 3, 48, 64))
     assert logits.shape == (2, 3) and torch.isfinite(logits).all()

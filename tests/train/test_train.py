@@ -255,7 +255,7 @@ def test_bad_input_exits_2_naming_it_before_any_image_is_decoded(image_root: Pat
 def test_weights_of_another_architecture_are_listed_key_by_key(image_root: Path, tmp_path: Path, capsys) -> None:
     """--resume and finetune= with a 4-block checkpoint into a 2-block run: the keys that do not fit, shortened."""
     deeper = timm.create_model(TINY_MODEL, depth=4, num_classes=3, img_size=32).state_dict()
-    extra = [key for key in deeper if key.startswith(("blocks.2.", "blocks.3.", "rope.2.", "rope.3."))]
+    extra = [key for key in deeper if key.startswith(("blocks.2.", "blocks.3.", "pos_encoding.2.", "pos_encoding.3."))]
     save_checkpoint({"model_name": TINY_MODEL, "model": deeper}, tmp_path / "deeper.pth")
     cache = tmp_path / "cache"
     listed = f"({len(extra)} unexpected keys: {', '.join(extra[:10])}, ... ({len(extra) - 10} more))"
@@ -355,7 +355,7 @@ def test_mixed_rope_frequencies_get_no_weight_decay(image_root: Path, tmp_path: 
     monkeypatch.setattr(train, "create_optimizer_v2", spy)
     assert train.main(tiny_args(image_root, tmp_path / "run", "--epochs", "1", "opt=lamb", "weight_decay=0.05")) == 0
     decay = {id(p): group["weight_decay"] for group in built["optimizer"].param_groups for p in group["params"]}
-    freqs = [p for name, p in built["model"].named_parameters() if name.startswith("rope.")]
+    freqs = [p for name, p in built["model"].named_parameters() if name.startswith("pos_encoding.")]
     assert len(freqs) == 2 and all(decay[id(p)] == 0 for p in freqs)  # one frequency tensor per block
     assert decay[id(built["model"].blocks[0].attn.qkv.weight)] == 0.05
 

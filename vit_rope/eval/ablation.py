@@ -20,7 +20,6 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from vit_rope.layers.encoding import BLOCK_ARGS
 from vit_rope.models.vit import RoPEVisionTransformer
 
 
@@ -55,7 +54,7 @@ def without_positions(model: RoPEVisionTransformer) -> Iterator[RoPEVisionTransf
 
 
 def _no_encoding(block: nn.Module, args: tuple, kwargs: dict[str, Any]) -> tuple[tuple, dict[str, Any]]:
-    return args, {**kwargs, **dict.fromkeys(BLOCK_ARGS)}  # what any encoding hands a block
+    return args[:1], {**kwargs, "encoding": None}  # the tokens only: no input from any encoding
 
 
 @torch.no_grad()

@@ -12,7 +12,7 @@ A ``--model`` without weights (no ``--pretrained-file``, no ``--model-kwargs pre
 The command-line layer over ``vit_rope.eval.harness``. Writes OUTPUT/results.json, results.md and
 accuracy_vs_resolution.png (``vit_rope.eval.report``). Exit codes: 0 done, 2 bad input (sizes, policies, data folder,
 checkpoint), all checked before any evaluation starts. ``--seq-lens`` adds token budgets, each image at its own aspect
-ratio (``vit_rope.eval.naflex``), for models that take timm's NaFlex batches.
+ratio (``vit_rope.eval.token_budget``), for models that take timm's NaFlex batches.
 """
 
 from __future__ import annotations
@@ -26,12 +26,12 @@ import yaml
 
 from vit_rope.checks import check_model_name, check_output_dir
 from vit_rope.data.folders import find_images, resolve_data_dir
+from vit_rope.encodings.policies import POLICIES
 from vit_rope.errors import UserError
-from vit_rope.eval import naflex
+from vit_rope.eval import token_budget as naflex
 from vit_rope.eval.harness import check_options, check_sizes, choose_split, evaluate_models, protocol
 from vit_rope.eval.loading import check_weights, load_pretrained, load_trained
 from vit_rope.eval.report import write_reports
-from vit_rope.layers.policies import POLICIES
 from vit_rope.train.distributed import flushed_subnormals, set_cpu_threads
 
 

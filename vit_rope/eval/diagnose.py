@@ -13,9 +13,9 @@ says how much the model uses positions at each size at all.
 its own, e.g. to see whether ``interpolate`` changes the attention entropy at the same token count or only the phases.
 
 ``--seq-lens`` measures the same at token budgets, each image of ``--data-dir`` at its own aspect ratio
-(``vit_rope.eval.naflex``). A budget has no single grid, each image's aspect ratio sets its own, so its unseen-phase
-count is over the images' grids (a channel counts when it meets unseen phases on any of them), and it needs images:
-noise has no aspect ratio to keep.
+(``vit_rope.eval.token_budget``). A budget has no single grid, each image's aspect ratio sets its own, so its
+unseen-phase count is over the images' grids (a channel counts when it meets unseen phases on any of them), and it needs
+images: noise has no aspect ratio to keep.
 """
 
 from __future__ import annotations
@@ -32,18 +32,18 @@ from torch import Tensor, nn
 
 from vit_rope.checks import check_model_name, check_multiple, check_output_dir, patch_size
 from vit_rope.data.folders import ImageFolderDataset, Sample, find_images
+from vit_rope.encodings.base import BlockInput, image_coords
+from vit_rope.encodings.policies import POLICIES
+from vit_rope.encodings.rope.tables import RoPE2D
 from vit_rope.errors import UserError
-from vit_rope.eval import naflex
+from vit_rope.eval import token_budget as naflex
 from vit_rope.eval.ablation import position_reliance
 from vit_rope.eval.cli import parse_kwarg
 from vit_rope.eval.harness import eval_transform, subset
 from vit_rope.eval.loading import EvalModel, check_weights, load_pretrained, load_trained
-from vit_rope.layers.encoding import image_coords
-from vit_rope.layers.naflex import naflex_grid
-from vit_rope.layers.policies import POLICIES
-from vit_rope.layers.rope import RoPE2D
+from vit_rope.layers.lattice import naflex_grid
 from vit_rope.models import registry  # noqa: F401  (registers the models)
-from vit_rope.models.naflex import naflex_patch
+from vit_rope.models.naflex_batch import naflex_patch
 from vit_rope.models.vit import RoPEVisionTransformer
 
 
@@ -80,7 +80,7 @@ def budget_coverage(model: RoPEVisionTransformer, grids: list[tuple[int, int]]) 
 def _rotations(model: RoPEVisionTransformer) -> list[RoPE2D]:
     """The model's RoPE modules; none for the attention biases (LookHere, 2D-ALiBi), which have no frequencies, so
     their coverage is 0 of 0 channels and only their attention entropy is measured."""
-    return [rope for rope in model.pos_encoding if isinstance(rope, RoPE2D)] if model.rotary else []
+    return [module for module in model.pos_encoding.modules() if isinstance(module, RoPE2D)]
 
 
 def _coverage(rope: RoPE2D, grid: tuple[int, int]) -> tuple[Tensor, Tensor, Tensor]:
@@ -108,9 +108,9 @@ def attention_entropy(model: RoPEVisionTransformer, images: Tensor | dict[str, T
 
     def hook(attn: nn.Module, args: tuple, kwargs: dict) -> None:
         encoding = kwargs.get("encoding")  # as the model: RoPE tables, or the kind's q / k transform and bias
-        q, k, _ = attn.project(args[0], kwargs.get("rope"), encoding)
+        q, k, _ = attn.project(args[0], encoding)
         scores = (q * attn.scale) @ k.transpose(-2, -1)  # [B, nh, N, N]
-        if encoding is not None and encoding.bias is not None:  # LookHere, 2D-ALiBi: the block's penalty
+        if isinstance(encoding, BlockInput) and encoding.bias is not None:  # LookHere, 2D-ALiBi: the block's penalty
             scores = scores + encoding.bias_scale * encoding.bias
         real = kwargs.get("attn_mask")  # a NaFlex batch's [B, 1, 1, N], False for padding; None for images
         p = torch.softmax(scores if real is None else scores.masked_fill(~real, float("-inf")), dim=-1)
@@ -198,7 +198,7 @@ def main(argv: list[str] | None = None) -> int:
 
     kind, policy = model.encoding_kind, model.resolution_policy.name
     report: dict[str, Any] = {"model": entry.label, "kind": kind, "policy": policy, "sizes": {}, "seq_lens": {}}
-    encoding = f"RoPE {kind}" if model.rotary else kind
+    encoding = f"RoPE {kind}" if _rotations(model) else kind
     print(f"{entry.label}: {encoding}, policy {policy}, training grid {model.pos_encoding.train_grid}")
     print(f"{'size':>10s} {'unseen-phase channels':>22s} {'without positions':>36s} "
           f"{'attention entropy per layer (nats)'}")
@@ -287,6 +287,6 @@ def _images(samples: list[Sample] | None, size: int, count: int) -> Tensor:
 
 def _budget_batch(samples: list[Sample], seq_len: int, patch: tuple[int, int], count: int) -> dict[str, Tensor]:
     """``count`` images at token budget ``seq_len``, each at its own aspect ratio, as one NaFlex batch padded to
-    ``seq_len`` (``vit_rope.eval.naflex``)."""
+    ``seq_len`` (``vit_rope.eval.token_budget``)."""
     items = _items(samples, count, naflex.budget_transform(seq_len, patch))
     return naflex.BudgetCollator(seq_len)(items)[0]

@@ -22,12 +22,12 @@ from tqdm import tqdm
 
 from vit_rope.checks import check_multiple, resolve_device
 from vit_rope.data.folders import ImageFolderDataset, find_images
+from vit_rope.encodings.policies import POLICIES
 from vit_rope.errors import UserError
-from vit_rope.eval import naflex
+from vit_rope.eval import token_budget as naflex
 from vit_rope.eval.loading import EvalModel, check_loaded
-from vit_rope.layers.policies import POLICIES
-from vit_rope.models.encoding_kinds import resolution_encoding
-from vit_rope.models.naflex import naflex_patch
+from vit_rope.models.encoding import resolution_encoding
+from vit_rope.models.naflex_batch import naflex_patch
 
 
 def label_map(model: EvalModel, val_classes: list[str], val_dir: Path) -> torch.Tensor:
@@ -122,7 +122,7 @@ def evaluate_models(models: Sequence[EvalModel], data_dir: str | Path, img_sizes
                     limit: int | None = None, batch_size: int = 64, workers: int = 4,
                     val_split: str = "val", seq_lens: Sequence[int] = ()) -> list[dict[str, Any]]:
     """Top-1, top-5 (%), loss and images/s of every model at every size and token budget (``seq_lens``,
-    ``vit_rope.eval.naflex``) on ``data_dir/val_split``, once per policy for RoPE models.
+    ``vit_rope.eval.token_budget``) on ``data_dir/val_split``, once per policy for RoPE models.
 
     ``policies`` ``None`` runs each RoPE model under its own policy, the one it was built with (RoPE-ViT's
     ``extrapolate``, DINOv3's ``normalized``, the Eva twins' ``interpolate``, which is what timm runs them with: a

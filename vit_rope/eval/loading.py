@@ -21,6 +21,7 @@ from torch import nn
 
 from vit_rope.errors import UserError
 from vit_rope.models import registry  # noqa: F401  (registers the vit_rope_* models)
+from vit_rope.models.encoding import encoding_key
 from vit_rope.models.factory import PretrainedLoadError, create_model
 from vit_rope.models.load_report import WeightsNotLoadedWarning
 from vit_rope.models.lookhere_weights import official_file_args
@@ -92,7 +93,7 @@ def load_trained(path: str | Path, use_ema: bool = True) -> EvalModel:
     name, kwargs, train_size = ckpt["model_name"], ckpt["model_kwargs"], int(ckpt["config"]["img_size"])
     model = _build(name, {**kwargs, "img_size": train_size, "pretrained": False})
     ema = use_ema and ckpt.get("model_ema") is not None
-    weights = ckpt["model_ema"] if ema else ckpt["model"]
+    weights = {encoding_key(key): value for key, value in (ckpt["model_ema"] if ema else ckpt["model"]).items()}
     mismatch = weights_mismatch(model.state_dict(), weights)
     if mismatch:
         raise UserError(f"the weights in {path} do not fit {name} rebuilt with {kwargs} ({mismatch}); the "

@@ -26,10 +26,10 @@ import torch
 from torch import nn
 from torch.export import Dim, ExportedProgram
 
+from vit_rope.encodings.policies import POLICIES
 from vit_rope.errors import UserError
 from vit_rope.eval.cli import parse_kwarg
 from vit_rope.eval.loading import check_weights, load_pretrained, load_trained
-from vit_rope.layers.policies import POLICIES
 
 ONNX_PACKAGES = ("onnx", "onnxscript", "onnxruntime")
 Shape = tuple[int, int, int]  # (batch, height, width)
@@ -83,7 +83,7 @@ def export_program(model: nn.Module, img_size: tuple[int, int] = (224, 224), bat
                    dynamic: bool = True) -> ExportedProgram:
     """``torch.export`` of ``model`` in eval mode (its mode is restored after), batch and patch grid dynamic.
 
-    A Cayley-STRING model is exported from a copy with ``P`` written into its qkv weights (``fold_string_``): the
+    A Cayley-STRING model is exported from a copy with ``P`` written into its qkv weights (``fold_encoding_``): the
     graph is the base kind's, with no solve and no fold."""
     ph, pw = check_img_size(model, img_size)
     if dynamic and batch_size < 2:
@@ -91,9 +91,9 @@ def export_program(model: nn.Module, img_size: tuple[int, int] = (224, 224), bat
                                "of 1 as a constant); the exported batch stays dynamic")
     h, w = img_size
     dims = ({0: Dim("batch", min=1), 2: ph * Dim("grid_h", min=1), 3: pw * Dim("grid_w", min=1)},)
-    if getattr(model, "rope_string_base", None) is not None:
+    if getattr(model, "pos_encoding", None) is not None and model.pos_encoding.foldable:
         model = copy.deepcopy(model)
-        model.fold_string_()
+        model.fold_encoding_()
     was_training = model.training
     try:
         return torch.export.export(model.eval(), (_images(model, batch_size, h, w),),

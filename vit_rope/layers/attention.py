@@ -1,18 +1,21 @@
-"""Attention and transformer block of timm's ViT, with 2D RoPE on the queries and keys.
+"""Attention and transformer block of timm's ViT, with one door for every position encoding.
 
-RoPE (RoFormer, arXiv:2104.09864; RoPE-ViT, arXiv:2403.13298) acts inside attention only: q and k are rotated
-by the position of their token before the dot product, v is not. The tables arrive from the model, built once per
-forward; prefix tokens (class, registers) have identity rows in them, so they are never rotated.
+Each block gets one ``encoding`` argument from the model's position encoding (``vit_rope.encodings``), built once per
+forward, and attention knows no kind by name. It is one of:
 
-Every other encoding arrives as one ``encoding`` argument, a ``BlockInput`` of its kind
-(``vit_rope.layers.encoding``): a transform of q, k and v after the projection and the q/k norms (ComRoPE's and
-LieRE's block rotations, PaPE's parabola channels) and an attention bias ``[1 or B, nh, N, N]`` added to the logits
-times ``bias_scale`` (LookHere, 2D-ALiBi). Attention knows no kind by name.
+- RoPE tables ``(cos, sin)`` (RoFormer, arXiv:2104.09864; RoPE-ViT, arXiv:2403.13298): q and k are rotated by the
+  position of their token before the dot product, v is not; prefix tokens (class, registers) have identity rows, so
+  they are never rotated. This is the path of the fused kernels and the one TorchScript compiles;
+- a ``BlockInput``: a projection of its own (a basis folded into the weights, then RoPE tables: Cayley-STRING,
+  ComRoPE's RoPE form), a transform of q, k and v after the projection and the q/k norms (ComRoPE's and LieRE's block
+  rotations, PaPE's parabola channels) and an attention bias ``[1 or B, nh, N, N]`` added to the logits times
+  ``bias_scale`` (LookHere, 2D-ALiBi);
+- ``None``: content only.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Tuple  # noqa: UP035  (torch.jit.isinstance needs typing's Tuple)
 
 import torch
 import torch.nn.functional as F
@@ -21,28 +24,78 @@ from timm.models.vision_transformer import Attention, Block
 from torch import Tensor, nn
 
 from vit_rope.layers.capture import capturing
-from vit_rope.layers.fused import pairs_adjacent, project_rotate_qk, project_weights_rotate_qk, rotate_heads_
+from vit_rope.layers.fused import (
+    pairs_adjacent,
+    plain_linear,
+    project_rotate_qk,
+    project_weights_rotate_qk,
+    rotate_heads_,
+)
 from vit_rope.layers.rotary import apply_rope
 
 RopeTables = tuple[Tensor, Tensor]
 
 
+class BlockInput:
+    """What one block's attention gets from a position encoding other than plain RoPE tables: a projection of its
+    own, a transform of q, k and v after the projection and the q/k norms, an attention bias, or several. The base
+    changes nothing; each kind's input overrides what it uses. ``RoPEAttention`` calls these in eager mode, under
+    ``torch.compile``, FX and export (never TorchScript, which compiles RoPE tables only).
+
+    Attributes:
+        bias: logits ``[1 or B, nh, N, N]`` added to every query's scores times ``bias_scale``; ``None``: none.
+    """
+
+    bias: Tensor | None = None
+    bias_scale: float = 1.0
+
+    def project(self, attn: RoPEAttention, x: Tensor) -> tuple[Tensor, Tensor, Tensor] | None:
+        """q, k and v ``[B, nh, N, D]`` of the tokens ``x`` ``[B, N, C]`` computed in place of ``attn``'s projection
+        and ``transform`` (an equal but cheaper form, or the kind's own weights: ``attn.project_tables``), or
+        ``None`` for the projection."""
+        return None
+
+    def transform(self, attn: RoPEAttention, x: Tensor, q: Tensor, k: Tensor, v: Tensor
+                  ) -> tuple[Tensor, Tensor, Tensor]:
+        """q, k and v ``[B, nh, N, D]`` as the encoding changes them (``x`` the attention's input tokens); q and k
+        may come back wider than ``D``, v padded to their width (attention keeps the first ``D`` channels)."""
+        return q, k, v
+
+
+def plain_projection(attn: RoPEAttention, x: Tensor) -> bool:
+    """Whether a ``BlockInput`` may compute ``attn``'s projection of ``x`` in a form of its own (``project``) from
+    ``attn.qkv``'s weights: no graph capture, no q/k norms or grouped keys, and a ``qkv`` that is a plain
+    ``nn.Linear`` without hooks, whose weights then say all it computes (not so for a LoRA-style wrapper)."""
+    return not capturing(x) and attn.plain_qk and attn.num_kv_heads == attn.num_heads and plain_linear(attn.qkv)
+
+
+def rope_tables(encoding: Any) -> RopeTables | None:
+    """The RoPE tables a block got, or ``None`` for a ``BlockInput`` or no encoding. Eager mode and FX tell them
+    apart by class (a traced table is a proxy, not a tuple); TorchScript refines its ``Any``."""
+    if torch.jit.is_scripting():
+        if torch.jit.isinstance(encoding, Tuple[Tensor, Tensor]):  # noqa: UP006
+            return encoding
+        return None
+    if encoding is None or isinstance(encoding, BlockInput):
+        return None
+    return encoding
+
+
 class RoPEAttention(Attention):
-    """timm ``Attention`` whose ``forward`` takes ``rope=(cos, sin)`` tables for the whole sequence.
+    """timm ``Attention`` whose ``forward`` takes one ``encoding`` per call: RoPE tables, a ``BlockInput`` or
+    ``None`` (the module docstring).
 
     Same parameters and state-dict keys as timm's ``Attention``, so ViT and DeiT-III weights load unchanged.
     ``F.scaled_dot_product_attention`` is the fast path; ``fused_attn = False`` computes the same scores
-    explicitly (useful to inspect attention maps). ``string`` is None, or Cayley-STRING's learned basis
-    (``vit_rope.layers.cayley_string.CayleyString``), folded into the q and k rows of the projection at every forward.
-    An encoding may put layers of its own here (``PositionEncoding.attach_``: PaPE's ``pape``), which its
-    ``BlockInput`` uses. ``num_kv_heads`` below ``num_heads`` is grouped-query attention (``group_kv_heads_``).
+    explicitly (useful to inspect attention maps). An encoding may put layers of its own here
+    (``PositionEncoding.attach_``: PaPE's ``pape``, STRING's ``string``), which its ``BlockInput`` uses.
+    ``num_kv_heads`` below ``num_heads`` is grouped-query attention (``group_kv_heads_``).
     """
 
     __jit_unused_properties__ = ["plain_qk"]
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.string: nn.Module | None = None
         self.num_kv_heads = self.num_heads
 
     def group_kv_heads_(self, num_kv_heads: int) -> None:
@@ -69,46 +122,44 @@ class RoPEAttention(Attention):
         groups = nh // nkv
         return q, k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
 
-    def project(self, x: Tensor, rope: RopeTables | None = None, encoding: Any = None) -> tuple[Tensor, Tensor, Tensor]:
-        """Queries and keys (rotated, or as ``encoding`` transforms them) and values, each ``[B, nh, N, D]`` (q and k
-        wider with PaPE's channels); diagnostics reuse it for attention maps. ``encoding`` is a ``BlockInput``
-        (typed ``Any``: TorchScript, which never sees one, would compile the class).
+    def project(self, x: Tensor, encoding: Any = None) -> tuple[Tensor, Tensor, Tensor]:
+        """Queries and keys (rotated, or as the ``BlockInput`` ``encoding`` computes or transforms them) and values,
+        each ``[B, nh, N, D]`` (q and k wider with PaPE's channels); diagnostics reuse it for attention maps.
 
         In eager mode q and k are rotated straight in the projection output (``project_rotate_qk``: one pass, in
         place, no extra memory). torch.compile, FX tracing and TorchScript take the reference ``apply_rope`` instead:
         compile fuses it as it does the q/k norms, and the others cannot see through an autograd Function that
         writes in place.
         """
+        rope = rope_tables(encoding)
         if not torch.jit.is_scripting():  # TorchScript compiles only what this branch leaves out
-            if encoding is not None:
+            if rope is None and encoding is not None:
                 projected = encoding.project(self, x)
                 if projected is not None:
                     return projected
         if self.num_kv_heads != self.num_heads:
             q, k, v = self._project_grouped(x, rope)
         else:
-            q, k, v = self._project_full(x, rope)
+            q, k, v = self.project_tables(x, rope)
         if not torch.jit.is_scripting():  # eager, compiled and exported; k and v repeated under GQA
-            if encoding is not None:
+            if rope is None and encoding is not None:
                 q, k, v = encoding.transform(self, x, q, k, v)
         return q, k, v
 
-    def _project_full(self, x: Tensor, rope: RopeTables | None) -> tuple[Tensor, Tensor, Tensor]:
-        """``project`` with as many key / value heads as query heads."""
+    def project_tables(self, x: Tensor, rope: RopeTables | None, weight: Tensor | None = None,
+                       bias: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
+        """q, k and v ``[B, nh, N, D]`` of ``x`` with as many key / value heads as query heads, q and k rotated by
+        ``rope`` after the q/k norms; ``weight`` and ``bias`` (``[3 nh D, C]``, ``[3 nh D]``) in place of ``qkv``'s,
+        for an encoding that folds a basis into them (Cayley-STRING, ComRoPE's RoPE form)."""
         if not torch.jit.is_scripting():  # TorchScript compiles only what this branch leaves out
             if rope is not None and self.plain_qk and not capturing(x):
-                if self.string is None:
+                if weight is None:
                     qkv = project_rotate_qk(self.qkv, x, self.num_heads, *rope)  # [B, N, 3, nh, D]
                 else:
-                    weight, bias = self.string(self.qkv.weight, self.qkv.bias)
                     qkv = project_weights_rotate_qk(x, weight, bias, self.num_heads, *rope)
                 q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # [B, nh, N, D] each
                 return q, k, v
-        if self.string is None:
-            qkv = self.qkv(x)
-        else:  # P q = (P W_q) x + P b_q: the folded projection
-            weight, bias = self.string(self.qkv.weight, self.qkv.bias)
-            qkv = F.linear(x, weight, bias)
+        qkv = self.qkv(x) if weight is None else F.linear(x, weight, bias)
         qkv = qkv.unflatten(-1, (3, self.num_heads, self.head_dim))  # [B, N, 3, nh, D]
         q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # [B, nh, N, D] each
         q, k = self.q_norm(q), self.k_norm(k)
@@ -157,17 +208,17 @@ class RoPEAttention(Attention):
         """No q/k norm: RoPE can rotate q and k straight in the projection output."""
         return isinstance(self.q_norm, nn.Identity) and isinstance(self.k_norm, nn.Identity)
 
-    def forward(self, x: Tensor, rope: RopeTables | None = None, attn_mask: Tensor | None = None,
-                is_causal: bool = False, encoding: Any = None) -> Tensor:
-        """Attention of the tokens ``x`` ``[B, N, C]`` with the RoPE tables ``rope`` or the ``BlockInput``
-        ``encoding`` of the model's encoding (``project``)."""
+    def forward(self, x: Tensor, encoding: Any = None, attn_mask: Tensor | None = None,
+                is_causal: bool = False) -> Tensor:
+        """Attention of the tokens ``x`` ``[B, N, C]`` with what the model's encoding gives this block: RoPE tables,
+        a ``BlockInput`` or ``None`` (``project``)."""
         B, N, _ = x.shape
         gate = self.gate(x).sigmoid() if self.gate is not None else None
-        q, k, v = self.project(x, rope, encoding)
+        q, k, v = self.project(x, encoding)
         bias: Tensor | None = None
         bias_scale = 1.0
         if not torch.jit.is_scripting():
-            if encoding is not None:
+            if isinstance(encoding, BlockInput):
                 bias, bias_scale = encoding.bias, encoding.bias_scale
         if bias is not None:
             x = self._biased(q, k, v, bias, bias_scale, attn_mask, is_causal)
@@ -181,7 +232,7 @@ class RoPEAttention(Attention):
             attn = maybe_add_mask(attn, resolve_self_attn_mask(N, attn, attn_mask, is_causal))
             x = self.attn_drop(attn.softmax(dim=-1)) @ v
         if not torch.jit.is_scripting():
-            if encoding is not None:  # v may be padded to the width of the encoding's wider q and k
+            if isinstance(encoding, BlockInput):  # v may be padded to the width of the encoding's wider q and k
                 x = x[..., : self.head_dim]
 
         x = self.norm(x.transpose(1, 2).reshape(B, N, self.attn_dim))  # [B, N, nh * D]
@@ -191,12 +242,12 @@ class RoPEAttention(Attention):
 
 
 class RoPEBlock(Block):
-    """timm pre-norm ``Block`` (LayerScale, drop-path, Mlp) that hands the RoPE tables or the encoding's
-    ``BlockInput`` to its attention."""
+    """timm pre-norm ``Block`` (LayerScale, drop-path, Mlp) that hands its encoding's input (RoPE tables, a
+    ``BlockInput`` or ``None``) to its attention."""
 
-    def forward(self, x: Tensor, rope: RopeTables | None = None, attn_mask: Tensor | None = None,
-                is_causal: bool = False, encoding: Any = None) -> Tensor:
+    def forward(self, x: Tensor, encoding: Any = None, attn_mask: Tensor | None = None,
+                is_causal: bool = False) -> Tensor:
         x = x + self.drop_path1(self.ls1(self.attn(
-            self.norm1(x), rope=rope, attn_mask=attn_mask, is_causal=is_causal, encoding=encoding,
+            self.norm1(x), encoding=encoding, attn_mask=attn_mask, is_causal=is_causal,
         )))  # keywords: hooks read them (vit_rope.eval.diagnose)
         return x + self.drop_path2(self.ls2(self.mlp(self.norm2(x))))

@@ -1,8 +1,8 @@
 """RoPE rotation of the queries and keys straight from the qkv projection's output, in one pass.
 
-The reference ``vit_rope.layers.rope.apply_rope`` (RoFormer, arXiv:2104.09864; RoPE-ViT, arXiv:2403.13298) rotates q and
-k out of place in several elementwise passes, and autograd keeps extra copies for backward. In eager mode that is the
-cost timm's RoPE ports pay (docs/performance.md, "CPU throughput"). Here each channel pair is one complex
+The reference ``vit_rope.encodings.rope.tables.apply_rope`` (RoFormer, arXiv:2104.09864; RoPE-ViT, arXiv:2403.13298)
+rotates q and k out of place in several elementwise passes, and autograd keeps extra copies for backward. In eager mode
+that is the cost timm's RoPE ports pay (docs/performance.md, "CPU throughput"). Here each channel pair is one complex
 number and its rotation one complex product, ``(x0 + i x1) * (cos + i sin)``, over the q and k slices of the
 ``[B, N, 3, nh, D]`` qkv tensor:
 
@@ -243,7 +243,7 @@ def project_rotate_qk(linear: nn.Module, x: Tensor, num_heads: int, cos: Tensor,
 def project_weights_rotate_qk(x: Tensor, weight: Tensor, bias: Tensor | None, num_heads: int, cos: Tensor,
                               sin: Tensor, backend: str = "auto") -> Tensor:
     """``project_rotate_qk`` for a projection given as its weight ``[3 * nh * D, C]`` and bias: Cayley-STRING's
-    folded projection (``vit_rope.layers.cayley_string``), which no Linear holds. Projection and rotation are one
+    folded projection (``vit_rope.encodings.rope.string``), which no Linear holds. Projection and rotation are one
     autograd node when autograd records, and the rotation is in place either way."""
     tracked = x.requires_grad or weight.requires_grad or cos.requires_grad or sin.requires_grad
     if torch.is_grad_enabled() and tracked:
@@ -257,3 +257,30 @@ def _use_triton(x: Tensor, cos: Tensor, backend: str) -> bool:
     if backend == "triton" and not triton_rope.AVAILABLE:
         raise RuntimeError("rotate_qk: backend='triton' needs the triton package (pip install triton)")
     return backend == "triton" or (backend == "auto" and triton_rope.supports(x, cos))
+
+
+def fold_qk(basis: Tensor, weight: Tensor, bias: Tensor | None) -> tuple[Tensor, Tensor | None]:
+    """The qkv projection that gives ``P q`` and ``P k`` (``v`` unchanged): ``blockdiag(P)`` times its q and k rows.
+
+    Args:
+        basis: ``[nh, D, D]`` orthogonal, one per head.
+        weight: ``[3 * nh * D, C]`` of timm's qkv Linear (rows ordered q, k, v, then head, then channel).
+        bias: ``[3 * nh * D]`` or None.
+
+    Returns:
+        ``(weight', bias')`` of the same shapes and dtypes.
+    """
+    nh, d = basis.shape[0], basis.shape[-1]
+    rows = weight.unflatten(0, (3, nh, d))  # [3, nh, D, C]
+    p = basis.to(weight.dtype)
+    qk = torch.einsum("hde,theC->thdC", p, rows[:2])  # [2, nh, D, C]
+    folded = torch.cat((qk, rows[2:]), 0).flatten(0, 2)
+    if bias is None:
+        return folded, None
+    b = bias.unflatten(0, (3, nh, d))  # [3, nh, D]
+    bqk = torch.einsum("hde,the->thd", p.to(bias.dtype), b[:2])
+    return folded, torch.cat((bqk, b[2:]), 0).flatten()
+
+
+# FX: recorded as a call, whose shapes the trace cannot read
+torch.fx.wrap("fold_qk")

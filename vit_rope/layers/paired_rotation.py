@@ -1,10 +1,10 @@
 """q and k turned by one ``b x b`` matrix per token, head and channel block, from a projection that writes each block
 of q beside the same block of k.
 
-ComRoPE's and LieRE's rotations (``vit_rope.layers.lie_rotation``) are batched products over (token, head, block)
-with the batch's samples as rows: ``Y_t = X_t R_t^T``. From timm's projection, whose output is ``[B, N, 3, nh, D]``,
-neither q nor k is such a batch of matrices: its tokens lie ``3 D nh`` apart and its heads and blocks ``b`` apart, so
-every product is preceded and followed by reorderings (and so is its backward, twice as many). Written by a
+ComRoPE's and LieRE's rotations (``vit_rope.encodings.generators.block_rotation``) are batched products over (token,
+head, block) with the batch's samples as rows: ``Y_t = X_t R_t^T``. From timm's projection, whose output is ``[B, N, 3,
+nh, D]``, neither q nor k is such a batch of matrices: its tokens lie ``3 D nh`` apart and its heads and blocks ``b``
+apart, so every product is preceded and followed by reorderings (and so is its backward, twice as many). Written by a
 projection whose q and k rows alternate block by block (``[B, N, nh, D/b, 2, b]``: rows permuted, nothing else
 changes), q's blocks are ``[T, B, b]`` views with one stride per dimension, which BLAS reads as they are: one product
 for q and one for k, then one copy into the attention's ``[B, N, nh, D]`` layout; and in the backward, one product

@@ -3,10 +3,10 @@
 RoFormer (Su et al., 2021, arXiv:2104.09864) rotates each channel pair ``(x_2i, x_2i+1)`` of the queries and keys by an
 angle proportional to the token position, so that ``q . k`` depends only on the offset between positions; RoPE-ViT
 (Heo et al., ECCV 2024, arXiv:2403.13298) gives a patch the position ``(x, y)`` and pair ``i`` the angle
-``x * wx_i + y * wy_i``. These functions take the frequencies ``(wx, wy)`` as given (``vit_rope.layers.rope.RoPE2D``
-owns them) and turn positions into the ``(cos, sin)`` tables that attention rotates q and k by: one value per channel
-pair, prefix tokens as identity rows, laid out token-major for the fused rotation (``vit_rope.layers.fused``).
-``apply_rope`` is the reference rotation that the fused one is held to.
+``x * wx_i + y * wy_i``. These functions take the frequencies ``(wx, wy)`` as given
+(``vit_rope.encodings.rope.tables.RoPE2D`` owns them) and turn positions into the ``(cos, sin)`` tables that attention
+rotates q and k by: one value per channel pair, prefix tokens as identity rows, laid out token-major for the fused
+rotation (``vit_rope.layers.fused``). ``apply_rope`` is the reference rotation that the fused one is held to.
 """
 
 from __future__ import annotations

@@ -1,16 +1,16 @@
 """Commuting block rotations as RoPE in a fixed basis: how ComRoPE runs in evaluation at the cost of RoPE.
 
-ComRoPE (``vit_rope.layers.comrope``) turns each ``b x b`` block of a head by ``exp(t S)``, with one skew-symmetric
-``S`` per block and ``t = c_x x + c_y y`` a scalar per token (ComRoPE-AP: ``c`` selects the block's axis; ComRoPE-LD:
-``c = theta``). A real skew-symmetric matrix is an orthogonal change of basis away from ``b / 2`` plane rotations:
-``S = Q T Q^T`` with ``T`` the 2x2 blocks ``[[0, -w_k], [w_k, 0]]`` (the real Schur form), so ``exp(t S) = Q Rot(t w)
-Q^T``, RoPE's rotation by the angles ``t w_k = (c_x w_k) x + (c_y w_k) y``. As ``Q`` is orthogonal and the same at every
-position, ``(R_i q) . (R_j k) = (Rot_i Q^T q) . (Rot_j Q^T k)``: attention sees the same scores when q and k are
-projected in the basis ``Q^T`` and rotated by RoPE with those 2D frequencies (mixed RoPE's form, per layer and head).
-And ``Q^T q = (Q^T W_q) x + Q^T b_q``: the basis folds into the q and k rows of the qkv projection once (Cayley-STRING
-does the same, ``vit_rope.layers.cayley_string.fold_qk``), after which a forward costs what mixed RoPE costs, in place
-with the fused rotation, instead of a ``b x b`` product per block, token and head and the copies that lay q and k out
-for it.
+ComRoPE (``vit_rope.encodings.generators.comrope``) turns each ``b x b`` block of a head by ``exp(t S)``, with one
+skew-symmetric ``S`` per block and ``t = c_x x + c_y y`` a scalar per token (ComRoPE-AP: ``c`` selects the block's axis;
+ComRoPE-LD: ``c = theta``). A real skew-symmetric matrix is an orthogonal change of basis away from ``b / 2`` plane
+rotations: ``S = Q T Q^T`` with ``T`` the 2x2 blocks ``[[0, -w_k], [w_k, 0]]`` (the real Schur form), so ``exp(t S) = Q
+Rot(t w) Q^T``, RoPE's rotation by the angles ``t w_k = (c_x w_k) x + (c_y w_k) y``. As ``Q`` is orthogonal and the same
+at every position, ``(R_i q) . (R_j k) = (Rot_i Q^T q) . (Rot_j Q^T k)``: attention sees the same scores when q and k
+are projected in the basis ``Q^T`` and rotated by RoPE with those 2D frequencies (mixed RoPE's form, per layer and
+head). And ``Q^T q = (Q^T W_q) x + Q^T b_q``: the basis folds into the q and k rows of the qkv projection once
+(Cayley-STRING does the same, ``vit_rope.layers.fused.fold_qk``), after which a forward costs what mixed RoPE
+costs, in place with the fused rotation, instead of a ``b x b`` product per block, token and head and the copies that
+lay q and k out for it.
 
 Only for evaluation: the decomposition has no stable gradient where two ``w_k`` meet, and training moves ``S`` at every
 step. ``spectral_form`` computes it in float64 and checks it (``Q`` orthogonal, ``Q T Q^T = S``); where the check
@@ -26,9 +26,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from vit_rope.layers.cayley_string import fold_qk
-from vit_rope.layers.encoding import BlockInput, plain_projection
-from vit_rope.layers.fused import project_weights_rotate_qk
+from vit_rope.layers.attention import BlockInput, plain_projection
+from vit_rope.layers.fused import fold_qk, project_weights_rotate_qk
 
 TOLERANCE = 1e-9  # float64 reconstruction error accepted, relative to the largest entry of S
 

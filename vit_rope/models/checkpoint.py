@@ -41,8 +41,9 @@ import torch
 from timm.layers import resample_patch_embed
 from torch import Tensor, nn
 
-from vit_rope.layers.pos_embed import fit_checkpoint_pos_embed
+from vit_rope.encodings.ape import fit_checkpoint_pos_embed
 from vit_rope.models import hf_dinov3, pape_weights
+from vit_rope.models.encoding import encoding_key
 from vit_rope.models.formats import convert_format
 from vit_rope.models.load_report import (
     CLASSIFIER,
@@ -66,15 +67,16 @@ def _split_mixed_freqs(freqs: Tensor, model: nn.Module) -> dict[str, Tensor]:
             f"The checkpoint has learned mixed RoPE frequencies {tuple(freqs.shape)}, but the model is not a mixed "
             "RoPE model: load it into a vit_rope_*_mixed* model."
         )
-    target = model.rope[0].freqs.shape  # [2, nh, D/2]
+    target = model.pos_encoding[0].freqs.shape  # [2, nh, D/2]
     depth = freqs.shape[1]
-    if depth != len(model.rope) or freqs[:, 0].numel() != target.numel():
+    if depth != len(model.pos_encoding) or freqs[:, 0].numel() != target.numel():
         raise ValueError(
-            f"Mixed RoPE frequencies of shape {tuple(freqs.shape)} do not fit a model with depth {len(model.rope)} "
-            f"and per-layer frequencies {tuple(target)}: pick the model of the same size as the checkpoint."
+            f"Mixed RoPE frequencies of shape {tuple(freqs.shape)} do not fit a model with depth "
+            f"{len(model.pos_encoding)} and per-layer frequencies {tuple(target)}: pick the model of the same size as "
+            "the checkpoint."
         )
     freqs = freqs.reshape(2, depth, *target[1:])
-    return {f"rope.{i}.freqs": freqs[:, i].clone() for i in range(depth)}
+    return {f"pos_encoding.{i}.freqs": freqs[:, i].clone() for i in range(depth)}
 
 
 def _convert(state_dict: dict[str, Any], model: nn.Module
@@ -91,7 +93,7 @@ def _convert(state_dict: dict[str, Any], model: nn.Module
         if key in ("rope.freqs", "freqs"):
             out.update(_split_mixed_freqs(value, model))
             continue
-        key = re.sub(r"\.gamma_([12])$", r".ls\1.gamma", key)  # EVA / DeiT-III naming of LayerScale
+        key = re.sub(r"\.gamma_([12])$", r".ls\1.gamma", encoding_key(key))  # EVA / DeiT-III naming of LayerScale
         if key == POS_EMBED:
             if getattr(model, "pos_embed", None) is None:
                 dropped = (key,)  # RoPE-only model: the absolute embedding is dropped, and the report says so
@@ -105,7 +107,7 @@ def _convert(state_dict: dict[str, Any], model: nn.Module
     for key, value in target.items():
         if key in out:
             continue
-        if re.fullmatch(r"rope\.\d+\.freqs", key):
+        if re.fullmatch(r"pos_encoding\.\d+\.freqs", key):
             out[key] = value  # a checkpoint without RoPE: keep the model's initial frequencies
             initialised[ROPE_FREQS].append(key)
         elif re.fullmatch(r"blocks\.\d+\.ls[12]\.gamma", key):

@@ -20,11 +20,11 @@ from timm.models.naflexvit import global_pool_naflex
 from torch import Tensor
 
 from vit_rope.checks import check_patch_multiple
+from vit_rope.encodings.base import Positions, image_coords
+from vit_rope.encodings.policies import augment_positions
 from vit_rope.layers.capture import capturing
-from vit_rope.layers.encoding import Positions, image_coords
-from vit_rope.layers.naflex import key_padding_mask, lattice, naflex_grid
-from vit_rope.layers.policies import augment_positions
-from vit_rope.models.naflex import NaFlexBatch, check_attn_mask, embed_patches
+from vit_rope.layers.lattice import key_padding_mask, lattice, naflex_grid
+from vit_rope.models.naflex_batch import NaFlexBatch, check_attn_mask, embed_patches
 
 # FX: these depend on the input's size, which symbolic tracing only knows as a proxy; the trace records them as calls.
 torch.fx.wrap("check_patch_multiple")

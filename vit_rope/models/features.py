@@ -2,8 +2,8 @@
 
 timm's contract (the arguments and outputs of ``VisionTransformer.forward_intermediates``), with the position encoding
 in every block: the model's ``_forward_blocks`` embeds and runs the blocks; here the tokens become what was asked
-for, NCHW maps or NLC tokens, with prefix tokens apart. A NaFlex batch (``vit_rope.models.naflex``) gives NLC tokens
-padded as the input, or per-sample maps in the corner of the batch's largest grid.
+for, NCHW maps or NLC tokens, with prefix tokens apart. A NaFlex batch (``vit_rope.models.naflex_batch``) gives NLC
+tokens padded as the input, or per-sample maps in the corner of the batch's largest grid.
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from typing import Any
 from timm.models._features import feature_take_indices
 from torch import Tensor
 
-from vit_rope.layers.naflex import naflex_grid
-from vit_rope.models.naflex import naflex_batch, naflex_maps
+from vit_rope.layers.lattice import naflex_grid
+from vit_rope.models.naflex_batch import naflex_batch, naflex_maps
 
 
 class FeatureMixin:

@@ -215,7 +215,7 @@ def check_hf_config(config: dict[str, Any], model: nn.Module) -> None:
         "use_gated_mlp": (bool(c["use_gated_mlp"]), isinstance(block.mlp, SwiGLU)),
         "intermediate_size": (c["intermediate_size"], block.mlp.fc2.in_features),
         "layerscale_value (LayerScale)": (True, isinstance(block.ls1, LayerScale)),
-        "rope_theta": (float(c["rope_theta"]), model.rope[0].theta),
+        "rope_theta": (float(c["rope_theta"]), model.pos_encoding[0].theta),
         "patch_size": (_pair(c["patch_size"]), tuple(model.patch_embed.patch_size)),
         "layer_norm_eps": (c["layer_norm_eps"], model.norm.eps),
         "query_bias/key_bias/value_bias (qkv bias)": (any(c[k] for k in ("query_bias", "key_bias", "value_bias")),

@@ -11,7 +11,8 @@ becomes the convolution's, ``position_encoder.generator_raw_params`` our ``pos_e
 What the format leaves open: the training size is not saved; the ImageNet recipe (``lightning_conf/imagenet_224.yaml``)
 trains at 224 px, so the model takes ``img_size=224`` (pass another to ``create_from_checkpoint``). Generators saved
 per layer (``rotary_embedding_per_layer``) are reduced to layer 0's, which is what the official ``Transformer.forward``
-turns every block by (see ``vit_rope.layers.liere``). A Lightning checkpoint's ``model.`` prefix is dropped.
+turns every block by (see ``vit_rope.encodings.generators.liere``). A Lightning checkpoint's ``model.`` prefix is
+dropped.
 """
 
 from __future__ import annotations

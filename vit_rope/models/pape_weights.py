@@ -5,9 +5,9 @@ The official ImageNet-1k checkpoint is a folder: ``config.json`` (the repository
 ``dataset``) and ``model.pt`` (the state dict of ``pape.nn.image_classifier.ImageClassifier``). Its ViT is a pre-norm
 one with a LayerNorm after the class token is prepended (``norm_pre``), LayerNorm eps 1e-5, no LayerScale, qkv bias,
 GELU MLPs of ``intermediate_size``, a final LayerNorm and a linear head on the class token; PaPE's positions put the
-class token at (0, 0) and the patches from 1, which ``vit_rope.layers.pape`` does for every model. So the folder is
-our ``vit_rope_*_patch16_{pape,pape_ri}_224`` with the arguments ``pape_args_from_config`` gives, and its keys map
-one to one onto ours (``from_pape``)::
+class token at (0, 0) and the patches from 1, which ``vit_rope.encodings.pape.encoding`` does for every model. So the
+folder is our ``vit_rope_*_patch16_{pape,pape_ri}_224`` with the arguments ``pape_args_from_config`` gives, and its keys
+map one to one onto ours (``from_pape``)::
 
     model = create_from_pape("pape-imagenet/")  # built from config.json, weights loaded
     vit_rope.load_weights(model, "pape-imagenet/")  # into a model you built: config.json is checked against it
@@ -32,7 +32,7 @@ import timm
 from timm.layers import PatchEmbed
 from torch import Tensor, nn
 
-from vit_rope.layers.pape import PARABOLAS
+from vit_rope.encodings.pape.encoding import PARABOLAS
 from vit_rope.models.weights_file import read_weights, renamed_key
 
 CONFIG, WEIGHTS = "config.json", "model.pt"

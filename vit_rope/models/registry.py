@@ -3,11 +3,11 @@
 ``import vit_rope`` runs this module, after which ``timm.create_model("vit_rope_small_patch16_mixed_224")`` works
 like any timm model. Names are ``vit_rope_{tiny,small,base,large}_patch16_{axial,mixed}[_ape]_224``; the ``_ape``
 variants add RoPE-ViT's learned absolute position embedding. Every other kind of position encoding
-(``vit_rope.models.encoding_kinds.KINDS``) is registered as ``vit_rope_{tiny,small,base}_patch16_<kind>_224``
+(``vit_rope.encodings.KINDS``) is registered as ``vit_rope_{tiny,small,base}_patch16_<kind>_224``
 (``NEW_KINDS``), STRING twice. The rotation kinds without published weights are
 ``vit_rope_{tiny,small,base}_patch16_{golden,string,string_mixed}_224``: golden-angle RoPE and
-Cayley-STRING over axial or mixed RoPE (``vit_rope.layers.frequencies``, ``vit_rope.layers.cayley_string``). The small,
-base and large models point at the published ``naver_in1k`` weights on the Hugging Face hub (timm's copies,
+Cayley-STRING over axial or mixed RoPE (``vit_rope.encodings.rope.frequencies``, ``vit_rope.encodings.rope.string``).
+The small, base and large models point at the published ``naver_in1k`` weights on the Hugging Face hub (timm's copies,
 converted on load); any local file works too:
 ``timm.create_model(name, pretrained=True, pretrained_cfg_overlay=dict(file=PATH))``. DINOv3's backbones are
 ``vit_rope_{small,small_plus,base,large}_patch16_dinov3[_qkvb]`` (``vit_rope.models.dinov3``), pointing at timm's copies
@@ -33,11 +33,10 @@ from typing import Any
 from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 from timm.models import build_model_with_cfg, generate_default_cfgs, register_model
 
-from vit_rope.layers.rope import KINDS as ROPE_KINDS
+from vit_rope.encodings import KINDS, REGISTRY
 from vit_rope.models import dinov3
 from vit_rope.models.checkpoint import checkpoint_filter_fn
 from vit_rope.models.dinov3 import dinov3_name
-from vit_rope.models.encoding_kinds import KINDS
 from vit_rope.models.eva_families import FAMILIES, twin_cfgs, twin_name
 from vit_rope.models.lookhere_weights import official_lookhere_args
 from vit_rope.models.vit import RoPEVisionTransformer
@@ -126,7 +125,7 @@ def _entrypoint(name: str, model_args: dict[str, Any]) -> Callable[..., RoPEVisi
 
     create.__name__ = create.__qualname__ = name
     create.__module__ = __name__
-    encoding = model_args["encoding"] + (" RoPE" if model_args["encoding"] in (*ROPE_KINDS, "string") else "")
+    encoding = model_args["encoding"] + (" RoPE" if REGISTRY[model_args["encoding"]].rope else "")
     create.__doc__ = f"{name}: ViT with {encoding} ({model_args})."
     return create
 

@@ -14,7 +14,7 @@ Data flow of one forward (``vit_rope.models.embedding``; a NaFlex batch takes th
       -> encoding.block_inputs: RoPE tables (axial once for all blocks, mixed per block) or bias tables
       -> blocks (rotate q, k or add the bias; prefix rows are identity) -> norm -> pool -> head
 
-Which encoding the blocks get (RoPE kinds, STRING, attention biases, none) is ``vit_rope.models.encoding_kinds``.
+Which encoding the blocks get (RoPE kinds, STRING, attention biases, none) is ``vit_rope.models.encoding``.
 """
 
 from __future__ import annotations
@@ -27,15 +27,20 @@ from timm.models._manipulate import checkpoint
 from timm.models.vision_transformer import VisionTransformer
 from torch import Tensor, nn
 
+from vit_rope.encodings import check_kind
+from vit_rope.encodings.base import image_coords
+from vit_rope.encodings.policies import CoordAugment, ResolutionPolicy
+from vit_rope.encodings.rope.dinov3 import check_qk_layout
 from vit_rope.layers.attention import RoPEAttention, RoPEBlock
-from vit_rope.layers.dinov3_rope import check_qk_layout
-from vit_rope.layers.encoding import image_coords
 from vit_rope.layers.eva import eva_blocks_, resize_attn_pool
-from vit_rope.layers.policies import CoordAugment, ResolutionPolicy
 from vit_rope.models.embedding import Embedded, EmbeddingMixin
-from vit_rope.models.encoding_kinds import PositionEncodingMixin, check_encoding, renamed
+from vit_rope.models.encoding import PositionEncodingMixin
 from vit_rope.models.features import FeatureMixin
-from vit_rope.models.naflex import NaFlexBatch, naflex_batch
+from vit_rope.models.naflex_batch import NaFlexBatch, naflex_batch
+
+# model arguments of earlier versions, refused with their new form
+RENAMED = {"rope_kind": "encoding", "rope_policy": "resolution_policy",
+           "lh_config": "encoding_options={'config': ...} (with encoding='lookhere')"}
 
 
 class RoPEVisionTransformer(PositionEncodingMixin, EmbeddingMixin, FeatureMixin, VisionTransformer):
@@ -45,42 +50,40 @@ class RoPEVisionTransformer(PositionEncodingMixin, EmbeddingMixin, FeatureMixin,
     position embedding (``pos_embed="learn"``) is resampled bicubically, as timm's ``dynamic_img_size`` does.
 
     Args:
-        encoding: the position encoding (``vit_rope.models.encoding_kinds.KINDS``): ``"axial"`` (fixed frequencies,
+        encoding: the position encoding (``vit_rope.encodings.KINDS``): ``"axial"`` (fixed frequencies,
             shared by heads and layers), ``"mixed"`` (learned per layer and head), ``"golden"`` (fixed golden-angle
             directions per head), ``"dinov3"`` (DINOv3's: fixed frequencies on coordinates normalised to [-1, 1]) or
-            ``"string"`` (Cayley-STRING, ``vit_rope.layers.cayley_string``: a learned orthogonal basis per layer and
+            ``"string"`` (Cayley-STRING, ``vit_rope.encodings.rope.string``: a learned orthogonal basis per layer and
             head before ``rope_string_base``); an attention bias instead of RoPE, ``"lookhere"`` or ``"alibi"``
-            (``vit_rope.layers.attn_bias``); rotations from learned generators, ``"comrope_ap"``, ``"comrope_ld"``
-            (``vit_rope.layers.comrope``) or ``"liere"`` (``vit_rope.layers.liere``); PaPE's parabolic bias in extra
-            q / k channels, ``"pape"`` or ``"pape_ri"`` (``vit_rope.layers.pape``); or ``"none"``. ``None``:
-            ``"axial"``.
-        rope_kind: deprecated name of ``encoding``.
+            (``vit_rope.encodings.bias.attn_bias``); rotations from learned generators, ``"comrope_ap"``,
+            ``"comrope_ld"`` (``vit_rope.encodings.generators.comrope``) or ``"liere"``
+            (``vit_rope.encodings.generators.liere``); PaPE's parabolic bias in extra q / k channels, ``"pape"`` or
+            ``"pape_ri"`` (``vit_rope.encodings.pape.encoding``); or ``"none"``. ``None``: ``"axial"``.
         rope_string_base: the RoPE kind under ``string``: ``axial`` (if unset), ``mixed``, ``golden`` or ``dinov3``.
         rope_fraction: p-RoPE's share of channel pairs rotated, the highest frequencies (1: all, 0: none).
         rope_mixed_init: how ``mixed`` frequencies start: ``"rope-vit"`` (RoPE-ViT's) or ``"golden"``.
         rope_theta: frequency base; ``None`` (as every RoPE option: the kind's own) takes RoPE-ViT's value (100
             axial, 10 mixed) or DINOv3's (100).
         resolution_policy: how positions follow grids other than the training one (``img_size / patch_size``): a
-            name of ``vit_rope.layers.policies.POLICIES`` or a dict of ``ResolutionPolicy`` fields; settable later
+            name of ``vit_rope.encodings.policies.POLICIES`` or a dict of ``ResolutionPolicy`` fields; settable later
             with ``set_resolution_policy``. ``None``: ``extrapolate``, or ``normalized`` for ``dinov3``.
-        rope_policy: deprecated name of ``resolution_policy``.
         rope_min_period: with ``rope_max_period``, DINOv3's other period schedule (``dinov3`` only).
         rope_max_period: see ``rope_min_period``.
         rope_normalize_coords: DINOv3's coordinate normalisation, ``separate``, ``min`` or ``max``.
         rope_coord_aug: training-time coordinate augmentation, a dict of ``CoordAugment`` fields (off by default).
         rope_grid_offset: added to RoPE's integer patch positions (Perception Encoder's 1: patches at 1..n).
         rope_ref_grid: the ``(h, w)`` grid RoPE's policy scales against, when it is not the patch grid (timm
-            ``Eva``'s ``ref_feat_shape``; ``models.encoding_kinds``).
-        qk_layout: the q/k channel layout of the checkpoints this model loads (``layers.dinov3_rope.QK_LAYOUTS``):
+            ``Eva``'s ``ref_feat_shape``; ``vit_rope.models.encoding``).
+        qk_layout: the q/k channel layout of the checkpoints this model loads (``encodings.rope.dinov3.QK_LAYOUTS``):
             the loader permutes their rows into ours (``models.eva_weights``).
         attn_pool_num_heads: heads of the attention-pool head (``global_pool="map"``) if not the model's.
         attn_pool_mlp_ratio: MLP ratio of the attention-pool head if not the model's.
         num_kv_heads: grouped-query attention, one count for all blocks or one per block (``layers.eva``).
         layer_scale: ``"both"`` branches (timm's) or ``"attn"`` only (Sapiens2).
-        lh_config: LookHere's configuration, a preset name (``lh180``, ``lh90``, ``lh45``) or the official dict.
-        encoding_options: the options of a kind that has its own (``comrope_ap`` / ``comrope_ld``: ``block_size``,
-            ``init_std``, ``cls_position``; ``liere``: ``generator_dim``, ``per_head``, ``per_layer``); ``None``: its
-            defaults. Other kinds refuse them.
+        encoding_options: the options of a kind that has its own (``lookhere``: ``config``, a preset name ``lh180``,
+            ``lh90``, ``lh45`` or the official dict; ``comrope_ap`` / ``comrope_ld``: ``block_size``, ``init_std``,
+            ``cls_position``; ``liere``: ``generator_dim``, ``per_head``, ``per_layer``; ``pape``: ``parabolas``);
+            ``None``: its defaults. Other kinds refuse them.
         head_hidden_dim: a classifier MLP ``Linear -> Tanh -> Linear`` with this hidden width instead of one linear
             layer (LookHere's official head); ``None``: timm's linear head.
         pos_embed: ``"none"`` for RoPE only, ``"learn"`` for RoPE + APE (RoPE-ViT's "+APE").
@@ -107,19 +110,19 @@ class RoPEVisionTransformer(PositionEncodingMixin, EmbeddingMixin, FeatureMixin,
         attn_pool_mlp_ratio: float | None = None,
         num_kv_heads: int | tuple[int, ...] | None = None,
         layer_scale: str = "both",
-        lh_config: str | dict | None = None,
         encoding_options: dict[str, Any] | None = None,
         head_hidden_dim: int | None = None,
         pos_embed: str = "none",
         no_embed_class: bool = True,
-        rope_kind: str | None = None,
-        rope_policy: str | dict | ResolutionPolicy | None = None,
         **kwargs: Any,
     ) -> None:
-        num_heads = kwargs.get("num_heads", 12)
-        encoding = renamed("encoding", encoding, "rope_kind", rope_kind) or "axial"
-        resolution_policy = renamed("resolution_policy", resolution_policy, "rope_policy", rope_policy)
-        base_kind = check_encoding(encoding, rope_string_base, kwargs.get("embed_dim", 768), num_heads)
+        num_heads, embed_dim = kwargs.get("num_heads", 12), kwargs.get("embed_dim", 768)
+        renamed = [f"{old} is now {new}" for old, new in RENAMED.items() if old in kwargs]
+        if renamed:
+            raise TypeError(f"{type(self).__name__}: {'; '.join(renamed)}.")
+        if embed_dim % num_heads:
+            raise ValueError(f"embed_dim={embed_dim} must be divisible by num_heads={num_heads}.")
+        encoding = check_kind(encoding or "axial")
         if kwargs.pop("dynamic_img_size", True) is False:
             raise ValueError("RoPE models always accept any input size (dynamic_img_size=True); do not set it False.")
         patch_drop_rate = kwargs.pop("patch_drop_rate", 0.0)
@@ -140,11 +143,11 @@ class RoPEVisionTransformer(PositionEncodingMixin, EmbeddingMixin, FeatureMixin,
         self.head_hidden_dim = head_hidden_dim
         if head_hidden_dim:
             self.reset_classifier(self.num_classes)
-        rope_options = dict(  # RoPE2D's arguments, each the model's without "rope_" (None: the kind's own)
+        rope_options = dict(  # each the model's without "rope_" (None: the kind's own): RoPE2D's and STRING's
             theta=rope_theta, min_period=rope_min_period, max_period=rope_max_period,
             normalize_coords=rope_normalize_coords, fraction=rope_fraction, mixed_init=rope_mixed_init,
-            grid_offset=rope_grid_offset)
-        self._init_encoding(encoding, base_kind, num_heads, rope_coord_aug, lh_config, resolution_policy,
+            grid_offset=rope_grid_offset, string_base=rope_string_base)
+        self._init_encoding(encoding, num_heads, rope_coord_aug, resolution_policy,
                             {name: value for name, value in rope_options.items() if value is not None},
                             rope_ref_grid, encoding_options)
         factory = {key: kwargs[key] for key in ("device", "dtype") if kwargs.get(key) is not None}
@@ -167,7 +170,7 @@ class RoPEVisionTransformer(PositionEncodingMixin, EmbeddingMixin, FeatureMixin,
     def group_matcher(self, coarse: bool = False) -> dict[str, Any]:
         """timm's groups, with each layer's mixed frequencies grouped with its block (for layer-wise lr decay)."""
         matcher = super().group_matcher(coarse)
-        matcher["blocks"] = [(r"^blocks\.(\d+)", None), (r"^rope\.(\d+)", None), (r"^norm", (99999,))]
+        matcher["blocks"] = [(r"^blocks\.(\d+)", None), (r"^pos_encoding\.(\d+)", None), (r"^norm", (99999,))]
         return matcher
 
     def _forward_blocks(
@@ -183,17 +186,18 @@ class RoPEVisionTransformer(PositionEncodingMixin, EmbeddingMixin, FeatureMixin,
         encodings = self.pos_encoding.block_inputs(embedded.positions, self.num_prefix_tokens)
         for i, blk in enumerate(blocks):
             if self.grad_checkpointing:
-                x = checkpoint(blk, x, **encodings[i], **block_kwargs)
+                x = checkpoint(blk, x, encodings[i], **block_kwargs)
             else:
-                x = blk(x, **encodings[i], **block_kwargs)
+                x = blk(x, encodings[i], **block_kwargs)
             if i in take_indices:
                 intermediates.append(self.norm(x) if norm else x)
         return x, intermediates, embedded
 
     def forward(self, x: Tensor, attn_mask: Tensor | None = None, is_causal: bool = False,
                 patch_coord: Tensor | None = None, patch_valid: Tensor | None = None) -> Tensor:
-        """Logits ``[B, num_classes]`` of images ``[B, C, H, W]``, or of a NaFlex batch (``vit_rope.models.naflex``):
-        timm's collated dict, or ``patches`` ``[B, N, P*P*C]`` with ``patch_coord`` and ``patch_valid``."""
+        """Logits ``[B, num_classes]`` of images ``[B, C, H, W]``, or of a NaFlex batch
+        (``vit_rope.models.naflex_batch``): timm's collated dict, or ``patches`` ``[B, N, P*P*C]`` with ``patch_coord``
+        and ``patch_valid``."""
         if not torch.jit.is_scripting():
             batch = naflex_batch(x, patch_coord, patch_valid, attn_mask)
             if batch is not None:
@@ -238,11 +242,11 @@ class RoPEVisionTransformer(PositionEncodingMixin, EmbeddingMixin, FeatureMixin,
             for blk in self.blocks:
                 x = blk(x, None, attn_mask, is_causal)
         elif self.rope_per_block:  # mixed: each block's own frequencies
-            positions = self.rope[0].place(coord, grids)
-            for blk, block_rope in zip(self.blocks, self.rope):  # noqa: B905  (TorchScript has no strict=)
+            positions = self.pos_encoding[0].place(coord, grids)
+            for blk, block_rope in zip(self.blocks, self.pos_encoding):  # noqa: B905  (TorchScript has no strict=)
                 x = blk(x, block_rope(positions, self.num_prefix_tokens, grids), attn_mask, is_causal)
         else:  # fixed frequencies: one table for every block
-            rope = self.rope[0]
+            rope = self.pos_encoding[0]
             tables = rope(rope.place(coord, grids), self.num_prefix_tokens, grids)
             for blk in self.blocks:
                 x = blk(x, tables, attn_mask, is_causal)

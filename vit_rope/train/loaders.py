@@ -1,6 +1,6 @@
 """Training and validation loaders from a config: timm's transforms, the optional decoded cache
 (``vit_rope.data.decoded``) and the choice between timm's per-image pipeline, the batched one
-(``vit_rope.data.pipeline``) and timm's NaFlex loader (``vit_rope.data.naflex``, native aspect ratios).
+(``vit_rope.data.pipeline``) and timm's NaFlex loader (``vit_rope.data.naflex_loader``, native aspect ratios).
 
 The per-image and batched pipelines cut an epoch into steps with ``vit_rope.data.steps.StepSampler``, so
 ``train_sizes`` (one size per step from ``vit_rope.data.sizes.SizeSchedule``) means the same in both; NaFlex steps
@@ -29,7 +29,7 @@ from torch.utils.data import DataLoader, DistributedSampler, Subset
 from vit_rope.data.auto_augment import safe_transform
 from vit_rope.data.decoded import DecodedImages
 from vit_rope.data.folders import ImageFolderDataset, Images, Sample, SizedImages
-from vit_rope.data.naflex import NaFlexLoader, NaFlexSteps
+from vit_rope.data.naflex_loader import NaFlexLoader, NaFlexSteps
 from vit_rope.data.pipeline import BatchLoader, TensorStore
 from vit_rope.data.sizes import SizeSchedule
 from vit_rope.data.steps import StepSampler
@@ -66,8 +66,8 @@ def build_transforms(cfg: Config, data_config: dict[str, Any]) -> tuple[dict[int
 
 
 def choose_pipeline(cfg: Config) -> tuple[str, str]:
-    """``("tensor" | "timm" | "naflex", why)``: timm's NaFlex loader (``vit_rope.data.naflex``) when ``cfg.naflex``,
-    else the batched tensor pipeline (``vit_rope.data.pipeline``) when the config allows it.
+    """``("tensor" | "timm" | "naflex", why)``: timm's NaFlex loader (``vit_rope.data.naflex_loader``) when
+    ``cfg.naflex``, else the batched tensor pipeline (``vit_rope.data.pipeline``) when the config allows it.
 
     The tensor pipeline needs the decoded cache and augmentations that batch; RandAugment, random erasing, timm's other
     crop modes and repeated augmentation are per image and keep timm's pipeline. ``pipeline: tensor`` with such a config
@@ -192,9 +192,10 @@ def _naflex_loaders(cfg: Config, train: tuple[list[Sample], DecodedImages | None
                     val: tuple[list[Sample], DecodedImages | None], data_config: dict[str, Any], rank: int,
                     world_size: int, device: torch.device, patch: int, num_classes: int
                     ) -> tuple[NaFlexLoader, NaFlexLoader]:
-    """timm's NaFlex pipeline (``vit_rope.data.naflex``): per sequence length timm's NaFlex train transform (random-
-    resized crop to the token budget, flip, colour jitter or auto-augment), ``NaFlexMixup`` in the workers and patch
-    random erasing on the device; validation resizes each image, aspect ratio kept, to ``naflex_val_seq_len`` patches.
+    """timm's NaFlex pipeline (``vit_rope.data.naflex_loader``): per sequence length timm's NaFlex train transform
+    (random- resized crop to the token budget, flip, colour jitter or auto-augment), ``NaFlexMixup`` in the workers and
+    patch random erasing on the device; validation resizes each image, aspect ratio kept, to ``naflex_val_seq_len``
+    patches.
 
     ``batch_size`` is the images of a step at the longest sequence length: every step holds about ``batch_size`` x
     that many tokens (timm's ``max_tokens_per_batch``), in batches of a multiple of 8 images when ``batch_size`` is one.

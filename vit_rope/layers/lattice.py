@@ -6,7 +6,7 @@ timm's collator gives each sample's patches with their ``patch_coord`` ``[B, N, 
 padding mask, the rows of one table that tokens on a shared lattice read, and the absolute position embedding read at
 each patch's coordinate. All are tensors computed for the whole batch at once: no Python loop over samples or grid
 sizes, no ``.item()``, so torch.compile sees one graph whatever the grids. Positions and policies are the same
-functions for both kinds of batch (``vit_rope.layers.policies``).
+functions for both kinds of batch (``vit_rope.encodings.policies``).
 """
 
 from __future__ import annotations

@@ -14,9 +14,9 @@ DINOv3 (Simeoni et al. 2025, arXiv:2508.10104) is axial RoPE with three differen
   applied to both).
 
 Training-time coordinate augmentation (shift, per-axis jitter, shared rescale) is
-``vit_rope.layers.policies.CoordAugment``; with ``per_image=False`` it makes DINOv3's one draw per batch, with the same
-random calls in the same order as DINOv3 and timm's ``RotaryEmbeddingDinoV3``, so the same random state gives the same
-coordinates.
+``vit_rope.encodings.policies.CoordAugment``; with ``per_image=False`` it makes DINOv3's one draw per batch, with the
+same random calls in the same order as DINOv3 and timm's ``RotaryEmbeddingDinoV3``, so the same random state gives the
+same coordinates.
 
 The q / k layouts of other checkpoints come here too (``qk_permutation``): timm's ``Eva`` rotates interleaved pairs
 like ours, but with ``grid_indexing='ij'`` (EVA-02, Fang et al. 2023, arXiv:2303.11331; timm's SBB RoPE ViTs) its

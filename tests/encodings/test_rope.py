@@ -1,4 +1,5 @@
-"""The maths of vit_rope.layers.rope: relative-position property, equivalences with RoFormer's forms, layout, errors."""
+"""The maths of vit_rope.encodings.rope.tables: relative-position property, equivalences with RoFormer's forms, layout,
+errors."""
 
 import math
 
@@ -6,9 +7,9 @@ import pytest
 import torch
 from timm.layers import PatchEmbed
 
-import vit_rope.layers.rope as rope_module
+import vit_rope.encodings.rope.tables as rope_module
 from helpers.autograd import SavedForBackward
-from vit_rope.layers.rope import (
+from vit_rope.encodings.rope.tables import (
     RoPE2D,
     apply_rope,
     axial_frequencies,
@@ -276,24 +277,11 @@ def test_bad_input_errors():
         RoPE2D(16, 2, kind="polar")
 
 
-def test_earlier_argument_names_still_work_with_a_warning():
-    """``normalize``, ``init`` and ``offset`` became the model's names without ``rope_``; the old ones warn."""
-    positions = torch.rand(6, 2) * 4
-    for old, new, value, kind in [("init", "mixed_init", "golden", "mixed"), ("offset", "grid_offset", 1.0, "axial"),
-                                  ("normalize", "normalize_coords", "max", "dinov3")]:
-        torch.manual_seed(0)
-        current = RoPE2D(D, NH, kind, train_grid=(2, 3), **{new: value})
-        torch.manual_seed(0)
-        with pytest.warns(FutureWarning, match=f"RoPE2D's {old} is deprecated: use {new}"):
-            earlier = RoPE2D(D, NH, kind, train_grid=(2, 3), **{old: value})
-        assert getattr(earlier, new) == value
-        grids = torch.tensor([[2, 3]])
-        torch.testing.assert_close(earlier(earlier.place(positions, grids), 1, grids),
-                                   current(current.place(positions, grids), 1, grids), rtol=0, atol=0)
-    with pytest.raises(TypeError, match="RoPE2D got offset=1.0 and grid_offset=2.0: give grid_offset only"):
-        RoPE2D(D, NH, offset=1.0, grid_offset=2.0)
-    with pytest.raises(TypeError, match=r"unexpected keyword arguments \['thta'\]"):
-        RoPE2D(D, NH, thta=10.0)
+def test_earlier_argument_names_are_refused():
+    """``normalize``, ``init`` and ``offset`` are the model's names without ``rope_`` now, and nothing else."""
+    for old in ("normalize", "init", "offset", "thta"):
+        with pytest.raises(TypeError, match=f"unexpected keyword argument '{old}'"):
+            RoPE2D(D, NH, **{old: 1.0})
 
 
 @pytest.mark.parametrize("dtype,tol", [(torch.float64, 1e-12), (torch.float32, 5e-5)])

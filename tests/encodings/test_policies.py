@@ -8,9 +8,9 @@ import torch
 from timm.layers.pos_embed_sincos import build_rotary_pos_embed
 
 import vit_rope  # noqa: F401  (registers the models)
-from vit_rope.layers.encoding import image_coords
-from vit_rope.layers.policies import POLICIES, CoordAugment, ResolutionPolicy, augment_positions, policy_frequencies
-from vit_rope.layers.rope import RoPE2D, apply_rope, axial_frequencies
+from vit_rope.encodings.base import image_coords
+from vit_rope.encodings.policies import POLICIES, CoordAugment, ResolutionPolicy, augment_positions, policy_frequencies
+from vit_rope.encodings.rope.tables import RoPE2D, apply_rope, axial_frequencies
 
 D, NH, TRAIN = 16, 2, (6, 8)
 
@@ -118,7 +118,7 @@ def test_policy_on_a_built_model():
         model.set_resolution_policy("stretch")
     mixed = timm.create_model("vit_rope_tiny_patch16_mixed_224", depth=2,
                               resolution_policy={"name": "yarn", "yarn_beta": 4})
-    assert all(r.policy.yarn_beta == 4 for r in mixed.rope)
+    assert all(r.policy.yarn_beta == 4 for r in mixed.pos_encoding)
 
 
 def test_coordinate_augmentation_only_in_training():

@@ -1,8 +1,8 @@
 """Commuting rotations of an image batch given per axis (ComRoPE's): ``exp(x A_x + y A_y) = exp(y A_y) exp(x A_x)``.
 
-Where the generators commute (``vit_rope.layers.comrope``) and a grid's positions are evenly spaced, the rotation of
-every cell is the product of its column's and its row's, ``exp(x_c A) = exp(x_0 A) exp(d A)^c`` along an axis: a
-handful of exponentials instead of one per cell (``axis_turns``).
+Where the generators commute (``vit_rope.encodings.generators.comrope``) and a grid's positions are evenly spaced, the
+rotation of every cell is the product of its column's and its row's, ``exp(x_c A) = exp(x_0 A) exp(d A)^c`` along an
+axis: a handful of exponentials instead of one per cell (``axis_turns``).
 
 - ``rotate_axes``: q and k turned by the per-axis tables themselves, one batched matmul per axis (``[H, w or h, m, b,
   b]``, the batch and the other axis as its columns): the path of graph captures and of attentions whose projection
@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from vit_rope.layers.encoding import BlockInput, plain_projection
+from vit_rope.layers.attention import BlockInput, plain_projection
 from vit_rope.layers.expm import expm
 from vit_rope.layers.paired_rotation import project_rotate_paired
 

@@ -15,8 +15,8 @@ import torch
 from timm.layers import resample_abs_pos_embed
 from torch import Tensor, nn
 
-from vit_rope.layers.encoding import PositionEncoding
-from vit_rope.layers.naflex import pos_embed_at
+from vit_rope.encodings.base import PositionEncoding
+from vit_rope.layers.lattice import pos_embed_at
 
 # FX: resampling depends on the input's size, which symbolic tracing only knows as a proxy; the trace records a call.
 torch.fx.wrap("fit_pos_embed")

@@ -19,7 +19,7 @@ Choices here:
   projection, ``W_q' = blockdiag(P) W_q`` (``C * C * D`` multiply-adds per layer and forward, nothing per token), and
   the fused in-place rotation (``vit_rope.layers.fused``) runs on the folded projection as it runs on a plain one.
   Without autograd (evaluation) the folded weights are kept until the weights or ``S`` change, so inference costs
-  what the base kind costs; ``fold_string_`` writes them into the model for export.
+  what the base kind costs; ``fold_encoding_`` writes them into the model for export.
 """
 
 from __future__ import annotations
@@ -27,7 +27,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from vit_rope.layers.attention import BlockInput, RoPEAttention
 from vit_rope.layers.capture import capturing
+from vit_rope.layers.fused import fold_qk
 
 
 def cayley(skew: Tensor) -> Tensor:
@@ -40,32 +42,8 @@ def cayley(skew: Tensor) -> Tensor:
     return torch.linalg.solve(eye + s, eye - s)  # (I + S)^-1 (I - S), which equals (I - S)(I + S)^-1 (they commute)
 
 
-def fold_qk(basis: Tensor, weight: Tensor, bias: Tensor | None) -> tuple[Tensor, Tensor | None]:
-    """The qkv projection that gives ``P q`` and ``P k`` (``v`` unchanged): ``blockdiag(P)`` times its q and k rows.
-
-    Args:
-        basis: ``[nh, D, D]`` orthogonal, one per head.
-        weight: ``[3 * nh * D, C]`` of timm's qkv Linear (rows ordered q, k, v, then head, then channel).
-        bias: ``[3 * nh * D]`` or None.
-
-    Returns:
-        ``(weight', bias')`` of the same shapes and dtypes.
-    """
-    nh, d = basis.shape[0], basis.shape[-1]
-    rows = weight.unflatten(0, (3, nh, d))  # [3, nh, D, C]
-    p = basis.to(weight.dtype)
-    qk = torch.einsum("hde,theC->thdC", p, rows[:2])  # [2, nh, D, C]
-    folded = torch.cat((qk, rows[2:]), 0).flatten(0, 2)
-    if bias is None:
-        return folded, None
-    b = bias.unflatten(0, (3, nh, d))  # [3, nh, D]
-    bqk = torch.einsum("hde,the->thd", p.to(bias.dtype), b[:2])
-    return folded, torch.cat((bqk, b[2:]), 0).flatten()
-
-
 # FX (torchvision's feature extractor, timm's tracer): recorded as calls, whose shapes and dtypes the trace cannot read
 torch.fx.wrap("cayley")
-torch.fx.wrap("fold_qk")
 
 
 class CayleyString(nn.Module):
@@ -116,3 +94,15 @@ class CayleyString(nn.Module):
 
     def extra_repr(self) -> str:
         return f"num_heads={self.skew.shape[0]}, head_dim={self.skew.shape[-1]}"
+
+
+class StringTables(BlockInput):
+    """One block's RoPE tables ``(cos, sin)`` under Cayley-STRING: the projection is the block's qkv with its basis
+    ``attn.string`` folded into the q and k rows (``CayleyString``), then q and k are rotated as RoPE rotates them."""
+
+    def __init__(self, tables: tuple[Tensor, Tensor]) -> None:
+        self.tables = tables
+
+    def project(self, attn: RoPEAttention, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        weight, bias = attn.string(attn.qkv.weight, attn.qkv.bias)
+        return attn.project_tables(x, self.tables, weight, bias)

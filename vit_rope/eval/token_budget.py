@@ -25,7 +25,7 @@ from torch import Tensor
 
 from vit_rope.errors import UserError
 from vit_rope.eval.loading import EvalModel
-from vit_rope.models.naflex import naflex_patch
+from vit_rope.models.naflex_batch import naflex_patch
 
 PROTOCOL = ("token budgets: resize keeping the aspect ratio to the largest size whose sides are multiples of the patch "
             "and which cuts into at most L patches (PIL bicubic, no crop), patches packed and padded to L (timm "

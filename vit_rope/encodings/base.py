@@ -3,11 +3,12 @@
 Every encoding answers the same question for attention (the interface of PaPE's repository, DTU-PAS/parabolic-
 position-encoding, ``pape/nn/positions/base.py``, and of timm's NaFlexViT, whose one embedding path serves both
 kinds of batch): given where the patches of a batch sit, what does each block get? Rotations (RoFormer, RoPE-ViT,
-DINOv3: ``vit_rope.layers.rope``) give per-token ``(cos, sin)`` tables that rotate q and k (the ``rope`` argument
-of a block: the path of the fused kernels and of TorchScript); every other kind gives a ``BlockInput`` (the
-``encoding`` argument), which transforms q, k and v after the projection (block rotations, PaPE's channels) or adds a
-bias to the logits (LookHere, 2D-ALiBi); no encoding gives nothing. The learned
-absolute table of the +APE models gives the embedding rows to add instead (``vit_rope.layers.pos_embed``'s
+DINOv3: ``vit_rope.encodings.rope.tables``) give per-token ``(cos, sin)`` tables that rotate q and k (the path of
+the fused kernels and of TorchScript); every other kind gives a ``BlockInput`` (``vit_rope.layers.attention``), which
+projects in a form of its own (STRING's basis), transforms q, k and v after the projection (block rotations, PaPE's
+channels) or adds a bias to the logits (LookHere, 2D-ALiBi); no encoding gives ``None``. Either is a block's one
+``encoding`` argument. The learned
+absolute table of the +APE models gives the embedding rows to add instead (``vit_rope.encodings.ape``'s
 ``AbsoluteEncoding``, beside the model's encoding for the blocks).
 
 ``Positions`` is the one value the embedding builds per forward. An image batch is the case of one grid that every
@@ -17,24 +18,27 @@ encodings take both through the same call.
 
 Adding a kind: one subclass of ``PositionEncoding`` (``place`` if its positions are not the integer patch
 coordinates, ``block_inputs`` for what each block gets, usually a ``BlockInput`` of its own; ``policies`` for the
-resolution policies it takes; ``attach_`` if each attention holds weights of its own) and its entry in
-``vit_rope.models.encoding_kinds`` (docs/layout.md says how).
+resolution policies it takes; ``attach_`` if each attention holds weights of its own) and a builder registered with
+``register`` in the same module (docs/layout.md says how).
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Callable, Hashable
+from dataclasses import dataclass, field
 from typing import Any, NamedTuple, TypeVar
 
 import torch
 from torch import Tensor, nn
 
-from vit_rope.layers.capture import capturing
-from vit_rope.layers.fused import plain_linear
-from vit_rope.layers.naflex import Lattice
-from vit_rope.layers.policies import POLICIES, ResolutionPolicy, check_policy
+from vit_rope.encodings.policies import POLICIES, ResolutionPolicy, check_policy
+from vit_rope.layers.attention import BlockInput
+from vit_rope.layers.lattice import Lattice
 
+# the interface every kind implements; BlockInput is attention's side of it, defined with attention
+__all__ = ["REGISTRY", "BlockInput", "EncodingSpec", "GridTables", "Kind", "NoEncoding", "PositionEncoding",
+           "Positions", "image_coords", "image_positions", "register"]
 T = TypeVar("T")
 
 
@@ -50,7 +54,7 @@ class Positions(NamedTuple):
             built once per size.
         valid: ``[B, N]`` False for padding (NaFlex), ``None`` when every token is real.
         lattice: where each token of a NaFlex batch reads the tables of the batch's bounding grid, when its position
-            is its patch coordinate (``vit_rope.layers.naflex.lattice``); ``None`` otherwise.
+            is its patch coordinate (``vit_rope.layers.lattice.lattice``); ``None`` otherwise.
     """
 
     coords: Tensor
@@ -102,55 +106,20 @@ class GridTables:
         self._tables.clear()
 
 
-# the keyword arguments of a block (``RoPEBlock``) through which any encoding reaches it
-BLOCK_ARGS = ("rope", "encoding")
-
-
-class BlockInput:
-    """What one block's attention gets from a position encoding other than RoPE tables: a transform of q, k and v
-    after the projection and the q/k norms, an attention bias, or both. The base changes nothing; each kind's input
-    overrides what it uses. ``RoPEAttention`` calls these in eager mode, under ``torch.compile``, FX and export (never
-    TorchScript, which scripts RoPE models only).
-
-    Attributes:
-        bias: logits ``[1 or B, nh, N, N]`` added to every query's scores times ``bias_scale``; ``None``: none.
-    """
-
-    bias: Tensor | None = None
-    bias_scale: float = 1.0
-
-    def project(self, attn: nn.Module, x: Tensor) -> tuple[Tensor, Tensor, Tensor] | None:
-        """q, k and v ``[B, nh, N, D]`` of the tokens ``x`` ``[B, N, C]`` computed in place of ``attn``'s projection
-        and ``transform`` (an equal but cheaper form), or ``None`` for the projection."""
-        return None
-
-    def transform(self, attn: nn.Module, x: Tensor, q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """q, k and v ``[B, nh, N, D]`` as the encoding changes them (``x`` the attention's input tokens); q and k
-        may come back wider than ``D``, v padded to their width (attention keeps the first ``D`` channels)."""
-        return q, k, v
-
-
-def plain_projection(attn: nn.Module, x: Tensor) -> bool:
-    """Whether a ``BlockInput`` may compute ``attn``'s projection of ``x`` in a form of its own (``project``): no
-    graph capture, no q/k norms, STRING basis or grouped keys, and a ``qkv`` that is a plain ``nn.Linear`` without
-    hooks, whose weights then say all it computes (not so for a LoRA-style wrapper)."""
-    return (not capturing(x) and attn.plain_qk and attn.string is None and attn.num_kv_heads == attn.num_heads
-            and plain_linear(attn.qkv))
-
-
 class PositionEncoding(nn.Module):
     """What every position encoding implements; the model, NaFlex batches, the evaluation harness, ``diagnose`` and
     export call nothing else.
 
     Attributes:
-        kind: the encoding's name (``vit_rope.models.encoding_kinds.KINDS``).
+        kind: the encoding's name (``vit_rope.encodings.KINDS``).
         train_grid: the ``(h, w)`` grid that resolution policies scale against (``None``: none).
-        policies: the resolution policies that apply to the kind (``vit_rope.layers.policies``).
+        policies: the resolution policies that apply to the kind (``vit_rope.encodings.policies``).
         scriptable: whether ``torch.jit.script`` compiles a model with this encoding (its forward builds RoPE tables
             or nothing; Python caches and ``BlockInput`` do not compile).
     """
 
-    __jit_unused_properties__ = ["policy", "policies", "uses_lattice"]  # TorchScript compiles only the tables (RoPE2D)
+    # TorchScript compiles only the tables (RoPE2D)
+    __jit_unused_properties__ = ["policy", "policies", "uses_lattice", "foldable", "scriptable"]
     kind = "none"  # no class annotations: TorchScript reads them as attribute types and cannot resolve them
     train_grid = None
     policies = POLICIES
@@ -160,7 +129,7 @@ class PositionEncoding(nn.Module):
 
     @property
     def policy(self) -> ResolutionPolicy:
-        """How positions follow grids other than the training one (``vit_rope.layers.policies``); setting it checks
+        """How positions follow grids other than the training one (``vit_rope.encodings.policies``); setting it checks
         that it applies to the kind (``check_policy``), ``None`` restores ``default_policy``."""
         return ResolutionPolicy(self.policy_name)
 
@@ -194,10 +163,10 @@ class PositionEncoding(nn.Module):
         ``[1 or B, 2]``, as this encoding and its policy see them; the integer patch coordinates by default."""
         return coord.flip(-1).float()
 
-    def block_inputs(self, positions: Positions, num_prefix_tokens: int) -> list[dict[str, Any]]:
-        """Each block's keyword arguments for ``RoPEBlock`` (``BLOCK_ARGS``: ``rope`` tables, or the kind's
-        ``encoding``, a ``BlockInput``; none for no encoding), for ``positions`` and ``num_prefix_tokens`` prefix
-        tokens (class, registers) in front of the patches, which no encoding moves.
+    def block_inputs(self, positions: Positions, num_prefix_tokens: int) -> list[Any]:
+        """Each block's ``encoding`` argument (``RoPEBlock``): RoPE tables ``(cos, sin)``, a ``BlockInput`` of the
+        kind, or ``None``, for ``positions`` and ``num_prefix_tokens`` prefix tokens (class, registers) in front of the
+        patches, which no encoding moves.
 
         A plain method, so that FX symbolic tracing runs through it: the tables come from calls of modules that it
         keeps whole (``RoPE2D``, ``AttnBias``), whose outputs it can index but not unpack."""
@@ -211,6 +180,20 @@ class PositionEncoding(nn.Module):
         """Names (relative to this module) of parameters to train without weight decay."""
         return set()
 
+    def block_no_weight_decay(self) -> set[str]:
+        """Names (relative to a block's attention) of the parameters ``attach_`` put there to train without weight
+        decay."""
+        return set()
+
+    @property
+    def foldable(self) -> bool:
+        """Whether ``fold_`` changes anything."""
+        return False
+
+    def fold_(self, blocks: nn.ModuleList) -> None:
+        """Write what the kind keeps in the blocks' attention into their weights where that gives the same function
+        at a lower cost (STRING's basis into the qkv projection; ONNX export calls it); nothing by default."""
+
 
 class NoEncoding(PositionEncoding):
     """No position encoding at all: attention sees content only (the control of the encodings study). Every policy
@@ -223,8 +206,64 @@ class NoEncoding(PositionEncoding):
         self.depth, self.train_grid = depth, train_grid
         self.policy = None  # every policy is taken, and changes nothing
 
-    def block_inputs(self, positions: Positions, num_prefix_tokens: int) -> list[dict[str, Any]]:
-        return [{} for _ in range(self.depth)]
+    def block_inputs(self, positions: Positions, num_prefix_tokens: int) -> list[Any]:
+        return [None] * self.depth
 
     def extra_repr(self) -> str:
         return f"depth={self.depth}"
+
+
+@dataclass(frozen=True)
+class EncodingSpec:
+    """What every kind is built from: the model's shape, its training grid, the policy and the kind's options.
+
+    Attributes:
+        kind: the encoding (``vit_rope.encodings.KINDS``).
+        depth: blocks; num_heads: attention heads; head_dim: channels per head.
+        train_grid: the patch grid of training, or ``ref_grid`` where policies scale against another.
+        policy: the resolution policy (``None``: the kind's own).
+        rope_options: the model's ``rope_*`` arguments that were given, without their prefix (``{"theta": 1e4}``;
+            ``RoPE2D``'s arguments, and ``string_base``), which only kinds registered with ``rope=True`` take.
+        ref_grid: the model's ``rope_ref_grid`` if given (then ``train_grid``), which only RoPE kinds take.
+        options: the kind's own options (the model's ``encoding_options``), checked against its registration.
+    """
+
+    kind: str
+    depth: int
+    num_heads: int
+    head_dim: int
+    train_grid: tuple[int, int]
+    policy: str | dict | ResolutionPolicy | None = None
+    rope_options: dict[str, Any] = field(default_factory=dict)
+    ref_grid: tuple[int, int] | None = None
+    options: dict[str, Any] = field(default_factory=dict)
+
+
+class Kind(NamedTuple):
+    """A registered kind: its builder, the ``encoding_options`` it takes, and whether it takes RoPE's options."""
+
+    build: Callable[[EncodingSpec], PositionEncoding]
+    options: tuple[str, ...] = ()
+    rope: bool = False
+
+
+# kind name -> its registration; each kind's module registers itself (``register``), vit_rope.encodings imports them
+REGISTRY: dict[str, Kind] = {}
+
+
+def register(*kinds: str, options: tuple[str, ...] = (), rope: bool = False
+             ) -> Callable[[Callable[[EncodingSpec], PositionEncoding]], Callable[[EncodingSpec], PositionEncoding]]:
+    """Register the decorated builder for ``kinds``, each taking the ``encoding_options`` named in ``options`` (the
+    builder gets them in ``spec.options``, already checked) and, with ``rope``, the model's ``rope_*`` options."""
+    def decorate(build: Callable[[EncodingSpec], PositionEncoding]) -> Callable[[EncodingSpec], PositionEncoding]:
+        for kind in kinds:
+            if kind in REGISTRY:
+                raise ValueError(f"Position encoding {kind!r} is registered twice.")
+            REGISTRY[kind] = Kind(build, options, rope)
+        return build
+    return decorate
+
+
+@register("none")
+def _none(spec: EncodingSpec) -> PositionEncoding:
+    return NoEncoding(spec.depth, spec.train_grid)

@@ -82,7 +82,7 @@ def check_config(config: str | dict[str, Any] | None, num_heads: int, depth: int
     unknown = sorted(set(config) - set(CONFIG_KEYS))
     missing = [key for key in CONFIG_KEYS[:3] if key not in config]
     if unknown or missing:
-        raise ValueError(f"LookHere lh_config {config} has unknown keys {unknown} and lacks {missing}: the keys are "
+        raise ValueError(f"LookHere config {config} has unknown keys {unknown} and lacks {missing}: the keys are "
                          f"{', '.join(CONFIG_KEYS)} (the last two optional).")
     out = {"distance": "linear", "fill_with": "inf", **config}
     if out["distance"] not in DISTANCES or out["fill_with"] not in FILLS:

@@ -1,4 +1,5 @@
-"""DINOv3's RoPE (vit_rope.layers.dinov3_rope, RoPE2D kind "dinov3") held to timm's RotaryEmbeddingDinoV3 by value."""
+"""DINOv3's RoPE (vit_rope.encodings.rope.dinov3, RoPE2D kind "dinov3") held to timm's RotaryEmbeddingDinoV3 by
+value."""
 
 import itertools
 import math
@@ -8,10 +9,10 @@ import pytest
 import torch
 from timm.layers.pos_embed_sincos import RotaryEmbeddingDinoV3, _apply_coord_augs, _build_grid, apply_rot_embed_cat
 
-from vit_rope.layers.dinov3_rope import interleave_permutation
-from vit_rope.layers.encoding import image_coords
-from vit_rope.layers.policies import CoordAugment, augment_positions
-from vit_rope.layers.rope import RoPE2D, apply_rope, rope_angles
+from vit_rope.encodings.base import image_coords
+from vit_rope.encodings.policies import CoordAugment, augment_positions
+from vit_rope.encodings.rope.dinov3 import interleave_permutation
+from vit_rope.encodings.rope.tables import RoPE2D, apply_rope, rope_angles
 
 D, HEADS = 64, 3
 GRIDS = [(14, 14), (10, 17), (24, 9)]

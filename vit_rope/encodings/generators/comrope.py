@@ -33,9 +33,9 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from vit_rope.layers.encoding import GridTables, Positions
-from vit_rope.layers.lie_rotation import BlockRotation, by_grid, check_block, grid_units
-from vit_rope.layers.policies import ResolutionPolicy
+from vit_rope.encodings.base import EncodingSpec, GridTables, PositionEncoding, Positions, register
+from vit_rope.encodings.generators.block_rotation import BlockRotation, by_grid, check_block, grid_units
+from vit_rope.encodings.policies import ResolutionPolicy
 from vit_rope.layers.rotary import rope_angles, rope_tables
 from vit_rope.layers.spectral import FoldedProjection, Spectral, spectral_form
 
@@ -119,7 +119,7 @@ class ComRoPE(BlockRotation):
         skew = self.freqs - self.freqs.transpose(-1, -2)
         return skew, self.multiplier if self.kind == "comrope_ld" else self.axis_mask
 
-    def block_inputs(self, positions: Positions, num_prefix_tokens: int) -> list[dict[str, Any]]:
+    def block_inputs(self, positions: Positions, num_prefix_tokens: int) -> list[Any]:
         """The block rotations, and in eager evaluation of an image batch also their RoPE form (basis, cos, sin per
         block, kept per grid: ``Spectral``), which attention takes where it can fold the basis into its projection
         (``vit_rope.layers.spectral``)."""
@@ -130,7 +130,7 @@ class ComRoPE(BlockRotation):
         spectral = self._spectral.get(key, lambda: self.spectral_tables(positions.coords, num_prefix_tokens))
         if spectral is None:
             return inputs
-        return [{"encoding": Spectral(item["encoding"], *layer, fold)}
+        return [Spectral(item, *layer, fold)
                 for item, layer, fold in zip(inputs, spectral, self._folds, strict=True)]
 
     def spectral_tables(self, coords: Tensor, num_prefix_tokens: int) -> list[tuple[Tensor, Tensor, Tensor]] | None:
@@ -178,3 +178,8 @@ class ComRoPE(BlockRotation):
         L, H, _, m, b, _ = self.freqs.shape
         return (f"kind={self.kind}, depth={L}, num_heads={H}, blocks={m}x{b}, train_grid={self.train_grid}, "
                 f"policy={self.policy_name}, cls_position={self.prefix_position}")
+
+
+@register(*COMROPE_KINDS, options=("block_size", "init_std", "cls_position"))
+def _comrope(spec: EncodingSpec) -> PositionEncoding:
+    return ComRoPE(spec.kind, spec.depth, spec.num_heads, spec.head_dim, spec.train_grid, spec.policy, **spec.options)

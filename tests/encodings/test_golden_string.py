@@ -1,5 +1,5 @@
-"""The rotation kinds' maths: golden-angle frequencies (vit_rope.layers.frequencies), p-RoPE's mask, the Cayley
-transform and STRING's fold (vit_rope.layers.cayley_string); translation invariance of each kind's position function
+"""The rotation kinds' maths: golden-angle frequencies (vit_rope.encodings.rope.frequencies), p-RoPE's mask, the Cayley
+transform and STRING's fold (vit_rope.encodings.rope.string); translation invariance of each kind's position function
 with fractional offsets; errors that name the value and what is allowed."""
 
 import math
@@ -7,9 +7,10 @@ import math
 import pytest
 import torch
 
-from vit_rope.layers.cayley_string import CayleyString, cayley, fold_qk
-from vit_rope.layers.frequencies import GOLDEN_ANGLE, golden_frequencies, rotated_pairs
-from vit_rope.layers.rope import RoPE2D, apply_rope, axial_frequencies
+from vit_rope.encodings.rope.frequencies import GOLDEN_ANGLE, golden_frequencies, rotated_pairs
+from vit_rope.encodings.rope.string import CayleyString, cayley
+from vit_rope.encodings.rope.tables import RoPE2D, apply_rope, axial_frequencies
+from vit_rope.layers.fused import fold_qk
 
 NH, D = 3, 16
 KINDS = ("axial", "mixed", "golden", "dinov3")

@@ -15,7 +15,7 @@ the new grid onto what the model saw, written as functions of positions and freq
   DINOv3's RoPE (Simeoni et al. 2025, periods 100 ** (2k / (D/2))); for models trained that way.
 
 Each encoding states the policies it takes (``PositionEncoding.policies``) and why it refuses the others: DINOv3's
-RoPE (``vit_rope.layers.dinov3_rope``) normalises its coordinates at every size, so only ``normalized`` (its own) and
+RoPE (``vit_rope.encodings.rope.dinov3``) normalises its coordinates at every size, so only ``normalized`` (its own) and
 ``extrapolate`` (the training step between patches) apply to it; encodings without frequencies take the policies of
 positions only.
 
@@ -33,7 +33,7 @@ from typing import NamedTuple, get_type_hints
 import torch
 from torch import Tensor
 
-from vit_rope.layers.dinov3_rope import batch_coordinate_draw
+from vit_rope.encodings.rope.dinov3 import batch_coordinate_draw
 
 POLICIES = ("extrapolate", "interpolate", "ntk", "yarn", "normalized")
 # positions without frequencies (attention biases, rotations from learned generators): as they are, or scaled

@@ -7,7 +7,7 @@ import torch
 from timm.layers import resample_abs_pos_embed
 
 import vit_rope  # noqa: F401  (registers the models)
-from vit_rope.layers.pos_embed import fit_checkpoint_pos_embed, source_grids
+from vit_rope.encodings.ape import fit_checkpoint_pos_embed, source_grids
 from vit_rope.models.checkpoint import load_weights
 from vit_rope.models.load_report import WeightsNotLoadedWarning
 

@@ -9,7 +9,7 @@ coordinates).
 
 The module is a ``ModuleList`` of its ``RoPE2D`` modules, so that a mixed model's state dict keeps RoPE-ViT's and
 timm's keys ``rope.<block>.freqs`` and TorchScript iterates it as a list. Under Cayley-STRING (Schenck et al. ICML
-2025, ``vit_rope.layers.cayley_string``) each block's attention also holds a learned basis that turns q and k before
+2025, ``vit_rope.encodings.rope.string``) each block's attention also holds a learned basis that turns q and k before
 the tables rotate them.
 """
 
@@ -19,10 +19,10 @@ from typing import Any
 
 from torch import Tensor, nn
 
-from vit_rope.layers.cayley_string import CayleyString
-from vit_rope.layers.encoding import PositionEncoding, Positions
-from vit_rope.layers.policies import ResolutionPolicy
-from vit_rope.layers.rope import RoPE2D
+from vit_rope.encodings.base import EncodingSpec, PositionEncoding, Positions, register
+from vit_rope.encodings.policies import ResolutionPolicy
+from vit_rope.encodings.rope.string import CayleyString, StringTables
+from vit_rope.encodings.rope.tables import KINDS, RoPE2D, check_kind
 
 
 class RotaryEncoding(PositionEncoding, nn.ModuleList):
@@ -35,12 +35,15 @@ class RotaryEncoding(PositionEncoding, nn.ModuleList):
         **rope_args: ``RoPE2D``'s arguments (head_dim, num_heads, kind, theta, train_grid, policy, ...).
     """
 
-    scriptable = True
-
     def __init__(self, depth: int, per_block: bool, string: bool = False, **rope_args: Any) -> None:
         super().__init__(RoPE2D(**rope_args) for _ in range(depth if per_block else 1))
         self.depth, self.per_block, self.string = depth, per_block, string
         self.kind, self.train_grid = self[0].kind, self[0].train_grid
+
+    @property
+    def scriptable(self) -> bool:
+        """TorchScript compiles the tables, not STRING's basis (a ``BlockInput``): ``fold_`` it first."""
+        return not self.string
 
     @property
     def policy(self) -> ResolutionPolicy:
@@ -75,15 +78,28 @@ class RotaryEncoding(PositionEncoding, nn.ModuleList):
     def place(self, coord: Tensor, grids: Tensor) -> Tensor:
         return self[0].place(coord, grids)
 
-    def block_inputs(self, positions: Positions, num_prefix_tokens: int) -> list[dict[str, Any]]:
-        def tables(rope: RoPE2D) -> dict[str, Any]:
+    def block_inputs(self, positions: Positions, num_prefix_tokens: int) -> list[Any]:
+        def tables(rope: RoPE2D) -> Any:
             if positions.lattice is not None and self.uses_lattice:
-                return {"rope": rope.lattice_tables(positions.lattice)}
-            return {"rope": rope(positions.coords, num_prefix_tokens, positions.grids)}
+                return rope.lattice_tables(positions.lattice)
+            return rope(positions.coords, num_prefix_tokens, positions.grids)
 
-        if self.per_block:
-            return [tables(rope) for rope in self]
-        return [tables(self[0])] * self.depth
+        inputs = [tables(rope) for rope in self] if self.per_block else [tables(self[0])] * self.depth
+        return [StringTables(block_tables) for block_tables in inputs] if self.string else inputs
+
+    @property
+    def foldable(self) -> bool:
+        return self.string
+
+    def fold_(self, blocks: nn.ModuleList) -> None:
+        """Write each block's STRING basis into its qkv projection and drop it: the same function at the cost of the
+        base kind (ONNX export calls it on a copy); training goes on as the base kind."""
+        if not self.string:
+            return
+        for blk in blocks:
+            blk.attn.string.fold_into_(blk.attn.qkv)
+            del blk.attn.string
+        self.string = False
 
     def prune_(self, depth: int) -> None:
         """Keep the first ``depth`` blocks' frequencies (timm's ``prune_intermediate_layers``)."""
@@ -98,3 +114,25 @@ class RotaryEncoding(PositionEncoding, nn.ModuleList):
 
     def extra_repr(self) -> str:
         return f"depth={self.depth}, per_block={self.per_block}" + (", string=True" if self.string else "")
+
+    def block_no_weight_decay(self) -> set[str]:
+        """STRING's ``S`` in each attention: decay would pull its basis back to the identity, the base kind."""
+        return {"string.skew"} if self.string else set()
+
+
+@register(*KINDS, "string", rope=True)
+def _rotary(spec: EncodingSpec) -> PositionEncoding:
+    """RoPE tables, under Cayley-STRING for ``string`` (its base kind the model's ``rope_string_base``, axial if
+    unset), from the model's ``rope_*`` options (``RoPE2D``'s arguments)."""
+    options = dict(spec.rope_options)
+    base = options.pop("string_base", None)
+    if spec.kind == "string":
+        base = check_kind(base or "axial", what="rope_string_base (the RoPE under Cayley-STRING)")
+    elif base is not None:
+        raise ValueError(f"rope_string_base={base!r} names the RoPE under Cayley-STRING (encoding='string'); "
+                         f"encoding={spec.kind!r} would ignore it: leave it unset.")
+    else:
+        base = spec.kind
+    return RotaryEncoding(spec.depth, base == "mixed", spec.kind == "string", head_dim=spec.head_dim,
+                          num_heads=spec.num_heads, kind=base, train_grid=spec.train_grid, policy=spec.policy,
+                          **options)

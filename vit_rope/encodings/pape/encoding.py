@@ -46,8 +46,8 @@ import torch.nn.functional as F
 from timm.layers import register_notrace_module
 from torch import Tensor, nn
 
-from vit_rope.layers.encoding import BlockInput, PositionEncoding, Positions
-from vit_rope.layers.policies import ResolutionPolicy
+from vit_rope.encodings.base import BlockInput, EncodingSpec, PositionEncoding, Positions, register
+from vit_rope.encodings.policies import ResolutionPolicy
 
 PAPE_KINDS = ("pape", "pape_ri")
 
@@ -221,9 +221,16 @@ class ParabolicEncoding(PositionEncoding):
         coords = positions.coords.reshape(-1, positions.coords.shape[-2], 2)  # [1 or B, N, 2]
         return F.pad(coords.float(), (0, 0, num_prefix_tokens, 0))
 
-    def block_inputs(self, positions: Positions, num_prefix_tokens: int) -> list[dict[str, Any]]:
-        return [{"encoding": Parabolas(self(positions, num_prefix_tokens))}] * self.depth
+    def block_inputs(self, positions: Positions, num_prefix_tokens: int) -> list[Any]:
+        return [Parabolas(self(positions, num_prefix_tokens))] * self.depth
 
     def extra_repr(self) -> str:
         return (f"kind={self.kind}, depth={self.depth}, train_grid={self.train_grid}, policy={self.policy_name}"
                 + (f", parabolas={self.parabolas}" if self.parabolas else ""))
+
+
+@register("pape_ri")
+@register("pape", options=("parabolas",))
+def _parabolic(spec: EncodingSpec) -> PositionEncoding:
+    """PaPE or PaPE-RI, with PaPE's ``parabolas`` per head (``encoding_options``)."""
+    return ParabolicEncoding(spec.kind, spec.depth, spec.train_grid, spec.policy, **spec.options)

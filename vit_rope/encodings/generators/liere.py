@@ -28,8 +28,9 @@ import math
 import torch
 from torch import Tensor, nn
 
-from vit_rope.layers.lie_rotation import BlockRotation, by_grid, check_block, grid_units
-from vit_rope.layers.policies import ResolutionPolicy
+from vit_rope.encodings.base import EncodingSpec, PositionEncoding, register
+from vit_rope.encodings.generators.block_rotation import BlockRotation, by_grid, check_block, grid_units
+from vit_rope.encodings.policies import ResolutionPolicy
 
 
 def liere_positions(coord: Tensor, grids: Tensor, train_grid: tuple[int, int], policy: str) -> Tensor:
@@ -99,3 +100,8 @@ class LieRE(BlockRotation):
         _, L, G, g, _ = self.generator_raw_params.shape
         return (f"depth={self.depth}, heads={self.heads}, generators={G}x{g}x{g}, per_layer={self._per_layer}, "
                 f"train_grid={self.train_grid}, policy={self.policy_name}")
+
+
+@register("liere", options=("generator_dim", "per_head", "per_layer"))
+def _liere(spec: EncodingSpec) -> PositionEncoding:
+    return LieRE(spec.depth, spec.num_heads, spec.head_dim, spec.train_grid, spec.policy, **spec.options)

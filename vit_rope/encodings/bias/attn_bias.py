@@ -3,7 +3,7 @@
 - **2D-ALiBi** (CROMA, Fuller et al., NeurIPS 2023, arXiv:2311.00566): ALiBi's per-head linear penalty (Press et
   al., ICLR 2022) on the Euclidean distance between patches, ``-m_h * |p_k - p_q|``, the same in every layer.
 - **LookHere** (Fuller et al., NeurIPS 2024, arXiv:2405.13985): directed masks and distance penalties per head, with
-  a slope per layer (``vit_rope.layers.lookhere``).
+  a slope per layer (``vit_rope.encodings.bias.lookhere``).
 
 Both are a penalty table ``[H, N, N]`` of the patch positions times one scale per layer, so the model builds the
 table once per forward and every block adds ``scale * table`` to its logits (``RoPEAttention``). Prefix tokens
@@ -27,10 +27,10 @@ import torch.nn.functional as F
 from timm.layers import register_notrace_module
 from torch import Tensor
 
+from vit_rope.encodings.base import BlockInput, EncodingSpec, GridTables, PositionEncoding, Positions, register
+from vit_rope.encodings.bias.lookhere import check_config, head_plan, layer_scales, lookhere_penalty
+from vit_rope.encodings.policies import POSITION_POLICIES, ResolutionPolicy
 from vit_rope.layers.capture import capturing
-from vit_rope.layers.encoding import BlockInput, GridTables, PositionEncoding, Positions
-from vit_rope.layers.lookhere import check_config, head_plan, layer_scales, lookhere_penalty
-from vit_rope.layers.policies import POSITION_POLICIES, ResolutionPolicy
 
 BIAS_KINDS = ("lookhere", "alibi")
 
@@ -85,8 +85,8 @@ class AttnBias(PositionEncoding):
         depth: blocks (LookHere's slopes and directions are per layer).
         train_grid: the ``(h, w)`` training grid, which ``interpolate`` scales against.
         policy: ``extrapolate`` (default) or ``interpolate``.
-        lh_config: LookHere's configuration (``vit_rope.layers.lookhere.check_config``): a preset name or the
-            official dict; ``None`` is ``lh180``.
+        config: LookHere's configuration (``vit_rope.encodings.bias.lookhere.check_config``): a preset name or the
+            official dict; ``None`` is ``lh180`` (the model's ``encoding_options={"config": ...}``).
     """
 
     CACHE_SIZE = 2
@@ -94,24 +94,24 @@ class AttnBias(PositionEncoding):
 
     def __init__(self, kind: str, num_heads: int, depth: int, train_grid: tuple[int, int] | None = None,
                  policy: str | dict | ResolutionPolicy | None = None,
-                 lh_config: str | dict[str, Any] | None = None) -> None:
+                 config: str | dict[str, Any] | None = None) -> None:
         super().__init__()
         if kind not in BIAS_KINDS:
             raise ValueError(f"Unknown attention bias {kind!r}: choose one of {', '.join(BIAS_KINDS)}.")
-        if kind != "lookhere" and lh_config is not None:
-            raise ValueError(f"lh_config sets LookHere (encoding='lookhere') and does nothing for {kind!r}.")
+        if kind != "lookhere" and config is not None:
+            raise ValueError(f"config sets LookHere (encoding='lookhere') and does nothing for {kind!r}.")
         self.kind, self.num_heads, self.depth = kind, num_heads, depth
         self.train_grid = None if train_grid is None else (int(train_grid[0]), int(train_grid[1]))
         self.policy = policy
         self._cache = GridTables(self.CACHE_SIZE)
         self.register_buffer("anchor", torch.zeros(0), persistent=False)  # follows .to(device): the tables' device
         if kind == "lookhere":
-            self.lh_config = check_config(lh_config, num_heads, depth)
-            specs = self.lh_config["head_directions"]
+            self.config = check_config(config, num_heads, depth)
+            specs = self.config["head_directions"]
             self.layer_specs = [specs] * depth if isinstance(specs, str) else list(specs)
-            self.scales = layer_scales(self.lh_config, depth)
+            self.scales = layer_scales(self.config, depth)
         else:
-            self.lh_config = None
+            self.config = None
             self.layer_specs = ["alibi"] * depth
             self.scales = [-1.0] * depth
 
@@ -127,7 +127,7 @@ class AttnBias(PositionEncoding):
             if spec == "alibi":
                 out[spec] = alibi_penalty(positions, alibi_slopes(self.num_heads))
             else:
-                cfg = self.lh_config
+                cfg = self.config
                 out[spec] = lookhere_penalty(positions, *head_plan(spec, self.num_heads), cfg["distance"],
                                              cfg["fill_with"], valid)
         return out
@@ -148,10 +148,10 @@ class AttnBias(PositionEncoding):
                torch.is_inference_mode_enabled())
         return self._cache.get(key, lambda: self._layers(positions, num_prefix_tokens))
 
-    def block_inputs(self, positions: Positions, num_prefix_tokens: int) -> list[dict[str, Any]]:
+    def block_inputs(self, positions: Positions, num_prefix_tokens: int) -> list[Any]:
         tables = self(positions, num_prefix_tokens)
         # indexed, not iterated: FX records the tables as one call whose items it can index but not unpack
-        return [{"encoding": Bias(tables[i], scale)} if scale else {} for i, scale in enumerate(self.scales)]
+        return [Bias(tables[i], scale) if scale else None for i, scale in enumerate(self.scales)]
 
     def prune_(self, depth: int) -> None:
         """Keep the first ``depth`` blocks' directions and scales (timm's ``prune_intermediate_layers``)."""
@@ -160,4 +160,10 @@ class AttnBias(PositionEncoding):
 
     def extra_repr(self) -> str:
         return (f"kind={self.kind}, num_heads={self.num_heads}, train_grid={self.train_grid}, "
-                f"policy={self.policy_name}" + (f", lh_config={self.lh_config}" if self.lh_config else ""))
+                f"policy={self.policy_name}" + (f", config={self.config}" if self.config else ""))
+
+
+@register("alibi")
+@register("lookhere", options=("config",))
+def _bias(spec: EncodingSpec) -> PositionEncoding:
+    return AttnBias(spec.kind, spec.num_heads, spec.depth, spec.train_grid, spec.policy, **spec.options)

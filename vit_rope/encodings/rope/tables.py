@@ -12,7 +12,7 @@ image grids, where a patch has a position ``(x, y)``:
 
 Both are the same formula, ``angle = x * wx + y * wy``: axial RoPE is the special case with ``wy = 0`` on the
 first half of the pairs and ``wx = 0`` on the second, and the other kinds only change the vectors
-(``vit_rope.layers.frequencies``: golden-angle directions; p-RoPE's unrotated pairs). The formula itself is pure
+(``vit_rope.encodings.rope.frequencies``: golden-angle directions; p-RoPE's unrotated pairs). The formula itself is pure
 functions (``vit_rope.layers.rotary``: positions, angles, tables, the reference rotation); this module holds the thin
 ``RoPE2D`` module that owns the frequencies and applies a resolution policy. Channel layout is interleaved pairs, as in
 RoFormer and RoPE-ViT.
@@ -21,17 +21,22 @@ RoFormer and RoPE-ViT.
 from __future__ import annotations
 
 import math
-import warnings
-from typing import Any
 
 import torch
 from timm.layers import register_notrace_module
 from torch import Tensor, nn
 
-from vit_rope.layers.capture import capturing
-from vit_rope.layers.dinov3_rope import check_normalize, dinov3_frequencies
-from vit_rope.layers.encoding import image_coords
-from vit_rope.layers.frequencies import (
+from vit_rope.encodings.base import image_coords
+from vit_rope.encodings.policies import (
+    POLICIES,
+    ResolutionPolicy,
+    ScriptPolicy,
+    check_policy,
+    place_positions,
+    policy_frequencies,
+)
+from vit_rope.encodings.rope.dinov3 import check_normalize, dinov3_frequencies
+from vit_rope.encodings.rope.frequencies import (
     MIXED_INITS,
     axial_frequencies,
     check_fraction,
@@ -40,15 +45,8 @@ from vit_rope.layers.frequencies import (
     mixed_frequencies,
     rotated_pairs,
 )
-from vit_rope.layers.naflex import Lattice, gather_rows
-from vit_rope.layers.policies import (
-    POLICIES,
-    ResolutionPolicy,
-    ScriptPolicy,
-    check_policy,
-    place_positions,
-    policy_frequencies,
-)
+from vit_rope.layers.capture import capturing
+from vit_rope.layers.lattice import Lattice, gather_rows
 from vit_rope.layers.rotary import apply_rope, grid_positions, grid_tables, learned_tables, rope_angles, rope_tables
 
 KINDS = ("axial", "mixed", "golden", "dinov3")
@@ -56,14 +54,15 @@ DEFAULT_THETA = {"axial": 100.0, "mixed": 10.0, "golden": 100.0, "dinov3": 100.0
 DEFAULT_POLICY = {"axial": "extrapolate", "mixed": "extrapolate", "golden": "extrapolate", "dinov3": "normalized"}
 # DINOv3's RoPE: coordinates normalised to the grid (its own) or kept at the training step; nothing else applies
 DINOV3_POLICIES = ("normalized", "extrapolate")
-# the names tests and tools import from here; they live in vit_rope.layers.frequencies and vit_rope.layers.rotary
+# the names tests and tools import from here; they live in vit_rope.encodings.rope.frequencies and
+# vit_rope.layers.rotary
 __all__ = ["KINDS", "RoPE2D", "apply_rope", "axial_frequencies", "check_fraction", "check_head_dim", "check_kind",
            "check_theta", "golden_frequencies", "grid_positions", "mixed_frequencies", "rope_angles", "rope_tables"]
 
 
 def check_kind(kind: str, what: str = "RoPE kind") -> str:
     """Return ``kind`` if it names a RoPE table, else raise a ``ValueError`` that calls it ``what`` and lists them (a
-    model's other kinds: ``vit_rope.models.encoding_kinds.check_encoding``)."""
+    model's other kinds: ``vit_rope.encodings.check_kind``)."""
     if kind not in KINDS:
         raise ValueError(f"Unknown {what} {kind!r}: choose one of {', '.join(KINDS)}.")
     return kind
@@ -108,24 +107,6 @@ def policy_tables(positions: Tensor, freqs: Tensor, grids: Tensor | None, num_pr
     return cos, sin
 
 
-def _renamed_arguments(renamed: dict[str, Any], normalize_coords: str, mixed_init: str, grid_offset: float
-                       ) -> tuple[str, str, float]:
-    """``RoPE2D``'s three renamed arguments, taking a value given under the earlier name (with a warning): the names
-    now match the model's ``rope_*`` arguments."""
-    unknown = sorted(set(renamed) - {"normalize", "init", "offset"})
-    if unknown:
-        raise TypeError(f"RoPE2D got unexpected keyword arguments {unknown}.")
-    defaults = {"normalize_coords": "separate", "mixed_init": "rope-vit", "grid_offset": 0.0}
-    given = {"normalize_coords": normalize_coords, "mixed_init": mixed_init, "grid_offset": grid_offset}
-    for old, new in (("normalize", "normalize_coords"), ("init", "mixed_init"), ("offset", "grid_offset")):
-        if old in renamed:
-            if given[new] != defaults[new]:
-                raise TypeError(f"RoPE2D got {old}={renamed[old]!r} and {new}={given[new]!r}: give {new} only.")
-            warnings.warn(f"RoPE2D's {old} is deprecated: use {new}.", FutureWarning, stacklevel=3)
-    return (renamed.get("normalize", normalize_coords), renamed.get("init", mixed_init),
-            renamed.get("offset", grid_offset))
-
-
 # FX (torchvision's create_feature_extractor, timm's FX feature wrapper): placing positions and building tables
 # branch on shapes, which symbolic tracing only knows as proxies, so the trace records each as a call that runs with
 # the real tensors. timm's tracer also keeps RoPE2D whole (register_notrace_module).
@@ -146,11 +127,13 @@ class RoPE2D(nn.Module):
     Args:
         head_dim: channels per head, divisible by 4.
         num_heads: attention heads (mixed frequencies are per head).
-        kind: ``"axial"``, ``"mixed"``, ``"golden"`` (``vit_rope.layers.frequencies``: fixed golden-angle directions)
-            or ``"dinov3"`` (``vit_rope.layers.dinov3_rope``: fixed axial frequencies on normalised coordinates).
+        kind: ``"axial"``, ``"mixed"``, ``"golden"`` (``vit_rope.encodings.rope.frequencies``: fixed golden-angle
+        directions)
+            or ``"dinov3"`` (``vit_rope.encodings.rope.dinov3``: fixed axial frequencies on normalised coordinates).
         theta: frequency base; ``None`` takes RoPE-ViT's value (100 axial, 10 mixed) or DINOv3's (100).
         train_grid: the ``(h, w)`` patch grid of training, which resolution policies scale against.
-        policy: resolution policy (``vit_rope.layers.policies``) for grids other than ``train_grid``; ``None`` takes the
+        policy: resolution policy (``vit_rope.encodings.policies``) for grids other than ``train_grid``; ``None`` takes
+        the
             kind's own (``extrapolate``, DINOv3's ``normalized``).
         min_period: with ``max_period``, DINOv3's alternative period schedule (``dinov3`` only).
         max_period: see ``min_period``.
@@ -160,7 +143,6 @@ class RoPE2D(nn.Module):
         mixed_init: how ``mixed`` frequencies start: ``"rope-vit"`` (a random frame per head) or ``"golden"``.
         grid_offset: added to the integer patch positions before the policy places them (Perception Encoder's 1:
             patches at 1..n, the unrotated class token at 0); not for ``dinov3``.
-        **renamed: the earlier names of three arguments, deprecated: ``normalize``, ``init``, ``offset``.
 
     The model's RoPE arguments are these names with ``rope_`` in front (``rope_theta``, ``rope_grid_offset``, ...).
     """
@@ -181,11 +163,8 @@ class RoPE2D(nn.Module):
         fraction: float = 1.0,
         mixed_init: str = "rope-vit",
         grid_offset: float = 0.0,
-        **renamed: Any,
     ) -> None:
         super().__init__()
-        normalize_coords, mixed_init, grid_offset = _renamed_arguments(renamed, normalize_coords, mixed_init,
-                                                                       grid_offset)
         self.kind = check_kind(kind)
         if kind == "dinov3" and grid_offset:
             raise ValueError(f"grid_offset={grid_offset} shifts integer patch positions; DINOv3's RoPE "

@@ -1,17 +1,17 @@
 """Rotations ``R(p) = exp(sum_i p_i A_i)`` from learned skew-symmetric generators, acting on blocks of channels.
 
-ComRoPE (``vit_rope.layers.comrope``) and LieRE (``vit_rope.layers.liere``) both rotate each query and key by such an
-``R`` instead of RoPE's 2x2 pairs: the head's ``D`` channels are cut into ``D / b`` contiguous blocks of ``b``, and
-each block gets its own ``b x b`` orthogonal matrix per token (and per head, per layer where the kind learns them).
-What differs between them is how the generators ``A_x, A_y`` are parametrised (commuting or not) and where a patch
-sits; this module holds what they share:
+ComRoPE (``vit_rope.encodings.generators.comrope``) and LieRE (``vit_rope.encodings.generators.liere``) both rotate each
+query and key by such an ``R`` instead of RoPE's 2x2 pairs: the head's ``D`` channels are cut into ``D / b`` contiguous
+blocks of ``b``, and each block gets its own ``b x b`` orthogonal matrix per token (and per head, per layer where the
+kind learns them). What differs between them is how the generators ``A_x, A_y`` are parametrised (commuting or not) and
+where a patch sits; this module holds what they share:
 
 - ``rotate_blocks``: ``R`` applied to q or k ``[B, H, N, D]``, a matrix-vector product per token (per-sample tables:
   NaFlex; graph captures); ``rotate_qk`` turns q and k of an image batch by the batch's one table in one batched
   matmul, every sample of both as its rows (``[H, N, m, 2B, b] @ [H, N, m, b, b]``), output in the layout SDPA's CPU
   flash kernel takes (channels of stride 1; else its unfused fallback runs).
 - ``BlockRotations``: what a block's attention gets (``BlockInput``), ``rotate_qk``'s tables; where the generators
-  commute (ComRoPE), an image batch's blocks get ``vit_rope.layers.axis_rotation.AxisRotations`` instead.
+  commute (ComRoPE), an image batch's blocks get ``vit_rope.encodings.generators.axis_rotation.AxisRotations`` instead.
 - ``BlockRotation``: the ``PositionEncoding`` of both kinds: tables ``[1 or B, H, P + N, D/b, b, b]`` per block
   (prefix tokens at a kind's own position, or the identity), or per axis (``axis_tables``), built once per forward
   and, for an image batch in evaluation, kept per grid until the generators change.
@@ -25,11 +25,11 @@ import torch
 from timm.layers import register_notrace_module
 from torch import Tensor, nn
 
-from vit_rope.layers.axis_rotation import AxisRotations, axis_turns
+from vit_rope.encodings.base import BlockInput, GridTables, PositionEncoding, Positions
+from vit_rope.encodings.generators.axis_rotation import AxisRotations, axis_turns
+from vit_rope.encodings.policies import POSITION_POLICIES, ResolutionPolicy
 from vit_rope.layers.capture import capturing
-from vit_rope.layers.encoding import BlockInput, GridTables, PositionEncoding, Positions
 from vit_rope.layers.expm import expm
-from vit_rope.layers.policies import POSITION_POLICIES, ResolutionPolicy
 from vit_rope.layers.shared_rotation import rotate_shared, share, shared_node
 
 
@@ -193,7 +193,7 @@ class BlockRotation(PositionEncoding):
                 and positions.coords.dim() == 2 and not (torch.compiler.is_exporting() or torch.jit.is_tracing()
                                                          or torch.jit.is_scripting()))
 
-    def block_inputs(self, positions: Positions, num_prefix_tokens: int) -> list[dict[str, Any]]:
+    def block_inputs(self, positions: Positions, num_prefix_tokens: int) -> list[Any]:
         if self.by_axes(positions):
             grid = (int(positions.grid[0]), int(positions.grid[1]))
 
@@ -203,15 +203,15 @@ class BlockRotation(PositionEncoding):
             key = self.cache_key(positions, num_prefix_tokens)
             turns = build() if key is None else self._cache.get((*key, "axes"), build)
             layers = list(zip(*(t.unbind(0) for t in turns), strict=True))  # one per block, or one for all
-            return [{"encoding": AxisRotations(layer)}
+            return [AxisRotations(layer)
                     for layer in (layers * self.depth if len(layers) == 1 else layers)]
         tables = self(positions, num_prefix_tokens)  # [L, 1 or B, H, P + N, m, b, b]
         if not self.per_layer:  # one table: its gradient one product
-            return [{"encoding": BlockRotations(share(tables.squeeze(0)))}] * self.depth
+            return [BlockRotations(share(tables.squeeze(0)))] * self.depth
         if isinstance(tables, torch.fx.Proxy):  # FX records the tables as one call: indexable, not unpackable
-            return [{"encoding": BlockRotations(tables[i])} for i in range(self.depth)]
+            return [BlockRotations(tables[i]) for i in range(self.depth)]
         # unbound, not indexed: each index's backward would fill a zero gradient of all L layers' tables
-        return [{"encoding": BlockRotations(table)} for table in tables.unbind(0)]
+        return [BlockRotations(table) for table in tables.unbind(0)]
 
     @property
     def per_layer(self) -> bool:

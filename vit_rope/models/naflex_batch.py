@@ -4,7 +4,7 @@ one padded sequence (NaViT, Dehghani et al., NeurIPS 2023; timm's NaFlexViT and 
 The input is what timm's ``NaFlexCollator`` yields: ``patches`` ``[B, N, P*P*C]`` (each patch flattened channels-last),
 ``patch_coord`` ``[B, N, 2]`` as (y, x) and ``patch_valid`` ``[B, N]``, as a dict or as tensors and keyword arguments.
 The model's own patch embedding runs on the flat patches (its convolution read as a linear layer, so one state dict
-serves both inputs), each sample gets the positions, policy and APE of its own grid (``vit_rope.layers.naflex``),
+serves both inputs), each sample gets the positions, policy and APE of its own grid (``vit_rope.layers.lattice``),
 attention hides padding from the keys, and pooling reads valid tokens only. Nothing loops over samples or sizes:
 each sample's output equals the model's output on that image alone (the tests hold them together).
 """

@@ -1,7 +1,7 @@
-"""Rotations from learned generators (vit_rope.layers.lie_rotation, comrope, liere): parity with the official code,
-the block rotation against a dense product, per-axis turns against per-cell ones, and each kind's properties: norms
-kept, ComRoPE's matrices commuting (hence relative), LieRE equal to exp(sum p_i A_i) and relative only where its
-generators commute."""
+"""Rotations from learned generators (vit_rope.encodings.generators.block_rotation, comrope, liere): parity with the
+official code, the block rotation against a dense product, per-axis turns against per-cell ones, and each kind's
+properties: norms kept, ComRoPE's matrices commuting (hence relative), LieRE equal to exp(sum p_i A_i) and relative only
+where its generators commute."""
 
 from __future__ import annotations
 
@@ -10,12 +10,12 @@ from pathlib import Path
 import pytest
 import torch
 
+from vit_rope.encodings.base import image_positions
+from vit_rope.encodings.generators.axis_rotation import AxisRotations, rotate_axes
+from vit_rope.encodings.generators.block_rotation import BlockRotations, rotate_blocks, rotate_qk
+from vit_rope.encodings.generators.comrope import ComRoPE
+from vit_rope.encodings.generators.liere import LieRE
 from vit_rope.layers.attention import RoPEAttention
-from vit_rope.layers.axis_rotation import AxisRotations, rotate_axes
-from vit_rope.layers.comrope import ComRoPE
-from vit_rope.layers.encoding import image_positions
-from vit_rope.layers.lie_rotation import BlockRotations, rotate_blocks, rotate_qk
-from vit_rope.layers.liere import LieRE
 
 # official outputs: make_generator_rotation_reference.py beside this file, ComRoPE at 7aeef083, LieRE at b27b41ba
 REFERENCE = Path(__file__).with_name("generator_rotation_reference.pt")
@@ -50,11 +50,11 @@ def test_comrope_attention_equals_the_official_layer(reference, kind: str, polic
     attn, encoding = comrope_attention(reference, kind, policy)
     x = reference[f"comrope_{kind}.x{grid}"]
     inputs = encoding.block_inputs(image_positions(encoding, grid, grid), 1)[0]  # per axis: the grid's rows, columns
-    assert isinstance(inputs["encoding"], AxisRotations)
+    assert isinstance(inputs, AxisRotations)
     with torch.no_grad():
-        q, k, _ = attn.project(x, **inputs)
+        q, k, _ = attn.project(x, inputs)
         probs = ((q * attn.scale) @ k.transpose(-1, -2)).softmax(-1)
-        out = attn(x, **inputs)
+        out = attn(x, inputs)
     expected = f"comrope_{kind}.{policy}{grid}"
     torch.testing.assert_close(probs, reference[expected + ".probs"], atol=1e-5, rtol=1e-4)
     torch.testing.assert_close(out, reference[expected + ".out"], atol=1e-5, rtol=1e-4)
@@ -70,7 +70,7 @@ def test_liere_attention_equals_the_official_layer(reference, grid: int):
         attn.proj.bias.copy_(reference["liere.to_out.0.bias"])
         encoding.generator_raw_params.copy_(reference["liere.generator_raw_params"])
         inputs = encoding.block_inputs(image_positions(encoding, grid, grid), 1)[0]
-        out = attn(reference[f"liere.x{grid}"], **inputs)
+        out = attn(reference[f"liere.x{grid}"], inputs)
     torch.testing.assert_close(out, reference[f"liere.extrapolate{grid}.out"], atol=1e-5, rtol=1e-4)
 
 
@@ -104,7 +104,7 @@ def encodings() -> dict[str, torch.nn.Module]:
 
 def turned(q: torch.Tensor, k: torch.Tensor, inputs: dict[str, object]) -> tuple[torch.Tensor, torch.Tensor]:
     """q and k turned as a block's attention turns them with its inputs (v plays no part)."""
-    q, k, _ = inputs["encoding"].transform(None, None, q, k, k)
+    q, k, _ = inputs.transform(None, None, q, k, k)
     return q, k
 
 
@@ -178,7 +178,7 @@ def test_comrope_turns_per_axis_equal_one_exponential_per_cell(kind: str, cls_po
     positions = image_positions(encoding, 5, 3)
     q, k = torch.randn(2, 3, 2, 2 + 15, 16).unbind(0)  # a class token and a register
     inputs = encoding.block_inputs(positions, 2)
-    assert all(isinstance(item["encoding"], AxisRotations) for item in inputs)
+    assert all(isinstance(item, AxisRotations) for item in inputs)
     per_cell = encoding.tables(positions.coords, 2)[1]  # [1, H, P + N, m, b, b]
     by_axes = turned(q, k, inputs[1])
     expected = rotate_blocks(q, per_cell), rotate_blocks(k, per_cell)
@@ -194,7 +194,7 @@ def test_liere_generators_do_not_commute_so_its_tables_are_never_factored_by_axe
     torch.manual_seed(0)
     encoding = LieRE(1, 2, 16, (4, 4), generator_dim=4)
     positions = image_positions(encoding, 4, 4)
-    assert not encoding.commuting and isinstance(encoding.block_inputs(positions, 0)[0]["encoding"], BlockRotations)
+    assert not encoding.commuting and isinstance(encoding.block_inputs(positions, 0)[0], BlockRotations)
     q, k = torch.randn(2, 1, 2, 16, 16).unbind(0)
     with torch.no_grad():
         factored = rotate_axes(q, k, tuple(t[0] for t in encoding.axis_tables(positions.coords, 0, (4, 4))))

@@ -1,0 +1,1 @@
+"""Attention-bias encodings: LookHere and 2D-ALiBi."""

@@ -1,0 +1,122 @@
+"""The model's side of its position encoding: built from the model's arguments, held at ``model.pos_encoding``.
+
+Every kind is a ``PositionEncoding`` (``vit_rope.encodings``), built by its registered builder from an
+``EncodingSpec``; the model knows no kind by name. The encoding lives at ``pos_encoding`` whatever its kind. RoPE-ViT's
+and timm's checkpoints, and this package's until every kind lived at ``pos_encoding``, keep a RoPE encoding's weights
+under ``rope.`` (mixed frequencies ``rope.<block>.freqs``): ``encoding_key`` maps them, for the loader and for
+``load_state_dict``.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import torch
+from torch import nn
+
+from vit_rope.encodings import EncodingSpec, build
+from vit_rope.encodings.ape import AbsoluteEncoding
+from vit_rope.encodings.base import NoEncoding, PositionEncoding
+from vit_rope.encodings.policies import CoordAugment, ResolutionPolicy
+from vit_rope.encodings.rope.encoding import RotaryEncoding
+
+
+def encoding_key(key: str) -> str:
+    """A state-dict key of a checkpoint in our layout: ``rope.*`` (RoPE-ViT's name for the RoPE module, and ours
+    before every kind lived at ``pos_encoding``) becomes ``pos_encoding.*``, also under an EMA's ``module.``; other
+    keys are returned as they are."""
+    return re.sub(r"^(module\.)?rope\.", r"\1pos_encoding.", key)
+
+
+def resolution_encoding(model: nn.Module) -> PositionEncoding | None:
+    """The position encoding of ``model`` whose resolution policies matter (its ``policies``, ``check_policy``), or
+    ``None`` for a model that has none to choose: timm's ViTs, CNNs, no encoding."""
+    encoding = getattr(model, "pos_encoding", None) if isinstance(model, PositionEncodingMixin) else None
+    return None if encoding is None or isinstance(encoding, NoEncoding) else encoding
+
+
+class PositionEncodingMixin:
+    """The position-encoding half of ``RoPEVisionTransformer``: built by ``_init_encoding`` after timm's
+    ``VisionTransformer.__init__`` (it needs the blocks and the patch grid)."""
+
+    __jit_unused_properties__ = ["resolution_policy"]
+    # constants, so that TorchScript compiles only the branch that applies: its isinstance on RoPE2D takes the type of
+    # the first RoPE2D it scripted in the process, so after a mixed model's (a parameter) an axial model's (a buffer)
+    # no longer counted as RoPE2D
+    __constants__ = ["rope_per_block", "rotary"]
+
+    def _init_encoding(self, kind: str, num_heads: int, coord_aug: dict | CoordAugment | None,
+                       policy: str | dict | ResolutionPolicy | None, rope_options: dict[str, Any],
+                       ref_grid: tuple[int, int] | None = None, options: dict[str, Any] | None = None) -> None:
+        """Build the encoding of ``kind`` from the given RoPE options (``EncodingSpec.rope_options``) and the kind's
+        own ``options``.
+
+        ``ref_grid``: the grid the policies scale against instead of the patch grid (timm ``Eva``'s
+        ``ref_feat_shape``: EVA-02 at 336 px still places its 24x24 patches on the 16x16 grid it was trained on, which
+        is the ``interpolate`` policy against ``ref_grid``). The APE keeps resampling from the patch grid."""
+        self.encoding_kind = kind
+        self.coord_aug = coord_aug if isinstance(coord_aug, CoordAugment) else CoordAugment(**(coord_aug or {}))
+        train_grid = tuple(self.patch_embed.grid_size) if ref_grid is None else (int(ref_grid[0]), int(ref_grid[1]))
+        spec = EncodingSpec(kind, len(self.blocks), num_heads, self.embed_dim // num_heads, train_grid, policy,
+                            rope_options, ref_grid, dict(options or {}))
+        self.pos_encoding = build(spec)
+        self.pos_encoding.attach_(self.blocks, self.embed_dim, num_heads)
+        self._script_constants()
+        self.register_load_state_dict_pre_hook(_encoding_keys)
+        # the +APE models' table is timm's pos_embed; what the embedding adds from it is an encoding too
+        own = 0 if self.no_embed_class else self.num_prefix_tokens
+        self.ape = None if self.pos_embed is None else AbsoluteEncoding(own)
+
+    @property
+    def resolution_policy(self) -> ResolutionPolicy:
+        return self.pos_encoding.policy
+
+    def set_resolution_policy(self, policy: str | dict | ResolutionPolicy | None, **options: Any) -> None:
+        """Choose how positions follow input sizes other than the training one (see ``vit_rope.encodings.policies``);
+        ``None`` restores the default (``extrapolate``, DINOv3's ``normalized``), as ``policy=None`` at creation.
+
+        Example: ``model.set_resolution_policy("yarn", yarn_beta=4.0)``.
+        """
+        if isinstance(policy, str):
+            policy = ResolutionPolicy.create(dict(name=policy, **options))
+        elif options:
+            raise ValueError(f"Policy options {sorted(options)} go with a policy name, as in "
+                             f"set_resolution_policy('yarn', yarn_beta=4.0); got the policy {policy!r}.")
+        self.pos_encoding.policy = policy
+
+    def __prepare_scriptable__(self) -> PositionEncodingMixin:
+        """``torch.jit.script`` calls this first: models whose encoding does not script (``scriptable``: Python caches,
+        ``BlockInput``) say so rather than fail deep in the compiler."""
+        if not self.pos_encoding.scriptable:
+            raise RuntimeError(f"TorchScript does not support the {self.encoding_kind} models (the scripted forward "
+                               "builds RoPE tables only); export them with vit_rope.export (ONNX), fold what folds "
+                               "first (model.fold_encoding_(): STRING), or run them eagerly.")
+        return self
+
+    @torch.jit.ignore
+    def encoding_no_weight_decay(self) -> set[str]:
+        """The encoding's parameters to train without weight decay (RoPE-ViT's mixed frequencies) and those it
+        attached to each block's attention (STRING's ``S``)."""
+        nwd = {f"pos_encoding.{name}" for name in self.pos_encoding.no_weight_decay()}
+        return nwd | {f"blocks.{i}.attn.{name}" for i in range(len(self.blocks))
+                      for name in self.pos_encoding.block_no_weight_decay()}
+
+    @torch.jit.ignore
+    def fold_encoding_(self) -> None:
+        """Write what the encoding keeps in the blocks into their weights where that is the same function at a lower
+        cost (STRING's basis into the qkv projection: the base kind after it; ONNX export calls it on a copy)."""
+        self.pos_encoding.fold_(self.blocks)
+        self._script_constants()
+
+    def _script_constants(self) -> None:
+        """What TorchScript's forward builds: RoPE tables of every block (one RoPE2D per block, or one for all), or
+        nothing."""
+        self.rotary = isinstance(self.pos_encoding, RotaryEncoding) and self.pos_encoding.scriptable
+        self.rope_per_block = self.rotary and self.pos_encoding.per_block
+
+
+def _encoding_keys(module: nn.Module, state_dict: dict[str, Any], prefix: str, *args: Any) -> None:
+    """``load_state_dict`` of a checkpoint that keeps the encoding under ``rope.`` (``encoding_key``)."""
+    for key in [key for key in state_dict if key.startswith(prefix + "rope.")]:
+        state_dict[prefix + encoding_key(key[len(prefix):])] = state_dict.pop(key)
