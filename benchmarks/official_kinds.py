@@ -24,7 +24,7 @@ class token, 197 tokens):
   generators change, as our ViT keeps them), the official ComRoPE from positions ``[1, N, 2]`` shared by the batch
   (its cheapest input), the official LieRE encoder once for all layers.
 - PaPE / PaPE-RI: the whole official ``pape.nn.image_classifier.ImageClassifier`` (ImageNet, 50 parabolas for PaPE)
-  against ours built from its weights by ``vit_rope.models.pape_weights.create_from_pape`` on a folder written to a
+  against ours built from its weights by ``vit_rope.create_from_checkpoint`` on a folder written to a
   temporary directory. Drop-path off on both sides (the official default 0.1 would drop a random set of branches at
   every training step); every official weight drawn at random (its zeroed classifier would make every logit equal,
   which no parity check could see through).
@@ -62,8 +62,8 @@ from vit_rope.encodings.base import image_positions  # noqa: E402
 from vit_rope.encodings.generators.comrope import ComRoPE  # noqa: E402
 from vit_rope.encodings.generators.liere import LieRE  # noqa: E402
 from vit_rope.eval import report  # noqa: E402
+from vit_rope.eval.from_checkpoint import create_from_checkpoint  # noqa: E402
 from vit_rope.layers.attention import RoPEAttention  # noqa: E402
-from vit_rope.models.pape_weights import create_from_pape  # noqa: E402
 from vit_rope.train.distributed import flushed_subnormals  # noqa: E402
 
 # the official repositories: a file each checkout must hold, and the commit our layers' parity tests were made at
@@ -250,7 +250,7 @@ def liere_pair(root: Path, kind: str, widths: Widths, batch: int) -> Pair:
 
 
 def pape_pair(root: Path, kind: str, widths: Widths, batch: int) -> Pair:
-    """The official ImageNet classifier and ours built from its weights by ``create_from_pape``."""
+    """The official ImageNet classifier and ours built from its weights by ``create_from_checkpoint``."""
     import_official(root, "pape.nn.image_classifier")
     from pape.configs import Config, Dataset, ModelConfig, PaPEConfig, Positional
     from pape.nn.image_classifier import ImageClassifier
@@ -265,7 +265,7 @@ def pape_pair(root: Path, kind: str, widths: Widths, batch: int) -> Pair:
     with tempfile.TemporaryDirectory() as folder:
         (Path(folder) / "config.json").write_text(config.to_json())
         torch.save(official.state_dict(), Path(folder) / "model.pt")
-        ours = create_from_pape(folder, img_size=widths.img_size)
+        ours = create_from_checkpoint(folder, img_size=widths.img_size)
     images = torch.randn(batch, 3, widths.img_size, widths.img_size)
     return Pair(ours, OfficialClassifier(official), images, "whole classifier")
 

@@ -47,10 +47,11 @@ from torch import Tensor
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from vit_rope.encodings.base import image_coords  # noqa: E402
-from vit_rope.encodings.rope.tables import RoPE2D, apply_rope, grid_positions  # noqa: E402
+from vit_rope.encodings.rope.tables import RoPE2D  # noqa: E402
 from vit_rope.eval.report import table  # noqa: E402
 from vit_rope.layers import triton_rope  # noqa: E402
 from vit_rope.layers.fused import rotate_qk  # noqa: E402  (after the path set-up, as the script runs from anywhere)
+from vit_rope.layers.rotary import apply_rope, grid_positions  # noqa: E402
 
 
 def split(qkv: Tensor) -> tuple[Tensor, Tensor, Tensor]:

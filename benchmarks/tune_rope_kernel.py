@@ -33,9 +33,10 @@ from torch import Tensor
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.machine import describe_machine  # noqa: E402
-from vit_rope.encodings.rope.tables import RoPE2D, grid_positions  # noqa: E402
+from vit_rope.encodings.rope.tables import RoPE2D  # noqa: E402
 from vit_rope.eval import report
 from vit_rope.layers import triton_rope  # noqa: E402  (after the path set-up, as the script runs from anywhere)
+from vit_rope.layers.rotary import grid_positions  # noqa: E402
 
 if triton_rope.AVAILABLE:
     import triton

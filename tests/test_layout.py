@@ -16,7 +16,7 @@ from helpers.training import REPO
 PACKAGE = REPO / "vit_rope"
 # lowest first: a module may import its own layer and the ones before it
 LAYERS = ["base", "layers", "encodings", "models", "data", "train", "eval", "commands"]
-BASE = {"vit_rope.errors", "vit_rope.checks", "vit_rope._requires"}
+BASE = {"vit_rope.errors", "vit_rope.checks", "vit_rope._requires", "vit_rope.weights"}
 COMMANDS = {"vit_rope", "vit_rope.evaluate", "vit_rope.diagnose", "vit_rope.export"}
 # import name -> distribution, where they differ
 DISTRIBUTIONS = {"PIL": "pillow", "yaml": "pyyaml"}

@@ -1,19 +1,16 @@
 """vit-rope: 2D rotary position embeddings (RoPE-ViT, Heo et al., ECCV 2024) for timm Vision Transformers.
 
 Importing the package registers the ``vit_rope_*`` models with timm; ``from_timm`` turns a built timm ``Eva`` backbone
-(EVA-02, Perception Encoder, Sapiens2, DINOv3, ...) into its ``vit_rope_*`` twin with the same weights. The subpackages
-are its layers, each importing only the ones before it: ``layers`` (shared maths: fused rotation, attention, matrix
-exponential), ``encodings`` (one interface and every kind of position encoding, resolution policies), ``models`` (the
-ViT, its registry, DINOv3 backbones, weight conversion), ``data`` (folders, decoded cache,
-batched pipeline, step sampler), ``train`` (config, checks, loaders, distributed set-up, engine, resumable state) and
-``eval`` (evaluation harness, reports, diagnostics, ONNX export); ``evaluate``, ``diagnose`` and ``export`` are the
-``python -m vit_rope.X`` commands.
+into its ``vit_rope_*`` twin with the same weights. The subpackages are its layers, each importing only the ones
+before it: ``layers`` (shared maths, attention), ``encodings`` (every kind of position encoding), ``models``, ``data``,
+``train``, ``eval``; ``evaluate``, ``diagnose`` and ``export`` are the ``python -m vit_rope.X`` commands.
 """
 
 from vit_rope import _requires  # noqa: F401  (checks timm's version before anything imports timm's models)
-from vit_rope.encodings.rope.tables import RoPE2D, apply_rope, grid_positions
+from vit_rope.encodings.rope.tables import RoPE2D
 from vit_rope.eval.from_checkpoint import create_from_checkpoint
 from vit_rope.layers.fused import rotate_qk
+from vit_rope.layers.rotary import apply_rope, grid_positions
 from vit_rope.models import registry  # noqa: F401  (registers the models with timm)
 from vit_rope.models.checkpoint import convert_state_dict, load_weights
 from vit_rope.models.from_timm import from_timm

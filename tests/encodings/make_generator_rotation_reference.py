@@ -5,7 +5,7 @@ Run once, against the official code (which stays out of this repository):
     git clone https://github.com/Longin-Yu/ComRoPE      # commit 7aeef083f8af53479d0e86af562029bd89af6422
     git clone https://github.com/StanfordMIMI/LieRE     # commit b27b41ba0d27331ec0774de852939c6d407889aa
     pip install --target /tmp/refpkgs einops           # LieRE's code imports it
-    PYTHONPATH=/tmp/refpkgs python tests/layers/make_generator_rotation_reference.py ComRoPE LieRE
+    PYTHONPATH=/tmp/refpkgs python tests/encodings/make_generator_rotation_reference.py ComRoPE LieRE
 
 What it records, for a 2-head attention layer with random weights and tokens, at the training grid (4x4) and a
 larger one (6x6):

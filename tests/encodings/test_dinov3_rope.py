@@ -12,7 +12,8 @@ from timm.layers.pos_embed_sincos import RotaryEmbeddingDinoV3, _apply_coord_aug
 from vit_rope.encodings.base import image_coords
 from vit_rope.encodings.policies import CoordAugment, augment_positions
 from vit_rope.encodings.rope.dinov3 import interleave_permutation
-from vit_rope.encodings.rope.tables import RoPE2D, apply_rope, rope_angles
+from vit_rope.encodings.rope.tables import RoPE2D
+from vit_rope.layers.rotary import apply_rope, rope_angles
 
 D, HEADS = 64, 3
 GRIDS = [(14, 14), (10, 17), (24, 9)]

@@ -7,10 +7,11 @@ import math
 import pytest
 import torch
 
-from vit_rope.encodings.rope.frequencies import GOLDEN_ANGLE, golden_frequencies, rotated_pairs
+from vit_rope.encodings.rope.frequencies import GOLDEN_ANGLE, axial_frequencies, golden_frequencies, rotated_pairs
 from vit_rope.encodings.rope.string import CayleyString, cayley
-from vit_rope.encodings.rope.tables import RoPE2D, apply_rope, axial_frequencies
+from vit_rope.encodings.rope.tables import RoPE2D
 from vit_rope.layers.fused import fold_qk
+from vit_rope.layers.rotary import apply_rope
 
 NH, D = 3, 16
 KINDS = ("axial", "mixed", "golden", "dinov3")

@@ -9,17 +9,9 @@ from timm.layers import PatchEmbed
 
 import vit_rope.encodings.rope.tables as rope_module
 from helpers.autograd import SavedForBackward
-from vit_rope.encodings.rope.tables import (
-    RoPE2D,
-    apply_rope,
-    axial_frequencies,
-    grid_positions,
-    learned_tables,
-    mixed_frequencies,
-    rope_angles,
-    rope_tables,
-)
-from vit_rope.layers.rotary import grid_tables
+from vit_rope.encodings.rope.frequencies import axial_frequencies, mixed_frequencies
+from vit_rope.encodings.rope.tables import RoPE2D
+from vit_rope.layers.rotary import apply_rope, grid_positions, grid_tables, learned_tables, rope_angles, rope_tables
 
 KINDS = ("axial", "mixed")
 B, NH, N, D = 2, 3, 10, 16

@@ -17,8 +17,8 @@ from studies.results import is_run
 from vit_rope.errors import UserError
 from vit_rope.eval.loading import load_pretrained, load_trained, model_label
 from vit_rope.models.load_report import WeightsNotLoadedWarning
-from vit_rope.models.weights_file import tensor_rows
 from vit_rope.train.state import load_checkpoint, save_checkpoint
+from vit_rope.weights import tensor_rows
 
 
 def test_ema_weights_preferred(tmp_path: Path) -> None:

@@ -14,9 +14,10 @@ import vit_rope  # noqa: F401  (registers the models)
 from benchmarks.throughput import activation_bytes  # the benchmark's own measure, so both agree
 from helpers.autograd import SavedForBackward
 from vit_rope.encodings.base import image_positions
-from vit_rope.encodings.rope.tables import RoPE2D, apply_rope, rope_angles, rope_tables
+from vit_rope.encodings.rope.tables import RoPE2D
 from vit_rope.layers import triton_rope
 from vit_rope.layers.fused import project_rotate_qk, rotate_heads_, rotate_qk
+from vit_rope.layers.rotary import apply_rope, rope_angles, rope_tables
 
 B, N, NH, D = 2, 7, 3, 8
 DEVICES = ["cpu", "cuda"]  # "cuda" is marked and skipped without a GPU by conftest.py

@@ -2,13 +2,15 @@
 so the order in which the markers are asked never matters; two markers in one file, or none and no ViT keys, are
 errors naming what was found and the formats there are."""
 
+from functools import partial
+
 import pytest
 import timm
 import torch
 
 import vit_rope
 from helpers.models import timm_eva
-from vit_rope.models.formats import FORMATS, VIT, checkpoint_format
+from vit_rope.models.formats import FORMATS, VIT, checkpoint_format, describe, folder_format, model_args
 from vit_rope.models.hf_dinov3 import HF_FORMAT
 
 EVA = "timm's Eva"
@@ -31,7 +33,7 @@ HF = ("embeddings.cls_token", "embeddings.register_tokens", "embeddings.patch_em
 
 
 def lookhere_file() -> dict:
-    weights = timm.create_model("vit_rope_tiny_patch16_lookhere_224", depth=1, official=True).state_dict()
+    weights = timm.create_model("vit_rope_tiny_patch16_lookhere_224", depth=1, head_hidden_dim=768).state_dict()
     return {"weights": weights, "config": {"head_directions": "halves"}}
 
 
@@ -80,3 +82,42 @@ def test_metas_dinov3_into_another_model_names_the_models_that_take_it():
                                          r"vit_rope_\*_patch16_dinov3\* .*='axial'"):
         vit_rope.load_weights(timm.create_model("vit_rope_small_patch16_axial_224", depth=1), keys(*META))
 
+
+
+def test_every_format_converts_describes_and_loads_through_one_table(tmp_path):
+    """One record per format, file or folder: unique names, one converter signature (a state dict and notes), and the
+    model a file describes said by its format (here LookHere's: its width names the registered model, its config and
+    official ViT the arguments), so that ``create_from_checkpoint`` and the harness need no branch per format."""
+    assert len({fmt.name for fmt in (*FORMATS, VIT)}) == len(FORMATS) + 1
+    assert {fmt.name for fmt in FORMATS if fmt.folder is not None} == {HF_FORMAT, "PaPE's official ImageClassifier"}
+    reference = timm.create_model("vit_rope_tiny_patch16_lookhere_224", depth=2, head_hidden_dim=768, num_classes=4,
+                                  norm_layer=partial(torch.nn.LayerNorm, eps=1e-5)).eval()  # the official ViT's
+    obj = {"weights": reference.state_dict(), "config": {**reference.pos_encoding.config}}
+    path = tmp_path / "lh.pth"
+    torch.save(obj, path)
+    name, args = describe(path)
+    assert name == "vit_rope_tiny_patch16_lookhere_224"
+    assert (args["depth"], args["embed_dim"], args["head_hidden_dim"], args["num_classes"]) == (2, 192, 768, 4)
+    assert args["encoding_options"] == {"config": obj["config"]} and model_args(path)["init_values"] == 1e-4
+    converted, notes = checkpoint_format(obj).convert(obj, reference)
+    assert converted.keys() == reference.state_dict().keys() and notes
+    built = vit_rope.create_from_checkpoint(path).eval()
+    assert not built.load_report.initialised
+    x = torch.randn(1, 3, 64, 48)
+    with torch.no_grad():
+        torch.testing.assert_close(built(x), reference(x), rtol=0, atol=0)
+    plain = tmp_path / "plain.pth"
+    torch.save(reference.state_dict(), plain)
+    assert model_args(plain) == {} and describe(plain) == (None, {"depth": 2})
+
+
+def test_a_folder_is_found_by_its_config_and_two_configs_are_refused(tmp_path):
+    model = timm.create_model("vit_rope_tiny_patch16_axial_224", depth=1)
+    folder = tmp_path / "both"
+    folder.mkdir()
+    assert folder_format(folder) is None
+    (folder / "config.json").write_text('{"model_type": "dinov3_vit", "positional": "pape", "pape": {}}')
+    with pytest.raises(ValueError, match=r"holds the config of 2 formats"):
+        folder_format(folder)
+    with pytest.raises(FileNotFoundError, match=r"No weights file in the folder .*model.pt or model.safetensors"):
+        vit_rope.load_weights(model, folder)

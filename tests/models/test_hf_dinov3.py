@@ -15,7 +15,7 @@ from safetensors.torch import save_file
 import vit_rope
 from helpers.models import assert_same_outputs, timm_eva
 from vit_rope.models.checkpoint import convert_state_dict
-from vit_rope.models.hf_dinov3 import HF_FORMAT, create_from_hf, dinov3_args_from_hf_config
+from vit_rope.models.hf_dinov3 import HF_FORMAT, dinov3_args_from_hf_config
 
 SIZES = [(224, 224), (192, 288)]
 # timm Eva name -> HF DINOv3ViTModel name, inside a block
@@ -101,9 +101,9 @@ def test_hf_folder_and_file_load_with_timms_features(timm_name, ours_name, prefi
             assert (ours.forward_features(x) - theirs.forward_features(x)).abs().max() > 1e-3  # tolerance 1e-4
 
 
-def test_create_from_hf_builds_the_model_of_the_config(tmp_path):
+def test_create_from_checkpoint_builds_the_model_of_a_folders_config(tmp_path):
     theirs = timm_dinov3("vit_small_plus_patch16_dinov3")
-    ours = create_from_hf(write_hf(tmp_path / "hf", theirs)).eval()
+    ours = vit_rope.create_from_checkpoint(write_hf(tmp_path / "hf", theirs)).eval()
     assert ours.global_pool == "token" and ours.num_classes == 0 and len(ours.blocks) == 2
     assert ours.load_report.converted[0].startswith(HF_FORMAT) and not ours.load_report.initialised
     assert ours.coord_aug.rescale == 2.0 and not ours.coord_aug.per_image  # HF's training-time augmentation
@@ -116,7 +116,7 @@ def test_the_training_grid_is_dinov3s_256_px_not_the_configs_image_size(tmp_path
     coordinates normalised by the input grid: the `normalized` policy) at 256 px, 16 patches, not at 224 px."""
     folder = write_hf(tmp_path / "hf", timm_dinov3("vit_small_patch16_dinov3_qkvb"))
     assert json.loads((folder / "config.json").read_text())["image_size"] == 224
-    ours = create_from_hf(folder).eval()
+    ours = vit_rope.create_from_checkpoint(folder).eval()
     assert ours.patch_embed.img_size == (256, 256)
 
     def features(size: int, policy: str) -> torch.Tensor:
@@ -135,7 +135,7 @@ def test_against_transformers_dinov3_model(tmp_path):
     config = {k: v for k, v in hf_config(theirs).items() if k not in ("architectures", "model_type")}
     hf = transformers.DINOv3ViTModel(transformers.DINOv3ViTConfig(**config)).eval()
     hf.load_state_dict(hf_state_dict(theirs))
-    ours = create_from_hf(folder).eval()
+    ours = vit_rope.create_from_checkpoint(folder).eval()
     with torch.inference_mode():
         for height, width in SIZES:
             x = torch.randn(2, 3, height, width)
@@ -176,11 +176,11 @@ def test_missing_config_or_weights_in_a_folder(tmp_path):
     theirs = timm_dinov3("vit_small_patch16_dinov3_qkvb")
     folder = write_hf(tmp_path / "hf", theirs)
     (folder / "config.json").unlink()
-    with pytest.raises(FileNotFoundError, match="No transformers config.json at .*: it decides which model to build"):
-        create_from_hf(folder)
+    with pytest.raises(ValueError, match="do not say which model it is"):  # the config decides the model
+        vit_rope.create_from_checkpoint(folder)
     # the weights alone load: shapes decide
     ours = timm.create_model("vit_rope_small_patch16_dinov3_qkvb", depth=2, global_pool="token", num_classes=0)
     assert vit_rope.load_weights(ours, folder).converted[0].startswith(HF_FORMAT)
     (folder / "model.safetensors").unlink()
-    with pytest.raises(FileNotFoundError, match=r"No model.safetensors in the folder"):
+    with pytest.raises(FileNotFoundError, match=r"No weights file in the folder .*model.pt or model.safetensors"):
         vit_rope.load_weights(ours, folder)

@@ -1,7 +1,7 @@
-"""LieRE's official checkpoints (``vit_rope.models.liere_weights``): ``create_from_checkpoint`` builds the model a
-Lightning checkpoint of the official ``RoPEViT`` describes, whose logits equal the official code's (reference written
-by tests/fixtures/liere/make_reference.py from StanfordMIMI/LieRE at b27b41b) at the training grid and a larger one;
-what does not fit is refused with the reason."""
+"""LieRE's official checkpoints (``vit_rope.encodings.generators.liere_weights``): ``create_from_checkpoint`` builds
+the model a Lightning checkpoint of the official ``RoPEViT`` describes, whose logits equal the official code's
+(reference written by tests/fixtures/liere/make_reference.py from StanfordMIMI/LieRE at b27b41b) at the training
+grid and a larger one; what does not fit is refused with the reason."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ import timm
 import torch
 
 import vit_rope
-from vit_rope.models.formats import checkpoint_format
-from vit_rope.models.liere_weights import FORMAT, liere_args
+from vit_rope.encodings.generators.liere_weights import FORMAT_NAME, liere_args
+from vit_rope.models.formats import checkpoint_format, describe
 
 FIXTURES = Path(__file__).parents[1] / "fixtures" / "liere"
 CHECKPOINT = FIXTURES / "model.ckpt"
@@ -44,9 +44,10 @@ def test_logits_equal_the_official_model_at_the_training_grid_and_a_larger_one(s
 def test_the_architecture_is_read_from_the_shapes_and_the_training_size_defaults_to_imagenets(tmp_path):
     bare = {key.removeprefix("model."): value for key, value in state_dict().items()}  # no Lightning container
     torch.save(bare, tmp_path / "liere.pth")
-    assert checkpoint_format(bare).name == FORMAT
+    assert checkpoint_format(bare).name == FORMAT_NAME
     name, args = liere_args(bare)
-    assert name == "vit_rope_base_patch16_liere_224"  # width 128 is no registered size: the arguments say it all
+    assert name is None and args["encoding"] == "liere"  # the arguments say it all: any LieRE model's name serves
+    assert describe(tmp_path / "liere.pth")[0] == "vit_rope_base_patch16_liere_224"  # 128 wide: no registered size
     assert (args["embed_dim"], args["depth"], args["num_heads"], args["patch_size"], args["num_classes"]) == (
         128, 2, 2, 8, 5)
     assert args["encoding_options"] == {"generator_dim": 8, "per_head": True} and args["img_size"] == 224

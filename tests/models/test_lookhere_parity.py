@@ -1,5 +1,5 @@
-"""LookHere's official checkpoints (vit_rope.models.lookhere_weights): the official model (a reference copy of its code,
-tests/helpers/lookhere_official.py), built at random and saved in its checkpoint format, loads through
+"""LookHere's official checkpoints (vit_rope.encodings.bias.lookhere_weights): the official model (a reference copy
+of its code, tests/helpers/lookhere_official.py), built at random and saved in its checkpoint format, loads through
 ``vit_rope.load_weights`` into our LookHere model and gives the same logits at its training grid and a larger one.
 
 The official code rounds its bias to bf16 (ours stays fp32), so features agree to 1e-3 of their scale, not exactly; the
@@ -16,6 +16,8 @@ import torch
 
 import vit_rope
 from helpers.lookhere_official import LookHere
+from vit_rope.encodings.bias.lookhere_weights import official_args
+from vit_rope.errors import UserError
 from vit_rope.eval.loading import load_pretrained
 
 IMG, LARGER, DEPTH, CLASSES = 64, 96, 2, 10  # 4x4 training grid, 6x6 beyond it
@@ -46,10 +48,10 @@ def official(cfg: dict, heads: int) -> torch.nn.Module:
     return model
 
 
-def ours(cfg: dict, heads: int) -> torch.nn.Module:
+def ours(cfg: dict, heads: int, weights: dict) -> torch.nn.Module:
+    """Our LookHere model with what an official file of ``weights`` and ``cfg`` needs (``official_args``)."""
     return timm.create_model("vit_rope_tiny_patch16_lookhere_224", img_size=IMG, embed_dim=8 * heads, depth=DEPTH,
-                             num_heads=heads, num_classes=CLASSES, encoding_options={"config": cfg},
-                             official=True).eval()
+                             num_heads=heads, **official_args({"weights": weights, "config": cfg})).eval()
 
 
 @pytest.mark.parametrize("directions,heads,distance,fill_with", CASES)
@@ -59,9 +61,11 @@ def test_official_checkpoint_gives_the_official_logits(tmp_path: Path, direction
     reference = official(cfg, heads)
     path = tmp_path / "lh.pth"
     torch.save({"weights": reference.state_dict(), "config": cfg}, path)
-    model = ours(cfg, heads)
-    report = vit_rope.load_weights(model, path)
-    assert not report.initialised and not report.skipped
+    # the model the file describes, given the name of our registered LookHere models (its width is none of theirs)
+    model = vit_rope.create_from_checkpoint(path, model="vit_rope_tiny_patch16_lookhere_224", img_size=IMG,
+                                            num_heads=heads).eval()
+    report = model.load_report
+    assert not report.initialised and not report.skipped and model.head_hidden_dim == 4 * 8 * heads
     torch.manual_seed(1)
     for size in (IMG, LARGER):
         x = torch.randn(2, 3, size, size)
@@ -81,41 +85,43 @@ def test_official_checkpoint_gives_the_official_logits(tmp_path: Path, direction
 def test_official_checkpoint_that_does_not_fit_is_refused(tmp_path: Path) -> None:
     cfg = config("halves", "linear", "inf")
     path = tmp_path / "lh.pth"
-    torch.save({"weights": official(cfg, 4).state_dict(), "config": cfg}, path)
+    weights = official(cfg, 4).state_dict()
+    torch.save({"weights": weights, "config": cfg}, path)
     wider = timm.create_model("vit_rope_tiny_patch16_lookhere_224", img_size=IMG, embed_dim=64, depth=DEPTH,
                               num_heads=4, num_classes=CLASSES, encoding_options={"config": cfg}, head_hidden_dim=128)
     with pytest.raises(ValueError, match=r"blocks.0.attn.qkv.weight \(96, 32\) in the file, \(192, 64\) in the model"):
         vit_rope.load_weights(wider, path)
-    other = ours(config("corners", "linear", "inf"), 4)
+    other = ours(config("corners", "linear", "inf"), 4, weights)
     with pytest.raises(ValueError, match="LookHere config .*'halves'.* differs from the model's .*'corners'"):
         vit_rope.load_weights(other, path)
     linear_head = timm.create_model("vit_rope_tiny_patch16_lookhere_224", img_size=IMG, embed_dim=32, depth=DEPTH,
                                     num_heads=4, num_classes=CLASSES, encoding_options={"config": cfg})
-    with pytest.raises(ValueError, match=r"official=True \(or head_hidden_dim=128\)"):
+    with pytest.raises(ValueError, match=r"create the model with head_hidden_dim=128"):
         vit_rope.load_weights(linear_head, path)
     alibi = timm.create_model("vit_rope_tiny_patch16_alibi_224", img_size=IMG, embed_dim=32, depth=DEPTH,
                               num_heads=4, num_classes=CLASSES)
     with pytest.raises(ValueError, match="encoding is 'alibi'"):
         vit_rope.load_weights(alibi, path)
-    with pytest.raises(ValueError, match="official=True builds LookHere's official ViT"):
-        timm.create_model("vit_rope_tiny_patch16_alibi_224", official=True)
 
 
 def test_evaluation_harness_loads_an_official_file(tmp_path: Path) -> None:
-    """What ``vit_rope.evaluate --model NAME --pretrained-file FILE --model-kwargs official=true encoding_options=...``
-    does."""
+    """What ``vit_rope.evaluate --model NAME --pretrained-file FILE [--model-kwargs ...]`` does: the arguments the
+    file needs come from the file (``vit_rope.models.formats.model_args``) unless given."""
     cfg = config("corners", "linear", "inf")
     reference = official(cfg, 4)
     path = tmp_path / "lh.pth"
     torch.save({"weights": reference.state_dict(), "config": cfg}, path)
+    given = official_args({"weights": reference.state_dict(), "config": cfg})
     entry = load_pretrained("vit_rope_tiny_patch16_lookhere_224", str(path), CLASSES, train_size=IMG,
-                            model_kwargs=dict(official=True, encoding_options={"config": cfg}, embed_dim=32,
-                            num_heads=4, depth=DEPTH,
-                                              num_classes=CLASSES))
-    # without the LookHere config and official: the harness reads both from the file
+                            model_kwargs=dict(given, embed_dim=32, num_heads=4, depth=DEPTH))
+    # without the LookHere config and the official ViT's arguments: the harness reads them from the file
     bare = load_pretrained("vit_rope_tiny_patch16_lookhere_224", str(path), CLASSES, train_size=IMG,
                            model_kwargs=dict(embed_dim=32, num_heads=4, depth=DEPTH))
     assert bare.model.pos_encoding.config == entry.model.pos_encoding.config and bare.model.head_hidden_dim == 128
+    assert "config" not in bare.label and "config" in entry.label  # the label names what was given, not the file's
+    with pytest.raises(UserError, match="the model's encoding is 'axial'"):  # the file's arguments are LookHere's
+        load_pretrained("vit_rope_tiny_patch16_axial_224", str(path), CLASSES, train_size=IMG,
+                        model_kwargs=dict(embed_dim=32, num_heads=4, depth=DEPTH))
     x = torch.randn(2, 3, LARGER, LARGER)
     reference.set_pos_embed(LARGER // 16)
     with torch.no_grad():

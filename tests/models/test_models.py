@@ -162,7 +162,7 @@ def test_policy_device_and_dtype_changes_take_effect_after_a_forward():
 
 @pytest.mark.parametrize("name,kwargs", [("vit_rope_tiny_patch16_mixed_224", {}),
                                          ("vit_rope_tiny_patch16_string_mixed_224", {}),
-                                         ("vit_rope_tiny_patch16_lookhere_224", {"official": True})])
+                                         ("vit_rope_tiny_patch16_lookhere_224", {"head_hidden_dim": 64})])
 def test_factory_device_and_dtype_reach_every_module(name, kwargs):
     """timm's ``create_model(..., device=, dtype=)``: our modules (RoPE, STRING, an MLP head) go where timm's do; on
     the meta device a forward with autograd gives the output's shape, as timm's model tests run it."""

@@ -1,4 +1,4 @@
-"""PaPE and PaPE-RI (vit_rope.encodings.pape.encoding) and PaPE's official folders (vit_rope.models.pape_weights):
+"""PaPE and PaPE-RI (vit_rope.encodings.pape.encoding) and PaPE's official folders (vit_rope.encodings.pape.weights):
 logits equal the official code's on the same weights at its training grid and a larger one (reference written by
 tests/fixtures/pape/make_reference.py from DTU-PAS/parabolic-position-encoding at 21cb390), patch logits that see
 offsets only, NaFlex samples equal to their image alone, features, position reliance, diagnostics, ONNX export at other
@@ -23,8 +23,8 @@ from helpers.models import (
     perturbed,
 )
 from helpers.naflex import images, offset_logits, pack, samples_equal_images
+from vit_rope.encodings.pape.weights import pape_args_from_config
 from vit_rope.eval.diagnose import attention_entropy
-from vit_rope.models.pape_weights import create_from_pape, pape_args_from_config
 
 FIXTURES = Path(__file__).parents[1] / "fixtures" / "pape"
 sys.path.insert(0, str(FIXTURES))
@@ -53,7 +53,7 @@ def test_kinds_are_registered_for_three_sizes_with_the_official_defaults():
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_official_folder_logits_equal_the_official_code_at_the_training_grid_and_a_larger_one(kind: str):
-    model = create_from_pape(FIXTURES / kind).eval()
+    model = vit_rope.create_from_checkpoint(FIXTURES / kind).eval()
     assert not model.load_report.initialised and model.pos_encoding.train_grid == (14, 14)
     policies = ("extrapolate", "normalized") if kind == "pape" else ("extrapolate",)
     for policy in policies:
@@ -151,14 +151,14 @@ def test_official_folders_that_disagree_or_fit_another_kind_are_errors(tmp_path)
     config = json.loads((folder / "config.json").read_text())
     (folder / "config.json").write_text(json.dumps({**config, "pape": {"parabolas": 50}}))
     with pytest.raises(ValueError, match=r"num_heads x pape.parabolas is 100 in config.json, 6 in the weights"):
-        create_from_pape(folder)
+        vit_rope.create_from_checkpoint(folder)
     (folder / "config.json").write_text(json.dumps({**config, "positional": "pape_ri"}))
     with pytest.raises(ValueError, match=r"model.pt holds the weights of 'pape'.*positional='pape' fits"):
-        create_from_pape(folder)
+        vit_rope.create_from_checkpoint(folder)
     (folder / "config.json").write_text(json.dumps({**config, "positional": "rope_mixed"}))
     with pytest.raises(ValueError, match=r"positional='rope_mixed'; vit_rope builds the official PaPE classifiers"):
-        create_from_pape(folder)
-    ri = create_from_pape(FIXTURES / "pape_ri")
+        vit_rope.create_from_checkpoint(folder)
+    ri = vit_rope.create_from_checkpoint(FIXTURES / "pape_ri")
     with pytest.raises(ValueError, match=r"describes an official pape classifier.*encoding='pape_ri'"):
         vit_rope.load_weights(ri, FIXTURES / "pape")
     with pytest.raises(ValueError, match=r"with encoding 'pape'; the model has encoding='pape_ri'.*_pape_224"):

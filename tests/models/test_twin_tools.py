@@ -17,11 +17,11 @@ import torch
 from helpers.models import randomize_
 from helpers.naflex import images, pack
 from vit_rope.encodings.base import image_positions
-from vit_rope.encodings.rope.tables import grid_positions, rope_angles
 from vit_rope.eval import cli
 from vit_rope.eval.diagnose import attention_entropy, frequency_coverage
 from vit_rope.eval.diagnose import main as diagnose
 from vit_rope.eval.onnx import export_onnx
+from vit_rope.layers.rotary import grid_positions, rope_angles
 
 SMALL = dict(embed_dim=64, num_heads=2, num_classes=5)
 FAMILIES = {  # family -> (smallest twin, width cuts): depth 2, every block kind of the family kept

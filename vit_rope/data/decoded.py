@@ -16,7 +16,7 @@ import torch
 from PIL import Image
 from torch.utils.data import DataLoader, Dataset
 
-from vit_rope.models.weights_file import atomic_save
+from vit_rope.weights import atomic_save
 
 
 def decode_image(path: str, short_side: int | None = None) -> Image.Image:

@@ -1,14 +1,8 @@
-"""The position encodings: one interface (``base``: ``PositionEncoding``, ``BlockInput``, ``Positions``, the registry of
-kinds) and one module or small subpackage per family, each holding its encodings, their options and builders:
-
-- ``rope``: RoPE tables (axial, mixed, golden, DINOv3's; RoFormer, RoPE-ViT) and Cayley-STRING over them;
-- ``bias``: attention biases, LookHere and 2D-ALiBi;
-- ``generators``: rotations from learned generators, ComRoPE and LieRE;
-- ``pape``: PaPE and PaPE-RI, parabolic biases written into extra q / k channels;
-- ``ape``: the learned absolute table of the +APE models, beside any of the above;
-- ``policies``: how positions follow grids other than the training one, shared by every kind.
-
-Importing the package registers every kind; ``build`` makes the encoding a model's arguments describe.
+"""The position encodings: one interface (``base``: ``PositionEncoding``, ``BlockInput``, ``Positions``, the registry)
+and one module or small subpackage per family, each holding its encodings, their options, builders and official
+checkpoint formats: ``rope`` (RoPE tables and Cayley-STRING over them), ``bias`` (LookHere, 2D-ALiBi), ``generators``
+(ComRoPE, LieRE), ``pape`` (PaPE, PaPE-RI); ``ape`` (the +APE models' table) and ``policies`` (resolution policies)
+serve them all. Importing the package registers every kind; ``build`` makes the encoding a model describes.
 """
 
 from __future__ import annotations
@@ -16,12 +10,15 @@ from __future__ import annotations
 import inspect
 
 from vit_rope.encodings.base import REGISTRY, EncodingSpec, PositionEncoding
-from vit_rope.encodings.bias import attn_bias  # noqa: F401  (each family's import registers its kinds)
-from vit_rope.encodings.generators import comrope, liere  # noqa: F401
+from vit_rope.encodings.bias import attn_bias, lookhere_weights  # noqa: F401  (each family registers its kinds)
+from vit_rope.encodings.generators import comrope, liere, liere_weights  # noqa: F401
 from vit_rope.encodings.pape import encoding as pape_encoding  # noqa: F401
+from vit_rope.encodings.pape import weights as pape_weights
 from vit_rope.encodings.rope import encoding as rope_encoding  # noqa: F401
 from vit_rope.encodings.rope.tables import RoPE2D
 
+# the kinds' official checkpoint formats (vit_rope.models.formats holds them with the others)
+FORMATS = (lookhere_weights.FORMAT, pape_weights.FORMAT, liere_weights.FORMAT)
 # RoPE kinds first, then the others in the order their families registered them
 KINDS = (*(kind for kind, entry in REGISTRY.items() if entry.rope), *(kind for kind, entry in REGISTRY.items() if not
 entry.rope))

@@ -2,24 +2,16 @@
 
 Every encoding answers the same question for attention (the interface of PaPE's repository, DTU-PAS/parabolic-
 position-encoding, ``pape/nn/positions/base.py``, and of timm's NaFlexViT, whose one embedding path serves both
-kinds of batch): given where the patches of a batch sit, what does each block get? Rotations (RoFormer, RoPE-ViT,
-DINOv3: ``vit_rope.encodings.rope.tables``) give per-token ``(cos, sin)`` tables that rotate q and k (the path of
-the fused kernels and of TorchScript); every other kind gives a ``BlockInput`` (``vit_rope.layers.attention``), which
-projects in a form of its own (STRING's basis), transforms q, k and v after the projection (block rotations, PaPE's
-channels) or adds a bias to the logits (LookHere, 2D-ALiBi); no encoding gives ``None``. Either is a block's one
-``encoding`` argument. The learned
-absolute table of the +APE models gives the embedding rows to add instead (``vit_rope.encodings.ape``'s
-``AbsoluteEncoding``, beside the model's encoding for the blocks).
+kinds of batch): given where the patches of a batch sit, what does each block get? RoPE tables ``(cos, sin)``, a
+``BlockInput`` of the kind, or ``None``: a block's one ``encoding`` argument (``vit_rope.layers.attention``). The
+learned table of the +APE models gives the embedding rows to add instead (``vit_rope.encodings.ape``).
 
-``Positions`` is the one value the embedding builds per forward. An image batch is the case of one grid that every
+``Positions`` is the one value the embedding builds per forward: an image batch is the case of one grid that every
 sample shares (positions ``[N, 2]``, ``grid`` known as Python ints, so tables are built once for the batch and biases
-cached per size); a NaFlex batch is the general case (one grid per sample, positions ``[B, N, 2]``, padding). The
-encodings take both through the same call.
+cached per size); a NaFlex batch is the general case (one grid per sample, positions ``[B, N, 2]``, padding).
 
-Adding a kind: one subclass of ``PositionEncoding`` (``place`` if its positions are not the integer patch
-coordinates, ``block_inputs`` for what each block gets, usually a ``BlockInput`` of its own; ``policies`` for the
-resolution policies it takes; ``attach_`` if each attention holds weights of its own) and a builder registered with
-``register`` in the same module (docs/layout.md says how).
+Adding a kind: one subclass of ``PositionEncoding`` and a builder registered with ``register`` in the same module
+(docs/layout.md says how).
 """
 
 from __future__ import annotations
@@ -119,11 +111,12 @@ class PositionEncoding(nn.Module):
     """
 
     # TorchScript compiles only the tables (RoPE2D)
-    __jit_unused_properties__ = ["policy", "policies", "uses_lattice", "foldable", "scriptable"]
+    __jit_unused_properties__ = ["policy", "policies", "uses_lattice", "foldable", "scriptable", "script_tables"]
     kind = "none"  # no class annotations: TorchScript reads them as attribute types and cannot resolve them
     train_grid = None
     policies = POLICIES
     scriptable = False
+    script_tables = "none"  # TorchScript's forward: no tables, one RoPE2D's for all blocks ("shared"), "per_block"
 
     default_policy = "extrapolate"
 

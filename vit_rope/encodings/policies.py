@@ -94,6 +94,29 @@ def check_policy(policy: str, policies: tuple[str, ...], refusal: str) -> str:
     return policy
 
 
+def per_sample(values: Tensor, positions: Tensor) -> Tensor:
+    """One value per grid ``[1 or B, 2]`` shaped to broadcast against ``positions``: ``[2]`` for an image's grid
+    (positions ``[N, 2]``), ``[B, 1, 2]`` for a NaFlex batch's (``[B, N, 2]``). Every kind scales positions per grid
+    through it, so that a sample's positions equal those of its image alone to the bit."""
+    return values[0] if positions.dim() == 2 else values[:, None, :]
+
+
+def grid_units(coord: Tensor, grids: Tensor, train_grid: tuple[int, int]) -> tuple[Tensor, Tensor, Tensor]:
+    """The patches at ``coord`` ``[..., N, 2]`` (y, x) as ``(x, y)`` floats, the sizes ``[1 or B, 2]`` (w, h) of their
+    grids ``grids`` ``[1 or B, 2]`` (h, w) and the training grid ``[2]`` (w, h): what the kinds that place positions in
+    units of a grid (ComRoPE, LieRE) start from (``by_grid``)."""
+    size = grids.flip(-1).float()  # [1 or B, 2] (w, h)
+    train = torch.tensor([float(train_grid[1]), float(train_grid[0])], device=size.device)
+    return coord.flip(-1).float(), size, train
+
+
+def by_grid(xy: Tensor, scale: Tensor) -> Tensor:
+    """Positions ``xy`` ``[..., N, 2]`` divided by one scale per grid ``[1 or B, 2]``: one function for an image's
+    grid (``xy`` ``[N, 2]``) and a NaFlex batch's, so that a sample's positions equal those of its image alone to the
+    bit."""
+    return xy / per_sample(scale, xy)
+
+
 def place_positions(coord: Tensor, grids: Tensor, kind: str, policy: str, train_grid: tuple[int, int] | None,
                     normalize: str = "separate", offset: float = 0.0) -> Tensor:
     """Positions ``[..., N, 2]`` (x, y) of the patches at ``coord`` ``[..., N, 2]`` (y, x) of the grids ``grids``
@@ -104,9 +127,7 @@ def place_positions(coord: Tensor, grids: Tensor, kind: str, policy: str, train_
     One function for an image's grid (``coord`` ``[N, 2]``, ``grids`` ``[1, 2]``) and a NaFlex batch's (one grid per
     sample), so that a sample's positions equal those of its image alone to the bit."""
     xy = coord.flip(-1).float()  # [..., N, 2] (x, y)
-    size = grids.flip(-1).float()[:, None, :]  # [1 or B, 1, 2] (w, h)
-    if coord.dim() == 2:  # one grid: [1, 1, 2] -> [1, 2], positions [N, 2]
-        size = size[0]
+    size = per_sample(grids.flip(-1).float(), coord)  # [2] or [B, 1, 2] (w, h)
     if kind == "dinov3":
         reference = size
         if policy != "normalized" and train_grid is not None:  # the training grid's patch step

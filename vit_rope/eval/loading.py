@@ -20,19 +20,19 @@ from timm.models import get_pretrained_cfg_value
 from torch import nn
 
 from vit_rope.errors import UserError
-from vit_rope.models import registry  # noqa: F401  (registers the vit_rope_* models)
 from vit_rope.models.encoding import encoding_key
 from vit_rope.models.factory import PretrainedLoadError, create_model
+from vit_rope.models.formats import model_args
 from vit_rope.models.load_report import WeightsNotLoadedWarning
-from vit_rope.models.lookhere_weights import official_file_args
-from vit_rope.models.weights_file import (
+from vit_rope.models.registry import ENCODINGS  # importing it registers the vit_rope_* models
+from vit_rope.train.state import CHECKPOINT_FORMAT, load_checkpoint
+from vit_rope.weights import (
     UnreadableCheckpointError,
     mapped_file,
     read_weights,
     tensor_rows,
     weights_mismatch,
 )
-from vit_rope.train.state import CHECKPOINT_FORMAT, load_checkpoint
 
 # create_model arguments that leave the architecture (and so the label) as it is: the class count (the reports say
 # the classes), the training size (reported on its own), dropout rates (training only) and where weights come from
@@ -144,8 +144,10 @@ def load_pretrained(name: str, weights: str | None, num_classes: int, train_size
     if weights is not None and is_training_checkpoint(weights):
         raise UserError(f"--pretrained-file {weights} is a train.py checkpoint: pass it as --checkpoint {weights}, "
                         "which rebuilds its model as it was trained (training size, model_kwargs, classes)")
-    if weights is not None and "lookhere" in name:  # an official LookHere file names its config: take it
-        kwargs = {**official_file_args(weights), **kwargs}
+    given = dict(kwargs)  # the label names these, not what the file brings
+    needs = model_args(weights) if weights is not None else {}  # what a model of the file's kind needs to take it
+    if needs and ENCODINGS.get(name) == needs.pop("encoding"):  # (LookHere's config and official ViT), unless given
+        kwargs = {**needs, **kwargs}
     published = weights is None and bool(kwargs.get("pretrained"))
     if train_size is not None:
         kwargs["img_size"] = train_size
@@ -189,7 +191,8 @@ def load_pretrained(name: str, weights: str | None, num_classes: int, train_size
               f"instead: {report.summary()}")
     size = kwargs.get("img_size", model.pretrained_cfg["input_size"][-1])
     classes = ImageNetInfo().label_names() if kwargs["pretrained"] and model.num_classes == 1000 else None
-    label = model_label(name, kwargs, *([] if kwargs["pretrained"] else ["random init"]))
+    label = model_label(name, {k: v for k, v in kwargs.items() if k in given or k not in needs},
+                        *([] if kwargs["pretrained"] else ["random init"]))
     label += f" ({weights})" if weights is not None else ""  # the file, as for checkpoints: two files, two rows
     return EvalModel(label, model, int(size), classes)
 

@@ -27,7 +27,7 @@ import torch
 from torch import Tensor, nn
 
 from vit_rope.layers.attention import BlockInput, plain_projection
-from vit_rope.layers.fused import fold_qk, project_weights_rotate_qk
+from vit_rope.layers.fused import fold_qk
 
 TOLERANCE = 1e-9  # float64 reconstruction error accepted, relative to the largest entry of S
 
@@ -85,7 +85,7 @@ class FoldedProjection:
 class Spectral(BlockInput):
     """A block's commuting rotations (``rotations``, the input they have otherwise) with their RoPE form ``basis``
     ``[H, D, D]``, ``cos`` and ``sin`` ``[H, P + N, D/2]``: in eager inference, where the basis can fold into the
-    projection (no q/k norms, no STRING basis, a key head per query head, a plain ``nn.Linear`` without hooks), q and
+    projection (no q/k norms, a key head per query head, a plain ``nn.Linear`` without hooks), q and
     k are projected in the basis and rotated in place by the tables, at the cost of mixed RoPE; elsewhere the
     rotations run."""
 
@@ -95,10 +95,7 @@ class Spectral(BlockInput):
     def project(self, attn: nn.Module, x: Tensor) -> tuple[Tensor, Tensor, Tensor] | None:
         if torch.is_grad_enabled() or not plain_projection(attn, x):
             return None
-        weight, bias = self.fold.get(self.basis, attn.qkv)
-        qkv = project_weights_rotate_qk(x, weight, bias, attn.num_heads, self.cos, self.sin)  # [B, N, 3, nh, D]
-        q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # [B, nh, N, D] each
-        return q, k, v
+        return attn.project_tables(x, (self.cos, self.sin), *self.fold.get(self.basis, attn.qkv))
 
     def transform(self, attn: nn.Module, x: Tensor, q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         return self.rotations.transform(attn, x, q, k, v)

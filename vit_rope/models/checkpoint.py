@@ -1,26 +1,12 @@
 """Loading the weights users already have into vit_rope models.
 
-These sources are understood, each recognised by a marker only its format carries (``vit_rope.models.formats``,
-which also converts the formats that need more than the renames done here):
-
-- timm's ports of RoPE-ViT (``vit_*_patch16_rope[_mixed][_ape]_224`` in ``timm/models/eva.py``), the way users bring
-  the published ``naver_in1k`` weights (Heo et al., ECCV 2024, arXiv:2403.13298): LayerScale is ``gamma_1/2``
-  and the mixed frequencies are one ``rope.freqs`` tensor ``[2, depth, nh, D/2]``;
-- the original RoPE-ViT checkpoints (naver-ai/rope-vit ``deit/models_v2_rope.py``): ``freqs`` ``[2, depth, nh*D/2]``
-  plus grid buffers;
-- plain timm ViT / DeiT-III checkpoints, to fine-tune with RoPE: RoPE frequencies keep their initialisation, a
-  missing LayerScale becomes the identity, and the position embedding is dropped or kept (resampled) by variant;
-- DINOv3 backbones, as timm (``Eva``) or Meta saves them, into the ``*_dinov3*`` and ``*_lingbot`` models
-  (``vit_rope.models.dinov3``), and as Hugging Face transformers saves them (``model.safetensors``, a folder with
-  its ``config.json``, which is checked against the model: ``vit_rope.models.hf_dinov3``);
-- timm's other ``Eva`` 2D-RoPE backbones (EVA-02, Perception Encoder, SBB RoPE ViTs, Sapiens2) into their twins
-  (``vit_rope.models.eva_weights``), the q / k layout given by the model's ``qk_layout``, as the families share keys;
-- LookHere's official files, ``{"weights", "config"}``, into the ``*_lookhere_*`` models
-  (``vit_rope.models.lookhere_weights``);
-- PaPE's official folders (``config.json`` + ``model.pt``) into the ``*_pape_*`` and ``*_pape_ri_*`` models
-  (``vit_rope.models.pape_weights``);
-- LieRE's official ``RoPEViT`` checkpoints (Lightning files or their state dicts) into the ``*_liere_*`` models
-  (``vit_rope.models.liere_weights``).
+Every source is a checkpoint format of ``vit_rope.models.formats`` (timm's RoPE-ViT ports, the original RoPE-ViT
+checkpoints, timm's ViT / DeiT-III to fine-tune with RoPE, DINOv3 as timm, Meta or transformers save it, timm's other
+``Eva`` backbones into their twins, and the official LookHere, PaPE and LieRE files), found by the marker only it
+carries and converted by it; here are the renames every format shares (LayerScale ``gamma_1/2``, mixed frequencies
+as one tensor ``[2, depth, nh, D/2]`` or RoPE-ViT's ``[2, depth, nh*D/2]``, the encoding under ``rope.``), what a
+checkpoint lacks (RoPE frequencies keep their initialisation, a missing LayerScale becomes the identity, a STRING basis
+the identity) and the position embedding, dropped or resampled by variant.
 
 Nothing that depends on the input resolution is loaded: RoPE tables are rebuilt for every input.
 
@@ -42,9 +28,8 @@ from timm.layers import resample_patch_embed
 from torch import Tensor, nn
 
 from vit_rope.encodings.ape import fit_checkpoint_pos_embed
-from vit_rope.models import hf_dinov3, pape_weights
 from vit_rope.models.encoding import encoding_key
-from vit_rope.models.formats import convert_format
+from vit_rope.models.formats import convert_format, folder_format, weights_in
 from vit_rope.models.load_report import (
     CLASSIFIER,
     LAYERSCALE,
@@ -55,7 +40,7 @@ from vit_rope.models.load_report import (
     report,
     warn_initialised,
 )
-from vit_rope.models.weights_file import read_weights, unwrap_state_dict, weights_mismatch
+from vit_rope.weights import read_weights, unwrap_state_dict, weights_mismatch
 
 _DROPPED = re.compile(r"^(freqs_t_[xy]|freqs_cis|rope\.(bands|pos_embed.*|t_[xy]))$")  # resolution-dependent buffers
 
@@ -205,9 +190,9 @@ def checkpoint_filter_fn(state_dict: dict[str, Any], model: nn.Module, features_
 
 def load_weights(model: nn.Module, path: str | Path | Mapping[str, Any]) -> LoadReport:
     """Load a ``.pth`` / ``.pt`` / ``.bin`` (``torch.load(weights_only=True)``) or ``.safetensors`` file into ``model``,
-    or a transformers folder (``model.safetensors``); a transformers ``config.json`` in that folder or beside a
-    ``model.safetensors`` file is checked against the model first (``vit_rope.models.hf_dinov3.check_hf_config``), as
-    is PaPE's official ``config.json`` beside its ``model.pt`` (``vit_rope.models.pape_weights``).
+    or a folder (transformers' ``model.safetensors``, PaPE's ``model.pt``); the config of a folder format in that
+    folder or beside its weights file (transformers' or PaPE's ``config.json``: ``vit_rope.models.formats``) is
+    checked against the model and the weights first.
     A state dict already in memory is taken as well (``load_state_dict``).
 
     The classifier is loaded only when its shape matches, so a 1000-class checkpoint can seed a 10-class model.
@@ -217,23 +202,20 @@ def load_weights(model: nn.Module, path: str | Path | Mapping[str, Any]) -> Load
         What was loaded and what was initialised instead; also set as ``model.load_report``.
 
     Raises:
-        FileNotFoundError, UnreadableCheckpointError: see ``vit_rope.models.weights_file.read_weights``; a folder
-            without ``model.safetensors``.
+        FileNotFoundError, UnreadableCheckpointError: see ``vit_rope.weights.read_weights``; a folder without a
+            weights file.
         ValueError: the checkpoint does not fit the model (the message lists the missing, unexpected and reshaped
-            keys), or its transformers config.json does not (the message names the field and the model that fits).
+            keys), or its folder's config.json does not (the message names the field and the model that fits).
     """
     if isinstance(path, Mapping):
         return load_state_dict(model, dict(path))
-    config = pape_weights.pape_config(path)
-    if config is not None:  # PaPE's official folder: config.json + model.pt, both checked against the model
-        state_dict = read_weights(pape_weights.weights_path(path))
-        pape_weights.check_pape_config(config, model)
-        pape_weights.check_pape_weights(config, state_dict)
-        return load_state_dict(model, state_dict, path)
-    config = hf_dinov3.hf_config(path)
-    if config is not None:
-        hf_dinov3.check_hf_config(config, model)
-    return load_state_dict(model, read_weights(hf_dinov3.weights_path(path)), path)
+    state_dict = read_weights(weights_in(path))
+    folder = folder_format(path)
+    if folder is not None:  # its config describes the model: checked against it and against the weights
+        fmt, config = folder
+        fmt.folder.check_model(config, model)
+        fmt.folder.check_weights(config, state_dict)
+    return load_state_dict(model, state_dict, path)
 
 
 def load_state_dict(model: nn.Module, state_dict: dict[str, Any], source: str | Path | None = None) -> LoadReport:

@@ -19,7 +19,6 @@ from vit_rope.encodings import EncodingSpec, build
 from vit_rope.encodings.ape import AbsoluteEncoding
 from vit_rope.encodings.base import NoEncoding, PositionEncoding
 from vit_rope.encodings.policies import CoordAugment, ResolutionPolicy
-from vit_rope.encodings.rope.encoding import RotaryEncoding
 
 
 def encoding_key(key: str) -> str:
@@ -112,8 +111,8 @@ class PositionEncodingMixin:
     def _script_constants(self) -> None:
         """What TorchScript's forward builds: RoPE tables of every block (one RoPE2D per block, or one for all), or
         nothing."""
-        self.rotary = isinstance(self.pos_encoding, RotaryEncoding) and self.pos_encoding.scriptable
-        self.rope_per_block = self.rotary and self.pos_encoding.per_block
+        self.rotary = self.pos_encoding.scriptable and self.pos_encoding.script_tables != "none"
+        self.rope_per_block = self.rotary and self.pos_encoding.script_tables == "per_block"
 
 
 def _encoding_keys(module: nn.Module, state_dict: dict[str, Any], prefix: str, *args: Any) -> None:

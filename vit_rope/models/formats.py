@@ -1,64 +1,76 @@
-"""Which format a checkpoint is in, each recognised by a marker that only it carries, and its conversion to our keys.
+"""Every checkpoint format in one table: each recognised by a marker that only it carries, converted by one signature,
+and the model it describes said by the format itself.
 
 Every format's marker function is asked, so no format depends on being asked before another: one claim names the
 format, two are an error naming both (a file is in one format), none leaves timm's ``VisionTransformer`` keys, which
 are ours (``vit_rope``'s own files, timm's ViT and DeiT-III), and a file without those either is an error naming the
-keys it has and the formats there are. The markers:
-
-- LookHere's official file (``vit_rope.models.lookhere_weights``): ``weights`` and ``config`` at the top level;
-- transformers' ``DINOv3ViTModel`` (``vit_rope.models.hf_dinov3``): ``embeddings.patch_embeddings.weight``;
-- transformers' ViT / DINOv2, refused (no vit_rope model takes them): ``embeddings.patch_embeddings.projection``;
-- Meta's DINOv3 (``vit_rope.models.dinov3``): ``storage_tokens``;
-- timm's ``Eva`` (``vit_rope.models.eva_weights``): ``attn.q_bias``, ``attn.q_proj`` or LayerScale as ``gamma_1``;
-- PaPE's official ``ImageClassifier`` (``vit_rope.models.pape_weights``): ``cls`` and ``encoder.layers.*``;
-- LieRE's official ``RoPEViT`` (``vit_rope.models.liere_weights``): ``position_encoder.generator_raw_params``.
+keys it has and the formats there are (``FORMATS`` lists each with its marker). The kinds' official formats live with
+the kinds (``vit_rope.encodings.FORMATS``: LookHere's, PaPE's, LieRE's); here are the models layer's: transformers'
+DINOv3 (``vit_rope.models.hf_dinov3``), Meta's DINOv3 (``vit_rope.models.dinov3``), timm's ``Eva``
+(``vit_rope.models.eva_weights``), and transformers' ViT / DINOv2, refused. Folder formats (transformers', PaPE's) are
+found by their config file (``folder_format``).
 
 Where one format serves several models, the model decides the conversion, not the order of the checks: a timm
 ``Eva`` file goes through ``from_eva`` into a twin with an Eva q / k layout, through ``from_dinov3`` into a DINOv3
 model, and is renamed only (``gamma_1``) into the others (timm's RoPE-ViT ports, which are ``Eva`` models too).
+A format that describes a kind's model by its arguments only (``encoding`` and the width) is given the registered
+name of that kind and width (``describe``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+import re
+from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from torch import Tensor, nn
 
-from vit_rope.models import hf_dinov3, liere_weights, pape_weights
-from vit_rope.models.dinov3 import from_dinov3, is_meta_dinov3
+from vit_rope.encodings import FORMATS as KIND_FORMATS
+from vit_rope.models import hf_dinov3
+from vit_rope.models.dinov3 import SIZES as DINOV3_SIZES
+from vit_rope.models.dinov3 import architecture, dinov3_name, from_dinov3, is_meta_dinov3
 from vit_rope.models.eva_weights import EVA_LAYOUTS, check_family, from_eva, is_eva
-from vit_rope.models.liere_weights import from_liere, is_liere_checkpoint
-from vit_rope.models.lookhere_weights import from_lookhere, is_lookhere_checkpoint
-from vit_rope.models.pape_weights import from_pape, is_pape_checkpoint
-from vit_rope.models.weights_file import unwrap_state_dict
+from vit_rope.models.widths import size_of, width
+from vit_rope.weights import Converted, Description, Folder, Format, mapped_file, read_weights, unwrap_state_dict
 
-Converted = tuple[dict[str, Any], tuple[str, ...]]  # the state dict in our keys (but for generic renames), and notes
 _DINOV3_QK = "DINOv3: q/k rows of every head permuted from rotate-half to interleaved pairs"
+ROPE_VIT_SIZES = ("tiny", "small", "base", "large")  # vit_rope_<size>_patch16_{axial,mixed}[_ape]_224
+KIND_SIZES = ("tiny", "small", "base")  # vit_rope_<size>_patch16_<kind>_224 of the other kinds
 
 
-@dataclass(frozen=True)
-class Format:
-    """A checkpoint format: its name, its marker in words, whether a state dict carries it, and its conversion."""
-
-    name: str
-    marker: str
-    carries: Callable[[Mapping[str, Any]], bool]
-    convert: Callable[[dict[str, Any], nn.Module], Converted]
+def _size(state_dict: Mapping[str, Any], sizes: tuple[str, ...]) -> str | None:
+    """The size of ``sizes`` whose width is the file's (its patch embedding's rows), ``None`` for none."""
+    weight = state_dict.get("patch_embed.proj.weight")
+    widths = {width(size.removesuffix("_plus"))["embed_dim"]: size for size in sizes}
+    return None if weight is None else widths.get(int(weight.shape[0]))
 
 
-def _lookhere(state_dict: dict[str, Any], model: nn.Module) -> Converted:
-    return unwrap_state_dict(from_lookhere(state_dict, model)), ("LookHere's official file: keys renamed to ours",)
+def _shape(state_dict: Mapping[str, Any]) -> dict[str, int]:
+    """The file's number of blocks and classes (its classifier's rows), as ``depth`` and ``num_classes``."""
+    blocks = {int(match.group(1)) for key in state_dict if (match := re.match(r"blocks\.(\d+)\.", key))}
+    head = state_dict.get("head.weight")
+    return {**({"depth": max(blocks) + 1} if blocks else {}),
+            **({"num_classes": int(head.shape[0])} if head is not None else {})}
 
 
-def _other_hf(state_dict: dict[str, Any], model: nn.Module) -> Converted:
-    raise hf_dinov3.other_hf_error()
+def _dinov3_name(state_dict: Mapping[str, Any]) -> str | None:
+    swiglu = any(re.search(r"\.mlp\.(w12|w1|fc1_g)\.", key) for key in state_dict)
+    size = _size(state_dict, tuple(size for size in DINOV3_SIZES if architecture(size)["swiglu"] == swiglu))
+    qkv_bias = any(key.endswith((".attn.q_bias", ".attn.qkv.bias")) for key in state_dict)
+    return None if size is None else dinov3_name(size, qkv_bias)
 
 
-def _hf_dinov3(state_dict: dict[str, Any], model: nn.Module) -> Converted:
-    notes = f"{hf_dinov3.HF_FORMAT}: keys renamed to timm's, separate q / k / v projections fused", _DINOV3_QK
-    return hf_dinov3.from_hf_dinov3(state_dict, model), notes
+def _rope_vit_name(state_dict: Mapping[str, Any]) -> str | None:
+    """The RoPE-ViT model of timm's ports and RoPE-ViT's own files: mixed by their learned frequencies (one tensor
+    ``freqs`` or ``rope.freqs``), +APE by their position embedding; ``None`` for an axial file without one, which a
+    plain ViT / DeiT-III file cannot be told from."""
+    mixed = any(key in state_dict for key in ("freqs", "rope.freqs"))
+    ape = "pos_embed" in state_dict
+    size = _size(state_dict, ROPE_VIT_SIZES)
+    if size is None or not (mixed or ape):
+        return None
+    return f"vit_rope_{size}_patch16_{'mixed' if mixed else 'axial'}{'_ape' if ape else ''}_224"
 
 
 def _dinov3(state_dict: dict[str, Any], model: nn.Module, source: str) -> Converted:
@@ -83,8 +95,20 @@ def _timm_eva(state_dict: dict[str, Any], model: nn.Module) -> Converted:
     return state_dict, ()  # timm's RoPE-ViT ports, DeiT-III: their q / k rows are ours, gamma_1 renamed as all are
 
 
-def _pape(state_dict: dict[str, Any], model: nn.Module) -> Converted:
-    return from_pape(state_dict, model), (f"{pape_weights.FORMAT}: keys renamed to ours",)
+def _describe_eva(state_dict: Mapping[str, Any]) -> Description:
+    """timm's DINOv3 (registers, no position embedding) or RoPE-ViT port; timm's other Eva families share their keys
+    and are not named."""
+    dinov3 = "reg_token" in state_dict and "pos_embed" not in state_dict
+    return (_dinov3_name if dinov3 else _rope_vit_name)(state_dict), _shape(state_dict)
+
+
+def _hf_dinov3(state_dict: dict[str, Any], model: nn.Module) -> Converted:
+    notes = f"{hf_dinov3.HF_FORMAT}: keys renamed to timm's, separate q / k / v projections fused", _DINOV3_QK
+    return hf_dinov3.from_hf_dinov3(state_dict, model), notes
+
+
+def _other_hf(state_dict: dict[str, Any], model: nn.Module) -> Converted:
+    raise hf_dinov3.other_hf_error()
 
 
 def _as_is(state_dict: dict[str, Any], model: nn.Module) -> Converted:
@@ -96,19 +120,22 @@ def _has_vit_keys(state_dict: Mapping[str, Any]) -> bool:
 
 
 FORMATS: tuple[Format, ...] = (
-    Format("LookHere's official file", "top-level 'weights' and 'config' (with 'head_directions')",
-           is_lookhere_checkpoint, _lookhere),
-    Format(hf_dinov3.HF_FORMAT, "'embeddings.patch_embeddings.weight'", hf_dinov3.is_hf_dinov3, _hf_dinov3),
+    *KIND_FORMATS,  # LookHere's, PaPE's and LieRE's official files
+    Format(hf_dinov3.HF_FORMAT, "'embeddings.patch_embeddings.weight'", hf_dinov3.is_hf_dinov3, _hf_dinov3,
+           folder=Folder(hf_dinov3.CONFIG, hf_dinov3.WEIGHTS, lambda config: "model_type" in config,
+                         hf_dinov3.dinov3_args_from_hf_config, hf_dinov3.check_hf_config)),
     Format("Hugging Face transformers' ViT or DINOv2", "'embeddings.patch_embeddings.projection.weight'",
            hf_dinov3.is_other_hf, _other_hf),
-    Format("Meta's DINOv3", "'storage_tokens'", is_meta_dinov3, _meta_dinov3),
-    Format("timm's Eva", "keys ending in '.attn.q_bias', '.attn.q_proj.weight' or '.gamma_1'", is_eva, _timm_eva),
-    Format(pape_weights.FORMAT, "'cls' and 'encoder.layers.*' keys", is_pape_checkpoint, _pape),
-    Format(liere_weights.FORMAT, f"'{liere_weights.MARKER}'", is_liere_checkpoint, from_liere),
+    Format("Meta's DINOv3", "'storage_tokens'", is_meta_dinov3, _meta_dinov3,
+           lambda state_dict: (_dinov3_name(state_dict), _shape(state_dict))),
+    Format("timm's Eva", "keys ending in '.attn.q_bias', '.attn.q_proj.weight' or '.gamma_1'", is_eva, _timm_eva,
+           _describe_eva),
 )
-# what a file without any other format's marker must have: timm's VisionTransformer keys, which are ours
+# what a file without any other format's marker must have: timm's VisionTransformer keys, which are ours; its keys do
+# not say which model it is (timm's ViT, DeiT-III, our own state dicts)
 VIT = Format("timm's VisionTransformer (vit_rope's own, timm's ViT and DeiT-III)", "'patch_embed.*' or "
-             "'blocks.*' keys and no marker of the formats above", _has_vit_keys, _as_is)
+             "'blocks.*' keys and no marker of the formats above", _has_vit_keys, _as_is,
+             lambda state_dict: (None, _shape(state_dict)))
 
 
 def checkpoint_format(state_dict: Mapping[str, Any]) -> Format:
@@ -134,6 +161,17 @@ def checkpoint_format(state_dict: Mapping[str, Any]) -> Format:
                      f"their markers: {known}.")
 
 
+def folder_format(path: str | Path) -> tuple[Format, dict[str, Any]] | None:
+    """The format whose config file the folder ``path`` holds (or its weights file sits beside), with the config;
+    ``None`` for a plain weights file."""
+    found = [(fmt, config) for fmt in FORMATS if fmt.folder is not None
+             and (config := fmt.folder.config(path)) is not None]
+    if len(found) > 1:
+        raise ValueError(f"{path} holds the config of {len(found)} formats ({', '.join(f.name for f, _ in found)}): "
+                         "keep one model's files in a folder.")
+    return found[0] if found else None
+
+
 def convert_format(state_dict: dict[str, Any], model: nn.Module) -> tuple[dict[str, Tensor], tuple[str, ...]]:
     """``state_dict`` in the keys and q / k layout of ``model``, by its format (``checkpoint_format``), with notes on
     what was converted; the renames every format shares are ``vit_rope.models.checkpoint``'s.
@@ -145,3 +183,52 @@ def convert_format(state_dict: dict[str, Any], model: nn.Module) -> tuple[dict[s
     fmt = checkpoint_format(state_dict)
     check_family(state_dict, model)
     return fmt.convert(state_dict, model)
+
+
+def weights_in(path: str | Path) -> Path:
+    """The weights file of ``path``: itself, or the one of a folder format's that the folder holds (its config or
+    not: the weights alone load, their keys deciding)."""
+    path = Path(path)
+    if not path.is_dir():
+        return path
+    names = sorted(fmt.folder.weights_name for fmt in FORMATS if fmt.folder is not None)
+    found = [path / name for name in names if (path / name).is_file()]
+    if not found:
+        raise FileNotFoundError(f"No weights file in the folder {path} (it holds "
+                                f"{sorted(p.name for p in path.iterdir())}): give the weights file itself, or a folder "
+                                f"with {' or '.join(names)} and its config.json.")
+    return found[0]
+
+
+def file_state(path: str | Path) -> Mapping[str, Any]:
+    """The state dict of a weights file or folder (a training script's container unwrapped), read memory-mapped
+    where it can be."""
+    path = weights_in(path)
+    obj = mapped_file(path)
+    if obj is None:  # not readable memory-mapped: the full read gives the state dict or says what keeps it from it
+        obj = read_weights(path)
+    return unwrap_state_dict(obj) if isinstance(obj, dict) else {}
+
+
+def describe(path: str | Path) -> Description:
+    """The model name and arguments (depth, classes, what its format adds) that the weights in ``path`` (a file, or
+    a folder's weights file) describe by their keys; ``None`` for the name where they do not say (timm's ViT,
+    DeiT-III, axial RoPE-ViT ports, our own state dicts, timm's Eva families, widths of no registered size). A
+    folder's config says more: ``folder_format``."""
+    name, args = checkpoint_format(state := file_state(path)).describe(state)
+    if name is None and "encoding" in args:  # a kind's model by its arguments: the registered one of that width
+        size = size_of(args["embed_dim"], KIND_SIZES) if "embed_dim" in args else None
+        if size is None and {"embed_dim", "depth", "num_heads"} <= set(args):  # the arguments set every width
+            size = "base"
+        name = None if size is None else f"vit_rope_{size}_patch16_{args['encoding']}_224"
+    return name, args
+
+
+def model_args(path: str | Path) -> dict[str, Any]:
+    """The arguments any model needs to take the weights file ``path``, whatever its name (``Format.model_args``:
+    LookHere's configuration and official ViT); none for most formats, and for a file that cannot be read
+    memory-mapped (loading it says what is wrong with it)."""
+    obj = mapped_file(path)
+    state = unwrap_state_dict(obj) if isinstance(obj, dict) else {}
+    fmt = next((fmt for fmt in FORMATS if fmt.model_args is not None and fmt.carries(state)), None)
+    return {} if fmt is None else fmt.model_args(state)

@@ -3,24 +3,19 @@
 
 Most DINOv3 downloads are ``DINOv3ViTModel`` folders: ``model.safetensors`` and ``config.json``. The weights are
 timm's ``Eva`` DINOv3 under other names, with separate q/k/v projections; HF's RoPE is timm's
-``RotaryEmbeddingDinoV3`` (rotate-half pairs, coordinates normalised to [-1, 1]). So ``to_timm_keys`` renames the
-file onto timm's keys and ``vit_rope.models.dinov3.from_dinov3`` does the rest, permuting the q and k rows to our
-interleaved pairs. The config decides what the weights cannot show (RoPE theta, LayerNorm eps, activation):
-``check_hf_config`` holds a model to it, ``dinov3_args_from_hf_config`` names the model that fits and
-``create_from_hf`` builds and loads it. HF's pooler reads the class token (``pooler_output = norm(x)[:, 0]``), so
-that model pools with ``global_pool="token"``; it has no classifier.
+``RotaryEmbeddingDinoV3``. So ``to_timm_keys`` renames the file onto timm's keys and ``from_dinov3`` does the rest.
+The config decides what the weights cannot show (RoPE theta, LayerNorm eps, activation): ``check_hf_config`` holds a
+model to it and ``dinov3_args_from_hf_config`` names the model that fits, pooling the class token as HF's pooler does
+(the folder format of ``vit_rope.models.formats``).
 """
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Mapping
 from functools import partial
-from pathlib import Path
 from typing import Any
 
-import timm
 import torch
 from timm.layers import LayerNorm, LayerScale, SwiGLU
 from torch import Tensor, nn
@@ -105,31 +100,8 @@ def from_hf_dinov3(state_dict: dict[str, Tensor], model: nn.Module) -> dict[str,
         raise ValueError(f"The checkpoint is {HF_FORMAT}, which loads into the vit_rope_*_patch16_dinov3* models; this "
                          f"model has encoding={getattr(model, 'encoding_kind', None)!r}. With the folder's "
                          "config.json, "
-                         "vit_rope.models.hf_dinov3.create_from_hf(folder) builds the model that fits.")
+                         "vit_rope.create_from_checkpoint(folder) builds the model that fits.")
     return from_dinov3(to_timm_keys(state_dict), model.blocks[0].attn.num_heads)
-
-
-def weights_path(path: str | Path) -> Path:
-    """The weights file of ``path``: itself, or the ``model.safetensors`` of a folder."""
-    path = Path(path)
-    if not path.is_dir():
-        return path
-    if not (path / WEIGHTS).is_file():
-        raise FileNotFoundError(f"No {WEIGHTS} in the folder {path} (it holds {sorted(p.name for p in path.iterdir())})"
-                                f": give the weights file itself, or a transformers folder with {WEIGHTS} and {CONFIG} "
-                                "(sharded weights are not supported).")
-    return path / WEIGHTS
-
-
-def hf_config(path: str | Path) -> dict[str, Any] | None:
-    """The transformers ``config.json`` of a folder, or beside a ``model.safetensors`` file; None when there is none
-    or it is not transformers' (timm's hub folders hold a ``config.json`` too, without ``model_type``)."""
-    path = Path(path)
-    file = path / CONFIG if path.is_dir() else path.with_name(CONFIG) if path.name == WEIGHTS else None
-    if file is None or not file.is_file():
-        return None
-    config = json.loads(file.read_text())
-    return config if "model_type" in config else None
 
 
 def _hidden(config: dict[str, Any], mlp_ratio: float) -> int:
@@ -224,23 +196,5 @@ def check_hf_config(config: dict[str, Any], model: nn.Module) -> None:
     for field, (theirs, ours) in fields.items():
         if theirs != ours:
             raise ValueError(f"config.json does not fit the model: {field} is {theirs} in the file, {ours} in the "
-                             f"model. Build {fits} (vit_rope.models.hf_dinov3.create_from_hf(folder) builds and "
-                             "loads it).")
-
-
-def create_from_hf(path: str | Path, **kwargs: Any) -> nn.Module:
-    """The vit_rope DINOv3 model of a transformers folder (``config.json`` + ``model.safetensors``), its weights
-    loaded; ``kwargs`` override the config's arguments (``dinov3_args_from_hf_config``), e.g. ``num_classes``.
-
-    Raises:
-        FileNotFoundError: the folder lacks ``config.json`` (it decides the model) or ``model.safetensors``.
-        ValueError: the config or the weights are not a DINOv3 ViT that vit_rope has.
-    """
-    config = hf_config(path)
-    if config is None:
-        raise FileNotFoundError(f"No transformers {CONFIG} at {path}: it decides which model to build. Give the "
-                                f"folder that holds {CONFIG} and {WEIGHTS}, or build the model yourself and call "
-                                "vit_rope.load_weights(model, path).")
-    name, args = dinov3_args_from_hf_config(config)
-    overlay = dict(file=str(weights_path(path)))
-    return timm.create_model(name, pretrained=True, pretrained_cfg_overlay=overlay, **{**args, **kwargs})
+                             f"model. Build {fits} (vit_rope.create_from_checkpoint(folder) builds and loads "
+                             "it).")

@@ -1,26 +1,13 @@
-"""timm registration of the RoPE-ViT models (Heo et al., ECCV 2024, arXiv:2403.13298) and DINOv3's backbones.
+"""timm registration of the RoPE-ViT models (Heo et al., ECCV 2024, arXiv:2403.13298), every other kind and twin.
 
 ``import vit_rope`` runs this module, after which ``timm.create_model("vit_rope_small_patch16_mixed_224")`` works
-like any timm model. Names are ``vit_rope_{tiny,small,base,large}_patch16_{axial,mixed}[_ape]_224``; the ``_ape``
-variants add RoPE-ViT's learned absolute position embedding. Every other kind of position encoding
-(``vit_rope.encodings.KINDS``) is registered as ``vit_rope_{tiny,small,base}_patch16_<kind>_224``
-(``NEW_KINDS``), STRING twice. The rotation kinds without published weights are
-``vit_rope_{tiny,small,base}_patch16_{golden,string,string_mixed}_224``: golden-angle RoPE and
-Cayley-STRING over axial or mixed RoPE (``vit_rope.encodings.rope.frequencies``, ``vit_rope.encodings.rope.string``).
-The small, base and large models point at the published ``naver_in1k`` weights on the Hugging Face hub (timm's copies,
-converted on load); any local file works too:
-``timm.create_model(name, pretrained=True, pretrained_cfg_overlay=dict(file=PATH))``. DINOv3's backbones are
-``vit_rope_{small,small_plus,base,large}_patch16_dinov3[_qkvb]`` (``vit_rope.models.dinov3``), pointing at timm's copies
-of Meta's LVD-1689M weights. The attention-bias models, LookHere and 2D-ALiBi on the same DeiT-III ViT, are
-``vit_rope_{tiny,small,base}_patch16_{lookhere,alibi}_224`` (no published weights in timm's format; LookHere's
-official checkpoints load with ``vit_rope.load_weights``, ``vit_rope.models.lookhere_weights``). Rotations from learned
-generators, ComRoPE-AP, ComRoPE-LD and LieRE, are
-``vit_rope_{tiny,small,base}_patch16_{comrope_ap,comrope_ld,liere}_224``.
-PaPE and PaPE-RI, parabolic biases in extra q / k channels, are
-``vit_rope_{tiny,small,base}_patch16_{pape,pape_ri}_224`` (PaPE's official folders build and load with
-``vit_rope.models.pape_weights``). Twins of timm's other 2D-RoPE
-backbones (EVA-02, Perception Encoder, SBB RoPE ViTs) are named by the same rule (``vit_rope.models.eva_families``) and
-point at timm's weights.
+like any timm model. Names are ``vit_rope_{tiny,small,base,large}_patch16_{axial,mixed}[_ape]_224`` (``_ape``: with
+RoPE-ViT's learned absolute position embedding), pointing at the published ``naver_in1k`` weights (timm's copies,
+converted on load; any local file works too: ``pretrained_cfg_overlay=dict(file=PATH)``); every other kind of
+``vit_rope.encodings.KINDS`` is ``vit_rope_{tiny,small,base}_patch16_<kind>_224`` (``NEW_KINDS``: STRING twice, over
+axial and mixed); DINOv3's backbones are ``vit_rope_{small,small_plus,base,large}_patch16_dinov3[_qkvb]``
+(``vit_rope.models.dinov3``); twins of timm's other 2D-RoPE backbones are named by the same rule
+(``vit_rope.models.eva_families``). docs/models.md lists them with their weights.
 """
 
 from __future__ import annotations
@@ -38,7 +25,6 @@ from vit_rope.models import dinov3
 from vit_rope.models.checkpoint import checkpoint_filter_fn
 from vit_rope.models.dinov3 import dinov3_name
 from vit_rope.models.eva_families import FAMILIES, twin_cfgs, twin_name
-from vit_rope.models.lookhere_weights import official_lookhere_args
 from vit_rope.models.vit import RoPEVisionTransformer
 from vit_rope.models.widths import width
 
@@ -112,15 +98,15 @@ def _create(variant: str, pretrained: bool = False, **kwargs: Any) -> RoPEVision
     )
 
 
+# registered name -> its position encoding (what a checkpoint of one kind is checked against)
+ENCODINGS: dict[str, str] = {}
+
+
 def _entrypoint(name: str, model_args: dict[str, Any]) -> Callable[..., RoPEVisionTransformer]:
     """One timm entry point: the named architecture, where any keyword argument overrides the defaults."""
+    ENCODINGS[name] = model_args["encoding"]
 
-    def create(pretrained: bool = False, official: bool = False, **kwargs: Any) -> RoPEVisionTransformer:
-        if official:  # LookHere's official ViT, which its published checkpoints need
-            if model_args["encoding"] != "lookhere":
-                raise ValueError(f"official=True builds LookHere's official ViT; {name} is not a LookHere model.")
-            embed_dim, mlp_ratio = kwargs.get("embed_dim", model_args["embed_dim"]), kwargs.get("mlp_ratio", 4.0)
-            kwargs = {**official_lookhere_args(embed_dim, mlp_ratio), **kwargs}
+    def create(pretrained: bool = False, **kwargs: Any) -> RoPEVisionTransformer:
         return _create(name, pretrained=pretrained, **dict(model_args, **kwargs))
 
     create.__name__ = create.__qualname__ = name

@@ -50,15 +50,9 @@ class RoPEVisionTransformer(PositionEncodingMixin, EmbeddingMixin, FeatureMixin,
     position embedding (``pos_embed="learn"``) is resampled bicubically, as timm's ``dynamic_img_size`` does.
 
     Args:
-        encoding: the position encoding (``vit_rope.encodings.KINDS``): ``"axial"`` (fixed frequencies,
-            shared by heads and layers), ``"mixed"`` (learned per layer and head), ``"golden"`` (fixed golden-angle
-            directions per head), ``"dinov3"`` (DINOv3's: fixed frequencies on coordinates normalised to [-1, 1]) or
-            ``"string"`` (Cayley-STRING, ``vit_rope.encodings.rope.string``: a learned orthogonal basis per layer and
-            head before ``rope_string_base``); an attention bias instead of RoPE, ``"lookhere"`` or ``"alibi"``
-            (``vit_rope.encodings.bias.attn_bias``); rotations from learned generators, ``"comrope_ap"``,
-            ``"comrope_ld"`` (``vit_rope.encodings.generators.comrope``) or ``"liere"``
-            (``vit_rope.encodings.generators.liere``); PaPE's parabolic bias in extra q / k channels, ``"pape"`` or
-            ``"pape_ri"`` (``vit_rope.encodings.pape.encoding``); or ``"none"``. ``None``: ``"axial"``.
+        encoding: the position encoding, one of ``vit_rope.encodings.KINDS`` (docs/models.md describes each): RoPE
+            (``"axial"``, ``"mixed"``, ``"golden"``, ``"dinov3"``, ``"string"``), attention biases, rotations from
+            learned generators, PaPE's parabolas, or ``"none"``. ``None``: ``"axial"``.
         rope_string_base: the RoPE kind under ``string``: ``axial`` (if unset), ``mixed``, ``golden`` or ``dinov3``.
         rope_fraction: p-RoPE's share of channel pairs rotated, the highest frequencies (1: all, 0: none).
         rope_mixed_init: how ``mixed`` frequencies start: ``"rope-vit"`` (RoPE-ViT's) or ``"golden"``.
@@ -117,8 +111,7 @@ class RoPEVisionTransformer(PositionEncodingMixin, EmbeddingMixin, FeatureMixin,
         **kwargs: Any,
     ) -> None:
         num_heads, embed_dim = kwargs.get("num_heads", 12), kwargs.get("embed_dim", 768)
-        renamed = [f"{old} is now {new}" for old, new in RENAMED.items() if old in kwargs]
-        if renamed:
+        if renamed := [f"{old} is now {new}" for old, new in RENAMED.items() if old in kwargs]:
             raise TypeError(f"{type(self).__name__}: {'; '.join(renamed)}.")
         if embed_dim % num_heads:
             raise ValueError(f"embed_dim={embed_dim} must be divisible by num_heads={num_heads}.")
@@ -186,9 +179,9 @@ class RoPEVisionTransformer(PositionEncodingMixin, EmbeddingMixin, FeatureMixin,
         encodings = self.pos_encoding.block_inputs(embedded.positions, self.num_prefix_tokens)
         for i, blk in enumerate(blocks):
             if self.grad_checkpointing:
-                x = checkpoint(blk, x, encodings[i], **block_kwargs)
+                x = checkpoint(blk, x, encoding=encodings[i], **block_kwargs)
             else:
-                x = blk(x, encodings[i], **block_kwargs)
+                x = blk(x, encoding=encodings[i], **block_kwargs)  # keywords: hooks read them
             if i in take_indices:
                 intermediates.append(self.norm(x) if norm else x)
         return x, intermediates, embedded

@@ -17,8 +17,8 @@ from torch import nn
 
 from vit_rope.errors import UserError
 from vit_rope.models.encoding import encoding_key
-from vit_rope.models.weights_file import atomic_save, unreadable_reason, weights_mismatch
 from vit_rope.train.distributed import DistEnv
+from vit_rope.weights import atomic_save, unreadable_reason, weights_mismatch
 
 CHECKPOINT_FORMAT = "vit_rope.train/1"
 
@@ -65,7 +65,7 @@ def load_checkpoint(path: str | Path, mmap: bool = False) -> dict[str, Any]:
     """Read a checkpoint written by ``save_checkpoint``, with a clear error for anything else.
 
     Loads with ``weights_only=True``: no code from the file is executed. A truncated or corrupt file is a
-    ``UserError`` that says so (``vit_rope.models.weights_file.unreadable_reason``). ``mmap``: tensors are read only
+    ``UserError`` that says so (``vit_rope.weights.unreadable_reason``). ``mmap``: tensors are read only
     when touched, for a caller that wants the saved config alone.
     """
     if not Path(path).is_file():

@@ -29,7 +29,7 @@ from torch import Tensor
 
 from vit_rope.encodings.base import BlockInput, EncodingSpec, GridTables, PositionEncoding, Positions, register
 from vit_rope.encodings.bias.lookhere import check_config, head_plan, layer_scales, lookhere_penalty
-from vit_rope.encodings.policies import POSITION_POLICIES, ResolutionPolicy
+from vit_rope.encodings.policies import POSITION_POLICIES, ResolutionPolicy, per_sample
 from vit_rope.layers.capture import capturing
 
 BIAS_KINDS = ("lookhere", "alibi")
@@ -59,7 +59,7 @@ def policy_positions(positions: Tensor, grids: Tensor, train_grid: tuple[int, in
     if policy != "interpolate" or train_grid is None:
         return positions
     scale = positions.new_tensor([train_grid[1], train_grid[0]]) / grids.flip(-1).to(positions.dtype)  # [b, 2]
-    return positions * (scale if positions.dim() == 2 else scale[:, None, :])
+    return positions * per_sample(scale, positions)
 
 
 def pad_prefix(table: Tensor, num_prefix_tokens: int) -> Tensor:

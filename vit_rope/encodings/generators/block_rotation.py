@@ -227,19 +227,3 @@ class BlockRotation(PositionEncoding):
         if mode:
             self.clear_()
         return super().train(mode)
-
-
-def grid_units(coord: Tensor, grids: Tensor, train_grid: tuple[int, int]) -> tuple[Tensor, Tensor, Tensor]:
-    """The patches at ``coord`` ``[..., N, 2]`` (y, x) as ``(x, y)`` floats, the sizes ``[1 or B, 2]`` (w, h) of their
-    grids ``grids`` ``[1 or B, 2]`` (h, w) and the training grid ``[2]`` (w, h): what ComRoPE and LieRE place their
-    positions in units of a grid from (``by_grid``)."""
-    size = grids.flip(-1).float()  # [1 or B, 2] (w, h)
-    train = torch.tensor([float(train_grid[1]), float(train_grid[0])], device=size.device)
-    return coord.flip(-1).float(), size, train
-
-
-def by_grid(xy: Tensor, scale: Tensor) -> Tensor:
-    """Positions ``xy`` ``[..., N, 2]`` divided by one scale per grid ``[1 or B, 2]``: one function for an image's
-    grid (``xy`` ``[N, 2]``) and a NaFlex batch's, so that a sample's positions equal those of its image alone to the
-    bit."""
-    return xy / (scale[0] if xy.dim() == 2 else scale[:, None, :])

@@ -34,8 +34,8 @@ import torch
 from torch import Tensor, nn
 
 from vit_rope.encodings.base import EncodingSpec, GridTables, PositionEncoding, Positions, register
-from vit_rope.encodings.generators.block_rotation import BlockRotation, by_grid, check_block, grid_units
-from vit_rope.encodings.policies import ResolutionPolicy
+from vit_rope.encodings.generators.block_rotation import BlockRotation, check_block
+from vit_rope.encodings.policies import ResolutionPolicy, by_grid, grid_units
 from vit_rope.layers.rotary import rope_angles, rope_tables
 from vit_rope.layers.spectral import FoldedProjection, Spectral, spectral_form
 

@@ -29,8 +29,8 @@ import torch
 from torch import Tensor, nn
 
 from vit_rope.encodings.base import EncodingSpec, PositionEncoding, register
-from vit_rope.encodings.generators.block_rotation import BlockRotation, by_grid, check_block, grid_units
-from vit_rope.encodings.policies import ResolutionPolicy
+from vit_rope.encodings.generators.block_rotation import BlockRotation, check_block
+from vit_rope.encodings.policies import ResolutionPolicy, by_grid, grid_units
 
 
 def liere_positions(coord: Tensor, grids: Tensor, train_grid: tuple[int, int], policy: str) -> Tensor:

@@ -47,7 +47,7 @@ from timm.layers import register_notrace_module
 from torch import Tensor, nn
 
 from vit_rope.encodings.base import BlockInput, EncodingSpec, PositionEncoding, Positions, register
-from vit_rope.encodings.policies import ResolutionPolicy
+from vit_rope.encodings.policies import ResolutionPolicy, per_sample
 
 PAPE_KINDS = ("pape", "pape_ri")
 
@@ -69,8 +69,7 @@ def pape_positions(coord: Tensor, grids: Tensor, policy: str, train_grid: tuple[
     xy = coord.flip(-1).float() + 1.0
     if policy == "extrapolate":
         return xy
-    size = grids.flip(-1).float()  # [1 or B, 2] (w, h)
-    size = size[0] if coord.dim() == 2 else size[:, None, :]  # [2] or [B, 1, 2]
+    size = per_sample(grids.flip(-1).float(), coord)  # [2] or [B, 1, 2] (w, h)
     if policy == "normalized" or train_grid is None:
         return xy / size
     return xy * xy.new_tensor([float(train_grid[1]), float(train_grid[0])]) / size

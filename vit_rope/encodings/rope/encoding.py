@@ -7,10 +7,10 @@ batch: shared by every image of an image batch (``[H, P + N, D/2]``), or per sam
 (``[B, H, P + N, D/2]``, gathered from the tables of the batch's bounding grid when its positions are its patch
 coordinates).
 
-The module is a ``ModuleList`` of its ``RoPE2D`` modules, so that a mixed model's state dict keeps RoPE-ViT's and
-timm's keys ``rope.<block>.freqs`` and TorchScript iterates it as a list. Under Cayley-STRING (Schenck et al. ICML
-2025, ``vit_rope.encodings.rope.string``) each block's attention also holds a learned basis that turns q and k before
-the tables rotate them.
+The module is a ``ModuleList`` of its ``RoPE2D`` modules, so that a mixed model's state dict keeps RoPE-ViT's layout
+(``pos_encoding.<block>.freqs``; RoPE-ViT's ``rope.<block>.freqs``) and TorchScript iterates it as a list. Under
+Cayley-STRING (Schenck et al. ICML 2025, ``vit_rope.encodings.rope.string``) each block's attention also holds a
+learned basis that turns q and k before the tables rotate them.
 """
 
 from __future__ import annotations
@@ -44,6 +44,10 @@ class RotaryEncoding(PositionEncoding, nn.ModuleList):
     def scriptable(self) -> bool:
         """TorchScript compiles the tables, not STRING's basis (a ``BlockInput``): ``fold_`` it first."""
         return not self.string
+
+    @property
+    def script_tables(self) -> str:
+        return "per_block" if self.per_block else "shared"
 
     @property
     def policy(self) -> ResolutionPolicy:

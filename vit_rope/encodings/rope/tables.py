@@ -47,17 +47,13 @@ from vit_rope.encodings.rope.frequencies import (
 )
 from vit_rope.layers.capture import capturing
 from vit_rope.layers.lattice import Lattice, gather_rows
-from vit_rope.layers.rotary import apply_rope, grid_positions, grid_tables, learned_tables, rope_angles, rope_tables
+from vit_rope.layers.rotary import grid_tables, learned_tables, rope_angles, rope_tables
 
 KINDS = ("axial", "mixed", "golden", "dinov3")
 DEFAULT_THETA = {"axial": 100.0, "mixed": 10.0, "golden": 100.0, "dinov3": 100.0}
 DEFAULT_POLICY = {"axial": "extrapolate", "mixed": "extrapolate", "golden": "extrapolate", "dinov3": "normalized"}
 # DINOv3's RoPE: coordinates normalised to the grid (its own) or kept at the training step; nothing else applies
 DINOV3_POLICIES = ("normalized", "extrapolate")
-# the names tests and tools import from here; they live in vit_rope.encodings.rope.frequencies and
-# vit_rope.layers.rotary
-__all__ = ["KINDS", "RoPE2D", "apply_rope", "axial_frequencies", "check_fraction", "check_head_dim", "check_kind",
-           "check_theta", "golden_frequencies", "grid_positions", "mixed_frequencies", "rope_angles", "rope_tables"]
 
 
 def check_kind(kind: str, what: str = "RoPE kind") -> str:

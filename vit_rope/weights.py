@@ -1,19 +1,87 @@
 """Weights files and state dicts as users meet them: a file read with an error that tells a corrupt file from a
-wrong one, and the keys that keep a state dict from fitting a model, listed on one line; and files written atomically
-(checkpoints, the decoded cache), so that a kill mid-write never leaves a half file under the real name.
+wrong one, and the keys that keep a state dict from fitting a model, listed on one line; files written atomically
+(checkpoints, the decoded cache), so that a kill mid-write never leaves a half file under the real name; and what a
+checkpoint format is (``Format``, a file or a ``Folder``), which each source's module defines and
+``vit_rope.models.formats`` holds in one table.
 """
 
 from __future__ import annotations
 
 import errno
+import json
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 from safetensors import safe_open
 from timm.models import load_state_dict
+from torch import nn
+
+Converted = tuple[dict[str, Any], tuple[str, ...]]  # a state dict in our keys (but for generic renames), and notes
+Description = tuple[str | None, dict[str, Any]]  # the model a checkpoint describes: a name (None: not said), arguments
+
+
+def no_description(state_dict: Mapping[str, Any]) -> Description:
+    """A format whose files do not say which model they are."""
+    return None, {}
+
+
+@dataclass(frozen=True)
+class Folder:
+    """A format saved as a folder: a config file, which decides the model, beside the weights file.
+
+    Attributes:
+        config_name, weights_name: the two files (``config.json``, ``model.safetensors``).
+        claims: whether a config file's contents are this format's.
+        model: the vit_rope model name and ``timm.create_model`` arguments that a config describes.
+        check_model: raise unless a model is the one a config describes, naming what differs.
+        check_weights: raise unless the weights (a state dict) are those a config describes, naming what differs.
+    """
+
+    config_name: str
+    weights_name: str
+    claims: Callable[[dict[str, Any]], bool]
+    model: Callable[[dict[str, Any]], tuple[str, dict[str, Any]]]
+    check_model: Callable[[dict[str, Any], nn.Module], None]
+    check_weights: Callable[[dict[str, Any], dict[str, Any]], None] = lambda config, state_dict: None
+
+    def config(self, path: str | Path) -> dict[str, Any] | None:
+        """The config of the folder ``path`` (or beside its weights file), or ``None`` where there is none or it is
+        not this format's."""
+        path = Path(path)
+        file = path / self.config_name if path.is_dir() else (
+            path.with_name(self.config_name) if path.name == self.weights_name else None)
+        if file is None or not file.is_file():
+            return None
+        config = json.loads(file.read_text())
+        return config if isinstance(config, dict) and self.claims(config) else None
+
+
+@dataclass(frozen=True)
+class Format:
+    """A checkpoint format.
+
+    Attributes:
+        name: what users call it; marker: what only its state dicts carry, in words.
+        carries: whether a state dict (a training script's container unwrapped) is in this format.
+        convert: the state dict in our keys and q / k layout for a model, with notes on what was converted; raises a
+            ``ValueError`` naming the model that fits where the model is not one that takes the format.
+        describe: the model a state dict of this format describes, as far as it says.
+        model_args: the arguments any model needs to take such a state dict, whatever its name (LookHere's
+            configuration, which its biases are rebuilt from); none for most formats.
+        folder: how it is saved as a folder, if it is.
+    """
+
+    name: str
+    marker: str
+    carries: Callable[[Mapping[str, Any]], bool]
+    convert: Callable[[dict[str, Any], nn.Module], Converted]
+    describe: Callable[[Mapping[str, Any]], Description] = no_description
+    model_args: Callable[[Mapping[str, Any]], dict[str, Any]] | None = None
+    folder: Folder | None = None
 
 
 class UnreadableCheckpointError(ValueError):

@@ -19,15 +19,15 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Mapping
 from functools import partial
 from typing import Any
 
-from torch import Tensor, nn
+from torch import nn
 
-from vit_rope.models.weights_file import renamed_key
-from vit_rope.models.widths import size_of
+from vit_rope.weights import Converted, Description, Format, renamed_key
 
-FORMAT = "LieRE's official RoPEViT"
+FORMAT_NAME = "LieRE's official RoPEViT"
 MARKER = "position_encoder.generator_raw_params"
 HEAD_DIM = 64  # FlexibleAttention: "Only support 64 head size for now."
 TRAIN_SIZE = 224  # lightning_conf/imagenet_224.yaml: the size the format does not save
@@ -38,7 +38,7 @@ _TOP_KEYS = {"cls_token": "cls_token", "mlp_head.0.": "norm.", "mlp_head.1.": "h
              "to_patch_embedding.1.bias": "patch_embed.proj.bias", MARKER: "pos_encoding.generator_raw_params"}
 
 
-def _plain(state_dict: dict[str, Any]) -> dict[str, Any]:
+def _plain(state_dict: Mapping[str, Any]) -> dict[str, Any]:
     return {key.removeprefix("model."): value for key, value in state_dict.items()}
 
 
@@ -47,8 +47,9 @@ def is_liere_checkpoint(state_dict: Any) -> bool:
     return any(key.removeprefix("model.") == MARKER for key in state_dict)
 
 
-def liere_args(state_dict: dict[str, Any]) -> tuple[str, dict[str, Any]]:
-    """The vit_rope model name and ``timm.create_model`` arguments of an official checkpoint, from its shapes.
+def liere_args(state_dict: Mapping[str, Any]) -> Description:
+    """The ``timm.create_model`` arguments of an official checkpoint, from its shapes: the whole architecture, so any
+    ``vit_rope_*_patch16_liere_224`` name serves (``vit_rope.models.formats`` picks the one of its width).
 
     Raises:
         ValueError: a tensor LieRE's model always has is missing, the patch embedding is not of square RGB patches,
@@ -59,13 +60,13 @@ def liere_args(state_dict: dict[str, Any]) -> tuple[str, dict[str, Any]]:
               "mlp_head.1.weight", MARKER)
     missing = [key for key in needed if key not in sd]
     if missing:
-        raise ValueError(f"The checkpoint has {MARKER} but lacks {', '.join(missing)}: {FORMAT}s have all of "
+        raise ValueError(f"The checkpoint has {MARKER} but lacks {', '.join(missing)}: {FORMAT_NAME}s have all of "
                          f"{', '.join(needed)}. Save the whole model's state_dict.")
     dim = int(sd["cls_token"].shape[-1])
     patch = math.isqrt(int(sd["to_patch_embedding.1.weight"].shape[1]) // 3)
     if 3 * patch * patch != sd["to_patch_embedding.1.weight"].shape[1] or dim % HEAD_DIM:
         raise ValueError(f"The checkpoint's patch embedding takes {sd['to_patch_embedding.1.weight'].shape[1]} "
-                         f"values and its width is {dim}: vit_rope builds {FORMAT}s of square RGB patches "
+                         f"values and its width is {dim}: vit_rope builds {FORMAT_NAME}s of square RGB patches "
                          f"(3 p^2 values) and heads of {HEAD_DIM} channels.")
     heads = dim // HEAD_DIM
     depth = 1 + max(int(m[1]) for key in sd if (m := re.match(r"transformer\.layers\.(\d+)\.", key)))
@@ -77,12 +78,11 @@ def liere_args(state_dict: dict[str, Any]) -> tuple[str, dict[str, Any]]:
                   img_size=TRAIN_SIZE, num_classes=int(sd["mlp_head.1.weight"].shape[0]), qkv_bias=False,
                   init_values=0.0,  # no LayerScale (timm.create_model drops arguments that are None)
                   norm_layer=partial(nn.LayerNorm, eps=1e-5), class_token=True, global_pool="token",
-                  encoding_options=options)
-    named = size_of(dim, ("tiny", "small", "base")) or "base"  # the registered ones; the arguments set the width
-    return f"vit_rope_{named}_patch16_liere_224", kwargs
+                  encoding="liere", encoding_options=options)
+    return None, kwargs
 
 
-def from_liere(state_dict: dict[str, Any], model: nn.Module) -> tuple[dict[str, Tensor], tuple[str, ...]]:
+def from_liere(state_dict: dict[str, Any], model: nn.Module) -> Converted:
     """An official checkpoint in our keys, for ``model`` (a LieRE model), with notes on what was converted; tensor
     shapes are checked by the caller, which lists any that differ.
 
@@ -91,7 +91,7 @@ def from_liere(state_dict: dict[str, Any], model: nn.Module) -> tuple[dict[str, 
             trained with ``force_absolute_encodings``, which no vit_rope model has).
     """
     if getattr(model, "encoding_kind", None) != "liere":
-        raise ValueError(f"The checkpoint is {FORMAT} with LieRE generators; the model has encoding="
+        raise ValueError(f"The checkpoint is {FORMAT_NAME} with LieRE generators; the model has encoding="
                          f"{getattr(model, 'encoding_kind', None)!r}: load it into a vit_rope_*_patch16_liere_224 "
                          "model (create_from_checkpoint builds the one it describes).")
     sd = _plain(state_dict)
@@ -99,7 +99,7 @@ def from_liere(state_dict: dict[str, Any], model: nn.Module) -> tuple[dict[str, 
     if table is not None and table.abs().max() > 0:
         raise ValueError(f"The checkpoint's pos_embedding is not zero (max |value| {float(table.abs().max()):.3g}): "
                          "a LieRE model trained with absolute encodings as well, which vit_rope does not build.")
-    notes = [f"{FORMAT}: keys renamed to ours, the linear patch embedding as a convolution"]
+    notes = [f"{FORMAT_NAME}: keys renamed to ours, the linear patch embedding as a convolution"]
     out = {}
     for key, value in sd.items():
         match = re.fullmatch(r"transformer\.layers\.(\d+)\.(\d\.norm|\d\.fn\.\w+(?:\.\d)?)\.(weight|bias)", key)
@@ -115,3 +115,6 @@ def from_liere(state_dict: dict[str, Any], model: nn.Module) -> tuple[dict[str, 
         out["pos_encoding.generator_raw_params"] = generators[:, :1]
         notes.append("generators per layer reduced to layer 0's, which the official forward turns every block by")
     return out, tuple(notes)
+
+
+FORMAT = Format(FORMAT_NAME, f"'{MARKER}'", is_liere_checkpoint, from_liere, liere_args)

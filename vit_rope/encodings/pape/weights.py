@@ -7,10 +7,8 @@ one with a LayerNorm after the class token is prepended (``norm_pre``), LayerNor
 GELU MLPs of ``intermediate_size``, a final LayerNorm and a linear head on the class token; PaPE's positions put the
 class token at (0, 0) and the patches from 1, which ``vit_rope.encodings.pape.encoding`` does for every model. So the
 folder is our ``vit_rope_*_patch16_{pape,pape_ri}_224`` with the arguments ``pape_args_from_config`` gives, and its keys
-map one to one onto ours (``from_pape``)::
-
-    model = create_from_pape("pape-imagenet/")  # built from config.json, weights loaded
-    vit_rope.load_weights(model, "pape-imagenet/")  # into a model you built: config.json is checked against it
+map one to one onto ours (``from_pape``): ``vit_rope.create_from_checkpoint(folder)`` builds and loads it, and
+``vit_rope.load_weights(model, folder)`` checks ``config.json`` against a model you built.
 
 The format leaves the training grid open (``Config.height`` and ``width`` are properties of the dataset, not saved):
 the ImageNet classifiers train at the repository's ``pape/imagenet.py`` size, 224 x 224, so the model takes
@@ -22,21 +20,19 @@ the ImageNet classifiers train at the repository's ``pape/imagenet.py`` size, 22
 
 from __future__ import annotations
 
-import json
 import re
+from collections.abc import Mapping
 from functools import partial
-from pathlib import Path
 from typing import Any
 
-import timm
 from timm.layers import PatchEmbed
-from torch import Tensor, nn
+from torch import nn
 
 from vit_rope.encodings.pape.encoding import PARABOLAS
-from vit_rope.models.weights_file import read_weights, renamed_key
+from vit_rope.weights import Converted, Folder, Format, renamed_key
 
 CONFIG, WEIGHTS = "config.json", "model.pt"
-FORMAT = "PaPE's official ImageClassifier"
+FORMAT_NAME = "PaPE's official ImageClassifier"
 # pape/configs.py MODEL_SIZES: (hidden_size, head_size, num_heads, num_layers, intermediate_size); -1 in config.json
 # takes the size's value
 SIZES = {"nano": (128, 32, 4, 4, 256), "tiny": (256, 64, 4, 7, 512), "small": (512, 64, 8, 10, 2048),
@@ -51,33 +47,10 @@ _TOP_KEYS = {"cls": "cls_token", "embedding.": "patch_embed.proj.", "encoder.nor
 _KIND_KEYS = {"pape": "position_encoder.ab.weight", "pape_ri": "position_encoder.a.weight"}
 
 
-def is_pape_checkpoint(state_dict: Any) -> bool:
+def is_pape_checkpoint(state_dict: Mapping[str, Any]) -> bool:
     """Whether ``state_dict`` is an official ``ImageClassifier``'s: ``cls`` and ``encoder.layers.*`` keys."""
     keys = [key.removeprefix("_orig_mod.") for key in state_dict]
     return "cls" in keys and any(key.startswith("encoder.layers.") for key in keys)
-
-
-def pape_config(path: str | Path) -> dict[str, Any] | None:
-    """The official ``config.json`` of a folder (or beside its ``model.pt``); None when there is none or it is not
-    PaPE's (no ``positional`` and ``pape`` fields)."""
-    path = Path(path)
-    file = path / CONFIG if path.is_dir() else path.with_name(CONFIG) if path.name == WEIGHTS else None
-    if file is None or not file.is_file():
-        return None
-    config = json.loads(file.read_text())
-    return config if isinstance(config, dict) and {"positional", "pape"} <= set(config) else None
-
-
-def weights_path(path: str | Path) -> Path:
-    """The weights file of ``path``: itself, or the ``model.pt`` of a folder."""
-    path = Path(path)
-    if path.is_dir():
-        if not (path / WEIGHTS).is_file():
-            raise FileNotFoundError(f"No {WEIGHTS} in the PaPE folder {path} (it holds "
-                                    f"{sorted(p.name for p in path.iterdir())}): the official folder has {CONFIG} and "
-                                    f"{WEIGHTS}.")
-        return path / WEIGHTS
-    return path
 
 
 def _sizes(config: dict[str, Any]) -> dict[str, int]:
@@ -128,7 +101,7 @@ def pape_args_from_config(config: dict[str, Any]) -> tuple[str, dict[str, Any]]:
     return name, kwargs
 
 
-def check_pape_config(config: dict[str, Any], model: nn.Module) -> None:
+def check_model(config: dict[str, Any], model: nn.Module) -> None:
     """Raise unless ``model`` is the classifier that ``config`` describes, naming the first field that differs, its
     value in the file and in the model, and the model that fits."""
     name, kwargs = pape_args_from_config(config)
@@ -136,7 +109,7 @@ def check_pape_config(config: dict[str, Any], model: nn.Module) -> None:
     if kind != config["positional"]:
         raise ValueError(f"config.json describes an official {config['positional']} classifier, whose weights load "
                          f"into {name}; this model has encoding={kind!r}. Build it with "
-                         "vit_rope.models.pape_weights.create_from_pape(folder).")
+                         "vit_rope.create_from_checkpoint(folder).")
     attn, s = model.blocks[0].attn, _sizes(config)
     fields = {  # field: (the file's value, the model's)
         "hidden_size": (s["hidden_size"], model.embed_dim), "num_layers": (s["num_layers"], len(model.blocks)),
@@ -151,10 +124,10 @@ def check_pape_config(config: dict[str, Any], model: nn.Module) -> None:
         if theirs != ours:
             raise ValueError(f"config.json does not fit the model: {field} is {theirs} in the file, {ours} in the "
                              f"model. Build {name} with {kwargs} "
-                             "(vit_rope.models.pape_weights.create_from_pape(folder) builds and loads it).")
+                             "(vit_rope.create_from_checkpoint(folder) builds and loads it).")
 
 
-def check_pape_weights(config: dict[str, Any], state_dict: dict[str, Any]) -> None:
+def check_weights(config: dict[str, Any], state_dict: dict[str, Any]) -> None:
     """Raise unless the official ``state_dict`` is the classifier ``config`` describes, naming the first size that
     differs, its value in ``config.json`` and in the weights."""
     _, kwargs = pape_args_from_config(config)
@@ -183,7 +156,7 @@ def check_pape_weights(config: dict[str, Any], state_dict: dict[str, Any]) -> No
                              "if the weights are right.")
 
 
-def from_pape(state_dict: dict[str, Any], model: nn.Module) -> dict[str, Tensor]:
+def from_pape(state_dict: dict[str, Any], model: nn.Module) -> Converted:
     """An official ``ImageClassifier`` state dict in our keys, for ``model`` (a PaPE or PaPE-RI model); tensor shapes
     are checked by the caller, which lists any that differ.
 
@@ -195,9 +168,9 @@ def from_pape(state_dict: dict[str, Any], model: nn.Module) -> dict[str, Tensor]
     theirs = next((kind for kind, marker in _KIND_KEYS.items() if any(k.endswith(marker) for k in state_dict)), None)
     ours = getattr(model, "encoding_kind", None)
     if theirs != ours:
-        raise ValueError(f"The checkpoint is {FORMAT} with encoding {theirs!r}; the model has encoding={ours!r}: "
-                         f"load it into a vit_rope_*_patch16_{theirs}_224 model (create_from_pape builds the one its "
-                         "folder describes).")
+        raise ValueError(f"The checkpoint is {FORMAT_NAME} with encoding {theirs!r}; the model has encoding={ours!r}: "
+                         f"load it into a vit_rope_*_patch16_{theirs}_224 model (vit_rope.create_from_checkpoint "
+                         "builds the one its folder describes).")
     out = {}
     for key, value in state_dict.items():
         match = re.fullmatch(r"encoder\.layers\.(\d+)\.(attention\.position_encoder|attention\.\w+|ffn\.\w+|norm\d)"
@@ -206,23 +179,9 @@ def from_pape(state_dict: dict[str, Any], model: nn.Module) -> dict[str, Tensor]
             out[f"blocks.{match[1]}.{_LAYER_KEYS[match[2]]}.{match[3]}"] = value
             continue
         out[renamed_key(key, _TOP_KEYS)] = value
-    return out
+    return out, (f"{FORMAT_NAME}: keys renamed to ours",)
 
 
-def create_from_pape(path: str | Path, **kwargs: Any) -> nn.Module:
-    """The vit_rope model of an official PaPE folder (``config.json`` + ``model.pt``), its weights loaded; ``kwargs``
-    override the config's arguments (``pape_args_from_config``), e.g. ``num_classes`` or ``img_size``.
-
-    Raises:
-        FileNotFoundError: the folder lacks ``config.json`` (it decides the model) or ``model.pt``.
-        ValueError: the config is not an official PaPE classifier, or the weights do not fit it.
-    """
-    config = pape_config(path)
-    if config is None:
-        raise FileNotFoundError(f"No official PaPE {CONFIG} at {path}: it decides which model to build. Give the "
-                                f"folder that holds {CONFIG} and {WEIGHTS}, or build the model yourself and call "
-                                "vit_rope.load_weights(model, path).")
-    name, args = pape_args_from_config(config)
-    check_pape_weights(config, read_weights(weights_path(path)))
-    overlay = dict(file=str(weights_path(path)))
-    return timm.create_model(name, pretrained=True, pretrained_cfg_overlay=overlay, **{**args, **kwargs})
+FORMAT = Format(FORMAT_NAME, "'cls' and 'encoder.layers.*' keys", is_pape_checkpoint, from_pape,
+                folder=Folder(CONFIG, WEIGHTS, lambda config: {"positional", "pape"} <= set(config),
+                              pape_args_from_config, check_model, check_weights))
