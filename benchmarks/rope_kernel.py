@@ -14,7 +14,7 @@ implementation rotates its q and k (patch tokens; the class token is left as it 
   training rotate in place instead, inside the projection's autograd node (``project_rotate_qk``), as
   ``ours_in_place`` does;
 - ``ours_triton_in_place``, ``ours_triton_autograd``: the same with the Triton kernels (CUDA only);
-- ``ours_reference``: ``vit_rope.encodings.rope.tables.apply_rope`` on q and k, out of place (what torch.compile fuses);
+- ``ours_reference``: ``vit_rope.layers.rotary.apply_rope`` on q and k, out of place (what torch.compile fuses);
 - ``complex_rope_vit``: RoPE-ViT's ``apply_rotary_emb`` (fp32 complex product, class token sliced off and written
   back);
 - ``timm_rot_embed_cat``: timm's ``apply_rot_embed_cat`` as its Eva attention calls it (prefix sliced off and

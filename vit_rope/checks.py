@@ -9,6 +9,7 @@ from __future__ import annotations
 import difflib
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import timm
@@ -16,6 +17,13 @@ import torch
 from torch import Tensor, nn
 
 from vit_rope.errors import UserError
+
+
+def check_choice(value: Any, choices: Sequence[Any], what: str) -> Any:
+    """``value`` if it is one of ``choices``, else a ``ValueError`` that calls it ``what`` and lists them."""
+    if value not in choices:
+        raise ValueError(f"Unknown {what} {value!r}: choose one of {', '.join(map(str, choices))}.")
+    return value
 
 
 def check_model_name(name: str) -> None:

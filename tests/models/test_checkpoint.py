@@ -316,3 +316,27 @@ def test_mismatch_message_counts_in_words():
     sd = {**model.state_dict(), "norm.weight": torch.ones(3), "norm.bias": torch.ones(3)}
     with pytest.raises(ValueError, match=r"2 keys of another shape: norm.weight \(3,\) in the file"):
         convert_state_dict(sd, model)
+
+
+def test_rope_vits_mixed_weights_load_into_string_over_mixed():
+    """timm's mixed RoPE-ViT port into Cayley-STRING over mixed RoPE: the frequencies split per block, the basis at
+    the identity, so the model is the port's function exactly."""
+    port = timm.create_model("vit_small_patch16_rope_mixed_224", depth=2, num_classes=5).eval()
+    string = timm.create_model("vit_rope_small_patch16_string_mixed_224", depth=2, num_classes=5).eval()
+    with pytest.warns(WeightsNotLoadedWarning, match="STRING"):
+        report = load_weights(string, port.state_dict())
+    assert report.rope_freqs_loaded and not report.initialised.get(ROPE_FREQS)
+    freqs = port.state_dict()["rope.freqs"]  # [2, depth, nh, D/2]
+    for i, rope in enumerate(string.pos_encoding):
+        torch.testing.assert_close(rope.freqs, freqs[:, i], rtol=0, atol=0)
+    x = torch.randn(1, 3, 224, 224)
+    with torch.no_grad():
+        torch.testing.assert_close(string(x), port(x), rtol=1e-4, atol=1e-4)
+
+
+def test_a_folder_builds_a_feature_extractor(tmp_path):
+    """``create_from_checkpoint(folder, features_only=True)``: the folder's model, through timm's loader."""
+    features = vit_rope.create_from_checkpoint(Path(__file__).parents[1] / "fixtures" / "pape" / "pape_ri",
+                                               features_only=True, out_indices=(1,))
+    maps = features(torch.randn(1, 3, 64, 64))
+    assert len(maps) == 1 and maps[0].shape[-2:] == (4, 4)

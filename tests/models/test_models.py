@@ -301,6 +301,8 @@ def test_set_resolution_policy_none_restores_the_default(name, default):
 def test_earlier_model_arguments_are_refused_naming_the_new_one(old, new):
     with pytest.raises(TypeError, match=f"{old} is now {new}"):
         tiny("vit_rope_tiny_patch16_lookhere_224", **{old: "lh90"})
+    with pytest.raises(TypeError, match="official is gone: vit_rope.create_from_checkpoint"):
+        tiny("vit_rope_tiny_patch16_lookhere_224", official=True)
     model = tiny()
     for name in ("rope", "rope_kind", "rope_policy", "set_rope_policy", "fold_string_"):
         assert not hasattr(model, name), name

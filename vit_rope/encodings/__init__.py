@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import inspect
 
+from vit_rope.checks import check_choice
 from vit_rope.encodings.base import REGISTRY, EncodingSpec, PositionEncoding
-from vit_rope.encodings.bias import attn_bias, lookhere_weights  # noqa: F401  (each family registers its kinds)
+from vit_rope.encodings.bias import attn_bias, lookhere_weights  # noqa: F401  (imports register the kinds)
 from vit_rope.encodings.generators import comrope, liere, liere_weights  # noqa: F401
 from vit_rope.encodings.pape import encoding as pape_encoding  # noqa: F401
 from vit_rope.encodings.pape import weights as pape_weights
@@ -26,9 +27,7 @@ entry.rope))
 
 def check_kind(kind: str) -> str:
     """Return ``kind`` if it is a registered position encoding, else raise a ``ValueError`` listing them."""
-    if kind not in REGISTRY:
-        raise ValueError(f"Unknown position encoding {kind!r}: choose one of {', '.join(KINDS)}.")
-    return kind
+    return check_choice(kind, KINDS, "position encoding")
 
 
 def _refuse_rope_options(spec: EncodingSpec) -> None:

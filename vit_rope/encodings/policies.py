@@ -33,6 +33,7 @@ from typing import NamedTuple, get_type_hints
 import torch
 from torch import Tensor
 
+from vit_rope.checks import check_choice
 from vit_rope.encodings.rope.dinov3 import batch_coordinate_draw
 
 POLICIES = ("extrapolate", "interpolate", "ntk", "yarn", "normalized")
@@ -57,8 +58,7 @@ class ResolutionPolicy:
     yarn_temperature: bool = True
 
     def __post_init__(self) -> None:
-        if self.name not in POLICIES:
-            raise ValueError(f"Unknown RoPE resolution policy {self.name!r}: choose one of {', '.join(POLICIES)}.")
+        check_choice(self.name, POLICIES, "RoPE resolution policy")
         if not 0 <= self.yarn_alpha < self.yarn_beta:
             raise ValueError(f"yarn needs 0 <= yarn_alpha < yarn_beta, got {self.yarn_alpha} and {self.yarn_beta}.")
 

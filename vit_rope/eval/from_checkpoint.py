@@ -22,7 +22,6 @@ import timm
 from torch import nn
 
 from vit_rope.eval.loading import is_training_checkpoint, load_trained
-from vit_rope.models.checkpoint import load_state_dict
 from vit_rope.models.formats import describe, folder_format, weights_in
 from vit_rope.weights import read_weights
 
@@ -43,22 +42,19 @@ def create_from_checkpoint(path: str | Path, model: str | None = None, **overrid
         raise FileNotFoundError(f"No checkpoint at {path}: give a weights file, a train.py checkpoint or a folder "
                                 "with its config.json (transformers' DINOv3, PaPE's official classifiers).")
     folder = folder_format(path) if model is None else None
-    if folder is not None:  # its config describes the model (overrides on top), and the weights are checked against it
+    weights = weights_in(path)  # a folder's weights file
+    if folder is not None:  # its config describes the model, and the weights are checked against the config
         fmt, config = folder
+        fmt.folder.check_weights(config, read_weights(weights))
         name, args = fmt.folder.model(config)
-        built = timm.create_model(name, **{**args, **overrides})
-        state_dict = read_weights(weights_in(path))
-        fmt.folder.check_weights(config, state_dict)
-        load_state_dict(built, state_dict, path)
-        return built
-    path = weights_in(path)  # a folder's weights, into the model named
-    if is_training_checkpoint(path):
+    elif is_training_checkpoint(weights):
         if model is not None or overrides:
             raise ValueError(f"{path} is a train.py checkpoint, which rebuilds its model as it was trained; "
                              f"model= and {sorted(overrides)} do not apply: set a policy after loading "
-                             "(model.set_resolution_policy) or fine-tune with train.py --pretrained.")
+                             "(model.set_resolution_policy) or fine-tune from it with train.py finetune=PATH.")
         return load_trained(path).model
-    name, args = describe(path)
+    else:
+        name, args = describe(weights)
     if model is None and name is None:
         raise ValueError(f"The keys of {path} do not say which model it is (timm's ViT or DeiT-III, an axial RoPE-ViT "
                          "port, a vit_rope state dict, one of timm's Eva families, which share their keys, a width "
@@ -67,5 +63,5 @@ def create_from_checkpoint(path: str | Path, model: str | None = None, **overrid
                          "axial_224').")
     # the file's class count in the overlay too: timm keeps the file's classifier, or starts a new one (with a
     # warning) where overrides ask for another count
-    overlay = dict(file=str(path), custom_load=False, **{k: v for k, v in args.items() if k == "num_classes"})
+    overlay = dict(file=str(weights), custom_load=False, **{k: v for k, v in args.items() if k == "num_classes"})
     return timm.create_model(model or name, pretrained=True, pretrained_cfg_overlay=overlay, **{**args, **overrides})

@@ -1,6 +1,6 @@
 """RoPE rotation of the queries and keys straight from the qkv projection's output, in one pass.
 
-The reference ``vit_rope.encodings.rope.tables.apply_rope`` (RoFormer, arXiv:2104.09864; RoPE-ViT, arXiv:2403.13298)
+The reference ``vit_rope.layers.rotary.apply_rope`` (RoFormer, arXiv:2104.09864; RoPE-ViT, arXiv:2403.13298)
 rotates q and k out of place in several elementwise passes, and autograd keeps extra copies for backward. In eager mode
 that is the cost timm's RoPE ports pay (docs/performance.md, "CPU throughput"). Here each channel pair is one complex
 number and its rotation one complex product, ``(x0 + i x1) * (cos + i sin)``, over the q and k slices of the

@@ -47,7 +47,7 @@ _DROPPED = re.compile(r"^(freqs_t_[xy]|freqs_cis|rope\.(bands|pos_embed.*|t_[xy]
 
 def _split_mixed_freqs(freqs: Tensor, model: nn.Module) -> dict[str, Tensor]:
     """``[2, depth, nh, D/2]`` (timm) or ``[2, depth, nh * D/2]`` (RoPE-ViT) -> one ``[2, nh, D/2]`` per block."""
-    if not getattr(model, "rope_per_block", False):
+    if not getattr(getattr(model, "pos_encoding", None), "per_block", False):  # RoPE tables per block: mixed
         raise ValueError(
             f"The checkpoint has learned mixed RoPE frequencies {tuple(freqs.shape)}, but the model is not a mixed "
             "RoPE model: load it into a vit_rope_*_mixed* model."

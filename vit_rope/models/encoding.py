@@ -10,6 +10,7 @@ under ``rope.`` (mixed frequencies ``rope.<block>.freqs``): ``encoding_key`` map
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -26,6 +27,13 @@ def encoding_key(key: str) -> str:
     before every kind lived at ``pos_encoding``) becomes ``pos_encoding.*``, also under an EMA's ``module.``; other
     keys are returned as they are."""
     return re.sub(r"^(module\.)?rope\.", r"\1pos_encoding.", key)
+
+
+def encoding_keys(state: Mapping[str, Any], model: nn.Module) -> dict[str, Any]:
+    """``state`` with ``encoding_key`` applied where ``model`` (or the model an EMA wraps) is ours; as it is for any
+    other model (timm's RoPE-ViT ports keep their frequencies at ``rope.freqs``)."""
+    ours = isinstance(getattr(model, "module", model), PositionEncodingMixin)
+    return {encoding_key(key) if ours else key: value for key, value in state.items()}
 
 
 def resolution_encoding(model: nn.Module) -> PositionEncoding | None:

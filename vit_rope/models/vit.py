@@ -38,9 +38,19 @@ from vit_rope.models.encoding import PositionEncodingMixin
 from vit_rope.models.features import FeatureMixin
 from vit_rope.models.naflex_batch import NaFlexBatch, naflex_batch
 
-# model arguments of earlier versions, refused with their new form
-RENAMED = {"rope_kind": "encoding", "rope_policy": "resolution_policy",
-           "lh_config": "encoding_options={'config': ...} (with encoding='lookhere')"}
+# model arguments of earlier versions: the argument now, and the key their value goes under there (None: as it is)
+RENAMED = {"rope_kind": ("encoding", None), "rope_policy": ("resolution_policy", None),
+           "lh_config": ("encoding_options", "config")}
+
+
+def current_model_args(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """Model arguments that an earlier version saved (a train.py checkpoint's ``model_kwargs``, its config) in
+    today's names; a model called with the earlier names refuses them, naming these."""
+    out = {key: value for key, value in kwargs.items() if key not in RENAMED}
+    for old, (new, key) in RENAMED.items():
+        if old in kwargs:
+            out[new] = kwargs[old] if key is None else {**(out.get(new) or {}), key: kwargs[old]}
+    return out
 
 
 class RoPEVisionTransformer(PositionEncodingMixin, EmbeddingMixin, FeatureMixin, VisionTransformer):
@@ -111,7 +121,12 @@ class RoPEVisionTransformer(PositionEncodingMixin, EmbeddingMixin, FeatureMixin,
         **kwargs: Any,
     ) -> None:
         num_heads, embed_dim = kwargs.get("num_heads", 12), kwargs.get("embed_dim", 768)
-        if renamed := [f"{old} is now {new}" for old, new in RENAMED.items() if old in kwargs]:
+        renamed = [f"{old} is now {new}" + ("" if key is None else f"={{'{key}': ...}}")
+                   for old, (new, key) in RENAMED.items() if old in kwargs]
+        if kwargs.pop("official", None) is not None:  # LookHere's official ViT: what its files need, from the file
+            renamed.append("official is gone: vit_rope.create_from_checkpoint(file) builds the model an official "
+                           "file describes")
+        if renamed:
             raise TypeError(f"{type(self).__name__}: {'; '.join(renamed)}.")
         if embed_dim % num_heads:
             raise ValueError(f"embed_dim={embed_dim} must be divisible by num_heads={num_heads}.")

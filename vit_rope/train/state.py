@@ -16,7 +16,7 @@ import torch.distributed as dist
 from torch import nn
 
 from vit_rope.errors import UserError
-from vit_rope.models.encoding import encoding_key
+from vit_rope.models.encoding import encoding_keys
 from vit_rope.train.distributed import DistEnv
 from vit_rope.weights import atomic_save, unreadable_reason, weights_mismatch
 
@@ -90,8 +90,8 @@ def load_state(module: Any, state: dict[str, Any], what: str, path: str | Path,
                fix: str = "resume with the model and optimizer settings of the run that wrote it") -> None:
     """``module.load_state_dict(state)`` with a mismatch reported as a ``UserError`` naming the checkpoint, the keys
     that do not fit (for a model) and ``fix``."""
-    if isinstance(module, nn.Module):  # a model or its EMA: weights saved before the encoding's rename too
-        state = {encoding_key(key): value for key, value in state.items()}
+    if isinstance(module, nn.Module):  # a model or its EMA: ours saved before the encoding's rename too
+        state = encoding_keys(state, module)
     mismatch = weights_mismatch(module.state_dict(), state) if isinstance(module, nn.Module) else ""
     if mismatch:
         raise UserError(f"the {what} in {path} does not fit this run ({mismatch}); {fix}")

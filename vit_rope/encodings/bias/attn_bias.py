@@ -27,6 +27,7 @@ import torch.nn.functional as F
 from timm.layers import register_notrace_module
 from torch import Tensor
 
+from vit_rope.checks import check_choice
 from vit_rope.encodings.base import BlockInput, EncodingSpec, GridTables, PositionEncoding, Positions, register
 from vit_rope.encodings.bias.lookhere import check_config, head_plan, layer_scales, lookhere_penalty
 from vit_rope.encodings.policies import POSITION_POLICIES, ResolutionPolicy, per_sample
@@ -96,8 +97,7 @@ class AttnBias(PositionEncoding):
                  policy: str | dict | ResolutionPolicy | None = None,
                  config: str | dict[str, Any] | None = None) -> None:
         super().__init__()
-        if kind not in BIAS_KINDS:
-            raise ValueError(f"Unknown attention bias {kind!r}: choose one of {', '.join(BIAS_KINDS)}.")
+        check_choice(kind, BIAS_KINDS, "attention bias")
         if kind != "lookhere" and config is not None:
             raise ValueError(f"config sets LookHere (encoding='lookhere') and does nothing for {kind!r}.")
         self.kind, self.num_heads, self.depth = kind, num_heads, depth

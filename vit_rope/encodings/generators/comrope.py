@@ -33,6 +33,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from vit_rope.checks import check_choice
 from vit_rope.encodings.base import EncodingSpec, GridTables, PositionEncoding, Positions, register
 from vit_rope.encodings.generators.block_rotation import BlockRotation, check_block
 from vit_rope.encodings.policies import ResolutionPolicy, by_grid, grid_units
@@ -75,9 +76,7 @@ class ComRoPE(BlockRotation):
     def __init__(self, kind: str, depth: int, num_heads: int, head_dim: int, train_grid: tuple[int, int],
                  policy: str | dict | ResolutionPolicy | None = None, block_size: int = 8, init_std: float = 1.0,
                  cls_position: float | None = 0.5) -> None:
-        if kind not in COMROPE_KINDS:
-            raise ValueError(f"Unknown ComRoPE kind {kind!r}: choose one of {', '.join(COMROPE_KINDS)}.")
-        self.kind = kind
+        self.kind = check_choice(kind, COMROPE_KINDS, "ComRoPE kind")
         super().__init__(depth, train_grid, policy, cls_position)
         self.block_size = check_block("encoding_options['block_size']", block_size, head_dim)
         num_blocks = head_dim // block_size

@@ -46,6 +46,7 @@ import torch.nn.functional as F
 from timm.layers import register_notrace_module
 from torch import Tensor, nn
 
+from vit_rope.checks import check_choice
 from vit_rope.encodings.base import BlockInput, EncodingSpec, PositionEncoding, Positions, register
 from vit_rope.encodings.policies import ResolutionPolicy, per_sample
 
@@ -185,8 +186,7 @@ class ParabolicEncoding(PositionEncoding):
     def __init__(self, kind: str, depth: int, train_grid: tuple[int, int] | None = None,
                  policy: str | dict | ResolutionPolicy | None = None, parabolas: int | None = None) -> None:
         super().__init__()
-        if kind not in PAPE_KINDS:
-            raise ValueError(f"Unknown parabolic encoding {kind!r}: choose one of {', '.join(PAPE_KINDS)}.")
+        check_choice(kind, PAPE_KINDS, "parabolic encoding")
         if kind == "pape_ri" and parabolas is not None:
             raise ValueError(f"parabolas={parabolas!r} sets PaPE (encoding='pape'); PaPE-RI has one parabola per "
                              "head, in the Euclidean offset: leave it unset.")

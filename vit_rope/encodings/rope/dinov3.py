@@ -32,15 +32,14 @@ import math
 import torch
 from torch import Tensor
 
+from vit_rope.checks import check_choice
+
 NORMALIZE = ("separate", "min", "max")
 
 
 def check_normalize(normalize: str) -> str:
     """Return ``normalize`` if DINOv3 knows it, else raise a ``ValueError`` listing the choices."""
-    if normalize not in NORMALIZE:
-        raise ValueError(f"Unknown DINOv3 coordinate normalisation {normalize!r}: choose one of "
-                         f"{', '.join(NORMALIZE)}.")
-    return normalize
+    return check_choice(normalize, NORMALIZE, "DINOv3 coordinate normalisation")
 
 
 def dinov3_frequencies(head_dim: int, base: float = 100.0, min_period: float | None = None,

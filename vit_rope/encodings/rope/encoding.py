@@ -19,10 +19,11 @@ from typing import Any
 
 from torch import Tensor, nn
 
+from vit_rope.checks import check_choice
 from vit_rope.encodings.base import EncodingSpec, PositionEncoding, Positions, register
 from vit_rope.encodings.policies import ResolutionPolicy
 from vit_rope.encodings.rope.string import CayleyString, StringTables
-from vit_rope.encodings.rope.tables import KINDS, RoPE2D, check_kind
+from vit_rope.encodings.rope.tables import KINDS, RoPE2D
 
 
 class RotaryEncoding(PositionEncoding, nn.ModuleList):
@@ -131,7 +132,7 @@ def _rotary(spec: EncodingSpec) -> PositionEncoding:
     options = dict(spec.rope_options)
     base = options.pop("string_base", None)
     if spec.kind == "string":
-        base = check_kind(base or "axial", what="rope_string_base (the RoPE under Cayley-STRING)")
+        base = check_choice(base or "axial", KINDS, "rope_string_base (the RoPE under Cayley-STRING)")
     elif base is not None:
         raise ValueError(f"rope_string_base={base!r} names the RoPE under Cayley-STRING (encoding='string'); "
                          f"encoding={spec.kind!r} would ignore it: leave it unset.")

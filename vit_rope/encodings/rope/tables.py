@@ -26,6 +26,7 @@ import torch
 from timm.layers import register_notrace_module
 from torch import Tensor, nn
 
+from vit_rope.checks import check_choice
 from vit_rope.encodings.base import image_coords
 from vit_rope.encodings.policies import (
     POLICIES,
@@ -54,14 +55,6 @@ DEFAULT_THETA = {"axial": 100.0, "mixed": 10.0, "golden": 100.0, "dinov3": 100.0
 DEFAULT_POLICY = {"axial": "extrapolate", "mixed": "extrapolate", "golden": "extrapolate", "dinov3": "normalized"}
 # DINOv3's RoPE: coordinates normalised to the grid (its own) or kept at the training step; nothing else applies
 DINOV3_POLICIES = ("normalized", "extrapolate")
-
-
-def check_kind(kind: str, what: str = "RoPE kind") -> str:
-    """Return ``kind`` if it names a RoPE table, else raise a ``ValueError`` that calls it ``what`` and lists them (a
-    model's other kinds: ``vit_rope.encodings.check_kind``)."""
-    if kind not in KINDS:
-        raise ValueError(f"Unknown {what} {kind!r}: choose one of {', '.join(KINDS)}.")
-    return kind
 
 
 def check_theta(theta: float) -> float:
@@ -161,7 +154,7 @@ class RoPE2D(nn.Module):
         grid_offset: float = 0.0,
     ) -> None:
         super().__init__()
-        self.kind = check_kind(kind)
+        self.kind = check_choice(kind, KINDS, "RoPE kind")
         if kind == "dinov3" and grid_offset:
             raise ValueError(f"grid_offset={grid_offset} shifts integer patch positions; DINOv3's RoPE "
                              "(encoding='dinov3') places patch centres in [-1, 1] itself: leave the offset at 0.")
