@@ -31,15 +31,9 @@ def no_description(state_dict: Mapping[str, Any]) -> Description:
 
 @dataclass(frozen=True)
 class Folder:
-    """A format saved as a folder: a config file, which decides the model, beside the weights file.
-
-    Attributes:
-        config_name, weights_name: the two files (``config.json``, ``model.safetensors``).
-        claims: whether a config file's contents are this format's.
-        model: the vit_rope model name and ``timm.create_model`` arguments that a config describes.
-        check_model: raise unless a model is the one a config describes, naming what differs.
-        check_weights: raise unless the weights (a state dict) are those a config describes, naming what differs.
-    """
+    """A format saved as a folder: a config file (``config_name``, whose contents the format ``claims``), which
+    decides the ``model`` (its name and ``timm.create_model`` arguments), beside the weights file (``weights_name``);
+    ``check_model`` and ``check_weights`` raise unless a model or a state dict is what a config describes."""
 
     config_name: str
     weights_name: str
@@ -62,18 +56,10 @@ class Folder:
 
 @dataclass(frozen=True)
 class Format:
-    """A checkpoint format.
-
-    Attributes:
-        name: what users call it; marker: what only its state dicts carry, in words.
-        carries: whether a state dict (a training script's container unwrapped) is in this format.
-        convert: the state dict in our keys and q / k layout for a model, with notes on what was converted; raises a
-            ``ValueError`` naming the model that fits where the model is not one that takes the format.
-        describe: the model a state dict of this format describes, as far as it says.
-        model_args: the arguments any model needs to take such a state dict, whatever its name (LookHere's
-            configuration, which its biases are rebuilt from); none for most formats.
-        folder: how it is saved as a folder, if it is.
-    """
+    """A checkpoint format: its ``name``, the ``marker`` only its state dicts carry (in words, and as ``carries``), its
+    conversion (``convert``: our keys and q / k layout for a model, with notes; a ``ValueError`` naming the model that
+    fits where the model does not take it), the model a state dict ``describe``s, the ``model_args`` any model needs
+    to take one (LookHere's configuration; none for most) and its ``folder``, if it is saved as one."""
 
     name: str
     marker: str

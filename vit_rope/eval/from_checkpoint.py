@@ -1,14 +1,9 @@
 """One loader for every checkpoint vit_rope reads: ``create_from_checkpoint(path, **overrides)`` builds the model a
 file or folder describes and loads it.
 
-What decides the model is the checkpoint's format (``vit_rope.models.formats``: each recognised by its marker, each
-describing its model), or a ``train.py`` checkpoint's own record (its model name, ``model_kwargs`` and training size:
-``load_trained``; EMA weights when it saved them). By format: a folder's config (transformers' DINOv3, PaPE); LookHere's
-``config`` and width; LieRE's tensors' shapes (the training size, which it does not save, 224 px unless ``img_size`` is
-given); DINOv3 files' width, SwiGLU or not and qkv bias; timm's RoPE-ViT ports' and RoPE-ViT's own width, learned
-mixed frequencies or not, and position embedding or not. Files whose keys name no model (timm's ViT and DeiT-III, our
-own state dicts, timm's other Eva families, whose keys the families share) need ``model=``, and the error says so.
-
+What decides the model is the checkpoint's format (``vit_rope.models.formats``: a folder's config, or what a file's
+keys and shapes say), or a ``train.py`` checkpoint's own record (``load_trained``). Files whose keys name no model
+(timm's ViT and DeiT-III, our own state dicts, timm's other Eva families) need ``model=``, and the error says so.
 ``overrides`` are ``timm.create_model`` arguments (``num_classes``, ``img_size``, ``resolution_policy``, ...) and
 ``model=`` the vit_rope model to build where the file does not say or to build another that takes its weights.
 """

@@ -25,7 +25,6 @@ from vit_rope.models.factory import PretrainedLoadError, create_model
 from vit_rope.models.formats import model_args
 from vit_rope.models.load_report import WeightsNotLoadedWarning
 from vit_rope.models.registry import ENCODINGS  # importing it registers the vit_rope_* models
-from vit_rope.models.vit import current_model_args
 from vit_rope.train.state import CHECKPOINT_FORMAT, load_checkpoint
 from vit_rope.weights import (
     UnreadableCheckpointError,
@@ -91,8 +90,7 @@ def load_trained(path: str | Path, use_ema: bool = True) -> EvalModel:
     if missing or "img_size" not in ckpt["config"]:
         raise UserError(f"{path} has no {', '.join(missing) or 'config img_size'}, so its model cannot be rebuilt; "
                         "pass a last.pth or best.pth written by train.py")
-    name, kwargs = ckpt["model_name"], current_model_args(ckpt["model_kwargs"])  # as an earlier version saved them too
-    train_size = int(ckpt["config"]["img_size"])
+    name, kwargs, train_size = ckpt["model_name"], ckpt["model_kwargs"], int(ckpt["config"]["img_size"])
     model = _build(name, {**kwargs, "img_size": train_size, "pretrained": False})
     ema = use_ema and ckpt.get("model_ema") is not None
     weights = encoding_keys(ckpt["model_ema"] if ema else ckpt["model"], model)

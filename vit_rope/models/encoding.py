@@ -1,10 +1,5 @@
-"""The model's side of its position encoding: built from the model's arguments, held at ``model.pos_encoding``.
-
-Every kind is a ``PositionEncoding`` (``vit_rope.encodings``), built by its registered builder from an
-``EncodingSpec``; the model knows no kind by name. The encoding lives at ``pos_encoding`` whatever its kind. RoPE-ViT's
-and timm's checkpoints, and this package's until every kind lived at ``pos_encoding``, keep a RoPE encoding's weights
-under ``rope.`` (mixed frequencies ``rope.<block>.freqs``): ``encoding_key`` maps them, for the loader and for
-``load_state_dict``.
+"""The model's side of its position encoding: built by the kind's registered builder (``vit_rope.encodings``) from
+the model's arguments and held at ``model.pos_encoding`` whatever the kind; the model knows no kind by name.
 """
 
 from __future__ import annotations

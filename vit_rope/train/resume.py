@@ -20,7 +20,6 @@ import torch
 from timm.utils import ModelEmaV3
 
 from vit_rope.errors import UserError
-from vit_rope.models.vit import current_model_args
 from vit_rope.train import engine
 from vit_rope.train import state as train_state
 from vit_rope.train.checks import check_config
@@ -42,17 +41,9 @@ def saved_settings(path: str | Path) -> dict[str, Any]:
     longer has left out), for ``--resume`` without ``-c``; ``output`` is the checkpoint's folder, wherever the run was
     started from or the folder has moved since."""
     saved = train_state.load_checkpoint(path, mmap=True).get("config") or {}
-    settings = _typed(saved, path)
+    settings = typed(saved, f"in the config saved in {path}")
     settings.pop("resume", None)
     return {**settings, "output": str(Path(path).parent)}
-
-
-def _typed(saved: dict[str, Any], path: str | Path) -> dict[str, Any]:
-    """A checkpoint's saved config typed, its model arguments in today's names (as an earlier version saved them)."""
-    settings = typed(saved, f"in the config saved in {path}")
-    if settings.get("model_kwargs"):
-        settings["model_kwargs"] = current_model_args(settings["model_kwargs"])
-    return settings
 
 
 def reconcile(cfg: Config, resume: dict[str, Any], warn: bool = True) -> Config:
@@ -63,8 +54,8 @@ def reconcile(cfg: Config, resume: dict[str, Any], warn: bool = True) -> Config:
     if not resume.get("config"):  # a checkpoint without its config: nothing to compare
         return cfg
     defaults = Config()
-    saved = {field.name: getattr(defaults, field.name) for field in dataclasses.fields(Config)} | _typed(
-        resume["config"], cfg.resume)
+    saved = {field.name: getattr(defaults, field.name) for field in dataclasses.fields(Config)} | typed(
+        resume["config"], f"in the config saved in {cfg.resume}")
     differ = [key for key, value in saved.items() if key not in FREE_KEYS and getattr(cfg, key) != value]
     if not differ:
         return cfg

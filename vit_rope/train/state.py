@@ -17,6 +17,7 @@ from torch import nn
 
 from vit_rope.errors import UserError
 from vit_rope.models.encoding import encoding_keys
+from vit_rope.models.vit import current_model_args
 from vit_rope.train.distributed import DistEnv
 from vit_rope.weights import atomic_save, unreadable_reason, weights_mismatch
 
@@ -66,7 +67,8 @@ def load_checkpoint(path: str | Path, mmap: bool = False) -> dict[str, Any]:
 
     Loads with ``weights_only=True``: no code from the file is executed. A truncated or corrupt file is a
     ``UserError`` that says so (``vit_rope.weights.unreadable_reason``). ``mmap``: tensors are read only
-    when touched, for a caller that wants the saved config alone.
+    when touched, for a caller that wants the saved config alone. Model arguments an earlier version saved
+    (``rope_kind``, ...) come back in today's names.
     """
     if not Path(path).is_file():
         what = "is a folder" if Path(path).is_dir() else "does not exist"
@@ -83,6 +85,9 @@ def load_checkpoint(path: str | Path, mmap: bool = False) -> dict[str, Any]:
     if not isinstance(ckpt, dict) or ckpt.get("format") != CHECKPOINT_FORMAT:
         raise UserError(f"{path} is not a vit-rope training checkpoint (no format '{CHECKPOINT_FORMAT}'); "
                         "pass last.pth or best.pth written by train.py")
+    for saved in (ckpt, ckpt.get("config") or {}):  # model arguments an earlier version saved, in today's names
+        if saved.get("model_kwargs"):
+            saved["model_kwargs"] = current_model_args(saved["model_kwargs"])
     return ckpt
 
 
