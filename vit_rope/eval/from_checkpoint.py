@@ -52,10 +52,9 @@ def create_from_checkpoint(path: str | Path, model: str | None = None, **overrid
         name, args = describe(weights)
     if model is None and name is None:
         raise ValueError(f"The keys of {path} do not say which model it is (timm's ViT or DeiT-III, an axial RoPE-ViT "
-                         "port, a vit_rope state dict, one of timm's Eva families, which share their keys, a width "
-                         "of no registered size, or a folder's weights without its config.json): pass model= and the "
-                         "arguments that differ, e.g. create_from_checkpoint(path, model='vit_rope_small_patch16_"
-                         "axial_224').")
+                         "port, a vit_rope state dict, timm's Eva families, which share their keys, a width of no "
+                         "registered size, a folder's weights without its config.json): pass model= and the arguments "
+                         "that differ, e.g. model='vit_rope_small_patch16_axial_224'.")
     # the file's class count in the overlay too: timm keeps the file's classifier, or starts a new one (with a
     # warning) where overrides ask for another count
     overlay = dict(file=str(weights), custom_load=False, **{k: v for k, v in args.items() if k == "num_classes"})

@@ -6,9 +6,8 @@ checkpoints, timm's ViT / DeiT-III to fine-tune with RoPE, DINOv3 as timm, Meta 
 carries and converted by it; here are the renames every format shares (LayerScale ``gamma_1/2``, mixed frequencies
 as one tensor ``[2, depth, nh, D/2]`` or RoPE-ViT's ``[2, depth, nh*D/2]``, the encoding under ``rope.``), what a
 checkpoint lacks (RoPE frequencies keep their initialisation, a missing LayerScale becomes the identity, a STRING basis
-the identity) and the position embedding, dropped or resampled by variant.
-
-Nothing that depends on the input resolution is loaded: RoPE tables are rebuilt for every input.
+the identity) and the position embedding, dropped or resampled by variant. Nothing that depends on the input
+resolution is loaded (``vit_rope.weights.ROPE_BUFFERS``): RoPE tables are rebuilt for every input.
 
 Weights that a checkpoint lacks and that are initialised instead are never silent: every entry point warns
 (``WeightsNotLoadedWarning``) and leaves a ``LoadReport`` on the model as ``model.load_report``
@@ -40,9 +39,7 @@ from vit_rope.models.load_report import (
     report,
     warn_initialised,
 )
-from vit_rope.weights import read_weights, unwrap_state_dict, weights_mismatch
-
-_DROPPED = re.compile(r"^(freqs_t_[xy]|freqs_cis|rope\.(bands|pos_embed.*|t_[xy]))$")  # resolution-dependent buffers
+from vit_rope.weights import ROPE_BUFFERS, read_weights, unwrap_state_dict, weights_mismatch
 
 
 def _split_mixed_freqs(freqs: Tensor, model: nn.Module) -> dict[str, Tensor]:
@@ -73,7 +70,7 @@ def _convert(state_dict: dict[str, Any], model: nn.Module
     out: dict[str, Tensor] = {}
     dropped: tuple[str, ...] = ()
     for key, value in state_dict.items():
-        if _DROPPED.match(key):
+        if ROPE_BUFFERS.match(key):
             continue
         if key in ("rope.freqs", "freqs"):
             out.update(_split_mixed_freqs(value, model))

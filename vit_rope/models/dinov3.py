@@ -32,6 +32,7 @@ from torch import Tensor, nn
 
 from vit_rope.encodings.rope.dinov3 import permute_qk_rows, qk_permutation
 from vit_rope.models.widths import width
+from vit_rope.weights import ROPE_BUFFERS
 
 SIZES = ("small", "small_plus", "base", "large")  # timm's vit_*_patch16_dinov3[_qkvb]
 # DINOv3's pretraining size: Meta's train configs crop 256 px (dinov3/configs/train/dinov3_vitl16_lvd1689m_distilled
@@ -85,7 +86,7 @@ def fuse_qkv_bias(q_bias: Tensor, v_bias: Tensor, k_bias: Tensor | None = None) 
 
 
 _META_SWIGLU = {"w1": "fc1_g", "w2": "fc1_x", "w3": "fc2"}
-_DROPPED = re.compile(r"(^mask_token$|^rope_embed\.|^rope\.|\.bias_mask$|^local_cls_norm\.)")
+_DROPPED = re.compile(r"(^mask_token$|\.bias_mask$|^local_cls_norm\.)")  # masking (pretraining), Meta's extra norm
 
 
 def from_dinov3(state_dict: dict[str, Tensor], num_heads: int) -> dict[str, Tensor]:
@@ -93,8 +94,8 @@ def from_dinov3(state_dict: dict[str, Tensor], num_heads: int) -> dict[str, Tens
     timm's LayerScale names, which ``vit_rope.models.checkpoint`` renames for every timm source."""
     out: dict[str, Tensor] = {}
     for key, value in state_dict.items():
-        if _DROPPED.search(key) or key.endswith(("attn.k_bias", "attn.v_bias")):  # they join q_bias below
-            continue
+        if ROPE_BUFFERS.match(key) or _DROPPED.search(key) or key.endswith(("attn.k_bias", "attn.v_bias")):
+            continue  # the k and v biases join q_bias below
         key = key.replace("storage_tokens", "reg_token")  # gamma_1/2 -> ls1/2.gamma: checkpoint's generic rename
         key = re.sub(r"\.mlp\.(w[123])\.", lambda m: f".mlp.{_META_SWIGLU[m.group(1)]}.", key)
         if key.endswith("attn.q_bias"):  # timm: q and v biases, the key bias a zero buffer (HF may train one)

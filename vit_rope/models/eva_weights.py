@@ -24,9 +24,9 @@ from torch import Tensor, nn
 from vit_rope.encodings.rope.dinov3 import permute_qk_rows, qk_permutation
 from vit_rope.models.dinov3 import fuse_qkv_bias
 from vit_rope.models.eva_families import FAMILIES, twin_name
+from vit_rope.weights import ROPE_BUFFERS
 
 EVA_LAYOUTS = ("eva_ij", "eva_xy", "rotate_half")  # rotate_half: Sapiens2 (DINOv3's own twins go through dinov3.py)
-_DROPPED = re.compile(r"(^rope\.|\.attn\.k_bias$)")
 _SEPARATE = re.compile(r"^(blocks\.\d+\.attn\.)([qkv])_proj\.(weight|bias)$")
 
 
@@ -46,7 +46,7 @@ def from_eva(state_dict: dict[str, Tensor], model: nn.Module) -> tuple[dict[str,
     separate: dict[str, dict[str, Tensor]] = {}
     notes: set[str] = set()
     for key, value in state_dict.items():
-        if _DROPPED.search(key):
+        if ROPE_BUFFERS.match(key) or key.endswith(".attn.k_bias"):
             notes.add("RoPE buffers dropped (rebuilt per input)")
             continue
         match = _SEPARATE.match(key)
