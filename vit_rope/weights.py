@@ -35,16 +35,16 @@ def no_description(state_dict: Mapping[str, Any]) -> Description:
 
 @dataclass(frozen=True)
 class Folder:
-    """A format saved as a folder: a config file (``config_name``, whose contents the format ``claims``), which
-    decides the ``model`` (its name and ``timm.create_model`` arguments), beside the weights file (``weights_name``);
-    ``check_model`` and ``check_weights`` raise unless a model or a state dict is what a config describes."""
+    """A format saved as a folder: a config file (``config_name``, whose contents it ``claims``) that decides the
+    ``model`` (name, ``timm.create_model`` arguments) beside the weights (``weights_name``); ``check_model`` and
+    ``check_weights`` (or ``None``) raise unless a model or a state dict is what a config describes."""
 
     config_name: str
     weights_name: str
     claims: Callable[[dict[str, Any]], bool]
     model: Callable[[dict[str, Any]], tuple[str, dict[str, Any]]]
     check_model: Callable[[dict[str, Any], nn.Module], None]
-    check_weights: Callable[[dict[str, Any], dict[str, Any]], None] = lambda config, state_dict: None
+    check_weights: Callable[[dict[str, Any], dict[str, Any]], None] | None = None
 
     def config(self, path: str | Path) -> dict[str, Any] | None:
         """The config of the folder ``path`` (or beside its weights file), or ``None`` where there is none or it is

@@ -21,8 +21,7 @@ from vit_rope.encodings.rope.tables import RoPE2D
 # the kinds' official checkpoint formats (vit_rope.models.formats holds them with the others)
 FORMATS = (lookhere_weights.FORMAT, pape_weights.FORMAT, liere_weights.FORMAT)
 # RoPE kinds first, then the others in the order their families registered them
-KINDS = (*(kind for kind, entry in REGISTRY.items() if entry.rope), *(kind for kind, entry in REGISTRY.items() if not
-entry.rope))
+KINDS = tuple(sorted(REGISTRY, key=lambda kind: not REGISTRY[kind].rope))  # a stable sort: registration order kept
 
 
 def check_kind(kind: str) -> str:

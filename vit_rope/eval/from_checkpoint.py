@@ -36,11 +36,11 @@ def create_from_checkpoint(path: str | Path, model: str | None = None, **overrid
     if not path.exists():
         raise FileNotFoundError(f"No checkpoint at {path}: give a weights file, a train.py checkpoint or a folder "
                                 "with its config.json (transformers' DINOv3, PaPE's official classifiers).")
-    folder = folder_format(path) if model is None else None
+    fmt, config = (folder_format(path) if model is None else None) or (None, None)
     weights = weights_in(path)  # a folder's weights file
-    if folder is not None:  # its config describes the model, and the weights are checked against the config
-        fmt, config = folder
-        fmt.folder.check_weights(config, read_weights(weights))
+    if fmt is not None:  # its config describes the model, and the weights are checked against the config
+        if fmt.folder.check_weights is not None:  # read here only where the config says what the weights must be
+            fmt.folder.check_weights(config, read_weights(weights))
         name, args = fmt.folder.model(config)
     elif is_training_checkpoint(weights):
         if model is not None or overrides:

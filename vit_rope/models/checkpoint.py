@@ -206,11 +206,12 @@ def load_weights(model: nn.Module, path: str | Path | Mapping[str, Any]) -> Load
     """
     if isinstance(path, Mapping):
         return load_state_dict(model, dict(path))
-    state_dict = read_weights(weights_in(path))
-    folder = folder_format(path)
-    if folder is not None:  # its config describes the model: checked against it and against the weights
-        fmt, config = folder
+    weights = weights_in(path)
+    fmt, config = folder_format(path) or (None, None)
+    if fmt is not None:  # its config describes the model: checked against it, then against the weights
         fmt.folder.check_model(config, model)
+    state_dict = read_weights(weights)
+    if fmt is not None and fmt.folder.check_weights is not None:
         fmt.folder.check_weights(config, state_dict)
     return load_state_dict(model, state_dict, path)
 
