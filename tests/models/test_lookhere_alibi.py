@@ -1,6 +1,6 @@
-"""The attention-bias models (LookHere, 2D-ALiBi) through timm and NaFlex batches: registered names, each sample of a
-mixed-aspect batch equal to its image alone, logits that only offsets move (sparse and shifted coordinates included),
-the bounded table cache across sizes and grad modes, the policies, and the errors for bad configurations."""
+"""The attention-bias models (LookHere, 2D-ALiBi, FIRE) through timm and NaFlex batches: registered names, each
+sample of a mixed-aspect batch equal to its image alone, logits that only offsets move (sparse and shifted coordinates
+included), the bounded table cache across sizes and grad modes, the policies, and the errors for bad configurations."""
 
 from __future__ import annotations
 
@@ -23,6 +23,7 @@ KINDS = {  # name -> (model, extra kwargs)
     "lh45_regs": ("vit_rope_tiny_patch16_lookhere_224", {"encoding_options": {"config": "lh45"}, "reg_tokens": 2}),
     "lh_center_max": ("vit_rope_tiny_patch16_lookhere_224", {"encoding_options": {"config": dict(
         global_slope=1.0, layer_slopes=[1.0, 0.5], head_directions="center", distance="sqrt", fill_with="max")}}),
+    "fire": ("vit_rope_tiny_patch16_fire_224", {"reg_tokens": 1}),
 }
 
 
@@ -42,7 +43,7 @@ def test_every_kind_is_registered_at_tiny_small_and_base() -> None:
 
 
 @pytest.mark.parametrize("kind,policy", [(k, "extrapolate") for k in KINDS]
-                         + [("alibi", "interpolate"), ("lh45_regs", "interpolate")])
+                         + [("alibi", "interpolate"), ("lh45_regs", "interpolate"), ("fire", "interpolate")])
 def test_each_sample_of_a_mixed_batch_equals_its_image_alone(kind: str, policy: str) -> None:
     model = build(kind, policy)
     logits, batch = samples_equal_images(model)
@@ -53,7 +54,8 @@ def test_each_sample_of_a_mixed_batch_equals_its_image_alone(kind: str, policy: 
     assert logits.abs().max() > 0.1
 
 
-@pytest.mark.parametrize("kind", list(KINDS))
+# FIRE also reads the grid's size, which a NaFlex batch takes from its coordinates (tests/encodings/test_fire.py)
+@pytest.mark.parametrize("kind", [kind for kind in KINDS if kind != "fire"])
 def test_only_offsets_move_the_logits_of_sparse_shifted_samples(kind: str) -> None:
     """Prefix tokens are unbiased, so the whole output depends on offsets only (for RoPE, whose unrotated class token
     meets rotated patches, only the patch-patch logits do)."""

@@ -1,8 +1,9 @@
 """The position encodings: one interface (``base``: ``PositionEncoding``, ``BlockInput``, ``Positions``, the registry)
 and one module or small subpackage per family, each holding its encodings, their options, builders and official
-checkpoint formats: ``rope`` (RoPE tables and Cayley-STRING over them), ``bias`` (LookHere, 2D-ALiBi), ``generators``
-(ComRoPE, LieRE), ``pape`` (PaPE, PaPE-RI); ``ape`` (the +APE models' table) and ``policies`` (resolution policies)
-serve them all. Importing the package registers every kind; ``build`` makes the encoding a model describes.
+checkpoint formats: ``rope`` (RoPE tables and Cayley-STRING over them), ``bias`` (LookHere, 2D-ALiBi, FIRE),
+``generators`` (ComRoPE, LieRE), ``pape`` (PaPE, PaPE-RI); ``ape`` (the +APE models' table) and ``policies``
+(resolution policies) serve them all. Importing the package registers every kind; ``build`` makes the encoding a
+model describes.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import inspect
 
 from vit_rope.checks import check_choice
 from vit_rope.encodings.base import REGISTRY, EncodingSpec, PositionEncoding
-from vit_rope.encodings.bias import attn_bias, lookhere_weights  # noqa: F401  (imports register the kinds)
+from vit_rope.encodings.bias import attn_bias, fire, lookhere_weights  # noqa: F401  (imports register the kinds)
 from vit_rope.encodings.generators import comrope, liere, liere_weights  # noqa: F401
 from vit_rope.encodings.pape import encoding as pape_encoding  # noqa: F401
 from vit_rope.encodings.pape import weights as pape_weights

@@ -61,6 +61,12 @@ class BlockInput:
         may come back wider than ``D``, v padded to their width (attention keeps the first ``D`` channels)."""
         return q, k, v
 
+    def attend(self, attn: RoPEAttention, q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None,
+               is_causal: bool) -> Tensor | None:
+        """Attention ``[B, nh, N, D]`` computed in a form of the encoding's own (a bias read without its ``[nh, N,
+        N]`` matrix: ``vit_rope.layers.offset_bias``), or ``None``: attention's, with ``bias`` if any."""
+        return None
+
 
 def plain_projection(attn: RoPEAttention, x: Tensor) -> bool:
     """Whether a ``BlockInput`` may compute ``attn``'s projection of ``x`` in a form of its own (``project``) from
@@ -215,12 +221,17 @@ class RoPEAttention(Attention):
         B, N, _ = x.shape
         gate = self.gate(x).sigmoid() if self.gate is not None else None
         q, k, v = self.project(x, encoding)
+        attended: Tensor | None = None
         bias: Tensor | None = None
         bias_scale = 1.0
         if not torch.jit.is_scripting():
             if isinstance(encoding, BlockInput):
-                bias, bias_scale = encoding.bias, encoding.bias_scale
-        if bias is not None:
+                attended = encoding.attend(self, q, k, v, attn_mask, is_causal)
+                if attended is None:
+                    bias, bias_scale = encoding.bias, encoding.bias_scale
+        if attended is not None:
+            x = attended
+        elif bias is not None:
             x = self._biased(q, k, v, bias, bias_scale, attn_mask, is_causal)
         elif self.fused_attn:
             x = F.scaled_dot_product_attention(

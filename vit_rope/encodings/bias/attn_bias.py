@@ -5,11 +5,14 @@
 - **LookHere** (Fuller et al., NeurIPS 2024, arXiv:2405.13985): directed masks and distance penalties per head, with
   a slope per layer (``vit_rope.encodings.bias.lookhere``).
 
-Both are a penalty table ``[H, N, N]`` of the patch positions times one scale per layer, so the model builds the
-table once per forward and every block adds ``scale * table`` to its logits (``RoPEAttention``). Prefix tokens
-(class, registers) are neither biased nor penalised: their rows and columns are 0. The table of an image batch's grid
-is kept in a small cache (``AttnBias.CACHE_SIZE`` grids), keyed by grid, prefix count, device, policy and inference
-mode; a NaFlex batch or per-image positions (coordinate augmentation, patch dropout) build theirs per forward.
+Both are a penalty of the offset between two patches times one scale per layer. On an image batch's grid the model
+builds one table per offset, ``[H, 2h - 1, 2w - 1]``, and attention reads it without an ``[H, N, N]`` matrix
+(``vit_rope.layers.offset_bias``: time and memory grow as attention's); the tables of the last two grids are kept,
+keyed by grid, prefix count, device, policy and inference mode. A NaFlex batch,
+per-image positions (coordinate augmentation, patch dropout), LookHere's ``center`` heads (a distance to the image's
+middle, not an offset) and graph captures (export, FX, torch.compile) build the dense penalties ``[1 or B, H, N, N]``
+of the positions per forward. Prefix tokens (class, registers) are neither biased nor penalised: their rows and
+columns are 0.
 
 Resolution policies: ``extrapolate`` keeps patch positions as they are (the penalty grows with the image);
 ``interpolate`` scales them per axis by training / input grid size (neighbours ``1 / s`` apart), so distances
@@ -29,9 +32,17 @@ from torch import Tensor
 
 from vit_rope.checks import check_choice
 from vit_rope.encodings.base import BlockInput, EncodingSpec, GridTables, PositionEncoding, Positions, register
-from vit_rope.encodings.bias.lookhere import check_config, head_plan, layer_scales, lookhere_penalty
-from vit_rope.encodings.policies import POSITION_POLICIES, ResolutionPolicy, per_sample
+from vit_rope.encodings.bias.lookhere import (
+    check_config,
+    head_plan,
+    layer_scales,
+    lookhere_penalty,
+    offset_penalty,
+    scaled_offsets,
+)
+from vit_rope.encodings.policies import POSITION_POLICIES, ResolutionPolicy
 from vit_rope.layers.capture import capturing
+from vit_rope.layers.offset_bias import OffsetBias, offset_grid
 
 BIAS_KINDS = ("lookhere", "alibi")
 
@@ -47,20 +58,24 @@ def alibi_slopes(num_heads: int) -> Tensor:
     return torch.tensor(slopes, dtype=torch.float32)
 
 
-def alibi_penalty(positions: Tensor, slopes: Tensor) -> Tensor:
-    """2D-ALiBi penalties ``[..., H, N, N]`` = slope times Euclidean distance, for positions ``[..., N, 2]``."""
-    pos = positions.float()
-    dist = (pos[..., None, :, :] - pos[..., :, None, :]).square().sum(-1).sqrt()  # [..., N, N]
+def alibi_penalty(positions: Tensor, slopes: Tensor, scale: Tensor | None = None) -> Tensor:
+    """2D-ALiBi penalties ``[..., H, N, N]`` = slope times Euclidean distance, for positions ``[..., N, 2]`` (their
+    offsets times ``scale`` ``[1 or B, 2]``, the policy's, if given)."""
+    return offset_alibi(scaled_offsets(positions, scale), slopes)
+
+
+def offset_alibi(offsets: Tensor, slopes: Tensor) -> Tensor:
+    """2D-ALiBi penalties ``[..., H, Q, K]`` of key-minus-query offsets ``[..., Q, K, 2]``."""
+    dist = offsets.square().sum(-1).sqrt()  # [..., Q, K]
     return slopes.to(dist.device)[:, None, None] * dist[..., None, :, :]
 
 
-def policy_positions(positions: Tensor, grids: Tensor, train_grid: tuple[int, int] | None, policy: str) -> Tensor:
-    """Positions ``[N, 2]`` or ``[B, N, 2]`` (x, y) as the policy places them on the grids ``grids`` ``[1 or B, 2]``
-    (h, w): as they are, or (``interpolate``) scaled per axis by training / input grid size."""
+def policy_scale(grids: Tensor, train_grid: tuple[int, int] | None, policy: str) -> Tensor | None:
+    """What the policy multiplies offsets by per grid ``grids`` ``[1 or B, 2]`` (h, w): ``[1 or B, 2]`` (x, y)
+    training / input grid size under ``interpolate``, ``None`` (as they are) otherwise."""
     if policy != "interpolate" or train_grid is None:
-        return positions
-    scale = positions.new_tensor([train_grid[1], train_grid[0]]) / grids.flip(-1).to(positions.dtype)  # [b, 2]
-    return positions * per_sample(scale, positions)
+        return None
+    return torch.tensor([train_grid[1], train_grid[0]], device=grids.device) / grids.flip(-1).float()
 
 
 def pad_prefix(table: Tensor, num_prefix_tokens: int) -> Tensor:
@@ -90,7 +105,7 @@ class AttnBias(PositionEncoding):
             official dict; ``None`` is ``lh180`` (the model's ``encoding_options={"config": ...}``).
     """
 
-    CACHE_SIZE = 2
+    CACHE_SIZE = 4  # two grids: each its offset tables and the dense matrices built from them
     policies = POSITION_POLICIES
 
     def __init__(self, kind: str, num_heads: int, depth: int, train_grid: tuple[int, int] | None = None,
@@ -114,27 +129,45 @@ class AttnBias(PositionEncoding):
             self.config = None
             self.layer_specs = ["alibi"] * depth
             self.scales = [-1.0] * depth
+        plans = [head_plan(spec, num_heads)[0] for spec in self.layer_specs if spec != "alibi"]
+        self.by_offset = not any("center" in dirs for plan in plans for dirs in plan)
 
     def refusal(self, policy: str) -> str:
         return (f"Policy {policy!r} does not apply to {self.kind}, an attention bias: ntk, yarn and normalized "
                 "rescale RoPE frequencies, which it has none of. Use 'extrapolate' (positions as they are) or "
                 "'interpolate' (positions scaled to the training grid).")
 
-    def _penalties(self, positions: Tensor, valid: Tensor | None) -> dict[str, Tensor]:
+    def _penalties(self, positions: Tensor, valid: Tensor | None, scale: Tensor | None) -> dict[str, Tensor]:
         """One penalty table ``[..., H, N, N]`` per distinct layer spec."""
         out = {}
         for spec in dict.fromkeys(self.layer_specs):
             if spec == "alibi":
-                out[spec] = alibi_penalty(positions, alibi_slopes(self.num_heads))
+                out[spec] = alibi_penalty(positions, alibi_slopes(self.num_heads), scale)
             else:
                 cfg = self.config
                 out[spec] = lookhere_penalty(positions, *head_plan(spec, self.num_heads), cfg["distance"],
-                                             cfg["fill_with"], valid)
+                                             cfg["fill_with"], valid, scale)
+        return out
+
+    def _offset_tables(self, grid: tuple[int, int]) -> dict[str, Tensor]:
+        """One table per offset ``[H, 2h - 1, 2w - 1]`` per distinct layer spec, for an image batch's grid."""
+        h, w = grid
+        offsets = offset_grid(h, w, self.anchor.device).float()[None]  # [1, M, 2] (dx, dy): one query
+        scale = policy_scale(torch.tensor([[h, w]], device=offsets.device), self.train_grid, self.policy_name)
+        offsets = offsets if scale is None else offsets * scale[0]
+        out = {}
+        for spec in dict.fromkeys(self.layer_specs):
+            if spec == "alibi":
+                table = offset_alibi(offsets, alibi_slopes(self.num_heads))
+            else:
+                cfg = self.config
+                table = offset_penalty(offsets, *head_plan(spec, self.num_heads), cfg["distance"], cfg["fill_with"])
+            out[spec] = table.reshape(-1, 2 * h - 1, 2 * w - 1)
         return out
 
     def _layers(self, positions: Positions, num_prefix_tokens: int) -> list[Tensor]:
-        placed = policy_positions(positions.coords, positions.grids, self.train_grid, self.policy_name)
-        penalties = self._penalties(placed, positions.valid)
+        scale = policy_scale(positions.grids, self.train_grid, self.policy_name)
+        penalties = self._penalties(positions.coords, positions.valid, scale)
         tables = {spec: pad_prefix(t if t.dim() == 4 else t[None], num_prefix_tokens) for spec, t in penalties.items()}
         return [tables[spec] for spec in self.layer_specs]
 
@@ -149,6 +182,14 @@ class AttnBias(PositionEncoding):
         return self._cache.get(key, lambda: self._layers(positions, num_prefix_tokens))
 
     def block_inputs(self, positions: Positions, num_prefix_tokens: int) -> list[Any]:
+        grid = positions.grid
+        if self.by_offset and grid is not None and not capturing(positions.coords) and positions.coords.dim() == 2:
+            key = (int(grid[0]), int(grid[1]), str(self.anchor.device), self.policy_name,
+                   torch.is_inference_mode_enabled())
+            offsets = self._cache.get(("offsets", *key), lambda: self._offset_tables(grid))
+            dense = self._cache.get(("dense", num_prefix_tokens, *key), lambda: {spec: {} for spec in offsets})
+            return [OffsetBias(offsets[spec], scale, grid, num_prefix_tokens, dense[spec]) if scale else None
+                    for spec, scale in zip(self.layer_specs, self.scales, strict=True)]
         tables = self(positions, num_prefix_tokens)
         # indexed, not iterated: FX records the tables as one call whose items it can index but not unpack
         return [Bias(tables[i], scale) if scale else None for i, scale in enumerate(self.scales)]

@@ -24,6 +24,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from vit_rope.encodings.policies import per_sample
+
 # Each group gives 4 heads their fields of view; a head's view is the intersection of its tokens' views. "up" is
 # towards smaller y (the top row), as images are stored. "tri_*" are 90-degree cones, "diag_a_b" the union of two.
 DIRECTION_GROUPS: dict[str, tuple[tuple[str, ...], ...]] = {
@@ -153,7 +155,8 @@ def _hidden(token: str, dx: Tensor, dy: Tensor) -> Tensor:
 
 
 def lookhere_penalty(positions: Tensor, directions: tuple[tuple[str, ...], ...], slopes: tuple[float, ...],
-                     distance: str = "linear", fill_with: str = "inf", valid: Tensor | None = None) -> Tensor:
+                     distance: str = "linear", fill_with: str = "inf", valid: Tensor | None = None,
+                     scale: Tensor | None = None) -> Tensor:
     """Penalties ``[..., H, N, N]`` (>= 0, ``inf`` where a head does not look) of patches at ``positions``
     ``[..., N, 2]`` (x, y), before the layer and global slopes.
 
@@ -165,22 +168,48 @@ def lookhere_penalty(positions: Tensor, directions: tuple[tuple[str, ...], ...],
         fill_with: what hidden keys get: ``inf`` (masked), ``zero`` (no penalty) or ``max`` (the largest penalty of
             the head on that image).
         valid: ``[..., N]`` real patches (NaFlex); padding is left out of ``center`` and ``max``.
+        scale: ``[1 or B, 2]`` what the resolution policy multiplies offsets (and distances to the middle) by.
     """
     pos = positions.float()
-    offsets = pos[..., None, :, :] - pos[..., :, None, :]  # [..., N(query), N(key), 2], key minus query
+    if valid is None:
+        valid = torch.ones(pos.shape[:-1], dtype=torch.bool, device=pos.device)
+    center = None
+    if any("center" in dirs for dirs in directions):  # the middle of the image's patches (their bounding box)
+        lo = pos.masked_fill(~valid[..., None], float("inf")).amin(-2, keepdim=True)
+        hi = pos.masked_fill(~valid[..., None], float("-inf")).amax(-2, keepdim=True)
+        middle = pos - (lo + hi) / 2
+        center = (middle if scale is None else middle * per_sample(scale, pos)).norm(dim=-1)[..., None, :]  # [.., 1, N]
+    offsets = scaled_offsets(pos, scale)  # [..., N(query), N(key), 2], key minus query
+    return offset_penalty(offsets, directions, slopes, distance, fill_with, center,
+                          valid[..., :, None] & valid[..., None, :])
+
+
+def scaled_offsets(positions: Tensor, scale: Tensor | None) -> Tensor:
+    """Key-minus-query offsets ``[..., N, N, 2]`` of positions ``[..., N, 2]``, times ``scale`` ``[1 or B, 2]``
+    after the difference: the same value for every pair at the same offset, to the bit, as a table per offset has."""
+    pos = positions.float()
+    offsets = pos[..., None, :, :] - pos[..., :, None, :]
+    return offsets if scale is None else offsets * per_sample(scale, pos).unsqueeze(-2)
+
+
+def offset_penalty(offsets: Tensor, directions: tuple[tuple[str, ...], ...], slopes: tuple[float, ...],
+                   distance: str = "linear", fill_with: str = "inf", center: Tensor | None = None,
+                   pairs: Tensor | None = None) -> Tensor:
+    """Penalties ``[..., H, Q, K]`` of key-minus-query offsets ``[..., Q, K, 2]`` (``lookhere_penalty``'s
+    arguments); ``center`` ``[..., 1, K]`` each key's distance to the image's middle (``center`` heads), ``pairs``
+    ``[..., Q, K]`` the real pairs that ``max`` takes its largest penalty over (default: all). On the offsets of a
+    grid (``vit_rope.layers.offset_bias.offset_grid``), the table attention reads per offset."""
     dx, dy = offsets.unbind(-1)
     dist = offsets.square().sum(-1)  # squared, so that "square" needs no sqrt
     dist = {"linear": dist.sqrt(), "sqrt": dist.sqrt().sqrt(), "square": dist}[distance]
-    if valid is None:
-        valid = torch.ones(pos.shape[:-1], dtype=torch.bool, device=pos.device)
     heads = []
     for dirs, slope in zip(directions, slopes, strict=True):
         if "zero" in dirs:
             value = torch.zeros_like(dist)
-        elif "center" in dirs:  # the middle of the image's patches (their bounding box), for every query
-            lo = pos.masked_fill(~valid[..., None], float("inf")).amin(-2, keepdim=True)
-            hi = pos.masked_fill(~valid[..., None], float("-inf")).amax(-2, keepdim=True)
-            value = (pos - (lo + hi) / 2).norm(dim=-1)[..., None, :].expand_as(dist)
+        elif "center" in dirs:
+            if center is None:
+                raise ValueError("LookHere's center heads need the patch positions, not only their offsets.")
+            value = center.expand_as(dist)
         else:
             value = dist
         hidden = torch.zeros_like(dist, dtype=torch.bool)
@@ -190,13 +219,12 @@ def lookhere_penalty(positions: Tensor, directions: tuple[tuple[str, ...], ...],
         if fill_with == "inf":
             value = value.masked_fill(hidden, float("inf"))
         elif fill_with == "max":
-            pairs = valid[..., :, None] & valid[..., None, :]
-            top = value.masked_fill(~pairs, 0).amax((-2, -1), keepdim=True)
+            top = (value if pairs is None else value.masked_fill(~pairs, 0)).amax((-2, -1), keepdim=True)
             value = torch.where(hidden, top, value)
         else:
             value = value.masked_fill(hidden, 0.0)
         heads.append(value * slope)
-    return torch.stack(heads, dim=-3)  # [..., H, N, N]
+    return torch.stack(heads, dim=-3)  # [..., H, Q, K]
 
 
 def layer_scales(config: dict[str, Any], depth: int) -> list[float]:

@@ -1,0 +1,39 @@
+"""Smoke run of ``benchmarks/scaling.py --smoke``: axial, LookHere and timm's APE DeiT-III in their own worker
+processes at 32 and 64 px (inference) and 64 px (training) write every row with positive seconds and memory, axial's
+ratios 1, and the plot; and a row's targets read PASS, MISS, or MISS where the model failed."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+from benchmarks import scaling
+
+
+def test_the_smoke_run_writes_every_row_and_the_plot(tmp_path: Path) -> None:
+    out, png = tmp_path / "scaling.json", tmp_path / "scaling.png"
+    assert scaling.main(["--smoke", "--json", str(out), "--plot", str(png)]) == 0
+    result = json.loads(out.read_text())
+    assert result["complete"] and len(result["targets"]) == len(scaling.TARGETS)
+    assert "/" not in result["machine"]["command"].split("--json ")[1].split()[0]  # no machine path
+    rows = {(row["kind"], row["mode"], row["img_size"]): row for row in result["rows"]}
+    assert set(rows) == {(kind, mode, size) for kind in ("axial", "lookhere", "ape")
+                         for mode, size in (("infer", 32), ("infer", 64), ("train", 64))}
+    for (kind, _, _), row in rows.items():
+        assert not row["failed"] and row["error"] is None and row["model"] == scaling.model_name(kind)
+        assert row["seconds"] > 0 and row["mib"] > 0 and row["time_ratio"] > 0 and row["memory_ratio"] > 0
+        assert kind != "axial" or row["time_ratio"] == row["memory_ratio"] == 1
+    assert png.exists() == (importlib.util.find_spec("matplotlib") is not None)
+    assert result["plot"] == ("scaling.png" if png.exists() else None)
+
+
+def test_targets_pass_miss_and_fail() -> None:
+    base = [{"seconds": 1.0, "mib": 100.0}] * 3
+    fast = scaling.summarise("golden", "infer", 1344, 1, [{"seconds": 1.2, "mib": 150.0}] * 3, base)
+    slow = scaling.summarise("golden", "infer", 1344, 1, [{"seconds": 1.4, "mib": 150.0}] * 3, base)
+    failed = scaling.summarise("alibi", "infer", 2048, 1, [{"error": "MemoryError: x"}] * 3, base)
+    assert fast["pass"] and [check["metric"] for check in fast["checks"]] == ["time", "memory"]
+    assert not slow["pass"] and slow["time_ratio"] == 1.4
+    assert not failed["pass"] and failed["failed"] and failed["error"] == "MemoryError: x"
+    assert "pass" not in scaling.summarise("axial", "infer", 1344, 1, base, base)

@@ -1,0 +1,111 @@
+"""Attention with a bias per offset (``vit_rope.layers.offset_bias``): the chunked CPU path and FlexAttention give the
+dense bias's outputs and gradients (the table's too) at several grids, prefix counts and chunkings; the bias kinds'
+models take it on image batches without ever building the dense matrix, with the dense path's logits and gradients."""
+
+from __future__ import annotations
+
+import pytest
+import timm
+import torch
+import torch.nn.functional as F
+
+from vit_rope.layers import offset_bias
+from vit_rope.layers.offset_bias import _chunks, dense_bias, offset_attention
+
+CASES = [((3, 4), 1, 2), ((5, 5), 0, 1), ((7, 3), 4, 2), ((1, 6), 2, 1)]  # grid, prefix tokens, batch
+
+
+def inputs(grid: tuple[int, int], prefix: int, batch: int, heads: int = 3, dim: int = 8) -> list[torch.Tensor]:
+    torch.manual_seed(sum(grid) + prefix)
+    n = prefix + grid[0] * grid[1]
+    qkv = [torch.randn(batch, heads, n, dim, dtype=torch.float64, requires_grad=True) for _ in range(3)]
+    table = torch.randn(heads, 2 * grid[0] - 1, 2 * grid[1] - 1, dtype=torch.float64, requires_grad=True)
+    return [*qkv, table]
+
+
+@pytest.mark.parametrize("rows_per_chunk", [None, 1, 2])
+@pytest.mark.parametrize("grid,prefix,batch", CASES)
+def test_chunked_attention_equals_the_dense_bias_with_gradients(monkeypatch, grid, prefix, batch,
+                                                                rows_per_chunk) -> None:
+    q, k, v, table = inputs(grid, prefix, batch)
+    if rows_per_chunk:  # several chunks of whole rows
+        monkeypatch.setattr(offset_bias, "CHUNK_ELEMENTS", rows_per_chunk * grid[1] * k.shape[2] * batch * 3)
+        monkeypatch.setattr(offset_bias, "FLASH_QUERIES", 1)
+    expected = F.scaled_dot_product_attention(q, k, v, attn_mask=dense_bias(table, grid, prefix)[None], scale=0.3)
+    with torch.no_grad():
+        torch.testing.assert_close(offset_attention(q, k, v, table, grid, prefix, 0.3), expected, rtol=1e-12,
+                                   atol=1e-12)
+    out = offset_attention(q, k, v, table, grid, prefix, 0.3)
+    torch.testing.assert_close(out, expected, rtol=1e-12, atol=1e-12)
+    grad = torch.randn_like(out)
+    got = torch.autograd.grad(out, (q, k, v, table), grad)
+    want = torch.autograd.grad(expected, (q, k, v, table), grad)
+    for name, a, b in zip("q k v table".split(), got, want, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10, msg=name)
+
+
+def test_a_fixed_table_gets_no_gradient_and_masked_keys_stay_masked() -> None:
+    q, k, v, table = inputs((4, 4), 1, 2)
+    table = table.detach().masked_fill(torch.rand(table.shape) > 0.5, float("-inf"))
+    table[:, 3, 3] = 0.0  # every query still sees itself
+    out = offset_attention(q, k, v, table, (4, 4), 1, 0.3)
+    expected = F.scaled_dot_product_attention(q, k, v, attn_mask=dense_bias(table, (4, 4), 1)[None], scale=0.3)
+    torch.testing.assert_close(out, expected)
+    grads = torch.autograd.grad(out.square().sum(), (q, k, v))
+    want = torch.autograd.grad(expected.square().sum(), (q, k, v))
+    for a, b in zip(grads, want, strict=True):
+        assert torch.isfinite(a).all()
+        torch.testing.assert_close(a, b)
+
+
+@pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")  # eager: the reference on CPU
+@pytest.mark.parametrize("grid,prefix,batch", CASES)
+def test_flex_attention_reads_the_table_in_its_score_mod(grid, prefix, batch) -> None:
+    q, k, v, table = (t.detach() for t in inputs(grid, prefix, batch))  # FlexAttention has no CPU backward
+    expected = F.scaled_dot_product_attention(q, k, v, attn_mask=dense_bias(table, grid, prefix)[None], scale=0.3)
+    torch.testing.assert_close(offset_attention(q, k, v, table, grid, prefix, 0.3, flex=True), expected)
+
+
+@pytest.mark.parametrize("grid,prefix,width,least", [
+    ((84, 84), 1, 6 * 7057, 768), ((128, 128), 5, 6 * 16389, 768), ((56, 56), 1, 4 * 6 * 3137, 1), ((3, 2), 0, 1, 1),
+    ((3, 3), 0, 2**30, 1)])
+def test_chunks_are_whole_rows_that_cover_every_query_once_within_the_budget(grid, prefix, width, least) -> None:
+    chunks = _chunks(grid, prefix, width, least)
+    covered = [i for start, stop in chunks for i in range(start, stop)]
+    assert covered == list(range(prefix + grid[0] * grid[1]))
+    sizes = [stop - start for start, stop in chunks[1 if prefix else 0:]]
+    assert all(size % grid[1] == 0 for size in sizes)
+    assert max(sizes) >= min(least, grid[0] * grid[1])  # SDPA's fast query blocks where the grid has them
+    assert max(sizes) * width <= max(offset_bias.CHUNK_ELEMENTS, -(-least // grid[1]) * grid[1] * width)
+
+
+MODELS = {"lookhere": {"encoding_options": {"config": "lh90"}, "reg_tokens": 2}, "alibi": {}, "fire": {"reg_tokens": 1}}
+
+
+@pytest.mark.parametrize("policy", ["extrapolate", "interpolate"])
+@pytest.mark.parametrize("kind", list(MODELS))
+def test_models_take_the_offset_path_with_the_dense_logits_and_gradients(monkeypatch, kind, policy) -> None:
+    """Image batches at several sizes (two chunks of rows at the largest) give the dense path's logits and gradients
+    to 1e-5 relative, and the offset path never builds the dense bias."""
+    torch.manual_seed(0)
+    model = timm.create_model(f"vit_rope_tiny_patch16_{kind}_224", img_size=64, depth=2, num_classes=5,
+                              dynamic_img_size=True, **MODELS[kind])
+    model.set_resolution_policy(policy)
+    monkeypatch.setattr(offset_bias, "CHUNK_ELEMENTS", 3 * 200 * 6)  # a 6 x 8 grid's queries in chunks
+    monkeypatch.setattr(offset_bias, "FLASH_QUERIES", 1)
+    for shape in [(64, 64), (48, 80), (96, 128)]:
+        x = torch.randn(2, 3, *shape)
+        results = []
+        for fused in (True, False):
+            for blk in model.blocks:
+                blk.attn.fused_attn = fused
+            with monkeypatch.context() as m:
+                if fused:  # the offset path: the dense bias is never built
+                    m.setattr(offset_bias, "dense_bias", lambda *a: pytest.fail("dense bias built"))
+                logits = model(x)
+            grads = torch.autograd.grad(logits.square().sum(), [p for p in model.parameters() if p.requires_grad])
+            results.append((logits, grads))
+        (a, ga), (b, gb) = results
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+        for x_grad, y_grad in zip(ga, gb, strict=True):
+            torch.testing.assert_close(x_grad, y_grad, rtol=1e-5, atol=1e-5 * y_grad.abs().max().item() + 1e-8)
