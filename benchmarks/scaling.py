@@ -64,23 +64,29 @@ def model_name(kind: str) -> str:
     return name if timm.is_model(name) or not timm.is_model(name[:-4]) else name[:-4]
 
 
-LONG = 10.0  # seconds: a warm-up step this long is measured and taken as the round's step (its first-call costs are
-# noise at this length), which halves the time of the 2048 px and training rows
+LONG = 5.0  # seconds: a warm-up step this long is measured and taken as the round's step (its first-call costs are
+# noise at this length), which halves the time of the large rows
 
 
-def _measure(model: nn.Module, mode: str, size: int, batch: int, steps: int) -> dict[str, float]:
+def _measure(model: nn.Module, mode: str, size: int, batch: int, steps: int, device: str = "cpu",
+             amp: bool = False) -> dict[str, float]:
     """One warm-up then ``steps`` timed steps of ``mode`` at ``size`` (the warm-up alone when it takes ``LONG`` or
-    more): median seconds, largest peak MiB above start."""
-    images, labels = torch.randn(batch, 3, size, size), torch.zeros(batch, dtype=torch.long)
-    model.train(mode == "train")  # STRING folds its basis into qkv in eval(), once, in the warm-up
+    more): median seconds, largest peak MiB above start (on CUDA: the allocator's peak above what it held)."""
+    cuda = device.startswith("cuda")
+    model.to(device).train(mode == "train")  # STRING folds its basis into qkv in eval(), once, in the warm-up
+    images = torch.randn(batch, 3, size, size, device=device)
+    labels = torch.zeros(batch, dtype=torch.long, device=device)
 
     def step() -> None:
-        if mode == "infer":
-            with torch.inference_mode():
-                model(images)
-        else:
-            nn.functional.cross_entropy(model(images), labels).backward()
-            model.zero_grad(set_to_none=True)
+        with torch.autocast(device.split(":")[0], torch.bfloat16, enabled=amp):
+            if mode == "infer":
+                with torch.inference_mode():
+                    model(images)
+            else:
+                nn.functional.cross_entropy(model(images), labels).backward()
+                model.zero_grad(set_to_none=True)
+        if cuda:
+            torch.cuda.synchronize(device)
 
     def kib(key: str) -> int:
         return next(int(line.split()[1]) for line in Path("/proc/self/status").read_text().splitlines()
@@ -92,10 +98,14 @@ def _measure(model: nn.Module, mode: str, size: int, batch: int, steps: int) -> 
         if _LIBC is not None:  # give freed heap back to the system, so that reusing it counts in the peak
             _LIBC.malloc_trim(0)
         Path("/proc/self/clear_refs").write_text("5")  # VmHWM := VmRSS
-        before, start = kib("VmRSS"), time.perf_counter()
+        if cuda:
+            torch.cuda.reset_peak_memory_stats(device)
+        before = torch.cuda.memory_allocated(device) if cuda else kib("VmRSS") * 1024
+        start = time.perf_counter()
         step()
         seconds.append(time.perf_counter() - start)
-        mib.append((kib("VmHWM") - before) / 1024)
+        peak = torch.cuda.max_memory_allocated(device) if cuda else kib("VmHWM") * 1024
+        mib.append((peak - before) / 2**20)
         if i == 0 and seconds[0] < LONG:  # a warm-up, not a measurement
             seconds, mib = [], []
         elif i == 0:
@@ -210,7 +220,7 @@ def benchmark(args: argparse.Namespace, save: Callable[[list[dict]], None]) -> l
         for round_ in range(args.rounds):
             for mode, size, batch in settings:
                 for kind in order.sample(kinds, len(kinds)):
-                    result = workers[kind].ask((mode, size, batch, args.steps))
+                    result = workers[kind].ask((mode, size, batch, args.steps, args.device, args.amp))
                     results[kind, mode, size].append(result)
                     shown = result.get("error") or f"{result['seconds']:.3f} s, {result['mib']:.0f} MiB"
                     print(f"round {round_ + 1} {mode} {size} px {kind}: {shown}", flush=True)
@@ -274,6 +284,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds (medians over them)")
     parser.add_argument("--steps", type=int, default=1, help="timed steps per model per round, after one warm-up")
     parser.add_argument("--threads", type=int, help="torch CPU threads in the workers (default: torch's)")
+    parser.add_argument("--device", default="cpu", help="cpu (default) or cuda")
+    parser.add_argument("--amp", action="store_true", help="bf16 autocast")
     parser.add_argument("--seed", type=int, default=0, help="seeds the rounds' orders")
     parser.add_argument("--timeout", type=float, default=3600, help="seconds a step may take (then: failed)")
     parser.add_argument("--json", help="write the rows, targets and machine to this file")
@@ -286,7 +298,8 @@ def main(argv: list[str] | None = None) -> int:
     if any(size % 16 for size in args.img_sizes + args.train_sizes):
         parser.error("every size must be a multiple of 16 (whole patches)")
     machine = setup_machine(None, batch=args.batch, train_batch=args.train_batch, rounds=args.rounds, steps=args.steps,
-                            worker_threads=args.threads or "torch's default", subnormals_flushed=True)
+                            worker_threads=args.threads or "torch's default", subnormals_flushed=True,
+                            device=args.device, amp=args.amp)
     command = (shown(arg) if arg in (args.json, args.plot) else arg for arg in raw)  # no machine paths
     machine["command"] = " ".join(["python benchmarks/scaling.py", *command])
     print(f"# {machine}", flush=True)

@@ -33,7 +33,7 @@ TOLERANCE = 0.03
 # name -> keyword arguments at full size (GPU) and at tiny size (CPU smoke run): one model per family
 MODELS: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
     **{f"vit_rope_small_patch16_{kind}_224": ({}, {"depth": 1, "img_size": 64})
-       for kind in ("axial", "mixed", "golden", "string", "lookhere", "alibi")},
+       for kind in ("axial", "mixed", "golden", "string", "lookhere", "alibi", "fire", "comrope_ld", "liere", "pape")},
     "vit_rope_small_patch16_dinov3": ({}, {"depth": 1, "img_size": 64}),
     "vit_rope_eva02_tiny_patch14_224": ({}, {"depth": 1, "img_size": 56}),  # EVA-02
     "vit_rope_pe_core_tiny_patch16_384": ({}, {"depth": 1, "img_size": 64}),  # Perception Encoder

@@ -144,6 +144,22 @@ def judge_rope_kernel(run: Run) -> list[Target]:
     return targets
 
 
+def scaling(run: Run) -> list[list[str]]:
+    """The kinds meant for high resolution against axial at 1024 and 2048 px, bf16 inference, batch 1: the biases
+    through FlexAttention (never a dense ``[H, N, N]``), the generators' rotations per token."""
+    size = ["--smoke"] if run.tiny else ["--img-sizes", "1024", "2048", "--train-sizes", "--rounds", "2", "--kinds",
+                                         "lookhere", "alibi", "fire", "liere", "comrope_ld", "mixed"]
+    return [[run.python, "benchmarks/scaling.py", "--device", run.device, "--amp",
+             "--json", run.json("scaling_{device}_bf16_vit_s.json"), *size]]
+
+
+def judge_scaling(run: Run) -> list[Target]:
+    rows = read(run.json("scaling_{device}_bf16_vit_s.json"))["rows"]
+    return [target(f"{row['kind']} at {row['img_size']} px: time over axial", row.get("time_ratio"),
+                   1.5 if row["img_size"] >= 2048 else 1.3, at_most=True)
+            for row in rows if row["kind"] != "axial" and row["mode"] == "infer"]
+
+
 # ---- bench ------------------------------------------------------------------------------------------------------
 def throughput(compiled: bool) -> Callable[[Run], list[list[str]]]:
     """ViT-S at 224 px, batch 128, bf16, training and inference, all five models interleaved in one run."""
@@ -229,6 +245,8 @@ BENCH = [
          throughput(False), judge_throughput(False)),
     Step("tune", "the Triton kernel's block-size x warps sweep, 224 px", 45, tune, judge_tune),
     Step("pipeline", "train.py's data feeding against the step alone", 60, pipeline, judge_pipeline),
+    Step("scaling", "the high-resolution kinds against axial at 1024 and 2048 px, bf16 inference", 120, scaling,
+         judge_scaling),
     Step("throughput_compiled", "the same, torch.compile'd (5 models x 2 modes of compiles)", 300,
          throughput(True), judge_throughput(True), TRACE_ONLY),
 ]

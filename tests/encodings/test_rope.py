@@ -294,3 +294,30 @@ def test_grid_tables_from_one_table_per_axis_equal_the_direct_tables(dtype, tol)
     for a, b in zip(mine, direct, strict=True):
         torch.testing.assert_close(a, b, rtol=tol, atol=tol * float(b.detach().abs().max()))
     assert rope_angles(positions, freqs).abs().max() > 100
+
+
+def test_mixed_tables_are_built_as_each_block_runs() -> None:
+    """Per-block tables come from ``BlockInputs``: block ``i`` runs after exactly ``i + 1`` tables were built, so a
+    forward never holds every block's ``[H, N, D/2]`` tables at once (at 2048 px they are 0.8 GB for ViT-S)."""
+    import timm
+
+    model = timm.create_model("vit_rope_tiny_patch16_mixed_224", depth=3, num_classes=2, img_size=32).eval()
+    built, seen = [], []
+    for rope in model.pos_encoding:
+        rope.register_forward_hook(lambda *args: built.append(1))
+    for blk in model.blocks:
+        blk.register_forward_pre_hook(lambda *args: seen.append(len(built)))
+    with torch.inference_mode():
+        lazy = model(torch.randn(1, 3, 32, 32))
+    assert seen == [1, 2, 3]
+    inputs = model.pos_encoding.block_inputs(*model._embed(torch.randn(1, 3, 32, 32))[1:2], 1)
+    assert len(inputs) == 3 and len(inputs[0:2]) == 2 and inputs[-1][0].shape == inputs[0][0].shape
+    with pytest.raises(IndexError):
+        inputs[3]
+    x = torch.randn(2, 3, 32, 32)
+    model.train().set_grad_checkpointing(True)  # recomputation asks for a block's tables again
+    checkpointed = model(x)
+    checkpointed.sum().backward()
+    model.set_grad_checkpointing(False)
+    torch.testing.assert_close(checkpointed, model(x))
+    assert lazy.shape == (1, 2) and model.pos_encoding[0].freqs.grad is not None

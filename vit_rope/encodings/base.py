@@ -17,7 +17,7 @@ Adding a kind: one subclass of ``PositionEncoding`` and a builder registered wit
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, TypeVar
 
@@ -29,8 +29,8 @@ from vit_rope.layers.attention import BlockInput
 from vit_rope.layers.lattice import Lattice
 
 # the interface every kind implements; BlockInput is attention's side of it, defined with attention
-__all__ = ["REGISTRY", "BlockInput", "EncodingSpec", "GridTables", "Kind", "NoEncoding", "PositionEncoding",
-           "Positions", "image_coords", "image_positions", "register"]
+__all__ = ["REGISTRY", "BlockInput", "BlockInputs", "EncodingSpec", "GridTables", "Kind", "NoEncoding",
+           "PositionEncoding", "Positions", "image_coords", "image_positions", "register"]
 T = TypeVar("T")
 
 
@@ -69,6 +69,25 @@ def image_positions(encoding: nn.Module, height: int, width: int, device: torch.
     a ``RoPE2D``) places them, without augmentation: what a model's forward builds for its blocks."""
     coord, grids = image_coords(height, width, device)
     return Positions(encoding.place(coord, grids), grids, (height, width))
+
+
+class BlockInputs(Sequence):
+    """Each block's input built when the block asks for it (``build(i)``): a forward in inference then holds one
+    block's tables at a time, not every block's (mixed RoPE's ``[depth, H, N, D/2]`` at a high resolution). Indexing
+    twice builds twice (gradient checkpointing's recomputation does)."""
+
+    def __init__(self, build: Callable[[int], Any], depth: int) -> None:
+        self.build, self.depth = build, depth
+
+    def __len__(self) -> int:
+        return self.depth
+
+    def __getitem__(self, index: Any) -> Any:
+        if isinstance(index, slice):
+            return [self.build(i) for i in range(*index.indices(self.depth))]
+        if not -self.depth <= index < self.depth:
+            raise IndexError(f"block {index} of {self.depth}")
+        return self.build(index % self.depth)
 
 
 class GridTables:

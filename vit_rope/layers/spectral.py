@@ -21,6 +21,7 @@ gets: its rotations, and the RoPE form that attention takes where the basis can 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -84,18 +85,19 @@ class FoldedProjection:
 
 class Spectral(BlockInput):
     """A block's commuting rotations (``rotations``, the input they have otherwise) with their RoPE form ``basis``
-    ``[H, D, D]``, ``cos`` and ``sin`` ``[H, P + N, D/2]``: in eager inference, where the basis can fold into the
-    projection (no q/k norms, a key head per query head, a plain ``nn.Linear`` without hooks), q and
-    k are projected in the basis and rotated in place by the tables, at the cost of mixed RoPE; elsewhere the
-    rotations run."""
+    ``[H, D, D]`` and ``tables()``, its ``cos`` and ``sin`` ``[H, P + N, D/2]`` (built as the block runs, as mixed
+    RoPE's are: never every block's at once): in eager inference, where the basis can fold into the projection (no q/k
+    norms, a key head per query head, a plain ``nn.Linear`` without hooks), q and k are projected in the basis and
+    rotated in place by the tables, at the cost of mixed RoPE; elsewhere the rotations run."""
 
-    def __init__(self, rotations: BlockInput, basis: Tensor, cos: Tensor, sin: Tensor, fold: FoldedProjection) -> None:
-        self.rotations, self.basis, self.cos, self.sin, self.fold = rotations, basis, cos, sin, fold
+    def __init__(self, rotations: BlockInput, basis: Tensor, tables: Callable[[], tuple[Tensor, Tensor]],
+                 fold: FoldedProjection) -> None:
+        self.rotations, self.basis, self.tables, self.fold = rotations, basis, tables, fold
 
     def project(self, attn: nn.Module, x: Tensor) -> tuple[Tensor, Tensor, Tensor] | None:
         if torch.is_grad_enabled() or not plain_projection(attn, x):
             return None
-        return attn.project_tables(x, (self.cos, self.sin), *self.fold.get(self.basis, attn.qkv))
+        return attn.project_tables(x, self.tables(), *self.fold.get(self.basis, attn.qkv))
 
     def transform(self, attn: nn.Module, x: Tensor, q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         return self.rotations.transform(attn, x, q, k, v)

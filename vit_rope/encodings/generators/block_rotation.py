@@ -29,7 +29,7 @@ from vit_rope.encodings.base import BlockInput, GridTables, PositionEncoding, Po
 from vit_rope.encodings.generators.axis_rotation import AxisRotations, axis_turns
 from vit_rope.encodings.policies import POSITION_POLICIES, ResolutionPolicy
 from vit_rope.layers.capture import capturing
-from vit_rope.layers.expm import expm
+from vit_rope.layers.expm import EXPM_CHUNK, expm
 from vit_rope.layers.shared_rotation import rotate_shared, share, shared_node
 
 
@@ -126,11 +126,24 @@ class BlockRotation(PositionEncoding):
         per token."""
         gens = self.generators().float()  # [L, H, 2, m, b, b]
         pos = positions.float() if positions.dim() == 3 else positions.float()[None]  # [1 or B, N, 2]
-        rotation = expm(torch.einsum("bna,lhamij->lbhnmij", pos, gens))  # [L, 1 or B, H, N, m, b, b]
-        if not num_prefix_tokens:
-            return rotation
-        prefix = self.prefix_tables(gens, num_prefix_tokens)[:, None].expand(-1, rotation.shape[1], -1, -1, -1, -1, -1)
-        return torch.cat((prefix.to(rotation.dtype), rotation), 3)
+
+        def turn(pos: Tensor) -> Tensor:  # [1 or B, n, 2] -> [L, 1 or B, H, n, m, b, b]
+            return expm(torch.einsum("bna,lhamij->lbhnmij", pos, gens))
+
+        prefix = self.prefix_tables(gens, num_prefix_tokens)[:, None]  # [L, 1, H, P, m, b, b]
+        if torch.is_grad_enabled() or capturing(positions):
+            rotation = turn(pos)
+            if not num_prefix_tokens:
+                return rotation
+            return torch.cat((prefix.expand(-1, rotation.shape[1], -1, -1, -1, -1, -1).to(rotation.dtype), rotation), 3)
+        # without autograd, tokens a chunk at a time into the tables: a high-resolution grid's memory is theirs alone
+        (L, H, _, m, b, _), P = gens.shape, num_prefix_tokens
+        out = gens.new_empty(L, pos.shape[0], H, P + pos.shape[1], m, b, b)
+        out[:, :, :, :P] = prefix
+        chunk = max(1, EXPM_CHUNK // (L * pos.shape[0] * H * m))
+        for start in range(0, pos.shape[1], chunk):
+            out[:, :, :, P + start: P + start + chunk] = turn(pos[:, start: start + chunk])
+        return out
 
     def prefix_tables(self, gens: Tensor, num_prefix_tokens: int) -> Tensor:
         """The prefix tokens' ``R`` ``[L, H, P, m, b, b]``: at the kind's ``prefix_position`` on both axes, or exactly

@@ -28,6 +28,8 @@ divides by the input grid (positions span [0, 1] at every size: the official mod
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import torch
@@ -54,6 +56,12 @@ def comrope_positions(coord: Tensor, grids: Tensor, train_grid: tuple[int, int],
 # FX (timm's and torchvision's tracers): recorded as one call, whose branches on shapes the trace cannot take
 torch.fx.wrap("comrope_positions")
 AP_BLOCKS = slice(1, None, 2), slice(0, None, 2)  # ComRoPE-AP's blocks of x (odd) and of y (even), the official order
+
+
+def _layer_tables(pos: Tensor, freqs: Tensor, identity_rows: int) -> tuple[Tensor, Tensor]:
+    """One block's RoPE tables ``[H, P + N, D/2]`` at positions ``pos`` of frequencies ``freqs`` ``[2, H, D/2]``."""
+    with torch.no_grad():
+        return rope_tables(rope_angles(pos, freqs), identity_rows)
 
 
 class ComRoPE(BlockRotation):
@@ -132,9 +140,9 @@ class ComRoPE(BlockRotation):
         return [Spectral(item, *layer, fold)
                 for item, layer, fold in zip(inputs, spectral, self._folds, strict=True)]
 
-    def spectral_tables(self, coords: Tensor, num_prefix_tokens: int) -> list[tuple[Tensor, Tensor, Tensor]] | None:
-        """Per block, the basis ``[H, D, D]`` and RoPE tables ``[H, P + N, D/2]`` equal to its rotations at the
-        placed positions ``coords`` ``[N, 2]`` (``spectral_form``), or ``None`` where the form is ambiguous."""
+    def spectral_tables(self, coords: Tensor, num_prefix_tokens: int) -> list[tuple[Tensor, Callable]] | None:
+        """Per block, the basis ``[H, D, D]`` and the maker of RoPE tables ``[H, P + N, D/2]`` equal to its rotations
+        at the placed positions ``coords`` ``[N, 2]`` (``spectral_form``), or ``None`` where the form is ambiguous."""
         with torch.no_grad():
             skew, scale = self.angle_matrices()
             scale = scale.reshape(-1, 2, skew.shape[3])  # [L or 1, 2, m]
@@ -146,8 +154,9 @@ class ComRoPE(BlockRotation):
             if num_prefix_tokens and self.prefix_position is not None:  # prefix tokens turned at their position
                 pos = torch.cat((pos.new_full((num_prefix_tokens, 2), self.prefix_position), pos))
                 identity_rows = 0
-            cos, sin = rope_tables(rope_angles(pos, freqs.to(pos.device)), identity_rows)  # [L, H, P + N, D/2]
-        return list(zip(basis.to(pos.device).unbind(0), cos.unbind(0), sin.unbind(0), strict=True))
+        freqs = freqs.to(pos.device)  # [L, 2, H, D/2]
+        return [(layer_basis, partial(_layer_tables, pos, freqs[i], identity_rows))
+                for i, layer_basis in enumerate(basis.to(pos.device).unbind(0))]
 
     def clear_(self) -> None:
         """Also drop the kept RoPE forms and folded projections."""

@@ -20,10 +20,11 @@ from typing import Any
 from torch import Tensor, nn
 
 from vit_rope.checks import check_choice
-from vit_rope.encodings.base import EncodingSpec, PositionEncoding, Positions, register
+from vit_rope.encodings.base import BlockInputs, EncodingSpec, PositionEncoding, Positions, register
 from vit_rope.encodings.policies import ResolutionPolicy
 from vit_rope.encodings.rope.string import CayleyString, StringTables
 from vit_rope.encodings.rope.tables import KINDS, RoPE2D
+from vit_rope.layers.capture import capturing
 
 
 class RotaryEncoding(PositionEncoding, nn.ModuleList):
@@ -89,8 +90,16 @@ class RotaryEncoding(PositionEncoding, nn.ModuleList):
                 return rope.lattice_tables(positions.lattice)
             return rope(positions.coords, num_prefix_tokens, positions.grids)
 
-        inputs = [tables(rope) for rope in self] if self.per_block else [tables(self[0])] * self.depth
-        return [StringTables(block_tables) for block_tables in inputs] if self.string else inputs
+        def block(i: int, shared: Any = None) -> Any:
+            block_tables = tables(self[i]) if shared is None else shared
+            return StringTables(block_tables) if self.string else block_tables
+
+        if not self.per_block:
+            shared = tables(self[0])
+            return [block(0, shared) for _ in range(self.depth)]
+        if capturing(positions.coords):  # a graph records every block's tables up front
+            return [block(i) for i in range(self.depth)]
+        return BlockInputs(block, self.depth)  # each block's tables as the block runs
 
     @property
     def foldable(self) -> bool:
