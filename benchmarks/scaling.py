@@ -11,9 +11,9 @@ lives in its own worker process, built once, so that one kind's large allocation
 failed step is reported in its row, and a worker that dies is started again for the next request. Memory is the peak
 resident memory of a step above what the worker held just before it (freed heap trimmed): Linux's VmHWM, reset
 through /proc/self/clear_refs, minus VmRSS. Each round runs every (mode, size) with the models in a new random order
-(seeded), one warm-up step then ``--steps`` timed ones (a warm-up of ``LONG`` seconds or more is the measurement); a
-model's figure is the median over rounds, its ratio to axial the median of the per-round ratios (paired within a
-round). ``TARGETS``: the largest ratios to axial (PASS / MISS).
+(seeded), one warm-up step (at ``WARM`` px at most) then ``--steps`` timed ones; a model's figure is the median over
+rounds, its ratio to axial the median of the per-round ratios (paired within a round). ``TARGETS``: the largest
+ratios to axial (PASS / MISS).
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from typing import Any
 
 import timm
 import torch
-from torch import nn
+from torch import Tensor, nn
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -64,20 +64,19 @@ def model_name(kind: str) -> str:
     return name if timm.is_model(name) or not timm.is_model(name[:-4]) else name[:-4]
 
 
-LONG = 5.0  # seconds: a warm-up step this long is measured and taken as the round's step (its first-call costs are
-# noise at this length), which halves the time of the large rows
+WARM = 448  # px: the warm-up step's size at most. Above it the timed step is the first at its size for every kind
+# alike (a kind's tables kept per size are built in it: what a new size costs), and the large rows take half the time
 
 
 def _measure(model: nn.Module, mode: str, size: int, batch: int, steps: int, device: str = "cpu",
              amp: bool = False) -> dict[str, float]:
-    """One warm-up then ``steps`` timed steps of ``mode`` at ``size`` (the warm-up alone when it takes ``LONG`` or
-    more): median seconds, largest peak MiB above start (on CUDA: the allocator's peak above what it held)."""
+    """One warm-up (at ``WARM`` px at most) then ``steps`` timed steps of ``mode`` at ``size``: median seconds, largest
+    peak MiB above start (on CUDA: the allocator's peak above what it held)."""
     cuda = device.startswith("cuda")
     model.to(device).train(mode == "train")  # STRING folds its basis into qkv in eval(), once, in the warm-up
-    images = torch.randn(batch, 3, size, size, device=device)
     labels = torch.zeros(batch, dtype=torch.long, device=device)
 
-    def step() -> None:
+    def step(images: Tensor) -> None:
         with torch.autocast(device.split(":")[0], torch.bfloat16, enabled=amp):
             if mode == "infer":
                 with torch.inference_mode():
@@ -92,8 +91,10 @@ def _measure(model: nn.Module, mode: str, size: int, batch: int, steps: int, dev
         return next(int(line.split()[1]) for line in Path("/proc/self/status").read_text().splitlines()
                     if line.startswith(key))
 
+    step(torch.randn(batch, 3, min(size, WARM), min(size, WARM), device=device))
+    images = torch.randn(batch, 3, size, size, device=device)
     seconds, mib = [], []
-    for i in range(steps + 1):
+    for _ in range(steps):
         gc.collect()
         if _LIBC is not None:  # give freed heap back to the system, so that reusing it counts in the peak
             _LIBC.malloc_trim(0)
@@ -102,14 +103,10 @@ def _measure(model: nn.Module, mode: str, size: int, batch: int, steps: int, dev
             torch.cuda.reset_peak_memory_stats(device)
         before = torch.cuda.memory_allocated(device) if cuda else kib("VmRSS") * 1024
         start = time.perf_counter()
-        step()
+        step(images)
         seconds.append(time.perf_counter() - start)
         peak = torch.cuda.max_memory_allocated(device) if cuda else kib("VmHWM") * 1024
         mib.append((peak - before) / 2**20)
-        if i == 0 and seconds[0] < LONG:  # a warm-up, not a measurement
-            seconds, mib = [], []
-        elif i == 0:
-            break
     return {"seconds": statistics.median(seconds), "mib": max(mib)}
 
 

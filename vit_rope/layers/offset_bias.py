@@ -10,8 +10,9 @@ LookHere, 2D-ALiBi and FIRE add ``bias[h, p_k - p_q]`` to the logits. On an ``h 
   a view with positive strides (``as_strided``), so the copy is one pass and no index is built. Memory is one chunk's
   mask, ``O(chunk x N)``, instead of ``O(N^2)`` per block;
 - in training, ``_OffsetAttention`` keeps what flash attention keeps (output and log-sum-exp per query), and backward
-  rebuilds each chunk's mask and computes the chunk's gradients, the table's too (FIRE learns it), by the same
-  products; autograd would otherwise save every chunk's mask, ``O(N^2)`` again;
+  rebuilds each chunk's mask and runs flash attention's backward on it, or, for a learned table (FIRE), computes the
+  chunk's products itself for the table's gradient; autograd would otherwise save every chunk's mask, ``O(N^2)``
+  again;
 - on CUDA, FlexAttention reads the table in its ``score_mod`` (a gather per score), so no mask exists at all.
 
 Prefix tokens (class, registers) are neither biased nor penalised: their rows and columns are 0.
@@ -121,10 +122,22 @@ class _OffsetAttention(torch.autograd.Function):
         (h, w), P, scale = ctx.grid, ctx.prefix, ctx.scale
         row = table.stride(-2)
         view = table.as_strided((table.shape[0], h, w, h, w), (table.stride(0), row, 1, row, 1))
+        if not ctx.needs_input_grad[3]:  # a fixed table (LookHere, ALiBi): flash attention's own backward per chunk
+            masks = _Masks(view, ctx.grid, P, q.dtype)
+            dq, dk, dv = torch.empty_like(q), torch.zeros_like(k), torch.zeros_like(v)
+            for start, stop in _chunks(ctx.grid, P, k.shape[-2] * q.shape[1], FLASH_QUERIES):
+                part = slice(start, stop)
+                dq[:, :, part], dk_part, dv_part = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
+                    grad[:, :, part], q[:, :, part], k, v, out[:, :, part], lse[:, :, part], 0.0, False,
+                    attn_mask=masks(start, stop), scale=scale)
+                dk += dk_part
+                dv += dv_part
+            return dq, dk, dv, None, None, None, None
+        # a learned table (FIRE): the chunk's products written out, for the table's gradient from the scores'
         acc = torch.promote_types(q.dtype, torch.float32)  # products in fp32 at least
         masks = _Masks(view, ctx.grid, P, acc)
         dq, dk, dv = torch.empty_like(q), torch.zeros_like(k, dtype=acc), torch.zeros_like(v, dtype=acc)
-        dtable = torch.zeros_like(table, dtype=acc) if ctx.needs_input_grad[3] else None
+        dtable = torch.zeros_like(table, dtype=acc)
         key = torch.arange(h, device=q.device)[:, None] * row + torch.arange(w, device=q.device)  # [h, w]
         width = k.shape[-2] * q.shape[0] * q.shape[1]  # backward's blocks hold every image of the batch
         kf, vf = k.to(acc), v.to(acc)
@@ -140,12 +153,11 @@ class _OffsetAttention(torch.autograd.Function):
             dscores = probs.mul_((gc @ vf.transpose(-2, -1)).sub_(delta))  # [B, nh, Q, N]
             dq[:, :, start:stop] = (dscores @ kf * scale).to(q.dtype)
             dk += dscores.transpose(-2, -1) @ qc * scale
-            if dtable is not None and mask is not None:
+            if mask is not None:
                 query = torch.arange(start - P, stop - P, device=q.device)
                 index = (query // w * row + query % w)[:, None] + key.flatten()  # [Q, N] into the flat table
                 dtable.view(dtable.shape[0], -1).index_add_(1, index.flatten(), dscores[..., P:].sum(0).flatten(1))
-        dtable = None if dtable is None else dtable.to(table.dtype)
-        return dq, dk.to(k.dtype), dv.to(v.dtype), dtable, None, None, None
+        return dq, dk.to(k.dtype), dv.to(v.dtype), dtable.to(table.dtype), None, None, None
 
 
 def _flex(q: Tensor, k: Tensor, v: Tensor, table: Tensor, grid: tuple[int, int], prefix: int, scale: float) -> Tensor:
