@@ -28,7 +28,7 @@ TAYLOR_ORDER = 12  # after scaling to a norm <= 1/2: remainder below 0.5**13 / 1
 MAX_SQUARINGS = 16  # norms up to 2**15: far past any position range times generator a model meets
 
 
-EXPM_CHUNK = 2**15  # matrices per call where nothing is saved for backward: the series' terms and squares stay O(chunk)
+EXPM_CHUNK = 2**13  # matrices per call where nothing is saved for backward: the series' terms and squares stay O(chunk)
 
 
 def expm(skew: Tensor) -> Tensor:
