@@ -138,7 +138,6 @@ class _OffsetAttention(torch.autograd.Function):
         masks = _Masks(view, ctx.grid, P, acc)
         dq, dk, dv = torch.empty_like(q), torch.zeros_like(k, dtype=acc), torch.zeros_like(v, dtype=acc)
         dtable = torch.zeros_like(table, dtype=acc)
-        key = torch.arange(h, device=q.device)[:, None] * row + torch.arange(w, device=q.device)  # [h, w]
         width = k.shape[-2] * q.shape[0] * q.shape[1]  # backward's blocks hold every image of the batch
         kf, vf = k.to(acc), v.to(acc)
         for start, stop in _chunks(ctx.grid, P, width):
@@ -153,10 +152,10 @@ class _OffsetAttention(torch.autograd.Function):
             dscores = probs.mul_((gc @ vf.transpose(-2, -1)).sub_(delta))  # [B, nh, Q, N]
             dq[:, :, start:stop] = (dscores @ kf * scale).to(q.dtype)
             dk += dscores.transpose(-2, -1) @ qc * scale
-            if mask is not None:
-                query = torch.arange(start - P, stop - P, device=q.device)
-                index = (query // w * row + query % w)[:, None] + key.flatten()  # [Q, N] into the flat table
-                dtable.view(dtable.shape[0], -1).index_add_(1, index.flatten(), dscores[..., P:].sum(0).flatten(1))
+            if mask is not None:  # query (yq, xq) adds its [h, w] block of key gradients at flip(table)[yq:, xq:]
+                first, rows = (start - P) // w, (stop - start) // w
+                blocks = dscores[..., P:].sum(0).transpose(1, 2)  # [nh, h w (the block), Q (where it goes)]
+                dtable[:, first: first + rows + h - 1] += F.fold(blocks, (rows + h - 1, 2 * w - 1), (h, w))[:, 0]
         return dq, dk.to(k.dtype), dv.to(v.dtype), dtable.to(table.dtype), None, None, None
 
 
