@@ -200,3 +200,18 @@ def test_liere_generators_do_not_commute_so_its_tables_are_never_factored_by_axe
         factored = rotate_axes(q, k, tuple(t[0] for t in encoding.axis_tables(positions.coords, 0, (4, 4))))
         per_cell = rotate_qk(q, k, encoding.tables(positions.coords, 0)[0])
     assert (factored[0] - per_cell[0]).abs().max() > 1e-3
+
+
+def test_tables_without_autograd_are_built_a_chunk_of_tokens_at_a_time(monkeypatch):
+    """Evaluation's tables (chunks of tokens, each exponential its own) equal training's (one call), to fp32 rounding
+    (the chunks' angle products are summed in another order)."""
+    from vit_rope.encodings.generators import block_rotation
+    from vit_rope.encodings.generators.liere import LieRE
+
+    torch.manual_seed(0)
+    encoding = LieRE(depth=2, num_heads=2, head_dim=16, train_grid=(4, 4), per_layer=True)
+    positions = torch.rand(13, 2) * 3
+    whole = encoding.tables(positions, 2).detach()
+    monkeypatch.setattr(block_rotation, "TABLE_CHUNK", 2 * 2 * 2 * 3)  # 3 tokens per chunk
+    with torch.no_grad():
+        torch.testing.assert_close(encoding.tables(positions, 2), whole, rtol=1e-5, atol=1e-5)

@@ -47,15 +47,3 @@ def test_eager_gradient_equals_torchs_matrix_exp_gradient(dtype: torch.dtype, to
     torch.testing.assert_close(mine.grad / scale, theirs.grad / scale, atol=tol, rtol=0)
     assert torch.autograd.gradcheck(expm, matrices(skew=True)[:4].requires_grad_())
 
-
-def test_without_autograd_chunks_give_each_matrix_its_own_exponential(monkeypatch):
-    """Chunked (no autograd: a high-resolution grid's tables in evaluation) equals one call, to the bit, whatever the
-    norms' order across chunks."""
-    from vit_rope.layers import expm as module
-
-    skew = matrices(skew=True).reshape(4, 16, 8, 8)
-    whole = expm(skew)
-    monkeypatch.setattr(module, "EXPM_CHUNK", 5)
-    with torch.no_grad():
-        assert torch.equal(expm(skew), whole)
-    torch.testing.assert_close(whole, torch.linalg.matrix_exp(skew), atol=1e-9, rtol=1e-9)

@@ -28,27 +28,15 @@ TAYLOR_ORDER = 12  # after scaling to a norm <= 1/2: remainder below 0.5**13 / 1
 MAX_SQUARINGS = 16  # norms up to 2**15: far past any position range times generator a model meets
 
 
-EXPM_CHUNK = 2**13  # matrices per call where nothing is saved for backward: the series' terms and squares stay O(chunk)
-
-
 def expm(skew: Tensor) -> Tensor:
     """``exp(S)`` of ``[..., b, b]`` matrices, in fp32 at least, equal to ``torch.linalg.matrix_exp`` to 1e-6:
-    ``MatrixExp`` in eager, ``expm_by_squaring`` (matmuls only, no host sync) under a graph capture. Without autograd,
-    ``EXPM_CHUNK`` matrices at a time (each matrix's result is its own), so that a high-resolution grid's tables
-    (LieRE: one exponential per token and head) cost their own size, not the series' ``s + 2`` matrices each."""
+    ``MatrixExp`` in eager, ``expm_by_squaring`` (matmuls only, no host sync) under a graph capture."""
     dtype = skew.dtype
     if dtype not in (torch.float32, torch.float64):
         skew = skew.float()
-    if capturing(skew):
-        return expm_by_squaring(skew).to(dtype)
-    skew = skew.contiguous()
-    flat = skew.view(-1, *skew.shape[-2:])
-    if (torch.is_grad_enabled() and skew.requires_grad) or flat.shape[0] <= EXPM_CHUNK:
-        return MatrixExp.apply(skew).to(dtype)
-    out = torch.empty_like(flat)
-    for start in range(0, flat.shape[0], EXPM_CHUNK):
-        out[start: start + EXPM_CHUNK] = MatrixExp.apply(flat[start: start + EXPM_CHUNK])
-    return out.view(skew.shape).to(dtype)
+    if not capturing(skew):
+        return MatrixExp.apply(skew.contiguous()).to(dtype)
+    return expm_by_squaring(skew).to(dtype)
 
 
 def expm_by_squaring(skew: Tensor) -> Tensor:

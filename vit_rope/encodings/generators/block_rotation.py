@@ -29,8 +29,12 @@ from vit_rope.encodings.base import BlockInput, GridTables, PositionEncoding, Po
 from vit_rope.encodings.generators.axis_rotation import AxisRotations, axis_turns
 from vit_rope.encodings.policies import POSITION_POLICIES, ResolutionPolicy
 from vit_rope.layers.capture import capturing
-from vit_rope.layers.expm import EXPM_CHUNK, expm
+from vit_rope.layers.expm import expm
 from vit_rope.layers.shared_rotation import rotate_shared, share, shared_node
+
+# exponentials per chunk of tokens where nothing is saved for backward: the series' terms and squares (``s + 2``
+# matrices per exponential) stay O(chunk), so a high-resolution grid's tables cost their own size
+TABLE_CHUNK = 2**13
 
 
 def rotate_blocks(x: Tensor, rotation: Tensor) -> Tensor:
@@ -140,7 +144,7 @@ class BlockRotation(PositionEncoding):
         (L, H, _, m, b, _), P = gens.shape, num_prefix_tokens
         out = gens.new_empty(L, pos.shape[0], H, P + pos.shape[1], m, b, b)
         out[:, :, :, :P] = prefix
-        chunk = max(1, EXPM_CHUNK // (L * pos.shape[0] * H * m))
+        chunk = max(1, TABLE_CHUNK // (L * pos.shape[0] * H * m))
         for start in range(0, pos.shape[1], chunk):
             out[:, :, :, P + start: P + start + chunk] = turn(pos[:, start: start + chunk])
         return out
