@@ -20,6 +20,8 @@ Prefix tokens (class, registers) are neither biased nor penalised: their rows an
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor
@@ -53,13 +55,12 @@ def _reversed_keys(x: Tensor, prefix: int) -> Tensor:
     return torch.cat((x[:, :, :prefix], x[:, :, prefix:].flip(2)), dim=2)
 
 
-def _table_view(table: Tensor, grid: tuple[int, int]) -> Tensor:
+def _table_view(flipped: Tensor, grid: tuple[int, int]) -> Tensor:
     """``[nh, h, w, h, w]``: the bias of query ``(yq, xq)`` and reversed key ``(yk', xk')``, a view of the flipped
-    table (``flip(table)[yq + yk', xq + xk']``)."""
+    table ``[nh, 2h - 1, 2w - 1]`` (contiguous): ``flipped[yq + yk', xq + xk']``."""
     h, w = grid
-    flipped = table.flip(-2, -1).contiguous()  # [nh, 2h - 1, 2w - 1]
     row = flipped.stride(-2)
-    return flipped.as_strided((table.shape[0], h, w, h, w), (flipped.stride(0), row, 1, row, 1))
+    return flipped.as_strided((flipped.shape[0], h, w, h, w), (flipped.stride(0), row, 1, row, 1))
 
 
 def _chunks(grid: tuple[int, int], prefix: int, width: int, least: int = 1) -> list[tuple[int, int]]:
@@ -103,10 +104,7 @@ class _OffsetAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q: Tensor, k: Tensor, v: Tensor, table: Tensor, grid: tuple[int, int], prefix: int,
                 scale: float) -> Tensor:
-        h, w = grid
-        row = table.stride(-2)
-        view = table.as_strided((table.shape[0], h, w, h, w), (table.stride(0), row, 1, row, 1))
-        masks = _Masks(view, grid, prefix, q.dtype)
+        masks = _Masks(_table_view(table, grid), grid, prefix, q.dtype)
         out = torch.empty_like(q)
         lse = q.new_empty(q.shape[:-1], dtype=torch.promote_types(q.dtype, torch.float32))  # [B, nh, N]
         for start, stop in _chunks(grid, prefix, k.shape[-2] * q.shape[1], FLASH_QUERIES):
@@ -120,8 +118,7 @@ class _OffsetAttention(torch.autograd.Function):
     def backward(ctx, grad: Tensor) -> tuple[Tensor | None, ...]:
         q, k, v, table, out, lse = ctx.saved_tensors
         (h, w), P, scale = ctx.grid, ctx.prefix, ctx.scale
-        row = table.stride(-2)
-        view = table.as_strided((table.shape[0], h, w, h, w), (table.stride(0), row, 1, row, 1))
+        view = _table_view(table, ctx.grid)
         if not ctx.needs_input_grad[3]:  # a fixed table (LookHere, ALiBi): flash attention's own backward per chunk
             masks = _Masks(view, ctx.grid, P, q.dtype)
             dq, dk, dv = torch.empty_like(q), torch.zeros_like(k), torch.zeros_like(v)
@@ -175,16 +172,12 @@ def _flex(q: Tensor, k: Tensor, v: Tensor, table: Tensor, grid: tuple[int, int],
     return run(q, k, v, score_mod=score_mod, scale=scale)
 
 
-_COMPILED: list = []
-
-
+@functools.cache
 def _compiled_flex():  # noqa: ANN202  (a compiled callable)
     """``flex_attention`` compiled once: eager FlexAttention materialises the scores."""
-    if not _COMPILED:
-        from torch.nn.attention.flex_attention import flex_attention
+    from torch.nn.attention.flex_attention import flex_attention
 
-        _COMPILED.append(torch.compile(flex_attention, dynamic=False))
-    return _COMPILED[0]
+    return torch.compile(flex_attention, dynamic=False)
 
 
 def offset_attention(q: Tensor, k: Tensor, v: Tensor, table: Tensor, grid: tuple[int, int], prefix: int,
@@ -194,10 +187,10 @@ def offset_attention(q: Tensor, k: Tensor, v: Tensor, table: Tensor, grid: tuple
     (default on CUDA) rather than chunked SDPA."""
     if flex if flex is not None else q.is_cuda:
         return _flex(q, k, v, table.to(q.dtype), grid, prefix, scale)
-    k, v = _reversed_keys(k, prefix), _reversed_keys(v, prefix)
+    k, v, flipped = _reversed_keys(k, prefix), _reversed_keys(v, prefix), table.flip(-2, -1).contiguous()
     if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v, table)):
-        return _OffsetAttention.apply(q, k, v, table.flip(-2, -1).contiguous(), grid, prefix, scale)
-    masks = _Masks(_table_view(table, grid), grid, prefix, q.dtype)
+        return _OffsetAttention.apply(q, k, v, flipped, grid, prefix, scale)
+    masks = _Masks(_table_view(flipped, grid), grid, prefix, q.dtype)
     out = torch.empty_like(q)
     for start, stop in _chunks(grid, prefix, k.shape[-2] * q.shape[1], FLASH_QUERIES):
         out[:, :, start:stop] = F.scaled_dot_product_attention(q[:, :, start:stop], k, v, attn_mask=masks(start, stop),
