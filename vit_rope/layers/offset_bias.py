@@ -130,28 +130,28 @@ class _OffsetAttention(torch.autograd.Function):
                 dk += dk_part
                 dv += dv_part
             return dq, dk, dv, None, None, None, None
-        # a learned table (FIRE): the chunk's products written out, for the table's gradient from the scores'
-        acc = torch.promote_types(q.dtype, torch.float32)  # products in fp32 at least
+        # a learned table (FIRE): the chunk's products written out, for the table's gradient from the scores'; each
+        # product lands where the next step reads it (baddbmm: scores + mask - lse, dP - delta), fp32 at least
+        acc, (B, nh, N, D) = torch.promote_types(q.dtype, torch.float32), k.shape
         masks = _Masks(view, ctx.grid, P, acc)
         dq, dk, dv = torch.empty_like(q), torch.zeros_like(k, dtype=acc), torch.zeros_like(v, dtype=acc)
         dtable = torch.zeros_like(table, dtype=acc)
-        width = k.shape[-2] * q.shape[0] * q.shape[1]  # backward's blocks hold every image of the batch
-        kf, vf = k.to(acc), v.to(acc)
-        for start, stop in _chunks(ctx.grid, P, width):
-            qc, gc = q[:, :, start:stop].to(acc), grad[:, :, start:stop].to(acc)
-            mask = masks(start, stop)
-            scores = (qc @ kf.transpose(-2, -1)) * scale  # [B, nh, Q, N]
-            if mask is not None:
-                scores += mask
-            probs = (scores - lse[:, :, start:stop, None]).exp_()
-            dv += probs.transpose(-2, -1) @ gc
-            delta = (gc * out[:, :, start:stop].to(acc)).sum(-1, keepdim=True)  # [B, nh, Q, 1]
-            dscores = probs.mul_((gc @ vf.transpose(-2, -1)).sub_(delta))  # [B, nh, Q, N]
-            dq[:, :, start:stop] = (dscores @ kf * scale).to(q.dtype)
-            dk += dscores.transpose(-2, -1) @ qc * scale
+        kf, vf = k.to(acc).reshape(B * nh, N, D), v.to(acc).reshape(B * nh, N, D)  # [B nh, N, D]
+        dk3, dv3 = dk.view(B * nh, N, D), dv.view(B * nh, N, D)
+        for start, stop in _chunks(ctx.grid, P, N * B * nh):  # backward's blocks hold every image of the batch
+            Q, part = stop - start, slice(start, stop)
+            qc, gc = (x[:, :, part].to(acc).reshape(B * nh, Q, D) for x in (q, grad))  # [B nh, Q, D]
+            mask, lse_c = masks(start, stop), lse[:, :, part, None]  # [1, nh, Q, N], [B, nh, Q, 1]
+            logits = mask - lse_c if mask is not None else (-lse_c).expand(B, nh, Q, N).contiguous()
+            probs = logits.view(B * nh, Q, N).baddbmm_(qc, kf.transpose(1, 2), alpha=scale).exp_()
+            dv3.baddbmm_(probs.transpose(1, 2), gc)
+            delta = (gc * out[:, :, part].to(acc).reshape(B * nh, Q, D)).sum(-1, keepdim=True)  # [B nh, Q, 1]
+            dscores = torch.baddbmm(delta, gc, vf.transpose(1, 2), beta=-1).mul_(probs)  # [B nh, Q, N]
+            dq[:, :, part] = torch.bmm(dscores, kf).mul_(scale).view(B, nh, Q, D).to(q.dtype)
+            dk3.baddbmm_(dscores.transpose(1, 2), qc, alpha=scale)
             if mask is not None:  # query (yq, xq) adds its [h, w] block of key gradients at flip(table)[yq:, xq:]
-                first, rows = (start - P) // w, (stop - start) // w
-                blocks = dscores[..., P:].sum(0).transpose(1, 2)  # [nh, h w (the block), Q (where it goes)]
+                first, rows = (start - P) // w, Q // w
+                blocks = dscores.view(B, nh, Q, N)[..., P:].sum(0).transpose(1, 2)  # [nh, h w (the block), Q]
                 dtable[:, first: first + rows + h - 1] += F.fold(blocks, (rows + h - 1, 2 * w - 1), (h, w))[:, 0]
         return dq, dk.to(k.dtype), dv.to(v.dtype), dtable.to(table.dtype), None, None, None
 
