@@ -24,6 +24,7 @@ from vit_rope.checks import check_multiple, resolve_device
 from vit_rope.data.folders import ImageFolderDataset, find_images
 from vit_rope.encodings.policies import POLICIES
 from vit_rope.errors import UserError
+from vit_rope.eval import memory
 from vit_rope.eval import token_budget as naflex
 from vit_rope.eval.loading import EvalModel, check_loaded
 from vit_rope.models.encoding import resolution_encoding
@@ -128,8 +129,9 @@ def evaluate_models(models: Sequence[EvalModel], data_dir: str | Path, img_sizes
     ``extrapolate``, DINOv3's ``normalized``, the Eva twins' ``interpolate``, which is what timm runs them with: a
     fixed default would evaluate those twins as they were never trained), labelled with its name. Models without
     ``set_resolution_policy`` (timm's ViTs and RoPE ports, CNNs) run once, with policy None.
-    ``images_per_s`` is the model's forward throughput (data loading excluded). Raises ``UserError`` for bad input
-    before any image is decoded.
+    ``images_per_s`` is the model's forward throughput (data loading excluded). A size whose batch would not fit in
+    the free memory runs in smaller batches (``vit_rope.eval.memory``), said when it starts. Raises ``UserError``
+    for bad input before any image is decoded.
     """
     device = resolve_device(device)
     check_options(policies or (), crop_pct, seq_lens)
@@ -153,8 +155,16 @@ def evaluate_models(models: Sequence[EvalModel], data_dir: str | Path, img_sizes
     amp = torch.autocast("cuda", dtype=torch.bfloat16, enabled=device == "cuda")
     sync = torch.cuda.synchronize if device == "cuda" else lambda: None  # CUDA runs asynchronously: time whole calls
     results = []
-    for setting in settings:
-        loader = DataLoader(Subset(ImageFolderDataset(samples, setting.transform), indices), batch_size,
+    free, cpu, asked = memory.free_bytes(device), device != "cuda", min(batch_size, len(indices))
+    batches = [memory.fit_batch([(models[i].label, models[i].model) for i in setting.models], setting.name,
+                                setting.fields, asked, free, 4 if cpu else 2, 2 * workers * cpu)  # bf16 on CUDA
+               for setting in settings]
+    for setting, batch in zip(settings, batches, strict=True):
+        if batch < asked:
+            print(f"{setting.name}: batches of {batch} images, as many as fit in the {free / 2**30:.1f} GiB free "
+                  f"(--batch-size {batch_size})", flush=True)
+    for setting, batch in zip(settings, batches, strict=True):
+        loader = DataLoader(Subset(ImageFolderDataset(samples, setting.transform), indices), batch,
                             num_workers=workers, pin_memory=device == "cuda", collate_fn=setting.collate)
         fed = [row for row, (i, _) in enumerate(runs) if i in setting.models]
         totals = torch.zeros(len(runs), 4, dtype=torch.float64)  # loss sum, top-1 hits, top-5 hits, seconds

@@ -1,0 +1,79 @@
+"""How many images of a size fit in memory: the harness's batch at each size, said before the first forward.
+
+A ViT's activations grow with the tokens (and, where attention materialises its scores or a bias, with their square),
+so a batch that evaluates in seconds at 224 px can need more memory than the machine has at 2048 px, and running it
+ends the process (or the machine) rather than with a message. ``fit_batch`` estimates one image's peak from the model's
+widths and the size's tokens and caps the batch at what the free memory holds; a size that even one image cannot
+take is a ``UserError`` naming it. The estimate errs high: measured peaks of ViT-S at 896-2048 px
+(``benchmarks/scaling.py``) are 0.5-0.9x of it.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch
+from timm.layers import to_2tuple
+from torch import nn
+
+from vit_rope.errors import UserError
+from vit_rope.models.naflex_batch import naflex_patch
+
+# one attention chunk's mask (vit_rope.layers.offset_bias) and the allocator's slack, held once
+FIXED_BYTES = 256 * 2**20
+
+
+def free_bytes(device: str) -> int:
+    """Memory a new allocation can take now: the GPU's free memory, or Linux's ``MemAvailable`` (free pages and the
+    reclaimable caches) on CPU, or free pages where there is no ``/proc/meminfo``."""
+    if device.startswith("cuda"):
+        return torch.cuda.mem_get_info(torch.device(device))[0]
+    meminfo = Path("/proc/meminfo")
+    if meminfo.exists():
+        for line in meminfo.read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
+def image_bytes(model: nn.Module, fields: dict, element: int, prefetch: int = 0) -> int | None:
+    """One image's peak memory in a forward at a setting (``fields``: its ``img_size`` or ``seq_len``), about: the
+    tokens through a block's widest live tensors (residual, norm, q/k/v and their rotated copies, the MLP's hidden
+    layer and its activation), twice over for what the allocator keeps; the decoded input in fp32 and as the model's
+    input, and ``prefetch`` more decoded copies (the loader workers' batches in waiting); and the attention scores
+    ``[heads, N, N]`` where they are materialised (a padded NaFlex batch, or ``fused_attn`` off). None for a model
+    without a ViT's widths (a CNN), which is not estimated."""
+    blocks, width, patch = getattr(model, "blocks", None), getattr(model, "embed_dim", None), naflex_patch(model)
+    if patch is None:
+        patch = to_2tuple(getattr(getattr(model, "patch_embed", None), "patch_size", None))
+    if not blocks or width is None or patch[0] is None or not hasattr(blocks[0], "mlp"):
+        return None
+    if fields.get("seq_len"):
+        tokens, pixels = fields["seq_len"], fields["seq_len"] * patch[0] * patch[1]
+    else:
+        tokens, pixels = (fields["img_size"] // patch[0]) * (fields["img_size"] // patch[1]), fields["img_size"] ** 2
+    tokens += getattr(model, "num_prefix_tokens", 0)
+    hidden = max(m.out_features for m in blocks[0].mlp.modules() if isinstance(m, nn.Linear))
+    attention = blocks[0].attn
+    dense = bool(fields.get("seq_len")) or not getattr(attention, "fused_attn", True)
+    scores = 2 * getattr(attention, "num_heads", 1) * tokens**2 * element if dense else 0
+    return tokens * 2 * (2 * hidden + 8 * width) * element + (2 + prefetch) * 3 * pixels * 4 + scores
+
+
+def fit_batch(models: list[tuple[str, nn.Module]], name: str, fields: dict, batch_size: int, free: int,
+              element: int = 4, prefetch: int = 0) -> int:
+    """The largest batch (at most ``batch_size``) whose estimated peak fits in ``free`` bytes for every model fed at
+    a setting (``name``, e.g. ``2048 px``); a ``UserError`` when one image does not fit."""
+    batch = batch_size
+    for label, model in models:
+        need = image_bytes(model, fields, element, prefetch)
+        if need is None:
+            continue
+        fits = (free - FIXED_BYTES) // need
+        if fits < 1:
+            raise UserError(f"{label} at {name} needs about {(need + FIXED_BYTES) / 2**30:.1f} GiB for one image but "
+                            f"{free / 2**30:.1f} GiB are free: evaluate at smaller sizes, free memory, or use a "
+                            "device with more")
+        batch = min(batch, fits)
+    return batch
