@@ -1,16 +1,16 @@
-"""timm's own model tests on the vit_rope_* models: ``tests/test_models.py`` of the installed timm's source release.
+"""timm's own model tests on the vit_rope_* and swin_rope_* models: ``tests/test_models.py`` of timm's source release.
 
-    python scripts/timm_model_suite.py                       # every vit_rope_* model (hours on a CPU)
-    python scripts/timm_model_suite.py --match tiny          # the vit_rope_* models whose name holds "tiny"
+    python scripts/timm_model_suite.py                       # every vit_rope_* / swin_rope_* model (hours on CPU)
+    python scripts/timm_model_suite.py --match tiny          # the models whose name holds "tiny"
     python scripts/timm_model_suite.py --match "tiny and lookhere" -- -x   # anything after -- goes to pytest
 
 timm's wheel carries no tests, so the script downloads the source release of the installed version from the package
 index (``pip download --no-binary``; once, into ``--out``), and runs its ``test_models.py`` with vit_rope imported
 first, so that the ``vit_rope_*`` models are in timm's registry when pytest collects the test parameters. Selected:
-the tests whose id names a ``vit_rope_`` model (forward, backward, default configs, features, intermediates, FX,
-TorchScript), less those that download published weights (no hub here; ``test_model_load_pretrained`` and the
-like) and TorchScript on LookHere, 2D-ALiBi, ComRoPE and LieRE, which refuse it by design (docs/models.md). The exit
-status is pytest's.
+the tests whose id names a ``vit_rope_`` or ``swin_rope_`` model (forward, backward, default configs, features,
+intermediates, FX, TorchScript), less those that download published weights (no hub here;
+``test_model_load_pretrained`` and the like) and TorchScript on LookHere, 2D-ALiBi, ComRoPE and LieRE, which refuse it
+by design (docs/models.md). The exit status is pytest's.
 """
 
 from __future__ import annotations
@@ -63,7 +63,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("pytest_args", nargs="*", help="more pytest arguments, after --")
     args = parser.parse_args(argv)
     tests = timm_tests(args.out.resolve())  # absolute: pytest runs from the release's folder
-    selection = f"vit_rope_ and not pretrained and {KNOWN_REFUSALS}" + (f" and ({args.match})" if args.match else "")
+    selection = f"(vit_rope_ or swin_rope_) and not pretrained and {KNOWN_REFUSALS}"
+    selection += f" and ({args.match})" if args.match else ""
     # vit_rope registers its models on import, before pytest collects timm's parametrised model lists
     code = "import sys, pytest, vit_rope; sys.exit(pytest.main(sys.argv[1:]))"
     command = [sys.executable, "-c", code, str(tests / "test_models.py"), "-q", "-k", selection,

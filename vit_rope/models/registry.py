@@ -21,7 +21,7 @@ from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 from timm.models import build_model_with_cfg, generate_default_cfgs, register_model
 
 from vit_rope.encodings import KINDS, REGISTRY
-from vit_rope.models import dinov3
+from vit_rope.models import dinov3, swin  # noqa: F401  (swin registers the RoPE-Swin models)
 from vit_rope.models.checkpoint import checkpoint_filter_fn
 from vit_rope.models.dinov3 import dinov3_name
 from vit_rope.models.eva_families import FAMILIES, twin_cfgs, twin_name

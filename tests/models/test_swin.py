@@ -1,0 +1,102 @@
+"""RoPE-Swin (vit_rope.models.swin): the official model's logits from its own code (tests/helpers/rope_swin_official.py,
+naver-ai/rope-vit at a pinned commit; MIT and Llama 2 Community License, stated there), window-local positions under
+each resolution policy, and timm's Swin features."""
+
+from __future__ import annotations
+
+import pytest
+import timm
+import torch
+
+import vit_rope  # noqa: F401  (registers the models)
+from helpers import rope_swin_official as official
+from vit_rope.layers.rotary import grid_positions, rope_angles, rope_tables
+from vit_rope.models.swin import RoPESwinTransformer, from_official
+
+SMALL = dict(embed_dim=32, depths=(2, 2, 2, 2), num_heads=(1, 2, 4, 8))  # head_dim 32 in every stage
+
+
+def pair(kind: str, use_rpb: bool) -> tuple[torch.nn.Module, RoPESwinTransformer]:
+    """The official model (random weights) and ours with its weights converted."""
+    torch.manual_seed(0)
+    theirs = official.RoPESwinTransformer(rope_theta=10.0 if kind == "mixed" else 50.0, rope_mixed=kind == "mixed",
+                                          use_rpb=use_rpb, **{**SMALL, "depths": list(SMALL["depths"])}).eval()
+    ours = RoPESwinTransformer(rope_kind=kind, use_rpb=use_rpb, **SMALL).eval()
+    ours.load_state_dict(from_official({"model": theirs.state_dict()}, ours))
+    return theirs, ours
+
+
+@pytest.mark.parametrize("kind,use_rpb", [("mixed", False), ("axial", False), ("mixed", True), ("axial", True)])
+def test_the_official_models_logits_at_224_px(kind: str, use_rpb: bool) -> None:
+    theirs, ours = pair(kind, use_rpb)
+    images = torch.randn(2, 3, 224, 224)
+    with torch.no_grad():
+        torch.testing.assert_close(ours(images), theirs(images), rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("kind", ["mixed", "axial"])
+def test_window_12_at_384_px_is_the_official_evaluation_and_extrapolates(kind: str) -> None:
+    """RoPE-ViT evaluates at 384 px by building the model with window 12 (positions 0..11 in a window): ours, trained
+    with window 7 and given window 12 by timm's ``set_input_size``, is that model under ``extrapolate``."""
+    theirs, ours = pair(kind, False)
+    at_384 = official.RoPESwinTransformer(img_size=384, window_size=12, rope_theta=10.0 if kind == "mixed" else 50.0,
+                                          rope_mixed=kind == "mixed", **{**SMALL, "depths": list(SMALL["depths"])})
+    rebuilt = ("rope_t_", "attn_mask")  # what the official loader drops: the windows' positions and masks
+    at_384.load_state_dict({k: v for k, v in theirs.state_dict().items() if not any(r in k for r in rebuilt)},
+                           strict=False)
+    ours.set_input_size(img_size=(384, 384), window_size=12)
+    images = torch.randn(1, 3, 384, 384)
+    with torch.no_grad():
+        expected = at_384.eval()(images)
+        torch.testing.assert_close(ours(images), expected, rtol=1e-4, atol=1e-5)
+        ours.set_resolution_policy("interpolate")  # positions scaled into the trained window: another model
+        assert (ours(images) - expected).abs().max() > 1e-4  # random weights: small, but 1000x parity's
+
+
+def test_policies_scale_window_positions_against_the_trained_window() -> None:
+    """Every policy is the identity at the trained window; on a window of 14, ``interpolate`` is extrapolation of
+    positions halved (7 / 14)."""
+    model = RoPESwinTransformer(rope_kind="mixed", **SMALL)
+    rope = model.layers[0].blocks[0].attn.rope
+    assert rope.train_grid == (7, 7)
+
+    def tables(window: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return rope(grid_positions(window, window), 0, torch.tensor([[window, window]]))
+
+    for policy in ("interpolate", "ntk", "yarn"):
+        model.set_resolution_policy(policy)
+        torch.testing.assert_close(tables(7), rope_tables(rope_angles(grid_positions(7, 7), rope.freqs)))
+    model.set_resolution_policy("interpolate")
+    torch.testing.assert_close(tables(14), rope_tables(rope_angles(grid_positions(14, 14) / 2, rope.freqs)))
+    assert model.resolution_policy.name == "interpolate"
+    with pytest.raises(ValueError, match="normalized"):
+        RoPESwinTransformer(rope_kind="axial", resolution_policy="bogus", **SMALL)
+
+
+def test_axial_frequencies_of_another_theta_are_refused_and_kinds_are_checked() -> None:
+    theirs = official.RoPESwinTransformer(rope_theta=100.0, rope_mixed=False, **{**SMALL, "depths": [2, 2, 2, 2]})
+    with pytest.raises(ValueError, match="another theta than this model's 50: create the model with the checkpoint"):
+        from_official(theirs.state_dict(), RoPESwinTransformer(rope_kind="axial", **SMALL))
+    with pytest.raises(ValueError, match="rope_kind is one of axial, mixed"):
+        RoPESwinTransformer(rope_kind="golden", **SMALL)
+
+
+def test_registered_models_have_timms_swin_features() -> None:
+    """Names, the four strides of ``features_only``, ``forward_intermediates``, any size with ``dynamic_img_size``,
+    the learned frequencies without weight decay (RoPE-ViT), no bias table unless asked."""
+    assert len(timm.list_models("swin_rope_*")) == 6
+    model = timm.create_model("swin_rope_mixed_tiny_patch4_window7_224", features_only=True, **SMALL).eval()
+    images = torch.randn(1, 3, 224, 224)
+    with torch.no_grad():
+        assert [tuple(f.shape[1:3]) for f in model(images)] == [(56, 56), (28, 28), (14, 14), (7, 7)]
+    model = timm.create_model("swin_rope_mixed_tiny_patch4_window7_224", dynamic_img_size=True, **SMALL).eval()
+    with torch.no_grad():
+        final, stages = model.forward_intermediates(torch.randn(1, 3, 160, 256))
+        assert [tuple(s.shape[2:]) for s in stages] == [(40, 64), (20, 32), (10, 16), (5, 8)]
+        assert model(torch.randn(2, 3, 96, 128)).shape == (2, 1000)
+    assert {n for n in model.no_weight_decay() if n.endswith("rope.freqs")} == {
+        n for n, _ in model.named_parameters() if n.endswith("rope.freqs")} != set()
+    axial = timm.create_model("swin_rope_axial_tiny_patch4_window7_224", **SMALL)
+    assert not any("relative_position" in n or "freqs" in n for n, _ in axial.named_parameters())
+    biased = timm.create_model("swin_rope_axial_tiny_patch4_window7_224", use_rpb=True, **SMALL)
+    assert sum("relative_position_bias_table" in n for n, _ in biased.named_parameters()) == 8

@@ -1,0 +1,208 @@
+"""RoPE-Swin: RoPE-ViT's Swin Transformers on timm's ``SwinTransformer``.
+
+RoPE-ViT (Heo et al., "Rotary Position Embedding for Vision Transformer", ECCV 2024, arXiv:2403.13298;
+github.com/naver-ai/rope-vit) puts its 2D RoPE into every window attention of a Swin Transformer (Liu et al., ICCV
+2021) in place of Swin's relative position bias. A token's position is its ``(x, y)`` inside its window, the same in
+shifted windows, so a ``w x w`` window sees positions ``0 .. w - 1`` per axis and every block one small table.
+Axial RoPE takes theta 50 here (the official Swin models' value; its ViTs take 100), mixed RoPE learns per-block,
+per-head frequencies from theta 10. ``use_rpb`` keeps the relative position bias beside RoPE (the official option).
+
+Resolution policies act on the window grid (``vit_rope.encodings.policies``): a window larger than the one trained
+(RoPE-ViT evaluates at 384 px with window 12 where it trained with 7) reaches positions beyond the trained range, which
+``extrapolate`` keeps and ``interpolate``, ``ntk`` and ``yarn`` scale against the training window. timm's machinery
+does the rest: ``set_input_size`` (another window too), ``dynamic_img_size``, ``forward_intermediates``,
+``features_only``, gradient checkpointing.
+"""
+
+from __future__ import annotations
+
+from itertools import product
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
+from timm.layers import to_2tuple, trunc_normal_
+from timm.models import build_model_with_cfg, generate_default_cfgs, register_model
+from timm.models.swin_transformer import SwinTransformer, WindowAttention, checkpoint_filter_fn
+from torch import Tensor
+
+from vit_rope.encodings.policies import ResolutionPolicy
+from vit_rope.encodings.rope.tables import RoPE2D
+from vit_rope.layers.capture import capturing
+from vit_rope.layers.fused import project_rotate_qk
+from vit_rope.layers.rotary import apply_rope, grid_positions
+
+SWIN_KINDS = ("axial", "mixed")
+SWIN_THETA = {"axial": 50.0, "mixed": 10.0}  # the official RoPE-Swin models' rope_theta
+
+
+class RoPEWindowAttention(WindowAttention):
+    """timm's window attention with q and k rotated by a 2D RoPE of window-local positions (``rope``, a
+    ``RoPE2D`` whose training grid is the window built with), with or without the relative position bias."""
+
+    def __init__(self, dim: int, num_heads: int, head_dim: int | None = None, window_size: Any = 7,
+                 qkv_bias: bool = True, attn_drop: float = 0.0, proj_drop: float = 0.0, rope_kind: str = "mixed",
+                 rope_theta: float | None = None, use_rpb: bool = False,
+                 resolution_policy: str | dict | ResolutionPolicy | None = None) -> None:
+        super().__init__(dim, num_heads, head_dim, window_size, qkv_bias, attn_drop, proj_drop)
+        if not use_rpb:
+            self.relative_position_bias_table = None
+            self.relative_position_index = None
+        if rope_kind not in SWIN_KINDS:
+            raise ValueError(f"RoPE-Swin's rope_kind is one of {', '.join(SWIN_KINDS)} (RoPE-ViT's), got {rope_kind!r}")
+        theta = SWIN_THETA[rope_kind] if rope_theta is None else rope_theta
+        self.rope = RoPE2D(self.qkv.out_features // 3 // num_heads, num_heads, rope_kind, theta, self.window_size,
+                           resolution_policy)
+
+    def reset_parameters(self) -> None:
+        if self.relative_position_bias_table is not None:  # timm's init of the bias, when there is one
+            trunc_normal_(self.relative_position_bias_table, std=0.02)
+            self._init_buffers()
+
+    def set_window_size(self, window_size: tuple[int, int]) -> None:
+        """A new window: the bias table resized as timm does; RoPE keeps its training window, which the policy
+        scales against."""
+        if self.relative_position_bias_table is not None:
+            super().set_window_size(window_size)
+            return
+        self.window_size = to_2tuple(window_size)
+        self.window_area = self.window_size[0] * self.window_size[1]
+
+    def forward(self, x: Tensor, mask: Tensor | None = None) -> Tensor:
+        """Attention within windows ``x`` ``[nW B, N, C]``; ``mask`` ``[nW, N, N]`` (0 / -100) for shifted ones."""
+        B_, N, C = x.shape
+        win_h, win_w = self.window_size
+        grid = torch.tensor([[win_h, win_w]], device=x.device)
+        cos, sin = self.rope(grid_positions(win_h, win_w, x.device), 0, grid)  # [H, N, D/2]
+        if not torch.jit.is_scripting() and not capturing(x):  # eager: rotated in the projection's output
+            q, k, v = project_rotate_qk(self.qkv, x, self.num_heads, cos, sin).permute(2, 0, 3, 1, 4).unbind(0)
+        else:
+            q, k, v = self.qkv(x).reshape(B_, N, 3, self.num_heads, -1).permute(2, 0, 3, 1, 4).unbind(0)
+            q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)  # [nW B, nh, N, D] each
+        attn_mask: Tensor | None = None
+        if self.relative_position_bias_table is not None:
+            attn_mask = self._get_rel_pos_bias()  # [1, nh, N, N]
+        if mask is not None:
+            num_win = mask.shape[0]
+            shifted = mask.view(1, num_win, 1, N, N).expand(B_ // num_win, -1, self.num_heads, -1, -1)
+            shifted = shifted.reshape(-1, self.num_heads, N, N)
+            attn_mask = shifted if attn_mask is None else attn_mask + shifted
+        if self.fused_attn:
+            x = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask,
+                                               dropout_p=self.attn_drop.p if self.training else 0.0)
+        else:
+            attn = (q * self.scale) @ k.transpose(-2, -1)
+            if attn_mask is not None:
+                attn = attn + attn_mask
+            x = self.attn_drop(attn.softmax(dim=-1)) @ v
+        return self.proj_drop(self.proj(x.transpose(1, 2).reshape(B_, N, -1)))
+
+
+class RoPESwinTransformer(SwinTransformer):
+    """timm's ``SwinTransformer`` with ``RoPEWindowAttention`` in every block.
+
+    Args:
+        rope_kind: ``"axial"`` or ``"mixed"`` (RoPE-ViT's).
+        rope_theta: frequency base; ``None`` takes the official models' (50 axial, 10 mixed).
+        use_rpb: keep Swin's relative position bias beside RoPE.
+        resolution_policy: how window-local positions follow windows other than the one trained
+            (``vit_rope.encodings.policies``); ``None``: ``extrapolate``.
+        **kwargs: timm's ``SwinTransformer`` arguments.
+    """
+
+    def __init__(self, rope_kind: str = "mixed", rope_theta: float | None = None, use_rpb: bool = False,
+                 resolution_policy: str | dict | ResolutionPolicy | None = None, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.rope_kind, self.use_rpb = rope_kind, use_rpb
+        for stage in self.layers:
+            for block in stage.blocks:
+                old = block.attn
+                block.attn = RoPEWindowAttention(
+                    old.dim, old.num_heads, old.qkv.out_features // 3 // old.num_heads, old.window_size,
+                    old.qkv.bias is not None, old.attn_drop.p, old.proj_drop.p, rope_kind, rope_theta, use_rpb,
+                    resolution_policy)
+        if kwargs.get("weight_init") != "skip":
+            self.init_weights(needs_reset=False)  # timm's init of the new projections
+
+    def _ropes(self) -> list[RoPE2D]:
+        return [module for module in self.modules() if isinstance(module, RoPE2D)]
+
+    @property
+    def resolution_policy(self) -> ResolutionPolicy:
+        return self._ropes()[0].policy
+
+    def set_resolution_policy(self, policy: str | dict | ResolutionPolicy | None) -> None:
+        """Choose how window-local positions follow windows other than the trained one; ``None``: ``extrapolate``."""
+        for rope in self._ropes():
+            rope.policy = policy
+
+    @property
+    def pos_encoding(self) -> RoPE2D:
+        """The first block's RoPE, which says the policies that apply (``policies``, ``check_policy``)."""
+        return self._ropes()[0]
+
+    @torch.jit.ignore
+    def no_weight_decay(self) -> set[str]:
+        """timm's (the relative position bias tables) and the learned frequencies (RoPE-ViT)."""
+        return super().no_weight_decay() | {name for name, _ in self.named_parameters() if name.endswith("rope.freqs")}
+
+
+def from_official(state_dict: dict[str, Tensor], model: RoPESwinTransformer) -> dict[str, Tensor]:
+    """An official RoPE-Swin state dict (github.com/naver-ai/rope-vit; with or without its ``model`` wrapper) in
+    this model's layout: mixed frequencies ``attn.rope_freqs`` to ``attn.rope.freqs``; axial ones, a buffer there and
+    rebuilt here, checked equal to this model's (a checkpoint trained with another theta is refused, naming it); the
+    window positions and masks dropped (rebuilt); then timm's conversion of Microsoft's Swin layout (downsampling at
+    the end of a stage, ``head``)."""
+    state_dict = state_dict.get("model", state_dict)
+    out = {}
+    for key, value in state_dict.items():
+        if key.endswith(("rope_t_x", "rope_t_y")):
+            continue
+        if key.endswith("attn.rope_freqs"):
+            rope = model.get_submodule(key.removesuffix("_freqs"))
+            if rope.learnable:
+                out[key.replace("rope_freqs", "rope.freqs")] = value
+            elif not torch.allclose(value.float(), rope.freqs.expand_as(value), atol=1e-6):
+                raise ValueError(f"{key} holds axial frequencies of another theta than this model's {rope.theta:g}: "
+                                 "create the model with the checkpoint's rope_theta")
+            continue
+        out[key] = value
+    return checkpoint_filter_fn(out, model)
+
+
+SWIN_SIZES = {"tiny": dict(embed_dim=96, depths=(2, 2, 6, 2), num_heads=(3, 6, 12, 24)),
+              "small": dict(embed_dim=96, depths=(2, 2, 18, 2), num_heads=(3, 6, 12, 24)),
+              "base": dict(embed_dim=128, depths=(2, 2, 18, 2), num_heads=(4, 8, 16, 32))}
+
+
+def swin_name(kind: str, size: str) -> str:
+    """The official name: ``swin_rope_{axial,mixed}_{tiny,small,base}_patch4_window7_224``."""
+    return f"swin_rope_{kind}_{size}_patch4_window7_224"
+
+
+def _create(variant: str, pretrained: bool = False, **kwargs: Any) -> RoPESwinTransformer:
+    out_indices = kwargs.pop("out_indices", tuple(range(len(kwargs.get("depths", (1, 1, 3, 1))))))
+    return build_model_with_cfg(RoPESwinTransformer, variant, pretrained, pretrained_filter_fn=from_official,
+                                feature_cfg=dict(flatten_sequential=True, out_indices=out_indices), **kwargs)
+
+
+def _entrypoint(name: str, model_args: dict[str, Any]) -> Any:
+    def create(pretrained: bool = False, **kwargs: Any) -> RoPESwinTransformer:
+        return _create(name, pretrained=pretrained, **dict(model_args, **kwargs))
+
+    create.__name__ = create.__qualname__ = name
+    create.__module__ = __name__
+    create.__doc__ = f"{name}: RoPE-ViT's Swin Transformer with {model_args['rope_kind']} RoPE ({model_args})."
+    return create
+
+
+default_cfgs = generate_default_cfgs({
+    swin_name(kind, size): dict(hf_hub_id=f"naver-ai/{swin_name(kind, size)}", hf_hub_filename="pytorch_model.bin",
+                                num_classes=1000, input_size=(3, 224, 224), pool_size=(7, 7), crop_pct=0.9,
+                                interpolation="bicubic", mean=IMAGENET_DEFAULT_MEAN, std=IMAGENET_DEFAULT_STD,
+                                first_conv="patch_embed.proj", classifier="head.fc", license="apache-2.0")
+    for kind, size in product(SWIN_KINDS, SWIN_SIZES)})
+for _kind, _size in product(SWIN_KINDS, SWIN_SIZES):
+    _name = swin_name(_kind, _size)
+    globals()[_name] = register_model(_entrypoint(_name, dict(window_size=7, rope_kind=_kind, **SWIN_SIZES[_size])))
