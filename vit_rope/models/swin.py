@@ -69,17 +69,23 @@ class RoPEWindowAttention(WindowAttention):
         self.window_size = to_2tuple(window_size)
         self.window_area = self.window_size[0] * self.window_size[1]
 
+    def _project(self, x: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """q, k (rotated) and v ``[nW B, nh, N, D]``: in eager mode rotated in the projection's output, in place;
+        graph captures and TorchScript take the reference rotation."""
+        if not torch.jit.is_scripting():  # TorchScript compiles only what this branch leaves out
+            if not capturing(x):
+                q, k, v = project_rotate_qk(self.qkv, x, self.num_heads, cos, sin).permute(2, 0, 3, 1, 4).unbind(0)
+                return q, k, v
+        q, k, v = self.qkv(x).unflatten(-1, (3, self.num_heads, -1)).permute(2, 0, 3, 1, 4).unbind(0)
+        return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
+
     def forward(self, x: Tensor, mask: Tensor | None = None) -> Tensor:
         """Attention within windows ``x`` ``[nW B, N, C]``; ``mask`` ``[nW, N, N]`` (0 / -100) for shifted ones."""
         B_, N, C = x.shape
         win_h, win_w = self.window_size
         grid = torch.tensor([[win_h, win_w]], device=x.device)
         cos, sin = self.rope(grid_positions(win_h, win_w, x.device), 0, grid)  # [H, N, D/2]
-        if not torch.jit.is_scripting() and not capturing(x):  # eager: rotated in the projection's output
-            q, k, v = project_rotate_qk(self.qkv, x, self.num_heads, cos, sin).permute(2, 0, 3, 1, 4).unbind(0)
-        else:
-            q, k, v = self.qkv(x).reshape(B_, N, 3, self.num_heads, -1).permute(2, 0, 3, 1, 4).unbind(0)
-            q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)  # [nW B, nh, N, D] each
+        q, k, v = self._project(x, cos, sin)  # [nW B, nh, N, D] each
         attn_mask: Tensor | None = None
         if self.relative_position_bias_table is not None:
             attn_mask = self._get_rel_pos_bias()  # [1, nh, N, N]
@@ -111,6 +117,8 @@ class RoPESwinTransformer(SwinTransformer):
         **kwargs: timm's ``SwinTransformer`` arguments.
     """
 
+    __jit_unused_properties__ = ["resolution_policy", "pos_encoding"]
+
     def __init__(self, rope_kind: str = "mixed", rope_theta: float | None = None, use_rpb: bool = False,
                  resolution_policy: str | dict | ResolutionPolicy | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
@@ -121,10 +129,11 @@ class RoPESwinTransformer(SwinTransformer):
                 block.attn = RoPEWindowAttention(
                     old.dim, old.num_heads, old.qkv.out_features // 3 // old.num_heads, old.window_size,
                     old.qkv.bias is not None, old.attn_drop.p, old.proj_drop.p, rope_kind, rope_theta, use_rpb,
-                    resolution_policy)
+                    resolution_policy).to(old.qkv.weight.device, old.qkv.weight.dtype)  # timm's device and dtype
         if kwargs.get("weight_init") != "skip":
             self.init_weights(needs_reset=False)  # timm's init of the new projections
 
+    @torch.jit.unused
     def _ropes(self) -> list[RoPE2D]:
         return [module for module in self.modules() if isinstance(module, RoPE2D)]
 
@@ -200,8 +209,9 @@ def _entrypoint(name: str, model_args: dict[str, Any]) -> Any:
 default_cfgs = generate_default_cfgs({
     swin_name(kind, size): dict(hf_hub_id=f"naver-ai/{swin_name(kind, size)}", hf_hub_filename="pytorch_model.bin",
                                 num_classes=1000, input_size=(3, 224, 224), pool_size=(7, 7), crop_pct=0.9,
-                                interpolation="bicubic", mean=IMAGENET_DEFAULT_MEAN, std=IMAGENET_DEFAULT_STD,
-                                first_conv="patch_embed.proj", classifier="head.fc", license="apache-2.0")
+                                interpolation="bicubic", fixed_input_size=True, mean=IMAGENET_DEFAULT_MEAN,
+                                std=IMAGENET_DEFAULT_STD, first_conv="patch_embed.proj", classifier="head.fc",
+                                license="apache-2.0")
     for kind, size in product(SWIN_KINDS, SWIN_SIZES)})
 for _kind, _size in product(SWIN_KINDS, SWIN_SIZES):
     _name = swin_name(_kind, _size)
