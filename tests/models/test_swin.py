@@ -11,6 +11,8 @@ import torch
 import vit_rope  # noqa: F401  (registers the models)
 from helpers import rope_swin_official as official
 from vit_rope.layers.rotary import grid_positions, rope_angles, rope_tables
+from vit_rope import create_from_checkpoint, load_weights
+from vit_rope.models.load_report import ROPE_FREQS
 from vit_rope.models.swin import RoPESwinTransformer, from_official
 
 SMALL = dict(embed_dim=32, depths=(2, 2, 2, 2), num_heads=(1, 2, 4, 8))  # head_dim 32 in every stage
@@ -22,7 +24,8 @@ def pair(kind: str, use_rpb: bool) -> tuple[torch.nn.Module, RoPESwinTransformer
     theirs = official.RoPESwinTransformer(rope_theta=10.0 if kind == "mixed" else 50.0, rope_mixed=kind == "mixed",
                                           use_rpb=use_rpb, **{**SMALL, "depths": list(SMALL["depths"])}).eval()
     ours = RoPESwinTransformer(rope_kind=kind, use_rpb=use_rpb, **SMALL).eval()
-    ours.load_state_dict(from_official({"model": theirs.state_dict()}, ours))
+    report = load_weights(ours, {"model": theirs.state_dict()})  # with RoPE-ViT's wrapper, as it saves them
+    assert report.initialised == {}
     return theirs, ours
 
 
@@ -77,6 +80,8 @@ def test_axial_frequencies_of_another_theta_are_refused_and_kinds_are_checked() 
     theirs = official.RoPESwinTransformer(rope_theta=100.0, rope_mixed=False, **{**SMALL, "depths": [2, 2, 2, 2]})
     with pytest.raises(ValueError, match="another theta than this model's 50: create the model with the checkpoint"):
         from_official(theirs.state_dict(), RoPESwinTransformer(rope_kind="axial", **SMALL))
+    with pytest.raises(ValueError, match="load it into a swin_rope_"):
+        from_official(theirs.state_dict(), timm.create_model("vit_rope_tiny_patch16_axial_224", depth=1))
     with pytest.raises(ValueError, match="rope_kind is one of axial, mixed"):
         RoPESwinTransformer(rope_kind="golden", **SMALL)
 
@@ -100,3 +105,39 @@ def test_registered_models_have_timms_swin_features() -> None:
     assert not any("relative_position" in n or "freqs" in n for n, _ in axial.named_parameters())
     biased = timm.create_model("swin_rope_axial_tiny_patch4_window7_224", use_rpb=True, **SMALL)
     assert sum("relative_position_bias_table" in n for n, _ in biased.named_parameters()) == 8
+
+
+def test_timm_and_microsoft_swin_weights_fine_tune_with_rope_the_frequencies_new_and_reported(tmp_path) -> None:
+    """timm's Swin state dict (and Microsoft's layout, the official code's plain Swin) into RoPE-Swin: every weight
+    but RoPE's loads; the learned frequencies are listed as initialised, the bias tables dropped unless kept."""
+    torch.manual_seed(0)
+    timm_swin = timm.create_model("swin_tiny_patch4_window7_224", **SMALL)
+    microsoft = official.SwinTransformer(**{**SMALL, "depths": list(SMALL["depths"])})
+    for source in (timm_swin.state_dict(), {"model": microsoft.state_dict()}):
+        model = RoPESwinTransformer(rope_kind="mixed", **SMALL)
+        with pytest.warns(UserWarning, match="learned RoPE frequencies"):
+            report = load_weights(model, source)
+        assert set(report.initialised) == {ROPE_FREQS} and len(report.initialised[ROPE_FREQS]) == 8
+        assert any("bias tables dropped" in note for note in report.converted)
+        biased = RoPESwinTransformer(rope_kind="axial", use_rpb=True, **SMALL)
+        assert load_weights(biased, source).initialised == {}  # axial: nothing learned is missing
+        table = "layers.2.blocks.1.attn.relative_position_bias_table"
+        torch.testing.assert_close(biased.state_dict()[table], source.get("model", source)[table])  # same key in both
+    torch.save(timm_swin.state_dict(), tmp_path / "swin.pth")
+    with pytest.raises(ValueError, match="load it into a swin_rope_"):
+        load_weights(timm.create_model("vit_rope_tiny_patch16_axial_224", depth=1), tmp_path / "swin.pth")
+
+
+def test_create_from_checkpoint_names_an_official_file_by_its_widths_and_kind(tmp_path) -> None:
+    torch.manual_seed(0)
+    tiny = dict(embed_dim=96, depths=[2, 2, 6, 2], num_heads=[3, 6, 12, 24])
+    for kind in ("axial", "mixed"):
+        theirs = official.RoPESwinTransformer(num_classes=10, rope_theta=50.0 if kind == "axial" else 10.0,
+                                              rope_mixed=kind == "mixed", **tiny).eval()
+        torch.save({"model": theirs.state_dict()}, tmp_path / f"{kind}.pth")
+        model = create_from_checkpoint(tmp_path / f"{kind}.pth").eval()
+        assert model.pretrained_cfg["architecture"] == f"swin_rope_{kind}_tiny_patch4_window7_224"
+        assert model.num_classes == 10 and model.load_report.initialised == {}
+        images = torch.randn(1, 3, 224, 224)
+        with torch.no_grad():
+            torch.testing.assert_close(model(images), theirs(images), rtol=1e-4, atol=1e-5)

@@ -89,7 +89,7 @@ def _convert(state_dict: dict[str, Any], model: nn.Module
     for key, value in target.items():
         if key in out:
             continue
-        if re.fullmatch(r"pos_encoding\.\d+\.freqs", key):
+        if re.fullmatch(r"pos_encoding\.\d+\.freqs|layers\.\d+\.blocks\.\d+\.attn\.rope\.freqs", key):  # ViT, Swin
             out[key] = value  # a checkpoint without RoPE: keep the model's initial frequencies
             initialised[ROPE_FREQS].append(key)
         elif re.fullmatch(r"blocks\.\d+\.ls[12]\.gamma", key):

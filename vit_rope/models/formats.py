@@ -27,7 +27,7 @@ from typing import Any
 from torch import Tensor, nn
 
 from vit_rope.encodings import FORMATS as KIND_FORMATS
-from vit_rope.models import hf_dinov3
+from vit_rope.models import hf_dinov3, swin
 from vit_rope.models.dinov3 import SIZES as DINOV3_SIZES
 from vit_rope.models.dinov3 import architecture, dinov3_name, from_dinov3, is_meta_dinov3
 from vit_rope.models.eva_weights import EVA_LAYOUTS, check_family, from_eva, is_eva
@@ -130,6 +130,11 @@ FORMATS: tuple[Format, ...] = (
            lambda state_dict: (_dinov3_name(state_dict), _shape(state_dict))),
     Format("timm's Eva", "keys ending in '.attn.q_bias', '.attn.q_proj.weight' or '.gamma_1'", is_eva, _timm_eva,
            _describe_eva),
+    Format("RoPE-ViT's official RoPE-Swin", "keys ending in 'attn.rope_t_x' or 'attn.rope_freqs'", swin.is_official,
+           swin.from_official, swin.describe),
+    Format("timm's or Microsoft's Swin Transformer", "'layers.*.attn.qkv.weight' keys and no RoPE-Swin marker",
+           lambda state_dict: swin.is_swin(state_dict) and not swin.is_official(state_dict), swin.from_swin,
+           swin.describe),
 )
 # what a file without any other format's marker must have: timm's VisionTransformer keys, which are ours; its keys do
 # not say which model it is (timm's ViT, DeiT-III, our own state dicts)

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from torch import Tensor
 
-CLASSIFIER = ("head.weight", "head.bias")
+CLASSIFIER = ("head.weight", "head.bias", "head.fc.weight", "head.fc.bias")  # ViT, Swin
 POS_EMBED = "pos_embed"
 
 # Why a weight of the model holds its initial value rather than one from the checkpoint (keys of LoadReport.initialised)

@@ -21,10 +21,11 @@ from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 from timm.models import build_model_with_cfg, generate_default_cfgs, register_model
 
 from vit_rope.encodings import KINDS, REGISTRY
-from vit_rope.models import dinov3, swin  # noqa: F401  (swin registers the RoPE-Swin models)
+from vit_rope.models import dinov3
 from vit_rope.models.checkpoint import checkpoint_filter_fn
 from vit_rope.models.dinov3 import dinov3_name
 from vit_rope.models.eva_families import FAMILIES, twin_cfgs, twin_name
+from vit_rope.models.swin import SWIN_KINDS, SWIN_SIZES, RoPESwinTransformer, swin_name
 from vit_rope.models.vit import RoPEVisionTransformer
 from vit_rope.models.widths import width
 
@@ -78,6 +79,10 @@ def _default_cfgs() -> dict[str, Any]:
             cfgs[f"{name}.naver_in1k"] = _cfg(hf_hub_id=hub_id, crop_pct=0.9)
     for size, kind in product(NEW_SIZES, NEW_KINDS):
         cfgs[model_name(size, kind, False)] = _cfg()
+    for kind, size in product(SWIN_KINDS, SWIN_SIZES):  # RoPE-ViT's published RoPE-Swin weights, on its hub
+        name = swin_name(kind, size)
+        cfgs[name] = _cfg(hf_hub_id=f"naver-ai/{name}", hf_hub_filename="pytorch_model.bin", pool_size=(7, 7),
+                          crop_pct=0.9, fixed_input_size=True, classifier="head.fc")
     return {**cfgs, **twin_cfgs()}
 
 
@@ -135,3 +140,28 @@ for _table in FAMILIES.values():  # twins of timm's Eva backbones (vit_rope.mode
     for _timm_name, _args in _table.items():
         _name = twin_name(_timm_name)
         globals()[_name] = register_model(_entrypoint(_name, _args))
+
+
+def _create_swin(variant: str, pretrained: bool = False, **kwargs: Any) -> RoPESwinTransformer:
+    """timm's Swin builder (its four feature stages) with our checkpoint filter: every format, a load report."""
+    out_indices = kwargs.pop("out_indices", tuple(range(len(kwargs.get("depths", (1, 1, 3, 1))))))
+    return build_model_with_cfg(
+        RoPESwinTransformer, variant, pretrained,
+        pretrained_filter_fn=partial(checkpoint_filter_fn, features_only=bool(kwargs.get("features_only"))),
+        feature_cfg=dict(flatten_sequential=True, out_indices=out_indices), **kwargs)
+
+
+def _swin_entrypoint(name: str, model_args: dict[str, Any]) -> Callable[..., RoPESwinTransformer]:
+    def create(pretrained: bool = False, **kwargs: Any) -> RoPESwinTransformer:
+        return _create_swin(name, pretrained=pretrained, **dict(model_args, **kwargs))
+
+    create.__name__ = create.__qualname__ = name
+    create.__module__ = __name__
+    create.__doc__ = f"{name}: RoPE-ViT's Swin Transformer with {model_args['rope_kind']} RoPE ({model_args})."
+    return create
+
+
+for _kind, _size in product(SWIN_KINDS, SWIN_SIZES):  # RoPE-ViT's RoPE-Swin (vit_rope.models.swin)
+    _name = swin_name(_kind, _size)
+    _args = dict(window_size=7, rope_kind=_kind, **SWIN_SIZES[_size])
+    globals()[_name] = register_model(_swin_entrypoint(_name, _args))

@@ -16,22 +16,21 @@ does the rest: ``set_input_size`` (another window too), ``dynamic_img_size``, ``
 
 from __future__ import annotations
 
-from itertools import product
+from collections.abc import Mapping
 from typing import Any
 
 import torch
 import torch.nn.functional as F
-from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 from timm.layers import to_2tuple, trunc_normal_
-from timm.models import build_model_with_cfg, generate_default_cfgs, register_model
 from timm.models.swin_transformer import SwinTransformer, WindowAttention, checkpoint_filter_fn
-from torch import Tensor
+from torch import Tensor, nn
 
 from vit_rope.encodings.policies import ResolutionPolicy
 from vit_rope.encodings.rope.tables import RoPE2D
 from vit_rope.layers.capture import capturing
 from vit_rope.layers.fused import project_rotate_qk
 from vit_rope.layers.rotary import apply_rope, grid_positions
+from vit_rope.weights import Converted, Description
 
 SWIN_KINDS = ("axial", "mixed")
 SWIN_THETA = {"axial": 50.0, "mixed": 10.0}  # the official RoPE-Swin models' rope_theta
@@ -157,13 +156,37 @@ class RoPESwinTransformer(SwinTransformer):
         return super().no_weight_decay() | {name for name, _ in self.named_parameters() if name.endswith("rope.freqs")}
 
 
-def from_official(state_dict: dict[str, Tensor], model: RoPESwinTransformer) -> dict[str, Tensor]:
-    """An official RoPE-Swin state dict (github.com/naver-ai/rope-vit; with or without its ``model`` wrapper) in
-    this model's layout: mixed frequencies ``attn.rope_freqs`` to ``attn.rope.freqs``; axial ones, a buffer there and
-    rebuilt here, checked equal to this model's (a checkpoint trained with another theta is refused, naming it); the
-    window positions and masks dropped (rebuilt); then timm's conversion of Microsoft's Swin layout (downsampling at
-    the end of a stage, ``head``)."""
-    state_dict = state_dict.get("model", state_dict)
+def is_official(state_dict: Mapping[str, Any]) -> bool:
+    """RoPE-ViT's official RoPE-Swin files: window positions or frequencies (``attn.rope_t_x``, ``attn.rope_freqs``)."""
+    return any(key.endswith(("attn.rope_t_x", "attn.rope_freqs")) for key in state_dict)
+
+
+def is_swin(state_dict: Mapping[str, Any]) -> bool:
+    """A Swin Transformer's keys (timm's or Microsoft's layout): window attention in ``layers.*.blocks.*``."""
+    return any(key.startswith("layers.") and key.endswith(".attn.qkv.weight") for key in state_dict)
+
+
+def _swin_model(model: nn.Module, source: str) -> RoPESwinTransformer:
+    if not isinstance(model, RoPESwinTransformer):
+        raise ValueError(f"The checkpoint is {source}; load it into a swin_rope_{{axial,mixed}}_{{tiny,small,base}}_"
+                         f"patch4_window7_224 model, not a {type(model).__name__}.")
+    return model
+
+
+def _biases(state_dict: dict[str, Any], model: RoPESwinTransformer) -> tuple[dict[str, Any], tuple[str, ...]]:
+    """The relative position bias tables dropped where the model has none (``use_rpb=False``), said in a note."""
+    if model.use_rpb or not any(key.endswith("relative_position_bias_table") for key in state_dict):
+        return state_dict, ()
+    kept = {key: value for key, value in state_dict.items() if not key.endswith("relative_position_bias_table")}
+    return kept, ("relative position bias tables dropped: the model has RoPE alone (use_rpb=True keeps them)",)
+
+
+def from_official(state_dict: dict[str, Any], model: nn.Module) -> Converted:
+    """An official RoPE-Swin state dict (github.com/naver-ai/rope-vit) in this model's layout: mixed frequencies
+    ``attn.rope_freqs`` to ``attn.rope.freqs``; axial ones, a buffer there and rebuilt here, checked equal to this
+    model's (a checkpoint of another theta is refused, naming it); window positions dropped (rebuilt); then
+    timm's conversion of Microsoft's Swin layout (downsampling at the end of a stage, ``head``)."""
+    model = _swin_model(model, "RoPE-ViT's official RoPE-Swin")
     out = {}
     for key, value in state_dict.items():
         if key.endswith(("rope_t_x", "rope_t_y")):
@@ -177,7 +200,33 @@ def from_official(state_dict: dict[str, Tensor], model: RoPESwinTransformer) -> 
                                  "create the model with the checkpoint's rope_theta")
             continue
         out[key] = value
-    return checkpoint_filter_fn(out, model)
+    out, notes = _biases(out, model)
+    return checkpoint_filter_fn(out, model), ("RoPE-ViT's RoPE-Swin: window positions rebuilt, Microsoft's stage "
+                                              "layout converted as timm converts it", *notes)
+
+
+def from_swin(state_dict: dict[str, Any], model: nn.Module) -> Converted:
+    """timm's or Microsoft's Swin weights, to fine-tune with RoPE: timm's conversion, the bias tables dropped unless
+    the model keeps them; the RoPE frequencies are new (the load report lists them)."""
+    state_dict, notes = _biases(state_dict, _swin_model(model, "a Swin Transformer's"))
+    return checkpoint_filter_fn(state_dict, model), notes
+
+
+def describe(state_dict: Mapping[str, Any]) -> Description:
+    """The RoPE-Swin an official file is (its width and depths name the size; axial frequencies are ``wy = 0`` on
+    the first half of the pairs), with its class count; a plain Swin's weights name no RoPE kind."""
+    head = state_dict.get("head.weight", state_dict.get("head.fc.weight"))
+    args = {} if head is None else {"num_classes": int(head.shape[0])}
+    freqs = next((value for key, value in state_dict.items() if key.endswith("attn.rope_freqs")), None)
+    width = state_dict["patch_embed.proj.weight"].shape[0] if "patch_embed.proj.weight" in state_dict else None
+    depths = tuple(len({key.split(".")[3] for key in state_dict if key.startswith(f"layers.{i}.blocks.")})
+                   for i in range(4))
+    size = next((size for size, widths in SWIN_SIZES.items()
+                 if widths["embed_dim"] == width and widths["depths"] == depths), None)
+    if freqs is None or size is None:
+        return None, args
+    kind = "axial" if bool((freqs[1, :, : freqs.shape[-1] // 2] == 0).all()) else "mixed"
+    return swin_name(kind, size), args
 
 
 SWIN_SIZES = {"tiny": dict(embed_dim=96, depths=(2, 2, 6, 2), num_heads=(3, 6, 12, 24)),
@@ -190,29 +239,3 @@ def swin_name(kind: str, size: str) -> str:
     return f"swin_rope_{kind}_{size}_patch4_window7_224"
 
 
-def _create(variant: str, pretrained: bool = False, **kwargs: Any) -> RoPESwinTransformer:
-    out_indices = kwargs.pop("out_indices", tuple(range(len(kwargs.get("depths", (1, 1, 3, 1))))))
-    return build_model_with_cfg(RoPESwinTransformer, variant, pretrained, pretrained_filter_fn=from_official,
-                                feature_cfg=dict(flatten_sequential=True, out_indices=out_indices), **kwargs)
-
-
-def _entrypoint(name: str, model_args: dict[str, Any]) -> Any:
-    def create(pretrained: bool = False, **kwargs: Any) -> RoPESwinTransformer:
-        return _create(name, pretrained=pretrained, **dict(model_args, **kwargs))
-
-    create.__name__ = create.__qualname__ = name
-    create.__module__ = __name__
-    create.__doc__ = f"{name}: RoPE-ViT's Swin Transformer with {model_args['rope_kind']} RoPE ({model_args})."
-    return create
-
-
-default_cfgs = generate_default_cfgs({
-    swin_name(kind, size): dict(hf_hub_id=f"naver-ai/{swin_name(kind, size)}", hf_hub_filename="pytorch_model.bin",
-                                num_classes=1000, input_size=(3, 224, 224), pool_size=(7, 7), crop_pct=0.9,
-                                interpolation="bicubic", fixed_input_size=True, mean=IMAGENET_DEFAULT_MEAN,
-                                std=IMAGENET_DEFAULT_STD, first_conv="patch_embed.proj", classifier="head.fc",
-                                license="apache-2.0")
-    for kind, size in product(SWIN_KINDS, SWIN_SIZES)})
-for _kind, _size in product(SWIN_KINDS, SWIN_SIZES):
-    _name = swin_name(_kind, _size)
-    globals()[_name] = register_model(_entrypoint(_name, dict(window_size=7, rope_kind=_kind, **SWIN_SIZES[_size])))
