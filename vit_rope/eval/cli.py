@@ -29,6 +29,7 @@ from vit_rope.data.folders import find_images, resolve_data_dir
 from vit_rope.encodings.policies import POLICIES
 from vit_rope.errors import UserError
 from vit_rope.eval import token_budget as naflex
+from vit_rope.eval import windows
 from vit_rope.eval.harness import check_options, check_sizes, choose_split, evaluate_models, protocol
 from vit_rope.eval.loading import check_weights, load_pretrained, load_trained
 from vit_rope.eval.report import write_reports
@@ -81,6 +82,12 @@ def build_parser() -> argparse.ArgumentParser:
                         help=f"RoPE policies: {', '.join(POLICIES)} (default: each model's own, the one it was built "
                         "with: extrapolate for RoPE-ViT, normalized for DINOv3, interpolate for the EVA-02, PE and "
                         "SBB twins, as timm runs them)")
+    parser.add_argument("--window-size", type=windows.window_arg, default="keep", metavar="RULE",
+                        help="a Swin's windows at each size: keep (default: as trained), scale (with the image, "
+                        "timm's set_input_size rule) or a number of tokens per side")
+    parser.add_argument("--pad-windows", action="store_true",
+                        help="pad a Swin's windows where a size's stages are not whole windows (timm's "
+                        "dynamic_img_size), instead of refusing the size")
     parser.add_argument("--crop-pct", type=float, default=1.0, help="center-crop fraction (default 1.0)")
     parser.add_argument("--output", default="output/eval", help="folder for the results (default output/eval)")
     parser.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto",
@@ -137,7 +144,8 @@ def main(argv: list[str] | None = None) -> int:
                   "labelled 'random init'", flush=True)
         with flushed_subnormals():
             results = evaluate_models(models, data_dir, sizes, args.policy, args.crop_pct, args.device, args.limit,
-                                      args.batch_size, args.workers, split, args.seq_lens)
+                                      args.batch_size, args.workers, split, args.seq_lens, args.window_size,
+                                      args.pad_windows)
     except UserError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

@@ -24,7 +24,7 @@ from vit_rope.checks import check_multiple, resolve_device
 from vit_rope.data.folders import ImageFolderDataset, find_images
 from vit_rope.encodings.policies import POLICIES
 from vit_rope.errors import UserError
-from vit_rope.eval import memory
+from vit_rope.eval import memory, windows
 from vit_rope.eval import token_budget as naflex
 from vit_rope.eval.loading import EvalModel, check_loaded
 from vit_rope.models.encoding import resolution_encoding
@@ -121,7 +121,8 @@ def protocol(crop_pct: float) -> str:
 def evaluate_models(models: Sequence[EvalModel], data_dir: str | Path, img_sizes: Sequence[int],
                     policies: Sequence[str] | None = None, crop_pct: float = 1.0, device: str = "auto",
                     limit: int | None = None, batch_size: int = 64, workers: int = 4,
-                    val_split: str = "val", seq_lens: Sequence[int] = ()) -> list[dict[str, Any]]:
+                    val_split: str = "val", seq_lens: Sequence[int] = (), window: str | int = "keep",
+                    pad_windows: bool = False) -> list[dict[str, Any]]:
     """Top-1, top-5 (%), loss and images/s of every model at every size and token budget (``seq_lens``,
     ``vit_rope.eval.token_budget``) on ``data_dir/val_split``, once per policy for RoPE models.
 
@@ -129,7 +130,10 @@ def evaluate_models(models: Sequence[EvalModel], data_dir: str | Path, img_sizes
     ``extrapolate``, DINOv3's ``normalized``, the Eva twins' ``interpolate``, which is what timm runs them with: a
     fixed default would evaluate those twins as they were never trained), labelled with its name. Models without
     ``set_resolution_policy`` (timm's ViTs and RoPE ports, CNNs) run once, with policy None.
-    ``images_per_s`` is the model's forward throughput (data loading excluded). A size whose batch would not fit in
+    A Swin's windows at each size follow ``window`` (``vit_rope.eval.windows``: ``keep`` as trained, ``scale`` with
+    the image, or a number), its rows saying them (``windows``); a size they do not tile is refused unless
+    ``pad_windows``. ``images_per_s`` is the model's forward throughput (data loading excluded). A size whose batch
+    would not fit in
     the free memory runs in smaller batches (``vit_rope.eval.memory``), said when it starts. Raises ``UserError``
     for bad input before any image is decoded.
     """
@@ -143,6 +147,10 @@ def evaluate_models(models: Sequence[EvalModel], data_dir: str | Path, img_sizes
     settings += naflex.budget_settings(seq_lens, [naflex_patch(entry.model) for entry in models])
     for entry in models:
         check_loaded(entry.model, entry.label)
+    trained = {i: windows.trained_windows(entry.model) for i, entry in enumerate(models)
+               if windows.has_windows(entry.model)}
+    for i, windowed in trained.items():
+        windows.check_windows(models[i].model, list(img_sizes), window, windowed, pad_windows, models[i].label)
     maps = [label_map(entry, val_classes, val_dir).to(device) for entry in models]
     norms = [normalisation(entry.model, device) for entry in models]
     # each RoPE model's own policy, read before any run sets another; None (left as built, options too) runs it
@@ -167,6 +175,8 @@ def evaluate_models(models: Sequence[EvalModel], data_dir: str | Path, img_sizes
         loader = DataLoader(Subset(ImageFolderDataset(samples, setting.transform), indices), batch,
                             num_workers=workers, pin_memory=device == "cuda", collate_fn=setting.collate)
         fed = [row for row, (i, _) in enumerate(runs) if i in setting.models]
+        used = {i: windows.set_windows(models[i].model, setting.fields["img_size"], window, trained[i])
+                for i in trained if setting.fields.get("img_size")}
         totals = torch.zeros(len(runs), 4, dtype=torch.float64)  # loss sum, top-1 hits, top-5 hits, seconds
         skipped = counted = 0
         batches = tqdm(loader, setting.name, leave=False, disable=not sys.stderr.isatty())
@@ -204,5 +214,6 @@ def evaluate_models(models: Sequence[EvalModel], data_dir: str | Path, img_sizes
             results.append({"model": models[i].label, "policy": policy or own[i], **setting.fields,
                             "train_size": models[i].train_size, "top1": 100 * hits1 / counted,
                             "top5": 100 * hits5 / counted, "loss": loss_sum / counted,
-                            "images_per_s": len(indices) / seconds, "images": counted, "device": device})
+                            "images_per_s": len(indices) / seconds, "images": counted, "device": device,
+                            **({"windows": [list(w) for w in used[i]]} if i in used else {})})
     return results

@@ -1,0 +1,101 @@
+"""The windows of a Swin Transformer at each evaluation size: kept as trained, scaled with the image, or given.
+
+A Swin attends within windows, so what an evaluation size means depends on them. ``keep`` (the default) runs every
+stage with the window it was trained with: a larger image has more windows and no window position a RoPE-Swin has
+not seen, so the resolution policies change nothing. ``scale`` keeps each stage's window-to-grid ratio (timm's
+``set_input_size`` rule; RoPE-ViT's 384 px evaluation of its 224 px Swins, window 7 -> 12): windows grow with the image
+and a RoPE-Swin meets positions beyond its training window, where the policies act. An integer sets every stage's
+window (timm caps it at a stage's grid). A size whose stages the windows do not tile is an error unless
+``pad`` is asked for (timm's ``dynamic_img_size`` padding, with masked pad tokens).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+
+from timm.models.swin_transformer import SwinTransformer, calc_stage_window_sizes
+from torch import nn
+
+from vit_rope.errors import UserError
+
+WINDOW_RULES = ("keep", "scale")
+
+
+def window_arg(text: str) -> str | int:
+    """``--window-size``: ``keep``, ``scale`` or a whole number of tokens per window side."""
+    if text in WINDOW_RULES:
+        return text
+    if text.isdigit() and int(text) > 0:
+        return int(text)
+    raise argparse.ArgumentTypeError(f"{text!r} is not a window size: keep (as trained), scale (with the image, as "
+                                     "timm's set_input_size) or a whole number of tokens, e.g. 12")
+
+
+def has_windows(model: nn.Module) -> bool:
+    return isinstance(model, SwinTransformer)
+
+
+def trained_windows(model: nn.Module) -> list[tuple[int, int]]:
+    """Each stage's window as the model was built (timm's reference windows, which ``set_input_size`` scales)."""
+    return [tuple(window) for window in model._ref_window_sizes]
+
+
+def stage_grids(model: SwinTransformer, size: int) -> list[tuple[int, int]]:
+    """Each stage's token grid at ``size`` px: the patch grid, halved (rounding up) from the second stage on."""
+    patch = model.patch_embed.patch_size
+    grid = (math.ceil(size / patch[0]), math.ceil(size / patch[1]))
+    grids = []
+    for index in range(len(model.layers)):
+        if index > 0:
+            grid = ((grid[0] + 1) // 2, (grid[1] + 1) // 2)
+        grids.append(grid)
+    return grids
+
+
+def check_windows(model: SwinTransformer, sizes: list[int], rule: str | int, trained: list[tuple[int, int]],
+                  pad: bool, label: str) -> None:
+    """Refuse, before anything runs, a size whose stages the windows of ``rule`` do not tile (unless ``pad``): the
+    message names the size, the stage and the sizes nearby that tile."""
+    for size in sizes if not pad else ():
+        untiled = _untiled(model, size, _windows_at(model, size, rule, trained))
+        if untiled:
+            stage, grid, window = untiled
+            near = [s for s in _nearby(model, size) if not _untiled(model, s, _windows_at(model, s, rule, trained))]
+            raise UserError(f"{label} at {size} px: stage {stage + 1}'s {grid[0]}x{grid[1]} tokens are not a whole "
+                            f"number of {window[0]}x{window[1]} windows; evaluate at "
+                            f"{' or '.join(map(str, near[:2])) or 'another size'}, choose another --window-size, or "
+                            "pass --pad-windows to pad the windows as timm's dynamic_img_size does")
+
+
+def set_windows(model: SwinTransformer, size: int, rule: str | int, trained: list[tuple[int, int]]
+                ) -> list[tuple[int, int]]:
+    """Give ``model`` the windows of ``rule`` for images of ``size`` px; returns each stage's window in use."""
+    explicit = None if rule == "scale" else trained if rule == "keep" else rule
+    model.set_input_size(img_size=(size, size), window_size=explicit)
+    return [tuple(stage.blocks[0].window_size) for stage in model.layers]
+
+
+def _untiled(model: SwinTransformer, size: int, windows: list[tuple[int, int]]
+             ) -> tuple[int, tuple[int, int], tuple[int, int]] | None:
+    for stage, (grid, window) in enumerate(zip(stage_grids(model, size), windows, strict=True)):
+        if any(g > w and g % w for g, w in zip(grid, window, strict=True)):
+            return stage, grid, window
+    return None
+
+
+def _windows_at(model: SwinTransformer, size: int, rule: str | int, trained: list[tuple[int, int]]
+                ) -> list[tuple[int, int]]:
+    """The windows ``rule`` gives at ``size`` px (timm's rule for ``scale``), each capped at its stage's grid as timm
+    caps it."""
+    grids = stage_grids(model, size)
+    explicit = None if rule == "scale" else trained if rule == "keep" else rule
+    wanted = calc_stage_window_sizes(grids[0], tuple(trained), model._ref_grid_size, window_size=explicit)
+    return [tuple(min(g, w) for g, w in zip(grid, window, strict=True))
+            for grid, window in zip(grids, wanted, strict=True)]
+
+
+def _nearby(model: SwinTransformer, size: int) -> list[int]:
+    """Sizes of whole patches around ``size``, nearest first."""
+    step = model.patch_embed.patch_size[0]
+    return sorted(range(step, 2 * size + step, step), key=lambda s: (abs(s - size), s))
