@@ -18,6 +18,7 @@ import train
 from helpers.training import REPO, ROPE_MODEL, TINY_MODEL, assert_same_weights, killed_at, metrics, tiny_args
 from vit_rope.data import folders
 from vit_rope.data.sizes import SizeSchedule
+from vit_rope.eval.loading import load_trained
 from vit_rope.train import engine
 from vit_rope.train.cli import build_config
 from vit_rope.train.state import save_checkpoint
@@ -43,6 +44,31 @@ def test_two_epochs_learn_and_write_every_output(image_root: Path, tmp_path: Pat
     assert 0 <= float(rows[1]["top1"]) <= 100 and float(rows[1]["top5"]) == 100  # 3 classes: top-5 is everything
     assert "top1" in capsys.readouterr().out
     assert build_config(out / "config.yaml").data_dir == str(image_root)  # the resolved config repeats the run
+
+
+SWIN = "swin_rope_mixed_tiny_patch4_window7_224"
+
+
+def test_a_rope_swin_trains_and_its_checkpoint_rebuilds_with_its_learned_frequencies(image_root: Path,
+                                                                                    tmp_path: Path) -> None:
+    """train.py on a RoPE-Swin (configs/imagenette_swin.yaml's shape, smaller): the frequencies train without weight
+    decay (RoPE-ViT), the loss falls, and the checkpoint rebuilds the model with the trained frequencies."""
+    out = tmp_path / "swin"
+    shape = "model_kwargs={embed_dim: 32, depths: [2, 2], num_heads: [1, 2], window_size: 4}"
+    args = [arg for arg in tiny_args(image_root, out, "batch_size=4", "--model", SWIN, shape)
+            if arg != "model_kwargs.depth=2"]
+    assert train.main(args) == 0
+    rows = metrics(out)
+    assert float(rows[1]["train_loss"]) < float(rows[0]["train_loss"])
+    state = torch.load(out / "last.pth", weights_only=True)
+    torch.manual_seed(0)
+    fresh = timm.create_model(SWIN, num_classes=3, img_size=32, embed_dim=32, depths=[2, 2], num_heads=[1, 2],
+                              window_size=4)
+    frequencies = [key for key in state["model"] if key.endswith("attn.rope.freqs")]
+    assert len(frequencies) == 4 and not all(torch.equal(state["model"][k], fresh.state_dict()[k]) for k in frequencies)
+    assert {n for n in fresh.no_weight_decay() if n.endswith("rope.freqs")} == set(frequencies)
+    rebuilt = load_trained(out / "last.pth", use_ema=False).model.state_dict()
+    assert all(torch.equal(rebuilt[k], state["model"][k]) for k in frequencies)
 
 
 def test_a_crash_while_writing_last_pth_loses_no_kept_checkpoint(image_root: Path, tmp_path: Path,
