@@ -13,7 +13,7 @@ TORCH ?= torch==2.14.1 torchvision==0.29.1
 GPU_INSTALL = $(if $(filter $(VENV)/bin/python,$(PYTHON)),install)
 
 .PHONY: install demo study study-v2 study-v3 study-v4 study-encodings study-vit-s naflex-demo bench-cuda bench-kinds \
-	bench-twins timm-suite test lint gpu-check gpu-bench
+	bench-twins bench-swin eval-high-res timm-suite test lint gpu-check gpu-bench
 
 $(VENV)/bin/python:
 	$(VENV_PYTHON) -m venv $(VENV) || { echo "Could not create $(VENV): install python3-venv (Debian/Ubuntu:" \
@@ -112,6 +112,18 @@ bench-kinds: install
 
 bench-twins: install
 	$(PYTHON) benchmarks/twins.py --rounds 5 --json $(BENCH_OUT)/twins_cpu.json
+
+# RoPE-Swin-T against timm's Swin-T and the official RoPE-Swin code, batch 8 at 224 px (about 10 min on a 2-core CPU).
+bench-swin: install
+	$(PYTHON) benchmarks/swin.py --rounds 7 --json $(BENCH_OUT)/swin_cpu.json
+
+# The evaluation harness at high resolution, every kind (ViT-Ti, random weights: cost, not accuracy) at 1024 and
+# 2048 px, one image each (docs/evaluation.md, "What a size costs"; about 15 min on a 2-core CPU).
+HIGH_RES_KINDS = axial mixed golden string lookhere alibi fire pape pape_ri comrope_ap comrope_ld liere
+eval-high-res: install
+	$(PYTHON) -m vit_rope.evaluate --model vit_tiny_patch16_224 $(HIGH_RES_KINDS:%=vit_rope_tiny_patch16_%_224) \
+		vit_rope_small_patch16_dinov3 --random-init --img-sizes 1024 2048 --limit 1 --batch-size 1 --workers 0 \
+		--output $(BENCH_OUT)/high_res_eval
 
 # timm's own model tests (tests/test_models.py of the installed timm's source release, downloaded from PyPI) on the
 # vit_rope_* models: forward, backward, default configs, features, FX, TorchScript. Hours on a CPU for all 75 models;

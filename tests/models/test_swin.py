@@ -12,6 +12,7 @@ import vit_rope  # noqa: F401  (registers the models)
 from helpers import rope_swin_official as official
 from vit_rope.layers.rotary import grid_positions, rope_angles, rope_tables
 from vit_rope import create_from_checkpoint, load_weights
+from vit_rope.models.encoding import resolution_encoding
 from vit_rope.models.load_report import ROPE_FREQS
 from vit_rope.models.swin import RoPESwinTransformer, from_official
 
@@ -90,6 +91,8 @@ def test_registered_models_have_timms_swin_features() -> None:
     """Names, the four strides of ``features_only``, ``forward_intermediates``, any size with ``dynamic_img_size``,
     the learned frequencies without weight decay (RoPE-ViT), no bias table unless asked."""
     assert len(timm.list_models("swin_rope_*")) == 6
+    model = timm.create_model("swin_rope_axial_tiny_patch4_window7_224", **SMALL)
+    assert resolution_encoding(model) is model.layers[0].blocks[0].attn.rope  # what the harness checks policies on
     model = timm.create_model("swin_rope_mixed_tiny_patch4_window7_224", features_only=True, **SMALL).eval()
     images = torch.randn(1, 3, 224, 224)
     with torch.no_grad():
@@ -141,3 +144,45 @@ def test_create_from_checkpoint_names_an_official_file_by_its_widths_and_kind(tm
         images = torch.randn(1, 3, 224, 224)
         with torch.no_grad():
             torch.testing.assert_close(model(images), theirs(images), rtol=1e-4, atol=1e-5)
+
+
+def small_swin(**kwargs) -> RoPESwinTransformer:
+    torch.manual_seed(0)
+    return timm.create_model("swin_rope_mixed_tiny_patch4_window7_224", embed_dim=32, depths=(2, 2), num_heads=(1, 2),
+                             window_size=4, img_size=64, num_classes=3, drop_path_rate=0.0, **kwargs)
+
+
+def test_compile_without_graph_breaks_and_gradient_checkpointing_give_eagers_gradients() -> None:
+    """torch.compile traces the reference rotation (no graph break), gradient checkpointing recomputes the blocks:
+    both give eager's logits and frequency gradients."""
+    model, images = small_swin(), torch.randn(2, 3, 64, 64)
+
+    def step(module: torch.nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
+        model.zero_grad(set_to_none=True)
+        logits = module(images)
+        logits.square().sum().backward()
+        return logits.detach(), model.layers[1].blocks[1].attn.rope.freqs.grad.clone()
+
+    expected = step(model)
+    torch._dynamo.reset()
+    explanation = torch._dynamo.explain(model)(images)
+    assert explanation.graph_break_count == 0, explanation.break_reasons
+    compiled = torch.compile(model, backend="aot_eager")
+    for got in (step(compiled),):
+        torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-6)
+    model.set_grad_checkpointing(True)
+    assert all(stage.grad_checkpointing for stage in model.layers)
+    torch.testing.assert_close(step(model), expected, rtol=1e-5, atol=1e-7)
+
+
+def test_onnx_export_serves_sizes_with_whole_and_padded_windows(tmp_path) -> None:
+    """One export (dynamic batch, height, width) runs at the export size, at more windows and at a size whose
+    windows are padded (dynamic_img_size), like eager."""
+    pytest.importorskip("onnxruntime")
+    from vit_rope.eval.onnx import compare_onnx, export_onnx
+
+    model = small_swin(dynamic_img_size=True).eval()
+    export = export_onnx(model, tmp_path / "swin.onnx", img_size=(64, 64))
+    assert set(export.diffs) == {(2, 64, 64), (3, 96, 64)}
+    diffs = compare_onnx(model, tmp_path / "swin.onnx", [(1, 72, 56), (2, 128, 96)])  # 18x14 tokens: padded windows
+    assert all(diff <= 1e-4 * max(1.0, largest) for diff, largest in diffs.values())

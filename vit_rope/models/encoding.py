@@ -33,8 +33,11 @@ def encoding_keys(state: Mapping[str, Any], model: nn.Module) -> dict[str, Any]:
 
 def resolution_encoding(model: nn.Module) -> PositionEncoding | None:
     """The position encoding of ``model`` whose resolution policies matter (its ``policies``, ``check_policy``), or
-    ``None`` for a model that has none to choose: timm's ViTs, CNNs, no encoding."""
-    encoding = getattr(model, "pos_encoding", None) if isinstance(model, PositionEncodingMixin) else None
+    ``None`` for a model that has none to choose: timm's ViTs, CNNs, no encoding. A model of another family says it
+    as ``resolution_rope`` (RoPE-Swin's)."""
+    if not isinstance(model, PositionEncodingMixin):
+        return getattr(model, "resolution_rope", None)
+    encoding = getattr(model, "pos_encoding", None)
     return None if encoding is None or isinstance(encoding, NoEncoding) else encoding
 
 

@@ -116,7 +116,7 @@ class RoPESwinTransformer(SwinTransformer):
         **kwargs: timm's ``SwinTransformer`` arguments.
     """
 
-    __jit_unused_properties__ = ["resolution_policy", "pos_encoding"]
+    __jit_unused_properties__ = ["resolution_policy", "resolution_rope"]
 
     def __init__(self, rope_kind: str = "mixed", rope_theta: float | None = None, use_rpb: bool = False,
                  resolution_policy: str | dict | ResolutionPolicy | None = None, **kwargs: Any) -> None:
@@ -146,8 +146,9 @@ class RoPESwinTransformer(SwinTransformer):
             rope.policy = policy
 
     @property
-    def pos_encoding(self) -> RoPE2D:
-        """The first block's RoPE, which says the policies that apply (``policies``, ``check_policy``)."""
+    def resolution_rope(self) -> RoPE2D:
+        """The first block's RoPE, which says the policies that apply (``policies``, ``check_policy``):
+        ``vit_rope.models.encoding.resolution_encoding`` reads it."""
         return self._ropes()[0]
 
     @torch.jit.ignore

@@ -78,6 +78,16 @@ def policy_scale(grids: Tensor, train_grid: tuple[int, int] | None, policy: str)
     return torch.tensor([train_grid[1], train_grid[0]], device=grids.device) / grids.flip(-1).float()
 
 
+def policy_offsets(grid: tuple[int, int], train_grid: tuple[int, int] | None, policy: str, device: torch.device,
+                   dtype: torch.dtype = torch.float32) -> tuple[Tensor, Tensor | None]:
+    """Every key-minus-query offset ``(dx, dy)`` of an image batch's ``h x w`` grid, ``[(2h - 1) (2w - 1), 2]`` in
+    ``offset_grid``'s order, as the policy scales it, and that scale ``[1, 2]`` (``policy_scale``; None: as they
+    are): what the bias kinds build their tables per offset from."""
+    scale = policy_scale(torch.tensor([grid], device=device), train_grid, policy)
+    offsets = offset_grid(grid[0], grid[1], device).to(dtype)
+    return (offsets if scale is None else offsets * scale[0].to(dtype)), scale
+
+
 def pad_prefix(table: Tensor, num_prefix_tokens: int) -> Tensor:
     """Zero rows and columns in front for the prefix tokens: ``[..., N, N]`` -> ``[..., P + N, P + N]``."""
     return F.pad(table, (num_prefix_tokens, 0, num_prefix_tokens, 0)) if num_prefix_tokens else table
@@ -152,9 +162,7 @@ class AttnBias(PositionEncoding):
     def _offset_tables(self, grid: tuple[int, int]) -> dict[str, Tensor]:
         """One table per offset ``[H, 2h - 1, 2w - 1]`` per distinct layer spec, for an image batch's grid."""
         h, w = grid
-        offsets = offset_grid(h, w, self.anchor.device).float()[None]  # [1, M, 2] (dx, dy): one query
-        scale = policy_scale(torch.tensor([[h, w]], device=offsets.device), self.train_grid, self.policy_name)
-        offsets = offsets if scale is None else offsets * scale[0]
+        offsets = policy_offsets(grid, self.train_grid, self.policy_name, self.anchor.device)[0][None]  # [1, M, 2]
         out = {}
         for spec in dict.fromkeys(self.layer_specs):
             if spec == "alibi":

@@ -26,11 +26,11 @@ from timm.layers import Mlp, register_notrace_module
 from torch import Tensor, nn
 
 from vit_rope.encodings.base import EncodingSpec, PositionEncoding, Positions, register
-from vit_rope.encodings.bias.attn_bias import Bias, pad_prefix, policy_scale
+from vit_rope.encodings.bias.attn_bias import Bias, pad_prefix, policy_offsets, policy_scale
 from vit_rope.encodings.bias.lookhere import scaled_offsets
 from vit_rope.encodings.policies import POSITION_POLICIES, ResolutionPolicy, per_sample
 from vit_rope.layers.capture import capturing
-from vit_rope.layers.offset_bias import OffsetBias, offset_grid
+from vit_rope.layers.offset_bias import OffsetBias
 
 
 @register_notrace_module
@@ -91,11 +91,9 @@ class Fire(PositionEncoding):
     def _offset_tables(self, grid: tuple[int, int]) -> list[Tensor]:
         """Each block's table ``[H, 2h - 1, 2w - 1]`` over the offsets of an image batch's grid."""
         h, w = grid
-        grids = torch.tensor([[h, w]], device=self.log_scale.device)
-        scale = policy_scale(grids, self.train_grid, self.policy_name)
-        offsets = offset_grid(h, w, grids.device).to(self.log_scale.dtype)  # [M, 2] (dx, dy)
-        offsets = offsets if scale is None else offsets * scale[0]
-        extent = self._extent(grids, scale)[0]
+        offsets, scale = policy_offsets(grid, self.train_grid, self.policy_name, self.log_scale.device,
+                                        self.log_scale.dtype)  # [M, 2] (dx, dy)
+        extent = self._extent(torch.tensor([[h, w]], device=offsets.device), scale)[0]
         return [self._bias(layer, offsets, extent).T.reshape(-1, 2 * h - 1, 2 * w - 1) for layer in range(self.depth)]
 
     def block_inputs(self, positions: Positions, num_prefix_tokens: int) -> list[Any]:
