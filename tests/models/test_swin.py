@@ -175,14 +175,19 @@ def test_compile_without_graph_breaks_and_gradient_checkpointing_give_eagers_gra
     torch.testing.assert_close(step(model), expected, rtol=1e-5, atol=1e-7)
 
 
+@pytest.mark.slow  # about a minute and a half: torch.export traces the windows' padding and masks symbolically
 def test_onnx_export_serves_sizes_with_whole_and_padded_windows(tmp_path) -> None:
     """One export (dynamic batch, height, width) runs at the export size, at more windows and at a size whose
-    windows are padded (dynamic_img_size), like eager."""
+    windows are padded (dynamic_img_size), like eager. One stage of a window block and a shifted one: the later
+    stages repeat them."""
     pytest.importorskip("onnxruntime")
     from vit_rope.eval.onnx import compare_onnx, export_onnx
 
-    model = small_swin(dynamic_img_size=True).eval()
+    torch.manual_seed(0)
+    model = timm.create_model("swin_rope_mixed_tiny_patch4_window7_224", embed_dim=32, depths=(2,), num_heads=(1,),
+                              window_size=4, img_size=64, num_classes=3, drop_path_rate=0.0,
+                              dynamic_img_size=True).eval()
     export = export_onnx(model, tmp_path / "swin.onnx", img_size=(64, 64))
     assert set(export.diffs) == {(2, 64, 64), (3, 96, 64)}
-    diffs = compare_onnx(model, tmp_path / "swin.onnx", [(1, 72, 56), (2, 128, 96)])  # 18x14 tokens: padded windows
+    diffs = compare_onnx(model, tmp_path / "swin.onnx", [(1, 72, 56)])  # 18x14 tokens: padded windows
     assert all(diff <= 1e-4 * max(1.0, largest) for diff, largest in diffs.values())
