@@ -10,8 +10,8 @@ import torch
 
 import vit_rope  # noqa: F401  (registers the models)
 from helpers import rope_swin_official as official
-from vit_rope.layers.rotary import grid_positions, rope_angles, rope_tables
 from vit_rope import create_from_checkpoint, load_weights
+from vit_rope.layers.rotary import grid_positions, rope_angles, rope_tables
 from vit_rope.models.encoding import resolution_encoding
 from vit_rope.models.load_report import ROPE_FREQS
 from vit_rope.models.swin import RoPESwinTransformer, from_official
@@ -85,6 +85,10 @@ def test_axial_frequencies_of_another_theta_are_refused_and_kinds_are_checked() 
         from_official(theirs.state_dict(), timm.create_model("vit_rope_tiny_patch16_axial_224", depth=1))
     with pytest.raises(ValueError, match="rope_kind is one of axial, mixed"):
         RoPESwinTransformer(rope_kind="golden", **SMALL)
+    naflex = {"patches": torch.randn(1, 16, 48), "patch_coord": torch.zeros(1, 16, 2, dtype=torch.long),
+              "patch_valid": torch.ones(1, 16, dtype=torch.bool)}
+    with pytest.raises(TypeError, match="not NaFlex batches"):
+        RoPESwinTransformer(rope_kind="mixed", **SMALL)(naflex)
 
 
 def test_registered_models_have_timms_swin_features() -> None:

@@ -151,6 +151,16 @@ class RoPESwinTransformer(SwinTransformer):
         ``vit_rope.models.encoding.resolution_encoding`` reads it."""
         return self._ropes()[0]
 
+    def forward_features(self, x: Tensor) -> Tensor:
+        """timm's, for an image batch ``[B, C, H, W]``; a NaFlex batch (timm's dict of patches) is refused: windows
+        need the whole grid of an image."""
+        if not torch.jit.is_scripting():
+            if isinstance(x, dict):
+                raise TypeError("RoPE-Swin takes image batches [B, C, H, W], not NaFlex batches (a dict of patches): "
+                                "its windows need each image's whole grid; resize the images to one size (any size "
+                                "with dynamic_img_size=True), or use a vit_rope_* ViT for NaFlex batches")
+        return super().forward_features(x)
+
     @torch.jit.ignore
     def no_weight_decay(self) -> set[str]:
         """timm's (the relative position bias tables) and the learned frequencies (RoPE-ViT)."""
