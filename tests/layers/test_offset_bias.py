@@ -30,6 +30,7 @@ def test_chunked_attention_equals_the_dense_bias_with_gradients(monkeypatch, gri
     q, k, v, table = inputs(grid, prefix, batch)
     if rows_per_chunk:  # several chunks of whole rows
         monkeypatch.setattr(offset_bias, "CHUNK_ELEMENTS", rows_per_chunk * grid[1] * k.shape[2] * batch * 3)
+        monkeypatch.setattr(offset_bias, "SCORE_ELEMENTS", rows_per_chunk * grid[1] * k.shape[2] * batch * 3)
         monkeypatch.setattr(offset_bias, "FLASH_QUERIES", 1)
     expected = F.scaled_dot_product_attention(q, k, v, attn_mask=dense_bias(table, grid, prefix)[None], scale=0.3)
     with torch.no_grad():
