@@ -53,13 +53,14 @@ study-v3: install
 study-v4: install
 	$(PYTHON) scripts/imagenette_study.py --study v4
 
-# Position encodings on v2's 8x8 grid (docs/studies.md): golden-angle RoPE, STRING over RoPE-Mixed, LookHere, 2D-ALiBi and
-# no encoding at all, 2 seeds each, beside one re-run seed of v2's RoPE-Mixed, RoPE-Axial and APE patch-8 arms; 13 runs
-# of 22-46 min of training and 6-21 min of evaluation (every policy of the kind) each, about 9 h in all on a busy 2-core
-# CPU. Resumable.
+# Position encodings on v2's 8x8 grid (docs/studies.md): golden-angle RoPE, STRING over RoPE-Mixed, LookHere, 2D-ALiBi,
+# FIRE, PaPE, PaPE-RI, ComRoPE-AP/LD, LieRE and no encoding at all, 2 seeds each, beside one re-run seed of v2's
+# RoPE-Mixed, RoPE-Axial and APE patch-8 arms; 25 runs of 10-46 min of training and 6-21 min of evaluation (every
+# policy of the kind) each, about 17 h in all on a busy 2-core CPU. Resumable.
 study-encodings: install
 	$(PYTHON) scripts/imagenette_study.py --study encodings --seeds 0
-	$(PYTHON) scripts/imagenette_study.py --study encodings --arms golden string_mixed lookhere alibi nope --seeds 1
+	$(PYTHON) scripts/imagenette_study.py --study encodings --arms golden string_mixed lookhere alibi nope fire pape \
+		pape_ri comrope_ap comrope_ld liere --seeds 1
 
 # NaFlex against the square pipeline (docs/training.md): the demo's model trained both ways at about 2,000 tokens per
 # step for the demo's 20 epochs, then both evaluated at square sizes and at token budgets, under both policies that

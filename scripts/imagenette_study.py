@@ -8,6 +8,7 @@
                                                        # position encodings on v2's 8x8 grid (controls: one seed)
     python scripts/imagenette_study.py --study encodings --arms pape comrope_ld liere pape_ri comrope_ap --seeds 0 1
                                                        # the parabolic and Lie-group kinds on the same grid
+    python scripts/imagenette_study.py --study encodings --arms fire --seeds 0 1   # FIRE on the same grid
     python scripts/imagenette_study.py --study vit_s   # on CUDA GPUs: ViT-S on the 14x14 grid, torchrun over all GPUs
     python scripts/imagenette_study.py --report        # only rebuild the report and its docs section from the files
     python scripts/imagenette_study.py --arms mixed_p8 ape_p8 --seeds 0 1 2   # a subset, or more seeds

@@ -42,7 +42,8 @@ STUDIES = {
         "lookhere": ("LookHere LH-180, patch 8", "ape_p8"), "alibi": ("2D-ALiBi, patch 8", "ape_p8"),
         "nope": ("No position encoding, patch 8", "ape_p8"), "pape": ("PaPE, patch 8", "ape_p8"),
         "pape_ri": ("PaPE-RI, patch 8", "ape_p8"), "comrope_ap": ("ComRoPE-AP, patch 8", "ape_p8"),
-        "comrope_ld": ("ComRoPE-LD, patch 8", "ape_p8"), "liere": ("LieRE, patch 8", "ape_p8")}),
+        "comrope_ld": ("ComRoPE-LD, patch 8", "ape_p8"), "liere": ("LieRE, patch 8", "ape_p8"),
+        "fire": ("FIRE, patch 8", "ape_p8")}),
     "vit_s": ("configs/imagenette_vit_s", "results/imagenette/vit_s", "output/imagenette_vit_s", {
         "mixed": ("RoPE-Mixed ViT-S", "ape"), "ape": ("APE ViT-S", None), "axial": ("RoPE-Axial ViT-S", "ape")}),
 }

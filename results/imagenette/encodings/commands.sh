@@ -68,3 +68,9 @@ python -m vit_rope.evaluate --checkpoint output/study/encodings/pape_ri_s1/last.
 python train.py -c configs/imagenette_study/encodings/comrope_ap.yaml --output output/study/encodings/comrope_ap_s1 seed=1
 python -m vit_rope.evaluate --checkpoint output/study/encodings/comrope_ap_s1/last.pth --img-sizes 48 64 80 96 128 160 --policy extrapolate interpolate --limit 1500 --workers 0 --output results/imagenette/encodings/eval/comrope_ap/comrope_ap_s1
 python -m vit_rope.evaluate --checkpoint output/study/encodings/comrope_ap_s1/last.pth --img-sizes 48 64 80 96 128 160 --crop-pct 0.875 --limit 1500 --workers 0 --output results/imagenette/encodings/eval_crop0.875/comrope_ap/comrope_ap_s1
+python train.py -c configs/imagenette_study/encodings/fire.yaml --output output/study/encodings/fire_s0 seed=0
+python -m vit_rope.evaluate --checkpoint output/study/encodings/fire_s0/last.pth --img-sizes 48 64 80 96 128 160 --policy extrapolate interpolate --limit 1500 --workers 0 --output results/imagenette/encodings/eval/fire/fire_s0
+python -m vit_rope.evaluate --checkpoint output/study/encodings/fire_s0/last.pth --img-sizes 48 64 80 96 128 160 --crop-pct 0.875 --limit 1500 --workers 0 --output results/imagenette/encodings/eval_crop0.875/fire/fire_s0
+python train.py -c configs/imagenette_study/encodings/fire.yaml --output output/study/encodings/fire_s1 seed=1
+python -m vit_rope.evaluate --checkpoint output/study/encodings/fire_s1/last.pth --img-sizes 48 64 80 96 128 160 --policy extrapolate interpolate --limit 1500 --workers 0 --output results/imagenette/encodings/eval/fire/fire_s1
+python -m vit_rope.evaluate --checkpoint output/study/encodings/fire_s1/last.pth --img-sizes 48 64 80 96 128 160 --crop-pct 0.875 --limit 1500 --workers 0 --output results/imagenette/encodings/eval_crop0.875/fire/fire_s1
