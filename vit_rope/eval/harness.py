@@ -133,9 +133,8 @@ def evaluate_models(models: Sequence[EvalModel], data_dir: str | Path, img_sizes
     A Swin's windows at each size follow ``window`` (``vit_rope.eval.windows``: ``keep`` as trained, ``scale`` with
     the image, or a number), its rows saying them (``windows``); a size they do not tile is refused unless
     ``pad_windows``. ``images_per_s`` is the model's forward throughput (data loading excluded). A size whose batch
-    would not fit in
-    the free memory runs in smaller batches (``vit_rope.eval.memory``), said when it starts. Raises ``UserError``
-    for bad input before any image is decoded.
+    would not fit in the free memory runs in smaller batches (``vit_rope.eval.memory``), said when it starts. Raises
+    ``UserError`` for bad input before any image is decoded.
     """
     device = resolve_device(device)
     check_options(policies or (), crop_pct, seq_lens)
@@ -164,14 +163,14 @@ def evaluate_models(models: Sequence[EvalModel], data_dir: str | Path, img_sizes
     sync = torch.cuda.synchronize if device == "cuda" else lambda: None  # CUDA runs asynchronously: time whole calls
     results = []
     free, cpu, asked = memory.free_bytes(device), device != "cuda", min(batch_size, len(indices))
-    batches = [memory.fit_batch([(models[i].label, models[i].model) for i in setting.models], setting.name,
-                                setting.fields, asked, free, 4 if cpu else 2, 2 * workers * cpu)  # bf16 on CUDA
-               for setting in settings]
-    for setting, batch in zip(settings, batches, strict=True):
+    batch_sizes = [memory.fit_batch([(models[i].label, models[i].model) for i in setting.models], setting.name,
+                                    setting.fields, asked, free, 4 if cpu else 2, 2 * workers * cpu)  # bf16 on CUDA
+                   for setting in settings]
+    for setting, batch in zip(settings, batch_sizes, strict=True):
         if batch < asked:
             print(f"{setting.name}: batches of {batch} images, as many as fit in the {free / 2**30:.1f} GiB free "
                   f"(--batch-size {batch_size})", flush=True)
-    for setting, batch in zip(settings, batches, strict=True):
+    for setting, batch in zip(settings, batch_sizes, strict=True):
         loader = DataLoader(Subset(ImageFolderDataset(samples, setting.transform), indices), batch,
                             num_workers=workers, pin_memory=device == "cuda", collate_fn=setting.collate)
         fed = [row for row, (i, _) in enumerate(runs) if i in setting.models]

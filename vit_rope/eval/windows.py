@@ -71,9 +71,13 @@ def check_windows(model: SwinTransformer, sizes: list[int], rule: str | int, tra
 def set_windows(model: SwinTransformer, size: int, rule: str | int, trained: list[tuple[int, int]]
                 ) -> list[tuple[int, int]]:
     """Give ``model`` the windows of ``rule`` for images of ``size`` px; returns each stage's window in use."""
-    explicit = None if rule == "scale" else trained if rule == "keep" else rule
-    model.set_input_size(img_size=(size, size), window_size=explicit)
+    model.set_input_size(img_size=(size, size), window_size=_explicit(rule, trained))
     return [tuple(stage.blocks[0].window_size) for stage in model.layers]
+
+
+def _explicit(rule: str | int, trained: list[tuple[int, int]]) -> list[tuple[int, int]] | int | None:
+    """The ``window_size`` that timm's ``set_input_size`` takes for ``rule``: None scales the trained windows."""
+    return None if rule == "scale" else trained if rule == "keep" else rule
 
 
 def _untiled(model: SwinTransformer, size: int, windows: list[tuple[int, int]]
@@ -89,8 +93,8 @@ def _windows_at(model: SwinTransformer, size: int, rule: str | int, trained: lis
     """The windows ``rule`` gives at ``size`` px (timm's rule for ``scale``), each capped at its stage's grid as timm
     caps it."""
     grids = stage_grids(model, size)
-    explicit = None if rule == "scale" else trained if rule == "keep" else rule
-    wanted = calc_stage_window_sizes(grids[0], tuple(trained), model._ref_grid_size, window_size=explicit)
+    wanted = calc_stage_window_sizes(grids[0], tuple(trained), model._ref_grid_size,
+                                     window_size=_explicit(rule, trained))
     return [tuple(min(g, w) for g, w in zip(grid, window, strict=True))
             for grid, window in zip(grids, wanted, strict=True)]
 
