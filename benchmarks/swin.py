@@ -6,7 +6,10 @@ code on the same weights, measured in one interleaved run.
 Models (Swin-T widths, 224 px, window 7): timm's ``swin_tiny_patch4_window7_224`` (the baseline), ours
 ``swin_rope_{axial,mixed}_tiny_patch4_window7_224`` and the official ``RoPESwinTransformer`` of each kind (the copy of
 its code at a pinned commit in ``tests/helpers/rope_swin_official.py``) with our model's weights converted into it,
-checked equal in logits before timing (``TOLERANCE``). Drop-path off everywhere. Timing as ``benchmarks/throughput.py``
+checked equal in logits before timing (``TOLERANCE``), and, as a bound, the official mixed model with its attention
+taken out (``NoAttention``: the same projections, the values passed through), which no way of computing the attention
+can beat: its ratio to the official model is the largest speed-up over the official code that a faster attention
+could give. Drop-path off everywhere. Timing as ``benchmarks/throughput.py``
 (every model in each round in a new random order, medians of per-round images/s, ratios as medians of per-round
 ratios); memory is the bytes autograd saves in a training step (``activation_bytes``). Targets (``TARGETS``): ours
 >= 0.95x timm's Swin-T and >= 1.2x the official code in both modes, activation memory <= timm's.
@@ -15,6 +18,7 @@ ratios); memory is the bytes autograd saves in a training step (``activation_byt
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import statistics
 import sys
@@ -46,8 +50,23 @@ TARGETS = {"timm": 0.95, "official": 1.2}  # least ratio of ours to each, in bot
 TOLERANCE = 1e-4
 
 
+BOUND = "official_mixed_no_attention"
+
+
+class NoAttention(nn.Module):
+    """An official window attention without the attention: its qkv and output projections, the values passed through
+    (no rotation, scores, mask or softmax). A model of these is the bound on any attention's speed."""
+
+    def __init__(self, attention: nn.Module) -> None:
+        super().__init__()
+        self.qkv, self.proj = attention.qkv, attention.proj
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        return self.proj(self.qkv(x).unflatten(-1, (3, -1))[:, :, 2])  # [nW B, N, C]: the values
+
+
 def build(img_size: int, smoke: bool) -> dict[str, nn.Module]:
-    """timm's Swin-T, ours of each kind and the official model of each kind holding our weights."""
+    """timm's Swin-T, ours of each kind, the official model of each kind holding our weights, and the bound."""
     shape = dict(embed_dim=32, depths=(2, 2), num_heads=(1, 2)) if smoke else {}
     torch.manual_seed(0)
     models = {BASELINE: timm.create_model(BASELINE, img_size=img_size, drop_path_rate=0.0, **shape)}
@@ -62,6 +81,11 @@ def build(img_size: int, smoke: bool) -> dict[str, nn.Module]:
         check_equal(ours, theirs, img_size)
         models[f"swin_rope_{kind}_tiny"] = ours
         models[f"official_{kind}_tiny"] = theirs
+    bound = copy.deepcopy(models["official_mixed_tiny"])
+    for stage in bound.layers:
+        for block in stage.blocks:
+            block.attn = NoAttention(block.attn)
+    models[BOUND] = bound
     return models
 
 
@@ -111,10 +135,15 @@ def benchmark(args: argparse.Namespace) -> list[dict[str, Any]]:
                     row["memory"] = against(memory[name] / memory[BASELINE], 1.0, at_most=True)
             rows.append(row)
         print(table([r for r in rows if r["mode"] == mode]), flush=True)
+        bound = paired_ratio(speeds[BOUND], speeds["official_mixed_tiny"])
         for row in rows:
             if row["mode"] == mode and "official" in row:
                 print(f"{row['model']} {mode}: {row['ratio_to_official']:.2f}x the official code "
                       f"({'PASS' if row['official']['pass'] else 'MISS'} >= {TARGETS['official']})", flush=True)
+            if row["mode"] == mode and row["model"] == BOUND:
+                row["ratio_to_official"] = bound
+        print(f"without any attention the official mixed model runs {bound:.2f}x as fast ({mode}): no attention can "
+              "make a model faster than that", flush=True)
     return rows
 
 

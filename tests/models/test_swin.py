@@ -4,6 +4,8 @@ each resolution policy, and timm's Swin features."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import timm
 import torch
@@ -75,6 +77,33 @@ def test_policies_scale_window_positions_against_the_trained_window() -> None:
     assert model.resolution_policy.name == "interpolate"
     with pytest.raises(ValueError, match="normalized"):
         RoPESwinTransformer(rope_kind="axial", resolution_policy="bogus", **SMALL)
+
+
+def test_the_attention_places_window_positions_by_the_policy() -> None:
+    """The attention takes its positions from the policy as a ViT does: integer window positions for every policy
+    but ``normalized`` (the window's cell centres in 2 pi [-1, 1], for models trained that way), whose logits differ."""
+    torch.manual_seed(0)
+    model, x = RoPESwinTransformer(rope_kind="axial", **SMALL).eval(), torch.randn(1, 3, 224, 224)
+    seen = []
+    model.layers[0].blocks[0].attn.rope.register_forward_pre_hook(lambda _, args: seen.append(args[0]))
+    with torch.no_grad():
+        reference = model(x)
+        for policy in ("interpolate", "ntk", "yarn"):
+            model.set_resolution_policy(policy)
+            torch.testing.assert_close(model(x), reference)
+        model.set_resolution_policy("normalized")
+        normalized = model(x)
+    assert all(torch.equal(positions, grid_positions(7, 7)) for positions in seen[:-1])
+    torch.testing.assert_close(seen[-1], 2 * math.pi * ((grid_positions(7, 7) + 0.5) / 7 * 2 - 1))
+    assert not torch.allclose(normalized, reference)
+
+
+@pytest.mark.parametrize("kind", ["axial", "mixed"])
+def test_torchscript_gives_eagers_logits(kind: str) -> None:
+    torch.manual_seed(0)
+    model, x = RoPESwinTransformer(rope_kind=kind, **SMALL).eval(), torch.randn(1, 3, 224, 224)
+    with torch.no_grad():
+        torch.testing.assert_close(torch.jit.script(model)(x), model(x), rtol=1e-5, atol=1e-5)
 
 
 def test_axial_frequencies_of_another_theta_are_refused_and_kinds_are_checked() -> None:

@@ -3,13 +3,14 @@
 A ViT's activations grow with the tokens (and, where attention materialises its scores or a bias, with their square),
 so a batch that evaluates in seconds at 224 px can need more memory than the machine has at 2048 px, and running it
 ends the process (or the machine) rather than with a message. ``fit_batch`` estimates one image's peak from the model's
-widths and the size's tokens and caps the batch at what the free memory holds; a size that even one image cannot
-take is a ``UserError`` naming it. The estimate errs high: measured peaks of ViT-S at 896-2048 px
-(``benchmarks/scaling.py``) are 0.5-0.9x of it.
+widths and the size's tokens (a Swin's: at each stage, in whole windows) and caps the batch at what the free memory
+holds; a size that even one image cannot take is a ``UserError`` naming it. The estimate errs high: measured peaks of
+ViT-S at 896-2048 px (``benchmarks/scaling.py``) are 0.5-0.9x of it.
 """
 
 from __future__ import annotations
 
+import math
 import os
 from pathlib import Path
 
@@ -18,6 +19,7 @@ from timm.layers import to_2tuple
 from torch import nn
 
 from vit_rope.errors import UserError
+from vit_rope.eval.windows import has_windows, stage_grids
 from vit_rope.models.naflex_batch import naflex_patch
 
 # one attention chunk's mask (vit_rope.layers.offset_bias) and the allocator's slack, held once
@@ -42,8 +44,11 @@ def image_bytes(model: nn.Module, fields: dict, element: int, prefetch: int = 0)
     tokens through a block's widest live tensors (residual, norm, q/k/v and their rotated copies, the MLP's hidden
     layer and its activation), twice over for what the allocator keeps; the decoded input in fp32 and as the model's
     input, and ``prefetch`` more decoded copies (the loader workers' batches in waiting); and the attention scores
-    ``[heads, N, N]`` where they are materialised (a padded NaFlex batch, or ``fused_attn`` off). None for a model
-    without a ViT's widths (a CNN), which is not estimated."""
+    ``[heads, N, N]`` where they are materialised (a padded NaFlex batch, or ``fused_attn`` off). A Swin's peak is its
+    costliest stage's (``_swin_bytes``). None for a model without a ViT's or a Swin's widths (a CNN), which is not
+    estimated."""
+    if has_windows(model):
+        return _swin_bytes(model, fields["img_size"], element) + (2 + prefetch) * 3 * fields["img_size"] ** 2 * 4
     blocks, width, patch = getattr(model, "blocks", None), getattr(model, "embed_dim", None), naflex_patch(model)
     if patch is None:
         patch = to_2tuple(getattr(getattr(model, "patch_embed", None), "patch_size", None))
@@ -58,7 +63,29 @@ def image_bytes(model: nn.Module, fields: dict, element: int, prefetch: int = 0)
     attention = blocks[0].attn
     dense = bool(fields.get("seq_len")) or not getattr(attention, "fused_attn", True)
     scores = 2 * getattr(attention, "num_heads", 1) * tokens**2 * element if dense else 0
-    return tokens * 2 * (2 * hidden + 8 * width) * element + (2 + prefetch) * 3 * pixels * 4 + scores
+    return _block_bytes(tokens, width, hidden, element) + (2 + prefetch) * 3 * pixels * 4 + scores
+
+
+def _block_bytes(tokens: int, width: int, hidden: int, element: int) -> int:
+    """A block's widest live tensors for ``tokens`` (``image_bytes``), twice over for what the allocator keeps."""
+    return tokens * 2 * (2 * hidden + 8 * width) * element
+
+
+def _swin_bytes(model: nn.Module, size: int, element: int) -> int:
+    """A Swin's (timm's ``SwinTransformer``) costliest stage at ``size`` px: its tokens, padded to whole windows (the
+    windows it holds now),
+    through a block's widest tensors at the stage's width, and the scores ``[windows, heads, w*w, w*w]`` where
+    ``fused_attn`` is off. The first stage's many tokens usually win: widths double as tokens quarter."""
+    peak = 0
+    for stage, grid in zip(model.layers, stage_grids(model, size), strict=True):
+        block = stage.blocks[0]
+        window = block.window_size
+        tokens = math.prod(-(-side // w) * w for side, w in zip(grid, window, strict=True))
+        scores = 0 if getattr(block.attn, "fused_attn", True) else 2 * block.attn.num_heads * tokens * math.prod(
+            window) * element
+        peak = max(peak, _block_bytes(tokens, block.mlp.fc1.in_features, block.mlp.fc1.out_features, element)
+                   + scores)
+    return peak
 
 
 def fit_batch(models: list[tuple[str, nn.Module]], name: str, fields: dict, batch_size: int, free: int,

@@ -6,7 +6,8 @@ not seen, so the resolution policies change nothing. ``scale`` keeps each stage'
 ``set_input_size`` rule; RoPE-ViT's 384 px evaluation of its 224 px Swins, window 7 -> 12): windows grow with the image
 and a RoPE-Swin meets positions beyond its training window, where the policies act. An integer sets every stage's
 window (timm caps it at a stage's grid). A size whose stages the windows do not tile is an error unless
-``pad`` is asked for (timm's ``dynamic_img_size`` padding, with masked pad tokens).
+``pad`` is asked for (timm's ``dynamic_img_size`` padding: zero tokens that attention does not mask, as in
+Microsoft's Swin).
 """
 
 from __future__ import annotations
