@@ -12,7 +12,7 @@ TORCH ?= torch==2.14.1 torchvision==0.29.1
 # plain checkout) they install nothing, so they run on a GPU machine without a package index.
 GPU_INSTALL = $(if $(filter $(VENV)/bin/python,$(PYTHON)),install)
 
-.PHONY: install demo study study-v2 study-v3 study-v4 study-encodings study-vit-s naflex-demo bench-cuda bench-kinds \
+.PHONY: install demo study study-v2 study-v3 study-v4 study-encodings study-swin study-vit-s naflex-demo bench-cuda bench-kinds \
 	bench-twins bench-swin eval-high-res timm-suite test lint gpu-check gpu-bench
 
 $(VENV)/bin/python:
@@ -61,6 +61,12 @@ study-encodings: install
 	$(PYTHON) scripts/imagenette_study.py --study encodings --seeds 0
 	$(PYTHON) scripts/imagenette_study.py --study encodings --arms golden string_mixed lookhere alibi nope fire pape \
 		pape_ri comrope_ap comrope_ld liere --seeds 1
+
+# A small Swin (docs/studies.md): timm's relative position bias, RoPE-Axial and RoPE-Mixed, 2 seeds each, 9-12 min
+# of training and 2.5-5.5 min of evaluation (windows scaled with the image, then kept as trained) a run on a 2-core
+# CPU, about 95 min in all. Resumable.
+study-swin: install
+	$(PYTHON) scripts/imagenette_study.py --study swin
 
 # NaFlex against the square pipeline (docs/training.md): the demo's model trained both ways at about 2,000 tokens per
 # step for the demo's 20 epochs, then both evaluated at square sizes and at token budgets, under both policies that

@@ -9,6 +9,7 @@
     python scripts/imagenette_study.py --study encodings --arms pape comrope_ld liere pape_ri comrope_ap --seeds 0 1
                                                        # the parabolic and Lie-group kinds on the same grid
     python scripts/imagenette_study.py --study encodings --arms fire --seeds 0 1   # FIRE on the same grid
+    python scripts/imagenette_study.py --study swin    # a small Swin: relative position bias, RoPE-Axial, RoPE-Mixed
     python scripts/imagenette_study.py --study vit_s   # on CUDA GPUs: ViT-S on the 14x14 grid, torchrun over all GPUs
     python scripts/imagenette_study.py --report        # only rebuild the report and its docs section from the files
     python scripts/imagenette_study.py --arms mixed_p8 ape_p8 --seeds 0 1 2   # a subset, or more seeds
@@ -17,7 +18,9 @@ v1 trains five models with one recipe (``configs/imagenette_study/``). v2 (``con
 model fixed and changes the training: coordinate augmentation, variable resolution (``train_sizes``) and an 8x8
 patch grid, each with the APE model trained the same way as its baseline. v3 (``configs/imagenette_study/v3/``)
 trains APE, RoPE-Axial and RoPE-Mixed on RoPE-ViT's 14x14 grid (8 px patches at 112 px) and evaluates them at
-RoPE-ViT's size ratios (80-256 px), at crop 1.0 and, as trained, at crop 0.875 too.
+RoPE-ViT's size ratios (80-256 px), at crop 1.0 and, as trained, at crop 0.875 too. The Swin study
+(``configs/imagenette_study/swin/``) evaluates with windows that scale with the image (where the policies act) and, as
+trained, with the trained windows kept (``studies.catalog.EVAL_OPTIONS``, ``SECOND_EVAL``).
 
 Runs go seed by seed: the first seed of every arm, then the second, so that a whole one-seed comparison exists as
 early as possible (arms in ``LATER``, such as v3's remedy, wait until every seed of the others is done). Each run is
@@ -54,12 +57,13 @@ from benchmarks.machine import describe_machine  # noqa: E402
 from studies.catalog import (  # noqa: E402
     COMPARED,
     CONTROLS,
+    EVAL_OPTIONS,
     GOALS,
     HEADLINE,
     LATER,
     PAIRS,
     REPRODUCES,
-    SECOND_CROP,
+    SECOND_EVAL,
     SIZES,
     STUDIES,
 )
@@ -222,18 +226,19 @@ def main(argv: list[str] | None = None) -> int:
         if trained != "extrapolate":  # DINOv3's normalised coordinates: its positions as trained are `normalized`
             entry["as_trained"] = trained
         own = [] if trained == "extrapolate" else ["--policy", trained]  # as trained, at the second crop, kept epochs
-        evaluations = [([*head, "--policy", *policies, *tail, "--output", str(results / "eval" / arm / name)],
-                        results / "eval", ("last.pth",))]
-        if args.study in SECOND_CROP:  # positions as trained (the default policy) at the second crop fraction
-            folder = results / f"eval_crop{SECOND_CROP[args.study]}"
-            evaluations.append(([*head, *own, "--crop-pct", str(SECOND_CROP[args.study]), *tail, "--output",
-                                 str(folder / arm / name)], folder, ("last.pth",)))
+        main_options = EVAL_OPTIONS.get(args.study, [])
+        evaluations = [([*head, "--policy", *policies, *main_options, *tail, "--output",
+                         str(results / "eval" / arm / name)], results / "eval", ("last.pth",))]
+        if args.study in SECOND_EVAL:  # positions as trained (the default policy) at the second crop or window rule
+            second, options = SECOND_EVAL[args.study]
+            evaluations.append(([*head, *own, *options, *tail, "--output", str(results / second / arm / name)],
+                                results / second, ("last.pth",)))
         keep = load_yaml(out / "config.yaml").get("keep_every") or 0  # the run's own (runs before keep_every: none)
         kept = [out / f"epoch_{epoch}.pth" for epoch in (range(keep, cfg.epochs, keep) if keep else ())]  # part-way
         if kept and not args.skip_kept:
             evaluations.append((["python", "-m", "vit_rope.evaluate", "--checkpoint", *map(str, kept), "--img-sizes",
-                                 *sizes, *own, *tail, "--output", str(results / COURSE / arm / name)], results / COURSE,
-                                tuple(path.name for path in kept)))
+                                 *sizes, *own, *main_options, *tail, "--output", str(results / COURSE / arm / name)],
+                                results / COURSE, tuple(path.name for path in kept)))
         for index, (command, folder, checkpoints) in enumerate(evaluations):
             if not evaluated(folder, [entry], checkpoints):  # seconds: the run's evaluations on this machine
                 seconds[name] = round(run(command)) + (seconds.get(name, 0) if index else 0)

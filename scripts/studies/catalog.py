@@ -46,6 +46,9 @@ STUDIES = {
         "fire": ("FIRE, patch 8", "ape_p8")}),
     "vit_s": ("configs/imagenette_vit_s", "results/imagenette/vit_s", "output/imagenette_vit_s", {
         "mixed": ("RoPE-Mixed ViT-S", "ape"), "ape": ("APE ViT-S", None), "axial": ("RoPE-Axial ViT-S", "ape")}),
+    "swin": ("configs/imagenette_study/swin", "results/imagenette/swin", "output/study/swin", {
+        "mixed": ("Swin, RoPE-Mixed", "rpb"), "axial": ("Swin, RoPE-Axial", "rpb"),
+        "rpb": ("Swin, relative position bias", None)}),
 }
 # The studies whose committed results the side-by-side table of the docs page (studies.compare) reads.
 COMPARED = {study: Path(folder) for study, (_, folder, _, _) in STUDIES.items()}
@@ -56,11 +59,13 @@ HEADLINE = "v3"
 SIZES = {"v1": [48, 64, 80, 96, 128, 160], "v2": [48, 64, 80, 96, 128, 160], "v3": [80, 112, 160, 192, 256],
          "encodings": [48, 64, 80, 96, 128, 160],
          "v4": [80, 112, 160, 192, 256],
-         "vit_s": [80, 112, 160, 192, 256]}
+         "vit_s": [80, 112, 160, 192, 256], "swin": [48, 64, 80, 96, 128, 160]}
 # The goal each RoPE arm is read against: v1 and v2 hold at 2x and beat APE at 2x and at the largest size; on the
 # 14x14 grid, RoPE-ViT's own claim: hold at 1.43x-1.71x (320 and 384 px of 224) and beat APE at 2.29x (512 px).
 ROPE_VIT_GOAL = Goal(hold=(1.43, 1.71), beat=(None,))
-GOALS = {"v3": ROPE_VIT_GOAL, "v4": ROPE_VIT_GOAL, "vit_s": ROPE_VIT_GOAL}
+# The Swin study holds its RoPE arms to v1 and v2's goal against timm's Swin with its relative position bias.
+GOALS = {"v3": ROPE_VIT_GOAL, "v4": ROPE_VIT_GOAL, "vit_s": ROPE_VIT_GOAL,
+         "swin": Goal(baseline="relative-position-bias Swin")}
 # Arms that wait until every seed of the others is done: v3's remedy comes after its three controls, v4's stage 2
 # (the data question) after stage 1.
 LATER = {"v3": ("mixed_coord_sizes",), "v4": ("mixed_third", "ape_third")}
@@ -74,5 +79,12 @@ CONTROLS = {"v4": [("v3's APE", "v3", "ape")], "encodings": [("v2's APE, patch 8
 PAIRS = {"v4": [("mixed_third", "v3", "mixed"), ("ape_third", "v3", "ape")]}
 # Arms re-run from another study to show that they reproduce it: study -> (the study they come from, its arms).
 REPRODUCES = {"encodings": ("v2", ("mixed_p8", "axial_p8", "ape_p8"))}
-# Second crop fraction evaluated (positions as trained only) beside the study's crop 1.0: one crop can favour an arm.
-SECOND_CROP = {"v3": 0.875, "v4": 0.875, "encodings": 0.875}
+# Options of the study's main evaluation (eval/): a Swin's windows scale with the image, RoPE-ViT's rule for its Swins
+# at 384 px, so that the positions in a window pass the trained range and the policies act.
+EVAL_OPTIONS = {"swin": ["--window-size", "scale"]}
+# A second evaluation, positions as trained only, beside the main one: study -> (its folder, the options that differ).
+# One crop fraction can favour an arm (eval_crop<fraction>); a Swin also runs with the windows it trained with, padded
+# where a stage is not whole windows (eval_windows_<rule>: no position beyond the trained window, nothing for a policy
+# to do). studies.results.second_evaluations names the folders in the reports.
+SECOND_EVAL = {**{study: ("eval_crop0.875", ["--crop-pct", "0.875"]) for study in ("v3", "v4", "encodings")},
+               "swin": ("eval_windows_keep", ["--window-size", "keep", "--pad-windows"])}

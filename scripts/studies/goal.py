@@ -33,13 +33,14 @@ class Goal:
 
     hold: tuple[float, ...] = (2.0,)
     beat: tuple[float | None, ...] = (2.0, None)
+    baseline: str = "APE"  # what the arms' baseline is, in the tables' words (a Swin's: its relative position bias)
 
     def describe(self, controls: Sequence[str] = ()) -> str:
         """The goal in words; ``controls``: the names of the other APE arms to beat (``Control``)."""
         def at(ratios: tuple[float | None, ...]) -> str:
             return " and ".join(f"at {ratio:g}x" if ratio is not None else "at the largest size" for ratio in ratios)
 
-        apes = ["the APE model of the same recipe", *controls]
+        apes = [f"the {self.baseline} model of the same recipe", *controls]
         named = " and ".join([", ".join(apes[:-1]), apes[-1]] if controls else apes)
         return (f"within {HOLD_POINTS:g} point of the training-size top-1 {at(self.hold)}, and above {named} "
                 f"{at(self.beat)}")
@@ -130,7 +131,8 @@ def verdict(merged: Sequence[dict[str, Any]], runs: Sequence[dict[str, Any]], go
                       ("yes" if met else "no") + ("" if seeds > 1 else " so far (1 seed: no seed range yet)")])
         header = ["model", "at training size", *(f"at {names[size]}, as trained" for size in shown),
                   *((f"minus {other} at " if i == 0 else "at ") + names[size]
-                    for other in ["APE of the same recipe", *controls] for i, size in enumerate(beat)), "goal met"]
+                    for other in [f"{goal.baseline} of the same recipe", *controls] for i, size in enumerate(beat)),
+                  "goal met"]
     picks = []
     for size in sorted({row["img_size"] for row in merged}):
         plain = sorted((rows[size] for rows in as_trained.values() if size in rows), key=lambda row: -row["top1"])
@@ -141,5 +143,5 @@ def verdict(merged: Sequence[dict[str, Any]], runs: Sequence[dict[str, Any]], go
         picks.append(f"- **{size} px** ({size / plain[0]['train_size']:.2g}x): as trained {plain[0]['model']} "
                      f"{spread(plain[0])}{runner}; with any policy {best['model']} [{best['policy'] or '-'}] "
                      f"{spread(best)}.")
-    verdicts = table(header, lines) if lines else "(no RoPE arm has its APE baseline evaluated yet)"
+    verdicts = table(header, lines) if lines else f"(no RoPE arm has its {goal.baseline} baseline evaluated yet)"
     return verdicts + "\n\nBest arm at each size (top-1 mean ± half the seed range):\n\n" + "\n".join(picks)

@@ -29,6 +29,7 @@ from studies.results import (
     counted,
     merged_results,
     replace_section,
+    second_evaluations,
     spread,
     trained_policies,
     training_row,
@@ -93,10 +94,11 @@ def write_study(results_dir: Path, readme: Path | None = None, goal: Goal = Goal
     """Seed-merged report of a study folder: ``summary.md``, two plots and, given ``readme`` (the docs page, e.g.
     ``docs/studies.md``), that page's section between ``study_begin(results_dir)`` and the next ``STUDY_END``.
     ``results_dir`` is relative to the repo root, and the section names its files by that path. Evaluations at a
-    second crop fraction (``eval_crop<fraction>/``) get their own table and verdict. The verdict also sets the RoPE
-    arms against ``controls`` (APE arms of other studies, at each crop where they were evaluated), and ``pairs``
-    (``studies.paired``) set arms' changes above the training size against the same models in other studies. Returns
-    the section. ``plots=False`` leaves the plots as they are (a study redraws them at its end)."""
+    second crop fraction or window rule (``studies.results.second_evaluations``) get their own table and verdict. The
+    verdict also sets the RoPE arms against ``controls`` (APE arms of other studies, at each crop where they were
+    evaluated), and ``pairs`` (``studies.paired``) set arms' changes above the training size against the same models
+    in other studies. Returns the section. ``plots=False`` leaves the plots as they are (a study redraws them at its
+    end)."""
     runs = json.loads((results_dir / "runs.json").read_text())
     machine = json.loads((results_dir / "machine.json").read_text())
     protocol, merged = merged_results(results_dir / "eval", runs)
@@ -156,17 +158,17 @@ def write_study(results_dir: Path, readme: Path | None = None, goal: Goal = Goal
     if baselines:
         names = [control.name for control in controls]
         parts.append(f"**Does RoPE hold its accuracy?** Goal: as trained, {goal.describe(names)} with every seed "
-                     "(seed ranges apart). `apart`: every seed of the RoPE arm above every seed of its APE; `below`: "
-                     "every one under; `overlap`: neither.\n\n"
+                     "(seed ranges apart). `apart`: every seed of the RoPE arm above every seed of its "
+                     f"{goal.baseline}; `below`: every one under; `overlap`: neither.\n\n"
                      + verdict(merged, runs, goal, against("eval", protocol)))
     parts += counterparts(merged, "eval", protocol)
-    for folder in sorted(results_dir.glob("eval_crop*")):  # one crop fraction can favour one arm
-        crop_protocol, crop = merged_results(folder, runs)
-        parts.append(f"**At crop {folder.name.removeprefix('eval_crop')}**, positions as trained ({crop_protocol}):"
-                     "\n\n" + markdown_table(as_trained_rows(crop, trained_policies(runs)))
-                     + ("\n\nThe goal at this crop:\n\n"
-                        + verdict(crop, runs, goal, against(folder.name, crop_protocol)) if baselines else ""))
-        parts += counterparts(crop, folder.name, crop_protocol)
+    for folder, title in second_evaluations(results_dir):  # one crop fraction (or window rule) can favour one arm
+        second_protocol, second = merged_results(folder, runs)
+        parts.append(f"**{title}**, positions as trained ({second_protocol}):"
+                     "\n\n" + markdown_table(as_trained_rows(second, trained_policies(runs)))
+                     + ("\n\nThe goal here:\n\n"
+                        + verdict(second, runs, goal, against(folder.name, second_protocol)) if baselines else ""))
+        parts += counterparts(second, folder.name, second_protocol)
 
     def with_plots(folder: str) -> str:  # the plots, linked from a page in another folder
         return "\n\n".join([*parts, f"![as trained]({folder}summary_as_trained.png)"

@@ -40,6 +40,16 @@ def has_evaluations(results_dir: Path) -> bool:
     return (results_dir / "runs.json").exists() and any((results_dir / "eval").rglob("results.json"))
 
 
+def second_evaluations(results_dir: Path) -> list[tuple[Path, str]]:
+    """A study's evaluations beside ``eval/`` (positions as trained only) and their titles in the reports: at another
+    crop fraction (``eval_crop<fraction>``) or, for a Swin, under another window rule (``eval_windows_<rule>``, the
+    harness's ``--window-size``)."""
+    titled = [(folder, f"At crop {folder.name.removeprefix('eval_crop')}")
+              for folder in sorted(results_dir.glob("eval_crop*"))]
+    return titled + [(folder, f"Windows `--window-size {folder.name.removeprefix('eval_windows_')}`")
+                     for folder in sorted(results_dir.glob("eval_windows_*"))]
+
+
 def is_run(label: str, run: dict[str, Any], checkpoint: str = "last.pth") -> bool:
     """Whether a ``vit_rope.evaluate`` row label (``"<model> (<checkpoint>)"``) is the final checkpoint of ``run`` (or
     the one named ``checkpoint`` in its output folder)."""

@@ -102,6 +102,19 @@ def test_runs_go_seed_by_seed_each_evaluated_when_done_then_resume(script, tmp_p
     assert len(lines) == 11 and sum("/ape_s1" in line for line in lines) == 2  # replaced, not repeated
 
 
+def test_swin_scales_the_windows_where_the_policies_act_and_keeps_them_as_trained_beside(script, tmp_path):
+    assert invoke(script, tmp_path, "--study", "swin", "--seeds", "0") == ["train.py", "mixed_s0", "mixed_s0",
+                                                                           "train.py", "axial_s0", "axial_s0",
+                                                                           "train.py", "rpb_s0", "rpb_s0"]
+    main, kept = (call for call in script.calls if call[1] != "train.py" and "/mixed_s0" in call[-1])
+    assert main[main.index("--window-size") + 1] == "scale" and "--policy" in main and "--pad-windows" not in main
+    assert main[-1].endswith("/eval/mixed/mixed_s0")
+    assert kept[kept.index("--window-size") + 1] == "keep" and "--pad-windows" in kept and "--policy" not in kept
+    assert kept[-1].endswith("/eval_windows_keep/mixed/mixed_s0")
+    page = (tmp_path / "README.md").read_text()
+    assert "**Windows `--window-size keep`**" in page and "the relative-position-bias Swin model of the same" in page
+
+
 def test_v3_runs_its_controls_seed_by_seed_before_the_remedy_and_evaluates_each_at_two_crops_and_over_the_course(
         script, tmp_path):
     results = tmp_path / "results"
@@ -230,7 +243,7 @@ def test_relative_paths_are_the_callers_not_the_repositorys(script, tmp_path, mo
     assert script.main(["--study", "v3", "--report", "--results", "out", "--readme", "page.md"]) == 0
 
 
-STUDY_NAMES = ["v1", "v2", "v3", "v4", "encodings", "vit_s"]
+STUDY_NAMES = ["v1", "v2", "v3", "v4", "encodings", "vit_s", "swin"]
 
 
 @pytest.mark.parametrize("study", STUDY_NAMES)
