@@ -192,8 +192,9 @@ class RoPEVisionTransformer(PositionEncodingMixin, EmbeddingMixin, FeatureMixin,
             block_kwargs["attn_mask"] = embedded.attn_mask
         x, intermediates = embedded.tokens, []
         encodings = self.pos_encoding.block_inputs(embedded.positions, self.num_prefix_tokens)
+        every = int(self.grad_checkpointing)  # set_grad_checkpointing(True): every block; (n): blocks 0, n, 2n, ...
         for i, blk in enumerate(blocks):
-            if self.grad_checkpointing:
+            if every and i % every == 0:
                 x = checkpoint(blk, x, encoding=encodings[i], **block_kwargs)
             else:
                 x = blk(x, encoding=encodings[i], **block_kwargs)  # keywords: hooks read them

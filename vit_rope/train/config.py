@@ -48,6 +48,7 @@ class Config:
     drop_path: float = 0.1
     model_ema: bool = False
     model_ema_decay: float = 0.9998
+    grad_checkpointing: bool | int = False
     # data
     batch_size: int = 128
     train_sizes: list[int] = dataclasses.field(default_factory=list)
@@ -139,10 +140,11 @@ def _coerce(key: str, value: Any, hint: Any, source: str) -> Any:
     if origin in (typing.Union, types.UnionType):
         if value is None and type(None) in args:
             return None
-        try:
-            return _coerce(key, value, next(a for a in args if a is not type(None)), source)
-        except UserError:
-            pass
+        for arg in (a for a in args if a is not type(None)):  # the first type that takes the value
+            try:
+                return _coerce(key, value, arg, source)
+            except UserError:
+                pass
     elif origin is Literal and value in args:
         return value
     elif hint is bool and isinstance(value, bool):

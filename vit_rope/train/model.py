@@ -51,6 +51,22 @@ def naflex_patch(net: torch.nn.Module, name: str) -> int:
     return patch[0]
 
 
+def set_checkpointing(net: torch.nn.Module, every: bool | int, name: str) -> None:
+    """Checkpoint ``net``'s blocks as the config's ``grad_checkpointing`` asks: every block (true, 1), every n-th
+    (n, ``vit_rope_*`` ViTs: the others check every block or none) or none (false, 0); a ``UserError`` for a model
+    that cannot."""
+    if not every:
+        return
+    if not hasattr(net, "set_grad_checkpointing"):
+        raise UserError(f"grad_checkpointing={every} needs a model with timm's set_grad_checkpointing, and '{name}' "
+                        f"({type(net).__name__}) has none; set grad_checkpointing=false")
+    ours = isinstance(net, RoPEVisionTransformer)
+    if every is not True and every > 1 and not ours:
+        raise UserError(f"grad_checkpointing={every} (every {every}th block) needs a vit_rope_* ViT, and '{name}' "
+                        f"({type(net).__name__}) checkpoints every block or none: set grad_checkpointing=true")
+    net.set_grad_checkpointing(every if ours else True)
+
+
 def build_model(cfg: Config, classes: list[str], resume: dict[str, Any] | None, finetune: dict[str, Any] | None,
                 say: Callable[[str], None]) -> tuple[torch.nn.Module, dict[str, Any]]:
     """The model and the keyword arguments it was built with, checked against the training sizes and given the
@@ -64,6 +80,7 @@ def build_model(cfg: Config, classes: list[str], resume: dict[str, Any] | None, 
             raise UserError(f"train_sizes needs a model that runs at any input size, and '{cfg.model}' does not take "
                             "dynamic_img_size=True; pick a ViT (ours, timm's ViTs or RoPE ports) or set train_sizes=[]")
         check_multiple("train_sizes entry", cfg.train_sizes, net, f"'{cfg.model}'")
+    set_checkpointing(net, cfg.grad_checkpointing, cfg.model)
     if resume is not None:
         train_state.load_state(net, resume["model"], "model weights", cfg.resume)
     elif finetune is not None:
