@@ -12,12 +12,9 @@ above what it held before, with the activations autograd saves for backward besi
 from __future__ import annotations
 
 import argparse
-import ctypes
-import gc
 import json
 import statistics
 import sys
-from collections.abc import Callable
 from pathlib import Path
 
 import timm
@@ -30,6 +27,7 @@ from benchmarks.throughput import (  # noqa: E402
     activation_bytes,
     interleaved_speeds,
     paired_ratio,
+    peak_bytes,
     prepare,
     run_step,
     setup_machine,
@@ -38,32 +36,6 @@ from vit_rope.eval.report import table  # noqa: E402
 from vit_rope.train.model import set_checkpointing  # noqa: E402
 
 SETTINGS = {"none": False, "every 2nd block": 2, "every block": True}  # name -> grad_checkpointing
-STATUS, CLEAR = Path("/proc/self/status"), Path("/proc/self/clear_refs")
-
-
-def peak_bytes(step: Callable[[], None], device: torch.device) -> int | None:
-    """Memory a call of ``step`` adds at its peak: CUDA's allocator peak, or the resident peak on Linux (None
-    elsewhere)."""
-    gc.collect()
-    if device.type == "cuda":
-        torch.cuda.empty_cache()
-        torch.cuda.reset_peak_memory_stats()
-        before = torch.cuda.memory_allocated()
-        step()
-        return torch.cuda.max_memory_allocated() - before
-    if not CLEAR.exists():
-        return None
-
-    def kib(key: str) -> int:
-        return next(int(line.split()[1]) for line in STATUS.read_text().splitlines() if line.startswith(key))
-
-    ctypes.CDLL("libc.so.6").malloc_trim(0)  # freed heap back to the system, so that reusing it counts
-    CLEAR.write_text("5")  # VmHWM := VmRSS
-    before = kib("VmRSS")
-    step()
-    return (kib("VmHWM") - before) * 1024
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="vit_rope_base_patch16_mixed_224")

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import ctypes
+import functools
 import gc
 import json
 import multiprocessing as mp
@@ -39,7 +39,7 @@ from torch import Tensor, nn
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 import vit_rope  # noqa: E402,F401  (registers the vit_rope_* models)
-from benchmarks.throughput import against, paired_ratio, setup_machine  # noqa: E402
+from benchmarks.throughput import LIBC, against, paired_ratio, peak_bytes, setup_machine  # noqa: E402
 from vit_rope.eval import report  # noqa: E402
 
 KINDS = ["ape", "axial", "mixed", "golden", "string", "dinov3", "lookhere", "alibi", "pape", "pape_ri", "comrope_ap",
@@ -49,12 +49,6 @@ BASELINE = "axial"
 TARGETS = [("infer", 1344, "time", 1.3), ("infer", 1344, "memory", 2.0), ("infer", 2048, "time", 1.5),
            ("train", 896, "time", 1.5), ("train", 896, "memory", 1.5)]
 SMOKE = {"kinds": ["lookhere", "ape"], "img_sizes": [32, 64], "train_sizes": [64], "train_batch": 2, "rounds": 1}
-
-try:
-    _LIBC = ctypes.CDLL("libc.so.6")
-except OSError:  # not glibc: no trimming of freed heap before a step
-    _LIBC = None
-
 
 def model_name(kind: str) -> str:
     """timm's APE DeiT-III for ``ape``; ours otherwise (DINOv3's registered without the size, as it has no 224)."""
@@ -87,30 +81,21 @@ def _measure(model: nn.Module, mode: str, size: int, batch: int, steps: int, dev
         if cuda:
             torch.cuda.synchronize(device)
 
-    def kib(key: str) -> int:
-        return next(int(line.split()[1]) for line in Path("/proc/self/status").read_text().splitlines()
-                    if line.startswith(key))
-
     step(torch.randn(batch, 3, min(size, WARM), min(size, WARM), device=device))
     images = torch.randn(batch, 3, size, size, device=device)
     seconds, mib = [], []
-    for _ in range(steps):
-        gc.collect()
-        if _LIBC is not None:  # give freed heap back to the system, so that reusing it counts in the peak
-            _LIBC.malloc_trim(0)
-        Path("/proc/self/clear_refs").write_text("5")  # VmHWM := VmRSS
-        if cuda:
-            torch.cuda.reset_peak_memory_stats(device)
-        before = torch.cuda.memory_allocated(device) if cuda else kib("VmRSS") * 1024
+
+    def timed(images: Tensor) -> None:
         start = time.perf_counter()
         step(images)
         seconds.append(time.perf_counter() - start)
-        peak = torch.cuda.max_memory_allocated(device) if cuda else kib("VmHWM") * 1024
-        mib.append((peak - before) / 2**20)
+
+    for _ in range(steps):
+        mib.append(peak_bytes(functools.partial(timed, images), torch.device(device)) / 2**20)
     del images
     gc.collect()
-    if _LIBC is not None:  # an idle worker hands its freed heap back: 14 of them after 896 px training fill 24 GB
-        _LIBC.malloc_trim(0)
+    if LIBC is not None:  # an idle worker hands its freed heap back: 14 of them after 896 px training fill 24 GB
+        LIBC.malloc_trim(0)
     return {"seconds": statistics.median(seconds), "mib": max(mib)}
 
 

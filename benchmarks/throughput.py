@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import ctypes
+import gc
 import json
 import random
 import statistics
@@ -37,6 +39,12 @@ from benchmarks.machine import describe_machine  # noqa: E402
 from vit_rope.encodings.rope.string import CayleyString  # noqa: E402
 from vit_rope.eval import report  # noqa: E402
 from vit_rope.train.distributed import flushed_subnormals  # noqa: E402
+
+CLEAR_REFS = Path("/proc/self/clear_refs")
+try:
+    LIBC = ctypes.CDLL("libc.so.6")
+except OSError:  # not glibc: no trimming of freed heap before a step
+    LIBC = None
 
 FAMILIES = {  # baseline first: the same ViT (DeiT-III: LayerScale, class token, qkv bias) without RoPE
     "small": ["deit3_small_patch16_224", "vit_rope_small_patch16_axial_224", "vit_rope_small_patch16_mixed_224",
@@ -105,6 +113,31 @@ def activation_bytes(model: nn.Module, step: Callable[[], torch.Tensor]) -> int:
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
         step().backward()
     return sum(storages.values())
+
+
+def peak_bytes(call: Callable[[], object], device: torch.device) -> int | None:
+    """Memory ``call()`` adds at its peak: CUDA's allocator peak above what it held, or on Linux CPUs the resident
+    peak (VmHWM, reset through /proc/self/clear_refs just before, freed heap trimmed first so that reusing it counts)
+    above VmRSS; None on a CPU without /proc/self/clear_refs."""
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+        before = torch.cuda.memory_allocated(device)
+        call()
+        return torch.cuda.max_memory_allocated(device) - before
+    if not CLEAR_REFS.exists():
+        return None
+
+    def kib(key: str) -> int:
+        return next(int(line.split()[1]) for line in Path("/proc/self/status").read_text().splitlines()
+                    if line.startswith(key))
+
+    if LIBC is not None:
+        LIBC.malloc_trim(0)
+    CLEAR_REFS.write_text("5")  # VmHWM := VmRSS
+    before = kib("VmRSS")
+    call()
+    return (kib("VmHWM") - before) * 1024
 
 
 def make_step(model: nn.Module, images: torch.Tensor, mode: str, amp: bool) -> Callable[[], torch.Tensor]:

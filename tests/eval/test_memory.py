@@ -3,8 +3,6 @@ and the batch it allows (``vit_rope.eval.memory``)."""
 
 from __future__ import annotations
 
-import ctypes
-import gc
 import json
 from pathlib import Path
 
@@ -13,31 +11,23 @@ import timm
 import torch
 
 import vit_rope  # noqa: F401  (registers the models)
+from benchmarks import throughput
 from helpers.evaluation import run, write_checkpoint
 from vit_rope.errors import UserError
 from vit_rope.eval import memory
 from vit_rope.eval.memory import FIXED_BYTES, fit_batch, image_bytes
 
-STATUS, CLEAR = Path("/proc/self/status"), Path("/proc/self/clear_refs")
-
 
 def peak_bytes(model: torch.nn.Module, size: int, warm: int = 64) -> int:
-    """Resident memory a forward at ``size`` px adds at its peak: Linux's VmHWM, reset just before it (after a first
-    call at ``warm`` px)."""
-    def kib(key: str) -> int:
-        return next(int(line.split()[1]) for line in STATUS.read_text().splitlines() if line.startswith(key))
-
+    """Resident memory a forward at ``size`` px adds at its peak (``benchmarks.throughput.peak_bytes``: Linux's VmHWM,
+    reset just before it), after a first call at ``warm`` px."""
+    images = torch.randn(1, 3, size, size)
     with torch.inference_mode():
         model(torch.randn(1, 3, warm, warm))  # first-call allocations
-        gc.collect()
-        ctypes.CDLL("libc.so.6").malloc_trim(0)  # freed heap back to the system, so that reusing it counts
-        CLEAR.write_text("5")  # VmHWM := VmRSS
-        before = kib("VmRSS") * 1024
-        model(torch.randn(1, 3, size, size))
-    return kib("VmHWM") * 1024 - before
+        return throughput.peak_bytes(lambda: model(images), torch.device("cpu"))
 
 
-@pytest.mark.skipif(not CLEAR.exists(), reason="needs Linux's /proc/self/clear_refs")
+@pytest.mark.skipif(not throughput.CLEAR_REFS.exists(), reason="needs Linux's /proc/self/clear_refs")
 @pytest.mark.parametrize("name,kwargs", [
     ("vit_rope_tiny_patch16_axial_224", {}), ("vit_rope_tiny_patch16_fire_224", {}),
     ("vit_rope_tiny_patch16_lookhere_224", {}), ("vit_rope_tiny_patch16_liere_224", {}),
@@ -55,7 +45,7 @@ def test_the_estimate_is_above_a_real_forwards_peak(name: str, kwargs: dict) -> 
     assert peak_bytes(model, 768) <= image_bytes(model, {"img_size": 768}, 4) + FIXED_BYTES
 
 
-@pytest.mark.skipif(not CLEAR.exists(), reason="needs Linux's /proc/self/clear_refs")
+@pytest.mark.skipif(not throughput.CLEAR_REFS.exists(), reason="needs Linux's /proc/self/clear_refs")
 @pytest.mark.slow  # about half a minute: two Swin forwards at 1344 px
 @pytest.mark.parametrize("name,fused", [("swin_rope_mixed_tiny_patch4_window7_224", True),
                                         ("swin_tiny_patch4_window7_224", False)])

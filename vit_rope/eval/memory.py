@@ -48,7 +48,7 @@ def image_bytes(model: nn.Module, fields: dict, element: int, prefetch: int = 0)
     costliest stage's (``_swin_bytes``). None for a model without a ViT's or a Swin's widths (a CNN), which is not
     estimated."""
     if has_windows(model):
-        return _swin_bytes(model, fields["img_size"], element) + (2 + prefetch) * 3 * fields["img_size"] ** 2 * 4
+        return _swin_bytes(model, fields["img_size"], element) + _input_bytes(fields["img_size"] ** 2, prefetch)
     blocks, width, patch = getattr(model, "blocks", None), getattr(model, "embed_dim", None), naflex_patch(model)
     if patch is None:
         patch = to_2tuple(getattr(getattr(model, "patch_embed", None), "patch_size", None))
@@ -63,7 +63,12 @@ def image_bytes(model: nn.Module, fields: dict, element: int, prefetch: int = 0)
     attention = blocks[0].attn
     dense = bool(fields.get("seq_len")) or not getattr(attention, "fused_attn", True)
     scores = 2 * getattr(attention, "num_heads", 1) * tokens**2 * element if dense else 0
-    return _block_bytes(tokens, width, hidden, element) + (2 + prefetch) * 3 * pixels * 4 + scores
+    return _block_bytes(tokens, width, hidden, element) + _input_bytes(pixels, prefetch) + scores
+
+
+def _input_bytes(pixels: int, prefetch: int) -> int:
+    """One image decoded in fp32 and as the model's input, and ``prefetch`` more (the loader's batches in waiting)."""
+    return (2 + prefetch) * 3 * pixels * 4
 
 
 def _block_bytes(tokens: int, width: int, hidden: int, element: int) -> int:
@@ -73,9 +78,9 @@ def _block_bytes(tokens: int, width: int, hidden: int, element: int) -> int:
 
 def _swin_bytes(model: nn.Module, size: int, element: int) -> int:
     """A Swin's (timm's ``SwinTransformer``) costliest stage at ``size`` px: its tokens, padded to whole windows (the
-    windows it holds now),
-    through a block's widest tensors at the stage's width, and the scores ``[windows, heads, w*w, w*w]`` where
-    ``fused_attn`` is off. The first stage's many tokens usually win: widths double as tokens quarter."""
+    windows it holds now), through a block's widest tensors at the stage's width, and the scores
+    ``[windows, heads, w*w, w*w]`` where ``fused_attn`` is off. The first stage's many tokens usually win: widths
+    double as tokens quarter."""
     peak = 0
     for stage, grid in zip(model.layers, stage_grids(model, size), strict=True):
         block = stage.blocks[0]
