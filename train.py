@@ -31,7 +31,7 @@ from timm.utils import ModelEmaV3, random_seed
 from torch.nn.parallel import DistributedDataParallel
 
 from vit_rope.checks import check_model_name
-from vit_rope.data import folders
+from vit_rope.data import folders, splits
 from vit_rope.errors import UserError
 from vit_rope.train import distributed, engine, loaders
 from vit_rope.train import state as train_state
@@ -44,17 +44,22 @@ from vit_rope.train.resume import reconcile, restore
 
 def scan_data(cfg: Config, env: distributed.DistEnv, say: Callable[[str], None]
               ) -> tuple[Path, list[folders.Sample], list[folders.Sample], list[str]]:
-    """``(data dir, train samples, val samples, classes)``: the folders found (downloaded by rank 0 if need be), the
-    train split cut to ``train_fraction``, and every rank's view of them checked to agree. ``cfg.data_dir`` becomes
-    the folder found, so the saved config names it."""
-    with distributed.main_process_first(env):  # rank 0 downloads, the other ranks wait
-        data_dir = folders.resolve_data_dir(cfg.data_dir, cfg.download_size)
+    """``(data dir, train samples, val samples, classes)``: the folders found (downloaded by rank 0 if need be), or the
+    splits of the shards or dataset of ``cfg.dataset`` (``vit_rope.data.splits``); the train split cut to
+    ``train_fraction``, and every rank's view of them checked to agree. ``cfg.data_dir`` becomes the folder found, so
+    the saved config names it."""
+    kind = splits.dataset_kind(cfg.dataset)
+    with distributed.main_process_first(env):  # rank 0 downloads (or indexes the shards), the other ranks wait
+        data_dir = folders.resolve_data_dir(cfg.data_dir, cfg.download_size) if not kind else Path(cfg.data_dir)
+        keys = dict(input_key=cfg.input_key, target_key=cfg.target_key,
+                    cache_dir=Path(cfg.cache_dir).expanduser() if cfg.cache_dir else None)
+        train_samples, classes = splits.find_split(data_dir, cfg.dataset, "train", **keys)
+        if len(classes) < 2:  # a one-way classifier learns nothing: loss 0 and top-1 100 from the first step
+            where = f"the train split of {data_dir} has 1 class" if kind else f"{data_dir / 'train'} has 1 class folder"
+            raise UserError(f"{where} ({classes[0]}); a classifier needs two or more, each in a folder (or with a "
+                            "label) of its own")
+        val_samples, _ = splits.find_split(data_dir, cfg.dataset, cfg.val_split, classes, **keys)
     cfg.data_dir = str(data_dir)
-    train_samples, classes = folders.find_images(data_dir / "train")
-    if len(classes) < 2:  # a one-way classifier learns nothing: loss 0 and top-1 100 from the first step
-        raise UserError(f"{data_dir / 'train'} has {len(classes)} class folder ({classes[0]}); a classifier needs "
-                        "two or more, each in a folder of its own")
-    val_samples, _ = folders.find_images(data_dir / cfg.val_split, classes, split_key="val_split")
     if cfg.train_fraction < 1:
         everything = len(train_samples)
         train_samples = folders.balanced_subset(train_samples, cfg.train_fraction, cfg.train_subset_seed)
@@ -151,7 +156,7 @@ def train(cfg: Config) -> None:
         save_config(cfg, output / "config.yaml")
         if cfg.train_fraction < 1:  # the images a subset run trained on, relative to the data dir
             (output / "train_subset.txt").write_text(
-                "".join(f"{Path(path).relative_to(data_dir).as_posix()}\n" for path, _ in train_samples))
+                "".join(f"{str(path).removeprefix(f'{data_dir}/')}\n" for path, _ in train_samples))
         log = engine.RunLog(output, columns, start_epoch if resume else None)
 
     def position(epochs_done: int, step: int) -> str:

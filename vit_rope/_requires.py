@@ -1,4 +1,5 @@
-"""The oldest timm vit_rope runs on, checked at import so that an older one fails with the fix, not deep in a forward.
+"""What vit_rope needs: the oldest timm it runs on, checked at import so that an older one fails with the fix, not deep
+in a forward; and the optional packages of its extras, imported where used with an error that names the extra.
 
 ``attention.py`` reuses timm's ``Attention`` (its ``gate`` and ``attn_dim``, timm 1.0.28) and its mask helpers
 (``maybe_add_mask``, ``resolve_self_attn_mask``, timm 1.0.26). An environment that bypasses pip's check (a
@@ -7,9 +8,13 @@
 
 from __future__ import annotations
 
+import importlib
 import re
+from types import ModuleType
 
 import timm
+
+from vit_rope.errors import UserError
 
 TIMM_MIN = (1, 0, 28)
 
@@ -24,3 +29,12 @@ def check_timm(version: str) -> None:
 
 
 check_timm(timm.__version__)
+
+
+def require(module: str, extra: str) -> ModuleType:
+    """Import an optional package, or raise a ``UserError`` naming the extra that installs it."""
+    try:
+        return importlib.import_module(module)
+    except ModuleNotFoundError:
+        raise UserError(f"this needs the {module} package, not installed here: pip install 'vit-rope[{extra}]' (or "
+                        f"pip install {module})") from None

@@ -142,7 +142,7 @@ def test_plot_skipped_without_matplotlib(tmp_path: Path, monkeypatch, capsys) ->
     ("crop_pct", "--crop-pct 1.5 is outside (0, 1]: it is the fraction of the resized image that the center crop "
                  "keeps"),
     ("split", "val does not exist; the data dir needs val/ with one folder per class; it has test/: set "
-              "--val-split=test to use that"),
+              "--split=test to use that"),
     ("axial_into_mixed", f"axial.pth has no learned RoPE frequencies for {ROPE}, a mixed RoPE model"),
     ("plain_vit_into_mixed", f"plain_vit.pth has no learned RoPE frequencies for {ROPE}, a mixed RoPE model"),
     ("twice", "best.pth) is given twice, and its rows would merge in the reports"),
@@ -216,7 +216,7 @@ def test_val_split_defaults_to_the_checkpoints_and_can_be_chosen(image_root: Pat
     assert run("--checkpoint", str(test_run), str(val_run), *args) == 2
     err = capsys.readouterr().err
     assert err == (f"error: the checkpoints were validated on different splits ({ROPE} (depth=2) ({test_run}): test, "
-                   f"{ROPE} (depth=2) ({val_run}): val); pass --val-split to pick the one to evaluate on\n")
+                   f"{ROPE} (depth=2) ({val_run}): val); pass --split to pick the one to evaluate on\n")
     assert run("--checkpoint", str(test_run), str(val_run), "--val-split", "holdout", *args) == 0
     assert f"; {image_root / 'holdout'}" in capsys.readouterr().out.splitlines()[0]
     results = json.loads((tmp_path / "eval" / "results.json").read_text())["results"]

@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import os
 from pathlib import Path
+from typing import Any, BinaryIO, Protocol
 
 import numpy as np
 import torch
@@ -19,12 +20,33 @@ from torch.utils.data import DataLoader, Dataset
 from vit_rope.weights import atomic_save
 
 
-def decode_image(path: str, short_side: int | None = None) -> Image.Image:
-    """Read an image as RGB (grayscale, CMYK, palette all converted); optionally shrink its short side.
+class Stored(Protocol):
+    """An image inside a container: a shard's member (``shard_reader.TarMember``), a dataset's row
+    (``hf_datasets.DatasetRow``). Samples name one of these, or a file's path."""
+
+    def open(self) -> BinaryIO: ...
+
+    def fingerprint(self) -> tuple[Any, ...]: ...
+
+
+Source = str | Stored
+
+
+def fingerprint(source: Source) -> tuple[Any, ...]:
+    """What changes when the image does: a file's path, size and time; a stored image's own."""
+    if isinstance(source, str):
+        stat = os.stat(source)
+        return source, stat.st_size, stat.st_mtime_ns
+    return source.fingerprint()
+
+
+def decode_image(source: Source, short_side: int | None = None) -> Image.Image:
+    """Read an image (a file, a shard's member, a dataset's row) as RGB (grayscale, CMYK, palette all converted);
+    optionally shrink its short side.
 
     ``draft`` lets the JPEG decoder itself downscale by 2-8x, which is most of the decoded cache's speed-up.
     """
-    with Image.open(path) as img:
+    with Image.open(source if isinstance(source, str | Path) else source.open()) as img:
         if short_side:
             img.draft("RGB", (short_side, short_side))
         img = img.convert("RGB")
@@ -37,7 +59,7 @@ def decode_image(path: str, short_side: int | None = None) -> Image.Image:
 class _Decoder(Dataset):
     """Decodes for the cache in loader workers; a file that fails becomes an empty array, reported on use."""
 
-    def __init__(self, paths: list[str], short_side: int) -> None:
+    def __init__(self, paths: list[Source], short_side: int) -> None:
         self.paths, self.short_side = paths, short_side
 
     def __len__(self) -> int:
@@ -68,7 +90,7 @@ class DecodedImages:
         return Image.fromarray(self.data[start:start + height * width * 3].view(height, width, 3).numpy())
 
     @classmethod
-    def build(cls, paths: list[str], short_side: int, workers: int) -> DecodedImages:
+    def build(cls, paths: list[Source], short_side: int, workers: int) -> DecodedImages:
         """Decode ``paths`` in parallel (``workers`` processes) into a new cache."""
         loader = DataLoader(_Decoder(paths, short_side), batch_size=32, num_workers=workers, collate_fn=list)
         arrays = [array for batch in loader for array in batch]
@@ -77,14 +99,16 @@ class DecodedImages:
         return cls(torch.cat([array.reshape(-1) for array in arrays]), sizes.cumsum(0) - sizes, shapes)
 
     @classmethod
-    def load_or_build(cls, paths: list[str], short_side: int, workers: int, cache_dir: Path | None) -> DecodedImages:
-        """Build the cache, or with ``cache_dir`` reuse the file of an earlier run on the same files and size.
+    def load_or_build(cls, paths: list[Source], short_side: int, workers: int, cache_dir: Path | None
+                      ) -> DecodedImages:
+        """Build the cache, or with ``cache_dir`` reuse the file of an earlier run on the same images and size.
 
-        The file name hashes every path, size and modification time, so a changed dataset is decoded again.
+        The file name hashes every image's ``fingerprint`` (a file's path, size and modification time), so a changed
+        dataset is decoded again.
         """
         if cache_dir is None:
             return cls.build(paths, short_side, workers)
-        listing = [(path, os.stat(path).st_size, os.stat(path).st_mtime_ns) for path in paths]
+        listing = [fingerprint(path) for path in paths]
         digest = hashlib.sha1(repr((listing, short_side)).encode()).hexdigest()[:16]
         file = cache_dir / f"decoded-{short_side}px-{digest}.pt"
         if file.exists():  # memory-mapped: the processes of a machine share the page cache's one copy

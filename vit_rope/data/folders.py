@@ -21,14 +21,14 @@ import torch
 from PIL import Image
 from torch.utils.data import Dataset
 
-from vit_rope.data.decoded import DecodedImages, decode_image
+from vit_rope.data.decoded import DecodedImages, Source, decode_image
 from vit_rope.data.steps import Item, global_rng_kept, seed_globals
 from vit_rope.errors import UserError
 
 _log = logging.getLogger(__name__)
 REPO_ROOT = Path(__file__).resolve().parents[2]
 IMAGE_EXTENSIONS = frozenset(ext for ext, fmt in Image.registered_extensions().items() if fmt in Image.OPEN)
-Sample = tuple[str, int]
+Sample = tuple[Source, int]  # an image (a file's path, a shard's member, a dataset's row) and its class index
 
 
 def resolve_data_dir(data_dir: str | None, download_size: str = "320px") -> Path:

@@ -25,13 +25,14 @@ from typing import Any
 import yaml
 
 from vit_rope.checks import check_model_name, check_output_dir
-from vit_rope.data.folders import find_images, resolve_data_dir
+from vit_rope.data.folders import resolve_data_dir
+from vit_rope.data.splits import dataset_kind, find_split
 from vit_rope.encodings.policies import POLICIES
 from vit_rope.errors import UserError
 from vit_rope.eval import token_budget as naflex
 from vit_rope.eval import windows
-from vit_rope.eval.harness import check_options, check_sizes, choose_split, evaluate_models, protocol
-from vit_rope.eval.loading import check_weights, load_pretrained, load_trained
+from vit_rope.eval.harness import check_options, check_sizes, choose_setting, evaluate_models, protocol
+from vit_rope.eval.loading import EvalModel, check_weights, load_pretrained, load_trained
 from vit_rope.eval.report import write_reports
 from vit_rope.train.distributed import flushed_subnormals, set_cpu_threads
 
@@ -70,8 +71,17 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--no-ema", action="store_true", help="evaluate a checkpoint's model weights, not its EMA")
     parser.add_argument("--data-dir", help="dataset root holding the val split (one folder per class); default as "
                         "train.py: ../shared/data/imagenette when it exists, else Imagenette downloaded")
-    parser.add_argument("--val-split", metavar="NAME", help="folder of --data-dir to evaluate on (default: the "
-                        "val_split the checkpoints were trained with, else val)")
+    parser.add_argument("--dataset", metavar="KIND/NAME",
+                        help="what --data-dir holds, as train.py's dataset: wds/<name> (WebDataset shards), "
+                        "hfds/<name> (a Hugging Face dataset on disk); default: the checkpoints' dataset, else an "
+                        "image folder")
+    parser.add_argument("--split", "--val-split", dest="split", metavar="NAME",
+                        help="split to evaluate on: a folder of --data-dir, a split of the shards or dataset (default: "
+                        "the val_split the checkpoints were trained with, else val)")
+    parser.add_argument("--input-key", metavar="KEY",
+                        help="shards: the image members' extensions (jpg;png); a dataset: its image column")
+    parser.add_argument("--target-key", metavar="KEY",
+                        help="shards: the .json field of the label; a dataset: its label column")
     parser.add_argument("--img-sizes", nargs="+", type=_positive, metavar="SIZE",
                         help="square input sizes, multiples of the patch size (default: every model's training "
                         "size, each model at all of them; none with --seq-lens)")
@@ -98,6 +108,17 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def data_root(given: str | None, dataset: str | None, models: list[EvalModel]) -> Path:
+    """``--data-dir``; for an image folder it defaults as in ``train.py``, shards and datasets must be named."""
+    if not dataset_kind(dataset):
+        return resolve_data_dir(given)
+    if not given:
+        trained = next((entry.data_dir for entry in models if entry.data_dir), None)
+        raise UserError(f"--dataset {dataset} reads --data-dir, which is not set; pass the folder of its shards or "
+                        "dataset" + (f" (the checkpoint trained on {trained})" if trained else ""))
+    return Path(given).expanduser()
+
+
 def main(argv: list[str] | None = None) -> int:
     """Command-line entry point; returns the exit code (0 done, 2 bad input)."""
     parser = build_parser()
@@ -122,10 +143,12 @@ def main(argv: list[str] | None = None) -> int:
                     if file is None and not dict(args.model_kwargs).get("pretrained")]
         if args.device != "cuda":  # loader workers need cores of their own, or every thread stalls
             set_cpu_threads(0, args.workers)
-        data_dir = resolve_data_dir(args.data_dir)
         models = [load_trained(path, not args.no_ema) for path in args.checkpoint]
-        split = choose_split(args.val_split, models)
-        num_classes = len(find_images(data_dir / split, split_key="--val-split")[1])
+        dataset = choose_setting(args.dataset, models, "dataset", "--dataset", None)
+        data_dir = data_root(args.data_dir, dataset, models)
+        split = choose_setting(args.split, models)
+        keys = {"input_key": args.input_key, "target_key": args.target_key}
+        num_classes = len(find_split(data_dir, dataset, split, split_key="--split", **keys)[1])
         models += [load_pretrained(name, file, num_classes, args.train_size, dict(args.model_kwargs))
                    for name, file in zip(args.model, weights, strict=True)]
         labels = [entry.label for entry in models]
@@ -136,8 +159,9 @@ def main(argv: list[str] | None = None) -> int:
         sizes = args.img_sizes or ([] if args.seq_lens else sorted({entry.train_size for entry in models}))
         check_sizes(sizes, models, args.policy or (), args.seq_lens)
         text = "; ".join([protocol(args.crop_pct)] * bool(sizes) + [naflex.PROTOCOL] * bool(args.seq_lens))
-        print(f"protocol: {text}; sizes {sizes}; " + (f"budgets {args.seq_lens}; " if args.seq_lens else "")
-              + f"{data_dir / split}" + (f", {args.limit} images evenly spread" if args.limit else ""), flush=True)
+        where = f"{data_dir / split}" if not dataset else f"{dataset} in {data_dir} [{split}]"
+        print(f"protocol: {text}; sizes {sizes}; " + (f"budgets {args.seq_lens}; " if args.seq_lens else "") + where
+              + (f", {args.limit} images evenly spread" if args.limit else ""), flush=True)
         print("\n".join(f"  {entry.label}: trained at {entry.train_size} px" for entry in models), flush=True)
         if unloaded:
             print(f"warning: {', '.join(unloaded)} evaluated with random weights (--random-init): chance accuracy, "
@@ -145,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
         with flushed_subnormals():
             results = evaluate_models(models, data_dir, sizes, args.policy, args.crop_pct, args.device, args.limit,
                                       args.batch_size, args.workers, split, args.seq_lens, args.window_size,
-                                      args.pad_windows)
+                                      args.pad_windows, dataset=dataset, **keys)
     except UserError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

@@ -31,7 +31,8 @@ import torch
 from torch import Tensor, nn
 
 from vit_rope.checks import check_model_name, check_multiple, check_output_dir, patch_size
-from vit_rope.data.folders import ImageFolderDataset, Sample, find_images
+from vit_rope.data.folders import ImageFolderDataset, Sample
+from vit_rope.data.splits import find_split
 from vit_rope.encodings.base import BlockInput, image_coords
 from vit_rope.encodings.policies import POLICIES
 from vit_rope.encodings.rope.tables import RoPE2D
@@ -174,7 +175,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="token budgets to inspect: the --data-dir images (needed: noise has no aspect ratio) "
                         "resized keeping their aspect ratio to at most L patches; unseen-phase channels count over "
                         "their grids, as a budget has no single one")
-    parser.add_argument("--data-dir", help="ImageFolder root whose val split feeds the entropy (else noise)")
+    parser.add_argument("--data-dir", help="ImageFolder root (or shards, a dataset: --dataset) whose val split feeds "
+                        "the entropy (else noise)")
+    parser.add_argument("--dataset", metavar="KIND/NAME", help="what --data-dir holds, as train.py's dataset "
+                        "(default: the checkpoint's, else an image folder)")
     parser.add_argument("--val-split", metavar="NAME", help="folder of --data-dir to take images from (default: the "
                         "checkpoint's val_split, else val)")
     parser.add_argument("--policy", choices=POLICIES, help="resolution policy to diagnose under (default: the "
@@ -269,7 +273,7 @@ def _load(args: argparse.Namespace) -> tuple[EvalModel, list[Sample] | None]:
     if args.data_dir is None:
         return entry, None
     split = args.val_split or entry.val_split or "val"
-    return entry, find_images(Path(args.data_dir) / split, split_key="--val-split")[0]
+    return entry, find_split(Path(args.data_dir), args.dataset or entry.dataset, split, split_key="--val-split")[0]
 
 
 def _items(samples: list[Sample], count: int, transform: Any) -> list[tuple[Any, int, int]]:

@@ -21,7 +21,8 @@ from torch.utils.data import DataLoader, Subset
 from tqdm import tqdm
 
 from vit_rope.checks import check_multiple, resolve_device
-from vit_rope.data.folders import ImageFolderDataset, find_images
+from vit_rope.data.folders import ImageFolderDataset
+from vit_rope.data.splits import find_split
 from vit_rope.encodings.policies import POLICIES
 from vit_rope.errors import UserError
 from vit_rope.eval import memory, windows
@@ -31,9 +32,9 @@ from vit_rope.models.encoding import resolution_encoding
 from vit_rope.models.naflex_batch import naflex_patch
 
 
-def label_map(model: EvalModel, val_classes: list[str], val_dir: Path) -> torch.Tensor:
+def label_map(model: EvalModel, val_classes: list[str], val_dir: Path | str) -> torch.Tensor:
     """Output index of each val class: by name when the model's classes are known (so that an ImageNet-1k model
-    scores on a folder of a few synsets), else in folder order."""
+    scores on a folder of a few synsets), else in folder order (class index order for shards and datasets)."""
     trained_on = f" (its run trained on {model.data_dir}: --data-dir {model.data_dir})" if model.data_dir else ""
     if model.classes is not None:
         unknown = [name for name in val_classes if name not in model.classes]
@@ -59,16 +60,18 @@ def check_options(policies: Sequence[str], crop_pct: float, seq_lens: Sequence[i
                         "center crop keeps (1.0 keeps all of it, 0.875 is timm's usual)")
 
 
-def choose_split(given: str | None, models: Sequence[EvalModel]) -> str:
-    """``--val-split`` when given, else the split the checkpoints' training runs validated on, else ``val``."""
+def choose_setting(given: str | None, models: Sequence[EvalModel], field: str = "val_split",
+                   flag: str = "--split", default: str | None = "val") -> str | None:
+    """``given`` (the ``flag``) when set, else the ``field`` (``val_split``, ``dataset``) the checkpoints' training
+    runs used, else ``default``."""
     if given:
         return given
-    splits = {entry.val_split for entry in models if entry.val_split}
-    if len(splits) > 1:
-        used = ", ".join(f"{entry.label}: {entry.val_split}" for entry in models if entry.val_split)
-        raise UserError(f"the checkpoints were validated on different splits ({used}); pass --val-split to pick the "
-                        "one to evaluate on")
-    return splits.pop() if splits else "val"
+    used = {entry.label: getattr(entry, field) for entry in models if getattr(entry, field)}
+    if len(set(used.values())) > 1:
+        listed = ", ".join(f"{label}: {value}" for label, value in used.items())
+        what = "were validated on different splits" if field == "val_split" else f"were trained with different {field}"
+        raise UserError(f"the checkpoints {what} ({listed}); pass {flag} to pick the one to evaluate on")
+    return next(iter(used.values()), default)
 
 
 def check_sizes(sizes: Sequence[int], models: Sequence[EvalModel], policies: Sequence[str] = (),
@@ -122,9 +125,13 @@ def evaluate_models(models: Sequence[EvalModel], data_dir: str | Path, img_sizes
                     policies: Sequence[str] | None = None, crop_pct: float = 1.0, device: str = "auto",
                     limit: int | None = None, batch_size: int = 64, workers: int = 4,
                     val_split: str = "val", seq_lens: Sequence[int] = (), window: str | int = "keep",
-                    pad_windows: bool = False) -> list[dict[str, Any]]:
+                    pad_windows: bool = False, *, dataset: str | None = None, input_key: str | None = None,
+                    target_key: str | None = None) -> list[dict[str, Any]]:
     """Top-1, top-5 (%), loss and images/s of every model at every size and token budget (``seq_lens``,
     ``vit_rope.eval.token_budget``) on ``data_dir/val_split``, once per policy for RoPE models.
+
+    ``dataset`` (``wds/<name>``, ``hfds/<name>``; None an image folder) and its keys say what ``data_dir`` holds, as
+    ``train.py``'s settings of those names (``vit_rope.data.splits``).
 
     ``policies`` ``None`` runs each RoPE model under its own policy, the one it was built with (RoPE-ViT's
     ``extrapolate``, DINOv3's ``normalized``, the Eva twins' ``interpolate``, which is what timm runs them with: a
@@ -138,8 +145,9 @@ def evaluate_models(models: Sequence[EvalModel], data_dir: str | Path, img_sizes
     """
     device = resolve_device(device)
     check_options(policies or (), crop_pct, seq_lens)
-    val_dir = Path(data_dir) / val_split
-    samples, val_classes = find_images(val_dir, split_key="--val-split")
+    val_dir = Path(data_dir) / val_split if not dataset else f"{data_dir} [{val_split}]"
+    samples, val_classes = find_split(Path(data_dir), dataset, val_split, split_key="--split", input_key=input_key,
+                                      target_key=target_key)
     check_sizes(img_sizes, models, policies or (), seq_lens)
     settings = [naflex.Setting(f"{size} px", {"img_size": size, "seq_len": None, "crop_pct": crop_pct},
                                eval_transform(size, crop_pct), None, list(range(len(models)))) for size in img_sizes]

@@ -53,6 +53,7 @@ class EvalModel:
         val_split: the data folder its training run validated on (``train.py``'s ``val_split``); None when unknown.
         data_dir: the data set its training run read (``train.py``'s ``data_dir``), named when the classes of the
             evaluated folder do not fit; None when unknown.
+        dataset: what that data set was (``train.py``'s ``dataset``: None an image folder, ``wds/...``, ``hfds/...``).
     """
 
     label: str
@@ -61,6 +62,7 @@ class EvalModel:
     classes: list[str] | None = None
     val_split: str | None = None
     data_dir: str | None = None
+    dataset: str | None = None
 
 
 def model_label(name: str, model_kwargs: dict[str, Any], *notes: str) -> str:
@@ -81,9 +83,9 @@ def load_trained(path: str | Path, use_ema: bool = True) -> EvalModel:
     """Rebuild the model of a ``train.py`` checkpoint and load its weights strictly (EMA weights when saved).
 
     Reads the keys ``model_name``, ``model_kwargs``, ``config["img_size"]``, ``model``, ``model_ema`` (optional),
-    ``classes`` (optional) and ``config["val_split"]`` (optional). The model is built without the pretrained
-    weights its ``model_kwargs`` may name (the run's starting point): the strict load replaces every weight, learned
-    RoPE frequencies included.
+    ``classes`` (optional) and ``config["val_split"]``, ``["data_dir"]`` and ``["dataset"]`` (optional). The model is
+    built without the pretrained weights its ``model_kwargs`` may name (the run's starting point): the strict load
+    replaces every weight, learned RoPE frequencies included.
     """
     ckpt = load_checkpoint(path)
     missing = [key for key in ("model_name", "model_kwargs", "config", "model") if key not in ckpt]
@@ -101,7 +103,7 @@ def load_trained(path: str | Path, use_ema: bool = True) -> EvalModel:
     model.load_state_dict(weights)
     label = f"{model_label(name, kwargs)} ({path}{', EMA' if ema else ''})"
     return EvalModel(label, model, train_size, ckpt.get("classes"), ckpt["config"].get("val_split"),
-                     ckpt["config"].get("data_dir"))
+                     ckpt["config"].get("data_dir"), ckpt["config"].get("dataset"))
 
 
 def check_weights(name: str, weights: str | None, model_kwargs: dict[str, Any], random_init: bool, use: str) -> None:

@@ -26,6 +26,7 @@ from torchvision.transforms import InterpolationMode
 from vit_rope.checks import check_output_dir
 from vit_rope.data.auto_augment import safe_transform
 from vit_rope.data.sizes import budget_images
+from vit_rope.data.splits import dataset_kind
 from vit_rope.errors import UserError
 from vit_rope.train.config import Config
 
@@ -45,6 +46,18 @@ _RANGES: tuple[tuple[Callable[[float], bool], str, tuple[str, ...]], ...] = (
     (lambda v: 0 < v <= 1, "in (0, 1] (the fraction of each class's train images to train on)", ("train_fraction",)),
 )
 _SCHEDULERS = ("cosine", "tanh", "step", "multistep", "plateau", "poly")  # the ones base.yaml documents
+
+
+def _check_dataset(cfg: Config) -> None:
+    """``dataset`` a kind this toolkit reads, with the ``data_dir`` it needs and only the keys it uses."""
+    kind = dataset_kind(cfg.dataset)
+    if kind and not cfg.data_dir:
+        raise UserError(f"dataset {cfg.dataset} reads data_dir, which is not set: set data_dir to the folder of "
+                        + ("the shards and _info.json" if kind == "wds" else "the dataset"))
+    unused = [key for key in ("input_key", "target_key") if getattr(cfg, key) is not None]
+    if unused and not kind:
+        raise UserError(f"{' and '.join(unused)} name where shards or a dataset keep images and labels, and an image "
+                        "folder has neither: remove them, or set dataset to wds/<name> or hfds/<name>")
 
 
 def check_config(cfg: Config) -> None:
@@ -71,6 +84,7 @@ def check_config(cfg: Config) -> None:
                             "train_sizes, or set token_budget=false")
     if cfg.naflex:
         _check_naflex(cfg)
+    _check_dataset(cfg)
     if cfg.warmup_epochs >= cfg.epochs > 0:
         warnings.warn(f"warmup_epochs {cfg.warmup_epochs} is not less than the {cfg.epochs} epochs of the run, so the "
                       f"learning rate never reaches lr={cfg.lr}; lower warmup_epochs below {cfg.epochs}",

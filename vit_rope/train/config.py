@@ -28,7 +28,10 @@ class Config:
     # run
     output: str = "output/run"
     data_dir: str | None = None
+    dataset: str | None = None
     val_split: str = "val"
+    input_key: str | None = None
+    target_key: str | None = None
     train_fraction: float = 1.0
     train_subset_seed: int = 0
     download_size: Literal["full", "320px", "160px"] = "320px"

@@ -178,7 +178,7 @@ def _tensor_loaders(cfg: Config, train: tuple[list[Sample], DecodedImages], val:
     common = dict(size=cfg.img_size, mean=data_config["mean"], std=data_config["std"], seed=cfg.seed, rank=rank,
                   world_size=world_size, device=device)
     train_store, val_store = (TensorStore.from_decoded(cache, [target for _, target in samples],
-                                                       [path for path, _ in samples]).to(device)
+                                                       [str(path) for path, _ in samples]).to(device)
                               for samples, cache in (train, val))
     train_loader = BatchLoader(train_store, cfg.batch_size, train=True, scale=cfg.scale, hflip=cfg.hflip,
                                color_jitter=cfg.color_jitter, schedule=schedule, **common)

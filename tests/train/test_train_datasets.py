@@ -1,0 +1,161 @@
+"""``train.py`` and ``vit_rope.evaluate`` on WebDataset shards and on a Hugging Face dataset (``dataset`` setting):
+every pipeline trains from them, a run killed mid-epoch resumes to the weights of an uninterrupted one (one process
+and two DDP ranks with loader workers), the checkpoint's dataset is what evaluation reads by default, and settings
+that do not fit are refused before any data is read; two torchrun launches with the same rendezvous arguments, as on
+two machines, train one run."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import datasets
+import pytest
+import torch
+
+import train
+from helpers.ddp import WORLD, free_port, run_ranks
+from helpers.training import DATA_CONFIG, REPO, assert_same_weights, killed_at, metrics, tiny_args
+from vit_rope import evaluate
+from vit_rope.data import shard_writer as shards
+from vit_rope.data.splits import find_split
+from vit_rope.train import engine, loaders
+from vit_rope.train.cli import build_config
+
+# the per-image pipeline in a loader worker with a size per step and Mixup; the tensor pipeline; timm's NaFlex loader
+PIPELINES = {"per_image": ("workers=1", "train_sizes=[32, 48]", "mixup=0.8", "auto_augment=rand-m9-mstd0.5-inc1"),
+             "tensor": ("decoded_cache=true", "train_sizes=[32, 48]"),
+             "naflex": ("naflex=true", "naflex_seq_lens=[9, 16]")}
+
+
+@pytest.fixture(autouse=True)
+def index_cache(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+
+
+@pytest.fixture
+def shard_dir(image_root: Path, tmp_path: Path) -> Path:
+    shards.write_shards(image_root, tmp_path / "shards", 5, ["train", "val"])
+    return tmp_path / "shards"
+
+
+@pytest.fixture
+def dataset_dir(image_root: Path, tmp_path: Path) -> Path:
+    datasets.load_dataset("imagefolder", data_dir=str(image_root)).save_to_disk(str(tmp_path / "hf"))
+    return tmp_path / "hf"
+
+
+def source_args(kind: str, shard_dir: Path, dataset_dir: Path) -> tuple[str, ...]:
+    return {"wds": ("--data-dir", str(shard_dir), "dataset=wds/tiny"),
+            "hfds": ("--data-dir", str(dataset_dir), "dataset=hfds/tiny", "val_split=validation")}[kind]
+
+
+@pytest.mark.parametrize("pipeline", list(PIPELINES))
+@pytest.mark.parametrize("kind", ["wds", "hfds"])
+def test_every_pipeline_trains_from_shards_and_datasets(shard_dir: Path, dataset_dir: Path, tmp_path: Path,
+                                                        kind: str, pipeline: str, capsys) -> None:
+    out = tmp_path / "run"
+    assert train.main(tiny_args(tmp_path, out, *source_args(kind, shard_dir, dataset_dir), *PIPELINES[pipeline])) == 0
+    assert "24 train / 12 val images, 3 classes" in capsys.readouterr().out
+    rows = metrics(out)
+    assert len(rows) == 2 and all(float(row["train_loss"]) < 5 for row in rows)
+    saved = torch.load(out / "last.pth", weights_only=False)
+    assert saved["config"]["dataset"] == f"{kind}/tiny" and saved["classes"] == ["class_0", "class_1", "class_2"]
+
+
+def test_evaluation_reads_the_checkpoints_dataset_and_split(shard_dir: Path, dataset_dir: Path, tmp_path: Path,
+                                                            capsys) -> None:
+    out = tmp_path / "run"
+    assert train.main(tiny_args(tmp_path, out, *source_args("hfds", shard_dir, dataset_dir))) == 0
+    best = str(out / "best.pth")
+    assert evaluate.main(["--checkpoint", best, "--output", str(tmp_path / "eval"), "--workers", "0"]) == 2
+    assert "--dataset hfds/tiny reads --data-dir, which is not set" in capsys.readouterr().err
+    assert evaluate.main(["--checkpoint", best, "--data-dir", str(dataset_dir), "--output", str(tmp_path / "eval"),
+                          "--workers", "0"]) == 0
+    assert f"hfds/tiny in {dataset_dir} [validation]" in capsys.readouterr().out
+    top1 = [row["top1"] for row in metrics(out)][-1]
+    report = (tmp_path / "eval" / "results.md").read_text()
+    assert f"{float(top1):.2f}" in report  # the run's own validation, repeated
+    # the same images as shards, named on the command line: the same accuracy
+    assert evaluate.main(["--checkpoint", best, "--data-dir", str(shard_dir), "--dataset", "wds/tiny", "--split",
+                          "val", "--output", str(tmp_path / "eval_wds"), "--workers", "0"]) == 0
+    assert f"{float(top1):.2f}" in (tmp_path / "eval_wds" / "results.md").read_text()
+
+
+def test_a_run_on_shards_killed_mid_epoch_resumes_to_the_same_weights(shard_dir: Path, tmp_path: Path, monkeypatch
+                                                                      ) -> None:
+    args = (*source_args("wds", shard_dir, shard_dir), *PIPELINES["per_image"], "checkpoint_interval=2",
+            "drop_path=0.1", "model_ema=true")
+    straight, resumed = tmp_path / "straight", tmp_path / "resumed"
+    assert train.main(tiny_args(tmp_path, straight, *args)) == 0
+    with monkeypatch.context() as patch:
+        patch.setattr(engine.Progress, "update", killed_at(2, 2))
+        with pytest.raises(KeyboardInterrupt):
+            train.main(tiny_args(tmp_path, resumed, *args))
+    assert train.main(tiny_args(tmp_path, resumed, *args, "--resume", str(resumed / "last.pth"))) == 0
+    assert_same_weights(straight, resumed)
+
+
+def _ddp_runs(rank: int, shard_dir: Path, out: Path, ports: list[int]) -> list[int]:
+    """On every rank: the train split's indices this rank reads in epoch 1, then train.py uninterrupted, killed
+    mid-epoch and resumed, with two loader workers each."""
+    samples = [find_split(shard_dir, "wds", split)[0] for split in ("train", "val")]
+    steps = loaders.build_loaders(build_config(None, ["batch_size=4", "workers=0"]), *samples, DATA_CONFIG, rank,
+                                  WORLD)[0].batch_sampler
+    indices = [index for step in steps for index, _, _ in step]
+    args = (*source_args("wds", shard_dir, shard_dir), "--img-size", "48", "--batch-size", "4", "workers=2",
+            "checkpoint_interval=2",
+            "train_sizes=[32, 48]", "mixup=0.8", "drop_path=0.1", "model_ema=true")
+    os.environ["MASTER_PORT"] = str(ports[0])
+    assert train.main(tiny_args(out, out / "straight", *args)) == 0
+    os.environ["MASTER_PORT"] = str(ports[1])
+    real, engine.Progress.update = engine.Progress.update, killed_at(2, 2)
+    with pytest.raises(KeyboardInterrupt):
+        train.main(tiny_args(out, out / "resumed", *args))
+    engine.Progress.update = real
+    os.environ["MASTER_PORT"] = str(ports[2])
+    assert train.main(tiny_args(out, out / "resumed", *args, "--resume", str(out / "resumed" / "last.pth"))) == 0
+    return indices
+
+
+def test_ddp_ranks_read_disjoint_halves_of_the_shards_and_resume_exactly(shard_dir: Path, tmp_path: Path) -> None:
+    indices = run_ranks(_ddp_runs, tmp_path, shard_dir, tmp_path, [free_port() for _ in range(3)])
+    assert not set(indices[0]) & set(indices[1])  # 24 images, 2 ranks x 3 steps of 4: every image once
+    assert sorted(indices[0] + indices[1]) == list(range(24))
+    assert_same_weights(tmp_path / "straight", tmp_path / "resumed")
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (("dataset=tfds/imagenet",), "dataset 'tfds/imagenet' is not a kind of data"),
+    (("dataset=wds/x", "data_dir=null"), "dataset wds/x reads data_dir, which is not set"),
+    (("input_key=jpg",), "input_key name where shards or a dataset keep images"),
+    (("dataset=wds/x", "val_split=validation"), "has no split 'validation' \\(it has train, val\\); set val_split"),
+])
+def test_settings_that_do_not_fit_the_data_are_refused_before_training(shard_dir: Path, tmp_path: Path, capsys,
+                                                                       overrides: tuple[str, ...],
+                                                                       message: str) -> None:
+    assert train.main(tiny_args(shard_dir, tmp_path / "run", *overrides)) == 2
+    assert re.search(message, capsys.readouterr().err)
+    assert not (tmp_path / "run" / "last.pth").exists()
+
+
+def test_two_nodes_with_the_same_rendezvous_arguments_train_one_run_from_shards(shard_dir: Path,
+                                                                                tmp_path: Path) -> None:
+    """Two torchrun launches, as on two machines (one process each here), with the same c10d rendezvous arguments:
+    they meet, train as ranks 0 and 1 of 2, and only rank 0 writes."""
+    out, port = tmp_path / "run", free_port()
+    command = [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", "--nproc_per_node=1", "--rdzv_id=test",
+               "--rdzv_backend=c10d", f"--rdzv_endpoint=127.0.0.1:{port}", "train.py",
+               *tiny_args(tmp_path, out, *source_args("wds", shard_dir, shard_dir), "--epochs", "1",
+                          "--batch-size", "6", "workers=1")]
+    nodes = [subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for _ in range(2)]
+    results = [node.communicate(timeout=240) for node in nodes]
+    assert [node.returncode for node in nodes] == [0, 0], results[0][1][-3000:] + results[1][1][-3000:]
+    printed = results[0][0] + results[1][0]
+    assert printed.count("on 2 x cpu") == 1 and printed.count("epoch 1/1") == 1  # rank 0 of 2 alone speaks
+    assert len(torch.load(out / "last.pth", weights_only=True)["rng"]) == 2
+    assert sorted(p.name for p in out.iterdir()) == ["best.pth", "config.yaml", "last.pth", "metrics.csv"]

@@ -1,0 +1,113 @@
+"""Hugging Face datasets on disk (timm's ``hfds/`` data) as samples of the map-style loaders: a row is read when its
+image is drawn, so the loaders, the decoded cache and every pipeline treat a dataset as they treat an image folder.
+
+Two layouts: what ``DatasetDict.save_to_disk`` writes (``datasets.load_from_disk``), and a folder of data files with
+the splits in their names (a dataset repository downloaded from the Hub, e.g. ``data/train-00000-of-00004.parquet``;
+``datasets.load_dataset``). timm's ``hfds/`` reader calls ``load_dataset`` alone, which refuses the first layout.
+Images are read undecoded (``datasets.Image(decode=False)``) and decoded as files are, so a corrupt one is skipped
+with a warning like a corrupt file.
+"""
+
+from __future__ import annotations
+
+import functools
+import io
+from pathlib import Path
+from typing import Any, BinaryIO, NamedTuple
+
+from vit_rope._requires import require
+from vit_rope.errors import UserError
+
+
+class DatasetRow(NamedTuple):
+    """One image of a dataset split: the row, and where the dataset lies."""
+
+    root: str
+    split: str
+    column: str
+    index: int
+
+    def open(self) -> BinaryIO:
+        value = _images(self.root, self.split, self.column)[self.index][self.column]
+        if value.get("bytes"):
+            return io.BytesIO(value["bytes"])
+        if value.get("path"):  # a dataset that refers to image files rather than holding them
+            return open(value["path"], "rb")
+        raise OSError("the row holds no image")
+
+    def fingerprint(self) -> tuple[Any, ...]:
+        return (self.root, self.split, self.index, _load(self.root, self.split)._fingerprint)
+
+    def __str__(self) -> str:
+        return f"{self.root}/{self.split} row {self.index}"
+
+
+@functools.lru_cache(maxsize=8)
+def _load(root: str, split: str) -> Any:
+    """Split ``split`` of the dataset at ``root``, memory-mapped (each loader worker opens its own on first use)."""
+    datasets = require("datasets", "hf")
+    try:
+        saved = datasets.load_from_disk(root)
+    except FileNotFoundError:  # not save_to_disk's layout: a folder of data files
+        try:
+            return datasets.load_dataset(root, split=split)
+        except ValueError as err:  # an unknown split
+            raise UserError(f"{root}: {err}; set the split setting to one of its splits") from None
+        except FileNotFoundError as err:
+            raise UserError(f"{root} holds no dataset that Hugging Face datasets can read ({err}); save one with "
+                            "DatasetDict.save_to_disk, or point data_dir at a folder of its data files") from None
+    if not isinstance(saved, datasets.DatasetDict):
+        raise UserError(f"{root} holds one saved split, without names; save a DatasetDict with train and validation "
+                        "splits (DatasetDict({'train': ..., 'validation': ...}).save_to_disk(...))")
+    if split not in saved:
+        raise UserError(f"{root} has no split '{split}' (it has {', '.join(saved)}); set the split setting to one "
+                        "of them")
+    return saved[split]
+
+
+@functools.lru_cache(maxsize=8)
+def _images(root: str, split: str, column: str) -> Any:
+    datasets = require("datasets", "hf")
+    return _load(root, split).select_columns([column]).cast_column(column, datasets.Image(decode=False))
+
+
+def find_dataset_samples(root: Path, split: str, classes: list[str] | None, split_key: str, input_key: str | None,
+                         target_key: str | None) -> tuple[list[tuple[DatasetRow, int]], list[str]]:
+    """``(samples, classes)`` of a split of a dataset on disk, sorted by class, every label checked first.
+
+    Classes are the label column's names when it is a ``ClassLabel``, else the class indices as text.
+
+    Args:
+        classes: the train split's classes, which this split's labels must index; None for the train split.
+        input_key: the image column (default ``image``); target_key: the label column (default ``label``).
+    """
+    datasets = require("datasets", "hf")
+    if not root.is_dir():
+        raise UserError(f"{root} does not exist; point data_dir at the saved dataset (DatasetDict.save_to_disk) or "
+                        "at a folder of its data files")
+    table = _load(str(root), split)
+    image, label = input_key or "image", target_key or "label"
+    absent = [name for name in (image, label) if name not in table.column_names]
+    if absent:
+        keys = {image: "input_key", label: "target_key"}
+        raise UserError(f"{root} [{split}] has no column {' or '.join(absent)} (it has "
+                        f"{', '.join(table.column_names)}); set {' and '.join(keys[name] for name in absent)} to the "
+                        "columns that hold them")
+    feature = table.features[image]
+    if not isinstance(feature, datasets.Image):
+        raise UserError(f"{root} [{split}]: column '{image}' holds {type(feature).__name__}, not images; set "
+                        "input_key to the image column")
+    labels = table[label]
+    missing = next((row for row, value in enumerate(labels) if not isinstance(value, int)), None)
+    if missing is not None:
+        raise UserError(f"{root} [{split}] row {missing} has label {labels[missing]!r}, not a class index; fill in or "
+                        "drop rows without one, or set target_key to the column of class indices")
+    if classes is None:
+        names = getattr(table.features[label], "names", None)
+        classes = list(names) if names else [str(i) for i in range(max(labels) + 1)]
+    bad = next((value for value in labels if not 0 <= value < len(classes)), None)
+    if bad is not None:
+        raise UserError(f"{root} [{split}] has label {bad}, outside the {len(classes)} classes of the train split "
+                        f"(0 to {len(classes) - 1}); {split_key} must name a split of the same dataset")
+    samples = [(DatasetRow(str(root), split, image, row), value) for row, value in enumerate(labels)]
+    return sorted(samples, key=lambda sample: sample[1]), classes

@@ -1,0 +1,277 @@
+"""WebDataset shards (timm's ``wds/`` layout) read by random access: each sample is a member of an uncompressed tar,
+located once by an index of the shards' headers and then read with one ``pread``.
+
+timm's layout (``timm/imagenet-1k-wds``, and what ``python -m vit_rope.shards`` writes): ``<split>-NNNNNN.tar`` files
+whose members ``key.jpg`` (or ``.png``, ``.webp``, ...) hold an image and ``key.cls`` its class index (or ``key.json``
+a ``label`` field), and ``_info.json`` listing each split's shards and their sample counts.
+
+Why random access and not timm's streaming ``ReaderWds``: every loader of ``vit_rope.train.loaders`` is map-style, so
+an epoch's order is a permutation drawn from (seed, epoch), every rank and worker reads a disjoint part of it, each
+sample once, and ``--resume`` in the middle of an epoch continues the same batches. A stream with a shuffle buffer
+gives none of the three (timm's reader splits whole shards across ranks and workers, so shards that do not divide
+evenly repeat or drop samples). Reading a member costs a seek inside a file that is already open, so shards keep what
+they are for, no file per image on a shared file system; the price is reads scattered across the shards, not
+sequential ones (object stores through ``pipe:`` URLs are not supported: copy the shards to a file system).
+"""
+
+from __future__ import annotations
+
+import collections
+import hashlib
+import io
+import json
+import logging
+import os
+import re
+import tarfile
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, NamedTuple
+
+from vit_rope.errors import UserError
+
+_log = logging.getLogger(__name__)
+IMAGE_KEYS = ("jpg", "jpeg", "png", "webp", "bmp", "tif", "tiff", "gif", "ppm")  # member extensions tried in order
+INFO_FILES = ("_info.json", "info.json")
+_OPEN_LIMIT = 64  # shards a process keeps open: well under the usual limit of 1,024 descriptors
+
+
+class TarMember(NamedTuple):
+    """One image inside a shard: where its bytes are, and its key for messages."""
+
+    shard: str
+    offset: int  # of the member's data, past its header
+    size: int
+    key: str
+
+    def open(self) -> io.BytesIO:
+        return io.BytesIO(_pread(self.shard, self.size, self.offset))
+
+    def fingerprint(self) -> tuple[Any, ...]:
+        return (self.shard, self.offset, self.size, _stat(self.shard))
+
+    def __str__(self) -> str:
+        return f"{self.shard}:{self.key}"
+
+
+_open: collections.OrderedDict[str, int] = collections.OrderedDict()
+
+
+def _pread(path: str, size: int, offset: int) -> bytes:
+    """``size`` bytes of ``path`` at ``offset``, through a per-process cache of open shards. ``pread`` moves no file
+    position, so descriptors inherited by forked loader workers are safe to share."""
+    fd = _open.pop(path, None)
+    if fd is None:
+        fd = os.open(path, os.O_RDONLY)
+        while len(_open) >= _OPEN_LIMIT:
+            os.close(_open.popitem(last=False)[1])
+    _open[path] = fd
+    data = os.pread(fd, size, offset)
+    if len(data) != size:
+        raise OSError(f"the shard ends {size - len(data)} bytes early (was it rewritten during the run?)")
+    return data
+
+
+def _stat(path: str) -> tuple[int, int]:
+    stat = os.stat(path)
+    return stat.st_size, stat.st_mtime_ns
+
+
+def expand_braces(pattern: str) -> list[str]:
+    """WebDataset's shard patterns: ``train-{000000..000146}.tar`` (zero-padded ranges) and ``{a,b}`` lists, nested or
+    repeated, expanded left to right."""
+    match = re.search(r"\{([^{}]*)\}", pattern)
+    if match is None:
+        return [pattern]
+    body, head, tail = match.group(1), pattern[:match.start()], pattern[match.end():]
+    ends = re.fullmatch(r"(\d+)\.\.(\d+)", body)
+    if ends:
+        first, last = ends.groups()
+        width = len(first) if first.startswith("0") else 0
+        items = [str(i).zfill(width) for i in range(int(first), int(last) + 1)]
+    else:
+        items = body.split(",")
+    return [name for item in items for name in expand_braces(head + item + tail)]
+
+
+def load_info(root: Path) -> dict[str, Any]:
+    """The ``_info.json`` of a shard folder (timm's name; ``info.json`` too), or ``{}`` when there is none."""
+    for name in INFO_FILES:
+        file = root / name
+        if file.is_file():
+            try:
+                info = json.loads(file.read_text())
+            except json.JSONDecodeError as err:
+                raise UserError(f"{file} is not valid JSON ({err}); rewrite it or remove it") from None
+            if not isinstance(info.get("splits", {}), dict):
+                raise UserError(f"{file}: 'splits' must map split names to their shards, as timm's readers read it")
+            return info
+    return {}
+
+
+def split_shards(root: Path, split: str, info: dict[str, Any], split_key: str) -> tuple[list[Path], list[int] | None]:
+    """The shards of ``split`` and their sample counts (None where ``_info.json`` does not give them).
+
+    ``split`` is a split name of ``_info.json`` (``train``, ``validation``), or shard files: a brace pattern or a
+    comma-free list joined by ``::`` (WebDataset's separator), relative to ``root``. Without ``_info.json`` a name
+    reads ``<name>-*.tar``.
+    """
+    splits = info.get("splits", {})
+    if ".tar" in split:
+        files = [name for part in split.split("::") for name in expand_braces(part)]
+        lengths = {name: count for entry in splits.values()
+                   for name, count in zip(entry.get("filenames", ()), entry.get("shard_lengths", ()), strict=False)}
+        counts = [lengths[name] for name in files] if all(name in lengths for name in files) else None
+    elif info:
+        if split not in splits:
+            raise UserError(f"{root}/_info.json has no split '{split}' (it has {', '.join(splits) or 'none'}); set "
+                            f"{split_key} to one of them, or to a shard pattern such as {split}-{{000000..000009}}.tar")
+        entry = splits[split]
+        missing = [field for field in ("filenames", "shard_lengths") if field not in entry]
+        if missing:
+            raise UserError(f"{root}/_info.json: split '{split}' lacks {' and '.join(missing)}; rewrite it with "
+                            "python -m vit_rope.shards, or name the shards in " + split_key)
+        files, counts = list(entry["filenames"]), [int(n) for n in entry["shard_lengths"]]
+        if len(files) != len(counts):
+            raise UserError(f"{root}/_info.json: split '{split}' lists {len(files)} shards but {len(counts)} "
+                            "shard_lengths; rewrite it with python -m vit_rope.shards")
+        if "num_samples" in entry and int(entry["num_samples"]) != sum(counts):
+            raise UserError(f"{root}/_info.json: split '{split}' says num_samples {entry['num_samples']} but its "
+                            f"shard_lengths add up to {sum(counts)}; rewrite it with python -m vit_rope.shards")
+    else:
+        files, counts = sorted(path.name for path in root.glob(f"{split}-*.tar")), None
+        if not files:
+            raise UserError(f"{root} has no _info.json and no {split}-*.tar shards; set {split_key} to a split's "
+                            "shards (e.g. train-{000000..000009}.tar), or write them with python -m vit_rope.shards")
+    paths = [root / name for name in files]
+    absent = [str(path) for path in paths if not path.is_file()]
+    if absent:
+        raise UserError(f"{len(absent)} of the {len(paths)} shards of split '{split}' are missing (e.g. {absent[0]}); "
+                        "copy them into data_dir, or fix _info.json")
+    return paths, counts
+
+
+class ShardIndex(NamedTuple):
+    """Every sample of one shard: its key, image offset and size, and class index."""
+
+    keys: list[str]
+    offsets: list[int]
+    sizes: list[int]
+    labels: list[int]
+
+
+def _label(path: Path, key: str, entry: dict[str, Any], target_key: str | None) -> int | None:
+    """The class index of a sample from its ``.cls`` member (unless ``target_key``), else its ``.json``'s field."""
+    try:
+        if not target_key and "cls" in entry:
+            return int(entry["cls"].decode().strip())
+        value = json.loads(entry["json"]).get(target_key or "label") if "json" in entry else None
+        return None if value is None else int(value)
+    except (ValueError, TypeError, AttributeError, UnicodeDecodeError) as err:
+        raise UserError(f"{path}: sample {key} has a label member that holds no class index ({err}); fix or remove "
+                        "that sample") from None
+
+
+def index_shard(path: Path, input_keys: tuple[str, ...], target_key: str | None) -> ShardIndex:
+    """Read a shard's headers (not its images): where each sample's image lies and its label.
+
+    WebDataset's grouping: a member's key is its path up to the first dot of its file name, its extension the rest.
+    The label is the ``.cls`` member, else ``target_key`` (default ``label``) of the ``.json`` member; with a
+    ``target_key`` only the ``.json`` is read.
+    """
+    samples: dict[str, dict[str, Any]] = {}
+    try:
+        with tarfile.open(path, "r:") as tar:
+            for member in tar:
+                if not member.isfile():
+                    continue
+                folder, _, name = member.name.rpartition("/")
+                stem, dot, ext = name.partition(".")
+                if not dot or stem.startswith("_"):  # WebDataset skips keys such as __meta__
+                    continue
+                entry = samples.setdefault(f"{folder}/{stem}" if folder else stem, {})
+                ext = ext.lower()
+                if ext in input_keys and "image" not in entry:
+                    entry["image"] = (member.offset_data, member.size)
+                elif ext in ("cls", "json"):
+                    entry[ext] = tar.extractfile(member).read()
+    except (tarfile.TarError, EOFError) as err:
+        raise UserError(f"{path} is not a readable uncompressed tar ({err}); download or write it again") from None
+    index = ShardIndex([], [], [], [])
+    for key, entry in samples.items():
+        if "image" not in entry:
+            raise UserError(f"{path}: sample {key} has no image member (looked for .{', .'.join(input_keys)}); set "
+                            "input_key to its image extension, or fix the shard")
+        entry["label"] = _label(path, key, entry, target_key)
+        if entry["label"] is None:
+            label = f"a .json member with a '{target_key}' field" if target_key else "a .cls member or .json 'label'"
+            raise UserError(f"{path}: sample {key} has no label ({label}); fix the shard, or set target_key")
+        index.keys.append(key)
+        index.offsets.append(entry["image"][0])
+        index.sizes.append(entry["image"][1])
+        index.labels.append(entry["label"])
+    return index
+
+
+def _index_cache(cache_dir: Path | None) -> Path:
+    return cache_dir / "shard-index" if cache_dir else (
+        Path(os.environ.get("XDG_CACHE_HOME", "~/.cache")).expanduser() / "vit_rope" / "shard-index")
+
+
+def cached_index(path: Path, input_keys: tuple[str, ...], target_key: str | None, cache: Path) -> ShardIndex:
+    """``index_shard``, kept in ``cache`` under a name that hashes the shard's path, size and time and the keys: a
+    second run (and every rank after the first) reads the index instead of the shard's headers."""
+    identity = (str(path.resolve()), _stat(str(path)), input_keys, target_key)
+    file = cache / f"{hashlib.sha1(repr(identity).encode()).hexdigest()[:20]}.json"
+    if file.is_file():
+        return ShardIndex(**json.loads(file.read_text()))
+    index = index_shard(path, input_keys, target_key)
+    try:
+        cache.mkdir(parents=True, exist_ok=True)
+        temporary = file.with_suffix(f".{os.getpid()}.tmp")
+        temporary.write_text(json.dumps(index._asdict()))
+        temporary.replace(file)
+    except OSError as err:  # a read-only home: index again next time
+        _log.warning("could not keep the index of %s in %s (%s)", path, cache, err)
+    return index
+
+
+def find_shard_samples(root: Path, split: str, classes: list[str] | None, split_key: str, input_key: str | None,
+                       target_key: str | None, cache_dir: Path | None = None
+                       ) -> tuple[list[tuple[TarMember, int]], list[str]]:
+    """``(samples, classes)`` of a split of shards, sorted by class; every shard indexed and checked against
+    ``_info.json`` before training starts.
+
+    Classes are ``_info.json``'s ``classes`` when it names them (``python -m vit_rope.shards`` does), else the class
+    indices as text, ``0`` to the largest label of the train split.
+
+    Args:
+        classes: the train split's classes, which the labels of this split must index; None for the train split.
+        input_key: image extensions joined by ``;`` (timm's ``jpg;png;webp``); None tries every usual one.
+        target_key: the ``.json`` field holding the label; None reads ``.cls`` (else ``.json``'s ``label``).
+    """
+    if not root.is_dir():
+        raise UserError(f"{root} does not exist; point data_dir at the folder that holds the shards and _info.json")
+    info = load_info(root)
+    paths, counts = split_shards(root, split, info, split_key)
+    input_keys = tuple(input_key.lower().split(";")) if input_key else IMAGE_KEYS
+    cache = _index_cache(cache_dir)
+    with ThreadPoolExecutor(8) as pool:  # reading headers waits on the disk: threads overlap it
+        indices = list(pool.map(lambda path: cached_index(path, input_keys, target_key, cache), paths))
+    for path, index, expected in zip(paths, indices, counts or [None] * len(paths), strict=True):
+        if expected is not None and len(index.keys) != expected:
+            raise UserError(f"{path} holds {len(index.keys)} samples but _info.json says {expected}; the shard is "
+                            "incomplete or _info.json is stale: download the shard again or rewrite _info.json")
+    samples = [(TarMember(str(path), offset, size, key), label) for path, index in zip(paths, indices, strict=True)
+               for key, offset, size, label in zip(index.keys, index.offsets, index.sizes, index.labels, strict=True)]
+    if not samples:
+        raise UserError(f"split '{split}' of {root} has no samples; check {split_key} and the shards")
+    labels = [label for _, label in samples]
+    if classes is None:
+        named = info.get("classes")
+        classes = list(named) if named else [str(i) for i in range(max(labels) + 1)]
+    bad = next((label for label in labels if not 0 <= label < len(classes)), None)
+    if bad is not None:
+        raise UserError(f"split '{split}' of {root} has label {bad}, outside the {len(classes)} classes of the "
+                        f"train split (0 to {len(classes) - 1}); the shards do not belong together")
+    return sorted(samples, key=lambda sample: sample[1]), classes

@@ -1,0 +1,48 @@
+"""A split of a data set as samples, whatever holds it: an image folder (``vit_rope.data.folders``), WebDataset shards
+(``vit_rope.data.shard_reader``) or a Hugging Face dataset on disk (``vit_rope.data.hf_datasets``).
+
+The ``dataset`` setting names the kind with timm's reader prefixes: empty for an image folder, ``wds/<name>`` for
+shards, ``hfds/<name>`` for a dataset (the name labels the data; ``data_dir`` says where it is). Every kind gives
+``(source, class index)`` samples, sorted by class, that the loaders read by index; so the pipelines, the decoded
+cache, ``train_sizes``, NaFlex, Mixup, DDP and resuming mid-epoch work the same on all three.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from vit_rope.data.folders import Sample, find_images
+from vit_rope.data.hf_datasets import find_dataset_samples
+from vit_rope.data.shard_reader import find_shard_samples
+from vit_rope.errors import UserError
+
+KINDS = {"": "an image folder (train/ and val/ of class folders)", "wds": "WebDataset shards with _info.json",
+         "hfds": "a Hugging Face dataset on disk"}
+
+
+def dataset_kind(dataset: str | None) -> str:
+    """``""`` (image folder), ``"wds"`` or ``"hfds"`` from a ``dataset`` setting such as ``wds/imagenet-1k``."""
+    prefix = (dataset or "").partition("/")[0].lower()
+    if prefix not in KINDS:
+        choices = "; ".join(f"{f'{kind}/<name>' if kind else 'empty'}: {what}" for kind, what in KINDS.items())
+        raise UserError(f"dataset '{dataset}' is not a kind of data this toolkit reads ({choices})")
+    return prefix
+
+
+def find_split(data_dir: Path, dataset: str | None, split: str, classes: list[str] | None = None,
+               split_key: str = "val_split", input_key: str | None = None, target_key: str | None = None,
+               cache_dir: Path | None = None) -> tuple[list[Sample], list[str]]:
+    """``(samples, classes)`` of ``split`` (a folder of ``data_dir``, a split of its shards or dataset), checked.
+
+    Args:
+        classes: the train split's classes, which this split must match; None for the train split.
+        split_key: the setting that named the split, for the errors.
+        input_key, target_key: where shards and datasets keep images and labels (defaults: see the readers).
+        cache_dir: where the shards' index is kept (default ``~/.cache/vit_rope``).
+    """
+    kind = dataset_kind(dataset)
+    if kind == "wds":
+        return find_shard_samples(data_dir, split, classes, split_key, input_key, target_key, cache_dir)
+    if kind == "hfds":
+        return find_dataset_samples(data_dir, split, classes, split_key, input_key, target_key)
+    return find_images(data_dir / split, classes, split_key if split != "train" else None)

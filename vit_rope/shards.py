@@ -1,0 +1,13 @@
+"""``python -m vit_rope.shards`` and ``vit-rope-shards``: an image folder written as WebDataset shards in timm's layout.
+
+The command lives in ``vit_rope.data.shard_writer``; this module keeps the name users type.
+"""
+
+import sys
+
+from vit_rope.data.shard_writer import main
+
+__all__ = ["main"]
+
+if __name__ == "__main__":
+    sys.exit(main())
