@@ -50,12 +50,14 @@ def scan_data(cfg: Config, env: distributed.DistEnv, say: Callable[[str], None]
     the saved config names it."""
     kind = splits.dataset_kind(cfg.dataset)
     with distributed.main_process_first(env):  # rank 0 downloads (or indexes the shards), the other ranks wait
-        data_dir = folders.resolve_data_dir(cfg.data_dir, cfg.download_size) if not kind else Path(cfg.data_dir)
+        data_dir = Path(cfg.data_dir).expanduser() if kind else folders.resolve_data_dir(cfg.data_dir,
+                                                                                          cfg.download_size)
         keys = dict(input_key=cfg.input_key, target_key=cfg.target_key,
                     cache_dir=Path(cfg.cache_dir).expanduser() if cfg.cache_dir else None)
-        train_samples, classes = splits.find_split(data_dir, cfg.dataset, "train", **keys)
+        train_samples, classes = splits.find_split(data_dir, cfg.dataset, cfg.train_split, None, "train_split", **keys)
         if len(classes) < 2:  # a one-way classifier learns nothing: loss 0 and top-1 100 from the first step
-            where = f"the train split of {data_dir} has 1 class" if kind else f"{data_dir / 'train'} has 1 class folder"
+            where = f"split {cfg.train_split} of {data_dir} has 1 class" if kind else \
+                f"{data_dir / cfg.train_split} has 1 class folder"
             raise UserError(f"{where} ({classes[0]}); a classifier needs two or more, each in a folder (or with a "
                             "label) of its own")
         val_samples, _ = splits.find_split(data_dir, cfg.dataset, cfg.val_split, classes, **keys)

@@ -97,13 +97,16 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--source takes DATASET=DIR, e.g. wds/imagenette=output/shards/imagenette")
     cfg = build_config(args.config, args.overrides)
     env = distributed.init_distributed(cfg.device)
-    data_dir = Path(cfg.data_dir) if cfg.dataset else folders.resolve_data_dir(cfg.data_dir, cfg.download_size)
+    data_dir = Path(cfg.data_dir).expanduser() if splits.dataset_kind(cfg.dataset) else folders.resolve_data_dir(
+        cfg.data_dir, cfg.download_size)
 
     def data(dataset: str | None, root: Path) -> tuple[list[folders.Sample], list[str]]:
-        return splits.find_split(root, dataset, "train", input_key=cfg.input_key, target_key=cfg.target_key)
+        return splits.find_split(root, dataset, cfg.train_split, None, "train_split", input_key=cfg.input_key,
+                                 target_key=cfg.target_key)
 
     train_samples, classes = data(cfg.dataset, data_dir)
-    val_samples = splits.find_split(data_dir, cfg.dataset, cfg.val_split, classes)[0]
+    val_samples = splits.find_split(data_dir, cfg.dataset, cfg.val_split, classes, input_key=cfg.input_key,
+                                    target_key=cfg.target_key)[0]
     torch.manual_seed(cfg.seed)
     dynamic = {"dynamic_img_size": True} if cfg.train_sizes else {}  # as train.py builds it
     model, _ = create_model(cfg.model, {"num_classes": len(classes), "img_size": cfg.img_size,

@@ -68,6 +68,11 @@ def test_columns_labels_and_splits_are_checked_by_name(saved: Path, tmp_path: Pa
     unlabelled.save_to_disk(str(tmp_path / "unlabelled"))
     with pytest.raises(UserError, match="row 5 has label None, not a class index"):
         find_split(tmp_path / "unlabelled", "hfds", "train")
+    test_split = datasets.load_from_disk(str(saved))  # a test split's labels: -1, left out as timm's readers do
+    test_split["validation"] = test_split["validation"].cast_column("label", datasets.Value("int64")).map(
+        lambda row, index: {"label": -1 if index < 4 else row["label"]}, with_indices=True)
+    test_split.save_to_disk(str(tmp_path / "test_split"))
+    assert len(find_split(tmp_path / "test_split", "hfds", "validation", ["class_0", "class_1", "class_2"])[0]) == 8
     datasets.load_from_disk(str(saved))["train"].save_to_disk(str(tmp_path / "one"))
     with pytest.raises(UserError, match="one saved split, without names"):
         find_split(tmp_path / "one", "hfds", "train")

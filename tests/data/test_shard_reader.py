@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from PIL import Image
 from timm.data import create_dataset
 from torch.utils.data import DataLoader
 
@@ -145,6 +146,49 @@ def test_bad_shards_are_refused_before_training_by_name(written: Path, damage, m
     damage(written)
     with pytest.raises(UserError, match=message):
         find_split(written, "wds", "train")
+
+
+def test_a_damaged_header_inside_a_shard_is_refused_not_read_as_its_end(written: Path) -> None:
+    shard = written / "train-000002.tar"
+    with tarfile.open(shard) as tar:
+        third = tar.getmembers()[6]  # three members a sample: the third sample's first header
+    with open(shard, "r+b") as f:
+        f.seek(third.offset + 148)  # its checksum: tarfile would stop here as at the archive's end
+        f.write(b"garbage!")
+    with pytest.raises(UserError, match=f"train-000002.tar is damaged at byte {third.offset}"):
+        find_split(written, "wds", "train-000002.tar")
+
+
+def test_members_group_and_choose_as_webdataset_and_timm_do(written: Path, caplog) -> None:
+    shard = written / "train-000000.tar"
+    jpeg = find_split(written, "wds", "train-000001.tar")[0][0][0].open().read()
+    png = io.BytesIO()
+    Image.fromarray(np.zeros((8, 8, 3), np.uint8)).save(png, format="PNG")
+    for name, data in (("__meta__", b"x"), ("_under.JPG", jpeg), ("_under.png", png.getvalue()), ("_under.cls", b"1"),
+                       ("unlabelled.jpg", jpeg), ("unlabelled.cls", b"-1")):
+        add_member(shard, name, data)
+    (written / "_info.json").unlink()  # the shard no longer holds the count it says
+    with caplog.at_level(logging.WARNING):
+        samples = {source.key: (source, label) for source, label in find_split(written, "wds", "train-000000.tar")[0]}
+    assert "unlabelled" not in samples and "1 of 7 samples have no label" in caplog.text  # -1: timm skips them too
+    assert "__meta__" not in samples and samples["_under"][1] == 1  # only top-level __name__ members are metadata
+    assert decode_image(samples["_under"][0]).size == (40, 40)  # the first of the usual extensions, .jpg (any case)
+    preferred = find_split(written, "wds", "train-000000.tar", input_key="png;jpg")[0]
+    chosen = {source.key: source for source, _ in preferred}
+    assert decode_image(chosen["_under"]).size == (8, 8)  # input_key's order, not the tar's
+
+
+def test_timms_sample_count_suffix_is_checked(written: Path) -> None:
+    assert len(find_split(written, "wds", "train-{000000..000004}.tar|24")[0]) == 24
+    with pytest.raises(UserError, match="says 25 samples, but _info.json gives these shards 24"):
+        find_split(written, "wds", "train-{000000..000004}.tar|25")
+
+
+def test_a_damaged_index_file_is_rebuilt(written: Path, index_cache: Path) -> None:
+    first = find_split(written, "wds", "train")[0]
+    for file in index_cache.glob("*.json"):
+        file.write_text("{")
+    assert find_split(written, "wds", "train")[0] == first
 
 
 def test_split_names_labels_and_image_extensions_are_checked(written: Path) -> None:

@@ -148,8 +148,8 @@ def test_every_key_is_type_checked_on_the_command_line_and_in_files(key: str, tm
     (tmp_path / "bad.yaml").write_text(f"{key}: {wrong}\n")
     with pytest.raises(UserError, match=rf"^config key '{key}' in .*bad\.yaml must be .+, got (\[1\]|\{{'a': 1\}})$"):
         build_config(tmp_path / "bad.yaml")
-    if key not in ("output", "data_dir", "dataset", "val_split", "input_key", "target_key", "resume", "finetune",
-                   "model", "cache_dir", "interpolation", "auto_augment", "opt", "sched"):  # str keys
+    if key not in ("output", "data_dir", "dataset", "train_split", "val_split", "input_key", "target_key", "resume",
+                   "finetune", "model", "cache_dir", "interpolation", "auto_augment", "opt", "sched"):  # str keys
         with pytest.raises(UserError, match=rf"^config key '{key}' on the command line must be .+, got"):
             build_config(None, [f"{key}={wrong}"])
 

@@ -22,6 +22,7 @@ from helpers.training import DATA_CONFIG, REPO, assert_same_weights, killed_at, 
 from vit_rope import evaluate
 from vit_rope.data import shard_writer as shards
 from vit_rope.data.splits import find_split
+from vit_rope.eval.loading import load_trained
 from vit_rope.train import engine, loaders
 from vit_rope.train.cli import build_config
 
@@ -66,11 +67,12 @@ def test_every_pipeline_trains_from_shards_and_datasets(shard_dir: Path, dataset
     assert saved["config"]["dataset"] == f"{kind}/tiny" and saved["classes"] == ["class_0", "class_1", "class_2"]
 
 
-def test_evaluation_reads_the_checkpoints_dataset_and_split(shard_dir: Path, dataset_dir: Path, tmp_path: Path,
-                                                            capsys) -> None:
+def test_evaluation_reads_the_checkpoints_dataset_and_split(image_root: Path, shard_dir: Path, dataset_dir: Path,
+                                                            tmp_path: Path, capsys) -> None:
     out = tmp_path / "run"
-    assert train.main(tiny_args(tmp_path, out, *source_args("hfds", shard_dir, dataset_dir))) == 0
+    assert train.main(tiny_args(tmp_path, out, *source_args("hfds", shard_dir, dataset_dir), "target_key=label")) == 0
     best = str(out / "best.pth")
+    assert load_trained(best).target_key == "label"  # evaluation reads labels where training did
     assert evaluate.main(["--checkpoint", best, "--output", str(tmp_path / "eval"), "--workers", "0"]) == 2
     assert "--dataset hfds/tiny reads --data-dir, which is not set" in capsys.readouterr().err
     assert evaluate.main(["--checkpoint", best, "--data-dir", str(dataset_dir), "--output", str(tmp_path / "eval"),
@@ -83,6 +85,10 @@ def test_evaluation_reads_the_checkpoints_dataset_and_split(shard_dir: Path, dat
     assert evaluate.main(["--checkpoint", best, "--data-dir", str(shard_dir), "--dataset", "wds/tiny", "--split",
                           "val", "--output", str(tmp_path / "eval_wds"), "--workers", "0"]) == 0
     assert f"{float(top1):.2f}" in (tmp_path / "eval_wds" / "results.md").read_text()
+    # the image folder the shards were written from: named as timm names it
+    assert evaluate.main(["--checkpoint", best, "--data-dir", str(image_root), "--dataset", "folder", "--split",
+                          "val", "--output", str(tmp_path / "eval_folder"), "--workers", "0"]) == 0
+    assert f"{float(top1):.2f}" in (tmp_path / "eval_folder" / "results.md").read_text()
 
 
 def test_a_run_on_shards_killed_mid_epoch_resumes_to_the_same_weights(shard_dir: Path, tmp_path: Path, monkeypatch
@@ -133,6 +139,7 @@ def test_ddp_ranks_read_disjoint_halves_of_the_shards_and_resume_exactly(shard_d
     (("dataset=wds/x", "data_dir=null"), "dataset wds/x reads data_dir, which is not set"),
     (("input_key=jpg",), "input_key name where shards or a dataset keep images"),
     (("dataset=wds/x", "val_split=validation"), "has no split 'validation' \\(it has train, val\\); set val_split"),
+    (("dataset=wds/x", "train_split=training"), "has no split 'training' \\(it has train, val\\); set train_split"),
 ])
 def test_settings_that_do_not_fit_the_data_are_refused_before_training(shard_dir: Path, tmp_path: Path, capsys,
                                                                        overrides: tuple[str, ...],

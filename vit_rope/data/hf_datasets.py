@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, BinaryIO, NamedTuple
 
 from vit_rope._requires import require
+from vit_rope.data.labels import check_labels, drop_unlabelled
 from vit_rope.errors import UserError
 
 
@@ -97,17 +98,15 @@ def find_dataset_samples(root: Path, split: str, classes: list[str] | None, spli
     if not isinstance(feature, datasets.Image):
         raise UserError(f"{root} [{split}]: column '{image}' holds {type(feature).__name__}, not images; set "
                         "input_key to the image column")
-    labels = table[label]
+    labels = table.with_format("arrow")[label].to_pylist()  # one Arrow read, indices mapping applied
     missing = next((row for row, value in enumerate(labels) if not isinstance(value, int)), None)
     if missing is not None:
         raise UserError(f"{root} [{split}] row {missing} has label {labels[missing]!r}, not a class index; fill in or "
                         "drop rows without one, or set target_key to the column of class indices")
+    rows = drop_unlabelled(list(enumerate(labels)), f"{root} [{split}]", split_key)
     if classes is None:
         names = getattr(table.features[label], "names", None)
-        classes = list(names) if names else [str(i) for i in range(max(labels) + 1)]
-    bad = next((value for value in labels if not 0 <= value < len(classes)), None)
-    if bad is not None:
-        raise UserError(f"{root} [{split}] has label {bad}, outside the {len(classes)} classes of the train split "
-                        f"(0 to {len(classes) - 1}); {split_key} must name a split of the same dataset")
-    samples = [(DatasetRow(str(root), split, image, row), value) for row, value in enumerate(labels)]
+        classes = list(names) if names else [str(i) for i in range(max(value for _, value in rows) + 1)]
+    check_labels([value for _, value in rows], classes, f"{root} [{split}]")
+    samples = [(DatasetRow(str(root), split, image, row), value) for row, value in rows]
     return sorted(samples, key=lambda sample: sample[1]), classes

@@ -23,11 +23,14 @@ import json
 import logging
 import os
 import re
+import socket
 import tarfile
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from vit_rope.data.labels import check_labels, drop_unlabelled
 from vit_rope.errors import UserError
 
 _log = logging.getLogger(__name__)
@@ -55,18 +58,21 @@ class TarMember(NamedTuple):
 
 
 _open: collections.OrderedDict[str, int] = collections.OrderedDict()
+_open_lock = threading.Lock()
 
 
 def _pread(path: str, size: int, offset: int) -> bytes:
     """``size`` bytes of ``path`` at ``offset``, through a per-process cache of open shards. ``pread`` moves no file
-    position, so descriptors inherited by forked loader workers are safe to share."""
-    fd = _open.pop(path, None)
-    if fd is None:
-        fd = os.open(path, os.O_RDONLY)
-        while len(_open) >= _OPEN_LIMIT:
-            os.close(_open.popitem(last=False)[1])
-    _open[path] = fd
-    data = os.pread(fd, size, offset)
+    position, so descriptors inherited by forked loader workers are safe to share; the lock keeps threads from reading
+    a descriptor another one closes."""
+    with _open_lock:
+        fd = _open.pop(path, None)
+        if fd is None:
+            fd = os.open(path, os.O_RDONLY)
+            while len(_open) >= _OPEN_LIMIT:
+                os.close(_open.popitem(last=False)[1])
+        _open[path] = fd
+        data = os.pread(fd, size, offset)
     if len(data) != size:
         raise OSError(f"the shard ends {size - len(data)} bytes early (was it rewritten during the run?)")
     return data
@@ -117,6 +123,9 @@ def split_shards(root: Path, split: str, info: dict[str, Any], split_key: str) -
     reads ``<name>-*.tar``.
     """
     splits = info.get("splits", {})
+    split, _, stated = split.partition("|")  # timm's "pattern|N": N is checked against the shards' count
+    if stated and not stated.isdigit():
+        raise UserError(f"{split_key} {split}|{stated}: what follows '|' must be the split's sample count")
     if ".tar" in split:
         files = [name for part in split.split("::") for name in expand_braces(part)]
         lengths = {name: count for entry in splits.values()
@@ -143,6 +152,9 @@ def split_shards(root: Path, split: str, info: dict[str, Any], split_key: str) -
         if not files:
             raise UserError(f"{root} has no _info.json and no {split}-*.tar shards; set {split_key} to a split's "
                             "shards (e.g. train-{000000..000009}.tar), or write them with python -m vit_rope.shards")
+    if stated and counts is not None and sum(counts) != int(stated):
+        raise UserError(f"{split_key} says {stated} samples, but _info.json gives these shards {sum(counts)}; fix or "
+                        "drop the '|' count")
     paths = [root / name for name in files]
     absent = [str(path) for path in paths if not path.is_file()]
     if absent:
@@ -172,44 +184,58 @@ def _label(path: Path, key: str, entry: dict[str, Any], target_key: str | None) 
                         "that sample") from None
 
 
+def _check_end(path: Path, end: int) -> None:
+    """``tarfile`` stops at a damaged header as if the archive ended there: past the last member read, only the zero
+    blocks that end a tar may follow."""
+    with open(path, "rb") as file:
+        file.seek(end)
+        while chunk := file.read(1 << 20):
+            if chunk.strip(b"\0"):
+                raise UserError(f"{path} is damaged at byte {end}: the members after it cannot be read; download or "
+                                "write the shard again")
+
+
 def index_shard(path: Path, input_keys: tuple[str, ...], target_key: str | None) -> ShardIndex:
     """Read a shard's headers (not its images): where each sample's image lies and its label.
 
-    WebDataset's grouping: a member's key is its path up to the first dot of its file name, its extension the rest.
-    The label is the ``.cls`` member, else ``target_key`` (default ``label``) of the ``.json`` member; with a
-    ``target_key`` only the ``.json`` is read.
+    WebDataset's grouping: a member's key is its path up to the first dot of its file name, its extension the rest
+    (matched lower-case); top-level ``__name__`` members are metadata. The image is the first of ``input_keys`` the
+    sample has. The label is the ``.cls`` member, else ``target_key`` (default ``label``) of the ``.json`` member;
+    with a ``target_key`` only the ``.json`` is read. A negative label marks a sample without one (test splits).
     """
     samples: dict[str, dict[str, Any]] = {}
     try:
         with tarfile.open(path, "r:") as tar:
             for member in tar:
-                if not member.isfile():
+                if not member.isfile() or re.match(r"__[^/]*__($|/)", member.name):
                     continue
                 folder, _, name = member.name.rpartition("/")
                 stem, dot, ext = name.partition(".")
-                if not dot or stem.startswith("_"):  # WebDataset skips keys such as __meta__
+                if not dot:
                     continue
                 entry = samples.setdefault(f"{folder}/{stem}" if folder else stem, {})
                 ext = ext.lower()
-                if ext in input_keys and "image" not in entry:
-                    entry["image"] = (member.offset_data, member.size)
+                if ext in input_keys:
+                    entry.setdefault("images", {})[ext] = (member.offset_data, member.size)
                 elif ext in ("cls", "json"):
                     entry[ext] = tar.extractfile(member).read()
+            _check_end(path, tar.offset)
     except (tarfile.TarError, EOFError) as err:
         raise UserError(f"{path} is not a readable uncompressed tar ({err}); download or write it again") from None
     index = ShardIndex([], [], [], [])
     for key, entry in samples.items():
-        if "image" not in entry:
+        image = next((entry["images"][ext] for ext in input_keys if ext in entry.get("images", {})), None)
+        if image is None:
             raise UserError(f"{path}: sample {key} has no image member (looked for .{', .'.join(input_keys)}); set "
                             "input_key to its image extension, or fix the shard")
-        entry["label"] = _label(path, key, entry, target_key)
-        if entry["label"] is None:
-            label = f"a .json member with a '{target_key}' field" if target_key else "a .cls member or .json 'label'"
-            raise UserError(f"{path}: sample {key} has no label ({label}); fix the shard, or set target_key")
+        label = _label(path, key, entry, target_key)
+        if label is None:
+            wanted = f"a .json member with a '{target_key}' field" if target_key else "a .cls member or .json 'label'"
+            raise UserError(f"{path}: sample {key} has no label ({wanted}); fix the shard, or set target_key")
         index.keys.append(key)
-        index.offsets.append(entry["image"][0])
-        index.sizes.append(entry["image"][1])
-        index.labels.append(entry["label"])
+        index.offsets.append(image[0])
+        index.sizes.append(image[1])
+        index.labels.append(label)
     return index
 
 
@@ -224,11 +250,14 @@ def cached_index(path: Path, input_keys: tuple[str, ...], target_key: str | None
     identity = (str(path.resolve()), _stat(str(path)), input_keys, target_key)
     file = cache / f"{hashlib.sha1(repr(identity).encode()).hexdigest()[:20]}.json"
     if file.is_file():
-        return ShardIndex(**json.loads(file.read_text()))
+        try:
+            return ShardIndex(**json.loads(file.read_text()))
+        except (ValueError, TypeError):  # a damaged cache file: index again
+            pass
     index = index_shard(path, input_keys, target_key)
     try:
         cache.mkdir(parents=True, exist_ok=True)
-        temporary = file.with_suffix(f".{os.getpid()}.tmp")
+        temporary = file.with_suffix(f".{socket.gethostname()}.{os.getpid()}.tmp")  # a cache_dir machines share
         temporary.write_text(json.dumps(index._asdict()))
         temporary.replace(file)
     except OSError as err:  # a read-only home: index again next time
@@ -264,14 +293,11 @@ def find_shard_samples(root: Path, split: str, classes: list[str] | None, split_
                             "incomplete or _info.json is stale: download the shard again or rewrite _info.json")
     samples = [(TarMember(str(path), offset, size, key), label) for path, index in zip(paths, indices, strict=True)
                for key, offset, size, label in zip(index.keys, index.offsets, index.sizes, index.labels, strict=True)]
-    if not samples:
-        raise UserError(f"split '{split}' of {root} has no samples; check {split_key} and the shards")
+    samples = drop_unlabelled(samples, f"split '{split}' of {root}", split_key)
     labels = [label for _, label in samples]
     if classes is None:
         named = info.get("classes")
         classes = list(named) if named else [str(i) for i in range(max(labels) + 1)]
-    bad = next((label for label in labels if not 0 <= label < len(classes)), None)
-    if bad is not None:
-        raise UserError(f"split '{split}' of {root} has label {bad}, outside the {len(classes)} classes of the "
-                        f"train split (0 to {len(classes) - 1}); the shards do not belong together")
+    check_labels(labels, classes, f"split '{split}' of {root}")
     return sorted(samples, key=lambda sample: sample[1]), classes
+

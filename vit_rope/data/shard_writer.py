@@ -7,8 +7,8 @@ samples (the last one the rest), in an order shuffled by ``--seed`` so that ever
 streaming reader needs that; ours reads any order). A sample is ``key.jpg`` (or ``.png``/``.webp``: the file's own
 bytes, other formats re-encoded as PNG), ``key.cls`` (its class index) and ``key.json`` (label, class name and the
 file's path in the folder). ``_info.json`` lists each split's shards and sample counts, as timm's readers read it,
-and the class names, written last: a folder without it was not finished. Unreadable files are refused before anything
-is written, by name.
+and the class names, written last: a folder without it was not finished. An unreadable file stops the command, by
+name, leaving the shards written so far without ``_info.json``.
 """
 
 from __future__ import annotations
@@ -51,7 +51,8 @@ def write_split(src: Path, out: Path, split: str, classes: list[str] | None, sha
     wds = require("webdataset", "wds")
     samples, classes = find_images(src / split, classes, "--splits")
     order = np.random.default_rng(seed).permutation(len(samples))
-    with wds.ShardWriter(str(out / f"{split}-%06d.tar"), maxcount=shard_size, verbose=0) as sink:
+    # only the count starts a new shard (not webdataset's 3 GB default), so that _info.json's lengths are the shards'
+    with wds.ShardWriter(str(out / f"{split}-%06d.tar"), maxcount=shard_size, maxsize=float("inf"), verbose=0) as sink:
         for position, index in enumerate(order):
             path, label = samples[index]
             try:

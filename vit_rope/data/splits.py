@@ -21,10 +21,13 @@ KINDS = {"": "an image folder (train/ and val/ of class folders)", "wds": "WebDa
 
 
 def dataset_kind(dataset: str | None) -> str:
-    """``""`` (image folder), ``"wds"`` or ``"hfds"`` from a ``dataset`` setting such as ``wds/imagenet-1k``."""
+    """``""`` (image folder: empty or ``folder``), ``"wds"`` or ``"hfds"`` from a ``dataset`` setting such as
+    ``wds/imagenet-1k``."""
     prefix = (dataset or "").partition("/")[0].lower()
+    prefix = "" if prefix == "folder" else prefix  # timm's name for an image folder, to say it explicitly
     if prefix not in KINDS:
-        choices = "; ".join(f"{f'{kind}/<name>' if kind else 'empty'}: {what}" for kind, what in KINDS.items())
+        choices = "; ".join(f"{f'{kind}/<name>' if kind else 'empty or folder'}: {what}"
+                            for kind, what in KINDS.items())
         raise UserError(f"dataset '{dataset}' is not a kind of data this toolkit reads ({choices})")
     return prefix
 
@@ -45,4 +48,5 @@ def find_split(data_dir: Path, dataset: str | None, split: str, classes: list[st
         return find_shard_samples(data_dir, split, classes, split_key, input_key, target_key, cache_dir)
     if kind == "hfds":
         return find_dataset_samples(data_dir, split, classes, split_key, input_key, target_key)
-    return find_images(data_dir / split, classes, split_key if split != "train" else None)
+    # a missing train folder gets no hint: the other folders are the val split's
+    return find_images(data_dir / split, classes, split_key if split_key != "train_split" else None)

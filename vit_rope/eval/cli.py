@@ -73,15 +73,17 @@ def build_parser() -> argparse.ArgumentParser:
                         "train.py: ../shared/data/imagenette when it exists, else Imagenette downloaded")
     parser.add_argument("--dataset", metavar="KIND/NAME",
                         help="what --data-dir holds, as train.py's dataset: wds/<name> (WebDataset shards), "
-                        "hfds/<name> (a Hugging Face dataset on disk); default: the checkpoints' dataset, else an "
-                        "image folder")
+                        "hfds/<name> (a Hugging Face dataset on disk), folder (an image folder); default: the "
+                        "checkpoints' dataset, else an image folder")
     parser.add_argument("--split", "--val-split", dest="split", metavar="NAME",
                         help="split to evaluate on: a folder of --data-dir, a split of the shards or dataset (default: "
                         "the val_split the checkpoints were trained with, else val)")
     parser.add_argument("--input-key", metavar="KEY",
-                        help="shards: the image members' extensions (jpg;png); a dataset: its image column")
+                        help="shards: the image members' extensions (jpg;png); a dataset: its image column (default: "
+                        "the checkpoints')")
     parser.add_argument("--target-key", metavar="KEY",
-                        help="shards: the .json field of the label; a dataset: its label column")
+                        help="shards: the .json field of the label; a dataset: its label column (default: the "
+                        "checkpoints')")
     parser.add_argument("--img-sizes", nargs="+", type=_positive, metavar="SIZE",
                         help="square input sizes, multiples of the patch size (default: every model's training "
                         "size, each model at all of them; none with --seq-lens)")
@@ -147,7 +149,8 @@ def main(argv: list[str] | None = None) -> int:
         dataset = choose_setting(args.dataset, models, "dataset", "--dataset", None)
         data_dir = data_root(args.data_dir, dataset, models)
         split = choose_setting(args.split, models)
-        keys = {"input_key": args.input_key, "target_key": args.target_key}
+        keys = {key: choose_setting(getattr(args, key), models, key, f"--{key.replace('_', '-')}", None)
+                for key in ("input_key", "target_key")}
         num_classes = len(find_split(data_dir, dataset, split, split_key="--split", **keys)[1])
         models += [load_pretrained(name, file, num_classes, args.train_size, dict(args.model_kwargs))
                    for name, file in zip(args.model, weights, strict=True)]
@@ -159,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
         sizes = args.img_sizes or ([] if args.seq_lens else sorted({entry.train_size for entry in models}))
         check_sizes(sizes, models, args.policy or (), args.seq_lens)
         text = "; ".join([protocol(args.crop_pct)] * bool(sizes) + [naflex.PROTOCOL] * bool(args.seq_lens))
-        where = f"{data_dir / split}" if not dataset else f"{dataset} in {data_dir} [{split}]"
+        where = f"{dataset} in {data_dir} [{split}]" if dataset_kind(dataset) else f"{data_dir / split}"
         print(f"protocol: {text}; sizes {sizes}; " + (f"budgets {args.seq_lens}; " if args.seq_lens else "") + where
               + (f", {args.limit} images evenly spread" if args.limit else ""), flush=True)
         print("\n".join(f"  {entry.label}: trained at {entry.train_size} px" for entry in models), flush=True)

@@ -273,7 +273,8 @@ def _load(args: argparse.Namespace) -> tuple[EvalModel, list[Sample] | None]:
     if args.data_dir is None:
         return entry, None
     split = args.val_split or entry.val_split or "val"
-    return entry, find_split(Path(args.data_dir), args.dataset or entry.dataset, split, split_key="--val-split")[0]
+    return entry, find_split(Path(args.data_dir), args.dataset or entry.dataset, split, split_key="--val-split",
+                             input_key=entry.input_key, target_key=entry.target_key)[0]
 
 
 def _items(samples: list[Sample], count: int, transform: Any) -> list[tuple[Any, int, int]]:

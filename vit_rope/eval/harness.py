@@ -22,7 +22,7 @@ from tqdm import tqdm
 
 from vit_rope.checks import check_multiple, resolve_device
 from vit_rope.data.folders import ImageFolderDataset
-from vit_rope.data.splits import find_split
+from vit_rope.data.splits import dataset_kind, find_split
 from vit_rope.encodings.policies import POLICIES
 from vit_rope.errors import UserError
 from vit_rope.eval import memory, windows
@@ -145,7 +145,7 @@ def evaluate_models(models: Sequence[EvalModel], data_dir: str | Path, img_sizes
     """
     device = resolve_device(device)
     check_options(policies or (), crop_pct, seq_lens)
-    val_dir = Path(data_dir) / val_split if not dataset else f"{data_dir} [{val_split}]"
+    val_dir = f"{data_dir} [{val_split}]" if dataset_kind(dataset) else Path(data_dir) / val_split
     samples, val_classes = find_split(Path(data_dir), dataset, val_split, split_key="--split", input_key=input_key,
                                       target_key=target_key)
     check_sizes(img_sizes, models, policies or (), seq_lens)

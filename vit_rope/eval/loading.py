@@ -54,6 +54,7 @@ class EvalModel:
         data_dir: the data set its training run read (``train.py``'s ``data_dir``), named when the classes of the
             evaluated folder do not fit; None when unknown.
         dataset: what that data set was (``train.py``'s ``dataset``: None an image folder, ``wds/...``, ``hfds/...``).
+        input_key, target_key: where its shards or dataset kept images and labels (``train.py``'s keys).
     """
 
     label: str
@@ -63,6 +64,8 @@ class EvalModel:
     val_split: str | None = None
     data_dir: str | None = None
     dataset: str | None = None
+    input_key: str | None = None
+    target_key: str | None = None
 
 
 def model_label(name: str, model_kwargs: dict[str, Any], *notes: str) -> str:
@@ -83,7 +86,7 @@ def load_trained(path: str | Path, use_ema: bool = True) -> EvalModel:
     """Rebuild the model of a ``train.py`` checkpoint and load its weights strictly (EMA weights when saved).
 
     Reads the keys ``model_name``, ``model_kwargs``, ``config["img_size"]``, ``model``, ``model_ema`` (optional),
-    ``classes`` (optional) and ``config["val_split"]``, ``["data_dir"]`` and ``["dataset"]`` (optional). The model is
+    ``classes`` (optional) and the data settings of ``config`` (optional). The model is
     built without the pretrained weights its ``model_kwargs`` may name (the run's starting point): the strict load
     replaces every weight, learned RoPE frequencies included.
     """
@@ -102,8 +105,8 @@ def load_trained(path: str | Path, use_ema: bool = True) -> EvalModel:
                         "checkpoint was written by another version of the model's code")
     model.load_state_dict(weights)
     label = f"{model_label(name, kwargs)} ({path}{', EMA' if ema else ''})"
-    return EvalModel(label, model, train_size, ckpt.get("classes"), ckpt["config"].get("val_split"),
-                     ckpt["config"].get("data_dir"), ckpt["config"].get("dataset"))
+    data = ("val_split", "data_dir", "dataset", "input_key", "target_key")
+    return EvalModel(label, model, train_size, ckpt.get("classes"), *(ckpt["config"].get(key) for key in data))
 
 
 def check_weights(name: str, weights: str | None, model_kwargs: dict[str, Any], random_init: bool, use: str) -> None:

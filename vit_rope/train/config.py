@@ -29,6 +29,7 @@ class Config:
     output: str = "output/run"
     data_dir: str | None = None
     dataset: str | None = None
+    train_split: str = "train"
     val_split: str = "val"
     input_key: str | None = None
     target_key: str | None = None
