@@ -12,7 +12,8 @@ TORCH ?= torch==2.14.1 torchvision==0.29.1
 # plain checkout) they install nothing, so they run on a GPU machine without a package index.
 GPU_INSTALL = $(if $(filter $(VENV)/bin/python,$(PYTHON)),install)
 
-.PHONY: install demo study study-v2 study-v3 study-v4 study-encodings study-swin study-vit-s naflex-demo bench-cuda bench-kinds \
+.PHONY: install demo study study-v2 study-v3 study-v4 study-encodings study-swin study-vit-s naflex-demo data-sources-demo \
+	bench-cuda bench-kinds \
 	bench-twins bench-swin eval-high-res timm-suite test lint gpu-check gpu-bench
 
 $(VENV)/bin/python:
@@ -67,6 +68,11 @@ study-encodings: install
 # CPU, about 95 min in all. Resumable.
 study-swin: install
 	$(PYTHON) scripts/imagenette_study.py --study swin
+
+# The demo's training from the image folder, from WebDataset shards and from a Hugging Face dataset of the same images
+# (docs/data.md), 2 seeds each: about 9 min a run, 55 min in all on a 2-core CPU. Resumable.
+data-sources-demo: install
+	$(PYTHON) scripts/data_sources_demo.py
 
 # NaFlex against the square pipeline (docs/training.md): the demo's model trained both ways at about 2,000 tokens per
 # step for the demo's 20 epochs, then both evaluated at square sizes and at token budgets, under both policies that
