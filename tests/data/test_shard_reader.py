@@ -71,16 +71,19 @@ def test_timm_reads_the_shards_written_here(written: Path) -> None:
     assert labels == [label for _, label in find_split(written, "wds/tiny", "train")[0]]
 
 
-def test_splits_can_be_shard_patterns_lists_or_names_without_an_info_file(written: Path) -> None:
+def test_splits_can_be_shard_patterns_and_lists_and_names_need_the_info_file(written: Path) -> None:
     every = find_split(written, "wds", "train")[0]
     assert find_split(written, "wds", "train-{000000..000004}.tar")[0] == every
     two = find_split(written, "wds", "train-000000.tar::train-000003.tar")[0]
     assert len(two) == 10 and {str(s).split(":")[0] for s, _ in two} == {str(written / "train-000000.tar"),
                                                                           str(written / "train-000003.tar")}
-    (written / "_info.json").unlink()
-    assert find_split(written, "wds", "train")[0] == every  # train-*.tar; no sample counts to hold them to
-    with pytest.raises(UserError, match="no _info.json and no test-\\*.tar"):
-        find_split(written, "wds", "test")
+    (written / "_info.json").unlink()  # an unfinished folder, or shards that have only names
+    with pytest.raises(UserError, match="has no _info.json, .*name the shards in val_split instead \\(e.g. "
+                                        "'val_split=train-000000.tar'"):
+        find_split(written, "wds", "train")
+    assert find_split(written, "wds", "train-{000000..000004}.tar")[0] == every
+    with pytest.raises(UserError, match="check the pattern"):
+        find_split(written, "wds", "train-*.tar")
 
 
 def test_brace_patterns_expand_as_webdataset_does() -> None:
@@ -196,13 +199,18 @@ def test_split_names_labels_and_image_extensions_are_checked(written: Path) -> N
         find_split(written, "wds", "validation")
     with pytest.raises(UserError, match="label 2, outside the 2 classes"):
         find_split(written, "wds", "val", ["class_0", "class_1"])
-    with pytest.raises(UserError, match="no image member \\(looked for .webp\\); set input_key"):
+    with pytest.raises(UserError, match="no image member \\(looked for .webp; it has [^)]*\\.cls[^)]*\\); set "
+                                        "input_key"):
         find_split(written, "wds", "train", input_key="webp")
     with pytest.raises(UserError, match="no label \\(a .json member with a 'target' field\\)"):
         find_split(written, "wds", "train", target_key="target")
     assert find_split(written, "wds", "train", target_key="label")[0] == find_split(written, "wds", "train")[0]
     with pytest.raises(UserError, match="not a kind of data.*wds/<name>"):
         find_split(written, "tfds/tiny", "train")
+    with pytest.raises(UserError, match="_info.json is a file, not a folder"):
+        find_split(written / "_info.json", "wds", "train")
+    with pytest.raises(UserError, match="looks like WebDataset shards with _info.json: set dataset to wds/<name>"):
+        find_split(written, None, "train", split_key="train_split")  # an image folder's settings on shards
 
 
 def test_the_writer_refuses_bad_input_by_name(image_root: Path, written: Path, tmp_path: Path) -> None:
@@ -215,4 +223,7 @@ def test_the_writer_refuses_bad_input_by_name(image_root: Path, written: Path, t
     with pytest.raises(UserError, match=f"{broken.name} cannot be read"):
         shards.write_shards(image_root, tmp_path / "other", 5, ["train", "val"])
     assert not (tmp_path / "other" / "_info.json").exists()  # an unfinished folder has no _info.json
+    with pytest.raises(UserError, match="test does not exist"):  # every split is scanned before any is written
+        shards.write_shards(image_root, tmp_path / "third", 5, ["train", "test"])
+    assert not list((tmp_path / "third").glob("*.tar"))
     assert shards.main(["--src", str(tmp_path / "absent"), "--out", str(tmp_path / "x")]) == 2

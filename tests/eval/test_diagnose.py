@@ -103,7 +103,7 @@ def test_a_model_without_weights_needs_random_init_and_is_labelled(tmp_path, cap
     ("no_images", "error: --num-images 0 must be > 0"),
     ("missing_dir", "missing does not exist; pass an ImageFolder root"),
     ("no_val", "val does not exist; the data dir needs val/ with one folder per class; it has test/: set "
-               "--val-split=test to use that"),
+               "--split=test to use that"),
     ("not_rope", "vit_tiny_patch16_224 (depth=1, random init) is a VisionTransformer, not a vit_rope model"),
 ])
 def test_bad_input_is_one_error_line_before_any_work(case, message, image_root, tmp_path, capsys):

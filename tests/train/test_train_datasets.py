@@ -50,7 +50,7 @@ def dataset_dir(image_root: Path, tmp_path: Path) -> Path:
 
 
 def source_args(kind: str, shard_dir: Path, dataset_dir: Path) -> tuple[str, ...]:
-    return {"wds": ("--data-dir", str(shard_dir), "dataset=wds/tiny"),
+    return {"wds": ("--data-dir", str(shard_dir), "--dataset", "wds/tiny"),  # timm's flag, or dataset=...
             "hfds": ("--data-dir", str(dataset_dir), "dataset=hfds/tiny", "val_split=validation")}[kind]
 
 
@@ -73,11 +73,13 @@ def test_evaluation_reads_the_checkpoints_dataset_and_split(image_root: Path, sh
     assert train.main(tiny_args(tmp_path, out, *source_args("hfds", shard_dir, dataset_dir), "target_key=label")) == 0
     best = str(out / "best.pth")
     assert load_trained(best).target_key == "label"  # evaluation reads labels where training did
+    assert evaluate.main(["--checkpoint", best, "--output", str(tmp_path / "eval"), "--workers", "0"]) == 0
+    assert f"hfds/tiny in {dataset_dir} [validation]" in capsys.readouterr().out  # the checkpoint's data_dir
+    moved = dataset_dir.rename(tmp_path / "moved")
     assert evaluate.main(["--checkpoint", best, "--output", str(tmp_path / "eval"), "--workers", "0"]) == 2
     assert "--dataset hfds/tiny reads --data-dir, which is not set" in capsys.readouterr().err
-    assert evaluate.main(["--checkpoint", best, "--data-dir", str(dataset_dir), "--output", str(tmp_path / "eval"),
+    assert evaluate.main(["--checkpoint", best, "--data-dir", str(moved), "--output", str(tmp_path / "eval"),
                           "--workers", "0"]) == 0
-    assert f"hfds/tiny in {dataset_dir} [validation]" in capsys.readouterr().out
     top1 = [row["top1"] for row in metrics(out)][-1]
     report = (tmp_path / "eval" / "results.md").read_text()
     assert f"{float(top1):.2f}" in report  # the run's own validation, repeated
@@ -166,3 +168,14 @@ def test_two_nodes_with_the_same_rendezvous_arguments_train_one_run_from_shards(
     assert printed.count("on 2 x cpu") == 1 and printed.count("epoch 1/1") == 1  # rank 0 of 2 alone speaks
     assert len(torch.load(out / "last.pth", weights_only=True)["rng"]) == 2
     assert sorted(p.name for p in out.iterdir()) == ["best.pth", "config.yaml", "last.pth", "metrics.csv"]
+
+
+def test_a_dataset_in_the_folders_order_trains_to_the_folders_weights(image_root: Path, dataset_dir: Path,
+                                                                      tmp_path: Path) -> None:
+    """imagefolder keeps the folder's order within a class, and the images' bytes: the same samples in the same
+    order, so the same batches and the same weights, whatever reads them."""
+    args = (*PIPELINES["per_image"], "model_ema=true")
+    assert train.main(tiny_args(image_root, tmp_path / "folder", *args)) == 0
+    assert train.main(tiny_args(tmp_path, tmp_path / "dataset", *source_args("hfds", dataset_dir, dataset_dir),
+                                *args)) == 0
+    assert_same_weights(tmp_path / "folder", tmp_path / "dataset")

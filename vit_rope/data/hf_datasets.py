@@ -43,6 +43,10 @@ class DatasetRow(NamedTuple):
         return f"{self.root}/{self.split} row {self.index}"
 
 
+class NoSplit(Exception):
+    """The dataset has no split of that name; the caller names the setting to change."""
+
+
 @functools.lru_cache(maxsize=8)
 def _load(root: str, split: str) -> Any:
     """Split ``split`` of the dataset at ``root``, memory-mapped (each loader worker opens its own on first use)."""
@@ -52,8 +56,8 @@ def _load(root: str, split: str) -> Any:
     except FileNotFoundError:  # not save_to_disk's layout: a folder of data files
         try:
             return datasets.load_dataset(root, split=split)
-        except ValueError as err:  # an unknown split
-            raise UserError(f"{root}: {err}; set the split setting to one of its splits") from None
+        except ValueError as err:  # an unknown split, in datasets' words
+            raise NoSplit(str(err).rstrip(".")) from None
         except FileNotFoundError as err:
             raise UserError(f"{root} holds no dataset that Hugging Face datasets can read ({err}); save one with "
                             "DatasetDict.save_to_disk, or point data_dir at a folder of its data files") from None
@@ -61,8 +65,7 @@ def _load(root: str, split: str) -> Any:
         raise UserError(f"{root} holds one saved split, without names; save a DatasetDict with train and validation "
                         "splits (DatasetDict({'train': ..., 'validation': ...}).save_to_disk(...))")
     if split not in saved:
-        raise UserError(f"{root} has no split '{split}' (it has {', '.join(saved)}); set the split setting to one "
-                        "of them")
+        raise NoSplit(f"it has {', '.join(saved)}")
     return saved[split]
 
 
@@ -84,9 +87,13 @@ def find_dataset_samples(root: Path, split: str, classes: list[str] | None, spli
     """
     datasets = require("datasets", "hf")
     if not root.is_dir():
-        raise UserError(f"{root} does not exist; point data_dir at the saved dataset (DatasetDict.save_to_disk) or "
-                        "at a folder of its data files")
-    table = _load(str(root), split)
+        what = "is a file, not a folder" if root.exists() else "does not exist"
+        raise UserError(f"{root} {what}; point data_dir at the saved dataset (DatasetDict.save_to_disk) or at the "
+                        "folder of its data files")
+    try:
+        table = _load(str(root), split)
+    except NoSplit as err:
+        raise UserError(f"{root} has no split '{split}' ({err}); set {split_key} to one of them") from None
     image, label = input_key or "image", target_key or "label"
     absent = [name for name in (image, label) if name not in table.column_names]
     if absent:
@@ -101,8 +108,10 @@ def find_dataset_samples(root: Path, split: str, classes: list[str] | None, spli
     labels = table.with_format("arrow")[label].to_pylist()  # one Arrow read, indices mapping applied
     missing = next((row for row, value in enumerate(labels) if not isinstance(value, int)), None)
     if missing is not None:
-        raise UserError(f"{root} [{split}] row {missing} has label {labels[missing]!r}, not a class index; fill in or "
-                        "drop rows without one, or set target_key to the column of class indices")
+        text = " (class names: dataset.class_encode_column turns them into indices)" if isinstance(
+            labels[missing], str) else ""
+        raise UserError(f"{root} [{split}] row {missing} has label {labels[missing]!r}, not a class index{text}; fill "
+                        "in or drop rows without one, or set target_key to the column of class indices")
     rows = drop_unlabelled(list(enumerate(labels)), f"{root} [{split}]", split_key)
     if classes is None:
         names = getattr(table.features[label], "names", None)

@@ -147,19 +147,22 @@ def split_shards(root: Path, split: str, info: dict[str, Any], split_key: str) -
         if "num_samples" in entry and int(entry["num_samples"]) != sum(counts):
             raise UserError(f"{root}/_info.json: split '{split}' says num_samples {entry['num_samples']} but its "
                             f"shard_lengths add up to {sum(counts)}; rewrite it with python -m vit_rope.shards")
-    else:
-        files, counts = sorted(path.name for path in root.glob(f"{split}-*.tar")), None
-        if not files:
-            raise UserError(f"{root} has no _info.json and no {split}-*.tar shards; set {split_key} to a split's "
-                            "shards (e.g. train-{000000..000009}.tar), or write them with python -m vit_rope.shards")
+    else:  # no _info.json: an unfinished folder of python -m vit_rope.shards, or shards that only have names
+        example = sorted(path.name for path in root.glob("*.tar"))[:1] or [f"{split}-000000.tar"]
+        raise UserError(f"{root} has no _info.json, which names each split's shards and counts its samples; name "
+                        f"the shards in {split_key} instead (e.g. '{split_key}={example[0]}', a brace pattern such as "
+                        f"'{split}-{{000000..000009}}.tar' or a '::' list, quoted against the shell), or write them "
+                        "again with python -m vit_rope.shards")
     if stated and counts is not None and sum(counts) != int(stated):
         raise UserError(f"{split_key} says {stated} samples, but _info.json gives these shards {sum(counts)}; fix or "
                         "drop the '|' count")
     paths = [root / name for name in files]
     absent = [str(path) for path in paths if not path.is_file()]
     if absent:
+        fix = ("check the pattern (ranges {000000..000009} and '::' lists; no * globs)" if ".tar" in split else
+               "copy them into data_dir, or fix _info.json")
         raise UserError(f"{len(absent)} of the {len(paths)} shards of split '{split}' are missing (e.g. {absent[0]}); "
-                        "copy them into data_dir, or fix _info.json")
+                        + fix)
     return paths, counts
 
 
@@ -215,6 +218,7 @@ def index_shard(path: Path, input_keys: tuple[str, ...], target_key: str | None)
                     continue
                 entry = samples.setdefault(f"{folder}/{stem}" if folder else stem, {})
                 ext = ext.lower()
+                entry.setdefault("members", []).append(ext)
                 if ext in input_keys:
                     entry.setdefault("images", {})[ext] = (member.offset_data, member.size)
                 elif ext in ("cls", "json"):
@@ -226,8 +230,8 @@ def index_shard(path: Path, input_keys: tuple[str, ...], target_key: str | None)
     for key, entry in samples.items():
         image = next((entry["images"][ext] for ext in input_keys if ext in entry.get("images", {})), None)
         if image is None:
-            raise UserError(f"{path}: sample {key} has no image member (looked for .{', .'.join(input_keys)}); set "
-                            "input_key to its image extension, or fix the shard")
+            raise UserError(f"{path}: sample {key} has no image member (looked for .{', .'.join(input_keys)}; it has "
+                            f".{', .'.join(entry['members'])}); set input_key to its image extension, or fix the shard")
         label = _label(path, key, entry, target_key)
         if label is None:
             wanted = f"a .json member with a '{target_key}' field" if target_key else "a .cls member or .json 'label'"
@@ -280,10 +284,11 @@ def find_shard_samples(root: Path, split: str, classes: list[str] | None, split_
         target_key: the ``.json`` field holding the label; None reads ``.cls`` (else ``.json``'s ``label``).
     """
     if not root.is_dir():
-        raise UserError(f"{root} does not exist; point data_dir at the folder that holds the shards and _info.json")
+        what = "is a file, not a folder" if root.exists() else "does not exist"
+        raise UserError(f"{root} {what}; point data_dir at the folder that holds the shards and _info.json")
     info = load_info(root)
     paths, counts = split_shards(root, split, info, split_key)
-    input_keys = tuple(input_key.lower().split(";")) if input_key else IMAGE_KEYS
+    input_keys = tuple(ext.strip().lstrip(".").lower() for ext in input_key.split(";")) if input_key else IMAGE_KEYS
     cache = _index_cache(cache_dir)
     with ThreadPoolExecutor(8) as pool:  # reading headers waits on the disk: threads overlap it
         indices = list(pool.map(lambda path: cached_index(path, input_keys, target_key, cache), paths))

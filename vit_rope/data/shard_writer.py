@@ -25,7 +25,7 @@ import numpy as np
 from PIL import Image
 
 from vit_rope._requires import require
-from vit_rope.data.folders import find_images
+from vit_rope.data.folders import Sample, find_images
 from vit_rope.errors import UserError
 
 KEPT_FORMATS = {"JPEG": "jpg", "PNG": "png", "WEBP": "webp"}  # written as they are; timm's reader decodes these
@@ -44,12 +44,10 @@ def image_member(path: str) -> tuple[str, bytes]:
         return "png", buffer.getvalue()
 
 
-def write_split(src: Path, out: Path, split: str, classes: list[str] | None, shard_size: int, seed: int
-                ) -> tuple[dict, list[str]]:
-    """Write one split's shards; returns its ``_info.json`` entry and the classes (the train split's, for the
-    others to match)."""
+def write_split(src: Path, out: Path, split: str, samples: list[Sample], classes: list[str], shard_size: int,
+                seed: int) -> dict:
+    """Write one split's shards; returns its ``_info.json`` entry."""
     wds = require("webdataset", "wds")
-    samples, classes = find_images(src / split, classes, "--splits")
     order = np.random.default_rng(seed).permutation(len(samples))
     # only the count starts a new shard (not webdataset's 3 GB default), so that _info.json's lengths are the shards'
     with wds.ShardWriter(str(out / f"{split}-%06d.tar"), maxcount=shard_size, maxsize=float("inf"), verbose=0) as sink:
@@ -64,11 +62,12 @@ def write_split(src: Path, out: Path, split: str, classes: list[str] | None, sha
                                  "filename": os.path.relpath(path, src / split)}})
     lengths = [min(shard_size, len(samples) - start) for start in range(0, len(samples), shard_size)]
     files = [f"{split}-{i:06d}.tar" for i in range(len(lengths))]
-    return {"name": split, "num_samples": len(samples), "filenames": files, "shard_lengths": lengths}, classes
+    return {"name": split, "num_samples": len(samples), "filenames": files, "shard_lengths": lengths}
 
 
 def write_shards(src: Path, out: Path, shard_size: int, splits: list[str], seed: int = 0) -> dict:
-    """Every split of ``src`` as shards in ``out`` and the ``_info.json`` describing them; returns that info."""
+    """Every split of ``src`` as shards in ``out`` and the ``_info.json`` describing them; returns that info. Every
+    split is scanned (folders, classes) before the first shard is written."""
     if shard_size < 1:
         raise UserError(f"--shard-size must be at least 1, got {shard_size}")
     if not src.is_dir():
@@ -77,11 +76,14 @@ def write_shards(src: Path, out: Path, shard_size: int, splits: list[str], seed:
         raise UserError(f"{out} already holds shards (_info.json); pass another --out, or remove it first")
     if "train" not in splits:
         raise UserError(f"--splits {' '.join(splits)} lacks train, whose classes the other splits are indexed by")
+    scanned = {"train": find_images(src / "train")}
+    for split in splits:
+        if split not in scanned:
+            scanned[split] = find_images(src / split, scanned["train"][1])
     out.mkdir(parents=True, exist_ok=True)
-    info, classes = {"name": out.name, "splits": {}}, None
-    for split in ["train"] + [name for name in splits if name != "train"]:
-        info["splits"][split], classes = write_split(src, out, split, classes, shard_size, seed)
-    info["classes"] = classes
+    classes = scanned["train"][1]
+    info = {"name": out.name, "splits": {split: write_split(src, out, split, samples, classes, shard_size, seed)
+                                         for split, (samples, _) in scanned.items()}, "classes": classes}
     temporary = out / "_info.json.tmp"
     temporary.write_text(json.dumps(info, indent=1))
     temporary.replace(out / "_info.json")
@@ -106,7 +108,8 @@ def main(argv: list[str] | None = None) -> int:
     except UserError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    written = ", ".join(f"{name}: {entry['num_samples']} samples in {len(entry['filenames'])} shards"
+    written = ", ".join(f"{name}: {entry['num_samples']} samples in {len(entry['filenames'])} shard"
+                        + "s" * (len(entry["filenames"]) > 1)
                         for name, entry in info["splits"].items())
     print(f"{args.out}: {written}, {len(info['classes'])} classes, {time.perf_counter() - start:.0f} s")
     return 0

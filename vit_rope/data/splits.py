@@ -21,10 +21,10 @@ KINDS = {"": "an image folder (train/ and val/ of class folders)", "wds": "WebDa
 
 
 def dataset_kind(dataset: str | None) -> str:
-    """``""`` (image folder: empty or ``folder``), ``"wds"`` or ``"hfds"`` from a ``dataset`` setting such as
-    ``wds/imagenet-1k``."""
+    """``""`` (image folder: empty, ``folder`` or ``imagefolder``), ``"wds"`` or ``"hfds"`` from a ``dataset``
+    setting such as ``wds/imagenet-1k``."""
     prefix = (dataset or "").partition("/")[0].lower()
-    prefix = "" if prefix == "folder" else prefix  # timm's name for an image folder, to say it explicitly
+    prefix = "" if prefix in ("folder", "imagefolder") else prefix  # to say "an image folder" explicitly
     if prefix not in KINDS:
         choices = "; ".join(f"{f'{kind}/<name>' if kind else 'empty or folder'}: {what}"
                             for kind, what in KINDS.items())
@@ -42,11 +42,36 @@ def find_split(data_dir: Path, dataset: str | None, split: str, classes: list[st
         split_key: the setting that named the split, for the errors.
         input_key, target_key: where shards and datasets keep images and labels (defaults: see the readers).
         cache_dir: where the shards' index is kept (default ``~/.cache/vit_rope``).
+
+    An error whose ``data_dir`` looks like another kind of data (``looks_like``) says which, and the setting.
     """
     kind = dataset_kind(dataset)
-    if kind == "wds":
-        return find_shard_samples(data_dir, split, classes, split_key, input_key, target_key, cache_dir)
-    if kind == "hfds":
-        return find_dataset_samples(data_dir, split, classes, split_key, input_key, target_key)
-    # a missing train folder gets no hint: the other folders are the val split's
-    return find_images(data_dir / split, classes, split_key if split_key != "train_split" else None)
+    try:
+        if kind == "wds":
+            return find_shard_samples(data_dir, split, classes, split_key, input_key, target_key, cache_dir)
+        if kind == "hfds":
+            return find_dataset_samples(data_dir, split, classes, split_key, input_key, target_key)
+        # a missing train folder gets no hint: the other folders are the val split's
+        return find_images(data_dir / split, classes, split_key if split_key != "train_split" else None)
+    except UserError as err:
+        found = looks_like(data_dir)
+        if found is None or found == kind:
+            raise
+        raise UserError(f"{err}; {data_dir} looks like {KINDS[found]}: set dataset to "
+                        f"{f'{found}/<name>' if found else 'folder'}") from None
+
+
+def looks_like(data_dir: Path) -> str | None:
+    """The kind of data a folder seems to hold, from its files: ``_info.json`` or tars (shards), what
+    ``save_to_disk`` or the Hub leaves (a dataset), class folders of images (an image folder); None when unsure."""
+    if not data_dir.is_dir():
+        return None
+    names = {path.name for path in data_dir.iterdir()}
+    if names & {"_info.json", "info.json"} or any(name.endswith(".tar") for name in names):
+        return "wds"
+    if names & {"dataset_dict.json", "dataset_info.json", "state.json"} or any(
+            path.suffix in (".parquet", ".arrow") for path in data_dir.glob("*/*")):  # data/*.parquet, train/*.arrow
+        return "hfds"
+    if any(path.is_dir() and any(child.is_dir() for child in path.iterdir()) for path in data_dir.iterdir()):
+        return ""
+    return None

@@ -111,14 +111,18 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def data_root(given: str | None, dataset: str | None, models: list[EvalModel]) -> Path:
-    """``--data-dir``; for an image folder it defaults as in ``train.py``, shards and datasets must be named."""
+    """``--data-dir``; for an image folder it defaults as in ``train.py``, for shards and datasets to the
+    checkpoint's ``data_dir`` when that folder is here."""
     if not dataset_kind(dataset):
         return resolve_data_dir(given)
-    if not given:
-        trained = next((entry.data_dir for entry in models if entry.data_dir), None)
-        raise UserError(f"--dataset {dataset} reads --data-dir, which is not set; pass the folder of its shards or "
-                        "dataset" + (f" (the checkpoint trained on {trained})" if trained else ""))
-    return Path(given).expanduser()
+    if given:
+        return Path(given).expanduser()
+    trained = next((entry.data_dir for entry in models if entry.data_dir), None)
+    if trained and Path(trained).expanduser().is_dir():  # where the checkpoint's run read it, when it is here
+        print(f"--data-dir {trained}: the checkpoint's data_dir", flush=True)
+        return Path(trained).expanduser()
+    raise UserError(f"--dataset {dataset} reads --data-dir, which is not set; pass the folder of its shards or "
+                    "dataset" + (f" (the checkpoint trained on {trained}, which is not here)" if trained else ""))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -8,7 +8,7 @@ the position encoding (``vit_rope.eval.ablation``): how much the outputs change,
 says how much the model uses positions at each size at all.
 
 ``python -m vit_rope.diagnose --checkpoint PATH [--sizes 224 320 512] [--seq-lens 196 400] [--policy NAME]
-[--data-dir DIR [--val-split NAME]] [--output DIR]``; ``--model NAME`` takes ``--pretrained-file PATH``, or
+[--data-dir DIR [--split NAME]] [--output DIR]``; ``--model NAME`` takes ``--pretrained-file PATH``, or
 ``--random-init`` to look at the initialisation. ``--policy`` diagnoses the model under another resolution policy than
 its own, e.g. to see whether ``interpolate`` changes the attention entropy at the same token count or only the phases.
 
@@ -179,7 +179,8 @@ def main(argv: list[str] | None = None) -> int:
                         "the entropy (else noise)")
     parser.add_argument("--dataset", metavar="KIND/NAME", help="what --data-dir holds, as train.py's dataset "
                         "(default: the checkpoint's, else an image folder)")
-    parser.add_argument("--val-split", metavar="NAME", help="folder of --data-dir to take images from (default: the "
+    parser.add_argument("--split", "--val-split", dest="val_split", metavar="NAME",
+                        help="split of --data-dir to take images from (default: the "
                         "checkpoint's val_split, else val)")
     parser.add_argument("--policy", choices=POLICIES, help="resolution policy to diagnose under (default: the "
                         "model's own)")
@@ -273,7 +274,7 @@ def _load(args: argparse.Namespace) -> tuple[EvalModel, list[Sample] | None]:
     if args.data_dir is None:
         return entry, None
     split = args.val_split or entry.val_split or "val"
-    return entry, find_split(Path(args.data_dir), args.dataset or entry.dataset, split, split_key="--val-split",
+    return entry, find_split(Path(args.data_dir), args.dataset or entry.dataset, split, split_key="--split",
                              input_key=entry.input_key, target_key=entry.target_key)[0]
 
 

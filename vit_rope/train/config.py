@@ -102,8 +102,9 @@ class Config:
     tf32: bool = True
 
 
-CLI_FLAGS = {"data_dir": "DIR", "output": "DIR", "model": "NAME", "img_size": "N", "epochs": "N", "batch_size": "N",
-             "device": "auto|cuda|cpu", "resume": "PATH", "log_interval": "N"}  # shorthands for key=value
+CLI_FLAGS = {"data_dir": "DIR", "dataset": "KIND/NAME", "train_split": "NAME", "val_split": "NAME", "output": "DIR",
+             "model": "NAME", "img_size": "N", "epochs": "N", "batch_size": "N", "device": "auto|cuda|cpu",
+             "resume": "PATH", "log_interval": "N"}  # shorthands for key=value; timm's train.py has the same flags
 _HINTS = typing.get_type_hints(Config)
 
 
