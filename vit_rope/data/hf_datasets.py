@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, BinaryIO, NamedTuple
 
 from vit_rope._requires import require
-from vit_rope.data.labels import check_labels, drop_unlabelled
+from vit_rope.data.labels import labelled_samples
 from vit_rope.errors import UserError
 
 
@@ -86,10 +86,6 @@ def find_dataset_samples(root: Path, split: str, classes: list[str] | None, spli
         input_key: the image column (default ``image``); target_key: the label column (default ``label``).
     """
     datasets = require("datasets", "hf")
-    if not root.is_dir():
-        what = "is a file, not a folder" if root.exists() else "does not exist"
-        raise UserError(f"{root} {what}; point data_dir at the saved dataset (DatasetDict.save_to_disk) or at the "
-                        "folder of its data files")
     try:
         table = _load(str(root), split)
     except NoSplit as err:
@@ -112,10 +108,6 @@ def find_dataset_samples(root: Path, split: str, classes: list[str] | None, spli
             labels[missing], str) else ""
         raise UserError(f"{root} [{split}] row {missing} has label {labels[missing]!r}, not a class index{text}; fill "
                         "in or drop rows without one, or set target_key to the column of class indices")
-    rows = drop_unlabelled(list(enumerate(labels)), f"{root} [{split}]", split_key)
-    if classes is None:
-        names = getattr(table.features[label], "names", None)
-        classes = list(names) if names else [str(i) for i in range(max(value for _, value in rows) + 1)]
-    check_labels([value for _, value in rows], classes, f"{root} [{split}]")
-    samples = [(DatasetRow(str(root), split, image, row), value) for row, value in rows]
-    return sorted(samples, key=lambda sample: sample[1]), classes
+    samples = [(DatasetRow(str(root), split, image, row), value) for row, value in enumerate(labels)]
+    return labelled_samples(samples, getattr(table.features[label], "names", None), classes, f"{root} [{split}]",
+                            split_key)

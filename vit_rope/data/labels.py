@@ -1,9 +1,10 @@
 """The labels of shards and datasets, which carry class indices rather than class folders: unlabelled samples left
-out, and every label checked against the train split's classes before training."""
+out, the classes named, and every label checked against the train split's classes before training."""
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from typing import Any
 
 from vit_rope.errors import UserError
@@ -11,21 +12,29 @@ from vit_rope.errors import UserError
 _log = logging.getLogger(__name__)
 
 
-def drop_unlabelled(samples: list[tuple[Any, int]], where: str, split_key: str) -> list[tuple[Any, int]]:
-    """``samples`` without those of a negative label, which marks an unlabelled sample (Hugging Face's test splits use
-    -1; timm's readers skip them), with a warning counting them; an error when none is left."""
+def labelled_samples(samples: list[tuple[Any, int]], names: Sequence[str] | None, classes: list[str] | None,
+                     where: str, split_key: str) -> tuple[list[tuple[Any, int]], list[str]]:
+    """``(samples, classes)`` of a split whose labels are class indices, sorted by class as a folder's are.
+
+    A negative label marks an unlabelled sample (Hugging Face's test splits use -1; timm's readers skip them): those
+    are left out with a warning counting them, and a split of none but those is an error.
+
+    Args:
+        names: the class names the data gives (``_info.json``'s ``classes``, a ``ClassLabel``'s names), or None: the
+            indices as text, ``0`` to the largest label.
+        classes: the train split's classes, which every label must index; None for the train split itself.
+        where: the split, for the messages; split_key: the setting that named it.
+    """
     kept = [sample for sample in samples if sample[1] >= 0]
     if not kept:
         raise UserError(f"{where} has no labelled samples ({len(samples)} in all); check {split_key}")
     if len(kept) < len(samples):
         _log.warning("%s: %d of %d samples have no label (a negative one) and are left out", where,
                      len(samples) - len(kept), len(samples))
-    return kept
-
-
-def check_labels(labels: list[int], classes: list[str], where: str) -> None:
-    """Every label a class index of the train split's ``classes``."""
-    bad = next((label for label in labels if label >= len(classes)), None)
-    if bad is not None:
-        raise UserError(f"{where} has label {bad}, outside the {len(classes)} classes of the train split (0 to "
+    largest = max(label for _, label in kept)
+    if classes is None:
+        classes = list(names) if names else [str(i) for i in range(largest + 1)]
+    if largest >= len(classes):
+        raise UserError(f"{where} has label {largest}, outside the {len(classes)} classes of the train split (0 to "
                         f"{len(classes) - 1}): a split of another data set, or a train split without some classes")
+    return sorted(kept, key=lambda sample: sample[1]), classes

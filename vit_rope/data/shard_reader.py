@@ -30,7 +30,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from vit_rope.data.labels import check_labels, drop_unlabelled
+from vit_rope.data.labels import labelled_samples
 from vit_rope.errors import UserError
 
 _log = logging.getLogger(__name__)
@@ -119,8 +119,8 @@ def split_shards(root: Path, split: str, info: dict[str, Any], split_key: str) -
     """The shards of ``split`` and their sample counts (None where ``_info.json`` does not give them).
 
     ``split`` is a split name of ``_info.json`` (``train``, ``validation``), or shard files: a brace pattern or a
-    comma-free list joined by ``::`` (WebDataset's separator), relative to ``root``. Without ``_info.json`` a name
-    reads ``<name>-*.tar``.
+    comma-free list joined by ``::`` (WebDataset's separator), relative to ``root``, with timm's ``|N`` sample count.
+    Without ``_info.json`` only shard files name a split.
     """
     splits = info.get("splits", {})
     split, _, stated = split.partition("|")  # timm's "pattern|N": N is checked against the shards' count
@@ -283,9 +283,6 @@ def find_shard_samples(root: Path, split: str, classes: list[str] | None, split_
         input_key: image extensions joined by ``;`` (timm's ``jpg;png;webp``); None tries every usual one.
         target_key: the ``.json`` field holding the label; None reads ``.cls`` (else ``.json``'s ``label``).
     """
-    if not root.is_dir():
-        what = "is a file, not a folder" if root.exists() else "does not exist"
-        raise UserError(f"{root} {what}; point data_dir at the folder that holds the shards and _info.json")
     info = load_info(root)
     paths, counts = split_shards(root, split, info, split_key)
     input_keys = tuple(ext.strip().lstrip(".").lower() for ext in input_key.split(";")) if input_key else IMAGE_KEYS
@@ -298,11 +295,5 @@ def find_shard_samples(root: Path, split: str, classes: list[str] | None, split_
                             "incomplete or _info.json is stale: download the shard again or rewrite _info.json")
     samples = [(TarMember(str(path), offset, size, key), label) for path, index in zip(paths, indices, strict=True)
                for key, offset, size, label in zip(index.keys, index.offsets, index.sizes, index.labels, strict=True)]
-    samples = drop_unlabelled(samples, f"split '{split}' of {root}", split_key)
-    labels = [label for _, label in samples]
-    if classes is None:
-        named = info.get("classes")
-        classes = list(named) if named else [str(i) for i in range(max(labels) + 1)]
-    check_labels(labels, classes, f"split '{split}' of {root}")
-    return sorted(samples, key=lambda sample: sample[1]), classes
+    return labelled_samples(samples, info.get("classes"), classes, f"split '{split}' of {root}", split_key)
 

@@ -18,6 +18,7 @@ from vit_rope.errors import UserError
 
 KINDS = {"": "an image folder (train/ and val/ of class folders)", "wds": "WebDataset shards with _info.json",
          "hfds": "a Hugging Face dataset on disk"}
+WHERE = {"wds": "the shards and _info.json", "hfds": "the saved dataset (DatasetDict.save_to_disk) or its data files"}
 
 
 def dataset_kind(dataset: str | None) -> str:
@@ -46,6 +47,9 @@ def find_split(data_dir: Path, dataset: str | None, split: str, classes: list[st
     An error whose ``data_dir`` looks like another kind of data (``looks_like``) says which, and the setting.
     """
     kind = dataset_kind(dataset)
+    if kind and not data_dir.is_dir():  # an image folder's own check names the split folder it misses
+        what = "is a file, not a folder" if data_dir.exists() else "does not exist"
+        raise UserError(f"{data_dir} {what}; point data_dir at the folder that holds {WHERE[kind]}")
     try:
         if kind == "wds":
             return find_shard_samples(data_dir, split, classes, split_key, input_key, target_key, cache_dir)
@@ -59,6 +63,11 @@ def find_split(data_dir: Path, dataset: str | None, split: str, classes: list[st
             raise
         raise UserError(f"{err}; {data_dir} looks like {KINDS[found]}: set dataset to "
                         f"{f'{found}/<name>' if found else 'folder'}") from None
+
+
+def split_label(data_dir: Path | str, dataset: str | None, split: str) -> str:
+    """A split named for the messages: the folder of an image folder's split, else the data and the split's name."""
+    return f"{dataset} in {data_dir} [{split}]" if dataset_kind(dataset) else str(Path(data_dir) / split)
 
 
 def looks_like(data_dir: Path) -> str | None:

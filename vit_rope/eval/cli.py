@@ -26,7 +26,7 @@ import yaml
 
 from vit_rope.checks import check_model_name, check_output_dir
 from vit_rope.data.folders import resolve_data_dir
-from vit_rope.data.splits import dataset_kind, find_split
+from vit_rope.data.splits import dataset_kind, find_split, split_label
 from vit_rope.encodings.policies import POLICIES
 from vit_rope.errors import UserError
 from vit_rope.eval import token_budget as naflex
@@ -155,7 +155,8 @@ def main(argv: list[str] | None = None) -> int:
         split = choose_setting(args.split, models)
         keys = {key: choose_setting(getattr(args, key), models, key, f"--{key.replace('_', '-')}", None)
                 for key in ("input_key", "target_key")}
-        num_classes = len(find_split(data_dir, dataset, split, split_key="--split", **keys)[1])
+        # the --model classifiers' size; checkpoints carry theirs, and evaluate_models reads the split anyway
+        num_classes = len(find_split(data_dir, dataset, split, split_key="--split", **keys)[1]) if args.model else 0
         models += [load_pretrained(name, file, num_classes, args.train_size, dict(args.model_kwargs))
                    for name, file in zip(args.model, weights, strict=True)]
         labels = [entry.label for entry in models]
@@ -166,9 +167,9 @@ def main(argv: list[str] | None = None) -> int:
         sizes = args.img_sizes or ([] if args.seq_lens else sorted({entry.train_size for entry in models}))
         check_sizes(sizes, models, args.policy or (), args.seq_lens)
         text = "; ".join([protocol(args.crop_pct)] * bool(sizes) + [naflex.PROTOCOL] * bool(args.seq_lens))
-        where = f"{dataset} in {data_dir} [{split}]" if dataset_kind(dataset) else f"{data_dir / split}"
-        print(f"protocol: {text}; sizes {sizes}; " + (f"budgets {args.seq_lens}; " if args.seq_lens else "") + where
-              + (f", {args.limit} images evenly spread" if args.limit else ""), flush=True)
+        print(f"protocol: {text}; sizes {sizes}; " + (f"budgets {args.seq_lens}; " if args.seq_lens else "")
+              + split_label(data_dir, dataset, split) + (f", {args.limit} images evenly spread" if args.limit else ""),
+              flush=True)
         print("\n".join(f"  {entry.label}: trained at {entry.train_size} px" for entry in models), flush=True)
         if unloaded:
             print(f"warning: {', '.join(unloaded)} evaluated with random weights (--random-init): chance accuracy, "

@@ -22,7 +22,7 @@ from tqdm import tqdm
 
 from vit_rope.checks import check_multiple, resolve_device
 from vit_rope.data.folders import ImageFolderDataset
-from vit_rope.data.splits import dataset_kind, find_split
+from vit_rope.data.splits import find_split, split_label
 from vit_rope.encodings.policies import POLICIES
 from vit_rope.errors import UserError
 from vit_rope.eval import memory, windows
@@ -32,7 +32,7 @@ from vit_rope.models.encoding import resolution_encoding
 from vit_rope.models.naflex_batch import naflex_patch
 
 
-def label_map(model: EvalModel, val_classes: list[str], val_dir: Path | str) -> torch.Tensor:
+def label_map(model: EvalModel, val_classes: list[str], val_dir: str) -> torch.Tensor:
     """Output index of each val class: by name when the model's classes are known (so that an ImageNet-1k model
     scores on a folder of a few synsets), else in folder order (class index order for shards and datasets)."""
     trained_on = f" (its run trained on {model.data_dir}: --data-dir {model.data_dir})" if model.data_dir else ""
@@ -145,7 +145,7 @@ def evaluate_models(models: Sequence[EvalModel], data_dir: str | Path, img_sizes
     """
     device = resolve_device(device)
     check_options(policies or (), crop_pct, seq_lens)
-    val_dir = f"{data_dir} [{val_split}]" if dataset_kind(dataset) else Path(data_dir) / val_split
+    val_dir = split_label(data_dir, dataset, val_split)
     samples, val_classes = find_split(Path(data_dir), dataset, val_split, split_key="--split", input_key=input_key,
                                       target_key=target_key)
     check_sizes(img_sizes, models, policies or (), seq_lens)
