@@ -8,9 +8,9 @@ timm's wheel carries no tests, so the script downloads the source release of the
 index (``pip download --no-binary``; once, into ``--out``), and runs its ``test_models.py`` with vit_rope imported
 first, so that the ``vit_rope_*`` models are in timm's registry when pytest collects the test parameters. Selected:
 the tests whose id names a ``vit_rope_`` or ``swin_rope_`` model (forward, backward, default configs, features,
-intermediates, FX, TorchScript), less those that download published weights (no hub here;
-``test_model_load_pretrained`` and the like) and TorchScript on LookHere, 2D-ALiBi, ComRoPE and LieRE, which refuse it
-by design (docs/models.md). The exit status is pytest's.
+intermediates, FX), less those that download published weights (no hub here; ``test_model_load_pretrained`` and the
+like) and TorchScript's, which the models refuse by design, as timm's own NaFlex models (docs/export.md). The exit
+status is pytest's.
 """
 
 from __future__ import annotations
@@ -19,22 +19,11 @@ import argparse
 import subprocess
 import sys
 import tarfile
-from functools import partial
 from pathlib import Path
 
 import timm
 
-from vit_rope.encodings import KINDS, EncodingSpec, build
-
-
-def unscriptable_kinds() -> list[str]:
-    """The kinds whose models refuse TorchScript with a clear error (the scripted forward builds RoPE tables only):
-    attention biases, rotations from learned generators, PaPE, STRING before ``fold_encoding_``."""
-    spec = partial(EncodingSpec, depth=1, num_heads=1, head_dim=16, train_grid=(2, 2))
-    return [kind for kind in KINDS if not build(spec(kind)).scriptable]
-
-
-KNOWN_REFUSALS = f"not (torchscript and ({' or '.join(unscriptable_kinds())}))"
+KNOWN_REFUSALS = "not torchscript"
 
 
 def timm_tests(out: Path) -> Path:

@@ -101,10 +101,11 @@ def test_string_keeps_its_fold_while_weights_are_unchanged_and_refolds_when_they
     string, linear = CayleyString(NH, D), torch.nn.Linear(8, 3 * NH * D)
     with torch.no_grad():
         string.skew.normal_()
-        first = string(linear.weight, linear.bias)
-        assert string(linear.weight, linear.bias)[0] is first[0]  # cached: no fold per forward
+        first = string(linear.weight, linear.bias, cache=True)
+        assert string(linear.weight, linear.bias, cache=True)[0] is first[0]  # cached: no fold per forward
+        assert string(linear.weight, linear.bias)[0] is not first[0]  # under a graph capture: no cache
         string.skew.mul_(0.5)
-        again = string(linear.weight, linear.bias)
+        again = string(linear.weight, linear.bias, cache=True)
     torch.testing.assert_close(again[0], fold_qk(string.basis(), linear.weight, linear.bias)[0])
     assert not torch.equal(again[0], first[0])
 

@@ -7,11 +7,9 @@ import pytest
 import torch
 from timm.layers import PatchEmbed
 
-import vit_rope.encodings.rope.tables as rope_module
-from helpers.autograd import SavedForBackward
 from vit_rope.encodings.rope.frequencies import axial_frequencies, mixed_frequencies
 from vit_rope.encodings.rope.tables import RoPE2D
-from vit_rope.layers.rotary import apply_rope, grid_positions, grid_tables, learned_tables, rope_angles, rope_tables
+from vit_rope.layers.rotary import apply_rope, grid_positions, grid_tables, rope_angles, rope_tables
 
 KINDS = ("axial", "mixed")
 B, NH, N, D = 2, 3, 10, 16
@@ -197,69 +195,17 @@ def test_autograd_is_exact(kind):
     assert torch.autograd.gradcheck(f, (x, freqs))
 
 
-@pytest.mark.parametrize("batched", ["positions", "frequencies", "both", "neither", "shared-heads"])
-@pytest.mark.parametrize(("prefix", "temperature"), [(0, 1.0), (2, 1.5)])
-def test_learned_tables_equal_the_plain_functions_in_values_and_gradients(batched, prefix, temperature):
-    """The learned-frequency tables' own backward (``cos * dsin - sin * dcos``, one product with the positions) gives
-    what autograd gives through ``rope_angles`` and ``rope_tables``, for every batching of positions and frequencies,
-    prefix rows and a temperature; gradcheck holds it in fp64."""
-    heads = 1 if batched == "shared-heads" else NH
-    pos = torch.randn(*((B,) if batched in ("positions", "both") else ()), N, 2, dtype=torch.float64) * 5
-    freqs = torch.randn(*((B,) if batched in ("frequencies", "both") else ()), 2, heads, D // 2, dtype=torch.float64)
-    freqs.requires_grad_()
-    with SavedForBackward() as saved:
-        mine = learned_tables(pos, freqs, prefix, temperature)
-    with SavedForBackward() as saved_plain:
-        plain = rope_tables(rope_angles(pos, freqs), prefix, temperature)
-    # what the own backward buys: it keeps the positions and the tables it returns, autograd's path the angles too
-    assert saved.beyond(pos, *mine) == 0 < saved_plain.beyond(pos, freqs, *plain)
-    weights = [torch.randn_like(t) for t in plain]
-    for table, same in zip(mine, plain, strict=True):
-        assert table.grad_fn is not None
-        assert table.stride() == same.stride() and torch.equal(table, same)
-    grads = [torch.autograd.grad(sum((t * w).sum() for t, w in zip(out, weights, strict=True)), freqs)[0]
-             for out in (mine, plain)]
-    torch.testing.assert_close(grads[0], grads[1], atol=1e-10, rtol=1e-10)
-    assert torch.autograd.gradcheck(lambda f: learned_tables(pos, f, prefix, temperature), (freqs,))
-
-
-def test_learned_tables_take_the_plain_path_without_a_frequency_gradient_or_with_a_position_one():
-    pos, freqs = torch.randn(N, 2), torch.randn(2, NH, D // 2)
-    assert learned_tables(pos, freqs)[0].grad_fn is None
-    with torch.no_grad():
-        assert learned_tables(pos, freqs.requires_grad_())[0].grad_fn is None
-    pos.requires_grad_()  # the own backward gives the frequencies only: the plain functions, both gradients exactly
-    weights = torch.randn(2, NH, N, D // 2)
-    grads = [torch.autograd.grad((cos * weights[0] + sin * weights[1]).sum(), (pos, freqs))
-             for cos, sin in (learned_tables(pos, freqs), rope_tables(rope_angles(pos, freqs)))]
-    for mine, plain in zip(*grads, strict=True):
-        assert torch.equal(mine, plain)
-
-
 @pytest.mark.parametrize("naflex", [False, True])
-def test_mixed_rope_in_training_takes_the_learned_tables_with_the_plain_gradient(naflex, monkeypatch):
+def test_mixed_frequency_gradient_is_zero_on_p_ropes_unrotated_pairs(naflex):
     """``RoPE2D`` (per-sample positions on one grid, or on a grid per sample as in NaFlex batches, with per-sample
-    policy-scaled frequencies) builds its tables with ``learned_tables``; the frequency gradient is autograd's through
-    the plain functions."""
+    policy-scaled frequencies) gives the frequencies a gradient, and none to p-RoPE's unrotated pairs."""
     rope = RoPE2D(D, NH, "mixed", train_grid=(4, 4), policy="interpolate", fraction=0.5).double()
     pos = torch.randn(B, N, 2, dtype=torch.float64) * 3
-    grid = torch.tensor([[4, 6], [3, 5]])
-    weights = [torch.randn(B, NH, N + 2, D // 2, dtype=torch.float64) for _ in range(2)]
-
-    angles = B * N * NH * D // 2  # one table of angles, which autograd's path keeps for cos and sin
-
-    def frequency_grad(learned: bool) -> torch.Tensor:
-        rope.freqs.grad = None
-        with SavedForBackward() as saved:
-            cos, sin = rope(pos, 2, grid if naflex else torch.tensor([[5, 6]]))
-        assert (saved.beyond(pos, cos, sin) < angles) == learned  # the learned tables keep no angles
-        (cos * weights[0] + sin * weights[1]).sum().backward()
-        return rope.freqs.grad
-
-    mine = frequency_grad(True)
-    monkeypatch.setattr(rope_module, "learned_tables", lambda p, f, n=0, t=1.0: rope_tables(rope_angles(p, f), n, t))
-    torch.testing.assert_close(mine, frequency_grad(False), atol=1e-10, rtol=1e-10)
-    assert mine.abs().sum() > 0 and (mine * (1 - rope.rotated)).abs().max() == 0  # p-RoPE's unrotated pairs: 0
+    grid = torch.tensor([[4, 6], [3, 5]]) if naflex else torch.tensor([[5, 6]])
+    cos, sin = rope(pos, 2, grid)
+    (cos * torch.randn_like(cos) + sin * torch.randn_like(sin)).sum().backward()
+    grad = rope.freqs.grad
+    assert grad.abs().sum() > 0 and (grad * (1 - rope.rotated)).abs().max() == 0
 
 
 def test_bad_input_errors():

@@ -10,7 +10,7 @@ import torch
 
 import vit_rope  # noqa: F401  (registers the models)
 from vit_rope.encodings import KINDS
-from vit_rope.layers.attention import BlockInput, RoPEAttention, RoPEBlock, rope_tables
+from vit_rope.layers.attention import NO_INPUT, BlockInput, RoPEAttention, RoPEBlock, Rotation, block_input
 
 OPTIONS = {"comrope_ap": {"block_size": 4}, "comrope_ld": {"block_size": 4}, "liere": {"generator_dim": 4},
            "pape": {"parabolas": 3}}
@@ -23,13 +23,15 @@ def test_attention_and_block_take_one_encoding_argument():
     assert not [name for name, _ in attn.named_children() if name not in ("qkv", "q_norm", "k_norm", "attn_drop",
                                                                              "norm", "proj", "proj_drop")]
     tables = (torch.ones(1, 5, 8), torch.zeros(1, 5, 8))
-    assert rope_tables(tables) is tables and rope_tables(None) is None and rope_tables(BlockInput()) is None
+    assert block_input(None) is NO_INPUT and block_input(NO_INPUT) is NO_INPUT
+    rotation = block_input(tables)
+    assert isinstance(rotation, Rotation) and rotation.rope is tables
 
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_every_kind_hands_each_block_tables_a_block_input_or_nothing(kind):
     """The model calls each block with what its encoding gives it, whatever the kind: the RoPE kinds tables (the
-    fused kernels' and TorchScript's path), STRING and every other kind a ``BlockInput``, no encoding nothing."""
+    fused kernels' path), STRING and every other kind a ``BlockInput``, no encoding nothing."""
     torch.manual_seed(0)
     model = timm.create_model("vit_rope_tiny_patch16_axial_224", encoding=kind, img_size=32, patch_size=8,
                               embed_dim=32, num_heads=2, depth=2, encoding_options=OPTIONS.get(kind)).eval()

@@ -160,7 +160,7 @@ def test_per_sample_frequencies_are_the_policys_on_each_grid(policy: str) -> Non
     torch.manual_seed(0)
     freqs = torch.randn(2, 2, 8)
     grids = torch.tensor([[4, 6], [6, 3], [5, 5], [10, 12]])
-    values = ResolutionPolicy(policy).values()
+    values = ResolutionPolicy(policy)
     batched, temperature = policy_frequencies(freqs, grids, (5, 5), values, 10.0, 32)
     for b in range(len(grids)):  # each sample's frequencies are those of its grid alone (an image batch's)
         single, t = policy_frequencies(freqs, grids[b:b + 1], (5, 5), values, 10.0, 32)

@@ -141,8 +141,6 @@ def test_bad_options_and_policies_are_errors_that_say_what_fits():
     model = build("pape")
     with pytest.raises(ValueError, match="'yarn' does not apply to pape, a parabolic bias"):
         model.set_resolution_policy("yarn")
-    with pytest.raises(RuntimeError, match="TorchScript does not support the pape_ri models"):
-        torch.jit.script(build("pape_ri"))
 
 
 def test_official_folders_that_disagree_or_fit_another_kind_are_errors(tmp_path):

@@ -98,14 +98,6 @@ def test_the_attention_places_window_positions_by_the_policy() -> None:
     assert not torch.allclose(normalized, reference)
 
 
-@pytest.mark.parametrize("kind", ["axial", "mixed"])
-def test_torchscript_gives_eagers_logits(kind: str) -> None:
-    torch.manual_seed(0)
-    model, x = RoPESwinTransformer(rope_kind=kind, **SMALL).eval(), torch.randn(1, 3, 224, 224)
-    with torch.no_grad():
-        torch.testing.assert_close(torch.jit.script(model)(x), model(x), rtol=1e-5, atol=1e-5)
-
-
 def test_axial_frequencies_of_another_theta_are_refused_and_kinds_are_checked() -> None:
     theirs = official.RoPESwinTransformer(rope_theta=100.0, rope_mixed=False, **{**SMALL, "depths": [2, 2, 2, 2]})
     with pytest.raises(ValueError, match="another theta than this model's 50: create the model with the checkpoint"):

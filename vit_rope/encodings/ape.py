@@ -59,8 +59,6 @@ class AbsoluteEncoding(PositionEncoding):
         ``place``, on the grids ``grids`` ``[B, 2]``) of a NaFlex batch (``grid`` ``None``)."""
         own = self.num_prefix_rows
         if grid is None:  # read at each patch's coordinate: [B, own + N, C]
-            if torch.jit.is_scripting():
-                raise RuntimeError("TorchScript serves image batches only.")
             coord = positions.flip(-1)  # [B, N, 2] (y, x): the integer coordinates, exactly
             return torch.cat((table[:, :own].expand(coord.shape[0], -1, -1),
                               pos_embed_at(table[0, own:], coord, grids, table_grid)), 1)

@@ -47,6 +47,9 @@ class Positions(NamedTuple):
         valid: ``[B, N]`` False for padding (NaFlex), ``None`` when every token is real.
         lattice: where each token of a NaFlex batch reads the tables of the batch's bounding grid, when its position
             is its patch coordinate (``vit_rope.layers.lattice.lattice``); ``None`` otherwise.
+        captured: the forward runs under a graph capture (torch.compile, torch.export, FX symbolic tracing; the one
+            place that asks is ``vit_rope.layers.routes``): encodings then keep no Python caches and take the
+            reference form of anything written in place. Decided once per forward, by the embedding.
     """
 
     coords: Tensor
@@ -54,6 +57,7 @@ class Positions(NamedTuple):
     grid: tuple[int, int] | None = None
     valid: Tensor | None = None
     lattice: Lattice | None = None
+    captured: bool = False
 
 
 def image_coords(height: int, width: int, device: torch.device | None = None) -> tuple[Tensor, Tensor]:
@@ -125,17 +129,11 @@ class PositionEncoding(nn.Module):
         kind: the encoding's name (``vit_rope.encodings.KINDS``).
         train_grid: the ``(h, w)`` grid that resolution policies scale against (``None``: none).
         policies: the resolution policies that apply to the kind (``vit_rope.encodings.policies``).
-        scriptable: whether ``torch.jit.script`` compiles a model with this encoding (its forward builds RoPE tables
-            or nothing; Python caches and ``BlockInput`` do not compile).
     """
 
-    # TorchScript compiles only the tables (RoPE2D)
-    __jit_unused_properties__ = ["policy", "policies", "uses_lattice", "foldable", "scriptable", "script_tables"]
-    kind = "none"  # no class annotations: TorchScript reads them as attribute types and cannot resolve them
+    kind = "none"
     train_grid = None
     policies = POLICIES
-    scriptable = False
-    script_tables = "none"  # TorchScript's forward: no tables, one RoPE2D's for all blocks ("shared"), "per_block"
 
     default_policy = "extrapolate"
 
@@ -210,8 +208,6 @@ class PositionEncoding(nn.Module):
 class NoEncoding(PositionEncoding):
     """No position encoding at all: attention sees content only (the control of the encodings study). Every policy
     is taken, and changes nothing."""
-
-    scriptable = True
 
     def __init__(self, depth: int, train_grid: tuple[int, int] | None = None) -> None:
         super().__init__()

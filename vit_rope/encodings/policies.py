@@ -27,8 +27,7 @@ subpixel jitter) draws one transform per image, shared by all blocks, in trainin
 from __future__ import annotations
 
 import math
-from dataclasses import astuple, dataclass, fields
-from typing import NamedTuple, get_type_hints
+from dataclasses import dataclass, fields
 
 import torch
 from torch import Tensor
@@ -74,16 +73,6 @@ class ResolutionPolicy:
         if unknown:
             raise ValueError(f"Unknown RoPE policy options {unknown}: valid are {valid}.")
         return cls(**policy)
-
-    def values(self) -> ScriptPolicy:
-        """The policy as the one value that TorchScript compiles (``ScriptPolicy``)."""
-        return ScriptPolicy(*astuple(self))
-
-
-# ResolutionPolicy's fields as a NamedTuple: TorchScript compiles no dataclass, so RoPE2D keeps its policy as one and
-# hands it to policy_frequencies whole. Functional form, from the dataclass's resolved types: under ``from __future__
-# import annotations`` a class body's would be strings, which TorchScript cannot resolve in a NamedTuple.
-ScriptPolicy = NamedTuple("ScriptPolicy", list(get_type_hints(ResolutionPolicy).items()))
 
 
 def check_policy(policy: str, policies: tuple[str, ...], refusal: str) -> str:
@@ -144,11 +133,11 @@ def place_positions(coord: Tensor, grids: Tensor, kind: str, policy: str, train_
 
 
 def policy_frequencies(
-    freqs: Tensor, grids: Tensor | None, train_grid: tuple[int, int] | None, policy: ScriptPolicy, theta: float,
+    freqs: Tensor, grids: Tensor | None, train_grid: tuple[int, int] | None, policy: ResolutionPolicy, theta: float,
     head_dim: int,
 ) -> tuple[Tensor, Tensor | None]:
-    """Frequencies to use on the grids ``grids`` ``[1 or B, 2]`` (h, w) under ``policy`` (``ResolutionPolicy.values``:
-    the form TorchScript compiles), and the attention temperature that scales the tables.
+    """Frequencies to use on the grids ``grids`` ``[1 or B, 2]`` (h, w) under ``policy``, and the attention
+    temperature that scales the tables.
 
     Scaling the x (or y) frequency of a pair by ``a`` is the same as scaling its x (or y) positions by ``a``, so
     every policy is a per-axis, per-pair factor between ``1 / s`` (interpolate) and 1 (extrapolate), ``s`` = grid /
@@ -171,7 +160,7 @@ def policy_frequencies(
 
 
 def policy_factors(
-    freqs: Tensor, scale: Tensor, train_grid: tuple[int, int], policy: ScriptPolicy, theta: float, head_dim: int,
+    freqs: Tensor, scale: Tensor, train_grid: tuple[int, int], policy: ResolutionPolicy, theta: float, head_dim: int,
 ) -> Tensor:
     """The per-axis, per-pair factor on ``freqs`` ``[2, H, D/2]`` of the policies that depend on the grid
     (``interpolate``, ``ntk``, ``yarn``), for the size ratios ``scale`` ``[B, 2, 1, 1]`` (new size / training size

@@ -5,47 +5,43 @@ forward, and attention knows no kind by name. It is one of:
 
 - RoPE tables ``(cos, sin)`` (RoFormer, arXiv:2104.09864; RoPE-ViT, arXiv:2403.13298): q and k are rotated by the
   position of their token before the dot product, v is not; prefix tokens (class, registers) have identity rows, so
-  they are never rotated. This is the path of the fused kernels and the one TorchScript compiles;
+  they are never rotated;
 - a ``BlockInput``: a projection of its own (a basis folded into the weights, then RoPE tables: Cayley-STRING,
   ComRoPE's RoPE form), a transform of q, k and v after the projection and the q/k norms (ComRoPE's and LieRE's block
-  rotations, PaPE's parabola channels) and an attention bias ``[1 or B, nh, N, N]`` added to the logits times
-  ``bias_scale`` (LookHere, 2D-ALiBi);
+  rotations, PaPE's parabola channels), an attention bias ``[1 or B, nh, N, N]`` added to the logits times
+  ``bias_scale`` (LookHere, 2D-ALiBi), or attention in a form of its own;
 - ``None``: content only.
+
+Attention has one route for all of them: RoPE tables and ``None`` are read as the ``BlockInput`` they are
+(``block_input``). Which form of the rotation runs (in place in the projection, Triton on CUDA, the reference under a
+graph capture) is ``vit_rope.layers.fused.rotated_projection``'s choice, not attention's.
 """
 
 from __future__ import annotations
 
-from typing import Any, Tuple  # noqa: UP035  (torch.jit.isinstance needs typing's Tuple)
+from typing import Any
 
-import torch
 import torch.nn.functional as F
 from timm.layers import maybe_add_mask, resolve_self_attn_mask
 from timm.models.vision_transformer import Attention, Block
 from torch import Tensor, nn
 
-from vit_rope.layers.capture import capturing
-from vit_rope.layers.fused import (
-    pairs_adjacent,
-    plain_linear,
-    project_rotate_qk,
-    project_weights_rotate_qk,
-    rotate_heads_,
-)
-from vit_rope.layers.rotary import apply_rope
+from vit_rope.layers.fused import plain_linear, rotate_normed, rotated_projection
 
 RopeTables = tuple[Tensor, Tensor]
 
 
 class BlockInput:
-    """What one block's attention gets from a position encoding other than plain RoPE tables: a projection of its
-    own, a transform of q, k and v after the projection and the q/k norms, an attention bias, or several. The base
-    changes nothing; each kind's input overrides what it uses. ``RoPEAttention`` calls these in eager mode, under
-    ``torch.compile``, FX and export (never TorchScript, which compiles RoPE tables only).
+    """What one block's attention gets from its position encoding. The base changes nothing: the projection (q and k
+    rotated by ``rope`` when there are RoPE tables), then the encoding's ``transform``, then SDPA with ``bias``; a
+    kind's input overrides what it changes.
 
     Attributes:
+        rope: RoPE tables ``(cos, sin)`` ``[(B,) H, N, D/2]`` that rotate q and k after the projection, or ``None``.
         bias: logits ``[1 or B, nh, N, N]`` added to every query's scores times ``bias_scale``; ``None``: none.
     """
 
+    rope: RopeTables | None = None
     bias: Tensor | None = None
     bias_scale: float = 1.0
 
@@ -68,23 +64,29 @@ class BlockInput:
         return None
 
 
-def plain_projection(attn: RoPEAttention, x: Tensor) -> bool:
-    """Whether a ``BlockInput`` may compute ``attn``'s projection of ``x`` in a form of its own (``project``) from
-    ``attn.qkv``'s weights: no graph capture, no q/k norms or grouped keys, and a ``qkv`` that is a plain
-    ``nn.Linear`` without hooks, whose weights then say all it computes (not so for a LoRA-style wrapper)."""
-    return not capturing(x) and attn.plain_qk and attn.num_kv_heads == attn.num_heads and plain_linear(attn.qkv)
+class Rotation(BlockInput):
+    """RoPE tables ``(cos, sin)`` as a block's input: q and k rotated after the projection."""
+
+    def __init__(self, tables: RopeTables) -> None:
+        self.rope = tables
 
 
-def rope_tables(encoding: Any) -> RopeTables | None:
-    """The RoPE tables a block got, or ``None`` for a ``BlockInput`` or no encoding. Eager mode and FX tell them
-    apart by class (a traced table is a proxy, not a tuple); TorchScript refines its ``Any``."""
-    if torch.jit.is_scripting():
-        if torch.jit.isinstance(encoding, Tuple[Tensor, Tensor]):  # noqa: UP006
-            return encoding
-        return None
-    if encoding is None or isinstance(encoding, BlockInput):
-        return None
-    return encoding
+NO_INPUT = BlockInput()
+
+
+def block_input(encoding: Any) -> BlockInput:
+    """A block's ``encoding`` argument as the ``BlockInput`` it stands for: RoPE tables (a pair, or an FX proxy of
+    one) as a ``Rotation``, ``None`` as the input that changes nothing."""
+    if encoding is None:
+        return NO_INPUT
+    return encoding if isinstance(encoding, BlockInput) else Rotation(encoding)
+
+
+def plain_projection(attn: RoPEAttention, x: Tensor | None = None) -> bool:
+    """Whether a ``BlockInput`` may compute ``attn``'s projection in a form of its own (``project``) from
+    ``attn.qkv``'s weights: no q/k norms or grouped keys, and a ``qkv`` that is a plain ``nn.Linear`` without hooks,
+    whose weights then say all it computes (not so for a LoRA-style wrapper)."""
+    return attn.plain_qk and attn.num_kv_heads == attn.num_heads and plain_linear(attn.qkv)
 
 
 class RoPEAttention(Attention):
@@ -97,8 +99,6 @@ class RoPEAttention(Attention):
     (``PositionEncoding.attach_``: PaPE's ``pape``, STRING's ``string``), which its ``BlockInput`` uses.
     ``num_kv_heads`` below ``num_heads`` is grouped-query attention (``group_kv_heads_``).
     """
-
-    __jit_unused_properties__ = ["plain_qk"]
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -116,137 +116,73 @@ class RoPEAttention(Attention):
         self.qkv = nn.Linear(self.qkv.in_features, (self.num_heads + 2 * num_kv_heads) * self.head_dim, bias=bias)
         self.num_kv_heads = num_kv_heads
 
-    def _project_grouped(self, x: Tensor, rope: RopeTables | None) -> tuple[Tensor, Tensor, Tensor]:
-        """``project`` under grouped-query attention: k and v rotated and normed per kv head, then repeated."""
-        nh, nkv, D = self.num_heads, self.num_kv_heads, self.head_dim
-        q, k, v = self.qkv(x).split([nh * D, nkv * D, nkv * D], dim=-1)
-        q = self.q_norm(q.unflatten(-1, (nh, D)).transpose(1, 2))  # [B, nh, N, D]
-        k = self.k_norm(k.unflatten(-1, (nkv, D)).transpose(1, 2))  # [B, nkv, N, D]
-        v = v.unflatten(-1, (nkv, D)).transpose(1, 2)  # [B, nkv, N, D]
-        if rope is not None:
-            q, k = self._rotate_normed(q, k, rope)
-        groups = nh // nkv
-        return q, k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
-
-    def project(self, x: Tensor, encoding: Any = None) -> tuple[Tensor, Tensor, Tensor]:
-        """Queries and keys (rotated, or as the ``BlockInput`` ``encoding`` computes or transforms them) and values,
-        each ``[B, nh, N, D]`` (q and k wider with PaPE's channels); diagnostics reuse it for attention maps.
-
-        In eager mode q and k are rotated straight in the projection output (``project_rotate_qk``: one pass, in
-        place, no extra memory). torch.compile, FX tracing and TorchScript take the reference ``apply_rope`` instead:
-        compile fuses it as it does the q/k norms, and the others cannot see through an autograd Function that
-        writes in place.
-        """
-        rope = rope_tables(encoding)
-        if not torch.jit.is_scripting():  # TorchScript compiles only what this branch leaves out
-            if rope is None and encoding is not None:
-                projected = encoding.project(self, x)
-                if projected is not None:
-                    return projected
-        if self.num_kv_heads != self.num_heads:
-            q, k, v = self._project_grouped(x, rope)
-        else:
-            q, k, v = self.project_tables(x, rope)
-        if not torch.jit.is_scripting():  # eager, compiled and exported; k and v repeated under GQA
-            if rope is None and encoding is not None:
-                q, k, v = encoding.transform(self, x, q, k, v)
-        return q, k, v
-
-    def project_tables(self, x: Tensor, rope: RopeTables | None, weight: Tensor | None = None,
-                       bias: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
-        """q, k and v ``[B, nh, N, D]`` of ``x`` with as many key / value heads as query heads, q and k rotated by
-        ``rope`` after the q/k norms; ``weight`` and ``bias`` (``[3 nh D, C]``, ``[3 nh D]``) in place of ``qkv``'s,
-        for an encoding that folds a basis into them (Cayley-STRING, ComRoPE's RoPE form)."""
-        if not torch.jit.is_scripting():  # TorchScript compiles only what this branch leaves out
-            if rope is not None and self.plain_qk and not capturing(x):
-                if weight is None:
-                    qkv = project_rotate_qk(self.qkv, x, self.num_heads, *rope)  # [B, N, 3, nh, D]
-                else:
-                    qkv = project_weights_rotate_qk(x, weight, bias, self.num_heads, *rope)
-                q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # [B, nh, N, D] each
-                return q, k, v
-        qkv = self.qkv(x) if weight is None else F.linear(x, weight, bias)
-        qkv = qkv.unflatten(-1, (3, self.num_heads, self.head_dim))  # [B, N, 3, nh, D]
-        q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # [B, nh, N, D] each
-        q, k = self.q_norm(q), self.k_norm(k)
-        if rope is not None:
-            q, k = self._rotate_normed(q, k, rope)
-        return q, k, v
-
-    def _rotate_normed(self, q: Tensor, k: Tensor, rope: RopeTables) -> tuple[Tensor, Tensor]:
-        """q and k rotated after the q/k norms (or on the reference path): in place in eager inference when the norms
-        made them (``rotate_heads_``: one product each), else out of place (``apply_rope``)."""
-        if not torch.jit.is_scripting():
-            if self._rotates_normed_in_place(q, k):
-                return rotate_heads_(q, k, rope[0], rope[1])
-        return apply_rope(q, rope[0], rope[1]), apply_rope(k, rope[0], rope[1])
-
-    @torch.jit.unused
-    def _rotates_normed_in_place(self, q: Tensor, k: Tensor) -> bool:
-        """Eager inference, and q and k are the outputs of two norms that nothing else sees (no forward hooks, no
-        ``Identity`` passing on a view of the projection): tensors of this call's own, which may be overwritten."""
-        own = all(not isinstance(norm, nn.Identity) and not norm._forward_hooks for norm in (self.q_norm, self.k_norm))
-        return (own and not torch.is_grad_enabled() and not capturing(q) and pairs_adjacent(q)
-                and pairs_adjacent(k))
-
-    def _biased(self, q: Tensor, k: Tensor, v: Tensor, bias: Tensor, scale: float, attn_mask: Tensor | None,
-                is_causal: bool = False) -> Tensor:
-        """Attention with ``scale * bias`` ``[1 or B, nh, N, N]`` added to the logits and ``attn_mask`` (a NaFlex
-        batch's key padding, boolean or additive; or ``is_causal``) applied with it, as one additive mask.
-
-        SDPA takes the mask (``[1, nh, N, N]`` for a plain grid: no copy per image); it is faster on CPU than the
-        explicit product + in-place bias + softmax below (docs/performance.md, "Attention with a bias"), which serves
-        ``fused_attn = False`` (attention maps, the reference).
-        """
-        drop = self.attn_drop.p if self.training else 0.0
-        N = q.shape[-2]
-        if self.fused_attn:
-            mask = (bias * scale).to(q.dtype)  # [1 or B, nh, N, N]
-            mask = maybe_add_mask(mask, resolve_self_attn_mask(N, mask, attn_mask, is_causal))  # timm's: FX-safe
-            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=drop, scale=self.scale)
-        attn = (q * self.scale) @ k.transpose(-2, -1)  # [B, nh, N, N]
-        attn = attn.add_(bias, alpha=scale)  # in place: the product's backward does not need it
-        attn = maybe_add_mask(attn, resolve_self_attn_mask(N, attn, attn_mask, is_causal))
-        return self.attn_drop(attn.softmax(dim=-1)) @ v
-
     @property
     def plain_qk(self) -> bool:
         """No q/k norm: RoPE can rotate q and k straight in the projection output."""
         return isinstance(self.q_norm, nn.Identity) and isinstance(self.k_norm, nn.Identity)
 
+    def project(self, x: Tensor, encoding: Any = None) -> tuple[Tensor, Tensor, Tensor]:
+        """Queries and keys (rotated, or as the ``BlockInput`` computes or transforms them) and values, each
+        ``[B, nh, N, D]`` (q and k wider with PaPE's channels); diagnostics reuse it for attention maps."""
+        encoding = block_input(encoding)
+        projected = encoding.project(self, x)
+        if projected is not None:
+            return projected
+        return encoding.transform(self, x, *self.project_tables(x, encoding.rope))
+
+    def project_tables(self, x: Tensor, rope: RopeTables | None, weight: Tensor | None = None,
+                       bias: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
+        """q, k and v ``[B, nh, N, D]`` of ``x`` with as many key / value heads as query heads (grouped ones
+        repeated), q and k rotated by ``rope`` after the q/k norms; ``weight`` and ``bias`` (``[3 nh D, C]``,
+        ``[3 nh D]``) in place of ``qkv``'s, for an encoding that folds a basis into them (Cayley-STRING, ComRoPE's
+        RoPE form)."""
+        nh, nkv, D = self.num_heads, self.num_kv_heads, self.head_dim
+        if rope is not None and self.plain_qk and nkv == nh:  # rotated in the projection's output
+            return rotated_projection(x, self.qkv, nh, rope, weight, bias)
+        qkv = self.qkv(x) if weight is None else F.linear(x, weight, bias)
+        q, k, v = qkv.split([nh * D, nkv * D, nkv * D], dim=-1)
+        q = self.q_norm(q.unflatten(-1, (nh, D)).transpose(1, 2))  # [B, nh, N, D]
+        k = self.k_norm(k.unflatten(-1, (nkv, D)).transpose(1, 2))  # [B, nkv, N, D]
+        v = v.unflatten(-1, (nkv, D)).transpose(1, 2)  # [B, nkv, N, D]
+        if rope is not None:  # in place only into the outputs of two norms that nothing else sees
+            own = all(not isinstance(norm, nn.Identity) and not norm._forward_hooks for norm in (self.q_norm,
+                                                                                                self.k_norm))
+            q, k = rotate_normed(q, k, rope, own)
+        if nkv != nh:
+            k, v = k.repeat_interleave(nh // nkv, dim=1), v.repeat_interleave(nh // nkv, dim=1)
+        return q, k, v
+
+    def sdpa(self, q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None = None, bias_scale: float = 1.0,
+             attn_mask: Tensor | None = None, is_causal: bool = False) -> Tensor:
+        """Attention of ``q``, ``k``, ``v`` ``[B, nh, N, D]``, with ``bias_scale * bias`` ``[1 or B, nh, N, N]`` added
+        to the logits and ``attn_mask`` (a NaFlex batch's key padding, boolean or additive; or ``is_causal``) applied
+        with it as one additive mask: SDPA takes it (``[1, nh, N, N]`` for a plain grid: no copy per image), faster on
+        CPU than the explicit product that ``fused_attn = False`` computes (attention maps, the reference)."""
+        drop = self.attn_drop.p if self.training else 0.0
+        N = q.shape[-2]
+        if bias is not None:
+            mask = (bias * bias_scale).to(q.dtype)  # [1 or B, nh, N, N]
+            attn_mask, is_causal = maybe_add_mask(mask, resolve_self_attn_mask(N, mask, attn_mask, is_causal)), False
+        if self.fused_attn:
+            return F.scaled_dot_product_attention(  # 1 / sqrt(D) also when q and k carry PaPE's channels
+                q, k, v, attn_mask=attn_mask, dropout_p=drop, is_causal=is_causal, scale=self.scale)
+        attn = (q * self.scale) @ k.transpose(-2, -1)  # [B, nh, N, N]
+        attn = maybe_add_mask(attn, resolve_self_attn_mask(N, attn, attn_mask, is_causal))
+        return self.attn_drop(attn.softmax(dim=-1)) @ v
+
     def forward(self, x: Tensor, encoding: Any = None, attn_mask: Tensor | None = None,
                 is_causal: bool = False) -> Tensor:
         """Attention of the tokens ``x`` ``[B, N, C]`` with what the model's encoding gives this block: RoPE tables,
-        a ``BlockInput`` or ``None`` (``project``)."""
+        a ``BlockInput`` or ``None``."""
         B, N, _ = x.shape
         gate = self.gate(x).sigmoid() if self.gate is not None else None
-        q, k, v = self.project(x, encoding)
-        attended: Tensor | None = None
-        bias: Tensor | None = None
-        bias_scale = 1.0
-        if not torch.jit.is_scripting():
-            if isinstance(encoding, BlockInput):
-                attended = encoding.attend(self, q, k, v, attn_mask, is_causal)
-                if attended is None:
-                    bias, bias_scale = encoding.bias, encoding.bias_scale
-        if attended is not None:
-            x = attended
-        elif bias is not None:
-            x = self._biased(q, k, v, bias, bias_scale, attn_mask, is_causal)
-        elif self.fused_attn:
-            x = F.scaled_dot_product_attention(
-                q, k, v, attn_mask=attn_mask, dropout_p=self.attn_drop.p if self.training else 0.0, is_causal=is_causal,
-                scale=self.scale,  # 1 / sqrt(D) also when q and k carry PaPE's channels
-            )
-        else:
-            attn = (q * self.scale) @ k.transpose(-2, -1)  # [B, nh, N, N]
-            attn = maybe_add_mask(attn, resolve_self_attn_mask(N, attn, attn_mask, is_causal))
-            x = self.attn_drop(attn.softmax(dim=-1)) @ v
-        if not torch.jit.is_scripting():
-            if isinstance(encoding, BlockInput):  # v may be padded to the width of the encoding's wider q and k
-                x = x[..., : self.head_dim]
-
-        x = self.norm(x.transpose(1, 2).reshape(B, N, self.attn_dim))  # [B, N, nh * D]
+        encoding = block_input(encoding)
+        q, k, v = self.project(x, encoding)  # [B, nh, N, D] each
+        out = encoding.attend(self, q, k, v, attn_mask, is_causal)
+        if out is None:
+            out = self.sdpa(q, k, v, encoding.bias, encoding.bias_scale, attn_mask, is_causal)
+        out = out[..., : self.head_dim]  # v may be padded to the width of the encoding's wider q and k
+        x = self.norm(out.transpose(1, 2).reshape(B, N, self.attn_dim))  # [B, N, nh * D]
         if gate is not None:
             x = x * gate
         return self.proj_drop(self.proj(x))

@@ -11,14 +11,13 @@ number and its rotation one complex product, ``(x0 + i x1) * (cos + i sin)``, ov
   is in place in training too, and its backward rotates the gradient in the pass that copies it back to the
   projection's layout (which a ViT without RoPE does as well). Rotating a Linear's output in place outside such a node
   would cost more: the output is a view, and autograd would clone the whole gradient around the in-place op.
-  ``rotate_qk`` on a given qkv tensor (which others may hold) writes a new one instead: q and k rotated, v copied, in
-  one pass. Either way autograd saves only what attention keeps anyway, so training memory is the same as without
-  RoPE; learnable (mixed) tables get their gradient from the rotated q and k, ``dt = conj(y) dy / conj(t)``, at
-  table size after the batch sum;
+  Autograd saves only what attention keeps anyway, so training memory is the same as without RoPE; learnable
+  (mixed) tables get their gradient from the rotated q and k, ``dt = conj(y) dy / conj(t)``, at table size after the
+  batch sum;
 - bf16/fp16 pairs are rotated in fp32 and rounded once; prefix tokens have identity rows in the tables, so nothing
   is sliced or concatenated;
 - on CUDA, Triton kernels (``vit_rope.layers.triton_rope``) do each pass in one launch; this PyTorch code is the
-fallback.
+  fallback; under a graph capture the reference rotation runs instead (``rotated_projection`` chooses).
 """
 
 from __future__ import annotations
@@ -31,6 +30,8 @@ from torch import Tensor, nn
 from torch.autograd.function import FunctionCtx, once_differentiable
 
 from vit_rope.layers import triton_rope
+from vit_rope.layers.rotary import apply_rope
+from vit_rope.layers.routes import capturing
 
 BACKENDS = ("auto", "torch", "triton")
 
@@ -110,23 +111,6 @@ def _rotate_in_place(qkv: Tensor, cos: Tensor, sin: Tensor, use_triton: bool) ->
         _rotate(qkv[:, :, :2], _table(cos, sin, qkv.dtype), qkv[:, :, :2])
 
 
-class _RotateQK(torch.autograd.Function):
-    """Autograd of the rotation of a given qkv tensor, out of place (it may be a view that others hold)."""
-
-    @staticmethod
-    def forward(ctx: FunctionCtx, qkv: Tensor, cos: Tensor, sin: Tensor, use_triton: bool) -> Tensor:
-        out = triton_rope.rotated(qkv, cos, sin) if use_triton else _rotated_qkv(qkv, _table(cos, sin, qkv.dtype))
-        ctx.use_triton = use_triton
-        ctx.save_for_backward(out if cos.requires_grad or sin.requires_grad else None, cos, sin)
-        return out
-
-    @staticmethod
-    @once_differentiable
-    def backward(ctx: FunctionCtx, grad: Tensor) -> tuple[Tensor, Tensor | None, Tensor | None, None]:
-        out, cos, sin = ctx.saved_tensors
-        return *_rotation_grads(grad, out, cos, sin, ctx.use_triton), None
-
-
 class _ProjectRotateQK(torch.autograd.Function):
     """The qkv projection and the rotation as one autograd node: ``rotate(x W^T + b)``.
 
@@ -171,7 +155,8 @@ def rotate_qk(qkv: Tensor, cos: Tensor, sin: Tensor, backend: str = "auto") -> T
 
     Args:
         qkv: ``[B, N, 3, nh, D]``, ``qkv(x).reshape(B, N, 3, nh, D)``. Changed in place when autograd does not
-            record (inference, ``no_grad``), so it must not be used afterwards.
+            record (inference, ``no_grad``), so it must not be used afterwards; with autograd, a new tensor from the
+            reference rotation (training rotates in place inside ``project_rotate_qk``'s node instead).
         cos: ``[H, N, D/2]`` or ``[B, H, N, D/2]`` from ``rope_tables`` (``H`` = 1 or nh; prefix rows included).
         sin: same shape as ``cos``.
         backend: ``"auto"`` takes the Triton kernels for CUDA tensors (fp32/bf16/fp16, Triton installed) and PyTorch
@@ -179,12 +164,13 @@ def rotate_qk(qkv: Tensor, cos: Tensor, sin: Tensor, backend: str = "auto") -> T
             tests).
 
     Returns:
-        ``[B, N, 3, nh, D]`` with q and k rotated: ``apply_rope`` on each (tests hold the values and every gradient
-        of both backends to it).
+        ``[B, N, 3, nh, D]`` with q and k rotated: ``apply_rope`` on each.
     """
     use_triton = _use_triton(qkv, cos, backend)
     if torch.is_grad_enabled() and (qkv.requires_grad or cos.requires_grad or sin.requires_grad):
-        return _RotateQK.apply(qkv, cos, sin, use_triton)
+        q, k, v = qkv.unbind(2)  # [B, N, nh, D] each
+        heads = (cos.transpose(-3, -2), sin.transpose(-3, -2))  # [(B,) N, H, D/2]: the tables against [B, N, nh, D]
+        return torch.stack((apply_rope(q, *heads), apply_rope(k, *heads), v), 2)
     _rotate_in_place(qkv, cos, sin, use_triton)
     return qkv
 
@@ -249,6 +235,34 @@ def project_weights_rotate_qk(x: Tensor, weight: Tensor, bias: Tensor | None, nu
     if torch.is_grad_enabled() and tracked:
         return _ProjectRotateQK.apply(x, weight, bias, cos, sin, num_heads, _use_triton(x, cos, backend))
     return rotate_qk(F.linear(x, weight, bias).unflatten(-1, (3, num_heads, -1)), cos, sin, backend)
+
+
+def rotated_projection(x: Tensor, linear: nn.Module, num_heads: int, tables: tuple[Tensor, Tensor],
+                       weight: Tensor | None = None, bias: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
+    """q and k rotated by ``tables`` (``(cos, sin)``), and v, each ``[B, nh, N, D]``, of the projection ``linear(x)``
+    (or of ``weight`` and ``bias`` in its place: a basis folded into them). The one place where the rotation's form is
+    chosen: under a graph capture (torch.compile, torch.export, FX) the reference ``apply_rope``, which compilers fuse
+    and which a trace can see through; otherwise the rotation in the projection's own output (``project_rotate_qk``:
+    in place, Triton on CUDA)."""
+    if capturing(x):
+        qkv = linear(x) if weight is None else F.linear(x, weight, bias)
+        q, k, v = qkv.unflatten(-1, (3, num_heads, -1)).permute(2, 0, 3, 1, 4).unbind(0)  # [B, nh, N, D] each
+        return apply_rope(q, tables[0], tables[1]), apply_rope(k, tables[0], tables[1]), v
+    if weight is None:
+        qkv = project_rotate_qk(linear, x, num_heads, tables[0], tables[1])
+    else:
+        qkv = project_weights_rotate_qk(x, weight, bias, num_heads, tables[0], tables[1])
+    q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # [B, N, 3, nh, D] -> [B, nh, N, D] each
+    return q, k, v
+
+
+def rotate_normed(q: Tensor, k: Tensor, tables: tuple[Tensor, Tensor], own: bool) -> tuple[Tensor, Tensor]:
+    """q and k ``[B, nh, N, D]`` after the q/k norms rotated by ``tables``: in place (``rotate_heads_``) in eager
+    inference when they are tensors of the caller's ``own`` that nothing else sees (the outputs of two norms without
+    hooks), else out of place (``apply_rope``)."""
+    if own and not torch.is_grad_enabled() and not capturing(q) and pairs_adjacent(q) and pairs_adjacent(k):
+        return rotate_heads_(q, k, tables[0], tables[1])
+    return apply_rope(q, tables[0], tables[1]), apply_rope(k, tables[0], tables[1])
 
 
 def _use_triton(x: Tensor, cos: Tensor, backend: str) -> bool:

@@ -4,39 +4,31 @@ Sapiens2 (Khirodkar et al. 2026, arXiv:2604.21681) normalises every block input 
 On CPU neither timm's ``rms_norm`` nor PyTorch's ``F.rms_norm`` (torch 2.14) is one kernel: squares, mean, rescale
 and weight are four or five passes over the activations, each bound by memory. Where autograd does not record,
 ``RmsNorm`` here takes three: one reduction (``torch.linalg.vector_norm``), one rescale into a new tensor and the weight
-multiplied in place. Training, scripting and graph capture keep timm's code, so gradients and saved activations are
-timm's.
+multiplied in place. Training and FX tracing (whose proxies have no dtype to test) keep timm's code, so gradients and
+saved activations are timm's.
 """
 
 from __future__ import annotations
 
 import torch
 from timm.layers import RmsNorm as TimmRmsNorm
-from timm.layers.fast_norm import fast_rms_norm, rms_norm
 from torch import Tensor
-
-from vit_rope.layers.capture import capturing
 
 
 class RmsNorm(TimmRmsNorm):
     """timm's ``RmsNorm`` (same arguments, parameter and state-dict key) with a three-pass inference path for fp32 and
-    fp64 inputs; equal to timm's to float rounding (``tests/layers/test_rms_norm.py``). TorchScript compiles timm's
-    path only (it cannot call ``super()``, hence timm's two functions by name)."""
+    fp64 inputs; equal to timm's to float rounding (``tests/layers/test_rms_norm.py``)."""
 
     def forward(self, x: Tensor) -> Tensor:
-        if not torch.jit.is_scripting():
-            if self.inference_path(x):
-                scale = torch.linalg.vector_norm(x, dim=-1, keepdim=True)  # [..., 1]: sqrt(sum x^2)
-                scale = scale.square_().div_(x.shape[-1]).add_(self.eps).rsqrt_()  # 1 / sqrt(mean x^2 + eps)
-                x = x * scale
-                return x if self.weight is None else x.mul_(self.weight)
-        if self._fast_norm:
-            return fast_rms_norm(x, self.normalized_shape, self.weight, self.eps)
-        return rms_norm(x, self.normalized_shape, self.weight, self.eps)
+        if self.inference_path(x):
+            scale = torch.linalg.vector_norm(x, dim=-1, keepdim=True)  # [..., 1]: sqrt(sum x^2)
+            scale = scale.square_().div_(x.shape[-1]).add_(self.eps).rsqrt_()  # 1 / sqrt(mean x^2 + eps)
+            x = x * scale
+            return x if self.weight is None else x.mul_(self.weight)
+        return super().forward(x)
 
-    @torch.jit.unused
     def inference_path(self, x: Tensor) -> bool:
-        """Whether ``x`` takes the three passes: no autograd, no graph capture, no fused kernel (timm's fast norm),
-        fp32/fp64, one normalised dim."""
-        return (not torch.is_grad_enabled() and not capturing(x) and not self._fast_norm
+        """Whether ``x`` takes the three passes: a tensor (an FX proxy is not), no autograd, no fused kernel (timm's
+        fast norm), fp32/fp64, one normalised dim."""
+        return (isinstance(x, Tensor) and not torch.is_grad_enabled() and not self._fast_norm
                 and len(self.normalized_shape) == 1 and x.dtype in (torch.float32, torch.float64))

@@ -14,7 +14,6 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import Tensor
-from torch.autograd.function import FunctionCtx, once_differentiable
 
 
 def grid_positions(
@@ -112,51 +111,6 @@ def grid_tables(xs: Tensor, ys: Tensor, freqs: Tensor, num_prefix_tokens: int = 
     sin = (sin_y * cos_x).addcmul_(cos_y, sin_x).flatten(0, 1)
     return (_prepend_rows(cos.transpose(0, 1), num_prefix_tokens, 1.0),
             _prepend_rows(sin.transpose(0, 1), num_prefix_tokens, 0.0))
-
-
-class _LearnedTables(torch.autograd.Function):
-    """``rope_tables(rope_angles(positions, freqs), ...)`` with a backward for the frequencies in three table passes.
-
-    Autograd through ``cos``, ``sin`` and ``addcmul`` recomputes both functions, multiplies, negates and adds, then
-    reduces ``positions * grad`` once per axis: about ten passes over ``[(B,) H, N, D/2]`` per block, which per-sample
-    tables (NaFlex batches, coordinate augmentation) pay at batch size. Here the angle's gradient is
-    ``cos * dsin - sin * dcos`` from the tables it returns, which the rotation saves anyway (autograd kept the angles
-    besides), and the frequencies' is one matrix product with the positions: ``dw[a] = sum over samples and tokens of
-    pos[a] * dangle``. First-order, like the fused rotation (``vit_rope.layers.fused``).
-    """
-
-    @staticmethod
-    def forward(ctx: FunctionCtx, positions: Tensor, freqs: Tensor, num_prefix_tokens: int,
-                temperature: float) -> tuple[Tensor, Tensor]:
-        cos, sin = rope_tables(rope_angles(positions, freqs), num_prefix_tokens, temperature)
-        ctx.save_for_backward(positions, cos, sin)
-        ctx.num_prefix_tokens, ctx.freqs_shape, ctx.freqs_dtype = num_prefix_tokens, freqs.shape, freqs.dtype
-        return cos, sin
-
-    @staticmethod
-    @once_differentiable
-    def backward(ctx: FunctionCtx, grad_cos: Tensor, grad_sin: Tensor) -> tuple[None, Tensor, None, None]:
-        positions, cos, sin = ctx.saved_tensors
-        patches = slice(ctx.num_prefix_tokens, None)  # prefix rows are constants
-        cos, sin, grad_cos, grad_sin = (t[..., patches, :].transpose(-3, -2) for t in (cos, sin, grad_cos, grad_sin))
-        grad_angle = torch.addcmul(cos * grad_sin, sin, grad_cos, value=-1)  # [(B,) N, H, D/2]: d(t cos) = -t sin
-        pos = positions.to(grad_angle.dtype).expand(*grad_angle.shape[:-2], 2)  # [(B,) N, 2]
-        if len(ctx.freqs_shape) == 3:  # shared frequencies: every sample and token in one product
-            grad = pos.reshape(-1, 2).t() @ grad_angle.reshape(pos.shape[:-1].numel(), -1)  # [2, H * D/2]
-        else:  # per-sample frequencies [B, 2, H, D/2]
-            grad = pos.transpose(-1, -2) @ grad_angle.flatten(-2)  # [B, 2, H * D/2]
-        grad = grad.unflatten(-1, grad_angle.shape[-2:]).sum_to_size(ctx.freqs_shape)
-        return None, grad.to(ctx.freqs_dtype), None, None
-
-
-def learned_tables(positions: Tensor, freqs: Tensor, num_prefix_tokens: int = 0,
-                   temperature: float = 1.0) -> tuple[Tensor, Tensor]:
-    """``rope_tables(rope_angles(positions, freqs), num_prefix_tokens, temperature)``, with a cheaper backward when
-    autograd records for the frequencies but not for the positions (learned mixed RoPE in training); otherwise the
-    plain functions. For eager tensors: ``RoPE2D`` takes the plain functions under graph captures."""
-    if torch.is_grad_enabled() and freqs.requires_grad and not positions.requires_grad:
-        return _LearnedTables.apply(positions, freqs, num_prefix_tokens, temperature)
-    return rope_tables(rope_angles(positions, freqs), num_prefix_tokens, temperature)
 
 
 def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:

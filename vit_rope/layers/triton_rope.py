@@ -147,17 +147,9 @@ def rotate_(qkv: Tensor, cos: Tensor, sin: Tensor) -> None:
     _launch(qkv, qkv, cos, sin, conj=False, copy_v=False)
 
 
-def rotated(qkv: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    """A new contiguous ``[B, N, 3, nh, D]``: q and k rotated, v copied (``rotate_qk`` recording autograd)."""
-    qkv = _last_dim_contiguous(qkv)
-    dst = torch.empty(qkv.shape, dtype=qkv.dtype, device=qkv.device)
-    _launch(qkv, dst, cos, sin, conj=False, copy_v=True)
-    return dst
-
-
 def rotated_backward(grad: Tensor, out: Tensor | None, cos: Tensor, sin: Tensor
                      ) -> tuple[Tensor, Tensor | None, Tensor | None]:
-    """Backward of either rotation (``rotated``, or ``rotate_`` inside the projection's autograd node): the gradient of
+    """Backward of the rotation (``rotate_`` inside the projection's autograd node): the gradient of
     qkv, and of cos and sin when ``out`` (the forward output) is given."""
     grad = _last_dim_contiguous(grad)
     grad_qkv = torch.empty(grad.shape, dtype=grad.dtype, device=grad.device)

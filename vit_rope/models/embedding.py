@@ -22,9 +22,9 @@ from torch import Tensor
 from vit_rope.checks import check_patch_multiple
 from vit_rope.encodings.base import Positions, image_coords
 from vit_rope.encodings.policies import augment_positions
-from vit_rope.layers.capture import capturing
 from vit_rope.layers.lattice import key_padding_mask, lattice, naflex_grid
-from vit_rope.models.naflex_batch import NaFlexBatch, check_attn_mask, embed_patches
+from vit_rope.layers.routes import capturing
+from vit_rope.models.naflex_batch import NaFlexBatch, check_attn_mask, check_coordinates, embed_patches
 
 # FX: these depend on the input's size, which symbolic tracing only knows as a proxy; the trace records them as calls.
 torch.fx.wrap("check_patch_multiple")
@@ -73,13 +73,15 @@ class EmbeddingMixin:
             return self.pos_drop(torch.cat(prefix + [tokens], dim=1) + rows)
         return self.pos_drop(torch.cat(prefix + [tokens + rows], dim=1))
 
-    @torch.jit.unused
     def _embed(self, x: Tensor | NaFlexBatch) -> Embedded:
         """Tokens, positions and masks of images ``[B, C, H, W]`` or a ``NaFlexBatch``, by one route."""
         P = self.num_prefix_tokens
         attn_mask = valid = grid = None
+        captured = capturing(x if isinstance(x, Tensor) else x.patches)  # the one question per forward
         if isinstance(x, NaFlexBatch):
             patches, coord, valid, attn_mask = x
+            if not captured:  # a graph capture takes the batch as it comes: checking reads values on the host
+                check_coordinates(coord, valid)
             tokens = embed_patches(self.patch_embed, patches)  # [B, N, C]
             grids = naflex_grid(coord, valid)  # [B, 2] (h, w), before any dropout
         else:
@@ -88,7 +90,7 @@ class EmbeddingMixin:
         B = tokens.shape[0]
         x = self._prefix_and_ape(tokens, coord, grids, grid)
         positions = self.pos_encoding.place(coord, grids)  # [N, 2] or [B, N, 2] (x, y)
-        on_lattice = valid is not None and self.pos_encoding.uses_lattice and not capturing(x)
+        on_lattice = valid is not None and self.pos_encoding.uses_lattice and not captured
         keep = None
         if isinstance(self.patch_drop, PatchDropoutWithIndices):
             x, keep = self.patch_drop(x)  # keep: [B, K] indices of the kept patches, or None
@@ -104,10 +106,9 @@ class EmbeddingMixin:
         if valid is not None:
             attn_mask = key_padding_mask(valid, P) if attn_mask is None else check_attn_mask(attn_mask, *x.shape[:2])
         lattice_ = lattice(coord, valid, grids, P) if on_lattice else None
-        positions = Positions(positions, grids, grid, valid, lattice_)
+        positions = Positions(positions, grids, grid, valid, lattice_, captured)
         return Embedded(self.norm_pre(x), positions, attn_mask, None if grid is not None else coord, valid)
 
-    @torch.jit.unused
     def _pool_valid(self, x: Tensor, valid: Tensor) -> Tensor:
         """The model's pooling over valid tokens only: timm's ``global_pool_naflex`` (avg, max, avgmax; the class
         token as is), or its attention pool with padding hidden from its keys."""

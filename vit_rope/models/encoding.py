@@ -8,7 +8,6 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-import torch
 from torch import nn
 
 from vit_rope.encodings import EncodingSpec, build
@@ -45,12 +44,6 @@ class PositionEncodingMixin:
     """The position-encoding half of ``RoPEVisionTransformer``: built by ``_init_encoding`` after timm's
     ``VisionTransformer.__init__`` (it needs the blocks and the patch grid)."""
 
-    __jit_unused_properties__ = ["resolution_policy"]
-    # constants, so that TorchScript compiles only the branch that applies: its isinstance on RoPE2D takes the type of
-    # the first RoPE2D it scripted in the process, so after a mixed model's (a parameter) an axial model's (a buffer)
-    # no longer counted as RoPE2D
-    __constants__ = ["rope_per_block", "rotary"]
-
     def _init_encoding(self, kind: str, num_heads: int, coord_aug: dict | CoordAugment | None,
                        policy: str | dict | ResolutionPolicy | None, rope_options: dict[str, Any],
                        ref_grid: tuple[int, int] | None = None, options: dict[str, Any] | None = None) -> None:
@@ -67,7 +60,6 @@ class PositionEncodingMixin:
                             rope_options, ref_grid, dict(options or {}))
         self.pos_encoding = build(spec)
         self.pos_encoding.attach_(self.blocks, self.embed_dim, num_heads)
-        self._script_constants()
         self.register_load_state_dict_pre_hook(_encoding_keys)
         # the +APE models' table is timm's pos_embed; what the embedding adds from it is an encoding too
         own = 0 if self.no_embed_class else self.num_prefix_tokens
@@ -90,16 +82,6 @@ class PositionEncodingMixin:
                              f"set_resolution_policy('yarn', yarn_beta=4.0); got the policy {policy!r}.")
         self.pos_encoding.policy = policy
 
-    def __prepare_scriptable__(self) -> PositionEncodingMixin:
-        """``torch.jit.script`` calls this first: models whose encoding does not script (``scriptable``: Python caches,
-        ``BlockInput``) say so rather than fail deep in the compiler."""
-        if not self.pos_encoding.scriptable:
-            raise RuntimeError(f"TorchScript does not support the {self.encoding_kind} models (the scripted forward "
-                               "builds RoPE tables only); export them with vit_rope.export (ONNX), fold what folds "
-                               "first (model.fold_encoding_(): STRING), or run them eagerly.")
-        return self
-
-    @torch.jit.ignore
     def encoding_no_weight_decay(self) -> set[str]:
         """The encoding's parameters to train without weight decay (RoPE-ViT's mixed frequencies) and those it
         attached to each block's attention (STRING's ``S``)."""
@@ -107,18 +89,10 @@ class PositionEncodingMixin:
         return nwd | {f"blocks.{i}.attn.{name}" for i in range(len(self.blocks))
                       for name in self.pos_encoding.block_no_weight_decay()}
 
-    @torch.jit.ignore
     def fold_encoding_(self) -> None:
         """Write what the encoding keeps in the blocks into their weights where that is the same function at a lower
         cost (STRING's basis into the qkv projection: the base kind after it; ONNX export calls it on a copy)."""
         self.pos_encoding.fold_(self.blocks)
-        self._script_constants()
-
-    def _script_constants(self) -> None:
-        """What TorchScript's forward builds: RoPE tables of every block (one RoPE2D per block, or one for all), or
-        nothing."""
-        self.rotary = self.pos_encoding.scriptable and self.pos_encoding.script_tables != "none"
-        self.rope_per_block = self.rotary and self.pos_encoding.script_tables == "per_block"
 
 
 def _encoding_keys(module: nn.Module, state_dict: dict[str, Any], prefix: str, *args: Any) -> None:

@@ -19,8 +19,6 @@ import torch.nn.functional as F
 from timm.layers import to_2tuple
 from torch import Tensor, nn
 
-from vit_rope.layers.capture import capturing
-
 NAFLEX_KEYS = ("patches", "patch_coord", "patch_valid")
 
 
@@ -56,7 +54,7 @@ def naflex_batch(x: Any, patch_coord: Tensor | None = None, patch_valid: Tensor 
     ``patch_valid`` given. ``patch_valid`` is required even without padding: a batch that lost it would otherwise
     attend to and pool its padding silently.
     """
-    if isinstance(x, torch.fx.Proxy):  # FX symbolic tracing (torchvision's feature extractor) traces images only
+    if not isinstance(x, (dict, Tensor)):  # an FX proxy: symbolic tracing (torchvision's extractor) traces images
         return None
     if isinstance(x, dict):
         missing = [key for key in NAFLEX_KEYS if key not in x]
@@ -89,10 +87,7 @@ def naflex_batch(x: Any, patch_coord: Tensor | None = None, patch_valid: Tensor 
     if patch_coord.is_floating_point() or patch_coord.is_complex():
         raise ValueError(f"NaFlex patch_coord must hold integer patch indices (y, x); got {patch_coord.dtype}. "
                          "Convert with .long() if the values are whole, or build the batch with timm's Patchify.")
-    batch = NaFlexBatch(patches, patch_coord.long(), patch_valid.bool(), attn_mask)
-    if not capturing(patches):  # graph captures take the batch as it comes: checking reads values on the host
-        check_coordinates(batch.coord, batch.valid)
-    return batch
+    return NaFlexBatch(patches, patch_coord.long(), patch_valid.bool(), attn_mask)
 
 
 def check_coordinates(coord: Tensor, valid: Tensor) -> None:

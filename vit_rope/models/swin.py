@@ -27,9 +27,9 @@ from torch import Tensor, nn
 
 from vit_rope.encodings.policies import ResolutionPolicy
 from vit_rope.encodings.rope.tables import RoPE2D
-from vit_rope.layers.capture import capturing
-from vit_rope.layers.fused import project_rotate_qk
-from vit_rope.layers.rotary import apply_rope, grid_positions
+from vit_rope.errors import NoTorchScript
+from vit_rope.layers.fused import rotated_projection
+from vit_rope.layers.rotary import grid_positions
 from vit_rope.weights import Converted, Description
 
 SWIN_KINDS = ("axial", "mixed")
@@ -74,24 +74,14 @@ class RoPEWindowAttention(WindowAttention):
         self.window_size = to_2tuple(window_size)
         self.window_area = self.window_size[0] * self.window_size[1]
 
-    def _project(self, x: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """q, k (rotated) and v ``[nW B, nh, N, D]``: in eager mode rotated in the projection's output, in place;
-        graph captures and TorchScript take the reference rotation."""
-        if not torch.jit.is_scripting():  # TorchScript compiles only what this branch leaves out
-            if not capturing(x):
-                q, k, v = project_rotate_qk(self.qkv, x, self.num_heads, cos, sin).permute(2, 0, 3, 1, 4).unbind(0)
-                return q, k, v
-        q, k, v = self.qkv(x).unflatten(-1, (3, self.num_heads, -1)).permute(2, 0, 3, 1, 4).unbind(0)
-        return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
-
     def forward(self, x: Tensor, mask: Tensor | None = None) -> Tensor:
         """Attention within windows ``x`` ``[nW B, N, C]``; ``mask`` ``[nW, N, N]`` (0 / -100) for shifted ones."""
         B_, N, C = x.shape
         win_h, win_w = self.window_size
         grid = torch.tensor([[win_h, win_w]], device=x.device)
         coord = grid_positions(win_h, win_w, x.device).flip(-1)  # [N, 2] (y, x) in the window
-        cos, sin = self.rope(self.rope.place(coord, grid), 0, grid)  # [H, N, D/2], positions as the policy places them
-        q, k, v = self._project(x, cos, sin)  # [nW B, nh, N, D] each
+        tables = self.rope(self.rope.place(coord, grid), 0, grid)  # [H, N, D/2], positions as the policy places them
+        q, k, v = rotated_projection(x, self.qkv, self.num_heads, tables)  # [nW B, nh, N, D] each
         attn_mask: Tensor | None = None
         if self.relative_position_bias_table is not None:
             attn_mask = self._get_rel_pos_bias()  # [1, nh, N, N]
@@ -111,7 +101,7 @@ class RoPEWindowAttention(WindowAttention):
         return self.proj_drop(self.proj(x.transpose(1, 2).reshape(B_, N, -1)))
 
 
-class RoPESwinTransformer(SwinTransformer):
+class RoPESwinTransformer(NoTorchScript, SwinTransformer):
     """timm's ``SwinTransformer`` with ``RoPEWindowAttention`` in every block.
 
     Args:
@@ -122,8 +112,6 @@ class RoPESwinTransformer(SwinTransformer):
             (``vit_rope.encodings.policies``); ``None``: ``extrapolate``.
         **kwargs: timm's ``SwinTransformer`` arguments.
     """
-
-    __jit_unused_properties__ = ["resolution_policy", "resolution_rope"]
 
     def __init__(self, rope_kind: str = "mixed", rope_theta: float | None = None, use_rpb: bool = False,
                  resolution_policy: str | dict | ResolutionPolicy | None = None, **kwargs: Any) -> None:
@@ -139,7 +127,6 @@ class RoPESwinTransformer(SwinTransformer):
         if kwargs.get("weight_init") != "skip":
             self.init_weights(needs_reset=False)  # timm's init of the new projections
 
-    @torch.jit.unused
     def _ropes(self) -> list[RoPE2D]:
         return [module for module in self.modules() if isinstance(module, RoPE2D)]
 
@@ -161,14 +148,12 @@ class RoPESwinTransformer(SwinTransformer):
     def forward_features(self, x: Tensor) -> Tensor:
         """timm's, for an image batch ``[B, C, H, W]``; a NaFlex batch (timm's dict of patches) is refused: windows
         need the whole grid of an image."""
-        if not torch.jit.is_scripting():
-            if isinstance(x, dict):
-                raise TypeError("RoPE-Swin takes image batches [B, C, H, W], not NaFlex batches (a dict of patches): "
-                                "its windows need each image's whole grid; resize the images to one size (any size "
-                                "with dynamic_img_size=True), or use a vit_rope_* ViT for NaFlex batches")
-        return self.norm(self.layers(self.patch_embed(x)))  # timm's body: TorchScript compiles no super() call
+        if isinstance(x, dict):
+            raise TypeError("RoPE-Swin takes image batches [B, C, H, W], not NaFlex batches (a dict of patches): "
+                            "its windows need each image's whole grid; resize the images to one size (any size "
+                            "with dynamic_img_size=True), or use a vit_rope_* ViT for NaFlex batches")
+        return super().forward_features(x)
 
-    @torch.jit.ignore
     def no_weight_decay(self) -> set[str]:
         """timm's (the relative position bias tables) and the learned frequencies (RoPE-ViT)."""
         return super().no_weight_decay() | {name for name, _ in self.named_parameters() if name.endswith("rope.freqs")}

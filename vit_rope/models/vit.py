@@ -17,20 +17,19 @@ Data flow of one forward (``vit_rope.models.embedding``; a NaFlex batch takes th
 Which encoding the blocks get (RoPE kinds, STRING, attention biases, none) is ``vit_rope.models.encoding``.
 """
 
-from __future__ import annotations
-
+# no ``from __future__ import annotations``: FX writes a traced model's forward signature from these annotations, which
+# must be types, not strings
 from typing import Any
 
-import torch
 from timm.layers import Mlp, PatchDropoutWithIndices, get_device_dtype
 from timm.models._manipulate import checkpoint
 from timm.models.vision_transformer import VisionTransformer
 from torch import Tensor, nn
 
 from vit_rope.encodings import check_kind
-from vit_rope.encodings.base import image_coords
 from vit_rope.encodings.policies import CoordAugment, ResolutionPolicy
 from vit_rope.encodings.rope.dinov3 import check_qk_layout
+from vit_rope.errors import NoTorchScript
 from vit_rope.layers.attention import RoPEAttention, RoPEBlock
 from vit_rope.layers.eva import eva_blocks_, resize_attn_pool
 from vit_rope.models.embedding import Embedded, EmbeddingMixin
@@ -53,7 +52,7 @@ def current_model_args(kwargs: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-class RoPEVisionTransformer(PositionEncodingMixin, EmbeddingMixin, FeatureMixin, VisionTransformer):
+class RoPEVisionTransformer(NoTorchScript, PositionEncodingMixin, EmbeddingMixin, FeatureMixin, VisionTransformer):
     """timm ``VisionTransformer`` whose attention layers use 2D RoPE.
 
     Any input whose sides are multiples of the patch size runs: the RoPE grid is rebuilt for it and a learned
@@ -169,12 +168,10 @@ class RoPEVisionTransformer(PositionEncodingMixin, EmbeddingMixin, FeatureMixin,
             self.head = Mlp(self.embed_dim, self.head_hidden_dim, num_classes, act_layer=nn.Tanh,
                             **get_device_dtype(self))
 
-    @torch.jit.ignore
     def no_weight_decay(self) -> set[str]:
         """timm's set plus the encoding's (``PositionEncodingMixin.encoding_no_weight_decay``)."""
         return super().no_weight_decay() | self.encoding_no_weight_decay()
 
-    @torch.jit.ignore
     def group_matcher(self, coarse: bool = False) -> dict[str, Any]:
         """timm's groups, with each layer's mixed frequencies grouped with its block (for layer-wise lr decay)."""
         matcher = super().group_matcher(coarse)
@@ -207,65 +204,29 @@ class RoPEVisionTransformer(PositionEncodingMixin, EmbeddingMixin, FeatureMixin,
         """Logits ``[B, num_classes]`` of images ``[B, C, H, W]``, or of a NaFlex batch
         (``vit_rope.models.naflex_batch``): timm's collated dict, or ``patches`` ``[B, N, P*P*C]`` with ``patch_coord``
         and ``patch_valid``."""
-        if not torch.jit.is_scripting():
-            batch = naflex_batch(x, patch_coord, patch_valid, attn_mask)
-            if batch is not None:
-                tokens, _, embedded = self._forward_blocks(batch, self.blocks, is_causal=is_causal)
-                return self._naflex_head(self.norm(tokens), False, embedded.valid)
+        batch = naflex_batch(x, patch_coord, patch_valid, attn_mask)
+        if batch is not None:
+            tokens, _, embedded = self._forward_blocks(batch, self.blocks, is_causal=is_causal)
+            return self._naflex_head(self.norm(tokens), False, embedded.valid)
         return self.forward_head(self.forward_features(x, attn_mask=attn_mask, is_causal=is_causal))
 
     def forward_features(self, x: Tensor, attn_mask: Tensor | None = None, is_causal: bool = False,
                          patch_coord: Tensor | None = None, patch_valid: Tensor | None = None) -> Tensor:
         """Tokens ``[B, P + N, C]`` after the blocks and the final norm; for a NaFlex batch (as ``forward`` takes
         it) its padded tokens, which ``forward_head(x, patch_valid=...)`` pools over the valid ones only."""
-        if torch.jit.is_scripting():
-            x = self._scripted_blocks(x, attn_mask, is_causal)
-        else:
-            batch = naflex_batch(x, patch_coord, patch_valid, attn_mask)
-            x, _, _ = self._forward_blocks(x if batch is None else batch, self.blocks, attn_mask=attn_mask,
-                                           is_causal=is_causal)  # a NaFlex batch's padding mask replaces attn_mask
+        batch = naflex_batch(x, patch_coord, patch_valid, attn_mask)
+        x, _, _ = self._forward_blocks(x if batch is None else batch, self.blocks, attn_mask=attn_mask,
+                                       is_causal=is_causal)  # a NaFlex batch's padding mask replaces attn_mask
         return self.norm(x)
 
     def forward_head(self, x: Tensor, pre_logits: bool = False, patch_valid: Tensor | None = None) -> Tensor:
         """timm's head (pool, fc_norm, dropout, classifier); with ``patch_valid`` ``[B, N]`` (a NaFlex batch) the
         pooling reads valid tokens only."""
-        if not torch.jit.is_scripting():
-            if patch_valid is not None:
-                return self._naflex_head(x, pre_logits, patch_valid)
+        if patch_valid is not None:
+            return self._naflex_head(x, pre_logits, patch_valid)
         x = self.head_drop(self.fc_norm(self.pool(x)))
         return x if pre_logits else self.head(x)
 
-    @torch.jit.unused
     def _naflex_head(self, x: Tensor, pre_logits: bool, valid: Tensor) -> Tensor:
         x = self.head_drop(self.fc_norm(self._pool_valid(x, valid.bool())))
         return x if pre_logits else self.head(x)
-
-    def _scripted_blocks(self, x: Tensor, attn_mask: Tensor | None, is_causal: bool) -> Tensor:
-        """``_forward_blocks`` as TorchScript compiles it, for images and RoPE models: no NamedTuples, no generator,
-        modules reached by iteration only. The same tokens, tables and blocks (the tests hold the scripted model to
-        the eager one)."""
-        tokens, grid = self._patch_tokens(x)
-        coord, grids = image_coords(grid[0], grid[1], tokens.device)
-        x = self.norm_pre(self._prefix_and_ape(tokens, coord, grids, grid))
-        if not self.rotary:
-            for blk in self.blocks:
-                x = blk(x, None, attn_mask, is_causal)
-        elif self.rope_per_block:  # mixed: each block's own frequencies
-            positions = self.pos_encoding[0].place(coord, grids)
-            for blk, block_rope in zip(self.blocks, self.pos_encoding):  # noqa: B905  (TorchScript has no strict=)
-                x = blk(x, block_rope(positions, self.num_prefix_tokens, grids), attn_mask, is_causal)
-        else:  # fixed frequencies: one table for every block
-            rope = self.pos_encoding[0]
-            tables = rope(rope.place(coord, grids), self.num_prefix_tokens, grids)
-            for blk in self.blocks:
-                x = blk(x, tables, attn_mask, is_causal)
-        return x
-
-
-# FX writes a traced model's forward signature from the annotations of ``forward``, which ``from __future__ import
-# annotations`` leaves as strings that the traced code (and TorchScript after it) cannot resolve: the real types, as
-# timm's own forward has them.
-RoPEVisionTransformer.forward.__annotations__.update(
-    x=Tensor, attn_mask=Tensor | None, is_causal=bool, patch_coord=Tensor | None, patch_valid=Tensor | None,
-    **{"return": Tensor},
-)

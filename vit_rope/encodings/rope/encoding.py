@@ -8,7 +8,7 @@ batch: shared by every image of an image batch (``[H, P + N, D/2]``), or per sam
 coordinates).
 
 The module is a ``ModuleList`` of its ``RoPE2D`` modules, so that a mixed model's state dict keeps RoPE-ViT's layout
-(``pos_encoding.<block>.freqs``; RoPE-ViT's ``rope.<block>.freqs``) and TorchScript iterates it as a list. Under
+(``pos_encoding.<block>.freqs``; RoPE-ViT's ``rope.<block>.freqs``). Under
 Cayley-STRING (Schenck et al. ICML 2025, ``vit_rope.encodings.rope.string``) each block's attention also holds a
 learned basis that turns q and k before the tables rotate them.
 """
@@ -24,7 +24,6 @@ from vit_rope.encodings.base import BlockInputs, EncodingSpec, PositionEncoding,
 from vit_rope.encodings.policies import ResolutionPolicy
 from vit_rope.encodings.rope.string import CayleyString, StringTables
 from vit_rope.encodings.rope.tables import KINDS, RoPE2D
-from vit_rope.layers.capture import capturing
 
 
 class RotaryEncoding(PositionEncoding, nn.ModuleList):
@@ -41,15 +40,6 @@ class RotaryEncoding(PositionEncoding, nn.ModuleList):
         super().__init__(RoPE2D(**rope_args) for _ in range(depth if per_block else 1))
         self.depth, self.per_block, self.string = depth, per_block, string
         self.kind, self.train_grid = self[0].kind, self[0].train_grid
-
-    @property
-    def scriptable(self) -> bool:
-        """TorchScript compiles the tables, not STRING's basis (a ``BlockInput``): ``fold_`` it first."""
-        return not self.string
-
-    @property
-    def script_tables(self) -> str:
-        return "per_block" if self.per_block else "shared"
 
     @property
     def policy(self) -> ResolutionPolicy:
@@ -92,12 +82,12 @@ class RotaryEncoding(PositionEncoding, nn.ModuleList):
 
         def block(i: int, shared: Any = None) -> Any:
             block_tables = tables(self[i]) if shared is None else shared
-            return StringTables(block_tables) if self.string else block_tables
+            return StringTables(block_tables, cache=not positions.captured) if self.string else block_tables
 
         if not self.per_block:
             shared = tables(self[0])
             return [block(0, shared) for _ in range(self.depth)]
-        if capturing(positions.coords):  # a graph records every block's tables up front
+        if positions.captured:  # a graph records every block's tables up front
             return [block(i) for i in range(self.depth)]
         return BlockInputs(block, self.depth)  # each block's tables as the block runs
 

@@ -28,7 +28,6 @@ import torch
 from torch import Tensor, nn
 
 from vit_rope.layers.attention import BlockInput, RoPEAttention
-from vit_rope.layers.capture import capturing
 from vit_rope.layers.fused import fold_qk
 
 
@@ -62,13 +61,13 @@ class CayleyString(nn.Module):
         """``P`` ``[nh, D, D]``, orthogonal."""
         return cayley(self.skew)
 
-    def forward(self, weight: Tensor, bias: Tensor | None) -> tuple[Tensor, Tensor | None]:
-        if not torch.jit.is_scripting():
-            if not capturing(weight) and not torch.is_grad_enabled():
-                return self._cached(weight, bias)
+    def forward(self, weight: Tensor, bias: Tensor | None, cache: bool = False) -> tuple[Tensor, Tensor | None]:
+        """The projection folded with ``P``; with ``cache`` (eager, never under a graph capture) and no autograd, the
+        fold of the last call when neither the weights nor ``S`` changed."""
+        if cache and not torch.is_grad_enabled():
+            return self._cached(weight, bias)
         return fold_qk(self.basis(), weight, bias)
 
-    @torch.jit.unused
     def _cached(self, weight: Tensor, bias: Tensor | None) -> tuple[Tensor, Tensor | None]:
         tensors = (weight, self.skew) if bias is None else (weight, self.skew, bias)
         key = tuple(x for t in tensors for x in (t._version, t.data_ptr()))
@@ -100,9 +99,9 @@ class StringTables(BlockInput):
     """One block's RoPE tables ``(cos, sin)`` under Cayley-STRING: the projection is the block's qkv with its basis
     ``attn.string`` folded into the q and k rows (``CayleyString``), then q and k are rotated as RoPE rotates them."""
 
-    def __init__(self, tables: tuple[Tensor, Tensor]) -> None:
-        self.tables = tables
+    def __init__(self, tables: tuple[Tensor, Tensor], cache: bool) -> None:
+        self.tables, self.cache = tables, cache
 
     def project(self, attn: RoPEAttention, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        weight, bias = attn.string(attn.qkv.weight, attn.qkv.bias)
+        weight, bias = attn.string(attn.qkv.weight, attn.qkv.bias, self.cache)
         return attn.project_tables(x, self.tables, weight, bias)

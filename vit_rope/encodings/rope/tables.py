@@ -31,7 +31,6 @@ from vit_rope.encodings.base import image_coords
 from vit_rope.encodings.policies import (
     POLICIES,
     ResolutionPolicy,
-    ScriptPolicy,
     check_policy,
     place_positions,
     policy_frequencies,
@@ -46,9 +45,8 @@ from vit_rope.encodings.rope.frequencies import (
     mixed_frequencies,
     rotated_pairs,
 )
-from vit_rope.layers.capture import capturing
 from vit_rope.layers.lattice import Lattice, gather_rows
-from vit_rope.layers.rotary import grid_tables, learned_tables, rope_angles, rope_tables
+from vit_rope.layers.rotary import grid_tables, rope_angles, rope_tables
 
 KINDS = ("axial", "mixed", "golden", "dinov3")
 DEFAULT_THETA = {"axial": 100.0, "mixed": 10.0, "golden": 100.0, "dinov3": 100.0}
@@ -72,23 +70,16 @@ def check_theta(theta: float) -> float:
 
 
 def policy_tables(positions: Tensor, freqs: Tensor, grids: Tensor | None, num_prefix_tokens: int,
-                  train_grid: tuple[int, int] | None, policy: ScriptPolicy, theta: float, head_dim: int
+                  train_grid: tuple[int, int] | None, policy: ResolutionPolicy, theta: float, head_dim: int
                   ) -> tuple[Tensor, Tensor]:
     """``RoPE2D``'s tables: the frequencies ``[2, H, D/2]`` as ``policy`` scales them on the grids ``grids``, then
     ``(cos, sin)`` of ``positions`` with ``num_prefix_tokens`` identity rows in front and the policy's attention
-    temperature. One function for an image batch's grid and a NaFlex batch's grids.
-
-    Eager: ``learned_tables`` (a cheaper backward for learned frequencies). Graph captures: the plain functions,
-    which compilers fuse; FX records this function as one call (wrapped below), since it branches on shapes."""
+    temperature. One function for an image batch's grid and a NaFlex batch's grids; FX records it as one call (wrapped
+    below), since it branches on shapes."""
     freqs, temperature = policy_frequencies(freqs, grids, train_grid, policy, theta, head_dim)
     if freqs.dim() == 4 and freqs.shape[0] == 1:  # one grid for the batch: the shared frequencies' cheaper paths
         freqs = freqs[0]
-    if torch.jit.is_scripting():
-        cos, sin = rope_tables(rope_angles(positions, freqs), num_prefix_tokens)
-    elif capturing(freqs):
-        cos, sin = rope_tables(rope_angles(positions, freqs), num_prefix_tokens)
-    else:
-        cos, sin = learned_tables(positions, freqs, num_prefix_tokens)
+    cos, sin = rope_tables(rope_angles(positions, freqs), num_prefix_tokens)
     if temperature is not None:  # prefix rows too: every logit scales by temperature ** 2
         if cos.dim() == 3:
             temperature = temperature[0]
@@ -109,9 +100,7 @@ class RoPE2D(nn.Module):
 
     Axial, golden and DINOv3 frequencies are a fixed, non-persistent buffer (nothing to save, rebuilt on load); mixed
     frequencies are a learnable ``[2, num_heads, head_dim // 2]`` parameter that should get no weight decay (RoPE-ViT).
-    A model with mixed RoPE holds one ``RoPE2D`` per block, as the paper learns frequencies per layer. The forward
-    compiles with TorchScript: the policy is kept as the NamedTuple it compiles (``resolution``, a
-    ``ScriptPolicy``), and ``policy`` turns it back into a ``ResolutionPolicy``.
+    A model with mixed RoPE holds one ``RoPE2D`` per block, as the paper learns frequencies per layer.
 
     Args:
         head_dim: channels per head, divisible by 4.
@@ -135,8 +124,6 @@ class RoPE2D(nn.Module):
 
     The model's RoPE arguments are these names with ``rope_`` in front (``rope_theta``, ``rope_grid_offset``, ...).
     """
-
-    __jit_unused_properties__ = ["policy", "policies", "learnable"]
 
     def __init__(
         self,
@@ -193,13 +180,13 @@ class RoPE2D(nn.Module):
 
     @property
     def policy(self) -> ResolutionPolicy:
-        return ResolutionPolicy(*self.resolution)
+        return self.resolution
 
     @policy.setter
     def policy(self, policy: str | dict | ResolutionPolicy | None) -> None:
         policy = ResolutionPolicy.create(DEFAULT_POLICY[self.kind] if policy is None else policy)  # None: the kind's
         self.check_policy(policy.name)
-        self.resolution = policy.values()
+        self.resolution = policy
 
     @property
     def policies(self) -> tuple[str, ...]:
@@ -246,7 +233,6 @@ class RoPE2D(nn.Module):
         return policy_tables(positions, self.pair_frequencies(), grids, num_prefix_tokens, self.train_grid,
                              self.resolution, self.theta, self.head_dim)
 
-    @torch.jit.unused
     def lattice_tables(self, lattice: Lattice) -> tuple[Tensor, Tensor]:
         """Tables ``[B, H, P + N, D/2]`` of a NaFlex batch whose positions are its patch coordinates, under a policy
         that keeps the frequencies and the integer positions (``extrapolate``, kinds other than DINOv3's): a
@@ -255,8 +241,8 @@ class RoPE2D(nn.Module):
         height, width = lattice.grid
         cells = self.place(*image_coords(height, width, self.rotated.device))  # [h * w, 2] (x, y), row-major
         freqs = self.pair_frequencies()
-        if torch.is_grad_enabled() and freqs.requires_grad:  # learned_tables: a backward cheaper than the axes'
-            cos, sin = learned_tables(cells, freqs, 1)
+        if torch.is_grad_enabled() and freqs.requires_grad:  # the direct tables: a backward cheaper than the axes'
+            cos, sin = rope_tables(rope_angles(cells, freqs), 1)
         else:  # the first row's x and the first column's y
             cos, sin = grid_tables(cells[:width, 0], cells[::width, 1], freqs, 1)  # [H, 1 + h * w, D/2]
         return gather_rows(cos, lattice.rows), gather_rows(sin, lattice.rows)
@@ -284,7 +270,3 @@ class RoPE2D(nn.Module):
             + (f", normalize_coords={self.normalize_coords}, periods={self.periods}" if self.kind == "dinov3" else "")
         )
 
-
-# TorchScript takes a NamedTuple attribute for a plain tuple unless the class annotates it, and a class body's
-# annotation would be a string under ``from __future__ import annotations``: the type itself, so that it compiles
-RoPE2D.__annotations__["resolution"] = ScriptPolicy
