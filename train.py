@@ -35,9 +35,9 @@ from vit_rope.data import folders, splits
 from vit_rope.errors import UserError
 from vit_rope.train import distributed, engine, loaders
 from vit_rope.train import state as train_state
-from vit_rope.train.checks import check_ranks_agree, scheduler_args
-from vit_rope.train.cli import parse_args
+from vit_rope.train.command_line import parse_args
 from vit_rope.train.config import Config, save_config
+from vit_rope.train.config_checks import check_ranks_agree, scheduler_args
 from vit_rope.train.model import build_model, naflex_patch
 from vit_rope.train.resume import reconcile, restore
 

@@ -49,7 +49,7 @@ from vit_rope.data import folders, splits  # noqa: E402
 from vit_rope.eval.report import table  # noqa: E402
 from vit_rope.models.factory import create_model  # noqa: E402  (after the path set-up, as the script runs from anywhere)
 from vit_rope.train import distributed, engine, loaders  # noqa: E402
-from vit_rope.train.cli import build_config  # noqa: E402
+from vit_rope.train.command_line import build_config  # noqa: E402
 
 
 def stream(loader: loaders.Loader) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:

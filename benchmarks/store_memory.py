@@ -52,7 +52,7 @@ def one_process(config: str, overrides: list[str], rank: int, world_size: int, q
     import vit_rope  # noqa: F401  (registers the models)
     from vit_rope.data import folders
     from vit_rope.train import loaders
-    from vit_rope.train.cli import build_config
+    from vit_rope.train.command_line import build_config
 
     torch.set_num_threads(1)
     baseline = memory_mib()

@@ -97,3 +97,24 @@ def test_declared_dependencies_are_the_imported_modules() -> None:
     imported = {DISTRIBUTIONS.get(name, name).lower() for name in third_party} - WITH_TORCH
     assert imported - declared - extras == set(), "imported, not declared"
     assert declared - imported == set(), "declared, never imported"
+
+
+def test_module_names_explain_themselves() -> None:
+    """No module is named like a standard-library one (``import string`` would find either), and no two modules of
+    the package share a file name, so that a name in a traceback or an import says which one it is."""
+    stems = [path.stem for path in MODULES.values() if path.stem != "__init__"]
+    assert not set(stems) & sys.stdlib_module_names, set(stems) & sys.stdlib_module_names
+    assert len(stems) == len(set(stems)), sorted({stem for stem in stems if stems.count(stem) > 1})
+
+
+# how a module asks whether a forward runs under a graph capture (torch.compile / export, tracing, FX proxies)
+MODE_CHECKS = ("capturing(", "is_compiling(", "is_exporting(", "is_tracing(", "is_scripting(", "fx.Proxy")
+
+
+def test_the_forward_mode_is_asked_in_few_places() -> None:
+    """Which implementation runs under a graph capture is decided in one place per concern (the rotation's form in
+    ``layers/fused.py``, the embedding's checks, caches and ``Positions.captured`` in ``models/embedding.py``), not in
+    every path: besides ``layers/routes.py``, which defines the check, at most two modules ask."""
+    asking = sorted(name for name, path in MODULES.items() if name != "vit_rope.layers.routes"
+                    and any(check in path.read_text() for check in MODE_CHECKS))
+    assert len(asking) <= 2, asking

@@ -1,5 +1,5 @@
 """Checks of user input that every layer needs: a model name timm knows, an output folder, a device PyTorch has, and
-image sizes that tile into whole patches. The checks of a training config are in ``vit_rope.train.checks``.
+image sizes that tile into whole patches. The checks of a training config are in ``vit_rope.train.config_checks``.
 
 Each failure is a ``UserError`` (or, inside a model's forward, a ``ValueError``) naming the value and the fix.
 """

@@ -1,12 +1,12 @@
 """``python -m vit_rope.evaluate`` and ``vit-rope-evaluate``: accuracy against input resolution under every RoPE
 resolution policy.
 
-The command lives in ``vit_rope.eval.cli``; this module keeps the name users type.
+The command lives in ``vit_rope.eval.command``; this module keeps the name users type.
 """
 
 import sys
 
-from vit_rope.eval.cli import main
+from vit_rope.eval.command import main
 
 __all__ = ["main"]
 

@@ -16,7 +16,7 @@ from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD, create_transf
 
 from vit_rope.data import auto_augment as aa
 from vit_rope.errors import UserError
-from vit_rope.train.cli import build_config
+from vit_rope.train.command_line import build_config
 from vit_rope.train.config import Config
 from vit_rope.train.loaders import build_transforms
 

@@ -13,7 +13,7 @@ from vit_rope.data import decoded, folders
 from vit_rope.data.pipeline import BatchLoader
 from vit_rope.errors import UserError
 from vit_rope.train import loaders
-from vit_rope.train.cli import build_config
+from vit_rope.train.command_line import build_config
 
 DATA_CONFIG = resolve_data_config({"input_size": (3, 32, 32), "crop_pct": 0.875, "interpolation": "bilinear"})
 

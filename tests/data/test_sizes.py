@@ -16,7 +16,7 @@ from vit_rope.data.pipeline import BatchLoader, TensorStore
 from vit_rope.data.sizes import SizeSchedule, budget_batch, budget_images, step_size
 from vit_rope.errors import UserError
 from vit_rope.train import loaders
-from vit_rope.train.cli import build_config
+from vit_rope.train.command_line import build_config
 
 SIZES = (48, 64, 80, 96)
 CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs"

@@ -1,4 +1,4 @@
-"""DINOv3's RoPE (vit_rope.encodings.rope.dinov3, RoPE2D kind "dinov3") held to timm's RotaryEmbeddingDinoV3 by
+"""DINOv3's RoPE (vit_rope.encodings.rope.dinov3_rope, RoPE2D kind "dinov3") held to timm's RotaryEmbeddingDinoV3 by
 value."""
 
 import itertools
@@ -10,7 +10,7 @@ from timm.layers.pos_embed_sincos import RotaryEmbeddingDinoV3, _apply_coord_aug
 
 from vit_rope.encodings.base import image_coords
 from vit_rope.encodings.policies import CoordAugment, augment_positions
-from vit_rope.encodings.rope.dinov3 import interleave_permutation
+from vit_rope.encodings.rope.dinov3_rope import interleave_permutation
 from vit_rope.encodings.rope.tables import RoPE2D
 from vit_rope.layers.rotary import apply_rope, rope_angles
 

@@ -243,7 +243,7 @@ def test_grid_tables_from_one_table_per_axis_equal_the_direct_tables(dtype, tol)
 
 
 def test_mixed_tables_are_built_as_each_block_runs() -> None:
-    """Per-block tables come from ``BlockInputs``: block ``i`` runs after exactly ``i + 1`` tables were built, so a
+    """Per-block tables come from ``LazyBlockInputs``: block ``i`` runs after exactly ``i + 1`` tables were built, so a
     forward never holds every block's ``[H, N, D/2]`` tables at once (at 2048 px they are 0.8 GB for ViT-S)."""
     import timm
 

@@ -12,7 +12,7 @@ from PIL import Image
 import vit_rope  # noqa: F401  (registers the models)
 from helpers.evaluation import ROPE, write_checkpoint
 from helpers.naflex import pack
-from vit_rope.eval.diagnose import attention_entropy, budget_coverage, frequency_coverage, main
+from vit_rope.eval.diagnostics import attention_entropy, budget_coverage, frequency_coverage, main
 
 
 def test_frequency_coverage_counts_channels_with_unseen_phases():

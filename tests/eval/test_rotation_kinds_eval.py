@@ -12,7 +12,7 @@ import torch
 
 from vit_rope.errors import UserError
 from vit_rope.eval.ablation import without_positions
-from vit_rope.eval.diagnose import attention_entropy, main
+from vit_rope.eval.diagnostics import attention_entropy, main
 from vit_rope.eval.harness import check_sizes
 from vit_rope.eval.loading import EvalModel
 

@@ -9,7 +9,7 @@ import timm
 import torch
 
 import vit_rope  # noqa: F401  (registers the vit_rope_* models)
-from vit_rope.eval import cli
+from vit_rope.eval import command
 from vit_rope.train.state import save_checkpoint
 
 ROPE = "vit_rope_tiny_patch16_mixed_224"
@@ -34,4 +34,4 @@ def write_checkpoint(path: Path, ema_bias: float | None = None, drop: tuple[str,
 
 
 def run(*args: str) -> int:
-    return cli.main([*args, "--device", "cpu", "--workers", "0", "--batch-size", "8"])
+    return command.main([*args, "--device", "cpu", "--workers", "0", "--batch-size", "8"])

@@ -16,7 +16,7 @@ from timm.data import resolve_data_config
 import vit_rope  # noqa: F401  (registers the vit_rope_* models)
 from vit_rope.data import folders
 from vit_rope.train import engine, loaders
-from vit_rope.train.cli import build_config
+from vit_rope.train.command_line import build_config
 
 REPO = Path(__file__).resolve().parents[2]  # train.py is imported from there (pyproject's pythonpath)
 

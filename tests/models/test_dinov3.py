@@ -12,7 +12,7 @@ from safetensors.torch import save_file
 import vit_rope
 from helpers.checkpoints import meta_keys
 from helpers.models import assert_same_outputs, timm_eva
-from vit_rope.eval import cli, diagnose
+from vit_rope.eval import command, diagnose
 from vit_rope.models.checkpoint import convert_state_dict
 from vit_rope.models.load_report import WeightsNotLoadedWarning
 from vit_rope.models.registry import dinov3_name
@@ -92,12 +92,12 @@ def test_evaluate_and_diagnose_a_dinov3_model_from_timms_weights(image_root, tmp
     torch.save(theirs.state_dict(), tmp_path / "eva.pth")
     model = ["--model", "vit_rope_small_patch16_dinov3_qkvb", "--pretrained-file", str(tmp_path / "eva.pth"),
              "--model-kwargs", "depth=1", "num_classes=3", "embed_dim=192", "num_heads=3"]
-    assert cli.main([*model, "--data-dir", str(image_root), "--img-sizes", "32", "48", "--policy", "normalized",
+    assert command.main([*model, "--data-dir", str(image_root), "--img-sizes", "32", "48", "--policy", "normalized",
                           "extrapolate", "--output", str(tmp_path / "eval"), "--device", "cpu", "--workers", "0"]) == 0
     rows = json.loads((tmp_path / "eval" / "results.json").read_text())["results"]
     assert {(row["policy"], row["img_size"]) for row in rows} == {(p, s) for p in ("normalized", "extrapolate")
                                                                    for s in (32, 48)}
-    assert cli.main([*model, "--data-dir", str(image_root), "--img-sizes", "32", "--policy", "yarn", "--output",
+    assert command.main([*model, "--data-dir", str(image_root), "--img-sizes", "32", "--policy", "yarn", "--output",
                           str(tmp_path / "eval2"), "--device", "cpu", "--workers", "0"]) == 2
     assert "does not apply to DINOv3" in capsys.readouterr().err
     assert diagnose.main([*model, "--data-dir", str(image_root), "--sizes", "32", "64", "--num-images", "2",

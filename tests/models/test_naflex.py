@@ -14,7 +14,7 @@ from helpers.naflex import GRIDS, LENGTH, PATCH, images, pack
 from vit_rope.encodings.ape import fit_pos_embed
 from vit_rope.encodings.base import Positions
 from vit_rope.encodings.policies import ResolutionPolicy, place_positions, policy_frequencies
-from vit_rope.encodings.rope.encoding import RotaryEncoding
+from vit_rope.encodings.rope.rotary_encoding import RotaryEncoding
 from vit_rope.layers.lattice import gather_rows as naflex_gather
 from vit_rope.layers.lattice import lattice, naflex_grid, pos_embed_at
 

@@ -1,8 +1,8 @@
-"""PaPE and PaPE-RI (vit_rope.encodings.pape.encoding) and PaPE's official folders (vit_rope.encodings.pape.weights):
-logits equal the official code's on the same weights at its training grid and a larger one (reference written by
-tests/fixtures/pape/make_reference.py from DTU-PAS/parabolic-position-encoding at 21cb390), patch logits that see
-offsets only, NaFlex samples equal to their image alone, features, position reliance, diagnostics, ONNX export at other
-sizes, and errors that say what fits."""
+"""PaPE and PaPE-RI (vit_rope.encodings.pape.parabolas) and PaPE's official folders
+(vit_rope.encodings.pape.pape_weights): logits equal the official code's on the same weights at its training grid and
+a larger one (reference written by tests/fixtures/pape/make_reference.py from DTU-PAS/parabolic-position-encoding at
+21cb390), patch logits that see offsets only, NaFlex samples equal to their image alone, features, position reliance,
+diagnostics, ONNX export at other sizes, and errors that say what fits."""
 
 from __future__ import annotations
 
@@ -23,8 +23,8 @@ from helpers.models import (
     perturbed,
 )
 from helpers.naflex import images, offset_logits, pack, samples_equal_images
-from vit_rope.encodings.pape.weights import pape_args_from_config
-from vit_rope.eval.diagnose import attention_entropy
+from vit_rope.encodings.pape.pape_weights import pape_args_from_config
+from vit_rope.eval.diagnostics import attention_entropy
 
 FIXTURES = Path(__file__).parents[1] / "fixtures" / "pape"
 sys.path.insert(0, str(FIXTURES))

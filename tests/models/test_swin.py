@@ -14,8 +14,8 @@ import vit_rope  # noqa: F401  (registers the models)
 from helpers import rope_swin_official as official
 from vit_rope import create_from_checkpoint, load_weights
 from vit_rope.layers.rotary import grid_positions, rope_angles, rope_tables
-from vit_rope.models.encoding import resolution_encoding
 from vit_rope.models.load_report import ROPE_FREQS
+from vit_rope.models.pos_encoding import resolution_encoding
 from vit_rope.models.swin import RoPESwinTransformer, from_official
 
 SMALL = dict(embed_dim=32, depths=(2, 2, 2, 2), num_heads=(1, 2, 4, 8))  # head_dim 32 in every stage
@@ -26,7 +26,7 @@ def pair(kind: str, use_rpb: bool) -> tuple[torch.nn.Module, RoPESwinTransformer
     torch.manual_seed(0)
     theirs = official.RoPESwinTransformer(rope_theta=10.0 if kind == "mixed" else 50.0, rope_mixed=kind == "mixed",
                                           use_rpb=use_rpb, **{**SMALL, "depths": list(SMALL["depths"])}).eval()
-    ours = RoPESwinTransformer(rope_kind=kind, use_rpb=use_rpb, **SMALL).eval()
+    ours = RoPESwinTransformer(encoding=kind, use_rpb=use_rpb, **SMALL).eval()
     report = load_weights(ours, {"model": theirs.state_dict()})  # with RoPE-ViT's wrapper, as it saves them
     assert report.initialised == {}
     return theirs, ours
@@ -62,7 +62,7 @@ def test_window_12_at_384_px_is_the_official_evaluation_and_extrapolates(kind: s
 def test_policies_scale_window_positions_against_the_trained_window() -> None:
     """Every policy is the identity at the trained window; on a window of 14, ``interpolate`` is extrapolation of
     positions halved (7 / 14)."""
-    model = RoPESwinTransformer(rope_kind="mixed", **SMALL)
+    model = RoPESwinTransformer(encoding="mixed", **SMALL)
     rope = model.layers[0].blocks[0].attn.rope
     assert rope.train_grid == (7, 7)
 
@@ -76,14 +76,14 @@ def test_policies_scale_window_positions_against_the_trained_window() -> None:
     torch.testing.assert_close(tables(14), rope_tables(rope_angles(grid_positions(14, 14) / 2, rope.freqs)))
     assert model.resolution_policy.name == "interpolate"
     with pytest.raises(ValueError, match="normalized"):
-        RoPESwinTransformer(rope_kind="axial", resolution_policy="bogus", **SMALL)
+        RoPESwinTransformer(encoding="axial", resolution_policy="bogus", **SMALL)
 
 
 def test_the_attention_places_window_positions_by_the_policy() -> None:
     """The attention takes its positions from the policy as a ViT does: integer window positions for every policy
     but ``normalized`` (the window's cell centres in 2 pi [-1, 1], for models trained that way), whose logits differ."""
     torch.manual_seed(0)
-    model, x = RoPESwinTransformer(rope_kind="axial", **SMALL).eval(), torch.randn(1, 3, 224, 224)
+    model, x = RoPESwinTransformer(encoding="axial", **SMALL).eval(), torch.randn(1, 3, 224, 224)
     seen = []
     model.layers[0].blocks[0].attn.rope.register_forward_pre_hook(lambda _, args: seen.append(args[0]))
     with torch.no_grad():
@@ -101,15 +101,15 @@ def test_the_attention_places_window_positions_by_the_policy() -> None:
 def test_axial_frequencies_of_another_theta_are_refused_and_kinds_are_checked() -> None:
     theirs = official.RoPESwinTransformer(rope_theta=100.0, rope_mixed=False, **{**SMALL, "depths": [2, 2, 2, 2]})
     with pytest.raises(ValueError, match="another theta than this model's 50: create the model with the checkpoint"):
-        from_official(theirs.state_dict(), RoPESwinTransformer(rope_kind="axial", **SMALL))
+        from_official(theirs.state_dict(), RoPESwinTransformer(encoding="axial", **SMALL))
     with pytest.raises(ValueError, match="load it into a swin_rope_"):
         from_official(theirs.state_dict(), timm.create_model("vit_rope_tiny_patch16_axial_224", depth=1))
-    with pytest.raises(ValueError, match="rope_kind is one of axial, mixed"):
-        RoPESwinTransformer(rope_kind="golden", **SMALL)
+    with pytest.raises(ValueError, match="encoding is one of axial, mixed"):
+        RoPESwinTransformer(encoding="golden", **SMALL)
     naflex = {"patches": torch.randn(1, 16, 48), "patch_coord": torch.zeros(1, 16, 2, dtype=torch.long),
               "patch_valid": torch.ones(1, 16, dtype=torch.bool)}
     with pytest.raises(TypeError, match="not NaFlex batches"):
-        RoPESwinTransformer(rope_kind="mixed", **SMALL)(naflex)
+        RoPESwinTransformer(encoding="mixed", **SMALL)(naflex)
 
 
 def test_registered_models_have_timms_swin_features() -> None:
@@ -142,12 +142,12 @@ def test_timm_and_microsoft_swin_weights_fine_tune_with_rope_the_frequencies_new
     timm_swin = timm.create_model("swin_tiny_patch4_window7_224", **SMALL)
     microsoft = official.SwinTransformer(**{**SMALL, "depths": list(SMALL["depths"])})
     for source in (timm_swin.state_dict(), {"model": microsoft.state_dict()}):
-        model = RoPESwinTransformer(rope_kind="mixed", **SMALL)
+        model = RoPESwinTransformer(encoding="mixed", **SMALL)
         with pytest.warns(UserWarning, match="learned RoPE frequencies"):
             report = load_weights(model, source)
         assert set(report.initialised) == {ROPE_FREQS} and len(report.initialised[ROPE_FREQS]) == 8
         assert any("bias tables dropped" in note for note in report.converted)
-        biased = RoPESwinTransformer(rope_kind="axial", use_rpb=True, **SMALL)
+        biased = RoPESwinTransformer(encoding="axial", use_rpb=True, **SMALL)
         assert load_weights(biased, source).initialised == {}  # axial: nothing learned is missing
         table = "layers.2.blocks.1.attn.relative_position_bias_table"
         torch.testing.assert_close(biased.state_dict()[table], source.get("model", source)[table])  # same key in both

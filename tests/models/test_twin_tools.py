@@ -17,9 +17,9 @@ import torch
 from helpers.models import randomize_
 from helpers.naflex import images, pack
 from vit_rope.encodings.base import image_positions
-from vit_rope.eval import cli
-from vit_rope.eval.diagnose import attention_entropy, frequency_coverage
-from vit_rope.eval.diagnose import main as diagnose
+from vit_rope.eval import command
+from vit_rope.eval.diagnostics import attention_entropy, frequency_coverage
+from vit_rope.eval.diagnostics import main as diagnose
 from vit_rope.eval.onnx import export_onnx
 from vit_rope.layers.rotary import grid_positions, rope_angles
 
@@ -164,7 +164,7 @@ def test_evaluate_and_diagnose_run_on_twins_under_two_policies(weights, image_ro
                                                                                      kwargs.items())]
     common = ["--device", "cpu", "--workers", "0", "--batch-size", "8", "--data-dir", str(image_root)]
     out = tmp_path / "eval"
-    assert cli.main([*source, *common, "--img-sizes", *sizes, "--seq-lens", "20", "--policy", "extrapolate",
+    assert command.main([*source, *common, "--img-sizes", *sizes, "--seq-lens", "20", "--policy", "extrapolate",
                          "interpolate", "--output", str(out)]) == 0
     results = json.loads((out / "results.json").read_text())["results"]
     policies = ("extrapolate", "interpolate")
@@ -174,10 +174,10 @@ def test_evaluate_and_diagnose_run_on_twins_under_two_policies(weights, image_ro
     loss = {(r["policy"], r["img_size"]): r["loss"] for r in results}
     assert loss["extrapolate", int(sizes[1])] != pytest.approx(loss["interpolate", int(sizes[1])], rel=1e-6)
     # without --policy, the twin's own (timm's interpolate), labelled so
-    assert cli.main([*source, *common, "--img-sizes", sizes[1], "--output", str(tmp_path / "own")]) == 0
+    assert command.main([*source, *common, "--img-sizes", sizes[1], "--output", str(tmp_path / "own")]) == 0
     [own] = json.loads((tmp_path / "own" / "results.json").read_text())["results"]
     assert own["policy"] == "interpolate" and own["loss"] == pytest.approx(loss["interpolate", int(sizes[1])])
-    assert cli.main([*source, *common, "--img-sizes", bad, "--output", str(tmp_path / "bad")]) == 2
+    assert command.main([*source, *common, "--img-sizes", bad, "--output", str(tmp_path / "bad")]) == 2
     assert f"size {bad} is not a positive multiple of the patch size" in capsys.readouterr().err
     for policy in ("extrapolate", "interpolate"):
         assert diagnose([*source, "--sizes", *sizes, "--seq-lens", "20", "--num-images", "2", "--policy", policy,

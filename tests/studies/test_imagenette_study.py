@@ -13,7 +13,7 @@ import pytest
 from studies.course import COURSE_END, course_begin
 from studies.report import STUDY_END, study_begin
 from vit_rope.eval.harness import protocol
-from vit_rope.train.cli import build_config
+from vit_rope.train.command_line import build_config
 from vit_rope.train.config import save_config
 
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "imagenette_study.py"

@@ -10,7 +10,7 @@ import timm
 import yaml
 
 from vit_rope.errors import UserError
-from vit_rope.train.cli import build_config, parse_args
+from vit_rope.train.command_line import build_config, parse_args
 from vit_rope.train.config import Config, load_yaml, save_config
 
 CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs"

@@ -17,7 +17,7 @@ from helpers.ddp import free_port, run_ranks
 from helpers.training import assert_same_weights, tiny_args
 from vit_rope.encodings import KINDS
 from vit_rope.errors import UserError
-from vit_rope.train.cli import build_config
+from vit_rope.train.command_line import build_config
 from vit_rope.train.model import set_checkpointing
 
 

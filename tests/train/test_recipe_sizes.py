@@ -14,7 +14,7 @@ from torch.utils.data import DistributedSampler
 
 from vit_rope.data import folders
 from vit_rope.train import loaders
-from vit_rope.train.cli import build_config
+from vit_rope.train.command_line import build_config
 
 CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs"
 RECIPES = [CONFIG_DIR / "base.yaml", *sorted(CONFIG_DIR.glob("rope_vit_*.yaml"))]

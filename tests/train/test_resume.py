@@ -16,7 +16,7 @@ import train
 from helpers.training import tiny_args
 from vit_rope.errors import UserError
 from vit_rope.train import resume
-from vit_rope.train.cli import build_config, parse_args
+from vit_rope.train.command_line import build_config, parse_args
 
 SETTINGS = ("keep_every=1", "warmup_epochs=1", "model_kwargs.embed_dim=48")
 

@@ -18,7 +18,7 @@ from helpers.ddp import WORLD, free_port, run_ranks
 from helpers.training import PER_IMAGE, assert_same_weights, indexed_loaders, killed_at, metrics, tiny_args
 from vit_rope.errors import UserError
 from vit_rope.train import engine, loaders
-from vit_rope.train.checks import check_ranks_agree
+from vit_rope.train.config_checks import check_ranks_agree
 
 
 def _loader_steps(rank: int, root: Path, port: int) -> dict[str, Any]:

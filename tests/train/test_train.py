@@ -20,7 +20,7 @@ from vit_rope.data import folders
 from vit_rope.data.sizes import SizeSchedule
 from vit_rope.eval.loading import load_trained
 from vit_rope.train import engine
-from vit_rope.train.cli import build_config
+from vit_rope.train.command_line import build_config
 from vit_rope.train.state import save_checkpoint
 
 MULTIRES = ("decoded_cache=true", "train_sizes=[32, 48]")  # variable resolution needs the batched tensor pipeline

@@ -24,7 +24,7 @@ from vit_rope.data import shard_writer as shards
 from vit_rope.data.splits import find_split
 from vit_rope.eval.loading import load_trained
 from vit_rope.train import engine, loaders
-from vit_rope.train.cli import build_config
+from vit_rope.train.command_line import build_config
 
 # the per-image pipeline in a loader worker with a size per step and Mixup; the tensor pipeline; timm's NaFlex loader
 PIPELINES = {"per_image": ("workers=1", "train_sizes=[32, 48]", "mixup=0.8", "auto_augment=rand-m9-mstd0.5-inc1"),

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from vit_rope.models.factory import create_model
-from vit_rope.train.cli import build_config
+from vit_rope.train.command_line import build_config
 from vit_rope.train.loaders import choose_pipeline
 
 REPO = Path(__file__).resolve().parents[2]

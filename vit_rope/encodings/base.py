@@ -29,7 +29,7 @@ from vit_rope.layers.attention import BlockInput
 from vit_rope.layers.lattice import Lattice
 
 # the interface every kind implements; BlockInput is attention's side of it, defined with attention
-__all__ = ["REGISTRY", "BlockInput", "BlockInputs", "EncodingSpec", "GridTables", "Kind", "NoEncoding",
+__all__ = ["REGISTRY", "BlockInput", "LazyBlockInputs", "EncodingSpec", "GridTables", "Kind", "NoEncoding",
            "PositionEncoding", "Positions", "image_coords", "image_positions", "register"]
 T = TypeVar("T")
 
@@ -75,7 +75,7 @@ def image_positions(encoding: nn.Module, height: int, width: int, device: torch.
     return Positions(encoding.place(coord, grids), grids, (height, width))
 
 
-class BlockInputs(Sequence):
+class LazyBlockInputs(Sequence):
     """Each block's input built when the block asks for it (``build(i)``): a forward in inference then holds one
     block's tables at a time, not every block's (mixed RoPE's ``[depth, H, N, D/2]`` at a high resolution). Indexing
     twice builds twice (gradient checkpointing's recomputation does)."""

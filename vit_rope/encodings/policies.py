@@ -15,9 +15,9 @@ the new grid onto what the model saw, written as functions of positions and freq
   DINOv3's RoPE (Simeoni et al. 2025, periods 100 ** (2k / (D/2))); for models trained that way.
 
 Each encoding states the policies it takes (``PositionEncoding.policies``) and why it refuses the others: DINOv3's
-RoPE (``vit_rope.encodings.rope.dinov3``) normalises its coordinates at every size, so only ``normalized`` (its own) and
-``extrapolate`` (the training step between patches) apply to it; encodings without frequencies take the policies of
-positions only.
+RoPE (``vit_rope.encodings.rope.dinov3_rope``) normalises its coordinates at every size, so only ``normalized`` (its
+own) and ``extrapolate`` (the training step between patches) apply to it; encodings without frequencies take the
+policies of positions only.
 
 A policy acts per axis with the scale ``s = new / training`` grid size; at the training size all of them but
 ``normalized`` leave the tables untouched. Coordinate augmentation (DINOv3's shift, jitter and rescale, plus a
@@ -33,7 +33,6 @@ import torch
 from torch import Tensor
 
 from vit_rope.checks import check_choice
-from vit_rope.encodings.rope.dinov3 import batch_coordinate_draw
 
 POLICIES = ("extrapolate", "interpolate", "ntk", "yarn", "normalized")
 # positions without frequencies (attention biases, rotations from learned generators): as they are, or scaled
@@ -210,6 +209,27 @@ class CoordAugment:
     @property
     def active(self) -> bool:
         return self.shift > 0 or self.jitter > 1 or self.rescale > 1 or self.subpixel > 0
+
+
+def batch_coordinate_draw(shift: float, jitter: float, rescale: float, device: torch.device | None = None,
+                          generator: torch.Generator | None = None) -> tuple[Tensor, Tensor]:
+    """DINOv3's one augmentation draw for a batch: ``(offset, scale)`` ``[2]`` each, in ``(x, y)`` order.
+
+    The random calls and their order are DINOv3's (shift, then per-axis jitter, then the shared rescale, each a
+    ``uniform_`` over ``(h, w)``), so the same random state draws the same transform. Coordinates become
+    ``(positions + offset) * scale``.
+    """
+    def uniform(size: int, bound: float) -> Tensor:
+        return torch.empty(size, device=device).uniform_(-bound, bound, generator=generator)
+
+    offset, scale = torch.zeros(2, device=device), torch.ones(2, device=device)
+    if shift > 0:
+        offset = uniform(2, shift)
+    if jitter > 1:
+        scale = uniform(2, math.log(jitter)).exp()
+    if rescale > 1:
+        scale = scale * uniform(1, math.log(rescale)).exp()
+    return offset.flip(0), scale.flip(0)  # (h, w) -> (x, y)
 
 
 def augment_positions(

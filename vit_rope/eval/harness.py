@@ -1,4 +1,4 @@
-"""The evaluation loop behind ``python -m vit_rope.evaluate`` (``vit_rope.eval.cli``): checkpoints or timm models on
+"""The evaluation loop behind ``python -m vit_rope.evaluate`` (``vit_rope.eval.command``): checkpoints or timm models on
 one val split at several square sizes and RoPE policies, and at token budgets for models that take NaFlex batches.
 
 One protocol for every model, so that the numbers compare (crop_pct 1.0 by default, as RoPE-ViT); each size's images
@@ -28,8 +28,8 @@ from vit_rope.errors import UserError
 from vit_rope.eval import memory, windows
 from vit_rope.eval import token_budget as naflex
 from vit_rope.eval.loading import EvalModel, check_loaded
-from vit_rope.models.encoding import resolution_encoding
 from vit_rope.models.naflex_batch import naflex_patch
+from vit_rope.models.pos_encoding import resolution_encoding
 
 
 def label_map(model: EvalModel, val_classes: list[str], val_dir: str) -> torch.Tensor:

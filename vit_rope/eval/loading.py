@@ -20,10 +20,10 @@ from timm.models import get_pretrained_cfg_value
 from torch import nn
 
 from vit_rope.errors import UserError
-from vit_rope.models.encoding import encoding_keys
 from vit_rope.models.factory import PretrainedLoadError, create_model
 from vit_rope.models.formats import model_args
 from vit_rope.models.load_report import WeightsNotLoadedWarning
+from vit_rope.models.pos_encoding import encoding_keys
 from vit_rope.models.registry import ENCODINGS  # importing it registers the vit_rope_* models
 from vit_rope.train.state import CHECKPOINT_FORMAT, load_checkpoint
 from vit_rope.weights import (

@@ -28,7 +28,7 @@ from torch.export import Dim, ExportedProgram
 
 from vit_rope.encodings.policies import POLICIES
 from vit_rope.errors import UserError
-from vit_rope.eval.cli import parse_kwarg
+from vit_rope.eval.command import parse_kwarg
 from vit_rope.eval.loading import check_weights, load_pretrained, load_trained
 
 ONNX_PACKAGES = ("onnx", "onnxscript", "onnxruntime")

@@ -196,5 +196,5 @@ class RoPEBlock(Block):
                 is_causal: bool = False) -> Tensor:
         x = x + self.drop_path1(self.ls1(self.attn(
             self.norm1(x), encoding=encoding, attn_mask=attn_mask, is_causal=is_causal,
-        )))  # keywords: hooks read them (vit_rope.eval.diagnose)
+        )))  # keywords: hooks read them (vit_rope.eval.diagnostics)
         return x + self.drop_path2(self.ls2(self.mlp(self.norm2(x))))

@@ -229,8 +229,8 @@ def project_rotate_qk(linear: nn.Module, x: Tensor, num_heads: int, cos: Tensor,
 def project_weights_rotate_qk(x: Tensor, weight: Tensor, bias: Tensor | None, num_heads: int, cos: Tensor,
                               sin: Tensor, backend: str = "auto") -> Tensor:
     """``project_rotate_qk`` for a projection given as its weight ``[3 * nh * D, C]`` and bias: Cayley-STRING's
-    folded projection (``vit_rope.encodings.rope.string``), which no Linear holds. Projection and rotation are one
-    autograd node when autograd records, and the rotation is in place either way."""
+    folded projection (``vit_rope.encodings.rope.cayley_string``), which no Linear holds. Projection and rotation are
+    one autograd node when autograd records, and the rotation is in place either way."""
     tracked = x.requires_grad or weight.requires_grad or cos.requires_grad or sin.requires_grad
     if torch.is_grad_enabled() and tracked:
         return _ProjectRotateQK.apply(x, weight, bias, cos, sin, num_heads, _use_triton(x, cos, backend))

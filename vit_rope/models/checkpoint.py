@@ -27,7 +27,6 @@ from timm.layers import resample_patch_embed
 from torch import Tensor, nn
 
 from vit_rope.encodings.ape import fit_checkpoint_pos_embed
-from vit_rope.models.encoding import encoding_key
 from vit_rope.models.formats import convert_format, folder_format, weights_in
 from vit_rope.models.load_report import (
     CLASSIFIER,
@@ -39,6 +38,7 @@ from vit_rope.models.load_report import (
     report,
     warn_initialised,
 )
+from vit_rope.models.pos_encoding import encoding_key
 from vit_rope.weights import ROPE_BUFFERS, read_weights, unwrap_state_dict, weights_mismatch
 
 

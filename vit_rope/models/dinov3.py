@@ -2,7 +2,7 @@
 
 DINOv3's ViTs are timm ``VisionTransformer`` blocks with a class token, 4 register ("storage") tokens, LayerScale,
 no position embedding, a LayerNorm of eps 1e-5, optionally no qkv bias and SwiGLU MLPs, and DINOv3's RoPE
-(``vit_rope.encodings.rope.dinov3``). timm ports them in ``eva.py``; here they are ``RoPEVisionTransformer`` with
+(``vit_rope.encodings.rope.dinov3_rope``). timm ports them in ``eva.py``; here they are ``RoPEVisionTransformer`` with
 ``encoding="dinov3"``, so every tool of the package (fused rotation, Triton kernels, policies, export, evaluation)
 reaches them. Weights load from timm's ``Eva`` state dicts and from Meta's original checkpoints:
 
@@ -30,7 +30,7 @@ import torch
 from timm.layers import LayerNorm, SwiGLU
 from torch import Tensor, nn
 
-from vit_rope.encodings.rope.dinov3 import permute_qk_rows, qk_permutation
+from vit_rope.encodings.rope.dinov3_rope import permute_qk_rows, qk_permutation
 from vit_rope.models.widths import width
 from vit_rope.weights import ROPE_BUFFERS
 

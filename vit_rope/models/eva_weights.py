@@ -21,7 +21,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from vit_rope.encodings.rope.dinov3 import permute_qk_rows, qk_permutation
+from vit_rope.encodings.rope.dinov3_rope import permute_qk_rows, qk_permutation
 from vit_rope.models.dinov3 import fuse_qkv_bias
 from vit_rope.models.eva_families import FAMILIES, twin_name
 from vit_rope.weights import ROPE_BUFFERS

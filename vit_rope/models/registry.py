@@ -157,11 +157,11 @@ def _swin_entrypoint(name: str, model_args: dict[str, Any]) -> Callable[..., RoP
 
     create.__name__ = create.__qualname__ = name
     create.__module__ = __name__
-    create.__doc__ = f"{name}: RoPE-ViT's Swin Transformer with {model_args['rope_kind']} RoPE ({model_args})."
+    create.__doc__ = f"{name}: RoPE-ViT's Swin Transformer with {model_args['encoding']} RoPE ({model_args})."
     return create
 
 
 for _kind, _size in product(SWIN_KINDS, SWIN_SIZES):  # RoPE-ViT's RoPE-Swin (vit_rope.models.swin)
     _name = swin_name(_kind, _size)
-    _args = dict(window_size=7, rope_kind=_kind, **SWIN_SIZES[_size])
+    _args = dict(window_size=7, encoding=_kind, **SWIN_SIZES[_size])
     globals()[_name] = register_model(_swin_entrypoint(_name, _args))

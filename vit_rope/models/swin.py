@@ -46,7 +46,7 @@ class RoPEWindowAttention(WindowAttention):
     them, so a training step holds 4% less than timm's Swin-T instead of 16% more (``benchmarks/swin.py``)."""
 
     def __init__(self, dim: int, num_heads: int, head_dim: int | None = None, window_size: Any = 7,
-                 qkv_bias: bool = True, attn_drop: float = 0.0, proj_drop: float = 0.0, rope_kind: str = "mixed",
+                 qkv_bias: bool = True, attn_drop: float = 0.0, proj_drop: float = 0.0, encoding: str = "mixed",
                  rope_theta: float | None = None, use_rpb: bool = False,
                  resolution_policy: str | dict | ResolutionPolicy | None = None) -> None:
         super().__init__(dim, num_heads, head_dim, window_size, qkv_bias, attn_drop, proj_drop)
@@ -54,10 +54,10 @@ class RoPEWindowAttention(WindowAttention):
         if not use_rpb:
             self.relative_position_bias_table = None
             self.relative_position_index = None
-        if rope_kind not in SWIN_KINDS:
-            raise ValueError(f"RoPE-Swin's rope_kind is one of {', '.join(SWIN_KINDS)} (RoPE-ViT's), got {rope_kind!r}")
-        theta = SWIN_THETA[rope_kind] if rope_theta is None else rope_theta
-        self.rope = RoPE2D(self.qkv.out_features // 3 // num_heads, num_heads, rope_kind, theta, self.window_size,
+        if encoding not in SWIN_KINDS:
+            raise ValueError(f"RoPE-Swin's encoding is one of {', '.join(SWIN_KINDS)} (RoPE-ViT's), got {encoding!r}")
+        theta = SWIN_THETA[encoding] if rope_theta is None else rope_theta
+        self.rope = RoPE2D(self.qkv.out_features // 3 // num_heads, num_heads, encoding, theta, self.window_size,
                            resolution_policy)
 
     def reset_parameters(self) -> None:
@@ -105,7 +105,7 @@ class RoPESwinTransformer(NoTorchScript, SwinTransformer):
     """timm's ``SwinTransformer`` with ``RoPEWindowAttention`` in every block.
 
     Args:
-        rope_kind: ``"axial"`` or ``"mixed"`` (RoPE-ViT's).
+        encoding: ``"axial"`` or ``"mixed"`` (RoPE-ViT's), the ViT's argument.
         rope_theta: frequency base; ``None`` takes the official models' (50 axial, 10 mixed).
         use_rpb: keep Swin's relative position bias beside RoPE.
         resolution_policy: how window-local positions follow windows other than the one trained
@@ -113,16 +113,16 @@ class RoPESwinTransformer(NoTorchScript, SwinTransformer):
         **kwargs: timm's ``SwinTransformer`` arguments.
     """
 
-    def __init__(self, rope_kind: str = "mixed", rope_theta: float | None = None, use_rpb: bool = False,
+    def __init__(self, encoding: str = "mixed", rope_theta: float | None = None, use_rpb: bool = False,
                  resolution_policy: str | dict | ResolutionPolicy | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        self.rope_kind, self.use_rpb = rope_kind, use_rpb
+        self.encoding_kind, self.use_rpb = encoding, use_rpb
         for stage in self.layers:
             for block in stage.blocks:
                 old = block.attn
                 block.attn = RoPEWindowAttention(
                     old.dim, old.num_heads, old.qkv.out_features // 3 // old.num_heads, old.window_size,
-                    old.qkv.bias is not None, old.attn_drop.p, old.proj_drop.p, rope_kind, rope_theta, use_rpb,
+                    old.qkv.bias is not None, old.attn_drop.p, old.proj_drop.p, encoding, rope_theta, use_rpb,
                     resolution_policy).to(old.qkv.weight.device, old.qkv.weight.dtype)  # timm's device and dtype
         if kwargs.get("weight_init") != "skip":
             self.init_weights(needs_reset=False)  # timm's init of the new projections
@@ -142,7 +142,7 @@ class RoPESwinTransformer(NoTorchScript, SwinTransformer):
     @property
     def resolution_rope(self) -> RoPE2D:
         """The first block's RoPE, which says the policies that apply (``policies``, ``check_policy``):
-        ``vit_rope.models.encoding.resolution_encoding`` reads it."""
+        ``vit_rope.models.pos_encoding.resolution_encoding`` reads it."""
         return self._ropes()[0]
 
     def forward_features(self, x: Tensor) -> Tensor:

@@ -14,7 +14,7 @@ Data flow of one forward (``vit_rope.models.embedding``; a NaFlex batch takes th
       -> encoding.block_inputs: RoPE tables (axial once for all blocks, mixed per block) or bias tables
       -> blocks (rotate q, k or add the bias; prefix rows are identity) -> norm -> pool -> head
 
-Which encoding the blocks get (RoPE kinds, STRING, attention biases, none) is ``vit_rope.models.encoding``.
+Which encoding the blocks get (RoPE kinds, STRING, attention biases, none) is ``vit_rope.models.pos_encoding``.
 """
 
 # no ``from __future__ import annotations``: FX writes a traced model's forward signature from these annotations, which
@@ -28,28 +28,14 @@ from torch import Tensor, nn
 
 from vit_rope.encodings import check_kind
 from vit_rope.encodings.policies import CoordAugment, ResolutionPolicy
-from vit_rope.encodings.rope.dinov3 import check_qk_layout
+from vit_rope.encodings.rope.dinov3_rope import check_qk_layout
 from vit_rope.errors import NoTorchScript
 from vit_rope.layers.attention import RoPEAttention, RoPEBlock
 from vit_rope.layers.eva import eva_blocks_, resize_attn_pool
 from vit_rope.models.embedding import Embedded, EmbeddingMixin
-from vit_rope.models.encoding import PositionEncodingMixin
 from vit_rope.models.features import FeatureMixin
 from vit_rope.models.naflex_batch import NaFlexBatch, naflex_batch
-
-# model arguments of earlier versions: the argument now, and the key their value goes under there (None: as it is)
-RENAMED = {"rope_kind": ("encoding", None), "rope_policy": ("resolution_policy", None),
-           "lh_config": ("encoding_options", "config")}
-
-
-def current_model_args(kwargs: dict[str, Any]) -> dict[str, Any]:
-    """Model arguments that an earlier version saved (a train.py checkpoint's ``model_kwargs``, its config) in
-    today's names; a model called with the earlier names refuses them, naming these."""
-    out = {key: value for key, value in kwargs.items() if key not in RENAMED}
-    for old, (new, key) in RENAMED.items():
-        if old in kwargs:
-            out[new] = kwargs[old] if key is None else {**(out.get(new) or {}), key: kwargs[old]}
-    return out
+from vit_rope.models.pos_encoding import PositionEncodingMixin
 
 
 class RoPEVisionTransformer(NoTorchScript, PositionEncodingMixin, EmbeddingMixin, FeatureMixin, VisionTransformer):
@@ -76,9 +62,10 @@ class RoPEVisionTransformer(NoTorchScript, PositionEncodingMixin, EmbeddingMixin
         rope_coord_aug: training-time coordinate augmentation, a dict of ``CoordAugment`` fields (off by default).
         rope_grid_offset: added to RoPE's integer patch positions (Perception Encoder's 1: patches at 1..n).
         rope_ref_grid: the ``(h, w)`` grid RoPE's policy scales against, when it is not the patch grid (timm
-            ``Eva``'s ``ref_feat_shape``; ``vit_rope.models.encoding``).
-        qk_layout: the q/k channel layout of the checkpoints this model loads (``encodings.rope.dinov3.QK_LAYOUTS``):
-            the loader permutes their rows into ours (``models.eva_weights``).
+            ``Eva``'s ``ref_feat_shape``; ``vit_rope.models.pos_encoding``).
+        qk_layout: the q/k channel layout of the checkpoints this model loads
+            (``encodings.rope.dinov3_rope.QK_LAYOUTS``): the loader permutes their rows into ours
+            (``models.eva_weights``).
         attn_pool_num_heads: heads of the attention-pool head (``global_pool="map"``) if not the model's.
         attn_pool_mlp_ratio: MLP ratio of the attention-pool head if not the model's.
         num_kv_heads: grouped-query attention, one count for all blocks or one per block (``layers.eva``).
@@ -120,13 +107,6 @@ class RoPEVisionTransformer(NoTorchScript, PositionEncodingMixin, EmbeddingMixin
         **kwargs: Any,
     ) -> None:
         num_heads, embed_dim = kwargs.get("num_heads", 12), kwargs.get("embed_dim", 768)
-        renamed = [f"{old} is now {new}" + ("" if key is None else f"={{'{key}': ...}}")
-                   for old, (new, key) in RENAMED.items() if old in kwargs]
-        if kwargs.pop("official", None) is not None:  # LookHere's official ViT: what its files need, from the file
-            renamed.append("official is gone: vit_rope.create_from_checkpoint(file) builds the model an official "
-                           "file describes")
-        if renamed:
-            raise TypeError(f"{type(self).__name__}: {'; '.join(renamed)}.")
         if embed_dim % num_heads:
             raise ValueError(f"embed_dim={embed_dim} must be divisible by num_heads={num_heads}.")
         encoding = check_kind(encoding or "axial")

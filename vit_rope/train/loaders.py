@@ -73,7 +73,7 @@ def choose_pipeline(cfg: Config) -> tuple[str, str]:
     crop modes and repeated augmentation are per image and keep timm's pipeline. ``pipeline: tensor`` with such a config
     is an error that names what stands in the way. ``train_sizes`` runs on both and plays no part in the choice.
     """
-    if cfg.naflex:  # train.checks.check_config refuses pipeline=tensor and what NaFlex cannot do
+    if cfg.naflex:  # train.config_checks.check_config refuses pipeline=tensor and what NaFlex cannot do
         lengths = " ".join(map(str, cfg.naflex_seq_lens))
         return "naflex", f"naflex=true: native aspect ratios, sequence lengths {lengths}"
     per_image = [reason for reason, present in (

@@ -22,8 +22,8 @@ from timm.utils import ModelEmaV3
 from vit_rope.errors import UserError
 from vit_rope.train import engine
 from vit_rope.train import state as train_state
-from vit_rope.train.checks import check_config
 from vit_rope.train.config import Config, typed
+from vit_rope.train.config_checks import check_config
 from vit_rope.train.distributed import DistEnv
 
 # Carried by the optimizer's and the scheduler's saved state (timm's schedulers save every argument they were built

@@ -16,8 +16,7 @@ import torch.distributed as dist
 from torch import nn
 
 from vit_rope.errors import UserError
-from vit_rope.models.encoding import encoding_keys
-from vit_rope.models.vit import current_model_args
+from vit_rope.models.pos_encoding import encoding_keys
 from vit_rope.train.distributed import DistEnv
 from vit_rope.weights import atomic_save, unreadable_reason, weights_mismatch
 
@@ -55,6 +54,22 @@ def gather_rng_states(env: DistEnv) -> list[dict[str, Any]]:
     states: list[Any] = [None] * env.world_size
     dist.all_gather_object(states, rng_state())
     return states
+
+
+# model arguments of earlier versions: the argument now, and the key their value goes under there (None: as it is)
+RENAMED = {"rope_kind": ("encoding", None), "rope_policy": ("resolution_policy", None),
+           "lh_config": ("encoding_options", "config")}
+
+
+def current_model_args(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """Model arguments that an earlier version saved (a train.py checkpoint's ``model_kwargs``, its config) in
+    today's names: that is data, which loads; a model called with the earlier names refuses them as any unknown
+    argument."""
+    out = {key: value for key, value in kwargs.items() if key not in RENAMED}
+    for old, (new, key) in RENAMED.items():
+        if old in kwargs:
+            out[new] = kwargs[old] if key is None else {**(out.get(new) or {}), key: kwargs[old]}
+    return out
 
 
 def save_checkpoint(state: dict[str, Any], path: Path) -> None:

@@ -35,7 +35,7 @@ from vit_rope.encodings.policies import (
     place_positions,
     policy_frequencies,
 )
-from vit_rope.encodings.rope.dinov3 import check_normalize, dinov3_frequencies
+from vit_rope.encodings.rope.dinov3_rope import check_normalize, dinov3_frequencies
 from vit_rope.encodings.rope.frequencies import (
     MIXED_INITS,
     axial_frequencies,
@@ -106,8 +106,8 @@ class RoPE2D(nn.Module):
         head_dim: channels per head, divisible by 4.
         num_heads: attention heads (mixed frequencies are per head).
         kind: ``"axial"``, ``"mixed"``, ``"golden"`` (``vit_rope.encodings.rope.frequencies``: fixed golden-angle
-        directions)
-            or ``"dinov3"`` (``vit_rope.encodings.rope.dinov3``: fixed axial frequencies on normalised coordinates).
+            directions) or ``"dinov3"`` (``vit_rope.encodings.rope.dinov3_rope``: fixed axial frequencies on
+            normalised coordinates).
         theta: frequency base; ``None`` takes RoPE-ViT's value (100 axial, 10 mixed) or DINOv3's (100).
         train_grid: the ``(h, w)`` patch grid of training, which resolution policies scale against.
         policy: resolution policy (``vit_rope.encodings.policies``) for grids other than ``train_grid``; ``None`` takes

@@ -1,6 +1,6 @@
 """One checked ``Config`` from defaults, a YAML chain and the command line: what ``train.py`` and the study script
 call. Kept apart from ``vit_rope.train.config`` (what a config is and how text becomes typed values) so that the
-checks (``vit_rope.train.checks``) can read a ``Config`` without the two modules importing each other.
+checks (``vit_rope.train.config_checks``) can read a ``Config`` without the two modules importing each other.
 """
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from vit_rope.train.checks import check_config
 from vit_rope.train.config import CLI_FLAGS, Config, load_yaml, parse_override
+from vit_rope.train.config_checks import check_config
 from vit_rope.train.resume import saved_settings
 
 

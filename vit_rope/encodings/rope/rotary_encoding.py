@@ -9,7 +9,7 @@ coordinates).
 
 The module is a ``ModuleList`` of its ``RoPE2D`` modules, so that a mixed model's state dict keeps RoPE-ViT's layout
 (``pos_encoding.<block>.freqs``; RoPE-ViT's ``rope.<block>.freqs``). Under
-Cayley-STRING (Schenck et al. ICML 2025, ``vit_rope.encodings.rope.string``) each block's attention also holds a
+Cayley-STRING (Schenck et al. ICML 2025, ``vit_rope.encodings.rope.cayley_string``) each block's attention also holds a
 learned basis that turns q and k before the tables rotate them.
 """
 
@@ -20,9 +20,9 @@ from typing import Any
 from torch import Tensor, nn
 
 from vit_rope.checks import check_choice
-from vit_rope.encodings.base import BlockInputs, EncodingSpec, PositionEncoding, Positions, register
+from vit_rope.encodings.base import EncodingSpec, LazyBlockInputs, PositionEncoding, Positions, register
 from vit_rope.encodings.policies import ResolutionPolicy
-from vit_rope.encodings.rope.string import CayleyString, StringTables
+from vit_rope.encodings.rope.cayley_string import CayleyString, StringTables
 from vit_rope.encodings.rope.tables import KINDS, RoPE2D
 
 
@@ -89,7 +89,7 @@ class RotaryEncoding(PositionEncoding, nn.ModuleList):
             return [block(0, shared) for _ in range(self.depth)]
         if positions.captured:  # a graph records every block's tables up front
             return [block(i) for i in range(self.depth)]
-        return BlockInputs(block, self.depth)  # each block's tables as the block runs
+        return LazyBlockInputs(block, self.depth)  # each block's tables as the block runs
 
     @property
     def foldable(self) -> bool:

@@ -5,7 +5,7 @@ The official ImageNet-1k checkpoint is a folder: ``config.json`` (the repository
 ``dataset``) and ``model.pt`` (the state dict of ``pape.nn.image_classifier.ImageClassifier``). Its ViT is a pre-norm
 one with a LayerNorm after the class token is prepended (``norm_pre``), LayerNorm eps 1e-5, no LayerScale, qkv bias,
 GELU MLPs of ``intermediate_size``, a final LayerNorm and a linear head on the class token; PaPE's positions put the
-class token at (0, 0) and the patches from 1, which ``vit_rope.encodings.pape.encoding`` does for every model. So the
+class token at (0, 0) and the patches from 1, which ``vit_rope.encodings.pape.parabolas`` does for every model. So the
 folder is our ``vit_rope_*_patch16_{pape,pape_ri}_224`` with the arguments ``pape_args_from_config`` gives, and its keys
 map one to one onto ours (``from_pape``): ``vit_rope.create_from_checkpoint(folder)`` builds and loads it, and
 ``vit_rope.load_weights(model, folder)`` checks ``config.json`` against a model you built.
@@ -28,7 +28,7 @@ from typing import Any
 from timm.layers import PatchEmbed
 from torch import nn
 
-from vit_rope.encodings.pape.encoding import PARABOLAS
+from vit_rope.encodings.pape.parabolas import PARABOLAS
 from vit_rope.weights import Converted, Folder, Format, renamed_key
 
 CONFIG, WEIGHTS = "config.json", "model.pt"

@@ -116,24 +116,3 @@ def permute_qk_rows(value: Tensor, index: Tensor, num_heads: int, num_kv_heads: 
     index = index.to(value.device)
     q, k = (rows.unflatten(0, (-1, head_dim)).index_select(1, index).flatten(0, 1) for rows in (q, k))
     return torch.cat((q, k, v))
-
-
-def batch_coordinate_draw(shift: float, jitter: float, rescale: float, device: torch.device | None = None,
-                          generator: torch.Generator | None = None) -> tuple[Tensor, Tensor]:
-    """DINOv3's one augmentation draw for a batch: ``(offset, scale)`` ``[2]`` each, in ``(x, y)`` order.
-
-    The random calls and their order are DINOv3's (shift, then per-axis jitter, then the shared rescale, each a
-    ``uniform_`` over ``(h, w)``), so the same random state draws the same transform. Coordinates become
-    ``(positions + offset) * scale``.
-    """
-    def uniform(size: int, bound: float) -> Tensor:
-        return torch.empty(size, device=device).uniform_(-bound, bound, generator=generator)
-
-    offset, scale = torch.zeros(2, device=device), torch.ones(2, device=device)
-    if shift > 0:
-        offset = uniform(2, shift)
-    if jitter > 1:
-        scale = uniform(2, math.log(jitter)).exp()
-    if rescale > 1:
-        scale = scale * uniform(1, math.log(rescale)).exp()
-    return offset.flip(0), scale.flip(0)  # (h, w) -> (x, y)

@@ -1,9 +1,9 @@
 """Checks of a training config beyond its types: value ranges, the names timm must know (optimizer, scheduler,
 interpolation, auto-augment), the token budget of ``train_sizes``, and DDP ranks that agree.
 
-``vit_rope.train.cli.build_config`` runs ``check_config`` on every config it builds, so a typo or an out-of-range value
-fails before any data is scanned, downloaded or decoded. Each failure is a ``UserError`` naming the key, the value
-and the fix.
+``vit_rope.train.command_line.build_config`` runs ``check_config`` on every config it builds, so a typo or an
+out-of-range value fails before any data is scanned, downloaded or decoded. Each failure is a ``UserError`` naming the
+key, the value and the fix.
 """
 
 from __future__ import annotations

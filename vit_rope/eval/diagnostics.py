@@ -39,7 +39,7 @@ from vit_rope.encodings.rope.tables import RoPE2D
 from vit_rope.errors import UserError
 from vit_rope.eval import token_budget as naflex
 from vit_rope.eval.ablation import position_reliance
-from vit_rope.eval.cli import parse_kwarg
+from vit_rope.eval.command import parse_kwarg
 from vit_rope.eval.harness import eval_transform, subset
 from vit_rope.eval.loading import EvalModel, check_weights, load_pretrained, load_trained
 from vit_rope.layers.lattice import naflex_grid
