@@ -4,6 +4,9 @@ position encoding and every resolution policy; padding changes nothing."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from functools import partial
+
 import pytest
 import timm
 import torch
@@ -211,7 +214,7 @@ def test_tables_gathered_from_the_lattice_equal_tables_per_token(kind: str, offs
     monkeypatch.setattr(rope_module, "gather_rows", lambda t, r: gathered.append(r) or naflex_gather(t, r))
     weights = torch.randn(2, 3, 2, 2 + LENGTH, 8, dtype=torch.float64)
 
-    def tables(lattice_: tuple | None) -> tuple[torch.Tensor, ...]:
+    def tables(lattice_: Callable | None) -> tuple[torch.Tensor, ...]:
         rope.freqs.grad = None
         rope.freqs.requires_grad_(kind == "mixed")
         cos, sin = encoding.block_inputs(Positions(positions, grid, None, valid, lattice_), 2)[0]
@@ -221,9 +224,9 @@ def test_tables_gathered_from_the_lattice_equal_tables_per_token(kind: str, offs
 
     per_token = tables(None)
     assert not gathered
-    on_lattice = tables(lattice(coord, valid, grid, 2))
+    on_lattice = tables(partial(lattice, coord, valid, grid, 2))
     with torch.no_grad():  # inference: the bounding grid's tables from one table per axis
-        on_grid = Positions(positions, grid, None, valid, lattice(coord, valid, grid, 2))
+        on_grid = Positions(positions, grid, None, valid, partial(lattice, coord, valid, grid, 2))
         inference = encoding.block_inputs(on_grid, 2)[0]
     assert len(gathered) == (4 if policy == "extrapolate" else 0)
     for mine, theirs in zip((*on_lattice, *inference), (*per_token, *per_token[:2]), strict=True):

@@ -44,12 +44,10 @@ class AbsoluteEncoding(PositionEncoding):
     """
 
     kind = "ape"
-    default_policy = "interpolate"  # the table is resampled to each grid: positions scaled to the training one
 
     def __init__(self, num_prefix_rows: int) -> None:
         super().__init__()
         self.num_prefix_rows = num_prefix_rows
-        self.policy = None
 
     def forward(self, table: Tensor, positions: Tensor, grids: Tensor, grid: tuple[int, int] | None,
                 table_grid: tuple[int, int]) -> Tensor:

@@ -45,8 +45,9 @@ class Positions(NamedTuple):
         grid: the batch's one grid as Python ints (an image batch), ``None`` for a NaFlex batch; the key of tables
             built once per size.
         valid: ``[B, N]`` False for padding (NaFlex), ``None`` when every token is real.
-        lattice: where each token of a NaFlex batch reads the tables of the batch's bounding grid, when its position
-            is its patch coordinate (``vit_rope.layers.lattice.lattice``); ``None`` otherwise.
+        lattice: for a NaFlex batch whose positions are its patch coordinates, the call that says where each token
+            reads the tables of the batch's bounding grid (``vit_rope.layers.lattice.lattice``: one host sync, made
+            only by a kind whose tables are the same for a position in every sample, RoPE's); ``None`` otherwise.
         captured: the forward runs under a graph capture (torch.compile, torch.export, FX symbolic tracing; the one
             place that asks is ``vit_rope.layers.routes``): encodings then keep no Python caches and take the
             reference form of anything written in place. Decided once per forward, by the embedding.
@@ -56,7 +57,7 @@ class Positions(NamedTuple):
     grids: Tensor
     grid: tuple[int, int] | None = None
     valid: Tensor | None = None
-    lattice: Lattice | None = None
+    lattice: Callable[[], Lattice | None] | None = None
     captured: bool = False
 
 
@@ -128,24 +129,23 @@ class PositionEncoding(nn.Module):
     Attributes:
         kind: the encoding's name (``vit_rope.encodings.KINDS``).
         train_grid: the ``(h, w)`` grid that resolution policies scale against (``None``: none).
-        policies: the resolution policies that apply to the kind (``vit_rope.encodings.policies``).
+        policies: the resolution policies that apply to the kind (``vit_rope.encodings.policies``), its default
+            first.
     """
 
     kind = "none"
     train_grid = None
     policies = POLICIES
 
-    default_policy = "extrapolate"
-
     @property
     def policy(self) -> ResolutionPolicy:
         """How positions follow grids other than the training one (``vit_rope.encodings.policies``); setting it checks
-        that it applies to the kind (``check_policy``), ``None`` restores ``default_policy``."""
+        that it applies to the kind (``check_policy``), ``None`` restores the kind's default (``policies[0]``)."""
         return ResolutionPolicy(self.policy_name)
 
     @policy.setter
     def policy(self, policy: str | dict | ResolutionPolicy | None) -> None:
-        policy = ResolutionPolicy.create(self.default_policy if policy is None else policy)
+        policy = ResolutionPolicy.create(self.policies[0] if policy is None else policy)
         self.policy_name = self.check_policy(policy.name)
 
     def check_policy(self, policy: str) -> str:
@@ -160,13 +160,6 @@ class PositionEncoding(nn.Module):
     def attach_(self, blocks: nn.ModuleList, dim: int, num_heads: int) -> None:
         """Give each block's attention (width ``dim``, ``num_heads`` heads) the weights of its own that the kind
         has there (PaPE's layers, STRING's bases), under the state-dict keys of its checkpoints; none by default."""
-
-    @property
-    def uses_lattice(self) -> bool:
-        """Whether a NaFlex batch whose positions are its patch coordinates should carry a ``Lattice`` (tables of its
-        bounding grid, read per token): worth its host sync only where a position's tables are the same in every
-        sample."""
-        return False
 
     def place(self, coord: Tensor, grids: Tensor) -> Tensor:
         """Positions ``[..., N, 2]`` (x, y) of the patches at ``coord`` ``[..., N, 2]`` (y, x) of the grids ``grids``
@@ -187,12 +180,8 @@ class PositionEncoding(nn.Module):
         self.depth = depth
 
     def no_weight_decay(self) -> set[str]:
-        """Names (relative to this module) of parameters to train without weight decay."""
-        return set()
-
-    def block_no_weight_decay(self) -> set[str]:
-        """Names (relative to a block's attention) of the parameters ``attach_`` put there to train without weight
-        decay."""
+        """Names (relative to this module) of parameters to train without weight decay; a module the kind puts in
+        the blocks (``attach_``) names its own the same way (``models.pos_encoding.submodule_no_decay``)."""
         return set()
 
     @property

@@ -12,6 +12,7 @@ every block's encoding is built from.
 
 from __future__ import annotations
 
+from functools import partial
 from typing import NamedTuple
 
 import torch
@@ -90,7 +91,7 @@ class EmbeddingMixin:
         B = tokens.shape[0]
         x = self._prefix_and_ape(tokens, coord, grids, grid)
         positions = self.pos_encoding.place(coord, grids)  # [N, 2] or [B, N, 2] (x, y)
-        on_lattice = valid is not None and self.pos_encoding.uses_lattice and not captured
+        on_lattice = valid is not None and not captured
         keep = None
         if isinstance(self.patch_drop, PatchDropoutWithIndices):
             x, keep = self.patch_drop(x)  # keep: [B, K] indices of the kept patches, or None
@@ -105,7 +106,7 @@ class EmbeddingMixin:
             on_lattice = False
         if valid is not None:
             attn_mask = key_padding_mask(valid, P) if attn_mask is None else check_attn_mask(attn_mask, *x.shape[:2])
-        lattice_ = lattice(coord, valid, grids, P) if on_lattice else None
+        lattice_ = partial(lattice, coord, valid, grids, P) if on_lattice else None
         positions = Positions(positions, grids, grid, valid, lattice_, captured)
         return Embedded(self.norm_pre(x), positions, attn_mask, None if grid is not None else coord, valid)
 

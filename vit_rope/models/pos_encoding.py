@@ -83,16 +83,21 @@ class PositionEncodingMixin:
         self.pos_encoding.policy = policy
 
     def encoding_no_weight_decay(self) -> set[str]:
-        """The encoding's parameters to train without weight decay (RoPE-ViT's mixed frequencies) and those it
-        attached to each block's attention (STRING's ``S``)."""
-        nwd = {f"pos_encoding.{name}" for name in self.pos_encoding.no_weight_decay()}
-        return nwd | {f"blocks.{i}.attn.{name}" for i in range(len(self.blocks))
-                      for name in self.pos_encoding.block_no_weight_decay()}
+        """The parameters to train without weight decay that the encoding's modules name (``submodule_no_decay``)."""
+        return submodule_no_decay(self)
 
     def fold_encoding_(self) -> None:
         """Write what the encoding keeps in the blocks into their weights where that is the same function at a lower
         cost (STRING's basis into the qkv projection: the base kind after it; ONNX export calls it on a copy)."""
         self.pos_encoding.fold_(self.blocks)
+
+
+def submodule_no_decay(model: nn.Module) -> set[str]:
+    """Every parameter that a module inside ``model`` names in its own ``no_weight_decay()`` (RoPE-ViT's mixed
+    frequencies in each ``RoPE2D``, STRING's ``S`` in each attention, the generators' matrices), under its full
+    name: a kind's modules say it where they are, wherever the kind put them."""
+    return {f"{path}.{name}" for path, module in model.named_modules() if path and hasattr(module, "no_weight_decay")
+            for name in module.no_weight_decay()}
 
 
 def _encoding_keys(module: nn.Module, state_dict: dict[str, Any], prefix: str, *args: Any) -> None:

@@ -30,6 +30,7 @@ from vit_rope.encodings.rope.tables import RoPE2D
 from vit_rope.errors import NoTorchScript
 from vit_rope.layers.fused import rotated_projection
 from vit_rope.layers.rotary import grid_positions
+from vit_rope.models.pos_encoding import submodule_no_decay
 from vit_rope.weights import Converted, Description
 
 SWIN_KINDS = ("axial", "mixed")
@@ -156,7 +157,7 @@ class RoPESwinTransformer(NoTorchScript, SwinTransformer):
 
     def no_weight_decay(self) -> set[str]:
         """timm's (the relative position bias tables) and the learned frequencies (RoPE-ViT)."""
-        return super().no_weight_decay() | {name for name, _ in self.named_parameters() if name.endswith("rope.freqs")}
+        return super().no_weight_decay() | submodule_no_decay(self)
 
 
 def is_official(state_dict: Mapping[str, Any]) -> bool:

@@ -57,6 +57,10 @@ class CayleyString(nn.Module):
         self.skew = nn.Parameter(torch.zeros(num_heads, head_dim, head_dim))  # A, with S = A - A^T; P = I at 0
         self._cache: tuple[tuple[int, ...], Tensor, Tensor | None] | None = None
 
+    def no_weight_decay(self) -> set[str]:
+        """``S``: decay would pull the basis back to the identity, the base kind."""
+        return {"skew"}
+
     def basis(self) -> Tensor:
         """``P`` ``[nh, D, D]``, orthogonal."""
         return cayley(self.skew)

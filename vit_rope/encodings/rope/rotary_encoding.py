@@ -67,17 +67,18 @@ class RotaryEncoding(PositionEncoding, nn.ModuleList):
         for blk in blocks:
             blk.attn.string = CayleyString(num_heads, dim // num_heads)
 
-    @property
-    def uses_lattice(self) -> bool:
-        return self.kind != "dinov3" and self[0].resolution.name == "extrapolate"
-
     def place(self, coord: Tensor, grids: Tensor) -> Tensor:
         return self[0].place(coord, grids)
 
     def block_inputs(self, positions: Positions, num_prefix_tokens: int) -> list[Any]:
+        # a NaFlex batch on integer positions with unscaled frequencies: a position's tables are the same in every
+        # sample, so each token reads those of the batch's bounding grid
+        same = positions.lattice is not None and self.kind != "dinov3" and self[0].resolution.name == "extrapolate"
+        lattice = positions.lattice() if same else None
+
         def tables(rope: RoPE2D) -> Any:
-            if positions.lattice is not None and self.uses_lattice:
-                return rope.lattice_tables(positions.lattice)
+            if lattice is not None:
+                return rope.lattice_tables(lattice)
             return rope(positions.coords, num_prefix_tokens, positions.grids)
 
         def block(i: int, shared: Any = None) -> Any:
@@ -112,16 +113,8 @@ class RotaryEncoding(PositionEncoding, nn.ModuleList):
                 del self[index]
         self.depth = depth
 
-    def no_weight_decay(self) -> set[str]:
-        """Learned mixed frequencies: RoPE-ViT trains them without weight decay."""
-        return {f"{index}.{name}" for index, rope in enumerate(self) for name in rope.no_weight_decay()}
-
     def extra_repr(self) -> str:
         return f"depth={self.depth}, per_block={self.per_block}" + (", string=True" if self.string else "")
-
-    def block_no_weight_decay(self) -> set[str]:
-        """STRING's ``S`` in each attention: decay would pull its basis back to the identity, the base kind."""
-        return {"string.skew"} if self.string else set()
 
 
 @register(*KINDS, "string", rope=True)
