@@ -203,36 +203,16 @@ def plain_linear(linear: nn.Module) -> bool:
 
 
 def project_rotate_qk(linear: nn.Module, x: Tensor, num_heads: int, cos: Tensor, sin: Tensor,
-                      backend: str = "auto") -> Tensor:
-    """``rotate_qk(linear(x).unflatten(-1, (3, num_heads, -1)), cos, sin)``, cheaper in training.
-
-    With autograd and a plain ``nn.Linear`` (``plain_linear``), projection and rotation are one autograd node that
-    rotates in place; otherwise (inference, hooks, LoRA-style wrappers) the Linear is called as it is and ``rotate_qk``
-    follows.
-
-    Args:
-        linear: the attention's qkv projection, ``C -> 3 * nh * D``.
-        x: ``[B, N, C]`` tokens.
-        num_heads: ``nh``.
-        cos: see ``rotate_qk``.
-        sin: see ``rotate_qk``.
-        backend: see ``rotate_qk``.
-
-    Returns:
-        ``[B, N, 3, nh, D]`` with q and k rotated.
-    """
-    if plain_linear(linear):
-        return project_weights_rotate_qk(x, linear.weight, linear.bias, num_heads, cos, sin, backend)
-    return rotate_qk(linear(x).unflatten(-1, (3, num_heads, -1)), cos, sin, backend)
-
-
-def project_weights_rotate_qk(x: Tensor, weight: Tensor, bias: Tensor | None, num_heads: int, cos: Tensor,
-                              sin: Tensor, backend: str = "auto") -> Tensor:
-    """``project_rotate_qk`` for a projection given as its weight ``[3 * nh * D, C]`` and bias: Cayley-STRING's
-    folded projection (``vit_rope.encodings.rope.cayley_string``), which no Linear holds. Projection and rotation are
-    one autograd node when autograd records, and the rotation is in place either way."""
-    tracked = x.requires_grad or weight.requires_grad or cos.requires_grad or sin.requires_grad
-    if torch.is_grad_enabled() and tracked:
+                      backend: str = "auto", weight: Tensor | None = None, bias: Tensor | None = None) -> Tensor:
+    """``rotate_qk(linear(x).unflatten(-1, (3, num_heads, -1)), cos, sin)`` (``[B, N, 3, nh, D]``), cheaper in
+    training: with autograd, projection and rotation are one autograd node that rotates in place. ``weight``
+    ``[3 nh D, C]`` and ``bias`` stand in for ``linear``'s (Cayley-STRING's folded projection, which no Linear holds);
+    a Linear that is not plain (``plain_linear``: hooks, LoRA-style wrappers) is called as it is, then rotated."""
+    if weight is None:
+        if not plain_linear(linear):
+            return rotate_qk(linear(x).unflatten(-1, (3, num_heads, -1)), cos, sin, backend)
+        weight, bias = linear.weight, linear.bias
+    if torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad or cos.requires_grad or sin.requires_grad):
         return _ProjectRotateQK.apply(x, weight, bias, cos, sin, num_heads, _use_triton(x, cos, backend))
     return rotate_qk(F.linear(x, weight, bias).unflatten(-1, (3, num_heads, -1)), cos, sin, backend)
 
@@ -240,18 +220,15 @@ def project_weights_rotate_qk(x: Tensor, weight: Tensor, bias: Tensor | None, nu
 def rotated_projection(x: Tensor, linear: nn.Module, num_heads: int, tables: tuple[Tensor, Tensor],
                        weight: Tensor | None = None, bias: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
     """q and k rotated by ``tables`` (``(cos, sin)``), and v, each ``[B, nh, N, D]``, of the projection ``linear(x)``
-    (or of ``weight`` and ``bias`` in its place: a basis folded into them). The one place where the rotation's form is
-    chosen: under a graph capture (torch.compile, torch.export, FX) the reference ``apply_rope``, which compilers fuse
-    and which a trace can see through; otherwise the rotation in the projection's own output (``project_rotate_qk``:
-    in place, Triton on CUDA)."""
+    (or of ``weight`` and ``bias`` in its place). The one place where the rotation's form is chosen: under a graph
+    capture (torch.compile, torch.export, FX) the reference ``apply_rope``, which compilers fuse and a trace sees
+    through; otherwise the rotation in the projection's own output (``project_rotate_qk``: in place, Triton on
+    CUDA)."""
     if capturing(x):
         qkv = linear(x) if weight is None else F.linear(x, weight, bias)
         q, k, v = qkv.unflatten(-1, (3, num_heads, -1)).permute(2, 0, 3, 1, 4).unbind(0)  # [B, nh, N, D] each
         return apply_rope(q, tables[0], tables[1]), apply_rope(k, tables[0], tables[1]), v
-    if weight is None:
-        qkv = project_rotate_qk(linear, x, num_heads, tables[0], tables[1])
-    else:
-        qkv = project_weights_rotate_qk(x, weight, bias, num_heads, tables[0], tables[1])
+    qkv = project_rotate_qk(linear, x, num_heads, tables[0], tables[1], weight=weight, bias=bias)
     q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # [B, N, 3, nh, D] -> [B, nh, N, D] each
     return q, k, v
 
