@@ -4,6 +4,7 @@
     python benchmarks/throughput.py --family base --device cuda --amp --compile both --json out.json
     python benchmarks/throughput.py --family dinov3 --img-sizes 224 512   # DINOv3 ViT-S/16: ours against timm's port
     python benchmarks/throughput.py --family kinds --img-sizes 224 448 --batch-sizes 8 2   # encodings against axial
+    python benchmarks/throughput.py --family fused --img-sizes 224   # the fused rotation against the reference one
 
 Each round runs every model in turn (a new random order per round) for ``--steps`` timed steps after its warm-up, so
 that the models share the machine's drifts and bursts; a model's figure is the median of its per-round images/s, and
@@ -11,7 +12,9 @@ its ratio to the baseline is the median of the per-round ratios (paired within a
 training step: CUDA's allocator peak on GPUs, and everywhere the bytes of the distinct tensors autograd saves for
 backward (activation memory; weights, gradients and optimizer state are the same across models). A family with
 targets (``TARGETS``: the position-encoding kinds against axial RoPE) prints PASS or MISS per row and
-saves the targets with the rows.
+saves the targets with the rows. A model named ``NAME@reference`` is ``NAME`` with q and k rotated by the reference
+``apply_rope`` (autograd through plain ops, as under a graph capture): the fused rotation and its autograd Function
+left out, so that one run measures what they buy.
 """
 
 from __future__ import annotations
@@ -25,7 +28,8 @@ import random
 import statistics
 import sys
 import time
-from collections.abc import Callable, Hashable, Mapping
+from collections.abc import Callable, Hashable, Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -38,8 +42,11 @@ import vit_rope  # noqa: E402,F401  (registers the vit_rope_* models)
 from benchmarks.machine import describe_machine  # noqa: E402
 from vit_rope.encodings.rope.cayley_string import CayleyString  # noqa: E402
 from vit_rope.eval import report  # noqa: E402
+from vit_rope.layers import attention  # noqa: E402
+from vit_rope.layers.fused import reference_projection  # noqa: E402
 from vit_rope.train.distributed import flushed_subnormals  # noqa: E402
 
+REFERENCE = "@reference"
 CLEAR_REFS = Path("/proc/self/clear_refs")
 try:
     LIBC = ctypes.CDLL("libc.so.6")
@@ -53,6 +60,10 @@ FAMILIES = {  # baseline first: the same ViT (DeiT-III: LayerScale, class token,
              "vit_base_patch16_rope_224", "vit_base_patch16_rope_mixed_224"],
     # DINOv3 ViT-S/16: timm's port (eva.py) is the baseline here, ours the same backbone with the fused rotation
     "dinov3": ["vit_small_patch16_dinov3", "vit_rope_small_patch16_dinov3"],
+    # the fused rotation (in place; its autograd Function in training) against the reference rotation it replaces
+    "fused": ["deit3_small_patch16_224", *(f"vit_rope_small_patch16_{kind}_224{variant}" for kind in ("axial", "mixed")
+                                           for variant in ("", "@reference")),
+              "vit_small_patch16_rope_224", "vit_small_patch16_rope_mixed_224"],
     # position-encoding kinds against axial RoPE of the same size; STRING is over axial, then over mixed
     "kinds": ["vit_rope_small_patch16_axial_224", *(f"vit_rope_small_patch16_{kind}_224" for kind in
                                                     ("golden", "string", "string_mixed", "lookhere", "alibi",
@@ -140,17 +151,34 @@ def peak_bytes(call: Callable[[], object], device: torch.device) -> int | None:
     return (kib("VmHWM") - before) * 1024
 
 
-def make_step(model: nn.Module, images: torch.Tensor, mode: str, amp: bool) -> Callable[[], torch.Tensor]:
+@contextmanager
+def reference_rotation(on: bool) -> Iterator[None]:
+    """With ``on``, attention rotates q and k by the reference ``apply_rope`` with autograd through plain ops, as
+    under a graph capture: the fused in-place rotation and its autograd Function left out (a ``NAME@reference``
+    model, to measure in one run what they buy)."""
+    if not on:
+        yield
+        return
+    fused = attention.rotated_projection
+    attention.rotated_projection = reference_projection
+    try:
+        yield
+    finally:
+        attention.rotated_projection = fused
+
+
+def make_step(model: nn.Module, images: torch.Tensor, mode: str, amp: bool, reference: bool = False
+              ) -> Callable[[], torch.Tensor]:
     """One inference forward, or one training forward returning the loss (backward is the caller's)."""
     autocast = torch.autocast(images.device.type, dtype=torch.bfloat16, enabled=amp)
     targets = torch.zeros(images.shape[0], dtype=torch.long, device=images.device)
 
     def infer() -> torch.Tensor:
-        with torch.inference_mode(), autocast:
+        with torch.inference_mode(), autocast, reference_rotation(reference):
             return model(images)
 
     def train() -> torch.Tensor:
-        with autocast:
+        with autocast, reference_rotation(reference):  # the backward replays the forward's nodes, set by then
             return nn.functional.cross_entropy(model(images), targets)
 
     return infer if mode == "infer" else train
@@ -175,7 +203,7 @@ def prepare(models: dict[str, nn.Module], images: torch.Tensor, mode: str, amp: 
     for name, model in models.items():
         model.train(mode == "train")
         runner = torch.compile(model, dynamic=False) if compiled else model
-        steps[name] = make_step(runner, images, mode, amp)
+        steps[name] = make_step(runner, images, mode, amp, name.endswith(REFERENCE))
         for _ in range(warmup):
             run_step(steps[name], model, mode)
     return steps
@@ -247,8 +275,8 @@ def benchmark(args: argparse.Namespace, save: Callable[[list[dict]], None] | Non
             for mode in args.modes:
                 torch._dynamo.reset()
                 torch.manual_seed(0)
-                models = {name: timm.create_model(name, img_size=size, num_classes=1000, **depth).to(device)
-                          for name in names}
+                models = {name: timm.create_model(name.removesuffix(REFERENCE), img_size=size, num_classes=1000,
+                                                  **depth).to(device) for name in names}
                 steps = prepare(models, images, mode, args.amp, args.warmup, compiled)
                 speeds = interleaved_speeds(steps, models, mode, batch_size, args.rounds, args.steps, device)
                 for name in names:

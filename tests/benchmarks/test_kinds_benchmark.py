@@ -6,7 +6,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import timm
+import torch
+
 from benchmarks import throughput
+from vit_rope.layers import attention
 
 
 def test_a_tiny_kinds_run_writes_every_row_and_target(run_benchmark: Callable) -> None:
@@ -25,3 +29,28 @@ def test_a_tiny_kinds_run_writes_every_row_and_target(run_benchmark: Callable) -
         assert "target" not in row or isinstance(row["pass"], bool)
         string_infer = "string" in model and mode == "infer"
         assert row.get("string_fold_reused") is (True if string_infer else None)
+
+
+def graph_nodes(loss) -> set[str]:
+    """The names of every autograd node behind ``loss``."""
+    seen, stack = set(), [loss.grad_fn]
+    while stack:
+        node = stack.pop()
+        if node is not None and node not in seen:
+            seen.add(node)
+            stack.extend(next_node for next_node, _ in node.next_functions)
+    return {type(node).__name__ for node in seen}
+
+
+def test_a_reference_model_rotates_by_the_reference_and_the_fused_rotation_comes_back() -> None:
+    """``NAME@reference`` runs ``NAME`` with q and k rotated by the reference ``apply_rope`` (what the fused rotation
+    and its autograd Function are measured against): the same loss, no fused node in its graph, and the fused
+    rotation back after the call."""
+    torch.manual_seed(0)
+    model = timm.create_model("vit_rope_tiny_patch16_mixed_224", depth=1, img_size=32, init_values=1.0)
+    images = torch.randn(2, 3, 32, 32)
+    fused, reference = (throughput.make_step(model, images, "train", False, ref)() for ref in (False, True))
+    assert attention.rotated_projection is not throughput.reference_projection
+    torch.testing.assert_close(fused, reference, atol=1e-5, rtol=1e-5)
+    assert "_ProjectRotateQKBackward" in graph_nodes(fused)
+    assert not any("ProjectRotateQK" in name for name in graph_nodes(reference))

@@ -225,12 +225,19 @@ def rotated_projection(x: Tensor, linear: nn.Module, num_heads: int, tables: tup
     through; otherwise the rotation in the projection's own output (``project_rotate_qk``: in place, Triton on
     CUDA)."""
     if capturing(x):
-        qkv = linear(x) if weight is None else F.linear(x, weight, bias)
-        q, k, v = qkv.unflatten(-1, (3, num_heads, -1)).permute(2, 0, 3, 1, 4).unbind(0)  # [B, nh, N, D] each
-        return apply_rope(q, tables[0], tables[1]), apply_rope(k, tables[0], tables[1]), v
+        return reference_projection(x, linear, num_heads, tables, weight, bias)
     qkv = project_rotate_qk(linear, x, num_heads, tables[0], tables[1], weight=weight, bias=bias)
     q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # [B, N, 3, nh, D] -> [B, nh, N, D] each
     return q, k, v
+
+
+def reference_projection(x: Tensor, linear: nn.Module, num_heads: int, tables: tuple[Tensor, Tensor],
+                         weight: Tensor | None = None, bias: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
+    """``rotated_projection`` by the reference ``apply_rope``, autograd through plain ops (what graph captures take,
+    and what ``benchmarks/throughput.py``'s ``@reference`` models time against the fused rotation)."""
+    qkv = linear(x) if weight is None else F.linear(x, weight, bias)
+    q, k, v = qkv.unflatten(-1, (3, num_heads, -1)).permute(2, 0, 3, 1, 4).unbind(0)  # [B, nh, N, D] each
+    return apply_rope(q, tables[0], tables[1]), apply_rope(k, tables[0], tables[1]), v
 
 
 def rotate_normed(q: Tensor, k: Tensor, tables: tuple[Tensor, Tensor], own: bool) -> tuple[Tensor, Tensor]:
