@@ -1,23 +1,9 @@
-"""Batched augmentation ops on uint8 / float image tensors ``[B, 3, H, W]``, for ``vit_rope.data.pipeline``'s loader.
+"""Batched augmentation ops on uint8 / float image tensors ``[B, 3, H, W]``, for ``vit_rope.data.pipeline``.
 
-Pure functions: each draws its random numbers from a CPU ``torch.Generator`` passed in, in an amount that does not
-depend on the outcome, so that a batch is reproducible from ``(seed, epoch, rank)`` on any device.
-
-What matches timm / torchvision and what is approximated:
-
-- Training crops follow timm's ``RandomResizedCropAndInterpolation.get_params`` law (timm/data/transforms.py): up to
-  10 attempts of area ``U(scale)`` x image area and aspect ``exp(U(log ratio))``, the first that fits wins at a
-  uniform position, else a centred crop with the aspect clamped to ``ratio``. Random numbers come from a CPU
-  ``torch.Generator`` (all 10 attempts drawn at once), so the law is timm's but the stream is not Python's ``random``.
-- Validation crops are the source region that timm's eval transform (resize the short side to
-  ``floor(size / crop_pct)``, center-crop ``size``) shows, computed exactly as torchvision rounds.
-- Resampling is ``torchvision.ops.roi_align`` (bilinear, ``aligned=True``, adaptive sampling: each output pixel
-  averages ``ceil(box / size)``^2 bilinear samples, so downscaling is antialiased by a box filter) instead of PIL's
-  bicubic / bilinear filters: a few gray levels of difference on natural images, identical geometry.
-- Colour jitter has torchvision's ``ColorJitter`` factor law for brightness, contrast and saturation (no hue), applied
-  in the fixed order brightness, contrast, saturation; timm / torchvision pick a random order per image.
-- Not covered: RandAugment / ThreeAugment, random erasing, timm's ``rkrc`` / ``rkrr`` crop modes, repeated
-  augmentation. Configs that use them need timm's per-image pipeline (``pipeline=timm``, ``vit_rope.train.loaders``).
+Each op draws from a CPU ``torch.Generator`` passed in, as many numbers whatever the outcome, so that a batch is
+reproducible from ``(seed, epoch, rank)`` on any device. Against timm / torchvision (docs/training.md): crops follow the
+law of timm's ``RandomResizedCropAndInterpolation`` (not its stream) or show exactly its eval region; resampling is
+``roi_align`` (bilinear, box-filter antialiased), a few gray levels from PIL's; colour jitter has no hue, fixed order.
 """
 
 from __future__ import annotations
@@ -35,11 +21,8 @@ GRAY_WEIGHTS = (0.299, 0.587, 0.114)  # ITU-R 601-2 luma, as PIL's convert("L") 
 
 def rrc_boxes(heights: Tensor, widths: Tensor, scale: tuple[float, float] = (0.08, 1.0),
               ratio: tuple[float, float] = (3 / 4, 4 / 3), generator: torch.Generator | None = None) -> Tensor:
-    """timm's random-resized-crop boxes for a batch of image sizes, as ``[B, 4]`` float ``(x0, y0, x1, y1)`` pixels.
-
-    Always draws ``B x 22`` numbers from ``generator`` (CPU), whatever the outcome, so later draws do not depend on
-    the image sizes. Widths and heights are at least 1 px (timm would produce an empty crop for tiny images).
-    """
+    """timm's random-resized-crop boxes, ``[B, 4]`` float ``(x0, y0, x1, y1)`` pixels (sides at least 1 px); always
+    draws ``B x 22`` numbers, so that later draws do not depend on the image sizes."""
     img_h, img_w = heights.cpu().double(), widths.cpu().double()  # [B]
     u = torch.rand(len(img_h), 2 * ATTEMPTS + 2, generator=generator, dtype=torch.float64)  # [B, 22]
     target_area = (scale[0] + (scale[1] - scale[0]) * u[:, :ATTEMPTS]) * (img_w * img_h)[:, None]  # [B, 10]
@@ -64,8 +47,7 @@ def rrc_boxes(heights: Tensor, widths: Tensor, scale: tuple[float, float] = (0.0
 
 
 def center_boxes(heights: Tensor, widths: Tensor, size: int, crop_pct: float) -> Tensor:
-    """The source region timm's eval transform shows (resize short side to ``floor(size / crop_pct)``, center-crop
-    ``size``), as ``[B, 4]`` float ``(x0, y0, x1, y1)`` in source pixels; torchvision's integer rounding included."""
+    """The source region ``[B, 4]`` that timm's eval transform (resize, center crop) shows, as torchvision rounds."""
     short_new = math.floor(size / crop_pct)
     img_h, img_w = heights.cpu().double(), widths.cpu().double()  # [B]
     short, long = torch.minimum(img_h, img_w), torch.maximum(img_h, img_w)
@@ -78,21 +60,13 @@ def center_boxes(heights: Tensor, widths: Tensor, size: int, crop_pct: float) ->
 
 
 def crop_resize(images: Tensor, boxes: Tensor, size: int) -> Tensor:
-    """Crop each box of ``images`` (uint8 ``[B, 3, H, W]``), resize it to ``size`` px: float ``[B, 3, s, s]``, 0..255.
-
-    A box is in continuous pixel coordinates (pixel ``i`` covers ``[i, i + 1)``); past its right / bottom edge an
-    image must be padded with a copy of its last column / row (``TensorStore.gather`` does), since bilinear samples
-    near the edge read one pixel beyond it with zero weight.
-    """
+    """Crop each box of ``images`` (uint8 ``[B, 3, H, W]``; pixel ``i`` covers ``[i, i + 1)``) to ``size`` px: float
+    ``[B, 3, s, s]``, 0..255. Samples at an edge read one pixel past it with zero weight, so each image must be padded
+    with a copy of its last column and row (``TensorStore.gather`` does)."""
     index = torch.arange(len(boxes), dtype=torch.float32, device=boxes.device)[:, None]
     rois = torch.cat([index, boxes.float()], 1).to(images.device)  # [B, 5]: batch index, x0, y0, x1, y1
     pixels = images.to(torch.float32, memory_format=torch.contiguous_format)  # [B, 3, H, W]
     return roi_align(pixels, rois, output_size=size, spatial_scale=1.0, sampling_ratio=-1, aligned=True)
-
-
-def flip_draws(batch: int, p: float, generator: torch.Generator | None) -> Tensor:
-    """Which images to flip, ``[B]`` bool; draws ``B`` numbers whatever ``p`` is."""
-    return torch.rand(batch, generator=generator) < p
 
 
 def hflip(images: Tensor, flips: Tensor) -> Tensor:
@@ -101,8 +75,7 @@ def hflip(images: Tensor, flips: Tensor) -> Tensor:
 
 
 def jitter_factors(batch: int, strength: float | Sequence[float], generator: torch.Generator | None) -> Tensor:
-    """Brightness, contrast and saturation factors ``[B, 3]``, each ``U(max(0, 1 - j), 1 + j)`` as torchvision's
-    ``ColorJitter``; draws ``3 B`` numbers whatever the strength is."""
+    """Brightness, contrast, saturation factors ``[B, 3]``, each ``U(max(0, 1 - j), 1 + j)`` as ``ColorJitter``."""
     j = torch.tensor([float(strength)] * 3 if isinstance(strength, (int, float)) else list(strength)[:3],
                      dtype=torch.float64)
     lo, hi = (1 - j).clamp_min(0), 1 + j  # [3]
@@ -116,11 +89,7 @@ def grayscale(images: Tensor) -> Tensor:
 
 
 def color_jitter(images: Tensor, factors: Tensor) -> Tensor:
-    """Brightness, contrast, saturation (fixed order) with per-image ``factors`` ``[B, 3]`` on 0..255 floats.
-
-    As torchvision: brightness multiplies, contrast blends with the mean of the grayscale image, saturation with the
-    grayscale image, and the result is clamped to 0..255 after each.
-    """
+    """Brightness, contrast, saturation (fixed order) with ``factors`` ``[B, 3]`` on 0..255 floats, as torchvision."""
     brightness, contrast, saturation = factors.to(images.device, images.dtype)[:, :, None, None, None].unbind(1)
     x = (images * brightness).clamp_(0, 255)  # [B, 3, H, W]
     mean = grayscale(x).mean((1, 2, 3), keepdim=True)  # [B, 1, 1, 1]

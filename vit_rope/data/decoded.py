@@ -1,12 +1,13 @@
 """The decoded-image cache: every image of a split decoded once, short side shrunk, in one flat uint8 tensor.
 
-On a small CPU, decoding full-size JPEGs every epoch costs more than a tiny ViT's training step; on a GPU the same
-store feeds the batched pipeline (``vit_rope.data.pipeline.TensorStore``) from device memory. The cache file is written
-atomically and memory-mapped, so the DDP ranks of a machine share one copy through the page cache.
+On a small CPU, decoding full-size JPEGs every epoch costs more than a tiny ViT's training step. One flat tensor is
+shared by forked loader workers instead of copied into each, and the cache file is memory-mapped, so that the DDP ranks
+of a machine share one copy; on a GPU it feeds the batched pipeline (``vit_rope.data.pipeline``) from device memory.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 from pathlib import Path
@@ -15,14 +16,13 @@ from typing import Any, BinaryIO, Protocol
 import numpy as np
 import torch
 from PIL import Image
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader
 
 from vit_rope.weights import atomic_save
 
 
 class Stored(Protocol):
-    """An image inside a container: a shard's member (``shard_reader.TarMember``), a dataset's row
-    (``hf_datasets.DatasetRow``). Samples name one of these, or a file's path."""
+    """An image inside a container: ``shard_reader.TarMember``, ``hf_datasets.DatasetRow`` (else a file path)."""
 
     def open(self) -> BinaryIO: ...
 
@@ -41,11 +41,7 @@ def fingerprint(source: Source) -> tuple[Any, ...]:
 
 
 def decode_image(source: Source, short_side: int | None = None) -> Image.Image:
-    """Read an image (a file, a shard's member, a dataset's row) as RGB (grayscale, CMYK, palette all converted);
-    optionally shrink its short side.
-
-    ``draft`` lets the JPEG decoder itself downscale by 2-8x, which is most of the decoded cache's speed-up.
-    """
+    """Read an image as RGB, optionally with its short side shrunk (``draft``: the JPEG decoder downscales 2-8x)."""
     with Image.open(source if isinstance(source, str | Path) else source.open()) as img:
         if short_side:
             img.draft("RGB", (short_side, short_side))
@@ -56,28 +52,19 @@ def decode_image(source: Source, short_side: int | None = None) -> Image.Image:
     return img
 
 
-class _Decoder(Dataset):
+def _decode_batch(short_side: int, sources: list[Source]) -> list[torch.Tensor]:
     """Decodes for the cache in loader workers; a file that fails becomes an empty array, reported on use."""
-
-    def __init__(self, paths: list[Source], short_side: int) -> None:
-        self.paths, self.short_side = paths, short_side
-
-    def __len__(self) -> int:
-        return len(self.paths)
-
-    def __getitem__(self, index: int) -> torch.Tensor:
+    arrays = []
+    for source in sources:
         try:
-            return torch.from_numpy(np.array(decode_image(self.paths[index], self.short_side)))
+            arrays.append(torch.from_numpy(np.array(decode_image(source, short_side))))
         except Exception:  # any failure to read the file; the dataset warns each time it is drawn
-            return torch.zeros((0, 0, 3), dtype=torch.uint8)
+            arrays.append(torch.zeros((0, 0, 3), dtype=torch.uint8))
+    return arrays
 
 
 class DecodedImages:
-    """A split decoded once, short side shrunk to a fixed size, in one flat uint8 tensor (HWC per image).
-
-    On a small CPU, decoding full-size JPEGs every epoch costs more than a tiny ViT's training step. A single flat
-    tensor rather than a list of arrays is shared by forked loader workers instead of being copied into each.
-    """
+    """A split decoded once, short side shrunk to a fixed size, in one flat uint8 tensor (HWC per image)."""
 
     def __init__(self, data: torch.Tensor, offsets: torch.Tensor, shapes: torch.Tensor) -> None:
         self.data, self.offsets, self.shapes = data, offsets, shapes
@@ -92,7 +79,8 @@ class DecodedImages:
     @classmethod
     def build(cls, paths: list[Source], short_side: int, workers: int) -> DecodedImages:
         """Decode ``paths`` in parallel (``workers`` processes) into a new cache."""
-        loader = DataLoader(_Decoder(paths, short_side), batch_size=32, num_workers=workers, collate_fn=list)
+        decode = functools.partial(_decode_batch, short_side)
+        loader = DataLoader(paths, batch_size=32, num_workers=workers, collate_fn=decode)
         arrays = [array for batch in loader for array in batch]
         shapes = torch.tensor([array.shape[:2] for array in arrays], dtype=torch.long).reshape(-1, 2)
         sizes = shapes.prod(1) * 3
@@ -101,11 +89,8 @@ class DecodedImages:
     @classmethod
     def load_or_build(cls, paths: list[Source], short_side: int, workers: int, cache_dir: Path | None
                       ) -> DecodedImages:
-        """Build the cache, or with ``cache_dir`` reuse the file of an earlier run on the same images and size.
-
-        The file name hashes every image's ``fingerprint`` (a file's path, size and modification time), so a changed
-        dataset is decoded again.
-        """
+        """Build the cache, or with ``cache_dir`` reuse the file of an earlier run on the same images and size (its
+        name hashes every image's ``fingerprint``, so a changed dataset is decoded again)."""
         if cache_dir is None:
             return cls.build(paths, short_side, workers)
         listing = [fingerprint(path) for path in paths]

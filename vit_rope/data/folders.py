@@ -1,12 +1,8 @@
 """Image folders: the data root (a shared copy, or Imagenette downloaded), ImageFolder splits scanned with clear
-errors, class-balanced subsets, and the datasets timm's per-image pipeline reads them through (from the files or the
-decoded cache, ``vit_rope.data.decoded``); ``vit_rope.train.loaders`` builds the loaders on them.
+errors, class-balanced subsets, and the datasets timm's per-image pipeline reads (from the files or the decoded cache).
 
-Training items come from ``vit_rope.data.steps.StepSampler``, so ``train_sizes`` (one size per step from
-``vit_rope.data.sizes.SizeSchedule``) means the same in both pipelines. Unreadable images never stop a run: they are
-replaced by the next readable image (so batches keep their size, which Mixup and DDP rely on), a warning names the
-file, and the epoch summary counts them. Epoch order, sizes and augmentation randomness are functions of (seed, epoch,
-rank, step) only, so a run resumed at any step sees the same batches as an uninterrupted one.
+Unreadable images never stop a run: they are replaced by the next readable one (batches keep their size, which Mixup
+and DDP rely on), a warning names the file, and the epoch summary counts them.
 """
 
 from __future__ import annotations
@@ -32,16 +28,8 @@ Sample = tuple[Source, int]  # an image (a file's path, a shard's member, a data
 
 
 def resolve_data_dir(data_dir: str | None, download_size: str = "320px") -> Path:
-    """Choose the dataset root: ``data_dir``, else the shared Imagenette next to the repo, else download Imagenette.
-
-    The order lets the same command work in this project's workspace (``../shared/data/imagenette``) and for users
-    with only internet access (torchvision's Imagenette into ``~/.cache/vit_rope``); it never falls back to
-    synthetic data.
-
-    Args:
-        data_dir: ``--data-dir``; must contain ``train/`` and ``val/``.
-        download_size: Imagenette variant to download: ``full``, ``320px`` or ``160px``.
-    """
+    """The dataset root: ``data_dir``, else the shared Imagenette next to the repo, else Imagenette downloaded into
+    ``~/.cache/vit_rope`` (``download_size``: ``full``, ``320px`` or ``160px``); never synthetic data."""
     if data_dir:
         return Path(data_dir).expanduser()
     shared = REPO_ROOT.parent / "shared" / "data" / "imagenette"
@@ -62,17 +50,9 @@ def resolve_data_dir(data_dir: str | None, download_size: str = "320px") -> Path
 
 def find_images(split_dir: Path, classes: list[str] | None = None, split_key: str | None = None
                 ) -> tuple[list[Sample], list[str]]:
-    """List ``(path, class index)`` for an ImageFolder split (one sub-folder per class, images in any PIL format).
-
-    Args:
-        split_dir: ``DIR/train`` or ``DIR/<val_split>``.
-        classes: the train split's class names, so that val indices match; None to take them from this folder.
-        split_key: the setting that named this split (e.g. ``val_split``); when the folder is missing, the error
-            lists the other folders of the data dir and tells to set it (CIFAR-10 and others ship ``test/``).
-
-    Returns:
-        The samples and the class names.
-    """
+    """``(samples, classes)`` of an ImageFolder split (one sub-folder per class, images in any PIL format), with the
+    train split's ``classes`` (None: this folder's). When the folder is missing, the error lists the data dir's other
+    folders and tells to set ``split_key`` (CIFAR-10 and others ship ``test/``)."""
     if not split_dir.is_dir():
         message = f"{split_dir} does not exist; the data dir needs {split_dir.name}/ with one folder per class"
         others = sorted(d.name for d in split_dir.parent.iterdir() if d.is_dir() and d.name != "train"
@@ -106,12 +86,8 @@ def find_images(split_dir: Path, classes: list[str] | None = None, split_key: st
 
 
 def balanced_subset(samples: list[Sample], fraction: float, seed: int) -> list[Sample]:
-    """A class-balanced ``fraction`` of ``samples``: each class keeps ``round(fraction x its images)`` (at least one),
-    drawn by ``seed`` alone, in the samples' order.
-
-    Why a seed of its own (``train_subset_seed``, not the run's): runs that differ in seed or model must train on the
-    same images for a data-size comparison to mean anything (study v4, stage 2).
-    """
+    """A class-balanced ``fraction`` of ``samples``, in their order, by a seed of its own (``train_subset_seed``): runs
+    that differ in seed or model must train on the same images for a data-size comparison to mean anything."""
     rng = np.random.default_rng(seed)
     by_class: dict[int, list[int]] = {}
     for index, (_, target) in enumerate(samples):
@@ -163,14 +139,8 @@ class ImageFolderDataset(Images):
 
 
 class SizedImages(Images):
-    """Training samples for ``StepSampler``'s items ``(index, size, seed)``: the image through timm's transform for
-    ``size``, its random numbers seeded by ``seed``.
-
-    The transforms are built once per size before the loader starts (each worker gets a copy), not per image. Seeding
-    every image makes its augmentation a function of (seed, epoch, rank, step, position) alone, so the batches do not
-    depend on the number of workers or on where a run resumed; the training process's own random state is restored
-    after each batch (``workers=0``).
-    """
+    """Training samples for ``StepSampler``'s items ``(index, size, seed)``: the image through the transform for
+    ``size``, its random numbers seeded by ``seed`` (with ``workers=0`` the process's random state is kept)."""
 
     def __init__(self, samples: list[Sample], transforms: Mapping[int, Callable[[Image.Image], torch.Tensor]],
                  cache: DecodedImages | None = None) -> None:

@@ -1,11 +1,6 @@
-"""Hugging Face datasets on disk (timm's ``hfds/`` data) as samples of the map-style loaders: a row is read when its
-image is drawn, so the loaders, the decoded cache and every pipeline treat a dataset as they treat an image folder.
-
-Two layouts: what ``DatasetDict.save_to_disk`` writes (``datasets.load_from_disk``), and a folder of data files with
-the splits in their names (a dataset repository downloaded from the Hub, e.g. ``data/train-00000-of-00004.parquet``;
-``datasets.load_dataset``). timm's ``hfds/`` reader calls ``load_dataset`` alone, which refuses the first layout.
-Images are read undecoded (``datasets.Image(decode=False)``) and decoded as files are, so a corrupt one is skipped
-with a warning like a corrupt file.
+"""Hugging Face datasets on disk (timm's ``hfds/`` data) as samples of the map-style loaders, a row read (undecoded)
+when its image is drawn (docs/data.md). Two layouts: ``DatasetDict.save_to_disk``'s, which timm's ``hfds/`` reader
+refuses, and a folder of data files named by split, as downloaded from the Hub.
 """
 
 from __future__ import annotations
@@ -77,14 +72,8 @@ def _images(root: str, split: str, column: str) -> Any:
 
 def find_dataset_samples(root: Path, split: str, classes: list[str] | None, split_key: str, input_key: str | None,
                          target_key: str | None) -> tuple[list[tuple[DatasetRow, int]], list[str]]:
-    """``(samples, classes)`` of a split of a dataset on disk, sorted by class, every label checked first.
-
-    Classes are the label column's names when it is a ``ClassLabel``, else the class indices as text.
-
-    Args:
-        classes: the train split's classes, which this split's labels must index; None for the train split.
-        input_key: the image column (default ``image``); target_key: the label column (default ``label``).
-    """
+    """``(samples, classes)`` of a split of a dataset on disk, sorted by class, every label checked first; classes are
+    a ``ClassLabel``'s names, else the indices as text. ``input_key`` / ``target_key``: the image / label column."""
     datasets = require("datasets", "hf")
     try:
         table = _load(str(root), split)

@@ -14,17 +14,9 @@ _log = logging.getLogger(__name__)
 
 def labelled_samples(samples: list[tuple[Any, int]], names: Sequence[str] | None, classes: list[str] | None,
                      where: str, split_key: str) -> tuple[list[tuple[Any, int]], list[str]]:
-    """``(samples, classes)`` of a split whose labels are class indices, sorted by class as a folder's are.
-
-    A negative label marks an unlabelled sample (Hugging Face's test splits use -1; timm's readers skip them): those
-    are left out with a warning counting them, and a split of none but those is an error.
-
-    Args:
-        names: the class names the data gives (``_info.json``'s ``classes``, a ``ClassLabel``'s names), or None: the
-            indices as text, ``0`` to the largest label.
-        classes: the train split's classes, which every label must index; None for the train split itself.
-        where: the split, for the messages; split_key: the setting that named it.
-    """
+    """``(samples, classes)`` of a split whose labels are class indices, sorted by class as a folder's are; samples of a
+    negative label (unlabelled, as Hugging Face's -1) are left out with a warning, as timm's readers skip them.
+    ``names``: the data's class names, or None (the indices as text); ``classes``: the train split's (None for it)."""
     kept = [sample for sample in samples if sample[1] >= 0]
     if not kept:
         raise UserError(f"{where} has no labelled samples ({len(samples)} in all); check {split_key}")

@@ -1,20 +1,9 @@
 """Native aspect-ratio (NaFlex) batches for training and validation, from timm's NaFlex data pipeline.
 
-Patch-n-pack (Dehghani et al., "Patch n' Pack: NaViT", NeurIPS 2023): each image keeps its aspect ratio, is cut into
-patches and padded to one sequence length per step. timm's ``timm/data/naflex_*.py`` implement it (SigLIP2-NaFlex,
-NaFlexViT): a canonical schedule of ``(sequence length, batch size)`` steps (``NaFlexMapDatasetWrapper``), the
-random-resized crop to a token budget, ``NaFlexMixup`` (Mixup/CutMix between images of different sizes, in the loader
-workers), ``Patchify``, ``NaFlexCollator``, normalisation on the device (``NaFlexPrefetchLoader``) and
-``PatchRandomErasing``. All of those are used here as they are. What this module adds is what the other pipelines of
-``train.py`` promise (``vit_rope.data.steps``):
-
-- **resume at any step**: an epoch's steps and every image's augmentation are functions of (seed, epoch, rank, step,
-  position): each image's transform, each step's Mixup and each step's erasing draw from seeds of their own, so the
-  batches depend neither on the number of workers nor on where a run was resumed (timm's workers draw from one
-  stream per worker);
-- **unreadable images** are replaced by the next readable one (timm's wrapper drops them and shrinks the batch) and
-  counted in the epoch's summary;
-- batches come as ``(inputs, targets, skipped)`` like the other pipelines', ``inputs`` being timm's NaFlex dict.
+Patch-n-pack (Dehghani et al., "Patch n' Pack: NaViT", NeurIPS 2023), as ``timm/data/naflex_*.py`` implement it and
+used as they are. What this module adds (docs/training.md, "Native aspect ratio"): transforms, Mixup and erasing draw
+from seeds of (seed, epoch, rank, step, position), so a run resumes at any step to the same batches whatever the
+number of workers; unreadable images are replaced and counted; batches are ``(inputs, targets, skipped)``.
 """
 
 from __future__ import annotations
@@ -42,17 +31,9 @@ _ERASE_TAG = 0xE7A5E  # a last SeedSequence entry: the erasing seeds differ from
 class NaFlexSteps(NaFlexMapDatasetWrapper):
     """timm's ``NaFlexMapDatasetWrapper`` over a split's images, with per-image seeds and a mid-epoch start.
 
-    Its canonical schedule (how many steps of which sequence length an epoch has, the same on every rank), the
-    epoch's shuffle of images and steps, the transforms per sequence length, ``Patchify`` and the collators are
-    timm's; only the iteration is ours, so that step k of an epoch is the same batch however the run got there.
-
-    Args:
-        images: the split's images (``vit_rope.data.folders``), read from files or the decoded cache.
-        transform_factory: ``(max_seq_len=, patch_size=) -> transform`` (timm's ``create_transform`` with
-            ``naflex=True``).
-        mixup: timm's ``NaFlexMixup`` (soft targets), or None for class indices.
-        kwargs: the rest of ``NaFlexMapDatasetWrapper``'s arguments (patch size, sequence lengths, tokens per batch,
-            seed, rank, world size).
+    Only the iteration is ours, so that step k of an epoch is the same batch however the run got there.
+    ``transform_factory``: ``(max_seq_len=, patch_size=) -> transform``; ``mixup``: ``NaFlexMixup`` or None;
+    ``kwargs``: the wrapper's other arguments.
     """
 
     def __init__(self, images: Images, transform_factory: Callable[..., Any], mixup: Any = None,
@@ -63,7 +44,7 @@ class NaFlexSteps(NaFlexMapDatasetWrapper):
 
     @property
     def schedule(self) -> list[tuple[int, int]]:
-        """``(sequence length, images)`` of every step of an epoch, in timm's canonical order (epochs shuffle it)."""
+        """``(sequence length, images)`` of every step of an epoch, in timm's canonical order."""
         return list(self._canonical_batch_schedule)
 
     def set_epoch(self, epoch: int, start_step: int = 0) -> None:
@@ -74,8 +55,7 @@ class NaFlexSteps(NaFlexMapDatasetWrapper):
         self.shared_start.value = start_step
 
     def __iter__(self) -> Iterator[tuple[dict[str, Any], Tensor]]:
-        """This worker's steps from ``start_step``: step i goes to worker ``(i - start_step) % workers``, the order in
-        which a ``DataLoader`` takes batches from its workers, so the batches arrive in step order."""
+        """This worker's steps from ``start_step``: step i to worker ``(i - start_step) % workers``, in step order."""
         info = torch.utils.data.get_worker_info()
         workers, worker = (info.num_workers, info.id) if info is not None else (1, 0)
         epoch, start = self.shared_epoch.value, self.shared_start.value
@@ -83,16 +63,14 @@ class NaFlexSteps(NaFlexMapDatasetWrapper):
             self.mixup_fn.set_epoch(epoch)
         steps = self._prepare_epoch_batches(epoch)
         for step in range(start + worker, len(steps), workers):
-            seq_len, patch_idx, indices = steps[step]
             with global_rng_kept():  # workers=0: the training process's own draws stay its own
-                batch = self._batch(step, self.transforms[seq_len, patch_idx], self.patchifiers[patch_idx],
-                                    self.collate_fns[seq_len], indices, epoch)
+                batch = self._batch(epoch, step, *steps[step])
             yield batch
 
-    def _batch(self, step: int, transform: Callable[[Any], Tensor], patchify: Callable[[Tensor], dict[str, Tensor]],
-               collate: Callable[[list[Any]], tuple[dict[str, Any], Tensor]], indices: list[int], epoch: int
+    def _batch(self, epoch: int, step: int, seq_len: int, patch_idx: int, indices: list[int]
                ) -> tuple[dict[str, Any], Tensor]:
         """One step: each image transformed under its own seed, Mixup under the step's, then patchified and padded."""
+        transform, patchify = self.transforms[seq_len, patch_idx], self.patchifiers[patch_idx]
         *image_seeds, mix_seed = sample_seeds(self.seed, epoch, self.rank, step, len(indices) + 1)
         images, targets, skipped = [], [], []
         for index, seed in zip(indices, image_seeds, strict=True):
@@ -104,24 +82,16 @@ class NaFlexSteps(NaFlexMapDatasetWrapper):
         if self.mixup_fn is not None:
             seed_globals(mix_seed)
             images, targets = self.mixup_fn(images, targets)
-        inputs, targets = collate([(patchify(image), target) for image, target in zip(images, targets, strict=True)])
+        inputs, targets = self.collate_fns[seq_len]([(patchify(image), target)
+                                                     for image, target in zip(images, targets, strict=True)])
         inputs["skipped"] = torch.tensor(skipped)  # [B]; a tensor, so the prefetcher moves it with the rest
         return inputs, targets
 
 
 class NaFlexLoader:
-    """Batches ``(inputs, targets, skipped)`` on the device: timm's ``NaFlexPrefetchLoader`` (device copy, normalised
-    patches) over a ``DataLoader``, then ``PatchRandomErasing`` under a seed per step.
-
-    Args:
-        loader: a ``DataLoader`` over ``NaFlexSteps`` (training, ``batch_size=None``) or over a dataset of patchified
-            images with timm's ``NaFlexCollator`` (validation).
-        mean, std: normalisation, in [0, 1] units as timm's configs give them.
-        device: where batches go.
-        erasing: timm's ``PatchRandomErasing``, or None.
-        seed, rank: the run's seed and this process's rank, for the erasing seeds.
-        channels: image channels (the last of a patch's values, ``Patchify``'s channels-last layout).
-    """
+    """Batches ``(inputs, targets, skipped)`` on the device: timm's ``NaFlexPrefetchLoader`` (normalised patches, mean
+    and std in [0, 1] units) over a ``DataLoader`` of ``NaFlexSteps`` (training, ``batch_size=None``) or of patchified
+    images with ``NaFlexCollator`` (validation), then ``PatchRandomErasing`` under a seed per step."""
 
     def __init__(self, loader: DataLoader, mean: tuple[float, ...], std: tuple[float, ...], device: torch.device,
                  erasing: PatchRandomErasing | None = None, seed: int = 0, rank: int = 0, channels: int = 3) -> None:

@@ -1,20 +1,15 @@
 """Batched tensor data pipeline: a decoded uint8 store, augmented one *batch* at a time on the compute device.
 
-Why: training from the decoded cache through a ``DataLoader`` spends a worker process per core on per-image PIL
-augmentation, which on a small CPU leaves the training step a fraction of its speed (docs/performance.md, "Data
-pipeline"). Here the cache is one flat uint8 store
-(optionally memory-mapped and shared by processes, or held on a GPU), and each batch is cropped, resized, flipped,
-colour-jittered and normalised by a handful of batched tensor ops in the training process itself (CPU threads or
-CUDA); there are no worker processes and an image is never decoded again.
-
-The per-batch operations, and how they match timm / torchvision, are in ``vit_rope.data.augment``.
+Why: per-image PIL augmentation in ``DataLoader`` workers leaves a small CPU's training step a fraction of its speed
+(docs/performance.md, "Data pipeline"). Here the decoded cache is one flat uint8 store (memory-mapped and shared by
+processes, or held on a GPU), and each batch is augmented by a few batched ops (``vit_rope.data.augment``) in the
+training process: no workers, and no image is decoded again.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any
 
 import numpy as np
 import torch
@@ -29,21 +24,10 @@ _log = logging.getLogger(__name__)
 IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 
 
-def epoch_seed(seed: int, epoch: int, rank: int) -> int:
-    """The seed of the generator that draws a training epoch's crops, flips and jitter on rank ``rank``."""
-    return int(np.random.SeedSequence([seed, epoch, rank]).generate_state(1)[0])
-
-
 class TensorStore:
-    """Decoded images in one flat uint8 tensor (HWC per image, as ``vit_rope.data.decoded.DecodedImages``) with targets.
-
-    Args:
-        data: flat uint8, may be memory-mapped (``torch.load(mmap=True)``): it is never copied as a whole.
-        offsets: ``[N]`` start of each image in ``data``.
-        shapes: ``[N, 2]`` (height, width); height 0 marks an image that could not be decoded.
-        targets: ``[N]`` class indices.
-        paths: the file of each image, named when it is unreadable; None names them by index.
-    """
+    """Decoded images in one flat uint8 tensor ``data`` (HWC per image, as ``DecodedImages``; may be memory-mapped: it
+    is never copied as a whole) at ``offsets`` ``[N]``, of ``shapes`` ``[N, 2]`` (height 0: unreadable), with
+    ``targets`` ``[N]`` and optionally each image's file (``paths``) for warnings."""
 
     def __init__(self, data: Tensor, offsets: Tensor, shapes: Tensor, targets: Tensor | Sequence[int],
                  paths: Sequence[str] | None = None) -> None:
@@ -62,16 +46,6 @@ class TensorStore:
         pos = torch.searchsorted(readable, torch.arange(len(self)))
         self._next = readable[pos % len(readable)]  # [N]
         self._skips = (self._next - torch.arange(len(self))) % len(self)  # [N]
-
-    @classmethod
-    def from_decoded(cls, images: Any, targets: Tensor | Sequence[int], paths: Sequence[str] | None = None
-                     ) -> TensorStore:
-        """A store sharing the tensors of a ``vit_rope.data.decoded.DecodedImages`` (no copy)."""
-        return cls(images.data, images.offsets, images.shapes, targets, paths)
-
-    def names(self, indices: Tensor) -> str:
-        """The files of images ``indices`` (``#index`` when the store was given no paths), for a warning."""
-        return ", ".join(self.paths[i] if self.paths is not None else f"#{i}" for i in indices.tolist())
 
     def __len__(self) -> int:
         return len(self.shapes)
@@ -92,13 +66,9 @@ class TensorStore:
         return self._next[indices], self._skips[indices]
 
     def gather(self, indices: Tensor, device: torch.device | str | None = None) -> tuple[Tensor, Tensor, Tensor]:
-        """Readable images ``indices`` as one zero-padded uint8 batch on ``device`` (default: the store's).
-
-        Returns:
-            ``[B, 3, Hmax, Wmax]`` uint8 (a channels-last view; each image's last column and row are repeated once
-            into the padding, see ``vit_rope.data.augment.crop_resize``), heights ``[B]`` and widths ``[B]`` (CPU,
-            long).
-        """
+        """Readable images ``indices`` as one zero-padded batch on ``device`` (default: the store's): uint8
+        ``[B, 3, Hmax, Wmax]`` (a channels-last view; each image's last column and row repeated once into the padding,
+        see ``augment.crop_resize``), heights ``[B]`` and widths ``[B]`` (CPU, long)."""
         indices = indices.cpu().long()
         heights, widths = self.shapes[indices].unbind(1)  # [B], [B]
         if (heights == 0).any():
@@ -120,14 +90,9 @@ class TensorStore:
 class BatchLoader:
     """Batches ``(images [B, 3, s, s] normalised, targets [B] long, skipped scalar long)`` from a ``TensorStore``.
 
-    Training: each epoch's order is ``DistributedSampler(shuffle=True, seed)``'s (padded to a multiple of
-    ``world_size``, this rank's share), cut into steps by ``vit_rope.data.steps.StepSampler`` (full batches only; with a
-    ``schedule``, e.g. ``vit_rope.data.sizes.SizeSchedule``, a size and batch length per step, as the per-image
-    pipeline); crops, flips and jitter come from a CPU generator seeded by (seed, epoch, rank), so an epoch is the
-    same whenever it is run (resumes included: a resumed epoch draws the random numbers of the steps it skips).
-    Validation: this rank's slice ``range(rank, N, world_size)`` in order, every batch including the last partial
-    one, center crops. Images and targets are on ``device``; ``skipped`` (unreadable images replaced in the batch)
-    stays on the CPU.
+    Training: this rank's share of ``DistributedSampler``'s order, in ``StepSampler``'s steps (``schedule``: a size and
+    batch per step), augmented from a CPU generator seeded by (seed, epoch, rank); a resumed epoch draws the numbers of
+    the steps it skips. Validation: the slice ``range(rank, N, world_size)``, center crops. ``skipped`` is on the CPU.
     """
 
     def __init__(self, store: TensorStore, batch_size: int, size: int, *, train: bool,
@@ -158,7 +123,7 @@ class BatchLoader:
         return -(-len(range(self.rank, len(self.store), self.world_size)) // self.batch_size)
 
     def set_epoch(self, epoch: int, start_step: int = 0) -> None:
-        """Select epoch ``epoch``'s order and augmentation randomness (training), iterated from step ``start_step``."""
+        """Select a training epoch, iterated from step ``start_step``."""
         self.steps.set_epoch(epoch, start_step)
 
     def __iter__(self) -> Iterator[tuple[Tensor, Tensor, Tensor]]:
@@ -166,7 +131,8 @@ class BatchLoader:
             for indices in torch.arange(self.rank, len(self.store), self.world_size).split(self.batch_size):
                 yield self.make_batch(indices, self.size, None)
             return
-        generator = torch.Generator().manual_seed(epoch_seed(self.seed, self.steps.epoch, self.rank))
+        epoch_seed = np.random.SeedSequence([self.seed, self.steps.epoch, self.rank]).generate_state(1)[0]
+        generator = torch.Generator().manual_seed(int(epoch_seed))
         for step, (size, indices) in enumerate(self.steps.plan()):
             if step < self.steps.start:  # a resumed epoch: the skipped steps' random numbers, without their images
                 ones = torch.ones(len(indices), dtype=torch.long)
@@ -176,10 +142,9 @@ class BatchLoader:
 
     def train_draws(self, heights: Tensor, widths: Tensor, generator: torch.Generator | None
                     ) -> tuple[Tensor, Tensor, Tensor]:
-        """Crop boxes ``[B, 4]``, flips ``[B]`` and jitter factors ``[B, 3]`` of a training batch of images of these
-        sizes; the numbers drawn from ``generator`` depend on the batch length only (``vit_rope.data.augment``)."""
+        """Crop boxes ``[B, 4]``, flips ``[B]``, jitter factors ``[B, 3]``: as many draws for any images of a batch."""
         return (augment.rrc_boxes(heights, widths, self.scale, self.ratio, generator),
-                augment.flip_draws(len(heights), self.hflip_p, generator),
+                torch.rand(len(heights), generator=generator) < self.hflip_p,
                 augment.jitter_factors(len(heights), self.jitter, generator))
 
     def make_batch(self, indices: Tensor, size: int,
@@ -187,8 +152,9 @@ class BatchLoader:
         """One batch of any length and output ``size``: random crops etc. from ``generator`` when training."""
         resolved, skips = self.store.resolve(indices)  # [B], [B]
         if skips.any():  # each such index is itself unreadable (a skip starts there)
-            _log.warning("replacing unreadable image(s) %s by the next readable one", self.store.names(
-                indices.cpu()[skips > 0]))
+            paths = self.store.paths
+            names = ", ".join(paths[i] if paths is not None else f"#{i}" for i in indices.cpu()[skips > 0].tolist())
+            _log.warning("replacing unreadable image(s) %s by the next readable one", names)
         padded, heights, widths = self.store.gather(resolved, self.device)  # [B, 3, Hmax, Wmax] uint8
         if self.train:
             boxes, flips, factors = self.train_draws(heights, widths, generator)  # [B, 4], [B], [B, 3]

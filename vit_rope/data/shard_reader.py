@@ -1,22 +1,15 @@
 """WebDataset shards (timm's ``wds/`` layout) read by random access: each sample is a member of an uncompressed tar,
 located once by an index of the shards' headers and then read with one ``pread``.
 
-timm's layout (``timm/imagenet-1k-wds``, and what ``python -m vit_rope.shards`` writes): ``<split>-NNNNNN.tar`` files
-whose members ``key.jpg`` (or ``.png``, ``.webp``, ...) hold an image and ``key.cls`` its class index (or ``key.json``
-a ``label`` field), and ``_info.json`` listing each split's shards and their sample counts.
-
-Why random access and not timm's streaming ``ReaderWds``: every loader of ``vit_rope.train.loaders`` is map-style, so
-an epoch's order is a permutation drawn from (seed, epoch), every rank and worker reads a disjoint part of it, each
-sample once, and ``--resume`` in the middle of an epoch continues the same batches. A stream with a shuffle buffer
-gives none of the three (timm's reader splits whole shards across ranks and workers, so shards that do not divide
-evenly repeat or drop samples). Reading a member costs a seek inside a file that is already open, so shards keep what
-they are for, no file per image on a shared file system; the price is reads scattered across the shards, not
-sequential ones (object stores through ``pipe:`` URLs are not supported: copy the shards to a file system).
+Why random access, not timm's streaming ``ReaderWds`` (docs/data.md): with map-style loaders an epoch is a
+permutation drawn from (seed, epoch), ranks and workers read disjoint parts of it, each sample once, and ``--resume``
+mid-epoch continues the same batches; a shuffle-buffer stream gives none of the three. The price is scattered reads.
 """
 
 from __future__ import annotations
 
 import collections
+import contextlib
 import hashlib
 import io
 import json
@@ -62,9 +55,8 @@ _open_lock = threading.Lock()
 
 
 def _pread(path: str, size: int, offset: int) -> bytes:
-    """``size`` bytes of ``path`` at ``offset``, through a per-process cache of open shards. ``pread`` moves no file
-    position, so descriptors inherited by forked loader workers are safe to share; the lock keeps threads from reading
-    a descriptor another one closes."""
+    """``size`` bytes of ``path`` at ``offset``, through a per-process cache of open shards (``pread`` moves no file
+    position, so forked workers may share descriptors; the lock keeps threads off a descriptor another one closes)."""
     with _open_lock:
         fd = _open.pop(path, None)
         if fd is None:
@@ -84,8 +76,7 @@ def _stat(path: str) -> tuple[int, int]:
 
 
 def expand_braces(pattern: str) -> list[str]:
-    """WebDataset's shard patterns: ``train-{000000..000146}.tar`` (zero-padded ranges) and ``{a,b}`` lists, nested or
-    repeated, expanded left to right."""
+    """WebDataset's shard patterns expanded: ``{000000..000146}`` ranges and ``{a,b}`` lists, nested or repeated."""
     match = re.search(r"\{([^{}]*)\}", pattern)
     if match is None:
         return [pattern]
@@ -116,12 +107,9 @@ def load_info(root: Path) -> dict[str, Any]:
 
 
 def split_shards(root: Path, split: str, info: dict[str, Any], split_key: str) -> tuple[list[Path], list[int] | None]:
-    """The shards of ``split`` and their sample counts (None where ``_info.json`` does not give them).
-
-    ``split`` is a split name of ``_info.json`` (``train``, ``validation``), or shard files: a brace pattern or a
-    comma-free list joined by ``::`` (WebDataset's separator), relative to ``root``, with timm's ``|N`` sample count.
-    Without ``_info.json`` only shard files name a split.
-    """
+    """The shards of ``split`` and their sample counts (None where ``_info.json`` does not give them): ``split`` is a
+    split of ``_info.json``, or shard files relative to ``root`` (a brace pattern or a ``::`` list, with timm's
+    optional ``|N`` sample count), the only way without ``_info.json``."""
     splits = info.get("splits", {})
     split, _, stated = split.partition("|")  # timm's "pattern|N": N is checked against the shards' count
     if stated and not stated.isdigit():
@@ -199,13 +187,9 @@ def _check_end(path: Path, end: int) -> None:
 
 
 def index_shard(path: Path, input_keys: tuple[str, ...], target_key: str | None) -> ShardIndex:
-    """Read a shard's headers (not its images): where each sample's image lies and its label.
-
-    WebDataset's grouping: a member's key is its path up to the first dot of its file name, its extension the rest
-    (matched lower-case); top-level ``__name__`` members are metadata. The image is the first of ``input_keys`` the
-    sample has. The label is the ``.cls`` member, else ``target_key`` (default ``label``) of the ``.json`` member;
-    with a ``target_key`` only the ``.json`` is read. A negative label marks a sample without one (test splits).
-    """
+    """Read a shard's headers (not its images): where each sample's image lies (the first of ``input_keys`` it has)
+    and its label. WebDataset's grouping: a member's key is its path up to the first dot of its file name, its
+    extension the rest (lower-cased); top-level ``__name__`` members are metadata."""
     samples: dict[str, dict[str, Any]] = {}
     try:
         with tarfile.open(path, "r:") as tar:
@@ -236,28 +220,18 @@ def index_shard(path: Path, input_keys: tuple[str, ...], target_key: str | None)
         if label is None:
             wanted = f"a .json member with a '{target_key}' field" if target_key else "a .cls member or .json 'label'"
             raise UserError(f"{path}: sample {key} has no label ({wanted}); fix the shard, or set target_key")
-        index.keys.append(key)
-        index.offsets.append(image[0])
-        index.sizes.append(image[1])
-        index.labels.append(label)
+        for column, value in zip(index, (key, *image, label), strict=True):
+            column.append(value)
     return index
 
 
-def _index_cache(cache_dir: Path | None) -> Path:
-    return cache_dir / "shard-index" if cache_dir else (
-        Path(os.environ.get("XDG_CACHE_HOME", "~/.cache")).expanduser() / "vit_rope" / "shard-index")
-
-
 def cached_index(path: Path, input_keys: tuple[str, ...], target_key: str | None, cache: Path) -> ShardIndex:
-    """``index_shard``, kept in ``cache`` under a name that hashes the shard's path, size and time and the keys: a
-    second run (and every rank after the first) reads the index instead of the shard's headers."""
+    """``index_shard``, kept in ``cache`` under a hash of the shard's path, size, time and the keys, for later runs."""
     identity = (str(path.resolve()), _stat(str(path)), input_keys, target_key)
     file = cache / f"{hashlib.sha1(repr(identity).encode()).hexdigest()[:20]}.json"
     if file.is_file():
-        try:
+        with contextlib.suppress(ValueError, TypeError):  # a damaged cache file: index again
             return ShardIndex(**json.loads(file.read_text()))
-        except (ValueError, TypeError):  # a damaged cache file: index again
-            pass
     index = index_shard(path, input_keys, target_key)
     try:
         cache.mkdir(parents=True, exist_ok=True)
@@ -272,21 +246,13 @@ def cached_index(path: Path, input_keys: tuple[str, ...], target_key: str | None
 def find_shard_samples(root: Path, split: str, classes: list[str] | None, split_key: str, input_key: str | None,
                        target_key: str | None, cache_dir: Path | None = None
                        ) -> tuple[list[tuple[TarMember, int]], list[str]]:
-    """``(samples, classes)`` of a split of shards, sorted by class; every shard indexed and checked against
-    ``_info.json`` before training starts.
-
-    Classes are ``_info.json``'s ``classes`` when it names them (``python -m vit_rope.shards`` does), else the class
-    indices as text, ``0`` to the largest label of the train split.
-
-    Args:
-        classes: the train split's classes, which the labels of this split must index; None for the train split.
-        input_key: image extensions joined by ``;`` (timm's ``jpg;png;webp``); None tries every usual one.
-        target_key: the ``.json`` field holding the label; None reads ``.cls`` (else ``.json``'s ``label``).
-    """
+    """``(samples, classes)`` of a split of shards, sorted by class, every shard indexed and checked first; classes
+    are ``_info.json``'s, else the indices as text. ``input_key``: image extensions joined by ``;`` (None: every usual
+    one); ``target_key``: the ``.json`` field of the label (None: ``.cls``, else ``.json``'s ``label``)."""
     info = load_info(root)
     paths, counts = split_shards(root, split, info, split_key)
     input_keys = tuple(ext.strip().lstrip(".").lower() for ext in input_key.split(";")) if input_key else IMAGE_KEYS
-    cache = _index_cache(cache_dir)
+    cache = (cache_dir or Path(os.environ.get("XDG_CACHE_HOME", "~/.cache")).expanduser() / "vit_rope") / "shard-index"
     with ThreadPoolExecutor(8) as pool:  # reading headers waits on the disk: threads overlap it
         indices = list(pool.map(lambda path: cached_index(path, input_keys, target_key, cache), paths))
     for path, index, expected in zip(paths, indices, counts or [None] * len(paths), strict=True):

@@ -2,13 +2,10 @@
 
     python -m vit_rope.shards --src DIR --out DIR [--shard-size N] [--splits train val] [--seed S]
 
-Each split (a folder of DIR with one sub-folder per class) becomes ``<split>-NNNNNN.tar`` files of ``--shard-size``
-samples (the last one the rest), in an order shuffled by ``--seed`` so that every shard mixes the classes (timm's
-streaming reader needs that; ours reads any order). A sample is ``key.jpg`` (or ``.png``/``.webp``: the file's own
-bytes, other formats re-encoded as PNG), ``key.cls`` (its class index) and ``key.json`` (label, class name and the
-file's path in the folder). ``_info.json`` lists each split's shards and sample counts, as timm's readers read it,
-and the class names, written last: a folder without it was not finished. An unreadable file stops the command, by
-name, leaving the shards written so far without ``_info.json``.
+Each split becomes ``<split>-NNNNNN.tar`` files of ``--shard-size`` samples, in an order shuffled by ``--seed`` so
+that every shard mixes the classes (timm's streaming reader needs that). A sample is ``key.jpg`` (or ``.png``/``.webp``:
+the file's own bytes, other formats re-encoded as PNG), ``key.cls`` and ``key.json`` (label, class name, path).
+``_info.json`` (shards, sample counts, class names) is written last: a folder without it was not finished.
 """
 
 from __future__ import annotations
@@ -66,8 +63,7 @@ def write_split(src: Path, out: Path, split: str, samples: list[Sample], classes
 
 
 def write_shards(src: Path, out: Path, shard_size: int, splits: list[str], seed: int = 0) -> dict:
-    """Every split of ``src`` as shards in ``out`` and the ``_info.json`` describing them; returns that info. Every
-    split is scanned (folders, classes) before the first shard is written."""
+    """Every split of ``src`` as shards in ``out``, all scanned first; returns the ``_info.json`` written last."""
     if shard_size < 1:
         raise UserError(f"--shard-size must be at least 1, got {shard_size}")
     if not src.is_dir():

@@ -1,10 +1,8 @@
 """A split of a data set as samples, whatever holds it: an image folder (``vit_rope.data.folders``), WebDataset shards
 (``vit_rope.data.shard_reader``) or a Hugging Face dataset on disk (``vit_rope.data.hf_datasets``).
 
-The ``dataset`` setting names the kind with timm's reader prefixes: empty for an image folder, ``wds/<name>`` for
-shards, ``hfds/<name>`` for a dataset (the name labels the data; ``data_dir`` says where it is). Every kind gives
-``(source, class index)`` samples, sorted by class, that the loaders read by index; so the pipelines, the decoded
-cache, ``train_sizes``, NaFlex, Mixup, DDP and resuming mid-epoch work the same on all three.
+``dataset`` names the kind with timm's reader prefixes (empty, ``wds/<name>``, ``hfds/<name>``). Every kind gives
+``(source, class index)`` samples sorted by class, so that all downstream works the same on the three (docs/data.md).
 """
 
 from __future__ import annotations
@@ -22,8 +20,7 @@ WHERE = {"wds": "the shards and _info.json", "hfds": "the saved dataset (Dataset
 
 
 def dataset_kind(dataset: str | None) -> str:
-    """``""`` (image folder: empty, ``folder`` or ``imagefolder``), ``"wds"`` or ``"hfds"`` from a ``dataset``
-    setting such as ``wds/imagenet-1k``."""
+    """``""`` (empty, ``folder``, ``imagefolder``), ``"wds"`` or ``"hfds"`` from a setting like ``wds/imagenet-1k``."""
     prefix = (dataset or "").partition("/")[0].lower()
     prefix = "" if prefix in ("folder", "imagefolder") else prefix  # to say "an image folder" explicitly
     if prefix not in KINDS:
@@ -36,16 +33,9 @@ def dataset_kind(dataset: str | None) -> str:
 def find_split(data_dir: Path, dataset: str | None, split: str, classes: list[str] | None = None,
                split_key: str = "val_split", input_key: str | None = None, target_key: str | None = None,
                cache_dir: Path | None = None) -> tuple[list[Sample], list[str]]:
-    """``(samples, classes)`` of ``split`` (a folder of ``data_dir``, a split of its shards or dataset), checked.
-
-    Args:
-        classes: the train split's classes, which this split must match; None for the train split.
-        split_key: the setting that named the split, for the errors.
-        input_key, target_key: where shards and datasets keep images and labels (defaults: see the readers).
-        cache_dir: where the shards' index is kept (default ``~/.cache/vit_rope``).
-
-    An error whose ``data_dir`` looks like another kind of data (``looks_like``) says which, and the setting.
-    """
+    """``(samples, classes)`` of ``split`` (a folder of ``data_dir``, a split of its shards or dataset), checked
+    against the train split's ``classes`` (None for the train split); an error names ``split_key``, and says so when
+    ``data_dir`` looks like another kind of data (``looks_like``)."""
     kind = dataset_kind(dataset)
     if kind and not data_dir.is_dir():  # an image folder's own check names the split folder it misses
         what = "is a file, not a folder" if data_dir.exists() else "does not exist"

@@ -1,17 +1,9 @@
 """The steps of a training epoch: which images each optimizer step takes and at which size, for both pipelines.
 
-One batch sampler, ``StepSampler``, turns an epoch's order of this rank's images (``DistributedSampler`` or timm's
-``RepeatAugSampler``) into steps ``(size, indices)``: the size and batch length from a
-``vit_rope.data.sizes.SizeSchedule`` (or ``img_size`` x ``batch_size`` without one), the indices taken in order from the
-epoch's order. It is the multi-scale batch sampler of ml-cvnets' ``VariableBatchSampler`` and of timm's NaFlex loader (a
-schedule of ``(sequence length, batch size)`` per step), kept a pure function of (seed, epoch, step) so that every DDP
-rank draws the same sizes without a collective and a run resumed at step k of an epoch repeats steps k, k+1, ...
-
-The batched tensor pipeline (``vit_rope.data.pipeline.BatchLoader``) reads ``plan()``; the per-image pipeline hands the
-sampler to a ``DataLoader`` as its ``batch_sampler``, whose items ``(index, size, seed)`` tell a worker which
-transform to apply (``vit_rope.data.folders.SizedImages``) and seed its random numbers, so an image's augmentation
-depends on (seed, epoch, rank, step, position) only: not on the number of workers, which worker got the batch, or where
-a run was resumed.
+``StepSampler`` (as ml-cvnets' ``VariableBatchSampler``) cuts an epoch's order of this rank's images into steps
+``(size, indices)``, a pure function of (seed, epoch, step): DDP ranks draw the same sizes without a collective, and a
+run resumed at step k repeats steps k, k+1, ... Its items ``(index, size, seed)`` make an image's augmentation a
+function of (seed, epoch, rank, step, position) only, not of the workers or where a run was resumed.
 """
 
 from __future__ import annotations
@@ -45,9 +37,7 @@ def sample_seeds(seed: int, epoch: int, rank: int, step: int, count: int) -> lis
 
 
 def seed_globals(seed: int) -> None:
-    """Seed the global RNGs that timm's and torchvision's per-image transforms draw from (Python's ``random``:
-    crops, RandAugment magnitudes, erasing boxes; numpy: RandAugment's op choice; torch's CPU generator: flips,
-    colour jitter, erasing noise). Only the CPU generator, so that CUDA's stream is left alone."""
+    """Seed the global RNGs that timm's and torchvision's per-image transforms draw from (CPU only, not CUDA's)."""
     random.seed(seed)
     np.random.seed(seed % 2**32)
     torch.default_generator.manual_seed(seed)
@@ -56,7 +46,7 @@ def seed_globals(seed: int) -> None:
 @contextlib.contextmanager
 def global_rng_kept() -> Iterator[None]:
     """Restore the global RNGs that ``seed_globals`` sets when the block ends: with ``workers=0`` the transforms run in
-    the training process, whose own draws (drop-path, Mixup) must not depend on how images were augmented."""
+    the training process, whose own draws (drop-path, Mixup) must not depend on them."""
     states = random.getstate(), np.random.get_state(), torch.default_generator.get_state()
     try:
         yield
@@ -70,19 +60,9 @@ class StepSampler(Sampler[list[Item]]):
     """Yields, for every step of an epoch, this rank's ``[(index, size, seed), ...]`` (a ``DataLoader`` batch sampler).
 
     An epoch has ``len(order) // batch_size`` steps whatever the sizes, so lr schedules are unchanged. Step i takes
-    the next ``batch_i`` indices of the epoch's order, wrapping around to its start when a token budget makes the
-    batches add up to more than the order holds: images per epoch then vary by a few percent, and since the order is
-    reshuffled every epoch no image is left out for good. ``len()`` is always a whole epoch's steps; after
-    ``set_epoch(epoch, start_step=k)`` iteration yields steps k, k+1, ... (a run resumed mid-epoch).
-
-    Args:
-        order: this rank's indices of each epoch (its ``set_epoch`` picks the epoch).
-        batch_size: images per step at ``size``; sets the number of steps.
-        size: the size of every step without ``schedule`` (the config's ``img_size``).
-        schedule: ``(epoch, step) -> (size, batch)``, e.g. ``vit_rope.data.sizes.SizeSchedule``; None = ``(size,
-            batch_size)`` at every step.
-        seed: the run's seed, for the augmentation seeds.
-        rank: this process's rank, for the augmentation seeds (repeated augmentation puts one image on two ranks).
+    the next ``batch_i`` indices of the order, wrapping around when a token budget makes the batches add up to more
+    than it holds (the order is reshuffled every epoch, so no image is left out for good). ``schedule``: ``(epoch,
+    step) -> (size, batch)``; None: ``(size, batch_size)``. Seeds take the rank: repeated augmentation shares images.
     """
 
     def __init__(self, order: EpochOrder, batch_size: int, size: int,
@@ -102,14 +82,12 @@ class StepSampler(Sampler[list[Item]]):
         self.epoch, self.start = epoch, start_step
         self.order.set_epoch(epoch)
 
-    def step_size(self, step: int) -> tuple[int, int]:
-        """``(size, batch)`` of step ``step`` of the current epoch."""
-        return self.schedule(self.epoch, step) if self.schedule is not None else (self.size, self.batch_size)
-
     def plan(self) -> list[tuple[int, Tensor]]:
         """``(size, indices [batch])`` of every step of the current epoch, from step 0."""
         order = torch.tensor(list(self.order), dtype=torch.long)
-        sizes, lengths = zip(*(self.step_size(step) for step in range(len(self))), strict=True)
+        fixed = (self.size, self.batch_size)
+        steps = [self.schedule(self.epoch, step) if self.schedule is not None else fixed for step in range(len(self))]
+        sizes, lengths = zip(*steps, strict=True)
         return list(zip(sizes, order[torch.arange(sum(lengths)) % len(order)].split(lengths), strict=True))
 
     def __iter__(self) -> Iterator[list[Item]]:

@@ -1,6 +1,5 @@
 """One checked ``Config`` from defaults, a YAML chain and the command line: what ``train.py`` and the study script
-call. Kept apart from ``vit_rope.train.config`` (what a config is and how text becomes typed values) so that the
-checks (``vit_rope.train.config_checks``) can read a ``Config`` without the two modules importing each other.
+call. Apart from ``vit_rope.train.config`` so that ``config_checks`` can read a ``Config`` without an import circle.
 """
 
 from __future__ import annotations
@@ -17,17 +16,7 @@ from vit_rope.train.resume import saved_settings
 
 def build_config(path: str | Path | None = None, overrides: Sequence[str] = (),
                  base: Mapping[str, Any] | None = None) -> Config:
-    """Defaults, then the YAML chain of ``path`` (or the values ``base``), then ``key=value`` overrides, validated.
-
-    Args:
-        path: Optional YAML config file.
-        overrides: ``key=value`` strings, applied in order.
-        base: Settings to start from instead of a file, typed (``config.typed``), e.g. a resumed run's
-            (``resume.saved_settings``).
-
-    Returns:
-        The resolved configuration.
-    """
+    """Defaults, then the YAML chain of ``path`` (or the typed values ``base``), then the overrides, validated."""
     values = load_yaml(path) if path else dict(base or {})
     for item in overrides:
         key, entry, value = parse_override(item)
@@ -38,12 +27,8 @@ def build_config(path: str | Path | None = None, overrides: Sequence[str] = (),
 
 
 def parse_args(argv: list[str] | None = None) -> Config:
-    """Parse the ``train.py`` command line into a validated ``Config``.
-
-    The named flags (``--epochs 3``) are shorthands for the ``key=value`` overrides and go through the same checks.
-    ``--resume`` without ``-c`` starts from the settings of the run that wrote the checkpoint, so that it goes on as it
-    was.
-    """
+    """The ``train.py`` command line as a validated ``Config``: named flags (``--epochs 3``) are ``key=value``
+    shorthands; ``--resume`` without ``-c`` starts from the settings of the run that wrote the checkpoint."""
     parser = argparse.ArgumentParser(
         description="Train a timm image classifier (RoPE ViTs included) from a YAML config.",
         epilog="Any config key can be set as key=value, e.g. lr=4e-3 model_kwargs.depth=6 auto_augment=null.",
@@ -57,5 +42,3 @@ def parse_args(argv: list[str] | None = None) -> Config:
     resume = [parse_override(item)[2] for item in flags + args.overrides if item.startswith("resume=")]
     base = saved_settings(resume[-1]) if resume and resume[-1] and not args.config else None
     return build_config(args.config, flags + args.overrides, base)
-
-

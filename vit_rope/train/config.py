@@ -1,13 +1,13 @@
 """Training configuration: one flat dataclass, YAML files that inherit from each other, and CLI overrides.
 
-The keys are flat (``lr``, ``img_size``, ...) so that every one of them can be overridden on the command line as
-``key=value`` without a path syntax. ``Config`` holds the defaults and the types; ``configs/base.yaml`` documents
-every key and a test keeps the two in sync. A YAML file may name its parent with ``base: other.yaml`` (relative to
-the file) and then only lists the keys it changes.
+The keys are flat so that each can be overridden as ``key=value`` without a path syntax. ``Config`` holds the defaults
+and the types; ``configs/base.yaml`` documents every key (a test keeps the two in sync). A YAML file may name its
+parent with ``base: other.yaml`` (relative to the file) and list only the keys it changes.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import difflib
 import math
@@ -136,11 +136,8 @@ def _type_name(hint: Any) -> str:
 
 
 def _coerce(key: str, value: Any, hint: Any, source: str) -> Any:
-    """Return ``value`` converted to the type ``hint`` or raise a ``UserError`` naming the key, the value and the type.
-
-    YAML reads ``4e-3`` as a string (YAML 1.1 wants a dot in floats), so numeric strings are accepted for floats; NaN
-    and infinity are not numbers a setting can take.
-    """
+    """``value`` converted to the type ``hint``, else a ``UserError`` naming the key, the value and the type. Numeric
+    strings are floats (YAML 1.1 reads ``4e-3`` as text); NaN and infinity are no setting's value."""
     origin, args = typing.get_origin(hint), typing.get_args(hint)
     if origin in (typing.Union, types.UnionType):
         if value is None and type(None) in args:
@@ -150,22 +147,13 @@ def _coerce(key: str, value: Any, hint: Any, source: str) -> Any:
                 return _coerce(key, value, arg, source)
             except UserError:
                 pass
-    elif origin is Literal and value in args:
-        return value
-    elif hint is bool and isinstance(value, bool):
-        return value
-    elif hint is int and isinstance(value, int) and not isinstance(value, bool):
+    elif ((origin is Literal and value in args) or (hint in (bool, str) and isinstance(value, hint))
+          or (hint is int and isinstance(value, int) and not isinstance(value, bool))):
         return value
     elif hint is float and isinstance(value, int | float | str) and not isinstance(value, bool):
-        try:
-            number = float(value)
-        except ValueError:
-            pass
-        else:
-            if math.isfinite(number):
+        with contextlib.suppress(ValueError):
+            if math.isfinite(number := float(value)):
                 return number
-    elif hint is str and isinstance(value, str):
-        return value
     elif origin is dict and isinstance(value, dict):
         return dict(value)
     elif origin is list and isinstance(value, list | tuple):
@@ -183,14 +171,8 @@ def _is_text(hint: Any) -> bool:
 
 
 def load_yaml(path: str | Path, _seen: tuple[Path, ...] = ()) -> dict[str, Any]:
-    """Read a config file and the chain of ``base:`` parents it names, with every key checked and typed.
-
-    Args:
-        path: YAML file; its ``base:`` entry, if any, is resolved relative to this file.
-
-    Returns:
-        The key/value pairs set somewhere in the chain; a child's value replaces its parent's (dicts included).
-    """
+    """The keys set in a config file and the chain of ``base:`` parents it names (relative to each file), checked
+    and typed; a child's value replaces its parent's (dicts included)."""
     path = Path(path).resolve()
     if path in _seen:
         raise UserError(f"config inheritance loops back to {path}; remove one of the 'base:' entries")
@@ -216,18 +198,14 @@ def load_yaml(path: str | Path, _seen: tuple[Path, ...] = ()) -> dict[str, Any]:
 
 
 def typed(values: dict[str, Any], source: str) -> dict[str, Any]:
-    """The keys of ``values`` that a config has, typed as ``load_yaml`` types a file's (a ``UserError`` names the key,
-    the value and ``source``); keys no config has any more (a checkpoint's saved config of an older version) are left
-    out."""
+    """The keys of ``values`` that a config has (not those an older version saved), typed as ``load_yaml`` types."""
     return {key: _coerce(key, value, _HINTS[key], source) for key, value in values.items() if key in _HINTS}
 
 
 def parse_override(item: str) -> tuple[str, str | None, Any]:
-    """Split a ``key=value`` or ``key.entry=value`` argument into a checked key, the dict entry, and a typed value.
-
-    Values are read as YAML (``null``, ``[0.5, 1.0]``, ``{depth: 2}``), except text keys, which are kept verbatim.
-    ``model_kwargs={depth: 2}`` replaces the dict; ``model_kwargs.depth=2`` sets one entry and keeps the others.
-    """
+    """``key=value`` or ``key.entry=value`` as a checked key, the dict entry (or None) and a typed value. Values are
+    YAML (``null``, ``[0.5, 1.0]``, ``{depth: 2}``) but for text keys, kept verbatim; ``model_kwargs.depth=2`` sets
+    one entry and keeps the others."""
     key, sep, text = item.partition("=")
     if not sep or not key:
         raise UserError(f"command-line override '{item}' is not of the form key=value (e.g. lr=1e-3)")

@@ -1,9 +1,7 @@
 """Checks of a training config beyond its types: value ranges, the names timm must know (optimizer, scheduler,
-interpolation, auto-augment), the token budget of ``train_sizes``, and DDP ranks that agree.
-
-``vit_rope.train.command_line.build_config`` runs ``check_config`` on every config it builds, so a typo or an
-out-of-range value fails before any data is scanned, downloaded or decoded. Each failure is a ``UserError`` naming the
-key, the value and the fix.
+interpolation, auto-augment), the token budget of ``train_sizes``, and DDP ranks that agree. ``build_config`` runs
+``check_config`` on every config, so a bad value fails, as a ``UserError`` naming the key, the value and the fix,
+before any data is read.
 """
 
 from __future__ import annotations
@@ -113,8 +111,7 @@ def check_config(cfg: Config) -> None:
 
 
 def _check_naflex(cfg: Config) -> None:
-    """NaFlex steps take their sizes from ``naflex_seq_lens`` and run timm's NaFlex loader, which has its own crop and
-    no repeated augmentation: the keys that would silently mean nothing are errors."""
+    """Keys that NaFlex (sizes from ``naflex_seq_lens``, timm's loader and crop) would silently ignore are errors."""
     if not cfg.naflex_seq_lens or min(cfg.naflex_seq_lens) < 1:
         raise UserError(f"config key 'naflex_seq_lens' must list sequence lengths >= 1 (patches per image), got "
                         f"{cfg.naflex_seq_lens}; e.g. [128, 256, 576, 784, 1024] for 16 px patches around 224 px")
@@ -144,16 +141,14 @@ def _check_optimizer(opt: str) -> None:
 
 
 def scheduler_args(cfg: Config) -> dict[str, Any]:
-    """``timm.scheduler.create_scheduler_v2``'s arguments but ``updates_per_epoch``: the lr changes every update,
-    except under ``plateau``, which timm steps once per epoch (on the val top-1 that ``train.py`` passes it)."""
+    """``create_scheduler_v2``'s arguments but ``updates_per_epoch`` (``plateau`` steps on epochs' val top-1)."""
     return dict(sched=cfg.sched, num_epochs=cfg.epochs, warmup_epochs=cfg.warmup_epochs, warmup_lr=cfg.warmup_lr,
                 min_lr=cfg.min_lr, decay_epochs=cfg.decay_epochs, decay_rate=cfg.decay_rate,
                 step_on_epochs=cfg.sched == "plateau")
 
 
 def _check_scheduler(cfg: Config) -> None:
-    """Build the schedule on a one-parameter optimizer: timm has no list of its names, and its other arguments
-    (decay_epochs against epochs for wsd) are checked too."""
+    """Build the schedule on a one-parameter optimizer: timm lists no names, and this checks the other arguments."""
     probe = torch.optim.SGD([nn.Parameter(torch.zeros(1))], lr=cfg.lr)
     try:
         with warnings.catch_warnings():  # timm's deprecation notices come once, when train.py builds the schedule
@@ -185,13 +180,8 @@ def _check_interpolation(name: str) -> None:
 
 
 def check_ranks_agree(settings: dict[str, Any], world_size: int) -> None:
-    """Raise a ``UserError`` on every rank when the DDP ranks hold different ``settings`` (the keys that fix each
-    step's size, batch and images and when checkpoints are written, and the number of training images).
-
-    Each rank draws its sizes and cuts its steps locally, from (seed, epoch, step), so that no step waits for a
-    collective; ranks launched with different configs or data would run different steps and hang or mix sizes in one
-    gradient. A collective: every rank must call it (it returns at once on one process).
-    """
+    """A ``UserError`` on every rank (a collective) when the ranks hold different ``settings``: each cuts its steps
+    locally, so ranks launched with other configs or data would hang or mix sizes in one gradient."""
     if world_size < 2:
         return
     gathered: list[Any] = [None] * world_size

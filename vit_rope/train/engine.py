@@ -1,7 +1,5 @@
-"""Training engine: one training epoch, validation and the per-epoch log.
-
-Everything here works the same on one CPU process and on N GPUs under ``torchrun`` (``vit_rope.train.distributed``):
-metrics are reduced across ranks, and only rank 0 touches files.
+"""Training engine: one training epoch, validation and the per-epoch log, alike on one CPU process and on N GPUs under
+``torchrun``: metrics are reduced across ranks, and only rank 0 touches files.
 """
 
 from __future__ import annotations
@@ -70,9 +68,7 @@ def _to_device(images: Batch, targets: torch.Tensor, cfg: Config, device: torch.
 
 
 def _batch_tokens(images: Batch, patch: tuple[int, int]) -> tuple[tuple[int, int], float, float]:
-    """``(size, tokens, slots)`` of a batch: a NaFlex batch's size is ``(sequence length, 0)``, its tokens the valid
-    patches and its slots the padded sequence; an image batch's size is ``(height, width)`` and each image has
-    ``(H / p) x (W / p)`` tokens, no padding."""
+    """``(size, tokens, slots)`` of a batch: ``(H, W)`` and ``(H / p) x (W / p)`` per image, or NaFlex's ``(L, 0)``."""
     if isinstance(images, dict):
         valid = images["patch_valid"]  # [B, N]
         return (valid.shape[1], 0), float(valid.sum()), float(valid.numel())
@@ -83,8 +79,7 @@ def _batch_tokens(images: Batch, patch: tuple[int, int]) -> tuple[tuple[int, int
 
 @dataclass
 class EpochTotals:
-    """What an epoch's summary adds up over its steps (the same on every rank): saved in a mid-epoch checkpoint, so
-    that a resumed epoch reports the loss, sizes and skipped images of the whole epoch, as if never interrupted."""
+    """What an epoch's summary adds up, saved in a mid-epoch checkpoint so that a resumed epoch reports it whole."""
 
     steps: int = 0
     loss_sum: float = 0.0  # of the per-step losses, each averaged over ranks
@@ -98,36 +93,19 @@ def train_one_epoch(model: nn.Module, loader: DataLoader, optimizer: torch.optim
                     loss_fn: nn.Module, cfg: Config, env: DistEnv, epoch: int, *, scaler: torch.amp.GradScaler,
                     mixup: Any = None, ema: Any = None, start_step: int = 0, totals: EpochTotals | None = None,
                     checkpoint: Callable[[int, int, EpochTotals], None] | None = None) -> dict[str, Any]:
-    """Train for one epoch, stepping the lr schedule (and EMA) after every optimizer step.
+    """Train for one epoch (0-based), stepping the lr schedule (and EMA) after every optimizer step.
 
-    Args:
-        epoch: 0-based epoch index; messages show it 1-based.
-        mixup: timm ``Mixup`` applied to each batch on the device, or None (NaFlex batches come mixed).
-        ema: timm ``ModelEmaV3`` updated after each step, or None.
-        start_step: the first step to run (a run resumed mid-epoch); ``loader`` must start there too
-            (``vit_rope.train.loaders.set_epoch``), while ``len(loader)`` stays the whole epoch's steps.
-        totals: the steps before ``start_step``, from the checkpoint that resumed the run.
-        checkpoint: called as ``checkpoint(epoch, steps done, totals)`` on every rank after every
-            ``cfg.checkpoint_interval`` steps but the epoch's last (whose checkpoint ``train.py`` writes after
-            validation).
-
-    Returns:
-        ``train_loss`` (mean over steps and ranks), ``lr`` at the end, ``images_per_s`` and ``tokens_per_s`` (all
-        ranks, steps run by this process; with ``train_sizes`` only tokens/s compares across sizes; padding not
-        counted), ``sizes`` (``"48:18 64:19"``: steps per size; NaFlex ``"256t:40"``: steps per sequence length),
-        ``padding`` (the fraction of NaFlex sequence positions that held padding, all ranks, the whole epoch) and
-        ``skipped`` (unreadable images replaced in this epoch, all ranks).
-
-    Raises:
-        NonFiniteLossError: the loss became NaN/inf. The loss is averaged over ranks first, so every rank stops
-            at the same step instead of leaving the others waiting in a collective.
+    A resumed run starts at ``start_step`` (``loader`` too, ``loaders.set_epoch``) with the ``totals`` of the steps
+    before. ``checkpoint(epoch, steps done, totals)`` runs on every rank every ``checkpoint_interval`` steps but the
+    epoch's last. Returns ``train_loss``, the last ``lr``, ``images_per_s``, ``tokens_per_s`` (no padding), ``sizes``
+    (steps per size, ``"48:18 64:19"``, or NaFlex length, ``"256t:40"``), ``padding`` (NaFlex) and ``skipped``.
+    Raises ``NonFiniteLossError`` for a NaN/inf loss, averaged over ranks first so that every rank stops at once.
     """
     model.train()
     steps, start = len(loader), time.perf_counter()
     totals = totals or EpochTotals()
     seen, tokens = 0, 0.0  # images and patch tokens of this rank, in this process
-    # tokens per image are (H / p) x (W / p) for a patch size p; models without patch_embed (CNNs) count pixels / 256,
-    # i.e. as if p were 16, so that tokens/s still compares between sizes
+    # models without patch_embed (CNNs) count tokens as if p were 16, so that tokens/s still compares between sizes
     patch = getattr(getattr(unwrap_model(model), "patch_embed", None), "patch_size", (16, 16))
     patch_h, patch_w = (patch, patch) if isinstance(patch, int) else patch
     progress = Progress(steps, f"epoch {epoch + 1}/{cfg.epochs}", cfg.log_interval, env.is_main)
@@ -188,36 +166,25 @@ def _size_name(height: int, width: int, steps: int) -> str:
 
 @torch.inference_mode()
 def validate(model: nn.Module, loader: DataLoader, cfg: Config, env: DistEnv) -> dict[str, float]:
-    """Cross-entropy loss, top-1 and top-5 accuracy (%) over the whole validation split, summed across ranks.
-
-    Each rank sees a disjoint slice of the split (no padding), so the numbers are exact under DDP too. The global
-    random state is as before on return (a ``DataLoader`` draws its workers' base seed from it), so how often a run
-    validates (``val_interval``) does not change its training.
-    """
-    with global_rng_kept():
-        return _validate(model, loader, cfg, env)
-
-
-def _validate(model: nn.Module, loader: DataLoader, cfg: Config, env: DistEnv) -> dict[str, float]:
+    """Loss, top-1 and top-5 (%) over the validation split, summed across ranks' disjoint slices; the global random
+    state is kept (a ``DataLoader`` draws from it), so how often a run validates does not change its training."""
     model.eval()
     totals = torch.zeros(4, dtype=torch.float64, device=env.device)  # loss sum, top-1 hits, top-5 hits, images
-    for images, targets, _ in loader:
-        images, targets = _to_device(images, targets, cfg, env.device)
-        with autocast(cfg, env.device):
-            logits = model(images)
-        top1, top5 = accuracy(logits, targets, topk=(1, min(5, logits.shape[1])))
-        loss = nn.functional.cross_entropy(logits.float(), targets, reduction="sum")
-        count = torch.tensor(float(len(targets)), device=env.device)
-        totals += torch.stack([loss, top1 * count / 100, top5 * count / 100, count]).double()
+    with global_rng_kept():
+        for images, targets, _ in loader:
+            images, targets = _to_device(images, targets, cfg, env.device)
+            with autocast(cfg, env.device):
+                logits = model(images)
+            top1, top5 = accuracy(logits, targets, topk=(1, min(5, logits.shape[1])))
+            loss = nn.functional.cross_entropy(logits.float(), targets, reduction="sum")
+            count = torch.tensor(float(len(targets)), device=env.device)
+            totals += torch.stack([loss, top1 * count / 100, top5 * count / 100, count]).double()
     loss_sum, hits1, hits5, count = reduce_sum(totals, env).tolist()
     return {"val_loss": loss_sum / count, "top1": 100 * hits1 / count, "top5": 100 * hits5 / count}
 
 
 class RunLog:
-    """``metrics.csv`` (one row per epoch) plus TensorBoard scalars when tensorboard is installed; rank 0 only.
-
-    On resume, rows past the checkpoint's epoch are dropped: they belong to an epoch that will be run again.
-    """
+    """``metrics.csv`` and TensorBoard when installed; on resume the rows past the checkpoint's epoch are dropped."""
 
     def __init__(self, output: Path, columns: list[str], resume_epoch: int | None) -> None:
         self.path, self.columns = output / "metrics.csv", columns

@@ -1,11 +1,5 @@
-"""Training and validation loaders from a config: timm's transforms, the optional decoded cache
-(``vit_rope.data.decoded``) and the choice between timm's per-image pipeline, the batched one
-(``vit_rope.data.pipeline``) and timm's NaFlex loader (``vit_rope.data.naflex_loader``, native aspect ratios).
-
-The per-image and batched pipelines cut an epoch into steps with ``vit_rope.data.steps.StepSampler``, so
-``train_sizes`` (one size per step from ``vit_rope.data.sizes.SizeSchedule``) means the same in both; NaFlex steps
-follow timm's schedule of sequence lengths. In all three, epoch order, sizes and augmentation randomness are functions
-of (seed, epoch, rank, step) only, so a run resumed at any step sees the same batches as an uninterrupted one.
+"""Training and validation loaders from a config: the optional decoded cache and timm's per-image pipeline, the
+batched one or timm's NaFlex loader, all resumable at any step to the same batches (docs/training.md, "Data pipelines").
 """
 
 from __future__ import annotations
@@ -13,7 +7,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import io
-import logging
 import math
 import os
 from pathlib import Path
@@ -36,20 +29,11 @@ from vit_rope.data.steps import StepSampler
 from vit_rope.errors import UserError
 from vit_rope.train.config import Config
 
-_log = logging.getLogger(__name__)
 Loader = DataLoader | BatchLoader | NaFlexLoader
 
 
 def build_transforms(cfg: Config, data_config: dict[str, Any]) -> tuple[dict[int, Any], Any]:
-    """timm's train transforms (random-resized crop, flip, RandAugment/ThreeAugment ``3a``, random erasing), one per
-    training size (each of ``train_sizes``, else ``img_size``), and the eval transform at ``img_size``.
-
-    A size changes only the output size of the crop and the sizes RandAugment scales with (its translation is a
-    fraction of the image); every other setting is the config's.
-
-    Args:
-        data_config: from ``timm.data.resolve_data_config``: input size, interpolation, mean/std, crop_pct.
-    """
+    """timm's train transforms, one per training size, and its eval transform at ``img_size``."""
     common = {key: data_config[key] for key in ("interpolation", "mean", "std")}
 
     def train_transform(size: int, auto_augment: str | None) -> Any:
@@ -57,7 +41,6 @@ def build_transforms(cfg: Config, data_config: dict[str, Any]) -> tuple[dict[int
                                 scale=tuple(cfg.scale), hflip=cfg.hflip, color_jitter=cfg.color_jitter,
                                 auto_augment=auto_augment, re_prob=cfg.reprob, re_mode="pixel", **common)
 
-    # safe_transform: timm's 0-bit Posterize gives the black image it means instead of Pillow 13's ValueError
     train = {size: safe_transform(functools.partial(train_transform, size), cfg.auto_augment)
              for size in sorted(set(cfg.train_sizes) or {cfg.img_size})}
     val = create_transform(data_config["input_size"], is_training=False, crop_pct=data_config["crop_pct"],
@@ -66,13 +49,9 @@ def build_transforms(cfg: Config, data_config: dict[str, Any]) -> tuple[dict[int
 
 
 def choose_pipeline(cfg: Config) -> tuple[str, str]:
-    """``("tensor" | "timm" | "naflex", why)``: timm's NaFlex loader (``vit_rope.data.naflex_loader``) when
-    ``cfg.naflex``, else the batched tensor pipeline (``vit_rope.data.pipeline``) when the config allows it.
-
-    The tensor pipeline needs the decoded cache and augmentations that batch; RandAugment, random erasing, timm's other
-    crop modes and repeated augmentation are per image and keep timm's pipeline. ``pipeline: tensor`` with such a config
-    is an error that names what stands in the way. ``train_sizes`` runs on both and plays no part in the choice.
-    """
+    """``("tensor" | "timm" | "naflex", why)``: NaFlex when ``cfg.naflex``, else the batched tensor pipeline when
+    the decoded cache is on and every augmentation batches (``pipeline: tensor`` otherwise is an error naming what
+    stands in the way), else timm's per-image one."""
     if cfg.naflex:  # train.config_checks.check_config refuses pipeline=tensor and what NaFlex cannot do
         lengths = " ".join(map(str, cfg.naflex_seq_lens))
         return "naflex", f"naflex=true: native aspect ratios, sequence lengths {lengths}"
@@ -95,19 +74,9 @@ def choose_pipeline(cfg: Config) -> tuple[str, str]:
 def build_loaders(cfg: Config, train_samples: list[Sample], val_samples: list[Sample], data_config: dict[str, Any],
                   rank: int = 0, world_size: int = 1, device: torch.device | None = None, *, patch: int = 16,
                   num_classes: int = 0) -> tuple[Loader, Loader]:
-    """Training loader (shuffled per epoch, sharded across ranks, full steps of ``StepSampler``) and validation loader.
-
-    Each rank validates a disjoint slice of the val split without padding, so reduced accuracies are exact. The
-    pipeline is ``choose_pipeline``'s: batched tensor loaders on ``device`` (no workers), timm's transforms in
-    ``DataLoader`` workers (page-locked batches when ``device`` is CUDA), or timm's NaFlex loader. With ``train_sizes``
-    every step trains at the size ``SizeSchedule`` draws, validation stays at ``img_size``, and the train cache's short
-    side is at least the largest size (validation keeps its own, so its numbers do not move); with ``naflex`` at least
-    the side of a square image of the longest sequence.
-
-    Args:
-        patch: the model's patch size (NaFlex cuts images into patches in the loader).
-        num_classes: for NaFlex's Mixup, which makes the soft targets in the loader workers.
-    """
+    """Training loader (shuffled per epoch, sharded across ranks, full steps) and validation loader (a disjoint slice
+    per rank, no padding, so reduced accuracies are exact) of ``choose_pipeline``'s pipeline. The train cache's short
+    side covers the largest training size (validation keeps its own, so its numbers do not move)."""
     device = device or torch.device("cpu")
     pipeline, why = choose_pipeline(cfg)
     if len(train_samples) < cfg.batch_size * world_size:
@@ -131,24 +100,18 @@ def build_loaders(cfg: Config, train_samples: list[Sample], val_samples: list[Sa
                                   for samples, side in ((train_samples, train_side), (val_samples, short_side)))
     schedule = SizeSchedule(tuple(cfg.train_sizes), cfg.img_size, cfg.batch_size, cfg.seed, cfg.token_budget,
                             even=cfg.mixup > 0 or cfg.cutmix > 0) if cfg.train_sizes else None
+    args = (cfg, (train_samples, train_cache), (val_samples, val_cache), data_config, rank, world_size, device)
     if pipeline == "naflex":
-        train, val = _naflex_loaders(cfg, (train_samples, train_cache), (val_samples, val_cache), data_config, rank,
-                                     world_size, device, patch, num_classes)
-    elif pipeline == "tensor":
-        train, val = _tensor_loaders(cfg, (train_samples, train_cache), (val_samples, val_cache), data_config, rank,
-                                     world_size, device, schedule)
+        train, val = _naflex_loaders(*args, patch, num_classes)
     else:
-        train, val = _per_image_loaders(cfg, (train_samples, train_cache), (val_samples, val_cache), data_config,
-                                        rank, world_size, device, schedule)
+        train, val = (_tensor_loaders if pipeline == "tensor" else _per_image_loaders)(*args, schedule)
     if rank == 0 and schedule is not None:
         print(schedule.describe(), flush=True)
     return train, val
 
 
 def _workers(cfg: Config, device: torch.device) -> dict[str, Any]:
-    """A ``DataLoader``'s worker options: ``workers`` processes that live for the run (persistent, as timm's loaders).
-    Forking new workers as the last ones shut down (the next epoch; with an EMA, its validation pass right after the
-    model's) can hang a DDP rank in the DataLoader, and forking once also saves the start-up."""
+    """Persistent workers, as timm's loaders: forking new ones as the last shut down can hang a DDP rank."""
     return dict(num_workers=cfg.workers, pin_memory=device.type == "cuda", persistent_workers=cfg.workers > 0)
 
 
@@ -164,8 +127,7 @@ def _per_image_loaders(cfg: Config, train: tuple[list[Sample], DecodedImages | N
     else:
         order = DistributedSampler(train_set, num_replicas=world_size, rank=rank, shuffle=True, seed=cfg.seed)
     steps = StepSampler(order, cfg.batch_size, cfg.img_size, schedule, cfg.seed, rank)
-    # the sampler, which set_epoch moves on, stays in this process; its own generator: starting the workers then draws
-    # nothing from the global RNG that drop-path and Mixup use
+    # its own generator: starting the workers draws nothing from the global RNG that drop-path and Mixup use
     train_loader = DataLoader(train_set, batch_sampler=steps, generator=torch.Generator(), **_workers(cfg, device))
     val_set = Subset(ImageFolderDataset(val[0], val_tf, val[1]), range(rank, len(val[0]), world_size))
     return train_loader, DataLoader(val_set, cfg.batch_size, **_workers(cfg, device))
@@ -177,8 +139,8 @@ def _tensor_loaders(cfg: Config, train: tuple[list[Sample], DecodedImages], val:
     """The batched pipeline over the decoded caches; on CUDA the stores move to the GPU (crops never leave it)."""
     common = dict(size=cfg.img_size, mean=data_config["mean"], std=data_config["std"], seed=cfg.seed, rank=rank,
                   world_size=world_size, device=device)
-    train_store, val_store = (TensorStore.from_decoded(cache, [target for _, target in samples],
-                                                       [str(path) for path, _ in samples]).to(device)
+    train_store, val_store = (TensorStore(cache.data, cache.offsets, cache.shapes, [target for _, target in samples],
+                                          [str(path) for path, _ in samples]).to(device)
                               for samples, cache in (train, val))
     train_loader = BatchLoader(train_store, cfg.batch_size, train=True, scale=cfg.scale, hflip=cfg.hflip,
                                color_jitter=cfg.color_jitter, schedule=schedule, **common)
@@ -192,14 +154,9 @@ def _naflex_loaders(cfg: Config, train: tuple[list[Sample], DecodedImages | None
                     val: tuple[list[Sample], DecodedImages | None], data_config: dict[str, Any], rank: int,
                     world_size: int, device: torch.device, patch: int, num_classes: int
                     ) -> tuple[NaFlexLoader, NaFlexLoader]:
-    """timm's NaFlex pipeline (``vit_rope.data.naflex_loader``): per sequence length timm's NaFlex train transform
-    (random- resized crop to the token budget, flip, colour jitter or auto-augment), ``NaFlexMixup`` in the workers and
-    patch random erasing on the device; validation resizes each image, aspect ratio kept, to ``naflex_val_seq_len``
-    patches.
-
-    ``batch_size`` is the images of a step at the longest sequence length: every step holds about ``batch_size`` x
-    that many tokens (timm's ``max_tokens_per_batch``), in batches of a multiple of 8 images when ``batch_size`` is one.
-    """
+    """timm's NaFlex pipeline (``vit_rope.data.naflex_loader``); validation resizes each image, aspect ratio kept, to
+    ``naflex_val_seq_len`` patches. ``batch_size`` is the images of a step at the longest sequence length: every step
+    holds about ``batch_size`` x that many tokens (timm's ``max_tokens_per_batch``)."""
     common = {key: data_config[key] for key in ("interpolation", "mean", "std")}
     longest = max(cfg.naflex_seq_lens)
 
@@ -218,8 +175,7 @@ def _naflex_loaders(cfg: Config, train: tuple[list[Sample], DecodedImages | None
         steps = NaFlexSteps(Images(*train), transform_factory, mixup, patch_size=patch,
                             seq_lens=tuple(cfg.naflex_seq_lens), max_tokens_per_batch=cfg.batch_size * longest,
                             seed=cfg.seed, rank=rank, world_size=world_size, batch_divisor=math.gcd(8, cfg.batch_size))
-    # set_epoch reaches the workers through shared counters; its own generator: starting the workers then draws
-    # nothing from the global RNG that drop-path uses
+    # set_epoch reaches the workers through shared counters; its own generator, as the per-image loader's
     train_loader = DataLoader(steps, batch_size=None, generator=torch.Generator(), **_workers(cfg, device))
     val_len = cfg.naflex_val_seq_len or (cfg.img_size // patch) ** 2
     val_tf = create_transform(is_training=False, naflex=True, max_seq_len=val_len, patch_size=patch, patchify=True,
@@ -239,7 +195,6 @@ def _naflex_loaders(cfg: Config, train: tuple[list[Sample], DecodedImages | None
 
 
 def set_epoch(loader: Loader, epoch: int, start_step: int = 0) -> None:
-    """Select epoch ``epoch`` of a training loader, to be iterated from step ``start_step`` (a run resumed mid-epoch):
-    its order, sizes and augmentation follow from (seed, epoch, rank, step), whatever ran before."""
+    """Select epoch ``epoch`` of a training loader, iterated from step ``start_step`` (a run resumed mid-epoch)."""
     steps = loader if isinstance(loader, BatchLoader | NaFlexLoader) else loader.batch_sampler
     steps.set_epoch(epoch, start_step)

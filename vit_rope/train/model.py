@@ -1,7 +1,6 @@
-"""The model a training run trains: built from its config, checked against the training sizes and given its weights,
-those of the run it resumes or of the checkpoint it fine-tunes, with a new classifier for a data set of other classes
-(as timm's loaders start one). ``train.py`` calls ``build_model`` before any image is decoded, so that a bad model
-argument or checkpoint fails fast, and ``naflex_patch`` to size timm's NaFlex batches.
+"""The model a training run trains, built from its config before any image is decoded (a bad model argument or
+checkpoint fails fast), checked against the training sizes and given the weights of the run it resumes or of the
+checkpoint it fine-tunes.
 """
 
 from __future__ import annotations
@@ -25,8 +24,7 @@ from vit_rope.train.config import Config
 def new_classifier(state: dict[str, torch.Tensor], net: torch.nn.Module, theirs: list[str] | None, ours: list[str],
                    source: str, say: Callable[[str], None]) -> dict[str, torch.Tensor]:
     """``state`` with the model's own initial classifier when the checkpoint's was trained on other classes (another
-    count, or other names in its saved ``classes``): fine-tuning on a new data set starts a new classifier, as timm's
-    loader does; a model without one (``num_classes=0``) drops the checkpoint's."""
+    count or other names), as timm's loader does; a model without one (``num_classes=0``) drops the checkpoint's."""
     heads = net.pretrained_cfg.get("classifier") or "head"
     heads = (heads,) if isinstance(heads, str) else tuple(heads)  # DeiT's distilled models have two
     own = net.state_dict()
@@ -41,8 +39,7 @@ def new_classifier(state: dict[str, torch.Tensor], net: torch.nn.Module, theirs:
 
 
 def naflex_patch(net: torch.nn.Module, name: str) -> int:
-    """The patch size of a model that trains on timm's NaFlex batches with square patches (ours, timm's NaFlexViT:
-    the models whose NaFlex training is tested), else a ``UserError``."""
+    """The patch size of a model that takes timm's NaFlex batches with square patches, else a ``UserError``."""
     patch = models_naflex.naflex_patch(net) if isinstance(net, RoPEVisionTransformer | NaFlexVit) else None
     if patch is None or patch[0] != patch[1]:
         raise UserError(f"naflex=true needs a model that takes NaFlex batches with square patches, and '{name}' "
@@ -52,9 +49,8 @@ def naflex_patch(net: torch.nn.Module, name: str) -> int:
 
 
 def set_checkpointing(net: torch.nn.Module, every: bool | int, name: str) -> None:
-    """Checkpoint ``net``'s blocks as the config's ``grad_checkpointing`` asks: every block (true, 1), every n-th
-    (n, ``vit_rope_*`` ViTs: the others check every block or none) or none (false, 0); a ``UserError`` for a model
-    that cannot."""
+    """Checkpoint ``net``'s blocks as ``grad_checkpointing`` asks: every block (true, 1), every n-th (n, ``vit_rope_*``
+    ViTs only) or none (false, 0); a ``UserError`` for a model that cannot."""
     if not every:
         return
     if not hasattr(net, "set_grad_checkpointing"):
@@ -69,8 +65,7 @@ def set_checkpointing(net: torch.nn.Module, every: bool | int, name: str) -> Non
 
 def build_model(cfg: Config, classes: list[str], resume: dict[str, Any] | None, finetune: dict[str, Any] | None,
                 say: Callable[[str], None]) -> tuple[torch.nn.Module, dict[str, Any]]:
-    """The model and the keyword arguments it was built with, checked against the training sizes and given the
-    weights of the run it resumes or of the checkpoint it fine-tunes (a new classifier for new classes)."""
+    """The model and the keyword arguments it was built with, given its weights."""
     dynamic = {"dynamic_img_size": True} if cfg.train_sizes else {}  # timm ViTs resample pos_embed / RoPE per size
     net, model_kwargs = create_model(cfg.model, {"num_classes": len(classes), "img_size": cfg.img_size,
                                                  "drop_path_rate": cfg.drop_path, **dynamic, **cfg.model_kwargs})

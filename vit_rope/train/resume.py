@@ -1,12 +1,9 @@
 """Resuming a run: the settings it goes on with, and the training state put back from its checkpoint.
 
-A checkpoint holds the config of the run that wrote it, so ``train.py --resume OUTPUT/last.pth`` alone goes on with
-that run's settings (``saved_settings``: the defaults under the command line's overrides). A resumed run is the same
-run as an uninterrupted one only with the same settings: the optimizer and the schedule go on from their saved state,
-whatever the command line says of them, so their keys keep the checkpoint's values (and the saved config.yaml says
-so); any other setting that differs changes the run from there on. ``reconcile`` applies the first rule and names
-every difference in one warning, instead of letting an override pass unnoticed. ``restore`` puts the optimizer,
-schedule, loss scaler, EMA and random state back.
+``--resume`` alone goes on with the settings saved in the checkpoint (``saved_settings``). The optimizer and schedule
+go on from their saved state whatever the command line says, so ``reconcile`` keeps their keys at the checkpoint's
+values and names every other difference, which changes the run from there on, in one warning. ``restore`` puts the
+optimizer, schedule, loss scaler, EMA and random state back.
 """
 
 from __future__ import annotations
@@ -26,8 +23,7 @@ from vit_rope.train.config import Config, typed
 from vit_rope.train.config_checks import check_config
 from vit_rope.train.distributed import DistEnv
 
-# Carried by the optimizer's and the scheduler's saved state (timm's schedulers save every argument they were built
-# with): a resumed run keeps the checkpoint's values, as the restored state would anyway.
+# Carried by the optimizer's and the scheduler's saved state: a resumed run keeps the checkpoint's values anyway.
 STATE_KEYS = ("opt", "lr", "weight_decay", "momentum", "sched", "warmup_epochs", "warmup_lr", "min_lr", "decay_epochs",
               "decay_rate")
 # Where and how fast a run goes, not what it computes (at most float rounding on CUDA): free to change on resume.
@@ -37,9 +33,7 @@ FREE_KEYS = ("output", "data_dir", "resume", "finetune", "download_size", "devic
 
 
 def saved_settings(path: str | Path) -> dict[str, Any]:
-    """The settings of the run that wrote the checkpoint ``path`` (its saved config, typed; keys this version no
-    longer has left out), for ``--resume`` without ``-c``; ``output`` is the checkpoint's folder, wherever the run was
-    started from or the folder has moved since."""
+    """The settings of the run that wrote the checkpoint ``path``, ``output`` its folder (wherever it has moved)."""
     saved = train_state.load_checkpoint(path, mmap=True).get("config") or {}
     settings = typed(saved, f"in the config saved in {path}")
     settings.pop("resume", None)
@@ -47,15 +41,11 @@ def saved_settings(path: str | Path) -> dict[str, Any]:
 
 
 def reconcile(cfg: Config, resume: dict[str, Any], warn: bool = True) -> Config:
-    """``cfg`` with the optimizer and schedule keys (``STATE_KEYS``) of the checkpoint ``resume`` (as loaded by
-    ``train_state.load_checkpoint`` from ``cfg.resume``), checked again, and (``warn``: on one rank) one warning naming
-    every setting that differs from the run that wrote it, but the ``FREE_KEYS``. A key the saved config lacks (a
-    setting added since) is compared with its default, the behaviour before it existed."""
+    """``cfg`` with the ``STATE_KEYS`` of the checkpoint ``resume``, checked again, and (``warn``) one warning naming
+    every other difference but the ``FREE_KEYS``; a key added since is compared with its default."""
     if not resume.get("config"):  # a checkpoint without its config: nothing to compare
         return cfg
-    defaults = Config()
-    saved = {field.name: getattr(defaults, field.name) for field in dataclasses.fields(Config)} | typed(
-        resume["config"], f"in the config saved in {cfg.resume}")
+    saved = dataclasses.asdict(Config()) | typed(resume["config"], f"in the config saved in {cfg.resume}")
     differ = [key for key, value in saved.items() if key not in FREE_KEYS and getattr(cfg, key) != value]
     if not differ:
         return cfg
@@ -79,9 +69,7 @@ def reconcile(cfg: Config, resume: dict[str, Any], warn: bool = True) -> Config:
 def restore(resume: dict[str, Any], cfg: Config, env: DistEnv, steps_per_epoch: int,
             optimizer: torch.optim.Optimizer, scheduler: Any, scaler: torch.amp.GradScaler, ema: ModelEmaV3 | None
             ) -> tuple[int, int, engine.EpochTotals | None, float]:
-    """Put the training state of the checkpoint ``resume`` back (its model weights are already in): optimizer,
-    schedule, loss scaler, EMA and this rank's random state. Returns ``(epochs done, step in the next epoch, that
-    epoch's totals so far, best top-1)``."""
+    """Put the training state back but the weights: ``(epochs done, next step, its epoch's totals, best top-1)``."""
     states = {"optimizer state": (optimizer, resume["optimizer"]), "scheduler": (scheduler, resume["scheduler"])}
     if resume["scaler"]:  # empty when the run used no float16 loss scaling
         states["grad scaler"] = (scaler, resume["scaler"])

@@ -1,7 +1,5 @@
 """Resumable training state: checkpoints written atomically and tagged with their format, and every rank's RNG
-states, so that a resumed run draws the same random numbers as one that never stopped (``train.py --resume``).
-
-Checkpoints load with ``weights_only=True``, hence RNG states are stored as tensors and scalars rather than pickles.
+states (as tensors and scalars, which ``weights_only=True`` loads), so that a resumed run draws the same numbers.
 """
 
 from __future__ import annotations
@@ -62,9 +60,7 @@ RENAMED = {"rope_kind": ("encoding", None), "rope_policy": ("resolution_policy",
 
 
 def current_model_args(kwargs: dict[str, Any]) -> dict[str, Any]:
-    """Model arguments that an earlier version saved (a train.py checkpoint's ``model_kwargs``, its config) in
-    today's names: that is data, which loads; a model called with the earlier names refuses them as any unknown
-    argument."""
+    """Model arguments that an earlier version saved, in today's names."""
     out = {key: value for key, value in kwargs.items() if key not in RENAMED}
     for old, (new, key) in RENAMED.items():
         if old in kwargs:
@@ -78,13 +74,9 @@ def save_checkpoint(state: dict[str, Any], path: Path) -> None:
 
 
 def load_checkpoint(path: str | Path, mmap: bool = False) -> dict[str, Any]:
-    """Read a checkpoint written by ``save_checkpoint``, with a clear error for anything else.
-
-    Loads with ``weights_only=True``: no code from the file is executed. A truncated or corrupt file is a
-    ``UserError`` that says so (``vit_rope.weights.unreadable_reason``). ``mmap``: tensors are read only
-    when touched, for a caller that wants the saved config alone. Model arguments an earlier version saved
-    (``rope_kind``, ...) come back in today's names.
-    """
+    """Read a checkpoint written by ``save_checkpoint`` (``weights_only``: no code runs), a ``UserError`` for anything
+    else; ``mmap``: tensors are read when touched (for the saved config alone). Model arguments an earlier version
+    saved come back in today's names."""
     if not Path(path).is_file():
         what = "is a folder" if Path(path).is_dir() else "does not exist"
         raise UserError(f"checkpoint {path} {what}; pass OUTPUT/last.pth (or a kept OUTPUT/epoch_E.pth) of "
@@ -108,8 +100,7 @@ def load_checkpoint(path: str | Path, mmap: bool = False) -> dict[str, Any]:
 
 def load_state(module: Any, state: dict[str, Any], what: str, path: str | Path,
                fix: str = "resume with the model and optimizer settings of the run that wrote it") -> None:
-    """``module.load_state_dict(state)`` with a mismatch reported as a ``UserError`` naming the checkpoint, the keys
-    that do not fit (for a model) and ``fix``."""
+    """``module.load_state_dict(state)``, a mismatch a ``UserError`` naming the checkpoint, the keys and ``fix``."""
     if isinstance(module, nn.Module):  # a model or its EMA: ours saved before the encoding's rename too
         state = encoding_keys(state, module)
     mismatch = weights_mismatch(module.state_dict(), state) if isinstance(module, nn.Module) else ""
