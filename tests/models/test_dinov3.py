@@ -12,7 +12,7 @@ from safetensors.torch import save_file
 import vit_rope
 from helpers.checkpoints import meta_keys
 from helpers.models import assert_same_outputs, timm_eva
-from vit_rope.eval import command, diagnose
+from vit_rope.eval import command, diagnostics
 from vit_rope.models.checkpoint import convert_state_dict
 from vit_rope.models.load_report import WeightsNotLoadedWarning
 from vit_rope.models.registry import dinov3_name
@@ -100,7 +100,7 @@ def test_evaluate_and_diagnose_a_dinov3_model_from_timms_weights(image_root, tmp
     assert command.main([*model, "--data-dir", str(image_root), "--img-sizes", "32", "--policy", "yarn", "--output",
                           str(tmp_path / "eval2"), "--device", "cpu", "--workers", "0"]) == 2
     assert "does not apply to DINOv3" in capsys.readouterr().err
-    assert diagnose.main([*model, "--data-dir", str(image_root), "--sizes", "32", "64", "--num-images", "2",
+    assert diagnostics.main([*model, "--data-dir", str(image_root), "--sizes", "32", "64", "--num-images", "2",
                           "--output", str(tmp_path / "diag")]) == 0
     report = json.loads((tmp_path / "diag" / "diagnostics.json").read_text())
     assert report["kind"] == "dinov3" and report["policy"] == "normalized"

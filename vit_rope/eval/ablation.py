@@ -1,14 +1,11 @@
 """Position ablation: how much of a trained model's output its position encoding makes.
 
-A ViT without a position encoding sees its patches as a set (permuting them permutes its patch tokens), and trained so
-it still learns to classify (CPVT, Chu et al., ICLR 2023, trains DeiT without one as a baseline). So a trained model
-may use its encoding a lot or barely, and which one matters when its resolution policies are compared: a model that
-barely uses an attention bias gives the same logits under any scale of it, so its ``interpolate`` and ``extrapolate``
-rows agree for that reason, not because both hold. Removing the encoding at test time measures it: the RoPE tables
-become none (no rotation; STRING's orthogonal P alone leaves q.k unchanged), each patch row of the APE becomes the
-rows' mean (the part they share says nothing about where a patch is; prefix-token rows, fixed offsets, stay), an
-attention bias (LookHere, 2D-ALiBi) and the block rotations of ComRoPE and LieRE become none, and so do PaPE's
-parabolas (no channels added to q and k); everything else, weights and inputs, stays.
+A ViT without a position encoding sees its patches as a set and still learns to classify (CPVT, Chu et al., ICLR
+2023), so a trained model may use its encoding a lot or barely: one that barely uses an attention bias gives the same
+logits under any scale of it, and its ``interpolate`` and ``extrapolate`` rows agree for that reason, not because both
+hold. Removing the encoding at test time measures it: the RoPE tables, attention biases, block rotations (ComRoPE,
+LieRE) and PaPE's parabolas become none (STRING's orthogonal P alone leaves q.k unchanged), and each patch row of the
+APE becomes the rows' mean (the part they share says nothing about where a patch is; prefix-token rows stay).
 """
 
 from __future__ import annotations
@@ -27,11 +24,8 @@ from vit_rope.models.vit import RoPEVisionTransformer
 def without_positions(model: RoPEVisionTransformer) -> Iterator[RoPEVisionTransformer]:
     """Run ``model`` without its position encoding inside the block; restored (the APE's values too) on leaving it.
 
-    Blocks are called with keywords (``RoPEVisionTransformer._forward_blocks``), so a pre-hook on each one replaces
-    the RoPE tables and the bias it is handed; the APE's patch rows are set to their mean in place and put back.
-    Other models keep their encodings in places this does not know (timm's ``Eva`` rotates inside its attention), so
-    they are refused rather than run half-ablated.
-    """
+    A pre-hook on each block (called with keywords) drops the encoding it is handed, and the APE's patch rows are set
+    to their mean in place. Other models (timm's ``Eva`` rotates inside its attention) are refused, not half-ablated."""
     if not isinstance(model, RoPEVisionTransformer):
         raise TypeError(f"without_positions takes a vit_rope model (RoPEVisionTransformer); got "
                         f"{type(model).__name__}, whose position encoding it cannot find: pass the vit_rope model "
@@ -59,15 +53,9 @@ def _no_encoding(block: nn.Module, args: tuple, kwargs: dict[str, Any]) -> tuple
 
 @torch.no_grad()
 def position_reliance(model: RoPEVisionTransformer, images: Tensor | dict[str, Tensor]) -> dict[str, float]:
-    """What removing the position encoding changes in ``model``'s outputs on ``images`` (``[B, 3, H, W]`` or a
-    NaFlex batch).
-
-    Returns:
-        ``output_change``: mean over images of ``|out_without - out| / |out|`` of the outputs (logits, or the pooled
-        features of a model without a classifier); ``predictions_kept``: for a classifier, the fraction of images
-        whose top-1 class stays the same (1.0: the encoding decides no prediction on these images). Measured in eval
-        mode; the model's mode is restored.
-    """
+    """What removing the position encoding changes in ``model``'s outputs (logits, or pooled features) on ``images``
+    (``[B, 3, H, W]`` or a NaFlex batch), in eval mode: ``output_change``, the mean ``|out_without - out| / |out|``,
+    and for a classifier ``predictions_kept``, the fraction of images whose top-1 class stays."""
     training = model.training
     model.eval()
     try:

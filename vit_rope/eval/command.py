@@ -2,17 +2,11 @@
 RoPE policies.
 
     python -m vit_rope.evaluate --checkpoint output/run/best.pth --data-dir DIR --img-sizes 160 224 320 \
-        --policy extrapolate interpolate ntk yarn
-    python -m vit_rope.evaluate --model vit_small_patch16_224 --pretrained-file vit_s.safetensors --data-dir DIR ...
-    python -m vit_rope.evaluate --checkpoint output/run/best.pth --data-dir DIR --seq-lens 64 196 400 784
+        --policy extrapolate interpolate ntk yarn [--seq-lens 64 196 400 784]
 
-A ``--model`` without weights (no ``--pretrained-file``, no ``--model-kwargs pretrained=true``) is refused unless
-``--random-init`` asks for its random initialisation, which the reports then label ``random init``.
-
-The command-line layer over ``vit_rope.eval.harness``. Writes OUTPUT/results.json, results.md and
+The command-line layer over ``vit_rope.eval.harness`` (docs/evaluation.md). Writes OUTPUT/results.json, results.md and
 accuracy_vs_resolution.png (``vit_rope.eval.report``). Exit codes: 0 done, 2 bad input (sizes, policies, data folder,
-checkpoint), all checked before any evaluation starts. ``--seq-lens`` adds token budgets, each image at its own aspect
-ratio (``vit_rope.eval.token_budget``), for models that take timm's NaFlex batches.
+checkpoint), all checked before any evaluation starts.
 """
 
 from __future__ import annotations
@@ -111,14 +105,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def data_root(given: str | None, dataset: str | None, models: list[EvalModel]) -> Path:
-    """``--data-dir``; for an image folder it defaults as in ``train.py``, for shards and datasets to the
-    checkpoint's ``data_dir`` when that folder is here."""
+    """``--data-dir``; by default as in ``train.py`` for an image folder, the checkpoint's for shards and datasets."""
     if not dataset_kind(dataset):
         return resolve_data_dir(given)
     if given:
         return Path(given).expanduser()
     trained = next((entry.data_dir for entry in models if entry.data_dir), None)
-    if trained and Path(trained).expanduser().is_dir():  # where the checkpoint's run read it, when it is here
+    if trained and Path(trained).expanduser().is_dir():  # when it is here
         print(f"--data-dir {trained}: the checkpoint's data_dir", flush=True)
         return Path(trained).expanduser()
     raise UserError(f"--dataset {dataset} reads --data-dir, which is not set; pass the folder of its shards or "
@@ -138,15 +131,16 @@ def main(argv: list[str] | None = None) -> int:
     weights = args.pretrained_file or [None] * len(args.model)
     if len(weights) != len(args.model):
         parser.error(f"--pretrained-file takes one file per --model: got {len(weights)} for {len(args.model)}")
+    kwargs = dict(args.model_kwargs)
     try:
         check_options(args.policy or (), args.crop_pct, args.seq_lens)
         check_output_dir(args.output, "--output")
         for name in args.model:  # a typo before the advice about weights
             check_model_name(name)
         for name, file in zip(args.model, weights, strict=True):
-            check_weights(name, file, dict(args.model_kwargs), args.random_init, "evaluate")
+            check_weights(name, file, kwargs, args.random_init, "evaluate")
         unloaded = [name for name, file in zip(args.model, weights, strict=True)
-                    if file is None and not dict(args.model_kwargs).get("pretrained")]
+                    if file is None and not kwargs.get("pretrained")]
         if args.device != "cuda":  # loader workers need cores of their own, or every thread stalls
             set_cpu_threads(0, args.workers)
         models = [load_trained(path, not args.no_ema) for path in args.checkpoint]
@@ -157,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
                 for key in ("input_key", "target_key")}
         # the --model classifiers' size; checkpoints carry theirs, and evaluate_models reads the split anyway
         num_classes = len(find_split(data_dir, dataset, split, split_key="--split", **keys)[1]) if args.model else 0
-        models += [load_pretrained(name, file, num_classes, args.train_size, dict(args.model_kwargs))
+        models += [load_pretrained(name, file, num_classes, args.train_size, kwargs)
                    for name, file in zip(args.model, weights, strict=True)]
         labels = [entry.label for entry in models]
         repeated = next((label for label in labels if labels.count(label) > 1), None)

@@ -8,13 +8,8 @@ the position encoding (``vit_rope.eval.ablation``): how much the outputs change,
 says how much the model uses positions at each size at all.
 
 ``python -m vit_rope.diagnose --checkpoint PATH [--sizes 224 320 512] [--seq-lens 196 400] [--policy NAME]
-[--data-dir DIR [--split NAME]] [--output DIR]``; ``--model NAME`` takes ``--pretrained-file PATH``, or
-``--random-init`` to look at the initialisation. ``--policy`` diagnoses the model under another resolution policy than
-its own, e.g. to see whether ``interpolate`` changes the attention entropy at the same token count or only the phases.
-
-``--seq-lens`` measures the same at token budgets, each image of ``--data-dir`` at its own aspect ratio
-(``vit_rope.eval.token_budget``). A budget has no single grid, each image's aspect ratio sets its own, so its
-unseen-phase count is over the images' grids (a channel counts when it meets unseen phases on any of them), and it needs
+[--data-dir DIR [--split NAME]] [--output DIR]`` (docs/evaluation.md). A token budget (``--seq-lens``) has no single
+grid, each image's aspect ratio sets its own, so its unseen-phase count is over the images' grids, and it needs
 images: noise has no aspect ratio to keep.
 """
 
@@ -49,17 +44,11 @@ from vit_rope.models.vit import RoPEVisionTransformer
 
 
 def frequency_coverage(model: RoPEVisionTransformer, target_grid: tuple[int, int]) -> list[dict[str, Any]]:
-    """Per layer: turns of each channel pair across the training grid and a target grid.
-
-    A pair turns by ``|wx| ex + |wy| ey`` radians across a grid whose positions span ``(ex, ey)`` (``(w - 1, h - 1)``
-    patches for integer positions; less than 2 per axis for DINOv3's normalised ones). Pairs with less than one turn
-    on the training grid whose range grows on the target grid by more than one training step meet phases they never
-    saw (``interpolate`` stretches the range by less than a step, a resampling effect rather than an extrapolation).
-
-    Returns:
-        One dict per layer (one for axial, whose tables all layers share): ``train_turns`` and ``target_turns``
-        ``[heads][pairs]`` lists, and ``unseen`` = the number of (head, pair) channels that see unseen phases.
-    """
+    """Per layer (one for axial, whose layers share their tables): ``train_turns`` and ``target_turns``
+    ``[heads][pairs]``, the turns of each channel pair across the training grid and ``target_grid``, and ``unseen``,
+    the (head, pair) channels that meet phases they never saw: under one turn on the training grid, and a range that
+    grows by more than one training step (``interpolate`` stretches it by less, a resampling, not an extrapolation).
+    A pair turns by ``(|wx| ex + |wy| ey) / 2 pi`` across positions spanning ``(ex, ey)``."""
     rows = []
     for layer, rope in enumerate(_rotations(model)):
         train, target, unseen = _coverage(rope, target_grid)
@@ -69,8 +58,7 @@ def frequency_coverage(model: RoPEVisionTransformer, target_grid: tuple[int, int
 
 
 def budget_coverage(model: RoPEVisionTransformer, grids: list[tuple[int, int]]) -> list[dict[str, Any]]:
-    """Per layer: the channel pairs that meet unseen phases on at least one of ``grids``, the (h, w) grids of the
-    images at a token budget (a budget has no single grid: each image's aspect ratio sets its own)."""
+    """Per layer: the channel pairs that meet unseen phases on any of ``grids``, a budget's images' (h, w) grids."""
     rows = []
     for layer, rope in enumerate(_rotations(model)):
         unseen = torch.stack([_coverage(rope, grid)[2] for grid in grids]).any(0)  # [H, D/2]
@@ -79,14 +67,12 @@ def budget_coverage(model: RoPEVisionTransformer, grids: list[tuple[int, int]]) 
 
 
 def _rotations(model: RoPEVisionTransformer) -> list[RoPE2D]:
-    """The model's RoPE modules; none for the attention biases (LookHere, 2D-ALiBi), which have no frequencies, so
-    their coverage is 0 of 0 channels and only their attention entropy is measured."""
+    """The model's RoPE modules; none for the attention biases (LookHere, 2D-ALiBi): 0 of 0 channels covered."""
     return [module for module in model.pos_encoding.modules() if isinstance(module, RoPE2D)]
 
 
 def _coverage(rope: RoPE2D, grid: tuple[int, int]) -> tuple[Tensor, Tensor, Tensor]:
-    """Turns ``[H, D/2]`` of each pair across the training grid and across ``grid`` under the policy, and whether
-    the pair meets unseen phases there (``frequency_coverage``)."""
+    """Turns ``[H, D/2]`` across the training grid and ``grid`` under the policy, and which are unseen there."""
     freqs, _ = rope.frequencies(torch.tensor([grid]))
     freqs = freqs.reshape(rope.freqs.shape)  # one grid: [1, 2, H, D/2] -> [2, H, D/2]
     train = _turns(rope, rope.pair_frequencies().detach(), rope.train_grid)  # [H, D/2]
@@ -200,7 +186,6 @@ def main(argv: list[str] | None = None) -> int:
     model, patch = entry.model, patch_size(entry.model)
     out = Path(args.output)
     out.mkdir(parents=True, exist_ok=True)
-
     kind, policy = model.encoding_kind, model.resolution_policy.name
     report: dict[str, Any] = {"model": entry.label, "kind": kind, "policy": policy, "sizes": {}, "seq_lens": {}}
     encoding = f"RoPE {kind}" if _rotations(model) else kind
@@ -211,8 +196,9 @@ def main(argv: list[str] | None = None) -> int:
         images = _images(samples, size, args.num_images)
         _record(report["sizes"], size, f"{size} px", frequency_coverage(model, (size // patch, size // patch)),
                 attention_entropy(model, images), position_reliance(model, images))
-    for seq_len in args.seq_lens:
-        batch = _budget_batch(samples, seq_len, naflex_patch(model), args.num_images)
+    for seq_len in args.seq_lens:  # one NaFlex batch, each image at its own aspect ratio
+        items = _items(samples, args.num_images, naflex.budget_transform(seq_len, naflex_patch(model)))
+        batch = naflex.BudgetCollator(seq_len)(items)[0]
         grids = sorted({(h, w) for h, w in naflex_grid(batch["patch_coord"], batch["patch_valid"]).tolist()})
         _record(report["seq_lens"], seq_len, f"{seq_len} tokens", budget_coverage(model, grids),
                 attention_entropy(model, batch), position_reliance(model, batch), grids=grids)
@@ -252,7 +238,6 @@ def _load(args: argparse.Namespace) -> tuple[EvalModel, list[Sample] | None]:
                         "one folder per class), or leave it out to feed noise")
     if args.model:  # a typo before the advice about weights
         check_model_name(args.model)
-    if args.model:
         check_weights(args.model, args.pretrained_file, kwargs, args.random_init, "diagnose")
     if args.checkpoint:
         entry = load_trained(args.checkpoint)
@@ -279,7 +264,7 @@ def _load(args: argparse.Namespace) -> tuple[EvalModel, list[Sample] | None]:
 
 
 def _items(samples: list[Sample], count: int, transform: Any) -> list[tuple[Any, int, int]]:
-    """``count`` dataset items evenly spread over the classes, through an evaluation ``transform``."""
+    """``count`` items spread evenly over the classes, through ``transform``."""
     dataset = ImageFolderDataset([samples[i] for i in subset(len(samples), count)], transform)
     return [dataset[i] for i in range(len(dataset))]
 
@@ -289,10 +274,3 @@ def _images(samples: list[Sample] | None, size: int, count: int) -> Tensor:
     if samples is None:
         return torch.randn(count, 3, size, size, generator=torch.Generator().manual_seed(0))
     return torch.stack([item[0] for item in _items(samples, count, eval_transform(size, 1.0))])
-
-
-def _budget_batch(samples: list[Sample], seq_len: int, patch: tuple[int, int], count: int) -> dict[str, Tensor]:
-    """``count`` images at token budget ``seq_len``, each at its own aspect ratio, as one NaFlex batch padded to
-    ``seq_len`` (``vit_rope.eval.token_budget``)."""
-    items = _items(samples, count, naflex.budget_transform(seq_len, patch))
-    return naflex.BudgetCollator(seq_len)(items)[0]

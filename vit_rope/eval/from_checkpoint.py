@@ -2,10 +2,9 @@
 file or folder describes and loads it.
 
 What decides the model is the checkpoint's format (``vit_rope.models.formats``: a folder's config, or what a file's
-keys and shapes say), or a ``train.py`` checkpoint's own record (``load_trained``). Files whose keys name no model
-(timm's ViT and DeiT-III, our own state dicts, timm's other Eva families) need ``model=``, and the error says so.
-``overrides`` are ``timm.create_model`` arguments (``num_classes``, ``img_size``, ``resolution_policy``, ...) and
-``model=`` the vit_rope model to build where the file does not say or to build another that takes its weights.
+keys and shapes say), or a ``train.py`` checkpoint's own record (``load_trained``). ``model=`` names the vit_rope model
+where the file's keys do not (timm's ViT and DeiT-III, our own state dicts, timm's other Eva families), or another that
+takes its weights; ``overrides`` are ``timm.create_model`` arguments (``num_classes``, ``resolution_policy``, ...).
 """
 
 from __future__ import annotations
@@ -23,15 +22,10 @@ from vit_rope.weights import read_weights
 
 def create_from_checkpoint(path: str | Path, model: str | None = None, **overrides: Any) -> nn.Module:
     """The model that ``path`` (a weights file, a ``train.py`` checkpoint or a folder: transformers' DINOv3, PaPE's)
-    describes, built and loaded; ``model`` names the vit_rope model where the file does not (or another that takes
-    its weights), ``overrides`` are ``timm.create_model`` arguments. Weights the file lacks are initialised with a
-    warning and listed in ``model.load_report``, as ``vit_rope.load_weights`` does.
-
-    Raises:
-        FileNotFoundError: ``path`` does not exist.
-        ValueError: the file's format is unknown, its keys name no model and ``model`` is not given, or the weights
-            do not fit the model; the message names what was found and what to pass.
-    """
+    describes, built and loaded. Weights the file lacks are initialised with a warning and listed in
+    ``model.load_report``, as ``vit_rope.load_weights`` does. Raises ``FileNotFoundError`` for a missing ``path`` and
+    ``ValueError`` (naming what was found and what to pass) for an unknown format, keys that name no model without
+    ``model``, or weights that do not fit."""
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"No checkpoint at {path}: give a weights file, a train.py checkpoint or a folder "

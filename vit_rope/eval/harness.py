@@ -62,8 +62,7 @@ def check_options(policies: Sequence[str], crop_pct: float, seq_lens: Sequence[i
 
 def choose_setting(given: str | None, models: Sequence[EvalModel], field: str = "val_split",
                    flag: str = "--split", default: str | None = "val") -> str | None:
-    """``given`` (the ``flag``) when set, else the ``field`` (``val_split``, ``dataset``) the checkpoints' training
-    runs used, else ``default``."""
+    """``given`` (the ``flag``) when set, else the ``field`` the checkpoints' training runs used, else ``default``."""
     if given:
         return given
     used = {entry.label: getattr(entry, field) for entry in models if getattr(entry, field)}
@@ -92,15 +91,14 @@ def check_sizes(sizes: Sequence[int], models: Sequence[EvalModel], policies: Seq
 
 def eval_transform(size: int, crop_pct: float) -> Any:
     """timm's eval transform: Resize(short side floor(size / crop_pct), bicubic), CenterCrop(size), ToTensor, with
-    pixels left in [0, 1]: each model is normalised with its own mean/std (``normalisation``), as it was trained.
-    ``tests/test_evaluate.py`` checks it is exactly that."""
+    pixels left in [0, 1]: each model is normalised with its own mean/std (``normalisation``), as it was trained."""
     return create_transform(input_size=(3, size, size), crop_pct=crop_pct, crop_mode="center", interpolation="bicubic",
                             mean=(0.0, 0.0, 0.0), std=(1.0, 1.0, 1.0), is_training=False)
 
 
 def normalisation(model: nn.Module, device: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """The mean and std (``[1, 3, 1, 1]``) a timm model's data config gives, which is what ``train.py`` normalised
-    its inputs with: ImageNet's for ours and DeiT, 0.5 for timm's augreg ViTs such as ``vit_tiny_patch16_224``."""
+    """The mean and std (``[1, 3, 1, 1]``) of a timm model's data config, which ``train.py`` normalised with
+    (ImageNet's for ours and DeiT, 0.5 for timm's augreg ViTs)."""
     config = resolve_data_config({}, model=model)
     return (torch.tensor(config["mean"], device=device).view(1, 3, 1, 1),
             torch.tensor(config["std"], device=device).view(1, 3, 1, 1))
@@ -114,8 +112,7 @@ def subset(count: int, limit: int | None) -> list[int]:
 
 
 def protocol(crop_pct: float) -> str:
-    """The preprocessing in words, printed first and stored with the results so that numbers are never compared
-    across protocols unknowingly."""
+    """The preprocessing in words, stored with the results so that no numbers are compared across protocols."""
     return (f"resize the short side to floor(size / {crop_pct}) px (PIL bicubic), center-crop size x size, each "
             "model's own mean/std normalisation, as in training (timm create_transform, crop_mode center)")
 
@@ -127,21 +124,14 @@ def evaluate_models(models: Sequence[EvalModel], data_dir: str | Path, img_sizes
                     val_split: str = "val", seq_lens: Sequence[int] = (), window: str | int = "keep",
                     pad_windows: bool = False, *, dataset: str | None = None, input_key: str | None = None,
                     target_key: str | None = None) -> list[dict[str, Any]]:
-    """Top-1, top-5 (%), loss and images/s of every model at every size and token budget (``seq_lens``,
-    ``vit_rope.eval.token_budget``) on ``data_dir/val_split``, once per policy for RoPE models.
+    """Top-1, top-5 (%), loss and images/s (forward only) of every model at every size and token budget on
+    ``data_dir/val_split`` (``dataset`` and its keys as ``train.py``'s), once per policy for RoPE models.
 
-    ``dataset`` (``wds/<name>``, ``hfds/<name>``; None an image folder) and its keys say what ``data_dir`` holds, as
-    ``train.py``'s settings of those names (``vit_rope.data.splits``).
-
-    ``policies`` ``None`` runs each RoPE model under its own policy, the one it was built with (RoPE-ViT's
-    ``extrapolate``, DINOv3's ``normalized``, the Eva twins' ``interpolate``, which is what timm runs them with: a
-    fixed default would evaluate those twins as they were never trained), labelled with its name. Models without
-    ``set_resolution_policy`` (timm's ViTs and RoPE ports, CNNs) run once, with policy None.
-    A Swin's windows at each size follow ``window`` (``vit_rope.eval.windows``: ``keep`` as trained, ``scale`` with
-    the image, or a number), its rows saying them (``windows``); a size they do not tile is refused unless
-    ``pad_windows``. ``images_per_s`` is the model's forward throughput (data loading excluded). A size whose batch
-    would not fit in the free memory runs in smaller batches (``vit_rope.eval.memory``), said when it starts. Raises
-    ``UserError`` for bad input before any image is decoded.
+    ``policies`` None runs each RoPE model under the policy it was built with, as timm runs it (a fixed default would
+    evaluate the Eva twins as they were never trained); models without ``set_resolution_policy`` run once, with policy
+    None. A Swin's windows follow ``window`` (``vit_rope.eval.windows``; its rows' ``windows``), a size they do not
+    tile refused unless ``pad_windows``. A batch that would not fit in free memory is cut (``vit_rope.eval.memory``).
+    Bad input raises ``UserError`` before any image is decoded.
     """
     device = resolve_device(device)
     check_options(policies or (), crop_pct, seq_lens)

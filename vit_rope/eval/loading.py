@@ -42,28 +42,17 @@ _NOT_ARCHITECTURE = frozenset({"num_classes", "img_size", "dynamic_img_size", "p
 
 @dataclass
 class EvalModel:
-    """A model ready to evaluate, with what the report needs to know about it.
-
-    Attributes:
-        label: row name in the reports: the model name, then the arguments that changed its architecture, then for
-            checkpoints the path (always the last parenthesised part, which ``studies.results.is_run`` matches).
-        model: the network; evaluated in eval mode.
-        train_size: the resolution it was trained at, marked in the reports and the reference of RoPE policies.
-        classes: class name of each output; None when unknown (outputs are then taken in val folder order).
-        val_split: the data folder its training run validated on (``train.py``'s ``val_split``); None when unknown.
-        data_dir: the data set its training run read (``train.py``'s ``data_dir``), named when the classes of the
-            evaluated folder do not fit; None when unknown.
-        dataset: what that data set was (``train.py``'s ``dataset``: None an image folder, ``wds/...``, ``hfds/...``).
-        input_key, target_key: where its shards or dataset kept images and labels (``train.py``'s keys).
-    """
+    """A model ready to evaluate, with what the report needs to know about it. ``label`` is the model name, the
+    arguments that changed its architecture and for checkpoints the path (always the last parenthesised part, which
+    ``studies.results.is_run`` matches); the data fields are its ``train.py`` run's settings (None when unknown)."""
 
     label: str
     model: nn.Module
-    train_size: int
-    classes: list[str] | None = None
+    train_size: int  # marked in the reports, and the reference of the RoPE policies
+    classes: list[str] | None = None  # each output's class name; None: outputs in val folder order
     val_split: str | None = None
-    data_dir: str | None = None
-    dataset: str | None = None
+    data_dir: str | None = None  # named when the evaluated folder's classes do not fit
+    dataset: str | None = None  # None an image folder, wds/..., hfds/...
     input_key: str | None = None
     target_key: str | None = None
 
@@ -77,19 +66,13 @@ def model_label(name: str, model_kwargs: dict[str, Any], *notes: str) -> str:
 
 
 def _build(name: str, kwargs: dict[str, Any]) -> nn.Module:
-    """``create_model`` with ``dynamic_img_size=True``, so that ViTs run at every size: timm ViTs then interpolate
-    their position embeddings and timm's RoPE ports rebuild their grids; CNNs run at any size without it."""
+    """``create_model`` with ``dynamic_img_size=True``, so that timm's ViTs and RoPE ports run at every size."""
     return create_model(name, {"dynamic_img_size": True, **kwargs}, "--model-kwargs")[0]
 
 
 def load_trained(path: str | Path, use_ema: bool = True) -> EvalModel:
-    """Rebuild the model of a ``train.py`` checkpoint and load its weights strictly (EMA weights when saved).
-
-    Reads the keys ``model_name``, ``model_kwargs``, ``config["img_size"]``, ``model``, ``model_ema`` (optional),
-    ``classes`` (optional) and the data settings of ``config`` (optional). The model is
-    built without the pretrained weights its ``model_kwargs`` may name (the run's starting point): the strict load
-    replaces every weight, learned RoPE frequencies included.
-    """
+    """Rebuild the model of a ``train.py`` checkpoint and load its weights strictly (EMA weights when saved), without
+    the pretrained weights its ``model_kwargs`` may name (the run's starting point, which the load replaces)."""
     ckpt = load_checkpoint(path)
     missing = [key for key in ("model_name", "model_kwargs", "config", "model") if key not in ckpt]
     if missing or "img_size" not in ckpt["config"]:
@@ -111,8 +94,7 @@ def load_trained(path: str | Path, use_ema: bool = True) -> EvalModel:
 
 def check_weights(name: str, weights: str | None, model_kwargs: dict[str, Any], random_init: bool, use: str) -> None:
     """A ``UserError`` when ``--model name`` has neither a weights file nor timm's published weights and
-    ``--random-init`` did not ask for random ones: the commands would ``use`` (evaluate, diagnose, export) its random
-    initialisation, a mistake unless on purpose."""
+    ``--random-init`` did not ask for random ones: the command would ``use`` (evaluate, ...) random weights."""
     if weights is None and not model_kwargs.get("pretrained") and not random_init:
         raise UserError(f"--model {name} has no weights, so the command would {use} its random initialisation: pass "
                         "--pretrained-file PATH or --model-kwargs pretrained=true for timm's published weights, or "
@@ -128,19 +110,12 @@ def is_training_checkpoint(path: str | Path) -> bool:
 def load_pretrained(name: str, weights: str | None, num_classes: int, train_size: int | None = None,
                     model_kwargs: dict[str, Any] | None = None) -> EvalModel:
     """A timm model with the weights of a local file, or timm's published weights (``pretrained: true`` in
-    ``model_kwargs``), or random weights without either (for timing and export tests), labelled ``random init``.
+    ``model_kwargs``), or random weights without either, labelled ``random init``.
 
-    A vit_rope model whose file lacks its learned RoPE frequencies (an axial or plain ViT checkpoint into a mixed
-    model) or its classifier is refused: those would be evaluated at their random initialisation. Other weights
-    initialised rather than loaded are printed as a warning.
-
-    Args:
-        weights: a file timm's ``pretrained_cfg_overlay`` loads; the model takes the file's class count (the rows
-            of its ``head.weight``; a file without one leaves the model's) unless ``num_classes`` is in
-            ``model_kwargs``.
-        num_classes: outputs of a model with random weights (the val folder's class count).
-        train_size: built at this size; None takes ``img_size`` from ``model_kwargs`` or the pretrained config.
-        model_kwargs: more ``timm.create_model`` arguments (``depth``, ``num_classes``, ``pretrained``, ...).
+    A model whose file lacks its learned RoPE frequencies or its classifier is refused (``check_loaded``); other
+    weights initialised rather than loaded are a warning. The model takes the file's class count (the rows of its
+    classifier) unless ``model_kwargs`` has ``num_classes``; ``num_classes`` is the outputs of one with random weights
+    (the val folder's classes). ``train_size`` None takes ``img_size`` from ``model_kwargs`` or the pretrained config.
     """
     kwargs = dict(model_kwargs or {})
     if weights is not None and not Path(weights).is_file():
@@ -204,8 +179,7 @@ def load_pretrained(name: str, weights: str | None, num_classes: int, train_size
 
 def check_loaded(model: nn.Module, name: str, weights: str | Path | None = None) -> None:
     """Refuse a model whose learned RoPE frequencies or classifier kept their random initialisation because its
-    weights file had none (``model.load_report``, left by vit_rope's checkpoint loading: ``load_weights`` or
-    ``pretrained=True``)."""
+    weights file had none (``model.load_report``, left by vit_rope's checkpoint loading)."""
     report = getattr(model, "load_report", None)
     if report is None:
         return

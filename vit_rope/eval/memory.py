@@ -1,11 +1,10 @@
 """How many images of a size fit in memory: the harness's batch at each size, said before the first forward.
 
-A ViT's activations grow with the tokens (and, where attention materialises its scores or a bias, with their square),
-so a batch that evaluates in seconds at 224 px can need more memory than the machine has at 2048 px, and running it
-ends the process (or the machine) rather than with a message. ``fit_batch`` estimates one image's peak from the model's
-widths and the size's tokens (a Swin's: at each stage, in whole windows) and caps the batch at what the free memory
-holds; a size that even one image cannot take is a ``UserError`` naming it. The estimate errs high: measured peaks of
-ViT-S at 896-2048 px (``benchmarks/scaling.py``) are 0.5-0.9x of it.
+A ViT's activations grow with the tokens (and, where attention materialises its scores or a bias, with their square), so
+a batch that evaluates in seconds at 224 px can need more memory than the machine has at 2048 px, which ends the process
+(or the machine) without a message. ``fit_batch`` estimates one image's peak from the model's widths and the size's
+tokens and caps the batch at what the free memory holds; a size that even one image cannot take is a ``UserError``. The
+estimate errs high: measured peaks of ViT-S at 896-2048 px (``benchmarks/scaling.py``) are 0.5-0.9x of it.
 """
 
 from __future__ import annotations
@@ -22,13 +21,13 @@ from vit_rope.errors import UserError
 from vit_rope.eval.windows import has_windows, stage_grids
 from vit_rope.models.naflex_batch import naflex_patch
 
-# one attention chunk's mask (vit_rope.layers.offset_bias) and the allocator's slack, held once
+# one attention chunk's mask (vit_rope.encodings.bias.offset_attention) and the allocator's slack, held once
 FIXED_BYTES = 256 * 2**20
 
 
 def free_bytes(device: str) -> int:
-    """Memory a new allocation can take now: the GPU's free memory, or Linux's ``MemAvailable`` (free pages and the
-    reclaimable caches) on CPU, or free pages where there is no ``/proc/meminfo``."""
+    """Bytes a new allocation can take now: the GPU's free memory, or on CPU Linux's ``MemAvailable`` (reclaimable
+    caches included), else the free pages."""
     if device.startswith("cuda"):
         return torch.cuda.mem_get_info(torch.device(device))[0]
     meminfo = Path("/proc/meminfo")
@@ -40,13 +39,10 @@ def free_bytes(device: str) -> int:
 
 
 def image_bytes(model: nn.Module, fields: dict, element: int, prefetch: int = 0) -> int | None:
-    """One image's peak memory in a forward at a setting (``fields``: its ``img_size`` or ``seq_len``), about: the
-    tokens through a block's widest live tensors (residual, norm, q/k/v and their rotated copies, the MLP's hidden
-    layer and its activation), twice over for what the allocator keeps; the decoded input in fp32 and as the model's
-    input, and ``prefetch`` more decoded copies (the loader workers' batches in waiting); and the attention scores
-    ``[heads, N, N]`` where they are materialised (a padded NaFlex batch, or ``fused_attn`` off). A Swin's peak is its
-    costliest stage's (``_swin_bytes``). None for a model without a ViT's or a Swin's widths (a CNN), which is not
-    estimated."""
+    """One image's peak bytes in a forward at a setting (``fields``: its ``img_size`` or ``seq_len``), about: a block's
+    widest live tensors (``_block_bytes``), the input (``_input_bytes``) and the attention scores ``[heads, N, N]``
+    where they are materialised (a padded NaFlex batch, or ``fused_attn`` off); a Swin's costliest stage. None for a
+    model without a ViT's or a Swin's widths (a CNN)."""
     if has_windows(model):
         return _swin_bytes(model, fields["img_size"], element) + _input_bytes(fields["img_size"] ** 2, prefetch)
     blocks, width, patch = getattr(model, "blocks", None), getattr(model, "embed_dim", None), naflex_patch(model)
@@ -72,15 +68,14 @@ def _input_bytes(pixels: int, prefetch: int) -> int:
 
 
 def _block_bytes(tokens: int, width: int, hidden: int, element: int) -> int:
-    """A block's widest live tensors for ``tokens`` (``image_bytes``), twice over for what the allocator keeps."""
+    """Residual, norm, q/k/v and their rotated copies, the MLP's hidden layer and its activation, for ``tokens``,
+    twice over for what the allocator keeps."""
     return tokens * 2 * (2 * hidden + 8 * width) * element
 
 
 def _swin_bytes(model: nn.Module, size: int, element: int) -> int:
-    """A Swin's (timm's ``SwinTransformer``) costliest stage at ``size`` px: its tokens, padded to whole windows (the
-    windows it holds now), through a block's widest tensors at the stage's width, and the scores
-    ``[windows, heads, w*w, w*w]`` where ``fused_attn`` is off. The first stage's many tokens usually win: widths
-    double as tokens quarter."""
+    """A Swin's costliest stage at ``size`` px: its tokens padded to whole windows (those it holds now) through a
+    block's widest tensors, and the scores ``[windows, heads, w*w, w*w]`` where ``fused_attn`` is off."""
     peak = 0
     for stage, grid in zip(model.layers, stage_grids(model, size), strict=True):
         block = stage.blocks[0]

@@ -1,16 +1,11 @@
 """ONNX export with a dynamic batch, height and width: one file serves every image size the model accepts.
 
-Why: a RoPE ViT builds its rotation tables from the patch grid inside ``forward``, so nothing in it is fixed to the
-training size, and an export that keeps height and width symbolic runs at every multiple of the patch size.
-What: ``export_program`` (``torch.export`` with the batch and ``H / patch``, ``W / patch`` dynamic), ``export_onnx``
-(that program as one ONNX file, checked with ONNX Runtime against eager PyTorch at the export size and at about 1.5x
-its height) and the command line::
-
-    python -m vit_rope.export --checkpoint output/demo/best.pth --output model.onnx [--img-size H [W]]
-    python -m vit_rope.export --model vit_rope_small_patch16_mixed_224 --pretrained-file w.safetensors --output m.onnx
-
-Exit codes: 0 written and checked, 1 ONNX Runtime disagrees with eager, 2 bad input. Needs ``onnx``, ``onnxscript``
-and ``onnxruntime``: ``pip install 'vit-rope[export]'``.
+A RoPE ViT builds its rotation tables from the patch grid inside ``forward``, so nothing in it is fixed to the training
+size, and an export that keeps height and width symbolic runs at every multiple of the patch size. ``export_onnx``
+writes the ``torch.export`` program (``export_program``) as one ONNX file, checked with ONNX Runtime against eager
+PyTorch; ``python -m vit_rope.export --checkpoint PATH --output model.onnx`` is the command (docs/export.md).
+Exit codes: 0 written and checked, 1 ONNX Runtime disagrees with eager, 2 bad input. Needs ``pip install
+'vit-rope[export]'``.
 """
 
 from __future__ import annotations
@@ -31,7 +26,6 @@ from vit_rope.errors import UserError
 from vit_rope.eval.command import parse_kwarg
 from vit_rope.eval.loading import check_weights, load_pretrained, load_trained
 
-ONNX_PACKAGES = ("onnx", "onnxscript", "onnxruntime")
 Shape = tuple[int, int, int]  # (batch, height, width)
 
 
@@ -53,7 +47,7 @@ class OnnxExport:
 
 def require_onnx() -> None:
     """Raise ``ModuleNotFoundError`` naming the missing export packages and how to install them."""
-    missing = [name for name in ONNX_PACKAGES if importlib.util.find_spec(name) is None]
+    missing = [name for name in ("onnx", "onnxscript", "onnxruntime") if importlib.util.find_spec(name) is None]
     if missing:
         raise ModuleNotFoundError(f"ONNX export needs {', '.join(missing)}, not installed here: "
                                   "pip install 'vit-rope[export]' (or the dev extra, 'vit-rope[dev]')")
@@ -81,10 +75,8 @@ def _images(model: nn.Module, batch: int, h: int, w: int) -> torch.Tensor:
 
 def export_program(model: nn.Module, img_size: tuple[int, int] = (224, 224), batch_size: int = 2,
                    dynamic: bool = True) -> ExportedProgram:
-    """``torch.export`` of ``model`` in eval mode (its mode is restored after), batch and patch grid dynamic.
-
-    A Cayley-STRING model is exported from a copy with ``P`` written into its qkv weights (``fold_encoding_``): the
-    graph is the base kind's, with no solve and no fold."""
+    """``torch.export`` of ``model`` in eval mode (its mode restored after), batch and patch grid dynamic; a
+    Cayley-STRING model from a copy with ``P`` folded into its qkv weights, so the graph has no solve."""
     ph, pw = check_img_size(model, img_size)
     if dynamic and batch_size < 2:
         raise ExportInputError(f"batch_size {batch_size}: trace with 2 or more images (torch.export fixes a batch "
@@ -103,9 +95,8 @@ def export_program(model: nn.Module, img_size: tuple[int, int] = (224, 224), bat
 
 
 def name_dims(path: str | Path, names: tuple[str, ...] = ("batch", "channels", "height", "width")) -> None:
-    """Rename the symbolic input dimensions of the ONNX file ``path`` to ``names`` (torch.export calls them ``s77`` or
-    ``16*s52``), everywhere in the graph the same symbol appears (the output's batch too), so that tools that read the
-    file (Netron, TensorRT profiles, ONNX Runtime errors) speak of batch, height and width."""
+    """Rename the symbolic input dimensions of the ONNX file ``path`` (torch.export's ``s77``, ``16*s52``) to
+    ``names`` wherever they appear (the output's batch too), for the tools that read the file."""
     import onnx
 
     proto = onnx.load(str(path))
@@ -149,12 +140,10 @@ def export_onnx(model: nn.Module, path: str | Path, *, img_size: tuple[int, int]
                 opset: int | None = None, dynamic: bool = True, atol: float = 1e-4) -> OnnxExport:
     """Write ``model`` in eval mode as one ONNX file (weights inside) and check it with ONNX Runtime.
 
-    ``dynamic``: batch, height and width are free in the graph (any multiple of the patch size), checked against
-    eager at ``(batch_size, H, W)`` and ``(batch_size + 1, about 1.5 H, W)``; else all fixed to ``(batch_size, H, W)``
-    and checked there. Raises ``ExportInputError`` (size, batch, policy),
-    ``ModuleNotFoundError`` (onnx, onnxscript or onnxruntime missing) and ``ExportError`` when a diff exceeds
-    ``atol`` (times the largest eager output when that is above 1).
-    """
+    ``dynamic``: batch, height and width free (any multiple of the patch), checked against eager at
+    ``(batch_size, H, W)`` and ``(batch_size + 1, about 1.5 H, W)``; else fixed to ``(batch_size, H, W)``. Raises
+    ``ExportInputError``, ``ModuleNotFoundError`` (export packages missing) and ``ExportError`` when a diff exceeds
+    ``atol`` (times the largest eager output when that is above 1)."""
     require_onnx()
     ph, _ = check_img_size(model, img_size)
     program = export_program(model, img_size, batch_size, dynamic)
@@ -163,10 +152,9 @@ def export_onnx(model: nn.Module, path: str | Path, *, img_size: tuple[int, int]
     output = "logits" if getattr(model, "num_classes", 0) else "features"
     torch.onnx.export(program, (_images(model, batch_size, *img_size),), str(path), dynamo=True, verbose=False,
                       opset_version=opset, external_data=False, input_names=["images"], output_names=[output])
-    if dynamic:
-        name_dims(path)
     (h, w), shapes = img_size, [(batch_size, *img_size)]
     if dynamic:  # about 1.5x the height in whole patches, at least one more; non-square when the export is square
+        name_dims(path)
         shapes.append((batch_size + 1, max(h + ph, round(1.5 * h / ph) * ph), w))
     diffs = compare_onnx(model, path, shapes)
     for (b, h, w), (diff, largest) in diffs.items():
@@ -175,12 +163,6 @@ def export_onnx(model: nn.Module, path: str | Path, *, img_size: tuple[int, int]
                               f"(tolerance {atol * max(1.0, largest):.1e}); the file is kept for inspection, do not "
                               "use it")
     return OnnxExport(path, {shape: diff for shape, (diff, _) in diffs.items()})
-
-
-def check_output_file(path: str | Path) -> None:
-    """Raise a ``UserError`` when ``path`` is a folder: the export would fail at its last step, the write."""
-    if Path(path).is_dir():
-        raise UserError(f"--output {path} is a folder: name the ONNX file to write, e.g. {Path(path) / 'model.onnx'}")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -219,7 +201,9 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--img-size takes H or H W, got {len(args.img_size)} values")
     try:
         require_onnx()
-        check_output_file(args.output)
+        if Path(args.output).is_dir():  # else the export would fail at its last step, the write
+            raise UserError(f"--output {args.output} is a folder: name the ONNX file to write, e.g. "
+                            f"{Path(args.output) / 'model.onnx'}")
         if args.model:
             check_weights(args.model, args.pretrained_file, dict(args.model_kwargs), args.random_init, "export")
         if args.policy is not None and args.policy not in POLICIES:

@@ -3,8 +3,7 @@
 The input is ``vit_rope.eval.harness.evaluate_models``'s list, one dict per (model, size, policy): a square size
 (``img_size``) or a token budget (``seq_len``, ``vit_rope.eval.token_budget``). Budgets get columns of their own,
 labelled ``L tokens``, and are plotted dashed at ``sqrt(L * h * w)`` px for (h, w) patches, the side of the square image
-of L
-patches: the x axis stays the input side in px, and a budget lines up with the square size of the same token count
+of L patches: the x axis stays the input side in px, and a budget lines up with the square size of the same token count
 (196 tokens of 16 px patches at 224 px). matplotlib is optional (the ``plot`` extra): without it only the plot is
 skipped, with a one-line warning.
 """
@@ -13,6 +12,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -21,13 +21,8 @@ METRICS = {"top1": ("top-1 (%)", "{:.2f}"), "top5": ("top-5 (%)", "{:.2f}"), "im
 
 
 def column_of(result: dict[str, Any]) -> tuple[str, int]:
-    """A result's column in the tables, which seed merging also groups by: ``("px", side)`` for a square size,
-    ``("tokens", L)`` for a token budget (squares first)."""
+    """A result's column in the tables and seed merging: ``("px", side)``, or ``("tokens", L)`` for a budget."""
     return ("tokens", result["seq_len"]) if result.get("seq_len") else ("px", result["img_size"])
-
-
-def _header(column: tuple[str, int]) -> str:
-    return f"{column[1]} tokens" if column[0] == "tokens" else str(column[1])
 
 
 def _as_trained(result: dict[str, Any]) -> bool:
@@ -60,12 +55,12 @@ def table(header: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
 
 def markdown_table(results: Sequence[dict[str, Any]], metric: str = "top1") -> str:
     """One row per model (x policy), one column per size then per token budget (``L tokens``); the training size
-    (for budgets: its token count) is starred in the header and each row's value there is bold (models may differ in
-    training size)."""
+    (for budgets: its token count) is starred in the header and each row's own is bold."""
     fmt = METRICS[metric][1]
     columns = sorted({column_of(result) for result in results})
     trained = {column_of(result) for result in results if _as_trained(result)}
-    header = ["model", "policy"] + [_header(column) + ("*" if column in trained else "") for column in columns]
+    header = ["model", "policy"] + [(f"{size} tokens" if kind == "tokens" else str(size))
+                                    + ("*" if (kind, size) in trained else "") for kind, size in columns]
     lines = []
     for (model, policy), by_column in _rows(results).items():
         cells = []
@@ -81,9 +76,8 @@ def markdown_table(results: Sequence[dict[str, Any]], metric: str = "top1") -> s
 
 def _draw(ax: Any, results: Sequence[dict[str, Any]], colors: dict[str, Any] | None = None,
           names: dict[str, str] | None = None) -> None:
-    """Top-1 against size on ``ax``, one line per model (x policy) and protocol (token budgets dashed, at the side
-    of the square image of as many patches), dashed vertical lines at the training sizes; ``colors`` fixes a model's
-    colour across panels, and ``names`` its name in the legend (``""``: the policy alone names a line)."""
+    """Top-1 against size on ``ax``, one line per model (x policy) and protocol (token budgets dashed), the training
+    sizes marked; ``colors`` fixes a model's colour across panels, ``names`` its legend name (``""``: the policy's)."""
     for train_size in sorted({result["train_size"] for result in results}):
         ax.axvline(train_size, color="grey", linestyle="--", linewidth=1)
         ax.annotate(f"train {train_size}", (train_size, 0), xycoords=("data", "axes fraction"),
@@ -105,8 +99,7 @@ def _draw(ax: Any, results: Sequence[dict[str, Any]], colors: dict[str, Any] | N
 
 
 def _figure(size: tuple[float, float]) -> Any:
-    """A matplotlib Figure on the Agg canvas (no global backend is switched), or None, after a warning, when
-    matplotlib is not installed."""
+    """A Figure on the Agg canvas (no global backend switched), or None, after a warning, without matplotlib."""
     try:
         from matplotlib.figure import Figure
     except ImportError:
@@ -116,35 +109,24 @@ def _figure(size: tuple[float, float]) -> Any:
 
 
 def _label(name: str, notes: Sequence[str], model: str) -> str:
-    """A line's legend entry: its model's name, then its policy (and ``tokens`` for budgets) in brackets; the notes
-    alone when the name is ``""`` (one model, named in the title), the model when neither is left."""
+    """``name [policy, tokens]``; the notes alone for ``""`` (one model, named in the title), else the model."""
     if not name:
         return ", ".join(notes) or model
     return f"{name} [{', '.join(notes)}]" if notes else name
 
 
 def short_names(models: Sequence[str]) -> tuple[str | None, dict[str, str]]:
-    """Legend names of several evaluated models: what they share, for the title, and what tells each apart.
+    """The model name every label shares (None if they differ), for the title, and each label's legend name.
 
-    A checkpoint's label ends in its path, ``"vit_rope_tiny_patch16_mixed_224 (output/demo/best.pth)"``; when every
-    label has one, the path is cut to the folders and file that differ (``demo``, the run folder, for best.pth of
-    several runs), and the model name goes to the title if it is the same for all. Labels without a path, or paths
-    that cut to nothing or to the same name, are kept whole.
-
-    Returns:
-        The model name every label shares (None if they differ) and the legend name of each label.
-    """
+    When every label ends in a checkpoint path (``"vit_rope_tiny_patch16_mixed_224 (output/demo/best.pth)"``), the
+    path is cut to the folders and file that differ (``demo`` for best.pth of several runs); labels without a path, or
+    paths that cut to nothing or to the same name, are kept whole."""
     splits = [label.rsplit(" (", 1) for label in models]
     if len(models) < 2 or not all(len(split) == 2 and "/" in split[1] for split in splits):
         return None, {label: label for label in models}
     parts = [split[1].rstrip(")").split("/") for split in splits]
-    front = 0
-    while all(len(path) > front for path in parts) and len({path[front] for path in parts}) == 1:
-        front += 1
-    back = 0
-    while (all(len(path) > front + back for path in parts)
-           and len({path[len(path) - 1 - back] for path in parts}) == 1):
-        back += 1
+    front = len(os.path.commonprefix(parts))  # the folders all share, then the trailing ones
+    back = len(os.path.commonprefix([path[front:][::-1] for path in parts]))
     paths = ["/".join(path[front:len(path) - back]) for path in parts]
     if not all(paths) or len(set(paths)) < len(paths):
         paths = [split[1].rstrip(")") for split in splits]
@@ -155,27 +137,22 @@ def short_names(models: Sequence[str]) -> tuple[str | None, dict[str, str]]:
 
 
 def _covers_a_curve(ax: Any, legend: Any) -> bool:
-    """Whether the drawn ``legend`` lies over any line of ``ax`` (points, the segments between them and the seed
-    ranges) or over its annotations (the training-size notes)."""
+    """Whether the drawn ``legend`` lies over a line of ``ax`` (points, segments, seed ranges) or an annotation."""
     box = legend.get_window_extent().padded(2)
     for container in ax.containers:  # one errorbar per line: its data line, then its caps
         for line in [container.lines[0], *container.lines[1]]:
             points = ax.transData.transform(line.get_xydata())
-            for start, end in zip(points[:-1], points[1:], strict=True):  # the segments, sampled every 1/20
-                if any(box.contains(*(start + (end - start) * step / 20)) for step in range(21)):
-                    return True
-            if any(box.contains(*point) for point in points):
+            between = [start + (end - start) * step / 20  # the segments, sampled every 1/20
+                       for start, end in zip(points[:-1], points[1:], strict=True) for step in range(1, 20)]
+            if any(box.contains(*point) for point in [*points, *between]):
                 return True
     return any(box.overlaps(text.get_window_extent()) for text in ax.texts)
 
 
 def accuracy_figure(results: Sequence[dict[str, Any]], title: str = "Accuracy against resolution") -> Any:
-    """Top-1 against size, one line per model (x policy), as a matplotlib Figure (None without matplotlib).
-
-    One model: each line is named by its policy and the model (with its checkpoint) goes in the title. Several: each
-    is named by what tells it apart (``short_names``), what they share going in the title. The legend sits inside the
-    axes where it covers no line, else outside them on the right.
-    """
+    """Top-1 against size, one line per model (x policy), as a matplotlib Figure (None without matplotlib). Lines are
+    named by what tells them apart (one model: the policy), what they share goes in the title; the legend sits inside
+    the axes where it covers no line, else outside on the right."""
     fig = _figure((7, 4.5))
     if fig is None:
         return None
@@ -213,8 +190,7 @@ def _palette(models: Sequence[str]) -> dict[str, Any]:
 
 
 def plot_panels(panels: dict[str, Sequence[dict[str, Any]]], path: Path, title: str) -> bool:
-    """One panel per key (e.g. a resolution policy), each model in the same colour in every panel, one legend.
-    Returns False when matplotlib is not installed."""
+    """One panel per key (e.g. a policy), each model in one colour in all, one legend; False without matplotlib."""
     columns = min(3, len(panels))
     rows = -(-len(panels) // columns)
     fig = _figure((4.2 * columns, 3.4 * rows + 1.2))
@@ -236,11 +212,8 @@ def plot_panels(panels: dict[str, Sequence[dict[str, Any]]], path: Path, title: 
 
 
 def write_reports(results: Sequence[dict[str, Any]], output: Path, protocol: str) -> str:
-    """Write ``results.json``, ``results.md`` and ``accuracy_vs_resolution.png`` into ``output``.
-
-    Returns:
-        The top-1 table and the paths written, for the console.
-    """
+    """Write ``results.json``, ``results.md`` and ``accuracy_vs_resolution.png`` into ``output``; returns the top-1
+    table and the paths written, for the console."""
     output.mkdir(parents=True, exist_ok=True)
     (output / "results.json").write_text(json.dumps({"protocol": protocol, "results": list(results)}, indent=2))
     tables = "\n\n".join(f"## {METRICS[metric][0]}\n\n{markdown_table(results, metric)}" for metric in METRICS)

@@ -1,15 +1,10 @@
 """Token budgets: evaluation at native aspect ratio with timm's NaFlex pieces, beside the square sizes of the harness.
 
-A budget L resizes each image, keeping its aspect ratio, to the largest size whose sides are multiples of the patch
-and which cuts into at most L patches, and packs the patches into one sequence padded to L (NaViT; SigLIP 2's NaFlex).
-Why beside the square protocol: a square size crops landscape and portrait images to their centre, and its token count
-grows with the square of the side; a budget keeps the whole image and fixes the compute (L tokens), which is how a
-NaFlex model is served. The pieces are timm's own, as its NaFlex validation loader builds them (``create_transform``
-with ``naflex=True``: ``ResizeToSequence``, ``Patchify``; ``NaFlexCollator``), so the numbers compare with timm's.
-
-Rows of a budget hold ``seq_len`` (L) and ``patch_size`` (h, w) and ``img_size`` None; the reports label their columns
-``L tokens`` and plot them at ``sqrt(L * h * w)`` px, the side of the square image of L patches (196 tokens of 16 px
-patches: 224 px), so that a budget sits beside the square size of the same token count.
+A budget L resizes each image, keeping its aspect ratio, to the largest size of whole patches that cuts into at most L
+patches, packed into one sequence padded to L (NaViT; SigLIP 2's NaFlex): unlike a square size it keeps the whole image
+and fixes the compute, which is how a NaFlex model is served. The pieces are timm's own, as its NaFlex validation
+loader builds them, so the numbers compare with timm's. A budget's rows hold ``seq_len``, ``patch_size`` (h, w) and
+``img_size`` None (docs/evaluation.md).
 """
 
 from __future__ import annotations
@@ -33,21 +28,13 @@ PROTOCOL = ("token budgets: resize keeping the aspect ratio to the largest size 
 
 
 class Setting(NamedTuple):
-    """One loader of an evaluation and the models it feeds: a square size, or a token budget at one patch size.
+    """One loader of an evaluation and the models it feeds: a square size, or a token budget at one patch size."""
 
-    Attributes:
-        name: as printed, e.g. ``224 px`` or ``196 tokens``.
-        fields: what each result row of it records (``img_size``, ``seq_len``, ``patch_size``, ``crop_pct``).
-        transform: an image to the loader's item (a tensor, or timm's patch dict).
-        collate: the loader's ``collate_fn``; None for PyTorch's default.
-        models: indices of the models it feeds.
-    """
-
-    name: str
-    fields: dict[str, Any]
-    transform: Callable[[Any], Any]
-    collate: Callable[[list[tuple[Any, int, int]]], Any] | None
-    models: list[int]
+    name: str  # as printed: 224 px, 196 tokens
+    fields: dict[str, Any]  # what each result row of it records: img_size, seq_len, patch_size, crop_pct
+    transform: Callable[[Any], Any]  # an image to the loader's item (a tensor, or timm's patch dict)
+    collate: Callable[[list[tuple[Any, int, int]]], Any] | None  # None: PyTorch's default
+    models: list[int]  # indices of the models it feeds
 
 
 def seq_len_arg(text: str) -> int:
@@ -77,18 +64,16 @@ def check_naflex(models: Sequence[EvalModel]) -> None:
 
 
 def budget_transform(seq_len: int, patch: tuple[int, int]) -> Callable[[Any], dict[str, Tensor]]:
-    """timm's NaFlex eval transform for budget ``seq_len``: ``ResizeToSequence`` (PIL bicubic, as the square
-    protocol), then pixels in [0, 1] cut by ``Patchify`` into ``patches`` ``[n, h*w*3]`` (channels last),
-    ``patch_coord`` ``[n, 2]`` (y, x) and ``patch_valid`` ``[n]``, n <= ``seq_len``. Mean 0 and std 1: each model is
-    normalised with its own afterwards (``normalise``), so that one loader serves every model of a patch size."""
+    """timm's NaFlex eval transform for budget ``seq_len`` (PIL bicubic, as the square protocol): ``patches``
+    ``[n, h*w*3]`` (channels last, in [0, 1]: each model is normalised with its own mean/std afterwards, so that one
+    loader serves every model of a patch size), ``patch_coord`` ``[n, 2]`` (y, x), ``patch_valid`` ``[n]``."""
     return create_transform(is_training=False, naflex=True, patch_size=patch, max_seq_len=seq_len, patchify=True,
                             interpolation="bicubic", mean=(0.0, 0.0, 0.0), std=(1.0, 1.0, 1.0), use_prefetcher=False)
 
 
 class BudgetCollator:
-    """timm's ``NaFlexCollator`` (items padded to ``seq_len``) on ``ImageFolderDataset`` items ``(patch dict, class,
-    skipped)``: it reads the first two, and the count of unreadable files skipped, which it drops, is kept as a third
-    tensor ``[B]``, so that the harness leaves refilled slots out as it does for square sizes."""
+    """timm's ``NaFlexCollator`` (padded to ``seq_len``) on ``ImageFolderDataset`` items ``(patch dict, class,
+    skipped)``, the count of unreadable files skipped, which it drops, kept as a third tensor ``[B]``."""
 
     def __init__(self, seq_len: int) -> None:
         self.collate = NaFlexCollator(max_seq_len=seq_len)
@@ -99,9 +84,7 @@ class BudgetCollator:
 
 
 def budget_settings(seq_lens: Sequence[int], patches: Sequence[tuple[int, int] | None]) -> list[Setting]:
-    """One setting per budget and patch size among ``patches`` (one per model, ``naflex_patch``; None for a model
-    that ``check_naflex`` refuses): models of another patch cut images into other patches, so they need a loader of
-    their own."""
+    """One setting per budget and patch size among ``patches`` (one per model): each patch size cuts its own."""
     return [Setting(f"{seq_len} tokens" + (f" ({patch[0]}x{patch[1]} patches)" if len(set(patches)) > 1 else ""),
                     {"img_size": None, "seq_len": seq_len, "patch_size": list(patch), "crop_pct": None},
                     budget_transform(seq_len, patch), BudgetCollator(seq_len),
@@ -119,10 +102,8 @@ def to_device(inputs: Tensor | dict[str, Any], device: str) -> Tensor | dict[str
 
 def normalise(inputs: Tensor | dict[str, Any], mean: Tensor, std: Tensor) -> Tensor | dict[str, Any]:
     """``inputs`` with a model's ``mean`` and ``std`` (``[1, C, 1, 1]``): images ``[B, C, H, W]``, or a NaFlex batch
-    whose patches ``[B, N, P*P*C]`` are channels last, so the channel is their fastest index. Padding patches change
-    too; the model never reads them."""
+    whose patches ``[B, N, P*P*C]`` are channels last (padding changes too, unread)."""
     if not isinstance(inputs, dict):
         return (inputs - mean) / std
     patches = inputs["patches"].unflatten(-1, (-1, mean.numel()))  # [B, N, P*P, C]
     return {**inputs, "patches": ((patches - mean.flatten()) / std.flatten()).flatten(-2)}  # [B, N, P*P*C]
-

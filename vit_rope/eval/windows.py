@@ -1,13 +1,9 @@
 """The windows of a Swin Transformer at each evaluation size: kept as trained, scaled with the image, or given.
 
-A Swin attends within windows, so what an evaluation size means depends on them. ``keep`` (the default) runs every
-stage with the window it was trained with: a larger image has more windows and no window position a RoPE-Swin has
-not seen, so the resolution policies change nothing. ``scale`` keeps each stage's window-to-grid ratio (timm's
-``set_input_size`` rule; RoPE-ViT's 384 px evaluation of its 224 px Swins, window 7 -> 12): windows grow with the image
-and a RoPE-Swin meets positions beyond its training window, where the policies act. An integer sets every stage's
-window (timm caps it at a stage's grid). A size whose stages the windows do not tile is an error unless
-``pad`` is asked for (timm's ``dynamic_img_size`` padding: zero tokens that attention does not mask, as in
-Microsoft's Swin).
+A Swin attends within windows, so what an evaluation size means depends on them: under ``keep`` (the default) a larger
+image has more windows but no window position a RoPE-Swin has not seen, so the resolution policies change nothing;
+``scale`` (timm's ``set_input_size`` rule; RoPE-ViT's 384 px evaluation of its 224 px Swins, window 7 -> 12) grows them
+with the image, where the policies act. ``pad`` is timm's ``dynamic_img_size`` padding (docs/evaluation.md).
 """
 
 from __future__ import annotations
@@ -45,12 +41,9 @@ def trained_windows(model: nn.Module) -> list[tuple[int, int]]:
 def stage_grids(model: SwinTransformer, size: int) -> list[tuple[int, int]]:
     """Each stage's token grid at ``size`` px: the patch grid, halved (rounding up) from the second stage on."""
     patch = model.patch_embed.patch_size
-    grid = (math.ceil(size / patch[0]), math.ceil(size / patch[1]))
-    grids = []
-    for index in range(len(model.layers)):
-        if index > 0:
-            grid = ((grid[0] + 1) // 2, (grid[1] + 1) // 2)
-        grids.append(grid)
+    grids = [(math.ceil(size / patch[0]), math.ceil(size / patch[1]))]
+    for _ in range(len(model.layers) - 1):
+        grids.append(((grids[-1][0] + 1) // 2, (grids[-1][1] + 1) // 2))
     return grids
 
 
@@ -58,11 +51,13 @@ def check_windows(model: SwinTransformer, sizes: list[int], rule: str | int, tra
                   pad: bool, label: str) -> None:
     """Refuse, before anything runs, a size whose stages the windows of ``rule`` do not tile (unless ``pad``): the
     message names the size, the stage and the sizes nearby that tile."""
+    step = model.patch_embed.patch_size[0]
     for size in sizes if not pad else ():
         untiled = _untiled(model, size, _windows_at(model, size, rule, trained))
         if untiled:
             stage, grid, window = untiled
-            near = [s for s in _nearby(model, size) if not _untiled(model, s, _windows_at(model, s, rule, trained))]
+            nearby = sorted(range(step, 2 * size + step, step), key=lambda s: (abs(s - size), s))  # whole patches
+            near = [s for s in nearby if not _untiled(model, s, _windows_at(model, s, rule, trained))]
             raise UserError(f"{label} at {size} px: stage {stage + 1}'s {grid[0]}x{grid[1]} tokens are not a whole "
                             f"number of {window[0]}x{window[1]} windows; evaluate at "
                             f"{' or '.join(map(str, near[:2])) or 'another size'}, choose another --window-size, or "
@@ -91,16 +86,9 @@ def _untiled(model: SwinTransformer, size: int, windows: list[tuple[int, int]]
 
 def _windows_at(model: SwinTransformer, size: int, rule: str | int, trained: list[tuple[int, int]]
                 ) -> list[tuple[int, int]]:
-    """The windows ``rule`` gives at ``size`` px (timm's rule for ``scale``), each capped at its stage's grid as timm
-    caps it."""
+    """The windows ``rule`` gives at ``size`` px, each capped at its stage's grid, as timm gives them."""
     grids = stage_grids(model, size)
     wanted = calc_stage_window_sizes(grids[0], tuple(trained), model._ref_grid_size,
                                      window_size=_explicit(rule, trained))
     return [tuple(min(g, w) for g, w in zip(grid, window, strict=True))
             for grid, window in zip(grids, wanted, strict=True)]
-
-
-def _nearby(model: SwinTransformer, size: int) -> list[int]:
-    """Sizes of whole patches around ``size``, nearest first."""
-    step = model.patch_embed.patch_size[0]
-    return sorted(range(step, 2 * size + step, step), key=lambda s: (abs(s - size), s))
