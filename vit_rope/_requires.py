@@ -1,9 +1,6 @@
-"""What vit_rope needs: the oldest timm it runs on, checked at import so that an older one fails with the fix, not deep
-in a forward; and the optional packages of its extras, imported where used with an error that names the extra.
-
-``attention.py`` reuses timm's ``Attention`` (its ``gate`` and ``attn_dim``, timm 1.0.28) and its mask helpers
-(``maybe_add_mask``, ``resolve_self_attn_mask``, timm 1.0.26). An environment that bypasses pip's check (a
-``PYTHONPATH`` next to an older system timm) would otherwise fail only in the first forward.
+"""What vit_rope needs: the oldest timm it runs on (``attention.py`` reuses timm 1.0.28's ``Attention``: its ``gate``,
+``attn_dim`` and mask helpers), checked at import so that an older one (a ``PYTHONPATH`` that bypasses pip's check)
+fails with the fix, not deep in a forward; and the optional packages of its extras, with an error naming the extra.
 """
 
 from __future__ import annotations

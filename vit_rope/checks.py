@@ -1,7 +1,6 @@
 """Checks of user input that every layer needs: a model name timm knows, an output folder, a device PyTorch has, and
-image sizes that tile into whole patches. The checks of a training config are in ``vit_rope.train.config_checks``.
-
-Each failure is a ``UserError`` (or, inside a model's forward, a ``ValueError``) naming the value and the fix.
+image sizes that tile into whole patches. Each failure is a ``UserError`` (inside a forward, a ``ValueError``) naming
+the value and the fix.
 """
 
 from __future__ import annotations
@@ -34,9 +33,8 @@ def check_model_name(name: str) -> None:
 
 
 def resolve_device(device: str) -> str:
-    """The device a ``--device`` value names: ``auto`` is CUDA when PyTorch sees a GPU, else the CPU; ``cuda``
-    without a GPU is a ``UserError`` (a CUDA build of PyTorch on a machine without one would fail later, deep in a
-    kernel)."""
+    """The device a ``--device`` value names (``auto``: CUDA when PyTorch sees a GPU); ``cuda`` without a GPU is a
+    ``UserError`` rather than a failure deep in a kernel."""
     if device == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
     if device == "cuda" and not torch.cuda.is_available():
@@ -45,8 +43,7 @@ def resolve_device(device: str) -> str:
 
 
 def check_output_dir(path: str | Path, option: str) -> None:
-    """Raise a ``UserError`` when ``path`` is a file: a folder or nothing yet (it is made later) is fine, and a file
-    there would only fail at the first write, after the training or the evaluation."""
+    """Raise a ``UserError`` when ``path`` is a file, which would only fail at the first write, after the work."""
     if Path(path).exists() and not Path(path).is_dir():
         raise UserError(f"{option} {path} is a file, not a folder: name a folder to write into (it is made if missing)")
 
@@ -61,13 +58,9 @@ def patch_size(model: nn.Module) -> int | None:
 
 
 def check_multiple(what: str, sizes: Sequence[int], model: nn.Module, label: str) -> None:
-    """Raise a ``UserError`` naming the first of ``sizes`` that ``model`` cannot tile into whole patches (timm's patch
-    embedding would silently drop the remainder), with the nearest sizes that tile.
-
-    Args:
-        what: how the user gave the sizes, e.g. ``img_size`` or ``--sizes entry``.
-        label: the model as the user knows it.
-    """
+    """Raise a ``UserError`` naming the first of ``sizes`` that ``model`` (``label`` to the user) cannot tile into
+    whole patches (timm's patch embedding would drop the remainder) and the nearest sizes that tile; ``what`` is how
+    the user gave the sizes (``img_size``, ``--sizes entry``)."""
     patch = patch_size(model)
     for size in sizes:
         if size <= 0 or (patch is not None and size % patch):
@@ -82,11 +75,9 @@ def check_patch_multiple(x: Tensor, patch_size: tuple[int, int]) -> Tensor:
     height, width = x.shape[-2], x.shape[-1]
     ph, pw = patch_size[0], patch_size[1]
     if height % ph != 0 or width % pw != 0:
-        raise ValueError(
-            f"Image size {height}x{width} (HxW) is not a multiple of the patch size {ph}x{pw}: resize or crop "
-            f"to e.g. {max(ph, height // ph * ph)}x{max(pw, width // pw * pw)}, or build the model with "
-            "dynamic_img_pad=True to pad it."
-        )
+        raise ValueError(f"Image size {height}x{width} (HxW) is not a multiple of the patch size {ph}x{pw}: resize or "
+                         f"crop to e.g. {max(ph, height // ph * ph)}x{max(pw, width // pw * pw)}, or build the model "
+                         "with dynamic_img_pad=True to pad it.")
     return x
 
 

@@ -1,8 +1,6 @@
 """Weights files and state dicts as users meet them: a file read with an error that tells a corrupt file from a
-wrong one, and the keys that keep a state dict from fitting a model, listed on one line; files written atomically
-(checkpoints, the decoded cache), so that a kill mid-write never leaves a half file under the real name; and what a
-checkpoint format is (``Format``, a file or a ``Folder``), which each source's module defines and
-``vit_rope.models.formats`` holds in one table.
+wrong one, the keys that keep a state dict from fitting a model on one line, files written atomically, and what a
+checkpoint format is (``Format``, ``Folder``; ``vit_rope.models.formats`` holds them in one table).
 """
 
 from __future__ import annotations
@@ -22,22 +20,16 @@ from timm.models import load_state_dict
 from torch import nn
 
 # every source's RoPE buffers, rebuilt per input, never loaded: timm's ``rope.*`` but learned frequencies (``freqs``,
-# our earlier ``<block>.freqs``), DINOv3's ``rope_embed.*``, RoPE-ViT's ``freqs_t_x`` / ``_y`` and ``freqs_cis``
+# ``<block>.freqs``), DINOv3's ``rope_embed.*``, RoPE-ViT's ``freqs_t_x`` / ``_y`` and ``freqs_cis``
 ROPE_BUFFERS = re.compile(r"^(rope\.(?!(\d+\.)?freqs$)|rope_embed\.|freqs_t_[xy]$|freqs_cis$)")
 Converted = tuple[dict[str, Any], tuple[str, ...]]  # a state dict in our keys (but for generic renames), and notes
 Description = tuple[str | None, dict[str, Any]]  # the model a checkpoint describes: a name (None: not said), arguments
 
 
-def no_description(state_dict: Mapping[str, Any]) -> Description:
-    """A format whose files do not say which model they are."""
-    return None, {}
-
-
 @dataclass(frozen=True)
 class Folder:
-    """A format saved as a folder: a config file (``config_name``, whose contents it ``claims``) that decides the
-    ``model`` (name, ``timm.create_model`` arguments) beside the weights (``weights_name``); ``check_model`` and
-    ``check_weights`` (or ``None``) raise unless a model or a state dict is what a config describes."""
+    """A format saved as a folder: a config file that it ``claims`` and that decides the ``model`` (name, arguments)
+    beside the weights; ``check_model`` / ``check_weights`` raise unless a model / state dict is what it describes."""
 
     config_name: str
     weights_name: str
@@ -47,8 +39,7 @@ class Folder:
     check_weights: Callable[[dict[str, Any], dict[str, Any]], None] | None = None
 
     def config(self, path: str | Path) -> dict[str, Any] | None:
-        """The config of the folder ``path`` (or beside its weights file), or ``None`` where there is none or it is
-        not this format's."""
+        """The config of the folder ``path`` (or beside its weights file), or ``None`` for none of this format's."""
         path = Path(path)
         file = path / self.config_name if path.is_dir() else (
             path.with_name(self.config_name) if path.name == self.weights_name else None)
@@ -61,15 +52,15 @@ class Folder:
 @dataclass(frozen=True)
 class Format:
     """A checkpoint format: its ``name``, the ``marker`` only its state dicts carry (in words, and as ``carries``), its
-    conversion (``convert``: our keys and q / k layout for a model, with notes; a ``ValueError`` naming the model that
-    fits where the model does not take it), the model a state dict ``describe``s, the ``model_args`` any model needs
-    to take one (LookHere's configuration; none for most) and its ``folder``, if it is saved as one."""
+    conversion to a model's keys and q / k layout (with notes; a ``ValueError`` naming the model that fits where the
+    model does not take it), the model a state dict ``describe``s (``None``: not said), the ``model_args`` any model
+    needs to take one (LookHere's) and its ``folder``, if it is saved as one."""
 
     name: str
     marker: str
     carries: Callable[[Mapping[str, Any]], bool]
     convert: Callable[[dict[str, Any], nn.Module], Converted]
-    describe: Callable[[Mapping[str, Any]], Description] = no_description
+    describe: Callable[[Mapping[str, Any]], Description] = lambda state_dict: (None, {})
     model_args: Callable[[Mapping[str, Any]], dict[str, Any]] | None = None
     folder: Folder | None = None
 
@@ -93,10 +84,8 @@ def _well_formed(path: Path) -> bool:
 
 
 def unreadable_reason(path: str | Path, err: Exception) -> str | None:
-    """What to tell about a checkpoint file whose reading raised ``err`` when its bytes cannot be parsed: that it is
-    truncated or corrupt, the fix, and the library's message; None when ``err`` has another cause, to raise as it is:
-    the operating system's (permissions, memory), or a well-formed file (the other format, a pickle that
-    ``weights_only`` loading refuses to run)."""
+    """That a file whose reading raised ``err`` is truncated or corrupt, the fix and the library's message; None when
+    ``err`` has another cause, to raise as it is (the operating system's, or a well-formed file that is refused)."""
     # the operating system's errors are its own, but for EINVAL: a seek past the end of a truncated zip archive
     system = isinstance(err, OSError) and err.errno != errno.EINVAL or isinstance(err, MemoryError)
     if system or _well_formed(Path(path)):
@@ -110,8 +99,7 @@ def unreadable_reason(path: str | Path, err: Exception) -> str | None:
             f"[{type(err).__name__}: {detail}]")
 
 
-# Where training scripts nest the state dict, EMA first as timm's loader prefers it.
-_CONTAINER_KEYS = ("model_ema", "state_dict_ema", "model", "state_dict", "module")
+_CONTAINER_KEYS = ("model_ema", "state_dict_ema", "model", "state_dict", "module")  # EMA first, as timm's loader
 
 
 def unwrap_state_dict(state_dict: dict[str, Any]) -> dict[str, Any]:
@@ -123,16 +111,15 @@ def unwrap_state_dict(state_dict: dict[str, Any]) -> dict[str, Any]:
 
 
 def renamed_key(key: str, renames: Mapping[str, str]) -> str:
-    """``key`` in our names by an official format's table ``renames``: an entry equal to the key, or one ending in
-    ``.`` that starts it (a module's prefix), replaced; a key no entry matches stays as it is."""
+    """``key`` renamed by an official format's table: an entry equal to it, or one ending in ``.`` that starts it (a
+    module's prefix), replaced; a key no entry matches stays as it is."""
     prefix = next((p for p in renames if key == p or key.startswith(p) and p.endswith(".")), None)
     return key if prefix is None else renames[prefix] + key[len(prefix):]
 
 
 def mapped_file(path: str | Path) -> Any:
-    """A torch weights file's object, memory-mapped (tensors are read only when touched), or None when it cannot be
-    read this way: safetensors, an old-format pickle (no mmap), a corrupt file, classes ``weights_only`` refuses (the
-    full read that follows reports what is wrong)."""
+    """A torch weights file's object, memory-mapped, or None when it cannot be read this way (safetensors, an old
+    pickle, a corrupt file: the full read that follows reports what is wrong)."""
     try:
         return torch.load(path, map_location="cpu", weights_only=True, mmap=True)
     except Exception:
@@ -140,9 +127,8 @@ def mapped_file(path: str | Path) -> Any:
 
 
 def tensor_rows(path: str | Path, key: str) -> int | None:
-    """The first dimension of tensor ``key`` in a weights file, read without loading the rest: the safetensors header,
-    or a memory-mapped torch file (its EMA or model container too); None when the file has no such tensor or cannot
-    be read this way (the full read that follows reports what is wrong)."""
+    """The first dimension of tensor ``key`` in a weights file, read without loading the rest (the safetensors header,
+    or a memory-mapped torch file); None when the file has no such tensor or cannot be read this way."""
     if Path(path).suffix == ".safetensors":
         try:
             with safe_open(str(path), framework="pt") as f:
@@ -155,13 +141,8 @@ def tensor_rows(path: str | Path, key: str) -> int | None:
 
 
 def read_weights(path: str | Path) -> dict[str, Any]:
-    """Read a ``.pth`` / ``.pt`` / ``.bin`` (``torch.load(weights_only=True)``) or ``.safetensors`` file, as timm does
-    (its EMA weights when it has them).
-
-    Raises:
-        FileNotFoundError: no file at ``path``.
-        UnreadableCheckpointError: the file cannot be parsed (truncated, corrupt); the message names it.
-    """
+    """Read a ``.pth`` / ``.pt`` / ``.bin`` (``weights_only``) or ``.safetensors`` file as timm does (its EMA weights
+    first); ``FileNotFoundError``, or ``UnreadableCheckpointError`` for a truncated or corrupt file."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"No checkpoint file at {path}.")
@@ -179,9 +160,8 @@ def _listed(keys: Sequence[str], limit: int = 10) -> str:
 
 
 def weights_mismatch(expected: Mapping[str, Any], given: Mapping[str, Any]) -> str:
-    """What keeps the state dict ``given`` from loading strictly into a model whose state dict is ``expected``: its
-    missing, unexpected and reshaped keys (the first 10 of each and a count), or "" when it fits. torch's message puts
-    them on many lines, and a model's hundreds of keys would drown the one error line that the CLIs print."""
+    """What keeps ``given`` from loading strictly into a model whose state dict is ``expected``: its missing,
+    unexpected and reshaped keys (the first 10 of each and a count) on one line, or "" when it fits."""
     missing = [key for key in expected if key not in given]
     unexpected = [key for key in given if key not in expected]
     shapes = {key: tuple(getattr(given[key], "shape", ())) for key in expected if key in given}

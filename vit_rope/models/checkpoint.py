@@ -1,18 +1,11 @@
 """Loading the weights users already have into vit_rope models.
 
-Every source is a checkpoint format of ``vit_rope.models.formats`` (timm's RoPE-ViT ports, the original RoPE-ViT
-checkpoints, timm's ViT / DeiT-III to fine-tune with RoPE, DINOv3 as timm, Meta or transformers save it, timm's other
-``Eva`` backbones into their twins, and the official LookHere, PaPE and LieRE files), found by the marker only it
-carries and converted by it; here are the renames every format shares (LayerScale ``gamma_1/2``, mixed frequencies
-as one tensor ``[2, depth, nh, D/2]`` or RoPE-ViT's ``[2, depth, nh*D/2]``, the encoding under ``rope.``), what a
-checkpoint lacks (RoPE frequencies keep their initialisation, a missing LayerScale becomes the identity, a STRING basis
-the identity) and the position embedding, dropped or resampled by variant. Nothing that depends on the input
-resolution is loaded (``vit_rope.weights.ROPE_BUFFERS``): RoPE tables are rebuilt for every input.
-
-Weights that a checkpoint lacks and that are initialised instead are never silent: every entry point warns
-(``WeightsNotLoadedWarning``) and leaves a ``LoadReport`` on the model as ``model.load_report``
-(``vit_rope.models.load_report``), which ``vit_rope.evaluate`` reads to refuse a mixed model whose learned frequencies
-are still random.
+Each source is a checkpoint format of ``vit_rope.models.formats``; here are the renames every format shares
+(LayerScale ``gamma_1/2``, mixed frequencies as one tensor ``[2, depth, nh, D/2]`` or RoPE-ViT's ``[2, depth,
+nh*D/2]``), what a checkpoint lacks (RoPE frequencies keep their initialisation, a missing LayerScale or STRING basis
+becomes the identity) and the position embedding, dropped or resampled by variant. RoPE tables are rebuilt per input,
+never loaded (``ROPE_BUFFERS``). Initialised weights are never silent: every entry point warns and leaves a
+``LoadReport`` as ``model.load_report``.
 """
 
 from __future__ import annotations
@@ -45,26 +38,21 @@ from vit_rope.weights import ROPE_BUFFERS, read_weights, unwrap_state_dict, weig
 def _split_mixed_freqs(freqs: Tensor, model: nn.Module) -> dict[str, Tensor]:
     """``[2, depth, nh, D/2]`` (timm) or ``[2, depth, nh * D/2]`` (RoPE-ViT) -> one ``[2, nh, D/2]`` per block."""
     if not getattr(getattr(model, "pos_encoding", None), "per_block", False):  # RoPE tables per block: mixed
-        raise ValueError(
-            f"The checkpoint has learned mixed RoPE frequencies {tuple(freqs.shape)}, but the model is not a mixed "
-            "RoPE model: load it into a vit_rope_*_mixed* model."
-        )
+        raise ValueError(f"The checkpoint has learned mixed RoPE frequencies {tuple(freqs.shape)}, but the model is "
+                         "not a mixed RoPE model: load it into a vit_rope_*_mixed* model.")
     target = model.pos_encoding[0].freqs.shape  # [2, nh, D/2]
     depth = freqs.shape[1]
     if depth != len(model.pos_encoding) or freqs[:, 0].numel() != target.numel():
-        raise ValueError(
-            f"Mixed RoPE frequencies of shape {tuple(freqs.shape)} do not fit a model with depth "
-            f"{len(model.pos_encoding)} and per-layer frequencies {tuple(target)}: pick the model of the same size as "
-            "the checkpoint."
-        )
+        raise ValueError(f"Mixed RoPE frequencies of shape {tuple(freqs.shape)} do not fit a model with depth "
+                         f"{len(model.pos_encoding)} and per-layer frequencies {tuple(target)}: pick the model of the "
+                         "same size as the checkpoint.")
     freqs = freqs.reshape(2, depth, *target[1:])
     return {f"pos_encoding.{i}.freqs": freqs[:, i].clone() for i in range(depth)}
 
 
 def _convert(state_dict: dict[str, Any], model: nn.Module
              ) -> tuple[dict[str, Tensor], dict[str, list[str]], tuple[str, ...], tuple[str, ...]]:
-    """``convert_state_dict``, plus the model keys it initialised rather than loaded, by reason, the checkpoint
-    keys it dropped (an absolute position embedding the model has no place for) and what it converted."""
+    """``convert_state_dict``, plus the keys initialised by reason, the checkpoint keys dropped and the notes."""
     state_dict, converted = convert_format(unwrap_state_dict(state_dict), model)
     target = model.state_dict()
     out: dict[str, Tensor] = {}
@@ -99,10 +87,8 @@ def _convert(state_dict: dict[str, Any], model: nn.Module
             out[key] = torch.zeros_like(value)  # a checkpoint without STRING: P = I keeps its function
             initialised[STRING].append(key)
 
-    def body(state: Mapping[str, Tensor]) -> dict[str, Tensor]:  # the classifier is _fit_classifier's concern
-        return {key: value for key, value in state.items() if key not in CLASSIFIER}
-
-    mismatch = weights_mismatch(body(target), body(out))
+    body = [{key: value for key, value in state.items() if key not in CLASSIFIER} for state in (target, out)]
+    mismatch = weights_mismatch(*body)  # the classifier is _fit_classifier's concern
     if mismatch:
         raise ValueError(f"The checkpoint does not fit {type(model).__name__}: {mismatch}. Check that the model name "
                          "(size, axial/mixed, +APE) and its arguments (depth, patch size, ...) match the checkpoint.")
@@ -110,15 +96,8 @@ def _convert(state_dict: dict[str, Any], model: nn.Module
 
 
 def convert_state_dict(state_dict: dict[str, Any], model: nn.Module) -> dict[str, Tensor]:
-    """Map a timm RoPE-ViT port, an original RoPE-ViT, a timm ViT/DeiT-III or a vit_rope state dict onto ``model``.
-
-    Weights the checkpoint lacks are filled in (mixed RoPE frequencies at the model's initialisation, LayerScale at
-    the identity) with a ``WeightsNotLoadedWarning``; ``load_weights`` also returns them as a ``LoadReport``.
-
-    Raises:
-        ValueError: the checkpoint does not fit the model; the message lists the missing, unexpected and reshaped
-            keys.
-    """
+    """A state dict of any supported format mapped onto ``model``; the weights it lacks are filled in with a
+    ``WeightsNotLoadedWarning``. Raises a ``ValueError`` listing the keys when the checkpoint does not fit."""
     out, initialised, dropped, _ = _convert(state_dict, model)
     warn_initialised(report(None, out, initialised, dropped))
     return out
@@ -126,17 +105,9 @@ def convert_state_dict(state_dict: dict[str, Any], model: nn.Module) -> dict[str
 
 def _fit_classifier(state_dict: dict[str, Tensor], model: nn.Module, headless: bool = False,
                     declared: int | None = None) -> tuple[tuple[str, ...], dict[str, list[str]]]:
-    """Take the checkpoint's classifier out of ``state_dict`` unless the model loads it as it is.
-
-    Args:
-        headless: the model's classifier goes after loading (timm's ``features_only``): none is needed.
-        declared: the pretrained config's class count when timm's loader drops the classifier whatever it holds
-            (it does when the model's class count differs from the config's).
-
-    Returns:
-        The checkpoint keys taken out, and ``{why: the model's classifier keys}`` when those keep their
-        initialisation.
-    """
+    """Take the checkpoint's classifier out of ``state_dict`` unless the model loads it as it is; returns the keys
+    taken out and ``{why: the model's classifier keys}`` when those keep their initialisation. ``headless``: it goes
+    after loading (``features_only``); ``declared``: the config's class count when timm's loader drops it anyway."""
     target = model.state_dict()
     ours = [] if headless else [key for key in CLASSIFIER if key in target]
     theirs = [key for key in CLASSIFIER if key in state_dict]
@@ -160,16 +131,10 @@ def _fit_classifier(state_dict: dict[str, Tensor], model: nn.Module, headless: b
 
 def checkpoint_filter_fn(state_dict: dict[str, Any], model: nn.Module, features_only: bool = False
                          ) -> dict[str, Tensor]:
-    """timm ``pretrained_filter_fn``: lets ``create_model(..., pretrained=True)`` take any supported source.
-
-    Sets ``model.load_report`` and warns like ``load_weights``; timm then loads exactly the returned weights. timm's
-    loader drops the classifier whenever the model's class count differs from the pretrained config's, so the
-    report counts it as initialised then, saying why. When timm keeps it, a classifier that does not fit is a
-    ``ValueError`` naming both class counts on its first line and the two fixes on the next.
-
-    Args:
-        features_only: timm builds a feature extractor, whose classifier is removed after loading.
-    """
+    """timm ``pretrained_filter_fn``: lets ``create_model(..., pretrained=True)`` take any supported source, setting
+    ``model.load_report`` and warning like ``load_weights``. timm drops the classifier when the model's class count
+    differs from the pretrained config's (the report says so); when it keeps it, one that does not fit is a
+    ``ValueError`` naming both class counts on its first line and the two fixes on the next."""
     out, initialised, dropped, converted = _convert(state_dict, model)
     cfg = getattr(model, "pretrained_cfg", None) or {}
     declared = cfg.get("num_classes") if cfg.get("classifier") else None
@@ -186,23 +151,10 @@ def checkpoint_filter_fn(state_dict: dict[str, Any], model: nn.Module, features_
 
 
 def load_weights(model: nn.Module, path: str | Path | Mapping[str, Any]) -> LoadReport:
-    """Load a ``.pth`` / ``.pt`` / ``.bin`` (``torch.load(weights_only=True)``) or ``.safetensors`` file into ``model``,
-    or a folder (transformers' ``model.safetensors``, PaPE's ``model.pt``); the config of a folder format in that
-    folder or beside its weights file (transformers' or PaPE's ``config.json``: ``vit_rope.models.formats``) is
-    checked against the model and the weights first.
-    A state dict already in memory is taken as well (``load_state_dict``).
-
-    The classifier is loaded only when its shape matches, so a 1000-class checkpoint can seed a 10-class model.
-    Weights the checkpoint lacks are initialised, with a ``WeightsNotLoadedWarning``.
-
-    Returns:
-        What was loaded and what was initialised instead; also set as ``model.load_report``.
-
-    Raises:
-        FileNotFoundError, UnreadableCheckpointError: see ``vit_rope.weights.read_weights``; a folder without a
-            weights file.
-        ValueError: the checkpoint does not fit the model (the message lists the missing, unexpected and reshaped
-            keys), or its folder's config.json does not (the message names the field and the model that fits).
+    """Load a ``.pth`` / ``.pt`` / ``.bin`` / ``.safetensors`` file, a folder (transformers' ``model.safetensors``,
+    PaPE's ``model.pt``, whose ``config.json`` is checked against the model and the weights first) or a state dict
+    into ``model``, returning the ``LoadReport``. The classifier is loaded only when its shape matches (a 1000-class
+    checkpoint can seed a 10-class model); a checkpoint or config.json that does not fit is a ``ValueError``.
     """
     if isinstance(path, Mapping):
         return load_state_dict(model, dict(path))

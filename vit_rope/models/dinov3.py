@@ -1,23 +1,9 @@
 """DINOv3 backbones (Simeoni et al. 2025, arXiv:2508.10104) as vit_rope models, and their weights in our layout.
 
 DINOv3's ViTs are timm ``VisionTransformer`` blocks with a class token, 4 register ("storage") tokens, LayerScale,
-no position embedding, a LayerNorm of eps 1e-5, optionally no qkv bias and SwiGLU MLPs, and DINOv3's RoPE
-(``vit_rope.encodings.rope.dinov3_rope``). timm ports them in ``eva.py``; here they are ``RoPEVisionTransformer`` with
-``encoding="dinov3"``, so every tool of the package (fused rotation, Triton kernels, policies, export, evaluation)
-reaches them. Weights load from timm's ``Eva`` state dicts and from Meta's original checkpoints:
-
-- timm: ``attn.q_bias`` and ``attn.v_bias`` -> one qkv bias with a zero key bias (DINOv3 trains none); its
-  ``gamma_1`` / ``gamma_2`` LayerScale is renamed by ``vit_rope.models.checkpoint`` as for timm's RoPE-ViT ports;
-- Meta: ``storage_tokens`` -> ``reg_token``; the masked qkv bias keeps its key part at zero; SwiGLU ``w1, w2, w3`` ->
-  timm's ``fc1_g, fc1_x, fc2``; ``mask_token``, ``rope_embed.periods``, ``bias_mask`` and ``local_cls_norm`` are
-  training-only or rebuilt;
-- both: the q and k rows of every head are permuted from rotate-half to interleaved pairs
-  (``qk_permutation``, ``permute_qk_rows``), which leaves every attention score as it was.
-
-HF transformers' DINOv3 files convert onto timm's keys first (``vit_rope.models.hf_dinov3``); LingBot-Vision's
-backbones, DINOv3's architecture, are registered with the other Eva twins (``vit_rope.models.eva_families``).
-
-Left out: the 7B model's specifics (untied norms and the layer options timm's ``vit_7b_patch16_dinov3`` adds).
+no position embedding, optionally no qkv bias and SwiGLU MLPs, and DINOv3's RoPE: ``RoPEVisionTransformer`` with
+``encoding="dinov3"``. Weights load from timm's ``Eva`` state dicts and Meta's checkpoints, the q and k rows of every
+head permuted from rotate-half to interleaved pairs. Left out: the 7B model's specifics (untied norms, layer options).
 """
 
 from __future__ import annotations
@@ -35,16 +21,14 @@ from vit_rope.models.widths import width
 from vit_rope.weights import ROPE_BUFFERS
 
 SIZES = ("small", "small_plus", "base", "large")  # timm's vit_*_patch16_dinov3[_qkvb]
-# DINOv3's pretraining size: Meta's train configs crop 256 px (dinov3/configs/train/dinov3_vitl16_lvd1689m_distilled
-# .yaml and dinov3_vit7b16_pretrain.yaml, global_crops_size: 256), timm's configs say input_size 256; the training
-# grid of the `extrapolate` policy (16 x 16 patches of 16 px). The img_size=224 of Meta's hub and transformers'
-# config.json sizes a patch embedding that checks nothing and enters no forward: their RoPE reads the input's grid.
+# DINOv3's pretraining size (Meta's train configs: global_crops_size: 256; timm's input_size), the training grid of
+# the `extrapolate` policy; the img_size=224 of Meta's hub and transformers' config.json enters no forward
 PRETRAIN_SIZE = 256
 
 
 def architecture(size: str) -> dict[str, Any]:
-    """Width, depth and heads of DINOv3 ``size`` (``vit_rope.models.widths``), and whether its MLP is SwiGLU: the
-    ``_plus`` sizes have the width of the size they extend and a SwiGLU MLP."""
+    """Width, depth, heads of DINOv3 ``size`` and whether its MLP is SwiGLU (the ``_plus`` sizes, otherwise as the
+    size they extend)."""
     return dict(width(size.removesuffix("_plus")), swiglu=size.endswith("_plus"))
 
 
@@ -58,30 +42,16 @@ def model_args(size: str, qkv_bias: bool) -> dict[str, Any]:
     arch = architecture(size)
     swiglu = arch.pop("swiglu")
     return dict(
-        img_size=PRETRAIN_SIZE,
-        patch_size=16,
-        qkv_bias=qkv_bias,
-        init_values=1e-5,
-        class_token=True,
-        reg_tokens=4,
+        img_size=PRETRAIN_SIZE, patch_size=16, qkv_bias=qkv_bias, init_values=1e-5, class_token=True, reg_tokens=4,
         global_pool="avg",  # timm's default for its port; DINOv3 itself reads the class token (global_pool="token")
-        fc_norm=False,
-        norm_layer=partial(LayerNorm, eps=1e-5),
-        encoding="dinov3",
-        **({"mlp_layer": partial(SwiGLU, align_to=8), "act_layer": nn.SiLU} if swiglu else {}),
-        **arch,
+        fc_norm=False, norm_layer=partial(LayerNorm, eps=1e-5), encoding="dinov3",
+        **({"mlp_layer": partial(SwiGLU, align_to=8), "act_layer": nn.SiLU} if swiglu else {}), **arch,
     )
 
 
-def is_meta_dinov3(state_dict: dict[str, Any]) -> bool:
-    """Whether ``state_dict`` carries the marker of Meta's DINOv3 checkpoints: ``storage_tokens``, Meta's name for the
-    registers (timm's and transformers' files call them otherwise)."""
-    return "storage_tokens" in state_dict
-
-
 def fuse_qkv_bias(q_bias: Tensor, v_bias: Tensor, k_bias: Tensor | None = None) -> Tensor:
-    """One qkv bias from a checkpoint's q and v biases: DINOv3, EVA-02 and timm's ``EvaAttention`` train no key bias
-    (timm keeps a zero buffer, Meta masks it), so a missing ``k_bias`` is zero; transformers' files may train one."""
+    """One qkv bias from a checkpoint's q and v biases; a missing ``k_bias`` is zero (DINOv3, EVA-02 and timm's
+    ``EvaAttention`` train none, transformers' files may)."""
     return torch.cat((q_bias, torch.zeros_like(v_bias) if k_bias is None else k_bias, v_bias))
 
 
@@ -90,8 +60,8 @@ _DROPPED = re.compile(r"(^mask_token$|\.bias_mask$|^local_cls_norm\.)")  # maski
 
 
 def from_dinov3(state_dict: dict[str, Tensor], num_heads: int) -> dict[str, Tensor]:
-    """A timm-``Eva`` or Meta DINOv3 state dict in our keys and channel layout (see the module docstring), but for
-    timm's LayerScale names, which ``vit_rope.models.checkpoint`` renames for every timm source."""
+    """A timm-``Eva`` or Meta DINOv3 state dict in our keys and channel layout, but for timm's LayerScale names
+    (``vit_rope.models.checkpoint`` renames them)."""
     out: dict[str, Tensor] = {}
     for key, value in state_dict.items():
         if ROPE_BUFFERS.match(key) or _DROPPED.search(key) or key.endswith(("attn.k_bias", "attn.v_bias")):

@@ -2,10 +2,8 @@
 
 Families (all 2D RoPE in timm's ``eva.py``): EVA-02 (Fang et al. 2023, arXiv:2303.11331), Perception Encoder (Bolya
 et al. 2025, arXiv:2504.13181), timm's SBB RoPE ViTs (``vit_*_patch16_rope_reg*_gap_256``), Sapiens2 (Khirodkar
-et al. 2026, arXiv:2604.21681) and LingBot-Vision (arXiv:2607.05247, DINOv3's architecture: ``vit_rope.models.dinov3``).
-A twin is a ``RoPEVisionTransformer`` whose keyword arguments rebuild the timm model block for block; its name follows
-the rule of our RoPE-ViT and DINOv3 names (``twin_name``). Weights convert in ``vit_rope.models.eva_weights`` (and
-``vit_rope.models.dinov3`` for LingBot); ``vit_rope.models.registry`` turns these tables into timm models.
+et al. 2026, arXiv:2604.21681) and LingBot-Vision (arXiv:2607.05247, DINOv3's architecture). A twin is a
+``RoPEVisionTransformer`` whose keyword arguments rebuild the timm model block for block.
 """
 
 from __future__ import annotations
@@ -74,8 +72,7 @@ PERCEPTION_ENCODER: dict[str, dict[str, Any]] = {
                                                  rope_ref_grid=(32, 32), init_values=0.1),
 }
 
-# timm's SBB RoPE ViTs: no class token, registers, no APE, LayerScale, average pool and fc_norm; 'ij' cat RoPE whose
-# reference grid is the native one
+# timm's SBB RoPE ViTs: no class token, registers, no APE, LayerScale, average pool, fc_norm; 'ij' cat RoPE, native grid
 _SBB = dict(class_token=False, pos_embed="none", init_values=1e-5, global_pool="avg",
             encoding="axial", rope_theta=1e4, rope_ref_grid=(16, 16), resolution_policy="interpolate",
             qk_layout="eva_ij")
@@ -85,9 +82,8 @@ SBB: dict[str, dict[str, Any]] = {
     for size, regs in (("medium", 1), ("mediumd", 1), ("betwixt", 4), ("base", 1))
 }
 
-# Sapiens2: DINOv3's RoPE (rotate-half), q/k/v with biases, RmsNorm (timm's, faster in inference) as block and q/k
-# norms, packed SwiGLU, LayerScale on the attention branch only, 8 registers; grouped-query attention in all but the
-# first and last 8 blocks
+# Sapiens2: DINOv3's RoPE (rotate-half), q/k/v biases, RmsNorm (timm's, faster in inference) as block and q/k norms,
+# packed SwiGLU, LayerScale on attention only, 8 registers; grouped-query attention but in the first and last 8 blocks
 _SAPIENS2 = dict(img_size=(1024, 768), patch_size=16, class_token=True, reg_tokens=8, pos_embed="none", qkv_bias=True,
                  qk_norm=True, norm_layer=partial(RmsNorm, eps=1e-6), mlp_layer=PackedSwiGLU, mlp_ratio=4.0,
                  init_values=1.0, layer_scale="attn", global_pool="token", encoding="dinov3", rope_theta=100.0,
@@ -114,25 +110,18 @@ LINGBOT: dict[str, dict[str, Any]] = {
                                       **_LINGBOT),
 }
 
-FAMILIES: dict[str, dict[str, dict[str, Any]]] = {
-    "EVA-02": EVA02, "Perception Encoder": PERCEPTION_ENCODER, "SBB RoPE ViT": SBB, "Sapiens2": SAPIENS2,
-    "LingBot-Vision": LINGBOT,
-}  # fmt: skip
+FAMILIES: dict[str, dict[str, dict[str, Any]]] = {"EVA-02": EVA02, "Perception Encoder": PERCEPTION_ENCODER,
+                                                  "SBB RoPE ViT": SBB, "Sapiens2": SAPIENS2, "LingBot-Vision": LINGBOT}
 
 
 def twin_name(timm_name: str) -> str:
-    """Our name for a timm model: drop a leading ``vit_`` and any ``_rope``, prefix ``vit_rope_``
-    (``vit_base_patch16_rope_reg1_gap_256`` -> ``vit_rope_base_patch16_reg1_gap_256``)."""
-    name = timm_name.removeprefix("vit_").replace("_rope", "")
-    return f"vit_rope_{name}"
+    """Our name for a timm model: ``vit_base_patch16_rope_reg1_gap_256`` -> ``vit_rope_base_patch16_reg1_gap_256``."""
+    return "vit_rope_" + timm_name.removeprefix("vit_").replace("_rope", "")
 
 
 def twin_cfgs() -> dict[str, dict[str, Any]]:
-    """``{twin.tag: cfg}``: timm's own (``timm.models.eva.default_cfgs``: the same weights on timm's hub, read
-    through our checkpoint filter, preprocessing, class count, licence, origin and paper), but for any input size
-    (``fixed_input_size`` off: the twins run at every multiple of their patch size). ``min_input_size`` is eight
-    patches a side, so that tools which pick a small input from it (timm's model tests) pick a multiple of the patch
-    size: 112 px for patch 14, where their default 128 px is none."""
+    """``{twin.tag: cfg}``: timm's own (the same weights, read through our checkpoint filter), but for any input size;
+    ``min_input_size`` is eight patches a side, so that timm's model tests pick a multiple of the patch size."""
     from timm.models.eva import default_cfgs as eva_cfgs
 
     cfgs: dict[str, dict[str, Any]] = {}

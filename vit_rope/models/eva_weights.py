@@ -1,16 +1,10 @@
 """timm ``Eva`` state dicts (EVA-02, arXiv:2303.11331; Perception Encoder, arXiv:2504.13181; timm's SBB RoPE ViTs;
 Sapiens2, arXiv:2604.21681) in the keys and q/k layout of their vit_rope twins (``vit_rope.models.eva_families``).
 
-- ``attn.q_bias`` / ``attn.v_bias`` (``EvaAttention``, whose key bias is a zero buffer) -> one ``qkv.bias`` with a zero
-  key part; separate ``q_proj`` / ``k_proj`` / ``v_proj`` -> one fused ``qkv`` (a missing key bias is zero; under
-  grouped-query attention its k and v parts have the block's kv heads);
-- the q and k rows of every head, and the ``q_norm`` / ``k_norm`` affine that follows them, are permuted from the
-  model's ``qk_layout`` into our interleaved, x-first pairs (``qk_permutation``): every attention score is unchanged;
-- RoPE buffers are dropped (our tables are rebuilt per input); ``gamma_1`` / ``gamma_2`` are renamed by
-  ``vit_rope.models.checkpoint`` as for every timm source.
-
-A checkpoint of one family given to another family's twin is refused by name (``check_family``): the shapes could
-fit while the function would not (an SBB ViT and a DINOv3 backbone share their keys but not their layout).
+q / v biases or separate q / k / v projections become one fused ``qkv``; the q and k rows of every head (and the
+``q_norm`` / ``k_norm`` affine after them) are permuted from the model's ``qk_layout`` into our interleaved, x-first
+pairs. A checkpoint of another family's twin is refused by name (``check_family``): the shapes could fit while the
+function would not (an SBB ViT and a DINOv3 backbone share their keys but not their layout).
 """
 
 from __future__ import annotations
@@ -31,14 +25,12 @@ _SEPARATE = re.compile(r"^(blocks\.\d+\.attn\.)([qkv])_proj\.(weight|bias)$")
 
 
 def is_eva(state_dict: dict[str, Any]) -> bool:
-    """Whether ``state_dict`` carries the marker of timm's ``Eva`` files: ``EvaAttention``'s separate q / v biases or
-    projections, or LayerScale as ``gamma_1`` (ours and timm's ``VisionTransformer`` say ``ls1.gamma``). DeiT-III's
-    and RoPE-ViT's own code name LayerScale so too, and load the same way: their q / k rows are ours."""
+    """The marker of timm's ``Eva`` files (DeiT-III's and RoPE-ViT's files share ``gamma_1``, and load the same way)."""
     return any(key.endswith((".attn.q_bias", ".attn.q_proj.weight", ".gamma_1")) for key in state_dict)
 
 
 def from_eva(state_dict: dict[str, Tensor], model: nn.Module) -> tuple[dict[str, Tensor], tuple[str, ...]]:
-    """``state_dict`` in the keys and q/k layout of ``model`` (see the module docstring), with what was converted."""
+    """``state_dict`` in the keys and q/k layout of ``model``, with what was converted."""
     head_dim = model.blocks[0].attn.head_dim
     index = qk_permutation(model.qk_layout, head_dim)
     permute = not torch.equal(index, torch.arange(head_dim))
@@ -76,8 +68,8 @@ def from_eva(state_dict: dict[str, Tensor], model: nn.Module) -> tuple[dict[str,
 
 
 def checkpoint_family(state_dict: dict[str, Any]) -> str | None:
-    """The family a state dict looks like (timm's keys or a twin's), from the tokens, embeddings and MLP it has;
-    ``None`` for the others (RoPE-ViT, plain ViTs, LookHere)."""
+    """The family a state dict (timm's or a twin's) looks like by its tokens, embeddings and MLP; ``None`` for the
+    others (RoPE-ViT, plain ViTs, LookHere)."""
     keys = set(state_dict)
     layer_scale = any(key.endswith((".gamma_1", ".ls1.gamma")) for key in keys)
     cls, reg, ape = "cls_token" in keys, "reg_token" in keys or "storage_tokens" in keys, "pos_embed" in keys
@@ -97,14 +89,9 @@ def _swiglu(state_dict: dict[str, Any]) -> bool:
     return "blocks.0.mlp.fc1_g.weight" in state_dict or (fc1 is not None and fc1.shape[0] != 4 * fc1.shape[1])
 
 
-def model_family(model: nn.Module) -> str | None:
-    """The family of a twin, read from its own state dict as ``checkpoint_family`` reads a checkpoint's."""
-    return checkpoint_family(model.state_dict())
-
-
 def check_family(state_dict: dict[str, Any], model: nn.Module) -> None:
     """Refuse a checkpoint of one family given to another family's twin, naming the twin that takes it."""
-    seen, expected = checkpoint_family(state_dict), model_family(model)
+    seen, expected = checkpoint_family(state_dict), checkpoint_family(model.state_dict())
     if seen is None or expected is None or seen == expected:
         return
     patch = state_dict.get("patch_embed.proj.weight")

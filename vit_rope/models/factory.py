@@ -1,9 +1,8 @@
 """``timm.create_model`` for names and keyword arguments that users typed: what they got wrong is a ``UserError``.
 
-A wrong ``model_kwargs`` entry surfaces deep in a constructor (``embed_dim=100 must be divisible by num_heads=3``, an
-unexpected keyword, a division by zero for ``patch_size: 0``); ``train.py``, ``vit_rope.evaluate``, ``diagnose`` and
-``export`` build every model through here, so each of those is one ``error:`` line naming the model, the arguments
-and the setting to fix, raised before any data is cached.
+A wrong ``model_kwargs`` entry surfaces deep in a constructor (``embed_dim=100 must be divisible by num_heads=3``, a
+division by zero for ``patch_size: 0``); every command builds its models here, so each is one ``error:`` line naming
+the model, the arguments and the setting to fix, raised before any data is cached.
 """
 
 from __future__ import annotations
@@ -28,19 +27,9 @@ class PretrainedLoadError(UserError):
 
 
 def create_model(name: str, kwargs: dict[str, Any], setting: str = "model_kwargs") -> tuple[nn.Module, dict[str, Any]]:
-    """Build timm model ``name`` with ``kwargs``, leaving out the size arguments it does not take (CNNs run at any
-    size).
-
-    Args:
-        setting: where the user gave the arguments (``model_kwargs``, ``--model-kwargs``), named in errors.
-
-    Returns:
-        The model and the arguments that built it (checkpoints save them so that the model can be rebuilt).
-
-    Raises:
-        UserError: an unknown model name, or arguments the model cannot be built with.
-        PretrainedLoadError: with ``pretrained=True``, the weights did not load into the architecture.
-    """
+    """Build timm model ``name`` with ``kwargs`` but the size arguments it does not take (CNNs), returning the model and
+    the arguments that built it; a ``UserError`` naming ``setting`` (where the user gave the arguments) for a model
+    that cannot be built, a ``PretrainedLoadError`` for weights that do not load."""
     check_model_name(name)
     try:
         return timm.create_model(name, **kwargs), kwargs

@@ -1,9 +1,7 @@
 """timm's feature-extraction API on vit_rope models: ``forward_intermediates`` and ``prune_intermediate_layers``.
 
-timm's contract (the arguments and outputs of ``VisionTransformer.forward_intermediates``), with the position encoding
-in every block: the model's ``_forward_blocks`` embeds and runs the blocks; here the tokens become what was asked
-for, NCHW maps or NLC tokens, with prefix tokens apart. A NaFlex batch (``vit_rope.models.naflex_batch``) gives NLC
-tokens padded as the input, or per-sample maps in the corner of the batch's largest grid.
+The model's ``_forward_blocks`` runs the blocks; here the tokens become NCHW maps or NLC tokens, prefix tokens apart. A
+NaFlex batch gives NLC tokens padded as the input, or per-sample maps in the corner of the batch's largest grid.
 """
 
 from __future__ import annotations
@@ -21,22 +19,12 @@ class FeatureMixin:
     """``forward_intermediates`` and ``prune_intermediate_layers`` of ``RoPEVisionTransformer``."""
 
     def forward_intermediates(
-        self,
-        x: Tensor,
-        indices: int | list[int] | None = None,
-        return_prefix_tokens: bool = False,
-        norm: bool = False,
-        stop_early: bool = False,
-        output_fmt: str = "NCHW",
-        intermediates_only: bool = False,
-        output_dict: bool = False,
-        attn_mask: Tensor | None = None,
-        is_causal: bool = False,
-        patch_coord: Tensor | None = None,
-        patch_valid: Tensor | None = None,
+        self, x: Tensor, indices: int | list[int] | None = None, return_prefix_tokens: bool = False,
+        norm: bool = False, stop_early: bool = False, output_fmt: str = "NCHW", intermediates_only: bool = False,
+        output_dict: bool = False, attn_mask: Tensor | None = None, is_causal: bool = False,
+        patch_coord: Tensor | None = None, patch_valid: Tensor | None = None,
     ) -> list[Tensor] | tuple[Tensor, list[Tensor]] | dict[str, Any]:
-        """timm's ``forward_intermediates`` contract (same arguments and outputs), with RoPE in every block; for a
-        NaFlex batch, NLC tokens padded as the input, or per-sample NCHW maps (``_naflex_intermediates``)."""
+        """timm's ``forward_intermediates`` (same arguments and outputs), also for NaFlex batches."""
         if output_fmt not in ("NCHW", "NLC"):
             raise ValueError(f"output_fmt must be 'NCHW' or 'NLC', got {output_fmt!r}.")
         batch_shape = x.shape if isinstance(x, Tensor) else None
@@ -79,9 +67,8 @@ class FeatureMixin:
             return intermediates
         return self.norm(x), intermediates
 
-    def prune_intermediate_layers(
-        self, indices: int | list[int] = 1, prune_norm: bool = False, prune_head: bool = True
-    ) -> list[int]:
+    def prune_intermediate_layers(self, indices: int | list[int] = 1, prune_norm: bool = False,
+                                  prune_head: bool = True) -> list[int]:
         """timm's pruning, also dropping the encoding of the removed blocks (mixed frequencies, bias layers)."""
         take_indices = super().prune_intermediate_layers(indices, prune_norm, prune_head)
         self.pos_encoding.prune_(len(self.blocks))

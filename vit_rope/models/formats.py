@@ -1,20 +1,10 @@
 """Every checkpoint format in one table: each recognised by a marker that only it carries, converted by one signature,
 and the model it describes said by the format itself.
 
-Every format's marker function is asked, so no format depends on being asked before another: one claim names the
-format, two are an error naming both (a file is in one format), none leaves timm's ``VisionTransformer`` keys, which
-are ours (``vit_rope``'s own files, timm's ViT and DeiT-III), and a file without those either is an error naming the
-keys it has and the formats there are (``FORMATS`` lists each with its marker). The kinds' official formats live with
-the kinds (``vit_rope.encodings.FORMATS``: LookHere's, PaPE's, LieRE's); here are the models layer's: transformers'
-DINOv3 (``vit_rope.models.hf_dinov3``), Meta's DINOv3 (``vit_rope.models.dinov3``), timm's ``Eva``
-(``vit_rope.models.eva_weights``), and transformers' ViT / DINOv2, refused. Folder formats (transformers', PaPE's) are
-found by their config file (``folder_format``).
-
-Where one format serves several models, the model decides the conversion, not the order of the checks: a timm
-``Eva`` file goes through ``from_eva`` into a twin with an Eva q / k layout, through ``from_dinov3`` into a DINOv3
-model, and is renamed only (``gamma_1``) into the others (timm's RoPE-ViT ports, which are ``Eva`` models too).
-A format that describes a kind's model by its arguments only (``encoding`` and the width) is given the registered
-name of that kind and width (``describe``).
+Every marker is asked, so no format depends on the order of the checks: two claims are an error (a file is in one
+format), none leaves timm's ``VisionTransformer`` keys, which are ours. Where one format serves several models, the
+model decides the conversion: a timm ``Eva`` file goes through ``from_eva`` into an Eva twin, through ``from_dinov3``
+into a DINOv3 model, and is only renamed into timm's RoPE-ViT ports.
 """
 
 from __future__ import annotations
@@ -29,9 +19,9 @@ from torch import Tensor, nn
 from vit_rope.encodings import FORMATS as KIND_FORMATS
 from vit_rope.models import hf_dinov3, swin
 from vit_rope.models.dinov3 import SIZES as DINOV3_SIZES
-from vit_rope.models.dinov3 import architecture, dinov3_name, from_dinov3, is_meta_dinov3
+from vit_rope.models.dinov3 import architecture, dinov3_name, from_dinov3
 from vit_rope.models.eva_weights import EVA_LAYOUTS, check_family, from_eva, is_eva
-from vit_rope.models.widths import size_of, width
+from vit_rope.models.widths import size_of
 from vit_rope.weights import Converted, Description, Folder, Format, mapped_file, read_weights, unwrap_state_dict
 
 _DINOV3_QK = "DINOv3: q/k rows of every head permuted from rotate-half to interleaved pairs"
@@ -42,8 +32,7 @@ KIND_SIZES = ("tiny", "small", "base")  # vit_rope_<size>_patch16_<kind>_224 of 
 def _size(state_dict: Mapping[str, Any], sizes: tuple[str, ...]) -> str | None:
     """The size of ``sizes`` whose width is the file's (its patch embedding's rows), ``None`` for none."""
     weight = state_dict.get("patch_embed.proj.weight")
-    widths = {width(size.removesuffix("_plus"))["embed_dim"]: size for size in sizes}
-    return None if weight is None else widths.get(int(weight.shape[0]))
+    return None if weight is None else size_of(int(weight.shape[0]), sizes)
 
 
 def _shape(state_dict: Mapping[str, Any]) -> dict[str, int]:
@@ -62,9 +51,8 @@ def _dinov3_name(state_dict: Mapping[str, Any]) -> str | None:
 
 
 def _rope_vit_name(state_dict: Mapping[str, Any]) -> str | None:
-    """The RoPE-ViT model of timm's ports and RoPE-ViT's own files: mixed by their learned frequencies (one tensor
-    ``freqs`` or ``rope.freqs``), +APE by their position embedding; ``None`` for an axial file without one, which a
-    plain ViT / DeiT-III file cannot be told from."""
+    """The RoPE-ViT model of timm's ports and RoPE-ViT's files (mixed: learned ``freqs``; +APE: ``pos_embed``);
+    ``None`` for an axial file without APE, which a plain ViT / DeiT-III file cannot be told from."""
     mixed = any(key in state_dict for key in ("freqs", "rope.freqs"))
     ape = "pos_embed" in state_dict
     size = _size(state_dict, ROPE_VIT_SIZES)
@@ -79,8 +67,7 @@ def _dinov3(state_dict: dict[str, Any], model: nn.Module, source: str) -> Conver
 
 
 def _meta_dinov3(state_dict: dict[str, Any], model: nn.Module) -> Converted:
-    kind = getattr(model, "encoding_kind", None)
-    if kind != "dinov3":
+    if (kind := getattr(model, "encoding_kind", None)) != "dinov3":
         raise ValueError(f"The checkpoint is Meta's DINOv3 (it has storage_tokens), which loads into the "
                          f"vit_rope_*_patch16_dinov3* and vit_rope_*_patch16_lingbot models; this model has "
                          f"encoding={kind!r}.")
@@ -92,12 +79,11 @@ def _timm_eva(state_dict: dict[str, Any], model: nn.Module) -> Converted:
         return from_eva(state_dict, model)
     if getattr(model, "encoding_kind", None) == "dinov3":  # DINOv3 and LingBot: timm's layout is DINOv3's rotate-half
         return _dinov3(state_dict, model, "timm's Eva DINOv3")
-    return state_dict, ()  # timm's RoPE-ViT ports, DeiT-III: their q / k rows are ours, gamma_1 renamed as all are
+    return _as_is(state_dict, model)  # timm's RoPE-ViT ports, DeiT-III: their q / k rows are ours
 
 
 def _describe_eva(state_dict: Mapping[str, Any]) -> Description:
-    """timm's DINOv3 (registers, no position embedding) or RoPE-ViT port; timm's other Eva families share their keys
-    and are not named."""
+    """timm's DINOv3 (registers, no APE) or RoPE-ViT port; the other Eva families share their keys: not named."""
     dinov3 = "reg_token" in state_dict and "pos_embed" not in state_dict
     return (_dinov3_name if dinov3 else _rope_vit_name)(state_dict), _shape(state_dict)
 
@@ -107,26 +93,20 @@ def _hf_dinov3(state_dict: dict[str, Any], model: nn.Module) -> Converted:
     return hf_dinov3.from_hf_dinov3(state_dict, model), notes
 
 
-def _other_hf(state_dict: dict[str, Any], model: nn.Module) -> Converted:
-    raise hf_dinov3.other_hf_error()
-
-
 def _as_is(state_dict: dict[str, Any], model: nn.Module) -> Converted:
     return state_dict, ()
 
 
-def _has_vit_keys(state_dict: Mapping[str, Any]) -> bool:
-    return any(key.startswith(("patch_embed.", "blocks.")) for key in state_dict)
-
-
 FORMATS: tuple[Format, ...] = (
     *KIND_FORMATS,  # LookHere's, PaPE's and LieRE's official files
-    Format(hf_dinov3.HF_FORMAT, "'embeddings.patch_embeddings.weight'", hf_dinov3.is_hf_dinov3, _hf_dinov3,
+    Format(hf_dinov3.HF_FORMAT, "'embeddings.patch_embeddings.weight'",  # a bare Conv2d, not ViT's .projection
+           lambda state_dict: "embeddings.patch_embeddings.weight" in state_dict, _hf_dinov3,
            folder=Folder(hf_dinov3.CONFIG, hf_dinov3.WEIGHTS, lambda config: "model_type" in config,
                          hf_dinov3.dinov3_args_from_hf_config, hf_dinov3.check_hf_config)),
     Format("Hugging Face transformers' ViT or DINOv2", "'embeddings.patch_embeddings.projection.weight'",
-           hf_dinov3.is_other_hf, _other_hf),
-    Format("Meta's DINOv3", "'storage_tokens'", is_meta_dinov3, _meta_dinov3,
+           lambda state_dict: any(key.endswith("embeddings.patch_embeddings.projection.weight") for key in state_dict),
+           hf_dinov3.refuse_other_hf),
+    Format("Meta's DINOv3", "'storage_tokens'", lambda state_dict: "storage_tokens" in state_dict, _meta_dinov3,
            lambda state_dict: (_dinov3_name(state_dict), _shape(state_dict))),
     Format("timm's Eva", "keys ending in '.attn.q_bias', '.attn.q_proj.weight' or '.gamma_1'", is_eva, _timm_eva,
            _describe_eva),
@@ -136,20 +116,16 @@ FORMATS: tuple[Format, ...] = (
            lambda state_dict: swin.is_swin(state_dict) and not swin.is_official(state_dict), swin.from_swin,
            swin.describe),
 )
-# what a file without any other format's marker must have: timm's VisionTransformer keys, which are ours; its keys do
-# not say which model it is (timm's ViT, DeiT-III, our own state dicts)
+# a file without any other format's marker: timm's VisionTransformer keys, which are ours
 VIT = Format("timm's VisionTransformer (vit_rope's own, timm's ViT and DeiT-III)", "'patch_embed.*' or "
-             "'blocks.*' keys and no marker of the formats above", _has_vit_keys, _as_is,
+             "'blocks.*' keys and no marker of the formats above",
+             lambda state_dict: any(key.startswith(("patch_embed.", "blocks.")) for key in state_dict), _as_is,
              lambda state_dict: (None, _shape(state_dict)))
 
 
 def checkpoint_format(state_dict: Mapping[str, Any]) -> Format:
-    """The format whose marker ``state_dict`` carries (a training script's container already unwrapped).
-
-    Raises:
-        ValueError: two formats' markers are in it, or none is and it has no ViT keys either; the message names the
-            markers found, or the keys found, and the formats with their markers.
-    """
+    """The format whose marker ``state_dict`` (unwrapped) carries; a ``ValueError`` naming the markers or keys found
+    and the formats there are when two formats claim it, or none and it has no ViT keys either."""
     claims = [fmt for fmt in FORMATS if fmt.carries(state_dict)]
     if len(claims) > 1:
         found = "; ".join(f"{fmt.name} ({fmt.marker})" for fmt in claims)
@@ -178,21 +154,15 @@ def folder_format(path: str | Path) -> tuple[Format, dict[str, Any]] | None:
 
 
 def convert_format(state_dict: dict[str, Any], model: nn.Module) -> tuple[dict[str, Tensor], tuple[str, ...]]:
-    """``state_dict`` in the keys and q / k layout of ``model``, by its format (``checkpoint_format``), with notes on
-    what was converted; the renames every format shares are ``vit_rope.models.checkpoint``'s.
-
-    Raises:
-        ValueError: the format is unknown or ambiguous, no vit_rope model takes it, or the checkpoint is of another
-            family than the model (``vit_rope.models.eva_weights.check_family``, which names the model that fits).
-    """
+    """``state_dict`` in the keys and q / k layout of ``model`` by its format, with notes on what was converted; a
+    ``ValueError`` for an unknown or ambiguous format, or a checkpoint of another family (``check_family``)."""
     fmt = checkpoint_format(state_dict)
     check_family(state_dict, model)
     return fmt.convert(state_dict, model)
 
 
 def weights_in(path: str | Path) -> Path:
-    """The weights file of ``path``: itself, or the one of a folder format's that the folder holds (its config or
-    not: the weights alone load, their keys deciding)."""
+    """The weights file of ``path``: itself, or a folder format's weights file in it (with its config or not)."""
     path = Path(path)
     if not path.is_dir():
         return path
@@ -205,22 +175,16 @@ def weights_in(path: str | Path) -> Path:
     return found[0]
 
 
-def file_state(path: str | Path) -> Mapping[str, Any]:
-    """The state dict of a weights file or folder (a training script's container unwrapped), read memory-mapped
-    where it can be."""
+def describe(path: str | Path) -> Description:
+    """The model name and arguments (depth, classes, what its format adds) that the weights in ``path`` describe by
+    their keys; ``None`` for the name where they do not say (timm's ViT, DeiT-III, axial ports, Eva families). A
+    kind's model given by its arguments only is named the registered model of that kind and width."""
     path = weights_in(path)
     obj = mapped_file(path)
     if obj is None:  # not readable memory-mapped: the full read gives the state dict or says what keeps it from it
         obj = read_weights(path)
-    return unwrap_state_dict(obj) if isinstance(obj, dict) else {}
-
-
-def describe(path: str | Path) -> Description:
-    """The model name and arguments (depth, classes, what its format adds) that the weights in ``path`` (a file, or
-    a folder's weights file) describe by their keys; ``None`` for the name where they do not say (timm's ViT,
-    DeiT-III, axial RoPE-ViT ports, our own state dicts, timm's Eva families, widths of no registered size). A
-    folder's config says more: ``folder_format``."""
-    name, args = checkpoint_format(state := file_state(path)).describe(state)
+    state = unwrap_state_dict(obj) if isinstance(obj, dict) else {}
+    name, args = checkpoint_format(state).describe(state)
     if name is None and "encoding" in args:  # a kind's model by its arguments: the registered one of that width
         size = size_of(args["embed_dim"], KIND_SIZES) if "embed_dim" in args else None
         if size is None and {"embed_dim", "depth", "num_heads"} <= set(args):  # the arguments set every width
@@ -230,9 +194,8 @@ def describe(path: str | Path) -> Description:
 
 
 def model_args(path: str | Path) -> dict[str, Any]:
-    """The arguments any model needs to take the weights file ``path``, whatever its name (``Format.model_args``:
-    LookHere's configuration and official ViT); none for most formats, and for a file that cannot be read
-    memory-mapped (loading it says what is wrong with it)."""
+    """The arguments any model needs to take the weights file ``path`` (``Format.model_args``: LookHere's); none for
+    most formats and for a file not readable memory-mapped (loading it says what is wrong)."""
     obj = mapped_file(path)
     state = unwrap_state_dict(obj) if isinstance(obj, dict) else {}
     fmt = next((fmt for fmt in FORMATS if fmt.model_args is not None and fmt.carries(state)), None)

@@ -1,10 +1,7 @@
 """``vit_rope.from_timm``: a built timm ``Eva`` backbone as its vit_rope twin, with the same weights.
 
 The way in for a model timm already loaded (from its hub, a local file, after fine-tuning): one call gives the twin that
-our tools reach (resolution policies, fused rotation, ONNX at any size, NaFlex, diagnostics). Families: EVA-02 (Fang et
-al. 2023, arXiv:2303.11331), Perception Encoder (Bolya et al. 2025, arXiv:2504.13181), timm's SBB RoPE ViTs, Sapiens2
-(Khirodkar et al. 2026, arXiv:2604.21681), LingBot-Vision (all in ``vit_rope.models.eva_families``) and DINOv3 (Simeoni
-et al. 2025, arXiv:2508.10104; ``vit_rope.models.dinov3``).
+our tools reach (resolution policies, fused rotation, ONNX at any size, NaFlex, diagnostics).
 """
 
 from __future__ import annotations
@@ -26,13 +23,12 @@ _DINOV3 = re.compile(r"vit_\w+_patch16_dinov3(_qkvb)?")
 
 
 def _architecture(model: nn.Module) -> dict[str, Any]:
-    """The twin's keyword arguments that the built ``model`` decides: sizes, head, and the RoPE reference grid and
-    offset timm gave it (a model built with other widths or depth than its entry point's is followed too)."""
-    args: dict[str, Any] = dict(
-        img_size=tuple(model.patch_embed.img_size), embed_dim=model.embed_dim, depth=len(model.blocks),
-        num_heads=model.blocks[0].attn.num_heads, num_classes=model.num_classes, global_pool=model.global_pool,
-        in_chans=model.patch_embed.proj.in_channels,
-    )
+    """The twin's keyword arguments that the built ``model`` decides (even where it departs from its entry point):
+    sizes, head, and the RoPE reference grid and offset timm gave it."""
+    args: dict[str, Any] = dict(img_size=tuple(model.patch_embed.img_size), embed_dim=model.embed_dim,
+                                depth=len(model.blocks), num_heads=model.blocks[0].attn.num_heads,
+                                num_classes=model.num_classes, global_pool=model.global_pool,
+                                in_chans=model.patch_embed.proj.in_channels)
     kv_heads = [getattr(block.attn, "num_kv_heads", None) for block in model.blocks]  # AttentionRope's
     if None not in kv_heads:
         args.update(num_kv_heads=tuple(kv_heads))
@@ -43,16 +39,9 @@ def _architecture(model: nn.Module) -> dict[str, Any]:
 
 
 def from_timm(model: nn.Module) -> RoPEVisionTransformer:
-    """The vit_rope twin of a timm ``Eva`` ``model`` (any family of ``SUPPORTED``), built
-    with the model's sizes and head and loaded with its weights through ``vit_rope.load_weights``' converter.
-
-    Returns:
-        The twin, on the device and in the dtype and train / eval mode of ``model``; ``twin.load_report`` says what
-        was converted.
-
-    Raises:
-        ValueError: ``model`` has no twin; the message names it and the families supported.
-    """
+    """The vit_rope twin of a timm ``Eva`` ``model`` (any family of ``SUPPORTED``) with its sizes, head and weights,
+    on its device and in its dtype and train / eval mode; ``twin.load_report`` says what was converted. A
+    ``ValueError`` naming the model and the families supported when it has no twin."""
     timm_name = (getattr(model, "pretrained_cfg", None) or {}).get("architecture")
     supported = timm_name is not None and (any(timm_name in table for table in FAMILIES.values())
                                            or (_DINOV3.fullmatch(timm_name) and timm.is_model(twin_name(timm_name))))

@@ -1,20 +1,15 @@
-"""DINOv3 (Simeoni et al. 2025, arXiv:2508.10104) as Hugging Face transformers saves it, for the
-``vit_rope_*_dinov3*`` models, without transformers.
+"""DINOv3 (Simeoni et al. 2025, arXiv:2508.10104) as Hugging Face transformers saves it, without transformers.
 
-Most DINOv3 downloads are ``DINOv3ViTModel`` folders: ``model.safetensors`` and ``config.json``. The weights are
-timm's ``Eva`` DINOv3 under other names, with separate q/k/v projections; HF's RoPE is timm's
-``RotaryEmbeddingDinoV3``. So ``to_timm_keys`` renames the file onto timm's keys and ``from_dinov3`` does the rest.
-The config decides what the weights cannot show (RoPE theta, LayerNorm eps, activation): ``check_hf_config`` holds a
-model to it and ``dinov3_args_from_hf_config`` names the model that fits, pooling the class token as HF's pooler does
-(the folder format of ``vit_rope.models.formats``).
+Most DINOv3 downloads are ``DINOv3ViTModel`` folders (``model.safetensors``, ``config.json``): timm's ``Eva`` DINOv3
+weights under other names, with separate q/k/v projections. The config decides what the weights cannot show (RoPE
+theta, LayerNorm eps, activation): ``check_hf_config`` holds a model to it.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
 from functools import partial
-from typing import Any
+from typing import Any, NoReturn
 
 import torch
 from timm.layers import LayerNorm, LayerScale, SwiGLU
@@ -32,8 +27,7 @@ _DEFAULTS: dict[str, Any] = dict(
     key_bias=False, value_bias=True, proj_bias=True, mlp_bias=True, layerscale_value=1.0, use_gated_mlp=False,
     num_register_tokens=0, pos_embed_shift=None, pos_embed_jitter=None, pos_embed_rescale=2.0,
 )
-# transformers' other ViT-like model types users hold, and what they are
-_OTHER_TYPES = {
+_OTHER_TYPES = {  # transformers' other ViT-like model types users hold, and what they are
     "dinov2": "DINOv2 (a learned absolute position embedding, no RoPE)",
     "dinov2_with_registers": "DINOv2 with registers (a learned absolute position embedding, no RoPE)",
     "dinov3_convnext": "DINOv3's ConvNeXt (a CNN, no attention)",
@@ -45,29 +39,16 @@ _RENAMES = (("attention.o_proj.", "attn.proj."), ("layer_scale1.lambda1", "gamma
             ("layer_scale2.lambda1", "gamma_2"), ("mlp.down_proj.", "mlp.fc2."))
 
 
-def is_hf_dinov3(state_dict: Mapping[str, Any]) -> bool:
-    """Whether ``state_dict`` carries the marker of a ``DINOv3ViTModel``'s: its patch embedding, a bare ``Conv2d``
-    under ``embeddings.patch_embeddings``."""
-    return "embeddings.patch_embeddings.weight" in state_dict
-
-
-def is_other_hf(state_dict: Mapping[str, Any]) -> bool:
-    """Whether ``state_dict`` carries the marker of transformers' ViT / DINOv2: their patch embedding, a
-    ``projection`` under ``embeddings.patch_embeddings``."""
-    return any(key.endswith("embeddings.patch_embeddings.projection.weight") for key in state_dict)
-
-
-def other_hf_error() -> ValueError:
-    """The error for transformers' ViT / DINOv2 weights, which no vit_rope model takes, rather than a list of keys."""
-    return ValueError(f"The checkpoint looks like Hugging Face transformers' ViT or DINOv2 "
-                      f"(embeddings.patch_embeddings.projection, encoder.layer.*): {_SUPPORTED}; a DINOv2 or ViT "
-                      "runs in timm's own models (vit_*_patch14_dinov2, vit_*_patch16_224); no vit_rope twin.")
+def refuse_other_hf(state_dict: dict[str, Tensor], model: nn.Module) -> NoReturn:
+    """The converter of transformers' ViT / DINOv2 weights, which no vit_rope model takes: an error naming them."""
+    raise ValueError(f"The checkpoint looks like Hugging Face transformers' ViT or DINOv2 "
+                     f"(embeddings.patch_embeddings.projection, encoder.layer.*): {_SUPPORTED}; a DINOv2 or ViT "
+                     "runs in timm's own models (vit_*_patch14_dinov2, vit_*_patch16_224); no vit_rope twin.")
 
 
 def to_timm_keys(state_dict: dict[str, Tensor]) -> dict[str, Tensor]:
-    """A ``DINOv3ViTModel`` state dict under timm ``Eva``'s DINOv3 names: q/k/v projections fused into ``qkv``
-    (missing q or v biases as zeros beside a present one; a trained key bias as ``k_bias``), SwiGLU's
-    ``gate/up/down_proj`` as ``fc1_g/fc1_x/fc2`` and a plain MLP's ``up/down_proj`` as ``fc1/fc2``."""
+    """A ``DINOv3ViTModel`` state dict under timm ``Eva``'s DINOv3 names: q/k/v fused into ``qkv`` (a missing q or v
+    bias as zeros beside a present one, a trained key bias as ``k_bias``), the MLP's projections as timm's."""
     gated = any(".mlp.gate_proj." in key for key in state_dict)
     renames = (*_RENAMES, ("mlp.gate_proj.", "mlp.fc1_g."), ("mlp.up_proj.", "mlp.fc1_x." if gated else "mlp.fc1."))
     out: dict[str, Tensor] = {}
@@ -95,19 +76,12 @@ def to_timm_keys(state_dict: dict[str, Tensor]) -> dict[str, Tensor]:
 
 
 def from_hf_dinov3(state_dict: dict[str, Tensor], model: nn.Module) -> dict[str, Tensor]:
-    """A ``DINOv3ViTModel`` state dict in our keys and channel layout, for a ``encoding="dinov3"`` model."""
+    """A ``DINOv3ViTModel`` state dict in our keys and channel layout, for an ``encoding="dinov3"`` model."""
     if getattr(model, "encoding_kind", None) != "dinov3":
         raise ValueError(f"The checkpoint is {HF_FORMAT}, which loads into the vit_rope_*_patch16_dinov3* models; this "
                          f"model has encoding={getattr(model, 'encoding_kind', None)!r}. With the folder's "
-                         "config.json, "
-                         "vit_rope.create_from_checkpoint(folder) builds the model that fits.")
+                         "config.json, vit_rope.create_from_checkpoint(folder) builds the model that fits.")
     return from_dinov3(to_timm_keys(state_dict), model.blocks[0].attn.num_heads)
-
-
-def _hidden(config: dict[str, Any], mlp_ratio: float) -> int:
-    """The MLP width ``mlp_ratio`` gives in our model: ``int(C * ratio)``, rounded up to 8 for SwiGLU (``align_to``)."""
-    hidden = int(config["hidden_size"] * mlp_ratio)
-    return hidden + (-hidden % 8 if config["use_gated_mlp"] else 0)
 
 
 def _size(c: dict[str, Any]) -> str:
@@ -130,15 +104,9 @@ def _pair(size: int | list[int] | tuple[int, ...]) -> tuple[int, int]:
 
 
 def dinov3_args_from_hf_config(config: dict[str, Any]) -> tuple[str, dict[str, Any]]:
-    """The ``vit_rope_*_dinov3*`` model and keyword arguments that build a ``DINOv3ViTModel`` of ``config`` (a
-    ``config.json``'s dict): class-token pooling as HF's pooler, no classifier, its depth, sizes, RoPE theta and
-    coordinate augmentation (DINOv3's, one draw per batch, training only), and DINOv3's 256 px training size, which
-    the config does not record (its ``image_size`` is transformers' default, 224).
-
-    Raises:
-        ValueError: not a DINOv3 ViT config (``model_type``), or options no vit_rope DINOv3 model has; the message
-            names the value.
-    """
+    """The ``vit_rope_*_dinov3*`` model and keyword arguments that build the ``DINOv3ViTModel`` of a config.json's
+    dict: class-token pooling as HF's pooler, no classifier, its sizes, RoPE theta and coordinate augmentation (one
+    draw per batch). A ``ValueError`` naming the value for another ``model_type`` or options no DINOv3 model has."""
     c = {**_DEFAULTS, **config}
     model_type = c.get("model_type", MODEL_TYPE)
     if model_type != MODEL_TYPE:
@@ -151,14 +119,14 @@ def dinov3_args_from_hf_config(config: dict[str, Any]) -> tuple[str, dict[str, A
                          "SiLU-gated ones (use_gated_mlp), with biases, as Meta's DINOv3.")
     size = _size(c)
     mlp_ratio = c["intermediate_size"] / c["hidden_size"]
-    if _hidden(c, mlp_ratio) != c["intermediate_size"]:
+    hidden = int(c["hidden_size"] * mlp_ratio)  # our MLP's width, rounded up to 8 for SwiGLU (align_to)
+    if hidden + (-hidden % 8 if gated else 0) != c["intermediate_size"]:
         raise ValueError(f"config.json has intermediate_size={c['intermediate_size']}, which a ratio of "
                          f"hidden_size={c['hidden_size']} cannot give (SwiGLU widths are multiples of 8).")
     qkv_bias = any(c[key] for key in ("query_bias", "key_bias", "value_bias"))
     aug = dict(shift=c["pos_embed_shift"] or 0.0, jitter=c["pos_embed_jitter"] or 1.0,
                rescale=c["pos_embed_rescale"] or 1.0)
-    # img_size: DINOv3's 256 px (dinov3.PRETRAIN_SIZE), not image_size, which is 224 in every DINOv3 config.json: the
-    # default of transformers (and of Meta's hub), read by no forward, so it records nothing of training
+    # img_size: DINOv3's 256 px training size, not image_size: 224 in every config.json, transformers' default
     kwargs = dict(depth=c["num_hidden_layers"], num_classes=0, global_pool="token", img_size=PRETRAIN_SIZE,
                   patch_size=_pair(c["patch_size"]), in_chans=c["num_channels"], mlp_ratio=mlp_ratio,
                   init_values=c["layerscale_value"], rope_theta=float(c["rope_theta"]))
@@ -170,15 +138,15 @@ def dinov3_args_from_hf_config(config: dict[str, Any]) -> tuple[str, dict[str, A
 
 
 def check_hf_config(config: dict[str, Any], model: nn.Module) -> None:
-    """Raise unless ``model`` is the ``DINOv3ViTModel`` that ``config`` describes, naming the first field that
-    differs, its value in the file and in the model, and the vit_rope model that fits."""
+    """Raise unless ``model`` is the ``DINOv3ViTModel`` of ``config``, naming the first field that differs, its two
+    values and the vit_rope model that fits."""
     name, kwargs = dinov3_args_from_hf_config(config)
-    depth = kwargs["depth"]
-    fits = name if depth == architecture(_size({**_DEFAULTS, **config}))["depth"] else f"{name} with depth={depth}"
+    c, depth = {**_DEFAULTS, **config}, kwargs["depth"]
+    fits = name if depth == architecture(_size(c))["depth"] else f"{name} with depth={depth}"
     if getattr(model, "encoding_kind", None) != "dinov3":
         raise ValueError(f"config.json describes {HF_FORMAT}, whose weights load into {fits}; this model has "
                          f"encoding={getattr(model, 'encoding_kind', None)!r}.")
-    c, block = {**_DEFAULTS, **config}, model.blocks[0]
+    block = model.blocks[0]
     fields = {  # field: (the file's value, as compared; the model's)
         "hidden_size": (c["hidden_size"], model.embed_dim),
         "num_hidden_layers": (c["num_hidden_layers"], len(model.blocks)),
@@ -196,5 +164,4 @@ def check_hf_config(config: dict[str, Any], model: nn.Module) -> None:
     for field, (theirs, ours) in fields.items():
         if theirs != ours:
             raise ValueError(f"config.json does not fit the model: {field} is {theirs} in the file, {ours} in the "
-                             f"model. Build {fits} (vit_rope.create_from_checkpoint(folder) builds and loads "
-                             "it).")
+                             f"model. Build {fits} (vit_rope.create_from_checkpoint(folder) builds and loads it).")

@@ -3,8 +3,7 @@ why, what it skipped and converted (``LoadReport``), and the warning that keeps 
 silently (``WeightsNotLoadedWarning``).
 
 A mixed RoPE model evaluated with random frequencies, or a classifier left at its initialisation, scores like a broken
-model rather than failing: ``vit_rope.evaluate`` reads the report to refuse such a model, and every loading entry point
-(``vit_rope.models.checkpoint``) warns.
+model rather than failing: ``vit_rope.evaluate`` reads the report to refuse such a model.
 """
 
 from __future__ import annotations
@@ -19,34 +18,23 @@ from torch import Tensor
 CLASSIFIER = ("head.weight", "head.bias", "head.fc.weight", "head.fc.bias")  # ViT, Swin
 POS_EMBED = "pos_embed"
 
-# Why a weight of the model holds its initial value rather than one from the checkpoint (keys of LoadReport.initialised)
+# Why a weight holds its initial value (keys of LoadReport.initialised; checkpoint._fit_classifier words the head's)
 ROPE_FREQS = "learned RoPE frequencies kept at their random initialisation"
 LAYERSCALE = "LayerScale set to the identity"
 STRING = "Cayley-STRING bases set to the identity (the base RoPE kind)"
-# (the classifier's reason names the class counts: checkpoint._fit_classifier words it)
 
 
 class WeightsNotLoadedWarning(UserWarning):
-    """A checkpoint lacked weights of the model, which were initialised instead (``LoadReport.initialised``), or held
-    an absolute position embedding that a RoPE-only model has no place for (``LoadReport.skipped``)."""
+    """A checkpoint lacked weights of the model, which were initialised instead, or held an absolute position
+    embedding that a RoPE-only model has no place for."""
 
 
 @dataclass(frozen=True)
 class LoadReport:
-    """What a vit_rope model took from a checkpoint; ``load_weights`` returns it and sets it as ``model.load_report``
-    (timm's ``pretrained=True`` loading sets it too). It describes that load: a later ``load_state_dict`` is not seen.
-
-    Attributes:
-        source: the file read; None when timm read it (its filter sees the weights, not the path).
-        loaded: keys of the model's state dict whose values come from the checkpoint.
-        initialised: reason (``ROPE_FREQS``, ``LAYERSCALE``, or why the classifier was not loaded, with the class
-            counts) -> keys that hold initial values instead.
-        skipped: checkpoint keys not loaded: a classifier of another class count, or one the model does not have;
-            ``pos_embed`` when the model has no absolute position embedding (RoPE only).
-        converted: what was changed on the way in, one line per kind of change (the source format, fused
-            projections, permuted q/k rows, dropped buffers), for the sources whose weights are not in our layout
-            (timm ``Eva``, DINOv3 as timm, Meta or Hugging Face save it, LookHere's official files).
-    """
+    """What a vit_rope model took from a checkpoint, set as ``model.load_report`` by every load: the ``source`` file
+    (None when timm read it), the model's keys ``loaded``, reason -> keys ``initialised`` instead, the checkpoint keys
+    ``skipped`` (a classifier that does not fit, ``pos_embed`` for a RoPE-only model), and one line per kind of change
+    ``converted`` on the way in (fused projections, permuted q/k rows, dropped buffers)."""
 
     source: str | None
     loaded: tuple[str, ...]
@@ -74,14 +62,14 @@ class LoadReport:
 
 def report(source: str | Path | None, state_dict: Mapping[str, Tensor], initialised: dict[str, list[str]],
             skipped: tuple[str, ...] = (), converted: tuple[str, ...] = ()) -> LoadReport:
-    """The report of a load that put ``state_dict`` into the model: every key is loaded but those ``initialised``
-    names (reason -> keys; reasons without keys are dropped)."""
+    """The report of a load of ``state_dict``: every key is loaded but those ``initialised`` names (reason -> keys;
+    reasons without keys are dropped)."""
     taken = {key for keys in initialised.values() for key in keys}
     return LoadReport(None if source is None else str(source), tuple(k for k in state_dict if k not in taken),
                       {reason: tuple(keys) for reason, keys in initialised.items() if keys}, skipped, converted)
 
 
-def warn_initialised(load: LoadReport, stacklevel: int = 3) -> None:
+def warn_initialised(load: LoadReport) -> None:
     """One ``WeightsNotLoadedWarning`` for a load that initialised weights or dropped the checkpoint's APE."""
     parts = []
     if load.initialised:
@@ -92,4 +80,4 @@ def warn_initialised(load: LoadReport, stacklevel: int = 3) -> None:
     if parts:
         advice = "load a checkpoint that has them" if load.initialised else "load it into the +APE variant"
         warnings.warn(f"{load.source or 'The checkpoint'} {'; it also '.join(parts)}. Fine for fine-tuning; for "
-                      f"evaluation, {advice}.", WeightsNotLoadedWarning, stacklevel=stacklevel)
+                      f"evaluation, {advice}.", WeightsNotLoadedWarning, stacklevel=3)

@@ -3,10 +3,7 @@ one padded sequence (NaViT, Dehghani et al., NeurIPS 2023; timm's NaFlexViT and 
 
 The input is what timm's ``NaFlexCollator`` yields: ``patches`` ``[B, N, P*P*C]`` (each patch flattened channels-last),
 ``patch_coord`` ``[B, N, 2]`` as (y, x) and ``patch_valid`` ``[B, N]``, as a dict or as tensors and keyword arguments.
-The model's own patch embedding runs on the flat patches (its convolution read as a linear layer, so one state dict
-serves both inputs), each sample gets the positions, policy and APE of its own grid (``vit_rope.layers.lattice``),
-attention hides padding from the keys, and pooling reads valid tokens only. Nothing loops over samples or sizes:
-each sample's output equals the model's output on that image alone (the tests hold them together).
+Each sample's output equals the model's output on that image alone.
 """
 
 from __future__ import annotations
@@ -23,11 +20,8 @@ NAFLEX_KEYS = ("patches", "patch_coord", "patch_valid")
 
 
 def naflex_patch(model: nn.Module) -> tuple[int, int] | None:
-    """The (h, w) patch of a model that takes timm's NaFlex batches, None for one that does not.
-
-    A model takes them when its forward has timm's NaFlex argument ``patch_coord`` (ours, timm's NaFlexViT); its patch
-    is timm's ``get_patch_size()`` (NaFlexViT's hook for loader wiring) or its ``patch_embed.patch_size`` (ours).
-    """
+    """The (h, w) patch of a model whose forward takes timm's NaFlex ``patch_coord`` (ours, timm's NaFlexViT), from
+    timm's ``get_patch_size()`` or ``patch_embed.patch_size``; None for a model that takes no NaFlex batches."""
     if "patch_coord" not in inspect.signature(model.forward).parameters:
         return None
     getter = getattr(model, "get_patch_size", None)
@@ -47,13 +41,9 @@ class NaFlexBatch(NamedTuple):
 
 def naflex_batch(x: Any, patch_coord: Tensor | None = None, patch_valid: Tensor | None = None,
                  attn_mask: Tensor | None = None) -> NaFlexBatch | None:
-    """The NaFlex batch that ``x`` and the keyword arguments name, or None for an image batch ``[B, C, H, W]``.
-
-    ``x`` is timm's collated dict (``patches``, ``patch_coord``, ``patch_valid``, optional ``attn_mask``; other keys,
-    such as the collator's ``seq_len``, are ignored), or the ``patches`` tensor with ``patch_coord`` and
-    ``patch_valid`` given. ``patch_valid`` is required even without padding: a batch that lost it would otherwise
-    attend to and pool its padding silently.
-    """
+    """The NaFlex batch that ``x`` (timm's collated dict, or the ``patches`` tensor) and the keyword arguments name,
+    or None for an image batch ``[B, C, H, W]``. ``patch_valid`` is required even without padding: a batch that lost
+    it would otherwise attend to and pool its padding silently."""
     if not isinstance(x, (dict, Tensor)):  # an FX proxy: symbolic tracing (torchvision's extractor) traces images
         return None
     if isinstance(x, dict):
@@ -91,8 +81,8 @@ def naflex_batch(x: Any, patch_coord: Tensor | None = None, patch_valid: Tensor 
 
 
 def check_coordinates(coord: Tensor, valid: Tensor) -> None:
-    """Raise a ``ValueError`` if a valid token's ``coord`` ``[B, N, 2]`` is negative (before the image's first patch)
-    or a sample of ``valid`` ``[B, N]`` has no valid token (nothing to pool, no grid to place). One host sync."""
+    """Raise a ``ValueError`` if a valid token's ``coord`` ``[B, N, 2]`` is negative or a sample of ``valid``
+    ``[B, N]`` has no valid token (nothing to pool). One host sync."""
     if not valid.shape[0]:  # an empty batch, which gives empty outputs as an empty image batch does
         return
     low, empty = torch.stack(((coord * valid[..., None]).amin(), (~valid.any(1)).sum())).tolist()
@@ -108,9 +98,8 @@ def check_coordinates(coord: Tensor, valid: Tensor) -> None:
 
 
 def check_attn_mask(attn_mask: Tensor, batch_size: int, tokens: int) -> Tensor:
-    """The caller's ``attn_mask`` for a NaFlex batch of ``batch_size`` samples of ``tokens`` tokens (prefix and
-    patches, after patch dropout), if it broadcasts to ``[B, heads, T, T]`` as attention reads it; else a
-    ``ValueError`` naming both shapes."""
+    """The caller's ``attn_mask`` if it broadcasts to ``[B, heads, T, T]`` for ``tokens`` T (prefix and patches,
+    after patch dropout); else a ``ValueError`` naming both shapes."""
     B, T = batch_size, tokens
     try:
         shape = torch.broadcast_shapes(attn_mask.shape, (B, 1, T, T))

@@ -1,9 +1,7 @@
 """The widths of the model sizes, one table for every family the package builds.
 
-RoPE-ViT's DeiT-III ViTs (``vit_rope.models.registry``), DINOv3's backbones (``vit_rope.models.dinov3``) and the twins
-of timm's Eva backbones (``vit_rope.models.eva_families``) name their sizes alike; one table keeps a size from meaning
-one width in one family and another elsewhere. Where a family's size differs from the table (PE's lang models are
-one or three blocks shallower, LingBot's giant has a SwiGLU MLP), the family says so where it is defined.
+RoPE-ViT's DeiT-III ViTs, DINOv3's backbones and the Eva twins name their sizes alike; one table keeps a size from
+meaning one width in one family and another elsewhere. A family whose size departs from it says so where it is defined.
 """
 
 from __future__ import annotations
@@ -17,11 +15,8 @@ _TABLE: dict[str, tuple[int, int, int]] = {
 
 
 def width(size: str) -> dict[str, int]:
-    """``embed_dim``, ``depth`` and ``num_heads`` of ``size``, as model keyword arguments (a fresh dict).
-
-    Raises:
-        KeyError: an unknown size; the message lists the sizes there are.
-    """
+    """``embed_dim``, ``depth`` and ``num_heads`` of ``size`` as model keyword arguments (a fresh dict); a
+    ``KeyError`` listing the sizes for an unknown one."""
     if size not in _TABLE:
         raise KeyError(f"Unknown model size {size!r}: the sizes are {', '.join(_TABLE)}.")
     embed_dim, depth, num_heads = _TABLE[size]
@@ -29,6 +24,6 @@ def width(size: str) -> dict[str, int]:
 
 
 def size_of(embed_dim: int, sizes: tuple[str, ...]) -> str | None:
-    """The one of ``sizes`` whose width is ``embed_dim`` (a checkpoint's model name read from its shapes), or
-    ``None``."""
-    return next((size for size in sizes if _TABLE[size][0] == embed_dim), None)
+    """The one of ``sizes`` whose width is ``embed_dim`` (a checkpoint's model read from its shapes), or ``None``; a
+    ``_plus`` size (DINOv3's) has the width of the size it extends."""
+    return next((size for size in sizes if _TABLE[size.removesuffix("_plus")][0] == embed_dim), None)
