@@ -4,12 +4,14 @@
         --plot results/performance/scaling_cpu_vit_s.png
     python benchmarks/scaling.py --kinds lookhere --img-sizes 224 448 --train-sizes 448 --rounds 1
     python benchmarks/scaling.py --smoke                              # a tiny run (the test's), under a minute
+    python benchmarks/scaling.py --kinds fire fire@autograd fire@checkpoint --img-sizes --train-sizes 448 --threads 1
 
 Inference (batch ``--batch``, ``torch.inference_mode()``, eval()) runs at every ``--img-sizes`` entry, training (a
 cross-entropy's forward and backward, train(), batch ``--train-batch``) at every ``--train-sizes`` entry. Each model
 lives in its own worker process, built once, so that one kind's large allocations cannot pollute another's figure; a
-failed step is reported in its row, and a worker that dies is started again for the next request. Memory is the peak
-resident memory of a step above what the worker held just before it (freed heap trimmed): Linux's VmHWM, reset
+failed step is reported in its row, and a worker that dies is started again for the next request. ``KIND@FORM``, a
+bias kind, trains without ``offset_attention``'s autograd Function (``without_function``). Memory is the peak resident
+memory of a step above what the worker held just before it (freed heap trimmed): Linux's VmHWM, reset
 through /proc/self/clear_refs, minus VmRSS. Each round runs every (mode, size) with the models in a new random order
 (seeded), one warm-up step (at ``WARM`` px at most) then ``--steps`` timed ones; a model's figure is the median over
 rounds, its ratio to axial the median of the per-round ratios (paired within a round). ``TARGETS``: the largest
@@ -52,6 +54,7 @@ SMOKE = {"kinds": ["lookhere", "ape"], "img_sizes": [32, 64], "train_sizes": [64
 
 def model_name(kind: str) -> str:
     """timm's APE DeiT-III for ``ape``; ours otherwise (DINOv3's registered without the size, as it has no 224)."""
+    kind = kind.partition("@")[0]
     if kind == "ape":
         return "deit3_small_patch16_224"
     name = f"vit_rope_small_patch16_{kind}_224"
@@ -99,8 +102,39 @@ def _measure(model: nn.Module, mode: str, size: int, batch: int, steps: int, dev
     return {"seconds": statistics.median(seconds), "mib": max(mib)}
 
 
-def _serve(name: str, threads: int | None, conn: Any) -> None:
-    """Worker: build ``name`` once, then answer (mode, size, batch, steps) requests until ``None``."""
+def without_function(form: str) -> None:
+    """The bias kinds' attention in training by plain autograd in place of ``offset_attention._OffsetAttention``: SDPA
+    per chunk of rows, its mask a differentiable copy out of the table; ``checkpoint``: each chunk recomputed in
+    backward (``torch.utils.checkpoint``), ``autograd``: each chunk's mask and scores kept."""
+    from torch.nn import functional as F
+    from torch.utils.checkpoint import checkpoint
+
+    from vit_rope.encodings.bias import offset_attention as oa
+
+    def chunk(q: Tensor, k: Tensor, v: Tensor, flipped: Tensor, grid: tuple[int, int], prefix: int, scale: float,
+              start: int, stop: int) -> Tensor:
+        mask, (h, w) = None, grid
+        if stop > prefix:  # [1, nh, Q, P + N]
+            view = oa._table_view(flipped, grid)[:, (start - prefix) // w: (stop - prefix) // w]
+            mask = F.pad(view.reshape(flipped.shape[0], stop - start, h * w), (prefix, 0))[None].to(q.dtype)
+        return F.scaled_dot_product_attention(q[:, :, start:stop], k, v, attn_mask=mask, scale=scale)
+
+    def apply(q: Tensor, k: Tensor, v: Tensor, flipped: Tensor, grid: tuple[int, int], prefix: int,
+              scale: float) -> Tensor:
+        B, nh, N, _ = k.shape
+        chunks = (oa._chunks(grid, prefix, N * B * nh, elements=oa.SCORE_ELEMENTS) if flipped.requires_grad else
+                  oa._chunks(grid, prefix, N * nh, oa.FLASH_QUERIES))
+        run = functools.partial(checkpoint, chunk, use_reentrant=False) if form == "checkpoint" else chunk
+        return torch.cat([run(q, k, v, flipped, grid, prefix, scale, a, b) for a, b in chunks], dim=2)
+
+    oa._OffsetAttention = type("Plain", (), {"apply": staticmethod(apply)})
+
+
+def _serve(name: str, threads: int | None, conn: Any, plain: str | None = None) -> None:
+    """Worker: build ``name`` once, then answer (mode, size, batch, steps) requests until ``None``; ``plain``: a bias
+    kind's training without its autograd Function (``without_function``)."""
+    if plain:
+        without_function(plain)
     if threads:
         torch.set_num_threads(threads)
     torch.set_flush_denormal(True)  # as train.py and vit_rope.evaluate run (PaPE's subnormals)
@@ -122,13 +156,13 @@ class Worker:
     """A process holding one model: ``ask`` returns its answer, or an error where it died or ran past ``timeout``
     seconds (then it is started again on the next request)."""
 
-    def __init__(self, name: str, threads: int | None, timeout: float) -> None:
-        self.name, self.threads, self.timeout, self.proc = name, threads, timeout, None
+    def __init__(self, name: str, threads: int | None, timeout: float, plain: str | None = None) -> None:
+        self.name, self.threads, self.timeout, self.plain, self.proc = name, threads, timeout, plain, None
 
     def start(self) -> None:
         spawn = mp.get_context("spawn")
         self.conn, child = spawn.Pipe()
-        self.proc = spawn.Process(target=_serve, args=(self.name, self.threads, child), daemon=True)
+        self.proc = spawn.Process(target=_serve, args=(self.name, self.threads, child, self.plain), daemon=True)
         self.proc.start()
         child.close()  # the parent's copy: with it closed, a dead worker reads as EOF
 
@@ -188,7 +222,8 @@ def benchmark(args: argparse.Namespace, save: Callable[[list[dict]], None]) -> l
     for kind in [kind for kind in kinds if not timm.is_model(model_name(kind))]:
         print(f"skip {kind}: {model_name(kind)} is not registered", flush=True)
         kinds.remove(kind)
-    workers = {kind: Worker(model_name(kind), args.threads, args.timeout) for kind in kinds}
+    workers = {kind: Worker(model_name(kind), args.threads, args.timeout, kind.partition("@")[2] or None)
+               for kind in kinds}
     for worker in workers.values():  # all start (import, build) together, and all are ready before the first step
         worker.start()
     for worker in workers.values():
@@ -262,7 +297,9 @@ def shown(path: str) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--kinds", nargs="+", default=KINDS, help="encodings (ape: timm's DeiT-III); axial always")
+    parser.add_argument("--kinds", nargs="+", default=KINDS,
+                        help="encodings (ape: timm's DeiT-III; KIND@autograd or KIND@checkpoint: a bias kind without "
+                             "its autograd Function); axial always")
     parser.add_argument("--img-sizes", type=int, nargs="*", default=[224, 448, 896, 1344, 2048])
     parser.add_argument("--train-sizes", type=int, nargs="*", default=[448, 896])
     parser.add_argument("--batch", type=int, default=1, help="inference batch")

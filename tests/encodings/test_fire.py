@@ -10,6 +10,7 @@ import torch
 
 from vit_rope.encodings.base import Positions, image_coords
 from vit_rope.encodings.bias.fire import Fire
+from vit_rope.encodings.bias.offset_attention import dense_bias
 
 
 def fire(policy: str = "extrapolate") -> Fire:
@@ -55,8 +56,6 @@ def test_interpolate_places_a_larger_grid_where_the_training_grid_is() -> None:
 
 @pytest.mark.parametrize("policy", ["extrapolate", "interpolate"])
 def test_the_table_per_offset_is_the_dense_bias_of_the_positions(policy: str) -> None:
-    from vit_rope.layers.offset_bias import dense_bias
-
     encoding = fire(policy)
     for h, w in [(6, 6), (4, 9)]:
         dense = encoding(positions(h, w), 2)

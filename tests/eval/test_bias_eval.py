@@ -17,7 +17,7 @@ import torch
 from helpers.models import tiny
 from vit_rope.errors import UserError
 from vit_rope.eval import onnx as export
-from vit_rope.eval.diagnose import attention_entropy, main
+from vit_rope.eval.diagnostics import attention_entropy, main
 from vit_rope.eval.harness import check_sizes
 from vit_rope.eval.loading import EvalModel
 from vit_rope.models.factory import create_model
@@ -76,5 +76,5 @@ def test_factory_builds_what_a_train_config_names() -> None:
     assert model(torch.randn(1, 3, 64, 64)).shape == (1, 10)
     with pytest.raises(UserError, match="Unknown LookHere preset 'lh30'"):
         create_model(LOOKHERE, {"encoding_options": {"config": "lh30"}})
-    with pytest.raises(UserError, match="lh_config is now encoding_options"):  # the earlier argument, named
+    with pytest.raises(UserError, match="unexpected keyword argument .lh_config."):  # the earlier argument, refused
         create_model(LOOKHERE, {"lh_config": "lh90"})

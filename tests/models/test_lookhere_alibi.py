@@ -11,8 +11,9 @@ import torch
 from helpers.models import assert_fx_features_match_eager, assert_same_gradients, perturbed
 from helpers.naflex import images, pack, samples_equal_images
 from vit_rope.encodings.base import image_positions
-from vit_rope.encodings.bias.attn_bias import alibi_penalty, alibi_slopes
+from vit_rope.encodings.bias.attn_bias import alibi_slopes, offset_alibi
 from vit_rope.encodings.bias.lookhere import PRESETS, head_plan, lookhere_penalty
+from vit_rope.encodings.bias.offset_attention import scaled_offsets
 
 BASE = dict(img_size=80, embed_dim=48, depth=2, num_heads=3, num_classes=7, init_values=0.5)
 KINDS = {  # name -> (model, extra kwargs)
@@ -81,7 +82,7 @@ def test_penalties_depend_on_offsets_only_even_fractional_ones(name: str) -> Non
 
     def penalty(pos: torch.Tensor) -> torch.Tensor:
         if name == "alibi":
-            return alibi_penalty(pos, alibi_slopes(6))
+            return offset_alibi(scaled_offsets(pos, None), alibi_slopes(6))
         return lookhere_penalty(pos, *head_plan(PRESETS[name]["head_directions"], 6))
 
     before = penalty(positions)
@@ -196,8 +197,7 @@ def test_gradients_of_a_mixed_batch_are_the_sum_of_each_images() -> None:
         torch.testing.assert_close(together[name], param.grad, rtol=1e-4, atol=1e-4 * scale, msg=name)
 
 
-@pytest.mark.filterwarnings("ignore::FutureWarning")  # torch.jit's deprecation
-def test_grad_checkpointing_gives_the_same_result_and_torchscript_is_refused_clearly() -> None:
+def test_grad_checkpointing_gives_the_same_result() -> None:
     model, x = build("alibi").train(), torch.randn(2, 3, 64, 48)
     model(x).square().sum().backward()
     plain = model.blocks[0].attn.qkv.weight.grad.clone()
@@ -205,8 +205,6 @@ def test_grad_checkpointing_gives_the_same_result_and_torchscript_is_refused_cle
     model.set_grad_checkpointing(True)
     model(x).square().sum().backward()
     torch.testing.assert_close(model.blocks[0].attn.qkv.weight.grad, plain, rtol=1e-5, atol=1e-6)
-    with pytest.raises(RuntimeError, match="TorchScript does not support the alibi models"):
-        torch.jit.script(model)
 
 
 @pytest.mark.parametrize("kind", ["alibi", "lh45_regs"])
@@ -215,14 +213,11 @@ def test_fx_feature_extraction_with_timms_tracer_options(kind: str) -> None:
     assert_fx_features_match_eager(build(kind))
 
 
-@pytest.mark.parametrize("kind", ["alibi", "lh90"])
-def test_compiled_model_equals_eager_on_images_and_naflex_batches_with_gradients(kind: str) -> None:
-    """torch.compile traces through the table cache (built outside the graph): logits at two sizes, a NaFlex batch,
-    and the gradients of a training step equal the eager model's. One block: the graph of every block is the same.
-    What the bias kinds add is in the traced forward and backward graphs (``aot_eager``); inductor's code generation
-    of attention with an additive mask is the compiled NaFlex test's (``test_naflex``), of a training step
-    STRING-Mixed's (``test_rotation_kinds``), and C++ code generation is most of a compile's time."""
-    model = build(kind, depth=1)
+def test_compiled_model_equals_eager_on_images_and_naflex_batches_with_gradients() -> None:
+    """torch.compile gives the eager logits at two sizes and on a NaFlex batch, and a training step's gradients.
+    ``aot_eager``: the traced graphs hold what a bias kind adds (inductor's code generation is other tests'); one
+    block, whose graph every block shares; LookHere, whose ``AttnBias`` serves ALiBi too."""
+    model = build("lh90", depth=1)
     compiled = torch.compile(model, dynamic=False, backend="aot_eager")
     with torch.no_grad():
         for size in (80, 112):

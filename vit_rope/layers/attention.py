@@ -60,7 +60,7 @@ class BlockInput:
     def attend(self, attn: RoPEAttention, q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None,
                is_causal: bool) -> Tensor | None:
         """Attention ``[B, nh, N, D]`` computed in a form of the encoding's own (a bias read without its ``[nh, N,
-        N]`` matrix: ``vit_rope.layers.offset_bias``), or ``None``: attention's, with ``bias`` if any."""
+        N]`` matrix: ``vit_rope.encodings.bias.offset_attention``), or ``None``: attention's, with ``bias`` if any."""
         return None
 
 

@@ -1,1 +1,1 @@
-"""Attention-bias encodings: LookHere and 2D-ALiBi."""
+"""Attention-bias encodings: LookHere, 2D-ALiBi and FIRE, and their shared offset attention."""

@@ -1,20 +1,18 @@
 """FIRE: a learned function of the relative position as an attention bias (Li et al., ICLR 2024, arXiv:2310.04418).
 
-FIRE adds ``f_theta(psi(i - j) / psi(max(L, tau)))`` to the logits of query ``i`` and key ``j``, with ``psi(x) =
-log(c x + 1)``, ``f_theta`` a small MLP (one output per head), ``c`` and the threshold ``tau`` learned, and ``L``
-the length of the context: the normalisation ("progressive interpolation") maps every distance of any input into the
-range the model was trained on. "Analysing extrapolation capabilities of modern position encodings in ViTs" (TMLR
-submission, 2026, openreview mEGr7Fm54B) reports FIRE holding 63.1% top-1 at 4.57x the training size of a ViT-Tiny
-(RoPE: 18.9%); it has no public code, so the 2D form here is ours:
+FIRE adds ``f_theta(psi(i - j) / psi(max(L, tau)))`` to the logits, ``psi(x) = log(c x + 1)``, ``f_theta`` a small
+MLP (one output per head), ``c`` and the threshold ``tau`` learned, ``L`` the context's length: the normalisation
+("progressive interpolation") maps every distance of any input into the trained range. "Analysing extrapolation
+capabilities of modern position encodings in ViTs" (TMLR submission, 2026, openreview mEGr7Fm54B) reports FIRE
+holding 63.1% top-1 at 4.57x a ViT-Tiny's training size (RoPE: 18.9%); it has no public code, so the 2D form is ours:
 
     bias_h(q, k) = MLP_l([u(dx, w), u(dy, h)])_h,    u(d, L) = sign(d) psi(|d|) / psi(max(L, tau))
 
-per block ``l``, with ``(dx, dy)`` the key-minus-query offset of the two patches and ``L`` the input grid's width
-and height: one MLP of both signed axes (a ViT's attention runs both ways, so the sign is kept), which can express
-ALiBi's Euclidean penalty, LookHere's directions or T5's buckets. Policies: ``extrapolate`` (default) is FIRE as
-published, normalised by the input's own grid; ``interpolate`` scales the offsets and the grid to the training grid
-first. Prefix tokens are not biased. An image batch's bias is a table of its ``(2h - 1)(2w - 1)`` offsets per block
-(``vit_rope.layers.offset_bias``), so its cost grows as attention's.
+per block ``l``, ``(dx, dy)`` the key-minus-query offset and ``L`` the input grid's width and height: one MLP of both
+signed axes (attention runs both ways), which can express ALiBi's penalty, LookHere's directions or T5's buckets.
+``extrapolate`` (default) is FIRE as published; ``interpolate`` scales offsets and grid to the training grid first.
+Prefix tokens are not biased. An image batch's bias is a table of its ``(2h - 1)(2w - 1)`` offsets per block
+(``offset_attention``), so its cost grows as attention's.
 """
 
 from __future__ import annotations
@@ -26,11 +24,15 @@ from timm.layers import Mlp, register_notrace_module
 from torch import Tensor, nn
 
 from vit_rope.encodings.base import EncodingSpec, PositionEncoding, Positions, register
-from vit_rope.encodings.bias.attn_bias import Bias, pad_prefix, policy_offsets, policy_scale
-from vit_rope.encodings.bias.lookhere import scaled_offsets
+from vit_rope.encodings.bias.offset_attention import (
+    Bias,
+    OffsetBias,
+    pad_prefix,
+    policy_offsets,
+    policy_scale,
+    scaled_offsets,
+)
 from vit_rope.encodings.policies import POSITION_POLICIES, ResolutionPolicy, per_sample
-from vit_rope.layers.capture import capturing
-from vit_rope.layers.offset_bias import OffsetBias
 
 
 @register_notrace_module
@@ -98,7 +100,7 @@ class Fire(PositionEncoding):
 
     def block_inputs(self, positions: Positions, num_prefix_tokens: int) -> list[Any]:
         grid = positions.grid
-        if grid is not None and not capturing(positions.coords) and positions.coords.dim() == 2:
+        if not positions.captured and grid is not None and positions.coords.dim() == 2:
             return [OffsetBias(table, 1.0, grid, num_prefix_tokens) for table in self._offset_tables(grid)]
         biases = self(positions, num_prefix_tokens)
         return [Bias(biases[i], 1.0) for i in range(self.depth)]

@@ -6,12 +6,11 @@ inside are penalised by their distance to the query, with a slope per head, per 
     logit(q, k) += -global_slope * layer_slope[l] * head_slope[h] * f(|p_k - p_q|)    inside head h's view
     logit(q, k) += -inf                                                             outside (fill_with="inf")
 
-Everything depends on the offset ``p_k - p_q`` only (``center`` heads excepted: they penalise the distance to the
-middle of the image), so a common shift of every patch changes nothing. The configuration is the official code's
-dict (github.com/GreenCUBIC/lookhere, MIT): ``global_slope``, ``layer_slopes`` (first and last layer, linear in
-between), ``head_directions`` (groups of 4 heads joined by ``-``, or one such string per layer), ``distance``
-(``linear``, ``sqrt``, ``square``) and ``fill_with`` (``inf``, ``zero``, ``max``). Written from the paper and that
-code's semantics, as pure functions of positions, so that NaFlex samples and fractional coordinates work too.
+Everything depends on the offset ``p_k - p_q`` only (``center`` heads excepted: the distance to the image's middle).
+The configuration is the official code's dict (github.com/GreenCUBIC/lookhere, MIT): ``global_slope``,
+``layer_slopes`` (first and last layer, linear in between), ``head_directions`` (groups of 4 heads joined by ``-``,
+or one such string per layer), ``distance`` and ``fill_with``. Written from the paper and that code's semantics as
+pure functions of positions, so that NaFlex samples and fractional coordinates work too.
 """
 
 from __future__ import annotations
@@ -24,6 +23,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from vit_rope.encodings.bias.offset_attention import scaled_offsets
 from vit_rope.encodings.policies import per_sample
 
 # Each group gives 4 heads their fields of view; a head's view is the intersection of its tokens' views. "up" is
@@ -55,13 +55,8 @@ CONFIG_KEYS = ("global_slope", "layer_slopes", "head_directions", "distance", "f
 # The paper's models by the field of view of each head: 180 (half-planes), 90 (cones), 45 (eighths). Our reading of
 # the names, not copies of the published configs (their checkpoints carry their own config, which loading checks).
 PRESETS: dict[str, dict[str, Any]] = {
-    "lh180": dict(global_slope=1.0, layer_slopes=[1.5, 0.5], head_directions="halves", distance="linear",
-                  fill_with="inf"),
-    "lh90": dict(global_slope=1.0, layer_slopes=[1.5, 0.5], head_directions="triangles", distance="linear",
-                 fill_with="inf"),
-    "lh45": dict(global_slope=1.0, layer_slopes=[1.5, 0.5], head_directions="eighths1-eighths2", distance="linear",
-                 fill_with="inf"),
-}
+    name: dict(global_slope=1.0, layer_slopes=[1.5, 0.5], head_directions=dirs, distance="linear", fill_with="inf")
+    for name, dirs in (("lh180", "halves"), ("lh90", "triangles"), ("lh45", "eighths1-eighths2"))}
 # (number of groups, heads) -> heads per group, as the official code assigns them
 _SPLITS = {(2, 6): (4, 2), (2, 12): (8, 4), (2, 16): (8, 8), (3, 12): (4, 4, 4), (3, 16): (8, 4, 4),
            (4, 16): (4, 4, 4, 4)}
@@ -109,15 +104,13 @@ def check_config(config: str | dict[str, Any] | None, num_heads: int, depth: int
 
 
 def head_plan(spec: str, num_heads: int) -> tuple[tuple[tuple[str, ...], ...], tuple[float, ...]]:
-    """Each head's direction tokens and slope for a ``head_directions`` string such as ``"halves"`` or
-    ``"eighths1-eighths2"``.
+    """Each head's direction tokens and slope for a ``head_directions`` string (``"halves"``,
+    ``"eighths1-eighths2"``).
 
-    Head counts follow the official code: one group repeated over a multiple of 4 heads, or the splits of
-    ``_SPLITS``. Elsewhere (3 heads of ``tiny``; one group on 6 heads of ``small``; 2 groups on 3 heads) the heads
-    are split among the groups as evenly as possible, earlier groups first, and each group's heads take its
-    directions in turn: ``halves`` on 3 heads looks up, down and left, ``eighths1-eighths2`` on 3 heads takes two
-    eighths of the first group and one of the second. Slopes halve every 4 heads as in the official code;
-    consecutive heads of the same group share one slope sequence, as the official ``groupby`` makes them.
+    Head counts follow the official code (one group over a multiple of 4 heads, or ``_SPLITS``); elsewhere (``tiny``'s
+    3 heads, one group on ``small``'s 6) the groups share the heads as evenly as possible, earlier groups first, each
+    group's heads taking its directions in turn. Slopes halve every 4 heads, consecutive heads of one group sharing a
+    sequence, as the official ``groupby`` makes them.
     """
     names = spec.split("-")
     bad = [name for name in names if name not in DIRECTION_GROUPS]
@@ -158,17 +151,14 @@ def lookhere_penalty(positions: Tensor, directions: tuple[tuple[str, ...], ...],
                      distance: str = "linear", fill_with: str = "inf", valid: Tensor | None = None,
                      scale: Tensor | None = None) -> Tensor:
     """Penalties ``[..., H, N, N]`` (>= 0, ``inf`` where a head does not look) of patches at ``positions``
-    ``[..., N, 2]`` (x, y), before the layer and global slopes.
+    ``[..., N, 2]`` (x, y; any offset, fractional or sparse), before the layer and global slopes.
 
     Args:
-        positions: float patch positions, any offset, fractional or sparse.
-        directions: each head's direction tokens (``head_plan``).
-        slopes: each head's slope.
+        directions, slopes: each head's direction tokens and slope (``head_plan``).
         distance: ``linear`` (Euclidean), ``sqrt`` or ``square`` of it.
-        fill_with: what hidden keys get: ``inf`` (masked), ``zero`` (no penalty) or ``max`` (the largest penalty of
-            the head on that image).
+        fill_with: what hidden keys get: ``inf`` (masked), ``zero`` or ``max`` (the head's largest on the image).
         valid: ``[..., N]`` real patches (NaFlex); padding is left out of ``center`` and ``max``.
-        scale: ``[1 or B, 2]`` what the resolution policy multiplies offsets (and distances to the middle) by.
+        scale: ``[1 or B, 2]`` what the policy multiplies offsets (and distances to the middle) by.
     """
     pos = positions.float()
     if valid is None:
@@ -184,21 +174,12 @@ def lookhere_penalty(positions: Tensor, directions: tuple[tuple[str, ...], ...],
                           valid[..., :, None] & valid[..., None, :])
 
 
-def scaled_offsets(positions: Tensor, scale: Tensor | None) -> Tensor:
-    """Key-minus-query offsets ``[..., N, N, 2]`` of positions ``[..., N, 2]``, times ``scale`` ``[1 or B, 2]``
-    after the difference: the same value for every pair at the same offset, to the bit, as a table per offset has."""
-    pos = positions.float()
-    offsets = pos[..., None, :, :] - pos[..., :, None, :]
-    return offsets if scale is None else offsets * per_sample(scale, pos).unsqueeze(-2)
-
-
 def offset_penalty(offsets: Tensor, directions: tuple[tuple[str, ...], ...], slopes: tuple[float, ...],
                    distance: str = "linear", fill_with: str = "inf", center: Tensor | None = None,
                    pairs: Tensor | None = None) -> Tensor:
     """Penalties ``[..., H, Q, K]`` of key-minus-query offsets ``[..., Q, K, 2]`` (``lookhere_penalty``'s
-    arguments); ``center`` ``[..., 1, K]`` each key's distance to the image's middle (``center`` heads), ``pairs``
-    ``[..., Q, K]`` the real pairs that ``max`` takes its largest penalty over (default: all). On the offsets of a
-    grid (``vit_rope.layers.offset_bias.offset_grid``), the table attention reads per offset."""
+    arguments; on ``offset_grid``'s offsets, a table per offset); ``center`` ``[..., 1, K]`` each key's distance to
+    the image's middle, ``pairs`` ``[..., Q, K]`` the real pairs that ``max`` takes its largest over (default: all)."""
     dx, dy = offsets.unbind(-1)
     dist = offsets.square().sum(-1)  # squared, so that "square" needs no sqrt
     dist = {"linear": dist.sqrt(), "sqrt": dist.sqrt().sqrt(), "square": dist}[distance]
@@ -206,9 +187,7 @@ def offset_penalty(offsets: Tensor, directions: tuple[tuple[str, ...], ...], slo
     for dirs, slope in zip(directions, slopes, strict=True):
         if "zero" in dirs:
             value = torch.zeros_like(dist)
-        elif "center" in dirs:
-            if center is None:
-                raise ValueError("LookHere's center heads need the patch positions, not only their offsets.")
+        elif "center" in dirs:  # only from positions (lookhere_penalty): tables per offset have no center heads
             value = center.expand_as(dist)
         else:
             value = dist

@@ -1,6 +1,7 @@
-"""Attention with a bias per offset (``vit_rope.layers.offset_bias``): the chunked CPU path and FlexAttention give the
-dense bias's outputs and gradients (the table's too) at several grids, prefix counts and chunkings; the bias kinds'
-models take it on image batches without ever building the dense matrix, with the dense path's logits and gradients."""
+"""Attention with a bias per offset (``vit_rope.encodings.bias.offset_attention``): the chunked CPU path and
+FlexAttention give the dense bias's outputs and gradients (the table's too) at several grids, prefix counts and
+chunkings; the bias kinds' models take it on image batches without building the dense matrix, with the dense path's
+logits and gradients, and graph captures get the dense bias without caching it."""
 
 from __future__ import annotations
 
@@ -9,8 +10,9 @@ import timm
 import torch
 import torch.nn.functional as F
 
-from vit_rope.layers import offset_bias
-from vit_rope.layers.offset_bias import _chunks, dense_bias, offset_attention
+from vit_rope.encodings.base import image_positions
+from vit_rope.encodings.bias import offset_attention as oa
+from vit_rope.encodings.bias.offset_attention import _chunks, dense_bias, offset_attention
 
 CASES = [((3, 4), 1, 2), ((5, 5), 0, 1), ((7, 3), 4, 2), ((1, 6), 2, 1)]  # grid, prefix tokens, batch
 
@@ -29,15 +31,14 @@ def test_chunked_attention_equals_the_dense_bias_with_gradients(monkeypatch, gri
                                                                 rows_per_chunk) -> None:
     q, k, v, table = inputs(grid, prefix, batch)
     if rows_per_chunk:  # several chunks of whole rows
-        monkeypatch.setattr(offset_bias, "CHUNK_ELEMENTS", rows_per_chunk * grid[1] * k.shape[2] * batch * 3)
-        monkeypatch.setattr(offset_bias, "SCORE_ELEMENTS", rows_per_chunk * grid[1] * k.shape[2] * batch * 3)
-        monkeypatch.setattr(offset_bias, "FLASH_QUERIES", 1)
+        for name in ("CHUNK_ELEMENTS", "SCORE_ELEMENTS"):
+            monkeypatch.setattr(oa, name, rows_per_chunk * grid[1] * k.shape[2] * batch * 3)
+        monkeypatch.setattr(oa, "FLASH_QUERIES", 1)
     expected = F.scaled_dot_product_attention(q, k, v, attn_mask=dense_bias(table, grid, prefix)[None], scale=0.3)
-    with torch.no_grad():
-        torch.testing.assert_close(offset_attention(q, k, v, table, grid, prefix, 0.3), expected, rtol=1e-12,
-                                   atol=1e-12)
-    out = offset_attention(q, k, v, table, grid, prefix, 0.3)
-    torch.testing.assert_close(out, expected, rtol=1e-12, atol=1e-12)
+    for grad in (False, True):  # inference's chunks, then the autograd Function's
+        with torch.set_grad_enabled(grad):
+            out = offset_attention(q, k, v, table, grid, prefix, 0.3)
+        torch.testing.assert_close(out, expected, rtol=1e-12, atol=1e-12)
     grad = torch.randn_like(out)
     got = torch.autograd.grad(out, (q, k, v, table), grad)
     want = torch.autograd.grad(expected, (q, k, v, table), grad)
@@ -60,7 +61,7 @@ def test_a_fixed_table_gets_no_gradient_and_masked_keys_stay_masked() -> None:
 
 
 @pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")  # eager: the reference on CPU
-@pytest.mark.parametrize("grid,prefix,batch", CASES)
+@pytest.mark.parametrize("grid,prefix,batch", CASES[1:3])
 def test_flex_attention_reads_the_table_in_its_score_mod(grid, prefix, batch) -> None:
     q, k, v, table = (t.detach() for t in inputs(grid, prefix, batch))  # FlexAttention has no CPU backward
     expected = F.scaled_dot_product_attention(q, k, v, attn_mask=dense_bias(table, grid, prefix)[None], scale=0.3)
@@ -77,7 +78,7 @@ def test_chunks_are_whole_rows_that_cover_every_query_once_within_the_budget(gri
     sizes = [stop - start for start, stop in chunks[1 if prefix else 0:]]
     assert all(size % grid[1] == 0 for size in sizes)
     assert max(sizes) >= min(least, grid[0] * grid[1])  # SDPA's fast query blocks where the grid has them
-    assert max(sizes) * width <= max(offset_bias.CHUNK_ELEMENTS, -(-least // grid[1]) * grid[1] * width)
+    assert max(sizes) * width <= max(oa.CHUNK_ELEMENTS, -(-least // grid[1]) * grid[1] * width)
 
 
 MODELS = {"lookhere": {"encoding_options": {"config": "lh90"}, "reg_tokens": 2}, "alibi": {}, "fire": {"reg_tokens": 1}}
@@ -87,13 +88,14 @@ MODELS = {"lookhere": {"encoding_options": {"config": "lh90"}, "reg_tokens": 2},
 @pytest.mark.parametrize("kind", list(MODELS))
 def test_models_take_the_offset_path_with_the_dense_logits_and_gradients(monkeypatch, kind, policy) -> None:
     """Image batches at several sizes (two chunks of rows at the largest) give the dense path's logits and gradients
-    to 1e-5 relative, and the offset path never builds the dense bias."""
+    to 1e-5 relative, and the offset path never builds the dense bias; a capture's positions get dense ones, kept
+    nowhere."""
     torch.manual_seed(0)
     model = timm.create_model(f"vit_rope_tiny_patch16_{kind}_224", img_size=64, depth=2, num_classes=5,
                               dynamic_img_size=True, **MODELS[kind])
     model.set_resolution_policy(policy)
-    monkeypatch.setattr(offset_bias, "CHUNK_ELEMENTS", 3 * 200 * 6)  # a 6 x 8 grid's queries in chunks
-    monkeypatch.setattr(offset_bias, "FLASH_QUERIES", 1)
+    monkeypatch.setattr(oa, "CHUNK_ELEMENTS", 3 * 200 * 6)  # a 6 x 8 grid's queries in chunks
+    monkeypatch.setattr(oa, "FLASH_QUERIES", 1)
     for shape in [(64, 64), (48, 80), (96, 128)]:
         x = torch.randn(2, 3, *shape)
         results = []
@@ -102,7 +104,7 @@ def test_models_take_the_offset_path_with_the_dense_logits_and_gradients(monkeyp
                 blk.attn.fused_attn = fused
             with monkeypatch.context() as m:
                 if fused:  # the offset path: the dense bias is never built
-                    m.setattr(offset_bias, "dense_bias", lambda *a: pytest.fail("dense bias built"))
+                    m.setattr(oa, "dense_bias", lambda *a: pytest.fail("dense bias built"))
                 logits = model(x)
             grads = torch.autograd.grad(logits.square().sum(), [p for p in model.parameters() if p.requires_grad])
             results.append((logits, grads))
@@ -110,3 +112,6 @@ def test_models_take_the_offset_path_with_the_dense_logits_and_gradients(monkeyp
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
         for x_grad, y_grad in zip(ga, gb, strict=True):
             torch.testing.assert_close(x_grad, y_grad, rtol=1e-5, atol=1e-5 * y_grad.abs().max().item() + 1e-8)
+    encoding, cached = model.pos_encoding, len(getattr(model.pos_encoding, "_cache", ()))
+    inputs = encoding.block_inputs(image_positions(encoding, 3, 5)._replace(captured=True), model.num_prefix_tokens)
+    assert all(type(i) is oa.Bias for i in inputs if i is not None) and len(getattr(encoding, "_cache", ())) == cached
