@@ -98,7 +98,7 @@ def attention_entropy(model: RoPEVisionTransformer, images: Tensor | dict[str, T
         q, k, _ = attn.project(args[0], encoding)
         scores = (q * attn.scale) @ k.transpose(-2, -1)  # [B, nh, N, N]
         if isinstance(encoding, BlockInput) and encoding.bias is not None:  # LookHere, 2D-ALiBi: the block's penalty
-            scores = scores + encoding.bias_scale * encoding.bias
+            scores = scores + encoding.bias
         real = kwargs.get("attn_mask")  # a NaFlex batch's [B, 1, 1, N], False for padding; None for images
         p = torch.softmax(scores if real is None else scores.masked_fill(~real, float("-inf")), dim=-1)
         entropy = -(p * p.clamp_min(1e-12).log()).sum(-1)  # [B, nh, N]

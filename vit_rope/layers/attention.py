@@ -7,9 +7,9 @@ forward, and attention knows no kind by name. It is one of:
   position of their token before the dot product, v is not; prefix tokens (class, registers) have identity rows, so
   they are never rotated;
 - a ``BlockInput``: a projection of its own (a basis folded into the weights, then RoPE tables: Cayley-STRING,
-  ComRoPE's RoPE form), a transform of q, k and v after the projection and the q/k norms (ComRoPE's and LieRE's block
-  rotations, PaPE's parabola channels), an attention bias ``[1 or B, nh, N, N]`` added to the logits times
-  ``bias_scale`` (LookHere, 2D-ALiBi), or attention in a form of its own;
+  ComRoPE's RoPE form; or the projection transformed: ComRoPE's and LieRE's block rotations, PaPE's parabola
+  channels), an attention bias ``[1 or B, nh, N, N]`` added to the logits (LookHere, 2D-ALiBi, FIRE), or attention
+  in a form of its own;
 - ``None``: content only.
 
 Attention has one route for all of them: RoPE tables and ``None`` are read as the ``BlockInput`` they are
@@ -32,36 +32,30 @@ RopeTables = tuple[Tensor, Tensor]
 
 
 class BlockInput:
-    """What one block's attention gets from its position encoding. The base changes nothing: the projection (q and k
-    rotated by ``rope`` when there are RoPE tables), then the encoding's ``transform``, then SDPA with ``bias``; a
-    kind's input overrides what it changes.
+    """What one block's attention gets from its position encoding: ``project`` then ``attend``. The base is plain
+    attention (q and k rotated by ``rope`` when there are RoPE tables, logits plus ``bias`` when there is one); a
+    kind's input overrides what it changes, calling the base for the rest.
 
     Attributes:
         rope: RoPE tables ``(cos, sin)`` ``[(B,) H, N, D/2]`` that rotate q and k after the projection, or ``None``.
-        bias: logits ``[1 or B, nh, N, N]`` added to every query's scores times ``bias_scale``; ``None``: none.
+        bias: logits ``[1 or B, nh, N, N]`` added to every query's scores (LookHere's penalties, 2D-ALiBi's), or
+            ``None``.
     """
 
     rope: RopeTables | None = None
     bias: Tensor | None = None
-    bias_scale: float = 1.0
 
-    def project(self, attn: RoPEAttention, x: Tensor) -> tuple[Tensor, Tensor, Tensor] | None:
-        """q, k and v ``[B, nh, N, D]`` of the tokens ``x`` ``[B, N, C]`` computed in place of ``attn``'s projection
-        and ``transform`` (an equal but cheaper form, or the kind's own weights: ``attn.project_tables``), or
-        ``None`` for the projection."""
-        return None
-
-    def transform(self, attn: RoPEAttention, x: Tensor, q: Tensor, k: Tensor, v: Tensor
-                  ) -> tuple[Tensor, Tensor, Tensor]:
-        """q, k and v ``[B, nh, N, D]`` as the encoding changes them (``x`` the attention's input tokens); q and k
-        may come back wider than ``D``, v padded to their width (attention keeps the first ``D`` channels)."""
-        return q, k, v
+    def project(self, attn: RoPEAttention, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """q, k and v ``[B, nh, N, D]`` of the tokens ``x`` ``[B, N, C]``: ``attn``'s projection (``project_tables``,
+        which also takes a kind's own weights), or a kind's transform of it; q and k may come back wider than ``D``,
+        v padded to their width (attention keeps the first ``D`` channels)."""
+        return attn.project_tables(x, self.rope)
 
     def attend(self, attn: RoPEAttention, q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None,
-               is_causal: bool) -> Tensor | None:
-        """Attention ``[B, nh, N, D]`` computed in a form of the encoding's own (a bias read without its ``[nh, N,
-        N]`` matrix: ``vit_rope.encodings.bias.offset_attention``), or ``None``: attention's, with ``bias`` if any."""
-        return None
+               is_causal: bool) -> Tensor:
+        """Attention ``[B, nh, N, D]``: SDPA with ``bias``, or a form of the kind's own (a bias read without its
+        ``[nh, N, N]`` matrix: ``vit_rope.encodings.bias.offset_attention``)."""
+        return attn.sdpa(q, k, v, self.bias, attn_mask, is_causal)
 
 
 class Rotation(BlockInput):
@@ -122,13 +116,9 @@ class RoPEAttention(Attention):
         return isinstance(self.q_norm, nn.Identity) and isinstance(self.k_norm, nn.Identity)
 
     def project(self, x: Tensor, encoding: Any = None) -> tuple[Tensor, Tensor, Tensor]:
-        """Queries and keys (rotated, or as the ``BlockInput`` computes or transforms them) and values, each
-        ``[B, nh, N, D]`` (q and k wider with PaPE's channels); diagnostics reuse it for attention maps."""
-        encoding = block_input(encoding)
-        projected = encoding.project(self, x)
-        if projected is not None:
-            return projected
-        return encoding.transform(self, x, *self.project_tables(x, encoding.rope))
+        """Queries and keys (rotated, or as the ``BlockInput`` computes them) and values, each ``[B, nh, N, D]`` (q
+        and k wider with PaPE's channels); diagnostics reuse it for attention maps."""
+        return block_input(encoding).project(self, x)
 
     def project_tables(self, x: Tensor, rope: RopeTables | None, weight: Tensor | None = None,
                        bias: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
@@ -152,16 +142,16 @@ class RoPEAttention(Attention):
             k, v = k.repeat_interleave(nh // nkv, dim=1), v.repeat_interleave(nh // nkv, dim=1)
         return q, k, v
 
-    def sdpa(self, q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None = None, bias_scale: float = 1.0,
-             attn_mask: Tensor | None = None, is_causal: bool = False) -> Tensor:
-        """Attention of ``q``, ``k``, ``v`` ``[B, nh, N, D]``, with ``bias_scale * bias`` ``[1 or B, nh, N, N]`` added
-        to the logits and ``attn_mask`` (a NaFlex batch's key padding, boolean or additive; or ``is_causal``) applied
+    def sdpa(self, q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None = None, attn_mask: Tensor | None = None,
+             is_causal: bool = False) -> Tensor:
+        """Attention of ``q``, ``k``, ``v`` ``[B, nh, N, D]``, with ``bias`` ``[1 or B, nh, N, N]`` added to the
+        logits and ``attn_mask`` (a NaFlex batch's key padding, boolean or additive; or ``is_causal``) applied
         with it as one additive mask: SDPA takes it (``[1, nh, N, N]`` for a plain grid: no copy per image), faster on
         CPU than the explicit product that ``fused_attn = False`` computes (attention maps, the reference)."""
         drop = self.attn_drop.p if self.training else 0.0
         N = q.shape[-2]
         if bias is not None:
-            mask = (bias * bias_scale).to(q.dtype)  # [1 or B, nh, N, N]
+            mask = bias.to(q.dtype)  # [1 or B, nh, N, N]
             attn_mask, is_causal = maybe_add_mask(mask, resolve_self_attn_mask(N, mask, attn_mask, is_causal)), False
         if self.fused_attn:
             return F.scaled_dot_product_attention(  # 1 / sqrt(D) also when q and k carry PaPE's channels
@@ -177,11 +167,8 @@ class RoPEAttention(Attention):
         B, N, _ = x.shape
         gate = self.gate(x).sigmoid() if self.gate is not None else None
         encoding = block_input(encoding)
-        q, k, v = self.project(x, encoding)  # [B, nh, N, D] each
-        out = encoding.attend(self, q, k, v, attn_mask, is_causal)
-        if out is None:
-            out = self.sdpa(q, k, v, encoding.bias, encoding.bias_scale, attn_mask, is_causal)
-        out = out[..., : self.head_dim]  # v may be padded to the width of the encoding's wider q and k
+        q, k, v = encoding.project(self, x)  # [B, nh, N, D] each
+        out = encoding.attend(self, q, k, v, attn_mask, is_causal)[..., : self.head_dim]  # v may be padded
         x = self.norm(out.transpose(1, 2).reshape(B, N, self.attn_dim))  # [B, N, nh * D]
         if gate is not None:
             x = x * gate

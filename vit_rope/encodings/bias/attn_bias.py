@@ -146,7 +146,7 @@ class AttnBias(PositionEncoding):
                     for spec, scale in zip(self.layer_specs, self.scales, strict=True)]
         tables = self(positions, num_prefix_tokens)
         # indexed, not iterated: FX records the tables as one call whose items it can index but not unpack
-        return [Bias(tables[i], scale) if scale else None for i, scale in enumerate(self.scales)]
+        return [Bias(tables[i] * scale) if scale else None for i, scale in enumerate(self.scales)]
 
     def prune_(self, depth: int) -> None:
         """Keep the first ``depth`` blocks' directions and scales (timm's ``prune_intermediate_layers``)."""

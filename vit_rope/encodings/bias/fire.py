@@ -103,7 +103,7 @@ class Fire(PositionEncoding):
         if not positions.captured and grid is not None and positions.coords.dim() == 2:
             return [OffsetBias(table, 1.0, grid, num_prefix_tokens) for table in self._offset_tables(grid)]
         biases = self(positions, num_prefix_tokens)
-        return [Bias(biases[i], 1.0) for i in range(self.depth)]
+        return [Bias(biases[i]) for i in range(self.depth)]
 
     def prune_(self, depth: int) -> None:
         """Keep the first ``depth`` blocks' MLPs (timm's ``prune_intermediate_layers``)."""

@@ -226,33 +226,33 @@ def offset_attention(q: Tensor, k: Tensor, v: Tensor, table: Tensor, grid: tuple
 
 
 class Bias(BlockInput):
-    """A block's dense bias ``[1 or B, nh, P + N, P + N]`` and its scale, added to the logits."""
+    """A block's dense bias ``[1 or B, nh, P + N, P + N]`` added to the logits."""
 
-    def __init__(self, bias: Tensor, scale: float) -> None:
-        self.bias, self.bias_scale = bias, scale
+    def __init__(self, bias: Tensor) -> None:
+        self.bias = bias
 
 
 class OffsetBias(BlockInput):
-    """A block's bias as a table per offset ``[nh, 2h - 1, 2w - 1]`` times ``bias_scale`` (an image batch), read by
+    """A block's bias as a table per offset ``[nh, 2h - 1, 2w - 1]`` times ``scale`` (an image batch), read by
     ``offset_attention``; ``bias``, the dense ``[1, nh, P + N, P + N]`` (kept in ``dense`` while small), serves what
     needs the matrix: ``fused_attn = False``, a padding mask, attention dropout. Captures get a ``Bias`` instead."""
 
     def __init__(self, table: Tensor, scale: float, grid: tuple[int, int], prefix: int,
                  dense: dict[str, Tensor] | None = None) -> None:
-        self.table, self.bias_scale, self.grid, self.prefix = table, scale, grid, prefix
+        self.table, self.scale, self.grid, self.prefix = table, scale, grid, prefix
         self._dense = {} if dense is None else dense  # shared by the blocks of one table
 
     @property
     def bias(self) -> Tensor:  # type: ignore[override]
-        if "bias" not in self._dense:
+        bias = self._dense.get("bias")
+        if bias is None:
             bias = dense_bias(self.table, self.grid, self.prefix)[None]  # [1, nh, P + N, P + N]
-            if bias.numel() > CHUNK_ELEMENTS:  # too large to keep for the other blocks
-                return bias
-            self._dense["bias"] = bias
-        return self._dense["bias"]
+            if bias.numel() <= CHUNK_ELEMENTS:  # small enough to keep for the other blocks
+                self._dense["bias"] = bias
+        return bias * self.scale
 
     def attend(self, attn: RoPEAttention, q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None,
-               is_causal: bool) -> Tensor | None:
+               is_causal: bool) -> Tensor:
         if not attn.fused_attn or attn_mask is not None or is_causal or (attn.training and attn.attn_drop.p > 0):
-            return None
-        return offset_attention(q, k, v, self.table * self.bias_scale, self.grid, self.prefix, attn.scale)
+            return super().attend(attn, q, k, v, attn_mask, is_causal)  # the dense bias
+        return offset_attention(q, k, v, self.table * self.scale, self.grid, self.prefix, attn.scale)

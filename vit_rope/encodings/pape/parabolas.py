@@ -163,7 +163,8 @@ class Parabolas(BlockInput):
     def __init__(self, positions: Tensor) -> None:
         self.positions = positions
 
-    def transform(self, attn: nn.Module, x: Tensor, q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    def project(self, attn: nn.Module, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        q, k, v = super().project(attn, x)
         layer = getattr(attn, "pape", None)  # None: the layer removed, attention without the parabolas
         return (q, k, v) if layer is None else layer(x, q, k, v, self.positions)
 
