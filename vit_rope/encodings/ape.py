@@ -30,17 +30,15 @@ def fit_pos_embed(pos_embed: Tensor, grid: tuple[int, int], train_grid: tuple[in
 
 
 class AbsoluteEncoding(PositionEncoding):
-    """The APE as a position encoding: what the embedding adds to the tokens, where the other kinds give each block
-    its inputs (``block_inputs``, which this one does not have: blocks get nothing from it).
+    """The APE as a position encoding: what the embedding adds to the tokens (blocks get nothing from it).
 
-    It holds the logic only, placing and resampling the table it is given. The table stays the model's ``pos_embed``
-    parameter because timm's ``VisionTransformer`` reads it there: its weights, ``checkpoint_filter_fn`` and
-    ``set_input_size`` (which resamples it and changes the patch grid it belongs to), ``no_weight_decay`` and the
-    state-dict key ``pos_embed`` of every APE checkpoint. Its grid comes with it at each call for the same reason.
+    It holds the logic only, placing and resampling the table it is given: the table stays the model's ``pos_embed``,
+    where timm's ``VisionTransformer`` reads it (``checkpoint_filter_fn``, ``set_input_size``, ``no_weight_decay``, the
+    state-dict key of every APE checkpoint), and its grid comes with it at each call for the same reason.
 
     Args:
-        num_prefix_rows: the table's rows for prefix tokens in front of its patch rows: 0 for DeiT-III and RoPE-ViT
-            (``no_embed_class``), the class and register tokens' count for timm's ViT.
+        num_prefix_rows: the table's rows for prefix tokens: 0 for DeiT-III and RoPE-ViT (``no_embed_class``), the
+            class and register tokens' count for timm's ViT.
     """
 
     kind = "ape"
@@ -51,10 +49,10 @@ class AbsoluteEncoding(PositionEncoding):
 
     def forward(self, table: Tensor, positions: Tensor, grids: Tensor, grid: tuple[int, int] | None,
                 table_grid: tuple[int, int]) -> Tensor:
-        """The rows ``[1 or B, R + N, C]`` (``R`` = ``num_prefix_rows``) that the embedding adds to the prefix and
-        patch tokens, from the ``table`` ``[1, R + h0 * w0, C]`` learnt on ``table_grid`` (h0, w0): resampled once
-        to an image batch's ``grid``, or read at each patch's position (``positions`` ``[B, N, 2]`` (x, y) from
-        ``place``, on the grids ``grids`` ``[B, 2]``) of a NaFlex batch (``grid`` ``None``)."""
+        """The rows ``[1 or B, R + N, C]`` (``R`` = ``num_prefix_rows``) to add to the tokens, from ``table``
+        ``[1, R + h0 * w0, C]`` learnt on ``table_grid``: resampled once to an image batch's ``grid``, or read at each
+        patch's position (``positions`` ``[B, N, 2]`` (x, y) on ``grids`` ``[B, 2]``) of a NaFlex batch (``grid``
+        ``None``)."""
         own = self.num_prefix_rows
         if grid is None:  # read at each patch's coordinate: [B, own + N, C]
             coord = positions.flip(-1)  # [B, N, 2] (y, x): the integer coordinates, exactly
@@ -68,12 +66,8 @@ class AbsoluteEncoding(PositionEncoding):
 
 def source_grids(rows: int, grid: tuple[int, int], num_prefix: int) -> list[tuple[int, tuple[int, int]]]:
     """Every ``(prefix rows, patch grid)`` that a checkpoint's position embedding of ``rows`` rows may have, for a
-    model whose grid is ``grid`` with ``num_prefix`` prefix rows, most likely first.
-
-    A state dict does not store the grid it was trained on. Square grids come first (timm's, DeiT's and RoPE-ViT's
-    checkpoints, and what timm's own loading assumes), then grids of the model's aspect ratio (a non-square model
-    trained at this or a proportional size); for each, the model's own prefix count, then none, then a class token's.
-    """
+    model of grid ``grid`` with ``num_prefix`` prefix rows, most likely first: square grids (what timm assumes), then
+    the model's aspect ratio; for each, the model's own prefix count, then none, then a class token's."""
     step = math.gcd(*grid)
     shapes = dict.fromkeys([(1, 1), (grid[0] // step, grid[1] // step)])  # aspect ratios, in order, no repeats
     found = []
@@ -88,14 +82,8 @@ def source_grids(rows: int, grid: tuple[int, int], num_prefix: int) -> list[tupl
 
 def fit_checkpoint_pos_embed(pos_embed: Tensor, model: nn.Module) -> Tensor:
     """A checkpoint's position embedding for ``model`` (a timm ``VisionTransformer`` with one): the source's prefix
-    rows stripped if the model has none, then resampled bicubically from the source's grid to the model's.
-
-    The source grid is ``source_grids``' first guess, or the model's own when it fits (a checkpoint of this very
-    model); when another grid fits too, a warning names the one taken and the others, since only the user knows.
-
-    Raises:
-        ValueError: no grid fits; the message says to build the model at the checkpoint's size and prefix tokens.
-    """
+    rows stripped if the model has none, then resampled bicubically to the model's grid. The source grid is the
+    model's own when it fits, else ``source_grids``' first guess; a warning names the others that fit."""
     grid = tuple(model.patch_embed.grid_size)
     num_prefix = 0 if model.no_embed_class else model.num_prefix_tokens
     rows = pos_embed.shape[1]

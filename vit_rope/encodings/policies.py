@@ -1,27 +1,19 @@
 """Resolution policies and training-time coordinate augmentation for 2D RoPE.
 
-A RoPE model trained on an ``h0 x w0`` patch grid meets other grids at test time. Each policy below is a way to map
-the new grid onto what the model saw, written as functions of positions and frequencies:
+A RoPE model trained on an ``h0 x w0`` patch grid meets other grids at test time; each policy maps the new grid onto
+what the model saw, per axis with the scale ``s = new / training`` size:
 
 - ``extrapolate``: integer positions, the grid simply grows (RoPE-ViT, Heo et al., ECCV 2024, arXiv:2403.13298);
 - ``interpolate``: positions scaled into the training range (EVA-02, Fang et al. 2023; timm's ``ref_feat_shape``);
-- ``ntk``: NTK-aware base scaling per axis, ``b' = b * s ** (d / (d - 2))`` (bloc97, 2023): high frequencies are
-  kept, the lowest one is fully interpolated;
-- ``yarn``: per-frequency blend of interpolation and extrapolation by the number of turns a pair makes across the
-  training grid, with an attention temperature (YaRN, Peng et al. 2023, arXiv:2309.00071). The language-model ramp
-  (alpha=1, beta=32 turns over thousands of tokens) would interpolate every pair of a 14x14 grid, so the ramp here is
+- ``ntk``: NTK-aware base scaling per axis, ``b' = b * s ** (d / (d - 2))`` (bloc97, 2023);
+- ``yarn``: per-frequency blend of interpolation and extrapolation, with an attention temperature (YaRN, Peng et al.
+  2023, arXiv:2309.00071). The language-model ramp would interpolate every pair of a 14x14 grid, so the ramp here is
   in turns over the image: pairs with fewer than ``alpha`` turns interpolate, more than ``beta`` extrapolate;
-- ``normalized``: coordinates in [-1, 1] per axis, scaled by 2*pi, so that axial RoPE with theta = 100 is exactly
-  DINOv3's RoPE (Simeoni et al. 2025, periods 100 ** (2k / (D/2))); for models trained that way.
+- ``normalized``: coordinates in ``2 pi [-1, 1]`` per axis, so that axial RoPE with theta = 100 is DINOv3's RoPE
+  (Simeoni et al. 2025, arXiv:2508.10104).
 
-Each encoding states the policies it takes (``PositionEncoding.policies``) and why it refuses the others: DINOv3's
-RoPE (``vit_rope.encodings.rope.dinov3_rope``) normalises its coordinates at every size, so only ``normalized`` (its
-own) and ``extrapolate`` (the training step between patches) apply to it; encodings without frequencies take the
-policies of positions only.
-
-A policy acts per axis with the scale ``s = new / training`` grid size; at the training size all of them but
-``normalized`` leave the tables untouched. Coordinate augmentation (DINOv3's shift, jitter and rescale, plus a
-subpixel jitter) draws one transform per image, shared by all blocks, in training mode only.
+Each encoding states the policies it takes (``PositionEncoding.policies``). Coordinate augmentation (DINOv3's shift,
+jitter and rescale, plus a subpixel jitter) runs in training mode only.
 """
 
 from __future__ import annotations
@@ -75,45 +67,38 @@ class ResolutionPolicy:
 
 
 def check_policy(policy: str, policies: tuple[str, ...], refusal: str) -> str:
-    """Return ``policy`` if it is one of ``policies`` (those an encoding takes), else raise a ``ValueError`` with the
-    encoding's ``refusal`` (why the others do not apply, and what does)."""
+    """``policy`` if it is one of ``policies`` (those an encoding takes), else a ``ValueError`` saying ``refusal``."""
     if policy not in policies:
         raise ValueError(refusal)
     return policy
 
 
 def per_sample(values: Tensor, positions: Tensor) -> Tensor:
-    """One value per grid ``[1 or B, 2]`` shaped to broadcast against ``positions``: ``[2]`` for an image's grid
-    (positions ``[N, 2]``), ``[B, 1, 2]`` for a NaFlex batch's (``[B, N, 2]``). Every kind scales positions per grid
-    through it, so that a sample's positions equal those of its image alone to the bit."""
+    """One value per grid ``[1 or B, 2]`` shaped to broadcast against ``positions`` ``[N, 2]`` (``[2]``) or
+    ``[B, N, 2]`` (``[B, 1, 2]``): one route for both, so that a NaFlex sample's positions equal its image's to the bit.
+    """
     return values[0] if positions.dim() == 2 else values[:, None, :]
 
 
 def grid_units(coord: Tensor, grids: Tensor, train_grid: tuple[int, int]) -> tuple[Tensor, Tensor, Tensor]:
-    """The patches at ``coord`` ``[..., N, 2]`` (y, x) as ``(x, y)`` floats, the sizes ``[1 or B, 2]`` (w, h) of their
-    grids ``grids`` ``[1 or B, 2]`` (h, w) and the training grid ``[2]`` (w, h): what the kinds that place positions in
-    units of a grid (ComRoPE, LieRE) start from (``by_grid``)."""
+    """``coord`` ``[..., N, 2]`` (y, x) as ``(x, y)`` floats, the sizes ``[1 or B, 2]`` (w, h) of ``grids`` (h, w) and
+    the training grid ``[2]`` (w, h), for kinds that place positions in units of a grid (ComRoPE, LieRE)."""
     size = grids.flip(-1).float()  # [1 or B, 2] (w, h)
     train = torch.tensor([float(train_grid[1]), float(train_grid[0])], device=size.device)
     return coord.flip(-1).float(), size, train
 
 
 def by_grid(xy: Tensor, scale: Tensor) -> Tensor:
-    """Positions ``xy`` ``[..., N, 2]`` divided by one scale per grid ``[1 or B, 2]``: one function for an image's
-    grid (``xy`` ``[N, 2]``) and a NaFlex batch's, so that a sample's positions equal those of its image alone to the
-    bit."""
+    """Positions ``xy`` ``[..., N, 2]`` divided by one scale per grid ``[1 or B, 2]`` (``per_sample``)."""
     return xy / per_sample(scale, xy)
 
 
 def place_positions(coord: Tensor, grids: Tensor, kind: str, policy: str, train_grid: tuple[int, int] | None,
                     normalize: str = "separate", offset: float = 0.0) -> Tensor:
-    """Positions ``[..., N, 2]`` (x, y) of the patches at ``coord`` ``[..., N, 2]`` (y, x) of the grids ``grids``
-    ``[1 or B, 2]`` (h, w) as the policy named ``policy`` places them for the RoPE ``kind`` (or a bias): integer
-    positions shifted by ``offset`` (Perception Encoder's 1), the ``normalized`` policy's (cell centres in
-    ``2 pi [-1, 1]``), or DINOv3's normalised ones (by the grid itself, or by the training grid: its patch step).
-
-    One function for an image's grid (``coord`` ``[N, 2]``, ``grids`` ``[1, 2]``) and a NaFlex batch's (one grid per
-    sample), so that a sample's positions equal those of its image alone to the bit."""
+    """Positions ``[..., N, 2]`` (x, y) of the patches at ``coord`` ``[..., N, 2]`` (y, x) of ``grids``
+    ``[1 or B, 2]`` (h, w) as ``policy`` places them for the RoPE ``kind``: integer positions shifted by ``offset``
+    (Perception Encoder's 1), the ``normalized`` policy's, or DINOv3's normalised ones (by the grid itself, or by the
+    training grid: its patch step)."""
     xy = coord.flip(-1).float()  # [..., N, 2] (x, y)
     size = per_sample(grids.flip(-1).float(), coord)  # [2] or [B, 1, 2] (w, h)
     if kind == "dinov3":
@@ -135,12 +120,10 @@ def policy_frequencies(
     freqs: Tensor, grids: Tensor | None, train_grid: tuple[int, int] | None, policy: ResolutionPolicy, theta: float,
     head_dim: int,
 ) -> tuple[Tensor, Tensor | None]:
-    """Frequencies to use on the grids ``grids`` ``[1 or B, 2]`` (h, w) under ``policy``, and the attention
-    temperature that scales the tables.
+    """Frequencies to use on ``grids`` ``[1 or B, 2]`` (h, w) under ``policy``, and the attention temperature.
 
-    Scaling the x (or y) frequency of a pair by ``a`` is the same as scaling its x (or y) positions by ``a``, so
-    every policy is a per-axis, per-pair factor between ``1 / s`` (interpolate) and 1 (extrapolate), ``s`` = grid /
-    training grid per axis; at the training grid every factor is exactly 1.
+    Scaling a pair's x (or y) frequency by ``a`` is scaling its x (or y) positions by ``a``, so every policy is a
+    per-axis, per-pair factor between ``1 / s`` (interpolate) and 1 (extrapolate), exactly 1 at the training grid.
 
     Returns:
         ``freqs`` ``[2, H, D/2]`` as they are (``extrapolate``, ``normalized``, no grid), else one set per grid
@@ -150,22 +133,8 @@ def policy_frequencies(
         return freqs, None
     train = torch.tensor([float(train_grid[1]), float(train_grid[0])], device=freqs.device)
     scale = (grids.flip(-1).float().to(freqs.device) / train)[:, :, None, None]  # [1 or B, 2, 1, 1] (x, y)
-    factor = policy_factors(freqs, scale, train_grid, policy, theta, head_dim)
-    temperature: Tensor | None = None
-    if policy.name == "yarn" and policy.yarn_temperature:
-        stretch = scale.clamp(min=1.0)
-        temperature = (0.1 * torch.log(torch.sqrt(stretch[:, 0] * stretch[:, 1])) + 1.0)[:, None]  # [b, 1, 1, 1]
-    return freqs * factor, temperature
-
-
-def policy_factors(
-    freqs: Tensor, scale: Tensor, train_grid: tuple[int, int], policy: ResolutionPolicy, theta: float, head_dim: int,
-) -> Tensor:
-    """The per-axis, per-pair factor on ``freqs`` ``[2, H, D/2]`` of the policies that depend on the grid
-    (``interpolate``, ``ntk``, ``yarn``), for the size ratios ``scale`` ``[B, 2, 1, 1]`` (new size / training size
-    per axis (x, y), one per grid)."""
     if policy.name == "interpolate":
-        return 1.0 / scale
+        return freqs * (1.0 / scale), None
     scale = scale.clamp(min=1.0)  # ntk and yarn only ever compress, as in language models
     magnitude = freqs.detach().abs().float().clamp(min=1e-12)
     if policy.name == "ntk":
@@ -173,17 +142,20 @@ def policy_factors(
         # s ** (-2i / (d - 2)). The exponent is written through w so that learned (mixed) frequencies follow too.
         d = head_dim // 2
         exponent = (-torch.log(magnitude) / math.log(theta) * d / (d - 2)).clamp(0.0, 1.0)
-        return scale.pow(-exponent)
-    # yarn: turns of each pair across the training extent of each axis
+        return freqs * scale.pow(-exponent), None
+    # yarn: turns of each pair across the training extent (w, h) of each axis
     extent = torch.tensor([train_grid[1], train_grid[0]], device=freqs.device)[:, None, None]
     turns = extent * magnitude / (2 * math.pi)
     keep = ((turns - policy.yarn_alpha) / (policy.yarn_beta - policy.yarn_alpha)).clamp(0.0, 1.0)
-    return (1 - keep) / scale + keep
+    temperature = None
+    if policy.yarn_temperature:
+        temperature = (0.1 * torch.log(torch.sqrt(scale[:, 0] * scale[:, 1])) + 1.0)[:, None]  # [b, 1, 1, 1]
+    return freqs * ((1 - keep) / scale + keep), temperature
 
 
 @dataclass(frozen=True)
 class CoordAugment:
-    """Training-time augmentation of patch coordinates (in patch units), one draw per image.
+    """Training-time augmentation of patch coordinates (in patch units).
 
     Attributes:
         shift: uniform shift in ``[-shift, shift]`` per axis (DINOv3); 0 is off.
@@ -213,12 +185,8 @@ class CoordAugment:
 
 def batch_coordinate_draw(shift: float, jitter: float, rescale: float, device: torch.device | None = None,
                           generator: torch.Generator | None = None) -> tuple[Tensor, Tensor]:
-    """DINOv3's one augmentation draw for a batch: ``(offset, scale)`` ``[2]`` each, in ``(x, y)`` order.
-
-    The random calls and their order are DINOv3's (shift, then per-axis jitter, then the shared rescale, each a
-    ``uniform_`` over ``(h, w)``), so the same random state draws the same transform. Coordinates become
-    ``(positions + offset) * scale``.
-    """
+    """DINOv3's one augmentation draw for a batch: ``(offset, scale)`` ``[2]`` each, (x, y), for
+    ``(positions + offset) * scale``. DINOv3's random calls in its order, so the same random state draws the same."""
     def uniform(size: int, bound: float) -> Tensor:
         return torch.empty(size, device=device).uniform_(-bound, bound, generator=generator)
 
@@ -235,11 +203,8 @@ def batch_coordinate_draw(shift: float, jitter: float, rescale: float, device: t
 def augment_positions(
     positions: Tensor, batch_size: int, aug: CoordAugment, generator: torch.Generator | None = None
 ) -> Tensor:
-    """Draw one coordinate transform per image: ``[N, 2]`` (or each image's own, ``[B, N, 2]``) -> ``[B, N, 2]`` (or
-    one transform for the batch: the shape of ``positions``).
-
-    Order as DINOv3: shift, then per-axis jitter, then shared rescale; the subpixel noise comes last.
-    """
+    """Positions ``[N, 2]`` or ``[B, N, 2]`` with a coordinate transform per image (``[B, N, 2]``) or one for the batch
+    (their shape; ``[B, N, 2]`` with subpixel noise). Order as DINOv3: shift, per-axis jitter, shared rescale."""
     B, device = batch_size, positions.device
     if not aug.per_image:
         offset, scale = batch_coordinate_draw(aug.shift, aug.jitter, aug.rescale, device, generator)

@@ -1,12 +1,10 @@
 """The pieces of timm's ``Eva`` blocks and heads that ``VisionTransformer``'s keyword arguments cannot name.
 
-- EVA-02's packed SwiGLU (Fang et al. 2023, arXiv:2303.11331): timm's ``GluMlp`` with the gate first, twice the hidden
-  width in one ``fc1`` (``PackedSwiGLU``);
-- the attention-pool head of Perception Encoder's core models (Bolya et al. 2025, arXiv:2504.13181): timm's
-  ``AttentionPoolLatent`` with its own head count and MLP ratio, where ``VisionTransformer`` reuses the model's
-  (``resize_attn_pool``);
+- EVA-02's packed SwiGLU (Fang et al. 2023, arXiv:2303.11331): ``PackedSwiGLU``;
+- the attention-pool head of Perception Encoder's core models (Bolya et al. 2025, arXiv:2504.13181), with its own
+  head count and MLP ratio: ``resize_attn_pool``;
 - Sapiens2's blocks (Khirodkar et al. 2026, arXiv:2604.21681): grouped-query attention in some blocks only, LayerScale
-  on the attention branch only (``eva_blocks_``), options ``VisionTransformer`` builds every block the same without.
+  on the attention branch only: ``eva_blocks_``.
 """
 
 from __future__ import annotations
@@ -20,9 +18,8 @@ from torch import nn
 
 
 class PackedSwiGLU(GluMlp):
-    """``GluMlp(gate_last=False)`` with SiLU, as ``Eva`` builds it: ``VisionTransformer`` passes the hidden width of
-    one branch (``int(dim * mlp_ratio)``), doubled here as ``Eva`` doubles it (``2 * int(1024 * 8/3) = 5460``, where
-    ``int(1024 * 16/3) = 5461`` would not load)."""
+    """``GluMlp(gate_last=False)`` with SiLU, the hidden width of one branch doubled as ``Eva`` doubles it
+    (``2 * int(1024 * 8/3) = 5460``, where ``int(1024 * 16/3) = 5461`` would not load)."""
 
     def __init__(self, in_features: int, hidden_features: int, **kwargs: Any) -> None:
         kwargs["act_layer"] = nn.SiLU
@@ -31,8 +28,7 @@ class PackedSwiGLU(GluMlp):
 
 def resize_attn_pool(pool: AttentionPoolLatent | None, num_heads: int | None, mlp_ratio: float | None
                      ) -> AttentionPoolLatent:
-    """A new attention pool like ``pool`` (its norm and activation) with ``num_heads`` heads and MLP ratio
-    ``mlp_ratio`` (``None`` keeps ``pool``'s)."""
+    """A new attention pool like ``pool`` with ``num_heads`` heads and MLP ratio ``mlp_ratio`` (``None``: its own)."""
     if pool is None:
         raise ValueError(f"attn_pool_num_heads={num_heads} and attn_pool_mlp_ratio={mlp_ratio} shape the attention-"
                          "pool head, which only global_pool='map' has: set global_pool='map' or leave them unset.")
@@ -50,9 +46,8 @@ LAYER_SCALES = ("both", "attn")
 
 
 def eva_blocks_(blocks: nn.Sequential, num_kv_heads: int | Sequence[int] | None, layer_scale: str) -> None:
-    """Give ``blocks`` timm ``Eva``'s per-block options: ``num_kv_heads`` (one for all blocks or one per block;
-    ``None`` entries keep full attention) groups their attention (``RoPEAttention.group_kv_heads_``); ``layer_scale``
-    ``"attn"`` keeps LayerScale on the attention branch only (``attn_only_layer_scale``)."""
+    """Give ``blocks`` timm ``Eva``'s per-block options: grouped-query attention with ``num_kv_heads`` (one for all or
+    one per block; ``None`` keeps full attention), and ``layer_scale="attn"``: LayerScale on attention only."""
     if layer_scale not in LAYER_SCALES:
         raise ValueError(f"layer_scale={layer_scale!r}: choose one of {', '.join(LAYER_SCALES)}.")
     per_block = [num_kv_heads] * len(blocks) if num_kv_heads is None or isinstance(num_kv_heads, int) else \

@@ -1,12 +1,9 @@
 """What NaFlex batches need beyond an image batch: every image at its own size and aspect ratio, its patches packed
 into one padded sequence (NaViT, Dehghani et al., NeurIPS 2023; timm's NaFlexViT, as in SigLIP 2's NaFlex variant).
 
-timm's collator gives each sample's patches with their ``patch_coord`` ``[B, N, 2]`` as (y, x) and ``patch_valid``
-``[B, N]``; padding rows have coordinate (0, 0). Here are what only such batches need: each sample's grid, the
-padding mask, the rows of one table that tokens on a shared lattice read, and the absolute position embedding read at
-each patch's coordinate. All are tensors computed for the whole batch at once: no Python loop over samples or grid
-sizes, no ``.item()``, so torch.compile sees one graph whatever the grids. Positions and policies are the same
-functions for both kinds of batch (``vit_rope.encodings.policies``).
+timm's collator gives each sample's patches with their ``patch_coord`` ``[B, N, 2]`` (y, x) and ``patch_valid``
+``[B, N]``; padding rows have coordinate (0, 0). All here is computed for the whole batch at once: no Python loop over
+samples, no ``.item()``, so torch.compile sees one graph whatever the grids.
 """
 
 from __future__ import annotations
@@ -25,11 +22,9 @@ def naflex_grid(coord: Tensor, valid: Tensor) -> Tensor:
 
 
 class Lattice(NamedTuple):
-    """Where each token of a NaFlex batch reads its RoPE table when its position is its patch coordinate.
-
-    ``rows`` ``[B, P + N]`` index the tables of the batch's bounding ``grid`` (h, w) with one identity row in front,
-    as ``RoPE2D.lattice_tables`` lays them out: prefix tokens read row 0, the patch at (y, x) row ``1 + y * w + x``,
-    padding the patch at (0, 0), where timm's collator puts it.
+    """Where each token of a NaFlex batch reads its RoPE table when its position is its patch coordinate: ``rows``
+    ``[B, P + N]`` of the tables of the bounding ``grid`` (h, w) with one identity row in front
+    (``RoPE2D.lattice_tables``): prefix tokens read row 0, the patch at (y, x) row ``1 + y * w + x``, padding (0, 0).
     """
 
     rows: Tensor
@@ -38,15 +33,9 @@ class Lattice(NamedTuple):
 
 def lattice(coord: Tensor, valid: Tensor, grid: Tensor, num_prefix_tokens: int) -> Lattice | None:
     """The ``Lattice`` of a batch with coordinates ``coord`` ``[B, N, 2]`` (y, x), none negative, validity ``valid``
-    ``[B, N]`` and each sample's grid ``grid`` ``[B, 2]`` (``naflex_grid``); ``None`` when the bounding grid has as
-    many cells as the batch has tokens (tables per token are then no dearer than tables per cell).
-
-    Tables for a position do not depend on the sample under a policy that leaves the frequencies alone, and a batch
-    of B grids covers at most their bounding grid: building that grid's tables once and gathering a row per token
-    replaces ``B * N`` angle, cosine and sine evaluations with ``h * w`` of them (8 mixed-aspect samples of 256 tokens
-    in a 22 x 32 box: a third), or ``h + w`` from one table per axis (``RoPE2D.lattice_tables`` in inference). Reads the
-    box's size from the tensors: one host sync.
-    """
+    ``[B, N]`` and grids ``grid`` ``[B, 2]``; ``None`` when the bounding grid has as many cells as the batch has
+    tokens. The bounding grid's tables replace ``B * N`` angle, cosine and sine evaluations with ``h * w`` (8
+    mixed-aspect samples of 256 tokens in a 22 x 32 box: a third). Reads the box's size: one host sync."""
     B, N = valid.shape
     if not B:
         return None
@@ -58,27 +47,21 @@ def lattice(coord: Tensor, valid: Tensor, grid: Tensor, num_prefix_tokens: int) 
 
 
 def gather_rows(table: Tensor, rows: Tensor) -> Tensor:
-    """Per-sample tables ``[B, H, T, D/2]`` (token-major, as ``rope_tables`` lays them out) from one table
-    ``[H, R, D/2]`` and the row each token reads, ``rows`` ``[B, T]``: one copy of ``H * D/2`` values per token."""
+    """Per-sample tables ``[B, H, T, D/2]`` (token-major) from one table ``[H, R, D/2]`` and ``rows`` ``[B, T]``."""
     H, R, half = table.shape
     flat = table.transpose(0, 1).reshape(R, H * half)  # [R, H * D/2]: a view of token-major memory
     return flat.index_select(0, rows.flatten()).view(*rows.shape, H, half).transpose(1, 2)
 
 
 def key_padding_mask(valid: Tensor, num_prefix_tokens: int) -> Tensor:
-    """Boolean attention mask ``[B, 1, 1, P + N]`` that hides padding from every query as a key.
-
-    Keys only: masking the padded queries' rows too would leave rows with no key, whose softmax is NaN, and NaN times
-    a zero gradient is still NaN. A padded query attends to the valid keys and its output is never read.
-    """
+    """Boolean attention mask ``[B, 1, 1, P + N]`` that hides padding as keys only: a padded query row with no key
+    would softmax to NaN (and NaN times a zero gradient is NaN); its output is never read."""
     return torch.cat((valid.new_ones(valid.shape[0], num_prefix_tokens), valid), dim=1)[:, None, None, :]
 
 
 def _aa_bicubic_weights(index: Tensor, out_len: Tensor, in_len: int) -> Tensor:
-    """Weights ``[B, N, in_len]`` that PyTorch's antialiased bicubic resize from ``in_len`` to each sample's
-    ``out_len`` ``[B, 1]`` gives output ``index`` ``[B, N]`` (align_corners=False), computed per token: the
-    separable kernel that ``F.interpolate(..., mode="bicubic", antialias=True)`` applies, support widened by the
-    scale when it shrinks and the weights renormalised over the input."""
+    """Weights ``[B, N, in_len]`` of ``F.interpolate(..., mode="bicubic", antialias=True)`` from ``in_len`` to each
+    sample's ``out_len`` ``[B, 1]`` for output ``index`` ``[B, N]`` (align_corners=False), per token."""
     scale = in_len / out_len.double()  # [B, 1]
     center = scale * (index.double() + 0.5)  # [B, N]
     support = scale.clamp(min=1.0)[..., None]  # [B, 1, 1]
@@ -92,8 +75,7 @@ def _aa_bicubic_weights(index: Tensor, out_len: Tensor, in_len: int) -> Tensor:
 
 def pos_embed_at(table: Tensor, coord: Tensor, grid: Tensor, train_grid: tuple[int, int]) -> Tensor:
     """The absolute position embedding ``[B, N, C]`` of each patch, as ``fit_pos_embed`` resamples the ``[h0 * w0, C]``
-    training ``table`` to each sample's grid (bicubic, antialiased), read at the patch's coordinate: one weighted
-    sum over the table per token instead of a resampled table per grid size."""
+    ``table`` to each sample's grid, read at its coordinate: a weighted sum per token, not a table per grid size."""
     wy = _aa_bicubic_weights(coord[..., 0], grid[:, :1], train_grid[0])  # [B, N, h0]
     wx = _aa_bicubic_weights(coord[..., 1], grid[:, 1:], train_grid[1])  # [B, N, w0]
     weights = (wy[..., :, None] * wx[..., None, :]).flatten(-2)  # [B, N, h0 * w0]

@@ -1,11 +1,8 @@
 """RMSNorm (Zhang & Sennrich, NeurIPS 2019, arXiv:1910.07467) as timm's ``RmsNorm``, with fewer passes in inference.
 
-Sapiens2 (Khirodkar et al. 2026, arXiv:2604.21681) normalises every block input and every query and key with RMSNorm.
-On CPU neither timm's ``rms_norm`` nor PyTorch's ``F.rms_norm`` (torch 2.14) is one kernel: squares, mean, rescale
-and weight are four or five passes over the activations, each bound by memory. Where autograd does not record,
-``RmsNorm`` here takes three: one reduction (``torch.linalg.vector_norm``), one rescale into a new tensor and the weight
-multiplied in place. Training and FX tracing (whose proxies have no dtype to test) keep timm's code, so gradients and
-saved activations are timm's.
+Sapiens2 (Khirodkar et al. 2026, arXiv:2604.21681) normalises every block input, query and key with RMSNorm. On CPU
+neither timm's nor PyTorch's is one kernel (four or five passes, each bound by memory); without autograd, ``RmsNorm``
+here takes three. Training and FX tracing keep timm's code, so gradients and saved activations are timm's.
 """
 
 from __future__ import annotations
@@ -16,8 +13,7 @@ from torch import Tensor
 
 
 class RmsNorm(TimmRmsNorm):
-    """timm's ``RmsNorm`` (same arguments, parameter and state-dict key) with a three-pass inference path for fp32 and
-    fp64 inputs; equal to timm's to float rounding (``tests/layers/test_rms_norm.py``)."""
+    """timm's ``RmsNorm`` with a three-pass inference path for fp32 and fp64, equal to timm's to float rounding."""
 
     def forward(self, x: Tensor) -> Tensor:
         if self.inference_path(x):
@@ -28,7 +24,7 @@ class RmsNorm(TimmRmsNorm):
         return super().forward(x)
 
     def inference_path(self, x: Tensor) -> bool:
-        """Whether ``x`` takes the three passes: a tensor (an FX proxy is not), no autograd, no fused kernel (timm's
-        fast norm), fp32/fp64, one normalised dim."""
+        """Whether ``x`` takes the three passes: a tensor (not an FX proxy), no autograd, no fast norm, fp32/fp64, one
+        normalised dim."""
         return (isinstance(x, Tensor) and not torch.is_grad_enabled() and not self._fast_norm
                 and len(self.normalized_shape) == 1 and x.dtype in (torch.float32, torch.float64))

@@ -1,20 +1,12 @@
 """Triton kernels of the fused q/k rotation (``vit_rope.layers.fused``): forward and backward in one pass each, on CUDA.
 
-Same maths as the PyTorch path in ``vit_rope.layers.fused`` (RoFormer, arXiv:2104.09864; RoPE-ViT, arXiv:2403.13298):
-each channel pair is a complex number ``x0 + i x1`` multiplied by ``t = cos + i sin``. What the kernel adds on a GPU:
-
-- one launch per layer and pass, where eager PyTorch needs a cast, a complex product and a copy of v;
-- the table tile is loaded once per (tokens, head) program and used for q and k (and for both gradients);
-- a head's channels are read and written as one contiguous tile and split into pairs in registers, so every global
-  access is 16 bytes wide (pair by pair they would be 4 bytes in bf16); tests check this on the sm_90 PTX;
-- tables of any sharing, ``[H, N, D/2]`` or ``[B, H, N, D/2]`` with ``H`` = 1 (axial) or nh (mixed), are read through
-  strides (0 where shared), never expanded in memory;
-- backward writes ``dx = conj(t) dy`` and, for learnable tables, the table gradient ``conj(x) dy`` (with
-  ``x = y conj(t) / |t|^2``) summed over q and k in the same pass; the sum over the batch and shared heads is one
-  ``sum_to_size`` on a ``[B, nh, N, D/2]`` fp32 buffer, so no atomics and the result is deterministic.
-
-Math is fp32 whatever the storage dtype. The kernels also run on CPU tensors through Triton's interpreter, which is
-how the tests hold them to the PyTorch path on machines without a GPU (slowly: it is for tests only).
+Same maths as the PyTorch path (RoFormer, arXiv:2104.09864; RoPE-ViT, arXiv:2403.13298): each channel pair is a
+complex number ``x0 + i x1`` multiplied by ``t = cos + i sin``, in fp32 whatever the storage dtype. One launch per
+layer and pass; the table tile is loaded once per (tokens, head) program for q and k; a head's channels move as one
+contiguous tile, split into pairs in registers, so that global accesses are 16 bytes wide (tests check the sm_90
+PTX); tables of any sharing are read through strides (0 where shared). Backward writes ``dx = conj(t) dy`` and, for
+learnable tables, ``conj(x) dy`` summed over q and k into a ``[B, nh, N, D/2]`` fp32 buffer that one ``sum_to_size``
+reduces: no atomics, deterministic. On CPU tensors the kernels run in Triton's interpreter (tests only: slow).
 """
 
 from __future__ import annotations
@@ -111,10 +103,7 @@ def default_block_t(head_dim: int) -> int:
 def _launch(src: Tensor, dst: Tensor, cos: Tensor, sin: Tensor, *, conj: bool, copy_v: bool,
             out: Tensor | None = None, block_t: int | None = None, num_warps: int = 4) -> tuple[Tensor, Tensor] | None:
     """Run the kernel over ``src``/``dst`` ``[B, N, 3 or 2, nh, D]``; with ``out``, return the table gradients.
-
-    ``block_t`` (tokens per program; default ``default_block_t``) and ``num_warps`` exist for
-    ``benchmarks/tune_rope_kernel.py``; the defaults are what the models run.
-    """
+    ``block_t`` and ``num_warps`` are for ``benchmarks/tune_rope_kernel.py``; the defaults are what the models run."""
     B, N, _, nh, D = src.shape
     half = D // 2
     table_shape = (B, nh, N, half)
@@ -138,10 +127,6 @@ def _launch(src: Tensor, dst: Tensor, cos: Tensor, sin: Tensor, *, conj: bool, c
     return grads
 
 
-def _last_dim_contiguous(x: Tensor) -> Tensor:
-    return x if x.stride(-1) == 1 else x.contiguous()
-
-
 def rotate_(qkv: Tensor, cos: Tensor, sin: Tensor) -> None:
     """Rotate q and k of ``qkv`` ``[B, N, 3, nh, D]`` in place (inference); ``qkv.stride(-1)`` must be 1."""
     _launch(qkv, qkv, cos, sin, conj=False, copy_v=False)
@@ -149,9 +134,9 @@ def rotate_(qkv: Tensor, cos: Tensor, sin: Tensor) -> None:
 
 def rotated_backward(grad: Tensor, out: Tensor | None, cos: Tensor, sin: Tensor
                      ) -> tuple[Tensor, Tensor | None, Tensor | None]:
-    """Backward of the rotation (``rotate_`` inside the projection's autograd node): the gradient of
-    qkv, and of cos and sin when ``out`` (the forward output) is given."""
-    grad = _last_dim_contiguous(grad)
+    """Backward of ``rotate_`` (inside the projection's autograd node): the gradient of qkv, and of cos and sin when
+    ``out`` (the forward output) is given."""
+    grad = grad if grad.stride(-1) == 1 else grad.contiguous()
     grad_qkv = torch.empty(grad.shape, dtype=grad.dtype, device=grad.device)
     grads = _launch(grad, grad_qkv, cos, sin, conj=True, copy_v=True, out=out)
     if grads is None:

@@ -1,13 +1,9 @@
 """The embedding of ``RoPEVisionTransformer``: one route from an image batch or a NaFlex batch to tokens and positions.
 
-An image batch ``[B, C, H, W]`` is the case of a NaFlex batch (NaViT, Dehghani et al., NeurIPS 2023; timm's
-NaFlexViT) where every sample has the same grid and no padding, as timm's ``NaFlexEmbeds`` treats both: patches are
-embedded (a convolution over the image, or the same weights read as a linear layer over flat patches), each patch gets
-its coordinate (y, x) and each sample its grid, prefix tokens go in front with the rows of the APE, an encoding of its
-own (``AbsoluteEncoding``: the table resampled once per grid for an image batch, read at the coordinates of a NaFlex
-batch), then patch dropout and coordinate augmentation. The encoding places the
-coordinates under its resolution policy (``PositionEncoding.place``) and the result is one ``Positions`` value that
-every block's encoding is built from.
+An image batch is the case of a NaFlex batch (NaViT, Dehghani et al., NeurIPS 2023; timm's NaFlexViT) where every
+sample has the same grid and no padding: patches are embedded, each gets its coordinate (y, x) and each sample its
+grid, prefix tokens go in front with the APE's rows (``AbsoluteEncoding``), then patch dropout and coordinate
+augmentation; the encoding places the coordinates (``PositionEncoding.place``) into the ``Positions`` of every block.
 """
 
 from __future__ import annotations
@@ -34,8 +30,8 @@ torch.fx.wrap("image_coords")
 
 class Embedded(NamedTuple):
     """What the embedding hands the blocks: ``tokens`` ``[B, P + N, C]`` (after patch dropout and ``norm_pre``), their
-    ``positions``, the attention mask (a NaFlex batch's key padding, or the caller's) and, for a NaFlex batch, the
-    coordinates ``coord`` ``[B, N, 2]`` (y, x) and validity ``valid`` ``[B, N]`` of the tokens the blocks see."""
+    ``positions``, the attention mask and, for a NaFlex batch, ``coord`` ``[B, N, 2]`` (y, x) and ``valid`` ``[B, N]``
+    of the tokens the blocks see."""
 
     tokens: Tensor
     positions: Positions
@@ -55,14 +51,9 @@ class EmbeddingMixin:
         return x.flatten(1, 2), (x.shape[1], x.shape[2])  # flatten, not view: an empty batch has no token count
 
     def _prefix_and_ape(self, tokens: Tensor, coord: Tensor, grids: Tensor, grid: tuple[int, int] | None) -> Tensor:
-        """Prefix tokens in front of the patch tokens ``[B, N, C]``, each with its APE row (+APE models: the rows of
-        ``AbsoluteEncoding``, one route for image and NaFlex batches)."""
+        """Prefix tokens in front of the patch tokens ``[B, N, C]``, each with its APE row (+APE models)."""
         B = tokens.shape[0]
-        prefix: list[Tensor] = []
-        if self.cls_token is not None:
-            prefix.append(self.cls_token.expand(B, -1, -1))
-        if self.reg_token is not None:
-            prefix.append(self.reg_token.expand(B, -1, -1))
+        prefix = [token.expand(B, -1, -1) for token in (self.cls_token, self.reg_token) if token is not None]
         pos_embed = self.pos_embed
         if pos_embed is None:
             return self.pos_drop(torch.cat(prefix + [tokens], dim=1))  # [B, P + N, C]
@@ -111,8 +102,8 @@ class EmbeddingMixin:
         return Embedded(self.norm_pre(x), positions, attn_mask, None if grid is not None else coord, valid)
 
     def _pool_valid(self, x: Tensor, valid: Tensor) -> Tensor:
-        """The model's pooling over valid tokens only: timm's ``global_pool_naflex`` (avg, max, avgmax; the class
-        token as is), or its attention pool with padding hidden from its keys."""
+        """The model's pooling over valid tokens only: timm's ``global_pool_naflex``, or its attention pool with
+        padding hidden from its keys."""
         P = self.num_prefix_tokens
         if self.attn_pool is None:
             return global_pool_naflex(x, valid, self.global_pool, P, self.pool_include_prefix)

@@ -2,16 +2,11 @@
 
 RoPE-ViT (Heo et al., "Rotary Position Embedding for Vision Transformer", ECCV 2024, arXiv:2403.13298;
 github.com/naver-ai/rope-vit) puts its 2D RoPE into every window attention of a Swin Transformer (Liu et al., ICCV
-2021) in place of Swin's relative position bias. A token's position is its ``(x, y)`` inside its window, the same in
-shifted windows, so a ``w x w`` window sees positions ``0 .. w - 1`` per axis and every block one small table.
-Axial RoPE takes theta 50 here (the official Swin models' value; its ViTs take 100), mixed RoPE learns per-block,
-per-head frequencies from theta 10. ``use_rpb`` keeps the relative position bias beside RoPE (the official option).
-
-Resolution policies act on the window grid (``vit_rope.encodings.policies``): a window larger than the one trained
-(RoPE-ViT evaluates at 384 px with window 12 where it trained with 7) reaches positions beyond the trained range, which
-``extrapolate`` keeps and ``interpolate``, ``ntk`` and ``yarn`` scale against the training window. timm's machinery
-does the rest: ``set_input_size`` (another window too), ``dynamic_img_size``, ``forward_intermediates``,
-``features_only``, gradient checkpointing.
+2021) in place of Swin's relative position bias (``use_rpb`` keeps it beside RoPE, the official option). A token's
+position is its ``(x, y)`` inside its window, the same in shifted windows. Axial RoPE takes theta 50 here (the
+official Swin models' value), mixed RoPE learns per-block, per-head frequencies from theta 10. Resolution policies act
+on the window grid: a window larger than the trained one (RoPE-ViT evaluates at 384 px with window 12, trained with
+7) reaches positions beyond the trained range.
 """
 
 from __future__ import annotations
@@ -38,13 +33,12 @@ SWIN_THETA = {"axial": 50.0, "mixed": 10.0}  # the official RoPE-Swin models' ro
 
 
 class RoPEWindowAttention(WindowAttention):
-    """timm's window attention with q and k rotated by a 2D RoPE of window-local positions (``rope``, a
-    ``RoPE2D`` whose training grid is the window built with), with or without the relative position bias.
+    """timm's window attention with q and k rotated by a 2D RoPE of window-local positions (``rope``, trained on the
+    window built with), with or without the relative position bias.
 
-    Attention is PyTorch's SDPA unless ``TIMM_FUSED_ATTN=0`` (timm's Swin keeps its explicit softmax unless
-    ``TIMM_FUSED_ATTN=2``): SDPA saves no ``[heads, N, N]`` probabilities for backward and keeps q, k and v as the views
-    of the rotated projection that mixed RoPE saves for its frequencies' gradient, where the explicit product copies
-    them, so a training step holds 4% less than timm's Swin-T instead of 16% more (``benchmarks/swin.py``)."""
+    Attention is SDPA unless ``TIMM_FUSED_ATTN=0`` (timm's Swin keeps its explicit softmax unless ``=2``): SDPA saves
+    no ``[heads, N, N]`` probabilities and no copies of q, k, v, so a training step holds 4% less than timm's Swin-T
+    instead of 16% more (``benchmarks/swin.py``)."""
 
     def __init__(self, dim: int, num_heads: int, head_dim: int | None = None, window_size: Any = 7,
                  qkv_bias: bool = True, attn_drop: float = 0.0, proj_drop: float = 0.0, encoding: str = "mixed",
@@ -67,8 +61,7 @@ class RoPEWindowAttention(WindowAttention):
             self._init_buffers()
 
     def set_window_size(self, window_size: tuple[int, int]) -> None:
-        """A new window: the bias table resized as timm does; RoPE keeps its training window, which the policy
-        scales against."""
+        """A new window: the bias table resized as timm does; RoPE keeps its training window for the policy."""
         if self.relative_position_bias_table is not None:
             super().set_window_size(window_size)
             return
@@ -106,11 +99,10 @@ class RoPESwinTransformer(NoTorchScript, SwinTransformer):
     """timm's ``SwinTransformer`` with ``RoPEWindowAttention`` in every block.
 
     Args:
-        encoding: ``"axial"`` or ``"mixed"`` (RoPE-ViT's), the ViT's argument.
-        rope_theta: frequency base; ``None`` takes the official models' (50 axial, 10 mixed).
+        encoding: ``"axial"`` or ``"mixed"`` (RoPE-ViT's).
+        rope_theta: frequency base; ``None``: the official models' (50 axial, 10 mixed).
         use_rpb: keep Swin's relative position bias beside RoPE.
-        resolution_policy: how window-local positions follow windows other than the one trained
-            (``vit_rope.encodings.policies``); ``None``: ``extrapolate``.
+        resolution_policy: how window-local positions follow other windows; ``None``: ``extrapolate``.
         **kwargs: timm's ``SwinTransformer`` arguments.
     """
 
@@ -133,7 +125,7 @@ class RoPESwinTransformer(NoTorchScript, SwinTransformer):
 
     @property
     def resolution_policy(self) -> ResolutionPolicy:
-        return self._ropes()[0].policy
+        return self.resolution_rope.policy
 
     def set_resolution_policy(self, policy: str | dict | ResolutionPolicy | None) -> None:
         """Choose how window-local positions follow windows other than the trained one; ``None``: ``extrapolate``."""
@@ -142,13 +134,11 @@ class RoPESwinTransformer(NoTorchScript, SwinTransformer):
 
     @property
     def resolution_rope(self) -> RoPE2D:
-        """The first block's RoPE, which says the policies that apply (``policies``, ``check_policy``):
-        ``vit_rope.models.pos_encoding.resolution_encoding`` reads it."""
+        """The first block's RoPE, which says the policies that apply (``pos_encoding.resolution_encoding``)."""
         return self._ropes()[0]
 
     def forward_features(self, x: Tensor) -> Tensor:
-        """timm's, for an image batch ``[B, C, H, W]``; a NaFlex batch (timm's dict of patches) is refused: windows
-        need the whole grid of an image."""
+        """timm's, for an image batch ``[B, C, H, W]``; a NaFlex batch is refused."""
         if isinstance(x, dict):
             raise TypeError("RoPE-Swin takes image batches [B, C, H, W], not NaFlex batches (a dict of patches): "
                             "its windows need each image's whole grid; resize the images to one size (any size "
@@ -186,10 +176,9 @@ def _biases(state_dict: dict[str, Any], model: RoPESwinTransformer) -> tuple[dic
 
 
 def from_official(state_dict: dict[str, Any], model: nn.Module) -> Converted:
-    """An official RoPE-Swin state dict (github.com/naver-ai/rope-vit) in this model's layout: mixed frequencies
-    ``attn.rope_freqs`` to ``attn.rope.freqs``; axial ones, a buffer there and rebuilt here, checked equal to this
-    model's (a checkpoint of another theta is refused, naming it); window positions dropped (rebuilt); then
-    timm's conversion of Microsoft's Swin layout (downsampling at the end of a stage, ``head``)."""
+    """An official RoPE-Swin state dict in this model's layout: mixed frequencies ``attn.rope_freqs`` to
+    ``attn.rope.freqs``; axial ones (rebuilt here) checked equal to this model's; window positions dropped; then timm's
+    conversion of Microsoft's Swin layout."""
     model = _swin_model(model, "RoPE-ViT's official RoPE-Swin")
     out = {}
     for key, value in state_dict.items():
@@ -211,14 +200,14 @@ def from_official(state_dict: dict[str, Any], model: nn.Module) -> Converted:
 
 def from_swin(state_dict: dict[str, Any], model: nn.Module) -> Converted:
     """timm's or Microsoft's Swin weights, to fine-tune with RoPE: timm's conversion, the bias tables dropped unless
-    the model keeps them; the RoPE frequencies are new (the load report lists them)."""
+    the model keeps them."""
     state_dict, notes = _biases(state_dict, _swin_model(model, "a Swin Transformer's"))
     return checkpoint_filter_fn(state_dict, model), notes
 
 
 def describe(state_dict: Mapping[str, Any]) -> Description:
-    """The RoPE-Swin an official file is (its width and depths name the size; axial frequencies are ``wy = 0`` on
-    the first half of the pairs), with its class count; a plain Swin's weights name no RoPE kind."""
+    """The RoPE-Swin an official file is (width and depths name the size; axial frequencies have ``wy = 0`` on the
+    first half of the pairs), with its class count; a plain Swin's weights name no RoPE kind."""
     head = state_dict.get("head.weight", state_dict.get("head.fc.weight"))
     args = {} if head is None else {"num_classes": int(head.shape[0])}
     freqs = next((value for key, value in state_dict.items() if key.endswith("attn.rope_freqs")), None)

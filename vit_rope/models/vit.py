@@ -1,20 +1,15 @@
 """Vision Transformer with 2D RoPE, built on timm's ``VisionTransformer``.
 
 The architecture is RoPE-ViT's (Heo et al., ECCV 2024, arXiv:2403.13298), itself DeiT-III's ViT (Touvron et al.,
-ECCV 2022): class token, qkv bias, LayerScale, with the absolute position embedding replaced by RoPE in every
-attention layer ("+APE" variants keep a learned one as well). Everything except the block loop is timm's: patch
-embedding, prefix tokens, APE resampling, pooling, head, feature extraction helpers.
+ECCV 2022), with the absolute position embedding replaced by RoPE in every attention layer ("+APE" variants keep a
+learned one as well). Everything but the embedding (``vit_rope.models.embedding``) and the block loop is timm's.
+One forward, images or a NaFlex batch::
 
-Data flow of one forward (``vit_rope.models.embedding``; a NaFlex batch takes the same route)::
+    image [B, 3, H, W] -> PatchEmbed -> tokens [B, N, C]; coordinates [N, 2] (y, x), grids [1, 2] (NaFlex: [B, ...])
+      -> prefix tokens (+ APE) [B, P + N, C] -> positions placed by the encoding's policy, augmented in training
+      -> encoding.block_inputs (RoPE or bias tables) -> blocks -> norm -> pool -> head
 
-    image [B, 3, H, W] -> PatchEmbed -> tokens [B, N, C]          grid (h, w) = (H / p, W / p)
-      -> coordinates [N, 2] (y, x), grids [1, 2]                  NaFlex: [B, N, 2], [B, 2]
-      -> prefix tokens (+ APE)                                   [B, P + N, C]
-      -> Positions: placed by the encoding's policy, augmented in training
-      -> encoding.block_inputs: RoPE tables (axial once for all blocks, mixed per block) or bias tables
-      -> blocks (rotate q, k or add the bias; prefix rows are identity) -> norm -> pool -> head
-
-Which encoding the blocks get (RoPE kinds, STRING, attention biases, none) is ``vit_rope.models.pos_encoding``.
+Which encoding the blocks get is ``vit_rope.models.pos_encoding``.
 """
 
 # no ``from __future__ import annotations``: FX writes a traced model's forward signature from these annotations, which
@@ -39,46 +34,26 @@ from vit_rope.models.pos_encoding import PositionEncodingMixin
 
 
 class RoPEVisionTransformer(NoTorchScript, PositionEncodingMixin, EmbeddingMixin, FeatureMixin, VisionTransformer):
-    """timm ``VisionTransformer`` whose attention layers use 2D RoPE.
-
-    Any input whose sides are multiples of the patch size runs: the RoPE grid is rebuilt for it and a learned
-    position embedding (``pos_embed="learn"``) is resampled bicubically, as timm's ``dynamic_img_size`` does.
+    """timm ``VisionTransformer`` whose attention layers use 2D RoPE, at any input size that is a multiple of the
+    patch size (the RoPE grid rebuilt, a learned position embedding resampled bicubically).
 
     Args:
-        encoding: the position encoding, one of ``vit_rope.encodings.KINDS`` (docs/models.md describes each): RoPE
-            (``"axial"``, ``"mixed"``, ``"golden"``, ``"dinov3"``, ``"string"``), attention biases, rotations from
-            learned generators, PaPE's parabolas, or ``"none"``. ``None``: ``"axial"``.
-        rope_string_base: the RoPE kind under ``string``: ``axial`` (if unset), ``mixed``, ``golden`` or ``dinov3``.
-        rope_fraction: p-RoPE's share of channel pairs rotated, the highest frequencies (1: all, 0: none).
-        rope_mixed_init: how ``mixed`` frequencies start: ``"rope-vit"`` (RoPE-ViT's) or ``"golden"``.
-        rope_theta: frequency base; ``None`` (as every RoPE option: the kind's own) takes RoPE-ViT's value (100
-            axial, 10 mixed) or DINOv3's (100).
-        resolution_policy: how positions follow grids other than the training one (``img_size / patch_size``): a
-            name of ``vit_rope.encodings.policies.POLICIES`` or a dict of ``ResolutionPolicy`` fields; settable later
-            with ``set_resolution_policy``. ``None``: ``extrapolate``, or ``normalized`` for ``dinov3``.
-        rope_min_period: with ``rope_max_period``, DINOv3's other period schedule (``dinov3`` only).
-        rope_max_period: see ``rope_min_period``.
-        rope_normalize_coords: DINOv3's coordinate normalisation, ``separate``, ``min`` or ``max``.
-        rope_coord_aug: training-time coordinate augmentation, a dict of ``CoordAugment`` fields (off by default).
-        rope_grid_offset: added to RoPE's integer patch positions (Perception Encoder's 1: patches at 1..n).
-        rope_ref_grid: the ``(h, w)`` grid RoPE's policy scales against, when it is not the patch grid (timm
-            ``Eva``'s ``ref_feat_shape``; ``vit_rope.models.pos_encoding``).
-        qk_layout: the q/k channel layout of the checkpoints this model loads
-            (``encodings.rope.dinov3_rope.QK_LAYOUTS``): the loader permutes their rows into ours
-            (``models.eva_weights``).
-        attn_pool_num_heads: heads of the attention-pool head (``global_pool="map"``) if not the model's.
-        attn_pool_mlp_ratio: MLP ratio of the attention-pool head if not the model's.
-        num_kv_heads: grouped-query attention, one count for all blocks or one per block (``layers.eva``).
+        encoding: one of ``vit_rope.encodings.KINDS`` (docs/models.md); ``None``: ``"axial"``.
+        resolution_policy: how positions follow grids other than the training one: a name of ``POLICIES`` or a dict
+            of ``ResolutionPolicy`` fields (``set_resolution_policy`` later); ``None``: the kind's own.
+        rope_*: ``RoPE2D``'s arguments (``None``: the kind's own), and ``rope_string_base`` (the RoPE kind under
+            ``string``), ``rope_coord_aug`` (a dict of ``CoordAugment`` fields), ``rope_ref_grid`` (the ``(h, w)``
+            grid the policy scales against when not the patch grid: timm ``Eva``'s ``ref_feat_shape``).
+        qk_layout: the q/k channel layout of the checkpoints this model loads (``dinov3_rope.QK_LAYOUTS``).
+        attn_pool_num_heads, attn_pool_mlp_ratio: the attention-pool head's (``global_pool="map"``) if not the model's.
+        num_kv_heads: grouped-query attention, one count for all blocks or one per block.
         layer_scale: ``"both"`` branches (timm's) or ``"attn"`` only (Sapiens2).
-        encoding_options: the options of a kind that has its own (``lookhere``: ``config``, a preset name ``lh180``,
-            ``lh90``, ``lh45`` or the official dict; ``comrope_ap`` / ``comrope_ld``: ``block_size``, ``init_std``,
-            ``cls_position``; ``liere``: ``generator_dim``, ``per_head``, ``per_layer``; ``pape``: ``parabolas``);
-            ``None``: its defaults. Other kinds refuse them.
-        head_hidden_dim: a classifier MLP ``Linear -> Tanh -> Linear`` with this hidden width instead of one linear
-            layer (LookHere's official head); ``None``: timm's linear head.
+        encoding_options: the options of a kind that has its own (``lookhere``, ``comrope_*``, ``liere``, ``pape``:
+            docs/models.md); ``None``: its defaults. Other kinds refuse them.
+        head_hidden_dim: a classifier MLP ``Linear -> Tanh -> Linear`` of this width (LookHere's official head).
         pos_embed: ``"none"`` for RoPE only, ``"learn"`` for RoPE + APE (RoPE-ViT's "+APE").
         no_embed_class: the APE covers patch tokens only, as in DeiT-III and RoPE-ViT.
-        **kwargs: everything else of timm's ``VisionTransformer`` (embed_dim, depth, img_size, drop_path_rate, ...).
+        **kwargs: everything else of timm's ``VisionTransformer``.
     """
 
     def __init__(
@@ -187,7 +162,7 @@ class RoPEVisionTransformer(NoTorchScript, PositionEncodingMixin, EmbeddingMixin
         batch = naflex_batch(x, patch_coord, patch_valid, attn_mask)
         if batch is not None:
             tokens, _, embedded = self._forward_blocks(batch, self.blocks, is_causal=is_causal)
-            return self._naflex_head(self.norm(tokens), False, embedded.valid)
+            return self.forward_head(self.norm(tokens), patch_valid=embedded.valid)
         return self.forward_head(self.forward_features(x, attn_mask=attn_mask, is_causal=is_causal))
 
     def forward_features(self, x: Tensor, attn_mask: Tensor | None = None, is_causal: bool = False,
@@ -202,11 +177,6 @@ class RoPEVisionTransformer(NoTorchScript, PositionEncodingMixin, EmbeddingMixin
     def forward_head(self, x: Tensor, pre_logits: bool = False, patch_valid: Tensor | None = None) -> Tensor:
         """timm's head (pool, fc_norm, dropout, classifier); with ``patch_valid`` ``[B, N]`` (a NaFlex batch) the
         pooling reads valid tokens only."""
-        if patch_valid is not None:
-            return self._naflex_head(x, pre_logits, patch_valid)
-        x = self.head_drop(self.fc_norm(self.pool(x)))
-        return x if pre_logits else self.head(x)
-
-    def _naflex_head(self, x: Tensor, pre_logits: bool, valid: Tensor) -> Tensor:
-        x = self.head_drop(self.fc_norm(self._pool_valid(x, valid.bool())))
+        x = self.pool(x) if patch_valid is None else self._pool_valid(x, patch_valid.bool())
+        x = self.head_drop(self.fc_norm(x))
         return x if pre_logits else self.head(x)

@@ -1,21 +1,10 @@
 """PaPE's official image classifiers (github.com/DTU-PAS/parabolic-position-encoding) as vit_rope models.
 
-The official ImageNet-1k checkpoint is a folder: ``config.json`` (the repository's ``pape.configs.Config`` as
-``dataclasses_json`` writes it: ``positional``, ``pape.parabolas``, ``model`` sizes, ``patch_size``, ``normalize``,
-``dataset``) and ``model.pt`` (the state dict of ``pape.nn.image_classifier.ImageClassifier``). Its ViT is a pre-norm
-one with a LayerNorm after the class token is prepended (``norm_pre``), LayerNorm eps 1e-5, no LayerScale, qkv bias,
-GELU MLPs of ``intermediate_size``, a final LayerNorm and a linear head on the class token; PaPE's positions put the
-class token at (0, 0) and the patches from 1, which ``vit_rope.encodings.pape.parabolas`` does for every model. So the
-folder is our ``vit_rope_*_patch16_{pape,pape_ri}_224`` with the arguments ``pape_args_from_config`` gives, and its keys
-map one to one onto ours (``from_pape``): ``vit_rope.create_from_checkpoint(folder)`` builds and loads it, and
-``vit_rope.load_weights(model, folder)`` checks ``config.json`` against a model you built.
-
-The format leaves the training grid open (``Config.height`` and ``width`` are properties of the dataset, not saved):
-the ImageNet classifiers train at the repository's ``pape/imagenet.py`` size, 224 x 224, so the model takes
-``img_size=224`` (with patch 16: a 14 x 14 grid, which ``interpolate`` scales against). ``normalize: true`` is the
-``normalized`` policy, ``false`` (its default) ``extrapolate``. A folder is recognised by its ``config.json`` holding
-``positional`` and ``pape`` (the official ``Config``'s fields), a state dict by its keys ``cls`` and
-``encoder.layers.*``; a torch.compile'd model's ``_orig_mod.`` prefix is dropped.
+An official checkpoint is a folder: ``config.json`` (the repository's ``pape.configs.Config``) and ``model.pt`` (the
+state dict of its ``ImageClassifier``: a pre-norm ViT with ``norm_pre``, LayerNorm eps 1e-5, no LayerScale, qkv bias,
+a linear head on the class token). That is our ``vit_rope_*_patch16_{pape,pape_ri}_224`` with the arguments of
+``pape_args_from_config``, keys mapped one to one (``from_pape``). The format does not save the training grid: the
+ImageNet classifiers train at 224 x 224 (``pape/imagenet.py``). ``normalize: true`` is the ``normalized`` policy.
 """
 
 from __future__ import annotations
@@ -48,13 +37,12 @@ _KIND_KEYS = {"pape": "position_encoder.ab.weight", "pape_ri": "position_encoder
 
 
 def is_pape_checkpoint(state_dict: Mapping[str, Any]) -> bool:
-    """Whether ``state_dict`` is an official ``ImageClassifier``'s: ``cls`` and ``encoder.layers.*`` keys."""
     keys = [key.removeprefix("_orig_mod.") for key in state_dict]
     return "cls" in keys and any(key.startswith("encoder.layers.") for key in keys)
 
 
 def _sizes(config: dict[str, Any]) -> dict[str, int]:
-    """The model sizes of ``config``: its own, or its ``size``'s where it says -1 (as ``ModelConfig`` reads them)."""
+    """The model sizes of ``config``: its own, or its ``size``'s where it says -1."""
     model = config.get("model", {})
     size = model.get("size", "base")
     if size not in SIZES:
@@ -70,11 +58,7 @@ def biased_patch_embed(*args: Any, bias: bool = True, **kwargs: Any) -> PatchEmb
 
 
 def pape_args_from_config(config: dict[str, Any]) -> tuple[str, dict[str, Any]]:
-    """The vit_rope model name and ``timm.create_model`` arguments of the official classifier ``config`` describes.
-
-    Raises:
-        ValueError: the config is another encoding's or dataset's, or its heads do not split its width.
-    """
+    """The vit_rope model name and ``timm.create_model`` arguments of the official classifier ``config`` describes."""
     kind = config.get("positional")
     if kind not in _KIND_KEYS:
         raise ValueError(f"config.json has positional={kind!r}; vit_rope builds the official PaPE classifiers, "
@@ -102,8 +86,7 @@ def pape_args_from_config(config: dict[str, Any]) -> tuple[str, dict[str, Any]]:
 
 
 def check_model(config: dict[str, Any], model: nn.Module) -> None:
-    """Raise unless ``model`` is the classifier that ``config`` describes, naming the first field that differs, its
-    value in the file and in the model, and the model that fits."""
+    """Raise unless ``model`` is the classifier that ``config`` describes, naming the first field that differs."""
     name, kwargs = pape_args_from_config(config)
     kind = getattr(model, "encoding_kind", None)
     if kind != config["positional"]:
@@ -129,7 +112,7 @@ def check_model(config: dict[str, Any], model: nn.Module) -> None:
 
 def check_weights(config: dict[str, Any], state_dict: dict[str, Any]) -> None:
     """Raise unless the official ``state_dict`` is the classifier ``config`` describes, naming the first size that
-    differs, its value in ``config.json`` and in the weights."""
+    differs."""
     _, kwargs = pape_args_from_config(config)
     s, weights = _sizes(config), {key.removeprefix("_orig_mod."): v for key, v in state_dict.items()}
     kind = config["positional"]
@@ -157,13 +140,8 @@ def check_weights(config: dict[str, Any], state_dict: dict[str, Any]) -> None:
 
 
 def from_pape(state_dict: dict[str, Any], model: nn.Module) -> Converted:
-    """An official ``ImageClassifier`` state dict in our keys, for ``model`` (a PaPE or PaPE-RI model); tensor shapes
-    are checked by the caller, which lists any that differ.
-
-    Raises:
-        ValueError: the checkpoint is the other kind's, or the model is not a parabolic one; the message says which
-            model fits.
-    """
+    """An official ``ImageClassifier`` state dict in our keys, for ``model`` (PaPE or PaPE-RI, else a
+    ``ValueError``); the caller checks the shapes."""
     state_dict = {key.removeprefix("_orig_mod."): value for key, value in state_dict.items()}
     theirs = next((kind for kind, marker in _KIND_KEYS.items() if any(k.endswith(marker) for k in state_dict)), None)
     ours = getattr(model, "encoding_kind", None)

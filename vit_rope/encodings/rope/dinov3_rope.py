@@ -1,28 +1,16 @@
-"""DINOv3's 2D RoPE as pure functions: period schedule, normalised patch coordinates, channel layout, coordinate draws.
+"""DINOv3's 2D RoPE as pure functions: period schedule, coordinate normalisation, channel layout; checkpoint layouts.
 
 DINOv3 (Simeoni et al. 2025, arXiv:2508.10104) is axial RoPE with three differences from RoPE-ViT's (arXiv:2403.13298):
+patch centres normalised to [-1, 1] (by each axis's size, or the grid's shorter or longer side), so that a larger image
+covers the trained range with finer steps; periods ``p_j = base ** (4 j / D)`` or ``min_period (max_period /
+min_period) ** (j / (D/4 - 1))``, kept here as frequencies ``2 pi / p_j``; and rotate-half pairs ``(c, c + D/2)``, the
+first D/4 turning with y. Our kernels rotate interleaved pairs with x first: ``interleave_permutation`` reorders the
+q / k projection rows once when weights load (a permutation of both q and k leaves ``q . k`` unchanged). Coordinate
+augmentation is ``vit_rope.encodings.policies.CoordAugment``.
 
-- **coordinates**: patch centres normalised to [-1, 1], ``2 (i + 0.5) / d - 1``, with ``d`` each axis's own size
-  (``separate``) or the grid's shorter (``min``) or longer (``max``) side, so that a larger image covers the same
-  range with finer steps: the model never meets a coordinate outside what it was trained on;
-- **periods**: pair ``j`` of an axis turns by ``2 pi x / p_j`` with ``p_j = base ** (4 j / D)`` (base 100) or
-  ``p_j = min_period (max_period / min_period) ** (j / (D/4 - 1))``; ``vit_rope`` keeps the ``2 pi / p_j`` as the
-  frequencies, so positions stay in normalised units and coordinate augmentation is in DINOv3's units;
-- **layout**: rotate-half pairs ``(c, c + D/2)``, the first D/4 turning with y (row) and the last with x. Our
-  kernels rotate interleaved pairs with x first; ``interleave_permutation`` is the row order of the q / k
-  projection that turns one into the other, applied once when weights load (q . k is unchanged by a permutation
-  applied to both).
-
-Training-time coordinate augmentation (shift, per-axis jitter, shared rescale) is
-``vit_rope.encodings.policies.CoordAugment``; with ``per_image=False`` it makes DINOv3's one draw per batch, with the
-same random calls in the same order as DINOv3 and timm's ``RotaryEmbeddingDinoV3``, so the same random state gives the
-same coordinates.
-
-The q / k layouts of other checkpoints come here too (``qk_permutation``): timm's ``Eva`` rotates interleaved pairs
-like ours, but with ``grid_indexing='ij'`` (EVA-02, Fang et al. 2023, arXiv:2303.11331; timm's SBB RoPE ViTs) its
-first D/4 pairs turn with y; with ``'xy'`` (Perception Encoder, Bolya et al. 2025, arXiv:2504.13181) it is ours.
-``permute_qk_rows`` applies such a permutation to the q and k rows of a checkpoint's qkv projection, the one place
-every converter does it.
+``qk_permutation`` covers the other checkpoints' q / k layouts: timm's ``Eva`` rotates interleaved pairs, with
+``grid_indexing='ij'`` (EVA-02, Fang et al. 2023, arXiv:2303.11331; timm's SBB RoPE ViTs) y first, with ``'xy'``
+(Perception Encoder, Bolya et al. 2025, arXiv:2504.13181) as ours.
 """
 
 from __future__ import annotations
@@ -33,21 +21,19 @@ import torch
 from torch import Tensor
 
 from vit_rope.checks import check_choice
+from vit_rope.encodings.rope.frequencies import axial_layout
 
 NORMALIZE = ("separate", "min", "max")
 
 
 def check_normalize(normalize: str) -> str:
-    """Return ``normalize`` if DINOv3 knows it, else raise a ``ValueError`` listing the choices."""
     return check_choice(normalize, NORMALIZE, "DINOv3 coordinate normalisation")
 
 
 def dinov3_frequencies(head_dim: int, base: float = 100.0, min_period: float | None = None,
                        max_period: float | None = None) -> Tensor:
-    """Frequencies ``2 pi / p_j`` as ``(wx, wy)`` ``[2, 1, head_dim // 2]``: x drives the first D/4 pairs, y the last.
-
-    ``min_period`` and ``max_period`` together replace the ``base`` schedule (DINOv3's two options).
-    """
+    """Frequencies ``2 pi / p_j`` as ``(wx, wy)`` ``[2, 1, head_dim // 2]``, x first; ``min_period`` and
+    ``max_period`` together replace the ``base`` schedule."""
     quarter = head_dim // 4
     if (min_period is None) != (max_period is None):
         raise ValueError(f"DINOv3 RoPE needs both min_period and max_period or neither, got {min_period} and "
@@ -58,24 +44,18 @@ def dinov3_frequencies(head_dim: int, base: float = 100.0, min_period: float | N
         periods = min_period * (max_period / min_period) ** torch.linspace(0, 1, quarter, dtype=torch.float32)
     else:
         periods = base ** (2.0 * torch.arange(quarter, dtype=torch.float32) / (head_dim // 2))
-    magnitude = 2 * math.pi / periods  # [D/4]
-    zeros = torch.zeros_like(magnitude)
-    return torch.stack((torch.cat((magnitude, zeros)), torch.cat((zeros, magnitude))))[:, None, :]
+    return axial_layout(2 * math.pi / periods)  # [D/4] per axis
 
 
 def _swapped_axes(head_dim: int) -> tuple[Tensor, Tensor]:
-    """For each of our channels ``[head_dim]``: the pair of a layout whose first D/4 pairs turn with the other axis
-    (DINOv3's, timm Eva's ``'ij'``), ``(p + D/4) mod D/2`` for our pair ``p``, and the channel's place in its pair."""
+    """For each of our channels ``[head_dim]``: its pair ``p`` in a layout with the other axis first (DINOv3's, timm
+    Eva's ``'ij'``), ``(p + D/4) mod D/2``, and its place in the pair."""
     channel = torch.arange(head_dim)
     return (channel // 2 + head_dim // 4) % (head_dim // 2), channel % 2
 
 
 def interleave_permutation(head_dim: int) -> Tensor:
-    """Index ``[head_dim]``: row ``c`` of our q (or k) head is row ``index[c]`` of DINOv3's rotate-half head.
-
-    Our pair ``p`` (channels ``2p, 2p + 1``, x for ``p < D/4``) is DINOv3's pair ``(p + D/4) mod D/2`` (channels
-    ``i, i + D/2``, y for ``i < D/4``).
-    """
+    """Index ``[head_dim]``: row ``c`` of our q (or k) head is row ``index[c]`` of DINOv3's rotate-half head."""
     pair, place = _swapped_axes(head_dim)
     return pair + place * (head_dim // 2)
 
@@ -84,7 +64,6 @@ QK_LAYOUTS = ("interleaved", "eva_ij", "eva_xy", "rotate_half")
 
 
 def check_qk_layout(layout: str) -> str:
-    """Return ``layout`` if ``qk_permutation`` knows it, else raise a ``ValueError`` listing the choices."""
     if layout not in QK_LAYOUTS:
         raise ValueError(f"Unknown q/k layout {layout!r}: choose one of {', '.join(QK_LAYOUTS)} (the layout of the "
                          "checkpoint the model loads).")
@@ -92,12 +71,8 @@ def check_qk_layout(layout: str) -> str:
 
 
 def qk_permutation(layout: str, head_dim: int) -> Tensor:
-    """Index ``[head_dim]``: row ``c`` of our q (or k) head is row ``index[c]`` of a head in ``layout``.
-
-    ``interleaved`` (ours) and ``eva_xy`` (timm's cat RoPE, x first): the identity; ``eva_ij`` (cat RoPE, y first):
-    our pair ``p`` is timm's pair ``(p + D/4) mod D/2``, channel parity kept; ``rotate_half``: DINOv3's
-    (``interleave_permutation``). Any permutation applied to both q and k leaves every attention score as it was.
-    """
+    """Index ``[head_dim]``: row ``c`` of our q (or k) head is row ``index[c]`` of a head in ``layout``
+    (``interleaved``, ``eva_xy``: the identity; ``eva_ij``: the axes swapped; ``rotate_half``: DINOv3's)."""
     if check_qk_layout(layout) in ("interleaved", "eva_xy"):
         return torch.arange(head_dim)
     if layout == "rotate_half":
@@ -107,9 +82,8 @@ def qk_permutation(layout: str, head_dim: int) -> Tensor:
 
 
 def permute_qk_rows(value: Tensor, index: Tensor, num_heads: int, num_kv_heads: int | None = None) -> Tensor:
-    """The rows of a qkv weight ``[(nh + 2 nkv) D, C]`` or bias ``[(nh + 2 nkv) D]`` with every q and k head's rows
-    taken in the order ``index`` (``qk_permutation``, ``[D]``) and the v rows as they are: a checkpoint's q / k layout
-    turned into ours once, when weights load. ``num_kv_heads`` (grouped-query attention) defaults to ``num_heads``."""
+    """A qkv weight ``[(nh + 2 nkv) D, C]`` or bias ``[(nh + 2 nkv) D]`` with every q and k head's rows in the order
+    ``index`` ``[D]`` (``qk_permutation``), v as it is; ``num_kv_heads`` (grouped-query attention): ``num_heads``."""
     head_dim = index.numel()
     kv_rows = (num_heads if num_kv_heads is None else num_kv_heads) * head_dim
     q, k, v = value.split([num_heads * head_dim, kv_rows, kv_rows])

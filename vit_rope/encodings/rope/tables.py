@@ -1,21 +1,11 @@
-"""2D rotary position embeddings (RoPE) for Vision Transformers.
+"""2D rotary position embeddings (RoPE) for Vision Transformers: the ``RoPE2D`` module.
 
-RoFormer (Su et al., 2021, arXiv:2104.09864) rotates each channel pair ``(x_2i, x_2i+1)`` of the queries and keys
-by an angle proportional to the token position, so that ``q . k`` depends only on the offset between positions.
-RoPE-ViT (Heo et al., "Rotary Position Embedding for Vision Transformer", ECCV 2024, arXiv:2403.13298) brings it to
-image grids, where a patch has a position ``(x, y)``:
-
-- **axial**: the first ``head_dim / 4`` pairs turn with ``x`` and the last ``head_dim / 4`` with ``y``, at fixed
-  frequencies ``theta ** (-4k / head_dim)`` (theta = 100);
-- **mixed**: each head learns frequency vectors ``(wx, wy)`` and the angle of pair ``i`` is ``x * wx_i + y * wy_i``,
-  so that a pair can turn along any direction of the image (theta = 10 at initialisation, one set per layer).
-
-Both are the same formula, ``angle = x * wx + y * wy``: axial RoPE is the special case with ``wy = 0`` on the
-first half of the pairs and ``wx = 0`` on the second, and the other kinds only change the vectors
-(``vit_rope.encodings.rope.frequencies``: golden-angle directions; p-RoPE's unrotated pairs). The formula itself is pure
-functions (``vit_rope.layers.rotary``: positions, angles, tables, the reference rotation); this module holds the thin
-``RoPE2D`` module that owns the frequencies and applies a resolution policy. Channel layout is interleaved pairs, as in
-RoFormer and RoPE-ViT.
+RoFormer (Su et al., 2021, arXiv:2104.09864) rotates each channel pair of q and k by an angle proportional to the
+token position, so that ``q . k`` depends only on the offset between positions; RoPE-ViT (Heo et al., ECCV 2024,
+arXiv:2403.13298) gives a patch the position ``(x, y)`` and pair ``i`` the angle ``x * wx_i + y * wy_i``. The kinds
+differ only in the frequencies ``(wx, wy)`` (``vit_rope.encodings.rope.frequencies``); the formula is pure functions
+(``vit_rope.layers.rotary``). ``RoPE2D`` owns the frequencies and applies a resolution policy. Channels are
+interleaved pairs, as in RoFormer and RoPE-ViT.
 """
 
 from __future__ import annotations
@@ -56,10 +46,7 @@ DINOV3_POLICIES = ("normalized", "extrapolate")
 
 
 def check_theta(theta: float) -> float:
-    """Return ``theta`` as a float if it can be a frequency base, else raise a ``ValueError`` naming the value.
-
-    ``theta ** (-4k / D)`` is inf, NaN or complex for a base <= 0 or NaN, and every output of the model would be NaN.
-    """
+    """``theta`` as a float, or a ``ValueError``: a base <= 0 or NaN would make every output NaN."""
     theta = float(theta)
     if not math.isfinite(theta) or theta <= 0:
         raise ValueError(
@@ -72,10 +59,8 @@ def check_theta(theta: float) -> float:
 def policy_tables(positions: Tensor, freqs: Tensor, grids: Tensor | None, num_prefix_tokens: int,
                   train_grid: tuple[int, int] | None, policy: ResolutionPolicy, theta: float, head_dim: int
                   ) -> tuple[Tensor, Tensor]:
-    """``RoPE2D``'s tables: the frequencies ``[2, H, D/2]`` as ``policy`` scales them on the grids ``grids``, then
-    ``(cos, sin)`` of ``positions`` with ``num_prefix_tokens`` identity rows in front and the policy's attention
-    temperature. One function for an image batch's grid and a NaFlex batch's grids; FX records it as one call (wrapped
-    below), since it branches on shapes."""
+    """``(cos, sin)`` of ``positions`` from ``freqs`` ``[2, H, D/2]`` as ``policy`` scales them on ``grids``, with
+    ``num_prefix_tokens`` identity rows in front and the policy's attention temperature."""
     freqs, temperature = policy_frequencies(freqs, grids, train_grid, policy, theta, head_dim)
     if freqs.dim() == 4 and freqs.shape[0] == 1:  # one grid for the batch: the shared frequencies' cheaper paths
         freqs = freqs[0]
@@ -87,9 +72,8 @@ def policy_tables(positions: Tensor, freqs: Tensor, grids: Tensor | None, num_pr
     return cos, sin
 
 
-# FX (torchvision's create_feature_extractor, timm's FX feature wrapper): placing positions and building tables
-# branch on shapes, which symbolic tracing only knows as proxies, so the trace records each as a call that runs with
-# the real tensors. timm's tracer also keeps RoPE2D whole (register_notrace_module).
+# FX: these branch on shapes, which symbolic tracing only knows as proxies: the trace records each as one call.
+# timm's tracer also keeps RoPE2D whole (register_notrace_module).
 torch.fx.wrap("place_positions")
 torch.fx.wrap("policy_tables")
 
@@ -98,31 +82,23 @@ torch.fx.wrap("policy_tables")
 class RoPE2D(nn.Module):
     """Frequencies of one 2D RoPE and the tables they give for a set of positions.
 
-    Axial, golden and DINOv3 frequencies are a fixed, non-persistent buffer (nothing to save, rebuilt on load); mixed
-    frequencies are a learnable ``[2, num_heads, head_dim // 2]`` parameter that should get no weight decay (RoPE-ViT).
-    A model with mixed RoPE holds one ``RoPE2D`` per block, as the paper learns frequencies per layer.
+    Axial, golden and DINOv3 frequencies are a fixed, non-persistent buffer (rebuilt on load); mixed ones a learnable
+    ``[2, num_heads, head_dim // 2]`` parameter without weight decay, one ``RoPE2D`` per block (RoPE-ViT learns them
+    per layer). The model's RoPE arguments are these names with ``rope_`` in front.
 
     Args:
-        head_dim: channels per head, divisible by 4.
-        num_heads: attention heads (mixed frequencies are per head).
-        kind: ``"axial"``, ``"mixed"``, ``"golden"`` (``vit_rope.encodings.rope.frequencies``: fixed golden-angle
-            directions) or ``"dinov3"`` (``vit_rope.encodings.rope.dinov3_rope``: fixed axial frequencies on
-            normalised coordinates).
-        theta: frequency base; ``None`` takes RoPE-ViT's value (100 axial, 10 mixed) or DINOv3's (100).
+        head_dim, num_heads: channels per head (divisible by 4) and attention heads (mixed frequencies are per head).
+        kind: ``"axial"``, ``"mixed"``, ``"golden"`` or ``"dinov3"`` (``dinov3_rope``: normalised coordinates).
+        theta: frequency base; ``None``: RoPE-ViT's (100 axial, 10 mixed) or DINOv3's (100).
         train_grid: the ``(h, w)`` patch grid of training, which resolution policies scale against.
-        policy: resolution policy (``vit_rope.encodings.policies``) for grids other than ``train_grid``; ``None`` takes
-        the
-            kind's own (``extrapolate``, DINOv3's ``normalized``).
-        min_period: with ``max_period``, DINOv3's alternative period schedule (``dinov3`` only).
-        max_period: see ``min_period``.
-        normalize_coords: DINOv3's coordinate normalisation, ``separate``, ``min`` or ``max`` (``dinov3`` only).
-        fraction: p-RoPE's share of pairs rotated (the highest frequencies); the others stay unrotated, learned ones
-            too: a fixed mask multiplies the frequencies, so their gradient is 0.
+        policy: resolution policy for other grids; ``None``: the kind's own (``extrapolate``, DINOv3's ``normalized``).
+        min_period, max_period: DINOv3's alternative period schedule; normalize_coords: its coordinate normalisation,
+            ``separate``, ``min`` or ``max`` (``dinov3`` only).
+        fraction: p-RoPE's share of pairs rotated (the highest frequencies); a fixed mask multiplies the frequencies,
+            so unrotated learned ones get gradient 0.
         mixed_init: how ``mixed`` frequencies start: ``"rope-vit"`` (a random frame per head) or ``"golden"``.
-        grid_offset: added to the integer patch positions before the policy places them (Perception Encoder's 1:
-            patches at 1..n, the unrotated class token at 0); not for ``dinov3``.
-
-    The model's RoPE arguments are these names with ``rope_`` in front (``rope_theta``, ``rope_grid_offset``, ...).
+        grid_offset: added to the integer patch positions (Perception Encoder's 1: the unrotated class token at 0);
+            not for ``dinov3``.
     """
 
     def __init__(
@@ -190,11 +166,10 @@ class RoPE2D(nn.Module):
 
     @property
     def policies(self) -> tuple[str, ...]:
-        """The resolution policies that apply to this kind: all of them but for DINOv3's normalised coordinates."""
+        """The resolution policies that apply to this kind (DINOv3's normalised coordinates take two)."""
         return DINOV3_POLICIES if self.kind == "dinov3" else POLICIES
 
     def check_policy(self, policy: str) -> str:
-        """Return ``policy`` if it applies to this kind, else raise a ``ValueError`` saying why and what does."""
         return check_policy(policy, self.policies, (
             f"RoPE policy {policy!r} does not apply to DINOv3's RoPE, whose coordinates are normalised to [-1, 1] at "
             "every size (interpolation is built in, and ntk / yarn rescale frequencies against a training grid of "
@@ -211,33 +186,24 @@ class RoPE2D(nn.Module):
             self.freqs.copy_(self._initial_frequencies())
 
     def place(self, coord: Tensor, grids: Tensor) -> Tensor:
-        """Positions ``[..., N, 2]`` (x, y) of the patches at ``coord`` ``[..., N, 2]`` (y, x) of the grids ``grids``
-        ``[1 or B, 2]`` (h, w), as this module's kind, offset and policy place them (``policies.place_positions``)."""
+        """Positions ``[..., N, 2]`` (x, y) of the patches at ``coord`` ``[..., N, 2]`` (y, x) of ``grids``
+        ``[1 or B, 2]`` (h, w) (``policies.place_positions``)."""
         return place_positions(coord, grids, self.kind, self.resolution.name, self.train_grid,
                                self.normalize_coords, self.grid_offset)
 
     def forward(self, positions: Tensor, num_prefix_tokens: int = 0, grids: Tensor | None = None
                 ) -> tuple[Tensor, Tensor]:
-        """Tables for ``positions`` (``[N, 2]`` shared by the batch, or ``[B, N, 2]``) from ``place``.
-
-        Args:
-            positions: float (x, y) per patch token.
-            num_prefix_tokens: identity rows in front, for the class and register tokens.
-            grids: each sample's patch grid ``[1 or B, 2]`` (h, w), which the resolution policy scales against the
-                training grid; ``None`` uses the frequencies as they are.
-
-        Returns:
-            ``(cos, sin)`` of shape ``[H, P + N, D/2]`` (or ``[B, H, P + N, D/2]``), ``H`` = 1 axial or num_heads mixed,
-            broadcasting against ``[B, nh, P + N, D/2]``.
+        """``(cos, sin)`` ``[H, P + N, D/2]`` (or ``[B, H, P + N, D/2]``; ``H`` = 1 axial, num_heads mixed) for
+        ``positions`` ``[N, 2]`` or ``[B, N, 2]`` (x, y) from ``place``, with ``num_prefix_tokens`` identity rows in
+        front; ``grids`` ``[1 or B, 2]`` (h, w) are what the policy scales against (``None``: frequencies as they are).
         """
         return policy_tables(positions, self.pair_frequencies(), grids, num_prefix_tokens, self.train_grid,
                              self.resolution, self.theta, self.head_dim)
 
     def lattice_tables(self, lattice: Lattice) -> tuple[Tensor, Tensor]:
-        """Tables ``[B, H, P + N, D/2]`` of a NaFlex batch whose positions are its patch coordinates, under a policy
-        that keeps the frequencies and the integer positions (``extrapolate``, kinds other than DINOv3's): a
-        position's table is then the same in every sample, so the tables of the batch's bounding grid are built once
-        (in inference from one table per axis, ``grid_tables``) and each token's row gathered (``lattice``)."""
+        """Tables ``[B, H, P + N, D/2]`` of a NaFlex batch whose positions are its integer patch coordinates: a
+        position's table is the same in every sample, so the bounding grid's tables are built once (in inference from
+        one table per axis, ``grid_tables``) and each token's row gathered."""
         height, width = lattice.grid
         cells = self.place(*image_coords(height, width, self.rotated.device))  # [h * w, 2] (x, y), row-major
         freqs = self.pair_frequencies()
@@ -248,8 +214,7 @@ class RoPE2D(nn.Module):
         return gather_rows(cos, lattice.rows), gather_rows(sin, lattice.rows)
 
     def frequencies(self, grids: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
-        """Frequencies and attention temperature that the policy gives on the grids ``grids`` ``[1 or B, 2]``
-        (``policies.policy_frequencies``; ``None``: as they are)."""
+        """Frequencies and attention temperature that the policy gives on ``grids`` ``[1 or B, 2]``."""
         return policy_frequencies(self.pair_frequencies(), grids, self.train_grid, self.resolution, self.theta,
                                   self.head_dim)
 
