@@ -41,10 +41,8 @@ class AbsoluteEncoding(PositionEncoding):
             class and register tokens' count for timm's ViT.
     """
 
-    kind = "ape"
-
     def __init__(self, num_prefix_rows: int) -> None:
-        super().__init__()
+        super().__init__("ape", 0)  # the blocks get nothing from it
         self.num_prefix_rows = num_prefix_rows
 
     def forward(self, table: Tensor, positions: Tensor, grids: Tensor, grid: tuple[int, int] | None,

@@ -133,9 +133,14 @@ class PositionEncoding(nn.Module):
             first.
     """
 
-    kind = "none"
-    train_grid = None
     policies = POLICIES
+
+    def __init__(self, kind: str, depth: int, train_grid: tuple[int, int] | None = None,
+                 policy: str | dict | ResolutionPolicy | None = None) -> None:
+        super().__init__()
+        self.kind, self.depth = kind, depth
+        self.train_grid = None if train_grid is None else (int(train_grid[0]), int(train_grid[1]))
+        self.policy = policy
 
     @property
     def policy(self) -> ResolutionPolicy:
@@ -184,11 +189,6 @@ class PositionEncoding(nn.Module):
         the blocks (``attach_``) names its own the same way (``models.pos_encoding.submodule_no_decay``)."""
         return set()
 
-    @property
-    def foldable(self) -> bool:
-        """Whether ``fold_`` changes anything."""
-        return False
-
     def fold_(self, blocks: nn.ModuleList) -> None:
         """Write what the kind keeps in the blocks' attention into their weights where that gives the same function
         at a lower cost (STRING's basis into the qkv projection; ONNX export calls it); nothing by default."""
@@ -199,9 +199,7 @@ class NoEncoding(PositionEncoding):
     is taken, and changes nothing."""
 
     def __init__(self, depth: int, train_grid: tuple[int, int] | None = None) -> None:
-        super().__init__()
-        self.depth, self.train_grid = depth, train_grid
-        self.policy = None  # every policy is taken, and changes nothing
+        super().__init__("none", depth, train_grid)  # every policy is taken, and changes nothing
 
     def block_inputs(self, positions: Positions, num_prefix_tokens: int) -> list[Any]:
         return [None] * self.depth

@@ -83,7 +83,7 @@ def export_program(model: nn.Module, img_size: tuple[int, int] = (224, 224), bat
                                "of 1 as a constant); the exported batch stays dynamic")
     h, w = img_size
     dims = ({0: Dim("batch", min=1), 2: ph * Dim("grid_h", min=1), 3: pw * Dim("grid_w", min=1)},)
-    if getattr(model, "pos_encoding", None) is not None and model.pos_encoding.foldable:
+    if hasattr(model, "fold_encoding_"):  # what folds (STRING's basis) is written into a copy's weights
         model = copy.deepcopy(model)
         model.fold_encoding_()
     was_training = model.training

@@ -77,13 +77,10 @@ class AttnBias(PositionEncoding):
     def __init__(self, kind: str, num_heads: int, depth: int, train_grid: tuple[int, int] | None = None,
                  policy: str | dict | ResolutionPolicy | None = None,
                  config: str | dict[str, Any] | None = None) -> None:
-        super().__init__()
-        check_choice(kind, BIAS_KINDS, "attention bias")
+        super().__init__(check_choice(kind, BIAS_KINDS, "attention bias"), depth, train_grid, policy)
         if kind != "lookhere" and config is not None:
             raise ValueError(f"config sets LookHere (encoding='lookhere') and does nothing for {kind!r}.")
-        self.kind, self.num_heads, self.depth = kind, num_heads, depth
-        self.train_grid = None if train_grid is None else (int(train_grid[0]), int(train_grid[1]))
-        self.policy = policy
+        self.num_heads = num_heads
         self._cache = GridTables(self.CACHE_SIZE)
         self.register_buffer("anchor", torch.zeros(0), persistent=False)  # follows .to(device): the tables' device
         if kind == "lookhere":

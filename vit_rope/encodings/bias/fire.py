@@ -48,15 +48,12 @@ class Fire(PositionEncoding):
         hidden: the MLPs' width (FIRE's 32).
     """
 
-    kind = "fire"
     policies = POSITION_POLICIES
 
     def __init__(self, num_heads: int, depth: int, train_grid: tuple[int, int] | None = None,
                  policy: str | dict | ResolutionPolicy | None = None, hidden: int = 32) -> None:
-        super().__init__()
-        self.num_heads, self.depth = num_heads, depth
-        self.train_grid = None if train_grid is None else (int(train_grid[0]), int(train_grid[1]))
-        self.policy = policy
+        super().__init__("fire", depth, train_grid, policy)
+        self.num_heads = num_heads
         self.mlps = nn.ModuleList(Mlp(2, hidden, num_heads, act_layer=nn.ReLU) for _ in range(depth))
         self.log_scale = nn.Parameter(torch.ones(depth))  # c of psi(x) = log(c x + 1)
         self.threshold = nn.Parameter(torch.ones(depth))  # tau: grids smaller than it are normalised by it

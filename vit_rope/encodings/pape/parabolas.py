@@ -186,15 +186,11 @@ class ParabolicEncoding(PositionEncoding):
 
     def __init__(self, kind: str, depth: int, train_grid: tuple[int, int] | None = None,
                  policy: str | dict | ResolutionPolicy | None = None, parabolas: int | None = None) -> None:
-        super().__init__()
-        check_choice(kind, PAPE_KINDS, "parabolic encoding")
+        super().__init__(check_choice(kind, PAPE_KINDS, "parabolic encoding"), depth, train_grid, policy)
         if kind == "pape_ri" and parabolas is not None:
             raise ValueError(f"parabolas={parabolas!r} sets PaPE (encoding='pape'); PaPE-RI has one parabola per "
                              "head, in the Euclidean offset: leave it unset.")
-        self.kind, self.depth = kind, depth
         self.parabolas = None if kind == "pape_ri" else check_parabolas(PARABOLAS if parabolas is None else parabolas)
-        self.train_grid = None if train_grid is None else (int(train_grid[0]), int(train_grid[1]))
-        self.policy = policy
 
     def refusal(self, policy: str) -> str:
         return (f"Policy {policy!r} does not apply to {self.kind}, a parabolic bias: ntk and yarn rescale RoPE "

@@ -37,7 +37,8 @@ class RotaryEncoding(PositionEncoding, nn.ModuleList):
     """
 
     def __init__(self, depth: int, per_block: bool, string: bool = False, **rope_args: Any) -> None:
-        super().__init__(RoPE2D(**rope_args) for _ in range(depth if per_block else 1))
+        # a ModuleList of RoPE2D modules, which hold the kind, grid and policy (``policy`` sets theirs)
+        nn.ModuleList.__init__(self, (RoPE2D(**rope_args) for _ in range(depth if per_block else 1)))
         self.depth, self.per_block, self.string = depth, per_block, string
         self.kind, self.train_grid = self[0].kind, self[0].train_grid
 
@@ -91,10 +92,6 @@ class RotaryEncoding(PositionEncoding, nn.ModuleList):
         if positions.captured:  # a graph records every block's tables up front
             return [block(i) for i in range(self.depth)]
         return LazyBlockInputs(block, self.depth)  # each block's tables as the block runs
-
-    @property
-    def foldable(self) -> bool:
-        return self.string
 
     def fold_(self, blocks: nn.ModuleList) -> None:
         """Write each block's STRING basis into its qkv projection and drop it: the same function at the cost of the
