@@ -203,7 +203,7 @@ def prepare(models: dict[str, nn.Module], images: torch.Tensor, mode: str, amp: 
     for name, model in models.items():
         model.train(mode == "train")
         runner = torch.compile(model, dynamic=False) if compiled else model
-        steps[name] = make_step(runner, images, mode, amp, name.endswith(REFERENCE))
+        steps[name] = make_step(runner, images, mode, amp, str(name).endswith(REFERENCE))
         for _ in range(warmup):
             run_step(steps[name], model, mode)
     return steps

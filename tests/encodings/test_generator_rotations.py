@@ -1,7 +1,7 @@
 """Rotations from learned generators (vit_rope.encodings.generators.block_rotation, comrope, liere): parity with the
-official code, the block rotation against a dense product, per-axis turns against per-cell ones, and each kind's
-properties: norms kept, ComRoPE's matrices commuting (hence relative), LieRE equal to exp(sum p_i A_i) and relative only
-where its generators commute."""
+official code, the exportable exponential against torch's, the block rotation against a dense product, per-axis turns
+against per-cell ones, and each kind's properties: norms kept, ComRoPE's matrices commuting (hence relative), LieRE
+equal to exp(sum p_i A_i) and relative only where its generators commute."""
 
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from vit_rope.encodings.base import image_positions
-from vit_rope.encodings.generators.axis_rotation import AxisRotations, rotate_axes
+from vit_rope.encodings.generators import block_rotation
+from vit_rope.encodings.generators.axis_rotation import AxisRotations, axis_turns, rotate_axes
 from vit_rope.encodings.generators.block_rotation import BlockRotations, rotate_blocks, rotate_qk
 from vit_rope.encodings.generators.comrope import ComRoPE
 from vit_rope.encodings.generators.liere import LieRE
@@ -83,16 +84,34 @@ def block_diagonal(rotation: torch.Tensor) -> torch.Tensor:
     return dense
 
 
-@pytest.mark.parametrize("shared", [True, False])
-def test_rotate_blocks_is_the_dense_block_diagonal_product(shared: bool):
+@pytest.mark.parametrize("dtype, tol", [(torch.float64, 1e-9), (torch.float32, 2e-5)])
+def test_the_exponential_and_its_gradient_equal_torchs_matrix_exp(dtype: torch.dtype, tol: float):
+    """With autograd (``expm_by_squaring`` to the largest count) and under a capture (every squaring masked): torch's
+    values and gradient, from tiny norms to ~1e4 in fp64, to ~100 in fp32 (past what positions times generators
+    reach)."""
     torch.manual_seed(0)
-    x = torch.randn(3, 2, 5, 12)  # [B, H, N, D], blocks of 4 plus nothing left over
+    raw = torch.randn(64, 8, 8, dtype=torch.float64) * torch.logspace(-3, 2.5, 64, dtype=torch.float64)[:, None, None]
+    skew = (raw - raw.mT)[: 64 if dtype == torch.float64 else 48].to(dtype).requires_grad_()
+    expected = torch.linalg.matrix_exp(skew)
+    grad = torch.randn_like(expected)
+    (theirs,) = torch.autograd.grad(expected, skew, grad)
+    scale = theirs.abs().amax((-1, -2), keepdim=True)  # relative to each matrix's gradient
+    for ours in (block_rotation.expm(skew), block_rotation.expm(skew, captured=True)):
+        torch.testing.assert_close(ours, expected, atol=tol, rtol=tol)
+        torch.testing.assert_close(torch.autograd.grad(ours, skew, grad)[0] / scale, theirs / scale, atol=tol, rtol=0)
+
+
+@pytest.mark.parametrize("shared", [True, False])
+def test_rotate_blocks_is_the_dense_block_diagonal_product_and_rotate_qk_the_same(shared: bool):
+    torch.manual_seed(0)
+    x = torch.randn(3, 2, 5, 12)  # [B, H, N, D], blocks of 4
     skew = torch.randn(1 if shared else 3, 2, 5, 3, 4, 4)
     rotation = torch.linalg.matrix_exp(skew - skew.transpose(-1, -2))
     dense = block_diagonal(rotation)  # [1 or B, H, N, D, D]
     torch.testing.assert_close(rotate_blocks(x, rotation), (dense @ x[..., None])[..., 0])
-    partial = rotation[..., :2, :, :]  # LieRE's leftover channels stay as they are
-    torch.testing.assert_close(rotate_blocks(x, partial)[..., 8:], x[..., 8:])
+    if shared:  # one table for the batch: q's and k's samples as the rows of one matmul
+        torch.testing.assert_close(rotate_qk(x, x.flip(0), rotation), (rotate_blocks(x, rotation),
+                                                                       rotate_blocks(x.flip(0), rotation)))
 
 
 def encodings() -> dict[str, torch.nn.Module]:
@@ -102,20 +121,14 @@ def encodings() -> dict[str, torch.nn.Module]:
             "liere": LieRE(2, 2, 16, (4, 4), generator_dim=4)}
 
 
-def turned(q: torch.Tensor, k: torch.Tensor, inputs: dict[str, object]) -> tuple[torch.Tensor, torch.Tensor]:
-    """q and k turned as a block's attention turns them with its inputs (v plays no part)."""
-    q, k, _ = inputs.transform(None, None, q, k, k)
-    return q, k
-
-
 @pytest.mark.parametrize("kind", ["comrope_ap", "comrope_ld", "liere"])
 def test_every_rotation_keeps_norms(kind: str):
     encoding = encodings()[kind]
     positions = image_positions(encoding, 5, 7)
     q, k = torch.randn(2, 2, 2, 36, 16).unbind(0)
+    for x, rotated in zip((q, k), encoding.block_inputs(positions, 1)[0].rotate(q, k), strict=True):
+        torch.testing.assert_close(rotated.norm(dim=-1), x.norm(dim=-1))
     with torch.no_grad():
-        for x, rotated in zip((q, k), turned(q, k, encoding.block_inputs(positions, 1)[0]), strict=True):
-            torch.testing.assert_close(rotated.norm(dim=-1), x.norm(dim=-1))
         rotation = encoding.tables(positions.coords, 1)  # [L, 1, H, P + N, m, b, b]
     eye = torch.eye(rotation.shape[-1])
     torch.testing.assert_close(rotation @ rotation.transpose(-1, -2), eye.expand_as(rotation), atol=1e-5, rtol=0)
@@ -180,7 +193,7 @@ def test_comrope_turns_per_axis_equal_one_exponential_per_cell(kind: str, cls_po
     inputs = encoding.block_inputs(positions, 2)
     assert all(isinstance(item, AxisRotations) for item in inputs)
     per_cell = encoding.tables(positions.coords, 2)[1]  # [1, H, P + N, m, b, b]
-    by_axes = turned(q, k, inputs[1])
+    by_axes = inputs[1].rotate(q, k)
     expected = rotate_blocks(q, per_cell), rotate_blocks(k, per_cell)
     torch.testing.assert_close(by_axes, expected, atol=1e-5, rtol=1e-5)
     grads = [torch.autograd.grad(sum((a * b).sum() for a, b in zip(out, (k, q), strict=True)),
@@ -194,10 +207,12 @@ def test_liere_generators_do_not_commute_so_its_tables_are_never_factored_by_axe
     torch.manual_seed(0)
     encoding = LieRE(1, 2, 16, (4, 4), generator_dim=4)
     positions = image_positions(encoding, 4, 4)
-    assert not encoding.commuting and isinstance(encoding.block_inputs(positions, 0)[0], BlockRotations)
+    assert isinstance(encoding.block_inputs(positions, 0)[0], BlockRotations)
     q, k = torch.randn(2, 1, 2, 16, 16).unbind(0)
     with torch.no_grad():
-        factored = rotate_axes(q, k, tuple(t[0] for t in encoding.axis_tables(positions.coords, 0, (4, 4))))
+        gens, cells = encoding.generators(), positions.coords.view(4, 4, 2)
+        turns = encoding.prefix_tables(gens, 0), *axis_turns((cells[0, :, 0], cells[:, 0, 1]), gens.unbind(2))
+        factored = rotate_axes(q, k, tuple(t[0] for t in turns))
         per_cell = rotate_qk(q, k, encoding.tables(positions.coords, 0)[0])
     assert (factored[0] - per_cell[0]).abs().max() > 1e-3
 
@@ -205,9 +220,6 @@ def test_liere_generators_do_not_commute_so_its_tables_are_never_factored_by_axe
 def test_tables_without_autograd_are_built_a_chunk_of_tokens_at_a_time(monkeypatch):
     """Evaluation's tables (chunks of tokens, each exponential its own) equal training's (one call), to fp32 rounding
     (the chunks' angle products are summed in another order)."""
-    from vit_rope.encodings.generators import block_rotation
-    from vit_rope.encodings.generators.liere import LieRE
-
     torch.manual_seed(0)
     encoding = LieRE(depth=2, num_heads=2, head_dim=16, train_grid=(4, 4), per_layer=True)
     positions = torch.rand(13, 2) * 3

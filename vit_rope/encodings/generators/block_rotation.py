@@ -1,20 +1,10 @@
-"""Rotations ``R(p) = exp(sum_i p_i A_i)`` from learned skew-symmetric generators, acting on blocks of channels.
+"""Rotations ``R(p) = exp(p_x A_x + p_y A_y)`` from learned skew-symmetric generators, acting on blocks of channels:
+what ComRoPE (Yu et al., CVPR 2025, arXiv:2506.03737; ``comrope``) and LieRE (Ostmeier et al., ICML 2025,
+arXiv:2406.10322; ``liere``) share.
 
-ComRoPE (``vit_rope.encodings.generators.comrope``) and LieRE (``vit_rope.encodings.generators.liere``) both rotate each
-query and key by such an ``R`` instead of RoPE's 2x2 pairs: the head's ``D`` channels are cut into ``D / b`` contiguous
-blocks of ``b``, and each block gets its own ``b x b`` orthogonal matrix per token (and per head, per layer where the
-kind learns them). What differs between them is how the generators ``A_x, A_y`` are parametrised (commuting or not) and
-where a patch sits; this module holds what they share:
-
-- ``rotate_blocks``: ``R`` applied to q or k ``[B, H, N, D]``, a matrix-vector product per token (per-sample tables:
-  NaFlex; graph captures); ``rotate_qk`` turns q and k of an image batch by the batch's one table in one batched
-  matmul, every sample of both as its rows (``[H, N, m, 2B, b] @ [H, N, m, b, b]``), output in the layout SDPA's CPU
-  flash kernel takes (channels of stride 1; else its unfused fallback runs).
-- ``BlockRotations``: what a block's attention gets (``BlockInput``), ``rotate_qk``'s tables; where the generators
-  commute (ComRoPE), an image batch's blocks get ``vit_rope.encodings.generators.axis_rotation.AxisRotations`` instead.
-- ``BlockRotation``: the ``PositionEncoding`` of both kinds: tables ``[1 or B, H, P + N, D/b, b, b]`` per block
-  (prefix tokens at a kind's own position, or the identity), or per axis (``axis_tables``), built once per forward
-  and, for an image batch in evaluation, kept per grid until the generators change.
+Both turn q and k by such an ``R`` instead of RoPE's 2x2 pairs: a head's ``D`` channels are cut into ``D / b`` blocks
+of ``b``, each turned by its own ``b x b`` orthogonal matrix per token (per head, per layer where the kind learns
+them). They differ in how ``A_x, A_y`` are parametrised (commuting or not) and where a patch sits.
 """
 
 from __future__ import annotations
@@ -26,44 +16,75 @@ from timm.layers import register_notrace_module
 from torch import Tensor, nn
 
 from vit_rope.encodings.base import BlockInput, GridTables, PositionEncoding, Positions
-from vit_rope.encodings.generators.axis_rotation import AxisRotations, axis_turns
 from vit_rope.encodings.policies import POSITION_POLICIES, ResolutionPolicy
-from vit_rope.layers.capture import capturing
-from vit_rope.layers.expm import expm
-from vit_rope.layers.shared_rotation import rotate_shared, share, shared_node
 
-# exponentials per chunk of tokens where nothing is saved for backward: the series' terms and squares (``s + 2``
-# matrices per exponential) stay O(chunk), so a high-resolution grid's tables cost their own size
+MAX_SQUARINGS = 16  # norms up to 2**15: far past any position range times generator a model meets
+# exponentials per chunk of tokens where nothing is saved for backward: a high-resolution grid's intermediates stay
+# O(chunk), so its tables cost their own size
 TABLE_CHUNK = 2**13
 
 
+def expm(skew: Tensor, captured: bool = False) -> Tensor:
+    """``exp(S)`` of ``[..., b, b]`` in fp32 at least, equal to ``torch.linalg.matrix_exp`` to rounding: torch's
+    without autograd; with autograd or under a graph capture ``expm_by_squaring``, which ONNX exports (it has no
+    matrix exponential) and whose gradient, autograd's through its products, costs a fraction of ``matrix_exp``'s
+    (the exponential of a ``2b x 2b`` matrix): LieRE's ViT-S trains at 448 px at 0.75x axial RoPE, 0.60x with it."""
+    dtype = skew.dtype
+    skew = skew if dtype in (torch.float32, torch.float64) else skew.float()
+    if captured or (skew.requires_grad and torch.is_grad_enabled() and not skew.is_meta):  # meta: no norms to read
+        return expm_by_squaring(skew, captured).to(dtype)
+    return torch.linalg.matrix_exp(skew.contiguous()).to(dtype)  # contiguous: it views its input
+
+
+def expm_by_squaring(skew: Tensor, captured: bool = False) -> Tensor:
+    """``exp(S)`` of ``[..., b, b]``: each matrix scaled by ``2^s`` to a norm <= 1/2, a Taylor polynomial below the
+    dtype's rounding (Horner's rule, one ``baddbmm`` a term) and ``s`` squarings. In eager the batch is sorted by ``s``
+    (a host sync) and each squaring multiplies only the suffix that still needs it (at LieRE's 448 px grid most need
+    6 or 7, one in tens of thousands 8); under a capture every matrix is squared ``MAX_SQUARINGS`` times, masked past
+    its own ``s``: one graph for every position range, the same values."""
+    flat = skew.reshape(-1, *skew.shape[-2:])  # [n, b, b]
+    norm = flat.detach().abs().sum(-1).amax(-1)  # the infinity norm bounds the spectral one
+    count = torch.ceil(torch.log2(norm.clamp_min(1e-30) * 2)).clamp(0, MAX_SQUARINGS)  # [n]: s of each matrix
+    if not captured:
+        count, perm = torch.sort(count)
+        flat = flat[perm]
+    scaled = flat / torch.exp2(count)[:, None, None]
+    order = 8 if skew.dtype == torch.float32 else 14  # remainder 0.5^9 / 9! ~ 5e-9, 0.5^15 / 15! ~ 2e-17
+    eye = torch.eye(skew.shape[-1], dtype=skew.dtype, device=skew.device)
+    power = torch.add(eye, scaled, alpha=1 / order)
+    for k in range(order - 1, 0, -1):
+        power = torch.baddbmm(eye, scaled, power, alpha=1 / k)  # I + X p / k
+    if captured:
+        for step in range(MAX_SQUARINGS):
+            power = torch.where((step < count)[:, None, None], power @ power, power)
+        return power.view(skew.shape)
+    done = []
+    for size in torch.bincount(count.long()).tolist()[:-1]:  # matrices squared 0, 1, ... times
+        finished, power = power.split((size, power.shape[0] - size))
+        done.append(finished)
+        power = power @ power
+    power = torch.cat((*done, power))
+    return torch.empty_like(power).index_copy(0, perm, power).view(skew.shape)
+
+
 def rotate_blocks(x: Tensor, rotation: Tensor) -> Tensor:
-    """``x`` ``[B, H, N, D]`` with each block of ``b`` channels turned by its matrix of ``rotation``
-    ``[1 or B, H or 1, N, D/b, b, b]``; channels past the last whole block (LieRE's) stay as they are."""
-    m, b = rotation.shape[-3], rotation.shape[-1]
-    rotation = rotation.to(x.dtype)
-    blocks = x[..., : m * b].unflatten(-1, (m, b))  # [B, H, N, m, b]
-    turned = (rotation @ blocks[..., None])[..., 0].flatten(-2)
-    if capturing(x) or m * b != x.shape[-1]:  # FX sees shapes as proxies: no test on them
-        return torch.cat((turned, x[..., m * b:]), -1)
-    return turned
+    """``x`` ``[B, H, N, D]`` with each block of ``b`` channels turned by its matrix of ``rotation`` ``[1 or B, H or 1,
+    N, D/b, b, b]``: the reference, a matrix-vector product per token."""
+    blocks = x.unflatten(-1, (-1, rotation.shape[-1]))  # [B, H, N, m, b]
+    return (rotation.to(x.dtype) @ blocks[..., None])[..., 0].flatten(-2)
 
 
 def rotate_qk(q: Tensor, k: Tensor, rotation: Tensor) -> tuple[Tensor, Tensor]:
-    """``rotate_blocks`` of q and k ``[B, H, N, D]`` by one table: for a table shared by the batch that covers every
-    channel, one matmul ``x^T R^T`` with q's and k's samples together as its rows, whose copies in and out move whole
-    blocks of ``b`` channels (``R x`` with the samples as columns would move single channels)."""
+    """``rotate_blocks`` of q and k ``[B, H, N, D]`` by a table shared by the batch ``[1, H or 1, N, D/b, b, b]`` as
+    one matmul ``x^T R^T`` with q's and k's samples together as its rows, whose copies in and out move whole blocks of
+    ``b`` channels (``R x`` with the samples as columns would move single channels); out in the layout SDPA's CPU
+    flash kernel takes (channels of stride 1)."""
     B, H, N, D = q.shape
     m, b = rotation.shape[-3], rotation.shape[-1]
-    if capturing(q) or rotation.shape[0] != 1 or q.shape != k.shape or m * b != D:
-        return rotate_blocks(q, rotation), rotate_blocks(k, rotation)
-    node = shared_node(rotation)
-    if node is not None:  # training, one table for every block
-        return rotate_shared(q, k, rotation, node)
     rows = torch.stack((q, k)).permute(2, 3, 0, 1, 4).reshape(H, N, 2 * B, m, b).transpose(2, 3)  # [H, N, m, 2B, b]
     # squeeze and unbind, not [0]: an index's backward writes each gradient into zeros of the whole
     turned = rows @ rotation.squeeze(0).transpose(-1, -2).to(q.dtype)  # [H, N, m, 2B, b]
-    q, k = turned.view(H, N, m, 2, B, b).permute(3, 4, 0, 1, 2, 5).reshape(2, B, H, N, D).unbind(0)  # flash layout
+    q, k = turned.view(H, N, m, 2, B, b).permute(3, 4, 0, 1, 2, 5).reshape(2, B, H, N, D).unbind(0)
     return q, k
 
 
@@ -77,41 +98,52 @@ def check_block(name: str, block: int, head_dim: int) -> int:
     return block
 
 
-class BlockRotations(BlockInput):
-    """A block's rotations of q and k, one ``b x b`` matrix per token and channel block: ``rotation`` ``[1 or B, nh or
-    1, N, D/b, b, b]`` (``rotate_qk``)."""
+class Rotations(BlockInput):
+    """A block's rotations of q and k, after attention's projection and q/k norms (``rotate``)."""
 
-    def __init__(self, rotation: Tensor) -> None:
-        self.rotation = rotation
+    def rotate(self, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor]:
+        raise NotImplementedError
 
-    def transform(self, attn: nn.Module, x: Tensor, q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        q, k = rotate_qk(q, k, self.rotation)
+    def project(self, attn: nn.Module, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        q, k, v = super().project(attn, x)  # [B, nh, N, D] each
+        q, k = self.rotate(q, k)
         return q, k, v
+
+
+class BlockRotations(Rotations):
+    """One ``b x b`` matrix per token and channel block: ``rotation`` ``[1 or B, H or 1, N, D/b, b, b]``; ``batched``
+    (decided by ``block_inputs``): a table shared by an eager batch, turned by ``rotate_qk``."""
+
+    def __init__(self, rotation: Tensor, batched: bool) -> None:
+        self.rotation, self.batched = rotation, batched
+
+    def rotate(self, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor]:
+        if self.batched:
+            return rotate_qk(q, k, self.rotation)
+        return rotate_blocks(q, self.rotation), rotate_blocks(k, self.rotation)
 
 
 @register_notrace_module
 class BlockRotation(PositionEncoding):
-    """What ComRoPE and LieRE share: the rotation tables of each block from the kind's ``generators()`` and the
-    positions its ``place`` gives. Resolution policies: ``extrapolate`` and ``interpolate`` (what each means is the
-    kind's ``place``); ``ntk``, ``yarn`` and ``normalized`` rescale RoPE frequencies, which these kinds do not have.
+    """What ComRoPE and LieRE share: each block's rotation tables from the kind's ``generators()`` at the positions
+    its ``place`` gives. Policies: ``extrapolate`` and ``interpolate`` (the kind's ``place`` says what each means).
 
     Args:
+        kind: the kind's name.
         depth: blocks of the model.
         train_grid: the ``(h, w)`` training grid, which the policies scale against.
         policy: ``extrapolate`` (default) or ``interpolate``.
-        prefix_position: the position of every prefix token (class, registers) in the kind's units, or ``None`` for
-            the identity (prefix tokens not rotated).
+        prefix_position: the position of every prefix token (class, registers) in the kind's units on both axes, or
+            ``None`` for the identity (prefix tokens not rotated).
     """
 
     CACHE_SIZE = 2
     policies = POSITION_POLICIES
 
-    def __init__(self, depth: int, train_grid: tuple[int, int], policy: str | dict | ResolutionPolicy | None,
-                 prefix_position: float | None) -> None:
-        super().__init__()
-        self.depth, self.train_grid = depth, (int(train_grid[0]), int(train_grid[1]))
+    def __init__(self, kind: str, depth: int, train_grid: tuple[int, int],
+                 policy: str | dict | ResolutionPolicy | None, prefix_position: float | None) -> None:
+        super().__init__(kind, depth, train_grid, policy)
         self.prefix_position = prefix_position
-        self.policy = policy
         self._cache = GridTables(self.CACHE_SIZE)
 
     def refusal(self, policy: str) -> str:
@@ -125,22 +157,26 @@ class BlockRotation(PositionEncoding):
         along the axes (x, y) of the positions ``place`` gives."""
         raise NotImplementedError
 
-    def tables(self, positions: Tensor, num_prefix_tokens: int) -> Tensor:
-        """``R`` ``[L, 1 or B, H, P + N, D/b, b, b]`` for positions ``[N, 2]`` or ``[B, N, 2]`` (x, y): an exponential
-        per token."""
+    @property
+    def per_layer(self) -> bool:
+        """Whether each block has its own generators."""
+        return False
+
+    def tables(self, coords: Tensor, num_prefix_tokens: int, captured: bool = False) -> Tensor:
+        """``R`` ``[L, 1 or B, H, P + N, D/b, b, b]`` at positions ``[N, 2]`` or ``[B, N, 2]`` (x, y): an exponential
+        per token; without autograd a chunk of tokens at a time."""
         gens = self.generators().float()  # [L, H, 2, m, b, b]
-        pos = positions.float() if positions.dim() == 3 else positions.float()[None]  # [1 or B, N, 2]
+        pos = coords.float() if coords.dim() == 3 else coords.float()[None]  # [1 or B, N, 2]
 
         def turn(pos: Tensor) -> Tensor:  # [1 or B, n, 2] -> [L, 1 or B, H, n, m, b, b]
-            return expm(torch.einsum("bna,lhamij->lbhnmij", pos, gens))
+            return expm(torch.einsum("bna,lhamij->lbhnmij", pos, gens), captured)
 
-        prefix = self.prefix_tables(gens, num_prefix_tokens)[:, None]  # [L, 1, H, P, m, b, b]
-        if torch.is_grad_enabled() or capturing(positions):
+        prefix = self.prefix_tables(gens, num_prefix_tokens, captured)[:, None]  # [L, 1, H, P, m, b, b]
+        if torch.is_grad_enabled() or captured:
             rotation = turn(pos)
             if not num_prefix_tokens:
                 return rotation
-            return torch.cat((prefix.expand(-1, rotation.shape[1], -1, -1, -1, -1, -1).to(rotation.dtype), rotation), 3)
-        # without autograd, tokens a chunk at a time into the tables: a high-resolution grid's memory is theirs alone
+            return torch.cat((prefix.expand(-1, rotation.shape[1], -1, -1, -1, -1, -1), rotation), 3)
         (L, H, _, m, b, _), P = gens.shape, num_prefix_tokens
         out = gens.new_empty(L, pos.shape[0], H, P + pos.shape[1], m, b, b)
         out[:, :, :, :P] = prefix
@@ -149,91 +185,44 @@ class BlockRotation(PositionEncoding):
             out[:, :, :, P + start: P + start + chunk] = turn(pos[:, start: start + chunk])
         return out
 
-    def prefix_tables(self, gens: Tensor, num_prefix_tokens: int) -> Tensor:
-        """The prefix tokens' ``R`` ``[L, H, P, m, b, b]``: at the kind's ``prefix_position`` on both axes, or exactly
-        the identity."""
-        if self.prefix_position is None:  # exactly the identity, whatever the rounding
-            eye = torch.eye(gens.shape[-1], device=gens.device)
-            return eye.expand(*gens.shape[:2], num_prefix_tokens, *gens.shape[3:])
-        return expm(gens.sum(2) * self.prefix_position)[:, :, None].expand(-1, -1, num_prefix_tokens, -1, -1, -1)
-
-    def axis_tables(self, positions: Tensor, num_prefix_tokens: int, grid: tuple[int, int]) -> tuple[Tensor, ...]:
-        """``rotate_axes``' tables of an image batch's positions ``[N, 2]`` (its ``(h, w)`` grid's cells in row-major
-        order) when the generators commute: the prefix tokens' ``[L, H, P, m, b, b]``, the columns' ``[L, H, w, m_x,
-        b, b]`` and the rows' ``[L, H, h, m_y, b, b]`` (the blocks ``axis_blocks`` names). Along an axis the
-        positions are evenly spaced, ``x_c = x_0 + c d``, so ``exp(x_c A) = exp(x_0 A) exp(d A)^c``: two exponentials
-        per axis instead of one (and its costlier backward) per cell."""
-        gens = self.generators().float()  # [L, H, 2, m, b, b]
-        h, w = grid
-        cells = positions.float().view(h, w, 2)
-        x_blocks, y_blocks = self.axis_blocks
-        axes = (cells[0, :, 0], cells[:, 0, 1]), (gens[:, :, 0, x_blocks], gens[:, :, 1, y_blocks])
-        if self.prefix_position is None or not num_prefix_tokens:  # the identity, or no prefix token
-            return self.prefix_tables(gens, num_prefix_tokens), *axis_turns(*axes)
-        turn_x, turn_y, prefix = axis_turns(*axes, gens.sum(2) * self.prefix_position)  # in the same exponential call
-        return prefix[:, :, None].expand(-1, -1, num_prefix_tokens, -1, -1, -1), turn_x, turn_y
-
-    @property
-    def commuting(self) -> bool:
-        """Whether the kind's ``A_x`` and ``A_y`` commute by construction (ComRoPE), which ``axis_tables`` needs (with
-        a ``place`` that spaces a grid's columns and rows evenly, as every policy of these kinds does)."""
-        return False
-
-    @property
-    def axis_blocks(self) -> tuple[slice, slice]:
-        """The blocks that x and y turn, in one of ``rotate_axes``' layouts: every block by both axes by default."""
-        return slice(None), slice(None)
-
-    def forward(self, positions: Positions, num_prefix_tokens: int = 0) -> Tensor:
-        """Every block's tables per token (``tables``); an image batch's in evaluation kept per grid until the
-        generators, the policy or the device change."""
-        key = self.cache_key(positions, num_prefix_tokens)
-        if key is None:
-            return self.tables(positions.coords, num_prefix_tokens)
-        return self._cache.get(key, lambda: self.tables(positions.coords, num_prefix_tokens))
+    def prefix_tables(self, gens: Tensor, num_prefix_tokens: int, captured: bool = False) -> Tensor:
+        """The prefix tokens' ``R`` ``[L, H, P, m, b, b]`` of the generators ``gens`` ``[L, H, 2, m, b, b]``: at
+        ``prefix_position`` on both axes, or exactly the identity."""
+        if self.prefix_position is None or not num_prefix_tokens:
+            eye = torch.eye(gens.shape[-1], dtype=gens.dtype, device=gens.device)
+            turn = eye.expand(*gens.shape[:2], *gens.shape[3:])
+        else:
+            turn = expm(gens.sum(2) * self.prefix_position, captured)
+        return turn[:, :, None].expand(-1, -1, num_prefix_tokens, -1, -1, -1)
 
     def cache_key(self, positions: Positions, num_prefix_tokens: int) -> tuple | None:
         """What an image batch's tables in eager evaluation depend on (grid, prefix count, device, policy, the
         parameters' versions); ``None`` where they are not kept: NaFlex batches, autograd, graph captures."""
-        grid = positions.grid
-        if (grid is None or capturing(positions.coords) or positions.coords.dim() != 2 or torch.is_grad_enabled()
-                or torch.jit.is_scripting()):
+        if positions.captured or positions.grid is None or positions.coords.dim() != 2 or torch.is_grad_enabled():
             return None
         params = tuple(x for p in self.parameters() for x in (p._version, p.data_ptr()))
-        return (int(grid[0]), int(grid[1]), num_prefix_tokens, str(positions.coords.device), self.policy_name, params)
+        h, w = positions.grid
+        return (int(h), int(w), num_prefix_tokens, str(positions.coords.device), self.policy_name, params)
 
-    def by_axes(self, positions: Positions) -> bool:
-        """Whether the blocks get their rotations per axis (``rotate_axes``): an image batch of a kind whose
-        generators commute, outside exports (which keep the grid's size dynamic, and a view to ``h x w`` would fix
-        it) and FX tracing (whose proxies have no grid)."""
-        return (self.commuting and positions.grid is not None and not isinstance(positions.coords, torch.fx.Proxy)
-                and positions.coords.dim() == 2 and not (torch.compiler.is_exporting() or torch.jit.is_tracing()
-                                                         or torch.jit.is_scripting()))
+    def forward(self, positions: Positions, num_prefix_tokens: int = 0) -> Tensor:
+        """Every block's tables (``tables``); an image batch's in evaluation kept per grid until the generators, the
+        policy or the device change."""
+        key = self.cache_key(positions, num_prefix_tokens)
+
+        def build() -> Tensor:
+            return self.tables(positions.coords, num_prefix_tokens, positions.captured)
+
+        return build() if key is None else self._cache.get(key, build)
 
     def block_inputs(self, positions: Positions, num_prefix_tokens: int) -> list[Any]:
-        if self.by_axes(positions):
-            grid = (int(positions.grid[0]), int(positions.grid[1]))
-
-            def build() -> tuple[Tensor, ...]:
-                return self.axis_tables(positions.coords, num_prefix_tokens, grid)
-
-            key = self.cache_key(positions, num_prefix_tokens)
-            turns = build() if key is None else self._cache.get((*key, "axes"), build)
-            layers = list(zip(*(t.unbind(0) for t in turns), strict=True))  # one per block, or one for all
-            return [AxisRotations(layer)
-                    for layer in (layers * self.depth if len(layers) == 1 else layers)]
         tables = self(positions, num_prefix_tokens)  # [L, 1 or B, H, P + N, m, b, b]
-        if not self.per_layer:  # one table: its gradient one product
-            return [BlockRotations(share(tables.squeeze(0)))] * self.depth
-        if isinstance(tables, torch.fx.Proxy):  # FX records the tables as one call: indexable, not unpackable
-            return [BlockRotations(tables[i]) for i in range(self.depth)]
-        # unbound, not indexed: each index's backward would fill a zero gradient of all L layers' tables
-        return [BlockRotations(table) for table in tables.unbind(0)]
-
-    @property
-    def per_layer(self) -> bool:
-        """Whether each block has its own generators."""
-        return False
+        batched = not positions.captured and positions.coords.dim() == 2
+        if not self.per_layer:
+            return [BlockRotations(tables.squeeze(0), batched)] * self.depth
+        # a graph records the tables as one value: indexable, not unpackable; in eager, unbound, not indexed (each
+        # index's backward would fill a zero gradient of all L layers' tables)
+        layers = [tables[i] for i in range(self.depth)] if positions.captured else tables.unbind(0)
+        return [BlockRotations(table, batched) for table in layers]
 
     def clear_(self) -> None:
         """Drop the kept tables: when training starts (the generators move at every step) and when blocks are

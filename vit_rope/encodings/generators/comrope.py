@@ -18,12 +18,11 @@ the class token (every prefix token here) sits at ``(0.5, 0.5)`` and is rotated 
 ``cls_position=None`` leaves prefix tokens unrotated). The block size defaults to 8 (``block_size``;
 ``model.py``'s config default is 2, with which ComRoPE-AP is RoPE with learned frequencies).
 
-In eager inference of an image batch the blocks are handed their rotations in RoPE form as well (a basis folded into
-the projection and mixed-RoPE tables, ``vit_rope.layers.spectral``), which costs what mixed RoPE costs.
+An eager image batch is turned per axis (``axis_rotation``), in inference in RoPE form where attention can fold a basis
+into its projection (``spectral``), at the cost of mixed RoPE; NaFlex batches and graph captures one table per token.
 
-Resolution policies: ``extrapolate`` divides by the training grid ``n`` at every size (a patch moves by ``1 / n`` as in
-training and larger images reach past 1: the official model given its training positions' step); ``interpolate``
-divides by the input grid (positions span [0, 1] at every size: the official model built for the new image size).
+Policies: ``extrapolate`` (the official model given its training positions' step: larger images reach past 1) and
+``interpolate`` (the official model built for the new size: positions span [0, 1]).
 """
 
 from __future__ import annotations
@@ -37,10 +36,11 @@ from torch import Tensor, nn
 
 from vit_rope.checks import check_choice
 from vit_rope.encodings.base import EncodingSpec, GridTables, PositionEncoding, Positions, register
+from vit_rope.encodings.generators.axis_rotation import AxisRotations, axis_turns
 from vit_rope.encodings.generators.block_rotation import BlockRotation, check_block
+from vit_rope.encodings.generators.spectral import FoldedProjection, Spectral, spectral_form
 from vit_rope.encodings.policies import ResolutionPolicy, by_grid, grid_units
 from vit_rope.layers.rotary import rope_angles, rope_tables
-from vit_rope.layers.spectral import FoldedProjection, Spectral, spectral_form
 
 COMROPE_KINDS = ("comrope_ap", "comrope_ld")
 
@@ -84,8 +84,7 @@ class ComRoPE(BlockRotation):
     def __init__(self, kind: str, depth: int, num_heads: int, head_dim: int, train_grid: tuple[int, int],
                  policy: str | dict | ResolutionPolicy | None = None, block_size: int = 8, init_std: float = 1.0,
                  cls_position: float | None = 0.5) -> None:
-        self.kind = check_choice(kind, COMROPE_KINDS, "ComRoPE kind")
-        super().__init__(depth, train_grid, policy, cls_position)
+        super().__init__(check_choice(kind, COMROPE_KINDS, "ComRoPE kind"), depth, train_grid, policy, cls_position)
         self.block_size = check_block("encoding_options['block_size']", block_size, head_dim)
         num_blocks = head_dim // block_size
         if kind == "comrope_ap" and num_blocks % 2:
@@ -107,15 +106,6 @@ class ComRoPE(BlockRotation):
     def per_layer(self) -> bool:
         return True
 
-    @property
-    def commuting(self) -> bool:
-        return True
-
-    @property
-    def axis_blocks(self) -> tuple[slice, slice]:
-        """AP: x turns the odd blocks only and y the even ones (the others' generators are zero)."""
-        return AP_BLOCKS if self.kind == "comrope_ap" else (slice(None), slice(None))
-
     def generators(self) -> Tensor:
         skew, scale = self.angle_matrices()
         return (skew * scale).flip(2)  # [L, H, 2, m, b, b], axes (y, x) -> (x, y)
@@ -127,18 +117,33 @@ class ComRoPE(BlockRotation):
         return skew, self.multiplier if self.kind == "comrope_ld" else self.axis_mask
 
     def block_inputs(self, positions: Positions, num_prefix_tokens: int) -> list[Any]:
-        """The block rotations, and in eager evaluation of an image batch also their RoPE form (basis, cos, sin per
-        block, kept per grid: ``Spectral``), which attention takes where it can fold the basis into its projection
-        (``vit_rope.layers.spectral``)."""
-        inputs = super().block_inputs(positions, num_prefix_tokens)
+        """An eager image batch's rotations per axis (kept per grid in evaluation), with their RoPE form in eager
+        evaluation (``Spectral``: basis, cos and sin per block, also kept per grid); else ``BlockRotation``'s."""
+        if positions.captured or positions.grid is None or positions.coords.dim() != 2:
+            return super().block_inputs(positions, num_prefix_tokens)
+        grid = (int(positions.grid[0]), int(positions.grid[1]))
         key = self.cache_key(positions, num_prefix_tokens)
-        if key is None:
-            return inputs
-        spectral = self._spectral.get(key, lambda: self.spectral_tables(positions.coords, num_prefix_tokens))
+
+        def build() -> tuple[Tensor, ...]:
+            return self.axis_tables(positions.coords, num_prefix_tokens, grid)
+
+        turns = build() if key is None else self._cache.get((*key, "axes"), build)
+        inputs = [AxisRotations(layer) for layer in zip(*(t.unbind(0) for t in turns), strict=True)]
+        spectral = None if key is None else self._spectral.get(
+            key, lambda: self.spectral_tables(positions.coords, num_prefix_tokens))
         if spectral is None:
             return inputs
-        return [Spectral(item, *layer, fold)
-                for item, layer, fold in zip(inputs, spectral, self._folds, strict=True)]
+        return [Spectral(item, *layer, fold) for item, layer, fold in zip(inputs, spectral, self._folds, strict=True)]
+
+    def axis_tables(self, coords: Tensor, num_prefix_tokens: int, grid: tuple[int, int]) -> tuple[Tensor, ...]:
+        """``rotate_axes``' tables of an image batch's positions ``[N, 2]`` (its ``(h, w)`` grid's cells, row-major):
+        the prefix tokens' ``[L, H, P, m, b, b]``, the columns' ``[L, H, w, m_x, b, b]`` and the rows' ``[L, H, h, m_y,
+        b, b]`` (AP: x turns the odd blocks only, y the even ones; LD: both turn every block)."""
+        gens = self.generators().float()  # [L, H, 2, m, b, b]
+        cells = coords.float().view(*grid, 2)
+        x_blocks, y_blocks = AP_BLOCKS if self.kind == "comrope_ap" else (slice(None), slice(None))
+        turns = axis_turns((cells[0, :, 0], cells[:, 0, 1]), (gens[:, :, 0, x_blocks], gens[:, :, 1, y_blocks]))
+        return self.prefix_tables(gens, num_prefix_tokens), *turns
 
     def spectral_tables(self, coords: Tensor, num_prefix_tokens: int) -> list[tuple[Tensor, Callable]] | None:
         """Per block, the basis ``[H, D, D]`` and the maker of RoPE tables ``[H, P + N, D/2]`` equal to its rotations

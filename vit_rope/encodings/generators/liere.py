@@ -60,12 +60,10 @@ class LieRE(BlockRotation):
     ``G = heads * D / g`` (head-major) or ``D / g``; only its upper triangle is used.
     """
 
-    kind = "liere"
-
     def __init__(self, depth: int, num_heads: int, head_dim: int, train_grid: tuple[int, int],
                  policy: str | dict | ResolutionPolicy | None = None, generator_dim: int = 8, per_head: bool = True,
                  per_layer: bool = False) -> None:
-        super().__init__(depth, train_grid, policy, None)
+        super().__init__("liere", depth, train_grid, policy, None)
         self.generator_dim = check_block("encoding_options['generator_dim']", generator_dim, head_dim)
         self.heads, self._per_layer = (num_heads if per_head else 1), per_layer
         count = self.heads * (head_dim // generator_dim)

@@ -1,21 +1,14 @@
-"""Commuting block rotations as RoPE in a fixed basis: how ComRoPE runs in evaluation at the cost of RoPE.
+"""ComRoPE's commuting block rotations as RoPE in a fixed basis: how it runs in evaluation at the cost of mixed RoPE
+(Yu et al., "ComRoPE", CVPR 2025, arXiv:2506.03737; ``vit_rope.encodings.generators.comrope``).
 
-ComRoPE (``vit_rope.encodings.generators.comrope``) turns each ``b x b`` block of a head by ``exp(t S)``, with one
-skew-symmetric ``S`` per block and ``t = c_x x + c_y y`` a scalar per token (ComRoPE-AP: ``c`` selects the block's axis;
-ComRoPE-LD: ``c = theta``). A real skew-symmetric matrix is an orthogonal change of basis away from ``b / 2`` plane
-rotations: ``S = Q T Q^T`` with ``T`` the 2x2 blocks ``[[0, -w_k], [w_k, 0]]`` (the real Schur form), so ``exp(t S) = Q
-Rot(t w) Q^T``, RoPE's rotation by the angles ``t w_k = (c_x w_k) x + (c_y w_k) y``. As ``Q`` is orthogonal and the same
-at every position, ``(R_i q) . (R_j k) = (Rot_i Q^T q) . (Rot_j Q^T k)``: attention sees the same scores when q and k
-are projected in the basis ``Q^T`` and rotated by RoPE with those 2D frequencies (mixed RoPE's form, per layer and
-head). And ``Q^T q = (Q^T W_q) x + Q^T b_q``: the basis folds into the q and k rows of the qkv projection once
-(Cayley-STRING does the same, ``vit_rope.layers.fused.fold_qk``), after which a forward costs what mixed RoPE
-costs, in place with the fused rotation, instead of a ``b x b`` product per block, token and head and the copies that
-lay q and k out for it.
+ComRoPE turns each ``b x b`` block by ``exp(t S)``, one skew-symmetric ``S`` per block and ``t = c_x x + c_y y`` per
+token. The real Schur form ``S = Q T Q^T`` (``T``: 2x2 blocks ``[[0, -w_k], [w_k, 0]]``) gives ``exp(t S) = Q Rot(t w)
+Q^T``: RoPE's rotation by ``(c_x w_k) x + (c_y w_k) y`` in the basis ``Q^T``, the same at every position, so attention
+sees the same scores when ``Q^T`` is folded into the q and k rows of the projection (as Cayley-STRING's basis,
+``vit_rope.layers.fused.fold_qk``) and the planes are turned by mixed RoPE's fused rotation.
 
-Only for evaluation: the decomposition has no stable gradient where two ``w_k`` meet, and training moves ``S`` at every
-step. ``spectral_form`` computes it in float64 and checks it (``Q`` orthogonal, ``Q T Q^T = S``); where the check
-fails (a ``w_k`` of 0 makes the pairing ambiguous) the caller keeps the block rotations. ``Spectral`` is what a block
-gets: its rotations, and the RoPE form that attention takes where the basis can fold into its projection.
+Only for evaluation: the form has no stable gradient where two ``w_k`` meet. ``spectral_form`` computes it in float64
+and checks it; where a ``w_k`` of 0 leaves the pairing ambiguous, the block rotations stay.
 """
 
 from __future__ import annotations
@@ -43,8 +36,11 @@ def spectral_form(skew: Tensor, scale: Tensor) -> tuple[Tensor, Tensor] | None:
     Returns:
         ``(basis, freqs)``: ``basis`` ``[L, H, D, D]`` the block-diagonal ``Q^T`` of every head (``D = m b``), and
         ``freqs`` ``[L, 2, H, D/2]`` the ``(wx, wy)`` of every channel pair in that basis (``rope_angles``' layout),
-        both float32; or ``None`` where ``S`` has a zero eigenvalue pair and the plane pairing is ambiguous.
+        both float32; or ``None`` where ``S`` has a zero eigenvalue pair and the plane pairing is ambiguous (or ``S`` is
+        on the meta device).
     """
+    if skew.is_meta:  # no values to decompose
+        return None
     s = skew.double()
     L, H, m, b, _ = s.shape
     # S u = i w u with w >= 0 is (i S) u = -w u: the b/2 smallest eigenvalues of the Hermitian i S, ascending
@@ -84,20 +80,17 @@ class FoldedProjection:
 
 
 class Spectral(BlockInput):
-    """A block's commuting rotations (``rotations``, the input they have otherwise) with their RoPE form ``basis``
-    ``[H, D, D]`` and ``tables()``, its ``cos`` and ``sin`` ``[H, P + N, D/2]`` (built as the block runs, as mixed
-    RoPE's are: never every block's at once): in eager inference, where the basis can fold into the projection (no q/k
-    norms, a key head per query head, a plain ``nn.Linear`` without hooks), q and k are projected in the basis and
-    rotated in place by the tables, at the cost of mixed RoPE; elsewhere the rotations run."""
+    """A block's commuting rotations (``rotations``, the input it has otherwise) with their RoPE form: ``basis`` ``[H,
+    D, D]`` and ``tables()``, its ``cos`` and ``sin`` ``[H, P + N, D/2]`` (built as the block runs, as mixed RoPE's
+    are: never every block's at once). In inference, where the basis can fold into the projection (no q/k norms, a
+    key head per query head, a plain ``nn.Linear`` without hooks), q and k are projected in the basis and rotated in
+    place by the tables; elsewhere the rotations run."""
 
     def __init__(self, rotations: BlockInput, basis: Tensor, tables: Callable[[], tuple[Tensor, Tensor]],
                  fold: FoldedProjection) -> None:
         self.rotations, self.basis, self.tables, self.fold = rotations, basis, tables, fold
 
-    def project(self, attn: nn.Module, x: Tensor) -> tuple[Tensor, Tensor, Tensor] | None:
-        if torch.is_grad_enabled() or not plain_projection(attn, x):
-            return None
+    def project(self, attn: nn.Module, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        if torch.is_grad_enabled() or not plain_projection(attn):
+            return self.rotations.project(attn, x)
         return attn.project_tables(x, self.tables(), *self.fold.get(self.basis, attn.qkv))
-
-    def transform(self, attn: nn.Module, x: Tensor, q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        return self.rotations.transform(attn, x, q, k, v)

@@ -1,12 +1,12 @@
-"""ComRoPE's block rotations in RoPE form (``vit_rope.layers.spectral``): the same scores from a basis and 2D
-frequencies as from ``exp((c_x x + c_y y) S)``, and a refusal where the form is ambiguous."""
+"""ComRoPE's block rotations in RoPE form (``vit_rope.encodings.generators.spectral``): the same scores from a basis
+and 2D frequencies as from ``exp((c_x x + c_y y) S)``, and a refusal where the form is ambiguous."""
 
 from __future__ import annotations
 
 import torch
 
+from vit_rope.encodings.generators.spectral import spectral_form
 from vit_rope.layers.rotary import apply_rope, rope_angles, rope_tables
-from vit_rope.layers.spectral import spectral_form
 
 
 def block_scores(skew: torch.Tensor, scale: torch.Tensor, pos: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
