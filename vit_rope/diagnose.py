@@ -1,7 +1,5 @@
 """``python -m vit_rope.diagnose`` and ``vit-rope-diagnose``: frequency coverage, learned directions and attention
-entropy of a trained or pretrained model.
-
-The command lives in ``vit_rope.eval.diagnostics``; this module keeps the name users type.
+entropy of a model; the command lives in ``vit_rope.eval.diagnostics``.
 """
 
 import sys

@@ -1,7 +1,5 @@
 """``python -m vit_rope.evaluate`` and ``vit-rope-evaluate``: accuracy against input resolution under every RoPE
-resolution policy.
-
-The command lives in ``vit_rope.eval.command``; this module keeps the name users type.
+resolution policy; the command lives in ``vit_rope.eval.command``.
 """
 
 import sys

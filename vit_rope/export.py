@@ -1,7 +1,5 @@
-"""``python -m vit_rope.export`` and ``vit-rope-export``: ONNX export with dynamic batch, height and width, checked
-with ONNX Runtime.
-
-The command lives in ``vit_rope.eval.onnx``; this module keeps the name users type.
+"""``python -m vit_rope.export`` and ``vit-rope-export``: ONNX export with dynamic batch, height and width, checked with
+ONNX Runtime; the command lives in ``vit_rope.eval.onnx``.
 """
 
 import sys

@@ -1,6 +1,5 @@
-"""``python -m vit_rope.shards`` and ``vit-rope-shards``: an image folder written as WebDataset shards in timm's layout.
-
-The command lives in ``vit_rope.data.shard_writer``; this module keeps the name users type.
+"""``python -m vit_rope.shards`` and ``vit-rope-shards``: an image folder written as WebDataset shards in timm's layout
+(``vit_rope.data.shard_writer``).
 """
 
 import sys

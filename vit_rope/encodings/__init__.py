@@ -1,9 +1,8 @@
 """The position encodings: one interface (``base``: ``PositionEncoding``, ``BlockInput``, ``Positions``, the registry)
-and one module or small subpackage per family, each holding its encodings, their options, builders and official
-checkpoint formats: ``rope`` (RoPE tables and Cayley-STRING over them), ``bias`` (LookHere, 2D-ALiBi, FIRE),
-``generators`` (ComRoPE, LieRE), ``pape`` (PaPE, PaPE-RI); ``ape`` (the +APE models' table) and ``policies``
-(resolution policies) serve them all. Importing the package registers every kind; ``build`` makes the encoding a
-model describes.
+and one module or subpackage per family with its encodings, options, builders and official checkpoint formats: ``rope``
+(RoPE tables, Cayley-STRING), ``bias`` (LookHere, 2D-ALiBi, FIRE), ``generators`` (ComRoPE, LieRE), ``pape`` (PaPE,
+PaPE-RI); ``ape`` and ``policies`` serve them all. Importing the package registers every kind; ``build`` makes the
+encoding a model describes.
 """
 
 from __future__ import annotations
@@ -23,8 +22,7 @@ from vit_rope.encodings.rope.tables import RoPE2D
 
 # the kinds' official checkpoint formats (vit_rope.models.formats holds them with the others)
 FORMATS = (lookhere_weights.FORMAT, pape_weights.FORMAT, liere_weights.FORMAT)
-# RoPE kinds first, then the others in the order their families registered them
-KINDS = tuple(sorted(REGISTRY, key=lambda kind: not REGISTRY[kind].rope))  # a stable sort: registration order kept
+KINDS = tuple(sorted(REGISTRY, key=lambda kind: not REGISTRY[kind].rope))  # RoPE kinds first, else registration order
 
 
 def check_kind(kind: str) -> str:
@@ -44,8 +42,7 @@ def _refuse_rope_options(spec: EncodingSpec) -> None:
 
 
 def build(spec: EncodingSpec) -> PositionEncoding:
-    """The encoding of ``spec.kind``, after refusing what it would ignore: ``encoding_options`` it does not take, and
-    RoPE's options for a kind without RoPE."""
+    """The encoding of ``spec.kind``, refusing ``encoding_options`` it lacks and RoPE options it would ignore."""
     entry = REGISTRY[check_kind(spec.kind)]
     unknown = sorted(set(spec.options) - set(entry.options))
     if unknown:

@@ -1,17 +1,11 @@
 """One interface for every position encoding of the ViT: the positions of a batch in, what each block needs out.
 
-Every encoding answers the same question for attention (the interface of PaPE's repository, DTU-PAS/parabolic-
-position-encoding, ``pape/nn/positions/base.py``, and of timm's NaFlexViT, whose one embedding path serves both
-kinds of batch): given where the patches of a batch sit, what does each block get? RoPE tables ``(cos, sin)``, a
-``BlockInput`` of the kind, or ``None``: a block's one ``encoding`` argument (``vit_rope.layers.attention``). The
-learned table of the +APE models gives the embedding rows to add instead (``vit_rope.encodings.ape``).
-
-``Positions`` is the one value the embedding builds per forward: an image batch is the case of one grid that every
-sample shares (positions ``[N, 2]``, ``grid`` known as Python ints, so tables are built once for the batch and biases
-cached per size); a NaFlex batch is the general case (one grid per sample, positions ``[B, N, 2]``, padding).
-
-Adding a kind: one subclass of ``PositionEncoding`` and a builder registered with ``register`` in the same module
-(docs/layout.md says how).
+The interface is that of PaPE's repository (DTU-PAS/parabolic-position-encoding, ``pape/nn/positions/base.py``) and of
+timm's NaFlexViT, whose one embedding path serves both kinds of batch. Each block gets one ``encoding`` argument: RoPE
+tables ``(cos, sin)``, a ``BlockInput`` of the kind, or ``None`` (``vit_rope.layers.attention``); the +APE models'
+table gives embedding rows instead (``vit_rope.encodings.ape``). ``Positions`` is built once per forward: an image
+batch shares one grid (positions ``[N, 2]``, ``grid`` as Python ints, so tables are built once and biases cached per
+size); a NaFlex batch has one grid per sample (``[B, N, 2]``, padding). Adding a kind: docs/layout.md.
 """
 
 from __future__ import annotations
@@ -37,20 +31,13 @@ T = TypeVar("T")
 class Positions(NamedTuple):
     """Where the patch tokens of a batch sit, built once per forward by the embedding.
 
-    Attributes:
-        coords: ``(x, y)`` per patch token as the encoding places them (``PositionEncoding.place``), after coordinate
-            augmentation and patch dropout: ``[N, 2]`` when every sample of the batch shares them, else ``[B, N, 2]``.
-        grids: each sample's patch grid (h, w), ``[1, 2]`` for an image batch, ``[B, 2]`` for a NaFlex batch: what
-            the resolution policies scale against the training grid.
-        grid: the batch's one grid as Python ints (an image batch), ``None`` for a NaFlex batch; the key of tables
-            built once per size.
-        valid: ``[B, N]`` False for padding (NaFlex), ``None`` when every token is real.
-        lattice: for a NaFlex batch whose positions are its patch coordinates, the call that says where each token
-            reads the tables of the batch's bounding grid (``vit_rope.layers.lattice.lattice``: one host sync, made
-            only by a kind whose tables are the same for a position in every sample, RoPE's); ``None`` otherwise.
-        captured: the forward runs under a graph capture (torch.compile, torch.export, FX symbolic tracing; the one
-            place that asks is ``vit_rope.layers.routes``): encodings then keep no Python caches and take the
-            reference form of anything written in place. Decided once per forward, by the embedding.
+    ``coords``: ``(x, y)`` per patch token as ``PositionEncoding.place`` puts them, after augmentation and patch
+    dropout, ``[N, 2]`` when the batch shares them, else ``[B, N, 2]``. ``grids``: each sample's (h, w), ``[1, 2]`` or
+    ``[B, 2]``, which policies scale against the training grid. ``grid``: the one grid as Python ints (an image batch),
+    the key of tables built once per size. ``valid``: ``[B, N]``, False for padding. ``lattice``: for a NaFlex batch on
+    its patch coordinates, where each token reads the bounding grid's tables (``vit_rope.layers.lattice``: a host sync,
+    taken only by RoPE). ``captured``: under a graph capture (``vit_rope.layers.routes``) encodings keep no Python
+    caches and take the reference form of in-place writes.
     """
 
     coords: Tensor
@@ -70,16 +57,14 @@ def image_coords(height: int, width: int, device: torch.device | None = None) ->
 
 
 def image_positions(encoding: nn.Module, height: int, width: int, device: torch.device | None = None) -> Positions:
-    """The ``Positions`` of an image batch on an ``height x width`` grid as ``encoding`` (a ``PositionEncoding`` or
-    a ``RoPE2D``) places them, without augmentation: what a model's forward builds for its blocks."""
+    """The unaugmented ``Positions`` of an image batch on a ``height x width`` grid, as ``encoding`` places them."""
     coord, grids = image_coords(height, width, device)
     return Positions(encoding.place(coord, grids), grids, (height, width))
 
 
 class LazyBlockInputs(Sequence):
-    """Each block's input built when the block asks for it (``build(i)``): a forward in inference then holds one
-    block's tables at a time, not every block's (mixed RoPE's ``[depth, H, N, D/2]`` at a high resolution). Indexing
-    twice builds twice (gradient checkpointing's recomputation does)."""
+    """Each block's input built when the block asks (``build(i)``): inference then holds one block's tables at a time
+    (mixed RoPE's ``[depth, H, N, D/2]`` at high resolution). Indexing twice builds twice."""
 
     def __init__(self, build: Callable[[int], Any], depth: int) -> None:
         self.build, self.depth = build, depth
@@ -96,10 +81,8 @@ class LazyBlockInputs(Sequence):
 
 
 class GridTables:
-    """The tables of the last few image-batch grids, kept between calls (least recently used dropped): an encoding
-    whose tables cost more than a rotation table (a bias ``[H, N, N]``, matrix exponentials) builds them once per
-    size in evaluation. The key holds everything they depend on (grid, prefix count, device, policy, ...); callers
-    keep graph captures, which must not hold Python state, away from it."""
+    """The tables of the last few image-batch grids (LRU), for tables costlier than a rotation's (a bias ``[H, N, N]``,
+    matrix exponentials); the key holds all they depend on. Callers keep graph captures away."""
 
     def __init__(self, size: int = 2) -> None:
         self.size = size
@@ -123,15 +106,8 @@ class GridTables:
 
 
 class PositionEncoding(nn.Module):
-    """What every position encoding implements; the model, NaFlex batches, the evaluation harness, ``diagnose`` and
-    export call nothing else.
-
-    Attributes:
-        kind: the encoding's name (``vit_rope.encodings.KINDS``).
-        train_grid: the ``(h, w)`` grid that resolution policies scale against (``None``: none).
-        policies: the resolution policies that apply to the kind (``vit_rope.encodings.policies``), its default
-            first.
-    """
+    """What every position encoding implements; the model, NaFlex batches, evaluation, ``diagnose`` and export call
+    nothing else. ``policies``: the resolution policies that apply to the kind, its default first."""
 
     policies = POLICIES
 
@@ -154,8 +130,7 @@ class PositionEncoding(nn.Module):
         self.policy_name = self.check_policy(policy.name)
 
     def check_policy(self, policy: str) -> str:
-        """Return ``policy`` if it applies to the kind (one of ``policies``), else raise a ``ValueError`` saying why
-        and what does."""
+        """``policy`` if it is one of ``policies``, else a ``ValueError`` saying why and what applies."""
         return check_policy(policy, self.policies, self.refusal(policy))
 
     def refusal(self, policy: str) -> str:
@@ -163,8 +138,7 @@ class PositionEncoding(nn.Module):
         return f"Policy {policy!r} does not apply to {self.kind}: use one of {', '.join(map(repr, self.policies))}."
 
     def attach_(self, blocks: nn.ModuleList, dim: int, num_heads: int) -> None:
-        """Give each block's attention (width ``dim``, ``num_heads`` heads) the weights of its own that the kind
-        has there (PaPE's layers, STRING's bases), under the state-dict keys of its checkpoints; none by default."""
+        """Give each block's attention the kind's own weights there (PaPE's layers, STRING's bases); none by default."""
 
     def place(self, coord: Tensor, grids: Tensor) -> Tensor:
         """Positions ``[..., N, 2]`` (x, y) of the patches at ``coord`` ``[..., N, 2]`` (y, x) of the grids ``grids``
@@ -172,12 +146,9 @@ class PositionEncoding(nn.Module):
         return coord.flip(-1).float()
 
     def block_inputs(self, positions: Positions, num_prefix_tokens: int) -> list[Any]:
-        """Each block's ``encoding`` argument (``RoPEBlock``): RoPE tables ``(cos, sin)``, a ``BlockInput`` of the
-        kind, or ``None``, for ``positions`` and ``num_prefix_tokens`` prefix tokens (class, registers) in front of the
-        patches, which no encoding moves.
-
-        A plain method, so that FX symbolic tracing runs through it: the tables come from calls of modules that it
-        keeps whole (``RoPE2D``, ``AttnBias``), whose outputs it can index but not unpack."""
+        """Each block's ``encoding`` argument (``RoPEBlock``) for ``positions`` behind ``num_prefix_tokens`` prefix
+        tokens, which no encoding moves. A plain method so that FX traces through it: it indexes, never unpacks, the
+        outputs of the modules it keeps whole (``RoPE2D``, ``AttnBias``)."""
         raise NotImplementedError
 
     def prune_(self, depth: int) -> None:
@@ -195,8 +166,7 @@ class PositionEncoding(nn.Module):
 
 
 class NoEncoding(PositionEncoding):
-    """No position encoding at all: attention sees content only (the control of the encodings study). Every policy
-    is taken, and changes nothing."""
+    """No position encoding: attention sees content only (the control of the encodings study)."""
 
     def __init__(self, depth: int, train_grid: tuple[int, int] | None = None) -> None:
         super().__init__("none", depth, train_grid)  # every policy is taken, and changes nothing
@@ -212,15 +182,9 @@ class NoEncoding(PositionEncoding):
 class EncodingSpec:
     """What every kind is built from: the model's shape, its training grid, the policy and the kind's options.
 
-    Attributes:
-        kind: the encoding (``vit_rope.encodings.KINDS``).
-        depth: blocks; num_heads: attention heads; head_dim: channels per head.
-        train_grid: the patch grid of training, or ``ref_grid`` where policies scale against another.
-        policy: the resolution policy (``None``: the kind's own).
-        rope_options: the model's ``rope_*`` arguments that were given, without their prefix (``{"theta": 1e4}``;
-            ``RoPE2D``'s arguments, and ``string_base``), which only kinds registered with ``rope=True`` take.
-        ref_grid: the model's ``rope_ref_grid`` if given (then ``train_grid``), which only RoPE kinds take.
-        options: the kind's own options (the model's ``encoding_options``), checked against its registration.
+    ``train_grid`` is ``ref_grid`` where policies scale against another (RoPE kinds only). ``rope_options``: the given
+    ``rope_*`` arguments unprefixed (``RoPE2D``'s, ``string_base``), for kinds registered with ``rope=True``;
+    ``options``: the model's ``encoding_options``, checked against the registration.
     """
 
     kind: str

@@ -1,20 +1,10 @@
 """Attention and transformer block of timm's ViT, with one door for every position encoding.
 
 Each block gets one ``encoding`` argument from the model's position encoding (``vit_rope.encodings``), built once per
-forward, and attention knows no kind by name. It is one of:
-
-- RoPE tables ``(cos, sin)`` (RoFormer, arXiv:2104.09864; RoPE-ViT, arXiv:2403.13298): q and k are rotated by the
-  position of their token before the dot product, v is not; prefix tokens (class, registers) have identity rows, so
-  they are never rotated;
-- a ``BlockInput``: a projection of its own (a basis folded into the weights, then RoPE tables: Cayley-STRING,
-  ComRoPE's RoPE form; or the projection transformed: ComRoPE's and LieRE's block rotations, PaPE's parabola
-  channels), an attention bias ``[1 or B, nh, N, N]`` added to the logits (LookHere, 2D-ALiBi, FIRE), or attention
-  in a form of its own;
-- ``None``: content only.
-
-Attention has one route for all of them: RoPE tables and ``None`` are read as the ``BlockInput`` they are
-(``block_input``). Which form of the rotation runs (in place in the projection, Triton on CUDA, the reference under a
-graph capture) is ``vit_rope.layers.fused.rotated_projection``'s choice, not attention's.
+forward; attention knows no kind by name. It is RoPE tables ``(cos, sin)`` (RoFormer, arXiv:2104.09864; RoPE-ViT,
+arXiv:2403.13298; prefix tokens have identity rows), a ``BlockInput`` (a projection of its own, a bias
+``[1 or B, nh, N, N]`` or attention of its own) or ``None``, content only. All go one route (``block_input``); the form
+of the rotation is ``vit_rope.layers.fused.rotated_projection``'s choice.
 """
 
 from __future__ import annotations
@@ -33,22 +23,15 @@ RopeTables = tuple[Tensor, Tensor]
 
 class BlockInput:
     """What one block's attention gets from its position encoding: ``project`` then ``attend``. The base is plain
-    attention (q and k rotated by ``rope`` when there are RoPE tables, logits plus ``bias`` when there is one); a
-    kind's input overrides what it changes, calling the base for the rest.
-
-    Attributes:
-        rope: RoPE tables ``(cos, sin)`` ``[(B,) H, N, D/2]`` that rotate q and k after the projection, or ``None``.
-        bias: logits ``[1 or B, nh, N, N]`` added to every query's scores (LookHere's penalties, 2D-ALiBi's), or
-            ``None``.
-    """
+    attention, q and k rotated by ``rope`` (``(cos, sin)`` ``[(B,) H, N, D/2]``) and ``bias`` (``[1 or B, nh, N, N]``)
+    added to the logits where set; a kind's input overrides what it changes."""
 
     rope: RopeTables | None = None
     bias: Tensor | None = None
 
     def project(self, attn: RoPEAttention, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """q, k and v ``[B, nh, N, D]`` of the tokens ``x`` ``[B, N, C]``: ``attn``'s projection (``project_tables``,
-        which also takes a kind's own weights), or a kind's transform of it; q and k may come back wider than ``D``,
-        v padded to their width (attention keeps the first ``D`` channels)."""
+        """q, k and v ``[B, nh, N, D]`` of ``x`` ``[B, N, C]``: ``attn.project_tables`` or a kind's transform of it; q
+        and k may come back wider than ``D``, v padded to their width (attention keeps ``D``)."""
         return attn.project_tables(x, self.rope)
 
     def attend(self, attn: RoPEAttention, q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None,
@@ -77,22 +60,16 @@ def block_input(encoding: Any) -> BlockInput:
 
 
 def plain_projection(attn: RoPEAttention, x: Tensor | None = None) -> bool:
-    """Whether a ``BlockInput`` may compute ``attn``'s projection in a form of its own (``project``) from
-    ``attn.qkv``'s weights: no q/k norms or grouped keys, and a ``qkv`` that is a plain ``nn.Linear`` without hooks,
-    whose weights then say all it computes (not so for a LoRA-style wrapper)."""
+    """Whether a ``BlockInput`` may compute ``attn``'s projection in a form of its own from ``attn.qkv``'s weights: no
+    q/k norms or grouped keys, and ``plain_linear``."""
     return attn.plain_qk and attn.num_kv_heads == attn.num_heads and plain_linear(attn.qkv)
 
 
 class RoPEAttention(Attention):
-    """timm ``Attention`` whose ``forward`` takes one ``encoding`` per call: RoPE tables, a ``BlockInput`` or
-    ``None`` (the module docstring).
-
-    Same parameters and state-dict keys as timm's ``Attention``, so ViT and DeiT-III weights load unchanged.
-    ``F.scaled_dot_product_attention`` is the fast path; ``fused_attn = False`` computes the same scores
-    explicitly (useful to inspect attention maps). An encoding may put layers of its own here
-    (``PositionEncoding.attach_``: PaPE's ``pape``, STRING's ``string``), which its ``BlockInput`` uses.
-    ``num_kv_heads`` below ``num_heads`` is grouped-query attention (``group_kv_heads_``).
-    """
+    """timm ``Attention`` whose ``forward`` takes one ``encoding``: RoPE tables, a ``BlockInput`` or ``None``. Same
+    parameters and state-dict keys as timm's, so ViT and DeiT-III weights load unchanged; ``fused_attn = False``
+    computes the scores explicitly (attention maps). Encodings may attach layers here (``attach_``: PaPE's ``pape``,
+    STRING's ``string``); ``num_kv_heads < num_heads`` is grouped-query attention."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -122,10 +99,8 @@ class RoPEAttention(Attention):
 
     def project_tables(self, x: Tensor, rope: RopeTables | None, weight: Tensor | None = None,
                        bias: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
-        """q, k and v ``[B, nh, N, D]`` of ``x`` with as many key / value heads as query heads (grouped ones
-        repeated), q and k rotated by ``rope`` after the q/k norms; ``weight`` and ``bias`` (``[3 nh D, C]``,
-        ``[3 nh D]``) in place of ``qkv``'s, for an encoding that folds a basis into them (Cayley-STRING, ComRoPE's
-        RoPE form)."""
+        """q, k, v ``[B, nh, N, D]`` of ``x`` (grouped kv heads repeated), q and k rotated by ``rope`` after the q/k
+        norms; ``weight`` ``[3 nh D, C]`` and ``bias`` replace ``qkv``'s for a folded basis."""
         nh, nkv, D = self.num_heads, self.num_kv_heads, self.head_dim
         if rope is not None and self.plain_qk and nkv == nh:  # rotated in the projection's output
             return rotated_projection(x, self.qkv, nh, rope, weight, bias)
@@ -144,10 +119,8 @@ class RoPEAttention(Attention):
 
     def sdpa(self, q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None = None, attn_mask: Tensor | None = None,
              is_causal: bool = False) -> Tensor:
-        """Attention of ``q``, ``k``, ``v`` ``[B, nh, N, D]``, with ``bias`` ``[1 or B, nh, N, N]`` added to the
-        logits and ``attn_mask`` (a NaFlex batch's key padding, boolean or additive; or ``is_causal``) applied
-        with it as one additive mask: SDPA takes it (``[1, nh, N, N]`` for a plain grid: no copy per image), faster on
-        CPU than the explicit product that ``fused_attn = False`` computes (attention maps, the reference)."""
+        """Attention of q, k, v ``[B, nh, N, D]`` with ``bias`` ``[1 or B, nh, N, N]`` and ``attn_mask`` as one additive
+        mask, which SDPA takes without a copy per image (faster on CPU than ``fused_attn = False``)."""
         drop = self.attn_drop.p if self.training else 0.0
         N = q.shape[-2]
         if bias is not None:
@@ -162,8 +135,7 @@ class RoPEAttention(Attention):
 
     def forward(self, x: Tensor, encoding: Any = None, attn_mask: Tensor | None = None,
                 is_causal: bool = False) -> Tensor:
-        """Attention of the tokens ``x`` ``[B, N, C]`` with what the model's encoding gives this block: RoPE tables,
-        a ``BlockInput`` or ``None``."""
+        """Attention of the tokens ``x`` ``[B, N, C]`` with this block's ``encoding``."""
         B, N, _ = x.shape
         gate = self.gate(x).sigmoid() if self.gate is not None else None
         encoding = block_input(encoding)
@@ -176,8 +148,7 @@ class RoPEAttention(Attention):
 
 
 class RoPEBlock(Block):
-    """timm pre-norm ``Block`` (LayerScale, drop-path, Mlp) that hands its encoding's input (RoPE tables, a
-    ``BlockInput`` or ``None``) to its attention."""
+    """timm pre-norm ``Block`` (LayerScale, drop-path, Mlp) that hands its ``encoding`` to its attention."""
 
     def forward(self, x: Tensor, encoding: Any = None, attn_mask: Tensor | None = None,
                 is_causal: bool = False) -> Tensor:

@@ -1,23 +1,11 @@
 """RoPE rotation of the queries and keys straight from the qkv projection's output, in one pass.
 
-The reference ``vit_rope.layers.rotary.apply_rope`` (RoFormer, arXiv:2104.09864; RoPE-ViT, arXiv:2403.13298)
-rotates q and k out of place in several elementwise passes, and autograd keeps extra copies for backward. In eager mode
-that is the cost timm's RoPE ports pay (docs/performance.md, "CPU throughput"). Here each channel pair is one complex
-number and its rotation one complex product, ``(x0 + i x1) * (cos + i sin)``, over the q and k slices of the
-``[B, N, 3, nh, D]`` qkv tensor:
-
-- without autograd (inference) the product is done in place: one pass over q and k, nothing allocated;
-- with autograd, ``project_rotate_qk`` makes the qkv projection and the rotation one autograd node, so the rotation
-  is in place in training too, and its backward rotates the gradient in the pass that copies it back to the
-  projection's layout (which a ViT without RoPE does as well). Rotating a Linear's output in place outside such a node
-  would cost more: the output is a view, and autograd would clone the whole gradient around the in-place op.
-  Autograd saves only what attention keeps anyway, so training memory is the same as without RoPE; learnable
-  (mixed) tables get their gradient from the rotated q and k, ``dt = conj(y) dy / conj(t)``, at table size after the
-  batch sum;
-- bf16/fp16 pairs are rotated in fp32 and rounded once; prefix tokens have identity rows in the tables, so nothing
-  is sliced or concatenated;
-- on CUDA, Triton kernels (``vit_rope.layers.triton_rope``) do each pass in one launch; this PyTorch code is the
-  fallback; under a graph capture the reference rotation runs instead (``rotated_projection`` chooses).
+The reference ``vit_rope.layers.rotary.apply_rope`` (RoFormer, arXiv:2104.09864; RoPE-ViT, arXiv:2403.13298) rotates q
+and k out of place in several passes, and autograd keeps extra copies. Here each channel pair is one complex number
+rotated by one complex product, ``(x0 + i x1) * (cos + i sin)``, over the q and k slices of the ``[B, N, 3, nh, D]`` qkv
+tensor: in place without autograd, and in training inside one autograd node with the projection (``project_rotate_qk``),
+which saves only what attention keeps. On CUDA Triton kernels (``vit_rope.layers.triton_rope``) do each pass; under a
+graph capture the reference runs. docs/performance.md, "How the rotation is computed", has the details.
 """
 
 from __future__ import annotations
@@ -37,11 +25,7 @@ BACKENDS = ("auto", "torch", "triton")
 
 
 def _as_pairs(x: Tensor) -> Tensor:
-    """Complex view of the interleaved pairs: ``[..., D] -> [..., D/2]`` complex, ``x0 + i x1``.
-
-    A view (no copy) of any layout whose pairs are adjacent, such as the q/k slice of the qkv tensor; other layouts
-    are copied first.
-    """
+    """Complex view ``x0 + i x1`` ``[..., D/2]`` of the pairs: no copy where they are adjacent (the qkv slice)."""
     if not pairs_adjacent(x):
         x = x.contiguous()
     return torch.view_as_complex(x.unflatten(-1, (-1, 2)))
@@ -59,17 +43,13 @@ def _table(cos: Tensor, sin: Tensor, dtype: torch.dtype) -> Tensor:
 
 
 def pairs_adjacent(x: Tensor) -> bool:
-    """Whether ``x``'s channel pairs can be seen as complex numbers without a copy (``_as_pairs``), so that a
-    rotation can write into ``x`` itself."""
+    """Whether ``x``'s channel pairs view as complex numbers without a copy, so a rotation can write into ``x``."""
     return x.stride(-1) == 1 and x.storage_offset() % 2 == 0 and all(stride % 2 == 0 for stride in x.stride()[:-1])
 
 
 def _rotate(src: Tensor, table: Tensor, out: Tensor) -> None:
-    """``out = src * table`` pair by pair (``out`` may be ``src``); bf16/fp16 go through fp32 and are rounded once.
-
-    Shapes: ``src``, ``out`` ``[B, N, 2, nh, D]`` (any strides) with ``table`` ``[(B,) N, 1, H, D/2]`` complex (the
-    qk slice of a projection), or ``[B, h, N, D]`` with ``[(B,) H, N, D/2]`` (``rotate_heads_``).
-    """
+    """``out = src * table`` per pair (``out`` may be ``src``; bf16/fp16 via fp32): ``[B, N, 2, nh, D]`` by
+    ``[(B,) N, 1, H, D/2]`` complex (a qk slice), or ``[B, h, N, D]`` by ``[(B,) H, N, D/2]``."""
     if src.dtype == table.real.dtype:
         torch.mul(_as_pairs(src), table, out=_as_pairs(out))
     else:
@@ -112,14 +92,10 @@ def _rotate_in_place(qkv: Tensor, cos: Tensor, sin: Tensor, use_triton: bool) ->
 
 
 class _ProjectRotateQK(torch.autograd.Function):
-    """The qkv projection and the rotation as one autograd node: ``rotate(x W^T + b)``.
-
-    The projection output belongs to this node, so the rotation runs in place in training too: one pass over q and k,
-    nothing allocated, v untouched (the Linear's output, a view, rotated in place outside would make autograd copy the
-    whole gradient around it). Backward rotates the gradient in the pass that a plain ViT spends copying it back to
-    the projection's layout, then does the Linear's two products. Under autocast, x, W and b are cast as autocast casts
-    them for a Linear, and those casts are what is saved, as for a Linear.
-    """
+    """The qkv projection and the rotation as one autograd node, ``rotate(x W^T + b)``: the output is the node's own, so
+    it is rotated in place (outside, autograd would clone the gradient around an in-place op on the Linear's view), and
+    backward rotates the gradient in the copy back to the projection's layout. Under autocast, x, W and b are cast and
+    saved as for a Linear."""
 
     @staticmethod
     def forward(ctx: FunctionCtx, x: Tensor, weight: Tensor, bias: Tensor | None, cos: Tensor, sin: Tensor,
@@ -151,21 +127,10 @@ class _ProjectRotateQK(torch.autograd.Function):
 
 
 def rotate_qk(qkv: Tensor, cos: Tensor, sin: Tensor, backend: str = "auto") -> Tensor:
-    """Rotate the queries and keys of a qkv projection output; the values pass through.
-
-    Args:
-        qkv: ``[B, N, 3, nh, D]``, ``qkv(x).reshape(B, N, 3, nh, D)``. Changed in place when autograd does not
-            record (inference, ``no_grad``), so it must not be used afterwards; with autograd, a new tensor from the
-            reference rotation (training rotates in place inside ``project_rotate_qk``'s node instead).
-        cos: ``[H, N, D/2]`` or ``[B, H, N, D/2]`` from ``rope_tables`` (``H`` = 1 or nh; prefix rows included).
-        sin: same shape as ``cos``.
-        backend: ``"auto"`` takes the Triton kernels for CUDA tensors (fp32/bf16/fp16, Triton installed) and PyTorch
-            otherwise; ``"torch"`` or ``"triton"`` force one (``"triton"`` on CPU runs Triton's interpreter, for
-            tests).
-
-    Returns:
-        ``[B, N, 3, nh, D]`` with q and k rotated: ``apply_rope`` on each.
-    """
+    """Rotate q and k of ``qkv`` ``[B, N, 3, nh, D]`` by ``cos``, ``sin`` ``[(B,) H, N, D/2]`` (``H`` 1 or nh, prefix
+    rows included), as ``apply_rope`` on each; v passes through. Without autograd ``qkv`` is changed in place (do not
+    use it after); with it, a new tensor from the reference. ``backend``: ``"auto"`` (Triton for CUDA tensors),
+    ``"torch"`` or ``"triton"`` (on CPU Triton's interpreter, for tests)."""
     use_triton = _use_triton(qkv, cos, backend)
     if torch.is_grad_enabled() and (qkv.requires_grad or cos.requires_grad or sin.requires_grad):
         q, k, v = qkv.unbind(2)  # [B, N, nh, D] each
@@ -176,11 +141,9 @@ def rotate_qk(qkv: Tensor, cos: Tensor, sin: Tensor, backend: str = "auto") -> T
 
 
 def rotate_heads_(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor]:
-    """Rotate queries ``q`` and keys ``k`` ``[B, h, N, D]`` in place by ``(cos, sin)`` ``[(B,) H, N, D/2]`` (``H`` = 1
-    or h; ``k`` may have fewer heads when ``H`` = 1); returns them. Inference only (no autograd), for q and k that q/k
-    norms made (Sapiens2): tensors of the caller's own, so one complex product per pair may overwrite them, where the
-    reference ``apply_rope`` makes several passes and new tensors (bf16/fp16 also pass through fp32 once). Both must
-    pass ``pairs_adjacent`` (a norm's output does)."""
+    """Rotate ``q`` and ``k`` ``[B, h, N, D]`` in place by ``(cos, sin)`` ``[(B,) H, N, D/2]`` (``k`` may have fewer
+    heads when ``H`` = 1) and return them: inference only, for the q/k norms' outputs (Sapiens2), one complex product
+    per pair where ``apply_rope`` makes several passes. Both must pass ``pairs_adjacent``."""
     for name, x in (("q", q), ("k", k)):
         if not pairs_adjacent(x):
             raise ValueError(f"rotate_heads_: {name} of shape {tuple(x.shape)} and strides {x.stride()} does not hold "
@@ -192,9 +155,8 @@ def rotate_heads_(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tenso
 
 
 def plain_linear(linear: nn.Module) -> bool:
-    """Whether ``linear`` is a plain ``nn.Linear`` that no hook watches (its own forward or backward hooks, or those
-    registered for every module): its weights then say all it computes, and a fused form of it changes nothing a user
-    sees (not so for a LoRA-style wrapper or a hooked layer, which are called as they are)."""
+    """Whether ``linear`` is a plain ``nn.Linear`` that no hook (its own or global) watches: its weights then say all it
+    computes, so a fused form changes nothing a user sees (unlike for a LoRA-style wrapper)."""
     module = torch.nn.modules.module
     every = (module._global_forward_hooks, module._global_forward_pre_hooks, module._global_backward_hooks,
              module._global_backward_pre_hooks)
@@ -204,10 +166,9 @@ def plain_linear(linear: nn.Module) -> bool:
 
 def project_rotate_qk(linear: nn.Module, x: Tensor, num_heads: int, cos: Tensor, sin: Tensor,
                       backend: str = "auto", weight: Tensor | None = None, bias: Tensor | None = None) -> Tensor:
-    """``rotate_qk(linear(x).unflatten(-1, (3, num_heads, -1)), cos, sin)`` (``[B, N, 3, nh, D]``), cheaper in
-    training: with autograd, projection and rotation are one autograd node that rotates in place. ``weight``
-    ``[3 nh D, C]`` and ``bias`` stand in for ``linear``'s (Cayley-STRING's folded projection, which no Linear holds);
-    a Linear that is not plain (``plain_linear``: hooks, LoRA-style wrappers) is called as it is, then rotated."""
+    """``rotate_qk(linear(x).unflatten(-1, (3, num_heads, -1)), cos, sin)``, with autograd one node that rotates in
+    place. ``weight`` ``[3 nh D, C]`` and ``bias`` stand in for ``linear``'s (Cayley-STRING's fold); a Linear that is
+    not ``plain_linear`` is called as it is, then rotated."""
     if weight is None:
         if not plain_linear(linear):
             return rotate_qk(linear(x).unflatten(-1, (3, num_heads, -1)), cos, sin, backend)
@@ -219,11 +180,8 @@ def project_rotate_qk(linear: nn.Module, x: Tensor, num_heads: int, cos: Tensor,
 
 def rotated_projection(x: Tensor, linear: nn.Module, num_heads: int, tables: tuple[Tensor, Tensor],
                        weight: Tensor | None = None, bias: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
-    """q and k rotated by ``tables`` (``(cos, sin)``), and v, each ``[B, nh, N, D]``, of the projection ``linear(x)``
-    (or of ``weight`` and ``bias`` in its place). The one place where the rotation's form is chosen: under a graph
-    capture (torch.compile, torch.export, FX) the reference ``apply_rope``, which compilers fuse and a trace sees
-    through; otherwise the rotation in the projection's own output (``project_rotate_qk``: in place, Triton on
-    CUDA)."""
+    """q, k, v ``[B, nh, N, D]`` of ``linear(x)`` (or ``weight``, ``bias``), q and k rotated by ``tables``: the
+    reference ``apply_rope`` under a graph capture (compilers fuse it), else ``project_rotate_qk``."""
     if capturing(x):
         return reference_projection(x, linear, num_heads, tables, weight, bias)
     qkv = project_rotate_qk(linear, x, num_heads, tables[0], tables[1], weight=weight, bias=bias)
@@ -241,9 +199,8 @@ def reference_projection(x: Tensor, linear: nn.Module, num_heads: int, tables: t
 
 
 def rotate_normed(q: Tensor, k: Tensor, tables: tuple[Tensor, Tensor], own: bool) -> tuple[Tensor, Tensor]:
-    """q and k ``[B, nh, N, D]`` after the q/k norms rotated by ``tables``: in place (``rotate_heads_``) in eager
-    inference when they are tensors of the caller's ``own`` that nothing else sees (the outputs of two norms without
-    hooks), else out of place (``apply_rope``)."""
+    """q and k ``[B, nh, N, D]`` after the q/k norms, rotated in place in eager inference when they are the caller's
+    ``own`` (two unhooked norms' outputs), else by ``apply_rope``."""
     if own and not torch.is_grad_enabled() and not capturing(q) and pairs_adjacent(q) and pairs_adjacent(k):
         return rotate_heads_(q, k, tables[0], tables[1])
     return apply_rope(q, tables[0], tables[1]), apply_rope(k, tables[0], tables[1])
@@ -258,16 +215,8 @@ def _use_triton(x: Tensor, cos: Tensor, backend: str) -> bool:
 
 
 def fold_qk(basis: Tensor, weight: Tensor, bias: Tensor | None) -> tuple[Tensor, Tensor | None]:
-    """The qkv projection that gives ``P q`` and ``P k`` (``v`` unchanged): ``blockdiag(P)`` times its q and k rows.
-
-    Args:
-        basis: ``[nh, D, D]`` orthogonal, one per head.
-        weight: ``[3 * nh * D, C]`` of timm's qkv Linear (rows ordered q, k, v, then head, then channel).
-        bias: ``[3 * nh * D]`` or None.
-
-    Returns:
-        ``(weight', bias')`` of the same shapes and dtypes.
-    """
+    """The qkv projection giving ``P q`` and ``P k`` (v unchanged): ``basis`` ``[nh, D, D]`` (orthogonal, per head)
+    times the q and k rows of ``weight`` ``[3 * nh * D, C]`` (q, k, v, then head, channel) and ``bias``."""
     nh, d = basis.shape[0], basis.shape[-1]
     rows = weight.unflatten(0, (3, nh, d))  # [3, nh, D, C]
     p = basis.to(weight.dtype)

@@ -1,5 +1,5 @@
-"""The model's side of its position encoding: built by the kind's registered builder (``vit_rope.encodings``) from
-the model's arguments and held at ``model.pos_encoding`` whatever the kind; the model knows no kind by name.
+"""The model's side of its position encoding, built by the kind's registered builder (``vit_rope.encodings``) and held
+at ``model.pos_encoding`` whatever the kind: the model knows no kind by name.
 """
 
 from __future__ import annotations
@@ -17,23 +17,19 @@ from vit_rope.encodings.policies import CoordAugment, ResolutionPolicy
 
 
 def encoding_key(key: str) -> str:
-    """A state-dict key of a checkpoint in our layout: ``rope.*`` (RoPE-ViT's name for the RoPE module, and ours
-    before every kind lived at ``pos_encoding``) becomes ``pos_encoding.*``, also under an EMA's ``module.``; other
-    keys are returned as they are."""
+    """A checkpoint key in our layout: ``rope.*`` (RoPE-ViT's) becomes ``pos_encoding.*``, also under ``module.``."""
     return re.sub(r"^(module\.)?rope\.", r"\1pos_encoding.", key)
 
 
 def encoding_keys(state: Mapping[str, Any], model: nn.Module) -> dict[str, Any]:
-    """``state`` with ``encoding_key`` applied where ``model`` (or the model an EMA wraps) is ours; as it is for any
-    other model (timm's RoPE-ViT ports keep their frequencies at ``rope.freqs``)."""
+    """``state`` through ``encoding_key`` if ``model`` (or an EMA's) is ours, not for timm's ports (``rope.freqs``)."""
     ours = isinstance(getattr(model, "module", model), PositionEncodingMixin)
     return {encoding_key(key) if ours else key: value for key, value in state.items()}
 
 
 def resolution_encoding(model: nn.Module) -> PositionEncoding | None:
-    """The position encoding of ``model`` whose resolution policies matter (its ``policies``, ``check_policy``), or
-    ``None`` for a model that has none to choose: timm's ViTs, CNNs, no encoding. A model of another family says it
-    as ``resolution_rope`` (RoPE-Swin's)."""
+    """The position encoding of ``model`` whose resolution policies matter, or ``None`` where there is none to choose
+    (timm's ViTs, CNNs, no encoding); other families say it as ``resolution_rope`` (RoPE-Swin)."""
     if not isinstance(model, PositionEncodingMixin):
         return getattr(model, "resolution_rope", None)
     encoding = getattr(model, "pos_encoding", None)
@@ -47,12 +43,9 @@ class PositionEncodingMixin:
     def _init_encoding(self, kind: str, num_heads: int, coord_aug: dict | CoordAugment | None,
                        policy: str | dict | ResolutionPolicy | None, rope_options: dict[str, Any],
                        ref_grid: tuple[int, int] | None = None, options: dict[str, Any] | None = None) -> None:
-        """Build the encoding of ``kind`` from the given RoPE options (``EncodingSpec.rope_options``) and the kind's
-        own ``options``.
-
-        ``ref_grid``: the grid the policies scale against instead of the patch grid (timm ``Eva``'s
-        ``ref_feat_shape``: EVA-02 at 336 px still places its 24x24 patches on the 16x16 grid it was trained on, which
-        is the ``interpolate`` policy against ``ref_grid``). The APE keeps resampling from the patch grid."""
+        """Build the encoding of ``kind`` from the given RoPE options and the kind's own ``options``. ``ref_grid``: the
+        grid the policies scale against instead of the patch grid (timm ``Eva``'s ``ref_feat_shape``: EVA-02 at 336 px
+        places its 24x24 patches on its 16x16 training grid); the APE resamples from the patch grid."""
         self.encoding_kind = kind
         self.coord_aug = coord_aug if isinstance(coord_aug, CoordAugment) else CoordAugment(**(coord_aug or {}))
         train_grid = tuple(self.patch_embed.grid_size) if ref_grid is None else (int(ref_grid[0]), int(ref_grid[1]))
@@ -70,11 +63,8 @@ class PositionEncodingMixin:
         return self.pos_encoding.policy
 
     def set_resolution_policy(self, policy: str | dict | ResolutionPolicy | None, **options: Any) -> None:
-        """Choose how positions follow input sizes other than the training one (see ``vit_rope.encodings.policies``);
-        ``None`` restores the default (``extrapolate``, DINOv3's ``normalized``), as ``policy=None`` at creation.
-
-        Example: ``model.set_resolution_policy("yarn", yarn_beta=4.0)``.
-        """
+        """Choose how positions follow other input sizes (``vit_rope.encodings.policies``), as ``policy=`` at creation
+        (``None``: the default), e.g. ``model.set_resolution_policy("yarn", yarn_beta=4.0)``."""
         if isinstance(policy, str):
             policy = ResolutionPolicy.create(dict(name=policy, **options))
         elif options:
@@ -87,15 +77,14 @@ class PositionEncodingMixin:
         return submodule_no_decay(self)
 
     def fold_encoding_(self) -> None:
-        """Write what the encoding keeps in the blocks into their weights where that is the same function at a lower
-        cost (STRING's basis into the qkv projection: the base kind after it; ONNX export calls it on a copy)."""
+        """Fold what the encoding keeps in the blocks into their weights where that is the same function at a lower cost
+        (STRING's basis into qkv; ONNX export calls it on a copy)."""
         self.pos_encoding.fold_(self.blocks)
 
 
 def submodule_no_decay(model: nn.Module) -> set[str]:
-    """Every parameter that a module inside ``model`` names in its own ``no_weight_decay()`` (RoPE-ViT's mixed
-    frequencies in each ``RoPE2D``, STRING's ``S`` in each attention, the generators' matrices), under its full
-    name: a kind's modules say it where they are, wherever the kind put them."""
+    """Every parameter that a module inside ``model`` names in its ``no_weight_decay()`` (mixed frequencies, STRING's
+    ``S``, the generators), under its full name, wherever the kind put the module."""
     return {f"{path}.{name}" for path, module in model.named_modules() if path and hasattr(module, "no_weight_decay")
             for name in module.no_weight_decay()}
 

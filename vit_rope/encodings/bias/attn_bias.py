@@ -1,17 +1,13 @@
 """Position encodings as additive attention biases: 2D-ALiBi and LookHere.
 
-- **2D-ALiBi** (CROMA, Fuller et al., NeurIPS 2023, arXiv:2311.00566): ALiBi's per-head linear penalty (Press et
-  al., ICLR 2022) on the Euclidean distance between patches, ``-m_h * |p_k - p_q|``, the same in every layer.
-- **LookHere** (Fuller et al., NeurIPS 2024, arXiv:2405.13985): directed masks and distance penalties per head, with
-  a slope per layer (``lookhere.py``).
+- **2D-ALiBi** (CROMA, Fuller et al., NeurIPS 2023, arXiv:2311.00566): ALiBi's per-head linear penalty (Press et al.,
+  ICLR 2022) on the Euclidean distance between patches, ``-m_h * |p_k - p_q|``, the same in every layer.
+- **LookHere** (Fuller et al., NeurIPS 2024, arXiv:2405.13985): directed masks and distance penalties per head, with a
+  slope per layer (``lookhere.py``).
 
-Both are a penalty of the offset between two patches times one scale per layer, so an image batch gets one table per
-offset ``[H, 2h - 1, 2w - 1]`` (``offset_attention``: time and memory grow as attention's), kept for the last two
-grids. NaFlex batches, per-image positions (augmentation, patch dropout), LookHere's ``center`` heads (a distance to
-the image's middle, not an offset) and graph captures build dense penalties ``[1 or B, H, N, N]`` per forward.
-Prefix tokens are neither biased nor penalised. Policies: ``extrapolate`` keeps positions as they are;
-``interpolate`` scales offsets per axis by training / input grid size; ``ntk``, ``yarn`` and ``normalized`` rescale
-frequencies, which a bias has none of.
+Both are a penalty of the offset times one scale per layer, so an image batch gets one table per offset
+(``offset_attention``), kept for the last two grids; NaFlex batches, per-image positions, LookHere's ``center`` heads
+and graph captures build dense ``[1 or B, H, N, N]`` per forward. Prefix tokens are not biased.
 """
 
 from __future__ import annotations
@@ -60,16 +56,7 @@ def offset_alibi(offsets: Tensor, slopes: Tensor) -> Tensor:
 @register_notrace_module
 class AttnBias(PositionEncoding):
     """The penalty tables of one bias kind and the scale each block multiplies them by; nothing learned or saved.
-
-    Args:
-        kind: ``"lookhere"`` or ``"alibi"``.
-        num_heads: attention heads.
-        depth: blocks (LookHere's slopes and directions are per layer).
-        train_grid: the ``(h, w)`` training grid, which ``interpolate`` scales against.
-        policy: ``extrapolate`` (default) or ``interpolate``.
-        config: LookHere's configuration (``lookhere.check_config``): a preset name or the official dict; ``None``
-            is ``lh180`` (the model's ``encoding_options={"config": ...}``).
-    """
+    ``config``: LookHere's (``lookhere.check_config``: a preset name or the official dict; ``None`` is ``lh180``)."""
 
     CACHE_SIZE = 4  # two grids: each its offset tables and the dense matrices built from them
     policies = POSITION_POLICIES

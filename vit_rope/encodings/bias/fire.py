@@ -1,18 +1,14 @@
 """FIRE: a learned function of the relative position as an attention bias (Li et al., ICLR 2024, arXiv:2310.04418).
 
-FIRE adds ``f_theta(psi(i - j) / psi(max(L, tau)))`` to the logits, ``psi(x) = log(c x + 1)``, ``f_theta`` a small
-MLP (one output per head), ``c`` and the threshold ``tau`` learned, ``L`` the context's length: the normalisation
-("progressive interpolation") maps every distance of any input into the trained range. "Analysing extrapolation
-capabilities of modern position encodings in ViTs" (TMLR submission, 2026, openreview mEGr7Fm54B) reports FIRE
-holding 63.1% top-1 at 4.57x a ViT-Tiny's training size (RoPE: 18.9%); it has no public code, so the 2D form is ours:
+FIRE adds ``f_theta(psi(i - j) / psi(max(L, tau)))`` to the logits, ``psi(x) = log(c x + 1)``, ``f_theta`` a small MLP,
+``c`` and ``tau`` learned, ``L`` the context's length: every distance of any input maps into the trained range.
+"Analysing extrapolation capabilities of modern position encodings in ViTs" (TMLR submission, 2026, openreview
+mEGr7Fm54B) finds it holding best far above the training size; it has no public code, so the 2D form is ours:
 
     bias_h(q, k) = MLP_l([u(dx, w), u(dy, h)])_h,    u(d, L) = sign(d) psi(|d|) / psi(max(L, tau))
 
-per block ``l``, ``(dx, dy)`` the key-minus-query offset and ``L`` the input grid's width and height: one MLP of both
-signed axes (attention runs both ways), which can express ALiBi's penalty, LookHere's directions or T5's buckets.
-``extrapolate`` (default) is FIRE as published; ``interpolate`` scales offsets and grid to the training grid first.
-Prefix tokens are not biased. An image batch's bias is a table of its ``(2h - 1)(2w - 1)`` offsets per block
-(``offset_attention``), so its cost grows as attention's.
+per block ``l``, ``(dx, dy)`` the key-minus-query offset, ``L`` the grid's width and height. Prefix tokens are not
+biased; an image batch gets a table per offset (``offset_attention``).
 """
 
 from __future__ import annotations
@@ -37,16 +33,7 @@ from vit_rope.encodings.policies import POSITION_POLICIES, ResolutionPolicy, per
 
 @register_notrace_module
 class Fire(PositionEncoding):
-    """Each block's FIRE bias: an MLP ``2 -> hidden -> num_heads`` of the normalised offsets, with its own log scale
-    ``c`` and threshold ``tau``.
-
-    Args:
-        num_heads: attention heads (the MLPs' outputs).
-        depth: blocks, one MLP each.
-        train_grid: the ``(h, w)`` training grid, which ``interpolate`` scales to.
-        policy: ``extrapolate`` (default) or ``interpolate``.
-        hidden: the MLPs' width (FIRE's 32).
-    """
+    """Each block's FIRE bias: an MLP ``2 -> hidden -> num_heads`` of normalised offsets, with its ``c`` and ``tau``."""
 
     policies = POSITION_POLICIES
 
@@ -64,8 +51,7 @@ class Fire(PositionEncoding):
                 "or 'interpolate' (offsets and grid scaled to the training grid first).")
 
     def _bias(self, layer: int, offsets: Tensor, extent: Tensor) -> Tensor:
-        """The bias ``[..., H]`` of block ``layer`` at offsets ``[..., 2]`` (dx, dy) on grids of ``extent``
-        (broadcast against them: (w, h))."""
+        """The bias ``[..., H]`` of block ``layer`` at offsets ``[..., 2]`` (dx, dy) on grids of ``extent`` (w, h)."""
         c, tau = self.log_scale[layer].abs(), self.threshold[layer]
         psi = torch.log1p(c * offsets.abs()) / torch.log1p(c * torch.maximum(extent, tau))
         return self.mlps[layer](offsets.sign() * psi)
@@ -76,8 +62,7 @@ class Fire(PositionEncoding):
         return size if scale is None else size * scale
 
     def forward(self, positions: Positions, num_prefix_tokens: int = 0) -> list[Tensor]:
-        """Each block's dense bias ``[1 or B, H, P + N, P + N]`` from the positions (NaFlex batches, per-image
-        positions, graph captures)."""
+        """Each block's dense bias ``[1 or B, H, P + N, P + N]`` (NaFlex batches, per-image positions, captures)."""
         scale = policy_scale(positions.grids, self.train_grid, self.policy_name)
         offsets = scaled_offsets(positions.coords, scale)  # [..., N, N, 2]
         extent = per_sample(self._extent(positions.grids, scale), positions.coords).unsqueeze(-2)

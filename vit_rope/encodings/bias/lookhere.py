@@ -1,16 +1,13 @@
 """LookHere's directed attention masks and distance penalties (Fuller et al., NeurIPS 2024, arXiv:2405.13985).
 
-Each head looks in a fixed direction: keys outside its field of view are masked (or given a fixed penalty), keys
-inside are penalised by their distance to the query, with a slope per head, per layer and overall::
+Each head looks in a fixed direction: keys outside its field of view are masked (or given a fixed penalty), keys inside
+are penalised by their distance, with a slope per head, per layer and overall::
 
     logit(q, k) += -global_slope * layer_slope[l] * head_slope[h] * f(|p_k - p_q|)    inside head h's view
     logit(q, k) += -inf                                                             outside (fill_with="inf")
 
-Everything depends on the offset ``p_k - p_q`` only (``center`` heads excepted: the distance to the image's middle).
-The configuration is the official code's dict (github.com/GreenCUBIC/lookhere, MIT): ``global_slope``,
-``layer_slopes`` (first and last layer, linear in between), ``head_directions`` (groups of 4 heads joined by ``-``,
-or one such string per layer), ``distance`` and ``fill_with``. Written from the paper and that code's semantics as
-pure functions of positions, so that NaFlex samples and fractional coordinates work too.
+The configuration is the official code's dict (github.com/GreenCUBIC/lookhere, MIT; ``CONFIG_KEYS``), written here as
+pure functions of positions so that NaFlex samples and fractional coordinates work too.
 """
 
 from __future__ import annotations
@@ -52,8 +49,7 @@ DISTANCES = ("linear", "sqrt", "square")
 FILLS = ("inf", "zero", "max")
 CONFIG_KEYS = ("global_slope", "layer_slopes", "head_directions", "distance", "fill_with")
 
-# The paper's models by the field of view of each head: 180 (half-planes), 90 (cones), 45 (eighths). Our reading of
-# the names, not copies of the published configs (their checkpoints carry their own config, which loading checks).
+# The paper's models by each head's field of view; our reading of the names (published checkpoints carry their config)
 PRESETS: dict[str, dict[str, Any]] = {
     name: dict(global_slope=1.0, layer_slopes=[1.5, 0.5], head_directions=dirs, distance="linear", fill_with="inf")
     for name, dirs in (("lh180", "halves"), ("lh90", "triangles"), ("lh45", "eighths1-eighths2"))}
@@ -104,14 +100,9 @@ def check_config(config: str | dict[str, Any] | None, num_heads: int, depth: int
 
 
 def head_plan(spec: str, num_heads: int) -> tuple[tuple[tuple[str, ...], ...], tuple[float, ...]]:
-    """Each head's direction tokens and slope for a ``head_directions`` string (``"halves"``,
-    ``"eighths1-eighths2"``).
-
-    Head counts follow the official code (one group over a multiple of 4 heads, or ``_SPLITS``); elsewhere (``tiny``'s
-    3 heads, one group on ``small``'s 6) the groups share the heads as evenly as possible, earlier groups first, each
-    group's heads taking its directions in turn. Slopes halve every 4 heads, consecutive heads of one group sharing a
-    sequence, as the official ``groupby`` makes them.
-    """
+    """Each head's direction tokens and slope for a ``head_directions`` string (``"eighths1-eighths2"``). Heads split as
+    the official code splits them where it has a split (``_SPLITS``), else as evenly as possible, earlier groups first
+    (``tiny``'s 3 heads); slopes halve every 4 heads, as the official ``groupby`` makes them."""
     names = spec.split("-")
     bad = [name for name in names if name not in DIRECTION_GROUPS]
     if bad:
@@ -151,15 +142,9 @@ def lookhere_penalty(positions: Tensor, directions: tuple[tuple[str, ...], ...],
                      distance: str = "linear", fill_with: str = "inf", valid: Tensor | None = None,
                      scale: Tensor | None = None) -> Tensor:
     """Penalties ``[..., H, N, N]`` (>= 0, ``inf`` where a head does not look) of patches at ``positions``
-    ``[..., N, 2]`` (x, y; any offset, fractional or sparse), before the layer and global slopes.
-
-    Args:
-        directions, slopes: each head's direction tokens and slope (``head_plan``).
-        distance: ``linear`` (Euclidean), ``sqrt`` or ``square`` of it.
-        fill_with: what hidden keys get: ``inf`` (masked), ``zero`` or ``max`` (the head's largest on the image).
-        valid: ``[..., N]`` real patches (NaFlex); padding is left out of ``center`` and ``max``.
-        scale: ``[1 or B, 2]`` what the policy multiplies offsets (and distances to the middle) by.
-    """
+    ``[..., N, 2]`` (x, y; any offset), before the layer and global slopes. ``directions``, ``slopes``: ``head_plan``'s;
+    ``fill_with``: what hidden keys get (``max``: the head's largest); ``valid`` ``[..., N]``: real patches, the only
+    ones ``center`` and ``max`` see; ``scale`` ``[1 or B, 2]``: the policy's."""
     pos = positions.float()
     if valid is None:
         valid = torch.ones(pos.shape[:-1], dtype=torch.bool, device=pos.device)

@@ -1,10 +1,8 @@
 """LookHere's official checkpoints (github.com/GreenCUBIC/lookhere, MIT) as a checkpoint format (``FORMAT``).
 
-The official files are ``{"weights": state_dict, "config": config}``: DeiT-III's ViT (class token, qkv bias,
-LayerScale) under timm's key names, LayerNorm at eps 1e-5, no position embedding and a classifier MLP ``Linear -> Tanh
--> Linear``; the biases are rebuilt from the config. So the weights load as they are into a ``vit_rope_*_lookhere_*``
-model built with the file's ``official_args``: ``vit_rope.create_from_checkpoint(file)`` builds and loads it, and the
-evaluation harness takes those arguments from the file unless ``--model-kwargs`` gives them.
+The files are ``{"weights": state_dict, "config": config}``: DeiT-III's ViT under timm's keys (LayerNorm eps 1e-5, no
+position embedding, an MLP classifier ``Linear -> Tanh -> Linear``); the biases are rebuilt from the config. The weights
+load as they are into a ``vit_rope_*_lookhere_*`` model built with ``official_args``.
 """
 
 from __future__ import annotations
@@ -21,16 +19,14 @@ from vit_rope.weights import Converted, Description, Format, unwrap_state_dict
 
 
 def is_lookhere_checkpoint(obj: Any) -> bool:
-    """Whether ``obj`` is an official LookHere file: ``weights`` (a state dict) and ``config`` (LookHere's
-    configuration)."""
+    """Whether ``obj`` is an official LookHere file: a ``weights`` state dict and a LookHere ``config``."""
     return (isinstance(obj, Mapping) and isinstance(obj.get("weights"), dict) and isinstance(obj.get("config"), dict)
             and "head_directions" in obj["config"])
 
 
 def official_args(obj: Mapping[str, Any]) -> dict[str, Any]:
-    """What a ``*_lookhere_*`` model needs to take the official file ``obj``, as ``timm.create_model`` arguments:
-    the file's configuration, and what the official ViT differs from ours in (LayerNorm eps, LayerScale
-    initialisation, an MLP classifier of the file's hidden width and classes)."""
+    """The ``timm.create_model`` arguments of a ``*_lookhere_*`` model for the file ``obj``: its config, and the
+    official ViT's LayerNorm eps, LayerScale and MLP classifier."""
     weights = obj["weights"]
     args: dict[str, Any] = dict(encoding="lookhere", encoding_options={"config": obj["config"]},
                                 norm_layer=partial(nn.LayerNorm, eps=1e-5), init_values=1e-4)
@@ -53,13 +49,8 @@ def describe(obj: Mapping[str, Any]) -> Description:
 
 
 def from_lookhere(obj: dict[str, Any], model: nn.Module) -> Converted:
-    """The state dict of an official LookHere file, checked against ``model``: a LookHere model with the same
-    configuration and an MLP classifier. Tensor shapes are checked by the caller, which lists any that differ.
-
-    Raises:
-        ValueError: the model is not LookHere, its configuration differs from the checkpoint's, or it has a linear
-            classifier where the checkpoint has an MLP; the message names both values and the fix.
-    """
+    """The state dict of an official LookHere file, after checking that ``model`` is LookHere with the same config and
+    an MLP classifier (else a ``ValueError`` naming both and the fix); the caller checks shapes."""
     kind = getattr(model, "encoding_kind", None)
     if kind != "lookhere":
         raise ValueError(f"The checkpoint is an official LookHere one, the model's encoding is {kind!r}: load it into "

@@ -2,15 +2,11 @@
 between two patches read without its ``[nh, N, N]`` matrix.
 
 LookHere (Fuller et al., NeurIPS 2024, arXiv:2405.13985), 2D-ALiBi (CROMA, Fuller et al., NeurIPS 2023,
-arXiv:2311.00566) and FIRE (Li et al., ICLR 2024, arXiv:2310.04418) add ``bias[h, p_k - p_q]`` to the logits: an
-``h x w`` grid has ``(2h - 1)(2w - 1)`` offsets, so a block's bias is a table ``[nh, 2h - 1, 2w - 1]``. On CPU, SDPA
-runs by chunks of grid rows, each chunk's mask one copy out of a strided view of the flipped table (with the keys
-reversed, query ``(yq, xq)`` and key ``(yk', xk')`` read ``flip(table)[yq + yk', xq + xk']``): memory ``O(chunk x
-N)``. In training ``_OffsetAttention`` keeps what flash attention keeps and rebuilds the masks in backward, where
-autograd would keep them all (``O(N^2)``), and computes a learned table's gradient (FIRE's), which SDPA's backward
-does not give, itself: FIRE's ViT-S training step at 448 px is 1.2-1.3x as fast as by autograd, at 1.04x axial's
-memory against 2x (docs/performance.md). On CUDA, FlexAttention reads the table in its ``score_mod``. Prefix tokens
-are unbiased.
+arXiv:2311.00566) and FIRE (Li et al., ICLR 2024, arXiv:2310.04418) add ``bias[h, p_k - p_q]``: a table
+``[nh, 2h - 1, 2w - 1]`` per block. On CPU, SDPA runs by chunks of grid rows, each chunk's mask one copy out of a
+strided view of the flipped table (``_table_view``), memory ``O(chunk x N)``; in training ``_OffsetAttention`` rebuilds
+the masks in backward and gives a learned table's (FIRE's) gradient, which SDPA does not (docs/performance.md). On CUDA,
+FlexAttention reads the table in its ``score_mod``. Prefix tokens are unbiased.
 """
 
 from __future__ import annotations
@@ -27,8 +23,7 @@ from vit_rope.encodings.policies import per_sample
 from vit_rope.layers.attention import RoPEAttention
 
 CHUNK_ELEMENTS = 2**25  # one chunk's mask: 128 MiB in fp32
-# a learned table's backward writes several score-sized products per chunk, which stay in the CPU's caches when small
-# (one grid row of queries at 896 px: 1.95 s a block's backward against 2.3 s with CHUNK_ELEMENTS, ViT-S, batch 4)
+# a learned table's backward: score-sized products per chunk that stay in the CPU's caches (896 px: 1.95 s, not 2.3)
 SCORE_ELEMENTS = 2**22
 # SDPA's CPU flash kernel takes blocks of 256 queries from 768 queries on, of 64 or 32 below: far slower per query
 FLASH_QUERIES = 768
@@ -102,8 +97,7 @@ def _chunks(grid: tuple[int, int], prefix: int, width: int, least: int = 1, elem
 
 
 def _masks(view: Tensor, prefix: int, dtype: torch.dtype) -> Callable[[int, int], Tensor | None]:
-    """Each chunk's mask ``[1, nh, Q, P + N]`` (``None`` for the prefix queries) from the table view, in one buffer
-    whose prefix columns stay 0."""
+    """Each chunk's mask ``[1, nh, Q, P + N]`` (``None`` for prefix queries), copied from the view into one buffer."""
     (nh, h, w), buffer = view.shape[:3], []
 
     def mask(start: int, stop: int) -> Tensor | None:

@@ -1,9 +1,8 @@
 """ComRoPE's rotations of an image batch given per axis: ``exp(x A_x + y A_y) = exp(y A_y) exp(x A_x)`` where the
 generators commute (Yu et al., "ComRoPE", CVPR 2025, arXiv:2506.03737; ``vit_rope.encodings.generators.comrope``).
 
-Along an axis of evenly spaced positions ``exp(x_c A) = exp(x_0 A) exp(d A)^c``: a handful of exponentials instead of
-one per cell (and its costlier backward), and q and k turned column by column, then row by row, one batched matmul per
-axis instead of a product per cell.
+On evenly spaced positions ``exp(x_c A) = exp(x_0 A) exp(d A)^c``: a handful of exponentials instead of one per cell,
+and q and k turned column by column, then row by row, one batched matmul per axis.
 """
 
 from __future__ import annotations
@@ -15,11 +14,10 @@ from vit_rope.encodings.generators.block_rotation import Rotations, expm
 
 
 def rotate_axes(q: Tensor, k: Tensor, turns: tuple[Tensor, Tensor, Tensor]) -> tuple[Tensor, Tensor]:
-    """q and k ``[B, H, P + h * w, D]`` of an image batch turned by commuting rotations given per axis, ``turns =
-    (prefix, turn_x, turn_y)``: the prefix tokens' ``[H, P, m, b, b]``, the columns' ``[H, w, m_x, b, b]`` and the
-    rows' ``[H, h, m_y, b, b]``. Every block turns by both axes (``m_x = m_y = m``: x, then y) or, with ``m / 2``
-    tables each, the even blocks by y only and the odd ones by x only (ComRoPE-AP). Equal to ``rotate_blocks`` with
-    every cell's table ``exp(y A_y) exp(x A_x)``."""
+    """q and k ``[B, H, P + h * w, D]`` of an image batch turned by commuting rotations per axis,
+    ``turns = (prefix, turn_x, turn_y)``: ``[H, P, m, b, b]``, ``[H, w, m_x, b, b]``, ``[H, h, m_y, b, b]``. Every block
+    turns by both axes (``m_x = m_y = m``) or, with ``m / 2`` tables each, even blocks by y and odd ones by x
+    (ComRoPE-AP). Equals ``rotate_blocks`` by ``exp(y A_y) exp(x A_x)`` per cell."""
     prefix, turn_x, turn_y = (t.to(q.dtype) for t in turns)
     P, m, b = prefix.shape[1], prefix.shape[2], prefix.shape[-1]
     h, w = turn_y.shape[1], turn_x.shape[1]
@@ -38,9 +36,8 @@ def rotate_axes(q: Tensor, k: Tensor, turns: tuple[Tensor, Tensor, Tensor]) -> t
 
 
 def axis_turns(values: tuple[Tensor, Tensor], gens: tuple[Tensor, Tensor]) -> tuple[Tensor, Tensor]:
-    """``exp(v_c A)`` ``[L, H, n, m, b, b]`` of each axis, for its evenly spaced ``values`` ``[n]`` and generators
-    ``[L, H, m, b, b]``: the first and the step of both axes exponentiated in one call, the rest as the steps' powers,
-    both axes in one product per power."""
+    """``exp(v_c A)`` ``[L, H, n, m, b, b]`` per axis, for evenly spaced ``values`` ``[n]`` and generators
+    ``[L, H, m, b, b]``: first and step exponentiated in one call, the rest as the step's powers."""
     blocks, sizes = [gen.shape[2] for gen in gens], [value.shape[0] for value in values]
     steps = [value[1] - value[0] if value.shape[0] > 1 else value[0] * 0 for value in values]
     exponents = [value[0] * gen for value, gen in zip(values, gens, strict=True)]

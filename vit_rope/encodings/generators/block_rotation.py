@@ -1,10 +1,8 @@
 """Rotations ``R(p) = exp(p_x A_x + p_y A_y)`` from learned skew-symmetric generators, acting on blocks of channels:
 what ComRoPE (Yu et al., CVPR 2025, arXiv:2506.03737; ``comrope``) and LieRE (Ostmeier et al., ICML 2025,
-arXiv:2406.10322; ``liere``) share.
-
-Both turn q and k by such an ``R`` instead of RoPE's 2x2 pairs: a head's ``D`` channels are cut into ``D / b`` blocks
-of ``b``, each turned by its own ``b x b`` orthogonal matrix per token (per head, per layer where the kind learns
-them). They differ in how ``A_x, A_y`` are parametrised (commuting or not) and where a patch sits.
+arXiv:2406.10322; ``liere``) share. A head's ``D`` channels are cut into blocks of ``b``, each turned by its own
+``b x b`` orthogonal matrix per token instead of RoPE's 2x2 pairs; the kinds differ in how ``A_x, A_y`` are parametrised
+and where a patch sits.
 """
 
 from __future__ import annotations
@@ -25,10 +23,9 @@ TABLE_CHUNK = 2**13
 
 
 def expm(skew: Tensor, captured: bool = False) -> Tensor:
-    """``exp(S)`` of ``[..., b, b]`` in fp32 at least, equal to ``torch.linalg.matrix_exp`` to rounding: torch's
-    without autograd; with autograd or under a graph capture ``expm_by_squaring``, which ONNX exports (it has no
-    matrix exponential) and whose gradient, autograd's through its products, costs a fraction of ``matrix_exp``'s
-    (the exponential of a ``2b x 2b`` matrix): LieRE's ViT-S trains at 448 px at 0.75x axial RoPE, 0.60x with it."""
+    """``exp(S)`` of ``[..., b, b]`` in fp32 at least: torch's ``matrix_exp`` without autograd; with autograd or under a
+    capture ``expm_by_squaring``, which ONNX exports and whose gradient costs a fraction of ``matrix_exp``'s (LieRE's
+    ViT-S at 448 px trains at 0.75x axial RoPE, 0.60x with ``matrix_exp``)."""
     dtype = skew.dtype
     skew = skew if dtype in (torch.float32, torch.float64) else skew.float()
     if captured or (skew.requires_grad and torch.is_grad_enabled() and not skew.is_meta):  # meta: no norms to read
@@ -37,11 +34,10 @@ def expm(skew: Tensor, captured: bool = False) -> Tensor:
 
 
 def expm_by_squaring(skew: Tensor, captured: bool = False) -> Tensor:
-    """``exp(S)`` of ``[..., b, b]``: each matrix scaled by ``2^s`` to a norm <= 1/2, a Taylor polynomial below the
-    dtype's rounding (Horner's rule, one ``baddbmm`` a term) and ``s`` squarings. In eager the batch is sorted by ``s``
-    (a host sync) and each squaring multiplies only the suffix that still needs it (at LieRE's 448 px grid most need
-    6 or 7, one in tens of thousands 8); under a capture every matrix is squared ``MAX_SQUARINGS`` times, masked past
-    its own ``s``: one graph for every position range, the same values."""
+    """``exp(S)`` of ``[..., b, b]``: scaled by ``2^s`` to a norm <= 1/2, a Taylor polynomial below the dtype's rounding
+    (Horner's rule) and ``s`` squarings. In eager the batch is sorted by ``s`` (a host sync) and each squaring takes
+    only the matrices that still need it; under a capture all are squared ``MAX_SQUARINGS`` times, masked past their
+    ``s``: one graph for every position range."""
     flat = skew.reshape(-1, *skew.shape[-2:])  # [n, b, b]
     norm = flat.detach().abs().sum(-1).amax(-1)  # the infinity norm bounds the spectral one
     count = torch.ceil(torch.log2(norm.clamp_min(1e-30) * 2)).clamp(0, MAX_SQUARINGS)  # [n]: s of each matrix
@@ -75,10 +71,9 @@ def rotate_blocks(x: Tensor, rotation: Tensor) -> Tensor:
 
 
 def rotate_qk(q: Tensor, k: Tensor, rotation: Tensor) -> tuple[Tensor, Tensor]:
-    """``rotate_blocks`` of q and k ``[B, H, N, D]`` by a table shared by the batch ``[1, H or 1, N, D/b, b, b]`` as
-    one matmul ``x^T R^T`` with q's and k's samples together as its rows, whose copies in and out move whole blocks of
-    ``b`` channels (``R x`` with the samples as columns would move single channels); out in the layout SDPA's CPU
-    flash kernel takes (channels of stride 1)."""
+    """``rotate_blocks`` of q and k ``[B, H, N, D]`` by a table shared by the batch ``[1, H or 1, N, D/b, b, b]``: one
+    matmul ``x^T R^T`` with the samples as rows, whose copies move whole blocks of ``b`` channels (``R x`` would move
+    single channels), out in the layout of SDPA's CPU flash kernel."""
     B, H, N, D = q.shape
     m, b = rotation.shape[-3], rotation.shape[-1]
     rows = torch.stack((q, k)).permute(2, 3, 0, 1, 4).reshape(H, N, 2 * B, m, b).transpose(2, 3)  # [H, N, m, 2B, b]
@@ -89,8 +84,7 @@ def rotate_qk(q: Tensor, k: Tensor, rotation: Tensor) -> tuple[Tensor, Tensor]:
 
 
 def check_block(name: str, block: int, head_dim: int) -> int:
-    """``block`` if it cuts ``head_dim`` channels into whole blocks of at least 2; else a ``ValueError`` naming the
-    sizes that would."""
+    """``block`` if it cuts ``head_dim`` into whole blocks of at least 2, else a ``ValueError`` naming sizes that do."""
     if block < 2 or head_dim % block:
         fits = [d for d in range(2, head_dim + 1) if head_dim % d == 0]
         raise ValueError(f"{name}={block} must divide the head width {head_dim} (and be at least 2): pick one of "
@@ -125,17 +119,8 @@ class BlockRotations(Rotations):
 
 @register_notrace_module
 class BlockRotation(PositionEncoding):
-    """What ComRoPE and LieRE share: each block's rotation tables from the kind's ``generators()`` at the positions
-    its ``place`` gives. Policies: ``extrapolate`` and ``interpolate`` (the kind's ``place`` says what each means).
-
-    Args:
-        kind: the kind's name.
-        depth: blocks of the model.
-        train_grid: the ``(h, w)`` training grid, which the policies scale against.
-        policy: ``extrapolate`` (default) or ``interpolate``.
-        prefix_position: the position of every prefix token (class, registers) in the kind's units on both axes, or
-            ``None`` for the identity (prefix tokens not rotated).
-    """
+    """What ComRoPE and LieRE share: each block's rotation tables from the kind's ``generators()`` at its ``place``'s
+    positions; ``prefix_position``: every prefix token's position on both axes, ``None``: the identity."""
 
     CACHE_SIZE = 2
     policies = POSITION_POLICIES
@@ -205,8 +190,7 @@ class BlockRotation(PositionEncoding):
         return (int(h), int(w), num_prefix_tokens, str(positions.coords.device), self.policy_name, params)
 
     def forward(self, positions: Positions, num_prefix_tokens: int = 0) -> Tensor:
-        """Every block's tables (``tables``); an image batch's in evaluation kept per grid until the generators, the
-        policy or the device change."""
+        """Every block's ``tables``, an image batch's kept per grid in evaluation (``cache_key``)."""
         key = self.cache_key(positions, num_prefix_tokens)
 
         def build() -> Tensor:
@@ -225,8 +209,7 @@ class BlockRotation(PositionEncoding):
         return [BlockRotations(table, batched) for table in layers]
 
     def clear_(self) -> None:
-        """Drop the kept tables: when training starts (the generators move at every step) and when blocks are
-        pruned."""
+        """Drop the kept tables (training starts: the generators move; blocks pruned)."""
         self._cache.clear()
 
     def train(self, mode: bool = True) -> BlockRotation:

@@ -1,28 +1,18 @@
 """ComRoPE: RoPE whose rotations come from trainable commuting angle matrices, so attention stays exactly relative.
 
 ComRoPE (Yu et al., "ComRoPE: Scalable and Robust Rotary Position Embedding Parameterized by Trainable Commuting Angle
-Matrices", CVPR 2025, arXiv:2506.03737; code github.com/Longin-Yu/ComRoPE, ``model.py`` at commit 7aeef083) rotates
-q and k by ``R(p) = exp(p_x A_x + p_y A_y)``. ``R(p)^T R(p') = R(p' - p)``, so that scores see offsets only, holds
-exactly when ``A_x`` and ``A_y`` commute; both parametrisations make them commute by construction, block-diagonal with
-``b x b`` blocks ``B_j`` per head and layer:
+Matrices", CVPR 2025, arXiv:2506.03737; code github.com/Longin-Yu/ComRoPE, ``model.py`` at commit 7aeef083) rotates q
+and k by ``R(p) = exp(p_x A_x + p_y A_y)``; ``R(p)^T R(p') = R(p' - p)`` holds exactly when ``A_x`` and ``A_y`` commute,
+which both forms guarantee with ``b x b`` blocks ``B_j`` per head and layer:
 
-- **ComRoPE-AP** (axis partition, ``comrope_ap``): block ``j`` turns with one axis only, ``B_j = P_j - P_j^T`` for axis
-  ``j mod 2`` (y for even ``j``, x for odd, the official order) and 0 for the other: blocks on different axes act on
-  different channels.
-- **ComRoPE-LD** (linear dependence, ``comrope_ld``): one ``P_j`` per block, scaled per axis: ``B_ij = theta_ij (P_j -
-  P_j^T)``; multiples of one matrix commute. ``theta`` is shared by the heads of a layer, as officially.
+- **ComRoPE-AP** (``comrope_ap``): block ``j`` turns with axis ``j mod 2`` only (y for even ``j``, the official order),
+  ``B_j = P_j - P_j^T``;
+- **ComRoPE-LD** (``comrope_ld``): ``B_ij = theta_ij (P_j - P_j^T)`` per axis; ``theta`` is shared by a layer's heads.
 
-As the official code: ``P`` is per layer and head, drawn ``N(0, init_std^2)`` with ``init_std = 1``, ``theta`` from
-``N(0, 1)``; positions are patch centres in units of the grid, ``(i + 0.5) / n`` per axis (their ``axis_scale``), and
-the class token (every prefix token here) sits at ``(0.5, 0.5)`` and is rotated too (their ``cls_position``;
-``cls_position=None`` leaves prefix tokens unrotated). The block size defaults to 8 (``block_size``;
-``model.py``'s config default is 2, with which ComRoPE-AP is RoPE with learned frequencies).
-
-An eager image batch is turned per axis (``axis_rotation``), in inference in RoPE form where attention can fold a basis
-into its projection (``spectral``), at the cost of mixed RoPE; NaFlex batches and graph captures one table per token.
-
-Policies: ``extrapolate`` (the official model given its training positions' step: larger images reach past 1) and
-``interpolate`` (the official model built for the new size: positions span [0, 1]).
+As officially, ``P ~ N(0, init_std^2)``, ``theta ~ N(0, 1)``, positions are patch centres ``(i + 0.5) / n`` and prefix
+tokens sit at ``(0.5, 0.5)``, rotated (``cls_position``). ``block_size`` is 8 (``model.py``'s 2 makes AP RoPE with
+learned frequencies). Eager image batches turn per axis (``axis_rotation``), in inference in RoPE form (``spectral``).
+``extrapolate``: the official model at its training step; ``interpolate``: built for the new size.
 """
 
 from __future__ import annotations
@@ -46,9 +36,8 @@ COMROPE_KINDS = ("comrope_ap", "comrope_ld")
 
 
 def comrope_positions(coord: Tensor, grids: Tensor, train_grid: tuple[int, int], policy: str) -> Tensor:
-    """ComRoPE's positions ``[..., N, 2]`` (x, y) of the patches at ``coord`` ``[..., N, 2]`` (y, x) of the grids
-    ``grids`` ``[1 or B, 2]`` (h, w): patch centres ``(i + 0.5) / n``, ``n`` the training grid, or under
-    ``interpolate`` the input's."""
+    """ComRoPE's positions ``[..., N, 2]`` (x, y) of the patches at ``coord`` ``[..., N, 2]`` (y, x) of ``grids``
+    ``[1 or B, 2]``: patch centres ``(i + 0.5) / n``, ``n`` the training grid or (``interpolate``) the input's."""
     xy, size, train = grid_units(coord, grids, train_grid)
     return by_grid(xy + 0.5, size if policy == "interpolate" else train.expand_as(size))
 
@@ -65,21 +54,9 @@ def _layer_tables(pos: Tensor, freqs: Tensor, identity_rows: int) -> tuple[Tenso
 
 
 class ComRoPE(BlockRotation):
-    """ComRoPE-AP or -LD angle matrices for every block (see the module docstring).
-
-    Args:
-        kind: ``"comrope_ap"`` or ``"comrope_ld"``.
-        depth: blocks; num_heads: heads; head_dim: channels per head.
-        train_grid: the ``(h, w)`` training grid.
-        policy: ``extrapolate`` (default) or ``interpolate``.
-        block_size: ``b``, which must divide ``head_dim`` (and, for AP, ``head_dim / 2``: the two axes split the
-            blocks evenly).
-        init_std: the standard deviation of ``P`` at initialisation.
-        cls_position: where prefix tokens sit, in grid units, on both axes; ``None``: not rotated.
-
-    Parameters (official layout with the layers stacked in front, axes in the official order (y, x)): ``freqs``
-    ``[L, H, 1, D/b, b, b]`` (``P``), and for LD ``multiplier`` ``[L, 1, 2, D/b, 1, 1]`` (``theta``).
-    """
+    """ComRoPE-AP or -LD angle matrices for every block (the module docstring); ``block_size`` must divide ``head_dim``
+    (AP: ``head_dim / 2``). Parameters, the official layout with layers in front and axes (y, x): ``freqs``
+    ``[L, H, 1, D/b, b, b]`` (``P``) and LD's ``multiplier`` ``[L, 1, 2, D/b, 1, 1]`` (``theta``)."""
 
     def __init__(self, kind: str, depth: int, num_heads: int, head_dim: int, train_grid: tuple[int, int],
                  policy: str | dict | ResolutionPolicy | None = None, block_size: int = 8, init_std: float = 1.0,
@@ -117,8 +94,7 @@ class ComRoPE(BlockRotation):
         return skew, self.multiplier if self.kind == "comrope_ld" else self.axis_mask
 
     def block_inputs(self, positions: Positions, num_prefix_tokens: int) -> list[Any]:
-        """An eager image batch's rotations per axis (kept per grid in evaluation), with their RoPE form in eager
-        evaluation (``Spectral``: basis, cos and sin per block, also kept per grid); else ``BlockRotation``'s."""
+        """An eager image batch's rotations per axis, with their RoPE form in evaluation; else ``BlockRotation``'s."""
         if positions.captured or positions.grid is None or positions.coords.dim() != 2:
             return super().block_inputs(positions, num_prefix_tokens)
         grid = (int(positions.grid[0]), int(positions.grid[1]))
@@ -136,9 +112,8 @@ class ComRoPE(BlockRotation):
         return [Spectral(item, *layer, fold) for item, layer, fold in zip(inputs, spectral, self._folds, strict=True)]
 
     def axis_tables(self, coords: Tensor, num_prefix_tokens: int, grid: tuple[int, int]) -> tuple[Tensor, ...]:
-        """``rotate_axes``' tables of an image batch's positions ``[N, 2]`` (its ``(h, w)`` grid's cells, row-major):
-        the prefix tokens' ``[L, H, P, m, b, b]``, the columns' ``[L, H, w, m_x, b, b]`` and the rows' ``[L, H, h, m_y,
-        b, b]`` (AP: x turns the odd blocks only, y the even ones; LD: both turn every block)."""
+        """``rotate_axes``' tables at an image batch's positions ``[N, 2]``: prefix ``[L, H, P, m, b, b]``, columns
+        ``[L, H, w, m_x, b, b]``, rows ``[L, H, h, m_y, b, b]`` (AP: x odd blocks, y even)."""
         gens = self.generators().float()  # [L, H, 2, m, b, b]
         cells = coords.float().view(*grid, 2)
         x_blocks, y_blocks = AP_BLOCKS if self.kind == "comrope_ap" else (slice(None), slice(None))
@@ -171,8 +146,7 @@ class ComRoPE(BlockRotation):
             fold.clear()
 
     def place(self, coord: Tensor, grids: Tensor) -> Tensor:
-        """Patch centres in grid units, ``(i + 0.5) / n``: ``n`` the training grid (``extrapolate``) or the input's
-        (``interpolate``)."""
+        """Patch centres in grid units (``comrope_positions``)."""
         return comrope_positions(coord, grids, self.train_grid, self.policy_name)
 
     def prune_(self, depth: int) -> None:

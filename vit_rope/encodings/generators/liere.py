@@ -1,24 +1,14 @@
 """LieRE: rotations ``exp(p_x A_x + p_y A_y)`` from learned skew-symmetric generators that need not commute.
 
 LieRE (Ostmeier et al., "LieRE: Generalizing Rotary Position Encodings", ICML 2025, arXiv:2406.10322; code
-github.com/StanfordMIMI/LieRE, ``models/rope_vit.py`` at commit b27b41ba) learns the generators ``A_x, A_y`` freely:
-block-diagonal with ``g x g`` blocks (the generator size), per head. Because they need not commute, ``R(p)^T R(p')``
-is not ``R(p' - p)`` in general: scores depend on where two patches are, not only on their offset. Where the
-generators commute (``g = 2``, or trained so) it is relative as RoPE is; the tests show both.
-
-As the official code (its ImageNet recipe, ``lightning_imagenet.sh`` and ``lightning_conf/imagenet_224.yaml``):
-
-- generator size 8 (``generator_dim``; ``ModelArgs``' default is 64, one generator per head), generators per
-  head, drawn from ``U(0, 2 pi)`` on the upper triangle (``generator_raw_params``; ``A = U - U^T``);
-- one set of generators for every block. Their config asks for one per layer (``rotary_embedding_per_layer``), but
-  their ``Transformer.forward`` overwrites the per-layer tables with layer 0's in its first iteration, so every layer
-  turns by layer 0's generators and the published checkpoints were trained that way; ``per_layer=True`` gives
-  each block its own;
-- the class token (every prefix token here) is not rotated;
-- positions are ``linspace(0, m / n, m)`` per axis on an ``m``-patch axis trained at ``n`` (``PositionEncoderBase``):
-  ``i / (n - 1)`` at the training size, and at other sizes the image spans ``m / n`` of the training extent. That is
-  ``extrapolate`` here; ``interpolate`` is their ``scale_0_to_1`` branch, ``i / (m - 1)`` (positions span [0, 1] at
-  every size).
+github.com/StanfordMIMI/LieRE, ``models/rope_vit.py`` at commit b27b41ba) learns ``A_x, A_y`` freely, block-diagonal
+with ``g x g`` blocks per head, so scores depend on where two patches are, not only on their offset (unless the
+generators commute, as at ``g = 2``). As its ImageNet recipe (``lightning_conf/imagenet_224.yaml``): ``g = 8``
+(``generator_dim``), generators per head drawn from ``U(0, 2 pi)`` on the upper triangle (``A = U - U^T``), prefix
+tokens not rotated, and one set for every block: the config asks for one per layer, but the official
+``Transformer.forward`` overwrites the tables with layer 0's, so the checkpoints were trained that way
+(``per_layer=True`` gives each block its own). Positions are ``linspace(0, m / n, m)`` on an ``m``-patch axis trained at
+``n`` (``extrapolate``); ``interpolate`` is their ``scale_0_to_1``, ``i / (m - 1)``.
 """
 
 from __future__ import annotations
@@ -34,9 +24,8 @@ from vit_rope.encodings.policies import ResolutionPolicy, by_grid, grid_units
 
 
 def liere_positions(coord: Tensor, grids: Tensor, train_grid: tuple[int, int], policy: str) -> Tensor:
-    """LieRE's positions ``[..., N, 2]`` (x, y) of the patches at ``coord`` ``[..., N, 2]`` (y, x) of the grids
-    ``grids`` ``[1 or B, 2]`` (h, w): ``i / (m - 1)`` on an ``m``-patch axis, times ``m / n`` (``n`` the training
-    grid) under ``extrapolate``."""
+    """LieRE's positions ``[..., N, 2]`` (x, y) of the patches at ``coord`` ``[..., N, 2]`` (y, x) of ``grids``
+    ``[1 or B, 2]``: ``i / (m - 1)`` on an ``m``-patch axis, under ``extrapolate`` times ``m / n``."""
     xy, size, train = grid_units(coord, grids, train_grid)
     return by_grid(xy, (size - 1).clamp_min(1) * (1.0 if policy == "interpolate" else train / size))
 
@@ -46,19 +35,8 @@ torch.fx.wrap("liere_positions")
 
 
 class LieRE(BlockRotation):
-    """LieRE's generators (see the module docstring).
-
-    Args:
-        depth: blocks; num_heads: heads; head_dim: channels per head.
-        train_grid: the ``(h, w)`` training grid.
-        policy: ``extrapolate`` (default, the official positions) or ``interpolate``.
-        generator_dim: ``g``, which must divide ``head_dim``.
-        per_head: generators per head (official ImageNet recipe), else shared by the heads.
-        per_layer: generators per block, else one set for all (what the official code runs).
-
-    Parameter (the official layout): ``generator_raw_params`` ``[2, L, G, g, g]``, axes (y, x), ``L`` 1 or depth,
-    ``G = heads * D / g`` (head-major) or ``D / g``; only its upper triangle is used.
-    """
+    """LieRE's generators (the module docstring): ``generator_raw_params`` ``[2, L, G, g, g]`` as officially (axes (y,
+    x), ``L`` 1 or depth, ``G = heads * D / g`` head-major, or ``D / g``), upper triangle used."""
 
     def __init__(self, depth: int, num_heads: int, head_dim: int, train_grid: tuple[int, int],
                  policy: str | dict | ResolutionPolicy | None = None, generator_dim: int = 8, per_head: bool = True,

@@ -1,18 +1,10 @@
 """LieRE's official image classifiers (github.com/StanfordMIMI/LieRE, ``models/rope_vit.py``) as vit_rope models.
 
-The official ``RoPEViT`` is lucidrains' ViT (``models/vit.py``) with LieRE's ``FlexibleAttention``: a linear patch
-embedding on ``(p1 p2 c)``-ordered pixels, a class token, pre-norm blocks (LayerNorm eps 1e-5, qkv without bias, GELU
-MLPs, no LayerScale), the LayerNorm and linear head of ``mlp_head`` on the class token, and heads of 64 channels (its
-attention asserts it). Its absolute table ``pos_embedding`` is kept at zeros for LieRE (unless
-``force_absolute_encodings``). So a checkpoint is our ``vit_rope_*_patch16_liere_224`` with the arguments
-``liere_args`` reads from the tensors' shapes, and its keys map onto ours (``from_liere``): the linear patch weight
-becomes the convolution's, ``position_encoder.generator_raw_params`` our ``pos_encoding.generator_raw_params``.
-
-What the format leaves open: the training size is not saved; the ImageNet recipe (``lightning_conf/imagenet_224.yaml``)
-trains at 224 px, so the model takes ``img_size=224`` (pass another to ``create_from_checkpoint``). Generators saved
-per layer (``rotary_embedding_per_layer``) are reduced to layer 0's, which is what the official ``Transformer.forward``
-turns every block by (see ``vit_rope.encodings.generators.liere``). A Lightning checkpoint's ``model.`` prefix is
-dropped.
+The official ``RoPEViT`` is lucidrains' ViT with LieRE's attention (heads of 64, LayerNorm eps 1e-5, qkv without bias,
+no LayerScale, a zero absolute table), so a checkpoint is our ``vit_rope_*_patch16_liere_224`` with the arguments
+``liere_args`` reads from its shapes, its keys mapped by ``from_liere``. The training size is not saved: 224 px, the
+ImageNet recipe's. Generators saved per layer are reduced to layer 0's, which the official forward turns every block by
+(``vit_rope.encodings.generators.liere``); a Lightning ``model.`` prefix is dropped.
 """
 
 from __future__ import annotations
@@ -48,13 +40,8 @@ def is_liere_checkpoint(state_dict: Any) -> bool:
 
 
 def liere_args(state_dict: Mapping[str, Any]) -> Description:
-    """The ``timm.create_model`` arguments of an official checkpoint, from its shapes: the whole architecture, so any
-    ``vit_rope_*_patch16_liere_224`` name serves (``vit_rope.models.formats`` picks the one of its width).
-
-    Raises:
-        ValueError: a tensor LieRE's model always has is missing, the patch embedding is not of square RGB patches,
-            or the width does not split into heads of 64.
-    """
+    """The ``timm.create_model`` arguments of an official checkpoint, from its shapes (the whole architecture); a
+    ``ValueError`` where a tensor is missing, patches are not square RGB or heads not 64 wide."""
     sd = _plain(state_dict)
     needed = ("cls_token", "to_patch_embedding.1.weight", "transformer.layers.0.1.fn.net.0.weight",
               "mlp_head.1.weight", MARKER)
@@ -83,13 +70,8 @@ def liere_args(state_dict: Mapping[str, Any]) -> Description:
 
 
 def from_liere(state_dict: dict[str, Any], model: nn.Module) -> Converted:
-    """An official checkpoint in our keys, for ``model`` (a LieRE model), with notes on what was converted; tensor
-    shapes are checked by the caller, which lists any that differ.
-
-    Raises:
-        ValueError: the model is not a LieRE one, or the checkpoint's absolute table is not zero (a LieRE model
-            trained with ``force_absolute_encodings``, which no vit_rope model has).
-    """
+    """An official checkpoint in our keys for the LieRE ``model``, with notes on the conversion; a ``ValueError`` for
+    another kind's model or a non-zero absolute table (``force_absolute_encodings``). The caller checks shapes."""
     if getattr(model, "encoding_kind", None) != "liere":
         raise ValueError(f"The checkpoint is {FORMAT_NAME} with LieRE generators; the model has encoding="
                          f"{getattr(model, 'encoding_kind', None)!r}: load it into a vit_rope_*_patch16_liere_224 "

@@ -1,14 +1,11 @@
-"""ComRoPE's commuting block rotations as RoPE in a fixed basis: how it runs in evaluation at the cost of mixed RoPE
-(Yu et al., "ComRoPE", CVPR 2025, arXiv:2506.03737; ``vit_rope.encodings.generators.comrope``).
+"""ComRoPE's commuting block rotations as RoPE in a fixed basis: how it runs in evaluation at the cost of mixed RoPE (Yu
+et al., "ComRoPE", CVPR 2025, arXiv:2506.03737; ``vit_rope.encodings.generators.comrope``).
 
-ComRoPE turns each ``b x b`` block by ``exp(t S)``, one skew-symmetric ``S`` per block and ``t = c_x x + c_y y`` per
-token. The real Schur form ``S = Q T Q^T`` (``T``: 2x2 blocks ``[[0, -w_k], [w_k, 0]]``) gives ``exp(t S) = Q Rot(t w)
-Q^T``: RoPE's rotation by ``(c_x w_k) x + (c_y w_k) y`` in the basis ``Q^T``, the same at every position, so attention
-sees the same scores when ``Q^T`` is folded into the q and k rows of the projection (as Cayley-STRING's basis,
-``vit_rope.layers.fused.fold_qk``) and the planes are turned by mixed RoPE's fused rotation.
-
-Only for evaluation: the form has no stable gradient where two ``w_k`` meet. ``spectral_form`` computes it in float64
-and checks it; where a ``w_k`` of 0 leaves the pairing ambiguous, the block rotations stay.
+Each ``b x b`` block turns by ``exp(t S)``, ``t = c_x x + c_y y``. The real Schur form ``S = Q T Q^T`` gives
+``exp(t S) = Q Rot(t w) Q^T``: RoPE's rotation by ``(c_x w_k) x + (c_y w_k) y`` in the basis ``Q^T``, the same at every
+position, which folds into the q and k rows of the projection (``vit_rope.layers.fused.fold_qk``). Evaluation only: the
+form has no stable gradient where two ``w_k`` meet; where a ``w_k`` of 0 leaves the pairing ambiguous, the block
+rotations stay.
 """
 
 from __future__ import annotations
@@ -27,18 +24,10 @@ TOLERANCE = 1e-9  # float64 reconstruction error accepted, relative to the large
 
 
 def spectral_form(skew: Tensor, scale: Tensor) -> tuple[Tensor, Tensor] | None:
-    """The basis and RoPE frequencies equal to the block rotations ``exp((c_x x + c_y y) S_j)``.
-
-    Args:
-        skew: ``[L, H, m, b, b]`` skew-symmetric ``S`` per layer, head and block (``b`` even).
-        scale: ``[L or 1, 2, m]`` the axis factors ``(c_x, c_y)`` of each block.
-
-    Returns:
-        ``(basis, freqs)``: ``basis`` ``[L, H, D, D]`` the block-diagonal ``Q^T`` of every head (``D = m b``), and
-        ``freqs`` ``[L, 2, H, D/2]`` the ``(wx, wy)`` of every channel pair in that basis (``rope_angles``' layout),
-        both float32; or ``None`` where ``S`` has a zero eigenvalue pair and the plane pairing is ambiguous (or ``S`` is
-        on the meta device).
-    """
+    """The basis and RoPE frequencies equal to the block rotations ``exp((c_x x + c_y y) S_j)`` of ``skew``
+    ``[L, H, m, b, b]`` (``b`` even) with axis factors ``scale`` ``[L or 1, 2, m]``: ``basis`` ``[L, H, D, D]`` (the
+    block-diagonal ``Q^T``) and ``freqs`` ``[L, 2, H, D/2]`` (``rope_angles``' layout), float32; ``None`` where ``S``
+    has a zero eigenvalue pair (ambiguous planes) or is on the meta device."""
     if skew.is_meta:  # no values to decompose
         return None
     s = skew.double()
@@ -80,11 +69,9 @@ class FoldedProjection:
 
 
 class Spectral(BlockInput):
-    """A block's commuting rotations (``rotations``, the input it has otherwise) with their RoPE form: ``basis`` ``[H,
-    D, D]`` and ``tables()``, its ``cos`` and ``sin`` ``[H, P + N, D/2]`` (built as the block runs, as mixed RoPE's
-    are: never every block's at once). In inference, where the basis can fold into the projection (no q/k norms, a
-    key head per query head, a plain ``nn.Linear`` without hooks), q and k are projected in the basis and rotated in
-    place by the tables; elsewhere the rotations run."""
+    """A block's commuting rotations (``rotations``) with their RoPE form, ``basis`` ``[H, D, D]`` and ``tables()``
+    ``[H, P + N, D/2]`` (built as the block runs). In inference, where the basis folds into a plain projection
+    (``plain_projection``), q and k are projected in it and rotated in place; elsewhere the rotations run."""
 
     def __init__(self, rotations: BlockInput, basis: Tensor, tables: Callable[[], tuple[Tensor, Tensor]],
                  fold: FoldedProjection) -> None:

@@ -2,38 +2,22 @@
 
 Parabolic Position Encoding (Koo Øhrstrøm et al., "Where to Attend: A Principled Vision-Centric Position Encoding with
 Parabolas", arXiv:2602.01418, 2026; code: github.com/DTU-PAS/parabolic-position-encoding, ``pape/nn/positions/pape.py``
-and ``pape_ri.py``, read at commit 21cb390) adds to the logit of query ``i`` and key ``j`` of every head a sum of
-parabolas in their offset, with coefficients that the query's content chooses:
+and ``pape_ri.py``, read at commit 21cb390) adds to the logit of query ``i`` and key ``j`` parabolas in their offset
+whose coefficients the query's content chooses:
 
-- **PaPE**: ``sum_f -a_f(x_i) d_f^2 + b_f(x_i) d_f``, ``d_f = w_f . (p_i - p_j)``: ``F`` parabolas per head (the
-  paper's default 50) along learned directions ``w_f`` (``position``, ``[H * F, 2]`` per layer), with ``a = softplus``
-  and ``b`` of one learned projection of the token (``ab``, ``[2 * H * F, C]`` per layer): a peak whose width, place
-  and tilt each query sets, translation invariant and directional;
-- **PaPE-RI** (rotation invariant): ``-a(x_i) s_h^2 |p_i - p_j|^2``, one parabola per head in the Euclidean offset,
-  ``a = softplus`` of a projection ``[H, C]`` per layer and a fixed random scale ``s_h`` per head and layer (a buffer
-  drawn from ``U(-1/sqrt 2, 1/sqrt 2)``, as the official code does).
+- **PaPE**: ``sum_f -a_f(x_i) d_f^2 + b_f(x_i) d_f``, ``d_f = w_f . (p_i - p_j)``: ``F`` parabolas per head (default 50)
+  along learned directions ``w_f`` (``position``, ``[H * F, 2]`` per layer), ``a = softplus`` and ``b`` of one
+  projection of the token (``ab``, ``[2 * H * F, C]`` per layer);
+- **PaPE-RI** (rotation invariant): ``-a(x_i) s_h^2 |p_i - p_j|^2``, ``a = softplus`` of a projection ``[H, C]`` per
+  layer, ``s_h`` a fixed random scale per head and layer (a buffer from ``U(-1/sqrt 2, 1/sqrt 2)``).
 
-Both are written into q and k as extra channels, so any attention kernel computes them with ``q . k`` and no mask:
-expanding the square, ``-a (p_i - p_j)^2 + b (p_i - p_j)`` is ``-a p_j^2 + (2 a p_i - b) p_j`` plus terms of the
-query alone, which the softmax over keys cancels. For PaPE, ``p_j = w_f . (x_j, y_j)`` is linear in the key's
-position, so the key's part of all ``F`` parabolas, ``sum_f -a_f p_j^2 + c_f p_j`` with ``c_f = 2 a_f p_i - b_f``, is
-one dot product of k's ``[x^2, xy, y^2, x, y]`` with q's five sums over the parabolas ``[-sum_f a_f w_fx^2, -sum_f 2
-a_f w_fx w_fy, -sum_f a_f w_fy^2, sum_f c_f w_fx, sum_f c_f w_fy]``: 5 channels per head for any parabola count (the
-official code writes ``3 F + 2``, 152 at the default 50), so q.k is 64 + 5 channels wide, not 64 + 152. PaPE-RI: q's
-``[a, 2 a p]`` against k's ``[-|p|^2, p]``, 3 channels instead of the official 5. Both are zero-padded to a multiple of
-4 (the official code pads to 8; zeros change no score, and PaPE-RI's heads are then 68 channels wide, not 72).
-The scores are the official ones up to a constant per query, so attention and every output equal its (the parity
-tests); the scale stays ``1 / sqrt(D)`` of the head width, which the attention passes to the kernel.
-
-Positions are the official ones: the class token (every prefix token) at the origin and patches from 1,
-``(x, y) = (col + 1, row + 1)``. The query's channels need the layer's ``position`` weights and its input (PaPE-RI's
-keys its ``position_scales``), so each block's attention holds its layer (its ``pape``: ``PaPELayer``,
-``PaPERILayer``) and the encoding hands every block the same positions ``[1 or B, P + N, 2]`` (``Parabolas``).
-Resolution policies: ``extrapolate`` (the official code at every size: integer positions, the parabolas reach as far
-as the image), ``interpolate`` (positions scaled per axis by training / input grid, so the image spans the training
-extent) and ``normalized`` (positions divided by the grid, the official ``normalize: true``; its code divides x by the
-row count and y by the column count, the same on its square images). ``ntk`` and ``yarn`` rescale RoPE frequencies,
-which PaPE has none of.
+Without the terms of the query alone, which the softmax cancels, all ``F`` parabolas of a head are one product of k's
+``[x^2, xy, y^2, x, y]`` with five sums over the parabolas in q: 5 channels for any ``F`` (officially ``3 F + 2``);
+PaPE-RI: q's ``[a, 2 a p]`` against k's ``[-|p|^2, p]``, 3 (officially 5). Both are zero-padded to a multiple of 4
+(officially 8); the scale stays ``1 / sqrt(D)``, and attention equals the official one (docs/models.md has the
+derivation). Positions are the official ones, prefix tokens at the origin and patches at ``(col + 1, row + 1)``, as they
+are (``extrapolate``), scaled to the training grid (``interpolate``) or divided by the grid (``normalized``, the
+official ``normalize: true``).
 """
 
 from __future__ import annotations
@@ -64,9 +48,8 @@ def check_parabolas(parabolas: int) -> int:
 
 
 def pape_positions(coord: Tensor, grids: Tensor, policy: str, train_grid: tuple[int, int] | None) -> Tensor:
-    """Positions ``[..., N, 2]`` (x, y) of the patches at ``coord`` ``[..., N, 2]`` (y, x) of the grids ``grids``
-    ``[1 or B, 2]`` (h, w): the official ``(col + 1, row + 1)`` (the origin is the class token's), as they are
-    (``extrapolate``), divided by the grid (``normalized``) or scaled by training / input grid (``interpolate``)."""
+    """Positions ``[..., N, 2]`` (x, y) of the patches at ``coord`` (y, x) of ``grids`` ``[1 or B, 2]``: the official
+    ``(col + 1, row + 1)``, as they are, divided by the grid (``normalized``) or scaled by training / input grid."""
     xy = coord.flip(-1).float() + 1.0
     if policy == "extrapolate":
         return xy
@@ -77,15 +60,10 @@ def pape_positions(coord: Tensor, grids: Tensor, policy: str, train_grid: tuple[
 
 
 class ParabolaLayer(nn.Module):
-    """What PaPE's and PaPE-RI's layers share: their channels appended to q and k.
-
-    ``forward(x, q, k, v, positions)`` returns q and k ``[B, nh, N, D]`` with the parabolas' channels appended
-    (``[B, nh, N, D + E]``, ``E`` padded so that ``D + E`` is a multiple of 4) and v zero-padded to their width, whose
-    output the attention cuts back to ``D``: every kernel takes q, k and v of one width (on CPU, SDPA's flash kernel
-    does not take a narrower v, and its fallback is slower: docs/models.md). ``x`` ``[B, N, C]`` is the attention's
-    input, ``positions`` ``[1 or B, N, 2]``. The official names of the weights (``position``, ``ab``; ``a``,
-    ``position_scales``) keep its keys.
-    """
+    """What PaPE's and PaPE-RI's layers share: ``forward(x, q, k, v, positions)`` appends their channels to q and k
+    ``[B, nh, N, D]`` (to ``D + E``, a multiple of 4) and zero-pads v to that width, as kernels take one width (CPU's
+    SDPA flash kernel takes no narrower v; its fallback is slower); attention cuts the output back to ``D``. ``x``
+    ``[B, N, C]`` is the attention's input, ``positions`` ``[1 or B, N, 2]``; the weights keep the official names."""
 
     def __init__(self, dim: int, num_heads: int, parabolas: int, width: int) -> None:
         super().__init__()
@@ -94,8 +72,7 @@ class ParabolaLayer(nn.Module):
         self.widen = width + self.pad  # channels q, k and v gain
 
     def channels(self, x: Tensor, positions: Tensor) -> tuple[list[Tensor], list[Tensor]]:
-        """The extra channels of q (pieces ``[B, N, nh, *]``) and of k (pieces ``[1 or B, N, nh or 1, *]``), in
-        order."""
+        """The extra channels of q (pieces ``[B, N, nh, *]``) and of k (``[1 or B, N, nh or 1, *]``), in order."""
         raise NotImplementedError
 
     def forward(self, x: Tensor, q: Tensor, k: Tensor, v: Tensor, positions: Tensor) -> tuple[Tensor, Tensor, Tensor]:
@@ -104,8 +81,7 @@ class ParabolaLayer(nn.Module):
         zero = q.new_zeros(())
 
         def widen(t: Tensor, extra: list[Tensor], pad: int) -> Tensor:
-            """``t`` ``[B, nh, N, D]`` and its extra channels in one concatenation, padding included, token-major as
-            the projections write them (the pieces are read in their own order, not gathered head by head)."""
+            """``t`` and its extra channels in one concatenation, token-major as the projections write them."""
             pieces = [t.transpose(1, 2), *(e.to(t.dtype).expand(B, N, H, -1) for e in extra)]
             return torch.cat([*pieces, zero.expand(B, N, H, pad)], -1).transpose(1, 2)  # [B, nh, N, D + E]
 
@@ -117,8 +93,7 @@ class ParabolaLayer(nn.Module):
 
 @register_notrace_module
 class PaPELayer(ParabolaLayer):
-    """One layer's PaPE: learned parabola directions (``position``) and the projection that gives each query its
-    coefficients (``ab``)."""
+    """One layer's PaPE: learned directions (``position``) and the projection of each query's coefficients (``ab``)."""
 
     def __init__(self, dim: int, num_heads: int, parabolas: int = PARABOLAS) -> None:
         super().__init__(dim, num_heads, check_parabolas(parabolas), 5)
@@ -157,8 +132,7 @@ class PaPERILayer(ParabolaLayer):
 
 
 class Parabolas(BlockInput):
-    """Every token's position ``[1 or B, P + N, 2]``, from which the block's own layer (its attention's ``pape``)
-    appends the parabolas' channels to q and k and pads v."""
+    """Every token's position ``[1 or B, P + N, 2]``, from which each block's ``attn.pape`` widens q, k and v."""
 
     def __init__(self, positions: Tensor) -> None:
         self.positions = positions
@@ -172,15 +146,7 @@ class Parabolas(BlockInput):
 @register_notrace_module
 class ParabolicEncoding(PositionEncoding):
     """PaPE or PaPE-RI as the model's encoding: the official positions of every token, handed to each block's
-    ``ParabolaLayer`` (``layer`` builds them; ``attach_`` puts one in each block's attention). Nothing learned here.
-
-    Args:
-        kind: ``"pape"`` or ``"pape_ri"``.
-        depth: blocks of the model.
-        train_grid: the ``(h, w)`` training grid, which ``interpolate`` scales against.
-        policy: ``extrapolate`` (default), ``interpolate`` or ``normalized``.
-        parabolas: PaPE's parabolas per head (the official 50); PaPE-RI has one per head and refuses it.
-    """
+    ``ParabolaLayer`` (``attach_``); nothing learned here. ``parabolas``: PaPE's per head (PaPE-RI refuses it)."""
 
     policies = ("extrapolate", "interpolate", "normalized")
 

@@ -1,25 +1,18 @@
 """Cayley-STRING: RoPE after a learned orthogonal change of basis of the queries and keys.
 
 STRING (Schenck, Reid et al., "Learning the RoPEs: Better 2D and 3D Position Encodings with STRING", ICML 2025,
-arXiv:2502.02562) rotates ``P q`` and ``P k`` instead of ``q`` and ``k``: ``q' = R(r) P q``. ``P`` is orthogonal and
-the same at every position, so ``(R(r_i) P q) . (R(r_j) P k) = (P q) . R(r_j - r_i) (P k)`` depends on positions only
-through their offset: exact translation invariance, as RoPE. Its Cayley form parametrises ``P`` by a skew-symmetric
-``S``: ``P = (I - S)(I + S)^-1``, orthogonal for every ``S`` (``I + S`` is always invertible), and ``P = I`` at
-``S = 0``, so a fresh model is its base kind exactly.
+arXiv:2502.02562) rotates ``P q`` and ``P k``: ``q' = R(r) P q``. ``P`` is orthogonal and the same at every position, so
+``(R(r_i) P q) . (R(r_j) P k) = (P q) . R(r_j - r_i) (P k)``: exact translation invariance, as RoPE. The Cayley form
+``P = (I - S)(I + S)^-1`` of a skew-symmetric ``S`` is orthogonal for every ``S`` and ``I`` at ``S = 0``: a fresh model
+is its base kind.
 
-Choices here:
-
-- ``P`` is learned per layer and per head, ``[nh, D, D]``: each head has its own RoPE table (mixed and golden
-  frequencies differ by head), hence its own best basis for it, and a per-head ``P`` is what keeps the fold below
-  block-diagonal. It costs ``nh * D * D`` parameters per layer (``C * D``, a sixth of a ViT-S qkv projection's).
-- ``S = A - A^T`` from an unconstrained ``A``: skew-symmetric to the bit after any optimizer step, so ``P`` stays
-  orthogonal to rounding (the Cayley transform needs no re-projection). ``A`` starts at 0 and gets no weight decay,
-  as RoPE-ViT's learned frequencies: decay would pull ``P`` back to ``I``, i.e. towards the base kind.
-- ``P`` never touches activations: ``P q = P W_q x + P b_q``, so ``P`` is folded into the q and k rows of the qkv
-  projection, ``W_q' = blockdiag(P) W_q`` (``C * C * D`` multiply-adds per layer and forward, nothing per token), and
-  the fused in-place rotation (``vit_rope.layers.fused``) runs on the folded projection as it runs on a plain one.
-  Without autograd (evaluation) the folded weights are kept until the weights or ``S`` change, so inference costs
-  what the base kind costs; ``fold_encoding_`` writes them into the model for export.
+- ``P`` is per layer and head, ``[nh, D, D]``: each head has its own RoPE table, hence its own best basis, and the fold
+  stays block-diagonal.
+- ``S = A - A^T``: skew-symmetric after any step, so ``P`` stays orthogonal. ``A`` starts at 0 without weight decay,
+  which would pull ``P`` back to ``I``.
+- ``P`` is folded into the q and k rows of the qkv projection, ``W_q' = blockdiag(P) W_q``, so the fused rotation
+  (``vit_rope.layers.fused``) runs unchanged; without autograd the fold is kept until the weights or ``S`` change, and
+  ``fold_encoding_`` writes it into the model for export.
 """
 
 from __future__ import annotations
@@ -46,11 +39,8 @@ torch.fx.wrap("cayley")
 
 
 class CayleyString(nn.Module):
-    """The learned ``S`` of one attention layer and the qkv projection it folds into (see the module docstring).
-
-    ``forward(weight, bias)`` returns the folded projection. In eager evaluation (no autograd) it is computed once
-    per version of the weights, ``S``, device and dtype, so repeated forwards cost what the base kind costs.
-    """
+    """The learned ``S`` of one attention layer; ``forward(weight, bias)`` returns the qkv projection folded with ``P``,
+    in eager evaluation once per version of the weights and ``S``."""
 
     def __init__(self, num_heads: int, head_dim: int) -> None:
         super().__init__()

@@ -1,16 +1,10 @@
 """Rotary position encodings as one ``PositionEncoding``: the ``RoPE2D`` tables every block rotates q and k by.
 
 RoPE-ViT (Heo et al., ECCV 2024, arXiv:2403.13298) learns mixed frequencies per layer, so a mixed model holds one
-``RoPE2D`` per block; fixed frequencies (axial, golden, DINOv3's) are the same in every block, so one ``RoPE2D`` and
-one pair of tables serve them all. Either way the tables are built once per forward, from the ``Positions`` of the
-batch: shared by every image of an image batch (``[H, P + N, D/2]``), or per sample of a NaFlex batch
-(``[B, H, P + N, D/2]``, gathered from the tables of the batch's bounding grid when its positions are its patch
-coordinates).
-
-The module is a ``ModuleList`` of its ``RoPE2D`` modules, so that a mixed model's state dict keeps RoPE-ViT's layout
-(``pos_encoding.<block>.freqs``; RoPE-ViT's ``rope.<block>.freqs``). Under
-Cayley-STRING (Schenck et al. ICML 2025, ``vit_rope.encodings.rope.cayley_string``) each block's attention also holds a
-learned basis that turns q and k before the tables rotate them.
+``RoPE2D`` per block (keeping RoPE-ViT's ``<block>.freqs`` state-dict layout); fixed frequencies (axial, golden,
+DINOv3's) share one. Tables are built once per forward, ``[H, P + N, D/2]`` for an image batch, ``[B, H, P + N, D/2]``
+for a NaFlex one. Under Cayley-STRING (Schenck et al., ICML 2025, ``cayley_string``) each attention also holds a learned
+basis that turns q and k before the tables rotate them.
 """
 
 from __future__ import annotations
@@ -27,14 +21,8 @@ from vit_rope.encodings.rope.tables import KINDS, RoPE2D
 
 
 class RotaryEncoding(PositionEncoding, nn.ModuleList):
-    """One ``RoPE2D`` per block (``per_block``: learned frequencies) or one for all blocks.
-
-    Args:
-        depth: blocks of the model.
-        per_block: one ``RoPE2D`` per block (mixed frequencies), else one shared.
-        string: Cayley-STRING over these tables: ``attach_`` gives each attention a ``CayleyString`` basis.
-        **rope_args: ``RoPE2D``'s arguments (head_dim, num_heads, kind, theta, train_grid, policy, ...).
-    """
+    """One ``RoPE2D`` per block (``per_block``: learned frequencies) or one for all; ``string``: Cayley-STRING over them
+    (``attach_`` gives each attention a basis); ``rope_args``: ``RoPE2D``'s arguments."""
 
     def __init__(self, depth: int, per_block: bool, string: bool = False, **rope_args: Any) -> None:
         # a ModuleList of RoPE2D modules, which hold the kind, grid and policy (``policy`` sets theirs)
