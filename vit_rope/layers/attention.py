@@ -59,7 +59,7 @@ def block_input(encoding: Any) -> BlockInput:
     return encoding if isinstance(encoding, BlockInput) else Rotation(encoding)
 
 
-def plain_projection(attn: RoPEAttention, x: Tensor | None = None) -> bool:
+def plain_projection(attn: RoPEAttention) -> bool:
     """Whether a ``BlockInput`` may compute ``attn``'s projection in a form of its own from ``attn.qkv``'s weights: no
     q/k norms or grouped keys, and ``plain_linear``."""
     return attn.plain_qk and attn.num_kv_heads == attn.num_heads and plain_linear(attn.qkv)
