@@ -1,8 +1,8 @@
 """ONNX export: one file, exported once at 64x64, serves other batches and sizes (non-square too) as eager does.
 
-Each model variant (axial, mixed, mixed + APE, registers) is exported once per module; 2-block tiny models with
-LayerScale at 1, so that attention and RoPE visibly shape the output. The command line is run from a timm model name
-and from a ``train.py`` checkpoint (``helpers.evaluation.write_checkpoint``).
+Each model variant (mixed, mixed + APE, axial + APE + registers, DINOv3) is exported once per module; 2-block tiny
+models with LayerScale at 1, so that attention and RoPE visibly shape the output. The command line is run from a timm
+model name (plain axial) and from a ``train.py`` checkpoint (``helpers.evaluation.write_checkpoint``).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from vit_rope.eval.loading import load_trained
 EXPORT_SIZE = (64, 64)
 SIZES = [(64, 64), (96, 48), (128, 80)]  # the export size, non-square, larger than the export in both sides
 VARIANTS = {
-    "axial": ("vit_rope_tiny_patch16_axial_224", {}),
+    # plain axial: the command-line export of a --model below
     "mixed": ("vit_rope_tiny_patch16_mixed_224", {}),
     "mixed_ape": ("vit_rope_tiny_patch16_mixed_ape_224", {}),
     "axial_ape_registers": ("vit_rope_tiny_patch16_axial_ape_224", {"reg_tokens": 2}),

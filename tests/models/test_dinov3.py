@@ -31,11 +31,14 @@ def test_logits_and_features_match_timm_from_timm_and_meta_files(size, qkv_bias,
     theirs = timm_dinov3(size, qkv_bias, depth=depth, num_classes=5)
     save_file(theirs.state_dict(), tmp_path / "timm.safetensors")
     torch.save(meta_keys(theirs.state_dict()), tmp_path / "meta.pth")
+    loaded = []
     for path in (tmp_path / "timm.safetensors", tmp_path / "meta.pth"):
         ours = timm.create_model(dinov3_name(size, qkv_bias), depth=depth, num_classes=5, init_values=1.0).eval()
         report = vit_rope.load_weights(ours, path)
         assert not report.initialised and set(report.loaded) == set(ours.state_dict())
-        assert_same_outputs(ours, theirs, SIZES)
+        loaded.append(ours.state_dict())
+    assert_same_outputs(ours, theirs, SIZES)  # from Meta's keys; timm's file gave the very same weights:
+    assert all(torch.equal(loaded[0][key], value) for key, value in loaded[1].items())
 
 
 def test_pretrained_file_through_timm_create_model_as_a_backbone(tmp_path):

@@ -33,16 +33,12 @@ def write_release(out: Path) -> None:
         tar.addfile(info, io.BytesIO(data))
 
 
-def test_the_release_is_unpacked_once_and_its_vit_rope_tests_run(tmp_path: Path) -> None:
-    write_release(tmp_path)
-    tests = timm_model_suite.timm_tests(tmp_path)
-    assert (tests / "test_models.py").read_text() == STAND_IN
-    assert timm_model_suite.main(["--out", str(tmp_path)]) == 0
-    assert timm_model_suite.main(["--out", str(tmp_path), "--match", "no_such_model"]) != 0  # nothing selected
-
-
-def test_a_relative_output_folder_works(tmp_path: Path, monkeypatch) -> None:
-    """The default ``--out`` (``output/timm-suite``) is relative, and pytest runs from the release's folder."""
+def test_the_release_is_unpacked_once_and_its_vit_rope_tests_run(tmp_path: Path, monkeypatch) -> None:
+    """From the default ``--out``'s kind of folder, a relative one (``output/timm-suite``): pytest runs from the
+    release's folder."""
     write_release(tmp_path / "output")
     monkeypatch.chdir(tmp_path)
+    tests = timm_model_suite.timm_tests(Path("output"))
+    assert (tests / "test_models.py").read_text() == STAND_IN
     assert timm_model_suite.main(["--out", "output"]) == 0
+    assert timm_model_suite.main(["--out", "output", "--match", "no_such_model"]) != 0  # nothing selected

@@ -424,12 +424,11 @@ def test_command_line_exit_code_and_single_error_line(tmp_path: Path) -> None:
         f"error: {tmp_path / 'nowhere' / 'train'} does not exist; the data dir needs train/ with one folder per class"]
 
 
-@pytest.mark.parametrize("extra, pipeline", [
-    ((), "timm"),
+@pytest.mark.parametrize("extra, pipeline", [  # a fixed size is the per-image case without its options
     (MULTIRES, "tensor"),
     (("workers=1", "auto_augment=3a", "reprob=0.25", "train_sizes=[32, 48]"), "timm"),  # per image, in workers
     (("workers=1", "mixup=0.8", "cutmix=1.0", "reprob=0.25", *NAFLEX), "naflex"),
-], ids=["fixed_size", "train_sizes", "per_image_train_sizes", "naflex"])
+], ids=["train_sizes", "per_image_train_sizes", "naflex"])
 def test_torchrun_ddp_on_cpu_writes_one_set_of_files(image_root: Path, tmp_path: Path, extra: tuple[str, ...],
                                                      pipeline: str) -> None:
     out = tmp_path / "ddp"
