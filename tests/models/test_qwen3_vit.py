@@ -100,7 +100,7 @@ def test_naflex_batch_sample_by_sample_equals_timm_on_each_image(name):
 
 
 def test_forward_intermediates_and_resolution_policy():
-    theirs = timm_qwen3("qwen3_vit_88m_enc", )
+    theirs = timm_qwen3("qwen3_vit_88m_enc")
     twin = vit_rope.from_timm(theirs)
     x = torch.randn(1, 3, 96, 64)
     with torch.no_grad():
@@ -126,3 +126,14 @@ def test_refused_inputs_name_what_and_where():
         timm.create_model("vit_rope_qwen3_vit_88m_enc", depth=1)(torch.randn(1, 3, 80, 64))
     with pytest.raises(ValueError, match="no classifier"):
         timm.create_model("vit_rope_qwen3_vit_88m_enc", depth=1, num_classes=3)
+
+
+@pytest.mark.slow  # ONNX export and two ORT sessions: about 12 s on 2 cores
+def test_encoder_twin_exports_to_onnx_at_two_sizes(tmp_path):
+    from vit_rope.eval.onnx import export_onnx
+
+    model = timm.create_model("vit_rope_qwen3_vit_88m_enc", depth=1, embed_dim=64, num_heads=2, merger_out_features=32)
+    randomize_(model)
+    result = export_onnx(model.eval(), tmp_path / "qwen3.onnx", img_size=(64, 32))
+    assert list(result.diffs) == [(2, 64, 32), (3, 96, 32)]  # two sizes, one file (the merger's 2x2 blocks too)
+    assert all(diff < 1e-4 for diff in result.diffs.values()), result.diffs
