@@ -53,16 +53,19 @@ FAMILIES = {  # family -> (timm name of its smallest size, default batch size)
     "sapiens2": ("vit_base_patch16_sapiens2", 1),
     "lingbot": ("vit_small_patch16_lingbot", 2),
     "dinov3": ("vit_small_patch16_dinov3", 2),
+    "qwen3": ("qwen3_vit_88m_merge", 2),  # Qwen3-VL's smallest tower with its merger: what the VLM runs
 }
 # Sapiens2 gives timm one kv-head count per block; a cut depth needs a shorter list: full attention, which all 12
 # blocks of its ViT-B have (grouped kv heads skip the first and last 8 blocks)
 CUT_DEPTH_ARGS = {"sapiens2": {"num_kv_heads": 12}}
 SPEED_TARGET, MEMORY_TARGET = 1.0, 1.0
+UNNAMED_PATCH = {"qwen3_vit_88m_merge": 16}  # the patch size of the models whose name does not say it
 
 
 def input_size(name: str, scale: float) -> tuple[int, int]:
     """The native (height, width) of timm's pretrained cfg, times ``scale`` rounded to whole patches (smoke runs)."""
-    patch = int(re.search(r"patch(\d+)", name)[1])
+    match = re.search(r"patch(\d+)", name)
+    patch = int(match[1]) if match else UNNAMED_PATCH[name]
     return tuple(max(1, round(side * scale / patch)) * patch for side in get_pretrained_cfg(name).input_size[1:])
 
 
@@ -70,7 +73,7 @@ def attention_paths(model: nn.Module) -> dict[str, int]:
     """Blocks, blocks whose attention runs SDPA, and (twins) blocks that rotate q and k with the fused in-place
     rotation, the condition ``RoPEAttention.project`` takes it under in eager mode, and blocks with q/k norms, which
     rotate the norms' outputs in place in inference and take the reference rotation in training."""
-    attns = [block.attn for block in model.blocks]
+    attns = [block.attn for block in getattr(model, "encoder", model).blocks]  # timm's Qwen3-VL: under .encoder
     paths = {"blocks": len(attns), "sdpa_blocks": sum(bool(attn.fused_attn) for attn in attns)}
     if isinstance(model, vit_rope.RoPEVisionTransformer):
         paths["fused_rotation_blocks"] = sum(attn.plain_qk and attn.num_kv_heads == attn.num_heads for attn in attns)

@@ -12,21 +12,37 @@ import math
 import warnings
 
 import torch
+import torch.nn.functional as F
 from timm.layers import resample_abs_pos_embed
 from torch import Tensor, nn
 
+from vit_rope.checks import check_choice
 from vit_rope.encodings.base import PositionEncoding
 from vit_rope.layers.lattice import pos_embed_at
+
+# how a table learnt on one grid reaches another: timm's ViT (antialiased bicubic), or the Qwen2-VL / Qwen3-VL vision
+# encoders' bilinear resampling with align_corners=True (timm's qwen3_vit.resample_pos_embed_grid)
+RESAMPLING = ("bicubic", "bilinear_corners")
 
 # FX: resampling depends on the input's size, which symbolic tracing only knows as a proxy; the trace records a call.
 torch.fx.wrap("fit_pos_embed")
 
 
-def fit_pos_embed(pos_embed: Tensor, grid: tuple[int, int], train_grid: tuple[int, int], num_prefix_tokens: int
-                  ) -> Tensor:
-    """The learned position embedding ``[1, (P +) N0, C]`` resampled bicubically to ``grid`` (timm's resampling)."""
-    return resample_abs_pos_embed(pos_embed, new_size=[grid[0], grid[1]], old_size=[train_grid[0], train_grid[1]],
-                                  num_prefix_tokens=num_prefix_tokens)
+def fit_pos_embed(pos_embed: Tensor, grid: tuple[int, int], train_grid: tuple[int, int], num_prefix_tokens: int,
+                  resampling: str = "bicubic") -> Tensor:
+    """The learned position embedding ``[1, (P +) N0, C]`` resampled to ``grid``: bicubically (timm's resampling), or
+    ``bilinear_corners`` (Qwen-VL's: bilinear with align_corners=True, in fp32, the table itself on its own grid)."""
+    if resampling == "bicubic":
+        return resample_abs_pos_embed(pos_embed, new_size=[grid[0], grid[1]],
+                                      old_size=[train_grid[0], train_grid[1]], num_prefix_tokens=num_prefix_tokens)
+    if tuple(grid) == tuple(train_grid):
+        return pos_embed
+    prefix, table = pos_embed[:, :num_prefix_tokens], pos_embed[:, num_prefix_tokens:]
+    C = table.shape[-1]
+    dtype = torch.float64 if table.dtype == torch.float64 else torch.float32  # half types lack CPU bilinear
+    x = table.reshape(1, train_grid[0], train_grid[1], C).permute(0, 3, 1, 2).to(dtype)
+    x = F.interpolate(x, size=(grid[0], grid[1]), mode="bilinear", align_corners=True)
+    return torch.cat((prefix, x.permute(0, 2, 3, 1).reshape(1, grid[0] * grid[1], C).to(table.dtype)), 1)
 
 
 class AbsoluteEncoding(PositionEncoding):
@@ -39,11 +55,13 @@ class AbsoluteEncoding(PositionEncoding):
     Args:
         num_prefix_rows: the table's rows for prefix tokens: 0 for DeiT-III and RoPE-ViT (``no_embed_class``), the
             class and register tokens' count for timm's ViT.
+        resampling: one of ``RESAMPLING``, how the table reaches another grid.
     """
 
-    def __init__(self, num_prefix_rows: int) -> None:
+    def __init__(self, num_prefix_rows: int, resampling: str = "bicubic") -> None:
         super().__init__("ape", 0)  # the blocks get nothing from it
         self.num_prefix_rows = num_prefix_rows
+        self.resampling = check_choice(resampling, RESAMPLING, "position-embedding resampling")
 
     def forward(self, table: Tensor, positions: Tensor, grids: Tensor, grid: tuple[int, int] | None,
                 table_grid: tuple[int, int]) -> Tensor:
@@ -55,11 +73,11 @@ class AbsoluteEncoding(PositionEncoding):
         if grid is None:  # read at each patch's coordinate: [B, own + N, C]
             coord = positions.flip(-1)  # [B, N, 2] (y, x): the integer coordinates, exactly
             return torch.cat((table[:, :own].expand(coord.shape[0], -1, -1),
-                              pos_embed_at(table[0, own:], coord, grids, table_grid)), 1)
-        return fit_pos_embed(table, grid, table_grid, own)  # [1, own + N, C]
+                              pos_embed_at(table[0, own:], coord, grids, table_grid, self.resampling)), 1)
+        return fit_pos_embed(table, grid, table_grid, own, self.resampling)  # [1, own + N, C]
 
     def extra_repr(self) -> str:
-        return f"num_prefix_rows={self.num_prefix_rows}"
+        return f"num_prefix_rows={self.num_prefix_rows}, resampling={self.resampling!r}"
 
 
 def source_grids(rows: int, grid: tuple[int, int], num_prefix: int) -> list[tuple[int, tuple[int, int]]]:
@@ -78,11 +96,18 @@ def source_grids(rows: int, grid: tuple[int, int], num_prefix: int) -> list[tupl
     return found
 
 
+def table_grid(model: nn.Module) -> tuple[int, int]:
+    """The grid ``model``'s position-embedding table is learnt on: its own (``pos_embed_grid``, Qwen-VL's 48x48 at
+    any ``img_size``), else the patch grid of its ``img_size`` (timm's ViT)."""
+    grid = getattr(model, "pos_embed_grid", None)
+    return tuple(model.patch_embed.grid_size) if grid is None else (int(grid[0]), int(grid[1]))
+
+
 def fit_checkpoint_pos_embed(pos_embed: Tensor, model: nn.Module) -> Tensor:
     """A checkpoint's position embedding for ``model`` (a timm ``VisionTransformer`` with one): the source's prefix
     rows stripped if the model has none, then resampled bicubically to the model's grid. The source grid is the
     model's own when it fits, else ``source_grids``' first guess; a warning names the others that fit."""
-    grid = tuple(model.patch_embed.grid_size)
+    grid = table_grid(model)
     num_prefix = 0 if model.no_embed_class else model.num_prefix_tokens
     rows = pos_embed.shape[1]
     found = source_grids(rows, grid, num_prefix)

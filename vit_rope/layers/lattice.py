@@ -73,10 +73,22 @@ def _aa_bicubic_weights(index: Tensor, out_len: Tensor, in_len: int) -> Tensor:
     return (w / w.sum(-1, keepdim=True)).float()
 
 
-def pos_embed_at(table: Tensor, coord: Tensor, grid: Tensor, train_grid: tuple[int, int]) -> Tensor:
+def _bilinear_corner_weights(index: Tensor, out_len: Tensor, in_len: int) -> Tensor:
+    """Weights ``[B, N, in_len]`` of ``F.interpolate(..., mode="bilinear", align_corners=True)`` from ``in_len`` to each
+    sample's ``out_len`` ``[B, 1]`` for output ``index`` ``[B, N]``: output ``i`` reads input ``i (in - 1) / (out - 1)``
+    (input 0 for a single output, as PyTorch's)."""
+    steps = (out_len.double() - 1).clamp(min=1.0)
+    source = index.double() * (in_len - 1) / steps  # [B, N]
+    taps = torch.arange(in_len, dtype=torch.float64, device=index.device)
+    return (1 - (taps - source[..., None]).abs()).clamp(min=0.0).float()
+
+
+def pos_embed_at(table: Tensor, coord: Tensor, grid: Tensor, train_grid: tuple[int, int],
+                 resampling: str = "bicubic") -> Tensor:
     """The absolute position embedding ``[B, N, C]`` of each patch, as ``fit_pos_embed`` resamples the ``[h0 * w0, C]``
     ``table`` to each sample's grid, read at its coordinate: a weighted sum per token, not a table per grid size."""
-    wy = _aa_bicubic_weights(coord[..., 0], grid[:, :1], train_grid[0])  # [B, N, h0]
-    wx = _aa_bicubic_weights(coord[..., 1], grid[:, 1:], train_grid[1])  # [B, N, w0]
+    weights = _aa_bicubic_weights if resampling == "bicubic" else _bilinear_corner_weights
+    wy = weights(coord[..., 0], grid[:, :1], train_grid[0])  # [B, N, h0]
+    wx = weights(coord[..., 1], grid[:, 1:], train_grid[1])  # [B, N, w0]
     weights = (wy[..., :, None] * wx[..., None, :]).flatten(-2)  # [B, N, h0 * w0]
     return (weights @ table.float()).to(table.dtype)

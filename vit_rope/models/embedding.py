@@ -17,6 +17,7 @@ from timm.models.naflexvit import global_pool_naflex
 from torch import Tensor
 
 from vit_rope.checks import check_patch_multiple
+from vit_rope.encodings.ape import table_grid
 from vit_rope.encodings.base import Positions, image_coords
 from vit_rope.encodings.policies import augment_positions
 from vit_rope.layers.lattice import key_padding_mask, lattice, naflex_grid
@@ -57,9 +58,8 @@ class EmbeddingMixin:
         pos_embed = self.pos_embed
         if pos_embed is None:
             return self.pos_drop(torch.cat(prefix + [tokens], dim=1))  # [B, P + N, C]
-        table_grid = self.patch_embed.grid_size  # the table and its grid are timm's, given to the APE's logic
-        positions = self.ape.place(coord, grids)
-        rows = self.ape(pos_embed, positions, grids, grid, (table_grid[0], table_grid[1]))  # [1 or B, own + N, C]
+        positions = self.ape.place(coord, grids)  # the table and its grid are the model's, given to the APE's logic
+        rows = self.ape(pos_embed, positions, grids, grid, table_grid(self))  # [1 or B, own + N, C]
         own = self.ape.num_prefix_rows
         if own:  # a row for each prefix token too
             return self.pos_drop(torch.cat(prefix + [tokens], dim=1) + rows)

@@ -21,6 +21,8 @@ from vit_rope.models import hf_dinov3, swin
 from vit_rope.models.dinov3 import SIZES as DINOV3_SIZES
 from vit_rope.models.dinov3 import architecture, dinov3_name, from_dinov3
 from vit_rope.models.eva_weights import EVA_LAYOUTS, check_family, from_eva, is_eva
+from vit_rope.models.qwen3_vit import SOURCE as QWEN3_SOURCE
+from vit_rope.models.qwen3_vit import Qwen3VisionTransformer, describe_qwen3, from_qwen3, is_qwen3
 from vit_rope.models.widths import size_of
 from vit_rope.weights import Converted, Description, Folder, Format, mapped_file, read_weights, unwrap_state_dict
 
@@ -75,6 +77,10 @@ def _meta_dinov3(state_dict: dict[str, Any], model: nn.Module) -> Converted:
 
 
 def _timm_eva(state_dict: dict[str, Any], model: nn.Module) -> Converted:
+    if isinstance(model, Qwen3VisionTransformer):  # its layout is rotate-half too, but not its architecture
+        raise ValueError(f"The checkpoint is timm's Eva (keys ending in '.attn.q_bias' or '.gamma_1'), which a "
+                         f"Qwen3-VL twin ({type(model).__name__}) does not take: load it into its Eva family's twin "
+                         "(vit_rope.from_timm names it); Qwen3-VL twins load timm's qwen3_vit_* files.")
     if getattr(model, "qk_layout", None) in EVA_LAYOUTS:  # a twin of timm's Eva (Sapiens2's layout is rotate-half)
         return from_eva(state_dict, model)
     if getattr(model, "encoding_kind", None) == "dinov3":  # DINOv3 and LingBot: timm's layout is DINOv3's rotate-half
@@ -110,6 +116,8 @@ FORMATS: tuple[Format, ...] = (
            lambda state_dict: (_dinov3_name(state_dict), _shape(state_dict))),
     Format("timm's Eva", "keys ending in '.attn.q_bias', '.attn.q_proj.weight' or '.gamma_1'", is_eva, _timm_eva,
            _describe_eva),
+    Format(QWEN3_SOURCE, "'encoder.patch_embed.proj.weight' (classifiers) or 'merger.fc1.weight' (encoders)",
+           is_qwen3, from_qwen3, describe_qwen3),
     Format("RoPE-ViT's official RoPE-Swin", "keys ending in 'attn.rope_t_x' or 'attn.rope_freqs'", swin.is_official,
            swin.from_official, swin.describe),
     Format("timm's or Microsoft's Swin Transformer", "'layers.*.attn.qkv.weight' keys and no RoPE-Swin marker",

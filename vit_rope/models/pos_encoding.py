@@ -42,10 +42,12 @@ class PositionEncodingMixin:
 
     def _init_encoding(self, kind: str, num_heads: int, coord_aug: dict | CoordAugment | None,
                        policy: str | dict | ResolutionPolicy | None, rope_options: dict[str, Any],
-                       ref_grid: tuple[int, int] | None = None, options: dict[str, Any] | None = None) -> None:
+                       ref_grid: tuple[int, int] | None = None, options: dict[str, Any] | None = None,
+                       ape_resampling: str = "bicubic") -> None:
         """Build the encoding of ``kind`` from the given RoPE options and the kind's own ``options``. ``ref_grid``: the
         grid the policies scale against instead of the patch grid (timm ``Eva``'s ``ref_feat_shape``: EVA-02 at 336 px
-        places its 24x24 patches on its 16x16 training grid); the APE resamples from the patch grid."""
+        places its 24x24 patches on its 16x16 training grid); the APE resamples from its table's grid as
+        ``ape_resampling`` says (``vit_rope.encodings.ape.RESAMPLING``)."""
         self.encoding_kind = kind
         self.coord_aug = coord_aug if isinstance(coord_aug, CoordAugment) else CoordAugment(**(coord_aug or {}))
         train_grid = tuple(self.patch_embed.grid_size) if ref_grid is None else (int(ref_grid[0]), int(ref_grid[1]))
@@ -56,7 +58,7 @@ class PositionEncodingMixin:
         self.register_load_state_dict_pre_hook(_encoding_keys)
         # the +APE models' table is timm's pos_embed; what the embedding adds from it is an encoding too
         own = 0 if self.no_embed_class else self.num_prefix_tokens
-        self.ape = None if self.pos_embed is None else AbsoluteEncoding(own)
+        self.ape = None if self.pos_embed is None else AbsoluteEncoding(own, ape_resampling)
 
     @property
     def resolution_policy(self) -> ResolutionPolicy:

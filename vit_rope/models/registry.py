@@ -21,6 +21,8 @@ from vit_rope.models import dinov3
 from vit_rope.models.checkpoint import checkpoint_filter_fn
 from vit_rope.models.dinov3 import dinov3_name
 from vit_rope.models.eva_families import FAMILIES, twin_cfgs, twin_name
+from vit_rope.models.qwen3_vit import QWEN3, Qwen3VisionTransformer
+from vit_rope.models.qwen3_vit import twin_cfgs as qwen3_twin_cfgs
 from vit_rope.models.swin import SWIN_KINDS, SWIN_SIZES, RoPESwinTransformer, swin_name
 from vit_rope.models.vit import RoPEVisionTransformer
 from vit_rope.models.widths import width
@@ -67,7 +69,7 @@ def _default_cfgs() -> dict[str, Any]:
         name = swin_name(kind, size)
         cfgs[name] = _cfg(hf_hub_id=f"naver-ai/{name}", hf_hub_filename="pytorch_model.bin", pool_size=(7, 7),
                           crop_pct=0.9, fixed_input_size=True, classifier="head.fc")
-    return {**cfgs, **twin_cfgs()}
+    return {**cfgs, **twin_cfgs(), **qwen3_twin_cfgs()}
 
 
 default_cfgs = generate_default_cfgs(_default_cfgs())
@@ -77,9 +79,11 @@ default_cfgs = generate_default_cfgs(_default_cfgs())
 ENCODINGS: dict[str, str] = {}
 
 
-def _entrypoint(name: str, model_args: dict[str, Any], swin: bool = False) -> Callable[..., nn.Module]:
-    """One timm entry point: the named architecture, where any keyword argument overrides the defaults; the checkpoint
-    filter is told about ``features_only``, whose classifier timm drops, so that the load report says so."""
+def _entrypoint(name: str, model_args: dict[str, Any], swin: bool = False,
+                model_cls: type[nn.Module] = RoPEVisionTransformer) -> Callable[..., nn.Module]:
+    """One timm entry point: the named architecture (a ``model_cls``, or RoPE-Swin), where any keyword argument
+    overrides the defaults; the checkpoint filter is told about ``features_only``, whose classifier timm drops, so
+    that the load report says so."""
     if not swin:
         ENCODINGS[name] = model_args["encoding"]
 
@@ -91,7 +95,7 @@ def _entrypoint(name: str, model_args: dict[str, Any], swin: bool = False) -> Ca
         else:
             features = dict(out_indices=kwargs.pop("out_indices", 3), feature_cls="getter")
         filter_fn = partial(checkpoint_filter_fn, features_only=bool(kwargs.get("features_only")))
-        return build_model_with_cfg(RoPESwinTransformer if swin else RoPEVisionTransformer, name, pretrained,
+        return build_model_with_cfg(RoPESwinTransformer if swin else model_cls, name, pretrained,
                                     pretrained_filter_fn=filter_fn, feature_cfg=features, **kwargs)
 
     create.__name__ = create.__qualname__ = name
@@ -116,6 +120,10 @@ _VITS: dict[str, dict[str, Any]] = {
 }
 for _name, _args in _VITS.items():
     globals()[_name] = register_model(_entrypoint(_name, _args))
+
+for _timm_name, _args in QWEN3.items():  # timm's Qwen3-VL ViTs (vit_rope.models.qwen3_vit)
+    globals()[f"vit_rope_{_timm_name}"] = register_model(_entrypoint(f"vit_rope_{_timm_name}", _args,
+                                                                      model_cls=Qwen3VisionTransformer))
 
 for _kind, _size in product(SWIN_KINDS, SWIN_SIZES):  # RoPE-ViT's RoPE-Swin (vit_rope.models.swin)
     _name = swin_name(_kind, _size)

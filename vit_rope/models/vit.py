@@ -16,7 +16,7 @@ Which encoding the blocks get is ``vit_rope.models.pos_encoding``.
 # must be types, not strings
 from typing import Any
 
-from timm.layers import Mlp, PatchDropoutWithIndices, get_device_dtype
+from timm.layers import Mlp, PatchDropoutWithIndices, get_device_dtype, trunc_normal_
 from timm.models._manipulate import checkpoint
 from timm.models.vision_transformer import VisionTransformer
 from torch import Tensor, nn
@@ -53,6 +53,9 @@ class RoPEVisionTransformer(NoTorchScript, PositionEncodingMixin, EmbeddingMixin
         head_hidden_dim: a classifier MLP ``Linear -> Tanh -> Linear`` of this width (LookHere's official head).
         pos_embed: ``"none"`` for RoPE only, ``"learn"`` for RoPE + APE (RoPE-ViT's "+APE").
         no_embed_class: the APE covers patch tokens only, as in DeiT-III and RoPE-ViT.
+        pos_embed_grid: the ``(h, w)`` grid the APE table is learnt on when not the patch grid of ``img_size``
+            (Qwen3-VL's 48x48 at any input size); ``pos_embed_resampling``: how it reaches other grids, one of
+            ``vit_rope.encodings.ape.RESAMPLING`` (``"bicubic"``: timm's ViT; ``"bilinear_corners"``: Qwen-VL's).
         **kwargs: everything else of timm's ``VisionTransformer``.
     """
 
@@ -79,6 +82,8 @@ class RoPEVisionTransformer(NoTorchScript, PositionEncodingMixin, EmbeddingMixin
         head_hidden_dim: int | None = None,
         pos_embed: str = "none",
         no_embed_class: bool = True,
+        pos_embed_grid: tuple[int, int] | None = None,
+        pos_embed_resampling: str = "bicubic",
         **kwargs: Any,
     ) -> None:
         num_heads, embed_dim = kwargs.get("num_heads", 12), kwargs.get("embed_dim", 768)
@@ -96,6 +101,14 @@ class RoPEVisionTransformer(NoTorchScript, PositionEncodingMixin, EmbeddingMixin
             attn_layer=RoPEAttention,
             **kwargs,
         )
+        self.pos_embed_grid = None
+        if pos_embed_grid is not None:  # a table of its own grid, whatever img_size (timm's rows follow img_size)
+            if self.pos_embed is None:
+                raise ValueError(f"pos_embed_grid={pos_embed_grid} sizes a learned position embedding, which "
+                                 f"pos_embed={pos_embed!r} does not have: pass pos_embed='learn' or leave it unset.")
+            self.pos_embed_grid = (int(pos_embed_grid[0]), int(pos_embed_grid[1]))
+            rows = self.pos_embed_grid[0] * self.pos_embed_grid[1] + (0 if no_embed_class else self.num_prefix_tokens)
+            self.pos_embed = nn.Parameter(trunc_normal_(self.pos_embed.new_empty(1, rows, self.embed_dim), std=0.02))
         if patch_drop_rate > 0:  # the kept indices are needed to keep each token's position
             self.patch_drop = PatchDropoutWithIndices(patch_drop_rate, num_prefix_tokens=self.num_prefix_tokens)
         self.qk_layout = check_qk_layout(qk_layout)
@@ -111,7 +124,7 @@ class RoPEVisionTransformer(NoTorchScript, PositionEncodingMixin, EmbeddingMixin
             grid_offset=rope_grid_offset, string_base=rope_string_base)
         self._init_encoding(encoding, num_heads, rope_coord_aug, resolution_policy,
                             {name: value for name, value in rope_options.items() if value is not None},
-                            rope_ref_grid, encoding_options)
+                            rope_ref_grid, encoding_options, pos_embed_resampling)
         factory = {key: kwargs[key] for key in ("device", "dtype") if kwargs.get(key) is not None}
         if factory:  # timm built its modules there (create_model(device=..., dtype=...)); ours follow
             self.to(**factory)

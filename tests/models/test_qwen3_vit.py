@@ -1,0 +1,139 @@
+"""Twins of timm's Qwen3-VL ViTs (vit_rope_qwen3_vit_*): timm's features, merger tokens and logits at a square and a
+non-square size through from_timm, load_weights and create_from_checkpoint (safetensors written from timm's
+state_dict); a NaFlex batch sample by sample against timm on each image alone; bad inputs refused by name. Depth 1,
+random weights, 4x4 to 6x4 patch grids (the 48x48 APE table resampled down)."""
+
+from __future__ import annotations
+
+import pytest
+import timm
+import torch
+from safetensors.torch import save_file
+
+import vit_rope
+from helpers.models import randomize_
+from helpers.naflex import pack
+from vit_rope.eval.from_checkpoint import create_from_checkpoint
+from vit_rope.models.qwen3_vit import QWEN3
+
+SIZES = [(64, 64), (96, 64)]  # square, and 6x4 patches (height != width: row / column order shows)
+TOL = 1e-4
+
+
+def timm_qwen3(name: str, **kwargs) -> torch.nn.Module:
+    classes = {} if name.endswith("_enc") else {"num_classes": 5}
+    model = timm.create_model(name, depth=1, **classes, **kwargs)
+    randomize_(model)
+    return model.eval()
+
+
+def encoder(model: torch.nn.Module) -> torch.nn.Module:
+    return getattr(model, "encoder", model)
+
+
+def rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a - b).abs().max() / a.abs().max())
+
+
+@torch.no_grad()
+def assert_parity(theirs: torch.nn.Module, ours: torch.nn.Module, size: tuple[int, int]) -> None:
+    """Tokens before the merger (timm's encoder ``forward_features``, NHWC), the merger's tokens and the output."""
+    x = torch.randn(1, 3, *size, generator=torch.Generator().manual_seed(1))
+    tokens = encoder(theirs).forward_features(x).flatten(1, 2)
+    assert rel(tokens, ours.forward_features(x)) < TOL
+    if encoder(theirs).merger is not None:
+        h, w = size[0] // 16, size[1] // 16
+        assert rel(encoder(theirs).merger(tokens.unflatten(1, (h, w))), ours.patch_merger(tokens, (h, w))) < TOL
+    out = theirs(x)
+    assert rel(out, ours(x)) < TOL, size
+
+
+@pytest.mark.parametrize("name", list(QWEN3))
+def test_twin_equals_timm_through_from_timm_and_the_loader(name, tmp_path):
+    theirs = timm_qwen3(name)
+    file = tmp_path / "qwen3.safetensors"
+    save_file({k: v.contiguous() for k, v in theirs.state_dict().items()}, str(file))
+    twin = vit_rope.from_timm(theirs)
+    assert any("rotate-half" in line for line in twin.load_report.converted)
+    loaded = create_from_checkpoint(file).eval()  # the model named by the file's keys
+    assert type(loaded).__name__ == "Qwen3VisionTransformer" and len(loaded.blocks) == 1
+    assert not loaded.load_report.initialised, loaded.load_report.summary()
+    for size in SIZES:
+        assert_parity(theirs, twin, size)
+    assert_parity(theirs, loaded, SIZES[1])
+
+
+def test_load_weights_and_timm_pretrained_file():
+    theirs = timm_qwen3("qwen3_vit_88m_merge")
+    ours = timm.create_model("vit_rope_qwen3_vit_88m_merge", depth=1, num_classes=5).eval()
+    report = vit_rope.load_weights(ours, theirs.state_dict())
+    assert not report.initialised
+    assert_parity(theirs, ours, SIZES[1])
+
+
+def test_encoder_file_into_a_classifier_reports_the_merger_dropped():
+    theirs = timm_qwen3("qwen3_vit_88m_enc")
+    ours = timm.create_model("vit_rope_qwen3_vit_88m", depth=1).eval()
+    report = vit_rope.load_weights(ours, theirs.state_dict())
+    assert any("merger.fc1.weight" in line and "dropped" in line for line in report.converted)
+    x = torch.randn(1, 3, 64, 96)
+    with torch.no_grad():
+        assert rel(theirs.forward_features(x).flatten(1, 2), ours.forward_features(x)) < TOL
+
+
+@pytest.mark.parametrize("name", ["qwen3_vit_88m_merge", "qwen3_vit_88m_enc"])
+def test_naflex_batch_sample_by_sample_equals_timm_on_each_image(name):
+    theirs = timm_qwen3(name)
+    twin = vit_rope.from_timm(theirs)
+    torch.manual_seed(1)
+    images = [torch.randn(3, 16 * h, 16 * w) for h, w in ((4, 6), (6, 2), (2, 2))]
+    batch = pack(images, length=24)
+    with torch.no_grad():
+        tokens = twin.forward_features(batch)
+        out = twin(batch)
+        for b, image in enumerate(images):
+            x = image[None]
+            ref = encoder(theirs).forward_features(x).flatten(1, 2)[0]
+            assert rel(ref, tokens[b, :len(ref)]) < TOL
+            ref_out = theirs(x)[0]
+            assert rel(ref_out, out[b, :len(ref_out)]) < TOL, b
+
+
+def test_forward_intermediates_and_resolution_policy():
+    theirs = timm_qwen3("qwen3_vit_88m_enc")
+    twin = vit_rope.from_timm(theirs)
+    x = torch.randn(1, 3, 96, 64)
+    with torch.no_grad():
+        _, ref = theirs.forward_intermediates(x, indices=1)
+        _, ours = twin.forward_intermediates(x, indices=1)
+        assert rel(ref[0], ours[0]) < TOL and ours[0].shape == (1, 768, 6, 4)
+        twin.set_resolution_policy("interpolate")  # positions scaled to the 48x48 grid: no longer timm's
+        assert rel(theirs(x), twin(x)) > 1e-3
+
+
+def test_refused_inputs_name_what_and_where():
+    qwen = timm_qwen3("qwen3_vit_88m_enc").state_dict()
+    with pytest.raises(ValueError, match="Qwen3-VL.*vit_rope_qwen3_vit_"):
+        vit_rope.load_weights(timm.create_model("vit_rope_medium_patch16_reg1_gap_256", depth=1), qwen)
+    eva = timm.create_model("vit_medium_patch16_rope_reg1_gap_256", depth=1, device="meta").state_dict()
+    with pytest.raises(ValueError, match="timm's Eva.*Qwen3-VL twin"):
+        vit_rope.load_weights(timm.create_model("vit_rope_qwen3_vit_88m_enc", depth=1, device="meta"), eva)
+    with pytest.raises(ValueError, match="rotate_half.*qk_layout='interleaved'"):
+        vit_rope.load_weights(timm.create_model("vit_rope_qwen3_vit_88m_enc", depth=1, qk_layout="interleaved"), qwen)
+    with pytest.raises(ValueError, match="act_layer=SiLU.*vit_rope_qwen3_vit_88m"):
+        vit_rope.from_timm(timm.create_model("qwen3_vit_88m", depth=1, act_layer=torch.nn.SiLU))
+    with pytest.raises(ValueError, match="2x2 patches.*5x4"):
+        timm.create_model("vit_rope_qwen3_vit_88m_enc", depth=1)(torch.randn(1, 3, 80, 64))
+    with pytest.raises(ValueError, match="no classifier"):
+        timm.create_model("vit_rope_qwen3_vit_88m_enc", depth=1, num_classes=3)
+
+
+@pytest.mark.slow  # ONNX export and two ORT sessions: about 12 s on 2 cores
+def test_encoder_twin_exports_to_onnx_at_two_sizes(tmp_path):
+    from vit_rope.eval.onnx import export_onnx
+
+    model = timm.create_model("vit_rope_qwen3_vit_88m_enc", depth=1, embed_dim=64, num_heads=2, merger_out_features=32)
+    randomize_(model)
+    result = export_onnx(model.eval(), tmp_path / "qwen3.onnx", img_size=(64, 32))
+    assert list(result.diffs) == [(2, 64, 32), (3, 96, 32)]  # two sizes, one file (the merger's 2x2 blocks too)
+    assert all(diff < 1e-4 for diff in result.diffs.values()), result.diffs
