@@ -19,9 +19,10 @@ from safetensors.torch import save_file
 from helpers.evaluation import ROPE, run, write_checkpoint
 from helpers.naflex import images, pack
 from vit_rope.errors import UserError
-from vit_rope.eval import extraction, harness
+from vit_rope.eval import extraction, harness, probes, report
 from vit_rope.eval.extraction import check_feature_memory
-from vit_rope.eval.loading import load_trained
+from vit_rope.eval.from_checkpoint import create_from_checkpoint
+from vit_rope.eval.loading import EvalModel, load_trained
 from vit_rope.eval.probes import (
     LinearProbe,
     ProbeOptions,
@@ -135,7 +136,7 @@ def test_a_probe_fitted_at_one_size_is_the_one_evaluated_at_every_size(image_roo
     """One fit per run (model x policy), on the train split's pooled features at --linear-size, the same probe
     object then scoring every size; kNN's bank is taken at each size, the train split read once per size."""
     fitted, applied, passes = [], [], []
-    real_fit, real_call, real_pass = extraction.fit_linear, LinearProbe.__call__, extraction.forward_split
+    real_fit, real_call, real_pass = probes.fit_linear, LinearProbe.__call__, extraction.forward_split
 
     def fit(features: torch.Tensor, *args, **kwargs) -> LinearProbe:
         fitted.append(features)
@@ -149,7 +150,7 @@ def test_a_probe_fitted_at_one_size_is_the_one_evaluated_at_every_size(image_roo
         passes.append((len(indices), setting.name))
         return real_pass(runs, samples, indices, setting, *args)
 
-    monkeypatch.setattr(extraction, "fit_linear", fit)
+    monkeypatch.setattr(probes, "fit_linear", fit)
     monkeypatch.setattr(LinearProbe, "__call__", call)
     monkeypatch.setattr(extraction, "forward_split", forward_split)
     model = load_trained(write_checkpoint(tmp_path / "best.pth"))
@@ -157,8 +158,8 @@ def test_a_probe_fitted_at_one_size_is_the_one_evaluated_at_every_size(image_roo
     results = harness.evaluate_models([model], image_root, [32, 64], ["extrapolate", "interpolate"], device="cpu",
                                       batch_size=5, workers=0, probes=options)
     assert len(fitted) == 2 and all(features.shape[0] == 24 for features in fitted)  # 24 train images, 2 policies
-    probes = [probe for probe, _ in applied]
-    assert len(applied) == 4 and len(set(probes)) == 2 and probes[0] == probes[2] and probes[1] == probes[3]
+    used = [probe for probe, _ in applied]
+    assert len(applied) == 4 and len(set(used)) == 2 and used[0] == used[2] and used[1] == used[3]
     assert sorted(setting for count, setting in passes if count == 24) == ["32 px", "48 px", "64 px"]
     # the fit's features are the model's pooled ones on the train images at 48 px
     train = extraction.train_split(image_root, None, options, ["class_0", "class_1", "class_2"])
@@ -197,6 +198,21 @@ def test_the_command_probes_a_backbone_without_a_head(image_root: Path, tmp_path
         ("vit_tiny_patch16_224", "knn", 48)}
     assert "| model | policy | probe | 32* |" in (out / "results.md").read_text()
     assert (out / "accuracy_vs_resolution.png").stat().st_size > 1000
+    panels = report.probe_panels(results)  # the plot: a panel per probe, a line per model x policy in each
+    assert list(panels) == ["head", "knn"] and [len(rows) for rows in panels.values()] == [2, 2]
+    assert {row["model"] for row in panels["knn"]} == {row["model"] for row in panels["head"]}
+    assert {row["model"].split(" ")[0] for row in panels["knn"]} == {ROPE, "vit_tiny_patch16_224"}
+    assert any(row["model"].endswith(", extrapolate") for row in panels["knn"])
+
+
+def test_a_backbone_from_create_from_checkpoint_is_probed(image_root: Path, tmp_path: Path) -> None:
+    """The Python API on any checkpoint the generic loader builds: no head, kNN at each size."""
+    save_file(timm.create_model(ROPE, depth=1, num_classes=0).state_dict(), tmp_path / "backbone.safetensors")
+    model = create_from_checkpoint(tmp_path / "backbone.safetensors", model=ROPE, depth=1, num_classes=0)
+    results = harness.evaluate_models([EvalModel("backbone", model, 32)], image_root, [32, 48], device="cpu",
+                                      workers=0, probes=ProbeOptions(("knn",), k=5))
+    assert [(row["img_size"], row["probe"], row["train_images"]) for row in results] == [(32, "knn", 24),
+                                                                                        (48, "knn", 24)]
 
 
 @pytest.mark.parametrize("case, message", [

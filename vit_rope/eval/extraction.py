@@ -20,17 +20,9 @@ from tqdm import tqdm
 from vit_rope.data.folders import ImageFolderDataset, Sample
 from vit_rope.data.splits import find_split, split_label
 from vit_rope.errors import UserError
-from vit_rope.eval import memory, windows
+from vit_rope.eval import memory, probes, windows
 from vit_rope.eval import token_budget as naflex
 from vit_rope.eval.loading import EvalModel
-from vit_rope.eval.probes import (
-    SIMILARITIES,
-    LinearProbe,
-    ProbeOptions,
-    fit_linear,
-    knn_votes,
-    model_outputs,
-)
 
 
 def subset(count: int, limit: int | None) -> list[int]:
@@ -96,10 +88,10 @@ def forward_split(runs: Runs, samples: list[Sample], indices: list[int], setting
                 model.set_resolution_policy(policy)
             with amp:
                 if step == 0:
-                    model_outputs(model, inputs, row in heads, row in pooled)
+                    probes.model_outputs(model, inputs, row in heads, row in pooled)
                 sync()
                 start = time.perf_counter()
-                logits, pooled_features = model_outputs(model, inputs, row in heads, row in pooled)
+                logits, pooled_features = probes.model_outputs(model, inputs, row in heads, row in pooled)
                 sync()
             totals[row, 3] += time.perf_counter() - start
             if row in pooled:
@@ -123,7 +115,7 @@ class TrainSplit(NamedTuple):
     val_classes: Tensor  # [val classes]: each val class's index among ``classes``
 
 
-def train_split(data_dir: str | Path, dataset: str | None, options: ProbeOptions, val_classes: list[str],
+def train_split(data_dir: str | Path, dataset: str | None, options: probes.ProbeOptions, val_classes: list[str],
                 input_key: str | None = None, target_key: str | None = None) -> TrainSplit:
     """The train split of the probes, checked: it has labels (the data layer refuses a split without them), every val
     class is one of its classes, every class has images among the ``train_limit`` taken, and ``k`` fits the bank."""
@@ -155,7 +147,7 @@ def check_feature_memory(widths: dict[int, int], train: int, val: int, held: dic
     plus at each setting the bank of that setting when ``per_setting`` and the val features; a ``UserError`` when they
     would not fit in ``free`` bytes with the batches, said before anything runs."""
     need = 4 * sum(width * (train * (held.get(row, 0) + per_setting) + val) for row, width in widths.items())
-    need += 2 * 4 * SIMILARITIES  # a chunk of kNN similarities, and what topk and the votes take beside it
+    need += 2 * 4 * probes.SIMILARITIES  # a chunk of kNN similarities, and what topk and the votes take beside it
     if need + memory.FIXED_BYTES > free:
         raise UserError(f"the probes' features need about {need / 2**30:.1f} GiB ({train} train and {val} val images "
                         f"x {len(widths)} runs of model and policy, 4 bytes per feature) but {free / 2**30:.1f} GiB "
@@ -168,11 +160,11 @@ class TrainFeatures:
     ``bank_size`` or at each evaluated setting, and each run's linear probe, fitted at its model's fit size and kept
     (the features it was fitted on serve as the bank at that size too)."""
 
-    def __init__(self, runs: Runs, train: TrainSplit, options: ProbeOptions, fits: list[int]) -> None:
+    def __init__(self, runs: Runs, train: TrainSplit, options: probes.ProbeOptions, fits: list[int]) -> None:
         self.runs, self.train, self.options, self.fits = runs, train, options, fits
         self.features: dict[tuple[str, int], Tensor] = {}  # (setting name, run) -> [train images, C]
         self.targets: dict[str, Tensor] = {}  # setting name -> [train images], class indices
-        self.linear: dict[int, tuple[LinearProbe, int]] = {}  # run -> its fitted probe, the images it was fitted on
+        self.linear: dict[int, tuple[probes.LinearProbe, int]] = {}  # run -> its fitted probe, its images
 
     def extract(self, setting: naflex.Setting, batch: int, rows: Sequence[int]) -> None:
         """The features at ``setting`` of the runs ``rows`` that are not held yet."""
@@ -192,8 +184,9 @@ class TrainFeatures:
         for row in rows:
             if "linear" in self.options.probes and setting.fields["img_size"] == self.fits[self.runs.runs[row][0]]:
                 targets = self.targets[setting.name]
-                self.linear[row] = fit_linear(self.features[setting.name, row], targets, len(self.train.classes),
-                                              self.options.weight_decay), len(targets)
+                fitted = probes.fit_linear(self.features[setting.name, row], targets, len(self.train.classes),
+                                           self.options.weight_decay)
+                self.linear[row] = fitted, len(targets)
         if setting.name not in kept:
             self.release(setting.name)
 
@@ -207,7 +200,7 @@ class TrainFeatures:
         features, labels = done.features[row], self.train.val_classes.to(done.targets.device)[done.targets]
         classes, options = len(self.train.classes), self.options
         if probe == "knn":
-            scores = knn_votes(self.features[bank, row], self.targets[bank], features, classes, options.k,
+            scores = probes.knn_votes(self.features[bank, row], self.targets[bank], features, classes, options.k,
                                options.temperature)
             loss, count = None, len(self.targets[bank])  # votes are no probabilities
             built = {"knn_k": options.k, "knn_temperature": options.temperature, "bank_size": options.bank_size}

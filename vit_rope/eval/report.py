@@ -187,8 +187,22 @@ def accuracy_figure(results: Sequence[dict[str, Any]], title: str = "Accuracy ag
     return fig
 
 
+def probe_panels(results: Sequence[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    """The results by probe, for one panel each (``plot_panels``), each model x policy renamed to one line of one
+    colour in every panel."""
+    _, names = short_names(list(dict.fromkeys(result["model"] for result in results)))
+    panels: dict[str, list[dict[str, Any]]] = {}
+    for result in results:
+        line = names[result["model"]] + (f", {result['policy']}" if result["policy"] else "")
+        panels.setdefault(result.get("probe", "head"), []).append({**result, "model": line, "policy": None})
+    return panels
+
+
 def plot(results: Sequence[dict[str, Any]], path: Path, title: str = "Accuracy against resolution") -> bool:
-    """``accuracy_figure`` saved to ``path``. Returns False when matplotlib is not installed."""
+    """``accuracy_figure`` saved to ``path``, or with probes one panel per probe (``plot_panels``). Returns False when
+    matplotlib is not installed."""
+    if _probed(results):
+        return plot_panels(probe_panels(results), path, title)
     fig = accuracy_figure(results, title)
     if fig is None:
         return False
@@ -207,7 +221,7 @@ def plot_panels(panels: dict[str, Sequence[dict[str, Any]]], path: Path, title: 
     """One panel per key (e.g. a policy), each model in one colour in all, one legend; False without matplotlib."""
     columns = min(3, len(panels))
     rows = -(-len(panels) // columns)
-    fig = _figure((4.2 * columns, 3.4 * rows + 1.2))
+    fig = _figure((max(4.2 * columns, 7.0), 3.4 * rows + 1.2))  # one panel as wide as a plot, for the legend
     if fig is None:
         return False
     colors = _palette(list(dict.fromkeys(row["model"] for results in panels.values() for row in results)))
@@ -219,7 +233,8 @@ def plot_panels(panels: dict[str, Sequence[dict[str, Any]]], path: Path, title: 
         ax.set_visible(False)
     handles = {label.split(" [")[0]: handle for ax in axes for handle, label in zip(*ax.get_legend_handles_labels(),
                                                                                     strict=True)}
-    fig.legend(list(handles.values()), list(handles), loc="outside lower center", ncols=3, fontsize=8)
+    ncols = 3 if max(map(len, handles), default=0) < 50 else 1  # long names one to a line, or they run off the figure
+    fig.legend(list(handles.values()), list(handles), loc="outside lower center", ncols=ncols, fontsize=8)
     fig.suptitle(title)
     fig.savefig(path, dpi=110)
     return True
