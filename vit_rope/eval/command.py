@@ -155,7 +155,8 @@ def main(argv: list[str] | None = None) -> int:
         kwargs.setdefault("num_classes", 0)
     try:
         check_options(args.policy or (), args.crop_pct, args.seq_lens)
-        options = ProbeOptions(probes, args.knn_k, args.knn_temperature, args.bank_size, args.linear_size)
+        options = ProbeOptions(probes, args.knn_k, args.knn_temperature, args.bank_size, args.linear_size,
+                               train_limit=args.train_limit)
         check_probe_options(options)
         check_output_dir(args.output, "--output")
         for name in args.model:  # a typo before the advice about weights
@@ -170,7 +171,6 @@ def main(argv: list[str] | None = None) -> int:
         dataset = choose_setting(args.dataset, models, "dataset", "--dataset", None)
         data_dir = data_root(args.data_dir, dataset, models)
         split = choose_setting(args.split, models)
-        train_split = choose_setting(args.train_split, models, "train_split", "--train-split", "train")
         keys = {key: choose_setting(getattr(args, key), models, key, f"--{key.replace('_', '-')}", None)
                 for key in ("input_key", "target_key")}
         # the --model classifiers' size; checkpoints carry theirs, and evaluate_models reads the split anyway
@@ -192,9 +192,10 @@ def main(argv: list[str] | None = None) -> int:
         if unloaded:
             print(f"warning: {', '.join(unloaded)} evaluated with random weights (--random-init): chance accuracy, "
                   "labelled 'random init'", flush=True)
-        if options.pooled:
-            options = replace(options, train_split=train_split, train_limit=args.train_limit)
-            print(f"probes: {', '.join(probes)} built from {split_label(data_dir, dataset, train_split)}"
+        if options.pooled:  # the checkpoints' train split, asked only of the probes
+            options = replace(options, train_split=choose_setting(args.train_split, models, "train_split",
+                                                                  "--train-split", "train"))
+            print(f"probes: {', '.join(probes)} built from {split_label(data_dir, dataset, options.train_split)}"
                   + (f", {args.train_limit} images evenly spread" if args.train_limit else ""), flush=True)
         with flushed_subnormals():
             results = evaluate_models(models, data_dir, sizes, args.policy, args.crop_pct, args.device, args.limit,
