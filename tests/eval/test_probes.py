@@ -32,6 +32,7 @@ from vit_rope.eval.probes import (
     knn_votes,
     model_outputs,
 )
+from vit_rope.train.state import load_checkpoint, save_checkpoint
 
 
 def clusters(count: int, classes: int, width: int = 16, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
@@ -213,6 +214,20 @@ def test_a_backbone_from_create_from_checkpoint_is_probed(image_root: Path, tmp_
                                       workers=0, probes=ProbeOptions(("knn",), k=5))
     assert [(row["img_size"], row["probe"], row["train_images"]) for row in results] == [(32, "knn", 24),
                                                                                         (48, "knn", 24)]
+
+
+def test_the_train_split_is_the_checkpoints_and_asked_only_of_the_probes(image_root: Path, tmp_path: Path,
+                                                                          capsys) -> None:
+    """Checkpoints trained on different train splits: their heads are evaluated as before; the probes need one."""
+    for name, split in (("first", "train"), ("second", "other")):
+        state = load_checkpoint(write_checkpoint(tmp_path / f"{name}.pth"))
+        save_checkpoint({**state, "config": {**state["config"], "train_split": split}}, tmp_path / f"{name}.pth")
+    common = ["--checkpoint", str(tmp_path / "first.pth"), str(tmp_path / "second.pth"), "--data-dir", str(image_root),
+              "--img-sizes", "32", "--output", str(tmp_path / "eval")]
+    assert run(*common) == 0
+    assert run(*common, "--probe", "knn", "--knn-k", "3") == 2
+    assert "were trained with different train_split" in capsys.readouterr().err
+    assert run(*common, "--probe", "knn", "--knn-k", "3", "--train-split", "train") == 0
 
 
 @pytest.mark.parametrize("case, message", [

@@ -120,8 +120,8 @@ def train_split(data_dir: str | Path, dataset: str | None, options: probes.Probe
     """The train split of the probes, checked: it has labels (the data layer refuses a split without them), every val
     class is one of its classes, every class has images among the ``train_limit`` taken, and ``k`` fits the bank."""
     split = options.train_split
-    samples, classes = find_split(Path(data_dir), dataset, split, split_key="--train-split", input_key=input_key,
-                                  target_key=target_key)
+    samples, classes = find_split(Path(data_dir), dataset, split, split_key="train_split", input_key=input_key,
+                                  target_key=target_key)  # a missing train folder gets no hint: the others are val
     where = split_label(data_dir, dataset, split)
     unknown = [name for name in val_classes if name not in classes]
     if unknown:
