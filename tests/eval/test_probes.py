@@ -182,11 +182,11 @@ def test_the_command_probes_a_backbone_without_a_head(image_root: Path, tmp_path
     out = tmp_path / "eval"
     assert run("--model", ROPE, "--pretrained-file", str(tmp_path / "backbone.safetensors"), "--model-kwargs",
                "depth=1", "--train-size", "32", "--data-dir", str(image_root), "--img-sizes", "32", "48",
-               "--probe", "knn", "linear", "--knn-k", "5", "--output", str(out)) == 0
+               "--seq-lens", "4", "--probe", "knn", "linear", "--knn-k", "5", "--output", str(out)) == 0
     assert f"probes: knn, linear built from {image_root / 'train'}" in capsys.readouterr().out
     results = json.loads((out / "results.json").read_text())["results"]
-    assert [(r["probe"], r["img_size"]) for r in results] == [("knn", 32), ("linear", 32), ("knn", 48),
-                                                              ("linear", 48)]
+    assert [(r["probe"], r["img_size"] or r["seq_len"]) for r in results] == [
+        ("knn", 32), ("linear", 32), ("knn", 48), ("linear", 48), ("knn", 4), ("linear", 4)]  # then the budget
     assert all(r["knn_k"] == 5 and r["knn_temperature"] == 0.07 and r["bank_size"] is None for r in results[::2])
     assert all(0 <= r["top1"] <= r["top5"] <= 100 and r["images"] == 12 for r in results)
     checkpoint = write_checkpoint(tmp_path / "best.pth")
