@@ -1,8 +1,8 @@
 """Accuracy against input resolution: checkpoints or timm models on ``DIR/val`` (``--val-split``) at several sizes and
-RoPE policies.
+RoPE policies, by their classifier or by kNN and linear probes of their features (a backbone without a head).
 
     python -m vit_rope.evaluate --checkpoint output/run/best.pth --data-dir DIR --img-sizes 160 224 320 \
-        --policy extrapolate interpolate ntk yarn [--seq-lens 64 196 400 784]
+        --policy extrapolate interpolate ntk yarn [--seq-lens 64 196 400 784] [--probe head knn linear]
 
 The command-line layer over ``vit_rope.eval.harness`` (docs/evaluation.md). Writes OUTPUT/results.json, results.md and
 accuracy_vs_resolution.png (``vit_rope.eval.report``). Exit codes: 0 done, 2 bad input (sizes, policies, data folder,
@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +28,7 @@ from vit_rope.eval import token_budget as naflex
 from vit_rope.eval import windows
 from vit_rope.eval.harness import check_options, check_sizes, choose_setting, evaluate_models, protocol
 from vit_rope.eval.loading import EvalModel, check_weights, load_pretrained, load_trained
+from vit_rope.eval.probes import PROBES, ProbeOptions, check_probe_options
 from vit_rope.eval.report import write_reports
 from vit_rope.train.distributed import flushed_subnormals, set_cpu_threads
 
@@ -94,6 +96,22 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--pad-windows", action="store_true",
                         help="pad a Swin's windows where a size's stages are not whole windows (timm's "
                         "dynamic_img_size), instead of refusing the size")
+    parser.add_argument("--probe", nargs="+", choices=PROBES, metavar="PROBE",
+                        help="what is scored: head (the model's classifier; the default), knn (DINO's weighted kNN "
+                        "on the pooled features against the train split's), linear (a linear classifier fitted on "
+                        "the train split's features at one size); with knn or linear alone, a --model needs no head")
+    parser.add_argument("--knn-k", type=_positive, default=20, help="train images that vote in kNN (default 20)")
+    parser.add_argument("--knn-temperature", type=float, default=0.07,
+                        help="kNN vote weight exp(cosine similarity / T) (default 0.07)")
+    parser.add_argument("--bank-size", type=_positive, metavar="SIZE",
+                        help="the kNN bank's image size for every evaluated size (default: each evaluated size and "
+                        "token budget)")
+    parser.add_argument("--linear-size", type=_positive, metavar="SIZE",
+                        help="the size the linear probe is fitted at (default: each model's training size)")
+    parser.add_argument("--train-split", metavar="NAME",
+                        help="the split the probes are built from (default: the checkpoints' train_split, else train)")
+    parser.add_argument("--train-limit", type=_positive, metavar="N",
+                        help="build the probes from N train images, spread evenly over the classes (default: all)")
     parser.add_argument("--crop-pct", type=float, default=1.0, help="center-crop fraction (default 1.0)")
     parser.add_argument("--output", default="output/eval", help="folder for the results (default output/eval)")
     parser.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto",
@@ -132,8 +150,14 @@ def main(argv: list[str] | None = None) -> int:
     if len(weights) != len(args.model):
         parser.error(f"--pretrained-file takes one file per --model: got {len(weights)} for {len(args.model)}")
     kwargs = dict(args.model_kwargs)
+    probes = tuple(dict.fromkeys(args.probe or ["head"]))
+    if "head" not in probes:  # a backbone: its classifier, if its weights have one, is not read
+        kwargs.setdefault("num_classes", 0)
     try:
         check_options(args.policy or (), args.crop_pct, args.seq_lens)
+        options = ProbeOptions(probes, args.knn_k, args.knn_temperature, args.bank_size, args.linear_size,
+                               train_limit=args.train_limit)
+        check_probe_options(options)
         check_output_dir(args.output, "--output")
         for name in args.model:  # a typo before the advice about weights
             check_model_name(name)
@@ -168,10 +192,15 @@ def main(argv: list[str] | None = None) -> int:
         if unloaded:
             print(f"warning: {', '.join(unloaded)} evaluated with random weights (--random-init): chance accuracy, "
                   "labelled 'random init'", flush=True)
+        if options.pooled:  # the checkpoints' train split, asked only of the probes
+            options = replace(options, train_split=choose_setting(args.train_split, models, "train_split",
+                                                                  "--train-split", "train"))
+            print(f"probes: {', '.join(probes)} built from {split_label(data_dir, dataset, options.train_split)}"
+                  + (f", {args.train_limit} images evenly spread" if args.train_limit else ""), flush=True)
         with flushed_subnormals():
             results = evaluate_models(models, data_dir, sizes, args.policy, args.crop_pct, args.device, args.limit,
                                       args.batch_size, args.workers, split, args.seq_lens, args.window_size,
-                                      args.pad_windows, dataset=dataset, **keys)
+                                      args.pad_windows, dataset=dataset, probes=options, **keys)
     except UserError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

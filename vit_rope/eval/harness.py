@@ -2,32 +2,30 @@
 one val split at several square sizes and RoPE policies, and at token budgets for models that take NaFlex batches.
 
 One protocol for every model, so that the numbers compare (crop_pct 1.0 by default, as RoPE-ViT); each size's images
-are decoded once and fed to every model and policy in turn. Every option is checked (``check_options``,
+are decoded once and fed to every model and policy in turn (``vit_rope.eval.extraction``), whose classifier and / or
+pooled features it scores (the probes: ``vit_rope.eval.probes``). Every option is checked (``check_options``,
 ``check_sizes``) before any image is read, so bad input costs nothing.
 """
 
 from __future__ import annotations
 
-import sys
-import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 from timm.data import create_transform, resolve_data_config
 from torch import nn
-from torch.utils.data import DataLoader, Subset
-from tqdm import tqdm
 
 from vit_rope.checks import check_multiple, resolve_device
-from vit_rope.data.folders import ImageFolderDataset
 from vit_rope.data.splits import find_split, split_label
 from vit_rope.encodings.policies import POLICIES
 from vit_rope.errors import UserError
 from vit_rope.eval import memory, windows
 from vit_rope.eval import token_budget as naflex
+from vit_rope.eval.extraction import Runs, TrainFeatures, check_feature_memory, forward_split, subset, train_split
 from vit_rope.eval.loading import EvalModel, check_loaded
+from vit_rope.eval.probes import ProbeOptions, check_probe_options, feature_width
 from vit_rope.models.naflex_batch import naflex_patch
 from vit_rope.models.pos_encoding import resolution_encoding
 
@@ -36,6 +34,9 @@ def label_map(model: EvalModel, val_classes: list[str], val_dir: str) -> torch.T
     """Output index of each val class: by name when the model's classes are known (so that an ImageNet-1k model
     scores on a folder of a few synsets), else in folder order (class index order for shards and datasets)."""
     trained_on = f" (its run trained on {model.data_dir}: --data-dir {model.data_dir})" if model.data_dir else ""
+    if not model.model.num_classes:
+        raise UserError(f"{model.label} has no classifier (num_classes=0), so it has no head to evaluate: probe its "
+                        "features with --probe knn or --probe linear")
     if model.classes is not None:
         unknown = [name for name in val_classes if name not in model.classes]
         if unknown:
@@ -104,17 +105,16 @@ def normalisation(model: nn.Module, device: str) -> tuple[torch.Tensor, torch.Te
             torch.tensor(config["std"], device=device).view(1, 3, 1, 1))
 
 
-def subset(count: int, limit: int | None) -> list[int]:
-    """``limit`` evenly spaced indices of ``count`` samples; samples are sorted by class, so every class appears."""
-    if limit is None or limit >= count:
-        return list(range(count))
-    return [i * count // limit for i in range(limit)]
-
-
 def protocol(crop_pct: float) -> str:
     """The preprocessing in words, stored with the results so that no numbers are compared across protocols."""
     return (f"resize the short side to floor(size / {crop_pct}) px (PIL bicubic), center-crop size x size, each "
             "model's own mean/std normalisation, as in training (timm create_transform, crop_mode center)")
+
+
+def square_setting(size: int, crop_pct: float, models: Iterable[int]) -> naflex.Setting:
+    """The loader of a square size, ``size px``, feeding the models ``models`` (indices)."""
+    return naflex.Setting(f"{size} px", {"img_size": size, "seq_len": None, "crop_pct": crop_pct},
+                          eval_transform(size, crop_pct), None, list(models))
 
 
 @torch.inference_mode()
@@ -123,9 +123,11 @@ def evaluate_models(models: Sequence[EvalModel], data_dir: str | Path, img_sizes
                     limit: int | None = None, batch_size: int = 64, workers: int = 4,
                     val_split: str = "val", seq_lens: Sequence[int] = (), window: str | int = "keep",
                     pad_windows: bool = False, *, dataset: str | None = None, input_key: str | None = None,
-                    target_key: str | None = None) -> list[dict[str, Any]]:
+                    target_key: str | None = None, probes: ProbeOptions | None = None) -> list[dict[str, Any]]:
     """Top-1, top-5 (%), loss and images/s (forward only) of every model at every size and token budget on
-    ``data_dir/val_split`` (``dataset`` and its keys as ``train.py``'s), once per policy for RoPE models.
+    ``data_dir/val_split`` (``dataset`` and its keys as ``train.py``'s), once per policy for RoPE models, and per
+    probe of ``probes`` (its rows' ``probe``): the model's classifier (``head``), DINO's kNN and a linear probe on its
+    pooled features, built from ``probes.train_split`` (``vit_rope.eval.probes``; None: the head alone).
 
     ``policies`` None runs each RoPE model under the policy it was built with, as timm runs it (a fixed default would
     evaluate the Eva twins as they were never trained); models without ``set_resolution_policy`` run once, with policy
@@ -133,84 +135,89 @@ def evaluate_models(models: Sequence[EvalModel], data_dir: str | Path, img_sizes
     tile refused unless ``pad_windows``. A batch that would not fit in free memory is cut (``vit_rope.eval.memory``).
     Bad input raises ``UserError`` before any image is decoded.
     """
-    device = resolve_device(device)
+    device, probes = resolve_device(device), probes or ProbeOptions()
     check_options(policies or (), crop_pct, seq_lens)
+    check_probe_options(probes)
+    keys = {"input_key": input_key, "target_key": target_key}
     val_dir = split_label(data_dir, dataset, val_split)
-    samples, val_classes = find_split(Path(data_dir), dataset, val_split, split_key="--split", input_key=input_key,
-                                      target_key=target_key)
+    samples, val_classes = find_split(Path(data_dir), dataset, val_split, split_key="--split", **keys)
     check_sizes(img_sizes, models, policies or (), seq_lens)
-    settings = [naflex.Setting(f"{size} px", {"img_size": size, "seq_len": None, "crop_pct": crop_pct},
-                               eval_transform(size, crop_pct), None, list(range(len(models)))) for size in img_sizes]
+    settings = [square_setting(size, crop_pct, range(len(models))) for size in img_sizes]
     settings += naflex.budget_settings(seq_lens, [naflex_patch(entry.model) for entry in models])
     for entry in models:
         check_loaded(entry.model, entry.label)
+    head, knn = "head" in probes.probes, "knn" in probes.probes
+    fits = [probes.linear_size or entry.train_size for entry in models]  # where each model's linear probe is fitted
+    # the train split's sizes that serve every val setting, per model: the --bank-size bank, the linear probe's fit
+    needs = [{*([probes.bank_size] if knn and probes.bank_size else []), *([fit] if "linear" in probes.probes else [])}
+             for fit in fits]
+    fixed = sorted(set().union(*needs))
+    for flag, size in (("--bank-size", probes.bank_size if knn else None),
+                       ("--linear-size", probes.linear_size if "linear" in probes.probes else None)):
+        for entry in models if size else ():
+            check_multiple(flag, [size], entry.model, entry.label)
     trained = {i: windows.trained_windows(entry.model) for i, entry in enumerate(models)
                if windows.has_windows(entry.model)}
     for i, windowed in trained.items():
-        windows.check_windows(models[i].model, list(img_sizes), window, windowed, pad_windows, models[i].label)
-    maps = [label_map(entry, val_classes, val_dir).to(device) for entry in models]
+        windows.check_windows(models[i].model, sorted({*img_sizes, *fixed}), window, windowed, pad_windows,
+                              models[i].label)
+    maps = [label_map(entry, val_classes, val_dir).to(device) if head else None for entry in models]
+    train = train_split(data_dir, dataset, probes, val_classes, **keys) if probes.pooled else None
+    widths = [feature_width(entry.model, entry.label, entry.train_size) for entry in models] if train else []
     norms = [normalisation(entry.model, device) for entry in models]
     # each RoPE model's own policy, read before any run sets another; None (left as built, options too) runs it
     own = [entry.model.resolution_policy.name if hasattr(entry.model, "set_resolution_policy") else None
            for entry in models]
-    runs = [(i, policy) for i in range(len(models)) for policy in ((policies or (None,)) if own[i] else (None,))]
+    pairs = [(i, policy) for i in range(len(models)) for policy in ((policies or (None,)) if own[i] else (None,))]
+    runs = Runs(models, pairs, norms, device, workers, trained, window)
     for entry in models:
         entry.model.to(device).eval()
     indices = subset(len(samples), limit)
-    amp = torch.autocast("cuda", dtype=torch.bfloat16, enabled=device == "cuda")
-    sync = torch.cuda.synchronize if device == "cuda" else lambda: None  # CUDA runs asynchronously: time whole calls
-    results = []
     free, cpu, asked = memory.free_bytes(device), device != "cuda", min(batch_size, len(indices))
+    fixed_settings = [square_setting(size, crop_pct, [i for i, need in enumerate(needs) if size in need])
+                      for size in fixed]
+    if train:  # at most: per run, the features of its fixed sizes, the bank at one setting, the val features there
+        free -= check_feature_memory({row: widths[i] for row, (i, _) in enumerate(runs.runs)}, len(train.indices),
+                                     len(indices), {row: len(needs[i]) for row, (i, _) in enumerate(runs.runs)},
+                                     knn and not probes.bank_size, free)
     batch_sizes = [memory.fit_batch([(models[i].label, models[i].model) for i in setting.models], setting.name,
                                     setting.fields, asked, free, 4 if cpu else 2, 2 * workers * cpu)  # bf16 on CUDA
-                   for setting in settings]
-    for setting, batch in zip(settings, batch_sizes, strict=True):
+                   for setting in settings + fixed_settings]
+    for setting, batch in zip(settings + fixed_settings, batch_sizes, strict=True):
         if batch < asked:
             print(f"{setting.name}: batches of {batch} images, as many as fit in the {free / 2**30:.1f} GiB free "
                   f"(--batch-size {batch_size})", flush=True)
-    for setting, batch in zip(settings, batch_sizes, strict=True):
-        loader = DataLoader(Subset(ImageFolderDataset(samples, setting.transform), indices), batch,
-                            num_workers=workers, pin_memory=device == "cuda", collate_fn=setting.collate)
-        fed = [row for row, (i, _) in enumerate(runs) if i in setting.models]
-        used = {i: windows.set_windows(models[i].model, setting.fields["img_size"], window, trained[i])
-                for i in trained if setting.fields.get("img_size")}
-        totals = torch.zeros(len(runs), 4, dtype=torch.float64)  # loss sum, top-1 hits, top-5 hits, seconds
-        skipped = counted = 0
-        batches = tqdm(loader, setting.name, leave=False, disable=not sys.stderr.isatty())
-        for step, (images, targets, bad) in enumerate(batches):  # images [B, C, H, W] or a NaFlex batch
-            images, skipped = naflex.to_device(images, device), skipped + int((bad > 0).sum())  # slots refilled
-            keep = (bad == 0).to(device)  # [B]; an unreadable image's slot holds the next readable one: not twice
-            counted += int(keep.sum())
-            for row in fed:
-                i, policy = runs[row]
-                model, labels = models[i].model, maps[i][targets.to(device)]
-                inputs = naflex.normalise(images, *norms[i])
-                if policy is not None:
-                    model.set_resolution_policy(policy)
-                with amp:
-                    if step == 0:  # untimed warm-up: first-call allocations and kernel choices are not throughput
-                        model(inputs)
-                    sync()
-                    start = time.perf_counter()
-                    logits = model(inputs).float()
-                    sync()
-                seconds = time.perf_counter() - start
-                logits, labels = logits[keep], labels[keep]
-                hits = logits.topk(min(5, logits.shape[1])).indices == labels[:, None]  # [B, k], rank order
-                loss = nn.functional.cross_entropy(logits, labels, reduction="sum")
-                totals[row] += torch.tensor([loss.item(), hits[:, 0].sum().item(), hits.any(1).sum().item(), seconds],
-                                            dtype=torch.float64)
-        if not counted:
+    banks = TrainFeatures(runs, train, probes, fits) if train else None
+    per_setting = [setting.name for setting in settings] if knn and not probes.bank_size else []
+    for setting, batch in zip(fixed_settings, batch_sizes[len(settings):], strict=True):
+        rows = [row for row, (i, _) in enumerate(runs.runs) if i in setting.models]
+        banks.extract(setting, batch, rows)
+        banks.fit(setting, rows, [*per_setting, *([f"{probes.bank_size} px"] if knn and probes.bank_size else [])])
+    results = []
+    for setting, batch in zip(settings, batch_sizes, strict=False):  # the val settings, then the fixed ones
+        fed = [row for row, (i, _) in enumerate(runs.runs) if i in setting.models]
+        if per_setting:
+            banks.extract(setting, batch, fed)
+        heads = {row: maps[runs.runs[row][0]] for row in fed} if head else {}
+        done = forward_split(runs, samples, indices, setting, batch, fed, heads, set(fed) if train else set())
+        if not done.counted:
             raise UserError(f"none of the {len(indices)} val images evaluated could be read; replace the corrupt files "
                             "or raise --limit")
-        if skipped:
-            print(f"warning: {skipped} unreadable image(s) left out at {setting.name}: top-1 and top-5 are over the "
-                  f"{counted} of {len(indices)} that could be read")
+        if done.skipped:
+            print(f"warning: {done.skipped} unreadable image(s) left out at {setting.name}: top-1 and top-5 are over "
+                  f"the {done.counted} of {len(indices)} that could be read")
         for row in fed:
-            (i, policy), (loss_sum, hits1, hits5, seconds) = runs[row], totals[row].tolist()
-            results.append({"model": models[i].label, "policy": policy or own[i], **setting.fields,
-                            "train_size": models[i].train_size, "top1": 100 * hits1 / counted,
-                            "top5": 100 * hits5 / counted, "loss": loss_sum / counted,
-                            "images_per_s": len(indices) / seconds, "images": counted, "device": device,
-                            **({"windows": [list(w) for w in used[i]]} if i in used else {})})
+            (i, policy), (loss_sum, hits1, hits5, seconds) = runs.runs[row], done.totals[row].tolist()
+            common = {"model": models[i].label, "policy": policy or own[i], **setting.fields,
+                      "train_size": models[i].train_size}
+            timing = {"images_per_s": len(indices) / seconds, "images": done.counted, "device": device,
+                      **({"windows": [list(w) for w in done.windows[i]]} if i in done.windows else {})}
+            if head:
+                results.append({**common, "probe": "head", "top1": 100 * hits1 / done.counted,
+                                "top5": 100 * hits5 / done.counted, "loss": loss_sum / done.counted, **timing})
+            bank = f"{probes.bank_size} px" if probes.bank_size else setting.name
+            results += [{**common, **banks.score(probe, row, bank, done), **timing}
+                        for probe in probes.probes if probe != "head"]
+        if per_setting:
+            banks.release(setting.name)
     return results

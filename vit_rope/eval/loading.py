@@ -55,6 +55,7 @@ class EvalModel:
     dataset: str | None = None  # None an image folder, wds/..., hfds/...
     input_key: str | None = None
     target_key: str | None = None
+    train_split: str | None = None  # the probes' bank (``vit_rope.eval.probes``)
 
 
 def model_label(name: str, model_kwargs: dict[str, Any], *notes: str) -> str:
@@ -88,7 +89,7 @@ def load_trained(path: str | Path, use_ema: bool = True) -> EvalModel:
                         "checkpoint was written by another version of the model's code")
     model.load_state_dict(weights)
     label = f"{model_label(name, kwargs)} ({path}{', EMA' if ema else ''})"
-    data = ("val_split", "data_dir", "dataset", "input_key", "target_key")
+    data = ("val_split", "data_dir", "dataset", "input_key", "target_key", "train_split")
     return EvalModel(label, model, train_size, ckpt.get("classes"), *(ckpt["config"].get(key) for key in data))
 
 
@@ -134,8 +135,7 @@ def load_pretrained(name: str, weights: str | None, num_classes: int, train_size
     if weights is None and not published:
         kwargs.setdefault("num_classes", num_classes)
     if weights is not None and "num_classes" not in kwargs:  # the file's classifier, whatever the registry's default
-        classifier = get_pretrained_cfg_value(name, "classifier") or "head"
-        classes = tensor_rows(weights, f"{classifier if isinstance(classifier, str) else classifier[0]}.weight")
+        classes = file_classes(name, weights)
         if classes is not None:
             kwargs["num_classes"] = classes
     # custom_load=False: the file is a state dict, also for models whose registry weights are JAX .npz files (timm
@@ -162,8 +162,11 @@ def load_pretrained(name: str, weights: str | None, num_classes: int, train_size
         lines = str(err).strip().splitlines()  # torch's load_state_dict lists the keys on lines of their own
         detail = " ".join(line.strip() for line in lines) if isinstance(err, RuntimeError) else lines[0]
         detail = detail if len(detail) <= 600 else detail[:597] + "..."
-        raise UserError(f"--pretrained-file {weights} does not fit {name} ({detail}); pick the model it was trained "
-                        "as, or --model-kwargs to match it") from None
+        backbone = "num_classes" not in kwargs and file_classes(name, weights) is None  # no head to fit
+        raise UserError(f"--pretrained-file {weights} does not fit {name} ({detail}); "
+                        + ("it has no classifier: probe its features with --probe knn or --probe linear, or "
+                           if backbone else "") + "pick the model it was trained as, or --model-kwargs to match it"
+                        ) from None
     check_loaded(model, name, weights)
     report = getattr(model, "load_report", None)
     if report is not None and report.initialised:
@@ -175,6 +178,13 @@ def load_pretrained(name: str, weights: str | None, num_classes: int, train_size
                         *([] if kwargs["pretrained"] else ["random init"]))
     label += f" ({weights})" if weights is not None else ""  # the file, as for checkpoints: two files, two rows
     return EvalModel(label, model, int(size), classes)
+
+
+def file_classes(name: str, weights: str | Path) -> int | None:
+    """The class count of the classifier in a weights file for model ``name`` (the rows of its ``head.weight``, or
+    the key timm's config names), None for a file without one: a backbone."""
+    classifier = get_pretrained_cfg_value(name, "classifier") or "head"
+    return tensor_rows(weights, f"{classifier if isinstance(classifier, str) else classifier[0]}.weight")
 
 
 def check_loaded(model: nn.Module, name: str, weights: str | Path | None = None) -> None:

@@ -39,11 +39,19 @@ def _x(result: dict[str, Any]) -> float:
         else result["img_size"]
 
 
-def _rows(results: Sequence[dict[str, Any]]) -> dict[tuple[str, str | None], dict[tuple[str, int], dict[str, Any]]]:
-    """Results grouped by (model, policy) row and column, in the order they were evaluated."""
-    rows: dict[tuple[str, str | None], dict[tuple[str, int], dict[str, Any]]] = {}
+def _probed(results: Sequence[dict[str, Any]]) -> bool:
+    """Whether a result is of a probe other than the classifier (``vit_rope.eval.probes``; results written before
+    the probes have none): the probe is then named in the table and legend."""
+    return any(result.get("probe", "head") != "head" for result in results)
+
+
+def _rows(results: Sequence[dict[str, Any]]
+          ) -> dict[tuple[str, str | None, str], dict[tuple[str, int], dict[str, Any]]]:
+    """Results grouped by (model, policy, probe) row and column, in the order they were evaluated."""
+    rows: dict[tuple[str, str | None, str], dict[tuple[str, int], dict[str, Any]]] = {}
     for result in results:
-        rows.setdefault((result["model"], result["policy"]), {})[column_of(result)] = result
+        key = (result["model"], result["policy"], result.get("probe", "head"))
+        rows.setdefault(key, {})[column_of(result)] = result
     return rows
 
 
@@ -54,15 +62,17 @@ def table(header: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
 
 
 def markdown_table(results: Sequence[dict[str, Any]], metric: str = "top1") -> str:
-    """One row per model (x policy), one column per size then per token budget (``L tokens``); the training size
-    (for budgets: its token count) is starred in the header and each row's own is bold."""
-    fmt = METRICS[metric][1]
+    """One row per model (x policy x probe, named when a probe is not the head), one column per size then per token
+    budget (``L tokens``); the training size (for budgets: its token count) is starred in the header and each row's
+    own is bold."""
+    fmt, probed = METRICS[metric][1], _probed(results)
     columns = sorted({column_of(result) for result in results})
     trained = {column_of(result) for result in results if _as_trained(result)}
-    header = ["model", "policy"] + [(f"{size} tokens" if kind == "tokens" else str(size))
-                                    + ("*" if (kind, size) in trained else "") for kind, size in columns]
+    header = ["model", "policy", *(["probe"] * probed)] + [(f"{size} tokens" if kind == "tokens" else str(size))
+                                                           + ("*" if (kind, size) in trained else "")
+                                                           for kind, size in columns]
     lines = []
-    for (model, policy), by_column in _rows(results).items():
+    for (model, policy, probe), by_column in _rows(results).items():
         cells = []
         for column in columns:
             result = by_column.get(column)
@@ -70,7 +80,7 @@ def markdown_table(results: Sequence[dict[str, Any]], metric: str = "top1") -> s
             if result and f"{metric}_min" in result and result["seeds"] > 1:  # merged seeds: mean ± half the range
                 text += f" ± {(result[f'{metric}_max'] - result[f'{metric}_min']) / 2:.1f}"
             cells.append(f"**{text}**" if result and _as_trained(result) else text)
-        lines.append([model, policy or "-", *cells])
+        lines.append([model, policy or "-", *([probe] * probed), *cells])
     return table(header, lines)
 
 
@@ -82,12 +92,14 @@ def _draw(ax: Any, results: Sequence[dict[str, Any]], colors: dict[str, Any] | N
         ax.axvline(train_size, color="grey", linestyle="--", linewidth=1)
         ax.annotate(f"train {train_size}", (train_size, 0), xycoords=("data", "axes fraction"),
                     xytext=(3, 3), textcoords="offset points", color="grey", fontsize=8)
-    for (model, policy), by_column in _rows(results).items():
+    probed = _probed(results)
+    for (model, policy, probe), by_column in _rows(results).items():
         for kind in sorted({column[0] for column in by_column}):  # px, then tokens
             rows = [by_column[column] for column in sorted(by_column) if column[0] == kind]
             spread = [[row["top1"] - row["top1_min"] for row in rows],
                       [row["top1_max"] - row["top1"] for row in rows]] if "top1_min" in rows[0] else None  # seeds
-            notes = [note for note in (policy, "tokens" if kind == "tokens" else None) if note]
+            notes = [note for note in (policy, probe if probed else None, "tokens" if kind == "tokens" else None)
+                     if note]
             ax.errorbar([_x(row) for row in rows], [row["top1"] for row in rows], yerr=spread, capsize=3,
                         marker="s" if kind == "tokens" else "o", linestyle="--" if kind == "tokens" else "-",
                         color=(colors or {}).get(model), label=_label((names or {}).get(model, model), notes, model))
@@ -163,7 +175,9 @@ def accuracy_figure(results: Sequence[dict[str, Any]], title: str = "Accuracy ag
     fig.suptitle(title)
     if common:
         ax.set_title(common, fontsize=9)
-    heading = "policy" if len(models) == 1 and any(result["policy"] for result in results) else None
+    named = ["policy"] * (len(models) == 1 and any(result["policy"] for result in results)) + ["probe"] * (
+        len(models) == 1 and _probed(results))
+    heading = ", ".join(named) or None
     legend = ax.legend(fontsize=7, title=heading, title_fontsize=7)
     fig.draw_without_rendering()
     if _covers_a_curve(ax, legend):
@@ -173,8 +187,22 @@ def accuracy_figure(results: Sequence[dict[str, Any]], title: str = "Accuracy ag
     return fig
 
 
+def probe_panels(results: Sequence[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    """The results by probe, for one panel each (``plot_panels``), each model x policy renamed to one line of one
+    colour in every panel."""
+    _, names = short_names(list(dict.fromkeys(result["model"] for result in results)))
+    panels: dict[str, list[dict[str, Any]]] = {}
+    for result in results:
+        line = names[result["model"]] + (f", {result['policy']}" if result["policy"] else "")
+        panels.setdefault(result.get("probe", "head"), []).append({**result, "model": line, "policy": None})
+    return panels
+
+
 def plot(results: Sequence[dict[str, Any]], path: Path, title: str = "Accuracy against resolution") -> bool:
-    """``accuracy_figure`` saved to ``path``. Returns False when matplotlib is not installed."""
+    """``accuracy_figure`` saved to ``path``, or with probes one panel per probe (``plot_panels``). Returns False when
+    matplotlib is not installed."""
+    if _probed(results):
+        return plot_panels(probe_panels(results), path, title)
     fig = accuracy_figure(results, title)
     if fig is None:
         return False
@@ -193,7 +221,7 @@ def plot_panels(panels: dict[str, Sequence[dict[str, Any]]], path: Path, title: 
     """One panel per key (e.g. a policy), each model in one colour in all, one legend; False without matplotlib."""
     columns = min(3, len(panels))
     rows = -(-len(panels) // columns)
-    fig = _figure((4.2 * columns, 3.4 * rows + 1.2))
+    fig = _figure((max(4.2 * columns, 7.0), 3.4 * rows + 1.2))  # one panel as wide as a plot, for the legend
     if fig is None:
         return False
     colors = _palette(list(dict.fromkeys(row["model"] for results in panels.values() for row in results)))
@@ -205,7 +233,8 @@ def plot_panels(panels: dict[str, Sequence[dict[str, Any]]], path: Path, title: 
         ax.set_visible(False)
     handles = {label.split(" [")[0]: handle for ax in axes for handle, label in zip(*ax.get_legend_handles_labels(),
                                                                                     strict=True)}
-    fig.legend(list(handles.values()), list(handles), loc="outside lower center", ncols=3, fontsize=8)
+    ncols = 3 if max(map(len, handles), default=0) < 50 else 1  # long names one to a line, or they run off the figure
+    fig.legend(list(handles.values()), list(handles), loc="outside lower center", ncols=ncols, fontsize=8)
     fig.suptitle(title)
     fig.savefig(path, dpi=110)
     return True
@@ -218,6 +247,11 @@ def write_reports(results: Sequence[dict[str, Any]], output: Path, protocol: str
     (output / "results.json").write_text(json.dumps({"protocol": protocol, "results": list(results)}, indent=2))
     tables = "\n\n".join(f"## {METRICS[metric][0]}\n\n{markdown_table(results, metric)}" for metric in METRICS)
     note = "`*` training size; **bold**: the value at the row's own training size."
+    if _probed(results):
+        note += (" `probe`: head is the model's classifier; knn DINO's weighted kNN on the pooled features against the "
+                 "train split's (`knn_k`, `knn_temperature`; at the same size, or `bank_size`); linear a linear "
+                 "classifier fitted on the train split's features at one size (`linear_size`), evaluated at every "
+                 "size.")
     if any(result.get("seq_len") for result in results):
         note += (" `L tokens`: a token budget, each image resized keeping its aspect ratio to at most L patches (`*`: "
                  "the training size's token count); plain numbers are square sizes in px.")

@@ -1,0 +1,213 @@
+"""One pass of the evaluation over a split at one setting (a square size or a token budget): each batch decoded once
+and fed to every run (model x policy) in turn, giving its classifier's metrics and/or its pooled features
+(``probes.model_outputs``); and the train split that the probes read, checked before any forward.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import torch
+from torch import Tensor, nn
+from torch.utils.data import DataLoader, Subset
+from tqdm import tqdm
+
+from vit_rope.data.folders import ImageFolderDataset, Sample
+from vit_rope.data.splits import find_split, split_label
+from vit_rope.errors import UserError
+from vit_rope.eval import memory, probes, windows
+from vit_rope.eval import token_budget as naflex
+from vit_rope.eval.loading import EvalModel
+
+
+def subset(count: int, limit: int | None) -> list[int]:
+    """``limit`` evenly spaced indices of ``count`` samples; samples are sorted by class, so every class appears."""
+    if limit is None or limit >= count:
+        return list(range(count))
+    return [i * count // limit for i in range(limit)]
+
+
+@dataclass
+class Runs:
+    """What every pass needs: the models, the runs as (model index, policy or None: as built), each model's mean and
+    std, the device, the loader's workers and each Swin's trained windows with the rule for them at a size."""
+
+    models: Sequence[EvalModel]
+    runs: list[tuple[int, str | None]]
+    norms: list[tuple[Tensor, Tensor]]
+    device: str
+    workers: int
+    trained: dict[int, list[tuple[int, int]]]  # Swin model index -> its stages' trained windows
+    window: str | int
+
+
+class Pass(NamedTuple):
+    """What a pass gave: per run, the classifier's totals and the pooled features of the images read."""
+
+    totals: Tensor  # [runs, 4]: loss sum, top-1 hits, top-5 hits, seconds of forward (images/s are timed on it)
+    features: dict[int, Tensor]  # run -> [images, C]
+    targets: Tensor  # [images]: each image's class index in its split
+    counted: int  # images read
+    skipped: int  # unreadable files left out
+    windows: dict[int, list[tuple[int, int]]]  # Swin model index -> the windows it ran with
+
+
+def forward_split(runs: Runs, samples: list[Sample], indices: list[int], setting: naflex.Setting, batch: int,
+                  fed: Sequence[int], heads: dict[int, Tensor], pooled: set[int]) -> Pass:
+    """The runs ``fed`` over ``samples[indices]`` at ``setting``, in batches of ``batch``: the classifier's loss and
+    hits of the runs in ``heads`` (run -> the model's output index of each class), the features of those in
+    ``pooled``. The first batch of each run is run once untimed: first-call allocations are not throughput."""
+    device = runs.device
+    used = {i: windows.set_windows(runs.models[i].model, setting.fields["img_size"], runs.window, trained)
+            for i, trained in runs.trained.items() if setting.fields.get("img_size")}
+    loader = DataLoader(Subset(ImageFolderDataset(samples, setting.transform), indices), batch,
+                        num_workers=runs.workers, pin_memory=device == "cuda", collate_fn=setting.collate)
+    amp = torch.autocast("cuda", dtype=torch.bfloat16, enabled=device == "cuda")
+    sync = torch.cuda.synchronize if device == "cuda" else lambda: None  # CUDA runs asynchronously: time whole calls
+    totals = torch.zeros(len(runs.runs), 4, dtype=torch.float64)
+    features: dict[int, list[Tensor]] = {row: [] for row in fed if row in pooled}
+    targets_read: list[Tensor] = []
+    skipped = counted = 0
+    for step, (images, targets, bad) in enumerate(tqdm(loader, setting.name, leave=False,
+                                                       disable=not sys.stderr.isatty())):  # [B, C, H, W] or NaFlex
+        images, skipped = naflex.to_device(images, device), skipped + int((bad > 0).sum())  # slots refilled
+        keep = (bad == 0).to(device)  # [B]; an unreadable image's slot holds the next readable one: not twice
+        counted += int(keep.sum())
+        targets = targets.to(device)
+        targets_read.append(targets[keep])
+        for row in fed:
+            i, policy = runs.runs[row]
+            model = runs.models[i].model
+            inputs = naflex.normalise(images, *runs.norms[i])
+            if policy is not None:
+                model.set_resolution_policy(policy)
+            with amp:
+                if step == 0:
+                    probes.model_outputs(model, inputs, row in heads, row in pooled)
+                sync()
+                start = time.perf_counter()
+                logits, pooled_features = probes.model_outputs(model, inputs, row in heads, row in pooled)
+                sync()
+            totals[row, 3] += time.perf_counter() - start
+            if row in pooled:
+                features[row].append(pooled_features.float()[keep])  # [B, C]
+            if row in heads:
+                logits, labels = logits.float()[keep], heads[row][targets][keep]
+                hits = logits.topk(min(5, logits.shape[1])).indices == labels[:, None]  # [B, k], rank order
+                loss = nn.functional.cross_entropy(logits, labels, reduction="sum")
+                totals[row, :3] += torch.tensor([loss.item(), hits[:, 0].sum().item(), hits.any(1).sum().item()],
+                                                dtype=torch.float64)
+    return Pass(totals, {row: torch.cat(parts) for row, parts in features.items()}, torch.cat(targets_read),
+                counted, skipped, used)
+
+
+class TrainSplit(NamedTuple):
+    """The images the probes are built from, and the class space they predict in (the train split's classes)."""
+
+    samples: list[Sample]
+    indices: list[int]
+    classes: list[str]
+    val_classes: Tensor  # [val classes]: each val class's index among ``classes``
+
+
+def train_split(data_dir: str | Path, dataset: str | None, options: probes.ProbeOptions, val_classes: list[str],
+                input_key: str | None = None, target_key: str | None = None) -> TrainSplit:
+    """The train split of the probes, checked: it has labels (the data layer refuses a split without them), every val
+    class is one of its classes, every class has images among the ``train_limit`` taken, and ``k`` fits the bank."""
+    split = options.train_split
+    samples, classes = find_split(Path(data_dir), dataset, split, split_key="train_split", input_key=input_key,
+                                  target_key=target_key)  # a missing train folder gets no hint: the others are val
+    where = split_label(data_dir, dataset, split)
+    unknown = [name for name in val_classes if name not in classes]
+    if unknown:
+        raise UserError(f"the val classes {unknown[:5]} are not classes of the train split {where}, so no probe "
+                        "could predict them; pass the --train-split of the same classes")
+    indices = subset(len(samples), options.train_limit)
+    given = {samples[i][1] for i in indices}
+    limit = f" (--train-limit {options.train_limit})" if options.train_limit else ""
+    empty = [name for index, name in enumerate(classes) if index not in given]
+    if empty:  # no neighbour and no fitted weight could ever predict it
+        raise UserError(f"class {empty[0]} has no train images in {where}{limit}: the probes could never predict it; "
+                        "raise --train-limit, add its images, or drop the class from the val split too")
+    if "knn" in options.probes and options.k > len(indices):
+        raise UserError(f"--knn-k {options.k} is larger than the bank: {where} gives {len(indices)} images{limit}; "
+                        f"use --knn-k {len(indices)} or fewer, or more train images")
+    return TrainSplit(samples, indices, classes, torch.tensor([classes.index(name) for name in val_classes]))
+
+
+def check_feature_memory(widths: dict[int, int], train: int, val: int, held: dict[int, int], per_setting: bool,
+                         free: int) -> int:
+    """Bytes the probes' features take at most (fp32): per run (``widths``: run -> width), its ``held`` train
+    features (run -> how many settings' worth are kept across settings: the ``--bank-size`` bank, the linear fit's),
+    plus at each setting the bank of that setting when ``per_setting`` and the val features; a ``UserError`` when they
+    would not fit in ``free`` bytes with the batches, said before anything runs."""
+    need = 4 * sum(width * (train * (held.get(row, 0) + per_setting) + val) for row, width in widths.items())
+    need += 2 * 4 * probes.SIMILARITIES  # a chunk of kNN similarities, and what topk and the votes take beside it
+    if need + memory.FIXED_BYTES > free:
+        raise UserError(f"the probes' features need about {need / 2**30:.1f} GiB ({train} train and {val} val images "
+                        f"x {len(widths)} runs of model and policy, 4 bytes per feature) but {free / 2**30:.1f} GiB "
+                        "are free: take fewer train images (--train-limit N), fewer models or policies, or free memory")
+    return need
+
+
+class TrainFeatures:
+    """The train split's pooled features that the probes need, each (setting, run) extracted once: the kNN bank at
+    ``bank_size`` or at each evaluated setting, and each run's linear probe, fitted at its model's fit size and kept
+    (the features it was fitted on serve as the bank at that size too)."""
+
+    def __init__(self, runs: Runs, train: TrainSplit, options: probes.ProbeOptions, fits: list[int]) -> None:
+        self.runs, self.train, self.options, self.fits = runs, train, options, fits
+        self.features: dict[tuple[str, int], Tensor] = {}  # (setting name, run) -> [train images, C]
+        self.targets: dict[str, Tensor] = {}  # setting name -> [train images], class indices
+        self.linear: dict[int, tuple[probes.LinearProbe, int]] = {}  # run -> its fitted probe, its images
+
+    def extract(self, setting: naflex.Setting, batch: int, rows: Sequence[int]) -> None:
+        """The features at ``setting`` of the runs ``rows`` that are not held yet."""
+        missing = [row for row in rows if (setting.name, row) not in self.features]
+        if not missing:
+            return
+        done = forward_split(self.runs, self.train.samples, self.train.indices, setting, batch, missing, {},
+                             set(missing))
+        if done.skipped:
+            print(f"warning: {done.skipped} unreadable train image(s) left out of the probes at {setting.name}")
+        self.targets[setting.name] = done.targets
+        self.features.update({(setting.name, row): done.features[row] for row in missing})
+
+    def fit(self, setting: naflex.Setting, rows: Sequence[int], kept: Sequence[str]) -> None:
+        """Fit the linear probe of each run of ``rows`` whose fit size is ``setting``'s on the features held there,
+        then let go of the features there unless ``setting`` is one of the banks ``kept`` (setting names)."""
+        for row in rows:
+            if "linear" in self.options.probes and setting.fields["img_size"] == self.fits[self.runs.runs[row][0]]:
+                targets = self.targets[setting.name]
+                fitted = probes.fit_linear(self.features[setting.name, row], targets, len(self.train.classes),
+                                           self.options.weight_decay)
+                self.linear[row] = fitted, len(targets)
+        if setting.name not in kept:
+            self.release(setting.name)
+
+    def release(self, name: str) -> None:
+        """Let go of the features held at setting ``name``."""
+        self.features = {key: value for key, value in self.features.items() if key[0] != name}
+
+    def score(self, probe: str, row: int, bank: str, done: Pass) -> dict[str, Any]:
+        """A result row's probe fields and metrics: ``probe`` of run ``row`` on the val pass ``done``, its kNN bank
+        the train features at setting ``bank``."""
+        features, labels = done.features[row], self.train.val_classes.to(done.targets.device)[done.targets]
+        classes, options = len(self.train.classes), self.options
+        if probe == "knn":
+            scores = probes.knn_votes(self.features[bank, row], self.targets[bank], features, classes, options.k,
+                               options.temperature)
+            loss, count = None, len(self.targets[bank])  # votes are no probabilities
+            built = {"knn_k": options.k, "knn_temperature": options.temperature, "bank_size": options.bank_size}
+        else:
+            (linear, count), built = self.linear[row], {"linear_size": self.fits[self.runs.runs[row][0]]}
+            scores = linear(features)
+            loss = nn.functional.cross_entropy(scores, labels).item()
+        hits = scores.topk(min(5, classes)).indices == labels[:, None]  # [B, k], rank order
+        return {"probe": probe, **built, "top1": 100 * hits[:, 0].float().mean().item(),
+                "top5": 100 * hits.any(1).float().mean().item(), "loss": loss, "train_images": count}

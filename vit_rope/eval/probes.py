@@ -1,0 +1,143 @@
+"""Probes of a frozen backbone: DINO's weighted kNN and a linear classifier on its pooled features, beside its head.
+
+A backbone without a trained classifier is evaluated by its features: each image's vector as the model pools it
+(``forward_head(pre_logits=True)``: class token, average or attention pool; over the valid tokens of a NaFlex batch),
+against those of the train split. kNN (Wu et al. 2018, as DINO's ``eval_knn``, Caron et al. 2021) lets the ``k`` most
+similar train images vote; the linear probe is fitted once, at one size, then evaluated at every size and policy: the
+question a classifier's head answers for a model trained at one size. Pure functions and their checks; the harness
+runs the passes over the data (``vit_rope.eval.extraction``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from vit_rope.errors import UserError
+
+PROBES = ("head", "knn", "linear")
+
+
+@dataclass(frozen=True)
+class ProbeOptions:
+    """What the harness evaluates and how the probes are built (docs/evaluation.md, "Probes"). ``bank_size`` None
+    builds the kNN bank at each evaluated size or budget, ``linear_size`` None fits the linear probe at each model's
+    training size; ``train_limit`` None takes every image of ``train_split``, else that many spread over the classes."""
+
+    probes: tuple[str, ...] = ("head",)
+    k: int = 20
+    temperature: float = 0.07
+    bank_size: int | None = None
+    linear_size: int | None = None
+    train_split: str = "train"
+    train_limit: int | None = None
+    weight_decay: float = 1e-4  # the linear probe's L2 penalty on standardised features
+
+    @property
+    def pooled(self) -> bool:
+        """Whether any probe reads pooled features (and so the train split)."""
+        return any(probe != "head" for probe in self.probes)
+
+
+def check_probe_options(options: ProbeOptions) -> None:
+    """The checks that need no model and no data: known probes, a positive ``k`` and temperature."""
+    unknown = sorted(set(options.probes) - set(PROBES))
+    if unknown or not options.probes:
+        raise UserError(f"unknown probe {', '.join(unknown) or '(none)'}: choose from {', '.join(PROBES)}")
+    if options.k < 1 or not options.temperature > 0:
+        raise UserError(f"--knn-k {options.k} and --knn-temperature {options.temperature} must be positive: k is how "
+                        "many train images vote (20 by default), the temperature how sharply closer ones count (0.07)")
+
+
+def model_outputs(model: nn.Module, inputs: Tensor | dict[str, Tensor], logits: bool = True, pooled: bool = True
+                  ) -> tuple[Tensor | None, Tensor | None]:
+    """The logits ``[B, classes]`` and/or pooled features ``[B, C]`` of images ``[B, C, H, W]`` or a NaFlex batch,
+    from one pass through the blocks. Logits alone are ``model(inputs)``, as the classifier evaluation runs it."""
+    if not pooled:
+        return model(inputs), None
+    if isinstance(inputs, dict):  # our ViT returns the padded tokens, timm's NaFlexViT a dict with their validity
+        out = model.forward_features(inputs["patches"], patch_coord=inputs["patch_coord"],
+                                     patch_valid=inputs["patch_valid"])
+        tokens, valid = (out["patches"], out["patch_valid"]) if isinstance(out, dict) else (out, inputs["patch_valid"])
+        extra = {"patch_valid": valid}  # pooling reads the valid tokens only
+    else:
+        tokens, extra = model.forward_features(inputs), {}
+    features = model.forward_head(tokens, pre_logits=True, **extra)
+    return (model.forward_head(tokens, **extra) if logits else None), features
+
+
+def feature_width(model: nn.Module, label: str, size: int) -> int:
+    """The width of ``model``'s pooled features, from one blank image at ``size`` px before any data is read; a
+    ``UserError`` for a model that gives no vector per image (tokens or a map left unpooled)."""
+    parameter = next(model.parameters(), None)
+    blank = torch.zeros(1, 3, size, size, device=None if parameter is None else parameter.device)
+    with torch.inference_mode():
+        features = model_outputs(model.eval(), blank, logits=False)[1]
+    if features.dim() != 2:
+        raise UserError(f"{label} pools nothing: its pre-logits are {tuple(features.shape)} for one image (tokens or "
+                        "a feature map, not a vector; global_pool=''), so no probe can read them; build it with "
+                        "--model-kwargs global_pool=token (or avg, map)")
+    return features.shape[1]
+
+
+SIMILARITIES = 2**24  # floats of kNN similarities held at once (64 MiB): the query chunk is this over the bank's size
+
+
+def knn_votes(bank: Tensor, bank_labels: Tensor, queries: Tensor, num_classes: int, k: int = 20,
+              temperature: float = 0.07, chunk: int | None = None) -> Tensor:
+    """DINO's weighted kNN: class scores ``[Q, num_classes]`` of ``queries`` ``[Q, C]`` against ``bank`` ``[N, C]``
+    (``bank_labels`` ``[N]``). Each query's ``k`` most cosine-similar bank images vote for their class with weight
+    ``exp(similarity / temperature)`` (all of them in a bank smaller than ``k``); the features are L2-normalised
+    here. Queries go ``chunk`` at a time (None: ``SIMILARITIES`` over the bank's size), so that the similarities held
+    stay ``[chunk, N]``, 64 MiB by default for any bank."""
+    bank, k = F.normalize(bank.float(), dim=1), min(k, len(bank))
+    chunk = chunk or max(1, SIMILARITIES // max(1, len(bank)))
+    votes = []
+    for part in F.normalize(queries.float(), dim=1).split(chunk):
+        similarity, nearest = (part @ bank.T).topk(k, dim=1)  # [q, k], most similar first
+        weights = (similarity / temperature).exp()
+        votes.append(weights.new_zeros(len(part), num_classes).scatter_add_(1, bank_labels[nearest], weights))
+    return torch.cat(votes) if votes else bank.new_zeros(0, num_classes)
+
+
+@dataclass(frozen=True)
+class LinearProbe:
+    """A linear classifier on standardised features: the mean and std of the features it was fitted on, kept, so
+    that the features of another size go through the same map."""
+
+    mean: Tensor  # [C]
+    std: Tensor  # [C]
+    weight: Tensor  # [classes, C]
+    bias: Tensor  # [classes]
+
+    def __call__(self, features: Tensor) -> Tensor:
+        return ((features.float() - self.mean) / self.std) @ self.weight.T + self.bias  # [B, classes]
+
+
+def fit_linear(features: Tensor, labels: Tensor, num_classes: int, weight_decay: float = 1e-4,
+               max_iter: int = 500) -> LinearProbe:
+    """Multinomial logistic regression of ``labels`` ``[N]`` on ``features`` ``[N, C]``: cross-entropy plus
+    ``weight_decay / 2 * |W|^2`` on standardised features, minimised by full-batch L-BFGS from zero weights. Convex,
+    so no learning rate or epochs to tune and the same fit every time: 9.5k x 384 features fit in about a second on
+    two CPU cores. Runs with gradients on whatever mode the caller is in (the harness evaluates in inference mode)."""
+    with torch.inference_mode(False), torch.enable_grad():
+        features, labels = features.float().clone(), labels.clone()  # normal tensors: inference ones take no grad
+        mean, std = features.mean(0), features.std(0).clamp_min(1e-6)
+        x = (features - mean) / std
+        weight = x.new_zeros(num_classes, x.shape[1], requires_grad=True)
+        bias = x.new_zeros(num_classes, requires_grad=True)
+        optimizer = torch.optim.LBFGS([weight, bias], max_iter=max_iter, history_size=20,
+                                      line_search_fn="strong_wolfe", tolerance_grad=1e-7, tolerance_change=1e-10)
+
+        def closure() -> Tensor:
+            optimizer.zero_grad()
+            loss = F.cross_entropy(x @ weight.T + bias, labels) + weight_decay / 2 * weight.square().sum()
+            loss.backward()
+            return loss
+
+        optimizer.step(closure)
+    return LinearProbe(mean, std, weight.detach(), bias.detach())
+
