@@ -33,13 +33,16 @@ TOLERANCE = 0.03
 # name -> keyword arguments at full size (GPU) and at tiny size (CPU smoke run): one model per family
 MODELS: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
     **{f"vit_rope_small_patch16_{kind}_224": ({}, {"depth": 1, "img_size": 64})
-       for kind in ("axial", "mixed", "golden", "string", "lookhere", "alibi", "fire", "comrope_ld", "liere", "pape")},
+       for kind in ("axial", "mixed", "golden", "string", "lookhere", "alibi", "fire", "comrope_ap", "comrope_ld",
+                    "liere", "pape", "pape_ri")},
     "vit_rope_small_patch16_dinov3": ({}, {"depth": 1, "img_size": 64}),
     "vit_rope_eva02_tiny_patch14_224": ({}, {"depth": 1, "img_size": 56}),  # EVA-02
     "vit_rope_pe_core_tiny_patch16_384": ({}, {"depth": 1, "img_size": 64}),  # Perception Encoder
     "vit_rope_medium_patch16_reg1_gap_256": ({}, {"depth": 1, "img_size": 64}),  # timm's SBB RoPE ViTs
     "vit_rope_base_patch16_sapiens2": ({"img_size": (512, 384)}, {"img_size": (64, 48)}),  # Sapiens2 (per-block heads)
     "vit_rope_small_patch16_lingbot": ({}, {"depth": 1, "img_size": 64}),  # LingBot-Vision
+    "vit_rope_qwen3_vit_88m_merge": ({}, {"depth": 1, "img_size": 64}),  # Qwen3-VL's ViT with its patch merger
+    "swin_rope_mixed_tiny_patch4_window7_224": ({}, {"depths": (1, 1), "num_heads": (3, 6), "img_size": 112}),
 }
 
 
