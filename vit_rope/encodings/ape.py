@@ -105,8 +105,9 @@ def table_grid(model: nn.Module) -> tuple[int, int]:
 
 def fit_checkpoint_pos_embed(pos_embed: Tensor, model: nn.Module) -> Tensor:
     """A checkpoint's position embedding for ``model`` (a timm ``VisionTransformer`` with one): the source's prefix
-    rows stripped if the model has none, then resampled bicubically to the model's grid. The source grid is the
-    model's own when it fits, else ``source_grids``' first guess; a warning names the others that fit."""
+    rows stripped if the model has none, then resampled to the model's grid as the model resamples its table
+    (``fit_pos_embed``: bicubically unless its APE says otherwise). The source grid is the model's own when it fits,
+    else ``source_grids``' first guess; a warning names the others that fit."""
     grid = table_grid(model)
     num_prefix = 0 if model.no_embed_class else model.num_prefix_tokens
     rows = pos_embed.shape[1]
@@ -130,6 +131,5 @@ def fit_checkpoint_pos_embed(pos_embed: Tensor, model: nn.Module) -> Tensor:
         return pos_embed  # this model's own layout: nothing to resample
     if src_prefix and not num_prefix:
         pos_embed, src_prefix = pos_embed[:, src_prefix:], 0
-    return resample_abs_pos_embed(
-        pos_embed, new_size=list(grid), old_size=list(src_grid), num_prefix_tokens=src_prefix, verbose=False
-    )
+    resampling = getattr(getattr(model, "ape", None), "resampling", "bicubic")  # timm's own ViT: bicubic
+    return fit_pos_embed(pos_embed, grid, src_grid, src_prefix, resampling)

@@ -194,7 +194,7 @@ def evaluate_models(models: Sequence[EvalModel], data_dir: str | Path, img_sizes
         banks.extract(setting, batch, rows)
         banks.fit(setting, rows, [*per_setting, *([f"{probes.bank_size} px"] if knn and probes.bank_size else [])])
     results = []
-    for setting, batch in zip(settings, batch_sizes, strict=False):  # the val settings, then the fixed ones
+    for setting, batch in zip(settings, batch_sizes[:len(settings)], strict=True):  # the val settings
         fed = [row for row, (i, _) in enumerate(runs.runs) if i in setting.models]
         if per_setting:
             banks.extract(setting, batch, fed)

@@ -162,7 +162,7 @@ def load_pretrained(name: str, weights: str | None, num_classes: int, train_size
         lines = str(err).strip().splitlines()  # torch's load_state_dict lists the keys on lines of their own
         detail = " ".join(line.strip() for line in lines) if isinstance(err, RuntimeError) else lines[0]
         detail = detail if len(detail) <= 600 else detail[:597] + "..."
-        backbone = "num_classes" not in kwargs and file_classes(name, weights) is None  # no head to fit
+        backbone = weights is not None and "num_classes" not in kwargs  # the file's rows gave no class count
         raise UserError(f"--pretrained-file {weights} does not fit {name} ({detail}); "
                         + ("it has no classifier: probe its features with --probe knn or --probe linear, or "
                            if backbone else "") + "pick the model it was trained as, or --model-kwargs to match it"
