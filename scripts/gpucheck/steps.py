@@ -147,8 +147,10 @@ def judge_rope_kernel(run: Run) -> list[Target]:
 def scaling(run: Run) -> list[list[str]]:
     """The kinds meant for high resolution against axial at 1024 and 2048 px, bf16 inference, batch 1: the biases
     through FlexAttention (never a dense ``[H, N, N]``), the generators' rotations per token."""
-    size = ["--smoke"] if run.tiny else ["--img-sizes", "1024", "2048", "--train-sizes", "--rounds", "2", "--kinds",
-                                         "lookhere", "alibi", "fire", "liere", "comrope_ld", "mixed"]
+    # tiny: the full command's flags at 32 px with one kind (benchmarks/scaling.py --smoke is its own test's)
+    sizes, rounds, kinds = (["32"], "1", ["lookhere"]) if run.tiny else (
+        ["1024", "2048"], "2", ["lookhere", "alibi", "fire", "liere", "comrope_ld", "mixed"])
+    size = ["--img-sizes", *sizes, "--train-sizes", "--rounds", rounds, "--kinds", *kinds]
     return [[run.python, "benchmarks/scaling.py", "--device", run.device, "--amp",
              "--json", run.json("scaling_{device}_bf16_vit_s.json"), *size]]
 
