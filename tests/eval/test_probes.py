@@ -242,6 +242,10 @@ def test_the_train_split_is_the_checkpoints_and_asked_only_of_the_probes(image_r
     ("empty_class", "class class_2 has no train images in"),
     ("unknown_class", "the val classes ['class_2'] are not classes of the train split"),
     ("temperature", "--knn-k 20 and --knn-temperature 0.0 must be positive"),
+    ("knn_flag_alone", "--bank-size sets the knn probe, which this run does not evaluate (--probe linear): add "
+                       "--probe knn, or drop --bank-size"),
+    ("linear_flag_alone", "--linear-size sets the linear probe, which this run does not evaluate (--probe head): "
+                          "add --probe linear, or drop --linear-size"),
 ])
 def test_bad_input(case: str, message: str, image_root: Path, tmp_path: Path, capsys, monkeypatch) -> None:
     """Each mistake: exit code 2, one line naming the value, nothing written, and no pass over the data begun."""
@@ -259,6 +263,10 @@ def test_bad_input(case: str, message: str, image_root: Path, tmp_path: Path, ca
                   "--train-size", "32"]
     probe += {"bank_size": ["--bank-size", "40"], "linear_size": ["--linear-size", "20"], "k": ["--knn-k", "30"],
               "empty_class": ["--train-limit", "2"], "temperature": ["--knn-temperature", "0"]}.get(case, [])
+    if case == "knn_flag_alone":
+        probe = ["--probe", "linear", "--bank-size", "32"]
+    if case == "linear_flag_alone":
+        probe = ["--linear-size", "32"]
     if case == "no_labels":
         for path in list((image_root / "train").rglob("*.*")):
             path.rename(image_root / "train" / f"{path.parent.name}_{path.name}")

@@ -52,6 +52,11 @@ def parse_kwarg(text: str) -> tuple[str, Any]:
     return key, yaml.safe_load(value)
 
 
+# the probe flags and the probes that read them
+PROBE_FLAGS = {"--knn-k": ("knn",), "--knn-temperature": ("knn",), "--bank-size": ("knn",),
+               "--linear-size": ("linear",), "--train-split": ("knn", "linear"), "--train-limit": ("knn", "linear")}
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="vit-rope-evaluate", description=__doc__.split("\n\n")[0])
     parser.add_argument("--checkpoint", nargs="+", default=[], metavar="PATH", help="train.py checkpoints")
@@ -100,8 +105,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="what is scored: head (the model's classifier; the default), knn (DINO's weighted kNN "
                         "on the pooled features against the train split's), linear (a linear classifier fitted on "
                         "the train split's features at one size); with knn or linear alone, a --model needs no head")
-    parser.add_argument("--knn-k", type=_positive, default=20, help="train images that vote in kNN (default 20)")
-    parser.add_argument("--knn-temperature", type=float, default=0.07,
+    parser.add_argument("--knn-k", type=_positive, help="train images that vote in kNN (default 20)")
+    parser.add_argument("--knn-temperature", type=float,
                         help="kNN vote weight exp(cosine similarity / T) (default 0.07)")
     parser.add_argument("--bank-size", type=_positive, metavar="SIZE",
                         help="the kNN bank's image size for every evaluated size (default: each evaluated size and "
@@ -155,8 +160,13 @@ def main(argv: list[str] | None = None) -> int:
         kwargs.setdefault("num_classes", 0)
     try:
         check_options(args.policy or (), args.crop_pct, args.seq_lens)
-        options = ProbeOptions(probes, args.knn_k, args.knn_temperature, args.bank_size, args.linear_size,
-                               train_limit=args.train_limit)
+        for flag, users in PROBE_FLAGS.items():  # a probe's setting without that probe would be silently ignored
+            if getattr(args, flag[2:].replace("-", "_")) is not None and not set(users) & set(probes):
+                raise UserError(f"{flag} sets the {' or '.join(users)} probe, which this run does not evaluate "
+                                f"(--probe {' '.join(probes)}): add --probe {users[0]}, or drop {flag}")
+        given = {"k": args.knn_k, "temperature": args.knn_temperature, "bank_size": args.bank_size,
+                 "linear_size": args.linear_size, "train_limit": args.train_limit}
+        options = ProbeOptions(probes, **{key: value for key, value in given.items() if value is not None})
         check_probe_options(options)
         check_output_dir(args.output, "--output")
         for name in args.model:  # a typo before the advice about weights
