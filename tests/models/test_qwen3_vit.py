@@ -111,10 +111,12 @@ def test_forward_intermediates_and_resolution_policy():
         assert rel(theirs(x), twin(x)) > 1e-3
 
 
-def test_refused_inputs_name_what_and_where():
+def test_refused_inputs_name_what_and_where(tmp_path):
     qwen = timm_qwen3("qwen3_vit_88m_enc").state_dict()
-    with pytest.raises(ValueError, match="Qwen3-VL.*vit_rope_qwen3_vit_"):
-        vit_rope.load_weights(timm.create_model("vit_rope_medium_patch16_reg1_gap_256", depth=1), qwen)
+    save_file(qwen, tmp_path / "qwen3.safetensors")
+    with pytest.raises(ValueError, match=r"qwen3\.safetensors: The checkpoint is .*Qwen3-VL.*vit_rope_qwen3_vit_"):
+        vit_rope.load_weights(timm.create_model("vit_rope_medium_patch16_reg1_gap_256", depth=1),
+                              tmp_path / "qwen3.safetensors")
     eva = timm.create_model("vit_medium_patch16_rope_reg1_gap_256", depth=1, device="meta").state_dict()
     with pytest.raises(ValueError, match="timm's Eva.*Qwen3-VL twin"):
         vit_rope.load_weights(timm.create_model("vit_rope_qwen3_vit_88m_enc", depth=1, device="meta"), eva)

@@ -165,7 +165,10 @@ def load_weights(model: nn.Module, path: str | Path | Mapping[str, Any]) -> Load
     state_dict = read_weights(weights)
     if fmt is not None and fmt.folder.check_weights is not None:
         fmt.folder.check_weights(config, state_dict)
-    return load_state_dict(model, state_dict, path)
+    try:
+        return load_state_dict(model, state_dict, path)
+    except ValueError as err:  # the conversion's message, with the file it is about
+        raise ValueError(f"{weights}: {err}") from None
 
 
 def load_state_dict(model: nn.Module, state_dict: dict[str, Any], source: str | Path | None = None) -> LoadReport:
