@@ -139,11 +139,13 @@ def test_diagnostics_of_every_family(family):
     assert len(at_reference) == 1 and at_reference[0]["unseen"] == 0 < at_reference[0]["pairs"]
 
 
-TOOL_CASES = {  # twin, width cuts, sizes that tile, a size that does not and the nearest that do
+TOOL_CASES = {  # twin, width cuts, sizes that tile, a size that does not, the nearest that do, the twin's own policy
     "eva02": ("vit_rope_eva02_tiny_patch14_224", dict(depth=1, embed_dim=64, num_heads=2, img_size=56), ["56", "84"],
-              "64", "56 or 70"),
+              "64", "56 or 70", "interpolate"),
     "sbb": ("vit_rope_betwixt_patch16_reg4_gap_256", dict(depth=1, embed_dim=64, num_heads=2, img_size=64),
-            ["64", "96"], "56", "48 or 64"),
+            ["64", "96"], "56", "48 or 64", "interpolate"),
+    "qwen3": ("vit_rope_qwen3_vit_88m", dict(depth=1, embed_dim=64, num_heads=2, img_size=64), ["64", "96"], "56",
+              "48 or 64", "extrapolate"),  # Qwen3-VL's RoPE counts patches as they are
 }
 
 
@@ -159,7 +161,7 @@ def weights(request, tmp_path):
 
 def test_evaluate_and_diagnose_run_on_twins_under_two_policies(weights, image_root, tmp_path, capsys):
     family, path = weights
-    name, kwargs, sizes, bad, near = TOOL_CASES[family]
+    name, kwargs, sizes, bad, near, own_policy = TOOL_CASES[family]
     source = ["--model", name, "--pretrained-file", str(path), "--model-kwargs", *(f"{k}={v}" for k, v in
                                                                                      kwargs.items())]
     common = ["--device", "cpu", "--workers", "0", "--batch-size", "8", "--data-dir", str(image_root)]
@@ -173,10 +175,10 @@ def test_evaluate_and_diagnose_run_on_twins_under_two_policies(weights, image_ro
     assert all(r["images"] == 12 and 0 <= r["top1"] <= r["top5"] <= 100 and r["loss"] > 0 for r in results)
     loss = {(r["policy"], r["img_size"]): r["loss"] for r in results}
     assert loss["extrapolate", int(sizes[1])] != pytest.approx(loss["interpolate", int(sizes[1])], rel=1e-6)
-    # without --policy, the twin's own (timm's interpolate), labelled so
+    # without --policy, the twin's own (its source's), labelled so
     assert command.main([*source, *common, "--img-sizes", sizes[1], "--output", str(tmp_path / "own")]) == 0
     [own] = json.loads((tmp_path / "own" / "results.json").read_text())["results"]
-    assert own["policy"] == "interpolate" and own["loss"] == pytest.approx(loss["interpolate", int(sizes[1])])
+    assert own["policy"] == own_policy and own["loss"] == pytest.approx(loss[own_policy, int(sizes[1])])
     assert command.main([*source, *common, "--img-sizes", bad, "--output", str(tmp_path / "bad")]) == 2
     assert f"size {bad} is not a positive multiple of the patch size" in capsys.readouterr().err
     for policy in ("extrapolate", "interpolate"):
