@@ -54,12 +54,28 @@ FAMILIES = {  # family -> (timm name of its smallest size, default batch size)
     "lingbot": ("vit_small_patch16_lingbot", 2),
     "dinov3": ("vit_small_patch16_dinov3", 2),
     "qwen3": ("qwen3_vit_88m_merge", 2),  # Qwen3-VL's smallest tower with its merger: what the VLM runs
+    "pixtral": ("vit_rope_pixtral_vit_12b", 1),  # against transformers' PixtralVisionModel (Pixtral-12B's config)
 }
 # Sapiens2 gives timm one kv-head count per block; a cut depth needs a shorter list: full attention, which all 12
 # blocks of its ViT-B have (grouped kv heads skip the first and last 8 blocks)
 CUT_DEPTH_ARGS = {"sapiens2": {"num_kv_heads": 12}}
 SPEED_TARGET, MEMORY_TARGET = 1.0, 1.0
-UNNAMED_PATCH = {"qwen3_vit_88m_merge": 16}  # the patch size of the models whose name does not say it
+UNNAMED_PATCH = {"qwen3_vit_88m_merge": 16, "vit_rope_pixtral_vit_12b": 16}
+
+
+class PooledPixtral(nn.Module):
+    """transformers' ``PixtralVisionModel`` (the "timm" run of family pixtral) with the twin's head: the mean of its
+    tokens ``[B, C]``. One image per step: Pixtral packs a batch into one sequence with a block-diagonal mask."""
+
+    def __init__(self, depth: int | None) -> None:
+        super().__init__()
+        import transformers  # the test extra: only this family needs it
+
+        config = transformers.PixtralVisionConfig(hidden_act="silu", **({"num_hidden_layers": depth} if depth else {}))
+        self.model = transformers.PixtralVisionModel(config)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.model(x).last_hidden_state.mean(1)  # the patch size of the models whose name does not say it
 
 
 def input_size(name: str, scale: float) -> tuple[int, int]:
@@ -73,6 +89,9 @@ def attention_paths(model: nn.Module) -> dict[str, int]:
     """Blocks, blocks whose attention runs SDPA, and (twins) blocks that rotate q and k with the fused in-place
     rotation, the condition ``RoPEAttention.project`` takes it under in eager mode, and blocks with q/k norms, which
     rotate the norms' outputs in place in inference and take the reference rotation in training."""
+    if isinstance(model, PooledPixtral):
+        layers = len(model.model.transformer.layers)
+        return {"blocks": layers, "sdpa_blocks": layers * (model.model.config._attn_implementation == "sdpa")}
     attns = [block.attn for block in getattr(model, "encoder", model).blocks]  # timm's Qwen3-VL: under .encoder
     paths = {"blocks": len(attns), "sdpa_blocks": sum(bool(attn.fused_attn) for attn in attns)}
     if isinstance(model, vit_rope.RoPEVisionTransformer):
@@ -88,8 +107,12 @@ def measure(args: argparse.Namespace, family: str) -> tuple[list[dict], list[dic
     device = torch.device(args.device)
     torch.manual_seed(0)
     depth = {"depth": args.depth, **CUT_DEPTH_ARGS.get(family, {})} if args.depth else {}
-    timm_model = timm.create_model(name, pretrained=False, img_size=size, **depth).to(device)
-    models = {"timm": timm_model, "twin": vit_rope.from_timm(timm_model)}
+    if family == "pixtral":  # the source is transformers' model, any size
+        source = PooledPixtral(args.depth).to(device)
+        models = {"timm": source, "twin": vit_rope.from_timm(source.model)}
+    else:
+        timm_model = timm.create_model(name, pretrained=False, img_size=size, **depth).to(device)
+        models = {"timm": timm_model, "twin": vit_rope.from_timm(timm_model)}
     # like for like: both fp32 (from_timm keeps the timm model's dtype), both eager (neither is compiled)
     assert {param.dtype for model in models.values() for param in model.parameters()} == {torch.float32}
     paths = {run: attention_paths(model) for run, model in models.items()}
@@ -101,7 +124,9 @@ def measure(args: argparse.Namespace, family: str) -> tuple[list[dict], list[dic
         steps = throughput.prepare(models, images, mode, amp=False, warmup=args.warmup)
         speeds = throughput.interleaved_speeds(steps, models, mode, batch_size, args.rounds, args.steps, device)
         for run, model in models.items():
-            row = {"family": family, "run": run, "model": name if run == "timm" else model.default_cfg["architecture"],
+            source = "transformers PixtralVisionModel" if family == "pixtral" else name
+            row = {"family": family, "run": run,
+                   "model": source if run == "timm" else model.default_cfg["architecture"],
                    "img_size": list(size), "batch_size": batch_size, "mode": mode,
                    "images_per_s": statistics.median(speeds[run]), "rounds": speeds[run], **paths[run]}
             rows.append(row | (throughput.memory(model, steps[run], device) if mode == "train" else {}))

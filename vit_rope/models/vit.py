@@ -73,6 +73,7 @@ class RoPEVisionTransformer(NoTorchScript, PositionEncodingMixin, EmbeddingMixin
         rope_mixed_init: str | None = None,
         rope_grid_offset: float | None = None,
         rope_ref_grid: tuple[int, int] | None = None,
+        rope_alternate_axes: bool | None = None,
         qk_layout: str = "interleaved",
         attn_pool_num_heads: int | None = None,
         attn_pool_mlp_ratio: float | None = None,
@@ -121,7 +122,7 @@ class RoPEVisionTransformer(NoTorchScript, PositionEncodingMixin, EmbeddingMixin
         rope_options = dict(  # each the model's without "rope_" (None: the kind's own): RoPE2D's and STRING's
             theta=rope_theta, min_period=rope_min_period, max_period=rope_max_period,
             normalize_coords=rope_normalize_coords, fraction=rope_fraction, mixed_init=rope_mixed_init,
-            grid_offset=rope_grid_offset, string_base=rope_string_base)
+            grid_offset=rope_grid_offset, string_base=rope_string_base, alternate_axes=rope_alternate_axes)
         self._init_encoding(encoding, num_heads, rope_coord_aug, resolution_policy,
                             {name: value for name, value in rope_options.items() if value is not None},
                             rope_ref_grid, encoding_options, pos_embed_resampling)

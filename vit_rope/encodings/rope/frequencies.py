@@ -1,7 +1,8 @@
 """Frequency vectors ``(wx, wy)`` of the 2D RoPE kinds, and p-RoPE's choice of the pairs left unrotated.
 
 - **axial** (RoPE-ViT, Heo et al., ECCV 2024, arXiv:2403.13298): the first ``D/4`` pairs turn with x, the last with
-  y, magnitudes ``theta ** (-4k / D)``;
+  y, magnitudes ``theta ** (-4k / D)``; with ``alternate`` (Pixtral, arXiv:2410.07073) the axes share one ladder
+  ``theta ** (-2j / D)``, y its even rungs (RoPE-ViT's) and x its odd ones, half a rung lower;
 - **mixed** (RoPE-ViT): learned per layer and head, initialised as axial RoPE in a random frame per head;
 - **golden** (J. Xiong, "On N-dimensional Rotary Positional Embeddings", 2025, https://jerryxio.ng/posts/nd-rope/):
   fixed directions stepping by the golden angle from pair to pair, so that every head covers the circle of directions
@@ -47,15 +48,21 @@ def _magnitudes(head_dim: int, theta: float) -> Tensor:
     return 1.0 / (theta ** (torch.arange(0, head_dim, 4, dtype=torch.float32) / head_dim))
 
 
-def axial_frequencies(head_dim: int, theta: float = 100.0) -> Tensor:
-    """Axial RoPE ``(wx, wy)`` ``[2, 1, head_dim // 2]`` (all heads share them)."""
-    return axial_layout(_magnitudes(check_head_dim(head_dim), theta))
+def axial_frequencies(head_dim: int, theta: float = 100.0, alternate: bool = False) -> Tensor:
+    """Axial RoPE ``(wx, wy)`` ``[2, 1, head_dim // 2]`` (all heads share them); ``alternate``: x on the odd rungs of
+    ``theta ** (-2j / head_dim)``, y on the even ones (Pixtral's, as transformers computes them)."""
+    if not alternate:
+        return axial_layout(_magnitudes(check_head_dim(head_dim), theta))
+    ladder = 1.0 / (theta ** (torch.arange(0, check_head_dim(head_dim), 2, dtype=torch.float32) / head_dim))
+    return axial_layout(ladder[1::2], ladder[0::2])
 
 
-def axial_layout(magnitude: Tensor) -> Tensor:
-    """``(wx, wy)`` ``[2, 1, 2 F]`` of ``F`` magnitudes per axis: x drives the first ``F`` pairs, y the last."""
+def axial_layout(magnitude: Tensor, magnitude_y: Tensor | None = None) -> Tensor:
+    """``(wx, wy)`` ``[2, 1, 2 F]`` of ``F`` magnitudes per axis (y's ``magnitude_y`` if given): x drives the first
+    ``F`` pairs, y the last."""
     zeros = torch.zeros_like(magnitude)
-    return torch.stack((torch.cat((magnitude, zeros)), torch.cat((zeros, magnitude))))[:, None, :]
+    y = magnitude if magnitude_y is None else magnitude_y
+    return torch.stack((torch.cat((magnitude, zeros)), torch.cat((zeros, y))))[:, None, :]
 
 
 def mixed_frequencies(

@@ -99,6 +99,8 @@ class RoPE2D(nn.Module):
         mixed_init: how ``mixed`` frequencies start: ``"rope-vit"`` (a random frame per head) or ``"golden"``.
         grid_offset: added to the integer patch positions (Perception Encoder's 1: the unrotated class token at 0);
             not for ``dinov3``.
+        alternate_axes: axial only: x and y on alternate rungs of one frequency ladder, x half a rung lower
+            (Pixtral's layout, ``frequencies.axial_frequencies``), instead of the same ``D/4`` frequencies each.
     """
 
     def __init__(
@@ -115,9 +117,14 @@ class RoPE2D(nn.Module):
         fraction: float = 1.0,
         mixed_init: str = "rope-vit",
         grid_offset: float = 0.0,
+        alternate_axes: bool = False,
     ) -> None:
         super().__init__()
         self.kind = check_choice(kind, KINDS, "RoPE kind")
+        if alternate_axes and kind != "axial":
+            raise ValueError(f"alternate_axes=True puts axial RoPE's x and y on alternate frequencies (Pixtral's); the "
+                             f"{kind!r} kind has its own frequencies: use encoding='axial' or leave it False.")
+        self.alternate_axes = bool(alternate_axes)
         if kind == "dinov3" and grid_offset:
             raise ValueError(f"grid_offset={grid_offset} shifts integer patch positions; DINOv3's RoPE "
                              "(encoding='dinov3') places patch centres in [-1, 1] itself: leave the offset at 0.")
@@ -152,7 +159,7 @@ class RoPE2D(nn.Module):
             return golden_frequencies(self.head_dim, self.num_heads, self.theta)
         if self.kind == "mixed":
             return mixed_frequencies(self.head_dim, self.num_heads, self.theta)
-        return axial_frequencies(self.head_dim, self.theta)
+        return axial_frequencies(self.head_dim, self.theta, self.alternate_axes)
 
     @property
     def policy(self) -> ResolutionPolicy:
@@ -231,6 +238,7 @@ class RoPE2D(nn.Module):
             f"train_grid={self.train_grid}, policy={self.resolution.name}"
             + (f", fraction={self.fraction}" if self.fraction != 1.0 else "")
             + (f", grid_offset={self.grid_offset}" if self.grid_offset else "")
+            + (", alternate_axes=True" if self.alternate_axes else "")
             + (f", mixed_init={self.mixed_init}" if self.learnable else "")
             + (f", normalize_coords={self.normalize_coords}, periods={self.periods}" if self.kind == "dinov3" else "")
         )
