@@ -146,6 +146,8 @@ TOOL_CASES = {  # twin, width cuts, sizes that tile, a size that does not, the n
             ["64", "96"], "56", "48 or 64", "interpolate"),
     "qwen3": ("vit_rope_qwen3_vit_88m", dict(depth=1, embed_dim=64, num_heads=2, img_size=64), ["64", "96"], "56",
               "48 or 64", "extrapolate"),  # Qwen3-VL's RoPE counts patches as they are
+    "pixtral": ("vit_rope_pixtral_vit_12b", dict(depth=1, embed_dim=64, num_heads=2, img_size=64), ["64", "96"], "56",
+                "48 or 64", "extrapolate"),
 }
 
 
