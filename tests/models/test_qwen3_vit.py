@@ -126,8 +126,6 @@ def test_refused_inputs_name_what_and_where(tmp_path):
         vit_rope.from_timm(timm.create_model("qwen3_vit_88m", depth=1, act_layer=torch.nn.SiLU))
     with pytest.raises(ValueError, match="2x2 patches.*5x4"):
         timm.create_model("vit_rope_qwen3_vit_88m_enc", depth=1)(torch.randn(1, 3, 80, 64))
-    with pytest.raises(ValueError, match="no classifier"):
-        timm.create_model("vit_rope_qwen3_vit_88m_enc", depth=1, num_classes=3)
 
 
 @pytest.mark.slow  # ONNX export and two ORT sessions: about 12 s on 2 cores
@@ -139,3 +137,20 @@ def test_encoder_twin_exports_to_onnx_at_two_sizes(tmp_path):
     result = export_onnx(model.eval(), tmp_path / "qwen3.onnx", img_size=(64, 32))
     assert list(result.diffs) == [(2, 64, 32), (3, 96, 32)]  # two sizes, one file (the merger's 2x2 blocks too)
     assert all(diff < 1e-4 for diff in result.diffs.values()), result.diffs
+
+
+def test_classes_asked_of_an_encoder_make_it_the_merge_classifier():
+    """timm's contract (``reset_classifier(n)`` gives a classifier): an ``*_enc`` twin with classes pools its merger's
+    tokens as ``*_merge`` does, to the same logits with the same weights; the head keeps the model's mode."""
+    merge = timm.create_model("vit_rope_qwen3_vit_88m_merge", depth=1, embed_dim=64, num_heads=2, img_size=64,
+                              merger_out_features=48, num_classes=3)
+    randomize_(merge)
+    enc = timm.create_model("vit_rope_qwen3_vit_88m_enc", depth=1, embed_dim=64, num_heads=2, img_size=64,
+                            merger_out_features=48).eval()
+    x = torch.randn(2, 3, 64, 96)
+    assert enc(x).shape == (2, 6, 48)  # the merger's tokens
+    enc.reset_classifier(3)
+    assert not enc.head.training
+    enc.load_state_dict(merge.state_dict())
+    with torch.no_grad():
+        torch.testing.assert_close(enc(x), merge.eval()(x), rtol=0, atol=0)

@@ -21,7 +21,7 @@ from functools import partial
 from typing import Any
 
 import torch
-from timm.layers import LayerNorm, get_device_dtype
+from timm.layers import LayerNorm, get_device_dtype, register_notrace_function
 from torch import Tensor, nn
 
 from vit_rope.encodings.rope.dinov3_rope import permute_qk_rows, qk_permutation
@@ -48,6 +48,19 @@ QWEN3: dict[str, dict[str, Any]] = {
 }
 
 
+@register_notrace_function  # the grid is checked: under FX a call, not a branch on traced sizes
+def merge_blocks(x: Tensor, grid: tuple[int, int], k: int) -> Tensor:
+    """Tokens ``[B, h * w, C]`` of a row-major ``grid`` as ``[B, h * w / k^2, k^2 C]``, each ``k x k`` block in
+    row-major order."""
+    h, w = grid
+    if h % k or w % k:
+        raise ValueError(f"The patch merger joins {k}x{k} patches, but the patch grid is {h}x{w}: give an input "
+                         f"whose sides are multiples of {k} patches.")
+    B, _, C = x.shape
+    x = x.reshape(B, h // k, k, w // k, k, C).permute(0, 1, 3, 2, 4, 5)
+    return x.reshape(B, (h // k) * (w // k), k * k * C)
+
+
 class PatchMerger(nn.Module):
     """Qwen-VL's projector: LayerNorm per token, each ``k x k`` block of tokens concatenated in row-major order, then
     ``fc1 -> GELU -> fc2`` to the language model's width (``out_features``; 0: no ``fc2``). Keys as timm's
@@ -65,13 +78,7 @@ class PatchMerger(nn.Module):
 
     def merge(self, x: Tensor, grid: tuple[int, int]) -> Tensor:
         """Tokens ``[B, h * w, C]`` of a row-major ``grid`` as ``[B, h * w / k^2, k^2 C]``."""
-        (h, w), k = grid, self.merge_size
-        if h % k or w % k:
-            raise ValueError(f"The patch merger joins {k}x{k} patches, but the patch grid is {h}x{w}: give an input "
-                             f"whose sides are multiples of {k} patches.")
-        B, _, C = x.shape
-        x = x.reshape(B, h // k, k, w // k, k, C).permute(0, 1, 3, 2, 4, 5)
-        return x.reshape(B, (h // k) * (w // k), k * k * C)
+        return merge_blocks(x, grid, self.merge_size)
 
     def merge_naflex(self, x: Tensor, coord: Tensor, valid: Tensor) -> tuple[Tensor, Tensor]:
         """A NaFlex batch's tokens ``[B, L, C]`` at ``coord`` ``[B, L, 2]`` (y, x) merged per sample as ``merge`` does
@@ -123,21 +130,23 @@ class Qwen3VisionTransformer(RoPEVisionTransformer):
         self.patch_merger = PatchMerger(self.embed_dim, merge_size, merger_out_features, eps).to(**dd) if merge \
             else None
         self.head_hidden_size = self.patch_merger.out_features if merge else self.embed_dim
-        # timm's classifiers: a LayerNorm without affine after the pooling; the encoder outputs the merger's tokens
-        self.fc_norm = nn.Identity() if global_pool == "merge" else LayerNorm(self.head_hidden_size, eps=eps,
-                                                                                affine=False, **dd)
+        # timm's classifiers: a LayerNorm without affine (no weights) after the pooling; *_enc outputs the merger's
+        # tokens without it
+        self.fc_norm = LayerNorm(self.head_hidden_size, eps=eps, affine=False, **dd)
         self.reset_classifier(num_classes)
 
     def reset_classifier(self, num_classes: int, global_pool: str | None = None) -> None:
-        """A linear head over the pooled width (the merger's with one), as timm's ``Qwen3VitClassifier``."""
-        if num_classes and getattr(self, "global_pool", None) == "merge":
-            raise ValueError(f"A *_enc Qwen3-VL twin outputs the merger's tokens and has no classifier: got "
-                             f"num_classes={num_classes}; use the vit_rope_qwen3_vit_* or *_merge model.")
+        """A linear head over the pooled width (the merger's with one), as timm's ``Qwen3VitClassifier``; classes
+        asked of a ``*_enc`` twin make it the ``*_merge`` classifier (the mean of the merger's tokens, then the head).
+        """
         if global_pool is not None:
             self.global_pool = global_pool
+        if num_classes > 0 and getattr(self, "global_pool", None) == "merge":
+            self.global_pool, self.encoder_pool = "avg", "merge"
         self.num_classes = num_classes
         width = getattr(self, "head_hidden_size", self.embed_dim)
         self.head = nn.Linear(width, num_classes, **get_device_dtype(self)) if num_classes > 0 else nn.Identity()
+        self.head.train(self.training)
 
     def forward(self, x: Tensor, attn_mask: Tensor | None = None, is_causal: bool = False,
                 patch_coord: Tensor | None = None, patch_valid: Tensor | None = None) -> Tensor:
