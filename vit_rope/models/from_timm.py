@@ -12,14 +12,15 @@ from typing import Any
 import timm
 from torch import nn
 
-from vit_rope.models import qwen3_vit
+from vit_rope.models import qwen2_5_vl, qwen3_vit
 from vit_rope.models.checkpoint import load_state_dict
 from vit_rope.models.eva_families import FAMILIES, twin_name
 from vit_rope.models.vit import RoPEVisionTransformer
 
 SUPPORTED = ("EVA-02 (eva02_*_patch14_*, eva02_*_clip_*), Perception Encoder (vit_pe_{core,lang,spatial}_*), SBB RoPE "
              "ViT (vit_*_patch16_rope_reg*_gap_256), Sapiens2 (vit_*_patch16_sapiens2), LingBot-Vision "
-             "(vit_*_patch16_lingbot), DINOv3 (vit_*_patch16_dinov3[_qkvb]), Qwen3-VL (qwen3_vit_*)")
+             "(vit_*_patch16_lingbot), DINOv3 (vit_*_patch16_dinov3[_qkvb]), Qwen3-VL (qwen3_vit_*); transformers' "
+             f"Qwen2.5-VL tower ({qwen2_5_vl.HF_CLASS})")
 _DINOV3 = re.compile(r"vit_\w+_patch16_dinov3(_qkvb)?")
 
 
@@ -43,10 +44,13 @@ def from_timm(model: nn.Module) -> RoPEVisionTransformer:
     """The vit_rope twin of a timm ``Eva`` ``model`` (any family of ``SUPPORTED``) with its sizes, head and weights,
     on its device and in its dtype and train / eval mode; ``twin.load_report`` says what was converted. A
     ``ValueError`` naming the model and the families supported when it has no twin."""
+    if type(model).__name__ == qwen2_5_vl.HF_CLASS:  # transformers' model: its config decides the twin
+        name, args = qwen2_5_vl.args_from_config(model.config.to_diff_dict())
+        return _twin(model, name, args, f"transformers' {qwen2_5_vl.HF_CLASS}")
     timm_name = (getattr(model, "pretrained_cfg", None) or {}).get("architecture")
     if timm_name in qwen3_vit.QWEN3:
         name, args = qwen3_vit.architecture(model)
-        return _twin(model, name, args, timm_name)
+        return _twin(model, name, args, f"timm {timm_name}")
     supported = timm_name is not None and (any(timm_name in table for table in FAMILIES.values())
                                            or (_DINOV3.fullmatch(timm_name) and timm.is_model(twin_name(timm_name))))
     if not supported:
@@ -55,12 +59,12 @@ def from_timm(model: nn.Module) -> RoPEVisionTransformer:
             if timm_name is not None and "_rope_" in timm_name else ""
         raise ValueError(f"from_timm got {timm_name or type(model).__name__}, which has no vit_rope twin. Supported: "
                          f"{SUPPORTED}.{ports}")
-    return _twin(model, twin_name(timm_name), _architecture(model), timm_name)
+    return _twin(model, twin_name(timm_name), _architecture(model), f"timm {timm_name}")
 
 
-def _twin(model: nn.Module, name: str, args: dict[str, Any], timm_name: str) -> RoPEVisionTransformer:
+def _twin(model: nn.Module, name: str, args: dict[str, Any], source: str) -> RoPEVisionTransformer:
     """Twin ``name`` built with ``args``, holding ``model``'s weights, on its device, dtype and mode."""
     twin = timm.create_model(name, **args)
-    load_state_dict(twin, model.state_dict(), source=f"timm {timm_name}")
+    load_state_dict(twin, model.state_dict(), source=source)
     param = next(model.parameters())
     return twin.to(device=param.device, dtype=param.dtype).train(model.training)
