@@ -108,8 +108,8 @@ FORMATS: tuple[Format, ...] = (
     Format(hf_dinov3.HF_FORMAT, "'embeddings.patch_embeddings.weight'",  # a bare Conv2d, not ViT's .projection
            lambda state_dict: "embeddings.patch_embeddings.weight" in state_dict, _hf_dinov3,
            folder=Folder(hf_dinov3.CONFIG, hf_dinov3.WEIGHTS,
-                         lambda config: config.get("model_type", qwen2_5_vl.MODEL_TYPES[0]) not in
-                         qwen2_5_vl.MODEL_TYPES,
+                         lambda config: "model_type" in config  # but Qwen2.5-VL's, its own format's
+                         and config["model_type"] not in qwen2_5_vl.MODEL_TYPES,
                          hf_dinov3.dinov3_args_from_hf_config, hf_dinov3.check_hf_config)),
     Format("Hugging Face transformers' ViT or DINOv2", "'embeddings.patch_embeddings.projection.weight'",
            lambda state_dict: any(key.endswith("embeddings.patch_embeddings.projection.weight") for key in state_dict),
