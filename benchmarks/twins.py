@@ -55,7 +55,12 @@ FAMILIES = {  # family -> (timm name of its smallest size, default batch size)
     "dinov3": ("vit_small_patch16_dinov3", 2),
     "qwen3": ("qwen3_vit_88m_merge", 2),  # Qwen3-VL's smallest tower with its merger: what the VLM runs
     "pixtral": ("vit_rope_pixtral_vit_12b", 1),  # against transformers' PixtralVisionModel (Pixtral-12B's config)
+    "qwen2_5_vl": ("Qwen2_5_VisionTransformerPretrainedModel", 2),  # transformers' (HF_FAMILIES)
 }
+# families whose source is transformers' model, built here from its config: (config, input side); Qwen2.5-VL's tower
+# (3B / 7B / 72B share it; the 7B's merger) at 224 px: 16x16 patches, 2x2 windows of 8x8, blocks 7, 15, 23, 31 full
+HF_FAMILIES = {"qwen2_5_vl": (dict(depth=32, hidden_size=1280, intermediate_size=3420, num_heads=16,
+                                   out_hidden_size=3584, window_size=112, fullatt_block_indexes=[7, 15, 23, 31]), 224)}
 # Sapiens2 gives timm one kv-head count per block; a cut depth needs a shorter list: full attention, which all 12
 # blocks of its ViT-B have (grouped kv heads skip the first and last 8 blocks)
 CUT_DEPTH_ARGS = {"sapiens2": {"num_kv_heads": 12}}
@@ -92,25 +97,68 @@ def attention_paths(model: nn.Module) -> dict[str, int]:
     if isinstance(model, PooledPixtral):
         layers = len(model.model.transformer.layers)
         return {"blocks": layers, "sdpa_blocks": layers * (model.model.config._attn_implementation == "sdpa")}
-    attns = [block.attn for block in getattr(model, "encoder", model).blocks]  # timm's Qwen3-VL: under .encoder
-    paths = {"blocks": len(attns), "sdpa_blocks": sum(bool(attn.fused_attn) for attn in attns)}
+    model = getattr(model, "encoder", model)  # timm's Qwen3-VL, MergedTokens: under .encoder
+    attns = [block.attn for block in model.blocks]
+    paths = {"blocks": len(attns), "sdpa_blocks": sum(bool(attn.fused_attn) if hasattr(attn, "fused_attn") else
+                                                      attn.config._attn_implementation == "sdpa" for attn in attns)}
     if isinstance(model, vit_rope.RoPEVisionTransformer):
         paths["fused_rotation_blocks"] = sum(attn.plain_qk and attn.num_kv_heads == attn.num_heads for attn in attns)
         paths["qk_norm_blocks"] = sum(not attn.plain_qk for attn in attns)
     return paths
 
 
+class MergedTokens(nn.Module):
+    """A VLM tower on an image batch, its merged tokens averaged per image ``[B, C]`` (what the training step's
+    cross-entropy reads): transformers' after its processor's packing (each frame twice, patches in 2x2 block order,
+    ``grid_thw``), the twin as it is."""
+
+    def __init__(self, model: nn.Module, packed: bool) -> None:
+        super().__init__()
+        self.encoder, self.packed, self.default_cfg = model, packed, getattr(model, "default_cfg", None)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.packed:
+            return self.encoder(x).mean(1)
+        (B, C, H, W), p, m, t = x.shape, self.encoder.patch_size, self.encoder.spatial_merge_size, 2
+        h, w = H // p, W // p
+        rows = x[:, None].expand(B, t, C, H, W).reshape(B, t, C, h // m, m, p, w // m, m, p)
+        rows = rows.permute(0, 3, 6, 4, 7, 2, 1, 5, 8).reshape(B * h * w, C * t * p * p)
+        grid_thw = torch.tensor([[1, h, w]] * B, device=x.device)
+        return self.encoder(rows, grid_thw=grid_thw).pooler_output.unflatten(0, (B, -1)).mean(1)
+
+
+def hf_models(family: str, depth: int | None, scale: float, device: torch.device
+              ) -> tuple[dict[str, nn.Module], tuple[int, int]]:
+    """transformers' model of an ``HF_FAMILIES`` family (random weights, SDPA) and its twin, both on image batches;
+    the input side times ``scale`` in whole 2x2 blocks of 14 px patches."""
+    from transformers import Qwen2_5_VLVisionConfig
+    from transformers.models.qwen2_5_vl.modeling_qwen2_5_vl import Qwen2_5_VisionTransformerPretrainedModel
+
+    config, side = HF_FAMILIES[family]
+    side = max(1, round(side * scale / 28)) * 28
+    if depth:
+        config = dict(config, depth=depth, fullatt_block_indexes=[i for i in config["fullatt_block_indexes"]
+                                                                  if i < depth] or [depth - 1])
+    source = Qwen2_5_VisionTransformerPretrainedModel(Qwen2_5_VLVisionConfig(**config, attn_implementation="sdpa"))
+    source = source.to(device)
+    return {"timm": MergedTokens(source, True), "twin": MergedTokens(vit_rope.from_timm(source), False)}, (side, side)
+
+
 def measure(args: argparse.Namespace, family: str) -> tuple[list[dict], list[dict]]:
     """One family: timm's model and its twin, interleaved per mode; the rows and the ratios against the targets."""
     name, default_batch = FAMILIES[family]
-    batch_size, size = args.batch_size or default_batch, input_size(name, args.scale)
+    batch_size = args.batch_size or default_batch
     device = torch.device(args.device)
     torch.manual_seed(0)
     depth = {"depth": args.depth, **CUT_DEPTH_ARGS.get(family, {})} if args.depth else {}
     if family == "pixtral":  # the source is transformers' model, any size
+        size = input_size(name, args.scale)
         source = PooledPixtral(args.depth).to(device)
         models = {"timm": source, "twin": vit_rope.from_timm(source.model)}
+    elif family in HF_FAMILIES:  # "timm" is the source's run: here transformers' model
+        models, size = hf_models(family, args.depth, args.scale, device)
     else:
+        size = input_size(name, args.scale)
         timm_model = timm.create_model(name, pretrained=False, img_size=size, **depth).to(device)
         models = {"timm": timm_model, "twin": vit_rope.from_timm(timm_model)}
     # like for like: both fp32 (from_timm keeps the timm model's dtype), both eager (neither is compiled)

@@ -13,6 +13,7 @@ from helpers.models import timm_eva
 from vit_rope.models import pixtral
 from vit_rope.models.formats import FORMATS, VIT, checkpoint_format, describe, folder_format, model_args
 from vit_rope.models.hf_dinov3 import HF_FORMAT
+from vit_rope.models.qwen2_5_vl import SOURCE as QWEN25_SOURCE
 
 EVA = "timm's Eva"
 
@@ -91,7 +92,7 @@ def test_every_format_converts_describes_and_loads_through_one_table(tmp_path):
     official ViT the arguments), so that ``create_from_checkpoint`` and the harness need no branch per format."""
     assert len({fmt.name for fmt in (*FORMATS, VIT)}) == len(FORMATS) + 1
     assert {fmt.name for fmt in FORMATS if fmt.folder is not None} == {HF_FORMAT, "PaPE's official ImageClassifier",
-                                                                       pixtral.SOURCE}
+                                                                       pixtral.SOURCE, QWEN25_SOURCE}
     reference = timm.create_model("vit_rope_tiny_patch16_lookhere_224", depth=2, head_hidden_dim=768, num_classes=4,
                                   norm_layer=partial(torch.nn.LayerNorm, eps=1e-5)).eval()  # the official ViT's
     obj = {"weights": reference.state_dict(), "config": {**reference.pos_encoding.config}}

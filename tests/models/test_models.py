@@ -11,6 +11,7 @@ import vit_rope
 from vit_rope.encodings.rope.tables import RoPE2D
 from vit_rope.models.eva_families import FAMILIES, twin_name
 from vit_rope.models.pixtral import PIXTRAL
+from vit_rope.models.qwen2_5_vl import QWEN25
 from vit_rope.models.qwen3_vit import QWEN3
 from vit_rope.models.vit import RoPEVisionTransformer
 
@@ -21,10 +22,12 @@ SMALLEST_TWINS = ["vit_rope_eva02_tiny_patch14_224", "vit_rope_pe_core_tiny_patc
                   "vit_rope_base_patch16_sapiens2"]
 # Qwen3-VL's by its smallest classifier (any size); the merger's twins, even grids only, are test_qwen3_vit.py's
 QWEN3_TWINS = {f"vit_rope_{name}" for name in QWEN3}
+QWEN25_TWINS = set(QWEN25)  # the Qwen2.5-VL tower outputs its merger's tokens, no classifier: test_qwen2_5_vl.py's
 # Pixtral's by its encoder (the other two differ in patch size or a projector, test_pixtral.py's)
 PIXTRAL_TWINS = {f"vit_rope_{name}" for name in PIXTRAL}
-MODEL_NAMES = [name for name in timm.list_models("vit_rope_*") if name not in EVA_TWINS | QWEN3_TWINS | PIXTRAL_TWINS] \
-    + SMALLEST_TWINS + ["vit_rope_qwen3_vit_88m", "vit_rope_pixtral_vit_12b"]
+OWN_TESTS = EVA_TWINS | QWEN3_TWINS | QWEN25_TWINS | PIXTRAL_TWINS
+MODEL_NAMES = [name for name in timm.list_models("vit_rope_*") if name not in OWN_TESTS] + \
+    SMALLEST_TWINS + ["vit_rope_qwen3_vit_88m", "vit_rope_pixtral_vit_12b"]
 SIZES = [(2, 2), (4, 4), (3, 5)]  # in patches: two square resolutions and a non-square one
 # each registered width, head count and block kind at depth 2 (the blocks past the second repeat them); Sapiens2 lists
 # key/value heads per block, all 12 in the base model: given once for the two blocks

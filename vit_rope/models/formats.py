@@ -17,7 +17,7 @@ from typing import Any
 from torch import Tensor, nn
 
 from vit_rope.encodings import FORMATS as KIND_FORMATS
-from vit_rope.models import hf_dinov3, pixtral, swin
+from vit_rope.models import hf_dinov3, pixtral, qwen2_5_vl, swin
 from vit_rope.models.dinov3 import SIZES as DINOV3_SIZES
 from vit_rope.models.dinov3 import architecture, dinov3_name, from_dinov3
 from vit_rope.models.eva_weights import EVA_LAYOUTS, check_family, from_eva, is_eva
@@ -108,7 +108,8 @@ FORMATS: tuple[Format, ...] = (
     Format(hf_dinov3.HF_FORMAT, "'embeddings.patch_embeddings.weight'",  # a bare Conv2d, not ViT's .projection
            lambda state_dict: "embeddings.patch_embeddings.weight" in state_dict, _hf_dinov3,
            folder=Folder(hf_dinov3.CONFIG, hf_dinov3.WEIGHTS,
-                         lambda config: config.get("model_type", pixtral.MODEL_TYPES[0]) not in pixtral.MODEL_TYPES,
+                         lambda config: "model_type" in config  # but the formats' of other transformers models
+                         and config["model_type"] not in (*pixtral.MODEL_TYPES, *qwen2_5_vl.MODEL_TYPES),
                          hf_dinov3.dinov3_args_from_hf_config, hf_dinov3.check_hf_config)),
     Format("Hugging Face transformers' ViT or DINOv2", "'embeddings.patch_embeddings.projection.weight'",
            lambda state_dict: any(key.endswith("embeddings.patch_embeddings.projection.weight") for key in state_dict),
@@ -123,6 +124,10 @@ FORMATS: tuple[Format, ...] = (
            pixtral.describe_pixtral,
            folder=Folder(hf_dinov3.CONFIG, hf_dinov3.WEIGHTS, lambda config: config.get("model_type") in
                          pixtral.MODEL_TYPES, pixtral.pixtral_args_from_config, pixtral.check_pixtral_config)),
+    Format(qwen2_5_vl.SOURCE, "keys ending in 'merger.ln_q.weight'", qwen2_5_vl.is_qwen25, qwen2_5_vl.from_qwen25,
+           qwen2_5_vl.describe_qwen25,
+           folder=Folder(qwen2_5_vl.CONFIG, qwen2_5_vl.WEIGHTS, lambda config: config.get("model_type") in
+                         qwen2_5_vl.MODEL_TYPES, qwen2_5_vl.args_from_config, qwen2_5_vl.check_model)),
     Format("RoPE-ViT's official RoPE-Swin", "keys ending in 'attn.rope_t_x' or 'attn.rope_freqs'", swin.is_official,
            swin.from_official, swin.describe),
     Format("timm's or Microsoft's Swin Transformer", "'layers.*.attn.qkv.weight' keys and no RoPE-Swin marker",

@@ -12,15 +12,15 @@ from typing import Any
 import timm
 from torch import nn
 
-from vit_rope.models import pixtral, qwen3_vit
+from vit_rope.models import pixtral, qwen2_5_vl, qwen3_vit
 from vit_rope.models.checkpoint import load_state_dict
 from vit_rope.models.eva_families import FAMILIES, twin_name
 from vit_rope.models.vit import RoPEVisionTransformer
 
 SUPPORTED = ("EVA-02 (eva02_*_patch14_*, eva02_*_clip_*), Perception Encoder (vit_pe_{core,lang,spatial}_*), SBB RoPE "
              "ViT (vit_*_patch16_rope_reg*_gap_256), Sapiens2 (vit_*_patch16_sapiens2), LingBot-Vision "
-             "(vit_*_patch16_lingbot), DINOv3 (vit_*_patch16_dinov3[_qkvb]), Qwen3-VL (qwen3_vit_*), transformers' "
-             "PixtralVisionModel and its LlavaForConditionalGeneration")
+             "(vit_*_patch16_lingbot), DINOv3 (vit_*_patch16_dinov3[_qkvb]), Qwen3-VL (qwen3_vit_*); transformers' "
+             f"PixtralVisionModel and its LlavaForConditionalGeneration, Qwen2.5-VL tower ({qwen2_5_vl.HF_CLASS})")
 _DINOV3 = re.compile(r"vit_\w+_patch16_dinov3(_qkvb)?")
 
 
@@ -48,6 +48,9 @@ def from_timm(model: nn.Module) -> RoPEVisionTransformer:
     if getattr(config, "model_type", None) in pixtral.MODEL_TYPES:
         name, args = pixtral.pixtral_args_from_config(config.to_dict())
         return _twin(model, name, args, f"transformers {type(model).__name__}")
+    if type(model).__name__ == qwen2_5_vl.HF_CLASS:  # transformers' model: its config decides the twin
+        name, args = qwen2_5_vl.args_from_config(model.config.to_diff_dict())
+        return _twin(model, name, args, f"transformers' {qwen2_5_vl.HF_CLASS}")
     timm_name = (getattr(model, "pretrained_cfg", None) or {}).get("architecture")
     if timm_name in qwen3_vit.QWEN3:
         name, args = qwen3_vit.architecture(model)

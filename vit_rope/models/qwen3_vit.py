@@ -17,6 +17,7 @@ all three; ``forward_head`` applies the merger (docs/models.md says where this d
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from functools import partial
 from typing import Any
 
@@ -62,16 +63,17 @@ def merge_blocks(x: Tensor, grid: tuple[int, int], k: int) -> Tensor:
 
 
 class PatchMerger(nn.Module):
-    """Qwen-VL's projector: LayerNorm per token, each ``k x k`` block of tokens concatenated in row-major order, then
-    ``fc1 -> GELU -> fc2`` to the language model's width (``out_features``; 0: no ``fc2``). Keys as timm's
-    ``Qwen3VitPatchMerger`` (under ``patch_merger.`` in the twin)."""
+    """Qwen-VL's projector: a norm per token (``norm_layer``: Qwen3-VL's LayerNorm, Qwen2.5-VL's RMSNorm), each
+    ``k x k`` block of tokens concatenated in row-major order, then ``fc1 -> GELU -> fc2`` to the language model's width
+    (``out_features``; 0: no ``fc2``). Keys as timm's ``Qwen3VitPatchMerger`` (under ``patch_merger.`` in the twin)."""
 
-    def __init__(self, dim: int, merge_size: int = 2, out_features: int = 0, eps: float = 1e-6) -> None:
+    def __init__(self, dim: int, merge_size: int = 2, out_features: int = 0,
+                 norm_layer: Callable[[int], nn.Module] | None = None) -> None:
         super().__init__()
         self.merge_size = merge_size
         hidden = dim * merge_size**2
         self.out_features = out_features if out_features > 0 else hidden
-        self.norm = LayerNorm(dim, eps=eps)
+        self.norm = (norm_layer or partial(LayerNorm, eps=1e-6))(dim)
         self.fc1 = nn.Linear(hidden, hidden)
         self.act = nn.GELU()
         self.fc2 = nn.Linear(hidden, out_features) if out_features > 0 else nn.Identity()
@@ -121,13 +123,14 @@ class Qwen3VisionTransformer(RoPEVisionTransformer):
             raise ValueError(f"Qwen3-VL twins take global_pool '', 'avg' or 'merge' and encoder_pool '' or 'merge' "
                              f"(timm's), got global_pool={global_pool!r}, encoder_pool={encoder_pool!r}.")
         eps = getattr(kwargs.get("norm_layer"), "keywords", {}).get("eps", 1e-6)
+        norm_layer = kwargs.get("norm_layer") if callable(kwargs.get("norm_layer")) else partial(LayerNorm, eps=eps)
         num_classes = kwargs.pop("num_classes", 0)
         super().__init__(global_pool="avg" if global_pool == "merge" else global_pool, final_norm=False,
                          fc_norm=False, num_classes=0, **kwargs)
         self.global_pool, self.encoder_pool = global_pool, encoder_pool
         merge = global_pool == "merge" or encoder_pool == "merge"
         dd = get_device_dtype(self)
-        self.patch_merger = PatchMerger(self.embed_dim, merge_size, merger_out_features, eps).to(**dd) if merge \
+        self.patch_merger = PatchMerger(self.embed_dim, merge_size, merger_out_features, norm_layer).to(**dd) if merge \
             else None
         self.head_hidden_size = self.patch_merger.out_features if merge else self.embed_dim
         # timm's classifiers: a LayerNorm without affine (no weights) after the pooling; *_enc outputs the merger's
@@ -226,7 +229,7 @@ def describe_qwen3(state_dict: dict[str, Any]) -> tuple[str | None, dict[str, An
 def from_qwen3(state_dict: dict[str, Tensor], model: nn.Module) -> Converted:
     """timm's Qwen3-VL state dict in our keys and q/k layout: ``encoder.`` dropped, ``merger.`` as ``patch_merger.``,
     every head's q / k rows permuted from rotate-half (y first) to interleaved x-first pairs."""
-    if not isinstance(model, Qwen3VisionTransformer):
+    if type(model) is not Qwen3VisionTransformer:  # not its subclass, Qwen2.5-VL's twin
         raise ValueError(f"The checkpoint is {SOURCE}, which loads into the vit_rope_qwen3_vit_* twins (and "
                          f"vit_rope.from_timm of timm's model); the model is a {type(model).__name__}.")
     if model.qk_layout != "rotate_half":

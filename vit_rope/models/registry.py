@@ -12,7 +12,7 @@ from functools import partial
 from itertools import product
 from typing import Any
 
-from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
+from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD, OPENAI_CLIP_MEAN, OPENAI_CLIP_STD
 from timm.models import build_model_with_cfg, generate_default_cfgs, register_model
 from torch import nn
 
@@ -23,6 +23,7 @@ from vit_rope.models.dinov3 import dinov3_name
 from vit_rope.models.eva_families import FAMILIES, twin_cfgs, twin_name
 from vit_rope.models.pixtral import PIXTRAL, PixtralVisionTransformer
 from vit_rope.models.pixtral import twin_cfgs as pixtral_twin_cfgs
+from vit_rope.models.qwen2_5_vl import QWEN25, Qwen25VisionTransformer
 from vit_rope.models.qwen3_vit import QWEN3, Qwen3VisionTransformer
 from vit_rope.models.qwen3_vit import twin_cfgs as qwen3_twin_cfgs
 from vit_rope.models.swin import SWIN_KINDS, SWIN_SIZES, RoPESwinTransformer, swin_name
@@ -71,6 +72,9 @@ def _default_cfgs() -> dict[str, Any]:
         name = swin_name(kind, size)
         cfgs[name] = _cfg(hf_hub_id=f"naver-ai/{name}", hf_hub_filename="pytorch_model.bin", pool_size=(7, 7),
                           crop_pct=0.9, fixed_input_size=True, classifier="head.fc")
+    for name in QWEN25:  # transformers' Qwen2.5-VL tower: its weights are a folder (config.json + model.safetensors)
+        cfgs[name] = _cfg(num_classes=0, input_size=(3, 448, 448), mean=OPENAI_CLIP_MEAN, std=OPENAI_CLIP_STD,
+                          interpolation="bicubic", min_input_size=(3, 28, 28))
     return {**cfgs, **twin_cfgs(), **qwen3_twin_cfgs(), **pixtral_twin_cfgs()}
 
 
@@ -130,6 +134,8 @@ for _timm_name, _args in QWEN3.items():  # timm's Qwen3-VL ViTs (vit_rope.models
 for _name, _args in PIXTRAL.items():  # transformers' Pixtral vision encoder (vit_rope.models.pixtral)
     globals()[f"vit_rope_{_name}"] = register_model(_entrypoint(f"vit_rope_{_name}", _args,
                                                                  model_cls=PixtralVisionTransformer))
+for _name, _args in QWEN25.items():  # transformers' Qwen2.5-VL tower (vit_rope.models.qwen2_5_vl)
+    globals()[_name] = register_model(_entrypoint(_name, _args, model_cls=Qwen25VisionTransformer))
 
 for _kind, _size in product(SWIN_KINDS, SWIN_SIZES):  # RoPE-ViT's RoPE-Swin (vit_rope.models.swin)
     _name = swin_name(_kind, _size)

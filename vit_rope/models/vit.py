@@ -14,6 +14,7 @@ Which encoding the blocks get is ``vit_rope.models.pos_encoding``.
 
 # no ``from __future__ import annotations``: FX writes a traced model's forward signature from these annotations, which
 # must be types, not strings
+from collections.abc import Sequence
 from typing import Any
 
 from timm.layers import Mlp, PatchDropoutWithIndices, get_device_dtype, trunc_normal_
@@ -157,7 +158,7 @@ class RoPEVisionTransformer(NoTorchScript, PositionEncodingMixin, EmbeddingMixin
         if embedded.attn_mask is not None:  # a NaFlex batch's padding mask, or the caller's checked against it
             block_kwargs["attn_mask"] = embedded.attn_mask
         x, intermediates = embedded.tokens, []
-        encodings = self.pos_encoding.block_inputs(embedded.positions, self.num_prefix_tokens)
+        encodings = self._block_inputs(embedded)
         every = int(self.grad_checkpointing)  # set_grad_checkpointing(True): every block; (n): blocks 0, n, 2n, ...
         for i, blk in enumerate(blocks):
             if every and i % every == 0:
@@ -167,6 +168,11 @@ class RoPEVisionTransformer(NoTorchScript, PositionEncodingMixin, EmbeddingMixin
             if i in take_indices:
                 intermediates.append(self.norm(x) if norm else x)
         return x, intermediates, embedded
+
+    def _block_inputs(self, embedded: Embedded) -> Sequence[Any]:
+        """One input per block from the position encoding; a family whose blocks differ wraps some (Qwen2.5-VL's
+        windows)."""
+        return self.pos_encoding.block_inputs(embedded.positions, self.num_prefix_tokens)
 
     def forward(self, x: Tensor, attn_mask: Tensor | None = None, is_causal: bool = False,
                 patch_coord: Tensor | None = None, patch_valid: Tensor | None = None) -> Tensor:

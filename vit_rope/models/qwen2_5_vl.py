@@ -1,0 +1,248 @@
+"""Twin of transformers' Qwen2.5-VL vision encoder (``Qwen2_5_VisionTransformerPretrainedModel``, transformers 5.24):
+``vit_rope_qwen2_5_vl_vit``.
+
+Qwen2.5-VL (Bai et al. 2025, arXiv:2502.13923) keeps Qwen2-VL's native-resolution ViT (arXiv:2409.12191) and makes it
+a LLaMA-style block: RMSNorm (eps 1e-6), a SwiGLU MLP with biases, fused qkv with bias, no class token, no absolute
+position embedding, no final norm. Its only position encoding is axial 2D RoPE (theta 1e4, integer patch indices,
+rotate-half pairs with y first: Qwen3-VL's, ``qwen3_vit``). Most layers attend within windows of ``window_size`` px
+(112: 8x8 patches of 14 px, tiled from the grid's top-left, partial at its bottom and right edges); the layers of
+``fullatt_block_indexes`` attend over the whole image. The merger (RMSNorm, each 2x2 block concatenated, MLP) maps to
+the language model's width ``out_hidden_size``: 2048 (3B), 3584 (7B), 8192 (72B); the tower is the same in all three
+(hidden 1280, depth 32, 16 heads, MLP 3420, full attention in blocks 7, 15, 23, 31, their published config.json).
+
+The twin is ``Qwen3VisionTransformer`` (its ``PatchMerger`` with RMSNorm, ``global_pool="merge"``: the merger's tokens
+are the output, ``forward_features`` the tokens before it) whose windowed blocks get a window mask with their RoPE
+tables (``Windowed``). transformers instead reorders the tokens by window and splits the sequence; attention within a
+window does not depend on the order, so ours keeps row-major tokens, and any grid or NaFlex batch. Conv3d's kernel over
+a still image (the frame repeated ``temporal_patch_size`` times) is the Conv2d of its kernel summed over time.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from functools import partial
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from vit_rope.encodings.base import LazyBlockInputs, image_coords
+from vit_rope.encodings.rope.dinov3_rope import permute_qk_rows, qk_permutation
+from vit_rope.layers.attention import BlockInput, block_input
+from vit_rope.layers.eva import PackedSwiGLU
+from vit_rope.layers.rms_norm import RmsNorm
+from vit_rope.models.qwen3_vit import Qwen3VisionTransformer
+from vit_rope.weights import Converted
+
+SOURCE = "transformers' Qwen2.5-VL vision encoder (Qwen2_5_VisionTransformerPretrainedModel)"
+NAME = "vit_rope_qwen2_5_vl_vit"
+HF_CLASS = "Qwen2_5_VisionTransformerPretrainedModel"
+MODEL_TYPES = ("qwen2_5_vl", "qwen2_5_vl_vision")  # the VLM's config.json (vision_config inside), the tower's own
+WEIGHTS, CONFIG = "model.safetensors", "config.json"
+QWEN25: dict[str, dict[str, Any]] = {NAME: dict(
+    img_size=448, patch_size=14, embed_dim=1280, depth=32, num_heads=16, mlp_ratio=3420 / 1280, class_token=False,
+    qkv_bias=True, norm_layer=partial(RmsNorm, eps=1e-6), act_layer=nn.SiLU, mlp_layer=PackedSwiGLU, pos_embed="none",
+    encoding="axial", rope_theta=1e4, resolution_policy="extrapolate", qk_layout="rotate_half", num_classes=0,
+    global_pool="merge", merger_out_features=3584, window_size=112, fullatt_block_indexes=(7, 15, 23, 31))}
+# Qwen2_5_VLVisionConfig's defaults (transformers 5.24), which a config.json may leave out (hidden_size: its 3584)
+_DEFAULTS: dict[str, Any] = dict(
+    depth=32, hidden_size=3584, hidden_act="silu", intermediate_size=3420, num_heads=16, in_channels=3, patch_size=14,
+    spatial_merge_size=2, temporal_patch_size=2, window_size=112, out_hidden_size=3584,
+    fullatt_block_indexes=[7, 15, 23, 31], rope_parameters={"rope_type": "axial", "rope_theta": 1e4})
+# fields that do not change a still image's features: bookkeeping, the LLM's video time scale, the summed time kernel
+_IGNORED = set("_name_or_path architectures chunk_size_feed_forward dtype torch_dtype id2label label2id "
+               "is_encoder_decoder output_attentions output_hidden_states problem_type return_dict "
+               "transformers_version model_type initializer_range tokens_per_second temporal_patch_size in_chans "
+               "spatial_patch_size".split())
+
+
+class Windowed(BlockInput):
+    """A windowed block's input: its encoding's projection (RoPE tables), attention masked to each query's window."""
+
+    def __init__(self, inner: BlockInput, bias: Tensor) -> None:
+        self.inner, self.bias = inner, bias
+
+    def project(self, attn: nn.Module, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        return self.inner.project(attn, x)
+
+
+def window_bias(coord: Tensor, side: int) -> Tensor:
+    """Additive mask ``[1 or B, 1, N, N]``: 0 where query and key lie in one window of ``side x side`` patches
+    (counted from the grid's top-left, as transformers' windows), ``-inf`` elsewhere; ``coord`` ``[(B,) N, 2]``."""
+    cell = coord.div(side, rounding_mode="floor")  # [(B,) N, 2]: each patch's window (row, column)
+    same = (cell[..., :, None, :] == cell[..., None, :, :]).all(-1)  # [(B,) N, N]
+    same = same if same.dim() == 3 else same[None]
+    return torch.zeros(same.shape, device=coord.device).masked_fill_(~same, float("-inf"))[:, None]
+
+
+class Qwen25VisionTransformer(Qwen3VisionTransformer):
+    """``Qwen3VisionTransformer`` (its merger and heads) with Qwen2.5-VL's windowed attention.
+
+    Args:
+        window_size: the window side in pixels, as transformers' config (112); whole merger blocks: ``window_size //
+            (merge_size * patch_size)`` of them per side, at least one.
+        fullatt_block_indexes: the blocks that attend over the whole image; every other block attends by window.
+        **kwargs: ``Qwen3VisionTransformer``'s (no class or register tokens, no patch dropout: windows are read off
+            each token's grid position).
+    """
+
+    def __init__(self, window_size: int = 112, fullatt_block_indexes: Sequence[int] = (7, 15, 23, 31),
+                 **kwargs: Any) -> None:
+        taken = {key: kwargs[key] for key in ("class_token", "reg_tokens", "patch_drop_rate") if kwargs.get(key)}
+        if taken:
+            raise ValueError(f"{NAME} models Qwen2.5-VL's tower, which has no class or register tokens and whose "
+                             f"windows follow every patch of the grid: got {taken}; leave them unset.")
+        super().__init__(**kwargs)
+        self.patch_embed.proj.bias = None  # Qwen-VL's patch Conv3d has none
+        merge, patch = kwargs.get("merge_size", 2), self.patch_embed.patch_size[0]
+        if window_size // (merge * patch) < 1:
+            raise ValueError(f"window_size={window_size} px holds no {merge}x{merge} block of {patch} px patches: give "
+                             f"at least {merge * patch} (Qwen2.5-VL's is 112).")
+        self.window_size, self.window = window_size, window_size // (merge * patch) * merge  # px; patches per side
+        self.fullatt_block_indexes = tuple(int(i) for i in fullatt_block_indexes)
+        if any(not 0 <= i < len(self.blocks) for i in self.fullatt_block_indexes):
+            raise ValueError(f"fullatt_block_indexes={list(self.fullatt_block_indexes)} names blocks a model of depth "
+                             f"{len(self.blocks)} does not have: give indexes below {len(self.blocks)} (with depth, "
+                             "set them too).")
+
+    def _block_inputs(self, embedded: Any) -> Sequence[Any]:
+        """The encoding's inputs, the windowed blocks' with the window mask (one per forward, shared)."""
+        inputs = super()._block_inputs(embedded)
+        grid = embedded.positions.grid
+        coord = image_coords(*grid, embedded.tokens.device)[0] if grid is not None else embedded.coord
+        bias = window_bias(coord, self.window)
+        full = self.fullatt_block_indexes
+        return LazyBlockInputs(lambda i: inputs[i] if i in full else Windowed(block_input(inputs[i]), bias),
+                               len(inputs))
+
+
+def is_qwen25(state_dict: dict[str, Any]) -> bool:
+    """transformers' Qwen-VL towers: the merger's ``ln_q`` (Qwen2.5-VL's RMSNorm; Qwen2-VL's LayerNorm has a bias)."""
+    return any(key.endswith("merger.ln_q.weight") for key in state_dict)
+
+
+def _prefix(state_dict: dict[str, Any]) -> str:
+    """The tower's key prefix: none (the vision model), ``visual.`` (hub files) or ``model.visual.`` (transformers 5's
+    Qwen2_5_VLForConditionalGeneration)."""
+    return next(key for key in state_dict if key.endswith("merger.ln_q.weight"))[: -len("merger.ln_q.weight")]
+
+
+def describe_qwen25(state_dict: dict[str, Any]) -> tuple[str | None, dict[str, Any]]:
+    """The twin and the depth and merger width a file's weights give (window and full blocks are config.json's, the
+    published tower's without it); no name for a width other than the published 1280 (heads are not in the weights)."""
+    prefix = _prefix(state_dict)
+    width = int(state_dict[f"{prefix}patch_embed.proj.weight"].shape[0])
+    blocks = {int(m.group(1)) for key in state_dict if (m := re.match(rf"{re.escape(prefix)}blocks\.(\d+)\.", key))}
+    args = dict(depth=max(blocks) + 1, merger_out_features=int(state_dict[f"{prefix}merger.mlp.2.weight"].shape[0]))
+    return (NAME if width == QWEN25[NAME]["embed_dim"] else None), args
+
+
+_RENAMES = (("mlp.down_proj.", "mlp.fc2."), ("merger.ln_q.", "patch_merger.norm."),
+            ("merger.mlp.0.", "patch_merger.fc1."), ("merger.mlp.2.", "patch_merger.fc2."))
+
+
+def from_qwen25(state_dict: dict[str, Tensor], model: nn.Module) -> Converted:
+    """transformers' Qwen2.5-VL tower in our keys and q/k layout: its prefix cut and the other keys (the language
+    model) dropped, the Conv3d kernel summed over time, gate and up projections packed, q / k rows permuted from
+    rotate-half (y first) to interleaved x-first pairs."""
+    if any(key.endswith("merger.ln_q.bias") for key in state_dict):
+        raise ValueError(f"The checkpoint is transformers' Qwen2-VL vision encoder (its merger norm has a bias: a "
+                         f"LayerNorm), which no vit_rope twin models; {NAME} takes Qwen2.5-VL's.")
+    if not isinstance(model, Qwen25VisionTransformer):
+        raise ValueError(f"The checkpoint is {SOURCE}, which loads into {NAME} (vit_rope.create_from_checkpoint("
+                         f"folder) builds it from config.json); the model is a {type(model).__name__}.")
+    if model.qk_layout != "rotate_half":
+        raise ValueError(f"The checkpoint is {SOURCE}, whose q/k rows are in the rotate_half layout, but the model has "
+                         f"qk_layout={model.qk_layout!r}: leave qk_layout at the twin's 'rotate_half'.")
+    prefix, attn = _prefix(state_dict), model.blocks[0].attn
+    index = qk_permutation("rotate_half", attn.head_dim)
+    out, other, dropped = {}, 0, []
+    for key, value in state_dict.items():
+        if not key.startswith(prefix):
+            other += 1
+            continue
+        key = key[len(prefix):]
+        if key.startswith("merger.") and model.patch_merger is None:
+            dropped.append(key)
+            continue
+        if key == "patch_embed.proj.weight" and value.dim() == 5:
+            value = value.sum(2)  # [C, 3, T, p, p] -> [C, 3, p, p]: a still image is the same frame T times
+        if m := re.fullmatch(r"(blocks\.\d+\.mlp\.)(gate|up)_proj\.(weight|bias)", key):
+            if m.group(2) == "gate":  # GluMlp's fc1: [gate; up], the gate's half through SiLU
+                out[f"{m.group(1)}fc1.{m.group(3)}"] = torch.cat([value, state_dict[f"{prefix}{m.group(1)}up_proj."
+                                                                                    f"{m.group(3)}"]])
+            continue
+        for old, new in _RENAMES:
+            key = key.replace(old, new)
+        if re.fullmatch(r"blocks\.\d+\.attn\.qkv\.(weight|bias)", key):
+            value = permute_qk_rows(value, index, attn.num_heads)
+        out[key] = value
+    notes = [f"{SOURCE}: Conv3d patch kernel summed over time, gate / up projections packed, q/k rows of every head "
+             "permuted from rotate-half to interleaved pairs"]
+    if prefix or other:
+        notes.append(f"{SOURCE}: prefix {prefix!r} removed, {other} keys outside it (the language model) dropped")
+    if dropped:
+        notes.append(f"{SOURCE}: {', '.join(dropped)} dropped: this model has no merger (global_pool='merge' keeps it)")
+    return out, tuple(notes)
+
+
+def _pair_side(value: Any) -> int:
+    sides = {int(v) for v in value} if isinstance(value, (list, tuple)) else {int(value)}
+    if len(sides) != 1:
+        raise ValueError(f"config.json has patch_size={value}: {NAME} takes square patches.")
+    return sides.pop()
+
+
+def vision_config(config: dict[str, Any]) -> dict[str, Any]:
+    """The tower's fields of a config.json (the VLM's ``vision_config`` or the tower's own), defaults filled in; a
+    ``ValueError`` naming a field the twin does not model."""
+    vision = config.get("vision_config", {}) if config.get("model_type") == "qwen2_5_vl" else config
+    c = {**_DEFAULTS, **vision}
+    c["in_channels"] = vision.get("in_channels", vision.get("in_chans", c["in_channels"]))
+    rope = {**_DEFAULTS["rope_parameters"], **(c["rope_parameters"] or {})}
+    unknown = sorted(set(vision) - set(_DEFAULTS) - _IGNORED - {key for key in vision if key.startswith("_")})
+    problems = [f"{key}={vision[key]!r}" for key in unknown]
+    if c["hidden_act"] != "silu":
+        problems.append(f"hidden_act={c['hidden_act']!r} (the twin's SwiGLU is SiLU's)")
+    if rope.get("rope_type") != "axial" or set(rope) - {"rope_type", "rope_theta"}:
+        problems.append(f"rope_parameters={c['rope_parameters']!r} (the twin's RoPE is axial, with rope_theta only)")
+    if "spatial_patch_size" in vision and vision["spatial_patch_size"] != vision.get("patch_size", c["patch_size"]):
+        problems.append(f"spatial_patch_size={vision['spatial_patch_size']} (not patch_size)")
+    if problems:
+        raise ValueError(f"config.json describes a Qwen2.5-VL tower with {', '.join(problems)}, which {NAME} does not "
+                         "model: it takes the published towers' fields (transformers' Qwen2_5_VLVisionConfig).")
+    return {**c, "rope_theta": float(rope["rope_theta"]), "patch_size": _pair_side(c["patch_size"])}
+
+
+def args_from_config(config: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    """``(NAME, keyword arguments)`` that build the tower of a config.json's dict (``Folder.model``)."""
+    model_type = config.get("model_type")
+    if model_type not in MODEL_TYPES:
+        raise ValueError(f"config.json has model_type {model_type!r}: {NAME} loads transformers' Qwen2.5-VL folders "
+                         f"(model_type {' or '.join(map(repr, MODEL_TYPES))}).")
+    c = vision_config(config)
+    return NAME, dict(embed_dim=c["hidden_size"], depth=c["depth"], num_heads=c["num_heads"],
+                      mlp_ratio=c["intermediate_size"] / c["hidden_size"], in_chans=c["in_channels"],
+                      patch_size=c["patch_size"], merge_size=c["spatial_merge_size"], window_size=c["window_size"],
+                      merger_out_features=c["out_hidden_size"], rope_theta=c["rope_theta"],
+                      fullatt_block_indexes=tuple(c["fullatt_block_indexes"]))
+
+
+def check_model(config: dict[str, Any], model: nn.Module) -> None:
+    """Raise unless ``model`` is the tower of ``config``, naming the first field that differs and both values."""
+    _, args = args_from_config(config)
+    if not isinstance(model, Qwen25VisionTransformer):
+        raise ValueError(f"config.json describes {SOURCE}, which loads into {NAME}; the model is a "
+                         f"{type(model).__name__}.")
+    block, merger = model.blocks[0], model.patch_merger
+    ours = dict(embed_dim=model.embed_dim, depth=len(model.blocks), num_heads=block.attn.num_heads,
+                mlp_ratio=block.mlp.fc2.in_features / model.embed_dim, in_chans=model.patch_embed.proj.in_channels,
+                patch_size=model.patch_embed.patch_size[0], merge_size=merger.merge_size if merger else 2,
+                window_size=model.window_size, merger_out_features=merger.out_features if merger else None,
+                rope_theta=model.pos_encoding[0].theta, fullatt_block_indexes=model.fullatt_block_indexes)
+    for field, theirs in args.items():
+        if ours[field] != theirs and not (field == "merger_out_features" and merger is None):
+            raise ValueError(f"config.json does not fit the model: {field} is {theirs} in the file, {ours[field]} in "
+                             f"the model. Build {NAME} with {field}={theirs} (vit_rope.create_from_checkpoint(folder) "
+                             "builds and loads it).")
