@@ -182,8 +182,22 @@ def test_refused_inputs_name_the_field_and_the_model(tmp_path):
     hf_pixtral().save_pretrained(tmp_path)
     with pytest.raises(ValueError, match="num_hidden_layers is 2 in the file, 1 in the model"):
         vit_rope.load_weights(timm.create_model("vit_rope_pixtral_vit_12b", **{**args, "depth": 1}), tmp_path)
-    with pytest.raises(ValueError, match="no classifier"):
-        timm.create_model("vit_rope_pixtral_vit_12b_llava", depth=1, num_classes=3, device="meta")
+
+
+def test_classes_asked_of_the_llava_twin_classify_the_projectors_tokens():
+    """timm's contract (``reset_classifier(n)`` gives a classifier): the mean of the projector's tokens into a head;
+    without classes the tokens themselves; the head keeps the model's mode."""
+    model = timm.create_model("vit_rope_pixtral_vit_12b_llava", depth=1, embed_dim=64, num_heads=2, projector_dim=24,
+                              img_size=64).eval()
+    randomize_(model)
+    x = torch.randn(2, 3, 64, 32)
+    with torch.no_grad():
+        tokens = model(x)
+        assert tokens.shape == (2, 8, 24)
+        model.reset_classifier(3)
+        assert not model.head.training and model.head.in_features == 24
+        torch.testing.assert_close(model(x), model.head(tokens.mean(1)))
+        torch.testing.assert_close(model.forward_head(model.forward_features(x), pre_logits=True), tokens.mean(1))
 
 
 @pytest.mark.slow  # ONNX export and two ORT sessions

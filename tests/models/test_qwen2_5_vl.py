@@ -16,6 +16,8 @@ import vit_rope
 from helpers.models import randomize_
 from helpers.naflex import pack
 from vit_rope.eval.from_checkpoint import create_from_checkpoint
+from vit_rope.layers.attention import BlockInput
+from vit_rope.models import qwen2_5_vl
 
 transformers = pytest.importorskip("transformers")
 from transformers.models.qwen2_5_vl import modeling_qwen2_5_vl as hf  # noqa: E402
@@ -176,3 +178,26 @@ def test_twin_exports_to_onnx_at_two_sizes(tmp_path):
     result = export_onnx(model.eval(), tmp_path / "qwen25.onnx", img_size=(112, 56))
     assert len(result.diffs) == 2  # two sizes, one file (windows and the merger's 2x2 blocks follow the grid)
     assert all(diff < 1e-4 for diff in result.diffs.values()), result.diffs
+
+
+def test_image_batches_gather_windows_and_match_the_window_mask(monkeypatch):
+    """An image batch attends window by window (no [N, N] mask is built), partial windows included, to the masked
+    form's output and gradients."""
+    model = vit_rope.from_timm(hf_tower()).train()
+    x = torch.randn(2, 3, 84, 140, requires_grad=True)  # 6x10 patches: windows of 4x4, partial at the edges
+
+    def step() -> tuple[torch.Tensor, ...]:
+        model.zero_grad(), x.grad.zero_() if x.grad is not None else None
+        out = model(x)
+        out.square().sum().backward()
+        return out.detach(), x.grad.clone(), model.patch_embed.proj.weight.grad.clone()
+
+    def no_mask(*args):
+        raise AssertionError("an image batch built the window mask")
+
+    monkeypatch.setattr(qwen2_5_vl, "window_bias", no_mask)
+    gathered = step()
+    monkeypatch.undo()
+    monkeypatch.setattr(qwen2_5_vl.Windowed, "attend", BlockInput.attend)  # every windowed block through the mask
+    for ours, masked in zip(gathered, step(), strict=True):  # the order of the sums differs: to the scale of each
+        torch.testing.assert_close(ours, masked, rtol=1e-4, atol=1e-5 * float(masked.abs().max()))

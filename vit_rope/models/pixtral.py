@@ -58,18 +58,33 @@ class PixtralVisionTransformer(RoPEVisionTransformer):
 
     def __init__(self, projector_dim: int = 0, projector_bias: bool = True, projector_act: str = "gelu",
                  **kwargs: Any) -> None:
-        if projector_dim and kwargs.get("num_classes"):
-            raise ValueError(f"A *_llava Pixtral twin outputs the projector's tokens and has no classifier: got "
-                             f"num_classes={kwargs['num_classes']}; use vit_rope_pixtral_vit_12b for a classifier.")
-        super().__init__(**kwargs)
+        num_classes = kwargs.pop("num_classes", 0)
+        super().__init__(num_classes=0, **kwargs)
         self.projector = Mlp(self.embed_dim, projector_dim, projector_dim, act_layer=get_act_layer(projector_act),
                              bias=projector_bias, **get_device_dtype(self)) if projector_dim else None
+        self.head_hidden_size = projector_dim or self.embed_dim
+        self.reset_classifier(num_classes)
+
+    def reset_classifier(self, num_classes: int, global_pool: str | None = None) -> None:
+        """timm's head; with a projector, over the mean of the projector's tokens (a classifier of what the language
+        model reads)."""
+        if getattr(self, "projector", None) is None:
+            return super().reset_classifier(num_classes, global_pool)
+        if global_pool is not None:
+            self.global_pool = global_pool
+        self.num_classes = num_classes
+        self.head = nn.Linear(self.head_hidden_size, num_classes, **get_device_dtype(self)) if num_classes > 0 \
+            else nn.Identity()
+        self.head.train(self.training)
 
     def forward_head(self, x: Tensor, pre_logits: bool = False, patch_valid: Tensor | None = None) -> Tensor:
         """timm's head, or with a projector its tokens ``[B, N, projector_dim]`` (what the language model reads; a
-        NaFlex batch's padding rows too, which ``patch_valid`` marks); ``pre_logits``: the tokens before it."""
+        NaFlex batch's padding rows too, which ``patch_valid`` marks; ``pre_logits``: the tokens before it), pooled
+        into the head when the model has classes."""
         if self.projector is None:
             return super().forward_head(x, pre_logits, patch_valid)
+        if self.num_classes:
+            return super().forward_head(self.projector(x), pre_logits, patch_valid)
         return x if pre_logits else self.projector(x)
 
 

@@ -20,11 +20,13 @@ a still image (the frame repeated ``temporal_patch_size`` times) is the Conv2d o
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
-from functools import partial
+from collections.abc import Callable, Sequence
+from functools import cache, partial
 from typing import Any
 
 import torch
+import torch.nn.functional as F
+from timm.layers import register_notrace_function
 from torch import Tensor, nn
 
 from vit_rope.encodings.base import LazyBlockInputs, image_coords
@@ -58,15 +60,45 @@ _IGNORED = set("_name_or_path architectures chunk_size_feed_forward dtype torch_
 
 
 class Windowed(BlockInput):
-    """A windowed block's input: its encoding's projection (RoPE tables), attention masked to each query's window."""
+    """A windowed block's input: its encoding's projection (RoPE tables), attention within each query's window. An
+    image batch's windows are gathered into a batch of their own (``grid``: the patch grid; the bottom and right ones
+    padded, their padding keys masked); a NaFlex batch or a graph capture (``grid`` None) takes the window ``mask``,
+    built once per forward and shared by the blocks."""
 
-    def __init__(self, inner: BlockInput, bias: Tensor) -> None:
-        self.inner, self.bias = inner, bias
+    def __init__(self, inner: BlockInput, mask: Callable[[], Tensor], side: int, grid: tuple[int, int] | None
+                 ) -> None:
+        self.inner, self.mask, self.side, self.grid = inner, mask, side, grid
+
+    @property
+    def bias(self) -> Tensor:  # type: ignore[override]
+        return self.mask()
 
     def project(self, attn: nn.Module, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         return self.inner.project(attn, x)
 
+    def attend(self, attn: nn.Module, q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None,
+               is_causal: bool) -> Tensor:
+        if self.grid is None or attn_mask is not None or is_causal or not attn.fused_attn:
+            return super().attend(attn, q, k, v, attn_mask, is_causal)
+        (h, w), s, (B, nh, N, D) = self.grid, self.side, q.shape
+        H, W = -(-h // s) * s, -(-w // s) * s  # the grid in whole windows
 
+        def windows(x: Tensor) -> Tensor:  # [B, nh, N, D] -> [B nW, nh, s s, D]
+            x = F.pad(x.view(B, nh, h, w, D), (0, 0, 0, W - w, 0, H - h)).view(B, nh, H // s, s, W // s, s, D)
+            return x.permute(0, 2, 4, 1, 3, 5, 6).reshape(-1, nh, s * s, D)
+
+        keep = None
+        if (H, W) != (h, w):  # padding keys masked: [nW, 1, 1, s s], True where a key is a patch
+            inside = F.pad(torch.ones(h, w, dtype=torch.bool, device=q.device), (0, W - w, 0, H - h))
+            keep = inside.view(H // s, s, W // s, s).permute(0, 2, 1, 3).reshape(-1, 1, 1, s * s).repeat(B, 1, 1, 1)
+        drop = attn.attn_drop.p if attn.training else 0.0
+        out = F.scaled_dot_product_attention(windows(q), windows(k), windows(v), attn_mask=keep, dropout_p=drop,
+                                             scale=attn.scale)  # [B nW, nh, s s, D]
+        out = out.view(B, H // s, W // s, nh, s, s, D).permute(0, 3, 1, 4, 2, 5, 6).reshape(B, nh, H, W, D)
+        return out[:, :, :h, :w].reshape(B, nh, N, D)
+
+
+@register_notrace_function  # one call under FX: it reads the coordinates' rank
 def window_bias(coord: Tensor, side: int) -> Tensor:
     """Additive mask ``[1 or B, 1, N, N]``: 0 where query and key lie in one window of ``side x side`` patches
     (counted from the grid's top-left, as transformers' windows), ``-inf`` elsewhere; ``coord`` ``[(B,) N, 2]``."""
@@ -111,10 +143,11 @@ class Qwen25VisionTransformer(Qwen3VisionTransformer):
         inputs = super()._block_inputs(embedded)
         grid = embedded.positions.grid
         coord = image_coords(*grid, embedded.tokens.device)[0] if grid is not None else embedded.coord
-        bias = window_bias(coord, self.window)
+        mask = cache(lambda: window_bias(coord, self.window))
+        gathered = None if embedded.positions.captured else grid  # a capture's graph serves every size: the mask
         full = self.fullatt_block_indexes
-        return LazyBlockInputs(lambda i: inputs[i] if i in full else Windowed(block_input(inputs[i]), bias),
-                               len(inputs))
+        return LazyBlockInputs(lambda i: inputs[i] if i in full else Windowed(block_input(inputs[i]), mask,
+                                                                               self.window, gathered), len(inputs))
 
 
 def is_qwen25(state_dict: dict[str, Any]) -> bool:
