@@ -191,9 +191,9 @@ def twin_cfgs() -> dict[str, dict[str, Any]]:
 
 
 def is_qwen3(state_dict: dict[str, Any]) -> bool:
-    """timm's Qwen3-VL files: the classifiers' ``encoder.`` prefix or the encoder's ``merger.`` (ours:
-    ``patch_merger.``)."""
-    return "encoder.patch_embed.proj.weight" in state_dict or "merger.fc1.weight" in state_dict
+    """timm's Qwen3-VL files: the classifiers' ``encoder.pos_embed`` (timm's DeepSeek classifiers have ``encoder.``
+    without it) or the encoder's ``merger.`` (ours: ``patch_merger.``)."""
+    return "encoder.pos_embed" in state_dict or "merger.fc1.weight" in state_dict
 
 
 def describe_qwen3(state_dict: dict[str, Any]) -> tuple[str | None, dict[str, Any]]:

@@ -17,7 +17,7 @@ from timm.models import build_model_with_cfg, generate_default_cfgs, register_mo
 from torch import nn
 
 from vit_rope.encodings import KINDS, REGISTRY
-from vit_rope.models import dinov3
+from vit_rope.models import deepseek_vit, dinov3
 from vit_rope.models.checkpoint import checkpoint_filter_fn
 from vit_rope.models.dinov3 import dinov3_name
 from vit_rope.models.eva_families import FAMILIES, twin_cfgs, twin_name
@@ -69,7 +69,7 @@ def _default_cfgs() -> dict[str, Any]:
         name = swin_name(kind, size)
         cfgs[name] = _cfg(hf_hub_id=f"naver-ai/{name}", hf_hub_filename="pytorch_model.bin", pool_size=(7, 7),
                           crop_pct=0.9, fixed_input_size=True, classifier="head.fc")
-    return {**cfgs, **twin_cfgs(), **qwen3_twin_cfgs()}
+    return {**cfgs, **twin_cfgs(), **qwen3_twin_cfgs(), **deepseek_vit.twin_cfgs()}
 
 
 default_cfgs = generate_default_cfgs(_default_cfgs())
@@ -124,6 +124,10 @@ for _name, _args in _VITS.items():
 for _timm_name, _args in QWEN3.items():  # timm's Qwen3-VL ViTs (vit_rope.models.qwen3_vit)
     globals()[f"vit_rope_{_timm_name}"] = register_model(_entrypoint(f"vit_rope_{_timm_name}", _args,
                                                                       model_cls=Qwen3VisionTransformer))
+
+for _timm_name, _args in deepseek_vit.DEEPSEEK.items():  # timm's DeepSeek ViTs (vit_rope.models.deepseek_vit)
+    globals()[f"vit_rope_{_timm_name}"] = register_model(deepseek_vit.tagged(_entrypoint(
+        f"vit_rope_{_timm_name}", _args, model_cls=deepseek_vit.DeepseekVisionTransformer)))
 
 for _kind, _size in product(SWIN_KINDS, SWIN_SIZES):  # RoPE-ViT's RoPE-Swin (vit_rope.models.swin)
     _name = swin_name(_kind, _size)
