@@ -119,9 +119,6 @@ class DeepseekVisionTransformer(Qwen3VisionTransformer):
             raise ValueError(f"The DeepSeek aligner maps to the language model's width: pass aligner_out_features "
                              f"(timm's tags: {LLM_WIDTHS}), got {aligner_out_features}.")
         num_classes = kwargs.pop("num_classes", 0)
-        if num_classes and global_pool == "align":
-            raise ValueError(f"A *_enc DeepSeek twin outputs the aligner's tokens and has no classifier: got "
-                             f"num_classes={num_classes}; use vit_rope_deepseek_vit_412m or *_align.")
         norm_layer = kwargs.get("norm_layer", _ARCH["norm_layer"])
         super().__init__(global_pool=global_pool and "avg", **kwargs)  # no merger: the aligner takes its place
         self.global_pool, self.encoder_pool = _QWEN_POOL[global_pool], _QWEN_POOL[encoder_pool]
@@ -133,6 +130,13 @@ class DeepseekVisionTransformer(Qwen3VisionTransformer):
         self.fc_norm = nn.Identity() if global_pool == "align" else norm_layer(self.head_hidden_size, affine=False,
                                                                                **dd)
         self.reset_classifier(num_classes)
+
+    def reset_classifier(self, num_classes: int, global_pool: str | None = None) -> None:
+        """The Qwen3-VL twins' head (over the aligner's width with one); the ``*_enc`` twin has none."""
+        if num_classes and getattr(self, "global_pool", None) == "merge":
+            raise ValueError(f"A *_enc DeepSeek twin outputs the aligner's tokens and has no classifier: got "
+                             f"num_classes={num_classes}; use vit_rope_deepseek_vit_412m or *_align.")
+        super().reset_classifier(num_classes, global_pool)
 
 
 def tagged(create: Callable[..., nn.Module]) -> Callable[..., nn.Module]:

@@ -137,7 +137,8 @@ class Qwen3VisionTransformer(RoPEVisionTransformer):
             self.global_pool = global_pool
         self.num_classes = num_classes
         width = getattr(self, "head_hidden_size", self.embed_dim)
-        self.head = nn.Linear(width, num_classes, **get_device_dtype(self)) if num_classes > 0 else nn.Identity()
+        head = nn.Linear(width, num_classes, **get_device_dtype(self)) if num_classes > 0 else nn.Identity()
+        self.head = head.train(self.training)  # in the model's mode, as timm's (its model suite checks it)
 
     def forward(self, x: Tensor, attn_mask: Tensor | None = None, is_causal: bool = False,
                 patch_coord: Tensor | None = None, patch_valid: Tensor | None = None) -> Tensor:
