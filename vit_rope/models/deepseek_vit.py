@@ -120,7 +120,7 @@ class DeepseekVisionTransformer(Qwen3VisionTransformer):
                              f"(timm's tags: {LLM_WIDTHS}), got {aligner_out_features}.")
         num_classes = kwargs.pop("num_classes", 0)
         norm_layer = kwargs.get("norm_layer", _ARCH["norm_layer"])
-        super().__init__(global_pool=global_pool and "avg", **kwargs)  # no merger: the aligner takes its place
+        super().__init__(global_pool=global_pool and "avg", **kwargs)  # ""'s or "avg"; no merger: the aligner below
         self.global_pool, self.encoder_pool = _QWEN_POOL[global_pool], _QWEN_POOL[encoder_pool]
         dd = get_device_dtype(self)
         self.norm = norm_layer(self.embed_dim, **dd)  # DeepSeek's final norm (Qwen3-VL's ViT has none)
