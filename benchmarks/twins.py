@@ -56,6 +56,7 @@ FAMILIES = {  # family -> (timm name of its smallest size, default batch size)
     "qwen3": ("qwen3_vit_88m_merge", 2),  # Qwen3-VL's smallest tower with its merger: what the VLM runs
     "pixtral": ("vit_rope_pixtral_vit_12b", 1),  # against transformers' PixtralVisionModel (Pixtral-12B's config)
     "qwen2_5_vl": ("Qwen2_5_VisionTransformerPretrainedModel", 2),  # transformers' (HF_FAMILIES)
+    "deepseek": ("deepseek_vit_412m_align", 2),  # DeepSeek-V4's tower with its aligner (what the VLM reads), a head
 }
 # families whose source is transformers' model, built here from its config: (config, input side); Qwen2.5-VL's tower
 # (3B / 7B / 72B share it; the 7B's merger) at 224 px: 16x16 patches, 2x2 windows of 8x8, blocks 7, 15, 23, 31 full
@@ -65,7 +66,8 @@ HF_FAMILIES = {"qwen2_5_vl": (dict(depth=32, hidden_size=1280, intermediate_size
 # blocks of its ViT-B have (grouped kv heads skip the first and last 8 blocks)
 CUT_DEPTH_ARGS = {"sapiens2": {"num_kv_heads": 12}}
 SPEED_TARGET, MEMORY_TARGET = 1.0, 1.0
-UNNAMED_PATCH = {"qwen3_vit_88m_merge": 16, "vit_rope_pixtral_vit_12b": 16}
+# the patch size of the models whose name does not say it
+UNNAMED_PATCH = {"qwen3_vit_88m_merge": 16, "deepseek_vit_412m_align": 14, "vit_rope_pixtral_vit_12b": 16}
 
 
 class PooledPixtral(nn.Module):
@@ -80,7 +82,7 @@ class PooledPixtral(nn.Module):
         self.model = transformers.PixtralVisionModel(config)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.model(x).last_hidden_state.mean(1)  # the patch size of the models whose name does not say it
+        return self.model(x).last_hidden_state.mean(1)
 
 
 def input_size(name: str, scale: float) -> tuple[int, int]:

@@ -32,8 +32,9 @@ FAMILIES = {  # family -> (smallest twin, width cuts): depth 2, every block kind
     "sapiens2": ("vit_rope_base_patch16_sapiens2", dict(SMALL, embed_dim=96, num_heads=6, num_kv_heads=(6, 3),
                                                         img_size=(64, 48))),  # GQA, 8 registers, DINOv3 RoPE
     "lingbot": ("vit_rope_small_patch16_lingbot", dict(SMALL, img_size=64)),  # DINOv3 RoPE, storage tokens
+    "deepseek": ("vit_rope_deepseek_vit_412m", dict(SMALL, img_size=56)),  # RMSNorm, bias-free SwiGLU, RoPE only
 }
-PREFIX = {"eva02": 1, "pe_core": 1, "pe_spatial": 1, "sbb": 4, "sapiens2": 9, "lingbot": 5}
+PREFIX = {"eva02": 1, "pe_core": 1, "pe_spatial": 1, "sbb": 4, "sapiens2": 9, "lingbot": 5, "deepseek": 0}
 
 
 def build(family: str, depth: int = 2) -> torch.nn.Module:
@@ -85,7 +86,7 @@ def test_pe_offset_comes_before_the_policy_scaling_against_the_reference_grid(po
     assert (cos[:, 0] == 1).all() and (sin[:, 0] == 0).all()  # the class token stays unrotated
 
 
-@pytest.mark.parametrize("family", ["eva02", "sbb", "pe_spatial", "lingbot"])
+@pytest.mark.parametrize("family", ["eva02", "sbb", "pe_spatial", "lingbot", "deepseek"])
 def test_twin_exports_to_onnx_with_dynamic_height_and_width(family, tmp_path):
     model = build(family, depth=1)
     patch = patch_of(model)
@@ -103,6 +104,7 @@ def test_intermediates_and_features_only_give_maps_of_the_grid_with_prefix_token
     with torch.no_grad():
         final, inter = model.forward_intermediates(x, return_prefix_tokens=True)
         assert final.shape == model.forward_features(x).shape == (2, P + 15, dim)
+        inter = inter if P else [(s, s.new_zeros(2, 0, dim)) for s in inter]  # no prefix tokens: the maps alone
         assert [(s.shape, p.shape) for s, p in inter] == [((2, dim, 3, 5), (2, P, dim))] * 2
         tokens = model.forward_intermediates(x, indices=[1], output_fmt="NLC", intermediates_only=True)
         torch.testing.assert_close(tokens[0], inter[1][0].flatten(2).transpose(1, 2))

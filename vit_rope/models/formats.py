@@ -18,6 +18,8 @@ from torch import Tensor, nn
 
 from vit_rope.encodings import FORMATS as KIND_FORMATS
 from vit_rope.models import hf_dinov3, pixtral, qwen2_5_vl, swin
+from vit_rope.models.deepseek_vit import SOURCE as DEEPSEEK_SOURCE
+from vit_rope.models.deepseek_vit import DeepseekVisionTransformer, describe_deepseek, from_deepseek, is_deepseek
 from vit_rope.models.dinov3 import SIZES as DINOV3_SIZES
 from vit_rope.models.dinov3 import architecture, dinov3_name, from_dinov3
 from vit_rope.models.eva_weights import EVA_LAYOUTS, check_family, from_eva, is_eva
@@ -78,9 +80,11 @@ def _meta_dinov3(state_dict: dict[str, Any], model: nn.Module) -> Converted:
 
 def _timm_eva(state_dict: dict[str, Any], model: nn.Module) -> Converted:
     if isinstance(model, Qwen3VisionTransformer):  # its layout is rotate-half too, but not its architecture
+        family, files = ("DeepSeek", "deepseek_vit_*") if isinstance(model, DeepseekVisionTransformer) else \
+            ("Qwen3-VL", "qwen3_vit_*")
         raise ValueError(f"The checkpoint is timm's Eva (keys ending in '.attn.q_bias' or '.gamma_1'), which a "
-                         f"Qwen3-VL twin ({type(model).__name__}) does not take: load it into its Eva family's twin "
-                         "(vit_rope.from_timm names it); Qwen3-VL twins load timm's qwen3_vit_* files.")
+                         f"{family} twin ({type(model).__name__}) does not take: load it into its Eva family's twin "
+                         f"(vit_rope.from_timm names it); {family} twins load timm's {files} files.")
     if getattr(model, "qk_layout", None) in EVA_LAYOUTS:  # a twin of timm's Eva (Sapiens2's layout is rotate-half)
         return from_eva(state_dict, model)
     if getattr(model, "encoding_kind", None) == "dinov3":  # DINOv3 and LingBot: timm's layout is DINOv3's rotate-half
@@ -97,6 +101,13 @@ def _describe_eva(state_dict: Mapping[str, Any]) -> Description:
 def _hf_dinov3(state_dict: dict[str, Any], model: nn.Module) -> Converted:
     notes = f"{hf_dinov3.HF_FORMAT}: keys renamed to timm's, separate q / k / v projections fused", _DINOV3_QK
     return hf_dinov3.from_hf_dinov3(state_dict, model), notes
+
+
+def _timm_qwen3(state_dict: dict[str, Any], model: nn.Module) -> Converted:
+    if isinstance(model, DeepseekVisionTransformer):  # a Qwen3VisionTransformer by its heads, not by its blocks
+        raise ValueError(f"The checkpoint is {QWEN3_SOURCE}, which loads into the vit_rope_qwen3_vit_* twins; the "
+                         f"model is a DeepSeek twin ({type(model).__name__}), which loads timm's deepseek_vit_* files.")
+    return from_qwen3(state_dict, model)
 
 
 def _as_is(state_dict: dict[str, Any], model: nn.Module) -> Converted:
@@ -118,8 +129,11 @@ FORMATS: tuple[Format, ...] = (
            lambda state_dict: (_dinov3_name(state_dict), _shape(state_dict))),
     Format("timm's Eva", "keys ending in '.attn.q_bias', '.attn.q_proj.weight' or '.gamma_1'", is_eva, _timm_eva,
            _describe_eva),
-    Format(QWEN3_SOURCE, "'encoder.patch_embed.proj.weight' (classifiers) or 'merger.fc1.weight' (encoders)",
-           is_qwen3, from_qwen3, describe_qwen3),
+    Format(QWEN3_SOURCE, "'encoder.pos_embed' (classifiers) or 'merger.fc1.weight' (encoders)",
+           is_qwen3, _timm_qwen3, describe_qwen3),
+    Format(DEEPSEEK_SOURCE, "'encoder.patch_embed.proj.weight' without 'encoder.pos_embed' (classifiers), "
+           "'aligner.fc1.weight' (encoders) or 'vision.*' keys (DeepSeek's own shards)", is_deepseek, from_deepseek,
+           describe_deepseek),
     Format(pixtral.SOURCE, "keys '(model.)(vision_tower.)patch_conv.weight'", pixtral.is_pixtral, pixtral.from_pixtral,
            pixtral.describe_pixtral,
            folder=Folder(hf_dinov3.CONFIG, hf_dinov3.WEIGHTS, lambda config: config.get("model_type") in

@@ -148,8 +148,8 @@ class Qwen3VisionTransformer(RoPEVisionTransformer):
             self.global_pool, self.encoder_pool = "avg", "merge"
         self.num_classes = num_classes
         width = getattr(self, "head_hidden_size", self.embed_dim)
-        self.head = nn.Linear(width, num_classes, **get_device_dtype(self)) if num_classes > 0 else nn.Identity()
-        self.head.train(self.training)
+        head = nn.Linear(width, num_classes, **get_device_dtype(self)) if num_classes > 0 else nn.Identity()
+        self.head = head.train(self.training)  # in the model's mode, as timm's (its model suite checks it)
 
     def forward(self, x: Tensor, attn_mask: Tensor | None = None, is_causal: bool = False,
                 patch_coord: Tensor | None = None, patch_valid: Tensor | None = None) -> Tensor:
@@ -203,9 +203,9 @@ def twin_cfgs() -> dict[str, dict[str, Any]]:
 
 
 def is_qwen3(state_dict: dict[str, Any]) -> bool:
-    """timm's Qwen3-VL files: the classifiers' ``encoder.`` prefix or the encoder's ``merger.`` (ours:
-    ``patch_merger.``)."""
-    return "encoder.patch_embed.proj.weight" in state_dict or "merger.fc1.weight" in state_dict
+    """timm's Qwen3-VL files: the classifiers' ``encoder.pos_embed`` (timm's DeepSeek classifiers have ``encoder.``
+    without it) or the encoder's ``merger.`` (ours: ``patch_merger.``)."""
+    return "encoder.pos_embed" in state_dict or "merger.fc1.weight" in state_dict
 
 
 def describe_qwen3(state_dict: dict[str, Any]) -> tuple[str | None, dict[str, Any]]:

@@ -17,7 +17,7 @@ from timm.models import build_model_with_cfg, generate_default_cfgs, register_mo
 from torch import nn
 
 from vit_rope.encodings import KINDS, REGISTRY
-from vit_rope.models import dinov3
+from vit_rope.models import deepseek_vit, dinov3
 from vit_rope.models.checkpoint import checkpoint_filter_fn
 from vit_rope.models.dinov3 import dinov3_name
 from vit_rope.models.eva_families import FAMILIES, twin_cfgs, twin_name
@@ -75,7 +75,7 @@ def _default_cfgs() -> dict[str, Any]:
     for name in QWEN25:  # transformers' Qwen2.5-VL tower: its weights are a folder (config.json + model.safetensors)
         cfgs[name] = _cfg(num_classes=0, input_size=(3, 448, 448), mean=OPENAI_CLIP_MEAN, std=OPENAI_CLIP_STD,
                           interpolation="bicubic", min_input_size=(3, 28, 28))
-    return {**cfgs, **twin_cfgs(), **qwen3_twin_cfgs(), **pixtral_twin_cfgs()}
+    return {**cfgs, **twin_cfgs(), **qwen3_twin_cfgs(), **pixtral_twin_cfgs(), **deepseek_vit.twin_cfgs()}
 
 
 default_cfgs = generate_default_cfgs(_default_cfgs())
@@ -136,6 +136,9 @@ for _name, _args in PIXTRAL.items():  # transformers' Pixtral vision encoder (vi
                                                                  model_cls=PixtralVisionTransformer))
 for _name, _args in QWEN25.items():  # transformers' Qwen2.5-VL tower (vit_rope.models.qwen2_5_vl)
     globals()[_name] = register_model(_entrypoint(_name, _args, model_cls=Qwen25VisionTransformer))
+for _timm_name, _args in deepseek_vit.DEEPSEEK.items():  # timm's DeepSeek ViTs (vit_rope.models.deepseek_vit)
+    globals()[f"vit_rope_{_timm_name}"] = register_model(deepseek_vit.tagged(_entrypoint(
+        f"vit_rope_{_timm_name}", _args, model_cls=deepseek_vit.DeepseekVisionTransformer)))
 
 for _kind, _size in product(SWIN_KINDS, SWIN_SIZES):  # RoPE-ViT's RoPE-Swin (vit_rope.models.swin)
     _name = swin_name(_kind, _size)

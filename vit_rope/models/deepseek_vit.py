@@ -1,0 +1,253 @@
+"""Twins of timm's DeepSeek vision encoders (``timm.models.deepseek_vit``, timm 1.0.31): ``vit_rope_deepseek_vit_*``.
+
+The vision tower of DeepSeek-V4 / V4.1 (DeepSeek-V4.1-Flash, arXiv:2609.19969; the reference is DeepSeek's
+``inference/vision.py``) is a plain pre-norm ViT: patch 14 (a linear patch embedding, a Conv2d here), no class token
+and no learned position embedding, RMSNorm 1e-6, fused qkv with bias, a bias-free packed SwiGLU, a final RMSNorm, and
+axial 2D RoPE as its only position encoding (theta 1e4, integer patch indices from 0, rotate-half pairs with y first:
+timm's ``RotaryEmbeddingCat``, the same table as Qwen3-VL's). Its VLM projector ("aligner") zero-pads the patch grid
+to multiples of 3, unshuffles each 3x3 block channel-major (``F.unfold``'s order) and maps it with ``fc1 -> GELU ->
+fc2`` to the language model's width: the tokens the language model reads.
+
+A twin is a ``RoPEVisionTransformer`` (``encoding="axial"``, ``qk_layout="rotate_half"``) with the heads of the
+Qwen3-VL twins (``Qwen3VisionTransformer``, whose projector slot ``patch_merger`` holds the ``Aligner``): timm's
+``deepseek_vit_412m`` (mean of the tokens, an RMSNorm without affine, a linear head), ``*_align`` (the same after the
+aligner) and ``*_enc`` (the aligner's tokens). ``forward_features`` gives the tokens before the aligner ``[B, N, C]``.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable
+from functools import partial, wraps
+from types import SimpleNamespace
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from timm.layers import get_device_dtype
+from timm.models import resolve_pretrained_cfg
+from torch import Tensor, nn
+
+from vit_rope.encodings.rope.dinov3_rope import permute_qk_rows, qk_permutation
+from vit_rope.layers.eva import PackedSwiGLU
+from vit_rope.layers.rms_norm import RmsNorm
+from vit_rope.models.qwen3_vit import PatchMerger, Qwen3VisionTransformer
+from vit_rope.weights import Converted, Description
+
+SOURCE = "timm's DeepSeek ViT (timm.models.deepseek_vit)"
+LLM_WIDTHS = {"deepseek_v4_1_flash": 5120, "deepseek_v4_flash_vision_exp": 4096}  # timm's tags -> aligner width
+HEAD_DIM = 64  # DeepSeek's (1024 / 16): a file gives no head count, describe takes width / 64
+
+
+class BiasFreeSwiGLU(PackedSwiGLU):
+    """DeepSeek's packed SwiGLU (gate first) without biases: timm's ``Block`` gives the MLP the attention projection's
+    ``proj_bias``, which DeepSeek keeps on attention only."""
+
+    def __init__(self, in_features: int, hidden_features: int, **kwargs: Any) -> None:
+        super().__init__(in_features, hidden_features, **dict(kwargs, bias=False))
+
+
+_ARCH = dict(img_size=546, patch_size=14, embed_dim=1024, depth=32, num_heads=16, mlp_ratio=2816 / 1024,
+             class_token=False, qkv_bias=True, norm_layer=partial(RmsNorm, eps=1e-6), mlp_layer=BiasFreeSwiGLU,
+             pos_embed="none", encoding="axial", rope_theta=1e4, resolution_policy="extrapolate",
+             qk_layout="rotate_half", num_classes=0)
+_HEADS = {"": dict(global_pool="avg"), "_align": dict(global_pool="avg", encoder_pool="align"),
+          "_enc": dict(global_pool="align")}
+# timm name -> twin arguments (the aligner's width: the weights' tag's, ``tagged``)
+DEEPSEEK: dict[str, dict[str, Any]] = {f"deepseek_vit_412m{suffix}": dict(_ARCH, **head)
+                                       for suffix, head in _HEADS.items()}
+_QWEN_POOL = {"": "", "avg": "avg", "align": "merge"}  # the projector's place is the Qwen3-VL heads' "merge"
+
+
+class Aligner(PatchMerger):
+    """DeepSeek's projector: the token grid zero-padded bottom / right to multiples of ``r``, each ``r x r`` block
+    concatenated channel-major ``(C, kh, kw)`` (the reference's ``F.unfold``; Qwen's ``(kh, kw, C)`` would permute
+    ``fc1``'s inputs), then ``fc1 -> GELU -> fc2`` to the LLM width. ``PatchMerger``'s interface without its norm; keys
+    as timm's ``DeepseekVitAligner`` (under ``patch_merger.`` in the twin)."""
+
+    def __init__(self, dim: int, downsample_ratio: int = 3, out_features: int = 0) -> None:
+        nn.Module.__init__(self)
+        self.merge_size, self.out_features = downsample_ratio, out_features
+        self.norm = nn.Identity()
+        self.fc1 = nn.Linear(dim * downsample_ratio**2, out_features)
+        self.act = nn.GELU()
+        self.fc2 = nn.Linear(out_features, out_features)
+
+    def merge(self, x: Tensor, grid: tuple[int, int]) -> Tensor:
+        """Tokens ``[B, h * w, C]`` of a row-major ``grid`` as ``[B, ceil(h / r) ceil(w / r), C r^2]``."""
+        (h, w), r, (B, _, C) = grid, self.merge_size, x.shape
+        x = F.pad(x.transpose(1, 2).reshape(B, C, h, w), (0, -w % r, 0, -h % r))  # [B, C, h', w']
+        x = x.reshape(B, C, x.shape[2] // r, r, x.shape[3] // r, r).permute(0, 2, 4, 1, 3, 5)  # [B, h', w', C, r, r]
+        return x.flatten(3).flatten(1, 2)
+
+    def merge_naflex(self, x: Tensor, coord: Tensor, valid: Tensor) -> tuple[Tensor, Tensor]:
+        """A NaFlex batch's tokens ``[B, L, C]`` at ``coord`` ``[B, L, 2]`` (y, x) unshuffled per sample as ``merge``
+        does each image alone: ``[B, M, C r^2]`` (``M``: the batch's most merged tokens) and their validity."""
+        r, (B, _, C) = self.merge_size, x.shape
+        y, xx = coord[..., 0], coord[..., 1]
+        rows, cols = (-(-((c * valid).amax(1, keepdim=True) + 1) // r) for c in (y, xx))  # [B, 1] each, padded
+        M = int((rows * cols).max())
+        slot = ((y // r) * cols + xx // r) * r * r + (y % r) * r + xx % r  # [B, L]: cell, then place in it
+        slot = torch.where(valid, slot, M * r * r)  # padding to a spill slot, cut below
+        out = x.new_zeros(B, M * r * r + 1, C).scatter(1, slot[..., None].expand(-1, -1, C), x)
+        merged_valid = torch.zeros(B, M * r * r + 1, dtype=torch.bool, device=x.device).scatter(1, slot, valid)
+        out = out[:, :-1].reshape(B, M, r * r, C).transpose(2, 3)  # [B, M, C, r^2]: channel-major
+        return out.reshape(B, M, C * r * r), merged_valid[:, :-1].reshape(B, M, r * r).any(-1)
+
+
+class DeepseekVisionTransformer(Qwen3VisionTransformer):
+    """``RoPEVisionTransformer`` with the heads of timm's DeepSeek ViTs (the Qwen3-VL twins' heads, the aligner in
+    the projector's place, DeepSeek's final RMSNorm).
+
+    Args:
+        global_pool: ``"avg"`` (the classifiers: mean, RMSNorm without affine, head), ``""`` (the same per token) or
+            ``"align"`` (``*_enc``: the aligner's tokens are the output); kept as the Qwen3-VL heads' name,
+            ``"merge"``.
+        encoder_pool: ``"align"``: the classifier pools the aligner's tokens (``*_align``).
+        downsample_ratio, aligner_out_features: the aligner's block side and output width (the LLM's).
+        **kwargs: ``RoPEVisionTransformer``'s.
+    """
+
+    def __init__(self, global_pool: str = "avg", encoder_pool: str = "", downsample_ratio: int = 3,
+                 aligner_out_features: int = 0, **kwargs: Any) -> None:
+        if global_pool not in ("", "avg", "align") or encoder_pool not in ("", "align"):
+            raise ValueError(f"DeepSeek twins take global_pool '', 'avg' or 'align' and encoder_pool '' or 'align' "
+                             f"(timm's), got global_pool={global_pool!r}, encoder_pool={encoder_pool!r}.")
+        align = "align" in (global_pool, encoder_pool)
+        if align and aligner_out_features <= 0:
+            raise ValueError(f"The DeepSeek aligner maps to the language model's width: pass aligner_out_features "
+                             f"(timm's tags: {LLM_WIDTHS}), got {aligner_out_features}.")
+        num_classes = kwargs.pop("num_classes", 0)
+        norm_layer = kwargs.get("norm_layer", _ARCH["norm_layer"])
+        super().__init__(global_pool=global_pool and "avg", **kwargs)  # ""'s or "avg"; no merger: the aligner below
+        self.global_pool, self.encoder_pool = _QWEN_POOL[global_pool], _QWEN_POOL[encoder_pool]
+        dd = get_device_dtype(self)
+        self.norm = norm_layer(self.embed_dim, **dd)  # DeepSeek's final norm (Qwen3-VL's ViT has none)
+        self.patch_merger = Aligner(self.embed_dim, downsample_ratio, aligner_out_features).to(**dd) if align \
+            else None
+        self.head_hidden_size = aligner_out_features if align else self.embed_dim
+        # the classifiers' norm without affine (no weights), which *_enc skips; the Qwen3-VL twins' head over the
+        # aligner's width with one (classes asked of *_enc make it the *_align classifier)
+        self.fc_norm = norm_layer(self.head_hidden_size, affine=False, **dd)
+        self.reset_classifier(num_classes)
+
+
+def tagged(create: Callable[..., nn.Module]) -> Callable[..., nn.Module]:
+    """A twin's timm entry point whose aligner width is the weights' tag's, as timm's (5120 for V4.1-Flash, 4096 for
+    V4-Flash-Vision-Exp), unless ``aligner_out_features`` is given."""
+
+    @wraps(create)
+    def create_tagged(pretrained: bool = False, **kwargs: Any) -> nn.Module:
+        if "aligner_out_features" not in kwargs:
+            tag = resolve_pretrained_cfg(create.__name__, pretrained_cfg=kwargs.get("pretrained_cfg")).tag
+            kwargs["aligner_out_features"] = LLM_WIDTHS.get(tag, LLM_WIDTHS["deepseek_v4_1_flash"])
+        return create(pretrained, **kwargs)
+
+    return create_tagged
+
+
+def twin_cfgs() -> dict[str, dict[str, Any]]:
+    """``{twin.tag: cfg}``: timm's (its hub files, read through our checkpoint filter), our keys for the first conv,
+    any grid of three patches or more (the aligner pads)."""
+    from timm.models.deepseek_vit import default_cfgs
+
+    return {f"vit_rope_{name}.{tag}": dict(cfg.to_dict(), hf_hub_id=f"timm/{name}.{tag}",
+                                           first_conv="patch_embed.proj", min_input_size=(3, 42, 42))
+            for name in DEEPSEEK for tag, cfg in default_cfgs[name].cfgs.items()}
+
+
+def is_deepseek(state_dict: dict[str, Any]) -> bool:
+    """timm's DeepSeek files (the classifiers' ``encoder.`` without Qwen3-VL's ``encoder.pos_embed``, the encoders'
+    ``aligner.``; ours: ``patch_merger.``) and DeepSeek's own shards (``vision.*``, as timm's filter tells them)."""
+    return ("encoder.patch_embed.proj.weight" in state_dict and "encoder.pos_embed" not in state_dict) or \
+        "aligner.fc1.weight" in state_dict or any(key.startswith("vision.") for key in state_dict)
+
+
+def describe_deepseek(state_dict: dict[str, Any]) -> Description:
+    """The twin a DeepSeek file describes (by its prefix and aligner) with its sizes (heads: width / 64), for
+    ``create_from_checkpoint`` without a model name."""
+    prefix = next(p for p in ("encoder.", "vision.", "") if f"{p}patch_embed.proj.weight" in state_dict)
+    patch = state_dict[f"{prefix}patch_embed.proj.weight"]  # [C, 3, p, p], DeepSeek's own [C, 3 p p]
+    width = int(patch.shape[0])
+    fc2 = next(v for k, v in state_dict.items() if re.fullmatch(rf"{prefix}blocks\.0\.mlp\.(fc2|w2)\.weight", k))
+    blocks = {int(m.group(1)) for key in state_dict if (m := re.match(rf"{prefix}blocks\.(\d+)\.", key))}
+    args: dict[str, Any] = dict(embed_dim=width, depth=max(blocks) + 1, num_heads=max(1, width // HEAD_DIM),
+                                mlp_ratio=fc2.shape[1] / width,
+                                patch_size=int(patch.shape[-1] if patch.ndim == 4 else math.isqrt(patch.shape[1] // 3)))
+    fc1 = next((v for k, v in state_dict.items() if re.fullmatch(r"(encoder\.)?aligner\.(fc1|w1)\.weight", k)), None)
+    if fc1 is not None:
+        args.update(aligner_out_features=int(fc1.shape[0]), downsample_ratio=math.isqrt(fc1.shape[1] // width))
+    if prefix == "encoder.":
+        args.update(num_classes=int(state_dict["head.weight"].shape[0]) if "head.weight" in state_dict else 0)
+        return f"vit_rope_deepseek_vit_412m{'_align' if fc1 is not None else ''}", args
+    return "vit_rope_deepseek_vit_412m_enc", args
+
+
+def from_deepseek(state_dict: dict[str, Tensor], model: nn.Module) -> Converted:
+    """A DeepSeek file in our keys and q/k layout: timm's checkpoint filter first (so DeepSeek's own shards load as
+    timm's do: the language model's tensors dropped, the linear patch embedding as a Conv2d), then ``encoder.``
+    dropped, ``aligner.`` as ``patch_merger.``, each head's q / k rows from rotate-half to interleaved x-first pairs."""
+    from timm.models.deepseek_vit import checkpoint_filter_fn_classifier
+
+    if not isinstance(model, DeepseekVisionTransformer):
+        raise ValueError(f"The checkpoint is {SOURCE} or DeepSeek's own vision shard, which loads into the "
+                         f"vit_rope_deepseek_vit_* twins (and vit_rope.from_timm of timm's model); the model is a "
+                         f"{type(model).__name__}.")
+    if model.qk_layout != "rotate_half":
+        raise ValueError(f"The checkpoint is {SOURCE}, whose q/k rows are in the rotate_half layout, but the model has "
+                         f"qk_layout={model.qk_layout!r}: leave qk_layout at the twin's 'rotate_half'.")
+    # timm's filter reads these two only; an aligner always there, so that its keys come out and are reported here
+    shim = SimpleNamespace(encoder=SimpleNamespace(aligner=True, patch_embed=model.patch_embed))
+    timm_keys = checkpoint_filter_fn_classifier(state_dict, shim)
+    attn = model.blocks[0].attn
+    index = qk_permutation("rotate_half", attn.head_dim)
+    out, dropped = {}, []
+    notes = [f"{SOURCE}: q/k rows of every head permuted from rotate-half to interleaved pairs"]
+    if len(timm_keys) < len(state_dict):
+        notes.append(f"{SOURCE}: {len(state_dict) - len(timm_keys)} tensors outside the vision tower and aligner "
+                     "dropped, as timm's checkpoint filter drops them (a DeepSeek shard's language model)")
+    for key, value in timm_keys.items():
+        key = key.removeprefix("encoder.")
+        if key.startswith("aligner."):
+            if model.patch_merger is None:
+                dropped.append(key)
+                continue
+            key = "patch_merger." + key.removeprefix("aligner.")
+        if re.fullmatch(r"blocks\.\d+\.attn\.qkv\.(weight|bias)", key):
+            value = permute_qk_rows(value, index, attn.num_heads)
+        out[key] = value
+    if dropped:
+        notes.append(f"{SOURCE}: {', '.join(dropped)} dropped: this model has no aligner; the *_align and *_enc twins "
+                     "keep it")
+    return out, tuple(notes)
+
+
+def architecture(model: nn.Module) -> tuple[str, dict[str, Any]]:
+    """The twin's name and keyword arguments that a built timm DeepSeek ``model`` decides; a ``ValueError`` naming a
+    field the twin does not model."""
+    from timm.models.deepseek_vit import DeepseekVitClassifier
+
+    name = model.pretrained_cfg["architecture"]
+    classifier = isinstance(model, DeepseekVitClassifier)
+    enc = model.encoder if classifier else model
+    block = enc.blocks[0]
+    if classifier and isinstance(model.norm, nn.Identity):
+        raise ValueError(f"from_timm: {name} was built with final_norm=False, which its twin vit_rope_{name} does not "
+                         "model (its classifier norm is timm's default): build timm's model without final_norm.")
+    if not classifier and enc.global_pool != "align":
+        raise ValueError(f"from_timm: {name} was built with global_pool={enc.global_pool!r}, which its twin "
+                         f"vit_rope_{name} does not model (it outputs the aligner's tokens): build it with "
+                         "global_pool='align', or take vit_rope_deepseek_vit_412m, whose forward_features gives those "
+                         "tokens.")
+    args = dict(img_size=tuple(enc.patch_embed.img_size), patch_size=enc.patch_embed.patch_size[0],
+                in_chans=enc.in_chans, embed_dim=enc.embed_dim, depth=len(enc.blocks),
+                num_heads=block.attn.num_heads, mlp_ratio=block.mlp.fc2.in_features / enc.embed_dim,
+                rope_theta=float(enc.rope.temperature), norm_layer=partial(RmsNorm, eps=block.norm1.eps),
+                dynamic_img_pad=enc.patch_embed.dynamic_img_pad, downsample_ratio=enc.downsample_ratio,
+                aligner_out_features=0 if enc.aligner is None else enc.aligner.out_features)
+    if classifier:
+        args.update(num_classes=model.num_classes, global_pool=model.global_pool, encoder_pool=model.encoder_pool)
+    else:
+        args.update(global_pool="align", num_classes=0)
+    return f"vit_rope_{name}", args
