@@ -21,6 +21,8 @@ from vit_rope.models import hf_dinov3, swin
 from vit_rope.models.dinov3 import SIZES as DINOV3_SIZES
 from vit_rope.models.dinov3 import architecture, dinov3_name, from_dinov3
 from vit_rope.models.eva_weights import EVA_LAYOUTS, check_family, from_eva, is_eva
+from vit_rope.models.gemma4_vit import SOURCE as GEMMA4_SOURCE
+from vit_rope.models.gemma4_vit import Gemma4VisionTransformer, describe_gemma4, from_gemma4, is_gemma4
 from vit_rope.models.qwen3_vit import SOURCE as QWEN3_SOURCE
 from vit_rope.models.qwen3_vit import Qwen3VisionTransformer, describe_qwen3, from_qwen3, is_qwen3
 from vit_rope.models.widths import size_of
@@ -77,10 +79,11 @@ def _meta_dinov3(state_dict: dict[str, Any], model: nn.Module) -> Converted:
 
 
 def _timm_eva(state_dict: dict[str, Any], model: nn.Module) -> Converted:
-    if isinstance(model, Qwen3VisionTransformer):  # its layout is rotate-half too, but not its architecture
+    if isinstance(model, (Qwen3VisionTransformer, Gemma4VisionTransformer)):  # not an Eva architecture
         raise ValueError(f"The checkpoint is timm's Eva (keys ending in '.attn.q_bias' or '.gamma_1'), which a "
-                         f"Qwen3-VL twin ({type(model).__name__}) does not take: load it into its Eva family's twin "
-                         "(vit_rope.from_timm names it); Qwen3-VL twins load timm's qwen3_vit_* files.")
+                         f"Qwen3-VL or Gemma 4 twin ({type(model).__name__}) does not take: load it into its Eva "
+                         "family's twin (vit_rope.from_timm names it); Qwen3-VL twins load timm's qwen3_vit_* files, "
+                         "Gemma 4 twins timm's gemma4_vit_* files.")
     if getattr(model, "qk_layout", None) in EVA_LAYOUTS:  # a twin of timm's Eva (Sapiens2's layout is rotate-half)
         return from_eva(state_dict, model)
     if getattr(model, "encoding_kind", None) == "dinov3":  # DINOv3 and LingBot: timm's layout is DINOv3's rotate-half
@@ -118,6 +121,8 @@ FORMATS: tuple[Format, ...] = (
            _describe_eva),
     Format(QWEN3_SOURCE, "'encoder.patch_embed.proj.weight' (classifiers) or 'merger.fc1.weight' (encoders)",
            is_qwen3, from_qwen3, describe_qwen3),
+    Format(GEMMA4_SOURCE, "'patch_embed.position_embedding_table' (encoders) or 'encoder.patch_embed."
+           "position_embedding_table' (classifiers)", is_gemma4, from_gemma4, describe_gemma4),
     Format("RoPE-ViT's official RoPE-Swin", "keys ending in 'attn.rope_t_x' or 'attn.rope_freqs'", swin.is_official,
            swin.from_official, swin.describe),
     Format("timm's or Microsoft's Swin Transformer", "'layers.*.attn.qkv.weight' keys and no RoPE-Swin marker",

@@ -21,6 +21,8 @@ from vit_rope.models import dinov3
 from vit_rope.models.checkpoint import checkpoint_filter_fn
 from vit_rope.models.dinov3 import dinov3_name
 from vit_rope.models.eva_families import FAMILIES, twin_cfgs, twin_name
+from vit_rope.models.gemma4_vit import GEMMA4, Gemma4VisionTransformer
+from vit_rope.models.gemma4_vit import twin_cfgs as gemma4_twin_cfgs
 from vit_rope.models.qwen3_vit import QWEN3, Qwen3VisionTransformer
 from vit_rope.models.qwen3_vit import twin_cfgs as qwen3_twin_cfgs
 from vit_rope.models.swin import SWIN_KINDS, SWIN_SIZES, RoPESwinTransformer, swin_name
@@ -69,7 +71,7 @@ def _default_cfgs() -> dict[str, Any]:
         name = swin_name(kind, size)
         cfgs[name] = _cfg(hf_hub_id=f"naver-ai/{name}", hf_hub_filename="pytorch_model.bin", pool_size=(7, 7),
                           crop_pct=0.9, fixed_input_size=True, classifier="head.fc")
-    return {**cfgs, **twin_cfgs(), **qwen3_twin_cfgs()}
+    return {**cfgs, **twin_cfgs(), **qwen3_twin_cfgs(), **gemma4_twin_cfgs()}
 
 
 default_cfgs = generate_default_cfgs(_default_cfgs())
@@ -124,6 +126,10 @@ for _name, _args in _VITS.items():
 for _timm_name, _args in QWEN3.items():  # timm's Qwen3-VL ViTs (vit_rope.models.qwen3_vit)
     globals()[f"vit_rope_{_timm_name}"] = register_model(_entrypoint(f"vit_rope_{_timm_name}", _args,
                                                                       model_cls=Qwen3VisionTransformer))
+
+for _timm_name, _args in GEMMA4.items():  # timm's Gemma 4 ViTs (vit_rope.models.gemma4_vit)
+    globals()[f"vit_rope_{_timm_name}"] = register_model(_entrypoint(f"vit_rope_{_timm_name}", _args,
+                                                                      model_cls=Gemma4VisionTransformer))
 
 for _kind, _size in product(SWIN_KINDS, SWIN_SIZES):  # RoPE-ViT's RoPE-Swin (vit_rope.models.swin)
     _name = swin_name(_kind, _size)
