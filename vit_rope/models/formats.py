@@ -17,7 +17,7 @@ from typing import Any
 from torch import Tensor, nn
 
 from vit_rope.encodings import FORMATS as KIND_FORMATS
-from vit_rope.models import hf_dinov3, swin
+from vit_rope.models import hf_dinov3, hf_gemma4, swin
 from vit_rope.models.dinov3 import SIZES as DINOV3_SIZES
 from vit_rope.models.dinov3 import architecture, dinov3_name, from_dinov3
 from vit_rope.models.eva_weights import EVA_LAYOUTS, check_family, from_eva, is_eva
@@ -110,7 +110,8 @@ FORMATS: tuple[Format, ...] = (
     *KIND_FORMATS,  # LookHere's, PaPE's and LieRE's official files
     Format(hf_dinov3.HF_FORMAT, "'embeddings.patch_embeddings.weight'",  # a bare Conv2d, not ViT's .projection
            lambda state_dict: "embeddings.patch_embeddings.weight" in state_dict, _hf_dinov3,
-           folder=Folder(hf_dinov3.CONFIG, hf_dinov3.WEIGHTS, lambda config: "model_type" in config,
+           folder=Folder(hf_dinov3.CONFIG, hf_dinov3.WEIGHTS,
+                         lambda config: "model_type" in config and config["model_type"] not in hf_gemma4.MODEL_TYPES,
                          hf_dinov3.dinov3_args_from_hf_config, hf_dinov3.check_hf_config)),
     Format("Hugging Face transformers' ViT or DINOv2", "'embeddings.patch_embeddings.projection.weight'",
            lambda state_dict: any(key.endswith("embeddings.patch_embeddings.projection.weight") for key in state_dict),
@@ -123,6 +124,10 @@ FORMATS: tuple[Format, ...] = (
            is_qwen3, from_qwen3, describe_qwen3),
     Format(GEMMA4_SOURCE, "'patch_embed.position_embedding_table' (encoders) or 'encoder.patch_embed."
            "position_embedding_table' (classifiers)", is_gemma4, from_gemma4, describe_gemma4),
+    Format(hf_gemma4.HF_FORMAT, "keys ending in 'patch_embedder.position_embedding_table'", hf_gemma4.is_hf_gemma4,
+           hf_gemma4.from_hf_gemma4, hf_gemma4.describe_hf_gemma4,
+           folder=Folder(hf_gemma4.CONFIG, hf_gemma4.WEIGHTS, lambda config: config.get("model_type") in
+                         hf_gemma4.MODEL_TYPES, hf_gemma4.gemma4_args_from_hf_config, hf_gemma4.check_hf_config)),
     Format("RoPE-ViT's official RoPE-Swin", "keys ending in 'attn.rope_t_x' or 'attn.rope_freqs'", swin.is_official,
            swin.from_official, swin.describe),
     Format("timm's or Microsoft's Swin Transformer", "'layers.*.attn.qkv.weight' keys and no RoPE-Swin marker",

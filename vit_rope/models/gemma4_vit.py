@@ -63,12 +63,18 @@ class ClippedLinear(nn.Linear):
 
     def forward(self, x: Tensor) -> Tensor:
         if len(self.split) == 1:
-            x = F.linear(x.clamp(self.input_min, self.input_max), self.weight, self.bias)
+            x = F.linear(_clamp(x, self.input_min, self.input_max), self.weight, self.bias)
         else:  # each source's rows read the input clamped to its own bounds
             biases = (None,) * len(self.split) if self.bias is None else self.bias.split(self.split)
-            x = torch.cat([F.linear(x.clamp(low, high), w, b) for low, high, w, b in zip(
+            x = torch.cat([F.linear(_clamp(x, low, high), w, b) for low, high, w, b in zip(
                 self.input_min, self.input_max, self.weight.split(self.split), biases, strict=True)], -1)
-        return x.clamp(self.output_min, self.output_max)
+        return _clamp(x, self.output_min, self.output_max)
+
+
+def _clamp(x: Tensor, low: Tensor, high: Tensor) -> Tensor:
+    """``x.clamp(low, high)`` as two selects: ONNX export's optimizer rewrites clamp, max and min into ``Clip`` nodes
+    whose bounds it leaves undefined when one input meets several bounds (q, k and v's: onnxscript, torch 2.14)."""
+    return torch.where(x > high, high, torch.where(x < low, low, x))
 
 
 class SoftTokenPool(nn.Module):
@@ -194,8 +200,8 @@ def is_gemma4(state_dict: dict[str, Any]) -> bool:
 
 
 def describe_gemma4(state_dict: dict[str, Any]) -> tuple[str | None, dict[str, Any]]:
-    """The twin a timm Gemma 4 file describes (classifier by its ``encoder.`` prefix, size by its width) and every
-    argument its weights decide, for ``create_from_checkpoint`` without a model name."""
+    """The twin a timm Gemma 4 file describes (classifier by its ``encoder.`` prefix, size by its width, or its
+    standardisation at another width) and every argument its weights decide, for ``create_from_checkpoint``."""
     prefix = "encoder." if "encoder.patch_embed.position_embedding_table" in state_dict else ""
     table = state_dict[f"{prefix}patch_embed.position_embedding_table"]
     dim, head_dim = int(table.shape[-1]), int(state_dict[f"{prefix}blocks.0.attn.q_norm.weight"].shape[0])
@@ -208,8 +214,9 @@ def describe_gemma4(state_dict: dict[str, Any]) -> tuple[str | None, dict[str, A
         standardize=f"{prefix}std_bias" in state_dict)
     if "head.weight" in state_dict:
         args["num_classes"] = int(state_dict["head.weight"].shape[0])
-    size = next((size for size, arch in _ARCH.items() if arch["embed_dim"] == dim), None)
-    return (None if size is None else f"vit_rope_gemma4_vit_{size}{'' if prefix else '_enc'}"), args
+    size = next((size for size, arch in _ARCH.items() if arch["embed_dim"] == dim), None)  # else: the args decide
+    size = size or ("570m" if args["standardize"] else "167m")
+    return f"vit_rope_gemma4_vit_{size}{'' if prefix else '_enc'}", args
 
 
 _RENAMES = ((r"\.norm2\.", ".ls1."), (r"\.norm3\.", ".norm2."), (r"\.norm4\.", ".ls2."), (r"\.o_proj\.", ".proj."),
