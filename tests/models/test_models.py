@@ -10,6 +10,7 @@ from timm.layers import DropPath
 import vit_rope
 from vit_rope.encodings.rope.tables import RoPE2D
 from vit_rope.models.eva_families import FAMILIES, twin_name
+from vit_rope.models.gemma4_vit import GEMMA4
 from vit_rope.models.qwen3_vit import QWEN3
 from vit_rope.models.vit import RoPEVisionTransformer
 
@@ -20,8 +21,9 @@ SMALLEST_TWINS = ["vit_rope_eva02_tiny_patch14_224", "vit_rope_pe_core_tiny_patc
                   "vit_rope_base_patch16_sapiens2"]
 # Qwen3-VL's by its smallest classifier (any size); the merger's twins, even grids only, are test_qwen3_vit.py's
 QWEN3_TWINS = {f"vit_rope_{name}" for name in QWEN3}
-MODEL_NAMES = [name for name in timm.list_models("vit_rope_*") if name not in EVA_TWINS | QWEN3_TWINS] + \
-    SMALLEST_TWINS + ["vit_rope_qwen3_vit_88m"]
+GEMMA4_TWINS = {f"vit_rope_{name}" for name in GEMMA4}  # likewise: the pooler's twins (3x3 grids) in test_gemma4_vit.py
+MODEL_NAMES = [name for name in timm.list_models("vit_rope_*") if name not in EVA_TWINS | QWEN3_TWINS | GEMMA4_TWINS] \
+    + SMALLEST_TWINS + ["vit_rope_qwen3_vit_88m", "vit_rope_gemma4_vit_167m"]
 SIZES = [(2, 2), (4, 4), (3, 5)]  # in patches: two square resolutions and a non-square one
 # each registered width, head count and block kind at depth 2 (the blocks past the second repeat them); Sapiens2 lists
 # key/value heads per block, all 12 in the base model: given once for the two blocks
