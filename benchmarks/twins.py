@@ -54,12 +54,14 @@ FAMILIES = {  # family -> (timm name of its smallest size, default batch size)
     "lingbot": ("vit_small_patch16_lingbot", 2),
     "dinov3": ("vit_small_patch16_dinov3", 2),
     "qwen3": ("qwen3_vit_88m_merge", 2),  # Qwen3-VL's smallest tower with its merger: what the VLM runs
+    "gemma4": ("gemma4_vit_167m", 1),  # E2B/E4B's tower (clamped linears); the pooler is cheap, the loss needs [B, C]
 }
 # Sapiens2 gives timm one kv-head count per block; a cut depth needs a shorter list: full attention, which all 12
 # blocks of its ViT-B have (grouped kv heads skip the first and last 8 blocks)
 CUT_DEPTH_ARGS = {"sapiens2": {"num_kv_heads": 12}}
 SPEED_TARGET, MEMORY_TARGET = 1.0, 1.0
-UNNAMED_PATCH = {"qwen3_vit_88m_merge": 16}  # the patch size of the models whose name does not say it
+# the patch size of the models whose name does not say it
+UNNAMED_PATCH = {"qwen3_vit_88m_merge": 16, "gemma4_vit_167m": 16}
 
 
 def input_size(name: str, scale: float) -> tuple[int, int]:
