@@ -76,6 +76,14 @@ def test_twin_equals_timm_through_from_timm_and_the_loader(name, tmp_path):
     assert_parity(theirs, loaded, SIZES[1])
 
 
+def test_classifier_over_the_soft_tokens_equals_timm():
+    theirs = timm_gemma4("gemma4_vit_570m", encoder_pool="soft")  # timm's option: the head pools the soft tokens
+    twin = vit_rope.from_timm(theirs)
+    assert twin.encoder_pool == "soft" and twin.pooler is not None
+    for size in SIZES:
+        assert_parity(theirs, twin, size)
+
+
 def test_clamps_and_standardisation_shape_the_output():
     """The bounds the parity runs under are not idle: without them timm's outputs move."""
     x = torch.rand(1, 3, 96, 96)

@@ -49,7 +49,9 @@ _LINEARS = ("attn.qkv", "attn.proj", "mlp.fc1_g", "mlp.fc1_x", "mlp.fc2")
 class ClippedLinear(nn.Linear):
     """``nn.Linear`` with its input and output clamped, as Gemma 4's ``Gemma4ClippableLinear`` (E2B/E4B's files set
     finite bounds). ``split``: the output rows of each source linear fused here (q, k, v), each with its own input
-    bounds ``[G]``; output bounds per row ``[out_features]``; infinite until a checkpoint sets them."""
+    bounds ``[G, in_features]``; output bounds per row ``[out_features]``; infinite until a checkpoint sets them. Bounds
+    per feature, not scalars: the ONNX export's optimizer turns a clamp to tensor scalars into ``Clip`` nodes whose
+    bounds it leaves undefined (onnxscript, torch 2.14)."""
 
     def __init__(self, linear: nn.Linear, split: tuple[int, ...] | None = None) -> None:
         super().__init__(linear.in_features, linear.out_features, bias=linear.bias is not None,
@@ -57,24 +59,18 @@ class ClippedLinear(nn.Linear):
         self.weight, self.bias = linear.weight, linear.bias  # the model's init, shared
         self.split = tuple(split or (linear.out_features,))
         dd = get_device_dtype(linear)
-        for name, size in (("input", len(self.split)), ("output", linear.out_features)):
-            self.register_buffer(f"{name}_min", torch.full((size,), -float("inf"), **dd))
-            self.register_buffer(f"{name}_max", torch.full((size,), float("inf"), **dd))
+        for name, size in (("input", (len(self.split), linear.in_features)), ("output", (linear.out_features,))):
+            self.register_buffer(f"{name}_min", torch.full(size, -float("inf"), **dd))
+            self.register_buffer(f"{name}_max", torch.full(size, float("inf"), **dd))
 
     def forward(self, x: Tensor) -> Tensor:
         if len(self.split) == 1:
-            x = F.linear(_clamp(x, self.input_min, self.input_max), self.weight, self.bias)
+            x = F.linear(x.clamp(self.input_min[0], self.input_max[0]), self.weight, self.bias)
         else:  # each source's rows read the input clamped to its own bounds
             biases = (None,) * len(self.split) if self.bias is None else self.bias.split(self.split)
-            x = torch.cat([F.linear(_clamp(x, low, high), w, b) for low, high, w, b in zip(
+            x = torch.cat([F.linear(x.clamp(low, high), w, b) for low, high, w, b in zip(
                 self.input_min, self.input_max, self.weight.split(self.split), biases, strict=True)], -1)
-        return _clamp(x, self.output_min, self.output_max)
-
-
-def _clamp(x: Tensor, low: Tensor, high: Tensor) -> Tensor:
-    """``x.clamp(low, high)`` as two selects: ONNX export's optimizer rewrites clamp, max and min into ``Clip`` nodes
-    whose bounds it leaves undefined when one input meets several bounds (q, k and v's: onnxscript, torch 2.14)."""
-    return torch.where(x > high, high, torch.where(x < low, low, x))
+        return x.clamp(self.output_min, self.output_max)
 
 
 class SoftTokenPool(nn.Module):
@@ -256,9 +252,10 @@ def from_gemma4(state_dict: dict[str, Tensor], model: nn.Module, source: str = S
             continue
         if re.fullmatch(r"blocks\.\d+\.attn\.[qk]_norm\.weight", key):
             value = value.index_select(0, index.to(value.device))
-        if key.endswith(("_min", "_max")):  # a bound per input source, per output row
-            rows = sd[re.sub(r"(in|out)put_m(in|ax)$", "linear.weight", key)].shape[0]
-            value = value.reshape(1).expand(rows if key.endswith(("output_min", "output_max")) else 1).clone()
+        if key.endswith(("_min", "_max")):  # a bound per input feature [1, in], per output row [out]
+            rows, cols = sd[re.sub(r"(in|out)put_m(in|ax)$", "linear.weight", key)].shape
+            output = key.endswith(("output_min", "output_max"))
+            value = value.reshape(1).expand(rows).clone() if output else value.reshape(1, 1).expand(1, cols).clone()
         for pattern, new in _RENAMES:
             key = re.sub(pattern, new, key)
         out[key] = value
@@ -268,10 +265,10 @@ def from_gemma4(state_dict: dict[str, Tensor], model: nn.Module, source: str = S
         out[f"{prefix}qkv.weight"] = permute_qk_rows(torch.cat(weights), index, nh, nkv)
         if f"{prefix}q_proj.input_min" in sd:
             for bound in ("input_min", "input_max", "output_min", "output_max"):
-                values = [sd[f"{prefix}{n}_proj.{bound}"].reshape(1) for n in "qkv"]
-                if bound.startswith("output"):
-                    values = [v.expand(w.shape[0]) for v, w in zip(values, weights, strict=True)]
-                out[f"{prefix}qkv.{bound}"] = torch.cat(values)
+                values = [sd[f"{prefix}{n}_proj.{bound}"].reshape(1, 1) for n in "qkv"]  # [3, in], [rows]
+                out[f"{prefix}qkv.{bound}"] = torch.cat([v.expand(w.shape[0], 1)[:, 0] for v, w in zip(
+                    values, weights, strict=True)]) if bound.startswith("output") else torch.cat(
+                    [v.expand(1, w.shape[1]) for v, w in zip(values, weights, strict=True)])
     notes = [f"{source}: q/k/v fused, q/k rows and norm scales of every head permuted from Gemma 4's axis halves to "
              "interleaved pairs; pixel scaling 2 x - 1 folded into the patch convolution"]
     if dropped:
