@@ -57,6 +57,7 @@ FAMILIES = {  # family -> (timm name of its smallest size, default batch size)
     "pixtral": ("vit_rope_pixtral_vit_12b", 1),  # against transformers' PixtralVisionModel (Pixtral-12B's config)
     "qwen2_5_vl": ("Qwen2_5_VisionTransformerPretrainedModel", 2),  # transformers' (HF_FAMILIES)
     "deepseek": ("deepseek_vit_412m_align", 2),  # DeepSeek-V4's tower with its aligner (what the VLM reads), a head
+    "gemma4": ("gemma4_vit_167m", 1),  # E2B/E4B's tower (clamped linears); the pooler is cheap, the loss needs [B, C]
 }
 # families whose source is transformers' model, built here from its config: (config, input side); Qwen2.5-VL's tower
 # (3B / 7B / 72B share it; the 7B's merger) at 224 px: 16x16 patches, 2x2 windows of 8x8, blocks 7, 15, 23, 31 full
@@ -67,7 +68,8 @@ HF_FAMILIES = {"qwen2_5_vl": (dict(depth=32, hidden_size=1280, intermediate_size
 CUT_DEPTH_ARGS = {"sapiens2": {"num_kv_heads": 12}}
 SPEED_TARGET, MEMORY_TARGET = 1.0, 1.0
 # the patch size of the models whose name does not say it
-UNNAMED_PATCH = {"qwen3_vit_88m_merge": 16, "deepseek_vit_412m_align": 14, "vit_rope_pixtral_vit_12b": 16}
+UNNAMED_PATCH = {"qwen3_vit_88m_merge": 16, "deepseek_vit_412m_align": 14, "vit_rope_pixtral_vit_12b": 16,
+                 "gemma4_vit_167m": 16}
 
 
 class PooledPixtral(nn.Module):

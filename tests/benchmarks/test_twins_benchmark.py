@@ -9,6 +9,8 @@ from collections.abc import Callable
 
 from benchmarks import twins
 
+QK_NORMS = {"sapiens2", "gemma4"}  # the families whose blocks normalise q and k
+
 
 def test_a_tiny_run_writes_every_family_row_and_ratio(run_benchmark: Callable) -> None:
     result = run_benchmark(twins.main, ["--depth", "1", "--scale", "0.25", "--batch-size", "1", "--rounds", "1",
@@ -20,9 +22,9 @@ def test_a_tiny_run_writes_every_family_row_and_ratio(run_benchmark: Callable) -
     for (family, run, mode), row in rows.items():
         assert row["images_per_s"] > 0 and row["blocks"] == row["sdpa_blocks"] == 1
         assert mode == "infer" or row["activation_mib"] > 0
-        if run == "twin":  # Sapiens2 rotates after its q/k norms; every other family fuses it into the projection
-            assert row["fused_rotation_blocks"] == (family != "sapiens2")
-            assert row["qk_norm_blocks"] == (family == "sapiens2")
+        if run == "twin":  # Sapiens2 and Gemma 4 rotate after their q/k norms; the others fuse it into the projection
+            assert row["fused_rotation_blocks"] == (family not in QK_NORMS)
+            assert row["qk_norm_blocks"] == (family in QK_NORMS)
             assert row["model"].startswith("vit_rope_")
     ratios = {(ratio["family"], ratio["ratio"]) for ratio in result["ratios"]}
     assert len(result["ratios"]) == 3 * len(twins.FAMILIES) and len(ratios) == 2 * len(twins.FAMILIES)

@@ -20,8 +20,8 @@ def test_attention_and_block_take_one_encoding_argument():
     for forward in (RoPEAttention.forward, RoPEBlock.forward):
         assert list(inspect.signature(forward).parameters) == ["self", "x", "encoding", "attn_mask", "is_causal"]
     attn = RoPEAttention(32, num_heads=2)
-    assert not [name for name, _ in attn.named_children() if name not in ("qkv", "q_norm", "k_norm", "attn_drop",
-                                                                             "norm", "proj", "proj_drop")]
+    timm_children = ("qkv", "q_norm", "k_norm", "attn_drop", "norm", "proj", "proj_drop")
+    assert not [name for name, _ in attn.named_children() if name not in (*timm_children, "v_norm")]  # v_norm: Gemma 4
     tables = (torch.ones(1, 5, 8), torch.zeros(1, 5, 8))
     assert block_input(None) is NO_INPUT and block_input(NO_INPUT) is NO_INPUT
     rotation = block_input(tables)

@@ -53,8 +53,14 @@ def lookhere_file() -> dict:
     (lambda: timm.create_model("vit_rope_tiny_patch16_mixed_224", depth=1).state_dict(), VIT.name),  # our own
     (lambda: timm.create_model("deit3_small_patch16_224", depth=1).state_dict(), VIT.name),  # ls1.gamma
     (lambda: timm.create_model("vit_rope_small_patch16_dinov3", depth=1).state_dict(), VIT.name),  # a twin's own
+    (lambda: timm.create_model("gemma4_vit_167m", depth=1, device="meta").state_dict(),
+     "timm's Gemma 4 ViT (timm.models.gemma4_vit)"),  # its q_proj.linear is no Eva q_proj
+    (lambda: keys("patch_embedder.position_embedding_table", "encoder.layers.0.self_attn.q_proj.linear.weight"),
+     "Hugging Face transformers' Gemma4VisionModel"),
+    (lambda: timm.create_model("vit_rope_gemma4_vit_167m", depth=1, device="meta").state_dict(), VIT.name),
 ], ids=["timm-dinov3", "timm-dinov3-qkvb", "eva02-q-bias", "eva02-q-proj", "timm-rope-port", "meta-dinov3",
-        "hf-dinov3", "hf-vit", "lookhere", "vit-rope", "deit3", "vit-rope-dinov3"])
+        "hf-dinov3", "hf-vit", "lookhere", "vit-rope", "deit3", "vit-rope-dinov3", "timm-gemma4", "hf-gemma4",
+        "vit-rope-gemma4"])
 def test_each_format_is_recognised_by_its_marker_alone(source, expected):
     state_dict = source()
     assert claims(state_dict) == ([] if expected == VIT.name else [expected])
@@ -92,7 +98,8 @@ def test_every_format_converts_describes_and_loads_through_one_table(tmp_path):
     official ViT the arguments), so that ``create_from_checkpoint`` and the harness need no branch per format."""
     assert len({fmt.name for fmt in (*FORMATS, VIT)}) == len(FORMATS) + 1
     assert {fmt.name for fmt in FORMATS if fmt.folder is not None} == {HF_FORMAT, "PaPE's official ImageClassifier",
-                                                                       pixtral.SOURCE, QWEN25_SOURCE}
+                                                                       pixtral.SOURCE, QWEN25_SOURCE,
+                                                                       "Hugging Face transformers' Gemma4VisionModel"}
     reference = timm.create_model("vit_rope_tiny_patch16_lookhere_224", depth=2, head_hidden_dim=768, num_classes=4,
                                   norm_layer=partial(torch.nn.LayerNorm, eps=1e-5)).eval()  # the official ViT's
     obj = {"weights": reference.state_dict(), "config": {**reference.pos_encoding.config}}

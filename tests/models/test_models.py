@@ -11,6 +11,7 @@ import vit_rope
 from vit_rope.encodings.rope.tables import RoPE2D
 from vit_rope.models.deepseek_vit import DEEPSEEK
 from vit_rope.models.eva_families import FAMILIES, twin_name
+from vit_rope.models.gemma4_vit import GEMMA4
 from vit_rope.models.pixtral import PIXTRAL
 from vit_rope.models.qwen2_5_vl import QWEN25
 from vit_rope.models.qwen3_vit import QWEN3
@@ -28,9 +29,10 @@ QWEN25_TWINS = set(QWEN25)  # the Qwen2.5-VL tower outputs its merger's tokens, 
 PIXTRAL_TWINS = {f"vit_rope_{name}" for name in PIXTRAL}
 # DeepSeek's by its classifier (a 412M tower, cut to depth 2); its aligner's twins are test_deepseek_vit.py's
 DEEPSEEK_TWINS = {f"vit_rope_{name}" for name in DEEPSEEK}
-OWN_TESTS = EVA_TWINS | QWEN3_TWINS | QWEN25_TWINS | PIXTRAL_TWINS | DEEPSEEK_TWINS
-MODEL_NAMES = [name for name in timm.list_models("vit_rope_*") if name not in OWN_TESTS] + \
-    SMALLEST_TWINS + ["vit_rope_qwen3_vit_88m", "vit_rope_pixtral_vit_12b", "vit_rope_deepseek_vit_412m"]
+GEMMA4_TWINS = {f"vit_rope_{name}" for name in GEMMA4}  # likewise: the pooler's twins (3x3 grids) in test_gemma4_vit.py
+OWN_TESTS = EVA_TWINS | QWEN3_TWINS | QWEN25_TWINS | PIXTRAL_TWINS | DEEPSEEK_TWINS | GEMMA4_TWINS
+MODEL_NAMES = [name for name in timm.list_models("vit_rope_*") if name not in OWN_TESTS] + SMALLEST_TWINS + \
+    ["vit_rope_qwen3_vit_88m", "vit_rope_pixtral_vit_12b", "vit_rope_deepseek_vit_412m", "vit_rope_gemma4_vit_167m"]
 SIZES = [(2, 2), (4, 4), (3, 5)]  # in patches: two square resolutions and a non-square one
 # each registered width, head count and block kind at depth 2 (the blocks past the second repeat them); Sapiens2 lists
 # key/value heads per block, all 12 in the base model: given once for the two blocks

@@ -74,6 +74,7 @@ class RoPEAttention(Attention):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.num_kv_heads = self.num_heads
+        self.v_norm: nn.Module = nn.Identity()  # a norm of each value head (Gemma 4's, without scale)
 
     def group_kv_heads_(self, num_kv_heads: int) -> None:
         """Grouped-query attention as timm's ``AttentionRope`` (Sapiens2): ``num_kv_heads`` key / value heads, head
@@ -89,8 +90,8 @@ class RoPEAttention(Attention):
 
     @property
     def plain_qk(self) -> bool:
-        """No q/k norm: RoPE can rotate q and k straight in the projection output."""
-        return isinstance(self.q_norm, nn.Identity) and isinstance(self.k_norm, nn.Identity)
+        """No q/k (or v) norm: RoPE can rotate q and k straight in the projection output."""
+        return all(isinstance(norm, nn.Identity) for norm in (self.q_norm, self.k_norm, self.v_norm))
 
     def project(self, x: Tensor, encoding: Any = None) -> tuple[Tensor, Tensor, Tensor]:
         """Queries and keys (rotated, or as the ``BlockInput`` computes them) and values, each ``[B, nh, N, D]`` (q
@@ -108,7 +109,7 @@ class RoPEAttention(Attention):
         q, k, v = qkv.split([nh * D, nkv * D, nkv * D], dim=-1)
         q = self.q_norm(q.unflatten(-1, (nh, D)).transpose(1, 2))  # [B, nh, N, D]
         k = self.k_norm(k.unflatten(-1, (nkv, D)).transpose(1, 2))  # [B, nkv, N, D]
-        v = v.unflatten(-1, (nkv, D)).transpose(1, 2)  # [B, nkv, N, D]
+        v = self.v_norm(v.unflatten(-1, (nkv, D)).transpose(1, 2))  # [B, nkv, N, D]
         if rope is not None:  # in place only into the outputs of two norms that nothing else sees
             own = all(not isinstance(norm, nn.Identity) and not norm._forward_hooks for norm in (self.q_norm,
                                                                                                 self.k_norm))

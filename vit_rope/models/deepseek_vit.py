@@ -158,9 +158,11 @@ def twin_cfgs() -> dict[str, dict[str, Any]]:
 
 
 def is_deepseek(state_dict: dict[str, Any]) -> bool:
-    """timm's DeepSeek files (the classifiers' ``encoder.`` without Qwen3-VL's ``encoder.pos_embed``, the encoders'
-    ``aligner.``; ours: ``patch_merger.``) and DeepSeek's own shards (``vision.*``, as timm's filter tells them)."""
-    return ("encoder.patch_embed.proj.weight" in state_dict and "encoder.pos_embed" not in state_dict) or \
+    """timm's DeepSeek files (the classifiers' ``encoder.`` without the position tables of Qwen3-VL's and Gemma 4's,
+    the encoders' ``aligner.``; ours: ``patch_merger.``) and DeepSeek's own shards (``vision.*``, as timm's filter
+    tells them)."""
+    tables = ("encoder.pos_embed", "encoder.patch_embed.position_embedding_table")
+    return ("encoder.patch_embed.proj.weight" in state_dict and not any(key in state_dict for key in tables)) or \
         "aligner.fc1.weight" in state_dict or any(key.startswith("vision.") for key in state_dict)
 
 

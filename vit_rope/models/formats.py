@@ -17,12 +17,14 @@ from typing import Any
 from torch import Tensor, nn
 
 from vit_rope.encodings import FORMATS as KIND_FORMATS
-from vit_rope.models import hf_dinov3, pixtral, qwen2_5_vl, swin
+from vit_rope.models import hf_dinov3, hf_gemma4, pixtral, qwen2_5_vl, swin
 from vit_rope.models.deepseek_vit import SOURCE as DEEPSEEK_SOURCE
 from vit_rope.models.deepseek_vit import DeepseekVisionTransformer, describe_deepseek, from_deepseek, is_deepseek
 from vit_rope.models.dinov3 import SIZES as DINOV3_SIZES
 from vit_rope.models.dinov3 import architecture, dinov3_name, from_dinov3
 from vit_rope.models.eva_weights import EVA_LAYOUTS, check_family, from_eva, is_eva
+from vit_rope.models.gemma4_vit import SOURCE as GEMMA4_SOURCE
+from vit_rope.models.gemma4_vit import Gemma4VisionTransformer, describe_gemma4, from_gemma4, is_gemma4
 from vit_rope.models.qwen3_vit import SOURCE as QWEN3_SOURCE
 from vit_rope.models.qwen3_vit import Qwen3VisionTransformer, describe_qwen3, from_qwen3, is_qwen3
 from vit_rope.models.widths import size_of
@@ -79,9 +81,9 @@ def _meta_dinov3(state_dict: dict[str, Any], model: nn.Module) -> Converted:
 
 
 def _timm_eva(state_dict: dict[str, Any], model: nn.Module) -> Converted:
-    if isinstance(model, Qwen3VisionTransformer):  # its layout is rotate-half too, but not its architecture
+    if isinstance(model, (Qwen3VisionTransformer, Gemma4VisionTransformer)):  # not an Eva architecture
         family, files = ("DeepSeek", "deepseek_vit_*") if isinstance(model, DeepseekVisionTransformer) else \
-            ("Qwen3-VL", "qwen3_vit_*")
+            ("Gemma 4", "gemma4_vit_*") if isinstance(model, Gemma4VisionTransformer) else ("Qwen3-VL", "qwen3_vit_*")
         raise ValueError(f"The checkpoint is timm's Eva (keys ending in '.attn.q_bias' or '.gamma_1'), which a "
                          f"{family} twin ({type(model).__name__}) does not take: load it into its Eva family's twin "
                          f"(vit_rope.from_timm names it); {family} twins load timm's {files} files.")
@@ -120,7 +122,8 @@ FORMATS: tuple[Format, ...] = (
            lambda state_dict: "embeddings.patch_embeddings.weight" in state_dict, _hf_dinov3,
            folder=Folder(hf_dinov3.CONFIG, hf_dinov3.WEIGHTS,
                          lambda config: "model_type" in config  # but the formats' of other transformers models
-                         and config["model_type"] not in (*pixtral.MODEL_TYPES, *qwen2_5_vl.MODEL_TYPES),
+                         and config["model_type"] not in (*pixtral.MODEL_TYPES, *qwen2_5_vl.MODEL_TYPES,
+                                                          *hf_gemma4.MODEL_TYPES),
                          hf_dinov3.dinov3_args_from_hf_config, hf_dinov3.check_hf_config)),
     Format("Hugging Face transformers' ViT or DINOv2", "'embeddings.patch_embeddings.projection.weight'",
            lambda state_dict: any(key.endswith("embeddings.patch_embeddings.projection.weight") for key in state_dict),
@@ -134,6 +137,12 @@ FORMATS: tuple[Format, ...] = (
     Format(DEEPSEEK_SOURCE, "'encoder.patch_embed.proj.weight' without 'encoder.pos_embed' (classifiers), "
            "'aligner.fc1.weight' (encoders) or 'vision.*' keys (DeepSeek's own shards)", is_deepseek, from_deepseek,
            describe_deepseek),
+    Format(GEMMA4_SOURCE, "'patch_embed.position_embedding_table' (encoders) or 'encoder.patch_embed."
+           "position_embedding_table' (classifiers)", is_gemma4, from_gemma4, describe_gemma4),
+    Format(hf_gemma4.HF_FORMAT, "keys ending in 'patch_embedder.position_embedding_table'", hf_gemma4.is_hf_gemma4,
+           hf_gemma4.from_hf_gemma4, hf_gemma4.describe_hf_gemma4,
+           folder=Folder(hf_gemma4.CONFIG, hf_gemma4.WEIGHTS, lambda config: config.get("model_type") in
+                         hf_gemma4.MODEL_TYPES, hf_gemma4.gemma4_args_from_hf_config, hf_gemma4.check_hf_config)),
     Format(pixtral.SOURCE, "keys '(model.)(vision_tower.)patch_conv.weight'", pixtral.is_pixtral, pixtral.from_pixtral,
            pixtral.describe_pixtral,
            folder=Folder(hf_dinov3.CONFIG, hf_dinov3.WEIGHTS, lambda config: config.get("model_type") in

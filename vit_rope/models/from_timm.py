@@ -12,7 +12,7 @@ from typing import Any
 import timm
 from torch import nn
 
-from vit_rope.models import deepseek_vit, pixtral, qwen2_5_vl, qwen3_vit
+from vit_rope.models import deepseek_vit, gemma4_vit, pixtral, qwen2_5_vl, qwen3_vit
 from vit_rope.models.checkpoint import load_state_dict
 from vit_rope.models.eva_families import FAMILIES, twin_name
 from vit_rope.models.vit import RoPEVisionTransformer
@@ -20,8 +20,8 @@ from vit_rope.models.vit import RoPEVisionTransformer
 SUPPORTED = ("EVA-02 (eva02_*_patch14_*, eva02_*_clip_*), Perception Encoder (vit_pe_{core,lang,spatial}_*), SBB RoPE "
              "ViT (vit_*_patch16_rope_reg*_gap_256), Sapiens2 (vit_*_patch16_sapiens2), LingBot-Vision "
              "(vit_*_patch16_lingbot), DINOv3 (vit_*_patch16_dinov3[_qkvb]), Qwen3-VL (qwen3_vit_*), DeepSeek-V4 "
-             "(deepseek_vit_*); transformers' PixtralVisionModel and its LlavaForConditionalGeneration, Qwen2.5-VL "
-             f"tower ({qwen2_5_vl.HF_CLASS})")
+             "(deepseek_vit_*), Gemma 4 (gemma4_vit_*); transformers' PixtralVisionModel and its "
+             f"LlavaForConditionalGeneration, Qwen2.5-VL tower ({qwen2_5_vl.HF_CLASS})")
 _DINOV3 = re.compile(r"vit_\w+_patch16_dinov3(_qkvb)?")
 
 
@@ -58,6 +58,9 @@ def from_timm(model: nn.Module) -> RoPEVisionTransformer:
         return _twin(model, name, args, f"timm {timm_name}")
     if timm_name in deepseek_vit.DEEPSEEK:
         name, args = deepseek_vit.architecture(model)
+        return _twin(model, name, args, f"timm {timm_name}")
+    if timm_name in gemma4_vit.GEMMA4:
+        name, args = gemma4_vit.architecture(model)
         return _twin(model, name, args, f"timm {timm_name}")
     supported = timm_name is not None and (any(timm_name in table for table in FAMILIES.values())
                                            or (_DINOV3.fullmatch(timm_name) and timm.is_model(twin_name(timm_name))))

@@ -21,6 +21,8 @@ from vit_rope.models import deepseek_vit, dinov3
 from vit_rope.models.checkpoint import checkpoint_filter_fn
 from vit_rope.models.dinov3 import dinov3_name
 from vit_rope.models.eva_families import FAMILIES, twin_cfgs, twin_name
+from vit_rope.models.gemma4_vit import GEMMA4, Gemma4VisionTransformer
+from vit_rope.models.gemma4_vit import twin_cfgs as gemma4_twin_cfgs
 from vit_rope.models.pixtral import PIXTRAL, PixtralVisionTransformer
 from vit_rope.models.pixtral import twin_cfgs as pixtral_twin_cfgs
 from vit_rope.models.qwen2_5_vl import QWEN25, Qwen25VisionTransformer
@@ -75,7 +77,8 @@ def _default_cfgs() -> dict[str, Any]:
     for name in QWEN25:  # transformers' Qwen2.5-VL tower: its weights are a folder (config.json + model.safetensors)
         cfgs[name] = _cfg(num_classes=0, input_size=(3, 448, 448), mean=OPENAI_CLIP_MEAN, std=OPENAI_CLIP_STD,
                           interpolation="bicubic", min_input_size=(3, 28, 28))
-    return {**cfgs, **twin_cfgs(), **qwen3_twin_cfgs(), **pixtral_twin_cfgs(), **deepseek_vit.twin_cfgs()}
+    return {**cfgs, **twin_cfgs(), **qwen3_twin_cfgs(), **pixtral_twin_cfgs(), **deepseek_vit.twin_cfgs(),
+            **gemma4_twin_cfgs()}
 
 
 default_cfgs = generate_default_cfgs(_default_cfgs())
@@ -139,6 +142,9 @@ for _name, _args in QWEN25.items():  # transformers' Qwen2.5-VL tower (vit_rope.
 for _timm_name, _args in deepseek_vit.DEEPSEEK.items():  # timm's DeepSeek ViTs (vit_rope.models.deepseek_vit)
     globals()[f"vit_rope_{_timm_name}"] = register_model(deepseek_vit.tagged(_entrypoint(
         f"vit_rope_{_timm_name}", _args, model_cls=deepseek_vit.DeepseekVisionTransformer)))
+for _timm_name, _args in GEMMA4.items():  # timm's Gemma 4 ViTs (vit_rope.models.gemma4_vit)
+    globals()[f"vit_rope_{_timm_name}"] = register_model(_entrypoint(f"vit_rope_{_timm_name}", _args,
+                                                                      model_cls=Gemma4VisionTransformer))
 
 for _kind, _size in product(SWIN_KINDS, SWIN_SIZES):  # RoPE-ViT's RoPE-Swin (vit_rope.models.swin)
     _name = swin_name(_kind, _size)

@@ -60,7 +60,7 @@ def interleave_permutation(head_dim: int) -> Tensor:
     return pair + place * (head_dim // 2)
 
 
-QK_LAYOUTS = ("interleaved", "eva_ij", "eva_xy", "rotate_half")
+QK_LAYOUTS = ("interleaved", "eva_ij", "eva_xy", "rotate_half", "gemma4")
 
 
 def check_qk_layout(layout: str) -> str:
@@ -72,11 +72,16 @@ def check_qk_layout(layout: str) -> str:
 
 def qk_permutation(layout: str, head_dim: int) -> Tensor:
     """Index ``[head_dim]``: row ``c`` of our q (or k) head is row ``index[c]`` of a head in ``layout``
-    (``interleaved``, ``eva_xy``: the identity; ``eva_ij``: the axes swapped; ``rotate_half``: DINOv3's)."""
+    (``interleaved``, ``eva_xy``: the identity; ``eva_ij``: the axes swapped; ``rotate_half``: DINOv3's; ``gemma4``:
+    x on the first half of the head, y on the second, each in rotate-half pairs ``(c, c + D/4)``)."""
     if check_qk_layout(layout) in ("interleaved", "eva_xy"):
         return torch.arange(head_dim)
     if layout == "rotate_half":
         return interleave_permutation(head_dim)
+    if layout == "gemma4":  # our pair p: axis p // (D/4), frequency p % (D/4)
+        quarter, channel = head_dim // 4, torch.arange(head_dim)
+        pair, place = channel // 2, channel % 2
+        return (pair // quarter) * 2 * quarter + pair % quarter + place * quarter
     pair, place = _swapped_axes(head_dim)
     return 2 * pair + place
 

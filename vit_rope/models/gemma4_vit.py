@@ -1,0 +1,313 @@
+"""Twins of timm's Gemma 4 vision encoders (``timm.models.gemma4_vit``, timm 1.0.31): ``vit_rope_gemma4_vit_*``.
+
+Gemma 4's vision tower (Gemma 4 Technical Report, arXiv:2607.02770; transformers' ``Gemma4VisionModel``) is a ViT
+without class token, biases or final norm: a linear patch embedding of pixels scaled to [-1, 1], a learned position
+table per axis (row ``x`` of one plus row ``y`` of the other, read at the raw patch index, up to 10240), blocks with
+four RMSNorms (a pre- and a post-norm around attention and around the GELU-tanh gated MLP), RMSNorm on each head's
+q, k (with scale) and v (without), attention without the ``1 / sqrt(D)`` scale, and axial 2D RoPE (theta 100,
+integer patch indices from 0) in its own layout: x rotates the first half of each head, y the second, each half in
+rotate-half pairs. Its pooler averages each 3x3 block of patches and scales by ``sqrt(C)`` (570m: then standardises):
+the soft tokens the language model reads. E2B/E4B's tower (167m) clamps every linear's input and output.
+
+A twin is a ``RoPEVisionTransformer`` (``encoding="axial"``, ``qk_layout="gemma4"``): the pixel scaling folded into
+the patch convolution, the post-norms in the LayerScale slots (``ls1``, ``ls2``), q/k/v fused into ``qkv``, the gated
+MLP timm's ``SwiGLU``, the clamps ``ClippedLinear``. ``vit_rope_gemma4_vit_*``: mean of the tokens, RMSNorm without
+scale, linear head (timm's classifiers); ``*_enc``: the soft tokens. ``forward_features``: tokens before the pooler.
+"""
+
+from __future__ import annotations
+
+import re
+from functools import partial
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from timm.layers import SwiGLU, get_device_dtype, trunc_normal_
+from torch import Tensor, nn
+
+from vit_rope.encodings.rope.dinov3_rope import permute_qk_rows, qk_permutation
+from vit_rope.layers.rms_norm import RmsNorm
+from vit_rope.models.naflex_batch import naflex_batch
+from vit_rope.models.qwen3_vit import PatchMerger, _square
+from vit_rope.models.vit import RoPEVisionTransformer
+from vit_rope.weights import Converted
+
+SOURCE = "timm's Gemma 4 ViT (timm.models.gemma4_vit)"
+HF_FORMAT = "Hugging Face transformers' Gemma4VisionModel"
+_ARCH = {"167m": dict(embed_dim=768, depth=16, num_heads=12, mlp_ratio=4.0, use_clipped_linears=True),
+         "570m": dict(embed_dim=1152, depth=27, num_heads=16, mlp_ratio=4304 / 1152, standardize=True)}
+_COMMON = dict(img_size=768, patch_size=16, class_token=False, qkv_bias=False, proj_bias=False, qk_norm=True,
+               norm_layer=partial(RmsNorm, eps=1e-6), act_layer="gelu_tanh", mlp_layer=SwiGLU, encoding="axial",
+               rope_theta=100.0, resolution_policy="extrapolate", qk_layout="gemma4", num_classes=0)
+_HEADS = (("", "avg"), ("_enc", "soft"))  # timm's classifier, its encoder (soft tokens)
+GEMMA4: dict[str, dict[str, Any]] = {f"gemma4_vit_{size}{suffix}": dict(_COMMON, **arch, global_pool=pool)
+                                     for size, arch in _ARCH.items() for suffix, pool in _HEADS}
+_LINEARS = ("attn.qkv", "attn.proj", "mlp.fc1_g", "mlp.fc1_x", "mlp.fc2")
+
+
+class ClippedLinear(nn.Linear):
+    """``nn.Linear`` with its input and output clamped, as Gemma 4's ``Gemma4ClippableLinear`` (E2B/E4B's files set
+    finite bounds). ``split``: the output rows of each source linear fused here (q, k, v), each with its own input
+    bounds ``[G, in_features]``; output bounds per row ``[out_features]``; infinite until a checkpoint sets them. Bounds
+    per feature, not scalars: the ONNX export's optimizer turns a clamp to tensor scalars into ``Clip`` nodes whose
+    bounds it leaves undefined (onnxscript, torch 2.14)."""
+
+    def __init__(self, linear: nn.Linear, split: tuple[int, ...] | None = None) -> None:
+        super().__init__(linear.in_features, linear.out_features, bias=linear.bias is not None,
+                         **get_device_dtype(linear))
+        self.weight, self.bias = linear.weight, linear.bias  # the model's init, shared
+        self.split = tuple(split or (linear.out_features,))
+        dd = get_device_dtype(linear)
+        for name, size in (("input", (len(self.split), linear.in_features)), ("output", (linear.out_features,))):
+            self.register_buffer(f"{name}_min", torch.full(size, -float("inf"), **dd))
+            self.register_buffer(f"{name}_max", torch.full(size, float("inf"), **dd))
+
+    def forward(self, x: Tensor) -> Tensor:
+        if len(self.split) == 1:
+            x = F.linear(x.clamp(self.input_min[0], self.input_max[0]), self.weight, self.bias)
+        else:  # each source's rows read the input clamped to its own bounds
+            biases = (None,) * len(self.split) if self.bias is None else self.bias.split(self.split)
+            x = torch.cat([F.linear(x.clamp(low, high), w, b) for low, high, w, b in zip(
+                self.input_min, self.input_max, self.weight.split(self.split), biases, strict=True)], -1)
+        return x.clamp(self.output_min, self.output_max)
+
+
+class SoftTokenPool(nn.Module):
+    """Gemma 4's vision pooler: the mean of each ``k x k`` block of patch tokens (blocks row-major, as Qwen-VL's
+    merger gathers them), times ``sqrt(C)``, then ``(x - std_bias) * std_scale`` where the model ``standardize``s."""
+
+    merge, merge_naflex = PatchMerger.merge, PatchMerger.merge_naflex  # read merge_size only
+
+    def __init__(self, dim: int, merge_size: int = 3, standardize: bool = False) -> None:
+        super().__init__()
+        self.merge_size, self.scale = merge_size, dim**0.5
+        self.register_buffer("std_bias", torch.zeros(dim) if standardize else None)
+        self.register_buffer("std_scale", torch.ones(dim) if standardize else None)
+
+    def forward(self, x: Tensor, grid: tuple[int, int] | None = None, coord: Tensor | None = None,
+                valid: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
+        """Soft tokens ``[B, M, C]`` of tokens ``[B, N, C]`` on ``grid`` (``None``: square), or of a NaFlex batch's
+        at ``coord`` ``[B, N, 2]`` (y, x) with their validity ``[B, M]`` (padding: zeros)."""
+        if valid is None:
+            x = self.merge(x, grid or _square(x.shape[1]))
+        else:
+            x, valid = self.merge_naflex(x, coord, valid.bool())
+        x = x.unflatten(-1, (self.merge_size**2, -1)).mean(-2) * self.scale  # [B, M, C]
+        if self.std_bias is not None:
+            x = (x - self.std_bias) * self.std_scale
+        return x if valid is None else x * valid[..., None], valid
+
+
+class Gemma4VisionTransformer(RoPEVisionTransformer):
+    """``RoPEVisionTransformer`` with Gemma 4's position table, sandwich norms, v norm, clamps and pooler.
+
+    Args:
+        global_pool: ``"avg"`` (the classifiers: mean, RMSNorm without scale, head), ``""`` (the same per token) or
+            ``"soft"`` (``*_enc``: the soft tokens are the output).
+        encoder_pool: ``"soft"``: the classifier pools the soft tokens (timm's ``encoder_pool='soft'``).
+        pooling_kernel_size, standardize: the pooler's block side and standardisation (570m).
+        use_clipped_linears: clamp every linear's input and output (167m: E2B/E4B's bounds).
+        position_embedding_size: rows of each axis's position table (the largest patch index plus one).
+        **kwargs: ``RoPEVisionTransformer``'s.
+    """
+
+    def __init__(self, global_pool: str = "avg", encoder_pool: str = "", pooling_kernel_size: int = 3,
+                 standardize: bool = False, use_clipped_linears: bool = False, position_embedding_size: int = 10240,
+                 **kwargs: Any) -> None:
+        if global_pool not in ("", "avg", "soft") or encoder_pool not in ("", "soft"):
+            raise ValueError(f"Gemma 4 twins take global_pool '', 'avg' or 'soft' and encoder_pool '' or 'soft' "
+                             f"(timm's), got global_pool={global_pool!r}, encoder_pool={encoder_pool!r}.")
+        eps = getattr(kwargs.get("norm_layer"), "keywords", {}).get("eps", 1e-6)
+        num_classes = kwargs.pop("num_classes", 0)
+        super().__init__(global_pool="avg" if global_pool == "soft" else global_pool, final_norm=False,
+                         fc_norm=False, num_classes=0, pos_embed="none", **kwargs)
+        self.global_pool, self.encoder_pool = global_pool, encoder_pool
+        dd, dim = get_device_dtype(self), self.embed_dim
+        self.pos_embed_xy = nn.Parameter(trunc_normal_(torch.empty(2, position_embedding_size, dim, **dd), std=0.02))
+        for block in self.blocks:
+            attn = block.attn
+            block.ls1, block.ls2 = RmsNorm(dim, eps, **dd), RmsNorm(dim, eps, **dd)  # the post-norms of the sandwich
+            attn.v_norm, attn.scale = RmsNorm(attn.head_dim, eps, affine=False, **dd), 1.0  # q, k, v normalised
+            if use_clipped_linears:
+                kv = attn.num_kv_heads * attn.head_dim
+                for path in _LINEARS:
+                    owner, name = block.get_submodule(path.split(".")[0]), path.split(".")[1]
+                    split = (attn.num_heads * attn.head_dim, kv, kv) if path == "attn.qkv" else None
+                    setattr(owner, name, ClippedLinear(getattr(owner, name), split))
+        soft = "soft" in (global_pool, encoder_pool)
+        self.pooler = SoftTokenPool(dim, pooling_kernel_size, standardize).to(**dd) if soft else None
+        self.fc_norm = nn.Identity() if global_pool == "soft" else RmsNorm(dim, eps, affine=False, **dd)
+        self.reset_classifier(num_classes)
+
+    def reset_classifier(self, num_classes: int, global_pool: str | None = None) -> None:
+        """A linear head over the pooled tokens, as timm's ``Gemma4VitClassifier``; ``*_enc`` twins have none."""
+        if num_classes and getattr(self, "global_pool", None) == "soft":
+            raise ValueError(f"A *_enc Gemma 4 twin outputs the soft tokens and has no classifier: got "
+                             f"num_classes={num_classes}; use a vit_rope_gemma4_vit_* classifier twin.")
+        if global_pool is not None:
+            self.global_pool = global_pool
+        self.num_classes = num_classes
+        self.head = nn.Linear(self.embed_dim, num_classes, **get_device_dtype(self)) if num_classes else nn.Identity()
+
+    def no_weight_decay(self) -> set[str]:
+        return super().no_weight_decay() | {"pos_embed_xy"}
+
+    def _prefix_and_ape(self, tokens: Tensor, coord: Tensor, grids: Tensor, grid: tuple[int, int] | None) -> Tensor:
+        """Each patch token plus row ``x`` of the x table and row ``y`` of the y table (``coord`` (y, x))."""
+        coord = coord.clamp(min=0)  # [N, 2] or [B, N, 2]: NaFlex padding may be negative
+        rows = F.embedding(coord[..., 1], self.pos_embed_xy[0]) + F.embedding(coord[..., 0], self.pos_embed_xy[1])
+        return super()._prefix_and_ape(tokens + rows, coord, grids, grid)
+
+    def forward(self, x: Tensor, attn_mask: Tensor | None = None, is_causal: bool = False,
+                patch_coord: Tensor | None = None, patch_valid: Tensor | None = None) -> Tensor:
+        """As ``RoPEVisionTransformer.forward``, the pooler (if any) between the tokens and the head (a NaFlex
+        batch's per sample); ``*_enc``: the soft tokens ``[B, M, C]``."""
+        batch = naflex_batch(x, patch_coord, patch_valid, attn_mask)
+        if batch is not None:
+            tokens, _, embedded = self._forward_blocks(batch, self.blocks, is_causal=is_causal)
+            return self.forward_head(tokens, patch_valid=embedded.valid, patch_coord=embedded.coord)
+        grid = self.patch_embed.dynamic_feat_size((x.shape[-2], x.shape[-1]))
+        return self.forward_head(self.forward_features(x, attn_mask=attn_mask, is_causal=is_causal), grid=grid)
+
+    def forward_head(self, x: Tensor, pre_logits: bool = False, patch_valid: Tensor | None = None,
+                     grid: tuple[int, int] | None = None, patch_coord: Tensor | None = None) -> Tensor:
+        """The pooler (if any) over the tokens ``[B, N, C]`` of ``forward_features`` on ``grid`` (``None``: square)
+        or at a NaFlex batch's ``patch_coord``, then timm's pooling, norm and head; ``*_enc``: the soft tokens."""
+        if self.pooler is not None:
+            x, patch_valid = self.pooler(x, grid, patch_coord, patch_valid)
+            if self.global_pool == "soft":
+                return x
+        return super().forward_head(x, pre_logits, patch_valid)
+
+
+def twin_cfgs() -> dict[str, dict[str, Any]]:
+    """``{twin.tag: cfg}``: timm's (its hub files, read through our checkpoint filter; pixels in [0, 1]), our keys for
+    the first conv."""
+    from timm.models.gemma4_vit import default_cfgs
+
+    return {f"vit_rope_{name}.{tag}": dict(cfg.to_dict(), hf_hub_id=f"timm/{name}.{tag}", first_conv="patch_embed.proj")
+            for name in GEMMA4 for tag, cfg in default_cfgs[name].cfgs.items()}
+
+
+def is_gemma4(state_dict: dict[str, Any]) -> bool:
+    """timm's Gemma 4 files: the position table under timm's name (classifiers under ``encoder.``)."""
+    return any(key.removeprefix("encoder.") == "patch_embed.position_embedding_table" for key in state_dict)
+
+
+def describe_gemma4(state_dict: dict[str, Any]) -> tuple[str | None, dict[str, Any]]:
+    """The twin a timm Gemma 4 file describes (classifier by its ``encoder.`` prefix, size by its width, or its
+    standardisation at another width) and every argument its weights decide, for ``create_from_checkpoint``."""
+    prefix = "encoder." if "encoder.patch_embed.position_embedding_table" in state_dict else ""
+    table = state_dict[f"{prefix}patch_embed.position_embedding_table"]
+    dim, head_dim = int(table.shape[-1]), int(state_dict[f"{prefix}blocks.0.attn.q_norm.weight"].shape[0])
+    blocks = {int(m.group(1)) for key in state_dict if (m := re.match(rf"{prefix}blocks\.(\d+)\.", key))}
+    args: dict[str, Any] = dict(
+        embed_dim=dim, depth=max(blocks) + 1, num_heads=dim // head_dim, position_embedding_size=int(table.shape[1]),
+        mlp_ratio=state_dict[f"{prefix}blocks.0.mlp.gate_proj.linear.weight"].shape[0] / dim,
+        num_kv_heads=int(state_dict[f"{prefix}blocks.0.attn.k_proj.linear.weight"].shape[0]) // head_dim,
+        use_clipped_linears=f"{prefix}blocks.0.attn.q_proj.input_min" in state_dict,
+        standardize=f"{prefix}std_bias" in state_dict)
+    if "head.weight" in state_dict:
+        args["num_classes"] = int(state_dict["head.weight"].shape[0])
+    size = next((size for size, arch in _ARCH.items() if arch["embed_dim"] == dim), None)  # else: the args decide
+    size = size or ("570m" if args["standardize"] else "167m")
+    return f"vit_rope_gemma4_vit_{size}{'' if prefix else '_enc'}", args
+
+
+_RENAMES = ((r"\.norm2\.", ".ls1."), (r"\.norm3\.", ".norm2."), (r"\.norm4\.", ".ls2."), (r"\.o_proj\.", ".proj."),
+            (r"\.gate_proj\.", ".fc1_g."), (r"\.up_proj\.", ".fc1_x."), (r"\.down_proj\.", ".fc2."),
+            (r"\.linear\.weight$", ".weight"), (r"^patch_embed\.position_embedding_table$", "pos_embed_xy"),
+            (r"^std_", "pooler.std_"))
+_QKV = re.compile(r"blocks\.(\d+)\.attn\.[qkv]_proj\.(linear\.weight|(in|out)put_m(in|ax))")
+
+
+def from_gemma4(state_dict: dict[str, Tensor], model: nn.Module, source: str = SOURCE) -> Converted:
+    """timm's Gemma 4 state dict in our keys and q/k layout: ``encoder.`` dropped, the pixel scaling folded into the
+    patch convolution, q/k/v fused with every head's q / k rows (and q/k norm scales) in our pairs, the norms and the
+    gated MLP under our names, each clamp bound per fused source (input) and per row (output)."""
+    if not isinstance(model, Gemma4VisionTransformer):
+        raise ValueError(f"The checkpoint is {source}, which loads into the vit_rope_gemma4_vit_* twins (and "
+                         f"vit_rope.from_timm of timm's model); the model is a {type(model).__name__}.")
+    if model.qk_layout != "gemma4":
+        raise ValueError(f"The checkpoint is {source}, whose q/k rows are in Gemma 4's layout, but the model has "
+                         f"qk_layout={model.qk_layout!r}: leave qk_layout at the twin's 'gemma4'.")
+    sd = {key.removeprefix("encoder."): value for key, value in state_dict.items()}
+    clipped = isinstance(model.blocks[0].attn.qkv, ClippedLinear)
+    if "blocks.0.attn.q_proj.input_min" in sd and not clipped:
+        raise ValueError(f"The checkpoint ({source}) clamps its linears (use_clipped_linears, E2B/E4B's 167m tower), "
+                         "which this model does not: build it with use_clipped_linears=True.")
+    attn = model.blocks[0].attn
+    index, (nh, nkv) = qk_permutation("gemma4", attn.head_dim), (attn.num_heads, attn.num_kv_heads)
+    out, dropped = {}, []
+    for key, value in sd.items():
+        if _QKV.fullmatch(key):
+            continue  # fused below
+        if key == "patch_embed.input_proj.weight":  # [C_out, C P P] of 2 x - 1: a convolution of x with a bias
+            p, c = model.patch_embed.patch_size, model.patch_embed.proj.in_channels
+            out["patch_embed.proj.weight"], out["patch_embed.proj.bias"] = 2 * value.reshape(-1, c, *p), -value.sum(1)
+            continue
+        if key.startswith("std_") and (model.pooler is None or model.pooler.std_bias is None):
+            dropped.append(key)
+            continue
+        if re.fullmatch(r"blocks\.\d+\.attn\.[qk]_norm\.weight", key):
+            value = value.index_select(0, index.to(value.device))
+        if key.endswith(("_min", "_max")):  # a bound per input feature [1, in], per output row [out]
+            rows, cols = sd[re.sub(r"(in|out)put_m(in|ax)$", "linear.weight", key)].shape
+            output = key.endswith(("output_min", "output_max"))
+            value = value.reshape(1).expand(rows).clone() if output else value.reshape(1, 1).expand(1, cols).clone()
+        for pattern, new in _RENAMES:
+            key = re.sub(pattern, new, key)
+        out[key] = value
+    for block in sorted({int(m.group(1)) for key in sd if (m := _QKV.fullmatch(key))}):
+        prefix = f"blocks.{block}.attn."
+        weights = [sd[f"{prefix}{n}_proj.linear.weight"] for n in "qkv"]
+        out[f"{prefix}qkv.weight"] = permute_qk_rows(torch.cat(weights), index, nh, nkv)
+        if f"{prefix}q_proj.input_min" in sd:
+            for bound in ("input_min", "input_max", "output_min", "output_max"):
+                values = [sd[f"{prefix}{n}_proj.{bound}"].reshape(1, 1) for n in "qkv"]  # [3, in], [rows]
+                out[f"{prefix}qkv.{bound}"] = torch.cat([v.expand(w.shape[0], 1)[:, 0] for v, w in zip(
+                    values, weights, strict=True)]) if bound.startswith("output") else torch.cat(
+                    [v.expand(1, w.shape[1]) for v, w in zip(values, weights, strict=True)])
+    notes = [f"{source}: q/k/v fused, q/k rows and norm scales of every head permuted from Gemma 4's axis halves to "
+             "interleaved pairs; pixel scaling 2 x - 1 folded into the patch convolution"]
+    if dropped:
+        notes.append(f"{source}: {', '.join(dropped)} dropped: this model has no standardising soft-token pooler "
+                     "(the vit_rope_gemma4_vit_570m_enc twin keeps it)")
+    return out, tuple(notes)
+
+
+def architecture(model: nn.Module) -> tuple[str, dict[str, Any]]:
+    """The twin's name and keyword arguments that a built timm Gemma 4 ``model`` decides; a ``ValueError`` naming a
+    field the twin does not model."""
+    from timm.models.gemma4_vit import Gemma4VitClassifier
+
+    name = model.pretrained_cfg["architecture"]
+    classifier = isinstance(model, Gemma4VitClassifier)
+    enc = model.encoder if classifier else model
+    block = enc.blocks[0]
+    act, attn, (ph, pw) = block.mlp.act, block.attn, enc.patch_size
+    refusals = {"act_layer": not (isinstance(act, nn.GELU) and act.approximate == "tanh"),
+                "patch_size (not square)": ph != pw, "head_dim (not embed_dim / num_heads)":
+                attn.head_dim * attn.num_heads != enc.embed_dim,
+                "final_norm=False": classifier and isinstance(model.norm, nn.Identity),
+                f"global_pool={enc.global_pool!r}": not classifier and enc.global_pool != "soft"}
+    for field, refused in refusals.items():
+        if refused:
+            raise ValueError(f"from_timm: {name} was built with {field}, which its twin vit_rope_{name} does not "
+                             "model (Gemma 4's GELU-tanh MLP, square patches, embed_dim / num_heads heads, the "
+                             "classifier's norm, the encoder's soft tokens): build timm's model without it.")
+    args = dict(img_size=tuple(model.pretrained_cfg.get("input_size", (3, 768, 768))[1:]), patch_size=ph,
+                in_chans=enc.in_chans, embed_dim=enc.embed_dim, depth=len(enc.blocks), num_heads=attn.num_heads,
+                num_kv_heads=attn.num_kv_heads, mlp_ratio=block.mlp.gate_proj.linear.out_features / enc.embed_dim,
+                rope_theta=float(enc.rotary_emb.rope_theta), norm_layer=partial(RmsNorm, eps=block.norm1.eps),
+                pooling_kernel_size=enc.pooling_kernel_size, standardize=enc.std_bias is not None,
+                use_clipped_linears=enc.use_clipped_linears,
+                position_embedding_size=enc.patch_embed.position_embedding_size)
+    if classifier:
+        pools = {"none": ""}
+        args.update(num_classes=model.num_classes, global_pool=pools.get(model.global_pool, model.global_pool),
+                    encoder_pool=pools.get(model.encoder_pool, model.encoder_pool))
+    else:
+        args.update(global_pool="soft", num_classes=0)
+    return f"vit_rope_{name}", args
