@@ -26,7 +26,6 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from timm.layers import register_notrace_function
 from torch import Tensor, nn
 
 from vit_rope.encodings.base import LazyBlockInputs, image_coords
@@ -98,7 +97,6 @@ class Windowed(BlockInput):
         return out[:, :, :h, :w].reshape(B, nh, N, D)
 
 
-@register_notrace_function  # one call under FX: it reads the coordinates' rank
 def window_bias(coord: Tensor, side: int) -> Tensor:
     """Additive mask ``[1 or B, 1, N, N]``: 0 where query and key lie in one window of ``side x side`` patches
     (counted from the grid's top-left, as transformers' windows), ``-inf`` elsewhere; ``coord`` ``[(B,) N, 2]``."""
@@ -106,6 +104,9 @@ def window_bias(coord: Tensor, side: int) -> Tensor:
     same = (cell[..., :, None, :] == cell[..., None, :, :]).all(-1)  # [(B,) N, N]
     same = same if same.dim() == 3 else same[None]
     return torch.zeros(same.shape, device=coord.device).masked_fill_(~same, float("-inf"))[:, None]
+
+
+torch.fx.wrap("window_bias")  # one call under FX (it reads the coordinates' rank), from the blocks' input hook too
 
 
 class Qwen25VisionTransformer(Qwen3VisionTransformer):
