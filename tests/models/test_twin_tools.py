@@ -150,6 +150,13 @@ TOOL_CASES = {  # twin, width cuts, sizes that tile, a size that does not, the n
               "48 or 64", "extrapolate"),  # Qwen3-VL's RoPE counts patches as they are
     "pixtral": ("vit_rope_pixtral_vit_12b", dict(depth=1, embed_dim=64, num_heads=2, img_size=64), ["64", "96"], "56",
                 "48 or 64", "extrapolate"),
+    "deepseek": ("vit_rope_deepseek_vit_412m", dict(depth=1, embed_dim=64, num_heads=2, img_size=56), ["56", "84"],
+                 "64", "56 or 70", "extrapolate"),
+    "gemma4": ("vit_rope_gemma4_vit_167m", dict(depth=1, embed_dim=64, num_heads=2, img_size=96), ["96", "144"],
+               "100", "96 or 112", "extrapolate"),
+    "qwen2_5_vl": ("vit_rope_qwen2_5_vl_vit", dict(depth=1, embed_dim=64, num_heads=2, img_size=112, window_size=56,
+                                                   fullatt_block_indexes=[]), ["112", "168"], "120", "112 or 126",
+                   "extrapolate"),  # a windowed block; with classes, the mean of the merger's tokens into a head
 }
 
 
