@@ -198,8 +198,6 @@ def test_refused_inputs_name_what_and_where(tmp_path):
         vit_rope.from_timm(timm.create_model("gemma4_vit_167m", **TINY, act_layer=torch.nn.SiLU))
     with pytest.raises(ValueError, match="3x3 patches.*5x6"):
         timm.create_model("vit_rope_gemma4_vit_570m_enc", **OURS)(torch.rand(1, 3, 80, 96))
-    with pytest.raises(ValueError, match="no classifier"):
-        timm.create_model("vit_rope_gemma4_vit_570m_enc", **OURS, num_classes=3)
     hf_tower(tmp_path)
     config = json.loads((tmp_path / "config.json").read_text())
     (tmp_path / "config.json").write_text(json.dumps({**config, "hidden_activation": "silu"}))
@@ -221,3 +219,18 @@ def test_encoder_twin_exports_to_onnx_at_two_sizes(tmp_path):
     result = export_onnx(model.eval(), tmp_path / "gemma4.onnx", img_size=(96, 48))
     assert list(result.diffs) == [(2, 96, 48), (3, 144, 48)]  # two sizes, one file (the pooler's 3x3 blocks too)
     assert all(diff < 1e-4 for diff in result.diffs.values()), result.diffs
+
+
+def test_classes_asked_of_an_encoder_make_it_the_soft_token_classifier():
+    """timm's contract (``reset_classifier(n)`` gives a classifier): an ``*_enc`` twin with classes pools its soft
+    tokens as the classifier with ``encoder_pool='soft'`` does, to the same logits with the same weights."""
+    soft = timm.create_model("vit_rope_gemma4_vit_570m", **OURS, encoder_pool="soft", num_classes=3)
+    randomize_(soft)
+    enc = timm.create_model("vit_rope_gemma4_vit_570m_enc", **OURS).eval()
+    x = torch.rand(2, 3, 96, 144)
+    assert enc(x).shape[:2] == (2, 6)  # 6x9 patches: 2x3 soft tokens
+    enc.reset_classifier(3)
+    assert not enc.head.training
+    enc.load_state_dict(soft.state_dict())
+    with torch.no_grad():
+        torch.testing.assert_close(enc(x), soft.eval()(x), rtol=0, atol=0)

@@ -137,18 +137,19 @@ class Gemma4VisionTransformer(RoPEVisionTransformer):
                     setattr(owner, name, ClippedLinear(getattr(owner, name), split))
         soft = "soft" in (global_pool, encoder_pool)
         self.pooler = SoftTokenPool(dim, pooling_kernel_size, standardize).to(**dd) if soft else None
-        self.fc_norm = nn.Identity() if global_pool == "soft" else RmsNorm(dim, eps, affine=False, **dd)
+        self.fc_norm = RmsNorm(dim, eps, affine=False, **dd)  # no weights; *_enc's soft tokens skip it
         self.reset_classifier(num_classes)
 
     def reset_classifier(self, num_classes: int, global_pool: str | None = None) -> None:
-        """A linear head over the pooled tokens, as timm's ``Gemma4VitClassifier``; ``*_enc`` twins have none."""
-        if num_classes and getattr(self, "global_pool", None) == "soft":
-            raise ValueError(f"A *_enc Gemma 4 twin outputs the soft tokens and has no classifier: got "
-                             f"num_classes={num_classes}; use a vit_rope_gemma4_vit_* classifier twin.")
+        """A linear head over the pooled tokens, as timm's ``Gemma4VitClassifier``; classes asked of a ``*_enc`` twin
+        make it the classifier of its soft tokens (timm's ``encoder_pool='soft'``)."""
         if global_pool is not None:
             self.global_pool = global_pool
+        if num_classes > 0 and getattr(self, "global_pool", None) == "soft":
+            self.global_pool, self.encoder_pool = "avg", "soft"
         self.num_classes = num_classes
         self.head = nn.Linear(self.embed_dim, num_classes, **get_device_dtype(self)) if num_classes else nn.Identity()
+        self.head.train(self.training)
 
     def no_weight_decay(self) -> set[str]:
         return super().no_weight_decay() | {"pos_embed_xy"}
