@@ -42,7 +42,8 @@ class Folder:
         """The config of the folder ``path`` (or beside its weights file), or ``None`` for none of this format's."""
         path = Path(path)
         file = path / self.config_name if path.is_dir() else (
-            path.with_name(self.config_name) if path.name == self.weights_name else None)
+            path.with_name(self.config_name) if path.name in (self.weights_name, f"{self.weights_name}.index.json")
+            else None)
         if file is None or not file.is_file():
             return None
         config = json.loads(file.read_text())
@@ -140,13 +141,38 @@ def tensor_rows(path: str | Path, key: str) -> int | None:
     return int(value.shape[0]) if isinstance(value, torch.Tensor) and value.dim() else None
 
 
+# a VLM's language model (transformers' layouts: model.language_model.*, Llava's language_model.*, Qwen-VL's hub
+# model.layers.*), which no twin loads: a sharded folder's tensors of it are not read
+LANGUAGE_MODEL = re.compile(r"(model\.)?language_model\.|lm_head\.|model\.(layers|embed_tokens|norm)\.")
+
+
+def read_sharded(index: Path) -> dict[str, Any]:
+    """The tensors of a sharded safetensors folder (``*.safetensors.index.json`` beside its shards), less a language
+    model's (``LANGUAGE_MODEL``): a VLM's vision tower without reading the billions of weights beside it."""
+    by_shard: dict[str, list[str]] = {}
+    for key, shard in json.loads(index.read_text())["weight_map"].items():
+        if not LANGUAGE_MODEL.match(key):
+            by_shard.setdefault(shard, []).append(key)
+    out = {}
+    for shard, keys in by_shard.items():
+        if not (index.parent / shard).is_file():
+            raise FileNotFoundError(f"{index} lists the shard {shard}, which is not in {index.parent}: download every "
+                                    "shard the index names (or the vision tower's).")
+        with safe_open(str(index.parent / shard), framework="pt") as file:
+            out.update({key: file.get_tensor(key) for key in keys})
+    return out
+
+
 def read_weights(path: str | Path) -> dict[str, Any]:
     """Read a ``.pth`` / ``.pt`` / ``.bin`` (``weights_only``) or ``.safetensors`` file as timm does (its EMA weights
-    first); ``FileNotFoundError``, or ``UnreadableCheckpointError`` for a truncated or corrupt file."""
+    first), or a sharded folder's index (``read_sharded``); ``FileNotFoundError``, or ``UnreadableCheckpointError``
+    for a truncated or corrupt file."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"No checkpoint file at {path}.")
     try:
+        if path.name.endswith(".safetensors.index.json"):
+            return read_sharded(path)
         return load_state_dict(str(path), use_ema=True, weights_only=True)
     except Exception as err:
         reason = unreadable_reason(path, err)

@@ -109,6 +109,16 @@ def test_vlm_folder_loads_its_tower_and_drops_the_language_model(tmp_path):
     assert_parity(vlm.model.visual.eval(), loaded, SIZES[1])
     report = vit_rope.load_weights(loaded, vlm.state_dict())  # in memory: model.visual.*, model.language_model.*
     assert any("prefix 'model.visual.'" in line for line in report.converted) and not report.initialised
+    # the hub's sharded layout: the shards' tower read through the index, the language model's tensors not read
+    vlm.save_pretrained(tmp_path / "sharded", max_shard_size="100KB")
+    index = json.loads((tmp_path / "sharded" / "model.safetensors.index.json").read_text())["weight_map"]
+    assert len(set(index.values())) > 2 and any(key.startswith("model.") for key in index)
+    sharded = create_from_checkpoint(tmp_path / "sharded").eval()
+    assert not sharded.load_report.initialised and "0 keys outside it" in " ".join(sharded.load_report.converted)
+    assert_parity(vlm.model.visual.eval(), sharded, SIZES[1])
+    with pytest.raises(FileNotFoundError, match="lists the shard .* which is not in"):
+        (tmp_path / "sharded" / sorted(set(index.values()))[0]).unlink()
+        vit_rope.load_weights(sharded, tmp_path / "sharded")
 
 
 def test_naflex_batch_sample_by_sample_equals_transformers_packed_grid_thw():

@@ -16,6 +16,7 @@ import timm
 from torch import nn
 
 from vit_rope.eval.loading import is_training_checkpoint, load_trained
+from vit_rope.models.checkpoint import load_weights
 from vit_rope.models.formats import describe, folder_format, weights_in
 from vit_rope.weights import read_weights
 
@@ -51,5 +52,9 @@ def create_from_checkpoint(path: str | Path, model: str | None = None, **overrid
                          "that differ, e.g. model='vit_rope_small_patch16_axial_224'.")
     # the file's class count in the overlay too: timm keeps the file's classifier, or starts a new one (with a
     # warning) where overrides ask for another count
+    if weights.name.endswith(".index.json"):  # shards, which timm's loader does not read: ours after building
+        built = timm.create_model(model or name, **{**args, **overrides})
+        load_weights(built, weights)
+        return built
     overlay = dict(file=str(weights), custom_load=False, **{k: v for k, v in args.items() if k == "num_classes"})
     return timm.create_model(model or name, pretrained=True, pretrained_cfg_overlay=overlay, **{**args, **overrides})

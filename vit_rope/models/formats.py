@@ -203,12 +203,13 @@ def convert_format(state_dict: dict[str, Any], model: nn.Module) -> tuple[dict[s
 
 
 def weights_in(path: str | Path) -> Path:
-    """The weights file of ``path``: itself, or a folder format's weights file in it (with its config or not)."""
+    """The weights file of ``path``: itself, or a folder format's weights file in it (with its config or not), or the
+    index of its shards."""
     path = Path(path)
     if not path.is_dir():
         return path
     names = sorted(fmt.folder.weights_name for fmt in FORMATS if fmt.folder is not None)
-    found = [path / name for name in names if (path / name).is_file()]
+    found = [path / file for name in names for file in (name, f"{name}.index.json") if (path / file).is_file()]
     if not found:
         raise FileNotFoundError(f"No weights file in the folder {path} (it holds "
                                 f"{sorted(p.name for p in path.iterdir())}): give the weights file itself, or a folder "
