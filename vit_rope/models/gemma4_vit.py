@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from timm.layers import SwiGLU, get_device_dtype, trunc_normal_
+from timm.layers import SwiGLU, get_device_dtype, register_notrace_module, trunc_normal_
 from torch import Tensor, nn
 
 from vit_rope.encodings.rope.dinov3_rope import permute_qk_rows, qk_permutation
@@ -46,6 +46,7 @@ GEMMA4: dict[str, dict[str, Any]] = {f"gemma4_vit_{size}{suffix}": dict(_COMMON,
 _LINEARS = ("attn.qkv", "attn.proj", "mlp.fc1_g", "mlp.fc1_x", "mlp.fc2")
 
 
+@register_notrace_module  # one call under FX: its forward loops over its bounds
 class ClippedLinear(nn.Linear):
     """``nn.Linear`` with its input and output clamped, as Gemma 4's ``Gemma4ClippableLinear`` (E2B/E4B's files set
     finite bounds). ``split``: the output rows of each source linear fused here (q, k, v), each with its own input

@@ -22,7 +22,7 @@ from functools import partial
 from typing import Any
 
 import torch
-from timm.layers import LayerNorm, get_device_dtype, register_notrace_function
+from timm.layers import LayerNorm, get_device_dtype
 from torch import Tensor, nn
 
 from vit_rope.encodings.rope.dinov3_rope import permute_qk_rows, qk_permutation
@@ -49,7 +49,6 @@ QWEN3: dict[str, dict[str, Any]] = {
 }
 
 
-@register_notrace_function  # the grid is checked: under FX a call, not a branch on traced sizes
 def merge_blocks(x: Tensor, grid: tuple[int, int], k: int) -> Tensor:
     """Tokens ``[B, h * w, C]`` of a row-major ``grid`` as ``[B, h * w / k^2, k^2 C]``, each ``k x k`` block in
     row-major order."""
@@ -60,6 +59,9 @@ def merge_blocks(x: Tensor, grid: tuple[int, int], k: int) -> Tensor:
     B, _, C = x.shape
     x = x.reshape(B, h // k, k, w // k, k, C).permute(0, 1, 3, 2, 4, 5)
     return x.reshape(B, (h // k) * (w // k), k * k * C)
+
+
+torch.fx.wrap("merge_blocks")  # the grid is checked: under FX a call, not a branch on traced sizes (from any caller)
 
 
 class PatchMerger(nn.Module):
