@@ -87,3 +87,20 @@ def test_every_kind_runs_a_forward_on_the_meta_device(kind):
     net = timm.create_model("vit_rope_tiny_patch16_axial_224", encoding=kind, depth=2, device="meta")
     out = net(torch.empty(2, 3, 64, 48, device="meta"))
     assert out.device.type == "meta" and out.shape == (2, 1000)
+
+
+@pytest.mark.parametrize("name, kwargs, side", [
+    ("vit_rope_gemma4_vit_167m_enc", dict(position_embedding_size=64), 96),  # clamped linears, soft-token pooler
+    ("vit_rope_qwen3_vit_88m_merge", dict(num_classes=3), 64),  # the merger's block check
+    ("vit_rope_qwen2_5_vl_vit", dict(window_size=56, fullatt_block_indexes=[1]), 112),  # the window mask
+])
+def test_vlm_encoder_twins_trace_with_timms_tracer_to_eagers_outputs(name, kwargs, side):
+    """timm's tracer options (leaf modules, wrapped functions) reach the VLM encoders' own code, the pooling from
+    another family's module too; in float64, so the graph's rotation (the reference) and eager's (in place) agree."""
+    eager = model(name, depth=2, embed_dim=64, num_heads=2, **kwargs).double()
+    options = dict(leaf_modules=get_notrace_modules(), autowrap_functions=get_notrace_functions())
+    nodes = get_graph_node_names(eager, tracer_kwargs=options)[1]
+    graph = create_feature_extractor(eager, return_nodes=[nodes[-1]], tracer_kwargs=options)
+    x = torch.randn(2, 3, side, side, dtype=torch.float64)
+    with torch.no_grad():
+        torch.testing.assert_close(next(iter(graph(x).values())), eager(x), rtol=1e-9, atol=1e-9)
