@@ -181,6 +181,27 @@ def read_weights(path: str | Path) -> dict[str, Any]:
         raise UnreadableCheckpointError(f"{path} is not a readable checkpoint: {reason}") from err
 
 
+def check_twin(model: nn.Module, is_twin: bool, source: str, twins: str, layout: str, layout_name: str = "") -> None:
+    """Raise unless a checkpoint of ``source`` fits ``model``: one of its family's ``twins`` (``is_twin``) with the
+    family's q/k ``layout`` (described as ``layout_name``, by default "the <layout> layout")."""
+    if not is_twin:
+        raise ValueError(f"The checkpoint is {source}, which loads into {twins}; the model is a "
+                         f"{type(model).__name__}.")
+    if model.qk_layout != layout:
+        raise ValueError(f"The checkpoint is {source}, whose q/k rows are in {layout_name or f'the {layout} layout'}, "
+                         f"but the model has qk_layout={model.qk_layout!r}: leave qk_layout at the twin's {layout!r}.")
+
+
+def check_config_fields(fields: Mapping[str, tuple[Any, Any]], build: str) -> None:
+    """Raise at the first ``field: (the file's value, the model's)`` of a folder's config.json that differs, naming
+    both values and what to ``build`` (``{field}`` and ``{theirs}`` in it: that field and the file's value)."""
+    for field, (theirs, ours) in fields.items():
+        if theirs != ours:
+            raise ValueError(f"config.json does not fit the model: {field} is {theirs} in the file, {ours} in the "
+                             f"model. Build {build.format(field=field, theirs=theirs)} "
+                             "(vit_rope.create_from_checkpoint(folder) builds and loads it).")
+
+
 def _listed(keys: Sequence[str], limit: int = 10) -> str:
     return ", ".join(keys) if len(keys) <= limit else f"{', '.join(keys[:limit])}, ... ({len(keys) - limit} more)"
 

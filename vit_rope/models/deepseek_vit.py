@@ -33,7 +33,7 @@ from vit_rope.encodings.rope.dinov3_rope import permute_qk_rows, qk_permutation
 from vit_rope.layers.eva import PackedSwiGLU
 from vit_rope.layers.rms_norm import RmsNorm
 from vit_rope.models.qwen3_vit import PatchMerger, Qwen3VisionTransformer
-from vit_rope.weights import Converted, Description
+from vit_rope.weights import Converted, Description, check_twin
 
 SOURCE = "timm's DeepSeek ViT (timm.models.deepseek_vit)"
 LLM_WIDTHS = {"deepseek_v4_1_flash": 5120, "deepseek_v4_flash_vision_exp": 4096}  # timm's tags -> aligner width
@@ -192,13 +192,8 @@ def from_deepseek(state_dict: dict[str, Tensor], model: nn.Module) -> Converted:
     dropped, ``aligner.`` as ``patch_merger.``, each head's q / k rows from rotate-half to interleaved x-first pairs."""
     from timm.models.deepseek_vit import checkpoint_filter_fn_classifier
 
-    if not isinstance(model, DeepseekVisionTransformer):
-        raise ValueError(f"The checkpoint is {SOURCE} or DeepSeek's own vision shard, which loads into the "
-                         f"vit_rope_deepseek_vit_* twins (and vit_rope.from_timm of timm's model); the model is a "
-                         f"{type(model).__name__}.")
-    if model.qk_layout != "rotate_half":
-        raise ValueError(f"The checkpoint is {SOURCE}, whose q/k rows are in the rotate_half layout, but the model has "
-                         f"qk_layout={model.qk_layout!r}: leave qk_layout at the twin's 'rotate_half'.")
+    check_twin(model, isinstance(model, DeepseekVisionTransformer), f"{SOURCE} or DeepSeek's own vision shard",
+               "the vit_rope_deepseek_vit_* twins (and vit_rope.from_timm of timm's model)", "rotate_half")
     # timm's filter reads these two only; an aligner always there, so that its keys come out and are reported here
     shim = SimpleNamespace(encoder=SimpleNamespace(aligner=True, patch_embed=model.patch_embed))
     timm_keys = checkpoint_filter_fn_classifier(state_dict, shim)

@@ -31,7 +31,7 @@ from vit_rope.layers.rms_norm import RmsNorm
 from vit_rope.models.naflex_batch import naflex_batch
 from vit_rope.models.qwen3_vit import PatchMerger, _square
 from vit_rope.models.vit import RoPEVisionTransformer
-from vit_rope.weights import Converted
+from vit_rope.weights import Converted, check_twin
 
 SOURCE = "timm's Gemma 4 ViT (timm.models.gemma4_vit)"
 HF_FORMAT = "Hugging Face transformers' Gemma4VisionModel"
@@ -228,12 +228,8 @@ def from_gemma4(state_dict: dict[str, Tensor], model: nn.Module, source: str = S
     """timm's Gemma 4 state dict in our keys and q/k layout: ``encoder.`` dropped, the pixel scaling folded into the
     patch convolution, q/k/v fused with every head's q / k rows (and q/k norm scales) in our pairs, the norms and the
     gated MLP under our names, each clamp bound per fused source (input) and per row (output)."""
-    if not isinstance(model, Gemma4VisionTransformer):
-        raise ValueError(f"The checkpoint is {source}, which loads into the vit_rope_gemma4_vit_* twins (and "
-                         f"vit_rope.from_timm of timm's model); the model is a {type(model).__name__}.")
-    if model.qk_layout != "gemma4":
-        raise ValueError(f"The checkpoint is {source}, whose q/k rows are in Gemma 4's layout, but the model has "
-                         f"qk_layout={model.qk_layout!r}: leave qk_layout at the twin's 'gemma4'.")
+    check_twin(model, isinstance(model, Gemma4VisionTransformer), source,
+               "the vit_rope_gemma4_vit_* twins (and vit_rope.from_timm of timm's model)", "gemma4", "Gemma 4's layout")
     sd = {key.removeprefix("encoder."): value for key, value in state_dict.items()}
     clipped = isinstance(model.blocks[0].attn.qkv, ClippedLinear)
     if "blocks.0.attn.q_proj.input_min" in sd and not clipped:

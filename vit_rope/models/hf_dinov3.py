@@ -16,6 +16,7 @@ from timm.layers import LayerNorm, LayerScale, SwiGLU
 from torch import Tensor, nn
 
 from vit_rope.models.dinov3 import PRETRAIN_SIZE, SIZES, architecture, dinov3_name, from_dinov3
+from vit_rope.weights import check_config_fields
 
 HF_FORMAT = "Hugging Face transformers' DINOv3ViTModel"
 MODEL_TYPE = "dinov3_vit"
@@ -161,7 +162,4 @@ def check_hf_config(config: dict[str, Any], model: nn.Module) -> None:
         "query_bias/key_bias/value_bias (qkv bias)": (any(c[k] for k in ("query_bias", "key_bias", "value_bias")),
                                                       block.attn.qkv.bias is not None),
     }
-    for field, (theirs, ours) in fields.items():
-        if theirs != ours:
-            raise ValueError(f"config.json does not fit the model: {field} is {theirs} in the file, {ours} in the "
-                             f"model. Build {fits} (vit_rope.create_from_checkpoint(folder) builds and loads it).")
+    check_config_fields(fields, fits)

@@ -18,7 +18,7 @@ from torch import Tensor, nn
 
 from vit_rope.layers.rms_norm import RmsNorm
 from vit_rope.models.gemma4_vit import _ARCH, ClippedLinear, Gemma4VisionTransformer, describe_gemma4, from_gemma4
-from vit_rope.weights import Converted, Description
+from vit_rope.weights import Converted, Description, check_config_fields
 
 HF_FORMAT = "Hugging Face transformers' Gemma4VisionModel"
 MODEL_TYPES = ("gemma4_vision", "gemma4")  # the tower alone; the whole model, whose vision_config is the tower's
@@ -133,8 +133,4 @@ def check_hf_config(config: dict[str, Any], model: nn.Module) -> None:
         "rope_theta": (kwargs["rope_theta"], model.pos_encoding[0].theta),
         "rms_norm_eps": (c["rms_norm_eps"], block.norm1.eps),
     }
-    for field, (theirs, ours) in fields.items():
-        if theirs != ours:
-            raise ValueError(f"config.json does not fit the model: {field} is {theirs} in the file, {ours} in the "
-                             f"model. Build {name} with the folder's sizes (vit_rope.create_from_checkpoint(folder) "
-                             "builds and loads it).")
+    check_config_fields(fields, f"{name} with the folder's sizes")

@@ -27,7 +27,7 @@ from torch import Tensor, nn
 from vit_rope.encodings.rope.dinov3_rope import permute_qk_rows, qk_permutation
 from vit_rope.layers.rms_norm import RmsNorm
 from vit_rope.models.vit import RoPEVisionTransformer
-from vit_rope.weights import Converted, Description
+from vit_rope.weights import Converted, Description, check_config_fields
 
 SOURCE = "Hugging Face transformers' PixtralVisionModel (or a Llava with its vision_tower)"
 MODEL_TYPES = ("pixtral", "llava", "mistral3")  # the config.json model types this format claims (mistral3: refused)
@@ -253,8 +253,4 @@ def check_pixtral_config(config: dict[str, Any], model: nn.Module) -> None:
         "text_config.hidden_size (projector)": (args.get("projector_dim", 0), projector.fc2.out_features
                                                 if projector is not None else 0),
     }
-    for field, (theirs, ours) in fields.items():
-        if theirs != ours:
-            raise ValueError(f"config.json does not fit the model: {field} is {theirs} in the file, {ours} in the "
-                             f"model. Build {name} with the config's sizes (vit_rope.create_from_checkpoint(folder) "
-                             "builds and loads it).")
+    check_config_fields(fields, f"{name} with the config's sizes")

@@ -34,7 +34,7 @@ from vit_rope.layers.attention import BlockInput, block_input
 from vit_rope.layers.eva import PackedSwiGLU
 from vit_rope.layers.rms_norm import RmsNorm
 from vit_rope.models.qwen3_vit import Qwen3VisionTransformer
-from vit_rope.weights import Converted
+from vit_rope.weights import Converted, check_config_fields, check_twin
 
 SOURCE = "transformers' Qwen2.5-VL vision encoder (Qwen2_5_VisionTransformerPretrainedModel)"
 NAME = "vit_rope_qwen2_5_vl_vit"
@@ -183,12 +183,8 @@ def from_qwen25(state_dict: dict[str, Tensor], model: nn.Module) -> Converted:
     if any(key.endswith("merger.ln_q.bias") for key in state_dict):
         raise ValueError(f"The checkpoint is transformers' Qwen2-VL vision encoder (its merger norm has a bias: a "
                          f"LayerNorm), which no vit_rope twin models; {NAME} takes Qwen2.5-VL's.")
-    if not isinstance(model, Qwen25VisionTransformer):
-        raise ValueError(f"The checkpoint is {SOURCE}, which loads into {NAME} (vit_rope.create_from_checkpoint("
-                         f"folder) builds it from config.json); the model is a {type(model).__name__}.")
-    if model.qk_layout != "rotate_half":
-        raise ValueError(f"The checkpoint is {SOURCE}, whose q/k rows are in the rotate_half layout, but the model has "
-                         f"qk_layout={model.qk_layout!r}: leave qk_layout at the twin's 'rotate_half'.")
+    check_twin(model, isinstance(model, Qwen25VisionTransformer), SOURCE,
+               f"{NAME} (vit_rope.create_from_checkpoint(folder) builds it from config.json)", "rotate_half")
     prefix, attn = _prefix(state_dict), model.blocks[0].attn
     index = qk_permutation("rotate_half", attn.head_dim)
     out, other, dropped = {}, 0, []
@@ -275,8 +271,6 @@ def check_model(config: dict[str, Any], model: nn.Module) -> None:
                 patch_size=model.patch_embed.patch_size[0], merge_size=merger.merge_size if merger else 2,
                 window_size=model.window_size, merger_out_features=merger.out_features if merger else None,
                 rope_theta=model.pos_encoding[0].theta, fullatt_block_indexes=model.fullatt_block_indexes)
-    for field, theirs in args.items():
-        if ours[field] != theirs and not (field == "merger_out_features" and merger is None):
-            raise ValueError(f"config.json does not fit the model: {field} is {theirs} in the file, {ours[field]} in "
-                             f"the model. Build {NAME} with {field}={theirs} (vit_rope.create_from_checkpoint(folder) "
-                             "builds and loads it).")
+    fields = {field: (theirs, ours[field]) for field, theirs in args.items()
+              if not (field == "merger_out_features" and merger is None)}
+    check_config_fields(fields, NAME + " with {field}={theirs}")

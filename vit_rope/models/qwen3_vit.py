@@ -28,7 +28,7 @@ from torch import Tensor, nn
 from vit_rope.encodings.rope.dinov3_rope import permute_qk_rows, qk_permutation
 from vit_rope.models.naflex_batch import naflex_batch
 from vit_rope.models.vit import RoPEVisionTransformer
-from vit_rope.weights import Converted
+from vit_rope.weights import Converted, check_twin
 
 SOURCE = "timm's Qwen3-VL ViT (timm.models.qwen3_vit)"
 _WIDTHS = {"88m": dict(embed_dim=768, depth=12, num_heads=12, mlp_ratio=4.0),
@@ -231,12 +231,8 @@ def describe_qwen3(state_dict: dict[str, Any]) -> tuple[str | None, dict[str, An
 def from_qwen3(state_dict: dict[str, Tensor], model: nn.Module) -> Converted:
     """timm's Qwen3-VL state dict in our keys and q/k layout: ``encoder.`` dropped, ``merger.`` as ``patch_merger.``,
     every head's q / k rows permuted from rotate-half (y first) to interleaved x-first pairs."""
-    if type(model) is not Qwen3VisionTransformer:  # not its subclass, Qwen2.5-VL's twin
-        raise ValueError(f"The checkpoint is {SOURCE}, which loads into the vit_rope_qwen3_vit_* twins (and "
-                         f"vit_rope.from_timm of timm's model); the model is a {type(model).__name__}.")
-    if model.qk_layout != "rotate_half":
-        raise ValueError(f"The checkpoint is {SOURCE}, whose q/k rows are in the rotate_half layout, but the model has "
-                         f"qk_layout={model.qk_layout!r}: leave qk_layout at the twin's 'rotate_half'.")
+    check_twin(model, type(model) is Qwen3VisionTransformer, SOURCE,  # not its subclass, Qwen2.5-VL's twin
+               "the vit_rope_qwen3_vit_* twins (and vit_rope.from_timm of timm's model)", "rotate_half")
     head_dim, heads = model.blocks[0].attn.head_dim, model.blocks[0].attn.num_heads
     index = qk_permutation("rotate_half", head_dim)
     merger = model.patch_merger
