@@ -21,6 +21,16 @@ def tiny(name: str, **kwargs) -> torch.nn.Module:
     return model
 
 
+def encoder(model: torch.nn.Module) -> torch.nn.Module:
+    """A timm VLM tower's encoder: under ``.encoder`` in its classifiers, the model itself otherwise."""
+    return getattr(model, "encoder", model)
+
+
+def rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    """The largest difference of ``b`` from ``a``, relative to ``a``'s largest magnitude."""
+    return float((a - b).abs().max() / a.abs().max())
+
+
 def randomize_(model: torch.nn.Module) -> None:
     """Every parameter away from its init (LayerScale 1e-5 would hide attention), norm scales around 1."""
     g = torch.Generator().manual_seed(0)

@@ -12,7 +12,7 @@ import torch
 from safetensors.torch import save_file
 
 import vit_rope
-from helpers.models import randomize_
+from helpers.models import encoder, randomize_, rel
 from helpers.naflex import pack
 from vit_rope.eval.from_checkpoint import create_from_checkpoint
 from vit_rope.models.deepseek_vit import DEEPSEEK
@@ -29,14 +29,6 @@ def timm_deepseek(name: str, **kwargs) -> torch.nn.Module:
     model = timm.create_model(name, **args)
     randomize_(model)
     return model.eval()
-
-
-def encoder(model: torch.nn.Module) -> torch.nn.Module:
-    return getattr(model, "encoder", model)
-
-
-def rel(a: torch.Tensor, b: torch.Tensor) -> float:
-    return float((a - b).abs().max() / a.abs().max())
 
 
 @torch.no_grad()

@@ -3,6 +3,8 @@
 model at two sizes, one of them non-square, and with LayerScale at 1 so that the logits are of order 1 (timm's 1e-5
 would hide differences)."""
 
+from collections.abc import Callable
+
 import pytest
 import timm
 import torch
@@ -43,15 +45,22 @@ def test_torchvision_feature_extractor_without_tracer_options(name):
             assert out["block0"].shape == (2, 1 + height // 16 * width // 16, 192)
 
 
+def timm_traced(eager: torch.nn.Module) -> Callable[[torch.Tensor], torch.Tensor]:
+    """``eager``'s output through torchvision's FX feature extraction with timm's tracer options (its leaf modules
+    and wrapped functions)."""
+    options = dict(leaf_modules=get_notrace_modules(), autowrap_functions=get_notrace_functions())
+    last = get_graph_node_names(eager, tracer_kwargs=options)[1][-1]
+    extractor = create_feature_extractor(eager, return_nodes=[last], tracer_kwargs=options)
+    return lambda x: extractor(x)[last]
+
+
 def test_timm_fx_tracer_options():
     eager = model("vit_rope_tiny_patch16_mixed_ape_224")
-    options = dict(leaf_modules=get_notrace_modules(), autowrap_functions=get_notrace_functions())
-    _, eval_nodes = get_graph_node_names(eager, tracer_kwargs=options)
-    extractor = create_feature_extractor(eager, return_nodes=[eval_nodes[-1]], tracer_kwargs=options)
+    traced = timm_traced(eager)
     with torch.inference_mode():
         for size in SIZES:
             x = torch.randn(1, 3, *size)
-            torch.testing.assert_close(extractor(x)[eval_nodes[-1]], eager(x), atol=1e-5, rtol=1e-5)
+            torch.testing.assert_close(traced(x), eager(x), atol=1e-5, rtol=1e-5)
 
 
 @pytest.mark.parametrize("name", ["vit_rope_tiny_patch16_axial_ape_224", "vit_rope_tiny_patch16_mixed_224"])
@@ -98,9 +107,6 @@ def test_vlm_encoder_twins_trace_with_timms_tracer_to_eagers_outputs(name, kwarg
     """timm's tracer options (leaf modules, wrapped functions) reach the VLM encoders' own code, the pooling from
     another family's module too; in float64, so the graph's rotation (the reference) and eager's (in place) agree."""
     eager = model(name, depth=2, embed_dim=64, num_heads=2, **kwargs).double()
-    options = dict(leaf_modules=get_notrace_modules(), autowrap_functions=get_notrace_functions())
-    nodes = get_graph_node_names(eager, tracer_kwargs=options)[1]
-    graph = create_feature_extractor(eager, return_nodes=[nodes[-1]], tracer_kwargs=options)
     x = torch.randn(2, 3, side, side, dtype=torch.float64)
     with torch.no_grad():
-        torch.testing.assert_close(next(iter(graph(x).values())), eager(x), rtol=1e-9, atol=1e-9)
+        torch.testing.assert_close(timm_traced(eager)(x), eager(x), rtol=1e-9, atol=1e-9)

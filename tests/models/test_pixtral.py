@@ -14,7 +14,7 @@ import timm
 import torch
 
 import vit_rope
-from helpers.models import randomize_
+from helpers.models import randomize_, rel
 from helpers.naflex import pack
 from vit_rope.eval.from_checkpoint import create_from_checkpoint
 from vit_rope.models import pixtral
@@ -25,10 +25,6 @@ SIZES = [(64, 64), (96, 48)]  # square, and 6x3 patches (height != width: the ax
 TOL = 1e-4
 VISION = dict(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4, hidden_act="silu",
               image_size=128)
-
-
-def rel(a: torch.Tensor, b: torch.Tensor) -> float:
-    return float((a - b).abs().max() / a.abs().max())
 
 
 def hf_pixtral(**overrides) -> torch.nn.Module:

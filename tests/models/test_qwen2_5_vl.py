@@ -13,7 +13,7 @@ import timm
 import torch
 
 import vit_rope
-from helpers.models import randomize_
+from helpers.models import randomize_, rel
 from helpers.naflex import pack
 from vit_rope.eval.from_checkpoint import create_from_checkpoint
 from vit_rope.layers.attention import BlockInput
@@ -34,10 +34,6 @@ def hf_tower(**overrides) -> torch.nn.Module:
     model = hf.Qwen2_5_VisionTransformerPretrainedModel(transformers.Qwen2_5_VLVisionConfig(**{**TINY, **overrides}))
     randomize_(model)
     return model.eval()
-
-
-def rel(a: torch.Tensor, b: torch.Tensor) -> float:
-    return float((a - b).abs().max() / a.abs().max())
 
 
 def hf_inputs(images: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:

@@ -11,7 +11,7 @@ import torch
 from safetensors.torch import save_file
 
 import vit_rope
-from helpers.models import randomize_
+from helpers.models import encoder, randomize_, rel
 from helpers.naflex import pack
 from vit_rope.eval.from_checkpoint import create_from_checkpoint
 from vit_rope.models.qwen3_vit import QWEN3
@@ -25,14 +25,6 @@ def timm_qwen3(name: str, **kwargs) -> torch.nn.Module:
     model = timm.create_model(name, depth=1, **classes, **kwargs)
     randomize_(model)
     return model.eval()
-
-
-def encoder(model: torch.nn.Module) -> torch.nn.Module:
-    return getattr(model, "encoder", model)
-
-
-def rel(a: torch.Tensor, b: torch.Tensor) -> float:
-    return float((a - b).abs().max() / a.abs().max())
 
 
 @torch.no_grad()
