@@ -1,6 +1,5 @@
-"""What vit_rope needs: the oldest timm it runs on (``attention.py`` reuses timm 1.0.28's ``Attention``: its ``gate``,
-``attn_dim`` and mask helpers), checked at import so that an older one (a ``PYTHONPATH`` that bypasses pip's check)
-fails with the fix, not deep in a forward; and the optional packages of its extras, with an error naming the extra.
+"""What vit_rope needs: the oldest timm it runs on, checked at import so that an older one fails with the fix, not deep
+in a forward; and the optional packages of its extras, with an error naming the extra.
 """
 
 from __future__ import annotations

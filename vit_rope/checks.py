@@ -1,7 +1,4 @@
-"""Checks of user input that every layer needs: a model name timm knows, an output folder, a device PyTorch has, and
-image sizes that tile into whole patches. Each failure is a ``UserError`` (inside a forward, a ``ValueError``) naming
-the value and the fix.
-"""
+"""Checks of user input that every layer needs, each failure a ``UserError`` naming the value and the fix."""
 
 from __future__ import annotations
 

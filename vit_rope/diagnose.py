@@ -1,6 +1,4 @@
-"""``python -m vit_rope.diagnose`` and ``vit-rope-diagnose``: frequency coverage, learned directions and attention
-entropy of a model; the command lives in ``vit_rope.eval.diagnostics``.
-"""
+"""``python -m vit_rope.diagnose``: ``vit_rope.eval.diagnostics``'s command."""
 
 import sys
 

@@ -1,6 +1,4 @@
-"""``python -m vit_rope.evaluate`` and ``vit-rope-evaluate``: accuracy against input resolution under every RoPE
-resolution policy; the command lives in ``vit_rope.eval.command``.
-"""
+"""``python -m vit_rope.evaluate``: ``vit_rope.eval.command``'s command."""
 
 import sys
 

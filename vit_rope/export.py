@@ -1,6 +1,4 @@
-"""``python -m vit_rope.export`` and ``vit-rope-export``: ONNX export with dynamic batch, height and width, checked with
-ONNX Runtime; the command lives in ``vit_rope.eval.onnx``.
-"""
+"""``python -m vit_rope.export``: ``vit_rope.eval.onnx``'s command."""
 
 import sys
 

@@ -1,6 +1,4 @@
-"""``python -m vit_rope.shards`` and ``vit-rope-shards``: an image folder written as WebDataset shards in timm's layout
-(``vit_rope.data.shard_writer``).
-"""
+"""``python -m vit_rope.shards``: ``vit_rope.data.shard_writer``'s command."""
 
 import sys
 

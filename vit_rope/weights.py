@@ -1,6 +1,6 @@
-"""Weights files and state dicts as users meet them: a file read with an error that tells a corrupt file from a
-wrong one, the keys that keep a state dict from fitting a model on one line, files written atomically, and what a
-checkpoint format is (``Format``, ``Folder``; ``vit_rope.models.formats`` holds them in one table).
+"""Weights files and state dicts as users meet them: a file read with an error that tells a corrupt file from a wrong
+one, the keys that keep a state dict from fitting on one line, files written atomically, and what a checkpoint format
+is.
 """
 
 from __future__ import annotations

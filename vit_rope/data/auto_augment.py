@@ -1,10 +1,8 @@
 """timm's auto-augment transforms made safe under the installed Pillow and probed before the loader starts, so that no
 auto-augment string can stop a run mid-epoch inside a loader worker (docs/training.md).
 
-Why: timm's Posterize ops ask for 0 bits at some magnitudes (``PosterizeIncreasing`` at 10, which ``mstd`` noise
-reaches; ``Posterize`` below 2.5, e.g. ``v0``), which gave a black image before Pillow 13 (as TensorFlow's TPU
-posterize) and raise ``ValueError`` in Pillow 13. ``make_safe`` restores the black image, leaving timm's ops and
-magnitudes as they are; ``safe_transform`` refuses a string whose ops would still raise (e.g. with lanczos).
+timm's Posterize ops ask for 0 bits at some magnitudes, which gave a black image before Pillow 13 and raise
+``ValueError`` in Pillow 13: ``make_safe`` restores the black image, ``safe_transform`` refuses what would still raise.
 """
 
 from __future__ import annotations

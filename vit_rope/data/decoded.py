@@ -1,8 +1,7 @@
 """The decoded-image cache: every image of a split decoded once, short side shrunk, in one flat uint8 tensor.
 
-On a small CPU, decoding full-size JPEGs every epoch costs more than a tiny ViT's training step. One flat tensor is
-shared by forked loader workers instead of copied into each, and the cache file is memory-mapped, so that the DDP ranks
-of a machine share one copy; on a GPU it feeds the batched pipeline (``vit_rope.data.pipeline``) from device memory.
+On a small CPU, decoding full-size JPEGs every epoch costs more than a tiny ViT's training step; one flat,
+memory-mapped tensor is shared by forked loader workers and by the DDP ranks of a machine.
 """
 
 from __future__ import annotations

@@ -1,5 +1,4 @@
-"""The labels of shards and datasets, which carry class indices rather than class folders: unlabelled samples left
-out, the classes named, and every label checked against the train split's classes before training."""
+"""The labels of shards and datasets, class indices rather than folders: checked against the train split's classes."""
 
 from __future__ import annotations
 

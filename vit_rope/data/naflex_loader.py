@@ -1,9 +1,6 @@
-"""Native aspect-ratio (NaFlex) batches for training and validation, from timm's NaFlex data pipeline.
-
-Patch-n-pack (Dehghani et al., "Patch n' Pack: NaViT", NeurIPS 2023), as ``timm/data/naflex_*.py`` implement it and
-used as they are. What this module adds (docs/training.md, "Native aspect ratio"): transforms, Mixup and erasing draw
-from seeds of (seed, epoch, rank, step, position), so a run resumes at any step to the same batches whatever the
-number of workers; unreadable images are replaced and counted; batches are ``(inputs, targets, skipped)``.
+"""Native aspect-ratio (NaFlex) batches for training and validation, from timm's NaFlex data pipeline (NaViT, Dehghani
+et al., NeurIPS 2023), with draws seeded by (seed, epoch, rank, step, position) so that a run resumes at any step to the
+same batches whatever the workers (docs/training.md, "Native aspect ratio").
 """
 
 from __future__ import annotations

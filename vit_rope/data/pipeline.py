@@ -1,9 +1,7 @@
 """Batched tensor data pipeline: a decoded uint8 store, augmented one *batch* at a time on the compute device.
 
-Why: per-image PIL augmentation in ``DataLoader`` workers leaves a small CPU's training step a fraction of its speed
-(docs/performance.md, "Data pipeline"). Here the decoded cache is one flat uint8 store (memory-mapped and shared by
-processes, or held on a GPU), and each batch is augmented by a few batched ops (``vit_rope.data.augment``) in the
-training process: no workers, and no image is decoded again.
+Per-image PIL augmentation in ``DataLoader`` workers leaves a small CPU's training step a fraction of its speed
+(docs/performance.md, "Data pipeline"); here no workers, and no image is decoded again.
 """
 
 from __future__ import annotations

@@ -1,9 +1,6 @@
-"""WebDataset shards (timm's ``wds/`` layout) read by random access: each sample is a member of an uncompressed tar,
-located once by an index of the shards' headers and then read with one ``pread``.
-
-Why random access, not timm's streaming ``ReaderWds`` (docs/data.md): with map-style loaders an epoch is a
-permutation drawn from (seed, epoch), ranks and workers read disjoint parts of it, each sample once, and ``--resume``
-mid-epoch continues the same batches; a shuffle-buffer stream gives none of the three. The price is scattered reads.
+"""WebDataset shards (timm's ``wds/`` layout) read by random access: each sample located once by an index of the shards'
+headers, then read with one ``pread``. Unlike timm's streaming reader, an epoch is then a permutation of (seed, epoch),
+each sample read once, and a run resumes mid-epoch to the same batches (docs/data.md).
 """
 
 from __future__ import annotations

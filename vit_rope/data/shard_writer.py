@@ -1,11 +1,7 @@
 """Writing an image folder as WebDataset shards in timm's layout, for ``dataset: wds/<name>``.
 
-    python -m vit_rope.shards --src DIR --out DIR [--shard-size N] [--splits train val] [--seed S]
-
-Each split becomes ``<split>-NNNNNN.tar`` files of ``--shard-size`` samples, in an order shuffled by ``--seed`` so
-that every shard mixes the classes (timm's streaming reader needs that). A sample is ``key.jpg`` (or ``.png``/``.webp``:
-the file's own bytes, other formats re-encoded as PNG), ``key.cls`` and ``key.json`` (label, class name, path).
-``_info.json`` (shards, sample counts, class names) is written last: a folder without it was not finished.
+Each split's order is shuffled by ``--seed`` so that every shard mixes the classes (timm's streaming reader needs it);
+``_info.json`` is written last: a folder without it was not finished (docs/data.md).
 """
 
 from __future__ import annotations

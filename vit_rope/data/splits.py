@@ -1,8 +1,5 @@
-"""A split of a data set as samples, whatever holds it: an image folder (``vit_rope.data.folders``), WebDataset shards
-(``vit_rope.data.shard_reader``) or a Hugging Face dataset on disk (``vit_rope.data.hf_datasets``).
-
-``dataset`` names the kind with timm's reader prefixes (empty, ``wds/<name>``, ``hfds/<name>``). Every kind gives
-``(source, class index)`` samples sorted by class, so that all downstream works the same on the three (docs/data.md).
+"""A split of a data set as ``(source, class index)`` samples sorted by class, whatever holds it: an image folder,
+WebDataset shards or a Hugging Face dataset on disk, named with timm's prefixes (docs/data.md).
 """
 
 from __future__ import annotations

@@ -1,9 +1,6 @@
-"""The steps of a training epoch: which images each optimizer step takes and at which size, for both pipelines.
-
-``StepSampler`` (as ml-cvnets' ``VariableBatchSampler``) cuts an epoch's order of this rank's images into steps
-``(size, indices)``, a pure function of (seed, epoch, step): DDP ranks draw the same sizes without a collective, and a
-run resumed at step k repeats steps k, k+1, ... Its items ``(index, size, seed)`` make an image's augmentation a
-function of (seed, epoch, rank, step, position) only, not of the workers or where a run was resumed.
+"""The steps of a training epoch, for both pipelines: ``StepSampler`` (as ml-cvnets' ``VariableBatchSampler``) cuts an
+epoch's order into steps, a pure function of (seed, epoch, step), and seeds each image's augmentation by (seed, epoch,
+rank, step, position): ranks agree without a collective, and a run resumed at step k repeats steps k, k+1, ...
 """
 
 from __future__ import annotations

@@ -1,8 +1,5 @@
-"""The position encodings: one interface (``base``: ``PositionEncoding``, ``BlockInput``, ``Positions``, the registry)
-and one module or subpackage per family with its encodings, options, builders and official checkpoint formats: ``rope``
-(RoPE tables, Cayley-STRING), ``bias`` (LookHere, 2D-ALiBi, FIRE), ``generators`` (ComRoPE, LieRE), ``pape`` (PaPE,
-PaPE-RI); ``ape`` and ``policies`` serve them all. Importing the package registers every kind; ``build`` makes the
-encoding a model describes.
+"""The position encodings: one interface (``base``) and one module or subpackage per family; importing the package
+registers every kind, ``build`` makes the encoding a model describes.
 """
 
 from __future__ import annotations

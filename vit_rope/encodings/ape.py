@@ -1,9 +1,8 @@
 """The learned absolute position embedding (APE) of the "+APE" models and of the ViT / DeiT checkpoints they load.
 
-RoPE-ViT (Heo et al., ECCV 2024, arXiv:2403.13298) keeps DeiT-III's APE beside RoPE in its "+APE" variants. An APE is a
-table learnt for one patch grid, so every other grid takes it resampled bicubically (timm's
-``resample_abs_pos_embed``): at each forward for the input's grid (``AbsoluteEncoding``), and once when a checkpoint
-trained on another grid is loaded, whose grid the state dict does not store and ``source_grids`` infers.
+RoPE-ViT (Heo et al., ECCV 2024, arXiv:2403.13298) keeps DeiT-III's APE beside RoPE in its "+APE" variants. A table
+learnt for one grid is resampled to every other (timm's ``resample_abs_pos_embed``): at each forward, and once when a
+checkpoint of another grid is loaded, whose grid ``source_grids`` infers.
 """
 
 from __future__ import annotations

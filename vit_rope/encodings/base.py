@@ -1,11 +1,8 @@
 """One interface for every position encoding of the ViT: the positions of a batch in, what each block needs out.
 
-The interface is that of PaPE's repository (DTU-PAS/parabolic-position-encoding, ``pape/nn/positions/base.py``) and of
-timm's NaFlexViT, whose one embedding path serves both kinds of batch. Each block gets one ``encoding`` argument: RoPE
-tables ``(cos, sin)``, a ``BlockInput`` of the kind, or ``None`` (``vit_rope.layers.attention``); the +APE models'
-table gives embedding rows instead (``vit_rope.encodings.ape``). ``Positions`` is built once per forward: an image
-batch shares one grid (positions ``[N, 2]``, ``grid`` as Python ints, so tables are built once and biases cached per
-size); a NaFlex batch has one grid per sample (``[B, N, 2]``, padding). Adding a kind: docs/layout.md.
+The interface is that of PaPE's repository (``pape/nn/positions/base.py``) and of timm's NaFlexViT, whose one embedding
+path serves both kinds of batch. Each block gets one ``encoding`` argument: RoPE tables ``(cos, sin)``, a
+``BlockInput`` of the kind, or ``None``. Adding a kind: docs/layout.md.
 """
 
 from __future__ import annotations

@@ -1,19 +1,13 @@
 """Resolution policies and training-time coordinate augmentation for 2D RoPE.
 
-A RoPE model trained on an ``h0 x w0`` patch grid meets other grids at test time; each policy maps the new grid onto
-what the model saw, per axis with the scale ``s = new / training`` size:
+A RoPE model trained on one patch grid meets others at test time; each policy maps the new grid onto what the model
+saw, per axis with the scale ``s = new / training`` size (docs/models.md):
 
 - ``extrapolate``: integer positions, the grid simply grows (RoPE-ViT, Heo et al., ECCV 2024, arXiv:2403.13298);
 - ``interpolate``: positions scaled into the training range (EVA-02, Fang et al. 2023; timm's ``ref_feat_shape``);
 - ``ntk``: NTK-aware base scaling per axis, ``b' = b * s ** (d / (d - 2))`` (bloc97, 2023);
-- ``yarn``: per-frequency blend of interpolation and extrapolation, with an attention temperature (YaRN, Peng et al.
-  2023, arXiv:2309.00071). The language-model ramp would interpolate every pair of a 14x14 grid, so the ramp here is
-  in turns over the image: pairs with fewer than ``alpha`` turns interpolate, more than ``beta`` extrapolate;
-- ``normalized``: coordinates in ``2 pi [-1, 1]`` per axis, so that axial RoPE with theta = 100 is DINOv3's RoPE
-  (Simeoni et al. 2025, arXiv:2508.10104).
-
-Each encoding states the policies it takes (``PositionEncoding.policies``). Coordinate augmentation (DINOv3's shift,
-jitter and rescale, plus a subpixel jitter) runs in training mode only.
+- ``yarn``: YaRN's (Peng et al. 2023, arXiv:2309.00071) blend with a temperature, its ramp in turns over the image;
+- ``normalized``: coordinates in ``2 pi [-1, 1]``, so that axial RoPE with theta = 100 is DINOv3's (arXiv:2508.10104).
 """
 
 from __future__ import annotations

@@ -1,11 +1,8 @@
 """Position ablation: how much of a trained model's output its position encoding makes.
 
-A ViT without a position encoding sees its patches as a set and still learns to classify (CPVT, Chu et al., ICLR
-2023), so a trained model may use its encoding a lot or barely: one that barely uses an attention bias gives the same
-logits under any scale of it, and its ``interpolate`` and ``extrapolate`` rows agree for that reason, not because both
-hold. Removing the encoding at test time measures it: the RoPE tables, attention biases, block rotations (ComRoPE,
-LieRE) and PaPE's parabolas become none (STRING's orthogonal P alone leaves q.k unchanged), and each patch row of the
-APE becomes the rows' mean (the part they share says nothing about where a patch is; prefix-token rows stay).
+A ViT without a position encoding still learns to classify (CPVT, Chu et al., ICLR 2023), so a model that barely uses
+its encoding gives the same logits under any policy, and its policies agree for that reason, not because both hold.
+Removing the encoding at test time measures it; the APE's patch rows become their mean (docs/evaluation.md).
 """
 
 from __future__ import annotations

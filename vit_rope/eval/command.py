@@ -1,12 +1,8 @@
 """Accuracy against input resolution: checkpoints or timm models on ``DIR/val`` (``--val-split``) at several sizes and
 RoPE policies, by their classifier or by kNN and linear probes of their features (a backbone without a head).
 
-    python -m vit_rope.evaluate --checkpoint output/run/best.pth --data-dir DIR --img-sizes 160 224 320 \
-        --policy extrapolate interpolate ntk yarn [--seq-lens 64 196 400 784] [--probe head knn linear]
-
-The command-line layer over ``vit_rope.eval.harness`` (docs/evaluation.md). Writes OUTPUT/results.json, results.md and
-accuracy_vs_resolution.png (``vit_rope.eval.report``). Exit codes: 0 done, 2 bad input (sizes, policies, data folder,
-checkpoint), all checked before any evaluation starts.
+The command line over ``vit_rope.eval.harness`` (docs/evaluation.md). Exit codes: 0 done, 2 bad input, all checked
+before any evaluation starts.
 """
 
 from __future__ import annotations

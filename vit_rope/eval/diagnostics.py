@@ -2,15 +2,9 @@
 
 Why a model extrapolates or not can often be read off its frequencies (RoPE-ViT, Heo et al., ECCV 2024; YaRN,
 Peng et al. 2023): a channel pair that completes less than one turn across the training grid never saw the phases
-that a larger grid produces. Mixed RoPE learns its directions, which the plot shows per layer and head. Attention
-entropy tells whether attention spreads out (dilutes) as the token count grows. The same images run once more without
-the position encoding (``vit_rope.eval.ablation``): how much the outputs change, and how many top-1 classes stay,
-says how much the model uses positions at each size at all.
-
-``python -m vit_rope.diagnose --checkpoint PATH [--sizes 224 320 512] [--seq-lens 196 400] [--policy NAME]
-[--data-dir DIR [--split NAME]] [--output DIR]`` (docs/evaluation.md). A token budget (``--seq-lens``) has no single
-grid, each image's aspect ratio sets its own, so its unseen-phase count is over the images' grids, and it needs
-images: noise has no aspect ratio to keep.
+that a larger grid produces. Attention entropy tells whether attention dilutes as the token count grows; the run
+without the position encoding (``vit_rope.eval.ablation``) how much the model uses positions at all
+(docs/evaluation.md).
 """
 
 from __future__ import annotations
@@ -44,11 +38,9 @@ from vit_rope.models.vit import RoPEVisionTransformer
 
 
 def frequency_coverage(model: RoPEVisionTransformer, target_grid: tuple[int, int]) -> list[dict[str, Any]]:
-    """Per layer (one for axial, whose layers share their tables): ``train_turns`` and ``target_turns``
-    ``[heads][pairs]``, the turns of each channel pair across the training grid and ``target_grid``, and ``unseen``,
-    the (head, pair) channels that meet phases they never saw: under one turn on the training grid, and a range that
-    grows by more than one training step (``interpolate`` stretches it by less, a resampling, not an extrapolation).
-    A pair turns by ``(|wx| ex + |wy| ey) / 2 pi`` across positions spanning ``(ex, ey)``."""
+    """Per layer: the turns ``[heads][pairs]`` of each channel pair across the training grid and ``target_grid``,
+    and ``unseen``, the pairs under one turn on the training grid whose range grows by more than one training step
+    (``interpolate`` stretches it by less: a resampling, not an extrapolation)."""
     rows = []
     for layer, rope in enumerate(_rotations(model)):
         train, target, unseen = _coverage(rope, target_grid)
@@ -89,8 +81,7 @@ def _turns(rope: RoPE2D, freqs: Tensor, grid: tuple[int, int]) -> Tensor:
 
 @torch.no_grad()
 def attention_entropy(model: RoPEVisionTransformer, images: Tensor | dict[str, Tensor]) -> list[float]:
-    """Mean entropy (nats) of the attention distributions of each block, over images, heads and queries; for a
-    NaFlex batch over its real tokens, padding hidden from the keys as the model hides it."""
+    """Mean entropy (nats) of each block's attention over images, heads and (real) queries."""
     entropies: list[float] = []
 
     def hook(attn: nn.Module, args: tuple, kwargs: dict) -> None:
@@ -115,8 +106,7 @@ def attention_entropy(model: RoPEVisionTransformer, images: Tensor | dict[str, T
 
 
 def plot_mixed_directions(model: RoPEVisionTransformer, path: Path) -> bool:
-    """Scatter of the learned (wx, wy) of every pair, one panel per layer, one colour per head (no plot, False, for
-    a model without frequencies)."""
+    """Scatter of the (wx, wy) of every pair, a panel per layer; False (no plot) without frequencies."""
     ropes = _rotations(model)
     if not ropes:
         return False
@@ -211,7 +201,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _record(table: dict[int, Any], key: int, label: str, coverage: list[dict[str, Any]], entropy: list[float],
             reliance: dict[str, float], **extra: Any) -> None:
-    """One size's or budget's measures into the report's ``table`` and as a line of the console table."""
+
     unseen, pairs = sum(r["unseen"] for r in coverage), sum(r["pairs"] for r in coverage)
     table[key] = dict(coverage=coverage, entropy=entropy, unseen=unseen, pairs=pairs, without_positions=reliance,
                       **extra)
@@ -222,7 +212,7 @@ def _record(table: dict[int, Any], key: int, label: str, coverage: list[dict[str
 
 
 def _load(args: argparse.Namespace) -> tuple[EvalModel, list[Sample] | None]:
-    """The model to diagnose and the images that feed the entropy (None: noise), every argument checked first."""
+    """The model and the images that feed the entropy (None: noise), every argument checked first."""
     kwargs = dict(args.model_kwargs)
     bad = [size for size in args.sizes or () if size <= 0]
     if bad or args.num_images <= 0:
@@ -264,7 +254,7 @@ def _load(args: argparse.Namespace) -> tuple[EvalModel, list[Sample] | None]:
 
 
 def _items(samples: list[Sample], count: int, transform: Any) -> list[tuple[Any, int, int]]:
-    """``count`` items spread evenly over the classes, through ``transform``."""
+
     dataset = ImageFolderDataset([samples[i] for i in subset(len(samples), count)], transform)
     return [dataset[i] for i in range(len(dataset))]
 

@@ -1,6 +1,5 @@
-"""One pass of the evaluation over a split at one setting (a square size or a token budget): each batch decoded once
-and fed to every run (model x policy) in turn, giving its classifier's metrics and/or its pooled features
-(``probes.model_outputs``); and the train split that the probes read, checked before any forward.
+"""One pass of the evaluation over a split at one setting: each batch decoded once and fed to every run (model x
+policy) in turn; and the train split that the probes read, checked before any forward.
 """
 
 from __future__ import annotations
@@ -34,8 +33,7 @@ def subset(count: int, limit: int | None) -> list[int]:
 
 @dataclass
 class Runs:
-    """What every pass needs: the models, the runs as (model index, policy or None: as built), each model's mean and
-    std, the device, the loader's workers and each Swin's trained windows with the rule for them at a size."""
+    """What every pass needs; ``runs`` as (model index, policy or None: as built)."""
 
     models: Sequence[EvalModel]
     runs: list[tuple[int, str | None]]
@@ -59,9 +57,9 @@ class Pass(NamedTuple):
 
 def forward_split(runs: Runs, samples: list[Sample], indices: list[int], setting: naflex.Setting, batch: int,
                   fed: Sequence[int], heads: dict[int, Tensor], pooled: set[int]) -> Pass:
-    """The runs ``fed`` over ``samples[indices]`` at ``setting``, in batches of ``batch``: the classifier's loss and
-    hits of the runs in ``heads`` (run -> the model's output index of each class), the features of those in
-    ``pooled``. The first batch of each run is run once untimed: first-call allocations are not throughput."""
+    """The runs ``fed`` over ``samples[indices]``: the classifier's totals of those in ``heads`` (run -> output index
+    of each class), the features of those in ``pooled``. Each run's first batch runs once untimed: first-call
+    allocations are not throughput."""
     device = runs.device
     used = {i: windows.set_windows(runs.models[i].model, setting.fields["img_size"], runs.window, trained)
             for i, trained in runs.trained.items() if setting.fields.get("img_size")}
@@ -107,7 +105,7 @@ def forward_split(runs: Runs, samples: list[Sample], indices: list[int], setting
 
 
 class TrainSplit(NamedTuple):
-    """The images the probes are built from, and the class space they predict in (the train split's classes)."""
+
 
     samples: list[Sample]
     indices: list[int]
@@ -117,8 +115,8 @@ class TrainSplit(NamedTuple):
 
 def train_split(data_dir: str | Path, dataset: str | None, options: probes.ProbeOptions, val_classes: list[str],
                 input_key: str | None = None, target_key: str | None = None) -> TrainSplit:
-    """The train split of the probes, checked: it has labels (the data layer refuses a split without them), every val
-    class is one of its classes, every class has images among the ``train_limit`` taken, and ``k`` fits the bank."""
+    """The train split of the probes, checked: every val class is one of its classes and has images among the
+    ``train_limit`` taken, and ``k`` fits the bank."""
     split = options.train_split
     samples, classes = find_split(Path(data_dir), dataset, split, split_key="train_split", input_key=input_key,
                                   target_key=target_key)  # a missing train folder gets no hint: the others are val
@@ -142,10 +140,9 @@ def train_split(data_dir: str | Path, dataset: str | None, options: probes.Probe
 
 def check_feature_memory(widths: dict[int, int], train: int, val: int, held: dict[int, int], per_setting: bool,
                          free: int) -> int:
-    """Bytes the probes' features take at most (fp32): per run (``widths``: run -> width), its ``held`` train
-    features (run -> how many settings' worth are kept across settings: the ``--bank-size`` bank, the linear fit's),
-    plus at each setting the bank of that setting when ``per_setting`` and the val features; a ``UserError`` when they
-    would not fit in ``free`` bytes with the batches, said before anything runs."""
+    """Bytes the probes' features take at most (fp32): per run, its ``held`` train features (run -> settings kept),
+    plus the bank at each setting when ``per_setting`` and the val features; a ``UserError`` when they would not fit
+    in ``free`` bytes, said before anything runs."""
     need = 4 * sum(width * (train * (held.get(row, 0) + per_setting) + val) for row, width in widths.items())
     need += 2 * 4 * probes.SIMILARITIES  # a chunk of kNN similarities, and what topk and the votes take beside it
     if need + memory.FIXED_BYTES > free:
@@ -156,9 +153,8 @@ def check_feature_memory(widths: dict[int, int], train: int, val: int, held: dic
 
 
 class TrainFeatures:
-    """The train split's pooled features that the probes need, each (setting, run) extracted once: the kNN bank at
-    ``bank_size`` or at each evaluated setting, and each run's linear probe, fitted at its model's fit size and kept
-    (the features it was fitted on serve as the bank at that size too)."""
+    """The train split's pooled features that the probes need, each (setting, run) extracted once; a linear probe's
+    features serve as the kNN bank at its size too."""
 
     def __init__(self, runs: Runs, train: TrainSplit, options: probes.ProbeOptions, fits: list[int]) -> None:
         self.runs, self.train, self.options, self.fits = runs, train, options, fits
@@ -167,7 +163,7 @@ class TrainFeatures:
         self.linear: dict[int, tuple[probes.LinearProbe, int]] = {}  # run -> its fitted probe, its images
 
     def extract(self, setting: naflex.Setting, batch: int, rows: Sequence[int]) -> None:
-        """The features at ``setting`` of the runs ``rows`` that are not held yet."""
+
         missing = [row for row in rows if (setting.name, row) not in self.features]
         if not missing:
             return
@@ -179,8 +175,8 @@ class TrainFeatures:
         self.features.update({(setting.name, row): done.features[row] for row in missing})
 
     def fit(self, setting: naflex.Setting, rows: Sequence[int], kept: Sequence[str]) -> None:
-        """Fit the linear probe of each run of ``rows`` whose fit size is ``setting``'s on the features held there,
-        then let go of the features there unless ``setting`` is one of the banks ``kept`` (setting names)."""
+        """Fit the linear probe of the runs ``rows`` whose fit size is ``setting``'s, then let go of the features
+        there unless it is one of the banks ``kept``."""
         for row in rows:
             if "linear" in self.options.probes and setting.fields["img_size"] == self.fits[self.runs.runs[row][0]]:
                 targets = self.targets[setting.name]
@@ -191,12 +187,11 @@ class TrainFeatures:
             self.release(setting.name)
 
     def release(self, name: str) -> None:
-        """Let go of the features held at setting ``name``."""
+
         self.features = {key: value for key, value in self.features.items() if key[0] != name}
 
     def score(self, probe: str, row: int, bank: str, done: Pass) -> dict[str, Any]:
-        """A result row's probe fields and metrics: ``probe`` of run ``row`` on the val pass ``done``, its kNN bank
-        the train features at setting ``bank``."""
+        """A result row's probe fields and metrics of run ``row`` on the val pass ``done``."""
         features, labels = done.features[row], self.train.val_classes.to(done.targets.device)[done.targets]
         classes, options = len(self.train.classes), self.options
         if probe == "knn":

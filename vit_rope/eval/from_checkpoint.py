@@ -1,10 +1,5 @@
-"""One loader for every checkpoint vit_rope reads: ``create_from_checkpoint(path, **overrides)`` builds the model a
-file or folder describes and loads it.
-
-What decides the model is the checkpoint's format (``vit_rope.models.formats``: a folder's config, or what a file's
-keys and shapes say), or a ``train.py`` checkpoint's own record (``load_trained``). ``model=`` names the vit_rope model
-where the file's keys do not (timm's ViT and DeiT-III, our own state dicts, timm's other Eva families), or another that
-takes its weights; ``overrides`` are ``timm.create_model`` arguments (``num_classes``, ``resolution_policy``, ...).
+"""One loader for every checkpoint vit_rope reads: ``create_from_checkpoint(path, **overrides)`` builds the model a file
+or folder describes (its format, ``vit_rope.models.formats``, or a ``train.py`` checkpoint's record) and loads it.
 """
 
 from __future__ import annotations

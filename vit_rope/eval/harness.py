@@ -1,10 +1,6 @@
-"""The evaluation loop behind ``python -m vit_rope.evaluate`` (``vit_rope.eval.command``): checkpoints or timm models on
-one val split at several square sizes and RoPE policies, and at token budgets for models that take NaFlex batches.
-
-One protocol for every model, so that the numbers compare (crop_pct 1.0 by default, as RoPE-ViT); each size's images
-are decoded once and fed to every model and policy in turn (``vit_rope.eval.extraction``), whose classifier and / or
-pooled features it scores (the probes: ``vit_rope.eval.probes``). Every option is checked (``check_options``,
-``check_sizes``) before any image is read, so bad input costs nothing.
+"""The evaluation loop behind ``python -m vit_rope.evaluate``: models on one val split at several square sizes, RoPE
+policies and token budgets, under one protocol so that the numbers compare (crop_pct 1.0 by default, as RoPE-ViT).
+Every option is checked before any image is read, so bad input costs nothing.
 """
 
 from __future__ import annotations
@@ -31,8 +27,8 @@ from vit_rope.models.pos_encoding import resolution_encoding
 
 
 def label_map(model: EvalModel, val_classes: list[str], val_dir: str) -> torch.Tensor:
-    """Output index of each val class: by name when the model's classes are known (so that an ImageNet-1k model
-    scores on a folder of a few synsets), else in folder order (class index order for shards and datasets)."""
+    """Output index of each val class: by name when the model's classes are known (an ImageNet-1k model scores on a
+    folder of a few synsets), else in folder order."""
     trained_on = f" (its run trained on {model.data_dir}: --data-dir {model.data_dir})" if model.data_dir else ""
     if not model.model.num_classes:
         raise UserError(f"{model.label} has no classifier (num_classes=0), so it has no head to evaluate: probe its "
@@ -51,7 +47,7 @@ def label_map(model: EvalModel, val_classes: list[str], val_dir: str) -> torch.T
 
 
 def check_options(policies: Sequence[str], crop_pct: float, seq_lens: Sequence[int] = ()) -> None:
-    """The checks that need no model and no data, run first so that a typo fails at once."""
+    """The checks that need no model and no data, so that a typo fails at once."""
     naflex.check_seq_lens(seq_lens)
     unknown = sorted(set(policies) - set(POLICIES))
     if unknown:
@@ -76,8 +72,8 @@ def choose_setting(given: str | None, models: Sequence[EvalModel], field: str = 
 
 def check_sizes(sizes: Sequence[int], models: Sequence[EvalModel], policies: Sequence[str] = (),
                 seq_lens: Sequence[int] = ()) -> None:
-    """Reject sizes that do not tile into whole patches, naming the nearest sizes that do, policies that a model's
-    RoPE cannot take (DINOv3's normalised coordinates take two), and with token budgets models without NaFlex."""
+    """Reject sizes that do not tile into whole patches, policies a model's RoPE cannot take, and with token budgets
+    models without NaFlex."""
     if seq_lens:
         naflex.check_naflex(models)
     for entry in models:
@@ -91,15 +87,13 @@ def check_sizes(sizes: Sequence[int], models: Sequence[EvalModel], policies: Seq
 
 
 def eval_transform(size: int, crop_pct: float) -> Any:
-    """timm's eval transform: Resize(short side floor(size / crop_pct), bicubic), CenterCrop(size), ToTensor, with
-    pixels left in [0, 1]: each model is normalised with its own mean/std (``normalisation``), as it was trained."""
+    """timm's eval transform with pixels left in [0, 1]: each model is normalised with its own mean/std later."""
     return create_transform(input_size=(3, size, size), crop_pct=crop_pct, crop_mode="center", interpolation="bicubic",
                             mean=(0.0, 0.0, 0.0), std=(1.0, 1.0, 1.0), is_training=False)
 
 
 def normalisation(model: nn.Module, device: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """The mean and std (``[1, 3, 1, 1]``) of a timm model's data config, which ``train.py`` normalised with
-    (ImageNet's for ours and DeiT, 0.5 for timm's augreg ViTs)."""
+    """The mean and std ``[1, 3, 1, 1]`` of a timm model's data config, which it was trained with."""
     config = resolve_data_config({}, model=model)
     return (torch.tensor(config["mean"], device=device).view(1, 3, 1, 1),
             torch.tensor(config["std"], device=device).view(1, 3, 1, 1))
@@ -112,7 +106,7 @@ def protocol(crop_pct: float) -> str:
 
 
 def square_setting(size: int, crop_pct: float, models: Iterable[int]) -> naflex.Setting:
-    """The loader of a square size, ``size px``, feeding the models ``models`` (indices)."""
+
     return naflex.Setting(f"{size} px", {"img_size": size, "seq_len": None, "crop_pct": crop_pct},
                           eval_transform(size, crop_pct), None, list(models))
 
@@ -124,16 +118,11 @@ def evaluate_models(models: Sequence[EvalModel], data_dir: str | Path, img_sizes
                     val_split: str = "val", seq_lens: Sequence[int] = (), window: str | int = "keep",
                     pad_windows: bool = False, *, dataset: str | None = None, input_key: str | None = None,
                     target_key: str | None = None, probes: ProbeOptions | None = None) -> list[dict[str, Any]]:
-    """Top-1, top-5 (%), loss and images/s (forward only) of every model at every size and token budget on
-    ``data_dir/val_split`` (``dataset`` and its keys as ``train.py``'s), once per policy for RoPE models, and per
-    probe of ``probes`` (its rows' ``probe``): the model's classifier (``head``), DINO's kNN and a linear probe on its
-    pooled features, built from ``probes.train_split`` (``vit_rope.eval.probes``; None: the head alone).
+    """Top-1, top-5 (%), loss and images/s of every model at every size and token budget on ``val_split``, per policy
+    of a RoPE model and per probe of ``probes`` (None: the head alone).
 
     ``policies`` None runs each RoPE model under the policy it was built with, as timm runs it (a fixed default would
-    evaluate the Eva twins as they were never trained); models without ``set_resolution_policy`` run once, with policy
-    None. A Swin's windows follow ``window`` (``vit_rope.eval.windows``; its rows' ``windows``), a size they do not
-    tile refused unless ``pad_windows``. A batch that would not fit in free memory is cut (``vit_rope.eval.memory``).
-    Bad input raises ``UserError`` before any image is decoded.
+    evaluate the Eva twins as they were never trained). A batch that would not fit in free memory is cut.
     """
     device, probes = resolve_device(device), probes or ProbeOptions()
     check_options(policies or (), crop_pct, seq_lens)

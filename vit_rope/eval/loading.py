@@ -1,10 +1,6 @@
-"""The models that evaluation, export and diagnosis take: a ``train.py`` checkpoint rebuilt from what it stores, or
-a timm model (ours, timm's ViTs and RoPE ports, CNNs) with the weights of a local file or timm's published ones.
-
-Both are built with ``dynamic_img_size=True`` where the model takes it, because they are run at sizes other than the
-one they were trained at (RoPE-ViT, Heo et al. 2024, evaluates from 0.6x to 2.3x). A mixed RoPE model whose learned
-frequencies were not in its weights, or a model whose classifier was not, is refused rather than evaluated at
-random values; a model without any weights is labelled ``random init`` wherever it is reported.
+"""The models that evaluation, export and diagnosis take: a ``train.py`` checkpoint rebuilt from what it stores, or a
+timm model with the weights of a local file or timm's published ones, built with ``dynamic_img_size=True``. A model
+whose learned frequencies or classifier were not in its weights is refused rather than evaluated at random values.
 """
 
 from __future__ import annotations

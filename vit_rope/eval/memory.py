@@ -1,10 +1,8 @@
 """How many images of a size fit in memory: the harness's batch at each size, said before the first forward.
 
-A ViT's activations grow with the tokens (and, where attention materialises its scores or a bias, with their square), so
-a batch that evaluates in seconds at 224 px can need more memory than the machine has at 2048 px, which ends the process
-(or the machine) without a message. ``fit_batch`` estimates one image's peak from the model's widths and the size's
-tokens and caps the batch at what the free memory holds; a size that even one image cannot take is a ``UserError``. The
-estimate errs high: measured peaks of ViT-S at 896-2048 px (``benchmarks/scaling.py``) are 0.5-0.9x of it.
+A batch that evaluates in seconds at 224 px can need more memory than the machine has at 2048 px, which ends the
+process without a message. The estimate errs high: measured peaks of ViT-S at 896-2048 px (``benchmarks/scaling.py``)
+are 0.5-0.9x of it.
 """
 
 from __future__ import annotations

@@ -1,11 +1,8 @@
 """ONNX export with a dynamic batch, height and width: one file serves every image size the model accepts.
 
-A RoPE ViT builds its rotation tables from the patch grid inside ``forward``, so nothing in it is fixed to the training
-size, and an export that keeps height and width symbolic runs at every multiple of the patch size. ``export_onnx``
-writes the ``torch.export`` program (``export_program``) as one ONNX file, checked with ONNX Runtime against eager
-PyTorch; ``python -m vit_rope.export --checkpoint PATH --output model.onnx`` is the command (docs/export.md).
-Exit codes: 0 written and checked, 1 ONNX Runtime disagrees with eager, 2 bad input. Needs ``pip install
-'vit-rope[export]'``.
+A RoPE ViT builds its rotation tables from the patch grid inside ``forward``, so an export that keeps height and width
+symbolic runs at every multiple of the patch size; the file is checked with ONNX Runtime against eager PyTorch
+(docs/export.md). Exit codes: 0 written and checked, 1 ONNX Runtime disagrees with eager, 2 bad input.
 """
 
 from __future__ import annotations

@@ -1,11 +1,7 @@
 """Probes of a frozen backbone: DINO's weighted kNN and a linear classifier on its pooled features, beside its head.
 
-A backbone without a trained classifier is evaluated by its features: each image's vector as the model pools it
-(``forward_head(pre_logits=True)``: class token, average or attention pool; over the valid tokens of a NaFlex batch),
-against those of the train split. kNN (Wu et al. 2018, as DINO's ``eval_knn``, Caron et al. 2021) lets the ``k`` most
-similar train images vote; the linear probe is fitted once, at one size, then evaluated at every size and policy: the
-question a classifier's head answers for a model trained at one size. Pure functions and their checks; the harness
-runs the passes over the data (``vit_rope.eval.extraction``).
+kNN as DINO's ``eval_knn`` (Wu et al. 2018; Caron et al. 2021); the linear probe is fitted once, at one size, then
+evaluated at every size and policy: the question a classifier's head answers for a model trained at one size.
 """
 
 from __future__ import annotations

@@ -1,11 +1,8 @@
 """Reports of a multi-resolution evaluation: ``results.json``, a Markdown table and an accuracy-vs-size plot.
 
-The input is ``vit_rope.eval.harness.evaluate_models``'s list, one dict per (model, size, policy): a square size
-(``img_size``) or a token budget (``seq_len``, ``vit_rope.eval.token_budget``). Budgets get columns of their own,
-labelled ``L tokens``, and are plotted dashed at ``sqrt(L * h * w)`` px for (h, w) patches, the side of the square image
-of L patches: the x axis stays the input side in px, and a budget lines up with the square size of the same token count
-(196 tokens of 16 px patches at 224 px). matplotlib is optional (the ``plot`` extra): without it only the plot is
-skipped, with a one-line warning.
+Token budgets get columns of their own and are plotted dashed at ``sqrt(L * h * w)`` px, the side of the square image
+of L patches, so that a budget lines up with the square size of the same token count. matplotlib is optional: without
+it only the plot is skipped.
 """
 
 from __future__ import annotations

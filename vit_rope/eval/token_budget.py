@@ -1,10 +1,8 @@
 """Token budgets: evaluation at native aspect ratio with timm's NaFlex pieces, beside the square sizes of the harness.
 
-A budget L resizes each image, keeping its aspect ratio, to the largest size of whole patches that cuts into at most L
-patches, packed into one sequence padded to L (NaViT; SigLIP 2's NaFlex): unlike a square size it keeps the whole image
-and fixes the compute, which is how a NaFlex model is served. The pieces are timm's own, as its NaFlex validation
-loader builds them, so the numbers compare with timm's. A budget's rows hold ``seq_len``, ``patch_size`` (h, w) and
-``img_size`` None (docs/evaluation.md).
+A budget L resizes each image, keeping its aspect ratio, to at most L patches in one padded sequence (NaViT; SigLIP 2's
+NaFlex): it keeps the whole image and fixes the compute, as a NaFlex model is served. The pieces are timm's own, so the
+numbers compare with timm's (docs/evaluation.md).
 """
 
 from __future__ import annotations

@@ -1,9 +1,5 @@
-"""The windows of a Swin Transformer at each evaluation size: kept as trained, scaled with the image, or given.
-
-A Swin attends within windows, so what an evaluation size means depends on them: under ``keep`` (the default) a larger
-image has more windows but no window position a RoPE-Swin has not seen, so the resolution policies change nothing;
-``scale`` (timm's ``set_input_size`` rule; RoPE-ViT's 384 px evaluation of its 224 px Swins, window 7 -> 12) grows them
-with the image, where the policies act. ``pad`` is timm's ``dynamic_img_size`` padding (docs/evaluation.md).
+"""The windows of a Swin Transformer at each evaluation size: kept as trained (``keep``: the policies change nothing),
+scaled with the image (``scale``, timm's ``set_input_size`` rule) or given (docs/evaluation.md).
 """
 
 from __future__ import annotations

@@ -1,10 +1,8 @@
 """Attention and transformer block of timm's ViT, with one door for every position encoding.
 
-Each block gets one ``encoding`` argument from the model's position encoding (``vit_rope.encodings``), built once per
-forward; attention knows no kind by name. It is RoPE tables ``(cos, sin)`` (RoFormer, arXiv:2104.09864; RoPE-ViT,
-arXiv:2403.13298; prefix tokens have identity rows), a ``BlockInput`` (a projection of its own, a bias
-``[1 or B, nh, N, N]`` or attention of its own) or ``None``, content only. All go one route (``block_input``); the form
-of the rotation is ``vit_rope.layers.fused.rotated_projection``'s choice.
+Each block gets one ``encoding`` argument, built once per forward by the model's position encoding: RoPE tables
+``(cos, sin)`` (RoFormer, arXiv:2104.09864; RoPE-ViT, arXiv:2403.13298), a ``BlockInput`` or ``None``; attention knows
+no kind by name, and all go one route (``block_input``).
 """
 
 from __future__ import annotations

@@ -1,10 +1,6 @@
-"""The pieces of timm's ``Eva`` blocks and heads that ``VisionTransformer``'s keyword arguments cannot name.
-
-- EVA-02's packed SwiGLU (Fang et al. 2023, arXiv:2303.11331): ``PackedSwiGLU``;
-- the attention-pool head of Perception Encoder's core models (Bolya et al. 2025, arXiv:2504.13181), with its own
-  head count and MLP ratio: ``resize_attn_pool``;
-- Sapiens2's blocks (Khirodkar et al. 2026, arXiv:2604.21681): grouped-query attention in some blocks only, LayerScale
-  on the attention branch only: ``eva_blocks_``.
+"""The pieces of timm's ``Eva`` blocks and heads that ``VisionTransformer``'s keyword arguments cannot name: EVA-02's
+packed SwiGLU (arXiv:2303.11331), Perception Encoder's attention-pool head (arXiv:2504.13181) and Sapiens2's blocks
+(arXiv:2604.21681).
 """
 
 from __future__ import annotations

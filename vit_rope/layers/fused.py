@@ -1,11 +1,9 @@
 """RoPE rotation of the queries and keys straight from the qkv projection's output, in one pass.
 
-The reference ``vit_rope.layers.rotary.apply_rope`` (RoFormer, arXiv:2104.09864; RoPE-ViT, arXiv:2403.13298) rotates q
-and k out of place in several passes, and autograd keeps extra copies. Here each channel pair is one complex number
-rotated by one complex product, ``(x0 + i x1) * (cos + i sin)``, over the q and k slices of the ``[B, N, 3, nh, D]`` qkv
-tensor: in place without autograd, and in training inside one autograd node with the projection (``project_rotate_qk``),
-which saves only what attention keeps. On CUDA Triton kernels (``vit_rope.layers.triton_rope``) do each pass; under a
-graph capture the reference runs. docs/performance.md, "How the rotation is computed", has the details.
+The reference ``apply_rope`` rotates q and k out of place in several passes, and autograd keeps extra copies. Here each
+pair is one complex product over the q and k slices of the qkv tensor: in place without autograd, and in training inside
+one autograd node with the projection, which saves only what attention keeps (docs/performance.md, "How the rotation
+is computed").
 """
 
 from __future__ import annotations

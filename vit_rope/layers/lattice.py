@@ -1,9 +1,6 @@
-"""What NaFlex batches need beyond an image batch: every image at its own size and aspect ratio, its patches packed
-into one padded sequence (NaViT, Dehghani et al., NeurIPS 2023; timm's NaFlexViT, as in SigLIP 2's NaFlex variant).
-
-timm's collator gives each sample's patches with their ``patch_coord`` ``[B, N, 2]`` (y, x) and ``patch_valid``
-``[B, N]``; padding rows have coordinate (0, 0). All here is computed for the whole batch at once: no Python loop over
-samples, no ``.item()``, so torch.compile sees one graph whatever the grids.
+"""What NaFlex batches need beyond an image batch: every image at its own size and aspect ratio, its patches packed into
+one padded sequence (NaViT, Dehghani et al., NeurIPS 2023; timm's NaFlexViT). All is computed for the whole batch at
+once: no Python loop over samples, no ``.item()``, so torch.compile sees one graph whatever the grids.
 """
 
 from __future__ import annotations

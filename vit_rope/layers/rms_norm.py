@@ -1,8 +1,5 @@
-"""RMSNorm (Zhang & Sennrich, NeurIPS 2019, arXiv:1910.07467) as timm's ``RmsNorm``, with fewer passes in inference.
-
-Sapiens2 (Khirodkar et al. 2026, arXiv:2604.21681) normalises every block input, query and key with RMSNorm. On CPU
-neither timm's nor PyTorch's is one kernel (four or five passes, each bound by memory); without autograd, ``RmsNorm``
-here takes three. Training and FX tracing keep timm's code, so gradients and saved activations are timm's.
+"""RMSNorm (Zhang & Sennrich, NeurIPS 2019, arXiv:1910.07467) as timm's ``RmsNorm``, with fewer passes in inference: on
+CPU neither timm's nor PyTorch's is one kernel (four or five memory-bound passes); without autograd this takes three.
 """
 
 from __future__ import annotations

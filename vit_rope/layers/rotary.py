@@ -1,10 +1,7 @@
 """RoFormer's rotation on 2D patch positions as pure functions: positions, angles, tables, rotation.
 
-RoFormer (Su et al., 2021, arXiv:2104.09864) rotates each channel pair of q and k by an angle proportional to the
-token position; RoPE-ViT (Heo et al., ECCV 2024, arXiv:2403.13298) gives pair ``i`` at patch ``(x, y)`` the angle
-``x * wx_i + y * wy_i``. The frequencies come from ``vit_rope.encodings.rope.tables.RoPE2D``; the tables hold one
-value per channel pair, prefix tokens as identity rows, token-major for the fused rotation (``vit_rope.layers.fused``).
-``apply_rope`` is the reference rotation that the fused one is held to.
+RoFormer (Su et al., 2021, arXiv:2104.09864); RoPE-ViT (Heo et al., ECCV 2024, arXiv:2403.13298) gives pair ``i`` at
+patch ``(x, y)`` the angle ``x * wx_i + y * wy_i``. ``apply_rope`` is the reference rotation the fused one is held to.
 """
 
 from __future__ import annotations

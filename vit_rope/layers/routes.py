@@ -1,9 +1,5 @@
-"""Whether a forward runs under a graph capture rather than on real eager tensors.
-
-The eager fast paths (in-place rotations, RMSNorm's three passes, STRING's and the biases' caches) write into tensors or
-keep Python state that a graph cannot hold: torch.compile and torch.export would trace a cache lookup or an in-place
-write, TorchScript's tracer records one call's values, and FX symbolic tracing passes proxies without data. Each takes
-the reference path when ``capturing`` says so.
+"""Whether a forward runs under a graph capture (torch.compile, torch.export, TorchScript tracing, FX), where the eager
+fast paths (in-place writes, Python caches) must take the reference path.
 """
 
 from __future__ import annotations

@@ -1,12 +1,9 @@
 """Triton kernels of the fused q/k rotation (``vit_rope.layers.fused``): forward and backward in one pass each, on CUDA.
 
-Same maths as the PyTorch path (RoFormer, arXiv:2104.09864; RoPE-ViT, arXiv:2403.13298): each channel pair is a
-complex number ``x0 + i x1`` multiplied by ``t = cos + i sin``, in fp32 whatever the storage dtype. One launch per
-layer and pass; the table tile is loaded once per (tokens, head) program for q and k; a head's channels move as one
-contiguous tile, split into pairs in registers, so that global accesses are 16 bytes wide (tests check the sm_90
-PTX); tables of any sharing are read through strides (0 where shared). Backward writes ``dx = conj(t) dy`` and, for
-learnable tables, ``conj(x) dy`` summed over q and k into a ``[B, nh, N, D/2]`` fp32 buffer that one ``sum_to_size``
-reduces: no atomics, deterministic. On CPU tensors the kernels run in Triton's interpreter (tests only: slow).
+Each pair is ``x0 + i x1`` times ``t = cos + i sin`` in fp32; a head's channels move as one contiguous tile, so that
+global accesses are 16 bytes wide (tests check the sm_90 PTX). Backward sums the table gradient over q and k into a
+buffer that one ``sum_to_size`` reduces: no atomics, deterministic. On CPU tensors the kernels run in Triton's
+interpreter (tests only).
 """
 
 from __future__ import annotations

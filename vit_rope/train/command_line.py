@@ -1,5 +1,5 @@
-"""One checked ``Config`` from defaults, a YAML chain and the command line: what ``train.py`` and the study script
-call. Apart from ``vit_rope.train.config`` so that ``config_checks`` can read a ``Config`` without an import circle.
+"""One checked ``Config`` from defaults, a YAML chain and the command line (apart from ``config`` to avoid an import
+circle with ``config_checks``).
 """
 
 from __future__ import annotations

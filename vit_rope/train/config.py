@@ -1,8 +1,5 @@
-"""Training configuration: one flat dataclass, YAML files that inherit from each other, and CLI overrides.
-
-The keys are flat so that each can be overridden as ``key=value`` without a path syntax. ``Config`` holds the defaults
-and the types; ``configs/base.yaml`` documents every key (a test keeps the two in sync). A YAML file may name its
-parent with ``base: other.yaml`` (relative to the file) and list only the keys it changes.
+"""Training configuration: one flat dataclass (each key overridable as ``key=value``), YAML files that inherit from each
+other (``base: other.yaml``), and CLI overrides; ``configs/base.yaml`` documents every key.
 """
 
 from __future__ import annotations

@@ -1,7 +1,5 @@
-"""Checks of a training config beyond its types: value ranges, the names timm must know (optimizer, scheduler,
-interpolation, auto-augment), the token budget of ``train_sizes``, and DDP ranks that agree. ``build_config`` runs
-``check_config`` on every config, so a bad value fails, as a ``UserError`` naming the key, the value and the fix,
-before any data is read.
+"""Checks of a training config beyond its types, run on every config by ``build_config``, so that a bad value fails as a
+``UserError`` naming the key, the value and the fix before any data is read.
 """
 
 from __future__ import annotations

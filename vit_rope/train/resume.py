@@ -1,9 +1,6 @@
-"""Resuming a run: the settings it goes on with, and the training state put back from its checkpoint.
-
-``--resume`` alone goes on with the settings saved in the checkpoint (``saved_settings``). The optimizer and schedule
-go on from their saved state whatever the command line says, so ``reconcile`` keeps their keys at the checkpoint's
-values and names every other difference, which changes the run from there on, in one warning. ``restore`` puts the
-optimizer, schedule, loss scaler, EMA and random state back.
+"""Resuming a run: the settings it goes on with, and the training state put back from its checkpoint. The optimizer and
+schedule go on from their saved state whatever the command line says, so ``reconcile`` keeps their keys and names every
+other difference in one warning.
 """
 
 from __future__ import annotations

@@ -1,13 +1,8 @@
-"""Position encodings as additive attention biases: 2D-ALiBi and LookHere.
-
-- **2D-ALiBi** (CROMA, Fuller et al., NeurIPS 2023, arXiv:2311.00566): ALiBi's per-head linear penalty (Press et al.,
-  ICLR 2022) on the Euclidean distance between patches, ``-m_h * |p_k - p_q|``, the same in every layer.
-- **LookHere** (Fuller et al., NeurIPS 2024, arXiv:2405.13985): directed masks and distance penalties per head, with a
-  slope per layer (``lookhere.py``).
+"""Position encodings as additive attention biases: 2D-ALiBi (CROMA, Fuller et al., NeurIPS 2023, arXiv:2311.00566;
+ALiBi, Press et al., ICLR 2022) and LookHere (Fuller et al., NeurIPS 2024, arXiv:2405.13985; ``lookhere.py``).
 
 Both are a penalty of the offset times one scale per layer, so an image batch gets one table per offset
-(``offset_attention``), kept for the last two grids; NaFlex batches, per-image positions, LookHere's ``center`` heads
-and graph captures build dense ``[1 or B, H, N, N]`` per forward. Prefix tokens are not biased.
+(``offset_attention``); the rest build dense ``[1 or B, H, N, N]`` per forward (docs/models.md).
 """
 
 from __future__ import annotations

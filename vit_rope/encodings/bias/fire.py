@@ -1,14 +1,9 @@
 """FIRE: a learned function of the relative position as an attention bias (Li et al., ICLR 2024, arXiv:2310.04418).
 
-FIRE adds ``f_theta(psi(i - j) / psi(max(L, tau)))`` to the logits, ``psi(x) = log(c x + 1)``, ``f_theta`` a small MLP,
-``c`` and ``tau`` learned, ``L`` the context's length: every distance of any input maps into the trained range.
 "Analysing extrapolation capabilities of modern position encodings in ViTs" (TMLR submission, 2026, openreview
 mEGr7Fm54B) finds it holding best far above the training size; it has no public code, so the 2D form is ours:
 
-    bias_h(q, k) = MLP_l([u(dx, w), u(dy, h)])_h,    u(d, L) = sign(d) psi(|d|) / psi(max(L, tau))
-
-per block ``l``, ``(dx, dy)`` the key-minus-query offset, ``L`` the grid's width and height. Prefix tokens are not
-biased; an image batch gets a table per offset (``offset_attention``).
+    bias_h(q, k) = MLP_l([u(dx, w), u(dy, h)])_h,  u(d, L) = sign(d) psi(|d|) / psi(max(L, tau)),  psi(x) = log(cx + 1)
 """
 
 from __future__ import annotations

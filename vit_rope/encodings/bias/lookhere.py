@@ -1,13 +1,7 @@
 """LookHere's directed attention masks and distance penalties (Fuller et al., NeurIPS 2024, arXiv:2405.13985).
 
-Each head looks in a fixed direction: keys outside its field of view are masked (or given a fixed penalty), keys inside
-are penalised by their distance, with a slope per head, per layer and overall::
-
-    logit(q, k) += -global_slope * layer_slope[l] * head_slope[h] * f(|p_k - p_q|)    inside head h's view
-    logit(q, k) += -inf                                                             outside (fill_with="inf")
-
 The configuration is the official code's dict (github.com/GreenCUBIC/lookhere, MIT; ``CONFIG_KEYS``), written here as
-pure functions of positions so that NaFlex samples and fractional coordinates work too.
+pure functions of positions so that NaFlex samples and fractional coordinates work too (docs/models.md).
 """
 
 from __future__ import annotations

@@ -1,8 +1,6 @@
-"""LookHere's official checkpoints (github.com/GreenCUBIC/lookhere, MIT) as a checkpoint format (``FORMAT``).
-
-The files are ``{"weights": state_dict, "config": config}``: DeiT-III's ViT under timm's keys (LayerNorm eps 1e-5, no
-position embedding, an MLP classifier ``Linear -> Tanh -> Linear``); the biases are rebuilt from the config. The weights
-load as they are into a ``vit_rope_*_lookhere_*`` model built with ``official_args``.
+"""LookHere's official checkpoints (github.com/GreenCUBIC/lookhere, MIT): ``{"weights": ..., "config": ...}``,
+DeiT-III's ViT under timm's keys, which load as they are into a ``vit_rope_*_lookhere_*`` model built with
+``official_args``.
 """
 
 from __future__ import annotations

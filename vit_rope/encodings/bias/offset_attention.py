@@ -1,12 +1,9 @@
 """The bias family's shared maths: patch offsets, the policies' scale of them, and attention with a bias of the offset
 between two patches read without its ``[nh, N, N]`` matrix.
 
-LookHere (Fuller et al., NeurIPS 2024, arXiv:2405.13985), 2D-ALiBi (CROMA, Fuller et al., NeurIPS 2023,
-arXiv:2311.00566) and FIRE (Li et al., ICLR 2024, arXiv:2310.04418) add ``bias[h, p_k - p_q]``: a table
-``[nh, 2h - 1, 2w - 1]`` per block. On CPU, SDPA runs by chunks of grid rows, each chunk's mask one copy out of a
-strided view of the flipped table (``_table_view``), memory ``O(chunk x N)``; in training ``_OffsetAttention`` rebuilds
-the masks in backward and gives a learned table's (FIRE's) gradient, which SDPA does not (docs/performance.md). On CUDA,
-FlexAttention reads the table in its ``score_mod``. Prefix tokens are unbiased.
+LookHere, 2D-ALiBi and FIRE add ``bias[h, p_k - p_q]`` from a table ``[nh, 2h - 1, 2w - 1]`` per block: on CPU by
+chunks of grid rows (memory ``O(chunk x N)``, a learned table's gradient rebuilt in backward, which SDPA does not give),
+on CUDA through FlexAttention's ``score_mod`` (docs/performance.md).
 """
 
 from __future__ import annotations

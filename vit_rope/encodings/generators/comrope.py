@@ -1,18 +1,8 @@
 """ComRoPE: RoPE whose rotations come from trainable commuting angle matrices, so attention stays exactly relative.
 
-ComRoPE (Yu et al., "ComRoPE: Scalable and Robust Rotary Position Embedding Parameterized by Trainable Commuting Angle
-Matrices", CVPR 2025, arXiv:2506.03737; code github.com/Longin-Yu/ComRoPE, ``model.py`` at commit 7aeef083) rotates q
-and k by ``R(p) = exp(p_x A_x + p_y A_y)``; ``R(p)^T R(p') = R(p' - p)`` holds exactly when ``A_x`` and ``A_y`` commute,
-which both forms guarantee with ``b x b`` blocks ``B_j`` per head and layer:
-
-- **ComRoPE-AP** (``comrope_ap``): block ``j`` turns with axis ``j mod 2`` only (y for even ``j``, the official order),
-  ``B_j = P_j - P_j^T``;
-- **ComRoPE-LD** (``comrope_ld``): ``B_ij = theta_ij (P_j - P_j^T)`` per axis; ``theta`` is shared by a layer's heads.
-
-As officially, ``P ~ N(0, init_std^2)``, ``theta ~ N(0, 1)``, positions are patch centres ``(i + 0.5) / n`` and prefix
-tokens sit at ``(0.5, 0.5)``, rotated (``cls_position``). ``block_size`` is 8 (``model.py``'s 2 makes AP RoPE with
-learned frequencies). Eager image batches turn per axis (``axis_rotation``), in inference in RoPE form (``spectral``).
-``extrapolate``: the official model at its training step; ``interpolate``: built for the new size.
+Yu et al., "ComRoPE: Scalable and Robust Rotary Position Embedding Parameterized by Trainable Commuting Angle
+Matrices", CVPR 2025, arXiv:2506.03737; github.com/Longin-Yu/ComRoPE, ``model.py`` at 7aeef083. ``block_size`` is 8
+(``model.py``'s 2 makes AP RoPE with learned frequencies); forms, positions and policies: docs/models.md.
 """
 
 from __future__ import annotations

@@ -1,14 +1,9 @@
 """LieRE: rotations ``exp(p_x A_x + p_y A_y)`` from learned skew-symmetric generators that need not commute.
 
-LieRE (Ostmeier et al., "LieRE: Generalizing Rotary Position Encodings", ICML 2025, arXiv:2406.10322; code
-github.com/StanfordMIMI/LieRE, ``models/rope_vit.py`` at commit b27b41ba) learns ``A_x, A_y`` freely, block-diagonal
-with ``g x g`` blocks per head, so scores depend on where two patches are, not only on their offset (unless the
-generators commute, as at ``g = 2``). As its ImageNet recipe (``lightning_conf/imagenet_224.yaml``): ``g = 8``
-(``generator_dim``), generators per head drawn from ``U(0, 2 pi)`` on the upper triangle (``A = U - U^T``), prefix
-tokens not rotated, and one set for every block: the config asks for one per layer, but the official
-``Transformer.forward`` overwrites the tables with layer 0's, so the checkpoints were trained that way
-(``per_layer=True`` gives each block its own). Positions are ``linspace(0, m / n, m)`` on an ``m``-patch axis trained at
-``n`` (``extrapolate``); ``interpolate`` is their ``scale_0_to_1``, ``i / (m - 1)``.
+Ostmeier et al., "LieRE: Generalizing Rotary Position Encodings", ICML 2025, arXiv:2406.10322;
+github.com/StanfordMIMI/LieRE, ``models/rope_vit.py`` at b27b41ba, with its ImageNet recipe. One set of generators for
+every block by default: the official ``Transformer.forward`` overwrites the per-layer tables with layer 0's, so the
+checkpoints were trained that way (docs/models.md).
 """
 
 from __future__ import annotations

@@ -1,10 +1,8 @@
 """LieRE's official image classifiers (github.com/StanfordMIMI/LieRE, ``models/rope_vit.py``) as vit_rope models.
 
-The official ``RoPEViT`` is lucidrains' ViT with LieRE's attention (heads of 64, LayerNorm eps 1e-5, qkv without bias,
-no LayerScale, a zero absolute table), so a checkpoint is our ``vit_rope_*_patch16_liere_224`` with the arguments
-``liere_args`` reads from its shapes, its keys mapped by ``from_liere``. The training size is not saved: 224 px, the
-ImageNet recipe's. Generators saved per layer are reduced to layer 0's, which the official forward turns every block by
-(``vit_rope.encodings.generators.liere``); a Lightning ``model.`` prefix is dropped.
+A checkpoint is our ``vit_rope_*_patch16_liere_224`` with the arguments its shapes give; the training size is not
+saved (224 px, the ImageNet recipe's), and generators saved per layer are reduced to layer 0's, which the official
+forward turns every block by (docs/models.md).
 """
 
 from __future__ import annotations

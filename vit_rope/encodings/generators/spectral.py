@@ -1,11 +1,7 @@
-"""ComRoPE's commuting block rotations as RoPE in a fixed basis: how it runs in evaluation at the cost of mixed RoPE (Yu
-et al., "ComRoPE", CVPR 2025, arXiv:2506.03737; ``vit_rope.encodings.generators.comrope``).
+"""ComRoPE's commuting block rotations as RoPE in a fixed basis: how it runs in evaluation at the cost of mixed RoPE.
 
-Each ``b x b`` block turns by ``exp(t S)``, ``t = c_x x + c_y y``. The real Schur form ``S = Q T Q^T`` gives
-``exp(t S) = Q Rot(t w) Q^T``: RoPE's rotation by ``(c_x w_k) x + (c_y w_k) y`` in the basis ``Q^T``, the same at every
-position, which folds into the q and k rows of the projection (``vit_rope.layers.fused.fold_qk``). Evaluation only: the
-form has no stable gradient where two ``w_k`` meet; where a ``w_k`` of 0 leaves the pairing ambiguous, the block
-rotations stay.
+The real Schur form ``S = Q T Q^T`` gives ``exp(t S) = Q Rot(t w) Q^T``, the same basis at every position, which folds
+into the q and k rows of the projection. Evaluation only: the form has no stable gradient where two ``w_k`` meet.
 """
 
 from __future__ import annotations

@@ -1,10 +1,7 @@
 """PaPE's official image classifiers (github.com/DTU-PAS/parabolic-position-encoding) as vit_rope models.
 
-An official checkpoint is a folder: ``config.json`` (the repository's ``pape.configs.Config``) and ``model.pt`` (the
-state dict of its ``ImageClassifier``: a pre-norm ViT with ``norm_pre``, LayerNorm eps 1e-5, no LayerScale, qkv bias,
-a linear head on the class token). That is our ``vit_rope_*_patch16_{pape,pape_ri}_224`` with the arguments of
-``pape_args_from_config``, keys mapped one to one (``from_pape``). The format does not save the training grid: the
-ImageNet classifiers train at 224 x 224 (``pape/imagenet.py``). ``normalize: true`` is the ``normalized`` policy.
+A folder of ``config.json`` and ``model.pt`` is our ``vit_rope_*_patch16_{pape,pape_ri}_224``, keys mapped one to one;
+the format does not save the training grid: 224 x 224, as the ImageNet classifiers train (docs/models.md).
 """
 
 from __future__ import annotations

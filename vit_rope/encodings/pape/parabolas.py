@@ -1,23 +1,9 @@
 """PaPE and PaPE-RI: a content-dependent parabolic attention bias, written into q and k as extra channels.
 
-Parabolic Position Encoding (Koo Øhrstrøm et al., "Where to Attend: A Principled Vision-Centric Position Encoding with
-Parabolas", arXiv:2602.01418, 2026; code: github.com/DTU-PAS/parabolic-position-encoding, ``pape/nn/positions/pape.py``
-and ``pape_ri.py``, read at commit 21cb390) adds to the logit of query ``i`` and key ``j`` parabolas in their offset
-whose coefficients the query's content chooses:
-
-- **PaPE**: ``sum_f -a_f(x_i) d_f^2 + b_f(x_i) d_f``, ``d_f = w_f . (p_i - p_j)``: ``F`` parabolas per head (default 50)
-  along learned directions ``w_f`` (``position``, ``[H * F, 2]`` per layer), ``a = softplus`` and ``b`` of one
-  projection of the token (``ab``, ``[2 * H * F, C]`` per layer);
-- **PaPE-RI** (rotation invariant): ``-a(x_i) s_h^2 |p_i - p_j|^2``, ``a = softplus`` of a projection ``[H, C]`` per
-  layer, ``s_h`` a fixed random scale per head and layer (a buffer from ``U(-1/sqrt 2, 1/sqrt 2)``).
-
-Without the terms of the query alone, which the softmax cancels, all ``F`` parabolas of a head are one product of k's
-``[x^2, xy, y^2, x, y]`` with five sums over the parabolas in q: 5 channels for any ``F`` (officially ``3 F + 2``);
-PaPE-RI: q's ``[a, 2 a p]`` against k's ``[-|p|^2, p]``, 3 (officially 5). Both are zero-padded to a multiple of 4
-(officially 8); the scale stays ``1 / sqrt(D)``, and attention equals the official one (docs/models.md has the
-derivation). Positions are the official ones, prefix tokens at the origin and patches at ``(col + 1, row + 1)``, as they
-are (``extrapolate``), scaled to the training grid (``interpolate``) or divided by the grid (``normalized``, the
-official ``normalize: true``).
+Koo Øhrstrøm et al., "Where to Attend: A Principled Vision-Centric Position Encoding with Parabolas", arXiv:2602.01418,
+2026; github.com/DTU-PAS/parabolic-position-encoding, ``pape/nn/positions/pape.py`` and ``pape_ri.py`` at 21cb390.
+Dropping the query-only terms, which the softmax cancels, a head's ``F`` parabolas become 5 channels for any ``F``
+(PaPE-RI: 3); attention equals the official one (docs/models.md, "Parabolic biases", has the derivation).
 """
 
 from __future__ import annotations

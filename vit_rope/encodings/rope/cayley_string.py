@@ -1,18 +1,10 @@
 """Cayley-STRING: RoPE after a learned orthogonal change of basis of the queries and keys.
 
 STRING (Schenck, Reid et al., "Learning the RoPEs: Better 2D and 3D Position Encodings with STRING", ICML 2025,
-arXiv:2502.02562) rotates ``P q`` and ``P k``: ``q' = R(r) P q``. ``P`` is orthogonal and the same at every position, so
-``(R(r_i) P q) . (R(r_j) P k) = (P q) . R(r_j - r_i) (P k)``: exact translation invariance, as RoPE. The Cayley form
-``P = (I - S)(I + S)^-1`` of a skew-symmetric ``S`` is orthogonal for every ``S`` and ``I`` at ``S = 0``: a fresh model
-is its base kind.
-
-- ``P`` is per layer and head, ``[nh, D, D]``: each head has its own RoPE table, hence its own best basis, and the fold
-  stays block-diagonal.
-- ``S = A - A^T``: skew-symmetric after any step, so ``P`` stays orthogonal. ``A`` starts at 0 without weight decay,
-  which would pull ``P`` back to ``I``.
-- ``P`` is folded into the q and k rows of the qkv projection, ``W_q' = blockdiag(P) W_q``, so the fused rotation
-  (``vit_rope.layers.fused``) runs unchanged; without autograd the fold is kept until the weights or ``S`` change, and
-  ``fold_encoding_`` writes it into the model for export.
+arXiv:2502.02562) rotates ``P q`` and ``P k`` by RoPE; ``P`` orthogonal and the same at every position keeps exact
+translation invariance. The Cayley form ``P = (I - S)(I + S)^-1`` of a skew-symmetric ``S`` is orthogonal for every
+``S`` and ``I`` at ``S = 0`` (a fresh model is its base kind); ``P`` is per layer and head, folded into the q and k rows
+of the qkv projection so that the fused rotation runs unchanged (docs/models.md).
 """
 
 from __future__ import annotations

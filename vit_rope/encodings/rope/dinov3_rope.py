@@ -1,16 +1,9 @@
 """DINOv3's 2D RoPE as pure functions: period schedule, coordinate normalisation, channel layout; checkpoint layouts.
 
-DINOv3 (Simeoni et al. 2025, arXiv:2508.10104) is axial RoPE with three differences from RoPE-ViT's (arXiv:2403.13298):
-patch centres normalised to [-1, 1] (by each axis's size, or the grid's shorter or longer side), so that a larger image
-covers the trained range with finer steps; periods ``p_j = base ** (4 j / D)`` or ``min_period (max_period /
-min_period) ** (j / (D/4 - 1))``, kept here as frequencies ``2 pi / p_j``; and rotate-half pairs ``(c, c + D/2)``, the
-first D/4 turning with y. Our kernels rotate interleaved pairs with x first: ``interleave_permutation`` reorders the
-q / k projection rows once when weights load (a permutation of both q and k leaves ``q . k`` unchanged). Coordinate
-augmentation is ``vit_rope.encodings.policies.CoordAugment``.
-
-``qk_permutation`` covers the other checkpoints' q / k layouts: timm's ``Eva`` rotates interleaved pairs, with
-``grid_indexing='ij'`` (EVA-02, Fang et al. 2023, arXiv:2303.11331; timm's SBB RoPE ViTs) y first, with ``'xy'``
-(Perception Encoder, Bolya et al. 2025, arXiv:2504.13181) as ours.
+DINOv3 (Simeoni et al. 2025, arXiv:2508.10104) is axial RoPE with patch centres normalised to [-1, 1], its own period
+schedule and rotate-half pairs, the first D/4 turning with y; ``interleave_permutation`` reorders the q / k projection
+rows once when weights load (a permutation of both q and k leaves ``q . k`` unchanged). ``qk_permutation`` covers timm's
+``Eva`` layouts: EVA-02 (arXiv:2303.11331) and the SBB ViTs y first, Perception Encoder (arXiv:2504.13181) x first.
 """
 
 from __future__ import annotations

@@ -1,15 +1,9 @@
 """Frequency vectors ``(wx, wy)`` of the 2D RoPE kinds, and p-RoPE's choice of the pairs left unrotated.
 
-- **axial** (RoPE-ViT, Heo et al., ECCV 2024, arXiv:2403.13298): the first ``D/4`` pairs turn with x, the last with
-  y, magnitudes ``theta ** (-4k / D)``; with ``alternate`` (Pixtral, arXiv:2410.07073) the axes share one ladder
-  ``theta ** (-2j / D)``, y its even rungs (RoPE-ViT's) and x its odd ones, half a rung lower;
-- **mixed** (RoPE-ViT): learned per layer and head, initialised as axial RoPE in a random frame per head;
-- **golden** (J. Xiong, "On N-dimensional Rotary Positional Embeddings", 2025, https://jerryxio.ng/posts/nd-rope/):
-  fixed directions stepping by the golden angle from pair to pair, so that every head covers the circle of directions
-  about evenly: mixed RoPE's isotropy without parameters.
-
-p-RoPE (Barbero et al., "Round and Round We Go! What makes Rotary Positional Encodings useful?", ICLR 2025,
-arXiv:2410.06205) rotates only the pairs of the highest frequencies and leaves the others at angle 0.
+Axial and mixed: RoPE-ViT (Heo et al., ECCV 2024, arXiv:2403.13298), axial's alternate ladder Pixtral's
+(arXiv:2410.07073); golden: J. Xiong, "On N-dimensional Rotary Positional Embeddings", 2025,
+https://jerryxio.ng/posts/nd-rope/ (mixed RoPE's isotropy without parameters); p-RoPE: Barbero et al., "Round and Round
+We Go! What makes Rotary Positional Encodings useful?", ICLR 2025, arXiv:2410.06205.
 """
 
 from __future__ import annotations

@@ -1,10 +1,7 @@
 """Rotary position encodings as one ``PositionEncoding``: the ``RoPE2D`` tables every block rotates q and k by.
 
 RoPE-ViT (Heo et al., ECCV 2024, arXiv:2403.13298) learns mixed frequencies per layer, so a mixed model holds one
-``RoPE2D`` per block (keeping RoPE-ViT's ``<block>.freqs`` state-dict layout); fixed frequencies (axial, golden,
-DINOv3's) share one. Tables are built once per forward, ``[H, P + N, D/2]`` for an image batch, ``[B, H, P + N, D/2]``
-for a NaFlex one. Under Cayley-STRING (Schenck et al., ICML 2025, ``cayley_string``) each attention also holds a learned
-basis that turns q and k before the tables rotate them.
+``RoPE2D`` per block (keeping its ``<block>.freqs`` state-dict layout); fixed frequencies share one.
 """
 
 from __future__ import annotations

@@ -1,11 +1,8 @@
 """2D rotary position embeddings (RoPE) for Vision Transformers: the ``RoPE2D`` module.
 
 RoFormer (Su et al., 2021, arXiv:2104.09864) rotates each channel pair of q and k by an angle proportional to the
-token position, so that ``q . k`` depends only on the offset between positions; RoPE-ViT (Heo et al., ECCV 2024,
-arXiv:2403.13298) gives a patch the position ``(x, y)`` and pair ``i`` the angle ``x * wx_i + y * wy_i``. The kinds
-differ only in the frequencies ``(wx, wy)`` (``vit_rope.encodings.rope.frequencies``); the formula is pure functions
-(``vit_rope.layers.rotary``). ``RoPE2D`` owns the frequencies and applies a resolution policy. Channels are
-interleaved pairs, as in RoFormer and RoPE-ViT.
+token position; RoPE-ViT (Heo et al., ECCV 2024, arXiv:2403.13298) gives pair ``i`` of a patch at ``(x, y)`` the angle
+``x * wx_i + y * wy_i``, on interleaved pairs. The kinds differ only in the frequencies (``frequencies``).
 """
 
 from __future__ import annotations
