@@ -28,13 +28,10 @@ T = TypeVar("T")
 class Positions(NamedTuple):
     """Where the patch tokens of a batch sit, built once per forward by the embedding.
 
-    ``coords``: ``(x, y)`` per patch token as ``PositionEncoding.place`` puts them, after augmentation and patch
-    dropout, ``[N, 2]`` when the batch shares them, else ``[B, N, 2]``. ``grids``: each sample's (h, w), ``[1, 2]`` or
-    ``[B, 2]``, which policies scale against the training grid. ``grid``: the one grid as Python ints (an image batch),
-    the key of tables built once per size. ``valid``: ``[B, N]``, False for padding. ``lattice``: for a NaFlex batch on
-    its patch coordinates, where each token reads the bounding grid's tables (``vit_rope.layers.lattice``: a host sync,
-    taken only by RoPE). ``captured``: under a graph capture (``vit_rope.layers.routes``) encodings keep no Python
-    caches and take the reference form of in-place writes.
+    ``coords``: ``(x, y)`` per patch as ``place`` puts them, ``[N, 2]`` when the batch shares them, else ``[B, N, 2]``;
+    ``grids``: each sample's (h, w), ``[1 or B, 2]``; ``grid``: an image batch's as Python ints, the key of tables
+    built once per size; ``valid``: ``[B, N]``, False for padding; ``lattice``: a NaFlex batch's bounding grid (a host
+    sync, taken only by RoPE); ``captured``: under a graph capture, which holds no Python caches or in-place writes.
     """
 
     coords: Tensor
@@ -46,8 +43,8 @@ class Positions(NamedTuple):
 
 
 def image_coords(height: int, width: int, device: torch.device | None = None) -> tuple[Tensor, Tensor]:
-    """The patch coordinates ``[h * w, 2]`` (y, x) of an ``height x width`` grid, in the order timm's PatchEmbed
-    flattens patches (row-major), and the grid as ``[1, 2]`` (h, w): the NaFlex format, for an image batch."""
+    """The row-major patch coordinates ``[h * w, 2]`` (y, x) of a grid and the grid ``[1, 2]`` (h, w): the NaFlex
+    format, for an image batch."""
     ys, xs = torch.meshgrid(torch.arange(height, device=device), torch.arange(width, device=device), indexing="ij")
     coord = torch.stack((ys, xs), dim=-1).reshape(-1, 2)  # [N, 2] (y, x)
     return coord, coord[-1:] + 1  # the last patch is (h - 1, w - 1): the grid without a Python number in a tensor
@@ -60,8 +57,8 @@ def image_positions(encoding: nn.Module, height: int, width: int, device: torch.
 
 
 class LazyBlockInputs(Sequence):
-    """Each block's input built when the block asks (``build(i)``): inference then holds one block's tables at a time
-    (mixed RoPE's ``[depth, H, N, D/2]`` at high resolution). Indexing twice builds twice."""
+    """Each block's input built when the block asks: inference then holds one block's tables at a time, not mixed
+    RoPE's ``[depth, H, N, D/2]``. Indexing twice builds twice."""
 
     def __init__(self, build: Callable[[int], Any], depth: int) -> None:
         self.build, self.depth = build, depth
@@ -78,8 +75,8 @@ class LazyBlockInputs(Sequence):
 
 
 class GridTables:
-    """The tables of the last few image-batch grids (LRU), for tables costlier than a rotation's (a bias ``[H, N, N]``,
-    matrix exponentials); the key holds all they depend on. Callers keep graph captures away."""
+    """The tables of the last few image-batch grids (LRU), for tables costlier than a rotation's; the key holds all
+    they depend on. Callers keep graph captures away."""
 
     def __init__(self, size: int = 2) -> None:
         self.size = size
@@ -89,7 +86,6 @@ class GridTables:
         return len(self._tables)
 
     def get(self, key: Hashable, build: Callable[[], T]) -> T:
-        """The tables of ``key``, built by ``build`` the first time."""
         if key in self._tables:
             self._tables.move_to_end(key)
         else:
@@ -117,8 +113,8 @@ class PositionEncoding(nn.Module):
 
     @property
     def policy(self) -> ResolutionPolicy:
-        """How positions follow grids other than the training one (``vit_rope.encodings.policies``); setting it checks
-        that it applies to the kind (``check_policy``), ``None`` restores the kind's default (``policies[0]``)."""
+        """How positions follow grids other than the training one; setting it checks that it applies to the kind,
+        ``None`` restores the kind's default (``policies[0]``)."""
         return ResolutionPolicy(self.policy_name)
 
     @policy.setter
@@ -127,25 +123,23 @@ class PositionEncoding(nn.Module):
         self.policy_name = self.check_policy(policy.name)
 
     def check_policy(self, policy: str) -> str:
-        """``policy`` if it is one of ``policies``, else a ``ValueError`` saying why and what applies."""
         return check_policy(policy, self.policies, self.refusal(policy))
 
     def refusal(self, policy: str) -> str:
-        """Why ``policy`` does not apply to the kind, and what to use instead."""
         return f"Policy {policy!r} does not apply to {self.kind}: use one of {', '.join(map(repr, self.policies))}."
 
     def attach_(self, blocks: nn.ModuleList, dim: int, num_heads: int) -> None:
         """Give each block's attention the kind's own weights there (PaPE's layers, STRING's bases); none by default."""
 
     def place(self, coord: Tensor, grids: Tensor) -> Tensor:
-        """Positions ``[..., N, 2]`` (x, y) of the patches at ``coord`` ``[..., N, 2]`` (y, x) of the grids ``grids``
-        ``[1 or B, 2]``, as this encoding and its policy see them; the integer patch coordinates by default."""
+        """Positions ``[..., N, 2]`` (x, y) of the patches at ``coord`` (y, x) of ``grids`` ``[1 or B, 2]``, as this
+        encoding and its policy see them; the integer patch coordinates by default."""
         return coord.flip(-1).float()
 
     def block_inputs(self, positions: Positions, num_prefix_tokens: int) -> list[Any]:
-        """Each block's ``encoding`` argument (``RoPEBlock``) for ``positions`` behind ``num_prefix_tokens`` prefix
-        tokens, which no encoding moves. A plain method so that FX traces through it: it indexes, never unpacks, the
-        outputs of the modules it keeps whole (``RoPE2D``, ``AttnBias``)."""
+        """Each block's ``encoding`` argument for ``positions`` behind the prefix tokens, which no encoding moves. A
+        plain method so that FX traces through it: it indexes, never unpacks, the outputs of the modules it keeps whole.
+        """
         raise NotImplementedError
 
     def prune_(self, depth: int) -> None:
@@ -153,8 +147,8 @@ class PositionEncoding(nn.Module):
         self.depth = depth
 
     def no_weight_decay(self) -> set[str]:
-        """Names (relative to this module) of parameters to train without weight decay; a module the kind puts in
-        the blocks (``attach_``) names its own the same way (``models.pos_encoding.submodule_no_decay``)."""
+        """Names (relative to this module) of parameters to train without weight decay; modules the kind puts in the
+        blocks name their own."""
         return set()
 
     def fold_(self, blocks: nn.ModuleList) -> None:
@@ -177,12 +171,8 @@ class NoEncoding(PositionEncoding):
 
 @dataclass(frozen=True)
 class EncodingSpec:
-    """What every kind is built from: the model's shape, its training grid, the policy and the kind's options.
-
-    ``train_grid`` is ``ref_grid`` where policies scale against another (RoPE kinds only). ``rope_options``: the given
-    ``rope_*`` arguments unprefixed (``RoPE2D``'s, ``string_base``), for kinds registered with ``rope=True``;
-    ``options``: the model's ``encoding_options``, checked against the registration.
-    """
+    """What every kind is built from. ``train_grid`` is ``ref_grid`` where policies scale against another (RoPE kinds
+    only); ``rope_options``: the ``rope_*`` arguments unprefixed; ``options``: the model's ``encoding_options``."""
 
     kind: str
     depth: int
@@ -209,8 +199,8 @@ REGISTRY: dict[str, Kind] = {}
 
 def register(*kinds: str, options: tuple[str, ...] = (), rope: bool = False
              ) -> Callable[[Callable[[EncodingSpec], PositionEncoding]], Callable[[EncodingSpec], PositionEncoding]]:
-    """Register the decorated builder for ``kinds``, each taking the ``encoding_options`` named in ``options`` (the
-    builder gets them in ``spec.options``, already checked) and, with ``rope``, the model's ``rope_*`` options."""
+    """Register the decorated builder for ``kinds``, taking the ``encoding_options`` named in ``options`` (checked
+    before the builder sees them) and, with ``rope``, the model's ``rope_*`` options."""
     def decorate(build: Callable[[EncodingSpec], PositionEncoding]) -> Callable[[EncodingSpec], PositionEncoding]:
         for kind in kinds:
             if kind in REGISTRY:

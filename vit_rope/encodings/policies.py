@@ -27,14 +27,9 @@ POSITION_POLICIES = ("extrapolate", "interpolate")
 
 @dataclass(frozen=True)
 class ResolutionPolicy:
-    """How RoPE positions and frequencies follow the input grid.
-
-    Attributes:
-        name: one of ``POLICIES``.
-        yarn_alpha: with ``yarn``, pairs making fewer turns than this across the training grid are interpolated.
-        yarn_beta: with ``yarn``, pairs making more turns than this are extrapolated; linear ramp in between.
-        yarn_temperature: with ``yarn``, sharpen attention by ``(0.1 ln s + 1) ** 2`` as the token count grows.
-    """
+    """How RoPE positions and frequencies follow the input grid. With ``yarn``, pairs making fewer turns than
+    ``yarn_alpha`` across the training grid interpolate, more than ``yarn_beta`` extrapolate (a linear ramp between),
+    and ``yarn_temperature`` sharpens attention by ``(0.1 ln s + 1) ** 2``."""
 
     name: str = "extrapolate"
     yarn_alpha: float = 0.5
@@ -48,7 +43,7 @@ class ResolutionPolicy:
 
     @classmethod
     def create(cls, policy: str | dict | ResolutionPolicy) -> ResolutionPolicy:
-        """Accept a name, a dict of the fields (as in a YAML config) or a policy."""
+        """A policy from a name, a dict of the fields (as in a YAML config) or a policy."""
         if isinstance(policy, ResolutionPolicy):
             return policy
         if isinstance(policy, str):
@@ -61,38 +56,33 @@ class ResolutionPolicy:
 
 
 def check_policy(policy: str, policies: tuple[str, ...], refusal: str) -> str:
-    """``policy`` if it is one of ``policies`` (those an encoding takes), else a ``ValueError`` saying ``refusal``."""
     if policy not in policies:
         raise ValueError(refusal)
     return policy
 
 
 def per_sample(values: Tensor, positions: Tensor) -> Tensor:
-    """One value per grid ``[1 or B, 2]`` shaped to broadcast against ``positions`` ``[N, 2]`` (``[2]``) or
-    ``[B, N, 2]`` (``[B, 1, 2]``): one route for both, so that a NaFlex sample's positions equal its image's to the bit.
-    """
+    """One value per grid ``[1 or B, 2]`` shaped to broadcast against ``positions`` ``[N, 2]`` or ``[B, N, 2]``: one
+    route for both, so that a NaFlex sample's positions equal its image's to the bit."""
     return values[0] if positions.dim() == 2 else values[:, None, :]
 
 
 def grid_units(coord: Tensor, grids: Tensor, train_grid: tuple[int, int]) -> tuple[Tensor, Tensor, Tensor]:
-    """``coord`` ``[..., N, 2]`` (y, x) as ``(x, y)`` floats, the sizes ``[1 or B, 2]`` (w, h) of ``grids`` (h, w) and
-    the training grid ``[2]`` (w, h), for kinds that place positions in units of a grid (ComRoPE, LieRE)."""
+    """``coord`` (y, x) as ``(x, y)`` floats, the sizes ``[1 or B, 2]`` (w, h) of ``grids`` and the training grid
+    ``[2]`` (w, h), for kinds that place positions in units of a grid."""
     size = grids.flip(-1).float()  # [1 or B, 2] (w, h)
     train = torch.tensor([float(train_grid[1]), float(train_grid[0])], device=size.device)
     return coord.flip(-1).float(), size, train
 
 
 def by_grid(xy: Tensor, scale: Tensor) -> Tensor:
-    """Positions ``xy`` ``[..., N, 2]`` divided by one scale per grid ``[1 or B, 2]`` (``per_sample``)."""
     return xy / per_sample(scale, xy)
 
 
 def place_positions(coord: Tensor, grids: Tensor, kind: str, policy: str, train_grid: tuple[int, int] | None,
                     normalize: str = "separate", offset: float = 0.0) -> Tensor:
-    """Positions ``[..., N, 2]`` (x, y) of the patches at ``coord`` ``[..., N, 2]`` (y, x) of ``grids``
-    ``[1 or B, 2]`` (h, w) as ``policy`` places them for the RoPE ``kind``: integer positions shifted by ``offset``
-    (Perception Encoder's 1), the ``normalized`` policy's, or DINOv3's normalised ones (by the grid itself, or by the
-    training grid: its patch step)."""
+    """Positions (x, y) of the patches at ``coord`` (y, x) of ``grids`` as ``policy`` places them for the RoPE
+    ``kind``: integer positions shifted by ``offset``, the ``normalized`` policy's, or DINOv3's normalised ones."""
     xy = coord.flip(-1).float()  # [..., N, 2] (x, y)
     size = per_sample(grids.flip(-1).float(), coord)  # [2] or [B, 1, 2] (w, h)
     if kind == "dinov3":
@@ -114,15 +104,10 @@ def policy_frequencies(
     freqs: Tensor, grids: Tensor | None, train_grid: tuple[int, int] | None, policy: ResolutionPolicy, theta: float,
     head_dim: int,
 ) -> tuple[Tensor, Tensor | None]:
-    """Frequencies to use on ``grids`` ``[1 or B, 2]`` (h, w) under ``policy``, and the attention temperature.
-
-    Scaling a pair's x (or y) frequency by ``a`` is scaling its x (or y) positions by ``a``, so every policy is a
-    per-axis, per-pair factor between ``1 / s`` (interpolate) and 1 (extrapolate), exactly 1 at the training grid.
-
-    Returns:
-        ``freqs`` ``[2, H, D/2]`` as they are (``extrapolate``, ``normalized``, no grid), else one set per grid
-        ``[1 or B, 2, H, D/2]``; the temperature ``[1 or B, 1, 1, 1]`` (``yarn``), else ``None``.
-    """
+    """Frequencies on ``grids`` under ``policy`` (``[2, H, D/2]`` as they are, else ``[1 or B, 2, H, D/2]``) and the
+    attention temperature (``yarn``'s ``[1 or B, 1, 1, 1]``, else ``None``). Scaling a pair's x frequency by ``a`` is
+    scaling its x positions by ``a``, so every policy is a per-axis, per-pair factor between ``1 / s`` (interpolate)
+    and 1 (extrapolate), exactly 1 at the training grid."""
     if policy.name in ("extrapolate", "normalized") or grids is None or train_grid is None:
         return freqs, None
     train = torch.tensor([float(train_grid[1]), float(train_grid[0])], device=freqs.device)
@@ -149,16 +134,9 @@ def policy_frequencies(
 
 @dataclass(frozen=True)
 class CoordAugment:
-    """Training-time augmentation of patch coordinates (in patch units).
-
-    Attributes:
-        shift: uniform shift in ``[-shift, shift]`` per axis (DINOv3); 0 is off.
-        jitter: per-axis log-uniform scale in ``[1/jitter, jitter]`` (DINOv3); 1 is off.
-        rescale: shared log-uniform scale in ``[1/rescale, rescale]`` (DINOv3); 1 is off.
-        subpixel: uniform noise in ``[-subpixel, subpixel]`` added to every patch position; 0 is off.
-        per_image: one draw per image (RoPE-ViT-style models, more variety per step), or one per batch as DINOv3 and
-            timm's ``RotaryEmbeddingDinoV3`` draw it, with their random calls in their order.
-    """
+    """Training-time augmentation of patch coordinates (in patch units): DINOv3's uniform ``shift`` per axis, per-axis
+    log-uniform ``jitter`` and shared ``rescale`` of the scale, and uniform ``subpixel`` noise per patch (each off at
+    its default); ``per_image`` draws per image, else per batch, as DINOv3 and timm's ``RotaryEmbeddingDinoV3`` draw."""
 
     shift: float = 0.0
     jitter: float = 1.0
@@ -179,8 +157,7 @@ class CoordAugment:
 
 def batch_coordinate_draw(shift: float, jitter: float, rescale: float, device: torch.device | None = None,
                           generator: torch.Generator | None = None) -> tuple[Tensor, Tensor]:
-    """DINOv3's one augmentation draw for a batch: ``(offset, scale)`` ``[2]`` each, (x, y), for
-    ``(positions + offset) * scale``. DINOv3's random calls in its order, so the same random state draws the same."""
+    """DINOv3's one augmentation draw for a batch, ``(offset, scale)`` (x, y), its random calls in its order."""
     def uniform(size: int, bound: float) -> Tensor:
         return torch.empty(size, device=device).uniform_(-bound, bound, generator=generator)
 
@@ -197,8 +174,8 @@ def batch_coordinate_draw(shift: float, jitter: float, rescale: float, device: t
 def augment_positions(
     positions: Tensor, batch_size: int, aug: CoordAugment, generator: torch.Generator | None = None
 ) -> Tensor:
-    """Positions ``[N, 2]`` or ``[B, N, 2]`` with a coordinate transform per image (``[B, N, 2]``) or one for the batch
-    (their shape; ``[B, N, 2]`` with subpixel noise). Order as DINOv3: shift, per-axis jitter, shared rescale."""
+    """Positions with a coordinate transform per image (``[B, N, 2]``) or one for the batch. Order as DINOv3: shift,
+    per-axis jitter, shared rescale."""
     B, device = batch_size, positions.device
     if not aug.per_image:
         offset, scale = batch_coordinate_draw(aug.shift, aug.jitter, aug.rescale, device, generator)

@@ -201,7 +201,6 @@ def main(argv: list[str] | None = None) -> int:
 
 def _record(table: dict[int, Any], key: int, label: str, coverage: list[dict[str, Any]], entropy: list[float],
             reliance: dict[str, float], **extra: Any) -> None:
-
     unseen, pairs = sum(r["unseen"] for r in coverage), sum(r["pairs"] for r in coverage)
     table[key] = dict(coverage=coverage, entropy=entropy, unseen=unseen, pairs=pairs, without_positions=reliance,
                       **extra)
@@ -254,7 +253,6 @@ def _load(args: argparse.Namespace) -> tuple[EvalModel, list[Sample] | None]:
 
 
 def _items(samples: list[Sample], count: int, transform: Any) -> list[tuple[Any, int, int]]:
-
     dataset = ImageFolderDataset([samples[i] for i in subset(len(samples), count)], transform)
     return [dataset[i] for i in range(len(dataset))]
 

@@ -105,8 +105,6 @@ def forward_split(runs: Runs, samples: list[Sample], indices: list[int], setting
 
 
 class TrainSplit(NamedTuple):
-
-
     samples: list[Sample]
     indices: list[int]
     classes: list[str]
@@ -163,7 +161,6 @@ class TrainFeatures:
         self.linear: dict[int, tuple[probes.LinearProbe, int]] = {}  # run -> its fitted probe, its images
 
     def extract(self, setting: naflex.Setting, batch: int, rows: Sequence[int]) -> None:
-
         missing = [row for row in rows if (setting.name, row) not in self.features]
         if not missing:
             return
@@ -187,7 +184,6 @@ class TrainFeatures:
             self.release(setting.name)
 
     def release(self, name: str) -> None:
-
         self.features = {key: value for key, value in self.features.items() if key[0] != name}
 
     def score(self, probe: str, row: int, bank: str, done: Pass) -> dict[str, Any]:

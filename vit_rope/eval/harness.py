@@ -106,7 +106,6 @@ def protocol(crop_pct: float) -> str:
 
 
 def square_setting(size: int, crop_pct: float, models: Iterable[int]) -> naflex.Setting:
-
     return naflex.Setting(f"{size} px", {"img_size": size, "seq_len": None, "crop_pct": crop_pct},
                           eval_transform(size, crop_pct), None, list(models))
 

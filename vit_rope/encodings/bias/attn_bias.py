@@ -31,8 +31,7 @@ BIAS_KINDS = ("lookhere", "alibi")
 
 
 def alibi_slopes(num_heads: int) -> Tensor:
-    """ALiBi's head slopes (Press et al. 2022): ``2 ** (-8 i / n)`` for a power of two ``n``; otherwise those of the
-    power of two below, then every other slope of the power above, as their reference code does. ``[num_heads]``."""
+    """ALiBi's head slopes ``[num_heads]`` (Press et al. 2022), as their reference code gives them."""
     def powers(n: int) -> list[float]:
         return [2.0 ** (-8.0 * (i + 1) / n) for i in range(n)]
 
@@ -42,16 +41,14 @@ def alibi_slopes(num_heads: int) -> Tensor:
 
 
 def offset_alibi(offsets: Tensor, slopes: Tensor) -> Tensor:
-    """2D-ALiBi penalties ``[..., H, Q, K]``, slope times Euclidean distance, of key-minus-query offsets ``[..., Q, K,
-    2]`` (``scaled_offsets`` of positions, or ``offset_grid``'s: a table per offset)."""
+    """2D-ALiBi penalties ``[..., H, Q, K]``, slope times distance, of key-minus-query offsets ``[..., Q, K, 2]``."""
     dist = offsets.square().sum(-1).sqrt()  # [..., Q, K]
     return slopes.to(dist.device)[:, None, None] * dist[..., None, :, :]
 
 
 @register_notrace_module
 class AttnBias(PositionEncoding):
-    """The penalty tables of one bias kind and the scale each block multiplies them by; nothing learned or saved.
-    ``config``: LookHere's (``lookhere.check_config``: a preset name or the official dict; ``None`` is ``lh180``)."""
+    """The penalty tables of one bias kind and the scale each block multiplies them by; nothing learned or saved."""
 
     CACHE_SIZE = 4  # two grids: each its offset tables and the dense matrices built from them
     policies = POSITION_POLICIES
@@ -83,14 +80,13 @@ class AttnBias(PositionEncoding):
                 "'interpolate' (positions scaled to the training grid).")
 
     def _penalties(self, positions: Tensor, valid: Tensor | None, scale: Tensor | None) -> dict[str, Tensor]:
-        """One dense penalty ``[..., H, N, N]`` per distinct layer spec."""
         cfg, slopes = self.config, alibi_slopes(self.num_heads)
         return {spec: offset_alibi(scaled_offsets(positions, scale), slopes) if spec == "alibi" else
                 lookhere_penalty(positions, *head_plan(spec, self.num_heads), cfg["distance"], cfg["fill_with"], valid,
                                  scale) for spec in dict.fromkeys(self.layer_specs)}
 
     def _offset_tables(self, grid: tuple[int, int]) -> dict[str, Tensor]:
-        """One table per offset ``[H, 2h - 1, 2w - 1]`` per distinct layer spec, for an image batch's grid."""
+        """One table per offset ``[H, 2h - 1, 2w - 1]`` per distinct layer spec."""
         offsets = policy_offsets(grid, self.train_grid, self.policy_name, self.anchor.device)[0][None]  # [1, M, 2]
         cfg, slopes = self.config, alibi_slopes(self.num_heads)
         return {spec: (offset_alibi(offsets, slopes) if spec == "alibi" else
@@ -104,13 +100,11 @@ class AttnBias(PositionEncoding):
         return [tables[spec] for spec in self.layer_specs]
 
     def _key(self, grid: tuple[int, int], *extra: Any) -> tuple:
-        """What an image batch's tables depend on, the key of the cache."""
         return (*extra, int(grid[0]), int(grid[1]), str(self.anchor.device), self.policy_name,
                 torch.is_inference_mode_enabled())
 
     def forward(self, positions: Positions, num_prefix_tokens: int = 0) -> list[Tensor]:
-        """Each block's dense penalty ``[1 or B, H, P + N, P + N]`` (blocks of the same spec share one); an image
-        batch's cached per grid, but not under a capture, whose graph serves every size."""
+        """Each block's dense penalty ``[1 or B, H, P + N, P + N]``, an image batch's cached per grid."""
         if positions.captured or positions.grid is None or positions.coords.dim() != 2:
             return self._layers(positions, num_prefix_tokens)
         return self._cache.get(self._key(positions.grid, num_prefix_tokens),
@@ -128,7 +122,6 @@ class AttnBias(PositionEncoding):
         return [Bias(tables[i] * scale) if scale else None for i, scale in enumerate(self.scales)]
 
     def prune_(self, depth: int) -> None:
-        """Keep the first ``depth`` blocks' directions and scales (timm's ``prune_intermediate_layers``)."""
         self.depth, self.layer_specs, self.scales = depth, self.layer_specs[:depth], self.scales[:depth]
         self._cache.clear()
 

@@ -46,18 +46,16 @@ class Fire(PositionEncoding):
                 "or 'interpolate' (offsets and grid scaled to the training grid first).")
 
     def _bias(self, layer: int, offsets: Tensor, extent: Tensor) -> Tensor:
-        """The bias ``[..., H]`` of block ``layer`` at offsets ``[..., 2]`` (dx, dy) on grids of ``extent`` (w, h)."""
         c, tau = self.log_scale[layer].abs(), self.threshold[layer]
         psi = torch.log1p(c * offsets.abs()) / torch.log1p(c * torch.maximum(extent, tau))
         return self.mlps[layer](offsets.sign() * psi)
 
     def _extent(self, grids: Tensor, scale: Tensor | None) -> Tensor:
-        """Each grid's (w, h) as the policy places it, ``[1 or B, 2]``."""
         size = grids.flip(-1).to(self.log_scale.dtype)
         return size if scale is None else size * scale
 
     def forward(self, positions: Positions, num_prefix_tokens: int = 0) -> list[Tensor]:
-        """Each block's dense bias ``[1 or B, H, P + N, P + N]`` (NaFlex batches, per-image positions, captures)."""
+        """Each block's dense bias ``[1 or B, H, P + N, P + N]``."""
         scale = policy_scale(positions.grids, self.train_grid, self.policy_name)
         offsets = scaled_offsets(positions.coords, scale)  # [..., N, N, 2]
         extent = per_sample(self._extent(positions.grids, scale), positions.coords).unsqueeze(-2)
@@ -68,7 +66,6 @@ class Fire(PositionEncoding):
         return out
 
     def _offset_tables(self, grid: tuple[int, int]) -> list[Tensor]:
-        """Each block's table ``[H, 2h - 1, 2w - 1]`` over the offsets of an image batch's grid."""
         h, w = grid
         offsets, scale = policy_offsets(grid, self.train_grid, self.policy_name, self.log_scale.device,
                                         self.log_scale.dtype)  # [M, 2] (dx, dy)
@@ -83,7 +80,6 @@ class Fire(PositionEncoding):
         return [Bias(biases[i]) for i in range(self.depth)]
 
     def prune_(self, depth: int) -> None:
-        """Keep the first ``depth`` blocks' MLPs (timm's ``prune_intermediate_layers``)."""
         self.depth = depth
         self.mlps = self.mlps[:depth]
         self.log_scale = nn.Parameter(self.log_scale.data[:depth])

@@ -53,13 +53,11 @@ _SPLITS = {(2, 6): (4, 2), (2, 12): (8, 4), (2, 16): (8, 8), (3, 12): (4, 4, 4),
 
 
 def _numbers(*values: Any) -> bool:
-    """Whether every value is a real, finite number (bools are not)."""
     return all(isinstance(v, numbers.Real) and not isinstance(v, bool) and math.isfinite(v) for v in values)
 
 
 def check_config(config: str | dict[str, Any] | None, num_heads: int, depth: int) -> dict[str, Any]:
-    """The LookHere configuration as a complete dict: a preset name, ``None`` (``lh180``) or the official dict, with
-    its defaults (``distance="linear"``, ``fill_with="inf"``); raises a ``ValueError`` naming what does not fit."""
+    """The LookHere configuration as a complete dict, from a preset name, ``None`` (``lh180``) or the official dict."""
     if config is None or isinstance(config, str):
         name = config or "lh180"
         if name not in PRESETS:
@@ -94,9 +92,8 @@ def check_config(config: str | dict[str, Any] | None, num_heads: int, depth: int
 
 
 def head_plan(spec: str, num_heads: int) -> tuple[tuple[tuple[str, ...], ...], tuple[float, ...]]:
-    """Each head's direction tokens and slope for a ``head_directions`` string (``"eighths1-eighths2"``). Heads split as
-    the official code splits them where it has a split (``_SPLITS``), else as evenly as possible, earlier groups first
-    (``tiny``'s 3 heads); slopes halve every 4 heads, as the official ``groupby`` makes them."""
+    """Each head's direction tokens and slope for a ``head_directions`` string (``"eighths1-eighths2"``); slopes halve
+    every 4 heads, as the official ``groupby`` makes them."""
     names = spec.split("-")
     bad = [name for name in names if name not in DIRECTION_GROUPS]
     if bad:
@@ -121,7 +118,6 @@ def head_plan(spec: str, num_heads: int) -> tuple[tuple[tuple[str, ...], ...], t
 
 
 def _hidden(token: str, dx: Tensor, dy: Tensor) -> Tensor:
-    """Keys ``[..., N, N]`` that ``token`` hides from each query, from the key-minus-query offsets."""
     if token.startswith("diag_"):
         _, first, second = token.split("_")
         return _hidden(f"tri_{first}", dx, dy) & _hidden(f"tri_{second}", dx, dy)
@@ -135,10 +131,8 @@ def _hidden(token: str, dx: Tensor, dy: Tensor) -> Tensor:
 def lookhere_penalty(positions: Tensor, directions: tuple[tuple[str, ...], ...], slopes: tuple[float, ...],
                      distance: str = "linear", fill_with: str = "inf", valid: Tensor | None = None,
                      scale: Tensor | None = None) -> Tensor:
-    """Penalties ``[..., H, N, N]`` (>= 0, ``inf`` where a head does not look) of patches at ``positions``
-    ``[..., N, 2]`` (x, y; any offset), before the layer and global slopes. ``directions``, ``slopes``: ``head_plan``'s;
-    ``fill_with``: what hidden keys get (``max``: the head's largest); ``valid`` ``[..., N]``: real patches, the only
-    ones ``center`` and ``max`` see; ``scale`` ``[1 or B, 2]``: the policy's."""
+    """Penalties ``[..., H, N, N]`` (>= 0, ``inf`` where a head does not look) of patches at ``positions``, before the
+    layer and global slopes; ``valid`` ``[..., N]``: the real patches, the only ones ``center`` and ``max`` see."""
     pos = positions.float()
     if valid is None:
         valid = torch.ones(pos.shape[:-1], dtype=torch.bool, device=pos.device)
@@ -156,9 +150,8 @@ def lookhere_penalty(positions: Tensor, directions: tuple[tuple[str, ...], ...],
 def offset_penalty(offsets: Tensor, directions: tuple[tuple[str, ...], ...], slopes: tuple[float, ...],
                    distance: str = "linear", fill_with: str = "inf", center: Tensor | None = None,
                    pairs: Tensor | None = None) -> Tensor:
-    """Penalties ``[..., H, Q, K]`` of key-minus-query offsets ``[..., Q, K, 2]`` (``lookhere_penalty``'s
-    arguments; on ``offset_grid``'s offsets, a table per offset); ``center`` ``[..., 1, K]`` each key's distance to
-    the image's middle, ``pairs`` ``[..., Q, K]`` the real pairs that ``max`` takes its largest over (default: all)."""
+    """Penalties ``[..., H, Q, K]`` of key-minus-query offsets ``[..., Q, K, 2]``; ``center`` ``[..., 1, K]``: each
+    key's distance to the image's middle, ``pairs``: the real pairs that ``max`` takes its largest over."""
     dx, dy = offsets.unbind(-1)
     dist = offsets.square().sum(-1)  # squared, so that "square" needs no sqrt
     dist = {"linear": dist.sqrt(), "sqrt": dist.sqrt().sqrt(), "square": dist}[distance]
@@ -186,7 +179,6 @@ def offset_penalty(offsets: Tensor, directions: tuple[tuple[str, ...], ...], slo
 
 
 def layer_scales(config: dict[str, Any], depth: int) -> list[float]:
-    """The multiplier of each layer's penalty, ``-global_slope * layer_slope``: 0 leaves the layer unbiased."""
     first, last = config["layer_slopes"]
     ramp = torch.linspace(first, last, depth, dtype=torch.float64, device="cpu").tolist()  # under any device context
     return [-config["global_slope"] * slope for slope in ramp]

@@ -25,8 +25,7 @@ def check_normalize(normalize: str) -> str:
 
 def dinov3_frequencies(head_dim: int, base: float = 100.0, min_period: float | None = None,
                        max_period: float | None = None) -> Tensor:
-    """Frequencies ``2 pi / p_j`` as ``(wx, wy)`` ``[2, 1, head_dim // 2]``, x first; ``min_period`` and
-    ``max_period`` together replace the ``base`` schedule."""
+    """Frequencies ``2 pi / p_j`` as ``(wx, wy)`` ``[2, 1, D/2]``; the periods together replace ``base``'s."""
     quarter = head_dim // 4
     if (min_period is None) != (max_period is None):
         raise ValueError(f"DINOv3 RoPE needs both min_period and max_period or neither, got {min_period} and "
@@ -41,8 +40,7 @@ def dinov3_frequencies(head_dim: int, base: float = 100.0, min_period: float | N
 
 
 def _swapped_axes(head_dim: int) -> tuple[Tensor, Tensor]:
-    """For each of our channels ``[head_dim]``: its pair ``p`` in a layout with the other axis first (DINOv3's, timm
-    Eva's ``'ij'``), ``(p + D/4) mod D/2``, and its place in the pair."""
+    """Each channel's pair in a layout with the other axis first, ``(p + D/4) mod D/2``, and its place in the pair."""
     channel = torch.arange(head_dim)
     return (channel // 2 + head_dim // 4) % (head_dim // 2), channel % 2
 
@@ -64,9 +62,8 @@ def check_qk_layout(layout: str) -> str:
 
 
 def qk_permutation(layout: str, head_dim: int) -> Tensor:
-    """Index ``[head_dim]``: row ``c`` of our q (or k) head is row ``index[c]`` of a head in ``layout``
-    (``interleaved``, ``eva_xy``: the identity; ``eva_ij``: the axes swapped; ``rotate_half``: DINOv3's; ``gemma4``:
-    x on the first half of the head, y on the second, each in rotate-half pairs ``(c, c + D/4)``)."""
+    """Index ``[head_dim]``: row ``c`` of our q (or k) head is row ``index[c]`` of a head in ``layout`` (``gemma4``: x
+    on the first half, y on the second, each in rotate-half pairs ``(c, c + D/4)``)."""
     if check_qk_layout(layout) in ("interleaved", "eva_xy"):
         return torch.arange(head_dim)
     if layout == "rotate_half":
@@ -80,8 +77,7 @@ def qk_permutation(layout: str, head_dim: int) -> Tensor:
 
 
 def permute_qk_rows(value: Tensor, index: Tensor, num_heads: int, num_kv_heads: int | None = None) -> Tensor:
-    """A qkv weight ``[(nh + 2 nkv) D, C]`` or bias ``[(nh + 2 nkv) D]`` with every q and k head's rows in the order
-    ``index`` ``[D]`` (``qk_permutation``), v as it is; ``num_kv_heads`` (grouped-query attention): ``num_heads``."""
+    """A qkv weight ``[(nh + 2 nkv) D, C]`` or bias with every q and k head's rows in the order ``index`` ``[D]``."""
     head_dim = index.numel()
     kv_rows = (num_heads if num_kv_heads is None else num_kv_heads) * head_dim
     q, k, v = value.split([num_heads * head_dim, kv_rows, kv_rows])

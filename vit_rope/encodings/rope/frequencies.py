@@ -18,7 +18,7 @@ MIXED_INITS = ("rope-vit", "golden")
 
 
 def check_head_dim(head_dim: int) -> int:
-    """Return ``head_dim`` if 2D RoPE can use it: two axes times pairs of channels need ``4 | head_dim``."""
+    """``head_dim`` if 2D RoPE can use it: two axes times pairs of channels need ``4 | head_dim``."""
     if head_dim <= 0 or head_dim % 4:
         lower, upper = head_dim - head_dim % 4, head_dim - head_dim % 4 + 4
         raise ValueError(
@@ -29,7 +29,6 @@ def check_head_dim(head_dim: int) -> int:
 
 
 def check_fraction(fraction: float) -> float:
-    """``fraction`` as a float if it is a share of pairs in [0, 1], else a ``ValueError``."""
     fraction = float(fraction)
     if not 0.0 <= fraction <= 1.0:  # NaN fails too
         raise ValueError(f"rope_fraction must be in [0, 1] (the share of channel pairs rotated, p-RoPE): got "
@@ -43,8 +42,8 @@ def _magnitudes(head_dim: int, theta: float) -> Tensor:
 
 
 def axial_frequencies(head_dim: int, theta: float = 100.0, alternate: bool = False) -> Tensor:
-    """Axial RoPE ``(wx, wy)`` ``[2, 1, head_dim // 2]`` (all heads share them); ``alternate``: x on the odd rungs of
-    ``theta ** (-2j / head_dim)``, y on the even ones (Pixtral's, as transformers computes them)."""
+    """Axial RoPE ``(wx, wy)`` ``[2, 1, D/2]``; ``alternate``: x on the odd rungs of ``theta ** (-2j / D)``, y on the
+    even ones (Pixtral's)."""
     if not alternate:
         return axial_layout(_magnitudes(check_head_dim(head_dim), theta))
     ladder = 1.0 / (theta ** (torch.arange(0, check_head_dim(head_dim), 2, dtype=torch.float32) / head_dim))
@@ -52,8 +51,7 @@ def axial_frequencies(head_dim: int, theta: float = 100.0, alternate: bool = Fal
 
 
 def axial_layout(magnitude: Tensor, magnitude_y: Tensor | None = None) -> Tensor:
-    """``(wx, wy)`` ``[2, 1, 2 F]`` of ``F`` magnitudes per axis (y's ``magnitude_y`` if given): x drives the first
-    ``F`` pairs, y the last."""
+    """``(wx, wy)`` ``[2, 1, 2 F]`` of ``F`` magnitudes per axis: x drives the first ``F`` pairs, y the last."""
     zeros = torch.zeros_like(magnitude)
     y = magnitude if magnitude_y is None else magnitude_y
     return torch.stack((torch.cat((magnitude, zeros)), torch.cat((zeros, y))))[:, None, :]
@@ -62,8 +60,7 @@ def axial_layout(magnitude: Tensor, magnitude_y: Tensor | None = None) -> Tensor
 def mixed_frequencies(
     head_dim: int, num_heads: int, theta: float = 10.0, generator: torch.Generator | None = None
 ) -> Tensor:
-    """RoPE-ViT's initial mixed frequencies ``[2, num_heads, head_dim // 2]``: axial RoPE in a random frame per head
-    (the first ``D/4`` pairs along a random angle ``phi``, the last along ``phi + pi / 2``)."""
+    """RoPE-ViT's initial mixed frequencies ``[2, nh, D/2]``: axial RoPE in a random frame per head."""
     mag = _magnitudes(check_head_dim(head_dim), theta)  # [D/4]
     phi = torch.rand(num_heads, 1, generator=generator) * (2 * math.pi)  # [nh, 1]
     angles = torch.cat((phi.expand(-1, mag.numel()), (phi + math.pi / 2).expand(-1, mag.numel())), dim=-1)
@@ -72,9 +69,8 @@ def mixed_frequencies(
 
 
 def golden_frequencies(head_dim: int, num_heads: int, theta: float = 100.0) -> Tensor:
-    """Xiong's golden-angle schedule ``[2, num_heads, head_dim // 2]``: pair ``f`` of head ``h`` points at
-    ``(h * D/2 + f) * GOLDEN_ANGLE`` with magnitude ``theta ** (-f / (D/2 - 1))``, one log-spaced ladder over all
-    pairs; the directions continue from head to head, so the heads differ."""
+    """Xiong's golden-angle schedule ``[2, nh, D/2]``: pair ``f`` of head ``h`` points at ``(h * D/2 + f) *
+    GOLDEN_ANGLE``, the directions continuing from head to head so that the heads differ."""
     pairs = check_head_dim(head_dim) // 2
     mag = theta ** (-torch.arange(pairs, dtype=torch.float64) / (pairs - 1))  # [D/2], log-spaced from 1 to 1/theta
     index = torch.arange(num_heads * pairs, dtype=torch.float64).reshape(num_heads, pairs)  # [nh, D/2]
@@ -83,9 +79,8 @@ def golden_frequencies(head_dim: int, num_heads: int, theta: float = 100.0) -> T
 
 
 def rotated_pairs(freqs: Tensor, fraction: float) -> Tensor:
-    """p-RoPE's mask ``[1, H, D/2]``: 1 for the ``round(fraction * D/2)`` pairs of each head of ``freqs``
-    ``[2, H, D/2]`` with the largest ``|w|``, 0 for the rest. Ties keep pair order (a stable sort), so that axial RoPE
-    drops as many x pairs as y pairs."""
+    """p-RoPE's mask ``[1, H, D/2]``: 1 for each head's ``round(fraction * D/2)`` pairs of largest ``|w|``; a stable
+    sort, so that axial RoPE drops as many x pairs as y pairs."""
     magnitude = freqs.detach().float().norm(dim=0)  # [H, D/2]
     keep = round(check_fraction(fraction) * magnitude.shape[-1])
     order = torch.sort(magnitude, dim=-1, descending=True, stable=True).indices[:, :keep]  # [H, keep]

@@ -18,8 +18,7 @@ from vit_rope.encodings.rope.tables import KINDS, RoPE2D
 
 
 class RotaryEncoding(PositionEncoding, nn.ModuleList):
-    """One ``RoPE2D`` per block (``per_block``: learned frequencies) or one for all; ``string``: Cayley-STRING over them
-    (``attach_`` gives each attention a basis); ``rope_args``: ``RoPE2D``'s arguments."""
+    """One ``RoPE2D`` per block (``per_block``: learned frequencies) or one for all; ``string``: Cayley-STRING."""
 
     def __init__(self, depth: int, per_block: bool, string: bool = False, **rope_args: Any) -> None:
         # a ModuleList of RoPE2D modules, which hold the kind, grid and policy (``policy`` sets theirs)
@@ -79,8 +78,8 @@ class RotaryEncoding(PositionEncoding, nn.ModuleList):
         return LazyBlockInputs(block, self.depth)  # each block's tables as the block runs
 
     def fold_(self, blocks: nn.ModuleList) -> None:
-        """Write each block's STRING basis into its qkv projection and drop it: the same function at the cost of the
-        base kind (ONNX export calls it on a copy); training goes on as the base kind."""
+        """Write each block's STRING basis into its qkv projection and drop it: the same function at the base kind's
+        cost."""
         if not self.string:
             return
         for blk in blocks:
@@ -89,7 +88,6 @@ class RotaryEncoding(PositionEncoding, nn.ModuleList):
         self.string = False
 
     def prune_(self, depth: int) -> None:
-        """Keep the first ``depth`` blocks' frequencies (timm's ``prune_intermediate_layers``)."""
         if self.per_block:
             for index in reversed(range(depth, len(self))):
                 del self[index]
@@ -101,8 +99,7 @@ class RotaryEncoding(PositionEncoding, nn.ModuleList):
 
 @register(*KINDS, "string", rope=True)
 def _rotary(spec: EncodingSpec) -> PositionEncoding:
-    """RoPE tables, under Cayley-STRING for ``string`` (its base kind the model's ``rope_string_base``, axial if
-    unset), from the model's ``rope_*`` options (``RoPE2D``'s arguments)."""
+    """RoPE tables, under Cayley-STRING for ``string`` (its base kind ``rope_string_base``, axial if unset)."""
     options = dict(spec.rope_options)
     base = options.pop("string_base", None)
     if spec.kind == "string":

@@ -43,7 +43,7 @@ DINOV3_POLICIES = ("normalized", "extrapolate")
 
 
 def check_theta(theta: float) -> float:
-    """``theta`` as a float, or a ``ValueError``: a base <= 0 or NaN would make every output NaN."""
+    """``theta`` as a float; a base <= 0 or NaN would make every output NaN."""
     theta = float(theta)
     if not math.isfinite(theta) or theta <= 0:
         raise ValueError(
@@ -56,8 +56,7 @@ def check_theta(theta: float) -> float:
 def policy_tables(positions: Tensor, freqs: Tensor, grids: Tensor | None, num_prefix_tokens: int,
                   train_grid: tuple[int, int] | None, policy: ResolutionPolicy, theta: float, head_dim: int
                   ) -> tuple[Tensor, Tensor]:
-    """``(cos, sin)`` of ``positions`` from ``freqs`` ``[2, H, D/2]`` as ``policy`` scales them on ``grids``, with
-    ``num_prefix_tokens`` identity rows in front and the policy's attention temperature."""
+    """``(cos, sin)`` of ``positions`` from ``freqs`` ``[2, H, D/2]`` as ``policy`` scales them on ``grids``."""
     freqs, temperature = policy_frequencies(freqs, grids, train_grid, policy, theta, head_dim)
     if freqs.dim() == 4 and freqs.shape[0] == 1:  # one grid for the batch: the shared frequencies' cheaper paths
         freqs = freqs[0]
@@ -80,24 +79,11 @@ class RoPE2D(nn.Module):
     """Frequencies of one 2D RoPE and the tables they give for a set of positions.
 
     Axial, golden and DINOv3 frequencies are a fixed, non-persistent buffer (rebuilt on load); mixed ones a learnable
-    ``[2, num_heads, head_dim // 2]`` parameter without weight decay, one ``RoPE2D`` per block (RoPE-ViT learns them
-    per layer). The model's RoPE arguments are these names with ``rope_`` in front.
-
-    Args:
-        head_dim, num_heads: channels per head (divisible by 4) and attention heads (mixed frequencies are per head).
-        kind: ``"axial"``, ``"mixed"``, ``"golden"`` or ``"dinov3"`` (``dinov3_rope``: normalised coordinates).
-        theta: frequency base; ``None``: RoPE-ViT's (100 axial, 10 mixed) or DINOv3's (100).
-        train_grid: the ``(h, w)`` patch grid of training, which resolution policies scale against.
-        policy: resolution policy for other grids; ``None``: the kind's own (``extrapolate``, DINOv3's ``normalized``).
-        min_period, max_period: DINOv3's alternative period schedule; normalize_coords: its coordinate normalisation,
-            ``separate``, ``min`` or ``max`` (``dinov3`` only).
-        fraction: p-RoPE's share of pairs rotated (the highest frequencies); a fixed mask multiplies the frequencies,
-            so unrotated learned ones get gradient 0.
-        mixed_init: how ``mixed`` frequencies start: ``"rope-vit"`` (a random frame per head) or ``"golden"``.
-        grid_offset: added to the integer patch positions (Perception Encoder's 1: the unrotated class token at 0);
-            not for ``dinov3``.
-        alternate_axes: axial only: x and y on alternate rungs of one frequency ladder, x half a rung lower
-            (Pixtral's layout, ``frequencies.axial_frequencies``), instead of the same ``D/4`` frequencies each.
+    ``[2, num_heads, head_dim // 2]`` parameter without weight decay (RoPE-ViT learns them per layer). The model's
+    RoPE arguments are these names with ``rope_`` in front (docs/models.md). ``theta`` None: RoPE-ViT's (100 axial,
+    10 mixed) or DINOv3's; ``policy`` None: the kind's own; ``fraction``: p-RoPE's share of pairs rotated, a fixed
+    mask, so unrotated learned ones get gradient 0; ``grid_offset``: Perception Encoder's 1, the unrotated class token
+    at 0; ``alternate_axes``: Pixtral's ladder (``frequencies.axial_frequencies``).
     """
 
     def __init__(
@@ -170,7 +156,7 @@ class RoPE2D(nn.Module):
 
     @property
     def policies(self) -> tuple[str, ...]:
-        """The resolution policies that apply to this kind (DINOv3's normalised coordinates take two)."""
+        """DINOv3's normalised coordinates take two policies."""
         return DINOV3_POLICIES if self.kind == "dinov3" else POLICIES
 
     def check_policy(self, policy: str) -> str:
@@ -190,24 +176,20 @@ class RoPE2D(nn.Module):
             self.freqs.copy_(self._initial_frequencies())
 
     def place(self, coord: Tensor, grids: Tensor) -> Tensor:
-        """Positions ``[..., N, 2]`` (x, y) of the patches at ``coord`` ``[..., N, 2]`` (y, x) of ``grids``
-        ``[1 or B, 2]`` (h, w) (``policies.place_positions``)."""
+        """Positions ``[..., N, 2]`` (x, y) of the patches at ``coord`` (y, x) of ``grids`` ``[1 or B, 2]`` (h, w)."""
         return place_positions(coord, grids, self.kind, self.resolution.name, self.train_grid,
                                self.normalize_coords, self.grid_offset)
 
     def forward(self, positions: Tensor, num_prefix_tokens: int = 0, grids: Tensor | None = None
                 ) -> tuple[Tensor, Tensor]:
-        """``(cos, sin)`` ``[H, P + N, D/2]`` (or ``[B, H, P + N, D/2]``; ``H`` = 1 axial, num_heads mixed) for
-        ``positions`` ``[N, 2]`` or ``[B, N, 2]`` (x, y) from ``place``, with ``num_prefix_tokens`` identity rows in
-        front; ``grids`` ``[1 or B, 2]`` (h, w) are what the policy scales against (``None``: frequencies as they are).
-        """
+        """``(cos, sin)`` ``[(B,) H, P + N, D/2]`` for ``positions`` ``[(B,) N, 2]`` (x, y) from ``place``, prefix
+        tokens as identity rows; ``grids`` ``[1 or B, 2]`` are what the policy scales against."""
         return policy_tables(positions, self.pair_frequencies(), grids, num_prefix_tokens, self.train_grid,
                              self.resolution, self.theta, self.head_dim)
 
     def lattice_tables(self, lattice: Lattice) -> tuple[Tensor, Tensor]:
-        """Tables ``[B, H, P + N, D/2]`` of a NaFlex batch whose positions are its integer patch coordinates: a
-        position's table is the same in every sample, so the bounding grid's tables are built once (in inference from
-        one table per axis, ``grid_tables``) and each token's row gathered."""
+        """Tables ``[B, H, P + N, D/2]`` of a NaFlex batch on its integer patch coordinates: a position's table is the
+        same in every sample, so the bounding grid's are built once and each token's row gathered."""
         height, width = lattice.grid
         cells = self.place(*image_coords(height, width, self.rotated.device))  # [h * w, 2] (x, y), row-major
         freqs = self.pair_frequencies()
@@ -218,7 +200,6 @@ class RoPE2D(nn.Module):
         return gather_rows(cos, lattice.rows), gather_rows(sin, lattice.rows)
 
     def frequencies(self, grids: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
-        """Frequencies and attention temperature that the policy gives on ``grids`` ``[1 or B, 2]``."""
         return policy_frequencies(self.pair_frequencies(), grids, self.train_grid, self.resolution, self.theta,
                                   self.head_dim)
 
