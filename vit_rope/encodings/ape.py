@@ -29,8 +29,7 @@ torch.fx.wrap("fit_pos_embed")
 
 def fit_pos_embed(pos_embed: Tensor, grid: tuple[int, int], train_grid: tuple[int, int], num_prefix_tokens: int,
                   resampling: str = "bicubic") -> Tensor:
-    """The learned position embedding ``[1, (P +) N0, C]`` resampled to ``grid``: bicubically (timm's resampling), or
-    ``bilinear_corners`` (Qwen-VL's: bilinear with align_corners=True, in fp32, the table itself on its own grid)."""
+    """The learned position embedding ``[1, (P +) N0, C]`` resampled to ``grid`` as ``resampling`` says."""
     if resampling == "bicubic":
         return resample_abs_pos_embed(pos_embed, new_size=[grid[0], grid[1]],
                                       old_size=[train_grid[0], train_grid[1]], num_prefix_tokens=num_prefix_tokens)
@@ -45,17 +44,10 @@ def fit_pos_embed(pos_embed: Tensor, grid: tuple[int, int], train_grid: tuple[in
 
 
 class AbsoluteEncoding(PositionEncoding):
-    """The APE as a position encoding: what the embedding adds to the tokens (blocks get nothing from it).
-
-    It holds the logic only, placing and resampling the table it is given: the table stays the model's ``pos_embed``,
-    where timm's ``VisionTransformer`` reads it (``checkpoint_filter_fn``, ``set_input_size``, ``no_weight_decay``, the
-    state-dict key of every APE checkpoint), and its grid comes with it at each call for the same reason.
-
-    Args:
-        num_prefix_rows: the table's rows for prefix tokens: 0 for DeiT-III and RoPE-ViT (``no_embed_class``), the
-            class and register tokens' count for timm's ViT.
-        resampling: one of ``RESAMPLING``, how the table reaches another grid.
-    """
+    """The APE as a position encoding: what the embedding adds to the tokens (blocks get nothing from it). It holds
+    the logic only: the table stays the model's ``pos_embed``, where timm's ``VisionTransformer`` reads it
+    (``checkpoint_filter_fn``, ``set_input_size``, the state-dict key of every APE checkpoint). ``num_prefix_rows``: 0
+    for DeiT-III and RoPE-ViT (``no_embed_class``), the prefix tokens' count for timm's ViT."""
 
     def __init__(self, num_prefix_rows: int, resampling: str = "bicubic") -> None:
         super().__init__("ape", 0)  # the blocks get nothing from it
@@ -64,10 +56,8 @@ class AbsoluteEncoding(PositionEncoding):
 
     def forward(self, table: Tensor, positions: Tensor, grids: Tensor, grid: tuple[int, int] | None,
                 table_grid: tuple[int, int]) -> Tensor:
-        """The rows ``[1 or B, R + N, C]`` (``R`` = ``num_prefix_rows``) to add to the tokens, from ``table``
-        ``[1, R + h0 * w0, C]`` learnt on ``table_grid``: resampled once to an image batch's ``grid``, or read at each
-        patch's position (``positions`` ``[B, N, 2]`` (x, y) on ``grids`` ``[B, 2]``) of a NaFlex batch (``grid``
-        ``None``)."""
+        """The rows ``[1 or B, R + N, C]`` to add to the tokens, from ``table`` learnt on ``table_grid``: resampled
+        once to an image batch's ``grid``, or read at each patch's position of a NaFlex batch (``grid`` None)."""
         own = self.num_prefix_rows
         if grid is None:  # read at each patch's coordinate: [B, own + N, C]
             coord = positions.flip(-1)  # [B, N, 2] (y, x): the integer coordinates, exactly
@@ -80,9 +70,9 @@ class AbsoluteEncoding(PositionEncoding):
 
 
 def source_grids(rows: int, grid: tuple[int, int], num_prefix: int) -> list[tuple[int, tuple[int, int]]]:
-    """Every ``(prefix rows, patch grid)`` that a checkpoint's position embedding of ``rows`` rows may have, for a
-    model of grid ``grid`` with ``num_prefix`` prefix rows, most likely first: square grids (what timm assumes), then
-    the model's aspect ratio; for each, the model's own prefix count, then none, then a class token's."""
+    """Every ``(prefix rows, patch grid)`` that a checkpoint's position embedding of ``rows`` rows may have, most
+    likely first: square grids (what timm assumes), then the model's aspect ratio; the model's own prefix count, then
+    none, then a class token's."""
     step = math.gcd(*grid)
     shapes = dict.fromkeys([(1, 1), (grid[0] // step, grid[1] // step)])  # aspect ratios, in order, no repeats
     found = []
@@ -96,17 +86,15 @@ def source_grids(rows: int, grid: tuple[int, int], num_prefix: int) -> list[tupl
 
 
 def table_grid(model: nn.Module) -> tuple[int, int]:
-    """The grid ``model``'s position-embedding table is learnt on: its own (``pos_embed_grid``, Qwen-VL's 48x48 at
-    any ``img_size``), else the patch grid of its ``img_size`` (timm's ViT)."""
+    """The grid ``model``'s position-embedding table is learnt on: its own (Qwen-VL's 48x48 at any ``img_size``),
+    else the patch grid of its ``img_size``."""
     grid = getattr(model, "pos_embed_grid", None)
     return tuple(model.patch_embed.grid_size) if grid is None else (int(grid[0]), int(grid[1]))
 
 
 def fit_checkpoint_pos_embed(pos_embed: Tensor, model: nn.Module) -> Tensor:
-    """A checkpoint's position embedding for ``model`` (a timm ``VisionTransformer`` with one): the source's prefix
-    rows stripped if the model has none, then resampled to the model's grid as the model resamples its table
-    (``fit_pos_embed``: bicubically unless its APE says otherwise). The source grid is the model's own when it fits,
-    else ``source_grids``' first guess; a warning names the others that fit."""
+    """A checkpoint's position embedding resampled to ``model``'s grid as the model resamples its table; the source
+    grid is the model's own when it fits, else ``source_grids``' first guess, with a warning naming the others."""
     grid = table_grid(model)
     num_prefix = 0 if model.no_embed_class else model.num_prefix_tokens
     rows = pos_embed.shape[1]

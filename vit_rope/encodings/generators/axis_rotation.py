@@ -12,10 +12,8 @@ from vit_rope.encodings.generators.block_rotation import Rotations, expm
 
 
 def rotate_axes(q: Tensor, k: Tensor, turns: tuple[Tensor, Tensor, Tensor]) -> tuple[Tensor, Tensor]:
-    """q and k ``[B, H, P + h * w, D]`` of an image batch turned by commuting rotations per axis,
-    ``turns = (prefix, turn_x, turn_y)``: ``[H, P, m, b, b]``, ``[H, w, m_x, b, b]``, ``[H, h, m_y, b, b]``. Every block
-    turns by both axes (``m_x = m_y = m``) or, with ``m / 2`` tables each, even blocks by y and odd ones by x
-    (ComRoPE-AP). Equals ``rotate_blocks`` by ``exp(y A_y) exp(x A_x)`` per cell."""
+    """q and k ``[B, H, P + h * w, D]`` of an image batch turned by commuting rotations per axis, ``turns = (prefix,
+    turn_x, turn_y)``; every block by both axes, or (ComRoPE-AP) even blocks by y and odd ones by x."""
     prefix, turn_x, turn_y = (t.to(q.dtype) for t in turns)
     P, m, b = prefix.shape[1], prefix.shape[2], prefix.shape[-1]
     h, w = turn_y.shape[1], turn_x.shape[1]
@@ -34,8 +32,8 @@ def rotate_axes(q: Tensor, k: Tensor, turns: tuple[Tensor, Tensor, Tensor]) -> t
 
 
 def axis_turns(values: tuple[Tensor, Tensor], gens: tuple[Tensor, Tensor]) -> tuple[Tensor, Tensor]:
-    """``exp(v_c A)`` ``[L, H, n, m, b, b]`` per axis, for evenly spaced ``values`` ``[n]`` and generators
-    ``[L, H, m, b, b]``: first and step exponentiated in one call, the rest as the step's powers."""
+    """``exp(v_c A)`` ``[L, H, n, m, b, b]`` per axis of evenly spaced ``values``: first and step exponentiated in one
+    call, the rest as the step's powers."""
     blocks, sizes = [gen.shape[2] for gen in gens], [value.shape[0] for value in values]
     steps = [value[1] - value[0] if value.shape[0] > 1 else value[0] * 0 for value in values]
     exponents = [value[0] * gen for value, gen in zip(values, gens, strict=True)]
@@ -50,8 +48,6 @@ def axis_turns(values: tuple[Tensor, Tensor], gens: tuple[Tensor, Tensor]) -> tu
 
 
 class AxisRotations(Rotations):
-    """A block's commuting rotations of an image batch per axis: ``turns`` as ``rotate_axes`` takes them."""
-
     def __init__(self, turns: tuple[Tensor, Tensor, Tensor]) -> None:
         self.turns = turns
 

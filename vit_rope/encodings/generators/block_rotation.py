@@ -21,9 +21,9 @@ TABLE_CHUNK = 2**13
 
 
 def expm(skew: Tensor, captured: bool = False) -> Tensor:
-    """``exp(S)`` of ``[..., b, b]`` in fp32 at least: torch's ``matrix_exp`` without autograd; with autograd or under a
-    capture ``expm_by_squaring``, which ONNX exports and whose gradient costs a fraction of ``matrix_exp``'s (LieRE's
-    ViT-S at 448 px trains at 0.75x axial RoPE, 0.60x with ``matrix_exp``)."""
+    """``exp(S)`` in fp32 at least: ``matrix_exp`` without autograd, else ``expm_by_squaring``, which ONNX exports and
+    whose gradient costs a fraction of ``matrix_exp``'s (LieRE's ViT-S at 448 px trains at 0.75x axial RoPE, not 0.60x).
+    """
     dtype = skew.dtype
     skew = skew if dtype in (torch.float32, torch.float64) else skew.float()
     if captured or (skew.requires_grad and torch.is_grad_enabled() and not skew.is_meta):  # meta: no norms to read
@@ -32,10 +32,9 @@ def expm(skew: Tensor, captured: bool = False) -> Tensor:
 
 
 def expm_by_squaring(skew: Tensor, captured: bool = False) -> Tensor:
-    """``exp(S)`` of ``[..., b, b]``: scaled by ``2^s`` to a norm <= 1/2, a Taylor polynomial below the dtype's rounding
-    (Horner's rule) and ``s`` squarings. In eager the batch is sorted by ``s`` (a host sync) and each squaring takes
-    only the matrices that still need it; under a capture all are squared ``MAX_SQUARINGS`` times, masked past their
-    ``s``: one graph for every position range."""
+    """``exp(S)``: scaled by ``2^s`` to a norm <= 1/2, a Taylor polynomial below the dtype's rounding and ``s``
+    squarings, each taking only the matrices that still need it; under a capture all are squared ``MAX_SQUARINGS``
+    times, masked past their ``s``: one graph for every position range."""
     flat = skew.reshape(-1, *skew.shape[-2:])  # [n, b, b]
     norm = flat.detach().abs().sum(-1).amax(-1)  # the infinity norm bounds the spectral one
     count = torch.ceil(torch.log2(norm.clamp_min(1e-30) * 2)).clamp(0, MAX_SQUARINGS)  # [n]: s of each matrix
@@ -62,16 +61,14 @@ def expm_by_squaring(skew: Tensor, captured: bool = False) -> Tensor:
 
 
 def rotate_blocks(x: Tensor, rotation: Tensor) -> Tensor:
-    """``x`` ``[B, H, N, D]`` with each block of ``b`` channels turned by its matrix of ``rotation`` ``[1 or B, H or 1,
-    N, D/b, b, b]``: the reference, a matrix-vector product per token."""
+    """``x`` ``[B, H, N, D]`` with each block of channels turned by its matrix of ``rotation``: the reference."""
     blocks = x.unflatten(-1, (-1, rotation.shape[-1]))  # [B, H, N, m, b]
     return (rotation.to(x.dtype) @ blocks[..., None])[..., 0].flatten(-2)
 
 
 def rotate_qk(q: Tensor, k: Tensor, rotation: Tensor) -> tuple[Tensor, Tensor]:
-    """``rotate_blocks`` of q and k ``[B, H, N, D]`` by a table shared by the batch ``[1, H or 1, N, D/b, b, b]``: one
-    matmul ``x^T R^T`` with the samples as rows, whose copies move whole blocks of ``b`` channels (``R x`` would move
-    single channels), out in the layout of SDPA's CPU flash kernel."""
+    """``rotate_blocks`` of q and k by a table shared by the batch: one matmul ``x^T R^T`` with the samples as rows,
+    whose copies move whole blocks of channels (``R x`` would move single channels)."""
     B, H, N, D = q.shape
     m, b = rotation.shape[-3], rotation.shape[-1]
     rows = torch.stack((q, k)).permute(2, 3, 0, 1, 4).reshape(H, N, 2 * B, m, b).transpose(2, 3)  # [H, N, m, 2B, b]
@@ -82,7 +79,6 @@ def rotate_qk(q: Tensor, k: Tensor, rotation: Tensor) -> tuple[Tensor, Tensor]:
 
 
 def check_block(name: str, block: int, head_dim: int) -> int:
-    """``block`` if it cuts ``head_dim`` into whole blocks of at least 2, else a ``ValueError`` naming sizes that do."""
     if block < 2 or head_dim % block:
         fits = [d for d in range(2, head_dim + 1) if head_dim % d == 0]
         raise ValueError(f"{name}={block} must divide the head width {head_dim} (and be at least 2): pick one of "
@@ -91,7 +87,7 @@ def check_block(name: str, block: int, head_dim: int) -> int:
 
 
 class Rotations(BlockInput):
-    """A block's rotations of q and k, after attention's projection and q/k norms (``rotate``)."""
+    """A block's rotations of q and k, after attention's projection and q/k norms."""
 
     def rotate(self, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor]:
         raise NotImplementedError
@@ -103,8 +99,7 @@ class Rotations(BlockInput):
 
 
 class BlockRotations(Rotations):
-    """One ``b x b`` matrix per token and channel block: ``rotation`` ``[1 or B, H or 1, N, D/b, b, b]``; ``batched``
-    (decided by ``block_inputs``): a table shared by an eager batch, turned by ``rotate_qk``."""
+    """One ``b x b`` matrix per token and channel block, ``[1 or B, H or 1, N, D/b, b, b]``."""
 
     def __init__(self, rotation: Tensor, batched: bool) -> None:
         self.rotation, self.batched = rotation, batched
@@ -117,8 +112,8 @@ class BlockRotations(Rotations):
 
 @register_notrace_module
 class BlockRotation(PositionEncoding):
-    """What ComRoPE and LieRE share: each block's rotation tables from the kind's ``generators()`` at its ``place``'s
-    positions; ``prefix_position``: every prefix token's position on both axes, ``None``: the identity."""
+    """Each block's rotation tables from the kind's ``generators()`` at its ``place``'s positions; prefix tokens at
+    ``prefix_position`` on both axes (``None``: the identity)."""
 
     CACHE_SIZE = 2
     policies = POSITION_POLICIES
@@ -136,18 +131,15 @@ class BlockRotation(PositionEncoding):
                 "means for it.")
 
     def generators(self) -> Tensor:
-        """The skew-symmetric generators ``[L, H, 2, D/b, b, b]`` (``L``: 1, shared by every block, or one per block),
-        along the axes (x, y) of the positions ``place`` gives."""
+        """The skew-symmetric generators ``[L, H, 2, D/b, b, b]`` (``L``: 1 or one per block) along (x, y)."""
         raise NotImplementedError
 
     @property
     def per_layer(self) -> bool:
-        """Whether each block has its own generators."""
         return False
 
     def tables(self, coords: Tensor, num_prefix_tokens: int, captured: bool = False) -> Tensor:
-        """``R`` ``[L, 1 or B, H, P + N, D/b, b, b]`` at positions ``[N, 2]`` or ``[B, N, 2]`` (x, y): an exponential
-        per token; without autograd a chunk of tokens at a time."""
+        """``R`` ``[L, 1 or B, H, P + N, D/b, b, b]``: an exponential per token, without autograd a chunk at a time."""
         gens = self.generators().float()  # [L, H, 2, m, b, b]
         pos = coords.float() if coords.dim() == 3 else coords.float()[None]  # [1 or B, N, 2]
 
@@ -169,8 +161,7 @@ class BlockRotation(PositionEncoding):
         return out
 
     def prefix_tables(self, gens: Tensor, num_prefix_tokens: int, captured: bool = False) -> Tensor:
-        """The prefix tokens' ``R`` ``[L, H, P, m, b, b]`` of the generators ``gens`` ``[L, H, 2, m, b, b]``: at
-        ``prefix_position`` on both axes, or exactly the identity."""
+        """The prefix tokens' ``R`` ``[L, H, P, m, b, b]``: at ``prefix_position`` on both axes, or the identity."""
         if self.prefix_position is None or not num_prefix_tokens:
             eye = torch.eye(gens.shape[-1], dtype=gens.dtype, device=gens.device)
             turn = eye.expand(*gens.shape[:2], *gens.shape[3:])
@@ -179,8 +170,7 @@ class BlockRotation(PositionEncoding):
         return turn[:, :, None].expand(-1, -1, num_prefix_tokens, -1, -1, -1)
 
     def cache_key(self, positions: Positions, num_prefix_tokens: int) -> tuple | None:
-        """What an image batch's tables in eager evaluation depend on (grid, prefix count, device, policy, the
-        parameters' versions); ``None`` where they are not kept: NaFlex batches, autograd, graph captures."""
+        """What an image batch's tables in eager evaluation depend on; ``None`` where they are not kept."""
         if positions.captured or positions.grid is None or positions.coords.dim() != 2 or torch.is_grad_enabled():
             return None
         params = tuple(x for p in self.parameters() for x in (p._version, p.data_ptr()))
@@ -188,7 +178,6 @@ class BlockRotation(PositionEncoding):
         return (int(h), int(w), num_prefix_tokens, str(positions.coords.device), self.policy_name, params)
 
     def forward(self, positions: Positions, num_prefix_tokens: int = 0) -> Tensor:
-        """Every block's ``tables``, an image batch's kept per grid in evaluation (``cache_key``)."""
         key = self.cache_key(positions, num_prefix_tokens)
 
         def build() -> Tensor:
@@ -207,7 +196,6 @@ class BlockRotation(PositionEncoding):
         return [BlockRotations(table, batched) for table in layers]
 
     def clear_(self) -> None:
-        """Drop the kept tables (training starts: the generators move; blocks pruned)."""
         self._cache.clear()
 
     def train(self, mode: bool = True) -> BlockRotation:

@@ -26,8 +26,7 @@ COMROPE_KINDS = ("comrope_ap", "comrope_ld")
 
 
 def comrope_positions(coord: Tensor, grids: Tensor, train_grid: tuple[int, int], policy: str) -> Tensor:
-    """ComRoPE's positions ``[..., N, 2]`` (x, y) of the patches at ``coord`` ``[..., N, 2]`` (y, x) of ``grids``
-    ``[1 or B, 2]``: patch centres ``(i + 0.5) / n``, ``n`` the training grid or (``interpolate``) the input's."""
+    """Patch centres ``(i + 0.5) / n`` (x, y), ``n`` the training grid or (``interpolate``) the input's."""
     xy, size, train = grid_units(coord, grids, train_grid)
     return by_grid(xy + 0.5, size if policy == "interpolate" else train.expand_as(size))
 
@@ -38,15 +37,13 @@ AP_BLOCKS = slice(1, None, 2), slice(0, None, 2)  # ComRoPE-AP's blocks of x (od
 
 
 def _layer_tables(pos: Tensor, freqs: Tensor, identity_rows: int) -> tuple[Tensor, Tensor]:
-    """One block's RoPE tables ``[H, P + N, D/2]`` at positions ``pos`` of frequencies ``freqs`` ``[2, H, D/2]``."""
     with torch.no_grad():
         return rope_tables(rope_angles(pos, freqs), identity_rows)
 
 
 class ComRoPE(BlockRotation):
-    """ComRoPE-AP or -LD angle matrices for every block (the module docstring); ``block_size`` must divide ``head_dim``
-    (AP: ``head_dim / 2``). Parameters, the official layout with layers in front and axes (y, x): ``freqs``
-    ``[L, H, 1, D/b, b, b]`` (``P``) and LD's ``multiplier`` ``[L, 1, 2, D/b, 1, 1]`` (``theta``)."""
+    """ComRoPE-AP or -LD angle matrices for every block, in the official layout with layers in front and axes (y, x):
+    ``freqs`` ``[L, H, 1, D/b, b, b]`` (``P``) and LD's ``multiplier`` ``[L, 1, 2, D/b, 1, 1]`` (``theta``)."""
 
     def __init__(self, kind: str, depth: int, num_heads: int, head_dim: int, train_grid: tuple[int, int],
                  policy: str | dict | ResolutionPolicy | None = None, block_size: int = 8, init_std: float = 1.0,
@@ -78,13 +75,12 @@ class ComRoPE(BlockRotation):
         return (skew * scale).flip(2)  # [L, H, 2, m, b, b], axes (y, x) -> (x, y)
 
     def angle_matrices(self) -> tuple[Tensor, Tensor]:
-        """Each block's skew-symmetric ``S = P - P^T`` ``[L, H, 1, m, b, b]`` and its factor per axis, in the official
-        order (y, x): ``theta`` ``[L, 1, 2, m, 1, 1]`` (LD) or the axis mask ``[2, m, 1, 1]`` (AP)."""
+        """Each block's ``S = P - P^T`` and its factor per axis (y, x): LD's ``theta`` or AP's axis mask."""
         skew = self.freqs - self.freqs.transpose(-1, -2)
         return skew, self.multiplier if self.kind == "comrope_ld" else self.axis_mask
 
     def block_inputs(self, positions: Positions, num_prefix_tokens: int) -> list[Any]:
-        """An eager image batch's rotations per axis, with their RoPE form in evaluation; else ``BlockRotation``'s."""
+        """An eager image batch's rotations per axis, with their RoPE form in evaluation."""
         if positions.captured or positions.grid is None or positions.coords.dim() != 2:
             return super().block_inputs(positions, num_prefix_tokens)
         grid = (int(positions.grid[0]), int(positions.grid[1]))
@@ -102,8 +98,8 @@ class ComRoPE(BlockRotation):
         return [Spectral(item, *layer, fold) for item, layer, fold in zip(inputs, spectral, self._folds, strict=True)]
 
     def axis_tables(self, coords: Tensor, num_prefix_tokens: int, grid: tuple[int, int]) -> tuple[Tensor, ...]:
-        """``rotate_axes``' tables at an image batch's positions ``[N, 2]``: prefix ``[L, H, P, m, b, b]``, columns
-        ``[L, H, w, m_x, b, b]``, rows ``[L, H, h, m_y, b, b]`` (AP: x odd blocks, y even)."""
+        """``rotate_axes``' tables: prefix ``[L, H, P, m, b, b]``, columns ``[L, H, w, m_x, b, b]``, rows ``[L, H, h,
+        m_y, b, b]``."""
         gens = self.generators().float()  # [L, H, 2, m, b, b]
         cells = coords.float().view(*grid, 2)
         x_blocks, y_blocks = AP_BLOCKS if self.kind == "comrope_ap" else (slice(None), slice(None))
@@ -111,8 +107,8 @@ class ComRoPE(BlockRotation):
         return self.prefix_tables(gens, num_prefix_tokens), *turns
 
     def spectral_tables(self, coords: Tensor, num_prefix_tokens: int) -> list[tuple[Tensor, Callable]] | None:
-        """Per block, the basis ``[H, D, D]`` and the maker of RoPE tables ``[H, P + N, D/2]`` equal to its rotations
-        at the placed positions ``coords`` ``[N, 2]`` (``spectral_form``), or ``None`` where the form is ambiguous."""
+        """Per block, the basis ``[H, D, D]`` and the maker of RoPE tables equal to its rotations, or ``None`` where
+        the form is ambiguous."""
         with torch.no_grad():
             skew, scale = self.angle_matrices()
             scale = scale.reshape(-1, 2, skew.shape[3])  # [L or 1, 2, m]
@@ -129,18 +125,15 @@ class ComRoPE(BlockRotation):
                 for i, layer_basis in enumerate(basis.to(pos.device).unbind(0))]
 
     def clear_(self) -> None:
-        """Also drop the kept RoPE forms and folded projections."""
         super().clear_()
         self._spectral.clear()
         for fold in self._folds:
             fold.clear()
 
     def place(self, coord: Tensor, grids: Tensor) -> Tensor:
-        """Patch centres in grid units (``comrope_positions``)."""
         return comrope_positions(coord, grids, self.train_grid, self.policy_name)
 
     def prune_(self, depth: int) -> None:
-        """Keep the first ``depth`` blocks' matrices (timm's ``prune_intermediate_layers``)."""
         self.freqs = nn.Parameter(self.freqs.data[:depth])
         if self.kind == "comrope_ld":
             self.multiplier = nn.Parameter(self.multiplier.data[:depth])

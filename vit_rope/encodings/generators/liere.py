@@ -19,8 +19,7 @@ from vit_rope.encodings.policies import ResolutionPolicy, by_grid, grid_units
 
 
 def liere_positions(coord: Tensor, grids: Tensor, train_grid: tuple[int, int], policy: str) -> Tensor:
-    """LieRE's positions ``[..., N, 2]`` (x, y) of the patches at ``coord`` ``[..., N, 2]`` (y, x) of ``grids``
-    ``[1 or B, 2]``: ``i / (m - 1)`` on an ``m``-patch axis, under ``extrapolate`` times ``m / n``."""
+    """``i / (m - 1)`` (x, y) on an ``m``-patch axis, under ``extrapolate`` (the official) times ``m / n``."""
     xy, size, train = grid_units(coord, grids, train_grid)
     return by_grid(xy, (size - 1).clamp_min(1) * (1.0 if policy == "interpolate" else train / size))
 
@@ -30,8 +29,8 @@ torch.fx.wrap("liere_positions")
 
 
 class LieRE(BlockRotation):
-    """LieRE's generators (the module docstring): ``generator_raw_params`` ``[2, L, G, g, g]`` as officially (axes (y,
-    x), ``L`` 1 or depth, ``G = heads * D / g`` head-major, or ``D / g``), upper triangle used."""
+    """LieRE's generators: ``generator_raw_params`` ``[2, L, G, g, g]`` as officially (axes (y, x), ``L`` 1 or depth,
+    ``G = heads * D / g`` head-major, or ``D / g``), upper triangle used."""
 
     def __init__(self, depth: int, num_heads: int, head_dim: int, train_grid: tuple[int, int],
                  policy: str | dict | ResolutionPolicy | None = None, generator_dim: int = 8, per_head: bool = True,
@@ -53,11 +52,9 @@ class LieRE(BlockRotation):
         return skew.permute(1, 2, 0, 3, 4, 5).flip(2)  # [L, H or 1, 2, m, g, g], axes (y, x) -> (x, y)
 
     def place(self, coord: Tensor, grids: Tensor) -> Tensor:
-        """``i / (m - 1)`` on an ``m``-patch axis (``interpolate``), times ``m / n`` (``extrapolate``, official)."""
         return liere_positions(coord, grids, self.train_grid, self.policy_name)
 
     def prune_(self, depth: int) -> None:
-        """Keep the first ``depth`` blocks' generators (timm's ``prune_intermediate_layers``)."""
         if self._per_layer:
             self.generator_raw_params = nn.Parameter(self.generator_raw_params.data[:, :depth])
         self.depth = depth

@@ -33,13 +33,11 @@ def _plain(state_dict: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def is_liere_checkpoint(state_dict: Any) -> bool:
-    """Whether ``state_dict`` is an official ``RoPEViT``'s with LieRE generators: the key ``MARKER``."""
     return any(key.removeprefix("model.") == MARKER for key in state_dict)
 
 
 def liere_args(state_dict: Mapping[str, Any]) -> Description:
-    """The ``timm.create_model`` arguments of an official checkpoint, from its shapes (the whole architecture); a
-    ``ValueError`` where a tensor is missing, patches are not square RGB or heads not 64 wide."""
+    """The ``timm.create_model`` arguments of an official checkpoint, from its shapes (the whole architecture)."""
     sd = _plain(state_dict)
     needed = ("cls_token", "to_patch_embedding.1.weight", "transformer.layers.0.1.fn.net.0.weight",
               "mlp_head.1.weight", MARKER)
@@ -68,8 +66,7 @@ def liere_args(state_dict: Mapping[str, Any]) -> Description:
 
 
 def from_liere(state_dict: dict[str, Any], model: nn.Module) -> Converted:
-    """An official checkpoint in our keys for the LieRE ``model``, with notes on the conversion; a ``ValueError`` for
-    another kind's model or a non-zero absolute table (``force_absolute_encodings``). The caller checks shapes."""
+    """An official checkpoint in our keys for the LieRE ``model``, with notes; the caller checks shapes."""
     if getattr(model, "encoding_kind", None) != "liere":
         raise ValueError(f"The checkpoint is {FORMAT_NAME} with LieRE generators; the model has encoding="
                          f"{getattr(model, 'encoding_kind', None)!r}: load it into a vit_rope_*_patch16_liere_224 "

@@ -20,10 +20,8 @@ TOLERANCE = 1e-9  # float64 reconstruction error accepted, relative to the large
 
 
 def spectral_form(skew: Tensor, scale: Tensor) -> tuple[Tensor, Tensor] | None:
-    """The basis and RoPE frequencies equal to the block rotations ``exp((c_x x + c_y y) S_j)`` of ``skew``
-    ``[L, H, m, b, b]`` (``b`` even) with axis factors ``scale`` ``[L or 1, 2, m]``: ``basis`` ``[L, H, D, D]`` (the
-    block-diagonal ``Q^T``) and ``freqs`` ``[L, 2, H, D/2]`` (``rope_angles``' layout), float32; ``None`` where ``S``
-    has a zero eigenvalue pair (ambiguous planes) or is on the meta device."""
+    """The basis ``[L, H, D, D]`` (the block-diagonal ``Q^T``) and RoPE frequencies ``[L, 2, H, D/2]`` equal to the
+    block rotations ``exp((c_x x + c_y y) S_j)``; ``None`` where ``S`` has a zero eigenvalue pair (ambiguous planes)."""
     if skew.is_meta:  # no values to decompose
         return None
     s = skew.double()
@@ -47,8 +45,8 @@ def spectral_form(skew: Tensor, scale: Tensor) -> tuple[Tensor, Tensor] | None:
 
 
 class FoldedProjection:
-    """One attention's qkv weights with a basis folded into their q and k rows (``fold_qk``), kept while the basis and
-    the weights stay the same (their versions and storage): folded once per grid and weights, not per forward."""
+    """One attention's qkv weights with a basis folded into their q and k rows, kept while the basis and the weights
+    stay the same: folded once per grid and weights, not per forward."""
 
     def __init__(self) -> None:
         self._kept: tuple[Any, ...] | None = None
@@ -65,9 +63,8 @@ class FoldedProjection:
 
 
 class Spectral(BlockInput):
-    """A block's commuting rotations (``rotations``) with their RoPE form, ``basis`` ``[H, D, D]`` and ``tables()``
-    ``[H, P + N, D/2]`` (built as the block runs). In inference, where the basis folds into a plain projection
-    (``plain_projection``), q and k are projected in it and rotated in place; elsewhere the rotations run."""
+    """A block's commuting rotations with their RoPE form: in inference, where the basis folds into a plain projection,
+    q and k are projected in it and rotated in place; elsewhere the rotations run."""
 
     def __init__(self, rotations: BlockInput, basis: Tensor, tables: Callable[[], tuple[Tensor, Tensor]],
                  fold: FoldedProjection) -> None:

@@ -39,7 +39,6 @@ def is_pape_checkpoint(state_dict: Mapping[str, Any]) -> bool:
 
 
 def _sizes(config: dict[str, Any]) -> dict[str, int]:
-    """The model sizes of ``config``: its own, or its ``size``'s where it says -1."""
     model = config.get("model", {})
     size = model.get("size", "base")
     if size not in SIZES:
@@ -49,8 +48,7 @@ def _sizes(config: dict[str, Any]) -> dict[str, int]:
 
 
 def biased_patch_embed(*args: Any, bias: bool = True, **kwargs: Any) -> PatchEmbed:
-    """timm's ``PatchEmbed`` with a bias whatever the ViT asks: timm drops it under ``pre_norm`` (CLIP's ViT), the
-    official convolution keeps it."""
+    """timm's ``PatchEmbed`` with a bias, which timm drops under ``pre_norm`` and the official convolution keeps."""
     return PatchEmbed(*args, bias=True, **kwargs)
 
 
@@ -108,8 +106,7 @@ def check_model(config: dict[str, Any], model: nn.Module) -> None:
 
 
 def check_weights(config: dict[str, Any], state_dict: dict[str, Any]) -> None:
-    """Raise unless the official ``state_dict`` is the classifier ``config`` describes, naming the first size that
-    differs."""
+    """Raise unless the official ``state_dict`` is the classifier ``config`` describes."""
     _, kwargs = pape_args_from_config(config)
     s, weights = _sizes(config), {key.removeprefix("_orig_mod."): v for key, v in state_dict.items()}
     kind = config["positional"]
@@ -137,8 +134,7 @@ def check_weights(config: dict[str, Any], state_dict: dict[str, Any]) -> None:
 
 
 def from_pape(state_dict: dict[str, Any], model: nn.Module) -> Converted:
-    """An official ``ImageClassifier`` state dict in our keys, for ``model`` (PaPE or PaPE-RI, else a
-    ``ValueError``); the caller checks the shapes."""
+    """An official ``ImageClassifier`` state dict in our keys, for ``model``; the caller checks the shapes."""
     state_dict = {key.removeprefix("_orig_mod."): value for key, value in state_dict.items()}
     theirs = next((kind for kind, marker in _KIND_KEYS.items() if any(k.endswith(marker) for k in state_dict)), None)
     ours = getattr(model, "encoding_kind", None)

@@ -26,7 +26,6 @@ PARABOLAS = 50  # the official default (pape/configs.py, PaPEConfig.parabolas)
 
 
 def check_parabolas(parabolas: int) -> int:
-    """``parabolas`` if it is a whole count of at least 1; else a ``ValueError`` naming it and what fits."""
     if isinstance(parabolas, bool) or not isinstance(parabolas, int) or parabolas < 1:
         raise ValueError(f"parabolas={parabolas!r} must be a whole number of parabolas per head, at least 1 (the "
                          f"paper's default is {PARABOLAS}).")
@@ -34,8 +33,8 @@ def check_parabolas(parabolas: int) -> int:
 
 
 def pape_positions(coord: Tensor, grids: Tensor, policy: str, train_grid: tuple[int, int] | None) -> Tensor:
-    """Positions ``[..., N, 2]`` (x, y) of the patches at ``coord`` (y, x) of ``grids`` ``[1 or B, 2]``: the official
-    ``(col + 1, row + 1)``, as they are, divided by the grid (``normalized``) or scaled by training / input grid."""
+    """The official ``(col + 1, row + 1)``, as they are, divided by the grid (``normalized``) or scaled by training /
+    input grid (``interpolate``)."""
     xy = coord.flip(-1).float() + 1.0
     if policy == "extrapolate":
         return xy
@@ -46,10 +45,9 @@ def pape_positions(coord: Tensor, grids: Tensor, policy: str, train_grid: tuple[
 
 
 class ParabolaLayer(nn.Module):
-    """What PaPE's and PaPE-RI's layers share: ``forward(x, q, k, v, positions)`` appends their channels to q and k
-    ``[B, nh, N, D]`` (to ``D + E``, a multiple of 4) and zero-pads v to that width, as kernels take one width (CPU's
-    SDPA flash kernel takes no narrower v; its fallback is slower); attention cuts the output back to ``D``. ``x``
-    ``[B, N, C]`` is the attention's input, ``positions`` ``[1 or B, N, 2]``; the weights keep the official names."""
+    """What PaPE's and PaPE-RI's layers share: ``forward`` appends their channels to q and k (to a multiple of 4) and
+    zero-pads v to that width, as CPU's SDPA flash kernel takes no narrower v (its fallback is slower); attention cuts
+    the output back. The weights keep the official names."""
 
     def __init__(self, dim: int, num_heads: int, parabolas: int, width: int) -> None:
         super().__init__()
@@ -67,7 +65,6 @@ class ParabolaLayer(nn.Module):
         zero = q.new_zeros(())
 
         def widen(t: Tensor, extra: list[Tensor], pad: int) -> Tensor:
-            """``t`` and its extra channels in one concatenation, token-major as the projections write them."""
             pieces = [t.transpose(1, 2), *(e.to(t.dtype).expand(B, N, H, -1) for e in extra)]
             return torch.cat([*pieces, zero.expand(B, N, H, pad)], -1).transpose(1, 2)  # [B, nh, N, D + E]
 
@@ -102,8 +99,8 @@ class PaPELayer(ParabolaLayer):
 
 @register_notrace_module
 class PaPERILayer(ParabolaLayer):
-    """One layer's PaPE-RI: a fixed random scale per head (``position_scales``, saved, as the official buffer) and the
-    projection that gives each query the curvature of its one parabola (``a``)."""
+    """One layer's PaPE-RI: a fixed random scale per head (saved, as the official buffer) and the projection that
+    gives each query the curvature of its one parabola (``a``)."""
 
     def __init__(self, dim: int, num_heads: int) -> None:
         super().__init__(dim, num_heads, 1, 3)
@@ -132,7 +129,7 @@ class Parabolas(BlockInput):
 @register_notrace_module
 class ParabolicEncoding(PositionEncoding):
     """PaPE or PaPE-RI as the model's encoding: the official positions of every token, handed to each block's
-    ``ParabolaLayer`` (``attach_``); nothing learned here. ``parabolas``: PaPE's per head (PaPE-RI refuses it)."""
+    ``ParabolaLayer``; nothing learned here."""
 
     policies = ("extrapolate", "interpolate", "normalized")
 
@@ -151,7 +148,6 @@ class ParabolicEncoding(PositionEncoding):
                 "normalize option).")
 
     def layer(self, dim: int, num_heads: int) -> ParabolaLayer:
-        """A new layer of this kind for an attention of width ``dim`` and ``num_heads`` heads."""
         if self.kind == "pape_ri":
             return PaPERILayer(dim, num_heads)
         return PaPELayer(dim, num_heads, self.parabolas)
@@ -165,7 +161,7 @@ class ParabolicEncoding(PositionEncoding):
         return pape_positions(coord, grids, self.policy_name, self.train_grid)
 
     def forward(self, positions: Positions, num_prefix_tokens: int = 0) -> Tensor:
-        """Every token's position ``[1 or B, P + N, 2]``: prefix tokens at the origin, then the patches'."""
+        """Every token's position ``[1 or B, P + N, 2]``, prefix tokens at the origin."""
         coords = positions.coords.reshape(-1, positions.coords.shape[-2], 2)  # [1 or B, N, 2]
         return F.pad(coords.float(), (0, 0, num_prefix_tokens, 0))
 
@@ -180,5 +176,4 @@ class ParabolicEncoding(PositionEncoding):
 @register("pape_ri")
 @register("pape", options=("parabolas",))
 def _parabolic(spec: EncodingSpec) -> PositionEncoding:
-    """PaPE or PaPE-RI, with PaPE's ``parabolas`` per head (``encoding_options``)."""
     return ParabolicEncoding(spec.kind, spec.depth, spec.train_grid, spec.policy, **spec.options)

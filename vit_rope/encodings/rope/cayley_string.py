@@ -17,8 +17,8 @@ from vit_rope.layers.fused import fold_qk
 
 
 def cayley(skew: Tensor) -> Tensor:
-    """``P = (I - S)(I + S)^-1`` with ``S = A - A^T``: an orthogonal ``[..., D, D]`` for any ``A`` ``[..., D, D]``,
-    in fp32 at least (a solve in bf16 would lose orthogonality)."""
+    """``P = (I - S)(I + S)^-1`` with ``S = A - A^T``: orthogonal for any ``A``, in fp32 at least (a solve in bf16
+    would lose orthogonality)."""
     if skew.dtype != torch.float64:
         skew = skew.float()
     s = skew - skew.transpose(-1, -2)  # exactly skew-symmetric
@@ -31,8 +31,7 @@ torch.fx.wrap("cayley")
 
 
 class CayleyString(nn.Module):
-    """The learned ``S`` of one attention layer; ``forward(weight, bias)`` returns the qkv projection folded with ``P``,
-    in eager evaluation once per version of the weights and ``S``."""
+    """The learned ``S`` of one attention layer; ``forward`` folds ``P`` into the qkv projection."""
 
     def __init__(self, num_heads: int, head_dim: int) -> None:
         super().__init__()
@@ -44,12 +43,11 @@ class CayleyString(nn.Module):
         return {"skew"}
 
     def basis(self) -> Tensor:
-        """``P`` ``[nh, D, D]``, orthogonal."""
         return cayley(self.skew)
 
     def forward(self, weight: Tensor, bias: Tensor | None, cache: bool = False) -> tuple[Tensor, Tensor | None]:
-        """The projection folded with ``P``; with ``cache`` (eager, never under a graph capture) and no autograd, the
-        fold of the last call when neither the weights nor ``S`` changed."""
+        """The projection folded with ``P``; with ``cache`` and no autograd, the last fold while neither the weights
+        nor ``S`` changed."""
         if cache and not torch.is_grad_enabled():
             return self._cached(weight, bias)
         return fold_qk(self.basis(), weight, bias)
@@ -82,8 +80,7 @@ class CayleyString(nn.Module):
 
 
 class StringTables(BlockInput):
-    """One block's RoPE tables ``(cos, sin)`` under Cayley-STRING: the projection is the block's qkv with its basis
-    ``attn.string`` folded into the q and k rows (``CayleyString``), then q and k are rotated as RoPE rotates them."""
+    """One block's RoPE tables under Cayley-STRING: q and k projected with the block's basis folded in, then rotated."""
 
     def __init__(self, tables: tuple[Tensor, Tensor], cache: bool) -> None:
         self.tables, self.cache = tables, cache
