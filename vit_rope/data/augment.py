@@ -58,9 +58,8 @@ def center_boxes(heights: Tensor, widths: Tensor, size: int, crop_pct: float) ->
 
 
 def crop_resize(images: Tensor, boxes: Tensor, size: int) -> Tensor:
-    """Crop each box of ``images`` (uint8 ``[B, 3, H, W]``; pixel ``i`` covers ``[i, i + 1)``) to ``size`` px: float
-    ``[B, 3, s, s]``, 0..255. Samples at an edge read one pixel past it with zero weight, so each image must be padded
-    with a copy of its last column and row (``TensorStore.gather`` does)."""
+    """Crop each box of ``images`` (uint8 ``[B, 3, H, W]``) to float ``[B, 3, s, s]``, 0..255. Samples at an edge
+    read one pixel past it with zero weight, so each image must be padded with a copy of its last column and row."""
     index = torch.arange(len(boxes), dtype=torch.float32, device=boxes.device)[:, None]
     rois = torch.cat([index, boxes.float()], 1).to(images.device)  # [B, 5]: batch index, x0, y0, x1, y1
     pixels = images.to(torch.float32, memory_format=torch.contiguous_format)  # [B, 3, H, W]

@@ -40,8 +40,8 @@ def augment_ops(transform: Any) -> list[AugmentOp]:
 
 
 def make_safe(transform: T) -> T:
-    """``transform`` with timm's ``posterize`` replaced by ``posterize`` in each op (in place, idempotent; per
-    instance, so timm's module is untouched; module-level, so the transform still pickles into spawned workers)."""
+    """``transform`` with timm's ``posterize`` replaced by ours in each op: per instance, so timm's module is
+    untouched; module-level, so the transform still pickles into spawned workers."""
     for op in augment_ops(transform):
         if op.aug_fn is timm_aa.posterize:
             op.aug_fn = posterize
@@ -49,8 +49,7 @@ def make_safe(transform: T) -> T:
 
 
 def magnitude_ends(op: AugmentOp) -> tuple[float, ...]:
-    """The smallest and largest magnitude ``op`` can pass to its level function (``AugmentOp.__call__``): its own
-    without noise, ``[0, m]`` under uniform noise (``mstd`` inf), ``[0, mmax or 10]`` under Gaussian noise."""
+    """The smallest and largest magnitude ``op`` can pass to its level function (``AugmentOp.__call__``)."""
     upper = op.magnitude_max or _LEVEL_DENOM
     own = max(0.0, min(float(op.magnitude), upper))
     if op.magnitude_std == float("inf"):
@@ -60,8 +59,7 @@ def magnitude_ends(op: AugmentOp) -> tuple[float, ...]:
 
 def failures(transform: Any) -> list[str]:
     """Each op of ``transform`` that raises at an end of its magnitude range (timm's level functions are monotonic,
-    so the ends bound every argument), as ``"<op> at magnitude <m>: <error>"``; with both signs (seeds 0 and 1 make
-    ``_randomly_negate`` flip, then keep, it) and every interpolation the op picks from."""
+    so the ends bound every argument), with both signs and every interpolation the op picks from."""
     # every 8-bit value in each channel, so that the lookup-table ops see their whole table
     image = Image.frombytes("RGB", (16, 16), bytes(value for value in range(256) for _ in range(3)))
     found: list[str] = []
@@ -84,8 +82,8 @@ def failures(transform: Any) -> list[str]:
 
 
 def safe_transform(build: Callable[[str | None], T], auto_augment: str | None) -> T:
-    """``make_safe(build(auto_augment))``, or a ``UserError`` if one of its ops still raises under the installed Pillow
-    (suggesting ``WORKING`` only if ``build`` makes it run with the same settings)."""
+    """``make_safe(build(auto_augment))``, or a ``UserError`` if one of its ops still raises under the installed Pillow.
+    """
     found = failures(transform := make_safe(build(auto_augment)))
     if not found:
         return transform

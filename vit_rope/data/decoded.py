@@ -88,8 +88,7 @@ class DecodedImages:
     @classmethod
     def load_or_build(cls, paths: list[Source], short_side: int, workers: int, cache_dir: Path | None
                       ) -> DecodedImages:
-        """Build the cache, or with ``cache_dir`` reuse the file of an earlier run on the same images and size (its
-        name hashes every image's ``fingerprint``, so a changed dataset is decoded again)."""
+        """Build the cache, or reuse ``cache_dir``'s file of the same images (fingerprints hashed) and size."""
         if cache_dir is None:
             return cls.build(paths, short_side, workers)
         listing = [fingerprint(path) for path in paths]

@@ -72,8 +72,7 @@ def _images(root: str, split: str, column: str) -> Any:
 
 def find_dataset_samples(root: Path, split: str, classes: list[str] | None, split_key: str, input_key: str | None,
                          target_key: str | None) -> tuple[list[tuple[DatasetRow, int]], list[str]]:
-    """``(samples, classes)`` of a split of a dataset on disk, sorted by class, every label checked first; classes are
-    a ``ClassLabel``'s names, else the indices as text. ``input_key`` / ``target_key``: the image / label column."""
+    """``(samples, classes)`` of a split of a dataset on disk, sorted by class, every label checked first."""
     datasets = require("datasets", "hf")
     try:
         table = _load(str(root), split)

@@ -14,8 +14,7 @@ _log = logging.getLogger(__name__)
 def labelled_samples(samples: list[tuple[Any, int]], names: Sequence[str] | None, classes: list[str] | None,
                      where: str, split_key: str) -> tuple[list[tuple[Any, int]], list[str]]:
     """``(samples, classes)`` of a split whose labels are class indices, sorted by class as a folder's are; samples of a
-    negative label (unlabelled, as Hugging Face's -1) are left out with a warning, as timm's readers skip them.
-    ``names``: the data's class names, or None (the indices as text); ``classes``: the train split's (None for it)."""
+    negative label (Hugging Face's -1) are left out with a warning, as timm's readers skip them."""
     kept = [sample for sample in samples if sample[1] >= 0]
     if not kept:
         raise UserError(f"{where} has no labelled samples ({len(samples)} in all); check {split_key}")

@@ -26,12 +26,8 @@ _ERASE_TAG = 0xE7A5E  # a last SeedSequence entry: the erasing seeds differ from
 
 
 class NaFlexSteps(NaFlexMapDatasetWrapper):
-    """timm's ``NaFlexMapDatasetWrapper`` over a split's images, with per-image seeds and a mid-epoch start.
-
-    Only the iteration is ours, so that step k of an epoch is the same batch however the run got there.
-    ``transform_factory``: ``(max_seq_len=, patch_size=) -> transform``; ``mixup``: ``NaFlexMixup`` or None;
-    ``kwargs``: the wrapper's other arguments.
-    """
+    """timm's ``NaFlexMapDatasetWrapper`` over a split's images, with per-image seeds and a mid-epoch start: only the
+    iteration is ours, so that step k of an epoch is the same batch however the run got there."""
 
     def __init__(self, images: Images, transform_factory: Callable[..., Any], mixup: Any = None,
                  **kwargs: Any) -> None:
@@ -86,9 +82,8 @@ class NaFlexSteps(NaFlexMapDatasetWrapper):
 
 
 class NaFlexLoader:
-    """Batches ``(inputs, targets, skipped)`` on the device: timm's ``NaFlexPrefetchLoader`` (normalised patches, mean
-    and std in [0, 1] units) over a ``DataLoader`` of ``NaFlexSteps`` (training, ``batch_size=None``) or of patchified
-    images with ``NaFlexCollator`` (validation), then ``PatchRandomErasing`` under a seed per step."""
+    """Batches ``(inputs, targets, skipped)`` on the device: timm's ``NaFlexPrefetchLoader`` over a ``DataLoader``,
+    then ``PatchRandomErasing`` under a seed per step."""
 
     def __init__(self, loader: DataLoader, mean: tuple[float, ...], std: tuple[float, ...], device: torch.device,
                  erasing: PatchRandomErasing | None = None, seed: int = 0, rank: int = 0, channels: int = 3) -> None:

@@ -24,8 +24,7 @@ IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 
 class TensorStore:
     """Decoded images in one flat uint8 tensor ``data`` (HWC per image, as ``DecodedImages``; may be memory-mapped: it
-    is never copied as a whole) at ``offsets`` ``[N]``, of ``shapes`` ``[N, 2]`` (height 0: unreadable), with
-    ``targets`` ``[N]`` and optionally each image's file (``paths``) for warnings."""
+    is never copied as a whole) at ``offsets``, of ``shapes`` ``[N, 2]`` (height 0: unreadable)."""
 
     def __init__(self, data: Tensor, offsets: Tensor, shapes: Tensor, targets: Tensor | Sequence[int],
                  paths: Sequence[str] | None = None) -> None:
@@ -64,9 +63,8 @@ class TensorStore:
         return self._next[indices], self._skips[indices]
 
     def gather(self, indices: Tensor, device: torch.device | str | None = None) -> tuple[Tensor, Tensor, Tensor]:
-        """Readable images ``indices`` as one zero-padded batch on ``device`` (default: the store's): uint8
-        ``[B, 3, Hmax, Wmax]`` (a channels-last view; each image's last column and row repeated once into the padding,
-        see ``augment.crop_resize``), heights ``[B]`` and widths ``[B]`` (CPU, long)."""
+        """Readable images ``indices`` as one padded uint8 batch ``[B, 3, Hmax, Wmax]`` (each image's last column and
+        row repeated once into the padding, for ``augment.crop_resize``), heights and widths ``[B]``."""
         indices = indices.cpu().long()
         heights, widths = self.shapes[indices].unbind(1)  # [B], [B]
         if (heights == 0).any():
@@ -86,12 +84,9 @@ class TensorStore:
 
 
 class BatchLoader:
-    """Batches ``(images [B, 3, s, s] normalised, targets [B] long, skipped scalar long)`` from a ``TensorStore``.
-
-    Training: this rank's share of ``DistributedSampler``'s order, in ``StepSampler``'s steps (``schedule``: a size and
-    batch per step), augmented from a CPU generator seeded by (seed, epoch, rank); a resumed epoch draws the numbers of
-    the steps it skips. Validation: the slice ``range(rank, N, world_size)``, center crops. ``skipped`` is on the CPU.
-    """
+    """Batches ``(images, targets, skipped)`` from a ``TensorStore``. Training: this rank's share in ``StepSampler``'s
+    steps, augmented from a CPU generator seeded by (seed, epoch, rank); a resumed epoch draws the numbers of the steps
+    it skips. Validation: the slice ``range(rank, N, world_size)``, center crops."""
 
     def __init__(self, store: TensorStore, batch_size: int, size: int, *, train: bool,
                  scale: Sequence[float] = (0.08, 1.0), ratio: Sequence[float] = (3 / 4, 4 / 3), hflip: float = 0.5,

@@ -53,7 +53,7 @@ _open_lock = threading.Lock()
 
 def _pread(path: str, size: int, offset: int) -> bytes:
     """``size`` bytes of ``path`` at ``offset``, through a per-process cache of open shards (``pread`` moves no file
-    position, so forked workers may share descriptors; the lock keeps threads off a descriptor another one closes)."""
+    position, so forked workers may share descriptors)."""
     with _open_lock:
         fd = _open.pop(path, None)
         if fd is None:
@@ -184,9 +184,8 @@ def _check_end(path: Path, end: int) -> None:
 
 
 def index_shard(path: Path, input_keys: tuple[str, ...], target_key: str | None) -> ShardIndex:
-    """Read a shard's headers (not its images): where each sample's image lies (the first of ``input_keys`` it has)
-    and its label. WebDataset's grouping: a member's key is its path up to the first dot of its file name, its
-    extension the rest (lower-cased); top-level ``__name__`` members are metadata."""
+    """Read a shard's headers (not its images): where each sample's image lies and its label, grouped as WebDataset
+    groups members (key up to the first dot of the file name, extension the rest; ``__name__`` members are metadata)."""
     samples: dict[str, dict[str, Any]] = {}
     try:
         with tarfile.open(path, "r:") as tar:
@@ -243,9 +242,8 @@ def cached_index(path: Path, input_keys: tuple[str, ...], target_key: str | None
 def find_shard_samples(root: Path, split: str, classes: list[str] | None, split_key: str, input_key: str | None,
                        target_key: str | None, cache_dir: Path | None = None
                        ) -> tuple[list[tuple[TarMember, int]], list[str]]:
-    """``(samples, classes)`` of a split of shards, sorted by class, every shard indexed and checked first; classes
-    are ``_info.json``'s, else the indices as text. ``input_key``: image extensions joined by ``;`` (None: every usual
-    one); ``target_key``: the ``.json`` field of the label (None: ``.cls``, else ``.json``'s ``label``)."""
+    """``(samples, classes)`` of a split of shards, sorted by class, every shard indexed and checked first;
+    ``input_key``: image extensions joined by ``;``, ``target_key``: the ``.json`` field of the label."""
     info = load_info(root)
     paths, counts = split_shards(root, split, info, split_key)
     input_keys = tuple(ext.strip().lstrip(".").lower() for ext in input_key.split(";")) if input_key else IMAGE_KEYS

@@ -30,9 +30,8 @@ def dataset_kind(dataset: str | None) -> str:
 def find_split(data_dir: Path, dataset: str | None, split: str, classes: list[str] | None = None,
                split_key: str = "val_split", input_key: str | None = None, target_key: str | None = None,
                cache_dir: Path | None = None) -> tuple[list[Sample], list[str]]:
-    """``(samples, classes)`` of ``split`` (a folder of ``data_dir``, a split of its shards or dataset), checked
-    against the train split's ``classes`` (None for the train split); an error names ``split_key``, and says so when
-    ``data_dir`` looks like another kind of data (``looks_like``)."""
+    """``(samples, classes)`` of ``split``, checked against the train split's ``classes`` (None for it); an error names
+    ``split_key``, and says so when ``data_dir`` looks like another kind of data."""
     kind = dataset_kind(dataset)
     if kind and not data_dir.is_dir():  # an image folder's own check names the split folder it misses
         what = "is a file, not a folder" if data_dir.exists() else "does not exist"

@@ -56,10 +56,9 @@ def global_rng_kept() -> Iterator[None]:
 class StepSampler(Sampler[list[Item]]):
     """Yields, for every step of an epoch, this rank's ``[(index, size, seed), ...]`` (a ``DataLoader`` batch sampler).
 
-    An epoch has ``len(order) // batch_size`` steps whatever the sizes, so lr schedules are unchanged. Step i takes
-    the next ``batch_i`` indices of the order, wrapping around when a token budget makes the batches add up to more
-    than it holds (the order is reshuffled every epoch, so no image is left out for good). ``schedule``: ``(epoch,
-    step) -> (size, batch)``; None: ``(size, batch_size)``. Seeds take the rank: repeated augmentation shares images.
+    An epoch has ``len(order) // batch_size`` steps whatever the sizes, so lr schedules are unchanged; the order wraps
+    around when a token budget makes the batches add up to more than it holds (it is reshuffled every epoch). Seeds
+    take the rank: repeated augmentation shares images.
     """
 
     def __init__(self, order: EpochOrder, batch_size: int, size: int,

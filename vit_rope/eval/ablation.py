@@ -19,10 +19,8 @@ from vit_rope.models.vit import RoPEVisionTransformer
 
 @contextmanager
 def without_positions(model: RoPEVisionTransformer) -> Iterator[RoPEVisionTransformer]:
-    """Run ``model`` without its position encoding inside the block; restored (the APE's values too) on leaving it.
-
-    A pre-hook on each block (called with keywords) drops the encoding it is handed, and the APE's patch rows are set
-    to their mean in place. Other models (timm's ``Eva`` rotates inside its attention) are refused, not half-ablated."""
+    """Run ``model`` without its position encoding inside the block (a pre-hook on each block drops it, the APE's patch
+    rows are set to their mean); other models are refused, not half-ablated."""
     if not isinstance(model, RoPEVisionTransformer):
         raise TypeError(f"without_positions takes a vit_rope model (RoPEVisionTransformer); got "
                         f"{type(model).__name__}, whose position encoding it cannot find: pass the vit_rope model "
@@ -50,9 +48,8 @@ def _no_encoding(block: nn.Module, args: tuple, kwargs: dict[str, Any]) -> tuple
 
 @torch.no_grad()
 def position_reliance(model: RoPEVisionTransformer, images: Tensor | dict[str, Tensor]) -> dict[str, float]:
-    """What removing the position encoding changes in ``model``'s outputs (logits, or pooled features) on ``images``
-    (``[B, 3, H, W]`` or a NaFlex batch), in eval mode: ``output_change``, the mean ``|out_without - out| / |out|``,
-    and for a classifier ``predictions_kept``, the fraction of images whose top-1 class stays."""
+    """What removing the position encoding changes in ``model``'s outputs on ``images``: the mean relative change,
+    and for a classifier the fraction of images whose top-1 class stays."""
     training = model.training
     model.eval()
     try:

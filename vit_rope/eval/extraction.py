@@ -138,9 +138,8 @@ def train_split(data_dir: str | Path, dataset: str | None, options: probes.Probe
 
 def check_feature_memory(widths: dict[int, int], train: int, val: int, held: dict[int, int], per_setting: bool,
                          free: int) -> int:
-    """Bytes the probes' features take at most (fp32): per run, its ``held`` train features (run -> settings kept),
-    plus the bank at each setting when ``per_setting`` and the val features; a ``UserError`` when they would not fit
-    in ``free`` bytes, said before anything runs."""
+    """Bytes the probes' features take at most (fp32), or a ``UserError`` before anything runs when they would not
+    fit in ``free`` bytes."""
     need = 4 * sum(width * (train * (held.get(row, 0) + per_setting) + val) for row, width in widths.items())
     need += 2 * 4 * probes.SIMILARITIES  # a chunk of kNN similarities, and what topk and the votes take beside it
     if need + memory.FIXED_BYTES > free:
@@ -172,8 +171,7 @@ class TrainFeatures:
         self.features.update({(setting.name, row): done.features[row] for row in missing})
 
     def fit(self, setting: naflex.Setting, rows: Sequence[int], kept: Sequence[str]) -> None:
-        """Fit the linear probe of the runs ``rows`` whose fit size is ``setting``'s, then let go of the features
-        there unless it is one of the banks ``kept``."""
+        """Fit the linear probes of the runs ``rows`` at ``setting``, then drop its features unless a bank ``kept``."""
         for row in rows:
             if "linear" in self.options.probes and setting.fields["img_size"] == self.fits[self.runs.runs[row][0]]:
                 targets = self.targets[setting.name]

@@ -17,11 +17,8 @@ from vit_rope.weights import read_weights
 
 
 def create_from_checkpoint(path: str | Path, model: str | None = None, **overrides: Any) -> nn.Module:
-    """The model that ``path`` (a weights file, a ``train.py`` checkpoint or a folder: transformers' DINOv3, PaPE's)
-    describes, built and loaded. Weights the file lacks are initialised with a warning and listed in
-    ``model.load_report``, as ``vit_rope.load_weights`` does. Raises ``FileNotFoundError`` for a missing ``path`` and
-    ``ValueError`` (naming what was found and what to pass) for an unknown format, keys that name no model without
-    ``model``, or weights that do not fit."""
+    """The model that ``path`` (a weights file, a ``train.py`` checkpoint or a folder) describes, built and loaded;
+    weights the file lacks are initialised with a warning and listed in ``model.load_report``."""
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"No checkpoint at {path}: give a weights file, a train.py checkpoint or a folder "
@@ -45,8 +42,7 @@ def create_from_checkpoint(path: str | Path, model: str | None = None, **overrid
                          "port, a vit_rope state dict, timm's Eva families, which share their keys, a width of no "
                          "registered size, a folder's weights without its config.json): pass model= and the arguments "
                          "that differ, e.g. model='vit_rope_small_patch16_axial_224'.")
-    # the file's class count in the overlay too: timm keeps the file's classifier, or starts a new one (with a
-    # warning) where overrides ask for another count
+    # the file's class count in the overlay too: timm keeps the file's classifier, or warns and starts a new one
     if weights.name.endswith(".index.json"):  # shards, which timm's loader does not read: ours after building
         built = timm.create_model(model or name, **{**args, **overrides})
         load_weights(built, weights)

@@ -38,9 +38,8 @@ _NOT_ARCHITECTURE = frozenset({"num_classes", "img_size", "dynamic_img_size", "p
 
 @dataclass
 class EvalModel:
-    """A model ready to evaluate, with what the report needs to know about it. ``label`` is the model name, the
-    arguments that changed its architecture and for checkpoints the path (always the last parenthesised part, which
-    ``studies.results.is_run`` matches); the data fields are its ``train.py`` run's settings (None when unknown)."""
+    """A model ready to evaluate, with what the report needs to know about it. ``label`` ends in a checkpoint's path
+    (the last parenthesised part, which ``studies.results.is_run`` matches); the data fields are its run's settings."""
 
     label: str
     model: nn.Module
@@ -55,8 +54,7 @@ class EvalModel:
 
 
 def model_label(name: str, model_kwargs: dict[str, Any], *notes: str) -> str:
-    """``name (patch_size=4, depth=6, ...)``: the model name with the ``model_kwargs`` that change its architecture
-    (two models of one registry name can differ in patch size, depth, width, heads, ...) and any ``notes``."""
+    """``name (patch_size=4, depth=6, ...)``: the model name with the ``model_kwargs`` that change its architecture."""
     changes = [f"{key}={value}" for key, value in model_kwargs.items()
                if key not in _NOT_ARCHITECTURE and not key.endswith("_rate")]
     return f"{name} ({', '.join([*changes, *notes])})" if changes or notes else name
@@ -68,8 +66,7 @@ def _build(name: str, kwargs: dict[str, Any]) -> nn.Module:
 
 
 def load_trained(path: str | Path, use_ema: bool = True) -> EvalModel:
-    """Rebuild the model of a ``train.py`` checkpoint and load its weights strictly (EMA weights when saved), without
-    the pretrained weights its ``model_kwargs`` may name (the run's starting point, which the load replaces)."""
+    """Rebuild the model of a ``train.py`` checkpoint and load its weights strictly (EMA weights when saved)."""
     ckpt = load_checkpoint(path)
     missing = [key for key in ("model_name", "model_kwargs", "config", "model") if key not in ckpt]
     if missing or "img_size" not in ckpt["config"]:
@@ -90,8 +87,7 @@ def load_trained(path: str | Path, use_ema: bool = True) -> EvalModel:
 
 
 def check_weights(name: str, weights: str | None, model_kwargs: dict[str, Any], random_init: bool, use: str) -> None:
-    """A ``UserError`` when ``--model name`` has neither a weights file nor timm's published weights and
-    ``--random-init`` did not ask for random ones: the command would ``use`` (evaluate, ...) random weights."""
+    """A ``UserError`` when ``--model name`` would ``use`` random weights without ``--random-init``."""
     if weights is None and not model_kwargs.get("pretrained") and not random_init:
         raise UserError(f"--model {name} has no weights, so the command would {use} its random initialisation: pass "
                         "--pretrained-file PATH or --model-kwargs pretrained=true for timm's published weights, or "
@@ -106,14 +102,9 @@ def is_training_checkpoint(path: str | Path) -> bool:
 
 def load_pretrained(name: str, weights: str | None, num_classes: int, train_size: int | None = None,
                     model_kwargs: dict[str, Any] | None = None) -> EvalModel:
-    """A timm model with the weights of a local file, or timm's published weights (``pretrained: true`` in
-    ``model_kwargs``), or random weights without either, labelled ``random init``.
-
-    A model whose file lacks its learned RoPE frequencies or its classifier is refused (``check_loaded``); other
-    weights initialised rather than loaded are a warning. The model takes the file's class count (the rows of its
-    classifier) unless ``model_kwargs`` has ``num_classes``; ``num_classes`` is the outputs of one with random weights
-    (the val folder's classes). ``train_size`` None takes ``img_size`` from ``model_kwargs`` or the pretrained config.
-    """
+    """A timm model with the weights of a local file, or timm's published weights (``pretrained: true``), or random
+    weights without either, labelled ``random init``. It takes the file's class count unless ``model_kwargs`` has
+    ``num_classes``; ``num_classes`` is the outputs of one with random weights."""
     kwargs = dict(model_kwargs or {})
     if weights is not None and not Path(weights).is_file():
         raise UserError(f"--pretrained-file {weights} is not a file: pass the path of a weights file (.pth, .pt, "
@@ -177,15 +168,13 @@ def load_pretrained(name: str, weights: str | None, num_classes: int, train_size
 
 
 def file_classes(name: str, weights: str | Path) -> int | None:
-    """The class count of the classifier in a weights file for model ``name`` (the rows of its ``head.weight``, or
-    the key timm's config names), None for a file without one: a backbone."""
+    """The class count of the classifier in a weights file for model ``name``, None for a backbone."""
     classifier = get_pretrained_cfg_value(name, "classifier") or "head"
     return tensor_rows(weights, f"{classifier if isinstance(classifier, str) else classifier[0]}.weight")
 
 
 def check_loaded(model: nn.Module, name: str, weights: str | Path | None = None) -> None:
-    """Refuse a model whose learned RoPE frequencies or classifier kept their random initialisation because its
-    weights file had none (``model.load_report``, left by vit_rope's checkpoint loading)."""
+    """Refuse a model whose learned RoPE frequencies or classifier kept their random initialisation."""
     report = getattr(model, "load_report", None)
     if report is None:
         return

@@ -24,8 +24,7 @@ FIXED_BYTES = 256 * 2**20
 
 
 def free_bytes(device: str) -> int:
-    """Bytes a new allocation can take now: the GPU's free memory, or on CPU Linux's ``MemAvailable`` (reclaimable
-    caches included), else the free pages."""
+    """Bytes a new allocation can take now: the GPU's free memory, or Linux's ``MemAvailable``, else the free pages."""
     if device.startswith("cuda"):
         return torch.cuda.mem_get_info(torch.device(device))[0]
     meminfo = Path("/proc/meminfo")
@@ -37,10 +36,8 @@ def free_bytes(device: str) -> int:
 
 
 def image_bytes(model: nn.Module, fields: dict, element: int, prefetch: int = 0) -> int | None:
-    """One image's peak bytes in a forward at a setting (``fields``: its ``img_size`` or ``seq_len``), about: a block's
-    widest live tensors (``_block_bytes``), the input (``_input_bytes``) and the attention scores ``[heads, N, N]``
-    where they are materialised (a padded NaFlex batch, or ``fused_attn`` off); a Swin's costliest stage. None for a
-    model without a ViT's or a Swin's widths (a CNN)."""
+    """One image's peak bytes in a forward at a setting, about: a block's widest live tensors, the input and the
+    attention scores where they are materialised; a Swin's costliest stage. None for a CNN."""
     if has_windows(model):
         return _swin_bytes(model, fields["img_size"], element) + _input_bytes(fields["img_size"] ** 2, prefetch)
     blocks, width, patch = getattr(model, "blocks", None), getattr(model, "embed_dim", None), naflex_patch(model)
@@ -66,14 +63,12 @@ def _input_bytes(pixels: int, prefetch: int) -> int:
 
 
 def _block_bytes(tokens: int, width: int, hidden: int, element: int) -> int:
-    """Residual, norm, q/k/v and their rotated copies, the MLP's hidden layer and its activation, for ``tokens``,
-    twice over for what the allocator keeps."""
+    """Residual, norm, q/k/v and their rotated copies, the MLP's hidden layer and its activation, twice over."""
     return tokens * 2 * (2 * hidden + 8 * width) * element
 
 
 def _swin_bytes(model: nn.Module, size: int, element: int) -> int:
-    """A Swin's costliest stage at ``size`` px: its tokens padded to whole windows (those it holds now) through a
-    block's widest tensors, and the scores ``[windows, heads, w*w, w*w]`` where ``fused_attn`` is off."""
+    """A Swin's costliest stage: its tokens padded to whole windows, and the scores where ``fused_attn`` is off."""
     peak = 0
     for stage, grid in zip(model.layers, stage_grids(model, size), strict=True):
         block = stage.blocks[0]
@@ -88,8 +83,7 @@ def _swin_bytes(model: nn.Module, size: int, element: int) -> int:
 
 def fit_batch(models: list[tuple[str, nn.Module]], name: str, fields: dict, batch_size: int, free: int,
               element: int = 4, prefetch: int = 0) -> int:
-    """The largest batch (at most ``batch_size``) whose estimated peak fits in ``free`` bytes for every model fed at
-    a setting (``name``, e.g. ``2048 px``); a ``UserError`` when one image does not fit."""
+    """The largest batch (at most ``batch_size``) whose estimated peak fits in ``free`` bytes for every model."""
     batch = batch_size
     for label, model in models:
         need = image_bytes(model, fields, element, prefetch)

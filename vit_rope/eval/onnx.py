@@ -51,8 +51,7 @@ def require_onnx() -> None:
 
 
 def check_img_size(model: nn.Module, img_size: tuple[int, int]) -> tuple[int, int]:
-    """Return the patch size ``(ph, pw)``; raise ``ExportInputError`` unless both sides are whole patches, two or
-    more (torch.export turns a dimension of size 1 into a constant)."""
+    """The patch size, if both sides are two whole patches or more (torch.export fixes a dimension of size 1)."""
     patch = getattr(getattr(model, "patch_embed", None), "patch_size", None)
     if patch is None:
         raise ExportInputError(f"{type(model).__name__} has no patch_embed.patch_size: only ViTs export here")
@@ -72,8 +71,8 @@ def _images(model: nn.Module, batch: int, h: int, w: int) -> torch.Tensor:
 
 def export_program(model: nn.Module, img_size: tuple[int, int] = (224, 224), batch_size: int = 2,
                    dynamic: bool = True) -> ExportedProgram:
-    """``torch.export`` of ``model`` in eval mode (its mode restored after), batch and patch grid dynamic; a
-    Cayley-STRING model from a copy with ``P`` folded into its qkv weights, so the graph has no solve."""
+    """``torch.export`` of ``model`` in eval mode, batch and patch grid dynamic; a Cayley-STRING model from a copy
+    with ``P`` folded into its qkv weights, so the graph has no solve."""
     ph, pw = check_img_size(model, img_size)
     if dynamic and batch_size < 2:
         raise ExportInputError(f"batch_size {batch_size}: trace with 2 or more images (torch.export fixes a batch "
@@ -95,8 +94,7 @@ def export_program(model: nn.Module, img_size: tuple[int, int] = (224, 224), bat
 
 
 def name_dims(path: str | Path, names: tuple[str, ...] = ("batch", "channels", "height", "width")) -> None:
-    """Rename the symbolic input dimensions of the ONNX file ``path`` (torch.export's ``s77``, ``16*s52``) to
-    ``names`` wherever they appear (the output's batch too), for the tools that read the file."""
+    """Rename torch.export's symbolic dimensions (``s77``, ``16*s52``) in the ONNX file to ``names``."""
     import onnx
 
     proto = onnx.load(str(path))
@@ -138,12 +136,8 @@ def compare_onnx(model: nn.Module, path: str | Path, shapes: list[Shape]) -> dic
 
 def export_onnx(model: nn.Module, path: str | Path, *, img_size: tuple[int, int] = (224, 224), batch_size: int = 2,
                 opset: int | None = None, dynamic: bool = True, atol: float = 1e-4) -> OnnxExport:
-    """Write ``model`` in eval mode as one ONNX file (weights inside) and check it with ONNX Runtime.
-
-    ``dynamic``: batch, height and width free (any multiple of the patch), checked against eager at
-    ``(batch_size, H, W)`` and ``(batch_size + 1, about 1.5 H, W)``; else fixed to ``(batch_size, H, W)``. Raises
-    ``ExportInputError``, ``ModuleNotFoundError`` (export packages missing) and ``ExportError`` when a diff exceeds
-    ``atol`` (times the largest eager output when that is above 1)."""
+    """Write ``model`` in eval mode as one ONNX file and check it against eager with ONNX Runtime, a dynamic one also
+    at a second shape; ``ExportError`` when a diff exceeds ``atol`` (times the largest output when above 1)."""
     require_onnx()
     ph, _ = check_img_size(model, img_size)
     program = export_program(model, img_size, batch_size, dynamic)

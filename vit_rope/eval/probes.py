@@ -19,9 +19,7 @@ PROBES = ("head", "knn", "linear")
 
 @dataclass(frozen=True)
 class ProbeOptions:
-    """What the harness evaluates and how the probes are built (docs/evaluation.md, "Probes"). ``bank_size`` None
-    builds the kNN bank at each evaluated size or budget, ``linear_size`` None fits the linear probe at each model's
-    training size; ``train_limit`` None takes every image of ``train_split``, else that many spread over the classes."""
+    """What the harness evaluates and how the probes are built (docs/evaluation.md, "Probes")."""
 
     probes: tuple[str, ...] = ("head",)
     k: int = 20
@@ -50,8 +48,7 @@ def check_probe_options(options: ProbeOptions) -> None:
 
 def model_outputs(model: nn.Module, inputs: Tensor | dict[str, Tensor], logits: bool = True, pooled: bool = True
                   ) -> tuple[Tensor | None, Tensor | None]:
-    """The logits ``[B, classes]`` and/or pooled features ``[B, C]`` of images ``[B, C, H, W]`` or a NaFlex batch,
-    from one pass through the blocks. Logits alone are ``model(inputs)``, as the classifier evaluation runs it."""
+    """The logits and/or pooled features ``[B, C]`` of images or a NaFlex batch, from one pass through the blocks."""
     if not pooled:
         return model(inputs), None
     if isinstance(inputs, dict):  # our ViT returns the padded tokens, timm's NaFlexViT a dict with their validity
@@ -66,8 +63,7 @@ def model_outputs(model: nn.Module, inputs: Tensor | dict[str, Tensor], logits: 
 
 
 def feature_width(model: nn.Module, label: str, size: int) -> int:
-    """The width of ``model``'s pooled features, from one blank image at ``size`` px before any data is read; a
-    ``UserError`` for a model that gives no vector per image (tokens or a map left unpooled)."""
+    """The width of ``model``'s pooled features, from one blank image before any data is read."""
     parameter = next(model.parameters(), None)
     blank = torch.zeros(1, 3, size, size, device=None if parameter is None else parameter.device)
     with torch.inference_mode():
@@ -84,11 +80,9 @@ SIMILARITIES = 2**24  # floats of kNN similarities held at once (64 MiB): the qu
 
 def knn_votes(bank: Tensor, bank_labels: Tensor, queries: Tensor, num_classes: int, k: int = 20,
               temperature: float = 0.07, chunk: int | None = None) -> Tensor:
-    """DINO's weighted kNN: class scores ``[Q, num_classes]`` of ``queries`` ``[Q, C]`` against ``bank`` ``[N, C]``
-    (``bank_labels`` ``[N]``). Each query's ``k`` most cosine-similar bank images vote for their class with weight
-    ``exp(similarity / temperature)`` (all of them in a bank smaller than ``k``); the features are L2-normalised
-    here. Queries go ``chunk`` at a time (None: ``SIMILARITIES`` over the bank's size), so that the similarities held
-    stay ``[chunk, N]``, 64 MiB by default for any bank."""
+    """DINO's weighted kNN: class scores ``[Q, num_classes]``, each query's ``k`` most cosine-similar bank images
+    voting with weight ``exp(similarity / temperature)``; queries go ``chunk`` at a time, so that the similarities held
+    stay 64 MiB by default for any bank."""
     bank, k = F.normalize(bank.float(), dim=1), min(k, len(bank))
     chunk = chunk or max(1, SIMILARITIES // max(1, len(bank)))
     votes = []
@@ -101,8 +95,7 @@ def knn_votes(bank: Tensor, bank_labels: Tensor, queries: Tensor, num_classes: i
 
 @dataclass(frozen=True)
 class LinearProbe:
-    """A linear classifier on standardised features: the mean and std of the features it was fitted on, kept, so
-    that the features of another size go through the same map."""
+    """A linear classifier on features standardised as those it was fitted on, so another size's take the same map."""
 
     mean: Tensor  # [C]
     std: Tensor  # [C]
@@ -115,10 +108,9 @@ class LinearProbe:
 
 def fit_linear(features: Tensor, labels: Tensor, num_classes: int, weight_decay: float = 1e-4,
                max_iter: int = 500) -> LinearProbe:
-    """Multinomial logistic regression of ``labels`` ``[N]`` on ``features`` ``[N, C]``: cross-entropy plus
-    ``weight_decay / 2 * |W|^2`` on standardised features, minimised by full-batch L-BFGS from zero weights. Convex,
-    so no learning rate or epochs to tune and the same fit every time: 9.5k x 384 features fit in about a second on
-    two CPU cores. Runs with gradients on whatever mode the caller is in (the harness evaluates in inference mode)."""
+    """Multinomial logistic regression on standardised features with an L2 penalty, by full-batch L-BFGS from zero
+    weights: convex, so no learning rate or epochs to tune and the same fit every time (9.5k x 384 features in about a
+    second on two CPU cores)."""
     with torch.inference_mode(False), torch.enable_grad():
         features, labels = features.float().clone(), labels.clone()  # normal tensors: inference ones take no grad
         mean, std = features.mean(0), features.std(0).clamp_min(1e-6)

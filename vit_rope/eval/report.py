@@ -37,8 +37,7 @@ def _x(result: dict[str, Any]) -> float:
 
 
 def _probed(results: Sequence[dict[str, Any]]) -> bool:
-    """Whether a result is of a probe other than the classifier (``vit_rope.eval.probes``; results written before
-    the probes have none): the probe is then named in the table and legend."""
+    """Whether a result is of a probe other than the head: the probe is then named in the table and legend."""
     return any(result.get("probe", "head") != "head" for result in results)
 
 
@@ -59,9 +58,8 @@ def table(header: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
 
 
 def markdown_table(results: Sequence[dict[str, Any]], metric: str = "top1") -> str:
-    """One row per model (x policy x probe, named when a probe is not the head), one column per size then per token
-    budget (``L tokens``); the training size (for budgets: its token count) is starred in the header and each row's
-    own is bold."""
+    """One row per model (x policy x probe), one column per size then per token budget; the training size is starred
+    in the header and each row's own is bold."""
     fmt, probed = METRICS[metric][1], _probed(results)
     columns = sorted({column_of(result) for result in results})
     trained = {column_of(result) for result in results if _as_trained(result)}
@@ -83,8 +81,7 @@ def markdown_table(results: Sequence[dict[str, Any]], metric: str = "top1") -> s
 
 def _draw(ax: Any, results: Sequence[dict[str, Any]], colors: dict[str, Any] | None = None,
           names: dict[str, str] | None = None) -> None:
-    """Top-1 against size on ``ax``, one line per model (x policy) and protocol (token budgets dashed), the training
-    sizes marked; ``colors`` fixes a model's colour across panels, ``names`` its legend name (``""``: the policy's)."""
+    """Top-1 against size on ``ax``, one line per model (x policy) and protocol (token budgets dashed)."""
     for train_size in sorted({result["train_size"] for result in results}):
         ax.axvline(train_size, color="grey", linestyle="--", linewidth=1)
         ax.annotate(f"train {train_size}", (train_size, 0), xycoords=("data", "axes fraction"),
@@ -125,11 +122,8 @@ def _label(name: str, notes: Sequence[str], model: str) -> str:
 
 
 def short_names(models: Sequence[str]) -> tuple[str | None, dict[str, str]]:
-    """The model name every label shares (None if they differ), for the title, and each label's legend name.
-
-    When every label ends in a checkpoint path (``"vit_rope_tiny_patch16_mixed_224 (output/demo/best.pth)"``), the
-    path is cut to the folders and file that differ (``demo`` for best.pth of several runs); labels without a path, or
-    paths that cut to nothing or to the same name, are kept whole."""
+    """The model name every label shares (None if they differ), for the title, and each label's legend name: its
+    checkpoint path cut to the folders and file that differ (``demo`` for best.pth of several runs)."""
     splits = [label.rsplit(" (", 1) for label in models]
     if len(models) < 2 or not all(len(split) == 2 and "/" in split[1] for split in splits):
         return None, {label: label for label in models}
@@ -159,9 +153,8 @@ def _covers_a_curve(ax: Any, legend: Any) -> bool:
 
 
 def accuracy_figure(results: Sequence[dict[str, Any]], title: str = "Accuracy against resolution") -> Any:
-    """Top-1 against size, one line per model (x policy), as a matplotlib Figure (None without matplotlib). Lines are
-    named by what tells them apart (one model: the policy), what they share goes in the title; the legend sits inside
-    the axes where it covers no line, else outside on the right."""
+    """Top-1 against size as a matplotlib Figure (None without matplotlib), lines named by what tells them apart; the
+    legend inside the axes where it covers no line, else outside."""
     fig = _figure((7, 4.5))
     if fig is None:
         return None
@@ -185,8 +178,7 @@ def accuracy_figure(results: Sequence[dict[str, Any]], title: str = "Accuracy ag
 
 
 def probe_panels(results: Sequence[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
-    """The results by probe, for one panel each (``plot_panels``), each model x policy renamed to one line of one
-    colour in every panel."""
+    """The results by probe, each model x policy renamed to one line of one colour in every panel."""
     _, names = short_names(list(dict.fromkeys(result["model"] for result in results)))
     panels: dict[str, list[dict[str, Any]]] = {}
     for result in results:
@@ -196,8 +188,7 @@ def probe_panels(results: Sequence[dict[str, Any]]) -> dict[str, list[dict[str, 
 
 
 def plot(results: Sequence[dict[str, Any]], path: Path, title: str = "Accuracy against resolution") -> bool:
-    """``accuracy_figure`` saved to ``path``, or with probes one panel per probe (``plot_panels``). Returns False when
-    matplotlib is not installed."""
+    """``accuracy_figure`` saved to ``path``, or one panel per probe; False without matplotlib."""
     if _probed(results):
         return plot_panels(probe_panels(results), path, title)
     fig = accuracy_figure(results, title)
@@ -238,8 +229,7 @@ def plot_panels(panels: dict[str, Sequence[dict[str, Any]]], path: Path, title: 
 
 
 def write_reports(results: Sequence[dict[str, Any]], output: Path, protocol: str) -> str:
-    """Write ``results.json``, ``results.md`` and ``accuracy_vs_resolution.png`` into ``output``; returns the top-1
-    table and the paths written, for the console."""
+    """Write the reports into ``output``; returns the top-1 table and the paths written, for the console."""
     output.mkdir(parents=True, exist_ok=True)
     (output / "results.json").write_text(json.dumps({"protocol": protocol, "results": list(results)}, indent=2))
     tables = "\n\n".join(f"## {METRICS[metric][0]}\n\n{markdown_table(results, metric)}" for metric in METRICS)

@@ -62,16 +62,14 @@ def check_naflex(models: Sequence[EvalModel]) -> None:
 
 
 def budget_transform(seq_len: int, patch: tuple[int, int]) -> Callable[[Any], dict[str, Tensor]]:
-    """timm's NaFlex eval transform for budget ``seq_len`` (PIL bicubic, as the square protocol): ``patches``
-    ``[n, h*w*3]`` (channels last, in [0, 1]: each model is normalised with its own mean/std afterwards, so that one
-    loader serves every model of a patch size), ``patch_coord`` ``[n, 2]`` (y, x), ``patch_valid`` ``[n]``."""
+    """timm's NaFlex eval transform for budget ``seq_len``, pixels in [0, 1]: each model is normalised with its own
+    mean/std afterwards, so that one loader serves every model of a patch size."""
     return create_transform(is_training=False, naflex=True, patch_size=patch, max_seq_len=seq_len, patchify=True,
                             interpolation="bicubic", mean=(0.0, 0.0, 0.0), std=(1.0, 1.0, 1.0), use_prefetcher=False)
 
 
 class BudgetCollator:
-    """timm's ``NaFlexCollator`` (padded to ``seq_len``) on ``ImageFolderDataset`` items ``(patch dict, class,
-    skipped)``, the count of unreadable files skipped, which it drops, kept as a third tensor ``[B]``."""
+    """timm's ``NaFlexCollator``, keeping the items' count of unreadable files skipped, which it drops."""
 
     def __init__(self, seq_len: int) -> None:
         self.collate = NaFlexCollator(max_seq_len=seq_len)
@@ -99,8 +97,7 @@ def to_device(inputs: Tensor | dict[str, Any], device: str) -> Tensor | dict[str
 
 
 def normalise(inputs: Tensor | dict[str, Any], mean: Tensor, std: Tensor) -> Tensor | dict[str, Any]:
-    """``inputs`` with a model's ``mean`` and ``std`` (``[1, C, 1, 1]``): images ``[B, C, H, W]``, or a NaFlex batch
-    whose patches ``[B, N, P*P*C]`` are channels last (padding changes too, unread)."""
+    """``inputs`` with a model's ``mean`` and ``std``: images, or a NaFlex batch's channels-last patches."""
     if not isinstance(inputs, dict):
         return (inputs - mean) / std
     patches = inputs["patches"].unflatten(-1, (-1, mean.numel()))  # [B, N, P*P, C]

@@ -45,8 +45,7 @@ def stage_grids(model: SwinTransformer, size: int) -> list[tuple[int, int]]:
 
 def check_windows(model: SwinTransformer, sizes: list[int], rule: str | int, trained: list[tuple[int, int]],
                   pad: bool, label: str) -> None:
-    """Refuse, before anything runs, a size whose stages the windows of ``rule`` do not tile (unless ``pad``): the
-    message names the size, the stage and the sizes nearby that tile."""
+    """Refuse, before anything runs, a size whose stages the windows of ``rule`` do not tile (unless ``pad``)."""
     step = model.patch_embed.patch_size[0]
     for size in sizes if not pad else ():
         untiled = _untiled(model, size, _windows_at(model, size, rule, trained))
