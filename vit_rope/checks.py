@@ -55,9 +55,8 @@ def patch_size(model: nn.Module) -> int | None:
 
 
 def check_multiple(what: str, sizes: Sequence[int], model: nn.Module, label: str) -> None:
-    """Raise a ``UserError`` naming the first of ``sizes`` that ``model`` (``label`` to the user) cannot tile into
-    whole patches (timm's patch embedding would drop the remainder) and the nearest sizes that tile; ``what`` is how
-    the user gave the sizes (``img_size``, ``--sizes entry``)."""
+    """Raise a ``UserError`` naming the first of ``sizes`` that ``model`` cannot tile into whole patches (timm's patch
+    embedding would drop the remainder) and the nearest sizes that tile."""
     patch = patch_size(model)
     for size in sizes:
         if size <= 0 or (patch is not None and size % patch):

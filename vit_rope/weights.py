@@ -52,10 +52,9 @@ class Folder:
 
 @dataclass(frozen=True)
 class Format:
-    """A checkpoint format: its ``name``, the ``marker`` only its state dicts carry (in words, and as ``carries``), its
-    conversion to a model's keys and q / k layout (with notes; a ``ValueError`` naming the model that fits where the
-    model does not take it), the model a state dict ``describe``s (``None``: not said), the ``model_args`` any model
-    needs to take one (LookHere's) and its ``folder``, if it is saved as one."""
+    """A checkpoint format: its ``name``, the ``marker`` only its state dicts carry, its conversion to a model's keys
+    and q / k layout, the model a state dict ``describe``s, the ``model_args`` any model needs to take one (LookHere's)
+    and its ``folder``, if it is saved as one."""
 
     name: str
     marker: str
@@ -119,8 +118,7 @@ def renamed_key(key: str, renames: Mapping[str, str]) -> str:
 
 
 def mapped_file(path: str | Path) -> Any:
-    """A torch weights file's object, memory-mapped, or None when it cannot be read this way (safetensors, an old
-    pickle, a corrupt file: the full read that follows reports what is wrong)."""
+    """A torch weights file's object, memory-mapped, or None (the full read that follows reports what is wrong)."""
     try:
         return torch.load(path, map_location="cpu", weights_only=True, mmap=True)
     except Exception:
@@ -164,9 +162,8 @@ def read_sharded(index: Path) -> dict[str, Any]:
 
 
 def read_weights(path: str | Path) -> dict[str, Any]:
-    """Read a ``.pth`` / ``.pt`` / ``.bin`` (``weights_only``) or ``.safetensors`` file as timm does (its EMA weights
-    first), or a sharded folder's index (``read_sharded``); ``FileNotFoundError``, or ``UnreadableCheckpointError``
-    for a truncated or corrupt file."""
+    """Read a weights file as timm does (``weights_only``, its EMA weights first), or a sharded folder's index;
+    ``UnreadableCheckpointError`` for a truncated or corrupt file."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"No checkpoint file at {path}.")

@@ -21,21 +21,19 @@ RopeTables = tuple[Tensor, Tensor]
 
 class BlockInput:
     """What one block's attention gets from its position encoding: ``project`` then ``attend``. The base is plain
-    attention, q and k rotated by ``rope`` (``(cos, sin)`` ``[(B,) H, N, D/2]``) and ``bias`` (``[1 or B, nh, N, N]``)
-    added to the logits where set; a kind's input overrides what it changes."""
+    attention, q and k rotated by ``rope`` and ``bias`` added to the logits where set; a kind overrides what it
+    changes."""
 
     rope: RopeTables | None = None
     bias: Tensor | None = None
 
     def project(self, attn: RoPEAttention, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """q, k and v ``[B, nh, N, D]`` of ``x`` ``[B, N, C]``: ``attn.project_tables`` or a kind's transform of it; q
-        and k may come back wider than ``D``, v padded to their width (attention keeps ``D``)."""
+        """q, k and v ``[B, nh, N, D]`` of ``x``; q and k may come back wider than ``D``, v padded to their width."""
         return attn.project_tables(x, self.rope)
 
     def attend(self, attn: RoPEAttention, q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None,
                is_causal: bool) -> Tensor:
-        """Attention ``[B, nh, N, D]``: SDPA with ``bias``, or a form of the kind's own (a bias read without its
-        ``[nh, N, N]`` matrix: ``vit_rope.encodings.bias.offset_attention``)."""
+        """Attention ``[B, nh, N, D]``: SDPA with ``bias``, or a form of the kind's own."""
         return attn.sdpa(q, k, v, self.bias, attn_mask, is_causal)
 
 
@@ -50,8 +48,7 @@ NO_INPUT = BlockInput()
 
 
 def block_input(encoding: Any) -> BlockInput:
-    """A block's ``encoding`` argument as the ``BlockInput`` it stands for: RoPE tables (a pair, or an FX proxy of
-    one) as a ``Rotation``, ``None`` as the input that changes nothing."""
+    """A block's ``encoding`` argument as the ``BlockInput`` it stands for (RoPE tables, or an FX proxy of them)."""
     if encoding is None:
         return NO_INPUT
     return encoding if isinstance(encoding, BlockInput) else Rotation(encoding)
@@ -65,9 +62,8 @@ def plain_projection(attn: RoPEAttention) -> bool:
 
 class RoPEAttention(Attention):
     """timm ``Attention`` whose ``forward`` takes one ``encoding``: RoPE tables, a ``BlockInput`` or ``None``. Same
-    parameters and state-dict keys as timm's, so ViT and DeiT-III weights load unchanged; ``fused_attn = False``
-    computes the scores explicitly (attention maps). Encodings may attach layers here (``attach_``: PaPE's ``pape``,
-    STRING's ``string``); ``num_kv_heads < num_heads`` is grouped-query attention."""
+    parameters and state-dict keys as timm's, so ViT and DeiT-III weights load unchanged; encodings may attach layers
+    here (PaPE's ``pape``, STRING's ``string``)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -75,9 +71,8 @@ class RoPEAttention(Attention):
         self.v_norm: nn.Module = nn.Identity()  # a norm of each value head (Gemma 4's, without scale)
 
     def group_kv_heads_(self, num_kv_heads: int) -> None:
-        """Grouped-query attention as timm's ``AttentionRope`` (Sapiens2): ``num_kv_heads`` key / value heads, head
-        ``h`` reading kv head ``h // (num_heads // num_kv_heads)``. The projection stays one ``qkv`` (our key), with
-        rows ``[q heads; k heads; v heads]``: ``[(nh + 2 nkv) D, C]``, newly initialised."""
+        """Grouped-query attention as timm's ``AttentionRope`` (Sapiens2); the projection stays one ``qkv`` (our key),
+        rows ``[q heads; k heads; v heads]``, newly initialised."""
         if num_kv_heads < 1 or self.num_heads % num_kv_heads:
             divisors = [n for n in range(1, self.num_heads + 1) if self.num_heads % n == 0]
             raise ValueError(f"num_kv_heads={num_kv_heads} must divide num_heads={self.num_heads}: pick one of "
@@ -92,14 +87,13 @@ class RoPEAttention(Attention):
         return all(isinstance(norm, nn.Identity) for norm in (self.q_norm, self.k_norm, self.v_norm))
 
     def project(self, x: Tensor, encoding: Any = None) -> tuple[Tensor, Tensor, Tensor]:
-        """Queries and keys (rotated, or as the ``BlockInput`` computes them) and values, each ``[B, nh, N, D]`` (q
-        and k wider with PaPE's channels); diagnostics reuse it for attention maps."""
+        """Queries, keys and values as the ``BlockInput`` computes them; diagnostics reuse it for attention maps."""
         return block_input(encoding).project(self, x)
 
     def project_tables(self, x: Tensor, rope: RopeTables | None, weight: Tensor | None = None,
                        bias: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
-        """q, k, v ``[B, nh, N, D]`` of ``x`` (grouped kv heads repeated), q and k rotated by ``rope`` after the q/k
-        norms; ``weight`` ``[3 nh D, C]`` and ``bias`` replace ``qkv``'s for a folded basis."""
+        """q, k, v ``[B, nh, N, D]`` of ``x``, q and k rotated by ``rope`` after the q/k norms; ``weight`` and ``bias``
+        replace ``qkv``'s for a folded basis."""
         nh, nkv, D = self.num_heads, self.num_kv_heads, self.head_dim
         if rope is not None and self.plain_qk and nkv == nh:  # rotated in the projection's output
             return rotated_projection(x, self.qkv, nh, rope, weight, bias)
@@ -118,8 +112,7 @@ class RoPEAttention(Attention):
 
     def sdpa(self, q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None = None, attn_mask: Tensor | None = None,
              is_causal: bool = False) -> Tensor:
-        """Attention of q, k, v ``[B, nh, N, D]`` with ``bias`` ``[1 or B, nh, N, N]`` and ``attn_mask`` as one additive
-        mask, which SDPA takes without a copy per image (faster on CPU than ``fused_attn = False``)."""
+        """Attention with ``bias`` and ``attn_mask`` as one additive mask, which SDPA takes without a copy per image."""
         drop = self.attn_drop.p if self.training else 0.0
         N = q.shape[-2]
         if bias is not None:

@@ -42,8 +42,7 @@ LAYER_SCALES = ("both", "attn")
 
 
 def eva_blocks_(blocks: nn.Sequential, num_kv_heads: int | Sequence[int] | None, layer_scale: str) -> None:
-    """Give ``blocks`` timm ``Eva``'s per-block options: grouped-query attention with ``num_kv_heads`` (one for all or
-    one per block; ``None`` keeps full attention), and ``layer_scale="attn"``: LayerScale on attention only."""
+    """Give ``blocks`` timm ``Eva``'s per-block options: grouped-query attention, LayerScale on attention only."""
     if layer_scale not in LAYER_SCALES:
         raise ValueError(f"layer_scale={layer_scale!r}: choose one of {', '.join(LAYER_SCALES)}.")
     per_block = [num_kv_heads] * len(blocks) if num_kv_heads is None or isinstance(num_kv_heads, int) else \

@@ -46,8 +46,7 @@ def pairs_adjacent(x: Tensor) -> bool:
 
 
 def _rotate(src: Tensor, table: Tensor, out: Tensor) -> None:
-    """``out = src * table`` per pair (``out`` may be ``src``; bf16/fp16 via fp32): ``[B, N, 2, nh, D]`` by
-    ``[(B,) N, 1, H, D/2]`` complex (a qk slice), or ``[B, h, N, D]`` by ``[(B,) H, N, D/2]``."""
+    """``out = src * table`` per pair (``out`` may be ``src``; bf16/fp16 via fp32)."""
     if src.dtype == table.real.dtype:
         torch.mul(_as_pairs(src), table, out=_as_pairs(out))
     else:
@@ -64,8 +63,8 @@ def _rotated_qkv(qkv: Tensor, table: Tensor) -> Tensor:
 
 def _rotation_grads(grad: Tensor, out: Tensor | None, cos: Tensor, sin: Tensor, use_triton: bool
                     ) -> tuple[Tensor, Tensor | None, Tensor | None]:
-    """Backward of the rotation ``y = t x`` per pair: ``dx = conj(t) dy`` (a new contiguous ``[B, N, 3, nh, D]``, v's
-    gradient copied) and, given the forward output ``out``, ``dt = conj(x) dy`` as the gradients of cos and sin."""
+    """Backward of the rotation ``y = t x`` per pair: ``dx = conj(t) dy`` and, given the forward output ``out``,
+    ``dt = conj(x) dy`` as the gradients of cos and sin."""
     if use_triton:
         return triton_rope.rotated_backward(grad, out, cos, sin)
     table = _table(cos, sin, grad.dtype)
@@ -125,10 +124,9 @@ class _ProjectRotateQK(torch.autograd.Function):
 
 
 def rotate_qk(qkv: Tensor, cos: Tensor, sin: Tensor, backend: str = "auto") -> Tensor:
-    """Rotate q and k of ``qkv`` ``[B, N, 3, nh, D]`` by ``cos``, ``sin`` ``[(B,) H, N, D/2]`` (``H`` 1 or nh, prefix
-    rows included), as ``apply_rope`` on each; v passes through. Without autograd ``qkv`` is changed in place (do not
-    use it after); with it, a new tensor from the reference. ``backend``: ``"auto"`` (Triton for CUDA tensors),
-    ``"torch"`` or ``"triton"`` (on CPU Triton's interpreter, for tests)."""
+    """Rotate q and k of ``qkv`` ``[B, N, 3, nh, D]`` by ``cos``, ``sin`` ``[(B,) H, N, D/2]``, as ``apply_rope`` on
+    each. Without autograd ``qkv`` is changed in place (do not use it after); with it, a new tensor from the reference.
+    """
     use_triton = _use_triton(qkv, cos, backend)
     if torch.is_grad_enabled() and (qkv.requires_grad or cos.requires_grad or sin.requires_grad):
         q, k, v = qkv.unbind(2)  # [B, N, nh, D] each
@@ -139,9 +137,8 @@ def rotate_qk(qkv: Tensor, cos: Tensor, sin: Tensor, backend: str = "auto") -> T
 
 
 def rotate_heads_(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor]:
-    """Rotate ``q`` and ``k`` ``[B, h, N, D]`` in place by ``(cos, sin)`` ``[(B,) H, N, D/2]`` (``k`` may have fewer
-    heads when ``H`` = 1) and return them: inference only, for the q/k norms' outputs (Sapiens2), one complex product
-    per pair where ``apply_rope`` makes several passes. Both must pass ``pairs_adjacent``."""
+    """Rotate ``q`` and ``k`` in place and return them: inference only, for the q/k norms' outputs (Sapiens2), one
+    complex product per pair where ``apply_rope`` makes several passes."""
     for name, x in (("q", q), ("k", k)):
         if not pairs_adjacent(x):
             raise ValueError(f"rotate_heads_: {name} of shape {tuple(x.shape)} and strides {x.stride()} does not hold "
@@ -165,8 +162,7 @@ def plain_linear(linear: nn.Module) -> bool:
 def project_rotate_qk(linear: nn.Module, x: Tensor, num_heads: int, cos: Tensor, sin: Tensor,
                       backend: str = "auto", weight: Tensor | None = None, bias: Tensor | None = None) -> Tensor:
     """``rotate_qk(linear(x).unflatten(-1, (3, num_heads, -1)), cos, sin)``, with autograd one node that rotates in
-    place. ``weight`` ``[3 nh D, C]`` and ``bias`` stand in for ``linear``'s (Cayley-STRING's fold); a Linear that is
-    not ``plain_linear`` is called as it is, then rotated."""
+    place; ``weight`` and ``bias`` stand in for ``linear``'s (Cayley-STRING's fold)."""
     if weight is None:
         if not plain_linear(linear):
             return rotate_qk(linear(x).unflatten(-1, (3, num_heads, -1)), cos, sin, backend)
@@ -178,8 +174,8 @@ def project_rotate_qk(linear: nn.Module, x: Tensor, num_heads: int, cos: Tensor,
 
 def rotated_projection(x: Tensor, linear: nn.Module, num_heads: int, tables: tuple[Tensor, Tensor],
                        weight: Tensor | None = None, bias: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
-    """q, k, v ``[B, nh, N, D]`` of ``linear(x)`` (or ``weight``, ``bias``), q and k rotated by ``tables``: the
-    reference ``apply_rope`` under a graph capture (compilers fuse it), else ``project_rotate_qk``."""
+    """q, k, v ``[B, nh, N, D]`` of ``linear(x)``, q and k rotated: the reference under a graph capture (compilers fuse
+    it), else ``project_rotate_qk``."""
     if capturing(x):
         return reference_projection(x, linear, num_heads, tables, weight, bias)
     qkv = project_rotate_qk(linear, x, num_heads, tables[0], tables[1], weight=weight, bias=bias)
@@ -197,8 +193,7 @@ def reference_projection(x: Tensor, linear: nn.Module, num_heads: int, tables: t
 
 
 def rotate_normed(q: Tensor, k: Tensor, tables: tuple[Tensor, Tensor], own: bool) -> tuple[Tensor, Tensor]:
-    """q and k ``[B, nh, N, D]`` after the q/k norms, rotated in place in eager inference when they are the caller's
-    ``own`` (two unhooked norms' outputs), else by ``apply_rope``."""
+    """q and k after the q/k norms, rotated in place in eager inference when they are the caller's ``own``."""
     if own and not torch.is_grad_enabled() and not capturing(q) and pairs_adjacent(q) and pairs_adjacent(k):
         return rotate_heads_(q, k, tables[0], tables[1])
     return apply_rope(q, tables[0], tables[1]), apply_rope(k, tables[0], tables[1])
@@ -213,8 +208,7 @@ def _use_triton(x: Tensor, cos: Tensor, backend: str) -> bool:
 
 
 def fold_qk(basis: Tensor, weight: Tensor, bias: Tensor | None) -> tuple[Tensor, Tensor | None]:
-    """The qkv projection giving ``P q`` and ``P k`` (v unchanged): ``basis`` ``[nh, D, D]`` (orthogonal, per head)
-    times the q and k rows of ``weight`` ``[3 * nh * D, C]`` (q, k, v, then head, channel) and ``bias``."""
+    """The qkv projection giving ``P q`` and ``P k`` (v unchanged) for a ``basis`` ``[nh, D, D]`` per head."""
     nh, d = basis.shape[0], basis.shape[-1]
     rows = weight.unflatten(0, (3, nh, d))  # [3, nh, D, C]
     p = basis.to(weight.dtype)

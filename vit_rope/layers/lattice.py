@@ -29,10 +29,9 @@ class Lattice(NamedTuple):
 
 
 def lattice(coord: Tensor, valid: Tensor, grid: Tensor, num_prefix_tokens: int) -> Lattice | None:
-    """The ``Lattice`` of a batch with coordinates ``coord`` ``[B, N, 2]`` (y, x), none negative, validity ``valid``
-    ``[B, N]`` and grids ``grid`` ``[B, 2]``; ``None`` when the bounding grid has as many cells as the batch has
-    tokens. The bounding grid's tables replace ``B * N`` angle, cosine and sine evaluations with ``h * w`` (8
-    mixed-aspect samples of 256 tokens in a 22 x 32 box: a third). Reads the box's size: one host sync."""
+    """The ``Lattice`` of a batch, ``None`` when the bounding grid has as many cells as the batch has tokens: its
+    tables replace ``B * N`` angle, cosine and sine evaluations with ``h * w`` (8 mixed-aspect samples of 256 tokens in
+    a 22 x 32 box: a third). Reads the box's size: one host sync."""
     B, N = valid.shape
     if not B:
         return None
@@ -72,8 +71,7 @@ def _aa_bicubic_weights(index: Tensor, out_len: Tensor, in_len: int) -> Tensor:
 
 def _bilinear_corner_weights(index: Tensor, out_len: Tensor, in_len: int) -> Tensor:
     """Weights ``[B, N, in_len]`` of ``F.interpolate(..., mode="bilinear", align_corners=True)`` from ``in_len`` to each
-    sample's ``out_len`` ``[B, 1]`` for output ``index`` ``[B, N]``: output ``i`` reads input ``i (in - 1) / (out - 1)``
-    (input 0 for a single output, as PyTorch's)."""
+    sample's ``out_len`` ``[B, 1]`` for output ``index`` ``[B, N]``."""
     steps = (out_len.double() - 1).clamp(min=1.0)
     source = index.double() * (in_len - 1) / steps  # [B, N]
     taps = torch.arange(in_len, dtype=torch.float64, device=index.device)

@@ -24,16 +24,9 @@ def grid_positions(
 
 
 def rope_angles(positions: Tensor, freqs: Tensor) -> Tensor:
-    """Angle ``x * wx + y * wy`` of every channel pair at every position, in fp32 (or fp64) even for bf16 freqs.
-
-    Args:
-        positions: ``[N, 2]`` or ``[B, N, 2]`` float ``(x, y)``.
-        freqs: ``[2, H, D/2]`` ``(wx, wy)``, ``H`` = 1 or num_heads; or ``[B, 2, H, D/2]``, one set per sample.
-
-    Returns:
-        ``[H, N, D/2]`` (``[B, H, N, D/2]`` if batched): a view of token-major memory, the order in which the fused
-        rotation reads its table; one ``addcmul`` writes it row after row.
-    """
+    """Angle ``x * wx + y * wy`` ``[(B,) H, N, D/2]`` of every channel pair at positions ``[(B,) N, 2]`` for ``freqs``
+    ``[(B,) 2, H, D/2]``, in fp32 at least: a view of token-major memory, the order in which the fused rotation reads
+    its table."""
     dtype = torch.float64 if freqs.dtype == torch.float64 else torch.float32  # fp32 at least, fp64 when asked
     pos = positions.to(dtype)[..., None, None]  # [(B,) N, 2, 1, 1]
     f = freqs.to(dtype).unsqueeze(-3)  # [(B,) 2, 1, H, D/2]; elementwise, so autocast never lowers the angles to bf16
@@ -50,9 +43,8 @@ def _prepend_rows(x: Tensor, count: int, value: float) -> Tensor:
 
 
 def rope_tables(angles: Tensor, num_prefix_tokens: int = 0, temperature: float = 1.0) -> tuple[Tensor, Tensor]:
-    """The ``(cos, sin)`` tables ``[..., P + N, D/2]`` of ``angles`` ``[..., N, D/2]``, with ``num_prefix_tokens``
-    identity rows in front (attention rotates the whole sequence in one pass); ``temperature`` scales every row, hence
-    every attention logit by ``temperature ** 2``."""
+    """The ``(cos, sin)`` tables of ``angles`` with identity rows in front for the prefix tokens (attention rotates the
+    whole sequence in one pass); ``temperature`` scales every logit by ``temperature ** 2``."""
     cos, sin = angles.cos(), angles.sin()
     if temperature != 1.0:
         cos, sin = cos * temperature, sin * temperature
@@ -63,10 +55,8 @@ def rope_tables(angles: Tensor, num_prefix_tokens: int = 0, temperature: float =
 
 
 def grid_tables(xs: Tensor, ys: Tensor, freqs: Tensor, num_prefix_tokens: int = 0) -> tuple[Tensor, Tensor]:
-    """``rope_tables(rope_angles(positions, freqs), num_prefix_tokens)`` ``[H, P + h * w, D/2]`` for the row-major
-    grid of positions ``(xs[j], ys[i])`` (``xs`` ``[w]``, ``ys`` ``[h]``), from the tables of each axis: ``h + w``
-    sines and cosines instead of ``h * w``, by the angle-sum identities (docs/performance.md, "How the rotation is
-    computed"). Equal to the direct tables up to rounding."""
+    """``rope_tables(rope_angles(positions, freqs), num_prefix_tokens)`` for the row-major grid ``(xs[j], ys[i])``
+    from the tables of each axis: ``h + w`` sines and cosines instead of ``h * w``, by the angle-sum identities."""
     def axis(positions: Tensor) -> tuple[Tensor, Tensor]:  # [n, 2] -> [n, H, D/2] each, angles of one axis only
         return tuple(t.transpose(0, 1) for t in rope_tables(rope_angles(positions, freqs)))
 
@@ -80,10 +70,6 @@ def grid_tables(xs: Tensor, ys: Tensor, freqs: Tensor, num_prefix_tokens: int = 
 
 def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     """Rotate the interleaved channel pairs of ``x`` ``[B, nh, N, D]`` by ``(cos, sin)`` ``[..., N, D/2]``, out of
-    place: ``[x0 x1 ...] -> [x0 c - x1 s, x1 c + x0 s, ...]``, in the tables' dtype and cast back once.
-
-    The reference path, plain ops that autocast and torch.compile see through; eager attention uses the fused
-    ``vit_rope.layers.fused.rotate_qk``, which tests hold equal to this.
-    """
+    place, in the tables' dtype: the reference, plain ops that autocast and torch.compile see through."""
     x0, x1 = x.unflatten(-1, (-1, 2)).unbind(-1)  # [..., D/2] each: even and odd channels
     return torch.stack((x0 * cos - x1 * sin, x1 * cos + x0 * sin), dim=-1).flatten(-2).to(x.dtype)

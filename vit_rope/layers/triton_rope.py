@@ -33,11 +33,8 @@ if AVAILABLE:
         HALF: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_J: tl.constexpr,
         CONJ: tl.constexpr, COPY_V: tl.constexpr, TABLE_GRAD: tl.constexpr,
     ):
-        """``dst[q, k] = src[q, k] * t`` (``conj(t)`` if CONJ), ``dst[v] = src[v]`` if COPY_V, one program per tile.
-
-        Tile: BLOCK_T tokens of one head; loops over q, k (and v). With TABLE_GRAD (backward: ``src`` is dy, ``out``
-        the forward output y) it also writes ``conj(x) dy`` summed over q and k, per (b, h, n, j), to grad_cos/sin.
-        """
+        """``dst[q, k] = src[q, k] * t`` (``conj(t)`` if CONJ), ``dst[v] = src[v]`` if COPY_V, per BLOCK_T tokens of
+        one head; with TABLE_GRAD also ``conj(x) dy`` summed over q and k into grad_cos/sin."""
         token = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)  # [T] over B * N
         head = tl.program_id(1)
         j = tl.arange(0, BLOCK_J)  # pair index

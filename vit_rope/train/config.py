@@ -168,8 +168,8 @@ def _is_text(hint: Any) -> bool:
 
 
 def load_yaml(path: str | Path, _seen: tuple[Path, ...] = ()) -> dict[str, Any]:
-    """The keys set in a config file and the chain of ``base:`` parents it names (relative to each file), checked
-    and typed; a child's value replaces its parent's (dicts included)."""
+    """The keys set in a config file and the chain of ``base:`` parents it names, checked and typed; a child's value
+    replaces its parent's (dicts included)."""
     path = Path(path).resolve()
     if path in _seen:
         raise UserError(f"config inheritance loops back to {path}; remove one of the 'base:' entries")
@@ -200,9 +200,8 @@ def typed(values: dict[str, Any], source: str) -> dict[str, Any]:
 
 
 def parse_override(item: str) -> tuple[str, str | None, Any]:
-    """``key=value`` or ``key.entry=value`` as a checked key, the dict entry (or None) and a typed value. Values are
-    YAML (``null``, ``[0.5, 1.0]``, ``{depth: 2}``) but for text keys, kept verbatim; ``model_kwargs.depth=2`` sets
-    one entry and keeps the others."""
+    """``key=value`` or ``key.entry=value`` as a checked key, the dict entry (or None) and a typed value: YAML, but for
+    text keys, kept verbatim (YAML would mangle 'a: b' or '#')."""
     key, sep, text = item.partition("=")
     if not sep or not key:
         raise UserError(f"command-line override '{item}' is not of the form key=value (e.g. lr=1e-3)")

@@ -41,8 +41,8 @@ def init_distributed(device: str) -> DistEnv:
 
 
 def set_cpu_threads(threads: int, workers: int) -> int:
-    """Set and return PyTorch's intra-op CPU threads: ``threads``, or for 0 ``OMP_NUM_THREADS`` when set (torchrun
-    sets 1), else this process's share of the cores minus the loader ``workers``."""
+    """Set PyTorch's intra-op CPU threads: ``threads``, or for 0 ``OMP_NUM_THREADS`` when set, else this process's
+    share of the cores minus the loader ``workers``."""
     if threads or "OMP_NUM_THREADS" not in os.environ:
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
         torch.set_num_threads(threads or max(1, cores // int(os.environ.get("LOCAL_WORLD_SIZE", 1)) - workers))
@@ -79,8 +79,8 @@ def flushed_subnormals() -> Iterator[None]:
 
 
 def set_tf32(enabled: bool) -> None:
-    """Let CUDA matmuls and convolutions run fp32 products in TF32, or not, through the ``allow_tf32`` flags (after
-    the newer ``fp32_precision`` ones, code reading ``allow_tf32`` fails), their deprecation warning silenced."""
+    """Let CUDA run fp32 products in TF32, or not, through the ``allow_tf32`` flags (after the newer
+    ``fp32_precision`` ones, code reading ``allow_tf32`` fails), their deprecation warning silenced."""
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="Please use the new API settings to control TF32")
         torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = enabled

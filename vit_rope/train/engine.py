@@ -93,14 +93,9 @@ def train_one_epoch(model: nn.Module, loader: DataLoader, optimizer: torch.optim
                     loss_fn: nn.Module, cfg: Config, env: DistEnv, epoch: int, *, scaler: torch.amp.GradScaler,
                     mixup: Any = None, ema: Any = None, start_step: int = 0, totals: EpochTotals | None = None,
                     checkpoint: Callable[[int, int, EpochTotals], None] | None = None) -> dict[str, Any]:
-    """Train for one epoch (0-based), stepping the lr schedule (and EMA) after every optimizer step.
-
-    A resumed run starts at ``start_step`` (``loader`` too, ``loaders.set_epoch``) with the ``totals`` of the steps
-    before. ``checkpoint(epoch, steps done, totals)`` runs on every rank every ``checkpoint_interval`` steps but the
-    epoch's last. Returns ``train_loss``, the last ``lr``, ``images_per_s``, ``tokens_per_s`` (no padding), ``sizes``
-    (steps per size, ``"48:18 64:19"``, or NaFlex length, ``"256t:40"``), ``padding`` (NaFlex) and ``skipped``.
-    Raises ``NonFiniteLossError`` for a NaN/inf loss, averaged over ranks first so that every rank stops at once.
-    """
+    """Train for one epoch (0-based), stepping the lr schedule (and EMA) after every optimizer step; a resumed run
+    starts at ``start_step`` with the ``totals`` of the steps before. ``NonFiniteLossError`` for a NaN/inf loss,
+    averaged over ranks first so that every rank stops at once."""
     model.train()
     steps, start = len(loader), time.perf_counter()
     totals = totals or EpochTotals()
@@ -166,8 +161,8 @@ def _size_name(height: int, width: int, steps: int) -> str:
 
 @torch.inference_mode()
 def validate(model: nn.Module, loader: DataLoader, cfg: Config, env: DistEnv) -> dict[str, float]:
-    """Loss, top-1 and top-5 (%) over the validation split, summed across ranks' disjoint slices; the global random
-    state is kept (a ``DataLoader`` draws from it), so how often a run validates does not change its training."""
+    """Loss, top-1 and top-5 (%) over the validation split; the global random state is kept (a ``DataLoader`` draws
+    from it), so how often a run validates does not change its training."""
     model.eval()
     totals = torch.zeros(4, dtype=torch.float64, device=env.device)  # loss sum, top-1 hits, top-5 hits, images
     with global_rng_kept():

@@ -49,9 +49,8 @@ def build_transforms(cfg: Config, data_config: dict[str, Any]) -> tuple[dict[int
 
 
 def choose_pipeline(cfg: Config) -> tuple[str, str]:
-    """``("tensor" | "timm" | "naflex", why)``: NaFlex when ``cfg.naflex``, else the batched tensor pipeline when
-    the decoded cache is on and every augmentation batches (``pipeline: tensor`` otherwise is an error naming what
-    stands in the way), else timm's per-image one."""
+    """``("tensor" | "timm" | "naflex", why)``: the batched tensor pipeline when the decoded cache is on and every
+    augmentation batches, else timm's per-image one."""
     if cfg.naflex:  # train.config_checks.check_config refuses pipeline=tensor and what NaFlex cannot do
         lengths = " ".join(map(str, cfg.naflex_seq_lens))
         return "naflex", f"naflex=true: native aspect ratios, sequence lengths {lengths}"
@@ -74,9 +73,8 @@ def choose_pipeline(cfg: Config) -> tuple[str, str]:
 def build_loaders(cfg: Config, train_samples: list[Sample], val_samples: list[Sample], data_config: dict[str, Any],
                   rank: int = 0, world_size: int = 1, device: torch.device | None = None, *, patch: int = 16,
                   num_classes: int = 0) -> tuple[Loader, Loader]:
-    """Training loader (shuffled per epoch, sharded across ranks, full steps) and validation loader (a disjoint slice
-    per rank, no padding, so reduced accuracies are exact) of ``choose_pipeline``'s pipeline. The train cache's short
-    side covers the largest training size (validation keeps its own, so its numbers do not move)."""
+    """Training and validation loaders (a disjoint slice per rank, no padding, so reduced accuracies are exact). The
+    train cache's short side covers the largest training size (validation keeps its own, so its numbers do not move)."""
     device = device or torch.device("cpu")
     pipeline, why = choose_pipeline(cfg)
     if len(train_samples) < cfg.batch_size * world_size:
@@ -154,9 +152,8 @@ def _naflex_loaders(cfg: Config, train: tuple[list[Sample], DecodedImages | None
                     val: tuple[list[Sample], DecodedImages | None], data_config: dict[str, Any], rank: int,
                     world_size: int, device: torch.device, patch: int, num_classes: int
                     ) -> tuple[NaFlexLoader, NaFlexLoader]:
-    """timm's NaFlex pipeline (``vit_rope.data.naflex_loader``); validation resizes each image, aspect ratio kept, to
-    ``naflex_val_seq_len`` patches. ``batch_size`` is the images of a step at the longest sequence length: every step
-    holds about ``batch_size`` x that many tokens (timm's ``max_tokens_per_batch``)."""
+    """timm's NaFlex pipeline; ``batch_size`` is the images of a step at the longest sequence length: every step holds
+    about ``batch_size`` x that many tokens (timm's ``max_tokens_per_batch``)."""
     common = {key: data_config[key] for key in ("interpolation", "mean", "std")}
     longest = max(cfg.naflex_seq_lens)
 

@@ -48,8 +48,7 @@ def naflex_patch(net: torch.nn.Module, name: str) -> int:
 
 
 def set_checkpointing(net: torch.nn.Module, every: bool | int, name: str) -> None:
-    """Checkpoint ``net``'s blocks as ``grad_checkpointing`` asks: every block (true, 1), every n-th (n, ``vit_rope_*``
-    ViTs only) or none (false, 0); a ``UserError`` for a model that cannot."""
+    """Checkpoint ``net``'s blocks as ``grad_checkpointing`` asks: every block, every n-th (ours only) or none."""
     if not every:
         return
     if not hasattr(net, "set_grad_checkpointing"):

@@ -75,8 +75,7 @@ def save_checkpoint(state: dict[str, Any], path: Path) -> None:
 
 def load_checkpoint(path: str | Path, mmap: bool = False) -> dict[str, Any]:
     """Read a checkpoint written by ``save_checkpoint`` (``weights_only``: no code runs), a ``UserError`` for anything
-    else; ``mmap``: tensors are read when touched (for the saved config alone). Model arguments an earlier version
-    saved come back in today's names."""
+    else; model arguments an earlier version saved come back in today's names."""
     if not Path(path).is_file():
         what = "is a folder" if Path(path).is_dir() else "does not exist"
         raise UserError(f"checkpoint {path} {what}; pass OUTPUT/last.pth (or a kept OUTPUT/epoch_E.pth) of "
