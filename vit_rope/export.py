@@ -4,7 +4,5 @@ import sys
 
 from vit_rope.eval.onnx import main
 
-__all__ = ["main"]
-
 if __name__ == "__main__":
     sys.exit(main())

@@ -4,7 +4,5 @@ import sys
 
 from vit_rope.data.shard_writer import main
 
-__all__ = ["main"]
-
 if __name__ == "__main__":
     sys.exit(main())

@@ -55,10 +55,7 @@ QK_LAYOUTS = ("interleaved", "eva_ij", "eva_xy", "rotate_half", "gemma4")
 
 
 def check_qk_layout(layout: str) -> str:
-    if layout not in QK_LAYOUTS:
-        raise ValueError(f"Unknown q/k layout {layout!r}: choose one of {', '.join(QK_LAYOUTS)} (the layout of the "
-                         "checkpoint the model loads).")
-    return layout
+    return check_choice(layout, QK_LAYOUTS, "q/k layout")
 
 
 def qk_permutation(layout: str, head_dim: int) -> Tensor:
