@@ -1,7 +1,5 @@
-"""Resolution policies and training-time coordinate augmentation for 2D RoPE.
-
-A RoPE model trained on one patch grid meets others at test time; each policy maps the new grid onto what the model
-saw, per axis with the scale ``s = new / training`` size (docs/models.md):
+"""Resolution policies and training-time coordinate augmentation for 2D RoPE (docs/models.md), per axis with the scale
+``s = new / training`` grid size:
 
 - ``extrapolate``: integer positions, the grid simply grows (RoPE-ViT, Heo et al., ECCV 2024, arXiv:2403.13298);
 - ``interpolate``: positions scaled into the training range (EVA-02, Fang et al. 2023; timm's ``ref_feat_shape``);

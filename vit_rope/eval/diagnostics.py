@@ -1,10 +1,7 @@
 """Diagnostics of a RoPE ViT: frequency coverage, learned mixed directions, attention entropy across sizes.
 
-Why a model extrapolates or not can often be read off its frequencies (RoPE-ViT, Heo et al., ECCV 2024; YaRN,
-Peng et al. 2023): a channel pair that completes less than one turn across the training grid never saw the phases
-that a larger grid produces. Attention entropy tells whether attention dilutes as the token count grows; the run
-without the position encoding (``vit_rope.eval.ablation``) how much the model uses positions at all
-(docs/evaluation.md).
+A channel pair that completes less than one turn across the training grid never saw the phases that a larger grid
+produces (RoPE-ViT, Heo et al., ECCV 2024; YaRN, Peng et al. 2023); docs/evaluation.md says what each measure tells.
 """
 
 from __future__ import annotations

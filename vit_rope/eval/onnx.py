@@ -1,7 +1,6 @@
 """ONNX export with a dynamic batch, height and width: one file serves every image size the model accepts.
 
-A RoPE ViT builds its rotation tables from the patch grid inside ``forward``, so an export that keeps height and width
-symbolic runs at every multiple of the patch size; the file is checked with ONNX Runtime against eager PyTorch
+A RoPE ViT builds its tables from the patch grid inside ``forward``, so nothing is fixed to the training size
 (docs/export.md). Exit codes: 0 written and checked, 1 ONNX Runtime disagrees with eager, 2 bad input.
 """
 

@@ -1,7 +1,5 @@
-"""Probes of a frozen backbone: DINO's weighted kNN and a linear classifier on its pooled features, beside its head.
-
-kNN as DINO's ``eval_knn`` (Wu et al. 2018; Caron et al. 2021); the linear probe is fitted once, at one size, then
-evaluated at every size and policy: the question a classifier's head answers for a model trained at one size.
+"""Probes of a frozen backbone beside its head: DINO's weighted kNN (Wu et al. 2018; Caron et al. 2021) and a linear
+classifier fitted once, at one size, then evaluated at every size and policy (docs/evaluation.md).
 """
 
 from __future__ import annotations

@@ -1,8 +1,5 @@
-"""Reports of a multi-resolution evaluation: ``results.json``, a Markdown table and an accuracy-vs-size plot.
-
-Token budgets get columns of their own and are plotted dashed at ``sqrt(L * h * w)`` px, the side of the square image
-of L patches, so that a budget lines up with the square size of the same token count. matplotlib is optional: without
-it only the plot is skipped.
+"""Reports of a multi-resolution evaluation: ``results.json``, a Markdown table and an accuracy-vs-size plot; token
+budgets are plotted at ``sqrt(L * h * w)`` px, beside the square size of as many tokens. matplotlib is optional.
 """
 
 from __future__ import annotations

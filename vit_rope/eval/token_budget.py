@@ -1,8 +1,5 @@
-"""Token budgets: evaluation at native aspect ratio with timm's NaFlex pieces, beside the square sizes of the harness.
-
-A budget L resizes each image, keeping its aspect ratio, to at most L patches in one padded sequence (NaViT; SigLIP 2's
-NaFlex): it keeps the whole image and fixes the compute, as a NaFlex model is served. The pieces are timm's own, so the
-numbers compare with timm's (docs/evaluation.md).
+"""Token budgets: evaluation at native aspect ratio with timm's NaFlex pieces, each image resized, keeping its aspect
+ratio, to at most L patches in one padded sequence (NaViT; SigLIP 2's NaFlex), as timm validates (docs/evaluation.md).
 """
 
 from __future__ import annotations

@@ -1,8 +1,5 @@
-"""Attention and transformer block of timm's ViT, with one door for every position encoding.
-
-Each block gets one ``encoding`` argument, built once per forward by the model's position encoding: RoPE tables
-``(cos, sin)`` (RoFormer, arXiv:2104.09864; RoPE-ViT, arXiv:2403.13298), a ``BlockInput`` or ``None``; attention knows
-no kind by name, and all go one route (``block_input``).
+"""Attention and transformer block of timm's ViT, with one door for every position encoding: each block gets one
+``encoding`` argument (RoPE tables, a ``BlockInput`` or ``None``) and knows no kind by name.
 """
 
 from __future__ import annotations

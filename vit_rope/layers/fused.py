@@ -1,9 +1,6 @@
-"""RoPE rotation of the queries and keys straight from the qkv projection's output, in one pass.
-
-The reference ``apply_rope`` rotates q and k out of place in several passes, and autograd keeps extra copies. Here each
-pair is one complex product over the q and k slices of the qkv tensor: in place without autograd, and in training inside
-one autograd node with the projection, which saves only what attention keeps (docs/performance.md, "How the rotation
-is computed").
+"""RoPE rotation of the queries and keys straight from the qkv projection's output, in one pass: each pair one complex
+product over the q and k slices, in place without autograd, and in training inside one autograd node with the
+projection, which saves only what attention keeps (docs/performance.md, "How the rotation is computed").
 """
 
 from __future__ import annotations

@@ -1,9 +1,7 @@
 """Triton kernels of the fused q/k rotation (``vit_rope.layers.fused``): forward and backward in one pass each, on CUDA.
 
-Each pair is ``x0 + i x1`` times ``t = cos + i sin`` in fp32; a head's channels move as one contiguous tile, so that
-global accesses are 16 bytes wide (tests check the sm_90 PTX). Backward sums the table gradient over q and k into a
-buffer that one ``sum_to_size`` reduces: no atomics, deterministic. On CPU tensors the kernels run in Triton's
-interpreter (tests only).
+A head's channels move as one contiguous tile (16-byte accesses; tests check the sm_90 PTX); backward sums the table
+gradient through one ``sum_to_size``: no atomics, deterministic. On CPU tensors Triton's interpreter runs them.
 """
 
 from __future__ import annotations

@@ -1,9 +1,6 @@
 """The bias family's shared maths: patch offsets, the policies' scale of them, and attention with a bias of the offset
-between two patches read without its ``[nh, N, N]`` matrix.
-
-LookHere, 2D-ALiBi and FIRE add ``bias[h, p_k - p_q]`` from a table ``[nh, 2h - 1, 2w - 1]`` per block: on CPU by
-chunks of grid rows (memory ``O(chunk x N)``, a learned table's gradient rebuilt in backward, which SDPA does not give),
-on CUDA through FlexAttention's ``score_mod`` (docs/performance.md).
+between two patches read from a table ``[nh, 2h - 1, 2w - 1]`` without its ``[nh, N, N]`` matrix: on CPU by chunks of
+grid rows, on CUDA through FlexAttention's ``score_mod`` (docs/performance.md).
 """
 
 from __future__ import annotations

@@ -1,9 +1,7 @@
 """LieRE: rotations ``exp(p_x A_x + p_y A_y)`` from learned skew-symmetric generators that need not commute.
 
-Ostmeier et al., "LieRE: Generalizing Rotary Position Encodings", ICML 2025, arXiv:2406.10322;
-github.com/StanfordMIMI/LieRE, ``models/rope_vit.py`` at b27b41ba, with its ImageNet recipe. One set of generators for
-every block by default: the official ``Transformer.forward`` overwrites the per-layer tables with layer 0's, so the
-checkpoints were trained that way (docs/models.md).
+Ostmeier et al., ICML 2025, arXiv:2406.10322; github.com/StanfordMIMI/LieRE at b27b41ba. One set for every block by
+default: the official forward turns every block by layer 0's, so the checkpoints were trained that way.
 """
 
 from __future__ import annotations

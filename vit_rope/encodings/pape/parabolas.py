@@ -1,9 +1,7 @@
 """PaPE and PaPE-RI: a content-dependent parabolic attention bias, written into q and k as extra channels.
 
-Koo Øhrstrøm et al., "Where to Attend: A Principled Vision-Centric Position Encoding with Parabolas", arXiv:2602.01418,
-2026; github.com/DTU-PAS/parabolic-position-encoding, ``pape/nn/positions/pape.py`` and ``pape_ri.py`` at 21cb390.
-Dropping the query-only terms, which the softmax cancels, a head's ``F`` parabolas become 5 channels for any ``F``
-(PaPE-RI: 3); attention equals the official one (docs/models.md, "Parabolic biases", has the derivation).
+Koo Øhrstrøm et al., arXiv:2602.01418, 2026; github.com/DTU-PAS/parabolic-position-encoding at 21cb390. A head's
+parabolas become 5 channels for any count (PaPE-RI: 3); docs/models.md, "Parabolic biases", has the derivation.
 """
 
 from __future__ import annotations

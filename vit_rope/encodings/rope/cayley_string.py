@@ -1,10 +1,8 @@
-"""Cayley-STRING: RoPE after a learned orthogonal change of basis of the queries and keys.
+"""Cayley-STRING: RoPE after a learned orthogonal change of basis ``P`` of the queries and keys (Schenck, Reid et al.,
+"Learning the RoPEs: Better 2D and 3D Position Encodings with STRING", ICML 2025, arXiv:2502.02562).
 
-STRING (Schenck, Reid et al., "Learning the RoPEs: Better 2D and 3D Position Encodings with STRING", ICML 2025,
-arXiv:2502.02562) rotates ``P q`` and ``P k`` by RoPE; ``P`` orthogonal and the same at every position keeps exact
-translation invariance. The Cayley form ``P = (I - S)(I + S)^-1`` of a skew-symmetric ``S`` is orthogonal for every
-``S`` and ``I`` at ``S = 0`` (a fresh model is its base kind); ``P`` is per layer and head, folded into the q and k rows
-of the qkv projection so that the fused rotation runs unchanged (docs/models.md).
+``P = (I - S)(I + S)^-1`` of a skew-symmetric ``S`` is orthogonal for every ``S``, the same at every position (exact
+translation invariance) and ``I`` at ``S = 0``: a fresh model is its base kind (docs/models.md).
 """
 
 from __future__ import annotations

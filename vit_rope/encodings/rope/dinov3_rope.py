@@ -1,9 +1,6 @@
-"""DINOv3's 2D RoPE as pure functions: period schedule, coordinate normalisation, channel layout; checkpoint layouts.
-
-DINOv3 (Simeoni et al. 2025, arXiv:2508.10104) is axial RoPE with patch centres normalised to [-1, 1], its own period
-schedule and rotate-half pairs, the first D/4 turning with y; ``interleave_permutation`` reorders the q / k projection
-rows once when weights load (a permutation of both q and k leaves ``q . k`` unchanged). ``qk_permutation`` covers timm's
-``Eva`` layouts: EVA-02 (arXiv:2303.11331) and the SBB ViTs y first, Perception Encoder (arXiv:2504.13181) x first.
+"""DINOv3's 2D RoPE (Simeoni et al. 2025, arXiv:2508.10104) as pure functions, and the q / k layouts of checkpoints:
+DINOv3's rotate-half pairs, timm ``Eva``'s EVA-02 (arXiv:2303.11331) and SBB y first, Perception Encoder's
+(arXiv:2504.13181) x first, reordered to ours once when weights load (a permutation of q and k keeps ``q . k``).
 """
 
 from __future__ import annotations
