@@ -162,8 +162,7 @@ def read_sharded(index: Path) -> dict[str, Any]:
 
 
 def read_weights(path: str | Path) -> dict[str, Any]:
-    """Read a weights file as timm does (``weights_only``, its EMA weights first), or a sharded folder's index;
-    ``UnreadableCheckpointError`` for a truncated or corrupt file."""
+    """Read a weights file as timm does (EMA weights first), or a sharded folder's index."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"No checkpoint file at {path}.")

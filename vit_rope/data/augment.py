@@ -67,7 +67,6 @@ def crop_resize(images: Tensor, boxes: Tensor, size: int) -> Tensor:
 
 
 def hflip(images: Tensor, flips: Tensor) -> Tensor:
-    """Mirror left-right the images ``[B, C, H, W]`` where ``flips`` ``[B]`` is true."""
     return torch.where(flips.to(images.device)[:, None, None, None], images.flip(-1), images)
 
 
@@ -80,7 +79,6 @@ def jitter_factors(batch: int, strength: float | Sequence[float], generator: tor
 
 
 def grayscale(images: Tensor) -> Tensor:
-    """Luma ``[B, 1, H, W]`` of RGB images ``[B, 3, H, W]``."""
     weights = torch.tensor(GRAY_WEIGHTS, dtype=images.dtype, device=images.device)
     return torch.einsum("bchw,c->bhw", images, weights)[:, None]
 

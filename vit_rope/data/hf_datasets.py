@@ -16,8 +16,6 @@ from vit_rope.errors import UserError
 
 
 class DatasetRow(NamedTuple):
-    """One image of a dataset split: the row, and where the dataset lies."""
-
     root: str
     split: str
     column: str

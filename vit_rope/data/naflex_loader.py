@@ -41,7 +41,6 @@ class NaFlexSteps(NaFlexMapDatasetWrapper):
         return list(self._canonical_batch_schedule)
 
     def set_epoch(self, epoch: int, start_step: int = 0) -> None:
-        """Select epoch ``epoch``, to be iterated from step ``start_step`` (a run resumed mid-epoch)."""
         if not 0 <= start_step <= len(self):
             raise ValueError(f"start_step {start_step} is outside the epoch's {len(self)} steps")
         super().set_epoch(epoch)
@@ -100,7 +99,6 @@ class NaFlexLoader:
         return self.loader.dataset if isinstance(self.loader.dataset, NaFlexSteps) else None
 
     def set_epoch(self, epoch: int, start_step: int = 0) -> None:
-        """Select epoch ``epoch`` of a training loader, from step ``start_step``."""
         self.steps.set_epoch(epoch, start_step)
         self.epoch, self.start = epoch, start_step
 

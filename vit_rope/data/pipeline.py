@@ -116,7 +116,6 @@ class BatchLoader:
         return -(-len(range(self.rank, len(self.store), self.world_size)) // self.batch_size)
 
     def set_epoch(self, epoch: int, start_step: int = 0) -> None:
-        """Select a training epoch, iterated from step ``start_step``."""
         self.steps.set_epoch(epoch, start_step)
 
     def __iter__(self) -> Iterator[tuple[Tensor, Tensor, Tensor]]:
@@ -164,7 +163,6 @@ class BatchLoader:
         return images, self.store.targets[resolved].to(self.device, non_blocking=True), skips.sum()
 
     def describe(self) -> str:
-        """One line for the training log."""
         what = (f"random-resized crop scale {self.scale} ratio ({self.ratio[0]:.3g}, {self.ratio[1]:.3g}), hflip "
                 f"{self.hflip_p}, color jitter {self.jitter[:3]} (fixed order)" if self.train
                 else f"center crop (crop_pct {self.crop_pct})")

@@ -30,8 +30,6 @@ _OPEN_LIMIT = 64  # shards a process keeps open: well under the usual limit of 1
 
 
 class TarMember(NamedTuple):
-    """One image inside a shard: where its bytes are, and its key for messages."""
-
     shard: str
     offset: int  # of the member's data, past its header
     size: int
@@ -152,8 +150,6 @@ def split_shards(root: Path, split: str, info: dict[str, Any], split_key: str) -
 
 
 class ShardIndex(NamedTuple):
-    """Every sample of one shard: its key, image offset and size, and class index."""
-
     keys: list[str]
     offsets: list[int]
     sizes: list[int]

@@ -83,7 +83,6 @@ def write_shards(src: Path, out: Path, shard_size: int, splits: list[str], seed:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Command-line entry point; returns the exit code (0 done, 2 bad input)."""
     parser = argparse.ArgumentParser(prog="python -m vit_rope.shards", description=__doc__.split("\n\n")[0])
     parser.add_argument("--src", required=True, type=Path, help="image folder: one folder per split, of class folders")
     parser.add_argument("--out", required=True, type=Path, help="folder for the shards and _info.json")

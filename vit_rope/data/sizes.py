@@ -45,7 +45,6 @@ class SizeSchedule:
     even: bool = False
 
     def batch_at(self, size: int) -> int:
-        """Images per step at ``size``."""
         return budget_batch(self.batch_size, self.img_size, size, self.even) if self.budget else self.batch_size
 
     def __call__(self, epoch: int, step: int) -> tuple[int, int]:
@@ -53,7 +52,6 @@ class SizeSchedule:
         return size, self.batch_at(size)
 
     def describe(self) -> str:
-        """One line for the training log: the sizes and the batch at each."""
         batches = ", ".join(f"{size} px x {self.batch_at(size)}" for size in sorted(set(self.sizes)))
         rule = (f"token budget of {self.batch_size} x {self.img_size} px" if self.budget
                 else "fixed batch, no token budget")

@@ -54,12 +54,9 @@ def global_rng_kept() -> Iterator[None]:
 
 
 class StepSampler(Sampler[list[Item]]):
-    """Yields, for every step of an epoch, this rank's ``[(index, size, seed), ...]`` (a ``DataLoader`` batch sampler).
-
-    An epoch has ``len(order) // batch_size`` steps whatever the sizes, so lr schedules are unchanged; the order wraps
-    around when a token budget makes the batches add up to more than it holds (it is reshuffled every epoch). Seeds
-    take the rank: repeated augmentation shares images.
-    """
+    """Yields, for every step of an epoch, this rank's ``[(index, size, seed), ...]`` (a ``DataLoader`` batch sampler):
+    ``len(order) // batch_size`` steps whatever the sizes, so lr schedules are unchanged, the order wrapping around
+    where a token budget's batches add up to more. Seeds take the rank: repeated augmentation shares images."""
 
     def __init__(self, order: EpochOrder, batch_size: int, size: int,
                  schedule: Callable[[int, int], tuple[int, int]] | None = None, seed: int = 0, rank: int = 0) -> None:
@@ -72,7 +69,6 @@ class StepSampler(Sampler[list[Item]]):
         return len(self.order) // self.batch_size
 
     def set_epoch(self, epoch: int, start_step: int = 0) -> None:
-        """Select epoch ``epoch``, to be iterated from step ``start_step`` (0-based)."""
         if not 0 <= start_step <= len(self):
             raise ValueError(f"start_step {start_step} is outside the epoch's {len(self)} steps")
         self.epoch, self.start = epoch, start_step

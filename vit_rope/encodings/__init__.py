@@ -23,7 +23,6 @@ KINDS = tuple(sorted(REGISTRY, key=lambda kind: not REGISTRY[kind].rope))  # RoP
 
 
 def check_kind(kind: str) -> str:
-    """Return ``kind`` if it is a registered position encoding, else raise a ``ValueError`` listing them."""
     return check_choice(kind, KINDS, "position encoding")
 
 

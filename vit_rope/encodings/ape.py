@@ -86,8 +86,7 @@ def source_grids(rows: int, grid: tuple[int, int], num_prefix: int) -> list[tupl
 
 
 def table_grid(model: nn.Module) -> tuple[int, int]:
-    """The grid ``model``'s position-embedding table is learnt on: its own (Qwen-VL's 48x48 at any ``img_size``),
-    else the patch grid of its ``img_size``."""
+    """The grid ``model``'s position-embedding table is learnt on (Qwen-VL's 48x48 at any ``img_size``)."""
     grid = getattr(model, "pos_embed_grid", None)
     return tuple(model.patch_embed.grid_size) if grid is None else (int(grid[0]), int(grid[1]))
 

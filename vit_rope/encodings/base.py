@@ -26,13 +26,10 @@ T = TypeVar("T")
 
 
 class Positions(NamedTuple):
-    """Where the patch tokens of a batch sit, built once per forward by the embedding.
-
-    ``coords``: ``(x, y)`` per patch as ``place`` puts them, ``[N, 2]`` when the batch shares them, else ``[B, N, 2]``;
-    ``grids``: each sample's (h, w), ``[1 or B, 2]``; ``grid``: an image batch's as Python ints, the key of tables
-    built once per size; ``valid``: ``[B, N]``, False for padding; ``lattice``: a NaFlex batch's bounding grid (a host
-    sync, taken only by RoPE); ``captured``: under a graph capture, which holds no Python caches or in-place writes.
-    """
+    """Where the patch tokens of a batch sit, built once per forward by the embedding: ``coords`` ``[N, 2]`` when the
+    batch shares them, else ``[B, N, 2]``; ``grid`` an image batch's as Python ints, the key of tables built once per
+    size; ``lattice`` a NaFlex batch's bounding grid (a host sync, taken only by RoPE); ``captured``: under a graph
+    capture, which holds no Python caches or in-place writes."""
 
     coords: Tensor
     grids: Tensor
@@ -43,8 +40,7 @@ class Positions(NamedTuple):
 
 
 def image_coords(height: int, width: int, device: torch.device | None = None) -> tuple[Tensor, Tensor]:
-    """The row-major patch coordinates ``[h * w, 2]`` (y, x) of a grid and the grid ``[1, 2]`` (h, w): the NaFlex
-    format, for an image batch."""
+    """The row-major patch coordinates ``[h * w, 2]`` (y, x) and the grid ``[1, 2]``: an image batch as NaFlex."""
     ys, xs = torch.meshgrid(torch.arange(height, device=device), torch.arange(width, device=device), indexing="ij")
     coord = torch.stack((ys, xs), dim=-1).reshape(-1, 2)  # [N, 2] (y, x)
     return coord, coord[-1:] + 1  # the last patch is (h - 1, w - 1): the grid without a Python number in a tensor
@@ -75,8 +71,7 @@ class LazyBlockInputs(Sequence):
 
 
 class GridTables:
-    """The tables of the last few image-batch grids (LRU), for tables costlier than a rotation's; the key holds all
-    they depend on. Callers keep graph captures away."""
+    """The tables of the last few image-batch grids (LRU), for tables costlier than a rotation's."""
 
     def __init__(self, size: int = 2) -> None:
         self.size = size
@@ -99,8 +94,7 @@ class GridTables:
 
 
 class PositionEncoding(nn.Module):
-    """What every position encoding implements; the model, NaFlex batches, evaluation, ``diagnose`` and export call
-    nothing else. ``policies``: the resolution policies that apply to the kind, its default first."""
+    """What every position encoding implements; ``policies``: those that apply to the kind, its default first."""
 
     policies = POLICIES
 
@@ -132,8 +126,7 @@ class PositionEncoding(nn.Module):
         """Give each block's attention the kind's own weights there (PaPE's layers, STRING's bases); none by default."""
 
     def place(self, coord: Tensor, grids: Tensor) -> Tensor:
-        """Positions ``[..., N, 2]`` (x, y) of the patches at ``coord`` (y, x) of ``grids`` ``[1 or B, 2]``, as this
-        encoding and its policy see them; the integer patch coordinates by default."""
+        """Positions (x, y) of the patches at ``coord`` (y, x) of ``grids``; the integer coordinates by default."""
         return coord.flip(-1).float()
 
     def block_inputs(self, positions: Positions, num_prefix_tokens: int) -> list[Any]:
@@ -147,8 +140,7 @@ class PositionEncoding(nn.Module):
         self.depth = depth
 
     def no_weight_decay(self) -> set[str]:
-        """Names (relative to this module) of parameters to train without weight decay; modules the kind puts in the
-        blocks name their own."""
+        """Names (relative to this module) of parameters to train without weight decay."""
         return set()
 
     def fold_(self, blocks: nn.ModuleList) -> None:
@@ -199,8 +191,7 @@ REGISTRY: dict[str, Kind] = {}
 
 def register(*kinds: str, options: tuple[str, ...] = (), rope: bool = False
              ) -> Callable[[Callable[[EncodingSpec], PositionEncoding]], Callable[[EncodingSpec], PositionEncoding]]:
-    """Register the decorated builder for ``kinds``, taking the ``encoding_options`` named in ``options`` (checked
-    before the builder sees them) and, with ``rope``, the model's ``rope_*`` options."""
+    """Register the decorated builder for ``kinds``, with the ``encoding_options`` they take."""
     def decorate(build: Callable[[EncodingSpec], PositionEncoding]) -> Callable[[EncodingSpec], PositionEncoding]:
         for kind in kinds:
             if kind in REGISTRY:

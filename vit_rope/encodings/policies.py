@@ -172,8 +172,7 @@ def batch_coordinate_draw(shift: float, jitter: float, rescale: float, device: t
 def augment_positions(
     positions: Tensor, batch_size: int, aug: CoordAugment, generator: torch.Generator | None = None
 ) -> Tensor:
-    """Positions with a coordinate transform per image (``[B, N, 2]``) or one for the batch. Order as DINOv3: shift,
-    per-axis jitter, shared rescale."""
+    """Positions with a coordinate transform per image or one per batch, in DINOv3's order."""
     B, device = batch_size, positions.device
     if not aug.per_image:
         offset, scale = batch_coordinate_draw(aug.shift, aug.jitter, aug.rescale, device, generator)

@@ -137,7 +137,6 @@ def data_root(given: str | None, dataset: str | None, models: list[EvalModel]) -
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Command-line entry point; returns the exit code (0 done, 2 bad input)."""
     parser = build_parser()
     args = parser.parse_args(argv)
     if not args.checkpoint and not args.model:

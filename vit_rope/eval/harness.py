@@ -117,12 +117,9 @@ def evaluate_models(models: Sequence[EvalModel], data_dir: str | Path, img_sizes
                     val_split: str = "val", seq_lens: Sequence[int] = (), window: str | int = "keep",
                     pad_windows: bool = False, *, dataset: str | None = None, input_key: str | None = None,
                     target_key: str | None = None, probes: ProbeOptions | None = None) -> list[dict[str, Any]]:
-    """Top-1, top-5 (%), loss and images/s of every model at every size and token budget on ``val_split``, per policy
-    of a RoPE model and per probe of ``probes`` (None: the head alone).
-
-    ``policies`` None runs each RoPE model under the policy it was built with, as timm runs it (a fixed default would
-    evaluate the Eva twins as they were never trained). A batch that would not fit in free memory is cut.
-    """
+    """Top-1, top-5 (%), loss and images/s of every model at every size, token budget, policy and probe; ``policies``
+    None runs each RoPE model under the policy it was built with, as timm runs it (a fixed default would evaluate the
+    Eva twins as they were never trained)."""
     device, probes = resolve_device(device), probes or ProbeOptions()
     check_options(policies or (), crop_pct, seq_lens)
     check_probe_options(probes)

@@ -181,7 +181,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Command-line entry point; returns the exit code (0 done, 1 ONNX Runtime disagrees with eager, 2 bad input)."""
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.checkpoint and (args.pretrained_file or args.num_classes is not None or args.model_kwargs

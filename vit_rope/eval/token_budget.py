@@ -86,7 +86,6 @@ def budget_settings(seq_lens: Sequence[int], patches: Sequence[tuple[int, int] |
 
 
 def to_device(inputs: Tensor | dict[str, Any], device: str) -> Tensor | dict[str, Any]:
-    """Images ``[B, C, H, W]``, or every tensor of a NaFlex batch, on ``device``."""
     if isinstance(inputs, dict):
         return {key: value.to(device, non_blocking=True) if isinstance(value, Tensor) else value
                 for key, value in inputs.items()}

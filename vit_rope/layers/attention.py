@@ -89,8 +89,7 @@ class RoPEAttention(Attention):
 
     def project_tables(self, x: Tensor, rope: RopeTables | None, weight: Tensor | None = None,
                        bias: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
-        """q, k, v ``[B, nh, N, D]`` of ``x``, q and k rotated by ``rope`` after the q/k norms; ``weight`` and ``bias``
-        replace ``qkv``'s for a folded basis."""
+        """q, k, v of ``x``, q and k rotated after the q/k norms; ``weight``, ``bias`` for a folded basis."""
         nh, nkv, D = self.num_heads, self.num_kv_heads, self.head_dim
         if rope is not None and self.plain_qk and nkv == nh:  # rotated in the projection's output
             return rotated_projection(x, self.qkv, nh, rope, weight, bias)
@@ -124,7 +123,6 @@ class RoPEAttention(Attention):
 
     def forward(self, x: Tensor, encoding: Any = None, attn_mask: Tensor | None = None,
                 is_causal: bool = False) -> Tensor:
-        """Attention of the tokens ``x`` ``[B, N, C]`` with this block's ``encoding``."""
         B, N, _ = x.shape
         gate = self.gate(x).sigmoid() if self.gate is not None else None
         encoding = block_input(encoding)

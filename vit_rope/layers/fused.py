@@ -171,8 +171,7 @@ def project_rotate_qk(linear: nn.Module, x: Tensor, num_heads: int, cos: Tensor,
 
 def rotated_projection(x: Tensor, linear: nn.Module, num_heads: int, tables: tuple[Tensor, Tensor],
                        weight: Tensor | None = None, bias: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
-    """q, k, v ``[B, nh, N, D]`` of ``linear(x)``, q and k rotated: the reference under a graph capture (compilers fuse
-    it), else ``project_rotate_qk``."""
+    """q, k, v of ``linear(x)``, q and k rotated: the reference under a graph capture, else fused."""
     if capturing(x):
         return reference_projection(x, linear, num_heads, tables, weight, bias)
     qkv = project_rotate_qk(linear, x, num_heads, tables[0], tables[1], weight=weight, bias=bias)

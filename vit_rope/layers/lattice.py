@@ -70,8 +70,7 @@ def _aa_bicubic_weights(index: Tensor, out_len: Tensor, in_len: int) -> Tensor:
 
 
 def _bilinear_corner_weights(index: Tensor, out_len: Tensor, in_len: int) -> Tensor:
-    """Weights ``[B, N, in_len]`` of ``F.interpolate(..., mode="bilinear", align_corners=True)`` from ``in_len`` to each
-    sample's ``out_len`` ``[B, 1]`` for output ``index`` ``[B, N]``."""
+    """Per-token weights ``[B, N, in_len]`` of ``F.interpolate(mode="bilinear", align_corners=True)``."""
     steps = (out_len.double() - 1).clamp(min=1.0)
     source = index.double() * (in_len - 1) / steps  # [B, N]
     taps = torch.arange(in_len, dtype=torch.float64, device=index.device)

@@ -21,7 +21,6 @@ class RmsNorm(TimmRmsNorm):
         return super().forward(x)
 
     def inference_path(self, x: Tensor) -> bool:
-        """Whether ``x`` takes the three passes: a tensor (not an FX proxy), no autograd, no fast norm, fp32/fp64, one
-        normalised dim."""
+        """Whether ``x`` takes the three passes: a tensor, no autograd or fast norm, fp32/fp64, one dim."""
         return (isinstance(x, Tensor) and not torch.is_grad_enabled() and not self._fast_norm
                 and len(self.normalized_shape) == 1 and x.dtype in (torch.float32, torch.float64))

@@ -126,8 +126,7 @@ def rotate_(qkv: Tensor, cos: Tensor, sin: Tensor) -> None:
 
 def rotated_backward(grad: Tensor, out: Tensor | None, cos: Tensor, sin: Tensor
                      ) -> tuple[Tensor, Tensor | None, Tensor | None]:
-    """Backward of ``rotate_`` (inside the projection's autograd node): the gradient of qkv, and of cos and sin when
-    ``out`` (the forward output) is given."""
+    """Backward of ``rotate_``: the gradient of qkv, and of cos and sin given the forward output ``out``."""
     grad = grad if grad.stride(-1) == 1 else grad.contiguous()
     grad_qkv = torch.empty(grad.shape, dtype=grad.dtype, device=grad.device)
     grads = _launch(grad, grad_qkv, cos, sin, conj=True, copy_v=True, out=out)

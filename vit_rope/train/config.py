@@ -168,8 +168,7 @@ def _is_text(hint: Any) -> bool:
 
 
 def load_yaml(path: str | Path, _seen: tuple[Path, ...] = ()) -> dict[str, Any]:
-    """The keys set in a config file and the chain of ``base:`` parents it names, checked and typed; a child's value
-    replaces its parent's (dicts included)."""
+    """The keys of a config file and its chain of ``base:`` parents, typed; a child's value replaces its parent's."""
     path = Path(path).resolve()
     if path in _seen:
         raise UserError(f"config inheritance loops back to {path}; remove one of the 'base:' entries")
@@ -221,7 +220,6 @@ def parse_override(item: str) -> tuple[str, str | None, Any]:
 
 
 def _read_yaml(item: str, text: str) -> Any:
-    """The value of the override ``item`` read as YAML, or a ``UserError`` quoting it."""
     try:
         return yaml.safe_load(text)
     except yaml.YAMLError as err:

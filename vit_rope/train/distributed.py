@@ -19,8 +19,6 @@ from vit_rope.checks import resolve_device
 
 @dataclass(frozen=True)
 class DistEnv:
-    """Where this process runs: its device, its rank and the number of processes."""
-
     device: torch.device
     rank: int = 0
     world_size: int = 1
@@ -41,8 +39,7 @@ def init_distributed(device: str) -> DistEnv:
 
 
 def set_cpu_threads(threads: int, workers: int) -> int:
-    """Set PyTorch's intra-op CPU threads: ``threads``, or for 0 ``OMP_NUM_THREADS`` when set, else this process's
-    share of the cores minus the loader ``workers``."""
+    """Set PyTorch's CPU threads: ``threads``, else ``OMP_NUM_THREADS``, else the cores less the ``workers``."""
     if threads or "OMP_NUM_THREADS" not in os.environ:
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
         torch.set_num_threads(threads or max(1, cores // int(os.environ.get("LOCAL_WORLD_SIZE", 1)) - workers))

@@ -49,8 +49,7 @@ def build_transforms(cfg: Config, data_config: dict[str, Any]) -> tuple[dict[int
 
 
 def choose_pipeline(cfg: Config) -> tuple[str, str]:
-    """``("tensor" | "timm" | "naflex", why)``: the batched tensor pipeline when the decoded cache is on and every
-    augmentation batches, else timm's per-image one."""
+    """``(pipeline, why)``: the batched one when the decoded cache is on and every augmentation batches."""
     if cfg.naflex:  # train.config_checks.check_config refuses pipeline=tensor and what NaFlex cannot do
         lengths = " ".join(map(str, cfg.naflex_seq_lens))
         return "naflex", f"naflex=true: native aspect ratios, sequence lengths {lengths}"
@@ -192,6 +191,6 @@ def _naflex_loaders(cfg: Config, train: tuple[list[Sample], DecodedImages | None
 
 
 def set_epoch(loader: Loader, epoch: int, start_step: int = 0) -> None:
-    """Select epoch ``epoch`` of a training loader, iterated from step ``start_step`` (a run resumed mid-epoch)."""
+    """Select epoch ``epoch`` of a training loader, iterated from step ``start_step`` (a resumed run)."""
     steps = loader if isinstance(loader, BatchLoader | NaFlexLoader) else loader.batch_sampler
     steps.set_epoch(epoch, start_step)

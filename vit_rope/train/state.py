@@ -34,7 +34,6 @@ def rng_state() -> dict[str, Any]:
 
 
 def set_rng_state(state: dict[str, Any]) -> None:
-    """Restore the RNG states captured by ``rng_state``."""
     torch.set_rng_state(state["torch"])
     if state["cuda"] and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
@@ -60,7 +59,6 @@ RENAMED = {"rope_kind": ("encoding", None), "rope_policy": ("resolution_policy",
 
 
 def current_model_args(kwargs: dict[str, Any]) -> dict[str, Any]:
-    """Model arguments that an earlier version saved, in today's names."""
     out = {key: value for key, value in kwargs.items() if key not in RENAMED}
     for old, (new, key) in RENAMED.items():
         if old in kwargs:

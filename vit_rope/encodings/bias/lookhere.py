@@ -92,8 +92,7 @@ def check_config(config: str | dict[str, Any] | None, num_heads: int, depth: int
 
 
 def head_plan(spec: str, num_heads: int) -> tuple[tuple[tuple[str, ...], ...], tuple[float, ...]]:
-    """Each head's direction tokens and slope for a ``head_directions`` string (``"eighths1-eighths2"``); slopes halve
-    every 4 heads, as the official ``groupby`` makes them."""
+    """Each head's direction tokens and slope, as the official code splits heads and halves slopes."""
     names = spec.split("-")
     bad = [name for name in names if name not in DIRECTION_GROUPS]
     if bad:

@@ -23,8 +23,7 @@ def is_lookhere_checkpoint(obj: Any) -> bool:
 
 
 def official_args(obj: Mapping[str, Any]) -> dict[str, Any]:
-    """The ``timm.create_model`` arguments of a ``*_lookhere_*`` model for the file ``obj``: its config, and the
-    official ViT's LayerNorm eps, LayerScale and MLP classifier."""
+    """The ``timm.create_model`` arguments of a ``*_lookhere_*`` model for the official file ``obj``."""
     weights = obj["weights"]
     args: dict[str, Any] = dict(encoding="lookhere", encoding_options={"config": obj["config"]},
                                 norm_layer=partial(nn.LayerNorm, eps=1e-5), init_values=1e-4)
@@ -47,8 +46,7 @@ def describe(obj: Mapping[str, Any]) -> Description:
 
 
 def from_lookhere(obj: dict[str, Any], model: nn.Module) -> Converted:
-    """The state dict of an official LookHere file, after checking that ``model`` is LookHere with the same config and
-    an MLP classifier (else a ``ValueError`` naming both and the fix); the caller checks shapes."""
+    """The state dict of an official LookHere file, for a LookHere ``model`` of its config."""
     kind = getattr(model, "encoding_kind", None)
     if kind != "lookhere":
         raise ValueError(f"The checkpoint is an official LookHere one, the model's encoding is {kind!r}: load it into "

@@ -40,8 +40,7 @@ def scaled_offsets(positions: Tensor, scale: Tensor | None) -> Tensor:
 
 
 def policy_scale(grids: Tensor, train_grid: tuple[int, int] | None, policy: str) -> Tensor | None:
-    """What the policy multiplies offsets by per grid ``grids`` ``[1 or B, 2]`` (h, w): ``[1 or B, 2]`` (x, y)
-    training / input grid size under ``interpolate``, ``None`` (as they are) otherwise."""
+    """What the policy multiplies offsets by per grid: training / input size under ``interpolate``, else None."""
     if policy != "interpolate" or train_grid is None:
         return None
     return torch.tensor([train_grid[1], train_grid[0]], device=grids.device) / grids.flip(-1).float()
@@ -56,7 +55,6 @@ def policy_offsets(grid: tuple[int, int], train_grid: tuple[int, int] | None, po
 
 
 def pad_prefix(table: Tensor, num_prefix_tokens: int) -> Tensor:
-    """Zero rows and columns in front for the prefix tokens: ``[..., N, N]`` -> ``[..., P + N, P + N]``."""
     return F.pad(table, (num_prefix_tokens, 0, num_prefix_tokens, 0)) if num_prefix_tokens else table
 
 
@@ -109,8 +107,7 @@ def _masks(view: Tensor, prefix: int, dtype: torch.dtype) -> Callable[[int, int]
 
 def _chunked(q: Tensor, k: Tensor, v: Tensor, flipped: Tensor, grid: tuple[int, int], prefix: int, scale: float,
              lse: Tensor | None = None) -> Tensor:
-    """SDPA by chunks of queries, keys and values reversed, ``flipped`` the flipped, scaled table; flash attention's
-    log-sum-exp written into ``lse`` ``[B, nh, P + N]`` if given."""
+    """SDPA by chunks of queries on reversed keys and values; flash attention's log-sum-exp into ``lse`` if given."""
     masks = _masks(_table_view(flipped, grid), prefix, q.dtype)
     out = torch.empty_like(q)
     for start, stop in _chunks(grid, prefix, k.shape[-2] * q.shape[1], FLASH_QUERIES):

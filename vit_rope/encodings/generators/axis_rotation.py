@@ -32,8 +32,7 @@ def rotate_axes(q: Tensor, k: Tensor, turns: tuple[Tensor, Tensor, Tensor]) -> t
 
 
 def axis_turns(values: tuple[Tensor, Tensor], gens: tuple[Tensor, Tensor]) -> tuple[Tensor, Tensor]:
-    """``exp(v_c A)`` ``[L, H, n, m, b, b]`` per axis of evenly spaced ``values``: first and step exponentiated in one
-    call, the rest as the step's powers."""
+    """``exp(v_c A)`` per axis of evenly spaced ``values``: two exponentials, then the step's powers."""
     blocks, sizes = [gen.shape[2] for gen in gens], [value.shape[0] for value in values]
     steps = [value[1] - value[0] if value.shape[0] > 1 else value[0] * 0 for value in values]
     exponents = [value[0] * gen for value, gen in zip(values, gens, strict=True)]

@@ -112,8 +112,7 @@ class BlockRotations(Rotations):
 
 @register_notrace_module
 class BlockRotation(PositionEncoding):
-    """Each block's rotation tables from the kind's ``generators()`` at its ``place``'s positions; prefix tokens at
-    ``prefix_position`` on both axes (``None``: the identity)."""
+    """Each block's rotation tables from the kind's ``generators()`` at its ``place``'s positions."""
 
     CACHE_SIZE = 2
     policies = POSITION_POLICIES

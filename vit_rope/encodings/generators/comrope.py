@@ -107,8 +107,7 @@ class ComRoPE(BlockRotation):
         return self.prefix_tables(gens, num_prefix_tokens), *turns
 
     def spectral_tables(self, coords: Tensor, num_prefix_tokens: int) -> list[tuple[Tensor, Callable]] | None:
-        """Per block, the basis ``[H, D, D]`` and the maker of RoPE tables equal to its rotations, or ``None`` where
-        the form is ambiguous."""
+        """Per block, the basis and the maker of RoPE tables equal to its rotations; ``None`` where ambiguous."""
         with torch.no_grad():
             skew, scale = self.angle_matrices()
             scale = scale.reshape(-1, 2, skew.shape[3])  # [L or 1, 2, m]

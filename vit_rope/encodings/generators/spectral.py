@@ -45,8 +45,7 @@ def spectral_form(skew: Tensor, scale: Tensor) -> tuple[Tensor, Tensor] | None:
 
 
 class FoldedProjection:
-    """One attention's qkv weights with a basis folded into their q and k rows, kept while the basis and the weights
-    stay the same: folded once per grid and weights, not per forward."""
+    """One attention's qkv weights with a basis folded in, kept while the basis and the weights stay the same."""
 
     def __init__(self) -> None:
         self._kept: tuple[Any, ...] | None = None

@@ -31,8 +31,7 @@ def check_parabolas(parabolas: int) -> int:
 
 
 def pape_positions(coord: Tensor, grids: Tensor, policy: str, train_grid: tuple[int, int] | None) -> Tensor:
-    """The official ``(col + 1, row + 1)``, as they are, divided by the grid (``normalized``) or scaled by training /
-    input grid (``interpolate``)."""
+    """The official ``(col + 1, row + 1)``, as they are, divided by the grid or scaled to the training grid."""
     xy = coord.flip(-1).float() + 1.0
     if policy == "extrapolate":
         return xy
@@ -126,8 +125,7 @@ class Parabolas(BlockInput):
 
 @register_notrace_module
 class ParabolicEncoding(PositionEncoding):
-    """PaPE or PaPE-RI as the model's encoding: the official positions of every token, handed to each block's
-    ``ParabolaLayer``; nothing learned here."""
+    """PaPE or PaPE-RI: every token's official position, handed to each block's ``ParabolaLayer``."""
 
     policies = ("extrapolate", "interpolate", "normalized")
 

@@ -44,8 +44,7 @@ class CayleyString(nn.Module):
         return cayley(self.skew)
 
     def forward(self, weight: Tensor, bias: Tensor | None, cache: bool = False) -> tuple[Tensor, Tensor | None]:
-        """The projection folded with ``P``; with ``cache`` and no autograd, the last fold while neither the weights
-        nor ``S`` changed."""
+        """The projection folded with ``P``; with ``cache`` and no autograd, the last fold while nothing changed."""
         if cache and not torch.is_grad_enabled():
             return self._cached(weight, bias)
         return fold_qk(self.basis(), weight, bias)

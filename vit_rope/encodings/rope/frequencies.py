@@ -41,8 +41,7 @@ def _magnitudes(head_dim: int, theta: float) -> Tensor:
 
 
 def axial_frequencies(head_dim: int, theta: float = 100.0, alternate: bool = False) -> Tensor:
-    """Axial RoPE ``(wx, wy)`` ``[2, 1, D/2]``; ``alternate``: x on the odd rungs of ``theta ** (-2j / D)``, y on the
-    even ones (Pixtral's)."""
+    """Axial RoPE ``(wx, wy)`` ``[2, 1, D/2]``; ``alternate``: Pixtral's, x and y on alternate rungs."""
     if not alternate:
         return axial_layout(_magnitudes(check_head_dim(head_dim), theta))
     ladder = 1.0 / (theta ** (torch.arange(0, check_head_dim(head_dim), 2, dtype=torch.float32) / head_dim))

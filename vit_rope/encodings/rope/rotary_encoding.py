@@ -78,8 +78,7 @@ class RotaryEncoding(PositionEncoding, nn.ModuleList):
         return LazyBlockInputs(block, self.depth)  # each block's tables as the block runs
 
     def fold_(self, blocks: nn.ModuleList) -> None:
-        """Write each block's STRING basis into its qkv projection and drop it: the same function at the base kind's
-        cost."""
+        """Write each block's STRING basis into its qkv projection: the same function at the base kind's cost."""
         if not self.string:
             return
         for blk in blocks:

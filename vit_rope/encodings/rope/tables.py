@@ -76,15 +76,10 @@ torch.fx.wrap("policy_tables")
 
 @register_notrace_module
 class RoPE2D(nn.Module):
-    """Frequencies of one 2D RoPE and the tables they give for a set of positions.
-
-    Axial, golden and DINOv3 frequencies are a fixed, non-persistent buffer (rebuilt on load); mixed ones a learnable
-    ``[2, num_heads, head_dim // 2]`` parameter without weight decay (RoPE-ViT learns them per layer). The model's
-    RoPE arguments are these names with ``rope_`` in front (docs/models.md). ``theta`` None: RoPE-ViT's (100 axial,
-    10 mixed) or DINOv3's; ``policy`` None: the kind's own; ``fraction``: p-RoPE's share of pairs rotated, a fixed
-    mask, so unrotated learned ones get gradient 0; ``grid_offset``: Perception Encoder's 1, the unrotated class token
-    at 0; ``alternate_axes``: Pixtral's ladder (``frequencies.axial_frequencies``).
-    """
+    """Frequencies of one 2D RoPE and the tables they give for a set of positions: fixed ones a non-persistent buffer
+    (rebuilt on load), mixed ones a parameter without weight decay. The model's RoPE arguments are these names with
+    ``rope_`` in front (docs/models.md); ``fraction`` (p-RoPE) is a fixed mask, so unrotated learned pairs get gradient
+    0; ``grid_offset`` is Perception Encoder's 1, the unrotated class token at 0."""
 
     def __init__(
         self,
