@@ -1,7 +1,6 @@
 """Weights files and state dicts as users meet them: a file read with an error that tells a corrupt file from a wrong
 one, the keys that keep a state dict from fitting on one line, files written atomically, and what a checkpoint format
-is.
-"""
+is."""
 
 from __future__ import annotations
 

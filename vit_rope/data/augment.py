@@ -1,8 +1,7 @@
 """Batched augmentation ops on uint8 / float image tensors ``[B, 3, H, W]``, for ``vit_rope.data.pipeline``.
 
 Each op draws from a CPU ``torch.Generator`` passed in, as many numbers whatever the outcome, so that a batch is
-reproducible from ``(seed, epoch, rank)`` on any device; how they differ from timm's: docs/training.md.
-"""
+reproducible from ``(seed, epoch, rank)`` on any device; how they differ from timm's: docs/training.md."""
 
 from __future__ import annotations
 

@@ -1,8 +1,7 @@
 """The decoded-image cache: every image of a split decoded once, short side shrunk, in one flat uint8 tensor.
 
 On a small CPU, decoding full-size JPEGs every epoch costs more than a tiny ViT's training step; one flat,
-memory-mapped tensor is shared by forked loader workers and by the DDP ranks of a machine.
-"""
+memory-mapped tensor is shared by forked loader workers and by the DDP ranks of a machine."""
 
 from __future__ import annotations
 

@@ -1,7 +1,6 @@
 """Image folders: the data root, ImageFolder splits scanned with clear errors, class-balanced subsets, and the datasets
 timm's per-image pipeline reads. Unreadable images never stop a run: they are replaced by the next readable one
-(batches keep their size, which Mixup and DDP rely on), with a warning naming the file.
-"""
+(batches keep their size, which Mixup and DDP rely on), with a warning naming the file."""
 
 from __future__ import annotations
 

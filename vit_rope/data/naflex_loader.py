@@ -1,7 +1,6 @@
 """Native aspect-ratio (NaFlex) batches for training and validation, from timm's NaFlex data pipeline (NaViT, Dehghani
 et al., NeurIPS 2023), with draws seeded by (seed, epoch, rank, step, position) so that a run resumes at any step to the
-same batches whatever the workers (docs/training.md, "Native aspect ratio").
-"""
+same batches whatever the workers (docs/training.md, "Native aspect ratio")."""
 
 from __future__ import annotations
 

@@ -1,8 +1,7 @@
 """Batched tensor data pipeline: a decoded uint8 store, augmented one *batch* at a time on the compute device.
 
 Per-image PIL augmentation in ``DataLoader`` workers leaves a small CPU's training step a fraction of its speed
-(docs/performance.md, "Data pipeline"); here no workers, and no image is decoded again.
-"""
+(docs/performance.md, "Data pipeline"); here no workers, and no image is decoded again."""
 
 from __future__ import annotations
 

@@ -1,7 +1,6 @@
 """WebDataset shards (timm's ``wds/`` layout) read by random access: each sample located once by an index of the shards'
 headers, then read with one ``pread``. Unlike timm's streaming reader, an epoch is then a permutation of (seed, epoch),
-each sample read once, and a run resumes mid-epoch to the same batches (docs/data.md).
-"""
+each sample read once, and a run resumes mid-epoch to the same batches (docs/data.md)."""
 
 from __future__ import annotations
 

@@ -1,8 +1,7 @@
 """Writing an image folder as WebDataset shards in timm's layout, for ``dataset: wds/<name>``.
 
 Each split's order is shuffled by ``--seed`` so that every shard mixes the classes (timm's streaming reader needs it);
-``_info.json`` is written last: a folder without it was not finished (docs/data.md).
-"""
+``_info.json`` is written last: a folder without it was not finished (docs/data.md)."""
 
 from __future__ import annotations
 

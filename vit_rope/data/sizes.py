@@ -1,8 +1,7 @@
 """Variable-resolution training: which image size each optimizer step trains at, and how many images it takes.
 
 Encodings that must hold at many resolutions are best trained at many (NaViT, Dehghani et al. 2023; FiT; DeiT / YOLO
-multi-scale); each step's size is a pure function of (seed, epoch, step), the same on every rank and on resume.
-"""
+multi-scale); each step's size is a pure function of (seed, epoch, step), the same on every rank and on resume."""
 
 from __future__ import annotations
 

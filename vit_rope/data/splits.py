@@ -1,6 +1,5 @@
 """A split of a data set as ``(source, class index)`` samples sorted by class, whatever holds it: an image folder,
-WebDataset shards or a Hugging Face dataset on disk, named with timm's prefixes (docs/data.md).
-"""
+WebDataset shards or a Hugging Face dataset on disk, named with timm's prefixes (docs/data.md)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,6 @@
 """The steps of a training epoch, for both pipelines: ``StepSampler`` (as ml-cvnets' ``VariableBatchSampler``) cuts an
 epoch's order into steps, a pure function of (seed, epoch, step), and seeds each image's augmentation by (seed, epoch,
-rank, step, position): ranks agree without a collective, and a run resumed at step k repeats steps k, k+1, ...
-"""
+rank, step, position): ranks agree without a collective, and a run resumed at step k repeats steps k, k+1, ..."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
 """The position encodings: one interface (``base``) and one module or subpackage per family; importing the package
-registers every kind, ``build`` makes the encoding a model describes.
-"""
+registers every kind, ``build`` makes the encoding a model describes."""
 
 from __future__ import annotations
 

@@ -2,8 +2,7 @@
 
 RoPE-ViT (Heo et al., ECCV 2024, arXiv:2403.13298) keeps DeiT-III's APE beside RoPE in its "+APE" variants. A table
 learnt for one grid is resampled to every other (timm's ``resample_abs_pos_embed``): at each forward, and once when a
-checkpoint of another grid is loaded, whose grid ``source_grids`` infers.
-"""
+checkpoint of another grid is loaded, whose grid ``source_grids`` infers."""
 
 from __future__ import annotations
 

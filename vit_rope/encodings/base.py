@@ -2,8 +2,7 @@
 
 The interface is that of PaPE's repository (``pape/nn/positions/base.py``) and of timm's NaFlexViT, whose one embedding
 path serves both kinds of batch. Each block gets one ``encoding`` argument: RoPE tables ``(cos, sin)``, a
-``BlockInput`` of the kind, or ``None``. Adding a kind: docs/layout.md.
-"""
+``BlockInput`` of the kind, or ``None``. Adding a kind: docs/layout.md."""
 
 from __future__ import annotations
 

@@ -1,8 +1,7 @@
 """Position ablation: how much of a trained model's output its position encoding makes (docs/evaluation.md).
 
 A ViT without a position encoding still learns to classify (CPVT, Chu et al., ICLR 2023), so a model that barely uses
-its encoding gives the same logits under any policy: its policies agree for that reason, not because both hold.
-"""
+its encoding gives the same logits under any policy: its policies agree for that reason, not because both hold."""
 
 from __future__ import annotations
 

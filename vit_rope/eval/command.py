@@ -1,8 +1,7 @@
 """Accuracy against input resolution: checkpoints or timm models on ``DIR/val`` (``--val-split``) at several sizes and
 RoPE policies, by their classifier or by kNN and linear probes of their features (a backbone without a head).
 
-Exit codes (docs/evaluation.md): 0 done, 2 bad input, all checked before any evaluation starts.
-"""
+Exit codes (docs/evaluation.md): 0 done, 2 bad input, all checked before any evaluation starts."""
 
 from __future__ import annotations
 

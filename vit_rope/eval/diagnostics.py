@@ -1,8 +1,7 @@
 """Diagnostics of a RoPE ViT: frequency coverage, learned mixed directions, attention entropy across sizes.
 
 A channel pair that completes less than one turn across the training grid never saw the phases that a larger grid
-produces (RoPE-ViT, Heo et al., ECCV 2024; YaRN, Peng et al. 2023); docs/evaluation.md says what each measure tells.
-"""
+produces (RoPE-ViT, Heo et al., ECCV 2024; YaRN, Peng et al. 2023); docs/evaluation.md says what each measure tells."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
 """One pass of the evaluation over a split at one setting: each batch decoded once and fed to every run (model x
-policy) in turn; and the train split that the probes read, checked before any forward.
-"""
+policy) in turn; and the train split that the probes read, checked before any forward."""
 
 from __future__ import annotations
 

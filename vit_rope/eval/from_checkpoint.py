@@ -1,6 +1,5 @@
 """One loader for every checkpoint vit_rope reads: ``create_from_checkpoint(path, **overrides)`` builds the model a file
-or folder describes (its format, ``vit_rope.models.formats``, or a ``train.py`` checkpoint's record) and loads it.
-"""
+or folder describes (its format, ``vit_rope.models.formats``, or a ``train.py`` checkpoint's record) and loads it."""
 
 from __future__ import annotations
 

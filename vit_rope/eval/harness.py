@@ -1,7 +1,6 @@
 """The evaluation loop behind ``python -m vit_rope.evaluate``: models on one val split at several square sizes, RoPE
 policies and token budgets, under one protocol so that the numbers compare (crop_pct 1.0 by default, as RoPE-ViT).
-Every option is checked before any image is read, so bad input costs nothing.
-"""
+Every option is checked before any image is read, so bad input costs nothing."""
 
 from __future__ import annotations
 

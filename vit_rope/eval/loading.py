@@ -1,7 +1,6 @@
 """The models that evaluation, export and diagnosis take: a ``train.py`` checkpoint rebuilt from what it stores, or a
 timm model with the weights of a local file or timm's published ones, built with ``dynamic_img_size=True``. A model
-whose learned frequencies or classifier were not in its weights is refused rather than evaluated at random values.
-"""
+whose learned frequencies or classifier were not in its weights is refused rather than evaluated at random values."""
 
 from __future__ import annotations
 

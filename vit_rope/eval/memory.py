@@ -1,7 +1,6 @@
 """How many images of a size fit in memory, said before the first forward: a batch that evaluates at 224 px can need
 more than the machine has at 2048 px, which ends the process without a message. The estimate errs high: measured peaks
-of ViT-S at 896-2048 px (``benchmarks/scaling.py``) are 0.5-0.9x of it.
-"""
+of ViT-S at 896-2048 px (``benchmarks/scaling.py``) are 0.5-0.9x of it."""
 
 from __future__ import annotations
 

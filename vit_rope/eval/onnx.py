@@ -1,8 +1,7 @@
 """ONNX export with a dynamic batch, height and width: one file serves every image size the model accepts.
 
 A RoPE ViT builds its tables from the patch grid inside ``forward``, so nothing is fixed to the training size
-(docs/export.md). Exit codes: 0 written and checked, 1 ONNX Runtime disagrees with eager, 2 bad input.
-"""
+(docs/export.md). Exit codes: 0 written and checked, 1 ONNX Runtime disagrees with eager, 2 bad input."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
 """Probes of a frozen backbone beside its head: DINO's weighted kNN (Wu et al. 2018; Caron et al. 2021) and a linear
-classifier fitted once, at one size, then evaluated at every size and policy (docs/evaluation.md).
-"""
+classifier fitted once, at one size, then evaluated at every size and policy (docs/evaluation.md)."""
 
 from __future__ import annotations
 

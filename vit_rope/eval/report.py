@@ -1,6 +1,5 @@
 """Reports of a multi-resolution evaluation: ``results.json``, a Markdown table and an accuracy-vs-size plot; token
-budgets are plotted at ``sqrt(L * h * w)`` px, beside the square size of as many tokens. matplotlib is optional.
-"""
+budgets are plotted at ``sqrt(L * h * w)`` px, beside the square size of as many tokens. matplotlib is optional."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
 """The windows of a Swin Transformer at each evaluation size: kept as trained (``keep``: the policies change nothing),
-scaled with the image (``scale``, timm's ``set_input_size`` rule) or given (docs/evaluation.md).
-"""
+scaled with the image (``scale``, timm's ``set_input_size`` rule) or given (docs/evaluation.md)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
 """Attention and transformer block of timm's ViT, with one door for every position encoding: each block gets one
-``encoding`` argument (RoPE tables, a ``BlockInput`` or ``None``) and knows no kind by name.
-"""
+``encoding`` argument (RoPE tables, a ``BlockInput`` or ``None``) and knows no kind by name."""
 
 from __future__ import annotations
 

@@ -1,7 +1,6 @@
 """RoPE rotation of the queries and keys straight from the qkv projection's output, in one pass: each pair one complex
 product over the q and k slices, in place without autograd, and in training inside one autograd node with the
-projection, which saves only what attention keeps (docs/performance.md, "How the rotation is computed").
-"""
+projection, which saves only what attention keeps (docs/performance.md, "How the rotation is computed")."""
 
 from __future__ import annotations
 

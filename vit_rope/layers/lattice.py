@@ -1,7 +1,6 @@
 """What NaFlex batches need beyond an image batch: every image at its own size and aspect ratio, its patches packed into
 one padded sequence (NaViT, Dehghani et al., NeurIPS 2023; timm's NaFlexViT). All is computed for the whole batch at
-once: no Python loop over samples, no ``.item()``, so torch.compile sees one graph whatever the grids.
-"""
+once: no Python loop over samples, no ``.item()``, so torch.compile sees one graph whatever the grids."""
 
 from __future__ import annotations
 
@@ -21,8 +20,7 @@ def naflex_grid(coord: Tensor, valid: Tensor) -> Tensor:
 class Lattice(NamedTuple):
     """Where each token of a NaFlex batch reads its RoPE table when its position is its patch coordinate: ``rows``
     ``[B, P + N]`` of the tables of the bounding ``grid`` (h, w) with one identity row in front
-    (``RoPE2D.lattice_tables``): prefix tokens read row 0, the patch at (y, x) row ``1 + y * w + x``, padding (0, 0).
-    """
+    (``RoPE2D.lattice_tables``): prefix tokens read row 0, the patch at (y, x) row ``1 + y * w + x``, padding (0, 0)."""
 
     rows: Tensor
     grid: tuple[int, int]

@@ -1,6 +1,5 @@
 """RMSNorm (Zhang & Sennrich, NeurIPS 2019, arXiv:1910.07467) as timm's ``RmsNorm``, with fewer passes in inference: on
-CPU neither timm's nor PyTorch's is one kernel (four or five memory-bound passes); without autograd this takes three.
-"""
+CPU neither timm's nor PyTorch's is one kernel (four or five memory-bound passes); without autograd this takes three."""
 
 from __future__ import annotations
 

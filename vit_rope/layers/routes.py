@@ -1,6 +1,5 @@
 """Whether a forward runs under a graph capture (torch.compile, torch.export, TorchScript tracing, FX), where the eager
-fast paths (in-place writes, Python caches) must take the reference path.
-"""
+fast paths (in-place writes, Python caches) must take the reference path."""
 
 from __future__ import annotations
 

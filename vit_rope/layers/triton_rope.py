@@ -1,8 +1,7 @@
 """Triton kernels of the fused q/k rotation (``vit_rope.layers.fused``): forward and backward in one pass each, on CUDA.
 
 A head's channels move as one contiguous tile (16-byte accesses; tests check the sm_90 PTX); backward sums the table
-gradient through one ``sum_to_size``: no atomics, deterministic. On CPU tensors Triton's interpreter runs them.
-"""
+gradient through one ``sum_to_size``: no atomics, deterministic. On CPU tensors Triton's interpreter runs them."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
 """One checked ``Config`` from defaults, a YAML chain and the command line (apart from ``config`` to avoid an import
-circle with ``config_checks``).
-"""
+circle with ``config_checks``)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
 """Training configuration: one flat dataclass (each key overridable as ``key=value``), YAML files that inherit from each
-other (``base: other.yaml``), and CLI overrides; ``configs/base.yaml`` documents every key.
-"""
+other (``base: other.yaml``), and CLI overrides; ``configs/base.yaml`` documents every key."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
 """Checks of a training config beyond its types, run on every config by ``build_config``, so that a bad value fails as a
-``UserError`` naming the key, the value and the fix before any data is read.
-"""
+``UserError`` naming the key, the value and the fix before any data is read."""
 
 from __future__ import annotations
 

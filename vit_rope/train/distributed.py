@@ -1,6 +1,5 @@
 """Where a training process runs: its device, its rank among ``torchrun``'s processes, its CPU threads and float
-modes, and the collectives training needs, which do nothing on one process.
-"""
+modes, and the collectives training needs, which do nothing on one process."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
 """Training engine: one training epoch, validation and the per-epoch log, alike on one CPU process and on N GPUs under
-``torchrun``: metrics are reduced across ranks, and only rank 0 touches files.
-"""
+``torchrun``: metrics are reduced across ranks, and only rank 0 touches files."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
 """The model a training run trains, built from its config before any image is decoded, checked against the training
-sizes and given the weights of the run it resumes or of the checkpoint it fine-tunes.
-"""
+sizes and given the weights of the run it resumes or of the checkpoint it fine-tunes."""
 
 from __future__ import annotations
 

@@ -1,7 +1,6 @@
 """Resuming a run: the settings it goes on with, and the training state put back from its checkpoint. The optimizer and
 schedule go on from their saved state whatever the command line says, so ``reconcile`` keeps their keys and names every
-other difference in one warning.
-"""
+other difference in one warning."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
 """Resumable training state: checkpoints written atomically and tagged with their format, and every rank's RNG states as
-tensors and scalars, which ``weights_only=True`` loads.
-"""
+tensors and scalars, which ``weights_only=True`` loads."""
 
 from __future__ import annotations
 

@@ -2,8 +2,7 @@
 ALiBi, Press et al., ICLR 2022) and LookHere (Fuller et al., NeurIPS 2024, arXiv:2405.13985; ``lookhere.py``).
 
 Both are a penalty of the offset times one scale per layer, so an image batch gets one table per offset
-(``offset_attention``); the rest build dense ``[1 or B, H, N, N]`` per forward (docs/models.md).
-"""
+(``offset_attention``); the rest build dense ``[1 or B, H, N, N]`` per forward (docs/models.md)."""
 
 from __future__ import annotations
 

@@ -1,8 +1,7 @@
 """LookHere's directed attention masks and distance penalties (Fuller et al., NeurIPS 2024, arXiv:2405.13985).
 
 The configuration is the official code's dict (github.com/GreenCUBIC/lookhere, MIT; ``CONFIG_KEYS``), written here as
-pure functions of positions so that NaFlex samples and fractional coordinates work too (docs/models.md).
-"""
+pure functions of positions so that NaFlex samples and fractional coordinates work too (docs/models.md)."""
 
 from __future__ import annotations
 

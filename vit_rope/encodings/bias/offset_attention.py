@@ -1,7 +1,6 @@
 """The bias family's shared maths: patch offsets, the policies' scale of them, and attention with a bias of the offset
 between two patches read from a table ``[nh, 2h - 1, 2w - 1]`` without its ``[nh, N, N]`` matrix: on CPU by chunks of
-grid rows, on CUDA through FlexAttention's ``score_mod`` (docs/performance.md).
-"""
+grid rows, on CUDA through FlexAttention's ``score_mod`` (docs/performance.md)."""
 
 from __future__ import annotations
 

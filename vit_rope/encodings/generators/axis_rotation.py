@@ -1,7 +1,6 @@
 """ComRoPE's rotations of an image batch given per axis: ``exp(x A_x + y A_y) = exp(y A_y) exp(x A_x)`` where the
 generators commute; on evenly spaced positions ``exp(x_c A) = exp(x_0 A) exp(d A)^c``, a handful of exponentials
-instead of one per cell.
-"""
+instead of one per cell."""
 
 from __future__ import annotations
 

@@ -1,7 +1,6 @@
 """Rotations ``R(p) = exp(p_x A_x + p_y A_y)`` from learned skew-symmetric generators, acting on blocks of ``b``
 channels instead of RoPE's 2x2 pairs: what ComRoPE (Yu et al., CVPR 2025, arXiv:2506.03737) and LieRE (Ostmeier et al.,
-ICML 2025, arXiv:2406.10322) share.
-"""
+ICML 2025, arXiv:2406.10322) share."""
 
 from __future__ import annotations
 

@@ -2,8 +2,7 @@
 
 Yu et al., "ComRoPE: Scalable and Robust Rotary Position Embedding Parameterized by Trainable Commuting Angle
 Matrices", CVPR 2025, arXiv:2506.03737; github.com/Longin-Yu/ComRoPE, ``model.py`` at 7aeef083. ``block_size`` is 8
-(``model.py``'s 2 makes AP RoPE with learned frequencies); forms, positions and policies: docs/models.md.
-"""
+(``model.py``'s 2 makes AP RoPE with learned frequencies); forms, positions and policies: docs/models.md."""
 
 from __future__ import annotations
 

@@ -1,8 +1,7 @@
 """LieRE: rotations ``exp(p_x A_x + p_y A_y)`` from learned skew-symmetric generators that need not commute.
 
 Ostmeier et al., ICML 2025, arXiv:2406.10322; github.com/StanfordMIMI/LieRE at b27b41ba. One set for every block by
-default: the official forward turns every block by layer 0's, so the checkpoints were trained that way.
-"""
+default: the official forward turns every block by layer 0's, so the checkpoints were trained that way."""
 
 from __future__ import annotations
 

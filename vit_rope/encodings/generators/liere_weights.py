@@ -2,8 +2,7 @@
 
 A checkpoint is our ``vit_rope_*_patch16_liere_224`` with the arguments its shapes give; the training size is not
 saved (224 px, the ImageNet recipe's), and generators saved per layer are reduced to layer 0's, which the official
-forward turns every block by (docs/models.md).
-"""
+forward turns every block by (docs/models.md)."""
 
 from __future__ import annotations
 

@@ -1,8 +1,7 @@
 """ComRoPE's commuting block rotations as RoPE in a fixed basis: how it runs in evaluation at the cost of mixed RoPE.
 
 The real Schur form ``S = Q T Q^T`` gives ``exp(t S) = Q Rot(t w) Q^T``, the same basis at every position, which folds
-into the q and k rows of the projection. Evaluation only: the form has no stable gradient where two ``w_k`` meet.
-"""
+into the q and k rows of the projection. Evaluation only: the form has no stable gradient where two ``w_k`` meet."""
 
 from __future__ import annotations
 

@@ -1,8 +1,7 @@
 """PaPE's official image classifiers (github.com/DTU-PAS/parabolic-position-encoding) as vit_rope models.
 
 A folder of ``config.json`` and ``model.pt`` is our ``vit_rope_*_patch16_{pape,pape_ri}_224``, keys mapped one to one;
-the format does not save the training grid: 224 x 224, as the ImageNet classifiers train (docs/models.md).
-"""
+the format does not save the training grid: 224 x 224, as the ImageNet classifiers train (docs/models.md)."""
 
 from __future__ import annotations
 

@@ -1,8 +1,7 @@
 """PaPE and PaPE-RI: a content-dependent parabolic attention bias, written into q and k as extra channels.
 
 Koo Øhrstrøm et al., arXiv:2602.01418, 2026; github.com/DTU-PAS/parabolic-position-encoding at 21cb390. A head's
-parabolas become 5 channels for any count (PaPE-RI: 3); docs/models.md, "Parabolic biases", has the derivation.
-"""
+parabolas become 5 channels for any count (PaPE-RI: 3); docs/models.md, "Parabolic biases", has the derivation."""
 
 from __future__ import annotations
 

@@ -2,8 +2,7 @@
 "Learning the RoPEs: Better 2D and 3D Position Encodings with STRING", ICML 2025, arXiv:2502.02562).
 
 ``P = (I - S)(I + S)^-1`` of a skew-symmetric ``S`` is orthogonal for every ``S``, the same at every position (exact
-translation invariance) and ``I`` at ``S = 0``: a fresh model is its base kind (docs/models.md).
-"""
+translation invariance) and ``I`` at ``S = 0``: a fresh model is its base kind (docs/models.md)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,6 @@
 """DINOv3's 2D RoPE (Simeoni et al. 2025, arXiv:2508.10104) as pure functions, and the q / k layouts of checkpoints:
 DINOv3's rotate-half pairs, timm ``Eva``'s EVA-02 (arXiv:2303.11331) and SBB y first, Perception Encoder's
-(arXiv:2504.13181) x first, reordered to ours once when weights load (a permutation of q and k keeps ``q . k``).
-"""
+(arXiv:2504.13181) x first, reordered to ours once when weights load (a permutation of q and k keeps ``q . k``)."""
 
 from __future__ import annotations
 

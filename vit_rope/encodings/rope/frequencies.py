@@ -2,8 +2,7 @@
 
 Axial and mixed: RoPE-ViT (Heo et al., ECCV 2024, arXiv:2403.13298), axial's alternate ladder Pixtral's
 (arXiv:2410.07073); golden: J. Xiong, "On N-dimensional Rotary Positional Embeddings", 2025,
-https://jerryxio.ng/posts/nd-rope/; p-RoPE: Barbero et al., ICLR 2025, arXiv:2410.06205.
-"""
+https://jerryxio.ng/posts/nd-rope/; p-RoPE: Barbero et al., ICLR 2025, arXiv:2410.06205."""
 
 from __future__ import annotations
 

@@ -1,8 +1,7 @@
 """Rotary position encodings as one ``PositionEncoding``: the ``RoPE2D`` tables every block rotates q and k by.
 
 RoPE-ViT (Heo et al., ECCV 2024, arXiv:2403.13298) learns mixed frequencies per layer, so a mixed model holds one
-``RoPE2D`` per block (keeping its ``<block>.freqs`` state-dict layout); fixed frequencies share one.
-"""
+``RoPE2D`` per block (keeping its ``<block>.freqs`` state-dict layout); fixed frequencies share one."""
 
 from __future__ import annotations
 

@@ -2,8 +2,7 @@
 
 RoFormer (Su et al., 2021, arXiv:2104.09864) rotates each channel pair of q and k by an angle proportional to the
 token position; RoPE-ViT (Heo et al., ECCV 2024, arXiv:2403.13298) gives pair ``i`` of a patch at ``(x, y)`` the angle
-``x * wx_i + y * wy_i``, on interleaved pairs. The kinds differ only in the frequencies (``frequencies``).
-"""
+``x * wx_i + y * wy_i``, on interleaved pairs. The kinds differ only in the frequencies (``frequencies``)."""
 
 from __future__ import annotations
 
