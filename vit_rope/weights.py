@@ -51,9 +51,7 @@ class Folder:
 
 @dataclass(frozen=True)
 class Format:
-    """A checkpoint format: its ``name``, the ``marker`` only its state dicts carry, its conversion to a model's keys
-    and q / k layout, the model a state dict ``describe``s, the ``model_args`` any model needs to take one (LookHere's)
-    and its ``folder``, if it is saved as one."""
+    """A checkpoint format: the ``marker`` its state dicts carry, its conversion, what it says of the model."""
 
     name: str
     marker: str

@@ -69,9 +69,7 @@ class AbsoluteEncoding(PositionEncoding):
 
 
 def source_grids(rows: int, grid: tuple[int, int], num_prefix: int) -> list[tuple[int, tuple[int, int]]]:
-    """Every ``(prefix rows, patch grid)`` that a checkpoint's position embedding of ``rows`` rows may have, most
-    likely first: square grids (what timm assumes), then the model's aspect ratio; the model's own prefix count, then
-    none, then a class token's."""
+    """Every ``(prefix rows, patch grid)`` a checkpoint's table of ``rows`` rows may have, most likely first."""
     step = math.gcd(*grid)
     shapes = dict.fromkeys([(1, 1), (grid[0] // step, grid[1] // step)])  # aspect ratios, in order, no repeats
     found = []

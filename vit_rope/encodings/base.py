@@ -129,9 +129,7 @@ class PositionEncoding(nn.Module):
         return coord.flip(-1).float()
 
     def block_inputs(self, positions: Positions, num_prefix_tokens: int) -> list[Any]:
-        """Each block's ``encoding`` argument for ``positions`` behind the prefix tokens, which no encoding moves. A
-        plain method so that FX traces through it: it indexes, never unpacks, the outputs of the modules it keeps whole.
-        """
+        """Each block's ``encoding`` argument; a plain method, which FX traces through (it never unpacks)."""
         raise NotImplementedError
 
     def prune_(self, depth: int) -> None:

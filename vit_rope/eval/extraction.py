@@ -56,9 +56,7 @@ class Pass(NamedTuple):
 
 def forward_split(runs: Runs, samples: list[Sample], indices: list[int], setting: naflex.Setting, batch: int,
                   fed: Sequence[int], heads: dict[int, Tensor], pooled: set[int]) -> Pass:
-    """The runs ``fed`` over ``samples[indices]``: the classifier's totals of those in ``heads`` (run -> output index
-    of each class), the features of those in ``pooled``. Each run's first batch runs once untimed: first-call
-    allocations are not throughput."""
+    """The runs ``fed`` over ``samples[indices]``; each run's first batch runs once untimed (warm-up)."""
     device = runs.device
     used = {i: windows.set_windows(runs.models[i].model, setting.fields["img_size"], runs.window, trained)
             for i, trained in runs.trained.items() if setting.fields.get("img_size")}

@@ -101,9 +101,7 @@ def is_training_checkpoint(path: str | Path) -> bool:
 
 def load_pretrained(name: str, weights: str | None, num_classes: int, train_size: int | None = None,
                     model_kwargs: dict[str, Any] | None = None) -> EvalModel:
-    """A timm model with the weights of a local file, or timm's published weights (``pretrained: true``), or random
-    weights without either, labelled ``random init``. It takes the file's class count unless ``model_kwargs`` has
-    ``num_classes``; ``num_classes`` is the outputs of one with random weights."""
+    """A timm model with a local file's weights, timm's published ones or random ones (labelled ``random init``)."""
     kwargs = dict(model_kwargs or {})
     if weights is not None and not Path(weights).is_file():
         raise UserError(f"--pretrained-file {weights} is not a file: pass the path of a weights file (.pth, .pt, "

@@ -16,9 +16,7 @@ RopeTables = tuple[Tensor, Tensor]
 
 
 class BlockInput:
-    """What one block's attention gets from its position encoding: ``project`` then ``attend``. The base is plain
-    attention, q and k rotated by ``rope`` and ``bias`` added to the logits where set; a kind overrides what it
-    changes."""
+    """What one block's attention gets from its position encoding: ``project`` then ``attend``."""
 
     rope: RopeTables | None = None
     bias: Tensor | None = None

@@ -120,9 +120,7 @@ class _ProjectRotateQK(torch.autograd.Function):
 
 
 def rotate_qk(qkv: Tensor, cos: Tensor, sin: Tensor, backend: str = "auto") -> Tensor:
-    """Rotate q and k of ``qkv`` ``[B, N, 3, nh, D]`` by ``cos``, ``sin`` ``[(B,) H, N, D/2]``, as ``apply_rope`` on
-    each. Without autograd ``qkv`` is changed in place (do not use it after); with it, a new tensor from the reference.
-    """
+    """Rotate q and k of ``qkv`` ``[B, N, 3, nh, D]``: in place without autograd (do not use it after)."""
     use_triton = _use_triton(qkv, cos, backend)
     if torch.is_grad_enabled() and (qkv.requires_grad or cos.requires_grad or sin.requires_grad):
         q, k, v = qkv.unbind(2)  # [B, N, nh, D] each

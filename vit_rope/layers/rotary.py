@@ -24,9 +24,7 @@ def grid_positions(
 
 
 def rope_angles(positions: Tensor, freqs: Tensor) -> Tensor:
-    """Angle ``x * wx + y * wy`` ``[(B,) H, N, D/2]`` of every channel pair at positions ``[(B,) N, 2]`` for ``freqs``
-    ``[(B,) 2, H, D/2]``, in fp32 at least: a view of token-major memory, the order in which the fused rotation reads
-    its table."""
+    """Angle ``x * wx + y * wy`` of every pair at every position, fp32 at least, token-major in memory."""
     dtype = torch.float64 if freqs.dtype == torch.float64 else torch.float32  # fp32 at least, fp64 when asked
     pos = positions.to(dtype)[..., None, None]  # [(B,) N, 2, 1, 1]
     f = freqs.to(dtype).unsqueeze(-3)  # [(B,) 2, 1, H, D/2]; elementwise, so autocast never lowers the angles to bf16

@@ -92,9 +92,7 @@ def train_one_epoch(model: nn.Module, loader: DataLoader, optimizer: torch.optim
                     loss_fn: nn.Module, cfg: Config, env: DistEnv, epoch: int, *, scaler: torch.amp.GradScaler,
                     mixup: Any = None, ema: Any = None, start_step: int = 0, totals: EpochTotals | None = None,
                     checkpoint: Callable[[int, int, EpochTotals], None] | None = None) -> dict[str, Any]:
-    """Train for one epoch (0-based), stepping the lr schedule (and EMA) after every optimizer step; a resumed run
-    starts at ``start_step`` with the ``totals`` of the steps before. ``NonFiniteLossError`` for a NaN/inf loss,
-    averaged over ranks first so that every rank stops at once."""
+    """Train for one epoch (0-based); a NaN/inf loss, averaged over ranks first, stops every rank at once."""
     model.train()
     steps, start = len(loader), time.perf_counter()
     totals = totals or EpochTotals()
