@@ -57,9 +57,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--model", nargs="+", default=[], metavar="NAME", help="timm model names")
     parser.add_argument("--pretrained-file", nargs="+", metavar="PATH", help="weights for each --model, in order")
     parser.add_argument("--random-init", action="store_true",
-                        help="evaluate a --model without weights (no --pretrained-file, no --model-kwargs "
-                        "pretrained=true) at its random initialisation, labelled 'random init': chance accuracy, "
-                        "for timing")
+                        help="evaluate a --model without weights, labelled 'random init': chance accuracy, for timing")
     parser.add_argument("--model-kwargs", nargs="+", type=parse_kwarg, default=[], metavar="KEY=VALUE",
                         help="extra timm.create_model arguments for every --model (values read as YAML)")
     parser.add_argument("--train-size", type=_positive, help="training size of the --model models (default: theirs)")
@@ -68,8 +66,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "train.py: ../shared/data/imagenette when it exists, else Imagenette downloaded")
     parser.add_argument("--dataset", metavar="KIND/NAME",
                         help="what --data-dir holds, as train.py's dataset: wds/<name> (WebDataset shards), "
-                        "hfds/<name> (a Hugging Face dataset on disk), folder (an image folder); default: the "
-                        "checkpoints' dataset, else an image folder")
+                        "hfds/<name> (a Hugging Face dataset on disk) or folder (default: the checkpoints')")
     parser.add_argument("--split", "--val-split", dest="split", metavar="NAME",
                         help="split to evaluate on: a folder of --data-dir, a split of the shards or dataset (default: "
                         "the val_split the checkpoints were trained with, else val)")
@@ -86,9 +83,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="token budgets: each image resized keeping its aspect ratio to at most L patches (timm's "
                         "NaFlex eval transform), for models that take NaFlex batches; with --img-sizes, both")
     parser.add_argument("--policy", nargs="+",
-                        help=f"RoPE policies: {', '.join(POLICIES)} (default: each model's own, the one it was built "
-                        "with: extrapolate for RoPE-ViT, normalized for DINOv3, interpolate for the EVA-02, PE and "
-                        "SBB twins, as timm runs them)")
+                        help=f"RoPE policies: {', '.join(POLICIES)} (default: each model's own, as timm runs it)")
     parser.add_argument("--window-size", type=windows.window_arg, default="keep", metavar="RULE",
                         help="a Swin's windows at each size: keep (default: as trained), scale (with the image, "
                         "timm's set_input_size rule) or a number of tokens per side")
@@ -96,15 +91,12 @@ def build_parser() -> argparse.ArgumentParser:
                         help="pad a Swin's windows where a size's stages are not whole windows (timm's "
                         "dynamic_img_size), instead of refusing the size")
     parser.add_argument("--probe", nargs="+", choices=PROBES, metavar="PROBE",
-                        help="what is scored: head (the model's classifier; the default), knn (DINO's weighted kNN "
-                        "on the pooled features against the train split's), linear (a linear classifier fitted on "
-                        "the train split's features at one size); with knn or linear alone, a --model needs no head")
+                        help="what is scored: head (the classifier; the default), knn (DINO's weighted kNN on pooled "
+                        "features) or linear (a linear probe fitted at one size); knn or linear alone need no head")
     parser.add_argument("--knn-k", type=_positive, help="train images that vote in kNN (default 20)")
-    parser.add_argument("--knn-temperature", type=float,
-                        help="kNN vote weight exp(cosine similarity / T) (default 0.07)")
+    parser.add_argument("--knn-temperature", type=float, help="kNN vote weight exp(similarity / T), default 0.07")
     parser.add_argument("--bank-size", type=_positive, metavar="SIZE",
-                        help="the kNN bank's image size for every evaluated size (default: each evaluated size and "
-                        "token budget)")
+                        help="the kNN bank's image size for every evaluated size (default: each evaluated one)")
     parser.add_argument("--linear-size", type=_positive, metavar="SIZE",
                         help="the size the linear probe is fitted at (default: each model's training size)")
     parser.add_argument("--train-split", metavar="NAME",
