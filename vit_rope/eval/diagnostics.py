@@ -144,18 +144,15 @@ def main(argv: list[str] | None = None) -> int:
                         help="square image sizes to inspect (default: 1, 1.43, 1.71 and 2.29 times the training size, "
                         "RoPE-ViT's 224-512 px of a 224 px model, in whole patches; none with --seq-lens)")
     parser.add_argument("--seq-lens", nargs="+", type=naflex.seq_len_arg, default=[], metavar="L",
-                        help="token budgets to inspect: the --data-dir images (needed: noise has no aspect ratio) "
-                        "resized keeping their aspect ratio to at most L patches; unseen-phase channels count over "
-                        "their grids, as a budget has no single one")
+                        help="token budgets to inspect: the --data-dir images (noise has no aspect ratio) resized "
+                        "keeping their aspect ratio to at most L patches; unseen phases counted over their grids")
     parser.add_argument("--data-dir", help="ImageFolder root (or shards, a dataset: --dataset) whose val split feeds "
                         "the entropy (else noise)")
     parser.add_argument("--dataset", metavar="KIND/NAME", help="what --data-dir holds, as train.py's dataset "
                         "(default: the checkpoint's, else an image folder)")
     parser.add_argument("--split", "--val-split", dest="val_split", metavar="NAME",
-                        help="split of --data-dir to take images from (default: the "
-                        "checkpoint's val_split, else val)")
-    parser.add_argument("--policy", choices=POLICIES, help="resolution policy to diagnose under (default: the "
-                        "model's own)")
+                        help="split of --data-dir to take images from (default: the checkpoint's val_split, else val)")
+    parser.add_argument("--policy", choices=POLICIES, help="resolution policy to diagnose under (default: the model's)")
     parser.add_argument("--num-images", "--limit", type=int, default=8,
                         help="val images to inspect (default 8; --limit as in vit_rope.evaluate)")
     parser.add_argument("--output", default="output/diagnose")

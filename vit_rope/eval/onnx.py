@@ -164,8 +164,7 @@ def build_parser() -> argparse.ArgumentParser:
     source.add_argument("--model", metavar="NAME", help="a timm model name (vit_rope_* or timm's own ViTs)")
     parser.add_argument("--pretrained-file", metavar="FILE", help="weights for --model")
     parser.add_argument("--random-init", action="store_true",
-                        help="export a --model without weights (no --pretrained-file, no --model-kwargs "
-                        "pretrained=true) at its random initialisation, to try the export itself")
+                        help="export a --model without weights, at its random initialisation, to try the export")
     parser.add_argument("--num-classes", type=int, help="outputs of --model (default: the file's, else 1000)")
     parser.add_argument("--model-kwargs", nargs="+", type=parse_kwarg, default=[], metavar="KEY=VALUE",
                         help="extra timm.create_model arguments for --model (values read as YAML)")
