@@ -30,8 +30,7 @@ def check_model_name(name: str) -> None:
 
 
 def resolve_device(device: str) -> str:
-    """The device a ``--device`` value names (``auto``: CUDA when PyTorch sees a GPU); ``cuda`` without a GPU is a
-    ``UserError`` rather than a failure deep in a kernel."""
+    """The device a ``--device`` value names; ``cuda`` without a GPU is a ``UserError``, not a kernel's failure."""
     if device == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
     if device == "cuda" and not torch.cuda.is_available():

@@ -55,8 +55,7 @@ class AbsoluteEncoding(PositionEncoding):
 
     def forward(self, table: Tensor, positions: Tensor, grids: Tensor, grid: tuple[int, int] | None,
                 table_grid: tuple[int, int]) -> Tensor:
-        """The rows ``[1 or B, R + N, C]`` to add to the tokens, from ``table`` learnt on ``table_grid``: resampled
-        once to an image batch's ``grid``, or read at each patch's position of a NaFlex batch (``grid`` None)."""
+        """The rows to add to the tokens: resampled to an image batch's ``grid``, or read at each NaFlex patch."""
         own = self.num_prefix_rows
         if grid is None:  # read at each patch's coordinate: [B, own + N, C]
             coord = positions.flip(-1)  # [B, N, 2] (y, x): the integer coordinates, exactly

@@ -106,8 +106,7 @@ class PositionEncoding(nn.Module):
 
     @property
     def policy(self) -> ResolutionPolicy:
-        """How positions follow grids other than the training one; setting it checks that it applies to the kind,
-        ``None`` restores the kind's default (``policies[0]``)."""
+        """How positions follow other grids; setting it checks that it applies, ``None`` the kind's default."""
         return ResolutionPolicy(self.policy_name)
 
     @policy.setter

@@ -66,8 +66,7 @@ def per_sample(values: Tensor, positions: Tensor) -> Tensor:
 
 
 def grid_units(coord: Tensor, grids: Tensor, train_grid: tuple[int, int]) -> tuple[Tensor, Tensor, Tensor]:
-    """``coord`` (y, x) as ``(x, y)`` floats, the sizes ``[1 or B, 2]`` (w, h) of ``grids`` and the training grid
-    ``[2]`` (w, h), for kinds that place positions in units of a grid."""
+    """``coord`` (y, x) as (x, y) floats, and the sizes (w, h) of ``grids`` and of the training grid."""
     size = grids.flip(-1).float()  # [1 or B, 2] (w, h)
     train = torch.tensor([float(train_grid[1]), float(train_grid[0])], device=size.device)
     return coord.flip(-1).float(), size, train

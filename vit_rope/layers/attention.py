@@ -49,8 +49,7 @@ def block_input(encoding: Any) -> BlockInput:
 
 
 def plain_projection(attn: RoPEAttention) -> bool:
-    """Whether a ``BlockInput`` may compute ``attn``'s projection in a form of its own from ``attn.qkv``'s weights: no
-    q/k norms or grouped keys, and ``plain_linear``."""
+    """Whether a ``BlockInput`` may compute ``attn``'s projection its own way: a plain, ungrouped qkv."""
     return attn.plain_qk and attn.num_kv_heads == attn.num_heads and plain_linear(attn.qkv)
 
 

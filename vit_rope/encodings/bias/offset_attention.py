@@ -199,8 +199,7 @@ def _compiled_flex() -> Callable[..., Tensor]:
 
 def offset_attention(q: Tensor, k: Tensor, v: Tensor, table: Tensor, grid: tuple[int, int], prefix: int,
                      scale: float, flex: bool | None = None) -> Tensor:
-    """Attention ``[B, nh, P + N, D]`` of q, k, v ``[B, nh, P + N, D]`` with ``table[h, p_k - p_q]`` ``[nh, 2h - 1,
-    2w - 1]`` added to the logits of patch pairs; ``flex``: FlexAttention (default on CUDA), not chunked SDPA."""
+    """Attention with ``table[h, p_k - p_q]`` added to patch pairs' logits; ``flex``: FlexAttention, not chunks."""
     if flex if flex is not None else q.is_cuda:
         return _flex(q, k, v, table.to(q.dtype), grid, prefix, scale)
     k, v, flipped = _reversed_keys(k, prefix), _reversed_keys(v, prefix), table.flip(-2, -1).contiguous()

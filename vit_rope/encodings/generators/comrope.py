@@ -97,8 +97,7 @@ class ComRoPE(BlockRotation):
         return [Spectral(item, *layer, fold) for item, layer, fold in zip(inputs, spectral, self._folds, strict=True)]
 
     def axis_tables(self, coords: Tensor, num_prefix_tokens: int, grid: tuple[int, int]) -> tuple[Tensor, ...]:
-        """``rotate_axes``' tables: prefix ``[L, H, P, m, b, b]``, columns ``[L, H, w, m_x, b, b]``, rows ``[L, H, h,
-        m_y, b, b]``."""
+        """``rotate_axes``' tables: the prefix's, each column's and each row's."""
         gens = self.generators().float()  # [L, H, 2, m, b, b]
         cells = coords.float().view(*grid, 2)
         x_blocks, y_blocks = AP_BLOCKS if self.kind == "comrope_ap" else (slice(None), slice(None))

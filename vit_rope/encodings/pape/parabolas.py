@@ -95,8 +95,7 @@ class PaPELayer(ParabolaLayer):
 
 @register_notrace_module
 class PaPERILayer(ParabolaLayer):
-    """One layer's PaPE-RI: a fixed random scale per head (saved, as the official buffer) and the projection that
-    gives each query the curvature of its one parabola (``a``)."""
+    """One layer's PaPE-RI: a fixed random scale per head (saved, as officially) and each query's curvature."""
 
     def __init__(self, dim: int, num_heads: int) -> None:
         super().__init__(dim, num_heads, 1, 3)

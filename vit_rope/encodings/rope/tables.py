@@ -176,8 +176,7 @@ class RoPE2D(nn.Module):
 
     def forward(self, positions: Tensor, num_prefix_tokens: int = 0, grids: Tensor | None = None
                 ) -> tuple[Tensor, Tensor]:
-        """``(cos, sin)`` ``[(B,) H, P + N, D/2]`` for ``positions`` ``[(B,) N, 2]`` (x, y) from ``place``, prefix
-        tokens as identity rows; ``grids`` ``[1 or B, 2]`` are what the policy scales against."""
+        """``(cos, sin)`` ``[(B,) H, P + N, D/2]`` of placed ``positions``; ``grids``: what the policy scales by."""
         return policy_tables(positions, self.pair_frequencies(), grids, num_prefix_tokens, self.train_grid,
                              self.resolution, self.theta, self.head_dim)
 
