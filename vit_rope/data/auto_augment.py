@@ -82,8 +82,7 @@ def failures(transform: Any) -> list[str]:
 
 
 def safe_transform(build: Callable[[str | None], T], auto_augment: str | None) -> T:
-    """``make_safe(build(auto_augment))``, or a ``UserError`` if one of its ops still raises under the installed Pillow.
-    """
+    """``make_safe(build(auto_augment))``, or a ``UserError`` if an op still raises under the installed Pillow."""
     found = failures(transform := make_safe(build(auto_augment)))
     if not found:
         return transform

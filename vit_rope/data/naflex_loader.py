@@ -80,8 +80,7 @@ class NaFlexSteps(NaFlexMapDatasetWrapper):
 
 
 class NaFlexLoader:
-    """Batches ``(inputs, targets, skipped)`` on the device: timm's ``NaFlexPrefetchLoader`` over a ``DataLoader``,
-    then ``PatchRandomErasing`` under a seed per step."""
+    """Batches ``(inputs, targets, skipped)`` from timm's ``NaFlexPrefetchLoader``, patch erasing seeded per step."""
 
     def __init__(self, loader: DataLoader, mean: tuple[float, ...], std: tuple[float, ...], device: torch.device,
                  erasing: PatchRandomErasing | None = None, seed: int = 0, rank: int = 0, channels: int = 3) -> None:

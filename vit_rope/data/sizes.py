@@ -25,16 +25,14 @@ def budget_images(batch_size: int, img_size: int, size: int) -> int:
 
 
 def budget_batch(batch_size: int, img_size: int, size: int, even: bool = False) -> int:
-    """Images per step at ``size`` under the token budget, even when ``even`` (Mixup / CutMix mix pairs), at least 1
-    (2 when even)."""
+    """Images per step at ``size`` under the token budget: at least 1, or an even 2 or more when ``even``."""
     batch = budget_images(batch_size, img_size, size)
     return max(batch - batch % 2, 2) if even else max(batch, 1)
 
 
 @dataclass(frozen=True)
 class SizeSchedule:
-    """``(size, batch)`` of every step, called with (epoch, step): a size drawn from ``sizes`` and, with ``budget``,
-    the batch of the token budget of ``batch_size`` images at ``img_size``."""
+    """``(size, batch)`` of every (epoch, step): a size from ``sizes``, with ``budget`` the token budget's batch."""
 
     sizes: tuple[int, ...]
     img_size: int

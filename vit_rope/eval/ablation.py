@@ -46,8 +46,7 @@ def _no_encoding(block: nn.Module, args: tuple, kwargs: dict[str, Any]) -> tuple
 
 @torch.no_grad()
 def position_reliance(model: RoPEVisionTransformer, images: Tensor | dict[str, Tensor]) -> dict[str, float]:
-    """What removing the position encoding changes in ``model``'s outputs on ``images``: the mean relative change,
-    and for a classifier the fraction of images whose top-1 class stays."""
+    """The mean relative change of ``model``'s outputs without its position encoding, and the top-1 kept."""
     training = model.training
     model.eval()
     try:

@@ -135,8 +135,7 @@ def train_split(data_dir: str | Path, dataset: str | None, options: probes.Probe
 
 def check_feature_memory(widths: dict[int, int], train: int, val: int, held: dict[int, int], per_setting: bool,
                          free: int) -> int:
-    """Bytes the probes' features take at most (fp32), or a ``UserError`` before anything runs when they would not
-    fit in ``free`` bytes."""
+    """Bytes the probes' features take at most (fp32); a ``UserError`` before anything runs if too many."""
     need = 4 * sum(width * (train * (held.get(row, 0) + per_setting) + val) for row, width in widths.items())
     need += 2 * 4 * probes.SIMILARITIES  # a chunk of kNN similarities, and what topk and the votes take beside it
     if need + memory.FIXED_BYTES > free:

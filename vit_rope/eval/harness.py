@@ -71,8 +71,7 @@ def choose_setting(given: str | None, models: Sequence[EvalModel], field: str = 
 
 def check_sizes(sizes: Sequence[int], models: Sequence[EvalModel], policies: Sequence[str] = (),
                 seq_lens: Sequence[int] = ()) -> None:
-    """Reject sizes that do not tile into whole patches, policies a model's RoPE cannot take, and with token budgets
-    models without NaFlex."""
+    """Reject sizes that do not tile into patches, policies a model cannot take, budgets without NaFlex."""
     if seq_lens:
         naflex.check_naflex(models)
     for entry in models:
