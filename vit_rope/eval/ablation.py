@@ -17,8 +17,8 @@ from vit_rope.models.vit import RoPEVisionTransformer
 
 @contextmanager
 def without_positions(model: RoPEVisionTransformer) -> Iterator[RoPEVisionTransformer]:
-    """Run ``model`` without its position encoding inside the block (a pre-hook on each block drops it, the APE's patch
-    rows are set to their mean); other models are refused, not half-ablated."""
+    """Run ``model`` without its position encoding inside the block: a pre-hook on each block drops it, the APE's patch
+    rows become their mean (what they share says nothing about where a patch is); other models are refused."""
     if not isinstance(model, RoPEVisionTransformer):
         raise TypeError(f"without_positions takes a vit_rope model (RoPEVisionTransformer); got "
                         f"{type(model).__name__}, whose position encoding it cannot find: pass the vit_rope model "
