@@ -22,7 +22,6 @@ from vit_rope.weights import Converted, Description, check_config_fields
 
 HF_FORMAT = "Hugging Face transformers' Gemma4VisionModel"
 MODEL_TYPES = ("gemma4_vision", "gemma4")  # the tower alone; the whole model, whose vision_config is the tower's
-WEIGHTS, CONFIG = "model.safetensors", "config.json"
 _DEFAULTS: dict[str, Any] = dict(  # Gemma4VisionConfig's (transformers 5.24), which config.json may leave out
     hidden_size=768, intermediate_size=3072, num_hidden_layers=16, num_attention_heads=12, num_key_value_heads=12,
     head_dim=64, hidden_activation="gelu_pytorch_tanh", rms_norm_eps=1e-6, attention_bias=False,
