@@ -20,7 +20,7 @@ from vit_rope.encodings import FORMATS as KIND_FORMATS
 from vit_rope.models import deepseek_vit, gemma4_vit, hf_dinov3, hf_gemma4, pixtral, qwen2_5_vl, qwen3_vit, swin
 from vit_rope.models.dinov3 import SIZES as DINOV3_SIZES
 from vit_rope.models.dinov3 import architecture, dinov3_name, from_dinov3
-from vit_rope.models.eva_weights import EVA_LAYOUTS, check_family, from_eva, is_eva
+from vit_rope.models.eva_families import EVA_LAYOUTS, check_family, from_eva, is_eva
 from vit_rope.models.twins import ProjectorTwin
 from vit_rope.models.widths import size_of
 from vit_rope.weights import Converted, Description, Folder, Format, mapped_file, read_weights, unwrap_state_dict
