@@ -174,6 +174,13 @@ def read_weights(path: str | Path) -> dict[str, Any]:
         raise UnreadableCheckpointError(f"{path} is not a readable checkpoint: {reason}") from err
 
 
+def depth_of(state_dict: dict[str, Any], layer: str = "blocks") -> int | None:
+    """The number of blocks (keys ``<layer>.<i>.``: ``layer`` a regex with any prefix) of a state dict, ``None`` for
+    none."""
+    blocks = {int(m["block"]) for key in state_dict if (m := re.match(rf"{layer}\.(?P<block>\d+)\.", key))}
+    return max(blocks) + 1 if blocks else None
+
+
 def check_twin(model: nn.Module, is_twin: bool, source: str, twins: str, layout: str, layout_name: str = "") -> None:
     """Raise unless a checkpoint of ``source`` fits ``model``: one of its family's ``twins`` (``is_twin``) with the
     family's q/k ``layout`` (described as ``layout_name``, by default "the <layout> layout")."""

@@ -1,17 +1,9 @@
 """Twins of timm's DeepSeek vision encoders (``timm.models.deepseek_vit``, timm 1.0.31): ``vit_rope_deepseek_vit_*``.
 
 The vision tower of DeepSeek-V4 / V4.1 (DeepSeek-V4.1-Flash, arXiv:2609.19969; the reference is DeepSeek's
-``inference/vision.py``) is a plain pre-norm ViT: patch 14 (a linear patch embedding, a Conv2d here), no class token
-and no learned position embedding, RMSNorm 1e-6, fused qkv with bias, a bias-free packed SwiGLU, a final RMSNorm, and
-axial 2D RoPE as its only position encoding (theta 1e4, integer patch indices from 0, rotate-half pairs with y first:
-timm's ``RotaryEmbeddingCat``, the same table as Qwen3-VL's). Its VLM projector ("aligner") zero-pads the patch grid
-to multiples of 3, unshuffles each 3x3 block channel-major (``F.unfold``'s order) and maps it with ``fc1 -> GELU ->
-fc2`` to the language model's width: the tokens the language model reads.
-
-A twin is a ``RoPEVisionTransformer`` (``encoding="axial"``, ``qk_layout="rotate_half"``) with the heads of the
-Qwen3-VL twins (``Qwen3VisionTransformer``, whose projector slot ``patch_merger`` holds the ``Aligner``): timm's
-``deepseek_vit_412m`` (mean of the tokens, an RMSNorm without affine, a linear head), ``*_align`` (the same after the
-aligner) and ``*_enc`` (the aligner's tokens). ``forward_features`` gives the tokens before the aligner ``[B, N, C]``.
+``inference/vision.py``) is a plain pre-norm ViT with axial 2D RoPE alone (Qwen3-VL's table) and a projector
+("aligner") of 3x3 token blocks, zero-padded and unshuffled channel-major. A twin is the Qwen3-VL twin's heads with
+the ``Aligner`` in the projector's place (docs/models.md).
 """
 
 from __future__ import annotations
@@ -29,11 +21,11 @@ from timm.layers import get_device_dtype
 from timm.models import resolve_pretrained_cfg
 from torch import Tensor, nn
 
-from vit_rope.encodings.rope.dinov3_rope import permute_qk_rows, qk_permutation
 from vit_rope.layers.eva import PackedSwiGLU
 from vit_rope.layers.rms_norm import RmsNorm
 from vit_rope.models.qwen3_vit import PatchMerger, Qwen3VisionTransformer
-from vit_rope.weights import Converted, Description, check_twin
+from vit_rope.models.twins import timm_heads, timm_tower, tower_keys
+from vit_rope.weights import Converted, Description, check_twin, depth_of
 
 SOURCE = "timm's DeepSeek ViT (timm.models.deepseek_vit)"
 LLM_WIDTHS = {"deepseek_v4_1_flash": 5120, "deepseek_v4_flash_vision_exp": 4096}  # timm's tags -> aligner width
@@ -57,7 +49,6 @@ _HEADS = {"": dict(global_pool="avg"), "_align": dict(global_pool="avg", encoder
 # timm name -> twin arguments (the aligner's width: the weights' tag's, ``tagged``)
 DEEPSEEK: dict[str, dict[str, Any]] = {f"deepseek_vit_412m{suffix}": dict(_ARCH, **head)
                                        for suffix, head in _HEADS.items()}
-_QWEN_POOL = {"": "", "avg": "avg", "align": "merge"}  # the projector's place is the Qwen3-VL heads' "merge"
 
 
 class Aligner(PatchMerger):
@@ -97,23 +88,18 @@ class Aligner(PatchMerger):
 
 
 class DeepseekVisionTransformer(Qwen3VisionTransformer):
-    """``RoPEVisionTransformer`` with the heads of timm's DeepSeek ViTs (the Qwen3-VL twins' heads, the aligner in
-    the projector's place, DeepSeek's final RMSNorm).
+    """The Qwen3-VL twins' heads with DeepSeek's aligner at ``patch_merger`` (``"align"``) and its final RMSNorm.
 
     Args:
-        global_pool: ``"avg"`` (the classifiers: mean, RMSNorm without affine, head), ``""`` (the same per token) or
-            ``"align"`` (``*_enc``: the aligner's tokens are the output); kept as the Qwen3-VL heads' name,
-            ``"merge"``.
-        encoder_pool: ``"align"``: the classifier pools the aligner's tokens (``*_align``).
         downsample_ratio, aligner_out_features: the aligner's block side and output width (the LLM's).
-        **kwargs: ``RoPEVisionTransformer``'s.
+        **kwargs: ``ProjectorTwin``'s.
     """
+
+    FAMILY, TOKENS = "DeepSeek", "align"
 
     def __init__(self, global_pool: str = "avg", encoder_pool: str = "", downsample_ratio: int = 3,
                  aligner_out_features: int = 0, **kwargs: Any) -> None:
-        if global_pool not in ("", "avg", "align") or encoder_pool not in ("", "align"):
-            raise ValueError(f"DeepSeek twins take global_pool '', 'avg' or 'align' and encoder_pool '' or 'align' "
-                             f"(timm's), got global_pool={global_pool!r}, encoder_pool={encoder_pool!r}.")
+        self.check_pools(global_pool, encoder_pool)
         align = "align" in (global_pool, encoder_pool)
         if align and aligner_out_features <= 0:
             raise ValueError(f"The DeepSeek aligner maps to the language model's width: pass aligner_out_features "
@@ -121,7 +107,7 @@ class DeepseekVisionTransformer(Qwen3VisionTransformer):
         num_classes = kwargs.pop("num_classes", 0)
         norm_layer = kwargs.get("norm_layer", _ARCH["norm_layer"])
         super().__init__(global_pool=global_pool and "avg", **kwargs)  # ""'s or "avg"; no merger: the aligner below
-        self.global_pool, self.encoder_pool = _QWEN_POOL[global_pool], _QWEN_POOL[encoder_pool]
+        self.global_pool, self.encoder_pool = global_pool, encoder_pool
         dd = get_device_dtype(self)
         self.norm = norm_layer(self.embed_dim, **dd)  # DeepSeek's final norm (Qwen3-VL's ViT has none)
         self.patch_merger = Aligner(self.embed_dim, downsample_ratio, aligner_out_features).to(**dd) if align \
@@ -147,16 +133,6 @@ def tagged(create: Callable[..., nn.Module]) -> Callable[..., nn.Module]:
     return create_tagged
 
 
-def twin_cfgs() -> dict[str, dict[str, Any]]:
-    """``{twin.tag: cfg}``: timm's (its hub files, read through our checkpoint filter), our keys for the first conv,
-    any grid of three patches or more (the aligner pads)."""
-    from timm.models.deepseek_vit import default_cfgs
-
-    return {f"vit_rope_{name}.{tag}": dict(cfg.to_dict(), hf_hub_id=f"timm/{name}.{tag}",
-                                           first_conv="patch_embed.proj", min_input_size=(3, 42, 42))
-            for name in DEEPSEEK for tag, cfg in default_cfgs[name].cfgs.items()}
-
-
 def is_deepseek(state_dict: dict[str, Any]) -> bool:
     """timm's DeepSeek files (the classifiers' ``encoder.`` without the position tables of Qwen3-VL's and Gemma 4's,
     the encoders' ``aligner.``; ours: ``patch_merger.``) and DeepSeek's own shards (``vision.*``, as timm's filter
@@ -173,9 +149,8 @@ def describe_deepseek(state_dict: dict[str, Any]) -> Description:
     patch = state_dict[f"{prefix}patch_embed.proj.weight"]  # [C, 3, p, p], DeepSeek's own [C, 3 p p]
     width = int(patch.shape[0])
     fc2 = next(v for k, v in state_dict.items() if re.fullmatch(rf"{prefix}blocks\.0\.mlp\.(fc2|w2)\.weight", k))
-    blocks = {int(m.group(1)) for key in state_dict if (m := re.match(rf"{prefix}blocks\.(\d+)\.", key))}
-    args: dict[str, Any] = dict(embed_dim=width, depth=max(blocks) + 1, num_heads=max(1, width // HEAD_DIM),
-                                mlp_ratio=fc2.shape[1] / width,
+    args: dict[str, Any] = dict(embed_dim=width, depth=depth_of(state_dict, f"{prefix}blocks"),
+                                num_heads=max(1, width // HEAD_DIM), mlp_ratio=fc2.shape[1] / width,
                                 patch_size=int(patch.shape[-1] if patch.ndim == 4 else math.isqrt(patch.shape[1] // 3)))
     fc1 = next((v for k, v in state_dict.items() if re.fullmatch(r"(encoder\.)?aligner\.(fc1|w1)\.weight", k)), None)
     if fc1 is not None:
@@ -197,23 +172,11 @@ def from_deepseek(state_dict: dict[str, Tensor], model: nn.Module) -> Converted:
     # timm's filter reads these two only; an aligner always there, so that its keys come out and are reported here
     shim = SimpleNamespace(encoder=SimpleNamespace(aligner=True, patch_embed=model.patch_embed))
     timm_keys = checkpoint_filter_fn_classifier(state_dict, shim)
-    attn = model.blocks[0].attn
-    index = qk_permutation("rotate_half", attn.head_dim)
-    out, dropped = {}, []
+    out, dropped = tower_keys(timm_keys, model, "aligner.", lambda key: model.patch_merger is not None)
     notes = [f"{SOURCE}: q/k rows of every head permuted from rotate-half to interleaved pairs"]
     if len(timm_keys) < len(state_dict):
         notes.append(f"{SOURCE}: {len(state_dict) - len(timm_keys)} tensors outside the vision tower and aligner "
                      "dropped, as timm's checkpoint filter drops them (a DeepSeek shard's language model)")
-    for key, value in timm_keys.items():
-        key = key.removeprefix("encoder.")
-        if key.startswith("aligner."):
-            if model.patch_merger is None:
-                dropped.append(key)
-                continue
-            key = "patch_merger." + key.removeprefix("aligner.")
-        if re.fullmatch(r"blocks\.\d+\.attn\.qkv\.(weight|bias)", key):
-            value = permute_qk_rows(value, index, attn.num_heads)
-        out[key] = value
     if dropped:
         notes.append(f"{SOURCE}: {', '.join(dropped)} dropped: this model has no aligner; the *_align and *_enc twins "
                      "keep it")
@@ -225,10 +188,7 @@ def architecture(model: nn.Module) -> tuple[str, dict[str, Any]]:
     field the twin does not model."""
     from timm.models.deepseek_vit import DeepseekVitClassifier
 
-    name = model.pretrained_cfg["architecture"]
-    classifier = isinstance(model, DeepseekVitClassifier)
-    enc = model.encoder if classifier else model
-    block = enc.blocks[0]
+    name, classifier, enc, block = timm_tower(model, DeepseekVitClassifier)
     if classifier and isinstance(model.norm, nn.Identity):
         raise ValueError(f"from_timm: {name} was built with final_norm=False, which its twin vit_rope_{name} does not "
                          "model (its classifier norm is timm's default): build timm's model without final_norm.")
@@ -242,9 +202,6 @@ def architecture(model: nn.Module) -> tuple[str, dict[str, Any]]:
                 num_heads=block.attn.num_heads, mlp_ratio=block.mlp.fc2.in_features / enc.embed_dim,
                 rope_theta=float(enc.rope.temperature), norm_layer=partial(RmsNorm, eps=block.norm1.eps),
                 dynamic_img_pad=enc.patch_embed.dynamic_img_pad, downsample_ratio=enc.downsample_ratio,
-                aligner_out_features=0 if enc.aligner is None else enc.aligner.out_features)
-    if classifier:
-        args.update(num_classes=model.num_classes, global_pool=model.global_pool, encoder_pool=model.encoder_pool)
-    else:
-        args.update(global_pool="align", num_classes=0)
+                aligner_out_features=0 if enc.aligner is None else enc.aligner.out_features,
+                **timm_heads(model, classifier, "align"))
     return f"vit_rope_{name}", args

@@ -10,23 +10,18 @@ into a DINOv3 model, and is only renamed into timm's RoPE-ViT ports.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 from torch import Tensor, nn
 
 from vit_rope.encodings import FORMATS as KIND_FORMATS
-from vit_rope.models import hf_dinov3, hf_gemma4, pixtral, qwen2_5_vl, swin
-from vit_rope.models.deepseek_vit import SOURCE as DEEPSEEK_SOURCE
-from vit_rope.models.deepseek_vit import DeepseekVisionTransformer, describe_deepseek, from_deepseek, is_deepseek
+from vit_rope.models import deepseek_vit, gemma4_vit, hf_dinov3, pixtral, qwen2_5_vl, qwen3_vit, swin
 from vit_rope.models.dinov3 import SIZES as DINOV3_SIZES
 from vit_rope.models.dinov3 import architecture, dinov3_name, from_dinov3
-from vit_rope.models.eva_weights import EVA_LAYOUTS, check_family, from_eva, is_eva
-from vit_rope.models.gemma4_vit import SOURCE as GEMMA4_SOURCE
-from vit_rope.models.gemma4_vit import Gemma4VisionTransformer, describe_gemma4, from_gemma4, is_gemma4
-from vit_rope.models.qwen3_vit import SOURCE as QWEN3_SOURCE
-from vit_rope.models.qwen3_vit import Qwen3VisionTransformer, describe_qwen3, from_qwen3, is_qwen3
+from vit_rope.models.eva_families import EVA_LAYOUTS, check_family, from_eva, is_eva
+from vit_rope.models.twins import ProjectorTwin
 from vit_rope.models.widths import size_of
 from vit_rope.weights import Converted, Description, Folder, Format, mapped_file, read_weights, unwrap_state_dict
 
@@ -81,9 +76,9 @@ def _meta_dinov3(state_dict: dict[str, Any], model: nn.Module) -> Converted:
 
 
 def _timm_eva(state_dict: dict[str, Any], model: nn.Module) -> Converted:
-    if isinstance(model, (Qwen3VisionTransformer, Gemma4VisionTransformer)):  # not an Eva architecture
-        family, files = ("DeepSeek", "deepseek_vit_*") if isinstance(model, DeepseekVisionTransformer) else \
-            ("Gemma 4", "gemma4_vit_*") if isinstance(model, Gemma4VisionTransformer) else ("Qwen3-VL", "qwen3_vit_*")
+    if isinstance(model, ProjectorTwin):  # not an Eva architecture
+        family = model.FAMILY
+        files = {"DeepSeek": "deepseek_vit_*", "Gemma 4": "gemma4_vit_*"}.get(family, "qwen3_vit_*")
         raise ValueError(f"The checkpoint is timm's Eva (keys ending in '.attn.q_bias' or '.gamma_1'), which a "
                          f"{family} twin ({type(model).__name__}) does not take: load it into its Eva family's twin "
                          f"(vit_rope.from_timm names it); {family} twins load timm's {files} files.")
@@ -106,25 +101,30 @@ def _hf_dinov3(state_dict: dict[str, Any], model: nn.Module) -> Converted:
 
 
 def _timm_qwen3(state_dict: dict[str, Any], model: nn.Module) -> Converted:
-    if isinstance(model, DeepseekVisionTransformer):  # a Qwen3VisionTransformer by its heads, not by its blocks
-        raise ValueError(f"The checkpoint is {QWEN3_SOURCE}, which loads into the vit_rope_qwen3_vit_* twins; the "
+    if isinstance(model, deepseek_vit.DeepseekVisionTransformer):  # a Qwen3VisionTransformer by its heads, not blocks
+        raise ValueError(f"The checkpoint is {qwen3_vit.SOURCE}, which loads into the vit_rope_qwen3_vit_* twins; the "
                          f"model is a DeepSeek twin ({type(model).__name__}), which loads timm's deepseek_vit_* files.")
-    return from_qwen3(state_dict, model)
+    return qwen3_vit.from_qwen3(state_dict, model)
 
 
 def _as_is(state_dict: dict[str, Any], model: nn.Module) -> Converted:
     return state_dict, ()
 
 
+def _transformers(claims: Callable[[dict[str, Any]], bool], model: Callable[[dict[str, Any]], Description],
+                  check_model: Callable[[dict[str, Any], nn.Module], None]) -> Folder:
+    """A transformers folder: ``config.json`` (which ``claims`` says is the format's) beside ``model.safetensors``."""
+    return Folder("config.json", "model.safetensors", claims, model, check_model)
+
+
 FORMATS: tuple[Format, ...] = (
     *KIND_FORMATS,  # LookHere's, PaPE's and LieRE's official files
     Format(hf_dinov3.HF_FORMAT, "'embeddings.patch_embeddings.weight'",  # a bare Conv2d, not ViT's .projection
            lambda state_dict: "embeddings.patch_embeddings.weight" in state_dict, _hf_dinov3,
-           folder=Folder(hf_dinov3.CONFIG, hf_dinov3.WEIGHTS,
-                         lambda config: "model_type" in config  # but the formats' of other transformers models
-                         and config["model_type"] not in (*pixtral.MODEL_TYPES, *qwen2_5_vl.MODEL_TYPES,
-                                                          *hf_gemma4.MODEL_TYPES),
-                         hf_dinov3.dinov3_args_from_hf_config, hf_dinov3.check_hf_config)),
+           folder=_transformers(lambda config: "model_type" in config  # but the other transformers formats' types
+                                and config["model_type"] not in (*pixtral.MODEL_TYPES, *qwen2_5_vl.MODEL_TYPES,
+                                                                 *gemma4_vit.MODEL_TYPES),
+                                hf_dinov3.dinov3_args_from_hf_config, hf_dinov3.check_hf_config)),
     Format("Hugging Face transformers' ViT or DINOv2", "'embeddings.patch_embeddings.projection.weight'",
            lambda state_dict: any(key.endswith("embeddings.patch_embeddings.projection.weight") for key in state_dict),
            hf_dinov3.refuse_other_hf),
@@ -132,25 +132,26 @@ FORMATS: tuple[Format, ...] = (
            lambda state_dict: (_dinov3_name(state_dict), _shape(state_dict))),
     Format("timm's Eva", "keys ending in '.attn.q_bias', '.attn.q_proj.weight' or '.gamma_1'", is_eva, _timm_eva,
            _describe_eva),
-    Format(QWEN3_SOURCE, "'encoder.pos_embed' (classifiers) or 'merger.fc1.weight' (encoders)",
-           is_qwen3, _timm_qwen3, describe_qwen3),
-    Format(DEEPSEEK_SOURCE, "'encoder.patch_embed.proj.weight' without 'encoder.pos_embed' (classifiers), "
-           "'aligner.fc1.weight' (encoders) or 'vision.*' keys (DeepSeek's own shards)", is_deepseek, from_deepseek,
-           describe_deepseek),
-    Format(GEMMA4_SOURCE, "'patch_embed.position_embedding_table' (encoders) or 'encoder.patch_embed."
-           "position_embedding_table' (classifiers)", is_gemma4, from_gemma4, describe_gemma4),
-    Format(hf_gemma4.HF_FORMAT, "keys ending in 'patch_embedder.position_embedding_table'", hf_gemma4.is_hf_gemma4,
-           hf_gemma4.from_hf_gemma4, hf_gemma4.describe_hf_gemma4,
-           folder=Folder(hf_gemma4.CONFIG, hf_gemma4.WEIGHTS, lambda config: config.get("model_type") in
-                         hf_gemma4.MODEL_TYPES, hf_gemma4.gemma4_args_from_hf_config, hf_gemma4.check_hf_config)),
+    Format(qwen3_vit.SOURCE, "'encoder.pos_embed' (classifiers) or 'merger.fc1.weight' (encoders)",
+           qwen3_vit.is_qwen3, _timm_qwen3, qwen3_vit.describe_qwen3),
+    Format(deepseek_vit.SOURCE, "'encoder.patch_embed.proj.weight' without 'encoder.pos_embed' (classifiers), "
+           "'aligner.fc1.weight' (encoders) or 'vision.*' keys (DeepSeek's own shards)", deepseek_vit.is_deepseek,
+           deepseek_vit.from_deepseek, deepseek_vit.describe_deepseek),
+    Format(gemma4_vit.SOURCE, "'patch_embed.position_embedding_table' (encoders) or 'encoder.patch_embed."
+           "position_embedding_table' (classifiers)", gemma4_vit.is_gemma4, gemma4_vit.from_gemma4,
+           gemma4_vit.describe_gemma4),
+    Format(gemma4_vit.HF_FORMAT, "keys ending in 'patch_embedder.position_embedding_table'", gemma4_vit.is_hf_gemma4,
+           gemma4_vit.from_hf_gemma4, gemma4_vit.describe_hf_gemma4,
+           folder=_transformers(lambda config: config.get("model_type") in gemma4_vit.MODEL_TYPES,
+                                gemma4_vit.gemma4_args_from_hf_config, gemma4_vit.check_hf_config)),
     Format(pixtral.SOURCE, "keys '(model.)(vision_tower.)patch_conv.weight'", pixtral.is_pixtral, pixtral.from_pixtral,
            pixtral.describe_pixtral,
-           folder=Folder(hf_dinov3.CONFIG, hf_dinov3.WEIGHTS, lambda config: config.get("model_type") in
-                         pixtral.MODEL_TYPES, pixtral.pixtral_args_from_config, pixtral.check_pixtral_config)),
+           folder=_transformers(lambda config: config.get("model_type") in pixtral.MODEL_TYPES,
+                                pixtral.pixtral_args_from_config, pixtral.check_pixtral_config)),
     Format(qwen2_5_vl.SOURCE, "keys ending in 'merger.ln_q.weight'", qwen2_5_vl.is_qwen25, qwen2_5_vl.from_qwen25,
            qwen2_5_vl.describe_qwen25,
-           folder=Folder(qwen2_5_vl.CONFIG, qwen2_5_vl.WEIGHTS, lambda config: config.get("model_type") in
-                         qwen2_5_vl.MODEL_TYPES, qwen2_5_vl.args_from_config, qwen2_5_vl.check_model)),
+           folder=_transformers(lambda config: config.get("model_type") in qwen2_5_vl.MODEL_TYPES,
+                                qwen2_5_vl.args_from_config, qwen2_5_vl.check_model)),
     Format("RoPE-ViT's official RoPE-Swin", "keys ending in 'attn.rope_t_x' or 'attn.rope_freqs'", swin.is_official,
            swin.from_official, swin.describe),
     Format("timm's or Microsoft's Swin Transformer", "'layers.*.attn.qkv.weight' keys and no RoPE-Swin marker",

@@ -53,15 +53,10 @@ def from_timm(model: nn.Module) -> RoPEVisionTransformer:
         name, args = qwen2_5_vl.args_from_config(model.config.to_diff_dict())
         return _twin(model, name, args, f"transformers' {qwen2_5_vl.HF_CLASS}")
     timm_name = (getattr(model, "pretrained_cfg", None) or {}).get("architecture")
-    if timm_name in qwen3_vit.QWEN3:
-        name, args = qwen3_vit.architecture(model)
-        return _twin(model, name, args, f"timm {timm_name}")
-    if timm_name in deepseek_vit.DEEPSEEK:
-        name, args = deepseek_vit.architecture(model)
-        return _twin(model, name, args, f"timm {timm_name}")
-    if timm_name in gemma4_vit.GEMMA4:
-        name, args = gemma4_vit.architecture(model)
-        return _twin(model, name, args, f"timm {timm_name}")
+    for twins, architecture in ((qwen3_vit.QWEN3, qwen3_vit.architecture), (gemma4_vit.GEMMA4, gemma4_vit.architecture),
+                                (deepseek_vit.DEEPSEEK, deepseek_vit.architecture)):  # timm's VLM towers
+        if timm_name in twins:
+            return _twin(model, *architecture(model), f"timm {timm_name}")
     supported = timm_name is not None and (any(timm_name in table for table in FAMILIES.values())
                                            or (_DINOV3.fullmatch(timm_name) and timm.is_model(twin_name(timm_name))))
     if not supported:

@@ -1,22 +1,15 @@
 """Twins of timm's Gemma 4 vision encoders (``timm.models.gemma4_vit``, timm 1.0.31): ``vit_rope_gemma4_vit_*``.
 
-Gemma 4's vision tower (Gemma 4 Technical Report, arXiv:2607.02770; transformers' ``Gemma4VisionModel``) is a ViT
-without class token, biases or final norm: a linear patch embedding of pixels scaled to [-1, 1], a learned position
-table per axis (row ``x`` of one plus row ``y`` of the other, read at the raw patch index, up to 10240), blocks with
-four RMSNorms (a pre- and a post-norm around attention and around the GELU-tanh gated MLP), RMSNorm on each head's
-q, k (with scale) and v (without), attention without the ``1 / sqrt(D)`` scale, and axial 2D RoPE (theta 100,
-integer patch indices from 0) in its own layout: x rotates the first half of each head, y the second, each half in
-rotate-half pairs. Its pooler averages each 3x3 block of patches and scales by ``sqrt(C)`` (570m: then standardises):
-the soft tokens the language model reads. E2B/E4B's tower (167m) clamps every linear's input and output.
-
-A twin is a ``RoPEVisionTransformer`` (``encoding="axial"``, ``qk_layout="gemma4"``): the pixel scaling folded into
-the patch convolution, the post-norms in the LayerScale slots (``ls1``, ``ls2``), q/k/v fused into ``qkv``, the gated
-MLP timm's ``SwiGLU``, the clamps ``ClippedLinear``. ``vit_rope_gemma4_vit_*``: mean of the tokens, RMSNorm without
-scale, linear head (timm's classifiers); ``*_enc``: the soft tokens. ``forward_features``: tokens before the pooler.
+Gemma 4's vision tower (Gemma 4 Technical Report, arXiv:2607.02770; transformers' ``Gemma4VisionModel``) adds a
+learned table per axis, sandwich RMSNorms, q/k/v norms, attention without ``1 / sqrt(D)`` and axial RoPE in its own
+layout (x the first half of each head, y the second); its pooler averages 3x3 blocks into soft tokens. A twin is a
+``ProjectorTwin`` with what the shared model had no place for: the pixel scaling folded into the patch convolution, the
+post-norms in the LayerScale slots, the clamps of E2B/E4B's tower as ``ClippedLinear`` (docs/models.md).
 """
 
 from __future__ import annotations
 
+import math
 import re
 from functools import partial
 from typing import Any
@@ -28,10 +21,9 @@ from torch import Tensor, nn
 
 from vit_rope.encodings.rope.dinov3_rope import permute_qk_rows, qk_permutation
 from vit_rope.layers.rms_norm import RmsNorm
-from vit_rope.models.naflex_batch import naflex_batch
-from vit_rope.models.qwen3_vit import PatchMerger, _square
-from vit_rope.models.vit import RoPEVisionTransformer
-from vit_rope.weights import Converted, check_twin
+from vit_rope.models.qwen3_vit import PatchMerger
+from vit_rope.models.twins import ProjectorTwin, timm_heads, timm_tower
+from vit_rope.weights import Converted, Description, check_config_fields, check_twin, depth_of
 
 SOURCE = "timm's Gemma 4 ViT (timm.models.gemma4_vit)"
 HF_FORMAT = "Hugging Face transformers' Gemma4VisionModel"
@@ -88,42 +80,36 @@ class SoftTokenPool(nn.Module):
 
     def forward(self, x: Tensor, grid: tuple[int, int] | None = None, coord: Tensor | None = None,
                 valid: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
-        """Soft tokens ``[B, M, C]`` of tokens ``[B, N, C]`` on ``grid`` (``None``: square), or of a NaFlex batch's
-        at ``coord`` ``[B, N, 2]`` (y, x) with their validity ``[B, M]`` (padding: zeros)."""
+        """Soft tokens ``[B, M, C]`` of tokens ``[B, N, C]`` on ``grid``, or of a NaFlex batch's at ``coord``
+        ``[B, N, 2]`` (y, x) with their validity ``[B, M]`` (padding: zeros)."""
         if valid is None:
-            x = self.merge(x, grid or _square(x.shape[1]))
+            x = self.merge(x, grid)
         else:
-            x, valid = self.merge_naflex(x, coord, valid.bool())
+            x, valid = self.merge_naflex(x, coord, valid)
         x = x.unflatten(-1, (self.merge_size**2, -1)).mean(-2) * self.scale  # [B, M, C]
         if self.std_bias is not None:
             x = (x - self.std_bias) * self.std_scale
         return x if valid is None else x * valid[..., None], valid
 
 
-class Gemma4VisionTransformer(RoPEVisionTransformer):
-    """``RoPEVisionTransformer`` with Gemma 4's position table, sandwich norms, v norm, clamps and pooler.
+class Gemma4VisionTransformer(ProjectorTwin):
+    """``ProjectorTwin`` with Gemma 4's position table, sandwich norms, v norm, clamps and pooler (``"soft"``).
 
     Args:
-        global_pool: ``"avg"`` (the classifiers: mean, RMSNorm without scale, head), ``""`` (the same per token) or
-            ``"soft"`` (``*_enc``: the soft tokens are the output).
-        encoder_pool: ``"soft"``: the classifier pools the soft tokens (timm's ``encoder_pool='soft'``).
         pooling_kernel_size, standardize: the pooler's block side and standardisation (570m).
         use_clipped_linears: clamp every linear's input and output (167m: E2B/E4B's bounds).
         position_embedding_size: rows of each axis's position table (the largest patch index plus one).
-        **kwargs: ``RoPEVisionTransformer``'s.
+        **kwargs: ``ProjectorTwin``'s.
     """
+
+    FAMILY, TOKENS, PROJECTOR = "Gemma 4", "soft", "pooler"
 
     def __init__(self, global_pool: str = "avg", encoder_pool: str = "", pooling_kernel_size: int = 3,
                  standardize: bool = False, use_clipped_linears: bool = False, position_embedding_size: int = 10240,
                  **kwargs: Any) -> None:
-        if global_pool not in ("", "avg", "soft") or encoder_pool not in ("", "soft"):
-            raise ValueError(f"Gemma 4 twins take global_pool '', 'avg' or 'soft' and encoder_pool '' or 'soft' "
-                             f"(timm's), got global_pool={global_pool!r}, encoder_pool={encoder_pool!r}.")
         eps = getattr(kwargs.get("norm_layer"), "keywords", {}).get("eps", 1e-6)
         num_classes = kwargs.pop("num_classes", 0)
-        super().__init__(global_pool="avg" if global_pool == "soft" else global_pool, final_norm=False,
-                         fc_norm=False, num_classes=0, pos_embed="none", **kwargs)
-        self.global_pool, self.encoder_pool = global_pool, encoder_pool
+        super().__init__(global_pool, encoder_pool, num_classes=0, pos_embed="none", **kwargs)
         dd, dim = get_device_dtype(self), self.embed_dim
         self.pos_embed_xy = nn.Parameter(trunc_normal_(torch.empty(2, position_embedding_size, dim, **dd), std=0.02))
         for block in self.blocks:
@@ -141,17 +127,6 @@ class Gemma4VisionTransformer(RoPEVisionTransformer):
         self.fc_norm = RmsNorm(dim, eps, affine=False, **dd)  # no weights; *_enc's soft tokens skip it
         self.reset_classifier(num_classes)
 
-    def reset_classifier(self, num_classes: int, global_pool: str | None = None) -> None:
-        """A linear head over the pooled tokens, as timm's ``Gemma4VitClassifier``; classes asked of a ``*_enc`` twin
-        make it the classifier of its soft tokens (timm's ``encoder_pool='soft'``)."""
-        if global_pool is not None:
-            self.global_pool = global_pool
-        if num_classes > 0 and getattr(self, "global_pool", None) == "soft":
-            self.global_pool, self.encoder_pool = "avg", "soft"
-        self.num_classes = num_classes
-        self.head = nn.Linear(self.embed_dim, num_classes, **get_device_dtype(self)) if num_classes else nn.Identity()
-        self.head.train(self.training)
-
     def no_weight_decay(self) -> set[str]:
         return super().no_weight_decay() | {"pos_embed_xy"}
 
@@ -161,35 +136,9 @@ class Gemma4VisionTransformer(RoPEVisionTransformer):
         rows = F.embedding(coord[..., 1], self.pos_embed_xy[0]) + F.embedding(coord[..., 0], self.pos_embed_xy[1])
         return super()._prefix_and_ape(tokens + rows, coord, grids, grid)
 
-    def forward(self, x: Tensor, attn_mask: Tensor | None = None, is_causal: bool = False,
-                patch_coord: Tensor | None = None, patch_valid: Tensor | None = None) -> Tensor:
-        """As ``RoPEVisionTransformer.forward``, the pooler (if any) between the tokens and the head (a NaFlex
-        batch's per sample); ``*_enc``: the soft tokens ``[B, M, C]``."""
-        batch = naflex_batch(x, patch_coord, patch_valid, attn_mask)
-        if batch is not None:
-            tokens, _, embedded = self._forward_blocks(batch, self.blocks, is_causal=is_causal)
-            return self.forward_head(tokens, patch_valid=embedded.valid, patch_coord=embedded.coord)
-        grid = self.patch_embed.dynamic_feat_size((x.shape[-2], x.shape[-1]))
-        return self.forward_head(self.forward_features(x, attn_mask=attn_mask, is_causal=is_causal), grid=grid)
-
-    def forward_head(self, x: Tensor, pre_logits: bool = False, patch_valid: Tensor | None = None,
-                     grid: tuple[int, int] | None = None, patch_coord: Tensor | None = None) -> Tensor:
-        """The pooler (if any) over the tokens ``[B, N, C]`` of ``forward_features`` on ``grid`` (``None``: square)
-        or at a NaFlex batch's ``patch_coord``, then timm's pooling, norm and head; ``*_enc``: the soft tokens."""
-        if self.pooler is not None:
-            x, patch_valid = self.pooler(x, grid, patch_coord, patch_valid)
-            if self.global_pool == "soft":
-                return x
-        return super().forward_head(x, pre_logits, patch_valid)
-
-
-def twin_cfgs() -> dict[str, dict[str, Any]]:
-    """``{twin.tag: cfg}``: timm's (its hub files, read through our checkpoint filter; pixels in [0, 1]), our keys for
-    the first conv."""
-    from timm.models.gemma4_vit import default_cfgs
-
-    return {f"vit_rope_{name}.{tag}": dict(cfg.to_dict(), hf_hub_id=f"timm/{name}.{tag}", first_conv="patch_embed.proj")
-            for name in GEMMA4 for tag, cfg in default_cfgs[name].cfgs.items()}
+    def _project(self, x: Tensor, grid: tuple[int, int] | None, coord: Tensor | None, valid: Tensor | None,
+                 pre_logits: bool) -> tuple[Tensor, Tensor | None]:
+        return self.pooler(x, grid, coord, valid)
 
 
 def is_gemma4(state_dict: dict[str, Any]) -> bool:
@@ -203,9 +152,9 @@ def describe_gemma4(state_dict: dict[str, Any]) -> tuple[str | None, dict[str, A
     prefix = "encoder." if "encoder.patch_embed.position_embedding_table" in state_dict else ""
     table = state_dict[f"{prefix}patch_embed.position_embedding_table"]
     dim, head_dim = int(table.shape[-1]), int(state_dict[f"{prefix}blocks.0.attn.q_norm.weight"].shape[0])
-    blocks = {int(m.group(1)) for key in state_dict if (m := re.match(rf"{prefix}blocks\.(\d+)\.", key))}
     args: dict[str, Any] = dict(
-        embed_dim=dim, depth=max(blocks) + 1, num_heads=dim // head_dim, position_embedding_size=int(table.shape[1]),
+        embed_dim=dim, depth=depth_of(state_dict, f"{prefix}blocks"), num_heads=dim // head_dim,
+        position_embedding_size=int(table.shape[1]),
         mlp_ratio=state_dict[f"{prefix}blocks.0.mlp.gate_proj.linear.weight"].shape[0] / dim,
         num_kv_heads=int(state_dict[f"{prefix}blocks.0.attn.k_proj.linear.weight"].shape[0]) // head_dim,
         use_clipped_linears=f"{prefix}blocks.0.attn.q_proj.input_min" in state_dict,
@@ -280,10 +229,7 @@ def architecture(model: nn.Module) -> tuple[str, dict[str, Any]]:
     field the twin does not model."""
     from timm.models.gemma4_vit import Gemma4VitClassifier
 
-    name = model.pretrained_cfg["architecture"]
-    classifier = isinstance(model, Gemma4VitClassifier)
-    enc = model.encoder if classifier else model
-    block = enc.blocks[0]
+    name, classifier, enc, block = timm_tower(model, Gemma4VitClassifier)
     act, attn, (ph, pw) = block.mlp.act, block.attn, enc.patch_size
     refusals = {"act_layer": not (isinstance(act, nn.GELU) and act.approximate == "tanh"),
                 "patch_size (not square)": ph != pw, "head_dim (not embed_dim / num_heads)":
@@ -301,11 +247,125 @@ def architecture(model: nn.Module) -> tuple[str, dict[str, Any]]:
                 rope_theta=float(enc.rotary_emb.rope_theta), norm_layer=partial(RmsNorm, eps=block.norm1.eps),
                 pooling_kernel_size=enc.pooling_kernel_size, standardize=enc.std_bias is not None,
                 use_clipped_linears=enc.use_clipped_linears,
-                position_embedding_size=enc.patch_embed.position_embedding_size)
-    if classifier:
-        pools = {"none": ""}
-        args.update(num_classes=model.num_classes, global_pool=pools.get(model.global_pool, model.global_pool),
-                    encoder_pool=pools.get(model.encoder_pool, model.encoder_pool))
-    else:
-        args.update(global_pool="soft", num_classes=0)
+                position_embedding_size=enc.patch_embed.position_embedding_size,
+                **timm_heads(model, classifier, "soft"))
     return f"vit_rope_{name}", args
+
+
+# Gemma 4's tower as Hugging Face transformers saves it (a Gemma4VisionModel folder: config.json of model_type
+# gemma4_vision, model.safetensors; or a whole Gemma 4, model_type gemma4, whose language model is dropped and said):
+# timm's weights under transformers' names, the patch projection's columns in (y, x, channel) order, as transformers'
+# image processor flattens a patch. The config decides what the weights cannot show (RoPE theta, RMSNorm eps,
+# activation): check_hf_config.
+MODEL_TYPES = ("gemma4_vision", "gemma4")  # the tower alone; the whole model, whose vision_config is the tower's
+_DEFAULTS: dict[str, Any] = dict(  # Gemma4VisionConfig's (transformers 5.24), which config.json may leave out
+    hidden_size=768, intermediate_size=3072, num_hidden_layers=16, num_attention_heads=12, num_key_value_heads=12,
+    head_dim=64, hidden_activation="gelu_pytorch_tanh", rms_norm_eps=1e-6, attention_bias=False,
+    rope_parameters=None, pooling_kernel_size=3, patch_size=16, position_embedding_size=10240,
+    use_clipped_linears=False, standardize=False)
+_TOWER = re.compile(r"^(?:model\.)?vision_(?:tower|model)\.")
+_NAMES = (("patch_embedder.", "patch_embed."), ("encoder.layers.", "blocks."), (".input_layernorm.", ".norm1."),
+          (".post_attention_layernorm.", ".norm2."), (".pre_feedforward_layernorm.", ".norm3."),
+          (".post_feedforward_layernorm.", ".norm4."), (".self_attn.", ".attn."))
+
+
+def is_hf_gemma4(state_dict: dict[str, Any]) -> bool:
+    return any(key.endswith("patch_embedder.position_embedding_table") for key in state_dict)
+
+
+def to_timm_keys(state_dict: dict[str, Tensor]) -> tuple[dict[str, Tensor], list[str]]:
+    """The tower's weights under timm's Gemma 4 encoder names, the patch projection's columns as timm's (channel, y,
+    x); and the keys of the rest of a whole Gemma 4 (language model, audio, projectors), which are not the tower's."""
+    out, other = {}, []
+    tower = any(_TOWER.match(key) for key in state_dict)
+    for key, value in state_dict.items():
+        if (tower and not _TOWER.match(key)) or "rotary_emb." in key:
+            other += [] if "rotary_emb." in key else [key]  # RoPE buffers are rebuilt
+            continue
+        key = _TOWER.sub("", key)
+        for old, new in _NAMES:
+            key = key.replace(old, new)
+        if key == "patch_embed.input_proj.weight":  # [C_out, P P 3] (y, x, channel) -> (channel, y, x)
+            p = math.isqrt(value.shape[1] // 3)
+            value = value.reshape(-1, p, p, 3).permute(0, 3, 1, 2).flatten(1)
+        out[key] = value
+    return out, other
+
+
+def from_hf_gemma4(state_dict: dict[str, Tensor], model: nn.Module) -> Converted:
+    """A ``Gemma4VisionModel`` (or whole Gemma 4) state dict in our keys and layout, for a Gemma 4 twin."""
+    timm_keys, other = to_timm_keys(state_dict)
+    converted, notes = from_gemma4(timm_keys, model, HF_FORMAT)
+    notes += (f"{HF_FORMAT}: keys renamed to timm's, the patch projection's columns from (y, x, channel) order",)
+    if other:
+        parts = sorted({".".join(key.split(".")[:2]) for key in other})
+        notes += (f"{HF_FORMAT}: {len(other)} keys of the rest of Gemma 4 dropped ({', '.join(parts)}): the twin is "
+                  "its vision tower",)
+    return converted, notes
+
+
+def describe_hf_gemma4(state_dict: dict[str, Any]) -> Description:
+    """The ``*_enc`` twin (the tower's output is its soft tokens) and the arguments the weights decide."""
+    return describe_gemma4(to_timm_keys(state_dict)[0])
+
+
+def _vision_config(config: dict[str, Any]) -> dict[str, Any]:
+    """The tower's config with transformers' defaults filled in; a ``ValueError`` for another model type."""
+    model_type = config.get("model_type")
+    if model_type not in MODEL_TYPES:
+        raise ValueError(f"config.json has model_type {model_type!r}: {HF_FORMAT} folders have {MODEL_TYPES[0]!r} "
+                         f"(or {MODEL_TYPES[1]!r} for a whole Gemma 4).")
+    vision = config.get("vision_config") if model_type == "gemma4" else config
+    if not vision:
+        raise ValueError("config.json is a whole Gemma 4 without vision_config: it has no vision tower to load.")
+    return {**_DEFAULTS, **vision}
+
+
+def gemma4_args_from_hf_config(config: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    """The ``vit_rope_gemma4_vit_*_enc`` twin and keyword arguments that build the tower of a config.json's dict; a
+    ``ValueError`` naming a field the twin does not model."""
+    c = _vision_config(config)
+    rope = c["rope_parameters"] or {}
+    refused = {"hidden_activation": c["hidden_activation"] not in ("gelu_pytorch_tanh", "gelu_tanh"),
+               "attention_bias": bool(c["attention_bias"]), "rope_parameters.rope_type": rope.get("rope_type",
+                                                                                                "axial") != "axial",
+               "head_dim": c["head_dim"] * c["num_attention_heads"] != c["hidden_size"]}
+    for field, bad in refused.items():
+        if bad:
+            raise ValueError(f"config.json has {field}={c.get(field.split('.')[0])!r}, which the vit_rope_gemma4_vit_* "
+                             "twins do not model (GELU-tanh, no biases, axial RoPE, head_dim = hidden_size / "
+                             "num_attention_heads, as every Gemma 4 tower).")
+    size = next((size for size, arch in _ARCH.items() if arch["embed_dim"] == c["hidden_size"]), "167m")
+    kwargs = dict(embed_dim=c["hidden_size"], depth=c["num_hidden_layers"], num_heads=c["num_attention_heads"],
+                  num_kv_heads=c["num_key_value_heads"], mlp_ratio=c["intermediate_size"] / c["hidden_size"],
+                  patch_size=c["patch_size"], position_embedding_size=c["position_embedding_size"],
+                  pooling_kernel_size=c["pooling_kernel_size"], use_clipped_linears=bool(c["use_clipped_linears"]),
+                  standardize=bool(c["standardize"]), rope_theta=float(rope.get("rope_theta", 100.0)),
+                  norm_layer=partial(RmsNorm, eps=c["rms_norm_eps"]), num_classes=0)
+    return f"vit_rope_gemma4_vit_{size}_enc", kwargs
+
+
+def check_hf_config(config: dict[str, Any], model: nn.Module) -> None:
+    """Raise unless ``model`` is the tower of ``config``, naming the first field that differs, its two values and the
+    twin that fits."""
+    name, kwargs = gemma4_args_from_hf_config(config)
+    if not isinstance(model, Gemma4VisionTransformer) or model.global_pool != "soft":
+        raise ValueError(f"config.json describes {HF_FORMAT}, whose weights load into {name} (soft tokens); the model "
+                         f"is a {type(model).__name__} with global_pool="
+                         f"{getattr(model, 'global_pool', None)!r}.")
+    c, block, pooler = _vision_config(config), model.blocks[0], model.pooler
+    fields = {  # field: (the file's value, the model's)
+        "hidden_size": (c["hidden_size"], model.embed_dim),
+        "num_hidden_layers": (c["num_hidden_layers"], len(model.blocks)),
+        "num_attention_heads": (c["num_attention_heads"], block.attn.num_heads),
+        "num_key_value_heads": (c["num_key_value_heads"], block.attn.num_kv_heads),
+        "intermediate_size": (c["intermediate_size"], block.mlp.fc2.in_features),
+        "patch_size": (c["patch_size"], model.patch_embed.patch_size[0]),
+        "pooling_kernel_size": (c["pooling_kernel_size"], pooler.merge_size),
+        "standardize": (bool(c["standardize"]), pooler.std_bias is not None),
+        "use_clipped_linears": (bool(c["use_clipped_linears"]), isinstance(block.attn.qkv, ClippedLinear)),
+        "position_embedding_size": (c["position_embedding_size"], model.pos_embed_xy.shape[1]),
+        "rope_theta": (kwargs["rope_theta"], model.pos_encoding[0].theta),
+        "rms_norm_eps": (c["rms_norm_eps"], block.norm1.eps),
+    }
+    check_config_fields(fields, f"{name} with the folder's sizes")

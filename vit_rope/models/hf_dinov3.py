@@ -20,7 +20,6 @@ from vit_rope.weights import check_config_fields
 
 HF_FORMAT = "Hugging Face transformers' DINOv3ViTModel"
 MODEL_TYPE = "dinov3_vit"
-WEIGHTS, CONFIG = "model.safetensors", "config.json"
 # DINOv3ViTConfig's defaults (transformers 5.24): transformers leaves values equal to them out of config.json
 _DEFAULTS: dict[str, Any] = dict(
     patch_size=16, hidden_size=384, intermediate_size=1536, num_hidden_layers=12, num_attention_heads=6,

@@ -1,17 +1,10 @@
 """Twins of Pixtral's vision encoder (transformers 5.24's ``PixtralVisionModel``): ``vit_rope_pixtral_vit_*``.
 
-Pixtral 12B (Agrawal et al. 2024, arXiv:2410.07073) reads images at their own size and aspect ratio with a ViT of its
-own: a Conv2d patch embedding without bias, RMSNorm (eps 1e-5) before the blocks (``ln_pre``) and in them, SwiGLU MLPs
-and attention without biases, no class token, no final norm, and 2D RoPE on integer patch indices (theta 1e4, no
-scaling to a grid) whose x and y take alternate rungs of one frequency ladder (y the even, x the odd), rotate-half
-pairs with y first. Several images run as one sequence with block-diagonal attention; a NaFlex batch (one image per
-row, padding masked) is the same computation. Its VLM (``LlavaForConditionalGeneration``) maps every token with a
-two-layer GELU MLP (``multi_modal_projector``) to the language model's width.
-
-A twin is a ``RoPEVisionTransformer`` (``pre_norm``, ``rope_alternate_axes``, ``qk_layout="rotate_half"``, timm's
-``GluMlp`` with the gate first) whose ``forward_features`` gives ``PixtralVisionModel``'s ``last_hidden_state``;
-``*_llava`` adds the projector, whose tokens ``forward`` returns. Weights: transformers' folders (``config.json`` +
-``model.safetensors``, a ``PixtralVisionModel``'s or a Llava's) and state dicts, read without transformers.
+Pixtral 12B (Agrawal et al. 2024, arXiv:2410.07073) reads images at their own size with 2D RoPE on integer patch
+indices whose x and y take alternate rungs of one frequency ladder; several images run as one sequence with
+block-diagonal attention, which a NaFlex batch computes. A twin is a ``RoPEVisionTransformer`` (``pre_norm``,
+``rope_alternate_axes``, ``qk_layout="rotate_half"``); ``*_llava`` adds Llava's projector. Weights: transformers'
+folders and state dicts, read without transformers (docs/models.md).
 """
 
 from __future__ import annotations
@@ -27,7 +20,7 @@ from torch import Tensor, nn
 from vit_rope.encodings.rope.dinov3_rope import permute_qk_rows, qk_permutation
 from vit_rope.layers.rms_norm import RmsNorm
 from vit_rope.models.vit import RoPEVisionTransformer
-from vit_rope.weights import Converted, Description, check_config_fields
+from vit_rope.weights import Converted, Description, check_config_fields, check_twin, depth_of
 
 SOURCE = "Hugging Face transformers' PixtralVisionModel (or a Llava with its vision_tower)"
 MODEL_TYPES = ("pixtral", "llava", "mistral3")  # the config.json model types this format claims (mistral3: refused)
@@ -113,8 +106,8 @@ def describe_pixtral(state_dict: dict[str, Any]) -> Description:
     """The twin of a state dict by its patch size, width 1024 (Pixtral's; the keys do not show the head count, so
     another width names no model), depth and projector."""
     conv = next(value for key, value in state_dict.items() if _tower(key) == "patch_conv.weight")
-    blocks = {int(m.group(1)) for key in state_dict if (m := re.match(_LAYER, _tower(key)))}
-    args: dict[str, Any] = {"depth": max(blocks) + 1} if blocks else {}
+    depth = depth_of(state_dict, r"(model\.)?(vision_tower\.)?transformer\.layers")
+    args: dict[str, Any] = {"depth": depth} if depth else {}
     fc1 = next((v for k, v in state_dict.items() if k.endswith("multi_modal_projector.linear_1.weight")), None)
     name = _BY_PATCH.get(int(conv.shape[-1]))
     if fc1 is not None:
@@ -128,14 +121,11 @@ def from_pixtral(state_dict: dict[str, Tensor], model: nn.Module) -> Converted:
     """transformers' Pixtral (or Llava) state dict in our keys and q/k layout: q/k/v fused with every head's q / k rows
     from rotate-half to interleaved pairs, gate and up projections packed (gate first), the projector as
     ``projector.fc1/fc2``; the language model's keys dropped, and said."""
-    if not isinstance(model, PixtralVisionTransformer):
-        raise ValueError(f"The checkpoint is {SOURCE}, which loads into the vit_rope_pixtral_vit_* twins "
-                         f"(vit_rope.create_from_checkpoint(folder) builds the one that fits); the model is a "
-                         f"{type(model).__name__}.")
-    if model.qk_layout != "rotate_half" or not model.pos_encoding[0].alternate_axes:
-        raise ValueError(f"The checkpoint is {SOURCE}, whose q/k rows are rotate-half with Pixtral's alternating axes, "
-                         f"but the model has qk_layout={model.qk_layout!r}, rope_alternate_axes="
-                         f"{model.pos_encoding[0].alternate_axes}: keep the twin's 'rotate_half' and True.")
+    check_twin(model, isinstance(model, PixtralVisionTransformer), SOURCE, "the vit_rope_pixtral_vit_* twins "
+               "(vit_rope.create_from_checkpoint(folder) builds the one that fits)", "rotate_half", "rotate-half pairs")
+    if not model.pos_encoding[0].alternate_axes:
+        raise ValueError(f"The checkpoint is {SOURCE}, whose x and y take alternate RoPE frequencies, but the model "
+                         "has rope_alternate_axes=False: keep the twin's True.")
     heads = model.blocks[0].attn.num_heads
     index = qk_permutation("rotate_half", model.embed_dim // heads)
     renames = (("patch_conv.", "patch_embed.proj."), ("ln_pre.", "norm_pre."), ("attention_norm.", "norm1."),

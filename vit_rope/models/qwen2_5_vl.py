@@ -1,20 +1,12 @@
 """Twin of transformers' Qwen2.5-VL vision encoder (``Qwen2_5_VisionTransformerPretrainedModel``, transformers 5.24):
 ``vit_rope_qwen2_5_vl_vit``.
 
-Qwen2.5-VL (Bai et al. 2025, arXiv:2502.13923) keeps Qwen2-VL's native-resolution ViT (arXiv:2409.12191) and makes it
-a LLaMA-style block: RMSNorm (eps 1e-6), a SwiGLU MLP with biases, fused qkv with bias, no class token, no absolute
-position embedding, no final norm. Its only position encoding is axial 2D RoPE (theta 1e4, integer patch indices,
-rotate-half pairs with y first: Qwen3-VL's, ``qwen3_vit``). Most layers attend within windows of ``window_size`` px
-(112: 8x8 patches of 14 px, tiled from the grid's top-left, partial at its bottom and right edges); the layers of
-``fullatt_block_indexes`` attend over the whole image. The merger (RMSNorm, each 2x2 block concatenated, MLP) maps to
-the language model's width ``out_hidden_size``: 2048 (3B), 3584 (7B), 8192 (72B); the tower is the same in all three
-(hidden 1280, depth 32, 16 heads, MLP 3420, full attention in blocks 7, 15, 23, 31, their published config.json).
-
-The twin is ``Qwen3VisionTransformer`` (its ``PatchMerger`` with RMSNorm, ``global_pool="merge"``: the merger's tokens
-are the output, ``forward_features`` the tokens before it) whose windowed blocks get a window mask with their RoPE
-tables (``Windowed``). transformers instead reorders the tokens by window and splits the sequence; attention within a
-window does not depend on the order, so ours keeps row-major tokens, and any grid or NaFlex batch. Conv3d's kernel over
-a still image (the frame repeated ``temporal_patch_size`` times) is the Conv2d of its kernel summed over time.
+Qwen2.5-VL (Bai et al. 2025, arXiv:2502.13923) makes Qwen2-VL's ViT (arXiv:2409.12191) LLaMA-style, with axial 2D RoPE
+alone, and most layers attend within windows of ``window_size`` px (the rest, ``fullatt_block_indexes``, over the whole
+image). The twin is ``Qwen3VisionTransformer`` whose windowed blocks get a window mask with their RoPE tables
+(``Windowed``): transformers reorders the tokens by window instead, but attention within a window does not depend on
+the order, so ours keeps row-major tokens, and any grid or NaFlex batch. Conv3d's kernel over a still image is the
+Conv2d of its kernel summed over time (docs/models.md).
 """
 
 from __future__ import annotations
@@ -34,13 +26,12 @@ from vit_rope.layers.attention import BlockInput, block_input
 from vit_rope.layers.eva import PackedSwiGLU
 from vit_rope.layers.rms_norm import RmsNorm
 from vit_rope.models.qwen3_vit import Qwen3VisionTransformer
-from vit_rope.weights import Converted, check_config_fields, check_twin
+from vit_rope.weights import Converted, check_config_fields, check_twin, depth_of
 
 SOURCE = "transformers' Qwen2.5-VL vision encoder (Qwen2_5_VisionTransformerPretrainedModel)"
 NAME = "vit_rope_qwen2_5_vl_vit"
 HF_CLASS = "Qwen2_5_VisionTransformerPretrainedModel"
 MODEL_TYPES = ("qwen2_5_vl", "qwen2_5_vl_vision")  # the VLM's config.json (vision_config inside), the tower's own
-WEIGHTS, CONFIG = "model.safetensors", "config.json"
 QWEN25: dict[str, dict[str, Any]] = {NAME: dict(
     img_size=448, patch_size=14, embed_dim=1280, depth=32, num_heads=16, mlp_ratio=3420 / 1280, class_token=False,
     qkv_bias=True, norm_layer=partial(RmsNorm, eps=1e-6), act_layer=nn.SiLU, mlp_layer=PackedSwiGLU, pos_embed="none",
@@ -176,8 +167,8 @@ def describe_qwen25(state_dict: dict[str, Any]) -> tuple[str | None, dict[str, A
     published tower's without it); no name for a width other than the published 1280 (heads are not in the weights)."""
     prefix = _prefix(state_dict)
     width = int(state_dict[f"{prefix}patch_embed.proj.weight"].shape[0])
-    blocks = {int(m.group(1)) for key in state_dict if (m := re.match(rf"{re.escape(prefix)}blocks\.(\d+)\.", key))}
-    args = dict(depth=max(blocks) + 1, merger_out_features=int(state_dict[f"{prefix}merger.mlp.2.weight"].shape[0]))
+    args = dict(depth=depth_of(state_dict, rf"{re.escape(prefix)}blocks"),
+                merger_out_features=int(state_dict[f"{prefix}merger.mlp.2.weight"].shape[0]))
     return (NAME if width == QWEN25[NAME]["embed_dim"] else None), args
 
 

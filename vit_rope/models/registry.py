@@ -22,13 +22,12 @@ from vit_rope.models.checkpoint import checkpoint_filter_fn
 from vit_rope.models.dinov3 import dinov3_name
 from vit_rope.models.eva_families import FAMILIES, twin_cfgs, twin_name
 from vit_rope.models.gemma4_vit import GEMMA4, Gemma4VisionTransformer
-from vit_rope.models.gemma4_vit import twin_cfgs as gemma4_twin_cfgs
 from vit_rope.models.pixtral import PIXTRAL, PixtralVisionTransformer
 from vit_rope.models.pixtral import twin_cfgs as pixtral_twin_cfgs
 from vit_rope.models.qwen2_5_vl import QWEN25, Qwen25VisionTransformer
 from vit_rope.models.qwen3_vit import QWEN3, Qwen3VisionTransformer
-from vit_rope.models.qwen3_vit import twin_cfgs as qwen3_twin_cfgs
 from vit_rope.models.swin import SWIN_KINDS, SWIN_SIZES, RoPESwinTransformer, swin_name
+from vit_rope.models.twins import timm_twin_cfgs
 from vit_rope.models.vit import RoPEVisionTransformer
 from vit_rope.models.widths import width
 
@@ -77,8 +76,9 @@ def _default_cfgs() -> dict[str, Any]:
     for name in QWEN25:  # transformers' Qwen2.5-VL tower: its weights are a folder (config.json + model.safetensors)
         cfgs[name] = _cfg(num_classes=0, input_size=(3, 448, 448), mean=OPENAI_CLIP_MEAN, std=OPENAI_CLIP_STD,
                           interpolation="bicubic", min_input_size=(3, 28, 28))
-    return {**cfgs, **twin_cfgs(), **qwen3_twin_cfgs(), **pixtral_twin_cfgs(), **deepseek_vit.twin_cfgs(),
-            **gemma4_twin_cfgs()}
+    deepseek = timm_twin_cfgs("deepseek_vit", deepseek_vit.DEEPSEEK, min_input_size=(3, 42, 42))  # the aligner pads
+    return {**cfgs, **twin_cfgs(), **timm_twin_cfgs("qwen3_vit", QWEN3, min_input_size=(3, 64, 64)),
+            **pixtral_twin_cfgs(), **deepseek, **timm_twin_cfgs("gemma4_vit", GEMMA4)}
 
 
 default_cfgs = generate_default_cfgs(_default_cfgs())
@@ -130,21 +130,15 @@ _VITS: dict[str, dict[str, Any]] = {
 for _name, _args in _VITS.items():
     globals()[_name] = register_model(_entrypoint(_name, _args))
 
-for _timm_name, _args in QWEN3.items():  # timm's Qwen3-VL ViTs (vit_rope.models.qwen3_vit)
-    globals()[f"vit_rope_{_timm_name}"] = register_model(_entrypoint(f"vit_rope_{_timm_name}", _args,
-                                                                      model_cls=Qwen3VisionTransformer))
-
-for _name, _args in PIXTRAL.items():  # transformers' Pixtral vision encoder (vit_rope.models.pixtral)
-    globals()[f"vit_rope_{_name}"] = register_model(_entrypoint(f"vit_rope_{_name}", _args,
-                                                                 model_cls=PixtralVisionTransformer))
-for _name, _args in QWEN25.items():  # transformers' Qwen2.5-VL tower (vit_rope.models.qwen2_5_vl)
+# the twins of timm's and transformers' VLM towers (vit_rope.models.qwen3_vit, pixtral, qwen2_5_vl, ...)
+for _table, _cls, _wrap in ((QWEN3, Qwen3VisionTransformer, None), (PIXTRAL, PixtralVisionTransformer, None),
+                            (deepseek_vit.DEEPSEEK, deepseek_vit.DeepseekVisionTransformer, deepseek_vit.tagged),
+                            (GEMMA4, Gemma4VisionTransformer, None)):
+    for _timm_name, _args in _table.items():
+        _create = _entrypoint(f"vit_rope_{_timm_name}", _args, model_cls=_cls)
+        globals()[f"vit_rope_{_timm_name}"] = register_model(_wrap(_create) if _wrap else _create)
+for _name, _args in QWEN25.items():  # transformers' Qwen2.5-VL tower, already named vit_rope_*
     globals()[_name] = register_model(_entrypoint(_name, _args, model_cls=Qwen25VisionTransformer))
-for _timm_name, _args in deepseek_vit.DEEPSEEK.items():  # timm's DeepSeek ViTs (vit_rope.models.deepseek_vit)
-    globals()[f"vit_rope_{_timm_name}"] = register_model(deepseek_vit.tagged(_entrypoint(
-        f"vit_rope_{_timm_name}", _args, model_cls=deepseek_vit.DeepseekVisionTransformer)))
-for _timm_name, _args in GEMMA4.items():  # timm's Gemma 4 ViTs (vit_rope.models.gemma4_vit)
-    globals()[f"vit_rope_{_timm_name}"] = register_model(_entrypoint(f"vit_rope_{_timm_name}", _args,
-                                                                      model_cls=Gemma4VisionTransformer))
 
 for _kind, _size in product(SWIN_KINDS, SWIN_SIZES):  # RoPE-ViT's RoPE-Swin (vit_rope.models.swin)
     _name = swin_name(_kind, _size)

@@ -1,12 +1,9 @@
 """RoPE-Swin: RoPE-ViT's Swin Transformers on timm's ``SwinTransformer``.
 
 RoPE-ViT (Heo et al., "Rotary Position Embedding for Vision Transformer", ECCV 2024, arXiv:2403.13298;
-github.com/naver-ai/rope-vit) puts its 2D RoPE into every window attention of a Swin Transformer (Liu et al., ICCV
-2021) in place of Swin's relative position bias (``use_rpb`` keeps it beside RoPE, the official option). A token's
-position is its ``(x, y)`` inside its window, the same in shifted windows. Axial RoPE takes theta 50 here (the
-official Swin models' value), mixed RoPE learns per-block, per-head frequencies from theta 10. Resolution policies act
-on the window grid: a window larger than the trained one (RoPE-ViT evaluates at 384 px with window 12, trained with
-7) reaches positions beyond the trained range.
+github.com/naver-ai/rope-vit) puts its 2D RoPE of window-local positions (the same in shifted windows) into every window
+attention of a Swin Transformer (Liu et al., ICCV 2021) in place of Swin's relative position bias (``use_rpb`` keeps
+it beside RoPE, the official option). Resolution policies act on the window grid (docs/models.md).
 """
 
 from __future__ import annotations

@@ -1,0 +1,144 @@
+"""What the twins of timm's VLM vision towers (Qwen3-VL, DeepSeek, Gemma 4) share: timm's three heads around the VLM's
+projector, the cfgs of timm's hub files and the reading of their keys and of a built timm model."""
+
+from __future__ import annotations
+
+import importlib
+import re
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from timm.layers import get_device_dtype
+from torch import Tensor, nn
+
+from vit_rope.encodings.rope.dinov3_rope import permute_qk_rows, qk_permutation
+from vit_rope.models.naflex_batch import naflex_batch
+from vit_rope.models.vit import RoPEVisionTransformer
+
+
+def square_grid(tokens: int) -> tuple[int, int]:
+    side = int(tokens**0.5)
+    if side * side != tokens:
+        raise ValueError(f"forward_head got {tokens} tokens, which make no square grid: pass the grid, "
+                         "forward_head(x, grid=(h, w)), for a non-square input (forward does).")
+    return side, side
+
+
+class ProjectorTwin(RoPEVisionTransformer):
+    """``RoPEVisionTransformer`` with the heads of timm's VLM towers: the classifier (mean of the tokens, a norm
+    without affine, a linear head), the same over the projector's tokens (``encoder_pool=TOKENS``) and the encoder
+    (``global_pool=TOKENS``: the projector's tokens are the output). ``forward_features`` gives the tokens before the
+    projector, held at ``PROJECTOR`` (``None`` without) and run by ``_project``.
+
+    Args:
+        global_pool: ``"avg"`` (the classifiers), ``""`` (the same per token) or ``TOKENS`` (the encoders).
+        encoder_pool: ``TOKENS``: the classifier pools the projector's tokens.
+        **kwargs: ``RoPEVisionTransformer``'s.
+    """
+
+    FAMILY, TOKENS, PROJECTOR = "", "", ""  # the family's name in errors, the encoders' pool, the projector's place
+
+    @classmethod
+    def check_pools(cls, global_pool: str, encoder_pool: str) -> None:
+        tokens = cls.TOKENS
+        if global_pool not in ("", "avg", tokens) or encoder_pool not in ("", tokens):
+            raise ValueError(f"{cls.FAMILY} twins take global_pool '', 'avg' or '{tokens}' and encoder_pool '' or "
+                             f"'{tokens}' (timm's), got global_pool={global_pool!r}, encoder_pool={encoder_pool!r}.")
+
+    def __init__(self, global_pool: str = "avg", encoder_pool: str = "", **kwargs: Any) -> None:
+        self.check_pools(global_pool, encoder_pool)
+        super().__init__(global_pool="avg" if global_pool == self.TOKENS else global_pool, final_norm=False,
+                         fc_norm=False, **kwargs)
+        self.global_pool, self.encoder_pool = global_pool, encoder_pool
+
+    def reset_classifier(self, num_classes: int, global_pool: str | None = None) -> None:
+        """A linear head over the pooled width (the projector's with one), as timm's classifiers; classes asked of an
+        encoder twin make it the classifier of the projector's tokens."""
+        if global_pool is not None:
+            self.global_pool = global_pool
+        if num_classes > 0 and getattr(self, "global_pool", None) == self.TOKENS:
+            self.global_pool, self.encoder_pool = "avg", self.TOKENS
+        self.num_classes = num_classes
+        width = getattr(self, "head_hidden_size", self.embed_dim)
+        head = nn.Linear(width, num_classes, **get_device_dtype(self)) if num_classes > 0 else nn.Identity()
+        self.head = head.train(self.training)  # in the model's mode, as timm's (its model suite checks it)
+
+    def forward(self, x: Tensor, attn_mask: Tensor | None = None, is_causal: bool = False,
+                patch_coord: Tensor | None = None, patch_valid: Tensor | None = None) -> Tensor:
+        """As ``RoPEVisionTransformer.forward``, the projector between the tokens and the head (a NaFlex batch's per
+        sample)."""
+        batch = naflex_batch(x, patch_coord, patch_valid, attn_mask)
+        if batch is not None:
+            tokens, _, embedded = self._forward_blocks(batch, self.blocks, is_causal=is_causal)
+            return self.forward_head(self.norm(tokens), patch_valid=embedded.valid, patch_coord=embedded.coord)
+        grid = self.patch_embed.dynamic_feat_size((x.shape[-2], x.shape[-1]))
+        return self.forward_head(self.forward_features(x, attn_mask=attn_mask, is_causal=is_causal), grid=grid)
+
+    def forward_head(self, x: Tensor, pre_logits: bool = False, patch_valid: Tensor | None = None,
+                     grid: tuple[int, int] | None = None, patch_coord: Tensor | None = None) -> Tensor:
+        """The projector (if any) over the tokens ``[B, N, C]`` of ``forward_features`` on ``grid`` (``None``:
+        square) or at a NaFlex batch's ``patch_coord``, then timm's pooling, norm and head; the encoders: the
+        projector's tokens."""
+        if getattr(self, self.PROJECTOR) is not None:
+            tokens = self.global_pool == self.TOKENS
+            if patch_valid is None:
+                x = self._project(x, grid or square_grid(x.shape[1]), None, None, pre_logits and tokens)[0]
+            elif patch_coord is None:
+                raise ValueError(f"The {self.PROJECTOR} of a NaFlex batch needs its patch_coord: pass "
+                                 "patch_coord=... with patch_valid.")
+            else:
+                x, patch_valid = self._project(x, None, patch_coord, patch_valid.bool(), pre_logits and tokens)
+            if tokens:
+                return x
+        return super().forward_head(x, pre_logits, patch_valid)
+
+    def _project(self, x: Tensor, grid: tuple[int, int] | None, coord: Tensor | None, valid: Tensor | None,
+                 pre_logits: bool) -> tuple[Tensor, Tensor | None]:
+        """The projector's tokens of ``x`` on ``grid``, or of a NaFlex batch's at ``coord`` with their validity."""
+        raise NotImplementedError
+
+
+def timm_twin_cfgs(family: str, names: Iterable[str], **cfg: Any) -> dict[str, dict[str, Any]]:
+    """``{twin.tag: cfg}`` of the twins of ``timm.models.<family>``'s ``names``: timm's (its hub files, read through our
+    checkpoint filter), our keys for the first conv, ``cfg`` over them."""
+    default_cfgs = importlib.import_module(f"timm.models.{family}").default_cfgs
+    return {f"vit_rope_{name}.{tag}": dict(tagged.to_dict(), hf_hub_id=f"timm/{name}.{tag}",
+                                           first_conv="patch_embed.proj", **cfg)
+            for name in names for tag, tagged in default_cfgs[name].cfgs.items()}
+
+
+def timm_tower(model: nn.Module, classifier_cls: type[nn.Module]) -> tuple[str, bool, nn.Module, nn.Module]:
+    """A built timm VLM tower's name, whether it is the classifier (``classifier_cls``), its encoder and first block."""
+    classifier = isinstance(model, classifier_cls)
+    encoder = model.encoder if classifier else model
+    return model.pretrained_cfg["architecture"], classifier, encoder, encoder.blocks[0]
+
+
+def timm_heads(model: nn.Module, classifier: bool, tokens: str) -> dict[str, Any]:
+    """The head arguments of a built timm VLM tower's twin: the classifier's, or the encoder's (``tokens``)."""
+    if classifier:  # timm's "none": no pooling, ours ""
+        pools = {"none": ""}
+        return dict(num_classes=model.num_classes, global_pool=pools.get(model.global_pool, model.global_pool),
+                    encoder_pool=pools.get(model.encoder_pool, model.encoder_pool))
+    return dict(global_pool=tokens, num_classes=0)
+
+
+def tower_keys(state_dict: dict[str, Tensor], model: nn.Module, projector: str,
+               keep: Callable[[str], bool]) -> tuple[dict[str, Tensor], list[str]]:
+    """A timm VLM tower's state dict in our keys and q/k layout, and the projector keys ``keep`` refuses (dropped):
+    ``encoder.`` dropped, the ``projector`` (its key prefix) as ``patch_merger.``, every head's q / k rows permuted
+    from rotate-half (y first) to interleaved x-first pairs."""
+    attn = model.blocks[0].attn
+    index = qk_permutation("rotate_half", attn.head_dim)
+    out, dropped = {}, []
+    for key, value in state_dict.items():
+        key = key.removeprefix("encoder.")
+        if key.startswith(projector):
+            if not keep(key):
+                dropped.append(key)
+                continue
+            key = "patch_merger." + key.removeprefix(projector)
+        if re.fullmatch(r"blocks\.\d+\.attn\.qkv\.(weight|bias)", key):
+            value = permute_qk_rows(value, index, attn.num_heads)
+        out[key] = value
+    return out, dropped
