@@ -1,10 +1,6 @@
-"""DINOv3 backbones (Simeoni et al. 2025, arXiv:2508.10104) as vit_rope models, and their weights in our layout.
-
-DINOv3's ViTs are timm ``VisionTransformer`` blocks with a class token, 4 register ("storage") tokens, LayerScale,
-no position embedding, optionally no qkv bias and SwiGLU MLPs, and DINOv3's RoPE: ``RoPEVisionTransformer`` with
-``encoding="dinov3"``. Weights load from timm's ``Eva`` state dicts and Meta's checkpoints, the q and k rows of every
-head permuted from rotate-half to interleaved pairs. Left out: the 7B model's specifics (untied norms, layer options).
-"""
+"""DINOv3 backbones (Simeoni et al. 2025, arXiv:2508.10104) as ``RoPEVisionTransformer`` with ``encoding="dinov3"``;
+their weights (timm's ``Eva`` state dicts, Meta's checkpoints) in our layout, each head's q and k rows permuted from
+rotate-half to interleaved pairs. Left out: the 7B model's specifics (untied norms, layer options)."""
 
 from __future__ import annotations
 
@@ -27,8 +23,7 @@ PRETRAIN_SIZE = 256
 
 
 def architecture(size: str) -> dict[str, Any]:
-    """Width, depth, heads of DINOv3 ``size`` and whether its MLP is SwiGLU (the ``_plus`` sizes, otherwise as the
-    size they extend)."""
+    """Width, depth, heads of DINOv3 ``size`` and whether its MLP is SwiGLU (the ``_plus`` sizes)."""
     return dict(width(size.removesuffix("_plus")), swiglu=size.endswith("_plus"))
 
 

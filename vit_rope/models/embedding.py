@@ -1,10 +1,5 @@
-"""The embedding of ``RoPEVisionTransformer``: one route from an image batch or a NaFlex batch to tokens and positions.
-
-An image batch is the case of a NaFlex batch (NaViT, Dehghani et al., NeurIPS 2023; timm's NaFlexViT) where every
-sample has the same grid and no padding: patches are embedded, each gets its coordinate (y, x) and each sample its
-grid, prefix tokens go in front with the APE's rows (``AbsoluteEncoding``), then patch dropout and coordinate
-augmentation; the encoding places the coordinates (``PositionEncoding.place``) into the ``Positions`` of every block.
-"""
+"""The embedding of ``RoPEVisionTransformer``: one route from images or a NaFlex batch to tokens and positions, an image
+batch being the NaFlex batch (NaViT, Dehghani et al., NeurIPS 2023; timm's NaFlexViT) of one grid, without padding."""
 
 from __future__ import annotations
 
@@ -30,9 +25,8 @@ torch.fx.wrap("image_coords")
 
 
 class Embedded(NamedTuple):
-    """What the embedding hands the blocks: ``tokens`` ``[B, P + N, C]`` (after patch dropout and ``norm_pre``), their
-    ``positions``, the attention mask and, for a NaFlex batch, ``coord`` ``[B, N, 2]`` (y, x) and ``valid`` ``[B, N]``
-    of the tokens the blocks see."""
+    """What the embedding hands the blocks: tokens after patch dropout and ``norm_pre``, their positions, the attention
+    mask and, for a NaFlex batch, the kept tokens' ``coord`` (y, x) and ``valid``."""
 
     tokens: Tensor
     positions: Positions
@@ -102,8 +96,7 @@ class EmbeddingMixin:
         return Embedded(self.norm_pre(x), positions, attn_mask, None if grid is not None else coord, valid)
 
     def _pool_valid(self, x: Tensor, valid: Tensor) -> Tensor:
-        """The model's pooling over valid tokens only: timm's ``global_pool_naflex``, or its attention pool with
-        padding hidden from its keys."""
+        """Pooling of valid tokens: timm's ``global_pool_naflex``, or the attention pool with padding masked as keys."""
         P = self.num_prefix_tokens
         if self.attn_pool is None:
             return global_pool_naflex(x, valid, self.global_pool, P, self.pool_include_prefix)

@@ -1,9 +1,6 @@
-"""``timm.create_model`` for names and keyword arguments that users typed: what they got wrong is a ``UserError``.
-
-A wrong ``model_kwargs`` entry surfaces deep in a constructor (``embed_dim=100 must be divisible by num_heads=3``, a
-division by zero for ``patch_size: 0``); every command builds its models here, so each is one ``error:`` line naming
-the model, the arguments and the setting to fix, raised before any data is cached.
-"""
+"""``timm.create_model`` for what users typed: a wrong ``model_kwargs`` entry surfaces deep in a constructor (a division
+by zero for ``patch_size: 0``); every command builds its models here, so each is one ``UserError`` naming the model, the
+arguments and the setting to fix, raised before any data is cached."""
 
 from __future__ import annotations
 
@@ -27,9 +24,8 @@ class PretrainedLoadError(UserError):
 
 
 def create_model(name: str, kwargs: dict[str, Any], setting: str = "model_kwargs") -> tuple[nn.Module, dict[str, Any]]:
-    """Build timm model ``name`` with ``kwargs`` but the size arguments it does not take (CNNs), returning the model and
-    the arguments that built it; a ``UserError`` naming ``setting`` (where the user gave the arguments) for a model
-    that cannot be built, a ``PretrainedLoadError`` for weights that do not load."""
+    """Timm model ``name`` built with ``kwargs`` but the size arguments it does not take (CNNs), and the arguments that
+    built it; errors name ``setting``, where the user gave them."""
     check_model_name(name)
     try:
         return timm.create_model(name, **kwargs), kwargs

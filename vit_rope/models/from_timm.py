@@ -1,8 +1,5 @@
-"""``vit_rope.from_timm``: a built timm ``Eva`` backbone as its vit_rope twin, with the same weights.
-
-The way in for a model timm already loaded (from its hub, a local file, after fine-tuning): one call gives the twin that
-our tools reach (resolution policies, fused rotation, ONNX at any size, NaFlex, diagnostics).
-"""
+"""``vit_rope.from_timm``: a model timm already loaded (hub, local file, fine-tuned) as its vit_rope twin with the same
+weights, which our tools reach (resolution policies, fused rotation, ONNX at any size, NaFlex, diagnostics)."""
 
 from __future__ import annotations
 
@@ -42,9 +39,8 @@ def _architecture(model: nn.Module) -> dict[str, Any]:
 
 
 def from_timm(model: nn.Module) -> RoPEVisionTransformer:
-    """The vit_rope twin of a timm ``Eva`` ``model`` (any family of ``SUPPORTED``) with its sizes, head and weights,
-    on its device and in its dtype and train / eval mode; ``twin.load_report`` says what was converted. A
-    ``ValueError`` naming the model and the families supported when it has no twin."""
+    """The vit_rope twin of ``model`` (a family of ``SUPPORTED``) with its sizes, head and weights, on its device, in
+    its dtype and mode; ``twin.load_report`` says what was converted."""
     config = getattr(model, "config", None)  # a transformers model
     if getattr(config, "model_type", None) in pixtral.MODEL_TYPES:
         name, args = pixtral.pixtral_args_from_config(config.to_dict())

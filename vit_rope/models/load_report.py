@@ -1,10 +1,6 @@
-"""What loading a checkpoint into a vit_rope model did: the weights it took, those it left at their initialisation and
-why, what it skipped and converted (``LoadReport``), and the warning that keeps an incomplete load from passing
-silently (``WeightsNotLoadedWarning``).
-
-A mixed RoPE model evaluated with random frequencies, or a classifier left at its initialisation, scores like a broken
-model rather than failing: ``vit_rope.evaluate`` reads the report to refuse such a model.
-"""
+"""What loading a checkpoint did (``LoadReport``) and the warning that keeps an incomplete load from passing silently: a
+mixed RoPE model with random frequencies, or a classifier left at its initialisation, scores like a broken model rather
+than failing (``vit_rope.evaluate`` reads the report to refuse such a model)."""
 
 from __future__ import annotations
 
@@ -62,8 +58,7 @@ class LoadReport:
 
 def report(source: str | Path | None, state_dict: Mapping[str, Tensor], initialised: dict[str, list[str]],
             skipped: tuple[str, ...] = (), converted: tuple[str, ...] = ()) -> LoadReport:
-    """The report of a load of ``state_dict``: every key is loaded but those ``initialised`` names (reason -> keys;
-    reasons without keys are dropped)."""
+    """The report of a load of ``state_dict``: every key loaded but those ``initialised`` names (reason -> keys)."""
     taken = {key for keys in initialised.values() for key in keys}
     return LoadReport(None if source is None else str(source), tuple(k for k in state_dict if k not in taken),
                       {reason: tuple(keys) for reason, keys in initialised.items() if keys}, skipped, converted)

@@ -1,10 +1,5 @@
-"""NaFlex batches on ``RoPEVisionTransformer``: every image at its own size and aspect ratio, its patches packed into
-one padded sequence (NaViT, Dehghani et al., NeurIPS 2023; timm's NaFlexViT and NaFlex loader).
-
-The input is what timm's ``NaFlexCollator`` yields: ``patches`` ``[B, N, P*P*C]`` (each patch flattened channels-last),
-``patch_coord`` ``[B, N, 2]`` as (y, x) and ``patch_valid`` ``[B, N]``, as a dict or as tensors and keyword arguments.
-Each sample's output equals the model's output on that image alone.
-"""
+"""NaFlex batches on ``RoPEVisionTransformer`` (NaViT, Dehghani et al., NeurIPS 2023; timm's NaFlexViT): every image at
+its own size, its patches packed into one padded sequence as timm's ``NaFlexCollator`` yields them (docs/models.md)."""
 
 from __future__ import annotations
 
@@ -20,8 +15,7 @@ NAFLEX_KEYS = ("patches", "patch_coord", "patch_valid")
 
 
 def naflex_patch(model: nn.Module) -> tuple[int, int] | None:
-    """The (h, w) patch of a model whose forward takes timm's NaFlex ``patch_coord`` (ours, timm's NaFlexViT), from
-    timm's ``get_patch_size()`` or ``patch_embed.patch_size``; None for a model that takes no NaFlex batches."""
+    """The (h, w) patch of a model whose forward takes timm's NaFlex ``patch_coord``; None for one that takes none."""
     if "patch_coord" not in inspect.signature(model.forward).parameters:
         return None
     getter = getattr(model, "get_patch_size", None)
@@ -30,8 +24,7 @@ def naflex_patch(model: nn.Module) -> tuple[int, int] | None:
 
 
 class NaFlexBatch(NamedTuple):
-    """One NaFlex batch, checked: ``patches`` ``[B, N, P*P*C]``, ``coord`` ``[B, N, 2]`` (y, x) integers, ``valid``
-    ``[B, N]`` bool, and an optional ``attn_mask`` that replaces the padding mask."""
+    """One NaFlex batch, checked (``coord`` (y, x) integers, ``valid`` bool); ``attn_mask`` replaces padding's mask."""
 
     patches: Tensor
     coord: Tensor
@@ -41,9 +34,8 @@ class NaFlexBatch(NamedTuple):
 
 def naflex_batch(x: Any, patch_coord: Tensor | None = None, patch_valid: Tensor | None = None,
                  attn_mask: Tensor | None = None) -> NaFlexBatch | None:
-    """The NaFlex batch that ``x`` (timm's collated dict, or the ``patches`` tensor) and the keyword arguments name,
-    or None for an image batch ``[B, C, H, W]``. ``patch_valid`` is required even without padding: a batch that lost
-    it would otherwise attend to and pool its padding silently."""
+    """The NaFlex batch that ``x`` and the keyword arguments name, or None for images. ``patch_valid`` is required even
+    without padding: a batch that lost it would attend to and pool its padding silently."""
     if not isinstance(x, (dict, Tensor)):  # an FX proxy: symbolic tracing (torchvision's extractor) traces images
         return None
     if isinstance(x, dict):
@@ -81,8 +73,7 @@ def naflex_batch(x: Any, patch_coord: Tensor | None = None, patch_valid: Tensor 
 
 
 def check_coordinates(coord: Tensor, valid: Tensor) -> None:
-    """Raise a ``ValueError`` if a valid token's ``coord`` ``[B, N, 2]`` is negative or a sample of ``valid``
-    ``[B, N]`` has no valid token (nothing to pool). One host sync."""
+    """Refuse a negative coordinate of a valid token and a sample without one (nothing to pool), in one host sync."""
     if not valid.shape[0]:  # an empty batch, which gives empty outputs as an empty image batch does
         return
     low, empty = torch.stack(((coord * valid[..., None]).amin(), (~valid.any(1)).sum())).tolist()
@@ -98,8 +89,7 @@ def check_coordinates(coord: Tensor, valid: Tensor) -> None:
 
 
 def check_attn_mask(attn_mask: Tensor, batch_size: int, tokens: int) -> Tensor:
-    """The caller's ``attn_mask`` if it broadcasts to ``[B, heads, T, T]`` for ``tokens`` T (prefix and patches,
-    after patch dropout); else a ``ValueError`` naming both shapes."""
+    """The caller's ``attn_mask`` if it broadcasts to ``[B, heads, T, T]`` (T tokens after patch dropout)."""
     B, T = batch_size, tokens
     try:
         shape = torch.broadcast_shapes(attn_mask.shape, (B, 1, T, T))

@@ -1,6 +1,5 @@
 """The model's side of its position encoding, built by the kind's registered builder (``vit_rope.encodings``) and held
-at ``model.pos_encoding`` whatever the kind: the model knows no kind by name.
-"""
+at ``model.pos_encoding`` whatever the kind: the model knows no kind by name."""
 
 from __future__ import annotations
 
@@ -44,10 +43,8 @@ class PositionEncodingMixin:
                        policy: str | dict | ResolutionPolicy | None, rope_options: dict[str, Any],
                        ref_grid: tuple[int, int] | None = None, options: dict[str, Any] | None = None,
                        ape_resampling: str = "bicubic") -> None:
-        """Build the encoding of ``kind`` from the given RoPE options and the kind's own ``options``. ``ref_grid``: the
-        grid the policies scale against instead of the patch grid (timm ``Eva``'s ``ref_feat_shape``: EVA-02 at 336 px
-        places its 24x24 patches on its 16x16 training grid); the APE resamples from its table's grid as
-        ``ape_resampling`` says (``vit_rope.encodings.ape.RESAMPLING``)."""
+        """Build the encoding of ``kind``; ``ref_grid``: the grid the policies scale against instead of the patch grid
+        (timm ``Eva``'s ``ref_feat_shape``: EVA-02 at 336 px places its 24x24 patches on its 16x16 training grid)."""
         self.encoding_kind = kind
         self.coord_aug = coord_aug if isinstance(coord_aug, CoordAugment) else CoordAugment(**(coord_aug or {}))
         train_grid = tuple(self.patch_embed.grid_size) if ref_grid is None else (int(ref_grid[0]), int(ref_grid[1]))

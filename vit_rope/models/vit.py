@@ -1,16 +1,6 @@
-"""Vision Transformer with 2D RoPE, built on timm's ``VisionTransformer``.
-
-The architecture is RoPE-ViT's (Heo et al., ECCV 2024, arXiv:2403.13298), itself DeiT-III's ViT (Touvron et al.,
-ECCV 2022), with the absolute position embedding replaced by RoPE in every attention layer ("+APE" variants keep a
-learned one as well). Everything but the embedding (``vit_rope.models.embedding``) and the block loop is timm's.
-One forward, images or a NaFlex batch::
-
-    image [B, 3, H, W] -> PatchEmbed -> tokens [B, N, C]; coordinates [N, 2] (y, x), grids [1, 2] (NaFlex: [B, ...])
-      -> prefix tokens (+ APE) [B, P + N, C] -> positions placed by the encoding's policy, augmented in training
-      -> encoding.block_inputs (RoPE or bias tables) -> blocks -> norm -> pool -> head
-
-Which encoding the blocks get is ``vit_rope.models.pos_encoding``.
-"""
+"""Vision Transformer with 2D RoPE on timm's ``VisionTransformer``: RoPE-ViT's (Heo et al., ECCV 2024,
+arXiv:2403.13298), DeiT-III's ViT (Touvron et al., ECCV 2022) with RoPE in every attention layer ("+APE" keeps a
+learned absolute embedding too). All but the embedding (``vit_rope.models.embedding``) and the block loop is timm's."""
 
 # no ``from __future__ import annotations``: FX writes a traced model's forward signature from these annotations, which
 # must be types, not strings
@@ -37,29 +27,8 @@ from vit_rope.models.pos_encoding import PositionEncodingMixin
 
 class RoPEVisionTransformer(NoTorchScript, PositionEncodingMixin, EmbeddingMixin, VisionTransformer):
     """timm ``VisionTransformer`` whose attention layers use 2D RoPE, at any input size that is a multiple of the
-    patch size (the RoPE grid rebuilt, a learned position embedding resampled bicubically).
-
-    Args:
-        encoding: one of ``vit_rope.encodings.KINDS`` (docs/models.md); ``None``: ``"axial"``.
-        resolution_policy: how positions follow grids other than the training one: a name of ``POLICIES`` or a dict
-            of ``ResolutionPolicy`` fields (``set_resolution_policy`` later); ``None``: the kind's own.
-        rope_*: ``RoPE2D``'s arguments (``None``: the kind's own), and ``rope_string_base`` (the RoPE kind under
-            ``string``), ``rope_coord_aug`` (a dict of ``CoordAugment`` fields), ``rope_ref_grid`` (the ``(h, w)``
-            grid the policy scales against when not the patch grid: timm ``Eva``'s ``ref_feat_shape``).
-        qk_layout: the q/k channel layout of the checkpoints this model loads (``dinov3_rope.QK_LAYOUTS``).
-        attn_pool_num_heads, attn_pool_mlp_ratio: the attention-pool head's (``global_pool="map"``) if not the model's.
-        num_kv_heads: grouped-query attention, one count for all blocks or one per block.
-        layer_scale: ``"both"`` branches (timm's) or ``"attn"`` only (Sapiens2).
-        encoding_options: the options of a kind that has its own (``lookhere``, ``comrope_*``, ``liere``, ``pape``:
-            docs/models.md); ``None``: its defaults. Other kinds refuse them.
-        head_hidden_dim: a classifier MLP ``Linear -> Tanh -> Linear`` of this width (LookHere's official head).
-        pos_embed: ``"none"`` for RoPE only, ``"learn"`` for RoPE + APE (RoPE-ViT's "+APE").
-        no_embed_class: the APE covers patch tokens only, as in DeiT-III and RoPE-ViT.
-        pos_embed_grid: the ``(h, w)`` grid the APE table is learnt on when not the patch grid of ``img_size``
-            (Qwen3-VL's 48x48 at any input size); ``pos_embed_resampling``: how it reaches other grids, one of
-            ``vit_rope.encodings.ape.RESAMPLING`` (``"bicubic"``: timm's ViT; ``"bilinear_corners"``: Qwen-VL's).
-        **kwargs: everything else of timm's ``VisionTransformer``.
-    """
+    patch size. The arguments beyond timm's are docs/models.md's, ``None`` the encoding kind's default;
+    ``pos_embed="learn"`` is RoPE-ViT's "+APE", on patch tokens only (``no_embed_class``, as DeiT-III's)."""
 
     def __init__(
         self,
@@ -153,8 +122,7 @@ class RoPEVisionTransformer(NoTorchScript, PositionEncodingMixin, EmbeddingMixin
         self, x: Tensor | NaFlexBatch, blocks: nn.Module, take_indices: list[int] = (), norm: bool = False,
         **block_kwargs: Any,
     ) -> tuple[Tensor, list[Tensor], Embedded]:
-        """Embed ``x`` (images, or a NaFlex batch) and run ``blocks``; returns the last tokens, those after the blocks
-        in ``take_indices``, and the embedding (a NaFlex batch's coordinates and validity after patch dropout)."""
+        """The last tokens, those after ``take_indices`` and the embedding (NaFlex: after patch dropout) of ``x``."""
         embedded = self._embed(x)
         if embedded.attn_mask is not None:  # a NaFlex batch's padding mask, or the caller's checked against it
             block_kwargs["attn_mask"] = embedded.attn_mask
@@ -171,15 +139,13 @@ class RoPEVisionTransformer(NoTorchScript, PositionEncodingMixin, EmbeddingMixin
         return x, intermediates, embedded
 
     def _block_inputs(self, embedded: Embedded) -> Sequence[Any]:
-        """One input per block from the position encoding; a family whose blocks differ wraps some (Qwen2.5-VL's
-        windows)."""
+        """One input per block from the encoding; a family whose blocks differ wraps some (Qwen2.5-VL's windows)."""
         return self.pos_encoding.block_inputs(embedded.positions, self.num_prefix_tokens)
 
     def forward(self, x: Tensor, attn_mask: Tensor | None = None, is_causal: bool = False,
                 patch_coord: Tensor | None = None, patch_valid: Tensor | None = None) -> Tensor:
-        """Logits ``[B, num_classes]`` of images ``[B, C, H, W]``, or of a NaFlex batch
-        (``vit_rope.models.naflex_batch``): timm's collated dict, or ``patches`` ``[B, N, P*P*C]`` with ``patch_coord``
-        and ``patch_valid``."""
+        """Logits of images, or of a NaFlex batch: timm's collated dict, or ``patches`` with ``patch_coord`` and
+        ``patch_valid``."""
         batch = naflex_batch(x, patch_coord, patch_valid, attn_mask)
         if batch is not None:
             tokens, _, embedded = self._forward_blocks(batch, self.blocks, is_causal=is_causal)
@@ -188,16 +154,14 @@ class RoPEVisionTransformer(NoTorchScript, PositionEncodingMixin, EmbeddingMixin
 
     def forward_features(self, x: Tensor, attn_mask: Tensor | None = None, is_causal: bool = False,
                          patch_coord: Tensor | None = None, patch_valid: Tensor | None = None) -> Tensor:
-        """Tokens ``[B, P + N, C]`` after the blocks and the final norm; for a NaFlex batch (as ``forward`` takes
-        it) its padded tokens, which ``forward_head(x, patch_valid=...)`` pools over the valid ones only."""
+        """Tokens after the final norm; a NaFlex batch's padded, ``forward_head(x, patch_valid=...)`` pools them."""
         batch = naflex_batch(x, patch_coord, patch_valid, attn_mask)
         x, _, _ = self._forward_blocks(x if batch is None else batch, self.blocks, attn_mask=attn_mask,
                                        is_causal=is_causal)  # a NaFlex batch's padding mask replaces attn_mask
         return self.norm(x)
 
     def forward_head(self, x: Tensor, pre_logits: bool = False, patch_valid: Tensor | None = None) -> Tensor:
-        """timm's head (pool, fc_norm, dropout, classifier); with ``patch_valid`` ``[B, N]`` (a NaFlex batch) the
-        pooling reads valid tokens only."""
+        """timm's head; with ``patch_valid`` (a NaFlex batch) the pooling reads valid tokens only."""
         x = self.pool(x) if patch_valid is None else self._pool_valid(x, patch_valid.bool())
         x = self.head_drop(self.fc_norm(x))
         return x if pre_logits else self.head(x)
@@ -208,8 +172,8 @@ class RoPEVisionTransformer(NoTorchScript, PositionEncodingMixin, EmbeddingMixin
         output_dict: bool = False, attn_mask: Tensor | None = None, is_causal: bool = False,
         patch_coord: Tensor | None = None, patch_valid: Tensor | None = None,
     ) -> list[Tensor] | tuple[Tensor, list[Tensor]] | dict[str, Any]:
-        """timm's ``forward_intermediates`` (same arguments and outputs), also for NaFlex batches: NLC tokens padded as
-        the input, or per-sample maps in the corner of the batch's largest grid."""
+        """timm's, also for NaFlex batches: NLC tokens padded as the input, or per-sample maps in the corner of the
+        batch's largest grid."""
         if output_fmt not in ("NCHW", "NLC"):
             raise ValueError(f"output_fmt must be 'NCHW' or 'NLC', got {output_fmt!r}.")
         batch_shape = x.shape if isinstance(x, Tensor) else None

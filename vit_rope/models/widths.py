@@ -1,8 +1,5 @@
-"""The widths of the model sizes, one table for every family the package builds.
-
-RoPE-ViT's DeiT-III ViTs, DINOv3's backbones and the Eva twins name their sizes alike; one table keeps a size from
-meaning one width in one family and another elsewhere. A family whose size departs from it says so where it is defined.
-"""
+"""The widths of the model sizes, one table for every family: RoPE-ViT's DeiT-III ViTs, DINOv3's backbones and the Eva
+twins name their sizes alike, and one table keeps a size from meaning one width in one family and another elsewhere."""
 
 from __future__ import annotations
 
@@ -15,8 +12,7 @@ _TABLE: dict[str, tuple[int, int, int]] = {
 
 
 def width(size: str) -> dict[str, int]:
-    """``embed_dim``, ``depth`` and ``num_heads`` of ``size`` as model keyword arguments (a fresh dict); a
-    ``KeyError`` listing the sizes for an unknown one."""
+    """``embed_dim``, ``depth`` and ``num_heads`` of ``size`` as model keyword arguments (a fresh dict)."""
     if size not in _TABLE:
         raise KeyError(f"Unknown model size {size!r}: the sizes are {', '.join(_TABLE)}.")
     embed_dim, depth, num_heads = _TABLE[size]
