@@ -1,10 +1,8 @@
 """Twins of timm's DeepSeek vision encoders (``timm.models.deepseek_vit``, timm 1.0.31): ``vit_rope_deepseek_vit_*``.
 
-The vision tower of DeepSeek-V4 / V4.1 (DeepSeek-V4.1-Flash, arXiv:2609.19969; the reference is DeepSeek's
-``inference/vision.py``) is a plain pre-norm ViT with axial 2D RoPE alone (Qwen3-VL's table) and a projector
-("aligner") of 3x3 token blocks, zero-padded and unshuffled channel-major. A twin is the Qwen3-VL twin's heads with
-the ``Aligner`` in the projector's place (docs/models.md).
-"""
+DeepSeek-V4 / V4.1's vision tower (DeepSeek-V4.1-Flash, arXiv:2609.19969; reference: DeepSeek's
+``inference/vision.py``) is a pre-norm ViT with axial 2D RoPE alone and an "aligner" of 3x3 token blocks: a twin is the
+Qwen3-VL twin's heads with ``Aligner`` as the projector (docs/models.md)."""
 
 from __future__ import annotations
 
@@ -88,12 +86,8 @@ class Aligner(PatchMerger):
 
 
 class DeepseekVisionTransformer(Qwen3VisionTransformer):
-    """The Qwen3-VL twins' heads with DeepSeek's aligner at ``patch_merger`` (``"align"``) and its final RMSNorm.
-
-    Args:
-        downsample_ratio, aligner_out_features: the aligner's block side and output width (the LLM's).
-        **kwargs: ``ProjectorTwin``'s.
-    """
+    """The Qwen3-VL twins' heads with DeepSeek's final RMSNorm and aligner at ``patch_merger`` (``"align"``): blocks of
+    ``downsample_ratio`` to ``aligner_out_features``, the LLM's width."""
 
     FAMILY, TOKENS = "DeepSeek", "align"
 
@@ -143,8 +137,7 @@ def is_deepseek(state_dict: dict[str, Any]) -> bool:
 
 
 def describe_deepseek(state_dict: dict[str, Any]) -> Description:
-    """The twin a DeepSeek file describes (by its prefix and aligner) with its sizes (heads: width / 64), for
-    ``create_from_checkpoint`` without a model name."""
+    """The twin a DeepSeek file describes (by its prefix and aligner) with its sizes (heads: width / 64)."""
     prefix = next(p for p in ("encoder.", "vision.", "") if f"{p}patch_embed.proj.weight" in state_dict)
     patch = state_dict[f"{prefix}patch_embed.proj.weight"]  # [C, 3, p, p], DeepSeek's own [C, 3 p p]
     width = int(patch.shape[0])
@@ -184,8 +177,7 @@ def from_deepseek(state_dict: dict[str, Tensor], model: nn.Module) -> Converted:
 
 
 def architecture(model: nn.Module) -> tuple[str, dict[str, Any]]:
-    """The twin's name and keyword arguments that a built timm DeepSeek ``model`` decides; a ``ValueError`` naming a
-    field the twin does not model."""
+    """The twin's name and keyword arguments that a built timm DeepSeek ``model`` decides."""
     from timm.models.deepseek_vit import DeepseekVitClassifier
 
     name, classifier, enc, block = timm_tower(model, DeepseekVitClassifier)

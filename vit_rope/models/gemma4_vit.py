@@ -80,8 +80,7 @@ class SoftTokenPool(nn.Module):
 
     def forward(self, x: Tensor, grid: tuple[int, int] | None = None, coord: Tensor | None = None,
                 valid: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
-        """Soft tokens ``[B, M, C]`` of tokens ``[B, N, C]`` on ``grid``, or of a NaFlex batch's at ``coord``
-        ``[B, N, 2]`` (y, x) with their validity ``[B, M]`` (padding: zeros)."""
+        """Soft tokens of tokens on ``grid``, or of a NaFlex batch's at ``coord``, with their validity (padding: 0)."""
         if valid is None:
             x = self.merge(x, grid)
         else:
@@ -93,14 +92,8 @@ class SoftTokenPool(nn.Module):
 
 
 class Gemma4VisionTransformer(ProjectorTwin):
-    """``ProjectorTwin`` with Gemma 4's position table, sandwich norms, v norm, clamps and pooler (``"soft"``).
-
-    Args:
-        pooling_kernel_size, standardize: the pooler's block side and standardisation (570m).
-        use_clipped_linears: clamp every linear's input and output (167m: E2B/E4B's bounds).
-        position_embedding_size: rows of each axis's position table (the largest patch index plus one).
-        **kwargs: ``ProjectorTwin``'s.
-    """
+    """``ProjectorTwin`` with Gemma 4's position table (``position_embedding_size`` rows per axis), sandwich norms, v
+    norm, clamps (``use_clipped_linears``: E2B/E4B's 167m) and pooler (``"soft"``; ``standardize``: 570m's)."""
 
     FAMILY, TOKENS, PROJECTOR = "Gemma 4", "soft", "pooler"
 
@@ -225,8 +218,7 @@ def from_gemma4(state_dict: dict[str, Tensor], model: nn.Module, source: str = S
 
 
 def architecture(model: nn.Module) -> tuple[str, dict[str, Any]]:
-    """The twin's name and keyword arguments that a built timm Gemma 4 ``model`` decides; a ``ValueError`` naming a
-    field the twin does not model."""
+    """The twin's name and keyword arguments that a built timm Gemma 4 ``model`` decides."""
     from timm.models.gemma4_vit import Gemma4VitClassifier
 
     name, classifier, enc, block = timm_tower(model, Gemma4VitClassifier)
@@ -322,8 +314,7 @@ def _vision_config(config: dict[str, Any]) -> dict[str, Any]:
 
 
 def gemma4_args_from_hf_config(config: dict[str, Any]) -> tuple[str, dict[str, Any]]:
-    """The ``vit_rope_gemma4_vit_*_enc`` twin and keyword arguments that build the tower of a config.json's dict; a
-    ``ValueError`` naming a field the twin does not model."""
+    """The ``vit_rope_gemma4_vit_*_enc`` twin and keyword arguments that build the tower of a config.json's dict."""
     c = _vision_config(config)
     rope = c["rope_parameters"] or {}
     refused = {"hidden_activation": c["hidden_activation"] not in ("gelu_pytorch_tanh", "gelu_tanh"),
@@ -346,8 +337,7 @@ def gemma4_args_from_hf_config(config: dict[str, Any]) -> tuple[str, dict[str, A
 
 
 def check_hf_config(config: dict[str, Any], model: nn.Module) -> None:
-    """Raise unless ``model`` is the tower of ``config``, naming the first field that differs, its two values and the
-    twin that fits."""
+    """Raise unless ``model`` is the tower of ``config``, naming the first field that differs and the twin that fits."""
     name, kwargs = gemma4_args_from_hf_config(config)
     if not isinstance(model, Gemma4VisionTransformer) or model.global_pool != "soft":
         raise ValueError(f"config.json describes {HF_FORMAT}, whose weights load into {name} (soft tokens); the model "

@@ -41,13 +41,8 @@ _LAYER = r"transformer\.layers\.(\d+)\."
 
 
 class PixtralVisionTransformer(RoPEVisionTransformer):
-    """``RoPEVisionTransformer`` with Llava's projector of Pixtral's tokens when ``projector_dim`` is set.
-
-    Args:
-        projector_dim: the language model's width (``text_config.hidden_size``); 0: no projector (the encoder).
-        projector_bias, projector_act: ``multimodal_projector_bias`` and ``projector_hidden_act`` (timm's name).
-        **kwargs: ``RoPEVisionTransformer``'s.
-    """
+    """``RoPEVisionTransformer`` with Llava's projector of Pixtral's tokens to ``projector_dim``, the language model's
+    width (0: none, the encoder; ``projector_act``: timm's name of Llava's ``projector_hidden_act``)."""
 
     def __init__(self, projector_dim: int = 0, projector_bias: bool = True, projector_act: str = "gelu",
                  **kwargs: Any) -> None:
@@ -71,9 +66,8 @@ class PixtralVisionTransformer(RoPEVisionTransformer):
         self.head.train(self.training)
 
     def forward_head(self, x: Tensor, pre_logits: bool = False, patch_valid: Tensor | None = None) -> Tensor:
-        """timm's head, or with a projector its tokens ``[B, N, projector_dim]`` (what the language model reads; a
-        NaFlex batch's padding rows too, which ``patch_valid`` marks; ``pre_logits``: the tokens before it), pooled
-        into the head when the model has classes."""
+        """timm's head, or with a projector its tokens (what the language model reads, a NaFlex batch's padding too;
+        ``pre_logits``: the tokens before it), pooled into the head when the model has classes."""
         if self.projector is None:
             return super().forward_head(x, pre_logits, patch_valid)
         if self.num_classes:

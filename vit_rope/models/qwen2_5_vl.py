@@ -1,13 +1,10 @@
 """Twin of transformers' Qwen2.5-VL vision encoder (``Qwen2_5_VisionTransformerPretrainedModel``, transformers 5.24):
 ``vit_rope_qwen2_5_vl_vit``.
 
-Qwen2.5-VL (Bai et al. 2025, arXiv:2502.13923) makes Qwen2-VL's ViT (arXiv:2409.12191) LLaMA-style, with axial 2D RoPE
-alone, and most layers attend within windows of ``window_size`` px (the rest, ``fullatt_block_indexes``, over the whole
-image). The twin is ``Qwen3VisionTransformer`` whose windowed blocks get a window mask with their RoPE tables
-(``Windowed``): transformers reorders the tokens by window instead, but attention within a window does not depend on
-the order, so ours keeps row-major tokens, and any grid or NaFlex batch. Conv3d's kernel over a still image is the
-Conv2d of its kernel summed over time (docs/models.md).
-"""
+Qwen2.5-VL (Bai et al. 2025, arXiv:2502.13923) makes Qwen2-VL's ViT LLaMA-style, with axial 2D RoPE alone, and most
+layers attend within windows. The twin is ``Qwen3VisionTransformer`` whose windowed blocks get a window mask with their
+RoPE tables (``Windowed``): transformers reorders the tokens by window instead, but attention within a window does not
+depend on the order, so ours keeps row-major tokens, and any grid or NaFlex batch (docs/models.md)."""
 
 from __future__ import annotations
 
@@ -108,15 +105,9 @@ torch.fx.wrap("window_bias")  # one call under FX (it reads the coordinates' ran
 
 
 class Qwen25VisionTransformer(Qwen3VisionTransformer):
-    """``Qwen3VisionTransformer`` (its merger and heads) with Qwen2.5-VL's windowed attention.
-
-    Args:
-        window_size: the window side in pixels, as transformers' config (112); whole merger blocks: ``window_size //
-            (merge_size * patch_size)`` of them per side, at least one.
-        fullatt_block_indexes: the blocks that attend over the whole image; every other block attends by window.
-        **kwargs: ``Qwen3VisionTransformer``'s (no class or register tokens, no patch dropout: windows are read off
-            each token's grid position).
-    """
+    """``Qwen3VisionTransformer`` with Qwen2.5-VL's windows of ``window_size`` px (transformers' config) in whole
+    merger blocks, in every block but ``fullatt_block_indexes``; no class or register tokens, no patch dropout: windows
+    are read off each token's grid position."""
 
     def __init__(self, window_size: int = 112, fullatt_block_indexes: Sequence[int] = (7, 15, 23, 31),
                  **kwargs: Any) -> None:
@@ -177,9 +168,8 @@ _RENAMES = (("mlp.down_proj.", "mlp.fc2."), ("merger.ln_q.", "patch_merger.norm.
 
 
 def from_qwen25(state_dict: dict[str, Tensor], model: nn.Module) -> Converted:
-    """transformers' Qwen2.5-VL tower in our keys and q/k layout: its prefix cut and the other keys (the language
-    model) dropped, the Conv3d kernel summed over time, gate and up projections packed, q / k rows permuted from
-    rotate-half (y first) to interleaved x-first pairs."""
+    """transformers' Qwen2.5-VL tower in our keys and q/k layout: its prefix cut, the rest (the language model) dropped,
+    the Conv3d kernel summed over time, gate and up projections packed, q / k rows from rotate-half to interleaved."""
     if any(key.endswith("merger.ln_q.bias") for key in state_dict):
         raise ValueError(f"The checkpoint is transformers' Qwen2-VL vision encoder (its merger norm has a bias: a "
                          f"LayerNorm), which no vit_rope twin models; {NAME} takes Qwen2.5-VL's.")

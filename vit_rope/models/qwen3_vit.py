@@ -1,10 +1,7 @@
 """Twins of timm's Qwen3-VL vision encoders (``timm.models.qwen3_vit``, timm 1.0.31): ``vit_rope_qwen3_vit_*``.
 
-Qwen3-VL (Qwen3-VL Technical Report, arXiv:2511.21631) keeps the ViT of Qwen2-VL (Wang et al. 2024, arXiv:2409.12191):
-a learned 48x48 absolute table resampled bilinearly with align_corners=True beside axial 2D RoPE (rotate-half pairs,
-y first), and a projector ("merger") of 2x2 token blocks to the language model's width. A twin is a ``ProjectorTwin``
-with ``PatchMerger``; docs/models.md gives the architecture and where the twins depart from timm.
-"""
+Qwen3-VL (Qwen3-VL Technical Report, arXiv:2511.21631) keeps Qwen2-VL's ViT (Wang et al. 2024, arXiv:2409.12191): a
+twin is a ``ProjectorTwin`` with ``PatchMerger``; docs/models.md: its architecture, where it departs from timm."""
 
 from __future__ import annotations
 
@@ -39,8 +36,7 @@ QWEN3: dict[str, dict[str, Any]] = {
 
 
 def merge_blocks(x: Tensor, grid: tuple[int, int], k: int) -> Tensor:
-    """Tokens ``[B, h * w, C]`` of a row-major ``grid`` as ``[B, h * w / k^2, k^2 C]``, each ``k x k`` block in
-    row-major order."""
+    """Tokens ``[B, h w, C]`` of a row-major ``grid`` as ``[B, h w / k^2, k^2 C]``, each ``k x k`` block row-major."""
     h, w = grid
     if h % k or w % k:
         raise ValueError(f"The patch merger joins {k}x{k} patches, but the patch grid is {h}x{w}: give an input "
@@ -92,18 +88,13 @@ class PatchMerger(nn.Module):
         return x if pre_logits else self.fc2(x)
 
     def forward(self, x: Tensor, grid: tuple[int, int], pre_logits: bool = False) -> Tensor:
-        """Merged tokens ``[B, h * w / k^2, out_features]`` of tokens ``[B, h * w, C]`` on ``grid``; ``pre_logits``:
-        after ``fc1 -> GELU`` (timm's)."""
+        """Merged tokens of tokens on ``grid``; ``pre_logits``: after ``fc1 -> GELU`` (timm's)."""
         return self.project(self.merge(self.norm(x), grid), pre_logits)
 
 
 class Qwen3VisionTransformer(ProjectorTwin):
-    """``ProjectorTwin`` with the heads of timm's Qwen3-VL ViTs (``PatchMerger`` at ``patch_merger``, ``"merge"``).
-
-    Args:
-        merge_size, merger_out_features: the merger's block side and output width (0: no last projection).
-        **kwargs: ``ProjectorTwin``'s.
-    """
+    """``ProjectorTwin`` with timm's Qwen3-VL heads: ``PatchMerger`` at ``patch_merger`` (``"merge"``), of
+    ``merge_size`` blocks to ``merger_out_features`` (0: no last projection)."""
 
     FAMILY, TOKENS, PROJECTOR = "Qwen3-VL", "merge", "patch_merger"
 
@@ -118,8 +109,7 @@ class Qwen3VisionTransformer(ProjectorTwin):
         self.patch_merger = PatchMerger(self.embed_dim, merge_size, merger_out_features, norm_layer).to(**dd) if merge \
             else None
         self.head_hidden_size = self.patch_merger.out_features if merge else self.embed_dim
-        # timm's classifiers: a LayerNorm without affine (no weights) after the pooling; *_enc outputs the merger's
-        # tokens without it
+        # timm's classifiers: a LayerNorm without affine (no weights) after the pooling, which *_enc's tokens skip
         self.fc_norm = LayerNorm(self.head_hidden_size, eps=eps, affine=False, **dd)
         self.reset_classifier(num_classes)
 
@@ -139,8 +129,7 @@ def is_qwen3(state_dict: dict[str, Any]) -> bool:
 
 
 def describe_qwen3(state_dict: dict[str, Any]) -> tuple[str | None, dict[str, Any]]:
-    """The twin a timm Qwen3-VL file describes (by its width, prefix and merger) and its depth, classes and merger
-    width, for ``create_from_checkpoint`` without a model name."""
+    """The twin a timm Qwen3-VL file describes (width, prefix, merger) and its depth, classes and merger width."""
     prefix = "encoder." if "encoder.patch_embed.proj.weight" in state_dict else ""
     width = int(state_dict[f"{prefix}patch_embed.proj.weight"].shape[0])
     size = next((size for size, args in _WIDTHS.items() if args["embed_dim"] == width), None)
@@ -157,8 +146,7 @@ def describe_qwen3(state_dict: dict[str, Any]) -> tuple[str | None, dict[str, An
 
 
 def from_qwen3(state_dict: dict[str, Tensor], model: nn.Module) -> Converted:
-    """timm's Qwen3-VL state dict in our keys and q/k layout: ``encoder.`` dropped, ``merger.`` as ``patch_merger.``,
-    every head's q / k rows permuted from rotate-half (y first) to interleaved x-first pairs."""
+    """timm's Qwen3-VL state dict in our keys and q/k layout (``tower_keys``)."""
     check_twin(model, type(model) is Qwen3VisionTransformer, SOURCE,  # not its subclass, Qwen2.5-VL's twin
                "the vit_rope_qwen3_vit_* twins (and vit_rope.from_timm of timm's model)", "rotate_half")
     merger = model.patch_merger
@@ -173,8 +161,7 @@ def from_qwen3(state_dict: dict[str, Tensor], model: nn.Module) -> Converted:
 
 
 def architecture(model: nn.Module) -> tuple[str, dict[str, Any]]:
-    """The twin's name and keyword arguments that a built timm Qwen3-VL ``model`` decides; a ``ValueError`` naming a
-    field the twin does not model."""
+    """The twin's name and keyword arguments that a built timm Qwen3-VL ``model`` decides."""
     from timm.models.qwen3_vit import Qwen3VitClassifier
 
     name, classifier, enc, block = timm_tower(model, Qwen3VitClassifier)

@@ -25,16 +25,10 @@ def square_grid(tokens: int) -> tuple[int, int]:
 
 
 class ProjectorTwin(RoPEVisionTransformer):
-    """``RoPEVisionTransformer`` with the heads of timm's VLM towers: the classifier (mean of the tokens, a norm
-    without affine, a linear head), the same over the projector's tokens (``encoder_pool=TOKENS``) and the encoder
-    (``global_pool=TOKENS``: the projector's tokens are the output). ``forward_features`` gives the tokens before the
-    projector, held at ``PROJECTOR`` (``None`` without) and run by ``_project``.
-
-    Args:
-        global_pool: ``"avg"`` (the classifiers), ``""`` (the same per token) or ``TOKENS`` (the encoders).
-        encoder_pool: ``TOKENS``: the classifier pools the projector's tokens.
-        **kwargs: ``RoPEVisionTransformer``'s.
-    """
+    """``RoPEVisionTransformer`` with the heads of timm's VLM towers: the classifier (``global_pool="avg"``: mean of
+    the tokens, a norm without affine, a linear head; ``""`` per token), the same over the projector's tokens
+    (``encoder_pool=TOKENS``) and the encoder (``global_pool=TOKENS``: the projector's tokens are the output).
+    ``forward_features`` gives the tokens before the projector, held at ``PROJECTOR`` and run by ``_project``."""
 
     FAMILY, TOKENS, PROJECTOR = "", "", ""  # the family's name in errors, the encoders' pool, the projector's place
 
@@ -65,8 +59,7 @@ class ProjectorTwin(RoPEVisionTransformer):
 
     def forward(self, x: Tensor, attn_mask: Tensor | None = None, is_causal: bool = False,
                 patch_coord: Tensor | None = None, patch_valid: Tensor | None = None) -> Tensor:
-        """As ``RoPEVisionTransformer.forward``, the projector between the tokens and the head (a NaFlex batch's per
-        sample)."""
+        """As ``RoPEVisionTransformer.forward``, the projector between the tokens and the head."""
         batch = naflex_batch(x, patch_coord, patch_valid, attn_mask)
         if batch is not None:
             tokens, _, embedded = self._forward_blocks(batch, self.blocks, is_causal=is_causal)
@@ -76,9 +69,8 @@ class ProjectorTwin(RoPEVisionTransformer):
 
     def forward_head(self, x: Tensor, pre_logits: bool = False, patch_valid: Tensor | None = None,
                      grid: tuple[int, int] | None = None, patch_coord: Tensor | None = None) -> Tensor:
-        """The projector (if any) over the tokens ``[B, N, C]`` of ``forward_features`` on ``grid`` (``None``:
-        square) or at a NaFlex batch's ``patch_coord``, then timm's pooling, norm and head; the encoders: the
-        projector's tokens."""
+        """The projector (if any) over ``forward_features``' tokens on ``grid`` (``None``: square) or at a NaFlex
+        batch's ``patch_coord``, then timm's pooling, norm and head; the encoders end at the projector's tokens."""
         if getattr(self, self.PROJECTOR) is not None:
             tokens = self.global_pool == self.TOKENS
             if patch_valid is None:
@@ -125,9 +117,8 @@ def timm_heads(model: nn.Module, classifier: bool, tokens: str) -> dict[str, Any
 
 def tower_keys(state_dict: dict[str, Tensor], model: nn.Module, projector: str,
                keep: Callable[[str], bool]) -> tuple[dict[str, Tensor], list[str]]:
-    """A timm VLM tower's state dict in our keys and q/k layout, and the projector keys ``keep`` refuses (dropped):
-    ``encoder.`` dropped, the ``projector`` (its key prefix) as ``patch_merger.``, every head's q / k rows permuted
-    from rotate-half (y first) to interleaved x-first pairs."""
+    """A timm VLM tower's state dict in our keys and q/k layout, and the ``projector`` keys ``keep`` refuses (dropped):
+    ``encoder.`` dropped, the projector as ``patch_merger.``, q / k rows from rotate-half to interleaved pairs."""
     attn = model.blocks[0].attn
     index = qk_permutation("rotate_half", attn.head_dim)
     out, dropped = {}, []
