@@ -1,12 +1,7 @@
-"""Loading the weights users already have into vit_rope models.
-
-Each source is a checkpoint format of ``vit_rope.models.formats``; here are the renames every format shares
-(LayerScale ``gamma_1/2``, mixed frequencies as one tensor ``[2, depth, nh, D/2]`` or RoPE-ViT's ``[2, depth,
-nh*D/2]``), what a checkpoint lacks (RoPE frequencies keep their initialisation, a missing LayerScale or STRING basis
-becomes the identity) and the position embedding, dropped or resampled by variant. RoPE tables are rebuilt per input,
-never loaded (``ROPE_BUFFERS``). Initialised weights are never silent: every entry point warns and leaves a
-``LoadReport`` as ``model.load_report``.
-"""
+"""Loading the weights users already have into vit_rope models: the renames every format of ``vit_rope.models.formats``
+shares (LayerScale ``gamma_1/2``, mixed frequencies as one tensor), what a checkpoint lacks (RoPE frequencies keep their
+initialisation, a missing LayerScale or STRING basis becomes the identity) and the position embedding, dropped or
+resampled by variant. Initialised weights are never silent: every entry point warns and leaves ``model.load_report``."""
 
 from __future__ import annotations
 
@@ -96,8 +91,7 @@ def _convert(state_dict: dict[str, Any], model: nn.Module
 
 
 def convert_state_dict(state_dict: dict[str, Any], model: nn.Module) -> dict[str, Tensor]:
-    """A state dict of any supported format mapped onto ``model``; the weights it lacks are filled in with a
-    ``WeightsNotLoadedWarning``. Raises a ``ValueError`` listing the keys when the checkpoint does not fit."""
+    """A state dict of any supported format mapped onto ``model``; the weights it lacks filled in, with a warning."""
     out, initialised, dropped, _ = _convert(state_dict, model)
     warn_initialised(report(None, out, initialised, dropped))
     return out
@@ -131,10 +125,9 @@ def _fit_classifier(state_dict: dict[str, Tensor], model: nn.Module, headless: b
 
 def checkpoint_filter_fn(state_dict: dict[str, Any], model: nn.Module, features_only: bool = False
                          ) -> dict[str, Tensor]:
-    """timm ``pretrained_filter_fn``: lets ``create_model(..., pretrained=True)`` take any supported source, setting
-    ``model.load_report`` and warning like ``load_weights``. timm drops the classifier when the model's class count
-    differs from the pretrained config's (the report says so); when it keeps it, one that does not fit is a
-    ``ValueError`` naming both class counts on its first line and the two fixes on the next."""
+    """timm ``pretrained_filter_fn``: ``create_model(..., pretrained=True)`` takes any supported source, with the report
+    and warning of ``load_weights``. timm drops the classifier when the model's class count differs from the pretrained
+    config's (the report says so); when it keeps one that does not fit, the error names both counts and the fixes."""
     out, initialised, dropped, converted = _convert(state_dict, model)
     cfg = getattr(model, "pretrained_cfg", None) or {}
     declared = cfg.get("num_classes") if cfg.get("classifier") else None
@@ -151,11 +144,9 @@ def checkpoint_filter_fn(state_dict: dict[str, Any], model: nn.Module, features_
 
 
 def load_weights(model: nn.Module, path: str | Path | Mapping[str, Any]) -> LoadReport:
-    """Load a ``.pth`` / ``.pt`` / ``.bin`` / ``.safetensors`` file, a folder (transformers' ``model.safetensors``,
-    PaPE's ``model.pt``, whose ``config.json`` is checked against the model and the weights first) or a state dict
-    into ``model``, returning the ``LoadReport``. The classifier is loaded only when its shape matches (a 1000-class
-    checkpoint can seed a 10-class model); a checkpoint or config.json that does not fit is a ``ValueError``.
-    """
+    """Load a weights file, a folder (transformers' ``model.safetensors``, PaPE's ``model.pt``: its ``config.json``
+    checked against the model and the weights first) or a state dict into ``model``; the classifier only when its
+    shape matches (a 1000-class checkpoint can seed a 10-class model)."""
     if isinstance(path, Mapping):
         return load_state_dict(model, dict(path))
     weights = weights_in(path)

@@ -1,15 +1,8 @@
 """The timm ``Eva`` backbones that have a vit_rope twin (one table per family, timm name -> twin arguments) and their
-state dicts in the twins' keys and q/k layout.
-
-Families (all 2D RoPE in timm's ``eva.py``): EVA-02 (Fang et al. 2023, arXiv:2303.11331), Perception Encoder (Bolya
-et al. 2025, arXiv:2504.13181), timm's SBB RoPE ViTs (``vit_*_patch16_rope_reg*_gap_256``), Sapiens2 (Khirodkar
-et al. 2026, arXiv:2604.21681) and LingBot-Vision (arXiv:2607.05247, DINOv3's architecture). A twin is a
-``RoPEVisionTransformer`` whose keyword arguments rebuild the timm model block for block. Its weights: q / v biases or
-separate q / k / v projections fused into ``qkv``, the q and k rows of every head (and the ``q_norm`` / ``k_norm``
-affine after them) permuted from the model's ``qk_layout`` into our interleaved, x-first pairs. A checkpoint of another
-family's twin is refused by name (``check_family``): the shapes could fit while the function would not (an SBB ViT and
-a DINOv3 backbone share their keys but not their layout).
-"""
+state dicts in the twins' keys and q/k layout: EVA-02 (Fang et al. 2023, arXiv:2303.11331), Perception Encoder (Bolya et
+al. 2025, arXiv:2504.13181), timm's SBB RoPE ViTs, Sapiens2 (Khirodkar et al. 2026, arXiv:2604.21681) and LingBot-Vision
+(arXiv:2607.05247). A checkpoint of another family's twin is refused by name (``check_family``): the shapes could fit
+while the function would not (an SBB ViT and a DINOv3 backbone share their keys but not their layout)."""
 
 from __future__ import annotations
 

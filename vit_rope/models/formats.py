@@ -1,11 +1,7 @@
-"""Every checkpoint format in one table: each recognised by a marker that only it carries, converted by one signature,
-and the model it describes said by the format itself.
-
-Every marker is asked, so no format depends on the order of the checks: two claims are an error (a file is in one
-format), none leaves timm's ``VisionTransformer`` keys, which are ours. Where one format serves several models, the
-model decides the conversion: a timm ``Eva`` file goes through ``from_eva`` into an Eva twin, through ``from_dinov3``
-into a DINOv3 model, and is only renamed into timm's RoPE-ViT ports.
-"""
+"""Every checkpoint format in one table, each recognised by a marker that only it carries. Every marker is asked, so no
+format depends on the order of the checks: two claims are an error (a file is in one format), none leaves timm's
+``VisionTransformer`` keys, which are ours. Where one format serves several models, the model decides the conversion
+(docs/models.md)."""
 
 from __future__ import annotations
 
@@ -166,8 +162,7 @@ VIT = Format("timm's VisionTransformer (vit_rope's own, timm's ViT and DeiT-III)
 
 
 def checkpoint_format(state_dict: Mapping[str, Any]) -> Format:
-    """The format whose marker ``state_dict`` (unwrapped) carries; a ``ValueError`` naming the markers or keys found
-    and the formats there are when two formats claim it, or none and it has no ViT keys either."""
+    """The format whose marker ``state_dict`` (unwrapped) carries; a ``ValueError`` when two do, or none and no ViT."""
     claims = [fmt for fmt in FORMATS if fmt.carries(state_dict)]
     if len(claims) > 1:
         found = "; ".join(f"{fmt.name} ({fmt.marker})" for fmt in claims)
@@ -185,8 +180,7 @@ def checkpoint_format(state_dict: Mapping[str, Any]) -> Format:
 
 
 def folder_format(path: str | Path) -> tuple[Format, dict[str, Any]] | None:
-    """The format whose config file the folder ``path`` holds (or its weights file sits beside), with the config;
-    ``None`` for a plain weights file."""
+    """The format whose config file the folder ``path`` holds (or its weights file sits beside), with the config."""
     found = [(fmt, config) for fmt in FORMATS if fmt.folder is not None
              and (config := fmt.folder.config(path)) is not None]
     if len(found) > 1:
@@ -196,8 +190,7 @@ def folder_format(path: str | Path) -> tuple[Format, dict[str, Any]] | None:
 
 
 def convert_format(state_dict: dict[str, Any], model: nn.Module) -> tuple[dict[str, Tensor], tuple[str, ...]]:
-    """``state_dict`` in the keys and q / k layout of ``model`` by its format, with notes on what was converted; a
-    ``ValueError`` for an unknown or ambiguous format, or a checkpoint of another family (``check_family``)."""
+    """``state_dict`` in the keys and q / k layout of ``model`` by its format, with notes on what was converted."""
     fmt = checkpoint_format(state_dict)
     check_family(state_dict, model)
     return fmt.convert(state_dict, model)

@@ -1,9 +1,6 @@
-"""DINOv3 (Simeoni et al. 2025, arXiv:2508.10104) as Hugging Face transformers saves it, without transformers.
-
-Most DINOv3 downloads are ``DINOv3ViTModel`` folders (``model.safetensors``, ``config.json``): timm's ``Eva`` DINOv3
-weights under other names, with separate q/k/v projections. The config decides what the weights cannot show (RoPE
-theta, LayerNorm eps, activation): ``check_hf_config`` holds a model to it.
-"""
+"""DINOv3 (Simeoni et al. 2025, arXiv:2508.10104) as Hugging Face transformers saves it (``DINOv3ViTModel`` folders,
+most downloads), without transformers. The config decides what the weights cannot show (RoPE theta, LayerNorm eps,
+activation): ``check_hf_config`` holds a model to it."""
 
 from __future__ import annotations
 
@@ -105,8 +102,7 @@ def _pair(size: int | list[int] | tuple[int, ...]) -> tuple[int, int]:
 
 def dinov3_args_from_hf_config(config: dict[str, Any]) -> tuple[str, dict[str, Any]]:
     """The ``vit_rope_*_dinov3*`` model and keyword arguments that build the ``DINOv3ViTModel`` of a config.json's
-    dict: class-token pooling as HF's pooler, no classifier, its sizes, RoPE theta and coordinate augmentation (one
-    draw per batch). A ``ValueError`` naming the value for another ``model_type`` or options no DINOv3 model has."""
+    dict: class-token pooling as HF's pooler, no classifier, coordinate augmentation drawn once per batch."""
     c = {**_DEFAULTS, **config}
     model_type = c.get("model_type", MODEL_TYPE)
     if model_type != MODEL_TYPE:
@@ -138,8 +134,7 @@ def dinov3_args_from_hf_config(config: dict[str, Any]) -> tuple[str, dict[str, A
 
 
 def check_hf_config(config: dict[str, Any], model: nn.Module) -> None:
-    """Raise unless ``model`` is the ``DINOv3ViTModel`` of ``config``, naming the first field that differs, its two
-    values and the vit_rope model that fits."""
+    """Raise unless ``model`` is the ``DINOv3ViTModel`` of ``config``, naming the field that differs and the fit."""
     name, kwargs = dinov3_args_from_hf_config(config)
     c, depth = {**_DEFAULTS, **config}, kwargs["depth"]
     fits = name if depth == architecture(_size(c))["depth"] else f"{name} with depth={depth}"

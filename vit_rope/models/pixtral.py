@@ -2,10 +2,8 @@
 
 Pixtral 12B (Agrawal et al. 2024, arXiv:2410.07073) reads images at their own size with 2D RoPE on integer patch
 indices whose x and y take alternate rungs of one frequency ladder; several images run as one sequence with
-block-diagonal attention, which a NaFlex batch computes. A twin is a ``RoPEVisionTransformer`` (``pre_norm``,
-``rope_alternate_axes``, ``qk_layout="rotate_half"``); ``*_llava`` adds Llava's projector. Weights: transformers'
-folders and state dicts, read without transformers (docs/models.md).
-"""
+block-diagonal attention, which a NaFlex batch computes. ``*_llava`` adds Llava's projector; weights load from
+transformers' folders and state dicts without transformers (docs/models.md)."""
 
 from __future__ import annotations
 

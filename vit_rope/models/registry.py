@@ -1,9 +1,6 @@
-"""timm registration of the RoPE-ViT models (Heo et al., ECCV 2024, arXiv:2403.13298), every other kind and twin.
-
-``import vit_rope`` runs this module, after which ``timm.create_model("vit_rope_small_patch16_mixed_224")`` works
-like any timm model. ``vit_rope_{tiny,small,base,large}_patch16_{axial,mixed}[_ape]_224`` point at RoPE-ViT's
-published ``naver_in1k`` weights (timm's copies, converted on load); docs/models.md lists every name with its weights.
-"""
+"""timm registration of the RoPE-ViT models (Heo et al., ECCV 2024, arXiv:2403.13298), every other kind and twin,
+run by ``import vit_rope``. ``vit_rope_{tiny,small,base,large}_patch16_{axial,mixed}[_ape]_224`` point at RoPE-ViT's
+published ``naver_in1k`` weights (timm's copies, converted on load); docs/models.md lists every name and its weights."""
 
 from __future__ import annotations
 
@@ -90,9 +87,8 @@ ENCODINGS: dict[str, str] = {}
 
 def _entrypoint(name: str, model_args: dict[str, Any], swin: bool = False,
                 model_cls: type[nn.Module] = RoPEVisionTransformer) -> Callable[..., nn.Module]:
-    """One timm entry point: the named architecture (a ``model_cls``, or RoPE-Swin), where any keyword argument
-    overrides the defaults; the checkpoint filter is told about ``features_only``, whose classifier timm drops, so
-    that the load report says so."""
+    """One timm entry point of ``model_cls`` (or RoPE-Swin), keyword arguments over ``model_args``; the checkpoint
+    filter knows ``features_only``, whose classifier timm drops, so that the load report says so."""
     if not swin:
         ENCODINGS[name] = model_args["encoding"]
 

@@ -1,10 +1,6 @@
-"""RoPE-Swin: RoPE-ViT's Swin Transformers on timm's ``SwinTransformer``.
-
-RoPE-ViT (Heo et al., "Rotary Position Embedding for Vision Transformer", ECCV 2024, arXiv:2403.13298;
-github.com/naver-ai/rope-vit) puts its 2D RoPE of window-local positions (the same in shifted windows) into every window
-attention of a Swin Transformer (Liu et al., ICCV 2021) in place of Swin's relative position bias (``use_rpb`` keeps
-it beside RoPE, the official option). Resolution policies act on the window grid (docs/models.md).
-"""
+"""RoPE-Swin: RoPE-ViT's Swin Transformers (Heo et al., ECCV 2024, arXiv:2403.13298; github.com/naver-ai/rope-vit) on
+timm's ``SwinTransformer`` (Liu et al., ICCV 2021): a 2D RoPE of window-local positions in every window attention in
+place of Swin's relative position bias (``use_rpb`` keeps it beside RoPE, the official option); docs/models.md."""
 
 from __future__ import annotations
 
@@ -30,12 +26,10 @@ SWIN_THETA = {"axial": 50.0, "mixed": 10.0}  # the official RoPE-Swin models' ro
 
 
 class RoPEWindowAttention(WindowAttention):
-    """timm's window attention with q and k rotated by a 2D RoPE of window-local positions (``rope``, trained on the
-    window built with), with or without the relative position bias.
-
-    Attention is SDPA unless ``TIMM_FUSED_ATTN=0`` (timm's Swin keeps its explicit softmax unless ``=2``): SDPA saves
-    no ``[heads, N, N]`` probabilities and no copies of q, k, v, so a training step holds 4% less than timm's Swin-T
-    instead of 16% more (``benchmarks/swin.py``)."""
+    """timm's window attention with q and k rotated by a 2D RoPE of window-local positions (trained on the window built
+    with). Attention is SDPA unless ``TIMM_FUSED_ATTN=0`` (timm's Swin keeps its explicit softmax unless ``=2``): SDPA
+    saves no ``[heads, N, N]`` probabilities and no copies of q, k, v, so a training step holds 4% less than timm's
+    Swin-T instead of 16% more (``benchmarks/swin.py``)."""
 
     def __init__(self, dim: int, num_heads: int, head_dim: int | None = None, window_size: Any = 7,
                  qkv_bias: bool = True, attn_drop: float = 0.0, proj_drop: float = 0.0, encoding: str = "mixed",
@@ -93,15 +87,8 @@ class RoPEWindowAttention(WindowAttention):
 
 
 class RoPESwinTransformer(NoTorchScript, SwinTransformer):
-    """timm's ``SwinTransformer`` with ``RoPEWindowAttention`` in every block.
-
-    Args:
-        encoding: ``"axial"`` or ``"mixed"`` (RoPE-ViT's).
-        rope_theta: frequency base; ``None``: the official models' (50 axial, 10 mixed).
-        use_rpb: keep Swin's relative position bias beside RoPE.
-        resolution_policy: how window-local positions follow other windows; ``None``: ``extrapolate``.
-        **kwargs: timm's ``SwinTransformer`` arguments.
-    """
+    """timm's ``SwinTransformer`` with ``RoPEWindowAttention`` in every block; ``rope_theta`` ``None``: the official
+    models' (50 axial, 10 mixed); ``use_rpb``: Swin's relative position bias kept beside RoPE."""
 
     def __init__(self, encoding: str = "mixed", rope_theta: float | None = None, use_rpb: bool = False,
                  resolution_policy: str | dict | ResolutionPolicy | None = None, **kwargs: Any) -> None:
@@ -196,8 +183,7 @@ def from_official(state_dict: dict[str, Any], model: nn.Module) -> Converted:
 
 
 def from_swin(state_dict: dict[str, Any], model: nn.Module) -> Converted:
-    """timm's or Microsoft's Swin weights, to fine-tune with RoPE: timm's conversion, the bias tables dropped unless
-    the model keeps them."""
+    """timm's or Microsoft's Swin weights, to fine-tune with RoPE: timm's conversion, the bias tables as ``_biases``."""
     state_dict, notes = _biases(state_dict, _swin_model(model, "a Swin Transformer's"))
     return checkpoint_filter_fn(state_dict, model), notes
 
