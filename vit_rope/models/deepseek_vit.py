@@ -71,8 +71,7 @@ class Aligner(PatchMerger):
         return x.flatten(3).flatten(1, 2)
 
     def merge_naflex(self, x: Tensor, coord: Tensor, valid: Tensor) -> tuple[Tensor, Tensor]:
-        """A NaFlex batch's tokens ``[B, L, C]`` at ``coord`` ``[B, L, 2]`` (y, x) unshuffled per sample as ``merge``
-        does each image alone: ``[B, M, C r^2]`` (``M``: the batch's most merged tokens) and their validity."""
+        """A NaFlex batch's tokens at ``coord`` (y, x) unshuffled per sample as ``merge`` each image, with validity."""
         r, (B, _, C) = self.merge_size, x.shape
         y, xx = coord[..., 0], coord[..., 1]
         rows, cols = (-(-((c * valid).amax(1, keepdim=True) + 1) // r) for c in (y, xx))  # [B, 1] each, padded

@@ -45,8 +45,7 @@ def model_args(size: str, qkv_bias: bool) -> dict[str, Any]:
 
 
 def fuse_qkv_bias(q_bias: Tensor, v_bias: Tensor, k_bias: Tensor | None = None) -> Tensor:
-    """One qkv bias from a checkpoint's q and v biases; a missing ``k_bias`` is zero (DINOv3, EVA-02 and timm's
-    ``EvaAttention`` train none, transformers' files may)."""
+    """One qkv bias of q and v biases, a missing ``k_bias`` zero (DINOv3 and EVA-02 train none; transformers' may)."""
     return torch.cat((q_bias, torch.zeros_like(v_bias) if k_bias is None else k_bias, v_bias))
 
 
@@ -55,8 +54,7 @@ _DROPPED = re.compile(r"(^mask_token$|\.bias_mask$|^local_cls_norm\.)")  # maski
 
 
 def from_dinov3(state_dict: dict[str, Tensor], num_heads: int) -> dict[str, Tensor]:
-    """A timm-``Eva`` or Meta DINOv3 state dict in our keys and channel layout, but for timm's LayerScale names
-    (``vit_rope.models.checkpoint`` renames them)."""
+    """A timm ``Eva`` or Meta DINOv3 state dict in our keys and layout, LayerScale's ``gamma_*`` renamed later."""
     out: dict[str, Tensor] = {}
     for key, value in state_dict.items():
         if ROPE_BUFFERS.match(key) or _DROPPED.search(key) or key.endswith(("attn.k_bias", "attn.v_bias")):

@@ -185,8 +185,7 @@ def from_eva(state_dict: dict[str, Tensor], model: nn.Module) -> tuple[dict[str,
 
 
 def checkpoint_family(state_dict: dict[str, Any]) -> str | None:
-    """The family a state dict (timm's or a twin's) looks like by its tokens, embeddings and MLP; ``None`` for the
-    others (RoPE-ViT, plain ViTs, LookHere)."""
+    """The family a state dict (timm's or a twin's) looks like by its tokens, embeddings and MLP, or ``None``."""
     keys = set(state_dict)
     layer_scale = any(key.endswith((".gamma_1", ".ls1.gamma")) for key in keys)
     cls, reg, ape = "cls_token" in keys, "reg_token" in keys or "storage_tokens" in keys, "pos_embed" in keys

@@ -197,8 +197,7 @@ def convert_format(state_dict: dict[str, Any], model: nn.Module) -> tuple[dict[s
 
 
 def weights_in(path: str | Path) -> Path:
-    """The weights file of ``path``: itself, or a folder format's weights file in it (with its config or not), or the
-    index of its shards."""
+    """The weights file of ``path``: itself, a folder format's weights file in it, or the index of its shards."""
     path = Path(path)
     if not path.is_dir():
         return path

@@ -1,11 +1,9 @@
 """Twins of timm's Gemma 4 vision encoders (``timm.models.gemma4_vit``, timm 1.0.31): ``vit_rope_gemma4_vit_*``.
-
 Gemma 4's vision tower (Gemma 4 Technical Report, arXiv:2607.02770; transformers' ``Gemma4VisionModel``) adds a
 learned table per axis, sandwich RMSNorms, q/k/v norms, attention without ``1 / sqrt(D)`` and axial RoPE in its own
 layout (x the first half of each head, y the second); its pooler averages 3x3 blocks into soft tokens. A twin is a
 ``ProjectorTwin`` with what the shared model had no place for: the pixel scaling folded into the patch convolution, the
-post-norms in the LayerScale slots, the clamps of E2B/E4B's tower as ``ClippedLinear`` (docs/models.md).
-"""
+post-norms in the LayerScale slots, the clamps of E2B/E4B's tower as ``ClippedLinear`` (docs/models.md)."""
 
 from __future__ import annotations
 

@@ -21,16 +21,14 @@ STRING = "Cayley-STRING bases set to the identity (the base RoPE kind)"
 
 
 class WeightsNotLoadedWarning(UserWarning):
-    """A checkpoint lacked weights of the model, which were initialised instead, or held an absolute position
-    embedding that a RoPE-only model has no place for."""
+    """A checkpoint lacked weights, initialised instead, or held an APE that a RoPE-only model has no place for."""
 
 
 @dataclass(frozen=True)
 class LoadReport:
-    """What a vit_rope model took from a checkpoint, set as ``model.load_report`` by every load: the ``source`` file
-    (None when timm read it), the model's keys ``loaded``, reason -> keys ``initialised`` instead, the checkpoint keys
-    ``skipped`` (a classifier that does not fit, ``pos_embed`` for a RoPE-only model), and one line per kind of change
-    ``converted`` on the way in (fused projections, permuted q/k rows, dropped buffers)."""
+    """What a vit_rope model took from a checkpoint, set as ``model.load_report`` by every load: ``source`` None when
+    timm read it, ``skipped`` checkpoint keys (a classifier that does not fit, ``pos_embed`` for a RoPE-only model), and
+    one line per kind of change ``converted`` on the way in."""
 
     source: str | None
     loaded: tuple[str, ...]

@@ -116,8 +116,7 @@ def embed_patches(patch_embed: nn.Module, patches: Tensor) -> Tensor:
 
 
 def naflex_maps(tokens: Tensor, coord: Tensor, valid: Tensor, grid: Tensor) -> Tensor:
-    """Patch tokens ``[B, N, C]`` as per-sample feature maps ``[B, C, H, W]`` (``H``, ``W``: the largest grid of
-    the batch), each sample's map in its top-left corner, zeros elsewhere."""
+    """Patch tokens as per-sample maps ``[B, C, H, W]`` of the batch's largest grid, each in its top-left corner."""
     B, _, C = tokens.shape
     height, width = (int(side) for side in grid.amax(0).tolist()) if B else (0, 0)
     maps = tokens.new_zeros(B, height * width, C)

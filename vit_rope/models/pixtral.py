@@ -1,5 +1,4 @@
 """Twins of Pixtral's vision encoder (transformers 5.24's ``PixtralVisionModel``): ``vit_rope_pixtral_vit_*``.
-
 Pixtral 12B (Agrawal et al. 2024, arXiv:2410.07073) reads images at their own size with 2D RoPE on integer patch
 indices whose x and y take alternate rungs of one frequency ladder; several images run as one sequence with
 block-diagonal attention, which a NaFlex batch computes. ``*_llava`` adds Llava's projector; weights load from
@@ -52,8 +51,7 @@ class PixtralVisionTransformer(RoPEVisionTransformer):
         self.reset_classifier(num_classes)
 
     def reset_classifier(self, num_classes: int, global_pool: str | None = None) -> None:
-        """timm's head; with a projector, over the mean of the projector's tokens (a classifier of what the language
-        model reads)."""
+        """timm's head; with a projector, over the mean of its tokens (classifying what the language model reads)."""
         if getattr(self, "projector", None) is None:
             return super().reset_classifier(num_classes, global_pool)
         if global_pool is not None:

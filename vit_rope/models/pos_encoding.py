@@ -36,8 +36,7 @@ def resolution_encoding(model: nn.Module) -> PositionEncoding | None:
 
 
 class PositionEncodingMixin:
-    """The position-encoding half of ``RoPEVisionTransformer``: built by ``_init_encoding`` after timm's
-    ``VisionTransformer.__init__`` (it needs the blocks and the patch grid)."""
+    """``RoPEVisionTransformer``'s encoding, built after timm's ``__init__``: it needs the blocks and patch grid."""
 
     def _init_encoding(self, kind: str, num_heads: int, coord_aug: dict | CoordAugment | None,
                        policy: str | dict | ResolutionPolicy | None, rope_options: dict[str, Any],
@@ -76,14 +75,12 @@ class PositionEncodingMixin:
         return submodule_no_decay(self)
 
     def fold_encoding_(self) -> None:
-        """Fold what the encoding keeps in the blocks into their weights where that is the same function at a lower cost
-        (STRING's basis into qkv; ONNX export calls it on a copy)."""
+        """Fold the encoding into the blocks' weights where that is the same, cheaper function (STRING's into qkv)."""
         self.pos_encoding.fold_(self.blocks)
 
 
 def submodule_no_decay(model: nn.Module) -> set[str]:
-    """Every parameter that a module inside ``model`` names in its ``no_weight_decay()`` (mixed frequencies, STRING's
-    ``S``, the generators), under its full name, wherever the kind put the module."""
+    """Every parameter a submodule of ``model`` names in its ``no_weight_decay()``, wherever the kind put it."""
     return {f"{path}.{name}" for path, module in model.named_modules() if path and hasattr(module, "no_weight_decay")
             for name in module.no_weight_decay()}
 

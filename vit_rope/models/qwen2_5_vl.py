@@ -1,10 +1,8 @@
 """Twin of transformers' Qwen2.5-VL vision encoder (``Qwen2_5_VisionTransformerPretrainedModel``, transformers 5.24):
-``vit_rope_qwen2_5_vl_vit``.
-
-Qwen2.5-VL (Bai et al. 2025, arXiv:2502.13923) makes Qwen2-VL's ViT LLaMA-style, with axial 2D RoPE alone, and most
-layers attend within windows. The twin is ``Qwen3VisionTransformer`` whose windowed blocks get a window mask with their
-RoPE tables (``Windowed``): transformers reorders the tokens by window instead, but attention within a window does not
-depend on the order, so ours keeps row-major tokens, and any grid or NaFlex batch (docs/models.md)."""
+``vit_rope_qwen2_5_vl_vit``. Qwen2.5-VL (Bai et al. 2025, arXiv:2502.13923) makes Qwen2-VL's ViT LLaMA-style, with
+axial 2D RoPE alone, and most layers attend within windows. The twin is ``Qwen3VisionTransformer`` whose windowed
+blocks get a window mask with their RoPE tables (``Windowed``): transformers reorders the tokens by window instead, but
+attention within a window does not depend on the order, so ours keeps row-major tokens, and any grid or NaFlex batch."""
 
 from __future__ import annotations
 
@@ -82,8 +80,7 @@ class Windowed(BlockInput):
 
 
 def window_keys(grid: tuple[int, int], side: int, batch: int, device: torch.device) -> Tensor | None:
-    """Which keys of each gathered window are patches, ``[batch nW, 1, 1, side side]`` (``None``: the grid is whole
-    windows): the bottom and right windows' padding masked."""
+    """Which keys of each gathered window are patches, ``[batch nW, 1, 1, side side]``; ``None``: whole windows."""
     (h, w), s = grid, side
     H, W = -(-h // s) * s, -(-w // s) * s
     if (H, W) == (h, w):
@@ -148,8 +145,7 @@ def is_qwen25(state_dict: dict[str, Any]) -> bool:
 
 
 def _prefix(state_dict: dict[str, Any]) -> str:
-    """The tower's key prefix: none (the vision model), ``visual.`` (hub files) or ``model.visual.`` (transformers 5's
-    Qwen2_5_VLForConditionalGeneration)."""
+    """The tower's key prefix: none, ``visual.`` (hub files) or ``model.visual.`` (transformers 5's VLM class)."""
     return next(key for key in state_dict if key.endswith("merger.ln_q.weight"))[: -len("merger.ln_q.weight")]
 
 
@@ -215,8 +211,7 @@ def _pair_side(value: Any) -> int:
 
 
 def vision_config(config: dict[str, Any]) -> dict[str, Any]:
-    """The tower's fields of a config.json (the VLM's ``vision_config`` or the tower's own), defaults filled in; a
-    ``ValueError`` naming a field the twin does not model."""
+    """The tower's fields of a config.json (the VLM's ``vision_config`` or the tower's own), defaults filled in."""
     vision = config.get("vision_config", {}) if config.get("model_type") == "qwen2_5_vl" else config
     c = {**_DEFAULTS, **vision}
     c["in_channels"] = vision.get("in_channels", vision.get("in_chans", c["in_channels"]))

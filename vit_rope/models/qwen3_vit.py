@@ -70,8 +70,7 @@ class PatchMerger(nn.Module):
         return merge_blocks(x, grid, self.merge_size)
 
     def merge_naflex(self, x: Tensor, coord: Tensor, valid: Tensor) -> tuple[Tensor, Tensor]:
-        """A NaFlex batch's tokens ``[B, L, C]`` at ``coord`` ``[B, L, 2]`` (y, x) merged per sample as ``merge`` does
-        each image alone: ``[B, ceil(L / k^2), k^2 C]`` with the validity of each merged token (padding: zeros)."""
+        """A NaFlex batch's tokens at ``coord`` (y, x) merged per sample as ``merge`` each image, with validity."""
         k, (B, L, C) = self.merge_size, x.shape
         width = (coord[..., 1] * valid).amax(1, keepdim=True) + 1  # [B, 1]: each sample's grid width
         y, xx = coord[..., 0], coord[..., 1]

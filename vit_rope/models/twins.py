@@ -46,8 +46,7 @@ class ProjectorTwin(RoPEVisionTransformer):
         self.global_pool, self.encoder_pool = global_pool, encoder_pool
 
     def reset_classifier(self, num_classes: int, global_pool: str | None = None) -> None:
-        """A linear head over the pooled width (the projector's with one), as timm's classifiers; classes asked of an
-        encoder twin make it the classifier of the projector's tokens."""
+        """timm's linear head of the pooled width; classes asked of an encoder make it its projector tokens' head."""
         if global_pool is not None:
             self.global_pool = global_pool
         if num_classes > 0 and getattr(self, "global_pool", None) == self.TOKENS:

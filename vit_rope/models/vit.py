@@ -144,8 +144,7 @@ class RoPEVisionTransformer(NoTorchScript, PositionEncodingMixin, EmbeddingMixin
 
     def forward(self, x: Tensor, attn_mask: Tensor | None = None, is_causal: bool = False,
                 patch_coord: Tensor | None = None, patch_valid: Tensor | None = None) -> Tensor:
-        """Logits of images, or of a NaFlex batch: timm's collated dict, or ``patches`` with ``patch_coord`` and
-        ``patch_valid``."""
+        """Logits of images, or of a NaFlex batch: timm's dict, or ``patches``, ``patch_coord`` and ``patch_valid``."""
         batch = naflex_batch(x, patch_coord, patch_valid, attn_mask)
         if batch is not None:
             tokens, _, embedded = self._forward_blocks(batch, self.blocks, is_causal=is_causal)
@@ -172,8 +171,7 @@ class RoPEVisionTransformer(NoTorchScript, PositionEncodingMixin, EmbeddingMixin
         output_dict: bool = False, attn_mask: Tensor | None = None, is_causal: bool = False,
         patch_coord: Tensor | None = None, patch_valid: Tensor | None = None,
     ) -> list[Tensor] | tuple[Tensor, list[Tensor]] | dict[str, Any]:
-        """timm's, also for NaFlex batches: NLC tokens padded as the input, or per-sample maps in the corner of the
-        batch's largest grid."""
+        """timm's, also for NaFlex batches: NLC tokens padded as the input, or maps in the largest grid's corner."""
         if output_fmt not in ("NCHW", "NLC"):
             raise ValueError(f"output_fmt must be 'NCHW' or 'NLC', got {output_fmt!r}.")
         batch_shape = x.shape if isinstance(x, Tensor) else None

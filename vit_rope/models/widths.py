@@ -20,6 +20,5 @@ def width(size: str) -> dict[str, int]:
 
 
 def size_of(embed_dim: int, sizes: tuple[str, ...]) -> str | None:
-    """The one of ``sizes`` whose width is ``embed_dim`` (a checkpoint's model read from its shapes), or ``None``; a
-    ``_plus`` size (DINOv3's) has the width of the size it extends."""
+    """The one of ``sizes`` whose width is ``embed_dim``, or ``None``; a ``_plus`` size has the width it extends."""
     return next((size for size in sizes if _TABLE[size.removesuffix("_plus")][0] == embed_dim), None)
