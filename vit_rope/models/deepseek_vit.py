@@ -31,8 +31,7 @@ HEAD_DIM = 64  # DeepSeek's (1024 / 16): a file gives no head count, describe ta
 
 
 class BiasFreeSwiGLU(PackedSwiGLU):
-    """DeepSeek's packed SwiGLU (gate first) without biases: timm's ``Block`` gives the MLP the attention projection's
-    ``proj_bias``, which DeepSeek keeps on attention only."""
+    """DeepSeek's packed SwiGLU without biases: timm's ``Block`` gives the MLP ``proj_bias``, which DeepSeek's lacks."""
 
     def __init__(self, in_features: int, hidden_features: int, **kwargs: Any) -> None:
         super().__init__(in_features, hidden_features, **dict(kwargs, bias=False))
@@ -85,8 +84,7 @@ class Aligner(PatchMerger):
 
 
 class DeepseekVisionTransformer(Qwen3VisionTransformer):
-    """The Qwen3-VL twins' heads with DeepSeek's final RMSNorm and aligner at ``patch_merger`` (``"align"``): blocks of
-    ``downsample_ratio`` to ``aligner_out_features``, the LLM's width."""
+    """The Qwen3-VL twins' heads with DeepSeek's final RMSNorm and aligner (``"align"``) to ``aligner_out_features``."""
 
     FAMILY, TOKENS = "DeepSeek", "align"
 
@@ -113,8 +111,7 @@ class DeepseekVisionTransformer(Qwen3VisionTransformer):
 
 
 def tagged(create: Callable[..., nn.Module]) -> Callable[..., nn.Module]:
-    """A twin's timm entry point whose aligner width is the weights' tag's, as timm's (5120 for V4.1-Flash, 4096 for
-    V4-Flash-Vision-Exp), unless ``aligner_out_features`` is given."""
+    """A twin's entry point whose aligner width is the weights' tag's (``LLM_WIDTHS``), as timm's, unless given."""
 
     @wraps(create)
     def create_tagged(pretrained: bool = False, **kwargs: Any) -> nn.Module:
@@ -127,9 +124,8 @@ def tagged(create: Callable[..., nn.Module]) -> Callable[..., nn.Module]:
 
 
 def is_deepseek(state_dict: dict[str, Any]) -> bool:
-    """timm's DeepSeek files (the classifiers' ``encoder.`` without the position tables of Qwen3-VL's and Gemma 4's,
-    the encoders' ``aligner.``; ours: ``patch_merger.``) and DeepSeek's own shards (``vision.*``, as timm's filter
-    tells them)."""
+    """timm's DeepSeek files (the classifiers' ``encoder.`` without the position tables of Qwen3-VL's and Gemma 4's, the
+    encoders' ``aligner.``) and DeepSeek's own shards (``vision.*``, as timm's filter tells them)."""
     tables = ("encoder.pos_embed", "encoder.patch_embed.position_embedding_table")
     return ("encoder.patch_embed.proj.weight" in state_dict and not any(key in state_dict for key in tables)) or \
         "aligner.fc1.weight" in state_dict or any(key.startswith("vision.") for key in state_dict)

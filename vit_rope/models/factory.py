@@ -24,8 +24,7 @@ class PretrainedLoadError(UserError):
 
 
 def create_model(name: str, kwargs: dict[str, Any], setting: str = "model_kwargs") -> tuple[nn.Module, dict[str, Any]]:
-    """Timm model ``name`` built with ``kwargs`` but the size arguments it does not take (CNNs), and the arguments that
-    built it; errors name ``setting``, where the user gave them."""
+    """Model ``name`` and the ``kwargs`` that built it (less size arguments a CNN lacks); errors name ``setting``."""
     check_model_name(name)
     try:
         return timm.create_model(name, **kwargs), kwargs

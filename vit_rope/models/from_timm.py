@@ -23,8 +23,7 @@ _DINOV3 = re.compile(r"vit_\w+_patch16_dinov3(_qkvb)?")
 
 
 def _architecture(model: nn.Module) -> dict[str, Any]:
-    """The twin's keyword arguments that the built ``model`` decides (even where it departs from its entry point):
-    sizes, head, and the RoPE reference grid and offset timm gave it."""
+    """The twin's arguments the built ``model`` decides, even off its entry point: sizes, head, RoPE grid and offset."""
     args: dict[str, Any] = dict(img_size=tuple(model.patch_embed.img_size), embed_dim=model.embed_dim,
                                 depth=len(model.blocks), num_heads=model.blocks[0].attn.num_heads,
                                 num_classes=model.num_classes, global_pool=model.global_pool,
@@ -39,8 +38,7 @@ def _architecture(model: nn.Module) -> dict[str, Any]:
 
 
 def from_timm(model: nn.Module) -> RoPEVisionTransformer:
-    """The vit_rope twin of ``model`` (a family of ``SUPPORTED``) with its sizes, head and weights, on its device, in
-    its dtype and mode; ``twin.load_report`` says what was converted."""
+    """The vit_rope twin of ``model`` (``SUPPORTED``) with its weights, device, dtype and mode; see ``load_report``."""
     config = getattr(model, "config", None)  # a transformers model
     if getattr(config, "model_type", None) in pixtral.MODEL_TYPES:
         name, args = pixtral.pixtral_args_from_config(config.to_dict())

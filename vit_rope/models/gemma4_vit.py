@@ -138,8 +138,7 @@ def is_gemma4(state_dict: dict[str, Any]) -> bool:
 
 
 def describe_gemma4(state_dict: dict[str, Any]) -> tuple[str | None, dict[str, Any]]:
-    """The twin a timm Gemma 4 file describes (classifier by its ``encoder.`` prefix, size by its width, or its
-    standardisation at another width) and every argument its weights decide, for ``create_from_checkpoint``."""
+    """The twin a timm Gemma 4 file describes (by its prefix, width or standardisation) and what its weights decide."""
     prefix = "encoder." if "encoder.patch_embed.position_embedding_table" in state_dict else ""
     table = state_dict[f"{prefix}patch_embed.position_embedding_table"]
     dim, head_dim = int(table.shape[-1]), int(state_dict[f"{prefix}blocks.0.attn.q_norm.weight"].shape[0])
@@ -264,8 +263,7 @@ def is_hf_gemma4(state_dict: dict[str, Any]) -> bool:
 
 
 def to_timm_keys(state_dict: dict[str, Tensor]) -> tuple[dict[str, Tensor], list[str]]:
-    """The tower's weights under timm's Gemma 4 encoder names, the patch projection's columns as timm's (channel, y,
-    x); and the keys of the rest of a whole Gemma 4 (language model, audio, projectors), which are not the tower's."""
+    """The tower's weights under timm's names and column order, and the keys of the rest of a whole Gemma 4."""
     out, other = {}, []
     tower = any(_TOWER.match(key) for key in state_dict)
     for key, value in state_dict.items():

@@ -103,8 +103,7 @@ def check_attn_mask(attn_mask: Tensor, batch_size: int, tokens: int) -> Tensor:
 
 
 def embed_patches(patch_embed: nn.Module, patches: Tensor) -> Tensor:
-    """timm's ``PatchEmbed`` on flattened patches ``[B, N, P*P*C]`` (channels-last, as timm's ``Patchify``):
-    its convolution ``[C_out, C, P, P]`` read as a linear layer ``[C_out, P*P*C]``, then its norm."""
+    """timm's ``PatchEmbed`` on flat channels-last patches (``Patchify``'s): its convolution as a linear layer."""
     proj = patch_embed.proj
     expected = proj.weight[0].numel()
     if patches.shape[-1] != expected:

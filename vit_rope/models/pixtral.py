@@ -62,8 +62,7 @@ class PixtralVisionTransformer(RoPEVisionTransformer):
         self.head.train(self.training)
 
     def forward_head(self, x: Tensor, pre_logits: bool = False, patch_valid: Tensor | None = None) -> Tensor:
-        """timm's head, or with a projector its tokens (what the language model reads, a NaFlex batch's padding too;
-        ``pre_logits``: the tokens before it), pooled into the head when the model has classes."""
+        """timm's head, or with a projector its tokens (``pre_logits``: before it), pooled into a head given classes."""
         if self.projector is None:
             return super().forward_head(x, pre_logits, patch_valid)
         if self.num_classes:
@@ -72,8 +71,7 @@ class PixtralVisionTransformer(RoPEVisionTransformer):
 
 
 def twin_cfgs() -> dict[str, dict[str, Any]]:
-    """``{twin: cfg}``: no hub file timm reads (Pixtral's weights are transformers folders: ``create_from_checkpoint``),
-    Pixtral's processor's CLIP mean and std, bicubic resizing, any size of whole patches."""
+    """``{twin: cfg}``: no hub file (the weights are transformers folders), Pixtral's processor's CLIP mean and std."""
     from timm.data import OPENAI_CLIP_MEAN, OPENAI_CLIP_STD
 
     return {f"vit_rope_{name}": dict(url="", num_classes=0, input_size=(3, args["img_size"], args["img_size"]),
@@ -93,8 +91,7 @@ def _tower(key: str) -> str:
 
 
 def describe_pixtral(state_dict: dict[str, Any]) -> Description:
-    """The twin of a state dict by its patch size, width 1024 (Pixtral's; the keys do not show the head count, so
-    another width names no model), depth and projector."""
+    """The twin by patch size, depth and projector; width 1024 only, as the keys do not show the head count."""
     conv = next(value for key, value in state_dict.items() if _tower(key) == "patch_conv.weight")
     depth = depth_of(state_dict, r"(model\.)?(vision_tower\.)?transformer\.layers")
     args: dict[str, Any] = {"depth": depth} if depth else {}
@@ -108,9 +105,8 @@ def describe_pixtral(state_dict: dict[str, Any]) -> Description:
 
 
 def from_pixtral(state_dict: dict[str, Tensor], model: nn.Module) -> Converted:
-    """transformers' Pixtral (or Llava) state dict in our keys and q/k layout: q/k/v fused with every head's q / k rows
-    from rotate-half to interleaved pairs, gate and up projections packed (gate first), the projector as
-    ``projector.fc1/fc2``; the language model's keys dropped, and said."""
+    """transformers' Pixtral (or Llava) state dict in our keys and q/k layout: q/k/v fused, q / k rows from rotate-half
+    to interleaved pairs, gate and up packed (gate first); the language model dropped, and said."""
     check_twin(model, isinstance(model, PixtralVisionTransformer), SOURCE, "the vit_rope_pixtral_vit_* twins "
                "(vit_rope.create_from_checkpoint(folder) builds the one that fits)", "rotate_half", "rotate-half pairs")
     if not model.pos_encoding[0].alternate_axes:
@@ -173,8 +169,7 @@ def _vision(config: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
 
 
 def pixtral_args_from_config(config: dict[str, Any]) -> tuple[str, dict[str, Any]]:
-    """The twin and its arguments that a config.json's dict (``PixtralVisionConfig``, or a Llava's around one)
-    describes, transformers' defaults filled in; a ``ValueError`` naming a field the twin does not model."""
+    """The twin and arguments of a config.json (``PixtralVisionConfig`` or a Llava's), transformers' defaults in."""
     v, llava = _vision(config)
     v = dict(dict(hidden_size=1024, intermediate_size=4096, num_hidden_layers=24, num_attention_heads=16,
                   num_channels=3, image_size=1024, patch_size=16, hidden_act="gelu", attention_dropout=0.0), **v)

@@ -90,8 +90,7 @@ def window_keys(grid: tuple[int, int], side: int, batch: int, device: torch.devi
 
 
 def window_bias(coord: Tensor, side: int) -> Tensor:
-    """Additive mask ``[1 or B, 1, N, N]``: 0 where query and key lie in one window of ``side x side`` patches
-    (counted from the grid's top-left, as transformers' windows), ``-inf`` elsewhere; ``coord`` ``[(B,) N, 2]``."""
+    """Additive mask: 0 where query and key share a ``side`` window (tiled from the top-left, as transformers')."""
     cell = coord.div(side, rounding_mode="floor")  # [(B,) N, 2]: each patch's window (row, column)
     same = (cell[..., :, None, :] == cell[..., None, :, :]).all(-1)  # [(B,) N, N]
     same = same if same.dim() == 3 else same[None]

@@ -50,9 +50,8 @@ torch.fx.wrap("merge_blocks")  # the grid is checked: under FX a call, not a bra
 
 
 class PatchMerger(nn.Module):
-    """Qwen-VL's projector: a norm per token (``norm_layer``: Qwen3-VL's LayerNorm, Qwen2.5-VL's RMSNorm), each
-    ``k x k`` block of tokens concatenated in row-major order, then ``fc1 -> GELU -> fc2`` to the language model's width
-    (``out_features``; 0: no ``fc2``). Keys as timm's ``Qwen3VitPatchMerger`` (under ``patch_merger.`` in the twin)."""
+    """Qwen-VL's projector: a norm per token (Qwen3-VL's LayerNorm, Qwen2.5-VL's RMSNorm), each ``k x k`` block
+    concatenated row-major, ``fc1 -> GELU -> fc2`` to the LLM's width (``out_features``; 0: no ``fc2``); timm's keys."""
 
     def __init__(self, dim: int, merge_size: int = 2, out_features: int = 0,
                  norm_layer: Callable[[int], nn.Module] | None = None) -> None:
@@ -92,8 +91,7 @@ class PatchMerger(nn.Module):
 
 
 class Qwen3VisionTransformer(ProjectorTwin):
-    """``ProjectorTwin`` with timm's Qwen3-VL heads: ``PatchMerger`` at ``patch_merger`` (``"merge"``), of
-    ``merge_size`` blocks to ``merger_out_features`` (0: no last projection)."""
+    """``ProjectorTwin`` with timm's Qwen3-VL merger at ``patch_merger`` (``merger_out_features=0``: no fc2)."""
 
     FAMILY, TOKENS, PROJECTOR = "Qwen3-VL", "merge", "patch_merger"
 
@@ -122,8 +120,7 @@ class Qwen3VisionTransformer(ProjectorTwin):
 
 
 def is_qwen3(state_dict: dict[str, Any]) -> bool:
-    """timm's Qwen3-VL files: the classifiers' ``encoder.pos_embed`` (timm's DeepSeek classifiers have ``encoder.``
-    without it) or the encoder's ``merger.`` (ours: ``patch_merger.``)."""
+    """timm's Qwen3-VL files: the classifiers' ``encoder.pos_embed`` (DeepSeek's lack it), the encoders' ``merger.``."""
     return "encoder.pos_embed" in state_dict or "merger.fc1.weight" in state_dict
 
 

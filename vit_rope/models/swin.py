@@ -160,9 +160,8 @@ def _biases(state_dict: dict[str, Any], model: RoPESwinTransformer) -> tuple[dic
 
 
 def from_official(state_dict: dict[str, Any], model: nn.Module) -> Converted:
-    """An official RoPE-Swin state dict in this model's layout: mixed frequencies ``attn.rope_freqs`` to
-    ``attn.rope.freqs``; axial ones (rebuilt here) checked equal to this model's; window positions dropped; then timm's
-    conversion of Microsoft's Swin layout."""
+    """An official RoPE-Swin state dict in our layout: mixed frequencies renamed, axial ones checked equal to the
+    model's (rebuilt), window positions dropped, then timm's conversion of Microsoft's layout."""
     model = _swin_model(model, "RoPE-ViT's official RoPE-Swin")
     out = {}
     for key, value in state_dict.items():

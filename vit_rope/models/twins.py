@@ -90,8 +90,7 @@ class ProjectorTwin(RoPEVisionTransformer):
 
 
 def timm_twin_cfgs(family: str, names: Iterable[str], **cfg: Any) -> dict[str, dict[str, Any]]:
-    """``{twin.tag: cfg}`` of the twins of ``timm.models.<family>``'s ``names``: timm's (its hub files, read through our
-    checkpoint filter), our keys for the first conv, ``cfg`` over them."""
+    """``{twin.tag: cfg}`` of ``timm.models.<family>``'s ``names``: timm's hub files via our filter, and ``cfg``."""
     default_cfgs = importlib.import_module(f"timm.models.{family}").default_cfgs
     return {f"vit_rope_{name}.{tag}": dict(tagged.to_dict(), hf_hub_id=f"timm/{name}.{tag}",
                                            first_conv="patch_embed.proj", **cfg)
