@@ -125,9 +125,8 @@ def _fit_classifier(state_dict: dict[str, Tensor], model: nn.Module, headless: b
 
 def checkpoint_filter_fn(state_dict: dict[str, Any], model: nn.Module, features_only: bool = False
                          ) -> dict[str, Tensor]:
-    """timm ``pretrained_filter_fn``: ``create_model(..., pretrained=True)`` takes any supported source, with the report
-    and warning of ``load_weights``. timm drops the classifier when the model's class count differs from the pretrained
-    config's (the report says so); when it keeps one that does not fit, the error names both counts and the fixes."""
+    """timm ``pretrained_filter_fn`` with ``load_weights``' report and warning; timm drops the classifier when the class
+    count differs from the config's, and one it keeps that does not fit is an error naming both counts and the fixes."""
     out, initialised, dropped, converted = _convert(state_dict, model)
     cfg = getattr(model, "pretrained_cfg", None) or {}
     declared = cfg.get("num_classes") if cfg.get("classifier") else None
@@ -144,9 +143,8 @@ def checkpoint_filter_fn(state_dict: dict[str, Any], model: nn.Module, features_
 
 
 def load_weights(model: nn.Module, path: str | Path | Mapping[str, Any]) -> LoadReport:
-    """Load a weights file, a folder (transformers' ``model.safetensors``, PaPE's ``model.pt``: its ``config.json``
-    checked against the model and the weights first) or a state dict into ``model``; the classifier only when its
-    shape matches (a 1000-class checkpoint can seed a 10-class model)."""
+    """Load a weights file, a folder (its ``config.json`` checked against the model and weights first) or a state dict
+    into ``model``; the classifier only if its shape matches (a 1000-class checkpoint can seed a 10-class model)."""
     if isinstance(path, Mapping):
         return load_state_dict(model, dict(path))
     weights = weights_in(path)

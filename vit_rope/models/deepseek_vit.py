@@ -49,10 +49,9 @@ DEEPSEEK: dict[str, dict[str, Any]] = {f"deepseek_vit_412m{suffix}": dict(_ARCH,
 
 
 class Aligner(PatchMerger):
-    """DeepSeek's projector: the token grid zero-padded bottom / right to multiples of ``r``, each ``r x r`` block
-    concatenated channel-major ``(C, kh, kw)`` (the reference's ``F.unfold``; Qwen's ``(kh, kw, C)`` would permute
-    ``fc1``'s inputs), then ``fc1 -> GELU -> fc2`` to the LLM width. ``PatchMerger``'s interface without its norm; keys
-    as timm's ``DeepseekVitAligner`` (under ``patch_merger.`` in the twin)."""
+    """DeepSeek's projector: the token grid zero-padded to multiples of ``r``, each ``r x r`` block concatenated
+    channel-major (the reference's ``F.unfold``; Qwen's order would permute ``fc1``'s inputs), then ``fc1 -> GELU ->
+    fc2`` to the LLM width: ``PatchMerger``'s interface without its norm, keys as timm's ``DeepseekVitAligner``."""
 
     def __init__(self, dim: int, downsample_ratio: int = 3, out_features: int = 0) -> None:
         nn.Module.__init__(self)
@@ -104,8 +103,7 @@ class DeepseekVisionTransformer(Qwen3VisionTransformer):
         self.patch_merger = Aligner(self.embed_dim, downsample_ratio, aligner_out_features).to(**dd) if align \
             else None
         self.head_hidden_size = aligner_out_features if align else self.embed_dim
-        # the classifiers' norm without affine (no weights), which *_enc skips; the Qwen3-VL twins' head over the
-        # aligner's width with one (classes asked of *_enc make it the *_align classifier)
+        # the classifiers' norm without affine (no weights), which *_enc skips; the head over the aligner's width
         self.fc_norm = norm_layer(self.head_hidden_size, affine=False, **dd)
         self.reset_classifier(num_classes)
 
@@ -150,9 +148,8 @@ def describe_deepseek(state_dict: dict[str, Any]) -> Description:
 
 
 def from_deepseek(state_dict: dict[str, Tensor], model: nn.Module) -> Converted:
-    """A DeepSeek file in our keys and q/k layout: timm's checkpoint filter first (so DeepSeek's own shards load as
-    timm's do: the language model's tensors dropped, the linear patch embedding as a Conv2d), then ``encoder.``
-    dropped, ``aligner.`` as ``patch_merger.``, each head's q / k rows from rotate-half to interleaved x-first pairs."""
+    """A DeepSeek file in our keys and q/k layout: timm's checkpoint filter first, so DeepSeek's own shards load as
+    timm's do (the language model dropped, the linear patch embedding as a Conv2d), then ``tower_keys``."""
     from timm.models.deepseek_vit import checkpoint_filter_fn_classifier
 
     check_twin(model, isinstance(model, DeepseekVisionTransformer), f"{SOURCE} or DeepSeek's own vision shard",

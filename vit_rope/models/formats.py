@@ -211,9 +211,8 @@ def weights_in(path: str | Path) -> Path:
 
 
 def describe(path: str | Path) -> Description:
-    """The model name and arguments (depth, classes, what its format adds) that the weights in ``path`` describe by
-    their keys; ``None`` for the name where they do not say (timm's ViT, DeiT-III, axial ports, Eva families). A
-    kind's model given by its arguments only is named the registered model of that kind and width."""
+    """The model name and arguments that the weights in ``path`` describe by their keys, ``None`` for the name where
+    they do not say; a kind's model given by its arguments only is named the registered model of that kind and width."""
     path = weights_in(path)
     obj = mapped_file(path)
     if obj is None:  # not readable memory-mapped: the full read gives the state dict or says what keeps it from it

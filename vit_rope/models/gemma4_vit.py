@@ -38,11 +38,10 @@ _LINEARS = ("attn.qkv", "attn.proj", "mlp.fc1_g", "mlp.fc1_x", "mlp.fc2")
 
 @register_notrace_module  # one call under FX: its forward loops over its bounds
 class ClippedLinear(nn.Linear):
-    """``nn.Linear`` with its input and output clamped, as Gemma 4's ``Gemma4ClippableLinear`` (E2B/E4B's files set
-    finite bounds). ``split``: the output rows of each source linear fused here (q, k, v), each with its own input
-    bounds ``[G, in_features]``; output bounds per row ``[out_features]``; infinite until a checkpoint sets them. Bounds
-    per feature, not scalars: the ONNX export's optimizer turns a clamp to tensor scalars into ``Clip`` nodes whose
-    bounds it leaves undefined (onnxscript, torch 2.14)."""
+    """``nn.Linear`` with its input and output clamped, as Gemma 4's ``Gemma4ClippableLinear``. ``split``: the output
+    rows of each source linear fused here (q, k, v), each with its own input bounds ``[G, in_features]``; output bounds
+    per row; infinite until a checkpoint sets them. Bounds per feature, not scalars: the ONNX export's optimizer turns a
+    clamp to tensor scalars into ``Clip`` nodes whose bounds it leaves undefined (onnxscript, torch 2.14)."""
 
     def __init__(self, linear: nn.Linear, split: tuple[int, ...] | None = None) -> None:
         super().__init__(linear.in_features, linear.out_features, bias=linear.bias is not None,
@@ -164,9 +163,8 @@ _QKV = re.compile(r"blocks\.(\d+)\.attn\.[qkv]_proj\.(linear\.weight|(in|out)put
 
 
 def from_gemma4(state_dict: dict[str, Tensor], model: nn.Module, source: str = SOURCE) -> Converted:
-    """timm's Gemma 4 state dict in our keys and q/k layout: ``encoder.`` dropped, the pixel scaling folded into the
-    patch convolution, q/k/v fused with every head's q / k rows (and q/k norm scales) in our pairs, the norms and the
-    gated MLP under our names, each clamp bound per fused source (input) and per row (output)."""
+    """timm's Gemma 4 state dict in our keys and q/k layout: ``encoder.`` dropped, pixel scaling folded into the patch
+    convolution, q/k/v fused with q / k rows (and norm scales) in our pairs, clamp bounds per fused source and row."""
     check_twin(model, isinstance(model, Gemma4VisionTransformer), source,
                "the vit_rope_gemma4_vit_* twins (and vit_rope.from_timm of timm's model)", "gemma4", "Gemma 4's layout")
     sd = {key.removeprefix("encoder."): value for key, value in state_dict.items()}
@@ -241,11 +239,10 @@ def architecture(model: nn.Module) -> tuple[str, dict[str, Any]]:
     return f"vit_rope_{name}", args
 
 
-# Gemma 4's tower as Hugging Face transformers saves it (a Gemma4VisionModel folder: config.json of model_type
-# gemma4_vision, model.safetensors; or a whole Gemma 4, model_type gemma4, whose language model is dropped and said):
-# timm's weights under transformers' names, the patch projection's columns in (y, x, channel) order, as transformers'
-# image processor flattens a patch. The config decides what the weights cannot show (RoPE theta, RMSNorm eps,
-# activation): check_hf_config.
+# Gemma 4's tower as Hugging Face transformers saves it (a Gemma4VisionModel folder of model_type gemma4_vision, or a
+# whole Gemma 4, model_type gemma4, whose language model is dropped and said): timm's weights under transformers' names,
+# the patch projection's columns in (y, x, channel) order as transformers' image processor flattens a patch. The config
+# decides what the weights cannot show (RoPE theta, RMSNorm eps, activation): check_hf_config.
 MODEL_TYPES = ("gemma4_vision", "gemma4")  # the tower alone; the whole model, whose vision_config is the tower's
 _DEFAULTS: dict[str, Any] = dict(  # Gemma4VisionConfig's (transformers 5.24), which config.json may leave out
     hidden_size=768, intermediate_size=3072, num_hidden_layers=16, num_attention_heads=12, num_key_value_heads=12,

@@ -26,9 +26,8 @@ class WeightsNotLoadedWarning(UserWarning):
 
 @dataclass(frozen=True)
 class LoadReport:
-    """What a vit_rope model took from a checkpoint, set as ``model.load_report`` by every load: ``source`` None when
-    timm read it, ``skipped`` checkpoint keys (a classifier that does not fit, ``pos_embed`` for a RoPE-only model), and
-    one line per kind of change ``converted`` on the way in."""
+    """What a model took from a checkpoint (``model.load_report``): ``source`` None when timm read it, ``skipped``
+    checkpoint keys (an unfit classifier, a RoPE-only model's ``pos_embed``), ``converted``: a line per change."""
 
     source: str | None
     loaded: tuple[str, ...]

@@ -45,10 +45,9 @@ _IGNORED = set("_name_or_path architectures chunk_size_feed_forward dtype torch_
 
 
 class Windowed(BlockInput):
-    """A windowed block's input: its encoding's projection (RoPE tables), attention within each query's window. An
-    image batch's windows are gathered into a batch of their own (``grid``: the patch grid; the bottom and right ones
-    padded, their padding keys masked by ``keys``); a NaFlex batch or a graph capture (``grid`` None) takes the window
-    ``mask``. Both are built once per forward, when first asked, and shared by the blocks."""
+    """A windowed block's input: attention within each query's window. An image batch's windows are gathered into a
+    batch of their own (edge ones padded, their padding keys masked by ``keys``); a NaFlex batch or a capture (``grid``
+    None) takes the window ``mask``. Both are built once per forward, when first asked, and shared by the blocks."""
 
     def __init__(self, inner: BlockInput, mask: Callable[[], Tensor], side: int, grid: tuple[int, int] | None,
                  keys: Callable[[], Tensor | None]) -> None:
@@ -101,9 +100,8 @@ torch.fx.wrap("window_bias")  # one call under FX (it reads the coordinates' ran
 
 
 class Qwen25VisionTransformer(Qwen3VisionTransformer):
-    """``Qwen3VisionTransformer`` with Qwen2.5-VL's windows of ``window_size`` px (transformers' config) in whole
-    merger blocks, in every block but ``fullatt_block_indexes``; no class or register tokens, no patch dropout: windows
-    are read off each token's grid position."""
+    """``Qwen3VisionTransformer`` with Qwen2.5-VL's windows (``window_size`` px, whole merger blocks) but in
+    ``fullatt_block_indexes``; no class or register tokens, no patch dropout: windows follow grid positions."""
 
     def __init__(self, window_size: int = 112, fullatt_block_indexes: Sequence[int] = (7, 15, 23, 31),
                  **kwargs: Any) -> None:

@@ -26,9 +26,8 @@ from vit_rope.models.pos_encoding import PositionEncodingMixin
 
 
 class RoPEVisionTransformer(NoTorchScript, PositionEncodingMixin, EmbeddingMixin, VisionTransformer):
-    """timm ``VisionTransformer`` whose attention layers use 2D RoPE, at any input size that is a multiple of the
-    patch size. The arguments beyond timm's are docs/models.md's, ``None`` the encoding kind's default;
-    ``pos_embed="learn"`` is RoPE-ViT's "+APE", on patch tokens only (``no_embed_class``, as DeiT-III's)."""
+    """timm ``VisionTransformer`` with 2D RoPE, at any multiple of the patch size; the other arguments are
+    docs/models.md's (``None``: the kind's default); ``pos_embed="learn"``: RoPE-ViT's "+APE", of patches only."""
 
     def __init__(
         self,
