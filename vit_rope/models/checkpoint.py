@@ -16,16 +16,7 @@ from torch import Tensor, nn
 
 from vit_rope.encodings.ape import fit_checkpoint_pos_embed
 from vit_rope.models.formats import convert_format, folder_format, weights_in
-from vit_rope.models.load_report import (
-    CLASSIFIER,
-    LAYERSCALE,
-    POS_EMBED,
-    ROPE_FREQS,
-    STRING,
-    LoadReport,
-    report,
-    warn_initialised,
-)
+from vit_rope.models.load_report import CLASSIFIER, LAYERSCALE, ROPE_FREQS, STRING, LoadReport, report, warn_initialised
 from vit_rope.models.pos_encoding import encoding_key
 from vit_rope.weights import ROPE_BUFFERS, read_weights, unwrap_state_dict, weights_mismatch
 
@@ -59,7 +50,7 @@ def _convert(state_dict: dict[str, Any], model: nn.Module
             out.update(_split_mixed_freqs(value, model))
             continue
         key = re.sub(r"\.gamma_([12])$", r".ls\1.gamma", encoding_key(key))  # EVA / DeiT-III naming of LayerScale
-        if key == POS_EMBED:
+        if key == "pos_embed":
             if getattr(model, "pos_embed", None) is None:
                 dropped = (key,)  # RoPE-only model: the absolute embedding is dropped, and the report says so
                 continue
