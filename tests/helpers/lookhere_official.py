@@ -4,8 +4,8 @@ From github.com/GreenCUBIC/lookhere (commit 641deab8c6610b6480a5c564a9a34a29bf93
 license below. Changes, none to the maths: the two files joined; scipy's pdist / squareform / cdist replaced by the
 same Euclidean distances in numpy (scipy is not a dependency here); the unused einops import dropped; what the
 tests never run left out: the plain ``Attention.forward`` and ``VisionTransformer.forward_features`` (LookHere
-overrides both), ``no_weight_decay``, tuple image sizes, and the 16-head layouts of ``create_lh_layer_tensor``. The
-code is otherwise as published.
+overrides both), ``no_weight_decay``, tuple image sizes, and of ``create_lh_layer_tensor`` the 16-head layouts and
+the direction sets no test builds (zero, noneNzeroM, zerocorners, zerotriangles). The code is otherwise as published.
 
 MIT License
 
@@ -345,10 +345,6 @@ def create_lh_bias_tensor(lh_config, grid_size, depth, num_heads):
 def create_lh_layer_tensor(grid_size, direction, num_heads, distance, fill_with):
     dir_short_hand = {
         "none": [[]] * 4,
-        "zero": [["zero"]] * 4,
-        "none1zero3": [[]] + [["zero"]] * 3,
-        "none2zero2": [[]] * 2 + [["zero"]] * 2,
-        "none3zero1": [[]] * 3 + [["zero"]],
         "center": [["center"]] * 4,
         "halves": [["up"], ["down"], ["left"], ["right"]],
         "corners": [
@@ -381,18 +377,6 @@ def create_lh_layer_tensor(grid_size, direction, num_heads, distance, fill_with)
             ["zero", "down"],
             ["zero", "left"],
             ["zero", "right"],
-        ],
-        "zerocorners": [
-            ["zero", "up", "left"],
-            ["zero", "up", "right"],
-            ["zero", "down", "left"],
-            ["zero", "down", "right"],
-        ],
-        "zerotriangles": [
-            ["zero", "tri_up"],
-            ["zero", "tri_down"],
-            ["zero", "tri_left"],
-            ["zero", "tri_right"],
         ],
     }
 
