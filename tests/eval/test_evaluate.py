@@ -1,7 +1,5 @@
-"""The evaluation harness: protocol, checkpoints (from a real train.py run too), timm models, policies, reports, errors.
-
-Everything runs on CPU with 2-block models on the 40x40 ImageFolder of ``conftest.py``.
-"""
+"""The evaluation harness: protocol, checkpoints (from a real train.py run too), timm models, policies, reports,
+errors."""
 
 from __future__ import annotations
 
