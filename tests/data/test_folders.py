@@ -91,7 +91,7 @@ def test_epoch_order_depends_only_on_seed_and_epoch(image_root: Path) -> None:
     assert first_targets(1) != first_targets(2)
 
 
-def test_data_dir_resolution(tmp_path: Path, monkeypatch) -> None:
+def test_data_dir_resolution_and_a_failed_download(tmp_path: Path, monkeypatch) -> None:
     assert folders.resolve_data_dir(str(tmp_path)) == tmp_path
     monkeypatch.setattr(folders, "REPO_ROOT", tmp_path / "repo")
     shared = tmp_path / "shared" / "data" / "imagenette"
@@ -113,15 +113,10 @@ def test_data_dir_resolution(tmp_path: Path, monkeypatch) -> None:
     assert folders.resolve_data_dir(None, "160px") == tmp_path / "cache" / "vit_rope" / "imagenette2-160"
     assert calls == [(tmp_path / "cache" / "vit_rope", split, "160px", True) for split in ("train", "val")]
 
-
-def test_failed_download_is_a_user_error(tmp_path: Path, monkeypatch) -> None:
-    monkeypatch.setattr(folders, "REPO_ROOT", tmp_path / "repo")
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
-
     def offline(*args, **kwargs):
         raise RuntimeError("network unreachable")
 
-    monkeypatch.setattr("torchvision.datasets.Imagenette", offline)
+    monkeypatch.setattr("torchvision.datasets.Imagenette", offline)  # a failed download is a user error
     with pytest.raises(UserError, match="could not download Imagenette.*pass --data-dir"):
         folders.resolve_data_dir(None)
 

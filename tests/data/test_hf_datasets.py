@@ -8,17 +8,12 @@ import logging
 from pathlib import Path
 
 import datasets
-import numpy as np
 import pytest
 
-from vit_rope.data.decoded import decode_image
+from helpers.training import pixels
 from vit_rope.data.folders import Images, find_images
 from vit_rope.data.splits import find_split
 from vit_rope.errors import UserError
-
-
-def pixels(samples: list) -> list[tuple[int, bytes]]:
-    return sorted((label, np.asarray(decode_image(source)).tobytes()) for source, label in samples)
 
 
 def dataset_of(root: Path) -> datasets.DatasetDict:

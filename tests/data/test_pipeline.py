@@ -6,32 +6,17 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 from PIL import Image
 from torch.utils.data import DistributedSampler
 
+from helpers.stores import make_store, same
 from vit_rope.data.augment import crop_resize
 from vit_rope.data.pipeline import BatchLoader, TensorStore
 from vit_rope.errors import UserError
 
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
-
-
-def make_store(n: int = 40, unreadable: tuple[int, ...] = (), seed: int = 0, value: int | None = None
-               ) -> tuple[TensorStore, list[np.ndarray]]:
-    """``n`` random images of 20-50 px per side (HWC uint8), targets = indices; ``unreadable`` have height 0."""
-    rng = np.random.default_rng(seed)
-    arrays = []
-    for index in range(n):
-        h, w = (0, 0) if index in unreadable else rng.integers(20, 51, 2)
-        arrays.append(np.full((h, w, 3), value, np.uint8) if value is not None
-                      else rng.integers(0, 256, (h, w, 3), dtype=np.uint8))
-    shapes = torch.tensor([a.shape[:2] for a in arrays], dtype=torch.long)
-    sizes = shapes.prod(1) * 3
-    data = torch.from_numpy(np.concatenate([a.reshape(-1) for a in arrays]))
-    return TensorStore(data, sizes.cumsum(0) - sizes, shapes, torch.arange(n)), arrays
 
 
 def loader(store: TensorStore, train: bool = True, **kwargs) -> BatchLoader:
@@ -40,20 +25,11 @@ def loader(store: TensorStore, train: bool = True, **kwargs) -> BatchLoader:
     return BatchLoader(store, **options)
 
 
-def epoch(loader: BatchLoader) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
-    return list(loader)
-
-
-def same(a: list, b: list) -> bool:
-    return len(a) == len(b) and all(torch.equal(x, y) for batch_a, batch_b in zip(a, b, strict=True)
-                                    for x, y in zip(batch_a, batch_b, strict=True))
-
-
 # ---- store and loader -----------------------------------------------------------------------------------------------
 
 
 def test_padding_of_a_smaller_image_does_not_leak_into_its_crops() -> None:
-    store, _ = make_store(2, seed=3)
+    store = make_store(2, seed=3)
     padded, heights, widths = store.gather(torch.tensor([0, 1]))
     small = int((heights * widths).argmin())
     alone, _, _ = store.gather(torch.tensor([small]))
@@ -63,14 +39,14 @@ def test_padding_of_a_smaller_image_does_not_leak_into_its_crops() -> None:
 
 
 def test_hflip_one_mirrors_hflip_zero_under_the_same_random_state() -> None:
-    store, _ = make_store()
-    plain, mirrored = (epoch(loader(store, hflip=p, color_jitter=0.4)) for p in (0.0, 1.0))
+    store = make_store()
+    plain, mirrored = (list(loader(store, hflip=p, color_jitter=0.4)) for p in (0.0, 1.0))
     for (a, ta, _), (b, tb, _) in zip(plain, mirrored, strict=True):
         assert torch.equal(ta, tb) and torch.allclose(a.flip(-1), b, atol=1e-5)
 
 
 def test_output_is_normalised_float_on_the_device_with_long_targets() -> None:
-    store, _ = make_store(value=128)
+    store = make_store(value=128)
     for train in (True, False):
         images, targets, skipped = next(iter(loader(store, train, color_jitter=0.0)))
         expected = ((128 / 255 - torch.tensor(MEAN)) / torch.tensor(STD))[None, :, None, None].expand(4, 3, 16, 16)
@@ -82,20 +58,20 @@ def test_output_is_normalised_float_on_the_device_with_long_targets() -> None:
 
 
 def test_training_epochs_are_reproducible_resumable_and_differ_between_epochs() -> None:
-    store, _ = make_store()
+    store = make_store()
     run = loader(store)
-    first, again = epoch(run), epoch(run)
+    first, again = list(run), list(run)
     run.set_epoch(1)
-    second = epoch(run)
+    second = list(run)
     resumed = loader(store)
     resumed.set_epoch(1)  # a run resumed at the start of epoch 1
-    assert len(first) == len(run) == 10 and same(first, again) and same(second, epoch(resumed))
+    assert len(first) == len(run) == 10 and same(first, again) and same(second, list(resumed))
     assert not any(torch.equal(a[0], b[0]) for a, b in zip(first, second, strict=True))
-    assert not same(first, epoch(loader(store, seed=1)))
+    assert not same(first, list(loader(store, seed=1)))
 
 
 def test_ranks_get_disjoint_distributed_sampler_shards_of_full_batches() -> None:
-    store, _ = make_store(41)
+    store = make_store(41)
     seen = []
     for rank in (0, 1):
         run = loader(store, rank=rank, world_size=2, batch_size=3)
@@ -105,40 +81,40 @@ def test_ranks_get_disjoint_distributed_sampler_shards_of_full_batches() -> None
         sampler.set_epoch(2)
         assert len(run) == 7 and targets == list(sampler)[:21]  # 21 per rank (padded), 7 full batches
         seen.append(set(targets))
-    run = loader(make_store(40)[0], world_size=2)
+    run = loader(make_store(40), world_size=2)
     shards = [set(torch.cat([t for _, t, _ in loader(run.store, rank=r, world_size=2)]).tolist()) for r in (0, 1)]
     assert not shards[0] & shards[1] and shards[0] | shards[1] == set(range(40))
 
 
 def test_validation_covers_every_image_once_across_ranks_with_the_last_partial_batch() -> None:
-    store, _ = make_store()
+    store = make_store()
     targets, sizes = [], []
     for rank in range(3):
         run = loader(store, train=False, rank=rank, world_size=3)
-        batches = epoch(run)
+        batches = list(run)
         assert len(batches) == len(run) and torch.equal(torch.cat([t for _, t, _ in batches]),
                                                         torch.arange(rank, 40, 3))
         targets += torch.cat([t for _, t, _ in batches]).tolist()
         sizes += [len(t) for _, t, _ in batches]
     assert sorted(targets) == list(range(40)) and sizes == [4, 4, 4, 2, 4, 4, 4, 1, 4, 4, 4, 1]
-    assert same(batches, epoch(run))  # no randomness
+    assert same(batches, list(run))  # no randomness
 
 
 def test_unreadable_images_are_replaced_by_the_next_readable_one_and_counted() -> None:
-    store, _ = make_store(unreadable=(3, 4, 39))
+    store = make_store(unreadable=(3, 4, 39))
     resolved, skips = store.resolve(torch.tensor([3, 4, 5, 39]))
     assert resolved.tolist() == [5, 5, 5, 0] and skips.tolist() == [2, 1, 0, 1]
-    batches = epoch(loader(store, train=False))
+    batches = list(loader(store, train=False))
     assert torch.cat([t for _, t, _ in batches]).tolist() == [0, 1, 2, 5, 5] + list(range(5, 39)) + [0]
     assert sum(int(s) for _, _, s in batches) == 4
-    train = epoch(loader(store))
+    train = list(loader(store))
     assert sum(int(s) for _, _, s in train) == 4 and 3 not in torch.cat([t for _, t, _ in train]).tolist()
     with pytest.raises(ValueError, match="resolve"):
         store.gather(torch.tensor([4]))
 
 
 def test_unreadable_images_are_named_by_their_file_in_the_warning(caplog: pytest.LogCaptureFixture) -> None:
-    store, _ = make_store(unreadable=(3, 4))
+    store = make_store(unreadable=(3, 4))
     named = TensorStore(store.data, store.offsets, store.shapes, store.targets, [f"/data/{i}.jpg" for i in range(40)])
     with caplog.at_level(logging.WARNING, logger="vit_rope.data.pipeline"):
         loader(named, train=False).make_batch(torch.tensor([2, 3, 4]), 16, None)
@@ -151,13 +127,13 @@ def test_unreadable_images_are_named_by_their_file_in_the_warning(caplog: pytest
 
 
 def test_a_store_of_unreadable_images_and_hue_jitter_are_errors_that_say_what_to_do() -> None:
-    store, _ = make_store(n=3)
+    store = make_store(n=3)
     undecoded = torch.zeros_like(store.shapes)  # height 0: an image that could not be decoded
     with pytest.raises(UserError, match=r"none of the 3 images of this split could be decoded \(the first: /d/0.jpg\): "
                                         "replace the corrupt files"):
         TensorStore(store.data, store.offsets, undecoded, store.targets, [f"/d/{i}.jpg" for i in range(3)])
     with pytest.raises(ValueError, match=r"color_jitter=\(0.4, 0.4, 0.4, 0.1\) asks for hue jitter.*pipeline=timm"):
-        loader(make_store()[0], color_jitter=(0.4, 0.4, 0.4, 0.1))
+        loader(make_store(), color_jitter=(0.4, 0.4, 0.4, 0.1))
 
 
 def test_the_loader_reads_only_the_store_never_a_file(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -168,20 +144,20 @@ def test_the_loader_reads_only_the_store_never_a_file(monkeypatch: pytest.Monkey
 
     monkeypatch.setattr(vit_rope.data.decoded, "decode_image", refuse)
     monkeypatch.setattr(Image, "open", refuse)
-    store, _ = make_store(unreadable=(7,))
-    assert len(epoch(loader(store))) == 10 and len(epoch(loader(store, train=False))) == 10
+    store = make_store(unreadable=(7,))
+    assert len(list(loader(store))) == 10 and len(list(loader(store, train=False))) == 10
 
 
 def test_a_memory_mapped_store_is_shared_not_copied(tmp_path: Path) -> None:
-    store, _ = make_store()
+    store = make_store()
     torch.save({"data": store.data, "offsets": store.offsets, "shapes": store.shapes}, tmp_path / "cache.pt")
     cache = torch.load(tmp_path / "cache.pt", mmap=True, weights_only=True)
     mapped = TensorStore(cache["data"], cache["offsets"], cache["shapes"], store.targets)
-    assert mapped.data.data_ptr() == cache["data"].data_ptr() and same(epoch(loader(store)), epoch(loader(mapped)))
+    assert mapped.data.data_ptr() == cache["data"].data_ptr() and same(list(loader(store)), list(loader(mapped)))
 
 
 def test_make_batch_takes_any_size_and_batch_length_per_call() -> None:
-    run = loader(make_store()[0])
+    run = loader(make_store())
     images, targets, _ = run.make_batch(torch.arange(7), 24, torch.Generator().manual_seed(0))
     assert images.shape == (7, 3, 24, 24) and targets.tolist() == list(range(7))
     assert "train" in run.describe() and "40 decoded images" in repr(run)
@@ -190,10 +166,10 @@ def test_make_batch_takes_any_size_and_batch_length_per_call() -> None:
 @pytest.mark.cuda
 @pytest.mark.parametrize("store_on_gpu", [False, True])
 def test_cuda_batches_match_cpu_batches(store_on_gpu: bool) -> None:
-    store, _ = make_store(unreadable=(2,))
+    store = make_store(unreadable=(2,))
     for train in (True, False):
-        cpu = epoch(loader(store, train))
-        gpu = epoch(loader(store.to("cuda") if store_on_gpu else store, train, device="cuda"))
+        cpu = list(loader(store, train))
+        gpu = list(loader(store.to("cuda") if store_on_gpu else store, train, device="cuda"))
         for (a, ta, sa), (b, tb, sb) in zip(cpu, gpu, strict=True):
             assert b.is_cuda and tb.is_cuda and torch.equal(ta, tb.cpu()) and torch.equal(sa, sb)
             assert torch.allclose(a, b.cpu(), atol=1e-3)

@@ -18,6 +18,7 @@ from PIL import Image
 from timm.data import create_dataset
 from torch.utils.data import DataLoader
 
+from helpers.training import pixels
 from vit_rope.data import shard_reader
 from vit_rope.data import shard_writer as shards
 from vit_rope.data.decoded import decode_image
@@ -38,11 +39,6 @@ def index_cache(tmp_path: Path, monkeypatch) -> Path:
     """Every test's shard index in its own cache, not the user's."""
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     return tmp_path / "cache" / "vit_rope" / "shard-index"
-
-
-def pixels(samples: list) -> list[tuple[int, bytes]]:
-    """Each sample as (label, RGB bytes), sorted: the split's content whatever its order."""
-    return sorted((label, np.asarray(decode_image(source)).tobytes()) for source, label in samples)
 
 
 def add_member(shard: Path, name: str, data: bytes) -> None:

@@ -7,10 +7,10 @@ from collections import Counter
 from pathlib import Path
 from types import SimpleNamespace
 
-import numpy as np
 import pytest
 import torch
 
+from helpers.stores import make_store, same
 from vit_rope.checks import check_multiple
 from vit_rope.data.pipeline import BatchLoader, TensorStore
 from vit_rope.data.sizes import SizeSchedule, budget_batch, budget_images, step_size
@@ -22,23 +22,8 @@ SIZES = (48, 64, 80, 96)
 CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs"
 
 
-def make_store(n: int = 40) -> tuple[TensorStore, None]:
-    """``n`` random images of 20-50 px per side, targets = indices."""
-    rng = np.random.default_rng(0)
-    arrays = [rng.integers(0, 256, (*rng.integers(20, 51, 2), 3), dtype=np.uint8) for _ in range(n)]
-    shapes = torch.tensor([a.shape[:2] for a in arrays], dtype=torch.long)
-    sizes = shapes.prod(1) * 3
-    data = torch.from_numpy(np.concatenate([a.reshape(-1) for a in arrays]))
-    return TensorStore(data, sizes.cumsum(0) - sizes, shapes, torch.arange(n)), None
-
-
 def loader(store: TensorStore, train: bool = True, **kwargs) -> BatchLoader:
     return BatchLoader(store, **({"batch_size": 4, "size": 16, "train": train, "scale": (0.35, 1.0)} | kwargs))
-
-
-def same(a: list, b: list) -> bool:
-    return len(a) == len(b) and all(torch.equal(x, y) for batch_a, batch_b in zip(a, b, strict=True)
-                                    for x, y in zip(batch_a, batch_b, strict=True))
 
 
 def test_step_size_is_a_function_of_seed_epoch_and_step_and_uniform() -> None:
@@ -78,7 +63,7 @@ def test_schedule_without_budget_keeps_the_batch_and_describes_itself() -> None:
 
 
 def test_scheduled_loader_varies_size_per_step_and_ranks_agree() -> None:
-    store, _ = make_store(40)
+    store = make_store(40)
     schedule = SizeSchedule((16, 24, 32), 24, 4, seed=5)
     runs = [loader(store, rank=rank, world_size=2, schedule=schedule) for rank in (0, 1)]
     for epoch in (0, 3):
@@ -97,7 +82,7 @@ def test_scheduled_loader_varies_size_per_step_and_ranks_agree() -> None:
 
 
 def test_scheduled_batches_walk_the_epoch_order_and_wrap_around() -> None:
-    store, _ = make_store(40)
+    store = make_store(40)
     run = loader(store, schedule=SizeSchedule((8, 16), 16, 4, seed=1))  # 16 images per step at 8 px
     run.set_epoch(2)
     batches = [indices for _, indices in run.steps.plan()]
@@ -111,7 +96,7 @@ def test_scheduled_batches_walk_the_epoch_order_and_wrap_around() -> None:
 
 
 def test_a_constant_schedule_gives_exactly_the_unscheduled_batches() -> None:
-    store, _ = make_store()
+    store = make_store()
     plain, constant = loader(store), loader(store, schedule=lambda epoch, step: (16, 4))
     for epoch in (0, 1):
         plain.set_epoch(epoch)

@@ -14,6 +14,7 @@ import torch
 from timm.data.distributed_sampler import RepeatAugSampler
 from torch.utils.data import DataLoader, DistributedSampler
 
+from helpers.stores import same
 from helpers.training import PER_IMAGE, indexed_loaders
 from vit_rope.data.pipeline import BatchLoader
 from vit_rope.data.sizes import SizeSchedule
@@ -29,11 +30,6 @@ def sampler(n: int = 40, batch_size: int = 4, schedule=None, rank: int = 0, worl
 def epoch(loader, number: int, start_step: int = 0) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
     loaders.set_epoch(loader, number, start_step)
     return list(loader)
-
-
-def same(a: list, b: list) -> bool:
-    return len(a) == len(b) and all(torch.equal(x, y) for batch_a, batch_b in zip(a, b, strict=True)
-                                    for x, y in zip(batch_a, batch_b, strict=True))
 
 
 def test_steps_follow_the_schedule_and_walk_the_epoch_order_wrapping_around() -> None:

@@ -85,7 +85,6 @@ def test_non_square_timm_vit_is_resampled_from_its_own_grid():
     torch.testing.assert_close(half.pos_embed, expected)
 
 
-
 @pytest.mark.parametrize("kwargs", [{}, {"no_embed_class": False, "reg_tokens": 2}])
 def test_set_input_size_resamples_the_table_that_the_encoding_reads(kwargs):
     """timm's ``set_input_size`` resamples ``pos_embed`` to the new grid, and the APE reads the table with that grid

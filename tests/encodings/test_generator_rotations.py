@@ -12,7 +12,7 @@ import torch
 
 from vit_rope.encodings.base import image_positions
 from vit_rope.encodings.generators import block_rotation
-from vit_rope.encodings.generators.axis_rotation import AxisRotations, axis_turns, rotate_axes
+from vit_rope.encodings.generators.axis_rotation import AxisRotations
 from vit_rope.encodings.generators.block_rotation import BlockRotations, rotate_blocks, rotate_qk
 from vit_rope.encodings.generators.comrope import ComRoPE
 from vit_rope.encodings.generators.liere import LieRE
@@ -166,6 +166,8 @@ def test_liere_is_the_exponential_of_its_generators_and_relative_only_where_they
 
         first, second = offset_maps(rot)
         assert (first - second).abs().max() > 1e-2  # free generators: the same offset, different maps
+        # so exp(y A_y) exp(x A_x) is not exp(x A_x + y A_y): LieRE's tables are never turned per axis, as ComRoPE's
+        assert isinstance(encoding.block_inputs(image_positions(encoding, 4, 4), 0)[0], BlockRotations)
         raw = encoding.generator_raw_params
         raw[1] = 2.0 * raw[0]  # A_y = 2 A_x: commuting generators
         first, second = offset_maps(encoding.tables(p, 0)[0, 0])
@@ -202,22 +204,6 @@ def test_comrope_turns_per_axis_equal_one_exponential_per_cell(kind: str, cls_po
     grads = [torch.autograd.grad(sum((a * b).sum() for a, b in zip(out, (k, q), strict=True)),
                                  encoding.parameters()) for out in (by_axes, expected)]
     torch.testing.assert_close(grads[0], grads[1], atol=1e-4, rtol=1e-4)
-
-
-def test_liere_generators_do_not_commute_so_its_tables_are_never_factored_by_axes():
-    """LieRE's generators need not commute: per axis, ``exp(y A_y) exp(x A_x)`` differs from ``exp(x A_x + y A_y)``,
-    which is why only ComRoPE is turned per axis."""
-    torch.manual_seed(0)
-    encoding = LieRE(1, 2, 16, (4, 4), generator_dim=4)
-    positions = image_positions(encoding, 4, 4)
-    assert isinstance(encoding.block_inputs(positions, 0)[0], BlockRotations)
-    q, k = torch.randn(2, 1, 2, 16, 16).unbind(0)
-    with torch.no_grad():
-        gens, cells = encoding.generators(), positions.coords.view(4, 4, 2)
-        turns = encoding.prefix_tables(gens, 0), *axis_turns((cells[0, :, 0], cells[:, 0, 1]), gens.unbind(2))
-        factored = rotate_axes(q, k, tuple(t[0] for t in turns))
-        per_cell = rotate_qk(q, k, encoding.tables(positions.coords, 0)[0])
-    assert (factored[0] - per_cell[0]).abs().max() > 1e-3
 
 
 def test_tables_without_autograd_are_built_a_chunk_of_tokens_at_a_time(monkeypatch):

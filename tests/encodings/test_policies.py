@@ -154,7 +154,8 @@ def test_augmentation_draw_statistics():
 
     rescaled = augment_positions(pos, n, CoordAugment(rescale=3.0), generator=g)
     torch.testing.assert_close(rescaled[:, 1, 0], rescaled[:, 2, 1])  # one scale shared by both axes
-    assert rescaled[:, 1, 0].log().abs().max() <= math.log(3.0) + 1e-6
+    log_scale = rescaled[:, 1, 0].log()  # log-uniform on [-ln 3, ln 3], as DINOv3 draws it
+    assert log_scale.abs().max() <= math.log(3.0) + 1e-6 and abs(log_scale.var() - math.log(3.0) ** 2 / 3) < 0.03
 
     noisy = augment_positions(pos, n, CoordAugment(subpixel=0.25), generator=g)
     assert (noisy - pos).abs().max() <= 0.25 and (noisy[:, 1] - noisy[:, 0]).std() > 0.05  # per patch

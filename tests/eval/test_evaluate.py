@@ -1,7 +1,5 @@
-"""The evaluation harness: protocol, checkpoints (from a real train.py run too), timm models, policies, reports, errors.
-
-Everything runs on CPU with 2-block models on the 40x40 ImageFolder of ``conftest.py``.
-"""
+"""The evaluation harness: protocol, checkpoints (from a real train.py run too), timm models, policies, reports,
+errors."""
 
 from __future__ import annotations
 
@@ -192,14 +190,22 @@ def test_bad_input(case: str, message: str, image_root: Path, checkpoint: Path, 
         assert err.rstrip().endswith("for an axial RoPE checkpoint pick vit_rope_tiny_patch16_axial_224")
 
 
-def test_evaluate_models_refuses_a_model_loaded_without_its_learned_frequencies(image_root: Path,
-                                                                                 tmp_path: Path) -> None:
-    """The Python API too: ``load_weights`` of an axial file into a mixed model, then ``evaluate_models``."""
+@pytest.mark.parametrize("kind, classes, warning, message", [
+    ("axial", 3, "", "has no learned RoPE frequencies"),
+    ("mixed", 5, "classifier of another size", r"does not give m its classifier \(classifier of another size: "
+                                               r"the checkpoint has 5 classes, the model 3\), so it would be evaluated "
+                                               "with a random one"),
+])
+def test_evaluate_models_refuses_a_model_its_file_did_not_fully_load(kind: str, classes: int, warning: str,
+                                                                     message: str, image_root: Path,
+                                                                     tmp_path: Path) -> None:
+    """The Python API too: ``load_weights`` of an axial file into a mixed model, or of another classifier size,
+    then ``evaluate_models``."""
     model = timm.create_model(ROPE, depth=2, num_classes=3)
-    axial = save_source("axial", tmp_path / "axial.pth", num_classes=3)
-    with pytest.warns(WeightsNotLoadedWarning):
-        vit_rope.load_weights(model, axial)
-    with pytest.raises(UserError, match=f"^{axial} has no learned RoPE frequencies"):
+    source = save_source(kind, tmp_path / f"{kind}.pth", num_classes=classes)
+    with pytest.warns(WeightsNotLoadedWarning, match=warning):
+        vit_rope.load_weights(model, source)
+    with pytest.raises(UserError, match=f"^{source} {message}"):
         evaluate.evaluate_models([EvalModel("m", model, 32)], image_root, [32], device="cpu", workers=0)
 
 
@@ -223,17 +229,6 @@ def test_val_split_defaults_to_the_checkpoints_and_can_be_chosen(image_root: Pat
     assert {row["model"] for row in results} == {f"{ROPE} (depth=2) ({test_run})", f"{ROPE} (depth=2) ({val_run})"}
 
 
-def test_evaluate_models_refuses_a_model_whose_classifier_was_not_loaded(image_root: Path, tmp_path: Path) -> None:
-    model = timm.create_model(ROPE, depth=2, num_classes=3)
-    five = save_source("mixed", tmp_path / "five.pth", num_classes=5)
-    with pytest.warns(WeightsNotLoadedWarning, match="classifier of another size"):
-        vit_rope.load_weights(model, five)
-    with pytest.raises(UserError, match=rf"^{five} does not give m its classifier \(classifier of another size: the "
-                                        r"checkpoint has 5 classes, the model 3\), so it would be evaluated with a "
-                                        "random one"):
-        evaluate.evaluate_models([EvalModel("m", model, 32)], image_root, [32], device="cpu", workers=0)
-
-
 def test_an_unreadable_val_image_is_left_out_not_counted_twice(image_root: Path, checkpoint: Path, capsys) -> None:
     """Its slot holds the next readable image, which is also evaluated in its own: the metrics are those of the
     readable images alone, as if the broken file were not there."""
@@ -253,20 +248,15 @@ def test_an_unreadable_val_image_is_left_out_not_counted_twice(image_root: Path,
         assert with_broken[metric] == pytest.approx(without[metric])
 
 
-def test_train_size_without_a_model_is_a_usage_error(checkpoint: Path, image_root: Path, capsys) -> None:
-    """--train-size builds --model models; a checkpoint keeps its run's size, so it alone would be ignored."""
+@pytest.mark.parametrize("option", [["--train-size", "64"], ["--model-kwargs", "depth=3"]])
+def test_model_options_without_a_model_are_a_usage_error(option: list[str], checkpoint: Path, image_root: Path,
+                                                          capsys) -> None:
+    """--train-size and --model-kwargs build --model models; a checkpoint is rebuilt with its run's size and
+    model_kwargs, so with it alone they would be ignored."""
     with pytest.raises(SystemExit) as exit_info:
-        run("--checkpoint", str(checkpoint), "--train-size", "64", "--data-dir", str(image_root))
+        run("--checkpoint", str(checkpoint), *option, "--data-dir", str(image_root))
     assert exit_info.value.code == 2
-    assert "--train-size goes with --model" in capsys.readouterr().err
-
-
-def test_model_kwargs_without_a_model_is_a_usage_error(checkpoint: Path, image_root: Path, capsys) -> None:
-    """A checkpoint is rebuilt with its run's model_kwargs: others given with it alone would be ignored."""
-    with pytest.raises(SystemExit) as exit_info:
-        run("--checkpoint", str(checkpoint), "--model-kwargs", "depth=3", "--data-dir", str(image_root))
-    assert exit_info.value.code == 2
-    assert "--model-kwargs goes with --model" in capsys.readouterr().err
+    assert f"{option[0]} goes with --model" in capsys.readouterr().err
 
 
 def test_without_img_sizes_each_model_is_evaluated_at_its_training_size(checkpoint: Path, image_root: Path,

@@ -1,9 +1,6 @@
 """Token budgets (vit_rope.eval.token_budget): timm's NaFlex eval transform keeps each image's aspect ratio within the
 budget, a budget batch gives the logits of its resized images run alone, square images at the token count of a size
-score as that size, and the command writes both protocols' rows or refuses bad budgets and models without NaFlex.
-
-CPU, 2-block models on the 40x40 ImageFolder of ``conftest.py``.
-"""
+score as that size, and the command writes both protocols' rows or refuses bad budgets and models without NaFlex."""
 
 from __future__ import annotations
 

@@ -1,9 +1,6 @@
 """Probes of a frozen backbone (``vit_rope.eval.probes``, ``vit_rope.eval.extraction``): DINO's weighted kNN and a
 linear probe, their maths on synthetic features, pooling over valid NaFlex tokens, one probe fitted at one size and
-evaluated at every size, the command on a backbone without a head, and each bad input refused before any forward.
-
-CPU, 1-2 block models on the 40x40 ImageFolder of ``conftest.py``.
-"""
+evaluated at every size, the command on a backbone without a head, and each bad input refused before any forward."""
 
 from __future__ import annotations
 

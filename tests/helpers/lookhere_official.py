@@ -2,8 +2,10 @@
 
 From github.com/GreenCUBIC/lookhere (commit 641deab8c6610b6480a5c564a9a34a29bf934574), files lookhere.py and vision_transformer.py, under the MIT
 license below. Changes, none to the maths: the two files joined; scipy's pdist / squareform / cdist replaced by the
-same Euclidean distances in numpy (scipy is not a dependency here); the unused einops import dropped; the
-code is otherwise as published.
+same Euclidean distances in numpy (scipy is not a dependency here); the unused einops import dropped; what the
+tests never run left out: the plain ``Attention.forward`` and ``VisionTransformer.forward_features`` (LookHere
+overrides both), ``no_weight_decay``, tuple image sizes, and of ``create_lh_layer_tensor`` the 16-head layouts and
+the direction sets no test builds (zero, noneNzeroM, zerocorners, zerotriangles). The code is otherwise as published.
 
 MIT License
 
@@ -46,27 +48,6 @@ class Attention(nn.Module):
 
         self.qkv = nn.Linear(dim, dim * 3, bias=qkv_bias)
         self.proj = nn.Linear(dim, dim)
-
-    def forward(self, x):
-        B, N, C = x.shape
-        qkv = (
-            self.qkv(x)
-            .reshape(B, N, 3, self.num_heads, self.head_dim)
-            .permute(2, 0, 3, 1, 4)
-        )
-        q, k, v = qkv.unbind(0)
-
-        if self.use_scaled_dot:
-            x = F.scaled_dot_product_attention(q, k, v)
-        else:
-            q = q * self.scale
-            attn = q @ k.transpose(-2, -1)
-            attn = attn.softmax(dim=-1)
-            x = attn @ v
-
-        x = x.transpose(1, 2).reshape(B, N, C)
-        x = self.proj(x)
-        return x
 
 
 class LayerScale(nn.Module):
@@ -149,10 +130,6 @@ class VisionTransformer(nn.Module):
         if type(img_size) is int:
             assert img_size % patch_size == 0, "img size be divisible by patch size"
             self.grid_size = (img_size // patch_size, img_size // patch_size)
-        elif type(img_size) is tuple and len(img_size) == 2:
-            assert img_size[0] % patch_size == 0, "img size be divisible by patch size"
-            assert img_size[1] % patch_size == 0, "img size be divisible by patch size"
-            self.grid_size = (img_size[0] // patch_size, img_size[1] // patch_size)
 
         self.patch_embed = PatchEmbed(
             img_size=None, patch_size=patch_size, in_chans=in_chans, embed_dim=embed_dim
@@ -192,10 +169,6 @@ class VisionTransformer(nn.Module):
         torch.nn.init.constant_(self.head.fc2.weight, 0)  # Set weights to 0
         torch.nn.init.constant_(self.head.fc2.bias, -6.9)  # Set biases to -6.9
 
-    @torch.jit.ignore
-    def no_weight_decay(self):
-        return {"pos_embed", "cls_token"}
-
     def _init_weights(self, m):
         if isinstance(m, nn.Linear):
             trunc_normal_(m.weight, std=0.02)
@@ -208,14 +181,6 @@ class VisionTransformer(nn.Module):
     def turn_off_scaled_dot(self):
         for block in self.blocks:
             block.attn.use_scaled_dot = False
-
-    def forward_features(self, x):
-        x = self.patch_embed(x)
-        x = x + self.pos_embed
-        x = torch.cat((self.cls_token.expand(x.shape[0], -1, -1), x), dim=1)
-        x = self.blocks(x)
-        x = self.norm(x)
-        return x
 
     def forward_head(self, x):
         return self.head(x[:, 0])
@@ -380,10 +345,6 @@ def create_lh_bias_tensor(lh_config, grid_size, depth, num_heads):
 def create_lh_layer_tensor(grid_size, direction, num_heads, distance, fill_with):
     dir_short_hand = {
         "none": [[]] * 4,
-        "zero": [["zero"]] * 4,
-        "none1zero3": [[]] + [["zero"]] * 3,
-        "none2zero2": [[]] * 2 + [["zero"]] * 2,
-        "none3zero1": [[]] * 3 + [["zero"]],
         "center": [["center"]] * 4,
         "halves": [["up"], ["down"], ["left"], ["right"]],
         "corners": [
@@ -417,18 +378,6 @@ def create_lh_layer_tensor(grid_size, direction, num_heads, distance, fill_with)
             ["zero", "left"],
             ["zero", "right"],
         ],
-        "zerocorners": [
-            ["zero", "up", "left"],
-            ["zero", "up", "right"],
-            ["zero", "down", "left"],
-            ["zero", "down", "right"],
-        ],
-        "zerotriangles": [
-            ["zero", "tri_up"],
-            ["zero", "tri_down"],
-            ["zero", "tri_left"],
-            ["zero", "tri_right"],
-        ],
     }
 
     # get configs
@@ -445,18 +394,9 @@ def create_lh_layer_tensor(grid_size, direction, num_heads, distance, fill_with)
     elif len(sh) == 2 and num_heads == 12:
         head_names = [sh[0]] * 8 + [sh[1]] * 4
         head_directions = dirs[0] * 2 + dirs[1]
-    elif len(sh) == 2 and num_heads == 16:
-        head_names = [sh[0]] * 8 + [sh[1]] * 8
-        head_directions = dirs[0] * 2 + dirs[1] * 2
     elif len(sh) == 3 and num_heads == 12:
         head_names = [sh[0]] * 4 + [sh[1]] * 4 + [sh[2]] * 4
         head_directions = dirs[0] + dirs[1] + dirs[2]
-    elif len(sh) == 3 and num_heads == 16:
-        head_names = [sh[0]] * 8 + [sh[1]] * 4 + [sh[2]] * 4
-        head_directions = dirs[0] * 2 + dirs[1] + dirs[2]
-    elif len(sh) == 4 and num_heads == 16:
-        head_names = [sh[0]] * 4 + [sh[1]] * 4 + [sh[2]] * 4 + [sh[3]] * 4
-        head_directions = dirs[0] + dirs[1] + dirs[2] + dirs[3]
 
     # calculate slopes
     head_slopes = []

@@ -1,5 +1,6 @@
-"""Training runs of a tiny ViT on a generated ImageFolder: the folder, the arguments of a fast CPU run, the loaders
-train.py builds from them, and what a run wrote (metrics, weights), with a way to kill a run mid-epoch."""
+"""Training runs of a tiny ViT on a generated ImageFolder: the folder (and a split's pixels, to compare a copy of it),
+the arguments of a fast CPU run, the loaders train.py builds from them, and what a run wrote (metrics, weights), with
+a way to kill a run mid-epoch."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from timm.data import resolve_data_config
 
 import vit_rope  # noqa: F401  (registers the vit_rope_* models)
 from vit_rope.data import folders
+from vit_rope.data.decoded import decode_image
 from vit_rope.train import engine, loaders
 from vit_rope.train.command_line import build_config
 
@@ -48,6 +50,11 @@ def write_image_folder(root: Path, train_per_class: int = 8, val_per_class: int 
                 else:
                     image.save(folder / f"{index}.{('png', 'jpg')[index % 2]}")
     return root
+
+
+def pixels(samples: list) -> list[tuple[int, bytes]]:
+    """Each sample as (label, RGB bytes), sorted: a split's content whatever its order or the files' format."""
+    return sorted((label, np.asarray(decode_image(source)).tobytes()) for source, label in samples)
 
 
 def tiny_args(data_dir: Path, output: Path, *extra: str) -> list[str]:

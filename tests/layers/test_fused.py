@@ -169,22 +169,30 @@ def test_projection_node_equals_linear_then_reference(backend, device, autocast,
         torch.testing.assert_close(fast.float() / scale, ref.float() / scale, atol=tol, rtol=tol)
 
 
-def test_projection_with_hooks_calls_the_linear():
-    """Hooks (or a Linear subclass) see the projection as it is: the Linear is called, then the rotation follows, with
-    the reference's values and gradient."""
+def test_a_hooked_projection_calls_the_linear_so_its_hooks_see_its_output_and_gradient():
+    """Hooks (or a Linear subclass) see the projection as it is: the Linear is called, so its forward and backward
+    hooks, or a hook for every module, run and see its output and gradient, as without RoPE; the rotation then follows,
+    with the reference's values and gradient."""
     _, freqs, positions = inputs("mixed", 1, False, torch.float32, "cpu")
     module, reference = Projection(fused=True), Projection(fused=False)
     reference.load_state_dict(module.state_dict())
-    seen = []
+    seen, called = [], []
     module.qkv.register_forward_hook(lambda _module, _args, output: seen.append(output.shape))
+    module.qkv.register_full_backward_hook(lambda _module, _grad_in, grad_out: seen.append(grad_out[0].shape))
     x = torch.randn(B, N + 1, 5, requires_grad=True)
     cos, sin = rope_tables(rope_angles(positions, freqs), 1, 1.3)
     out = project_rotate_qk(module.qkv, x, NH, cos, sin)
-    assert seen == [(B, N + 1, 3 * NH * D)]
     expected, weights = reference(x, freqs, positions), torch.randn(3, B, NH, N + 1, D)
     torch.testing.assert_close(out.permute(2, 0, 3, 1, 4), expected)
     grads = [torch.autograd.grad((qkv * weights).sum(), x)[0] for qkv in (out.permute(2, 0, 3, 1, 4), expected)]
     torch.testing.assert_close(grads[0], grads[1])
+    assert seen == [(B, N + 1, 3 * NH * D)] * 2  # the output, then the gradient arriving at it
+    handle = torch.nn.modules.module.register_module_forward_hook(lambda module, args, out: called.append(module))
+    try:
+        project_rotate_qk(module.qkv, x, NH, cos, sin).sum().backward()
+    finally:
+        handle.remove()
+    assert called == [module.qkv]
 
 
 def test_unknown_backend_is_refused():
@@ -379,22 +387,3 @@ def test_triton_masks_the_padding_of_a_head_dim_off_a_power_of_two(head_dim):
     for triton_result, torch_result in zip(results[1], results[0], strict=True):  # gradients: sums in another order
         scale = torch_result.abs().max()
         torch.testing.assert_close(triton_result / scale, torch_result / scale, atol=1e-5, rtol=1e-5)
-
-
-def test_a_hooked_projection_is_called_so_its_backward_hooks_see_its_gradient():
-    """The fused projection and rotation replaces the Linear's call: a Linear with a backward hook, or any hook for
-    every module, is called as it is, so the hook runs and sees the gradient, as without RoPE."""
-    linear = torch.nn.Linear(D * NH, 3 * D * NH)
-    x = torch.randn(2, 5, D * NH, requires_grad=True)
-    cos, sin = torch.ones(1, 5, D // 2), torch.zeros(1, 5, D // 2)
-    seen = []
-    handle = linear.register_full_backward_hook(lambda module, grad_in, grad_out: seen.append(grad_out[0].shape))
-    project_rotate_qk(linear, x, NH, cos, sin).sum().backward()
-    handle.remove()
-    assert seen == [torch.Size([2, 5, 3 * D * NH])]
-    handle = torch.nn.modules.module.register_module_forward_hook(lambda module, args, out: seen.append(module))
-    try:
-        project_rotate_qk(linear, x, NH, cos, sin).sum().backward()
-    finally:
-        handle.remove()
-    assert seen[-1] is linear
