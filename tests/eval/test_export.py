@@ -1,8 +1,9 @@
 """ONNX export: one file, exported once at 64x64, serves other batches and sizes (non-square too) as eager does.
 
-Each model variant (mixed, mixed + APE, axial + APE + registers, DINOv3) is exported once per module; 2-block tiny
-models with LayerScale at 1, so that attention and RoPE visibly shape the output. The command line is run from a timm
-model name (plain axial) and from a ``train.py`` checkpoint (``helpers.evaluation.write_checkpoint``).
+Each model variant (mixed + APE, axial + APE + registers, DINOv3) is exported once per module; 1-block tiny models
+with LayerScale at 1, so that attention and RoPE visibly shape the output (a second block would trace the same ops
+again). The command line is run from a timm model name (plain axial) and from a ``train.py`` checkpoint
+(``helpers.evaluation.write_checkpoint``, plain mixed under a policy).
 """
 
 from __future__ import annotations
@@ -18,27 +19,20 @@ import pytest
 import torch
 
 from helpers.evaluation import write_checkpoint
-from helpers.models import tiny
+from helpers.models import onnx_session, tiny
 from vit_rope.eval import onnx as export
 from vit_rope.eval.loading import load_trained
 
 EXPORT_SIZE = (64, 64)
 SIZES = [(64, 64), (96, 48), (128, 80)]  # the export size, non-square, larger than the export in both sides
 VARIANTS = {
-    # plain axial: the command-line export of a --model below
-    "mixed": ("vit_rope_tiny_patch16_mixed_224", {}),
+    # plain axial: the command-line export of a --model below; plain mixed: the checkpoint's
     "mixed_ape": ("vit_rope_tiny_patch16_mixed_ape_224", {}),
     "axial_ape_registers": ("vit_rope_tiny_patch16_axial_ape_224", {"reg_tokens": 2}),
     # DINOv3: normalised coordinates, 4 registers, SwiGLU, qkv bias (narrowed to tiny's width for speed)
     "dinov3": ("vit_rope_small_plus_patch16_dinov3_qkvb", {"embed_dim": 192, "num_heads": 3}),
 }
 ATOL = 1e-4
-
-
-def session(path: Path) -> onnxruntime.InferenceSession:
-    options = onnxruntime.SessionOptions()
-    options.intra_op_num_threads = 1
-    return onnxruntime.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
 
 
 def images(batch: int, h: int, w: int) -> torch.Tensor:
@@ -58,9 +52,9 @@ def eager(model: torch.nn.Module, x: torch.Tensor) -> np.ndarray:
 def exported(request, tmp_path_factory):
     """(model, export result, ONNX Runtime session, model.training right after the export) for one variant."""
     name, kwargs = VARIANTS[request.param]
-    model = tiny(name, **kwargs)
+    model = tiny(name, depth=1, **kwargs)
     result = export.export_onnx(model, tmp_path_factory.mktemp(request.param) / "model.onnx", img_size=EXPORT_SIZE)
-    return model, result, session(result.path), model.training
+    return model, result, onnx_session(result.path), model.training
 
 
 @pytest.mark.parametrize("batch", [1, 3])
@@ -93,7 +87,7 @@ def test_export_result_and_graph(exported) -> None:
 
 def test_export_program_runs_at_other_sizes() -> None:
     """The torch.export program (before ONNX) takes other batches and sizes and matches eager."""
-    model = tiny("vit_rope_tiny_patch16_mixed_224")
+    model = tiny("vit_rope_tiny_patch16_mixed_224", depth=1)
     program = export.export_program(model, EXPORT_SIZE, batch_size=2).module()
     for batch, (h, w) in [(1, (96, 48)), (3, (128, 80))]:
         x = images(batch, h, w)
@@ -109,7 +103,7 @@ def test_cli_from_model_name(tmp_path: Path, capsys) -> None:
     assert str(out) in printed and "MiB" in printed
     diffs = {shape: float(diff) for shape, diff in re.findall(r"(\d+ x \d+x\d+) images: .* = (\S+)", printed)}
     assert set(diffs) == {"2 x 48x32", "3 x 64x32"} and max(diffs.values()) < ATOL
-    assert run_onnx(session(out), images(1, 80, 64)).shape == (1, 4)
+    assert run_onnx(onnx_session(out), images(1, 80, 64)).shape == (1, 4)
 
 
 @pytest.mark.parametrize("policy", ["interpolate", "yarn"])
@@ -125,7 +119,7 @@ def test_cli_from_checkpoint_with_policy(tmp_path: Path, capsys, policy: str) ->
     x = images(3, 80, 48)
     extrapolated = eager(model, x)
     model.set_resolution_policy(policy)
-    expected, got = eager(model, x), run_onnx(session(out), x)
+    expected, got = eager(model, x), run_onnx(onnx_session(out), x)
     assert np.abs(expected - extrapolated).max() > 1e-3
     np.testing.assert_allclose(got, expected, rtol=0, atol=ATOL)
 

@@ -11,10 +11,11 @@ import torch
 import vit_rope  # noqa: F401  (registers the vit_rope_* models)
 
 
-def tiny(name: str, **kwargs) -> torch.nn.Module:
-    """A 2-block, 5-class model with LayerScale at 1 (1e-5 by default would make every block nearly the identity)."""
+def tiny(name: str, depth: int = 2, **kwargs) -> torch.nn.Module:
+    """A ``depth``-block, 5-class model with LayerScale at 1 (1e-5 by default would make every block nearly the
+    identity)."""
     torch.manual_seed(0)
-    model = timm.create_model(name, depth=2, num_classes=5, **kwargs)
+    model = timm.create_model(name, depth=depth, num_classes=5, **kwargs)
     for key, param in model.named_parameters():
         if key.endswith(".gamma"):
             param.data.fill_(1.0)

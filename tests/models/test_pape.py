@@ -129,7 +129,7 @@ def test_fx_feature_extraction_matches_eager(tracer: str):
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_onnx_export_at_two_sizes_matches_eager(kind: str, tmp_path):
-    assert_onnx_matches_eager(build(kind), tmp_path)
+    assert_onnx_matches_eager(build(kind, depth=1), tmp_path)  # a second block would trace the same ops again
 
 
 def test_bad_options_and_policies_are_errors_that_say_what_fits():

@@ -37,9 +37,9 @@ FAMILIES = {  # family -> (smallest twin, width cuts): depth 2, every block kind
 PREFIX = {"eva02": 1, "pe_core": 1, "pe_spatial": 1, "sbb": 4, "sapiens2": 9, "lingbot": 5, "deepseek": 0}
 
 
-def build(family: str, depth: int = 2) -> torch.nn.Module:
+def build(family: str, depth: int = 2, **overrides) -> torch.nn.Module:
     name, kwargs = FAMILIES[family]
-    model = timm.create_model(name, depth=depth, **kwargs)
+    model = timm.create_model(name, depth=depth, **{**kwargs, **overrides})
     randomize_(model)
     return model.eval()
 
@@ -86,9 +86,14 @@ def test_pe_offset_comes_before_the_policy_scaling_against_the_reference_grid(po
     assert (cos[:, 0] == 1).all() and (sin[:, 0] == 0).all()  # the class token stays unrotated
 
 
-@pytest.mark.parametrize("family", ["eva02", "sbb", "pe_spatial", "lingbot", "deepseek"])
-def test_twin_exports_to_onnx_with_dynamic_height_and_width(family, tmp_path):
-    model = build(family, depth=1)
+# one export per code path: pe_spatial's offset is pe_core's; lingbot is DINOv3 (tests/eval/test_export.py); the
+# DeepSeek classifier's trunk is its encoder twin's (tests/models/test_deepseek_vit.py)
+@pytest.mark.parametrize("family, kwargs", [("eva02", {}), ("sbb", {}), ("pe_core", {}),
+                                            ("sapiens2", dict(num_kv_heads=3))])
+def test_twin_exports_to_onnx_with_dynamic_height_and_width(family, kwargs, tmp_path):
+    """Packed SwiGLU and APE with a class row; registers without class token; RoPE offset, reference grid and
+    attention pool; grouped-query attention (3 key / value heads for 6) and DINOv3's RoPE."""
+    model = build(family, depth=1, **kwargs)
     patch = patch_of(model)
     result = export_onnx(model, tmp_path / f"{family}.onnx", img_size=(4 * patch, 3 * patch))
     assert list(result.diffs) == [(2, 4 * patch, 3 * patch), (3, 6 * patch, 3 * patch)]  # two sizes, one file
