@@ -1,10 +1,8 @@
-"""A Python that has imported torch, timm and vit_rope once and forks a child per command, in place of a new
-interpreter per command: on a busy 2-core CPU the imports alone take 10-20 s, more than most of the GPU check's tiny
-steps take to run. The test starts it with ``start`` and runs commands through ``execute``, which has the signature
-of ``gpu_check.execute``.
-
-Why a server and not a fork of the test's process: a child forked after autograd's worker threads started (any earlier
-test's backward) cannot run a backward of its own (see ``helpers.ddp``), and pytest's state would come along.
+"""The CPU run's commands forked from one Python that has imported torch, timm and vit_rope, in place of a new
+interpreter per command: on a busy 2-core CPU the imports alone take 10-20 s, more than most tiny steps take to run.
+``gpu_check`` starts it (``start``) for ``--device cpu`` and runs through it (``execute``) every command whose step has
+no environment of its own (the compiled step's is read when torch is imported, so that step gets a new interpreter).
+A GPU run never uses it: there each command is the new process it would be by hand.
 """
 
 from __future__ import annotations
@@ -24,8 +22,8 @@ from typing import IO
 
 def start(env: dict[str, str], cwd: Path) -> subprocess.Popen:
     """The server, with the commands' environment (PYTHONPATH included) and working directory."""
-    return subprocess.Popen([sys.executable, __file__], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-                            env=env, cwd=cwd)
+    return subprocess.Popen([sys.executable, "-m", "gpucheck.prestarted"], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True, env=env, cwd=cwd)
 
 
 def execute(server: subprocess.Popen, command: list[str], log: IO[str], seconds: float) -> int | None:

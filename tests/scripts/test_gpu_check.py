@@ -14,7 +14,6 @@ import pytest
 from gpucheck import preflight, steps
 from PIL import Image
 
-from helpers import prestarted
 from helpers.training import REPO, write_image_folder
 from vit_rope._requires import TIMM_MIN
 
@@ -29,22 +28,9 @@ def tarball_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
-@pytest.fixture(scope="module")
-def server():
-    """One interpreter with torch imported for both suites' commands (helpers.prestarted)."""
-    server = prestarted.start(gpu_check.child_env({}), REPO)
-    yield server
-    server.stdin.close()
-    server.wait()
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("suite", ["check", "bench"])
-def test_every_step_runs_at_tiny_sizes_on_the_cpu_and_the_summary_comes_last(tarball_folder, tmp_path, capsys,
-                                                                              monkeypatch, server, suite):
-    real = gpu_check.execute  # for a step with an environment of its own (torch reads it at import): compiled's
-    monkeypatch.setattr(gpu_check, "execute", lambda command, log, seconds, env: real(command, log, seconds, env)
-                        if env else prestarted.execute(server, command, log, seconds))
+def test_every_step_runs_at_tiny_sizes_on_the_cpu_and_the_summary_comes_last(tarball_folder, tmp_path, capsys, suite):
     out = tmp_path / "out"
     assert gpu_check.main(["--suite", suite, "--device", "cpu", "--data-dir", str(tarball_folder),
                            "--output", str(out)]) == 0
