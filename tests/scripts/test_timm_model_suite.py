@@ -42,9 +42,9 @@ def test_the_release_is_unpacked_once_and_its_vit_rope_tests_run(tmp_path: Path,
     monkeypatch.chdir(tmp_path)
     tests = timm_model_suite.timm_tests(Path("output"))
     assert (tests / "test_models.py").read_text() == STAND_IN
-    report = tmp_path / "report.xml"
     assert timm_model_suite.main(["--out", "output", "--match", "registered or matched", "--", "--junitxml",
-                                  str(report)]) == 1  # pytest's: a test failed
-    ran = {case.get("name"): case.find("failure") is None for case in ElementTree.parse(report).iter("testcase")}
+                                  "report.xml"]) == 1  # pytest's: a test failed; the report in the release's folder
+    report = ElementTree.parse(tests.parent / "report.xml")
+    ran = {case.get("name"): case.find("failure") is None for case in report.iter("testcase")}
     assert ran == {"test_vit_rope_models_are_registered_before_collection": True,
                    "test_vit_rope_matched_failure_is_the_exit_status": False}
