@@ -50,8 +50,7 @@ def test_each_change_is_set_against_the_other_studys_and_the_difference_is_read_
 def test_no_table_until_an_arm_of_a_pair_is_evaluated_and_only_at_crops_the_other_has(tmp_path):
     there = make_study(tmp_path / "there", {"ape": (60.0, 61.0, 58.0), "mixed": (62.0, 58.0, 54.0)})
     without = make_study(tmp_path / "without", {"ape": (50.0, 51.0, 48.0)})  # arm "mixed" not evaluated yet
-    section = study.write_study(without, pairs=[paired.Pair("mixed", goal.Control("other", there, "mixed"))],
-                                plots=False)
+    section = study.write_study(without, pairs=pairs(there)[:1], plots=False)  # the pair of arm mixed
     assert "Against the same model" not in section
     here = make_study(tmp_path / "here", {"ape": (50.0, 51.0, 48.0), "mixed": (52.0, 42.0, 32.0)})
     shutil.copytree(here / "eval", here / "eval_crop0.875")
