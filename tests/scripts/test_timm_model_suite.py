@@ -13,13 +13,10 @@ import timm_model_suite
 
 STAND_IN = '''
 import timm
-
 def test_vit_rope_models_are_registered_before_collection():
     assert "vit_rope_tiny_patch16_mixed_224" in timm.list_models("vit_rope_*")
-
 def test_vit_rope_matched_failure_is_the_exit_status():
     raise AssertionError("selected by --match: pytest's exit status is the script's")
-
 def test_vit_rope_other(): pass  # left out by --match
 def test_vit_rope_pretrained_matched(): pass  # left out: a hub test
 def test_resnet_matched(): pass  # left out: not a vit_rope test
