@@ -5,10 +5,10 @@ difference between seeds.
     python scripts/data_sources_demo.py [--data-dir DIR] [--seeds 0 1] [--out output/sources] [key=value ...]
 
 Writes the shards (``python -m vit_rope.shards``) and the dataset (``datasets``' ``imagefolder``, saved to disk) under
-``--out`` unless they are there, trains ``configs/imagenette_cpu.yaml`` once per source and seed (finished runs are
-kept, so a rerun resumes; ``key=value`` overrides go to every run), then prints the last epoch's top-1 of every run
-and writes them with each source's mean and seed range to ``results/imagenette/data_sources/summary.json``. About
-9 min a run on a 2-core CPU.
+``--out`` unless they are there, trains ``configs/imagenette_cpu.yaml`` once per source and seed through
+``train.main`` in this process (finished runs are kept, so a rerun resumes; ``key=value`` overrides go to every run),
+then prints the last epoch's top-1 of every run and writes them with each source's mean and seed range to
+``results/imagenette/data_sources/summary.json``. About 9 min a run on a 2-core CPU.
 """
 
 from __future__ import annotations
@@ -17,7 +17,6 @@ import argparse
 import csv
 import json
 import statistics
-import subprocess
 import sys
 from pathlib import Path
 
@@ -25,6 +24,7 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+import train  # noqa: E402  (each run in this process: torch and timm imported once, not once per run)
 from vit_rope.data.folders import resolve_data_dir  # noqa: E402
 from vit_rope.data.shard_writer import write_shards  # noqa: E402
 from vit_rope.eval.report import table  # noqa: E402
@@ -72,8 +72,10 @@ def main(argv: list[str] | None = None) -> int:
             run = args.out / f"{name}_s{seed}"
             if last_top1(run) is None:
                 resume = ["--resume", str(run / "last.pth")] if (run / "last.pth").exists() else []
-                subprocess.run([sys.executable, str(ROOT / "train.py"), "-c", str(ROOT / CONFIG), "--output",
-                                str(run), f"seed={seed}", *settings, *args.overrides, *resume], check=True)
+                code = train.main(["-c", str(ROOT / CONFIG), "--output", str(run), f"seed={seed}", *settings,
+                                   *args.overrides, *resume])
+                if code:  # train.py has said why
+                    return code
             top1[name][seed] = last_top1(run)
     summary = {"config": CONFIG, "overrides": args.overrides, "seeds": args.seeds, "top1": top1,
                "mean": {name: statistics.mean(runs.values()) for name, runs in top1.items()},

@@ -25,7 +25,7 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO), str(REPO / "scripts")]  # the checkout runs as it is: no install step
-from gpucheck import preflight  # noqa: E402  (imports torch only; vit_rope after the timm check)
+from gpucheck import preflight, prestarted  # noqa: E402  (torch only; vit_rope after the timm check)
 
 
 def child_env(extra: dict[str, str]) -> dict[str, str]:
@@ -52,8 +52,9 @@ def last_line(path: Path) -> str:
     return lines[-1][:200] if lines else ""
 
 
-def run_step(step: Any, run: Any) -> dict[str, Any]:
-    """One step's commands in turn until one fails, then its judgement of what they wrote."""
+def run_step(step: Any, run: Any, server: subprocess.Popen | None = None) -> dict[str, Any]:
+    """One step's commands in turn until one fails, then its judgement of what they wrote; through ``server``
+    (``gpucheck.prestarted``) where there is one and the step needs no environment of its own."""
     log_path = run.out / "logs" / f"{step.name}.log"
     start = time.monotonic()
     status, detail = "PASS", ""
@@ -63,7 +64,9 @@ def run_step(step: Any, run: Any) -> dict[str, Any]:
             log.write("$ " + " ".join(command) + "\n")
             log.flush()
             env = dict(step.tiny_env) if run.tiny else {}
-            code = execute(command, log, start + step.seconds - time.monotonic(), env)
+            seconds = start + step.seconds - time.monotonic()
+            code = prestarted.execute(server, command, log, seconds) if server and not env else execute(
+                command, log, seconds, env)
             if code != 0:
                 status = "FAIL"
                 detail = f"over its {step.seconds} s limit" if code is None else f"exit {code}: {last_line(log_path)}"
@@ -112,7 +115,13 @@ def main(argv: list[str] | None = None) -> int:
     (out / "logs").mkdir(parents=True, exist_ok=True)
     run = steps.Run(python=sys.executable, device=args.device, data=data.resolve(), out=out)
     start = time.monotonic()
-    done = [run_step(step, run) for step in chosen]
+    server = prestarted.start(child_env({}), REPO) if run.tiny else None  # tiny: imports once, not per command
+    try:
+        done = [run_step(step, run, server) for step in chosen]
+    finally:
+        if server:
+            server.stdin.close()
+            server.wait()
     result = {"suite": args.suite, "device": args.device, "machine": summary.machine(),
               "minutes": (time.monotonic() - start) / 60, "steps": done}
     summary.save(result, out)

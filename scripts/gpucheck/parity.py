@@ -39,7 +39,9 @@ MODELS: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
     "vit_rope_eva02_tiny_patch14_224": ({}, {"depth": 1, "img_size": 56}),  # EVA-02
     "vit_rope_pe_core_tiny_patch16_384": ({}, {"depth": 1, "img_size": 64}),  # Perception Encoder
     "vit_rope_medium_patch16_reg1_gap_256": ({}, {"depth": 1, "img_size": 64}),  # timm's SBB RoPE ViTs
-    "vit_rope_base_patch16_sapiens2": ({"img_size": (512, 384)}, {"img_size": (64, 48)}),  # Sapiens2 (per-block heads)
+    # Sapiens2: key / value heads per block, so one block takes one count (all 12, as the base's outer blocks have)
+    "vit_rope_base_patch16_sapiens2": ({"img_size": (512, 384)},
+                                       {"depth": 1, "num_kv_heads": 12, "img_size": (64, 48)}),
     "vit_rope_small_patch16_lingbot": ({}, {"depth": 1, "img_size": 64}),  # LingBot-Vision
     "vit_rope_qwen3_vit_88m_merge": ({}, {"depth": 1, "img_size": 64}),  # Qwen3-VL's ViT with its patch merger
     "swin_rope_mixed_tiny_patch4_window7_224": ({}, {"depths": (1, 1), "num_heads": (3, 6), "img_size": 112}),

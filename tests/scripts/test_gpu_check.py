@@ -57,16 +57,13 @@ def refusal(capsys, argv: list[str]) -> str:
     return err
 
 
-def test_no_gpu_is_one_line_unless_the_cpu_is_asked_for(monkeypatch, capsys, tarball_folder):
-    monkeypatch.setattr(preflight, "find_gpu", lambda: None)
+@pytest.mark.parametrize(("gpu", "named"), [(None, ("no CUDA GPU", "DEVICE=cpu")),  # unless the CPU is asked for
+                                            (preflight.Gpu("Tesla V100-SXM2-16GB", (7, 0), False),
+                                             ("Tesla V100-SXM2-16GB (compute capability 7.0) has no bf16", "8.0"))])
+def test_no_gpu_or_one_without_bf16_is_one_line_with_the_fix(monkeypatch, capsys, tarball_folder, gpu, named):
+    monkeypatch.setattr(preflight, "find_gpu", lambda: gpu)
     err = refusal(capsys, ["--data-dir", str(tarball_folder)])
-    assert "no CUDA GPU" in err and "DEVICE=cpu" in err
-
-
-def test_a_gpu_without_bf16_is_named(monkeypatch, capsys, tarball_folder):
-    monkeypatch.setattr(preflight, "find_gpu", lambda: preflight.Gpu("Tesla V100-SXM2-16GB", (7, 0), False))
-    err = refusal(capsys, ["--data-dir", str(tarball_folder)])
-    assert "Tesla V100-SXM2-16GB (compute capability 7.0) has no bf16" in err and "8.0" in err
+    assert all(part in err for part in named), err
 
 
 @pytest.mark.parametrize("case", ["none", "missing", "file", "no_splits"])

@@ -36,7 +36,7 @@ def test_verdict_applies_the_goal_per_arm(tmp_path):
 
 def test_verdict_from_one_seed_says_so(tmp_path):
     """A study read while its second seeds train: a one-seed "range" is a point, so no verdict is final yet."""
-    section = study.write_study(make_v2(tmp_path / "results", seeds=(0,)))
+    section = study.write_study(make_v2(tmp_path / "results", seeds=(0,)), plots=False)
     assert section.startswith("5 training runs (5 models x 1 seed) on test cpu")
     verdict = section.split("**Does RoPE hold", 1)[1]
     assert "| HOLDS | 55.00 | 54.50 (-0.5) | 52.00 (-3.0) | +9.5 (1 seed) | +12.0 (1 seed) | " \
@@ -71,7 +71,7 @@ def test_v3_goal_holds_at_1_43x_to_1_71x_and_a_second_crop_gets_its_own_verdict(
         (root / "eval_crop0.875" / arm).mkdir(parents=True)
         (root / "eval_crop0.875" / arm / "results.json").write_text(json.dumps({"protocol": "crop 0.875",
                                                                                  "results": rows}))
-    section = study.write_study(root, goal=goal.Goal(hold=(1.43, 1.71), beat=(None,)))
+    section = study.write_study(root, goal=goal.Goal(hold=(1.43, 1.71), beat=(None,)), plots=False)
     main, crop_part = section.split("**At crop 0.875**", 1)
     assert "Goal: as trained, within 1 point of the training-size top-1 at 1.43x and at 1.71x, and above the APE " \
         "model of the same recipe at the largest size with every seed" in main
@@ -102,14 +102,14 @@ def test_a_control_of_another_study_must_be_beaten_too(tmp_path):
     """v4's goal names v3's APE beside its own: an arm above its same-recipe APE but under the control is no."""
     root = make_v2(tmp_path / "results")
     strong = goal.Control("the other APE", make_control(tmp_path / "strong", (60.0, 58.0, 57.0)), "ape")
-    section = study.write_study(root, controls=[strong])
+    section = study.write_study(root, controls=[strong], plots=False)
     assert "and above the APE model of the same recipe and the other APE at 2x and at the largest size" in section
     assert "| minus APE of the same recipe at 2x | at 160 | minus the other APE at 2x | at 160 | goal met |" in section
     # HOLDS: 55.00 / 52.50 against the control's 58.50 / 57.50 (seeds 58-59, 57-58)
     holds = section.split("**Does RoPE hold", 1)[1].split("| HOLDS |", 1)[1].split("\n", 1)[0]
     assert holds.endswith("| +9.5 (apart) | +12.0 (apart) | -3.5 (below) | -5.0 (below) | no |")
     weak = goal.Control("the other APE", make_control(tmp_path / "weak", (40.0, 30.0, 20.0)), "ape")
-    section = study.write_study(root, controls=[weak])
+    section = study.write_study(root, controls=[weak], plots=False)
     holds = section.split("**Does RoPE hold", 1)[1].split("| HOLDS |", 1)[1].split("\n", 1)[0]
     assert holds.endswith("| +24.5 (apart) | +32.0 (apart) | yes |")
 
@@ -120,7 +120,7 @@ def test_a_control_is_read_at_each_crop_only_where_it_was_evaluated(tmp_path):
     for path in (root / "eval_crop0.875").rglob("results.json"):
         path.write_text(json.dumps({**json.loads(path.read_text()), "protocol": "crop 0.875"}))
     control = goal.Control("the other APE", make_control(tmp_path / "other", (40.0, 30.0, 20.0)), "ape")
-    main, crop = study.write_study(root, controls=[control]).split("**At crop 0.875**", 1)
+    main, crop = study.write_study(root, controls=[control], plots=False).split("**At crop 0.875**", 1)
     assert "minus the other APE" in main and "minus the other APE" not in crop  # the other study has no second crop
 
 
@@ -128,9 +128,9 @@ def test_a_control_of_another_protocol_or_never_evaluated_is_an_error(tmp_path):
     root = make_v2(tmp_path / "results")
     other = make_control(tmp_path / "other", (40.0, 30.0, 20.0), protocol="crop 0.875")
     with pytest.raises(ValueError, match="the control 'x' was evaluated as 'crop 0.875', this study as 'crop 1.0'"):
-        study.write_study(root, controls=[goal.Control("x", other, "ape")])
+        study.write_study(root, controls=[goal.Control("x", other, "ape")], plots=False)
     with pytest.raises(ValueError, match=r"holds no evaluated run of arm 'mixed', the control 'x'"):
-        study.write_study(root, controls=[goal.Control("x", other, "mixed")])
+        study.write_study(root, controls=[goal.Control("x", other, "mixed")], plots=False)
 
 
 def test_the_headline_counts_seeds_per_model_when_one_model_has_fewer(tmp_path):
@@ -138,6 +138,6 @@ def test_the_headline_counts_seeds_per_model_when_one_model_has_fewer(tmp_path):
     results = make_v2(tmp_path / "results")
     runs = json.loads((results / "runs.json").read_text())
     (results / "runs.json").write_text(json.dumps([run for run in runs if run["name"] != "under_s1"]))
-    section = study.write_study(results)
+    section = study.write_study(results, plots=False)
     assert section.startswith("9 training runs (5 models, 1 to 2 seeds each) on test cpu")
     assert "| UNDER | 52.00 |" in section.split("**Does RoPE hold", 1)[1]  # its one seed, no range

@@ -31,7 +31,7 @@ def test_write_study_updates_the_readme_section_only(tmp_path):
     root = make_v1(tmp_path / "results")
     readme = tmp_path / "README.md"
     readme.write_text(f"intro\n{study.study_begin(root)}\nstale table\n{study.STUDY_END}\nreading\n")
-    section = study.write_study(root, readme)
+    section = study.write_study(root, readme, plots=False)
     text = readme.read_text()
     assert text.startswith("intro\n") and text.endswith(f"{study.STUDY_END}\nreading\n")
     assert "stale table" not in text and section in text
@@ -51,7 +51,7 @@ def test_write_study_leaves_other_study_sections_alone(tmp_path):
     other = study.study_begin(tmp_path / "elsewhere")
     readme = tmp_path / "README.md"
     readme.write_text(f"{other}\nkeep me\n{study.STUDY_END}\n{study.study_begin(root)}\nold\n{study.STUDY_END}\n")
-    study.write_study(root, readme)
+    study.write_study(root, readme, plots=False)
     text = readme.read_text()
     assert f"{other}\nkeep me\n{study.STUDY_END}\n" in text and "\nold\n" not in text
 
@@ -61,7 +61,7 @@ def test_write_study_needs_the_readme_markers(tmp_path):
     readme = tmp_path / "README.md"
     readme.write_text("no markers\n")
     with pytest.raises(ValueError, match="no study section"):
-        study.write_study(root, readme)
+        study.write_study(root, readme, plots=False)
 
 
 def test_evaluations_must_share_a_protocol(tmp_path):
@@ -69,7 +69,7 @@ def test_evaluations_must_share_a_protocol(tmp_path):
     path = root / "eval" / "ape" / "results.json"
     path.write_text(json.dumps({**json.loads(path.read_text()), "protocol": "crop 0.875"}))
     with pytest.raises(ValueError, match="different protocols"):
-        study.write_study(root)
+        study.write_study(root, plots=False)
 
 
 def test_an_arm_trained_on_normalised_coordinates_is_read_under_its_own_policy(tmp_path):
@@ -89,7 +89,7 @@ def test_an_arm_trained_on_normalised_coordinates_is_read_under_its_own_policy(t
             for policy, high in (("normalized", 60.0), ("extrapolate", 20.0)):
                 rows += [result(label, policy, 64, 60.0 + bump), result(label, policy, 128, high + bump)]
     root = write_runs(tmp_path / "results", runs, {"ape": rows[:4], "dinov3": rows[4:]})
-    section = study.write_study(root, goal=goal.Goal(hold=(2.0,), beat=(2.0,)))
+    section = study.write_study(root, goal=goal.Goal(hold=(2.0,), beat=(2.0,)), plots=False)
     as_trained = section.split("**Positions as trained**")[1].split("**Every resolution policy**")[0]
     assert "| DINOv3 RoPE | normalized | **60.25 ± 0.2** | 60.25 ± 0.2 |" in as_trained
     assert "| DINOv3 RoPE | extrapolate |" not in as_trained
