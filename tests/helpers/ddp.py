@@ -1,11 +1,16 @@
-"""DDP ranks for the tests: 2 gloo ranks on the CPU, each with torchrun's environment, forked from a new interpreter."""
+"""DDP ranks for the tests: 2 gloo ranks on the CPU, each with torchrun's environment, forked from a fork server (an
+interpreter that imported torch, timm and train.py once for this pytest process and runs nothing itself)."""
 
 from __future__ import annotations
 
+import importlib
+import json
 import os
+import select
 import socket
 import subprocess
 import sys
+import traceback
 from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
@@ -15,6 +20,9 @@ import torch
 from torch.distributed import distributed_c10d
 
 WORLD = 2
+TIMEOUT_S = 600  # a rank stuck outside a collective fails the test after this, not never
+
+_server: subprocess.Popen | None = None
 
 
 def free_port() -> int:
@@ -24,7 +32,11 @@ def free_port() -> int:
 
 
 def _rank_main(rank: int, job: Callable[..., Any], args: tuple, out: Path) -> None:
-    """One rank: torchrun's environment, then ``job(*args)``; what it returns is saved for the test to read."""
+    """One rank: torchrun's environment, its output in ``out/rank{rank}.log`` (the test reads what each rank
+    printed), then ``job(*args)``; what it returns is saved for the test to read."""
+    log = os.open(out / f"rank{rank}.log", os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+    os.dup2(log, 1)
+    os.dup2(log, 2)
     os.environ.update(MASTER_ADDR="127.0.0.1", RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(WORLD),
                       LOCAL_WORLD_SIZE=str(WORLD), OMP_NUM_THREADS="1")
     torch.set_num_threads(1)
@@ -32,27 +44,60 @@ def _rank_main(rank: int, job: Callable[..., Any], args: tuple, out: Path) -> No
     torch.save(job(rank, *args), out / f"rank{rank}.pt")
 
 
+def serve() -> None:
+    """The fork server's loop: for each folder named on stdin, fork ``WORLD`` ranks running the job saved there, and
+    answer one JSON line, ``{"error": null}`` or the failing rank's traceback."""
+    import torch.multiprocessing as mp
+
+    import train  # noqa: F401  (imported once here, not in every rank)
+
+    reply = os.fdopen(os.dup(1), "w")
+    os.dup2(2, 1)  # what an import prints cannot corrupt the replies
+    for line in sys.stdin:
+        out = Path(line.strip())
+        try:
+            module, name, args = torch.load(out / "job.pt", weights_only=False)
+            job = getattr(importlib.import_module(module), name)
+            mp.start_processes(_rank_main, args=(job, args, out), nprocs=WORLD, start_method="fork")
+            error = None
+        except Exception:  # the test reports it
+            error = traceback.format_exc()
+        reply.write(json.dumps({"error": error}) + "\n")
+        reply.flush()
+
+
+def _fork_server() -> subprocess.Popen:
+    global _server
+    if _server is None or _server.poll() is not None:
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+        _server = subprocess.Popen([sys.executable, "-c", "from helpers.ddp import serve; serve()"], env=env,
+                                   stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    return _server
+
+
 def run_ranks(job: Callable[..., Any], out: Path, *args: Any) -> list[Any]:
-    """``job(rank, *args)`` in ``WORLD`` processes forked, as under ``torchrun``, from a new interpreter that imports
-    ``job``'s module (a module-level function), whose loader workers fork in turn.
+    """``job(rank, *args)`` in ``WORLD`` processes forked, as under ``torchrun``, from the fork server, which imports
+    ``job``'s module (a module-level function); their loader workers fork in turn. What rank r printed is in
+    ``out/rank{r}.log``.
 
     Why not fork this process: once some test has started autograd's worker threads here, a forked child's backward
     fails ("Unable to handle autograd's threading in combination with fork-based multiprocessing"), so whether a DDP
-    test passed would depend on which tests the process ran before it."""
+    test passed would depend on which tests the process ran before it. Why not a new interpreter per call: importing
+    torch, timm and train.py again took seconds a test."""
     torch.save((job.__module__, job.__name__, args), out / "job.pt")
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
-    subprocess.run([sys.executable, "-c", _FORK_RANKS, str(out)], env=env, check=True, timeout=600)
+    server = _fork_server()
+    server.stdin.write(f"{out}\n")
+    server.stdin.flush()
+    if not select.select([server.stdout], [], [], TIMEOUT_S)[0]:
+        server.kill()
+        raise TimeoutError(f"the DDP ranks of {job.__name__} did not finish in {TIMEOUT_S} s; their output is in "
+                           f"{out}/rank*.log")
+    line = server.stdout.readline()
+    if not line:
+        raise AssertionError(f"the DDP fork server exited ({server.wait()}) while running {job.__name__}")
+    error = json.loads(line)["error"]
+    if error is not None:
+        logs = "".join(f"\n--- rank {r} ---\n{(out / f'rank{r}.log').read_text()[-3000:]}" for r in range(WORLD)
+                       if (out / f"rank{r}.log").exists())
+        raise AssertionError(f"a DDP rank of {job.__name__} failed:\n{error}{logs}")
     return [torch.load(out / f"rank{rank}.pt", weights_only=False) for rank in range(WORLD)]
-
-
-_FORK_RANKS = """
-import importlib, sys
-from pathlib import Path
-import torch
-import torch.multiprocessing as mp
-from helpers.ddp import WORLD, _rank_main
-out = Path(sys.argv[1])
-module, name, args = torch.load(out / "job.pt", weights_only=False)
-mp.start_processes(_rank_main, args=(getattr(importlib.import_module(module), name), args, out), nprocs=WORLD,
-                   start_method="fork")
-"""
