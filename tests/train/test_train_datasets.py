@@ -154,7 +154,8 @@ def test_settings_that_do_not_fit_the_data_are_refused_before_training(shard_dir
 def test_two_nodes_with_the_same_rendezvous_arguments_train_one_run_from_shards(shard_dir: Path,
                                                                                 tmp_path: Path) -> None:
     """Two torchrun launches, as on two machines (one process each here), with the same c10d rendezvous arguments:
-    they meet, train as ranks 0 and 1 of 2, and only rank 0 writes."""
+    they meet, train as ranks 0 and 1 of 2, and only rank 0 writes and prints. The suite's one real torchrun launch
+    (the README's way to train on several processes); test_train's DDP test forks its ranks."""
     out, port = tmp_path / "run", free_port()
     command = [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", "--nproc_per_node=1", "--rdzv_id=test",
                "--rdzv_backend=c10d", f"--rdzv_endpoint=127.0.0.1:{port}", "train.py",
@@ -166,8 +167,11 @@ def test_two_nodes_with_the_same_rendezvous_arguments_train_one_run_from_shards(
     assert [node.returncode for node in nodes] == [0, 0], results[0][1][-3000:] + results[1][1][-3000:]
     printed = results[0][0] + results[1][0]
     assert printed.count("on 2 x cpu") == 1 and printed.count("epoch 1/1") == 1  # rank 0 of 2 alone speaks
-    assert len(torch.load(out / "last.pth", weights_only=True)["rng"]) == 2
+    assert printed.count("data pipeline: timm (") == 1
+    assert len(torch.load(out / "last.pth", weights_only=True)["rng"]) == 2  # one RNG state per rank
     assert sorted(p.name for p in out.iterdir()) == ["best.pth", "config.yaml", "last.pth", "metrics.csv"]
+    assert build_config(out / "config.yaml").epochs == 1
+    assert [row["sizes"] for row in metrics(out)] == ["32:2"]  # 12 images per rank in batches of 6
 
 
 def test_a_dataset_in_the_folders_order_trains_to_the_folders_weights(image_root: Path, dataset_dir: Path,
