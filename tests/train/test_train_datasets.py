@@ -109,18 +109,19 @@ def test_a_run_on_shards_killed_mid_epoch_resumes_to_the_same_weights(shard_dir:
 
 def _ddp_runs(rank: int, shard_dir: Path, out: Path, ports: list[int]) -> list[int]:
     """On every rank: the train split's indices this rank reads in epoch 1, then train.py uninterrupted, killed
-    mid-epoch and resumed, with two loader workers each."""
+    mid-epoch and resumed, with two loader workers each and every source of randomness on."""
     samples = [find_split(shard_dir, "wds", split)[0] for split in ("train", "val")]
     steps = loaders.build_loaders(build_config(None, ["batch_size=4", "workers=0"]), *samples, DATA_CONFIG, rank,
                                   WORLD)[0].batch_sampler
     indices = [index for step in steps for index, _, _ in step]
+    # 12 images per rank in steps of 4 at 48 px: 3 steps per epoch, a checkpoint after step 2
     args = (*source_args("wds", shard_dir, shard_dir), "--img-size", "48", "--batch-size", "4", "workers=2",
-            "checkpoint_interval=2",
-            "train_sizes=[32, 48]", "mixup=0.8", "drop_path=0.1", "model_ema=true")
+            "checkpoint_interval=2", "train_sizes=[32, 48]", "mixup=0.8", "cutmix=1.0",
+            "auto_augment=rand-m9-mstd0.5-inc1", "reprob=0.25", "drop_path=0.1", "model_ema=true", "warmup_epochs=1")
     os.environ["MASTER_PORT"] = str(ports[0])
     assert train.main(tiny_args(out, out / "straight", *args)) == 0
     os.environ["MASTER_PORT"] = str(ports[1])
-    real, engine.Progress.update = engine.Progress.update, killed_at(2, 2)
+    real, engine.Progress.update = engine.Progress.update, killed_at(2, 3)  # after the step-2 checkpoint of epoch 2
     with pytest.raises(KeyboardInterrupt):
         train.main(tiny_args(out, out / "resumed", *args))
     engine.Progress.update = real
@@ -134,6 +135,9 @@ def test_ddp_ranks_read_disjoint_halves_of_the_shards_and_resume_exactly(shard_d
     assert not set(indices[0]) & set(indices[1])  # 24 images, 2 ranks x 3 steps of 4: every image once
     assert sorted(indices[0] + indices[1]) == list(range(24))
     assert_same_weights(tmp_path / "straight", tmp_path / "resumed")
+    assert len(torch.load(tmp_path / "resumed" / "last.pth", weights_only=True)["rng"]) == WORLD
+    assert [row["train_loss"] for row in metrics(tmp_path / "straight")] == [
+        row["train_loss"] for row in metrics(tmp_path / "resumed")]
 
 
 @pytest.mark.parametrize("overrides, message", [
