@@ -1,8 +1,8 @@
 """``train.py`` and ``vit_rope.evaluate`` on WebDataset shards and on a Hugging Face dataset (``dataset`` setting):
-every pipeline trains from them, a run killed mid-epoch resumes to the weights of an uninterrupted one (one process
-and two DDP ranks with loader workers), the checkpoint's dataset is what evaluation reads by default, and settings
-that do not fit are refused before any data is read; two torchrun launches with the same rendezvous arguments, as on
-two machines, train one run."""
+every pipeline trains from them, a run killed mid-epoch resumes to the weights of an uninterrupted one (one process,
+and two DDP ranks with loader workers whose uninterrupted run checkpoints its blocks), the checkpoint's dataset is
+what evaluation reads by default, and settings that do not fit are refused before any data is read; two torchrun
+launches with the same rendezvous arguments, as on two machines, train one run."""
 
 from __future__ import annotations
 
@@ -108,8 +108,9 @@ def test_a_run_on_shards_killed_mid_epoch_resumes_to_the_same_weights(shard_dir:
 
 
 def _ddp_runs(rank: int, shard_dir: Path, out: Path, ports: list[int]) -> list[int]:
-    """On every rank: the train split's indices this rank reads in epoch 1, then train.py uninterrupted, killed
-    mid-epoch and resumed, with two loader workers each and every source of randomness on."""
+    """On every rank: the train split's indices this rank reads in epoch 1, then train.py uninterrupted with
+    grad_checkpointing (its recomputation replays drop-path's draws), killed mid-epoch and resumed without, with two
+    loader workers each and every source of randomness on: the same weights prove both."""
     samples = [find_split(shard_dir, "wds", split)[0] for split in ("train", "val")]
     steps = loaders.build_loaders(build_config(None, ["batch_size=4", "workers=0"]), *samples, DATA_CONFIG, rank,
                                   WORLD)[0].batch_sampler
@@ -119,7 +120,7 @@ def _ddp_runs(rank: int, shard_dir: Path, out: Path, ports: list[int]) -> list[i
             "checkpoint_interval=2", "train_sizes=[32, 48]", "mixup=0.8", "cutmix=1.0",
             "auto_augment=rand-m9-mstd0.5-inc1", "reprob=0.25", "drop_path=0.1", "model_ema=true", "warmup_epochs=1")
     os.environ["MASTER_PORT"] = str(ports[0])
-    assert train.main(tiny_args(out, out / "straight", *args)) == 0
+    assert train.main(tiny_args(out, out / "straight", *args, "grad_checkpointing=true")) == 0
     os.environ["MASTER_PORT"] = str(ports[1])
     real, engine.Progress.update = engine.Progress.update, killed_at(2, 3)  # after the step-2 checkpoint of epoch 2
     with pytest.raises(KeyboardInterrupt):
@@ -130,7 +131,8 @@ def _ddp_runs(rank: int, shard_dir: Path, out: Path, ports: list[int]) -> list[i
     return indices
 
 
-def test_ddp_ranks_read_disjoint_halves_of_the_shards_and_resume_exactly(shard_dir: Path, tmp_path: Path) -> None:
+def test_ddp_ranks_split_the_shards_and_resume_to_a_grad_checkpointed_runs_weights(shard_dir: Path,
+                                                                                   tmp_path: Path) -> None:
     indices = run_ranks(_ddp_runs, tmp_path, shard_dir, tmp_path, [free_port() for _ in range(3)])
     assert not set(indices[0]) & set(indices[1])  # 24 images, 2 ranks x 3 steps of 4: every image once
     assert sorted(indices[0] + indices[1]) == list(range(24))
