@@ -4,7 +4,6 @@ interpreter that imported torch, timm and train.py once for this pytest process 
 from __future__ import annotations
 
 import importlib
-import json
 import os
 import select
 import socket
@@ -32,8 +31,8 @@ def free_port() -> int:
 
 
 def _rank_main(rank: int, job: Callable[..., Any], args: tuple, out: Path) -> None:
-    """One rank: torchrun's environment, its output in ``out/rank{rank}.log`` (the test reads what each rank
-    printed), then ``job(*args)``; what it returns is saved for the test to read."""
+    """One rank: torchrun's environment, its output in ``out/rank{rank}.log`` (quoted if a rank fails), then
+    ``job(*args)``; what it returns is saved for the test to read."""
     log = os.open(out / f"rank{rank}.log", os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
     os.dup2(log, 1)
     os.dup2(log, 2)
@@ -46,7 +45,7 @@ def _rank_main(rank: int, job: Callable[..., Any], args: tuple, out: Path) -> No
 
 def serve() -> None:
     """The fork server's loop: for each folder named on stdin, fork ``WORLD`` ranks running the job saved there, and
-    answer one JSON line, ``{"error": null}`` or the failing rank's traceback."""
+    answer a line when they are done (after writing the failing rank's traceback to ``error.txt`` if one failed)."""
     import torch.multiprocessing as mp
 
     import train  # noqa: F401  (imported once here, not in every rank)
@@ -59,20 +58,10 @@ def serve() -> None:
             module, name, args = torch.load(out / "job.pt", weights_only=False)
             job = getattr(importlib.import_module(module), name)
             mp.start_processes(_rank_main, args=(job, args, out), nprocs=WORLD, start_method="fork")
-            error = None
         except Exception:  # the test reports it
-            error = traceback.format_exc()
-        reply.write(json.dumps({"error": error}) + "\n")
+            (out / "error.txt").write_text(traceback.format_exc())
+        reply.write("done\n")
         reply.flush()
-
-
-def _fork_server() -> subprocess.Popen:
-    global _server
-    if _server is None or _server.poll() is not None:
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
-        _server = subprocess.Popen([sys.executable, "-c", "from helpers.ddp import serve; serve()"], env=env,
-                                   stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-    return _server
 
 
 def run_ranks(job: Callable[..., Any], out: Path, *args: Any) -> list[Any]:
@@ -84,20 +73,20 @@ def run_ranks(job: Callable[..., Any], out: Path, *args: Any) -> list[Any]:
     fails ("Unable to handle autograd's threading in combination with fork-based multiprocessing"), so whether a DDP
     test passed would depend on which tests the process ran before it. Why not a new interpreter per call: importing
     torch, timm and train.py again took seconds a test."""
+    global _server
     torch.save((job.__module__, job.__name__, args), out / "job.pt")
-    server = _fork_server()
-    server.stdin.write(f"{out}\n")
-    server.stdin.flush()
-    if not select.select([server.stdout], [], [], TIMEOUT_S)[0]:
-        server.kill()
-        raise TimeoutError(f"the DDP ranks of {job.__name__} did not finish in {TIMEOUT_S} s; their output is in "
-                           f"{out}/rank*.log")
-    line = server.stdout.readline()
-    if not line:
-        raise AssertionError(f"the DDP fork server exited ({server.wait()}) while running {job.__name__}")
-    error = json.loads(line)["error"]
-    if error is not None:
+    if _server is None or _server.poll() is not None:
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+        _server = subprocess.Popen([sys.executable, "-c", "from helpers.ddp import serve; serve()"], env=env,
+                                   stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    _server.stdin.write(f"{out}\n")
+    _server.stdin.flush()
+    if not select.select([_server.stdout], [], [], TIMEOUT_S)[0] or not _server.stdout.readline():
+        _server.kill()
+        raise AssertionError(f"the DDP ranks of {job.__name__} did not finish in {TIMEOUT_S} s or their fork server "
+                             f"died; what they printed is in {out}/rank*.log")
+    if (out / "error.txt").exists():
         logs = "".join(f"\n--- rank {r} ---\n{(out / f'rank{r}.log').read_text()[-3000:]}" for r in range(WORLD)
                        if (out / f"rank{r}.log").exists())
-        raise AssertionError(f"a DDP rank of {job.__name__} failed:\n{error}{logs}")
+        raise AssertionError(f"a DDP rank of {job.__name__} failed:\n{(out / 'error.txt').read_text()}{logs}")
     return [torch.load(out / f"rank{rank}.pt", weights_only=False) for rank in range(WORLD)]
