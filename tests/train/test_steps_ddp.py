@@ -1,7 +1,6 @@
 """The per-image pipeline with ``train_sizes`` under DDP: 2 gloo ranks on the CPU (``torch.multiprocessing``), 2 loader
 workers each. The ranks must agree on every step's size and batch length without talking, take disjoint shards of
-the data, refuse to start when their size settings differ, and resume mid-epoch to the weights of a run that was
-never interrupted."""
+the data and refuse to start when their size settings differ (a DDP run resumed mid-epoch: test_train_datasets)."""
 
 from __future__ import annotations
 
@@ -9,15 +8,12 @@ import os
 from pathlib import Path
 from typing import Any
 
-import pytest
-import torch
 import torch.distributed as dist
 
-import train
 from helpers.ddp import WORLD, free_port, run_ranks
-from helpers.training import PER_IMAGE, assert_same_weights, indexed_loaders, killed_at, metrics, tiny_args
+from helpers.training import PER_IMAGE, indexed_loaders
 from vit_rope.errors import UserError
-from vit_rope.train import engine, loaders
+from vit_rope.train import loaders
 from vit_rope.train.config_checks import check_ranks_agree
 
 
@@ -59,29 +55,3 @@ def test_ranks_with_two_workers_each_agree_on_sizes_and_batches_and_split_the_da
         "the DDP ranks do not agree on train_sizes (rank 0: [16, 32, 48], rank 1: [16, 32, 64]); each rank derives "
         "every step's size, images and checkpoints from these, so launch every rank with the same config, "
         "command-line overrides and data")
-
-
-def _train_runs(rank: int, root: Path, out: Path, ports: list[int]) -> None:
-    """train.py's main, three times on every rank: uninterrupted, killed mid-epoch, resumed."""
-    # 12 images per rank in steps of 4 at 48 px: 3 steps per epoch, a checkpoint after step 2
-    args = ("--img-size", "48", "--batch-size", "4", "train_sizes=[32, 48]", "checkpoint_interval=2", "workers=2",
-            "mixup=0.8", "auto_augment=rand-m9-mstd0.5-inc1", "reprob=0.25", "drop_path=0.1", "model_ema=true",
-            "warmup_epochs=1")
-    os.environ["MASTER_PORT"] = str(ports[0])
-    assert train.main(tiny_args(root, out / "straight", *args)) == 0
-    os.environ["MASTER_PORT"] = str(ports[1])
-    real = engine.Progress.update
-    engine.Progress.update = killed_at(2, 3)  # after step 3 of epoch 2, before the end-of-epoch checkpoint
-    with pytest.raises(KeyboardInterrupt):
-        train.main(tiny_args(root, out / "resumed", *args))
-    engine.Progress.update = real
-    os.environ["MASTER_PORT"] = str(ports[2])
-    assert train.main(tiny_args(root, out / "resumed", *args, "--resume", str(out / "resumed" / "last.pth"))) == 0
-
-
-def test_a_ddp_run_killed_mid_epoch_resumes_to_the_same_weights(image_root: Path, tmp_path: Path) -> None:
-    run_ranks(_train_runs, tmp_path, image_root, tmp_path, [free_port() for _ in range(3)])
-    assert_same_weights(tmp_path / "straight", tmp_path / "resumed")
-    assert len(torch.load(tmp_path / "resumed" / "last.pth", weights_only=True)["rng"]) == WORLD
-    assert [row["train_loss"] for row in metrics(tmp_path / "straight")] == [
-        row["train_loss"] for row in metrics(tmp_path / "resumed")]

@@ -1,8 +1,8 @@
 """``train.py`` and ``vit_rope.evaluate`` on WebDataset shards and on a Hugging Face dataset (``dataset`` setting):
-every pipeline trains from them, a run killed mid-epoch resumes to the weights of an uninterrupted one (one process
-and two DDP ranks with loader workers), the checkpoint's dataset is what evaluation reads by default, and settings
-that do not fit are refused before any data is read; two torchrun launches with the same rendezvous arguments, as on
-two machines, train one run."""
+every pipeline trains from them, a run of two DDP ranks with loader workers killed mid-epoch resumes to the weights
+of an uninterrupted one (which checkpoints its blocks), the checkpoint's dataset is what evaluation reads by default,
+and settings that do not fit are refused before any data is read; two torchrun launches with the same rendezvous
+arguments, as on two machines, train one run."""
 
 from __future__ import annotations
 
@@ -93,34 +93,22 @@ def test_evaluation_reads_the_checkpoints_dataset_and_split(image_root: Path, sh
     assert f"{float(top1):.2f}" in (tmp_path / "eval_folder" / "results.md").read_text()
 
 
-def test_a_run_on_shards_killed_mid_epoch_resumes_to_the_same_weights(shard_dir: Path, tmp_path: Path, monkeypatch
-                                                                      ) -> None:
-    args = (*source_args("wds", shard_dir, shard_dir), *PIPELINES["per_image"], "checkpoint_interval=2",
-            "drop_path=0.1", "model_ema=true")
-    straight, resumed = tmp_path / "straight", tmp_path / "resumed"
-    assert train.main(tiny_args(tmp_path, straight, *args)) == 0
-    with monkeypatch.context() as patch:
-        patch.setattr(engine.Progress, "update", killed_at(2, 2))
-        with pytest.raises(KeyboardInterrupt):
-            train.main(tiny_args(tmp_path, resumed, *args))
-    assert train.main(tiny_args(tmp_path, resumed, *args, "--resume", str(resumed / "last.pth"))) == 0
-    assert_same_weights(straight, resumed)
-
-
 def _ddp_runs(rank: int, shard_dir: Path, out: Path, ports: list[int]) -> list[int]:
-    """On every rank: the train split's indices this rank reads in epoch 1, then train.py uninterrupted, killed
-    mid-epoch and resumed, with two loader workers each."""
+    """On every rank: the train split's indices this rank reads in epoch 1, then train.py uninterrupted with
+    grad_checkpointing (its recomputation replays drop-path's draws), killed mid-epoch and resumed without, with two
+    loader workers each and every source of randomness on: the same weights prove both."""
     samples = [find_split(shard_dir, "wds", split)[0] for split in ("train", "val")]
     steps = loaders.build_loaders(build_config(None, ["batch_size=4", "workers=0"]), *samples, DATA_CONFIG, rank,
                                   WORLD)[0].batch_sampler
     indices = [index for step in steps for index, _, _ in step]
+    # 12 images per rank in steps of 4 at 48 px: 3 steps per epoch, a checkpoint after step 2
     args = (*source_args("wds", shard_dir, shard_dir), "--img-size", "48", "--batch-size", "4", "workers=2",
-            "checkpoint_interval=2",
-            "train_sizes=[32, 48]", "mixup=0.8", "drop_path=0.1", "model_ema=true")
+            "checkpoint_interval=2", "train_sizes=[32, 48]", "mixup=0.8", "cutmix=1.0",
+            "auto_augment=rand-m9-mstd0.5-inc1", "reprob=0.25", "drop_path=0.1", "model_ema=true", "warmup_epochs=1")
     os.environ["MASTER_PORT"] = str(ports[0])
-    assert train.main(tiny_args(out, out / "straight", *args)) == 0
+    assert train.main(tiny_args(out, out / "straight", *args, "grad_checkpointing=true")) == 0
     os.environ["MASTER_PORT"] = str(ports[1])
-    real, engine.Progress.update = engine.Progress.update, killed_at(2, 2)
+    real, engine.Progress.update = engine.Progress.update, killed_at(2, 3)  # after the step-2 checkpoint of epoch 2
     with pytest.raises(KeyboardInterrupt):
         train.main(tiny_args(out, out / "resumed", *args))
     engine.Progress.update = real
@@ -129,11 +117,15 @@ def _ddp_runs(rank: int, shard_dir: Path, out: Path, ports: list[int]) -> list[i
     return indices
 
 
-def test_ddp_ranks_read_disjoint_halves_of_the_shards_and_resume_exactly(shard_dir: Path, tmp_path: Path) -> None:
+def test_ddp_ranks_split_the_shards_and_resume_to_a_grad_checkpointed_runs_weights(shard_dir: Path,
+                                                                                   tmp_path: Path) -> None:
     indices = run_ranks(_ddp_runs, tmp_path, shard_dir, tmp_path, [free_port() for _ in range(3)])
     assert not set(indices[0]) & set(indices[1])  # 24 images, 2 ranks x 3 steps of 4: every image once
     assert sorted(indices[0] + indices[1]) == list(range(24))
     assert_same_weights(tmp_path / "straight", tmp_path / "resumed")
+    assert len(torch.load(tmp_path / "resumed" / "last.pth", weights_only=True)["rng"]) == WORLD
+    assert [row["train_loss"] for row in metrics(tmp_path / "straight")] == [
+        row["train_loss"] for row in metrics(tmp_path / "resumed")]
 
 
 @pytest.mark.parametrize("overrides, message", [
@@ -154,7 +146,8 @@ def test_settings_that_do_not_fit_the_data_are_refused_before_training(shard_dir
 def test_two_nodes_with_the_same_rendezvous_arguments_train_one_run_from_shards(shard_dir: Path,
                                                                                 tmp_path: Path) -> None:
     """Two torchrun launches, as on two machines (one process each here), with the same c10d rendezvous arguments:
-    they meet, train as ranks 0 and 1 of 2, and only rank 0 writes."""
+    they meet, train as ranks 0 and 1 of 2, and only rank 0 writes and prints. The suite's one real torchrun launch
+    (the README's way to train on several processes); test_train's DDP test forks its ranks."""
     out, port = tmp_path / "run", free_port()
     command = [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", "--nproc_per_node=1", "--rdzv_id=test",
                "--rdzv_backend=c10d", f"--rdzv_endpoint=127.0.0.1:{port}", "train.py",
@@ -166,8 +159,11 @@ def test_two_nodes_with_the_same_rendezvous_arguments_train_one_run_from_shards(
     assert [node.returncode for node in nodes] == [0, 0], results[0][1][-3000:] + results[1][1][-3000:]
     printed = results[0][0] + results[1][0]
     assert printed.count("on 2 x cpu") == 1 and printed.count("epoch 1/1") == 1  # rank 0 of 2 alone speaks
-    assert len(torch.load(out / "last.pth", weights_only=True)["rng"]) == 2
+    assert printed.count("data pipeline: timm (") == 1
+    assert len(torch.load(out / "last.pth", weights_only=True)["rng"]) == 2  # one RNG state per rank
     assert sorted(p.name for p in out.iterdir()) == ["best.pth", "config.yaml", "last.pth", "metrics.csv"]
+    assert build_config(out / "config.yaml").epochs == 1
+    assert [row["sizes"] for row in metrics(out)] == ["32:2"]  # 12 images per rank in batches of 6
 
 
 def test_a_dataset_in_the_folders_order_trains_to_the_folders_weights(image_root: Path, dataset_dir: Path,
