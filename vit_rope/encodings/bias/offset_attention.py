@@ -113,30 +113,47 @@ def _masks(view: Tensor, prefix: int, dtype: torch.dtype) -> Callable[[int, int]
     return mask
 
 
-def _chunked(q: Tensor, k: Tensor, v: Tensor, flipped: Tensor, grid: tuple[int, int], prefix: int, scale: float,
-             lse: Tensor | None = None) -> Tensor:
-    """SDPA by chunks of queries, keys and values reversed, ``flipped`` the flipped, scaled table; flash attention's
-    log-sum-exp written into ``lse`` ``[B, nh, P + N]`` if given."""
-    masks = _masks(_table_view(flipped, grid), prefix, q.dtype)
-    out = torch.empty_like(q)
-    for start, stop in _chunks(grid, prefix, k.shape[-2] * q.shape[1], FLASH_QUERIES):
-        part, mask = slice(start, stop), masks(start, stop)
-        if lse is None:
-            out[:, :, part] = F.scaled_dot_product_attention(q[:, :, part], k, v, attn_mask=mask, scale=scale)
-        else:
-            out[:, :, part], lse[:, :, part] = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
-                q[:, :, part], k, v, attn_mask=mask, scale=scale)
-    return out
+def _column_masks(flipped: Tensor, grid: tuple[int, int], dtype: torch.dtype) -> Tensor:
+    """``[w, nh, h, h w]``: the mask of query ``(yq, xq)`` (column ``xq``, row ``yq``) and reversed key ``(yk', xk')``,
+    ``flipped[yq + yk', xq + xk']``, a strided view of one table per query column ``[nh, w, 2h - 1, w]`` (column
+    ``xq``'s: ``flipped[:, :, xq: xq + w]``): query ``yq``'s keys are its rows ``yq`` to ``yq + h - 1``, contiguous from
+    ``yq w`` on, so SDPA reads ``nh w (2h - 1) w`` values, in cache, not an ``[nh, N, N]`` mask out of memory."""
+    (nh, rows, width), (h, w) = flipped.shape, grid
+    columns = flipped.as_strided((nh, w, rows, w), (rows * width, 1, width, 1)).to(dtype).contiguous()
+    return columns.as_strided((w, nh, h, h * w), (rows * w, w * rows * w, w, 1))
+
+
+def _attend(q: Tensor, k: Tensor, v: Tensor, flipped: Tensor, grid: tuple[int, int], prefix: int, scale: float
+            ) -> tuple[Tensor, Tensor]:
+    """Flash attention and its log-sum-exp ``[B, nh, P + N]`` of keys and values reversed, ``flipped`` the flipped,
+    scaled table: each image's query columns are the batch of one call whose keys and values are expanded (stride 0)
+    and whose mask is ``_column_masks``; the prefix keys (unbiased), a call of their own, merged by log-sum-exp."""
+    flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
+    (B, nh, _, D), (h, w), P = q.shape, grid, prefix
+    out, lse = torch.empty_like(q), q.new_empty(q.shape[:-1], dtype=torch.promote_types(q.dtype, torch.float32))
+    mask, patches = _column_masks(flipped, grid, q.dtype), out[:, :, P:].view(B, nh, h, w, D)
+    for b in range(B):  # [w, nh, h, D]: query column xq as the batch
+        keys, values = (x[b, None, :, P:].expand(w, -1, -1, -1) for x in (k, v))
+        o, m = flash(q[b, :, P:].view(nh, h, w, D).permute(2, 0, 1, 3), keys, values, attn_mask=mask, scale=scale)
+        patches[b].copy_(o.permute(1, 2, 0, 3))
+        lse[b, :, P:].view(nh, h, w).copy_(m.permute(1, 2, 0))
+    if P:
+        out[:, :, :P], lse[:, :, :P] = flash(q[:, :, :P], k, v, scale=scale)
+        o, m = flash(q[:, :, P:], k[:, :, :P], v[:, :, :P], scale=scale)  # [B, nh, N, D]: the prefix keys
+        total = torch.logaddexp(lse[:, :, P:], m)
+        out[:, :, P:] = (out[:, :, P:] * (lse[:, :, P:] - total).exp_()[..., None]).addcmul_(
+            o, (m - total).exp_()[..., None])
+        lse[:, :, P:] = total
+    return out, lse
 
 
 class _OffsetAttention(torch.autograd.Function):
-    """``_chunked`` whose backward rebuilds the masks (memory ``O(chunk x N)``)."""
+    """``_attend`` whose backward rebuilds the masks by chunks of rows (memory ``O(chunk x N)``)."""
 
     @staticmethod
     def forward(ctx, q: Tensor, k: Tensor, v: Tensor, table: Tensor, grid: tuple[int, int], prefix: int,
                 scale: float) -> Tensor:
-        lse = q.new_empty(q.shape[:-1], dtype=torch.promote_types(q.dtype, torch.float32))  # [B, nh, N]
-        out = _chunked(q, k, v, table, grid, prefix, scale, lse)
+        out, lse = _attend(q, k, v, table, grid, prefix, scale)  # [B, nh, P + N, D], [B, nh, P + N]
         ctx.save_for_backward(q, k, v, table, out, lse)
         ctx.grid, ctx.prefix, ctx.scale = grid, prefix, scale
         return out
@@ -216,7 +233,7 @@ def offset_attention(q: Tensor, k: Tensor, v: Tensor, table: Tensor, grid: tuple
     k, v, flipped = _reversed_keys(k, prefix), _reversed_keys(v, prefix), table.flip(-2, -1).contiguous()
     if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v, table)):
         return _OffsetAttention.apply(q, k, v, flipped, grid, prefix, scale)
-    return _chunked(q, k, v, flipped, grid, prefix, scale)
+    return _attend(q, k, v, flipped, grid, prefix, scale)[0]
 
 
 class Bias(BlockInput):
