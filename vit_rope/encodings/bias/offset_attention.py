@@ -4,9 +4,10 @@ between two patches read without its ``[nh, N, N]`` matrix.
 LookHere (Fuller et al., NeurIPS 2024, arXiv:2405.13985), 2D-ALiBi (CROMA, Fuller et al., NeurIPS 2023,
 arXiv:2311.00566) and FIRE (Li et al., ICLR 2024, arXiv:2310.04418) add ``bias[h, p_k - p_q]``: a table
 ``[nh, 2h - 1, 2w - 1]`` per block. On CPU, SDPA runs by chunks of grid rows, each chunk's mask one copy out of a
-strided view of the flipped table (``_table_view``), memory ``O(chunk x N)``; in training ``_OffsetAttention`` rebuilds
-the masks in backward and gives a learned table's (FIRE's) gradient, which SDPA does not (docs/performance.md). On CUDA,
-FlexAttention reads the table in its ``score_mod``. Prefix tokens are unbiased.
+strided view of the flipped table (``_table_view``), memory ``O(chunk x N)``; inference on grids whose masks would
+leave the cache runs by query columns, a strided view as mask (``_by_columns``); in training ``_OffsetAttention``
+rebuilds the masks in backward and gives a learned table's (FIRE's) gradient, which SDPA does not
+(docs/performance.md). On CUDA, FlexAttention reads the table in its ``score_mod``. Prefix tokens are unbiased.
 """
 
 from __future__ import annotations
@@ -27,6 +28,9 @@ CHUNK_ELEMENTS = 2**25  # one chunk's mask: 128 MiB in fp32
 SCORE_ELEMENTS = 2**22
 # SDPA's CPU flash kernel takes blocks of 256 queries from 768 queries on, of 64 or 32 below: far slower per query
 FLASH_QUERIES = 768
+# inference: a mask of every query within the CPU's last-level cache (32 MiB) stays with chunks of rows, and larger
+# grids take ``_by_columns``: 1344 px, 1.2 GB of masks per block written and read back, had 2D-ALiBi at 1.25-1.4x axial
+CACHED_MASK_ELEMENTS = 2**23
 
 
 def offset_grid(h: int, w: int, device: torch.device | None = None) -> Tensor:
@@ -123,37 +127,52 @@ def _column_masks(flipped: Tensor, grid: tuple[int, int], dtype: torch.dtype) ->
     return columns.as_strided((w, nh, h, h * w), (rows * w, w * rows * w, w, 1))
 
 
-def _attend(q: Tensor, k: Tensor, v: Tensor, flipped: Tensor, grid: tuple[int, int], prefix: int, scale: float
-            ) -> tuple[Tensor, Tensor]:
-    """Flash attention and its log-sum-exp ``[B, nh, P + N]`` of keys and values reversed, ``flipped`` the flipped,
-    scaled table: each image's query columns are the batch of one call whose keys and values are expanded (stride 0)
-    and whose mask is ``_column_masks``; the prefix keys (unbiased), a call of their own, merged by log-sum-exp."""
+def _chunked(q: Tensor, k: Tensor, v: Tensor, flipped: Tensor, grid: tuple[int, int], prefix: int, scale: float,
+             lse: Tensor | None = None) -> Tensor:
+    """SDPA by chunks of queries, keys and values reversed, ``flipped`` the flipped, scaled table; flash attention's
+    log-sum-exp written into ``lse`` ``[B, nh, P + N]`` if given."""
+    masks = _masks(_table_view(flipped, grid), prefix, q.dtype)
+    out = torch.empty_like(q)
+    for start, stop in _chunks(grid, prefix, k.shape[-2] * q.shape[1], FLASH_QUERIES):
+        part, mask = slice(start, stop), masks(start, stop)
+        if lse is None:
+            out[:, :, part] = F.scaled_dot_product_attention(q[:, :, part], k, v, attn_mask=mask, scale=scale)
+        else:
+            out[:, :, part], lse[:, :, part] = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+                q[:, :, part], k, v, attn_mask=mask, scale=scale)
+    return out
+
+
+def _by_columns(q: Tensor, k: Tensor, v: Tensor, flipped: Tensor, grid: tuple[int, int], prefix: int,
+                scale: float) -> Tensor:
+    """``_chunked``'s attention without a mask in memory: each image's query columns are the batch of one flash call
+    whose keys and values are expanded (stride 0) and whose mask is ``_column_masks``; the prefix keys (unbiased), a
+    call of their own, merged by log-sum-exp. Its flash blocks are a column's ``h`` queries: it serves large grids."""
     flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
     (B, nh, _, D), (h, w), P = q.shape, grid, prefix
-    out, lse = torch.empty_like(q), q.new_empty(q.shape[:-1], dtype=torch.promote_types(q.dtype, torch.float32))
+    out, lse = torch.empty_like(q), q.new_empty((B, nh, h * w), dtype=torch.promote_types(q.dtype, torch.float32))
     mask, patches = _column_masks(flipped, grid, q.dtype), out[:, :, P:].view(B, nh, h, w, D)
     for b in range(B):  # [w, nh, h, D]: query column xq as the batch
         keys, values = (x[b, None, :, P:].expand(w, -1, -1, -1) for x in (k, v))
         o, m = flash(q[b, :, P:].view(nh, h, w, D).permute(2, 0, 1, 3), keys, values, attn_mask=mask, scale=scale)
         patches[b].copy_(o.permute(1, 2, 0, 3))
-        lse[b, :, P:].view(nh, h, w).copy_(m.permute(1, 2, 0))
+        lse[b].view(nh, h, w).copy_(m.permute(1, 2, 0))
     if P:
-        out[:, :, :P], lse[:, :, :P] = flash(q[:, :, :P], k, v, scale=scale)
+        out[:, :, :P] = F.scaled_dot_product_attention(q[:, :, :P], k, v, scale=scale)
         o, m = flash(q[:, :, P:], k[:, :, :P], v[:, :, :P], scale=scale)  # [B, nh, N, D]: the prefix keys
-        total = torch.logaddexp(lse[:, :, P:], m)
-        out[:, :, P:] = (out[:, :, P:] * (lse[:, :, P:] - total).exp_()[..., None]).addcmul_(
-            o, (m - total).exp_()[..., None])
-        lse[:, :, P:] = total
-    return out, lse
+        total = torch.logaddexp(lse, m)
+        out[:, :, P:] = (out[:, :, P:] * (lse - total).exp_()[..., None]).addcmul_(o, (m - total).exp_()[..., None])
+    return out
 
 
 class _OffsetAttention(torch.autograd.Function):
-    """``_attend`` whose backward rebuilds the masks by chunks of rows (memory ``O(chunk x N)``)."""
+    """``_chunked`` whose backward rebuilds the masks (memory ``O(chunk x N)``)."""
 
     @staticmethod
     def forward(ctx, q: Tensor, k: Tensor, v: Tensor, table: Tensor, grid: tuple[int, int], prefix: int,
                 scale: float) -> Tensor:
-        out, lse = _attend(q, k, v, table, grid, prefix, scale)  # [B, nh, P + N, D], [B, nh, P + N]
+        lse = q.new_empty(q.shape[:-1], dtype=torch.promote_types(q.dtype, torch.float32))  # [B, nh, N]
+        out = _chunked(q, k, v, table, grid, prefix, scale, lse)
         ctx.save_for_backward(q, k, v, table, out, lse)
         ctx.grid, ctx.prefix, ctx.scale = grid, prefix, scale
         return out
@@ -233,7 +252,9 @@ def offset_attention(q: Tensor, k: Tensor, v: Tensor, table: Tensor, grid: tuple
     k, v, flipped = _reversed_keys(k, prefix), _reversed_keys(v, prefix), table.flip(-2, -1).contiguous()
     if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v, table)):
         return _OffsetAttention.apply(q, k, v, flipped, grid, prefix, scale)
-    return _attend(q, k, v, flipped, grid, prefix, scale)[0]
+    if q.shape[1] * k.shape[-2] ** 2 > CACHED_MASK_ELEMENTS:  # every query's mask would not stay in cache: no mask
+        return _by_columns(q, k, v, flipped, grid, prefix, scale)
+    return _chunked(q, k, v, flipped, grid, prefix, scale)
 
 
 class Bias(BlockInput):
