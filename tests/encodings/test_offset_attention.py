@@ -25,14 +25,11 @@ def inputs(grid: tuple[int, int], prefix: int, batch: int, heads: int = 3, dim: 
     return [*qkv, table]
 
 
-@pytest.mark.parametrize("rows_per_chunk", [None, 1, 2, "columns"])
+@pytest.mark.parametrize("rows_per_chunk", [None, 1, 2])
 @pytest.mark.parametrize("grid,prefix,batch", CASES)
 def test_chunked_attention_equals_the_dense_bias_with_gradients(monkeypatch, grid, prefix, batch,
                                                                 rows_per_chunk) -> None:
     q, k, v, table = inputs(grid, prefix, batch)
-    if rows_per_chunk == "columns":  # inference by query columns, no mask in memory (large grids')
-        monkeypatch.setattr(oa, "CACHED_MASK_ELEMENTS", 0)
-        rows_per_chunk = None
     if rows_per_chunk:  # several chunks of whole rows
         for name in ("CHUNK_ELEMENTS", "SCORE_ELEMENTS"):
             monkeypatch.setattr(oa, name, rows_per_chunk * grid[1] * k.shape[2] * batch * 3)

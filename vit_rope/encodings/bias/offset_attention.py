@@ -1,7 +1,6 @@
 """The bias family's shared maths: patch offsets, the policies' scale of them, and attention with a bias of the offset
 between two patches read from a table ``[nh, 2h - 1, 2w - 1]`` without its ``[nh, N, N]`` matrix: on CPU by chunks of
-grid rows (inference on grids whose masks would leave the cache: by query columns, a strided view as mask), on CUDA
-through FlexAttention's ``score_mod`` (docs/performance.md)."""
+grid rows, on CUDA through FlexAttention's ``score_mod`` (docs/performance.md)."""
 
 from __future__ import annotations
 
@@ -21,9 +20,6 @@ CHUNK_ELEMENTS = 2**25  # one chunk's mask: 128 MiB in fp32
 SCORE_ELEMENTS = 2**22
 # SDPA's CPU flash kernel takes blocks of 256 queries from 768 queries on, of 64 or 32 below: far slower per query
 FLASH_QUERIES = 768
-# inference: a mask of every query within the CPU's last-level cache (32 MiB) stays with chunks of rows, and larger
-# grids take ``_by_columns``: 1344 px, 1.2 GB of masks per block written and read back, had 2D-ALiBi at 1.25-1.4x axial
-CACHED_MASK_ELEMENTS = 2**23
 
 
 def offset_grid(h: int, w: int, device: torch.device | None = None) -> Tensor:
@@ -108,16 +104,6 @@ def _masks(view: Tensor, prefix: int, dtype: torch.dtype) -> Callable[[int, int]
     return mask
 
 
-def _column_masks(flipped: Tensor, grid: tuple[int, int], dtype: torch.dtype) -> Tensor:
-    """``[w, nh, h, h w]``: the mask of query ``(yq, xq)`` (column ``xq``, row ``yq``) and reversed key ``(yk', xk')``,
-    ``flipped[yq + yk', xq + xk']``, a strided view of one table per query column ``[nh, w, 2h - 1, w]`` (column
-    ``xq``'s: ``flipped[:, :, xq: xq + w]``): query ``yq``'s keys are its rows ``yq`` to ``yq + h - 1``, contiguous from
-    ``yq w`` on, so SDPA reads ``nh w (2h - 1) w`` values, in cache, not an ``[nh, N, N]`` mask out of memory."""
-    (nh, rows, width), (h, w) = flipped.shape, grid
-    columns = flipped.as_strided((nh, w, rows, w), (rows * width, 1, width, 1)).to(dtype).contiguous()
-    return columns.as_strided((w, nh, h, h * w), (rows * w, w * rows * w, w, 1))
-
-
 def _chunked(q: Tensor, k: Tensor, v: Tensor, flipped: Tensor, grid: tuple[int, int], prefix: int, scale: float,
              lse: Tensor | None = None) -> Tensor:
     """SDPA by chunks of queries on reversed keys and values; flash attention's log-sum-exp into ``lse`` if given."""
@@ -130,28 +116,6 @@ def _chunked(q: Tensor, k: Tensor, v: Tensor, flipped: Tensor, grid: tuple[int, 
         else:
             out[:, :, part], lse[:, :, part] = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
                 q[:, :, part], k, v, attn_mask=mask, scale=scale)
-    return out
-
-
-def _by_columns(q: Tensor, k: Tensor, v: Tensor, flipped: Tensor, grid: tuple[int, int], prefix: int,
-                scale: float) -> Tensor:
-    """``_chunked``'s attention without a mask in memory: each image's query columns are the batch of one flash call
-    whose keys and values are expanded (stride 0) and whose mask is ``_column_masks``; the prefix keys (unbiased), a
-    call of their own, merged by log-sum-exp. Its flash blocks are a column's ``h`` queries: it serves large grids."""
-    flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
-    (B, nh, _, D), (h, w), P = q.shape, grid, prefix
-    out, lse = torch.empty_like(q), q.new_empty((B, nh, h * w), dtype=torch.promote_types(q.dtype, torch.float32))
-    mask, patches = _column_masks(flipped, grid, q.dtype), out[:, :, P:].view(B, nh, h, w, D)
-    for b in range(B):  # [w, nh, h, D]: query column xq as the batch
-        keys, values = (x[b, None, :, P:].expand(w, -1, -1, -1) for x in (k, v))
-        o, m = flash(q[b, :, P:].view(nh, h, w, D).permute(2, 0, 1, 3), keys, values, attn_mask=mask, scale=scale)
-        patches[b].copy_(o.permute(1, 2, 0, 3))
-        lse[b].view(nh, h, w).copy_(m.permute(1, 2, 0))
-    if P:
-        out[:, :, :P] = F.scaled_dot_product_attention(q[:, :, :P], k, v, scale=scale)
-        o, m = flash(q[:, :, P:], k[:, :, :P], v[:, :, :P], scale=scale)  # [B, nh, N, D]: the prefix keys
-        total = torch.logaddexp(lse, m)
-        out[:, :, P:] = (out[:, :, P:] * (lse - total).exp_()[..., None]).addcmul_(o, (m - total).exp_()[..., None])
     return out
 
 
@@ -241,8 +205,6 @@ def offset_attention(q: Tensor, k: Tensor, v: Tensor, table: Tensor, grid: tuple
     k, v, flipped = _reversed_keys(k, prefix), _reversed_keys(v, prefix), table.flip(-2, -1).contiguous()
     if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v, table)):
         return _OffsetAttention.apply(q, k, v, flipped, grid, prefix, scale)
-    if q.shape[1] * k.shape[-2] ** 2 > CACHED_MASK_ELEMENTS:  # every query's mask would not stay in cache: no mask
-        return _by_columns(q, k, v, flipped, grid, prefix, scale)
     return _chunked(q, k, v, flipped, grid, prefix, scale)
 
 
