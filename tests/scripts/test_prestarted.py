@@ -3,15 +3,13 @@ interpreter's would, and a command past its time is killed with everything it st
 
 from __future__ import annotations
 
-import os
 import sys
 import time
 from pathlib import Path
 
+import gpu_check
 import pytest
 from gpucheck import prestarted
-
-from helpers.training import REPO
 
 
 def _gone(pid: int) -> bool:
@@ -24,12 +22,11 @@ def _gone(pid: int) -> bool:
 
 @pytest.mark.skipif(sys.platform != "linux", reason="fork and /proc")
 def test_exit_codes_output_and_timeout_kill_the_commands_process_group(tmp_path):
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "scripts"), str(REPO)])}
-    server = prestarted.start(env, tmp_path)
+    server = prestarted.start(gpu_check.child_env({}), tmp_path)  # as the GPU check starts it
     try:
         fails, sleeps = tmp_path / "fails.py", tmp_path / "sleeps.py"
         fails.write_text("import sys\nprint('to stdout')\nprint(sys.argv[1:], file=sys.stderr)\nsys.exit(3)\n")
-        sleeps.write_text("import subprocess, sys, time\nchild = subprocess.Popen(['sleep', '60'])\n"
+        sleeps.write_text("import subprocess, time\nchild = subprocess.Popen(['sleep', '60'])\n"
                           f"open({str(tmp_path / 'pid')!r}, 'w').write(str(child.pid))\ntime.sleep(60)\n")
         log = tmp_path / "log.txt"
         with log.open("w") as out:
