@@ -45,7 +45,8 @@ def check_probe_options(options: ProbeOptions) -> None:
 
 def model_outputs(model: nn.Module, inputs: Tensor | dict[str, Tensor], logits: bool = True, pooled: bool = True
                   ) -> tuple[Tensor | None, Tensor | None]:
-    """The logits and/or pooled features ``[B, C]`` of images or a NaFlex batch, from one pass through the blocks."""
+    """The logits and/or pooled features ``[B, C]`` of images or a NaFlex batch, from one pass through the blocks and
+    one pooling: the logits are the classifier's of the features."""
     if not pooled:
         return model(inputs), None
     if isinstance(inputs, dict):  # our ViT returns the padded tokens, timm's NaFlexViT a dict with their validity
@@ -56,7 +57,10 @@ def model_outputs(model: nn.Module, inputs: Tensor | dict[str, Tensor], logits: 
     else:
         tokens, extra = model.forward_features(inputs), {}
     features = model.forward_head(tokens, pre_logits=True, **extra)
-    return (model.forward_head(tokens, **extra) if logits else None), features
+    head = model.get_classifier() if logits else None
+    if isinstance(head, tuple):  # a distilled DeiT's two heads, each of its own token
+        return model.forward_head(tokens, **extra), features
+    return (None if head is None else head(features)), features
 
 
 def feature_width(model: nn.Module, label: str, size: int) -> int:
