@@ -8,10 +8,8 @@ from __future__ import annotations
 import argparse
 import sys
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
-from typing import Any
-
-import yaml
 
 from vit_rope.checks import check_model_name, check_output_dir
 from vit_rope.data.folders import resolve_data_dir
@@ -21,29 +19,16 @@ from vit_rope.errors import UserError
 from vit_rope.eval import token_budget as naflex
 from vit_rope.eval import windows
 from vit_rope.eval.harness import check_options, check_sizes, choose_setting, evaluate_models, protocol
-from vit_rope.eval.loading import EvalModel, check_weights, load_pretrained, load_trained
+from vit_rope.eval.loading import EvalModel, check_weights, load_pretrained, load_trained, parse_kwarg
 from vit_rope.eval.probes import PROBES, ProbeOptions, check_probe_options
 from vit_rope.eval.report import write_reports
 from vit_rope.train.distributed import flushed_subnormals, set_cpu_threads
 
 
-def _positive(text: str) -> int:
-    if not text.isdigit() or int(text) == 0:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a positive whole number")
+def _positive(text: str, least: int = 1) -> int:
+    if not text.isdigit() or int(text) < least:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number >= {least}")
     return int(text)
-
-
-def _count(text: str) -> int:
-    if not text.isdigit():
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number >= 0")
-    return int(text)
-
-
-def parse_kwarg(text: str) -> tuple[str, Any]:
-    key, sep, value = text.partition("=")
-    if not sep or not key:
-        raise argparse.ArgumentTypeError(f"{text!r} is not KEY=VALUE (e.g. depth=2)")
-    return key, yaml.safe_load(value)
 
 
 # the probe flags and the probes that read them
@@ -109,7 +94,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="auto (default): CUDA with bf16 autocast when available")
     parser.add_argument("--limit", type=_positive, help="evaluate this many images, spread evenly over the classes")
     parser.add_argument("--batch-size", type=_positive, default=64, help="default 64")
-    parser.add_argument("--workers", type=_count, default=4, help="data loader processes (default 4; 0 loads here)")
+    parser.add_argument("--workers", type=partial(_positive, least=0), default=4,
+                        help="data loader processes (default 4; 0 loads here)")
     return parser
 
 

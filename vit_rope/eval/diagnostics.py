@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from vit_rope.checks import check_model_name, check_multiple, check_output_dir, patch_size
+from vit_rope.checks import check_multiple, check_output_dir, patch_size
 from vit_rope.data.folders import ImageFolderDataset, Sample
 from vit_rope.data.splits import find_split
 from vit_rope.encodings.base import BlockInput, image_coords
@@ -24,9 +24,9 @@ from vit_rope.encodings.rope.tables import RoPE2D
 from vit_rope.errors import UserError
 from vit_rope.eval import token_budget as naflex
 from vit_rope.eval.ablation import position_reliance
-from vit_rope.eval.command import parse_kwarg
 from vit_rope.eval.harness import eval_transform, subset
-from vit_rope.eval.loading import EvalModel, check_weights, load_pretrained, load_trained
+from vit_rope.eval.loading import EvalModel, add_model_options, check_model_options, load_model_option, set_policy
+from vit_rope.eval.report import figure
 from vit_rope.layers.lattice import naflex_grid
 from vit_rope.models import registry  # noqa: F401  (registers the models)
 from vit_rope.models.naflex_batch import naflex_patch
@@ -106,14 +106,11 @@ def plot_mixed_directions(model: RoPEVisionTransformer, path: Path) -> bool:
     ropes = _rotations(model)
     if not ropes:
         return False
-    try:
-        from matplotlib.figure import Figure  # object API on the Agg canvas: no global backend switch
-    except ImportError:
-        print("matplotlib is not installed: skipping the directions plot (pip install matplotlib)", file=sys.stderr)
-        return False
     cols = min(6, len(ropes))
     rows = math.ceil(len(ropes) / cols)
-    fig = Figure(figsize=(2.6 * cols, 2.6 * rows), layout="tight")
+    fig = figure((2.6 * cols, 2.6 * rows), "tight")
+    if fig is None:
+        return False
     axes = fig.subplots(rows, cols, squeeze=False)
     for ax in axes.flat[len(ropes):]:
         ax.axis("off")
@@ -133,13 +130,7 @@ def plot_mixed_directions(model: RoPEVisionTransformer, path: Path) -> bool:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="vit-rope-diagnose", description=__doc__.splitlines()[0])
-    source = parser.add_mutually_exclusive_group(required=True)
-    source.add_argument("--checkpoint", help="a train.py checkpoint")
-    source.add_argument("--model", help="a vit_rope timm model name (with --pretrained-file for weights)")
-    parser.add_argument("--pretrained-file", help="weights for --model")
-    parser.add_argument("--random-init", action="store_true",
-                        help="diagnose --model without weights, at its random initialisation (labelled so)")
-    parser.add_argument("--model-kwargs", nargs="*", type=parse_kwarg, default=[], metavar="KEY=VALUE")
+    add_model_options(parser, "diagnose", "a vit_rope timm model name (with --pretrained-file for weights)")
     parser.add_argument("--sizes", "--img-sizes", nargs="+", type=int,
                         help="square image sizes to inspect (default: 1, 1.43, 1.71 and 2.29 times the training size, "
                         "RoPE-ViT's 224-512 px of a 224 px model, in whole patches; none with --seq-lens)")
@@ -157,9 +148,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="val images to inspect (default 8; --limit as in vit_rope.evaluate)")
     parser.add_argument("--output", default="output/diagnose")
     args = parser.parse_args(argv)
-    if args.checkpoint and (args.model_kwargs or args.pretrained_file or args.random_init):
-        parser.error("--model-kwargs, --pretrained-file and --random-init go with --model: a checkpoint rebuilds its "
-                     "own model, with its weights")
+    check_model_options(parser, args)
     args.sizes = args.sizes or ([] if args.seq_lens else None)  # None: from the training size, once it is known
     try:
         entry, samples = _load(args)
@@ -205,7 +194,6 @@ def _record(table: dict[int, Any], key: int, label: str, coverage: list[dict[str
 
 def _load(args: argparse.Namespace) -> tuple[EvalModel, list[Sample] | None]:
     """The model and the images that feed the entropy (None: noise), every argument checked first."""
-    kwargs = dict(args.model_kwargs)
     bad = [size for size in args.sizes or () if size <= 0]
     if bad or args.num_images <= 0:
         what = f"--sizes entry {bad[0]}" if bad else f"--num-images {args.num_images}"
@@ -218,13 +206,8 @@ def _load(args: argparse.Namespace) -> tuple[EvalModel, list[Sample] | None]:
     if args.data_dir is not None and not Path(args.data_dir).is_dir():
         raise UserError(f"--data-dir {args.data_dir} does not exist; pass an ImageFolder root (its val split holds "
                         "one folder per class), or leave it out to feed noise")
-    if args.model:  # a typo before the advice about weights
-        check_model_name(args.model)
-        check_weights(args.model, args.pretrained_file, kwargs, args.random_init, "diagnose")
-    if args.checkpoint:
-        entry = load_trained(args.checkpoint)
-    else:  # the classifier plays no part: built without one, whatever the file's class count
-        entry = load_pretrained(args.model, args.pretrained_file, 0, model_kwargs={**kwargs, "num_classes": 0})
+    # the classifier plays no part: a --model is built without one, whatever the file's class count
+    entry = load_model_option(args, "diagnose", 0, {**dict(args.model_kwargs), "num_classes": 0})
     if not isinstance(entry.model, RoPEVisionTransformer):
         raise UserError(f"{entry.label} is a {type(entry.model).__name__}, not a vit_rope model: nothing to "
                         "diagnose; pass a vit_rope_* model or a checkpoint of one")
@@ -233,11 +216,7 @@ def _load(args: argparse.Namespace) -> tuple[EvalModel, list[Sample] | None]:
         args.sizes = list(dict.fromkeys(patch * max(1, round(entry.train_size * ratio / 224 / patch))
                                         for ratio in (224, 320, 384, 512)))
     check_multiple("--sizes entry", args.sizes, entry.model, entry.label)
-    if args.policy is not None:
-        try:  # the encoding checks that the policy applies to its kind (its check_policy)
-            entry.model.set_resolution_policy(args.policy)
-        except ValueError as err:
-            raise UserError(f"--policy {args.policy}: {err}") from err
+    set_policy(entry, args.policy)
     if args.data_dir is None:
         return entry, None
     split = args.val_split or entry.val_split or "val"

@@ -4,16 +4,19 @@ whose learned frequencies or classifier were not in its weights is refused rathe
 
 from __future__ import annotations
 
+import argparse
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
+import yaml
 from timm.data import ImageNetInfo
 from timm.models import get_pretrained_cfg_value
 from torch import nn
 
+from vit_rope.checks import check_model_name
 from vit_rope.errors import UserError
 from vit_rope.models.factory import PretrainedLoadError, create_model
 from vit_rope.models.formats import model_args
@@ -83,6 +86,58 @@ def load_trained(path: str | Path, use_ema: bool = True) -> EvalModel:
     label = f"{model_label(name, kwargs)} ({path}{', EMA' if ema else ''})"
     data = ("val_split", "data_dir", "dataset", "input_key", "target_key", "train_split")
     return EvalModel(label, model, train_size, ckpt.get("classes"), *(ckpt["config"].get(key) for key in data))
+
+
+def parse_kwarg(text: str) -> tuple[str, Any]:
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"{text!r} is not KEY=VALUE (e.g. depth=2)")
+    return key, yaml.safe_load(value)
+
+
+def add_model_options(parser: argparse.ArgumentParser, use: str, model_help: str) -> None:
+    """A one-model command's options (diagnose, export): a ``--checkpoint``, or a ``--model`` and its weights."""
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--checkpoint", metavar="PATH", help="a train.py checkpoint (last.pth, best.pth)")
+    source.add_argument("--model", metavar="NAME", help=model_help)
+    parser.add_argument("--pretrained-file", metavar="FILE", help="weights for --model")
+    parser.add_argument("--random-init", action="store_true",
+                        help=f"{use} a --model without weights, at its random initialisation (labelled so)")
+    parser.add_argument("--model-kwargs", nargs="+", type=parse_kwarg, default=[], metavar="KEY=VALUE",
+                        help="extra timm.create_model arguments for --model (values read as YAML)")
+
+
+def check_model_options(parser: argparse.ArgumentParser, args: argparse.Namespace, *flags: str) -> None:
+    """A usage error for ``--model``'s options (and ``flags``) beside a ``--checkpoint``, or a file with
+    ``--random-init``."""
+    flags = ("--pretrained-file", *flags, "--model-kwargs", "--random-init")
+    if args.checkpoint and any(getattr(args, flag[2:].replace("-", "_")) not in (None, [], False) for flag in flags):
+        parser.error(f"{', '.join(flags[:-1])} and {flags[-1]} go with --model: a checkpoint rebuilds its own model, "
+                     "with its weights")
+    if args.random_init and args.pretrained_file:
+        parser.error("--random-init asks for random weights, --pretrained-file for a file's: pass one of them")
+
+
+def load_model_option(args: argparse.Namespace, use: str, num_classes: int, kwargs: dict[str, Any]) -> EvalModel:
+    """The model of ``--checkpoint`` (its EMA weights unless ``--no-ema``) or of ``--model``, whose name and
+    weights are checked first."""
+    if args.checkpoint:
+        return load_trained(args.checkpoint, not getattr(args, "no_ema", False))
+    check_model_name(args.model)
+    check_weights(args.model, args.pretrained_file, kwargs, args.random_init, use)
+    return load_pretrained(args.model, args.pretrained_file, num_classes, model_kwargs=kwargs)
+
+
+def set_policy(entry: EvalModel, policy: str | None) -> None:
+    """Give the model ``--policy`` (None: its own), or a ``UserError`` when it has none or its encoding refuses it."""
+    if policy is None:
+        return
+    if not hasattr(entry.model, "set_resolution_policy"):
+        raise UserError(f"--policy applies to vit_rope models; {entry.label} has no RoPE policy")
+    try:
+        entry.model.set_resolution_policy(policy)
+    except ValueError as err:  # a policy the model's encoding cannot take (DINOv3's)
+        raise UserError(f"--policy {policy}: {err}") from None
 
 
 def check_weights(name: str, weights: str | None, model_kwargs: dict[str, Any], random_init: bool, use: str) -> None:

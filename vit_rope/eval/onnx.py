@@ -18,8 +18,7 @@ from torch.export import Dim, ExportedProgram
 
 from vit_rope.encodings.policies import POLICIES
 from vit_rope.errors import UserError
-from vit_rope.eval.command import parse_kwarg
-from vit_rope.eval.loading import check_weights, load_pretrained, load_trained
+from vit_rope.eval.loading import add_model_options, check_model_options, load_model_option, set_policy
 
 Shape = tuple[int, int, int]  # (batch, height, width)
 
@@ -159,15 +158,8 @@ def export_onnx(model: nn.Module, path: str | Path, *, img_size: tuple[int, int]
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="vit-rope-export", description=__doc__.split("\n\n")[0])
-    source = parser.add_mutually_exclusive_group(required=True)
-    source.add_argument("--checkpoint", metavar="PATH", help="a train.py checkpoint (last.pth, best.pth)")
-    source.add_argument("--model", metavar="NAME", help="a timm model name (vit_rope_* or timm's own ViTs)")
-    parser.add_argument("--pretrained-file", metavar="FILE", help="weights for --model")
-    parser.add_argument("--random-init", action="store_true",
-                        help="export a --model without weights, at its random initialisation, to try the export")
+    add_model_options(parser, "export", "a timm model name (vit_rope_* or timm's own ViTs)")
     parser.add_argument("--num-classes", type=int, help="outputs of --model (default: the file's, else 1000)")
-    parser.add_argument("--model-kwargs", nargs="+", type=parse_kwarg, default=[], metavar="KEY=VALUE",
-                        help="extra timm.create_model arguments for --model (values read as YAML)")
     parser.add_argument("--no-ema", action="store_true", help="export a checkpoint's model weights, not its EMA")
     parser.add_argument("--output", required=True, metavar="FILE", help="the ONNX file to write")
     parser.add_argument("--img-size", nargs="+", type=int, metavar="SIDE",
@@ -181,12 +173,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    if args.checkpoint and (args.pretrained_file or args.num_classes is not None or args.model_kwargs
-                            or args.random_init):
-        parser.error("--pretrained-file, --num-classes, --model-kwargs and --random-init go with --model: a checkpoint "
-                     "rebuilds its own model, with its weights")
-    if args.random_init and args.pretrained_file:
-        parser.error("--random-init exports random weights, --pretrained-file a file's: pass one of them")
+    check_model_options(parser, args, "--num-classes")
     if args.img_size and len(args.img_size) > 2:
         parser.error(f"--img-size takes H or H W, got {len(args.img_size)} values")
     try:
@@ -194,24 +181,12 @@ def main(argv: list[str] | None = None) -> int:
         if Path(args.output).is_dir():  # else the export would fail at its last step, the write
             raise UserError(f"--output {args.output} is a folder: name the ONNX file to write, e.g. "
                             f"{Path(args.output) / 'model.onnx'}")
-        if args.model:
-            check_weights(args.model, args.pretrained_file, dict(args.model_kwargs), args.random_init, "export")
         if args.policy is not None and args.policy not in POLICIES:
             raise UserError(f"unknown RoPE policy '{args.policy}': choose from {', '.join(POLICIES)}")
-        if args.checkpoint:
-            entry = load_trained(args.checkpoint, not args.no_ema)
-        else:
-            classes = {} if args.num_classes is None else {"num_classes": args.num_classes}
-            entry = load_pretrained(args.model, args.pretrained_file, classes.get("num_classes", 1000),
-                                    model_kwargs=dict(args.model_kwargs, **classes))
+        classes = {} if args.num_classes is None else {"num_classes": args.num_classes}
+        entry = load_model_option(args, "export", 1000, dict(args.model_kwargs, **classes))
         model = entry.model
-        if args.policy is not None:
-            if not hasattr(model, "set_resolution_policy"):
-                raise UserError(f"--policy applies to vit_rope models; {entry.label} has no RoPE policy")
-            try:
-                model.set_resolution_policy(args.policy)
-            except ValueError as err:  # a policy this model's RoPE cannot take (DINOv3's)
-                raise UserError(f"{entry.label}: {err}") from None
+        set_policy(entry, args.policy)
         sides = args.img_size or [entry.train_size]
         result = export_onnx(model, args.output, img_size=(sides[0], sides[-1]), batch_size=args.batch_size,
                              opset=args.opset)

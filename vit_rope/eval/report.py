@@ -88,11 +88,13 @@ def _draw(ax: Any, results: Sequence[dict[str, Any]], colors: dict[str, Any] | N
             rows = [by_column[column] for column in sorted(by_column) if column[0] == kind]
             spread = [[row["top1"] - row["top1_min"] for row in rows],
                       [row["top1_max"] - row["top1"] for row in rows]] if "top1_min" in rows[0] else None  # seeds
-            notes = [note for note in (policy, probe if probed else None, "tokens" if kind == "tokens" else None)
-                     if note]
+            notes = ", ".join(note for note in (policy, probe if probed else None,
+                                                "tokens" if kind == "tokens" else None) if note)
+            name = (names or {}).get(model, model)  # "": one model, named in the title, its lines by their notes
+            label = (f"{name} [{notes}]" if notes else name) if name else notes or model
             ax.errorbar([_x(row) for row in rows], [row["top1"] for row in rows], yerr=spread, capsize=3,
                         marker="s" if kind == "tokens" else "o", linestyle="--" if kind == "tokens" else "-",
-                        color=(colors or {}).get(model), label=_label((names or {}).get(model, model), notes, model))
+                        color=(colors or {}).get(model), label=label)
     ticks = sorted({round(_x(result)) for result in results})
     budgets = any(result.get("seq_len") for result in results)
     ax.set(xticks=ticks, xticklabels=[str(tick) for tick in ticks], ylabel="top-1 (%)",
@@ -100,21 +102,14 @@ def _draw(ax: Any, results: Sequence[dict[str, Any]], colors: dict[str, Any] | N
     ax.grid(alpha=0.3)
 
 
-def _figure(size: tuple[float, float]) -> Any:
+def figure(size: tuple[float, float], layout: str = "constrained") -> Any:
     """A Figure on the Agg canvas (no global backend switched), or None, after a warning, without matplotlib."""
     try:
         from matplotlib.figure import Figure
     except ImportError:
         print("warning: matplotlib is not installed, skipping the plot; pip install 'vit-rope[plot]' for it")
         return None
-    return Figure(figsize=size, layout="constrained")
-
-
-def _label(name: str, notes: Sequence[str], model: str) -> str:
-    """``name [policy, tokens]``; the notes alone for ``""`` (one model, named in the title), else the model."""
-    if not name:
-        return ", ".join(notes) or model
-    return f"{name} [{', '.join(notes)}]" if notes else name
+    return Figure(figsize=size, layout=layout)
 
 
 def short_names(models: Sequence[str]) -> tuple[str | None, dict[str, str]]:
@@ -151,7 +146,7 @@ def _covers_a_curve(ax: Any, legend: Any) -> bool:
 def accuracy_figure(results: Sequence[dict[str, Any]], title: str = "Accuracy against resolution") -> Any:
     """Top-1 against size as a matplotlib Figure (None without matplotlib), lines named by what tells them apart; the
     legend inside the axes where it covers no line, else outside."""
-    fig = _figure((7, 4.5))
+    fig = figure((7, 4.5))
     if fig is None:
         return None
     ax = fig.add_subplot()
@@ -205,7 +200,7 @@ def plot_panels(panels: dict[str, Sequence[dict[str, Any]]], path: Path, title: 
     """One panel per key (e.g. a policy), each model in one colour in all, one legend; False without matplotlib."""
     columns = min(3, len(panels))
     rows = -(-len(panels) // columns)
-    fig = _figure((max(4.2 * columns, 7.0), 3.4 * rows + 1.2))  # one panel as wide as a plot, for the legend
+    fig = figure((max(4.2 * columns, 7.0), 3.4 * rows + 1.2))  # one panel as wide as a plot, for the legend
     if fig is None:
         return False
     colors = _palette(list(dict.fromkeys(row["model"] for results in panels.values() for row in results)))
