@@ -1,8 +1,6 @@
 """``python -m vit_rope.diagnose``: ``vit_rope.eval.diagnostics``'s command."""
 
-import sys
-
 from vit_rope.eval.diagnostics import main
 
 if __name__ == "__main__":
-    sys.exit(main())
+    raise SystemExit(main())

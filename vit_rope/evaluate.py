@@ -1,8 +1,6 @@
 """``python -m vit_rope.evaluate``: ``vit_rope.eval.command``'s command."""
 
-import sys
-
 from vit_rope.eval.command import main
 
 if __name__ == "__main__":
-    sys.exit(main())
+    raise SystemExit(main())

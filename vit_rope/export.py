@@ -1,8 +1,6 @@
 """``python -m vit_rope.export``: ``vit_rope.eval.onnx``'s command."""
 
-import sys
-
 from vit_rope.eval.onnx import main
 
 if __name__ == "__main__":
-    sys.exit(main())
+    raise SystemExit(main())

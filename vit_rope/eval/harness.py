@@ -20,7 +20,7 @@ from vit_rope.eval import memory, windows
 from vit_rope.eval import token_budget as naflex
 from vit_rope.eval.extraction import Runs, TrainFeatures, check_feature_memory, forward_split, subset, train_split
 from vit_rope.eval.loading import EvalModel, check_loaded
-from vit_rope.eval.probes import ProbeOptions, check_probe_options, feature_width
+from vit_rope.eval.probes import PROBES, ProbeOptions, check_probe_options, feature_width
 from vit_rope.models.naflex_batch import naflex_patch
 from vit_rope.models.pos_encoding import resolution_encoding
 
@@ -93,8 +93,7 @@ def eval_transform(size: int, crop_pct: float) -> Any:
 def normalisation(model: nn.Module, device: str) -> tuple[torch.Tensor, torch.Tensor]:
     """The mean and std ``[1, 3, 1, 1]`` of a timm model's data config, which it was trained with."""
     config = resolve_data_config({}, model=model)
-    return (torch.tensor(config["mean"], device=device).view(1, 3, 1, 1),
-            torch.tensor(config["std"], device=device).view(1, 3, 1, 1))
+    return tuple(torch.tensor(config[key], device=device).view(1, 3, 1, 1) for key in ("mean", "std"))
 
 
 def protocol(crop_pct: float) -> str:
@@ -129,14 +128,13 @@ def evaluate_models(models: Sequence[EvalModel], data_dir: str | Path, img_sizes
     settings += naflex.budget_settings(seq_lens, [naflex_patch(entry.model) for entry in models])
     for entry in models:
         check_loaded(entry.model, entry.label)
-    head, knn = "head" in probes.probes, "knn" in probes.probes
+    head, knn, linear = (probe in probes.probes for probe in PROBES)
+    bank = probes.bank_size if knn else None  # one bank size for every val setting, else each setting's own
     fits = [probes.linear_size or entry.train_size for entry in models]  # where each model's linear probe is fitted
     # the train split's sizes that serve every val setting, per model: the --bank-size bank, the linear probe's fit
-    needs = [{*([probes.bank_size] if knn and probes.bank_size else []), *([fit] if "linear" in probes.probes else [])}
-             for fit in fits]
+    needs = [{size for size in (bank, fit if linear else None) if size} for fit in fits]
     fixed = sorted(set().union(*needs))
-    for flag, size in (("--bank-size", probes.bank_size if knn else None),
-                       ("--linear-size", probes.linear_size if "linear" in probes.probes else None)):
+    for flag, size in (("--bank-size", bank), ("--linear-size", probes.linear_size if linear else None)):
         for entry in models if size else ():
             check_multiple(flag, [size], entry.model, entry.label)
     trained = {i: windows.trained_windows(entry.model) for i, entry in enumerate(models)
@@ -162,7 +160,7 @@ def evaluate_models(models: Sequence[EvalModel], data_dir: str | Path, img_sizes
     if train:  # at most: per run, the features of its fixed sizes, the bank at one setting, the val features there
         free -= check_feature_memory({row: widths[i] for row, (i, _) in enumerate(runs.runs)}, len(train.indices),
                                      len(indices), {row: len(needs[i]) for row, (i, _) in enumerate(runs.runs)},
-                                     knn and not probes.bank_size, free)
+                                     knn and not bank, free)
     batch_sizes = [memory.fit_batch([(models[i].label, models[i].model) for i in setting.models], setting.name,
                                     setting.fields, asked, free, 4 if cpu else 2, 2 * workers * cpu)  # bf16 on CUDA
                    for setting in settings + fixed_settings]
@@ -171,14 +169,14 @@ def evaluate_models(models: Sequence[EvalModel], data_dir: str | Path, img_sizes
             print(f"{setting.name}: batches of {batch} images, as many as fit in the {free / 2**30:.1f} GiB free "
                   f"(--batch-size {batch_size})", flush=True)
     banks = TrainFeatures(runs, train, probes, fits) if train else None
-    per_setting = [setting.name for setting in settings] if knn and not probes.bank_size else []
+    per_setting = [setting.name for setting in settings] if knn and not bank else []
     for setting, batch in zip(fixed_settings, batch_sizes[len(settings):], strict=True):
-        rows = [row for row, (i, _) in enumerate(runs.runs) if i in setting.models]
+        rows = runs.fed(setting)
         banks.extract(setting, batch, rows)
-        banks.fit(setting, rows, [*per_setting, *([f"{probes.bank_size} px"] if knn and probes.bank_size else [])])
+        banks.fit(setting, rows, [*per_setting, *([f"{bank} px"] if bank else [])])
     results = []
     for setting, batch in zip(settings, batch_sizes[:len(settings)], strict=True):  # the val settings
-        fed = [row for row, (i, _) in enumerate(runs.runs) if i in setting.models]
+        fed = runs.fed(setting)
         if per_setting:
             banks.extract(setting, batch, fed)
         heads = {row: maps[runs.runs[row][0]] for row in fed} if head else {}
@@ -198,8 +196,7 @@ def evaluate_models(models: Sequence[EvalModel], data_dir: str | Path, img_sizes
             if head:
                 results.append({**common, "probe": "head", "top1": 100 * hits1 / done.counted,
                                 "top5": 100 * hits5 / done.counted, "loss": loss_sum / done.counted, **timing})
-            bank = f"{probes.bank_size} px" if probes.bank_size else setting.name
-            results += [{**common, **banks.score(probe, row, bank, done), **timing}
+            results += [{**common, **banks.score(probe, row, f"{bank} px" if bank else setting.name, done), **timing}
                         for probe in probes.probes if probe != "head"]
         if per_setting:
             banks.release(setting.name)

@@ -47,11 +47,11 @@ def check_windows(model: SwinTransformer, sizes: list[int], rule: str | int, tra
     """Refuse, before anything runs, a size whose stages the windows of ``rule`` do not tile (unless ``pad``)."""
     step = model.patch_embed.patch_size[0]
     for size in sizes if not pad else ():
-        untiled = _untiled(model, size, _windows_at(model, size, rule, trained))
+        untiled = _untiled(model, size, rule, trained)
         if untiled:
             stage, grid, window = untiled
             nearby = sorted(range(step, 2 * size + step, step), key=lambda s: (abs(s - size), s))  # whole patches
-            near = [s for s in nearby if not _untiled(model, s, _windows_at(model, s, rule, trained))]
+            near = [s for s in nearby if not _untiled(model, s, rule, trained)]
             raise UserError(f"{label} at {size} px: stage {stage + 1}'s {grid[0]}x{grid[1]} tokens are not a whole "
                             f"number of {window[0]}x{window[1]} windows; evaluate at "
                             f"{' or '.join(map(str, near[:2])) or 'another size'}, choose another --window-size, or "
@@ -70,19 +70,15 @@ def _explicit(rule: str | int, trained: list[tuple[int, int]]) -> list[tuple[int
     return None if rule == "scale" else trained if rule == "keep" else rule
 
 
-def _untiled(model: SwinTransformer, size: int, windows: list[tuple[int, int]]
+def _untiled(model: SwinTransformer, size: int, rule: str | int, trained: list[tuple[int, int]]
              ) -> tuple[int, tuple[int, int], tuple[int, int]] | None:
-    for stage, (grid, window) in enumerate(zip(stage_grids(model, size), windows, strict=True)):
-        if any(g > w and g % w for g, w in zip(grid, window, strict=True)):
-            return stage, grid, window
-    return None
-
-
-def _windows_at(model: SwinTransformer, size: int, rule: str | int, trained: list[tuple[int, int]]
-                ) -> list[tuple[int, int]]:
-    """The windows ``rule`` gives at ``size`` px, each capped at its stage's grid, as timm gives them."""
+    """The first stage, grid and window at ``size`` px whose windows of ``rule`` (each capped at the stage's grid, as
+    timm caps them) do not tile the grid; None when every stage's do."""
     grids = stage_grids(model, size)
     wanted = calc_stage_window_sizes(grids[0], tuple(trained), model._ref_grid_size,
                                      window_size=_explicit(rule, trained))
-    return [tuple(min(g, w) for g, w in zip(grid, window, strict=True))
-            for grid, window in zip(grids, wanted, strict=True)]
+    for stage, (grid, window) in enumerate(zip(grids, wanted, strict=True)):
+        window = tuple(min(g, w) for g, w in zip(grid, window, strict=True))
+        if any(g > w and g % w for g, w in zip(grid, window, strict=True)):
+            return stage, grid, window
+    return None
