@@ -37,9 +37,8 @@ def image_bytes(model: nn.Module, fields: dict, element: int, prefetch: int = 0)
     attention scores where they are materialised; a Swin's costliest stage. None for a CNN."""
     if has_windows(model):
         return _swin_bytes(model, fields["img_size"], element) + _input_bytes(fields["img_size"] ** 2, prefetch)
-    blocks, width, patch = getattr(model, "blocks", None), getattr(model, "embed_dim", None), naflex_patch(model)
-    if patch is None:
-        patch = to_2tuple(getattr(getattr(model, "patch_embed", None), "patch_size", None))
+    blocks, width = getattr(model, "blocks", None), getattr(model, "embed_dim", None)
+    patch = naflex_patch(model) or to_2tuple(getattr(getattr(model, "patch_embed", None), "patch_size", None))
     if not blocks or width is None or patch[0] is None or not hasattr(blocks[0], "mlp"):
         return None
     if fields.get("seq_len"):

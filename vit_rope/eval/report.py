@@ -41,9 +41,8 @@ def _rows(results: Sequence[dict[str, Any]]
           ) -> dict[tuple[str, str | None, str], dict[tuple[str, int], dict[str, Any]]]:
     """Results grouped by (model, policy, probe) row and column, in the order they were evaluated."""
     rows: dict[tuple[str, str | None, str], dict[tuple[str, int], dict[str, Any]]] = {}
-    for result in results:
-        key = (result["model"], result["policy"], result.get("probe", "head"))
-        rows.setdefault(key, {})[column_of(result)] = result
+    for row in results:
+        rows.setdefault((row["model"], row["policy"], row.get("probe", "head")), {})[column_of(row)] = row
     return rows
 
 
@@ -156,9 +155,8 @@ def accuracy_figure(results: Sequence[dict[str, Any]], title: str = "Accuracy ag
     fig.suptitle(title)
     if common:
         ax.set_title(common, fontsize=9)
-    named = ["policy"] * (len(models) == 1 and any(result["policy"] for result in results)) + ["probe"] * (
-        len(models) == 1 and _probed(results))
-    heading = ", ".join(named) or None
+    named = {"policy": any(result["policy"] for result in results), "probe": _probed(results)}  # one model's lines
+    heading = ", ".join(name for name, shown in named.items() if shown and len(models) == 1) or None
     legend = ax.legend(fontsize=7, title=heading, title_fontsize=7)
     fig.draw_without_rendering()
     if _covers_a_curve(ax, legend):

@@ -65,15 +65,12 @@ def budget_transform(seq_len: int, patch: tuple[int, int]) -> Callable[[Any], di
                             interpolation="bicubic", mean=(0.0, 0.0, 0.0), std=(1.0, 1.0, 1.0), use_prefetcher=False)
 
 
-class BudgetCollator:
-    """timm's ``NaFlexCollator``, keeping the items' count of unreadable files skipped, which it drops."""
-
-    def __init__(self, seq_len: int) -> None:
-        self.collate = NaFlexCollator(max_seq_len=seq_len)
+class BudgetCollator(NaFlexCollator):
+    """timm's ``NaFlexCollator`` (of ``max_seq_len``), keeping the items' count of unreadable files skipped, which it
+    drops."""
 
     def __call__(self, items: list[tuple[dict[str, Tensor], int, int]]) -> tuple[dict[str, Any], Tensor, Tensor]:
-        batch, targets = self.collate(items)
-        return batch, targets, torch.tensor([item[2] for item in items])
+        return *super().__call__(items), torch.tensor([item[2] for item in items])
 
 
 def budget_settings(seq_lens: Sequence[int], patches: Sequence[tuple[int, int] | None]) -> list[Setting]:
