@@ -37,21 +37,16 @@ def frequency_coverage(model: RoPEVisionTransformer, target_grid: tuple[int, int
     """Per layer: the turns ``[heads][pairs]`` of each channel pair across the training grid and ``target_grid``,
     and ``unseen``, the pairs under one turn on the training grid whose range grows by more than one training step
     (``interpolate`` stretches it by less: a resampling, not an extrapolation)."""
-    rows = []
-    for layer, rope in enumerate(_rotations(model)):
-        train, target, unseen = _coverage(rope, target_grid)
-        rows.append(dict(layer=layer, train_turns=train.tolist(), target_turns=target.tolist(),
-                         unseen=int(unseen.sum()), pairs=train.numel()))  # fmt: skip
-    return rows
+    coverage = [(layer, *_coverage(rope, target_grid)) for layer, rope in enumerate(_rotations(model))]
+    return [dict(layer=layer, train_turns=train.tolist(), target_turns=target.tolist(), unseen=int(unseen.sum()),
+                 pairs=train.numel()) for layer, train, target, unseen in coverage]
 
 
 def budget_coverage(model: RoPEVisionTransformer, grids: list[tuple[int, int]]) -> list[dict[str, Any]]:
-    """Per layer: the channel pairs that meet unseen phases on any of ``grids``, a budget's images' (h, w) grids."""
-    rows = []
-    for layer, rope in enumerate(_rotations(model)):
-        unseen = torch.stack([_coverage(rope, grid)[2] for grid in grids]).any(0)  # [H, D/2]
-        rows.append(dict(layer=layer, unseen=int(unseen.sum()), pairs=unseen.numel()))
-    return rows
+    """Per layer: the channel pairs ``[H, D/2]`` that meet unseen phases on any of ``grids``, a budget's images' (h, w)
+    grids."""
+    unseen = [torch.stack([_coverage(rope, grid)[2] for grid in grids]).any(0) for rope in _rotations(model)]
+    return [dict(layer=layer, unseen=int(pairs.sum()), pairs=pairs.numel()) for layer, pairs in enumerate(unseen)]
 
 
 def _rotations(model: RoPEVisionTransformer) -> list[RoPE2D]:

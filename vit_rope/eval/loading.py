@@ -174,38 +174,40 @@ def load_pretrained(name: str, weights: str | None, num_classes: int, train_size
     if weights is None and not published:
         kwargs.setdefault("num_classes", num_classes)
     if weights is not None and "num_classes" not in kwargs:  # the file's classifier, whatever the registry's default
-        classes = file_classes(name, weights)
-        if classes is not None:
+        classifier = get_pretrained_cfg_value(name, "classifier") or "head"
+        classes = tensor_rows(weights, f"{classifier if isinstance(classifier, str) else classifier[0]}.weight")
+        if classes is not None:  # None: a backbone
             kwargs["num_classes"] = classes
     # custom_load=False: the file is a state dict, also for models whose registry weights are JAX .npz files (timm
     # before 1.0.31 kept their npz loader for a local file); num_classes keeps a head of that size, which timm drops
-    overlay = {"file": weights, "custom_load": False,
-               **({"num_classes": kwargs["num_classes"]} if "num_classes" in kwargs else {})} if weights else {}
+    if weights is not None:  # unless --model-kwargs gives an overlay of its own
+        kwargs.setdefault("pretrained_cfg_overlay", {"file": weights, "custom_load": False,
+                                                     **{k: v for k, v in kwargs.items() if k == "num_classes"}})
     kwargs["pretrained"] = weights is not None or published
     try:
         with torch.random.fork_rng(devices=[]), warnings.catch_warnings():  # seeded: random weights (no file) repeat
             torch.manual_seed(0)
             warnings.simplefilter("ignore", WeightsNotLoadedWarning)  # model.load_report is checked below instead
-            model = _build(name, {"pretrained_cfg_overlay": overlay, **kwargs} if overlay else kwargs)
+            model = _build(name, kwargs)
     except PretrainedLoadError as failed:
+        if weights is None:
+            raise
+        try:  # timm's read error (SafetensorError: header too large, ...) names neither the file nor the fix
+            read_weights(weights)
+        except UnreadableCheckpointError as unreadable:
+            raise UserError(str(unreadable)) from None
+        except Exception:  # a well-formed file that weights_only refuses: reported below as before
+            pass
         err = failed.__cause__
-        if weights is not None:
-            try:  # timm's read error (SafetensorError: header too large, ...) names neither the file nor the fix
-                read_weights(weights)
-            except UnreadableCheckpointError as unreadable:
-                raise UserError(str(unreadable)) from None
-            except Exception:  # a well-formed file that weights_only refuses: reported below as before
-                pass
-        if weights is None or not isinstance(err, RuntimeError | ValueError):
+        if not isinstance(err, RuntimeError | ValueError):
             raise
         lines = str(err).strip().splitlines()  # torch's load_state_dict lists the keys on lines of their own
         detail = " ".join(line.strip() for line in lines) if isinstance(err, RuntimeError) else lines[0]
         detail = detail if len(detail) <= 600 else detail[:597] + "..."
-        backbone = weights is not None and "num_classes" not in kwargs  # the file's rows gave no class count
-        raise UserError(f"--pretrained-file {weights} does not fit {name} ({detail}); "
+        raise UserError(f"--pretrained-file {weights} does not fit {name} ({detail}); "  # no class count: a backbone
                         + ("it has no classifier: probe its features with --probe knn or --probe linear, or "
-                           if backbone else "") + "pick the model it was trained as, or --model-kwargs to match it"
-                        ) from None
+                           if "num_classes" not in kwargs else "")
+                        + "pick the model it was trained as, or --model-kwargs to match it") from None
     check_loaded(model, name, weights)
     report = getattr(model, "load_report", None)
     if report is not None and report.initialised:
@@ -217,12 +219,6 @@ def load_pretrained(name: str, weights: str | None, num_classes: int, train_size
                         *([] if kwargs["pretrained"] else ["random init"]))
     label += f" ({weights})" if weights is not None else ""  # the file, as for checkpoints: two files, two rows
     return EvalModel(label, model, int(size), classes)
-
-
-def file_classes(name: str, weights: str | Path) -> int | None:
-    """The class count of the classifier in a weights file for model ``name``, None for a backbone."""
-    classifier = get_pretrained_cfg_value(name, "classifier") or "head"
-    return tensor_rows(weights, f"{classifier if isinstance(classifier, str) else classifier[0]}.weight")
 
 
 def check_loaded(model: nn.Module, name: str, weights: str | Path | None = None) -> None:
