@@ -56,13 +56,12 @@ def patch_size(model: nn.Module) -> int | None:
 def check_multiple(what: str, sizes: Sequence[int], model: nn.Module, label: str) -> None:
     """Raise a ``UserError`` naming the first of ``sizes`` that ``model`` cannot tile into whole patches (timm's patch
     embedding would drop the remainder) and the nearest sizes that tile."""
-    patch = patch_size(model)
+    patch = patch_size(model) or 1  # a CNN takes any positive size
     for size in sizes:
-        if size <= 0 or (patch is not None and size % patch):
-            lower = max(size, 0) // (patch or 1) * (patch or 1)
-            use = f"{lower} or {lower + patch}" if lower and patch else f"{patch or 1}"
-            raise UserError(f"{what} {size} is not a positive multiple of the patch size {patch or 1} of {label}: use "
-                            f"{use}")
+        if size <= 0 or size % patch:
+            lower = max(size, 0) // patch * patch
+            use = f"{lower} or {lower + patch}" if lower else f"{patch}"
+            raise UserError(f"{what} {size} is not a positive multiple of the patch size {patch} of {label}: use {use}")
 
 
 def check_patch_multiple(x: Tensor, patch_size: tuple[int, int]) -> Tensor:
