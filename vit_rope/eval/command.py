@@ -149,11 +149,10 @@ def main(argv: list[str] | None = None) -> int:
         if args.device != "cuda":  # loader workers need cores of their own, or every thread stalls
             set_cpu_threads(0, args.workers)
         models = [load_trained(path, not args.no_ema) for path in args.checkpoint]
-        dataset = choose_setting(args.dataset, models, "dataset", "--dataset", None)
+        dataset = choose_setting(args.dataset, models, "dataset", None)
         data_dir = data_root(args.data_dir, dataset, models)
         split = choose_setting(args.split, models)
-        keys = {key: choose_setting(getattr(args, key), models, key, f"--{key.replace('_', '-')}", None)
-                for key in ("input_key", "target_key")}
+        keys = {key: choose_setting(getattr(args, key), models, key, None) for key in ("input_key", "target_key")}
         # the --model classifiers' size; checkpoints carry theirs, and evaluate_models reads the split anyway
         num_classes = len(find_split(data_dir, dataset, split, split_key="--split", **keys)[1]) if args.model else 0
         models += [load_pretrained(name, file, num_classes, args.train_size, kwargs)
@@ -174,8 +173,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"warning: {', '.join(unloaded)} evaluated with random weights (--random-init): chance accuracy, "
                   "labelled 'random init'", flush=True)
         if options.pooled:  # the checkpoints' train split, asked only of the probes
-            options = replace(options, train_split=choose_setting(args.train_split, models, "train_split",
-                                                                  "--train-split", "train"))
+            options = replace(options, train_split=choose_setting(args.train_split, models, "train_split", "train"))
             print(f"probes: {', '.join(probes)} built from {split_label(data_dir, dataset, options.train_split)}"
                   + (f", {args.train_limit} images evenly spread" if args.train_limit else ""), flush=True)
         with flushed_subnormals():

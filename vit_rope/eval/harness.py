@@ -57,14 +57,15 @@ def check_options(policies: Sequence[str], crop_pct: float, seq_lens: Sequence[i
 
 
 def choose_setting(given: str | None, models: Sequence[EvalModel], field: str = "val_split",
-                   flag: str = "--split", default: str | None = "val") -> str | None:
-    """``given`` (the ``flag``) when set, else the ``field`` the checkpoints' training runs used, else ``default``."""
+                   default: str | None = "val") -> str | None:
+    """``given`` when set, else the ``field`` the checkpoints' training runs used (all the same), else ``default``."""
     if given:
         return given
     used = {entry.label: getattr(entry, field) for entry in models if getattr(entry, field)}
     if len(set(used.values())) > 1:
         listed = ", ".join(f"{label}: {value}" for label, value in used.items())
         what = "were validated on different splits" if field == "val_split" else f"were trained with different {field}"
+        flag = "--split" if field == "val_split" else f"--{field.replace('_', '-')}"
         raise UserError(f"the checkpoints {what} ({listed}); pass {flag} to pick the one to evaluate on")
     return next(iter(used.values()), default)
 

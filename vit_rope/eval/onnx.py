@@ -74,7 +74,6 @@ def export_program(model: nn.Module, img_size: tuple[int, int] = (224, 224), bat
     if dynamic and batch_size < 2:
         raise ExportInputError(f"batch_size {batch_size}: trace with 2 or more images (torch.export fixes a batch "
                                "of 1 as a constant); the exported batch stays dynamic")
-    h, w = img_size
     dims = ({0: Dim("batch", min=1), 2: ph * Dim("grid_h", min=1), 3: pw * Dim("grid_w", min=1)},)
     if hasattr(model, "fold_encoding_"):  # what folds (STRING's basis) is written into a copy's weights
         model = copy.deepcopy(model)
@@ -83,7 +82,7 @@ def export_program(model: nn.Module, img_size: tuple[int, int] = (224, 224), bat
     try:
         # runtime asserts for what the shapes must satisfy, not guards simplified at trace time: a Swin's padded
         # windows (H mod window) export in a third of the time
-        return torch.export.export(model.eval(), (_images(model, batch_size, h, w),),
+        return torch.export.export(model.eval(), (_images(model, batch_size, *img_size),),
                                    dynamic_shapes=dims if dynamic else None,
                                    prefer_deferred_runtime_asserts_over_guards=True)
     finally:
