@@ -55,12 +55,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--split", "--val-split", dest="split", metavar="NAME",
                         help="split to evaluate on: a folder of --data-dir, a split of the shards or dataset (default: "
                         "the val_split the checkpoints were trained with, else val)")
-    parser.add_argument("--input-key", metavar="KEY",
-                        help="shards: the image members' extensions (jpg;png); a dataset: its image column (default: "
-                        "the checkpoints')")
-    parser.add_argument("--target-key", metavar="KEY",
-                        help="shards: the .json field of the label; a dataset: its label column (default: the "
-                        "checkpoints')")
+    parser.add_argument("--input-key", metavar="KEY", help="shards: the image members' extensions (jpg;png); a "
+                        "dataset: its image column (default: the checkpoints')")
+    parser.add_argument("--target-key", metavar="KEY", help="shards: the .json field of the label; a dataset: its "
+                        "label column (default: the checkpoints')")
     parser.add_argument("--img-sizes", nargs="+", type=_positive, metavar="SIZE",
                         help="square input sizes, multiples of the patch size (default: every model's training "
                         "size, each model at all of them; none with --seq-lens)")
@@ -72,9 +70,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--window-size", type=windows.window_arg, default="keep", metavar="RULE",
                         help="a Swin's windows at each size: keep (default: as trained), scale (with the image, "
                         "timm's set_input_size rule) or a number of tokens per side")
-    parser.add_argument("--pad-windows", action="store_true",
-                        help="pad a Swin's windows where a size's stages are not whole windows (timm's "
-                        "dynamic_img_size), instead of refusing the size")
+    parser.add_argument("--pad-windows", action="store_true", help="pad a Swin's windows where a size's stages "
+                        "are not whole windows (timm's dynamic_img_size), instead of refusing the size")
     parser.add_argument("--probe", nargs="+", choices=PROBES, metavar="PROBE",
                         help="what is scored: head (the classifier; the default), knn (DINO's weighted kNN on pooled "
                         "features) or linear (a linear probe fitted at one size); knn or linear alone need no head")
