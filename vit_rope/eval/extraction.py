@@ -170,8 +170,9 @@ class TrainFeatures:
         self.targets[setting.name] = done.targets
         self.features.update({(setting.name, row): done.features[row] for row in missing})
 
-    def fit(self, setting: naflex.Setting, rows: Sequence[int], kept: Sequence[str]) -> None:
-        """Fit the linear probes of the runs ``rows`` at ``setting``, then drop its features unless a bank ``kept``."""
+    def fit(self, setting: naflex.Setting, batch: int, rows: Sequence[int], kept: Sequence[str]) -> None:
+        """Extract and fit the runs ``rows``' linear probes at ``setting``; drop its features unless a bank ``kept``."""
+        self.extract(setting, batch, rows)
         for row in rows:
             if "linear" in self.options.probes and setting.fields["img_size"] == self.fits[self.runs.runs[row][0]]:
                 targets = self.targets[setting.name]

@@ -172,9 +172,7 @@ def evaluate_models(models: Sequence[EvalModel], data_dir: str | Path, img_sizes
     banks = TrainFeatures(runs, train, probes, fits) if train else None
     per_setting = [setting.name for setting in settings] if knn and not bank else []
     for setting, batch in zip(fixed_settings, batch_sizes[len(settings):], strict=True):
-        rows = runs.fed(setting)
-        banks.extract(setting, batch, rows)
-        banks.fit(setting, rows, [*per_setting, *([f"{bank} px"] if bank else [])])
+        banks.fit(setting, batch, runs.fed(setting), [*per_setting, *([f"{bank} px"] if bank else [])])
     results = []
     for setting, batch in zip(settings, batch_sizes[:len(settings)], strict=True):  # the val settings
         fed = runs.fed(setting)
