@@ -111,7 +111,8 @@ def check_model_options(parser: argparse.ArgumentParser, args: argparse.Namespac
     """A usage error for ``--model``'s options (and ``flags``) beside a ``--checkpoint``, or a file with
     ``--random-init``."""
     flags = ("--pretrained-file", *flags, "--model-kwargs", "--random-init")
-    if args.checkpoint and any(getattr(args, flag[2:].replace("-", "_")) not in (None, [], False) for flag in flags):
+    dests = [flag[2:].replace("-", "_") for flag in flags]
+    if args.checkpoint and any(getattr(args, dest) != parser.get_default(dest) for dest in dests):
         parser.error(f"{', '.join(flags[:-1])} and {flags[-1]} go with --model: a checkpoint rebuilds its own model, "
                      "with its weights")
     if args.random_init and args.pretrained_file:
@@ -204,9 +205,9 @@ def load_pretrained(name: str, weights: str | None, num_classes: int, train_size
         lines = str(err).strip().splitlines()  # torch's load_state_dict lists the keys on lines of their own
         detail = " ".join(line.strip() for line in lines) if isinstance(err, RuntimeError) else lines[0]
         detail = detail if len(detail) <= 600 else detail[:597] + "..."
-        raise UserError(f"--pretrained-file {weights} does not fit {name} ({detail}); "  # no class count: a backbone
+        raise UserError(f"--pretrained-file {weights} does not fit {name} ({detail}); "
                         + ("it has no classifier: probe its features with --probe knn or --probe linear, or "
-                           if "num_classes" not in kwargs else "")
+                           if "num_classes" not in kwargs else "")  # the file's rows gave no class count
                         + "pick the model it was trained as, or --model-kwargs to match it") from None
     check_loaded(model, name, weights)
     report = getattr(model, "load_report", None)
