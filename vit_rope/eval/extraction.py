@@ -42,10 +42,6 @@ class Runs:
     trained: dict[int, list[tuple[int, int]]]  # Swin model index -> its stages' trained windows
     window: str | int
 
-    def fed(self, setting: naflex.Setting) -> list[int]:
-        """The runs of the models that ``setting`` feeds."""
-        return [row for row, (i, _) in enumerate(self.runs) if i in setting.models]
-
 
 class Pass(NamedTuple):
     """What a pass gave: per run, the classifier's totals and the pooled features of the images read."""

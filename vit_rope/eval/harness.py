@@ -172,10 +172,11 @@ def evaluate_models(models: Sequence[EvalModel], data_dir: str | Path, img_sizes
     banks = TrainFeatures(runs, train, probes, fits) if train else None
     per_setting = [setting.name for setting in settings] if knn and not bank else []
     for setting, batch in zip(fixed_settings, batch_sizes[len(settings):], strict=True):
-        banks.fit(setting, batch, runs.fed(setting), [*per_setting, *([f"{bank} px"] if bank else [])])
+        rows = [row for row, (i, _) in enumerate(runs.runs) if i in setting.models]
+        banks.fit(setting, batch, rows, [*per_setting, *([f"{bank} px"] if bank else [])])
     results = []
     for setting, batch in zip(settings, batch_sizes[:len(settings)], strict=True):  # the val settings
-        fed = runs.fed(setting)
+        fed = [row for row, (i, _) in enumerate(runs.runs) if i in setting.models]
         if per_setting:
             banks.extract(setting, batch, fed)
         heads = {row: maps[runs.runs[row][0]] for row in fed} if head else {}

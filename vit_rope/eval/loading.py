@@ -108,8 +108,7 @@ def add_model_options(parser: argparse.ArgumentParser, use: str, model_help: str
 
 
 def check_model_options(parser: argparse.ArgumentParser, args: argparse.Namespace, *flags: str) -> None:
-    """A usage error for ``--model``'s options (and ``flags``) beside a ``--checkpoint``, or a file with
-    ``--random-init``."""
+    """A usage error for ``--model``'s options (and ``flags``) with a ``--checkpoint``, or a file with random init."""
     flags = ("--pretrained-file", *flags, "--model-kwargs", "--random-init")
     dests = [flag[2:].replace("-", "_") for flag in flags]
     if args.checkpoint and any(getattr(args, dest) != parser.get_default(dest) for dest in dests):
@@ -120,8 +119,7 @@ def check_model_options(parser: argparse.ArgumentParser, args: argparse.Namespac
 
 
 def load_model_option(args: argparse.Namespace, use: str, num_classes: int, kwargs: dict[str, Any]) -> EvalModel:
-    """The model of ``--checkpoint`` (its EMA weights unless ``--no-ema``) or of ``--model``, whose name and
-    weights are checked first."""
+    """The model of ``--checkpoint`` (EMA unless ``--no-ema``) or of ``--model`` (name and weights checked first)."""
     if args.checkpoint:
         return load_trained(args.checkpoint, not getattr(args, "no_ema", False))
     check_model_name(args.model)
