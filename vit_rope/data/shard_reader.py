@@ -4,8 +4,8 @@ each sample read once, and a run resumes mid-epoch to the same batches (docs/dat
 
 from __future__ import annotations
 
-import collections
 import contextlib
+import functools
 import hashlib
 import io
 import json
@@ -14,7 +14,6 @@ import os
 import re
 import socket
 import tarfile
-import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -35,7 +34,11 @@ class TarMember(NamedTuple):
     key: str
 
     def open(self) -> io.BytesIO:
-        return io.BytesIO(_pread(self.shard, self.size, self.offset))
+        shard = _shard(self.shard)  # held until read: another thread may evict it meanwhile
+        data = os.pread(shard.fileno(), self.size, self.offset)  # no file position moves: forked workers share it
+        if len(data) != self.size:
+            raise OSError(f"the shard ends {self.size - len(data)} bytes early (was it rewritten during the run?)")
+        return io.BytesIO(data)
 
     def fingerprint(self) -> tuple[Any, ...]:
         return (self.shard, self.offset, self.size, _stat(self.shard))
@@ -44,24 +47,10 @@ class TarMember(NamedTuple):
         return f"{self.shard}:{self.key}"
 
 
-_open: collections.OrderedDict[str, int] = collections.OrderedDict()
-_open_lock = threading.Lock()
-
-
-def _pread(path: str, size: int, offset: int) -> bytes:
-    """``size`` bytes of ``path`` at ``offset``, through a per-process cache of open shards (``pread`` moves no file
-    position, so forked workers may share descriptors)."""
-    with _open_lock:
-        fd = _open.pop(path, None)
-        if fd is None:
-            fd = os.open(path, os.O_RDONLY)
-            while len(_open) >= _OPEN_LIMIT:
-                os.close(_open.popitem(last=False)[1])
-        _open[path] = fd
-        data = os.pread(fd, size, offset)
-    if len(data) != size:
-        raise OSError(f"the shard ends {size - len(data)} bytes early (was it rewritten during the run?)")
-    return data
+@functools.lru_cache(maxsize=_OPEN_LIMIT)
+def _shard(path: str) -> io.FileIO:
+    """A shard kept open by this process (``TarMember.open``); an evicted one closes with its last reference."""
+    return io.FileIO(path)
 
 
 def _stat(path: str) -> tuple[int, int]:

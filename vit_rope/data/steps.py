@@ -6,24 +6,16 @@ from __future__ import annotations
 
 import contextlib
 import random
-from collections.abc import Callable, Iterator, Sized
-from typing import Protocol
+from collections.abc import Callable, Iterator
 
 import numpy as np
 import torch
+from timm.data.distributed_sampler import RepeatAugSampler
 from torch import Tensor
-from torch.utils.data import Sampler
+from torch.utils.data import DistributedSampler, Sampler
 
 Item = tuple[int, int, int]  # (image index, size in pixels, augmentation seed) of one image of a step
 _TAG = 0x5EED5  # a last SeedSequence entry: sample seeds differ from the size draws and the tensor pipeline's seeds
-
-
-class EpochOrder(Sized, Protocol):
-    """This rank's image indices of an epoch, in order (``DistributedSampler``, ``RepeatAugSampler``)."""
-
-    def __iter__(self) -> Iterator[int]: ...
-
-    def set_epoch(self, epoch: int) -> None: ...
 
 
 def sample_seeds(seed: int, epoch: int, rank: int, step: int, count: int) -> list[int]:
@@ -57,7 +49,7 @@ class StepSampler(Sampler[list[Item]]):
     ``len(order) // batch_size`` steps whatever the sizes, so lr schedules are unchanged, the order wrapping around
     where a token budget's batches add up to more. Seeds take the rank: repeated augmentation shares images."""
 
-    def __init__(self, order: EpochOrder, batch_size: int, size: int,
+    def __init__(self, order: DistributedSampler | RepeatAugSampler, batch_size: int, size: int,
                  schedule: Callable[[int, int], tuple[int, int]] | None = None, seed: int = 0, rank: int = 0) -> None:
         if len(order) < batch_size:
             raise ValueError(f"{len(order)} images per rank make no full batch of {batch_size}")

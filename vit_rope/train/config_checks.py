@@ -39,6 +39,7 @@ _RANGES: tuple[tuple[Callable[[float], bool], str, tuple[str, ...]], ...] = (
     (lambda v: 0 < v <= 1, "in (0, 1] (the fraction of the resized image that the center crop keeps)",
      ("crop_pct",)),
     (lambda v: 0 < v <= 1, "in (0, 1] (the fraction of each class's train images to train on)", ("train_fraction",)),
+    (lambda v: v >= 0, ">= 1 patches, or 0 for (img_size / patch size)^2", ("naflex_val_seq_len",)),
 )
 _SCHEDULERS = ("cosine", "tanh", "step", "multistep", "plateau", "poly")  # the ones base.yaml documents
 
@@ -112,9 +113,6 @@ def _check_naflex(cfg: Config) -> None:
     if not cfg.naflex_seq_lens or min(cfg.naflex_seq_lens) < 1:
         raise UserError(f"config key 'naflex_seq_lens' must list sequence lengths >= 1 (patches per image), got "
                         f"{cfg.naflex_seq_lens}; e.g. [128, 256, 576, 784, 1024] for 16 px patches around 224 px")
-    if cfg.naflex_val_seq_len < 0:
-        raise UserError(f"config key 'naflex_val_seq_len' must be >= 1 patches, or 0 for (img_size / patch size)^2, "
-                        f"got {cfg.naflex_val_seq_len}")
     conflicts = [why for why, present in (
         ("train_sizes (NaFlex draws each step's sequence length from naflex_seq_lens): set train_sizes=[]",
          cfg.train_sizes),

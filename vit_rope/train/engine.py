@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from timm.layers import to_2tuple
 from timm.utils import accuracy, dispatch_clip_grad, unwrap_model
 from torch import nn
 from torch.utils.data import DataLoader
@@ -98,8 +99,7 @@ def train_one_epoch(model: nn.Module, loader: DataLoader, optimizer: torch.optim
     totals = totals or EpochTotals()
     seen, tokens = 0, 0.0  # images and patch tokens of this rank, in this process
     # models without patch_embed (CNNs) count tokens as if p were 16, so that tokens/s still compares between sizes
-    patch = getattr(getattr(unwrap_model(model), "patch_embed", None), "patch_size", (16, 16))
-    patch_h, patch_w = (patch, patch) if isinstance(patch, int) else patch
+    patch = to_2tuple(getattr(getattr(unwrap_model(model), "patch_embed", None), "patch_size", 16))
     progress = Progress(steps, f"epoch {epoch + 1}/{cfg.epochs}", cfg.log_interval, env.is_main)
     for step, (images, targets, bad) in enumerate(loader, start_step):
         images, targets = _to_device(images, targets, cfg, env.device)
@@ -125,7 +125,7 @@ def train_one_epoch(model: nn.Module, loader: DataLoader, optimizer: torch.optim
         scheduler.step_update(num_updates=epoch * steps + step + 1)
         if ema is not None:
             ema.update(unwrap_model(model), step=epoch * steps + step + 1)
-        size, step_tokens, slots = _batch_tokens(images, (patch_h, patch_w))
+        size, step_tokens, slots = _batch_tokens(images, patch)
         totals.steps += 1
         totals.loss_sum += mean_loss
         totals.skipped += round(skipped)
