@@ -93,9 +93,9 @@ class DecodedImages:
         listing = [fingerprint(path) for path in paths]
         digest = hashlib.sha1(repr((listing, short_side)).encode()).hexdigest()[:16]
         file = cache_dir / f"decoded-{short_side}px-{digest}.pt"
-        if file.exists():  # memory-mapped: the processes of a machine share the page cache's one copy
-            return cls(**torch.load(file, weights_only=True, mmap=True))
-        images = cls.build(paths, short_side, workers)
-        cache_dir.mkdir(parents=True, exist_ok=True)
-        atomic_save({"data": images.data, "offsets": images.offsets, "shapes": images.shapes}, file)
-        return cls(**torch.load(file, weights_only=True, mmap=True))  # drop the private copy for the shared one
+        if not file.exists():
+            images = cls.build(paths, short_side, workers)
+            cache_dir.mkdir(parents=True, exist_ok=True)
+            atomic_save({"data": images.data, "offsets": images.offsets, "shapes": images.shapes}, file)
+        # memory-mapped (a new cache's private copy dropped): the processes of a machine share the page cache's one
+        return cls(**torch.load(file, weights_only=True, mmap=True))

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import math
 import warnings
@@ -12,7 +13,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from timm.data import create_transform
-from timm.data.transforms import str_to_interp_mode
+from timm.data.transforms import interp_mode_to_str
 from timm.optim import list_optimizers
 from timm.scheduler import create_scheduler_v2
 from torch import nn
@@ -96,8 +97,9 @@ def check_config(cfg: Config) -> None:
                         f"val_interval={cfg.val_interval}; set val_interval=1 or choose another sched (cosine, ...)")
     _check_optimizer(cfg.opt)
     _check_scheduler(cfg)
-    if cfg.interpolation is not None:
-        _check_interpolation(cfg.interpolation)
+    if cfg.interpolation is not None and cfg.interpolation not in _interpolations():
+        raise UserError(f"config key 'interpolation' must be one of {', '.join(_interpolations())} or null (the "
+                        f"model's default), got {cfg.interpolation!r}")
     if cfg.auto_augment is not None:
         interpolation = {} if cfg.interpolation is None else {"interpolation": cfg.interpolation}
         try:  # timm parses the string, then every op runs at its extreme magnitudes (vit_rope.data.auto_augment)
@@ -160,18 +162,13 @@ def _check_scheduler(cfg: Config) -> None:
                         f"{', '.join(_SCHEDULERS)} (sched=step with decay_rate=1 keeps the lr fixed)")
 
 
-def _check_interpolation(name: str) -> None:
-    def known(mode: str) -> bool:
-        try:
-            str_to_interp_mode(mode)
-        except KeyError:
-            return False
-        return True
-
-    if not known(name):
-        names = [mode.value for mode in InterpolationMode if known(mode.value)]
-        raise UserError(f"config key 'interpolation' must be one of {', '.join(names)} or null (the model's default), "
-                        f"got {name!r}")
+def _interpolations() -> list[str]:
+    """The names timm's ``str_to_interp_mode`` takes, in torchvision's order."""
+    names = []
+    for mode in InterpolationMode:
+        with contextlib.suppress(KeyError):
+            names.append(interp_mode_to_str(mode))
+    return names
 
 
 def check_ranks_agree(settings: dict[str, Any], world_size: int) -> None:
