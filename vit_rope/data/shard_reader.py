@@ -180,22 +180,19 @@ def index_shard(path: Path, input_keys: tuple[str, ...], target_key: str | None)
                 stem, dot, ext = name.partition(".")
                 if not dot:
                     continue
-                entry = samples.setdefault(f"{folder}/{stem}" if folder else stem, {})
                 ext = ext.lower()
-                entry.setdefault("members", []).append(ext)
-                if ext in input_keys:
-                    entry.setdefault("images", {})[ext] = (member.offset_data, member.size)
-                elif ext in ("cls", "json"):
-                    entry[ext] = tar.extractfile(member).read()
+                read = ext in ("cls", "json") and ext not in input_keys  # labels read, the other members located
+                samples.setdefault(f"{folder}/{stem}" if folder else stem, {})[ext] = (
+                    tar.extractfile(member).read() if read else (member.offset_data, member.size))
             _check_end(path, tar.offset)
     except (tarfile.TarError, EOFError) as err:
         raise UserError(f"{path} is not a readable uncompressed tar ({err}); download or write it again") from None
     index = ShardIndex([], [], [], [])
     for key, entry in samples.items():
-        image = next((entry["images"][ext] for ext in input_keys if ext in entry.get("images", {})), None)
+        image = next((entry[ext] for ext in input_keys if ext in entry), None)
         if image is None:
             raise UserError(f"{path}: sample {key} has no image member (looked for .{', .'.join(input_keys)}; it has "
-                            f".{', .'.join(entry['members'])}); set input_key to its image extension, or fix the shard")
+                            f".{', .'.join(entry)}); set input_key to its image extension, or fix the shard")
         label = _label(path, key, entry, target_key)
         if label is None:
             wanted = f"a .json member with a '{target_key}' field" if target_key else "a .cls member or .json 'label'"
