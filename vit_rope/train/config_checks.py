@@ -21,8 +21,8 @@ from torchvision.transforms import InterpolationMode
 
 from vit_rope.checks import check_output_dir
 from vit_rope.data.auto_augment import safe_transform
-from vit_rope.data.sizes import budget_images
 from vit_rope.data.splits import dataset_kind
+from vit_rope.data.steps import budget_images
 from vit_rope.errors import UserError
 from vit_rope.train.config import Config
 

@@ -142,7 +142,7 @@ def train_one_epoch(model: nn.Module, loader: DataLoader, optimizer: torch.optim
     seconds = time.perf_counter() - start
     valid, slots = reduce_sum(torch.tensor([totals.tokens, totals.slots], dtype=torch.float64, device=env.device),
                               env).tolist()
-    # every rank draws the same batch lengths and sizes (vit_rope.data.sizes): one count x world_size is the total
+    # every rank draws the same batch lengths and sizes (vit_rope.data.steps): one count x world_size is the total
     return {"train_loss": totals.loss_sum / totals.steps, "lr": optimizer.param_groups[0]["lr"],
             "images_per_s": seen * env.world_size / seconds, "tokens_per_s": tokens * env.world_size / seconds,
             "sizes": " ".join(_size_name(h, w, n) for (h, w), n in sorted(totals.sizes.items())),

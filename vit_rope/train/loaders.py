@@ -23,8 +23,7 @@ from vit_rope.data.decoded import DecodedImages
 from vit_rope.data.folders import ImageFolderDataset, Images, Sample, SizedImages
 from vit_rope.data.naflex_loader import NaFlexLoader, NaFlexSteps
 from vit_rope.data.pipeline import BatchLoader, TensorStore
-from vit_rope.data.sizes import SizeSchedule
-from vit_rope.data.steps import StepSampler
+from vit_rope.data.steps import SizeSchedule, StepSampler
 from vit_rope.errors import UserError
 from vit_rope.train.config import Config
 
