@@ -172,14 +172,11 @@ def load_yaml(path: str | Path, _seen: tuple[Path, ...] = ()) -> dict[str, Any]:
     if not isinstance(raw, dict):
         raise UserError(f"config file {path} must hold 'key: value' lines, got {type(raw).__name__}")
     parent = raw.pop("base", None)
-    values = {}
-    for key, value in raw.items():
-        if key not in _HINTS:
-            raise _unknown_key(key, f"in {path}")
-        values[key] = _coerce(key, value, _HINTS[key], f"in {path}")
-    if parent is None:
-        return values
-    return {**load_yaml(path.parent / parent, (*_seen, path)), **values}
+    unknown = [key for key in raw if key not in _HINTS]
+    if unknown:
+        raise _unknown_key(unknown[0], f"in {path}")
+    values = typed(raw, f"in {path}")
+    return values if parent is None else {**load_yaml(path.parent / parent, (*_seen, path)), **values}
 
 
 def typed(values: dict[str, Any], source: str) -> dict[str, Any]:

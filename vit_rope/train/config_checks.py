@@ -101,10 +101,9 @@ def check_config(cfg: Config) -> None:
         raise UserError(f"config key 'interpolation' must be one of {', '.join(_interpolations())} or null (the "
                         f"model's default), got {cfg.interpolation!r}")
     if cfg.auto_augment is not None:
-        interpolation = {} if cfg.interpolation is None else {"interpolation": cfg.interpolation}
         try:  # timm parses the string, then every op runs at its extreme magnitudes (vit_rope.data.auto_augment)
             safe_transform(lambda aa: create_transform(input_size=cfg.img_size, is_training=True, auto_augment=aa,
-                                                       **interpolation), cfg.auto_augment)
+                                                       interpolation=cfg.interpolation or "bilinear"), cfg.auto_augment)
         except (AssertionError, ValueError, KeyError, IndexError) as err:
             raise UserError(f"auto_augment={cfg.auto_augment} is not a timm auto-augment string ({err}); use e.g. "
                             "rand-m9-mstd0.5-inc1, 3a, augmix-m5, original, or null for none") from None
