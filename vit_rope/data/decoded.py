@@ -76,7 +76,6 @@ class DecodedImages:
 
     @classmethod
     def build(cls, paths: list[Source], short_side: int, workers: int) -> DecodedImages:
-        """Decode ``paths`` in parallel (``workers`` processes) into a new cache."""
         decode = functools.partial(_decode_batch, short_side)
         loader = DataLoader(paths, batch_size=32, num_workers=workers, collate_fn=decode)
         arrays = [array for batch in loader for array in batch]
