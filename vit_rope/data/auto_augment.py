@@ -2,8 +2,7 @@
 auto-augment string can stop a run mid-epoch inside a loader worker (docs/training.md).
 
 timm's Posterize ops ask for 0 bits at some magnitudes, which gave a black image before Pillow 13 and raise
-``ValueError`` in Pillow 13: ``make_safe`` restores the black image, ``safe_transform`` refuses what would still raise.
-"""
+``ValueError`` in Pillow 13: ``make_safe`` restores the black image; ``safe_transform`` refuses what still raises."""
 
 from __future__ import annotations
 

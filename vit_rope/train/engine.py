@@ -39,11 +39,11 @@ class Progress:
     def __init__(self, total: int, desc: str, log_interval: int, enabled: bool) -> None:
         self.total, self.desc, self.start = total, desc, time.perf_counter()
         self.log_interval = log_interval if enabled else 0
-        self.bar = tqdm(total=total, desc=desc, leave=False, dynamic_ncols=True) if (
-            self.log_interval and sys.stderr.isatty()) else None
+        self.bar = tqdm(total=total, desc=desc, leave=False, dynamic_ncols=True,
+                        disable=not (self.log_interval and sys.stderr.isatty()))
 
     def update(self, step: int, **stats: str) -> None:
-        if self.bar is not None:
+        if not self.bar.disable:
             self.bar.set_postfix(stats, refresh=False)
             self.bar.update()
         elif self.log_interval and (step + 1) % self.log_interval == 0:
@@ -53,8 +53,7 @@ class Progress:
             print(f"{self.desc} step {step + 1}/{self.total} {fields} eta {eta:.0f}s", flush=True)
 
     def close(self) -> None:
-        if self.bar is not None:
-            self.bar.close()
+        self.bar.close()
 
 
 Batch = torch.Tensor | dict[str, Any]  # images [B, C, H, W], or timm's NaFlex dict (patches [B, N, P*P*C], ...)

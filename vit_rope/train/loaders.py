@@ -1,6 +1,5 @@
 """Training and validation loaders from a config: the optional decoded cache and timm's per-image pipeline, the
-batched one or timm's NaFlex loader, all resumable at any step to the same batches (docs/training.md, "Data pipelines").
-"""
+batched one or timm's NaFlex loader, resumable at any step to the same batches (docs/training.md, "Data pipelines")."""
 
 from __future__ import annotations
 
