@@ -13,7 +13,7 @@ import torch
 from helpers.stores import make_store, same
 from vit_rope.checks import check_multiple
 from vit_rope.data.pipeline import BatchLoader, TensorStore
-from vit_rope.data.sizes import SizeSchedule, budget_batch, budget_images, step_size
+from vit_rope.data.steps import SizeSchedule, budget_batch, budget_images, step_size
 from vit_rope.errors import UserError
 from vit_rope.train import loaders
 from vit_rope.train.command_line import build_config

@@ -17,8 +17,7 @@ from torch.utils.data import DataLoader, DistributedSampler
 from helpers.stores import same
 from helpers.training import PER_IMAGE, indexed_loaders
 from vit_rope.data.pipeline import BatchLoader
-from vit_rope.data.sizes import SizeSchedule
-from vit_rope.data.steps import StepSampler, sample_seeds
+from vit_rope.data.steps import SizeSchedule, StepSampler, sample_seeds
 from vit_rope.train import loaders
 
 

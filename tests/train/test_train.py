@@ -21,7 +21,7 @@ import train
 from helpers.ddp import free_port, run_ranks
 from helpers.training import REPO, ROPE_MODEL, TINY_MODEL, assert_same_weights, killed_at, metrics, tiny_args
 from vit_rope.data import folders
-from vit_rope.data.sizes import SizeSchedule
+from vit_rope.data.steps import SizeSchedule
 from vit_rope.eval.loading import load_trained
 from vit_rope.train import engine
 from vit_rope.train.command_line import build_config

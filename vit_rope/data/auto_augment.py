@@ -2,11 +2,11 @@
 auto-augment string can stop a run mid-epoch inside a loader worker (docs/training.md).
 
 timm's Posterize ops ask for 0 bits at some magnitudes, which gave a black image before Pillow 13 and raise
-``ValueError`` in Pillow 13: ``make_safe`` restores the black image, ``safe_transform`` refuses what would still raise.
-"""
+``ValueError`` in Pillow 13: ``make_safe`` restores the black image; ``safe_transform`` refuses what still raises."""
 
 from __future__ import annotations
 
+import itertools
 import random
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -16,6 +16,7 @@ from PIL import Image
 from timm.data import auto_augment as timm_aa
 from timm.data.auto_augment import AugmentOp
 
+from vit_rope.data.steps import global_rng_kept
 from vit_rope.errors import UserError
 
 T = TypeVar("T")
@@ -63,21 +64,17 @@ def failures(transform: Any) -> list[str]:
     # every 8-bit value in each channel, so that the lookup-table ops see their whole table
     image = Image.frombytes("RGB", (16, 16), bytes(value for value in range(256) for _ in range(3)))
     found: list[str] = []
-    state = random.getstate()
-    try:
+    with global_rng_kept():
         for op in augment_ops(transform):
             resample = op.kwargs.get("resample")
-            for magnitude in magnitude_ends(op):
-                for seed in (0, 1):
-                    for mode in resample if isinstance(resample, (list, tuple)) else (resample,):
-                        random.seed(seed)
-                        args = op.level_fn(magnitude, op.hparams) if op.level_fn is not None else ()
-                        try:
-                            op.aug_fn(image, *args, **{**op.kwargs, "resample": mode})
-                        except Exception as err:  # whatever it is, it would kill a loader worker
-                            found.append(f"{op.name} at magnitude {magnitude:g}: {type(err).__name__}: {err}")
-    finally:
-        random.setstate(state)
+            modes = resample if isinstance(resample, (list, tuple)) else (resample,)
+            for magnitude, seed, mode in itertools.product(magnitude_ends(op), (0, 1), modes):
+                random.seed(seed)  # the sign of the level functions' _randomly_negate
+                args = op.level_fn(magnitude, op.hparams) if op.level_fn is not None else ()
+                try:
+                    op.aug_fn(image, *args, **{**op.kwargs, "resample": mode})
+                except Exception as err:  # whatever it is, it would kill a loader worker
+                    found.append(f"{op.name} at magnitude {magnitude:g}: {type(err).__name__}: {err}")
     return list(dict.fromkeys(found))
 
 

@@ -76,7 +76,6 @@ class DecodedImages:
 
     @classmethod
     def build(cls, paths: list[Source], short_side: int, workers: int) -> DecodedImages:
-        """Decode ``paths`` in parallel (``workers`` processes) into a new cache."""
         decode = functools.partial(_decode_batch, short_side)
         loader = DataLoader(paths, batch_size=32, num_workers=workers, collate_fn=decode)
         arrays = [array for batch in loader for array in batch]
@@ -93,9 +92,9 @@ class DecodedImages:
         listing = [fingerprint(path) for path in paths]
         digest = hashlib.sha1(repr((listing, short_side)).encode()).hexdigest()[:16]
         file = cache_dir / f"decoded-{short_side}px-{digest}.pt"
-        if file.exists():  # memory-mapped: the processes of a machine share the page cache's one copy
-            return cls(**torch.load(file, weights_only=True, mmap=True))
-        images = cls.build(paths, short_side, workers)
-        cache_dir.mkdir(parents=True, exist_ok=True)
-        atomic_save({"data": images.data, "offsets": images.offsets, "shapes": images.shapes}, file)
-        return cls(**torch.load(file, weights_only=True, mmap=True))  # drop the private copy for the shared one
+        if not file.exists():
+            images = cls.build(paths, short_side, workers)
+            cache_dir.mkdir(parents=True, exist_ok=True)
+            atomic_save({"data": images.data, "offsets": images.offsets, "shapes": images.shapes}, file)
+        # memory-mapped (a new cache's private copy dropped): the processes of a machine share the page cache's one
+        return cls(**torch.load(file, weights_only=True, mmap=True))

@@ -4,6 +4,7 @@ timm's per-image pipeline reads. Unreadable images never stop a run: they are re
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 from collections.abc import Callable, Mapping
@@ -70,11 +71,9 @@ def find_images(split_dir: Path, classes: list[str] | None = None, split_key: st
             raise UserError(f"{folder} holds no images; add images (any format PIL reads) or remove the folder")
         samples += [(path, classes.index(name)) for path in files]
     for path, _ in samples:  # up to the first readable image: one decode for a usual split
-        try:
+        with contextlib.suppress(Exception):  # PIL raises OSError, SyntaxError, ValueError, ... for bad files
             decode_image(path)
             break
-        except Exception:  # PIL raises OSError, SyntaxError, ValueError, ... for bad files
-            continue
     else:  # a split of unreadable files would only fail once its loader starts, after a training epoch for val
         raise UserError(f"none of the {len(samples)} images under {split_dir} can be read (e.g. {samples[0][0]}): "
                         "replace the corrupt files, or point the data dir at the data set")

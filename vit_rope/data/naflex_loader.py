@@ -114,13 +114,9 @@ class NaFlexLoader:
         patches = inputs["patches"]  # [B, N, P*P*C], channels last within a patch
         seed = int(np.random.SeedSequence([self.seed, self.epoch, self.rank, step, _ERASE_TAG]).generate_state(1)[0])
         devices = [patches.device] if patches.device.type == "cuda" else []
-        state = random.getstate()
-        try:
-            with torch.random.fork_rng(devices=devices, device_type=patches.device.type):
-                random.seed(seed)
-                torch.manual_seed(seed)
-                erased = self.erasing(patches.view(*patches.shape[:2], -1, self.channels),  # [B, N, P*P, C]
-                                      patch_coord=inputs["patch_coord"], patch_valid=inputs.get("patch_valid"))
-        finally:
-            random.setstate(state)
+        with global_rng_kept(), torch.random.fork_rng(devices=devices, device_type=patches.device.type):
+            random.seed(seed)
+            torch.manual_seed(seed)
+            erased = self.erasing(patches.view(*patches.shape[:2], -1, self.channels),  # [B, N, P*P, C]
+                                  patch_coord=inputs["patch_coord"], patch_valid=inputs.get("patch_valid"))
         return erased.view(patches.shape)

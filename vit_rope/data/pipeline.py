@@ -105,8 +105,6 @@ class BatchLoader:
         self.seed, self.rank, self.world_size = seed, rank, world_size
         self.device, self.channels_last = torch.device(device), channels_last
         self.sampler = DistributedSampler(range(len(store)), world_size, rank, shuffle=True, seed=seed)
-        if train and len(self.sampler) < batch_size:
-            raise ValueError(f"{len(store)} images make no full batch of {batch_size} x {world_size} process(es)")
         self.steps = StepSampler(self.sampler, batch_size, size, schedule, seed, rank) if train else None
 
     def __len__(self) -> int:

@@ -4,8 +4,8 @@ each sample read once, and a run resumes mid-epoch to the same batches (docs/dat
 
 from __future__ import annotations
 
-import collections
 import contextlib
+import functools
 import hashlib
 import io
 import json
@@ -14,7 +14,6 @@ import os
 import re
 import socket
 import tarfile
-import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -35,7 +34,11 @@ class TarMember(NamedTuple):
     key: str
 
     def open(self) -> io.BytesIO:
-        return io.BytesIO(_pread(self.shard, self.size, self.offset))
+        shard = _shard(self.shard)  # held until read: another thread may evict it meanwhile
+        data = os.pread(shard.fileno(), self.size, self.offset)  # no file position moves: forked workers share it
+        if len(data) != self.size:
+            raise OSError(f"the shard ends {self.size - len(data)} bytes early (was it rewritten during the run?)")
+        return io.BytesIO(data)
 
     def fingerprint(self) -> tuple[Any, ...]:
         return (self.shard, self.offset, self.size, _stat(self.shard))
@@ -44,24 +47,10 @@ class TarMember(NamedTuple):
         return f"{self.shard}:{self.key}"
 
 
-_open: collections.OrderedDict[str, int] = collections.OrderedDict()
-_open_lock = threading.Lock()
-
-
-def _pread(path: str, size: int, offset: int) -> bytes:
-    """``size`` bytes of ``path`` at ``offset``, through a per-process cache of open shards (``pread`` moves no file
-    position, so forked workers may share descriptors)."""
-    with _open_lock:
-        fd = _open.pop(path, None)
-        if fd is None:
-            fd = os.open(path, os.O_RDONLY)
-            while len(_open) >= _OPEN_LIMIT:
-                os.close(_open.popitem(last=False)[1])
-        _open[path] = fd
-        data = os.pread(fd, size, offset)
-    if len(data) != size:
-        raise OSError(f"the shard ends {size - len(data)} bytes early (was it rewritten during the run?)")
-    return data
+@functools.lru_cache(maxsize=_OPEN_LIMIT)
+def _shard(path: str) -> io.FileIO:
+    """A shard kept open by this process (``TarMember.open``); an evicted one closes with its last reference."""
+    return io.FileIO(path)
 
 
 def _stat(path: str) -> tuple[int, int]:
@@ -191,22 +180,19 @@ def index_shard(path: Path, input_keys: tuple[str, ...], target_key: str | None)
                 stem, dot, ext = name.partition(".")
                 if not dot:
                     continue
-                entry = samples.setdefault(f"{folder}/{stem}" if folder else stem, {})
                 ext = ext.lower()
-                entry.setdefault("members", []).append(ext)
-                if ext in input_keys:
-                    entry.setdefault("images", {})[ext] = (member.offset_data, member.size)
-                elif ext in ("cls", "json"):
-                    entry[ext] = tar.extractfile(member).read()
+                read = ext in ("cls", "json") and ext not in input_keys  # labels read, the other members located
+                samples.setdefault(f"{folder}/{stem}" if folder else stem, {})[ext] = (
+                    tar.extractfile(member).read() if read else (member.offset_data, member.size))
             _check_end(path, tar.offset)
     except (tarfile.TarError, EOFError) as err:
         raise UserError(f"{path} is not a readable uncompressed tar ({err}); download or write it again") from None
     index = ShardIndex([], [], [], [])
     for key, entry in samples.items():
-        image = next((entry["images"][ext] for ext in input_keys if ext in entry.get("images", {})), None)
+        image = next((entry[ext] for ext in input_keys if ext in entry), None)
         if image is None:
             raise UserError(f"{path}: sample {key} has no image member (looked for .{', .'.join(input_keys)}; it has "
-                            f".{', .'.join(entry['members'])}); set input_key to its image extension, or fix the shard")
+                            f".{', .'.join(entry)}); set input_key to its image extension, or fix the shard")
         label = _label(path, key, entry, target_key)
         if label is None:
             wanted = f"a .json member with a '{target_key}' field" if target_key else "a .cls member or .json 'label'"

@@ -1,29 +1,67 @@
-"""The steps of a training epoch, for both pipelines: ``StepSampler`` (as ml-cvnets' ``VariableBatchSampler``) cuts an
-epoch's order into steps, a pure function of (seed, epoch, step), and seeds each image's augmentation by (seed, epoch,
-rank, step, position): ranks agree without a collective, and a run resumed at step k repeats steps k, k+1, ..."""
+"""The steps of a training epoch, for both pipelines: the image size of each step and its batch (variable resolution:
+encodings that must hold at many resolutions are best trained at many; NaViT, Dehghani et al. 2023; FiT; DeiT / YOLO
+multi-scale), and ``StepSampler`` (as ml-cvnets' ``VariableBatchSampler``), which cuts an epoch's order into steps.
+Sizes are a pure function of (seed, epoch, step) and each image's augmentation is seeded by (seed, epoch, rank, step,
+position): ranks agree without a collective, and a run resumed at step k repeats steps k, k+1, ..."""
 
 from __future__ import annotations
 
 import contextlib
 import random
-from collections.abc import Callable, Iterator, Sized
-from typing import Protocol
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 import torch
+from timm.data.distributed_sampler import RepeatAugSampler
 from torch import Tensor
-from torch.utils.data import Sampler
+from torch.utils.data import DistributedSampler, Sampler
 
 Item = tuple[int, int, int]  # (image index, size in pixels, augmentation seed) of one image of a step
 _TAG = 0x5EED5  # a last SeedSequence entry: sample seeds differ from the size draws and the tensor pipeline's seeds
+_SIZE_TAG = 0x5135E5  # a fourth SeedSequence entry: the size stream differs from the augmentation seeds
 
 
-class EpochOrder(Sized, Protocol):
-    """This rank's image indices of an epoch, in order (``DistributedSampler``, ``RepeatAugSampler``)."""
+def step_size(sizes: Sequence[int], seed: int, epoch: int, step: int) -> int:
+    """The size of step ``step`` of epoch ``epoch``, uniform over ``sizes`` (repeats weigh: ``[64, 64, 96]``)."""
+    draw = np.random.SeedSequence([seed, epoch, step, _SIZE_TAG]).generate_state(1, np.uint64)[0]
+    return int(sizes[int(draw) % len(sizes)])
 
-    def __iter__(self) -> Iterator[int]: ...
 
-    def set_epoch(self, epoch: int) -> None: ...
+def budget_images(batch_size: int, img_size: int, size: int) -> int:
+    """Images at ``size`` holding at most the patches of ``batch_size`` images at ``img_size`` (may be 0)."""
+    return batch_size * img_size**2 // size**2
+
+
+def budget_batch(batch_size: int, img_size: int, size: int, even: bool = False) -> int:
+    """Images per step at ``size`` under the token budget: at least 1, or an even 2 or more when ``even``."""
+    batch = budget_images(batch_size, img_size, size)
+    return max(batch - batch % 2, 2) if even else max(batch, 1)
+
+
+@dataclass(frozen=True)
+class SizeSchedule:
+    """``(size, batch)`` of every (epoch, step): a size from ``sizes``, with ``budget`` the token budget's batch."""
+
+    sizes: tuple[int, ...]
+    img_size: int
+    batch_size: int
+    seed: int = 0
+    budget: bool = True
+    even: bool = False
+
+    def batch_at(self, size: int) -> int:
+        return budget_batch(self.batch_size, self.img_size, size, self.even) if self.budget else self.batch_size
+
+    def __call__(self, epoch: int, step: int) -> tuple[int, int]:
+        size = step_size(self.sizes, self.seed, epoch, step)
+        return size, self.batch_at(size)
+
+    def describe(self) -> str:
+        batches = ", ".join(f"{size} px x {self.batch_at(size)}" for size in sorted(set(self.sizes)))
+        rule = (f"token budget of {self.batch_size} x {self.img_size} px" if self.budget
+                else "fixed batch, no token budget")
+        return f"variable resolution, one size per step: {batches} images ({rule})"
 
 
 def sample_seeds(seed: int, epoch: int, rank: int, step: int, count: int) -> list[int]:
@@ -57,7 +95,7 @@ class StepSampler(Sampler[list[Item]]):
     ``len(order) // batch_size`` steps whatever the sizes, so lr schedules are unchanged, the order wrapping around
     where a token budget's batches add up to more. Seeds take the rank: repeated augmentation shares images."""
 
-    def __init__(self, order: EpochOrder, batch_size: int, size: int,
+    def __init__(self, order: DistributedSampler | RepeatAugSampler, batch_size: int, size: int,
                  schedule: Callable[[int, int], tuple[int, int]] | None = None, seed: int = 0, rank: int = 0) -> None:
         if len(order) < batch_size:
             raise ValueError(f"{len(order)} images per rank make no full batch of {batch_size}")

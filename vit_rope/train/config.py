@@ -136,14 +136,10 @@ def _coerce(key: str, value: Any, hint: Any, source: str) -> Any:
     strings are floats (YAML 1.1 reads ``4e-3`` as text); NaN and infinity are no setting's value."""
     origin, args = typing.get_origin(hint), typing.get_args(hint)
     if origin in (typing.Union, types.UnionType):
-        if value is None and type(None) in args:
-            return None
-        for arg in (a for a in args if a is not type(None)):  # the first type that takes the value
-            try:
+        for arg in args:  # the first type that takes the value
+            with contextlib.suppress(UserError):
                 return _coerce(key, value, arg, source)
-            except UserError:
-                pass
-    elif ((origin is Literal and value in args) or (hint in (bool, str) and isinstance(value, hint))
+    elif ((origin is Literal and value in args) or (hint in (bool, str, type(None)) and isinstance(value, hint))
           or (hint is int and isinstance(value, int) and not isinstance(value, bool))):
         return value
     elif hint is float and isinstance(value, int | float | str) and not isinstance(value, bool):
@@ -158,12 +154,6 @@ def _coerce(key: str, value: Any, hint: Any, source: str) -> Any:
         except UserError as err:
             raise UserError(f"{err} (an entry of {value!r})") from None
     raise UserError(f"config key '{key}' {source} must be {_type_name(hint)}, got {value!r}")
-
-
-def _is_text(hint: Any) -> bool:
-    """True for ``str``, ``str | None`` and ``Literal`` of strings: keys whose command-line value is taken as is."""
-    args = [a for a in typing.get_args(hint) if a is not type(None)] or [hint]
-    return all(a is str or typing.get_origin(a) is Literal for a in args)
 
 
 def load_yaml(path: str | Path, _seen: tuple[Path, ...] = ()) -> dict[str, Any]:
@@ -182,14 +172,11 @@ def load_yaml(path: str | Path, _seen: tuple[Path, ...] = ()) -> dict[str, Any]:
     if not isinstance(raw, dict):
         raise UserError(f"config file {path} must hold 'key: value' lines, got {type(raw).__name__}")
     parent = raw.pop("base", None)
-    values = {}
-    for key, value in raw.items():
-        if key not in _HINTS:
-            raise _unknown_key(key, f"in {path}")
-        values[key] = _coerce(key, value, _HINTS[key], f"in {path}")
-    if parent is None:
-        return values
-    return {**load_yaml(path.parent / parent, (*_seen, path)), **values}
+    unknown = [key for key in raw if key not in _HINTS]
+    if unknown:
+        raise _unknown_key(unknown[0], f"in {path}")
+    values = typed(raw, f"in {path}")
+    return values if parent is None else {**load_yaml(path.parent / parent, (*_seen, path)), **values}
 
 
 def typed(values: dict[str, Any], source: str) -> dict[str, Any]:
@@ -211,7 +198,8 @@ def parse_override(item: str) -> tuple[str, str | None, Any]:
         if typing.get_origin(hint) is not dict:
             raise UserError(f"'{key}.{subkey}' on the command line: only dict keys such as model_kwargs take a '.'")
         return key, subkey, _read_yaml(item, text)
-    if _is_text(hint):  # paths and names stay verbatim: YAML would mangle 'a: b' or '#'
+    plain = [arg for arg in typing.get_args(hint) if arg is not type(None)] or [hint]
+    if all(arg is str or typing.get_origin(arg) is Literal for arg in plain):  # text (str, Literal) stays verbatim
         value = None if text in ("", "null", "~") else text
     else:
         value = _read_yaml(item, text)

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import math
 import warnings
@@ -12,7 +13,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from timm.data import create_transform
-from timm.data.transforms import str_to_interp_mode
+from timm.data.transforms import interp_mode_to_str
 from timm.optim import list_optimizers
 from timm.scheduler import create_scheduler_v2
 from torch import nn
@@ -20,8 +21,8 @@ from torchvision.transforms import InterpolationMode
 
 from vit_rope.checks import check_output_dir
 from vit_rope.data.auto_augment import safe_transform
-from vit_rope.data.sizes import budget_images
 from vit_rope.data.splits import dataset_kind
+from vit_rope.data.steps import budget_images
 from vit_rope.errors import UserError
 from vit_rope.train.config import Config
 
@@ -39,6 +40,7 @@ _RANGES: tuple[tuple[Callable[[float], bool], str, tuple[str, ...]], ...] = (
     (lambda v: 0 < v <= 1, "in (0, 1] (the fraction of the resized image that the center crop keeps)",
      ("crop_pct",)),
     (lambda v: 0 < v <= 1, "in (0, 1] (the fraction of each class's train images to train on)", ("train_fraction",)),
+    (lambda v: v >= 0, ">= 1 patches, or 0 for (img_size / patch size)^2", ("naflex_val_seq_len",)),
 )
 _SCHEDULERS = ("cosine", "tanh", "step", "multistep", "plateau", "poly")  # the ones base.yaml documents
 
@@ -95,13 +97,13 @@ def check_config(cfg: Config) -> None:
                         f"val_interval={cfg.val_interval}; set val_interval=1 or choose another sched (cosine, ...)")
     _check_optimizer(cfg.opt)
     _check_scheduler(cfg)
-    if cfg.interpolation is not None:
-        _check_interpolation(cfg.interpolation)
+    if cfg.interpolation is not None and cfg.interpolation not in _interpolations():
+        raise UserError(f"config key 'interpolation' must be one of {', '.join(_interpolations())} or null (the "
+                        f"model's default), got {cfg.interpolation!r}")
     if cfg.auto_augment is not None:
-        interpolation = {} if cfg.interpolation is None else {"interpolation": cfg.interpolation}
         try:  # timm parses the string, then every op runs at its extreme magnitudes (vit_rope.data.auto_augment)
             safe_transform(lambda aa: create_transform(input_size=cfg.img_size, is_training=True, auto_augment=aa,
-                                                       **interpolation), cfg.auto_augment)
+                                                       interpolation=cfg.interpolation or "bilinear"), cfg.auto_augment)
         except (AssertionError, ValueError, KeyError, IndexError) as err:
             raise UserError(f"auto_augment={cfg.auto_augment} is not a timm auto-augment string ({err}); use e.g. "
                             "rand-m9-mstd0.5-inc1, 3a, augmix-m5, original, or null for none") from None
@@ -112,9 +114,6 @@ def _check_naflex(cfg: Config) -> None:
     if not cfg.naflex_seq_lens or min(cfg.naflex_seq_lens) < 1:
         raise UserError(f"config key 'naflex_seq_lens' must list sequence lengths >= 1 (patches per image), got "
                         f"{cfg.naflex_seq_lens}; e.g. [128, 256, 576, 784, 1024] for 16 px patches around 224 px")
-    if cfg.naflex_val_seq_len < 0:
-        raise UserError(f"config key 'naflex_val_seq_len' must be >= 1 patches, or 0 for (img_size / patch size)^2, "
-                        f"got {cfg.naflex_val_seq_len}")
     conflicts = [why for why, present in (
         ("train_sizes (NaFlex draws each step's sequence length from naflex_seq_lens): set train_sizes=[]",
          cfg.train_sizes),
@@ -162,18 +161,13 @@ def _check_scheduler(cfg: Config) -> None:
                         f"{', '.join(_SCHEDULERS)} (sched=step with decay_rate=1 keeps the lr fixed)")
 
 
-def _check_interpolation(name: str) -> None:
-    def known(mode: str) -> bool:
-        try:
-            str_to_interp_mode(mode)
-        except KeyError:
-            return False
-        return True
-
-    if not known(name):
-        names = [mode.value for mode in InterpolationMode if known(mode.value)]
-        raise UserError(f"config key 'interpolation' must be one of {', '.join(names)} or null (the model's default), "
-                        f"got {name!r}")
+def _interpolations() -> list[str]:
+    """The names timm's ``str_to_interp_mode`` takes, in torchvision's order."""
+    names = []
+    for mode in InterpolationMode:
+        with contextlib.suppress(KeyError):
+            names.append(interp_mode_to_str(mode))
+    return names
 
 
 def check_ranks_agree(settings: dict[str, Any], world_size: int) -> None:

@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from timm.layers import to_2tuple
 from timm.utils import accuracy, dispatch_clip_grad, unwrap_model
 from torch import nn
 from torch.utils.data import DataLoader
@@ -38,11 +39,11 @@ class Progress:
     def __init__(self, total: int, desc: str, log_interval: int, enabled: bool) -> None:
         self.total, self.desc, self.start = total, desc, time.perf_counter()
         self.log_interval = log_interval if enabled else 0
-        self.bar = tqdm(total=total, desc=desc, leave=False, dynamic_ncols=True) if (
-            self.log_interval and sys.stderr.isatty()) else None
+        self.bar = tqdm(total=total, desc=desc, leave=False, dynamic_ncols=True,
+                        disable=not (self.log_interval and sys.stderr.isatty()))
 
     def update(self, step: int, **stats: str) -> None:
-        if self.bar is not None:
+        if not self.bar.disable:
             self.bar.set_postfix(stats, refresh=False)
             self.bar.update()
         elif self.log_interval and (step + 1) % self.log_interval == 0:
@@ -52,8 +53,7 @@ class Progress:
             print(f"{self.desc} step {step + 1}/{self.total} {fields} eta {eta:.0f}s", flush=True)
 
     def close(self) -> None:
-        if self.bar is not None:
-            self.bar.close()
+        self.bar.close()
 
 
 Batch = torch.Tensor | dict[str, Any]  # images [B, C, H, W], or timm's NaFlex dict (patches [B, N, P*P*C], ...)
@@ -98,8 +98,7 @@ def train_one_epoch(model: nn.Module, loader: DataLoader, optimizer: torch.optim
     totals = totals or EpochTotals()
     seen, tokens = 0, 0.0  # images and patch tokens of this rank, in this process
     # models without patch_embed (CNNs) count tokens as if p were 16, so that tokens/s still compares between sizes
-    patch = getattr(getattr(unwrap_model(model), "patch_embed", None), "patch_size", (16, 16))
-    patch_h, patch_w = (patch, patch) if isinstance(patch, int) else patch
+    patch = to_2tuple(getattr(getattr(unwrap_model(model), "patch_embed", None), "patch_size", 16))
     progress = Progress(steps, f"epoch {epoch + 1}/{cfg.epochs}", cfg.log_interval, env.is_main)
     for step, (images, targets, bad) in enumerate(loader, start_step):
         images, targets = _to_device(images, targets, cfg, env.device)
@@ -125,7 +124,7 @@ def train_one_epoch(model: nn.Module, loader: DataLoader, optimizer: torch.optim
         scheduler.step_update(num_updates=epoch * steps + step + 1)
         if ema is not None:
             ema.update(unwrap_model(model), step=epoch * steps + step + 1)
-        size, step_tokens, slots = _batch_tokens(images, (patch_h, patch_w))
+        size, step_tokens, slots = _batch_tokens(images, patch)
         totals.steps += 1
         totals.loss_sum += mean_loss
         totals.skipped += round(skipped)
@@ -142,7 +141,7 @@ def train_one_epoch(model: nn.Module, loader: DataLoader, optimizer: torch.optim
     seconds = time.perf_counter() - start
     valid, slots = reduce_sum(torch.tensor([totals.tokens, totals.slots], dtype=torch.float64, device=env.device),
                               env).tolist()
-    # every rank draws the same batch lengths and sizes (vit_rope.data.sizes): one count x world_size is the total
+    # every rank draws the same batch lengths and sizes (vit_rope.data.steps): one count x world_size is the total
     return {"train_loss": totals.loss_sum / totals.steps, "lr": optimizer.param_groups[0]["lr"],
             "images_per_s": seen * env.world_size / seconds, "tokens_per_s": tokens * env.world_size / seconds,
             "sizes": " ".join(_size_name(h, w, n) for (h, w), n in sorted(totals.sizes.items())),

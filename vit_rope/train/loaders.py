@@ -1,11 +1,9 @@
 """Training and validation loaders from a config: the optional decoded cache and timm's per-image pipeline, the
-batched one or timm's NaFlex loader, all resumable at any step to the same batches (docs/training.md, "Data pipelines").
-"""
+batched one or timm's NaFlex loader, resumable at any step to the same batches (docs/training.md, "Data pipelines")."""
 
 from __future__ import annotations
 
 import contextlib
-import functools
 import io
 import math
 import os
@@ -24,27 +22,31 @@ from vit_rope.data.decoded import DecodedImages
 from vit_rope.data.folders import ImageFolderDataset, Images, Sample, SizedImages
 from vit_rope.data.naflex_loader import NaFlexLoader, NaFlexSteps
 from vit_rope.data.pipeline import BatchLoader, TensorStore
-from vit_rope.data.sizes import SizeSchedule
-from vit_rope.data.steps import StepSampler
+from vit_rope.data.steps import SizeSchedule, StepSampler
 from vit_rope.errors import UserError
 from vit_rope.train.config import Config
 
 Loader = DataLoader | BatchLoader | NaFlexLoader
 
 
+def _normalised(data_config: dict[str, Any]) -> dict[str, Any]:
+    return {key: data_config[key] for key in ("interpolation", "mean", "std")}
+
+
+def _train_transform(cfg: Config, data_config: dict[str, Any], **options: Any) -> Any:
+    """timm's train transform with the config's augmentation, its auto-augment made safe (``safe_transform``)."""
+    return safe_transform(lambda auto_augment: create_transform(
+        is_training=True, scale=tuple(cfg.scale), hflip=cfg.hflip, color_jitter=cfg.color_jitter,
+        auto_augment=auto_augment, **_normalised(data_config), **options), cfg.auto_augment)
+
+
 def build_transforms(cfg: Config, data_config: dict[str, Any]) -> tuple[dict[int, Any], Any]:
     """timm's train transforms, one per training size, and its eval transform at ``img_size``."""
-    common = {key: data_config[key] for key in ("interpolation", "mean", "std")}
-
-    def train_transform(size: int, auto_augment: str | None) -> Any:
-        return create_transform((3, size, size), is_training=True, train_crop_mode=cfg.train_crop_mode,
-                                scale=tuple(cfg.scale), hflip=cfg.hflip, color_jitter=cfg.color_jitter,
-                                auto_augment=auto_augment, re_prob=cfg.reprob, re_mode="pixel", **common)
-
-    train = {size: safe_transform(functools.partial(train_transform, size), cfg.auto_augment)
+    train = {size: _train_transform(cfg, data_config, input_size=(3, size, size), train_crop_mode=cfg.train_crop_mode,
+                                    re_prob=cfg.reprob, re_mode="pixel")
              for size in sorted(set(cfg.train_sizes) or {cfg.img_size})}
     val = create_transform(data_config["input_size"], is_training=False, crop_pct=data_config["crop_pct"],
-                           crop_mode=data_config["crop_mode"], **common)
+                           crop_mode=data_config["crop_mode"], **_normalised(data_config))
     return train, val
 
 
@@ -97,7 +99,8 @@ def build_loaders(cfg: Config, train_samples: list[Sample], val_samples: list[Sa
                                   for samples, side in ((train_samples, train_side), (val_samples, short_side)))
     schedule = SizeSchedule(tuple(cfg.train_sizes), cfg.img_size, cfg.batch_size, cfg.seed, cfg.token_budget,
                             even=cfg.mixup > 0 or cfg.cutmix > 0) if cfg.train_sizes else None
-    args = (cfg, (train_samples, train_cache), (val_samples, val_cache), data_config, rank, world_size, device)
+    args = (cfg, Images(train_samples, train_cache), Images(val_samples, val_cache), data_config, rank, world_size,
+            device)
     if pipeline == "naflex":
         train, val = _naflex_loaders(*args, patch, num_classes)
     else:
@@ -112,13 +115,11 @@ def _workers(cfg: Config, device: torch.device) -> dict[str, Any]:
     return dict(num_workers=cfg.workers, pin_memory=device.type == "cuda", persistent_workers=cfg.workers > 0)
 
 
-def _per_image_loaders(cfg: Config, train: tuple[list[Sample], DecodedImages | None],
-                       val: tuple[list[Sample], DecodedImages | None], data_config: dict[str, Any], rank: int,
-                       world_size: int, device: torch.device, schedule: SizeSchedule | None
-                       ) -> tuple[DataLoader, DataLoader]:
+def _per_image_loaders(cfg: Config, train: Images, val: Images, data_config: dict[str, Any], rank: int,
+                       world_size: int, device: torch.device, schedule: SizeSchedule | None) -> tuple[DataLoader, ...]:
     """timm's transforms in ``DataLoader`` workers: ``StepSampler`` hands each worker a whole step, at its size."""
     train_tfs, val_tf = build_transforms(cfg, data_config)
-    train_set = SizedImages(train[0], train_tfs, train[1])
+    train_set = SizedImages(train.samples, train_tfs, train.cache)
     if cfg.repeated_aug:
         order = RepeatAugSampler(train_set, num_replicas=world_size, rank=rank)
     else:
@@ -126,19 +127,18 @@ def _per_image_loaders(cfg: Config, train: tuple[list[Sample], DecodedImages | N
     steps = StepSampler(order, cfg.batch_size, cfg.img_size, schedule, cfg.seed, rank)
     # its own generator: starting the workers draws nothing from the global RNG that drop-path and Mixup use
     train_loader = DataLoader(train_set, batch_sampler=steps, generator=torch.Generator(), **_workers(cfg, device))
-    val_set = Subset(ImageFolderDataset(val[0], val_tf, val[1]), range(rank, len(val[0]), world_size))
+    val_set = Subset(ImageFolderDataset(val.samples, val_tf, val.cache), range(rank, len(val), world_size))
     return train_loader, DataLoader(val_set, cfg.batch_size, **_workers(cfg, device))
 
 
-def _tensor_loaders(cfg: Config, train: tuple[list[Sample], DecodedImages], val: tuple[list[Sample], DecodedImages],
-                    data_config: dict[str, Any], rank: int, world_size: int, device: torch.device,
-                    schedule: SizeSchedule | None) -> tuple[BatchLoader, BatchLoader]:
+def _tensor_loaders(cfg: Config, train: Images, val: Images, data_config: dict[str, Any], rank: int, world_size: int,
+                    device: torch.device, schedule: SizeSchedule | None) -> tuple[BatchLoader, BatchLoader]:
     """The batched pipeline over the decoded caches; on CUDA the stores move to the GPU (crops never leave it)."""
     common = dict(size=cfg.img_size, mean=data_config["mean"], std=data_config["std"], seed=cfg.seed, rank=rank,
                   world_size=world_size, device=device)
-    train_store, val_store = (TensorStore(cache.data, cache.offsets, cache.shapes, [target for _, target in samples],
-                                          [str(path) for path, _ in samples]).to(device)
-                              for samples, cache in (train, val))
+    train_store, val_store = (
+        TensorStore(split.cache.data, split.cache.offsets, split.cache.shapes, [target for _, target in split.samples],
+                    [str(path) for path, _ in split.samples]).to(device) for split in (train, val))
     train_loader = BatchLoader(train_store, cfg.batch_size, train=True, scale=cfg.scale, hflip=cfg.hflip,
                                color_jitter=cfg.color_jitter, schedule=schedule, **common)
     val_loader = BatchLoader(val_store, cfg.batch_size, train=False, crop_pct=data_config["crop_pct"], **common)
@@ -147,36 +147,29 @@ def _tensor_loaders(cfg: Config, train: tuple[list[Sample], DecodedImages], val:
     return train_loader, val_loader
 
 
-def _naflex_loaders(cfg: Config, train: tuple[list[Sample], DecodedImages | None],
-                    val: tuple[list[Sample], DecodedImages | None], data_config: dict[str, Any], rank: int,
-                    world_size: int, device: torch.device, patch: int, num_classes: int
-                    ) -> tuple[NaFlexLoader, NaFlexLoader]:
+def _naflex_loaders(cfg: Config, train: Images, val: Images, data_config: dict[str, Any], rank: int, world_size: int,
+                    device: torch.device, patch: int, num_classes: int) -> tuple[NaFlexLoader, NaFlexLoader]:
     """timm's NaFlex pipeline; ``batch_size`` is the images of a step at the longest sequence length: every step holds
     about ``batch_size`` x that many tokens (timm's ``max_tokens_per_batch``)."""
-    common = {key: data_config[key] for key in ("interpolation", "mean", "std")}
     longest = max(cfg.naflex_seq_lens)
 
-    def train_transform(max_seq_len: int, patch_size: tuple[int, int], auto_augment: str | None) -> Any:
-        return create_transform(is_training=True, naflex=True, max_seq_len=max_seq_len, patch_size=patch_size,
-                                scale=tuple(cfg.scale), hflip=cfg.hflip, color_jitter=cfg.color_jitter,
-                                auto_augment=auto_augment, use_prefetcher=True, **common)
-
     def transform_factory(max_seq_len: int, patch_size: tuple[int, int]) -> Any:
-        return safe_transform(functools.partial(train_transform, max_seq_len, patch_size), cfg.auto_augment)
+        return _train_transform(cfg, data_config, naflex=True, max_seq_len=max_seq_len, patch_size=patch_size,
+                                use_prefetcher=True)
 
     mixup = NaFlexMixup(num_classes=num_classes, mixup_alpha=cfg.mixup, cutmix_alpha=cfg.cutmix,
                         switch_prob=cfg.mixup_switch_prob, prob=cfg.mixup_prob, label_smoothing=cfg.smoothing
                         ) if cfg.mixup > 0 or cfg.cutmix > 0 else None
     with contextlib.redirect_stdout(io.StringIO()):  # timm prints its schedule on every rank; describe() says it once
-        steps = NaFlexSteps(Images(*train), transform_factory, mixup, patch_size=patch,
+        steps = NaFlexSteps(train, transform_factory, mixup, patch_size=patch,
                             seq_lens=tuple(cfg.naflex_seq_lens), max_tokens_per_batch=cfg.batch_size * longest,
                             seed=cfg.seed, rank=rank, world_size=world_size, batch_divisor=math.gcd(8, cfg.batch_size))
     # set_epoch reaches the workers through shared counters; its own generator, as the per-image loader's
     train_loader = DataLoader(steps, batch_size=None, generator=torch.Generator(), **_workers(cfg, device))
     val_len = cfg.naflex_val_seq_len or (cfg.img_size // patch) ** 2
     val_tf = create_transform(is_training=False, naflex=True, max_seq_len=val_len, patch_size=patch, patchify=True,
-                              use_prefetcher=True, **common)
-    val_set = Subset(ImageFolderDataset(val[0], val_tf, val[1]), range(rank, len(val[0]), world_size))
+                              use_prefetcher=True, **_normalised(data_config))
+    val_set = Subset(ImageFolderDataset(val.samples, val_tf, val.cache), range(rank, len(val), world_size))
     val_loader = DataLoader(val_set, max(1, cfg.batch_size * longest // val_len), collate_fn=NaFlexCollator(val_len),
                             **_workers(cfg, device))
     erasing = PatchRandomErasing(erase_prob=cfg.reprob, mode="pixel", device=device) if cfg.reprob > 0 else None
