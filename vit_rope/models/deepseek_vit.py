@@ -22,7 +22,7 @@ from torch import Tensor, nn
 from vit_rope.layers.eva import PackedSwiGLU
 from vit_rope.layers.rms_norm import RmsNorm
 from vit_rope.models.qwen3_vit import PatchMerger, Qwen3VisionTransformer
-from vit_rope.models.twins import timm_heads, timm_tower, tower_keys
+from vit_rope.models.twins import timm_tower, tower_keys
 from vit_rope.weights import Converted, Description, check_twin, depth_of
 
 SOURCE = "timm's DeepSeek ViT (timm.models.deepseek_vit)"
@@ -172,20 +172,13 @@ def architecture(model: nn.Module) -> tuple[str, dict[str, Any]]:
     """The twin's name and keyword arguments that a built timm DeepSeek ``model`` decides."""
     from timm.models.deepseek_vit import DeepseekVitClassifier
 
-    name, classifier, enc, block = timm_tower(model, DeepseekVitClassifier)
-    if classifier and isinstance(model.norm, nn.Identity):
-        raise ValueError(f"from_timm: {name} was built with final_norm=False, which its twin vit_rope_{name} does not "
-                         "model (its classifier norm is timm's default): build timm's model without final_norm.")
-    if not classifier and enc.global_pool != "align":
-        raise ValueError(f"from_timm: {name} was built with global_pool={enc.global_pool!r}, which its twin "
-                         f"vit_rope_{name} does not model (it outputs the aligner's tokens): build it with "
-                         "global_pool='align', or take vit_rope_deepseek_vit_412m, whose forward_features gives those "
-                         "tokens.")
-    args = dict(img_size=tuple(enc.patch_embed.img_size), patch_size=enc.patch_embed.patch_size[0],
-                in_chans=enc.in_chans, embed_dim=enc.embed_dim, depth=len(enc.blocks),
-                num_heads=block.attn.num_heads, mlp_ratio=block.mlp.fc2.in_features / enc.embed_dim,
-                rope_theta=float(enc.rope.temperature), norm_layer=partial(RmsNorm, eps=block.norm1.eps),
-                dynamic_img_pad=enc.patch_embed.dynamic_img_pad, downsample_ratio=enc.downsample_ratio,
-                aligner_out_features=0 if enc.aligner is None else enc.aligner.out_features,
-                **timm_heads(model, classifier, "align"))
+    name, enc, block, args = timm_tower(
+        model, DeepseekVitClassifier, "align", "its classifier norm is timm's default; the encoder outputs the "
+        "aligner's tokens, global_pool='align', and vit_rope_deepseek_vit_412m's forward_features the tokens before it",
+        lambda enc, block: {})
+    args.update(img_size=tuple(enc.patch_embed.img_size), patch_size=enc.patch_embed.patch_size[0],
+                mlp_ratio=block.mlp.fc2.in_features / enc.embed_dim, rope_theta=float(enc.rope.temperature),
+                norm_layer=partial(RmsNorm, eps=block.norm1.eps), dynamic_img_pad=enc.patch_embed.dynamic_img_pad,
+                downsample_ratio=enc.downsample_ratio,
+                aligner_out_features=0 if enc.aligner is None else enc.aligner.out_features)
     return f"vit_rope_{name}", args

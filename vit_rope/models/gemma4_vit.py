@@ -20,7 +20,7 @@ from torch import Tensor, nn
 from vit_rope.encodings.rope.dinov3_rope import permute_qk_rows, qk_permutation
 from vit_rope.layers.rms_norm import RmsNorm
 from vit_rope.models.qwen3_vit import PatchMerger
-from vit_rope.models.twins import ProjectorTwin, timm_heads, timm_tower
+from vit_rope.models.twins import ProjectorTwin, timm_tower
 from vit_rope.weights import Converted, Description, check_config_fields, check_twin, depth_of
 
 SOURCE = "timm's Gemma 4 ViT (timm.models.gemma4_vit)"
@@ -159,7 +159,7 @@ _RENAMES = ((r"\.norm2\.", ".ls1."), (r"\.norm3\.", ".norm2."), (r"\.norm4\.", "
             (r"\.gate_proj\.", ".fc1_g."), (r"\.up_proj\.", ".fc1_x."), (r"\.down_proj\.", ".fc2."),
             (r"\.linear\.weight$", ".weight"), (r"^patch_embed\.position_embedding_table$", "pos_embed_xy"),
             (r"^std_", "pooler.std_"))
-_QKV = re.compile(r"blocks\.(\d+)\.attn\.[qkv]_proj\.(linear\.weight|(in|out)put_m(in|ax))")
+_QKV = re.compile(r"(blocks\.\d+\.attn\.)([qkv])_proj\.(?:linear\.)?(weight|(in|out)put_m(in|ax))")
 
 
 def from_gemma4(state_dict: dict[str, Tensor], model: nn.Module, source: str = SOURCE) -> Converted:
@@ -174,10 +174,8 @@ def from_gemma4(state_dict: dict[str, Tensor], model: nn.Module, source: str = S
                          "which this model does not: build it with use_clipped_linears=True.")
     attn = model.blocks[0].attn
     index, (nh, nkv) = qk_permutation("gemma4", attn.head_dim), (attn.num_heads, attn.num_kv_heads)
-    out, dropped = {}, []
+    out, dropped, fused = {}, [], {}
     for key, value in sd.items():
-        if _QKV.fullmatch(key):
-            continue  # fused below
         if key == "patch_embed.input_proj.weight":  # [C_out, C P P] of 2 x - 1: a convolution of x with a bias
             p, c = model.patch_embed.patch_size, model.patch_embed.proj.in_channels
             out["patch_embed.proj.weight"], out["patch_embed.proj.bias"] = 2 * value.reshape(-1, c, *p), -value.sum(1)
@@ -187,23 +185,19 @@ def from_gemma4(state_dict: dict[str, Tensor], model: nn.Module, source: str = S
             continue
         if re.fullmatch(r"blocks\.\d+\.attn\.[qk]_norm\.weight", key):
             value = value.index_select(0, index.to(value.device))
-        if key.endswith(("_min", "_max")):  # a bound per input feature [1, in], per output row [out]
+        if key.endswith(("_min", "_max")):  # a bound per output row [out], per input feature [1, in]
             rows, cols = sd[re.sub(r"(in|out)put_m(in|ax)$", "linear.weight", key)].shape
-            output = key.endswith(("output_min", "output_max"))
-            value = value.reshape(1).expand(rows).clone() if output else value.reshape(1, 1).expand(1, cols).clone()
+            value = value.reshape(1).expand(rows) if "output_m" in key else value.reshape(1, 1).expand(1, cols)
+            value = value.clone()
+        if m := _QKV.fullmatch(key):  # fused below: bounds [3, in] (one row per source) and [rows]
+            fused.setdefault(f"{m[1]}qkv.{m[3]}", {})[m[2]] = value
+            continue
         for pattern, new in _RENAMES:
             key = re.sub(pattern, new, key)
         out[key] = value
-    for block in sorted({int(m.group(1)) for key in sd if (m := _QKV.fullmatch(key))}):
-        prefix = f"blocks.{block}.attn."
-        weights = [sd[f"{prefix}{n}_proj.linear.weight"] for n in "qkv"]
-        out[f"{prefix}qkv.weight"] = permute_qk_rows(torch.cat(weights), index, nh, nkv)
-        if f"{prefix}q_proj.input_min" in sd:
-            for bound in ("input_min", "input_max", "output_min", "output_max"):
-                values = [sd[f"{prefix}{n}_proj.{bound}"].reshape(1, 1) for n in "qkv"]  # [3, in], [rows]
-                out[f"{prefix}qkv.{bound}"] = torch.cat([v.expand(w.shape[0], 1)[:, 0] for v, w in zip(
-                    values, weights, strict=True)]) if bound.startswith("output") else torch.cat(
-                    [v.expand(1, w.shape[1]) for v, w in zip(values, weights, strict=True)])
+    for key, parts in fused.items():
+        value = torch.cat([parts[n] for n in "qkv"])
+        out[key] = permute_qk_rows(value, index, nh, nkv) if key.endswith("weight") else value
     notes = [f"{source}: q/k/v fused, q/k rows and norm scales of every head permuted from Gemma 4's axis halves to "
              "interleaved pairs; pixel scaling 2 x - 1 folded into the patch convolution"]
     if dropped:
@@ -216,26 +210,18 @@ def architecture(model: nn.Module) -> tuple[str, dict[str, Any]]:
     """The twin's name and keyword arguments that a built timm Gemma 4 ``model`` decides."""
     from timm.models.gemma4_vit import Gemma4VitClassifier
 
-    name, classifier, enc, block = timm_tower(model, Gemma4VitClassifier)
-    act, attn, (ph, pw) = block.mlp.act, block.attn, enc.patch_size
-    refusals = {"act_layer": not (isinstance(act, nn.GELU) and act.approximate == "tanh"),
-                "patch_size (not square)": ph != pw, "head_dim (not embed_dim / num_heads)":
-                attn.head_dim * attn.num_heads != enc.embed_dim,
-                "final_norm=False": classifier and isinstance(model.norm, nn.Identity),
-                f"global_pool={enc.global_pool!r}": not classifier and enc.global_pool != "soft"}
-    for field, refused in refusals.items():
-        if refused:
-            raise ValueError(f"from_timm: {name} was built with {field}, which its twin vit_rope_{name} does not "
-                             "model (Gemma 4's GELU-tanh MLP, square patches, embed_dim / num_heads heads, the "
-                             "classifier's norm, the encoder's soft tokens): build timm's model without it.")
-    args = dict(img_size=tuple(model.pretrained_cfg.get("input_size", (3, 768, 768))[1:]), patch_size=ph,
-                in_chans=enc.in_chans, embed_dim=enc.embed_dim, depth=len(enc.blocks), num_heads=attn.num_heads,
-                num_kv_heads=attn.num_kv_heads, mlp_ratio=block.mlp.gate_proj.linear.out_features / enc.embed_dim,
+    name, enc, block, args = timm_tower(
+        model, Gemma4VitClassifier, "soft", "Gemma 4's GELU-tanh MLP, square patches, embed_dim / num_heads heads, the "
+        "classifier's norm, the encoder's soft tokens", lambda enc, block: {
+            "act_layer": not (isinstance(block.mlp.act, nn.GELU) and block.mlp.act.approximate == "tanh"),
+            "patch_size (not square)": enc.patch_size[0] != enc.patch_size[1],
+            "head_dim (not embed_dim / num_heads)": block.attn.head_dim * block.attn.num_heads != enc.embed_dim})
+    args.update(img_size=tuple(model.pretrained_cfg.get("input_size", (3, 768, 768))[1:]), patch_size=enc.patch_size[0],
+                num_kv_heads=block.attn.num_kv_heads, mlp_ratio=block.mlp.gate_proj.linear.out_features / enc.embed_dim,
                 rope_theta=float(enc.rotary_emb.rope_theta), norm_layer=partial(RmsNorm, eps=block.norm1.eps),
                 pooling_kernel_size=enc.pooling_kernel_size, standardize=enc.std_bias is not None,
                 use_clipped_linears=enc.use_clipped_linears,
-                position_embedding_size=enc.patch_embed.position_embedding_size,
-                **timm_heads(model, classifier, "soft"))
+                position_embedding_size=enc.patch_embed.position_embedding_size)
     return f"vit_rope_{name}", args
 
 

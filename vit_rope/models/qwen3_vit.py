@@ -13,7 +13,7 @@ import torch
 from timm.layers import LayerNorm, get_device_dtype
 from torch import Tensor, nn
 
-from vit_rope.models.twins import ProjectorTwin, timm_heads, timm_tower, tower_keys
+from vit_rope.models.twins import ProjectorTwin, timm_tower, tower_keys
 from vit_rope.weights import Converted, check_twin, depth_of
 
 SOURCE = "timm's Qwen3-VL ViT (timm.models.qwen3_vit)"
@@ -160,27 +160,14 @@ def architecture(model: nn.Module) -> tuple[str, dict[str, Any]]:
     """The twin's name and keyword arguments that a built timm Qwen3-VL ``model`` decides."""
     from timm.models.qwen3_vit import Qwen3VitClassifier
 
-    name, classifier, enc, block = timm_tower(model, Qwen3VitClassifier)
-    act = block.mlp.act
-    if not (isinstance(act, nn.GELU) and act.approximate == "tanh"):
-        raise ValueError(f"from_timm: {name} was built with act_layer={type(act).__name__}, but its twin "
-                         f"vit_rope_{name} models Qwen3-VL's GELU (tanh) MLP only: build timm's model without "
-                         "act_layer.")
-    if classifier and not isinstance(model.norm, nn.LayerNorm):
-        raise ValueError(f"from_timm: {name} was built with final_norm=False, which its twin vit_rope_{name} does not "
-                         "model (its classifier norm is timm's default): build timm's model without final_norm.")
-    if not classifier and enc.global_pool != "merge":
-        raise ValueError(f"from_timm: {name} was built with global_pool={enc.global_pool!r}, which its twin "
-                         f"vit_rope_{name} does not model (it outputs the merger's tokens): build it with "
-                         "global_pool='merge', or take the vit_rope_qwen3_vit_* classifier twin.")
-    merger = enc.merger
-    eps = block.norm1.eps
-    args = dict(img_size=tuple(enc.patch_embed.img_size), patch_size=enc.patch_embed.patch_size[0],
-                in_chans=enc.in_chans, embed_dim=enc.embed_dim, depth=len(enc.blocks),
-                num_heads=block.attn.num_heads, mlp_ratio=block.mlp.fc1.out_features / enc.embed_dim,
-                pos_embed_grid=(enc.pos_embed_grid_size, enc.pos_embed_grid_size),
-                rope_ref_grid=(enc.pos_embed_grid_size, enc.pos_embed_grid_size),
-                rope_theta=float(enc.rope.temperature), norm_layer=partial(LayerNorm, eps=eps),
-                merge_size=enc.merge_size, merger_out_features=enc.out_features if merger is not None else 0,
-                **timm_heads(model, classifier, "merge"))
+    name, enc, block, args = timm_tower(
+        model, Qwen3VitClassifier, "merge", "Qwen3-VL's GELU (tanh) MLP, the classifier's norm, the encoder's merger "
+        "tokens, global_pool='merge'; the classifier twin's forward_features gives the tokens before it",
+        lambda enc, block: {f"act_layer={type(block.mlp.act).__name__}": not (
+            isinstance(block.mlp.act, nn.GELU) and block.mlp.act.approximate == "tanh")})
+    grid = (enc.pos_embed_grid_size, enc.pos_embed_grid_size)
+    args.update(img_size=tuple(enc.patch_embed.img_size), patch_size=enc.patch_embed.patch_size[0],
+                mlp_ratio=block.mlp.fc1.out_features / enc.embed_dim, pos_embed_grid=grid, rope_ref_grid=grid,
+                rope_theta=float(enc.rope.temperature), norm_layer=partial(LayerNorm, eps=block.norm1.eps),
+                merge_size=enc.merge_size, merger_out_features=enc.out_features if enc.merger is not None else 0)
     return f"vit_rope_{name}", args

@@ -97,20 +97,27 @@ def timm_twin_cfgs(family: str, names: Iterable[str], **cfg: Any) -> dict[str, d
             for name in names for tag, tagged in default_cfgs[name].cfgs.items()}
 
 
-def timm_tower(model: nn.Module, classifier_cls: type[nn.Module]) -> tuple[str, bool, nn.Module, nn.Module]:
-    """A built timm VLM tower's name, whether it is the classifier (``classifier_cls``), its encoder and first block."""
+def timm_tower(model: nn.Module, classifier_cls: type[nn.Module], tokens: str, models: str,
+               refusals: Callable[[nn.Module, nn.Module], dict[str, bool]]) -> tuple[str, nn.Module, nn.Module, dict]:
+    """A built timm VLM tower's name, encoder and first block, and the twin arguments every family's share: sizes and
+    heads (the classifier's, ``classifier_cls``, or the encoder's ``tokens``). A ``ValueError`` names the first of
+    ``refusals(encoder, block)``, the classifier's final norm and the encoder's pool that the twin does not model
+    (``models``: what it does model)."""
     classifier = isinstance(model, classifier_cls)
-    encoder = model.encoder if classifier else model
-    return model.pretrained_cfg["architecture"], classifier, encoder, encoder.blocks[0]
-
-
-def timm_heads(model: nn.Module, classifier: bool, tokens: str) -> dict[str, Any]:
-    """The head arguments of a built timm VLM tower's twin: the classifier's, or the encoder's (``tokens``)."""
-    if classifier:  # timm's "none": no pooling, ours ""
-        pools = {"none": ""}
-        return dict(num_classes=model.num_classes, global_pool=pools.get(model.global_pool, model.global_pool),
-                    encoder_pool=pools.get(model.encoder_pool, model.encoder_pool))
-    return dict(global_pool=tokens, num_classes=0)
+    enc = model.encoder if classifier else model
+    name, block = model.pretrained_cfg["architecture"], enc.blocks[0]
+    refused = {**refusals(enc, block), "final_norm=False": classifier and isinstance(model.norm, nn.Identity),
+               f"global_pool={enc.global_pool!r}": not classifier and enc.global_pool != tokens}
+    field = next((field for field, bad in refused.items() if bad), None)
+    if field is not None:
+        raise ValueError(f"from_timm: {name} was built with {field}, which its twin vit_rope_{name} does not model "
+                         f"({models}): build timm's model without it.")
+    pools = {"none": ""}  # timm's "none": no pooling, ours ""
+    heads = dict(num_classes=model.num_classes, global_pool=pools.get(model.global_pool, model.global_pool),
+                 encoder_pool=pools.get(model.encoder_pool, model.encoder_pool)) if classifier else \
+        dict(global_pool=tokens, num_classes=0)
+    return name, enc, block, dict(in_chans=enc.in_chans, embed_dim=enc.embed_dim, depth=len(enc.blocks),
+                                  num_heads=block.attn.num_heads, **heads)
 
 
 def tower_keys(state_dict: dict[str, Tensor], model: nn.Module, projector: str,
