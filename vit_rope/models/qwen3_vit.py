@@ -143,8 +143,9 @@ def describe_qwen3(state_dict: dict[str, Any]) -> tuple[str | None, dict[str, An
 
 def from_qwen3(state_dict: dict[str, Tensor], model: nn.Module) -> Converted:
     """timm's Qwen3-VL state dict in our keys and q/k layout (``tower_keys``)."""
-    check_twin(model, type(model) is Qwen3VisionTransformer, SOURCE,  # not its subclass, Qwen2.5-VL's twin
-               "the vit_rope_qwen3_vit_* twins (and vit_rope.from_timm of timm's model)", "rotate_half")
+    check_twin(model, type(model) is Qwen3VisionTransformer, SOURCE,  # not a subclass: Qwen2.5-VL's, DeepSeek's twins
+               "the vit_rope_qwen3_vit_* twins (and vit_rope.from_timm of timm's model; a DeepSeek twin loads timm's "
+               "deepseek_vit_* files)", "rotate_half")
     merger = model.patch_merger
     out, dropped = tower_keys(state_dict, model, "merger.", lambda key: merger is not None and not (
         key.startswith("merger.fc2.") and isinstance(merger.fc2, nn.Identity)))
