@@ -13,7 +13,6 @@ from functools import partial, wraps
 from types import SimpleNamespace
 from typing import Any
 
-import torch
 import torch.nn.functional as F
 from timm.layers import get_device_dtype
 from timm.models import resolve_pretrained_cfg
@@ -21,7 +20,7 @@ from torch import Tensor, nn
 
 from vit_rope.layers.eva import PackedSwiGLU
 from vit_rope.layers.rms_norm import RmsNorm
-from vit_rope.models.qwen3_vit import PatchMerger, Qwen3VisionTransformer
+from vit_rope.models.qwen3_vit import PatchMerger, Qwen3VisionTransformer, scatter_blocks
 from vit_rope.models.twins import timm_tower, tower_keys
 from vit_rope.weights import Converted, Description, check_twin, depth_of
 
@@ -70,16 +69,10 @@ class Aligner(PatchMerger):
 
     def merge_naflex(self, x: Tensor, coord: Tensor, valid: Tensor) -> tuple[Tensor, Tensor]:
         """A NaFlex batch's tokens at ``coord`` (y, x) unshuffled per sample as ``merge`` each image, with validity."""
-        r, (B, _, C) = self.merge_size, x.shape
-        y, xx = coord[..., 0], coord[..., 1]
-        rows, cols = (-(-((c * valid).amax(1, keepdim=True) + 1) // r) for c in (y, xx))  # [B, 1] each, padded
-        M = int((rows * cols).max())
-        slot = ((y // r) * cols + xx // r) * r * r + (y % r) * r + xx % r  # [B, L]: cell, then place in it
-        slot = torch.where(valid, slot, M * r * r)  # padding to a spill slot, cut below
-        out = x.new_zeros(B, M * r * r + 1, C).scatter(1, slot[..., None].expand(-1, -1, C), x)
-        merged_valid = torch.zeros(B, M * r * r + 1, dtype=torch.bool, device=x.device).scatter(1, slot, valid)
-        out = out[:, :-1].reshape(B, M, r * r, C).transpose(2, 3)  # [B, M, C, r^2]: channel-major
-        return out.reshape(B, M, C * r * r), merged_valid[:, :-1].reshape(B, M, r * r).any(-1)
+        r = self.merge_size
+        rows, cols = (-(-((c * valid).amax(1, keepdim=True) + 1) // r) for c in (coord[..., 0], coord[..., 1]))
+        blocks, valid = scatter_blocks(x, coord, valid, r, cols, int((rows * cols).max()))  # [B, M, r^2, C]
+        return blocks.transpose(2, 3).flatten(2), valid  # channel-major
 
 
 class DeepseekVisionTransformer(Qwen3VisionTransformer):

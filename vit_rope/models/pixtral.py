@@ -70,17 +70,6 @@ class PixtralVisionTransformer(RoPEVisionTransformer):
         return x if pre_logits else self.projector(x)
 
 
-def twin_cfgs() -> dict[str, dict[str, Any]]:
-    """``{twin: cfg}``: no hub file (the weights are transformers folders), Pixtral's processor's CLIP mean and std."""
-    from timm.data import OPENAI_CLIP_MEAN, OPENAI_CLIP_STD
-
-    return {f"vit_rope_{name}": dict(url="", num_classes=0, input_size=(3, args["img_size"], args["img_size"]),
-                                     min_input_size=(3, 4 * args["patch_size"], 4 * args["patch_size"]),
-                                     fixed_input_size=False, interpolation="bicubic", crop_pct=1.0,
-                                     mean=OPENAI_CLIP_MEAN, std=OPENAI_CLIP_STD, first_conv="patch_embed.proj",
-                                     classifier="head", license="apache-2.0") for name, args in PIXTRAL.items()}
-
-
 def is_pixtral(state_dict: dict[str, Any]) -> bool:
     """transformers' Pixtral weights: its patch convolution, bare or under a Llava's ``(model.)vision_tower.``."""
     return any(re.fullmatch(r"(model\.)?(vision_tower\.)?patch_conv\.weight", key) for key in state_dict)

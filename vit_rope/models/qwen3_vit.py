@@ -49,6 +49,18 @@ def merge_blocks(x: Tensor, grid: tuple[int, int], k: int) -> Tensor:
 torch.fx.wrap("merge_blocks")  # the grid is checked: under FX a call, not a branch on traced sizes (from any caller)
 
 
+def scatter_blocks(x: Tensor, coord: Tensor, valid: Tensor, k: int, cols: Tensor, count: int) -> tuple[Tensor, Tensor]:
+    """A NaFlex batch's tokens ``[B, L, C]`` at ``coord`` (y, x) as ``count`` blocks of ``k x k`` per sample, ``cols``
+    ``[B, 1]`` blocks a row, each row-major: ``[B, count, k k, C]``, with each block's validity (any valid token)."""
+    B, _, C = x.shape
+    y, xx = coord[..., 0], coord[..., 1]
+    slot = ((y // k) * cols + xx // k) * k * k + (y % k) * k + xx % k  # [B, L]: block, then place in it
+    slot = torch.where(valid, slot, count * k * k)  # padding to a spill slot, cut below
+    out = x.new_zeros(B, count * k * k + 1, C).scatter(1, slot[..., None].expand(-1, -1, C), x)
+    merged_valid = torch.zeros(B, count * k * k + 1, dtype=torch.bool, device=x.device).scatter(1, slot, valid)
+    return out[:, :-1].reshape(B, count, k * k, C), merged_valid[:, :-1].reshape(B, count, k * k).any(-1)
+
+
 class PatchMerger(nn.Module):
     """Qwen-VL's projector: a norm per token (Qwen3-VL's LayerNorm, Qwen2.5-VL's RMSNorm), each ``k x k`` block
     concatenated row-major, ``fc1 -> GELU -> fc2`` to the LLM's width (``out_features``; 0: no ``fc2``); timm's keys."""
@@ -70,16 +82,10 @@ class PatchMerger(nn.Module):
 
     def merge_naflex(self, x: Tensor, coord: Tensor, valid: Tensor) -> tuple[Tensor, Tensor]:
         """A NaFlex batch's tokens at ``coord`` (y, x) merged per sample as ``merge`` each image, with validity."""
-        k, (B, L, C) = self.merge_size, x.shape
+        k = self.merge_size
         width = (coord[..., 1] * valid).amax(1, keepdim=True) + 1  # [B, 1]: each sample's grid width
-        y, xx = coord[..., 0], coord[..., 1]
-        cell = (y // k) * (width // k) + xx // k  # [B, L]: the merged token each patch joins
-        slot = cell * k * k + (y % k) * k + xx % k
-        M = -(-L // (k * k))
-        slot = torch.where(valid, slot, M * k * k)  # padding to a spill slot, cut below
-        out = x.new_zeros(B, M * k * k + 1, C).scatter(1, slot[..., None].expand(-1, -1, C), x)
-        merged_valid = torch.zeros(B, M * k * k + 1, dtype=torch.bool, device=x.device).scatter(1, slot, valid)
-        return out[:, :-1].reshape(B, M, k * k * C), merged_valid[:, :-1].reshape(B, M, k * k).any(-1)
+        blocks, valid = scatter_blocks(x, coord, valid, k, width // k, -(-x.shape[1] // (k * k)))
+        return blocks.flatten(2), valid
 
     def project(self, x: Tensor, pre_logits: bool = False) -> Tensor:
         x = self.act(self.fc1(x))
