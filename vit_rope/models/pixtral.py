@@ -52,14 +52,9 @@ class PixtralVisionTransformer(RoPEVisionTransformer):
 
     def reset_classifier(self, num_classes: int, global_pool: str | None = None) -> None:
         """timm's head; with a projector, over the mean of its tokens (classifying what the language model reads)."""
-        if getattr(self, "projector", None) is None:
-            return super().reset_classifier(num_classes, global_pool)
-        if global_pool is not None:
-            self.global_pool = global_pool
-        self.num_classes = num_classes
-        self.head = nn.Linear(self.head_hidden_size, num_classes, **get_device_dtype(self)) if num_classes > 0 \
-            else nn.Identity()
-        self.head.train(self.training)
+        super().reset_classifier(num_classes, global_pool)
+        if num_classes > 0 and getattr(self, "projector", None) is not None:
+            self.head = nn.Linear(self.head_hidden_size, num_classes, **get_device_dtype(self)).train(self.training)
 
     def forward_head(self, x: Tensor, pre_logits: bool = False, patch_valid: Tensor | None = None) -> Tensor:
         """timm's head, or with a projector its tokens (``pre_logits``: before it), pooled into a head given classes."""
