@@ -13,7 +13,7 @@ from typing import Any
 from torch import Tensor, nn
 
 from vit_rope.encodings import FORMATS as KIND_FORMATS
-from vit_rope.models import deepseek_vit, gemma4_vit, hf_dinov3, pixtral, qwen2_5_vl, qwen3_vit, swin
+from vit_rope.models import deepseek_vit, gemma4_vit, hf_dinov3, hf_gemma4, pixtral, qwen2_5_vl, qwen3_vit, swin
 from vit_rope.models.dinov3 import DINOV3_QK, architecture, dinov3_name, from_dinov3
 from vit_rope.models.dinov3 import SIZES as DINOV3_SIZES
 from vit_rope.models.eva_families import EVA_LAYOUTS, check_family, from_eva, is_eva
@@ -107,7 +107,7 @@ FORMATS: tuple[Format, ...] = (
            lambda state_dict: "embeddings.patch_embeddings.weight" in state_dict, hf_dinov3.from_hf_dinov3,
            folder=Folder("config.json", "model.safetensors", lambda config: "model_type" in config  # but the others'
                          and config["model_type"] not in (*pixtral.MODEL_TYPES, *qwen2_5_vl.MODEL_TYPES,
-                                                          *gemma4_vit.MODEL_TYPES),
+                                                          *hf_gemma4.MODEL_TYPES),
                          hf_dinov3.dinov3_args_from_hf_config, hf_dinov3.check_hf_config)),
     Format("Hugging Face transformers' ViT or DINOv2", "'embeddings.patch_embeddings.projection.weight'",
            lambda state_dict: any(key.endswith("embeddings.patch_embeddings.projection.weight") for key in state_dict),
@@ -124,10 +124,10 @@ FORMATS: tuple[Format, ...] = (
     Format(gemma4_vit.SOURCE, "'patch_embed.position_embedding_table' (encoders) or 'encoder.patch_embed."
            "position_embedding_table' (classifiers)", gemma4_vit.is_gemma4, gemma4_vit.from_gemma4,
            gemma4_vit.describe_gemma4),
-    Format(gemma4_vit.HF_FORMAT, "keys ending in 'patch_embedder.position_embedding_table'", gemma4_vit.is_hf_gemma4,
-           gemma4_vit.from_hf_gemma4, gemma4_vit.describe_hf_gemma4,
-           folder=_transformers(gemma4_vit.MODEL_TYPES, gemma4_vit.gemma4_args_from_hf_config,
-                                gemma4_vit.check_hf_config)),
+    Format(hf_gemma4.HF_FORMAT, "keys ending in 'patch_embedder.position_embedding_table'", hf_gemma4.is_hf_gemma4,
+           hf_gemma4.from_hf_gemma4, hf_gemma4.describe_hf_gemma4,
+           folder=_transformers(hf_gemma4.MODEL_TYPES, hf_gemma4.gemma4_args_from_hf_config,
+                                hf_gemma4.check_hf_config)),
     Format(pixtral.SOURCE, "keys '(model.)(vision_tower.)patch_conv.weight'", pixtral.is_pixtral, pixtral.from_pixtral,
            pixtral.describe_pixtral,
            folder=_transformers(pixtral.MODEL_TYPES, pixtral.pixtral_args_from_config, pixtral.check_pixtral_config)),
