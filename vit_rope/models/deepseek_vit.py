@@ -52,8 +52,8 @@ class Aligner(PatchMerger):
     channel-major (the reference's ``F.unfold``; Qwen's order would permute ``fc1``'s inputs), then ``fc1 -> GELU ->
     fc2`` to the LLM width: ``PatchMerger``'s interface without its norm, keys as timm's ``DeepseekVitAligner``."""
 
-    def __init__(self, dim: int, downsample_ratio: int = 3, out_features: int = 0) -> None:
-        nn.Module.__init__(self)
+    def __init__(self, dim: int, downsample_ratio: int = 3, out_features: int = 0, norm_layer: Any = None) -> None:
+        nn.Module.__init__(self)  # no norm_layer: DeepSeek's aligner has no norm
         self.merge_size, self.out_features = downsample_ratio, out_features
         self.norm = nn.Identity()
         self.fc1 = nn.Linear(dim * downsample_ratio**2, out_features)
@@ -78,27 +78,18 @@ class Aligner(PatchMerger):
 class DeepseekVisionTransformer(Qwen3VisionTransformer):
     """The Qwen3-VL twins' heads with DeepSeek's final RMSNorm and aligner (``"align"``) to ``aligner_out_features``."""
 
-    FAMILY, TOKENS = "DeepSeek", "align"
+    FAMILY, TOKENS, MERGER = "DeepSeek", "align", Aligner
 
     def __init__(self, global_pool: str = "avg", encoder_pool: str = "", downsample_ratio: int = 3,
                  aligner_out_features: int = 0, **kwargs: Any) -> None:
-        self.check_pools(global_pool, encoder_pool)
-        align = "align" in (global_pool, encoder_pool)
-        if align and aligner_out_features <= 0:
+        if "align" in (global_pool, encoder_pool) and aligner_out_features <= 0:
             raise ValueError(f"The DeepSeek aligner maps to the language model's width: pass aligner_out_features "
                              f"(timm's tags: {LLM_WIDTHS}), got {aligner_out_features}.")
-        num_classes = kwargs.pop("num_classes", 0)
         norm_layer = kwargs.get("norm_layer", _ARCH["norm_layer"])
-        super().__init__(global_pool=global_pool and "avg", **kwargs)  # ""'s or "avg"; no merger: the aligner below
-        self.global_pool, self.encoder_pool = global_pool, encoder_pool
+        super().__init__(global_pool, encoder_pool, downsample_ratio, aligner_out_features, **kwargs)
         dd = get_device_dtype(self)
         self.norm = norm_layer(self.embed_dim, **dd)  # DeepSeek's final norm (Qwen3-VL's ViT has none)
-        self.patch_merger = Aligner(self.embed_dim, downsample_ratio, aligner_out_features).to(**dd) if align \
-            else None
-        self.head_hidden_size = aligner_out_features if align else self.embed_dim
-        # the classifiers' norm without affine (no weights), which *_enc skips; the head over the aligner's width
-        self.fc_norm = norm_layer(self.head_hidden_size, affine=False, **dd)
-        self.reset_classifier(num_classes)
+        self.fc_norm = norm_layer(self.head_hidden_size, affine=False, **dd)  # as Qwen3-VL's, but an RMSNorm
 
 
 def tagged(create: Callable[..., nn.Module]) -> Callable[..., nn.Module]:

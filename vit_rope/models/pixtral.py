@@ -52,8 +52,10 @@ class PixtralVisionTransformer(RoPEVisionTransformer):
 
     def reset_classifier(self, num_classes: int, global_pool: str | None = None) -> None:
         """timm's head; with a projector, over the mean of its tokens (classifying what the language model reads)."""
-        super().reset_classifier(num_classes, global_pool)
-        if num_classes > 0 and getattr(self, "projector", None) is not None:
+        projector = getattr(self, "projector", None)
+        super().reset_classifier(num_classes if projector is None else 0, global_pool)
+        if num_classes > 0 and projector is not None:  # the head over the projector's width
+            self.num_classes = num_classes
             self.head = nn.Linear(self.head_hidden_size, num_classes, **get_device_dtype(self)).train(self.training)
 
     def forward_head(self, x: Tensor, pre_logits: bool = False, patch_valid: Tensor | None = None) -> Tensor:

@@ -99,7 +99,7 @@ class PatchMerger(nn.Module):
 class Qwen3VisionTransformer(ProjectorTwin):
     """``ProjectorTwin`` with timm's Qwen3-VL merger at ``patch_merger`` (``merger_out_features=0``: no fc2)."""
 
-    FAMILY, TOKENS, PROJECTOR = "Qwen3-VL", "merge", "patch_merger"
+    FAMILY, TOKENS, PROJECTOR, MERGER = "Qwen3-VL", "merge", "patch_merger", PatchMerger  # MERGER: the class built
 
     def __init__(self, global_pool: str = "avg", encoder_pool: str = "", merge_size: int = 2,
                  merger_out_features: int = 0, **kwargs: Any) -> None:
@@ -109,8 +109,8 @@ class Qwen3VisionTransformer(ProjectorTwin):
         super().__init__(global_pool, encoder_pool, num_classes=0, **kwargs)
         merge = self.TOKENS in (global_pool, encoder_pool)
         dd = get_device_dtype(self)
-        self.patch_merger = PatchMerger(self.embed_dim, merge_size, merger_out_features, norm_layer).to(**dd) if merge \
-            else None
+        self.patch_merger = self.MERGER(self.embed_dim, merge_size, merger_out_features, norm_layer).to(**dd) \
+            if merge else None
         self.head_hidden_size = self.patch_merger.out_features if merge else self.embed_dim
         # timm's classifiers: a LayerNorm without affine (no weights) after the pooling, which *_enc's tokens skip
         self.fc_norm = LayerNorm(self.head_hidden_size, eps=eps, affine=False, **dd)
