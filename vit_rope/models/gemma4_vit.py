@@ -85,6 +85,10 @@ class SoftTokenPool(nn.Module):
             x = (x - self.std_bias) * self.std_scale
         return x if valid is None else x * valid[..., None], valid
 
+    def tokens(self, x: Tensor, grid: tuple[int, int] | None, coord: Tensor | None, valid: Tensor | None,
+               pre_logits: bool) -> tuple[Tensor, Tensor | None]:
+        return self(x, grid, coord, valid)  # ProjectorTwin's; the pooler has no pre-logits stage
+
 
 class Gemma4VisionTransformer(ProjectorTwin):
     """``ProjectorTwin`` with Gemma 4's position table (``position_embedding_size`` rows per axis), sandwich norms, v
@@ -123,10 +127,6 @@ class Gemma4VisionTransformer(ProjectorTwin):
         coord = coord.clamp(min=0)  # [N, 2] or [B, N, 2]: NaFlex padding may be negative
         rows = F.embedding(coord[..., 1], self.pos_embed_xy[0]) + F.embedding(coord[..., 0], self.pos_embed_xy[1])
         return super()._prefix_and_ape(tokens + rows, coord, grids, grid)
-
-    def _project(self, x: Tensor, grid: tuple[int, int] | None, coord: Tensor | None, valid: Tensor | None,
-                 pre_logits: bool) -> tuple[Tensor, Tensor | None]:
-        return self.pooler(x, grid, coord, valid)
 
 
 def is_gemma4(state_dict: dict[str, Any]) -> bool:

@@ -95,6 +95,14 @@ class PatchMerger(nn.Module):
         """Merged tokens of tokens on ``grid``; ``pre_logits``: after ``fc1 -> GELU`` (timm's)."""
         return self.project(self.merge(self.norm(x), grid), pre_logits)
 
+    def tokens(self, x: Tensor, grid: tuple[int, int] | None, coord: Tensor | None, valid: Tensor | None,
+               pre_logits: bool) -> tuple[Tensor, Tensor | None]:
+        """``ProjectorTwin``'s: merged tokens on ``grid``, or a NaFlex batch's at ``coord`` with their validity."""
+        if valid is None:
+            return self(x, grid, pre_logits), None
+        merged, valid = self.merge_naflex(self.norm(x), coord, valid)
+        return self.project(merged, pre_logits), valid
+
 
 class Qwen3VisionTransformer(ProjectorTwin):
     """``ProjectorTwin`` with timm's Qwen3-VL merger at ``patch_merger`` (``merger_out_features=0``: no fc2)."""
@@ -115,14 +123,6 @@ class Qwen3VisionTransformer(ProjectorTwin):
         # timm's classifiers: a LayerNorm without affine (no weights) after the pooling, which *_enc's tokens skip
         self.fc_norm = LayerNorm(self.head_hidden_size, eps=eps, affine=False, **dd)
         self.reset_classifier(num_classes)
-
-    def _project(self, x: Tensor, grid: tuple[int, int] | None, coord: Tensor | None, valid: Tensor | None,
-                 pre_logits: bool) -> tuple[Tensor, Tensor | None]:
-        merger = self.patch_merger
-        if valid is None:
-            return merger(x, grid, pre_logits), None
-        merged, valid = merger.merge_naflex(merger.norm(x), coord, valid)
-        return merger.project(merged, pre_logits), valid
 
 
 def is_qwen3(state_dict: dict[str, Any]) -> bool:
