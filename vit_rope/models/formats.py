@@ -81,7 +81,7 @@ def _timm_eva(state_dict: dict[str, Any], model: nn.Module) -> Converted:
         return from_eva(state_dict, model)
     if getattr(model, "encoding_kind", None) == "dinov3":  # DINOv3 and LingBot: timm's layout is DINOv3's rotate-half
         return _dinov3(state_dict, model, "timm's Eva DINOv3")
-    return _as_is(state_dict, model)  # timm's RoPE-ViT ports, DeiT-III: their q / k rows are ours
+    return state_dict, ()  # timm's RoPE-ViT ports, DeiT-III: their q / k rows are ours
 
 
 def _describe_eva(state_dict: Mapping[str, Any]) -> Description:

@@ -141,11 +141,10 @@ def describe_gemma4(state_dict: dict[str, Any]) -> tuple[str | None, dict[str, A
     dim, head_dim = int(table.shape[-1]), int(state_dict[f"{prefix}blocks.0.attn.q_norm.weight"].shape[0])
     args: dict[str, Any] = dict(
         embed_dim=dim, depth=depth_of(state_dict, f"{prefix}blocks"), num_heads=dim // head_dim,
-        position_embedding_size=int(table.shape[1]),
+        position_embedding_size=int(table.shape[1]), standardize=f"{prefix}std_bias" in state_dict,
         mlp_ratio=state_dict[f"{prefix}blocks.0.mlp.gate_proj.linear.weight"].shape[0] / dim,
         num_kv_heads=int(state_dict[f"{prefix}blocks.0.attn.k_proj.linear.weight"].shape[0]) // head_dim,
-        use_clipped_linears=f"{prefix}blocks.0.attn.q_proj.input_min" in state_dict,
-        standardize=f"{prefix}std_bias" in state_dict)
+        use_clipped_linears=f"{prefix}blocks.0.attn.q_proj.input_min" in state_dict)
     if "head.weight" in state_dict:
         args["num_classes"] = int(state_dict["head.weight"].shape[0])
     size = next((size for size, arch in ARCH.items() if arch["embed_dim"] == dim), None)  # else: the args decide
