@@ -156,13 +156,12 @@ def describe_qwen25(state_dict: dict[str, Any]) -> tuple[str | None, dict[str, A
     return (NAME if width == QWEN25[NAME]["embed_dim"] else None), args
 
 
-_RENAMES = (("mlp.down_proj.", "mlp.fc2."), ("merger.ln_q.", "merger.norm."), ("merger.mlp.0.", "merger.fc1."),
-            ("merger.mlp.2.", "merger.fc2."))  # timm's Qwen3-VL names, which tower_keys maps onto ours
+_MERGER = re.compile(r"^patch_merger\.(ln_q|mlp\.0|mlp\.2)\.")  # transformers' merger names: norm, fc1, fc2
 
 
 def from_qwen25(state_dict: dict[str, Tensor], model: nn.Module) -> Converted:
     """transformers' Qwen2.5-VL tower in our keys and q/k layout: its prefix cut, the rest (the language model) dropped,
-    the Conv3d kernel summed over time, gate and up projections packed, then ``tower_keys``."""
+    the Conv3d kernel summed over time, gate and up projections packed, then ``tower_keys`` as timm's Qwen3-VL files."""
     if any(key.endswith("merger.ln_q.bias") for key in state_dict):
         raise ValueError(f"The checkpoint is transformers' Qwen2-VL vision encoder (its merger norm has a bias: a "
                          f"LayerNorm), which no vit_rope twin models; {NAME} takes Qwen2.5-VL's.")
@@ -180,10 +179,10 @@ def from_qwen25(state_dict: dict[str, Tensor], model: nn.Module) -> Converted:
                 tower[f"{m.group(1)}fc1.{m.group(3)}"] = torch.cat([value, state_dict[f"{prefix}{m.group(1)}up_proj."
                                                                                       f"{m.group(3)}"]])
             continue
-        for old, new in _RENAMES:
-            key = key.replace(old, new)
-        tower[key] = value
+        tower[key.replace("mlp.down_proj.", "mlp.fc2.")] = value
     out, dropped = tower_keys(tower, model, "merger.", lambda key: model.patch_merger is not None)
+    names = {"ln_q": "norm", "mlp.0": "fc1", "mlp.2": "fc2"}
+    out = {_MERGER.sub(lambda m: f"patch_merger.{names[m[1]]}.", key): value for key, value in out.items()}
     other = sum(not key.startswith(prefix) for key in state_dict)
     notes = [f"{SOURCE}: Conv3d patch kernel summed over time, gate / up projections packed, q/k rows of every head "
              "permuted from rotate-half to interleaved pairs"]
