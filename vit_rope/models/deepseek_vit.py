@@ -52,8 +52,9 @@ class Aligner(PatchMerger):
     channel-major (the reference's ``F.unfold``; Qwen's order would permute ``fc1``'s inputs), then ``fc1 -> GELU ->
     fc2`` to the LLM width: ``PatchMerger``'s interface without its norm, keys as timm's ``DeepseekVitAligner``."""
 
-    def __init__(self, dim: int, downsample_ratio: int = 3, out_features: int = 0, norm_layer: Any = None) -> None:
-        nn.Module.__init__(self)  # no norm_layer: DeepSeek's aligner has no norm
+    def __init__(self, dim: int, downsample_ratio: int = 3, out_features: int = 0,
+                 norm_layer: Callable[[int], nn.Module] | None = None) -> None:
+        nn.Module.__init__(self)  # norm_layer unused: DeepSeek's aligner has no norm
         self.merge_size, self.out_features = downsample_ratio, out_features
         self.norm = nn.Identity()
         self.fc1 = nn.Linear(dim * downsample_ratio**2, out_features)

@@ -91,7 +91,8 @@ def timm_twin_cfgs(family: str, names: Iterable[str], **cfg: Any) -> dict[str, d
 
 
 def timm_tower(model: nn.Module, classifier_cls: type[nn.Module], tokens: str, models: str,
-               refusals: Callable[[nn.Module, nn.Module], dict[str, bool]]) -> tuple[str, nn.Module, nn.Module, dict]:
+               refusals: Callable[[nn.Module, nn.Module], dict[str, bool]]
+               ) -> tuple[str, nn.Module, nn.Module, dict[str, Any]]:
     """A built timm VLM tower's name, encoder and first block, and the twin arguments every family's share: sizes and
     heads (the classifier's, ``classifier_cls``, or the encoder's ``tokens``). A ``ValueError`` names the first of
     ``refusals(encoder, block)``, the classifier's final norm and the encoder's pool that the twin does not model
