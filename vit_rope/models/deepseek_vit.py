@@ -13,7 +13,6 @@ from functools import partial, wraps
 from types import SimpleNamespace
 from typing import Any
 
-import torch
 import torch.nn.functional as F
 from timm.layers import get_device_dtype
 from timm.models import resolve_pretrained_cfg
@@ -21,8 +20,8 @@ from torch import Tensor, nn
 
 from vit_rope.layers.eva import PackedSwiGLU
 from vit_rope.layers.rms_norm import RmsNorm
-from vit_rope.models.qwen3_vit import PatchMerger, Qwen3VisionTransformer
-from vit_rope.models.twins import timm_heads, timm_tower, tower_keys
+from vit_rope.models.qwen3_vit import PatchMerger, Qwen3VisionTransformer, scatter_blocks
+from vit_rope.models.twins import timm_tower, tower_keys
 from vit_rope.weights import Converted, Description, check_twin, depth_of
 
 SOURCE = "timm's DeepSeek ViT (timm.models.deepseek_vit)"
@@ -53,8 +52,9 @@ class Aligner(PatchMerger):
     channel-major (the reference's ``F.unfold``; Qwen's order would permute ``fc1``'s inputs), then ``fc1 -> GELU ->
     fc2`` to the LLM width: ``PatchMerger``'s interface without its norm, keys as timm's ``DeepseekVitAligner``."""
 
-    def __init__(self, dim: int, downsample_ratio: int = 3, out_features: int = 0) -> None:
-        nn.Module.__init__(self)
+    def __init__(self, dim: int, downsample_ratio: int = 3, out_features: int = 0,
+                 norm_layer: Callable[[int], nn.Module] | None = None) -> None:
+        nn.Module.__init__(self)  # norm_layer unused: DeepSeek's aligner has no norm
         self.merge_size, self.out_features = downsample_ratio, out_features
         self.norm = nn.Identity()
         self.fc1 = nn.Linear(dim * downsample_ratio**2, out_features)
@@ -70,42 +70,27 @@ class Aligner(PatchMerger):
 
     def merge_naflex(self, x: Tensor, coord: Tensor, valid: Tensor) -> tuple[Tensor, Tensor]:
         """A NaFlex batch's tokens at ``coord`` (y, x) unshuffled per sample as ``merge`` each image, with validity."""
-        r, (B, _, C) = self.merge_size, x.shape
-        y, xx = coord[..., 0], coord[..., 1]
-        rows, cols = (-(-((c * valid).amax(1, keepdim=True) + 1) // r) for c in (y, xx))  # [B, 1] each, padded
-        M = int((rows * cols).max())
-        slot = ((y // r) * cols + xx // r) * r * r + (y % r) * r + xx % r  # [B, L]: cell, then place in it
-        slot = torch.where(valid, slot, M * r * r)  # padding to a spill slot, cut below
-        out = x.new_zeros(B, M * r * r + 1, C).scatter(1, slot[..., None].expand(-1, -1, C), x)
-        merged_valid = torch.zeros(B, M * r * r + 1, dtype=torch.bool, device=x.device).scatter(1, slot, valid)
-        out = out[:, :-1].reshape(B, M, r * r, C).transpose(2, 3)  # [B, M, C, r^2]: channel-major
-        return out.reshape(B, M, C * r * r), merged_valid[:, :-1].reshape(B, M, r * r).any(-1)
+        r = self.merge_size
+        rows, cols = (-(-((c * valid).amax(1, keepdim=True) + 1) // r) for c in (coord[..., 0], coord[..., 1]))
+        blocks, valid = scatter_blocks(x, coord, valid, r, cols, int((rows * cols).max()))  # [B, M, r^2, C]
+        return blocks.transpose(2, 3).flatten(2), valid  # channel-major
 
 
 class DeepseekVisionTransformer(Qwen3VisionTransformer):
     """The Qwen3-VL twins' heads with DeepSeek's final RMSNorm and aligner (``"align"``) to ``aligner_out_features``."""
 
-    FAMILY, TOKENS = "DeepSeek", "align"
+    FAMILY, TOKENS, MERGER = "DeepSeek", "align", Aligner
 
     def __init__(self, global_pool: str = "avg", encoder_pool: str = "", downsample_ratio: int = 3,
                  aligner_out_features: int = 0, **kwargs: Any) -> None:
-        self.check_pools(global_pool, encoder_pool)
-        align = "align" in (global_pool, encoder_pool)
-        if align and aligner_out_features <= 0:
+        if "align" in (global_pool, encoder_pool) and aligner_out_features <= 0:
             raise ValueError(f"The DeepSeek aligner maps to the language model's width: pass aligner_out_features "
                              f"(timm's tags: {LLM_WIDTHS}), got {aligner_out_features}.")
-        num_classes = kwargs.pop("num_classes", 0)
         norm_layer = kwargs.get("norm_layer", _ARCH["norm_layer"])
-        super().__init__(global_pool=global_pool and "avg", **kwargs)  # ""'s or "avg"; no merger: the aligner below
-        self.global_pool, self.encoder_pool = global_pool, encoder_pool
+        super().__init__(global_pool, encoder_pool, downsample_ratio, aligner_out_features, **kwargs)
         dd = get_device_dtype(self)
         self.norm = norm_layer(self.embed_dim, **dd)  # DeepSeek's final norm (Qwen3-VL's ViT has none)
-        self.patch_merger = Aligner(self.embed_dim, downsample_ratio, aligner_out_features).to(**dd) if align \
-            else None
-        self.head_hidden_size = aligner_out_features if align else self.embed_dim
-        # the classifiers' norm without affine (no weights), which *_enc skips; the head over the aligner's width
-        self.fc_norm = norm_layer(self.head_hidden_size, affine=False, **dd)
-        self.reset_classifier(num_classes)
+        self.fc_norm = norm_layer(self.head_hidden_size, affine=False, **dd)  # as Qwen3-VL's, but an RMSNorm
 
 
 def tagged(create: Callable[..., nn.Module]) -> Callable[..., nn.Module]:
@@ -172,20 +157,13 @@ def architecture(model: nn.Module) -> tuple[str, dict[str, Any]]:
     """The twin's name and keyword arguments that a built timm DeepSeek ``model`` decides."""
     from timm.models.deepseek_vit import DeepseekVitClassifier
 
-    name, classifier, enc, block = timm_tower(model, DeepseekVitClassifier)
-    if classifier and isinstance(model.norm, nn.Identity):
-        raise ValueError(f"from_timm: {name} was built with final_norm=False, which its twin vit_rope_{name} does not "
-                         "model (its classifier norm is timm's default): build timm's model without final_norm.")
-    if not classifier and enc.global_pool != "align":
-        raise ValueError(f"from_timm: {name} was built with global_pool={enc.global_pool!r}, which its twin "
-                         f"vit_rope_{name} does not model (it outputs the aligner's tokens): build it with "
-                         "global_pool='align', or take vit_rope_deepseek_vit_412m, whose forward_features gives those "
-                         "tokens.")
-    args = dict(img_size=tuple(enc.patch_embed.img_size), patch_size=enc.patch_embed.patch_size[0],
-                in_chans=enc.in_chans, embed_dim=enc.embed_dim, depth=len(enc.blocks),
-                num_heads=block.attn.num_heads, mlp_ratio=block.mlp.fc2.in_features / enc.embed_dim,
-                rope_theta=float(enc.rope.temperature), norm_layer=partial(RmsNorm, eps=block.norm1.eps),
-                dynamic_img_pad=enc.patch_embed.dynamic_img_pad, downsample_ratio=enc.downsample_ratio,
-                aligner_out_features=0 if enc.aligner is None else enc.aligner.out_features,
-                **timm_heads(model, classifier, "align"))
+    name, enc, block, args = timm_tower(
+        model, DeepseekVitClassifier, "align", "its classifier norm is timm's default; the encoder outputs the "
+        "aligner's tokens, global_pool='align', and vit_rope_deepseek_vit_412m's forward_features the tokens before it",
+        lambda enc, block: {})
+    args.update(img_size=tuple(enc.patch_embed.img_size), patch_size=enc.patch_embed.patch_size[0],
+                mlp_ratio=block.mlp.fc2.in_features / enc.embed_dim, rope_theta=float(enc.rope.temperature),
+                norm_layer=partial(RmsNorm, eps=block.norm1.eps), dynamic_img_pad=enc.patch_embed.dynamic_img_pad,
+                downsample_ratio=enc.downsample_ratio,
+                aligner_out_features=0 if enc.aligner is None else enc.aligner.out_features)
     return f"vit_rope_{name}", args

@@ -49,6 +49,7 @@ def fuse_qkv_bias(q_bias: Tensor, v_bias: Tensor, k_bias: Tensor | None = None) 
     return torch.cat((q_bias, torch.zeros_like(v_bias) if k_bias is None else k_bias, v_bias))
 
 
+DINOV3_QK = "DINOv3: q/k rows of every head permuted from rotate-half to interleaved pairs"  # the conversion's note
 _META_SWIGLU = {"w1": "fc1_g", "w2": "fc1_x", "w3": "fc2"}
 _DROPPED = re.compile(r"(^mask_token$|\.bias_mask$|^local_cls_norm\.)")  # masking (pretraining), Meta's extra norm
 

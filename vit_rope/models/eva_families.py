@@ -36,14 +36,9 @@ _PACKED = dict(_EVA02, mlp_layer=PackedSwiGLU)  # tiny, small: GluMlp with the g
 _SWIGLU = dict(_EVA02, mlp_layer=SwiGLU, scale_mlp_norm=True)  # base, large: SwiGLU with its norm
 _CLIP = dict(_SWIGLU, scale_attn_norm=True, global_pool="token")
 EVA02: dict[str, dict[str, Any]] = {
-    "eva02_tiny_patch14_224": _arch("tiny", 224, 14, **_PACKED),
-    "eva02_small_patch14_224": _arch("small", 224, 14, **_PACKED),
-    "eva02_base_patch14_224": _arch("base", 224, 14, **_SWIGLU),
-    "eva02_large_patch14_224": _arch("large", 224, 14, **_SWIGLU),
-    "eva02_tiny_patch14_336": _arch("tiny", 336, 14, **_PACKED),
-    "eva02_small_patch14_336": _arch("small", 336, 14, **_PACKED),
-    "eva02_base_patch14_448": _arch("base", 448, 14, **_SWIGLU),
-    "eva02_large_patch14_448": _arch("large", 448, 14, **_SWIGLU),
+    **{f"eva02_{size}_patch14_{img}": _arch(size, img, 14, **(_PACKED if size in ("tiny", "small") else _SWIGLU))
+       for img, sizes in ((224, ("tiny", "small", "base", "large")), (336, ("tiny", "small")), (448, ("base", "large")))
+       for size in sizes},
     "eva02_base_patch16_clip_224": _arch("base", 224, 16, **_CLIP),
     "eva02_large_patch14_clip_224": _arch("large", 224, 14, **_CLIP),
     "eva02_large_patch14_clip_336": _arch("large", 336, 14, **_CLIP),
@@ -57,6 +52,7 @@ _PE = dict(class_token=True, qkv_bias=True, pre_norm=True, pos_embed="learn", no
 _CORE = dict(_PE, global_pool="map", attn_pool_num_heads=8, attn_pool_mlp_ratio=4.0, pool_include_prefix=True)
 _DENSE = dict(_PE, global_pool="avg", final_norm=False, fc_norm=False)  # lang, spatial: raw tokens
 _GIGANTIC = dict(class_token=False, rope_grid_offset=0.0, mlp_ratio=8960 / 1536)
+
 PERCEPTION_ENCODER: dict[str, dict[str, Any]] = {
     "vit_pe_core_tiny_patch16_384": _arch("tiny", 384, 16, **_CORE, rope_ref_grid=(24, 24)),
     "vit_pe_core_small_patch16_384": _arch("small", 384, 16, **_CORE, rope_ref_grid=(24, 24)),

@@ -6,22 +6,21 @@ format depends on the order of the checks: two claims are an error (a file is in
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Container, Mapping
 from pathlib import Path
 from typing import Any
 
 from torch import Tensor, nn
 
 from vit_rope.encodings import FORMATS as KIND_FORMATS
-from vit_rope.models import deepseek_vit, gemma4_vit, hf_dinov3, pixtral, qwen2_5_vl, qwen3_vit, swin
+from vit_rope.models import deepseek_vit, gemma4_vit, hf_dinov3, hf_gemma4, pixtral, qwen2_5_vl, qwen3_vit, swin
+from vit_rope.models.dinov3 import DINOV3_QK, architecture, dinov3_name, from_dinov3
 from vit_rope.models.dinov3 import SIZES as DINOV3_SIZES
-from vit_rope.models.dinov3 import architecture, dinov3_name, from_dinov3
 from vit_rope.models.eva_families import EVA_LAYOUTS, check_family, from_eva, is_eva
 from vit_rope.models.twins import ProjectorTwin
 from vit_rope.models.widths import size_of
 from vit_rope.weights import Converted, Description, Folder, Format, mapped_file, read_weights, unwrap_state_dict
 
-_DINOV3_QK = "DINOv3: q/k rows of every head permuted from rotate-half to interleaved pairs"
 ROPE_VIT_SIZES = ("tiny", "small", "base", "large")  # vit_rope_<size>_patch16_{axial,mixed}[_ape]_224
 KIND_SIZES = ("tiny", "small", "base")  # vit_rope_<size>_patch16_<kind>_224 of the other kinds
 
@@ -60,7 +59,7 @@ def _rope_vit_name(state_dict: Mapping[str, Any]) -> str | None:
 
 def _dinov3(state_dict: dict[str, Any], model: nn.Module, source: str) -> Converted:
     converted = from_dinov3(state_dict, model.blocks[0].attn.num_heads)
-    return converted, (f"{source}: q / v biases joined into the qkv bias", _DINOV3_QK)
+    return converted, (f"{source}: q / v biases joined into the qkv bias", DINOV3_QK)
 
 
 def _meta_dinov3(state_dict: dict[str, Any], model: nn.Module) -> Converted:
@@ -82,7 +81,7 @@ def _timm_eva(state_dict: dict[str, Any], model: nn.Module) -> Converted:
         return from_eva(state_dict, model)
     if getattr(model, "encoding_kind", None) == "dinov3":  # DINOv3 and LingBot: timm's layout is DINOv3's rotate-half
         return _dinov3(state_dict, model, "timm's Eva DINOv3")
-    return _as_is(state_dict, model)  # timm's RoPE-ViT ports, DeiT-III: their q / k rows are ours
+    return state_dict, ()  # timm's RoPE-ViT ports, DeiT-III: their q / k rows are ours
 
 
 def _describe_eva(state_dict: Mapping[str, Any]) -> Description:
@@ -91,36 +90,25 @@ def _describe_eva(state_dict: Mapping[str, Any]) -> Description:
     return (_dinov3_name if dinov3 else _rope_vit_name)(state_dict), _shape(state_dict)
 
 
-def _hf_dinov3(state_dict: dict[str, Any], model: nn.Module) -> Converted:
-    notes = f"{hf_dinov3.HF_FORMAT}: keys renamed to timm's, separate q / k / v projections fused", _DINOV3_QK
-    return hf_dinov3.from_hf_dinov3(state_dict, model), notes
-
-
-def _timm_qwen3(state_dict: dict[str, Any], model: nn.Module) -> Converted:
-    if isinstance(model, deepseek_vit.DeepseekVisionTransformer):  # a Qwen3VisionTransformer by its heads, not blocks
-        raise ValueError(f"The checkpoint is {qwen3_vit.SOURCE}, which loads into the vit_rope_qwen3_vit_* twins; the "
-                         f"model is a DeepSeek twin ({type(model).__name__}), which loads timm's deepseek_vit_* files.")
-    return qwen3_vit.from_qwen3(state_dict, model)
-
-
 def _as_is(state_dict: dict[str, Any], model: nn.Module) -> Converted:
     return state_dict, ()
 
 
-def _transformers(claims: Callable[[dict[str, Any]], bool], model: Callable[[dict[str, Any]], Description],
+def _transformers(model_types: Container[str], model: Callable[[dict[str, Any]], Description],
                   check_model: Callable[[dict[str, Any], nn.Module], None]) -> Folder:
-    """A transformers folder: ``config.json`` (which ``claims`` says is the format's) beside ``model.safetensors``."""
-    return Folder("config.json", "model.safetensors", claims, model, check_model)
+    """A transformers folder: ``config.json`` of one of ``model_types`` beside ``model.safetensors``."""
+    return Folder("config.json", "model.safetensors", lambda config: config.get("model_type") in model_types, model,
+                  check_model)
 
 
 FORMATS: tuple[Format, ...] = (
     *KIND_FORMATS,  # LookHere's, PaPE's and LieRE's official files
     Format(hf_dinov3.HF_FORMAT, "'embeddings.patch_embeddings.weight'",  # a bare Conv2d, not ViT's .projection
-           lambda state_dict: "embeddings.patch_embeddings.weight" in state_dict, _hf_dinov3,
-           folder=_transformers(lambda config: "model_type" in config  # but the other transformers formats' types
-                                and config["model_type"] not in (*pixtral.MODEL_TYPES, *qwen2_5_vl.MODEL_TYPES,
-                                                                 *gemma4_vit.MODEL_TYPES),
-                                hf_dinov3.dinov3_args_from_hf_config, hf_dinov3.check_hf_config)),
+           lambda state_dict: "embeddings.patch_embeddings.weight" in state_dict, hf_dinov3.from_hf_dinov3,
+           folder=Folder("config.json", "model.safetensors", lambda config: "model_type" in config  # but the others'
+                         and config["model_type"] not in (*pixtral.MODEL_TYPES, *qwen2_5_vl.MODEL_TYPES,
+                                                          *hf_gemma4.MODEL_TYPES),
+                         hf_dinov3.dinov3_args_from_hf_config, hf_dinov3.check_hf_config)),
     Format("Hugging Face transformers' ViT or DINOv2", "'embeddings.patch_embeddings.projection.weight'",
            lambda state_dict: any(key.endswith("embeddings.patch_embeddings.projection.weight") for key in state_dict),
            hf_dinov3.refuse_other_hf),
@@ -129,25 +117,23 @@ FORMATS: tuple[Format, ...] = (
     Format("timm's Eva", "keys ending in '.attn.q_bias', '.attn.q_proj.weight' or '.gamma_1'", is_eva, _timm_eva,
            _describe_eva),
     Format(qwen3_vit.SOURCE, "'encoder.pos_embed' (classifiers) or 'merger.fc1.weight' (encoders)",
-           qwen3_vit.is_qwen3, _timm_qwen3, qwen3_vit.describe_qwen3),
+           qwen3_vit.is_qwen3, qwen3_vit.from_qwen3, qwen3_vit.describe_qwen3),
     Format(deepseek_vit.SOURCE, "'encoder.patch_embed.proj.weight' without 'encoder.pos_embed' (classifiers), "
            "'aligner.fc1.weight' (encoders) or 'vision.*' keys (DeepSeek's own shards)", deepseek_vit.is_deepseek,
            deepseek_vit.from_deepseek, deepseek_vit.describe_deepseek),
     Format(gemma4_vit.SOURCE, "'patch_embed.position_embedding_table' (encoders) or 'encoder.patch_embed."
            "position_embedding_table' (classifiers)", gemma4_vit.is_gemma4, gemma4_vit.from_gemma4,
            gemma4_vit.describe_gemma4),
-    Format(gemma4_vit.HF_FORMAT, "keys ending in 'patch_embedder.position_embedding_table'", gemma4_vit.is_hf_gemma4,
-           gemma4_vit.from_hf_gemma4, gemma4_vit.describe_hf_gemma4,
-           folder=_transformers(lambda config: config.get("model_type") in gemma4_vit.MODEL_TYPES,
-                                gemma4_vit.gemma4_args_from_hf_config, gemma4_vit.check_hf_config)),
+    Format(hf_gemma4.HF_FORMAT, "keys ending in 'patch_embedder.position_embedding_table'", hf_gemma4.is_hf_gemma4,
+           hf_gemma4.from_hf_gemma4, hf_gemma4.describe_hf_gemma4,
+           folder=_transformers(hf_gemma4.MODEL_TYPES, hf_gemma4.gemma4_args_from_hf_config,
+                                hf_gemma4.check_hf_config)),
     Format(pixtral.SOURCE, "keys '(model.)(vision_tower.)patch_conv.weight'", pixtral.is_pixtral, pixtral.from_pixtral,
            pixtral.describe_pixtral,
-           folder=_transformers(lambda config: config.get("model_type") in pixtral.MODEL_TYPES,
-                                pixtral.pixtral_args_from_config, pixtral.check_pixtral_config)),
+           folder=_transformers(pixtral.MODEL_TYPES, pixtral.pixtral_args_from_config, pixtral.check_pixtral_config)),
     Format(qwen2_5_vl.SOURCE, "keys ending in 'merger.ln_q.weight'", qwen2_5_vl.is_qwen25, qwen2_5_vl.from_qwen25,
            qwen2_5_vl.describe_qwen25,
-           folder=_transformers(lambda config: config.get("model_type") in qwen2_5_vl.MODEL_TYPES,
-                                qwen2_5_vl.args_from_config, qwen2_5_vl.check_model)),
+           folder=_transformers(qwen2_5_vl.MODEL_TYPES, qwen2_5_vl.args_from_config, qwen2_5_vl.check_model)),
     Format("RoPE-ViT's official RoPE-Swin", "keys ending in 'attn.rope_t_x' or 'attn.rope_freqs'", swin.is_official,
            swin.from_official, swin.describe),
     Format("timm's or Microsoft's Swin Transformer", "'layers.*.attn.qkv.weight' keys and no RoPE-Swin marker",

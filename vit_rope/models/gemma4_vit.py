@@ -7,7 +7,6 @@ post-norms in the LayerScale slots, the clamps of E2B/E4B's tower as ``ClippedLi
 
 from __future__ import annotations
 
-import math
 import re
 from functools import partial
 from typing import Any
@@ -20,19 +19,18 @@ from torch import Tensor, nn
 from vit_rope.encodings.rope.dinov3_rope import permute_qk_rows, qk_permutation
 from vit_rope.layers.rms_norm import RmsNorm
 from vit_rope.models.qwen3_vit import PatchMerger
-from vit_rope.models.twins import ProjectorTwin, timm_heads, timm_tower
-from vit_rope.weights import Converted, Description, check_config_fields, check_twin, depth_of
+from vit_rope.models.twins import ProjectorTwin, timm_tower
+from vit_rope.weights import Converted, check_twin, depth_of
 
 SOURCE = "timm's Gemma 4 ViT (timm.models.gemma4_vit)"
-HF_FORMAT = "Hugging Face transformers' Gemma4VisionModel"
-_ARCH = {"167m": dict(embed_dim=768, depth=16, num_heads=12, mlp_ratio=4.0, use_clipped_linears=True),
+ARCH = {"167m": dict(embed_dim=768, depth=16, num_heads=12, mlp_ratio=4.0, use_clipped_linears=True),
          "570m": dict(embed_dim=1152, depth=27, num_heads=16, mlp_ratio=4304 / 1152, standardize=True)}
 _COMMON = dict(img_size=768, patch_size=16, class_token=False, qkv_bias=False, proj_bias=False, qk_norm=True,
                norm_layer=partial(RmsNorm, eps=1e-6), act_layer="gelu_tanh", mlp_layer=SwiGLU, encoding="axial",
                rope_theta=100.0, resolution_policy="extrapolate", qk_layout="gemma4", num_classes=0)
 _HEADS = (("", "avg"), ("_enc", "soft"))  # timm's classifier, its encoder (soft tokens)
 GEMMA4: dict[str, dict[str, Any]] = {f"gemma4_vit_{size}{suffix}": dict(_COMMON, **arch, global_pool=pool)
-                                     for size, arch in _ARCH.items() for suffix, pool in _HEADS}
+                                     for size, arch in ARCH.items() for suffix, pool in _HEADS}
 _LINEARS = ("attn.qkv", "attn.proj", "mlp.fc1_g", "mlp.fc1_x", "mlp.fc2")
 
 
@@ -87,6 +85,10 @@ class SoftTokenPool(nn.Module):
             x = (x - self.std_bias) * self.std_scale
         return x if valid is None else x * valid[..., None], valid
 
+    def tokens(self, x: Tensor, grid: tuple[int, int] | None, coord: Tensor | None, valid: Tensor | None,
+               pre_logits: bool) -> tuple[Tensor, Tensor | None]:
+        return self(x, grid, coord, valid)  # ProjectorTwin's; the pooler has no pre-logits stage
+
 
 class Gemma4VisionTransformer(ProjectorTwin):
     """``ProjectorTwin`` with Gemma 4's position table (``position_embedding_size`` rows per axis), sandwich norms, v
@@ -126,10 +128,6 @@ class Gemma4VisionTransformer(ProjectorTwin):
         rows = F.embedding(coord[..., 1], self.pos_embed_xy[0]) + F.embedding(coord[..., 0], self.pos_embed_xy[1])
         return super()._prefix_and_ape(tokens + rows, coord, grids, grid)
 
-    def _project(self, x: Tensor, grid: tuple[int, int] | None, coord: Tensor | None, valid: Tensor | None,
-                 pre_logits: bool) -> tuple[Tensor, Tensor | None]:
-        return self.pooler(x, grid, coord, valid)
-
 
 def is_gemma4(state_dict: dict[str, Any]) -> bool:
     """timm's Gemma 4 files: the position table under timm's name (classifiers under ``encoder.``)."""
@@ -143,14 +141,13 @@ def describe_gemma4(state_dict: dict[str, Any]) -> tuple[str | None, dict[str, A
     dim, head_dim = int(table.shape[-1]), int(state_dict[f"{prefix}blocks.0.attn.q_norm.weight"].shape[0])
     args: dict[str, Any] = dict(
         embed_dim=dim, depth=depth_of(state_dict, f"{prefix}blocks"), num_heads=dim // head_dim,
-        position_embedding_size=int(table.shape[1]),
+        position_embedding_size=int(table.shape[1]), standardize=f"{prefix}std_bias" in state_dict,
         mlp_ratio=state_dict[f"{prefix}blocks.0.mlp.gate_proj.linear.weight"].shape[0] / dim,
         num_kv_heads=int(state_dict[f"{prefix}blocks.0.attn.k_proj.linear.weight"].shape[0]) // head_dim,
-        use_clipped_linears=f"{prefix}blocks.0.attn.q_proj.input_min" in state_dict,
-        standardize=f"{prefix}std_bias" in state_dict)
+        use_clipped_linears=f"{prefix}blocks.0.attn.q_proj.input_min" in state_dict)
     if "head.weight" in state_dict:
         args["num_classes"] = int(state_dict["head.weight"].shape[0])
-    size = next((size for size, arch in _ARCH.items() if arch["embed_dim"] == dim), None)  # else: the args decide
+    size = next((size for size, arch in ARCH.items() if arch["embed_dim"] == dim), None)  # else: the args decide
     size = size or ("570m" if args["standardize"] else "167m")
     return f"vit_rope_gemma4_vit_{size}{'' if prefix else '_enc'}", args
 
@@ -159,7 +156,7 @@ _RENAMES = ((r"\.norm2\.", ".ls1."), (r"\.norm3\.", ".norm2."), (r"\.norm4\.", "
             (r"\.gate_proj\.", ".fc1_g."), (r"\.up_proj\.", ".fc1_x."), (r"\.down_proj\.", ".fc2."),
             (r"\.linear\.weight$", ".weight"), (r"^patch_embed\.position_embedding_table$", "pos_embed_xy"),
             (r"^std_", "pooler.std_"))
-_QKV = re.compile(r"blocks\.(\d+)\.attn\.[qkv]_proj\.(linear\.weight|(in|out)put_m(in|ax))")
+_QKV = re.compile(r"(blocks\.\d+\.attn\.)([qkv])_proj\.(?:linear\.)?(weight|(in|out)put_m(in|ax))")
 
 
 def from_gemma4(state_dict: dict[str, Tensor], model: nn.Module, source: str = SOURCE) -> Converted:
@@ -174,10 +171,8 @@ def from_gemma4(state_dict: dict[str, Tensor], model: nn.Module, source: str = S
                          "which this model does not: build it with use_clipped_linears=True.")
     attn = model.blocks[0].attn
     index, (nh, nkv) = qk_permutation("gemma4", attn.head_dim), (attn.num_heads, attn.num_kv_heads)
-    out, dropped = {}, []
+    out, dropped, fused = {}, [], {}
     for key, value in sd.items():
-        if _QKV.fullmatch(key):
-            continue  # fused below
         if key == "patch_embed.input_proj.weight":  # [C_out, C P P] of 2 x - 1: a convolution of x with a bias
             p, c = model.patch_embed.patch_size, model.patch_embed.proj.in_channels
             out["patch_embed.proj.weight"], out["patch_embed.proj.bias"] = 2 * value.reshape(-1, c, *p), -value.sum(1)
@@ -187,23 +182,19 @@ def from_gemma4(state_dict: dict[str, Tensor], model: nn.Module, source: str = S
             continue
         if re.fullmatch(r"blocks\.\d+\.attn\.[qk]_norm\.weight", key):
             value = value.index_select(0, index.to(value.device))
-        if key.endswith(("_min", "_max")):  # a bound per input feature [1, in], per output row [out]
+        if key.endswith(("_min", "_max")):  # a bound per output row [out], per input feature [1, in]
             rows, cols = sd[re.sub(r"(in|out)put_m(in|ax)$", "linear.weight", key)].shape
-            output = key.endswith(("output_min", "output_max"))
-            value = value.reshape(1).expand(rows).clone() if output else value.reshape(1, 1).expand(1, cols).clone()
+            value = value.reshape(1).expand(rows) if "output_m" in key else value.reshape(1, 1).expand(1, cols)
+            value = value.clone()
+        if m := _QKV.fullmatch(key):  # fused below: bounds [3, in] (one row per source) and [rows]
+            fused.setdefault(f"{m[1]}qkv.{m[3]}", {})[m[2]] = value
+            continue
         for pattern, new in _RENAMES:
             key = re.sub(pattern, new, key)
         out[key] = value
-    for block in sorted({int(m.group(1)) for key in sd if (m := _QKV.fullmatch(key))}):
-        prefix = f"blocks.{block}.attn."
-        weights = [sd[f"{prefix}{n}_proj.linear.weight"] for n in "qkv"]
-        out[f"{prefix}qkv.weight"] = permute_qk_rows(torch.cat(weights), index, nh, nkv)
-        if f"{prefix}q_proj.input_min" in sd:
-            for bound in ("input_min", "input_max", "output_min", "output_max"):
-                values = [sd[f"{prefix}{n}_proj.{bound}"].reshape(1, 1) for n in "qkv"]  # [3, in], [rows]
-                out[f"{prefix}qkv.{bound}"] = torch.cat([v.expand(w.shape[0], 1)[:, 0] for v, w in zip(
-                    values, weights, strict=True)]) if bound.startswith("output") else torch.cat(
-                    [v.expand(1, w.shape[1]) for v, w in zip(values, weights, strict=True)])
+    for key, parts in fused.items():
+        value = torch.cat([parts[n] for n in "qkv"])
+        out[key] = permute_qk_rows(value, index, nh, nkv) if key.endswith("weight") else value
     notes = [f"{source}: q/k/v fused, q/k rows and norm scales of every head permuted from Gemma 4's axis halves to "
              "interleaved pairs; pixel scaling 2 x - 1 folded into the patch convolution"]
     if dropped:
@@ -216,139 +207,16 @@ def architecture(model: nn.Module) -> tuple[str, dict[str, Any]]:
     """The twin's name and keyword arguments that a built timm Gemma 4 ``model`` decides."""
     from timm.models.gemma4_vit import Gemma4VitClassifier
 
-    name, classifier, enc, block = timm_tower(model, Gemma4VitClassifier)
-    act, attn, (ph, pw) = block.mlp.act, block.attn, enc.patch_size
-    refusals = {"act_layer": not (isinstance(act, nn.GELU) and act.approximate == "tanh"),
-                "patch_size (not square)": ph != pw, "head_dim (not embed_dim / num_heads)":
-                attn.head_dim * attn.num_heads != enc.embed_dim,
-                "final_norm=False": classifier and isinstance(model.norm, nn.Identity),
-                f"global_pool={enc.global_pool!r}": not classifier and enc.global_pool != "soft"}
-    for field, refused in refusals.items():
-        if refused:
-            raise ValueError(f"from_timm: {name} was built with {field}, which its twin vit_rope_{name} does not "
-                             "model (Gemma 4's GELU-tanh MLP, square patches, embed_dim / num_heads heads, the "
-                             "classifier's norm, the encoder's soft tokens): build timm's model without it.")
-    args = dict(img_size=tuple(model.pretrained_cfg.get("input_size", (3, 768, 768))[1:]), patch_size=ph,
-                in_chans=enc.in_chans, embed_dim=enc.embed_dim, depth=len(enc.blocks), num_heads=attn.num_heads,
-                num_kv_heads=attn.num_kv_heads, mlp_ratio=block.mlp.gate_proj.linear.out_features / enc.embed_dim,
+    name, enc, block, args = timm_tower(
+        model, Gemma4VitClassifier, "soft", "Gemma 4's GELU-tanh MLP, square patches, embed_dim / num_heads heads, the "
+        "classifier's norm, the encoder's soft tokens", lambda enc, block: {
+            "act_layer": not (isinstance(block.mlp.act, nn.GELU) and block.mlp.act.approximate == "tanh"),
+            "patch_size (not square)": enc.patch_size[0] != enc.patch_size[1],
+            "head_dim (not embed_dim / num_heads)": block.attn.head_dim * block.attn.num_heads != enc.embed_dim})
+    args.update(img_size=tuple(model.pretrained_cfg.get("input_size", (3, 768, 768))[1:]), patch_size=enc.patch_size[0],
+                num_kv_heads=block.attn.num_kv_heads, mlp_ratio=block.mlp.gate_proj.linear.out_features / enc.embed_dim,
                 rope_theta=float(enc.rotary_emb.rope_theta), norm_layer=partial(RmsNorm, eps=block.norm1.eps),
                 pooling_kernel_size=enc.pooling_kernel_size, standardize=enc.std_bias is not None,
                 use_clipped_linears=enc.use_clipped_linears,
-                position_embedding_size=enc.patch_embed.position_embedding_size,
-                **timm_heads(model, classifier, "soft"))
+                position_embedding_size=enc.patch_embed.position_embedding_size)
     return f"vit_rope_{name}", args
-
-
-# Gemma 4's tower as Hugging Face transformers saves it (a Gemma4VisionModel folder of model_type gemma4_vision, or a
-# whole Gemma 4, model_type gemma4, whose language model is dropped and said): timm's weights under transformers' names,
-# the patch projection's columns in (y, x, channel) order as transformers' image processor flattens a patch. The config
-# decides what the weights cannot show (RoPE theta, RMSNorm eps, activation): check_hf_config.
-MODEL_TYPES = ("gemma4_vision", "gemma4")  # the tower alone; the whole model, whose vision_config is the tower's
-_DEFAULTS: dict[str, Any] = dict(  # Gemma4VisionConfig's (transformers 5.24), which config.json may leave out
-    hidden_size=768, intermediate_size=3072, num_hidden_layers=16, num_attention_heads=12, num_key_value_heads=12,
-    head_dim=64, hidden_activation="gelu_pytorch_tanh", rms_norm_eps=1e-6, attention_bias=False,
-    rope_parameters=None, pooling_kernel_size=3, patch_size=16, position_embedding_size=10240,
-    use_clipped_linears=False, standardize=False)
-_TOWER = re.compile(r"^(?:model\.)?vision_(?:tower|model)\.")
-_NAMES = (("patch_embedder.", "patch_embed."), ("encoder.layers.", "blocks."), (".input_layernorm.", ".norm1."),
-          (".post_attention_layernorm.", ".norm2."), (".pre_feedforward_layernorm.", ".norm3."),
-          (".post_feedforward_layernorm.", ".norm4."), (".self_attn.", ".attn."))
-
-
-def is_hf_gemma4(state_dict: dict[str, Any]) -> bool:
-    return any(key.endswith("patch_embedder.position_embedding_table") for key in state_dict)
-
-
-def to_timm_keys(state_dict: dict[str, Tensor]) -> tuple[dict[str, Tensor], list[str]]:
-    """The tower's weights under timm's names and column order, and the keys of the rest of a whole Gemma 4."""
-    out, other = {}, []
-    tower = any(_TOWER.match(key) for key in state_dict)
-    for key, value in state_dict.items():
-        if (tower and not _TOWER.match(key)) or "rotary_emb." in key:
-            other += [] if "rotary_emb." in key else [key]  # RoPE buffers are rebuilt
-            continue
-        key = _TOWER.sub("", key)
-        for old, new in _NAMES:
-            key = key.replace(old, new)
-        if key == "patch_embed.input_proj.weight":  # [C_out, P P 3] (y, x, channel) -> (channel, y, x)
-            p = math.isqrt(value.shape[1] // 3)
-            value = value.reshape(-1, p, p, 3).permute(0, 3, 1, 2).flatten(1)
-        out[key] = value
-    return out, other
-
-
-def from_hf_gemma4(state_dict: dict[str, Tensor], model: nn.Module) -> Converted:
-    """A ``Gemma4VisionModel`` (or whole Gemma 4) state dict in our keys and layout, for a Gemma 4 twin."""
-    timm_keys, other = to_timm_keys(state_dict)
-    converted, notes = from_gemma4(timm_keys, model, HF_FORMAT)
-    notes += (f"{HF_FORMAT}: keys renamed to timm's, the patch projection's columns from (y, x, channel) order",)
-    if other:
-        parts = sorted({".".join(key.split(".")[:2]) for key in other})
-        notes += (f"{HF_FORMAT}: {len(other)} keys of the rest of Gemma 4 dropped ({', '.join(parts)}): the twin is "
-                  "its vision tower",)
-    return converted, notes
-
-
-def describe_hf_gemma4(state_dict: dict[str, Any]) -> Description:
-    """The ``*_enc`` twin (the tower's output is its soft tokens) and the arguments the weights decide."""
-    return describe_gemma4(to_timm_keys(state_dict)[0])
-
-
-def _vision_config(config: dict[str, Any]) -> dict[str, Any]:
-    """The tower's config with transformers' defaults filled in; a ``ValueError`` for another model type."""
-    model_type = config.get("model_type")
-    if model_type not in MODEL_TYPES:
-        raise ValueError(f"config.json has model_type {model_type!r}: {HF_FORMAT} folders have {MODEL_TYPES[0]!r} "
-                         f"(or {MODEL_TYPES[1]!r} for a whole Gemma 4).")
-    vision = config.get("vision_config") if model_type == "gemma4" else config
-    if not vision:
-        raise ValueError("config.json is a whole Gemma 4 without vision_config: it has no vision tower to load.")
-    return {**_DEFAULTS, **vision}
-
-
-def gemma4_args_from_hf_config(config: dict[str, Any]) -> tuple[str, dict[str, Any]]:
-    """The ``vit_rope_gemma4_vit_*_enc`` twin and keyword arguments that build the tower of a config.json's dict."""
-    c = _vision_config(config)
-    rope = c["rope_parameters"] or {}
-    refused = {"hidden_activation": c["hidden_activation"] not in ("gelu_pytorch_tanh", "gelu_tanh"),
-               "attention_bias": bool(c["attention_bias"]), "rope_parameters.rope_type": rope.get("rope_type",
-                                                                                                "axial") != "axial",
-               "head_dim": c["head_dim"] * c["num_attention_heads"] != c["hidden_size"]}
-    for field, bad in refused.items():
-        if bad:
-            raise ValueError(f"config.json has {field}={c.get(field.split('.')[0])!r}, which the vit_rope_gemma4_vit_* "
-                             "twins do not model (GELU-tanh, no biases, axial RoPE, head_dim = hidden_size / "
-                             "num_attention_heads, as every Gemma 4 tower).")
-    size = next((size for size, arch in _ARCH.items() if arch["embed_dim"] == c["hidden_size"]), "167m")
-    kwargs = dict(embed_dim=c["hidden_size"], depth=c["num_hidden_layers"], num_heads=c["num_attention_heads"],
-                  num_kv_heads=c["num_key_value_heads"], mlp_ratio=c["intermediate_size"] / c["hidden_size"],
-                  patch_size=c["patch_size"], position_embedding_size=c["position_embedding_size"],
-                  pooling_kernel_size=c["pooling_kernel_size"], use_clipped_linears=bool(c["use_clipped_linears"]),
-                  standardize=bool(c["standardize"]), rope_theta=float(rope.get("rope_theta", 100.0)),
-                  norm_layer=partial(RmsNorm, eps=c["rms_norm_eps"]), num_classes=0)
-    return f"vit_rope_gemma4_vit_{size}_enc", kwargs
-
-
-def check_hf_config(config: dict[str, Any], model: nn.Module) -> None:
-    """Raise unless ``model`` is the tower of ``config``, naming the first field that differs and the twin that fits."""
-    name, kwargs = gemma4_args_from_hf_config(config)
-    if not isinstance(model, Gemma4VisionTransformer) or model.global_pool != "soft":
-        raise ValueError(f"config.json describes {HF_FORMAT}, whose weights load into {name} (soft tokens); the model "
-                         f"is a {type(model).__name__} with global_pool="
-                         f"{getattr(model, 'global_pool', None)!r}.")
-    c, block, pooler = _vision_config(config), model.blocks[0], model.pooler
-    fields = {  # field: (the file's value, the model's)
-        "hidden_size": (c["hidden_size"], model.embed_dim),
-        "num_hidden_layers": (c["num_hidden_layers"], len(model.blocks)),
-        "num_attention_heads": (c["num_attention_heads"], block.attn.num_heads),
-        "num_key_value_heads": (c["num_key_value_heads"], block.attn.num_kv_heads),
-        "intermediate_size": (c["intermediate_size"], block.mlp.fc2.in_features),
-        "patch_size": (c["patch_size"], model.patch_embed.patch_size[0]),
-        "pooling_kernel_size": (c["pooling_kernel_size"], pooler.merge_size),
-        "standardize": (bool(c["standardize"]), pooler.std_bias is not None),
-        "use_clipped_linears": (bool(c["use_clipped_linears"]), isinstance(block.attn.qkv, ClippedLinear)),
-        "position_embedding_size": (c["position_embedding_size"], model.pos_embed_xy.shape[1]),
-        "rope_theta": (kwargs["rope_theta"], model.pos_encoding[0].theta),
-        "rms_norm_eps": (c["rms_norm_eps"], block.norm1.eps),
-    }
-    check_config_fields(fields, f"{name} with the folder's sizes")

@@ -12,8 +12,8 @@ import torch
 from timm.layers import LayerNorm, LayerScale, SwiGLU
 from torch import Tensor, nn
 
-from vit_rope.models.dinov3 import PRETRAIN_SIZE, SIZES, architecture, dinov3_name, from_dinov3
-from vit_rope.weights import check_config_fields
+from vit_rope.models.dinov3 import DINOV3_QK, PRETRAIN_SIZE, SIZES, architecture, dinov3_name, from_dinov3
+from vit_rope.weights import Converted, check_config_fields
 
 HF_FORMAT = "Hugging Face transformers' DINOv3ViTModel"
 MODEL_TYPE = "dinov3_vit"
@@ -72,13 +72,14 @@ def to_timm_keys(state_dict: dict[str, Tensor]) -> dict[str, Tensor]:
     return out
 
 
-def from_hf_dinov3(state_dict: dict[str, Tensor], model: nn.Module) -> dict[str, Tensor]:
+def from_hf_dinov3(state_dict: dict[str, Tensor], model: nn.Module) -> Converted:
     """A ``DINOv3ViTModel`` state dict in our keys and channel layout, for an ``encoding="dinov3"`` model."""
     if getattr(model, "encoding_kind", None) != "dinov3":
         raise ValueError(f"The checkpoint is {HF_FORMAT}, which loads into the vit_rope_*_patch16_dinov3* models; this "
                          f"model has encoding={getattr(model, 'encoding_kind', None)!r}. With the folder's "
                          "config.json, vit_rope.create_from_checkpoint(folder) builds the model that fits.")
-    return from_dinov3(to_timm_keys(state_dict), model.blocks[0].attn.num_heads)
+    return from_dinov3(to_timm_keys(state_dict), model.blocks[0].attn.num_heads), (
+        f"{HF_FORMAT}: keys renamed to timm's, separate q / k / v projections fused", DINOV3_QK)
 
 
 def _size(c: dict[str, Any]) -> str:

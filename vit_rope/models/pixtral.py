@@ -52,14 +52,11 @@ class PixtralVisionTransformer(RoPEVisionTransformer):
 
     def reset_classifier(self, num_classes: int, global_pool: str | None = None) -> None:
         """timm's head; with a projector, over the mean of its tokens (classifying what the language model reads)."""
-        if getattr(self, "projector", None) is None:
-            return super().reset_classifier(num_classes, global_pool)
-        if global_pool is not None:
-            self.global_pool = global_pool
-        self.num_classes = num_classes
-        self.head = nn.Linear(self.head_hidden_size, num_classes, **get_device_dtype(self)) if num_classes > 0 \
-            else nn.Identity()
-        self.head.train(self.training)
+        projector = getattr(self, "projector", None)
+        super().reset_classifier(num_classes if projector is None else 0, global_pool)
+        if num_classes > 0 and projector is not None:  # the head over the projector's width
+            self.num_classes = num_classes
+            self.head = nn.Linear(self.head_hidden_size, num_classes, **get_device_dtype(self)).train(self.training)
 
     def forward_head(self, x: Tensor, pre_logits: bool = False, patch_valid: Tensor | None = None) -> Tensor:
         """timm's head, or with a projector its tokens (``pre_logits``: before it), pooled into a head given classes."""
@@ -68,17 +65,6 @@ class PixtralVisionTransformer(RoPEVisionTransformer):
         if self.num_classes:
             return super().forward_head(self.projector(x), pre_logits, patch_valid)
         return x if pre_logits else self.projector(x)
-
-
-def twin_cfgs() -> dict[str, dict[str, Any]]:
-    """``{twin: cfg}``: no hub file (the weights are transformers folders), Pixtral's processor's CLIP mean and std."""
-    from timm.data import OPENAI_CLIP_MEAN, OPENAI_CLIP_STD
-
-    return {f"vit_rope_{name}": dict(url="", num_classes=0, input_size=(3, args["img_size"], args["img_size"]),
-                                     min_input_size=(3, 4 * args["patch_size"], 4 * args["patch_size"]),
-                                     fixed_input_size=False, interpolation="bicubic", crop_pct=1.0,
-                                     mean=OPENAI_CLIP_MEAN, std=OPENAI_CLIP_STD, first_conv="patch_embed.proj",
-                                     classifier="head", license="apache-2.0") for name, args in PIXTRAL.items()}
 
 
 def is_pixtral(state_dict: dict[str, Any]) -> bool:

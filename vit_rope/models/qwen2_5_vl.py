@@ -16,11 +16,11 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from vit_rope.encodings.base import LazyBlockInputs, image_coords
-from vit_rope.encodings.rope.dinov3_rope import permute_qk_rows, qk_permutation
 from vit_rope.layers.attention import BlockInput, block_input
 from vit_rope.layers.eva import PackedSwiGLU
 from vit_rope.layers.rms_norm import RmsNorm
 from vit_rope.models.qwen3_vit import Qwen3VisionTransformer
+from vit_rope.models.twins import tower_keys
 from vit_rope.weights import Converted, check_config_fields, check_twin, depth_of
 
 SOURCE = "transformers' Qwen2.5-VL vision encoder (Qwen2_5_VisionTransformerPretrainedModel)"
@@ -156,41 +156,34 @@ def describe_qwen25(state_dict: dict[str, Any]) -> tuple[str | None, dict[str, A
     return (NAME if width == QWEN25[NAME]["embed_dim"] else None), args
 
 
-_RENAMES = (("mlp.down_proj.", "mlp.fc2."), ("merger.ln_q.", "patch_merger.norm."),
-            ("merger.mlp.0.", "patch_merger.fc1."), ("merger.mlp.2.", "patch_merger.fc2."))
+_MERGER = re.compile(r"^patch_merger\.(ln_q|mlp\.0|mlp\.2)\.")  # transformers' merger names: norm, fc1, fc2
 
 
 def from_qwen25(state_dict: dict[str, Tensor], model: nn.Module) -> Converted:
     """transformers' Qwen2.5-VL tower in our keys and q/k layout: its prefix cut, the rest (the language model) dropped,
-    the Conv3d kernel summed over time, gate and up projections packed, q / k rows from rotate-half to interleaved."""
+    the Conv3d kernel summed over time, gate and up projections packed, then ``tower_keys`` as timm's Qwen3-VL files."""
     if any(key.endswith("merger.ln_q.bias") for key in state_dict):
         raise ValueError(f"The checkpoint is transformers' Qwen2-VL vision encoder (its merger norm has a bias: a "
                          f"LayerNorm), which no vit_rope twin models; {NAME} takes Qwen2.5-VL's.")
     check_twin(model, isinstance(model, Qwen25VisionTransformer), SOURCE,
                f"{NAME} (vit_rope.create_from_checkpoint(folder) builds it from config.json)", "rotate_half")
-    prefix, attn = _prefix(state_dict), model.blocks[0].attn
-    index = qk_permutation("rotate_half", attn.head_dim)
-    out, other, dropped = {}, 0, []
+    prefix, tower = _prefix(state_dict), {}
     for key, value in state_dict.items():
         if not key.startswith(prefix):
-            other += 1
-            continue
+            continue  # counted below
         key = key[len(prefix):]
-        if key.startswith("merger.") and model.patch_merger is None:
-            dropped.append(key)
-            continue
         if key == "patch_embed.proj.weight" and value.dim() == 5:
             value = value.sum(2)  # [C, 3, T, p, p] -> [C, 3, p, p]: a still image is the same frame T times
         if m := re.fullmatch(r"(blocks\.\d+\.mlp\.)(gate|up)_proj\.(weight|bias)", key):
             if m.group(2) == "gate":  # GluMlp's fc1: [gate; up], the gate's half through SiLU
-                out[f"{m.group(1)}fc1.{m.group(3)}"] = torch.cat([value, state_dict[f"{prefix}{m.group(1)}up_proj."
-                                                                                    f"{m.group(3)}"]])
+                tower[f"{m.group(1)}fc1.{m.group(3)}"] = torch.cat([value, state_dict[f"{prefix}{m.group(1)}up_proj."
+                                                                                      f"{m.group(3)}"]])
             continue
-        for old, new in _RENAMES:
-            key = key.replace(old, new)
-        if re.fullmatch(r"blocks\.\d+\.attn\.qkv\.(weight|bias)", key):
-            value = permute_qk_rows(value, index, attn.num_heads)
-        out[key] = value
+        tower[key.replace("mlp.down_proj.", "mlp.fc2.")] = value
+    out, dropped = tower_keys(tower, model, "merger.", lambda key: model.patch_merger is not None)
+    names = {"ln_q": "norm", "mlp.0": "fc1", "mlp.2": "fc2"}
+    out = {_MERGER.sub(lambda m: f"patch_merger.{names[m[1]]}.", key): value for key, value in out.items()}
+    other = sum(not key.startswith(prefix) for key in state_dict)
     notes = [f"{SOURCE}: Conv3d patch kernel summed over time, gate / up projections packed, q/k rows of every head "
              "permuted from rotate-half to interleaved pairs"]
     if prefix or other:

@@ -13,7 +13,7 @@ import torch
 from timm.layers import LayerNorm, get_device_dtype
 from torch import Tensor, nn
 
-from vit_rope.models.twins import ProjectorTwin, timm_heads, timm_tower, tower_keys
+from vit_rope.models.twins import ProjectorTwin, timm_tower, tower_keys
 from vit_rope.weights import Converted, check_twin, depth_of
 
 SOURCE = "timm's Qwen3-VL ViT (timm.models.qwen3_vit)"
@@ -49,6 +49,18 @@ def merge_blocks(x: Tensor, grid: tuple[int, int], k: int) -> Tensor:
 torch.fx.wrap("merge_blocks")  # the grid is checked: under FX a call, not a branch on traced sizes (from any caller)
 
 
+def scatter_blocks(x: Tensor, coord: Tensor, valid: Tensor, k: int, cols: Tensor, count: int) -> tuple[Tensor, Tensor]:
+    """A NaFlex batch's tokens ``[B, L, C]`` at ``coord`` (y, x) as ``count`` blocks of ``k x k`` per sample, ``cols``
+    ``[B, 1]`` blocks a row, each row-major: ``[B, count, k k, C]``, with each block's validity (any valid token)."""
+    B, _, C = x.shape
+    y, xx = coord[..., 0], coord[..., 1]
+    slot = ((y // k) * cols + xx // k) * k * k + (y % k) * k + xx % k  # [B, L]: block, then place in it
+    slot = torch.where(valid, slot, count * k * k)  # padding to a spill slot, cut below
+    out = x.new_zeros(B, count * k * k + 1, C).scatter(1, slot[..., None].expand(-1, -1, C), x)
+    merged_valid = torch.zeros(B, count * k * k + 1, dtype=torch.bool, device=x.device).scatter(1, slot, valid)
+    return out[:, :-1].reshape(B, count, k * k, C), merged_valid[:, :-1].reshape(B, count, k * k).any(-1)
+
+
 class PatchMerger(nn.Module):
     """Qwen-VL's projector: a norm per token (Qwen3-VL's LayerNorm, Qwen2.5-VL's RMSNorm), each ``k x k`` block
     concatenated row-major, ``fc1 -> GELU -> fc2`` to the LLM's width (``out_features``; 0: no ``fc2``); timm's keys."""
@@ -70,16 +82,10 @@ class PatchMerger(nn.Module):
 
     def merge_naflex(self, x: Tensor, coord: Tensor, valid: Tensor) -> tuple[Tensor, Tensor]:
         """A NaFlex batch's tokens at ``coord`` (y, x) merged per sample as ``merge`` each image, with validity."""
-        k, (B, L, C) = self.merge_size, x.shape
+        k = self.merge_size
         width = (coord[..., 1] * valid).amax(1, keepdim=True) + 1  # [B, 1]: each sample's grid width
-        y, xx = coord[..., 0], coord[..., 1]
-        cell = (y // k) * (width // k) + xx // k  # [B, L]: the merged token each patch joins
-        slot = cell * k * k + (y % k) * k + xx % k
-        M = -(-L // (k * k))
-        slot = torch.where(valid, slot, M * k * k)  # padding to a spill slot, cut below
-        out = x.new_zeros(B, M * k * k + 1, C).scatter(1, slot[..., None].expand(-1, -1, C), x)
-        merged_valid = torch.zeros(B, M * k * k + 1, dtype=torch.bool, device=x.device).scatter(1, slot, valid)
-        return out[:, :-1].reshape(B, M, k * k * C), merged_valid[:, :-1].reshape(B, M, k * k).any(-1)
+        blocks, valid = scatter_blocks(x, coord, valid, k, width // k, -(-x.shape[1] // (k * k)))
+        return blocks.flatten(2), valid
 
     def project(self, x: Tensor, pre_logits: bool = False) -> Tensor:
         x = self.act(self.fc1(x))
@@ -89,11 +95,19 @@ class PatchMerger(nn.Module):
         """Merged tokens of tokens on ``grid``; ``pre_logits``: after ``fc1 -> GELU`` (timm's)."""
         return self.project(self.merge(self.norm(x), grid), pre_logits)
 
+    def tokens(self, x: Tensor, grid: tuple[int, int] | None, coord: Tensor | None, valid: Tensor | None,
+               pre_logits: bool) -> tuple[Tensor, Tensor | None]:
+        """``ProjectorTwin``'s: merged tokens on ``grid``, or a NaFlex batch's at ``coord`` with their validity."""
+        if valid is None:
+            return self(x, grid, pre_logits), None
+        merged, valid = self.merge_naflex(self.norm(x), coord, valid)
+        return self.project(merged, pre_logits), valid
+
 
 class Qwen3VisionTransformer(ProjectorTwin):
     """``ProjectorTwin`` with timm's Qwen3-VL merger at ``patch_merger`` (``merger_out_features=0``: no fc2)."""
 
-    FAMILY, TOKENS, PROJECTOR = "Qwen3-VL", "merge", "patch_merger"
+    FAMILY, TOKENS, PROJECTOR, MERGER = "Qwen3-VL", "merge", "patch_merger", PatchMerger  # MERGER: the class built
 
     def __init__(self, global_pool: str = "avg", encoder_pool: str = "", merge_size: int = 2,
                  merger_out_features: int = 0, **kwargs: Any) -> None:
@@ -103,20 +117,12 @@ class Qwen3VisionTransformer(ProjectorTwin):
         super().__init__(global_pool, encoder_pool, num_classes=0, **kwargs)
         merge = self.TOKENS in (global_pool, encoder_pool)
         dd = get_device_dtype(self)
-        self.patch_merger = PatchMerger(self.embed_dim, merge_size, merger_out_features, norm_layer).to(**dd) if merge \
-            else None
+        self.patch_merger = self.MERGER(self.embed_dim, merge_size, merger_out_features, norm_layer).to(**dd) \
+            if merge else None
         self.head_hidden_size = self.patch_merger.out_features if merge else self.embed_dim
         # timm's classifiers: a LayerNorm without affine (no weights) after the pooling, which *_enc's tokens skip
         self.fc_norm = LayerNorm(self.head_hidden_size, eps=eps, affine=False, **dd)
         self.reset_classifier(num_classes)
-
-    def _project(self, x: Tensor, grid: tuple[int, int] | None, coord: Tensor | None, valid: Tensor | None,
-                 pre_logits: bool) -> tuple[Tensor, Tensor | None]:
-        merger = self.patch_merger
-        if valid is None:
-            return merger(x, grid, pre_logits), None
-        merged, valid = merger.merge_naflex(merger.norm(x), coord, valid)
-        return merger.project(merged, pre_logits), valid
 
 
 def is_qwen3(state_dict: dict[str, Any]) -> bool:
@@ -143,8 +149,9 @@ def describe_qwen3(state_dict: dict[str, Any]) -> tuple[str | None, dict[str, An
 
 def from_qwen3(state_dict: dict[str, Tensor], model: nn.Module) -> Converted:
     """timm's Qwen3-VL state dict in our keys and q/k layout (``tower_keys``)."""
-    check_twin(model, type(model) is Qwen3VisionTransformer, SOURCE,  # not its subclass, Qwen2.5-VL's twin
-               "the vit_rope_qwen3_vit_* twins (and vit_rope.from_timm of timm's model)", "rotate_half")
+    check_twin(model, type(model) is Qwen3VisionTransformer, SOURCE,  # not a subclass: Qwen2.5-VL's, DeepSeek's twins
+               "the vit_rope_qwen3_vit_* twins (and vit_rope.from_timm of timm's model; a DeepSeek twin loads timm's "
+               "deepseek_vit_* files)", "rotate_half")
     merger = model.patch_merger
     out, dropped = tower_keys(state_dict, model, "merger.", lambda key: merger is not None and not (
         key.startswith("merger.fc2.") and isinstance(merger.fc2, nn.Identity)))
@@ -160,27 +167,14 @@ def architecture(model: nn.Module) -> tuple[str, dict[str, Any]]:
     """The twin's name and keyword arguments that a built timm Qwen3-VL ``model`` decides."""
     from timm.models.qwen3_vit import Qwen3VitClassifier
 
-    name, classifier, enc, block = timm_tower(model, Qwen3VitClassifier)
-    act = block.mlp.act
-    if not (isinstance(act, nn.GELU) and act.approximate == "tanh"):
-        raise ValueError(f"from_timm: {name} was built with act_layer={type(act).__name__}, but its twin "
-                         f"vit_rope_{name} models Qwen3-VL's GELU (tanh) MLP only: build timm's model without "
-                         "act_layer.")
-    if classifier and not isinstance(model.norm, nn.LayerNorm):
-        raise ValueError(f"from_timm: {name} was built with final_norm=False, which its twin vit_rope_{name} does not "
-                         "model (its classifier norm is timm's default): build timm's model without final_norm.")
-    if not classifier and enc.global_pool != "merge":
-        raise ValueError(f"from_timm: {name} was built with global_pool={enc.global_pool!r}, which its twin "
-                         f"vit_rope_{name} does not model (it outputs the merger's tokens): build it with "
-                         "global_pool='merge', or take the vit_rope_qwen3_vit_* classifier twin.")
-    merger = enc.merger
-    eps = block.norm1.eps
-    args = dict(img_size=tuple(enc.patch_embed.img_size), patch_size=enc.patch_embed.patch_size[0],
-                in_chans=enc.in_chans, embed_dim=enc.embed_dim, depth=len(enc.blocks),
-                num_heads=block.attn.num_heads, mlp_ratio=block.mlp.fc1.out_features / enc.embed_dim,
-                pos_embed_grid=(enc.pos_embed_grid_size, enc.pos_embed_grid_size),
-                rope_ref_grid=(enc.pos_embed_grid_size, enc.pos_embed_grid_size),
-                rope_theta=float(enc.rope.temperature), norm_layer=partial(LayerNorm, eps=eps),
-                merge_size=enc.merge_size, merger_out_features=enc.out_features if merger is not None else 0,
-                **timm_heads(model, classifier, "merge"))
+    name, enc, block, args = timm_tower(
+        model, Qwen3VitClassifier, "merge", "Qwen3-VL's GELU (tanh) MLP, the classifier's norm, the encoder's merger "
+        "tokens, global_pool='merge'; the classifier twin's forward_features gives the tokens before it",
+        lambda enc, block: {f"act_layer={type(block.mlp.act).__name__}": not (
+            isinstance(block.mlp.act, nn.GELU) and block.mlp.act.approximate == "tanh")})
+    grid = (enc.pos_embed_grid_size, enc.pos_embed_grid_size)
+    args.update(img_size=tuple(enc.patch_embed.img_size), patch_size=enc.patch_embed.patch_size[0],
+                mlp_ratio=block.mlp.fc1.out_features / enc.embed_dim, pos_embed_grid=grid, rope_ref_grid=grid,
+                rope_theta=float(enc.rope.temperature), norm_layer=partial(LayerNorm, eps=block.norm1.eps),
+                merge_size=enc.merge_size, merger_out_features=enc.out_features if enc.merger is not None else 0)
     return f"vit_rope_{name}", args

@@ -20,7 +20,6 @@ from vit_rope.models.dinov3 import dinov3_name
 from vit_rope.models.eva_families import FAMILIES, twin_cfgs, twin_name
 from vit_rope.models.gemma4_vit import GEMMA4, Gemma4VisionTransformer
 from vit_rope.models.pixtral import PIXTRAL, PixtralVisionTransformer
-from vit_rope.models.pixtral import twin_cfgs as pixtral_twin_cfgs
 from vit_rope.models.qwen2_5_vl import QWEN25, Qwen25VisionTransformer
 from vit_rope.models.qwen3_vit import QWEN3, Qwen3VisionTransformer
 from vit_rope.models.swin import SWIN_KINDS, SWIN_SIZES, RoPESwinTransformer, swin_name
@@ -72,10 +71,14 @@ def _default_cfgs() -> dict[str, Any]:
                           crop_pct=0.9, fixed_input_size=True, classifier="head.fc")
     for name in QWEN25:  # transformers' Qwen2.5-VL tower: its weights are a folder (config.json + model.safetensors)
         cfgs[name] = _cfg(num_classes=0, input_size=(3, 448, 448), mean=OPENAI_CLIP_MEAN, std=OPENAI_CLIP_STD,
-                          interpolation="bicubic", min_input_size=(3, 28, 28))
+                          min_input_size=(3, 28, 28))
+    for name, args in PIXTRAL.items():  # transformers' folders too; Pixtral's processor's CLIP mean and std
+        side, patch = args["img_size"], args["patch_size"]
+        cfgs[f"vit_rope_{name}"] = _cfg(num_classes=0, input_size=(3, side, side), mean=OPENAI_CLIP_MEAN,
+                                        std=OPENAI_CLIP_STD, min_input_size=(3, 4 * patch, 4 * patch))
     deepseek = timm_twin_cfgs("deepseek_vit", deepseek_vit.DEEPSEEK, min_input_size=(3, 42, 42))  # the aligner pads
     return {**cfgs, **twin_cfgs(), **timm_twin_cfgs("qwen3_vit", QWEN3, min_input_size=(3, 64, 64)),
-            **pixtral_twin_cfgs(), **deepseek, **timm_twin_cfgs("gemma4_vit", GEMMA4)}
+            **deepseek, **timm_twin_cfgs("gemma4_vit", GEMMA4)}
 
 
 default_cfgs = generate_default_cfgs(_default_cfgs())

@@ -28,19 +28,16 @@ class ProjectorTwin(RoPEVisionTransformer):
     """``RoPEVisionTransformer`` with the heads of timm's VLM towers: the classifier (``global_pool="avg"``: mean of
     the tokens, a norm without affine, a linear head; ``""`` per token), the same over the projector's tokens
     (``encoder_pool=TOKENS``) and the encoder (``global_pool=TOKENS``: the projector's tokens are the output).
-    ``forward_features`` gives the tokens before the projector, held at ``PROJECTOR`` and run by ``_project``."""
+    ``forward_features`` gives the tokens before the projector, held at ``PROJECTOR``: its ``tokens(x, grid, coord,
+    valid, pre_logits)`` are those of ``x`` on ``grid``, or of a NaFlex batch's at ``coord`` with their validity."""
 
     FAMILY, TOKENS, PROJECTOR = "", "", ""  # the family's name in errors, the encoders' pool, the projector's place
 
-    @classmethod
-    def check_pools(cls, global_pool: str, encoder_pool: str) -> None:
-        tokens = cls.TOKENS
-        if global_pool not in ("", "avg", tokens) or encoder_pool not in ("", tokens):
-            raise ValueError(f"{cls.FAMILY} twins take global_pool '', 'avg' or '{tokens}' and encoder_pool '' or "
-                             f"'{tokens}' (timm's), got global_pool={global_pool!r}, encoder_pool={encoder_pool!r}.")
-
     def __init__(self, global_pool: str = "avg", encoder_pool: str = "", **kwargs: Any) -> None:
-        self.check_pools(global_pool, encoder_pool)
+        tokens = self.TOKENS
+        if global_pool not in ("", "avg", tokens) or encoder_pool not in ("", tokens):
+            raise ValueError(f"{self.FAMILY} twins take global_pool '', 'avg' or '{tokens}' and encoder_pool '' or "
+                             f"'{tokens}' (timm's), got global_pool={global_pool!r}, encoder_pool={encoder_pool!r}.")
         super().__init__(global_pool="avg" if global_pool == self.TOKENS else global_pool, final_norm=False,
                          fc_norm=False, **kwargs)
         self.global_pool, self.encoder_pool = global_pool, encoder_pool
@@ -70,23 +67,19 @@ class ProjectorTwin(RoPEVisionTransformer):
                      grid: tuple[int, int] | None = None, patch_coord: Tensor | None = None) -> Tensor:
         """The projector (if any) over ``forward_features``' tokens on ``grid`` (``None``: square) or at a NaFlex
         batch's ``patch_coord``, then timm's pooling, norm and head; the encoders end at the projector's tokens."""
-        if getattr(self, self.PROJECTOR) is not None:
+        projector = getattr(self, self.PROJECTOR)
+        if projector is not None:
             tokens = self.global_pool == self.TOKENS
             if patch_valid is None:
-                x = self._project(x, grid or square_grid(x.shape[1]), None, None, pre_logits and tokens)[0]
+                x = projector.tokens(x, grid or square_grid(x.shape[1]), None, None, pre_logits and tokens)[0]
             elif patch_coord is None:
                 raise ValueError(f"The {self.PROJECTOR} of a NaFlex batch needs its patch_coord: pass "
                                  "patch_coord=... with patch_valid.")
             else:
-                x, patch_valid = self._project(x, None, patch_coord, patch_valid.bool(), pre_logits and tokens)
+                x, patch_valid = projector.tokens(x, None, patch_coord, patch_valid.bool(), pre_logits and tokens)
             if tokens:
                 return x
         return super().forward_head(x, pre_logits, patch_valid)
-
-    def _project(self, x: Tensor, grid: tuple[int, int] | None, coord: Tensor | None, valid: Tensor | None,
-                 pre_logits: bool) -> tuple[Tensor, Tensor | None]:
-        """The projector's tokens of ``x`` on ``grid``, or of a NaFlex batch's at ``coord`` with their validity."""
-        raise NotImplementedError
 
 
 def timm_twin_cfgs(family: str, names: Iterable[str], **cfg: Any) -> dict[str, dict[str, Any]]:
@@ -97,20 +90,28 @@ def timm_twin_cfgs(family: str, names: Iterable[str], **cfg: Any) -> dict[str, d
             for name in names for tag, tagged in default_cfgs[name].cfgs.items()}
 
 
-def timm_tower(model: nn.Module, classifier_cls: type[nn.Module]) -> tuple[str, bool, nn.Module, nn.Module]:
-    """A built timm VLM tower's name, whether it is the classifier (``classifier_cls``), its encoder and first block."""
+def timm_tower(model: nn.Module, classifier_cls: type[nn.Module], tokens: str, models: str,
+               refusals: Callable[[nn.Module, nn.Module], dict[str, bool]]
+               ) -> tuple[str, nn.Module, nn.Module, dict[str, Any]]:
+    """A built timm VLM tower's name, encoder and first block, and the twin arguments every family's share: sizes and
+    heads (the classifier's, ``classifier_cls``, or the encoder's ``tokens``). A ``ValueError`` names the first of
+    ``refusals(encoder, block)``, the classifier's final norm and the encoder's pool that the twin does not model
+    (``models``: what it does model)."""
     classifier = isinstance(model, classifier_cls)
-    encoder = model.encoder if classifier else model
-    return model.pretrained_cfg["architecture"], classifier, encoder, encoder.blocks[0]
-
-
-def timm_heads(model: nn.Module, classifier: bool, tokens: str) -> dict[str, Any]:
-    """The head arguments of a built timm VLM tower's twin: the classifier's, or the encoder's (``tokens``)."""
-    if classifier:  # timm's "none": no pooling, ours ""
-        pools = {"none": ""}
-        return dict(num_classes=model.num_classes, global_pool=pools.get(model.global_pool, model.global_pool),
-                    encoder_pool=pools.get(model.encoder_pool, model.encoder_pool))
-    return dict(global_pool=tokens, num_classes=0)
+    enc = model.encoder if classifier else model
+    name, block = model.pretrained_cfg["architecture"], enc.blocks[0]
+    refused = {**refusals(enc, block), "final_norm=False": classifier and isinstance(model.norm, nn.Identity),
+               f"global_pool={enc.global_pool!r}": not classifier and enc.global_pool != tokens}
+    field = next((field for field, bad in refused.items() if bad), None)
+    if field is not None:
+        raise ValueError(f"from_timm: {name} was built with {field}, which its twin vit_rope_{name} does not model "
+                         f"({models}): build timm's model without it.")
+    pools = {"none": ""}  # timm's "none": no pooling, ours ""
+    heads = dict(num_classes=model.num_classes, global_pool=pools.get(model.global_pool, model.global_pool),
+                 encoder_pool=pools.get(model.encoder_pool, model.encoder_pool)) if classifier else \
+        dict(global_pool=tokens, num_classes=0)
+    return name, enc, block, dict(in_chans=enc.in_chans, embed_dim=enc.embed_dim, depth=len(enc.blocks),
+                                  num_heads=block.attn.num_heads, **heads)
 
 
 def tower_keys(state_dict: dict[str, Tensor], model: nn.Module, projector: str,

@@ -29,34 +29,18 @@ class RoPEVisionTransformer(NoTorchScript, PositionEncodingMixin, EmbeddingMixin
     """timm ``VisionTransformer`` with 2D RoPE, at any multiple of the patch size; the other arguments are
     docs/models.md's (``None``: the kind's default); ``pos_embed="learn"``: RoPE-ViT's "+APE", of patches only."""
 
-    def __init__(
-        self,
-        encoding: str | None = None,
-        resolution_policy: str | dict | ResolutionPolicy | None = None,
-        rope_theta: float | None = None,
-        rope_coord_aug: dict | CoordAugment | None = None,
-        rope_min_period: float | None = None,
-        rope_max_period: float | None = None,
-        rope_normalize_coords: str | None = None,
-        rope_string_base: str | None = None,
-        rope_fraction: float | None = None,
-        rope_mixed_init: str | None = None,
-        rope_grid_offset: float | None = None,
-        rope_ref_grid: tuple[int, int] | None = None,
-        rope_alternate_axes: bool | None = None,
-        qk_layout: str = "interleaved",
-        attn_pool_num_heads: int | None = None,
-        attn_pool_mlp_ratio: float | None = None,
-        num_kv_heads: int | tuple[int, ...] | None = None,
-        layer_scale: str = "both",
-        encoding_options: dict[str, Any] | None = None,
-        head_hidden_dim: int | None = None,
-        pos_embed: str = "none",
-        no_embed_class: bool = True,
-        pos_embed_grid: tuple[int, int] | None = None,
-        pos_embed_resampling: str = "bicubic",
-        **kwargs: Any,
-    ) -> None:
+    def __init__(self, encoding: str | None = None, resolution_policy: str | dict | ResolutionPolicy | None = None,
+                 rope_theta: float | None = None, rope_coord_aug: dict | CoordAugment | None = None,
+                 rope_min_period: float | None = None, rope_max_period: float | None = None,
+                 rope_normalize_coords: str | None = None, rope_string_base: str | None = None,
+                 rope_fraction: float | None = None, rope_mixed_init: str | None = None,
+                 rope_grid_offset: float | None = None, rope_ref_grid: tuple[int, int] | None = None,
+                 rope_alternate_axes: bool | None = None, qk_layout: str = "interleaved",
+                 attn_pool_num_heads: int | None = None, attn_pool_mlp_ratio: float | None = None,
+                 num_kv_heads: int | tuple[int, ...] | None = None, layer_scale: str = "both",
+                 encoding_options: dict[str, Any] | None = None, head_hidden_dim: int | None = None,
+                 pos_embed: str = "none", no_embed_class: bool = True, pos_embed_grid: tuple[int, int] | None = None,
+                 pos_embed_resampling: str = "bicubic", **kwargs: Any) -> None:
         num_heads, embed_dim = kwargs.get("num_heads", 12), kwargs.get("embed_dim", 768)
         if embed_dim % num_heads:
             raise ValueError(f"embed_dim={embed_dim} must be divisible by num_heads={num_heads}.")
@@ -64,14 +48,8 @@ class RoPEVisionTransformer(NoTorchScript, PositionEncodingMixin, EmbeddingMixin
         if kwargs.pop("dynamic_img_size", True) is False:
             raise ValueError("RoPE models always accept any input size (dynamic_img_size=True); do not set it False.")
         patch_drop_rate = kwargs.pop("patch_drop_rate", 0.0)
-        super().__init__(
-            pos_embed=pos_embed,
-            no_embed_class=no_embed_class,
-            dynamic_img_size=True,
-            block_fn=RoPEBlock,
-            attn_layer=RoPEAttention,
-            **kwargs,
-        )
+        super().__init__(pos_embed=pos_embed, no_embed_class=no_embed_class, dynamic_img_size=True, block_fn=RoPEBlock,
+                         attn_layer=RoPEAttention, **kwargs)
         self.pos_embed_grid = None
         if pos_embed_grid is not None:  # a table of its own grid, whatever img_size (timm's rows follow img_size)
             if self.pos_embed is None:
