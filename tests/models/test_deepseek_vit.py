@@ -12,8 +12,7 @@ import torch
 from safetensors.torch import save_file
 
 import vit_rope
-from helpers.models import encoder, randomize_, rel
-from helpers.naflex import pack
+from helpers.models import assert_intermediates_then_policy, assert_naflex_samples_equal_timm, encoder, randomize_, rel
 from vit_rope.eval.from_checkpoint import create_from_checkpoint
 from vit_rope.models.deepseek_vit import DEEPSEEK
 
@@ -108,19 +107,11 @@ def test_load_weights_and_an_encoder_file_into_a_classifier_reports_the_aligner_
 @pytest.mark.parametrize("name", ["deepseek_vit_412m_align", "deepseek_vit_412m_enc"])
 def test_naflex_batch_sample_by_sample_equals_timm_on_each_image(name):
     theirs = timm_deepseek(name)
-    twin = vit_rope.from_timm(theirs)
     torch.manual_seed(1)
     grids = ((4, 6), (6, 2), (2, 2), (3, 3))  # aligner cells: 2x2, 2x1, 1x1 (padded), 1x1
     images = [torch.randn(3, 14 * h, 14 * w) for h, w in grids]
-    batch = pack(images, length=24, patch=14)
-    with torch.no_grad():
-        tokens, out = twin.forward_features(batch), twin(batch)
-        assert name.endswith("_align") or out.shape[1] == 4  # the most aligner tokens of a sample (2x2)
-        for b, image in enumerate(images):
-            ref = encoder(theirs).forward_features(image[None]).flatten(1, 2)[0]
-            assert rel(ref, tokens[b, :len(ref)]) < TOL
-            ref_out = theirs(image[None])[0]
-            assert rel(ref_out, out[b, :len(ref_out)]) < TOL, b
+    out = assert_naflex_samples_equal_timm(theirs, vit_rope.from_timm(theirs), images, length=24, patch=14)
+    assert name.endswith("_align") or out.shape[1] == 4  # the most aligner tokens of a sample (2x2)
 
 
 def test_dynamic_img_pad_forward_intermediates_and_resolution_policy():
@@ -129,11 +120,7 @@ def test_dynamic_img_pad_forward_intermediates_and_resolution_policy():
     x = torch.randn(1, 3, 60, 45)  # 5x4 patches after padding, 2x2 aligner cells
     with torch.no_grad():
         assert rel(theirs(x), twin(x)) < TOL and twin(x).shape == (1, 4, 48)
-        _, ref = theirs.forward_intermediates(x, indices=1)
-        _, ours = twin.forward_intermediates(x, indices=1)
-        assert rel(ref[0], ours[0]) < TOL and ours[0].shape == (1, 128, 5, 4)
-        twin.set_resolution_policy("interpolate")  # positions scaled to the 39x39 grid of 546 px: no longer timm's
-        assert rel(theirs(x), twin(x)) > 1e-3
+    assert_intermediates_then_policy(theirs, twin, x, (1, 128, 5, 4))  # interpolate: to the 39x39 grid of 546 px
 
 
 def test_aligner_width_follows_the_pretrained_tag_as_timm():

@@ -14,8 +14,7 @@ import torch
 from safetensors.torch import save_file
 
 import vit_rope
-from helpers.models import encoder, randomize_, rel
-from helpers.naflex import pack
+from helpers.models import assert_intermediates_then_policy, assert_naflex_samples_equal_timm, encoder, randomize_, rel
 from vit_rope.eval.from_checkpoint import create_from_checkpoint
 from vit_rope.models.gemma4_vit import GEMMA4
 
@@ -102,30 +101,14 @@ def test_load_weights_into_a_created_twin():
 @pytest.mark.parametrize("name", ["gemma4_vit_167m_enc", "gemma4_vit_570m"])
 def test_naflex_batch_sample_by_sample_equals_timm_on_each_image(name):
     theirs = timm_gemma4(name)
-    twin = vit_rope.from_timm(theirs)
     torch.manual_seed(1)
     images = [torch.rand(3, 16 * h, 16 * w) for h, w in ((6, 9), (9, 3), (3, 3))]
-    batch = pack(images, length=54)
-    with torch.no_grad():
-        tokens, out = twin.forward_features(batch), twin(batch)
-        for b, image in enumerate(images):
-            x = image[None]
-            ref = encoder(theirs).forward_features(x)[0]
-            assert rel(ref, tokens[b, :len(ref)]) < TOL
-            ref_out = theirs(x)[0]
-            assert rel(ref_out, out[b, :len(ref_out)]) < TOL, b
+    assert_naflex_samples_equal_timm(theirs, vit_rope.from_timm(theirs), images, length=54)
 
 
 def test_forward_intermediates_and_resolution_policy():
-    theirs = timm_gemma4("gemma4_vit_570m_enc")
-    twin = vit_rope.from_timm(theirs)
-    x = torch.rand(1, 3, 144, 96)
-    with torch.no_grad():
-        _, ref = theirs.forward_intermediates(x, indices=1)
-        _, ours = twin.forward_intermediates(x, indices=1)
-        assert rel(ref[0], ours[0]) < TOL and ours[0].shape == (1, 64, 9, 6)
-        twin.set_resolution_policy("interpolate")  # RoPE positions scaled to the 48x48 grid: no longer timm's
-        assert rel(theirs(x), twin(x)) > 1e-3
+    theirs = timm_gemma4("gemma4_vit_570m_enc")  # interpolate: RoPE positions scaled to the 48x48 grid
+    assert_intermediates_then_policy(theirs, vit_rope.from_timm(theirs), torch.rand(1, 3, 144, 96), (1, 64, 9, 6))
 
 
 def hf_tower(tmp_path, **config):

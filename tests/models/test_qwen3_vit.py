@@ -11,8 +11,7 @@ import torch
 from safetensors.torch import save_file
 
 import vit_rope
-from helpers.models import encoder, randomize_, rel
-from helpers.naflex import pack
+from helpers.models import assert_intermediates_then_policy, assert_naflex_samples_equal_timm, encoder, randomize_, rel
 from vit_rope.eval.from_checkpoint import create_from_checkpoint
 from vit_rope.models.qwen3_vit import QWEN3
 
@@ -76,31 +75,14 @@ def test_encoder_file_into_a_classifier_reports_the_merger_dropped():
 @pytest.mark.parametrize("name", ["qwen3_vit_88m_merge", "qwen3_vit_88m_enc"])
 def test_naflex_batch_sample_by_sample_equals_timm_on_each_image(name):
     theirs = timm_qwen3(name)
-    twin = vit_rope.from_timm(theirs)
     torch.manual_seed(1)
     images = [torch.randn(3, 16 * h, 16 * w) for h, w in ((4, 6), (6, 2), (2, 2))]
-    batch = pack(images, length=24)
-    with torch.no_grad():
-        tokens = twin.forward_features(batch)
-        out = twin(batch)
-        for b, image in enumerate(images):
-            x = image[None]
-            ref = encoder(theirs).forward_features(x).flatten(1, 2)[0]
-            assert rel(ref, tokens[b, :len(ref)]) < TOL
-            ref_out = theirs(x)[0]
-            assert rel(ref_out, out[b, :len(ref_out)]) < TOL, b
+    assert_naflex_samples_equal_timm(theirs, vit_rope.from_timm(theirs), images, length=24)
 
 
 def test_forward_intermediates_and_resolution_policy():
-    theirs = timm_qwen3("qwen3_vit_88m_enc")
-    twin = vit_rope.from_timm(theirs)
-    x = torch.randn(1, 3, 96, 64)
-    with torch.no_grad():
-        _, ref = theirs.forward_intermediates(x, indices=1)
-        _, ours = twin.forward_intermediates(x, indices=1)
-        assert rel(ref[0], ours[0]) < TOL and ours[0].shape == (1, 768, 6, 4)
-        twin.set_resolution_policy("interpolate")  # positions scaled to the 48x48 grid: no longer timm's
-        assert rel(theirs(x), twin(x)) > 1e-3
+    theirs = timm_qwen3("qwen3_vit_88m_enc")  # interpolate: positions scaled to the 48x48 grid
+    assert_intermediates_then_policy(theirs, vit_rope.from_timm(theirs), torch.randn(1, 3, 96, 64), (1, 768, 6, 4))
 
 
 def test_refused_inputs_name_what_and_where(tmp_path):
