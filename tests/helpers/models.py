@@ -47,8 +47,8 @@ def randomize_(model: torch.nn.Module) -> None:
 
 
 @torch.no_grad()
-def assert_naflex_samples_equal_timm(theirs: torch.nn.Module, twin: torch.nn.Module, images: list[torch.Tensor],
-                                     length: int, patch: int = 16) -> torch.Tensor:
+def assert_naflex_as_timm(theirs: torch.nn.Module, twin: torch.nn.Module, images: list[torch.Tensor], length: int,
+                          patch: int = 16) -> torch.Tensor:
     """Each sample of a NaFlex batch of ``images`` through ``twin`` gives what timm's ``theirs`` gives on that image
     alone: the tokens before the pooling (its encoder's ``forward_features``) and the output, to 1e-4 of their scale.
     The batch's output."""
@@ -65,8 +65,8 @@ def assert_naflex_samples_equal_timm(theirs: torch.nn.Module, twin: torch.nn.Mod
 
 
 @torch.no_grad()
-def assert_intermediates_then_policy(theirs: torch.nn.Module, twin: torch.nn.Module, x: torch.Tensor,
-                                     shape: tuple[int, ...]) -> None:
+def assert_maps_then_policy(theirs: torch.nn.Module, twin: torch.nn.Module, x: torch.Tensor,
+                            shape: tuple[int, ...]) -> None:
     """``twin``'s last intermediate map on ``x`` is timm's ``theirs``' (to 1e-4, of ``shape``); under ``interpolate``
     (positions scaled to the trained grid) its output is no longer timm's."""
     _, ref = theirs.forward_intermediates(x, indices=1)
@@ -167,6 +167,16 @@ def assert_onnx_matches_eager(model: torch.nn.Module, folder) -> Any:
         got = torch.from_numpy(sess.run(None, {"images": x.numpy()})[0])
         torch.testing.assert_close(got, expected, atol=1e-4, rtol=1e-4)
     return result
+
+
+def onnx_sizes(model: torch.nn.Module, path, img_size: tuple[int, int]) -> list[tuple[int, int, int]]:
+    """``model`` exported to ONNX at ``img_size`` gives its eager outputs (to 1e-4) at the two (batch, height, width)
+    the export checks, with one file; those two."""
+    from vit_rope.eval.onnx import export_onnx
+
+    result = export_onnx(model.eval(), path, img_size=img_size)
+    assert len(result.diffs) == 2 and all(diff < 1e-4 for diff in result.diffs.values()), result.diffs
+    return list(result.diffs)
 
 
 def assert_features_and_reliance(model: torch.nn.Module, x: torch.Tensor, naflex: dict) -> None:

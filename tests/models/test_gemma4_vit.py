@@ -14,7 +14,7 @@ import torch
 from safetensors.torch import save_file
 
 import vit_rope
-from helpers.models import assert_intermediates_then_policy, assert_naflex_samples_equal_timm, encoder, randomize_, rel
+from helpers.models import assert_maps_then_policy, assert_naflex_as_timm, encoder, onnx_sizes, randomize_, rel
 from vit_rope.eval.from_checkpoint import create_from_checkpoint
 from vit_rope.models.gemma4_vit import GEMMA4
 
@@ -103,12 +103,12 @@ def test_naflex_batch_sample_by_sample_equals_timm_on_each_image(name):
     theirs = timm_gemma4(name)
     torch.manual_seed(1)
     images = [torch.rand(3, 16 * h, 16 * w) for h, w in ((6, 9), (9, 3), (3, 3))]
-    assert_naflex_samples_equal_timm(theirs, vit_rope.from_timm(theirs), images, length=54)
+    assert_naflex_as_timm(theirs, vit_rope.from_timm(theirs), images, length=54)
 
 
 def test_forward_intermediates_and_resolution_policy():
     theirs = timm_gemma4("gemma4_vit_570m_enc")  # interpolate: RoPE positions scaled to the 48x48 grid
-    assert_intermediates_then_policy(theirs, vit_rope.from_timm(theirs), torch.rand(1, 3, 144, 96), (1, 64, 9, 6))
+    assert_maps_then_policy(theirs, vit_rope.from_timm(theirs), torch.rand(1, 3, 144, 96), (1, 64, 9, 6))
 
 
 def hf_tower(tmp_path, **config):
@@ -186,14 +186,10 @@ def test_refused_inputs_name_what_and_where(tmp_path):
 
 @pytest.mark.slow  # ONNX export and two ORT sessions
 def test_encoder_twin_exports_to_onnx_at_two_sizes(tmp_path):
-    from vit_rope.eval.onnx import export_onnx
-
     model = timm.create_model("vit_rope_gemma4_vit_167m_enc", **{**OURS, "depth": 1})  # a block: the same ops again
     randomize_(model)
     bounds_(model)
-    result = export_onnx(model.eval(), tmp_path / "gemma4.onnx", img_size=(96, 48))
-    assert list(result.diffs) == [(2, 96, 48), (3, 144, 48)]  # two sizes, one file (the pooler's 3x3 blocks too)
-    assert all(diff < 1e-4 for diff in result.diffs.values()), result.diffs
+    assert onnx_sizes(model, tmp_path / "gemma4.onnx", (96, 48)) == [(2, 96, 48), (3, 144, 48)]  # the pooler's too
 
 
 def test_classes_asked_of_an_encoder_make_it_the_soft_token_classifier():
