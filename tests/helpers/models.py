@@ -46,6 +46,23 @@ def randomize_(model: torch.nn.Module) -> None:
                 p.copy_(noise * 2)
 
 
+def twins(theirs: torch.nn.Module, name: str, folder, converted: str,
+          architecture: str) -> tuple[torch.nn.Module, torch.nn.Module]:
+    """timm's model ``name`` (``theirs``) as our twin through ``vit_rope.from_timm``, whose report says ``converted``,
+    and through ``create_from_checkpoint`` of a safetensors file of its weights: the ``architecture`` the keys name,
+    ``vit_rope_<name>`` of as many blocks, nothing initialised."""
+    from safetensors.torch import save_file
+
+    file = folder / "weights.safetensors"
+    save_file({k: v.contiguous() for k, v in theirs.state_dict().items()}, str(file))
+    twin = vit_rope.from_timm(theirs)
+    assert any(converted in line for line in twin.load_report.converted)
+    loaded = vit_rope.create_from_checkpoint(file).eval()
+    assert type(loaded).__name__ == architecture and loaded.default_cfg["architecture"] == f"vit_rope_{name}"
+    assert len(loaded.blocks) == len(twin.blocks) and not loaded.load_report.initialised, loaded.load_report.summary()
+    return twin, loaded
+
+
 @torch.no_grad()
 def assert_naflex_as_timm(theirs: torch.nn.Module, twin: torch.nn.Module, images: list[torch.Tensor], length: int,
                           patch: int = 16) -> torch.Tensor:

@@ -12,7 +12,7 @@ import torch
 from safetensors.torch import save_file
 
 import vit_rope
-from helpers.models import assert_maps_then_policy, assert_naflex_as_timm, encoder, onnx_sizes, randomize_, rel
+from helpers.models import assert_maps_then_policy, assert_naflex_as_timm, encoder, onnx_sizes, randomize_, rel, twins
 from vit_rope.eval.from_checkpoint import create_from_checkpoint
 from vit_rope.models.deepseek_vit import DEEPSEEK
 
@@ -63,14 +63,7 @@ def deepseek_shard(theirs: torch.nn.Module) -> dict[str, torch.Tensor]:
 @pytest.mark.parametrize("name", list(DEEPSEEK))
 def test_twin_equals_timm_through_from_timm_and_the_loader(name, tmp_path):
     theirs = timm_deepseek(name)
-    file = tmp_path / "deepseek.safetensors"
-    save_file({k: v.contiguous() for k, v in theirs.state_dict().items()}, str(file))
-    twin = vit_rope.from_timm(theirs)
-    assert any("rotate-half" in line for line in twin.load_report.converted)
-    loaded = create_from_checkpoint(file).eval()  # the model named by the file's keys
-    assert type(loaded).__name__ == "DeepseekVisionTransformer" and len(loaded.blocks) == 2
-    assert loaded.default_cfg["architecture"] == f"vit_rope_{name}"
-    assert not loaded.load_report.initialised, loaded.load_report.summary()
+    twin, loaded = twins(theirs, name, tmp_path, "rotate-half", "DeepseekVisionTransformer")
     for size in SIZES:
         assert_parity(theirs, twin, size)
     assert_parity(theirs, loaded, SIZES[1])

@@ -11,10 +11,9 @@ import json
 import pytest
 import timm
 import torch
-from safetensors.torch import save_file
 
 import vit_rope
-from helpers.models import assert_maps_then_policy, assert_naflex_as_timm, encoder, onnx_sizes, randomize_, rel
+from helpers.models import assert_maps_then_policy, assert_naflex_as_timm, encoder, onnx_sizes, randomize_, rel, twins
 from vit_rope.eval.from_checkpoint import create_from_checkpoint
 from vit_rope.models.gemma4_vit import GEMMA4
 
@@ -54,14 +53,8 @@ def assert_parity(theirs: torch.nn.Module, ours: torch.nn.Module, size: tuple[in
 
 @pytest.mark.parametrize("name", list(GEMMA4))
 def test_twin_equals_timm_through_from_timm_and_the_loader(name, tmp_path):
-    theirs = timm_gemma4(name)
-    file = tmp_path / "gemma4.safetensors"
-    save_file({k: v.contiguous() for k, v in theirs.state_dict().items()}, str(file))
-    twin = vit_rope.from_timm(theirs)
-    assert any("axis halves" in line for line in twin.load_report.converted)
-    loaded = create_from_checkpoint(file).eval()  # the model named by the file's keys, its sizes read from them
-    assert type(loaded).__name__ == "Gemma4VisionTransformer" and len(loaded.blocks) == 2
-    assert not loaded.load_report.initialised, loaded.load_report.summary()
+    theirs = timm_gemma4(name)  # the loaded model's sizes read from the file's keys
+    twin, loaded = twins(theirs, name, tmp_path, "axis halves", "Gemma4VisionTransformer")
     for size in SIZES:
         assert_parity(theirs, twin, size)
     assert_parity(theirs, loaded, SIZES[1])

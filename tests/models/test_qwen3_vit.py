@@ -11,8 +11,7 @@ import torch
 from safetensors.torch import save_file
 
 import vit_rope
-from helpers.models import assert_maps_then_policy, assert_naflex_as_timm, encoder, onnx_sizes, randomize_, rel
-from vit_rope.eval.from_checkpoint import create_from_checkpoint
+from helpers.models import assert_maps_then_policy, assert_naflex_as_timm, encoder, onnx_sizes, randomize_, rel, twins
 from vit_rope.models.qwen3_vit import QWEN3
 
 SIZES = [(64, 64), (96, 64)]  # square, and 6x4 patches (height != width: row / column order shows)
@@ -42,13 +41,7 @@ def assert_parity(theirs: torch.nn.Module, ours: torch.nn.Module, size: tuple[in
 @pytest.mark.parametrize("name", list(QWEN3))
 def test_twin_equals_timm_through_from_timm_and_the_loader(name, tmp_path):
     theirs = timm_qwen3(name)
-    file = tmp_path / "qwen3.safetensors"
-    save_file({k: v.contiguous() for k, v in theirs.state_dict().items()}, str(file))
-    twin = vit_rope.from_timm(theirs)
-    assert any("rotate-half" in line for line in twin.load_report.converted)
-    loaded = create_from_checkpoint(file).eval()  # the model named by the file's keys
-    assert type(loaded).__name__ == "Qwen3VisionTransformer" and len(loaded.blocks) == 1
-    assert not loaded.load_report.initialised, loaded.load_report.summary()
+    twin, loaded = twins(theirs, name, tmp_path, "rotate-half", "Qwen3VisionTransformer")
     for size in SIZES:
         assert_parity(theirs, twin, size)
     assert_parity(theirs, loaded, SIZES[1])
