@@ -93,15 +93,16 @@ def assert_maps_then_policy(theirs: torch.nn.Module, twin: torch.nn.Module, x: t
     assert rel(theirs(x), twin(x)) > 1e-3
 
 
-def perturbed(name: str, policy: str = "extrapolate", **kwargs) -> torch.nn.Module:
+def perturbed(name: str, policy: str | None = "extrapolate", **kwargs) -> torch.nn.Module:
     """Model ``name`` in eval mode with every parameter moved off its initialisation (a zero head or class token would
-    hide paths from the logits), under resolution ``policy``."""
+    hide paths from the logits), under resolution ``policy`` (None: the model's own, or a model without policies)."""
     torch.manual_seed(0)
     model = timm.create_model(name, **kwargs).eval()
     with torch.no_grad():
         for param in model.parameters():
             param.add_(torch.randn_like(param) * 0.2)
-    model.set_resolution_policy(policy)
+    if policy is not None:
+        model.set_resolution_policy(policy)
     return model
 
 
