@@ -84,9 +84,7 @@ def test_forward_backward_at_any_size(name):
 
 @pytest.mark.parametrize("kind", ["axial", "mixed"])
 def test_rope_changes_the_output_and_is_shared_or_per_layer(kind):
-    model = tiny(f"vit_rope_tiny_patch16_{kind}_224").eval()
-    for blk in model.blocks:  # make attention matter
-        blk.ls1.gamma.data.fill_(1.0)
+    model = tiny(f"vit_rope_tiny_patch16_{kind}_224", init_values=1.0).eval()  # LayerScale 1: attention matters
     x = torch.randn(1, 3, 64, 64)
     with torch.no_grad():
         out = model(x)
@@ -156,9 +154,7 @@ def test_no_state_grows_with_the_number_of_input_sizes(kind):
 
 
 def test_policy_device_and_dtype_changes_take_effect_after_a_forward():
-    model = tiny("vit_rope_tiny_patch16_axial_224", img_size=32).eval()
-    for blk in model.blocks:  # make attention matter
-        blk.ls1.gamma.data.fill_(1.0)
+    model = tiny("vit_rope_tiny_patch16_axial_224", img_size=32, init_values=1.0).eval()  # attention matters
     x = torch.randn(1, 3, 64, 64)
     with torch.inference_mode():
         before = model(x)
@@ -166,8 +162,6 @@ def test_policy_device_and_dtype_changes_take_effect_after_a_forward():
         after = model(x)
         fresh = tiny("vit_rope_tiny_patch16_axial_224", img_size=32, resolution_policy="interpolate").eval()
         fresh.load_state_dict(model.state_dict())
-        for blk in fresh.blocks:
-            blk.ls1.gamma.data.fill_(1.0)
         torch.testing.assert_close(after, fresh(x))
         assert (before - after).abs().max() > 1e-4
         double = model.double()(x.double())
