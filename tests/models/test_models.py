@@ -55,6 +55,9 @@ def test_all_variants_are_registered():
         for kind in ("axial", "mixed")
         for ape in ("", "_ape")
     }
+    other_kinds = ("golden", "string", "string_mixed", "lookhere", "alibi", "fire", "comrope_ap", "comrope_ld", "liere",
+                   "pape", "pape_ri")  # each at three sizes
+    expected |= {f"vit_rope_{size}_patch16_{kind}_224" for size in ("tiny", "small", "base") for kind in other_kinds}
     assert expected <= set(MODEL_NAMES)
 
 

@@ -53,10 +53,7 @@ def image_patches(h: int = 5, w: int = 6) -> tuple[torch.Tensor, torch.Tensor]:
     return flat, coord  # [N, P*P*3], [N, 2] (y, x)
 
 
-def test_rotation_kinds_are_registered_and_create_through_timm():
-    for size in ("tiny", "small", "base"):
-        for kind in ROTATION_KINDS:
-            assert f"vit_rope_{size}_patch16_{kind}_224" in timm.list_models("vit_rope_*")
+def test_string_over_mixed_creates_through_timm():  # every kind's names at three sizes: test_models.py
     model = timm.create_model("vit_rope_tiny_patch16_string_mixed_224", depth=2, num_classes=3)
     assert model.encoding_kind == "string" and model.pos_encoding.kind == "mixed"
     assert model(torch.randn(1, 3, 48, 64)).shape == (1, 3)
