@@ -331,13 +331,10 @@ def test_val_split_names_the_evaluation_folder(image_root: Path, tmp_path: Path,
 
 
 def test_resume_from_something_else_is_a_clear_error(image_root: Path, tmp_path: Path, capsys) -> None:
+    """Exit 2 and load_checkpoint's message (each kind of file it refuses: test_state.py)."""
     (tmp_path / "notes.pth").write_text("hello")
-    torch.save({"weights": torch.zeros(1)}, tmp_path / "other.pth")
-    for path, message in (("notes.pth", "is not a vit-rope training checkpoint: torch.load failed"),
-                          ("other.pth", "is not a vit-rope training checkpoint (no format"),
-                          ("missing.pth", "does not exist")):
-        assert train.main(tiny_args(image_root, tmp_path / "run", "--resume", str(tmp_path / path))) == 2
-        assert message in capsys.readouterr().err
+    assert train.main(tiny_args(image_root, tmp_path / "run", "--resume", str(tmp_path / "notes.pth"))) == 2
+    assert "is not a vit-rope training checkpoint: torch.load failed" in capsys.readouterr().err
 
 
 def test_an_unknown_model_suggests_the_closest_name(image_root: Path, tmp_path: Path, capsys) -> None:
