@@ -106,9 +106,8 @@ def test_normalized_axial_is_dinov3_rope():
 
 
 def test_policy_on_a_built_model():
-    model = timm.create_model("vit_rope_tiny_patch16_axial_224", depth=2, num_classes=3, img_size=64).eval()
-    for blk in model.blocks:
-        blk.ls1.gamma.data.fill_(1.0)
+    model = timm.create_model("vit_rope_tiny_patch16_axial_224", depth=2, num_classes=3, img_size=64,
+                              init_values=1.0).eval()
     small, large = torch.randn(1, 3, 64, 64), torch.randn(1, 3, 128, 96)
     with torch.no_grad():
         base_small, base_large = model(small), model(large)

@@ -190,11 +190,9 @@ def test_mixed_frequency_gradient_is_zero_on_p_ropes_unrotated_pairs(naflex):
     assert grad.abs().sum() > 0 and (grad * (1 - rope.rotated)).abs().max() == 0
 
 
-def test_bad_input_errors():
+def test_a_head_width_off_a_multiple_of_4_is_refused_with_the_nearest():  # unknown kinds: test_golden_string.py
     with pytest.raises(ValueError, match=r"divisible by 4.*head_dim=30.*28 or 32"):
         RoPE2D(30, 2)
-    with pytest.raises(ValueError, match=r"'polar'.*axial, mixed"):
-        RoPE2D(16, 2, kind="polar")
 
 
 def test_earlier_argument_names_are_refused():

@@ -5,6 +5,7 @@ import timm
 import torch
 
 import vit_rope  # noqa: F401  (registers the models)
+from helpers.models import perturbed
 from helpers.naflex import pack
 from vit_rope.eval.ablation import position_reliance, without_positions
 
@@ -25,12 +26,7 @@ KINDS = {  # every encoding: RoPE tables, STRING, RoPE + APE (patches only or wi
 
 def build(kind: str, **kwargs) -> torch.nn.Module:
     name, extra = KINDS[kind]
-    torch.manual_seed(0)
-    model = timm.create_model(name, **{**BASE, **extra, **kwargs}).eval()
-    with torch.no_grad():  # positions, class token and head away from their initialisation, so that all of them show
-        for param in model.parameters():
-            param.add_(torch.randn_like(param) * 0.2)
-    return model
+    return perturbed(name, None, **{**BASE, **extra, **kwargs})
 
 
 def shuffle_patches(images: torch.Tensor, order: torch.Tensor) -> torch.Tensor:

@@ -3,7 +3,6 @@ errors."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import shutil
 import sys
@@ -17,6 +16,7 @@ from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD, ImageNetInfo
 from timm.data.transforms import MaybeToTensor
 from torchvision import transforms
 
+import train
 import vit_rope
 from helpers.checkpoints import save_source, write_corrupt
 from helpers.evaluation import CLASSES, ROPE, run, write_checkpoint
@@ -89,9 +89,6 @@ def test_checkpoint_and_timm_models(image_root: Path, checkpoint: Path, tmp_path
 
 def test_train_py_checkpoint(image_root: Path, tmp_path: Path) -> None:
     """The checkpoint of a real one-epoch train.py run, rebuilt and evaluated; --limit takes one image per class."""
-    spec = importlib.util.spec_from_file_location("train_script", Path(__file__).parents[2] / "train.py")
-    train = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(train)
     assert train.main(tiny_args(image_root, tmp_path / "run", "--epochs", "1", "model_ema=true")) == 0
     results = evaluate.evaluate_models([load_trained(tmp_path / "run" / "best.pth")], image_root, [32, 64],
                                        ["yarn"], device="cpu", limit=3, batch_size=3, workers=0)

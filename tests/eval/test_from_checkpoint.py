@@ -13,7 +13,6 @@ from safetensors.torch import save_file
 import vit_rope
 from helpers.checkpoints import meta_keys
 from helpers.evaluation import write_checkpoint
-from helpers.lookhere_official import LookHere
 from helpers.models import assert_same_outputs, timm_eva
 from vit_rope.eval.loading import load_trained
 
@@ -52,27 +51,6 @@ def test_timms_and_metas_dinov3_name_their_model(tmp_path: Path, timm_name: str,
     model = vit_rope.create_from_checkpoint(path).eval()
     assert model.default_cfg["architecture"] == timm_name.replace("vit_", "vit_rope_", 1)
     assert_same_outputs(model, theirs, [(256, 256)])
-
-
-def test_an_official_lookhere_file_gives_its_config_and_needs_its_width_named(tmp_path: Path) -> None:
-    cfg = dict(global_slope=2.0, layer_slopes=[1.5, 0.5], head_directions="halves", distance="linear", fill_with="inf")
-    torch.manual_seed(0)
-    reference = LookHere(device="cpu", lh_config=dict(cfg), img_size=64, patch_size=16, embed_dim=32, depth=2,
-                         num_heads=4, num_classes=3).eval()
-    with torch.no_grad():  # off the zero head and tiny LayerScale of its initialisation, so every weight shows
-        for param in reference.parameters():
-            param.add_(torch.randn_like(param) * 0.2)
-    reference.turn_off_scaled_dot()  # fp32 logits plus its bf16 bias, as the parity test compares them
-    path = tmp_path / "lh.pth"
-    torch.save({"weights": reference.state_dict(), "config": cfg}, path)
-    with pytest.raises(ValueError, match="width of no registered size, .*\\): pass model="):
-        vit_rope.create_from_checkpoint(path)
-    model = vit_rope.create_from_checkpoint(path, model="vit_rope_tiny_patch16_lookhere_224", img_size=64,
-                                            embed_dim=32, num_heads=4).eval()
-    assert model.pos_encoding.config["head_directions"] == "halves" and model.head_hidden_dim == 128
-    x = torch.randn(2, 3, 64, 64)
-    with torch.no_grad():
-        torch.testing.assert_close(model(x), reference(x), rtol=1e-3, atol=1e-3)
 
 
 def test_keys_that_name_no_model_need_it_named(tmp_path: Path) -> None:

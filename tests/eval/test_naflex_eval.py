@@ -9,12 +9,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import timm
 import torch
 from PIL import Image
 from torchvision import transforms
 
 from helpers.evaluation import ROPE, run, write_checkpoint
+from helpers.models import perturbed
 from vit_rope.eval import harness, report
 from vit_rope.eval import token_budget as naflex
 from vit_rope.eval.loading import load_trained
@@ -52,11 +52,7 @@ def test_a_budget_keeps_the_aspect_ratio_within_a_patch_and_fills_the_budget(seq
 def test_a_budget_batch_gives_the_logits_of_its_resized_images_alone() -> None:
     """Images of three aspect ratios in one budget batch, normalised as the harness does: each sample's logits equal
     the model on that same resized image as a [1, C, H, W] tensor, under a policy that acts per grid too."""
-    torch.manual_seed(0)
-    model = timm.create_model(ROPE, depth=2, img_size=32, num_classes=3).eval()
-    with torch.no_grad():  # non-trivial weights, so that positions and padding would show in the logits
-        for param in model.parameters():
-            param.add_(torch.randn_like(param) * 0.2)
+    model = perturbed(ROPE, depth=2, img_size=32, num_classes=3)  # positions and padding show in the logits
     mean, std = harness.normalisation(model, "cpu")
     seq_len, pictures = 12, [picture(96, 48, 1), picture(40, 120, 2), picture(50, 50, 3)]
     transform = naflex.budget_transform(seq_len, PATCH)

@@ -14,6 +14,7 @@ import torch
 from safetensors.torch import save_file
 
 from helpers.evaluation import ROPE, run, write_checkpoint
+from helpers.models import perturbed
 from helpers.naflex import images, pack
 from vit_rope.errors import UserError
 from vit_rope.eval import extraction, harness, probes, report
@@ -93,13 +94,9 @@ def test_the_linear_probe_recovers_a_linearly_separable_labelling() -> None:
 def test_naflex_pooling_reads_valid_tokens_only(pool: str, family: str) -> None:
     """The pooled features of each sample of a padded NaFlex batch equal those of its image alone, whatever the
     padding holds, for our ViT and timm's NaFlexViT; logits come out of the same pass as model(batch)'s."""
-    torch.manual_seed(0)
     name, extra = (ROPE, {}) if family == "ours" else ("naflexvit_base_patch16_gap", {"embed_dim": 64, "num_heads": 2,
                                                                                    "class_token": True})
-    model = timm.create_model(name, depth=1, num_classes=3, global_pool=pool, **extra).eval()
-    with torch.no_grad():
-        for param in model.parameters():
-            param.add_(torch.randn_like(param) * 0.2)
+    model = perturbed(name, None, depth=1, num_classes=3, global_pool=pool, **extra)
     pictures = images([(2, 3), (3, 2)])
     batch, garbage = pack(pictures, 9, -2.0), pack(pictures, 9, 50.0)
     with torch.inference_mode():

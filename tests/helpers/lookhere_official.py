@@ -4,8 +4,9 @@ From github.com/GreenCUBIC/lookhere (commit 641deab8c6610b6480a5c564a9a34a29bf93
 license below. Changes, none to the maths: the two files joined; scipy's pdist / squareform / cdist replaced by the
 same Euclidean distances in numpy (scipy is not a dependency here); the unused einops import dropped; what the
 tests never run left out: the plain ``Attention.forward`` and ``VisionTransformer.forward_features`` (LookHere
-overrides both), ``no_weight_decay``, tuple image sizes, and of ``create_lh_layer_tensor`` the 16-head layouts and
-the direction sets no test builds (zero, noneNzeroM, zerocorners, zerotriangles). The code is otherwise as published.
+overrides both), ``no_weight_decay``, tuple image sizes, ``set_pos_embed``'s new global slope, the slopes and
+layouts of head counts no test builds (6, 16 heads), the direction sets no test builds (zero, noneNzeroM, zerocorners,
+zerotriangles), and the prints of unknown distances and fills. The code is otherwise as published.
 
 MIT License
 
@@ -28,7 +29,6 @@ OTHERWISE, ARISING FROM, OUT OF OR IN CONNECTION WITH THE SOFTWARE OR THE USE OR
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-import torch.utils.checkpoint
 from timm.layers import PatchEmbed, Mlp, DropPath, trunc_normal_
 
 
@@ -242,12 +242,9 @@ class LookHere(VisionTransformer):
         self.set_pos_embed(self.grid_size)
         self.to(self.device)
 
-    def set_pos_embed(self, grid_size, global_slope=None):
+    def set_pos_embed(self, grid_size):
         if type(grid_size) is int:
             grid_size = (grid_size, grid_size)
-
-        if global_slope is not None:
-            self.lh_config["global_slope"] = global_slope
 
         num_patch = int(grid_size[0] * grid_size[1])
         bias_maps = create_lh_bias_tensor(
@@ -290,12 +287,7 @@ class LookHere(VisionTransformer):
 
 def get_none_slopes(n):
     slopes = [0.25, 0.0625, 0.015625, 0.00390625]
-    if n == 2:
-        return slopes[:2]
-    elif n == 4:
-        return slopes
-    else:
-        return np.repeat(slopes, n // 4)
+    return slopes
 
 
 def get_slopes(n):
@@ -385,10 +377,7 @@ def create_lh_layer_tensor(grid_size, direction, num_heads, distance, fill_with)
     dirs = [dir_short_hand[s] for s in sh]
 
     # number of options
-    if num_heads == 6:
-        head_names = [sh[0]] * 4 + [sh[1]] * 2
-        head_directions = dirs[0] + dirs[1][:2]
-    elif len(sh) == 1:
+    if len(sh) == 1:
         head_names = [sh[0]] * num_heads
         head_directions = dirs[0] * (num_heads // 4)
     elif len(sh) == 2 and num_heads == 12:
@@ -436,7 +425,6 @@ def create_lh_layer_tensor(grid_size, direction, num_heads, distance, fill_with)
         or ("eighths1" in head_names)
         or ("eighths2" in head_names)
         or ("zerohalves" in head_names)
-        or ("zerocorners" in head_names)
     ):
         compare_x = np.expand_dims(np.arange(grid_x), (1, 2))
         compare_y = np.expand_dims(np.arange(grid_y), (1, 2))
@@ -450,7 +438,6 @@ def create_lh_layer_tensor(grid_size, direction, num_heads, distance, fill_with)
     # for triangles
     if (
         ("triangles" in head_names)
-        or ("zerotriangles" in head_names)
         or ("eighths1" in head_names)
         or ("eighths2" in head_names)
         or ("diagonals" in head_names)
@@ -509,8 +496,6 @@ def create_lh_layer_tensor(grid_size, direction, num_heads, distance, fill_with)
         lh = lh**2
     elif distance == "linear":
         pass
-    else:
-        print("No distance passed!")
 
     # apply directions
     for h in range(num_heads):
@@ -537,8 +522,6 @@ def create_lh_layer_tensor(grid_size, direction, num_heads, distance, fill_with)
                 lh[h, dir_mask] = 0
             elif fill_with == "max":
                 lh[h, dir_mask] = lh[h, :].max()
-            else:
-                print("No fill_with passed!")
 
     # apply slopes to lh
     head_slopes = np.expand_dims(head_slopes, (1, 2))

@@ -46,15 +46,63 @@ def randomize_(model: torch.nn.Module) -> None:
                 p.copy_(noise * 2)
 
 
-def perturbed(name: str, policy: str = "extrapolate", **kwargs) -> torch.nn.Module:
+def twins(theirs: torch.nn.Module, name: str, folder, converted: str,
+          architecture: str) -> tuple[torch.nn.Module, torch.nn.Module]:
+    """timm's model ``name`` (``theirs``) as our twin through ``vit_rope.from_timm``, whose report says ``converted``,
+    and through ``create_from_checkpoint`` of a safetensors file of its weights: the ``architecture`` the keys name,
+    ``vit_rope_<name>`` of as many blocks, nothing initialised."""
+    from safetensors.torch import save_file
+
+    file = folder / "weights.safetensors"
+    save_file({k: v.contiguous() for k, v in theirs.state_dict().items()}, str(file))
+    twin = vit_rope.from_timm(theirs)
+    assert any(converted in line for line in twin.load_report.converted)
+    loaded = vit_rope.create_from_checkpoint(file).eval()
+    assert type(loaded).__name__ == architecture and loaded.default_cfg["architecture"] == f"vit_rope_{name}"
+    assert len(loaded.blocks) == len(twin.blocks) and not loaded.load_report.initialised, loaded.load_report.summary()
+    return twin, loaded
+
+
+@torch.no_grad()
+def assert_naflex_as_timm(theirs: torch.nn.Module, twin: torch.nn.Module, images: list[torch.Tensor], length: int,
+                          patch: int = 16) -> torch.Tensor:
+    """Each sample of a NaFlex batch of ``images`` through ``twin`` gives what timm's ``theirs`` gives on that image
+    alone: the tokens before the pooling (its encoder's ``forward_features``) and the output, to 1e-4 of their scale.
+    The batch's output."""
+    from helpers.naflex import pack
+
+    batch = pack(images, length=length, patch=patch)
+    tokens, out = twin.forward_features(batch), twin(batch)
+    for b, image in enumerate(images):
+        ref = encoder(theirs).forward_features(image[None]).flatten(1, -2)[0]  # [1, h, w, C] or [1, N, C]: [N, C]
+        assert rel(ref, tokens[b, :len(ref)]) < 1e-4, b
+        ref_out = theirs(image[None])[0]
+        assert rel(ref_out, out[b, :len(ref_out)]) < 1e-4, b
+    return out
+
+
+@torch.no_grad()
+def assert_maps_then_policy(theirs: torch.nn.Module, twin: torch.nn.Module, x: torch.Tensor,
+                            shape: tuple[int, ...]) -> None:
+    """``twin``'s last intermediate map on ``x`` is timm's ``theirs``' (to 1e-4, of ``shape``); under ``interpolate``
+    (positions scaled to the trained grid) its output is no longer timm's."""
+    _, ref = theirs.forward_intermediates(x, indices=1)
+    _, ours = twin.forward_intermediates(x, indices=1)
+    assert rel(ref[0], ours[0]) < 1e-4 and ours[0].shape == shape
+    twin.set_resolution_policy("interpolate")
+    assert rel(theirs(x), twin(x)) > 1e-3
+
+
+def perturbed(name: str, policy: str | None = "extrapolate", **kwargs) -> torch.nn.Module:
     """Model ``name`` in eval mode with every parameter moved off its initialisation (a zero head or class token would
-    hide paths from the logits), under resolution ``policy``."""
+    hide paths from the logits), under resolution ``policy`` (None: the model's own, or a model without policies)."""
     torch.manual_seed(0)
     model = timm.create_model(name, **kwargs).eval()
     with torch.no_grad():
         for param in model.parameters():
             param.add_(torch.randn_like(param) * 0.2)
-    model.set_resolution_policy(policy)
+    if policy is not None:
+        model.set_resolution_policy(policy)
     return model
 
 
@@ -120,9 +168,9 @@ def onnx_session(path) -> Any:
     return onnxruntime.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
 
 
-def assert_onnx_matches_eager(model: torch.nn.Module, folder) -> None:
+def assert_onnx_matches_eager(model: torch.nn.Module, folder) -> Any:
     """``model`` exported to ONNX at 64x48 (dynamic sizes) gives its eager logits at 80x80 and 96x128 (ONNX Runtime;
-    skipped without it)."""
+    skipped without it); the export's result."""
     import pytest
 
     pytest.importorskip("onnxruntime")
@@ -136,6 +184,17 @@ def assert_onnx_matches_eager(model: torch.nn.Module, folder) -> None:
             expected = model(x)
         got = torch.from_numpy(sess.run(None, {"images": x.numpy()})[0])
         torch.testing.assert_close(got, expected, atol=1e-4, rtol=1e-4)
+    return result
+
+
+def onnx_sizes(model: torch.nn.Module, path, img_size: tuple[int, int]) -> list[tuple[int, int, int]]:
+    """``model`` exported to ONNX at ``img_size`` gives its eager outputs (to 1e-4) at the two (batch, height, width)
+    the export checks, with one file; those two."""
+    from vit_rope.eval.onnx import export_onnx
+
+    result = export_onnx(model.eval(), path, img_size=img_size)
+    assert len(result.diffs) == 2 and all(diff < 1e-4 for diff in result.diffs.values()), result.diffs
+    return list(result.diffs)
 
 
 def assert_features_and_reliance(model: torch.nn.Module, x: torch.Tensor, naflex: dict) -> None:

@@ -38,11 +38,10 @@ def samples_equal_images(model: torch.nn.Module) -> tuple[torch.Tensor, dict[str
     return logits, batch
 
 
-def offset_logits(model: torch.nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
-    """Logits of one 5x6 image's patches as NaFlex batches: ``full`` ``[3, K]`` at their coordinates, all shifted by
-    (3, 5), and with patch 4 moved to (9, 9); ``sparse`` ``[2, K]`` for 13 of them (no row or column full) at their
-    coordinates and shifted by (7, 2). A kind that sees offsets only gives ``full[1] == full[0]`` and
-    ``sparse[1] == sparse[0]``, and ``full[2] != full[0]``."""
+def assert_offsets_only(model: torch.nn.Module) -> None:
+    """``model`` (a relative kind without prefix tokens) sees offsets only: one 5x6 image's patches as NaFlex batches
+    give the same logits at their coordinates and all shifted by (3, 5), other logits with patch 4 moved to (9, 9);
+    13 of them (no row or column full) the same at their coordinates and shifted by (7, 2)."""
     flat, coord, _ = patchify_image(images([(5, 6)])[0], (PATCH, PATCH))
     keep = torch.tensor([0, 2, 3, 7, 8, 11, 13, 17, 20, 22, 23, 27, 29])
     moved = coord.clone()
@@ -56,4 +55,6 @@ def offset_logits(model: torch.nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
     with torch.no_grad():
         full = model(batch([coord, coord + torch.tensor([3, 5]), moved], flat))
         sparse = model(batch([coord[keep], coord[keep] + torch.tensor([7, 2])], flat[keep]))
-    return full, sparse
+    torch.testing.assert_close(full[1], full[0], atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(sparse[1], sparse[0], atol=1e-4, rtol=1e-4)
+    assert (full[2] - full[0]).abs().max() > 1e-3

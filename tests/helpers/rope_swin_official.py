@@ -6,22 +6,18 @@ swin_transformer_rope.py (RoPE-ViT, Copyright (c) 2024-present NAVER Cloud Corp.
 github.com/meta-llama/codellama, and RoPE-ViT's NOTICE distributes the file under the Llama 2 Community License,
 whose text is tests/helpers/LICENSE_llama: "Llama 2 is licensed under the LLAMA 2 Community License, Copyright (c)
 Meta Platforms, Inc. All Rights Reserved."). Changes, none to the maths: the two files joined; the optional fused
-window-process CUDA kernel import replaced by its fallback (None) and the print dropped; ``timm.models.layers``
+window-process CUDA kernel's import and branches dropped (without the kernel they never run); ``timm.models.layers``
 imports from ``timm.layers``; the second file's imports of the first removed; the hub download left out (tests
 load nothing); what neither the tests nor benchmarks/swin.py call left out: the docstrings, ``extra_repr``, ``flops``
-and ``no_weight_decay(_keywords)`` of every class, and ``WindowAttention.forward`` (the plain Swin only gives its
-state dict; ``RoPEWindowAttention`` has its own). The code is otherwise as published.
+and ``no_weight_decay(_keywords)`` of every class, ``WindowAttention.forward`` (the plain Swin only gives its
+state dict; ``RoPEWindowAttention`` has its own), and the branches of the options they leave at their defaults
+(``use_checkpoint``, ``ape``, ``patch_norm``; the arguments stay). The code is otherwise as published.
 """
 # ruff: noqa
 import torch
 import torch.nn as nn
-import torch.utils.checkpoint as checkpoint
 from timm.layers import DropPath, to_2tuple, trunc_normal_
-import torch.nn.functional as F
-from typing import Any, Optional, Tuple
-from functools import partial
-WindowProcess = None
-WindowProcessReverse = None
+from typing import Tuple
 
 
 class Mlp(nn.Module):
@@ -158,12 +154,9 @@ class SwinTransformerBlock(nn.Module):
 
         # cyclic shift
         if self.shift_size > 0:
-            if not self.fused_window_process:
-                shifted_x = torch.roll(x, shifts=(-self.shift_size, -self.shift_size), dims=(1, 2))
-                # partition windows
-                x_windows = window_partition(shifted_x, self.window_size)  # nW*B, window_size, window_size, C
-            else:
-                x_windows = WindowProcess.apply(x, B, H, W, C, -self.shift_size, self.window_size)
+            shifted_x = torch.roll(x, shifts=(-self.shift_size, -self.shift_size), dims=(1, 2))
+            # partition windows
+            x_windows = window_partition(shifted_x, self.window_size)  # nW*B, window_size, window_size, C
         else:
             shifted_x = x
             # partition windows
@@ -179,11 +172,8 @@ class SwinTransformerBlock(nn.Module):
 
         # reverse cyclic shift
         if self.shift_size > 0:
-            if not self.fused_window_process:
-                shifted_x = window_reverse(attn_windows, self.window_size, H, W)  # B H' W' C
-                x = torch.roll(shifted_x, shifts=(self.shift_size, self.shift_size), dims=(1, 2))
-            else:
-                x = WindowProcessReverse.apply(attn_windows, B, H, W, C, self.shift_size, self.window_size)
+            shifted_x = window_reverse(attn_windows, self.window_size, H, W)  # B H' W' C
+            x = torch.roll(shifted_x, shifts=(self.shift_size, self.shift_size), dims=(1, 2))
         else:
             shifted_x = window_reverse(attn_windows, self.window_size, H, W)  # B H' W' C
             x = shifted_x
@@ -258,10 +248,7 @@ class BasicLayer(nn.Module):
 
     def forward(self, x):
         for blk in self.blocks:
-            if self.use_checkpoint:
-                x = checkpoint.checkpoint(blk, x)
-            else:
-                x = blk(x)
+            x = blk(x)
         if self.downsample is not None:
             x = self.downsample(x)
         return x
@@ -282,10 +269,7 @@ class PatchEmbed(nn.Module):
         self.embed_dim = embed_dim
 
         self.proj = nn.Conv2d(in_chans, embed_dim, kernel_size=patch_size, stride=patch_size)
-        if norm_layer is not None:
-            self.norm = norm_layer(embed_dim)
-        else:
-            self.norm = None
+        self.norm = norm_layer(embed_dim)
 
     def forward(self, x):
         B, C, H, W = x.shape
@@ -293,8 +277,7 @@ class PatchEmbed(nn.Module):
         assert H == self.img_size[0] and W == self.img_size[1], \
             f"Input image size ({H}*{W}) doesn't match model ({self.img_size[0]}*{self.img_size[1]})."
         x = self.proj(x).flatten(2).transpose(1, 2)  # B Ph*Pw C
-        if self.norm is not None:
-            x = self.norm(x)
+        x = self.norm(x)
         return x
 
 
@@ -319,14 +302,8 @@ class SwinTransformer(nn.Module):
         self.patch_embed = PatchEmbed(
             img_size=img_size, patch_size=patch_size, in_chans=in_chans, embed_dim=embed_dim,
             norm_layer=norm_layer if self.patch_norm else None)
-        num_patches = self.patch_embed.num_patches
         patches_resolution = self.patch_embed.patches_resolution
         self.patches_resolution = patches_resolution
-
-        # absolute position embedding
-        if self.ape:
-            self.absolute_pos_embed = nn.Parameter(torch.zeros(1, num_patches, embed_dim))
-            trunc_normal_(self.absolute_pos_embed, std=.02)
 
         self.pos_drop = nn.Dropout(p=drop_rate)
 
@@ -369,8 +346,6 @@ class SwinTransformer(nn.Module):
 
     def forward_features(self, x):
         x = self.patch_embed(x)
-        if self.ape:
-            x = x + self.absolute_pos_embed
         x = self.pos_drop(x)
 
         for layer in self.layers:

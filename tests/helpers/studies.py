@@ -32,23 +32,34 @@ def write_runs(root: Path, runs: list[dict], evaluations: dict[str, list[dict]],
     return root
 
 
-def make_v2(root: Path, seeds: tuple[int, ...] = (0, 1)) -> Path:
-    """v2's layout: one eval folder per arm and a baseline per RoPE arm. ``holds`` keeps its training-size top-1 at
-    128 px and beats APE with both seeds; ``drops`` loses 5 points; ``close`` holds but its seeds overlap APE's;
-    ``under`` falls below APE with every seed."""
-    top1 = {  # arm -> (64 px, 128 px, 160 px) for seed 0; seed 1 adds ``bump`` points
-        "ape": ((50.0, 45.0, 40.0), 1.0), "holds": ((55.0, 54.5, 52.0), 1.0),
-        "drops": ((55.0, 50.0, 45.0), 1.0), "close": ((50.0, 49.5, 40.5), 2.0), "under": ((52.0, 40.0, 35.0), 1.0)}
+def arm_runs(top1: dict[str, tuple[float, ...]], sizes: tuple[int, ...], folder: str, seeds: tuple[int, ...] = (0, 1),
+             bump: dict[str, float] | float = 1.0, **fields: object) -> tuple[list[dict], dict[str, list[dict]]]:
+    """The runs and each arm's results of arms ``top1`` (arm -> top-1 at each of ``sizes`` for seed 0; seed s adds s x
+    ``bump``, or the arm's own): ``ape`` is APE and every other arm's baseline, a RoPE arm is evaluated as trained
+    (extrapolate); ``fields`` go into every result."""
     runs, evaluations = [], {}
-    for arm, (values, bump) in top1.items():
+    for arm, values in top1.items():
+        step = bump[arm] if isinstance(bump, dict) else bump
         for seed in seeds:
             run = {"name": f"{arm}_s{seed}", "model": arm, "label": arm.upper(), "seed": seed,
-                   "baseline": None if arm == "ape" else "ape", "output": f"output/study/v2/{arm}_s{seed}"}
+                   "baseline": None if arm == "ape" else "ape", "output": f"{folder}/{arm}_s{seed}"}
             runs.append(run)
-            label = f"m ({run['output']}/last.pth)"
+            policy = None if arm == "ape" else "extrapolate"
             evaluations.setdefault(arm, []).extend(
-                result(label, None if arm == "ape" else "extrapolate", size, value + seed * bump)
-                for size, value in zip((64, 128, 160), values, strict=True))
-            if arm != "ape":
-                evaluations[arm].append(result(label, "interpolate", 160, 60.0))
+                {**result(f"m ({run['output']}/last.pth)", policy, size, value + seed * step), **fields}
+                for size, value in zip(sizes, values, strict=True))
+    return runs, evaluations
+
+
+def make_v2(root: Path, seeds: tuple[int, ...] = (0, 1)) -> Path:
+    """v2's layout: one eval folder per arm and a baseline per RoPE arm. ``holds`` keeps its training-size top-1 at
+    128 px and beats APE with both seeds; ``drops`` loses 5 points; ``close`` holds but its seeds overlap APE's (its
+    seed 1 two points up, the others' one); ``under`` falls below APE with every seed; all score 60 at 160 px under
+    interpolate."""
+    top1 = {"ape": (50.0, 45.0, 40.0), "holds": (55.0, 54.5, 52.0), "drops": (55.0, 50.0, 45.0),
+            "close": (50.0, 49.5, 40.5), "under": (52.0, 40.0, 35.0)}  # at 64, 128 and 160 px
+    runs, evaluations = arm_runs(top1, (64, 128, 160), "output/study/v2", seeds, {**dict.fromkeys(top1, 1.0),
+                                                                                   "close": 2.0})
+    for run in runs[len(seeds):]:  # the RoPE arms' runs, after APE's
+        evaluations[run["model"]].append(result(f"m ({run['output']}/last.pth)", "interpolate", 160, 60.0))
     return write_runs(root, runs, evaluations, evaluate_s=dict.fromkeys(top1, 60))

@@ -12,8 +12,7 @@ import torch
 from safetensors.torch import save_file
 
 import vit_rope
-from helpers.models import encoder, randomize_, rel
-from helpers.naflex import pack
+from helpers.models import assert_maps_then_policy, assert_naflex_as_timm, encoder, onnx_sizes, randomize_, rel, twins
 from vit_rope.eval.from_checkpoint import create_from_checkpoint
 from vit_rope.models.deepseek_vit import DEEPSEEK
 
@@ -64,14 +63,7 @@ def deepseek_shard(theirs: torch.nn.Module) -> dict[str, torch.Tensor]:
 @pytest.mark.parametrize("name", list(DEEPSEEK))
 def test_twin_equals_timm_through_from_timm_and_the_loader(name, tmp_path):
     theirs = timm_deepseek(name)
-    file = tmp_path / "deepseek.safetensors"
-    save_file({k: v.contiguous() for k, v in theirs.state_dict().items()}, str(file))
-    twin = vit_rope.from_timm(theirs)
-    assert any("rotate-half" in line for line in twin.load_report.converted)
-    loaded = create_from_checkpoint(file).eval()  # the model named by the file's keys
-    assert type(loaded).__name__ == "DeepseekVisionTransformer" and len(loaded.blocks) == 2
-    assert loaded.default_cfg["architecture"] == f"vit_rope_{name}"
-    assert not loaded.load_report.initialised, loaded.load_report.summary()
+    twin, loaded = twins(theirs, name, tmp_path, "rotate-half", "DeepseekVisionTransformer")
     for size in SIZES:
         assert_parity(theirs, twin, size)
     assert_parity(theirs, loaded, SIZES[1])
@@ -108,19 +100,11 @@ def test_load_weights_and_an_encoder_file_into_a_classifier_reports_the_aligner_
 @pytest.mark.parametrize("name", ["deepseek_vit_412m_align", "deepseek_vit_412m_enc"])
 def test_naflex_batch_sample_by_sample_equals_timm_on_each_image(name):
     theirs = timm_deepseek(name)
-    twin = vit_rope.from_timm(theirs)
     torch.manual_seed(1)
     grids = ((4, 6), (6, 2), (2, 2), (3, 3))  # aligner cells: 2x2, 2x1, 1x1 (padded), 1x1
     images = [torch.randn(3, 14 * h, 14 * w) for h, w in grids]
-    batch = pack(images, length=24, patch=14)
-    with torch.no_grad():
-        tokens, out = twin.forward_features(batch), twin(batch)
-        assert name.endswith("_align") or out.shape[1] == 4  # the most aligner tokens of a sample (2x2)
-        for b, image in enumerate(images):
-            ref = encoder(theirs).forward_features(image[None]).flatten(1, 2)[0]
-            assert rel(ref, tokens[b, :len(ref)]) < TOL
-            ref_out = theirs(image[None])[0]
-            assert rel(ref_out, out[b, :len(ref_out)]) < TOL, b
+    out = assert_naflex_as_timm(theirs, vit_rope.from_timm(theirs), images, length=24, patch=14)
+    assert name.endswith("_align") or out.shape[1] == 4  # the most aligner tokens of a sample (2x2)
 
 
 def test_dynamic_img_pad_forward_intermediates_and_resolution_policy():
@@ -129,11 +113,7 @@ def test_dynamic_img_pad_forward_intermediates_and_resolution_policy():
     x = torch.randn(1, 3, 60, 45)  # 5x4 patches after padding, 2x2 aligner cells
     with torch.no_grad():
         assert rel(theirs(x), twin(x)) < TOL and twin(x).shape == (1, 4, 48)
-        _, ref = theirs.forward_intermediates(x, indices=1)
-        _, ours = twin.forward_intermediates(x, indices=1)
-        assert rel(ref[0], ours[0]) < TOL and ours[0].shape == (1, 128, 5, 4)
-        twin.set_resolution_policy("interpolate")  # positions scaled to the 39x39 grid of 546 px: no longer timm's
-        assert rel(theirs(x), twin(x)) > 1e-3
+    assert_maps_then_policy(theirs, twin, x, (1, 128, 5, 4))  # interpolate: to the 39x39 grid of 546 px
 
 
 def test_aligner_width_follows_the_pretrained_tag_as_timm():
@@ -169,14 +149,10 @@ def test_refused_inputs_name_what_and_where():
 
 @pytest.mark.slow  # ONNX export and two ORT sessions: about 10 s on 2 cores
 def test_encoder_twin_exports_to_onnx_at_two_sizes(tmp_path):
-    from vit_rope.eval.onnx import export_onnx
-
     model = timm.create_model("vit_rope_deepseek_vit_412m_enc", depth=1, embed_dim=64, num_heads=1,
                               aligner_out_features=32)
     randomize_(model)
-    result = export_onnx(model.eval(), tmp_path / "deepseek.onnx", img_size=(56, 42))
-    assert list(result.diffs) == [(2, 56, 42), (3, 84, 42)]  # two sizes, one file (4x3 and 6x3 grids: pad, no pad)
-    assert all(diff < 1e-4 for diff in result.diffs.values()), result.diffs
+    assert onnx_sizes(model, tmp_path / "deepseek.onnx", (56, 42)) == [(2, 56, 42), (3, 84, 42)]  # pad, no pad
 
 
 def test_classes_asked_of_the_encoder_make_it_the_align_classifier():

@@ -91,7 +91,6 @@ def test_metas_dinov3_into_another_model_names_the_models_that_take_it():
         vit_rope.load_weights(timm.create_model("vit_rope_small_patch16_axial_224", depth=1), keys(*META))
 
 
-
 def test_every_format_converts_describes_and_loads_through_one_table(tmp_path):
     """One record per format, file or folder: unique names, one converter signature (a state dict and notes), and the
     model a file describes said by its format (here LookHere's: its width names the registered model, its config and

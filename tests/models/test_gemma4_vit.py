@@ -11,11 +11,9 @@ import json
 import pytest
 import timm
 import torch
-from safetensors.torch import save_file
 
 import vit_rope
-from helpers.models import encoder, randomize_, rel
-from helpers.naflex import pack
+from helpers.models import assert_maps_then_policy, assert_naflex_as_timm, encoder, onnx_sizes, randomize_, rel, twins
 from vit_rope.eval.from_checkpoint import create_from_checkpoint
 from vit_rope.models.gemma4_vit import GEMMA4
 
@@ -55,14 +53,8 @@ def assert_parity(theirs: torch.nn.Module, ours: torch.nn.Module, size: tuple[in
 
 @pytest.mark.parametrize("name", list(GEMMA4))
 def test_twin_equals_timm_through_from_timm_and_the_loader(name, tmp_path):
-    theirs = timm_gemma4(name)
-    file = tmp_path / "gemma4.safetensors"
-    save_file({k: v.contiguous() for k, v in theirs.state_dict().items()}, str(file))
-    twin = vit_rope.from_timm(theirs)
-    assert any("axis halves" in line for line in twin.load_report.converted)
-    loaded = create_from_checkpoint(file).eval()  # the model named by the file's keys, its sizes read from them
-    assert type(loaded).__name__ == "Gemma4VisionTransformer" and len(loaded.blocks) == 2
-    assert not loaded.load_report.initialised, loaded.load_report.summary()
+    theirs = timm_gemma4(name)  # the loaded model's sizes read from the file's keys
+    twin, loaded = twins(theirs, name, tmp_path, "axis halves", "Gemma4VisionTransformer")
     for size in SIZES:
         assert_parity(theirs, twin, size)
     assert_parity(theirs, loaded, SIZES[1])
@@ -102,30 +94,14 @@ def test_load_weights_into_a_created_twin():
 @pytest.mark.parametrize("name", ["gemma4_vit_167m_enc", "gemma4_vit_570m"])
 def test_naflex_batch_sample_by_sample_equals_timm_on_each_image(name):
     theirs = timm_gemma4(name)
-    twin = vit_rope.from_timm(theirs)
     torch.manual_seed(1)
     images = [torch.rand(3, 16 * h, 16 * w) for h, w in ((6, 9), (9, 3), (3, 3))]
-    batch = pack(images, length=54)
-    with torch.no_grad():
-        tokens, out = twin.forward_features(batch), twin(batch)
-        for b, image in enumerate(images):
-            x = image[None]
-            ref = encoder(theirs).forward_features(x)[0]
-            assert rel(ref, tokens[b, :len(ref)]) < TOL
-            ref_out = theirs(x)[0]
-            assert rel(ref_out, out[b, :len(ref_out)]) < TOL, b
+    assert_naflex_as_timm(theirs, vit_rope.from_timm(theirs), images, length=54)
 
 
 def test_forward_intermediates_and_resolution_policy():
-    theirs = timm_gemma4("gemma4_vit_570m_enc")
-    twin = vit_rope.from_timm(theirs)
-    x = torch.rand(1, 3, 144, 96)
-    with torch.no_grad():
-        _, ref = theirs.forward_intermediates(x, indices=1)
-        _, ours = twin.forward_intermediates(x, indices=1)
-        assert rel(ref[0], ours[0]) < TOL and ours[0].shape == (1, 64, 9, 6)
-        twin.set_resolution_policy("interpolate")  # RoPE positions scaled to the 48x48 grid: no longer timm's
-        assert rel(theirs(x), twin(x)) > 1e-3
+    theirs = timm_gemma4("gemma4_vit_570m_enc")  # interpolate: RoPE positions scaled to the 48x48 grid
+    assert_maps_then_policy(theirs, vit_rope.from_timm(theirs), torch.rand(1, 3, 144, 96), (1, 64, 9, 6))
 
 
 def hf_tower(tmp_path, **config):
@@ -203,14 +179,10 @@ def test_refused_inputs_name_what_and_where(tmp_path):
 
 @pytest.mark.slow  # ONNX export and two ORT sessions
 def test_encoder_twin_exports_to_onnx_at_two_sizes(tmp_path):
-    from vit_rope.eval.onnx import export_onnx
-
     model = timm.create_model("vit_rope_gemma4_vit_167m_enc", **{**OURS, "depth": 1})  # a block: the same ops again
     randomize_(model)
     bounds_(model)
-    result = export_onnx(model.eval(), tmp_path / "gemma4.onnx", img_size=(96, 48))
-    assert list(result.diffs) == [(2, 96, 48), (3, 144, 48)]  # two sizes, one file (the pooler's 3x3 blocks too)
-    assert all(diff < 1e-4 for diff in result.diffs.values()), result.diffs
+    assert onnx_sizes(model, tmp_path / "gemma4.onnx", (96, 48)) == [(2, 96, 48), (3, 144, 48)]  # the pooler's too
 
 
 def test_classes_asked_of_an_encoder_make_it_the_soft_token_classifier():

@@ -16,7 +16,7 @@ from helpers.models import (
     assert_onnx_matches_eager,
     perturbed,
 )
-from helpers.naflex import images, offset_logits, pack, samples_equal_images
+from helpers.naflex import assert_offsets_only, images, pack, samples_equal_images
 from vit_rope.encodings.base import image_positions
 from vit_rope.encodings.generators.spectral import Spectral
 
@@ -30,10 +30,7 @@ def build(kind: str, policy: str = "extrapolate", **kwargs) -> torch.nn.Module:
                      **{**BASE, "encoding_options": OPTIONS[kind], **kwargs})
 
 
-def test_kinds_are_registered_for_three_sizes_with_the_official_defaults():
-    for size in ("tiny", "small", "base"):
-        for kind in KINDS:
-            assert f"vit_rope_{size}_patch16_{kind}_224" in timm.list_models("vit_rope_*")
+def test_the_registered_models_have_the_official_defaults():  # registered at three sizes: test_models.py
     model = timm.create_model("vit_rope_small_patch16_comrope_ld_224", depth=1)
     assert model.pos_encoding.freqs.shape == (1, 6, 1, 8, 8, 8) and model.pos_encoding.multiplier.shape[2] == 2
     model = timm.create_model("vit_rope_small_patch16_liere_224", depth=2)
@@ -48,10 +45,7 @@ def test_each_sample_of_a_mixed_batch_equals_its_image_alone(kind: str, policy: 
 
 @pytest.mark.parametrize("kind", ["comrope_ap", "comrope_ld"])
 def test_comrope_patch_logits_see_offsets_only_on_shifted_and_sparse_coordinates(kind: str):
-    full, sparse = offset_logits(build(kind, class_token=False, global_pool="avg"))
-    torch.testing.assert_close(full[1], full[0], atol=1e-4, rtol=1e-4)
-    torch.testing.assert_close(sparse[1], sparse[0], atol=1e-4, rtol=1e-4)
-    assert (full[2] - full[0]).abs().max() > 1e-3
+    assert_offsets_only(build(kind, class_token=False, global_pool="avg"))
 
 
 @pytest.mark.parametrize("kind", KINDS)

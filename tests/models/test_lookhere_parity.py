@@ -87,6 +87,8 @@ def test_official_checkpoint_that_does_not_fit_is_refused(tmp_path: Path) -> Non
     path = tmp_path / "lh.pth"
     weights = official(cfg, 4).state_dict()
     torch.save({"weights": weights, "config": cfg}, path)
+    with pytest.raises(ValueError, match="width of no registered size, .*\\): pass model="):
+        vit_rope.create_from_checkpoint(path)  # the file's LookHere model, of a width of its own
     wider = timm.create_model("vit_rope_tiny_patch16_lookhere_224", img_size=IMG, embed_dim=64, depth=DEPTH,
                               num_heads=4, num_classes=CLASSES, encoding_options={"config": cfg}, head_hidden_dim=128)
     with pytest.raises(ValueError, match=r"blocks.0.attn.qkv.weight \(96, 32\) in the file, \(192, 64\) in the model"):

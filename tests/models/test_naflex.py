@@ -8,11 +8,11 @@ from collections.abc import Callable
 from functools import partial
 
 import pytest
-import timm
 import torch
 from timm.data.naflex_transforms import patchify_image
 
 import vit_rope.encodings.rope.tables as rope_module
+from helpers.models import perturbed
 from helpers.naflex import GRIDS, LENGTH, PATCH, images, pack
 from vit_rope.encodings.ape import fit_pos_embed
 from vit_rope.encodings.base import Positions
@@ -40,13 +40,7 @@ CASES = [(kind, policy) for kind, (_, _, policies) in KINDS.items() for policy i
 
 def build(kind: str, policy: str = "extrapolate", **kwargs) -> torch.nn.Module:
     name, extra, _ = KINDS[kind]
-    torch.manual_seed(0)
-    model = timm.create_model(name, **{**BASE, **extra, **kwargs}).eval()
-    with torch.no_grad():  # non-zero class token, head and positions, so that every path shows in the logits
-        for param in model.parameters():
-            param.add_(torch.randn_like(param) * 0.2)
-    model.set_resolution_policy(policy)
-    return model
+    return perturbed(name, policy, **{**BASE, **extra, **kwargs})
 
 
 @pytest.mark.parametrize("kind,policy", CASES)

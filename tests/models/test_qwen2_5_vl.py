@@ -13,7 +13,7 @@ import timm
 import torch
 
 import vit_rope
-from helpers.models import randomize_, rel
+from helpers.models import onnx_sizes, randomize_, rel
 from helpers.naflex import pack
 from vit_rope.eval.from_checkpoint import create_from_checkpoint
 from vit_rope.layers.attention import BlockInput
@@ -177,14 +177,10 @@ TWIN = dict(embed_dim=64, depth=4, num_heads=2, mlp_ratio=1.5, window_size=56, f
 
 @pytest.mark.slow  # ONNX export and two ORT sessions
 def test_twin_exports_to_onnx_at_two_sizes(tmp_path):
-    from vit_rope.eval.onnx import export_onnx
-
     # a windowed block: a full-attention one takes a plain ViT block's inputs (every other ViT's export)
     model = timm.create_model("vit_rope_qwen2_5_vl_vit", **{**TWIN, "depth": 1, "fullatt_block_indexes": ()})
     randomize_(model)
-    result = export_onnx(model.eval(), tmp_path / "qwen25.onnx", img_size=(112, 56))
-    assert len(result.diffs) == 2  # two sizes, one file (windows and the merger's 2x2 blocks follow the grid)
-    assert all(diff < 1e-4 for diff in result.diffs.values()), result.diffs
+    onnx_sizes(model, tmp_path / "qwen25.onnx", (112, 56))  # windows and the merger's 2x2 blocks follow the grid
 
 
 def test_image_batches_gather_windows_and_match_the_window_mask(monkeypatch):

@@ -11,9 +11,7 @@ import torch
 from safetensors.torch import save_file
 
 import vit_rope
-from helpers.models import encoder, randomize_, rel
-from helpers.naflex import pack
-from vit_rope.eval.from_checkpoint import create_from_checkpoint
+from helpers.models import assert_maps_then_policy, assert_naflex_as_timm, encoder, onnx_sizes, randomize_, rel, twins
 from vit_rope.models.qwen3_vit import QWEN3
 
 SIZES = [(64, 64), (96, 64)]  # square, and 6x4 patches (height != width: row / column order shows)
@@ -43,13 +41,7 @@ def assert_parity(theirs: torch.nn.Module, ours: torch.nn.Module, size: tuple[in
 @pytest.mark.parametrize("name", list(QWEN3))
 def test_twin_equals_timm_through_from_timm_and_the_loader(name, tmp_path):
     theirs = timm_qwen3(name)
-    file = tmp_path / "qwen3.safetensors"
-    save_file({k: v.contiguous() for k, v in theirs.state_dict().items()}, str(file))
-    twin = vit_rope.from_timm(theirs)
-    assert any("rotate-half" in line for line in twin.load_report.converted)
-    loaded = create_from_checkpoint(file).eval()  # the model named by the file's keys
-    assert type(loaded).__name__ == "Qwen3VisionTransformer" and len(loaded.blocks) == 1
-    assert not loaded.load_report.initialised, loaded.load_report.summary()
+    twin, loaded = twins(theirs, name, tmp_path, "rotate-half", "Qwen3VisionTransformer")
     for size in SIZES:
         assert_parity(theirs, twin, size)
     assert_parity(theirs, loaded, SIZES[1])
@@ -76,31 +68,14 @@ def test_encoder_file_into_a_classifier_reports_the_merger_dropped():
 @pytest.mark.parametrize("name", ["qwen3_vit_88m_merge", "qwen3_vit_88m_enc"])
 def test_naflex_batch_sample_by_sample_equals_timm_on_each_image(name):
     theirs = timm_qwen3(name)
-    twin = vit_rope.from_timm(theirs)
     torch.manual_seed(1)
     images = [torch.randn(3, 16 * h, 16 * w) for h, w in ((4, 6), (6, 2), (2, 2))]
-    batch = pack(images, length=24)
-    with torch.no_grad():
-        tokens = twin.forward_features(batch)
-        out = twin(batch)
-        for b, image in enumerate(images):
-            x = image[None]
-            ref = encoder(theirs).forward_features(x).flatten(1, 2)[0]
-            assert rel(ref, tokens[b, :len(ref)]) < TOL
-            ref_out = theirs(x)[0]
-            assert rel(ref_out, out[b, :len(ref_out)]) < TOL, b
+    assert_naflex_as_timm(theirs, vit_rope.from_timm(theirs), images, length=24)
 
 
 def test_forward_intermediates_and_resolution_policy():
-    theirs = timm_qwen3("qwen3_vit_88m_enc")
-    twin = vit_rope.from_timm(theirs)
-    x = torch.randn(1, 3, 96, 64)
-    with torch.no_grad():
-        _, ref = theirs.forward_intermediates(x, indices=1)
-        _, ours = twin.forward_intermediates(x, indices=1)
-        assert rel(ref[0], ours[0]) < TOL and ours[0].shape == (1, 768, 6, 4)
-        twin.set_resolution_policy("interpolate")  # positions scaled to the 48x48 grid: no longer timm's
-        assert rel(theirs(x), twin(x)) > 1e-3
+    theirs = timm_qwen3("qwen3_vit_88m_enc")  # interpolate: positions scaled to the 48x48 grid
+    assert_maps_then_policy(theirs, vit_rope.from_timm(theirs), torch.randn(1, 3, 96, 64), (1, 768, 6, 4))
 
 
 def test_refused_inputs_name_what_and_where(tmp_path):
@@ -122,13 +97,9 @@ def test_refused_inputs_name_what_and_where(tmp_path):
 
 @pytest.mark.slow  # ONNX export and two ORT sessions: about 12 s on 2 cores
 def test_encoder_twin_exports_to_onnx_at_two_sizes(tmp_path):
-    from vit_rope.eval.onnx import export_onnx
-
     model = timm.create_model("vit_rope_qwen3_vit_88m_enc", depth=1, embed_dim=64, num_heads=2, merger_out_features=32)
     randomize_(model)
-    result = export_onnx(model.eval(), tmp_path / "qwen3.onnx", img_size=(64, 32))
-    assert list(result.diffs) == [(2, 64, 32), (3, 96, 32)]  # two sizes, one file (the merger's 2x2 blocks too)
-    assert all(diff < 1e-4 for diff in result.diffs.values()), result.diffs
+    assert onnx_sizes(model, tmp_path / "qwen3.onnx", (64, 32)) == [(2, 64, 32), (3, 96, 32)]  # the merger's too
 
 
 def test_classes_asked_of_an_encoder_make_it_the_merge_classifier():

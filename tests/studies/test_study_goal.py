@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers.studies import make_v2, result, write_runs
+from helpers.studies import arm_runs, make_v2, write_runs
 from studies import goal
 from studies import report as study
 
@@ -52,20 +52,10 @@ def test_v3_goal_holds_at_1_43x_to_1_71x_and_a_second_crop_gets_its_own_verdict(
     sizes = (80, 112, 160, 192, 256)
     top1 = {"ape": (50.0, 60.0, 59.0, 57.0, 50.0), "mixed": (52.0, 61.0, 60.5, 60.2, 56.0),
             "axial": (52.0, 61.0, 58.0, 57.0, 52.0)}
-    runs, evaluations, crop = [], {}, {}
-    for arm, values in top1.items():
-        for seed in (0, 1):
-            run = {"name": f"{arm}_s{seed}", "model": arm, "label": arm.upper(), "seed": seed,
-                   "baseline": None if arm == "ape" else "ape", "output": f"output/study/v3/{arm}_s{seed}"}
-            runs.append(run)
-            label, policy = f"m ({run['output']}/last.pth)", None if arm == "ape" else "extrapolate"
-            rows = [{**result(label, policy, size, value + seed * 0.4), "train_size": 112}
-                    for size, value in zip(sizes, values, strict=True)]
-            evaluations.setdefault(arm, []).extend(rows)
-            # at crop 0.875 APE gains 7 points at 256 px: MIXED no longer beats it there
-            crop.setdefault(arm, []).extend({**row, "top1": row["top1"] + (7.0 if arm == "ape" and
-                                                                             row["img_size"] == 256 else 0.0)}
-                                            for row in rows)
+    runs, evaluations = arm_runs(top1, sizes, "output/study/v3", bump=0.4, train_size=112)
+    # at crop 0.875 APE gains 7 points at 256 px: MIXED no longer beats it there
+    crop = {arm: [{**row, "top1": row["top1"] + (7.0 if arm == "ape" and row["img_size"] == 256 else 0.0)}
+                  for row in rows] for arm, rows in evaluations.items()}
     write_runs(root, runs, evaluations, evaluate_s=dict.fromkeys(top1, 60))
     for arm, rows in crop.items():
         (root / "eval_crop0.875" / arm).mkdir(parents=True)
@@ -88,11 +78,7 @@ def test_v3_goal_holds_at_1_43x_to_1_71x_and_a_second_crop_gets_its_own_verdict(
 
 def make_control(root: Path, top1: tuple[float, float, float], protocol: str = "crop 1.0") -> Path:
     """Another study with one APE arm (``ape``, 2 seeds, seed 1 one point up) at 64, 128 and 160 px."""
-    runs = [{"name": f"ape_s{seed}", "model": "ape", "label": "APE", "seed": seed, "output": f"out/other/ape_s{seed}"}
-            for seed in (0, 1)]
-    rows = [result(f"m ({run['output']}/last.pth)", None, size, value + run["seed"])
-            for run in runs for size, value in zip((64, 128, 160), top1, strict=True)]
-    write_runs(root, runs, {"ape": rows})
+    write_runs(root, *arm_runs({"ape": top1}, (64, 128, 160), "out/other"))
     path = root / "eval" / "ape" / "results.json"
     path.write_text(json.dumps({**json.loads(path.read_text()), "protocol": protocol}))
     return root

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers.studies import result, write_runs
+from helpers.studies import arm_runs, write_runs
 from studies import goal, paired
 from studies import report as study
 
@@ -16,16 +16,7 @@ from studies import report as study
 def make_study(root: Path, top1: dict[str, tuple[float, float, float]], folder: str = "out") -> Path:
     """A study with arms ``ape`` (APE) and ``mixed`` (RoPE, baseline ``ape``), 2 seeds each (seed 1 one point up),
     evaluated at 64 (the training size), 128 and 160 px with positions as trained."""
-    runs, evaluations = [], {}
-    for arm, values in top1.items():
-        for seed in (0, 1):
-            run = {"name": f"{arm}_s{seed}", "model": arm, "label": arm.upper(), "seed": seed,
-                   "baseline": None if arm == "ape" else "ape", "output": f"{folder}/{arm}_s{seed}"}
-            runs.append(run)
-            evaluations.setdefault(arm, []).extend(
-                result(f"m ({run['output']}/last.pth)", None if arm == "ape" else "extrapolate", size, value + seed)
-                for size, value in zip((64, 128, 160), values, strict=True))
-    return write_runs(root, runs, evaluations)
+    return write_runs(root, *arm_runs(top1, (64, 128, 160), folder))
 
 
 def pairs(other: Path) -> list[paired.Pair]:

@@ -240,22 +240,8 @@ def test_train_sizes_draw_a_size_per_step_under_the_token_budget(image_root: Pat
     (("train_sizes=[0]",), "config key 'train_sizes' must list sizes > 0 (pixels), got 0"),
     (("batch_size=6", "train_sizes=[32, 64]"), "train_sizes entry 64 leaves 1 image(s) per step under the token "
                                                 "budget (batch_size 6 x (32 / 64)^2), and a step needs at least 2"),
-])
-def test_bad_train_sizes_exit_2_naming_the_problem(image_root: Path, tmp_path: Path, capsys, extra: tuple[str, ...],
-                                                   message: str) -> None:
-    assert train.main(tiny_args(image_root, tmp_path / "run", "decoded_cache=true", *extra)) == 2
-    err = capsys.readouterr().err
-    assert err.startswith("error: ") and message in err and err.count("\n") == 1
-    assert not (tmp_path / "run").exists()
-
-
-@pytest.mark.parametrize("extra, message", [
     (("--img-size", "36"), f"img_size 36 is not a positive multiple of the patch size 16 of '{TINY_MODEL}': "
                            "use 32 or 48"),
-    (("opt=adamx",), "unknown optimizer opt=adamx; did you mean opt=adamax?"),
-    (("sched=cosin",), "unknown scheduler sched=cosin; did you mean sched=cosine?"),
-    (("drop_path=1",), "config key 'drop_path' must be in [0, 1)"),
-    (("crop_pct=1.5",), "config key 'crop_pct' must be in (0, 1]"),
     (("model_kwargs.embed_dim=100",), f"model '{TINY_MODEL}' cannot be built with {{'num_classes': 3, 'img_size': 32, "
                                       "'drop_path_rate': 0.0, 'depth': 2, 'embed_dim': 100} (ValueError: embed_dim=100 "
                                       "must be divisible by num_heads=3.); fix model_kwargs"),
@@ -265,9 +251,6 @@ def test_bad_train_sizes_exit_2_naming_the_problem(image_root: Path, tmp_path: P
      f"model '{TINY_MODEL}' builds, but its pretrained weights (missing.pth) do not load (FileNotFoundError); check "
      "the weights file, or fix model_kwargs to match it"),
     (("lr=[1,",), "command-line override 'lr=[1,' is not valid YAML"),
-    (("epochs=abc",), "config key 'epochs' on the command line must be int, got 'abc'"),
-    (("batch_size=1.5",), "config key 'batch_size' on the command line must be int, got 1.5"),
-    (("scale=3",), "config key 'scale' on the command line must be a list of float, got 3"),
     (("workers=-2",), "config key 'workers' must be >= 0, got -2"),
     (("val_interval=0",), "config key 'val_interval' must be > 0, got 0"),
     (("sched=plateau", "val_interval=2"), "sched=plateau steps on every epoch's val top-1, so it needs val_interval=1, "
@@ -348,20 +331,15 @@ def test_val_split_names_the_evaluation_folder(image_root: Path, tmp_path: Path,
 
 
 def test_resume_from_something_else_is_a_clear_error(image_root: Path, tmp_path: Path, capsys) -> None:
+    """Exit 2 and load_checkpoint's message (each kind of file it refuses: test_state.py)."""
     (tmp_path / "notes.pth").write_text("hello")
-    torch.save({"weights": torch.zeros(1)}, tmp_path / "other.pth")
-    for path, message in (("notes.pth", "is not a vit-rope training checkpoint: torch.load failed"),
-                          ("other.pth", "is not a vit-rope training checkpoint (no format"),
-                          ("missing.pth", "does not exist")):
-        assert train.main(tiny_args(image_root, tmp_path / "run", "--resume", str(tmp_path / path))) == 2
-        assert message in capsys.readouterr().err
+    assert train.main(tiny_args(image_root, tmp_path / "run", "--resume", str(tmp_path / "notes.pth"))) == 2
+    assert "is not a vit-rope training checkpoint: torch.load failed" in capsys.readouterr().err
 
 
-def test_unknown_model_and_key_suggest_the_closest_name(image_root: Path, tmp_path: Path, capsys) -> None:
+def test_an_unknown_model_suggests_the_closest_name(image_root: Path, tmp_path: Path, capsys) -> None:
     assert train.main(tiny_args(image_root, tmp_path / "run", "--model", "vit_tiny_patch16_22")) == 2
     assert "did you mean 'vit_tiny_patch16_224'" in capsys.readouterr().err
-    assert train.main(tiny_args(image_root, tmp_path / "run", "epoch=3")) == 2
-    assert "did you mean 'epochs'" in capsys.readouterr().err
 
 
 def test_finetune_at_a_higher_resolution_resamples_the_position_embedding(image_root: Path, tmp_path: Path) -> None:
