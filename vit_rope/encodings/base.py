@@ -14,7 +14,7 @@ from typing import Any, NamedTuple, TypeVar
 import torch
 from torch import Tensor, nn
 
-from vit_rope.encodings.policies import POLICIES, ResolutionPolicy, check_policy
+from vit_rope.encodings.policies import PolicyChoice, ResolutionPolicy
 from vit_rope.layers.attention import BlockInput
 from vit_rope.layers.lattice import Lattice
 
@@ -92,10 +92,8 @@ class GridTables:
         self._tables.clear()
 
 
-class PositionEncoding(nn.Module):
+class PositionEncoding(PolicyChoice, nn.Module):
     """What every position encoding implements; ``policies``: those that apply to the kind, its default first."""
-
-    policies = POLICIES
 
     def __init__(self, kind: str, depth: int, train_grid: tuple[int, int] | None = None,
                  policy: str | dict | ResolutionPolicy | None = None) -> None:
@@ -103,22 +101,6 @@ class PositionEncoding(nn.Module):
         self.kind, self.depth = kind, depth
         self.train_grid = None if train_grid is None else (int(train_grid[0]), int(train_grid[1]))
         self.policy = policy
-
-    @property
-    def policy(self) -> ResolutionPolicy:
-        """How positions follow other grids; setting it checks that it applies, ``None`` the kind's default."""
-        return ResolutionPolicy(self.policy_name)
-
-    @policy.setter
-    def policy(self, policy: str | dict | ResolutionPolicy | None) -> None:
-        policy = ResolutionPolicy.create(self.policies[0] if policy is None else policy)
-        self.policy_name = self.check_policy(policy.name)
-
-    def check_policy(self, policy: str) -> str:
-        return check_policy(policy, self.policies, self.refusal(policy))
-
-    def refusal(self, policy: str) -> str:
-        return f"Policy {policy!r} does not apply to {self.kind}: use one of {', '.join(map(repr, self.policies))}."
 
     def attach_(self, blocks: nn.ModuleList, dim: int, num_heads: int) -> None:
         """Give each block's attention the kind's own weights there (PaPE's layers, STRING's bases); none by default."""

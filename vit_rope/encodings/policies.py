@@ -53,10 +53,35 @@ class ResolutionPolicy:
         return cls(**policy)
 
 
-def check_policy(policy: str, policies: tuple[str, ...], refusal: str) -> str:
-    if policy not in policies:
-        raise ValueError(refusal)
-    return policy
+class PolicyChoice:
+    """A module's resolution policy, one of ``policies`` (the default first); setting ``policy`` checks that it
+    applies, ``None`` taking the default. The policy is ``resolution``, its name ``policy_name``."""
+
+    policies: tuple[str, ...] = POLICIES
+    kind: str
+    resolution: ResolutionPolicy
+
+    @property
+    def policy(self) -> ResolutionPolicy:
+        return self.resolution
+
+    @policy.setter
+    def policy(self, policy: str | dict | ResolutionPolicy | None) -> None:
+        policy = ResolutionPolicy.create(self.policies[0] if policy is None else policy)
+        self.check_policy(policy.name)
+        self.resolution = policy
+
+    @property
+    def policy_name(self) -> str:
+        return self.resolution.name
+
+    def check_policy(self, policy: str) -> str:
+        if policy not in self.policies:
+            raise ValueError(self.refusal(policy))
+        return policy
+
+    def refusal(self, policy: str) -> str:
+        return f"Policy {policy!r} does not apply to {self.kind}: use one of {', '.join(map(repr, self.policies))}."
 
 
 def per_sample(values: Tensor, positions: Tensor) -> Tensor:

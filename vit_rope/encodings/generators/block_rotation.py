@@ -114,10 +114,10 @@ class BlockRotation(PositionEncoding):
     CACHE_SIZE = 2
     policies = POSITION_POLICIES
 
-    def __init__(self, kind: str, depth: int, train_grid: tuple[int, int],
-                 policy: str | dict | ResolutionPolicy | None, prefix_position: float | None) -> None:
+    def __init__(self, kind: str, depth: int, train_grid: tuple[int, int], policy: str | dict | ResolutionPolicy | None,
+                 prefix_position: float | None, per_layer: bool) -> None:
         super().__init__(kind, depth, train_grid, policy)
-        self.prefix_position = prefix_position
+        self.prefix_position, self.per_layer = prefix_position, per_layer  # per_layer: generators per block
         self._cache = GridTables(self.CACHE_SIZE)
 
     def refusal(self, policy: str) -> str:
@@ -129,10 +129,6 @@ class BlockRotation(PositionEncoding):
     def generators(self) -> Tensor:
         """The skew-symmetric generators ``[L, H, 2, D/b, b, b]`` (``L``: 1 or one per block) along (x, y)."""
         raise NotImplementedError
-
-    @property
-    def per_layer(self) -> bool:
-        return False
 
     def tables(self, coords: Tensor, num_prefix_tokens: int, captured: bool = False) -> Tensor:
         """``R`` ``[L, 1 or B, H, P + N, D/b, b, b]``: an exponential per token, without autograd a chunk at a time."""

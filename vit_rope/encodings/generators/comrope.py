@@ -47,7 +47,8 @@ class ComRoPE(BlockRotation):
     def __init__(self, kind: str, depth: int, num_heads: int, head_dim: int, train_grid: tuple[int, int],
                  policy: str | dict | ResolutionPolicy | None = None, block_size: int = 8, init_std: float = 1.0,
                  cls_position: float | None = 0.5) -> None:
-        super().__init__(check_choice(kind, COMROPE_KINDS, "ComRoPE kind"), depth, train_grid, policy, cls_position)
+        kind = check_choice(kind, COMROPE_KINDS, "ComRoPE kind")
+        super().__init__(kind, depth, train_grid, policy, cls_position, per_layer=True)
         self.block_size = check_block("encoding_options['block_size']", block_size, head_dim)
         num_blocks = head_dim // block_size
         if kind == "comrope_ap" and num_blocks % 2:
@@ -64,10 +65,6 @@ class ComRoPE(BlockRotation):
             mask = torch.zeros(2, num_blocks)  # block j turns with axis j mod 2 (y, x)
             mask[0, AP_BLOCKS[1]], mask[1, AP_BLOCKS[0]] = 1.0, 1.0  # rows in the official order (y, x)
             self.register_buffer("axis_mask", mask[:, :, None, None], persistent=False)  # [2, m, 1, 1]
-
-    @property
-    def per_layer(self) -> bool:
-        return True
 
     def generators(self) -> Tensor:
         skew, scale = self.angle_matrices()

@@ -16,8 +16,8 @@ from vit_rope.checks import check_choice
 from vit_rope.encodings.base import image_coords
 from vit_rope.encodings.policies import (
     POLICIES,
+    PolicyChoice,
     ResolutionPolicy,
-    check_policy,
     place_positions,
     policy_frequencies,
 )
@@ -36,7 +36,6 @@ from vit_rope.layers.rotary import grid_tables, rope_angles, rope_tables
 
 KINDS = ("axial", "mixed", "golden", "dinov3")
 DEFAULT_THETA = {"axial": 100.0, "mixed": 10.0, "golden": 100.0, "dinov3": 100.0}
-DEFAULT_POLICY = {"axial": "extrapolate", "mixed": "extrapolate", "golden": "extrapolate", "dinov3": "normalized"}
 # DINOv3's RoPE: coordinates normalised to the grid (its own) or kept at the training step; nothing else applies
 DINOV3_POLICIES = ("normalized", "extrapolate")
 
@@ -74,7 +73,7 @@ torch.fx.wrap("policy_tables")
 
 
 @register_notrace_module
-class RoPE2D(nn.Module):
+class RoPE2D(PolicyChoice, nn.Module):
     """Frequencies of one 2D RoPE and the tables they give for a set of positions: fixed ones a non-persistent buffer
     (rebuilt on load), mixed ones a parameter without weight decay. The model's RoPE arguments are these names with
     ``rope_`` in front (docs/models.md); ``fraction`` (p-RoPE) is a fixed mask, so unrotated learned pairs get gradient
@@ -139,26 +138,15 @@ class RoPE2D(nn.Module):
         return axial_frequencies(self.head_dim, self.theta, self.alternate_axes)
 
     @property
-    def policy(self) -> ResolutionPolicy:
-        return self.resolution
-
-    @policy.setter
-    def policy(self, policy: str | dict | ResolutionPolicy | None) -> None:
-        policy = ResolutionPolicy.create(DEFAULT_POLICY[self.kind] if policy is None else policy)  # None: the kind's
-        self.check_policy(policy.name)
-        self.resolution = policy
-
-    @property
     def policies(self) -> tuple[str, ...]:
         """DINOv3's normalised coordinates take two policies."""
         return DINOV3_POLICIES if self.kind == "dinov3" else POLICIES
 
-    def check_policy(self, policy: str) -> str:
-        return check_policy(policy, self.policies, (
-            f"RoPE policy {policy!r} does not apply to DINOv3's RoPE, whose coordinates are normalised to [-1, 1] at "
-            "every size (interpolation is built in, and ntk / yarn rescale frequencies against a training grid of "
-            "integer positions that it does not have). Use 'normalized' (DINOv3's own) or 'extrapolate' (the "
-            "training step between patches, so larger images reach beyond [-1, 1])."))
+    def refusal(self, policy: str) -> str:
+        return (f"RoPE policy {policy!r} does not apply to DINOv3's RoPE, whose coordinates are normalised to [-1, 1] "
+                "at every size (interpolation is built in, and ntk / yarn rescale frequencies against a training grid "
+                "of integer positions that it does not have). Use 'normalized' (DINOv3's own) or 'extrapolate' (the "
+                "training step between patches, so larger images reach beyond [-1, 1]).")
 
     @property
     def learnable(self) -> bool:
