@@ -19,7 +19,7 @@ from vit_rope.layers.attention import BlockInput
 from vit_rope.layers.lattice import Lattice
 
 # the interface every kind implements; BlockInput is attention's side of it, defined with attention
-__all__ = ["REGISTRY", "BlockInput", "LazyBlockInputs", "EncodingSpec", "GridTables", "Kind", "NoEncoding",
+__all__ = ["REGISTRY", "BlockInput", "LazyBlockInputs", "EncodingSpec", "GridTables", "Kept", "Kind", "NoEncoding",
            "PositionEncoding", "Positions", "image_coords", "image_positions", "register"]
 T = TypeVar("T")
 
@@ -36,6 +36,11 @@ class Positions(NamedTuple):
     valid: Tensor | None = None
     lattice: Callable[[], Lattice | None] | None = None
     captured: bool = False
+
+    @property
+    def image_batch(self) -> bool:
+        """An eager image batch: one grid for every sample outside a capture, what tables per grid (cached) serve."""
+        return not self.captured and self.grid is not None and self.coords.dim() == 2
 
 
 def image_coords(height: int, width: int, device: torch.device | None = None) -> tuple[Tensor, Tensor]:
@@ -90,6 +95,24 @@ class GridTables:
 
     def clear(self) -> None:
         self._tables.clear()
+
+
+class Kept:
+    """One value kept while the tensors it was made from stay the same: the same tensors (held, so that no other takes
+    their place), their versions where they track one (an inference tensor does not): a basis folded into a projection,
+    reused while neither changes."""
+
+    def __init__(self) -> None:
+        self._kept: tuple[Any, ...] | None = None
+
+    def get(self, build: Callable[[], T], *sources: Tensor | None) -> T:
+        key = tuple((id(t), t.data_ptr(), None if t.is_inference() else t._version) for t in sources if t is not None)
+        if self._kept is None or self._kept[0] != key:
+            self._kept = (key, sources, build())
+        return self._kept[2]
+
+    def clear(self) -> None:
+        self._kept = None
 
 
 class PositionEncoding(PolicyChoice, nn.Module):

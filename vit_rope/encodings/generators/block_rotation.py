@@ -163,7 +163,7 @@ class BlockRotation(PositionEncoding):
 
     def cache_key(self, positions: Positions, num_prefix_tokens: int) -> tuple | None:
         """What an image batch's tables in eager evaluation depend on; ``None`` where they are not kept."""
-        if positions.captured or positions.grid is None or positions.coords.dim() != 2 or torch.is_grad_enabled():
+        if not positions.image_batch or torch.is_grad_enabled():
             return None
         params = tuple(x for p in self.parameters() for x in (p._version, p.data_ptr()))
         h, w = positions.grid

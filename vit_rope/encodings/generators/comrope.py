@@ -14,10 +14,10 @@ import torch
 from torch import Tensor, nn
 
 from vit_rope.checks import check_choice
-from vit_rope.encodings.base import EncodingSpec, GridTables, PositionEncoding, Positions, register
+from vit_rope.encodings.base import EncodingSpec, GridTables, Kept, PositionEncoding, Positions, register
 from vit_rope.encodings.generators.axis_rotation import AxisRotations, axis_turns
 from vit_rope.encodings.generators.block_rotation import BlockRotation, check_block
-from vit_rope.encodings.generators.spectral import FoldedProjection, Spectral, spectral_form
+from vit_rope.encodings.generators.spectral import Spectral, spectral_form
 from vit_rope.encodings.policies import ResolutionPolicy, by_grid, grid_units
 from vit_rope.layers.rotary import rope_angles, rope_tables
 
@@ -57,7 +57,7 @@ class ComRoPE(BlockRotation):
                              f"which ComRoPE-AP cannot split evenly between the two axes: pick one of {fits}.")
         self.init_std = init_std
         self._spectral = GridTables(self.CACHE_SIZE)
-        self._folds = [FoldedProjection() for _ in range(depth)]  # each block's projection in the RoPE form's basis
+        self._folds = [Kept() for _ in range(depth)]  # each block's projection in the RoPE form's basis
         self.freqs = nn.Parameter(torch.randn(depth, num_heads, 1, num_blocks, block_size, block_size) * init_std)
         if kind == "comrope_ld":
             self.multiplier = nn.Parameter(torch.randn(depth, 1, 2, num_blocks, 1, 1))
@@ -77,7 +77,7 @@ class ComRoPE(BlockRotation):
 
     def block_inputs(self, positions: Positions, num_prefix_tokens: int) -> list[Any]:
         """An eager image batch's rotations per axis, with their RoPE form in evaluation."""
-        if positions.captured or positions.grid is None or positions.coords.dim() != 2:
+        if not positions.image_batch:
             return super().block_inputs(positions, num_prefix_tokens)
         grid = (int(positions.grid[0]), int(positions.grid[1]))
         key = self.cache_key(positions, num_prefix_tokens)

@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import Any
 
 import torch
 from torch import Tensor, nn
 
+from vit_rope.encodings.base import Kept
 from vit_rope.layers.attention import BlockInput, plain_projection
 from vit_rope.layers.fused import fold_qk
 
@@ -43,32 +43,17 @@ def spectral_form(skew: Tensor, scale: Tensor) -> tuple[Tensor, Tensor] | None:
     return basis.reshape(L, H, m * b, m * b).float(), freqs.flatten(-2).float()
 
 
-class FoldedProjection:
-    """One attention's qkv weights with a basis folded in, kept while the basis and the weights stay the same."""
-
-    def __init__(self) -> None:
-        self._kept: tuple[Any, ...] | None = None
-
-    def get(self, basis: Tensor, qkv: nn.Linear) -> tuple[Tensor, Tensor | None]:
-        weight, bias = qkv.weight, qkv.bias
-        key = (weight._version, weight.data_ptr(), None if bias is None else (bias._version, bias.data_ptr()))
-        if self._kept is None or self._kept[0] is not basis or self._kept[1] != key:
-            self._kept = (basis, key, *fold_qk(basis, weight, bias))  # holds basis: no address reuse
-        return self._kept[2], self._kept[3]
-
-    def clear(self) -> None:
-        self._kept = None
-
-
 class Spectral(BlockInput):
     """A block's commuting rotations with their RoPE form: in inference, where the basis folds into a plain projection,
     q and k are projected in it and rotated in place; elsewhere the rotations run."""
 
     def __init__(self, rotations: BlockInput, basis: Tensor, tables: Callable[[], tuple[Tensor, Tensor]],
-                 fold: FoldedProjection) -> None:
+                 fold: Kept) -> None:
         self.rotations, self.basis, self.tables, self.fold = rotations, basis, tables, fold
 
     def project(self, attn: nn.Module, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         if torch.is_grad_enabled() or not plain_projection(attn):
             return self.rotations.project(attn, x)
-        return attn.project_tables(x, self.tables(), *self.fold.get(self.basis, attn.qkv))
+        weight, bias = attn.qkv.weight, attn.qkv.bias
+        folded = self.fold.get(lambda: fold_qk(self.basis, weight, bias), weight, bias, self.basis)
+        return attn.project_tables(x, self.tables(), *folded)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from vit_rope.encodings.base import Kept
 from vit_rope.layers.attention import BlockInput, RoPEAttention
 from vit_rope.layers.fused import fold_qk
 
@@ -33,7 +34,7 @@ class CayleyString(nn.Module):
     def __init__(self, num_heads: int, head_dim: int) -> None:
         super().__init__()
         self.skew = nn.Parameter(torch.zeros(num_heads, head_dim, head_dim))  # A, with S = A - A^T; P = I at 0
-        self._cache: tuple[tuple[int, ...], Tensor, Tensor | None] | None = None
+        self._fold = Kept()  # the last fold in evaluation
 
     def no_weight_decay(self) -> set[str]:
         """``S``: decay would pull the basis back to the identity, the base kind."""
@@ -45,20 +46,13 @@ class CayleyString(nn.Module):
     def forward(self, weight: Tensor, bias: Tensor | None, cache: bool = False) -> tuple[Tensor, Tensor | None]:
         """The projection folded with ``P``; with ``cache`` and no autograd, the last fold while nothing changed."""
         if cache and not torch.is_grad_enabled():
-            return self._cached(weight, bias)
+            return self._fold.get(lambda: fold_qk(self.basis(), weight, bias), weight, bias, self.skew)
         return fold_qk(self.basis(), weight, bias)
-
-    def _cached(self, weight: Tensor, bias: Tensor | None) -> tuple[Tensor, Tensor | None]:
-        tensors = (weight, self.skew) if bias is None else (weight, self.skew, bias)
-        key = tuple(x for t in tensors for x in (t._version, t.data_ptr()))
-        if self._cache is None or self._cache[0] != key:
-            self._cache = (key, *fold_qk(self.basis(), weight, bias))
-        return self._cache[1], self._cache[2]
 
     def train(self, mode: bool = True) -> CayleyString:
         """Also drop the evaluation fold when training starts: it would be stale after the first step anyway."""
         if mode:
-            self._cache = None
+            self._fold.clear()
         return super().train(mode)
 
     @torch.no_grad()
@@ -69,7 +63,7 @@ class CayleyString(nn.Module):
         if bias is not None:
             linear.bias.copy_(bias)
         self.skew.zero_()
-        self._cache = None
+        self._fold.clear()
 
     def extra_repr(self) -> str:
         return f"num_heads={self.skew.shape[0]}, head_dim={self.skew.shape[-1]}"
