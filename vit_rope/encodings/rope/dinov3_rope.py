@@ -15,10 +15,6 @@ from vit_rope.encodings.rope.frequencies import axial_layout
 NORMALIZE = ("separate", "min", "max")
 
 
-def check_normalize(normalize: str) -> str:
-    return check_choice(normalize, NORMALIZE, "DINOv3 coordinate normalisation")
-
-
 def dinov3_frequencies(head_dim: int, base: float = 100.0, min_period: float | None = None,
                        max_period: float | None = None) -> Tensor:
     """Frequencies ``2 pi / p_j`` as ``(wx, wy)`` ``[2, 1, D/2]``; the periods together replace ``base``'s."""

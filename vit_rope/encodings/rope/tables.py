@@ -21,7 +21,7 @@ from vit_rope.encodings.policies import (
     place_positions,
     policy_frequencies,
 )
-from vit_rope.encodings.rope.dinov3_rope import check_normalize, dinov3_frequencies
+from vit_rope.encodings.rope.dinov3_rope import NORMALIZE, dinov3_frequencies
 from vit_rope.encodings.rope.frequencies import (
     MIXED_INITS,
     axial_frequencies,
@@ -51,11 +51,10 @@ def check_theta(theta: float) -> float:
     return theta
 
 
-def policy_tables(positions: Tensor, freqs: Tensor, grids: Tensor | None, num_prefix_tokens: int,
-                  train_grid: tuple[int, int] | None, policy: ResolutionPolicy, theta: float, head_dim: int
+def policy_tables(positions: Tensor, frequencies: tuple[Tensor, Tensor | None], num_prefix_tokens: int
                   ) -> tuple[Tensor, Tensor]:
-    """``(cos, sin)`` of ``positions`` from ``freqs`` ``[2, H, D/2]`` as ``policy`` scales them on ``grids``."""
-    freqs, temperature = policy_frequencies(freqs, grids, train_grid, policy, theta, head_dim)
+    """``(cos, sin)`` of ``positions`` from a policy's frequencies and temperature (``policy_frequencies``)."""
+    freqs, temperature = frequencies
     if freqs.dim() == 4 and freqs.shape[0] == 1:  # one grid for the batch: the shared frequencies' cheaper paths
         freqs = freqs[0]
     cos, sin = rope_tables(rope_angles(positions, freqs), num_prefix_tokens)
@@ -69,6 +68,7 @@ def policy_tables(positions: Tensor, freqs: Tensor, grids: Tensor | None, num_pr
 # FX: these branch on shapes, which symbolic tracing only knows as proxies: the trace records each as one call.
 # timm's tracer also keeps RoPE2D whole (register_notrace_module).
 torch.fx.wrap("place_positions")
+torch.fx.wrap("policy_frequencies")
 torch.fx.wrap("policy_tables")
 
 
@@ -115,7 +115,7 @@ class RoPE2D(PolicyChoice, nn.Module):
         self.num_heads = num_heads
         self.theta = check_theta(DEFAULT_THETA[kind] if theta is None else theta)
         self.train_grid = None if train_grid is None else (int(train_grid[0]), int(train_grid[1]))
-        self.normalize_coords = check_normalize(normalize_coords)
+        self.normalize_coords = check_choice(normalize_coords, NORMALIZE, "DINOv3 coordinate normalisation")
         self.periods = (min_period, max_period)
         self.policy = policy
         if mixed_init not in MIXED_INITS or (mixed_init != "rope-vit" and kind != "mixed"):
@@ -165,8 +165,7 @@ class RoPE2D(PolicyChoice, nn.Module):
     def forward(self, positions: Tensor, num_prefix_tokens: int = 0, grids: Tensor | None = None
                 ) -> tuple[Tensor, Tensor]:
         """``(cos, sin)`` ``[(B,) H, P + N, D/2]`` of placed ``positions``; ``grids``: what the policy scales by."""
-        return policy_tables(positions, self.pair_frequencies(), grids, num_prefix_tokens, self.train_grid,
-                             self.resolution, self.theta, self.head_dim)
+        return policy_tables(positions, self.frequencies(grids), num_prefix_tokens)
 
     def lattice_tables(self, lattice: Lattice) -> tuple[Tensor, Tensor]:
         """Tables ``[B, H, P + N, D/2]`` of a NaFlex batch on its integer patch coordinates: a position's table is the
