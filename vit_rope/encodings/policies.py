@@ -122,10 +122,8 @@ def place_positions(coord: Tensor, grids: Tensor, kind: str, policy: str, train_
     return xy
 
 
-def policy_frequencies(
-    freqs: Tensor, grids: Tensor | None, train_grid: tuple[int, int] | None, policy: ResolutionPolicy, theta: float,
-    head_dim: int,
-) -> tuple[Tensor, Tensor | None]:
+def policy_frequencies(freqs: Tensor, grids: Tensor | None, train_grid: tuple[int, int] | None,
+                       policy: ResolutionPolicy, theta: float, head_dim: int) -> tuple[Tensor, Tensor | None]:
     """Frequencies on ``grids`` under ``policy`` (``[2, H, D/2]`` as they are, else ``[1 or B, 2, H, D/2]``) and the
     attention temperature (``yarn``'s ``[1 or B, 1, 1, 1]``, else ``None``). Scaling a pair's x frequency by ``a`` is
     scaling its x positions by ``a``, so every policy is a per-axis, per-pair factor between ``1 / s`` (interpolate)
@@ -168,9 +166,8 @@ class CoordAugment:
 
     def __post_init__(self) -> None:
         if self.shift < 0 or self.subpixel < 0 or self.jitter < 1 or self.rescale < 1:
-            raise ValueError(
-                f"Coordinate augmentation needs shift >= 0, subpixel >= 0, jitter >= 1 and rescale >= 1; got {self}."
-            )
+            raise ValueError(f"Coordinate augmentation needs shift >= 0, subpixel >= 0, jitter >= 1 and rescale >= 1; "
+                             f"got {self}.")
 
     @property
     def active(self) -> bool:
@@ -193,9 +190,8 @@ def batch_coordinate_draw(shift: float, jitter: float, rescale: float, device: t
     return offset.flip(0), scale.flip(0)  # (h, w) -> (x, y)
 
 
-def augment_positions(
-    positions: Tensor, batch_size: int, aug: CoordAugment, generator: torch.Generator | None = None
-) -> Tensor:
+def augment_positions(positions: Tensor, batch_size: int, aug: CoordAugment, generator: torch.Generator | None = None
+                      ) -> Tensor:
     """Positions with a coordinate transform per image or one per batch, in DINOv3's order."""
     B, device = batch_size, positions.device
     if not aug.per_image:

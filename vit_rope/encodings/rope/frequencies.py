@@ -19,10 +19,9 @@ def check_head_dim(head_dim: int) -> int:
     """``head_dim`` if 2D RoPE can use it: two axes times pairs of channels need ``4 | head_dim``."""
     if head_dim <= 0 or head_dim % 4:
         lower, upper = head_dim - head_dim % 4, head_dim - head_dim % 4 + 4
-        raise ValueError(
-            f"2D RoPE needs a head_dim divisible by 4 (pairs of channels for each of the x and y axes), got "
-            f"head_dim={head_dim}. Change embed_dim / num_heads so that head_dim is {lower or 4} or {upper}."
-        )
+        raise ValueError(f"2D RoPE needs a head_dim divisible by 4 (pairs of channels for each of the x and y axes), "
+                         f"got head_dim={head_dim}. Change embed_dim / num_heads so that head_dim is {lower or 4} or "
+                         f"{upper}.")
     return head_dim
 
 
@@ -54,9 +53,8 @@ def axial_layout(magnitude: Tensor, magnitude_y: Tensor | None = None) -> Tensor
     return torch.stack((torch.cat((magnitude, zeros)), torch.cat((zeros, y))))[:, None, :]
 
 
-def mixed_frequencies(
-    head_dim: int, num_heads: int, theta: float = 10.0, generator: torch.Generator | None = None
-) -> Tensor:
+def mixed_frequencies(head_dim: int, num_heads: int, theta: float = 10.0, generator: torch.Generator | None = None
+                      ) -> Tensor:
     """RoPE-ViT's initial mixed frequencies ``[2, nh, D/2]``: axial RoPE in a random frame per head."""
     mag = _magnitudes(check_head_dim(head_dim), theta)  # [D/4]
     phi = torch.rand(num_heads, 1, generator=generator) * (2 * math.pi)  # [nh, 1]

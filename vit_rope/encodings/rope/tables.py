@@ -14,13 +14,7 @@ from torch import Tensor, nn
 
 from vit_rope.checks import check_choice
 from vit_rope.encodings.base import image_coords
-from vit_rope.encodings.policies import (
-    POLICIES,
-    PolicyChoice,
-    ResolutionPolicy,
-    place_positions,
-    policy_frequencies,
-)
+from vit_rope.encodings.policies import POLICIES, PolicyChoice, ResolutionPolicy, place_positions, policy_frequencies
 from vit_rope.encodings.rope.dinov3_rope import NORMALIZE, dinov3_frequencies
 from vit_rope.encodings.rope.frequencies import (
     MIXED_INITS,
@@ -44,10 +38,8 @@ def check_theta(theta: float) -> float:
     """``theta`` as a float; a base <= 0 or NaN would make every output NaN."""
     theta = float(theta)
     if not math.isfinite(theta) or theta <= 0:
-        raise ValueError(
-            f"RoPE theta (rope_theta) must be a finite number > 0, got {theta}. Leave it None for RoPE-ViT's values "
-            f"({DEFAULT_THETA['axial']:g} axial, {DEFAULT_THETA['mixed']:g} mixed)."
-        )
+        raise ValueError(f"RoPE theta (rope_theta) must be a finite number > 0, got {theta}. Leave it None for "
+                         f"RoPE-ViT's values ({DEFAULT_THETA['axial']:g} axial, {DEFAULT_THETA['mixed']:g} mixed).")
     return theta
 
 
@@ -79,22 +71,11 @@ class RoPE2D(PolicyChoice, nn.Module):
     ``rope_`` in front (docs/models.md); ``fraction`` (p-RoPE) is a fixed mask, so unrotated learned pairs get gradient
     0; ``grid_offset`` is Perception Encoder's 1, the unrotated class token at 0."""
 
-    def __init__(
-        self,
-        head_dim: int,
-        num_heads: int,
-        kind: str = "axial",
-        theta: float | None = None,
-        train_grid: tuple[int, int] | None = None,
-        policy: str | dict | ResolutionPolicy | None = None,
-        min_period: float | None = None,
-        max_period: float | None = None,
-        normalize_coords: str = "separate",
-        fraction: float = 1.0,
-        mixed_init: str = "rope-vit",
-        grid_offset: float = 0.0,
-        alternate_axes: bool = False,
-    ) -> None:
+    def __init__(self, head_dim: int, num_heads: int, kind: str = "axial", theta: float | None = None,
+                 train_grid: tuple[int, int] | None = None, policy: str | dict | ResolutionPolicy | None = None,
+                 min_period: float | None = None, max_period: float | None = None, normalize_coords: str = "separate",
+                 fraction: float = 1.0, mixed_init: str = "rope-vit", grid_offset: float = 0.0,
+                 alternate_axes: bool = False) -> None:
         super().__init__()
         self.kind = check_choice(kind, KINDS, "RoPE kind")
         if alternate_axes and kind != "axial":
@@ -106,11 +87,9 @@ class RoPE2D(PolicyChoice, nn.Module):
                              "(encoding='dinov3') places patch centres in [-1, 1] itself: leave the offset at 0.")
         self.grid_offset = float(grid_offset)
         if kind != "dinov3" and (min_period is not None or max_period is not None or normalize_coords != "separate"):
-            raise ValueError(
-                f"min_period={min_period}, max_period={max_period} and normalize_coords={normalize_coords!r} set "
-                f"DINOv3's RoPE (encoding='dinov3') and do nothing for {kind!r}: leave them unset, or use a *_dinov3 "
-                "model."
-            )
+            raise ValueError(f"min_period={min_period}, max_period={max_period} and normalize_coords="
+                             f"{normalize_coords!r} set DINOv3's RoPE (encoding='dinov3') and do nothing for {kind!r}: "
+                             "leave them unset, or use a *_dinov3 model.")
         self.head_dim = check_head_dim(head_dim)
         self.num_heads = num_heads
         self.theta = check_theta(DEFAULT_THETA[kind] if theta is None else theta)
@@ -191,13 +170,12 @@ class RoPE2D(PolicyChoice, nn.Module):
         return {"freqs"} if self.learnable else set()
 
     def extra_repr(self) -> str:
-        return (
-            f"kind={self.kind}, head_dim={self.head_dim}, num_heads={self.num_heads}, theta={self.theta}, "
-            f"train_grid={self.train_grid}, policy={self.resolution.name}"
-            + (f", fraction={self.fraction}" if self.fraction != 1.0 else "")
-            + (f", grid_offset={self.grid_offset}" if self.grid_offset else "")
-            + (", alternate_axes=True" if self.alternate_axes else "")
-            + (f", mixed_init={self.mixed_init}" if self.learnable else "")
-            + (f", normalize_coords={self.normalize_coords}, periods={self.periods}" if self.kind == "dinov3" else "")
-        )
+        return (f"kind={self.kind}, head_dim={self.head_dim}, num_heads={self.num_heads}, theta={self.theta}, "
+                f"train_grid={self.train_grid}, policy={self.resolution.name}"
+                + (f", fraction={self.fraction}" if self.fraction != 1.0 else "")
+                + (f", grid_offset={self.grid_offset}" if self.grid_offset else "")
+                + (", alternate_axes=True" if self.alternate_axes else "")
+                + (f", mixed_init={self.mixed_init}" if self.learnable else "")
+                + (f", normalize_coords={self.normalize_coords}, periods={self.periods}" if self.kind == "dinov3"
+                   else ""))
 
