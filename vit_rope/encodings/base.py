@@ -17,6 +17,7 @@ from torch import Tensor, nn
 from vit_rope.encodings.policies import PolicyChoice, ResolutionPolicy
 from vit_rope.layers.attention import BlockInput
 from vit_rope.layers.lattice import Lattice
+from vit_rope.layers.rotary import grid_positions
 
 # the interface every kind implements; BlockInput is attention's side of it, defined with attention
 __all__ = ["REGISTRY", "BlockInput", "LazyBlockInputs", "EncodingSpec", "GridTables", "Kept", "Kind", "NoEncoding",
@@ -45,8 +46,7 @@ class Positions(NamedTuple):
 
 def image_coords(height: int, width: int, device: torch.device | None = None) -> tuple[Tensor, Tensor]:
     """The row-major patch coordinates ``[h * w, 2]`` (y, x) and the grid ``[1, 2]``: an image batch as NaFlex."""
-    ys, xs = torch.meshgrid(torch.arange(height, device=device), torch.arange(width, device=device), indexing="ij")
-    coord = torch.stack((ys, xs), dim=-1).reshape(-1, 2)  # [N, 2] (y, x)
+    coord = grid_positions(height, width, device, torch.long).flip(-1)  # [N, 2] (y, x)
     return coord, coord[-1:] + 1  # the last patch is (h - 1, w - 1): the grid without a Python number in a tensor
 
 

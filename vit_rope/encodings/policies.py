@@ -174,29 +174,23 @@ class CoordAugment:
         return self.shift > 0 or self.jitter > 1 or self.rescale > 1 or self.subpixel > 0
 
 
-def batch_coordinate_draw(shift: float, jitter: float, rescale: float, device: torch.device | None = None,
-                          generator: torch.Generator | None = None) -> tuple[Tensor, Tensor]:
-    """DINOv3's one augmentation draw for a batch, ``(offset, scale)`` (x, y), its random calls in its order."""
-    def uniform(size: int, bound: float) -> Tensor:
-        return torch.empty(size, device=device).uniform_(-bound, bound, generator=generator)
-
-    offset, scale = torch.zeros(2, device=device), torch.ones(2, device=device)
-    if shift > 0:
-        offset = uniform(2, shift)
-    if jitter > 1:
-        scale = uniform(2, math.log(jitter)).exp()
-    if rescale > 1:
-        scale = scale * uniform(1, math.log(rescale)).exp()
-    return offset.flip(0), scale.flip(0)  # (h, w) -> (x, y)
-
-
 def augment_positions(positions: Tensor, batch_size: int, aug: CoordAugment, generator: torch.Generator | None = None
                       ) -> Tensor:
-    """Positions with a coordinate transform per image or one per batch, in DINOv3's order."""
+    """Positions with a coordinate transform per image, or one per batch as DINOv3 draws it (its random calls in its
+    order, ``(h, w)``)."""
     B, device = batch_size, positions.device
     if not aug.per_image:
-        offset, scale = batch_coordinate_draw(aug.shift, aug.jitter, aug.rescale, device, generator)
-        positions = (positions + offset) * scale  # [N, 2]: one transform for the batch
+        def draw(size: int, bound: float) -> Tensor:
+            return torch.empty(size, device=device).uniform_(-bound, bound, generator=generator)
+
+        offset, scale = torch.zeros(2, device=device), torch.ones(2, device=device)
+        if aug.shift > 0:
+            offset = draw(2, aug.shift)
+        if aug.jitter > 1:
+            scale = draw(2, math.log(aug.jitter)).exp()
+        if aug.rescale > 1:
+            scale = scale * draw(1, math.log(aug.rescale)).exp()
+        positions = (positions + offset.flip(0)) * scale.flip(0)  # [N, 2]: one transform for the batch, (x, y)
         if aug.subpixel > 0:
             noise = torch.rand(B, *positions.shape[-2:], generator=generator, device=device) * 2 - 1
             positions = positions + noise * aug.subpixel  # [B, N, 2]

@@ -141,15 +141,10 @@ class ParabolicEncoding(PositionEncoding):
                 "(positions scaled to the training grid) or 'normalized' (positions divided by the grid, PaPE's "
                 "normalize option).")
 
-    def layer(self, dim: int, num_heads: int) -> ParabolaLayer:
-        if self.kind == "pape_ri":
-            return PaPERILayer(dim, num_heads)
-        return PaPELayer(dim, num_heads, self.parabolas)
-
     def attach_(self, blocks: nn.ModuleList, dim: int, num_heads: int) -> None:
         """Each block's attention gets its own layer (``pape``: the official checkpoints' weights are per layer)."""
         for blk in blocks:
-            blk.attn.pape = self.layer(dim, num_heads)
+            blk.attn.pape = PaPELayer(dim, num_heads, self.parabolas) if self.parabolas else PaPERILayer(dim, num_heads)
 
     def place(self, coord: Tensor, grids: Tensor) -> Tensor:
         return pape_positions(coord, grids, self.policy_name, self.train_grid)
