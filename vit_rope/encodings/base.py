@@ -84,7 +84,10 @@ class GridTables:
     def __len__(self) -> int:
         return len(self._tables)
 
-    def get(self, key: Hashable, build: Callable[[], T]) -> T:
+    def get(self, key: Hashable | None, build: Callable[[], T]) -> T:
+        """``build()``, kept under ``key`` (``None``: built every time, as tables that must not be kept)."""
+        if key is None:
+            return build()
         if key in self._tables:
             self._tables.move_to_end(key)
         else:

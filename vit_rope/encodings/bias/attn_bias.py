@@ -101,10 +101,8 @@ class AttnBias(PositionEncoding):
 
     def forward(self, positions: Positions, num_prefix_tokens: int = 0) -> list[Tensor]:
         """Each block's dense penalty ``[1 or B, H, P + N, P + N]``, an image batch's cached per grid."""
-        if not positions.image_batch:
-            return self._layers(positions, num_prefix_tokens)
-        return self._cache.get(self._key(positions.grid, num_prefix_tokens),
-                               lambda: self._layers(positions, num_prefix_tokens))
+        key = self._key(positions.grid, num_prefix_tokens) if positions.image_batch else None
+        return self._cache.get(key, lambda: self._layers(positions, num_prefix_tokens))
 
     def block_inputs(self, positions: Positions, num_prefix_tokens: int) -> list[Any]:
         grid = positions.grid

@@ -170,12 +170,8 @@ class BlockRotation(PositionEncoding):
         return (int(h), int(w), num_prefix_tokens, str(positions.coords.device), self.policy_name, params)
 
     def forward(self, positions: Positions, num_prefix_tokens: int = 0) -> Tensor:
-        key = self.cache_key(positions, num_prefix_tokens)
-
-        def build() -> Tensor:
-            return self.tables(positions.coords, num_prefix_tokens, positions.captured)
-
-        return build() if key is None else self._cache.get(key, build)
+        return self._cache.get(self.cache_key(positions, num_prefix_tokens),
+                               lambda: self.tables(positions.coords, num_prefix_tokens, positions.captured))
 
     def block_inputs(self, positions: Positions, num_prefix_tokens: int) -> list[Any]:
         tables = self(positions, num_prefix_tokens)  # [L, 1 or B, H, P + N, m, b, b]

@@ -172,11 +172,8 @@ class ComRoPE(BlockRotation):
             return super().block_inputs(positions, num_prefix_tokens)
         grid = (int(positions.grid[0]), int(positions.grid[1]))
         key = self.cache_key(positions, num_prefix_tokens)
-
-        def build() -> tuple[Tensor, ...]:
-            return self.axis_tables(positions.coords, num_prefix_tokens, grid)
-
-        turns = build() if key is None else self._cache.get((*key, "axes"), build)
+        turns = self._cache.get(None if key is None else (*key, "axes"),
+                                lambda: self.axis_tables(positions.coords, num_prefix_tokens, grid))
         inputs = [AxisRotations(layer) for layer in zip(*(t.unbind(0) for t in turns), strict=True)]
         spectral = None if key is None else self._spectral.get(
             key, lambda: self.spectral_tables(positions.coords, num_prefix_tokens))
