@@ -138,14 +138,12 @@ class RotaryEncoding(PositionEncoding, nn.ModuleList):
                 return rope.lattice_tables(lattice)
             return rope(positions.coords, num_prefix_tokens, positions.grids)
 
-        def block(i: int, shared: Any = None) -> Any:
-            block_tables = tables(self[i]) if shared is None else shared
+        def block(i: int) -> Any:
+            block_tables = tables(self[i]) if self.per_block else shared
             return StringTables(block_tables, cache=not positions.captured) if self.string else block_tables
 
-        if not self.per_block:
-            shared = tables(self[0])
-            return [block(0, shared) for _ in range(self.depth)]
-        if positions.captured:  # a graph records every block's tables up front
+        shared = None if self.per_block else tables(self[0])
+        if not self.per_block or positions.captured:  # shared tables, or a graph that records every block's up front
             return [block(i) for i in range(self.depth)]
         return LazyBlockInputs(block, self.depth)  # each block's tables as the block runs
 
