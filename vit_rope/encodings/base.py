@@ -151,6 +151,9 @@ class PositionEncoding(PolicyChoice, nn.Module):
         """Write what the kind keeps in the blocks' attention into their weights where that gives the same function
         at a lower cost (STRING's basis into the qkv projection; ONNX export calls it); nothing by default."""
 
+    def extra_repr(self) -> str:
+        return f"kind={self.kind}, depth={self.depth}, train_grid={self.train_grid}, policy={self.policy_name}"
+
 
 class NoEncoding(PositionEncoding):
     """No position encoding: attention sees content only (the control of the encodings study)."""
@@ -160,9 +163,6 @@ class NoEncoding(PositionEncoding):
 
     def block_inputs(self, positions: Positions, num_prefix_tokens: int) -> list[Any]:
         return [None] * self.depth
-
-    def extra_repr(self) -> str:
-        return f"depth={self.depth}"
 
 
 @dataclass(frozen=True)

@@ -120,8 +120,8 @@ class AttnBias(PositionEncoding):
         self._cache.clear()
 
     def extra_repr(self) -> str:
-        return (f"kind={self.kind}, num_heads={self.num_heads}, train_grid={self.train_grid}, "
-                f"policy={self.policy_name}" + (f", config={self.config}" if self.config else ""))
+        config = f", config={self.config}" if self.config else ""
+        return f"{super().extra_repr()}, num_heads={self.num_heads}{config}"
 
 
 @register("alibi")

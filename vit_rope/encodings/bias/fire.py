@@ -86,8 +86,7 @@ class Fire(PositionEncoding):
         self.threshold = nn.Parameter(self.threshold.data[:depth])
 
     def extra_repr(self) -> str:
-        return (f"num_heads={self.num_heads}, depth={self.depth}, train_grid={self.train_grid}, "
-                f"policy={self.policy_name}")
+        return f"{super().extra_repr()}, num_heads={self.num_heads}"
 
 
 @register("fire", options=("hidden",))

@@ -227,9 +227,8 @@ class ComRoPE(BlockRotation):
         return {"freqs", "multiplier"} if self.kind == "comrope_ld" else {"freqs"}
 
     def extra_repr(self) -> str:
-        L, H, _, m, b, _ = self.freqs.shape
-        return (f"kind={self.kind}, depth={L}, num_heads={H}, blocks={m}x{b}, train_grid={self.train_grid}, "
-                f"policy={self.policy_name}, cls_position={self.prefix_position}")
+        _, H, _, m, b, _ = self.freqs.shape
+        return f"{super().extra_repr()}, num_heads={H}, blocks={m}x{b}, cls_position={self.prefix_position}"
 
 
 @register(*COMROPE_KINDS, options=("block_size", "init_std", "cls_position"))

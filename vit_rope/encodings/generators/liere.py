@@ -58,9 +58,8 @@ class LieRE(BlockRotation):
         return {"generator_raw_params"}
 
     def extra_repr(self) -> str:
-        _, L, G, g, _ = self.generator_raw_params.shape
-        return (f"depth={self.depth}, heads={self.heads}, generators={G}x{g}x{g}, per_layer={self.per_layer}, "
-                f"train_grid={self.train_grid}, policy={self.policy_name}")
+        _, _, G, g, _ = self.generator_raw_params.shape
+        return f"{super().extra_repr()}, heads={self.heads}, generators={G}x{g}x{g}, per_layer={self.per_layer}"
 
 
 @register("liere", options=("generator_dim", "per_head", "per_layer"))

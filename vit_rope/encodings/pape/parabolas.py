@@ -158,8 +158,7 @@ class ParabolicEncoding(PositionEncoding):
         return [Parabolas(self(positions, num_prefix_tokens))] * self.depth
 
     def extra_repr(self) -> str:
-        return (f"kind={self.kind}, depth={self.depth}, train_grid={self.train_grid}, policy={self.policy_name}"
-                + (f", parabolas={self.parabolas}" if self.parabolas else ""))
+        return super().extra_repr() + (f", parabolas={self.parabolas}" if self.parabolas else "")
 
 
 @register("pape_ri")
