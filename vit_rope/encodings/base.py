@@ -67,11 +67,8 @@ class LazyBlockInputs(Sequence):
         return self.depth
 
     def __getitem__(self, index: Any) -> Any:
-        if isinstance(index, slice):
-            return [self.build(i) for i in range(*index.indices(self.depth))]
-        if not -self.depth <= index < self.depth:
-            raise IndexError(f"block {index} of {self.depth}")
-        return self.build(index % self.depth)
+        blocks = range(self.depth)[index]  # a list's indexing: negative, slices, IndexError past the end
+        return [self.build(i) for i in blocks] if isinstance(index, slice) else self.build(blocks)
 
 
 class GridTables:
