@@ -114,15 +114,6 @@ def dinov3_frequencies(head_dim: int, base: float = 100.0, min_period: float | N
     return axial_layout(2 * math.pi / periods)  # [D/4] per axis
 
 
-def check_theta(theta: float) -> float:
-    """``theta`` as a float; a base <= 0 or NaN would make every output NaN."""
-    theta = float(theta)
-    if not math.isfinite(theta) or theta <= 0:
-        raise ValueError(f"RoPE theta (rope_theta) must be a finite number > 0, got {theta}. Leave it None for "
-                         f"RoPE-ViT's values ({DEFAULT_THETA['axial']:g} axial, {DEFAULT_THETA['mixed']:g} mixed).")
-    return theta
-
-
 def policy_tables(positions: Tensor, frequencies: tuple[Tensor, Tensor | None], num_prefix_tokens: int
                   ) -> tuple[Tensor, Tensor]:
     """``(cos, sin)`` of ``positions`` from a policy's frequencies and temperature (``policy_frequencies``)."""
@@ -172,7 +163,11 @@ class RoPE2D(PolicyChoice, nn.Module):
                              "leave them unset, or use a *_dinov3 model.")
         self.head_dim = check_head_dim(head_dim)
         self.num_heads = num_heads
-        self.theta = check_theta(DEFAULT_THETA[kind] if theta is None else theta)
+        self.theta = float(DEFAULT_THETA[kind] if theta is None else theta)
+        if not math.isfinite(self.theta) or self.theta <= 0:  # a base <= 0 or NaN would make every output NaN
+            raise ValueError(f"RoPE theta (rope_theta) must be a finite number > 0, got {self.theta}. Leave it None "
+                             f"for RoPE-ViT's values ({DEFAULT_THETA['axial']:g} axial, {DEFAULT_THETA['mixed']:g} "
+                             "mixed).")
         self.train_grid = None if train_grid is None else (int(train_grid[0]), int(train_grid[1]))
         self.normalize_coords = check_choice(normalize_coords, NORMALIZE, "DINOv3 coordinate normalisation")
         self.periods = (min_period, max_period)
