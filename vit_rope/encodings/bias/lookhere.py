@@ -188,7 +188,6 @@ def layer_scales(config: dict[str, Any], depth: int) -> list[float]:
     return [-config["global_slope"] * slope for slope in ramp]
 
 
-# LookHere's official files (FORMAT)
 def is_lookhere_checkpoint(obj: Any) -> bool:
     """Whether ``obj`` is an official LookHere file: a ``weights`` state dict and a LookHere ``config``."""
     return (isinstance(obj, Mapping) and isinstance(obj.get("weights"), dict) and isinstance(obj.get("config"), dict)

@@ -75,7 +75,6 @@ def _liere(spec: EncodingSpec) -> PositionEncoding:
     return LieRE(spec.depth, spec.num_heads, spec.head_dim, spec.train_grid, spec.policy, **spec.options)
 
 
-# LieRE's official checkpoints (FORMAT)
 FORMAT_NAME = "LieRE's official RoPEViT"
 MARKER = "position_encoder.generator_raw_params"
 HEAD_DIM = 64  # FlexibleAttention: "Only support 64 head size for now."

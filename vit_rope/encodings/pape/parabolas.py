@@ -174,7 +174,6 @@ def _parabolic(spec: EncodingSpec) -> PositionEncoding:
     return ParabolicEncoding(spec.kind, spec.depth, spec.train_grid, spec.policy, **spec.options)
 
 
-# PaPE's official classifier folders (FORMAT)
 CONFIG, WEIGHTS = "config.json", "model.pt"
 FORMAT_NAME = "PaPE's official ImageClassifier"
 # pape/configs.py MODEL_SIZES: (hidden_size, head_size, num_heads, num_layers, intermediate_size); -1 in config.json
