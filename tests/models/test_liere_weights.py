@@ -1,4 +1,4 @@
-"""LieRE's official checkpoints (``vit_rope.encodings.generators.liere``): ``create_from_checkpoint`` builds
+"""LieRE's official checkpoints (``vit_rope.encodings.generators.liere_weights``): ``create_from_checkpoint`` builds
 the model a Lightning checkpoint of the official ``RoPEViT`` describes, whose logits equal the official code's
 (reference written by tests/fixtures/liere/make_reference.py from StanfordMIMI/LieRE at b27b41b) at the training
 grid and a larger one; what does not fit is refused with the reason."""
@@ -13,7 +13,7 @@ import timm
 import torch
 
 import vit_rope
-from vit_rope.encodings.generators.liere import FORMAT_NAME, liere_args
+from vit_rope.encodings.generators.liere_weights import FORMAT_NAME, liere_args
 from vit_rope.models.formats import checkpoint_format, describe
 
 FIXTURES = Path(__file__).parents[1] / "fixtures" / "liere"

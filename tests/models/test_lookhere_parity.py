@@ -1,4 +1,4 @@
-"""LookHere's official checkpoints (vit_rope.encodings.bias.lookhere): the official model (a reference copy
+"""LookHere's official checkpoints (vit_rope.encodings.bias.lookhere_weights): the official model (a reference copy
 of its code, tests/helpers/lookhere_official.py), built at random and saved in its checkpoint format, loads through
 ``vit_rope.load_weights`` into our LookHere model and gives the same logits at its training grid and a larger one.
 
@@ -16,7 +16,7 @@ import torch
 
 import vit_rope
 from helpers.lookhere_official import LookHere
-from vit_rope.encodings.bias.lookhere import official_args
+from vit_rope.encodings.bias.lookhere_weights import official_args
 from vit_rope.errors import UserError
 from vit_rope.eval.loading import load_pretrained
 

@@ -1,5 +1,5 @@
 """PaPE and PaPE-RI (vit_rope.encodings.pape.parabolas) and PaPE's official folders
-(vit_rope.encodings.pape.parabolas): logits equal the official code's on the same weights at its training grid and
+(vit_rope.encodings.pape.pape_weights): logits equal the official code's on the same weights at its training grid and
 a larger one (reference written by tests/fixtures/pape/make_reference.py from DTU-PAS/parabolic-position-encoding at
 21cb390), patch logits that see offsets only, NaFlex samples equal to their image alone, features, position reliance,
 diagnostics, ONNX export at other sizes, and errors that say what fits."""
@@ -23,7 +23,7 @@ from helpers.models import (
     perturbed,
 )
 from helpers.naflex import images, offset_logits, pack, samples_equal_images
-from vit_rope.encodings.pape.parabolas import pape_args_from_config
+from vit_rope.encodings.pape.pape_weights import pape_args_from_config
 from vit_rope.eval.diagnostics import attention_entropy
 
 FIXTURES = Path(__file__).parents[1] / "fixtures" / "pape"

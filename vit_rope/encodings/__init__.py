@@ -7,14 +7,14 @@ import inspect
 
 from vit_rope.checks import check_choice
 from vit_rope.encodings.base import REGISTRY, EncodingSpec, PositionEncoding
-from vit_rope.encodings.bias import attn_bias, fire, lookhere  # noqa: F401  (imports register the kinds)
-from vit_rope.encodings.generators import comrope, liere  # noqa: F401
-from vit_rope.encodings.pape import parabolas
+from vit_rope.encodings.bias import attn_bias, fire, lookhere_weights  # noqa: F401  (imports register the kinds)
+from vit_rope.encodings.generators import comrope, liere, liere_weights  # noqa: F401
+from vit_rope.encodings.pape import pape_weights, parabolas  # noqa: F401
 from vit_rope.encodings.rope import rotary_encoding  # noqa: F401
 from vit_rope.encodings.rope.tables import RoPE2D
 
 # the kinds' official checkpoint formats (vit_rope.models.formats holds them with the others)
-FORMATS = (lookhere.FORMAT, parabolas.FORMAT, liere.FORMAT)
+FORMATS = (lookhere_weights.FORMAT, pape_weights.FORMAT, liere_weights.FORMAT)
 KINDS = tuple(sorted(REGISTRY, key=lambda kind: not REGISTRY[kind].rope))  # RoPE kinds first, else registration order
 
 

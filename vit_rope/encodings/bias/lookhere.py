@@ -1,26 +1,20 @@
 """LookHere's directed attention masks and distance penalties (Fuller et al., NeurIPS 2024, arXiv:2405.13985).
 
 The configuration is the official code's dict (github.com/GreenCUBIC/lookhere, MIT; ``CONFIG_KEYS``), written here as
-pure functions of positions so that NaFlex samples and fractional coordinates work too (docs/models.md). Its official
-checkpoints, ``{"weights": ..., "config": ...}``, hold DeiT-III's ViT under timm's keys, which load as they are into a
-``vit_rope_*_lookhere_*`` model built with ``official_args`` (``FORMAT``)."""
+pure functions of positions so that NaFlex samples and fractional coordinates work too (docs/models.md)."""
 
 from __future__ import annotations
 
 import math
 import numbers
-import re
-from collections.abc import Mapping
-from functools import partial
 from itertools import groupby
 from typing import Any
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
 from vit_rope.encodings.bias.offset_attention import scaled_offsets
 from vit_rope.encodings.policies import per_sample
-from vit_rope.weights import Converted, Description, Format, unwrap_state_dict
 
 # Each group gives 4 heads their fields of view; a head's view is the intersection of its tokens' views. "up" is
 # towards smaller y (the top row), as images are stored. "tri_*" are 90-degree cones, "diag_a_b" the union of two.
@@ -186,56 +180,3 @@ def layer_scales(config: dict[str, Any], depth: int) -> list[float]:
     first, last = config["layer_slopes"]
     ramp = torch.linspace(first, last, depth, dtype=torch.float64, device="cpu").tolist()  # under any device context
     return [-config["global_slope"] * slope for slope in ramp]
-
-
-def is_lookhere_checkpoint(obj: Any) -> bool:
-    """Whether ``obj`` is an official LookHere file: a ``weights`` state dict and a LookHere ``config``."""
-    return (isinstance(obj, Mapping) and isinstance(obj.get("weights"), dict) and isinstance(obj.get("config"), dict)
-            and "head_directions" in obj["config"])
-
-
-def official_args(obj: Mapping[str, Any]) -> dict[str, Any]:
-    """The ``timm.create_model`` arguments of a ``*_lookhere_*`` model for the official file ``obj``."""
-    weights = obj["weights"]
-    args: dict[str, Any] = dict(encoding="lookhere", encoding_options={"config": obj["config"]},
-                                norm_layer=partial(nn.LayerNorm, eps=1e-5), init_values=1e-4)
-    hidden, classes = weights.get("head.fc1.weight"), weights.get("head.fc2.weight")
-    if isinstance(hidden, Tensor):
-        args["head_hidden_dim"] = int(hidden.shape[0])
-    if isinstance(classes, Tensor):
-        args["num_classes"] = int(classes.shape[0])
-    return args
-
-
-def describe(obj: Mapping[str, Any]) -> Description:
-    """The LookHere model of the file: its width and depth, and ``official_args``."""
-    weights = obj["weights"]
-    blocks = {int(m[1]) for key in weights if (m := re.match(r"blocks\.(\d+)\.", key))}
-    patches = weights.get("patch_embed.proj.weight")
-    shape = {**({"depth": max(blocks) + 1} if blocks else {}),
-             **({"embed_dim": int(patches.shape[0])} if isinstance(patches, Tensor) else {})}
-    return None, {**shape, **official_args(obj)}
-
-
-def from_lookhere(obj: dict[str, Any], model: nn.Module) -> Converted:
-    """The state dict of an official LookHere file, for a LookHere ``model`` of its config."""
-    kind = getattr(model, "encoding_kind", None)
-    if kind != "lookhere":
-        raise ValueError(f"The checkpoint is an official LookHere one, the model's encoding is {kind!r}: load it into "
-                         "a vit_rope_*_lookhere_* model (vit_rope.create_from_checkpoint builds the one it describes).")
-    ours = model.pos_encoding.config
-    theirs = check_config(obj["config"], model.pos_encoding.num_heads, len(model.blocks))
-    if theirs != ours:
-        raise ValueError(f"The checkpoint's LookHere config {theirs} differs from the model's {ours}: create the model "
-                         "with encoding_options={'config': <the checkpoint's 'config'>}.")
-    weights = dict(obj["weights"])
-    if "head.fc1.weight" in weights and not hasattr(model.head, "fc1"):
-        hidden = weights["head.fc1.weight"].shape[0]
-        raise ValueError(f"The checkpoint's classifier is an MLP (hidden width {hidden}, Tanh), the model's a linear "
-                         f"layer: create the model with head_hidden_dim={hidden} (vit_rope.create_from_checkpoint "
-                         "builds the official ViT).")
-    return unwrap_state_dict(weights), ("LookHere's official file: keys renamed to ours",)
-
-
-FORMAT = Format("LookHere's official file", "top-level 'weights' and 'config' (with 'head_directions')",
-                is_lookhere_checkpoint, from_lookhere, describe, official_args)
