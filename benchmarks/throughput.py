@@ -40,7 +40,7 @@ from torch import nn
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import vit_rope  # noqa: E402,F401  (registers the vit_rope_* models)
 from benchmarks.machine import describe_machine  # noqa: E402
-from vit_rope.encodings.rope.cayley_string import CayleyString  # noqa: E402
+from vit_rope.encodings.rope.rotary_encoding import CayleyString  # noqa: E402
 from vit_rope.eval import report  # noqa: E402
 from vit_rope.layers import attention  # noqa: E402
 from vit_rope.layers.fused import reference_projection  # noqa: E402

@@ -12,9 +12,8 @@ import torch
 
 from vit_rope.encodings.base import image_positions
 from vit_rope.encodings.generators import block_rotation
-from vit_rope.encodings.generators.axis_rotation import AxisRotations
 from vit_rope.encodings.generators.block_rotation import BlockRotations, rotate_blocks, rotate_qk
-from vit_rope.encodings.generators.comrope import ComRoPE
+from vit_rope.encodings.generators.comrope import AxisRotations, ComRoPE
 from vit_rope.encodings.generators.liere import LieRE
 from vit_rope.layers.attention import RoPEAttention
 

@@ -1,5 +1,5 @@
-"""The rotation kinds' maths: golden-angle frequencies (vit_rope.encodings.rope.frequencies), p-RoPE's mask, the Cayley
-transform and STRING's fold (vit_rope.encodings.rope.cayley_string); translation invariance of each kind's position
+"""The rotation kinds' maths: golden-angle frequencies (vit_rope.encodings.rope.tables), p-RoPE's mask, the Cayley
+transform and STRING's fold (vit_rope.encodings.rope.rotary_encoding); translation invariance of each kind's position
 function with fractional offsets; errors that name the value and what is allowed."""
 
 import math
@@ -7,9 +7,8 @@ import math
 import pytest
 import torch
 
-from vit_rope.encodings.rope.cayley_string import CayleyString, cayley
-from vit_rope.encodings.rope.frequencies import GOLDEN_ANGLE, axial_frequencies, golden_frequencies, rotated_pairs
-from vit_rope.encodings.rope.tables import RoPE2D
+from vit_rope.encodings.rope.rotary_encoding import CayleyString, cayley
+from vit_rope.encodings.rope.tables import GOLDEN_ANGLE, RoPE2D, axial_frequencies, golden_frequencies, rotated_pairs
 from vit_rope.layers.fused import fold_qk
 from vit_rope.layers.rotary import apply_rope
 

@@ -10,8 +10,7 @@ from timm.layers.pos_embed_sincos import build_rotary_pos_embed
 import vit_rope  # noqa: F401  (registers the models)
 from vit_rope.encodings.base import image_coords
 from vit_rope.encodings.policies import POLICIES, CoordAugment, ResolutionPolicy, augment_positions, policy_frequencies
-from vit_rope.encodings.rope.frequencies import axial_frequencies
-from vit_rope.encodings.rope.tables import RoPE2D
+from vit_rope.encodings.rope.tables import RoPE2D, axial_frequencies
 from vit_rope.layers.rotary import apply_rope
 
 D, NH, TRAIN = 16, 2, (6, 8)

@@ -7,8 +7,7 @@ import pytest
 import torch
 from timm.layers import PatchEmbed
 
-from vit_rope.encodings.rope.frequencies import axial_frequencies, mixed_frequencies
-from vit_rope.encodings.rope.tables import RoPE2D
+from vit_rope.encodings.rope.tables import RoPE2D, axial_frequencies, mixed_frequencies
 from vit_rope.layers.rotary import apply_rope, grid_positions, grid_tables, rope_angles, rope_tables
 
 KINDS = ("axial", "mixed")

@@ -1,11 +1,11 @@
-"""ComRoPE's block rotations in RoPE form (``vit_rope.encodings.generators.spectral``): the same scores from a basis
+"""ComRoPE's block rotations in RoPE form (``vit_rope.encodings.generators.comrope``): the same scores from a basis
 and 2D frequencies as from ``exp((c_x x + c_y y) S)``, and a refusal where the form is ambiguous."""
 
 from __future__ import annotations
 
 import torch
 
-from vit_rope.encodings.generators.spectral import spectral_form
+from vit_rope.encodings.generators.comrope import spectral_form
 from vit_rope.layers.rotary import apply_rope, rope_angles, rope_tables
 
 

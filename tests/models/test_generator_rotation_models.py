@@ -18,7 +18,7 @@ from helpers.models import (
 )
 from helpers.naflex import assert_offsets_only, images, pack, samples_equal_images
 from vit_rope.encodings.base import image_positions
-from vit_rope.encodings.generators.spectral import Spectral
+from vit_rope.encodings.generators.comrope import Spectral
 
 KINDS = ("comrope_ap", "comrope_ld", "liere")
 BASE = dict(img_size=80, embed_dim=32, depth=2, num_heads=2, num_classes=7, init_values=0.5)
@@ -133,7 +133,7 @@ def test_grouped_query_attention_rotates_the_shared_keys_too(kind):
 
 @pytest.mark.parametrize("kind", ["comrope_ap", "comrope_ld"])
 def test_comrope_inference_in_rope_form_equals_its_block_rotations(kind: str):
-    """In eager inference ComRoPE runs as RoPE in a folded basis (``generators.spectral``); its logits equal the
+    """In eager inference ComRoPE runs as RoPE in a folded basis (``generators.comrope``); its logits equal the
     block rotations' (the path autograd takes), also after its matrices and the projections change in place."""
     model = build(kind).eval()
     x = torch.randn(2, 3, 64, 96)

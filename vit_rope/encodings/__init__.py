@@ -9,10 +9,7 @@ from vit_rope.checks import check_choice
 from vit_rope.encodings.base import REGISTRY, EncodingSpec, PositionEncoding
 from vit_rope.encodings.bias import attn_bias, fire, lookhere_weights  # noqa: F401  (imports register the kinds)
 from vit_rope.encodings.generators import comrope, liere, liere_weights  # noqa: F401
-from vit_rope.encodings.pape import (
-    pape_weights,
-    parabolas,  # noqa: F401
-)
+from vit_rope.encodings.pape import pape_weights, parabolas  # noqa: F401
 from vit_rope.encodings.rope import rotary_encoding  # noqa: F401
 from vit_rope.encodings.rope.tables import RoPE2D
 

@@ -95,12 +95,10 @@ def fit_checkpoint_pos_embed(pos_embed: Tensor, model: nn.Module) -> Tensor:
     rows = pos_embed.shape[1]
     found = source_grids(rows, grid, num_prefix)
     if not found:
-        raise ValueError(
-            f"The checkpoint's position embedding has {rows} rows, which fit no square patch grid nor one of the "
-            f"model's aspect ratio ({grid[0]}x{grid[1]}) after {num_prefix}, 0 or 1 prefix rows: create the model "
-            "with the img_size, patch_size and prefix tokens (class_token, reg_tokens) the checkpoint was trained "
-            "with, then change the input size."
-        )
+        raise ValueError(f"The checkpoint's position embedding has {rows} rows, which fit no square patch grid nor one "
+                         f"of the model's aspect ratio ({grid[0]}x{grid[1]}) after {num_prefix}, 0 or 1 prefix rows: "
+                         "create the model with the img_size, patch_size and prefix tokens (class_token, reg_tokens) "
+                         "the checkpoint was trained with, then change the input size.")
     own = (num_prefix, grid)
     src_prefix, src_grid = taken = own if own in found else found[0]
     if len(found) > 1:

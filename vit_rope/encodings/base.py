@@ -14,12 +14,13 @@ from typing import Any, NamedTuple, TypeVar
 import torch
 from torch import Tensor, nn
 
-from vit_rope.encodings.policies import POLICIES, ResolutionPolicy, check_policy
+from vit_rope.encodings.policies import PolicyChoice, ResolutionPolicy
 from vit_rope.layers.attention import BlockInput
 from vit_rope.layers.lattice import Lattice
+from vit_rope.layers.rotary import grid_positions
 
 # the interface every kind implements; BlockInput is attention's side of it, defined with attention
-__all__ = ["REGISTRY", "BlockInput", "LazyBlockInputs", "EncodingSpec", "GridTables", "Kind", "NoEncoding",
+__all__ = ["REGISTRY", "BlockInput", "LazyBlockInputs", "EncodingSpec", "GridTables", "Kept", "Kind", "NoEncoding",
            "PositionEncoding", "Positions", "image_coords", "image_positions", "register"]
 T = TypeVar("T")
 
@@ -37,11 +38,15 @@ class Positions(NamedTuple):
     lattice: Callable[[], Lattice | None] | None = None
     captured: bool = False
 
+    @property
+    def image_batch(self) -> bool:
+        """An eager image batch: one grid for every sample outside a capture, what tables per grid (cached) serve."""
+        return not self.captured and self.grid is not None and self.coords.dim() == 2
+
 
 def image_coords(height: int, width: int, device: torch.device | None = None) -> tuple[Tensor, Tensor]:
     """The row-major patch coordinates ``[h * w, 2]`` (y, x) and the grid ``[1, 2]``: an image batch as NaFlex."""
-    ys, xs = torch.meshgrid(torch.arange(height, device=device), torch.arange(width, device=device), indexing="ij")
-    coord = torch.stack((ys, xs), dim=-1).reshape(-1, 2)  # [N, 2] (y, x)
+    coord = grid_positions(height, width, device, torch.long).flip(-1)  # [N, 2] (y, x)
     return coord, coord[-1:] + 1  # the last patch is (h - 1, w - 1): the grid without a Python number in a tensor
 
 
@@ -62,11 +67,8 @@ class LazyBlockInputs(Sequence):
         return self.depth
 
     def __getitem__(self, index: Any) -> Any:
-        if isinstance(index, slice):
-            return [self.build(i) for i in range(*index.indices(self.depth))]
-        if not -self.depth <= index < self.depth:
-            raise IndexError(f"block {index} of {self.depth}")
-        return self.build(index % self.depth)
+        blocks = range(self.depth)[index]  # a list's indexing: negative, slices, IndexError past the end
+        return [self.build(i) for i in blocks] if isinstance(index, slice) else self.build(blocks)
 
 
 class GridTables:
@@ -79,7 +81,10 @@ class GridTables:
     def __len__(self) -> int:
         return len(self._tables)
 
-    def get(self, key: Hashable, build: Callable[[], T]) -> T:
+    def get(self, key: Hashable | None, build: Callable[[], T]) -> T:
+        """``build()``, kept under ``key`` (``None``: built every time, as tables that must not be kept)."""
+        if key is None:
+            return build()
         if key in self._tables:
             self._tables.move_to_end(key)
         else:
@@ -92,10 +97,26 @@ class GridTables:
         self._tables.clear()
 
 
-class PositionEncoding(nn.Module):
-    """What every position encoding implements; ``policies``: those that apply to the kind, its default first."""
+class Kept:
+    """One value kept while the tensors it was made from stay the same: the same tensors (held, so that no other takes
+    their place), their versions where they track one (an inference tensor does not): a basis folded into a projection,
+    reused while neither changes."""
 
-    policies = POLICIES
+    def __init__(self) -> None:
+        self._kept: tuple[Any, ...] | None = None
+
+    def get(self, build: Callable[[], T], *sources: Tensor | None) -> T:
+        key = tuple((id(t), t.data_ptr(), None if t.is_inference() else t._version) for t in sources if t is not None)
+        if self._kept is None or self._kept[0] != key:
+            self._kept = (key, sources, build())
+        return self._kept[2]
+
+    def clear(self) -> None:
+        self._kept = None
+
+
+class PositionEncoding(PolicyChoice, nn.Module):
+    """What every position encoding implements; ``policies``: those that apply to the kind, its default first."""
 
     def __init__(self, kind: str, depth: int, train_grid: tuple[int, int] | None = None,
                  policy: str | dict | ResolutionPolicy | None = None) -> None:
@@ -103,22 +124,6 @@ class PositionEncoding(nn.Module):
         self.kind, self.depth = kind, depth
         self.train_grid = None if train_grid is None else (int(train_grid[0]), int(train_grid[1]))
         self.policy = policy
-
-    @property
-    def policy(self) -> ResolutionPolicy:
-        """How positions follow other grids; setting it checks that it applies, ``None`` the kind's default."""
-        return ResolutionPolicy(self.policy_name)
-
-    @policy.setter
-    def policy(self, policy: str | dict | ResolutionPolicy | None) -> None:
-        policy = ResolutionPolicy.create(self.policies[0] if policy is None else policy)
-        self.policy_name = self.check_policy(policy.name)
-
-    def check_policy(self, policy: str) -> str:
-        return check_policy(policy, self.policies, self.refusal(policy))
-
-    def refusal(self, policy: str) -> str:
-        return f"Policy {policy!r} does not apply to {self.kind}: use one of {', '.join(map(repr, self.policies))}."
 
     def attach_(self, blocks: nn.ModuleList, dim: int, num_heads: int) -> None:
         """Give each block's attention the kind's own weights there (PaPE's layers, STRING's bases); none by default."""
@@ -143,6 +148,9 @@ class PositionEncoding(nn.Module):
         """Write what the kind keeps in the blocks' attention into their weights where that gives the same function
         at a lower cost (STRING's basis into the qkv projection; ONNX export calls it); nothing by default."""
 
+    def extra_repr(self) -> str:
+        return f"kind={self.kind}, depth={self.depth}, train_grid={self.train_grid}, policy={self.policy_name}"
+
 
 class NoEncoding(PositionEncoding):
     """No position encoding: attention sees content only (the control of the encodings study)."""
@@ -152,9 +160,6 @@ class NoEncoding(PositionEncoding):
 
     def block_inputs(self, positions: Positions, num_prefix_tokens: int) -> list[Any]:
         return [None] * self.depth
-
-    def extra_repr(self) -> str:
-        return f"depth={self.depth}"
 
 
 @dataclass(frozen=True)

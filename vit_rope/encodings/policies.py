@@ -53,10 +53,35 @@ class ResolutionPolicy:
         return cls(**policy)
 
 
-def check_policy(policy: str, policies: tuple[str, ...], refusal: str) -> str:
-    if policy not in policies:
-        raise ValueError(refusal)
-    return policy
+class PolicyChoice:
+    """A module's resolution policy, one of ``policies`` (the default first); setting ``policy`` checks that it
+    applies, ``None`` taking the default. The policy is ``resolution``, its name ``policy_name``."""
+
+    policies: tuple[str, ...] = POLICIES
+    kind: str
+    resolution: ResolutionPolicy
+
+    @property
+    def policy(self) -> ResolutionPolicy:
+        return self.resolution
+
+    @policy.setter
+    def policy(self, policy: str | dict | ResolutionPolicy | None) -> None:
+        policy = ResolutionPolicy.create(self.policies[0] if policy is None else policy)
+        self.check_policy(policy.name)
+        self.resolution = policy
+
+    @property
+    def policy_name(self) -> str:
+        return self.resolution.name
+
+    def check_policy(self, policy: str) -> str:
+        if policy not in self.policies:
+            raise ValueError(self.refusal(policy))
+        return policy
+
+    def refusal(self, policy: str) -> str:
+        return f"Policy {policy!r} does not apply to {self.kind}: use one of {', '.join(map(repr, self.policies))}."
 
 
 def per_sample(values: Tensor, positions: Tensor) -> Tensor:
@@ -97,10 +122,8 @@ def place_positions(coord: Tensor, grids: Tensor, kind: str, policy: str, train_
     return xy
 
 
-def policy_frequencies(
-    freqs: Tensor, grids: Tensor | None, train_grid: tuple[int, int] | None, policy: ResolutionPolicy, theta: float,
-    head_dim: int,
-) -> tuple[Tensor, Tensor | None]:
+def policy_frequencies(freqs: Tensor, grids: Tensor | None, train_grid: tuple[int, int] | None,
+                       policy: ResolutionPolicy, theta: float, head_dim: int) -> tuple[Tensor, Tensor | None]:
     """Frequencies on ``grids`` under ``policy`` (``[2, H, D/2]`` as they are, else ``[1 or B, 2, H, D/2]``) and the
     attention temperature (``yarn``'s ``[1 or B, 1, 1, 1]``, else ``None``). Scaling a pair's x frequency by ``a`` is
     scaling its x positions by ``a``, so every policy is a per-axis, per-pair factor between ``1 / s`` (interpolate)
@@ -143,39 +166,31 @@ class CoordAugment:
 
     def __post_init__(self) -> None:
         if self.shift < 0 or self.subpixel < 0 or self.jitter < 1 or self.rescale < 1:
-            raise ValueError(
-                f"Coordinate augmentation needs shift >= 0, subpixel >= 0, jitter >= 1 and rescale >= 1; got {self}."
-            )
+            raise ValueError(f"Coordinate augmentation needs shift >= 0, subpixel >= 0, jitter >= 1 and rescale >= 1; "
+                             f"got {self}.")
 
     @property
     def active(self) -> bool:
         return self.shift > 0 or self.jitter > 1 or self.rescale > 1 or self.subpixel > 0
 
 
-def batch_coordinate_draw(shift: float, jitter: float, rescale: float, device: torch.device | None = None,
-                          generator: torch.Generator | None = None) -> tuple[Tensor, Tensor]:
-    """DINOv3's one augmentation draw for a batch, ``(offset, scale)`` (x, y), its random calls in its order."""
-    def uniform(size: int, bound: float) -> Tensor:
-        return torch.empty(size, device=device).uniform_(-bound, bound, generator=generator)
-
-    offset, scale = torch.zeros(2, device=device), torch.ones(2, device=device)
-    if shift > 0:
-        offset = uniform(2, shift)
-    if jitter > 1:
-        scale = uniform(2, math.log(jitter)).exp()
-    if rescale > 1:
-        scale = scale * uniform(1, math.log(rescale)).exp()
-    return offset.flip(0), scale.flip(0)  # (h, w) -> (x, y)
-
-
-def augment_positions(
-    positions: Tensor, batch_size: int, aug: CoordAugment, generator: torch.Generator | None = None
-) -> Tensor:
-    """Positions with a coordinate transform per image or one per batch, in DINOv3's order."""
+def augment_positions(positions: Tensor, batch_size: int, aug: CoordAugment, generator: torch.Generator | None = None
+                      ) -> Tensor:
+    """Positions with a coordinate transform per image, or one per batch as DINOv3 draws it (its random calls in its
+    order, ``(h, w)``)."""
     B, device = batch_size, positions.device
     if not aug.per_image:
-        offset, scale = batch_coordinate_draw(aug.shift, aug.jitter, aug.rescale, device, generator)
-        positions = (positions + offset) * scale  # [N, 2]: one transform for the batch
+        def draw(size: int, bound: float) -> Tensor:
+            return torch.empty(size, device=device).uniform_(-bound, bound, generator=generator)
+
+        offset, scale = torch.zeros(2, device=device), torch.ones(2, device=device)
+        if aug.shift > 0:
+            offset = draw(2, aug.shift)
+        if aug.jitter > 1:
+            scale = draw(2, math.log(aug.jitter)).exp()
+        if aug.rescale > 1:
+            scale = scale * draw(1, math.log(aug.rescale)).exp()
+        positions = (positions + offset.flip(0)) * scale.flip(0)  # [N, 2]: one transform for the batch, (x, y)
         if aug.subpixel > 0:
             noise = torch.rand(B, *positions.shape[-2:], generator=generator, device=device) * 2 - 1
             positions = positions + noise * aug.subpixel  # [B, N, 2]

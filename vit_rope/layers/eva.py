@@ -28,13 +28,9 @@ def resize_attn_pool(pool: AttentionPoolLatent | None, num_heads: int | None, ml
         raise ValueError(f"attn_pool_num_heads={num_heads} and attn_pool_mlp_ratio={mlp_ratio} shape the attention-"
                          "pool head, which only global_pool='map' has: set global_pool='map' or leave them unset.")
     dim = pool.kv.in_features
-    return AttentionPoolLatent(
-        dim,
-        num_heads=num_heads or pool.num_heads,
-        mlp_ratio=mlp_ratio or pool.mlp.fc1.out_features / dim,
-        norm_layer=partial(type(pool.norm), eps=pool.norm.eps),
-        act_layer=type(pool.mlp.act),
-    )
+    return AttentionPoolLatent(dim, num_heads=num_heads or pool.num_heads,
+                               mlp_ratio=mlp_ratio or pool.mlp.fc1.out_features / dim,
+                               norm_layer=partial(type(pool.norm), eps=pool.norm.eps), act_layer=type(pool.mlp.act))
 
 
 LAYER_SCALES = ("both", "attn")

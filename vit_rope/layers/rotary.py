@@ -11,15 +11,11 @@ import torch.nn.functional as F
 from torch import Tensor
 
 
-def grid_positions(
-    height: int, width: int, device: torch.device | None = None, dtype: torch.dtype = torch.float32
-) -> Tensor:
+def grid_positions(height: int, width: int, device: torch.device | None = None, dtype: torch.dtype = torch.float32
+                   ) -> Tensor:
     """Integer patch coordinates ``[height * width, 2]`` (x, y) of a grid, row-major as timm's PatchEmbed flattens."""
-    ys, xs = torch.meshgrid(
-        torch.arange(height, device=device, dtype=dtype),
-        torch.arange(width, device=device, dtype=dtype),
-        indexing="ij",
-    )
+    ys, xs = torch.meshgrid(torch.arange(height, device=device, dtype=dtype),
+                            torch.arange(width, device=device, dtype=dtype), indexing="ij")
     return torch.stack((xs, ys), dim=-1).reshape(-1, 2)  # [N, 2]
 
 

@@ -78,12 +78,6 @@ class AttnBias(PositionEncoding):
                 "rescale RoPE frequencies, which it has none of. Use 'extrapolate' (positions as they are) or "
                 "'interpolate' (positions scaled to the training grid).")
 
-    def _penalties(self, positions: Tensor, valid: Tensor | None, scale: Tensor | None) -> dict[str, Tensor]:
-        cfg, slopes = self.config, alibi_slopes(self.num_heads)
-        return {spec: offset_alibi(scaled_offsets(positions, scale), slopes) if spec == "alibi" else
-                lookhere_penalty(positions, *head_plan(spec, self.num_heads), cfg["distance"], cfg["fill_with"], valid,
-                                 scale) for spec in dict.fromkeys(self.layer_specs)}
-
     def _offset_tables(self, grid: tuple[int, int]) -> dict[str, Tensor]:
         """One table per offset ``[H, 2h - 1, 2w - 1]`` per distinct layer spec."""
         offsets = policy_offsets(grid, self.train_grid, self.policy_name, self.anchor.device)[0][None]  # [1, M, 2]
@@ -94,8 +88,11 @@ class AttnBias(PositionEncoding):
 
     def _layers(self, positions: Positions, num_prefix_tokens: int) -> list[Tensor]:
         scale = policy_scale(positions.grids, self.train_grid, self.policy_name)
-        penalties = self._penalties(positions.coords, positions.valid, scale)
-        tables = {spec: pad_prefix(t if t.dim() == 4 else t[None], num_prefix_tokens) for spec, t in penalties.items()}
+        cfg, slopes, pos = self.config, alibi_slopes(self.num_heads), positions.coords
+        tables = {spec: offset_alibi(scaled_offsets(pos, scale), slopes) if spec == "alibi" else
+                  lookhere_penalty(pos, *head_plan(spec, self.num_heads), cfg["distance"], cfg["fill_with"],
+                                   positions.valid, scale) for spec in dict.fromkeys(self.layer_specs)}
+        tables = {spec: pad_prefix(t if t.dim() == 4 else t[None], num_prefix_tokens) for spec, t in tables.items()}
         return [tables[spec] for spec in self.layer_specs]
 
     def _key(self, grid: tuple[int, int], *extra: Any) -> tuple:
@@ -104,14 +101,12 @@ class AttnBias(PositionEncoding):
 
     def forward(self, positions: Positions, num_prefix_tokens: int = 0) -> list[Tensor]:
         """Each block's dense penalty ``[1 or B, H, P + N, P + N]``, an image batch's cached per grid."""
-        if positions.captured or positions.grid is None or positions.coords.dim() != 2:
-            return self._layers(positions, num_prefix_tokens)
-        return self._cache.get(self._key(positions.grid, num_prefix_tokens),
-                               lambda: self._layers(positions, num_prefix_tokens))
+        key = self._key(positions.grid, num_prefix_tokens) if positions.image_batch else None
+        return self._cache.get(key, lambda: self._layers(positions, num_prefix_tokens))
 
     def block_inputs(self, positions: Positions, num_prefix_tokens: int) -> list[Any]:
         grid = positions.grid
-        if self.by_offset and not positions.captured and grid is not None and positions.coords.dim() == 2:
+        if self.by_offset and positions.image_batch:
             offsets = self._cache.get(self._key(grid, "offsets"), lambda: self._offset_tables(grid))
             dense = self._cache.get(self._key(grid, "dense", num_prefix_tokens), lambda: {spec: {} for spec in offsets})
             return [OffsetBias(offsets[spec], scale, grid, num_prefix_tokens, dense[spec]) if scale else None
@@ -125,8 +120,8 @@ class AttnBias(PositionEncoding):
         self._cache.clear()
 
     def extra_repr(self) -> str:
-        return (f"kind={self.kind}, num_heads={self.num_heads}, train_grid={self.train_grid}, "
-                f"policy={self.policy_name}" + (f", config={self.config}" if self.config else ""))
+        config = f", config={self.config}" if self.config else ""
+        return f"{super().extra_repr()}, num_heads={self.num_heads}{config}"
 
 
 @register("alibi")

@@ -74,7 +74,7 @@ class Fire(PositionEncoding):
 
     def block_inputs(self, positions: Positions, num_prefix_tokens: int) -> list[Any]:
         grid = positions.grid
-        if not positions.captured and grid is not None and positions.coords.dim() == 2:
+        if positions.image_batch:
             return [OffsetBias(table, 1.0, grid, num_prefix_tokens) for table in self._offset_tables(grid)]
         biases = self(positions, num_prefix_tokens)
         return [Bias(biases[i]) for i in range(self.depth)]
@@ -86,8 +86,7 @@ class Fire(PositionEncoding):
         self.threshold = nn.Parameter(self.threshold.data[:depth])
 
     def extra_repr(self) -> str:
-        return (f"num_heads={self.num_heads}, depth={self.depth}, train_grid={self.train_grid}, "
-                f"policy={self.policy_name}")
+        return f"{super().extra_repr()}, num_heads={self.num_heads}"
 
 
 @register("fire", options=("hidden",))

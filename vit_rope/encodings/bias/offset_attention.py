@@ -22,14 +22,6 @@ SCORE_ELEMENTS = 2**22
 FLASH_QUERIES = 768
 
 
-def offset_grid(h: int, w: int, device: torch.device | None = None) -> Tensor:
-    """Every key-minus-query offset ``(dx, dy)`` of an ``h x w`` grid, ``[(2h - 1) (2w - 1), 2]``, in the order of a
-    table ``[2h - 1, 2w - 1]`` indexed by ``(dy + h - 1, dx + w - 1)``."""
-    dy, dx = torch.meshgrid(torch.arange(1 - h, h, device=device), torch.arange(1 - w, w, device=device),
-                            indexing="ij")
-    return torch.stack((dx, dy), dim=-1).reshape(-1, 2)
-
-
 def scaled_offsets(positions: Tensor, scale: Tensor | None) -> Tensor:
     """Key-minus-query offsets ``[..., N, N, 2]`` of positions ``[..., N, 2]``, times ``scale`` ``[1 or B, 2]``
     after the difference: the same value for every pair at the same offset, to the bit, as a table per offset has."""
@@ -47,9 +39,13 @@ def policy_scale(grids: Tensor, train_grid: tuple[int, int] | None, policy: str)
 
 def policy_offsets(grid: tuple[int, int], train_grid: tuple[int, int] | None, policy: str, device: torch.device,
                    dtype: torch.dtype = torch.float32) -> tuple[Tensor, Tensor | None]:
-    """The offsets of ``offset_grid`` as the policy scales them, and that scale ``[1, 2]`` (``None``: none)."""
+    """Every key-minus-query offset ``(dx, dy)`` of ``grid`` ``[(2h - 1) (2w - 1), 2]``, in the order of a table
+    ``[2h - 1, 2w - 1]`` indexed by ``(dy + h - 1, dx + w - 1)``, as the policy scales them; that scale ``[1, 2]``."""
+    h, w = grid
     scale = policy_scale(torch.tensor([grid], device=device), train_grid, policy)
-    offsets = offset_grid(grid[0], grid[1], device).to(dtype)
+    dy, dx = torch.meshgrid(torch.arange(1 - h, h, device=device), torch.arange(1 - w, w, device=device),
+                            indexing="ij")
+    offsets = torch.stack((dx, dy), dim=-1).reshape(-1, 2).to(dtype)
     return (offsets if scale is None else offsets * scale[0].to(dtype)), scale
 
 

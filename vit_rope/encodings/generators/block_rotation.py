@@ -114,10 +114,10 @@ class BlockRotation(PositionEncoding):
     CACHE_SIZE = 2
     policies = POSITION_POLICIES
 
-    def __init__(self, kind: str, depth: int, train_grid: tuple[int, int],
-                 policy: str | dict | ResolutionPolicy | None, prefix_position: float | None) -> None:
+    def __init__(self, kind: str, depth: int, train_grid: tuple[int, int], policy: str | dict | ResolutionPolicy | None,
+                 prefix_position: float | None, per_layer: bool) -> None:
         super().__init__(kind, depth, train_grid, policy)
-        self.prefix_position = prefix_position
+        self.prefix_position, self.per_layer = prefix_position, per_layer  # per_layer: generators per block
         self._cache = GridTables(self.CACHE_SIZE)
 
     def refusal(self, policy: str) -> str:
@@ -129,10 +129,6 @@ class BlockRotation(PositionEncoding):
     def generators(self) -> Tensor:
         """The skew-symmetric generators ``[L, H, 2, D/b, b, b]`` (``L``: 1 or one per block) along (x, y)."""
         raise NotImplementedError
-
-    @property
-    def per_layer(self) -> bool:
-        return False
 
     def tables(self, coords: Tensor, num_prefix_tokens: int, captured: bool = False) -> Tensor:
         """``R`` ``[L, 1 or B, H, P + N, D/b, b, b]``: an exponential per token, without autograd a chunk at a time."""
@@ -167,19 +163,15 @@ class BlockRotation(PositionEncoding):
 
     def cache_key(self, positions: Positions, num_prefix_tokens: int) -> tuple | None:
         """What an image batch's tables in eager evaluation depend on; ``None`` where they are not kept."""
-        if positions.captured or positions.grid is None or positions.coords.dim() != 2 or torch.is_grad_enabled():
+        if not positions.image_batch or torch.is_grad_enabled():
             return None
         params = tuple(x for p in self.parameters() for x in (p._version, p.data_ptr()))
         h, w = positions.grid
         return (int(h), int(w), num_prefix_tokens, str(positions.coords.device), self.policy_name, params)
 
     def forward(self, positions: Positions, num_prefix_tokens: int = 0) -> Tensor:
-        key = self.cache_key(positions, num_prefix_tokens)
-
-        def build() -> Tensor:
-            return self.tables(positions.coords, num_prefix_tokens, positions.captured)
-
-        return build() if key is None else self._cache.get(key, build)
+        return self._cache.get(self.cache_key(positions, num_prefix_tokens),
+                               lambda: self.tables(positions.coords, num_prefix_tokens, positions.captured))
 
     def block_inputs(self, positions: Positions, num_prefix_tokens: int) -> list[Any]:
         tables = self(positions, num_prefix_tokens)  # [L, 1 or B, H, P + N, m, b, b]

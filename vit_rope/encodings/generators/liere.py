@@ -32,16 +32,12 @@ class LieRE(BlockRotation):
     def __init__(self, depth: int, num_heads: int, head_dim: int, train_grid: tuple[int, int],
                  policy: str | dict | ResolutionPolicy | None = None, generator_dim: int = 8, per_head: bool = True,
                  per_layer: bool = False) -> None:
-        super().__init__("liere", depth, train_grid, policy, None)
+        super().__init__("liere", depth, train_grid, policy, None, per_layer)
         self.generator_dim = check_block("encoding_options['generator_dim']", generator_dim, head_dim)
-        self.heads, self._per_layer = (num_heads if per_head else 1), per_layer
+        self.heads = num_heads if per_head else 1
         count = self.heads * (head_dim // generator_dim)
         self.generator_raw_params = nn.Parameter(
             torch.rand(2, depth if per_layer else 1, count, generator_dim, generator_dim) * 2 * math.pi)
-
-    @property
-    def per_layer(self) -> bool:
-        return self._per_layer
 
     def generators(self) -> Tensor:
         upper = torch.triu(self.generator_raw_params, diagonal=1)  # [2, L, G, g, g]
@@ -52,7 +48,7 @@ class LieRE(BlockRotation):
         return liere_positions(coord, grids, self.train_grid, self.policy_name)
 
     def prune_(self, depth: int) -> None:
-        if self._per_layer:
+        if self.per_layer:
             self.generator_raw_params = nn.Parameter(self.generator_raw_params.data[:, :depth])
         self.depth = depth
         self.clear_()
@@ -62,9 +58,8 @@ class LieRE(BlockRotation):
         return {"generator_raw_params"}
 
     def extra_repr(self) -> str:
-        _, L, G, g, _ = self.generator_raw_params.shape
-        return (f"depth={self.depth}, heads={self.heads}, generators={G}x{g}x{g}, per_layer={self._per_layer}, "
-                f"train_grid={self.train_grid}, policy={self.policy_name}")
+        _, _, G, g, _ = self.generator_raw_params.shape
+        return f"{super().extra_repr()}, heads={self.heads}, generators={G}x{g}x{g}, per_layer={self.per_layer}"
 
 
 @register("liere", options=("generator_dim", "per_head", "per_layer"))

@@ -141,15 +141,10 @@ class ParabolicEncoding(PositionEncoding):
                 "(positions scaled to the training grid) or 'normalized' (positions divided by the grid, PaPE's "
                 "normalize option).")
 
-    def layer(self, dim: int, num_heads: int) -> ParabolaLayer:
-        if self.kind == "pape_ri":
-            return PaPERILayer(dim, num_heads)
-        return PaPELayer(dim, num_heads, self.parabolas)
-
     def attach_(self, blocks: nn.ModuleList, dim: int, num_heads: int) -> None:
         """Each block's attention gets its own layer (``pape``: the official checkpoints' weights are per layer)."""
         for blk in blocks:
-            blk.attn.pape = self.layer(dim, num_heads)
+            blk.attn.pape = PaPELayer(dim, num_heads, self.parabolas) if self.parabolas else PaPERILayer(dim, num_heads)
 
     def place(self, coord: Tensor, grids: Tensor) -> Tensor:
         return pape_positions(coord, grids, self.policy_name, self.train_grid)
@@ -163,8 +158,7 @@ class ParabolicEncoding(PositionEncoding):
         return [Parabolas(self(positions, num_prefix_tokens))] * self.depth
 
     def extra_repr(self) -> str:
-        return (f"kind={self.kind}, depth={self.depth}, train_grid={self.train_grid}, policy={self.policy_name}"
-                + (f", parabolas={self.parabolas}" if self.parabolas else ""))
+        return super().extra_repr() + (f", parabolas={self.parabolas}" if self.parabolas else "")
 
 
 @register("pape_ri")

@@ -1,38 +1,13 @@
-"""DINOv3's 2D RoPE (Simeoni et al. 2025, arXiv:2508.10104) as pure functions, and the q / k layouts of checkpoints:
-DINOv3's rotate-half pairs, timm ``Eva``'s EVA-02 (arXiv:2303.11331) and SBB y first, Perception Encoder's
-(arXiv:2504.13181) x first, reordered to ours once when weights load (a permutation of q and k keeps ``q . k``)."""
+"""The q / k layouts of checkpoints: DINOv3's (Simeoni et al. 2025, arXiv:2508.10104) rotate-half pairs, timm ``Eva``'s
+EVA-02 (arXiv:2303.11331) and SBB y first, Perception Encoder's (arXiv:2504.13181) x first, reordered to ours once
+when weights load (a permutation of q and k keeps ``q . k``)."""
 
 from __future__ import annotations
-
-import math
 
 import torch
 from torch import Tensor
 
 from vit_rope.checks import check_choice
-from vit_rope.encodings.rope.frequencies import axial_layout
-
-NORMALIZE = ("separate", "min", "max")
-
-
-def check_normalize(normalize: str) -> str:
-    return check_choice(normalize, NORMALIZE, "DINOv3 coordinate normalisation")
-
-
-def dinov3_frequencies(head_dim: int, base: float = 100.0, min_period: float | None = None,
-                       max_period: float | None = None) -> Tensor:
-    """Frequencies ``2 pi / p_j`` as ``(wx, wy)`` ``[2, 1, D/2]``; the periods together replace ``base``'s."""
-    quarter = head_dim // 4
-    if (min_period is None) != (max_period is None):
-        raise ValueError(f"DINOv3 RoPE needs both min_period and max_period or neither, got {min_period} and "
-                         f"{max_period}.")
-    if min_period is not None and max_period is not None:
-        if not 0 < min_period <= max_period:
-            raise ValueError(f"DINOv3 RoPE needs 0 < min_period <= max_period, got {min_period} and {max_period}.")
-        periods = min_period * (max_period / min_period) ** torch.linspace(0, 1, quarter, dtype=torch.float32)
-    else:
-        periods = base ** (2.0 * torch.arange(quarter, dtype=torch.float32) / (head_dim // 2))
-    return axial_layout(2 * math.pi / periods)  # [D/4] per axis
 
 
 def _swapped_axes(head_dim: int) -> tuple[Tensor, Tensor]:

@@ -1,19 +1,92 @@
 """Rotary position encodings as one ``PositionEncoding``: the ``RoPE2D`` tables every block rotates q and k by.
 
 RoPE-ViT (Heo et al., ECCV 2024, arXiv:2403.13298) learns mixed frequencies per layer, so a mixed model holds one
-``RoPE2D`` per block (keeping its ``<block>.freqs`` state-dict layout); fixed frequencies share one."""
+``RoPE2D`` per block (keeping its ``<block>.freqs`` state-dict layout); fixed frequencies share one.
+
+Cayley-STRING: RoPE after a learned orthogonal change of basis ``P`` of the queries and keys (Schenck, Reid et al.,
+"Learning the RoPEs: Better 2D and 3D Position Encodings with STRING", ICML 2025, arXiv:2502.02562). ``P = (I - S)(I +
+S)^-1`` of a skew-symmetric ``S`` is orthogonal for every ``S``, the same at every position (exact translation
+invariance) and ``I`` at ``S = 0``: a fresh model is its base kind (docs/models.md)."""
 
 from __future__ import annotations
 
 from typing import Any
 
+import torch
 from torch import Tensor, nn
 
 from vit_rope.checks import check_choice
-from vit_rope.encodings.base import EncodingSpec, LazyBlockInputs, PositionEncoding, Positions, register
+from vit_rope.encodings.base import EncodingSpec, Kept, LazyBlockInputs, PositionEncoding, Positions, register
 from vit_rope.encodings.policies import ResolutionPolicy
-from vit_rope.encodings.rope.cayley_string import CayleyString, StringTables
 from vit_rope.encodings.rope.tables import KINDS, RoPE2D
+from vit_rope.layers.attention import BlockInput, RoPEAttention
+from vit_rope.layers.fused import fold_qk
+
+
+def cayley(skew: Tensor) -> Tensor:
+    """``P = (I - S)(I + S)^-1`` with ``S = A - A^T``: orthogonal for any ``A``, in fp32 at least (a solve in bf16
+    would lose orthogonality)."""
+    if skew.dtype != torch.float64:
+        skew = skew.float()
+    s = skew - skew.transpose(-1, -2)  # exactly skew-symmetric
+    eye = torch.eye(s.shape[-1], dtype=s.dtype, device=s.device)
+    return torch.linalg.solve(eye + s, eye - s)  # (I + S)^-1 (I - S), which equals (I - S)(I + S)^-1 (they commute)
+
+
+# FX (torchvision's feature extractor, timm's tracer): recorded as calls, whose shapes and dtypes the trace cannot read
+torch.fx.wrap("cayley")
+
+
+class CayleyString(nn.Module):
+    """The learned ``S`` of one attention layer; ``forward`` folds ``P`` into the qkv projection."""
+
+    def __init__(self, num_heads: int, head_dim: int) -> None:
+        super().__init__()
+        self.skew = nn.Parameter(torch.zeros(num_heads, head_dim, head_dim))  # A, with S = A - A^T; P = I at 0
+        self._fold = Kept()  # the last fold in evaluation
+
+    def no_weight_decay(self) -> set[str]:
+        """``S``: decay would pull the basis back to the identity, the base kind."""
+        return {"skew"}
+
+    def basis(self) -> Tensor:
+        return cayley(self.skew)
+
+    def forward(self, weight: Tensor, bias: Tensor | None, cache: bool = False) -> tuple[Tensor, Tensor | None]:
+        """The projection folded with ``P``; with ``cache`` and no autograd, the last fold while nothing changed."""
+        if cache and not torch.is_grad_enabled():
+            return self._fold.get(lambda: fold_qk(self.basis(), weight, bias), weight, bias, self.skew)
+        return fold_qk(self.basis(), weight, bias)
+
+    def train(self, mode: bool = True) -> CayleyString:
+        """Also drop the evaluation fold when training starts: it would be stale after the first step anyway."""
+        if mode:
+            self._fold.clear()
+        return super().train(mode)
+
+    @torch.no_grad()
+    def fold_into_(self, linear: nn.Linear) -> None:
+        """Write ``P`` into ``linear`` (the qkv projection) and reset ``S`` to 0: the same function, ``P = I`` after."""
+        weight, bias = fold_qk(self.basis(), linear.weight, linear.bias)
+        linear.weight.copy_(weight)
+        if bias is not None:
+            linear.bias.copy_(bias)
+        self.skew.zero_()
+        self._fold.clear()
+
+    def extra_repr(self) -> str:
+        return f"num_heads={self.skew.shape[0]}, head_dim={self.skew.shape[-1]}"
+
+
+class StringTables(BlockInput):
+    """One block's RoPE tables under Cayley-STRING: q and k projected with the block's basis folded in, then rotated."""
+
+    def __init__(self, tables: tuple[Tensor, Tensor], cache: bool) -> None:
+        self.tables, self.cache = tables, cache
+
+    def project(self, attn: RoPEAttention, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        weight, bias = attn.string(attn.qkv.weight, attn.qkv.bias, self.cache)
+        return attn.project_tables(x, self.tables, weight, bias)
 
 
 class RotaryEncoding(PositionEncoding, nn.ModuleList):
@@ -65,14 +138,12 @@ class RotaryEncoding(PositionEncoding, nn.ModuleList):
                 return rope.lattice_tables(lattice)
             return rope(positions.coords, num_prefix_tokens, positions.grids)
 
-        def block(i: int, shared: Any = None) -> Any:
-            block_tables = tables(self[i]) if shared is None else shared
+        def block(i: int) -> Any:
+            block_tables = tables(self[i]) if self.per_block else shared
             return StringTables(block_tables, cache=not positions.captured) if self.string else block_tables
 
-        if not self.per_block:
-            shared = tables(self[0])
-            return [block(0, shared) for _ in range(self.depth)]
-        if positions.captured:  # a graph records every block's tables up front
+        shared = None if self.per_block else tables(self[0])
+        if not self.per_block or positions.captured:  # shared tables, or a graph that records every block's up front
             return [block(i) for i in range(self.depth)]
         return LazyBlockInputs(block, self.depth)  # each block's tables as the block runs
 
