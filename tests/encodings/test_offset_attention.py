@@ -78,7 +78,16 @@ def test_chunks_are_whole_rows_that_cover_every_query_once_within_the_budget(gri
     sizes = [stop - start for start, stop in chunks[1 if prefix else 0:]]
     assert all(size % grid[1] == 0 for size in sizes)
     assert max(sizes) >= min(least, grid[0] * grid[1])  # SDPA's fast query blocks where the grid has them
-    assert max(sizes) * width <= max(oa.CHUNK_ELEMENTS, -(-least // grid[1]) * grid[1] * width)
+    budget = max(oa.CHUNK_ELEMENTS, -(-least // grid[1]) * grid[1] * width)
+    assert max(sizes) * width <= budget * (2 if least > 1 else 1)  # flash chunks: up to twice the rows, fewer blocks
+
+
+def test_flash_chunks_waste_few_query_blocks() -> None:
+    """At 1344 px (84 x 84 patches, 6 heads) 7 chunks of 12 rows take 28 blocks of 256 queries, 98 % of them used;
+    10 rows would take 32 such blocks (the fourth of each 28 % full) and 6 of 64 for the last 336 queries."""
+    chunks = _chunks((84, 84), 1, 6 * 7057, oa.FLASH_QUERIES)
+    assert [stop - start for start, stop in chunks] == [1] + [1008] * 7
+    assert sum(oa._flash_queries(stop - start) for start, stop in chunks[1:]) == 28 * 256
 
 
 MODELS = {"lookhere": {"encoding_options": {"config": "lh90"}, "reg_tokens": 2}, "alibi": {}, "fire": {"reg_tokens": 1}}
