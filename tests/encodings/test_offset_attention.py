@@ -60,6 +60,28 @@ def test_a_fixed_table_gets_no_gradient_and_masked_keys_stay_masked() -> None:
         torch.testing.assert_close(a, b)
 
 
+def test_calls_that_share_a_buffer_fill_one_mask_with_their_own_tables(monkeypatch) -> None:
+    """Blocks of one forward share the chunks' mask buffer (allocated once), each call's mask its own table's, in
+    inference and in the autograd Function's backward; a call of another dtype gets a buffer of its own."""
+    monkeypatch.setattr(oa, "CHUNK_ELEMENTS", 2 * 4 * 17 * 3)  # two rows of a 4 x 4 grid per chunk
+    monkeypatch.setattr(oa, "FLASH_QUERIES", 1)
+    buffer: list[torch.Tensor] = []
+    q, k, v, table = inputs((4, 4), 1, 2)
+    for seed in range(3):
+        table = torch.randn_like(table, generator=torch.Generator().manual_seed(seed)).requires_grad_(seed == 2)
+        expected = F.scaled_dot_product_attention(q, k, v, attn_mask=dense_bias(table, (4, 4), 1)[None], scale=0.3)
+        out = offset_attention(q, k, v, table, (4, 4), 1, 0.3, buffer=buffer)
+        torch.testing.assert_close(out, expected, rtol=1e-12, atol=1e-12)
+        first = buffer[0] if seed == 0 else first
+        assert len(buffer) == 1 and buffer[0] is first
+    grads = torch.autograd.grad(out.square().sum(), (q, table))
+    for a, b in zip(grads, torch.autograd.grad(expected.square().sum(), (q, table)), strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10)
+    with torch.no_grad():
+        offset_attention(*(t.float() for t in (q, k, v, table)), (4, 4), 1, 0.3, buffer=buffer)
+    assert buffer[0].dtype == torch.float32
+
+
 @pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")  # eager: the reference on CPU
 @pytest.mark.parametrize("grid,prefix,batch", CASES[1:3])
 def test_flex_attention_reads_the_table_in_its_score_mod(grid, prefix, batch) -> None:
