@@ -66,14 +66,15 @@ def test_calls_that_share_a_buffer_fill_one_mask_with_their_own_tables(monkeypat
     monkeypatch.setattr(oa, "CHUNK_ELEMENTS", 2 * 4 * 17 * 3)  # two rows of a 4 x 4 grid per chunk
     monkeypatch.setattr(oa, "FLASH_QUERIES", 1)
     buffer: list[torch.Tensor] = []
+    seen = []
     q, k, v, table = inputs((4, 4), 1, 2)
     for seed in range(3):
         table = torch.randn_like(table, generator=torch.Generator().manual_seed(seed)).requires_grad_(seed == 2)
         expected = F.scaled_dot_product_attention(q, k, v, attn_mask=dense_bias(table, (4, 4), 1)[None], scale=0.3)
         out = offset_attention(q, k, v, table, (4, 4), 1, 0.3, buffer=buffer)
         torch.testing.assert_close(out, expected, rtol=1e-12, atol=1e-12)
-        first = buffer[0] if seed == 0 else first
-        assert len(buffer) == 1 and buffer[0] is first
+        seen.append(buffer[0])
+    assert len(buffer) == 1 and all(mask is seen[0] for mask in seen)
     grads = torch.autograd.grad(out.square().sum(), (q, table))
     for a, b in zip(grads, torch.autograd.grad(expected.square().sum(), (q, table)), strict=True):
         torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10)
@@ -101,7 +102,7 @@ def test_chunks_are_whole_rows_that_cover_every_query_once_within_the_budget(gri
     assert all(size % grid[1] == 0 for size in sizes)
     assert max(sizes) >= min(least, grid[0] * grid[1])  # SDPA's fast query blocks where the grid has them
     budget = max(oa.CHUNK_ELEMENTS, -(-least // grid[1]) * grid[1] * width)
-    assert max(sizes) * width <= budget * (2 if least > 1 else 1)  # flash chunks: up to twice the rows, fewer blocks
+    assert max(sizes) * width <= budget * (1.25 if least > 1 else 1)  # flash chunks: a quarter more rows at most
 
 
 def test_flash_chunks_waste_few_query_blocks() -> None:
