@@ -1,9 +1,9 @@
 """Commands forked from one Python that has imported torch, timm, vit_rope and train.py, in place of a new
 interpreter per command: on a busy 2-core CPU the imports alone take 10-20 s, more than most tiny steps take to run.
-``gpu_check`` starts it (``start``) for ``--device cpu`` and runs through it (``execute``) every command whose step has
-no environment of its own (the compiled step's is read when torch is imported, so that step gets a new interpreter);
-a GPU run never uses it, there each command is the new process it would be by hand. The tests' DDP ranks
-(tests/helpers/ddp.py) are forked from it too.
+``gpu_check`` starts it (``start``) for ``--device cpu`` with the environment of every command (torch.compile's
+backend too, read when torch is imported) and runs each command through it (``execute``); a GPU run never uses it,
+there each command is the new process it would be by hand. The tests' DDP ranks (tests/helpers/ddp.py) are forked
+from it too.
 """
 
 from __future__ import annotations
