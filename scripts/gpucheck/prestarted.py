@@ -12,10 +12,10 @@ import atexit
 import json
 import os
 import runpy
-import select
 import signal
 import subprocess
 import sys
+import time
 import traceback
 from pathlib import Path
 from typing import IO
@@ -92,13 +92,13 @@ def serve() -> None:
         pid = os.fork()
         if pid == 0:
             child(args, log, replies)
-        done = os.pidfd_open(pid)
-        timed_out = not select.select([done], [], [], seconds)[0]
-        os.close(done)
-        if timed_out:  # a child that exited just now is a zombie until reaped, its group still there to kill
+        deadline = time.monotonic() + seconds
+        while not (reaped := os.waitpid(pid, os.WNOHANG))[0] and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if not reaped[0]:  # not reaped yet: its group still there to kill, whatever happened since
             os.killpg(pid, signal.SIGKILL)
-        code = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
-        print(json.dumps(None if timed_out else code), file=answer)
+            os.waitpid(pid, 0)
+        print(json.dumps(os.waitstatus_to_exitcode(reaped[1]) if reaped[0] else None), file=answer)
 
 
 if __name__ == "__main__":
