@@ -34,10 +34,10 @@ def child_env(extra: dict[str, str]) -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": path, "PYTHONUNBUFFERED": "1", **extra}
 
 
-def execute(command: list[str], log: Any, seconds: float, env: dict[str, str]) -> int | None:
+def execute(command: list[str], log: Any, seconds: float) -> int | None:
     """Run ``command`` in its own process group with its output in ``log``; the exit code, or None when it ran out
     of time (then the whole group is killed: torchrun's workers and loader processes with it)."""
-    process = subprocess.Popen(command, cwd=REPO, env=child_env(env), stdout=log, stderr=subprocess.STDOUT,
+    process = subprocess.Popen(command, cwd=REPO, env=child_env({}), stdout=log, stderr=subprocess.STDOUT,
                                start_new_session=True)
     try:
         return process.wait(timeout=max(seconds, 1))
@@ -54,7 +54,7 @@ def last_line(path: Path) -> str:
 
 def run_step(step: Any, run: Any, server: subprocess.Popen | None = None) -> dict[str, Any]:
     """One step's commands in turn until one fails, then its judgement of what they wrote; through ``server``
-    (``gpucheck.prestarted``) where there is one and the step needs no environment of its own."""
+    (``gpucheck.prestarted``) where there is one."""
     log_path = run.out / "logs" / f"{step.name}.log"
     start = time.monotonic()
     status, detail = "PASS", ""
@@ -63,10 +63,8 @@ def run_step(step: Any, run: Any, server: subprocess.Popen | None = None) -> dic
         for command in step.commands(run):
             log.write("$ " + " ".join(command) + "\n")
             log.flush()
-            env = dict(step.tiny_env) if run.tiny else {}
             seconds = start + step.seconds - time.monotonic()
-            code = prestarted.execute(server, command, log, seconds) if server and not env else execute(
-                command, log, seconds, env)
+            code = prestarted.execute(server, command, log, seconds) if server else execute(command, log, seconds)
             if code != 0:
                 status = "FAIL"
                 detail = f"over its {step.seconds} s limit" if code is None else f"exit {code}: {last_line(log_path)}"
@@ -115,7 +113,8 @@ def main(argv: list[str] | None = None) -> int:
     (out / "logs").mkdir(parents=True, exist_ok=True)
     run = steps.Run(python=sys.executable, device=args.device, data=data.resolve(), out=out)
     start = time.monotonic()
-    server = prestarted.start(child_env({}), REPO) if run.tiny else None  # tiny: imports once, not per command
+    # tiny: imports once, not per command; torch.compile only traced (read when torch is imported: the server's)
+    server = prestarted.start(child_env(steps.TRACE_ONLY), REPO) if run.tiny else None
     try:
         done = [run_step(step, run, server) for step in chosen]
     finally:

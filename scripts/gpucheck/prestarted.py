@@ -1,8 +1,9 @@
-"""The CPU run's commands forked from one Python that has imported torch, timm and vit_rope, in place of a new
+"""Commands forked from one Python that has imported torch, timm, vit_rope and train.py, in place of a new
 interpreter per command: on a busy 2-core CPU the imports alone take 10-20 s, more than most tiny steps take to run.
-``gpu_check`` starts it (``start``) for ``--device cpu`` and runs through it (``execute``) every command whose step has
-no environment of its own (the compiled step's is read when torch is imported, so that step gets a new interpreter).
-A GPU run never uses it: there each command is the new process it would be by hand.
+``gpu_check`` starts it (``start``) for ``--device cpu`` with the environment of every command (torch.compile's
+backend too, read when torch is imported) and runs each command through it (``execute``); a GPU run never uses it,
+there each command is the new process it would be by hand. The tests' DDP ranks (tests/helpers/ddp.py) are forked
+from it too.
 """
 
 from __future__ import annotations
@@ -11,10 +12,10 @@ import atexit
 import json
 import os
 import runpy
-import select
 import signal
 import subprocess
 import sys
+import time
 import traceback
 from pathlib import Path
 from typing import IO
@@ -29,14 +30,12 @@ def start(env: dict[str, str], cwd: Path) -> subprocess.Popen:
 def execute(server: subprocess.Popen, command: list[str], log: IO[str], seconds: float) -> int | None:
     """``command`` (``python -m MODULE ...`` or ``python SCRIPT ...``) run by a child of ``server`` with its output
     in ``log``; its exit code, or None when it ran past ``seconds`` (then its process group is killed)."""
-    server.stdin.write(json.dumps([command[1:], log.name]) + "\n")
+    server.stdin.write(json.dumps([command[1:], log.name, max(seconds, 1)]) + "\n")
     server.stdin.flush()
-    pid = int(server.stdout.readline())
-    if not select.select([server.stdout], [], [], max(seconds, 1))[0]:
-        os.killpg(pid, signal.SIGKILL)
-        server.stdout.readline()
-        return None
-    return int(server.stdout.readline())
+    reply = server.stdout.readline()
+    if not reply:
+        raise RuntimeError(f"the fork server exited with {server.wait()} while running {' '.join(command)}")
+    return json.loads(reply)
 
 
 def run(args: list[str]) -> int:
@@ -77,22 +76,29 @@ def child(args: list[str], log: str, replies: int) -> None:
 
 
 def serve() -> None:
-    """One JSON line ``[args, log]`` per command on stdin; answers the child's pid, then its exit code."""
+    """One JSON line ``[args, log, seconds]`` per command on stdin; answers its exit code, or null when it ran past
+    ``seconds`` and its process group was killed."""
     import timm  # noqa: F401  (what every command imports: the reason for this server)
     import torch  # noqa: F401
 
+    import train  # noqa: F401
     import vit_rope  # noqa: F401
 
     replies = os.dup(1)
     os.dup2(os.open(os.devnull, os.O_WRONLY), 1)  # the protocol alone on the pipe
     answer = os.fdopen(replies, "w", buffering=1)
     for line in sys.stdin:
-        args, log = json.loads(line)
+        args, log, seconds = json.loads(line)
         pid = os.fork()
         if pid == 0:
             child(args, log, replies)
-        print(pid, file=answer)
-        print(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]), file=answer)
+        deadline = time.monotonic() + seconds
+        while not (reaped := os.waitpid(pid, os.WNOHANG))[0] and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if not reaped[0]:  # not reaped yet: its group still there to kill, whatever happened since
+            os.killpg(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+        print(json.dumps(os.waitstatus_to_exitcode(reaped[1]) if reaped[0] else None), file=answer)
 
 
 if __name__ == "__main__":

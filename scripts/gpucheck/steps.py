@@ -49,12 +49,12 @@ class Step:
     seconds: int  # time limit on the device; estimates in docs/gpu.md
     commands: Callable[[Run], list[list[str]]]
     judge: Callable[[Run], list[Target]]
-    tiny_env: tuple[tuple[str, str], ...] = ()  # environment of the tiny CPU run
 
 
-# torch.compile at tiny sizes: dynamo and AOT autograd trace as on the GPU (graph breaks, guards, the backward), but no
-# C++ is generated and built, which takes minutes on a small CPU (a debug setting of torch 2.14, ignored where absent)
-TRACE_ONLY = (("TORCH_COMPILE_OVERRIDE_BACKENDS", ">=0:aot_eager"),)
+# torch.compile at tiny sizes (the environment of every command): dynamo and AOT autograd trace as on the GPU (graph
+# breaks, guards, the backward), but no C++ is generated and built, which takes minutes on a small CPU (a debug setting
+# of torch 2.14, ignored where absent)
+TRACE_ONLY = {"TORCH_COMPILE_OVERRIDE_BACKENDS": ">=0:aot_eager"}
 
 
 def target(what: str, value: float | None, want: float | None, at_most: bool = False) -> Target:
@@ -253,6 +253,6 @@ BENCH = [
     Step("scaling", "the high-resolution kinds against axial at 1024 and 2048 px, bf16 inference", 120, scaling,
          judge_scaling),
     Step("throughput_compiled", "the same, torch.compile'd (5 models x 2 modes of compiles)", 300,
-         throughput(True), judge_throughput(True), TRACE_ONLY),
+         throughput(True), judge_throughput(True)),
 ]
 SUITES = {"check": CHECK, "bench": BENCH}

@@ -1,21 +1,21 @@
-"""DDP ranks for the tests: 2 gloo ranks on the CPU, each with torchrun's environment, forked from a fork server (an
-interpreter that imported torch, timm and train.py once for this pytest process and runs nothing itself)."""
+"""DDP ranks for the tests: 2 gloo ranks on the CPU, each with torchrun's environment, forked by a command of the GPU
+check's fork server (``gpucheck.prestarted``: an interpreter that imported torch, timm and train.py once for this
+pytest process and runs nothing itself)."""
 
 from __future__ import annotations
 
 import importlib
 import os
-import select
 import socket
 import subprocess
 import sys
-import traceback
 from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import torch
+from gpucheck import prestarted
 from torch.distributed import distributed_c10d
 
 WORLD = 2
@@ -43,31 +43,10 @@ def _rank_main(rank: int, job: Callable[..., Any], args: tuple, out: Path) -> No
     torch.save(job(rank, *args), out / f"rank{rank}.pt")
 
 
-def serve() -> None:
-    """The fork server's loop: for each folder named on stdin, fork ``WORLD`` ranks running the job saved there, and
-    answer a line when they are done (after writing the failing rank's traceback to ``error.txt`` if one failed)."""
-    import torch.multiprocessing as mp
-
-    import train  # noqa: F401  (imported once here, not in every rank)
-
-    reply = os.fdopen(os.dup(1), "w")
-    os.dup2(2, 1)  # what an import prints cannot corrupt the replies
-    for line in sys.stdin:
-        out = Path(line.strip())
-        try:
-            module, name, args = torch.load(out / "job.pt", weights_only=False)
-            job = getattr(importlib.import_module(module), name)
-            mp.start_processes(_rank_main, args=(job, args, out), nprocs=WORLD, start_method="fork")
-        except Exception:  # the test reports it
-            (out / "error.txt").write_text(traceback.format_exc())
-        reply.write("done\n")
-        reply.flush()
-
-
 def run_ranks(job: Callable[..., Any], out: Path, *args: Any) -> list[Any]:
-    """``job(rank, *args)`` in ``WORLD`` processes forked, as under ``torchrun``, from the fork server, which imports
-    ``job``'s module (a module-level function); their loader workers fork in turn. What rank r printed is in
-    ``out/rank{r}.log``.
+    """``job(rank, *args)`` in ``WORLD`` processes forked, as under ``torchrun``, by ``python -m helpers.ddp OUT``
+    run in the fork server, which imports ``job``'s module (a module-level function); their loader workers fork in
+    turn. What rank r printed is in ``out/rank{r}.log``.
 
     Why not fork this process: once some test has started autograd's worker threads here, a forked child's backward
     fails ("Unable to handle autograd's threading in combination with fork-based multiprocessing"), so whether a DDP
@@ -76,17 +55,23 @@ def run_ranks(job: Callable[..., Any], out: Path, *args: Any) -> list[Any]:
     global _server
     torch.save((job.__module__, job.__name__, args), out / "job.pt")
     if _server is None or _server.poll() is not None:
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
-        _server = subprocess.Popen([sys.executable, "-c", "from helpers.ddp import serve; serve()"], env=env,
-                                   stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-    _server.stdin.write(f"{out}\n")
-    _server.stdin.flush()
-    if not select.select([_server.stdout], [], [], TIMEOUT_S)[0] or not _server.stdout.readline():
-        _server.kill()
-        raise AssertionError(f"the DDP ranks of {job.__name__} did not finish in {TIMEOUT_S} s or their fork server "
-                             f"died; what they printed is in {out}/rank*.log")
-    if (out / "error.txt").exists():
+        _server = prestarted.start({**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}, Path.cwd())
+    with (out / "ranks.log").open("w") as log:
+        code = prestarted.execute(_server, [sys.executable, "-m", "helpers.ddp", str(out)], log, TIMEOUT_S)
+    if code is None:
+        raise AssertionError(f"the DDP ranks of {job.__name__} did not finish in {TIMEOUT_S} s; what they printed "
+                             f"is in {out}/rank*.log")
+    if code != 0:
         logs = "".join(f"\n--- rank {r} ---\n{(out / f'rank{r}.log').read_text()[-3000:]}" for r in range(WORLD)
                        if (out / f"rank{r}.log").exists())
-        raise AssertionError(f"a DDP rank of {job.__name__} failed:\n{(out / 'error.txt').read_text()}{logs}")
+        raise AssertionError(f"a DDP rank of {job.__name__} failed:\n{(out / 'ranks.log').read_text()}{logs}")
     return [torch.load(out / f"rank{rank}.pt", weights_only=False) for rank in range(WORLD)]
+
+
+if __name__ == "__main__":  # in the fork server: the ranks of the job saved in the folder named
+    import torch.multiprocessing as mp
+
+    out = Path(sys.argv[1])
+    module, name, args = torch.load(out / "job.pt", weights_only=False)
+    job = getattr(importlib.import_module(module), name)
+    mp.start_processes(_rank_main, args=(job, args, out), nprocs=WORLD, start_method="fork")

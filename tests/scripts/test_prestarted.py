@@ -9,7 +9,7 @@ from pathlib import Path
 
 import gpu_check
 import pytest
-from gpucheck import prestarted
+from gpucheck import prestarted, steps
 
 
 def _gone(pid: int) -> bool:
@@ -22,7 +22,7 @@ def _gone(pid: int) -> bool:
 
 @pytest.mark.skipif(sys.platform != "linux", reason="fork and /proc")
 def test_exit_codes_output_and_timeout_kill_the_commands_process_group(tmp_path):
-    server = prestarted.start(gpu_check.child_env({}), tmp_path)  # as the GPU check starts it
+    server = prestarted.start(gpu_check.child_env(steps.TRACE_ONLY), tmp_path)  # as the GPU check starts it
     try:
         fails, sleeps = tmp_path / "fails.py", tmp_path / "sleeps.py"
         fails.write_text("import sys\nprint('to stdout')\nprint(sys.argv[1:], file=sys.stderr)\nsys.exit(3)\n")
