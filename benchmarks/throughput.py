@@ -250,10 +250,10 @@ def string_fold_reused(model: nn.Module, step: Callable[[], torch.Tensor]) -> di
     strings = [module for module in model.modules() if isinstance(module, CayleyString)]
     if not strings:
         return {}
-    before = [module._cache for module in strings]
+    before = [module._fold._kept for module in strings]
     step()
-    return {"string_fold_reused": all(cache is not None and module._cache is cache
-                                      for module, cache in zip(strings, before, strict=True))}
+    return {"string_fold_reused": all(kept is not None and module._fold._kept is kept
+                                      for module, kept in zip(strings, before, strict=True))}
 
 
 def benchmark(args: argparse.Namespace, save: Callable[[list[dict]], None] | None = None) -> list[dict]:

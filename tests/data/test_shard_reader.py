@@ -223,3 +223,19 @@ def test_the_writer_refuses_bad_input_by_name(image_root: Path, written: Path, t
         shards.write_shards(image_root, tmp_path / "third", 5, ["train", "test"])
     assert not list((tmp_path / "third").glob("*.tar"))
     assert shards.main(["--src", str(tmp_path / "absent"), "--out", str(tmp_path / "x")]) == 2
+
+
+def test_reading_more_shards_than_the_limit_keeps_the_limit_open_and_closes_the_rest(tmp_path, monkeypatch) -> None:
+    monkeypatch.setattr(shard_reader, "_OPEN_LIMIT", 2)
+    monkeypatch.setattr(shard_reader, "_open", type(shard_reader._open)())
+    paths = [tmp_path / f"{i}.tar" for i in range(4)]
+    for i, path in enumerate(paths):
+        path.write_bytes(bytes([i]) * 8)
+    before = len(os.listdir("/proc/self/fd"))
+    for _ in range(2):
+        for i, path in enumerate(paths):
+            assert shard_reader.TarMember(str(path), 2, 3, "k").open().read() == bytes([i]) * 3
+    assert list(shard_reader._open) == [str(p) for p in paths[-2:]]  # the last two read
+    assert len(os.listdir("/proc/self/fd")) == before + 2  # the evicted ones closed
+    for fd in shard_reader._open.values():
+        os.close(fd)

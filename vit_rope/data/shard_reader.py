@@ -4,8 +4,8 @@ each sample read once, and a run resumes mid-epoch to the same batches (docs/dat
 
 from __future__ import annotations
 
+import collections
 import contextlib
-import functools
 import hashlib
 import io
 import json
@@ -14,6 +14,7 @@ import os
 import re
 import socket
 import tarfile
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -34,8 +35,14 @@ class TarMember(NamedTuple):
     key: str
 
     def open(self) -> io.BytesIO:
-        shard = _shard(self.shard)  # held until read: another thread may evict it meanwhile
-        data = os.pread(shard.fileno(), self.size, self.offset)  # no file position moves: forked workers share it
+        with _open_lock:  # pread moves no file position, so forked workers may share the descriptors
+            fd = _open.pop(self.shard, None)
+            if fd is None:
+                fd = os.open(self.shard, os.O_RDONLY)
+                while len(_open) >= _OPEN_LIMIT:
+                    os.close(_open.popitem(last=False)[1])
+            _open[self.shard] = fd
+            data = os.pread(fd, self.size, self.offset)
         if len(data) != self.size:
             raise OSError(f"the shard ends {self.size - len(data)} bytes early (was it rewritten during the run?)")
         return io.BytesIO(data)
@@ -47,10 +54,10 @@ class TarMember(NamedTuple):
         return f"{self.shard}:{self.key}"
 
 
-@functools.lru_cache(maxsize=_OPEN_LIMIT)
-def _shard(path: str) -> io.FileIO:
-    """A shard kept open by this process (``TarMember.open``); an evicted one closes with its last reference."""
-    return io.FileIO(path)
+# the shards this process keeps open, least recently read first: file objects in an lru_cache would each warn
+# (ResourceWarning) when evicted unclosed
+_open: collections.OrderedDict[str, int] = collections.OrderedDict()
+_open_lock = threading.Lock()
 
 
 def _stat(path: str) -> tuple[int, int]:
