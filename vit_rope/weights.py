@@ -68,15 +68,14 @@ class UnreadableCheckpointError(ValueError):
 
 def _well_formed(path: Path) -> bool:
     """True when ``path`` parses as safetensors, or as a torch pickle that needs classes ``weights_only`` refuses."""
-    find = getattr(torch.serialization, "get_unsafe_globals_in_checkpoint", None)  # torch >= 2.5
     try:
         with safe_open(str(path), framework="pt"):
             return True
     except Exception:  # not safetensors: SafetensorError
         pass
     try:
-        return find is not None and bool(find(str(path)))
-    except Exception:  # not a torch checkpoint either
+        return bool(torch.serialization.get_unsafe_globals_in_checkpoint(str(path)))
+    except Exception:  # not a torch checkpoint either (or torch < 2.5, which cannot tell)
         return False
 
 
@@ -114,12 +113,16 @@ def renamed_key(key: str, renames: Mapping[str, str]) -> str:
     return key if prefix is None else renames[prefix] + key[len(prefix):]
 
 
-def mapped_file(path: str | Path) -> Any:
-    """A torch weights file's object, memory-mapped, or None (the full read that follows reports what is wrong)."""
+def mapped_file(path: str | Path, unwrap: bool = True) -> dict[str, Any] | None:
+    """A torch weights file's dict (``unwrap``: the state dict in it; {} for an object of another type), memory-mapped,
+    or None where it cannot be read so (the full read that follows reports what is wrong)."""
     try:
-        return torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+        obj = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
     except Exception:
         return None
+    if not isinstance(obj, dict):
+        return {}
+    return unwrap_state_dict(obj) if unwrap else obj
 
 
 def tensor_rows(path: str | Path, key: str) -> int | None:
@@ -131,8 +134,7 @@ def tensor_rows(path: str | Path, key: str) -> int | None:
                 return f.get_slice(key).get_shape()[0] if key in f.keys() else None
         except Exception:  # a corrupt header
             return None
-    state = mapped_file(path)
-    value = unwrap_state_dict(state).get(key) if isinstance(state, dict) else None
+    value = (mapped_file(path) or {}).get(key)
     return int(value.shape[0]) if isinstance(value, torch.Tensor) and value.dim() else None
 
 
@@ -159,14 +161,15 @@ def read_sharded(index: Path) -> dict[str, Any]:
 
 
 def read_weights(path: str | Path) -> dict[str, Any]:
-    """Read a weights file as timm does (EMA weights first), or a sharded folder's index."""
+    """The state dict of a weights file, read as timm does (EMA weights first) and unwrapped, or of a sharded folder's
+    index."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"No checkpoint file at {path}.")
     try:
         if path.name.endswith(".safetensors.index.json"):
             return read_sharded(path)
-        return load_state_dict(str(path), use_ema=True, weights_only=True)
+        return unwrap_state_dict(load_state_dict(str(path), use_ema=True, weights_only=True))
     except Exception as err:
         reason = unreadable_reason(path, err)
         if reason is None:
