@@ -40,10 +40,9 @@ class Folder:
     def config(self, path: str | Path) -> dict[str, Any] | None:
         """The config of the folder ``path`` (or beside its weights file), or ``None`` for none of this format's."""
         path = Path(path)
-        file = path / self.config_name if path.is_dir() else (
-            path.with_name(self.config_name) if path.name in (self.weights_name, f"{self.weights_name}.index.json")
-            else None)
-        if file is None or not file.is_file():
+        file = (path if path.is_dir() else path.parent) / self.config_name
+        ours = path.is_dir() or path.name in (self.weights_name, f"{self.weights_name}.index.json")  # or its weights
+        if not ours or not file.is_file():
             return None
         config = json.loads(file.read_text())
         return config if isinstance(config, dict) and self.claims(config) else None
@@ -95,12 +94,9 @@ def unreadable_reason(path: str | Path, err: Exception) -> str | None:
             f"[{type(err).__name__}: {detail}]")
 
 
-_CONTAINER_KEYS = ("model_ema", "state_dict_ema", "model", "state_dict", "module")  # EMA first, as timm's loader
-
-
 def unwrap_state_dict(state_dict: dict[str, Any]) -> dict[str, Any]:
     """The state dict inside a training script's container (EMA first), without DDP's ``module.`` prefixes."""
-    for key in _CONTAINER_KEYS:
+    for key in ("model_ema", "state_dict_ema", "model", "state_dict", "module"):  # EMA first, as timm's loader
         if isinstance(state_dict.get(key), dict):
             return unwrap_state_dict(state_dict[key])
     return {k.removeprefix("module."): v for k, v in state_dict.items()}
@@ -161,8 +157,7 @@ def read_sharded(index: Path) -> dict[str, Any]:
 
 
 def read_weights(path: str | Path) -> dict[str, Any]:
-    """The state dict of a weights file, read as timm does (EMA weights first) and unwrapped, or of a sharded folder's
-    index."""
+    """A weights file's state dict, read as timm does (EMA weights first) and unwrapped, or a shard index's."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"No checkpoint file at {path}.")
@@ -178,8 +173,7 @@ def read_weights(path: str | Path) -> dict[str, Any]:
 
 
 def depth_of(state_dict: dict[str, Any], layer: str = "blocks") -> int | None:
-    """The number of blocks (keys ``<layer>.<i>.``: ``layer`` a regex with any prefix) of a state dict, ``None`` for
-    none."""
+    """The number of blocks (keys ``<layer>.<i>.``, ``layer`` a regex) of a state dict, ``None`` for none."""
     blocks = {int(m["block"]) for key in state_dict if (m := re.match(rf"{layer}\.(?P<block>\d+)\.", key))}
     return max(blocks) + 1 if blocks else None
 

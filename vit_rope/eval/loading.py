@@ -143,8 +143,7 @@ def check_weights(name: str, weights: str | None, model_kwargs: dict[str, Any], 
 
 def is_training_checkpoint(path: str | Path) -> bool:
     """Whether ``path`` is a checkpoint written by train.py (its format tag), read memory-mapped."""
-    state = {} if Path(path).suffix == ".safetensors" else mapped_file(path, unwrap=False) or {}
-    return state.get("format") == CHECKPOINT_FORMAT
+    return (mapped_file(path, unwrap=False) or {}).get("format") == CHECKPOINT_FORMAT  # a safetensors file: None
 
 
 def load_pretrained(name: str, weights: str | None, num_classes: int, train_size: int | None = None,

@@ -15,7 +15,8 @@ from timm.layers import resample_patch_embed
 from torch import Tensor, nn
 
 from vit_rope.encodings.ape import fit_checkpoint_pos_embed
-from vit_rope.models.formats import convert_format, folder_format, weights_in
+from vit_rope.models.eva_families import check_family
+from vit_rope.models.formats import checkpoint_format, folder_format, weights_in
 from vit_rope.models.load_report import CLASSIFIER, LAYERSCALE, ROPE_FREQS, STRING, LoadReport, report, warn_initialised
 from vit_rope.models.pos_encoding import encoding_key
 from vit_rope.weights import ROPE_BUFFERS, read_weights, unwrap_state_dict, weights_mismatch
@@ -39,7 +40,10 @@ def _split_mixed_freqs(freqs: Tensor, model: nn.Module) -> dict[str, Tensor]:
 def _convert(state_dict: dict[str, Any], model: nn.Module
              ) -> tuple[dict[str, Tensor], dict[str, list[str]], tuple[str, ...], tuple[str, ...]]:
     """``convert_state_dict``, plus the keys initialised by reason, the checkpoint keys dropped and the notes."""
-    state_dict, converted = convert_format(unwrap_state_dict(state_dict), model)
+    state_dict = unwrap_state_dict(state_dict)
+    fmt = checkpoint_format(state_dict)
+    check_family(state_dict, model)
+    state_dict, converted = fmt.convert(state_dict, model)  # in the model's keys and q / k layout, with notes
     target = model.state_dict()
     out: dict[str, Tensor] = {}
     dropped: tuple[str, ...] = ()

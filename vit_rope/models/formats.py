@@ -10,13 +10,13 @@ from collections.abc import Callable, Container, Mapping
 from pathlib import Path
 from typing import Any
 
-from torch import Tensor, nn
+from torch import nn
 
 from vit_rope.encodings import FORMATS as KIND_FORMATS
 from vit_rope.models import deepseek_vit, gemma4_vit, hf_dinov3, hf_gemma4, pixtral, qwen2_5_vl, qwen3_vit, swin
 from vit_rope.models.dinov3 import DINOV3_QK, architecture, dinov3_name, from_dinov3
 from vit_rope.models.dinov3 import SIZES as DINOV3_SIZES
-from vit_rope.models.eva_families import EVA_LAYOUTS, check_family, from_eva, is_eva
+from vit_rope.models.eva_families import EVA_LAYOUTS, from_eva, is_eva
 from vit_rope.models.twins import ProjectorTwin
 from vit_rope.models.widths import size_of
 from vit_rope.weights import Converted, Description, Folder, Format, depth_of, mapped_file, read_weights
@@ -148,10 +148,8 @@ def checkpoint_format(state_dict: Mapping[str, Any]) -> Format:
         found = "; ".join(f"{fmt.name} ({fmt.marker})" for fmt in claims)
         raise ValueError(f"The checkpoint carries the markers of {len(claims)} formats: {found}. A file is in one "
                          "format: save it again from the model that wrote it, or remove the other format's keys.")
-    if claims:
-        return claims[0]
-    if VIT.carries(state_dict):
-        return VIT
+    if claims or VIT.carries(state_dict):
+        return claims[0] if claims else VIT
     keys = list(state_dict)
     shown = ", ".join(map(str, keys[:5])) + (f", ... ({len(keys)} keys)" if len(keys) > 5 else "")
     known = "; ".join(f"{fmt.name}: {fmt.marker}" for fmt in (*FORMATS, VIT))
@@ -167,13 +165,6 @@ def folder_format(path: str | Path) -> tuple[Format, dict[str, Any]] | None:
         raise ValueError(f"{path} holds the config of {len(found)} formats ({', '.join(f.name for f, _ in found)}): "
                          "keep one model's files in a folder.")
     return found[0] if found else None
-
-
-def convert_format(state_dict: dict[str, Any], model: nn.Module) -> tuple[dict[str, Tensor], tuple[str, ...]]:
-    """``state_dict`` in the keys and q / k layout of ``model`` by its format, with notes on what was converted."""
-    fmt = checkpoint_format(state_dict)
-    check_family(state_dict, model)
-    return fmt.convert(state_dict, model)
 
 
 def weights_in(path: str | Path) -> Path:
