@@ -195,7 +195,7 @@ def check_config_fields(fields: Mapping[str, tuple[Any, Any]], build: str) -> No
     for field, (theirs, ours) in fields.items():
         if theirs != ours:
             raise ValueError(f"config.json does not fit the model: {field} is {theirs} in the file, {ours} in the "
-                             f"model. Build {build.format(field=field, theirs=theirs)} "
+                             f"model. Build {build.replace('{field}', field).replace('{theirs}', str(theirs))} "
                              "(vit_rope.create_from_checkpoint(folder) builds and loads it).")
 
 
