@@ -40,10 +40,9 @@ class Folder:
     def config(self, path: str | Path) -> dict[str, Any] | None:
         """The config of the folder ``path`` (or beside its weights file), or ``None`` for none of this format's."""
         path = Path(path)
-        file = path / self.config_name if path.is_dir() else (
-            path.with_name(self.config_name) if path.name in (self.weights_name, f"{self.weights_name}.index.json")
-            else None)
-        if file is None or not file.is_file():
+        file = (path if path.is_dir() else path.parent) / self.config_name
+        ours = path.is_dir() or path.name in (self.weights_name, f"{self.weights_name}.index.json")  # or its weights
+        if not ours or not file.is_file():
             return None
         config = json.loads(file.read_text())
         return config if isinstance(config, dict) and self.claims(config) else None
@@ -68,15 +67,14 @@ class UnreadableCheckpointError(ValueError):
 
 def _well_formed(path: Path) -> bool:
     """True when ``path`` parses as safetensors, or as a torch pickle that needs classes ``weights_only`` refuses."""
-    find = getattr(torch.serialization, "get_unsafe_globals_in_checkpoint", None)  # torch >= 2.5
     try:
         with safe_open(str(path), framework="pt"):
             return True
     except Exception:  # not safetensors: SafetensorError
         pass
     try:
-        return find is not None and bool(find(str(path)))
-    except Exception:  # not a torch checkpoint either
+        return bool(torch.serialization.get_unsafe_globals_in_checkpoint(str(path)))
+    except Exception:  # not a torch checkpoint either (or torch < 2.5, which cannot tell)
         return False
 
 
@@ -96,12 +94,9 @@ def unreadable_reason(path: str | Path, err: Exception) -> str | None:
             f"[{type(err).__name__}: {detail}]")
 
 
-_CONTAINER_KEYS = ("model_ema", "state_dict_ema", "model", "state_dict", "module")  # EMA first, as timm's loader
-
-
 def unwrap_state_dict(state_dict: dict[str, Any]) -> dict[str, Any]:
     """The state dict inside a training script's container (EMA first), without DDP's ``module.`` prefixes."""
-    for key in _CONTAINER_KEYS:
+    for key in ("model_ema", "state_dict_ema", "model", "state_dict", "module"):  # EMA first, as timm's loader
         if isinstance(state_dict.get(key), dict):
             return unwrap_state_dict(state_dict[key])
     return {k.removeprefix("module."): v for k, v in state_dict.items()}
@@ -114,12 +109,16 @@ def renamed_key(key: str, renames: Mapping[str, str]) -> str:
     return key if prefix is None else renames[prefix] + key[len(prefix):]
 
 
-def mapped_file(path: str | Path) -> Any:
-    """A torch weights file's object, memory-mapped, or None (the full read that follows reports what is wrong)."""
+def mapped_file(path: str | Path, unwrap: bool = True) -> dict[str, Any] | None:
+    """A torch weights file's dict (``unwrap``: the state dict in it; {} for an object of another type), memory-mapped,
+    or None where it cannot be read so (the full read that follows reports what is wrong)."""
     try:
-        return torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+        obj = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
     except Exception:
         return None
+    if not isinstance(obj, dict):
+        return {}
+    return unwrap_state_dict(obj) if unwrap else obj
 
 
 def tensor_rows(path: str | Path, key: str) -> int | None:
@@ -131,8 +130,7 @@ def tensor_rows(path: str | Path, key: str) -> int | None:
                 return f.get_slice(key).get_shape()[0] if key in f.keys() else None
         except Exception:  # a corrupt header
             return None
-    state = mapped_file(path)
-    value = unwrap_state_dict(state).get(key) if isinstance(state, dict) else None
+    value = (mapped_file(path) or {}).get(key)
     return int(value.shape[0]) if isinstance(value, torch.Tensor) and value.dim() else None
 
 
@@ -159,14 +157,14 @@ def read_sharded(index: Path) -> dict[str, Any]:
 
 
 def read_weights(path: str | Path) -> dict[str, Any]:
-    """Read a weights file as timm does (EMA weights first), or a sharded folder's index."""
+    """A weights file's state dict, read as timm does (EMA weights first) and unwrapped, or a shard index's."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"No checkpoint file at {path}.")
     try:
         if path.name.endswith(".safetensors.index.json"):
             return read_sharded(path)
-        return load_state_dict(str(path), use_ema=True, weights_only=True)
+        return unwrap_state_dict(load_state_dict(str(path), use_ema=True, weights_only=True))
     except Exception as err:
         reason = unreadable_reason(path, err)
         if reason is None:
@@ -175,8 +173,7 @@ def read_weights(path: str | Path) -> dict[str, Any]:
 
 
 def depth_of(state_dict: dict[str, Any], layer: str = "blocks") -> int | None:
-    """The number of blocks (keys ``<layer>.<i>.``: ``layer`` a regex with any prefix) of a state dict, ``None`` for
-    none."""
+    """The number of blocks (keys ``<layer>.<i>.``, ``layer`` a regex) of a state dict, ``None`` for none."""
     blocks = {int(m["block"]) for key in state_dict if (m := re.match(rf"{layer}\.(?P<block>\d+)\.", key))}
     return max(blocks) + 1 if blocks else None
 
@@ -198,7 +195,7 @@ def check_config_fields(fields: Mapping[str, tuple[Any, Any]], build: str) -> No
     for field, (theirs, ours) in fields.items():
         if theirs != ours:
             raise ValueError(f"config.json does not fit the model: {field} is {theirs} in the file, {ours} in the "
-                             f"model. Build {build.format(field=field, theirs=theirs)} "
+                             f"model. Build {build.replace('{field}', field).replace('{theirs}', str(theirs))} "
                              "(vit_rope.create_from_checkpoint(folder) builds and loads it).")
 
 

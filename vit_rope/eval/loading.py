@@ -24,13 +24,7 @@ from vit_rope.models.load_report import WeightsNotLoadedWarning
 from vit_rope.models.pos_encoding import encoding_keys
 from vit_rope.models.registry import ENCODINGS  # importing it registers the vit_rope_* models
 from vit_rope.train.state import CHECKPOINT_FORMAT, load_checkpoint
-from vit_rope.weights import (
-    UnreadableCheckpointError,
-    mapped_file,
-    read_weights,
-    tensor_rows,
-    weights_mismatch,
-)
+from vit_rope.weights import UnreadableCheckpointError, mapped_file, read_weights, tensor_rows, weights_mismatch
 
 # create_model arguments that leave the architecture (and so the label) as it is: the class count (the reports say
 # the classes), the training size (reported on its own), dropout rates (training only) and where weights come from
@@ -149,8 +143,7 @@ def check_weights(name: str, weights: str | None, model_kwargs: dict[str, Any], 
 
 def is_training_checkpoint(path: str | Path) -> bool:
     """Whether ``path`` is a checkpoint written by train.py (its format tag), read memory-mapped."""
-    state = None if Path(path).suffix == ".safetensors" else mapped_file(path)
-    return isinstance(state, dict) and state.get("format") == CHECKPOINT_FORMAT
+    return (mapped_file(path, unwrap=False) or {}).get("format") == CHECKPOINT_FORMAT  # a safetensors file: None
 
 
 def load_pretrained(name: str, weights: str | None, num_classes: int, train_size: int | None = None,

@@ -15,7 +15,8 @@ from timm.layers import resample_patch_embed
 from torch import Tensor, nn
 
 from vit_rope.encodings.ape import fit_checkpoint_pos_embed
-from vit_rope.models.formats import convert_format, folder_format, weights_in
+from vit_rope.models.eva_families import check_family
+from vit_rope.models.formats import checkpoint_format, folder_format, weights_in
 from vit_rope.models.load_report import CLASSIFIER, LAYERSCALE, ROPE_FREQS, STRING, LoadReport, report, warn_initialised
 from vit_rope.models.pos_encoding import encoding_key
 from vit_rope.weights import ROPE_BUFFERS, read_weights, unwrap_state_dict, weights_mismatch
@@ -36,10 +37,14 @@ def _split_mixed_freqs(freqs: Tensor, model: nn.Module) -> dict[str, Tensor]:
     return {f"pos_encoding.{i}.freqs": freqs[:, i].clone() for i in range(depth)}
 
 
-def _convert(state_dict: dict[str, Any], model: nn.Module
-             ) -> tuple[dict[str, Tensor], dict[str, list[str]], tuple[str, ...], tuple[str, ...]]:
-    """``convert_state_dict``, plus the keys initialised by reason, the checkpoint keys dropped and the notes."""
-    state_dict, converted = convert_format(unwrap_state_dict(state_dict), model)
+def _convert(state_dict: dict[str, Any], model: nn.Module, source: str | Path | None = None,
+             classifier: tuple[bool, int | None] | None = None) -> tuple[dict[str, Tensor], LoadReport]:
+    """``convert_state_dict`` and the report of its load from ``source``; ``classifier``: ``_fit_classifier``'s
+    ``headless`` and ``declared``, to take out the checkpoint's classifier unless the model loads it as it is."""
+    state_dict = unwrap_state_dict(state_dict)
+    fmt = checkpoint_format(state_dict)
+    check_family(state_dict, model)
+    state_dict, converted = fmt.convert(state_dict, model)  # in the model's keys and q / k layout, with notes
     target = model.state_dict()
     out: dict[str, Tensor] = {}
     dropped: tuple[str, ...] = ()
@@ -78,18 +83,19 @@ def _convert(state_dict: dict[str, Any], model: nn.Module
     if mismatch:
         raise ValueError(f"The checkpoint does not fit {type(model).__name__}: {mismatch}. Check that the model name "
                          "(size, axial/mixed, +APE) and its arguments (depth, patch size, ...) match the checkpoint.")
-    return out, initialised, dropped, converted
+    skipped, head = _fit_classifier(out, model, *classifier) if classifier else ((), {})
+    return out, report(source, out, {**initialised, **head}, dropped + skipped, converted)
 
 
 def convert_state_dict(state_dict: dict[str, Any], model: nn.Module) -> dict[str, Tensor]:
     """A state dict of any supported format mapped onto ``model``; the weights it lacks filled in, with a warning."""
-    out, initialised, dropped, _ = _convert(state_dict, model)
-    warn_initialised(report(None, out, initialised, dropped))
+    out, load = _convert(state_dict, model)
+    warn_initialised(load)
     return out
 
 
-def _fit_classifier(state_dict: dict[str, Tensor], model: nn.Module, headless: bool = False,
-                    declared: int | None = None) -> tuple[tuple[str, ...], dict[str, list[str]]]:
+def _fit_classifier(state_dict: dict[str, Tensor], model: nn.Module, headless: bool, declared: int | None
+                    ) -> tuple[tuple[str, ...], dict[str, list[str]]]:
     """Take the checkpoint's classifier out of ``state_dict`` unless the model loads it as it is; returns the keys
     taken out and ``{why: the model's classifier keys}`` when those keep their initialisation. ``headless``: it goes
     after loading (``features_only``); ``declared``: the config's class count when timm's loader drops it anyway."""
@@ -118,17 +124,15 @@ def checkpoint_filter_fn(state_dict: dict[str, Any], model: nn.Module, features_
                          ) -> dict[str, Tensor]:
     """timm ``pretrained_filter_fn`` with ``load_weights``' report and warning; timm drops the classifier when the class
     count differs from the config's, and one it keeps that does not fit is an error naming both counts and the fixes."""
-    out, initialised, dropped, converted = _convert(state_dict, model)
     cfg = getattr(model, "pretrained_cfg", None) or {}
     declared = cfg.get("num_classes") if cfg.get("classifier") else None
     drops = features_only or (declared is not None and getattr(model, "num_classes", 0) != declared)
-    skipped, head = _fit_classifier(out, model, features_only, declared if drops else None)
-    if head and not drops:  # timm loads it strictly: say why it cannot, rather than torch's shape error
-        raise ValueError(f"The checkpoint does not fit {type(model).__name__}: {next(iter(head))}.\ntimm loads the "
-                         f"classifier as it is, since num_classes equals the pretrained config's ({declared}); pass "
-                         "the checkpoint's class count as num_classes, or put it in pretrained_cfg_overlay (as "
-                         "num_classes) to start a new classifier.")
-    model.load_report = report(None, out, {**initialised, **head}, dropped + skipped, converted)
+    out, model.load_report = _convert(state_dict, model, None, (features_only, declared if drops else None))
+    if model.load_report.head_reason and not drops:  # timm loads it strictly: say why it cannot, not torch's error
+        raise ValueError(f"The checkpoint does not fit {type(model).__name__}: {model.load_report.head_reason}.\n"
+                         "timm loads the classifier as it is, since num_classes equals the pretrained config's "
+                         f"({declared}); pass the checkpoint's class count as num_classes, or put it in "
+                         "pretrained_cfg_overlay (as num_classes) to start a new classifier.")
     warn_initialised(model.load_report)
     return out
 
@@ -153,9 +157,8 @@ def load_weights(model: nn.Module, path: str | Path | Mapping[str, Any]) -> Load
 
 def load_state_dict(model: nn.Module, state_dict: dict[str, Any], source: str | Path | None = None) -> LoadReport:
     """``load_weights`` for a state dict already in memory (``vit_rope.from_timm`` passes a timm model's)."""
-    state_dict, initialised, dropped, converted = _convert(state_dict, model)
-    skipped, head = _fit_classifier(state_dict, model)
+    state_dict, load = _convert(state_dict, model, source, (False, None))
     model.load_state_dict(state_dict, strict=False)  # _convert already checked every key but the head
-    model.load_report = report(source, state_dict, {**initialised, **head}, dropped + skipped, converted)
-    warn_initialised(model.load_report)
-    return model.load_report
+    model.load_report = load
+    warn_initialised(load)
+    return load

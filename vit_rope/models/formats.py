@@ -10,16 +10,16 @@ from collections.abc import Callable, Container, Mapping
 from pathlib import Path
 from typing import Any
 
-from torch import Tensor, nn
+from torch import nn
 
 from vit_rope.encodings import FORMATS as KIND_FORMATS
 from vit_rope.models import deepseek_vit, gemma4_vit, hf_dinov3, hf_gemma4, pixtral, qwen2_5_vl, qwen3_vit, swin
 from vit_rope.models.dinov3 import DINOV3_QK, architecture, dinov3_name, from_dinov3
 from vit_rope.models.dinov3 import SIZES as DINOV3_SIZES
-from vit_rope.models.eva_families import EVA_LAYOUTS, check_family, from_eva, is_eva
+from vit_rope.models.eva_families import EVA_LAYOUTS, from_eva, is_eva
 from vit_rope.models.twins import ProjectorTwin
 from vit_rope.models.widths import size_of
-from vit_rope.weights import Converted, Description, Folder, Format, mapped_file, read_weights, unwrap_state_dict
+from vit_rope.weights import Converted, Description, Folder, Format, depth_of, mapped_file, read_weights
 
 ROPE_VIT_SIZES = ("tiny", "small", "base", "large")  # vit_rope_<size>_patch16_{axial,mixed}[_ape]_224
 KIND_SIZES = ("tiny", "small", "base")  # vit_rope_<size>_patch16_<kind>_224 of the other kinds
@@ -33,10 +33,8 @@ def _size(state_dict: Mapping[str, Any], sizes: tuple[str, ...]) -> str | None:
 
 def _shape(state_dict: Mapping[str, Any]) -> dict[str, int]:
     """The file's number of blocks and classes (its classifier's rows), as ``depth`` and ``num_classes``."""
-    blocks = {int(match.group(1)) for key in state_dict if (match := re.match(r"blocks\.(\d+)\.", key))}
-    head = state_dict.get("head.weight")
-    return {**({"depth": max(blocks) + 1} if blocks else {}),
-            **({"num_classes": int(head.shape[0])} if head is not None else {})}
+    depth, head = depth_of(state_dict), state_dict.get("head.weight")
+    return {**({"depth": depth} if depth else {}), **({"num_classes": int(head.shape[0])} if head is not None else {})}
 
 
 def _dinov3_name(state_dict: Mapping[str, Any]) -> str | None:
@@ -90,10 +88,6 @@ def _describe_eva(state_dict: Mapping[str, Any]) -> Description:
     return (_dinov3_name if dinov3 else _rope_vit_name)(state_dict), _shape(state_dict)
 
 
-def _as_is(state_dict: dict[str, Any], model: nn.Module) -> Converted:
-    return state_dict, ()
-
-
 def _transformers(model_types: Container[str], model: Callable[[dict[str, Any]], Description],
                   check_model: Callable[[dict[str, Any], nn.Module], None]) -> Folder:
     """A transformers folder: ``config.json`` of one of ``model_types`` beside ``model.safetensors``."""
@@ -143,8 +137,8 @@ FORMATS: tuple[Format, ...] = (
 # a file without any other format's marker: timm's VisionTransformer keys, which are ours
 VIT = Format("timm's VisionTransformer (vit_rope's own, timm's ViT and DeiT-III)", "'patch_embed.*' or "
              "'blocks.*' keys and no marker of the formats above",
-             lambda state_dict: any(key.startswith(("patch_embed.", "blocks.")) for key in state_dict), _as_is,
-             lambda state_dict: (None, _shape(state_dict)))
+             lambda state_dict: any(key.startswith(("patch_embed.", "blocks.")) for key in state_dict),
+             lambda state_dict, model: (state_dict, ()), lambda state_dict: (None, _shape(state_dict)))
 
 
 def checkpoint_format(state_dict: Mapping[str, Any]) -> Format:
@@ -154,10 +148,8 @@ def checkpoint_format(state_dict: Mapping[str, Any]) -> Format:
         found = "; ".join(f"{fmt.name} ({fmt.marker})" for fmt in claims)
         raise ValueError(f"The checkpoint carries the markers of {len(claims)} formats: {found}. A file is in one "
                          "format: save it again from the model that wrote it, or remove the other format's keys.")
-    if claims:
-        return claims[0]
-    if VIT.carries(state_dict):
-        return VIT
+    if claims or VIT.carries(state_dict):
+        return claims[0] if claims else VIT
     keys = list(state_dict)
     shown = ", ".join(map(str, keys[:5])) + (f", ... ({len(keys)} keys)" if len(keys) > 5 else "")
     known = "; ".join(f"{fmt.name}: {fmt.marker}" for fmt in (*FORMATS, VIT))
@@ -173,13 +165,6 @@ def folder_format(path: str | Path) -> tuple[Format, dict[str, Any]] | None:
         raise ValueError(f"{path} holds the config of {len(found)} formats ({', '.join(f.name for f, _ in found)}): "
                          "keep one model's files in a folder.")
     return found[0] if found else None
-
-
-def convert_format(state_dict: dict[str, Any], model: nn.Module) -> tuple[dict[str, Tensor], tuple[str, ...]]:
-    """``state_dict`` in the keys and q / k layout of ``model`` by its format, with notes on what was converted."""
-    fmt = checkpoint_format(state_dict)
-    check_family(state_dict, model)
-    return fmt.convert(state_dict, model)
 
 
 def weights_in(path: str | Path) -> Path:
@@ -200,10 +185,9 @@ def describe(path: str | Path) -> Description:
     """The model name and arguments that the weights in ``path`` describe by their keys, ``None`` for the name where
     they do not say; a kind's model given by its arguments only is named the registered model of that kind and width."""
     path = weights_in(path)
-    obj = mapped_file(path)
-    if obj is None:  # not readable memory-mapped: the full read gives the state dict or says what keeps it from it
-        obj = read_weights(path)
-    state = unwrap_state_dict(obj) if isinstance(obj, dict) else {}
+    state = mapped_file(path)
+    if state is None:  # not readable memory-mapped: the full read gives the state dict or says what keeps it from it
+        state = read_weights(path)
     name, args = checkpoint_format(state).describe(state)
     if name is None and "encoding" in args:  # a kind's model by its arguments: the registered one of that width
         size = size_of(args["embed_dim"], KIND_SIZES) if "embed_dim" in args else None
@@ -216,7 +200,6 @@ def describe(path: str | Path) -> Description:
 def model_args(path: str | Path) -> dict[str, Any]:
     """The arguments any model needs to take the weights file ``path`` (``Format.model_args``: LookHere's); none for
     most formats and for a file not readable memory-mapped (loading it says what is wrong)."""
-    obj = mapped_file(path)
-    state = unwrap_state_dict(obj) if isinstance(obj, dict) else {}
+    state = mapped_file(path) or {}
     fmt = next((fmt for fmt in FORMATS if fmt.model_args is not None and fmt.carries(state)), None)
     return {} if fmt is None else fmt.model_args(state)

@@ -41,11 +41,9 @@ def from_timm(model: nn.Module) -> RoPEVisionTransformer:
     """The vit_rope twin of ``model`` (``SUPPORTED``) with its weights, device, dtype and mode; see ``load_report``."""
     config = getattr(model, "config", None)  # a transformers model
     if getattr(config, "model_type", None) in pixtral.MODEL_TYPES:
-        name, args = pixtral.pixtral_args_from_config(config.to_dict())
-        return _twin(model, name, args, f"transformers {type(model).__name__}")
+        return _twin(model, *pixtral.pixtral_args_from_config(config.to_dict()), f"transformers {type(model).__name__}")
     if type(model).__name__ == qwen2_5_vl.HF_CLASS:  # transformers' model: its config decides the twin
-        name, args = qwen2_5_vl.args_from_config(model.config.to_diff_dict())
-        return _twin(model, name, args, f"transformers' {qwen2_5_vl.HF_CLASS}")
+        return _twin(model, *qwen2_5_vl.args_from_config(config.to_diff_dict()), f"transformers' {qwen2_5_vl.HF_CLASS}")
     timm_name = (getattr(model, "pretrained_cfg", None) or {}).get("architecture")
     for twins, architecture in ((qwen3_vit.QWEN3, qwen3_vit.architecture), (gemma4_vit.GEMMA4, gemma4_vit.architecture),
                                 (deepseek_vit.DEEPSEEK, deepseek_vit.architecture)):  # timm's VLM towers

@@ -4,7 +4,6 @@ DeiT-III's ViT under timm's keys, which load as they are into a ``vit_rope_*_loo
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from functools import partial
 from typing import Any
@@ -12,7 +11,7 @@ from typing import Any
 from torch import Tensor, nn
 
 from vit_rope.encodings.bias.lookhere import check_config
-from vit_rope.weights import Converted, Description, Format, unwrap_state_dict
+from vit_rope.weights import Converted, Description, Format, depth_of, unwrap_state_dict
 
 
 def is_lookhere_checkpoint(obj: Any) -> bool:
@@ -36,10 +35,8 @@ def official_args(obj: Mapping[str, Any]) -> dict[str, Any]:
 
 def describe(obj: Mapping[str, Any]) -> Description:
     """The LookHere model of the file: its width and depth, and ``official_args``."""
-    weights = obj["weights"]
-    blocks = {int(m[1]) for key in weights if (m := re.match(r"blocks\.(\d+)\.", key))}
-    patches = weights.get("patch_embed.proj.weight")
-    shape = {**({"depth": max(blocks) + 1} if blocks else {}),
+    depth, patches = depth_of(obj["weights"]), obj["weights"].get("patch_embed.proj.weight")
+    shape = {**({"depth": depth} if depth else {}),
              **({"embed_dim": int(patches.shape[0])} if isinstance(patches, Tensor) else {})}
     return None, {**shape, **official_args(obj)}
 

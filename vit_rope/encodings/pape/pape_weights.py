@@ -14,7 +14,7 @@ from timm.layers import PatchEmbed
 from torch import nn
 
 from vit_rope.encodings.pape.parabolas import PARABOLAS
-from vit_rope.weights import Converted, Folder, Format, renamed_key
+from vit_rope.weights import Converted, Folder, Format, check_config_fields, renamed_key
 
 CONFIG, WEIGHTS = "config.json", "model.pt"
 FORMAT_NAME = "PaPE's official ImageClassifier"
@@ -97,11 +97,7 @@ def check_model(config: dict[str, Any], model: nn.Module) -> None:
         "normalize (the resolution policy)": (kwargs["resolution_policy"], model.resolution_policy.name),
         "norm_pre (LayerNorm before the blocks)": (True, isinstance(model.norm_pre, nn.LayerNorm)),
     }
-    for field, (theirs, ours) in fields.items():
-        if theirs != ours:
-            raise ValueError(f"config.json does not fit the model: {field} is {theirs} in the file, {ours} in the "
-                             f"model. Build {name} with {kwargs} "
-                             "(vit_rope.create_from_checkpoint(folder) builds and loads it).")
+    check_config_fields(fields, f"{name} with {kwargs}")
 
 
 def check_weights(config: dict[str, Any], state_dict: dict[str, Any]) -> None:
