@@ -121,8 +121,8 @@ def without_function(form: str) -> None:
             mask = F.pad(view.reshape(flipped.shape[0], stop - start, h * w), (prefix, 0))[None].to(q.dtype)
         return F.scaled_dot_product_attention(q[:, :, start:stop], k, v, attn_mask=mask, scale=scale)
 
-    def apply(q: Tensor, k: Tensor, v: Tensor, flipped: Tensor, grid: tuple[int, int], prefix: int, scale: float,
-              _buffer: list[Tensor] | None) -> Tensor:  # each chunk's mask its own: autograd keeps or recomputes it
+    def apply(q: Tensor, k: Tensor, v: Tensor, flipped: Tensor, grid: tuple[int, int], prefix: int,
+              scale: float) -> Tensor:
         B, nh, N, _ = k.shape
         chunks = (oa._chunks(grid, prefix, N * B * nh, elements=oa.SCORE_ELEMENTS) if flipped.requires_grad else
                   oa._chunks(grid, prefix, N * nh, oa.FLASH_QUERIES))

@@ -109,8 +109,7 @@ class AttnBias(PositionEncoding):
         if self.by_offset and positions.image_batch:
             offsets = self._cache.get(self._key(grid, "offsets"), lambda: self._offset_tables(grid))
             dense = self._cache.get(self._key(grid, "dense", num_prefix_tokens), lambda: {spec: {} for spec in offsets})
-            masks: list[Tensor] = []  # this forward's
-            return [OffsetBias(offsets[spec], scale, grid, num_prefix_tokens, dense[spec], masks) if scale else None
+            return [OffsetBias(offsets[spec], scale, grid, num_prefix_tokens, dense[spec]) if scale else None
                     for spec, scale in zip(self.layer_specs, self.scales, strict=True)]
         tables = self(positions, num_prefix_tokens)
         # indexed, not iterated: FX records the tables as one call whose items it can index but not unpack

@@ -75,8 +75,7 @@ class Fire(PositionEncoding):
     def block_inputs(self, positions: Positions, num_prefix_tokens: int) -> list[Any]:
         grid = positions.grid
         if positions.image_batch:
-            masks: list[Tensor] = []  # this forward's
-            return [OffsetBias(table, 1.0, grid, num_prefix_tokens, masks=masks) for table in self._offset_tables(grid)]
+            return [OffsetBias(table, 1.0, grid, num_prefix_tokens) for table in self._offset_tables(grid)]
         biases = self(positions, num_prefix_tokens)
         return [Bias(biases[i]) for i in range(self.depth)]
 

@@ -1,6 +1,7 @@
 """The bias family's shared maths: patch offsets, the policies' scale of them, and attention with a bias of the offset
 between two patches read from a table ``[nh, 2h - 1, 2w - 1]`` without its ``[nh, N, N]`` matrix: on CPU by chunks of
-grid rows, on CUDA through FlexAttention's ``score_mod`` (docs/performance.md)."""
+grid rows (in inference above one chunk, with the table read in place), on CUDA through FlexAttention's ``score_mod``
+(docs/performance.md)."""
 
 from __future__ import annotations
 
@@ -74,38 +75,23 @@ def _table_view(flipped: Tensor, grid: tuple[int, int]) -> Tensor:
     return flipped.as_strided((flipped.shape[0], h, w, h, w), (flipped.stride(0), row, 1, row, 1))
 
 
-def _flash_queries(queries: int) -> int:
-    """The queries SDPA's CPU flash kernel computes for ``queries``: whole blocks, of 256 from ``FLASH_QUERIES`` on."""
-    block = 256 if queries >= FLASH_QUERIES else 64 if queries >= 192 else 32
-    return -(-queries // block) * block
-
-
 def _chunks(grid: tuple[int, int], prefix: int, width: int, least: int = 1, elements: int | None = None
             ) -> list[tuple[int, int]]:
     """Query ranges: the prefix queries', then whole grid rows, as many as keep ``width``-wide rows within ``elements``
-    (``CHUNK_ELEMENTS``), never fewer than ``least`` queries (nor one row). With a ``least``, flash attention's
-    chunks, up to a quarter more rows where that wastes fewer of its query blocks (84 x 84: 12 rows of 1,008 queries
-    in 4 blocks each, not 10 of 840 in 4, the last 28 % full, and a tail of 336)."""
+    (``CHUNK_ELEMENTS``), never fewer than ``least`` queries (nor one row)."""
     h, w = grid
-    rows = min(max(-(-least // w), (elements or CHUNK_ELEMENTS) // (width * w), 1), h)
-    if least > 1:
-        rows = min(range(rows, min(rows + rows // 4, h) + 1),
-                   key=lambda r: sum(_flash_queries(min(r, h - y) * w) for y in range(0, h, r)))
+    rows = max(-(-least // w), (elements or CHUNK_ELEMENTS) // (width * w), 1)
     return [(0, prefix)] * bool(prefix) + [(prefix + y * w, prefix + min(y + rows, h) * w) for y in range(0, h, rows)]
 
 
-def _masks(view: Tensor, prefix: int, dtype: torch.dtype, buffer: list[Tensor] | None = None
-           ) -> Callable[[int, int], Tensor | None]:
-    """Each chunk's mask ``[1, nh, Q, P + N]`` (``None`` for prefix queries), copied from the view into one buffer,
-    ``buffer``'s if it is given and fits: the blocks of one forward share it, as each new one of 100-200 MB would cost
-    its pages' faults again (about 10 % of a ViT-S block's attention at 1344 px)."""
-    (nh, h, w), buffer = view.shape[:3], [] if buffer is None else buffer
+def _masks(view: Tensor, prefix: int, dtype: torch.dtype) -> Callable[[int, int], Tensor | None]:
+    """Each chunk's mask ``[1, nh, Q, P + N]`` (``None`` for prefix queries), copied from the view into one buffer."""
+    (nh, h, w), buffer = view.shape[:3], []
 
     def mask(start: int, stop: int) -> Tensor | None:
         if stop <= prefix:
             return None
-        if not buffer or buffer[0].dtype != dtype or buffer[0].shape[1::2] != (nh, prefix + h * w) or \
-                buffer[0].shape[2] < stop - start:
+        if not buffer or buffer[0].shape[2] < stop - start:
             buffer[:] = [view.new_empty((1, nh, stop - start, prefix + h * w), dtype=dtype)]
             buffer[0][..., :prefix] = 0
         out = buffer[0][:, :, : stop - start]
@@ -116,9 +102,9 @@ def _masks(view: Tensor, prefix: int, dtype: torch.dtype, buffer: list[Tensor] |
 
 
 def _chunked(q: Tensor, k: Tensor, v: Tensor, flipped: Tensor, grid: tuple[int, int], prefix: int, scale: float,
-             lse: Tensor | None = None, buffer: list[Tensor] | None = None) -> Tensor:
+             lse: Tensor | None = None) -> Tensor:
     """SDPA by chunks of queries on reversed keys and values; flash attention's log-sum-exp into ``lse`` if given."""
-    masks = _masks(_table_view(flipped, grid), prefix, q.dtype, buffer)
+    masks = _masks(_table_view(flipped, grid), prefix, q.dtype)
     out = torch.empty_like(q)
     for start, stop in _chunks(grid, prefix, k.shape[-2] * q.shape[1], FLASH_QUERIES):
         part, mask = slice(start, stop), masks(start, stop)
@@ -130,16 +116,45 @@ def _chunked(q: Tensor, k: Tensor, v: Tensor, flipped: Tensor, grid: tuple[int, 
     return out
 
 
+def _by_rows(q: Tensor, k: Tensor, v: Tensor, flipped: Tensor, grid: tuple[int, int], prefix: int,
+             scale: float) -> Tensor:
+    """Inference with no mask written: each grid row of queries is one batch entry of flash attention over the reversed
+    patch keys (expanded, not copied), whose mask is a strided view of the table laid out per query column,
+    ``[nh, w, 2h - 1, w]`` (``flipped[:, Y, xq + xk']`` at ``[:, xq, Y, xk']``): query ``(yq, xq)``'s biases are its
+    ``h w`` values from ``[:, xq, yq]`` on. The prefix keys (no bias) join through the log-sum-exp. At 1344 px this
+    reads a 28 MB table instead of writing and reading 1.2 GB of masks per ViT-S block (docs/performance.md)."""
+    (h, w), (B, nh, _, D), P = grid, q.shape, prefix
+    columns = flipped.as_strided((nh, w, 2 * h - 1, w), (flipped.stride(0), 1, flipped.stride(1), 1)).contiguous()
+    mask = columns.as_strided((h, nh, w, h * w), (w, columns.stride(0), columns.stride(1), 1))  # [yq, nh, xq, N]
+    # queries that see no patch key: flash attention gives them 0 and a log-sum-exp of 0, not -inf
+    blind = columns.amax(-1).unfold(-1, h, 1).amax(-1).permute(2, 0, 1) == float("-inf")  # [yq, nh, xq]
+    out = torch.empty_like(q)
+    for b in range(B):  # the rows of one image share its keys
+        rows = q[b, :, P:].unflatten(1, (h, w)).transpose(0, 1)  # [h, nh, w, D]
+        keys, values = (x[b: b + 1, :, P:].expand(h, -1, -1, -1) for x in (k, v))  # [h, nh, N, D]
+        part, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(rows, keys, values, attn_mask=mask,
+                                                                                scale=scale)[:2]
+        if P:
+            logits = (rows @ k[b, :, :P].transpose(-1, -2)).to(lse.dtype) * scale  # [h, nh, w, P]
+            lse = lse.masked_fill(blind, float("-inf"))
+            total = torch.logaddexp(lse, logits.logsumexp(-1))
+            part = part * (lse - total).exp()[..., None] + (logits - total[..., None]).exp() @ v[b, :, :P].to(lse.dtype)
+        out[b, :, P:] = part.transpose(0, 1).reshape(nh, h * w, D)
+    if P:
+        out[:, :, :P] = F.scaled_dot_product_attention(q[:, :, :P], k, v, scale=scale)
+    return out
+
+
 class _OffsetAttention(torch.autograd.Function):
     """``_chunked`` whose backward rebuilds the masks (memory ``O(chunk x N)``)."""
 
     @staticmethod
     def forward(ctx, q: Tensor, k: Tensor, v: Tensor, table: Tensor, grid: tuple[int, int], prefix: int,
-                scale: float, buffer: list[Tensor] | None) -> Tensor:
+                scale: float) -> Tensor:
         lse = q.new_empty(q.shape[:-1], dtype=torch.promote_types(q.dtype, torch.float32))  # [B, nh, N]
-        out = _chunked(q, k, v, table, grid, prefix, scale, lse, buffer)
+        out = _chunked(q, k, v, table, grid, prefix, scale, lse)
         ctx.save_for_backward(q, k, v, table, out, lse)
-        ctx.grid, ctx.prefix, ctx.scale, ctx.buffer = grid, prefix, scale, buffer
+        ctx.grid, ctx.prefix, ctx.scale = grid, prefix, scale
         return out
 
     @staticmethod
@@ -148,7 +163,7 @@ class _OffsetAttention(torch.autograd.Function):
         (h, w), P, scale = ctx.grid, ctx.prefix, ctx.scale
         view = _table_view(table, ctx.grid)
         if not ctx.needs_input_grad[3]:  # a fixed table (LookHere, ALiBi): flash attention's own backward per chunk
-            masks = _masks(view, P, q.dtype, ctx.buffer)
+            masks = _masks(view, P, q.dtype)
             dq, dk, dv = torch.empty_like(q), torch.zeros_like(k), torch.zeros_like(v)
             for start, stop in _chunks(ctx.grid, P, k.shape[-2] * q.shape[1], FLASH_QUERIES):
                 part = slice(start, stop)
@@ -157,11 +172,11 @@ class _OffsetAttention(torch.autograd.Function):
                     attn_mask=masks(start, stop), scale=scale)
                 dk += dk_part
                 dv += dv_part
-            return dq, dk, dv, None, None, None, None, None
+            return dq, dk, dv, None, None, None, None
         # a learned table (FIRE): the chunk's products written out, for the table's gradient from the scores'; each
         # product lands where the next step reads it (baddbmm: scores + mask - lse, dP - delta), fp32 at least
         acc, (B, nh, N, D) = torch.promote_types(q.dtype, torch.float32), k.shape
-        masks = _masks(view, P, acc, ctx.buffer)
+        masks = _masks(view, P, acc)
         dq, dk, dv = torch.empty_like(q), torch.zeros_like(k, dtype=acc), torch.zeros_like(v, dtype=acc)
         dtable = torch.zeros_like(table, dtype=acc)
         kf, vf = k.to(acc).reshape(B * nh, N, D), v.to(acc).reshape(B * nh, N, D)  # [B nh, N, D]
@@ -181,7 +196,7 @@ class _OffsetAttention(torch.autograd.Function):
                 first, rows = (start - P) // w, Q // w
                 blocks = dscores.view(B, nh, Q, N)[..., P:].sum(0).transpose(1, 2)  # [nh, h w (the block), Q]
                 dtable[:, first: first + rows + h - 1] += F.fold(blocks, (rows + h - 1, 2 * w - 1), (h, w))[:, 0]
-        return dq, dk.to(k.dtype), dv.to(v.dtype), dtable.to(table.dtype), None, None, None, None
+        return dq, dk.to(k.dtype), dv.to(v.dtype), dtable.to(table.dtype), None, None, None
 
 
 def _flex(q: Tensor, k: Tensor, v: Tensor, table: Tensor, grid: tuple[int, int], prefix: int, scale: float) -> Tensor:
@@ -209,15 +224,16 @@ def _compiled_flex() -> Callable[..., Tensor]:
 
 
 def offset_attention(q: Tensor, k: Tensor, v: Tensor, table: Tensor, grid: tuple[int, int], prefix: int,
-                     scale: float, flex: bool | None = None, buffer: list[Tensor] | None = None) -> Tensor:
-    """Attention with ``table[h, p_k - p_q]`` added to patch pairs' logits; ``flex``: FlexAttention, not chunks;
-    ``buffer``: where the chunks' masks are kept for the next call (``_masks``)."""
+                     scale: float, flex: bool | None = None) -> Tensor:
+    """Attention with ``table[h, p_k - p_q]`` added to patch pairs' logits; ``flex``: FlexAttention, not chunks."""
     if flex if flex is not None else q.is_cuda:
         return _flex(q, k, v, table.to(q.dtype), grid, prefix, scale)
     k, v, flipped = _reversed_keys(k, prefix), _reversed_keys(v, prefix), table.flip(-2, -1).contiguous()
     if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v, table)):
-        return _OffsetAttention.apply(q, k, v, flipped, grid, prefix, scale, buffer)
-    return _chunked(q, k, v, flipped, grid, prefix, scale, buffer=buffer)
+        return _OffsetAttention.apply(q, k, v, flipped, grid, prefix, scale)
+    if q.shape[-2] * k.shape[-2] * q.shape[1] > CHUNK_ELEMENTS:  # masks in several chunks: none at all
+        return _by_rows(q, k, v, flipped, grid, prefix, scale)
+    return _chunked(q, k, v, flipped, grid, prefix, scale)
 
 
 class Bias(BlockInput):
@@ -230,12 +246,11 @@ class Bias(BlockInput):
 class OffsetBias(BlockInput):
     """A block's bias as a table per offset ``[nh, 2h - 1, 2w - 1]`` times ``scale`` (an image batch), read by
     ``offset_attention``; ``bias``, the dense ``[1, nh, P + N, P + N]`` (kept in ``dense`` while small), serves what
-    needs the matrix: ``fused_attn = False``, a padding mask, attention dropout. Captures get a ``Bias`` instead.
-    ``masks``: the chunks' mask buffer, shared by the blocks of one forward."""
+    needs the matrix: ``fused_attn = False``, a padding mask, attention dropout. Captures get a ``Bias`` instead."""
 
     def __init__(self, table: Tensor, scale: float, grid: tuple[int, int], prefix: int,
-                 dense: dict[str, Tensor] | None = None, masks: list[Tensor] | None = None) -> None:
-        self.table, self.scale, self.grid, self.prefix, self.masks = table, scale, grid, prefix, masks
+                 dense: dict[str, Tensor] | None = None) -> None:
+        self.table, self.scale, self.grid, self.prefix = table, scale, grid, prefix
         self._dense = {} if dense is None else dense  # shared by the blocks of one table
 
     @property
@@ -251,5 +266,4 @@ class OffsetBias(BlockInput):
                is_causal: bool) -> Tensor:
         if not attn.fused_attn or attn_mask is not None or is_causal or (attn.training and attn.attn_drop.p > 0):
             return super().attend(attn, q, k, v, attn_mask, is_causal)  # the dense bias
-        return offset_attention(q, k, v, self.table * self.scale, self.grid, self.prefix, attn.scale,
-                                buffer=self.masks)
+        return offset_attention(q, k, v, self.table * self.scale, self.grid, self.prefix, attn.scale)
