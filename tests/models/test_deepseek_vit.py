@@ -137,9 +137,9 @@ def test_refused_inputs_name_what_and_where():
     with pytest.raises(ValueError, match="rotate_half.*qk_layout='interleaved'"):
         vit_rope.load_weights(timm.create_model("vit_rope_deepseek_vit_412m_enc", **TINY, aligner_out_features=48,
                                                 qk_layout="interleaved"), deepseek)
-    with pytest.raises(ValueError, match="final_norm=False.*vit_rope_deepseek_vit_412m"):
+    with pytest.raises(ValueError, match="final_norm=False.*vit_rope_deepseek_vit_412m.*without final_norm"):
         vit_rope.from_timm(timm_deepseek("deepseek_vit_412m", final_norm=False))
-    with pytest.raises(ValueError, match="global_pool=''.*global_pool='align'"):
+    with pytest.raises(ValueError, match="global_pool=''.*global_pool='align', or take vit_rope_deepseek_vit_412m,"):
         vit_rope.from_timm(timm.create_model("deepseek_vit_412m_enc", **TINY, global_pool=""))
     with pytest.raises(ValueError, match="aligner_out_features"):
         timm.create_model("vit_rope_deepseek_vit_412m_enc", depth=1, aligner_out_features=0, device="meta")

@@ -97,7 +97,7 @@ def add_model_options(parser: argparse.ArgumentParser, use: str, model_help: str
     parser.add_argument("--pretrained-file", metavar="FILE", help="weights for --model")
     parser.add_argument("--random-init", action="store_true",
                         help=f"{use} a --model without weights, at its random initialisation (labelled so)")
-    parser.add_argument("--model-kwargs", nargs="+", type=parse_kwarg, default=[], metavar="KEY=VALUE",
+    parser.add_argument("--model-kwargs", nargs="*", type=parse_kwarg, default=[], metavar="KEY=VALUE",
                         help="extra timm.create_model arguments for --model (values read as YAML)")
 
 

@@ -104,8 +104,14 @@ def timm_tower(model: nn.Module, classifier_cls: type[nn.Module], tokens: str, m
                f"global_pool={enc.global_pool!r}": not classifier and enc.global_pool != tokens}
     field = next((field for field, bad in refused.items() if bad), None)
     if field is not None:
+        reason, fix = {"final_norm=False": ("its classifier norm is timm's default",
+                                            "build timm's model without final_norm"),
+                       f"global_pool={enc.global_pool!r}": (
+                           f"it outputs the {tokens!r} pool's tokens", f"build it with global_pool={tokens!r}, or take "
+                           f"vit_rope_{name.removesuffix('_enc')}, whose forward_features gives those tokens")
+                       }.get(field, (models, "build timm's model without it"))
         raise ValueError(f"from_timm: {name} was built with {field}, which its twin vit_rope_{name} does not model "
-                         f"({models}): build timm's model without it.")
+                         f"({reason}): {fix}.")
     pools = {"none": ""}  # timm's "none": no pooling, ours ""
     heads = dict(num_classes=model.num_classes, global_pool=pools.get(model.global_pool, model.global_pool),
                  encoder_pool=pools.get(model.encoder_pool, model.encoder_pool)) if classifier else \

@@ -231,7 +231,7 @@ def offset_attention(q: Tensor, k: Tensor, v: Tensor, table: Tensor, grid: tuple
     k, v, flipped = _reversed_keys(k, prefix), _reversed_keys(v, prefix), table.flip(-2, -1).contiguous()
     if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v, table)):
         return _OffsetAttention.apply(q, k, v, flipped, grid, prefix, scale)
-    if q.shape[-2] * k.shape[-2] * q.shape[1] > CHUNK_ELEMENTS:  # masks in several chunks: none at all
+    if q.device.type == "cpu" and q.shape[-2] * k.shape[-2] * q.shape[1] > CHUNK_ELEMENTS:  # no masks (CPU kernel)
         return _by_rows(q, k, v, flipped, grid, prefix, scale)
     return _chunked(q, k, v, flipped, grid, prefix, scale)
 
