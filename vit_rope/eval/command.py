@@ -25,7 +25,7 @@ from vit_rope.eval.report import write_reports
 from vit_rope.train.distributed import flushed_subnormals, set_cpu_threads
 
 
-def _positive(text: str, least: int = 1) -> int:
+def _whole(text: str, least: int = 1) -> int:
     if not text.isdigit() or int(text) < least:
         raise argparse.ArgumentTypeError(f"{text!r} is not a whole number >= {least}")
     return int(text)
@@ -45,7 +45,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="evaluate a --model without weights, labelled 'random init': chance accuracy, for timing")
     parser.add_argument("--model-kwargs", nargs="+", type=parse_kwarg, default=[], metavar="KEY=VALUE",
                         help="extra timm.create_model arguments for every --model (values read as YAML)")
-    parser.add_argument("--train-size", type=_positive, help="training size of the --model models (default: theirs)")
+    parser.add_argument("--train-size", type=_whole, help="training size of the --model models (default: theirs)")
     parser.add_argument("--no-ema", action="store_true", help="evaluate a checkpoint's model weights, not its EMA")
     parser.add_argument("--data-dir", help="dataset root holding the val split (one folder per class); default as "
                         "train.py: ../shared/data/imagenette when it exists, else Imagenette downloaded")
@@ -59,7 +59,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "dataset: its image column (default: the checkpoints')")
     parser.add_argument("--target-key", metavar="KEY", help="shards: the .json field of the label; a dataset: its "
                         "label column (default: the checkpoints')")
-    parser.add_argument("--img-sizes", nargs="+", type=_positive, metavar="SIZE",
+    parser.add_argument("--img-sizes", nargs="+", type=_whole, metavar="SIZE",
                         help="square input sizes, multiples of the patch size (default: every model's training "
                         "size, each model at all of them; none with --seq-lens)")
     parser.add_argument("--seq-lens", nargs="+", type=naflex.seq_len_arg, default=[], metavar="L",
@@ -75,23 +75,23 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--probe", nargs="+", choices=PROBES, metavar="PROBE",
                         help="what is scored: head (the classifier; the default), knn (DINO's weighted kNN on pooled "
                         "features) or linear (a linear probe fitted at one size); knn or linear alone need no head")
-    parser.add_argument("--knn-k", type=_positive, help="train images that vote in kNN (default 20)")
+    parser.add_argument("--knn-k", type=_whole, help="train images that vote in kNN (default 20)")
     parser.add_argument("--knn-temperature", type=float, help="kNN vote weight exp(similarity / T), default 0.07")
-    parser.add_argument("--bank-size", type=_positive, metavar="SIZE",
+    parser.add_argument("--bank-size", type=_whole, metavar="SIZE",
                         help="the kNN bank's image size for every evaluated size (default: each evaluated one)")
-    parser.add_argument("--linear-size", type=_positive, metavar="SIZE",
+    parser.add_argument("--linear-size", type=_whole, metavar="SIZE",
                         help="the size the linear probe is fitted at (default: each model's training size)")
     parser.add_argument("--train-split", metavar="NAME",
                         help="the split the probes are built from (default: the checkpoints' train_split, else train)")
-    parser.add_argument("--train-limit", type=_positive, metavar="N",
+    parser.add_argument("--train-limit", type=_whole, metavar="N",
                         help="build the probes from N train images, spread evenly over the classes (default: all)")
     parser.add_argument("--crop-pct", type=float, default=1.0, help="center-crop fraction (default 1.0)")
     parser.add_argument("--output", default="output/eval", help="folder for the results (default output/eval)")
     parser.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto",
                         help="auto (default): CUDA with bf16 autocast when available")
-    parser.add_argument("--limit", type=_positive, help="evaluate this many images, spread evenly over the classes")
-    parser.add_argument("--batch-size", type=_positive, default=64, help="default 64")
-    parser.add_argument("--workers", type=partial(_positive, least=0), default=4,
+    parser.add_argument("--limit", type=_whole, help="evaluate this many images, spread evenly over the classes")
+    parser.add_argument("--batch-size", type=_whole, default=64, help="default 64")
+    parser.add_argument("--workers", type=partial(_whole, least=0), default=4,
                         help="data loader processes (default 4; 0 loads here)")
     return parser
 

@@ -157,10 +157,7 @@ def architecture(model: nn.Module) -> tuple[str, dict[str, Any]]:
     """The twin's name and keyword arguments that a built timm DeepSeek ``model`` decides."""
     from timm.models.deepseek_vit import DeepseekVitClassifier
 
-    name, enc, block, args = timm_tower(
-        model, DeepseekVitClassifier, "align", "its classifier norm is timm's default; the encoder outputs the "
-        "aligner's tokens, global_pool='align', and vit_rope_deepseek_vit_412m's forward_features the tokens before it",
-        lambda enc, block: {})
+    name, enc, block, args = timm_tower(model, DeepseekVitClassifier, "align")
     args.update(img_size=tuple(enc.patch_embed.img_size), patch_size=enc.patch_embed.patch_size[0],
                 mlp_ratio=block.mlp.fc2.in_features / enc.embed_dim, rope_theta=float(enc.rope.temperature),
                 norm_layer=partial(RmsNorm, eps=block.norm1.eps), dynamic_img_pad=enc.patch_embed.dynamic_img_pad,

@@ -208,8 +208,8 @@ def architecture(model: nn.Module) -> tuple[str, dict[str, Any]]:
     from timm.models.gemma4_vit import Gemma4VitClassifier
 
     name, enc, block, args = timm_tower(
-        model, Gemma4VitClassifier, "soft", "Gemma 4's GELU-tanh MLP, square patches, embed_dim / num_heads heads, the "
-        "classifier's norm, the encoder's soft tokens", lambda enc, block: {
+        model, Gemma4VitClassifier, "soft", "Gemma 4's GELU-tanh MLP, square patches and embed_dim / num_heads heads",
+        lambda enc, block: {
             "act_layer": not (isinstance(block.mlp.act, nn.GELU) and block.mlp.act.approximate == "tanh"),
             "patch_size (not square)": enc.patch_size[0] != enc.patch_size[1],
             "head_dim (not embed_dim / num_heads)": block.attn.head_dim * block.attn.num_heads != enc.embed_dim})

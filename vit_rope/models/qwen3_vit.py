@@ -168,8 +168,7 @@ def architecture(model: nn.Module) -> tuple[str, dict[str, Any]]:
     from timm.models.qwen3_vit import Qwen3VitClassifier
 
     name, enc, block, args = timm_tower(
-        model, Qwen3VitClassifier, "merge", "Qwen3-VL's GELU (tanh) MLP, the classifier's norm, the encoder's merger "
-        "tokens, global_pool='merge'; the classifier twin's forward_features gives the tokens before it",
+        model, Qwen3VitClassifier, "merge", "Qwen3-VL's GELU (tanh) MLP",
         lambda enc, block: {f"act_layer={type(block.mlp.act).__name__}": not (
             isinstance(block.mlp.act, nn.GELU) and block.mlp.act.approximate == "tanh")})
     grid = (enc.pos_embed_grid_size, enc.pos_embed_grid_size)

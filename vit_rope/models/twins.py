@@ -90,17 +90,18 @@ def timm_twin_cfgs(family: str, names: Iterable[str], **cfg: Any) -> dict[str, d
             for name in names for tag, tagged in default_cfgs[name].cfgs.items()}
 
 
-def timm_tower(model: nn.Module, classifier_cls: type[nn.Module], tokens: str, models: str,
-               refusals: Callable[[nn.Module, nn.Module], dict[str, bool]]
+def timm_tower(model: nn.Module, classifier_cls: type[nn.Module], tokens: str, models: str = "",
+               refusals: Callable[[nn.Module, nn.Module], dict[str, bool]] | None = None
                ) -> tuple[str, nn.Module, nn.Module, dict[str, Any]]:
     """A built timm VLM tower's name, encoder and first block, and the twin arguments every family's share: sizes and
-    heads (the classifier's, ``classifier_cls``, or the encoder's ``tokens``). A ``ValueError`` names the first of
-    ``refusals(encoder, block)``, the classifier's final norm and the encoder's pool that the twin does not model
-    (``models``: what it does model)."""
+    heads (the classifier's, ``classifier_cls``, or the encoder's ``tokens``). A ``ValueError`` names the first of the
+    family's ``refusals(encoder, block)`` (``models``: what its twin models instead), the classifier's final norm and
+    the encoder's pool that the twin does not model, with what to build instead."""
     classifier = isinstance(model, classifier_cls)
     enc = model.encoder if classifier else model
     name, block = model.pretrained_cfg["architecture"], enc.blocks[0]
-    refused = {**refusals(enc, block), "final_norm=False": classifier and isinstance(model.norm, nn.Identity),
+    refused = {**(refusals(enc, block) if refusals else {}),
+               "final_norm=False": classifier and isinstance(model.norm, nn.Identity),
                f"global_pool={enc.global_pool!r}": not classifier and enc.global_pool != tokens}
     field = next((field for field, bad in refused.items() if bad), None)
     if field is not None:
@@ -109,7 +110,7 @@ def timm_tower(model: nn.Module, classifier_cls: type[nn.Module], tokens: str, m
                        f"global_pool={enc.global_pool!r}": (
                            f"it outputs the {tokens!r} pool's tokens", f"build it with global_pool={tokens!r}, or take "
                            f"vit_rope_{name.removesuffix('_enc')}, whose forward_features gives those tokens")
-                       }.get(field, (models, "build timm's model without it"))
+                       }.get(field, (f"it models {models} only", "build timm's model without it"))
         raise ValueError(f"from_timm: {name} was built with {field}, which its twin vit_rope_{name} does not model "
                          f"({reason}): {fix}.")
     pools = {"none": ""}  # timm's "none": no pooling, ours ""

@@ -126,8 +126,9 @@ def _by_rows(q: Tensor, k: Tensor, v: Tensor, flipped: Tensor, grid: tuple[int, 
     (h, w), (B, nh, _, D), P = grid, q.shape, prefix
     columns = flipped.as_strided((nh, w, 2 * h - 1, w), (flipped.stride(0), 1, flipped.stride(1), 1)).contiguous()
     mask = columns.as_strided((h, nh, w, h * w), (w, columns.stride(0), columns.stride(1), 1))  # [yq, nh, xq, N]
-    # queries that see no patch key: flash attention gives them 0 and a log-sum-exp of 0, not -inf
-    blind = columns.amax(-1).unfold(-1, h, 1).amax(-1).permute(2, 0, 1) == float("-inf")  # [yq, nh, xq]
+    blind = None  # with prefix keys, the queries that see no patch: flash attention gives them a log-sum-exp of 0
+    if P:
+        blind = columns.amax(-1).unfold(-1, h, 1).amax(-1).permute(2, 0, 1) == float("-inf")  # [yq, nh, xq]
     out = torch.empty_like(q)
     for b in range(B):  # the rows of one image share its keys
         rows = q[b, :, P:].unflatten(1, (h, w)).transpose(0, 1)  # [h, nh, w, D]
