@@ -61,10 +61,13 @@ def test_a_fixed_table_gets_no_gradient_and_masked_keys_stay_masked() -> None:
 
 
 @pytest.mark.parametrize("prefix", [0, 2])
-def test_inference_without_masks_equals_the_dense_bias_where_queries_see_only_prefix_keys(monkeypatch, prefix) -> None:
-    """Above one chunk's mask, inference reads the table in place (rows of queries as a batch): the dense bias's
+@pytest.mark.parametrize("row_queries", [1, 11, 192])  # 1, 3 (the last entry padded) or all 4 grid rows an entry
+def test_inference_without_masks_equals_the_dense_bias_where_queries_see_only_prefix_keys(monkeypatch, prefix,
+                                                                                         row_queries) -> None:
+    """Above one chunk's mask, inference reads the table in place (groups of query rows as a batch): the dense bias's
     outputs, also for queries that see no patch (bias -inf at every offset above them) but the prefix tokens."""
     monkeypatch.setattr(oa, "CHUNK_ELEMENTS", 100)
+    monkeypatch.setattr(oa, "ROW_QUERIES", row_queries)
     q, k, v, table = (t.detach() for t in inputs((4, 5), prefix, 2))
     table[0, :4] = float("-inf")  # head 0: the bottom row's queries see no patch
     expected = F.scaled_dot_product_attention(q, k, v, attn_mask=dense_bias(table, (4, 5), prefix)[None], scale=0.3)

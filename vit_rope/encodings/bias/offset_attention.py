@@ -19,8 +19,9 @@ from vit_rope.layers.attention import RoPEAttention
 CHUNK_ELEMENTS = 2**25  # one chunk's mask: 128 MiB in fp32
 # a learned table's backward: score-sized products per chunk that stay in the CPU's caches (896 px: 1.95 s, not 2.3)
 SCORE_ELEMENTS = 2**22
-# SDPA's CPU flash kernel takes blocks of 256 queries from 768 queries on, of 64 or 32 below: far slower per query
-FLASH_QUERIES = 768
+# SDPA's CPU flash kernel takes blocks of 256 queries from 768 queries on, of 64 from 192, of 32 below: far slower per
+# query in the smaller blocks
+FLASH_QUERIES, ROW_QUERIES = 768, 192
 
 
 def scaled_offsets(positions: Tensor, scale: Tensor | None) -> Tensor:
@@ -118,29 +119,39 @@ def _chunked(q: Tensor, k: Tensor, v: Tensor, flipped: Tensor, grid: tuple[int, 
 
 def _by_rows(q: Tensor, k: Tensor, v: Tensor, flipped: Tensor, grid: tuple[int, int], prefix: int,
              scale: float) -> Tensor:
-    """Inference with no mask written: each grid row of queries is one batch entry of flash attention over the reversed
-    patch keys (expanded, not copied), whose mask is a strided view of the table laid out per query column,
-    ``[nh, w, 2h - 1, w]`` (``flipped[:, Y, xq + xk']`` at ``[:, xq, Y, xk']``): query ``(yq, xq)``'s biases are its
-    ``h w`` values from ``[:, xq, yq]`` on. The prefix keys (no bias) join through the log-sum-exp. At 1344 px this
-    reads a 28 MB table instead of writing and reading 1.2 GB of masks per ViT-S block (docs/performance.md)."""
+    """Inference with no mask written: each ``g`` grid rows of queries (``g w >= ROW_QUERIES``) are one entry of flash
+    attention over the reversed patch keys (expanded, not copied), whose mask is a strided view of the table laid out
+    per query row in the group and column, ``[nh, g, w, Y, w]`` (``flipped[:, Y + t, xq + xk']`` at ``[:, t, xq, Y,
+    xk']``): query ``(g r + t, xq)``'s biases are its ``h w`` values from ``[:, t, xq, g r]`` on. Heads lead the kernel's
+    batch, so each thread reads one head's table at a time. The prefix keys (no bias) join through the log-sum-exp. At
+    1344 px this reads an 85 MB table instead of writing and reading 1.2 GB of masks per ViT-S block
+    (docs/performance.md)."""
     (h, w), (B, nh, _, D), P = grid, q.shape, prefix
-    columns = flipped.as_strided((nh, w, 2 * h - 1, w), (flipped.stride(0), 1, flipped.stride(1), 1)).contiguous()
-    mask = columns.as_strided((h, nh, w, h * w), (w, columns.stride(0), columns.stride(1), 1))  # [yq, nh, xq, N]
+    g = min(h, -(-ROW_QUERIES // w))
+    entries, pad = -(-h // g), -h % g  # pad: grid rows of zero queries that fill the last entry
+    table = F.pad(flipped, (0, 0, 0, pad))  # the rows those queries read
+    rows = (entries - 1) * g + h
+    layout = table.as_strided((nh, g, w, rows, w), (table.stride(0), table.stride(1), 1, table.stride(1), 1))
+    layout = layout.contiguous()
+    mask = layout.as_strided((nh, entries, g * w, h * w), (layout.stride(0), g * w, layout.stride(2), 1))
     blind = None  # with prefix keys, the queries that see no patch: flash attention gives them a log-sum-exp of 0
     if P:
-        blind = columns.amax(-1).unfold(-1, h, 1).amax(-1).permute(2, 0, 1) == float("-inf")  # [yq, nh, xq]
+        blind = flipped.unfold(2, w, 1).amax(-1).unfold(1, h, 1).amax(-1) == float("-inf")  # [nh, h, w]
+        blind = F.pad(blind.flatten(1), (0, pad * w)).view(nh, entries, g * w)
     out = torch.empty_like(q)
     for b in range(B):  # the rows of one image share its keys
-        rows = q[b, :, P:].unflatten(1, (h, w)).transpose(0, 1)  # [h, nh, w, D]
-        keys, values = (x[b: b + 1, :, P:].expand(h, -1, -1, -1) for x in (k, v))  # [h, nh, N, D]
-        part, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(rows, keys, values, attn_mask=mask,
+        queries = q[b, :, P:] if not pad else F.pad(q[b, :, P:], (0, 0, 0, pad * w))
+        queries = queries.unflatten(1, (entries, g * w))  # [nh, entries, g w, D]
+        keys, values = (x[b, :, None, P:].expand(-1, entries, -1, -1) for x in (k, v))  # [nh, entries, N, D]
+        part, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(queries, keys, values, attn_mask=mask,
                                                                                 scale=scale)[:2]
         if P:
-            logits = (rows @ k[b, :, :P].transpose(-1, -2)).to(lse.dtype) * scale  # [h, nh, w, P]
+            logits = (queries @ k[b, :, None, :P].transpose(-1, -2)).to(lse.dtype) * scale  # [nh, entries, g w, P]
             lse = lse.masked_fill(blind, float("-inf"))
             total = torch.logaddexp(lse, logits.logsumexp(-1))
-            part = part * (lse - total).exp()[..., None] + (logits - total[..., None]).exp() @ v[b, :, :P].to(lse.dtype)
-        out[b, :, P:] = part.transpose(0, 1).reshape(nh, h * w, D)
+            part = part * (lse - total).exp()[..., None] + (logits - total[..., None]).exp() @ v[b, :, None, :P].to(
+                lse.dtype)
+        out[b, :, P:] = part.flatten(1, 2)[:, : h * w]
     if P:
         out[:, :, :P] = F.scaled_dot_product_attention(q[:, :, :P], k, v, scale=scale)
     return out
