@@ -185,20 +185,17 @@ def checkpoint_family(state_dict: dict[str, Any]) -> str | None:
     keys = set(state_dict)
     layer_scale = any(key.endswith((".gamma_1", ".ls1.gamma")) for key in keys)
     cls, reg, ape = "cls_token" in keys, "reg_token" in keys or "storage_tokens" in keys, "pos_embed" in keys
+    fc1 = state_dict.get("blocks.0.mlp.fc1.weight")
+    swiglu = "blocks.0.mlp.fc1_g.weight" in keys or (fc1 is not None and fc1.shape[0] != 4 * fc1.shape[1])
     if "norm_pre.weight" in keys and ape:
         return "Perception Encoder"
     if "blocks.0.attn.q_norm.weight" in keys and reg and not ape:
         return "Sapiens2"
     if reg and not ape:
         return ("DINOv3" if layer_scale else None) if cls else "SBB RoPE ViT"
-    if cls and ape and not reg and not layer_scale and _swiglu(state_dict):
+    if cls and ape and not reg and not layer_scale and swiglu:
         return "EVA-02"
     return None
-
-
-def _swiglu(state_dict: dict[str, Any]) -> bool:
-    fc1 = state_dict.get("blocks.0.mlp.fc1.weight")
-    return "blocks.0.mlp.fc1_g.weight" in state_dict or (fc1 is not None and fc1.shape[0] != 4 * fc1.shape[1])
 
 
 def check_family(state_dict: dict[str, Any], model: nn.Module) -> None:
