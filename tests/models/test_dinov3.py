@@ -1,6 +1,7 @@
 """DINOv3 backbones (vit_rope.models.dinov3): every registered size loads timm's Eva weights (and Meta's key names) and
-gives timm's features and logits, at 224 and at two other sizes, one of them non-square. Models are randomly initialised
-(no download), with LayerScale at 1 and random biases and tokens so that every weight moves the output."""
+gives timm's features and logits (the smallest at 224 and two other sizes, one of them non-square; the others at the
+non-square one). Models are randomly initialised (no download), with LayerScale at 1 and random biases and tokens so
+that every weight moves the output."""
 
 import json
 
@@ -37,7 +38,8 @@ def test_logits_and_features_match_timm_from_timm_and_meta_files(size, qkv_bias,
         report = vit_rope.load_weights(ours, path)
         assert not report.initialised and set(report.loaded) == set(ours.state_dict())
         loaded.append(ours.state_dict())
-    assert_same_outputs(ours, theirs, SIZES)  # from Meta's keys; timm's file gave the very same weights:
+    # from Meta's keys; timm's file gave the very same weights:
+    assert_same_outputs(ours, theirs, SIZES if size == "small" else SIZES[1:2])
     assert all(torch.equal(loaded[0][key], value) for key, value in loaded[1].items())
 
 

@@ -1,7 +1,9 @@
 """Twins of timm's Qwen3-VL ViTs (vit_rope_qwen3_vit_*): timm's features, merger tokens and logits at a square and a
 non-square size through from_timm, load_weights and create_from_checkpoint (safetensors written from timm's
 state_dict); a NaFlex batch sample by sample against timm on each image alone; bad inputs refused by name. Depth 1,
-random weights, 4x4 to 6x4 patch grids (the 48x48 APE table resampled down)."""
+random weights, 4x4 to 6x4 patch grids (the 48x48 APE table resampled down). The heads DeepSeek's and Gemma 4's twins
+share (vit_rope.models.twins) are held here for the three families: an encoder file into a classifier, classes asked
+of an encoder."""
 
 from __future__ import annotations
 
@@ -57,6 +59,19 @@ def test_every_twins_arguments_are_its_timm_models():
         keys = args.keys() & read.keys() - {"img_size", "norm_layer", "merger_out_features"}
         assert twin == f"vit_rope_{name}" and read["img_size"] == (args["img_size"],) * 2, name
         assert {key: read[key] for key in keys} == {key: args[key] for key in keys}, name
+
+
+@pytest.mark.parametrize("family, sizes, key", [("qwen3_vit_88m", dict(depth=1), "merger.fc1.weight"), (
+    "deepseek_vit_412m", dict(depth=1, embed_dim=128, num_heads=2, out_features=48), "aligner.fc1.weight")])
+def test_an_encoder_file_into_a_classifier_reports_its_projector_dropped(family, sizes, key):
+    theirs = timm.create_model(f"{family}_enc", **sizes).eval()
+    randomize_(theirs)
+    ours = timm.create_model(f"vit_rope_{family}", **{k: v for k, v in sizes.items() if k != "out_features"}).eval()
+    report = vit_rope.load_weights(ours, theirs.state_dict())
+    assert any(key in line and "dropped" in line for line in report.converted)
+    x = torch.randn(1, 3, 112, 224)  # whole patches of 16 and of 14 px
+    with torch.no_grad():
+        assert rel(theirs.forward_features(x).flatten(1, 2), ours.forward_features(x)) < TOL
 
 
 @pytest.mark.parametrize("name", ["qwen3_vit_88m_merge", "qwen3_vit_88m_enc"])

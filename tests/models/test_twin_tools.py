@@ -113,6 +113,8 @@ def test_intermediates_and_features_only_give_maps_of_the_grid_with_prefix_token
         torch.testing.assert_close(tokens[0], inter[1][0].flatten(2).transpose(1, 2))
         features = timm.create_model(name, features_only=True, out_indices=(0, 1), depth=2, **kwargs).eval()
         assert [f.shape for f in features(x)] == [(2, dim, 3, 5)] * 2
+        model.reset_classifier(7)
+        assert model(x).shape == (2, 7)
 
 
 @pytest.mark.parametrize("family", FAMILIES)

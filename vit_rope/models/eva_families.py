@@ -154,8 +154,7 @@ def from_eva(state_dict: dict[str, Tensor], model: nn.Module) -> tuple[dict[str,
         if ROPE_BUFFERS.match(key) or key.endswith(".attn.k_bias"):
             notes.add("RoPE buffers dropped (rebuilt per input)")
             continue
-        match = _SEPARATE.match(key)
-        if match:  # q_proj / k_proj / v_proj, fused below
+        if match := _SEPARATE.match(key):  # q_proj / k_proj / v_proj, fused below
             separate.setdefault(match.group(1), {})[match.group(2) + match.group(3)[0]] = value
             continue
         if key.endswith("attn.v_bias"):  # joins q_bias

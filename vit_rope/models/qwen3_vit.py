@@ -77,7 +77,6 @@ class PatchMerger(nn.Module):
         self.fc2 = nn.Linear(hidden, out_features) if out_features > 0 else nn.Identity()
 
     def merge(self, x: Tensor, grid: tuple[int, int]) -> Tensor:
-        """Tokens ``[B, h * w, C]`` of a row-major ``grid`` as ``[B, h * w / k^2, k^2 C]``."""
         return merge_blocks(x, grid, self.merge_size)
 
     def merge_naflex(self, x: Tensor, coord: Tensor, valid: Tensor) -> tuple[Tensor, Tensor]:
