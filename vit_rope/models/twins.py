@@ -99,19 +99,19 @@ def timm_tower(model: nn.Module, classifier_cls: type[nn.Module], tokens: str, m
     classifier = isinstance(model, classifier_cls)
     enc = model.encoder if classifier else model
     name, block = model.pretrained_cfg["architecture"], enc.blocks[0]
-    refused = {**(refusals(enc, block) if refusals else {}),
-               "final_norm=False": classifier and isinstance(model.norm, nn.Identity),
-               f"global_pool={enc.global_pool!r}": not classifier and enc.global_pool != tokens}
-    field = next((field for field, bad in refused.items() if bad), None)
-    if field is not None:
-        reason, fix = {"final_norm=False": ("its classifier norm is timm's default",
-                                            "build timm's model without final_norm"),
-                       f"global_pool={enc.global_pool!r}": (
-                           f"it outputs the {tokens!r} pool's tokens", f"build it with global_pool={tokens!r}, or take "
-                           f"vit_rope_{name.removesuffix('_enc')}, whose forward_features gives those tokens")
-                       }.get(field, (f"it models {models} only", "build timm's model without it"))
-        raise ValueError(f"from_timm: {name} was built with {field}, which its twin vit_rope_{name} does not model "
-                         f"({reason}): {fix}.")
+    family = {field: (bad, f"it models {models} only", "build timm's model without it")
+              for field, bad in (refusals(enc, block) if refusals else {}).items()}
+    refused = {**family,
+               "final_norm=False": (classifier and isinstance(model.norm, nn.Identity),
+                                    "its classifier norm is timm's default", "build timm's model without final_norm"),
+               f"global_pool={enc.global_pool!r}": (
+                   not classifier and enc.global_pool != tokens, f"it outputs the {tokens!r} pool's tokens",
+                   f"build it with global_pool={tokens!r}, or take vit_rope_{name.removesuffix('_enc')}, whose "
+                   "forward_features gives those tokens")}
+    for field, (bad, reason, fix) in refused.items():
+        if bad:
+            raise ValueError(f"from_timm: {name} was built with {field}, which its twin vit_rope_{name} does not "
+                             f"model ({reason}): {fix}.")
     pools = {"none": ""}  # timm's "none": no pooling, ours ""
     heads = dict(num_classes=model.num_classes, global_pool=pools.get(model.global_pool, model.global_pool),
                  encoder_pool=pools.get(model.encoder_pool, model.encoder_pool)) if classifier else \
