@@ -159,11 +159,10 @@ def from_gemma4(state_dict: dict[str, Tensor], model: nn.Module, source: str = S
     check_twin(model, isinstance(model, Gemma4VisionTransformer), source,
                "the vit_rope_gemma4_vit_* twins (and vit_rope.from_timm of timm's model)", "gemma4", "Gemma 4's layout")
     sd = {key.removeprefix("encoder."): value for key, value in state_dict.items()}
-    clipped = isinstance(model.blocks[0].attn.qkv, ClippedLinear)
-    if "blocks.0.attn.q_proj.input_min" in sd and not clipped:
+    attn = model.blocks[0].attn
+    if "blocks.0.attn.q_proj.input_min" in sd and not isinstance(attn.qkv, ClippedLinear):
         raise ValueError(f"The checkpoint ({source}) clamps its linears (use_clipped_linears, E2B/E4B's 167m tower), "
                          "which this model does not: build it with use_clipped_linears=True.")
-    attn = model.blocks[0].attn
     index, (nh, nkv) = qk_permutation("gemma4", attn.head_dim), (attn.num_heads, attn.num_kv_heads)
     out, dropped, fused = {}, [], {}
     for key, value in sd.items():
