@@ -56,19 +56,6 @@ def test_pretrained_file_through_timm_create_model_as_a_backbone(tmp_path):
         assert ours(x).shape == (1, 384)
 
 
-def test_register_tokens_in_intermediates_and_features_only():
-    model = timm.create_model("vit_rope_small_patch16_dinov3", depth=4).eval()
-    assert model.num_prefix_tokens == 5  # class token and 4 registers
-    x = torch.randn(2, 3, 160, 224)
-    with torch.inference_mode():
-        out = model.forward_intermediates(x, indices=2, return_prefix_tokens=True, intermediates_only=True)
-        features = timm.create_model("vit_rope_small_patch16_dinov3", depth=4, features_only=True,
-                                     out_indices=(1, 3)).eval()(x)
-    (patches, prefix), _ = out
-    assert patches.shape == (2, 384, 10, 14) and prefix.shape == (2, 5, 384)
-    assert [f.shape for f in features] == [(2, 384, 10, 14)] * 2
-
-
 def test_a_checkpoint_of_another_dinov3_size_is_refused_naming_the_keys():
     theirs = timm_dinov3("small", False, depth=2)
     with pytest.raises(ValueError, match=r"does not fit RoPEVisionTransformer: .*reg_token"):
