@@ -18,7 +18,6 @@ from vit_rope.encodings.rope.dinov3_rope import permute_qk_rows, qk_permutation
 from vit_rope.layers.eva import PackedSwiGLU
 from vit_rope.layers.rms_norm import RmsNorm
 from vit_rope.models import dinov3
-from vit_rope.models.dinov3 import fuse_qkv_bias
 from vit_rope.models.widths import width
 from vit_rope.weights import ROPE_BUFFERS
 
@@ -160,14 +159,14 @@ def from_eva(state_dict: dict[str, Tensor], model: nn.Module) -> tuple[dict[str,
         if key.endswith("attn.v_bias"):  # joins q_bias
             continue
         if key.endswith("attn.q_bias"):
-            value = fuse_qkv_bias(value, state_dict[key.replace("q_bias", "v_bias")])
+            value = dinov3.fuse_qkv_bias(value, state_dict[key.replace("q_bias", "v_bias")])
             key = key.replace("q_bias", "qkv.bias")
             notes.add("q_bias / v_bias -> qkv.bias with a zero key bias")
         out[key] = value
     for prefix, parts in separate.items():
         out[prefix + "qkv.weight"] = torch.cat((parts["qw"], parts["kw"], parts["vw"]))
         if "qb" in parts:  # EVA-02 trains no key bias
-            out[prefix + "qkv.bias"] = fuse_qkv_bias(parts["qb"], parts["vb"], parts.get("kb"))
+            out[prefix + "qkv.bias"] = dinov3.fuse_qkv_bias(parts["qb"], parts["vb"], parts.get("kb"))
         notes.add("separate q_proj / k_proj / v_proj -> fused qkv")
     if permute:
         for key in [k for k in out if k.endswith(("attn.qkv.weight", "attn.qkv.bias"))]:
