@@ -1,6 +1,7 @@
 """DINOv3 backbones (vit_rope.models.dinov3): every registered size loads timm's Eva weights (and Meta's key names) and
-gives timm's features and logits, at 224 and at two other sizes, one of them non-square. Models are randomly initialised
-(no download), with LayerScale at 1 and random biases and tokens so that every weight moves the output."""
+gives timm's features and logits (the smallest at 224 and two other sizes, one of them non-square; the others at the
+non-square one). Models are randomly initialised (no download), with LayerScale at 1 and random biases and tokens so
+that every weight moves the output."""
 
 import json
 
@@ -37,7 +38,8 @@ def test_logits_and_features_match_timm_from_timm_and_meta_files(size, qkv_bias,
         report = vit_rope.load_weights(ours, path)
         assert not report.initialised and set(report.loaded) == set(ours.state_dict())
         loaded.append(ours.state_dict())
-    assert_same_outputs(ours, theirs, SIZES)  # from Meta's keys; timm's file gave the very same weights:
+    # from Meta's keys; timm's file gave the very same weights:
+    assert_same_outputs(ours, theirs, SIZES if size == "small" else SIZES[1:2])
     assert all(torch.equal(loaded[0][key], value) for key, value in loaded[1].items())
 
 
@@ -52,19 +54,6 @@ def test_pretrained_file_through_timm_create_model_as_a_backbone(tmp_path):
     with torch.inference_mode():
         torch.testing.assert_close(ours(x), theirs(x), atol=1e-4, rtol=1e-4)
         assert ours(x).shape == (1, 384)
-
-
-def test_register_tokens_in_intermediates_and_features_only():
-    model = timm.create_model("vit_rope_small_patch16_dinov3", depth=4).eval()
-    assert model.num_prefix_tokens == 5  # class token and 4 registers
-    x = torch.randn(2, 3, 160, 224)
-    with torch.inference_mode():
-        out = model.forward_intermediates(x, indices=2, return_prefix_tokens=True, intermediates_only=True)
-        features = timm.create_model("vit_rope_small_patch16_dinov3", depth=4, features_only=True,
-                                     out_indices=(1, 3)).eval()(x)
-    (patches, prefix), _ = out
-    assert patches.shape == (2, 384, 10, 14) and prefix.shape == (2, 5, 384)
-    assert [f.shape for f in features] == [(2, 384, 10, 14)] * 2
 
 
 def test_a_checkpoint_of_another_dinov3_size_is_refused_naming_the_keys():

@@ -145,21 +145,6 @@ def test_twin_options_are_refused_where_they_mean_nothing():
         vit_rope.RoPEVisionTransformer(embed_dim=64, depth=1, num_heads=4, num_kv_heads=2, encoding="string")
 
 
-@pytest.mark.parametrize("name", ["vit_rope_eva02_tiny_patch14_224", "vit_rope_pe_core_tiny_patch16_384",
-                                  "vit_rope_pe_lang_large_patch14_448", "vit_rope_medium_patch16_reg1_gap_256"])
-def test_twins_through_timm_feature_api(name):
-    small = dict(depth=2, embed_dim=128, num_heads=2)
-    model = timm.create_model(name, num_classes=5, **small).eval()
-    patch = model.patch_embed.patch_size[0]
-    x = torch.randn(2, 3, 3 * patch, 5 * patch)
-    final, inter = model.forward_intermediates(x)
-    assert final.shape == model.forward_features(x).shape and [t.shape for t in inter] == [(2, 128, 3, 5)] * 2
-    features = timm.create_model(name, features_only=True, out_indices=(0, 1), **small)
-    assert [f.shape for f in features(x)] == [(2, 128, 3, 5)] * 2
-    model.reset_classifier(7)
-    assert model(x).shape == (2, 7)
-
-
 def test_twins_name_a_smallest_input_of_whole_patches():
     """timm's model tests pick a small input from ``min_input_size``: it must be a multiple of the twin's patch."""
     for table in FAMILIES.values():

@@ -86,15 +86,14 @@ def test_llava_folder_keeps_the_projector_and_drops_the_language_model(tmp_path,
     loaded = create_from_checkpoint(tmp_path).eval()
     assert loaded.projector.fc2.out_features == 48
     assert any("language model's" in line and "dropped" in line for line in loaded.load_report.converted)
-    ours = timm.create_model("vit_rope_pixtral_vit_12b_llava", **pixtral.pixtral_args_from_config(
-        json.loads((tmp_path / "config.json").read_text()))[1]).eval()
+    args = pixtral.pixtral_args_from_config(json.loads((tmp_path / "config.json").read_text()))[1]
+    ours = timm.create_model("vit_rope_pixtral_vit_12b_llava", **args).eval()
     assert not vit_rope.load_weights(ours, tmp_path).initialised
     for size in SIZES:
         assert_parity(theirs, twin, size)
         assert_parity(theirs, loaded, size)
     assert_parity(theirs, ours, SIZES[1])
-    encoder = timm.create_model("vit_rope_pixtral_vit_12b", **{k: v for k, v in pixtral.pixtral_args_from_config(
-        json.loads((tmp_path / "config.json").read_text()))[1].items() if not k.startswith("projector")})
+    encoder = timm.create_model("vit_rope_pixtral_vit_12b", **{k: v for k, v in args.items() if "projector" not in k})
     report = vit_rope.load_weights(encoder, theirs.state_dict())  # the encoder alone: the projector said dropped
     assert any("multi_modal_projector.linear_1.weight" in line for line in report.converted)
 
@@ -198,5 +197,7 @@ def test_classes_asked_of_the_llava_twin_classify_the_projectors_tokens():
 
 @pytest.mark.slow  # ONNX export and two ORT sessions
 def test_llava_twin_exports_to_onnx_at_two_sizes(tmp_path):
-    twin = vit_rope.from_timm(hf_llava(layers=1))  # a second block would trace the same ops again
+    twin = timm.create_model("vit_rope_pixtral_vit_12b_llava", depth=1, embed_dim=64, num_heads=4, projector_dim=24,
+                             img_size=64)  # a second block would trace the same ops again
+    randomize_(twin)
     onnx_sizes(twin, tmp_path / "pixtral.onnx", (64, 32))

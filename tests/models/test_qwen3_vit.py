@@ -1,7 +1,9 @@
 """Twins of timm's Qwen3-VL ViTs (vit_rope_qwen3_vit_*): timm's features, merger tokens and logits at a square and a
 non-square size through from_timm, load_weights and create_from_checkpoint (safetensors written from timm's
 state_dict); a NaFlex batch sample by sample against timm on each image alone; bad inputs refused by name. Depth 1,
-random weights, 4x4 to 6x4 patch grids (the 48x48 APE table resampled down)."""
+random weights, 4x4 to 6x4 patch grids (the 48x48 APE table resampled down). The heads DeepSeek's and Gemma 4's twins
+share (vit_rope.models.twins) are held here for the three families: an encoder file into a classifier, classes asked
+of an encoder."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ from safetensors.torch import save_file
 
 import vit_rope
 from helpers.models import assert_maps_then_policy, assert_naflex_as_timm, encoder, onnx_sizes, randomize_, rel, twins
+from vit_rope.models import qwen3_vit
 from vit_rope.models.qwen3_vit import QWEN3
 
 SIZES = [(64, 64), (96, 64)]  # square, and 6x4 patches (height != width: row / column order shows)
@@ -33,12 +36,13 @@ def assert_parity(theirs: torch.nn.Module, ours: torch.nn.Module, size: tuple[in
     assert rel(tokens, ours.forward_features(x)) < TOL
     if encoder(theirs).merger is not None:
         h, w = size[0] // 16, size[1] // 16
-        assert rel(encoder(theirs).merger(tokens.unflatten(1, (h, w))), ours.patch_merger(tokens, (h, w))) < TOL
+        assert rel(encoder(theirs).merger(tokens.unflatten(1, (h, w))), ours.patch_merger(tokens, (h, w))[0]) < TOL
     out = theirs(x)
     assert rel(out, ours(x)) < TOL, size
 
 
-@pytest.mark.parametrize("name", list(QWEN3))
+# one per head (classifier, classifier over the merger, encoder); 416m: an MLP ratio of no whole number
+@pytest.mark.parametrize("name", ["qwen3_vit_416m", "qwen3_vit_88m_merge", "qwen3_vit_88m_enc"])
 def test_twin_equals_timm_through_from_timm_and_the_loader(name, tmp_path):
     theirs = timm_qwen3(name)
     twin, loaded = twins(theirs, name, tmp_path, "rotate-half", "Qwen3VisionTransformer")
@@ -47,20 +51,25 @@ def test_twin_equals_timm_through_from_timm_and_the_loader(name, tmp_path):
     assert_parity(theirs, loaded, SIZES[1])
 
 
-def test_load_weights_and_timm_pretrained_file():
-    theirs = timm_qwen3("qwen3_vit_88m_merge")
-    ours = timm.create_model("vit_rope_qwen3_vit_88m_merge", depth=1, num_classes=5).eval()
-    report = vit_rope.load_weights(ours, theirs.state_dict())
-    assert not report.initialised
-    assert_parity(theirs, ours, SIZES[1])
+def test_every_twins_arguments_are_its_timm_models():
+    """The table's sizes and heads, which the parity above runs at three of the nine: timm's model of each name as
+    from_timm reads it (on the meta device). The merger's width is a tag's (timm's follows the tag it is built for)."""
+    for name, args in QWEN3.items():
+        twin, read = qwen3_vit.architecture(timm.create_model(name, device="meta"))
+        keys = args.keys() & read.keys() - {"img_size", "norm_layer", "merger_out_features"}
+        assert twin == f"vit_rope_{name}" and read["img_size"] == (args["img_size"],) * 2, name
+        assert {key: read[key] for key in keys} == {key: args[key] for key in keys}, name
 
 
-def test_encoder_file_into_a_classifier_reports_the_merger_dropped():
-    theirs = timm_qwen3("qwen3_vit_88m_enc")
-    ours = timm.create_model("vit_rope_qwen3_vit_88m", depth=1).eval()
+@pytest.mark.parametrize("family, sizes, key", [("qwen3_vit_88m", dict(depth=1), "merger.fc1.weight"), (
+    "deepseek_vit_412m", dict(depth=1, embed_dim=128, num_heads=2, out_features=48), "aligner.fc1.weight")])
+def test_an_encoder_file_into_a_classifier_reports_its_projector_dropped(family, sizes, key):
+    theirs = timm.create_model(f"{family}_enc", **sizes).eval()
+    randomize_(theirs)
+    ours = timm.create_model(f"vit_rope_{family}", **{k: v for k, v in sizes.items() if k != "out_features"}).eval()
     report = vit_rope.load_weights(ours, theirs.state_dict())
-    assert any("merger.fc1.weight" in line and "dropped" in line for line in report.converted)
-    x = torch.randn(1, 3, 64, 96)
+    assert any(key in line and "dropped" in line for line in report.converted)
+    x = torch.randn(1, 3, 112, 224)  # whole patches of 16 and of 14 px
     with torch.no_grad():
         assert rel(theirs.forward_features(x).flatten(1, 2), ours.forward_features(x)) < TOL
 
@@ -102,18 +111,24 @@ def test_encoder_twin_exports_to_onnx_at_two_sizes(tmp_path):
     assert onnx_sizes(model, tmp_path / "qwen3.onnx", (64, 32)) == [(2, 64, 32), (3, 96, 32)]  # the merger's too
 
 
-def test_classes_asked_of_an_encoder_make_it_the_merge_classifier():
-    """timm's contract (``reset_classifier(n)`` gives a classifier): an ``*_enc`` twin with classes pools its merger's
-    tokens as ``*_merge`` does, to the same logits with the same weights; the head keeps the model's mode."""
-    merge = timm.create_model("vit_rope_qwen3_vit_88m_merge", depth=1, embed_dim=64, num_heads=2, img_size=64,
-                              merger_out_features=48, num_classes=3)
-    randomize_(merge)
-    enc = timm.create_model("vit_rope_qwen3_vit_88m_enc", depth=1, embed_dim=64, num_heads=2, img_size=64,
-                            merger_out_features=48).eval()
-    x = torch.randn(2, 3, 64, 96)
-    assert enc(x).shape == (2, 6, 48)  # the merger's tokens
+@pytest.mark.parametrize("family, pool, sizes, size, tokens", [
+    ("qwen3_vit_88m", "merge", dict(merger_out_features=48), (64, 96), (6, 48)),
+    ("deepseek_vit_412m", "align", dict(embed_dim=128, aligner_out_features=48), (56, 42), (2, 48)),
+    ("gemma4_vit_570m", "soft", dict(mlp_ratio=1.5, position_embedding_size=64), (96, 144), (6, 64)),
+])
+def test_classes_asked_of_an_encoder_make_it_the_classifier_over_its_tokens(family, pool, sizes, size, tokens):
+    """timm's contract (``reset_classifier(n)`` gives a classifier): an ``*_enc`` twin (Qwen3-VL's heads, which
+    DeepSeek's and Gemma 4's share) with classes pools its projector's tokens (4x6 patches: 2x3 merged; 4x3: 2x1 padded
+    aligner cells; 6x9: 2x3 soft tokens) as the classifier over them does, to the same logits with the same weights;
+    the head keeps the model's mode."""
+    sizes = dict(dict(depth=1, embed_dim=64, num_heads=2), **sizes)
+    over_tokens = timm.create_model(f"vit_rope_{family}", **sizes, encoder_pool=pool, num_classes=3)
+    randomize_(over_tokens)
+    enc = timm.create_model(f"vit_rope_{family}_enc", **sizes).eval()
+    x = torch.randn(2, 3, *size)
+    assert enc(x).shape == (2, *tokens)
     enc.reset_classifier(3)
     assert not enc.head.training
-    enc.load_state_dict(merge.state_dict())
+    enc.load_state_dict(over_tokens.state_dict())
     with torch.no_grad():
-        torch.testing.assert_close(enc(x), merge.eval()(x), rtol=0, atol=0)
+        torch.testing.assert_close(enc(x), over_tokens.eval()(x), rtol=0, atol=0)

@@ -21,7 +21,7 @@ from torch import Tensor, nn
 from vit_rope.layers.eva import PackedSwiGLU
 from vit_rope.layers.rms_norm import RmsNorm
 from vit_rope.models.qwen3_vit import PatchMerger, Qwen3VisionTransformer, scatter_blocks
-from vit_rope.models.twins import timm_tower, tower_keys
+from vit_rope.models.twins import ROTATE_HALF, timm_tower, tower_keys
 from vit_rope.weights import Converted, Description, check_twin, depth_of
 
 SOURCE = "timm's DeepSeek ViT (timm.models.deepseek_vit)"
@@ -142,15 +142,11 @@ def from_deepseek(state_dict: dict[str, Tensor], model: nn.Module) -> Converted:
     # timm's filter reads these two only; an aligner always there, so that its keys come out and are reported here
     shim = SimpleNamespace(encoder=SimpleNamespace(aligner=True, patch_embed=model.patch_embed))
     timm_keys = checkpoint_filter_fn_classifier(state_dict, shim)
-    out, dropped = tower_keys(timm_keys, model, "aligner.", lambda key: model.patch_merger is not None)
-    notes = [f"{SOURCE}: q/k rows of every head permuted from rotate-half to interleaved pairs"]
-    if len(timm_keys) < len(state_dict):
-        notes.append(f"{SOURCE}: {len(state_dict) - len(timm_keys)} tensors outside the vision tower and aligner "
-                     "dropped, as timm's checkpoint filter drops them (a DeepSeek shard's language model)")
-    if dropped:
-        notes.append(f"{SOURCE}: {', '.join(dropped)} dropped: this model has no aligner; the *_align and *_enc twins "
-                     "keep it")
-    return out, tuple(notes)
+    outside = len(state_dict) - len(timm_keys)
+    return tower_keys(timm_keys, model, "aligner.", lambda key: model.patch_merger is not None, SOURCE,
+                      "aligner; the *_align and *_enc twins keep it", ROTATE_HALF, outside and
+                      f"{outside} tensors outside the vision tower and aligner dropped, as timm's checkpoint filter "
+                      "drops them (a DeepSeek shard's language model)")
 
 
 def architecture(model: nn.Module) -> tuple[str, dict[str, Any]]:

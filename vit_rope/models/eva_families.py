@@ -18,7 +18,6 @@ from vit_rope.encodings.rope.dinov3_rope import permute_qk_rows, qk_permutation
 from vit_rope.layers.eva import PackedSwiGLU
 from vit_rope.layers.rms_norm import RmsNorm
 from vit_rope.models import dinov3
-from vit_rope.models.dinov3 import fuse_qkv_bias
 from vit_rope.models.widths import width
 from vit_rope.weights import ROPE_BUFFERS
 
@@ -154,21 +153,20 @@ def from_eva(state_dict: dict[str, Tensor], model: nn.Module) -> tuple[dict[str,
         if ROPE_BUFFERS.match(key) or key.endswith(".attn.k_bias"):
             notes.add("RoPE buffers dropped (rebuilt per input)")
             continue
-        match = _SEPARATE.match(key)
-        if match:  # q_proj / k_proj / v_proj, fused below
+        if match := _SEPARATE.match(key):  # q_proj / k_proj / v_proj, fused below
             separate.setdefault(match.group(1), {})[match.group(2) + match.group(3)[0]] = value
             continue
         if key.endswith("attn.v_bias"):  # joins q_bias
             continue
         if key.endswith("attn.q_bias"):
-            value = fuse_qkv_bias(value, state_dict[key.replace("q_bias", "v_bias")])
+            value = dinov3.fuse_qkv_bias(value, state_dict[key.replace("q_bias", "v_bias")])
             key = key.replace("q_bias", "qkv.bias")
             notes.add("q_bias / v_bias -> qkv.bias with a zero key bias")
         out[key] = value
     for prefix, parts in separate.items():
         out[prefix + "qkv.weight"] = torch.cat((parts["qw"], parts["kw"], parts["vw"]))
         if "qb" in parts:  # EVA-02 trains no key bias
-            out[prefix + "qkv.bias"] = fuse_qkv_bias(parts["qb"], parts["vb"], parts.get("kb"))
+            out[prefix + "qkv.bias"] = dinov3.fuse_qkv_bias(parts["qb"], parts["vb"], parts.get("kb"))
         notes.add("separate q_proj / k_proj / v_proj -> fused qkv")
     if permute:
         for key in [k for k in out if k.endswith(("attn.qkv.weight", "attn.qkv.bias"))]:
@@ -185,20 +183,17 @@ def checkpoint_family(state_dict: dict[str, Any]) -> str | None:
     keys = set(state_dict)
     layer_scale = any(key.endswith((".gamma_1", ".ls1.gamma")) for key in keys)
     cls, reg, ape = "cls_token" in keys, "reg_token" in keys or "storage_tokens" in keys, "pos_embed" in keys
+    fc1 = state_dict.get("blocks.0.mlp.fc1.weight")
+    swiglu = "blocks.0.mlp.fc1_g.weight" in keys or (fc1 is not None and fc1.shape[0] != 4 * fc1.shape[1])
     if "norm_pre.weight" in keys and ape:
         return "Perception Encoder"
     if "blocks.0.attn.q_norm.weight" in keys and reg and not ape:
         return "Sapiens2"
     if reg and not ape:
         return ("DINOv3" if layer_scale else None) if cls else "SBB RoPE ViT"
-    if cls and ape and not reg and not layer_scale and _swiglu(state_dict):
+    if cls and ape and not reg and not layer_scale and swiglu:
         return "EVA-02"
     return None
-
-
-def _swiglu(state_dict: dict[str, Any]) -> bool:
-    fc1 = state_dict.get("blocks.0.mlp.fc1.weight")
-    return "blocks.0.mlp.fc1_g.weight" in state_dict or (fc1 is not None and fc1.shape[0] != 4 * fc1.shape[1])
 
 
 def check_family(state_dict: dict[str, Any], model: nn.Module) -> None:

@@ -19,7 +19,7 @@ from torch import Tensor, nn
 from vit_rope.encodings.rope.dinov3_rope import permute_qk_rows, qk_permutation
 from vit_rope.layers.rms_norm import RmsNorm
 from vit_rope.models.qwen3_vit import PatchMerger
-from vit_rope.models.twins import ProjectorTwin, timm_tower
+from vit_rope.models.twins import ProjectorTwin, conversion_notes, timm_tower
 from vit_rope.weights import Converted, check_twin, depth_of
 
 SOURCE = "timm's Gemma 4 ViT (timm.models.gemma4_vit)"
@@ -73,21 +73,15 @@ class SoftTokenPool(nn.Module):
         self.register_buffer("std_bias", torch.zeros(dim) if standardize else None)
         self.register_buffer("std_scale", torch.ones(dim) if standardize else None)
 
-    def forward(self, x: Tensor, grid: tuple[int, int] | None = None, coord: Tensor | None = None,
-                valid: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
-        """Soft tokens of tokens on ``grid``, or of a NaFlex batch's at ``coord``, with their validity (padding: 0)."""
-        if valid is None:
-            x = self.merge(x, grid)
-        else:
-            x, valid = self.merge_naflex(x, coord, valid)
+    def forward(self, x: Tensor, grid: tuple[int, int] | None, coord: Tensor | None = None,
+                valid: Tensor | None = None, pre_logits: bool = False) -> tuple[Tensor, Tensor | None]:
+        """Soft tokens of tokens on ``grid``, or of a NaFlex batch's at ``coord``, with their validity (padding: 0);
+        the pooler has no pre-logits stage."""
+        x, valid = (self.merge(x, grid), None) if valid is None else self.merge_naflex(x, coord, valid)
         x = x.unflatten(-1, (self.merge_size**2, -1)).mean(-2) * self.scale  # [B, M, C]
         if self.std_bias is not None:
             x = (x - self.std_bias) * self.std_scale
         return x if valid is None else x * valid[..., None], valid
-
-    def tokens(self, x: Tensor, grid: tuple[int, int] | None, coord: Tensor | None, valid: Tensor | None,
-               pre_logits: bool) -> tuple[Tensor, Tensor | None]:
-        return self(x, grid, coord, valid)  # ProjectorTwin's; the pooler has no pre-logits stage
 
 
 class Gemma4VisionTransformer(ProjectorTwin):
@@ -165,11 +159,10 @@ def from_gemma4(state_dict: dict[str, Tensor], model: nn.Module, source: str = S
     check_twin(model, isinstance(model, Gemma4VisionTransformer), source,
                "the vit_rope_gemma4_vit_* twins (and vit_rope.from_timm of timm's model)", "gemma4", "Gemma 4's layout")
     sd = {key.removeprefix("encoder."): value for key, value in state_dict.items()}
-    clipped = isinstance(model.blocks[0].attn.qkv, ClippedLinear)
-    if "blocks.0.attn.q_proj.input_min" in sd and not clipped:
+    attn = model.blocks[0].attn
+    if "blocks.0.attn.q_proj.input_min" in sd and not isinstance(attn.qkv, ClippedLinear):
         raise ValueError(f"The checkpoint ({source}) clamps its linears (use_clipped_linears, E2B/E4B's 167m tower), "
                          "which this model does not: build it with use_clipped_linears=True.")
-    attn = model.blocks[0].attn
     index, (nh, nkv) = qk_permutation("gemma4", attn.head_dim), (attn.num_heads, attn.num_kv_heads)
     out, dropped, fused = {}, [], {}
     for key, value in sd.items():
@@ -195,12 +188,10 @@ def from_gemma4(state_dict: dict[str, Tensor], model: nn.Module, source: str = S
     for key, parts in fused.items():
         value = torch.cat([parts[n] for n in "qkv"])
         out[key] = permute_qk_rows(value, index, nh, nkv) if key.endswith("weight") else value
-    notes = [f"{source}: q/k/v fused, q/k rows and norm scales of every head permuted from Gemma 4's axis halves to "
-             "interleaved pairs; pixel scaling 2 x - 1 folded into the patch convolution"]
-    if dropped:
-        notes.append(f"{source}: {', '.join(dropped)} dropped: this model has no standardising soft-token pooler "
-                     "(the vit_rope_gemma4_vit_570m_enc twin keeps it)")
-    return out, tuple(notes)
+    return out, conversion_notes(source, "q/k/v fused, q/k rows and norm scales of every head permuted from Gemma 4's "
+                                 "axis halves to interleaved pairs; pixel scaling 2 x - 1 folded into the patch "
+                                 "convolution", dropped, "standardising soft-token pooler; the "
+                                 "vit_rope_gemma4_vit_570m_enc twin keeps it")
 
 
 def architecture(model: nn.Module) -> tuple[str, dict[str, Any]]:

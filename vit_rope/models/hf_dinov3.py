@@ -84,14 +84,11 @@ def from_hf_dinov3(state_dict: dict[str, Tensor], model: nn.Module) -> Converted
 
 def _size(c: dict[str, Any]) -> str:
     """Which of ``dinov3.SIZES`` has the width, head count and MLP kind of config ``c`` (defaults filled in)."""
-    def arch_shape(size: str) -> tuple[int, int, bool]:
-        arch = architecture(size)
-        return arch["embed_dim"], arch["num_heads"], arch["swiglu"]
-
+    shapes = {size: tuple(architecture(size)[key] for key in ("embed_dim", "num_heads", "swiglu")) for size in SIZES}
     shape = (c["hidden_size"], c["num_attention_heads"], bool(c["use_gated_mlp"]))
-    size = next((size for size in SIZES if arch_shape(size) == shape), None)
+    size = next((size for size, fits in shapes.items() if fits == shape), None)
     if size is None:
-        sizes = ", ".join(f"{size} {arch_shape(size)}" for size in SIZES)
+        sizes = ", ".join(f"{size} {fits}" for size, fits in shapes.items())
         raise ValueError(f"config.json has (hidden_size, num_attention_heads, use_gated_mlp) = {shape}, which no "
                          f"vit_rope DINOv3 model has: the sizes are {sizes} (the 7B and huge_plus are not ported).")
     return size

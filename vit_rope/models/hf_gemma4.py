@@ -86,14 +86,13 @@ def gemma4_args_from_hf_config(config: dict[str, Any]) -> tuple[str, dict[str, A
     c = _vision_config(config)
     rope = c["rope_parameters"] or {}
     refused = {"hidden_activation": c["hidden_activation"] not in ("gelu_pytorch_tanh", "gelu_tanh"),
-               "attention_bias": bool(c["attention_bias"]), "rope_parameters.rope_type": rope.get("rope_type",
-                                                                                                "axial") != "axial",
+               "attention_bias": bool(c["attention_bias"]),
+               "rope_parameters.rope_type": rope.get("rope_type", "axial") != "axial",
                "head_dim": c["head_dim"] * c["num_attention_heads"] != c["hidden_size"]}
-    for field, bad in refused.items():
-        if bad:
-            raise ValueError(f"config.json has {field}={c.get(field.split('.')[0])!r}, which the vit_rope_gemma4_vit_* "
-                             "twins do not model (GELU-tanh, no biases, axial RoPE, head_dim = hidden_size / "
-                             "num_attention_heads, as every Gemma 4 tower).")
+    if field := next((field for field, bad in refused.items() if bad), None):
+        raise ValueError(f"config.json has {field}={c.get(field.split('.')[0])!r}, which the vit_rope_gemma4_vit_* "
+                         "twins do not model (GELU-tanh, no biases, axial RoPE, head_dim = hidden_size / "
+                         "num_attention_heads, as every Gemma 4 tower).")
     size = next((size for size, arch in ARCH.items() if arch["embed_dim"] == c["hidden_size"]), "167m")
     kwargs = dict(embed_dim=c["hidden_size"], depth=c["num_hidden_layers"], num_heads=c["num_attention_heads"],
                   num_kv_heads=c["num_key_value_heads"], mlp_ratio=c["intermediate_size"] / c["hidden_size"],

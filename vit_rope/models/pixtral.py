@@ -16,6 +16,7 @@ from torch import Tensor, nn
 
 from vit_rope.encodings.rope.dinov3_rope import permute_qk_rows, qk_permutation
 from vit_rope.layers.rms_norm import RmsNorm
+from vit_rope.models.twins import ROTATE_HALF, conversion_notes
 from vit_rope.models.vit import RoPEVisionTransformer
 from vit_rope.weights import Converted, Description, check_config_fields, check_twin, depth_of
 
@@ -126,15 +127,10 @@ def from_pixtral(state_dict: dict[str, Tensor], model: nn.Module) -> Converted:
         qkv = torch.cat([p["q"], p["k"], p["v"]])
         out[block + "attn.qkv.weight"] = permute_qk_rows(qkv, index, heads)
         out[block + "mlp.fc1.weight"] = torch.cat([p["gate"], p["up"]])
-    notes = [f"{SOURCE}: q/k/v fused, q/k rows of every head permuted from rotate-half to interleaved pairs, gate "
-             "and up projections packed"]
-    if language:
-        notes.append(f"{SOURCE}: the language model's {len(language)} tensors (language_model.*, lm_head.*) dropped: "
-                     "vit_rope runs the vision tower and its projector only")
-    if projector:
-        notes.append(f"{SOURCE}: {', '.join(projector)} dropped: this model has no projector; the "
-                     "vit_rope_pixtral_vit_12b_llava twin keeps it")
-    return out, tuple(notes)
+    return out, conversion_notes(SOURCE, f"q/k/v fused, {ROTATE_HALF}, gate and up projections packed", projector,
+                                 "projector; the vit_rope_pixtral_vit_12b_llava twin keeps it", language and
+                                 f"the language model's {len(language)} tensors (language_model.*, lm_head.*) "
+                                 "dropped: vit_rope runs the vision tower and its projector only")
 
 
 def _vision(config: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:

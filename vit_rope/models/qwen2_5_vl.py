@@ -20,7 +20,7 @@ from vit_rope.layers.attention import BlockInput, block_input
 from vit_rope.layers.eva import PackedSwiGLU
 from vit_rope.layers.rms_norm import RmsNorm
 from vit_rope.models.qwen3_vit import Qwen3VisionTransformer
-from vit_rope.models.twins import tower_keys
+from vit_rope.models.twins import ROTATE_HALF, tower_keys
 from vit_rope.weights import Converted, check_config_fields, check_twin, depth_of
 
 SOURCE = "transformers' Qwen2.5-VL vision encoder (Qwen2_5_VisionTransformerPretrainedModel)"
@@ -180,17 +180,13 @@ def from_qwen25(state_dict: dict[str, Tensor], model: nn.Module) -> Converted:
                                                                                       f"{m.group(3)}"]])
             continue
         tower[key.replace("mlp.down_proj.", "mlp.fc2.")] = value
-    out, dropped = tower_keys(tower, model, "merger.", lambda key: model.patch_merger is not None)
-    names = {"ln_q": "norm", "mlp.0": "fc1", "mlp.2": "fc2"}
-    out = {_MERGER.sub(lambda m: f"patch_merger.{names[m[1]]}.", key): value for key, value in out.items()}
     other = sum(not key.startswith(prefix) for key in state_dict)
-    notes = [f"{SOURCE}: Conv3d patch kernel summed over time, gate / up projections packed, q/k rows of every head "
-             "permuted from rotate-half to interleaved pairs"]
-    if prefix or other:
-        notes.append(f"{SOURCE}: prefix {prefix!r} removed, {other} keys outside it (the language model) dropped")
-    if dropped:
-        notes.append(f"{SOURCE}: {', '.join(dropped)} dropped: this model has no merger (global_pool='merge' keeps it)")
-    return out, tuple(notes)
+    out, notes = tower_keys(tower, model, "merger.", lambda key: model.patch_merger is not None, SOURCE,
+                            "merger; global_pool='merge' keeps it", "Conv3d patch kernel summed over time, gate / up "
+                            f"projections packed, {ROTATE_HALF}", (prefix or other) and f"prefix {prefix!r} removed, "
+                            f"{other} keys outside it (the language model) dropped")
+    names = {"ln_q": "norm", "mlp.0": "fc1", "mlp.2": "fc2"}
+    return {_MERGER.sub(lambda m: f"patch_merger.{names[m[1]]}.", key): value for key, value in out.items()}, notes
 
 
 def _pair_side(value: Any) -> int:

@@ -77,7 +77,6 @@ class PatchMerger(nn.Module):
         self.fc2 = nn.Linear(hidden, out_features) if out_features > 0 else nn.Identity()
 
     def merge(self, x: Tensor, grid: tuple[int, int]) -> Tensor:
-        """Tokens ``[B, h * w, C]`` of a row-major ``grid`` as ``[B, h * w / k^2, k^2 C]``."""
         return merge_blocks(x, grid, self.merge_size)
 
     def merge_naflex(self, x: Tensor, coord: Tensor, valid: Tensor) -> tuple[Tensor, Tensor]:
@@ -87,21 +86,14 @@ class PatchMerger(nn.Module):
         blocks, valid = scatter_blocks(x, coord, valid, k, width // k, -(-x.shape[1] // (k * k)))
         return blocks.flatten(2), valid
 
-    def project(self, x: Tensor, pre_logits: bool = False) -> Tensor:
+    def forward(self, x: Tensor, grid: tuple[int, int] | None, coord: Tensor | None = None,
+                valid: Tensor | None = None, pre_logits: bool = False) -> tuple[Tensor, Tensor | None]:
+        """Merged tokens of tokens on ``grid``, or of a NaFlex batch's at ``coord`` with their validity (``valid``
+        None: none); ``pre_logits``: after ``fc1 -> GELU`` (timm's)."""
+        x = self.norm(x)
+        x, valid = (self.merge(x, grid), None) if valid is None else self.merge_naflex(x, coord, valid)
         x = self.act(self.fc1(x))
-        return x if pre_logits else self.fc2(x)
-
-    def forward(self, x: Tensor, grid: tuple[int, int], pre_logits: bool = False) -> Tensor:
-        """Merged tokens of tokens on ``grid``; ``pre_logits``: after ``fc1 -> GELU`` (timm's)."""
-        return self.project(self.merge(self.norm(x), grid), pre_logits)
-
-    def tokens(self, x: Tensor, grid: tuple[int, int] | None, coord: Tensor | None, valid: Tensor | None,
-               pre_logits: bool) -> tuple[Tensor, Tensor | None]:
-        """``ProjectorTwin``'s: merged tokens on ``grid``, or a NaFlex batch's at ``coord`` with their validity."""
-        if valid is None:
-            return self(x, grid, pre_logits), None
-        merged, valid = self.merge_naflex(self.norm(x), coord, valid)
-        return self.project(merged, pre_logits), valid
+        return (x if pre_logits else self.fc2(x)), valid
 
 
 class Qwen3VisionTransformer(ProjectorTwin):
@@ -153,14 +145,10 @@ def from_qwen3(state_dict: dict[str, Tensor], model: nn.Module) -> Converted:
                "the vit_rope_qwen3_vit_* twins (and vit_rope.from_timm of timm's model; a DeepSeek twin loads timm's "
                "deepseek_vit_* files)", "rotate_half")
     merger = model.patch_merger
-    out, dropped = tower_keys(state_dict, model, "merger.", lambda key: merger is not None and not (
-        key.startswith("merger.fc2.") and isinstance(merger.fc2, nn.Identity)))
-    notes = [f"{SOURCE}: q/k rows of every head permuted from rotate-half to interleaved pairs"]
-    if dropped:
-        notes.append(f"{SOURCE}: {', '.join(dropped)} dropped: this model has no "
-                     f"{'merger' if merger is None else 'last merger projection (merger_out_features=0)'}; the "
-                     "*_merge and *_enc twins keep it")
-    return out, tuple(notes)
+    lacks = "merger" if merger is None else "last merger projection (merger_out_features=0)"
+    return tower_keys(state_dict, model, "merger.", lambda key: merger is not None and not (
+        key.startswith("merger.fc2.") and isinstance(merger.fc2, nn.Identity)), SOURCE,
+        f"{lacks}; the *_merge and *_enc twins keep it")
 
 
 def architecture(model: nn.Module) -> tuple[str, dict[str, Any]]:

@@ -14,6 +14,7 @@ from torch import Tensor, nn
 from vit_rope.encodings.rope.dinov3_rope import permute_qk_rows, qk_permutation
 from vit_rope.models.naflex_batch import naflex_batch
 from vit_rope.models.vit import RoPEVisionTransformer
+from vit_rope.weights import Converted
 
 
 def square_grid(tokens: int) -> tuple[int, int]:
@@ -28,8 +29,8 @@ class ProjectorTwin(RoPEVisionTransformer):
     """``RoPEVisionTransformer`` with the heads of timm's VLM towers: the classifier (``global_pool="avg"``: mean of
     the tokens, a norm without affine, a linear head; ``""`` per token), the same over the projector's tokens
     (``encoder_pool=TOKENS``) and the encoder (``global_pool=TOKENS``: the projector's tokens are the output).
-    ``forward_features`` gives the tokens before the projector, held at ``PROJECTOR``: its ``tokens(x, grid, coord,
-    valid, pre_logits)`` are those of ``x`` on ``grid``, or of a NaFlex batch's at ``coord`` with their validity."""
+    ``forward_features`` gives the tokens before the projector, held at ``PROJECTOR``: its ``(x, grid, coord, valid,
+    pre_logits)`` are the tokens of ``x`` on ``grid``, or of a NaFlex batch's at ``coord``, with their validity."""
 
     FAMILY, TOKENS, PROJECTOR = "", "", ""  # the family's name in errors, the encoders' pool, the projector's place
 
@@ -69,14 +70,12 @@ class ProjectorTwin(RoPEVisionTransformer):
         batch's ``patch_coord``, then timm's pooling, norm and head; the encoders end at the projector's tokens."""
         projector = getattr(self, self.PROJECTOR)
         if projector is not None:
-            tokens = self.global_pool == self.TOKENS
-            if patch_valid is None:
-                x = projector.tokens(x, grid or square_grid(x.shape[1]), None, None, pre_logits and tokens)[0]
-            elif patch_coord is None:
+            if patch_valid is not None and patch_coord is None:
                 raise ValueError(f"The {self.PROJECTOR} of a NaFlex batch needs its patch_coord: pass "
                                  "patch_coord=... with patch_valid.")
-            else:
-                x, patch_valid = projector.tokens(x, None, patch_coord, patch_valid.bool(), pre_logits and tokens)
+            tokens, valid = self.global_pool == self.TOKENS, None if patch_valid is None else patch_valid.bool()
+            grid = (grid or square_grid(x.shape[1])) if valid is None else None
+            x, patch_valid = projector(x, grid, patch_coord, valid, pre_logits and tokens)
             if tokens:
                 return x
         return super().forward_head(x, pre_logits, patch_valid)
@@ -100,19 +99,19 @@ def timm_tower(model: nn.Module, classifier_cls: type[nn.Module], tokens: str, m
     classifier = isinstance(model, classifier_cls)
     enc = model.encoder if classifier else model
     name, block = model.pretrained_cfg["architecture"], enc.blocks[0]
-    refused = {**(refusals(enc, block) if refusals else {}),
-               "final_norm=False": classifier and isinstance(model.norm, nn.Identity),
-               f"global_pool={enc.global_pool!r}": not classifier and enc.global_pool != tokens}
-    field = next((field for field, bad in refused.items() if bad), None)
-    if field is not None:
-        reason, fix = {"final_norm=False": ("its classifier norm is timm's default",
-                                            "build timm's model without final_norm"),
-                       f"global_pool={enc.global_pool!r}": (
-                           f"it outputs the {tokens!r} pool's tokens", f"build it with global_pool={tokens!r}, or take "
-                           f"vit_rope_{name.removesuffix('_enc')}, whose forward_features gives those tokens")
-                       }.get(field, (f"it models {models} only", "build timm's model without it"))
-        raise ValueError(f"from_timm: {name} was built with {field}, which its twin vit_rope_{name} does not model "
-                         f"({reason}): {fix}.")
+    family = {field: (bad, f"it models {models} only", "build timm's model without it")
+              for field, bad in (refusals(enc, block) if refusals else {}).items()}
+    refused = {**family,
+               "final_norm=False": (classifier and isinstance(model.norm, nn.Identity),
+                                    "its classifier norm is timm's default", "build timm's model without final_norm"),
+               f"global_pool={enc.global_pool!r}": (
+                   not classifier and enc.global_pool != tokens, f"it outputs the {tokens!r} pool's tokens",
+                   f"build it with global_pool={tokens!r}, or take vit_rope_{name.removesuffix('_enc')}, whose "
+                   "forward_features gives those tokens")}
+    for field, (bad, reason, fix) in refused.items():
+        if bad:
+            raise ValueError(f"from_timm: {name} was built with {field}, which its twin vit_rope_{name} does not "
+                             f"model ({reason}): {fix}.")
     pools = {"none": ""}  # timm's "none": no pooling, ours ""
     heads = dict(num_classes=model.num_classes, global_pool=pools.get(model.global_pool, model.global_pool),
                  encoder_pool=pools.get(model.encoder_pool, model.encoder_pool)) if classifier else \
@@ -121,10 +120,21 @@ def timm_tower(model: nn.Module, classifier_cls: type[nn.Module], tokens: str, m
                                   num_heads=block.attn.num_heads, **heads)
 
 
-def tower_keys(state_dict: dict[str, Tensor], model: nn.Module, projector: str,
-               keep: Callable[[str], bool]) -> tuple[dict[str, Tensor], list[str]]:
-    """A timm VLM tower's state dict in our keys and q/k layout, and the ``projector`` keys ``keep`` refuses (dropped):
-    ``encoder.`` dropped, the projector as ``patch_merger.``, q / k rows from rotate-half to interleaved pairs."""
+ROTATE_HALF = "q/k rows of every head permuted from rotate-half to interleaved pairs"  # the Qwen-VL families' note
+
+
+def conversion_notes(source: str, done: str, dropped: list[str], lacks: str, *other: str) -> tuple[str, ...]:
+    """A conversion's notes, each after ``source``: what was ``done``, the ``other`` notes (empty: none), and the keys
+    ``dropped`` as the model ``lacks`` their part (what it has not, and what keeps them)."""
+    dropped_note = f"{', '.join(dropped)} dropped: this model has no {lacks}" if dropped else ""
+    return tuple(f"{source}: {note}" for note in (done, *other, dropped_note) if note)
+
+
+def tower_keys(state_dict: dict[str, Tensor], model: nn.Module, projector: str, keep: Callable[[str], bool],
+               source: str, lacks: str, done: str = ROTATE_HALF, *other: str) -> Converted:
+    """A timm VLM tower's state dict in our keys and q/k layout, with its ``conversion_notes``: ``encoder.`` dropped,
+    the ``projector`` as ``patch_merger.`` (its keys that ``keep`` refuses dropped), q / k rows from rotate-half to
+    interleaved pairs."""
     attn = model.blocks[0].attn
     index = qk_permutation("rotate_half", attn.head_dim)
     out, dropped = {}, []
@@ -138,4 +148,4 @@ def tower_keys(state_dict: dict[str, Tensor], model: nn.Module, projector: str,
         if re.fullmatch(r"blocks\.\d+\.attn\.qkv\.(weight|bias)", key):
             value = permute_qk_rows(value, index, attn.num_heads)
         out[key] = value
-    return out, dropped
+    return out, conversion_notes(source, done, dropped, lacks, *other)
