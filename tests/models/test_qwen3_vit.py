@@ -61,6 +61,16 @@ def test_every_twins_arguments_are_its_timm_models():
         assert {key: read[key] for key in keys} == {key: args[key] for key in keys}, name
 
 
+def test_a_mergers_width_is_the_weights_tags_as_timms():
+    """One name serves the towers of several language models: the merger's width follows the tag built (meta)."""
+    for name in ("qwen3_vit_306m_merge", "qwen3_vit_416m_enc"):
+        for tag in timm.list_pretrained(f"{name}.*"):
+            ours, theirs = (timm.create_model(n, device="meta") for n in (f"vit_rope_{tag}", tag))
+            assert ours.patch_merger.out_features == getattr(theirs, "encoder", theirs).out_features, tag
+    with pytest.raises(ValueError, match="pass merger_out_features"):
+        timm.create_model("vit_rope_qwen3_vit_306m_merge", device="meta", pretrained_cfg=dict(tag="other"))
+
+
 @pytest.mark.parametrize("family, sizes, key", [("qwen3_vit_88m", dict(depth=1), "merger.fc1.weight"), (
     "deepseek_vit_412m", dict(depth=1, embed_dim=128, num_heads=2, out_features=48), "aligner.fc1.weight")])
 def test_an_encoder_file_into_a_classifier_reports_its_projector_dropped(family, sizes, key):

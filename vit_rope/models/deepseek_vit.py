@@ -9,13 +9,12 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Callable
-from functools import partial, wraps
+from functools import partial
 from types import SimpleNamespace
 from typing import Any
 
 import torch.nn.functional as F
 from timm.layers import get_device_dtype
-from timm.models import resolve_pretrained_cfg
 from torch import Tensor, nn
 
 from vit_rope.layers.eva import PackedSwiGLU
@@ -42,7 +41,7 @@ _ARCH = dict(img_size=546, patch_size=14, embed_dim=1024, depth=32, num_heads=16
              qk_layout="rotate_half", num_classes=0)
 _HEADS = {"": dict(global_pool="avg"), "_align": dict(global_pool="avg", encoder_pool="align"),
           "_enc": dict(global_pool="align")}
-# timm name -> twin arguments (the aligner's width: the weights' tag's, ``tagged``)
+# timm name -> twin arguments (the aligner's width: the weights' tag's, ``llm_width``)
 DEEPSEEK: dict[str, dict[str, Any]] = {f"deepseek_vit_412m{suffix}": dict(_ARCH, **head)
                                        for suffix, head in _HEADS.items()}
 
@@ -93,17 +92,9 @@ class DeepseekVisionTransformer(Qwen3VisionTransformer):
         self.fc_norm = norm_layer(self.head_hidden_size, affine=False, **dd)  # as Qwen3-VL's, but an RMSNorm
 
 
-def tagged(create: Callable[..., nn.Module]) -> Callable[..., nn.Module]:
-    """A twin's entry point whose aligner width is the weights' tag's (``LLM_WIDTHS``), as timm's, unless given."""
-
-    @wraps(create)
-    def create_tagged(pretrained: bool = False, **kwargs: Any) -> nn.Module:
-        if "aligner_out_features" not in kwargs:
-            tag = resolve_pretrained_cfg(create.__name__, pretrained_cfg=kwargs.get("pretrained_cfg")).tag
-            kwargs["aligner_out_features"] = LLM_WIDTHS.get(tag, LLM_WIDTHS["deepseek_v4_1_flash"])
-        return create(pretrained, **kwargs)
-
-    return create_tagged
+def llm_width(tag: str) -> int:
+    """The aligner width of timm's tag (``LLM_WIDTHS``; another tag: V4.1-Flash's)."""
+    return LLM_WIDTHS.get(tag, LLM_WIDTHS["deepseek_v4_1_flash"])
 
 
 def is_deepseek(state_dict: dict[str, Any]) -> bool:

@@ -20,19 +20,34 @@ SOURCE = "timm's Qwen3-VL ViT (timm.models.qwen3_vit)"
 _WIDTHS = {"88m": dict(embed_dim=768, depth=12, num_heads=12, mlp_ratio=4.0),
            "306m": dict(embed_dim=1024, depth=24, num_heads=16, mlp_ratio=4.0),
            "416m": dict(embed_dim=1152, depth=27, num_heads=16, mlp_ratio=4304 / 1152)}
-_OUT_FEATURES = {"88m": 1024, "306m": 2560, "416m": 4096}  # timm's default tag's LLM width (qwen3_5_0_8b, ...)
 _COMMON = dict(img_size=768, patch_size=16, class_token=False, qkv_bias=True, norm_layer=partial(LayerNorm, eps=1e-6),
                act_layer="gelu_tanh", pos_embed="learn", no_embed_class=True, pos_embed_grid=(48, 48),
                pos_embed_resampling="bilinear_corners", encoding="axial", rope_theta=1e4, rope_ref_grid=(48, 48),
                resolution_policy="extrapolate", qk_layout="rotate_half", num_classes=0)
 _HEADS = {"": dict(global_pool="avg"), "_merge": dict(global_pool="avg", encoder_pool="merge"),
           "_enc": dict(global_pool="merge")}
-# timm name -> twin arguments (merger_out_features: timm's default tag's; another tag's width is an argument)
-QWEN3: dict[str, dict[str, Any]] = {
-    f"qwen3_vit_{size}{suffix}": dict(_COMMON, **_WIDTHS[size], **head,
-                                      merger_out_features=_OUT_FEATURES[size] if suffix else 0)
-    for size in _WIDTHS for suffix, head in _HEADS.items()
-}
+# timm name -> twin arguments (a merger's width: the weights' tag's, ``llm_width``)
+QWEN3: dict[str, dict[str, Any]] = {f"qwen3_vit_{size}{suffix}": dict(_COMMON, **_WIDTHS[size], **head)
+                                    for size in _WIDTHS for suffix, head in _HEADS.items()}
+
+
+def llm_width(name: str) -> Callable[[str], int]:
+    """The merger width of timm's tag for the twin ``name`` (timm's table of its language models' widths; 0: the
+    classifier without a merger)."""
+    from timm.models.qwen3_vit import _SOURCE_CFGS
+
+    arch = name.removeprefix("vit_rope_").removesuffix("_merge").removesuffix("_enc")
+
+    def width(tag: str) -> int:
+        if arch == name.removeprefix("vit_rope_"):
+            return 0
+        if f"{arch}.{tag}" not in _SOURCE_CFGS:
+            raise ValueError(f"{name} has no merger width for the weights' tag {tag!r} (timm's tags: "
+                             f"{sorted(k.split('.')[1] for k in _SOURCE_CFGS if k.startswith(arch + '.'))}): pass "
+                             "merger_out_features, the language model's width.")
+        return _SOURCE_CFGS[f"{arch}.{tag}"]["out_features"]
+
+    return width
 
 
 def merge_blocks(x: Tensor, grid: tuple[int, int], k: int) -> Tensor:

@@ -14,7 +14,7 @@ from timm.models import build_model_with_cfg, generate_default_cfgs, register_mo
 from torch import nn
 
 from vit_rope.encodings import KINDS, REGISTRY
-from vit_rope.models import deepseek_vit, dinov3
+from vit_rope.models import deepseek_vit, dinov3, qwen3_vit
 from vit_rope.models.checkpoint import checkpoint_filter_fn
 from vit_rope.models.dinov3 import dinov3_name
 from vit_rope.models.eva_families import FAMILIES, twin_cfgs, twin_name
@@ -23,7 +23,7 @@ from vit_rope.models.pixtral import PIXTRAL, PixtralVisionTransformer
 from vit_rope.models.qwen2_5_vl import QWEN25, Qwen25VisionTransformer
 from vit_rope.models.qwen3_vit import QWEN3, Qwen3VisionTransformer
 from vit_rope.models.swin import SWIN_KINDS, SWIN_SIZES, RoPESwinTransformer, swin_name
-from vit_rope.models.twins import timm_twin_cfgs
+from vit_rope.models.twins import tagged, timm_twin_cfgs
 from vit_rope.models.vit import RoPEVisionTransformer
 from vit_rope.models.widths import width
 
@@ -130,12 +130,16 @@ for _name, _args in _VITS.items():
     globals()[_name] = register_model(_entrypoint(_name, _args))
 
 # the twins of timm's and transformers' VLM towers (vit_rope.models.qwen3_vit, pixtral, qwen2_5_vl, ...)
-for _table, _cls, _wrap in ((QWEN3, Qwen3VisionTransformer, None), (PIXTRAL, PixtralVisionTransformer, None),
-                            (deepseek_vit.DEEPSEEK, deepseek_vit.DeepseekVisionTransformer, deepseek_vit.tagged),
-                            (GEMMA4, Gemma4VisionTransformer, None)):
+for _table, _cls, _width in ((QWEN3, Qwen3VisionTransformer, ("merger_out_features", qwen3_vit.llm_width)),
+                             (PIXTRAL, PixtralVisionTransformer, None), (GEMMA4, Gemma4VisionTransformer, None),
+                             (deepseek_vit.DEEPSEEK, deepseek_vit.DeepseekVisionTransformer,
+                              ("aligner_out_features", lambda name: deepseek_vit.llm_width))):
     for _timm_name, _args in _table.items():
-        _create = _entrypoint(f"vit_rope_{_timm_name}", _args, model_cls=_cls)
-        globals()[f"vit_rope_{_timm_name}"] = register_model(_wrap(_create) if _wrap else _create)
+        _name = f"vit_rope_{_timm_name}"
+        _create = _entrypoint(_name, _args, model_cls=_cls)
+        if _width:
+            _create = tagged(_create, _width[0], _width[1](_name))  # the projector's width: the weights' tag's
+        globals()[_name] = register_model(_create)
 for _name, _args in QWEN25.items():  # transformers' Qwen2.5-VL tower, already named vit_rope_*
     globals()[_name] = register_model(_entrypoint(_name, _args, model_cls=Qwen25VisionTransformer))
 

@@ -6,9 +6,11 @@ from __future__ import annotations
 import importlib
 import re
 from collections.abc import Callable, Iterable
+from functools import wraps
 from typing import Any
 
 from timm.layers import get_device_dtype
+from timm.models import resolve_pretrained_cfg
 from torch import Tensor, nn
 
 from vit_rope.encodings.rope.dinov3_rope import permute_qk_rows, qk_permutation
@@ -87,6 +89,20 @@ def timm_twin_cfgs(family: str, names: Iterable[str], **cfg: Any) -> dict[str, d
     return {f"vit_rope_{name}.{tag}": dict(tagged.to_dict(), hf_hub_id=f"timm/{name}.{tag}",
                                            first_conv="patch_embed.proj", **cfg)
             for name in names for tag, tagged in default_cfgs[name].cfgs.items()}
+
+
+def tagged(create: Callable[..., nn.Module], key: str, width: Callable[[str], int]) -> Callable[..., nn.Module]:
+    """A twin's entry point whose projector width ``key`` is its weights' tag's, ``width(tag)``, as timm's, unless
+    given: one name serves towers of several language models."""
+
+    @wraps(create)
+    def create_tagged(pretrained: bool = False, **kwargs: Any) -> nn.Module:
+        if key not in kwargs:
+            cfg = resolve_pretrained_cfg(create.__name__, pretrained_cfg=kwargs.get("pretrained_cfg"))
+            kwargs[key] = width(cfg.tag)
+        return create(pretrained, **kwargs)
+
+    return create_tagged
 
 
 def timm_tower(model: nn.Module, classifier_cls: type[nn.Module], tokens: str, models: str = "",
