@@ -53,8 +53,6 @@ def test_output_is_normalised_float_on_the_device_with_long_targets() -> None:
         assert images.dtype == torch.float32 and images.shape == (4, 3, 16, 16)
         assert targets.dtype == torch.long and targets.shape == (4,) and skipped.dtype == torch.long
         assert skipped.dim() == 0 and torch.allclose(images, expected, atol=1e-5)
-    images, _, _ = next(iter(loader(store, channels_last=True)))
-    assert images.is_contiguous(memory_format=torch.channels_last)
 
 
 def test_training_epochs_are_reproducible_resumable_and_differ_between_epochs() -> None:
@@ -126,14 +124,12 @@ def test_unreadable_images_are_named_by_their_file_in_the_warning(caplog: pytest
         TensorStore(store.data, store.offsets, store.shapes, store.targets, ["a", "b"])
 
 
-def test_a_store_of_unreadable_images_and_hue_jitter_are_errors_that_say_what_to_do() -> None:
+def test_a_store_of_unreadable_images_is_an_error_that_says_what_to_do() -> None:
     store = make_store(n=3)
     undecoded = torch.zeros_like(store.shapes)  # height 0: an image that could not be decoded
     with pytest.raises(UserError, match=r"none of the 3 images of this split could be decoded \(the first: /d/0.jpg\): "
                                         "replace the corrupt files"):
         TensorStore(store.data, store.offsets, undecoded, store.targets, [f"/d/{i}.jpg" for i in range(3)])
-    with pytest.raises(ValueError, match=r"color_jitter=\(0.4, 0.4, 0.4, 0.1\) asks for hue jitter.*pipeline=timm"):
-        loader(make_store(), color_jitter=(0.4, 0.4, 0.4, 0.1))
 
 
 def test_the_loader_reads_only_the_store_never_a_file(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -13,7 +13,7 @@ import torch
 import yaml
 
 import train
-from helpers.training import tiny_args
+from helpers.training import tiny_args, write_image_folder
 from vit_rope.errors import UserError
 from vit_rope.train import resume
 from vit_rope.train.command_line import build_config, parse_args
@@ -21,14 +21,26 @@ from vit_rope.train.command_line import build_config, parse_args
 SETTINGS = ("keep_every=1", "warmup_epochs=1", "model_kwargs.embed_dim=48")
 
 
+@pytest.fixture(scope="module")
+def straight_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A 2-epoch run on a tiny image folder, once for the module: the tests only read it."""
+    root = tmp_path_factory.mktemp("resume")
+    assert train.main(tiny_args(write_image_folder(root / "data"), root / "straight", *SETTINGS)) == 0
+    return root / "straight"
+
+
 @pytest.fixture
-def first_epoch(image_root: Path, tmp_path: Path) -> tuple[Path, Path]:
-    """A 2-epoch run (``straight``) and a copy of its epoch-1 checkpoint as the last.pth of another folder."""
-    straight, stopped = tmp_path / "straight", tmp_path / "stopped"
-    assert train.main(tiny_args(image_root, straight, *SETTINGS)) == 0
+def image_root(straight_run: Path) -> Path:
+    return straight_run.parent / "data"  # the folder the run trained on, which no test changes
+
+
+@pytest.fixture
+def first_epoch(straight_run: Path, tmp_path: Path) -> tuple[Path, Path]:
+    """The 2-epoch run (``straight``) and a copy of its epoch-1 checkpoint as the last.pth of another folder."""
+    stopped = tmp_path / "stopped"
     stopped.mkdir()
-    shutil.copy(straight / "epoch_1.pth", stopped / "last.pth")
-    return straight, stopped
+    shutil.copy(straight_run / "epoch_1.pth", stopped / "last.pth")
+    return straight_run, stopped
 
 
 def weights(path: Path) -> dict[str, torch.Tensor]:

@@ -69,11 +69,9 @@ def hflip(images: Tensor, flips: Tensor) -> Tensor:
     return torch.where(flips.to(images.device)[:, None, None, None], images.flip(-1), images)
 
 
-def jitter_factors(batch: int, strength: float | Sequence[float], generator: torch.Generator | None) -> Tensor:
+def jitter_factors(batch: int, strength: float, generator: torch.Generator | None) -> Tensor:
     """Brightness, contrast, saturation factors ``[B, 3]``, each ``U(max(0, 1 - j), 1 + j)`` as ``ColorJitter``."""
-    j = torch.tensor([float(strength)] * 3 if isinstance(strength, (int, float)) else list(strength)[:3],
-                     dtype=torch.float64)
-    lo, hi = (1 - j).clamp_min(0), 1 + j  # [3]
+    lo, hi = max(0.0, 1 - strength), 1 + strength
     return (lo + (hi - lo) * torch.rand(batch, 3, generator=generator, dtype=torch.float64)).float()  # [B, 3]
 
 

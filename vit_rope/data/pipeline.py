@@ -10,6 +10,7 @@ from collections.abc import Callable, Iterator, Sequence
 
 import numpy as np
 import torch
+from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 from torch import Tensor
 from torch.utils.data import DistributedSampler
 
@@ -18,7 +19,6 @@ from vit_rope.data.steps import StepSampler
 from vit_rope.errors import UserError
 
 _log = logging.getLogger(__name__)
-IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 
 
 class TensorStore:
@@ -88,22 +88,15 @@ class BatchLoader:
     it skips. Validation: the slice ``range(rank, N, world_size)``, center crops."""
 
     def __init__(self, store: TensorStore, batch_size: int, size: int, *, train: bool,
-                 scale: Sequence[float] = (0.08, 1.0), ratio: Sequence[float] = (3 / 4, 4 / 3), hflip: float = 0.5,
-                 color_jitter: float | Sequence[float] | None = 0.4, mean: Sequence[float] = IMAGENET_MEAN,
-                 std: Sequence[float] = IMAGENET_STD, crop_pct: float = 0.875, seed: int = 0, rank: int = 0,
-                 world_size: int = 1, device: torch.device | str = "cpu", channels_last: bool = False,
-                 schedule: Callable[[int, int], tuple[int, int]] | None = None) -> None:
+                 mean: Sequence[float] = IMAGENET_DEFAULT_MEAN, std: Sequence[float] = IMAGENET_DEFAULT_STD,
+                 scale: Sequence[float] = (0.08, 1.0), hflip: float = 0.5, color_jitter: float = 0.4,
+                 crop_pct: float = 0.875, seed: int = 0, rank: int = 0, world_size: int = 1,
+                 device: torch.device | str = "cpu", schedule: Callable[[int, int], tuple[int, int]] | None = None
+                 ) -> None:
         self.store, self.batch_size, self.size, self.train = store, batch_size, size, train
-        self.scale, self.ratio = (float(scale[0]), float(scale[1])), (float(ratio[0]), float(ratio[1]))
-        jitter = color_jitter or 0.0
-        self.jitter = tuple(float(j) for j in ((jitter,) * 3 if isinstance(jitter, (int, float)) else jitter))
-        if len(self.jitter) == 4 and self.jitter[3]:
-            raise ValueError(f"color_jitter={tuple(jitter)} asks for hue jitter, which the batched pipeline does not "
-                             "have: pass one value or three (brightness, contrast, saturation), or use timm's "
-                             "per-image pipeline (pipeline=timm)")
+        self.scale, self.jitter = (float(scale[0]), float(scale[1])), float(color_jitter)
         self.hflip_p, self.mean, self.std, self.crop_pct = hflip, tuple(mean), tuple(std), crop_pct
-        self.seed, self.rank, self.world_size = seed, rank, world_size
-        self.device, self.channels_last = torch.device(device), channels_last
+        self.seed, self.rank, self.world_size, self.device = seed, rank, world_size, torch.device(device)
         self.sampler = DistributedSampler(range(len(store)), world_size, rank, shuffle=True, seed=seed)
         self.steps = StepSampler(self.sampler, batch_size, size, schedule, seed, rank) if train else None
 
@@ -132,7 +125,7 @@ class BatchLoader:
     def train_draws(self, heights: Tensor, widths: Tensor, generator: torch.Generator | None
                     ) -> tuple[Tensor, Tensor, Tensor]:
         """Crop boxes ``[B, 4]``, flips ``[B]``, jitter factors ``[B, 3]``: as many draws for any images of a batch."""
-        return (augment.rrc_boxes(heights, widths, self.scale, self.ratio, generator),
+        return (augment.rrc_boxes(heights, widths, self.scale, generator=generator),
                 torch.rand(len(heights), generator=generator) < self.hflip_p,
                 augment.jitter_factors(len(heights), self.jitter, generator))
 
@@ -152,16 +145,14 @@ class BatchLoader:
         images = augment.crop_resize(padded, boxes, size)  # [B, 3, s, s] float 0..255
         if self.train:
             images = augment.hflip(images, flips)
-            if any(self.jitter[:3]):
+            if self.jitter:
                 images = augment.color_jitter(images, factors)
         images = augment.normalize(images, self.mean, self.std)
-        if self.channels_last:
-            images = images.contiguous(memory_format=torch.channels_last)
         return images, self.store.targets[resolved].to(self.device, non_blocking=True), skips.sum()
 
     def describe(self) -> str:
-        what = (f"random-resized crop scale {self.scale} ratio ({self.ratio[0]:.3g}, {self.ratio[1]:.3g}), hflip "
-                f"{self.hflip_p}, color jitter {self.jitter[:3]} (fixed order)" if self.train
+        what = (f"random-resized crop scale {self.scale} ratio (0.75, 1.33), hflip {self.hflip_p}, color jitter "
+                f"{self.jitter} (brightness, contrast, saturation in a fixed order)" if self.train
                 else f"center crop (crop_pct {self.crop_pct})")
         scheduled = self.train and self.steps.schedule is not None
         sizes, batches = ("per-step sizes", "varying length") if scheduled else (f"{self.size} px", self.batch_size)

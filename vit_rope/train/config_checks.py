@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import difflib
 import math
 import warnings
@@ -13,11 +12,10 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from timm.data import create_transform
-from timm.data.transforms import interp_mode_to_str
+from timm.data.transforms import _str_to_torch_interpolation
 from timm.optim import list_optimizers
 from timm.scheduler import create_scheduler_v2
 from torch import nn
-from torchvision.transforms import InterpolationMode
 
 from vit_rope.checks import check_output_dir
 from vit_rope.data.auto_augment import safe_transform
@@ -97,9 +95,9 @@ def check_config(cfg: Config) -> None:
                         f"val_interval={cfg.val_interval}; set val_interval=1 or choose another sched (cosine, ...)")
     _check_optimizer(cfg.opt)
     _check_scheduler(cfg)
-    if cfg.interpolation is not None and cfg.interpolation not in _interpolations():
-        raise UserError(f"config key 'interpolation' must be one of {', '.join(_interpolations())} or null (the "
-                        f"model's default), got {cfg.interpolation!r}")
+    if cfg.interpolation is not None and cfg.interpolation not in _str_to_torch_interpolation:  # timm's names
+        raise UserError(f"config key 'interpolation' must be one of {', '.join(_str_to_torch_interpolation)} or "
+                        f"null (the model's default), got {cfg.interpolation!r}")
     if cfg.auto_augment is not None:
         try:  # timm parses the string, then every op runs at its extreme magnitudes (vit_rope.data.auto_augment)
             safe_transform(lambda aa: create_transform(input_size=cfg.img_size, is_training=True, auto_augment=aa,
@@ -159,15 +157,6 @@ def _check_scheduler(cfg: Config) -> None:
     if scheduler is None:
         raise UserError(f"sched={cfg.sched} builds no schedule, and train.py steps one every update; pick one of "
                         f"{', '.join(_SCHEDULERS)} (sched=step with decay_rate=1 keeps the lr fixed)")
-
-
-def _interpolations() -> list[str]:
-    """The names timm's ``str_to_interp_mode`` takes, in torchvision's order."""
-    names = []
-    for mode in InterpolationMode:
-        with contextlib.suppress(KeyError):
-            names.append(interp_mode_to_str(mode))
-    return names
 
 
 def check_ranks_agree(settings: dict[str, Any], world_size: int) -> None:
