@@ -157,6 +157,7 @@ def test_two_nodes_with_the_same_rendezvous_arguments_train_one_run_from_shards(
              for _ in range(2)]
     results = [node.communicate(timeout=240) for node in nodes]
     assert [node.returncode for node in nodes] == [0, 0], results[0][1][-3000:] + results[1][1][-3000:]
+    assert results[0][1] == results[1][1] == ""  # fresh interpreters: no warning from an import or a library
     printed = results[0][0] + results[1][0]
     assert printed.count("on 2 x cpu") == 1 and printed.count("epoch 1/1") == 1  # rank 0 of 2 alone speaks
     assert printed.count("data pipeline: timm (") == 1
