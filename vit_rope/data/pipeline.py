@@ -46,10 +46,6 @@ class TensorStore:
     def __len__(self) -> int:
         return len(self.shapes)
 
-    @property
-    def device(self) -> torch.device:
-        return self.data.device
-
     def to(self, device: torch.device | str) -> TensorStore:
         """The same store with ``data`` on ``device`` (e.g. held on the GPU); the index tensors stay on the CPU."""
         store = object.__new__(TensorStore)
@@ -69,9 +65,9 @@ class TensorStore:
         if (heights == 0).any():
             raise ValueError("gather() got unreadable images; map the indices with resolve() first")
         hmax, wmax = int(heights.max()), int(widths.max())
-        device = torch.device(device) if device is not None else self.device
-        pin = self.device.type == "cpu" and device.type == "cuda"
-        out = torch.zeros(len(indices), hmax, wmax, 3, dtype=torch.uint8, device=self.device, pin_memory=pin)
+        device = torch.device(device) if device is not None else self.data.device
+        pin = self.data.device.type == "cpu" and device.type == "cuda"
+        out = torch.zeros(len(indices), hmax, wmax, 3, dtype=torch.uint8, device=self.data.device, pin_memory=pin)
         rows = zip(self.offsets[indices].tolist(), heights.tolist(), widths.tolist(), strict=True)
         for b, (start, h, w) in enumerate(rows):
             out[b, :h, :w] = self.data[start:start + h * w * 3].view(h, w, 3)
@@ -157,7 +153,7 @@ class BatchLoader:
         scheduled = self.train and self.steps.schedule is not None
         sizes, batches = ("per-step sizes", "varying length") if scheduled else (f"{self.size} px", self.batch_size)
         return (f"batched {'train' if self.train else 'val'} pipeline on {self.device}: {len(self.store)} decoded "
-                f"images ({self.store.device} store), {what} to {sizes} by roi_align, normalised; "
+                f"images ({self.store.data.device} store), {what} to {sizes} by roi_align, normalised; "
                 f"{len(self)} batches of {batches}, rank {self.rank}/{self.world_size}, no workers")
 
     __repr__ = describe
