@@ -25,7 +25,6 @@ from vit_rope.errors import UserError
 
 _log = logging.getLogger(__name__)
 IMAGE_KEYS = ("jpg", "jpeg", "png", "webp", "bmp", "tif", "tiff", "gif", "ppm")  # member extensions tried in order
-INFO_FILES = ("_info.json", "info.json")
 _OPEN_LIMIT = 64  # shards a process keeps open: well under the usual limit of 1,024 descriptors
 
 
@@ -84,7 +83,7 @@ def expand_braces(pattern: str) -> list[str]:
 
 def load_info(root: Path) -> dict[str, Any]:
     """The ``_info.json`` of a shard folder (timm's name; ``info.json`` too), or ``{}`` when there is none."""
-    for name in INFO_FILES:
+    for name in ("_info.json", "info.json"):
         file = root / name
         if file.is_file():
             try:
