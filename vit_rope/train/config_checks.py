@@ -43,18 +43,6 @@ _RANGES: tuple[tuple[Callable[[float], bool], str, tuple[str, ...]], ...] = (
 _SCHEDULERS = ("cosine", "tanh", "step", "multistep", "plateau", "poly")  # the ones base.yaml documents
 
 
-def _check_dataset(cfg: Config) -> None:
-    """``dataset`` a kind this toolkit reads, with the ``data_dir`` it needs and only the keys it uses."""
-    kind = dataset_kind(cfg.dataset)
-    if kind and not cfg.data_dir:
-        raise UserError(f"dataset {cfg.dataset} reads data_dir, which is not set: set data_dir to the folder of "
-                        + ("the shards and _info.json" if kind == "wds" else "the dataset"))
-    unused = [key for key in ("input_key", "target_key") if getattr(cfg, key) is not None]
-    if unused and not kind:
-        raise UserError(f"{' and '.join(unused)} name where shards or a dataset keep images and labels, and an image "
-                        "folder has neither: remove them, or set dataset to wds/<name> or hfds/<name>")
-
-
 def check_config(cfg: Config) -> None:
     """Raise a ``UserError`` for the first value of ``cfg`` out of its range or unknown to timm."""
     check_output_dir(cfg.output, "output")
@@ -79,7 +67,14 @@ def check_config(cfg: Config) -> None:
                             "train_sizes, or set token_budget=false")
     if cfg.naflex:
         _check_naflex(cfg)
-    _check_dataset(cfg)
+    kind = dataset_kind(cfg.dataset)  # a kind this toolkit reads, with the data_dir it needs and the keys it uses
+    if kind and not cfg.data_dir:
+        raise UserError(f"dataset {cfg.dataset} reads data_dir, which is not set: set data_dir to the folder of "
+                        + ("the shards and _info.json" if kind == "wds" else "the dataset"))
+    unused = [key for key in ("input_key", "target_key") if getattr(cfg, key) is not None]
+    if unused and not kind:
+        raise UserError(f"{' and '.join(unused)} name where shards or a dataset keep images and labels, and an image "
+                        "folder has neither: remove them, or set dataset to wds/<name> or hfds/<name>")
     if cfg.warmup_epochs >= cfg.epochs > 0:
         warnings.warn(f"warmup_epochs {cfg.warmup_epochs} is not less than the {cfg.epochs} epochs of the run, so the "
                       f"learning rate never reaches lr={cfg.lr}; lower warmup_epochs below {cfg.epochs}",
@@ -93,7 +88,11 @@ def check_config(cfg: Config) -> None:
     if cfg.sched == "plateau" and cfg.val_interval != 1:
         raise UserError(f"sched=plateau steps on every epoch's val top-1, so it needs val_interval=1, got "
                         f"val_interval={cfg.val_interval}; set val_interval=1 or choose another sched (cosine, ...)")
-    _check_optimizer(cfg.opt)
+    names, parts = list_optimizers(), cfg.opt.lower().split("_")
+    if parts[-1] not in names or parts[:-1] not in ([], ["lookahead"]):  # timm: lookahead_<name> wraps <name>
+        closest = difflib.get_close_matches(parts[-1], names, n=1, cutoff=0)[0]
+        raise UserError(f"unknown optimizer opt={cfg.opt}; did you mean opt={closest}? (timm.optim.list_optimizers() "
+                        "lists them; lookahead_<name> wraps one in Lookahead)")
     _check_scheduler(cfg)
     if cfg.interpolation is not None and cfg.interpolation not in _str_to_torch_interpolation:  # timm's names
         raise UserError(f"config key 'interpolation' must be one of {', '.join(_str_to_torch_interpolation)} or "
@@ -121,17 +120,6 @@ def _check_naflex(cfg: Config) -> None:
          "set train_crop_mode=rrc", cfg.train_crop_mode != "rrc")) if present]
     if conflicts:
         raise UserError(f"naflex=true does not go with {conflicts[0]}, or naflex=false")
-
-
-def _check_optimizer(opt: str) -> None:
-    """timm's ``create_optimizer_v2`` reads ``lookahead_<name>`` as Lookahead around ``<name>``."""
-    names = list_optimizers()
-    parts = opt.lower().split("_")
-    if parts[-1] in names and parts[:-1] in ([], ["lookahead"]):
-        return
-    closest = difflib.get_close_matches(parts[-1], names, n=1, cutoff=0)[0]
-    raise UserError(f"unknown optimizer opt={opt}; did you mean opt={closest}? (timm.optim.list_optimizers() lists "
-                    "them; lookahead_<name> wraps one in Lookahead)")
 
 
 def scheduler_args(cfg: Config) -> dict[str, Any]:
