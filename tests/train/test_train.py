@@ -33,15 +33,21 @@ NAFLEX = ("naflex=true", "naflex_seq_lens=[9, 16]")  # native aspect ratios: 3 o
 
 def test_two_epochs_learn_and_write_every_output(image_root: Path, tmp_path: Path, capsys) -> None:
     out = tmp_path / "run"
-    assert train.main(tiny_args(image_root, out, "batch_size=4", "keep_every=2")) == 0
+    assert train.main(tiny_args(image_root, out, "batch_size=4", "keep_every=2", "model_ema=true")) == 0
     assert {p.name for p in out.iterdir()} >= {"config.yaml", "metrics.csv", "last.pth", "best.pth", "epoch_2.pth"}
     assert not (out / "epoch_1.pth").exists()  # kept every 2 epochs only
     kept, last = (torch.load(out / name, weights_only=True) for name in ("epoch_2.pth", "last.pth"))
     assert kept["epoch"] == 2 and all(torch.equal(kept["model"][k], v) for k, v in last["model"].items())
+    assert {"format", "model_name", "model_kwargs", "classes", "model", "model_ema", "optimizer", "scheduler",
+            "scaler", "epoch", "best_top1", "rng", "config", "metrics"} <= set(last)  # weights_only loads it all
+    assert last["classes"] == ["class_0", "class_1", "class_2"]
+    model = timm.create_model(last["model_name"], **last["model_kwargs"])  # the checkpoint alone rebuilds the model
+    model.load_state_dict(last["model"])
+    assert model(torch.zeros(1, 3, 32, 32)).shape == (1, 3)
     rows = metrics(out)
     assert [row["epoch"] for row in rows] == ["1", "2"]
     assert list(rows[0]) == ["epoch", "train_loss", "val_loss", "top1", "top5", "lr", "images_per_s", "seconds",
-                             "tokens_per_s", "sizes"]  # new columns are appended, the older ones keep their places
+                             "ema_top1", "ema_top5", "tokens_per_s", "sizes"]  # newer columns last: older keep places
     assert rows[0]["sizes"] == "32:6"  # 24 images in batches of 4, all at img_size
     assert float(rows[0]["tokens_per_s"]) == pytest.approx(4 * float(rows[0]["images_per_s"]), rel=1e-4)  # 2x2 patches
     assert float(rows[1]["train_loss"]) < float(rows[0]["train_loss"])
@@ -97,19 +103,6 @@ def test_a_crash_while_writing_last_pth_loses_no_kept_checkpoint(image_root: Pat
     assert kept["epoch"] == last["epoch"] == 2
     assert all(torch.equal(kept["model"][k], v) for k, v in last["model"].items())  # rewritten by the resumed run
     assert [row["epoch"] for row in metrics(out)] == ["1", "2"]
-
-
-def test_checkpoint_loads_weights_only_and_rebuilds_the_model_alone(image_root: Path, tmp_path: Path) -> None:
-    out = tmp_path / "run"
-    assert train.main(tiny_args(image_root, out, "--epochs", "1", "model_ema=true")) == 0
-    ckpt = torch.load(out / "last.pth", weights_only=True)
-    assert {"format", "model_name", "model_kwargs", "classes", "model", "model_ema", "optimizer", "scheduler",
-            "scaler", "epoch", "best_top1", "rng", "config", "metrics"} <= set(ckpt)
-    assert ckpt["epoch"] == 1 and ckpt["classes"] == ["class_0", "class_1", "class_2"]
-    model = timm.create_model(ckpt["model_name"], **ckpt["model_kwargs"])
-    model.load_state_dict(ckpt["model"])
-    assert model(torch.zeros(1, 3, 32, 32)).shape == (1, 3)
-    assert "ema_top1" in metrics(out)[0]
 
 
 TENSOR = ("decoded_cache=true", "auto_augment=null", "reprob=0", "train_sizes=[32, 48, 64]")  # a size per step
