@@ -154,7 +154,7 @@ def test_validating_less_often_trains_the_same_weights(image_root: Path, tmp_pat
                                                       extra: tuple[str, ...]) -> None:
     # every source of randomness on; 3 epochs, validated every 2 epochs and after the last: epochs 2 and 3
     args = ("--epochs", "3", "mixup=0.8", "cutmix=1.0", "drop_path=0.1", "auto_augment=rand-m9-mstd0.5-inc1",
-            "reprob=0.25", "model_ema=true", *extra)
+            "reprob=0.25", "model_ema=true", "model_kwargs.depth=1", *extra)
     every, sparse = tmp_path / "every", tmp_path / "sparse"
     assert train.main(tiny_args(image_root, every, *args)) == 0
     assert train.main(tiny_args(image_root, sparse, *args, "val_interval=2")) == 0
@@ -171,10 +171,10 @@ def test_validating_less_often_trains_the_same_weights(image_root: Path, tmp_pat
 
 
 @pytest.mark.parametrize("model, kwargs", [
-    (TINY_MODEL, "{depth: 2}"),  # ours
-    ("vit_tiny_patch16_224", "{depth: 2}"),  # timm ViT with a learned position embedding (APE), resampled per step
-    ("vit_small_patch16_rope_mixed_224", "{depth: 2}"),  # timm's RoPE port
-    ("resnet10t", "{}"),  # a CNN: any size runs, no dynamic_img_size to pass
+    (TINY_MODEL, "{depth: 1}"),  # ours
+    ("vit_tiny_patch16_224", "{depth: 1}"),  # timm ViT with a learned position embedding (APE), resampled per step
+    ("vit_small_patch16_rope_mixed_224", "{depth: 1, embed_dim: 96, num_heads: 2}"),  # timm's RoPE port
+    ("resnet10t", "{channels: [8, 16, 32, 64], stem_width: 8}"),  # a CNN: any size runs, no dynamic_img_size to pass
 ])
 def test_train_sizes_draw_a_size_per_step_under_the_token_budget(image_root: Path, tmp_path: Path, capsys,
                                                                   model: str, kwargs: str) -> None:
@@ -378,7 +378,8 @@ def _ddp_pipelines(rank: int, root: Path, out: Path, ports: list[int]) -> list[s
     for port, (pipeline, extra) in zip(ports, DDP_PIPELINES.items(), strict=True):
         os.environ["MASTER_PORT"] = str(port)
         with contextlib.redirect_stdout(io.StringIO()) as text:
-            assert train.main(tiny_args(root, out / pipeline, "--epochs", "1", "--batch-size", "6", *extra)) == 0
+            assert train.main(tiny_args(root, out / pipeline, "--epochs", "1", "--batch-size", "6",
+                                        "model_kwargs.depth=1", *extra)) == 0
         printed.append(text.getvalue())
     return printed
 

@@ -104,7 +104,8 @@ def _ddp_runs(rank: int, shard_dir: Path, out: Path, ports: list[int]) -> list[i
     # 12 images per rank in steps of 4 at 48 px: 3 steps per epoch, a checkpoint after step 2
     args = (*source_args("wds", shard_dir, shard_dir), "--img-size", "48", "--batch-size", "4", "workers=2",
             "checkpoint_interval=2", "train_sizes=[32, 48]", "mixup=0.8", "cutmix=1.0",
-            "auto_augment=rand-m9-mstd0.5-inc1", "reprob=0.25", "drop_path=0.1", "model_ema=true", "warmup_epochs=1")
+            "auto_augment=rand-m9-mstd0.5-inc1", "reprob=0.25", "drop_path=0.1", "model_ema=true", "warmup_epochs=1",
+            "model_kwargs.depth=1")
     os.environ["MASTER_PORT"] = str(ports[0])
     assert train.main(tiny_args(out, out / "straight", *args, "grad_checkpointing=true")) == 0
     os.environ["MASTER_PORT"] = str(ports[1])
@@ -152,7 +153,7 @@ def test_two_nodes_with_the_same_rendezvous_arguments_train_one_run_from_shards(
     command = [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", "--nproc_per_node=1", "--rdzv_id=test",
                "--rdzv_backend=c10d", f"--rdzv_endpoint=127.0.0.1:{port}", "train.py",
                *tiny_args(tmp_path, out, *source_args("wds", shard_dir, shard_dir), "--epochs", "1",
-                          "--batch-size", "6", "workers=1")]
+                          "--batch-size", "6", "workers=1", "model_kwargs.depth=1")]
     nodes = [subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
              for _ in range(2)]
     results = [node.communicate(timeout=240) for node in nodes]
