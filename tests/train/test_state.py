@@ -214,9 +214,3 @@ def test_saved_settings_drop_keys_this_version_no_longer_knows(first_epoch, tmp_
     torch.save(ckpt, tmp_path / "older.pth")
     with pytest.raises(UserError, match=f"lr.*in the config saved in {tmp_path / 'older.pth'}"):
         state.saved_settings(tmp_path / "older.pth")
-
-
-def test_resume_alone_of_something_else_is_a_clear_error(tmp_path: Path) -> None:
-    (tmp_path / "notes.pth").write_text("hello")
-    with pytest.raises(UserError, match="is not a vit-rope training checkpoint"):
-        parse_args(["--resume", str(tmp_path / "notes.pth")])
