@@ -134,9 +134,7 @@ class TensorStore:
 
     def to(self, device: torch.device | str) -> TensorStore:
         """The same store with ``data`` on ``device`` (e.g. held on the GPU); the index tensors stay on the CPU."""
-        store = object.__new__(TensorStore)
-        store.__dict__.update(self.__dict__, data=self.data.to(device))
-        return store
+        return TensorStore(self.data.to(device), self.offsets, self.shapes, self.targets, self.paths)
 
     def resolve(self, indices: Tensor) -> tuple[Tensor, Tensor]:
         """Replace unreadable images by the next readable one: ``(indices [B], images skipped for each [B])``."""
