@@ -70,7 +70,8 @@ def test_every_pipeline_trains_from_shards_and_datasets(shard_dir: Path, dataset
 def test_evaluation_reads_the_checkpoints_dataset_and_split(image_root: Path, shard_dir: Path, dataset_dir: Path,
                                                             tmp_path: Path, capsys) -> None:
     out = tmp_path / "run"
-    assert train.main(tiny_args(tmp_path, out, *source_args("hfds", shard_dir, dataset_dir), "target_key=label")) == 0
+    assert train.main(tiny_args(tmp_path, out, *source_args("hfds", shard_dir, dataset_dir), "target_key=label",
+                                "--epochs", "1")) == 0
     best = str(out / "best.pth")
     assert load_trained(best).target_key == "label"  # evaluation reads labels where training did
     assert evaluate.main(["--checkpoint", best, "--output", str(tmp_path / "eval"), "--workers", "0"]) == 0
@@ -172,7 +173,7 @@ def test_a_dataset_in_the_folders_order_trains_to_the_folders_weights(image_root
                                                                       tmp_path: Path) -> None:
     """imagefolder keeps the folder's order within a class, and the images' bytes: the same samples in the same
     order, so the same batches and the same weights, whatever reads them."""
-    args = (*PIPELINES["per_image"], "model_ema=true")
+    args = (*PIPELINES["per_image"], "model_ema=true", "--epochs", "1", "model_kwargs.depth=1")
     assert train.main(tiny_args(image_root, tmp_path / "folder", *args)) == 0
     assert train.main(tiny_args(tmp_path, tmp_path / "dataset", *source_args("hfds", dataset_dir, dataset_dir),
                                 *args)) == 0
