@@ -1,6 +1,9 @@
 """Where a training process runs (``vit_rope.train.distributed``): one process is rank 0 of 1 and its collectives
 change nothing; two gloo ranks (forked, as under ``torchrun``) sum over each other and rank 0 goes first; CPU threads
-follow the explicit count, ``OMP_NUM_THREADS``, or this process's share of the cores."""
+follow the explicit count, ``OMP_NUM_THREADS``, or this process's share of the cores. In the same two ranks, the
+per-image pipeline with ``train_sizes`` and 2 loader workers each: the ranks agree on every step's size and batch
+length without talking, take disjoint shards of the data and refuse to start when their size settings differ (a DDP
+run resumed mid-epoch: test_train_datasets)."""
 
 from __future__ import annotations
 
@@ -13,9 +16,11 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from helpers.ddp import free_port, run_ranks
+from helpers.ddp import WORLD, free_port, run_ranks
+from helpers.training import PER_IMAGE, indexed_loaders
 from vit_rope.errors import UserError
-from vit_rope.train import distributed
+from vit_rope.train import distributed, loaders
+from vit_rope.train.config_checks import check_ranks_agree
 
 TORCHRUN_VARS = ("WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "SLURM_PROCID", "SLURM_NTASKS")
 
@@ -64,7 +69,7 @@ def test_cpu_threads_follow_the_count_then_omp_then_the_process_share(monkeypatc
     assert distributed.set_cpu_threads(0, workers=0) == 1  # left as set, not the share of 4
 
 
-def _two_ranks(rank: int, port: int, marker: Path) -> dict[str, Any]:
+def _two_ranks(rank: int, port: int, marker: Path, root: Path) -> dict[str, Any]:
     os.environ["MASTER_PORT"] = str(port)
     env = distributed.init_distributed("cpu")
     try:
@@ -74,18 +79,46 @@ def _two_ranks(rank: int, port: int, marker: Path) -> dict[str, Any]:
             seen = marker.exists()  # rank 0 creates it inside the block, before rank 1 may enter
             if env.is_main:
                 marker.write_text("rank 0 was here")
-        return {"env": (env.rank, env.world_size, env.is_main), "total": total.tolist(),
-                "own": values.tolist(), "seen": seen}
+        loader, _ = indexed_loaders(root, *PER_IMAGE, "batch_size=4", "train_sizes=[16, 24, 32]", "workers=2",
+                                    rank=rank, world_size=WORLD)
+        steps = {}
+        for epoch in (0, 1):
+            loaders.set_epoch(loader, epoch)
+            steps[epoch] = [(images.shape[-1], targets.tolist()) for images, targets, _ in loader]
+        refusal = None
+        try:  # a rank launched with other sizes: both must refuse before any step
+            check_ranks_agree({"train_sizes": [16, 32, 48] if rank == 0 else [16, 32, 64], "seed": 0}, WORLD)
+        except UserError as err:
+            refusal = str(err)
+        return {"env": (env.rank, env.world_size, env.is_main), "total": total.tolist(), "own": values.tolist(),
+                "seen": seen, "steps": steps, "shard": list(loader.batch_sampler.order), "refusal": refusal}
     finally:
         dist.destroy_process_group()
 
 
-def test_two_ranks_sum_over_each_other_and_rank_0_goes_first(tmp_path):
-    ranks = run_ranks(_two_ranks, tmp_path, free_port(), tmp_path / "marker")
+def test_two_ranks_sum_over_each_other_rank_0_goes_first_and_they_agree_on_every_step(image_root: Path,
+                                                                                     tmp_path: Path) -> None:
+    ranks = run_ranks(_two_ranks, tmp_path, free_port(), tmp_path / "marker", image_root)
     assert [rank["env"] for rank in ranks] == [(0, 2, True), (1, 2, False)]
     assert all(rank["total"] == [3.0, 30.0] for rank in ranks)
     assert [rank["own"] for rank in ranks] == [[1.0, 10.0], [2.0, 20.0]]  # the input is not summed in place
     assert [rank["seen"] for rank in ranks] == [False, True]
+    # the per-image pipeline with train_sizes, 2 workers a rank
+    for epoch in (0, 1):
+        shapes = [[(size, len(targets)) for size, targets in rank["steps"][epoch]] for rank in ranks]
+        assert shapes[0] == shapes[1] and len(shapes[0]) == 3  # 24 images / 2 ranks / 4: 3 steps per epoch
+        seen = [{i for _, targets in rank["steps"][epoch] for i in targets} for rank in ranks]
+        assert not seen[0] & seen[1]  # each image on one rank only
+    assert len({size for epoch in (0, 1) for size, _ in ranks[0]["steps"][epoch]}) > 1
+    assert not set(ranks[0]["shard"]) & set(ranks[1]["shard"])  # the shards are disjoint and cover the data
+    assert sorted(ranks[0]["shard"] + ranks[1]["shard"]) == list(range(24))
+    for rank in ranks:  # each step takes its shard's order, as one process would
+        flat = [i for _, targets in rank["steps"][1] for i in targets]
+        assert flat == [rank["shard"][i % 12] for i in range(len(flat))]
+    assert ranks[0]["refusal"] == ranks[1]["refusal"] == (
+        "the DDP ranks do not agree on train_sizes (rank 0: [16, 32, 48], rank 1: [16, 32, 64]); each rank derives "
+        "every step's size, images and checkpoints from these, so launch every rank with the same config, "
+        "command-line overrides and data")
 
 
 @pytest.mark.parametrize("enabled", [False, True])

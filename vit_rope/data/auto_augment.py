@@ -49,15 +49,6 @@ def make_safe(transform: T) -> T:
     return transform
 
 
-def magnitude_ends(op: AugmentOp) -> tuple[float, ...]:
-    """The smallest and largest magnitude ``op`` can pass to its level function (``AugmentOp.__call__``)."""
-    upper = op.magnitude_max or _LEVEL_DENOM
-    own = max(0.0, min(float(op.magnitude), upper))
-    if op.magnitude_std == float("inf"):
-        return 0.0, own
-    return (0.0, upper) if op.magnitude_std > 0 else (own,)
-
-
 def failures(transform: Any) -> list[str]:
     """Each op of ``transform`` that raises at an end of its magnitude range (timm's level functions are monotonic,
     so the ends bound every argument), with both signs and every interpolation the op picks from."""
@@ -68,7 +59,11 @@ def failures(transform: Any) -> list[str]:
         for op in augment_ops(transform):
             resample = op.kwargs.get("resample")
             modes = resample if isinstance(resample, (list, tuple)) else (resample,)
-            for magnitude, seed, mode in itertools.product(magnitude_ends(op), (0, 1), modes):
+            # the smallest and largest magnitude op can pass to its level function (AugmentOp.__call__)
+            upper = op.magnitude_max or _LEVEL_DENOM
+            own = max(0.0, min(float(op.magnitude), upper))
+            ends = (0.0, own) if op.magnitude_std == float("inf") else (0.0, upper) if op.magnitude_std > 0 else (own,)
+            for magnitude, seed, mode in itertools.product(ends, (0, 1), modes):
                 random.seed(seed)  # the sign of the level functions' _randomly_negate
                 args = op.level_fn(magnitude, op.hparams) if op.level_fn is not None else ()
                 try:

@@ -9,7 +9,7 @@ import functools
 import hashlib
 import os
 from pathlib import Path
-from typing import Any, BinaryIO, Protocol
+from typing import Any
 
 import numpy as np
 import torch
@@ -18,16 +18,9 @@ from torch.utils.data import DataLoader
 
 from vit_rope.weights import atomic_save
 
-
-class Stored(Protocol):
-    """An image inside a container: ``shard_reader.TarMember``, ``hf_datasets.DatasetRow`` (else a file path)."""
-
-    def open(self) -> BinaryIO: ...
-
-    def fingerprint(self) -> tuple[Any, ...]: ...
-
-
-Source = str | Stored
+# an image: a file's path (str), or one inside a container (shard_reader.TarMember, hf_datasets.DatasetRow), which
+# has open() -> BinaryIO and fingerprint() -> tuple
+Source = Any
 
 
 def fingerprint(source: Source) -> tuple[Any, ...]:

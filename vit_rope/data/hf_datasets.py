@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any, BinaryIO, NamedTuple
 
 from vit_rope._requires import require
-from vit_rope.data.labels import labelled_samples
+from vit_rope.data.shard_reader import labelled_samples
 from vit_rope.errors import UserError
 
 

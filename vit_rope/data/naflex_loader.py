@@ -83,18 +83,14 @@ class NaFlexLoader:
     """Batches ``(inputs, targets, skipped)`` from timm's ``NaFlexPrefetchLoader``, patch erasing seeded per step."""
 
     def __init__(self, loader: DataLoader, mean: tuple[float, ...], std: tuple[float, ...], device: torch.device,
-                 erasing: PatchRandomErasing | None = None, seed: int = 0, rank: int = 0, channels: int = 3) -> None:
-        self.loader, self.erasing, self.seed, self.rank, self.channels = loader, erasing, seed, rank, channels
-        self.prefetch = NaFlexPrefetchLoader(loader, mean=mean, std=std, channels=channels, device=device)
+                 erasing: PatchRandomErasing | None = None, seed: int = 0, rank: int = 0) -> None:
+        self.loader, self.erasing, self.seed, self.rank = loader, erasing, seed, rank
+        self.prefetch = NaFlexPrefetchLoader(loader, mean=mean, std=std, device=device)
+        self.steps = loader.dataset if isinstance(loader.dataset, NaFlexSteps) else None  # None: a validation loader
         self.epoch, self.start = 0, 0
 
     def __len__(self) -> int:
         return len(self.loader)
-
-    @property
-    def steps(self) -> NaFlexSteps | None:
-        """The training schedule, None for a validation loader."""
-        return self.loader.dataset if isinstance(self.loader.dataset, NaFlexSteps) else None
 
     def set_epoch(self, epoch: int, start_step: int = 0) -> None:
         self.steps.set_epoch(epoch, start_step)
@@ -117,6 +113,6 @@ class NaFlexLoader:
         with global_rng_kept(), torch.random.fork_rng(devices=devices, device_type=patches.device.type):
             random.seed(seed)
             torch.manual_seed(seed)
-            erased = self.erasing(patches.view(*patches.shape[:2], -1, self.channels),  # [B, N, P*P, C]
+            erased = self.erasing(patches.view(*patches.shape[:2], -1, 3),  # [B, N, P*P, C]
                                   patch_coord=inputs["patch_coord"], patch_valid=inputs.get("patch_valid"))
         return erased.view(patches.shape)

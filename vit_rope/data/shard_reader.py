@@ -1,6 +1,7 @@
 """WebDataset shards (timm's ``wds/`` layout) read by random access: each sample located once by an index of the shards'
 headers, then read with one ``pread``. Unlike timm's streaming reader, an epoch is then a permutation of (seed, epoch),
-each sample read once, and a run resumes mid-epoch to the same batches (docs/data.md)."""
+each sample read once, and a run resumes mid-epoch to the same batches (docs/data.md). Shards and datasets label
+their samples with class indices, not folders: ``labelled_samples`` checks them against the train split's classes."""
 
 from __future__ import annotations
 
@@ -15,16 +16,15 @@ import re
 import socket
 import tarfile
 import threading
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from vit_rope.data.labels import labelled_samples
 from vit_rope.errors import UserError
 
 _log = logging.getLogger(__name__)
 IMAGE_KEYS = ("jpg", "jpeg", "png", "webp", "bmp", "tif", "tiff", "gif", "ppm")  # member extensions tried in order
-INFO_FILES = ("_info.json", "info.json")
 _OPEN_LIMIT = 64  # shards a process keeps open: well under the usual limit of 1,024 descriptors
 
 
@@ -83,7 +83,7 @@ def expand_braces(pattern: str) -> list[str]:
 
 def load_info(root: Path) -> dict[str, Any]:
     """The ``_info.json`` of a shard folder (timm's name; ``info.json`` too), or ``{}`` when there is none."""
-    for name in INFO_FILES:
+    for name in ("_info.json", "info.json"):
         file = root / name
         if file.is_file():
             try:
@@ -246,3 +246,21 @@ def find_shard_samples(root: Path, split: str, classes: list[str] | None, split_
                for key, offset, size, label in zip(index.keys, index.offsets, index.sizes, index.labels, strict=True)]
     return labelled_samples(samples, info.get("classes"), classes, f"split '{split}' of {root}", split_key)
 
+
+def labelled_samples(samples: list[tuple[Any, int]], names: Sequence[str] | None, classes: list[str] | None,
+                     where: str, split_key: str) -> tuple[list[tuple[Any, int]], list[str]]:
+    """``(samples, classes)`` of a split whose labels are class indices, sorted by class as a folder's are; samples of a
+    negative label (Hugging Face's -1) are left out with a warning, as timm's readers skip them."""
+    kept = [sample for sample in samples if sample[1] >= 0]
+    if not kept:
+        raise UserError(f"{where} has no labelled samples ({len(samples)} in all); check {split_key}")
+    if len(kept) < len(samples):
+        _log.warning("%s: %d of %d samples have no label (a negative one) and are left out", where,
+                     len(samples) - len(kept), len(samples))
+    largest = max(label for _, label in kept)
+    if classes is None:
+        classes = list(names) if names else [str(i) for i in range(largest + 1)]
+    if largest >= len(classes):
+        raise UserError(f"{where} has label {largest}, outside the {len(classes)} classes of the train split (0 to "
+                        f"{len(classes) - 1}): a split of another data set, or a train split without some classes")
+    return sorted(kept, key=lambda sample: sample[1]), classes

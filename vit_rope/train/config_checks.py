@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import difflib
 import math
 import warnings
@@ -13,11 +12,10 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from timm.data import create_transform
-from timm.data.transforms import interp_mode_to_str
+from timm.data.transforms import _str_to_torch_interpolation
 from timm.optim import list_optimizers
 from timm.scheduler import create_scheduler_v2
 from torch import nn
-from torchvision.transforms import InterpolationMode
 
 from vit_rope.checks import check_output_dir
 from vit_rope.data.auto_augment import safe_transform
@@ -45,18 +43,6 @@ _RANGES: tuple[tuple[Callable[[float], bool], str, tuple[str, ...]], ...] = (
 _SCHEDULERS = ("cosine", "tanh", "step", "multistep", "plateau", "poly")  # the ones base.yaml documents
 
 
-def _check_dataset(cfg: Config) -> None:
-    """``dataset`` a kind this toolkit reads, with the ``data_dir`` it needs and only the keys it uses."""
-    kind = dataset_kind(cfg.dataset)
-    if kind and not cfg.data_dir:
-        raise UserError(f"dataset {cfg.dataset} reads data_dir, which is not set: set data_dir to the folder of "
-                        + ("the shards and _info.json" if kind == "wds" else "the dataset"))
-    unused = [key for key in ("input_key", "target_key") if getattr(cfg, key) is not None]
-    if unused and not kind:
-        raise UserError(f"{' and '.join(unused)} name where shards or a dataset keep images and labels, and an image "
-                        "folder has neither: remove them, or set dataset to wds/<name> or hfds/<name>")
-
-
 def check_config(cfg: Config) -> None:
     """Raise a ``UserError`` for the first value of ``cfg`` out of its range or unknown to timm."""
     check_output_dir(cfg.output, "output")
@@ -81,7 +67,14 @@ def check_config(cfg: Config) -> None:
                             "train_sizes, or set token_budget=false")
     if cfg.naflex:
         _check_naflex(cfg)
-    _check_dataset(cfg)
+    kind = dataset_kind(cfg.dataset)  # a kind this toolkit reads, with the data_dir it needs and the keys it uses
+    if kind and not cfg.data_dir:
+        raise UserError(f"dataset {cfg.dataset} reads data_dir, which is not set: set data_dir to the folder of "
+                        + ("the shards and _info.json" if kind == "wds" else "the dataset"))
+    unused = [key for key in ("input_key", "target_key") if getattr(cfg, key) is not None]
+    if unused and not kind:
+        raise UserError(f"{' and '.join(unused)} name where shards or a dataset keep images and labels, and an image "
+                        "folder has neither: remove them, or set dataset to wds/<name> or hfds/<name>")
     if cfg.warmup_epochs >= cfg.epochs > 0:
         warnings.warn(f"warmup_epochs {cfg.warmup_epochs} is not less than the {cfg.epochs} epochs of the run, so the "
                       f"learning rate never reaches lr={cfg.lr}; lower warmup_epochs below {cfg.epochs}",
@@ -95,11 +88,15 @@ def check_config(cfg: Config) -> None:
     if cfg.sched == "plateau" and cfg.val_interval != 1:
         raise UserError(f"sched=plateau steps on every epoch's val top-1, so it needs val_interval=1, got "
                         f"val_interval={cfg.val_interval}; set val_interval=1 or choose another sched (cosine, ...)")
-    _check_optimizer(cfg.opt)
+    names, parts = list_optimizers(), cfg.opt.lower().split("_")
+    if parts[-1] not in names or parts[:-1] not in ([], ["lookahead"]):  # timm: lookahead_<name> wraps <name>
+        closest = difflib.get_close_matches(parts[-1], names, n=1, cutoff=0)[0]
+        raise UserError(f"unknown optimizer opt={cfg.opt}; did you mean opt={closest}? (timm.optim.list_optimizers() "
+                        "lists them; lookahead_<name> wraps one in Lookahead)")
     _check_scheduler(cfg)
-    if cfg.interpolation is not None and cfg.interpolation not in _interpolations():
-        raise UserError(f"config key 'interpolation' must be one of {', '.join(_interpolations())} or null (the "
-                        f"model's default), got {cfg.interpolation!r}")
+    if cfg.interpolation is not None and cfg.interpolation not in _str_to_torch_interpolation:  # timm's names
+        raise UserError(f"config key 'interpolation' must be one of {', '.join(_str_to_torch_interpolation)} or "
+                        f"null (the model's default), got {cfg.interpolation!r}")
     if cfg.auto_augment is not None:
         try:  # timm parses the string, then every op runs at its extreme magnitudes (vit_rope.data.auto_augment)
             safe_transform(lambda aa: create_transform(input_size=cfg.img_size, is_training=True, auto_augment=aa,
@@ -125,17 +122,6 @@ def _check_naflex(cfg: Config) -> None:
         raise UserError(f"naflex=true does not go with {conflicts[0]}, or naflex=false")
 
 
-def _check_optimizer(opt: str) -> None:
-    """timm's ``create_optimizer_v2`` reads ``lookahead_<name>`` as Lookahead around ``<name>``."""
-    names = list_optimizers()
-    parts = opt.lower().split("_")
-    if parts[-1] in names and parts[:-1] in ([], ["lookahead"]):
-        return
-    closest = difflib.get_close_matches(parts[-1], names, n=1, cutoff=0)[0]
-    raise UserError(f"unknown optimizer opt={opt}; did you mean opt={closest}? (timm.optim.list_optimizers() lists "
-                    "them; lookahead_<name> wraps one in Lookahead)")
-
-
 def scheduler_args(cfg: Config) -> dict[str, Any]:
     """``create_scheduler_v2``'s arguments but ``updates_per_epoch`` (``plateau`` steps on epochs' val top-1)."""
     return dict(sched=cfg.sched, num_epochs=cfg.epochs, warmup_epochs=cfg.warmup_epochs, warmup_lr=cfg.warmup_lr,
@@ -159,15 +145,6 @@ def _check_scheduler(cfg: Config) -> None:
     if scheduler is None:
         raise UserError(f"sched={cfg.sched} builds no schedule, and train.py steps one every update; pick one of "
                         f"{', '.join(_SCHEDULERS)} (sched=step with decay_rate=1 keeps the lr fixed)")
-
-
-def _interpolations() -> list[str]:
-    """The names timm's ``str_to_interp_mode`` takes, in torchvision's order."""
-    names = []
-    for mode in InterpolationMode:
-        with contextlib.suppress(KeyError):
-            names.append(interp_mode_to_str(mode))
-    return names
 
 
 def check_ranks_agree(settings: dict[str, Any], world_size: int) -> None:

@@ -144,15 +144,10 @@ def train_one_epoch(model: nn.Module, loader: DataLoader, optimizer: torch.optim
     # every rank draws the same batch lengths and sizes (vit_rope.data.steps): one count x world_size is the total
     return {"train_loss": totals.loss_sum / totals.steps, "lr": optimizer.param_groups[0]["lr"],
             "images_per_s": seen * env.world_size / seconds, "tokens_per_s": tokens * env.world_size / seconds,
-            "sizes": " ".join(_size_name(h, w, n) for (h, w), n in sorted(totals.sizes.items())),
+            # 64:12 (square), 64x96:12, or 256t:12 (NaFlex steps of sequence length 256)
+            "sizes": " ".join(f"{h}t:{n}" if w == 0 else f"{h}:{n}" if h == w else f"{h}x{w}:{n}"
+                              for (h, w), n in sorted(totals.sizes.items())),
             "padding": 1 - valid / slots, "skipped": totals.skipped}
-
-
-def _size_name(height: int, width: int, steps: int) -> str:
-    """``64:12`` (square), ``64x96:12`` or ``256t:12`` (NaFlex steps of sequence length 256)."""
-    if width == 0:
-        return f"{height}t:{steps}"
-    return f"{height}:{steps}" if height == width else f"{height}x{width}:{steps}"
 
 
 @torch.inference_mode()
