@@ -1,4 +1,4 @@
-"""The attention-bias models (LookHere, 2D-ALiBi) in the tools: ONNX export served at other sizes, the harness's policy
+"""The attention-bias models (LookHere, 2D-ALiBi) in the tools (their ONNX export: test_export.py): the harness's policy
 check, ``vit_rope.diagnose`` (attention entropy with the bias; no frequencies to cover), and the factory that
 train.py's ``model`` / ``model_kwargs`` go through (a YAML LookHere ``config`` preset or dict in ``encoding_options``; a
 bad one is one error)."""
@@ -9,33 +9,17 @@ import json
 import math
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 
-from helpers.models import onnx_session, tiny
+from helpers.models import tiny
 from vit_rope.errors import UserError
-from vit_rope.eval import onnx as export
 from vit_rope.eval.diagnostics import attention_entropy, main
 from vit_rope.eval.harness import check_sizes
 from vit_rope.eval.loading import EvalModel
 from vit_rope.models.factory import create_model
 
 LOOKHERE = "vit_rope_tiny_patch16_lookhere_224"
-
-
-@pytest.mark.parametrize("name,kwargs", [(LOOKHERE, {"encoding_options": {"config": "lh90"}, "reg_tokens": 1}),
-                                         ("vit_rope_tiny_patch16_alibi_224", {})])
-def test_onnx_export_serves_other_sizes(tmp_path: Path, name: str, kwargs: dict) -> None:
-    model = tiny(name, depth=1, **kwargs).eval()  # a second block would trace the same ops again
-    result = export.export_onnx(model, tmp_path / "model.onnx", img_size=(64, 64))
-    session = onnx_session(result.path)
-    for batch, (h, w) in [(1, (64, 64)), (2, (96, 48)), (1, (128, 80))]:
-        x = torch.randn(batch, 3, h, w)
-        with torch.no_grad():
-            expected = model(x).numpy()
-        assert np.abs(expected).max() > 0.1
-        np.testing.assert_allclose(session.run(None, {"images": x.numpy()})[0], expected, rtol=1e-4, atol=1e-4)
 
 
 def test_harness_refuses_policies_without_meaning_for_a_bias() -> None:
