@@ -11,8 +11,7 @@ import timm
 import torch
 
 from vit_rope.errors import UserError
-from vit_rope.eval.ablation import without_positions
-from vit_rope.eval.diagnostics import attention_entropy, main
+from vit_rope.eval.diagnostics import attention_entropy, main, without_positions
 from vit_rope.eval.harness import check_sizes
 from vit_rope.eval.loading import EvalModel
 

@@ -16,7 +16,7 @@ from vit_rope.checks import check_multiple, resolve_device
 from vit_rope.data.splits import find_split, split_label
 from vit_rope.encodings.policies import POLICIES
 from vit_rope.errors import UserError
-from vit_rope.eval import memory, windows
+from vit_rope.eval import extraction, windows
 from vit_rope.eval import token_budget as naflex
 from vit_rope.eval.extraction import Runs, TrainFeatures, check_feature_memory, forward_split, subset, train_split
 from vit_rope.eval.loading import EvalModel, check_loaded
@@ -155,15 +155,15 @@ def evaluate_models(models: Sequence[EvalModel], data_dir: str | Path, img_sizes
     for entry in models:
         entry.model.to(device).eval()
     indices = subset(len(samples), limit)
-    free, cpu, asked = memory.free_bytes(device), device != "cuda", min(batch_size, len(indices))
+    free, cpu, asked = extraction.free_bytes(device), device != "cuda", min(batch_size, len(indices))
     fixed_settings = [square_setting(size, crop_pct, [i for i, need in enumerate(needs) if size in need])
                       for size in fixed]
     if train:  # at most: per run, the features of its fixed sizes, the bank at one setting, the val features there
         free -= check_feature_memory({row: widths[i] for row, (i, _) in enumerate(runs.runs)}, len(train.indices),
                                      len(indices), {row: len(needs[i]) for row, (i, _) in enumerate(runs.runs)},
                                      knn and not bank, free)
-    batch_sizes = [memory.fit_batch([(models[i].label, models[i].model) for i in setting.models], setting.name,
-                                    setting.fields, asked, free, 4 if cpu else 2, 2 * workers * cpu)  # bf16 on CUDA
+    batch_sizes = [extraction.fit_batch([(models[i].label, models[i].model) for i in setting.models], setting.name,
+                                        setting.fields, asked, free, 4 if cpu else 2, 2 * workers * cpu)  # bf16 on CUDA
                    for setting in settings + fixed_settings]
     for setting, batch in zip(settings + fixed_settings, batch_sizes, strict=True):
         if batch < asked:
