@@ -27,10 +27,6 @@ class ExportError(RuntimeError):
     """The written ONNX file does not reproduce the eager model."""
 
 
-class ExportInputError(ValueError):
-    """An argument that cannot be exported (size, batch, policy); the message says which and what to use."""
-
-
 @dataclass(frozen=True)
 class OnnxExport:
     """A written ONNX file and, for each checked ``(batch, H, W)``, the max ``|ONNX Runtime - eager|``."""
@@ -51,12 +47,12 @@ def check_img_size(model: nn.Module, img_size: tuple[int, int]) -> tuple[int, in
     """The patch size, if both sides are two whole patches or more (torch.export fixes a dimension of size 1)."""
     patch = getattr(getattr(model, "patch_embed", None), "patch_size", None)
     if patch is None:
-        raise ExportInputError(f"{type(model).__name__} has no patch_embed.patch_size: only ViTs export here")
+        raise UserError(f"{type(model).__name__} has no patch_embed.patch_size: only ViTs export here")
     (ph, pw), (h, w) = patch, img_size
     if h % ph or w % pw or h < 2 * ph or w < 2 * pw:
         near = f"{max(2 * ph, round(h / ph) * ph)}x{max(2 * pw, round(w / pw) * pw)}"
-        raise ExportInputError(f"image size {h}x{w} (HxW) must be a multiple of the patch size {ph}x{pw}, with at "
-                               f"least two patches per side: use e.g. {near}")
+        raise UserError(f"image size {h}x{w} (HxW) must be a multiple of the patch size {ph}x{pw}, with at least "
+                        f"two patches per side: use e.g. {near}")
     return ph, pw
 
 
@@ -71,8 +67,8 @@ def export_program(model: nn.Module, img_size: tuple[int, int] = (224, 224), bat
     with ``P`` folded into its qkv weights, so the graph has no solve."""
     ph, pw = check_img_size(model, img_size)
     if batch_size < 2:
-        raise ExportInputError(f"batch_size {batch_size}: trace with 2 or more images (torch.export fixes a batch "
-                               "of 1 as a constant); the exported batch stays dynamic")
+        raise UserError(f"batch_size {batch_size}: trace with 2 or more images (torch.export fixes a batch of 1 "
+                        "as a constant); the exported batch stays dynamic")
     dims = ({0: Dim("batch", min=1), 2: ph * Dim("grid_h", min=1), 3: pw * Dim("grid_w", min=1)},)
     if hasattr(model, "fold_encoding_"):  # what folds (STRING's basis) is written into a copy's weights
         model = copy.deepcopy(model)
@@ -186,7 +182,7 @@ def main(argv: list[str] | None = None) -> int:
         sides = args.img_size or [entry.train_size]
         result = export_onnx(model, args.output, img_size=(sides[0], sides[-1]), batch_size=args.batch_size,
                              opset=args.opset)
-    except (UserError, ExportInputError, ModuleNotFoundError, ExportError) as err:
+    except (UserError, ModuleNotFoundError, ExportError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 1 if isinstance(err, ExportError) else 2
     patch = "x".join(map(str, model.patch_embed.patch_size))
