@@ -62,7 +62,7 @@ from vit_rope.encodings.base import image_positions  # noqa: E402
 from vit_rope.encodings.generators.comrope import ComRoPE  # noqa: E402
 from vit_rope.encodings.generators.liere import LieRE  # noqa: E402
 from vit_rope.eval import report  # noqa: E402
-from vit_rope.eval.from_checkpoint import create_from_checkpoint  # noqa: E402
+from vit_rope.eval.loading import create_from_checkpoint  # noqa: E402
 from vit_rope.layers.attention import RoPEAttention  # noqa: E402
 from vit_rope.train.distributed import flushed_subnormals  # noqa: E402
 

@@ -5,7 +5,7 @@ Importing the package registers the ``vit_rope_*`` models with timm; subpackages
 
 from vit_rope import _requires  # noqa: F401  (checks timm's version before anything imports timm's models)
 from vit_rope.encodings.rope.tables import RoPE2D
-from vit_rope.eval.from_checkpoint import create_from_checkpoint
+from vit_rope.eval.loading import create_from_checkpoint
 from vit_rope.layers.fused import rotate_qk
 from vit_rope.layers.rotary import apply_rope, grid_positions
 from vit_rope.models import registry  # noqa: F401  (registers the models with timm)

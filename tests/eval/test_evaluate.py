@@ -256,8 +256,14 @@ def test_model_options_without_a_model_are_a_usage_error(option: list[str], chec
     assert f"{option[0]} goes with --model" in capsys.readouterr().err
 
 
-def test_without_img_sizes_each_model_is_evaluated_at_its_training_size(checkpoint: Path, image_root: Path,
-                                                                        tmp_path: Path) -> None:
+def test_without_img_sizes_each_model_is_evaluated_at_its_training_size_and_budgets_alone_at_none(
+        checkpoint: Path, image_root: Path, tmp_path: Path, capsys) -> None:
+    """--seq-lens without --img-sizes: the budgets asked for, not the training size besides."""
     assert run("--checkpoint", str(checkpoint), "--data-dir", str(image_root), "--output", str(tmp_path / "e")) == 0
     rows = json.loads((tmp_path / "e" / "results.json").read_text())["results"]
     assert {row["img_size"] for row in rows} == {32} and all(row["train_size"] == 32 for row in rows)
+    assert run("--checkpoint", str(checkpoint), "--data-dir", str(image_root), "--seq-lens", "4", "--limit", "3",
+               "--output", str(tmp_path / "budgets")) == 0
+    assert "sizes []; budgets [4];" in capsys.readouterr().out
+    rows = json.loads((tmp_path / "budgets" / "results.json").read_text())["results"]
+    assert [(row["img_size"], row["seq_len"]) for row in rows] == [(None, 4)]

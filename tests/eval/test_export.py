@@ -1,9 +1,10 @@
 """ONNX export: one file, exported once at 64x64, serves other batches and sizes (non-square too) as eager does.
 
-Each model variant (mixed + APE, axial + APE + registers, DINOv3) is exported once per module; 1-block tiny models
-with LayerScale at 1, so that attention and RoPE visibly shape the output (a second block would trace the same ops
-again). The command line is run from a timm model name (plain axial) and from a ``train.py`` checkpoint
-(``helpers.evaluation.write_checkpoint``, plain mixed under a policy).
+Each model variant (mixed + APE + registers, DINOv3, the attention biases LookHere and 2D-ALiBi) is exported once per
+module, its torch.export program kept for the checks before ONNX; 1-block tiny models with LayerScale at 1, so that
+attention and the encoding visibly shape the output (a second block would trace the same ops again). The command line
+is run from a timm model name (plain axial) and from a ``train.py`` checkpoint (``helpers.evaluation.write_checkpoint``,
+plain mixed under yarn, whose factors hold interpolate's division by the grid's scale and a temperature).
 """
 
 from __future__ import annotations
@@ -27,12 +28,15 @@ EXPORT_SIZE = (64, 64)
 SIZES = [(64, 64), (96, 48), (128, 80)]  # the export size, non-square, larger than the export in both sides
 VARIANTS = {
     # plain axial: the command-line export of a --model below; plain mixed: the checkpoint's
-    "mixed_ape": ("vit_rope_tiny_patch16_mixed_ape_224", {}),
-    "axial_ape_registers": ("vit_rope_tiny_patch16_axial_ape_224", {"reg_tokens": 2}),
+    "mixed_ape_registers": ("vit_rope_tiny_patch16_mixed_ape_224", {"reg_tokens": 2}),
     # DINOv3: normalised coordinates, 4 registers, SwiGLU, qkv bias (narrowed to tiny's width for speed)
     "dinov3": ("vit_rope_small_plus_patch16_dinov3_qkvb", {"embed_dim": 192, "num_heads": 3}),
+    # the biases' dense penalties per sample (a capture's path), LookHere's with a register beside the class token
+    "lookhere": ("vit_rope_tiny_patch16_lookhere_224", {"encoding_options": {"config": "lh90"}, "reg_tokens": 1}),
+    "alibi": ("vit_rope_tiny_patch16_alibi_224", {}),
 }
 ATOL = 1e-4
+real_program = export.export_program
 
 
 def images(batch: int, h: int, w: int) -> torch.Tensor:
@@ -50,17 +54,26 @@ def eager(model: torch.nn.Module, x: torch.Tensor) -> np.ndarray:
 
 @pytest.fixture(scope="module", params=list(VARIANTS))
 def exported(request, tmp_path_factory):
-    """(model, export result, ONNX Runtime session, model.training right after the export) for one variant."""
+    """(model, export result, ONNX Runtime session, model.training right after the export, the torch.export program
+    the file was written from) for one variant."""
     name, kwargs = VARIANTS[request.param]
-    model = tiny(name, depth=1, **kwargs)
-    result = export.export_onnx(model, tmp_path_factory.mktemp(request.param) / "model.onnx", img_size=EXPORT_SIZE)
-    return model, result, onnx_session(result.path), model.training
+    model, programs = tiny(name, depth=1, **kwargs), []
+
+    def kept(*args):  # the program export_onnx writes the file from
+        programs.append(real_program(*args))
+        return programs[-1]
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(export, "export_program", kept)
+        result = export.export_onnx(model, tmp_path_factory.mktemp(request.param) / "model.onnx",
+                                    img_size=EXPORT_SIZE)
+    return model, result, onnx_session(result.path), model.training, programs[0]
 
 
 @pytest.mark.parametrize("batch", [1, 3])
 @pytest.mark.parametrize("size", SIZES, ids=[f"{h}x{w}" for h, w in SIZES])
 def test_onnx_matches_eager(exported, size: tuple[int, int], batch: int) -> None:
-    model, _, sess, _ = exported
+    model, _, sess, _, _ = exported
     x = images(batch, *size)
     expected, got = eager(model, x), run_onnx(sess, x)
     assert got.shape == expected.shape == (batch, 5)
@@ -72,7 +85,7 @@ def test_onnx_matches_eager(exported, size: tuple[int, int], batch: int) -> None
 def test_export_result_and_graph(exported) -> None:
     """Diffs at the export size and a second, non-square size; the graph's batch, height and width are symbolic;
     the model's training mode is left as it was; weights are inside the one file."""
-    model, result, _, training_after = exported
+    model, result, _, training_after, _ = exported
     assert training_after is True
     assert set(result.diffs) == {(2, 64, 64), (3, 96, 64)}
     assert all(0 <= diff < ATOL for diff in result.diffs.values())
@@ -85,10 +98,9 @@ def test_export_result_and_graph(exported) -> None:
     assert not list(result.path.parent.glob("*.data"))
 
 
-def test_export_program_runs_at_other_sizes() -> None:
+def test_export_program_runs_at_other_sizes(exported) -> None:
     """The torch.export program (before ONNX) takes other batches and sizes and matches eager."""
-    model = tiny("vit_rope_tiny_patch16_mixed_224", depth=1)
-    program = export.export_program(model, EXPORT_SIZE, batch_size=2).module()
+    model, program = exported[0], exported[4].module()
     for batch, (h, w) in [(1, (96, 48)), (3, (128, 80))]:
         x = images(batch, h, w)
         with torch.no_grad():
@@ -106,12 +118,11 @@ def test_cli_from_model_name(tmp_path: Path, capsys) -> None:
     assert run_onnx(onnx_session(out), images(1, 80, 64)).shape == (1, 4)
 
 
-@pytest.mark.parametrize("policy", ["interpolate", "yarn"])
-def test_cli_from_checkpoint_with_policy(tmp_path: Path, capsys, policy: str) -> None:
+def test_cli_from_checkpoint_with_policy(tmp_path: Path, capsys) -> None:
     """A train.py checkpoint (trained at 32 px), exported at its training size under a policy: the file still
-    follows the policy at other sizes, where the policy changes the logits (yarn's attention temperature too, a
-    tensor of the grid)."""
-    checkpoint = write_checkpoint(tmp_path / "best.pth")
+    follows the policy at other sizes, where the policy changes the logits (yarn: its factors and its attention
+    temperature are tensors of the grid)."""
+    checkpoint, policy = write_checkpoint(tmp_path / "best.pth"), "yarn"
     out = tmp_path / "model.onnx"
     assert export.main(["--checkpoint", str(checkpoint), "--policy", policy, "--output", str(out)]) == 0
     assert "2 x 32x32 images" in capsys.readouterr().out
@@ -130,23 +141,17 @@ def test_cli_from_checkpoint_with_policy(tmp_path: Path, capsys, policy: str) ->
     (["--batch-size", "1"], "batch_size 1"),
     (["--policy", "nearest"], "unknown RoPE policy 'nearest'"),
     (["--output", "."], "--output . is a folder: name the ONNX file to write, e.g. model.onnx"),
+    # random weights in a file meant for deployment are a mistake unless asked for, as in vit_rope.evaluate
+    (None, "--model vit_rope_tiny_patch16_mixed_224 has no weights, so the command would export its random "
+           "initialisation: pass --pretrained-file PATH or --model-kwargs pretrained=true for timm's published "
+           "weights, or --random-init to export random weights on purpose"),
 ])
-def test_cli_rejects_bad_input(tmp_path: Path, capsys, args: list[str], message: str) -> None:
+def test_cli_rejects_bad_input(tmp_path: Path, capsys, args: list[str] | None, message: str) -> None:
     out = tmp_path / "model.onnx"
-    code = export.main(["--model", "vit_rope_tiny_patch16_mixed_224", "--model-kwargs", "depth=1", "--random-init",
-                        "--output", str(out), *args])
+    code = export.main(["--model", "vit_rope_tiny_patch16_mixed_224", "--model-kwargs", "depth=1", "--output",
+                        str(out), *(["--random-init", *args] if args is not None else [])])
     err = capsys.readouterr().err
     assert code == 2 and err.startswith("error: ") and message in err
-    assert not out.exists()
-
-
-def test_a_model_without_weights_needs_random_init(tmp_path: Path, capsys) -> None:
-    """Random weights in a file meant for deployment are a mistake unless asked for, as in vit_rope.evaluate."""
-    out = tmp_path / "m.onnx"
-    assert export.main(["--model", "vit_rope_tiny_patch16_mixed_224", "--model-kwargs", "depth=1", "--output",
-                        str(out)]) == 2
-    err = capsys.readouterr().err
-    assert err.startswith("error: --model vit_rope_tiny_patch16_mixed_224 has no weights") and "--random-init" in err
     assert not out.exists()
 
 

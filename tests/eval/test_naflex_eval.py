@@ -114,15 +114,6 @@ def test_the_command_writes_both_protocols_rows(image_root: Path, tmp_path: Path
     assert (out / "accuracy_vs_resolution.png").stat().st_size > 1000
 
 
-def test_budgets_alone_evaluate_no_square_size(image_root: Path, tmp_path: Path, capsys) -> None:
-    """--seq-lens without --img-sizes: the budgets asked for, not the default 224 px besides."""
-    assert run("--checkpoint", str(write_checkpoint(tmp_path / "best.pth")), "--data-dir", str(image_root),
-               "--seq-lens", "4", "--limit", "3", "--output", str(tmp_path / "eval")) == 0
-    assert "sizes []; budgets [4];" in capsys.readouterr().out
-    results = json.loads((tmp_path / "eval" / "results.json").read_text())["results"]
-    assert [(r["img_size"], r["seq_len"]) for r in results] == [(None, 4)]
-
-
 @pytest.mark.parametrize("case, message", [
     ("zero", "error: --seq-lens 0 is below one patch: a token budget is the most patches an image is cut into"),
     ("negative", "error: --seq-lens -3 is below one patch"),

@@ -19,8 +19,7 @@ from helpers.naflex import images, pack
 from vit_rope.errors import UserError
 from vit_rope.eval import extraction, harness, probes, report
 from vit_rope.eval.extraction import check_feature_memory
-from vit_rope.eval.from_checkpoint import create_from_checkpoint
-from vit_rope.eval.loading import EvalModel, load_trained
+from vit_rope.eval.loading import EvalModel, create_from_checkpoint, load_trained
 from vit_rope.eval.probes import (
     LinearProbe,
     ProbeOptions,

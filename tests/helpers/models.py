@@ -200,7 +200,7 @@ def onnx_sizes(model: torch.nn.Module, path, img_size: tuple[int, int]) -> list[
 def assert_features_and_reliance(model: torch.nn.Module, x: torch.Tensor, naflex: dict) -> None:
     """``forward_intermediates`` of a 2-block, 32-wide ``model`` on images ``x`` ``[2, 3, 64, 96]`` and a NaFlex batch
     ``naflex``, and the position ablation: the model uses its positions."""
-    from vit_rope.eval.ablation import position_reliance
+    from vit_rope.eval.diagnostics import position_reliance
 
     with torch.no_grad():
         final, inter = model.forward_intermediates(x, indices=2)

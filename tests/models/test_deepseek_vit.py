@@ -13,7 +13,7 @@ from safetensors.torch import save_file
 
 import vit_rope
 from helpers.models import assert_maps_then_policy, assert_naflex_as_timm, encoder, onnx_sizes, randomize_, rel, twins
-from vit_rope.eval.from_checkpoint import create_from_checkpoint
+from vit_rope.eval.loading import create_from_checkpoint
 from vit_rope.models.deepseek_vit import DEEPSEEK
 
 SIZES = [(56, 56), (70, 42)]  # 4x4 and 5x3 patches: height != width shows row / column order, both pad to 3x3 cells

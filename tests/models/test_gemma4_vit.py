@@ -14,7 +14,7 @@ import torch
 
 import vit_rope
 from helpers.models import assert_maps_then_policy, assert_naflex_as_timm, encoder, onnx_sizes, randomize_, rel, twins
-from vit_rope.eval.from_checkpoint import create_from_checkpoint
+from vit_rope.eval.loading import create_from_checkpoint
 from vit_rope.models.gemma4_vit import GEMMA4
 
 SIZES = [(96, 96), (144, 96)]  # square, and 9x6 patches (height != width: row / column order shows)

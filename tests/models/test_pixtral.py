@@ -16,7 +16,7 @@ import torch
 import vit_rope
 from helpers.models import onnx_sizes, randomize_, rel
 from helpers.naflex import pack
-from vit_rope.eval.from_checkpoint import create_from_checkpoint
+from vit_rope.eval.loading import create_from_checkpoint
 from vit_rope.models import pixtral
 
 transformers = pytest.importorskip("transformers")

@@ -16,7 +16,7 @@ from vit_rope.checks import check_multiple, resolve_device
 from vit_rope.data.splits import find_split, split_label
 from vit_rope.encodings.policies import POLICIES
 from vit_rope.errors import UserError
-from vit_rope.eval import memory, windows
+from vit_rope.eval import extraction, windows
 from vit_rope.eval import token_budget as naflex
 from vit_rope.eval.extraction import Runs, TrainFeatures, check_feature_memory, forward_split, subset, train_split
 from vit_rope.eval.loading import EvalModel, check_loaded
@@ -73,8 +73,11 @@ def choose_setting(given: str | None, models: Sequence[EvalModel], field: str = 
 def check_sizes(sizes: Sequence[int], models: Sequence[EvalModel], policies: Sequence[str] = (),
                 seq_lens: Sequence[int] = ()) -> None:
     """Reject sizes that do not tile into patches, policies a model cannot take, budgets without NaFlex."""
-    if seq_lens:
-        naflex.check_naflex(models)
+    for entry in models if seq_lens else ():  # the first model that cannot take NaFlex batches, and what to do
+        if naflex_patch(entry.model) is None:
+            raise UserError(f"{entry.label} cannot be evaluated at token budgets: a {type(entry.model).__name__} "
+                            "does not take NaFlex batches (its forward has no patch_coord); drop --seq-lens to "
+                            "evaluate it at square --img-sizes, or evaluate a vit_rope_* or timm naflexvit_* model")
     for entry in models:
         check_multiple("size", sizes, entry.model, entry.label)
         encoding = resolution_encoding(entry.model)
@@ -155,15 +158,15 @@ def evaluate_models(models: Sequence[EvalModel], data_dir: str | Path, img_sizes
     for entry in models:
         entry.model.to(device).eval()
     indices = subset(len(samples), limit)
-    free, cpu, asked = memory.free_bytes(device), device != "cuda", min(batch_size, len(indices))
+    free, cpu, asked = extraction.free_bytes(device), device != "cuda", min(batch_size, len(indices))
     fixed_settings = [square_setting(size, crop_pct, [i for i, need in enumerate(needs) if size in need])
                       for size in fixed]
     if train:  # at most: per run, the features of its fixed sizes, the bank at one setting, the val features there
         free -= check_feature_memory({row: widths[i] for row, (i, _) in enumerate(runs.runs)}, len(train.indices),
                                      len(indices), {row: len(needs[i]) for row, (i, _) in enumerate(runs.runs)},
                                      knn and not bank, free)
-    batch_sizes = [memory.fit_batch([(models[i].label, models[i].model) for i in setting.models], setting.name,
-                                    setting.fields, asked, free, 4 if cpu else 2, 2 * workers * cpu)  # bf16 on CUDA
+    batch_sizes = [extraction.fit_batch([(models[i].label, models[i].model) for i in setting.models], setting.name,
+                                        setting.fields, asked, free, 4 if cpu else 2, 2 * workers * cpu)  # bf16 on CUDA
                    for setting in settings + fixed_settings]
     for setting, batch in zip(settings + fixed_settings, batch_sizes, strict=True):
         if batch < asked:

@@ -27,10 +27,6 @@ class ExportError(RuntimeError):
     """The written ONNX file does not reproduce the eager model."""
 
 
-class ExportInputError(ValueError):
-    """An argument that cannot be exported (size, batch, policy); the message says which and what to use."""
-
-
 @dataclass(frozen=True)
 class OnnxExport:
     """A written ONNX file and, for each checked ``(batch, H, W)``, the max ``|ONNX Runtime - eager|``."""
@@ -51,12 +47,12 @@ def check_img_size(model: nn.Module, img_size: tuple[int, int]) -> tuple[int, in
     """The patch size, if both sides are two whole patches or more (torch.export fixes a dimension of size 1)."""
     patch = getattr(getattr(model, "patch_embed", None), "patch_size", None)
     if patch is None:
-        raise ExportInputError(f"{type(model).__name__} has no patch_embed.patch_size: only ViTs export here")
+        raise UserError(f"{type(model).__name__} has no patch_embed.patch_size: only ViTs export here")
     (ph, pw), (h, w) = patch, img_size
     if h % ph or w % pw or h < 2 * ph or w < 2 * pw:
         near = f"{max(2 * ph, round(h / ph) * ph)}x{max(2 * pw, round(w / pw) * pw)}"
-        raise ExportInputError(f"image size {h}x{w} (HxW) must be a multiple of the patch size {ph}x{pw}, with at "
-                               f"least two patches per side: use e.g. {near}")
+        raise UserError(f"image size {h}x{w} (HxW) must be a multiple of the patch size {ph}x{pw}, with at least "
+                        f"two patches per side: use e.g. {near}")
     return ph, pw
 
 
@@ -66,14 +62,13 @@ def _images(model: nn.Module, batch: int, h: int, w: int) -> torch.Tensor:
     return torch.randn(batch, model.patch_embed.proj.in_channels, h, w, generator=generator)
 
 
-def export_program(model: nn.Module, img_size: tuple[int, int] = (224, 224), batch_size: int = 2,
-                   dynamic: bool = True) -> ExportedProgram:
+def export_program(model: nn.Module, img_size: tuple[int, int] = (224, 224), batch_size: int = 2) -> ExportedProgram:
     """``torch.export`` of ``model`` in eval mode, batch and patch grid dynamic; a Cayley-STRING model from a copy
     with ``P`` folded into its qkv weights, so the graph has no solve."""
     ph, pw = check_img_size(model, img_size)
-    if dynamic and batch_size < 2:
-        raise ExportInputError(f"batch_size {batch_size}: trace with 2 or more images (torch.export fixes a batch "
-                               "of 1 as a constant); the exported batch stays dynamic")
+    if batch_size < 2:
+        raise UserError(f"batch_size {batch_size}: trace with 2 or more images (torch.export fixes a batch of 1 "
+                        "as a constant); the exported batch stays dynamic")
     dims = ({0: Dim("batch", min=1), 2: ph * Dim("grid_h", min=1), 3: pw * Dim("grid_w", min=1)},)
     if hasattr(model, "fold_encoding_"):  # what folds (STRING's basis) is written into a copy's weights
         model = copy.deepcopy(model)
@@ -83,19 +78,19 @@ def export_program(model: nn.Module, img_size: tuple[int, int] = (224, 224), bat
         # runtime asserts for what the shapes must satisfy, not guards simplified at trace time: a Swin's padded
         # windows (H mod window) export in a third of the time
         return torch.export.export(model.eval(), (_images(model, batch_size, *img_size),),
-                                   dynamic_shapes=dims if dynamic else None,
-                                   prefer_deferred_runtime_asserts_over_guards=True)
+                                   dynamic_shapes=dims, prefer_deferred_runtime_asserts_over_guards=True)
     finally:
         model.train(was_training)
 
 
-def name_dims(path: str | Path, names: tuple[str, ...] = ("batch", "channels", "height", "width")) -> None:
-    """Rename torch.export's symbolic dimensions (``s77``, ``16*s52``) in the ONNX file to ``names``."""
+def name_dims(path: str | Path) -> None:
+    """Rename torch.export's symbolic dimensions (``s77``, ``16*s52``) in the ONNX file to batch, height and width."""
     import onnx
 
     proto = onnx.load(str(path))
-    renamed = {dim.dim_param: name for dim, name in zip(proto.graph.input[0].type.tensor_type.shape.dim, names,
-                                                        strict=True) if dim.dim_param}
+    renamed = {dim.dim_param: name for dim, name in zip(proto.graph.input[0].type.tensor_type.shape.dim,
+                                                        ("batch", "channels", "height", "width"), strict=True)
+               if dim.dim_param}
     for value in [*proto.graph.input, *proto.graph.output, *proto.graph.value_info]:
         for dim in value.type.tensor_type.shape.dim:
             if dim.dim_param in renamed:  # dim_param and dim_value are one field: a fixed size stays untouched
@@ -131,22 +126,20 @@ def compare_onnx(model: nn.Module, path: str | Path, shapes: list[Shape]) -> dic
 
 
 def export_onnx(model: nn.Module, path: str | Path, *, img_size: tuple[int, int] = (224, 224), batch_size: int = 2,
-                opset: int | None = None, dynamic: bool = True, atol: float = 1e-4) -> OnnxExport:
-    """Write ``model`` in eval mode as one ONNX file and check it against eager with ONNX Runtime, a dynamic one also
-    at a second shape; ``ExportError`` when a diff exceeds ``atol`` (times the largest output when above 1)."""
+                opset: int | None = None, atol: float = 1e-4) -> OnnxExport:
+    """Write ``model`` in eval mode as one ONNX file and check it against eager with ONNX Runtime, at the example shape
+    and a second one; ``ExportError`` when a diff exceeds ``atol`` (times the largest output when above 1)."""
     require_onnx()
-    ph, _ = check_img_size(model, img_size)
-    program = export_program(model, img_size, batch_size, dynamic)
+    program = export_program(model, img_size, batch_size)
+    ph = model.patch_embed.patch_size[0]
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     output = "logits" if getattr(model, "num_classes", 0) else "features"
     torch.onnx.export(program, (_images(model, batch_size, *img_size),), str(path), dynamo=True, verbose=False,
                       opset_version=opset, external_data=False, input_names=["images"], output_names=[output])
-    (h, w), shapes = img_size, [(batch_size, *img_size)]
-    if dynamic:  # about 1.5x the height in whole patches, at least one more; non-square when the export is square
-        name_dims(path)
-        shapes.append((batch_size + 1, max(h + ph, round(1.5 * h / ph) * ph), w))
-    diffs = compare_onnx(model, path, shapes)
+    name_dims(path)
+    h, w = img_size  # and a second shape, about 1.5x as high in whole patches (one more at least): non-square too
+    diffs = compare_onnx(model, path, [(batch_size, h, w), (batch_size + 1, max(h + ph, round(1.5 * h / ph) * ph), w)])
     for (b, h, w), (diff, largest) in diffs.items():
         if not diff <= atol * max(1.0, largest):  # NaN fails too
             raise ExportError(f"{path}: ONNX Runtime differs from eager PyTorch by {diff:.2e} at {b}x{h}x{w} "
@@ -189,7 +182,7 @@ def main(argv: list[str] | None = None) -> int:
         sides = args.img_size or [entry.train_size]
         result = export_onnx(model, args.output, img_size=(sides[0], sides[-1]), batch_size=args.batch_size,
                              opset=args.opset)
-    except (UserError, ExportInputError, ModuleNotFoundError, ExportError) as err:
+    except (UserError, ModuleNotFoundError, ExportError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 1 if isinstance(err, ExportError) else 2
     patch = "x".join(map(str, model.patch_embed.patch_size))

@@ -107,8 +107,7 @@ class LinearProbe:
         return ((features.float() - self.mean) / self.std) @ self.weight.T + self.bias  # [B, classes]
 
 
-def fit_linear(features: Tensor, labels: Tensor, num_classes: int, weight_decay: float = 1e-4,
-               max_iter: int = 500) -> LinearProbe:
+def fit_linear(features: Tensor, labels: Tensor, num_classes: int, weight_decay: float = 1e-4) -> LinearProbe:
     """Multinomial logistic regression on standardised features with an L2 penalty, by full-batch L-BFGS from zero
     weights: convex, so no learning rate or epochs to tune and the same fit every time (9.5k x 384 features in about a
     second on two CPU cores)."""
@@ -118,7 +117,7 @@ def fit_linear(features: Tensor, labels: Tensor, num_classes: int, weight_decay:
         x = (features - mean) / std
         weight = x.new_zeros(num_classes, x.shape[1], requires_grad=True)
         bias = x.new_zeros(num_classes, requires_grad=True)
-        optimizer = torch.optim.LBFGS([weight, bias], max_iter=max_iter, history_size=20,
+        optimizer = torch.optim.LBFGS([weight, bias], max_iter=500, history_size=20,
                                       line_search_fn="strong_wolfe", tolerance_grad=1e-7, tolerance_change=1e-10)
 
         def closure() -> Tensor:

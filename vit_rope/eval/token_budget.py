@@ -14,8 +14,6 @@ from timm.data.naflex_dataset import NaFlexCollator
 from torch import Tensor
 
 from vit_rope.errors import UserError
-from vit_rope.eval.loading import EvalModel
-from vit_rope.models.naflex_batch import naflex_patch
 
 PROTOCOL = ("token budgets: resize keeping the aspect ratio to the largest size whose sides are multiples of the patch "
             "and which cuts into at most L patches (PIL bicubic, no crop), patches packed and padded to L (timm "
@@ -47,15 +45,6 @@ def check_seq_lens(seq_lens: Sequence[int]) -> None:
     if bad is not None:
         raise UserError(f"--seq-lens {bad} is below one patch: a token budget is the most patches an image is cut "
                         "into, e.g. --seq-lens 64 196 400 784")
-
-
-def check_naflex(models: Sequence[EvalModel]) -> None:
-    """Raise a ``UserError`` naming the first model that cannot take NaFlex batches, and what to do."""
-    for entry in models:
-        if naflex_patch(entry.model) is None:
-            raise UserError(f"{entry.label} cannot be evaluated at token budgets: a {type(entry.model).__name__} "
-                            "does not take NaFlex batches (its forward has no patch_coord); drop --seq-lens to "
-                            "evaluate it at square --img-sizes, or evaluate a vit_rope_* or timm naflexvit_* model")
 
 
 def budget_transform(seq_len: int, patch: tuple[int, int]) -> Callable[[Any], dict[str, Tensor]]:

@@ -4,7 +4,6 @@ scaled with the image (``scale``, timm's ``set_input_size`` rule) or given (docs
 from __future__ import annotations
 
 import argparse
-import math
 
 from timm.models.swin_transformer import SwinTransformer, calc_stage_window_sizes
 from torch import nn
@@ -35,11 +34,8 @@ def trained_windows(model: nn.Module) -> list[tuple[int, int]]:
 
 def stage_grids(model: SwinTransformer, size: int) -> list[tuple[int, int]]:
     """Each stage's token grid at ``size`` px: the patch grid, halved (rounding up) from the second stage on."""
-    patch = model.patch_embed.patch_size
-    grids = [(math.ceil(size / patch[0]), math.ceil(size / patch[1]))]
-    for _ in range(len(model.layers) - 1):
-        grids.append(((grids[-1][0] + 1) // 2, (grids[-1][1] + 1) // 2))
-    return grids
+    return [tuple(-(-size // (side * 2**stage)) for side in model.patch_embed.patch_size)
+            for stage in range(len(model.layers))]
 
 
 def check_windows(model: SwinTransformer, sizes: list[int], rule: str | int, trained: list[tuple[int, int]],
