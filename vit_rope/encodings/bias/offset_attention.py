@@ -123,8 +123,8 @@ def _by_rows(q: Tensor, k: Tensor, v: Tensor, flipped: Tensor, grid: tuple[int, 
     attention over the reversed patch keys (expanded, not copied), whose mask is a strided view of the table laid out
     per query row in the group and column, ``[nh, g, w, Y, w]`` (``flipped[:, Y + t, xq + xk']`` at ``[:, t, xq, Y,
     xk']``): query ``(g r + t, xq)``'s biases are its ``h w`` values from ``[:, t, xq, g r]`` on. Heads lead the
-    kernel's batch, so each thread reads one head's table at a time. The prefix keys (no bias) join through the log-sum-exp. At
-    1344 px this reads an 85 MB table instead of writing and reading 1.2 GB of masks per ViT-S block
+    kernel's batch, so each thread reads one head's table at a time. The prefix keys (no bias) join through the
+    log-sum-exp. At 1344 px this reads an 85 MB table instead of writing and reading 1.2 GB of masks per ViT-S block
     (docs/performance.md)."""
     (h, w), (B, nh), P = grid, q.shape[:2], prefix
     g = min(h, -(-ROW_QUERIES // w))
