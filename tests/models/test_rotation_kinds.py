@@ -9,15 +9,12 @@ import copy
 import pytest
 import timm
 import torch
-from timm.data.naflex_transforms import patchify_image
 
 import vit_rope  # noqa: F401  (registers the models)
 from helpers.models import assert_onnx_matches_eager, assert_same_gradients, perturbed
-from helpers.naflex import assert_offsets_only
+from helpers.naflex import assert_offsets_only, images, pack
 
 ROTATION_KINDS = ("golden", "string", "string_mixed")  # the rotating name suffixes of registry.NEW_KINDS
-
-PATCH = 16
 BASE = dict(img_size=80, embed_dim=32, depth=2, num_heads=2, num_classes=7, init_values=0.5)
 KINDS = {  # every RoPE table, and STRING over axial and mixed
     "axial": dict(encoding="axial"),
@@ -34,23 +31,6 @@ KINDS = {  # every RoPE table, and STRING over axial and mixed
 def build(kind: str, **kwargs) -> torch.nn.Module:
     """Every parameter off its initial value (STRING's P off the identity too)."""
     return perturbed("vit_rope_tiny_patch16_axial_224", **{**BASE, **KINDS[kind], **kwargs})
-
-
-def batch(coords: list[torch.Tensor], flat: torch.Tensor, length: int = 40) -> dict[str, torch.Tensor]:
-    """Samples of the same patches ``flat`` [N, P*P*3] at the (y, x) coordinates of ``coords``, padded to
-    ``length``."""
-    patches = torch.full((len(coords), length, flat.shape[-1]), -2.0)
-    coord = torch.zeros(len(coords), length, 2, dtype=torch.long)
-    valid = torch.zeros(len(coords), length, dtype=torch.bool)
-    for b, where in enumerate(coords):
-        patches[b, :len(where)], coord[b, :len(where)], valid[b, :len(where)] = flat[:len(where)], where, True
-    return {"patches": patches, "patch_coord": coord, "patch_valid": valid}
-
-
-def image_patches(h: int = 5, w: int = 6) -> tuple[torch.Tensor, torch.Tensor]:
-    torch.manual_seed(1)
-    flat, coord, _ = patchify_image(torch.randn(3, h * PATCH, w * PATCH), (PATCH, PATCH))
-    return flat, coord  # [N, P*P*3], [N, 2] (y, x)
 
 
 def test_string_over_mixed_creates_through_timm():  # every kind's names at three sizes: test_models.py
@@ -72,10 +52,9 @@ def test_logits_see_offsets_only_on_shifted_and_sparse_coordinates(kind: str, fr
 def test_no_rotated_pair_makes_the_model_blind_to_positions(kind: str):
     """rope_fraction=0: the patches in another order (their coordinates kept) give the same tokens in that order."""
     model = build(kind, rope_fraction=0.0)
-    flat, coord = image_patches()
-    order = torch.randperm(len(flat), generator=torch.Generator().manual_seed(0))
-    x = batch([coord], flat)
-    shuffled = batch([coord], flat[order])
+    x = pack(images([(5, 6)]), length=40)  # 30 patches, then padding
+    order = torch.randperm(30, generator=torch.Generator().manual_seed(0))
+    shuffled = {**x, "patches": torch.cat((x["patches"][:, order], x["patches"][:, 30:]), 1)}  # coordinates kept
     with torch.no_grad():
         tokens = model.forward_features(x)[0, 1:31]  # class token, then the 30 patches
         permuted = model.forward_features(shuffled)[0, 1:31]
@@ -127,8 +106,9 @@ def test_intermediates_of_images_and_naflex_batches(name: str):
     model = timm.create_model(name, depth=2, num_classes=3, rope_fraction=0.5).eval()
     maps = model.forward_intermediates(torch.randn(2, 3, 48, 64), intermediates_only=True)
     assert [tuple(m.shape) for m in maps] == [(2, 192, 3, 4)] * 2
-    flat, coord = image_patches(3, 4)
-    naflex = model.forward_intermediates(batch([coord + 2], flat, length=16), intermediates_only=True)
+    x = pack(images([(3, 4)]), length=16)
+    x["patch_coord"][x["patch_valid"]] += 2
+    naflex = model.forward_intermediates(x, intermediates_only=True)
     assert naflex[0].shape == (1, 192, 5, 6)  # the sample's map in the corner of its grid, coordinates from 2
 
 

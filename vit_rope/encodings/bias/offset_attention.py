@@ -63,11 +63,6 @@ def dense_bias(table: Tensor, grid: tuple[int, int], prefix: int = 0) -> Tensor:
     return pad_prefix(table[:, ys[None, :] - ys[:, None] + h - 1, xs[None, :] - xs[:, None] + w - 1], prefix)
 
 
-def _reversed_keys(x: Tensor, prefix: int) -> Tensor:
-    """Keys or values ``[B, nh, P + N, D]`` with the patch tokens in reverse order (prefix tokens first, kept)."""
-    return torch.cat((x[:, :, :prefix], x[:, :, prefix:].flip(2)), dim=2)
-
-
 def _table_view(flipped: Tensor, grid: tuple[int, int]) -> Tensor:
     """``[nh, h, w, h, w]``: the bias of query ``(yq, xq)`` and reversed key ``(yk', xk')``, ``flipped[yq + yk', xq +
     xk']``, a view of the contiguous flipped table."""
@@ -122,11 +117,11 @@ def _by_rows(q: Tensor, k: Tensor, v: Tensor, flipped: Tensor, grid: tuple[int, 
     """Inference with no mask written: each ``g`` grid rows of queries (``g w >= ROW_QUERIES``) are one entry of flash
     attention over the reversed patch keys (expanded, not copied), whose mask is a strided view of the table laid out
     per query row in the group and column, ``[nh, g, w, Y, w]`` (``flipped[:, Y + t, xq + xk']`` at ``[:, t, xq, Y,
-    xk']``): query ``(g r + t, xq)``'s biases are its ``h w`` values from ``[:, t, xq, g r]`` on. Heads lead the kernel's
-    batch, so each thread reads one head's table at a time. The prefix keys (no bias) join through the log-sum-exp. At
-    1344 px this reads an 85 MB table instead of writing and reading 1.2 GB of masks per ViT-S block
+    xk']``): query ``(g r + t, xq)``'s biases are its ``h w`` values from ``[:, t, xq, g r]`` on. Heads lead the
+    kernel's batch, so each thread reads one head's table at a time. The prefix keys (no bias) join through the
+    log-sum-exp. At 1344 px this reads an 85 MB table instead of writing and reading 1.2 GB of masks per ViT-S block
     (docs/performance.md)."""
-    (h, w), (B, nh, _, D), P = grid, q.shape, prefix
+    (h, w), (B, nh), P = grid, q.shape[:2], prefix
     g = min(h, -(-ROW_QUERIES // w))
     entries, pad = -(-h // g), -h % g  # pad: grid rows of zero queries that fill the last entry
     table = F.pad(flipped, (0, 0, 0, pad))  # the rows those queries read
@@ -240,7 +235,9 @@ def offset_attention(q: Tensor, k: Tensor, v: Tensor, table: Tensor, grid: tuple
     """Attention with ``table[h, p_k - p_q]`` added to patch pairs' logits; ``flex``: FlexAttention, not chunks."""
     if flex if flex is not None else q.is_cuda:
         return _flex(q, k, v, table.to(q.dtype), grid, prefix, scale)
-    k, v, flipped = _reversed_keys(k, prefix), _reversed_keys(v, prefix), table.flip(-2, -1).contiguous()
+    # the patch keys and values in reverse order (prefix tokens first, kept), against the flipped table
+    k, v = (torch.cat((x[:, :, :prefix], x[:, :, prefix:].flip(2)), dim=2) for x in (k, v))
+    flipped = table.flip(-2, -1).contiguous()
     if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v, table)):
         return _OffsetAttention.apply(q, k, v, flipped, grid, prefix, scale)
     if q.device.type == "cpu" and q.shape[-2] * k.shape[-2] * q.shape[1] > CHUNK_ELEMENTS:  # no masks (CPU kernel)
