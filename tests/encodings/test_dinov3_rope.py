@@ -29,12 +29,6 @@ def placed(rope: RoPE2D, grid: tuple[int, int]) -> torch.Tensor:
     return rope.place(*image_coords(*grid))
 
 
-def tables(rope: RoPE2D, grid: tuple[int, int], num_prefix_tokens: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
-    """The tables of an image batch on ``grid``, as the model builds them."""
-    coord, grids = image_coords(*grid)
-    return rope(rope.place(coord, grids), num_prefix_tokens, grids)
-
-
 def timm_rope(normalize="separate", periods=(None, None)) -> RotaryEmbeddingDinoV3:
     return RotaryEmbeddingDinoV3(D, temperature=100, min_period=periods[0], max_period=periods[1],
                                  normalize_coords=normalize)
@@ -44,7 +38,8 @@ def timm_rope(normalize="separate", periods=(None, None)) -> RotaryEmbeddingDino
 @pytest.mark.parametrize("grid", GRIDS)
 def test_rotated_queries_and_angles_match_timm(grid, normalize, periods):
     theirs = timm_rope(normalize, periods).get_embed(list(grid))  # [N, 2D]: sin, cos in rotate-half layout
-    cos, sin = tables(ours(grid, normalize, periods), grid)  # [1, N, D/2]
+    rope, (coord, grids) = ours(grid, normalize, periods), image_coords(*grid)
+    cos, sin = rope(rope.place(coord, grids), 0, grids)  # [1, N, D/2]: an image batch's, as the model builds them
     index = interleave_permutation(D)
     q = torch.randn(2, HEADS, grid[0] * grid[1], D)
     expected = apply_rot_embed_cat(q, theirs, half=True)

@@ -113,19 +113,15 @@ def test_cache_is_bounded_and_follows_grad_modes() -> None:
     assert not any("anchor" in key or "cache" in key for key in model.state_dict())
 
 
-def test_interpolate_scales_positions_to_the_training_grid() -> None:
+def test_interpolate_scales_positions_to_the_training_grid_and_rope_policies_are_refused() -> None:
     model = build("alibi", "interpolate")
     with torch.no_grad():
         train = model.pos_encoding(image_positions(model.pos_encoding, 5, 5), 0)[0]
         double = model.pos_encoding(image_positions(model.pos_encoding, 10, 10), 0)[0]
     torch.testing.assert_close(double[..., 0, 1], train[..., 0, 1] / 2)  # half the step between neighbours
     assert model(torch.randn(1, 3, 160, 160)).isfinite().all()
-
-
-def test_policies_without_meaning_are_refused() -> None:
-    model = build("lh180")
-    for policy in ("ntk", "yarn", "normalized"):
-        with pytest.raises(ValueError, match=f"Policy '{policy}' does not apply to lookhere.*'extrapolate'"):
+    for policy in ("ntk", "yarn", "normalized"):  # those without meaning for a bias are refused
+        with pytest.raises(ValueError, match=f"'{policy}' does not apply to alibi, an attention bias.*'extrapolate'"):
             model.set_resolution_policy(policy)
 
 
