@@ -10,7 +10,7 @@ from timm.layers.pos_embed_sincos import RotaryEmbeddingDinoV3, _apply_coord_aug
 
 from vit_rope.encodings.base import image_coords
 from vit_rope.encodings.policies import CoordAugment, augment_positions
-from vit_rope.encodings.rope.dinov3_rope import interleave_permutation
+from vit_rope.encodings.rope.dinov3_rope import qk_permutation
 from vit_rope.encodings.rope.tables import RoPE2D
 from vit_rope.layers.rotary import apply_rope, rope_angles
 
@@ -40,7 +40,7 @@ def test_rotated_queries_and_angles_match_timm(grid, normalize, periods):
     theirs = timm_rope(normalize, periods).get_embed(list(grid))  # [N, 2D]: sin, cos in rotate-half layout
     rope, (coord, grids) = ours(grid, normalize, periods), image_coords(*grid)
     cos, sin = rope(rope.place(coord, grids), 0, grids)  # [1, N, D/2]: an image batch's, as the model builds them
-    index = interleave_permutation(D)
+    index = qk_permutation("rotate_half", D)
     q = torch.randn(2, HEADS, grid[0] * grid[1], D)
     expected = apply_rot_embed_cat(q, theirs, half=True)
     torch.testing.assert_close(apply_rope(q[..., index], cos, sin), expected[..., index], atol=1e-5, rtol=1e-5)
@@ -57,8 +57,8 @@ def test_positions_are_timms_centred_grid_in_x_y_order():
         torch.testing.assert_close(placed(ours(grid, normalize), grid), timm_grid.flip(-1))
 
 
-def test_interleave_permutation_is_a_permutation_pairing_halves():
-    index = interleave_permutation(D)
+def test_the_rotate_half_permutation_is_a_permutation_pairing_halves():
+    index = qk_permutation("rotate_half", D)
     assert sorted(index.tolist()) == list(range(D))
     assert torch.equal(index[1::2] - index[0::2], torch.full((D // 2,), D // 2))  # our pair = their (c, c + D/2)
 

@@ -146,7 +146,6 @@ class ComRoPE(BlockRotation):
             fits = [d for d in range(2, head_dim // 2 + 1) if (head_dim // 2) % d == 0]
             raise ValueError(f"encoding_options['block_size']={block_size} leaves {num_blocks} blocks per head, "
                              f"which ComRoPE-AP cannot split evenly between the two axes: pick one of {fits}.")
-        self.init_std = init_std
         self._spectral = GridTables(self.CACHE_SIZE)
         self._folds = [Kept() for _ in range(depth)]  # each block's projection in the RoPE form's basis
         self.freqs = nn.Parameter(torch.randn(depth, num_heads, 1, num_blocks, block_size, block_size) * init_std)
