@@ -152,12 +152,6 @@ def test_bad_lookhere_configurations_name_the_value(kwargs: dict, message: str) 
         timm.create_model("vit_rope_tiny_patch16_lookhere_224", **{**BASE, **kwargs})
 
 
-def test_lookhere_config_is_refused_for_other_kinds() -> None:
-    for name in ("vit_rope_tiny_patch16_alibi_224", "vit_rope_tiny_patch16_axial_224"):
-        with pytest.raises(ValueError, match="do not apply to the"):
-            timm.create_model(name, **BASE, encoding_options={"config": "lh90"})
-
-
 def test_head_plans_follow_the_official_splits_and_cover_tiny() -> None:
     directions, slopes = head_plan("halves", 12)
     assert directions[:4] == (("up",), ("down",), ("left",), ("right",)) and slopes == (0.5,) * 4 + (0.25,) * 4 + (
