@@ -45,8 +45,7 @@ def policy_offsets(grid: tuple[int, int], train_grid: tuple[int, int] | None, po
     ``[2h - 1, 2w - 1]`` indexed by ``(dy + h - 1, dx + w - 1)``, as the policy scales them; that scale ``[1, 2]``."""
     h, w = grid
     scale = policy_scale(torch.tensor([grid], device=device), train_grid, policy)
-    dy, dx = torch.meshgrid(torch.arange(1 - h, h, device=device), torch.arange(1 - w, w, device=device),
-                            indexing="ij")
+    dy, dx = torch.meshgrid(torch.arange(1 - h, h, device=device), torch.arange(1 - w, w, device=device), indexing="ij")
     offsets = torch.stack((dx, dy), dim=-1).reshape(-1, 2).to(dtype)
     return (offsets if scale is None else offsets * scale[0].to(dtype)), scale
 
