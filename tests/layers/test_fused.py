@@ -196,7 +196,7 @@ def test_a_hooked_projection_calls_the_linear_so_its_hooks_see_its_output_and_gr
 
 
 def test_unknown_backend_is_refused():
-    with pytest.raises(ValueError, match="backend='cuda'"):
+    with pytest.raises(ValueError, match="backend 'cuda': choose one of auto, torch, triton"):
         rotate_qk(torch.zeros(1, 2, 3, 1, 4), torch.ones(1, 2, 2), torch.zeros(1, 2, 2), backend="cuda")
 
 

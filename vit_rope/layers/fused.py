@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.autograd.function import FunctionCtx, once_differentiable
 
+from vit_rope.checks import check_choice
 from vit_rope.layers import triton_rope
 from vit_rope.layers.rotary import apply_rope
 from vit_rope.layers.routes import capturing
@@ -187,8 +188,7 @@ def rotate_normed(q: Tensor, k: Tensor, tables: tuple[Tensor, Tensor], own: bool
 
 
 def _use_triton(x: Tensor, cos: Tensor, backend: str) -> bool:
-    if backend not in BACKENDS:
-        raise ValueError(f"rotate_qk: backend={backend!r} is not one of {BACKENDS}")
+    check_choice(backend, BACKENDS, "rotate_qk backend")
     if backend == "triton" and not triton_rope.AVAILABLE:
         raise RuntimeError("rotate_qk: backend='triton' needs the triton package (pip install triton)")
     return backend == "triton" or (backend == "auto" and triton_rope.supports(x, cos))
