@@ -80,8 +80,7 @@ def test_policies_for_normalised_coordinates():
     assert rope.policy.name == "normalized"  # DINOv3's own
     torch.testing.assert_close(placed(rope, (28, 28)).abs().max(), torch.tensor(1 - 1 / 28))
     rope.policy = "extrapolate"  # the training step between patches: a 2x grid reaches twice as far
-    torch.testing.assert_close(placed(rope, (28, 28)).amax() - placed(rope, (28, 28)).amin(),
-                               torch.tensor(2 * 27 / 14))
+    torch.testing.assert_close(placed(rope, (28, 28)).amax() - placed(rope, (28, 28)).amin(), torch.tensor(2 * 27 / 14))
     torch.testing.assert_close(placed(rope, (14, 14)), placed(ours((14, 14)), (14, 14)))
     for name in ("interpolate", "ntk", "yarn"):
         with pytest.raises(ValueError, match=rf"{name}.*does not apply to DINOv3.*'normalized'.*'extrapolate'"):
