@@ -10,7 +10,7 @@ from timm.layers.pos_embed_sincos import RotaryEmbeddingDinoV3, _apply_coord_aug
 
 from vit_rope.encodings.base import image_coords
 from vit_rope.encodings.policies import CoordAugment, augment_positions
-from vit_rope.encodings.rope.dinov3_rope import interleave_permutation
+from vit_rope.encodings.rope.dinov3_rope import qk_permutation
 from vit_rope.encodings.rope.tables import RoPE2D
 from vit_rope.layers.rotary import apply_rope, rope_angles
 
@@ -29,12 +29,6 @@ def placed(rope: RoPE2D, grid: tuple[int, int]) -> torch.Tensor:
     return rope.place(*image_coords(*grid))
 
 
-def tables(rope: RoPE2D, grid: tuple[int, int], num_prefix_tokens: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
-    """The tables of an image batch on ``grid``, as the model builds them."""
-    coord, grids = image_coords(*grid)
-    return rope(rope.place(coord, grids), num_prefix_tokens, grids)
-
-
 def timm_rope(normalize="separate", periods=(None, None)) -> RotaryEmbeddingDinoV3:
     return RotaryEmbeddingDinoV3(D, temperature=100, min_period=periods[0], max_period=periods[1],
                                  normalize_coords=normalize)
@@ -44,8 +38,9 @@ def timm_rope(normalize="separate", periods=(None, None)) -> RotaryEmbeddingDino
 @pytest.mark.parametrize("grid", GRIDS)
 def test_rotated_queries_and_angles_match_timm(grid, normalize, periods):
     theirs = timm_rope(normalize, periods).get_embed(list(grid))  # [N, 2D]: sin, cos in rotate-half layout
-    cos, sin = tables(ours(grid, normalize, periods), grid)  # [1, N, D/2]
-    index = interleave_permutation(D)
+    rope, (coord, grids) = ours(grid, normalize, periods), image_coords(*grid)
+    cos, sin = rope(rope.place(coord, grids), 0, grids)  # [1, N, D/2]: an image batch's, as the model builds them
+    index = qk_permutation("rotate_half", D)
     q = torch.randn(2, HEADS, grid[0] * grid[1], D)
     expected = apply_rot_embed_cat(q, theirs, half=True)
     torch.testing.assert_close(apply_rope(q[..., index], cos, sin), expected[..., index], atol=1e-5, rtol=1e-5)
@@ -62,8 +57,8 @@ def test_positions_are_timms_centred_grid_in_x_y_order():
         torch.testing.assert_close(placed(ours(grid, normalize), grid), timm_grid.flip(-1))
 
 
-def test_interleave_permutation_is_a_permutation_pairing_halves():
-    index = interleave_permutation(D)
+def test_the_rotate_half_permutation_is_a_permutation_pairing_halves():
+    index = qk_permutation("rotate_half", D)
     assert sorted(index.tolist()) == list(range(D))
     assert torch.equal(index[1::2] - index[0::2], torch.full((D // 2,), D // 2))  # our pair = their (c, c + D/2)
 
@@ -85,8 +80,7 @@ def test_policies_for_normalised_coordinates():
     assert rope.policy.name == "normalized"  # DINOv3's own
     torch.testing.assert_close(placed(rope, (28, 28)).abs().max(), torch.tensor(1 - 1 / 28))
     rope.policy = "extrapolate"  # the training step between patches: a 2x grid reaches twice as far
-    torch.testing.assert_close(placed(rope, (28, 28)).amax() - placed(rope, (28, 28)).amin(),
-                               torch.tensor(2 * 27 / 14))
+    torch.testing.assert_close(placed(rope, (28, 28)).amax() - placed(rope, (28, 28)).amin(), torch.tensor(2 * 27 / 14))
     torch.testing.assert_close(placed(rope, (14, 14)), placed(ours((14, 14)), (14, 14)))
     for name in ("interpolate", "ntk", "yarn"):
         with pytest.raises(ValueError, match=rf"{name}.*does not apply to DINOv3.*'normalized'.*'extrapolate'"):

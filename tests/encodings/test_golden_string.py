@@ -16,7 +16,7 @@ NH, D = 3, 16
 KINDS = ("axial", "mixed", "golden", "dinov3")
 
 
-def test_golden_schedule_steps_by_the_golden_angle_with_log_spaced_magnitudes():
+def test_golden_schedule_steps_by_the_golden_angle_with_log_spaced_magnitudes_and_can_start_mixed():
     freqs = golden_frequencies(D, NH, theta=100.0).double()  # [2, nh, D/2]
     assert freqs.shape == (2, NH, D // 2)
     magnitude = freqs.norm(dim=0)
@@ -26,10 +26,7 @@ def test_golden_schedule_steps_by_the_golden_angle_with_log_spaced_magnitudes():
     step = torch.remainder(angle.diff(), 2 * math.pi)
     torch.testing.assert_close(step, torch.full_like(step, GOLDEN_ANGLE), atol=1e-5, rtol=0)
     assert not list(RoPE2D(D, NH, kind="golden").parameters())  # fixed: no parameter
-
-
-def test_golden_initialises_mixed():
-    rope = RoPE2D(D, NH, kind="mixed", mixed_init="golden", theta=100.0)
+    rope = RoPE2D(D, NH, kind="mixed", mixed_init="golden", theta=100.0)  # learned frequencies starting golden
     assert rope.learnable
     torch.testing.assert_close(rope.freqs.detach(), golden_frequencies(D, NH, 100.0))
 

@@ -73,8 +73,7 @@ def test_inference_without_masks_equals_the_dense_bias_where_queries_see_only_pr
     expected = F.scaled_dot_product_attention(q, k, v, attn_mask=dense_bias(table, (4, 5), prefix)[None], scale=0.3)
     if not prefix:  # queries that see nothing: SDPA's CPU kernels give 0, the dense matrix NaN
         expected = expected.nan_to_num(0.0)
-    torch.testing.assert_close(offset_attention(q, k, v, table, (4, 5), prefix, 0.3), expected, rtol=1e-12,
-                               atol=1e-12)
+    torch.testing.assert_close(offset_attention(q, k, v, table, (4, 5), prefix, 0.3), expected, rtol=1e-12, atol=1e-12)
 
 
 @pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")  # eager: the reference on CPU

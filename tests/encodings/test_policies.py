@@ -79,8 +79,7 @@ def test_ntk_is_a_larger_base_per_axis():
 def test_yarn_ramps_between_interpolation_and_extrapolation():
     policy = ResolutionPolicy("yarn", yarn_alpha=0.5, yarn_beta=2.0)
     rope = RoPE2D(64, 1, "axial", train_grid=(14, 14), policy=policy)
-    scaled, temperature = policy_frequencies(rope.freqs, torch.tensor([[28, 28]]), (14, 14), policy, 100.0,
-                                             64)
+    scaled, temperature = policy_frequencies(rope.freqs, torch.tensor([[28, 28]]), (14, 14), policy, 100.0, 64)
     scaled = scaled[0]  # the one grid's
     turns = 14 * rope.freqs[0, 0, :16] / (2 * math.pi)
     ratio = scaled[0, 0, :16] / rope.freqs[0, 0, :16]

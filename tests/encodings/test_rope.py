@@ -44,23 +44,14 @@ def test_apply_rope_equals_rotation_matrix_and_complex_product(kind):
     out = apply_rope(x, *rope_tables(angles))
 
     # explicit block-diagonal rotation, one [D, D] matrix per (head, position)
-    mats = torch.stack(
-        [
-            torch.block_diag(
-                *[
-                    torch.tensor([[math.cos(a), -math.sin(a)], [math.sin(a), math.cos(a)]], dtype=torch.float64)
-                    for a in row
-                ]
-            )
-            for row in angles.reshape(-1, D // 2).tolist()
-        ]
-    ).reshape(NH, N, D, D)
-    torch.testing.assert_close(out, torch.einsum("hnij,bhnj->bhni", mats, x))
+    def rotation(a: float) -> torch.Tensor:
+        return torch.tensor([[math.cos(a), -math.sin(a)], [math.sin(a), math.cos(a)]], dtype=torch.float64)
+
+    mats = torch.stack([torch.block_diag(*map(rotation, row)) for row in angles.reshape(-1, D // 2).tolist()])
+    torch.testing.assert_close(out, torch.einsum("hnij,bhnj->bhni", mats.reshape(NH, N, D, D), x))
 
     # complex formulation of RoFormer / RoPE-ViT: (x0 + i x1) * exp(i angle)
-    z = torch.view_as_complex(x.reshape(B, NH, N, D // 2, 2).contiguous()) * torch.polar(
-        torch.ones_like(angles), angles
-    )
+    z = torch.view_as_complex(x.unflatten(-1, (-1, 2)).contiguous()) * torch.polar(torch.ones_like(angles), angles)
     torch.testing.assert_close(out, torch.view_as_real(z).flatten(-2))
 
 

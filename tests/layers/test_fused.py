@@ -196,7 +196,7 @@ def test_a_hooked_projection_calls_the_linear_so_its_hooks_see_its_output_and_gr
 
 
 def test_unknown_backend_is_refused():
-    with pytest.raises(ValueError, match="backend='cuda'"):
+    with pytest.raises(ValueError, match="backend 'cuda': choose one of auto, torch, triton"):
         rotate_qk(torch.zeros(1, 2, 3, 1, 4), torch.ones(1, 2, 2), torch.zeros(1, 2, 2), backend="cuda")
 
 
@@ -318,8 +318,6 @@ def test_rotate_heads_refuses_a_layout_it_cannot_write_in_place():
 def test_compile_has_no_graph_break_and_recompiles_at_most_once_per_size(kind):
     torch._dynamo.reset()
     model = timm.create_model(f"vit_rope_tiny_patch16_{kind}_224", depth=2, num_classes=5)
-    explanation = torch._dynamo.explain(model)(torch.randn(1, 3, 64, 64))
-    assert explanation.graph_break_count == 0, explanation.break_reasons
     compiles = []
 
     def backend(graph, example_inputs):
@@ -327,9 +325,10 @@ def test_compile_has_no_graph_break_and_recompiles_at_most_once_per_size(kind):
         return graph.forward
 
     compiled = torch.compile(model, backend=backend)
-    sizes = [64, 64, 96, 128, 64, 80]
-    for size in sizes:
+    sizes = [64, 64, 96, 64]  # a size again at once, and after another
+    for i, size in enumerate(sizes):
         compiled(torch.randn(1, 3, size, size)).sum().backward()
+        assert i or len(compiles) == 1, f"{len(compiles)} graphs for one forward: a graph break"
     # the number of compilations is the property: one per size, none per call
     assert len(compiles) <= len(set(sizes)), f"{len(compiles)} compilations for {len(set(sizes))} sizes"
 

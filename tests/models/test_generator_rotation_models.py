@@ -65,7 +65,8 @@ def test_training_grid_tables_are_cached_in_eval_and_follow_the_generators(kind:
         assert not torch.allclose(model(x), before)
 
 
-@pytest.mark.parametrize("kind", KINDS)
+# ComRoPE-LD's captured form is AP's (the same generators times a parameter instead of a buffer): AP and LieRE only
+@pytest.mark.parametrize("kind", ["comrope_ap", "liere"])
 def test_compiled_training_step_equals_eager(kind: str):
     """torch.compile traces the captured form (one table per token, the exportable exponential): the logits and every
     parameter's gradient of a training step equal the eager model's (whose ComRoPE turns per axis) to 1e-5 of their
@@ -83,7 +84,7 @@ def test_compiled_training_step_equals_eager(kind: str):
         torch.testing.assert_close(got, expected, rtol=0, atol=1e-5 * float(expected.abs().max()))
 
 
-@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("kind", ["comrope_ap", "liere"])  # LD's captured form is AP's, as compiled above
 def test_onnx_export_at_two_sizes_matches_eager(kind: str, tmp_path):
     assert_onnx_matches_eager(build(kind, depth=1), tmp_path)  # a second block would trace the same ops again
 

@@ -290,8 +290,7 @@ def test_compiled_model_equals_eager_on_batches_of_other_grids() -> None:
 def test_compiled_training_step_equals_eager_for_other_kinds(kind: str, policy: str, backend: str) -> None:
     """Logits and every parameter's gradient of a NaFlex training step, compiled and eager (one block: the graph of
     every block is the same). The kinds differ in what is traced (positions, policies, tables), which ``aot_eager``'s
-    forward and backward graphs check; inductor's code generation of a NaFlex batch is the test above's, and of
-    STRING-Mixed's training step ``test_rotation_kinds``'."""
+    forward and backward graphs check; inductor's code generation of a NaFlex batch is the test above's."""
     model = build(kind, policy, depth=1).train()
     compiled = torch.compile(model, dynamic=False, backend=backend)
     batch = pack(images())

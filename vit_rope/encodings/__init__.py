@@ -22,17 +22,6 @@ def check_kind(kind: str) -> str:
     return check_choice(kind, KINDS, "position encoding")
 
 
-def _refuse_rope_options(spec: EncodingSpec) -> None:
-    """Refuse RoPE options given to a kind without RoPE; a value that is RoPE2D's own default changes nothing."""
-    defaults = inspect.signature(RoPE2D).parameters
-    given = [f"rope_{name}={value!r}" for name, value in spec.rope_options.items()
-             if name not in defaults or value != defaults[name].default]
-    given = ", ".join(given + ([] if spec.ref_grid is None else [f"rope_ref_grid={spec.ref_grid!r}"]))
-    if given:
-        raise ValueError(f"{given} configure RoPE; the {spec.kind} encoding has no RoPE and would ignore them: "
-                         "leave them unset.")
-
-
 def build(spec: EncodingSpec) -> PositionEncoding:
     """The encoding of ``spec.kind``, refusing ``encoding_options`` it lacks and RoPE options it would ignore."""
     entry = REGISTRY[check_kind(spec.kind)]
@@ -40,6 +29,12 @@ def build(spec: EncodingSpec) -> PositionEncoding:
     if unknown:
         takes = f"takes {', '.join(entry.options)}" if entry.options else "takes none"
         raise ValueError(f"encoding_options {unknown} do not apply to the {spec.kind} encoding, which {takes}.")
-    if not entry.rope:
-        _refuse_rope_options(spec)
+    if not entry.rope:  # RoPE options it would ignore; a value that is RoPE2D's own default changes nothing
+        defaults = inspect.signature(RoPE2D).parameters
+        given = [f"rope_{name}={value!r}" for name, value in spec.rope_options.items()
+                 if name not in defaults or value != defaults[name].default]
+        given = ", ".join(given + ([] if spec.ref_grid is None else [f"rope_ref_grid={spec.ref_grid!r}"]))
+        if given:
+            raise ValueError(f"{given} configure RoPE; the {spec.kind} encoding has no RoPE and would ignore them: "
+                             "leave them unset.")
     return entry.build(spec)

@@ -15,13 +15,10 @@ import torch
 from torch import Tensor, nn
 
 from vit_rope.encodings.policies import PolicyChoice, ResolutionPolicy
-from vit_rope.layers.attention import BlockInput
+from vit_rope.layers.attention import BlockInput  # noqa: F401  (attention's side of the interface, re-exported)
 from vit_rope.layers.lattice import Lattice
 from vit_rope.layers.rotary import grid_positions
 
-# the interface every kind implements; BlockInput is attention's side of it, defined with attention
-__all__ = ["REGISTRY", "BlockInput", "LazyBlockInputs", "EncodingSpec", "GridTables", "Kept", "Kind", "NoEncoding",
-           "PositionEncoding", "Positions", "image_coords", "image_positions", "register"]
 T = TypeVar("T")
 
 

@@ -60,6 +60,9 @@ class PolicyChoice:
     policies: tuple[str, ...] = POLICIES
     kind: str
     resolution: ResolutionPolicy
+    # for ``refusal``: what the kind is, and what each policy it takes does for it
+    what = "{kind}"
+    uses: dict[str, str] = {}
 
     @property
     def policy(self) -> ResolutionPolicy:
@@ -81,7 +84,10 @@ class PolicyChoice:
         return policy
 
     def refusal(self, policy: str) -> str:
-        return f"Policy {policy!r} does not apply to {self.kind}: use one of {', '.join(map(repr, self.policies))}."
+        others = ", ".join(name for name in POLICIES if name not in self.policies)
+        use = (f"{name!r}" + (f" ({self.uses[name]})" if name in self.uses else "") for name in self.policies)
+        return (f"Policy {policy!r} does not apply to {self.what.format(kind=self.kind)}: {others} rescale RoPE "
+                f"frequencies, which it has none of. Use {' or '.join(use)}.")
 
 
 def per_sample(values: Tensor, positions: Tensor) -> Tensor:
@@ -95,10 +101,6 @@ def grid_units(coord: Tensor, grids: Tensor, train_grid: tuple[int, int]) -> tup
     size = grids.flip(-1).float()  # [1 or B, 2] (w, h)
     train = torch.tensor([float(train_grid[1]), float(train_grid[0])], device=size.device)
     return coord.flip(-1).float(), size, train
-
-
-def by_grid(xy: Tensor, scale: Tensor) -> Tensor:
-    return xy / per_sample(scale, xy)
 
 
 def place_positions(coord: Tensor, grids: Tensor, kind: str, policy: str, train_grid: tuple[int, int] | None,

@@ -95,8 +95,7 @@ class RoPEAttention(Attention):
         k = self.k_norm(k.unflatten(-1, (nkv, D)).transpose(1, 2))  # [B, nkv, N, D]
         v = self.v_norm(v.unflatten(-1, (nkv, D)).transpose(1, 2))  # [B, nkv, N, D]
         if rope is not None:  # in place only into the outputs of two norms that nothing else sees
-            own = all(not isinstance(norm, nn.Identity) and not norm._forward_hooks for norm in (self.q_norm,
-                                                                                                self.k_norm))
+            own = all(not isinstance(n, nn.Identity) and not n._forward_hooks for n in (self.q_norm, self.k_norm))
             q, k = rotate_normed(q, k, rope, own)
         if nkv != nh:
             k, v = k.repeat_interleave(nh // nkv, dim=1), v.repeat_interleave(nh // nkv, dim=1)

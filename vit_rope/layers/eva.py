@@ -11,6 +11,8 @@ from typing import Any
 from timm.layers import AttentionPoolLatent, GluMlp
 from torch import nn
 
+from vit_rope.checks import check_choice
+
 
 class PackedSwiGLU(GluMlp):
     """``GluMlp(gate_last=False)`` with SiLU, the hidden width of one branch doubled as ``Eva`` doubles it
@@ -38,8 +40,7 @@ LAYER_SCALES = ("both", "attn")
 
 def eva_blocks_(blocks: nn.Sequential, num_kv_heads: int | Sequence[int] | None, layer_scale: str) -> None:
     """Give ``blocks`` timm ``Eva``'s per-block options: grouped-query attention, LayerScale on attention only."""
-    if layer_scale not in LAYER_SCALES:
-        raise ValueError(f"layer_scale={layer_scale!r}: choose one of {', '.join(LAYER_SCALES)}.")
+    check_choice(layer_scale, LAYER_SCALES, "layer_scale")
     per_block = [num_kv_heads] * len(blocks) if num_kv_heads is None or isinstance(num_kv_heads, int) else \
         list(num_kv_heads)
     if len(per_block) != len(blocks):

@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.autograd.function import FunctionCtx, once_differentiable
 
+from vit_rope.checks import check_choice
 from vit_rope.layers import triton_rope
 from vit_rope.layers.rotary import apply_rope
 from vit_rope.layers.routes import capturing
@@ -49,14 +50,6 @@ def _rotate(src: Tensor, table: Tensor, out: Tensor) -> None:
         out.copy_(torch.view_as_real(_as_pairs(src.to(table.real.dtype)) * table).flatten(-2))
 
 
-def _rotated_qkv(qkv: Tensor, table: Tensor) -> Tensor:
-    """A new contiguous ``[B, N, 3, nh, D]`` tensor: q and k of ``qkv`` rotated by ``table``, v copied."""
-    out = torch.empty(qkv.shape, dtype=qkv.dtype, device=qkv.device)
-    out[:, :, 2] = qkv[:, :, 2]
-    _rotate(qkv[:, :, :2], table, out[:, :, :2])
-    return out
-
-
 def _rotation_grads(grad: Tensor, out: Tensor | None, cos: Tensor, sin: Tensor, use_triton: bool
                     ) -> tuple[Tensor, Tensor | None, Tensor | None]:
     """Backward of the rotation ``y = t x`` per pair: ``dx = conj(t) dy`` and, given the forward output ``out``,
@@ -64,7 +57,9 @@ def _rotation_grads(grad: Tensor, out: Tensor | None, cos: Tensor, sin: Tensor, 
     if use_triton:
         return triton_rope.rotated_backward(grad, out, cos, sin)
     table = _table(cos, sin, grad.dtype)
-    grad_qkv = _rotated_qkv(grad, table.conj())
+    grad_qkv = torch.empty(grad.shape, dtype=grad.dtype, device=grad.device)  # contiguous: q and k turned back, v
+    grad_qkv[:, :, 2] = grad[:, :, 2]
+    _rotate(grad[:, :, :2], table.conj(), grad_qkv[:, :, :2])
     if out is None:
         return grad_qkv, None, None
     real = table.real.dtype
@@ -193,8 +188,7 @@ def rotate_normed(q: Tensor, k: Tensor, tables: tuple[Tensor, Tensor], own: bool
 
 
 def _use_triton(x: Tensor, cos: Tensor, backend: str) -> bool:
-    if backend not in BACKENDS:
-        raise ValueError(f"rotate_qk: backend={backend!r} is not one of {BACKENDS}")
+    check_choice(backend, BACKENDS, "rotate_qk backend")
     if backend == "triton" and not triton_rope.AVAILABLE:
         raise RuntimeError("rotate_qk: backend='triton' needs the triton package (pip install triton)")
     return backend == "triton" or (backend == "auto" and triton_rope.supports(x, cos))

@@ -51,6 +51,8 @@ class AttnBias(PositionEncoding):
 
     CACHE_SIZE = 4  # two grids: each its offset tables and the dense matrices built from them
     policies = POSITION_POLICIES
+    what = "{kind}, an attention bias"
+    uses = {"extrapolate": "positions as they are", "interpolate": "positions scaled to the training grid"}
 
     def __init__(self, kind: str, num_heads: int, depth: int, train_grid: tuple[int, int] | None = None,
                  policy: str | dict | ResolutionPolicy | None = None,
@@ -72,11 +74,6 @@ class AttnBias(PositionEncoding):
             self.scales = [-1.0] * depth
         plans = [head_plan(spec, num_heads)[0] for spec in self.layer_specs if spec != "alibi"]
         self.by_offset = not any("center" in dirs for plan in plans for dirs in plan)
-
-    def refusal(self, policy: str) -> str:
-        return (f"Policy {policy!r} does not apply to {self.kind}, an attention bias: ntk, yarn and normalized "
-                "rescale RoPE frequencies, which it has none of. Use 'extrapolate' (positions as they are) or "
-                "'interpolate' (positions scaled to the training grid).")
 
     def _offset_tables(self, grid: tuple[int, int]) -> dict[str, Tensor]:
         """One table per offset ``[H, 2h - 1, 2w - 1]`` per distinct layer spec."""

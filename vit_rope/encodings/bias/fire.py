@@ -31,6 +31,9 @@ class Fire(PositionEncoding):
     """Each block's FIRE bias: an MLP ``2 -> hidden -> num_heads`` of normalised offsets, with its ``c`` and ``tau``."""
 
     policies = POSITION_POLICIES
+    what = "FIRE, an attention bias"
+    uses = {"extrapolate": "FIRE's own normalisation by the input's grid",
+            "interpolate": "offsets and grid scaled to the training grid first"}
 
     def __init__(self, num_heads: int, depth: int, train_grid: tuple[int, int] | None = None,
                  policy: str | dict | ResolutionPolicy | None = None, hidden: int = 32) -> None:
@@ -39,11 +42,6 @@ class Fire(PositionEncoding):
         self.mlps = nn.ModuleList(Mlp(2, hidden, num_heads, act_layer=nn.ReLU) for _ in range(depth))
         self.log_scale = nn.Parameter(torch.ones(depth))  # c of psi(x) = log(c x + 1)
         self.threshold = nn.Parameter(torch.ones(depth))  # tau: grids smaller than it are normalised by it
-
-    def refusal(self, policy: str) -> str:
-        return (f"Policy {policy!r} does not apply to FIRE, an attention bias: ntk, yarn and normalized rescale RoPE "
-                "frequencies, which it has none of. Use 'extrapolate' (FIRE's own normalisation by the input's grid) "
-                "or 'interpolate' (offsets and grid scaled to the training grid first).")
 
     def _bias(self, layer: int, offsets: Tensor, extent: Tensor) -> Tensor:
         c, tau = self.log_scale[layer].abs(), self.threshold[layer]

@@ -25,11 +25,9 @@ def official_args(obj: Mapping[str, Any]) -> dict[str, Any]:
     weights = obj["weights"]
     args: dict[str, Any] = dict(encoding="lookhere", encoding_options={"config": obj["config"]},
                                 norm_layer=partial(nn.LayerNorm, eps=1e-5), init_values=1e-4)
-    hidden, classes = weights.get("head.fc1.weight"), weights.get("head.fc2.weight")
-    if isinstance(hidden, Tensor):
-        args["head_hidden_dim"] = int(hidden.shape[0])
-    if isinstance(classes, Tensor):
-        args["num_classes"] = int(classes.shape[0])
+    for key, arg in (("head.fc1.weight", "head_hidden_dim"), ("head.fc2.weight", "num_classes")):
+        if isinstance(weights.get(key), Tensor):
+            args[arg] = int(weights[key].shape[0])
     return args
 
 

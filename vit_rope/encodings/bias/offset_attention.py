@@ -45,8 +45,7 @@ def policy_offsets(grid: tuple[int, int], train_grid: tuple[int, int] | None, po
     ``[2h - 1, 2w - 1]`` indexed by ``(dy + h - 1, dx + w - 1)``, as the policy scales them; that scale ``[1, 2]``."""
     h, w = grid
     scale = policy_scale(torch.tensor([grid], device=device), train_grid, policy)
-    dy, dx = torch.meshgrid(torch.arange(1 - h, h, device=device), torch.arange(1 - w, w, device=device),
-                            indexing="ij")
+    dy, dx = torch.meshgrid(torch.arange(1 - h, h, device=device), torch.arange(1 - w, w, device=device), indexing="ij")
     offsets = torch.stack((dx, dy), dim=-1).reshape(-1, 2).to(dtype)
     return (offsets if scale is None else offsets * scale[0].to(dtype)), scale
 
@@ -61,11 +60,6 @@ def dense_bias(table: Tensor, grid: tuple[int, int], prefix: int = 0) -> Tensor:
     ys = torch.arange(h, device=table.device).repeat_interleave(w)
     xs = torch.arange(w, device=table.device).repeat(h)
     return pad_prefix(table[:, ys[None, :] - ys[:, None] + h - 1, xs[None, :] - xs[:, None] + w - 1], prefix)
-
-
-def _reversed_keys(x: Tensor, prefix: int) -> Tensor:
-    """Keys or values ``[B, nh, P + N, D]`` with the patch tokens in reverse order (prefix tokens first, kept)."""
-    return torch.cat((x[:, :, :prefix], x[:, :, prefix:].flip(2)), dim=2)
 
 
 def _table_view(flipped: Tensor, grid: tuple[int, int]) -> Tensor:
@@ -240,7 +234,9 @@ def offset_attention(q: Tensor, k: Tensor, v: Tensor, table: Tensor, grid: tuple
     """Attention with ``table[h, p_k - p_q]`` added to patch pairs' logits; ``flex``: FlexAttention, not chunks."""
     if flex if flex is not None else q.is_cuda:
         return _flex(q, k, v, table.to(q.dtype), grid, prefix, scale)
-    k, v, flipped = _reversed_keys(k, prefix), _reversed_keys(v, prefix), table.flip(-2, -1).contiguous()
+    # the patch keys and values in reverse order (prefix tokens first, kept), against the flipped table
+    k, v = (torch.cat((x[:, :, :prefix], x[:, :, prefix:].flip(2)), dim=2) for x in (k, v))
+    flipped = table.flip(-2, -1).contiguous()
     if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v, table)):
         return _OffsetAttention.apply(q, k, v, flipped, grid, prefix, scale)
     if q.device.type == "cpu" and q.shape[-2] * k.shape[-2] * q.shape[1] > CHUNK_ELEMENTS:  # no masks (CPU kernel)

@@ -113,18 +113,15 @@ class BlockRotation(PositionEncoding):
 
     CACHE_SIZE = 2
     policies = POSITION_POLICIES
+    what = "{kind}, whose rotations come from learned generators"
+    uses = {"extrapolate": "positions at the training step",
+            "interpolate": "positions scaled to the training extent; docs/models.md has both"}
 
     def __init__(self, kind: str, depth: int, train_grid: tuple[int, int], policy: str | dict | ResolutionPolicy | None,
                  prefix_position: float | None, per_layer: bool) -> None:
         super().__init__(kind, depth, train_grid, policy)
         self.prefix_position, self.per_layer = prefix_position, per_layer  # per_layer: generators per block
         self._cache = GridTables(self.CACHE_SIZE)
-
-    def refusal(self, policy: str) -> str:
-        return (f"Policy {policy!r} does not apply to {self.kind}: ntk, yarn and normalized rescale RoPE frequencies, "
-                "and its rotations come from learned generators instead. Use 'extrapolate' (positions at the training "
-                "step) or 'interpolate' (positions scaled to the training extent); docs/models.md says what each "
-                "means for it.")
 
     def generators(self) -> Tensor:
         """The skew-symmetric generators ``[L, H, 2, D/b, b, b]`` (``L``: 1 or one per block) along (x, y)."""

@@ -22,7 +22,7 @@ from torch import Tensor, nn
 from vit_rope.checks import check_choice
 from vit_rope.encodings.base import EncodingSpec, GridTables, Kept, PositionEncoding, Positions, register
 from vit_rope.encodings.generators.block_rotation import BlockRotation, Rotations, check_block, expm
-from vit_rope.encodings.policies import ResolutionPolicy, by_grid, grid_units
+from vit_rope.encodings.policies import ResolutionPolicy, grid_units, per_sample
 from vit_rope.layers.attention import BlockInput, plain_projection
 from vit_rope.layers.fused import fold_qk
 from vit_rope.layers.rotary import rope_angles, rope_tables
@@ -119,7 +119,7 @@ class Spectral(BlockInput):
 def comrope_positions(coord: Tensor, grids: Tensor, train_grid: tuple[int, int], policy: str) -> Tensor:
     """Patch centres ``(i + 0.5) / n`` (x, y), ``n`` the training grid or (``interpolate``) the input's."""
     xy, size, train = grid_units(coord, grids, train_grid)
-    return by_grid(xy + 0.5, size if policy == "interpolate" else train.expand_as(size))
+    return (xy + 0.5) / per_sample(size if policy == "interpolate" else train.expand_as(size), xy)
 
 
 # FX (timm's and torchvision's tracers): recorded as one call, whose branches on shapes the trace cannot take
@@ -146,7 +146,6 @@ class ComRoPE(BlockRotation):
             fits = [d for d in range(2, head_dim // 2 + 1) if (head_dim // 2) % d == 0]
             raise ValueError(f"encoding_options['block_size']={block_size} leaves {num_blocks} blocks per head, "
                              f"which ComRoPE-AP cannot split evenly between the two axes: pick one of {fits}.")
-        self.init_std = init_std
         self._spectral = GridTables(self.CACHE_SIZE)
         self._folds = [Kept() for _ in range(depth)]  # each block's projection in the RoPE form's basis
         self.freqs = nn.Parameter(torch.randn(depth, num_heads, 1, num_blocks, block_size, block_size) * init_std)

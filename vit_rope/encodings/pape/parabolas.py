@@ -126,6 +126,9 @@ class ParabolicEncoding(PositionEncoding):
     """PaPE or PaPE-RI: every token's official position, handed to each block's ``ParabolaLayer``."""
 
     policies = ("extrapolate", "interpolate", "normalized")
+    what = "{kind}, a parabolic bias"
+    uses = {"extrapolate": "positions as they are", "interpolate": "positions scaled to the training grid",
+            "normalized": "positions divided by the grid, PaPE's normalize option"}
 
     def __init__(self, kind: str, depth: int, train_grid: tuple[int, int] | None = None,
                  policy: str | dict | ResolutionPolicy | None = None, parabolas: int | None = None) -> None:
@@ -134,12 +137,6 @@ class ParabolicEncoding(PositionEncoding):
             raise ValueError(f"parabolas={parabolas!r} sets PaPE (encoding='pape'); PaPE-RI has one parabola per "
                              "head, in the Euclidean offset: leave it unset.")
         self.parabolas = None if kind == "pape_ri" else check_parabolas(PARABOLAS if parabolas is None else parabolas)
-
-    def refusal(self, policy: str) -> str:
-        return (f"Policy {policy!r} does not apply to {self.kind}, a parabolic bias: ntk and yarn rescale RoPE "
-                "frequencies, which it has none of. Use 'extrapolate' (positions as they are), 'interpolate' "
-                "(positions scaled to the training grid) or 'normalized' (positions divided by the grid, PaPE's "
-                "normalize option).")
 
     def attach_(self, blocks: nn.ModuleList, dim: int, num_heads: int) -> None:
         """Each block's attention gets its own layer (``pape``: the official checkpoints' weights are per layer)."""

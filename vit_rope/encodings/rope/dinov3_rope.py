@@ -9,19 +9,6 @@ from torch import Tensor
 
 from vit_rope.checks import check_choice
 
-
-def _swapped_axes(head_dim: int) -> tuple[Tensor, Tensor]:
-    """Each channel's pair in a layout with the other axis first, ``(p + D/4) mod D/2``, and its place in the pair."""
-    channel = torch.arange(head_dim)
-    return (channel // 2 + head_dim // 4) % (head_dim // 2), channel % 2
-
-
-def interleave_permutation(head_dim: int) -> Tensor:
-    """Index ``[head_dim]``: row ``c`` of our q (or k) head is row ``index[c]`` of DINOv3's rotate-half head."""
-    pair, place = _swapped_axes(head_dim)
-    return pair + place * (head_dim // 2)
-
-
 QK_LAYOUTS = ("interleaved", "eva_ij", "eva_xy", "rotate_half", "gemma4")
 
 
@@ -32,16 +19,15 @@ def check_qk_layout(layout: str) -> str:
 def qk_permutation(layout: str, head_dim: int) -> Tensor:
     """Index ``[head_dim]``: row ``c`` of our q (or k) head is row ``index[c]`` of a head in ``layout`` (``gemma4``: x
     on the first half, y on the second, each in rotate-half pairs ``(c, c + D/4)``)."""
+    channel = torch.arange(head_dim)
     if check_qk_layout(layout) in ("interleaved", "eva_xy"):
-        return torch.arange(head_dim)
-    if layout == "rotate_half":
-        return interleave_permutation(head_dim)
+        return channel
     if layout == "gemma4":  # our pair p: axis p // (D/4), frequency p % (D/4)
-        quarter, channel = head_dim // 4, torch.arange(head_dim)
-        pair, place = channel // 2, channel % 2
+        quarter, pair, place = head_dim // 4, channel // 2, channel % 2
         return (pair // quarter) * 2 * quarter + pair % quarter + place * quarter
-    pair, place = _swapped_axes(head_dim)
-    return 2 * pair + place
+    # the other axis first (EVA's y first; DINOv3's rotate-half): each channel's pair (p + D/4) mod D/2, its place
+    pair, place = (channel // 2 + head_dim // 4) % (head_dim // 2), channel % 2
+    return pair + place * (head_dim // 2) if layout == "rotate_half" else 2 * pair + place
 
 
 def permute_qk_rows(value: Tensor, index: Tensor, num_heads: int, num_kv_heads: int | None = None) -> Tensor:

@@ -158,8 +158,7 @@ class RotaryEncoding(PositionEncoding, nn.ModuleList):
 
     def prune_(self, depth: int) -> None:
         if self.per_block:
-            for index in reversed(range(depth, len(self))):
-                del self[index]
+            del self[depth:]
         self.depth = depth
 
     def extra_repr(self) -> str:
