@@ -250,12 +250,6 @@ def test_ape_variant_resamples_its_position_embedding(kind):
         assert model(torch.randn(1, 3, 96, 64)).shape == (1, 5)
 
 
-def test_patch_dropout_keeps_positions():
-    model = tiny(patch_drop_rate=0.5).train()
-    out = model.forward_features(torch.randn(2, 3, 64, 64))
-    assert out.shape == (2, 1 + 8, 192)
-
-
 def test_bad_input_errors():
     model = tiny()
     with pytest.raises(ValueError, match=r"50x64.*patch size 16x16"):
@@ -328,8 +322,9 @@ def test_dinov3_rope_options_are_refused_for_other_kinds(kind, option):
         tiny(f"vit_rope_tiny_patch16_{kind}_224", **option)
 
 
-def test_forward_intermediates_nchw_under_patch_dropout_says_what_to_do():
+def test_patch_dropout_keeps_tokens_and_nchw_intermediates_say_what_to_do():
     model = tiny(patch_drop_rate=0.5).train()
+    assert model.forward_features(torch.randn(2, 3, 64, 64)).shape == (2, 1 + 8, 192)
     with pytest.raises(ValueError, match=r"Patch dropout kept \d+ of the 4x6 patches.*model.eval\(\).*NLC"):
         model.forward_intermediates(torch.randn(2, 3, 64, 96))
     assert model.forward_intermediates(torch.randn(2, 3, 64, 96), output_fmt="NLC")[1][0].shape[1] < 24
