@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from timm.layers import to_2tuple, trunc_normal_, use_fused_attn
+from timm.layers import to_2tuple, use_fused_attn
 from timm.models.swin_transformer import SwinTransformer, SwinTransformerBlock, WindowAttention, checkpoint_filter_fn
 from torch import Tensor, nn
 
@@ -48,8 +48,7 @@ class RoPEWindowAttention(WindowAttention):
 
     def reset_parameters(self) -> None:
         if self.relative_position_bias_table is not None:  # timm's init of the bias, when there is one
-            trunc_normal_(self.relative_position_bias_table, std=0.02)
-            self._init_buffers()
+            super().reset_parameters()
 
     def set_window_size(self, window_size: tuple[int, int]) -> None:
         """A new window: the bias table resized as timm does; RoPE keeps its training window for the policy."""
