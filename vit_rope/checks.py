@@ -66,12 +66,9 @@ def check_multiple(what: str, sizes: Sequence[int], model: nn.Module, label: str
 
 def check_patch_multiple(x: Tensor, patch_size: tuple[int, int]) -> Tensor:
     """``x`` ``[B, C, H, W]`` itself, or a ``ValueError`` naming the sizes when it does not tile into whole patches."""
-    height, width = x.shape[-2], x.shape[-1]
-    ph, pw = patch_size[0], patch_size[1]
+    (height, width), (ph, pw) = x.shape[-2:], patch_size
     if height % ph != 0 or width % pw != 0:
         raise ValueError(f"Image size {height}x{width} (HxW) is not a multiple of the patch size {ph}x{pw}: resize or "
                          f"crop to e.g. {max(ph, height // ph * ph)}x{max(pw, width // pw * pw)}, or build the model "
                          "with dynamic_img_pad=True to pad it.")
     return x
-
-

@@ -34,11 +34,6 @@ HF = ("embeddings.cls_token", "embeddings.register_tokens", "embeddings.patch_em
       "model.layer.0.layer_scale1.lambda1", "model.layer.0.attention.q_proj.weight", "model.layer.0.mlp.up_proj.weight")
 
 
-def lookhere_file() -> dict:
-    weights = timm.create_model("vit_rope_tiny_patch16_lookhere_224", depth=1, head_hidden_dim=768).state_dict()
-    return {"weights": weights, "config": {"head_directions": "halves"}}
-
-
 @pytest.mark.parametrize(("source", "expected"), [
     (lambda: timm_eva("vit_small_patch16_dinov3", depth=1).state_dict(), EVA),  # gamma_1, no qkv bias
     (lambda: timm_eva("vit_small_patch16_dinov3_qkvb", depth=1).state_dict(), EVA),  # and q_bias / v_bias
@@ -49,7 +44,8 @@ def lookhere_file() -> dict:
     (lambda: keys(*HF), HF_FORMAT),
     (lambda: keys("embeddings.patch_embeddings.projection.weight", "encoder.layer.0.output.dense.weight"),
      "Hugging Face transformers' ViT or DINOv2"),
-    (lookhere_file, "LookHere's official file"),
+    (lambda: {"weights": timm.create_model("vit_rope_tiny_patch16_lookhere_224", depth=1, head_hidden_dim=768)
+              .state_dict(), "config": {"head_directions": "halves"}}, "LookHere's official file"),
     (lambda: timm.create_model("vit_rope_tiny_patch16_mixed_224", depth=1).state_dict(), VIT.name),  # our own
     (lambda: timm.create_model("deit3_small_patch16_224", depth=1).state_dict(), VIT.name),  # ls1.gamma
     (lambda: timm.create_model("vit_rope_small_patch16_dinov3", depth=1).state_dict(), VIT.name),  # a twin's own

@@ -1,22 +1,11 @@
-"""What a load did (``vit_rope.models.load_report``): the report's reading of its initialised weights, and the one
-warning an incomplete load gives (never for a complete one)."""
+"""What a load did (``vit_rope.models.load_report``): the report's reading of its initialised weights. The one warning
+an incomplete load gives, and a complete one's silence, are test_checkpoint.py's (through every loader)."""
 
 from __future__ import annotations
 
-import warnings
-
-import pytest
 import torch
 
-from vit_rope.models.load_report import (
-    LAYERSCALE,
-    POS_EMBED,
-    ROPE_FREQS,
-    LoadReport,
-    WeightsNotLoadedWarning,
-    report,
-    warn_initialised,
-)
+from vit_rope.models.load_report import LAYERSCALE, ROPE_FREQS, LoadReport, report
 
 
 def test_report_lists_loaded_keys_as_those_not_initialised_and_drops_empty_reasons():
@@ -35,15 +24,3 @@ def test_summary_names_few_keys_and_counts_many():
     made = LoadReport("w.pth", (), {ROPE_FREQS: ("freqs",), LAYERSCALE: many})
     assert made.summary() == (f"{ROPE_FREQS} (freqs); {LAYERSCALE} (blocks.0.ls1.gamma, ..., blocks.5.ls1.gamma: "
                               "6 tensors)")
-
-
-def test_an_incomplete_load_warns_once_with_what_to_do_and_a_complete_one_is_silent():
-    with pytest.warns(WeightsNotLoadedWarning, match=r"w.pth lacks weights .* Fine for fine-tuning; for evaluation, "
-                                                     "load a checkpoint that has them"):
-        warn_initialised(LoadReport("w.pth", ("a",), {ROPE_FREQS: ("freqs",)}))
-    with pytest.warns(WeightsNotLoadedWarning, match=r"The checkpoint has an absolute position embedding .* load it "
-                                                     r"into the \+APE variant"):
-        warn_initialised(LoadReport(None, ("a",), {}, skipped=(POS_EMBED,)))
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        warn_initialised(LoadReport("w.pth", ("a",), {}, skipped=("head.weight",)))  # a skipped head alone: silent

@@ -86,8 +86,10 @@ def test_forward_backward_at_any_size(name):
 
 
 @pytest.mark.parametrize("kind", ["axial", "mixed"])
-def test_rope_changes_the_output_and_is_shared_or_per_layer(kind):
+def test_rope_changes_the_output_and_is_shared_or_per_layer_its_tables_not_in_the_state_dict(kind):
     model = tiny(f"vit_rope_tiny_patch16_{kind}_224", init_values=1.0).eval()  # LayerScale 1: attention matters
+    expected_keys = [] if kind == "axial" else ["pos_encoding.0.freqs", "pos_encoding.1.freqs"]
+    assert [k for k in model.state_dict() if "pos_encoding" in k] == expected_keys
     x = torch.randn(1, 3, 64, 64)
     with torch.no_grad():
         out = model(x)
@@ -99,12 +101,6 @@ def test_rope_changes_the_output_and_is_shared_or_per_layer(kind):
     else:
         assert len(model.pos_encoding) == len(model.blocks)
         assert not torch.equal(model.pos_encoding[0].freqs, model.pos_encoding[1].freqs)  # frequencies per layer
-
-
-def test_tables_are_not_in_the_state_dict():
-    assert not [k for k in tiny("vit_rope_tiny_patch16_axial_224").state_dict() if "pos_encoding" in k]
-    mixed_keys = [k for k in tiny().state_dict() if "pos_encoding" in k]
-    assert mixed_keys == ["pos_encoding.0.freqs", "pos_encoding.1.freqs"]
 
 
 def _state_between_calls(model: torch.nn.Module) -> list[str]:
@@ -250,12 +246,6 @@ def test_ape_variant_resamples_its_position_embedding(kind):
         assert model(torch.randn(1, 3, 96, 64)).shape == (1, 5)
 
 
-def test_patch_dropout_keeps_positions():
-    model = tiny(patch_drop_rate=0.5).train()
-    out = model.forward_features(torch.randn(2, 3, 64, 64))
-    assert out.shape == (2, 1 + 8, 192)
-
-
 def test_bad_input_errors():
     model = tiny()
     with pytest.raises(ValueError, match=r"50x64.*patch size 16x16"):
@@ -328,8 +318,9 @@ def test_dinov3_rope_options_are_refused_for_other_kinds(kind, option):
         tiny(f"vit_rope_tiny_patch16_{kind}_224", **option)
 
 
-def test_forward_intermediates_nchw_under_patch_dropout_says_what_to_do():
+def test_patch_dropout_keeps_tokens_and_nchw_intermediates_say_what_to_do():
     model = tiny(patch_drop_rate=0.5).train()
+    assert model.forward_features(torch.randn(2, 3, 64, 64)).shape == (2, 1 + 8, 192)
     with pytest.raises(ValueError, match=r"Patch dropout kept \d+ of the 4x6 patches.*model.eval\(\).*NLC"):
         model.forward_intermediates(torch.randn(2, 3, 64, 96))
     assert model.forward_intermediates(torch.randn(2, 3, 64, 96), output_fmt="NLC")[1][0].shape[1] < 24

@@ -49,13 +49,11 @@ class EmbeddingMixin:
         """Prefix tokens in front of the patch tokens ``[B, N, C]``, each with its APE row (+APE models)."""
         B = tokens.shape[0]
         prefix = [token.expand(B, -1, -1) for token in (self.cls_token, self.reg_token) if token is not None]
-        pos_embed = self.pos_embed
-        if pos_embed is None:
+        if self.pos_embed is None:
             return self.pos_drop(torch.cat(prefix + [tokens], dim=1))  # [B, P + N, C]
         positions = self.ape.place(coord, grids)  # the table and its grid are the model's, given to the APE's logic
-        rows = self.ape(pos_embed, positions, grids, grid, table_grid(self))  # [1 or B, own + N, C]
-        own = self.ape.num_prefix_rows
-        if own:  # a row for each prefix token too
+        rows = self.ape(self.pos_embed, positions, grids, grid, table_grid(self))  # [1 or B, own + N, C]
+        if self.ape.num_prefix_rows:  # a row for each prefix token too
             return self.pos_drop(torch.cat(prefix + [tokens], dim=1) + rows)
         return self.pos_drop(torch.cat(prefix + [tokens + rows], dim=1))
 

@@ -25,6 +25,10 @@ ROPE_VIT_SIZES = ("tiny", "small", "base", "large")  # vit_rope_<size>_patch16_{
 KIND_SIZES = ("tiny", "small", "base")  # vit_rope_<size>_patch16_<kind>_224 of the other kinds
 
 
+def model_name(size: str, kind: str, ape: bool = False) -> str:
+    return f"vit_rope_{size}_patch16_{kind}{'_ape' if ape else ''}_224"
+
+
 def _size(state_dict: Mapping[str, Any], sizes: tuple[str, ...]) -> str | None:
     """The size of ``sizes`` whose width is the file's (its patch embedding's rows), ``None`` for none."""
     weight = state_dict.get("patch_embed.proj.weight")
@@ -52,7 +56,7 @@ def _rope_vit_name(state_dict: Mapping[str, Any]) -> str | None:
     size = _size(state_dict, ROPE_VIT_SIZES)
     if size is None or not (mixed or ape):
         return None
-    return f"vit_rope_{size}_patch16_{'mixed' if mixed else 'axial'}{'_ape' if ape else ''}_224"
+    return model_name(size, "mixed" if mixed else "axial", ape)
 
 
 def _dinov3(state_dict: dict[str, Any], model: nn.Module, source: str) -> Converted:
@@ -193,7 +197,7 @@ def describe(path: str | Path) -> Description:
         size = size_of(args["embed_dim"], KIND_SIZES) if "embed_dim" in args else None
         if size is None and {"embed_dim", "depth", "num_heads"} <= set(args):  # the arguments set every width
             size = "base"
-        name = None if size is None else f"vit_rope_{size}_patch16_{args['encoding']}_224"
+        name = None if size is None else model_name(size, args["encoding"])
     return name, args
 
 

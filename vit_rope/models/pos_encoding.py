@@ -70,10 +70,6 @@ class PositionEncodingMixin:
                              f"set_resolution_policy('yarn', yarn_beta=4.0); got the policy {policy!r}.")
         self.pos_encoding.policy = policy
 
-    def encoding_no_weight_decay(self) -> set[str]:
-        """The parameters to train without weight decay that the encoding's modules name (``submodule_no_decay``)."""
-        return submodule_no_decay(self)
-
     def fold_encoding_(self) -> None:
         """Fold the encoding into the blocks' weights where that is the same, cheaper function (STRING's into qkv)."""
         self.pos_encoding.fold_(self.blocks)

@@ -18,6 +18,7 @@ from vit_rope.models import deepseek_vit, dinov3, qwen3_vit
 from vit_rope.models.checkpoint import checkpoint_filter_fn
 from vit_rope.models.dinov3 import dinov3_name
 from vit_rope.models.eva_families import FAMILIES, twin_cfgs, twin_name
+from vit_rope.models.formats import KIND_SIZES, ROPE_VIT_SIZES, model_name
 from vit_rope.models.gemma4_vit import GEMMA4, Gemma4VisionTransformer
 from vit_rope.models.pixtral import PIXTRAL, PixtralVisionTransformer
 from vit_rope.models.qwen2_5_vl import QWEN25, Qwen25VisionTransformer
@@ -27,18 +28,12 @@ from vit_rope.models.twins import tagged, timm_twin_cfgs
 from vit_rope.models.vit import RoPEVisionTransformer
 from vit_rope.models.widths import width
 
-SIZES = ("tiny", "small", "base", "large")  # RoPE-ViT's DeiT-III sizes (widths: vit_rope.models.widths)
 # name suffix -> model arguments of the kinds without published weights (tiny, small, base); STRING over axial, mixed
 NEW_KINDS: dict[str, dict[str, str]] = {
     **{kind: dict(encoding=kind) for kind in KINDS if kind not in ("axial", "mixed", "dinov3", "string", "none")},
     "string": dict(encoding="string", rope_string_base="axial"),
     "string_mixed": dict(encoding="string", rope_string_base="mixed"),
 }
-NEW_SIZES = ("tiny", "small", "base")
-
-
-def model_name(size: str, kind: str, ape: bool) -> str:
-    return f"vit_rope_{size}_patch16_{kind}{'_ape' if ape else ''}_224"
 
 
 def _cfg(**kwargs: Any) -> dict[str, Any]:
@@ -56,15 +51,15 @@ def _default_cfgs() -> dict[str, Any]:
         name = dinov3_name(size, qkvb)
         cfgs[f"{name}.lvd1689m"] = _cfg(hf_hub_id=f"timm/{name.replace('vit_rope_', 'vit_')}.lvd1689m", num_classes=0,
                                         input_size=(3, 256, 256), license="dinov3-license")
-    for size, kind, ape in product(SIZES, ("axial", "mixed"), (False, True)):
+    for size, kind, ape in product(ROPE_VIT_SIZES, ("axial", "mixed"), (False, True)):
         name = model_name(size, kind, ape)
         if size == "tiny":
             cfgs[name] = _cfg()
         else:  # the published weights, as timm hosts them: vit_base_patch16_rope_mixed_ape_224
             port = "rope" + ("_mixed" if kind == "mixed" else "") + ("_ape" if ape else "")
             cfgs[f"{name}.naver_in1k"] = _cfg(hf_hub_id=f"timm/vit_{size}_patch16_{port}_224.naver_in1k", crop_pct=0.9)
-    for size, kind in product(NEW_SIZES, NEW_KINDS):
-        cfgs[model_name(size, kind, False)] = _cfg()
+    for size, kind in product(KIND_SIZES, NEW_KINDS):
+        cfgs[model_name(size, kind)] = _cfg()
     for kind, size in product(SWIN_KINDS, SWIN_SIZES):  # RoPE-ViT's published RoPE-Swin weights, on its hub
         name = swin_name(kind, size)
         cfgs[name] = _cfg(hf_hub_id=f"naver-ai/{name}", hf_hub_filename="pytorch_model.bin", pool_size=(7, 7),
@@ -120,9 +115,9 @@ _DEIT3 = dict(patch_size=16, mlp_ratio=4, qkv_bias=True, init_values=1e-5,  # La
               class_token=True, global_pool="token")
 _VITS: dict[str, dict[str, Any]] = {
     **{model_name(size, kind, ape): dict(_DEIT3, encoding=kind, pos_embed="learn" if ape else "none", **width(size))
-       for size, kind, ape in product(SIZES, ("axial", "mixed"), (False, True))},
-    **{model_name(size, kind, False): dict(_DEIT3, **NEW_KINDS[kind], **width(size))
-       for size, kind in product(NEW_SIZES, NEW_KINDS)},
+       for size, kind, ape in product(ROPE_VIT_SIZES, ("axial", "mixed"), (False, True))},
+    **{model_name(size, kind): dict(_DEIT3, **NEW_KINDS[kind], **width(size))
+       for size, kind in product(KIND_SIZES, NEW_KINDS)},
     **{dinov3_name(size, qkvb): dinov3.model_args(size, qkvb) for size, qkvb in product(dinov3.SIZES, (False, True))},
     **{twin_name(timm_name): args for table in FAMILIES.values() for timm_name, args in table.items()},  # Eva twins
 }

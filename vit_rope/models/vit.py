@@ -22,7 +22,7 @@ from vit_rope.layers.eva import eva_blocks_, resize_attn_pool
 from vit_rope.layers.lattice import naflex_grid
 from vit_rope.models.embedding import Embedded, EmbeddingMixin
 from vit_rope.models.naflex_batch import NaFlexBatch, naflex_batch, naflex_maps
-from vit_rope.models.pos_encoding import PositionEncodingMixin
+from vit_rope.models.pos_encoding import PositionEncodingMixin, submodule_no_decay
 
 
 class RoPEVisionTransformer(NoTorchScript, PositionEncodingMixin, EmbeddingMixin, VisionTransformer):
@@ -86,8 +86,8 @@ class RoPEVisionTransformer(NoTorchScript, PositionEncodingMixin, EmbeddingMixin
                             **get_device_dtype(self))
 
     def no_weight_decay(self) -> set[str]:
-        """timm's set plus the encoding's (``PositionEncodingMixin.encoding_no_weight_decay``)."""
-        return super().no_weight_decay() | self.encoding_no_weight_decay()
+        """timm's set plus what the encoding's modules name (``submodule_no_decay``)."""
+        return super().no_weight_decay() | submodule_no_decay(self)
 
     def group_matcher(self, coarse: bool = False) -> dict[str, Any]:
         """timm's groups, with each layer's mixed frequencies grouped with its block (for layer-wise lr decay)."""
