@@ -1,12 +1,11 @@
 """Study reports (``studies.report.write_study``): every number comes from the study's files, the docs section is
 rewritten in place, and runs trained elsewhere are credited to their machine. The goal's verdict: test_study_goal."""
 
-import json
 from pathlib import Path
 
 import pytest
 
-from helpers.studies import make_v2, result, write_runs
+from helpers.studies import make_v2, result, set_protocol, write_runs
 from studies import goal
 from studies import report as study
 
@@ -66,8 +65,7 @@ def test_write_study_needs_the_readme_markers(tmp_path):
 
 def test_evaluations_must_share_a_protocol(tmp_path):
     root = make_v2(tmp_path / "results")
-    path = root / "eval" / "ape" / "results.json"
-    path.write_text(json.dumps({**json.loads(path.read_text()), "protocol": "crop 0.875"}))
+    set_protocol([root / "eval" / "ape" / "results.json"], "crop 0.875")
     with pytest.raises(ValueError, match="different protocols"):
         study.write_study(root, plots=False)
 
