@@ -50,9 +50,9 @@ BASELINE = "axial"
 # (mode, img size, ratio to axial: "time" or "memory", largest ratio allowed)
 TARGETS = [("infer", 1344, "time", 1.3), ("infer", 1344, "memory", 2.0), ("infer", 2048, "time", 1.5),
            ("train", 896, "time", 1.5), ("train", 896, "memory", 1.5)]
-# axial and timm's APE: two worker processes (each a new interpreter); another kind of ours against axial runs in
+# axial and timm's APE: two worker processes, forked from one fork server; another kind of ours against axial runs in
 # make gpu-check's tiny CPU run (--kinds lookhere)
-SMOKE = {"kinds": ["ape"], "img_sizes": [32, 64], "train_sizes": [64], "train_batch": 2, "rounds": 1}
+SMOKE = {"kinds": ["ape"], "img_sizes": [32], "train_sizes": [32], "train_batch": 2, "rounds": 1}
 
 def model_name(kind: str) -> str:
     """timm's APE DeiT-III for ``ape``; ours otherwise (DINOv3's registered without the size, as it has no 224)."""
@@ -162,9 +162,13 @@ class Worker:
         self.name, self.threads, self.timeout, self.plain, self.proc = name, threads, timeout, plain, None
 
     def start(self) -> None:
-        spawn = mp.get_context("spawn")
-        self.conn, child = spawn.Pipe()
-        self.proc = spawn.Process(target=_serve, args=(self.name, self.threads, child, self.plain), daemon=True)
+        """A process forked from multiprocessing's fork server, a new interpreter that imports torch, timm and
+        vit_rope once for every worker (each imported them itself under ``spawn``: seconds of a tiny run each) and
+        initialises no device, so that a worker's CUDA is its own."""
+        server = mp.get_context("forkserver")
+        server.set_forkserver_preload(["torch", "timm", "vit_rope"])
+        self.conn, child = server.Pipe()
+        self.proc = server.Process(target=_serve, args=(self.name, self.threads, child, self.plain), daemon=True)
         self.proc.start()
         child.close()  # the parent's copy: with it closed, a dead worker reads as EOF
 

@@ -39,6 +39,7 @@ therefore always a consistent one.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import shlex
@@ -89,6 +90,7 @@ from vit_rope.train.config import load_yaml  # noqa: E402
 from vit_rope.train.state import load_checkpoint  # noqa: E402
 
 
+@functools.cache  # built once per config, not once per seed
 def evaluation_policies(config: str) -> tuple[tuple[str, ...], str]:
     """The resolution policies that apply to a config's model (all of them for a model without an encoding to
     choose), and its own: its positions as trained (``normalized`` for DINOv3's RoPE, else ``extrapolate``)."""

@@ -3,14 +3,12 @@ private autograd node that saves it."""
 
 from __future__ import annotations
 
-from types import TracebackType
-
 import torch
 from torch import Tensor
 
 
-class SavedForBackward:
-    """The tensors autograd saves for backward while the ``with`` block runs (``saved_tensors_hooks``).
+class SavedForBackward(torch.autograd.graph.saved_tensors_hooks):
+    """The tensors autograd saves for backward while the ``with`` block runs.
 
     ``beyond(*tensors)`` is the number of elements saved in storages other than those of ``tensors`` (the inputs and
     outputs a path may keep), each storage counted once: 0 for a path that keeps nothing of its own, an intermediate's
@@ -18,19 +16,11 @@ class SavedForBackward:
 
     def __init__(self) -> None:
         self.saved: list[Tensor] = []
-        self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, lambda tensor: tensor)
-
-    def _pack(self, tensor: Tensor) -> Tensor:
-        self.saved.append(tensor)
-        return tensor
+        super().__init__(lambda tensor: self.saved.append(tensor) or tensor, lambda tensor: tensor)
 
     def __enter__(self) -> SavedForBackward:
-        self._hooks.__enter__()
+        super().__enter__()
         return self
-
-    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
-                 traceback: TracebackType | None) -> None:
-        self._hooks.__exit__(kind, error, traceback)
 
     def beyond(self, *tensors: Tensor) -> int:
         kept = {tensor.untyped_storage().data_ptr() for tensor in tensors}

@@ -7,6 +7,18 @@ import json
 from pathlib import Path
 
 
+def write_results(folder: Path, rows: list[dict], protocol: str = "crop 1.0") -> None:
+    """``folder/results.json`` as vit_rope.evaluate writes it: its protocol and rows."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "results.json").write_text(json.dumps({"protocol": protocol, "results": rows}))
+
+
+def set_protocol(paths: object, protocol: str) -> None:
+    """Each results.json file of ``paths`` marked as evaluated under ``protocol``."""
+    for path in paths:
+        path.write_text(json.dumps({**json.loads(path.read_text()), "protocol": protocol}))
+
+
 def result(model: str, policy: str | None, size: int, top1: float) -> dict:
     return {"model": model, "policy": policy, "img_size": size, "train_size": 64, "top1": top1, "top5": 90.0,
             "loss": 1.0, "images_per_s": 100.0}
@@ -24,8 +36,7 @@ def write_runs(root: Path, runs: list[dict], evaluations: dict[str, list[dict]],
             writer.writerows([{"epoch": 1, "top1": 20.0, "seconds": 60.0},
                               {"epoch": 2, "top1": 40.0 + 2 * run["seed"], "seconds": 60.0}])
     for name, rows in evaluations.items():
-        (root / "eval" / name).mkdir(parents=True, exist_ok=True)
-        (root / "eval" / name / "results.json").write_text(json.dumps({"protocol": "crop 1.0", "results": rows}))
+        write_results(root / "eval" / name, rows)
     (root / "runs.json").write_text(json.dumps(runs))
     (root / "machine.json").write_text(json.dumps({"cpu": "test cpu", "cores": 2, "gpu": None, "torch": "2",
                                                    "timm": "1", "date": "today", "evaluate_s": evaluate_s}))

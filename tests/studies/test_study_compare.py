@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from helpers.studies import write_results
 from studies import compare as study_compare
 
 
@@ -26,8 +27,7 @@ def make_study(root: Path, model: str, model_kwargs: dict, img_size: int, rows: 
             results += [{"model": f"m ({run['output']}/last.pth)", "policy": policy, "img_size": size,
                          "train_size": img_size, "top1": top1 + seed, "top5": 90.0, "loss": 1.0, "images_per_s": 1.0}
                         for (policy, size), top1 in scores.items()]
-    (root / "eval").mkdir(parents=True)
-    (root / "eval" / "results.json").write_text(json.dumps({"protocol": "crop 1.0", "results": results}))
+    write_results(root / "eval", results)
     (root / "runs.json").write_text(json.dumps(runs))
     return root
 

@@ -2,17 +2,12 @@
 merged over the seeds that kept checkpoints only."""
 
 import csv
-import json
 from pathlib import Path
 
 import pytest
 
+from helpers.studies import write_results
 from studies import course as study_course
-
-
-def write_results(folder: Path, rows: list[dict], protocol: str = "crop 1.0") -> None:
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / "results.json").write_text(json.dumps({"protocol": protocol, "results": rows}))
 
 
 def row(checkpoint: str, policy: str | None, size: int, top1: float) -> dict:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers.studies import arm_runs, make_v2, write_runs
+from helpers.studies import arm_runs, make_v2, set_protocol, write_results, write_runs
 from studies import goal
 from studies import report as study
 
@@ -58,9 +58,7 @@ def test_v3_goal_holds_at_1_43x_to_1_71x_and_a_second_crop_gets_its_own_verdict(
                   for row in rows] for arm, rows in evaluations.items()}
     write_runs(root, runs, evaluations, evaluate_s=dict.fromkeys(top1, 60))
     for arm, rows in crop.items():
-        (root / "eval_crop0.875" / arm).mkdir(parents=True)
-        (root / "eval_crop0.875" / arm / "results.json").write_text(json.dumps({"protocol": "crop 0.875",
-                                                                                 "results": rows}))
+        write_results(root / "eval_crop0.875" / arm, rows, "crop 0.875")
     section = study.write_study(root, goal=goal.Goal(hold=(1.43, 1.71), beat=(None,)), plots=False)
     main, crop_part = section.split("**At crop 0.875**", 1)
     assert "Goal: as trained, within 1 point of the training-size top-1 at 1.43x and at 1.71x, and above the APE " \
@@ -79,8 +77,7 @@ def test_v3_goal_holds_at_1_43x_to_1_71x_and_a_second_crop_gets_its_own_verdict(
 def make_control(root: Path, top1: tuple[float, float, float], protocol: str = "crop 1.0") -> Path:
     """Another study with one APE arm (``ape``, 2 seeds, seed 1 one point up) at 64, 128 and 160 px."""
     write_runs(root, *arm_runs({"ape": top1}, (64, 128, 160), "out/other"))
-    path = root / "eval" / "ape" / "results.json"
-    path.write_text(json.dumps({**json.loads(path.read_text()), "protocol": protocol}))
+    set_protocol([root / "eval" / "ape" / "results.json"], protocol)
     return root
 
 
@@ -103,8 +100,7 @@ def test_a_control_of_another_study_must_be_beaten_too(tmp_path):
 def test_a_control_is_read_at_each_crop_only_where_it_was_evaluated(tmp_path):
     root = make_v2(tmp_path / "results")
     shutil.copytree(root / "eval", root / "eval_crop0.875")
-    for path in (root / "eval_crop0.875").rglob("results.json"):
-        path.write_text(json.dumps({**json.loads(path.read_text()), "protocol": "crop 0.875"}))
+    set_protocol((root / "eval_crop0.875").rglob("results.json"), "crop 0.875")
     control = goal.Control("the other APE", make_control(tmp_path / "other", (40.0, 30.0, 20.0)), "ape")
     main, crop = study.write_study(root, controls=[control], plots=False).split("**At crop 0.875**", 1)
     assert "minus the other APE" in main and "minus the other APE" not in crop  # the other study has no second crop

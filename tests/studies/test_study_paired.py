@@ -2,13 +2,12 @@
 report that prints them: each change from the training size here, there, and their difference, at every crop both
 studies were evaluated at."""
 
-import json
 import shutil
 from pathlib import Path
 
 import pytest
 
-from helpers.studies import arm_runs, write_runs
+from helpers.studies import arm_runs, set_protocol, write_runs
 from studies import goal, paired
 from studies import report as study
 
@@ -45,8 +44,7 @@ def test_no_table_until_an_arm_of_a_pair_is_evaluated_and_only_at_crops_the_othe
     assert "Against the same model" not in section
     here = make_study(tmp_path / "here", {"ape": (50.0, 51.0, 48.0), "mixed": (52.0, 42.0, 32.0)})
     shutil.copytree(here / "eval", here / "eval_crop0.875")
-    for path in (here / "eval_crop0.875").rglob("results.json"):
-        path.write_text(json.dumps({**json.loads(path.read_text()), "protocol": "crop 0.875"}))
+    set_protocol((here / "eval_crop0.875").rglob("results.json"), "crop 0.875")
     main, crop = study.write_study(here, pairs=pairs(there), plots=False).split("**At crop 0.875**", 1)
     assert "Against the same model" in main and "Against the same model" not in crop  # "there" has no crop 0.875
 

@@ -1,14 +1,21 @@
 """Study reports (``studies.report.write_study``): every number comes from the study's files, the docs section is
 rewritten in place, and runs trained elsewhere are credited to their machine. The goal's verdict: test_study_goal."""
 
-import json
 from pathlib import Path
 
 import pytest
 
-from helpers.studies import make_v2, result, write_runs
+from helpers.studies import make_v2, result, set_protocol, write_runs
 from studies import goal
 from studies import report as study
+
+
+def scores(runs: list[dict], bump: float, ape: tuple[float, float], rope: dict[str, tuple[float, float]]) -> list:
+    """Each run's results at 64 and 128 px: APE's top-1 ``ape``, a RoPE arm's ``rope`` per policy; seed s adds s x
+    ``bump``."""
+    return [result(f"m ({run['output']}/last.pth)", policy, size, top1 + run["seed"] * bump) for run in runs
+            for policy, at in ({None: ape} if run["model"] == "ape" else rope).items()
+            for size, top1 in zip((64, 128), at, strict=True)]
 
 
 def make_v1(root: Path) -> Path:
@@ -16,14 +23,7 @@ def make_v1(root: Path) -> Path:
     runs = [{"name": f"{model}_s{seed}", "model": model, "label": label, "seed": seed,
              "output": f"output/study/{model}_s{seed}"}
             for model, label in (("ape", "APE (timm ViT)"), ("mixed", "RoPE-Mixed")) for seed in (0, 1)]
-    rows = []
-    for run in runs:
-        label, bump = f"some_model ({run['output']}/last.pth)", run["seed"] * 2.0  # seed 1 scores 2 points more
-        if run["model"] == "ape":
-            rows += [result(label, None, 64, 50.0 + bump), result(label, None, 128, 30.0 + bump)]
-        else:
-            for policy, high in (("extrapolate", 40.0), ("interpolate", 48.0)):
-                rows += [result(label, policy, 64, 52.0 + bump), result(label, policy, 128, high + bump)]
+    rows = scores(runs, 2.0, (50.0, 30.0), {"extrapolate": (52.0, 40.0), "interpolate": (52.0, 48.0)})
     return write_runs(root, runs, {"": rows})
 
 
@@ -66,8 +66,7 @@ def test_write_study_needs_the_readme_markers(tmp_path):
 
 def test_evaluations_must_share_a_protocol(tmp_path):
     root = make_v2(tmp_path / "results")
-    path = root / "eval" / "ape" / "results.json"
-    path.write_text(json.dumps({**json.loads(path.read_text()), "protocol": "crop 0.875"}))
+    set_protocol([root / "eval" / "ape" / "results.json"], "crop 0.875")
     with pytest.raises(ValueError, match="different protocols"):
         study.write_study(root, plots=False)
 
@@ -80,14 +79,7 @@ def test_an_arm_trained_on_normalised_coordinates_is_read_under_its_own_policy(t
             for arm, label, baseline, extra in (("ape", "APE", None, {}),
                                                 ("dinov3", "DINOv3 RoPE", "ape", {"as_trained": "normalized"}))
             for seed in (0, 1)]
-    rows = []
-    for run in runs:
-        label, bump = f"m ({run['output']}/last.pth)", run["seed"] * 0.5
-        if run["model"] == "ape":
-            rows += [result(label, None, 64, 50.0 + bump), result(label, None, 128, 45.0 + bump)]
-        else:
-            for policy, high in (("normalized", 60.0), ("extrapolate", 20.0)):
-                rows += [result(label, policy, 64, 60.0 + bump), result(label, policy, 128, high + bump)]
+    rows = scores(runs, 0.5, (50.0, 45.0), {"normalized": (60.0, 60.0), "extrapolate": (60.0, 20.0)})
     root = write_runs(tmp_path / "results", runs, {"ape": rows[:4], "dinov3": rows[4:]})
     section = study.write_study(root, goal=goal.Goal(hold=(2.0,), beat=(2.0,)), plots=False)
     as_trained = section.split("**Positions as trained**")[1].split("**Every resolution policy**")[0]

@@ -2,11 +2,9 @@
 checkpoint, arms merge their seeds under one label in ``runs.json``'s order, and positions as trained follow the arm's
 own policy; the docs sections the study script rewrites."""
 
-import json
-from pathlib import Path
-
 import pytest
 
+from helpers.studies import write_results as write
 from studies import results
 from vit_rope.eval import report
 
@@ -18,11 +16,6 @@ def run(arm: str, seed: int, **extra: str) -> dict:
 def row(entry: dict, policy: str | None, size: int, top1: float, checkpoint: str = "last.pth") -> dict:
     return {"model": f"m ({entry['output']}/{checkpoint})", "policy": policy, "img_size": size, "train_size": 64,
             "top1": top1, "top5": 90.0}
-
-
-def write(folder: Path, rows: list[dict], protocol: str = "crop 1.0") -> None:
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / "results.json").write_text(json.dumps({"protocol": protocol, "results": rows}))
 
 
 def test_a_row_is_a_run_by_its_checkpoint_path():
