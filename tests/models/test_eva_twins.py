@@ -74,10 +74,12 @@ def test_twin_equals_timm_through_load_weights_and_from_timm(case, tmp_path):
         twins[suffix] = twin_for(name, widths, eva)
         report = vit_rope.load_weights(twins[suffix], tmp_path / f"w.{suffix}")
         assert not report.initialised, report.summary()
-    twins["timm_pretrained"] = timm.create_model(  # timm's loader, through our checkpoint filter
+    twins["timm_pretrained"] = timm.create_model(  # timm's loader, through our checkpoint filter; timm's classes
         twin_name(name), pretrained=True, pretrained_cfg_overlay=dict(file=str(tmp_path / "w.pth")), depth=2,
-        num_classes=eva.num_classes, **widths).eval()
+        **widths).eval()
+    assert twins["timm_pretrained"].num_classes == eva.num_classes  # DINOv3's: none, pooled features out
     assert twins["timm_pretrained"].load_report.converted == twins["pth"].load_report.converted
+    assert not twins["timm_pretrained"].load_report.initialised
     twins["from_timm"] = vit_rope.from_timm(eva)
     assert not twins["from_timm"].training
     for path, twin in twins.items():
