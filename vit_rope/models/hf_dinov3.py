@@ -9,7 +9,7 @@ from functools import partial
 from typing import Any, NoReturn
 
 import torch
-from timm.layers import LayerNorm, LayerScale, SwiGLU
+from timm.layers import LayerNorm, LayerScale, SwiGLU, to_2tuple
 from torch import Tensor, nn
 
 from vit_rope.models.dinov3 import DINOV3_QK, PRETRAIN_SIZE, SIZES, architecture, dinov3_name, from_dinov3
@@ -94,10 +94,6 @@ def _size(c: dict[str, Any]) -> str:
     return size
 
 
-def _pair(size: int | list[int] | tuple[int, ...]) -> tuple[int, int]:
-    return (size, size) if isinstance(size, int) else (int(size[0]), int(size[-1]))
-
-
 def dinov3_args_from_hf_config(config: dict[str, Any]) -> tuple[str, dict[str, Any]]:
     """The ``vit_rope_*_dinov3*`` model and keyword arguments that build the ``DINOv3ViTModel`` of a config.json's
     dict: class-token pooling as HF's pooler, no classifier, coordinate augmentation drawn once per batch."""
@@ -122,7 +118,7 @@ def dinov3_args_from_hf_config(config: dict[str, Any]) -> tuple[str, dict[str, A
                rescale=c["pos_embed_rescale"] or 1.0)
     # img_size: DINOv3's 256 px training size, not image_size: 224 in every config.json, transformers' default
     kwargs = dict(depth=c["num_hidden_layers"], num_classes=0, global_pool="token", img_size=PRETRAIN_SIZE,
-                  patch_size=_pair(c["patch_size"]), in_chans=c["num_channels"], mlp_ratio=mlp_ratio,
+                  patch_size=to_2tuple(c["patch_size"]), in_chans=c["num_channels"], mlp_ratio=mlp_ratio,
                   init_values=c["layerscale_value"], rope_theta=float(c["rope_theta"]))
     if aug != dict(shift=0.0, jitter=1.0, rescale=1.0):
         kwargs["rope_coord_aug"] = dict(aug, per_image=False)
@@ -149,7 +145,7 @@ def check_hf_config(config: dict[str, Any], model: nn.Module) -> None:
         "intermediate_size": (c["intermediate_size"], block.mlp.fc2.in_features),
         "layerscale_value (LayerScale)": (True, isinstance(block.ls1, LayerScale)),
         "rope_theta": (float(c["rope_theta"]), model.pos_encoding[0].theta),
-        "patch_size": (_pair(c["patch_size"]), tuple(model.patch_embed.patch_size)),
+        "patch_size": (to_2tuple(c["patch_size"]), tuple(model.patch_embed.patch_size)),
         "layer_norm_eps": (c["layer_norm_eps"], model.norm.eps),
         "query_bias/key_bias/value_bias (qkv bias)": (any(c[k] for k in ("query_bias", "key_bias", "value_bias")),
                                                       block.attn.qkv.bias is not None),

@@ -11,7 +11,7 @@ from functools import partial
 from typing import Any
 
 import torch
-from timm.layers import GluMlp, Mlp, get_act_layer, get_device_dtype
+from timm.layers import GluMlp, Mlp, get_act_layer, get_device_dtype, to_2tuple
 from torch import Tensor, nn
 
 from vit_rope.encodings.rope.dinov3_rope import permute_qk_rows, qk_permutation
@@ -174,8 +174,7 @@ def pixtral_args_from_config(config: dict[str, Any]) -> tuple[str, dict[str, Any
             value = {**v, **llava, "rope_parameters.rope_type": rope_type}.get(field)
             raise ValueError(f"config.json has {field}={value!r}, which the vit_rope_pixtral_vit_* twins do not model "
                              f"(they take {takes}).")
-    patch = int(v["patch_size"] if isinstance(v["patch_size"], int) else v["patch_size"][0])
-    image = int(v["image_size"] if isinstance(v["image_size"], int) else v["image_size"][0])
+    patch, image = (int(to_2tuple(v[key])[0]) for key in ("patch_size", "image_size"))
     ratio = 2 * v["intermediate_size"] / dim  # GluMlp's rows: gate and value
     if int(dim * ratio) != 2 * v["intermediate_size"]:
         raise ValueError(f"config.json has intermediate_size={v['intermediate_size']}, which no MLP ratio of "

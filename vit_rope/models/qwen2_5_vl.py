@@ -181,8 +181,8 @@ def from_qwen25(state_dict: dict[str, Tensor], model: nn.Module) -> Converted:
             continue
         tower[key.replace("mlp.down_proj.", "mlp.fc2.")] = value
     other = sum(not key.startswith(prefix) for key in state_dict)
-    out, notes = tower_keys(tower, model, "merger.", lambda key: model.patch_merger is not None, SOURCE,
-                            "merger; global_pool='merge' keeps it", "Conv3d patch kernel summed over time, gate / up "
+    out, notes = tower_keys(tower, model, "merger.", SOURCE, "merger; global_pool='merge' keeps it",
+                            "Conv3d patch kernel summed over time, gate / up "
                             f"projections packed, {ROTATE_HALF}", (prefix or other) and f"prefix {prefix!r} removed, "
                             f"{other} keys outside it (the language model) dropped")
     names = {"ln_q": "norm", "mlp.0": "fc1", "mlp.2": "fc2"}
