@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from timm.layers import to_2tuple
 from torch import Tensor, nn
 
 from vit_rope.encodings.base import LazyBlockInputs, image_coords
@@ -179,13 +180,6 @@ def from_qwen25(state_dict: dict[str, Tensor], model: nn.Module) -> Converted:
     return {_MERGER.sub(lambda m: f"patch_merger.{names[m[1]]}.", key): value for key, value in out.items()}, notes
 
 
-def _pair_side(value: Any) -> int:
-    sides = {int(v) for v in value} if isinstance(value, (list, tuple)) else {int(value)}
-    if len(sides) != 1:
-        raise ValueError(f"config.json has patch_size={value}: {NAME} takes square patches.")
-    return sides.pop()
-
-
 def vision_config(config: dict[str, Any]) -> dict[str, Any]:
     """The tower's fields of a config.json (the VLM's ``vision_config`` or the tower's own), defaults filled in."""
     vision = config.get("vision_config", {}) if config.get("model_type") == "qwen2_5_vl" else config
@@ -200,10 +194,13 @@ def vision_config(config: dict[str, Any]) -> dict[str, Any]:
         problems.append(f"rope_parameters={c['rope_parameters']!r} (the twin's RoPE is axial, with rope_theta only)")
     if "spatial_patch_size" in vision and vision["spatial_patch_size"] != vision.get("patch_size", c["patch_size"]):
         problems.append(f"spatial_patch_size={vision['spatial_patch_size']} (not patch_size)")
+    sides = {int(side) for side in to_2tuple(c["patch_size"])}
+    if len(sides) != 1:
+        problems.append(f"patch_size={c['patch_size']} (the twin's patches are square)")
     if problems:
         raise ValueError(f"config.json describes a Qwen2.5-VL tower with {', '.join(problems)}, which {NAME} does not "
                          "model: it takes the published towers' fields (transformers' Qwen2_5_VLVisionConfig).")
-    return {**c, "rope_theta": float(rope["rope_theta"]), "patch_size": _pair_side(c["patch_size"])}
+    return {**c, "rope_theta": float(rope["rope_theta"]), "patch_size": sides.pop()}
 
 
 def args_from_config(config: dict[str, Any]) -> tuple[str, dict[str, Any]]:
