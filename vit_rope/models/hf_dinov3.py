@@ -63,12 +63,10 @@ def to_timm_keys(state_dict: dict[str, Tensor]) -> dict[str, Tensor]:
             prefix, block = match.group(1), f"blocks.{match.group(2)}.attn."
             out[block + "qkv.weight"] = torch.cat([state_dict[f"{prefix}{n}_proj.weight"] for n in "qkv"])
             biases = {n: state_dict.get(f"{prefix}{n}_proj.bias") for n in "qkv"}
-            if any(bias is not None for bias in biases.values()):
+            if any(bias is not None for bias in biases.values()):  # q and v (a missing one zero), k where trained
                 zeros = torch.zeros_like(state_dict[key][:, 0])
-                out[block + "q_bias"], out[block + "v_bias"] = (biases[n] if biases[n] is not None else zeros
-                                                                for n in "qv")
-                if biases["k"] is not None:
-                    out[block + "k_bias"] = biases["k"]
+                out.update({f"{block}{n}_bias": zeros if bias is None else bias for n, bias in biases.items()
+                            if n != "k" or bias is not None})
     return out
 
 

@@ -124,8 +124,7 @@ def from_pixtral(state_dict: dict[str, Tensor], model: nn.Module) -> Converted:
         if len(p) != 5:
             raise ValueError(f"The checkpoint ({SOURCE}) has {sorted(p)} of {block[:-1]}'s q/k/v and gate/up "
                              "projections, not all five: it is incomplete; save it again from the model.")
-        qkv = torch.cat([p["q"], p["k"], p["v"]])
-        out[block + "attn.qkv.weight"] = permute_qk_rows(qkv, index, heads)
+        out[block + "attn.qkv.weight"] = permute_qk_rows(torch.cat([p["q"], p["k"], p["v"]]), index, heads)
         out[block + "mlp.fc1.weight"] = torch.cat([p["gate"], p["up"]])
     return out, conversion_notes(SOURCE, f"q/k/v fused, {ROTATE_HALF}, gate and up projections packed", projector,
                                  "projector; the vit_rope_pixtral_vit_12b_llava twin keeps it", language and
