@@ -122,14 +122,9 @@ def twin_cfgs() -> dict[str, dict[str, Any]]:
     ``min_input_size`` is eight patches a side, so that timm's model tests pick a multiple of the patch size."""
     from timm.models.eva import default_cfgs as eva_cfgs
 
-    cfgs: dict[str, dict[str, Any]] = {}
-    for table in FAMILIES.values():
-        for timm_name, args in table.items():
-            smallest = (3, 8 * args["patch_size"], 8 * args["patch_size"])
-            for tag, cfg in eva_cfgs[timm_name].cfgs.items():
-                cfgs[f"{twin_name(timm_name)}.{tag}"] = dict(cfg.to_dict(), fixed_input_size=False,
-                                                             min_input_size=smallest)
-    return cfgs
+    return {f"{twin_name(name)}.{tag}": dict(cfg.to_dict(), fixed_input_size=False,
+                                             min_input_size=(3, 8 * args["patch_size"], 8 * args["patch_size"]))
+            for table in FAMILIES.values() for name, args in table.items() for tag, cfg in eva_cfgs[name].cfgs.items()}
 
 
 EVA_LAYOUTS = ("eva_ij", "eva_xy", "rotate_half")  # rotate_half: Sapiens2 (DINOv3's own twins go through dinov3.py)
