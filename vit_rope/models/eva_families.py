@@ -141,9 +141,7 @@ def from_eva(state_dict: dict[str, Tensor], model: nn.Module) -> tuple[dict[str,
     head_dim = model.blocks[0].attn.head_dim
     index = qk_permutation(model.qk_layout, head_dim)
     permute = not torch.equal(index, torch.arange(head_dim))
-    out: dict[str, Tensor] = {}
-    separate: dict[str, dict[str, Tensor]] = {}
-    notes: set[str] = set()
+    out, separate, notes = {}, {}, set()  # the state dict, each block's q / k / v parts, what was converted
     for key, value in state_dict.items():
         if ROPE_BUFFERS.match(key) or key.endswith(".attn.k_bias"):
             notes.add("RoPE buffers dropped (rebuilt per input)")
