@@ -1,7 +1,7 @@
 """DINOv3 backbones (vit_rope.models.dinov3): every registered size loads timm's Eva weights (and Meta's key names) and
 gives timm's features and logits (the smallest at 224 and two other sizes, one of them non-square; the others at the
 non-square one). Models are randomly initialised (no download), with LayerScale at 1 and random biases and tokens so
-that every weight moves the output."""
+that every weight moves the output; timm's own loader and from_timm: tests/models/test_eva_twins.py's DINOv3 case."""
 
 import json
 
@@ -41,19 +41,6 @@ def test_logits_and_features_match_timm_from_timm_and_meta_files(size, qkv_bias,
     # from Meta's keys; timm's file gave the very same weights:
     assert_same_outputs(ours, theirs, SIZES if size == "small" else SIZES[1:2])
     assert all(torch.equal(loaded[0][key], value) for key, value in loaded[1].items())
-
-
-def test_pretrained_file_through_timm_create_model_as_a_backbone(tmp_path):
-    """As timm's own DINOv3 configs: no classifier (num_classes=0), pooled features out; the load report is clean."""
-    theirs = timm_dinov3("small", False, depth=2, num_classes=0)
-    save_file(theirs.state_dict(), tmp_path / "w.safetensors")
-    ours = timm.create_model("vit_rope_small_patch16_dinov3", pretrained=True, depth=2, init_values=1.0,
-                             pretrained_cfg_overlay=dict(file=str(tmp_path / "w.safetensors"))).eval()
-    assert ours.num_classes == 0 and not ours.load_report.initialised
-    x = torch.randn(1, 3, 192, 288)
-    with torch.inference_mode():
-        torch.testing.assert_close(ours(x), theirs(x), atol=1e-4, rtol=1e-4)
-        assert ours(x).shape == (1, 384)
 
 
 def test_a_checkpoint_of_another_dinov3_size_is_refused_naming_the_keys():

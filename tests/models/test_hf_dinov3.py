@@ -85,12 +85,17 @@ def write_hf(folder, model: torch.nn.Module, prefix: str = "model.layer.", **ext
     ("vit_small_patch16_dinov3_qkvb", "vit_rope_small_patch16_dinov3_qkvb", "model.layer.", True),
 ])
 def test_hf_folder_and_file_load_with_timms_features(timm_name, ours_name, prefix, key_bias, tmp_path):
+    """Into our model of the same name (the folder, its weights file), and into the one the folder's config builds:
+    class-token pooling, no classifier, HF's training-time coordinate augmentation."""
     theirs = timm_dinov3(timm_name, key_bias)
     folder = write_hf(tmp_path / "hf", theirs, prefix, **({"key_bias": True} if key_bias else {}))
     assert dinov3_args_from_hf_config(hf_config(theirs))[0] == ours_name
-    for path in (folder, folder / "model.safetensors"):
-        ours = timm.create_model(ours_name, depth=2, global_pool="token", num_classes=0)
-        report = vit_rope.load_weights(ours, path)
+    built = vit_rope.create_from_checkpoint(folder)
+    assert built.global_pool == "token" and built.num_classes == 0 and len(built.blocks) == 2
+    assert built.coord_aug.rescale == 2.0 and not built.coord_aug.per_image
+    for path in (folder, folder / "model.safetensors", None):
+        ours = built if path is None else timm.create_model(ours_name, depth=2, global_pool="token", num_classes=0)
+        report = ours.load_report if path is None else vit_rope.load_weights(ours, path)
         assert report.converted[0].startswith(HF_FORMAT) and not report.initialised and not report.skipped
         assert_same_outputs(ours.eval(), theirs, SIZES)
     if key_bias:  # the control: without its key bias, timm's model is another one
@@ -99,15 +104,6 @@ def test_hf_folder_and_file_load_with_timms_features(timm_name, ours_name, prefi
         x = torch.randn(1, 3, 192, 288)
         with torch.inference_mode():
             assert (ours.forward_features(x) - theirs.forward_features(x)).abs().max() > 1e-3  # tolerance 1e-4
-
-
-def test_create_from_checkpoint_builds_the_model_of_a_folders_config(tmp_path):
-    theirs = timm_dinov3("vit_small_plus_patch16_dinov3")
-    ours = vit_rope.create_from_checkpoint(write_hf(tmp_path / "hf", theirs)).eval()
-    assert ours.global_pool == "token" and ours.num_classes == 0 and len(ours.blocks) == 2
-    assert ours.load_report.converted[0].startswith(HF_FORMAT) and not ours.load_report.initialised
-    assert ours.coord_aug.rescale == 2.0 and not ours.coord_aug.per_image  # HF's training-time augmentation
-    assert_same_outputs(ours, theirs, SIZES)
 
 
 def test_the_training_grid_is_dinov3s_256_px_not_the_configs_image_size(tmp_path):

@@ -14,15 +14,11 @@ from vit_rope.models.eva_families import LINGBOT, twin_name
 SIZES = [name.split("_")[1] for name in LINGBOT]  # small, base, large, giant
 
 
-def lingbot_name(size: str) -> str:
-    return twin_name(f"vit_{size}_patch16_lingbot")
-
-
 @pytest.mark.parametrize("size", SIZES)
 def test_lingbot_twin_gives_timms_features_and_logits(size, tmp_path):
     theirs = timm_eva(f"vit_{size}_patch16_lingbot", depth=2, num_classes=5)
     save_file(theirs.state_dict(), tmp_path / "eva.safetensors")
-    ours = timm.create_model(lingbot_name(size), depth=2, num_classes=5).eval()
+    ours = timm.create_model(twin_name(f"vit_{size}_patch16_lingbot"), depth=2, num_classes=5).eval()
     report = vit_rope.load_weights(ours, tmp_path / "eva.safetensors")
     assert report.converted[0].startswith("timm's Eva DINOv3") and not report.initialised
     assert ours.patch_embed.img_size == (512, 512) and ours.global_pool == "token"
@@ -31,10 +27,9 @@ def test_lingbot_twin_gives_timms_features_and_logits(size, tmp_path):
 
 
 def test_lingbot_configs_are_timms_for_any_input_size():
-    for size in SIZES:
-        ours = get_pretrained_cfg(lingbot_name(size)).to_dict()
-        theirs = get_pretrained_cfg(f"vit_{size}_patch16_lingbot").to_dict()
+    for name in LINGBOT:
+        ours, theirs = (get_pretrained_cfg(model).to_dict() for model in (twin_name(name), name))
         assert ours.pop("fixed_input_size") is False and theirs.pop("fixed_input_size") is True
-        assert ours.pop("architecture") == lingbot_name(size) and theirs.pop("architecture") != lingbot_name(size)
+        assert ours.pop("architecture") == twin_name(name) and theirs.pop("architecture") == name
         assert ours.pop("min_input_size") == (3, 128, 128) and "min_input_size" not in theirs  # eight patches a side
         assert ours == theirs and ours["input_size"] == (3, 512, 512) and ours["license"] == "apache-2.0"

@@ -134,8 +134,8 @@ def from_deepseek(state_dict: dict[str, Tensor], model: nn.Module) -> Converted:
     shim = SimpleNamespace(encoder=SimpleNamespace(aligner=True, patch_embed=model.patch_embed))
     timm_keys = checkpoint_filter_fn_classifier(state_dict, shim)
     outside = len(state_dict) - len(timm_keys)
-    return tower_keys(timm_keys, model, "aligner.", lambda key: model.patch_merger is not None, SOURCE,
-                      "aligner; the *_align and *_enc twins keep it", ROTATE_HALF, outside and
+    return tower_keys(timm_keys, model, "aligner.", SOURCE, "aligner; the *_align and *_enc twins keep it",
+                      ROTATE_HALF, outside and
                       f"{outside} tensors outside the vision tower and aligner dropped, as timm's checkpoint filter "
                       "drops them (a DeepSeek shard's language model)")
 

@@ -122,14 +122,9 @@ def twin_cfgs() -> dict[str, dict[str, Any]]:
     ``min_input_size`` is eight patches a side, so that timm's model tests pick a multiple of the patch size."""
     from timm.models.eva import default_cfgs as eva_cfgs
 
-    cfgs: dict[str, dict[str, Any]] = {}
-    for table in FAMILIES.values():
-        for timm_name, args in table.items():
-            smallest = (3, 8 * args["patch_size"], 8 * args["patch_size"])
-            for tag, cfg in eva_cfgs[timm_name].cfgs.items():
-                cfgs[f"{twin_name(timm_name)}.{tag}"] = dict(cfg.to_dict(), fixed_input_size=False,
-                                                             min_input_size=smallest)
-    return cfgs
+    return {f"{twin_name(name)}.{tag}": dict(cfg.to_dict(), fixed_input_size=False,
+                                             min_input_size=(3, 8 * args["patch_size"], 8 * args["patch_size"]))
+            for table in FAMILIES.values() for name, args in table.items() for tag, cfg in eva_cfgs[name].cfgs.items()}
 
 
 EVA_LAYOUTS = ("eva_ij", "eva_xy", "rotate_half")  # rotate_half: Sapiens2 (DINOv3's own twins go through dinov3.py)
@@ -146,9 +141,7 @@ def from_eva(state_dict: dict[str, Tensor], model: nn.Module) -> tuple[dict[str,
     head_dim = model.blocks[0].attn.head_dim
     index = qk_permutation(model.qk_layout, head_dim)
     permute = not torch.equal(index, torch.arange(head_dim))
-    out: dict[str, Tensor] = {}
-    separate: dict[str, dict[str, Tensor]] = {}
-    notes: set[str] = set()
+    out, separate, notes = {}, {}, set()  # the state dict, each block's q / k / v parts, what was converted
     for key, value in state_dict.items():
         if ROPE_BUFFERS.match(key) or key.endswith(".attn.k_bias"):
             notes.add("RoPE buffers dropped (rebuilt per input)")

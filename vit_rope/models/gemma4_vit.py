@@ -141,8 +141,8 @@ def describe_gemma4(state_dict: dict[str, Any]) -> tuple[str | None, dict[str, A
         use_clipped_linears=f"{prefix}blocks.0.attn.q_proj.input_min" in state_dict)
     if "head.weight" in state_dict:
         args["num_classes"] = int(state_dict["head.weight"].shape[0])
-    size = next((size for size, arch in ARCH.items() if arch["embed_dim"] == dim), None)  # else: the args decide
-    size = size or ("570m" if args["standardize"] else "167m")
+    size = next((size for size, arch in ARCH.items() if arch["embed_dim"] == dim),  # else: the args decide
+                "570m" if args["standardize"] else "167m")
     return f"vit_rope_gemma4_vit_{size}{'' if prefix else '_enc'}", args
 
 

@@ -9,7 +9,7 @@ from functools import partial
 from typing import Any, NoReturn
 
 import torch
-from timm.layers import LayerNorm, LayerScale, SwiGLU
+from timm.layers import LayerNorm, LayerScale, SwiGLU, to_2tuple
 from torch import Tensor, nn
 
 from vit_rope.models.dinov3 import DINOV3_QK, PRETRAIN_SIZE, SIZES, architecture, dinov3_name, from_dinov3
@@ -63,12 +63,10 @@ def to_timm_keys(state_dict: dict[str, Tensor]) -> dict[str, Tensor]:
             prefix, block = match.group(1), f"blocks.{match.group(2)}.attn."
             out[block + "qkv.weight"] = torch.cat([state_dict[f"{prefix}{n}_proj.weight"] for n in "qkv"])
             biases = {n: state_dict.get(f"{prefix}{n}_proj.bias") for n in "qkv"}
-            if any(bias is not None for bias in biases.values()):
+            if any(bias is not None for bias in biases.values()):  # q and v (a missing one zero), k where trained
                 zeros = torch.zeros_like(state_dict[key][:, 0])
-                out[block + "q_bias"], out[block + "v_bias"] = (biases[n] if biases[n] is not None else zeros
-                                                                for n in "qv")
-                if biases["k"] is not None:
-                    out[block + "k_bias"] = biases["k"]
+                out.update({f"{block}{n}_bias": zeros if bias is None else bias for n, bias in biases.items()
+                            if n != "k" or bias is not None})
     return out
 
 
@@ -92,10 +90,6 @@ def _size(c: dict[str, Any]) -> str:
         raise ValueError(f"config.json has (hidden_size, num_attention_heads, use_gated_mlp) = {shape}, which no "
                          f"vit_rope DINOv3 model has: the sizes are {sizes} (the 7B and huge_plus are not ported).")
     return size
-
-
-def _pair(size: int | list[int] | tuple[int, ...]) -> tuple[int, int]:
-    return (size, size) if isinstance(size, int) else (int(size[0]), int(size[-1]))
 
 
 def dinov3_args_from_hf_config(config: dict[str, Any]) -> tuple[str, dict[str, Any]]:
@@ -122,7 +116,7 @@ def dinov3_args_from_hf_config(config: dict[str, Any]) -> tuple[str, dict[str, A
                rescale=c["pos_embed_rescale"] or 1.0)
     # img_size: DINOv3's 256 px training size, not image_size: 224 in every config.json, transformers' default
     kwargs = dict(depth=c["num_hidden_layers"], num_classes=0, global_pool="token", img_size=PRETRAIN_SIZE,
-                  patch_size=_pair(c["patch_size"]), in_chans=c["num_channels"], mlp_ratio=mlp_ratio,
+                  patch_size=to_2tuple(c["patch_size"]), in_chans=c["num_channels"], mlp_ratio=mlp_ratio,
                   init_values=c["layerscale_value"], rope_theta=float(c["rope_theta"]))
     if aug != dict(shift=0.0, jitter=1.0, rescale=1.0):
         kwargs["rope_coord_aug"] = dict(aug, per_image=False)
@@ -149,7 +143,7 @@ def check_hf_config(config: dict[str, Any], model: nn.Module) -> None:
         "intermediate_size": (c["intermediate_size"], block.mlp.fc2.in_features),
         "layerscale_value (LayerScale)": (True, isinstance(block.ls1, LayerScale)),
         "rope_theta": (float(c["rope_theta"]), model.pos_encoding[0].theta),
-        "patch_size": (_pair(c["patch_size"]), tuple(model.patch_embed.patch_size)),
+        "patch_size": (to_2tuple(c["patch_size"]), tuple(model.patch_embed.patch_size)),
         "layer_norm_eps": (c["layer_norm_eps"], model.norm.eps),
         "query_bias/key_bias/value_bias (qkv bias)": (any(c[k] for k in ("query_bias", "key_bias", "value_bias")),
                                                       block.attn.qkv.bias is not None),

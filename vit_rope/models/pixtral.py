@@ -11,7 +11,7 @@ from functools import partial
 from typing import Any
 
 import torch
-from timm.layers import GluMlp, Mlp, get_act_layer, get_device_dtype
+from timm.layers import GluMlp, Mlp, get_act_layer, get_device_dtype, to_2tuple
 from torch import Tensor, nn
 
 from vit_rope.encodings.rope.dinov3_rope import permute_qk_rows, qk_permutation
@@ -124,8 +124,7 @@ def from_pixtral(state_dict: dict[str, Tensor], model: nn.Module) -> Converted:
         if len(p) != 5:
             raise ValueError(f"The checkpoint ({SOURCE}) has {sorted(p)} of {block[:-1]}'s q/k/v and gate/up "
                              "projections, not all five: it is incomplete; save it again from the model.")
-        qkv = torch.cat([p["q"], p["k"], p["v"]])
-        out[block + "attn.qkv.weight"] = permute_qk_rows(qkv, index, heads)
+        out[block + "attn.qkv.weight"] = permute_qk_rows(torch.cat([p["q"], p["k"], p["v"]]), index, heads)
         out[block + "mlp.fc1.weight"] = torch.cat([p["gate"], p["up"]])
     return out, conversion_notes(SOURCE, f"q/k/v fused, {ROTATE_HALF}, gate and up projections packed", projector,
                                  "projector; the vit_rope_pixtral_vit_12b_llava twin keeps it", language and
@@ -174,8 +173,7 @@ def pixtral_args_from_config(config: dict[str, Any]) -> tuple[str, dict[str, Any
             value = {**v, **llava, "rope_parameters.rope_type": rope_type}.get(field)
             raise ValueError(f"config.json has {field}={value!r}, which the vit_rope_pixtral_vit_* twins do not model "
                              f"(they take {takes}).")
-    patch = int(v["patch_size"] if isinstance(v["patch_size"], int) else v["patch_size"][0])
-    image = int(v["image_size"] if isinstance(v["image_size"], int) else v["image_size"][0])
+    patch, image = (int(to_2tuple(v[key])[0]) for key in ("patch_size", "image_size"))
     ratio = 2 * v["intermediate_size"] / dim  # GluMlp's rows: gate and value
     if int(dim * ratio) != 2 * v["intermediate_size"]:
         raise ValueError(f"config.json has intermediate_size={v['intermediate_size']}, which no MLP ratio of "

@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from timm.layers import to_2tuple
 from torch import Tensor, nn
 
 from vit_rope.encodings.base import LazyBlockInputs, image_coords
@@ -46,12 +47,11 @@ _IGNORED = set("_name_or_path architectures chunk_size_feed_forward dtype torch_
 
 class Windowed(BlockInput):
     """A windowed block's input: attention within each query's window. An image batch's windows are gathered into a
-    batch of their own (edge ones padded, their padding keys masked by ``keys``); a NaFlex batch or a capture (``grid``
-    None) takes the window ``mask``. Both are built once per forward, when first asked, and shared by the blocks."""
+    batch of their own (edge ones padded, their padding keys masked); a NaFlex batch or a capture (``grid`` None) takes
+    the window ``mask``, built once per forward, when first asked, and shared by the blocks."""
 
-    def __init__(self, inner: BlockInput, mask: Callable[[], Tensor], side: int, grid: tuple[int, int] | None,
-                 keys: Callable[[], Tensor | None]) -> None:
-        self.inner, self.mask, self.side, self.grid, self.keys = inner, mask, side, grid, keys
+    def __init__(self, inner: BlockInput, mask: Callable[[], Tensor], side: int, grid: tuple[int, int] | None) -> None:
+        self.inner, self.mask, self.side, self.grid = inner, mask, side, grid
 
     @property
     def bias(self) -> Tensor:  # type: ignore[override]
@@ -67,25 +67,18 @@ class Windowed(BlockInput):
         (h, w), s, (B, nh, N, D) = self.grid, self.side, q.shape
         H, W = -(-h // s) * s, -(-w // s) * s  # the grid in whole windows
 
-        def windows(x: Tensor) -> Tensor:  # [B, nh, N, D] -> [B nW, nh, s s, D]
-            x = F.pad(x.view(B, nh, h, w, D), (0, 0, 0, W - w, 0, H - h)).view(B, nh, H // s, s, W // s, s, D)
-            return x.permute(0, 2, 4, 1, 3, 5, 6).reshape(-1, nh, s * s, D)
+        def windows(x: Tensor) -> Tensor:  # [b, n, N, d] -> [b nW, n, s s, d]
+            b, n, _, d = x.shape
+            x = F.pad(x.view(b, n, h, w, d), (0, 0, 0, W - w, 0, H - h)).view(b, n, H // s, s, W // s, s, d)
+            return x.permute(0, 2, 4, 1, 3, 5, 6).reshape(-1, n, s * s, d)
 
+        # which keys of each gathered window are patches, [B nW, 1, 1, s s]; whole windows need no mask
+        keys = None if (H, W) == (h, w) else windows(q.new_ones(1, 1, N, 1)).bool().transpose(-1, -2).repeat(B, 1, 1, 1)
         drop = attn.attn_drop.p if attn.training else 0.0
-        out = F.scaled_dot_product_attention(windows(q), windows(k), windows(v), attn_mask=self.keys(), dropout_p=drop,
+        out = F.scaled_dot_product_attention(windows(q), windows(k), windows(v), attn_mask=keys, dropout_p=drop,
                                              scale=attn.scale)  # [B nW, nh, s s, D]
         out = out.view(B, H // s, W // s, nh, s, s, D).permute(0, 3, 1, 4, 2, 5, 6).reshape(B, nh, H, W, D)
         return out[:, :, :h, :w].reshape(B, nh, N, D)
-
-
-def window_keys(grid: tuple[int, int], side: int, batch: int, device: torch.device) -> Tensor | None:
-    """Which keys of each gathered window are patches, ``[batch nW, 1, 1, side side]``; ``None``: whole windows."""
-    (h, w), s = grid, side
-    H, W = -(-h // s) * s, -(-w // s) * s
-    if (H, W) == (h, w):
-        return None
-    inside = F.pad(torch.ones(h, w, dtype=torch.bool, device=device), (0, W - w, 0, H - h))
-    return inside.view(H // s, s, W // s, s).permute(0, 2, 1, 3).reshape(-1, 1, 1, s * s).repeat(batch, 1, 1, 1)
 
 
 def window_bias(coord: Tensor, side: int) -> Tensor:
@@ -129,11 +122,9 @@ class Qwen25VisionTransformer(Qwen3VisionTransformer):
         coord = image_coords(*grid, embedded.tokens.device)[0] if grid is not None else embedded.coord
         mask = cache(lambda: window_bias(coord, self.window))
         gathered = None if embedded.positions.captured else grid  # a capture's graph serves every size: the mask
-        keys = cache(lambda: window_keys(grid, self.window, embedded.tokens.shape[0], embedded.tokens.device))
         full = self.fullatt_block_indexes
         return LazyBlockInputs(lambda i: inputs[i] if i in full else Windowed(block_input(inputs[i]), mask,
-                                                                               self.window, gathered, keys),
-                               len(inputs))
+                                                                               self.window, gathered), len(inputs))
 
 
 def is_qwen25(state_dict: dict[str, Any]) -> bool:
@@ -181,19 +172,12 @@ def from_qwen25(state_dict: dict[str, Tensor], model: nn.Module) -> Converted:
             continue
         tower[key.replace("mlp.down_proj.", "mlp.fc2.")] = value
     other = sum(not key.startswith(prefix) for key in state_dict)
-    out, notes = tower_keys(tower, model, "merger.", lambda key: model.patch_merger is not None, SOURCE,
-                            "merger; global_pool='merge' keeps it", "Conv3d patch kernel summed over time, gate / up "
+    out, notes = tower_keys(tower, model, "merger.", SOURCE, "merger; global_pool='merge' keeps it",
+                            "Conv3d patch kernel summed over time, gate / up "
                             f"projections packed, {ROTATE_HALF}", (prefix or other) and f"prefix {prefix!r} removed, "
                             f"{other} keys outside it (the language model) dropped")
     names = {"ln_q": "norm", "mlp.0": "fc1", "mlp.2": "fc2"}
     return {_MERGER.sub(lambda m: f"patch_merger.{names[m[1]]}.", key): value for key, value in out.items()}, notes
-
-
-def _pair_side(value: Any) -> int:
-    sides = {int(v) for v in value} if isinstance(value, (list, tuple)) else {int(value)}
-    if len(sides) != 1:
-        raise ValueError(f"config.json has patch_size={value}: {NAME} takes square patches.")
-    return sides.pop()
 
 
 def vision_config(config: dict[str, Any]) -> dict[str, Any]:
@@ -210,10 +194,13 @@ def vision_config(config: dict[str, Any]) -> dict[str, Any]:
         problems.append(f"rope_parameters={c['rope_parameters']!r} (the twin's RoPE is axial, with rope_theta only)")
     if "spatial_patch_size" in vision and vision["spatial_patch_size"] != vision.get("patch_size", c["patch_size"]):
         problems.append(f"spatial_patch_size={vision['spatial_patch_size']} (not patch_size)")
+    sides = {int(side) for side in to_2tuple(c["patch_size"])}
+    if len(sides) != 1:
+        problems.append(f"patch_size={c['patch_size']} (the twin's patches are square)")
     if problems:
         raise ValueError(f"config.json describes a Qwen2.5-VL tower with {', '.join(problems)}, which {NAME} does not "
                          "model: it takes the published towers' fields (transformers' Qwen2_5_VLVisionConfig).")
-    return {**c, "rope_theta": float(rope["rope_theta"]), "patch_size": _pair_side(c["patch_size"])}
+    return {**c, "rope_theta": float(rope["rope_theta"]), "patch_size": sides.pop()}
 
 
 def args_from_config(config: dict[str, Any]) -> tuple[str, dict[str, Any]]:

@@ -159,11 +159,8 @@ def from_qwen3(state_dict: dict[str, Tensor], model: nn.Module) -> Converted:
     check_twin(model, type(model) is Qwen3VisionTransformer, SOURCE,  # not a subclass: Qwen2.5-VL's, DeepSeek's twins
                "the vit_rope_qwen3_vit_* twins (and vit_rope.from_timm of timm's model; a DeepSeek twin loads timm's "
                "deepseek_vit_* files)", "rotate_half")
-    merger = model.patch_merger
-    lacks = "merger" if merger is None else "last merger projection (merger_out_features=0)"
-    return tower_keys(state_dict, model, "merger.", lambda key: merger is not None and not (
-        key.startswith("merger.fc2.") and isinstance(merger.fc2, nn.Identity)), SOURCE,
-        f"{lacks}; the *_merge and *_enc twins keep it")
+    lacks = "merger" if model.patch_merger is None else "last merger projection (merger_out_features=0)"
+    return tower_keys(state_dict, model, "merger.", SOURCE, f"{lacks}; the *_merge and *_enc twins keep it")
 
 
 def architecture(model: nn.Module) -> tuple[str, dict[str, Any]]:

@@ -146,18 +146,19 @@ def conversion_notes(source: str, done: str, dropped: list[str], lacks: str, *ot
     return tuple(f"{source}: {note}" for note in (done, *other, dropped_note) if note)
 
 
-def tower_keys(state_dict: dict[str, Tensor], model: nn.Module, projector: str, keep: Callable[[str], bool],
-               source: str, lacks: str, done: str = ROTATE_HALF, *other: str) -> Converted:
+def tower_keys(state_dict: dict[str, Tensor], model: nn.Module, projector: str, source: str, lacks: str,
+               done: str = ROTATE_HALF, *other: str) -> Converted:
     """A timm VLM tower's state dict in our keys and q/k layout, with its ``conversion_notes``: ``encoder.`` dropped,
-    the ``projector`` as ``patch_merger.`` (its keys that ``keep`` refuses dropped), q / k rows from rotate-half to
-    interleaved pairs."""
-    attn = model.blocks[0].attn
+    the ``projector`` as ``patch_merger.`` (its keys dropped where the model has no merger, or no such layer: an
+    ``nn.Identity`` fc2), q / k rows from rotate-half to interleaved pairs."""
+    attn, merger = model.blocks[0].attn, model.patch_merger
     index = qk_permutation("rotate_half", attn.head_dim)
     out, dropped = {}, []
     for key, value in state_dict.items():
         key = key.removeprefix("encoder.")
         if key.startswith(projector):
-            if not keep(key):
+            layer = key.removeprefix(projector).split(".")[0]
+            if merger is None or isinstance(getattr(merger, layer, None), nn.Identity):
                 dropped.append(key)
                 continue
             key = "patch_merger." + key.removeprefix(projector)
