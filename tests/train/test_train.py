@@ -220,6 +220,8 @@ def test_train_sizes_draw_a_size_per_step_under_the_token_budget(image_root: Pat
     (("val_interval=0",), "config key 'val_interval' must be > 0, got 0"),
     (("sched=plateau", "val_interval=2"), "sched=plateau steps on every epoch's val top-1, so it needs val_interval=1, "
                                           "got val_interval=2"),
+    (("naflex=true", "naflex_seq_lens=[4, 9, 16]", "--model", "resnet10t", "model_kwargs={}"),
+     "naflex=true needs a model that takes NaFlex batches with square patches, and 'resnet10t' (ResNet) does not"),
 ])
 def test_bad_input_exits_2_naming_it_before_any_image_is_decoded(image_root: Path, tmp_path: Path, capsys,
                                                                   extra: tuple[str, ...], message: str) -> None:
