@@ -185,5 +185,4 @@ def _naflex_loaders(cfg: Config, train: Images, val: Images, data_config: dict[s
 
 def set_epoch(loader: Loader, epoch: int, start_step: int = 0) -> None:
     """Select epoch ``epoch`` of a training loader, iterated from step ``start_step`` (a resumed run)."""
-    steps = loader if isinstance(loader, BatchLoader | NaFlexLoader) else loader.batch_sampler
-    steps.set_epoch(epoch, start_step)
+    getattr(loader, "batch_sampler", loader).set_epoch(epoch, start_step)  # DataLoader: its StepSampler
