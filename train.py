@@ -56,10 +56,9 @@ def scan_data(cfg: Config, env: distributed.DistEnv, say: Callable[[str], None]
                     cache_dir=Path(cfg.cache_dir).expanduser() if cfg.cache_dir else None)
         train_samples, classes = splits.find_split(data_dir, cfg.dataset, cfg.train_split, None, "train_split", **keys)
         if len(classes) < 2:  # a one-way classifier learns nothing: loss 0 and top-1 100 from the first step
-            where = f"split {cfg.train_split} of {data_dir} has 1 class" if kind else \
-                f"{data_dir / cfg.train_split} has 1 class folder"
-            raise UserError(f"{where} ({classes[0]}); a classifier needs two or more, each in a folder (or with a "
-                            "label) of its own")
+            raise UserError(f"{splits.split_label(data_dir, cfg.dataset, cfg.train_split)} has 1 class "
+                            f"({classes[0]}); a classifier needs two or more, each in a folder (or with a label) of "
+                            "its own")
         val_samples, _ = splits.find_split(data_dir, cfg.dataset, cfg.val_split, classes, **keys)
     cfg.data_dir = str(data_dir)
     if cfg.train_fraction < 1:

@@ -271,7 +271,7 @@ def test_diverging_loss_stops_naming_epoch_and_step_and_keeps_last_checkpoint(im
     (lambda root: (root / "train").rename(root / "training"), "/train does not exist"),
     (lambda root: [p.unlink() for p in (root / "val" / "class_0").iterdir()], "val/class_0 holds no images"),
     (lambda root: [shutil.rmtree(d) for split in ("train", "val") for d in (root / split).iterdir()
-                   if d.name != "class_0"], "/train has 1 class folder (class_0); a classifier needs two or more"),
+                   if d.name != "class_0"], "/train has 1 class (class_0); a classifier needs two or more"),
     (lambda root: [p.write_bytes(b"broken") for p in (root / "val").rglob("*.*")], "images under"),
 ])
 def test_bad_data_folder_exits_2_with_one_line(image_root: Path, tmp_path: Path, capsys, breakage,

@@ -170,9 +170,8 @@ class BatchLoader:
         self.steps = StepSampler(self.sampler, batch_size, size, schedule, seed, rank) if train else None
 
     def __len__(self) -> int:
-        if self.train:
-            return len(self.steps)
-        return -(-len(range(self.rank, len(self.store), self.world_size)) // self.batch_size)
+        shard = len(range(self.rank, len(self.store), self.world_size))  # validation: this rank's slice
+        return len(self.steps) if self.train else math.ceil(shard / self.batch_size)
 
     def set_epoch(self, epoch: int, start_step: int = 0) -> None:
         self.steps.set_epoch(epoch, start_step)
