@@ -82,12 +82,10 @@ def criterion(cfg: Config, num_classes: int) -> tuple[torch.nn.Module, Mixup | N
         mixup = Mixup(mixup_alpha=cfg.mixup, cutmix_alpha=cfg.cutmix, prob=cfg.mixup_prob,
                       switch_prob=cfg.mixup_switch_prob, label_smoothing=cfg.smoothing, num_classes=num_classes)
     if cfg.loss == "bce":
-        loss_fn = BinaryCrossEntropy(smoothing=cfg.smoothing)  # DeiT-III; Mixup's soft targets pass through as is
-    elif mixing:
-        loss_fn = SoftTargetCrossEntropy()  # Mixup already applied the label smoothing
-    else:
-        loss_fn = LabelSmoothingCrossEntropy(cfg.smoothing) if cfg.smoothing else torch.nn.CrossEntropyLoss()
-    return loss_fn, mixup
+        return BinaryCrossEntropy(smoothing=cfg.smoothing), mixup  # DeiT-III; Mixup's soft targets pass through as is
+    if mixing:
+        return SoftTargetCrossEntropy(), mixup  # Mixup already applied the label smoothing
+    return (LabelSmoothingCrossEntropy(cfg.smoothing) if cfg.smoothing else torch.nn.CrossEntropyLoss()), mixup
 
 
 def train(cfg: Config) -> None:
@@ -234,12 +232,9 @@ def main(argv: list[str] | None = None) -> int:
         try:
             with distributed.flushed_subnormals():
                 train(parse_args(argv))
-        except UserError as err:
+        except (UserError, engine.NonFiniteLossError) as err:
             print(f"error: {err}", file=sys.stderr)
-            return 2
-        except engine.NonFiniteLossError as err:
-            print(f"error: {err}", file=sys.stderr)
-            return 1
+            return 2 if isinstance(err, UserError) else 1
         finally:
             if dist.is_initialized():
                 dist.destroy_process_group()
