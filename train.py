@@ -56,10 +56,9 @@ def scan_data(cfg: Config, env: distributed.DistEnv, say: Callable[[str], None]
                     cache_dir=Path(cfg.cache_dir).expanduser() if cfg.cache_dir else None)
         train_samples, classes = splits.find_split(data_dir, cfg.dataset, cfg.train_split, None, "train_split", **keys)
         if len(classes) < 2:  # a one-way classifier learns nothing: loss 0 and top-1 100 from the first step
-            where = f"split {cfg.train_split} of {data_dir} has 1 class" if kind else \
-                f"{data_dir / cfg.train_split} has 1 class folder"
-            raise UserError(f"{where} ({classes[0]}); a classifier needs two or more, each in a folder (or with a "
-                            "label) of its own")
+            raise UserError(f"{splits.split_label(data_dir, cfg.dataset, cfg.train_split)} has 1 class "
+                            f"({classes[0]}); a classifier needs two or more, each in a folder (or with a label) of "
+                            "its own")
         val_samples, _ = splits.find_split(data_dir, cfg.dataset, cfg.val_split, classes, **keys)
     cfg.data_dir = str(data_dir)
     if cfg.train_fraction < 1:
@@ -83,12 +82,10 @@ def criterion(cfg: Config, num_classes: int) -> tuple[torch.nn.Module, Mixup | N
         mixup = Mixup(mixup_alpha=cfg.mixup, cutmix_alpha=cfg.cutmix, prob=cfg.mixup_prob,
                       switch_prob=cfg.mixup_switch_prob, label_smoothing=cfg.smoothing, num_classes=num_classes)
     if cfg.loss == "bce":
-        loss_fn = BinaryCrossEntropy(smoothing=cfg.smoothing)  # DeiT-III; Mixup's soft targets pass through as is
-    elif mixing:
-        loss_fn = SoftTargetCrossEntropy()  # Mixup already applied the label smoothing
-    else:
-        loss_fn = LabelSmoothingCrossEntropy(cfg.smoothing) if cfg.smoothing else torch.nn.CrossEntropyLoss()
-    return loss_fn, mixup
+        return BinaryCrossEntropy(smoothing=cfg.smoothing), mixup  # DeiT-III; Mixup's soft targets pass through as is
+    if mixing:
+        return SoftTargetCrossEntropy(), mixup  # Mixup already applied the label smoothing
+    return (LabelSmoothingCrossEntropy(cfg.smoothing) if cfg.smoothing else torch.nn.CrossEntropyLoss()), mixup
 
 
 def train(cfg: Config) -> None:
@@ -235,12 +232,9 @@ def main(argv: list[str] | None = None) -> int:
         try:
             with distributed.flushed_subnormals():
                 train(parse_args(argv))
-        except UserError as err:
+        except (UserError, engine.NonFiniteLossError) as err:
             print(f"error: {err}", file=sys.stderr)
-            return 2
-        except engine.NonFiniteLossError as err:
-            print(f"error: {err}", file=sys.stderr)
-            return 1
+            return 2 if isinstance(err, UserError) else 1
         finally:
             if dist.is_initialized():
                 dist.destroy_process_group()

@@ -81,16 +81,6 @@ def test_unreadable_image_is_replaced_warned_by_path_and_counted(image_root: Pat
     assert str(bad) in caplog.text and "unreadable image" in caplog.text
 
 
-def test_epoch_order_depends_only_on_seed_and_epoch(image_root: Path) -> None:
-    def first_targets(epoch: int) -> list[int]:
-        train, _ = _loaders(image_root)
-        loaders.set_epoch(train, epoch)
-        return [int(t) for _, targets, _ in train for t in targets]
-
-    assert first_targets(1) == first_targets(1)
-    assert first_targets(1) != first_targets(2)
-
-
 def test_data_dir_resolution_and_a_failed_download(tmp_path: Path, monkeypatch) -> None:
     assert folders.resolve_data_dir(str(tmp_path)) == tmp_path
     monkeypatch.setattr(folders, "REPO_ROOT", tmp_path / "repo")

@@ -100,9 +100,9 @@ def test_an_unreadable_image_is_replaced_and_counted(tmp_path: Path, samples: li
     bad = tmp_path / "bad.jpg"
     bad.write_bytes(b"not an image")
     broken = [(str(bad), 0), *samples[1:]]
-    counts = sum(int(skipped.sum()) for _, _, skipped in epoch(loader(broken), 0))
-    assert counts == 1
-    assert sum(len(targets) for _, targets, _ in epoch(loader(broken), 0)) == len(broken)  # the batch kept its size
+    batches = epoch(loader(broken), 0)
+    assert sum(int(skipped.sum()) for _, _, skipped in batches) == 1
+    assert sum(len(targets) for _, targets, _ in batches) == len(broken)  # the batch kept its size
 
 
 def test_start_step_outside_the_epoch_is_refused(samples: list) -> None:

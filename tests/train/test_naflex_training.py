@@ -7,7 +7,6 @@ import csv
 import re
 from pathlib import Path
 
-import pytest
 import timm
 import torch
 from PIL import Image
@@ -51,34 +50,6 @@ def test_timms_naflexvit_trains_too(image_root: Path, tmp_path: Path) -> None:
                                 "naflexvit_base_patch16_gap", "model_kwargs={depth: 1, embed_dim: 48, num_heads: 2}"
                                 )) == 0
     assert rows(tmp_path / "run")[0]["padding"]
-
-
-def test_an_unreadable_image_is_counted(image_root: Path, tmp_path: Path, capsys) -> None:
-    (image_root / "train" / "class_1" / "5.jpg").write_bytes(b"not an image at all")
-    assert train.main(tiny_args(image_root, tmp_path / "run", *NAFLEX, "--epochs", "1")) == 0
-    assert "(1 unreadable image(s) skipped)" in capsys.readouterr().out
-
-
-@pytest.mark.parametrize("extra, message", [
-    (("train_sizes=[32, 48]",), "naflex=true does not go with train_sizes (NaFlex draws each step's sequence length "
-                                "from naflex_seq_lens): set train_sizes=[]"),
-    (("repeated_aug=true",), "naflex=true does not go with repeated_aug"),
-    (("pipeline=tensor",), "naflex=true does not go with pipeline=tensor"),
-    (("train_crop_mode=rkrc",), "naflex=true does not go with train_crop_mode=rkrc"),
-    (("naflex_seq_lens=[]",), "config key 'naflex_seq_lens' must list sequence lengths >= 1"),
-    (("naflex_seq_lens=[0, 16]",), "config key 'naflex_seq_lens' must list sequence lengths >= 1"),
-    (("naflex_val_seq_len=-1",), "config key 'naflex_val_seq_len' must be >= 1 patches, or 0"),
-    (("--model", "resnet10t", "model_kwargs={}"), "naflex=true needs a model that takes NaFlex batches with square "
-                                                  "patches, and 'resnet10t' (ResNet) does not"),
-])
-def test_bad_naflex_settings_exit_2_before_any_image_is_decoded(image_root: Path, tmp_path: Path, capsys,
-                                                                extra: tuple[str, ...], message: str) -> None:
-    cache = tmp_path / "cache"
-    assert train.main(tiny_args(image_root, tmp_path / "run", *NAFLEX, "decoded_cache=true", f"cache_dir={cache}",
-                                *extra)) == 2
-    err = capsys.readouterr().err
-    assert err.startswith("error: ") and message in err and err.count("\n") == 1
-    assert not (tmp_path / "run").exists() and not cache.exists()
 
 
 def test_the_decoded_cache_holds_the_longest_sequences_pixels(image_root: Path, tmp_path: Path, capsys) -> None:

@@ -41,17 +41,13 @@ def draws() -> tuple[list[float], list[float], float, float]:
 def test_restored_rng_states_repeat_every_stream_through_a_weights_only_file(tmp_path: Path) -> None:
     torch.manual_seed(1), np.random.seed(1), random.seed(1)
     np.random.standard_normal()  # leaves numpy's cached gaussian set, a part of its state
-    save_checkpoint({"rng": gather_rng_states(DistEnv(torch.device("cpu")))}, tmp_path / "last.pth")
+    states = gather_rng_states(DistEnv(torch.device("cpu")))  # one process: its own state alone
+    assert len(states) == 1 and torch.equal(states[0]["torch"], rng_state()["torch"])
+    save_checkpoint({"rng": states}, tmp_path / "last.pth")
     expected = draws()
     draws()  # move every stream on
     set_rng_state(load_checkpoint(tmp_path / "last.pth")["rng"][0])
     assert draws() == expected
-
-
-def test_gather_on_one_process_is_this_process_state() -> None:
-    torch.manual_seed(3)
-    states = gather_rng_states(DistEnv(torch.device("cpu")))
-    assert len(states) == 1 and torch.equal(states[0]["torch"], rng_state()["torch"])
 
 
 def test_atomic_save_keeps_the_old_file_when_the_write_fails(tmp_path: Path, monkeypatch) -> None:

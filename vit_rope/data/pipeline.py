@@ -17,6 +17,7 @@ from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 from torch import Tensor
 from torch.utils.data import DistributedSampler
 from torchvision.ops import roi_align
+from torchvision.transforms.v2.functional import normalize
 
 from vit_rope.data.steps import StepSampler
 from vit_rope.errors import UserError
@@ -75,10 +76,6 @@ def crop_resize(images: Tensor, boxes: Tensor, size: int) -> Tensor:
     return roi_align(pixels, rois, output_size=size, spatial_scale=1.0, sampling_ratio=-1, aligned=True)
 
 
-def hflip(images: Tensor, flips: Tensor) -> Tensor:
-    return torch.where(flips.to(images.device)[:, None, None, None], images.flip(-1), images)
-
-
 def jitter_factors(batch: int, strength: float, generator: torch.Generator | None) -> Tensor:
     """Brightness, contrast, saturation factors ``[B, 3]``, each ``U(max(0, 1 - j), 1 + j)`` as ``ColorJitter``."""
     lo, hi = max(0.0, 1 - strength), 1 + strength
@@ -97,14 +94,6 @@ def color_jitter(images: Tensor, factors: Tensor) -> Tensor:
     mean = grayscale(x).mean((1, 2, 3), keepdim=True)  # [B, 1, 1, 1]
     x = (contrast * x + (1 - contrast) * mean).clamp_(0, 255)
     return (saturation * x + (1 - saturation) * grayscale(x)).clamp_(0, 255)
-
-
-def normalize(images: Tensor, mean: Sequence[float], std: Sequence[float]) -> Tensor:
-    """``(x / 255 - mean) / std`` per channel, in place, for 0..255 float images ``[B, 3, H, W]``."""
-    mean_t = torch.tensor(mean, dtype=images.dtype, device=images.device)[:, None, None]  # [3, 1, 1]
-    std_t = torch.tensor(std, dtype=images.dtype, device=images.device)[:, None, None]
-    return images.div_(255).sub_(mean_t).div_(std_t)
-
 
 
 class TensorStore:
@@ -181,9 +170,8 @@ class BatchLoader:
         self.steps = StepSampler(self.sampler, batch_size, size, schedule, seed, rank) if train else None
 
     def __len__(self) -> int:
-        if self.train:
-            return len(self.steps)
-        return -(-len(range(self.rank, len(self.store), self.world_size)) // self.batch_size)
+        shard = len(range(self.rank, len(self.store), self.world_size))  # validation: this rank's slice
+        return len(self.steps) if self.train else math.ceil(shard / self.batch_size)
 
     def set_epoch(self, epoch: int, start_step: int = 0) -> None:
         self.steps.set_epoch(epoch, start_step)
@@ -224,10 +212,10 @@ class BatchLoader:
             boxes = center_boxes(heights, widths, size, self.crop_pct)
         images = crop_resize(padded, boxes, size)  # [B, 3, s, s] float 0..255
         if self.train:
-            images = hflip(images, flips)
+            images = torch.where(flips.to(images.device)[:, None, None, None], images.flip(-1), images)
             if self.jitter:
                 images = color_jitter(images, factors)
-        images = normalize(images, self.mean, self.std)
+        images = normalize(images.div_(255), self.mean, self.std, inplace=True)  # (x / 255 - mean) / std
         return images, self.store.targets[resolved].to(self.device, non_blocking=True), skips.sum()
 
     def describe(self) -> str:

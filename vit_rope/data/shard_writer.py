@@ -68,11 +68,9 @@ def write_shards(src: Path, out: Path, shard_size: int, splits: list[str], seed:
     if "train" not in splits:
         raise UserError(f"--splits {' '.join(splits)} lacks train, whose classes the other splits are indexed by")
     scanned = {"train": find_images(src / "train")}
-    for split in splits:
-        if split not in scanned:
-            scanned[split] = find_images(src / split, scanned["train"][1])
-    out.mkdir(parents=True, exist_ok=True)
     classes = scanned["train"][1]
+    scanned |= {split: find_images(src / split, classes) for split in splits if split != "train"}
+    out.mkdir(parents=True, exist_ok=True)
     info = {"name": out.name, "splits": {split: write_split(src, out, split, samples, classes, shard_size, seed)
                                          for split, (samples, _) in scanned.items()}, "classes": classes}
     temporary = out / "_info.json.tmp"

@@ -19,7 +19,7 @@ from torch import nn
 
 from vit_rope.checks import check_output_dir
 from vit_rope.data.auto_augment import safe_transform
-from vit_rope.data.splits import dataset_kind
+from vit_rope.data.splits import WHERE, dataset_kind
 from vit_rope.data.steps import budget_images
 from vit_rope.errors import UserError
 from vit_rope.train.config import Config
@@ -70,7 +70,7 @@ def check_config(cfg: Config) -> None:
     kind = dataset_kind(cfg.dataset)  # a kind this toolkit reads, with the data_dir it needs and the keys it uses
     if kind and not cfg.data_dir:
         raise UserError(f"dataset {cfg.dataset} reads data_dir, which is not set: set data_dir to the folder of "
-                        + ("the shards and _info.json" if kind == "wds" else "the dataset"))
+                        f"{WHERE[kind]}")
     unused = [key for key in ("input_key", "target_key") if getattr(cfg, key) is not None]
     if unused and not kind:
         raise UserError(f"{' and '.join(unused)} name where shards or a dataset keep images and labels, and an image "

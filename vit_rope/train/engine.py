@@ -52,9 +52,6 @@ class Progress:
             fields = " ".join(f"{key} {value}" for key, value in stats.items())
             print(f"{self.desc} step {step + 1}/{self.total} {fields} eta {eta:.0f}s", flush=True)
 
-    def close(self) -> None:
-        self.bar.close()
-
 
 Batch = torch.Tensor | dict[str, Any]  # images [B, C, H, W], or timm's NaFlex dict (patches [B, N, P*P*C], ...)
 
@@ -111,7 +108,7 @@ def train_one_epoch(model: nn.Module, loader: DataLoader, optimizer: torch.optim
                                         env).tolist()
         mean_loss /= env.world_size
         if not np.isfinite(mean_loss):
-            progress.close()
+            progress.bar.close()
             raise NonFiniteLossError(f"training loss became {mean_loss} at epoch {epoch + 1}, step {step + 1} of "
                                      f"{steps}; lower lr or set clip_grad")
         optimizer.zero_grad(set_to_none=True)
@@ -137,7 +134,7 @@ def train_one_epoch(model: nn.Module, loader: DataLoader, optimizer: torch.optim
         interval = cfg.checkpoint_interval
         if checkpoint is not None and interval and (step + 1) % interval == 0 and step + 1 < steps:
             checkpoint(epoch, step + 1, totals)
-    progress.close()
+    progress.bar.close()
     seconds = time.perf_counter() - start
     valid, slots = reduce_sum(torch.tensor([totals.tokens, totals.slots], dtype=torch.float64, device=env.device),
                               env).tolist()

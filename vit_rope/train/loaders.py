@@ -4,6 +4,7 @@ batched one or timm's NaFlex loader, resumable at any step to the same batches (
 from __future__ import annotations
 
 import contextlib
+import functools
 import io
 import math
 import os
@@ -152,11 +153,8 @@ def _naflex_loaders(cfg: Config, train: Images, val: Images, data_config: dict[s
     """timm's NaFlex pipeline; ``batch_size`` is the images of a step at the longest sequence length: every step holds
     about ``batch_size`` x that many tokens (timm's ``max_tokens_per_batch``)."""
     longest = max(cfg.naflex_seq_lens)
-
-    def transform_factory(max_seq_len: int, patch_size: tuple[int, int]) -> Any:
-        return _train_transform(cfg, data_config, naflex=True, max_seq_len=max_seq_len, patch_size=patch_size,
-                                use_prefetcher=True)
-
+    # timm calls it with max_seq_len and patch_size, for each sequence length
+    transform_factory = functools.partial(_train_transform, cfg, data_config, naflex=True, use_prefetcher=True)
     mixup = NaFlexMixup(num_classes=num_classes, mixup_alpha=cfg.mixup, cutmix_alpha=cfg.cutmix,
                         switch_prob=cfg.mixup_switch_prob, prob=cfg.mixup_prob, label_smoothing=cfg.smoothing
                         ) if cfg.mixup > 0 or cfg.cutmix > 0 else None
@@ -185,5 +183,4 @@ def _naflex_loaders(cfg: Config, train: Images, val: Images, data_config: dict[s
 
 def set_epoch(loader: Loader, epoch: int, start_step: int = 0) -> None:
     """Select epoch ``epoch`` of a training loader, iterated from step ``start_step`` (a resumed run)."""
-    steps = loader if isinstance(loader, BatchLoader | NaFlexLoader) else loader.batch_sampler
-    steps.set_epoch(epoch, start_step)
+    getattr(loader, "batch_sampler", loader).set_epoch(epoch, start_step)  # DataLoader: its StepSampler

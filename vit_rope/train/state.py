@@ -89,10 +89,8 @@ def load_checkpoint(path: str | Path, mmap: bool = False) -> dict[str, Any]:
         ckpt = torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
     except Exception as err:  # torch raises several types (UnpicklingError, RuntimeError, EOFError) for foreign files
         unreadable = unreadable_reason(path, err)
-        if unreadable is not None:
-            raise UserError(f"{path} is not a vit-rope training checkpoint: torch.load failed, {unreadable}") from None
-        reason = (str(err).strip() or type(err).__name__).splitlines()[0]
-        raise UserError(f"{path} is not a vit-rope training checkpoint: torch.load failed ({reason})") from None
+        reason = f", {unreadable}" if unreadable else f" ({(str(err).strip() or type(err).__name__).splitlines()[0]})"
+        raise UserError(f"{path} is not a vit-rope training checkpoint: torch.load failed{reason}") from None
     if not isinstance(ckpt, dict) or ckpt.get("format") != CHECKPOINT_FORMAT:
         raise UserError(f"{path} is not a vit-rope training checkpoint (no format '{CHECKPOINT_FORMAT}'); "
                         "pass last.pth or best.pth written by train.py")
