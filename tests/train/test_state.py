@@ -6,6 +6,7 @@ and with every source of randomness, are tested in test_train.py."""
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import shutil
 from pathlib import Path
@@ -210,3 +211,18 @@ def test_saved_settings_drop_keys_this_version_no_longer_knows(first_epoch, tmp_
     torch.save(ckpt, tmp_path / "older.pth")
     with pytest.raises(UserError, match=f"lr.*in the config saved in {tmp_path / 'older.pth'}"):
         state.saved_settings(tmp_path / "older.pth")
+
+
+def test_a_run_resumed_past_its_epochs_steps_is_refused_with_the_settings_to_use() -> None:
+    """A mid-epoch checkpoint whose step lies beyond this run's epoch (another batch size or data set)."""
+    model = nn.Linear(2, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, 1)
+    resume = {"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(), "scaler": {},
+              "model": model.state_dict(), "rng": [rng_state()], "epoch": 2, "best_top1": 0.0, "step": 9,
+              "epoch_totals": {}}
+    cfg = dataclasses.replace(build_config(), resume="run/last.pth")
+    with pytest.raises(UserError, match=r"run/last.pth stopped at step 9 of epoch 3, but this run's epochs have 8 "
+                                        r"steps; resume with the batch_size and data"):
+        state.restore(resume, cfg, DistEnv(torch.device("cpu")), 8, optimizer, scheduler,
+                      torch.amp.GradScaler("cpu", enabled=False), None)
