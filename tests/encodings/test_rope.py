@@ -135,8 +135,8 @@ def test_tables_are_token_major_in_memory_as_the_rotation_reads_them(batched):
     x, y = pos[..., None, :, 0, None], pos[..., None, :, 1, None]  # [(B,) 1, N, 1]
     expected = x * freqs[..., 0, :, None, :] + y * freqs[..., 1, :, None, :]  # [(B,) H, N, D/2]
     torch.testing.assert_close(angles, expected.expand_as(angles), atol=1e-5, rtol=1e-6)
-    head_major = rope_tables(angles.contiguous(), num_prefix_tokens=2, temperature=1.5)
-    for table, same in zip(rope_tables(angles, num_prefix_tokens=2, temperature=1.5), head_major, strict=True):
+    head_major = rope_tables(angles.contiguous(), num_prefix_tokens=2)
+    for table, same in zip(rope_tables(angles, num_prefix_tokens=2), head_major, strict=True):
         assert table.shape[-3:] == (NH, N + 2, D // 2) and table.transpose(-3, -2).is_contiguous()
         assert same.is_contiguous() and torch.equal(table, same)  # prefix rows too
 
