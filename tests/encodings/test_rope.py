@@ -53,14 +53,8 @@ def test_apply_rope_equals_rotation_matrix_and_complex_product(kind):
     # complex formulation of RoFormer / RoPE-ViT: (x0 + i x1) * exp(i angle)
     z = torch.view_as_complex(x.unflatten(-1, (-1, 2)).contiguous()) * torch.polar(torch.ones_like(angles), angles)
     torch.testing.assert_close(out, torch.view_as_real(z).flatten(-2))
-
-
-@pytest.mark.parametrize("kind", KINDS)
-def test_apply_rope_preserves_norms(kind, qk):
-    rope = RoPE2D(D, NH, kind)
-    q, _ = qk
-    out = apply_rope(q, *rope(torch.randn(N, 2) * 50))
-    torch.testing.assert_close(out.norm(dim=-1), q.norm(dim=-1))
+    q = torch.randn(B, NH, N, D)  # and far from the origin in fp32, norms stay
+    torch.testing.assert_close(apply_rope(q, *rope(pos * 10)).norm(dim=-1), q.norm(dim=-1))
 
 
 def test_axial_with_y_zero_is_1d_rope_on_the_x_half():
