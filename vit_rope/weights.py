@@ -102,11 +102,21 @@ def unwrap_state_dict(state_dict: dict[str, Any]) -> dict[str, Any]:
     return {k.removeprefix("module."): v for k, v in state_dict.items()}
 
 
-def renamed_key(key: str, renames: Mapping[str, str]) -> str:
-    """``key`` renamed by an official format's table: an entry equal to it, or one ending in ``.`` that starts it (a
-    module's prefix), replaced; a key no entry matches stays as it is."""
-    prefix = next((p for p in renames if key == p or key.startswith(p) and p.endswith(".")), None)
-    return key if prefix is None else renames[prefix] + key[len(prefix):]
+def renamed_keys(state_dict: Mapping[str, Any], renames: Mapping[str, str], layers: str,
+                 layer_renames: Mapping[str, str]) -> dict[str, Any]:
+    """An official format's state dict in our keys: layer ``i``'s keys (after the prefix ``layers``) become
+    ``blocks.{i}.`` and the rest renamed by ``layer_renames``, the others by ``renames``. An entry renames a key equal
+    to it, or one it starts if it ends in ``.`` (a module's prefix); a key no entry matches stays as it is."""
+    def renamed(key: str, table: Mapping[str, str]) -> str:
+        prefix = next((p for p in table if key == p or key.startswith(p) and p.endswith(".")), None)
+        return key if prefix is None else table[prefix] + key[len(prefix):]
+
+    def ours(key: str) -> str:
+        index, _, rest = key.removeprefix(layers).partition(".")
+        if key.startswith(layers) and index.isdigit():
+            return f"blocks.{index}.{renamed(rest, layer_renames)}"
+        return renamed(key, renames)
+    return {ours(key): value for key, value in state_dict.items()}
 
 
 def mapped_file(path: str | Path, unwrap: bool = True) -> dict[str, Any] | None:

@@ -53,14 +53,8 @@ def test_apply_rope_equals_rotation_matrix_and_complex_product(kind):
     # complex formulation of RoFormer / RoPE-ViT: (x0 + i x1) * exp(i angle)
     z = torch.view_as_complex(x.unflatten(-1, (-1, 2)).contiguous()) * torch.polar(torch.ones_like(angles), angles)
     torch.testing.assert_close(out, torch.view_as_real(z).flatten(-2))
-
-
-@pytest.mark.parametrize("kind", KINDS)
-def test_apply_rope_preserves_norms(kind, qk):
-    rope = RoPE2D(D, NH, kind)
-    q, _ = qk
-    out = apply_rope(q, *rope(torch.randn(N, 2) * 50))
-    torch.testing.assert_close(out.norm(dim=-1), q.norm(dim=-1))
+    q = torch.randn(B, NH, N, D)  # and far from the origin in fp32, norms stay
+    torch.testing.assert_close(apply_rope(q, *rope(pos * 10)).norm(dim=-1), q.norm(dim=-1))
 
 
 def test_axial_with_y_zero_is_1d_rope_on_the_x_half():
@@ -135,8 +129,8 @@ def test_tables_are_token_major_in_memory_as_the_rotation_reads_them(batched):
     x, y = pos[..., None, :, 0, None], pos[..., None, :, 1, None]  # [(B,) 1, N, 1]
     expected = x * freqs[..., 0, :, None, :] + y * freqs[..., 1, :, None, :]  # [(B,) H, N, D/2]
     torch.testing.assert_close(angles, expected.expand_as(angles), atol=1e-5, rtol=1e-6)
-    head_major = rope_tables(angles.contiguous(), num_prefix_tokens=2, temperature=1.5)
-    for table, same in zip(rope_tables(angles, num_prefix_tokens=2, temperature=1.5), head_major, strict=True):
+    head_major = rope_tables(angles.contiguous(), num_prefix_tokens=2)
+    for table, same in zip(rope_tables(angles, num_prefix_tokens=2), head_major, strict=True):
         assert table.shape[-3:] == (NH, N + 2, D // 2) and table.transpose(-3, -2).is_contiguous()
         assert same.is_contiguous() and torch.equal(table, same)  # prefix rows too
 

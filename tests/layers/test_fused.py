@@ -29,7 +29,7 @@ TOLERANCES = {torch.float64: 1e-12, torch.float32: 1e-5, torch.bfloat16: 2e-2, t
 def qkv_attention(fast: bool, lin: torch.Tensor, freqs: torch.Tensor, positions: torch.Tensor, prefix: int,
                   temperature: float, backend: str = "torch") -> torch.Tensor:
     """q, k, v ``[3, B, nh, P+N, D]`` from a qkv projection output, rotated by the fast or the reference path."""
-    cos, sin = rope_tables(rope_angles(positions, freqs), prefix, temperature)
+    cos, sin = (table * temperature for table in rope_tables(rope_angles(positions, freqs), prefix))
     qkv = (lin * 1).reshape(B, N + prefix, 3, NH, D)  # * 1: a non-leaf, as a Linear output
     if fast:  # the gradient arriving at the rotation is permuted (strided), as from attention
         return rotate_qk(qkv, cos, sin, backend).permute(2, 0, 3, 1, 4)
@@ -114,7 +114,7 @@ class Projection(torch.nn.Module):
 
     def forward(self, x: torch.Tensor, freqs: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """q, k, v ``[3, B, nh, N, D]``, with one prefix token and yarn's temperature (|t| != 1)."""
-        cos, sin = rope_tables(rope_angles(positions, freqs), 1, 1.3)
+        cos, sin = (table * 1.3 for table in rope_tables(rope_angles(positions, freqs), 1))
         if self.fused:
             with SavedForBackward() as saved:
                 qkv = project_rotate_qk(self.qkv, x, NH, cos, sin, self.backend)
@@ -180,7 +180,7 @@ def test_a_hooked_projection_calls_the_linear_so_its_hooks_see_its_output_and_gr
     module.qkv.register_forward_hook(lambda _module, _args, output: seen.append(output.shape))
     module.qkv.register_full_backward_hook(lambda _module, _grad_in, grad_out: seen.append(grad_out[0].shape))
     x = torch.randn(B, N + 1, 5, requires_grad=True)
-    cos, sin = rope_tables(rope_angles(positions, freqs), 1, 1.3)
+    cos, sin = (table * 1.3 for table in rope_tables(rope_angles(positions, freqs), 1))
     out = project_rotate_qk(module.qkv, x, NH, cos, sin)
     expected, weights = reference(x, freqs, positions), torch.randn(3, B, NH, N + 1, D)
     torch.testing.assert_close(out.permute(2, 0, 3, 1, 4), expected)
@@ -377,7 +377,7 @@ def test_triton_masks_the_padding_of_a_head_dim_off_a_power_of_two(head_dim):
     results = []
     for backend in ("torch", "triton"):
         x, f = lin.clone().requires_grad_(), freqs.clone().requires_grad_()
-        cos, sin = rope_tables(rope_angles(positions, f), 1, 1.3)
+        cos, sin = (table * 1.3 for table in rope_tables(rope_angles(positions, f), 1))
         out = rotate_qk(x * 1, cos, sin, backend)
         (out * weight).sum().backward()
         with torch.no_grad():

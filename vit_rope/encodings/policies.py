@@ -96,10 +96,11 @@ def per_sample(values: Tensor, positions: Tensor) -> Tensor:
     return values[0] if positions.dim() == 2 else values[:, None, :]
 
 
-def grid_units(coord: Tensor, grids: Tensor, train_grid: tuple[int, int]) -> tuple[Tensor, Tensor, Tensor]:
-    """``coord`` (y, x) as (x, y) floats, and the sizes (w, h) of ``grids`` and of the training grid."""
+def grid_units(coord: Tensor, grids: Tensor, train_grid: tuple[int, int] | None
+               ) -> tuple[Tensor, Tensor, Tensor | None]:
+    """``coord`` (y, x) as (x, y) floats, and the sizes (w, h) of ``grids`` and of the training grid (if any)."""
     size = grids.flip(-1).float()  # [1 or B, 2] (w, h)
-    train = torch.tensor([float(train_grid[1]), float(train_grid[0])], device=size.device)
+    train = None if train_grid is None else size.new_tensor([float(train_grid[1]), float(train_grid[0])])
     return coord.flip(-1).float(), size, train
 
 
@@ -107,16 +108,13 @@ def place_positions(coord: Tensor, grids: Tensor, kind: str, policy: str, train_
                     normalize: str = "separate", offset: float = 0.0) -> Tensor:
     """Positions (x, y) of the patches at ``coord`` (y, x) of ``grids`` as ``policy`` places them for the RoPE
     ``kind``: integer positions shifted by ``offset``, the ``normalized`` policy's, or DINOv3's normalised ones."""
-    xy = coord.flip(-1).float()  # [..., N, 2] (x, y)
-    size = per_sample(grids.flip(-1).float(), coord)  # [2] or [B, 1, 2] (w, h)
-    if kind == "dinov3":
-        reference = size
-        if policy != "normalized" and train_grid is not None:  # the training grid's patch step
-            reference = torch.tensor([float(train_grid[1]), float(train_grid[0])], device=size.device).expand_as(size)
-        if normalize == "min":
-            reference = reference.amin(-1, keepdim=True).expand_as(reference)
-        elif normalize == "max":
-            reference = reference.amax(-1, keepdim=True).expand_as(reference)
+    xy, size, train = grid_units(coord, grids, train_grid)  # [..., N, 2] (x, y), sizes (w, h)
+    size = per_sample(size, coord)  # [2] or [B, 1, 2]
+    if kind == "dinov3":  # the grid's step, or the training grid's
+        reference = size if policy == "normalized" or train is None else train.expand_as(size)
+        if normalize != "separate":  # one step for both axes, the shorter or the longer side's
+            side = reference.amin(-1, keepdim=True) if normalize == "min" else reference.amax(-1, keepdim=True)
+            reference = side.expand_as(reference)
         return (xy + 0.5) / reference * 2.0 - 1.0
     xy = xy + offset
     if policy == "normalized":
@@ -145,8 +143,7 @@ def policy_frequencies(freqs: Tensor, grids: Tensor | None, train_grid: tuple[in
         exponent = (-torch.log(magnitude) / math.log(theta) * d / (d - 2)).clamp(0.0, 1.0)
         return freqs * scale.pow(-exponent), None
     # yarn: turns of each pair across the training extent (w, h) of each axis
-    extent = torch.tensor([train_grid[1], train_grid[0]], device=freqs.device)[:, None, None]
-    turns = extent * magnitude / (2 * math.pi)
+    turns = train[:, None, None] * magnitude / (2 * math.pi)
     keep = ((turns - policy.yarn_alpha) / (policy.yarn_beta - policy.yarn_alpha)).clamp(0.0, 1.0)
     temperature = None
     if policy.yarn_temperature:

@@ -36,14 +36,12 @@ def _prepend_rows(x: Tensor, count: int, value: float) -> Tensor:
     return F.pad(x, (0, 0, count, 0), value=value)
 
 
-def rope_tables(angles: Tensor, num_prefix_tokens: int = 0, temperature: float = 1.0) -> tuple[Tensor, Tensor]:
+def rope_tables(angles: Tensor, num_prefix_tokens: int = 0) -> tuple[Tensor, Tensor]:
     """The ``(cos, sin)`` tables of ``angles`` with identity rows in front for the prefix tokens (attention rotates the
-    whole sequence in one pass); ``temperature`` scales every logit by ``temperature ** 2``."""
+    whole sequence in one pass)."""
     cos, sin = angles.cos(), angles.sin()
-    if temperature != 1.0:
-        cos, sin = cos * temperature, sin * temperature
     if num_prefix_tokens:
-        cos = _prepend_rows(cos, num_prefix_tokens, temperature)
+        cos = _prepend_rows(cos, num_prefix_tokens, 1.0)
         sin = _prepend_rows(sin, num_prefix_tokens, 0.0)
     return cos, sin
 

@@ -14,17 +14,17 @@ from typing import Any
 
 from torch import nn
 
-from vit_rope.weights import Converted, Description, Format, renamed_key
+from vit_rope.weights import Converted, Description, Format, renamed_keys
 
 FORMAT_NAME = "LieRE's official RoPEViT"
 MARKER = "position_encoder.generator_raw_params"
 HEAD_DIM = 64  # FlexibleAttention: "Only support 64 head size for now."
 TRAIN_SIZE = 224  # lightning_conf/imagenet_224.yaml: the size the format does not save
 # the official keys (after transformer.layers.{i}.) -> ours (after blocks.{i}.)
-_LAYER_KEYS = {"0.norm": "norm1", "0.fn.to_qkv": "attn.qkv", "0.fn.to_out.0": "attn.proj", "1.norm": "norm2",
-               "1.fn.net.0": "mlp.fc1", "1.fn.net.3": "mlp.fc2"}
-_TOP_KEYS = {"cls_token": "cls_token", "mlp_head.0.": "norm.", "mlp_head.1.": "head.",
-             "to_patch_embedding.1.bias": "patch_embed.proj.bias", MARKER: "pos_encoding.generator_raw_params"}
+_LAYER_KEYS = {"0.norm.": "norm1.", "0.fn.to_qkv.": "attn.qkv.", "0.fn.to_out.0.": "attn.proj.", "1.norm.": "norm2.",
+               "1.fn.net.0.": "mlp.fc1.", "1.fn.net.3.": "mlp.fc2."}
+_TOP_KEYS = {"mlp_head.0.": "norm.", "mlp_head.1.": "head.", "to_patch_embedding.1.": "patch_embed.proj.",
+             MARKER: "pos_encoding.generator_raw_params"}
 
 
 def _plain(state_dict: Mapping[str, Any]) -> dict[str, Any]:
@@ -76,16 +76,11 @@ def from_liere(state_dict: dict[str, Any], model: nn.Module) -> Converted:
         raise ValueError(f"The checkpoint's pos_embedding is not zero (max |value| {float(table.abs().max()):.3g}): "
                          "a LieRE model trained with absolute encodings as well, which vit_rope does not build.")
     notes = [f"{FORMAT_NAME}: keys renamed to ours, the linear patch embedding as a convolution"]
-    out = {}
-    for key, value in sd.items():
-        match = re.fullmatch(r"transformer\.layers\.(\d+)\.(\d\.norm|\d\.fn\.\w+(?:\.\d)?)\.(weight|bias)", key)
-        if match:
-            out[f"blocks.{match[1]}.{_LAYER_KEYS[match[2]]}.{match[3]}"] = value
-        elif key == "to_patch_embedding.1.weight":  # [D, p * p * 3], pixels in (p1 p2 c) order -> [D, 3, p, p]
-            patch = math.isqrt(value.shape[1] // 3)
-            out["patch_embed.proj.weight"] = value.view(value.shape[0], patch, patch, 3).permute(0, 3, 1, 2)
-        else:
-            out[renamed_key(key, _TOP_KEYS)] = value
+    out = renamed_keys(sd, _TOP_KEYS, "transformer.layers.", _LAYER_KEYS)
+    patches = out.get("patch_embed.proj.weight")
+    if patches is not None:  # [D, p * p * 3], pixels in (p1 p2 c) order -> [D, 3, p, p]
+        patch = math.isqrt(patches.shape[1] // 3)
+        out["patch_embed.proj.weight"] = patches.view(patches.shape[0], patch, patch, 3).permute(0, 3, 1, 2)
     generators = out.get("pos_encoding.generator_raw_params")
     if generators is not None and generators.shape[1] > 1 and not model.pos_encoding.per_layer:
         out["pos_encoding.generator_raw_params"] = generators[:, :1]

@@ -5,7 +5,6 @@ the format does not save the training grid: 224 x 224, as the ImageNet classifie
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from functools import partial
 from typing import Any
@@ -14,7 +13,7 @@ from timm.layers import PatchEmbed
 from torch import nn
 
 from vit_rope.encodings.pape.parabolas import PARABOLAS
-from vit_rope.weights import Converted, Folder, Format, check_config_fields, renamed_key
+from vit_rope.weights import Converted, Folder, Format, check_config_fields, renamed_keys
 
 CONFIG, WEIGHTS = "config.json", "model.pt"
 FORMAT_NAME = "PaPE's official ImageClassifier"
@@ -25,8 +24,8 @@ SIZES = {"nano": (128, 32, 4, 4, 256), "tiny": (256, 64, 4, 7, 512), "small": (5
 FIELDS = ("hidden_size", "head_size", "num_heads", "num_layers", "intermediate_size")
 TRAIN_SIZES = {"imagenet": 224}  # pape/imagenet.py HEIGHT = WIDTH = 224: the grid the format does not save
 # the official keys (after encoder.layers.{i}.) -> ours (after blocks.{i}.)
-_LAYER_KEYS = {"attention.qkv_proj": "attn.qkv", "attention.out_proj": "attn.proj", "ffn.fc1": "mlp.fc1",
-               "ffn.fc2": "mlp.fc2", "attention.position_encoder": "attn.pape", "norm1": "norm1", "norm2": "norm2"}
+_LAYER_KEYS = {"attention.qkv_proj.": "attn.qkv.", "attention.out_proj.": "attn.proj.", "ffn.": "mlp.",
+               "attention.position_encoder.": "attn.pape."}
 _TOP_KEYS = {"cls": "cls_token", "embedding.": "patch_embed.proj.", "encoder.norm_pre.": "norm_pre.",
              "encoder.norm_post.": "norm.", "classifier.": "head."}
 _KIND_KEYS = {"pape": "position_encoder.ab.weight", "pape_ri": "position_encoder.a.weight"}
@@ -137,15 +136,8 @@ def from_pape(state_dict: dict[str, Any], model: nn.Module) -> Converted:
         raise ValueError(f"The checkpoint is {FORMAT_NAME} with encoding {theirs!r}; the model has encoding={ours!r}: "
                          f"load it into a vit_rope_*_patch16_{theirs}_224 model (vit_rope.create_from_checkpoint "
                          "builds the one its folder describes).")
-    out = {}
-    for key, value in state_dict.items():
-        match = re.fullmatch(r"encoder\.layers\.(\d+)\.(attention\.position_encoder|attention\.\w+|ffn\.\w+|norm\d)"
-                             r"\.(.+)", key)
-        if match:
-            out[f"blocks.{match[1]}.{_LAYER_KEYS[match[2]]}.{match[3]}"] = value
-            continue
-        out[renamed_key(key, _TOP_KEYS)] = value
-    return out, (f"{FORMAT_NAME}: keys renamed to ours",)
+    notes = (f"{FORMAT_NAME}: keys renamed to ours",)
+    return renamed_keys(state_dict, _TOP_KEYS, "encoder.layers.", _LAYER_KEYS), notes
 
 
 FORMAT = Format(FORMAT_NAME, "'cls' and 'encoder.layers.*' keys", is_pape_checkpoint, from_pape,
