@@ -157,7 +157,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--img-size", nargs="+", type=int, metavar="SIDE",
                         help="example size, H or H W, multiples of the patch size (default: the training size)")
     parser.add_argument("--batch-size", type=int, default=2, help="example batch, 2 or more (default 2)")
-    parser.add_argument("--policy", help=f"RoPE resolution policy: {', '.join(POLICIES)} (default: the model's)")
+    parser.add_argument("--policy", choices=POLICIES, help="RoPE resolution policy (default: the model's)")
     parser.add_argument("--opset", type=int, help="ONNX opset (default: torch.onnx's)")
     return parser
 
@@ -173,8 +173,6 @@ def main(argv: list[str] | None = None) -> int:
         if Path(args.output).is_dir():  # else the export would fail at its last step, the write
             raise UserError(f"--output {args.output} is a folder: name the ONNX file to write, e.g. "
                             f"{Path(args.output) / 'model.onnx'}")
-        if args.policy is not None and args.policy not in POLICIES:
-            raise UserError(f"unknown RoPE policy '{args.policy}': choose from {', '.join(POLICIES)}")
         classes = {} if args.num_classes is None else {"num_classes": args.num_classes}
         entry = load_model_option(args, "export", 1000, dict(args.model_kwargs, **classes))
         model = entry.model
