@@ -141,7 +141,8 @@ def evaluate_models(models: Sequence[EvalModel], data_dir: str | Path, img_sizes
     for flag, size in (("--bank-size", bank), ("--linear-size", probes.linear_size if linear else None)):
         for entry in models if size else ():
             check_multiple(flag, [size], entry.model, entry.label)
-    trained = {i: windows.trained_windows(entry.model) for i, entry in enumerate(models)
+    # each Swin's windows as built: timm's reference windows, which set_input_size scales and a given size replaces
+    trained = {i: [tuple(w) for w in entry.model._ref_window_sizes] for i, entry in enumerate(models)
                if windows.has_windows(entry.model)}
     for i, windowed in trained.items():
         windows.check_windows(models[i].model, sorted({*img_sizes, *fixed}), window, windowed, pad_windows,
