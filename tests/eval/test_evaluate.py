@@ -245,15 +245,17 @@ def test_an_unreadable_val_image_is_left_out_not_counted_twice(image_root: Path,
         assert with_broken[metric] == pytest.approx(without[metric])
 
 
-@pytest.mark.parametrize("option", [["--train-size", "64"], ["--model-kwargs", "depth=3"]])
-def test_model_options_without_a_model_are_a_usage_error(option: list[str], checkpoint: Path, image_root: Path,
-                                                          capsys) -> None:
-    """--train-size and --model-kwargs build --model models; a checkpoint is rebuilt with its run's size and
-    model_kwargs, so with it alone they would be ignored."""
+@pytest.mark.parametrize("option, message", [
+    (["--train-size", "64"], "--train-size goes with --model"),
+    (["--model-kwargs", "depth=3"], "--model-kwargs goes with --model"),
+    (["--seq-lens", "196", "1.5"], "argument --seq-lens: '1.5' is not a whole number of tokens"),
+])
+def test_usage_errors(option: list[str], message: str, checkpoint: Path, image_root: Path, capsys) -> None:
+    """--train-size and --model-kwargs build --model models (a checkpoint is rebuilt with its run's size and
+    model_kwargs, so with it alone they would be ignored); a token budget is a whole number."""
     with pytest.raises(SystemExit) as exit_info:
         run("--checkpoint", str(checkpoint), *option, "--data-dir", str(image_root))
-    assert exit_info.value.code == 2
-    assert f"{option[0]} goes with --model" in capsys.readouterr().err
+    assert exit_info.value.code == 2 and message in capsys.readouterr().err
 
 
 def test_without_img_sizes_each_model_is_evaluated_at_its_training_size_and_budgets_alone_at_none(

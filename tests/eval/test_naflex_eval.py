@@ -134,13 +134,6 @@ def test_bad_budgets_and_models_without_naflex_are_one_error_line(case: str, mes
     assert "protocol:" not in captured.out and not (tmp_path / "eval").exists()
 
 
-def test_a_budget_that_is_not_a_whole_number_is_a_usage_error(image_root: Path, capsys) -> None:
-    with pytest.raises(SystemExit) as exit_info:
-        run("--checkpoint", "best.pth", "--data-dir", str(image_root), "--seq-lens", "196", "1.5")
-    assert exit_info.value.code == 2
-    assert "argument --seq-lens: '1.5' is not a whole number of tokens" in capsys.readouterr().err
-
-
 def test_reports_keep_a_budget_apart_from_the_size_of_its_token_count() -> None:
     """196 tokens of 16 px patches plot at 224 px, but they are a column of their own (seed merging keeps them apart
     too: tests/studies/test_study_results.py)."""
