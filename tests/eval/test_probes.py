@@ -23,7 +23,6 @@ from vit_rope.eval.loading import EvalModel, create_from_checkpoint, load_traine
 from vit_rope.eval.probes import (
     LinearProbe,
     ProbeOptions,
-    check_probe_options,
     feature_width,
     fit_linear,
     knn_votes,
@@ -274,7 +273,7 @@ def test_bad_input(case: str, message: str, image_root: Path, tmp_path: Path, ca
 
 def test_probe_options_and_feature_memory_are_checked() -> None:
     with pytest.raises(UserError, match=r"^unknown probe svm: choose from head, knn, linear$"):
-        check_probe_options(ProbeOptions(("knn", "svm")))
+        ProbeOptions(("knn", "svm"))
     assert check_feature_memory({0: 192}, 9469, 3925, {0: 1}, True, 2**34) == 4 * 192 * (2 * 9469 + 3925) + 2**27
     with pytest.raises(UserError, match=r"the probes' features need about 1.6 GiB \(1000000 train and 1000 val images "
                                         r"x 2 runs of model and policy, 4 bytes per feature\) but 1.0 GiB are free"):

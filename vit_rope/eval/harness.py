@@ -20,7 +20,7 @@ from vit_rope.eval import extraction, windows
 from vit_rope.eval import token_budget as naflex
 from vit_rope.eval.extraction import Runs, TrainFeatures, check_feature_memory, forward_split, subset, train_split
 from vit_rope.eval.loading import EvalModel, check_loaded
-from vit_rope.eval.probes import PROBES, ProbeOptions, check_probe_options, feature_width
+from vit_rope.eval.probes import PROBES, ProbeOptions, feature_width
 from vit_rope.models.naflex_batch import naflex_patch
 from vit_rope.models.pos_encoding import resolution_encoding
 
@@ -123,7 +123,6 @@ def evaluate_models(models: Sequence[EvalModel], data_dir: str | Path, img_sizes
     Eva twins as they were never trained)."""
     device, probes = resolve_device(device), probes or ProbeOptions()
     check_options(policies or (), crop_pct, seq_lens)
-    check_probe_options(probes)
     keys = {"input_key": input_key, "target_key": target_key}
     val_dir = split_label(data_dir, dataset, val_split)
     samples, val_classes = find_split(Path(data_dir), dataset, val_split, split_key="--split", **keys)
