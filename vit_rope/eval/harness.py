@@ -73,12 +73,11 @@ def choose_setting(given: str | None, models: Sequence[EvalModel], field: str = 
 def check_sizes(sizes: Sequence[int], models: Sequence[EvalModel], policies: Sequence[str] = (),
                 seq_lens: Sequence[int] = ()) -> None:
     """Reject sizes that do not tile into patches, policies a model cannot take, budgets without NaFlex."""
-    for entry in models if seq_lens else ():  # the first model that cannot take NaFlex batches, and what to do
-        if naflex_patch(entry.model) is None:
+    for entry in models:
+        if seq_lens and naflex_patch(entry.model) is None:  # a model that cannot take NaFlex batches: what to do
             raise UserError(f"{entry.label} cannot be evaluated at token budgets: a {type(entry.model).__name__} "
                             "does not take NaFlex batches (its forward has no patch_coord); drop --seq-lens to "
                             "evaluate it at square --img-sizes, or evaluate a vit_rope_* or timm naflexvit_* model")
-    for entry in models:
         check_multiple("size", sizes, entry.model, entry.label)
         encoding = resolution_encoding(entry.model)
         for policy in policies if encoding is not None else ():

@@ -64,8 +64,7 @@ def model_outputs(model: nn.Module, inputs: Tensor | dict[str, Tensor], logits: 
 
 def feature_width(model: nn.Module, label: str, size: int) -> int:
     """The width of ``model``'s pooled features, from one blank image before any data is read."""
-    parameter = next(model.parameters(), None)
-    blank = torch.zeros(1, 3, size, size, device=None if parameter is None else parameter.device)
+    blank = torch.zeros(1, 3, size, size, device=next(model.parameters()).device)
     with torch.inference_mode():
         features = model_outputs(model.eval(), blank, logits=False)[1]
     if features.dim() != 2:
