@@ -147,21 +147,14 @@ def test_plot_skipped_without_matplotlib(tmp_path: Path, monkeypatch, capsys) ->
 def test_bad_input(case: str, message: str, image_root: Path, checkpoint: Path, tmp_path: Path, capsys) -> None:
     """Each mistake: exit code 2, one line naming the value, and nothing evaluated or written."""
     source = ["--checkpoint", str(checkpoint)]
+    source = {"model": ["--model", "vit_tiny_patch16_22"], "no_weights": ["--model", ROPE, "--model-kwargs", "depth=1"],
+              "crop_pct": [*source, "--crop-pct", "1.5"], "twice": [*source, str(checkpoint)],
+              "folder_checkpoint": ["--checkpoint", str(tmp_path)]}.get(case, source)
     if case in ("no_name", "no_config"):
         source[1] = str(write_checkpoint(tmp_path / "bad.pth", drop=("model_name" if case == "no_name" else "config",)))
     if case == "state_dict":
         torch.save(timm.create_model(ROPE, depth=1).state_dict(), tmp_path / "weights.pth")
         source[1] = str(tmp_path / "weights.pth")
-    if case == "model":
-        source = ["--model", "vit_tiny_patch16_22"]
-    if case == "no_weights":
-        source = ["--model", ROPE, "--model-kwargs", "depth=1"]
-    if case == "crop_pct":
-        source += ["--crop-pct", "1.5"]
-    if case == "twice":
-        source.append(str(checkpoint))
-    if case == "folder_checkpoint":
-        source[1] = str(tmp_path)
     if case == "split":
         (image_root / "val").rename(image_root / "test")
     if case == "truncated_checkpoint":
