@@ -108,7 +108,7 @@ def test_a_model_without_weights_needs_random_init_and_is_labelled(tmp_path, cap
 
 
 @pytest.mark.parametrize("case, message", [
-    ("zero_size", "error: --sizes entry 0 must be > 0"),
+    ("zero_size", "error: --sizes entry 0 is not a positive multiple of the patch size 16 of"),
     ("no_images", "error: --num-images 0 must be > 0"),
     ("missing_dir", "missing does not exist; pass an ImageFolder root"),
     ("no_val", "val does not exist; the data dir needs val/ with one folder per class; it has test/: set "

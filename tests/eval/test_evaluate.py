@@ -147,21 +147,14 @@ def test_plot_skipped_without_matplotlib(tmp_path: Path, monkeypatch, capsys) ->
 def test_bad_input(case: str, message: str, image_root: Path, checkpoint: Path, tmp_path: Path, capsys) -> None:
     """Each mistake: exit code 2, one line naming the value, and nothing evaluated or written."""
     source = ["--checkpoint", str(checkpoint)]
+    source = {"model": ["--model", "vit_tiny_patch16_22"], "no_weights": ["--model", ROPE, "--model-kwargs", "depth=1"],
+              "crop_pct": [*source, "--crop-pct", "1.5"], "twice": [*source, str(checkpoint)],
+              "folder_checkpoint": ["--checkpoint", str(tmp_path)]}.get(case, source)
     if case in ("no_name", "no_config"):
         source[1] = str(write_checkpoint(tmp_path / "bad.pth", drop=("model_name" if case == "no_name" else "config",)))
     if case == "state_dict":
         torch.save(timm.create_model(ROPE, depth=1).state_dict(), tmp_path / "weights.pth")
         source[1] = str(tmp_path / "weights.pth")
-    if case == "model":
-        source = ["--model", "vit_tiny_patch16_22"]
-    if case == "no_weights":
-        source = ["--model", ROPE, "--model-kwargs", "depth=1"]
-    if case == "crop_pct":
-        source += ["--crop-pct", "1.5"]
-    if case == "twice":
-        source.append(str(checkpoint))
-    if case == "folder_checkpoint":
-        source[1] = str(tmp_path)
     if case == "split":
         (image_root / "val").rename(image_root / "test")
     if case == "truncated_checkpoint":
@@ -245,15 +238,17 @@ def test_an_unreadable_val_image_is_left_out_not_counted_twice(image_root: Path,
         assert with_broken[metric] == pytest.approx(without[metric])
 
 
-@pytest.mark.parametrize("option", [["--train-size", "64"], ["--model-kwargs", "depth=3"]])
-def test_model_options_without_a_model_are_a_usage_error(option: list[str], checkpoint: Path, image_root: Path,
-                                                          capsys) -> None:
-    """--train-size and --model-kwargs build --model models; a checkpoint is rebuilt with its run's size and
-    model_kwargs, so with it alone they would be ignored."""
+@pytest.mark.parametrize("option, message", [
+    (["--train-size", "64"], "--train-size goes with --model"),
+    (["--model-kwargs", "depth=3"], "--model-kwargs goes with --model"),
+    (["--seq-lens", "196", "1.5"], "argument --seq-lens: '1.5' is not a whole number of tokens"),
+])
+def test_usage_errors(option: list[str], message: str, checkpoint: Path, image_root: Path, capsys) -> None:
+    """--train-size and --model-kwargs build --model models (a checkpoint is rebuilt with its run's size and
+    model_kwargs, so with it alone they would be ignored); a token budget is a whole number."""
     with pytest.raises(SystemExit) as exit_info:
         run("--checkpoint", str(checkpoint), *option, "--data-dir", str(image_root))
-    assert exit_info.value.code == 2
-    assert f"{option[0]} goes with --model" in capsys.readouterr().err
+    assert exit_info.value.code == 2 and message in capsys.readouterr().err
 
 
 def test_without_img_sizes_each_model_is_evaluated_at_its_training_size_and_budgets_alone_at_none(

@@ -1,14 +1,16 @@
-"""ONNX export: one file, exported once at 64x64, serves other batches and sizes (non-square too) as eager does.
+"""ONNX export: one file, exported once at 64x48, serves other batches and sizes (non-square too) as eager does.
 
-Each model variant (mixed + APE + registers, DINOv3, the attention biases LookHere and 2D-ALiBi) is exported once per
-module, its torch.export program kept for the checks before ONNX; 1-block tiny models with LayerScale at 1, so that
-attention and the encoding visibly shape the output (a second block would trace the same ops again). The command line
-is run from a timm model name (plain axial) and from a ``train.py`` checkpoint (``helpers.evaluation.write_checkpoint``,
-plain mixed under yarn, whose factors hold interpolate's division by the grid's scale and a temperature).
+Each model variant (axial + APE + registers, DINOv3, the attention biases LookHere and 2D-ALiBi) is exported once per
+module by the command line from a timm model name (random weights, LayerScale at 1 so that attention and the encoding
+visibly shape the output), its torch.export program kept for the checks before ONNX; 1-block tiny models (a second
+block would trace the same ops again). A ``train.py`` checkpoint (``helpers.evaluation.write_checkpoint``, plain mixed
+under yarn, whose factors hold interpolate's division by the grid's scale and a temperature) is exported too.
 """
 
 from __future__ import annotations
 
+import contextlib
+import io
 import re
 import sys
 from pathlib import Path
@@ -20,20 +22,20 @@ import pytest
 import torch
 
 from helpers.evaluation import write_checkpoint
-from helpers.models import onnx_session, tiny
+from helpers.models import onnx_session
 from vit_rope.eval import onnx as export
 from vit_rope.eval.loading import load_trained
 
-EXPORT_SIZE = (64, 64)
-SIZES = [(64, 64), (96, 48), (128, 80)]  # the export size, non-square, larger than the export in both sides
+EXPORT_SIZE = (64, 48)
+SIZES = [(64, 48), (48, 96), (128, 80)]  # the export size, wider than high, larger than the export in both sides
 VARIANTS = {
-    # plain axial: the command-line export of a --model below; plain mixed: the checkpoint's
-    "mixed_ape_registers": ("vit_rope_tiny_patch16_mixed_ape_224", {"reg_tokens": 2}),
+    # plain mixed: the checkpoint's export below
+    "axial_ape_registers": ("vit_rope_tiny_patch16_axial_ape_224", ["reg_tokens=2"]),
     # DINOv3: normalised coordinates, 4 registers, SwiGLU, qkv bias (narrowed to tiny's width for speed)
-    "dinov3": ("vit_rope_small_plus_patch16_dinov3_qkvb", {"embed_dim": 192, "num_heads": 3}),
+    "dinov3": ("vit_rope_small_plus_patch16_dinov3_qkvb", ["embed_dim=192", "num_heads=3"]),
     # the biases' dense penalties per sample (a capture's path), LookHere's with a register beside the class token
-    "lookhere": ("vit_rope_tiny_patch16_lookhere_224", {"encoding_options": {"config": "lh90"}, "reg_tokens": 1}),
-    "alibi": ("vit_rope_tiny_patch16_alibi_224", {}),
+    "lookhere": ("vit_rope_tiny_patch16_lookhere_224", ["encoding_options={config: lh90}", "reg_tokens=1"]),
+    "alibi": ("vit_rope_tiny_patch16_alibi_224", []),
 }
 ATOL = 1e-4
 real_program = export.export_program
@@ -54,26 +56,27 @@ def eager(model: torch.nn.Module, x: torch.Tensor) -> np.ndarray:
 
 @pytest.fixture(scope="module", params=list(VARIANTS))
 def exported(request, tmp_path_factory):
-    """(model, export result, ONNX Runtime session, model.training right after the export, the torch.export program
-    the file was written from) for one variant."""
+    """(model, ONNX Runtime session, model.training right after the export, the torch.export program the file was
+    written from, the file, what the command printed) for one variant."""
     name, kwargs = VARIANTS[request.param]
-    model, programs = tiny(name, depth=1, **kwargs), []
+    out, built = tmp_path_factory.mktemp(request.param) / "onnx" / "model.onnx", []
 
-    def kept(*args):  # the program export_onnx writes the file from
-        programs.append(real_program(*args))
-        return programs[-1]
+    def kept(model, *args):  # the model the command built, and the program export_onnx writes the file from
+        built.append((model, real_program(model, *args)))
+        return built[-1][1]
 
-    with pytest.MonkeyPatch.context() as patch:
+    with pytest.MonkeyPatch.context() as patch, contextlib.redirect_stdout(io.StringIO()) as printed:
         patch.setattr(export, "export_program", kept)
-        result = export.export_onnx(model, tmp_path_factory.mktemp(request.param) / "model.onnx",
-                                    img_size=EXPORT_SIZE)
-    return model, result, onnx_session(result.path), model.training, programs[0]
+        assert export.main(["--model", name, "--model-kwargs", "depth=1", "init_values=1.0", *kwargs, "--random-init",
+                            "--num-classes", "5", "--img-size", *map(str, EXPORT_SIZE), "--output", str(out)]) == 0
+    (model, program), = built
+    return model, onnx_session(out), model.training, program, out, printed.getvalue()
 
 
 @pytest.mark.parametrize("batch", [1, 3])
 @pytest.mark.parametrize("size", SIZES, ids=[f"{h}x{w}" for h, w in SIZES])
 def test_onnx_matches_eager(exported, size: tuple[int, int], batch: int) -> None:
-    model, _, sess, _, _ = exported
+    model, sess = exported[:2]
     x = images(batch, *size)
     expected, got = eager(model, x), run_onnx(sess, x)
     assert got.shape == expected.shape == (batch, 5)
@@ -83,39 +86,29 @@ def test_onnx_matches_eager(exported, size: tuple[int, int], batch: int) -> None
 
 
 def test_export_result_and_graph(exported) -> None:
-    """Diffs at the export size and a second, non-square size; the graph's batch, height and width are symbolic;
-    the model's training mode is left as it was; weights are inside the one file."""
-    model, result, _, training_after, _ = exported
+    """The command says the file and the diffs at the export size and a second, taller one; the graph's batch, height
+    and width are symbolic; the model's training mode is left as it was; weights are inside the one file."""
+    model, _, training_after, _, path, printed = exported
     assert training_after is True
-    assert set(result.diffs) == {(2, 64, 64), (3, 96, 64)}
-    assert all(0 <= diff < ATOL for diff in result.diffs.values())
-    graph = onnx.load(str(result.path)).graph
+    assert f"wrote {path} (" in printed and "MiB" in printed
+    diffs = {shape: float(diff) for shape, diff in re.findall(r"(\d+ x \d+x\d+) images: .* = (\S+)", printed)}
+    assert set(diffs) == {"2 x 64x48", "3 x 96x48"} and max(diffs.values()) < ATOL
+    graph = onnx.load(str(path)).graph
     dims = graph.input[0].type.tensor_type.shape.dim
     assert [d.dim_value for d in dims][1] == 3
     assert [dims[i].dim_param for i in (0, 2, 3)] == ["batch", "height", "width"] and not dims[0].dim_value
     assert graph.output[0].name == "logits" and graph.output[0].type.tensor_type.shape.dim[0].dim_param == "batch"
     assert graph.output[0].type.tensor_type.shape.dim[1].dim_value == model.num_classes  # fixed sizes stay fixed
-    assert not list(result.path.parent.glob("*.data"))
+    assert not list(path.parent.glob("*.data"))
 
 
 def test_export_program_runs_at_other_sizes(exported) -> None:
     """The torch.export program (before ONNX) takes other batches and sizes and matches eager."""
-    model, program = exported[0], exported[4].module()
+    model, program = exported[0], exported[3].module()
     for batch, (h, w) in [(1, (96, 48)), (3, (128, 80))]:
         x = images(batch, h, w)
         with torch.no_grad():
             torch.testing.assert_close(program(x), model.eval()(x), rtol=0, atol=1e-5)
-
-
-def test_cli_from_model_name(tmp_path: Path, capsys) -> None:
-    out = tmp_path / "onnx" / "axial.onnx"
-    assert export.main(["--model", "vit_rope_tiny_patch16_axial_224", "--model-kwargs", "depth=1", "--random-init",
-                        "--num-classes", "4", "--img-size", "48", "32", "--output", str(out)]) == 0
-    printed = capsys.readouterr().out
-    assert str(out) in printed and "MiB" in printed
-    diffs = {shape: float(diff) for shape, diff in re.findall(r"(\d+ x \d+x\d+) images: .* = (\S+)", printed)}
-    assert set(diffs) == {"2 x 48x32", "3 x 64x32"} and max(diffs.values()) < ATOL
-    assert run_onnx(onnx_session(out), images(1, 80, 64)).shape == (1, 4)
 
 
 def test_cli_from_checkpoint_with_policy(tmp_path: Path, capsys) -> None:
@@ -139,7 +132,6 @@ def test_cli_from_checkpoint_with_policy(tmp_path: Path, capsys) -> None:
     (["--img-size", "50"], "image size 50x50 (HxW) must be a multiple of the patch size 16x16"),
     (["--img-size", "64", "16"], "use e.g. 64x32"),
     (["--batch-size", "1"], "batch_size 1"),
-    (["--policy", "nearest"], "unknown RoPE policy 'nearest'"),
     (["--output", "."], "--output . is a folder: name the ONNX file to write, e.g. model.onnx"),
     # random weights in a file meant for deployment are a mistake unless asked for, as in vit_rope.evaluate
     (None, "--model vit_rope_tiny_patch16_mixed_224 has no weights, so the command would export its random "
@@ -163,10 +155,13 @@ def test_missing_onnxruntime_is_named(tmp_path: Path, monkeypatch, capsys) -> No
     assert "vit-rope[export]" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("args", [["--checkpoint", "c.pth", "--random-init"],
-                                  ["--model", "vit_rope_tiny_patch16_mixed_224", "--random-init", "--pretrained-file",
-                                   "w.pth"]])
-def test_random_init_goes_with_a_model_alone(tmp_path: Path, args: list[str], capsys) -> None:
+@pytest.mark.parametrize("args, message", [
+    (["--checkpoint", "c.pth", "--random-init"], "--random-init"),
+    (["--model", "vit_rope_tiny_patch16_mixed_224", "--random-init", "--pretrained-file", "w.pth"], "--random-init"),
+    (["--model", "vit_rope_tiny_patch16_mixed_224", "--policy", "nearest"], "invalid choice: 'nearest' (choose from"),
+])
+def test_usage_errors(tmp_path: Path, args: list[str], message: str, capsys) -> None:
+    """--random-init goes with a --model alone; --policy is one of the policies."""
     with pytest.raises(SystemExit) as exit_info:
         export.main([*args, "--output", str(tmp_path / "m.onnx")])
-    assert exit_info.value.code == 2 and "--random-init" in capsys.readouterr().err
+    assert exit_info.value.code == 2 and message in capsys.readouterr().err

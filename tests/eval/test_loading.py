@@ -31,7 +31,8 @@ def test_ema_weights_preferred(tmp_path: Path) -> None:
 
 
 def test_pretrained_file(tmp_path: Path) -> None:
-    """--pretrained-file weights load through timm's pretrained path; a given num_classes keeps the file's head."""
+    """--pretrained-file weights load through timm's pretrained path; a given num_classes keeps the file's head; a
+    file that is not one, does not fit, or that weights_only refuses is one error line, not a traceback."""
     torch.manual_seed(0)
     source = timm.create_model("vit_tiny_patch16_224", depth=1, num_classes=3, img_size=32)
     torch.save(source.state_dict(), tmp_path / "vit.pth")
@@ -44,6 +45,13 @@ def test_pretrained_file(tmp_path: Path) -> None:
     for missing in (tmp_path / "absent.pth", tmp_path):  # no such file; a folder
         with pytest.raises(UserError, match=f"--pretrained-file {missing} is not a file: pass the path of a weights"):
             load_pretrained("vit_tiny_patch16_224", str(missing), 10, 32, {"depth": 1})
+    torch.save({"model": source.state_dict(), "run_dir": Path("/x")}, tmp_path / "pickled.pth")
+    with pytest.raises(UserError, match="pickled.pth"):
+        load_pretrained("vit_tiny_patch16_224", str(tmp_path / "pickled.pth"), 3, 32, {"depth": 1})
+    # a train.py checkpoint loaded as plain weights would be rebuilt at the registry's size (224), not its own
+    path = write_checkpoint(tmp_path / "run.pth")
+    with pytest.raises(UserError, match=f"--pretrained-file {path} is a train.py checkpoint: pass it as --checkpoint"):
+        load_pretrained(ROPE, str(path), 3, None, {"depth": 1})
 
 
 def test_learned_frequencies_checked_for_pretrained_files(tmp_path: Path, capsys) -> None:
@@ -57,8 +65,10 @@ def test_learned_frequencies_checked_for_pretrained_files(tmp_path: Path, capsys
     assert loaded.model.load_report.rope_freqs_loaded and loaded.model.load_report.initialised == {}
     expected = torch.load(mixed, weights_only=True)["model"]["pos_encoding.1.freqs"]
     assert torch.equal(loaded.model.pos_encoding[1].freqs, expected)
-    assert not hasattr(load_pretrained(ROPE, None, 3, 32, {"depth": 2}).model, "load_report")
-    assert capsys.readouterr().out == ""
+    random = load_pretrained(ROPE, None, 3, 32, {"depth": 2})
+    assert not hasattr(random.model, "load_report") and capsys.readouterr().out == ""
+    # labelled by the file, as checkpoints are by theirs (two files, two rows), or as random
+    assert (loaded.label, random.label) == (f"{ROPE} (depth=2) ({mixed})", f"{ROPE} (depth=2, random init)")
 
 
 def test_plain_vit_into_axial_model_is_evaluated_with_a_warning(tmp_path: Path, capsys) -> None:
@@ -99,10 +109,6 @@ def test_labels_name_what_changed_the_architecture(tmp_path: Path) -> None:
     label = load_trained(path).label
     assert label == f"{ROPE} (depth=1, patch_size=8) ({path})"  # in the order of model_kwargs
     assert is_run(label, {"output": str(tmp_path / "run")})
-    source = save_source("mixed", tmp_path / "mixed.pth", num_classes=3)
-    assert load_pretrained(ROPE, str(source), 3, 32, {"depth": 2, "num_classes": 3}).label == (
-        f"{ROPE} (depth=2) ({source})")
-    assert load_pretrained(ROPE, None, 3, 32, {"depth": 1}).label == f"{ROPE} (depth=1, random init)"
 
 
 def test_weights_that_do_not_fit_the_rebuilt_model_are_listed(tmp_path: Path) -> None:
@@ -152,20 +158,6 @@ def test_tensor_rows_reads_the_classifier_without_loading_the_file(tmp_path: Pat
     assert tensor_rows(tmp_path / "w.safetensors", "head.fc.weight") is None
     (tmp_path / "bad.pth").write_bytes(b"garbage")
     assert tensor_rows(tmp_path / "bad.pth", "head.weight") is None  # the full read names what is wrong
-
-
-def test_a_file_weights_only_refuses_is_an_error_line_not_a_traceback(tmp_path: Path) -> None:
-    model = timm.create_model(ROPE, depth=1, num_classes=3)
-    torch.save({"model": model.state_dict(), "run_dir": Path("/x")}, tmp_path / "pickled.pth")
-    with pytest.raises(UserError, match="pickled.pth"):
-        load_pretrained(ROPE, str(tmp_path / "pickled.pth"), 3, 32, {"depth": 1})
-
-
-def test_a_train_py_checkpoint_as_a_pretrained_file_points_to_checkpoint(tmp_path: Path) -> None:
-    """Loaded as plain weights it would be rebuilt at the registry's size (224), not its training size: refused."""
-    path = write_checkpoint(tmp_path / "run.pth")
-    with pytest.raises(UserError, match=f"--pretrained-file {path} is a train.py checkpoint: pass it as --checkpoint"):
-        load_pretrained(ROPE, str(path), 3, None, {"depth": 1})
 
 
 def test_a_train_checkpoint_is_rebuilt_as_trained(tmp_path: Path) -> None:

@@ -15,7 +15,7 @@ from torchvision import transforms
 
 from helpers.evaluation import ROPE, run, write_checkpoint
 from helpers.models import perturbed
-from vit_rope.eval import harness, report
+from vit_rope.eval import harness
 from vit_rope.eval import token_budget as naflex
 from vit_rope.eval.loading import load_trained
 
@@ -108,7 +108,7 @@ def test_the_command_writes_both_protocols_rows(image_root: Path, tmp_path: Path
     assert ours["extrapolate", 9] != pytest.approx(ours["interpolate", 9], rel=1e-6)  # the policy acts per budget
 
     table = (out / "results.md").read_text()
-    assert "| model | policy | 32* | 48 | 4 tokens* | 9 tokens |" in table  # 4 tokens: the 2x2 grid of 32 px
+    assert "| model | policy | 32* | 48 | 4 tokens* | 9 tokens |" in table  # 4 tokens (32 px's 2x2): apart
     assert "`L tokens`: a token budget" in table
     assert table.count(f"| {ROPE} (depth=2) ({checkpoint}) | interpolate | **") == 3  # top-1, top-5, images/s
     assert (out / "accuracy_vs_resolution.png").stat().st_size > 1000
@@ -132,19 +132,3 @@ def test_bad_budgets_and_models_without_naflex_are_one_error_line(case: str, mes
     captured = capsys.readouterr()
     assert code == 2 and captured.err.startswith(message) and captured.err.count("\n") == 1
     assert "protocol:" not in captured.out and not (tmp_path / "eval").exists()
-
-
-def test_a_budget_that_is_not_a_whole_number_is_a_usage_error(image_root: Path, capsys) -> None:
-    with pytest.raises(SystemExit) as exit_info:
-        run("--checkpoint", "best.pth", "--data-dir", str(image_root), "--seq-lens", "196", "1.5")
-    assert exit_info.value.code == 2
-    assert "argument --seq-lens: '1.5' is not a whole number of tokens" in capsys.readouterr().err
-
-
-def test_reports_keep_a_budget_apart_from_the_size_of_its_token_count() -> None:
-    """196 tokens of 16 px patches plot at 224 px, but they are a column of their own (seed merging keeps them apart
-    too: tests/studies/test_study_results.py)."""
-    rows = [{"model": "m", "policy": None, "train_size": 224, "top1": 70.0, "top5": 90.0, "images_per_s": 1.0,
-             **fields} for fields in ({"img_size": 224, "seq_len": None},
-                                      {"img_size": None, "seq_len": 196, "patch_size": [16, 16]})]
-    assert report.markdown_table(rows).splitlines()[0] == "| model | policy | 224* | 196 tokens* |"

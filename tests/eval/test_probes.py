@@ -23,7 +23,6 @@ from vit_rope.eval.loading import EvalModel, create_from_checkpoint, load_traine
 from vit_rope.eval.probes import (
     LinearProbe,
     ProbeOptions,
-    check_probe_options,
     feature_width,
     fit_linear,
     knn_votes,
@@ -245,7 +244,8 @@ def test_bad_input(case: str, message: str, image_root: Path, tmp_path: Path, ca
     for module in (harness, extraction):  # any pass over a split would fail loudly
         monkeypatch.setattr(module, "forward_split", None)
     source = ["--model", ROPE, "--random-init", "--model-kwargs", "depth=1", "--train-size", "32"]
-    probe = ["--probe", "knn", "linear"]
+    probe = {"knn_flag_alone": ["--probe", "linear", "--bank-size", "32"],
+             "linear_flag_alone": ["--linear-size", "32"]}.get(case, ["--probe", "knn", "linear"])
     if case == "no_head":
         source[-3:-2], probe = ["depth=1", "num_classes=0"], []
     if case == "backbone_file":
@@ -256,10 +256,6 @@ def test_bad_input(case: str, message: str, image_root: Path, tmp_path: Path, ca
                   "--train-size", "32"]
     probe += {"bank_size": ["--bank-size", "40"], "linear_size": ["--linear-size", "20"], "k": ["--knn-k", "30"],
               "empty_class": ["--train-limit", "2"], "temperature": ["--knn-temperature", "0"]}.get(case, [])
-    if case == "knn_flag_alone":
-        probe = ["--probe", "linear", "--bank-size", "32"]
-    if case == "linear_flag_alone":
-        probe = ["--linear-size", "32"]
     if case == "no_labels":
         for path in list((image_root / "train").rglob("*.*")):
             path.rename(image_root / "train" / f"{path.parent.name}_{path.name}")
@@ -274,7 +270,7 @@ def test_bad_input(case: str, message: str, image_root: Path, tmp_path: Path, ca
 
 def test_probe_options_and_feature_memory_are_checked() -> None:
     with pytest.raises(UserError, match=r"^unknown probe svm: choose from head, knn, linear$"):
-        check_probe_options(ProbeOptions(("knn", "svm")))
+        ProbeOptions(("knn", "svm"))
     assert check_feature_memory({0: 192}, 9469, 3925, {0: 1}, True, 2**34) == 4 * 192 * (2 * 9469 + 3925) + 2**27
     with pytest.raises(UserError, match=r"the probes' features need about 1.6 GiB \(1000000 train and 1000 val images "
                                         r"x 2 runs of model and policy, 4 bytes per feature\) but 1.0 GiB are free"):

@@ -11,7 +11,7 @@ import pytest
 import timm
 import torch
 
-from helpers.evaluation import CLASSES, run
+from helpers.evaluation import CLASSES, ROPE, run
 from vit_rope.errors import UserError
 from vit_rope.eval import windows
 from vit_rope.train.state import save_checkpoint
@@ -76,15 +76,13 @@ def test_a_size_the_windows_do_not_tile_is_refused_before_anything_runs(image_ro
 
 
 def test_window_arguments_and_the_check_without_a_harness() -> None:
-    assert windows.window_arg("keep") == "keep" and windows.window_arg("scale") == "scale"
-    assert windows.window_arg("12") == 12
+    assert [windows.window_arg(text) for text in ("keep", "scale", "12")] == ["keep", "scale", 12]
     for bad in ("0", "-3", "big"):
         with pytest.raises(argparse.ArgumentTypeError, match="not a window size"):
             windows.window_arg(bad)
     model = timm.create_model(SWIN, **KWARGS)
-    trained = windows.trained_windows(model)
-    assert trained == [(4, 4), (4, 4)] and windows.has_windows(model)
-    assert not windows.has_windows(timm.create_model("vit_rope_tiny_patch16_axial_224", depth=1))
+    trained = [(4, 4), (4, 4)]
+    assert windows.has_windows(model) and not windows.has_windows(timm.create_model(ROPE, depth=1))
     windows.check_windows(model, [32, 64, 96], "keep", trained, False, "swin")  # 8/16/24 and 4/8/12 tokens: tiled
     windows.check_windows(model, [40], "keep", trained, True, "swin")  # padded when asked
     with pytest.raises(UserError, match="swin at 40 px: stage 1's 10x10 tokens"):

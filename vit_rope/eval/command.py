@@ -20,7 +20,7 @@ from vit_rope.eval import token_budget as naflex
 from vit_rope.eval import windows
 from vit_rope.eval.harness import check_options, check_sizes, choose_setting, evaluate_models, protocol
 from vit_rope.eval.loading import EvalModel, check_weights, load_pretrained, load_trained, parse_kwarg
-from vit_rope.eval.probes import PROBES, ProbeOptions, check_probe_options
+from vit_rope.eval.probes import PROBES, ProbeOptions
 from vit_rope.eval.report import write_reports
 from vit_rope.train.distributed import flushed_subnormals, set_cpu_threads
 
@@ -135,11 +135,9 @@ def main(argv: list[str] | None = None) -> int:
         given = {"k": args.knn_k, "temperature": args.knn_temperature, "bank_size": args.bank_size,
                  "linear_size": args.linear_size, "train_limit": args.train_limit}
         options = ProbeOptions(probes, **{key: value for key, value in given.items() if value is not None})
-        check_probe_options(options)
         check_output_dir(args.output, "--output")
-        for name in args.model:  # a typo before the advice about weights
-            check_model_name(name)
         for name, file in zip(args.model, weights, strict=True):
+            check_model_name(name)  # a typo before the advice about weights
             check_weights(name, file, kwargs, args.random_init, "evaluate")
         unloaded = [name for name, file in zip(args.model, weights, strict=True)
                     if file is None and not kwargs.get("pretrained")]

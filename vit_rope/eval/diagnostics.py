@@ -137,7 +137,8 @@ def without_positions(model: RoPEVisionTransformer) -> Iterator[RoPEVisionTransf
         raise TypeError(f"without_positions takes a vit_rope model (RoPEVisionTransformer); got "
                         f"{type(model).__name__}, whose position encoding it cannot find: pass the vit_rope model "
                         "itself (a compiled or DDP-wrapped one as ._orig_mod or .module)")
-    handles = [blk.register_forward_pre_hook(_no_encoding, with_kwargs=True) for blk in model.blocks]
+    handles = [blk.register_forward_pre_hook(lambda _, args, kwargs: (args[:1], {**kwargs, "encoding": None}),
+                                             with_kwargs=True) for blk in model.blocks]  # the tokens only
     pos_embed = getattr(model, "pos_embed", None)
     saved = None if pos_embed is None else pos_embed.detach().clone()
     try:
@@ -152,10 +153,6 @@ def without_positions(model: RoPEVisionTransformer) -> Iterator[RoPEVisionTransf
         if saved is not None:
             with torch.no_grad():
                 pos_embed.copy_(saved)
-
-
-def _no_encoding(block: nn.Module, args: tuple, kwargs: dict[str, Any]) -> tuple[tuple, dict[str, Any]]:
-    return args[:1], {**kwargs, "encoding": None}  # the tokens only: no input from any encoding
 
 
 @torch.no_grad()
@@ -213,7 +210,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'size':>10s} {'unseen-phase channels':>22s} {'without positions':>36s} "
           f"{'attention entropy per layer (nats)'}")
     for size in args.sizes:
-        images = _images(samples, size, args.num_images)
+        images = (torch.randn(args.num_images, 3, size, size, generator=torch.Generator().manual_seed(0))
+                  if samples is None  # noise without data, else the val images under the evaluation protocol
+                  else torch.stack([item[0] for item in _items(samples, args.num_images, eval_transform(size, 1.0))]))
         _record(report["sizes"], size, f"{size} px", frequency_coverage(model, (size // patch, size // patch)),
                 attention_entropy(model, images), position_reliance(model, images))
     for seq_len in args.seq_lens:  # one NaFlex batch, each image at its own aspect ratio
@@ -242,10 +241,8 @@ def _record(table: dict[int, Any], key: int, label: str, coverage: list[dict[str
 
 def _load(args: argparse.Namespace) -> tuple[EvalModel, list[Sample] | None]:
     """The model and the images that feed the entropy (None: noise), every argument checked first."""
-    bad = [size for size in args.sizes or () if size <= 0]
-    if bad or args.num_images <= 0:
-        what = f"--sizes entry {bad[0]}" if bad else f"--num-images {args.num_images}"
-        raise UserError(f"{what} must be > 0 (e.g. --sizes 224 320 512 --num-images 8)")
+    if args.num_images <= 0:  # a size is checked against the model's patch (check_multiple)
+        raise UserError(f"--num-images {args.num_images} must be > 0 (e.g. --num-images 8)")
     naflex.check_seq_lens(args.seq_lens)
     if args.seq_lens and args.data_dir is None:
         raise UserError("--seq-lens resizes images keeping their aspect ratio, and the noise fed without --data-dir "
@@ -275,10 +272,3 @@ def _load(args: argparse.Namespace) -> tuple[EvalModel, list[Sample] | None]:
 def _items(samples: list[Sample], count: int, transform: Any) -> list[tuple[Any, int, int]]:
     dataset = ImageFolderDataset([samples[i] for i in subset(len(samples), count)], transform)
     return [dataset[i] for i in range(len(dataset))]
-
-
-def _images(samples: list[Sample] | None, size: int, count: int) -> Tensor:
-    """``count`` images ``[count, 3, size, size]`` under the evaluation protocol; noise without data."""
-    if samples is None:
-        return torch.randn(count, 3, size, size, generator=torch.Generator().manual_seed(0))
-    return torch.stack([item[0] for item in _items(samples, count, eval_transform(size, 1.0))])

@@ -155,7 +155,10 @@ def forward_split(runs: Runs, samples: list[Sample], indices: list[int], setting
     skipped = counted = 0
     for step, (images, targets, bad) in enumerate(tqdm(loader, setting.name, leave=False,
                                                        disable=not sys.stderr.isatty())):  # [B, C, H, W] or NaFlex
-        images, skipped = naflex.to_device(images, device), skipped + int((bad > 0).sum())  # slots refilled
+        images = ({key: value.to(device, non_blocking=True) if isinstance(value, Tensor) else value  # and seq_len
+                   for key, value in images.items()} if isinstance(images, dict)
+                  else images.to(device, non_blocking=True))
+        skipped += int((bad > 0).sum())  # slots refilled
         keep = (bad == 0).to(device)  # [B]; an unreadable image's slot holds the next readable one: not twice
         counted += int(keep.sum())
         targets = targets.to(device)

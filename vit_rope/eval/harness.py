@@ -20,7 +20,7 @@ from vit_rope.eval import extraction, windows
 from vit_rope.eval import token_budget as naflex
 from vit_rope.eval.extraction import Runs, TrainFeatures, check_feature_memory, forward_split, subset, train_split
 from vit_rope.eval.loading import EvalModel, check_loaded
-from vit_rope.eval.probes import PROBES, ProbeOptions, check_probe_options, feature_width
+from vit_rope.eval.probes import PROBES, ProbeOptions, feature_width
 from vit_rope.models.naflex_batch import naflex_patch
 from vit_rope.models.pos_encoding import resolution_encoding
 
@@ -73,12 +73,11 @@ def choose_setting(given: str | None, models: Sequence[EvalModel], field: str = 
 def check_sizes(sizes: Sequence[int], models: Sequence[EvalModel], policies: Sequence[str] = (),
                 seq_lens: Sequence[int] = ()) -> None:
     """Reject sizes that do not tile into patches, policies a model cannot take, budgets without NaFlex."""
-    for entry in models if seq_lens else ():  # the first model that cannot take NaFlex batches, and what to do
-        if naflex_patch(entry.model) is None:
+    for entry in models:
+        if seq_lens and naflex_patch(entry.model) is None:  # a model that cannot take NaFlex batches: what to do
             raise UserError(f"{entry.label} cannot be evaluated at token budgets: a {type(entry.model).__name__} "
                             "does not take NaFlex batches (its forward has no patch_coord); drop --seq-lens to "
                             "evaluate it at square --img-sizes, or evaluate a vit_rope_* or timm naflexvit_* model")
-    for entry in models:
         check_multiple("size", sizes, entry.model, entry.label)
         encoding = resolution_encoding(entry.model)
         for policy in policies if encoding is not None else ():
@@ -123,7 +122,6 @@ def evaluate_models(models: Sequence[EvalModel], data_dir: str | Path, img_sizes
     Eva twins as they were never trained)."""
     device, probes = resolve_device(device), probes or ProbeOptions()
     check_options(policies or (), crop_pct, seq_lens)
-    check_probe_options(probes)
     keys = {"input_key": input_key, "target_key": target_key}
     val_dir = split_label(data_dir, dataset, val_split)
     samples, val_classes = find_split(Path(data_dir), dataset, val_split, split_key="--split", **keys)
@@ -141,7 +139,8 @@ def evaluate_models(models: Sequence[EvalModel], data_dir: str | Path, img_sizes
     for flag, size in (("--bank-size", bank), ("--linear-size", probes.linear_size if linear else None)):
         for entry in models if size else ():
             check_multiple(flag, [size], entry.model, entry.label)
-    trained = {i: windows.trained_windows(entry.model) for i, entry in enumerate(models)
+    # each Swin's windows as built: timm's reference windows, which set_input_size scales and a given size replaces
+    trained = {i: [tuple(w) for w in entry.model._ref_window_sizes] for i, entry in enumerate(models)
                if windows.has_windows(entry.model)}
     for i, windowed in trained.items():
         windows.check_windows(models[i].model, sorted({*img_sizes, *fixed}), window, windowed, pad_windows,

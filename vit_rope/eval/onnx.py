@@ -43,8 +43,16 @@ def require_onnx() -> None:
                                   "pip install 'vit-rope[export]' (or the dev extra, 'vit-rope[dev]')")
 
 
-def check_img_size(model: nn.Module, img_size: tuple[int, int]) -> tuple[int, int]:
-    """The patch size, if both sides are two whole patches or more (torch.export fixes a dimension of size 1)."""
+def _images(model: nn.Module, batch: int, h: int, w: int) -> torch.Tensor:
+    """Seeded random images: the same shape always gives the same tensor."""
+    generator = torch.Generator().manual_seed(h * 10_000 + w)
+    return torch.randn(batch, model.patch_embed.proj.in_channels, h, w, generator=generator)
+
+
+def export_program(model: nn.Module, img_size: tuple[int, int] = (224, 224), batch_size: int = 2) -> ExportedProgram:
+    """``torch.export`` of ``model`` in eval mode, batch and patch grid dynamic (each side of ``img_size`` two whole
+    patches or more: torch.export fixes a dimension of size 1); a Cayley-STRING model from a copy with ``P`` folded into
+    its qkv weights, so the graph has no solve."""
     patch = getattr(getattr(model, "patch_embed", None), "patch_size", None)
     if patch is None:
         raise UserError(f"{type(model).__name__} has no patch_embed.patch_size: only ViTs export here")
@@ -53,19 +61,6 @@ def check_img_size(model: nn.Module, img_size: tuple[int, int]) -> tuple[int, in
         near = f"{max(2 * ph, round(h / ph) * ph)}x{max(2 * pw, round(w / pw) * pw)}"
         raise UserError(f"image size {h}x{w} (HxW) must be a multiple of the patch size {ph}x{pw}, with at least "
                         f"two patches per side: use e.g. {near}")
-    return ph, pw
-
-
-def _images(model: nn.Module, batch: int, h: int, w: int) -> torch.Tensor:
-    """Seeded random images: the same shape always gives the same tensor."""
-    generator = torch.Generator().manual_seed(h * 10_000 + w)
-    return torch.randn(batch, model.patch_embed.proj.in_channels, h, w, generator=generator)
-
-
-def export_program(model: nn.Module, img_size: tuple[int, int] = (224, 224), batch_size: int = 2) -> ExportedProgram:
-    """``torch.export`` of ``model`` in eval mode, batch and patch grid dynamic; a Cayley-STRING model from a copy
-    with ``P`` folded into its qkv weights, so the graph has no solve."""
-    ph, pw = check_img_size(model, img_size)
     if batch_size < 2:
         raise UserError(f"batch_size {batch_size}: trace with 2 or more images (torch.export fixes a batch of 1 "
                         "as a constant); the exported batch stays dynamic")
@@ -157,7 +152,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--img-size", nargs="+", type=int, metavar="SIDE",
                         help="example size, H or H W, multiples of the patch size (default: the training size)")
     parser.add_argument("--batch-size", type=int, default=2, help="example batch, 2 or more (default 2)")
-    parser.add_argument("--policy", help=f"RoPE resolution policy: {', '.join(POLICIES)} (default: the model's)")
+    parser.add_argument("--policy", choices=POLICIES, help="RoPE resolution policy (default: the model's)")
     parser.add_argument("--opset", type=int, help="ONNX opset (default: torch.onnx's)")
     return parser
 
@@ -173,8 +168,6 @@ def main(argv: list[str] | None = None) -> int:
         if Path(args.output).is_dir():  # else the export would fail at its last step, the write
             raise UserError(f"--output {args.output} is a folder: name the ONNX file to write, e.g. "
                             f"{Path(args.output) / 'model.onnx'}")
-        if args.policy is not None and args.policy not in POLICIES:
-            raise UserError(f"unknown RoPE policy '{args.policy}': choose from {', '.join(POLICIES)}")
         classes = {} if args.num_classes is None else {"num_classes": args.num_classes}
         entry = load_model_option(args, "export", 1000, dict(args.model_kwargs, **classes))
         model = entry.model

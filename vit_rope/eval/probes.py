@@ -27,20 +27,19 @@ class ProbeOptions:
     train_limit: int | None = None
     weight_decay: float = 1e-4  # the linear probe's L2 penalty on standardised features
 
+    def __post_init__(self) -> None:
+        """The checks that need no model and no data: known probes, a positive ``k`` and temperature."""
+        unknown = sorted(set(self.probes) - set(PROBES))
+        if unknown or not self.probes:
+            raise UserError(f"unknown probe {', '.join(unknown) or '(none)'}: choose from {', '.join(PROBES)}")
+        if self.k < 1 or not self.temperature > 0:
+            raise UserError(f"--knn-k {self.k} and --knn-temperature {self.temperature} must be positive: k is how "
+                            "many train images vote (default 20), the temperature how sharply closer ones count (0.07)")
+
     @property
     def pooled(self) -> bool:
         """Whether any probe reads pooled features (and so the train split)."""
         return any(probe != "head" for probe in self.probes)
-
-
-def check_probe_options(options: ProbeOptions) -> None:
-    """The checks that need no model and no data: known probes, a positive ``k`` and temperature."""
-    unknown = sorted(set(options.probes) - set(PROBES))
-    if unknown or not options.probes:
-        raise UserError(f"unknown probe {', '.join(unknown) or '(none)'}: choose from {', '.join(PROBES)}")
-    if options.k < 1 or not options.temperature > 0:
-        raise UserError(f"--knn-k {options.k} and --knn-temperature {options.temperature} must be positive: k is how "
-                        "many train images vote (20 by default), the temperature how sharply closer ones count (0.07)")
 
 
 def model_outputs(model: nn.Module, inputs: Tensor | dict[str, Tensor], logits: bool = True, pooled: bool = True
@@ -65,8 +64,7 @@ def model_outputs(model: nn.Module, inputs: Tensor | dict[str, Tensor], logits: 
 
 def feature_width(model: nn.Module, label: str, size: int) -> int:
     """The width of ``model``'s pooled features, from one blank image before any data is read."""
-    parameter = next(model.parameters(), None)
-    blank = torch.zeros(1, 3, size, size, device=None if parameter is None else parameter.device)
+    blank = torch.zeros(1, 3, size, size, device=next(model.parameters()).device)
     with torch.inference_mode():
         features = model_outputs(model.eval(), blank, logits=False)[1]
     if features.dim() != 2:

@@ -71,13 +71,6 @@ def budget_settings(seq_lens: Sequence[int], patches: Sequence[tuple[int, int] |
             for seq_len in seq_lens for patch in dict.fromkeys(patches)]
 
 
-def to_device(inputs: Tensor | dict[str, Any], device: str) -> Tensor | dict[str, Any]:
-    if isinstance(inputs, dict):
-        return {key: value.to(device, non_blocking=True) if isinstance(value, Tensor) else value
-                for key, value in inputs.items()}
-    return inputs.to(device, non_blocking=True)
-
-
 def normalise(inputs: Tensor | dict[str, Any], mean: Tensor, std: Tensor) -> Tensor | dict[str, Any]:
     """``inputs`` with a model's ``mean`` and ``std``: images, or a NaFlex batch's channels-last patches."""
     if not isinstance(inputs, dict):

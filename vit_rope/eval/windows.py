@@ -27,11 +27,6 @@ def has_windows(model: nn.Module) -> bool:
     return isinstance(model, SwinTransformer)
 
 
-def trained_windows(model: nn.Module) -> list[tuple[int, int]]:
-    """Each stage's window as the model was built (timm's reference windows, which ``set_input_size`` scales)."""
-    return [tuple(window) for window in model._ref_window_sizes]
-
-
 def stage_grids(model: SwinTransformer, size: int) -> list[tuple[int, int]]:
     """Each stage's token grid at ``size`` px: the patch grid, halved (rounding up) from the second stage on."""
     return [tuple(-(-size // (side * 2**stage)) for side in model.patch_embed.patch_size)
