@@ -7,9 +7,6 @@ from __future__ import annotations
 import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
-from pathlib import Path
-
-from torch import Tensor
 
 CLASSIFIER = ("head.weight", "head.bias", "head.fc.weight", "head.fc.bias")  # ViT, Swin
 POS_EMBED = "pos_embed"
@@ -51,14 +48,6 @@ class LoadReport:
             return ", ".join(names) if len(names) <= 3 else f"{names[0]}, ..., {names[-1]}: {len(names)} tensors"
 
         return "; ".join(f"{reason} ({keys(names)})" for reason, names in self.initialised.items())
-
-
-def report(source: str | Path | None, state_dict: Mapping[str, Tensor], initialised: dict[str, list[str]],
-            skipped: tuple[str, ...] = (), converted: tuple[str, ...] = ()) -> LoadReport:
-    """The report of a load of ``state_dict``: every key loaded but those ``initialised`` names (reason -> keys)."""
-    taken = {key for keys in initialised.values() for key in keys}
-    return LoadReport(None if source is None else str(source), tuple(k for k in state_dict if k not in taken),
-                      {reason: tuple(keys) for reason, keys in initialised.items() if keys}, skipped, converted)
 
 
 def warn_initialised(load: LoadReport) -> None:
