@@ -83,10 +83,11 @@ default_cfgs = generate_default_cfgs(_default_cfgs())
 ENCODINGS: dict[str, str] = {}
 
 
-def _entrypoint(name: str, model_args: dict[str, Any], swin: bool = False,
-                model_cls: type[nn.Module] = RoPEVisionTransformer) -> Callable[..., nn.Module]:
-    """One timm entry point of ``model_cls`` (or RoPE-Swin), keyword arguments over ``model_args``; the checkpoint
-    filter knows ``features_only``, whose classifier timm drops, so that the load report says so."""
+def _entrypoint(name: str, model_args: dict[str, Any], model_cls: type[nn.Module] = RoPEVisionTransformer
+                ) -> Callable[..., nn.Module]:
+    """One timm entry point of ``model_cls``, keyword arguments over ``model_args``; the checkpoint filter knows
+    ``features_only``, whose classifier timm drops, so that the load report says so."""
+    swin = model_cls is RoPESwinTransformer
     if not swin:
         ENCODINGS[name] = model_args["encoding"]
 
@@ -98,16 +99,14 @@ def _entrypoint(name: str, model_args: dict[str, Any], swin: bool = False,
         else:
             features = dict(out_indices=kwargs.pop("out_indices", 3), feature_cls="getter")
         filter_fn = partial(checkpoint_filter_fn, features_only=bool(kwargs.get("features_only")))
-        return build_model_with_cfg(RoPESwinTransformer if swin else model_cls, name, pretrained,
-                                    pretrained_filter_fn=filter_fn, feature_cfg=features, **kwargs)
+        return build_model_with_cfg(model_cls, name, pretrained, pretrained_filter_fn=filter_fn,
+                                    feature_cfg=features, **kwargs)
 
     create.__name__ = create.__qualname__ = name
     create.__module__ = __name__
-    if swin:
-        create.__doc__ = f"{name}: RoPE-ViT's Swin Transformer with {model_args['encoding']} RoPE ({model_args})."
-    else:
-        encoding = model_args["encoding"] + (" RoPE" if REGISTRY[model_args["encoding"]].rope else "")
-        create.__doc__ = f"{name}: ViT with {encoding} ({model_args})."
+    family = "RoPE-ViT's Swin Transformer" if swin else "ViT"
+    encoding = model_args["encoding"] + (" RoPE" if REGISTRY[model_args["encoding"]].rope else "")
+    create.__doc__ = f"{name}: {family} with {encoding} ({model_args})."
     return create
 
 
@@ -141,4 +140,4 @@ for _name, _args in QWEN25.items():  # transformers' Qwen2.5-VL tower, already n
 for _kind, _size in product(SWIN_KINDS, SWIN_SIZES):  # RoPE-ViT's RoPE-Swin (vit_rope.models.swin)
     _name = swin_name(_kind, _size)
     globals()[_name] = register_model(_entrypoint(_name, dict(window_size=7, encoding=_kind, **SWIN_SIZES[_size]),
-                                                  swin=True))
+                                                  RoPESwinTransformer))

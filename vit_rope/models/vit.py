@@ -123,10 +123,9 @@ class RoPEVisionTransformer(NoTorchScript, PositionEncodingMixin, EmbeddingMixin
                 patch_coord: Tensor | None = None, patch_valid: Tensor | None = None) -> Tensor:
         """Logits of images, or of a NaFlex batch: timm's dict, or ``patches``, ``patch_coord`` and ``patch_valid``."""
         batch = naflex_batch(x, patch_coord, patch_valid, attn_mask)
-        if batch is not None:
-            tokens, _, embedded = self._forward_blocks(batch, self.blocks, is_causal=is_causal)
-            return self.forward_head(self.norm(tokens), patch_valid=embedded.valid)
-        return self.forward_head(self.forward_features(x, attn_mask=attn_mask, is_causal=is_causal))
+        x, _, embedded = self._forward_blocks(x if batch is None else batch, self.blocks, attn_mask=attn_mask,
+                                              is_causal=is_causal)  # images: embedded.valid is None, timm's pooling
+        return self.forward_head(self.norm(x), patch_valid=embedded.valid)
 
     def forward_features(self, x: Tensor, attn_mask: Tensor | None = None, is_causal: bool = False,
                          patch_coord: Tensor | None = None, patch_valid: Tensor | None = None) -> Tensor:
