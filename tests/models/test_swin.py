@@ -109,7 +109,7 @@ def test_axial_frequencies_of_another_theta_are_refused_and_kinds_are_checked() 
         from_official(theirs.state_dict(), RoPESwinTransformer(encoding="axial", **SMALL))
     with pytest.raises(ValueError, match="load it into a swin_rope_"):
         from_official(theirs.state_dict(), timm.create_model("vit_rope_tiny_patch16_axial_224", depth=1))
-    with pytest.raises(ValueError, match="encoding is one of axial, mixed"):
+    with pytest.raises(ValueError, match=r"RoPE-Swin encoding \(RoPE-ViT's\) 'golden': choose one of axial, mixed\."):
         RoPESwinTransformer(encoding="golden", **SMALL)
     naflex = {"patches": torch.randn(1, 16, 48), "patch_coord": torch.zeros(1, 16, 2, dtype=torch.long),
               "patch_valid": torch.ones(1, 16, dtype=torch.bool)}
