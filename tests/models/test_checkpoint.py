@@ -59,10 +59,11 @@ def test_parity_with_timm_ports_through_create_model(port, ours, fmt, tmp_path):
     assert_same_logits(reference, model)
 
 
-def test_parity_full_depth_mixed_small(tmp_path):
-    reference = timm_port("vit_small_patch16_rope_mixed_224", num_classes=10)
+def test_parity_full_depth_mixed(tmp_path):
+    """All 12 blocks' learned frequencies (at the tiny width: the small one is the tests above')."""
+    reference = timm_port("vit_small_patch16_rope_mixed_224", num_classes=10, embed_dim=192, num_heads=3)
     torch.save({"model": reference.state_dict()}, tmp_path / "w.pth")
-    model = timm.create_model("vit_rope_small_patch16_mixed_224", num_classes=10)
+    model = timm.create_model("vit_rope_small_patch16_mixed_224", num_classes=10, embed_dim=192, num_heads=3)
     with warnings.catch_warnings():
         warnings.simplefilter("error", WeightsNotLoadedWarning)  # everything is in the checkpoint: no warning
         report = load_weights(model, tmp_path / "w.pth")

@@ -176,16 +176,13 @@ def test_create_from_checkpoint_names_an_official_file_by_its_widths_and_kind(tm
         torch.testing.assert_close(model(images), theirs(images), rtol=1e-4, atol=1e-5)
 
 
-def small_swin(**kwargs) -> RoPESwinTransformer:
-    torch.manual_seed(0)
-    return timm.create_model("swin_rope_mixed_tiny_patch4_window7_224", embed_dim=32, depths=(2, 2), num_heads=(1, 2),
-                             window_size=4, img_size=64, num_classes=3, drop_path_rate=0.0, **kwargs)
-
-
 def test_compile_without_graph_breaks_and_gradient_checkpointing_give_eagers_gradients() -> None:
     """torch.compile traces the reference rotation (no graph break), gradient checkpointing recomputes the blocks:
     both give eager's logits and frequency gradients."""
-    model, images = small_swin(), torch.randn(2, 3, 64, 64)
+    torch.manual_seed(0)
+    model = timm.create_model("swin_rope_mixed_tiny_patch4_window7_224", embed_dim=32, depths=(2, 2), num_heads=(1, 2),
+                              window_size=4, img_size=64, num_classes=3, drop_path_rate=0.0)
+    images = torch.randn(2, 3, 64, 64)
 
     def step(module: torch.nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
         model.zero_grad(set_to_none=True)
