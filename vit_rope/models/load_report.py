@@ -9,7 +9,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 CLASSIFIER = ("head.weight", "head.bias", "head.fc.weight", "head.fc.bias")  # ViT, Swin
-POS_EMBED = "pos_embed"
 
 # Why a weight holds its initial value (keys of LoadReport.initialised; checkpoint._fit_classifier words the head's)
 ROPE_FREQS = "learned RoPE frequencies kept at their random initialisation"
@@ -55,7 +54,7 @@ def warn_initialised(load: LoadReport) -> None:
     parts = []
     if load.initialised:
         parts.append(f"lacks weights of the model, which were initialised instead: {load.summary()}")
-    if POS_EMBED in load.skipped:
+    if "pos_embed" in load.skipped:
         parts.append("has an absolute position embedding (pos_embed), which was not loaded: the model has none and "
                      "encodes positions with RoPE alone (its +APE variant, *_ape, keeps it)")
     if parts:
