@@ -174,7 +174,7 @@ def weights_in(path: str | Path) -> Path:
     path = Path(path)
     if not path.is_dir():
         return path
-    names = sorted(fmt.folder.weights_name for fmt in FORMATS if fmt.folder is not None)
+    names = sorted({fmt.folder.weights_name for fmt in FORMATS if fmt.folder is not None})
     found = [path / file for name in names for file in (name, f"{name}.index.json") if (path / file).is_file()]
     if not found:
         raise FileNotFoundError(f"No weights file in the folder {path} (it holds "
