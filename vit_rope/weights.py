@@ -9,6 +9,7 @@ import json
 import os
 import re
 from collections.abc import Callable, Mapping, Sequence
+from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -67,15 +68,11 @@ class UnreadableCheckpointError(ValueError):
 
 def _well_formed(path: Path) -> bool:
     """True when ``path`` parses as safetensors, or as a torch pickle that needs classes ``weights_only`` refuses."""
-    try:
-        with safe_open(str(path), framework="pt"):
-            return True
-    except Exception:  # not safetensors: SafetensorError
-        pass
-    try:
+    with suppress(Exception), safe_open(str(path), framework="pt"):  # not safetensors: SafetensorError
+        return True
+    with suppress(Exception):  # not a torch checkpoint either (or torch < 2.5, which cannot tell)
         return bool(torch.serialization.get_unsafe_globals_in_checkpoint(str(path)))
-    except Exception:  # not a torch checkpoint either (or torch < 2.5, which cannot tell)
-        return False
+    return False
 
 
 def unreadable_reason(path: str | Path, err: Exception) -> str | None:
@@ -135,11 +132,9 @@ def tensor_rows(path: str | Path, key: str) -> int | None:
     """The first dimension of tensor ``key`` in a weights file, read without loading the rest (the safetensors header,
     or a memory-mapped torch file); None when the file has no such tensor or cannot be read this way."""
     if Path(path).suffix == ".safetensors":
-        try:
-            with safe_open(str(path), framework="pt") as f:
-                return f.get_slice(key).get_shape()[0] if key in f.keys() else None
-        except Exception:  # a corrupt header
-            return None
+        with suppress(Exception), safe_open(str(path), framework="pt") as f:  # but a corrupt header
+            return f.get_slice(key).get_shape()[0] if key in f.keys() else None
+        return None
     value = (mapped_file(path) or {}).get(key)
     return int(value.shape[0]) if isinstance(value, torch.Tensor) and value.dim() else None
 

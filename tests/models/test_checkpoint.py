@@ -17,12 +17,12 @@ from vit_rope.models.load_report import LAYERSCALE, ROPE_FREQS, WeightsNotLoaded
 from vit_rope.train.state import load_checkpoint
 from vit_rope.weights import UnreadableCheckpointError
 
-# (timm's port, ours)
+# (timm's port, ours, the file's format: each twice)
 PAIRS = [
-    ("vit_small_patch16_rope_224", "vit_rope_small_patch16_axial_224"),
-    ("vit_small_patch16_rope_mixed_224", "vit_rope_small_patch16_mixed_224"),
-    ("vit_small_patch16_rope_ape_224", "vit_rope_small_patch16_axial_ape_224"),
-    ("vit_small_patch16_rope_mixed_ape_224", "vit_rope_small_patch16_mixed_ape_224"),
+    ("vit_small_patch16_rope_224", "vit_rope_small_patch16_axial_224", "pth"),
+    ("vit_small_patch16_rope_mixed_224", "vit_rope_small_patch16_mixed_224", "safetensors"),
+    ("vit_small_patch16_rope_ape_224", "vit_rope_small_patch16_axial_ape_224", "pth"),
+    ("vit_small_patch16_rope_mixed_ape_224", "vit_rope_small_patch16_mixed_ape_224", "safetensors"),
 ]
 SIZES = [(224, 224), (320, 320), (224, 320)]
 
@@ -47,8 +47,7 @@ def assert_same_logits(reference: torch.nn.Module, ours: torch.nn.Module, sizes=
         torch.testing.assert_close(got, expected, atol=1e-4, rtol=0, msg=f"logits differ at {h}x{w}")
 
 
-@pytest.mark.parametrize("port,ours", PAIRS)
-@pytest.mark.parametrize("fmt", ["pth", "safetensors"])
+@pytest.mark.parametrize("port,ours,fmt", PAIRS)
 def test_parity_with_timm_ports_through_create_model(port, ours, fmt, tmp_path):
     reference = timm_port(port, depth=3)
     path = tmp_path / f"weights.{fmt}"
@@ -60,14 +59,15 @@ def test_parity_with_timm_ports_through_create_model(port, ours, fmt, tmp_path):
     assert_same_logits(reference, model)
 
 
-def test_parity_full_depth_mixed_small(tmp_path):
-    reference = timm_port("vit_small_patch16_rope_mixed_224", num_classes=10)
+def test_parity_full_depth_mixed(tmp_path):
+    """All 12 blocks' learned frequencies (at the tiny width: the small one is the tests above')."""
+    reference = timm_port("vit_small_patch16_rope_mixed_224", num_classes=10, embed_dim=192, num_heads=3)
     torch.save({"model": reference.state_dict()}, tmp_path / "w.pth")
-    model = timm.create_model("vit_rope_small_patch16_mixed_224", num_classes=10)
+    model = timm.create_model("vit_rope_small_patch16_mixed_224", num_classes=10, embed_dim=192, num_heads=3)
     with warnings.catch_warnings():
         warnings.simplefilter("error", WeightsNotLoadedWarning)  # everything is in the checkpoint: no warning
         report = load_weights(model, tmp_path / "w.pth")
-    assert report.initialised == {} and report.skipped == () and report.rope_freqs_loaded
+    assert report.initialised == {} and report.skipped == () and report.rope_freqs_loaded and report.summary() == ""
     assert set(report.loaded) == set(model.state_dict()) and model.load_report is report
     assert_same_logits(reference, model.eval())
 

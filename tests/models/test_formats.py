@@ -124,5 +124,5 @@ def test_a_folder_is_found_by_its_config_and_two_configs_are_refused(tmp_path):
     (folder / "config.json").write_text('{"model_type": "dinov3_vit", "positional": "pape", "pape": {}}')
     with pytest.raises(ValueError, match=r"holds the config of 2 formats"):
         folder_format(folder)
-    with pytest.raises(FileNotFoundError, match=r"No weights file in the folder .*model.pt or model.safetensors"):
+    with pytest.raises(FileNotFoundError, match=r"No weights file in .*with model.pt or model.safetensors and its"):
         vit_rope.load_weights(model, folder)

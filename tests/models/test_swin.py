@@ -109,7 +109,7 @@ def test_axial_frequencies_of_another_theta_are_refused_and_kinds_are_checked() 
         from_official(theirs.state_dict(), RoPESwinTransformer(encoding="axial", **SMALL))
     with pytest.raises(ValueError, match="load it into a swin_rope_"):
         from_official(theirs.state_dict(), timm.create_model("vit_rope_tiny_patch16_axial_224", depth=1))
-    with pytest.raises(ValueError, match="encoding is one of axial, mixed"):
+    with pytest.raises(ValueError, match=r"RoPE-Swin encoding \(RoPE-ViT's\) 'golden': choose one of axial, mixed\."):
         RoPESwinTransformer(encoding="golden", **SMALL)
     naflex = {"patches": torch.randn(1, 16, 48), "patch_coord": torch.zeros(1, 16, 2, dtype=torch.long),
               "patch_valid": torch.ones(1, 16, dtype=torch.bool)}
@@ -176,16 +176,13 @@ def test_create_from_checkpoint_names_an_official_file_by_its_widths_and_kind(tm
         torch.testing.assert_close(model(images), theirs(images), rtol=1e-4, atol=1e-5)
 
 
-def small_swin(**kwargs) -> RoPESwinTransformer:
-    torch.manual_seed(0)
-    return timm.create_model("swin_rope_mixed_tiny_patch4_window7_224", embed_dim=32, depths=(2, 2), num_heads=(1, 2),
-                             window_size=4, img_size=64, num_classes=3, drop_path_rate=0.0, **kwargs)
-
-
 def test_compile_without_graph_breaks_and_gradient_checkpointing_give_eagers_gradients() -> None:
     """torch.compile traces the reference rotation (no graph break), gradient checkpointing recomputes the blocks:
     both give eager's logits and frequency gradients."""
-    model, images = small_swin(), torch.randn(2, 3, 64, 64)
+    torch.manual_seed(0)
+    model = timm.create_model("swin_rope_mixed_tiny_patch4_window7_224", embed_dim=32, depths=(2, 2), num_heads=(1, 2),
+                              window_size=4, img_size=64, num_classes=3, drop_path_rate=0.0)
+    images = torch.randn(2, 3, 64, 64)
 
     def step(module: torch.nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
         model.zero_grad(set_to_none=True)

@@ -17,9 +17,15 @@ from torch import Tensor, nn
 from vit_rope.encodings.ape import fit_checkpoint_pos_embed
 from vit_rope.models.eva_families import check_family
 from vit_rope.models.formats import checkpoint_format, folder_format, weights_in
-from vit_rope.models.load_report import CLASSIFIER, LAYERSCALE, ROPE_FREQS, STRING, LoadReport, report, warn_initialised
+from vit_rope.models.load_report import CLASSIFIER, LAYERSCALE, ROPE_FREQS, STRING, LoadReport, warn_initialised
 from vit_rope.models.pos_encoding import encoding_key
 from vit_rope.weights import ROPE_BUFFERS, read_weights, unwrap_state_dict, weights_mismatch
+
+# the weights a checkpoint may lack, filled so that the model keeps its function (ViT's and Swin's RoPE frequencies as
+# initialised, the identity LayerScale, STRING's P = I): (key, fill, the report's reason)
+_FILLS = ((r"pos_encoding\.\d+\.freqs|layers\.\d+\.blocks\.\d+\.attn\.rope\.freqs", lambda value: value, ROPE_FREQS),
+          (r"blocks\.\d+\.ls[12]\.gamma", torch.ones_like, LAYERSCALE),
+          (r"blocks\.\d+\.attn\.string\.skew", torch.zeros_like, STRING))
 
 
 def _split_mixed_freqs(freqs: Tensor, model: nn.Module) -> dict[str, Tensor]:
@@ -64,19 +70,12 @@ def _convert(state_dict: dict[str, Any], model: nn.Module, source: str | Path | 
             value = resample_patch_embed(value, list(target[key].shape[-2:]), verbose=False)
         out[key] = value
 
-    initialised: dict[str, list[str]] = {ROPE_FREQS: [], LAYERSCALE: [], STRING: []}
+    initialised: dict[str, list[str]] = {why: [] for _, _, why in _FILLS}
     for key, value in target.items():
-        if key in out:
-            continue
-        if re.fullmatch(r"pos_encoding\.\d+\.freqs|layers\.\d+\.blocks\.\d+\.attn\.rope\.freqs", key):  # ViT, Swin
-            out[key] = value  # a checkpoint without RoPE: keep the model's initial frequencies
-            initialised[ROPE_FREQS].append(key)
-        elif re.fullmatch(r"blocks\.\d+\.ls[12]\.gamma", key):
-            out[key] = torch.ones_like(value)  # no LayerScale in the checkpoint: the identity scale keeps its function
-            initialised[LAYERSCALE].append(key)
-        elif re.fullmatch(r"blocks\.\d+\.attn\.string\.skew", key):
-            out[key] = torch.zeros_like(value)  # a checkpoint without STRING: P = I keeps its function
-            initialised[STRING].append(key)
+        fill = None if key in out else next((fill for fill in _FILLS if re.fullmatch(fill[0], key)), None)
+        if fill is not None:
+            out[key] = fill[1](value)
+            initialised[fill[2]].append(key)
 
     body = [{key: value for key, value in state.items() if key not in CLASSIFIER} for state in (target, out)]
     mismatch = weights_mismatch(*body)  # the classifier is _fit_classifier's concern
@@ -84,7 +83,11 @@ def _convert(state_dict: dict[str, Any], model: nn.Module, source: str | Path | 
         raise ValueError(f"The checkpoint does not fit {type(model).__name__}: {mismatch}. Check that the model name "
                          "(size, axial/mixed, +APE) and its arguments (depth, patch size, ...) match the checkpoint.")
     skipped, head = _fit_classifier(out, model, *classifier) if classifier else ((), {})
-    return out, report(source, out, {**initialised, **head}, dropped + skipped, converted)
+    initialised.update(head)  # the report: every key loaded but those initialised, by reason
+    taken = {key for keys in initialised.values() for key in keys}
+    load = LoadReport(None if source is None else str(source), tuple(key for key in out if key not in taken),
+                      {why: tuple(keys) for why, keys in initialised.items() if keys}, dropped + skipped, converted)
+    return out, load
 
 
 def convert_state_dict(state_dict: dict[str, Any], model: nn.Module) -> dict[str, Tensor]:

@@ -75,9 +75,7 @@ class EmbeddingMixin:
         x = self._prefix_and_ape(tokens, coord, grids, grid)
         positions = self.pos_encoding.place(coord, grids)  # [N, 2] or [B, N, 2] (x, y)
         on_lattice = valid is not None and not captured
-        keep = None
-        if isinstance(self.patch_drop, PatchDropoutWithIndices):
-            x, keep = self.patch_drop(x)  # keep: [B, K] indices of the kept patches, or None
+        x, keep = self.patch_drop(x) if isinstance(self.patch_drop, PatchDropoutWithIndices) else (x, None)  # [B, K]
         if self.training and self.coord_aug.active:
             positions = augment_positions(positions, B, self.coord_aug)  # [B, N, 2], a draw per sample
             on_lattice = False

@@ -54,9 +54,7 @@ def _rope_vit_name(state_dict: Mapping[str, Any]) -> str | None:
     mixed = any(key in state_dict for key in ("freqs", "rope.freqs"))
     ape = "pos_embed" in state_dict
     size = _size(state_dict, ROPE_VIT_SIZES)
-    if size is None or not (mixed or ape):
-        return None
-    return model_name(size, "mixed" if mixed else "axial", ape)
+    return None if size is None or not (mixed or ape) else model_name(size, "mixed" if mixed else "axial", ape)
 
 
 def _dinov3(state_dict: dict[str, Any], model: nn.Module, source: str) -> Converted:
@@ -176,7 +174,7 @@ def weights_in(path: str | Path) -> Path:
     path = Path(path)
     if not path.is_dir():
         return path
-    names = sorted(fmt.folder.weights_name for fmt in FORMATS if fmt.folder is not None)
+    names = sorted({fmt.folder.weights_name for fmt in FORMATS if fmt.folder is not None})
     found = [path / file for name in names for file in (name, f"{name}.index.json") if (path / file).is_file()]
     if not found:
         raise FileNotFoundError(f"No weights file in the folder {path} (it holds "

@@ -7,12 +7,8 @@ from __future__ import annotations
 import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
-from pathlib import Path
-
-from torch import Tensor
 
 CLASSIFIER = ("head.weight", "head.bias", "head.fc.weight", "head.fc.bias")  # ViT, Swin
-POS_EMBED = "pos_embed"
 
 # Why a weight holds its initial value (keys of LoadReport.initialised; checkpoint._fit_classifier words the head's)
 ROPE_FREQS = "learned RoPE frequencies kept at their random initialisation"
@@ -53,20 +49,12 @@ class LoadReport:
         return "; ".join(f"{reason} ({keys(names)})" for reason, names in self.initialised.items())
 
 
-def report(source: str | Path | None, state_dict: Mapping[str, Tensor], initialised: dict[str, list[str]],
-            skipped: tuple[str, ...] = (), converted: tuple[str, ...] = ()) -> LoadReport:
-    """The report of a load of ``state_dict``: every key loaded but those ``initialised`` names (reason -> keys)."""
-    taken = {key for keys in initialised.values() for key in keys}
-    return LoadReport(None if source is None else str(source), tuple(k for k in state_dict if k not in taken),
-                      {reason: tuple(keys) for reason, keys in initialised.items() if keys}, skipped, converted)
-
-
 def warn_initialised(load: LoadReport) -> None:
     """One ``WeightsNotLoadedWarning`` for a load that initialised weights or dropped the checkpoint's APE."""
     parts = []
     if load.initialised:
         parts.append(f"lacks weights of the model, which were initialised instead: {load.summary()}")
-    if POS_EMBED in load.skipped:
+    if "pos_embed" in load.skipped:
         parts.append("has an absolute position embedding (pos_embed), which was not loaded: the model has none and "
                      "encodes positions with RoPE alone (its +APE variant, *_ape, keeps it)")
     if parts:

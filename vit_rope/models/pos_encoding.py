@@ -31,8 +31,7 @@ def resolution_encoding(model: nn.Module) -> PositionEncoding | None:
     (timm's ViTs, CNNs, no encoding); other families say it as ``resolution_rope`` (RoPE-Swin)."""
     if not isinstance(model, PositionEncodingMixin):
         return getattr(model, "resolution_rope", None)
-    encoding = getattr(model, "pos_encoding", None)
-    return None if encoding is None or isinstance(encoding, NoEncoding) else encoding
+    return None if isinstance(model.pos_encoding, NoEncoding) else model.pos_encoding
 
 
 class PositionEncodingMixin:

@@ -83,10 +83,11 @@ default_cfgs = generate_default_cfgs(_default_cfgs())
 ENCODINGS: dict[str, str] = {}
 
 
-def _entrypoint(name: str, model_args: dict[str, Any], swin: bool = False,
-                model_cls: type[nn.Module] = RoPEVisionTransformer) -> Callable[..., nn.Module]:
-    """One timm entry point of ``model_cls`` (or RoPE-Swin), keyword arguments over ``model_args``; the checkpoint
-    filter knows ``features_only``, whose classifier timm drops, so that the load report says so."""
+def _entrypoint(name: str, model_args: dict[str, Any], model_cls: type[nn.Module] = RoPEVisionTransformer
+                ) -> Callable[..., nn.Module]:
+    """One timm entry point of ``model_cls``, keyword arguments over ``model_args``; the checkpoint filter knows
+    ``features_only``, whose classifier timm drops, so that the load report says so."""
+    swin = model_cls is RoPESwinTransformer
     if not swin:
         ENCODINGS[name] = model_args["encoding"]
 
@@ -98,16 +99,14 @@ def _entrypoint(name: str, model_args: dict[str, Any], swin: bool = False,
         else:
             features = dict(out_indices=kwargs.pop("out_indices", 3), feature_cls="getter")
         filter_fn = partial(checkpoint_filter_fn, features_only=bool(kwargs.get("features_only")))
-        return build_model_with_cfg(RoPESwinTransformer if swin else model_cls, name, pretrained,
-                                    pretrained_filter_fn=filter_fn, feature_cfg=features, **kwargs)
+        return build_model_with_cfg(model_cls, name, pretrained, pretrained_filter_fn=filter_fn,
+                                    feature_cfg=features, **kwargs)
 
     create.__name__ = create.__qualname__ = name
     create.__module__ = __name__
-    if swin:
-        create.__doc__ = f"{name}: RoPE-ViT's Swin Transformer with {model_args['encoding']} RoPE ({model_args})."
-    else:
-        encoding = model_args["encoding"] + (" RoPE" if REGISTRY[model_args["encoding"]].rope else "")
-        create.__doc__ = f"{name}: ViT with {encoding} ({model_args})."
+    family = "RoPE-ViT's Swin Transformer" if swin else "ViT"
+    encoding = model_args["encoding"] + (" RoPE" if REGISTRY[model_args["encoding"]].rope else "")
+    create.__doc__ = f"{name}: {family} with {encoding} ({model_args})."
     return create
 
 
@@ -121,8 +120,13 @@ _VITS: dict[str, dict[str, Any]] = {
     **{dinov3_name(size, qkvb): dinov3.model_args(size, qkvb) for size, qkvb in product(dinov3.SIZES, (False, True))},
     **{twin_name(timm_name): args for table in FAMILIES.values() for timm_name, args in table.items()},  # Eva twins
 }
-for _name, _args in _VITS.items():
-    globals()[_name] = register_model(_entrypoint(_name, _args))
+# name -> (model arguments, class) of every entry point but the VLM twins' below
+_PLAIN = {**{name: (args, RoPEVisionTransformer) for name, args in _VITS.items()},
+          **{name: (args, Qwen25VisionTransformer) for name, args in QWEN25.items()},  # already named vit_rope_*
+          **{swin_name(kind, size): (dict(window_size=7, encoding=kind, **SWIN_SIZES[size]), RoPESwinTransformer)
+             for kind, size in product(SWIN_KINDS, SWIN_SIZES)}}  # RoPE-ViT's RoPE-Swin (vit_rope.models.swin)
+for _name, (_args, _cls) in _PLAIN.items():
+    globals()[_name] = register_model(_entrypoint(_name, _args, _cls))
 
 # the twins of timm's and transformers' VLM towers (vit_rope.models.qwen3_vit, pixtral, qwen2_5_vl, ...)
 for _table, _cls, _width in ((QWEN3, Qwen3VisionTransformer, ("merger_out_features", qwen3_vit.llm_width)),
@@ -135,10 +139,3 @@ for _table, _cls, _width in ((QWEN3, Qwen3VisionTransformer, ("merger_out_featur
         if _width:
             _create = tagged(_create, _width[0], _width[1](_name))  # the projector's width: the weights' tag's
         globals()[_name] = register_model(_create)
-for _name, _args in QWEN25.items():  # transformers' Qwen2.5-VL tower, already named vit_rope_*
-    globals()[_name] = register_model(_entrypoint(_name, _args, model_cls=Qwen25VisionTransformer))
-
-for _kind, _size in product(SWIN_KINDS, SWIN_SIZES):  # RoPE-ViT's RoPE-Swin (vit_rope.models.swin)
-    _name = swin_name(_kind, _size)
-    globals()[_name] = register_model(_entrypoint(_name, dict(window_size=7, encoding=_kind, **SWIN_SIZES[_size]),
-                                                  swin=True))

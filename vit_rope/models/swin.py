@@ -13,6 +13,7 @@ from timm.layers import to_2tuple, use_fused_attn
 from timm.models.swin_transformer import SwinTransformer, SwinTransformerBlock, WindowAttention, checkpoint_filter_fn
 from torch import Tensor, nn
 
+from vit_rope.checks import check_choice
 from vit_rope.encodings.policies import ResolutionPolicy
 from vit_rope.encodings.rope.tables import RoPE2D
 from vit_rope.errors import NoTorchScript
@@ -40,8 +41,7 @@ class RoPEWindowAttention(WindowAttention):
         if not use_rpb:
             self.relative_position_bias_table = None
             self.relative_position_index = None
-        if encoding not in SWIN_KINDS:
-            raise ValueError(f"RoPE-Swin's encoding is one of {', '.join(SWIN_KINDS)} (RoPE-ViT's), got {encoding!r}")
+        check_choice(encoding, SWIN_KINDS, "RoPE-Swin encoding (RoPE-ViT's)")
         theta = SWIN_THETA[encoding] if rope_theta is None else rope_theta
         self.rope = RoPE2D(self.qkv.out_features // 3 // num_heads, num_heads, encoding, theta, self.window_size,
                            resolution_policy)

@@ -123,10 +123,9 @@ class RoPEVisionTransformer(NoTorchScript, PositionEncodingMixin, EmbeddingMixin
                 patch_coord: Tensor | None = None, patch_valid: Tensor | None = None) -> Tensor:
         """Logits of images, or of a NaFlex batch: timm's dict, or ``patches``, ``patch_coord`` and ``patch_valid``."""
         batch = naflex_batch(x, patch_coord, patch_valid, attn_mask)
-        if batch is not None:
-            tokens, _, embedded = self._forward_blocks(batch, self.blocks, is_causal=is_causal)
-            return self.forward_head(self.norm(tokens), patch_valid=embedded.valid)
-        return self.forward_head(self.forward_features(x, attn_mask=attn_mask, is_causal=is_causal))
+        x, _, embedded = self._forward_blocks(x if batch is None else batch, self.blocks, attn_mask=attn_mask,
+                                              is_causal=is_causal)  # images: embedded.valid is None, timm's pooling
+        return self.forward_head(self.norm(x), patch_valid=embedded.valid)
 
     def forward_features(self, x: Tensor, attn_mask: Tensor | None = None, is_causal: bool = False,
                          patch_coord: Tensor | None = None, patch_valid: Tensor | None = None) -> Tensor:
@@ -151,7 +150,6 @@ class RoPEVisionTransformer(NoTorchScript, PositionEncodingMixin, EmbeddingMixin
         """timm's, also for NaFlex batches: NLC tokens padded as the input, or maps in the largest grid's corner."""
         if output_fmt not in ("NCHW", "NLC"):
             raise ValueError(f"output_fmt must be 'NCHW' or 'NLC', got {output_fmt!r}.")
-        batch_shape = x.shape if isinstance(x, Tensor) else None
         take_indices, max_index = feature_take_indices(len(self.blocks), indices)
         blocks = self.blocks[: max_index + 1] if stop_early else self.blocks
         batch = naflex_batch(x, patch_coord, patch_valid, attn_mask)
@@ -169,12 +167,11 @@ class RoPEVisionTransformer(NoTorchScript, PositionEncodingMixin, EmbeddingMixin
             grid = naflex_grid(batch.coord, batch.valid)
             intermediates = [naflex_maps(y, batch.coord, batch.valid, grid) for y in intermediates]
         elif output_fmt == "NCHW":
-            B, _, height, width = batch_shape
-            h, w = self.patch_embed.dynamic_feat_size((height, width))
+            h, w = embedded.positions.grid  # the image batch's patch grid
             if intermediates and intermediates[0].shape[1] != h * w:
                 raise ValueError(f"Patch dropout kept {intermediates[0].shape[1]} of the {h}x{w} patches, which make "
                                  "no NCHW map: call model.eval() first, or ask for output_fmt='NLC'.")
-            intermediates = [y.reshape(B, h, w, y.shape[-1]).permute(0, 3, 1, 2).contiguous() for y in intermediates]
+            intermediates = [y.unflatten(1, (h, w)).permute(0, 3, 1, 2).contiguous() for y in intermediates]
 
         if output_dict:
             out: dict[str, Any] = {"image_intermediates": intermediates}
