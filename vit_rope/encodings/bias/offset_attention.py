@@ -1,7 +1,6 @@
-"""The bias family's shared maths: patch offsets, the policies' scale of them, and attention with a bias of the offset
-between two patches read from a table ``[nh, 2h - 1, 2w - 1]`` without its ``[nh, N, N]`` matrix: on CPU by chunks of
-grid rows (in inference above one chunk, with the table read in place), on CUDA through FlexAttention's ``score_mod``
-(docs/performance.md)."""
+"""The bias family's shared maths: patch offsets, their policy scale, and attention with a bias per offset read from a
+table ``[nh, 2h - 1, 2w - 1]``, never its ``[nh, N, N]`` matrix: on CPU by chunks of grid rows (or, in inference above
+one chunk, the table read in place), on CUDA by FlexAttention's ``score_mod`` (docs/performance.md)."""
 
 from __future__ import annotations
 
@@ -19,8 +18,7 @@ from vit_rope.layers.attention import RoPEAttention
 CHUNK_ELEMENTS = 2**25  # one chunk's mask: 128 MiB in fp32
 # a learned table's backward: score-sized products per chunk that stay in the CPU's caches (896 px: 1.95 s, not 2.3)
 SCORE_ELEMENTS = 2**22
-# SDPA's CPU flash kernel takes blocks of 256 queries from 768 queries on, of 64 from 192, of 32 below: far slower per
-# query in the smaller blocks
+# SDPA's CPU flash kernel takes query blocks of 256 from 768 queries on, of 64 from 192, of 32 below (far slower)
 FLASH_QUERIES, ROW_QUERIES = 768, 192
 
 
@@ -117,9 +115,8 @@ def _by_rows(q: Tensor, k: Tensor, v: Tensor, flipped: Tensor, grid: tuple[int, 
     attention over the reversed patch keys (expanded, not copied), whose mask is a strided view of the table laid out
     per query row in the group and column, ``[nh, g, w, Y, w]`` (``flipped[:, Y + t, xq + xk']`` at ``[:, t, xq, Y,
     xk']``): query ``(g r + t, xq)``'s biases are its ``h w`` values from ``[:, t, xq, g r]`` on. Heads lead the
-    kernel's batch, so each thread reads one head's table at a time. The prefix keys (no bias) join through the
-    log-sum-exp. At 1344 px this reads an 85 MB table instead of writing and reading 1.2 GB of masks per ViT-S block
-    (docs/performance.md)."""
+    kernel's batch, so each thread reads one head's table at a time; the prefix keys (no bias) join through the
+    log-sum-exp. Costs: docs/performance.md."""
     (h, w), (B, nh), P = grid, q.shape[:2], prefix
     g = min(h, -(-ROW_QUERIES // w))
     entries, pad = -(-h // g), -h % g  # pad: grid rows of zero queries that fill the last entry

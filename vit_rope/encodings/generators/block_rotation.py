@@ -14,8 +14,7 @@ from vit_rope.encodings.base import BlockInput, GridTables, PositionEncoding, Po
 from vit_rope.encodings.policies import POSITION_POLICIES, ResolutionPolicy
 
 MAX_SQUARINGS = 16  # norms up to 2**15: far past any position range times generator a model meets
-# exponentials per chunk of tokens where nothing is saved for backward: a high-resolution grid's intermediates stay
-# O(chunk), so its tables cost their own size
+# exponentials per chunk of tokens without autograd: a large grid's intermediates stay O(chunk), its tables their size
 TABLE_CHUNK = 2**13
 
 

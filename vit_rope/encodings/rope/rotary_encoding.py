@@ -93,7 +93,6 @@ class RotaryEncoding(PositionEncoding, nn.ModuleList):
     """One ``RoPE2D`` per block (``per_block``: learned frequencies) or one for all; ``string``: Cayley-STRING."""
 
     def __init__(self, depth: int, per_block: bool, string: bool = False, **rope_args: Any) -> None:
-        # a ModuleList of RoPE2D modules, which hold the kind, grid and policy (``policy`` sets theirs)
         nn.ModuleList.__init__(self, (RoPE2D(**rope_args) for _ in range(depth if per_block else 1)))
         self.depth, self.per_block, self.string = depth, per_block, string
         self.kind, self.train_grid = self[0].kind, self[0].train_grid

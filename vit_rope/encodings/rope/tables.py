@@ -128,8 +128,7 @@ def policy_tables(positions: Tensor, frequencies: tuple[Tensor, Tensor | None], 
     return cos, sin
 
 
-# FX: these branch on shapes, which symbolic tracing only knows as proxies: the trace records each as one call.
-# timm's tracer also keeps RoPE2D whole (register_notrace_module).
+# FX: these branch on shapes (proxies under symbolic tracing), so the trace records each as one call; RoPE2D stays whole
 torch.fx.wrap("place_positions")
 torch.fx.wrap("policy_frequencies")
 torch.fx.wrap("policy_tables")
@@ -137,10 +136,9 @@ torch.fx.wrap("policy_tables")
 
 @register_notrace_module
 class RoPE2D(PolicyChoice, nn.Module):
-    """Frequencies of one 2D RoPE and the tables they give for a set of positions: fixed ones a non-persistent buffer
-    (rebuilt on load), mixed ones a parameter without weight decay. The model's RoPE arguments are these names with
-    ``rope_`` in front (docs/models.md); ``fraction`` (p-RoPE) is a fixed mask, so unrotated learned pairs get gradient
-    0; ``grid_offset`` is Perception Encoder's 1, the unrotated class token at 0."""
+    """One 2D RoPE's frequencies (fixed: a non-persistent buffer, rebuilt on load; mixed: a parameter without weight
+    decay) and their tables. The model's ``rope_*`` arguments (docs/models.md); ``fraction`` (p-RoPE) is a fixed mask,
+    so unrotated learned pairs get gradient 0; ``grid_offset`` is Perception Encoder's 1 (its class token at 0)."""
 
     def __init__(self, head_dim: int, num_heads: int, kind: str = "axial", theta: float | None = None,
                  train_grid: tuple[int, int] | None = None, policy: str | dict | ResolutionPolicy | None = None,
@@ -222,8 +220,7 @@ class RoPE2D(PolicyChoice, nn.Module):
         return policy_tables(positions, self.frequencies(grids), num_prefix_tokens)
 
     def lattice_tables(self, lattice: Lattice) -> tuple[Tensor, Tensor]:
-        """Tables ``[B, H, P + N, D/2]`` of a NaFlex batch on its integer patch coordinates: a position's table is the
-        same in every sample, so the bounding grid's are built once and each token's row gathered."""
+        """Tables ``[B, H, P + N, D/2]`` of a NaFlex batch on integer coordinates, gathered from its bounding grid's."""
         height, width = lattice.grid
         cells = self.place(*image_coords(height, width, self.rotated.device))  # [h * w, 2] (x, y), row-major
         freqs = self.pair_frequencies()
