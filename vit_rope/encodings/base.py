@@ -52,8 +52,7 @@ def image_positions(encoding: nn.Module, height: int, width: int, device: torch.
 
 
 class LazyBlockInputs(Sequence):
-    """Each block's input built when the block asks (inference holds one block's tables, not mixed RoPE's ``[depth,
-    H, N, D/2]``); indexing twice builds twice."""
+    """Each block's input built on demand (inference holds one block's tables, not ``[depth, H, N, D/2]``), uncached."""
 
     def __init__(self, build: Callable[[int], Any], depth: int) -> None:
         self.build, self.depth = build, depth
@@ -139,8 +138,7 @@ class PositionEncoding(PolicyChoice, nn.Module):
         return set()
 
     def fold_(self, blocks: nn.ModuleList) -> None:
-        """Fold the kind's attention state into the blocks' weights, the same function cheaper (STRING's basis into
-        qkv; ONNX export calls it); nothing by default."""
+        """Fold attention state into the blocks' weights where cheaper (STRING's basis; ONNX export calls it)."""
 
     def extra_repr(self) -> str:
         return f"kind={self.kind}, depth={self.depth}, train_grid={self.train_grid}, policy={self.policy_name}"

@@ -51,8 +51,7 @@ def key_padding_mask(valid: Tensor, num_prefix_tokens: int) -> Tensor:
 
 
 def _aa_bicubic_weights(index: Tensor, out_len: Tensor, in_len: int) -> Tensor:
-    """Weights ``[B, N, in_len]`` of ``F.interpolate(..., mode="bicubic", antialias=True)`` from ``in_len`` to each
-    sample's ``out_len`` ``[B, 1]`` for output ``index`` ``[B, N]`` (align_corners=False), per token."""
+    """Per-token weights ``[B, N, in_len]`` of ``F.interpolate(mode="bicubic", antialias=True)`` to ``out_len``."""
     scale = in_len / out_len.double()  # [B, 1]
     center = scale * (index.double() + 0.5)  # [B, N]
     support = scale.clamp(min=1.0)[..., None]  # [B, 1, 1]

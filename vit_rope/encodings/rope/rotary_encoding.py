@@ -24,8 +24,7 @@ from vit_rope.layers.fused import fold_qk
 
 
 def cayley(skew: Tensor) -> Tensor:
-    """``P = (I - S)(I + S)^-1`` with ``S = A - A^T``: orthogonal for any ``A``, in fp32 at least (a solve in bf16
-    would lose orthogonality)."""
+    """``P = (I - S)(I + S)^-1``, ``S = A - A^T``: orthogonal for any ``A``, in fp32 at least (bf16 is not)."""
     if skew.dtype != torch.float64:
         skew = skew.float()
     s = skew - skew.transpose(-1, -2)  # exactly skew-symmetric

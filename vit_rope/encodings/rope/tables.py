@@ -89,8 +89,7 @@ def golden_frequencies(head_dim: int, num_heads: int, theta: float = 100.0) -> T
 
 
 def rotated_pairs(freqs: Tensor, fraction: float) -> Tensor:
-    """p-RoPE's mask ``[1, H, D/2]``: 1 for each head's ``round(fraction * D/2)`` pairs of largest ``|w|``; a stable
-    sort, so that axial RoPE drops as many x pairs as y pairs."""
+    """p-RoPE's mask ``[1, H, D/2]``: 1 on each head's ``round(fraction * D/2)`` top ``|w|`` (stable: x, y alike)."""
     magnitude = freqs.detach().float().norm(dim=0)  # [H, D/2]
     keep = round(check_fraction(fraction) * magnitude.shape[-1])
     order = torch.sort(magnitude, dim=-1, descending=True, stable=True).indices[:, :keep]  # [H, keep]
