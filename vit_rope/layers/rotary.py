@@ -1,8 +1,5 @@
-"""RoFormer's rotation on 2D patch positions as pure functions: positions, angles, tables, rotation.
-
-RoFormer (Su et al., 2021, arXiv:2104.09864); RoPE-ViT (Heo et al., ECCV 2024, arXiv:2403.13298) gives pair ``i`` at
-patch ``(x, y)`` the angle ``x * wx_i + y * wy_i``. ``apply_rope`` is the reference rotation the fused one is held to.
-"""
+"""RoFormer's rotation on 2D patch positions as pure functions (the angles: ``vit_rope.encodings.rope.tables``):
+positions, angles, tables, and ``apply_rope``, the reference rotation the fused one is held to."""
 
 from __future__ import annotations
 

@@ -111,12 +111,11 @@ def _chunked(q: Tensor, k: Tensor, v: Tensor, flipped: Tensor, grid: tuple[int, 
 
 def _by_rows(q: Tensor, k: Tensor, v: Tensor, flipped: Tensor, grid: tuple[int, int], prefix: int,
              scale: float) -> Tensor:
-    """Inference with no mask written: each ``g`` grid rows of queries (``g w >= ROW_QUERIES``) are one entry of flash
-    attention over the reversed patch keys (expanded, not copied), whose mask is a strided view of the table laid out
-    per query row in the group and column, ``[nh, g, w, Y, w]`` (``flipped[:, Y + t, xq + xk']`` at ``[:, t, xq, Y,
-    xk']``): query ``(g r + t, xq)``'s biases are its ``h w`` values from ``[:, t, xq, g r]`` on. Heads lead the
-    kernel's batch, so each thread reads one head's table at a time; the prefix keys (no bias) join through the
-    log-sum-exp. Costs: docs/performance.md."""
+    """Inference with no mask written: each ``g`` grid rows of queries (``g w >= ROW_QUERIES``) are one flash-attention
+    entry over the reversed patch keys (expanded, not copied), its mask a strided view of the table laid out per query
+    row in the group and column, ``[nh, g, w, Y, w]`` (``flipped[:, Y + t, xq + xk']`` at ``[:, t, xq, Y, xk']``):
+    query ``(g r + t, xq)``'s biases are its ``h w`` values from ``[:, t, xq, g r]`` on. Heads lead the kernel's batch
+    (a thread reads one head's table); prefix keys (no bias) join by the log-sum-exp. Costs: docs/performance.md."""
     (h, w), (B, nh), P = grid, q.shape[:2], prefix
     g = min(h, -(-ROW_QUERIES // w))
     entries, pad = -(-h // g), -h % g  # pad: grid rows of zero queries that fill the last entry

@@ -4,9 +4,8 @@ RoPE-ViT (Heo et al., ECCV 2024, arXiv:2403.13298) learns mixed frequencies per 
 ``RoPE2D`` per block (keeping its ``<block>.freqs`` state-dict layout); fixed frequencies share one.
 
 Cayley-STRING: RoPE after a learned orthogonal change of basis ``P`` of the queries and keys (Schenck, Reid et al.,
-"Learning the RoPEs: Better 2D and 3D Position Encodings with STRING", ICML 2025, arXiv:2502.02562). ``P = (I - S)(I +
-S)^-1`` of a skew-symmetric ``S`` is orthogonal for every ``S``, the same at every position (exact translation
-invariance) and ``I`` at ``S = 0``: a fresh model is its base kind (docs/models.md)."""
+"Learning the RoPEs: Better 2D and 3D Position Encodings with STRING", ICML 2025, arXiv:2502.02562): ``P`` (``cayley``)
+is the same at every position (exact translation invariance) and ``I`` at first: a fresh model is its base kind."""
 
 from __future__ import annotations
 
@@ -126,8 +125,7 @@ class RotaryEncoding(PositionEncoding, nn.ModuleList):
         return self[0].place(coord, grids)
 
     def block_inputs(self, positions: Positions, num_prefix_tokens: int) -> list[Any]:
-        # a NaFlex batch on integer positions with unscaled frequencies: a position's tables are the same in every
-        # sample, so each token reads those of the batch's bounding grid
+        # NaFlex on integer positions, unscaled frequencies: all samples' tables agree, so read the bounding grid's
         same = positions.lattice is not None and self.kind != "dinov3" and self[0].resolution.name == "extrapolate"
         lattice = positions.lattice() if same else None
 
