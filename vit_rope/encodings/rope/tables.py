@@ -48,17 +48,15 @@ def check_fraction(fraction: float) -> float:
     return fraction
 
 
-def _magnitudes(head_dim: int, theta: float) -> Tensor:
-    """``theta ** (-4k / head_dim)`` for ``k < head_dim / 4``: one frequency per pair of each axis."""
-    return 1.0 / (theta ** (torch.arange(0, head_dim, 4, dtype=torch.float32) / head_dim))
+def _magnitudes(head_dim: int, theta: float, step: int = 4) -> Tensor:
+    """``theta ** (-step k / head_dim)`` for ``k < head_dim / step``: by default one frequency per pair of each axis."""
+    return 1.0 / (theta ** (torch.arange(0, head_dim, step, dtype=torch.float32) / head_dim))
 
 
 def axial_frequencies(head_dim: int, theta: float = 100.0, alternate: bool = False) -> Tensor:
     """Axial RoPE ``(wx, wy)`` ``[2, 1, D/2]``; ``alternate``: Pixtral's, x and y on alternate rungs."""
-    if not alternate:
-        return axial_layout(_magnitudes(check_head_dim(head_dim), theta))
-    ladder = 1.0 / (theta ** (torch.arange(0, check_head_dim(head_dim), 2, dtype=torch.float32) / head_dim))
-    return axial_layout(ladder[1::2], ladder[0::2])
+    ladder = _magnitudes(check_head_dim(head_dim), theta, 2)  # [D/2]; its even rungs are the default's [D/4]
+    return axial_layout(ladder[1::2] if alternate else ladder[0::2], ladder[0::2])
 
 
 def axial_layout(magnitude: Tensor, magnitude_y: Tensor | None = None) -> Tensor:
@@ -190,7 +188,6 @@ class RoPE2D(PolicyChoice, nn.Module):
 
     @property
     def policies(self) -> tuple[str, ...]:
-        """DINOv3's normalised coordinates take two policies."""
         return DINOV3_POLICIES if self.kind == "dinov3" else POLICIES
 
     def refusal(self, policy: str) -> str:
