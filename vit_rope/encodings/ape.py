@@ -42,9 +42,8 @@ def fit_pos_embed(pos_embed: Tensor, grid: tuple[int, int], train_grid: tuple[in
 
 
 class AbsoluteEncoding(PositionEncoding):
-    """The APE as a position encoding, what the embedding adds to the tokens (blocks get nothing): logic only, the table
-    stays the model's ``pos_embed`` where timm reads it (``checkpoint_filter_fn``, ``set_input_size``, checkpoints'
-    key). ``num_prefix_rows``: 0 for DeiT-III and RoPE-ViT (``no_embed_class``), the prefix count for timm's ViT."""
+    """The APE as a position encoding (blocks get nothing), logic only: the table stays the model's ``pos_embed``, where
+    timm reads it. ``num_prefix_rows``: 0 for DeiT-III and RoPE-ViT (``no_embed_class``), else the prefix count."""
 
     def __init__(self, num_prefix_rows: int, resampling: str = "bicubic") -> None:
         super().__init__("ape", 0)

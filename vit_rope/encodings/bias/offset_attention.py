@@ -248,9 +248,8 @@ class Bias(BlockInput):
 
 
 class OffsetBias(BlockInput):
-    """A block's bias as a table per offset ``[nh, 2h - 1, 2w - 1]`` times ``scale`` (an image batch), read by
-    ``offset_attention``; ``bias``, the dense ``[1, nh, P + N, P + N]`` (kept in ``dense`` while small), serves what
-    needs the matrix: ``fused_attn = False``, a padding mask, attention dropout. Captures get a ``Bias`` instead."""
+    """An image batch's bias as a table per offset ``[nh, 2h - 1, 2w - 1]`` times ``scale`` for ``offset_attention``;
+    the dense ``bias`` (kept in ``dense`` while small) serves ``fused_attn = False``, padding masks, dropout."""
 
     def __init__(self, table: Tensor, scale: float, grid: tuple[int, int], prefix: int,
                  dense: dict[str, Tensor] | None = None) -> None:
