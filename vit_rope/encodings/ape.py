@@ -85,7 +85,7 @@ def table_grid(model: nn.Module) -> tuple[int, int]:
 
 
 def fit_checkpoint_pos_embed(pos_embed: Tensor, model: nn.Module) -> Tensor:
-    """A checkpoint's position embedding resampled to ``model``'s grid from its own, else ``source_grids``' first."""
+    """A checkpoint's ``pos_embed`` for ``model``: read on its grid if it fits, else ``source_grids``' first (warns)."""
     grid = table_grid(model)
     num_prefix = 0 if model.no_embed_class else model.num_prefix_tokens
     rows = pos_embed.shape[1]
