@@ -1,5 +1,4 @@
-"""The position encodings: one interface (``base``) and one module or subpackage per family; importing the package
-registers every kind, ``build`` makes the encoding a model describes."""
+"""The position encodings, one module or subpackage per family over ``base``'s interface; importing registers them."""
 
 from __future__ import annotations
 

@@ -1,8 +1,7 @@
 """The learned absolute position embedding (APE) of the "+APE" models and of the ViT / DeiT checkpoints they load.
 
-RoPE-ViT (Heo et al., ECCV 2024, arXiv:2403.13298) keeps DeiT-III's APE beside RoPE in its "+APE" variants. A table
-learnt for one grid is resampled to every other (timm's ``resample_abs_pos_embed``): at each forward, and once when a
-checkpoint of another grid is loaded, whose grid ``source_grids`` infers."""
+RoPE-ViT (Heo et al., ECCV 2024, arXiv:2403.13298) keeps DeiT-III's APE beside RoPE in "+APE" variants. The table is
+resampled to the input's grid at each forward, and once on loading a checkpoint of another grid (``source_grids``)."""
 
 from __future__ import annotations
 
@@ -43,13 +42,11 @@ def fit_pos_embed(pos_embed: Tensor, grid: tuple[int, int], train_grid: tuple[in
 
 
 class AbsoluteEncoding(PositionEncoding):
-    """The APE as a position encoding: what the embedding adds to the tokens (blocks get nothing from it). It holds
-    the logic only: the table stays the model's ``pos_embed``, where timm's ``VisionTransformer`` reads it
-    (``checkpoint_filter_fn``, ``set_input_size``, the state-dict key of every APE checkpoint). ``num_prefix_rows``: 0
-    for DeiT-III and RoPE-ViT (``no_embed_class``), the prefix tokens' count for timm's ViT."""
+    """The APE as a position encoding (blocks get nothing), logic only: the table stays the model's ``pos_embed``, where
+    timm reads it. ``num_prefix_rows``: 0 for DeiT-III and RoPE-ViT (``no_embed_class``), else the prefix count."""
 
     def __init__(self, num_prefix_rows: int, resampling: str = "bicubic") -> None:
-        super().__init__("ape", 0)  # the blocks get nothing from it
+        super().__init__("ape", 0)
         self.num_prefix_rows = num_prefix_rows
         self.resampling = check_choice(resampling, RESAMPLING, "position-embedding resampling")
 
@@ -88,8 +85,7 @@ def table_grid(model: nn.Module) -> tuple[int, int]:
 
 
 def fit_checkpoint_pos_embed(pos_embed: Tensor, model: nn.Module) -> Tensor:
-    """A checkpoint's position embedding resampled to ``model``'s grid as the model resamples its table; the source
-    grid is the model's own when it fits, else ``source_grids``' first guess, with a warning naming the others."""
+    """A checkpoint's ``pos_embed`` for ``model``: read on its grid if it fits, else ``source_grids``' first (warns)."""
     grid = table_grid(model)
     num_prefix = 0 if model.no_embed_class else model.num_prefix_tokens
     rows = pos_embed.shape[1]

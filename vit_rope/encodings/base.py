@@ -1,8 +1,7 @@
 """One interface for every position encoding of the ViT: the positions of a batch in, what each block needs out.
 
-The interface is that of PaPE's repository (``pape/nn/positions/base.py``) and of timm's NaFlexViT, whose one embedding
-path serves both kinds of batch. Each block gets one ``encoding`` argument: RoPE tables ``(cos, sin)``, a
-``BlockInput`` of the kind, or ``None``. Adding a kind: docs/layout.md."""
+As PaPE's ``pape/nn/positions/base.py`` and timm's NaFlexViT (one embedding path for both kinds of batch), each block
+gets one ``encoding`` argument: RoPE tables ``(cos, sin)``, a ``BlockInput`` or None. Adding a kind: docs/layout.md."""
 
 from __future__ import annotations
 
@@ -23,10 +22,9 @@ T = TypeVar("T")
 
 
 class Positions(NamedTuple):
-    """Where the patch tokens of a batch sit, built once per forward by the embedding: ``coords`` ``[N, 2]`` when the
-    batch shares them, else ``[B, N, 2]``; ``grid`` an image batch's as Python ints, the key of tables built once per
-    size; ``lattice`` a NaFlex batch's bounding grid (a host sync, taken only by RoPE); ``captured``: under a graph
-    capture, which holds no Python caches or in-place writes."""
+    """The patch positions of a batch, built once per forward: ``coords`` ``[N, 2]`` if shared, else ``[B, N, 2]``;
+    ``grid`` an image batch's in Python ints (the key of cached tables); ``lattice`` a NaFlex batch's bounding grid (a
+    host sync, only RoPE takes it); ``captured``: under a graph capture (no Python caches, no in-place writes)."""
 
     coords: Tensor
     grids: Tensor
@@ -37,7 +35,7 @@ class Positions(NamedTuple):
 
     @property
     def image_batch(self) -> bool:
-        """An eager image batch: one grid for every sample outside a capture, what tables per grid (cached) serve."""
+        """An eager image batch: one grid for every sample outside a capture, what cached tables per grid serve."""
         return not self.captured and self.grid is not None and self.coords.dim() == 2
 
 
@@ -54,8 +52,7 @@ def image_positions(encoding: nn.Module, height: int, width: int, device: torch.
 
 
 class LazyBlockInputs(Sequence):
-    """Each block's input built when the block asks: inference then holds one block's tables at a time, not mixed
-    RoPE's ``[depth, H, N, D/2]``. Indexing twice builds twice."""
+    """Each block's input built on demand (inference holds one block's tables, not ``[depth, H, N, D/2]``), uncached."""
 
     def __init__(self, build: Callable[[int], Any], depth: int) -> None:
         self.build, self.depth = build, depth
@@ -95,9 +92,8 @@ class GridTables:
 
 
 class Kept:
-    """One value kept while the tensors it was made from stay the same: the same tensors (held, so that no other takes
-    their place), their versions where they track one (an inference tensor does not): a basis folded into a projection,
-    reused while neither changes."""
+    """One value (a basis folded into a projection) kept while its source tensors stay the same objects (held, so no
+    other takes their id) at the same versions (where tracked: inference tensors have none)."""
 
     def __init__(self) -> None:
         self._kept: tuple[Any, ...] | None = None
@@ -138,12 +134,11 @@ class PositionEncoding(PolicyChoice, nn.Module):
         self.depth = depth
 
     def no_weight_decay(self) -> set[str]:
-        """Names (relative to this module) of parameters to train without weight decay."""
+        """Parameter names (relative to this module) to train without weight decay."""
         return set()
 
     def fold_(self, blocks: nn.ModuleList) -> None:
-        """Write what the kind keeps in the blocks' attention into their weights where that gives the same function
-        at a lower cost (STRING's basis into the qkv projection; ONNX export calls it); nothing by default."""
+        """Fold attention state into the blocks' weights where cheaper (STRING's basis; ONNX export calls it)."""
 
     def extra_repr(self) -> str:
         return f"kind={self.kind}, depth={self.depth}, train_grid={self.train_grid}, policy={self.policy_name}"
@@ -183,13 +178,12 @@ class Kind(NamedTuple):
     rope: bool = False
 
 
-# kind name -> its registration; each kind's module registers itself (``register``), vit_rope.encodings imports them
 REGISTRY: dict[str, Kind] = {}
 
 
 def register(*kinds: str, options: tuple[str, ...] = (), rope: bool = False
              ) -> Callable[[Callable[[EncodingSpec], PositionEncoding]], Callable[[EncodingSpec], PositionEncoding]]:
-    """Register the decorated builder for ``kinds``, with the ``encoding_options`` they take."""
+    """Register the decorated builder for ``kinds`` (each kind's module calls it; vit_rope.encodings imports them)."""
     def decorate(build: Callable[[EncodingSpec], PositionEncoding]) -> Callable[[EncodingSpec], PositionEncoding]:
         for kind in kinds:
             if kind in REGISTRY:

@@ -5,8 +5,7 @@
 - ``interpolate``: positions scaled into the training range (EVA-02, Fang et al. 2023; timm's ``ref_feat_shape``);
 - ``ntk``: NTK-aware base scaling per axis, ``b' = b * s ** (d / (d - 2))`` (bloc97, 2023);
 - ``yarn``: YaRN's (Peng et al. 2023, arXiv:2309.00071) blend with a temperature, its ramp in turns over the image;
-- ``normalized``: coordinates in ``2 pi [-1, 1]``, so that axial RoPE with theta = 100 is DINOv3's (arXiv:2508.10104).
-"""
+- ``normalized``: coordinates in ``2 pi [-1, 1]``: axial RoPE with theta = 100 is then DINOv3's (arXiv:2508.10104)."""
 
 from __future__ import annotations
 
@@ -54,8 +53,8 @@ class ResolutionPolicy:
 
 
 class PolicyChoice:
-    """A module's resolution policy, one of ``policies`` (the default first); setting ``policy`` checks that it
-    applies, ``None`` taking the default. The policy is ``resolution``, its name ``policy_name``."""
+    """A module's resolution policy (``resolution``, named ``policy_name``), one of ``policies``, the default first;
+    setting ``policy`` checks that it applies, ``None`` taking the default."""
 
     policies: tuple[str, ...] = POLICIES
     kind: str
@@ -124,10 +123,9 @@ def place_positions(coord: Tensor, grids: Tensor, kind: str, policy: str, train_
 
 def policy_frequencies(freqs: Tensor, grids: Tensor | None, train_grid: tuple[int, int] | None,
                        policy: ResolutionPolicy, theta: float, head_dim: int) -> tuple[Tensor, Tensor | None]:
-    """Frequencies on ``grids`` under ``policy`` (``[2, H, D/2]`` as they are, else ``[1 or B, 2, H, D/2]``) and the
-    attention temperature (``yarn``'s ``[1 or B, 1, 1, 1]``, else ``None``). Scaling a pair's x frequency by ``a`` is
-    scaling its x positions by ``a``, so every policy is a per-axis, per-pair factor between ``1 / s`` (interpolate)
-    and 1 (extrapolate), exactly 1 at the training grid."""
+    """Frequencies on ``grids`` (``[2, H, D/2]`` unchanged, else ``[1 or B, 2, H, D/2]``) and the temperature (yarn's
+    ``[1 or B, 1, 1, 1]``, else ``None``). Scaling a pair's frequency scales its positions, so every policy is a factor
+    per axis and pair between ``1 / s`` (interpolate) and 1 (extrapolate), exactly 1 at the training grid."""
     if policy.name in ("extrapolate", "normalized") or grids is None or train_grid is None:
         return freqs, None
     train = torch.tensor([float(train_grid[1]), float(train_grid[0])], device=freqs.device)
@@ -175,8 +173,7 @@ class CoordAugment:
 
 def augment_positions(positions: Tensor, batch_size: int, aug: CoordAugment, generator: torch.Generator | None = None
                       ) -> Tensor:
-    """Positions with a coordinate transform per image, or one per batch as DINOv3 draws it (its random calls in its
-    order, ``(h, w)``)."""
+    """Positions with a coordinate transform per image, or one per batch as DINOv3 draws it (its calls, ``(h, w)``)."""
     B, device = batch_size, positions.device
     if not aug.per_image:
         def draw(size: int, bound: float) -> Tensor:

@@ -54,9 +54,8 @@ def plain_projection(attn: RoPEAttention) -> bool:
 
 
 class RoPEAttention(Attention):
-    """timm ``Attention`` whose ``forward`` takes one ``encoding``: RoPE tables, a ``BlockInput`` or ``None``. Same
-    parameters and state-dict keys as timm's, so ViT and DeiT-III weights load unchanged; encodings may attach layers
-    here (PaPE's ``pape``, STRING's ``string``)."""
+    """timm ``Attention`` taking one ``encoding`` with timm's parameters and keys (ViT and DeiT-III weights load as they
+    are); encodings may attach layers here (PaPE's ``pape``, STRING's ``string``)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)

@@ -1,6 +1,5 @@
-"""The pieces of timm's ``Eva`` blocks and heads that ``VisionTransformer``'s keyword arguments cannot name: EVA-02's
-packed SwiGLU (arXiv:2303.11331), Perception Encoder's attention-pool head (arXiv:2504.13181) and Sapiens2's blocks
-(arXiv:2604.21681)."""
+"""The pieces of timm's ``Eva`` that ``VisionTransformer``'s arguments cannot name: EVA-02's packed SwiGLU
+(arXiv:2303.11331), Perception Encoder's attention pool (arXiv:2504.13181) and Sapiens2's blocks (arXiv:2604.21681)."""
 
 from __future__ import annotations
 

@@ -52,8 +52,7 @@ def _rotate(src: Tensor, table: Tensor, out: Tensor) -> None:
 
 def _rotation_grads(grad: Tensor, out: Tensor | None, cos: Tensor, sin: Tensor, use_triton: bool
                     ) -> tuple[Tensor, Tensor | None, Tensor | None]:
-    """Backward of the rotation ``y = t x`` per pair: ``dx = conj(t) dy`` and, given the forward output ``out``,
-    ``dt = conj(x) dy`` as the gradients of cos and sin."""
+    """Backward of ``y = t x`` per pair: ``dx = conj(t) dy``; given the output ``out``, ``dt = conj(x) dy`` too."""
     if use_triton:
         return triton_rope.rotated_backward(grad, out, cos, sin)
     table = _table(cos, sin, grad.dtype)
@@ -80,10 +79,9 @@ def _rotate_in_place(qkv: Tensor, cos: Tensor, sin: Tensor, use_triton: bool) ->
 
 
 class _ProjectRotateQK(torch.autograd.Function):
-    """The qkv projection and the rotation as one autograd node, ``rotate(x W^T + b)``: the output is the node's own, so
-    it is rotated in place (outside, autograd would clone the gradient around an in-place op on the Linear's view), and
-    backward rotates the gradient in the copy back to the projection's layout. Under autocast, x, W and b are cast and
-    saved as for a Linear."""
+    """``rotate(x W^T + b)`` as one autograd node: its output is its own, so it rotates in place (outside, autograd
+    would clone the gradient around an in-place op on the Linear's view); backward turns the gradient back in a copy.
+    Under autocast, x, W and b are cast and saved as for a Linear."""
 
     @staticmethod
     def forward(ctx: FunctionCtx, x: Tensor, weight: Tensor, bias: Tensor | None, cos: Tensor, sin: Tensor,
@@ -126,8 +124,7 @@ def rotate_qk(qkv: Tensor, cos: Tensor, sin: Tensor, backend: str = "auto") -> T
 
 
 def rotate_heads_(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor]:
-    """Rotate ``q`` and ``k`` in place and return them: inference only, for the q/k norms' outputs (Sapiens2), one
-    complex product per pair where ``apply_rope`` makes several passes."""
+    """Rotate ``q``, ``k`` in place (inference, q/k norms' outputs): one complex product per pair."""
     for name, x in (("q", q), ("k", k)):
         if not pairs_adjacent(x):
             raise ValueError(f"rotate_heads_: {name} of shape {tuple(x.shape)} and strides {x.stride()} does not hold "
@@ -167,14 +164,12 @@ def rotated_projection(x: Tensor, linear: nn.Module, num_heads: int, tables: tup
     if capturing(x):
         return reference_projection(x, linear, num_heads, tables, weight, bias)
     qkv = project_rotate_qk(linear, x, num_heads, tables[0], tables[1], weight=weight, bias=bias)
-    q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # [B, N, 3, nh, D] -> [B, nh, N, D] each
-    return q, k, v
+    return qkv.permute(2, 0, 3, 1, 4).unbind(0)  # [B, N, 3, nh, D] -> [B, nh, N, D] each
 
 
 def reference_projection(x: Tensor, linear: nn.Module, num_heads: int, tables: tuple[Tensor, Tensor],
                          weight: Tensor | None = None, bias: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
-    """``rotated_projection`` by the reference ``apply_rope``, autograd through plain ops (what graph captures take,
-    and what ``benchmarks/throughput.py``'s ``@reference`` models time against the fused rotation)."""
+    """``rotated_projection`` by ``apply_rope`` in plain ops (graph captures, throughput's ``@reference``)."""
     qkv = linear(x) if weight is None else F.linear(x, weight, bias)
     q, k, v = qkv.unflatten(-1, (3, num_heads, -1)).permute(2, 0, 3, 1, 4).unbind(0)  # [B, nh, N, D] each
     return apply_rope(q, tables[0], tables[1]), apply_rope(k, tables[0], tables[1]), v

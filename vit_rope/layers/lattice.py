@@ -1,6 +1,5 @@
-"""What NaFlex batches need beyond an image batch: every image at its own size and aspect ratio, its patches packed into
-one padded sequence (NaViT, Dehghani et al., NeurIPS 2023; timm's NaFlexViT). All is computed for the whole batch at
-once: no Python loop over samples, no ``.item()``, so torch.compile sees one graph whatever the grids."""
+"""What NaFlex batches (NaViT, Dehghani et al., NeurIPS 2023; timm's NaFlexViT: images at their own sizes, packed into
+one padded sequence) need: all for the whole batch at once, no loop over samples nor ``.item()``, one compiled graph."""
 
 from __future__ import annotations
 
@@ -18,18 +17,16 @@ def naflex_grid(coord: Tensor, valid: Tensor) -> Tensor:
 
 
 class Lattice(NamedTuple):
-    """Where each token of a NaFlex batch reads its RoPE table when its position is its patch coordinate: ``rows``
-    ``[B, P + N]`` of the tables of the bounding ``grid`` (h, w) with one identity row in front
-    (``RoPE2D.lattice_tables``): prefix tokens read row 0, the patch at (y, x) row ``1 + y * w + x``, padding (0, 0)."""
+    """The rows ``[B, P + N]`` a NaFlex batch on integer positions reads of its bounding ``grid``'s (h, w) RoPE tables
+    with an identity row in front: prefix tokens row 0, the patch at (y, x) row ``1 + y * w + x``, padding (0, 0)."""
 
     rows: Tensor
     grid: tuple[int, int]
 
 
 def lattice(coord: Tensor, valid: Tensor, grid: Tensor, num_prefix_tokens: int) -> Lattice | None:
-    """The ``Lattice`` of a batch, ``None`` when the bounding grid has as many cells as the batch has tokens: its
-    tables replace ``B * N`` angle, cosine and sine evaluations with ``h * w`` (8 mixed-aspect samples of 256 tokens in
-    a 22 x 32 box: a third). Reads the box's size: one host sync."""
+    """The ``Lattice`` of a batch (its ``h * w`` tables replace ``B * N`` angle, cosine and sine evaluations), ``None``
+    where the bounding grid has at least as many cells as the batch tokens. Reads the box's size: one host sync."""
     B, N = valid.shape
     if not B:
         return None
@@ -54,8 +51,7 @@ def key_padding_mask(valid: Tensor, num_prefix_tokens: int) -> Tensor:
 
 
 def _aa_bicubic_weights(index: Tensor, out_len: Tensor, in_len: int) -> Tensor:
-    """Weights ``[B, N, in_len]`` of ``F.interpolate(..., mode="bicubic", antialias=True)`` from ``in_len`` to each
-    sample's ``out_len`` ``[B, 1]`` for output ``index`` ``[B, N]`` (align_corners=False), per token."""
+    """Per-token weights ``[B, N, in_len]`` of ``F.interpolate(mode="bicubic", antialias=True)`` to ``out_len``."""
     scale = in_len / out_len.double()  # [B, 1]
     center = scale * (index.double() + 0.5)  # [B, N]
     support = scale.clamp(min=1.0)[..., None]  # [B, 1, 1]

@@ -1,8 +1,5 @@
-"""RoFormer's rotation on 2D patch positions as pure functions: positions, angles, tables, rotation.
-
-RoFormer (Su et al., 2021, arXiv:2104.09864); RoPE-ViT (Heo et al., ECCV 2024, arXiv:2403.13298) gives pair ``i`` at
-patch ``(x, y)`` the angle ``x * wx_i + y * wy_i``. ``apply_rope`` is the reference rotation the fused one is held to.
-"""
+"""RoFormer's rotation on 2D patch positions as pure functions (the angles: ``vit_rope.encodings.rope.tables``):
+positions, angles, tables, and ``apply_rope``, the reference rotation the fused one is held to."""
 
 from __future__ import annotations
 
@@ -29,16 +26,14 @@ def rope_angles(positions: Tensor, freqs: Tensor) -> Tensor:
 
 
 def _prepend_rows(x: Tensor, count: int, value: float) -> Tensor:
-    """``count`` rows of ``value`` before the N rows of ``x`` ``[..., N, D/2]``, in ``x``'s memory order: token-major
-    tables (``rope_angles``) stay token-major."""
+    """``count`` rows of ``value`` before ``x`` ``[..., N, D/2]``, in its memory order (token-major tables stay so)."""
     if x.dim() >= 3 and x.transpose(-3, -2).is_contiguous():
         return F.pad(x.transpose(-3, -2), (0, 0, 0, 0, count, 0), value=value).transpose(-3, -2)
     return F.pad(x, (0, 0, count, 0), value=value)
 
 
 def rope_tables(angles: Tensor, num_prefix_tokens: int = 0) -> tuple[Tensor, Tensor]:
-    """The ``(cos, sin)`` tables of ``angles`` with identity rows in front for the prefix tokens (attention rotates the
-    whole sequence in one pass)."""
+    """``(cos, sin)`` of ``angles``, identity rows in front for the prefix tokens (one pass rotates all)."""
     cos, sin = angles.cos(), angles.sin()
     if num_prefix_tokens:
         cos = _prepend_rows(cos, num_prefix_tokens, 1.0)

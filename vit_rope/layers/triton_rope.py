@@ -131,5 +131,4 @@ def rotated_backward(grad: Tensor, out: Tensor | None, cos: Tensor, sin: Tensor
     grads = _launch(grad, grad_qkv, cos, sin, conj=True, copy_v=True, out=out)
     if grads is None:
         return grad_qkv, None, None
-    grad_cos, grad_sin = (g.sum_to_size(cos.shape).to(cos.dtype) for g in grads)
-    return grad_qkv, grad_cos, grad_sin
+    return grad_qkv, *(g.sum_to_size(cos.shape).to(cos.dtype) for g in grads)

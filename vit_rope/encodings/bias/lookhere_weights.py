@@ -1,6 +1,5 @@
-"""LookHere's official checkpoints (github.com/GreenCUBIC/lookhere, MIT): ``{"weights": ..., "config": ...}``,
-DeiT-III's ViT under timm's keys, which load as they are into a ``vit_rope_*_lookhere_*`` model built with
-``official_args``."""
+"""LookHere's official checkpoints (github.com/GreenCUBIC/lookhere, MIT): ``{"weights": ..., "config": ...}``: DeiT-III
+in timm's keys, which load as they are into a ``vit_rope_*_lookhere_*`` model built with ``official_args``."""
 
 from __future__ import annotations
 

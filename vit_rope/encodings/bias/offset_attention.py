@@ -1,7 +1,6 @@
-"""The bias family's shared maths: patch offsets, the policies' scale of them, and attention with a bias of the offset
-between two patches read from a table ``[nh, 2h - 1, 2w - 1]`` without its ``[nh, N, N]`` matrix: on CPU by chunks of
-grid rows (in inference above one chunk, with the table read in place), on CUDA through FlexAttention's ``score_mod``
-(docs/performance.md)."""
+"""The bias family's shared maths: patch offsets, their policy scale, and attention with a bias per offset read from a
+table ``[nh, 2h - 1, 2w - 1]``, never its ``[nh, N, N]`` matrix: on CPU by chunks of grid rows (or, in inference above
+one chunk, the table read in place), on CUDA by FlexAttention's ``score_mod`` (docs/performance.md)."""
 
 from __future__ import annotations
 
@@ -19,8 +18,7 @@ from vit_rope.layers.attention import RoPEAttention
 CHUNK_ELEMENTS = 2**25  # one chunk's mask: 128 MiB in fp32
 # a learned table's backward: score-sized products per chunk that stay in the CPU's caches (896 px: 1.95 s, not 2.3)
 SCORE_ELEMENTS = 2**22
-# SDPA's CPU flash kernel takes blocks of 256 queries from 768 queries on, of 64 from 192, of 32 below: far slower per
-# query in the smaller blocks
+# SDPA's CPU flash kernel takes query blocks of 256 from 768 queries on, of 64 from 192, of 32 below (far slower)
 FLASH_QUERIES, ROW_QUERIES = 768, 192
 
 
@@ -113,13 +111,11 @@ def _chunked(q: Tensor, k: Tensor, v: Tensor, flipped: Tensor, grid: tuple[int, 
 
 def _by_rows(q: Tensor, k: Tensor, v: Tensor, flipped: Tensor, grid: tuple[int, int], prefix: int,
              scale: float) -> Tensor:
-    """Inference with no mask written: each ``g`` grid rows of queries (``g w >= ROW_QUERIES``) are one entry of flash
-    attention over the reversed patch keys (expanded, not copied), whose mask is a strided view of the table laid out
-    per query row in the group and column, ``[nh, g, w, Y, w]`` (``flipped[:, Y + t, xq + xk']`` at ``[:, t, xq, Y,
-    xk']``): query ``(g r + t, xq)``'s biases are its ``h w`` values from ``[:, t, xq, g r]`` on. Heads lead the
-    kernel's batch, so each thread reads one head's table at a time. The prefix keys (no bias) join through the
-    log-sum-exp. At 1344 px this reads an 85 MB table instead of writing and reading 1.2 GB of masks per ViT-S block
-    (docs/performance.md)."""
+    """Inference with no mask written: each ``g`` grid rows of queries (``g w >= ROW_QUERIES``) are one flash-attention
+    entry over the reversed patch keys (expanded, not copied), its mask a strided view of the table laid out per query
+    row in the group and column, ``[nh, g, w, Y, w]`` (``flipped[:, Y + t, xq + xk']`` at ``[:, t, xq, Y, xk']``):
+    query ``(g r + t, xq)``'s biases are its ``h w`` values from ``[:, t, xq, g r]`` on. Heads lead the kernel's batch
+    (a thread reads one head's table); prefix keys (no bias) join by the log-sum-exp. Costs: docs/performance.md."""
     (h, w), (B, nh), P = grid, q.shape[:2], prefix
     g = min(h, -(-ROW_QUERIES // w))
     entries, pad = -(-h // g), -h % g  # pad: grid rows of zero queries that fill the last entry
@@ -252,9 +248,8 @@ class Bias(BlockInput):
 
 
 class OffsetBias(BlockInput):
-    """A block's bias as a table per offset ``[nh, 2h - 1, 2w - 1]`` times ``scale`` (an image batch), read by
-    ``offset_attention``; ``bias``, the dense ``[1, nh, P + N, P + N]`` (kept in ``dense`` while small), serves what
-    needs the matrix: ``fused_attn = False``, a padding mask, attention dropout. Captures get a ``Bias`` instead."""
+    """An image batch's bias as a table per offset ``[nh, 2h - 1, 2w - 1]`` times ``scale`` for ``offset_attention``;
+    the dense ``bias`` (kept in ``dense`` while small) serves ``fused_attn = False``, padding masks, dropout."""
 
     def __init__(self, table: Tensor, scale: float, grid: tuple[int, int], prefix: int,
                  dense: dict[str, Tensor] | None = None) -> None:

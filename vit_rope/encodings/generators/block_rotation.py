@@ -14,8 +14,7 @@ from vit_rope.encodings.base import BlockInput, GridTables, PositionEncoding, Po
 from vit_rope.encodings.policies import POSITION_POLICIES, ResolutionPolicy
 
 MAX_SQUARINGS = 16  # norms up to 2**15: far past any position range times generator a model meets
-# exponentials per chunk of tokens where nothing is saved for backward: a high-resolution grid's intermediates stay
-# O(chunk), so its tables cost their own size
+# exponentials per chunk of tokens without autograd: a large grid's intermediates stay O(chunk), its tables their size
 TABLE_CHUNK = 2**13
 
 
@@ -71,8 +70,7 @@ def rotate_qk(q: Tensor, k: Tensor, rotation: Tensor) -> tuple[Tensor, Tensor]:
     rows = torch.stack((q, k)).permute(2, 3, 0, 1, 4).reshape(H, N, 2 * B, m, b).transpose(2, 3)  # [H, N, m, 2B, b]
     # squeeze and unbind, not [0]: an index's backward writes each gradient into zeros of the whole
     turned = rows @ rotation.squeeze(0).transpose(-1, -2).to(q.dtype)  # [H, N, m, 2B, b]
-    q, k = turned.view(H, N, m, 2, B, b).permute(3, 4, 0, 1, 2, 5).reshape(2, B, H, N, D).unbind(0)
-    return q, k
+    return turned.view(H, N, m, 2, B, b).permute(3, 4, 0, 1, 2, 5).reshape(2, B, H, N, D).unbind(0)
 
 
 def check_block(name: str, block: int, head_dim: int) -> int:
@@ -91,8 +89,7 @@ class Rotations(BlockInput):
 
     def project(self, attn: nn.Module, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         q, k, v = super().project(attn, x)  # [B, nh, N, D] each
-        q, k = self.rotate(q, k)
-        return q, k, v
+        return (*self.rotate(q, k), v)
 
 
 class BlockRotations(Rotations):

@@ -48,8 +48,7 @@ def rotate_axes(q: Tensor, k: Tensor, turns: tuple[Tensor, Tensor, Tensor]) -> t
         by_y, by_x = cells.unflatten(-2, (m // 2, 2)).unbind(-2)  # [2, B, H, h, w, m/2, b] each
         cells = torch.stack((torch.einsum("hymij,cbhyxmj->cbhyxmi", turn_y, by_y),
                              torch.einsum("hxmij,cbhyxmj->cbhyxmi", turn_x, by_x)), -2).flatten(-3, -2)
-    q, k = torch.cat((head.flatten(-2), cells.flatten(-2).flatten(3, 4)), 3).unbind(0)
-    return q, k
+    return torch.cat((head.flatten(-2), cells.flatten(-2).flatten(3, 4)), 3).unbind(0)
 
 
 def axis_turns(values: tuple[Tensor, Tensor], gens: tuple[Tensor, Tensor]) -> tuple[Tensor, Tensor]:
@@ -63,8 +62,7 @@ def axis_turns(values: tuple[Tensor, Tensor], gens: tuple[Tensor, Tensor]) -> tu
     for _ in range(max(sizes) - 1):
         turns.append(turns[-1] @ step)
     table = torch.stack(turns, 2)  # [L, H, n, m_x + m_y, b, b]
-    turn_x, turn_y = (part.narrow(2, 0, size) for part, size in zip(table.split(blocks, 3), sizes, strict=True))
-    return turn_x, turn_y
+    return tuple(part.narrow(2, 0, size) for part, size in zip(table.split(blocks, 3), sizes, strict=True))
 
 
 class AxisRotations(Rotations):

@@ -1,8 +1,7 @@
 """LieRE's official image classifiers (github.com/StanfordMIMI/LieRE, ``models/rope_vit.py``) as vit_rope models.
 
-A checkpoint is our ``vit_rope_*_patch16_liere_224`` with the arguments its shapes give; the training size is not
-saved (224 px, the ImageNet recipe's), and generators saved per layer are reduced to layer 0's, which the official
-forward turns every block by (docs/models.md)."""
+A checkpoint is our ``vit_rope_*_patch16_liere_224`` of the arguments its shapes give, at 224 px (``TRAIN_SIZE``);
+generators saved per layer reduce to layer 0's, which the official forward turns every block by (docs/models.md)."""
 
 from __future__ import annotations
 

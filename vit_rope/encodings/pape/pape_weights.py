@@ -17,8 +17,7 @@ from vit_rope.weights import Converted, Folder, Format, check_config_fields, ren
 
 CONFIG, WEIGHTS = "config.json", "model.pt"
 FORMAT_NAME = "PaPE's official ImageClassifier"
-# pape/configs.py MODEL_SIZES: (hidden_size, head_size, num_heads, num_layers, intermediate_size); -1 in config.json
-# takes the size's value
+# pape/configs.py MODEL_SIZES, values in FIELDS' order; a -1 in config.json takes the size's value
 SIZES = {"nano": (128, 32, 4, 4, 256), "tiny": (256, 64, 4, 7, 512), "small": (512, 64, 8, 10, 2048),
          "base": (768, 64, 12, 12, 3072)}
 FIELDS = ("hidden_size", "head_size", "num_heads", "num_layers", "intermediate_size")

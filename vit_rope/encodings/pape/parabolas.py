@@ -41,9 +41,8 @@ def pape_positions(coord: Tensor, grids: Tensor, policy: str, train_grid: tuple[
 
 
 class ParabolaLayer(nn.Module):
-    """What PaPE's and PaPE-RI's layers share: ``forward`` appends their channels to q and k (to a multiple of 4) and
-    zero-pads v to that width, as CPU's SDPA flash kernel takes no narrower v (its fallback is slower); attention cuts
-    the output back. The weights keep the official names."""
+    """PaPE's and PaPE-RI's layers (official weight names): ``forward`` appends channels to q and k (to a multiple of 4)
+    and zero-pads v to that width, as CPU SDPA's flash kernel takes no narrower v; attention cuts the output back."""
 
     def __init__(self, dim: int, num_heads: int, parabolas: int, width: int) -> None:
         super().__init__()

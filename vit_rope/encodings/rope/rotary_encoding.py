@@ -4,9 +4,8 @@ RoPE-ViT (Heo et al., ECCV 2024, arXiv:2403.13298) learns mixed frequencies per 
 ``RoPE2D`` per block (keeping its ``<block>.freqs`` state-dict layout); fixed frequencies share one.
 
 Cayley-STRING: RoPE after a learned orthogonal change of basis ``P`` of the queries and keys (Schenck, Reid et al.,
-"Learning the RoPEs: Better 2D and 3D Position Encodings with STRING", ICML 2025, arXiv:2502.02562). ``P = (I - S)(I +
-S)^-1`` of a skew-symmetric ``S`` is orthogonal for every ``S``, the same at every position (exact translation
-invariance) and ``I`` at ``S = 0``: a fresh model is its base kind (docs/models.md)."""
+"Learning the RoPEs: Better 2D and 3D Position Encodings with STRING", ICML 2025, arXiv:2502.02562): ``P`` (``cayley``)
+is the same at every position (exact translation invariance) and ``I`` at first: a fresh model is its base kind."""
 
 from __future__ import annotations
 
@@ -24,8 +23,7 @@ from vit_rope.layers.fused import fold_qk
 
 
 def cayley(skew: Tensor) -> Tensor:
-    """``P = (I - S)(I + S)^-1`` with ``S = A - A^T``: orthogonal for any ``A``, in fp32 at least (a solve in bf16
-    would lose orthogonality)."""
+    """``P = (I - S)(I + S)^-1``, ``S = A - A^T``: orthogonal for any ``A``, in fp32 at least (bf16 is not)."""
     if skew.dtype != torch.float64:
         skew = skew.float()
     s = skew - skew.transpose(-1, -2)  # exactly skew-symmetric
@@ -93,7 +91,6 @@ class RotaryEncoding(PositionEncoding, nn.ModuleList):
     """One ``RoPE2D`` per block (``per_block``: learned frequencies) or one for all; ``string``: Cayley-STRING."""
 
     def __init__(self, depth: int, per_block: bool, string: bool = False, **rope_args: Any) -> None:
-        # a ModuleList of RoPE2D modules, which hold the kind, grid and policy (``policy`` sets theirs)
         nn.ModuleList.__init__(self, (RoPE2D(**rope_args) for _ in range(depth if per_block else 1)))
         self.depth, self.per_block, self.string = depth, per_block, string
         self.kind, self.train_grid = self[0].kind, self[0].train_grid
@@ -128,8 +125,7 @@ class RotaryEncoding(PositionEncoding, nn.ModuleList):
         return self[0].place(coord, grids)
 
     def block_inputs(self, positions: Positions, num_prefix_tokens: int) -> list[Any]:
-        # a NaFlex batch on integer positions with unscaled frequencies: a position's tables are the same in every
-        # sample, so each token reads those of the batch's bounding grid
+        # NaFlex on integer positions, unscaled frequencies: all samples' tables agree, so read the bounding grid's
         same = positions.lattice is not None and self.kind != "dinov3" and self[0].resolution.name == "extrapolate"
         lattice = positions.lattice() if same else None
 

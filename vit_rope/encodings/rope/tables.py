@@ -48,17 +48,15 @@ def check_fraction(fraction: float) -> float:
     return fraction
 
 
-def _magnitudes(head_dim: int, theta: float) -> Tensor:
-    """``theta ** (-4k / head_dim)`` for ``k < head_dim / 4``: one frequency per pair of each axis."""
-    return 1.0 / (theta ** (torch.arange(0, head_dim, 4, dtype=torch.float32) / head_dim))
+def _magnitudes(head_dim: int, theta: float, step: int = 4) -> Tensor:
+    """``theta ** (-step k / head_dim)`` for ``k < head_dim / step``: by default one frequency per pair of each axis."""
+    return 1.0 / (theta ** (torch.arange(0, head_dim, step, dtype=torch.float32) / head_dim))
 
 
 def axial_frequencies(head_dim: int, theta: float = 100.0, alternate: bool = False) -> Tensor:
     """Axial RoPE ``(wx, wy)`` ``[2, 1, D/2]``; ``alternate``: Pixtral's, x and y on alternate rungs."""
-    if not alternate:
-        return axial_layout(_magnitudes(check_head_dim(head_dim), theta))
-    ladder = 1.0 / (theta ** (torch.arange(0, check_head_dim(head_dim), 2, dtype=torch.float32) / head_dim))
-    return axial_layout(ladder[1::2], ladder[0::2])
+    ladder = _magnitudes(check_head_dim(head_dim), theta, 2)  # [D/2]; its even rungs are the default's [D/4]
+    return axial_layout(ladder[1::2] if alternate else ladder[0::2], ladder[0::2])
 
 
 def axial_layout(magnitude: Tensor, magnitude_y: Tensor | None = None) -> Tensor:
@@ -89,8 +87,7 @@ def golden_frequencies(head_dim: int, num_heads: int, theta: float = 100.0) -> T
 
 
 def rotated_pairs(freqs: Tensor, fraction: float) -> Tensor:
-    """p-RoPE's mask ``[1, H, D/2]``: 1 for each head's ``round(fraction * D/2)`` pairs of largest ``|w|``; a stable
-    sort, so that axial RoPE drops as many x pairs as y pairs."""
+    """p-RoPE's mask ``[1, H, D/2]``: 1 on each head's ``round(fraction * D/2)`` top ``|w|`` (stable: x, y alike)."""
     magnitude = freqs.detach().float().norm(dim=0)  # [H, D/2]
     keep = round(check_fraction(fraction) * magnitude.shape[-1])
     order = torch.sort(magnitude, dim=-1, descending=True, stable=True).indices[:, :keep]  # [H, keep]
@@ -128,8 +125,7 @@ def policy_tables(positions: Tensor, frequencies: tuple[Tensor, Tensor | None], 
     return cos, sin
 
 
-# FX: these branch on shapes, which symbolic tracing only knows as proxies: the trace records each as one call.
-# timm's tracer also keeps RoPE2D whole (register_notrace_module).
+# FX: these branch on shapes (proxies under symbolic tracing), so the trace records each as one call; RoPE2D stays whole
 torch.fx.wrap("place_positions")
 torch.fx.wrap("policy_frequencies")
 torch.fx.wrap("policy_tables")
@@ -137,10 +133,9 @@ torch.fx.wrap("policy_tables")
 
 @register_notrace_module
 class RoPE2D(PolicyChoice, nn.Module):
-    """Frequencies of one 2D RoPE and the tables they give for a set of positions: fixed ones a non-persistent buffer
-    (rebuilt on load), mixed ones a parameter without weight decay. The model's RoPE arguments are these names with
-    ``rope_`` in front (docs/models.md); ``fraction`` (p-RoPE) is a fixed mask, so unrotated learned pairs get gradient
-    0; ``grid_offset`` is Perception Encoder's 1, the unrotated class token at 0."""
+    """One 2D RoPE's frequencies (fixed: a non-persistent buffer, rebuilt on load; mixed: a parameter without weight
+    decay) and their tables. The model's ``rope_*`` arguments (docs/models.md); ``fraction`` (p-RoPE) is a fixed mask,
+    so unrotated learned pairs get gradient 0; ``grid_offset`` is Perception Encoder's 1 (its class token at 0)."""
 
     def __init__(self, head_dim: int, num_heads: int, kind: str = "axial", theta: float | None = None,
                  train_grid: tuple[int, int] | None = None, policy: str | dict | ResolutionPolicy | None = None,
@@ -193,7 +188,6 @@ class RoPE2D(PolicyChoice, nn.Module):
 
     @property
     def policies(self) -> tuple[str, ...]:
-        """DINOv3's normalised coordinates take two policies."""
         return DINOV3_POLICIES if self.kind == "dinov3" else POLICIES
 
     def refusal(self, policy: str) -> str:
@@ -222,8 +216,7 @@ class RoPE2D(PolicyChoice, nn.Module):
         return policy_tables(positions, self.frequencies(grids), num_prefix_tokens)
 
     def lattice_tables(self, lattice: Lattice) -> tuple[Tensor, Tensor]:
-        """Tables ``[B, H, P + N, D/2]`` of a NaFlex batch on its integer patch coordinates: a position's table is the
-        same in every sample, so the bounding grid's are built once and each token's row gathered."""
+        """Tables ``[B, H, P + N, D/2]`` of a NaFlex batch on integer coordinates, gathered from its bounding grid's."""
         height, width = lattice.grid
         cells = self.place(*image_coords(height, width, self.rotated.device))  # [h * w, 2] (x, y), row-major
         freqs = self.pair_frequencies()
