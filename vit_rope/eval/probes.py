@@ -43,8 +43,7 @@ class ProbeOptions:
 
 def model_outputs(model: nn.Module, inputs: Tensor | dict[str, Tensor], logits: bool = True, pooled: bool = True
                   ) -> tuple[Tensor | None, Tensor | None]:
-    """The logits and/or pooled features ``[B, C]`` of images or a NaFlex batch, from one pass through the blocks and
-    one pooling: the logits are the classifier's of the features."""
+    """Logits and/or pooled features ``[B, C]`` of images or a NaFlex batch in one pass, logits of those features."""
     if not pooled:
         return model(inputs), None
     if isinstance(inputs, dict):  # our ViT returns the padded tokens, timm's NaFlexViT a dict with their validity

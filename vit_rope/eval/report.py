@@ -39,7 +39,6 @@ def _probed(results: Sequence[dict[str, Any]]) -> bool:
 
 def _rows(results: Sequence[dict[str, Any]]
           ) -> dict[tuple[str, str | None, str], dict[tuple[str, int], dict[str, Any]]]:
-    """Results grouped by (model, policy, probe) row and column, in the order they were evaluated."""
     rows: dict[tuple[str, str | None, str], dict[tuple[str, int], dict[str, Any]]] = {}
     for row in results:
         rows.setdefault((row["model"], row["policy"], row.get("probe", "head")), {})[column_of(row)] = row
