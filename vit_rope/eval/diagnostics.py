@@ -36,7 +36,7 @@ from vit_rope.models.vit import RoPEVisionTransformer
 
 def frequency_coverage(model: RoPEVisionTransformer, target_grid: tuple[int, int]) -> list[dict[str, Any]]:
     """Per layer: each pair's turns ``[heads][pairs]`` across the training grid and ``target_grid``, and ``unseen``:
-    pairs under one turn in training whose range grows by over one training step (``interpolate``: a resampling)."""
+    pairs under one turn in training whose range grows over one step (``interpolate`` stretches less: a resampling)."""
     coverage = [(layer, *_coverage(rope, target_grid)) for layer, rope in enumerate(_rotations(model))]
     return [dict(layer=layer, train_turns=train.tolist(), target_turns=target.tolist(), unseen=int(unseen.sum()),
                  pairs=train.numel()) for layer, train, target, unseen in coverage]

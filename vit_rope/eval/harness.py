@@ -25,7 +25,7 @@ from vit_rope.models.pos_encoding import resolution_encoding
 
 
 def label_map(model: EvalModel, val_classes: list[str], val_dir: str) -> torch.Tensor:
-    """Each val class's output: by name if the model knows its classes (ImageNet-1k on a few synsets), else by index."""
+    """Each val class's output: by name if the model knows its classes (ImageNet-1k on a few synsets), else in order."""
     trained_on = f" (its run trained on {model.data_dir}: --data-dir {model.data_dir})" if model.data_dir else ""
     if not model.model.num_classes:
         raise UserError(f"{model.label} has no classifier (num_classes=0), so it has no head to evaluate: probe its "

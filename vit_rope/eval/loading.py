@@ -28,7 +28,7 @@ from vit_rope.models.registry import ENCODINGS  # importing it registers the vit
 from vit_rope.train.state import CHECKPOINT_FORMAT, load_checkpoint
 from vit_rope.weights import UnreadableCheckpointError, mapped_file, read_weights, tensor_rows, weights_mismatch
 
-# create_model arguments that leave the architecture, so the label, as it is (as do the *_rate dropouts)
+# create_model arguments the label leaves out, as *_rate dropouts: not the architecture, or reported on their own
 _NOT_ARCHITECTURE = frozenset({"num_classes", "img_size", "dynamic_img_size", "pretrained", "pretrained_cfg",
                                "pretrained_cfg_overlay", "pretrained_strict", "checkpoint_path", "cache_dir"})
 
