@@ -246,8 +246,7 @@ def _load(args: argparse.Namespace) -> tuple[EvalModel, list[Sample] | None]:
     if args.data_dir is not None and not Path(args.data_dir).is_dir():
         raise UserError(f"--data-dir {args.data_dir} does not exist; pass an ImageFolder root (its val split holds "
                         "one folder per class), or leave it out to feed noise")
-    # the classifier plays no part: a --model is built without one, whatever the file's class count
-    entry = load_model_option(args, "diagnose", 0, {**dict(args.model_kwargs), "num_classes": 0})
+    entry = load_model_option(args, "diagnose", 0, {**dict(args.model_kwargs), "num_classes": 0})  # no classifier
     if not isinstance(entry.model, RoPEVisionTransformer):
         raise UserError(f"{entry.label} is a {type(entry.model).__name__}, not a vit_rope model: nothing to "
                         "diagnose; pass a vit_rope_* model or a checkpoint of one")

@@ -1,7 +1,6 @@
-"""One evaluation pass over a split at one setting, each batch decoded once and fed to every run (model x policy); the
-probes' train split, checked before any forward; and how many images fit in memory, said before the first forward (a
-batch that fits at 224 px can exceed the machine at 2048 px, which kills the process without a message). The estimate
-errs high: ViT-S's measured peaks at 896-2048 px (``benchmarks/scaling.py``) are 0.5-0.9x of it."""
+"""One evaluation pass over a split at one setting, each batch decoded once for every run (model x policy); the probes'
+train split, checked first; and how many images fit, said before a batch that fits at 224 px kills the process at 2048
+px without a message (the estimate errs high: ViT-S's peaks at 896-2048 px, ``benchmarks/scaling.py``, are 0.5-0.9x)."""
 
 from __future__ import annotations
 
@@ -36,8 +35,7 @@ def subset(count: int, limit: int | None) -> list[int]:
     return [i * count // limit for i in range(limit)]
 
 
-# one attention chunk's mask (vit_rope.encodings.bias.offset_attention) and the allocator's slack, held once
-FIXED_BYTES = 256 * 2**20
+FIXED_BYTES = 256 * 2**20  # held once: an attention chunk's mask (encodings.bias.offset_attention), allocator slack
 
 
 def free_bytes(device: str) -> int:

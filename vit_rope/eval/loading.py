@@ -35,14 +35,13 @@ _NOT_ARCHITECTURE = frozenset({"num_classes", "img_size", "dynamic_img_size", "p
 
 @dataclass
 class EvalModel:
-    """A model ready to evaluate, with what the report needs to know about it. ``label`` ends in a checkpoint's path
-    (the last parenthesised part, which ``studies.results.is_run`` matches); the data fields are its run's settings."""
+    """A model to evaluate: ``label`` ends in (a checkpoint's path), which ``studies.results.is_run`` reads."""
 
     label: str
     model: nn.Module
     train_size: int  # marked in the reports, and the reference of the RoPE policies
     classes: list[str] | None = None  # each output's class name; None: outputs in val folder order
-    val_split: str | None = None
+    val_split: str | None = None  # this and the fields below: its training run's settings
     data_dir: str | None = None  # named when the evaluated folder's classes do not fit
     dataset: str | None = None  # None an image folder, wds/..., hfds/...
     input_key: str | None = None
@@ -232,9 +231,8 @@ def check_loaded(model: nn.Module, name: str, weights: str | Path | None = None)
 
 
 def create_from_checkpoint(path: str | Path, model: str | None = None, **overrides: Any) -> nn.Module:
-    """One loader for every checkpoint: the model ``path`` (a weights file, a ``train.py`` checkpoint or a folder)
-    describes by its format (``vit_rope.models.formats``) or record, built and loaded; weights the file lacks are
-    initialised with a warning and listed in ``model.load_report``."""
+    """The model ``path`` (any weights file, a ``train.py`` checkpoint or a folder) describes, built and loaded; weights
+    the file lacks are initialised with a warning and listed in ``model.load_report``."""
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"No checkpoint at {path}: give a weights file, a train.py checkpoint or a folder "
