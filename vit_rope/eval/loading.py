@@ -170,7 +170,8 @@ def load_pretrained(name: str, weights: str | None, num_classes: int, train_size
         classes = tensor_rows(weights, f"{classifier if isinstance(classifier, str) else classifier[0]}.weight")
         if classes is not None:  # None: a backbone
             kwargs["num_classes"] = classes
-    # custom_load=False: a state dict, also where the registry's weights are JAX .npz; num_classes: timm keeps that head
+    # custom_load=False: the file is a state dict even where the registry's weights are JAX .npz (timm < 1.0.31 used its
+    # npz loader for a local file); num_classes in the overlay keeps the file's head, which timm would drop
     if weights is not None:  # unless --model-kwargs gives an overlay of its own
         kwargs.setdefault("pretrained_cfg_overlay", {"file": weights, "custom_load": False,
                                                      **{k: v for k, v in kwargs.items() if k == "num_classes"}})
