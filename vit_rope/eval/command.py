@@ -31,7 +31,6 @@ def _whole(text: str, least: int = 1) -> int:
     return int(text)
 
 
-# the probe flags and the probes that read them
 PROBE_FLAGS = {"--knn-k": ("knn",), "--knn-temperature": ("knn",), "--bank-size": ("knn",),
                "--linear-size": ("linear",), "--train-split": ("knn", "linear"), "--train-limit": ("knn", "linear")}
 

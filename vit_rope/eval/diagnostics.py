@@ -1,5 +1,4 @@
-"""Diagnostics of a RoPE ViT: frequency coverage, learned mixed directions, attention entropy and position reliance
-(the model without its position encoding) across sizes.
+"""Diagnostics of a RoPE ViT across sizes: frequency coverage, mixed directions, attention entropy, position reliance.
 
 A channel pair that completes less than one turn across the training grid never saw the phases that a larger grid
 produces (RoPE-ViT, Heo et al., ECCV 2024; YaRN, Peng et al. 2023); docs/evaluation.md says what each measure tells."""
@@ -36,17 +35,15 @@ from vit_rope.models.vit import RoPEVisionTransformer
 
 
 def frequency_coverage(model: RoPEVisionTransformer, target_grid: tuple[int, int]) -> list[dict[str, Any]]:
-    """Per layer: the turns ``[heads][pairs]`` of each channel pair across the training grid and ``target_grid``,
-    and ``unseen``, the pairs under one turn on the training grid whose range grows by more than one training step
-    (``interpolate`` stretches it by less: a resampling, not an extrapolation)."""
+    """Per layer: each pair's turns ``[heads][pairs]`` across the training grid and ``target_grid``, and ``unseen``:
+    pairs under one turn in training whose range grows over one step (``interpolate`` stretches less: a resampling)."""
     coverage = [(layer, *_coverage(rope, target_grid)) for layer, rope in enumerate(_rotations(model))]
     return [dict(layer=layer, train_turns=train.tolist(), target_turns=target.tolist(), unseen=int(unseen.sum()),
                  pairs=train.numel()) for layer, train, target, unseen in coverage]
 
 
 def budget_coverage(model: RoPEVisionTransformer, grids: list[tuple[int, int]]) -> list[dict[str, Any]]:
-    """Per layer: the channel pairs ``[H, D/2]`` that meet unseen phases on any of ``grids``, a budget's images' (h, w)
-    grids."""
+    """Per layer: the channel pairs ``[H, D/2]`` that meet unseen phases on any of ``grids`` (a budget's (h, w))."""
     unseen = [torch.stack([_coverage(rope, grid)[2] for grid in grids]).any(0) for rope in _rotations(model)]
     return [dict(layer=layer, unseen=int(pairs.sum()), pairs=pairs.numel()) for layer, pairs in enumerate(unseen)]
 
@@ -127,12 +124,10 @@ def plot_mixed_directions(model: RoPEVisionTransformer, path: Path) -> bool:
 
 @contextmanager
 def without_positions(model: RoPEVisionTransformer) -> Iterator[RoPEVisionTransformer]:
-    """Run ``model`` without its position encoding inside the block: a pre-hook on each block drops it, the APE's patch
-    rows become their mean (what they share says nothing about where a patch is); other models are refused.
-
-    A ViT without a position encoding still learns to classify (CPVT, Chu et al., ICLR 2023), so a model that barely
-    uses its encoding gives the same logits under any policy: its policies agree for that reason, not because both
-    hold (docs/evaluation.md)."""
+    """Run ``model`` without its position encoding: a pre-hook on each block drops it, the APE's patch rows become their
+    mean (what they share says nothing of where a patch is); other models are refused. A ViT without one still learns
+    to classify (CPVT, Chu et al., ICLR 2023), so a model that barely uses its encoding gives the same logits under any
+    policy: policies that agree need not both hold (docs/evaluation.md)."""
     if not isinstance(model, RoPEVisionTransformer):
         raise TypeError(f"without_positions takes a vit_rope model (RoPEVisionTransformer); got "
                         f"{type(model).__name__}, whose position encoding it cannot find: pass the vit_rope model "
@@ -251,8 +246,7 @@ def _load(args: argparse.Namespace) -> tuple[EvalModel, list[Sample] | None]:
     if args.data_dir is not None and not Path(args.data_dir).is_dir():
         raise UserError(f"--data-dir {args.data_dir} does not exist; pass an ImageFolder root (its val split holds "
                         "one folder per class), or leave it out to feed noise")
-    # the classifier plays no part: a --model is built without one, whatever the file's class count
-    entry = load_model_option(args, "diagnose", 0, {**dict(args.model_kwargs), "num_classes": 0})
+    entry = load_model_option(args, "diagnose", 0, {**dict(args.model_kwargs), "num_classes": 0})  # no classifier
     if not isinstance(entry.model, RoPEVisionTransformer):
         raise UserError(f"{entry.label} is a {type(entry.model).__name__}, not a vit_rope model: nothing to "
                         "diagnose; pass a vit_rope_* model or a checkpoint of one")

@@ -1,8 +1,6 @@
-"""One pass of the evaluation over a split at one setting: each batch decoded once and fed to every run (model x
-policy) in turn; the train split that the probes read, checked before any forward; and how many images of a size fit
-in memory, said before the first forward: a batch that evaluates at 224 px can need more than the machine has at 2048
-px, which ends the process without a message. The estimate errs high: measured peaks of ViT-S at 896-2048 px
-(``benchmarks/scaling.py``) are 0.5-0.9x of it."""
+"""One evaluation pass over a split at one setting, each batch decoded once for every run (model x policy); the probes'
+train split, checked first; and how many images fit, said before a batch that fits at 224 px kills the process at 2048
+px without a message (the estimate errs high: ViT-S's peaks at 896-2048 px, ``benchmarks/scaling.py``, are 0.5-0.9x)."""
 
 from __future__ import annotations
 
@@ -37,8 +35,7 @@ def subset(count: int, limit: int | None) -> list[int]:
     return [i * count // limit for i in range(limit)]
 
 
-# one attention chunk's mask (vit_rope.encodings.bias.offset_attention) and the allocator's slack, held once
-FIXED_BYTES = 256 * 2**20
+FIXED_BYTES = 256 * 2**20  # held once: an attention chunk's mask (encodings.bias.offset_attention), allocator slack
 
 
 def free_bytes(device: str) -> int:
@@ -198,8 +195,7 @@ class TrainSplit(NamedTuple):
 
 def train_split(data_dir: str | Path, dataset: str | None, options: probes.ProbeOptions, val_classes: list[str],
                 input_key: str | None = None, target_key: str | None = None) -> TrainSplit:
-    """The train split of the probes, checked: every val class is one of its classes and has images among the
-    ``train_limit`` taken, and ``k`` fits the bank."""
+    """The probes' train split, checked: it holds the val classes, each class has images, ``k`` fits the bank."""
     split = options.train_split
     samples, classes = find_split(Path(data_dir), dataset, split, split_key="train_split", input_key=input_key,
                                   target_key=target_key)  # a missing train folder gets no hint: the others are val
@@ -234,8 +230,7 @@ def check_feature_memory(widths: dict[int, int], train: int, val: int, held: dic
 
 
 class TrainFeatures:
-    """The train split's pooled features that the probes need, each (setting, run) extracted once; a linear probe's
-    features serve as the kNN bank at its size too."""
+    """The probes' train features, each (setting, run) extracted once; a linear probe's are the kNN bank at its size."""
 
     def __init__(self, runs: Runs, train: TrainSplit, options: probes.ProbeOptions, fits: list[int]) -> None:
         self.runs, self.train, self.options, self.fits = runs, train, options, fits

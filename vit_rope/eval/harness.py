@@ -1,6 +1,5 @@
-"""The evaluation loop behind ``python -m vit_rope.evaluate``: models on one val split at several square sizes, RoPE
-policies and token budgets, under one protocol so that the numbers compare (crop_pct 1.0 by default, as RoPE-ViT).
-Every option is checked before any image is read, so bad input costs nothing."""
+"""The evaluation loop of ``vit_rope.evaluate``: models on one val split at square sizes, RoPE policies and token
+budgets under one protocol (crop_pct 1.0 by default, as RoPE-ViT); all options are checked before any image is read."""
 
 from __future__ import annotations
 
@@ -26,8 +25,7 @@ from vit_rope.models.pos_encoding import resolution_encoding
 
 
 def label_map(model: EvalModel, val_classes: list[str], val_dir: str) -> torch.Tensor:
-    """Output index of each val class: by name when the model's classes are known (an ImageNet-1k model scores on a
-    folder of a few synsets), else in folder order."""
+    """Each val class's output: by name if the model knows its classes (ImageNet-1k on a few synsets), else in order."""
     trained_on = f" (its run trained on {model.data_dir}: --data-dir {model.data_dir})" if model.data_dir else ""
     if not model.model.num_classes:
         raise UserError(f"{model.label} has no classifier (num_classes=0), so it has no head to evaluate: probe its "
@@ -88,7 +86,7 @@ def check_sizes(sizes: Sequence[int], models: Sequence[EvalModel], policies: Seq
 
 
 def eval_transform(size: int, crop_pct: float) -> Any:
-    """timm's eval transform with pixels left in [0, 1]: each model is normalised with its own mean/std later."""
+    """timm's eval transform, pixels in [0, 1]: each model normalises by its own mean/std, so one loader serves all."""
     return create_transform(input_size=(3, size, size), crop_pct=crop_pct, crop_mode="center", interpolation="bicubic",
                             mean=(0.0, 0.0, 0.0), std=(1.0, 1.0, 1.0), is_training=False)
 
@@ -118,8 +116,7 @@ def evaluate_models(models: Sequence[EvalModel], data_dir: str | Path, img_sizes
                     pad_windows: bool = False, *, dataset: str | None = None, input_key: str | None = None,
                     target_key: str | None = None, probes: ProbeOptions | None = None) -> list[dict[str, Any]]:
     """Top-1, top-5 (%), loss and images/s of every model at every size, token budget, policy and probe; ``policies``
-    None runs each RoPE model under the policy it was built with, as timm runs it (a fixed default would evaluate the
-    Eva twins as they were never trained)."""
+    None runs each RoPE model under its own policy, as timm does (a fixed one runs the Eva twins as never trained)."""
     device, probes = resolve_device(device), probes or ProbeOptions()
     check_options(policies or (), crop_pct, seq_lens)
     keys = {"input_key": input_key, "target_key": target_key}

@@ -1,7 +1,6 @@
-"""The models that evaluation, export and diagnosis take: a ``train.py`` checkpoint rebuilt from what it stores, or a
-timm model with the weights of a local file or timm's published ones, built with ``dynamic_img_size=True``. A model
-whose learned frequencies or classifier were not in its weights is refused rather than evaluated at random values.
-``create_from_checkpoint`` builds the model any checkpoint describes (every format)."""
+"""The models that evaluate, export and diagnose take: a ``train.py`` checkpoint rebuilt from what it stores, or a timm
+model with a local file's weights or timm's published ones (``dynamic_img_size=True``); one whose weights lack its
+learned frequencies or classifier is refused, not evaluated at random. ``create_from_checkpoint`` reads any format."""
 
 from __future__ import annotations
 
@@ -29,22 +28,20 @@ from vit_rope.models.registry import ENCODINGS  # importing it registers the vit
 from vit_rope.train.state import CHECKPOINT_FORMAT, load_checkpoint
 from vit_rope.weights import UnreadableCheckpointError, mapped_file, read_weights, tensor_rows, weights_mismatch
 
-# create_model arguments that leave the architecture (and so the label) as it is: the class count (the reports say
-# the classes), the training size (reported on its own), dropout rates (training only) and where weights come from
+# create_model arguments the label leaves out, as *_rate dropouts: not the architecture, or reported on their own
 _NOT_ARCHITECTURE = frozenset({"num_classes", "img_size", "dynamic_img_size", "pretrained", "pretrained_cfg",
                                "pretrained_cfg_overlay", "pretrained_strict", "checkpoint_path", "cache_dir"})
 
 
 @dataclass
 class EvalModel:
-    """A model ready to evaluate, with what the report needs to know about it. ``label`` ends in a checkpoint's path
-    (the last parenthesised part, which ``studies.results.is_run`` matches); the data fields are its run's settings."""
+    """A model to evaluate: ``label`` ends in (a checkpoint's path), which ``studies.results.is_run`` reads."""
 
     label: str
     model: nn.Module
     train_size: int  # marked in the reports, and the reference of the RoPE policies
     classes: list[str] | None = None  # each output's class name; None: outputs in val folder order
-    val_split: str | None = None
+    val_split: str | None = None  # this and the fields below: its training run's settings
     data_dir: str | None = None  # named when the evaluated folder's classes do not fit
     dataset: str | None = None  # None an image folder, wds/..., hfds/...
     input_key: str | None = None
@@ -173,8 +170,8 @@ def load_pretrained(name: str, weights: str | None, num_classes: int, train_size
         classes = tensor_rows(weights, f"{classifier if isinstance(classifier, str) else classifier[0]}.weight")
         if classes is not None:  # None: a backbone
             kwargs["num_classes"] = classes
-    # custom_load=False: the file is a state dict, also for models whose registry weights are JAX .npz files (timm
-    # before 1.0.31 kept their npz loader for a local file); num_classes keeps a head of that size, which timm drops
+    # custom_load=False: the file is a state dict even where the registry's weights are JAX .npz (timm < 1.0.31 used its
+    # npz loader for a local file); num_classes in the overlay keeps the file's head, which timm would drop
     if weights is not None:  # unless --model-kwargs gives an overlay of its own
         kwargs.setdefault("pretrained_cfg_overlay", {"file": weights, "custom_load": False,
                                                      **{k: v for k, v in kwargs.items() if k == "num_classes"}})
@@ -235,10 +232,8 @@ def check_loaded(model: nn.Module, name: str, weights: str | Path | None = None)
 
 
 def create_from_checkpoint(path: str | Path, model: str | None = None, **overrides: Any) -> nn.Module:
-    """One loader for every checkpoint vit_rope reads: the model that ``path`` (a weights file, a ``train.py``
-    checkpoint or a folder) describes, by its format (``vit_rope.models.formats``) or a ``train.py`` checkpoint's
-    record, built and loaded; weights the file lacks are initialised with a warning and listed in
-    ``model.load_report``."""
+    """The model ``path`` (any weights file, a ``train.py`` checkpoint or a folder) describes, built and loaded; weights
+    the file lacks are initialised with a warning and listed in ``model.load_report``."""
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"No checkpoint at {path}: give a weights file, a train.py checkpoint or a folder "
@@ -262,7 +257,6 @@ def create_from_checkpoint(path: str | Path, model: str | None = None, **overrid
                          "port, a vit_rope state dict, timm's Eva families, which share their keys, a width of no "
                          "registered size, a folder's weights without its config.json): pass model= and the arguments "
                          "that differ, e.g. model='vit_rope_small_patch16_axial_224'.")
-    # the file's class count in the overlay too: timm keeps the file's classifier, or warns and starts a new one
     if weights.name.endswith(".index.json"):  # shards, which timm's loader does not read: ours after building
         built = timm.create_model(model or name, **{**args, **overrides})
         load_weights(built, weights)

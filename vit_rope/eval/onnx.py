@@ -50,9 +50,8 @@ def _images(model: nn.Module, batch: int, h: int, w: int) -> torch.Tensor:
 
 
 def export_program(model: nn.Module, img_size: tuple[int, int] = (224, 224), batch_size: int = 2) -> ExportedProgram:
-    """``torch.export`` of ``model`` in eval mode, batch and patch grid dynamic (each side of ``img_size`` two whole
-    patches or more: torch.export fixes a dimension of size 1); a Cayley-STRING model from a copy with ``P`` folded into
-    its qkv weights, so the graph has no solve."""
+    """``torch.export`` of ``model`` in eval mode, batch and patch grid dynamic (``img_size`` two patches a side or
+    more: a dimension of 1 is fixed); Cayley-STRING as a copy with ``P`` in its qkv, so the graph has no solve."""
     patch = getattr(getattr(model, "patch_embed", None), "patch_size", None)
     if patch is None:
         raise UserError(f"{type(model).__name__} has no patch_embed.patch_size: only ViTs export here")
@@ -70,8 +69,7 @@ def export_program(model: nn.Module, img_size: tuple[int, int] = (224, 224), bat
         model.fold_encoding_()
     was_training = model.training
     try:
-        # runtime asserts for what the shapes must satisfy, not guards simplified at trace time: a Swin's padded
-        # windows (H mod window) export in a third of the time
+        # runtime asserts, not guards simplified at trace time: a Swin's padded windows export in a third of the time
         return torch.export.export(model.eval(), (_images(model, batch_size, *img_size),),
                                    dynamic_shapes=dims, prefer_deferred_runtime_asserts_over_guards=True)
     finally:

@@ -39,7 +39,6 @@ def _probed(results: Sequence[dict[str, Any]]) -> bool:
 
 def _rows(results: Sequence[dict[str, Any]]
           ) -> dict[tuple[str, str | None, str], dict[tuple[str, int], dict[str, Any]]]:
-    """Results grouped by (model, policy, probe) row and column, in the order they were evaluated."""
     rows: dict[tuple[str, str | None, str], dict[tuple[str, int], dict[str, Any]]] = {}
     for row in results:
         rows.setdefault((row["model"], row["policy"], row.get("probe", "head")), {})[column_of(row)] = row
@@ -53,8 +52,7 @@ def table(header: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
 
 
 def markdown_table(results: Sequence[dict[str, Any]], metric: str = "top1") -> str:
-    """One row per model (x policy x probe), one column per size then per token budget; the training size is starred
-    in the header and each row's own is bold."""
+    """One row per model x policy x probe, a column per size then budget; training sizes starred, a row's own bold."""
     fmt, probed = METRICS[metric][1], _probed(results)
     columns = sorted({column_of(result) for result in results})
     trained = {column_of(result) for result in results if _as_trained(result)}

@@ -1,6 +1,5 @@
-"""Token budgets: evaluation at native aspect ratio with timm's NaFlex pieces, each image resized, keeping its aspect
-ratio, to at most L patches in one padded sequence (NaViT; SigLIP 2's NaFlex), as timm validates (docs/evaluation.md).
-"""
+"""Token budgets: evaluation at native aspect ratio with timm's NaFlex pieces, each image resized to at most L patches
+in one padded sequence (NaViT; SigLIP 2's NaFlex), as timm validates (docs/evaluation.md)."""
 
 from __future__ import annotations
 
@@ -48,15 +47,13 @@ def check_seq_lens(seq_lens: Sequence[int]) -> None:
 
 
 def budget_transform(seq_len: int, patch: tuple[int, int]) -> Callable[[Any], dict[str, Tensor]]:
-    """timm's NaFlex eval transform for budget ``seq_len``, pixels in [0, 1]: each model is normalised with its own
-    mean/std afterwards, so that one loader serves every model of a patch size."""
+    """timm's NaFlex eval transform for budget ``seq_len``, pixels in [0, 1] as ``harness.eval_transform``'s."""
     return create_transform(is_training=False, naflex=True, patch_size=patch, max_seq_len=seq_len, patchify=True,
                             interpolation="bicubic", mean=(0.0, 0.0, 0.0), std=(1.0, 1.0, 1.0), use_prefetcher=False)
 
 
 class BudgetCollator(NaFlexCollator):
-    """timm's ``NaFlexCollator`` (of ``max_seq_len``), keeping the items' count of unreadable files skipped, which it
-    drops."""
+    """timm's ``NaFlexCollator``, keeping the items' count of unreadable files skipped, which it drops."""
 
     def __call__(self, items: list[tuple[dict[str, Tensor], int, int]]) -> tuple[dict[str, Any], Tensor, Tensor]:
         return *super().__call__(items), torch.tensor([item[2] for item in items])

@@ -63,8 +63,7 @@ def _explicit(rule: str | int, trained: list[tuple[int, int]]) -> list[tuple[int
 
 def _untiled(model: SwinTransformer, size: int, rule: str | int, trained: list[tuple[int, int]]
              ) -> tuple[int, tuple[int, int], tuple[int, int]] | None:
-    """The first stage, grid and window at ``size`` px whose windows of ``rule`` (each capped at the stage's grid, as
-    timm caps them) do not tile the grid; None when every stage's do."""
+    """First (stage, grid, window) at ``size`` px whose ``rule`` windows (capped at the grid, as timm) do not tile."""
     grids = stage_grids(model, size)
     wanted = calc_stage_window_sizes(grids[0], tuple(trained), model._ref_grid_size,
                                      window_size=_explicit(rule, trained))
