@@ -18,9 +18,7 @@ from torch.utils.data import DataLoader
 
 from vit_rope.weights import atomic_save
 
-# an image: a file's path (str), or one inside a container (shard_reader.TarMember, hf_datasets.DatasetRow), which
-# has open() -> BinaryIO and fingerprint() -> tuple
-Source = Any
+Source = Any  # a file's path (str), or an image in a container (TarMember, DatasetRow) with open() and fingerprint()
 
 
 def fingerprint(source: Source) -> tuple[Any, ...]:
@@ -44,12 +42,12 @@ def decode_image(source: Source, short_side: int | None = None) -> Image.Image:
 
 
 def _decode_batch(short_side: int, sources: list[Source]) -> list[torch.Tensor]:
-    """Decodes for the cache in loader workers; a file that fails becomes an empty array, reported on use."""
+    """Decodes for the cache in loader workers; a file that fails becomes an empty array, warned of each time drawn."""
     arrays = []
     for source in sources:
         try:
             arrays.append(torch.from_numpy(np.array(decode_image(source, short_side))))
-        except Exception:  # any failure to read the file; the dataset warns each time it is drawn
+        except Exception:
             arrays.append(torch.zeros((0, 0, 3), dtype=torch.uint8))
     return arrays
 

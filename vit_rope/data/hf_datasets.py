@@ -1,6 +1,5 @@
-"""Hugging Face datasets on disk (timm's ``hfds/`` data) as samples of the map-style loaders, a row read (undecoded)
-when its image is drawn: ``save_to_disk``'s layout, which timm's reader refuses, or data files named by split
-(docs/data.md)."""
+"""Hugging Face datasets on disk (timm's ``hfds/``) as loader samples, a row read (undecoded) when its image is drawn:
+``save_to_disk``'s layout, which timm's reader refuses, or data files named by split (docs/data.md)."""
 
 from __future__ import annotations
 

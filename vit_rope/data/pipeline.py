@@ -1,9 +1,9 @@
 """Batched tensor data pipeline: a decoded uint8 store, augmented one *batch* at a time on the compute device.
 
 Per-image PIL augmentation in ``DataLoader`` workers leaves a small CPU's training step a fraction of its speed
-(docs/performance.md, "Data pipeline"); here no workers, and no image is decoded again. Each augmentation op draws
-from a CPU ``torch.Generator`` passed in, as many numbers whatever the outcome, so that a batch is reproducible from
-``(seed, epoch, rank)`` on any device; how they differ from timm's: docs/training.md."""
+(docs/performance.md, "Data pipeline"); here no workers, no image decoded again. Each op draws as many numbers from a
+CPU ``torch.Generator`` whatever the outcome: a batch is reproducible from ``(seed, epoch, rank)`` on any device
+(differences from timm: docs/training.md)."""
 
 from __future__ import annotations
 

@@ -54,8 +54,7 @@ class TarMember(NamedTuple):
         return f"{self.shard}:{self.key}"
 
 
-# the shards this process keeps open, least recently read first: file objects in an lru_cache would each warn
-# (ResourceWarning) when evicted unclosed
+# the shards this process keeps open, least recently read first (file objects in an lru_cache warn when evicted)
 _open: collections.OrderedDict[str, int] = collections.OrderedDict()
 _open_lock = threading.Lock()
 
@@ -97,9 +96,8 @@ def load_info(root: Path) -> dict[str, Any]:
 
 
 def split_shards(root: Path, split: str, info: dict[str, Any], split_key: str) -> tuple[list[Path], list[int] | None]:
-    """The shards of ``split`` and their sample counts (None where ``_info.json`` does not give them): ``split`` is a
-    split of ``_info.json``, or shard files relative to ``root`` (a brace pattern or a ``::`` list, with timm's
-    optional ``|N`` sample count), the only way without ``_info.json``."""
+    """``(shards, sample counts or None)`` of ``split``: a split of ``_info.json``, or shard files relative to ``root``
+    (a brace pattern or a ``::`` list, timm's ``|N`` sample count optional), the only way without ``_info.json``."""
     splits = info.get("splits", {})
     split, _, stated = split.partition("|")  # timm's "pattern|N": N is checked against the shards' count
     if stated and not stated.isdigit():

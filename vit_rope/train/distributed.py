@@ -1,5 +1,4 @@
-"""Where a training process runs: its device, its rank among ``torchrun``'s processes, its CPU threads and float
-modes, and the collectives training needs, which do nothing on one process."""
+"""A training process's device, ``torchrun`` rank, CPU threads and float modes, and collectives (no-op on one rank)."""
 
 from __future__ import annotations
 

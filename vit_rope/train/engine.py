@@ -1,5 +1,4 @@
-"""Training engine: one training epoch, validation and the per-epoch log, alike on one CPU process and on N GPUs under
-``torchrun``: metrics are reduced across ranks, and only rank 0 touches files."""
+"""One training epoch, validation and the per-epoch log, alike on one CPU process and on N GPUs under ``torchrun``."""
 
 from __future__ import annotations
 

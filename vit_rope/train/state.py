@@ -1,7 +1,6 @@
 """Resumable training state: checkpoints written atomically and tagged with their format, every rank's RNG states as
-tensors and scalars, which ``weights_only=True`` loads; and resuming a run: the settings it goes on with, and the state
-put back from its checkpoint. The optimizer and schedule go on from their saved state whatever the command line says,
-so ``reconcile`` keeps their keys and names every other difference in one warning."""
+tensors and scalars (which ``weights_only=True`` loads), the settings a resumed run goes on with and the state it puts
+back. The optimizer and schedule go on from their saved state anyway, so ``reconcile`` keeps their keys."""
 
 from __future__ import annotations
 
@@ -79,8 +78,8 @@ def save_checkpoint(state: dict[str, Any], path: Path) -> None:
 
 
 def load_checkpoint(path: str | Path, mmap: bool = False) -> dict[str, Any]:
-    """Read a checkpoint written by ``save_checkpoint`` (``weights_only``: no code runs), a ``UserError`` for anything
-    else; model arguments an earlier version saved come back in today's names."""
+    """A checkpoint of ``save_checkpoint`` (``weights_only``: no code runs), else a ``UserError``; model arguments an
+    earlier version saved come back in today's names."""
     if not Path(path).is_file():
         what = "is a folder" if Path(path).is_dir() else "does not exist"
         raise UserError(f"checkpoint {path} {what}; pass OUTPUT/last.pth (or a kept OUTPUT/epoch_E.pth) of "
@@ -94,7 +93,7 @@ def load_checkpoint(path: str | Path, mmap: bool = False) -> dict[str, Any]:
     if not isinstance(ckpt, dict) or ckpt.get("format") != CHECKPOINT_FORMAT:
         raise UserError(f"{path} is not a vit-rope training checkpoint (no format '{CHECKPOINT_FORMAT}'); "
                         "pass last.pth or best.pth written by train.py")
-    for saved in (ckpt, ckpt.get("config") or {}):  # model arguments an earlier version saved, in today's names
+    for saved in (ckpt, ckpt.get("config") or {}):
         if saved.get("model_kwargs"):
             saved["model_kwargs"] = current_model_args(saved["model_kwargs"])
     return ckpt
