@@ -43,9 +43,8 @@ from vit_rope.train.state import reconcile, restore
 
 def scan_data(cfg: Config, env: distributed.DistEnv, say: Callable[[str], None]
               ) -> tuple[Path, list[folders.Sample], list[folders.Sample], list[str]]:
-    """``(data dir, train samples, val samples, classes)`` of the folders found (rank 0 downloads them if need be) or of
-    ``cfg.dataset``'s shards or dataset, the train split cut to ``train_fraction``, checked to agree across ranks.
-    ``cfg.data_dir`` becomes the folder found, so that the saved config names it."""
+    """``(data dir, train samples, val samples, classes)`` of the folders (rank 0 downloads them) or ``cfg.dataset``,
+    the train split cut to ``train_fraction``; ``cfg.data_dir`` becomes the folder found, for the saved config."""
     kind = splits.dataset_kind(cfg.dataset)
     with distributed.main_process_first(env):  # rank 0 downloads (or indexes the shards), the other ranks wait
         data_dir = Path(cfg.data_dir).expanduser() if kind else folders.resolve_data_dir(cfg.data_dir,

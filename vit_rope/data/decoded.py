@@ -1,7 +1,6 @@
-"""The decoded-image cache: every image of a split decoded once, short side shrunk, in one flat uint8 tensor.
-
-On a small CPU, decoding full-size JPEGs every epoch costs more than a tiny ViT's training step; one flat,
-memory-mapped tensor is shared by forked loader workers and by the DDP ranks of a machine."""
+"""The decoded-image cache: every image of a split decoded once, short side shrunk, in one flat uint8 tensor that
+forked loader workers and a machine's DDP ranks share (memory-mapped): on a small CPU, decoding full-size JPEGs every
+epoch costs more than a tiny ViT's training step."""
 
 from __future__ import annotations
 
@@ -21,12 +20,14 @@ from vit_rope.weights import atomic_save
 Source = Any  # a file's path (str), or an image in a container (TarMember, DatasetRow) with open() and fingerprint()
 
 
+def file_stat(path: str) -> tuple[int, int]:
+    stat = os.stat(path)
+    return stat.st_size, stat.st_mtime_ns
+
+
 def fingerprint(source: Source) -> tuple[Any, ...]:
     """What changes when the image does: a file's path, size and time; a stored image's own."""
-    if isinstance(source, str):
-        stat = os.stat(source)
-        return source, stat.st_size, stat.st_mtime_ns
-    return source.fingerprint()
+    return (source, *file_stat(source)) if isinstance(source, str) else source.fingerprint()
 
 
 def decode_image(source: Source, short_side: int | None = None) -> Image.Image:

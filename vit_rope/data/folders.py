@@ -26,8 +26,7 @@ Sample = tuple[Source, int]  # an image (a file's path, a shard's member, a data
 
 
 def resolve_data_dir(data_dir: str | None, download_size: str = "320px") -> Path:
-    """The dataset root: ``data_dir``, else the shared Imagenette next to the repo, else Imagenette downloaded into
-    ``~/.cache/vit_rope``; never synthetic data."""
+    """``data_dir``, else the shared Imagenette next to the repo, else Imagenette downloaded (never synthetic data)."""
     if data_dir:
         return Path(data_dir).expanduser()
     shared = REPO_ROOT.parent / "shared" / "data" / "imagenette"

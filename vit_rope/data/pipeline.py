@@ -41,8 +41,7 @@ def rrc_boxes(heights: Tensor, widths: Tensor, scale: tuple[float, float] = (0.0
     fits = (w <= img_w[:, None]) & (h <= img_h[:, None])  # [B, 10]
     first = torch.where(fits, torch.arange(ATTEMPTS), ATTEMPTS).min(1, keepdim=True).values.clamp_max(ATTEMPTS - 1)
     found = fits.any(1)  # [B]
-    # fallback: the whole image with its aspect clamped into [min(ratio), max(ratio)], centred
-    lo, hi = min(ratio), max(ratio)
+    lo, hi = min(ratio), max(ratio)  # the fallback: the whole image, its aspect clamped into [lo, hi], centred
     in_ratio = img_w / img_h
     fall_w = torch.where(in_ratio > hi, (img_h * hi).round(), img_w)
     fall_h = torch.where(in_ratio < lo, (img_w / lo).round(), img_h)

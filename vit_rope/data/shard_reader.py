@@ -1,7 +1,6 @@
 """WebDataset shards (timm's ``wds/`` layout) read by random access: each sample located once by an index of the shards'
 headers, then read with one ``pread``. Unlike timm's streaming reader, an epoch is then a permutation of (seed, epoch),
-each sample read once, and a run resumes mid-epoch to the same batches (docs/data.md). Shards and datasets label
-their samples with class indices, not folders: ``labelled_samples`` checks them against the train split's classes."""
+each sample read once, and a run resumes mid-epoch to the same batches (docs/data.md)."""
 
 from __future__ import annotations
 
@@ -21,6 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from vit_rope.data.decoded import file_stat
 from vit_rope.errors import UserError
 
 _log = logging.getLogger(__name__)
@@ -48,7 +48,7 @@ class TarMember(NamedTuple):
         return io.BytesIO(data)
 
     def fingerprint(self) -> tuple[Any, ...]:
-        return (self.shard, self.offset, self.size, _stat(self.shard))
+        return (self.shard, self.offset, self.size, file_stat(self.shard))
 
     def __str__(self) -> str:
         return f"{self.shard}:{self.key}"
@@ -57,11 +57,6 @@ class TarMember(NamedTuple):
 # the shards this process keeps open, least recently read first (file objects in an lru_cache warn when evicted)
 _open: collections.OrderedDict[str, int] = collections.OrderedDict()
 _open_lock = threading.Lock()
-
-
-def _stat(path: str) -> tuple[int, int]:
-    stat = os.stat(path)
-    return stat.st_size, stat.st_mtime_ns
 
 
 def expand_braces(pattern: str) -> list[str]:
@@ -162,8 +157,7 @@ def _label(path: Path, key: str, entry: dict[str, Any], target_key: str | None) 
 
 
 def _check_end(path: Path, end: int) -> None:
-    """``tarfile`` stops at a damaged header as if the archive ended there: past the last member read, only the zero
-    blocks that end a tar may follow."""
+    """``tarfile`` takes a damaged header for the end: past ``end``, only a tar's closing zero blocks may follow."""
     with open(path, "rb") as file:
         file.seek(end)
         while chunk := file.read(1 << 20):
@@ -209,7 +203,7 @@ def index_shard(path: Path, input_keys: tuple[str, ...], target_key: str | None)
 
 def cached_index(path: Path, input_keys: tuple[str, ...], target_key: str | None, cache: Path) -> ShardIndex:
     """``index_shard``, kept in ``cache`` under a hash of the shard's path, size, time and the keys, for later runs."""
-    identity = (str(path.resolve()), _stat(str(path)), input_keys, target_key)
+    identity = (str(path.resolve()), file_stat(str(path)), input_keys, target_key)
     file = cache / f"{hashlib.sha1(repr(identity).encode()).hexdigest()[:20]}.json"
     if file.is_file():
         with contextlib.suppress(ValueError, TypeError):  # a damaged cache file: index again

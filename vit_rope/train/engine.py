@@ -46,8 +46,7 @@ class Progress:
             self.bar.set_postfix(stats, refresh=False)
             self.bar.update()
         elif self.log_interval and (step + 1) % self.log_interval == 0:
-            elapsed = time.perf_counter() - self.start
-            eta = elapsed / (step + 1) * (self.total - step - 1)
+            eta = (time.perf_counter() - self.start) / (step + 1) * (self.total - step - 1)
             fields = " ".join(f"{key} {value}" for key, value in stats.items())
             print(f"{self.desc} step {step + 1}/{self.total} {fields} eta {eta:.0f}s", flush=True)
 
@@ -148,8 +147,7 @@ def train_one_epoch(model: nn.Module, loader: DataLoader, optimizer: torch.optim
 
 @torch.inference_mode()
 def validate(model: nn.Module, loader: DataLoader, cfg: Config, env: DistEnv) -> dict[str, float]:
-    """Loss, top-1 and top-5 (%) over the validation split; the global random state is kept (a ``DataLoader`` draws
-    from it), so how often a run validates does not change its training."""
+    """Loss, top-1, top-5 (%) on the val split; the global RNG is kept, so validating does not change the training."""
     model.eval()
     totals = torch.zeros(4, dtype=torch.float64, device=env.device)  # loss sum, top-1 hits, top-5 hits, images
     with global_rng_kept():

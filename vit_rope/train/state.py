@@ -78,8 +78,7 @@ def save_checkpoint(state: dict[str, Any], path: Path) -> None:
 
 
 def load_checkpoint(path: str | Path, mmap: bool = False) -> dict[str, Any]:
-    """A checkpoint of ``save_checkpoint`` (``weights_only``: no code runs), else a ``UserError``; model arguments an
-    earlier version saved come back in today's names."""
+    """A ``save_checkpoint`` file (``weights_only``: no code runs) or a ``UserError``; old model arguments renamed."""
     if not Path(path).is_file():
         what = "is a folder" if Path(path).is_dir() else "does not exist"
         raise UserError(f"checkpoint {path} {what}; pass OUTPUT/last.pth (or a kept OUTPUT/epoch_E.pth) of "
