@@ -97,8 +97,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {err}", file=sys.stderr)
         return 2
     written = ", ".join(f"{name}: {entry['num_samples']} samples in {len(entry['filenames'])} shard"
-                        + "s" * (len(entry["filenames"]) > 1)
-                        for name, entry in info["splits"].items())
+                        + "s" * (len(entry["filenames"]) > 1) for name, entry in info["splits"].items())
     print(f"{args.out}: {written}, {len(info['classes'])} classes, {time.perf_counter() - start:.0f} s")
     return 0
 

@@ -1,4 +1,4 @@
-"""One training epoch, validation and the per-epoch log, alike on one CPU process and on N GPUs under ``torchrun``."""
+"""An epoch's training, validation and the run's log, on one process or under ``torchrun`` (metrics reduced)."""
 
 from __future__ import annotations
 
@@ -127,8 +127,7 @@ def train_one_epoch(model: nn.Module, loader: DataLoader, optimizer: torch.optim
         totals.tokens, totals.slots = totals.tokens + step_tokens, totals.slots + slots
         seen, tokens = seen + len(targets), tokens + step_tokens
         rate = seen * env.world_size / (time.perf_counter() - start)
-        progress.update(step, loss=f"{mean_loss:.4f}", lr=f"{optimizer.param_groups[0]['lr']:.2e}",
-                        img_s=f"{rate:.0f}")
+        progress.update(step, loss=f"{mean_loss:.4f}", lr=f"{optimizer.param_groups[0]['lr']:.2e}", img_s=f"{rate:.0f}")
         interval = cfg.checkpoint_interval
         if checkpoint is not None and interval and (step + 1) % interval == 0 and step + 1 < steps:
             checkpoint(epoch, step + 1, totals)
