@@ -3,10 +3,9 @@
     python train.py -c configs/imagenette_cpu.yaml [--data-dir DIR] [--output DIR] [key=value ...]
     torchrun --nproc_per_node=N train.py -c configs/rope_vit_s_mixed.yaml --data-dir /data/imagenet
 
-Bad input fails before the slow data work: config, data folders, model and its weights come before any image is
-decoded. Writes OUTPUT/config.yaml, metrics.csv, last.pth (every epoch and every checkpoint_interval steps), best.pth
-(best validated epoch), epoch_E.pth (every keep_every epochs) and TensorBoard logs (when installed). Exit codes: 0 done,
-1 the loss diverged, 2 bad input (config, model arguments, data folder, checkpoint).
+Bad input fails before any image is decoded. Writes OUTPUT/config.yaml, metrics.csv, last.pth (every epoch and every
+checkpoint_interval steps), best.pth (best validated epoch), epoch_E.pth (every keep_every epochs) and TensorBoard logs
+(when installed). Exit codes: 0 done, 1 the loss diverged, 2 bad input (config, model arguments, data, checkpoint).
 """
 
 from __future__ import annotations
