@@ -81,8 +81,7 @@ class DecodedImages:
         """Build the cache, or reuse ``cache_dir``'s file of the same images (fingerprints hashed) and size."""
         if cache_dir is None:
             return cls.build(paths, short_side, workers)
-        listing = [fingerprint(path) for path in paths]
-        digest = hashlib.sha1(repr((listing, short_side)).encode()).hexdigest()[:16]
+        digest = hashlib.sha1(repr(([fingerprint(path) for path in paths], short_side)).encode()).hexdigest()[:16]
         file = cache_dir / f"decoded-{short_side}px-{digest}.pt"
         if not file.exists():
             images = cls.build(paths, short_side, workers)

@@ -75,8 +75,7 @@ def find_dataset_samples(root: Path, split: str, classes: list[str] | None, spli
     except NoSplit as err:
         raise UserError(f"{root} has no split '{split}' ({err}); set {split_key} to one of them") from None
     image, label = input_key or "image", target_key or "label"
-    absent = [name for name in (image, label) if name not in table.column_names]
-    if absent:
+    if absent := [name for name in (image, label) if name not in table.column_names]:
         keys = {image: "input_key", label: "target_key"}
         raise UserError(f"{root} [{split}] has no column {' or '.join(absent)} (it has "
                         f"{', '.join(table.column_names)}); set {' and '.join(keys[name] for name in absent)} to the "

@@ -65,8 +65,7 @@ def expand_braces(pattern: str) -> list[str]:
     if match is None:
         return [pattern]
     body, head, tail = match.group(1), pattern[:match.start()], pattern[match.end():]
-    ends = re.fullmatch(r"(\d+)\.\.(\d+)", body)
-    if ends:
+    if ends := re.fullmatch(r"(\d+)\.\.(\d+)", body):
         first, last = ends.groups()
         width = len(first) if first.startswith("0") else 0
         items = [str(i).zfill(width) for i in range(int(first), int(last) + 1)]
@@ -107,8 +106,7 @@ def split_shards(root: Path, split: str, info: dict[str, Any], split_key: str) -
             raise UserError(f"{root}/_info.json has no split '{split}' (it has {', '.join(splits) or 'none'}); set "
                             f"{split_key} to one of them, or to a shard pattern such as {split}-{{000000..000009}}.tar")
         entry = splits[split]
-        missing = [field for field in ("filenames", "shard_lengths") if field not in entry]
-        if missing:
+        if missing := [field for field in ("filenames", "shard_lengths") if field not in entry]:
             raise UserError(f"{root}/_info.json: split '{split}' lacks {' and '.join(missing)}; rewrite it with "
                             "python -m vit_rope.shards, or name the shards in " + split_key)
         files, counts = list(entry["filenames"]), [int(n) for n in entry["shard_lengths"]]
@@ -128,8 +126,7 @@ def split_shards(root: Path, split: str, info: dict[str, Any], split_key: str) -
         raise UserError(f"{split_key} says {stated} samples, but _info.json gives these shards {sum(counts)}; fix or "
                         "drop the '|' count")
     paths = [root / name for name in files]
-    absent = [str(path) for path in paths if not path.is_file()]
-    if absent:
+    if absent := [str(path) for path in paths if not path.is_file()]:
         fix = ("check the pattern (ranges {000000..000009} and '::' lists; no * globs)" if ".tar" in split else
                "copy them into data_dir, or fix _info.json")
         raise UserError(f"{len(absent)} of the {len(paths)} shards of split '{split}' are missing (e.g. {absent[0]}); "

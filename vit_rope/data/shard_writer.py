@@ -28,8 +28,7 @@ def image_member(path: str) -> tuple[str, bytes]:
     with Image.open(path) as image:
         image.verify()  # a truncated or corrupt file fails here, before any shard is written
     with Image.open(path) as image:
-        ext = KEPT_FORMATS.get(image.format or "")
-        if ext:
+        if ext := KEPT_FORMATS.get(image.format or ""):
             return ext, Path(path).read_bytes()
         buffer = io.BytesIO()
         image.convert("RGB").save(buffer, format="PNG")

@@ -170,8 +170,7 @@ def load_yaml(path: str | Path, _seen: tuple[Path, ...] = ()) -> dict[str, Any]:
     if not isinstance(raw, dict):
         raise UserError(f"config file {path} must hold 'key: value' lines, got {type(raw).__name__}")
     parent = raw.pop("base", None)
-    unknown = [key for key in raw if key not in _HINTS]
-    if unknown:
+    if unknown := [key for key in raw if key not in _HINTS]:
         raise _unknown_key(unknown[0], f"in {path}")
     values = typed(raw, f"in {path}")
     return values if parent is None else {**load_yaml(path.parent / parent, (*_seen, path)), **values}

@@ -52,10 +52,9 @@ def set_rng_state(state: dict[str, Any]) -> None:
 
 def gather_rng_states(env: DistEnv) -> list[dict[str, Any]]:
     """RNG states of all ranks, indexed by rank (a collective: every rank must call it)."""
-    if not env.distributed:
-        return [rng_state()]
-    states: list[Any] = [None] * env.world_size
-    dist.all_gather_object(states, rng_state())
+    states: list[Any] = [rng_state()] * env.world_size
+    if env.distributed:
+        dist.all_gather_object(states, states[0])
     return states
 
 
@@ -103,9 +102,8 @@ def load_state(module: Any, state: dict[str, Any], what: str, path: str | Path,
     """``module.load_state_dict(state)``, a mismatch a ``UserError`` naming the checkpoint, the keys and ``fix``."""
     if isinstance(module, nn.Module):  # a model or its EMA: ours saved before the encoding's rename too
         state = encoding_keys(state, module)
-    mismatch = weights_mismatch(module.state_dict(), state) if isinstance(module, nn.Module) else ""
-    if mismatch:
-        raise UserError(f"the {what} in {path} does not fit this run ({mismatch}); {fix}")
+        if mismatch := weights_mismatch(module.state_dict(), state):
+            raise UserError(f"the {what} in {path} does not fit this run ({mismatch}); {fix}")
     try:
         module.load_state_dict(state)
     except (RuntimeError, ValueError, KeyError) as err:
