@@ -1,5 +1,4 @@
-"""Checks of a training config beyond its types, run on every config by ``build_config``, so that a bad value fails as a
-``UserError`` naming the key, the value and the fix before any data is read."""
+"""Config checks beyond types, run by ``build_config`` before any data is read: each error names key, value and fix."""
 
 from __future__ import annotations
 
