@@ -3,11 +3,9 @@
     python train.py -c configs/imagenette_cpu.yaml [--data-dir DIR] [--output DIR] [key=value ...]
     torchrun --nproc_per_node=N train.py -c configs/rope_vit_s_mixed.yaml --data-dir /data/imagenet
 
-Reads top to bottom: config -> device -> data folders scanned -> model built, checked and given its weights -> images
-decoded -> optimizer -> resume -> loop, so that bad input fails before the slow data work. Writes OUTPUT/config.yaml,
-metrics.csv, last.pth (every epoch, and every checkpoint_interval steps), best.pth (among the epochs validated, every
-val_interval and the last), epoch_E.pth (every keep_every epochs) and TensorBoard logs (when installed). Exit codes:
-0 done, 1 the loss diverged, 2 bad input (config, model arguments, data folder, checkpoint).
+Bad input fails before any image is decoded. Writes OUTPUT/config.yaml, metrics.csv, last.pth (every epoch and every
+checkpoint_interval steps), best.pth (best validated epoch), epoch_E.pth (every keep_every epochs) and TensorBoard logs
+(when installed). Exit codes: 0 done, 1 the loss diverged, 2 bad input (config, model arguments, data, checkpoint).
 """
 
 from __future__ import annotations
@@ -44,10 +42,8 @@ from vit_rope.train.state import reconcile, restore
 
 def scan_data(cfg: Config, env: distributed.DistEnv, say: Callable[[str], None]
               ) -> tuple[Path, list[folders.Sample], list[folders.Sample], list[str]]:
-    """``(data dir, train samples, val samples, classes)``: the folders found (downloaded by rank 0 if need be), or the
-    splits of the shards or dataset of ``cfg.dataset`` (``vit_rope.data.splits``); the train split cut to
-    ``train_fraction``, and every rank's view of them checked to agree. ``cfg.data_dir`` becomes the folder found, so
-    the saved config names it."""
+    """``(data dir, train samples, val samples, classes)`` of the folders (rank 0 downloads them) or ``cfg.dataset``,
+    the train split cut to ``train_fraction``; ``cfg.data_dir`` becomes the folder found, for the saved config."""
     kind = splits.dataset_kind(cfg.dataset)
     with distributed.main_process_first(env):  # rank 0 downloads (or indexes the shards), the other ranks wait
         data_dir = Path(cfg.data_dir).expanduser() if kind else folders.resolve_data_dir(cfg.data_dir,
@@ -75,8 +71,7 @@ def scan_data(cfg: Config, env: distributed.DistEnv, say: Callable[[str], None]
 
 
 def criterion(cfg: Config, num_classes: int) -> tuple[torch.nn.Module, Mixup | None]:
-    """The loss and, when the batches are mixed here, timm's ``Mixup``: the loss takes soft targets whenever images
-    are mixed (here or, for NaFlex, in timm's loader), and label smoothing is applied once, by Mixup or by the loss."""
+    """The loss (soft targets whenever images are mixed) and, when the batches are mixed here, timm's ``Mixup``."""
     mixing, mixup = cfg.mixup > 0 or cfg.cutmix > 0, None
     if mixing and not cfg.naflex:  # NaFlex mixes in its loader (timm's NaFlexMixup): the targets come soft
         mixup = Mixup(mixup_alpha=cfg.mixup, cutmix_alpha=cfg.cutmix, prob=cfg.mixup_prob,
@@ -90,7 +85,6 @@ def criterion(cfg: Config, num_classes: int) -> tuple[torch.nn.Module, Mixup | N
 
 def train(cfg: Config) -> None:
     """Run (or resume) the training described by ``cfg``."""
-    # ---- device, seeds ----------------------------------------------------------------------------------------
     env = distributed.init_distributed(cfg.device)
     random_seed(cfg.seed, env.rank)
     pipeline, _ = loaders.choose_pipeline(cfg)  # the batched tensor pipeline needs no loader workers
@@ -107,10 +101,8 @@ def train(cfg: Config) -> None:
         cfg = reconcile(cfg, resume, env.is_main)  # optimizer and schedule keys as saved; other differences named
     finetune = train_state.load_checkpoint(cfg.finetune) if cfg.finetune and resume is None else None
 
-    # ---- data: scanned first, because the classifier needs the number of classes -----------------------------
-    data_dir, train_samples, val_samples, classes = scan_data(cfg, env, say)
+    data_dir, train_samples, val_samples, classes = scan_data(cfg, env, say)  # the model needs the number of classes
 
-    # ---- model: built, checked and given its weights before any image is decoded --------------------------------
     net, model_kwargs = build_model(cfg, classes, resume, finetune, say)
     channels_last = cfg.channels_last and env.device.type == "cuda"
     net.to(env.device, memory_format=torch.channels_last if channels_last else torch.preserve_format)
@@ -119,8 +111,7 @@ def train(cfg: Config) -> None:
     patch = naflex_patch(net, cfg.model) if cfg.naflex else 16
     with distributed.main_process_first(env):  # rank 0 writes the decoded cache, the other ranks read it
         train_loader, val_loader = loaders.build_loaders(cfg, train_samples, val_samples, data_config, env.rank,
-                                                      env.world_size, env.device, patch=patch,
-                                                      num_classes=len(classes))
+                                                      env.world_size, env.device, patch=patch, num_classes=len(classes))
     say(f"{cfg.model}: {sum(p.numel() for p in net.parameters()) / 1e6:.2f}M params on {env.world_size} x "
         f"{env.device.type} ({threads} CPU threads each); {len(train_samples)} train / {len(val_samples)} val "
         f"images, {len(classes)} classes, {len(train_loader)} steps per epoch")
@@ -140,7 +131,6 @@ def train(cfg: Config) -> None:
                                                              scheduler, scaler, ema)
         say(f"resumed {cfg.resume} at epoch {start_epoch}" + (f", step {start_step}" if start_step else ""))
 
-    # ---- wrap for DDP and torch.compile; outputs (rank 0 only) -------------------------------------------------
     model = net
     if env.distributed:
         model = DistributedDataParallel(net, device_ids=[env.device.index] if env.device.type == "cuda" else None)
@@ -181,11 +171,9 @@ def train(cfg: Config) -> None:
             train_state.save_checkpoint(ckpt, output / name)
 
     def save_mid_epoch(epoch: int, step: int, totals: engine.EpochTotals) -> None:
-        """``checkpoint_interval``: last.pth at step ``step`` of epoch ``epoch`` (0-based, in progress), with the
-        epoch's totals so far; ``--resume`` goes on from the next step (``vit_rope.data.steps``)."""
+        """last.pth at ``step`` of ``epoch`` (0-based, in progress) with its totals so far; a resume goes on from it."""
         save_last(epoch, {"step": step, "epoch_totals": dataclasses.asdict(totals)})
 
-    # ---- train ------------------------------------------------------------------------------------------------
     for epoch in range(start_epoch, cfg.epochs):
         start = time.perf_counter()
         loaders.set_epoch(train_loader, epoch, start_step)

@@ -1,8 +1,7 @@
 """timm's auto-augment transforms made safe under the installed Pillow and probed before the loader starts, so that no
-auto-augment string can stop a run mid-epoch inside a loader worker (docs/training.md).
-
-timm's Posterize ops ask for 0 bits at some magnitudes, which gave a black image before Pillow 13 and raise
-``ValueError`` in Pillow 13: ``make_safe`` restores the black image; ``safe_transform`` refuses what still raises."""
+auto-augment string can stop a run mid-epoch inside a loader worker (docs/training.md). timm's Posterize ops ask for 0
+bits at some magnitudes: a black image before Pillow 13, a ``ValueError`` since. ``make_safe`` restores the black
+image; ``safe_transform`` refuses what still raises."""
 
 from __future__ import annotations
 
@@ -52,15 +51,14 @@ def make_safe(transform: T) -> T:
 def failures(transform: Any) -> list[str]:
     """Each op of ``transform`` that raises at an end of its magnitude range (timm's level functions are monotonic,
     so the ends bound every argument), with both signs and every interpolation the op picks from."""
-    # every 8-bit value in each channel, so that the lookup-table ops see their whole table
+    # every 8-bit value in each channel, for the lookup-table ops
     image = Image.frombytes("RGB", (16, 16), bytes(value for value in range(256) for _ in range(3)))
     found: list[str] = []
     with global_rng_kept():
         for op in augment_ops(transform):
             resample = op.kwargs.get("resample")
             modes = resample if isinstance(resample, (list, tuple)) else (resample,)
-            # the smallest and largest magnitude op can pass to its level function (AugmentOp.__call__)
-            upper = op.magnitude_max or _LEVEL_DENOM
+            upper = op.magnitude_max or _LEVEL_DENOM  # the magnitudes AugmentOp.__call__ can pass to the level_fn
             own = max(0.0, min(float(op.magnitude), upper))
             ends = (0.0, own) if op.magnitude_std == float("inf") else (0.0, upper) if op.magnitude_std > 0 else (own,)
             for magnitude, seed, mode in itertools.product(ends, (0, 1), modes):

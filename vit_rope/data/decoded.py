@@ -1,7 +1,6 @@
-"""The decoded-image cache: every image of a split decoded once, short side shrunk, in one flat uint8 tensor.
-
-On a small CPU, decoding full-size JPEGs every epoch costs more than a tiny ViT's training step; one flat,
-memory-mapped tensor is shared by forked loader workers and by the DDP ranks of a machine."""
+"""The decoded-image cache: every image of a split decoded once, short side shrunk, in one flat uint8 tensor that
+forked loader workers and a machine's DDP ranks share (memory-mapped): on a small CPU, decoding full-size JPEGs every
+epoch costs more than a tiny ViT's training step."""
 
 from __future__ import annotations
 
@@ -18,17 +17,17 @@ from torch.utils.data import DataLoader
 
 from vit_rope.weights import atomic_save
 
-# an image: a file's path (str), or one inside a container (shard_reader.TarMember, hf_datasets.DatasetRow), which
-# has open() -> BinaryIO and fingerprint() -> tuple
-Source = Any
+Source = Any  # a file's path (str), or an image in a container (TarMember, DatasetRow) with open() and fingerprint()
+
+
+def file_stat(path: str) -> tuple[int, int]:
+    stat = os.stat(path)
+    return stat.st_size, stat.st_mtime_ns
 
 
 def fingerprint(source: Source) -> tuple[Any, ...]:
     """What changes when the image does: a file's path, size and time; a stored image's own."""
-    if isinstance(source, str):
-        stat = os.stat(source)
-        return source, stat.st_size, stat.st_mtime_ns
-    return source.fingerprint()
+    return (source, *file_stat(source)) if isinstance(source, str) else source.fingerprint()
 
 
 def decode_image(source: Source, short_side: int | None = None) -> Image.Image:
@@ -44,12 +43,12 @@ def decode_image(source: Source, short_side: int | None = None) -> Image.Image:
 
 
 def _decode_batch(short_side: int, sources: list[Source]) -> list[torch.Tensor]:
-    """Decodes for the cache in loader workers; a file that fails becomes an empty array, reported on use."""
+    """Decodes for the cache in loader workers; a file that fails becomes an empty array, warned of each time drawn."""
     arrays = []
     for source in sources:
         try:
             arrays.append(torch.from_numpy(np.array(decode_image(source, short_side))))
-        except Exception:  # any failure to read the file; the dataset warns each time it is drawn
+        except Exception:
             arrays.append(torch.zeros((0, 0, 3), dtype=torch.uint8))
     return arrays
 
@@ -82,8 +81,7 @@ class DecodedImages:
         """Build the cache, or reuse ``cache_dir``'s file of the same images (fingerprints hashed) and size."""
         if cache_dir is None:
             return cls.build(paths, short_side, workers)
-        listing = [fingerprint(path) for path in paths]
-        digest = hashlib.sha1(repr((listing, short_side)).encode()).hexdigest()[:16]
+        digest = hashlib.sha1(repr(([fingerprint(path) for path in paths], short_side)).encode()).hexdigest()[:16]
         file = cache_dir / f"decoded-{short_side}px-{digest}.pt"
         if not file.exists():
             images = cls.build(paths, short_side, workers)

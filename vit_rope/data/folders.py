@@ -26,8 +26,7 @@ Sample = tuple[Source, int]  # an image (a file's path, a shard's member, a data
 
 
 def resolve_data_dir(data_dir: str | None, download_size: str = "320px") -> Path:
-    """The dataset root: ``data_dir``, else the shared Imagenette next to the repo, else Imagenette downloaded into
-    ``~/.cache/vit_rope``; never synthetic data."""
+    """``data_dir``, else the shared Imagenette next to the repo, else Imagenette downloaded (never synthetic data)."""
     if data_dir:
         return Path(data_dir).expanduser()
     shared = REPO_ROOT.parent / "shared" / "data" / "imagenette"
@@ -48,8 +47,8 @@ def resolve_data_dir(data_dir: str | None, download_size: str = "320px") -> Path
 
 def find_images(split_dir: Path, classes: list[str] | None = None, split_key: str | None = None
                 ) -> tuple[list[Sample], list[str]]:
-    """``(samples, classes)`` of an ImageFolder split, with the train split's ``classes`` (None: this folder's); a
-    missing folder's error lists the other folders and tells to set ``split_key`` (CIFAR-10 ships ``test/``)."""
+    """``(samples, classes)`` of an ImageFolder split, ``classes`` the train split's (None: its own); a missing folder's
+    error lists the other folders and tells to set ``split_key`` (CIFAR-10 ships ``test/``)."""
     if not split_dir.is_dir():
         message = f"{split_dir} does not exist; the data dir needs {split_dir.name}/ with one folder per class"
         others = sorted(d.name for d in split_dir.parent.iterdir() if d.is_dir() and d.name != "train"
@@ -134,8 +133,7 @@ class ImageFolderDataset(Images):
 
 
 class SizedImages(Images):
-    """Training samples for ``StepSampler``'s items ``(index, size, seed)``: the image through the transform for
-    ``size``, its random numbers seeded by ``seed``."""
+    """Training samples for ``StepSampler``'s items ``(index, size, seed)``: transformed for ``size`` under ``seed``."""
 
     def __init__(self, samples: list[Sample], transforms: Mapping[int, Callable[[Image.Image], torch.Tensor]],
                  cache: DecodedImages | None = None) -> None:

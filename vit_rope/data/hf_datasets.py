@@ -1,6 +1,5 @@
-"""Hugging Face datasets on disk (timm's ``hfds/`` data) as samples of the map-style loaders, a row read (undecoded)
-when its image is drawn: ``save_to_disk``'s layout, which timm's reader refuses, or data files named by split
-(docs/data.md)."""
+"""Hugging Face datasets on disk (timm's ``hfds/``) as loader samples, a row read (undecoded) when its image is drawn:
+``save_to_disk``'s layout, which timm's reader refuses, or data files named by split (docs/data.md)."""
 
 from __future__ import annotations
 
@@ -76,8 +75,7 @@ def find_dataset_samples(root: Path, split: str, classes: list[str] | None, spli
     except NoSplit as err:
         raise UserError(f"{root} has no split '{split}' ({err}); set {split_key} to one of them") from None
     image, label = input_key or "image", target_key or "label"
-    absent = [name for name in (image, label) if name not in table.column_names]
-    if absent:
+    if absent := [name for name in (image, label) if name not in table.column_names]:
         keys = {image: "input_key", label: "target_key"}
         raise UserError(f"{root} [{split}] has no column {' or '.join(absent)} (it has "
                         f"{', '.join(table.column_names)}); set {' and '.join(keys[name] for name in absent)} to the "

@@ -28,8 +28,7 @@ class NaFlexSteps(NaFlexMapDatasetWrapper):
     """timm's ``NaFlexMapDatasetWrapper`` over a split's images, with per-image seeds and a mid-epoch start: only the
     iteration is ours, so that step k of an epoch is the same batch however the run got there."""
 
-    def __init__(self, images: Images, transform_factory: Callable[..., Any], mixup: Any = None,
-                 **kwargs: Any) -> None:
+    def __init__(self, images: Images, transform_factory: Callable[..., Any], mixup: Any = None, **kwargs: Any) -> None:
         super().__init__(images, transform_factory=transform_factory, mixup_fn=mixup,
                          distributed=kwargs.get("world_size", 1) > 1, **kwargs)
         self.shared_start = SharedCount(0)  # as timm's shared_epoch: set here, read by persistent loader workers

@@ -1,9 +1,9 @@
 """Batched tensor data pipeline: a decoded uint8 store, augmented one *batch* at a time on the compute device.
 
 Per-image PIL augmentation in ``DataLoader`` workers leaves a small CPU's training step a fraction of its speed
-(docs/performance.md, "Data pipeline"); here no workers, and no image is decoded again. Each augmentation op draws
-from a CPU ``torch.Generator`` passed in, as many numbers whatever the outcome, so that a batch is reproducible from
-``(seed, epoch, rank)`` on any device; how they differ from timm's: docs/training.md."""
+(docs/performance.md, "Data pipeline"); here no workers, no image decoded again. Each op draws as many numbers from a
+CPU ``torch.Generator`` whatever the outcome: a batch is reproducible from ``(seed, epoch, rank)`` on any device
+(differences from timm: docs/training.md)."""
 
 from __future__ import annotations
 
@@ -41,8 +41,7 @@ def rrc_boxes(heights: Tensor, widths: Tensor, scale: tuple[float, float] = (0.0
     fits = (w <= img_w[:, None]) & (h <= img_h[:, None])  # [B, 10]
     first = torch.where(fits, torch.arange(ATTEMPTS), ATTEMPTS).min(1, keepdim=True).values.clamp_max(ATTEMPTS - 1)
     found = fits.any(1)  # [B]
-    # fallback: the whole image with its aspect clamped into [min(ratio), max(ratio)], centred
-    lo, hi = min(ratio), max(ratio)
+    lo, hi = min(ratio), max(ratio)  # the fallback: the whole image, its aspect clamped into [lo, hi], centred
     in_ratio = img_w / img_h
     fall_w = torch.where(in_ratio > hi, (img_h * hi).round(), img_w)
     fall_h = torch.where(in_ratio < lo, (img_w / lo).round(), img_h)

@@ -1,7 +1,6 @@
 """WebDataset shards (timm's ``wds/`` layout) read by random access: each sample located once by an index of the shards'
 headers, then read with one ``pread``. Unlike timm's streaming reader, an epoch is then a permutation of (seed, epoch),
-each sample read once, and a run resumes mid-epoch to the same batches (docs/data.md). Shards and datasets label
-their samples with class indices, not folders: ``labelled_samples`` checks them against the train split's classes."""
+each sample read once, and a run resumes mid-epoch to the same batches (docs/data.md)."""
 
 from __future__ import annotations
 
@@ -21,6 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from vit_rope.data.decoded import file_stat
 from vit_rope.errors import UserError
 
 _log = logging.getLogger(__name__)
@@ -48,21 +48,15 @@ class TarMember(NamedTuple):
         return io.BytesIO(data)
 
     def fingerprint(self) -> tuple[Any, ...]:
-        return (self.shard, self.offset, self.size, _stat(self.shard))
+        return (self.shard, self.offset, self.size, file_stat(self.shard))
 
     def __str__(self) -> str:
         return f"{self.shard}:{self.key}"
 
 
-# the shards this process keeps open, least recently read first: file objects in an lru_cache would each warn
-# (ResourceWarning) when evicted unclosed
+# the shards this process keeps open, least recently read first (file objects in an lru_cache warn when evicted)
 _open: collections.OrderedDict[str, int] = collections.OrderedDict()
 _open_lock = threading.Lock()
-
-
-def _stat(path: str) -> tuple[int, int]:
-    stat = os.stat(path)
-    return stat.st_size, stat.st_mtime_ns
 
 
 def expand_braces(pattern: str) -> list[str]:
@@ -71,8 +65,7 @@ def expand_braces(pattern: str) -> list[str]:
     if match is None:
         return [pattern]
     body, head, tail = match.group(1), pattern[:match.start()], pattern[match.end():]
-    ends = re.fullmatch(r"(\d+)\.\.(\d+)", body)
-    if ends:
+    if ends := re.fullmatch(r"(\d+)\.\.(\d+)", body):
         first, last = ends.groups()
         width = len(first) if first.startswith("0") else 0
         items = [str(i).zfill(width) for i in range(int(first), int(last) + 1)]
@@ -97,9 +90,8 @@ def load_info(root: Path) -> dict[str, Any]:
 
 
 def split_shards(root: Path, split: str, info: dict[str, Any], split_key: str) -> tuple[list[Path], list[int] | None]:
-    """The shards of ``split`` and their sample counts (None where ``_info.json`` does not give them): ``split`` is a
-    split of ``_info.json``, or shard files relative to ``root`` (a brace pattern or a ``::`` list, with timm's
-    optional ``|N`` sample count), the only way without ``_info.json``."""
+    """``(shards, sample counts or None)`` of ``split``: a split of ``_info.json``, or shard files relative to ``root``
+    (a brace pattern or a ``::`` list, timm's ``|N`` sample count optional), the only way without ``_info.json``."""
     splits = info.get("splits", {})
     split, _, stated = split.partition("|")  # timm's "pattern|N": N is checked against the shards' count
     if stated and not stated.isdigit():
@@ -114,8 +106,7 @@ def split_shards(root: Path, split: str, info: dict[str, Any], split_key: str) -
             raise UserError(f"{root}/_info.json has no split '{split}' (it has {', '.join(splits) or 'none'}); set "
                             f"{split_key} to one of them, or to a shard pattern such as {split}-{{000000..000009}}.tar")
         entry = splits[split]
-        missing = [field for field in ("filenames", "shard_lengths") if field not in entry]
-        if missing:
+        if missing := [field for field in ("filenames", "shard_lengths") if field not in entry]:
             raise UserError(f"{root}/_info.json: split '{split}' lacks {' and '.join(missing)}; rewrite it with "
                             "python -m vit_rope.shards, or name the shards in " + split_key)
         files, counts = list(entry["filenames"]), [int(n) for n in entry["shard_lengths"]]
@@ -135,8 +126,7 @@ def split_shards(root: Path, split: str, info: dict[str, Any], split_key: str) -
         raise UserError(f"{split_key} says {stated} samples, but _info.json gives these shards {sum(counts)}; fix or "
                         "drop the '|' count")
     paths = [root / name for name in files]
-    absent = [str(path) for path in paths if not path.is_file()]
-    if absent:
+    if absent := [str(path) for path in paths if not path.is_file()]:
         fix = ("check the pattern (ranges {000000..000009} and '::' lists; no * globs)" if ".tar" in split else
                "copy them into data_dir, or fix _info.json")
         raise UserError(f"{len(absent)} of the {len(paths)} shards of split '{split}' are missing (e.g. {absent[0]}); "
@@ -164,8 +154,7 @@ def _label(path: Path, key: str, entry: dict[str, Any], target_key: str | None) 
 
 
 def _check_end(path: Path, end: int) -> None:
-    """``tarfile`` stops at a damaged header as if the archive ended there: past the last member read, only the zero
-    blocks that end a tar may follow."""
+    """``tarfile`` takes a damaged header for the end: past ``end``, only a tar's closing zero blocks may follow."""
     with open(path, "rb") as file:
         file.seek(end)
         while chunk := file.read(1 << 20):
@@ -211,7 +200,7 @@ def index_shard(path: Path, input_keys: tuple[str, ...], target_key: str | None)
 
 def cached_index(path: Path, input_keys: tuple[str, ...], target_key: str | None, cache: Path) -> ShardIndex:
     """``index_shard``, kept in ``cache`` under a hash of the shard's path, size, time and the keys, for later runs."""
-    identity = (str(path.resolve()), _stat(str(path)), input_keys, target_key)
+    identity = (str(path.resolve()), file_stat(str(path)), input_keys, target_key)
     file = cache / f"{hashlib.sha1(repr(identity).encode()).hexdigest()[:20]}.json"
     if file.is_file():
         with contextlib.suppress(ValueError, TypeError):  # a damaged cache file: index again

@@ -28,8 +28,7 @@ def image_member(path: str) -> tuple[str, bytes]:
     with Image.open(path) as image:
         image.verify()  # a truncated or corrupt file fails here, before any shard is written
     with Image.open(path) as image:
-        ext = KEPT_FORMATS.get(image.format or "")
-        if ext:
+        if ext := KEPT_FORMATS.get(image.format or ""):
             return ext, Path(path).read_bytes()
         buffer = io.BytesIO()
         image.convert("RGB").save(buffer, format="PNG")
@@ -97,8 +96,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {err}", file=sys.stderr)
         return 2
     written = ", ".join(f"{name}: {entry['num_samples']} samples in {len(entry['filenames'])} shard"
-                        + "s" * (len(entry["filenames"]) > 1)
-                        for name, entry in info["splits"].items())
+                        + "s" * (len(entry["filenames"]) > 1) for name, entry in info["splits"].items())
     print(f"{args.out}: {written}, {len(info['classes'])} classes, {time.perf_counter() - start:.0f} s")
     return 0
 

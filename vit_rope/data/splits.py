@@ -56,8 +56,7 @@ def split_label(data_dir: Path | str, dataset: str | None, split: str) -> str:
 
 
 def looks_like(data_dir: Path) -> str | None:
-    """The kind of data a folder seems to hold, from its files: ``_info.json`` or tars (shards), what
-    ``save_to_disk`` or the Hub leaves (a dataset), class folders of images (an image folder); None when unsure."""
+    """The kind of data ``data_dir`` seems to hold (shards, a saved or Hub dataset, class folders); None: unsure."""
     if not data_dir.is_dir():
         return None
     names = {path.name for path in data_dir.iterdir()}

@@ -1,8 +1,7 @@
-"""The steps of a training epoch, for both pipelines: the image size of each step and its batch (variable resolution:
-encodings that must hold at many resolutions are best trained at many; NaViT, Dehghani et al. 2023; FiT; DeiT / YOLO
-multi-scale), and ``StepSampler`` (as ml-cvnets' ``VariableBatchSampler``), which cuts an epoch's order into steps.
-Sizes are a pure function of (seed, epoch, step) and each image's augmentation is seeded by (seed, epoch, rank, step,
-position): ranks agree without a collective, and a run resumed at step k repeats steps k, k+1, ..."""
+"""Each step's image size and batch (variable resolution: encodings that must hold at many resolutions are best trained
+at many; NaViT, Dehghani et al. 2023; FiT; DeiT / YOLO multi-scale) and ``StepSampler`` (as ml-cvnets'
+``VariableBatchSampler``), which cuts an epoch's order into steps. Sizes depend on (seed, epoch, step), augmentation on
+(seed, epoch, rank, step, position): ranks agree without a collective, a resumed run repeats its steps."""
 
 from __future__ import annotations
 

@@ -30,8 +30,7 @@ def parse_args(argv: list[str] | None = None) -> Config:
     shorthands; ``--resume`` without ``-c`` starts from the settings of the run that wrote the checkpoint."""
     parser = argparse.ArgumentParser(
         description="Train a timm image classifier (RoPE ViTs included) from a YAML config.",
-        epilog="Any config key can be set as key=value, e.g. lr=4e-3 model_kwargs.depth=6 auto_augment=null.",
-    )
+        epilog="Any config key can be set as key=value, e.g. lr=4e-3 model_kwargs.depth=6 auto_augment=null.")
     parser.add_argument("-c", "--config", help="YAML config file (see configs/)")
     for key, metavar in CLI_FLAGS.items():
         parser.add_argument("--" + key.replace("_", "-"), dest=key, metavar=metavar, help=f"same as {key}={metavar}")

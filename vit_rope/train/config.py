@@ -1,5 +1,4 @@
-"""Training configuration: one flat dataclass (each key overridable as ``key=value``), YAML files that inherit from each
-other (``base: other.yaml``), and CLI overrides; ``configs/base.yaml`` documents every key."""
+"""Training config: one flat dataclass, YAML files that inherit (``base: other.yaml``) and ``key=value`` overrides."""
 
 from __future__ import annotations
 
@@ -104,8 +103,7 @@ CLI_FLAGS = {"data_dir": "DIR", "dataset": "KIND/NAME", "train_split": "NAME", "
 _HINTS = typing.get_type_hints(Config)
 
 
-# Names other trainers (timm's train.py, Hugging Face, DeiT) give to a key, for the suggestion in an unknown-key error,
-# where the closest spelling would mislead (learning_rate is closest to decay_rate).
+# other trainers' names of keys (timm, Hugging Face, DeiT): the closest spelling misleads (learning_rate ~ decay_rate)
 _OTHER_NAMES = {"learning_rate": "lr", "optimizer": "opt", "scheduler": "sched", "num_epochs": "epochs",
                 "drop_path_rate": "drop_path", "label_smoothing": "smoothing", "num_workers": "workers",
                 "input_size": "img_size", "image_size": "img_size", "model_name": "model", "aa": "auto_augment",
@@ -172,8 +170,7 @@ def load_yaml(path: str | Path, _seen: tuple[Path, ...] = ()) -> dict[str, Any]:
     if not isinstance(raw, dict):
         raise UserError(f"config file {path} must hold 'key: value' lines, got {type(raw).__name__}")
     parent = raw.pop("base", None)
-    unknown = [key for key in raw if key not in _HINTS]
-    if unknown:
+    if unknown := [key for key in raw if key not in _HINTS]:
         raise _unknown_key(unknown[0], f"in {path}")
     values = typed(raw, f"in {path}")
     return values if parent is None else {**load_yaml(path.parent / parent, (*_seen, path)), **values}

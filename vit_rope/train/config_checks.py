@@ -1,5 +1,4 @@
-"""Checks of a training config beyond its types, run on every config by ``build_config``, so that a bad value fails as a
-``UserError`` naming the key, the value and the fix before any data is read."""
+"""Config checks beyond types, run by ``build_config`` before any data is read: each error names key, value and fix."""
 
 from __future__ import annotations
 
@@ -35,8 +34,7 @@ _RANGES: tuple[tuple[Callable[[float], bool], str, tuple[str, ...]], ...] = (
     (lambda v: 0 <= v <= 1, "between 0 and 1", ("hflip", "reprob", "mixup_prob", "mixup_switch_prob", "smoothing",
                                                 "model_ema_decay")),
     (lambda v: 0 <= v < 1, "in [0, 1) (the probability that a block is skipped)", ("drop_path",)),
-    (lambda v: 0 < v <= 1, "in (0, 1] (the fraction of the resized image that the center crop keeps)",
-     ("crop_pct",)),
+    (lambda v: 0 < v <= 1, "in (0, 1] (the fraction of the resized image that the center crop keeps)", ("crop_pct",)),
     (lambda v: 0 < v <= 1, "in (0, 1] (the fraction of each class's train images to train on)", ("train_fraction",)),
     (lambda v: v >= 0, ">= 1 patches, or 0 for (img_size / patch size)^2", ("naflex_val_seq_len",)),
 )
@@ -77,8 +75,7 @@ def check_config(cfg: Config) -> None:
                         "folder has neither: remove them, or set dataset to wds/<name> or hfds/<name>")
     if cfg.warmup_epochs >= cfg.epochs > 0:
         warnings.warn(f"warmup_epochs {cfg.warmup_epochs} is not less than the {cfg.epochs} epochs of the run, so the "
-                      f"learning rate never reaches lr={cfg.lr}; lower warmup_epochs below {cfg.epochs}",
-                      UserWarning, stacklevel=3)
+                      f"learning rate never reaches lr={cfg.lr}; lower warmup_epochs below {cfg.epochs}", stacklevel=3)
     if cfg.keep_every > cfg.epochs:
         warnings.warn(f"keep_every {cfg.keep_every} is more than the {cfg.epochs} epochs of the run, so no epoch_E.pth "
                       f"will be kept (only last.pth and best.pth); set keep_every to {cfg.epochs} or less to keep some",

@@ -1,5 +1,4 @@
-"""Where a training process runs: its device, its rank among ``torchrun``'s processes, its CPU threads and float
-modes, and the collectives training needs, which do nothing on one process."""
+"""A training process's device, ``torchrun`` rank, CPU threads and float modes, and collectives (no-op on one rank)."""
 
 from __future__ import annotations
 
@@ -75,8 +74,7 @@ def flushed_subnormals() -> Iterator[None]:
 
 
 def set_tf32(enabled: bool) -> None:
-    """Let CUDA run fp32 products in TF32, or not, through the ``allow_tf32`` flags (after the newer
-    ``fp32_precision`` ones, code reading ``allow_tf32`` fails), their deprecation warning silenced."""
+    """CUDA's TF32 for fp32 products by ``allow_tf32`` (not ``fp32_precision``: once set, reading allow_tf32 fails)."""
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="Please use the new API settings to control TF32")
         torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = enabled

@@ -1,5 +1,4 @@
-"""Training engine: one training epoch, validation and the per-epoch log, alike on one CPU process and on N GPUs under
-``torchrun``: metrics are reduced across ranks, and only rank 0 touches files."""
+"""An epoch's training, validation and the run's log, on one process or under ``torchrun`` (metrics reduced)."""
 
 from __future__ import annotations
 
@@ -47,8 +46,7 @@ class Progress:
             self.bar.set_postfix(stats, refresh=False)
             self.bar.update()
         elif self.log_interval and (step + 1) % self.log_interval == 0:
-            elapsed = time.perf_counter() - self.start
-            eta = elapsed / (step + 1) * (self.total - step - 1)
+            eta = (time.perf_counter() - self.start) / (step + 1) * (self.total - step - 1)
             fields = " ".join(f"{key} {value}" for key, value in stats.items())
             print(f"{self.desc} step {step + 1}/{self.total} {fields} eta {eta:.0f}s", flush=True)
 
@@ -129,8 +127,7 @@ def train_one_epoch(model: nn.Module, loader: DataLoader, optimizer: torch.optim
         totals.tokens, totals.slots = totals.tokens + step_tokens, totals.slots + slots
         seen, tokens = seen + len(targets), tokens + step_tokens
         rate = seen * env.world_size / (time.perf_counter() - start)
-        progress.update(step, loss=f"{mean_loss:.4f}", lr=f"{optimizer.param_groups[0]['lr']:.2e}",
-                        img_s=f"{rate:.0f}")
+        progress.update(step, loss=f"{mean_loss:.4f}", lr=f"{optimizer.param_groups[0]['lr']:.2e}", img_s=f"{rate:.0f}")
         interval = cfg.checkpoint_interval
         if checkpoint is not None and interval and (step + 1) % interval == 0 and step + 1 < steps:
             checkpoint(epoch, step + 1, totals)
@@ -149,8 +146,7 @@ def train_one_epoch(model: nn.Module, loader: DataLoader, optimizer: torch.optim
 
 @torch.inference_mode()
 def validate(model: nn.Module, loader: DataLoader, cfg: Config, env: DistEnv) -> dict[str, float]:
-    """Loss, top-1 and top-5 (%) over the validation split; the global random state is kept (a ``DataLoader`` draws
-    from it), so how often a run validates does not change its training."""
+    """Loss, top-1, top-5 (%) on the val split; the global RNG is kept, so validating does not change the training."""
     model.eval()
     totals = torch.zeros(4, dtype=torch.float64, device=env.device)  # loss sum, top-1 hits, top-5 hits, images
     with global_rng_kept():

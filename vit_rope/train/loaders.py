@@ -35,7 +35,6 @@ def _normalised(data_config: dict[str, Any]) -> dict[str, Any]:
 
 
 def _train_transform(cfg: Config, data_config: dict[str, Any], **options: Any) -> Any:
-    """timm's train transform with the config's augmentation, its auto-augment made safe (``safe_transform``)."""
     return safe_transform(lambda auto_augment: create_transform(
         is_training=True, scale=tuple(cfg.scale), hflip=cfg.hflip, color_jitter=cfg.color_jitter,
         auto_augment=auto_augment, **_normalised(data_config), **options), cfg.auto_augment)

@@ -1,5 +1,4 @@
-"""The model a training run trains, built from its config before any image is decoded, checked against the training
-sizes and given the weights of the run it resumes or of the checkpoint it fine-tunes."""
+"""The model a run trains: built from its config, checked against the training sizes, given its starting weights."""
 
 from __future__ import annotations
 

@@ -1,7 +1,6 @@
 """Resumable training state: checkpoints written atomically and tagged with their format, every rank's RNG states as
-tensors and scalars, which ``weights_only=True`` loads; and resuming a run: the settings it goes on with, and the state
-put back from its checkpoint. The optimizer and schedule go on from their saved state whatever the command line says,
-so ``reconcile`` keeps their keys and names every other difference in one warning."""
+tensors and scalars (which ``weights_only=True`` loads), the settings a resumed run goes on with and the state it puts
+back. The optimizer and schedule go on from their saved state anyway, so ``reconcile`` keeps their keys."""
 
 from __future__ import annotations
 
@@ -53,10 +52,9 @@ def set_rng_state(state: dict[str, Any]) -> None:
 
 def gather_rng_states(env: DistEnv) -> list[dict[str, Any]]:
     """RNG states of all ranks, indexed by rank (a collective: every rank must call it)."""
-    if not env.distributed:
-        return [rng_state()]
-    states: list[Any] = [None] * env.world_size
-    dist.all_gather_object(states, rng_state())
+    states: list[Any] = [rng_state()] * env.world_size
+    if env.distributed:
+        dist.all_gather_object(states, states[0])
     return states
 
 
@@ -79,8 +77,7 @@ def save_checkpoint(state: dict[str, Any], path: Path) -> None:
 
 
 def load_checkpoint(path: str | Path, mmap: bool = False) -> dict[str, Any]:
-    """Read a checkpoint written by ``save_checkpoint`` (``weights_only``: no code runs), a ``UserError`` for anything
-    else; model arguments an earlier version saved come back in today's names."""
+    """A ``save_checkpoint`` file (``weights_only``: no code runs) or a ``UserError``; old model arguments renamed."""
     if not Path(path).is_file():
         what = "is a folder" if Path(path).is_dir() else "does not exist"
         raise UserError(f"checkpoint {path} {what}; pass OUTPUT/last.pth (or a kept OUTPUT/epoch_E.pth) of "
@@ -94,7 +91,7 @@ def load_checkpoint(path: str | Path, mmap: bool = False) -> dict[str, Any]:
     if not isinstance(ckpt, dict) or ckpt.get("format") != CHECKPOINT_FORMAT:
         raise UserError(f"{path} is not a vit-rope training checkpoint (no format '{CHECKPOINT_FORMAT}'); "
                         "pass last.pth or best.pth written by train.py")
-    for saved in (ckpt, ckpt.get("config") or {}):  # model arguments an earlier version saved, in today's names
+    for saved in (ckpt, ckpt.get("config") or {}):
         if saved.get("model_kwargs"):
             saved["model_kwargs"] = current_model_args(saved["model_kwargs"])
     return ckpt
@@ -105,9 +102,8 @@ def load_state(module: Any, state: dict[str, Any], what: str, path: str | Path,
     """``module.load_state_dict(state)``, a mismatch a ``UserError`` naming the checkpoint, the keys and ``fix``."""
     if isinstance(module, nn.Module):  # a model or its EMA: ours saved before the encoding's rename too
         state = encoding_keys(state, module)
-    mismatch = weights_mismatch(module.state_dict(), state) if isinstance(module, nn.Module) else ""
-    if mismatch:
-        raise UserError(f"the {what} in {path} does not fit this run ({mismatch}); {fix}")
+        if mismatch := weights_mismatch(module.state_dict(), state):
+            raise UserError(f"the {what} in {path} does not fit this run ({mismatch}); {fix}")
     try:
         module.load_state_dict(state)
     except (RuntimeError, ValueError, KeyError) as err:
