@@ -1,8 +1,7 @@
 """Twins of timm's DeepSeek vision encoders (``timm.models.deepseek_vit``, timm 1.0.31): ``vit_rope_deepseek_vit_*``.
 
-DeepSeek-V4 / V4.1's vision tower (DeepSeek-V4.1-Flash, arXiv:2609.19969; reference: DeepSeek's
-``inference/vision.py``) is a pre-norm ViT with axial 2D RoPE alone and an "aligner" of 3x3 token blocks: a twin is the
-Qwen3-VL twin's heads with ``Aligner`` as the projector (docs/models.md)."""
+DeepSeek-V4 / V4.1's vision tower (arXiv:2609.19969; DeepSeek's ``inference/vision.py``): a pre-norm ViT, axial 2D RoPE
+alone, and an "aligner" of 3x3 token blocks, here the Qwen3-VL twin with ``Aligner`` (docs/models.md)."""
 
 from __future__ import annotations
 
@@ -47,9 +46,8 @@ DEEPSEEK: dict[str, dict[str, Any]] = {f"deepseek_vit_412m{suffix}": dict(_ARCH,
 
 
 class Aligner(PatchMerger):
-    """DeepSeek's projector: the token grid zero-padded to multiples of ``r``, each ``r x r`` block concatenated
-    channel-major (the reference's ``F.unfold``; Qwen's order would permute ``fc1``'s inputs), then ``fc1 -> GELU ->
-    fc2`` to the LLM width: ``PatchMerger``'s interface without its norm, keys as timm's ``DeepseekVitAligner``."""
+    """DeepSeek's projector (timm's ``DeepseekVitAligner``), ``PatchMerger`` without norm: the grid zero-padded to
+    multiples of ``r``, each ``r x r`` block joined channel-major (``F.unfold``'s order, not Qwen's), fc1, GELU, fc2."""
 
     def __init__(self, dim: int, downsample_ratio: int = 3, out_features: int = 0,
                  norm_layer: Callable[[int], nn.Module] | None = None) -> None:

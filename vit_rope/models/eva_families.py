@@ -1,8 +1,7 @@
 """The timm ``Eva`` backbones that have a vit_rope twin (one table per family, timm name -> twin arguments) and their
-state dicts in the twins' keys and q/k layout: EVA-02 (Fang et al. 2023, arXiv:2303.11331), Perception Encoder (Bolya et
-al. 2025, arXiv:2504.13181), timm's SBB RoPE ViTs, Sapiens2 (Khirodkar et al. 2026, arXiv:2604.21681) and LingBot-Vision
-(arXiv:2607.05247). A checkpoint of another family's twin is refused by name (``check_family``): the shapes could fit
-while the function would not (an SBB ViT and a DINOv3 backbone share their keys but not their layout)."""
+state dicts in the twins' keys and q/k layout: EVA-02 (arXiv:2303.11331), Perception Encoder (arXiv:2504.13181), timm's
+SBB RoPE ViTs, Sapiens2 (arXiv:2604.21681) and LingBot-Vision (arXiv:2607.05247). ``check_family`` refuses another
+family's checkpoint, naming its twin: shapes may fit where layouts differ (SBB and DINOv3 share keys)."""
 
 from __future__ import annotations
 
@@ -49,7 +48,7 @@ _PE = dict(class_token=True, qkv_bias=True, pre_norm=True, pos_embed="learn", no
            rope_theta=1e4, rope_grid_offset=1.0, resolution_policy="interpolate", qk_layout="eva_xy",
            norm_layer=partial(LayerNorm, eps=1e-5))
 _CORE = dict(_PE, global_pool="map", attn_pool_num_heads=8, attn_pool_mlp_ratio=4.0, pool_include_prefix=True)
-_DENSE = dict(_PE, global_pool="avg", final_norm=False, fc_norm=False)  # lang, spatial: raw tokens
+_DENSE = dict(_PE, global_pool="avg", final_norm=False, fc_norm=False, rope_ref_grid=(32, 32))  # lang/spatial: no norms
 _GIGANTIC = dict(class_token=False, rope_grid_offset=0.0, mlp_ratio=8960 / 1536)
 
 PERCEPTION_ENCODER: dict[str, dict[str, Any]] = {
@@ -57,17 +56,14 @@ PERCEPTION_ENCODER: dict[str, dict[str, Any]] = {
     "vit_pe_core_small_patch16_384": _arch("small", 384, 16, **_CORE, rope_ref_grid=(24, 24)),
     "vit_pe_core_base_patch16_224": _arch("base", 224, 16, **_CORE, rope_ref_grid=(14, 14)),
     "vit_pe_core_large_patch14_336": _arch("large", 336, 14, **_CORE, rope_ref_grid=(24, 24)),
-    "vit_pe_core_gigantic_patch14_448": _arch("gigantic", 448, 14, **{**_CORE, **_GIGANTIC}, rope_ref_grid=(32, 32)),
-    "vit_pe_lang_large_patch14_448": _arch("large", 448, 14, **_DENSE, rope_ref_grid=(32, 32), init_values=0.1,
-                                           depth=23),
-    "vit_pe_lang_gigantic_patch14_448": _arch("gigantic", 448, 14, **{**_DENSE, **_GIGANTIC}, rope_ref_grid=(32, 32),
-                                              init_values=0.1, depth=47),
-    "vit_pe_spatial_tiny_patch16_512": _arch("tiny", 512, 16, **_DENSE, rope_ref_grid=(32, 32)),
-    "vit_pe_spatial_small_patch16_512": _arch("small", 512, 16, **_DENSE, rope_ref_grid=(32, 32)),
-    "vit_pe_spatial_base_patch16_512": _arch("base", 512, 16, **_DENSE, rope_ref_grid=(32, 32)),
-    "vit_pe_spatial_large_patch14_448": _arch("large", 448, 14, **_DENSE, rope_ref_grid=(32, 32)),
-    "vit_pe_spatial_gigantic_patch14_448": _arch("gigantic", 448, 14, **{**_DENSE, **_GIGANTIC},
-                                                 rope_ref_grid=(32, 32), init_values=0.1),
+    "vit_pe_core_gigantic_patch14_448": _arch("gigantic", 448, 14, **(_CORE | _GIGANTIC), rope_ref_grid=(32, 32)),
+    "vit_pe_lang_large_patch14_448": _arch("large", 448, 14, **_DENSE, init_values=0.1, depth=23),
+    "vit_pe_lang_gigantic_patch14_448": _arch("gigantic", 448, 14, **(_DENSE | _GIGANTIC), init_values=0.1, depth=47),
+    "vit_pe_spatial_tiny_patch16_512": _arch("tiny", 512, 16, **_DENSE),
+    "vit_pe_spatial_small_patch16_512": _arch("small", 512, 16, **_DENSE),
+    "vit_pe_spatial_base_patch16_512": _arch("base", 512, 16, **_DENSE),
+    "vit_pe_spatial_large_patch14_448": _arch("large", 448, 14, **_DENSE),
+    "vit_pe_spatial_gigantic_patch14_448": _arch("gigantic", 448, 14, **(_DENSE | _GIGANTIC), init_values=0.1),
 }
 
 # timm's SBB RoPE ViTs: no class token, registers, no APE, LayerScale, average pool, fc_norm; 'ij' cat RoPE, native grid

@@ -32,8 +32,7 @@ QWEN3: dict[str, dict[str, Any]] = {f"qwen3_vit_{size}{suffix}": dict(_COMMON, *
 
 
 def llm_width(name: str) -> Callable[[str], int]:
-    """The merger width of timm's tag for the twin ``name`` (timm's table of its language models' widths; 0: the
-    classifier without a merger)."""
+    """The merger width of timm's tag for twin ``name`` (timm's table of LLM widths; 0: a classifier, no merger)."""
     from timm.models.qwen3_vit import _SOURCE_CFGS
 
     arch = name.removeprefix("vit_rope_").removesuffix("_merge").removesuffix("_enc")
@@ -103,8 +102,7 @@ class PatchMerger(nn.Module):
 
     def forward(self, x: Tensor, grid: tuple[int, int] | None, coord: Tensor | None = None,
                 valid: Tensor | None = None, pre_logits: bool = False) -> tuple[Tensor, Tensor | None]:
-        """Merged tokens of tokens on ``grid``, or of a NaFlex batch's at ``coord`` with their validity (``valid``
-        None: none); ``pre_logits``: after ``fc1 -> GELU`` (timm's)."""
+        """Tokens on ``grid``, or a NaFlex batch's at ``coord``, merged, with validity; ``pre_logits``: after GELU."""
         x = self.norm(x)
         x, valid = (self.merge(x, grid), None) if valid is None else self.merge_naflex(x, coord, valid)
         x = self.act(self.fc1(x))
