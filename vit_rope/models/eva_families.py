@@ -42,8 +42,7 @@ EVA02: dict[str, dict[str, Any]] = {
     "eva02_large_patch14_clip_336": _arch("large", 336, 14, **_CLIP),
 }
 
-# Perception Encoder: cat RoPE with 'xy' indexing (our layout), patches at 1..n (class token at 0), a norm before
-# the blocks, LayerNorm eps 1e-5; core models pool with an 8-head attention pool over every token, class included
+# Perception Encoder: cat RoPE with 'xy' indexing (our layout), patches at 1..n (class token at 0)
 _PE = dict(class_token=True, qkv_bias=True, pre_norm=True, pos_embed="learn", no_embed_class=False, encoding="axial",
            rope_theta=1e4, rope_grid_offset=1.0, resolution_policy="interpolate", qk_layout="eva_xy",
            norm_layer=partial(LayerNorm, eps=1e-5))
@@ -76,8 +75,7 @@ SBB: dict[str, dict[str, Any]] = {
     for size, regs in (("medium", 1), ("mediumd", 1), ("betwixt", 4), ("base", 1))
 }
 
-# Sapiens2: DINOv3's RoPE (rotate-half), q/k/v biases, RmsNorm (timm's, faster in inference) as block and q/k norms,
-# packed SwiGLU, LayerScale on attention only, 8 registers; grouped-query attention but in the first and last 8 blocks
+# Sapiens2: DINOv3's RoPE (rotate-half); timm's RmsNorm, faster in inference, as block and q/k norms
 _SAPIENS2 = dict(img_size=(1024, 768), patch_size=16, class_token=True, reg_tokens=8, pos_embed="none", qkv_bias=True,
                  qk_norm=True, norm_layer=partial(RmsNorm, eps=1e-6), mlp_layer=PackedSwiGLU, mlp_ratio=4.0,
                  init_values=1.0, layer_scale="attn", global_pool="token", encoding="dinov3", rope_theta=100.0,

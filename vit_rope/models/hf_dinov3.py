@@ -114,7 +114,6 @@ def dinov3_args_from_hf_config(config: dict[str, Any]) -> tuple[str, dict[str, A
     qkv_bias = any(c[key] for key in ("query_bias", "key_bias", "value_bias"))
     aug = dict(shift=c["pos_embed_shift"] or 0.0, jitter=c["pos_embed_jitter"] or 1.0,
                rescale=c["pos_embed_rescale"] or 1.0)
-    # img_size: DINOv3's 256 px training size, not image_size: 224 in every config.json, transformers' default
     kwargs = dict(depth=c["num_hidden_layers"], num_classes=0, global_pool="token", img_size=PRETRAIN_SIZE,
                   patch_size=to_2tuple(c["patch_size"]), in_chans=c["num_channels"], mlp_ratio=mlp_ratio,
                   init_values=c["layerscale_value"], rope_theta=float(c["rope_theta"]))
@@ -145,7 +144,6 @@ def check_hf_config(config: dict[str, Any], model: nn.Module) -> None:
         "rope_theta": (float(c["rope_theta"]), model.pos_encoding[0].theta),
         "patch_size": (to_2tuple(c["patch_size"]), tuple(model.patch_embed.patch_size)),
         "layer_norm_eps": (c["layer_norm_eps"], model.norm.eps),
-        "query_bias/key_bias/value_bias (qkv bias)": (any(c[k] for k in ("query_bias", "key_bias", "value_bias")),
-                                                      block.attn.qkv.bias is not None),
+        "query_bias/key_bias/value_bias (qkv bias)": (name.endswith("_qkvb"), block.attn.qkv.bias is not None),
     }
     check_config_fields(fields, fits)

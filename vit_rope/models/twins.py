@@ -137,8 +137,7 @@ ROTATE_HALF = "q/k rows of every head permuted from rotate-half to interleaved p
 
 
 def conversion_notes(source: str, done: str, dropped: list[str], lacks: str, *other: str) -> tuple[str, ...]:
-    """Notes, each after ``source``: ``done``, the ``other`` (empty: skipped), the keys ``dropped`` as the model
-    ``lacks`` their part (what it lacks, and which twin keeps it)."""
+    """Notes after ``source``: ``done``, ``other`` (empty: skipped), the keys ``dropped`` as the model lacks them."""
     dropped_note = f"{', '.join(dropped)} dropped: this model has no {lacks}" if dropped else ""
     return tuple(f"{source}: {note}" for note in (done, *other, dropped_note) if note)
 
