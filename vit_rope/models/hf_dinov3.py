@@ -1,6 +1,5 @@
-"""DINOv3 (Simeoni et al. 2025, arXiv:2508.10104) as Hugging Face transformers saves it (``DINOv3ViTModel`` folders,
-most downloads), without transformers. The config decides what the weights cannot show (RoPE theta, LayerNorm eps,
-activation): ``check_hf_config`` holds a model to it."""
+"""DINOv3 (arXiv:2508.10104) as Hugging Face transformers saves it (``DINOv3ViTModel`` folders, most downloads), without
+transformers; ``check_hf_config`` holds a model to what only the config shows (RoPE theta, norm eps, activation)."""
 
 from __future__ import annotations
 

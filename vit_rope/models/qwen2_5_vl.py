@@ -1,7 +1,7 @@
 """Twin of transformers' Qwen2.5-VL vision encoder (``Qwen2_5_VisionTransformerPretrainedModel``, transformers 5.24):
-``vit_rope_qwen2_5_vl_vit``. Qwen2.5-VL (arXiv:2502.13923) makes Qwen2-VL's ViT LLaMA-style (axial 2D RoPE alone), most
-layers attending within windows (``Windowed``). transformers reorders tokens by window; attention within one ignores
-order, so ours keeps row-major tokens, and any grid or NaFlex batch."""
+``vit_rope_qwen2_5_vl_vit``. Qwen2.5-VL (arXiv:2502.13923) makes Qwen2-VL's ViT LLaMA-style, axial RoPE alone, most
+layers windowed (``Windowed``): where transformers reorders tokens by window, ours keeps them row-major (attention in a
+window ignores order), for any grid or NaFlex batch."""
 
 from __future__ import annotations
 
@@ -91,8 +91,7 @@ torch.fx.wrap("window_bias")  # one call under FX (it reads the coordinates' ran
 
 
 class Qwen25VisionTransformer(Qwen3VisionTransformer):
-    """``Qwen3VisionTransformer`` with Qwen2.5-VL's windows (``window_size`` px, whole merger blocks) but in
-    ``fullatt_block_indexes``; no class or register tokens, no patch dropout: windows follow grid positions."""
+    """``Qwen3VisionTransformer``, windowed (``window_size`` px, whole merger blocks) but ``fullatt_block_indexes``."""
 
     def __init__(self, window_size: int = 112, fullatt_block_indexes: Sequence[int] = (7, 15, 23, 31),
                  **kwargs: Any) -> None:

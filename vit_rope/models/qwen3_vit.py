@@ -1,7 +1,6 @@
 """Twins of timm's Qwen3-VL vision encoders (``timm.models.qwen3_vit``, timm 1.0.31): ``vit_rope_qwen3_vit_*``.
 
-Qwen3-VL (Qwen3-VL Technical Report, arXiv:2511.21631) keeps Qwen2-VL's ViT (Wang et al. 2024, arXiv:2409.12191): a
-twin is a ``ProjectorTwin`` with ``PatchMerger``; docs/models.md: its architecture, where it departs from timm."""
+Qwen3-VL (arXiv:2511.21631) keeps Qwen2-VL's ViT (arXiv:2409.12191); docs/models.md: how the twins depart from timm."""
 
 from __future__ import annotations
 

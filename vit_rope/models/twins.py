@@ -28,10 +28,9 @@ def square_grid(tokens: int) -> tuple[int, int]:
 
 
 class ProjectorTwin(RoPEVisionTransformer):
-    """``RoPEVisionTransformer`` with the heads of timm's VLM towers: the classifier (``global_pool="avg"``: token
-    mean, an affine-free norm, a linear head; ``""``: per token), the same over the projector's tokens
-    (``encoder_pool=TOKENS``) and the encoder (``global_pool=TOKENS``: outputs the projector's tokens).
-    ``forward_features`` ends before the projector, at ``PROJECTOR``, called ``(x, grid, coord, valid, pre_logits)``."""
+    """``RoPEVisionTransformer`` with timm's VLM-tower heads: the classifier (``global_pool="avg"``: token mean,
+    affine-free norm, linear; ``""``: per token), the same over the projector's tokens (``encoder_pool=TOKENS``), the
+    encoder (``global_pool=TOKENS``); ``forward_features`` feeds ``PROJECTOR(x, grid, coord, valid, pre_logits)``."""
 
     FAMILY, TOKENS, PROJECTOR = "", "", ""  # the family's name in errors, the encoders' pool, the projector's place
 
