@@ -37,8 +37,7 @@ _LINEARS = ("attn.qkv", "attn.proj", "mlp.fc1_g", "mlp.fc1_x", "mlp.fc2")
 class ClippedLinear(nn.Linear):
     """``nn.Linear`` with input and output clamped (Gemma 4's ``Gemma4ClippableLinear``); ``split``: the output rows of
     each fused source (q, k, v), each with its own input bounds ``[G, in_features]``; output bounds per row; infinite
-    until a checkpoint sets them. Per feature, not scalars: ONNX export's optimizer makes a clamp to tensor scalars
-    ``Clip`` nodes with undefined bounds (onnxscript, torch 2.14)."""
+    until a checkpoint sets them. Per feature, not scalars, for the ONNX export (docs/models.md)."""
 
     def __init__(self, linear: nn.Linear, split: tuple[int, ...] | None = None) -> None:
         dd = get_device_dtype(linear)

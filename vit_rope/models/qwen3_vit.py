@@ -124,8 +124,7 @@ class Qwen3VisionTransformer(ProjectorTwin):
         self.patch_merger = self.MERGER(self.embed_dim, merge_size, merger_out_features, norm_layer).to(**dd) \
             if merge else None
         self.head_hidden_size = self.patch_merger.out_features if merge else self.embed_dim
-        # timm's classifiers: a LayerNorm without affine (no weights) after the pooling, which *_enc's tokens skip
-        self.fc_norm = LayerNorm(self.head_hidden_size, eps=eps, affine=False, **dd)
+        self.fc_norm = LayerNorm(self.head_hidden_size, eps=eps, affine=False, **dd)  # timm's; *_enc skips it
         self.reset_classifier(num_classes)
 
 

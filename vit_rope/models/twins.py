@@ -89,8 +89,7 @@ def timm_twin_cfgs(family: str, names: Iterable[str], **cfg: Any) -> dict[str, d
 
 
 def tagged(create: Callable[..., nn.Module], key: str, width: Callable[[str], int]) -> Callable[..., nn.Module]:
-    """A twin's entry point whose projector width ``key`` is its weights' tag's, ``width(tag)``, as timm's, unless
-    given: one name serves towers of several language models."""
+    """Entry point defaulting ``key`` (projector width) to ``width(tag)`` of the weights' tag: one name, many LLMs."""
 
     @wraps(create)
     def create_tagged(pretrained: bool = False, **kwargs: Any) -> nn.Module:
