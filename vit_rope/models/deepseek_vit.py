@@ -122,8 +122,7 @@ def describe_deepseek(state_dict: dict[str, Any]) -> Description:
 
 
 def from_deepseek(state_dict: dict[str, Tensor], model: nn.Module) -> Converted:
-    """A DeepSeek file in our keys and q/k layout: timm's checkpoint filter first, so DeepSeek's own shards load as
-    timm's do (the language model dropped, the linear patch embedding as a Conv2d), then ``tower_keys``."""
+    """A DeepSeek file (timm's, or DeepSeek's own shard through timm's checkpoint filter) in our keys and q/k layout."""
     from timm.models.deepseek_vit import checkpoint_filter_fn_classifier
 
     check_twin(model, isinstance(model, DeepseekVisionTransformer), f"{SOURCE} or DeepSeek's own vision shard",
@@ -132,10 +131,9 @@ def from_deepseek(state_dict: dict[str, Tensor], model: nn.Module) -> Converted:
     shim = SimpleNamespace(encoder=SimpleNamespace(aligner=True, patch_embed=model.patch_embed))
     timm_keys = checkpoint_filter_fn_classifier(state_dict, shim)
     outside = len(state_dict) - len(timm_keys)
-    return tower_keys(timm_keys, model, "aligner.", SOURCE, "aligner; the *_align and *_enc twins keep it",
-                      ROTATE_HALF, outside and
-                      f"{outside} tensors outside the vision tower and aligner dropped, as timm's checkpoint filter "
-                      "drops them (a DeepSeek shard's language model)")
+    return tower_keys(timm_keys, model, "aligner.", SOURCE, "aligner; the *_align and *_enc twins keep it", ROTATE_HALF,
+                      outside and f"{outside} tensors outside the vision tower and aligner dropped, as timm's "
+                      "checkpoint filter drops them (a DeepSeek shard's language model)")
 
 
 def architecture(model: nn.Module) -> tuple[str, dict[str, Any]]:

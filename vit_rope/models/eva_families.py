@@ -66,9 +66,8 @@ PERCEPTION_ENCODER: dict[str, dict[str, Any]] = {
 }
 
 # timm's SBB RoPE ViTs: no class token, registers, no APE, LayerScale, average pool, fc_norm; 'ij' cat RoPE, native grid
-_SBB = dict(class_token=False, pos_embed="none", init_values=1e-5, global_pool="avg",
-            encoding="axial", rope_theta=1e4, rope_ref_grid=(16, 16), resolution_policy="interpolate",
-            qk_layout="eva_ij")
+_SBB = dict(class_token=False, pos_embed="none", init_values=1e-5, global_pool="avg", encoding="axial", rope_theta=1e4,
+            rope_ref_grid=(16, 16), resolution_policy="interpolate", qk_layout="eva_ij")
 SBB: dict[str, dict[str, Any]] = {
     f"vit_{size}_patch16_rope_reg{regs}_gap_256": _arch(size, 256, 16, **_SBB, reg_tokens=regs,
                                                        qkv_bias=size != "mediumd")

@@ -150,8 +150,7 @@ _QKV = re.compile(r"(blocks\.\d+\.attn\.)([qkv])_proj\.(?:linear\.)?(weight|(in|
 
 
 def from_gemma4(state_dict: dict[str, Tensor], model: nn.Module, source: str = SOURCE) -> Converted:
-    """timm's Gemma 4 state dict in our keys and q/k layout: ``encoder.`` dropped, pixel scaling folded into the patch
-    convolution, q/k/v fused with q / k rows (and norm scales) in our pairs, clamp bounds per fused source and row."""
+    """timm's Gemma 4 state dict in our keys and q/k layout, clamp bounds per fused source and row."""
     check_twin(model, isinstance(model, Gemma4VisionTransformer), source,
                "the vit_rope_gemma4_vit_* twins (and vit_rope.from_timm of timm's model)", "gemma4", "Gemma 4's layout")
     sd = {key.removeprefix("encoder."): value for key, value in state_dict.items()}

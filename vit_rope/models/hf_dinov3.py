@@ -19,10 +19,9 @@ MODEL_TYPE = "dinov3_vit"
 # DINOv3ViTConfig's defaults (transformers 5.24): transformers leaves values equal to them out of config.json
 _DEFAULTS: dict[str, Any] = dict(
     patch_size=16, hidden_size=384, intermediate_size=1536, num_hidden_layers=12, num_attention_heads=6,
-    hidden_act="gelu", layer_norm_eps=1e-5, rope_theta=100.0, num_channels=3, query_bias=True,
-    key_bias=False, value_bias=True, proj_bias=True, mlp_bias=True, layerscale_value=1.0, use_gated_mlp=False,
-    num_register_tokens=0, pos_embed_shift=None, pos_embed_jitter=None, pos_embed_rescale=2.0,
-)
+    hidden_act="gelu", layer_norm_eps=1e-5, rope_theta=100.0, num_channels=3, query_bias=True, key_bias=False,
+    value_bias=True, proj_bias=True, mlp_bias=True, layerscale_value=1.0, use_gated_mlp=False, num_register_tokens=0,
+    pos_embed_shift=None, pos_embed_jitter=None, pos_embed_rescale=2.0)
 _OTHER_TYPES = {  # transformers' other ViT-like model types users hold, and what they are
     "dinov2": "DINOv2 (a learned absolute position embedding, no RoPE)",
     "dinov2_with_registers": "DINOv2 with registers (a learned absolute position embedding, no RoPE)",

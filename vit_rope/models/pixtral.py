@@ -90,8 +90,7 @@ def describe_pixtral(state_dict: dict[str, Any]) -> Description:
 
 
 def from_pixtral(state_dict: dict[str, Tensor], model: nn.Module) -> Converted:
-    """transformers' Pixtral (or Llava) state dict in our keys and q/k layout: q/k/v fused, q/k rows from rotate-half to
-    interleaved pairs, gate and up packed (gate first); the language model dropped."""
+    """transformers' Pixtral (or Llava) state dict in our keys and q/k layout, the language model dropped."""
     check_twin(model, isinstance(model, PixtralVisionTransformer), SOURCE, "the vit_rope_pixtral_vit_* twins "
                "(vit_rope.create_from_checkpoint(folder) builds the one that fits)", "rotate_half", "rotate-half pairs")
     if not model.pos_encoding[0].alternate_axes:

@@ -148,8 +148,7 @@ _MERGER = re.compile(r"^patch_merger\.(ln_q|mlp\.0|mlp\.2)\.")  # transformers' 
 
 
 def from_qwen25(state_dict: dict[str, Tensor], model: nn.Module) -> Converted:
-    """transformers' Qwen2.5-VL tower in our keys and q/k layout: prefix cut, the language model dropped, the Conv3d
-    kernel summed over time, gate and up packed, then ``tower_keys`` as timm's Qwen3-VL files."""
+    """transformers' Qwen2.5-VL tower in our keys and q/k layout (then ``tower_keys``), the language model dropped."""
     if any(key.endswith("merger.ln_q.bias") for key in state_dict):
         raise ValueError(f"The checkpoint is transformers' Qwen2-VL vision encoder (its merger norm has a bias: a "
                          f"LayerNorm), which no vit_rope twin models; {NAME} takes Qwen2.5-VL's.")
