@@ -38,7 +38,8 @@ _LAYER = r"transformer\.layers\.(\d+)\."
 
 
 class PixtralVisionTransformer(RoPEVisionTransformer):
-    """``RoPEVisionTransformer`` with Llava's projector to ``projector_dim``, the LLM's width (0: none)."""
+    """``RoPEVisionTransformer`` with Llava's projector to ``projector_dim``, the LLM's width (0: none);
+    ``projector_act``: timm's name of Llava's ``projector_hidden_act``."""
 
     def __init__(self, projector_dim: int = 0, projector_bias: bool = True, projector_act: str = "gelu",
                  **kwargs: Any) -> None:

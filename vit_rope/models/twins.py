@@ -135,7 +135,7 @@ ROTATE_HALF = "q/k rows of every head permuted from rotate-half to interleaved p
 
 
 def conversion_notes(source: str, done: str, dropped: list[str], lacks: str, *other: str) -> tuple[str, ...]:
-    """Notes after ``source``: ``done``, ``other`` (empty: skipped), the keys ``dropped`` as the model lacks them."""
+    """Notes after ``source``: ``done``, ``other`` (empty: skipped), keys ``dropped`` (the model has no ``lacks``)."""
     dropped_note = f"{', '.join(dropped)} dropped: this model has no {lacks}" if dropped else ""
     return tuple(f"{source}: {note}" for note in (done, *other, dropped_note) if note)
 
