@@ -1,8 +1,7 @@
 """Twins of timm's DeepSeek vision encoders (``timm.models.deepseek_vit``, timm 1.0.31): ``vit_rope_deepseek_vit_*``.
 
-DeepSeek-V4 / V4.1's vision tower (DeepSeek-V4.1-Flash, arXiv:2609.19969; reference: DeepSeek's
-``inference/vision.py``) is a pre-norm ViT with axial 2D RoPE alone and an "aligner" of 3x3 token blocks: a twin is the
-Qwen3-VL twin's heads with ``Aligner`` as the projector (docs/models.md)."""
+DeepSeek-V4 / V4.1's vision tower (arXiv:2609.19969; DeepSeek's ``inference/vision.py``): a pre-norm ViT, axial 2D RoPE
+alone, and an "aligner" of 3x3 token blocks, here the Qwen3-VL twin with ``Aligner`` (docs/models.md)."""
 
 from __future__ import annotations
 
@@ -47,9 +46,8 @@ DEEPSEEK: dict[str, dict[str, Any]] = {f"deepseek_vit_412m{suffix}": dict(_ARCH,
 
 
 class Aligner(PatchMerger):
-    """DeepSeek's projector: the token grid zero-padded to multiples of ``r``, each ``r x r`` block concatenated
-    channel-major (the reference's ``F.unfold``; Qwen's order would permute ``fc1``'s inputs), then ``fc1 -> GELU ->
-    fc2`` to the LLM width: ``PatchMerger``'s interface without its norm, keys as timm's ``DeepseekVitAligner``."""
+    """DeepSeek's projector (timm's ``DeepseekVitAligner``), ``PatchMerger`` without norm: the grid zero-padded to
+    multiples of ``r``, each ``r x r`` block joined channel-major (``F.unfold``'s order, not Qwen's), fc1, GELU, fc2."""
 
     def __init__(self, dim: int, downsample_ratio: int = 3, out_features: int = 0,
                  norm_layer: Callable[[int], nn.Module] | None = None) -> None:
@@ -124,8 +122,7 @@ def describe_deepseek(state_dict: dict[str, Any]) -> Description:
 
 
 def from_deepseek(state_dict: dict[str, Tensor], model: nn.Module) -> Converted:
-    """A DeepSeek file in our keys and q/k layout: timm's checkpoint filter first, so DeepSeek's own shards load as
-    timm's do (the language model dropped, the linear patch embedding as a Conv2d), then ``tower_keys``."""
+    """A DeepSeek file (timm's, or DeepSeek's own shard through timm's checkpoint filter) in our keys and q/k layout."""
     from timm.models.deepseek_vit import checkpoint_filter_fn_classifier
 
     check_twin(model, isinstance(model, DeepseekVisionTransformer), f"{SOURCE} or DeepSeek's own vision shard",
@@ -134,10 +131,9 @@ def from_deepseek(state_dict: dict[str, Tensor], model: nn.Module) -> Converted:
     shim = SimpleNamespace(encoder=SimpleNamespace(aligner=True, patch_embed=model.patch_embed))
     timm_keys = checkpoint_filter_fn_classifier(state_dict, shim)
     outside = len(state_dict) - len(timm_keys)
-    return tower_keys(timm_keys, model, "aligner.", SOURCE, "aligner; the *_align and *_enc twins keep it",
-                      ROTATE_HALF, outside and
-                      f"{outside} tensors outside the vision tower and aligner dropped, as timm's checkpoint filter "
-                      "drops them (a DeepSeek shard's language model)")
+    return tower_keys(timm_keys, model, "aligner.", SOURCE, "aligner; the *_align and *_enc twins keep it", ROTATE_HALF,
+                      outside and f"{outside} tensors outside the vision tower and aligner dropped, as timm's "
+                      "checkpoint filter drops them (a DeepSeek shard's language model)")
 
 
 def architecture(model: nn.Module) -> tuple[str, dict[str, Any]]:

@@ -1,8 +1,7 @@
 """The timm ``Eva`` backbones that have a vit_rope twin (one table per family, timm name -> twin arguments) and their
-state dicts in the twins' keys and q/k layout: EVA-02 (Fang et al. 2023, arXiv:2303.11331), Perception Encoder (Bolya et
-al. 2025, arXiv:2504.13181), timm's SBB RoPE ViTs, Sapiens2 (Khirodkar et al. 2026, arXiv:2604.21681) and LingBot-Vision
-(arXiv:2607.05247). A checkpoint of another family's twin is refused by name (``check_family``): the shapes could fit
-while the function would not (an SBB ViT and a DINOv3 backbone share their keys but not their layout)."""
+state dicts in the twins' keys and q/k layout: EVA-02 (arXiv:2303.11331), Perception Encoder (arXiv:2504.13181), timm's
+SBB RoPE ViTs, Sapiens2 (arXiv:2604.21681) and LingBot-Vision (arXiv:2607.05247). ``check_family`` refuses another
+family's checkpoint, naming its twin: shapes may fit where layouts differ (SBB and DINOv3 share keys)."""
 
 from __future__ import annotations
 
@@ -43,13 +42,12 @@ EVA02: dict[str, dict[str, Any]] = {
     "eva02_large_patch14_clip_336": _arch("large", 336, 14, **_CLIP),
 }
 
-# Perception Encoder: cat RoPE with 'xy' indexing (our layout), patches at 1..n (class token at 0), a norm before
-# the blocks, LayerNorm eps 1e-5; core models pool with an 8-head attention pool over every token, class included
+# Perception Encoder: cat RoPE with 'xy' indexing (our layout), patches at 1..n (class token at 0)
 _PE = dict(class_token=True, qkv_bias=True, pre_norm=True, pos_embed="learn", no_embed_class=False, encoding="axial",
            rope_theta=1e4, rope_grid_offset=1.0, resolution_policy="interpolate", qk_layout="eva_xy",
            norm_layer=partial(LayerNorm, eps=1e-5))
 _CORE = dict(_PE, global_pool="map", attn_pool_num_heads=8, attn_pool_mlp_ratio=4.0, pool_include_prefix=True)
-_DENSE = dict(_PE, global_pool="avg", final_norm=False, fc_norm=False)  # lang, spatial: raw tokens
+_DENSE = dict(_PE, global_pool="avg", final_norm=False, fc_norm=False, rope_ref_grid=(32, 32))  # lang/spatial: no norms
 _GIGANTIC = dict(class_token=False, rope_grid_offset=0.0, mlp_ratio=8960 / 1536)
 
 PERCEPTION_ENCODER: dict[str, dict[str, Any]] = {
@@ -57,31 +55,26 @@ PERCEPTION_ENCODER: dict[str, dict[str, Any]] = {
     "vit_pe_core_small_patch16_384": _arch("small", 384, 16, **_CORE, rope_ref_grid=(24, 24)),
     "vit_pe_core_base_patch16_224": _arch("base", 224, 16, **_CORE, rope_ref_grid=(14, 14)),
     "vit_pe_core_large_patch14_336": _arch("large", 336, 14, **_CORE, rope_ref_grid=(24, 24)),
-    "vit_pe_core_gigantic_patch14_448": _arch("gigantic", 448, 14, **{**_CORE, **_GIGANTIC}, rope_ref_grid=(32, 32)),
-    "vit_pe_lang_large_patch14_448": _arch("large", 448, 14, **_DENSE, rope_ref_grid=(32, 32), init_values=0.1,
-                                           depth=23),
-    "vit_pe_lang_gigantic_patch14_448": _arch("gigantic", 448, 14, **{**_DENSE, **_GIGANTIC}, rope_ref_grid=(32, 32),
-                                              init_values=0.1, depth=47),
-    "vit_pe_spatial_tiny_patch16_512": _arch("tiny", 512, 16, **_DENSE, rope_ref_grid=(32, 32)),
-    "vit_pe_spatial_small_patch16_512": _arch("small", 512, 16, **_DENSE, rope_ref_grid=(32, 32)),
-    "vit_pe_spatial_base_patch16_512": _arch("base", 512, 16, **_DENSE, rope_ref_grid=(32, 32)),
-    "vit_pe_spatial_large_patch14_448": _arch("large", 448, 14, **_DENSE, rope_ref_grid=(32, 32)),
-    "vit_pe_spatial_gigantic_patch14_448": _arch("gigantic", 448, 14, **{**_DENSE, **_GIGANTIC},
-                                                 rope_ref_grid=(32, 32), init_values=0.1),
+    "vit_pe_core_gigantic_patch14_448": _arch("gigantic", 448, 14, **(_CORE | _GIGANTIC), rope_ref_grid=(32, 32)),
+    "vit_pe_lang_large_patch14_448": _arch("large", 448, 14, **_DENSE, init_values=0.1, depth=23),
+    "vit_pe_lang_gigantic_patch14_448": _arch("gigantic", 448, 14, **(_DENSE | _GIGANTIC), init_values=0.1, depth=47),
+    "vit_pe_spatial_tiny_patch16_512": _arch("tiny", 512, 16, **_DENSE),
+    "vit_pe_spatial_small_patch16_512": _arch("small", 512, 16, **_DENSE),
+    "vit_pe_spatial_base_patch16_512": _arch("base", 512, 16, **_DENSE),
+    "vit_pe_spatial_large_patch14_448": _arch("large", 448, 14, **_DENSE),
+    "vit_pe_spatial_gigantic_patch14_448": _arch("gigantic", 448, 14, **(_DENSE | _GIGANTIC), init_values=0.1),
 }
 
 # timm's SBB RoPE ViTs: no class token, registers, no APE, LayerScale, average pool, fc_norm; 'ij' cat RoPE, native grid
-_SBB = dict(class_token=False, pos_embed="none", init_values=1e-5, global_pool="avg",
-            encoding="axial", rope_theta=1e4, rope_ref_grid=(16, 16), resolution_policy="interpolate",
-            qk_layout="eva_ij")
+_SBB = dict(class_token=False, pos_embed="none", init_values=1e-5, global_pool="avg", encoding="axial", rope_theta=1e4,
+            rope_ref_grid=(16, 16), resolution_policy="interpolate", qk_layout="eva_ij")
 SBB: dict[str, dict[str, Any]] = {
     f"vit_{size}_patch16_rope_reg{regs}_gap_256": _arch(size, 256, 16, **_SBB, reg_tokens=regs,
                                                        qkv_bias=size != "mediumd")
     for size, regs in (("medium", 1), ("mediumd", 1), ("betwixt", 4), ("base", 1))
 }
 
-# Sapiens2: DINOv3's RoPE (rotate-half), q/k/v biases, RmsNorm (timm's, faster in inference) as block and q/k norms,
-# packed SwiGLU, LayerScale on attention only, 8 registers; grouped-query attention but in the first and last 8 blocks
+# Sapiens2: DINOv3's RoPE (rotate-half); timm's RmsNorm, faster in inference, as block and q/k norms
 _SAPIENS2 = dict(img_size=(1024, 768), patch_size=16, class_token=True, reg_tokens=8, pos_embed="none", qkv_bias=True,
                  qk_norm=True, norm_layer=partial(RmsNorm, eps=1e-6), mlp_layer=PackedSwiGLU, mlp_ratio=4.0,
                  init_values=1.0, layer_scale="attn", global_pool="token", encoding="dinov3", rope_theta=100.0,

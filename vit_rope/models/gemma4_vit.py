@@ -1,9 +1,8 @@
-"""Twins of timm's Gemma 4 vision encoders (``timm.models.gemma4_vit``, timm 1.0.31): ``vit_rope_gemma4_vit_*``.
-Gemma 4's vision tower (Gemma 4 Technical Report, arXiv:2607.02770; transformers' ``Gemma4VisionModel``) adds a
-learned table per axis, sandwich RMSNorms, q/k/v norms, attention without ``1 / sqrt(D)`` and axial RoPE in its own
-layout (x the first half of each head, y the second); its pooler averages 3x3 blocks into soft tokens. A twin is a
-``ProjectorTwin`` with what the shared model had no place for: the pixel scaling folded into the patch convolution, the
-post-norms in the LayerScale slots, the clamps of E2B/E4B's tower as ``ClippedLinear`` (docs/models.md)."""
+"""Twins of timm's Gemma 4 vision encoders (``timm.models.gemma4_vit``, timm 1.0.31): ``vit_rope_gemma4_vit_*``. Gemma
+4's vision tower (arXiv:2607.02770; transformers' ``Gemma4VisionModel``) adds a learned table per axis, sandwich
+RMSNorms, q/k/v norms, attention without ``1 / sqrt(D)``, axial RoPE in its own layout (x: each head's first half, y:
+its second) and a pooler averaging 3x3 blocks into soft tokens. The twin folds the pixel scaling into the patch
+convolution, the post-norms into the LayerScale slots, E2B/E4B's clamps into ``ClippedLinear`` (docs/models.md)."""
 
 from __future__ import annotations
 
@@ -36,17 +35,15 @@ _LINEARS = ("attn.qkv", "attn.proj", "mlp.fc1_g", "mlp.fc1_x", "mlp.fc2")
 
 @register_notrace_module  # one call under FX: its forward loops over its bounds
 class ClippedLinear(nn.Linear):
-    """``nn.Linear`` with its input and output clamped, as Gemma 4's ``Gemma4ClippableLinear``. ``split``: the output
-    rows of each source linear fused here (q, k, v), each with its own input bounds ``[G, in_features]``; output bounds
-    per row; infinite until a checkpoint sets them. Bounds per feature, not scalars: the ONNX export's optimizer turns a
-    clamp to tensor scalars into ``Clip`` nodes whose bounds it leaves undefined (onnxscript, torch 2.14)."""
+    """``nn.Linear`` with input and output clamped (Gemma 4's ``Gemma4ClippableLinear``); ``split``: the output rows of
+    each fused source (q, k, v), each with its own input bounds ``[G, in_features]``; output bounds per row; infinite
+    until a checkpoint sets them. Per feature, not scalars, for the ONNX export (docs/models.md)."""
 
     def __init__(self, linear: nn.Linear, split: tuple[int, ...] | None = None) -> None:
-        super().__init__(linear.in_features, linear.out_features, bias=linear.bias is not None,
-                         **get_device_dtype(linear))
+        dd = get_device_dtype(linear)
+        super().__init__(linear.in_features, linear.out_features, bias=linear.bias is not None, **dd)
         self.weight, self.bias = linear.weight, linear.bias  # the model's init, shared
         self.split = tuple(split or (linear.out_features,))
-        dd = get_device_dtype(linear)
         for name, size in (("input", (len(self.split), linear.in_features)), ("output", (linear.out_features,))):
             self.register_buffer(f"{name}_min", torch.full(size, -float("inf"), **dd))
             self.register_buffer(f"{name}_max", torch.full(size, float("inf"), **dd))
@@ -75,8 +72,7 @@ class SoftTokenPool(nn.Module):
 
     def forward(self, x: Tensor, grid: tuple[int, int] | None, coord: Tensor | None = None,
                 valid: Tensor | None = None, pre_logits: bool = False) -> tuple[Tensor, Tensor | None]:
-        """Soft tokens of tokens on ``grid``, or of a NaFlex batch's at ``coord``, with their validity (padding: 0);
-        the pooler has no pre-logits stage."""
+        """Soft tokens of tokens on ``grid`` or at ``coord`` (NaFlex; padding 0), with validity; no pre-logits stage."""
         x, valid = (self.merge(x, grid), None) if valid is None else self.merge_naflex(x, coord, valid)
         x = x.unflatten(-1, (self.merge_size**2, -1)).mean(-2) * self.scale  # [B, M, C]
         if self.std_bias is not None:
@@ -154,8 +150,7 @@ _QKV = re.compile(r"(blocks\.\d+\.attn\.)([qkv])_proj\.(?:linear\.)?(weight|(in|
 
 
 def from_gemma4(state_dict: dict[str, Tensor], model: nn.Module, source: str = SOURCE) -> Converted:
-    """timm's Gemma 4 state dict in our keys and q/k layout: ``encoder.`` dropped, pixel scaling folded into the patch
-    convolution, q/k/v fused with q / k rows (and norm scales) in our pairs, clamp bounds per fused source and row."""
+    """timm's Gemma 4 state dict in our keys and q/k layout, clamp bounds per fused source and row."""
     check_twin(model, isinstance(model, Gemma4VisionTransformer), source,
                "the vit_rope_gemma4_vit_* twins (and vit_rope.from_timm of timm's model)", "gemma4", "Gemma 4's layout")
     sd = {key.removeprefix("encoder."): value for key, value in state_dict.items()}

@@ -1,6 +1,5 @@
-"""DINOv3 (Simeoni et al. 2025, arXiv:2508.10104) as Hugging Face transformers saves it (``DINOv3ViTModel`` folders,
-most downloads), without transformers. The config decides what the weights cannot show (RoPE theta, LayerNorm eps,
-activation): ``check_hf_config`` holds a model to it."""
+"""DINOv3 (arXiv:2508.10104) as Hugging Face transformers saves it (``DINOv3ViTModel`` folders, most downloads), without
+transformers; ``check_hf_config`` holds a model to what only the config shows (RoPE theta, norm eps, activation)."""
 
 from __future__ import annotations
 
@@ -20,10 +19,9 @@ MODEL_TYPE = "dinov3_vit"
 # DINOv3ViTConfig's defaults (transformers 5.24): transformers leaves values equal to them out of config.json
 _DEFAULTS: dict[str, Any] = dict(
     patch_size=16, hidden_size=384, intermediate_size=1536, num_hidden_layers=12, num_attention_heads=6,
-    hidden_act="gelu", layer_norm_eps=1e-5, rope_theta=100.0, num_channels=3, query_bias=True,
-    key_bias=False, value_bias=True, proj_bias=True, mlp_bias=True, layerscale_value=1.0, use_gated_mlp=False,
-    num_register_tokens=0, pos_embed_shift=None, pos_embed_jitter=None, pos_embed_rescale=2.0,
-)
+    hidden_act="gelu", layer_norm_eps=1e-5, rope_theta=100.0, num_channels=3, query_bias=True, key_bias=False,
+    value_bias=True, proj_bias=True, mlp_bias=True, layerscale_value=1.0, use_gated_mlp=False, num_register_tokens=0,
+    pos_embed_shift=None, pos_embed_jitter=None, pos_embed_rescale=2.0)
 _OTHER_TYPES = {  # transformers' other ViT-like model types users hold, and what they are
     "dinov2": "DINOv2 (a learned absolute position embedding, no RoPE)",
     "dinov2_with_registers": "DINOv2 with registers (a learned absolute position embedding, no RoPE)",
@@ -114,7 +112,6 @@ def dinov3_args_from_hf_config(config: dict[str, Any]) -> tuple[str, dict[str, A
     qkv_bias = any(c[key] for key in ("query_bias", "key_bias", "value_bias"))
     aug = dict(shift=c["pos_embed_shift"] or 0.0, jitter=c["pos_embed_jitter"] or 1.0,
                rescale=c["pos_embed_rescale"] or 1.0)
-    # img_size: DINOv3's 256 px training size, not image_size: 224 in every config.json, transformers' default
     kwargs = dict(depth=c["num_hidden_layers"], num_classes=0, global_pool="token", img_size=PRETRAIN_SIZE,
                   patch_size=to_2tuple(c["patch_size"]), in_chans=c["num_channels"], mlp_ratio=mlp_ratio,
                   init_values=c["layerscale_value"], rope_theta=float(c["rope_theta"]))
@@ -145,7 +142,6 @@ def check_hf_config(config: dict[str, Any], model: nn.Module) -> None:
         "rope_theta": (float(c["rope_theta"]), model.pos_encoding[0].theta),
         "patch_size": (to_2tuple(c["patch_size"]), tuple(model.patch_embed.patch_size)),
         "layer_norm_eps": (c["layer_norm_eps"], model.norm.eps),
-        "query_bias/key_bias/value_bias (qkv bias)": (any(c[k] for k in ("query_bias", "key_bias", "value_bias")),
-                                                      block.attn.qkv.bias is not None),
+        "query_bias/key_bias/value_bias (qkv bias)": (name.endswith("_qkvb"), block.attn.qkv.bias is not None),
     }
     check_config_fields(fields, fits)

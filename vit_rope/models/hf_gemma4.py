@@ -1,8 +1,6 @@
-"""Gemma 4's vision tower as Hugging Face transformers saves it (a ``Gemma4VisionModel`` folder of model_type
-``gemma4_vision``, or a whole Gemma 4, model_type ``gemma4``, whose language model is dropped and said), without
-transformers: timm's weights (``vit_rope.models.gemma4_vit``) under transformers' names, the patch projection's columns
-in (y, x, channel) order as transformers' image processor flattens a patch. The config decides what the weights cannot
-show (RoPE theta, RMSNorm eps, activation): ``check_hf_config``."""
+"""Gemma 4's vision tower as transformers saves it (``Gemma4VisionModel`` folders, or whole Gemma 4s), without
+transformers: timm's weights (``gemma4_vit``) under transformers' names, patch projection columns in (y, x, channel)
+order as its image processor flattens a patch; ``check_hf_config`` checks what the weights cannot show."""
 
 from __future__ import annotations
 

@@ -1,8 +1,7 @@
-"""Twins of Pixtral's vision encoder (transformers 5.24's ``PixtralVisionModel``): ``vit_rope_pixtral_vit_*``.
-Pixtral 12B (Agrawal et al. 2024, arXiv:2410.07073) reads images at their own size with 2D RoPE on integer patch
-indices whose x and y take alternate rungs of one frequency ladder; several images run as one sequence with
-block-diagonal attention, which a NaFlex batch computes. ``*_llava`` adds Llava's projector; weights load from
-transformers' folders and state dicts without transformers (docs/models.md)."""
+"""Twins of Pixtral's vision encoder (transformers 5.24's ``PixtralVisionModel``): ``vit_rope_pixtral_vit_*``. Pixtral
+12B (arXiv:2410.07073) reads images at their own size, with 2D RoPE on integer patch indices (x and y on alternate rungs
+of one frequency ladder), several images as one sequence with block-diagonal attention (a NaFlex batch). ``*_llava``
+adds Llava's projector. Loads transformers' files without transformers (docs/models.md)."""
 
 from __future__ import annotations
 
@@ -39,8 +38,8 @@ _LAYER = r"transformer\.layers\.(\d+)\."
 
 
 class PixtralVisionTransformer(RoPEVisionTransformer):
-    """``RoPEVisionTransformer`` with Llava's projector of Pixtral's tokens to ``projector_dim``, the language model's
-    width (0: none, the encoder; ``projector_act``: timm's name of Llava's ``projector_hidden_act``)."""
+    """``RoPEVisionTransformer`` with Llava's projector to ``projector_dim``, the LLM's width (0: none);
+    ``projector_act``: timm's name of Llava's ``projector_hidden_act``."""
 
     def __init__(self, projector_dim: int = 0, projector_bias: bool = True, projector_act: str = "gelu",
                  **kwargs: Any) -> None:
@@ -92,8 +91,7 @@ def describe_pixtral(state_dict: dict[str, Any]) -> Description:
 
 
 def from_pixtral(state_dict: dict[str, Tensor], model: nn.Module) -> Converted:
-    """transformers' Pixtral (or Llava) state dict in our keys and q/k layout: q/k/v fused, q / k rows from rotate-half
-    to interleaved pairs, gate and up packed (gate first); the language model dropped, and said."""
+    """transformers' Pixtral (or Llava) state dict in our keys and q/k layout, the language model dropped."""
     check_twin(model, isinstance(model, PixtralVisionTransformer), SOURCE, "the vit_rope_pixtral_vit_* twins "
                "(vit_rope.create_from_checkpoint(folder) builds the one that fits)", "rotate_half", "rotate-half pairs")
     if not model.pos_encoding[0].alternate_axes:

@@ -1,8 +1,7 @@
 """Twin of transformers' Qwen2.5-VL vision encoder (``Qwen2_5_VisionTransformerPretrainedModel``, transformers 5.24):
-``vit_rope_qwen2_5_vl_vit``. Qwen2.5-VL (Bai et al. 2025, arXiv:2502.13923) makes Qwen2-VL's ViT LLaMA-style, with
-axial 2D RoPE alone, and most layers attend within windows. The twin is ``Qwen3VisionTransformer`` whose windowed
-blocks get a window mask with their RoPE tables (``Windowed``): transformers reorders the tokens by window instead, but
-attention within a window does not depend on the order, so ours keeps row-major tokens, and any grid or NaFlex batch."""
+``vit_rope_qwen2_5_vl_vit``. Qwen2.5-VL (arXiv:2502.13923) makes Qwen2-VL's ViT LLaMA-style, axial RoPE alone, most
+layers windowed (``Windowed``): where transformers reorders tokens by window, ours keeps them row-major (attention in a
+window ignores order), for any grid or NaFlex batch."""
 
 from __future__ import annotations
 
@@ -46,9 +45,8 @@ _IGNORED = set("_name_or_path architectures chunk_size_feed_forward dtype torch_
 
 
 class Windowed(BlockInput):
-    """A windowed block's input: attention within each query's window. An image batch's windows are gathered into a
-    batch of their own (edge ones padded, their padding keys masked); a NaFlex batch or a capture (``grid`` None) takes
-    the window ``mask``, built once per forward, when first asked, and shared by the blocks."""
+    """A windowed block's input: an image batch's windows as a batch of their own (edge ones padded, padding keys
+    masked); a NaFlex batch or a capture (``grid`` None) takes ``mask``, built once per forward on demand, shared."""
 
     def __init__(self, inner: BlockInput, mask: Callable[[], Tensor], side: int, grid: tuple[int, int] | None) -> None:
         self.inner, self.mask, self.side, self.grid = inner, mask, side, grid
@@ -93,8 +91,7 @@ torch.fx.wrap("window_bias")  # one call under FX (it reads the coordinates' ran
 
 
 class Qwen25VisionTransformer(Qwen3VisionTransformer):
-    """``Qwen3VisionTransformer`` with Qwen2.5-VL's windows (``window_size`` px, whole merger blocks) but in
-    ``fullatt_block_indexes``; no class or register tokens, no patch dropout: windows follow grid positions."""
+    """``Qwen3VisionTransformer``, windowed (``window_size`` px, whole merger blocks) but ``fullatt_block_indexes``."""
 
     def __init__(self, window_size: int = 112, fullatt_block_indexes: Sequence[int] = (7, 15, 23, 31),
                  **kwargs: Any) -> None:
@@ -138,8 +135,8 @@ def _prefix(state_dict: dict[str, Any]) -> str:
 
 
 def describe_qwen25(state_dict: dict[str, Any]) -> tuple[str | None, dict[str, Any]]:
-    """The twin and the depth and merger width a file's weights give (window and full blocks are config.json's, the
-    published tower's without it); no name for a width other than the published 1280 (heads are not in the weights)."""
+    """The twin, depth and merger width of a file's weights (windows and full blocks are config.json's, else the
+    published tower's); no name for a width other than 1280 (the weights hide the head count)."""
     prefix = _prefix(state_dict)
     width = int(state_dict[f"{prefix}patch_embed.proj.weight"].shape[0])
     args = dict(depth=depth_of(state_dict, rf"{re.escape(prefix)}blocks"),
@@ -151,8 +148,7 @@ _MERGER = re.compile(r"^patch_merger\.(ln_q|mlp\.0|mlp\.2)\.")  # transformers' 
 
 
 def from_qwen25(state_dict: dict[str, Tensor], model: nn.Module) -> Converted:
-    """transformers' Qwen2.5-VL tower in our keys and q/k layout: its prefix cut, the rest (the language model) dropped,
-    the Conv3d kernel summed over time, gate and up projections packed, then ``tower_keys`` as timm's Qwen3-VL files."""
+    """transformers' Qwen2.5-VL tower in our keys and q/k layout (then ``tower_keys``), the language model dropped."""
     if any(key.endswith("merger.ln_q.bias") for key in state_dict):
         raise ValueError(f"The checkpoint is transformers' Qwen2-VL vision encoder (its merger norm has a bias: a "
                          f"LayerNorm), which no vit_rope twin models; {NAME} takes Qwen2.5-VL's.")
@@ -166,9 +162,8 @@ def from_qwen25(state_dict: dict[str, Tensor], model: nn.Module) -> Converted:
         if key == "patch_embed.proj.weight" and value.dim() == 5:
             value = value.sum(2)  # [C, 3, T, p, p] -> [C, 3, p, p]: a still image is the same frame T times
         if m := re.fullmatch(r"(blocks\.\d+\.mlp\.)(gate|up)_proj\.(weight|bias)", key):
-            if m.group(2) == "gate":  # GluMlp's fc1: [gate; up], the gate's half through SiLU
-                tower[f"{m.group(1)}fc1.{m.group(3)}"] = torch.cat([value, state_dict[f"{prefix}{m.group(1)}up_proj."
-                                                                                      f"{m.group(3)}"]])
+            if m[2] == "gate":  # GluMlp's fc1: [gate; up], the gate's half through SiLU
+                tower[f"{m[1]}fc1.{m[3]}"] = torch.cat([value, state_dict[f"{prefix}{m[1]}up_proj.{m[3]}"]])
             continue
         tower[key.replace("mlp.down_proj.", "mlp.fc2.")] = value
     other = sum(not key.startswith(prefix) for key in state_dict)

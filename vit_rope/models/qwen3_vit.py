@@ -1,7 +1,6 @@
 """Twins of timm's Qwen3-VL vision encoders (``timm.models.qwen3_vit``, timm 1.0.31): ``vit_rope_qwen3_vit_*``.
 
-Qwen3-VL (Qwen3-VL Technical Report, arXiv:2511.21631) keeps Qwen2-VL's ViT (Wang et al. 2024, arXiv:2409.12191): a
-twin is a ``ProjectorTwin`` with ``PatchMerger``; docs/models.md: its architecture, where it departs from timm."""
+Qwen3-VL (arXiv:2511.21631) keeps Qwen2-VL's ViT (arXiv:2409.12191); docs/models.md: how the twins depart from timm."""
 
 from __future__ import annotations
 
@@ -32,8 +31,7 @@ QWEN3: dict[str, dict[str, Any]] = {f"qwen3_vit_{size}{suffix}": dict(_COMMON, *
 
 
 def llm_width(name: str) -> Callable[[str], int]:
-    """The merger width of timm's tag for the twin ``name`` (timm's table of its language models' widths; 0: the
-    classifier without a merger)."""
+    """The merger width of timm's tag for twin ``name`` (timm's table of LLM widths; 0: a classifier, no merger)."""
     from timm.models.qwen3_vit import _SOURCE_CFGS
 
     arch = name.removeprefix("vit_rope_").removesuffix("_merge").removesuffix("_enc")
@@ -103,8 +101,7 @@ class PatchMerger(nn.Module):
 
     def forward(self, x: Tensor, grid: tuple[int, int] | None, coord: Tensor | None = None,
                 valid: Tensor | None = None, pre_logits: bool = False) -> tuple[Tensor, Tensor | None]:
-        """Merged tokens of tokens on ``grid``, or of a NaFlex batch's at ``coord`` with their validity (``valid``
-        None: none); ``pre_logits``: after ``fc1 -> GELU`` (timm's)."""
+        """Tokens on ``grid``, or a NaFlex batch's at ``coord``, merged, with validity; ``pre_logits``: after GELU."""
         x = self.norm(x)
         x, valid = (self.merge(x, grid), None) if valid is None else self.merge_naflex(x, coord, valid)
         x = self.act(self.fc1(x))
@@ -127,8 +124,7 @@ class Qwen3VisionTransformer(ProjectorTwin):
         self.patch_merger = self.MERGER(self.embed_dim, merge_size, merger_out_features, norm_layer).to(**dd) \
             if merge else None
         self.head_hidden_size = self.patch_merger.out_features if merge else self.embed_dim
-        # timm's classifiers: a LayerNorm without affine (no weights) after the pooling, which *_enc's tokens skip
-        self.fc_norm = LayerNorm(self.head_hidden_size, eps=eps, affine=False, **dd)
+        self.fc_norm = LayerNorm(self.head_hidden_size, eps=eps, affine=False, **dd)  # timm's; *_enc skips it
         self.reset_classifier(num_classes)
 
 

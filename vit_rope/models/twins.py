@@ -28,11 +28,9 @@ def square_grid(tokens: int) -> tuple[int, int]:
 
 
 class ProjectorTwin(RoPEVisionTransformer):
-    """``RoPEVisionTransformer`` with the heads of timm's VLM towers: the classifier (``global_pool="avg"``: mean of
-    the tokens, a norm without affine, a linear head; ``""`` per token), the same over the projector's tokens
-    (``encoder_pool=TOKENS``) and the encoder (``global_pool=TOKENS``: the projector's tokens are the output).
-    ``forward_features`` gives the tokens before the projector, held at ``PROJECTOR``: its ``(x, grid, coord, valid,
-    pre_logits)`` are the tokens of ``x`` on ``grid``, or of a NaFlex batch's at ``coord``, with their validity."""
+    """``RoPEVisionTransformer`` with timm's VLM-tower heads: the classifier (``global_pool="avg"``: token mean,
+    affine-free norm, linear; ``""``: per token), the same over the projector's tokens (``encoder_pool=TOKENS``), the
+    encoder (``global_pool=TOKENS``); ``forward_features`` feeds ``PROJECTOR(x, grid, coord, valid, pre_logits)``."""
 
     FAMILY, TOKENS, PROJECTOR = "", "", ""  # the family's name in errors, the encoders' pool, the projector's place
 
@@ -68,8 +66,7 @@ class ProjectorTwin(RoPEVisionTransformer):
 
     def forward_head(self, x: Tensor, pre_logits: bool = False, patch_valid: Tensor | None = None,
                      grid: tuple[int, int] | None = None, patch_coord: Tensor | None = None) -> Tensor:
-        """The projector (if any) over ``forward_features``' tokens on ``grid`` (``None``: square) or at a NaFlex
-        batch's ``patch_coord``, then timm's pooling, norm and head; the encoders end at the projector's tokens."""
+        """The projector (if any) over tokens on ``grid`` (``None``: square) or at ``patch_coord``, then timm's head."""
         projector = getattr(self, self.PROJECTOR)
         if projector is not None:
             if patch_valid is not None and patch_coord is None:
@@ -92,8 +89,7 @@ def timm_twin_cfgs(family: str, names: Iterable[str], **cfg: Any) -> dict[str, d
 
 
 def tagged(create: Callable[..., nn.Module], key: str, width: Callable[[str], int]) -> Callable[..., nn.Module]:
-    """A twin's entry point whose projector width ``key`` is its weights' tag's, ``width(tag)``, as timm's, unless
-    given: one name serves towers of several language models."""
+    """Entry point defaulting ``key`` (projector width) to ``width(tag)`` of the weights' tag: one name, many LLMs."""
 
     @wraps(create)
     def create_tagged(pretrained: bool = False, **kwargs: Any) -> nn.Module:
@@ -108,10 +104,9 @@ def tagged(create: Callable[..., nn.Module], key: str, width: Callable[[str], in
 def timm_tower(model: nn.Module, classifier_cls: type[nn.Module], tokens: str, models: str = "",
                refusals: Callable[[nn.Module, nn.Module], dict[str, bool]] | None = None
                ) -> tuple[str, nn.Module, nn.Module, dict[str, Any]]:
-    """A built timm VLM tower's name, encoder and first block, and the twin arguments every family's share: sizes and
-    heads (the classifier's, ``classifier_cls``, or the encoder's ``tokens``). A ``ValueError`` names the first of the
-    family's ``refusals(encoder, block)`` (``models``: what its twin models instead), the classifier's final norm and
-    the encoder's pool that the twin does not model, with what to build instead."""
+    """A built timm VLM tower's name, encoder, first block and the twin arguments all families share (sizes, heads).
+    Raises ``ValueError`` on the first of the family's ``refusals(encoder, block)`` (``models``: what the twin models),
+    a classifier's final norm or an encoder's pool other than ``tokens``, saying what to build instead."""
     classifier = isinstance(model, classifier_cls)
     enc = model.encoder if classifier else model
     name, block = model.pretrained_cfg["architecture"], enc.blocks[0]
@@ -140,17 +135,15 @@ ROTATE_HALF = "q/k rows of every head permuted from rotate-half to interleaved p
 
 
 def conversion_notes(source: str, done: str, dropped: list[str], lacks: str, *other: str) -> tuple[str, ...]:
-    """A conversion's notes, each after ``source``: what was ``done``, the ``other`` notes (empty: none), and the keys
-    ``dropped`` as the model ``lacks`` their part (what it has not, and what keeps them)."""
+    """Notes after ``source``: ``done``, ``other`` (empty: skipped), keys ``dropped`` (the model has no ``lacks``)."""
     dropped_note = f"{', '.join(dropped)} dropped: this model has no {lacks}" if dropped else ""
     return tuple(f"{source}: {note}" for note in (done, *other, dropped_note) if note)
 
 
 def tower_keys(state_dict: dict[str, Tensor], model: nn.Module, projector: str, source: str, lacks: str,
                done: str = ROTATE_HALF, *other: str) -> Converted:
-    """A timm VLM tower's state dict in our keys and q/k layout, with its ``conversion_notes``: ``encoder.`` dropped,
-    the ``projector`` as ``patch_merger.`` (its keys dropped where the model has no merger, or no such layer: an
-    ``nn.Identity`` fc2), q / k rows from rotate-half to interleaved pairs."""
+    """A timm VLM tower's state dict in our keys and q/k layout, and its notes: ``encoder.`` cut, ``projector`` keys as
+    ``patch_merger.`` (dropped where the model lacks the merger or the layer, an ``nn.Identity`` fc2)."""
     attn, merger = model.blocks[0].attn, model.patch_merger
     index = qk_permutation("rotate_half", attn.head_dim)
     out, dropped = {}, []
