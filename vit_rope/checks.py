@@ -45,8 +45,7 @@ def check_output_dir(path: str | Path, option: str) -> None:
 
 
 def patch_size(model: nn.Module) -> int | None:
-    """The side of the square tiles a ViT cuts its input into (the lcm of a (h, w) patch); None for models without
-    ``patch_embed`` (CNNs), which take any size."""
+    """The side of the square tiles a ViT cuts its input into (lcm of a (h, w) patch); None for CNNs (any size)."""
     patch = getattr(getattr(model, "patch_embed", None), "patch_size", None)
     if patch is None:
         return None
@@ -54,8 +53,8 @@ def patch_size(model: nn.Module) -> int | None:
 
 
 def check_multiple(what: str, sizes: Sequence[int], model: nn.Module, label: str) -> None:
-    """Raise a ``UserError`` naming the first of ``sizes`` that ``model`` cannot tile into whole patches (timm's patch
-    embedding would drop the remainder) and the nearest sizes that tile."""
+    """Raise a ``UserError`` naming the first of ``sizes`` not tiled into whole patches (timm's patch embedding would
+    drop the remainder) and the nearest sizes that tile."""
     patch = patch_size(model) or 1  # a CNN takes any positive size
     for size in sizes:
         if size <= 0 or size % patch:

@@ -1,6 +1,5 @@
-"""``timm.create_model`` for what users typed: a wrong ``model_kwargs`` entry surfaces deep in a constructor (a division
-by zero for ``patch_size: 0``); every command builds its models here, so each is one ``UserError`` naming the model, the
-arguments and the setting to fix, raised before any data is cached."""
+"""``timm.create_model`` for what users typed: a wrong ``model_kwargs`` entry fails deep in a constructor (``patch_size:
+0`` divides by zero); every command builds its models here, so each is a ``UserError`` naming the setting to fix."""
 
 from __future__ import annotations
 
@@ -19,8 +18,7 @@ _BUILD_ERRORS = (ValueError, AssertionError, ArithmeticError, RuntimeError, KeyE
 
 
 class PretrainedLoadError(UserError):
-    """The architecture builds, but its pretrained weights do not load; ``__cause__`` holds what loading raised, for
-    callers that know the weights file and can say more (``vit_rope.eval.loading.load_pretrained``)."""
+    """The architecture builds, but its pretrained weights do not load; ``__cause__`` holds what loading raised."""
 
 
 def create_model(name: str, kwargs: dict[str, Any], setting: str = "model_kwargs") -> tuple[nn.Module, dict[str, Any]]:

@@ -15,7 +15,7 @@ NAFLEX_KEYS = ("patches", "patch_coord", "patch_valid")
 
 
 def naflex_patch(model: nn.Module) -> tuple[int, int] | None:
-    """The (h, w) patch of a model whose forward takes timm's NaFlex ``patch_coord``; None for one that takes none."""
+    """The (h, w) patch of a model whose forward takes timm's NaFlex ``patch_coord``, else None."""
     if "patch_coord" not in inspect.signature(model.forward).parameters:
         return None
     getter = getattr(model, "get_patch_size", None)
@@ -34,8 +34,8 @@ class NaFlexBatch(NamedTuple):
 
 def naflex_batch(x: Any, patch_coord: Tensor | None = None, patch_valid: Tensor | None = None,
                  attn_mask: Tensor | None = None) -> NaFlexBatch | None:
-    """The NaFlex batch that ``x`` and the keyword arguments name, or None for images. ``patch_valid`` is required even
-    without padding: a batch that lost it would attend to and pool its padding silently."""
+    """The NaFlex batch ``x`` and the keywords name, or None for images. ``patch_valid`` is required even without
+    padding: a batch that lost it would attend to and pool its padding silently."""
     if not isinstance(x, (dict, Tensor)):  # an FX proxy: symbolic tracing (torchvision's extractor) traces images
         return None
     if isinstance(x, dict):
@@ -74,7 +74,7 @@ def naflex_batch(x: Any, patch_coord: Tensor | None = None, patch_valid: Tensor 
 
 def check_coordinates(coord: Tensor, valid: Tensor) -> None:
     """Refuse a negative coordinate of a valid token and a sample without one (nothing to pool), in one host sync."""
-    if not valid.shape[0]:  # an empty batch, which gives empty outputs as an empty image batch does
+    if not valid.shape[0]:  # an empty batch gives empty outputs, as an empty image batch does
         return
     low, empty = torch.stack(((coord * valid[..., None]).amin(), (~valid.any(1)).sum())).tolist()
     if low < 0:

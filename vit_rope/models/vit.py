@@ -1,9 +1,7 @@
-"""Vision Transformer with 2D RoPE on timm's ``VisionTransformer``: RoPE-ViT's (Heo et al., ECCV 2024,
-arXiv:2403.13298), DeiT-III's ViT (Touvron et al., ECCV 2022) with RoPE in every attention layer ("+APE" keeps a
-learned absolute embedding too). All but the embedding (``vit_rope.models.embedding``) and the block loop is timm's."""
+"""RoPE-ViT (Heo et al., ECCV 2024, arXiv:2403.13298) on timm's ``VisionTransformer``: DeiT-III's ViT (Touvron et
+al., ECCV 2022) with 2D RoPE in every attention layer ("+APE" keeps a learned absolute embedding too)."""
 
-# no ``from __future__ import annotations``: FX writes a traced model's forward signature from these annotations, which
-# must be types, not strings
+# no ``from __future__ import annotations``: FX writes a traced forward's signature from these, which must be types
 from collections.abc import Sequence
 from typing import Any
 
@@ -26,8 +24,7 @@ from vit_rope.models.pos_encoding import PositionEncodingMixin, submodule_no_dec
 
 
 class RoPEVisionTransformer(NoTorchScript, PositionEncodingMixin, EmbeddingMixin, VisionTransformer):
-    """timm ``VisionTransformer`` with 2D RoPE, at any multiple of the patch size; the other arguments are
-    docs/models.md's (``None``: the kind's default); ``pos_embed="learn"``: RoPE-ViT's "+APE", of patches only."""
+    """timm ``VisionTransformer`` with 2D RoPE at any multiple of the patch size; arguments: docs/models.md."""
 
     def __init__(self, encoding: str | None = None, resolution_policy: str | dict | ResolutionPolicy | None = None,
                  rope_theta: float | None = None, rope_coord_aug: dict | CoordAugment | None = None,
@@ -81,7 +78,7 @@ class RoPEVisionTransformer(NoTorchScript, PositionEncodingMixin, EmbeddingMixin
     def reset_classifier(self, num_classes: int, global_pool: str | None = None) -> None:
         """timm's, keeping the MLP head (``head_hidden_dim``) when the model has one."""
         super().reset_classifier(num_classes, global_pool)
-        if self.head_hidden_dim and num_classes > 0:  # where the model's weights are, in their dtype, as timm's head
+        if self.head_hidden_dim and num_classes > 0:
             self.head = Mlp(self.embed_dim, self.head_hidden_dim, num_classes, act_layer=nn.Tanh,
                             **get_device_dtype(self))
 
@@ -99,9 +96,9 @@ class RoPEVisionTransformer(NoTorchScript, PositionEncodingMixin, EmbeddingMixin
         self, x: Tensor | NaFlexBatch, blocks: nn.Module, take_indices: list[int] = (), norm: bool = False,
         **block_kwargs: Any,
     ) -> tuple[Tensor, list[Tensor], Embedded]:
-        """The last tokens, those after ``take_indices`` and the embedding (NaFlex: after patch dropout) of ``x``."""
+        """The last tokens, those after ``take_indices`` and the embedding of ``x``."""
         embedded = self._embed(x)
-        if embedded.attn_mask is not None:  # a NaFlex batch's padding mask, or the caller's checked against it
+        if embedded.attn_mask is not None:  # a NaFlex batch's padding mask, or the caller's
             block_kwargs["attn_mask"] = embedded.attn_mask
         x, intermediates = embedded.tokens, []
         encodings = self._block_inputs(embedded)
