@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import difflib
+import math
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import timm
 import torch
+from timm.layers import to_2tuple
 from torch import Tensor, nn
 
 from vit_rope.errors import UserError
@@ -47,9 +48,7 @@ def check_output_dir(path: str | Path, option: str) -> None:
 def patch_size(model: nn.Module) -> int | None:
     """The side of the square tiles a ViT cuts its input into (lcm of a (h, w) patch); None for CNNs (any size)."""
     patch = getattr(getattr(model, "patch_embed", None), "patch_size", None)
-    if patch is None:
-        return None
-    return int(np.lcm.reduce([int(p) for p in patch])) if isinstance(patch, Sequence) else int(patch)
+    return None if patch is None else math.lcm(*map(int, to_2tuple(patch)))
 
 
 def check_multiple(what: str, sizes: Sequence[int], model: nn.Module, label: str) -> None:

@@ -8,8 +8,7 @@ class UserError(Exception):
 
 
 class NoTorchScript:
-    """A model that ``torch.jit.script`` refuses with one error saying what to use instead: a forward taking image or
-    NaFlex batches does not script (timm's NaFlex models neither)."""
+    """A model ``torch.jit.script`` refuses with an error naming what to use: image or NaFlex forwards do not script."""
 
     def __prepare_scriptable__(self) -> None:  # torch.jit.script calls it before compiling anything
         raise RuntimeError(f"{type(self).__name__} does not support TorchScript (torch.jit.script, deprecated since "

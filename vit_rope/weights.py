@@ -136,8 +136,7 @@ def tensor_rows(path: str | Path, key: str) -> int | None:
     return int(value.shape[0]) if isinstance(value, torch.Tensor) and value.dim() else None
 
 
-# a VLM's language model (transformers' layouts: model.language_model.*, Llava's language_model.*, Qwen-VL's hub
-# model.layers.*), which no twin loads: a sharded folder's tensors of it are not read
+# a VLM's language model (transformers', Llava's and Qwen-VL's layouts), which no twin loads: never read from shards
 LANGUAGE_MODEL = re.compile(r"(model\.)?language_model\.|lm_head\.|model\.(layers|embed_tokens|norm)\.")
 
 

@@ -1,6 +1,5 @@
-"""Loading the weights users have into vit_rope models: the renames every format shares, what a checkpoint lacks (RoPE
-frequencies keep their initialisation, LayerScale and STRING bases become the identity), the APE dropped or resampled.
-Initialised weights are never silent: every entry point warns and leaves ``model.load_report``."""
+"""Loading the weights users have into vit_rope models: renames every format shares, fills of what a checkpoint lacks
+and the APE fitted. Initialised weights are never silent: each entry point warns and sets ``model.load_report``."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
-"""Every checkpoint format in one table, each recognised by a marker only it carries. Every marker is asked, so no
-format depends on the order of the checks: two claims are an error, none leaves timm's ``VisionTransformer`` keys,
-which are ours. Where one format serves several models, the model decides the conversion (docs/models.md)."""
+"""Every checkpoint format in one table, each recognised by a marker only it carries. All are asked, so order does not
+matter: two claims are an error, none leaves timm's ``VisionTransformer`` keys (ours); docs/models.md."""
 
 from __future__ import annotations
 
@@ -48,8 +47,7 @@ def _dinov3_name(state_dict: Mapping[str, Any]) -> str | None:
 
 
 def _rope_vit_name(state_dict: Mapping[str, Any]) -> str | None:
-    """The RoPE-ViT model of timm's ports and RoPE-ViT's files; ``None`` for an axial one without APE, which a plain
-    ViT / DeiT-III file cannot be told from."""
+    """The RoPE-ViT model of a port or file; ``None`` for axial without APE, which a plain ViT cannot be told from."""
     mixed = any(key in state_dict for key in ("freqs", "rope.freqs"))
     ape = "pos_embed" in state_dict
     size = _size(state_dict, ROPE_VIT_SIZES)
@@ -198,8 +196,7 @@ def describe(path: str | Path) -> Description:
 
 
 def model_args(path: str | Path) -> dict[str, Any]:
-    """The arguments any model needs to take the weights file ``path`` (``Format.model_args``: LookHere's), or none
-    (a file not readable memory-mapped: loading it says what is wrong)."""
+    """The arguments any model needs to take the weights file ``path`` (``Format.model_args``: LookHere's), or none."""
     state = mapped_file(path) or {}
     fmt = next((fmt for fmt in FORMATS if fmt.model_args is not None and fmt.carries(state)), None)
     return {} if fmt is None else fmt.model_args(state)

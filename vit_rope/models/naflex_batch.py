@@ -88,9 +88,8 @@ def check_coordinates(coord: Tensor, valid: Tensor) -> None:
                          "every sample needs at least one patch; leave empty images out of the batch.")
 
 
-def check_attn_mask(attn_mask: Tensor, batch_size: int, tokens: int) -> Tensor:
-    """The caller's ``attn_mask`` if it broadcasts to ``[B, heads, T, T]`` (T tokens after patch dropout)."""
-    B, T = batch_size, tokens
+def check_attn_mask(attn_mask: Tensor, B: int, T: int) -> Tensor:
+    """The caller's ``attn_mask`` if it broadcasts to ``[B, nh, T, T]`` (T tokens after patch dropout)."""
     try:
         shape = torch.broadcast_shapes(attn_mask.shape, (B, 1, T, T))
     except RuntimeError:

@@ -50,9 +50,8 @@ class PositionEncodingMixin:
         self.pos_encoding = build(spec)
         self.pos_encoding.attach_(self.blocks, self.embed_dim, num_heads)
         self.register_load_state_dict_pre_hook(_encoding_keys)
-        # the +APE models' table is timm's pos_embed; what the embedding adds from it is an encoding too
         own = 0 if self.no_embed_class else self.num_prefix_tokens
-        self.ape = None if self.pos_embed is None else AbsoluteEncoding(own, ape_resampling)
+        self.ape = None if self.pos_embed is None else AbsoluteEncoding(own, ape_resampling)  # +APE: timm's pos_embed
 
     @property
     def resolution_policy(self) -> ResolutionPolicy:

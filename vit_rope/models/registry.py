@@ -126,7 +126,7 @@ _PLAIN = {**{name: (args, RoPEVisionTransformer) for name, args in _VITS.items()
 for _name, (_args, _cls) in _PLAIN.items():
     globals()[_name] = register_model(_entrypoint(_name, _args, _cls))
 
-# the twins of timm's and transformers' VLM towers (vit_rope.models.qwen3_vit, pixtral, qwen2_5_vl, ...)
+# the twins of timm's and transformers' VLM towers
 for _table, _cls, _width in ((QWEN3, Qwen3VisionTransformer, ("merger_out_features", qwen3_vit.llm_width)),
                              (PIXTRAL, PixtralVisionTransformer, None), (GEMMA4, Gemma4VisionTransformer, None),
                              (deepseek_vit.DEEPSEEK, deepseek_vit.DeepseekVisionTransformer,

@@ -26,9 +26,8 @@ SWIN_THETA = {"axial": 50.0, "mixed": 10.0}  # the official RoPE-Swin models' ro
 
 
 class RoPEWindowAttention(WindowAttention):
-    """timm's window attention, q and k rotated by a 2D RoPE of window-local positions. SDPA unless
-    ``TIMM_FUSED_ATTN=0`` (timm's Swin needs ``=2``): it saves no ``[nh, N, N]`` probabilities, so a training step
-    holds 4% less than timm's Swin-T, not 16% more (``benchmarks/swin.py``)."""
+    """timm's window attention, q and k rotated by a 2D RoPE of window positions. SDPA unless ``TIMM_FUSED_ATTN=0``
+    (timm's Swin needs ``=2``): a training step holds 4% less than timm's Swin-T, not 16% more (benchmarks/swin.py)."""
 
     def __init__(self, dim: int, num_heads: int, head_dim: int | None = None, window_size: Any = 7,
                  qkv_bias: bool = True, attn_drop: float = 0.0, proj_drop: float = 0.0, encoding: str = "mixed",
@@ -96,8 +95,7 @@ class RoPESwinBlock(SwinTransformerBlock):
 
 
 class RoPESwinTransformer(NoTorchScript, SwinTransformer):
-    """timm's ``SwinTransformer`` with ``RoPEWindowAttention`` in every block; ``rope_theta`` ``None``: the official
-    models' (``SWIN_THETA``); ``use_rpb``: Swin's relative position bias kept beside RoPE."""
+    """timm's ``SwinTransformer`` with ``RoPEWindowAttention`` in every block; ``rope_theta=None``: ``SWIN_THETA``."""
 
     def __init__(self, encoding: str = "mixed", rope_theta: float | None = None, use_rpb: bool = False,
                  resolution_policy: str | dict | ResolutionPolicy | None = None, **kwargs: Any) -> None:

@@ -181,9 +181,7 @@ class RoPEVisionTransformer(NoTorchScript, PositionEncodingMixin, EmbeddingMixin
             return out
         if return_prefix_tokens and prefix_tokens is not None:
             intermediates = list(zip(intermediates, prefix_tokens, strict=True))
-        if intermediates_only:
-            return intermediates
-        return self.norm(x), intermediates
+        return intermediates if intermediates_only else (self.norm(x), intermediates)
 
     def prune_intermediate_layers(self, indices: int | list[int] = 1, prune_norm: bool = False,
                                   prune_head: bool = True) -> list[int]:
