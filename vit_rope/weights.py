@@ -115,8 +115,7 @@ def renamed_keys(state_dict: Mapping[str, Any], renames: Mapping[str, str], laye
 
 
 def mapped_file(path: str | Path, unwrap: bool = True) -> dict[str, Any] | None:
-    """A torch weights file's dict (``unwrap``: its state dict; {} for another type) memory-mapped, or None where it
-    cannot be (the full read that follows reports why)."""
+    """A torch file's (``unwrap``: state) dict memory-mapped ({} for another type), or None where it cannot be."""
     try:
         obj = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
     except Exception:
@@ -141,8 +140,7 @@ LANGUAGE_MODEL = re.compile(r"(model\.)?language_model\.|lm_head\.|model\.(layer
 
 
 def read_sharded(index: Path) -> dict[str, Any]:
-    """The tensors of a sharded safetensors index but a language model's: a VLM's vision tower without the billions of
-    weights beside it."""
+    """A sharded safetensors index's tensors but a language model's: a VLM's tower without the billions beside it."""
     by_shard: dict[str, list[str]] = {}
     for key, shard in json.loads(index.read_text())["weight_map"].items():
         if not LANGUAGE_MODEL.match(key):
@@ -204,8 +202,7 @@ def _listed(keys: Sequence[str], limit: int = 10) -> str:
 
 
 def weights_mismatch(expected: Mapping[str, Any], given: Mapping[str, Any]) -> str:
-    """What keeps ``given`` from loading strictly where ``expected`` does: missing, unexpected and reshaped keys (the
-    first 10 of each) on one line, or "" when it fits."""
+    """What keeps ``given`` from loading strictly where ``expected`` does (first 10 keys of each kind), or ""."""
     missing = [key for key in expected if key not in given]
     unexpected = [key for key in given if key not in expected]
     shapes = {key: tuple(getattr(given[key], "shape", ())) for key in expected if key in given}

@@ -95,9 +95,8 @@ def convert_state_dict(state_dict: dict[str, Any], model: nn.Module) -> dict[str
 
 def _fit_classifier(state_dict: dict[str, Tensor], model: nn.Module, headless: bool, declared: int | None
                     ) -> tuple[tuple[str, ...], dict[str, list[str]]]:
-    """Take the checkpoint's classifier out of ``state_dict`` unless the model loads it as it is: the keys taken out
-    and ``{why: the model's classifier keys}`` when those keep their initialisation. ``headless``: ``features_only``;
-    ``declared``: the config's class count when timm's loader drops the head anyway."""
+    """Take the checkpoint's classifier out unless the model loads it as it is: the keys taken out, ``{why: the
+    model's head keys}`` if those stay initialised. ``declared``: the config's class count where timm drops the head."""
     target = model.state_dict()
     ours = [] if headless else [key for key in CLASSIFIER if key in target]
     theirs = [key for key in CLASSIFIER if key in state_dict]

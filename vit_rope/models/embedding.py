@@ -25,8 +25,7 @@ torch.fx.wrap("image_coords")
 
 
 class Embedded(NamedTuple):
-    """Tokens after patch dropout and ``norm_pre``, their positions, the attention mask and, for a NaFlex batch, the
-    kept tokens' ``coord`` (y, x) and ``valid``."""
+    """Tokens (after patch dropout, ``norm_pre``), positions, attention mask; NaFlex: kept ``coord``, ``valid``."""
 
     tokens: Tensor
     positions: Positions

@@ -21,8 +21,7 @@ class WeightsNotLoadedWarning(UserWarning):
 
 @dataclass(frozen=True)
 class LoadReport:
-    """``model.load_report``: ``source`` None when timm read it, ``skipped`` checkpoint keys (an unfit classifier, a
-    RoPE-only model's ``pos_embed``), ``converted``: a line per change."""
+    """``model.load_report``: ``source`` (None: timm read it), ``skipped`` keys, a ``converted`` line per change."""
 
     source: str | None
     loaded: tuple[str, ...]

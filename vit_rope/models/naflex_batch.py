@@ -1,5 +1,4 @@
-"""NaFlex batches on ``RoPEVisionTransformer`` (NaViT, Dehghani et al., NeurIPS 2023; timm's NaFlexViT): every image at
-its own size, its patches packed into one padded sequence as timm's ``NaFlexCollator`` yields them (docs/models.md)."""
+"""NaFlex batches (NaViT, Dehghani et al., NeurIPS 2023): images at their own sizes, packed as timm's NaFlexCollator."""
 
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""The model's side of its position encoding, built by the kind's builder (``vit_rope.encodings``) and held at
-``model.pos_encoding``: the model knows no kind by name."""
+"""The model's side of its position encoding (``vit_rope.encodings``'s builder's): the model knows no kind by name."""
 
 from __future__ import annotations
 

@@ -170,8 +170,6 @@ def from_official(state_dict: dict[str, Any], model: nn.Module) -> Converted:
     model = _swin_model(model, "RoPE-ViT's official RoPE-Swin")
     out = {}
     for key, value in state_dict.items():
-        if key.endswith(("rope_t_x", "rope_t_y")):
-            continue
         if key.endswith("attn.rope_freqs"):
             rope = model.get_submodule(key.removesuffix("_freqs"))
             if rope.learnable:
@@ -179,8 +177,8 @@ def from_official(state_dict: dict[str, Any], model: nn.Module) -> Converted:
             elif not torch.allclose(value.float(), rope.freqs.expand_as(value), atol=1e-6):
                 raise ValueError(f"{key} holds axial frequencies of another theta than this model's {rope.theta:g}: "
                                  "create the model with the checkpoint's rope_theta")
-            continue
-        out[key] = value
+        elif not key.endswith(("rope_t_x", "rope_t_y")):  # window positions are rebuilt
+            out[key] = value
     out, notes = _biases(out, model)
     return checkpoint_filter_fn(out, model), ("RoPE-ViT's RoPE-Swin: window positions rebuilt, Microsoft's stage "
                                               "layout converted as timm converts it", *notes)
