@@ -1,5 +1,4 @@
-"""Weights files and state dicts as users meet them: reads whose error tells a corrupt file from a wrong one, the keys
-that keep a state dict from fitting, atomic writes, and what a checkpoint format is."""
+"""Weights files and state dicts: reads that tell corrupt files from wrong ones, key mismatches, atomic saves."""
 
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""``RoPEVisionTransformer``'s embedding: one route from images or a NaFlex batch (NaViT, Dehghani et al., NeurIPS 2023)
-to tokens and positions, an image batch being the NaFlex batch of one grid without padding."""
+"""``RoPEVisionTransformer``'s embedding: one route for NaFlex batches and images (one grid's batch)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""timm registration (by ``import vit_rope``) of the RoPE-ViT models (Heo et al., ECCV 2024, arXiv:2403.13298), with
-RoPE-ViT's ``naver_in1k`` weights as timm hosts them, and of every other kind and twin; docs/models.md lists them."""
+"""timm registration (by ``import vit_rope``) of every vit_rope model and twin; docs/models.md lists them."""
 
 from __future__ import annotations
 
