@@ -52,8 +52,7 @@ def patch_size(model: nn.Module) -> int | None:
 
 
 def check_multiple(what: str, sizes: Sequence[int], model: nn.Module, label: str) -> None:
-    """Raise a ``UserError`` naming the first of ``sizes`` not tiled into whole patches (timm's patch embedding would
-    drop the remainder) and the nearest sizes that tile."""
+    """A ``UserError`` at the first of ``sizes`` patches do not tile (timm would crop it), naming the nearest sizes."""
     patch = patch_size(model) or 1  # a CNN takes any positive size
     for size in sizes:
         if size <= 0 or size % patch:

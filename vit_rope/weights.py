@@ -74,8 +74,7 @@ def _well_formed(path: Path) -> bool:
 
 
 def unreadable_reason(path: str | Path, err: Exception) -> str | None:
-    """That a file whose reading raised ``err`` is truncated or corrupt, the fix and the library's message; None when
-    ``err`` has another cause, to raise as it is (the operating system's, or a well-formed file that is refused)."""
+    """Why a file whose reading raised ``err`` is corrupt, with the fix; None where ``err`` has another cause."""
     # the operating system's errors are its own, but for EINVAL: a seek past the end of a truncated zip archive
     system = isinstance(err, OSError) and err.errno != errno.EINVAL or isinstance(err, MemoryError)
     if system or _well_formed(Path(path)):

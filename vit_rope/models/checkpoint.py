@@ -120,8 +120,7 @@ def _fit_classifier(state_dict: dict[str, Tensor], model: nn.Module, headless: b
 
 def checkpoint_filter_fn(state_dict: dict[str, Any], model: nn.Module, features_only: bool = False
                          ) -> dict[str, Tensor]:
-    """timm ``pretrained_filter_fn`` with ``load_weights``' report and warning; a classifier timm keeps (same class
-    count as the config's) that does not fit is an error naming both counts and the fixes."""
+    """timm's ``pretrained_filter_fn`` with the load report and warning; an unfit head timm keeps is an error."""
     cfg = getattr(model, "pretrained_cfg", None) or {}
     declared = cfg.get("num_classes") if cfg.get("classifier") else None
     drops = features_only or (declared is not None and getattr(model, "num_classes", 0) != declared)

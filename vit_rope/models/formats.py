@@ -180,8 +180,7 @@ def weights_in(path: str | Path) -> Path:
 
 
 def describe(path: str | Path) -> Description:
-    """The model name (``None`` where the keys do not say) and arguments the weights in ``path`` describe; a kind's
-    model given by its arguments only is named the registered model of that kind and width."""
+    """The model name (``None``: unsaid) and arguments of the weights in ``path``; a kind's arguments name its model."""
     path = weights_in(path)
     state = mapped_file(path)
     if state is None:  # the full read gives the state dict or says what keeps it from it
