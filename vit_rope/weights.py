@@ -17,8 +17,7 @@ from safetensors import safe_open
 from timm.models import load_state_dict
 from torch import nn
 
-# every source's RoPE buffers, rebuilt per input, never loaded: timm's ``rope.*`` but learned frequencies (``freqs``,
-# ``<block>.freqs``), DINOv3's ``rope_embed.*``, RoPE-ViT's ``freqs_t_x`` / ``_y`` and ``freqs_cis``
+# every source's RoPE buffers (timm's, DINOv3's, RoPE-ViT's), rebuilt per input, never loaded; learned ``freqs`` load
 ROPE_BUFFERS = re.compile(r"^(rope\.(?!(\d+\.)?freqs$)|rope_embed\.|freqs_t_[xy]$|freqs_cis$)")
 Converted = tuple[dict[str, Any], tuple[str, ...]]  # a state dict in our keys (but for generic renames), and notes
 Description = tuple[str | None, dict[str, Any]]  # the model a checkpoint describes: a name (None: not said), arguments

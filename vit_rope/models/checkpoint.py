@@ -74,8 +74,7 @@ def _convert(state_dict: dict[str, Any], model: nn.Module, source: str | Path | 
             initialised[fill[2]].append(key)
 
     body = [{key: value for key, value in state.items() if key not in CLASSIFIER} for state in (target, out)]
-    mismatch = weights_mismatch(*body)
-    if mismatch:
+    if mismatch := weights_mismatch(*body):
         raise ValueError(f"The checkpoint does not fit {type(model).__name__}: {mismatch}. Check that the model name "
                          "(size, axial/mixed, +APE) and its arguments (depth, patch size, ...) match the checkpoint.")
     skipped, head = _fit_classifier(out, model, *classifier) if classifier else ((), {})
@@ -135,8 +134,7 @@ def checkpoint_filter_fn(state_dict: dict[str, Any], model: nn.Module, features_
 
 
 def load_weights(model: nn.Module, path: str | Path | Mapping[str, Any]) -> LoadReport:
-    """Load a weights file, a folder (its ``config.json`` checked against the model and weights first) or a state dict
-    into ``model``; the classifier only if its shape matches (a 1000-class checkpoint can seed a 10-class model)."""
+    """Load a weights file, folder (``config.json`` checked first) or state dict; the head only if its shape fits."""
     if isinstance(path, Mapping):
         return load_state_dict(model, dict(path))
     weights = weights_in(path)

@@ -27,8 +27,7 @@ def create_model(name: str, kwargs: dict[str, Any], setting: str = "model_kwargs
     try:
         return timm.create_model(name, **kwargs), kwargs
     except TypeError as err:
-        rejected = next((key for key in _OPTIONAL_KWARGS if f"'{key}'" in str(err) and key in kwargs), None)
-        if rejected:
+        if rejected := next((key for key in _OPTIONAL_KWARGS if f"'{key}'" in str(err) and key in kwargs), None):
             return create_model(name, {key: value for key, value in kwargs.items() if key != rejected}, setting)
         raise UserError(f"model '{name}' does not accept the arguments {kwargs} ({err}); fix {setting}") from None
     except Exception as err:  # loading weights raises any type (SafetensorError, FileNotFoundError, ...)

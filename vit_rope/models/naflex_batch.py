@@ -38,8 +38,7 @@ def naflex_batch(x: Any, patch_coord: Tensor | None = None, patch_valid: Tensor 
     if not isinstance(x, (dict, Tensor)):  # an FX proxy: symbolic tracing (torchvision's extractor) traces images
         return None
     if isinstance(x, dict):
-        missing = [key for key in NAFLEX_KEYS if key not in x]
-        if missing:
+        if missing := [key for key in NAFLEX_KEYS if key not in x]:
             raise ValueError(f"A NaFlex batch dict needs the keys {', '.join(NAFLEX_KEYS)}, as timm's NaFlexCollator "
                              f"yields them; {', '.join(missing)} missing from {sorted(x)}.")
         patches, patch_coord, patch_valid = (x[key] for key in NAFLEX_KEYS)

@@ -39,8 +39,7 @@ class PositionEncodingMixin:
                        policy: str | dict | ResolutionPolicy | None, rope_options: dict[str, Any],
                        ref_grid: tuple[int, int] | None = None, options: dict[str, Any] | None = None,
                        ape_resampling: str = "bicubic") -> None:
-        """``ref_grid``: the grid the policies scale against instead of the patch grid (timm ``Eva``'s
-        ``ref_feat_shape``: EVA-02 at 336 px places its 24x24 patches on its 16x16 training grid)."""
+        """``ref_grid``: the grid policies scale against, not the patch grid (timm Eva's ``ref_feat_shape``)."""
         self.encoding_kind = kind
         self.coord_aug = coord_aug if isinstance(coord_aug, CoordAugment) else CoordAugment(**(coord_aug or {}))
         train_grid = tuple(self.patch_embed.grid_size) if ref_grid is None else (int(ref_grid[0]), int(ref_grid[1]))
@@ -57,8 +56,7 @@ class PositionEncodingMixin:
         return self.pos_encoding.policy
 
     def set_resolution_policy(self, policy: str | dict | ResolutionPolicy | None, **options: Any) -> None:
-        """How positions follow other input sizes (``vit_rope.encodings.policies``; ``None``: the default), as
-        ``policy=`` at creation: ``model.set_resolution_policy("yarn", yarn_beta=4.0)``."""
+        """How positions follow other sizes (``policy=`` at creation), e.g. ``("yarn", yarn_beta=4.0)``."""
         if isinstance(policy, str):
             policy = ResolutionPolicy.create(dict(name=policy, **options))
         elif options:

@@ -71,9 +71,8 @@ class RoPEVisionTransformer(NoTorchScript, PositionEncodingMixin, EmbeddingMixin
         self._init_encoding(encoding, num_heads, rope_coord_aug, resolution_policy,
                             {name: value for name, value in rope_options.items() if value is not None},
                             rope_ref_grid, encoding_options, pos_embed_resampling)
-        factory = {key: kwargs[key] for key in ("device", "dtype") if kwargs.get(key) is not None}
-        if factory:  # timm built its modules there (create_model(device=..., dtype=...)); ours follow
-            self.to(**factory)
+        if factory := {key: kwargs[key] for key in ("device", "dtype") if kwargs.get(key) is not None}:
+            self.to(**factory)  # ours where timm built its modules (create_model(device=..., dtype=...))
 
     def reset_classifier(self, num_classes: int, global_pool: str | None = None) -> None:
         """timm's, keeping the MLP head (``head_hidden_dim``) when the model has one."""
