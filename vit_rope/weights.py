@@ -162,8 +162,7 @@ def read_weights(path: str | Path) -> dict[str, Any]:
             return read_sharded(path)
         return unwrap_state_dict(load_state_dict(str(path), use_ema=True, weights_only=True))
     except Exception as err:
-        reason = unreadable_reason(path, err)
-        if reason is None:
+        if (reason := unreadable_reason(path, err)) is None:
             raise
         raise UnreadableCheckpointError(f"{path} is not a readable checkpoint: {reason}") from err
 

@@ -1,5 +1,4 @@
-"""Loading the weights users have into vit_rope models: renames every format shares, fills of what a checkpoint lacks
-and the APE fitted. Initialised weights are never silent: each entry point warns and sets ``model.load_report``."""
+"""Loading the weights users have into vit_rope models, never silently: initialised weights warn, in ``load_report``."""
 
 from __future__ import annotations
 

@@ -94,9 +94,6 @@ class EmbeddingMixin:
         P = self.num_prefix_tokens
         if self.attn_pool is None:
             return global_pool_naflex(x, valid, self.global_pool, P, self.pool_include_prefix)
-        if self.pool_include_prefix:
-            keys = key_padding_mask(valid, P)
-        else:
-            x, keys = x[:, P:], valid[:, None, None, :]
+        x, keys = (x, key_padding_mask(valid, P)) if self.pool_include_prefix else (x[:, P:], valid[:, None, None, :])
         bias = torch.zeros(keys.shape, dtype=x.dtype, device=x.device).masked_fill(~keys, float("-inf"))
         return self.attn_pool(x, attn_mask=bias)  # [B, C]

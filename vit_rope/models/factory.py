@@ -1,5 +1,4 @@
-"""``timm.create_model`` for what users typed: a wrong ``model_kwargs`` entry fails deep in a constructor (``patch_size:
-0`` divides by zero); every command builds its models here, so each is a ``UserError`` naming the setting to fix."""
+"""Models for every command: a bad ``model_kwargs`` entry is a ``UserError`` naming it, not a constructor's crash."""
 
 from __future__ import annotations
 

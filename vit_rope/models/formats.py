@@ -1,5 +1,4 @@
-"""Every checkpoint format in one table, each recognised by a marker only it carries. All are asked, so order does not
-matter: two claims are an error, none leaves timm's ``VisionTransformer`` keys (ours); docs/models.md."""
+"""Every checkpoint format in one table, each with a marker only it carries: all are asked, two claims are an error."""
 
 from __future__ import annotations
 
@@ -182,8 +181,7 @@ def weights_in(path: str | Path) -> Path:
 def describe(path: str | Path) -> Description:
     """The model name (``None``: unsaid) and arguments of the weights in ``path``; a kind's arguments name its model."""
     path = weights_in(path)
-    state = mapped_file(path)
-    if state is None:  # the full read gives the state dict or says what keeps it from it
+    if (state := mapped_file(path)) is None:  # the full read gives the state dict or says what keeps it from it
         state = read_weights(path)
     name, args = checkpoint_format(state).describe(state)
     if name is None and "encoding" in args:

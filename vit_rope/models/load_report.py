@@ -1,5 +1,4 @@
-"""What loading a checkpoint did, and the warning that keeps an incomplete load from passing silently: random mixed
-frequencies or an initialised classifier score like a broken model rather than fail (``vit_rope.evaluate`` refuses)."""
+"""What loading a checkpoint did, and the warning that keeps an incomplete load (scoring like a broken model) loud."""
 
 from __future__ import annotations
 

@@ -36,8 +36,7 @@ class RoPEWindowAttention(WindowAttention):
         super().__init__(dim, num_heads, head_dim, window_size, qkv_bias, attn_drop, proj_drop)
         self.fused_attn = use_fused_attn()
         if not use_rpb:
-            self.relative_position_bias_table = None
-            self.relative_position_index = None
+            self.relative_position_bias_table = self.relative_position_index = None
         check_choice(encoding, SWIN_KINDS, "RoPE-Swin encoding (RoPE-ViT's)")
         theta = SWIN_THETA[encoding] if rope_theta is None else rope_theta
         self.rope = RoPE2D(self.qkv.out_features // 3 // num_heads, num_heads, encoding, theta, self.window_size,
