@@ -1,7 +1,6 @@
-"""vit-rope: 2D rotary position embeddings (RoPE-ViT, Heo et al., ECCV 2024) for timm Vision Transformers.
+"""vit-rope: 2D RoPE (RoPE-ViT, Heo et al., ECCV 2024) for timm ViTs; importing it registers ``vit_rope_*`` with timm.
 
-Importing the package registers the ``vit_rope_*`` models with timm; subpackages import only those before them:
-``layers``, ``encodings``, ``models``, ``data``, ``train``, ``eval``."""
+Subpackages import only those before them: ``layers``, ``encodings``, ``models``, ``data``, ``train``, ``eval``."""
 
 from vit_rope import _requires  # noqa: F401  (checks timm's version before anything imports timm's models)
 from vit_rope.encodings.rope.tables import RoPE2D

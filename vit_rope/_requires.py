@@ -1,5 +1,4 @@
-"""What vit_rope needs: the oldest timm it runs on, checked at import so that an older one fails with the fix, not deep
-in a forward; and the optional packages of its extras, with an error naming the extra."""
+"""The oldest timm vit_rope runs on, checked at import to fail with the fix; optional imports naming their extra."""
 
 from __future__ import annotations
 

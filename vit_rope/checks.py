@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import difflib
+import math
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import timm
 import torch
+from timm.layers import to_2tuple
 from torch import Tensor, nn
 
 from vit_rope.errors import UserError
@@ -45,17 +46,13 @@ def check_output_dir(path: str | Path, option: str) -> None:
 
 
 def patch_size(model: nn.Module) -> int | None:
-    """The side of the square tiles a ViT cuts its input into (the lcm of a (h, w) patch); None for models without
-    ``patch_embed`` (CNNs), which take any size."""
+    """The side of the square tiles a ViT cuts its input into (lcm of a (h, w) patch); None for CNNs (any size)."""
     patch = getattr(getattr(model, "patch_embed", None), "patch_size", None)
-    if patch is None:
-        return None
-    return int(np.lcm.reduce([int(p) for p in patch])) if isinstance(patch, Sequence) else int(patch)
+    return None if patch is None else math.lcm(*map(int, to_2tuple(patch)))
 
 
 def check_multiple(what: str, sizes: Sequence[int], model: nn.Module, label: str) -> None:
-    """Raise a ``UserError`` naming the first of ``sizes`` that ``model`` cannot tile into whole patches (timm's patch
-    embedding would drop the remainder) and the nearest sizes that tile."""
+    """A ``UserError`` at the first of ``sizes`` patches do not tile (timm would crop it), naming the nearest sizes."""
     patch = patch_size(model) or 1  # a CNN takes any positive size
     for size in sizes:
         if size <= 0 or size % patch:

@@ -4,13 +4,11 @@ from __future__ import annotations
 
 
 class UserError(Exception):
-    """A problem with the user's input (config, data, checkpoint path), not a bug: the commands print it as one
-    ``error: ...`` line and exit with code 2, so it says what was wrong, with which value, and what to do."""
+    """Bad user input, not a bug: commands print it as one ``error: ...`` line (exit 2): name the value and the fix."""
 
 
 class NoTorchScript:
-    """A model that ``torch.jit.script`` refuses with one error saying what to use instead: TorchScript is deprecated
-    since torch 2.14, and a forward taking image or NaFlex batches does not script (timm's NaFlex models neither)."""
+    """A model ``torch.jit.script`` refuses with an error naming what to use: image or NaFlex forwards do not script."""
 
     def __prepare_scriptable__(self) -> None:  # torch.jit.script calls it before compiling anything
         raise RuntimeError(f"{type(self).__name__} does not support TorchScript (torch.jit.script, deprecated since "

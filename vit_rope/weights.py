@@ -1,6 +1,4 @@
-"""Weights files and state dicts as users meet them: a file read with an error that tells a corrupt file from a wrong
-one, the keys that keep a state dict from fitting on one line, files written atomically, and what a checkpoint format
-is."""
+"""Weights files and state dicts: reads that tell corrupt files from wrong ones, key mismatches, atomic saves."""
 
 from __future__ import annotations
 
@@ -19,8 +17,7 @@ from safetensors import safe_open
 from timm.models import load_state_dict
 from torch import nn
 
-# every source's RoPE buffers, rebuilt per input, never loaded: timm's ``rope.*`` but learned frequencies (``freqs``,
-# ``<block>.freqs``), DINOv3's ``rope_embed.*``, RoPE-ViT's ``freqs_t_x`` / ``_y`` and ``freqs_cis``
+# every source's RoPE buffers (timm's, DINOv3's, RoPE-ViT's), rebuilt per input, never loaded; learned ``freqs`` load
 ROPE_BUFFERS = re.compile(r"^(rope\.(?!(\d+\.)?freqs$)|rope_embed\.|freqs_t_[xy]$|freqs_cis$)")
 Converted = tuple[dict[str, Any], tuple[str, ...]]  # a state dict in our keys (but for generic renames), and notes
 Description = tuple[str | None, dict[str, Any]]  # the model a checkpoint describes: a name (None: not said), arguments
@@ -76,8 +73,7 @@ def _well_formed(path: Path) -> bool:
 
 
 def unreadable_reason(path: str | Path, err: Exception) -> str | None:
-    """That a file whose reading raised ``err`` is truncated or corrupt, the fix and the library's message; None when
-    ``err`` has another cause, to raise as it is (the operating system's, or a well-formed file that is refused)."""
+    """Why a file whose reading raised ``err`` is corrupt, with the fix; None where ``err`` has another cause."""
     # the operating system's errors are its own, but for EINVAL: a seek past the end of a truncated zip archive
     system = isinstance(err, OSError) and err.errno != errno.EINVAL or isinstance(err, MemoryError)
     if system or _well_formed(Path(path)):
@@ -101,9 +97,8 @@ def unwrap_state_dict(state_dict: dict[str, Any]) -> dict[str, Any]:
 
 def renamed_keys(state_dict: Mapping[str, Any], renames: Mapping[str, str], layers: str,
                  layer_renames: Mapping[str, str]) -> dict[str, Any]:
-    """An official format's state dict in our keys: layer ``i``'s keys (after the prefix ``layers``) become
-    ``blocks.{i}.`` and the rest renamed by ``layer_renames``, the others by ``renames``. An entry renames a key equal
-    to it, or one it starts if it ends in ``.`` (a module's prefix); a key no entry matches stays as it is."""
+    """An official format's state dict in our keys: ``{layers}{i}.rest`` becomes ``blocks.{i}.`` and ``rest`` renamed
+    by ``layer_renames``, others by ``renames``. An entry renames a key equal to it or (ending in .) one it starts."""
     def renamed(key: str, table: Mapping[str, str]) -> str:
         prefix = next((p for p in table if key == p or key.startswith(p) and p.endswith(".")), None)
         return key if prefix is None else table[prefix] + key[len(prefix):]
@@ -117,8 +112,7 @@ def renamed_keys(state_dict: Mapping[str, Any], renames: Mapping[str, str], laye
 
 
 def mapped_file(path: str | Path, unwrap: bool = True) -> dict[str, Any] | None:
-    """A torch weights file's dict (``unwrap``: the state dict in it; {} for an object of another type), memory-mapped,
-    or None where it cannot be read so (the full read that follows reports what is wrong)."""
+    """A torch file's (``unwrap``: state) dict memory-mapped ({} for another type), or None where it cannot be."""
     try:
         obj = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
     except Exception:
@@ -129,8 +123,7 @@ def mapped_file(path: str | Path, unwrap: bool = True) -> dict[str, Any] | None:
 
 
 def tensor_rows(path: str | Path, key: str) -> int | None:
-    """The first dimension of tensor ``key`` in a weights file, read without loading the rest (the safetensors header,
-    or a memory-mapped torch file); None when the file has no such tensor or cannot be read this way."""
+    """The first dimension of tensor ``key`` in a weights file, read without loading the rest; None where it cannot."""
     if Path(path).suffix == ".safetensors":
         with suppress(Exception), safe_open(str(path), framework="pt") as f:  # but a corrupt header
             return f.get_slice(key).get_shape()[0] if key in f.keys() else None
@@ -139,14 +132,12 @@ def tensor_rows(path: str | Path, key: str) -> int | None:
     return int(value.shape[0]) if isinstance(value, torch.Tensor) and value.dim() else None
 
 
-# a VLM's language model (transformers' layouts: model.language_model.*, Llava's language_model.*, Qwen-VL's hub
-# model.layers.*), which no twin loads: a sharded folder's tensors of it are not read
+# a VLM's language model (transformers', Llava's and Qwen-VL's layouts), which no twin loads: never read from shards
 LANGUAGE_MODEL = re.compile(r"(model\.)?language_model\.|lm_head\.|model\.(layers|embed_tokens|norm)\.")
 
 
 def read_sharded(index: Path) -> dict[str, Any]:
-    """The tensors of a sharded safetensors folder (``*.safetensors.index.json`` beside its shards), less a language
-    model's (``LANGUAGE_MODEL``): a VLM's vision tower without reading the billions of weights beside it."""
+    """A sharded safetensors index's tensors but a language model's: a VLM's tower without the billions beside it."""
     by_shard: dict[str, list[str]] = {}
     for key, shard in json.loads(index.read_text())["weight_map"].items():
         if not LANGUAGE_MODEL.match(key):
@@ -171,21 +162,19 @@ def read_weights(path: str | Path) -> dict[str, Any]:
             return read_sharded(path)
         return unwrap_state_dict(load_state_dict(str(path), use_ema=True, weights_only=True))
     except Exception as err:
-        reason = unreadable_reason(path, err)
-        if reason is None:
+        if (reason := unreadable_reason(path, err)) is None:
             raise
         raise UnreadableCheckpointError(f"{path} is not a readable checkpoint: {reason}") from err
 
 
 def depth_of(state_dict: dict[str, Any], layer: str = "blocks") -> int | None:
-    """The number of blocks (keys ``<layer>.<i>.``, ``layer`` a regex) of a state dict, ``None`` for none."""
+    """The number of blocks (keys ``<layer>.<i>.``, ``layer`` a regex), ``None`` for none."""
     blocks = {int(m["block"]) for key in state_dict if (m := re.match(rf"{layer}\.(?P<block>\d+)\.", key))}
     return max(blocks) + 1 if blocks else None
 
 
 def check_twin(model: nn.Module, is_twin: bool, source: str, twins: str, layout: str, layout_name: str = "") -> None:
-    """Raise unless a checkpoint of ``source`` fits ``model``: one of its family's ``twins`` (``is_twin``) with the
-    family's q/k ``layout`` (described as ``layout_name``, by default "the <layout> layout")."""
+    """Raise unless a checkpoint of ``source`` fits ``model``: one of its family's ``twins`` with its q/k ``layout``."""
     if not is_twin:
         raise ValueError(f"The checkpoint is {source}, which loads into {twins}; the model is a "
                          f"{type(model).__name__}.")
@@ -195,8 +184,8 @@ def check_twin(model: nn.Module, is_twin: bool, source: str, twins: str, layout:
 
 
 def check_config_fields(fields: Mapping[str, tuple[Any, Any]], build: str) -> None:
-    """Raise at the first ``field: (the file's value, the model's)`` of a folder's config.json that differs, naming
-    both values and what to ``build`` (``{field}`` and ``{theirs}`` in it: that field and the file's value)."""
+    """Raise at the first ``field: (the file's value, the model's)`` of a config.json that differs, naming both and
+    what to ``build`` (``{field}`` and ``{theirs}`` in it: that field and the file's value)."""
     for field, (theirs, ours) in fields.items():
         if theirs != ours:
             raise ValueError(f"config.json does not fit the model: {field} is {theirs} in the file, {ours} in the "
@@ -209,8 +198,7 @@ def _listed(keys: Sequence[str], limit: int = 10) -> str:
 
 
 def weights_mismatch(expected: Mapping[str, Any], given: Mapping[str, Any]) -> str:
-    """What keeps ``given`` from loading strictly into a model whose state dict is ``expected``: its missing,
-    unexpected and reshaped keys (the first 10 of each and a count) on one line, or "" when it fits."""
+    """What keeps ``given`` from loading strictly where ``expected`` does (first 10 keys of each kind), or ""."""
     missing = [key for key in expected if key not in given]
     unexpected = [key for key in given if key not in expected]
     shapes = {key: tuple(getattr(given[key], "shape", ())) for key in expected if key in given}

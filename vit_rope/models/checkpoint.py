@@ -1,7 +1,4 @@
-"""Loading the weights users already have into vit_rope models: the renames every format of ``vit_rope.models.formats``
-shares (LayerScale ``gamma_1/2``, mixed frequencies as one tensor), what a checkpoint lacks (RoPE frequencies keep their
-initialisation, a missing LayerScale or STRING basis becomes the identity) and the position embedding, dropped or
-resampled by variant. Initialised weights are never silent: every entry point warns and leaves ``model.load_report``."""
+"""Loading the weights users have into vit_rope models, never silently: initialised weights warn, in ``load_report``."""
 
 from __future__ import annotations
 
@@ -21,8 +18,7 @@ from vit_rope.models.load_report import CLASSIFIER, LAYERSCALE, ROPE_FREQS, STRI
 from vit_rope.models.pos_encoding import encoding_key
 from vit_rope.weights import ROPE_BUFFERS, read_weights, unwrap_state_dict, weights_mismatch
 
-# the weights a checkpoint may lack, filled so that the model keeps its function (ViT's and Swin's RoPE frequencies as
-# initialised, the identity LayerScale, STRING's P = I): (key, fill, the report's reason)
+# the weights a checkpoint may lack, filled so that the model keeps its function: (key, fill, the report's reason)
 _FILLS = ((r"pos_encoding\.\d+\.freqs|layers\.\d+\.blocks\.\d+\.attn\.rope\.freqs", lambda value: value, ROPE_FREQS),
           (r"blocks\.\d+\.ls[12]\.gamma", torch.ones_like, LAYERSCALE),
           (r"blocks\.\d+\.attn\.string\.skew", torch.zeros_like, STRING))
@@ -30,7 +26,7 @@ _FILLS = ((r"pos_encoding\.\d+\.freqs|layers\.\d+\.blocks\.\d+\.attn\.rope\.freq
 
 def _split_mixed_freqs(freqs: Tensor, model: nn.Module) -> dict[str, Tensor]:
     """``[2, depth, nh, D/2]`` (timm) or ``[2, depth, nh * D/2]`` (RoPE-ViT) -> one ``[2, nh, D/2]`` per block."""
-    if not getattr(getattr(model, "pos_encoding", None), "per_block", False):  # RoPE tables per block: mixed
+    if not getattr(getattr(model, "pos_encoding", None), "per_block", False):
         raise ValueError(f"The checkpoint has learned mixed RoPE frequencies {tuple(freqs.shape)}, but the model is "
                          "not a mixed RoPE model: load it into a vit_rope_*_mixed* model.")
     target = model.pos_encoding[0].freqs.shape  # [2, nh, D/2]
@@ -45,12 +41,11 @@ def _split_mixed_freqs(freqs: Tensor, model: nn.Module) -> dict[str, Tensor]:
 
 def _convert(state_dict: dict[str, Any], model: nn.Module, source: str | Path | None = None,
              classifier: tuple[bool, int | None] | None = None) -> tuple[dict[str, Tensor], LoadReport]:
-    """``convert_state_dict`` and the report of its load from ``source``; ``classifier``: ``_fit_classifier``'s
-    ``headless`` and ``declared``, to take out the checkpoint's classifier unless the model loads it as it is."""
+    """``convert_state_dict`` and its load report; ``classifier``: ``_fit_classifier``'s ``headless``, ``declared``."""
     state_dict = unwrap_state_dict(state_dict)
     fmt = checkpoint_format(state_dict)
     check_family(state_dict, model)
-    state_dict, converted = fmt.convert(state_dict, model)  # in the model's keys and q / k layout, with notes
+    state_dict, converted = fmt.convert(state_dict, model)  # the model's keys and q / k layout, and notes
     target = model.state_dict()
     out: dict[str, Tensor] = {}
     dropped: tuple[str, ...] = ()
@@ -63,7 +58,7 @@ def _convert(state_dict: dict[str, Any], model: nn.Module, source: str | Path | 
         key = re.sub(r"\.gamma_([12])$", r".ls\1.gamma", encoding_key(key))  # EVA / DeiT-III naming of LayerScale
         if key == "pos_embed":
             if getattr(model, "pos_embed", None) is None:
-                dropped = (key,)  # RoPE-only model: the absolute embedding is dropped, and the report says so
+                dropped = (key,)  # a RoPE-only model: the report says so
                 continue
             value = fit_checkpoint_pos_embed(value, model)
         elif key == "patch_embed.proj.weight" and value.shape[-2:] != target[key].shape[-2:]:
@@ -78,12 +73,11 @@ def _convert(state_dict: dict[str, Any], model: nn.Module, source: str | Path | 
             initialised[fill[2]].append(key)
 
     body = [{key: value for key, value in state.items() if key not in CLASSIFIER} for state in (target, out)]
-    mismatch = weights_mismatch(*body)  # the classifier is _fit_classifier's concern
-    if mismatch:
+    if mismatch := weights_mismatch(*body):
         raise ValueError(f"The checkpoint does not fit {type(model).__name__}: {mismatch}. Check that the model name "
                          "(size, axial/mixed, +APE) and its arguments (depth, patch size, ...) match the checkpoint.")
     skipped, head = _fit_classifier(out, model, *classifier) if classifier else ((), {})
-    initialised.update(head)  # the report: every key loaded but those initialised, by reason
+    initialised.update(head)
     taken = {key for keys in initialised.values() for key in keys}
     load = LoadReport(None if source is None else str(source), tuple(key for key in out if key not in taken),
                       {why: tuple(keys) for why, keys in initialised.items() if keys}, dropped + skipped, converted)
@@ -99,9 +93,8 @@ def convert_state_dict(state_dict: dict[str, Any], model: nn.Module) -> dict[str
 
 def _fit_classifier(state_dict: dict[str, Tensor], model: nn.Module, headless: bool, declared: int | None
                     ) -> tuple[tuple[str, ...], dict[str, list[str]]]:
-    """Take the checkpoint's classifier out of ``state_dict`` unless the model loads it as it is; returns the keys
-    taken out and ``{why: the model's classifier keys}`` when those keep their initialisation. ``headless``: it goes
-    after loading (``features_only``); ``declared``: the config's class count when timm's loader drops it anyway."""
+    """Take the checkpoint's classifier out unless the model loads it as it is: the keys taken out, ``{why: the
+    model's head keys}`` if those stay initialised. ``declared``: the config's class count where timm drops the head."""
     target = model.state_dict()
     ours = [] if headless else [key for key in CLASSIFIER if key in target]
     theirs = [key for key in CLASSIFIER if key in state_dict]
@@ -125,8 +118,7 @@ def _fit_classifier(state_dict: dict[str, Tensor], model: nn.Module, headless: b
 
 def checkpoint_filter_fn(state_dict: dict[str, Any], model: nn.Module, features_only: bool = False
                          ) -> dict[str, Tensor]:
-    """timm ``pretrained_filter_fn`` with ``load_weights``' report and warning; timm drops the classifier when the class
-    count differs from the config's, and one it keeps that does not fit is an error naming both counts and the fixes."""
+    """timm's ``pretrained_filter_fn`` with the load report and warning; an unfit head timm keeps is an error."""
     cfg = getattr(model, "pretrained_cfg", None) or {}
     declared = cfg.get("num_classes") if cfg.get("classifier") else None
     drops = features_only or (declared is not None and getattr(model, "num_classes", 0) != declared)
@@ -141,20 +133,19 @@ def checkpoint_filter_fn(state_dict: dict[str, Any], model: nn.Module, features_
 
 
 def load_weights(model: nn.Module, path: str | Path | Mapping[str, Any]) -> LoadReport:
-    """Load a weights file, a folder (its ``config.json`` checked against the model and weights first) or a state dict
-    into ``model``; the classifier only if its shape matches (a 1000-class checkpoint can seed a 10-class model)."""
+    """Load a weights file, folder (``config.json`` checked first) or state dict; the head only if its shape fits."""
     if isinstance(path, Mapping):
         return load_state_dict(model, dict(path))
     weights = weights_in(path)
     fmt, config = folder_format(path) or (None, None)
-    if fmt is not None:  # its config describes the model: checked against it, then against the weights
+    if fmt is not None:  # its config checked against the model, then against the weights
         fmt.folder.check_model(config, model)
     state_dict = read_weights(weights)
     if fmt is not None and fmt.folder.check_weights is not None:
         fmt.folder.check_weights(config, state_dict)
     try:
         return load_state_dict(model, state_dict, path)
-    except ValueError as err:  # the conversion's message, with the file it is about
+    except ValueError as err:
         raise ValueError(f"{weights}: {err}") from None
 
 

@@ -1,5 +1,4 @@
-"""The embedding of ``RoPEVisionTransformer``: one route from images or a NaFlex batch to tokens and positions, an image
-batch being the NaFlex batch (NaViT, Dehghani et al., NeurIPS 2023; timm's NaFlexViT) of one grid, without padding."""
+"""``RoPEVisionTransformer``'s embedding: one route for NaFlex batches and images (one grid's batch)."""
 
 from __future__ import annotations
 
@@ -19,14 +18,13 @@ from vit_rope.layers.lattice import key_padding_mask, lattice, naflex_grid
 from vit_rope.layers.routes import capturing
 from vit_rope.models.naflex_batch import NaFlexBatch, check_attn_mask, check_coordinates, embed_patches
 
-# FX: these depend on the input's size, which symbolic tracing only knows as a proxy; the trace records them as calls.
+# FX: these read the input's size, a proxy under symbolic tracing; the trace records them as calls
 torch.fx.wrap("check_patch_multiple")
 torch.fx.wrap("image_coords")
 
 
 class Embedded(NamedTuple):
-    """What the embedding hands the blocks: tokens after patch dropout and ``norm_pre``, their positions, the attention
-    mask and, for a NaFlex batch, the kept tokens' ``coord`` (y, x) and ``valid``."""
+    """Tokens (after patch dropout, ``norm_pre``), positions, attention mask; NaFlex: kept ``coord``, ``valid``."""
 
     tokens: Tensor
     positions: Positions
@@ -36,7 +34,7 @@ class Embedded(NamedTuple):
 
 
 class EmbeddingMixin:
-    """``_embed`` and the pooling over valid tokens of ``RoPEVisionTransformer``."""
+    """``RoPEVisionTransformer``'s ``_embed`` and pooling over valid tokens."""
 
     def _patch_tokens(self, x: Tensor) -> tuple[Tensor, tuple[int, int]]:
         """Patch tokens ``[B, N, C]`` of images ``[B, C, H, W]`` and their grid (h, w)."""
@@ -51,14 +49,14 @@ class EmbeddingMixin:
         prefix = [token.expand(B, -1, -1) for token in (self.cls_token, self.reg_token) if token is not None]
         if self.pos_embed is None:
             return self.pos_drop(torch.cat(prefix + [tokens], dim=1))  # [B, P + N, C]
-        positions = self.ape.place(coord, grids)  # the table and its grid are the model's, given to the APE's logic
+        positions = self.ape.place(coord, grids)
         rows = self.ape(self.pos_embed, positions, grids, grid, table_grid(self))  # [1 or B, own + N, C]
-        if self.ape.num_prefix_rows:  # a row for each prefix token too
+        if self.ape.num_prefix_rows:
             return self.pos_drop(torch.cat(prefix + [tokens], dim=1) + rows)
         return self.pos_drop(torch.cat(prefix + [tokens + rows], dim=1))
 
     def _embed(self, x: Tensor | NaFlexBatch) -> Embedded:
-        """Tokens, positions and masks of images ``[B, C, H, W]`` or a ``NaFlexBatch``, by one route."""
+        """Tokens, positions and masks of images ``[B, C, H, W]`` or a ``NaFlexBatch``."""
         P = self.num_prefix_tokens
         attn_mask = valid = grid = None
         captured = capturing(x if isinstance(x, Tensor) else x.patches)  # the one question per forward
@@ -96,9 +94,6 @@ class EmbeddingMixin:
         P = self.num_prefix_tokens
         if self.attn_pool is None:
             return global_pool_naflex(x, valid, self.global_pool, P, self.pool_include_prefix)
-        if self.pool_include_prefix:
-            keys = key_padding_mask(valid, P)
-        else:
-            x, keys = x[:, P:], valid[:, None, None, :]
+        x, keys = (x, key_padding_mask(valid, P)) if self.pool_include_prefix else (x[:, P:], valid[:, None, None, :])
         bias = torch.zeros(keys.shape, dtype=x.dtype, device=x.device).masked_fill(~keys, float("-inf"))
         return self.attn_pool(x, attn_mask=bias)  # [B, C]

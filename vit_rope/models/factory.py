@@ -1,6 +1,4 @@
-"""``timm.create_model`` for what users typed: a wrong ``model_kwargs`` entry surfaces deep in a constructor (a division
-by zero for ``patch_size: 0``); every command builds its models here, so each is one ``UserError`` naming the model, the
-arguments and the setting to fix, raised before any data is cached."""
+"""Models for every command: a bad ``model_kwargs`` entry is a ``UserError`` naming it, not a constructor's crash."""
 
 from __future__ import annotations
 
@@ -19,8 +17,7 @@ _BUILD_ERRORS = (ValueError, AssertionError, ArithmeticError, RuntimeError, KeyE
 
 
 class PretrainedLoadError(UserError):
-    """The architecture builds, but its pretrained weights do not load; ``__cause__`` holds what loading raised, for
-    callers that know the weights file and can say more (``vit_rope.eval.loading.load_pretrained``)."""
+    """The architecture builds, but its pretrained weights do not load; ``__cause__`` holds what loading raised."""
 
 
 def create_model(name: str, kwargs: dict[str, Any], setting: str = "model_kwargs") -> tuple[nn.Module, dict[str, Any]]:
@@ -29,8 +26,7 @@ def create_model(name: str, kwargs: dict[str, Any], setting: str = "model_kwargs
     try:
         return timm.create_model(name, **kwargs), kwargs
     except TypeError as err:
-        rejected = next((key for key in _OPTIONAL_KWARGS if f"'{key}'" in str(err) and key in kwargs), None)
-        if rejected:
+        if rejected := next((key for key in _OPTIONAL_KWARGS if f"'{key}'" in str(err) and key in kwargs), None):
             return create_model(name, {key: value for key, value in kwargs.items() if key != rejected}, setting)
         raise UserError(f"model '{name}' does not accept the arguments {kwargs} ({err}); fix {setting}") from None
     except Exception as err:  # loading weights raises any type (SafetensorError, FileNotFoundError, ...)

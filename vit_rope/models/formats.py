@@ -1,7 +1,4 @@
-"""Every checkpoint format in one table, each recognised by a marker that only it carries. Every marker is asked, so no
-format depends on the order of the checks: two claims are an error (a file is in one format), none leaves timm's
-``VisionTransformer`` keys, which are ours. Where one format serves several models, the model decides the conversion
-(docs/models.md)."""
+"""Every checkpoint format in one table, each with a marker only it carries: all are asked, two claims are an error."""
 
 from __future__ import annotations
 
@@ -30,13 +27,13 @@ def model_name(size: str, kind: str, ape: bool = False) -> str:
 
 
 def _size(state_dict: Mapping[str, Any], sizes: tuple[str, ...]) -> str | None:
-    """The size of ``sizes`` whose width is the file's (its patch embedding's rows), ``None`` for none."""
+    """The size of ``sizes`` whose width is the file's patch embedding's, or ``None``."""
     weight = state_dict.get("patch_embed.proj.weight")
     return None if weight is None else size_of(int(weight.shape[0]), sizes)
 
 
 def _shape(state_dict: Mapping[str, Any]) -> dict[str, int]:
-    """The file's number of blocks and classes (its classifier's rows), as ``depth`` and ``num_classes``."""
+    """The file's ``depth`` and ``num_classes``, where it has blocks and a classifier."""
     depth, head = depth_of(state_dict), state_dict.get("head.weight")
     return {**({"depth": depth} if depth else {}), **({"num_classes": int(head.shape[0])} if head is not None else {})}
 
@@ -49,8 +46,7 @@ def _dinov3_name(state_dict: Mapping[str, Any]) -> str | None:
 
 
 def _rope_vit_name(state_dict: Mapping[str, Any]) -> str | None:
-    """The RoPE-ViT model of timm's ports and RoPE-ViT's files (mixed: learned ``freqs``; +APE: ``pos_embed``);
-    ``None`` for an axial file without APE, which a plain ViT / DeiT-III file cannot be told from."""
+    """The RoPE-ViT model of a port or file; ``None`` for axial without APE, which a plain ViT cannot be told from."""
     mixed = any(key in state_dict for key in ("freqs", "rope.freqs"))
     ape = "pos_embed" in state_dict
     size = _size(state_dict, ROPE_VIT_SIZES)
@@ -92,7 +88,6 @@ def _describe_eva(state_dict: Mapping[str, Any]) -> Description:
 
 def _transformers(model_types: Container[str], model: Callable[[dict[str, Any]], Description],
                   check_model: Callable[[dict[str, Any], nn.Module], None]) -> Folder:
-    """A transformers folder: ``config.json`` of one of ``model_types`` beside ``model.safetensors``."""
     return Folder("config.json", "model.safetensors", lambda config: config.get("model_type") in model_types, model,
                   check_model)
 
@@ -144,7 +139,7 @@ VIT = Format("timm's VisionTransformer (vit_rope's own, timm's ViT and DeiT-III)
 
 
 def checkpoint_format(state_dict: Mapping[str, Any]) -> Format:
-    """The format whose marker ``state_dict`` (unwrapped) carries; a ``ValueError`` when two do, or none and no ViT."""
+    """The format whose marker ``state_dict`` (unwrapped) carries; ``ValueError`` when two do, or none and no ViT."""
     claims = [fmt for fmt in FORMATS if fmt.carries(state_dict)]
     if len(claims) > 1:
         found = "; ".join(f"{fmt.name} ({fmt.marker})" for fmt in claims)
@@ -184,14 +179,12 @@ def weights_in(path: str | Path) -> Path:
 
 
 def describe(path: str | Path) -> Description:
-    """The model name and arguments that the weights in ``path`` describe by their keys, ``None`` for the name where
-    they do not say; a kind's model given by its arguments only is named the registered model of that kind and width."""
+    """The model name (``None``: unsaid) and arguments of the weights in ``path``; a kind's arguments name its model."""
     path = weights_in(path)
-    state = mapped_file(path)
-    if state is None:  # not readable memory-mapped: the full read gives the state dict or says what keeps it from it
+    if (state := mapped_file(path)) is None:  # the full read gives the state dict or says what keeps it from it
         state = read_weights(path)
     name, args = checkpoint_format(state).describe(state)
-    if name is None and "encoding" in args:  # a kind's model by its arguments: the registered one of that width
+    if name is None and "encoding" in args:
         size = size_of(args["embed_dim"], KIND_SIZES) if "embed_dim" in args else None
         if size is None and {"embed_dim", "depth", "num_heads"} <= set(args):  # the arguments set every width
             size = "base"
@@ -200,8 +193,7 @@ def describe(path: str | Path) -> Description:
 
 
 def model_args(path: str | Path) -> dict[str, Any]:
-    """The arguments any model needs to take the weights file ``path`` (``Format.model_args``: LookHere's); none for
-    most formats and for a file not readable memory-mapped (loading it says what is wrong)."""
+    """The arguments any model needs to take the weights file ``path`` (``Format.model_args``: LookHere's), or none."""
     state = mapped_file(path) or {}
     fmt = next((fmt for fmt in FORMATS if fmt.model_args is not None and fmt.carries(state)), None)
     return {} if fmt is None else fmt.model_args(state)

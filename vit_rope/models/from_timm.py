@@ -1,5 +1,4 @@
-"""``vit_rope.from_timm``: a model timm already loaded (hub, local file, fine-tuned) as its vit_rope twin with the same
-weights, which our tools reach (resolution policies, fused rotation, ONNX at any size, NaFlex, diagnostics)."""
+"""``vit_rope.from_timm``: a model timm loaded as its vit_rope twin with the same weights, which our tools reach."""
 
 from __future__ import annotations
 

@@ -1,6 +1,4 @@
-"""What loading a checkpoint did (``LoadReport``) and the warning that keeps an incomplete load from passing silently: a
-mixed RoPE model with random frequencies, or a classifier left at its initialisation, scores like a broken model rather
-than failing (``vit_rope.evaluate`` reads the report to refuse such a model)."""
+"""What loading a checkpoint did, and the warning that keeps an incomplete load (scoring like a broken model) loud."""
 
 from __future__ import annotations
 
@@ -10,7 +8,7 @@ from dataclasses import dataclass
 
 CLASSIFIER = ("head.weight", "head.bias", "head.fc.weight", "head.fc.bias")  # ViT, Swin
 
-# Why a weight holds its initial value (keys of LoadReport.initialised; checkpoint._fit_classifier words the head's)
+# why a weight holds its initial value (keys of LoadReport.initialised; checkpoint._fit_classifier words the head's)
 ROPE_FREQS = "learned RoPE frequencies kept at their random initialisation"
 LAYERSCALE = "LayerScale set to the identity"
 STRING = "Cayley-STRING bases set to the identity (the base RoPE kind)"
@@ -22,8 +20,7 @@ class WeightsNotLoadedWarning(UserWarning):
 
 @dataclass(frozen=True)
 class LoadReport:
-    """What a model took from a checkpoint (``model.load_report``): ``source`` None when timm read it, ``skipped``
-    checkpoint keys (an unfit classifier, a RoPE-only model's ``pos_embed``), ``converted``: a line per change."""
+    """``model.load_report``: ``source`` (None: timm read it), ``skipped`` keys, a ``converted`` line per change."""
 
     source: str | None
     loaded: tuple[str, ...]

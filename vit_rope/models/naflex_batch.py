@@ -1,5 +1,4 @@
-"""NaFlex batches on ``RoPEVisionTransformer`` (NaViT, Dehghani et al., NeurIPS 2023; timm's NaFlexViT): every image at
-its own size, its patches packed into one padded sequence as timm's ``NaFlexCollator`` yields them (docs/models.md)."""
+"""NaFlex batches (NaViT, Dehghani et al., NeurIPS 2023): images at their own sizes, packed as timm's NaFlexCollator."""
 
 from __future__ import annotations
 
@@ -15,7 +14,7 @@ NAFLEX_KEYS = ("patches", "patch_coord", "patch_valid")
 
 
 def naflex_patch(model: nn.Module) -> tuple[int, int] | None:
-    """The (h, w) patch of a model whose forward takes timm's NaFlex ``patch_coord``; None for one that takes none."""
+    """The (h, w) patch of a model whose forward takes timm's NaFlex ``patch_coord``, else None."""
     if "patch_coord" not in inspect.signature(model.forward).parameters:
         return None
     getter = getattr(model, "get_patch_size", None)
@@ -34,13 +33,12 @@ class NaFlexBatch(NamedTuple):
 
 def naflex_batch(x: Any, patch_coord: Tensor | None = None, patch_valid: Tensor | None = None,
                  attn_mask: Tensor | None = None) -> NaFlexBatch | None:
-    """The NaFlex batch that ``x`` and the keyword arguments name, or None for images. ``patch_valid`` is required even
-    without padding: a batch that lost it would attend to and pool its padding silently."""
+    """The NaFlex batch ``x`` and the keywords name, or None for images. ``patch_valid`` is required even without
+    padding: a batch that lost it would attend to and pool its padding silently."""
     if not isinstance(x, (dict, Tensor)):  # an FX proxy: symbolic tracing (torchvision's extractor) traces images
         return None
     if isinstance(x, dict):
-        missing = [key for key in NAFLEX_KEYS if key not in x]
-        if missing:
+        if missing := [key for key in NAFLEX_KEYS if key not in x]:
             raise ValueError(f"A NaFlex batch dict needs the keys {', '.join(NAFLEX_KEYS)}, as timm's NaFlexCollator "
                              f"yields them; {', '.join(missing)} missing from {sorted(x)}.")
         patches, patch_coord, patch_valid = (x[key] for key in NAFLEX_KEYS)
@@ -74,7 +72,7 @@ def naflex_batch(x: Any, patch_coord: Tensor | None = None, patch_valid: Tensor 
 
 def check_coordinates(coord: Tensor, valid: Tensor) -> None:
     """Refuse a negative coordinate of a valid token and a sample without one (nothing to pool), in one host sync."""
-    if not valid.shape[0]:  # an empty batch, which gives empty outputs as an empty image batch does
+    if not valid.shape[0]:  # an empty batch gives empty outputs, as an empty image batch does
         return
     low, empty = torch.stack(((coord * valid[..., None]).amin(), (~valid.any(1)).sum())).tolist()
     if low < 0:
@@ -88,9 +86,8 @@ def check_coordinates(coord: Tensor, valid: Tensor) -> None:
                          "every sample needs at least one patch; leave empty images out of the batch.")
 
 
-def check_attn_mask(attn_mask: Tensor, batch_size: int, tokens: int) -> Tensor:
-    """The caller's ``attn_mask`` if it broadcasts to ``[B, heads, T, T]`` (T tokens after patch dropout)."""
-    B, T = batch_size, tokens
+def check_attn_mask(attn_mask: Tensor, B: int, T: int) -> Tensor:
+    """The caller's ``attn_mask`` if it broadcasts to ``[B, nh, T, T]`` (T tokens after patch dropout)."""
     try:
         shape = torch.broadcast_shapes(attn_mask.shape, (B, 1, T, T))
     except RuntimeError:

@@ -1,5 +1,4 @@
-"""The model's side of its position encoding, built by the kind's registered builder (``vit_rope.encodings``) and held
-at ``model.pos_encoding`` whatever the kind: the model knows no kind by name."""
+"""The model's side of its position encoding (``vit_rope.encodings``'s builder's): the model knows no kind by name."""
 
 from __future__ import annotations
 
@@ -27,8 +26,7 @@ def encoding_keys(state: Mapping[str, Any], model: nn.Module) -> dict[str, Any]:
 
 
 def resolution_encoding(model: nn.Module) -> PositionEncoding | None:
-    """The position encoding of ``model`` whose resolution policies matter, or ``None`` where there is none to choose
-    (timm's ViTs, CNNs, no encoding); other families say it as ``resolution_rope`` (RoPE-Swin)."""
+    """The encoding whose resolution policies apply (other families' ``resolution_rope``), or ``None`` for none."""
     if not isinstance(model, PositionEncodingMixin):
         return getattr(model, "resolution_rope", None)
     return None if isinstance(model.pos_encoding, NoEncoding) else model.pos_encoding
@@ -41,8 +39,7 @@ class PositionEncodingMixin:
                        policy: str | dict | ResolutionPolicy | None, rope_options: dict[str, Any],
                        ref_grid: tuple[int, int] | None = None, options: dict[str, Any] | None = None,
                        ape_resampling: str = "bicubic") -> None:
-        """Build the encoding of ``kind``; ``ref_grid``: the grid the policies scale against instead of the patch grid
-        (timm ``Eva``'s ``ref_feat_shape``: EVA-02 at 336 px places its 24x24 patches on its 16x16 training grid)."""
+        """``ref_grid``: the grid policies scale against, not the patch grid (timm Eva's ``ref_feat_shape``)."""
         self.encoding_kind = kind
         self.coord_aug = coord_aug if isinstance(coord_aug, CoordAugment) else CoordAugment(**(coord_aug or {}))
         train_grid = tuple(self.patch_embed.grid_size) if ref_grid is None else (int(ref_grid[0]), int(ref_grid[1]))
@@ -51,17 +48,15 @@ class PositionEncodingMixin:
         self.pos_encoding = build(spec)
         self.pos_encoding.attach_(self.blocks, self.embed_dim, num_heads)
         self.register_load_state_dict_pre_hook(_encoding_keys)
-        # the +APE models' table is timm's pos_embed; what the embedding adds from it is an encoding too
         own = 0 if self.no_embed_class else self.num_prefix_tokens
-        self.ape = None if self.pos_embed is None else AbsoluteEncoding(own, ape_resampling)
+        self.ape = None if self.pos_embed is None else AbsoluteEncoding(own, ape_resampling)  # +APE: timm's pos_embed
 
     @property
     def resolution_policy(self) -> ResolutionPolicy:
         return self.pos_encoding.policy
 
     def set_resolution_policy(self, policy: str | dict | ResolutionPolicy | None, **options: Any) -> None:
-        """Choose how positions follow other input sizes (``vit_rope.encodings.policies``), as ``policy=`` at creation
-        (``None``: the default), e.g. ``model.set_resolution_policy("yarn", yarn_beta=4.0)``."""
+        """How positions follow other sizes (``policy=`` at creation), e.g. ``("yarn", yarn_beta=4.0)``."""
         if isinstance(policy, str):
             policy = ResolutionPolicy.create(dict(name=policy, **options))
         elif options:
@@ -81,6 +76,6 @@ def submodule_no_decay(model: nn.Module) -> set[str]:
 
 
 def _encoding_keys(module: nn.Module, state_dict: dict[str, Any], prefix: str, *args: Any) -> None:
-    """``load_state_dict`` of a checkpoint that keeps the encoding under ``rope.`` (``encoding_key``)."""
+    """``load_state_dict`` of a checkpoint with the encoding under ``rope.`` (``encoding_key``)."""
     for key in [key for key in state_dict if key.startswith(prefix + "rope.")]:
         state_dict[prefix + encoding_key(key[len(prefix):])] = state_dict.pop(key)

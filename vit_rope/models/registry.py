@@ -1,6 +1,4 @@
-"""timm registration of the RoPE-ViT models (Heo et al., ECCV 2024, arXiv:2403.13298), every other kind and twin,
-run by ``import vit_rope``. ``vit_rope_{tiny,small,base,large}_patch16_{axial,mixed}[_ape]_224`` point at RoPE-ViT's
-published ``naver_in1k`` weights (timm's copies, converted on load); docs/models.md lists every name and its weights."""
+"""timm registration (by ``import vit_rope``) of every vit_rope model and twin; docs/models.md lists them."""
 
 from __future__ import annotations
 
@@ -28,7 +26,7 @@ from vit_rope.models.twins import tagged, timm_twin_cfgs
 from vit_rope.models.vit import RoPEVisionTransformer
 from vit_rope.models.widths import width
 
-# name suffix -> model arguments of the kinds without published weights (tiny, small, base); STRING over axial, mixed
+# name suffix -> model arguments of the kinds without published weights; STRING over axial or mixed
 NEW_KINDS: dict[str, dict[str, str]] = {
     **{kind: dict(encoding=kind) for kind in KINDS if kind not in ("axial", "mixed", "dinov3", "string", "none")},
     "string": dict(encoding="string", rope_string_base="axial"),
@@ -85,8 +83,7 @@ ENCODINGS: dict[str, str] = {}
 
 def _entrypoint(name: str, model_args: dict[str, Any], model_cls: type[nn.Module] = RoPEVisionTransformer
                 ) -> Callable[..., nn.Module]:
-    """One timm entry point of ``model_cls``, keyword arguments over ``model_args``; the checkpoint filter knows
-    ``features_only``, whose classifier timm drops, so that the load report says so."""
+    """One timm entry point; the filter knows ``features_only`` (timm drops the head), so the load report says so."""
     swin = model_cls is RoPESwinTransformer
     if not swin:
         ENCODINGS[name] = model_args["encoding"]
@@ -128,7 +125,7 @@ _PLAIN = {**{name: (args, RoPEVisionTransformer) for name, args in _VITS.items()
 for _name, (_args, _cls) in _PLAIN.items():
     globals()[_name] = register_model(_entrypoint(_name, _args, _cls))
 
-# the twins of timm's and transformers' VLM towers (vit_rope.models.qwen3_vit, pixtral, qwen2_5_vl, ...)
+# the twins of timm's and transformers' VLM towers
 for _table, _cls, _width in ((QWEN3, Qwen3VisionTransformer, ("merger_out_features", qwen3_vit.llm_width)),
                              (PIXTRAL, PixtralVisionTransformer, None), (GEMMA4, Gemma4VisionTransformer, None),
                              (deepseek_vit.DEEPSEEK, deepseek_vit.DeepseekVisionTransformer,

@@ -1,6 +1,5 @@
-"""RoPE-Swin: RoPE-ViT's Swin Transformers (Heo et al., ECCV 2024, arXiv:2403.13298; github.com/naver-ai/rope-vit) on
-timm's ``SwinTransformer`` (Liu et al., ICCV 2021): a 2D RoPE of window-local positions in every window attention in
-place of Swin's relative position bias (``use_rpb`` keeps it beside RoPE, the official option); docs/models.md."""
+"""RoPE-ViT's RoPE-Swin (Heo et al., ECCV 2024, arXiv:2403.13298) on timm's ``SwinTransformer`` (Liu et al., ICCV
+2021): 2D RoPE of window-local positions in every window attention, in place of (``use_rpb``: beside) Swin's bias."""
 
 from __future__ import annotations
 
@@ -27,10 +26,8 @@ SWIN_THETA = {"axial": 50.0, "mixed": 10.0}  # the official RoPE-Swin models' ro
 
 
 class RoPEWindowAttention(WindowAttention):
-    """timm's window attention with q and k rotated by a 2D RoPE of window-local positions (trained on the window built
-    with). Attention is SDPA unless ``TIMM_FUSED_ATTN=0`` (timm's Swin keeps its explicit softmax unless ``=2``): SDPA
-    saves no ``[heads, N, N]`` probabilities and no copies of q, k, v, so a training step holds 4% less than timm's
-    Swin-T instead of 16% more (``benchmarks/swin.py``)."""
+    """timm's window attention, q and k rotated by a 2D RoPE of window positions. SDPA unless ``TIMM_FUSED_ATTN=0``
+    (timm's Swin needs ``=2``): a training step holds 4% less than timm's Swin-T, not 16% more (benchmarks/swin.py)."""
 
     def __init__(self, dim: int, num_heads: int, head_dim: int | None = None, window_size: Any = 7,
                  qkv_bias: bool = True, attn_drop: float = 0.0, proj_drop: float = 0.0, encoding: str = "mixed",
@@ -39,15 +36,14 @@ class RoPEWindowAttention(WindowAttention):
         super().__init__(dim, num_heads, head_dim, window_size, qkv_bias, attn_drop, proj_drop)
         self.fused_attn = use_fused_attn()
         if not use_rpb:
-            self.relative_position_bias_table = None
-            self.relative_position_index = None
+            self.relative_position_bias_table = self.relative_position_index = None
         check_choice(encoding, SWIN_KINDS, "RoPE-Swin encoding (RoPE-ViT's)")
         theta = SWIN_THETA[encoding] if rope_theta is None else rope_theta
         self.rope = RoPE2D(self.qkv.out_features // 3 // num_heads, num_heads, encoding, theta, self.window_size,
                            resolution_policy)
 
     def reset_parameters(self) -> None:
-        if self.relative_position_bias_table is not None:  # timm's init of the bias, when there is one
+        if self.relative_position_bias_table is not None:
             super().reset_parameters()
 
     def set_window_size(self, window_size: tuple[int, int]) -> None:
@@ -82,9 +78,7 @@ class RoPEWindowAttention(WindowAttention):
 
 
 class RoPESwinBlock(SwinTransformerBlock):
-    """timm's block with its windows counted by ceiling division, ``(H + wh - 1) // wh``, rather than padded by
-    ``(wh - H % wh) % wh``: the same ops and values, but torch.export's symbolic shapes stay products, where timm's
-    ``Mod`` made a one-stage model trace 9x slower (27 s against 3 s on a CPU core)."""
+    """timm's block, windows counted by ceiling division: torch.export traces it 9x faster than timm's ``Mod``."""
 
     def _attn(self, x: Tensor) -> Tensor:
         B, H, W, C = x.shape
@@ -100,8 +94,7 @@ class RoPESwinBlock(SwinTransformerBlock):
 
 
 class RoPESwinTransformer(NoTorchScript, SwinTransformer):
-    """timm's ``SwinTransformer`` with ``RoPEWindowAttention`` in every block (a ``RoPESwinBlock``); ``rope_theta``
-    ``None``: the official models' (50 axial, 10 mixed); ``use_rpb``: Swin's relative position bias kept beside RoPE."""
+    """timm's ``SwinTransformer`` with ``RoPEWindowAttention`` in every block; ``rope_theta=None``: ``SWIN_THETA``."""
 
     def __init__(self, encoding: str = "mixed", rope_theta: float | None = None, use_rpb: bool = False,
                  resolution_policy: str | dict | ResolutionPolicy | None = None, **kwargs: Any) -> None:
@@ -114,7 +107,7 @@ class RoPESwinTransformer(NoTorchScript, SwinTransformer):
                 block.attn = RoPEWindowAttention(
                     old.dim, old.num_heads, old.qkv.out_features // 3 // old.num_heads, old.window_size,
                     old.qkv.bias is not None, old.attn_drop.p, old.proj_drop.p, encoding, rope_theta, use_rpb,
-                    resolution_policy).to(old.qkv.weight.device, old.qkv.weight.dtype)  # timm's device and dtype
+                    resolution_policy).to(old.qkv.weight.device, old.qkv.weight.dtype)
         if kwargs.get("weight_init") != "skip":
             self.init_weights(needs_reset=False)  # timm's init of the new projections
 
@@ -130,7 +123,7 @@ class RoPESwinTransformer(NoTorchScript, SwinTransformer):
 
     @property
     def resolution_rope(self) -> RoPE2D:
-        """The first block's RoPE, which says the policies that apply (``pos_encoding.resolution_encoding``)."""
+        """The first block's RoPE, which says the policies that apply (``resolution_encoding``)."""
         return self.layers[0].blocks[0].attn.rope
 
     def forward_features(self, x: Tensor) -> Tensor:
@@ -172,13 +165,10 @@ def _biases(state_dict: dict[str, Any], model: RoPESwinTransformer) -> tuple[dic
 
 
 def from_official(state_dict: dict[str, Any], model: nn.Module) -> Converted:
-    """An official RoPE-Swin state dict in our layout: mixed frequencies renamed, axial ones checked equal to the
-    model's (rebuilt), window positions dropped, then timm's conversion of Microsoft's layout."""
+    """An official RoPE-Swin state dict in our layout (axial frequencies checked, window positions dropped)."""
     model = _swin_model(model, "RoPE-ViT's official RoPE-Swin")
     out = {}
     for key, value in state_dict.items():
-        if key.endswith(("rope_t_x", "rope_t_y")):
-            continue
         if key.endswith("attn.rope_freqs"):
             rope = model.get_submodule(key.removesuffix("_freqs"))
             if rope.learnable:
@@ -186,8 +176,8 @@ def from_official(state_dict: dict[str, Any], model: nn.Module) -> Converted:
             elif not torch.allclose(value.float(), rope.freqs.expand_as(value), atol=1e-6):
                 raise ValueError(f"{key} holds axial frequencies of another theta than this model's {rope.theta:g}: "
                                  "create the model with the checkpoint's rope_theta")
-            continue
-        out[key] = value
+        elif not key.endswith(("rope_t_x", "rope_t_y")):  # window positions are rebuilt
+            out[key] = value
     out, notes = _biases(out, model)
     return checkpoint_filter_fn(out, model), ("RoPE-ViT's RoPE-Swin: window positions rebuilt, Microsoft's stage "
                                               "layout converted as timm converts it", *notes)
@@ -200,8 +190,7 @@ def from_swin(state_dict: dict[str, Any], model: nn.Module) -> Converted:
 
 
 def describe(state_dict: Mapping[str, Any]) -> Description:
-    """The RoPE-Swin an official file is (width and depths name the size; axial frequencies have ``wy = 0`` on the
-    first half of the pairs), with its class count; a plain Swin's weights name no RoPE kind."""
+    """The RoPE-Swin an official file is (axial frequencies: ``wy = 0`` on the first half), with its class count."""
     head = state_dict.get("head.weight", state_dict.get("head.fc.weight"))
     args = {} if head is None else {"num_classes": int(head.shape[0])}
     freqs = next((value for key, value in state_dict.items() if key.endswith("attn.rope_freqs")), None)

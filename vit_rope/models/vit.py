@@ -1,9 +1,7 @@
-"""Vision Transformer with 2D RoPE on timm's ``VisionTransformer``: RoPE-ViT's (Heo et al., ECCV 2024,
-arXiv:2403.13298), DeiT-III's ViT (Touvron et al., ECCV 2022) with RoPE in every attention layer ("+APE" keeps a
-learned absolute embedding too). All but the embedding (``vit_rope.models.embedding``) and the block loop is timm's."""
+"""RoPE-ViT (Heo et al., ECCV 2024, arXiv:2403.13298) on timm's ``VisionTransformer``: DeiT-III's ViT (Touvron et
+al., ECCV 2022) with 2D RoPE in every attention layer ("+APE" keeps a learned absolute embedding too)."""
 
-# no ``from __future__ import annotations``: FX writes a traced model's forward signature from these annotations, which
-# must be types, not strings
+# no ``from __future__ import annotations``: FX writes a traced forward's signature from these, which must be types
 from collections.abc import Sequence
 from typing import Any
 
@@ -26,8 +24,7 @@ from vit_rope.models.pos_encoding import PositionEncodingMixin, submodule_no_dec
 
 
 class RoPEVisionTransformer(NoTorchScript, PositionEncodingMixin, EmbeddingMixin, VisionTransformer):
-    """timm ``VisionTransformer`` with 2D RoPE, at any multiple of the patch size; the other arguments are
-    docs/models.md's (``None``: the kind's default); ``pos_embed="learn"``: RoPE-ViT's "+APE", of patches only."""
+    """timm ``VisionTransformer`` with 2D RoPE at any multiple of the patch size; arguments: docs/models.md."""
 
     def __init__(self, encoding: str | None = None, resolution_policy: str | dict | ResolutionPolicy | None = None,
                  rope_theta: float | None = None, rope_coord_aug: dict | CoordAugment | None = None,
@@ -74,14 +71,13 @@ class RoPEVisionTransformer(NoTorchScript, PositionEncodingMixin, EmbeddingMixin
         self._init_encoding(encoding, num_heads, rope_coord_aug, resolution_policy,
                             {name: value for name, value in rope_options.items() if value is not None},
                             rope_ref_grid, encoding_options, pos_embed_resampling)
-        factory = {key: kwargs[key] for key in ("device", "dtype") if kwargs.get(key) is not None}
-        if factory:  # timm built its modules there (create_model(device=..., dtype=...)); ours follow
-            self.to(**factory)
+        if factory := {key: kwargs[key] for key in ("device", "dtype") if kwargs.get(key) is not None}:
+            self.to(**factory)  # ours where timm built its modules (create_model(device=..., dtype=...))
 
     def reset_classifier(self, num_classes: int, global_pool: str | None = None) -> None:
         """timm's, keeping the MLP head (``head_hidden_dim``) when the model has one."""
         super().reset_classifier(num_classes, global_pool)
-        if self.head_hidden_dim and num_classes > 0:  # where the model's weights are, in their dtype, as timm's head
+        if self.head_hidden_dim and num_classes > 0:
             self.head = Mlp(self.embed_dim, self.head_hidden_dim, num_classes, act_layer=nn.Tanh,
                             **get_device_dtype(self))
 
@@ -99,9 +95,9 @@ class RoPEVisionTransformer(NoTorchScript, PositionEncodingMixin, EmbeddingMixin
         self, x: Tensor | NaFlexBatch, blocks: nn.Module, take_indices: list[int] = (), norm: bool = False,
         **block_kwargs: Any,
     ) -> tuple[Tensor, list[Tensor], Embedded]:
-        """The last tokens, those after ``take_indices`` and the embedding (NaFlex: after patch dropout) of ``x``."""
+        """The last tokens, those after ``take_indices`` and the embedding of ``x``."""
         embedded = self._embed(x)
-        if embedded.attn_mask is not None:  # a NaFlex batch's padding mask, or the caller's checked against it
+        if embedded.attn_mask is not None:  # a NaFlex batch's padding mask, or the caller's
             block_kwargs["attn_mask"] = embedded.attn_mask
         x, intermediates = embedded.tokens, []
         encodings = self._block_inputs(embedded)
@@ -184,9 +180,7 @@ class RoPEVisionTransformer(NoTorchScript, PositionEncodingMixin, EmbeddingMixin
             return out
         if return_prefix_tokens and prefix_tokens is not None:
             intermediates = list(zip(intermediates, prefix_tokens, strict=True))
-        if intermediates_only:
-            return intermediates
-        return self.norm(x), intermediates
+        return intermediates if intermediates_only else (self.norm(x), intermediates)
 
     def prune_intermediate_layers(self, indices: int | list[int] = 1, prune_norm: bool = False,
                                   prune_head: bool = True) -> list[int]:

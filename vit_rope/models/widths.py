@@ -1,5 +1,4 @@
-"""The widths of the model sizes, one table for every family: RoPE-ViT's DeiT-III ViTs, DINOv3's backbones and the Eva
-twins name their sizes alike, and one table keeps a size from meaning one width in one family and another elsewhere."""
+"""The widths of the model sizes, one table for every family so that a size means one width in all of them."""
 
 from __future__ import annotations
 
@@ -15,8 +14,7 @@ def width(size: str) -> dict[str, int]:
     """``embed_dim``, ``depth`` and ``num_heads`` of ``size`` as model keyword arguments (a fresh dict)."""
     if size not in _TABLE:
         raise KeyError(f"Unknown model size {size!r}: the sizes are {', '.join(_TABLE)}.")
-    embed_dim, depth, num_heads = _TABLE[size]
-    return dict(embed_dim=embed_dim, depth=depth, num_heads=num_heads)
+    return dict(zip(("embed_dim", "depth", "num_heads"), _TABLE[size], strict=True))
 
 
 def size_of(embed_dim: int, sizes: tuple[str, ...]) -> str | None:
