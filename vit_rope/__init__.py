@@ -8,9 +8,8 @@ from vit_rope.eval.loading import create_from_checkpoint
 from vit_rope.layers.fused import rotate_qk
 from vit_rope.layers.rotary import apply_rope, grid_positions
 from vit_rope.models import registry  # noqa: F401  (registers the models with timm)
-from vit_rope.models.checkpoint import convert_state_dict, load_weights
+from vit_rope.models.checkpoint import LoadReport, WeightsNotLoadedWarning, convert_state_dict, load_weights
 from vit_rope.models.from_timm import from_timm
-from vit_rope.models.load_report import LoadReport, WeightsNotLoadedWarning
 from vit_rope.models.vit import RoPEVisionTransformer
 
 __all__ = ["LoadReport", "RoPE2D", "RoPEVisionTransformer", "WeightsNotLoadedWarning", "apply_rope",

@@ -8,8 +8,7 @@ from timm.layers import resample_abs_pos_embed
 
 import vit_rope  # noqa: F401  (registers the models)
 from vit_rope.encodings.ape import fit_checkpoint_pos_embed, source_grids
-from vit_rope.models.checkpoint import load_weights
-from vit_rope.models.load_report import WeightsNotLoadedWarning
+from vit_rope.models.checkpoint import WeightsNotLoadedWarning, load_weights
 
 
 @pytest.mark.parametrize(("rows", "grid", "prefix", "expected"), [

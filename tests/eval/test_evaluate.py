@@ -26,7 +26,7 @@ from vit_rope.errors import UserError
 from vit_rope.eval import harness as evaluate
 from vit_rope.eval import report
 from vit_rope.eval.loading import EvalModel, load_trained
-from vit_rope.models.load_report import WeightsNotLoadedWarning
+from vit_rope.models.checkpoint import WeightsNotLoadedWarning
 
 
 @pytest.fixture

@@ -19,7 +19,7 @@ from helpers.models import assert_same_outputs, timm_eva
 from studies.results import is_run
 from vit_rope.errors import UserError
 from vit_rope.eval.loading import create_from_checkpoint, load_pretrained, load_trained, model_label
-from vit_rope.models.load_report import WeightsNotLoadedWarning
+from vit_rope.models.checkpoint import WeightsNotLoadedWarning
 from vit_rope.train.state import load_checkpoint, save_checkpoint
 from vit_rope.weights import tensor_rows
 

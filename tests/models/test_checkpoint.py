@@ -12,8 +12,7 @@ from safetensors.torch import save_file
 import vit_rope  # noqa: F401  (registers the models)
 from helpers.checkpoints import CORRUPT, save_source, write_corrupt
 from vit_rope.errors import UserError
-from vit_rope.models.checkpoint import convert_state_dict, load_weights
-from vit_rope.models.load_report import LAYERSCALE, ROPE_FREQS, WeightsNotLoadedWarning
+from vit_rope.models.checkpoint import LAYERSCALE, ROPE_FREQS, WeightsNotLoadedWarning, convert_state_dict, load_weights
 from vit_rope.train.state import load_checkpoint
 from vit_rope.weights import UnreadableCheckpointError
 

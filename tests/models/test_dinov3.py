@@ -14,8 +14,7 @@ import vit_rope
 from helpers.checkpoints import meta_keys
 from helpers.models import assert_same_outputs, timm_eva
 from vit_rope.eval import command, diagnostics
-from vit_rope.models.checkpoint import convert_state_dict
-from vit_rope.models.load_report import WeightsNotLoadedWarning
+from vit_rope.models.checkpoint import WeightsNotLoadedWarning, convert_state_dict
 from vit_rope.models.registry import dinov3_name
 
 SIZES = [(224, 224), (256, 192), (320, 320)]

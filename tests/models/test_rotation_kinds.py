@@ -143,8 +143,7 @@ def test_onnx_export_of_string_at_a_size_other_than_training_matches_eager(tmp_p
 
 
 def test_a_checkpoint_without_string_loads_with_p_the_identity_and_says_so(tmp_path):
-    from vit_rope.models.checkpoint import load_weights
-    from vit_rope.models.load_report import STRING, WeightsNotLoadedWarning
+    from vit_rope.models.checkpoint import STRING, WeightsNotLoadedWarning, load_weights
 
     torch.manual_seed(0)
     axial = timm.create_model("vit_rope_tiny_patch16_axial_224", depth=2, num_classes=3)

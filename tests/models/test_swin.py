@@ -14,8 +14,8 @@ import vit_rope  # noqa: F401  (registers the models)
 from helpers import rope_swin_official as official
 from vit_rope import create_from_checkpoint, load_weights
 from vit_rope.layers.rotary import grid_positions, rope_angles, rope_tables
+from vit_rope.models.checkpoint import ROPE_FREQS
 from vit_rope.models.formats import describe
-from vit_rope.models.load_report import ROPE_FREQS
 from vit_rope.models.pos_encoding import resolution_encoding
 from vit_rope.models.swin import SWIN_SIZES, SWIN_THETA, RoPESwinTransformer, from_official, swin_name
 

@@ -1,9 +1,12 @@
-"""Loading the weights users have into vit_rope models, never silently: initialised weights warn, in ``load_report``."""
+"""Loading the weights users have into vit_rope models, never silently: what a load took, initialised (and why),
+skipped and converted is ``model.load_report``, and an incomplete load (scoring like a broken model) warns."""
 
 from __future__ import annotations
 
 import re
+import warnings
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -14,9 +17,62 @@ from torch import Tensor, nn
 from vit_rope.encodings.ape import fit_checkpoint_pos_embed
 from vit_rope.models.eva_families import check_family
 from vit_rope.models.formats import checkpoint_format, folder_format, weights_in
-from vit_rope.models.load_report import CLASSIFIER, LAYERSCALE, ROPE_FREQS, STRING, LoadReport, warn_initialised
 from vit_rope.models.pos_encoding import encoding_key
 from vit_rope.weights import ROPE_BUFFERS, read_weights, unwrap_state_dict, weights_mismatch
+
+CLASSIFIER = ("head.weight", "head.bias", "head.fc.weight", "head.fc.bias")  # ViT, Swin
+
+# why a weight holds its initial value (keys of LoadReport.initialised; checkpoint._fit_classifier words the head's)
+ROPE_FREQS = "learned RoPE frequencies kept at their random initialisation"
+LAYERSCALE = "LayerScale set to the identity"
+STRING = "Cayley-STRING bases set to the identity (the base RoPE kind)"
+
+
+class WeightsNotLoadedWarning(UserWarning):
+    """A checkpoint lacked weights, initialised instead, or held an APE that a RoPE-only model has no place for."""
+
+
+@dataclass(frozen=True)
+class LoadReport:
+    """``model.load_report``: ``source`` (None: timm read it), ``skipped`` keys, a ``converted`` line per change."""
+
+    source: str | None
+    loaded: tuple[str, ...]
+    initialised: Mapping[str, tuple[str, ...]]
+    skipped: tuple[str, ...] = ()
+    converted: tuple[str, ...] = ()
+
+    @property
+    def rope_freqs_loaded(self) -> bool:
+        """False when the model has learned (mixed) RoPE frequencies and the checkpoint had none."""
+        return ROPE_FREQS not in self.initialised
+
+    @property
+    def head_reason(self) -> str | None:
+        """Why the model's classifier holds its initial values; None when it was loaded or the model has none."""
+        return next((reason for reason, keys in self.initialised.items() if set(keys) & set(CLASSIFIER)), None)
+
+    def summary(self) -> str:
+        """The initialised weights in one line, by reason; empty when everything was loaded."""
+        def keys(names: tuple[str, ...]) -> str:
+            return ", ".join(names) if len(names) <= 3 else f"{names[0]}, ..., {names[-1]}: {len(names)} tensors"
+
+        return "; ".join(f"{reason} ({keys(names)})" for reason, names in self.initialised.items())
+
+
+def warn_initialised(load: LoadReport) -> None:
+    """One ``WeightsNotLoadedWarning`` for a load that initialised weights or dropped the checkpoint's APE."""
+    parts = []
+    if load.initialised:
+        parts.append(f"lacks weights of the model, which were initialised instead: {load.summary()}")
+    if "pos_embed" in load.skipped:
+        parts.append("has an absolute position embedding (pos_embed), which was not loaded: the model has none and "
+                     "encodes positions with RoPE alone (its +APE variant, *_ape, keeps it)")
+    if parts:
+        advice = "load a checkpoint that has them" if load.initialised else "load it into the +APE variant"
+        warnings.warn(f"{load.source or 'The checkpoint'} {'; it also '.join(parts)}. Fine for fine-tuning; for "
+                      f"evaluation, {advice}.", WeightsNotLoadedWarning, stacklevel=3)
+
 
 # the weights a checkpoint may lack, filled so that the model keeps its function: (key, fill, the report's reason)
 _FILLS = ((r"pos_encoding\.\d+\.freqs|layers\.\d+\.blocks\.\d+\.attn\.rope\.freqs", lambda value: value, ROPE_FREQS),
