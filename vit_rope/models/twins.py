@@ -14,7 +14,7 @@ from timm.models import resolve_pretrained_cfg
 from torch import Tensor, nn
 
 from vit_rope.encodings.rope.dinov3_rope import permute_qk_rows, qk_permutation
-from vit_rope.models.naflex_batch import naflex_batch
+from vit_rope.models.embedding import Embedded
 from vit_rope.models.vit import RoPEVisionTransformer
 from vit_rope.weights import Converted
 
@@ -54,15 +54,10 @@ class ProjectorTwin(RoPEVisionTransformer):
         head = nn.Linear(width, num_classes, **get_device_dtype(self)) if num_classes > 0 else nn.Identity()
         self.head = head.train(self.training)  # in the model's mode, as timm's (its model suite checks it)
 
-    def forward(self, x: Tensor, attn_mask: Tensor | None = None, is_causal: bool = False,
-                patch_coord: Tensor | None = None, patch_valid: Tensor | None = None) -> Tensor:
-        """As ``RoPEVisionTransformer.forward``, the projector between the tokens and the head."""
-        batch = naflex_batch(x, patch_coord, patch_valid, attn_mask)
-        if batch is not None:
-            tokens, _, embedded = self._forward_blocks(batch, self.blocks, is_causal=is_causal)
-            return self.forward_head(self.norm(tokens), patch_valid=embedded.valid, patch_coord=embedded.coord)
-        grid = self.patch_embed.dynamic_feat_size((x.shape[-2], x.shape[-1]))
-        return self.forward_head(self.forward_features(x, attn_mask=attn_mask, is_causal=is_causal), grid=grid)
+    def _forward_head(self, x: Tensor, embedded: Embedded) -> Tensor:
+        """``forward``'s head: the projector on an image batch's grid or at a NaFlex batch's coordinates first."""
+        return self.forward_head(x, patch_valid=embedded.valid, grid=embedded.positions.grid,
+                                 patch_coord=embedded.coord)
 
     def forward_head(self, x: Tensor, pre_logits: bool = False, patch_valid: Tensor | None = None,
                      grid: tuple[int, int] | None = None, patch_coord: Tensor | None = None) -> Tensor:

@@ -120,8 +120,13 @@ class RoPEVisionTransformer(NoTorchScript, PositionEncodingMixin, EmbeddingMixin
         """Logits of images, or of a NaFlex batch: timm's dict, or ``patches``, ``patch_coord`` and ``patch_valid``."""
         batch = naflex_batch(x, patch_coord, patch_valid, attn_mask)
         x, _, embedded = self._forward_blocks(x if batch is None else batch, self.blocks, attn_mask=attn_mask,
-                                              is_causal=is_causal)  # images: embedded.valid is None, timm's pooling
-        return self.forward_head(self.norm(x), patch_valid=embedded.valid)
+                                              is_causal=is_causal)
+        return self._forward_head(self.norm(x), embedded)
+
+    def _forward_head(self, x: Tensor, embedded: Embedded) -> Tensor:
+        """``forward``'s head: timm's pooling (an image batch's ``embedded.valid`` is None), a NaFlex batch's over its
+        valid tokens."""
+        return self.forward_head(x, patch_valid=embedded.valid)
 
     def forward_features(self, x: Tensor, attn_mask: Tensor | None = None, is_causal: bool = False,
                          patch_coord: Tensor | None = None, patch_valid: Tensor | None = None) -> Tensor:

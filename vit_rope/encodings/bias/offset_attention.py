@@ -119,7 +119,7 @@ def _by_rows(q: Tensor, k: Tensor, v: Tensor, flipped: Tensor, grid: tuple[int, 
     (h, w), (B, nh), P = grid, q.shape[:2], prefix
     g = min(h, -(-ROW_QUERIES // w))
     entries, pad = -(-h // g), -h % g  # pad: grid rows of zero queries that fill the last entry
-    table = F.pad(flipped, (0, 0, 0, pad))  # the rows those queries read
+    table = F.pad(flipped, (0, 0, 0, pad)) if pad else flipped  # the rows those queries read
     rows = (entries - 1) * g + h
     layout = table.as_strided((nh, g, w, rows, w), (table.stride(0), table.stride(1), 1, table.stride(1), 1))
     layout = layout.contiguous()
