@@ -90,8 +90,8 @@ class DeepseekVisionTransformer(Qwen3VisionTransformer):
         self.fc_norm = norm_layer(self.head_hidden_size, affine=False, **dd)  # as Qwen3-VL's, but an RMSNorm
 
 
-def llm_width(tag: str) -> int:
-    """The aligner width of timm's tag (``LLM_WIDTHS``; another tag: V4.1-Flash's)."""
+def llm_width(name: str, tag: str) -> int:
+    """The aligner width of timm's weights ``tag`` (``LLM_WIDTHS``; another tag: V4.1-Flash's), for every twin."""
     return LLM_WIDTHS.get(tag, LLM_WIDTHS["deepseek_v4_1_flash"])
 
 

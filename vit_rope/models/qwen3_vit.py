@@ -30,22 +30,18 @@ QWEN3: dict[str, dict[str, Any]] = {f"qwen3_vit_{size}{suffix}": dict(_COMMON, *
                                     for size in _WIDTHS for suffix, head in _HEADS.items()}
 
 
-def llm_width(name: str) -> Callable[[str], int]:
-    """The merger width of timm's tag for twin ``name`` (timm's table of LLM widths; 0: a classifier, no merger)."""
+def llm_width(name: str, tag: str) -> int:
+    """The merger width of twin ``name`` for timm's weights ``tag`` (timm's table of LLM widths; 0: no merger)."""
     from timm.models.qwen3_vit import _SOURCE_CFGS
 
     arch = name.removeprefix("vit_rope_").removesuffix("_merge").removesuffix("_enc")
-
-    def width(tag: str) -> int:
-        if arch == name.removeprefix("vit_rope_"):
-            return 0
-        if f"{arch}.{tag}" not in _SOURCE_CFGS:
-            raise ValueError(f"{name} has no merger width for the weights' tag {tag!r} (timm's tags: "
-                             f"{sorted(k.split('.')[1] for k in _SOURCE_CFGS if k.startswith(arch + '.'))}): pass "
-                             "merger_out_features, the language model's width.")
-        return _SOURCE_CFGS[f"{arch}.{tag}"]["out_features"]
-
-    return width
+    if arch == name.removeprefix("vit_rope_"):  # the classifier over the patch tokens
+        return 0
+    if f"{arch}.{tag}" not in _SOURCE_CFGS:
+        raise ValueError(f"{name} has no merger width for the weights' tag {tag!r} (timm's tags: "
+                         f"{sorted(k.split('.')[1] for k in _SOURCE_CFGS if k.startswith(arch + '.'))}): pass "
+                         "merger_out_features, the language model's width.")
+    return _SOURCE_CFGS[f"{arch}.{tag}"]["out_features"]
 
 
 def merge_blocks(x: Tensor, grid: tuple[int, int], k: int) -> Tensor:

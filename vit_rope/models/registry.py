@@ -129,10 +129,10 @@ for _name, (_args, _cls) in _PLAIN.items():
 for _table, _cls, _width in ((QWEN3, Qwen3VisionTransformer, ("merger_out_features", qwen3_vit.llm_width)),
                              (PIXTRAL, PixtralVisionTransformer, None), (GEMMA4, Gemma4VisionTransformer, None),
                              (deepseek_vit.DEEPSEEK, deepseek_vit.DeepseekVisionTransformer,
-                              ("aligner_out_features", lambda name: deepseek_vit.llm_width))):
+                              ("aligner_out_features", deepseek_vit.llm_width))):
     for _timm_name, _args in _table.items():
         _name = f"vit_rope_{_timm_name}"
         _create = _entrypoint(_name, _args, model_cls=_cls)
         if _width:
-            _create = tagged(_create, _width[0], _width[1](_name))  # the projector's width: the weights' tag's
+            _create = tagged(_create, *_width)  # the projector's width: the weights' tag's
         globals()[_name] = register_model(_create)

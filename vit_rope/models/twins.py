@@ -83,14 +83,15 @@ def timm_twin_cfgs(family: str, names: Iterable[str], **cfg: Any) -> dict[str, d
             for name in names for tag, tagged in default_cfgs[name].cfgs.items()}
 
 
-def tagged(create: Callable[..., nn.Module], key: str, width: Callable[[str], int]) -> Callable[..., nn.Module]:
-    """Entry point defaulting ``key`` (projector width) to ``width(tag)`` of the weights' tag: one name, many LLMs."""
+def tagged(create: Callable[..., nn.Module], key: str, width: Callable[[str, str], int]) -> Callable[..., nn.Module]:
+    """Entry point defaulting ``key`` (projector width) to ``width(name, tag)`` of the weights' tag: one name, many
+    LLMs."""
 
     @wraps(create)
     def create_tagged(pretrained: bool = False, **kwargs: Any) -> nn.Module:
         if key not in kwargs:
             cfg = resolve_pretrained_cfg(create.__name__, pretrained_cfg=kwargs.get("pretrained_cfg"))
-            kwargs[key] = width(cfg.tag)
+            kwargs[key] = width(create.__name__, cfg.tag)
         return create(pretrained, **kwargs)
 
     return create_tagged
