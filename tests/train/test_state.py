@@ -20,9 +20,9 @@ from torch import nn
 import train
 from helpers.training import tiny_args, write_image_folder
 from vit_rope.errors import UserError
-from vit_rope.train import state
 from vit_rope.train.command_line import build_config, parse_args
 from vit_rope.train.distributed import DistEnv
+from vit_rope.train.resume import restore, saved_settings
 from vit_rope.train.state import (
     CHECKPOINT_FORMAT,
     atomic_save,
@@ -204,13 +204,13 @@ def test_saved_settings_drop_keys_this_version_no_longer_knows(first_epoch, tmp_
     ckpt = torch.load(stopped / "last.pth", weights_only=True)
     ckpt["config"]["a_key_of_an_older_version"] = 1
     torch.save(ckpt, tmp_path / "older.pth")
-    settings = state.saved_settings(tmp_path / "older.pth")
+    settings = saved_settings(tmp_path / "older.pth")
     assert "a_key_of_an_older_version" not in settings and "resume" not in settings
     assert build_config(overrides=[], base=settings).model_kwargs == {"depth": 2, "embed_dim": 48}
     ckpt["config"]["lr"] = "fast"
     torch.save(ckpt, tmp_path / "older.pth")
     with pytest.raises(UserError, match=f"lr.*in the config saved in {tmp_path / 'older.pth'}"):
-        state.saved_settings(tmp_path / "older.pth")
+        saved_settings(tmp_path / "older.pth")
 
 
 def test_a_run_resumed_past_its_epochs_steps_is_refused_with_the_settings_to_use() -> None:
@@ -224,5 +224,5 @@ def test_a_run_resumed_past_its_epochs_steps_is_refused_with_the_settings_to_use
     cfg = dataclasses.replace(build_config(), resume="run/last.pth")
     with pytest.raises(UserError, match=r"run/last.pth stopped at step 9 of epoch 3, but this run's epochs have 8 "
                                         r"steps; resume with the batch_size and data"):
-        state.restore(resume, cfg, DistEnv(torch.device("cpu")), 8, optimizer, scheduler,
+        restore(resume, cfg, DistEnv(torch.device("cpu")), 8, optimizer, scheduler,
                       torch.amp.GradScaler("cpu", enabled=False), None)

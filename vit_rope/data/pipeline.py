@@ -7,6 +7,7 @@ CPU ``torch.Generator`` whatever the outcome: a batch is reproducible from ``(se
 
 from __future__ import annotations
 
+import copy
 import logging
 import math
 from collections.abc import Callable, Iterator, Sequence
@@ -122,7 +123,9 @@ class TensorStore:
 
     def to(self, device: torch.device | str) -> TensorStore:
         """The same store with ``data`` on ``device`` (e.g. held on the GPU); the index tensors stay on the CPU."""
-        return TensorStore(self.data.to(device), self.offsets, self.shapes, self.targets, self.paths)
+        store = copy.copy(self)  # the index tables as they are, not rebuilt
+        store.data = self.data.to(device)
+        return store
 
     def resolve(self, indices: Tensor) -> tuple[Tensor, Tensor]:
         """Replace unreadable images by the next readable one: ``(indices [B], images skipped for each [B])``."""

@@ -135,8 +135,9 @@ def main(argv: list[str] | None = None) -> int:
                  "linear_size": args.linear_size, "train_limit": args.train_limit}
         options = ProbeOptions(probes, **{key: value for key, value in given.items() if value is not None})
         check_output_dir(args.output, "--output")
+        for name in args.model:  # every typo before the advice about any model's weights
+            check_model_name(name)
         for name, file in zip(args.model, weights, strict=True):
-            check_model_name(name)  # a typo before the advice about weights
             check_weights(name, file, kwargs, args.random_init, "evaluate")
         unloaded = [name for name, file in zip(args.model, weights, strict=True)
                     if file is None and not kwargs.get("pretrained")]

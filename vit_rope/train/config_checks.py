@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import math
 import warnings
@@ -11,10 +12,11 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from timm.data import create_transform
-from timm.data.transforms import _str_to_torch_interpolation
+from timm.data.transforms import interp_mode_to_str
 from timm.optim import list_optimizers
 from timm.scheduler import create_scheduler_v2
 from torch import nn
+from torchvision.transforms import InterpolationMode
 
 from vit_rope.checks import check_output_dir
 from vit_rope.data.auto_augment import safe_transform
@@ -91,8 +93,8 @@ def check_config(cfg: Config) -> None:
         raise UserError(f"unknown optimizer opt={cfg.opt}; did you mean opt={closest}? (timm.optim.list_optimizers() "
                         "lists them; lookahead_<name> wraps one in Lookahead)")
     _check_scheduler(cfg)
-    if cfg.interpolation is not None and cfg.interpolation not in _str_to_torch_interpolation:  # timm's names
-        raise UserError(f"config key 'interpolation' must be one of {', '.join(_str_to_torch_interpolation)} or "
+    if cfg.interpolation is not None and cfg.interpolation not in _interpolations():
+        raise UserError(f"config key 'interpolation' must be one of {', '.join(_interpolations())} or "
                         f"null (the model's default), got {cfg.interpolation!r}")
     if cfg.auto_augment is not None:
         try:  # timm parses the string, then every op runs at its extreme magnitudes (vit_rope.data.auto_augment)
@@ -142,6 +144,15 @@ def _check_scheduler(cfg: Config) -> None:
     if scheduler is None:
         raise UserError(f"sched={cfg.sched} builds no schedule, and train.py steps one every update; pick one of "
                         f"{', '.join(_SCHEDULERS)} (sched=step with decay_rate=1 keeps the lr fixed)")
+
+
+def _interpolations() -> list[str]:
+    """The names timm's ``str_to_interp_mode`` takes, in torchvision's order (timm's public API)."""
+    names = []
+    for mode in InterpolationMode:
+        with contextlib.suppress(KeyError):
+            names.append(interp_mode_to_str(mode))
+    return names
 
 
 def check_ranks_agree(settings: dict[str, Any], world_size: int) -> None:
