@@ -2,7 +2,7 @@
 # The one command a session lent a GPU machine sends (docs/gpu.md): on a copy of the checkout with .gpu/ holding the
 # timm wheel and the 160 px Imagenette tarball, no network and torch preinstalled, it installs timm beside the
 # machine's packages (no index, no dependencies), unpacks the data, runs make gpu-check (or the suites named, e.g.
-# "check bench") and leaves one tarball of the results, plus each summary, in $OUT for the device tool to bring back.
+# "check bench") and leaves one tarball of the results, plus each summary, in $OUT (default /tmp/gpu-out).
 #   bash scripts/gpu_session.sh [check] [bench]
 set -u
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 PIP_NO_INDEX=1
