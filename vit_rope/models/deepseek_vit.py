@@ -132,8 +132,8 @@ def from_deepseek(state_dict: dict[str, Tensor], model: nn.Module) -> Converted:
     timm_keys = checkpoint_filter_fn_classifier(state_dict, shim)
     outside = len(state_dict) - len(timm_keys)
     return tower_keys(timm_keys, model, "aligner.", SOURCE, "aligner; the *_align and *_enc twins keep it", ROTATE_HALF,
-                      outside and f"{outside} tensors outside the vision tower and aligner dropped, as timm's "
-                      "checkpoint filter drops them (a DeepSeek shard's language model)")
+                      f"{outside} tensors outside the vision tower and aligner dropped, as timm's checkpoint filter "
+                      "drops them (a DeepSeek shard's language model)" if outside else "")
 
 
 def architecture(model: nn.Module) -> tuple[str, dict[str, Any]]:

@@ -169,8 +169,8 @@ def from_qwen25(state_dict: dict[str, Tensor], model: nn.Module) -> Converted:
     other = sum(not key.startswith(prefix) for key in state_dict)
     out, notes = tower_keys(tower, model, "merger.", SOURCE, "merger; global_pool='merge' keeps it",
                             "Conv3d patch kernel summed over time, gate / up "
-                            f"projections packed, {ROTATE_HALF}", (prefix or other) and f"prefix {prefix!r} removed, "
-                            f"{other} keys outside it (the language model) dropped")
+                            f"projections packed, {ROTATE_HALF}", f"prefix {prefix!r} removed, {other} keys outside it "
+                            "(the language model) dropped" if prefix or other else "")
     names = {"ln_q": "norm", "mlp.0": "fc1", "mlp.2": "fc2"}
     return {_MERGER.sub(lambda m: f"patch_merger.{names[m[1]]}.", key): value for key, value in out.items()}, notes
 

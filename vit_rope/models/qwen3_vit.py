@@ -31,17 +31,17 @@ QWEN3: dict[str, dict[str, Any]] = {f"qwen3_vit_{size}{suffix}": dict(_COMMON, *
 
 
 def llm_width(name: str, tag: str) -> int:
-    """The merger width of twin ``name`` for timm's weights ``tag`` (timm's table of LLM widths; 0: no merger)."""
-    from timm.models.qwen3_vit import _SOURCE_CFGS
+    """The merger width of twin ``name`` for timm's weights ``tag``, by timm's own rule (0: no merger)."""
+    from timm.models.qwen3_vit import _resolve_qwen3_out_features
 
-    arch = name.removeprefix("vit_rope_").removesuffix("_merge").removesuffix("_enc")
-    if arch == name.removeprefix("vit_rope_"):  # the classifier over the patch tokens
+    variant = name.removeprefix("vit_rope_")
+    if not variant.endswith(("_merge", "_enc")):  # the classifier over the patch tokens
         return 0
-    if f"{arch}.{tag}" not in _SOURCE_CFGS:
-        raise ValueError(f"{name} has no merger width for the weights' tag {tag!r} (timm's tags: "
-                         f"{sorted(k.split('.')[1] for k in _SOURCE_CFGS if k.startswith(arch + '.'))}): pass "
-                         "merger_out_features, the language model's width.")
-    return _SOURCE_CFGS[f"{arch}.{tag}"]["out_features"]
+    try:
+        return _resolve_qwen3_out_features(variant, tag)
+    except ValueError:
+        raise ValueError(f"{name} has no merger width for the weights' tag {tag!r} (not one of timm's tags): pass "
+                         "merger_out_features, the language model's width.") from None
 
 
 def merge_blocks(x: Tensor, grid: tuple[int, int], k: int) -> Tensor:
