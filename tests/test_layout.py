@@ -113,8 +113,7 @@ MODE_CHECKS = ("capturing(", "is_compiling(", "is_exporting(", "is_tracing(", "i
 
 def test_the_forward_mode_is_asked_in_few_places() -> None:
     """Which implementation runs under a graph capture is decided in one place per concern (the rotation's form in
-    ``layers/fused.py``, the embedding's checks, caches and ``Positions.captured`` in ``models/embedding.py``), not in
-    every path: besides ``layers/routes.py``, which defines the check, at most two modules ask."""
-    asking = sorted(name for name, path in MODULES.items() if name != "vit_rope.layers.routes"
-                    and any(check in path.read_text() for check in MODE_CHECKS))
+    ``layers/fused.py``, which defines the check, the embedding's checks, caches and ``Positions.captured`` in
+    ``models/embedding.py``), not in every path: at most two modules ask."""
+    asking = sorted(name for name, path in MODULES.items() if any(check in path.read_text() for check in MODE_CHECKS))
     assert len(asking) <= 2, asking

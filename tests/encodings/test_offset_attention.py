@@ -10,7 +10,7 @@ import timm
 import torch
 import torch.nn.functional as F
 
-from vit_rope.encodings.base import image_positions
+from vit_rope.encodings.base import BlockInput, image_positions
 from vit_rope.encodings.bias import offset_attention as oa
 from vit_rope.encodings.bias.offset_attention import _chunks, dense_bias, offset_attention
 
@@ -130,4 +130,4 @@ def test_models_take_the_offset_path_with_the_dense_logits_and_gradients(monkeyp
             torch.testing.assert_close(x_grad, y_grad, rtol=1e-5, atol=1e-5 * y_grad.abs().max().item() + 1e-8)
     encoding, cached = model.pos_encoding, len(getattr(model.pos_encoding, "_cache", ()))
     inputs = encoding.block_inputs(image_positions(encoding, 3, 5)._replace(captured=True), model.num_prefix_tokens)
-    assert all(type(i) is oa.Bias for i in inputs if i is not None) and len(getattr(encoding, "_cache", ())) == cached
+    assert all(type(i) is BlockInput for i in inputs if i) and len(getattr(encoding, "_cache", ())) == cached

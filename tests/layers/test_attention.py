@@ -10,7 +10,7 @@ import torch
 
 import vit_rope  # noqa: F401  (registers the models)
 from vit_rope.encodings import KINDS
-from vit_rope.layers.attention import NO_INPUT, BlockInput, RoPEAttention, RoPEBlock, Rotation, block_input
+from vit_rope.layers.attention import NO_INPUT, BlockInput, RoPEAttention, RoPEBlock, block_input
 
 OPTIONS = {"comrope_ap": {"block_size": 4}, "comrope_ld": {"block_size": 4}, "liere": {"generator_dim": 4},
            "pape": {"parabolas": 3}}
@@ -25,7 +25,7 @@ def test_attention_and_block_take_one_encoding_argument():
     tables = (torch.ones(1, 5, 8), torch.zeros(1, 5, 8))
     assert block_input(None) is NO_INPUT and block_input(NO_INPUT) is NO_INPUT
     rotation = block_input(tables)
-    assert isinstance(rotation, Rotation) and rotation.rope is tables
+    assert type(rotation) is BlockInput and rotation.rope is tables and rotation.bias is None
 
 
 @pytest.mark.parametrize("kind", KINDS)

@@ -95,20 +95,18 @@ def per_sample(values: Tensor, positions: Tensor) -> Tensor:
     return values[0] if positions.dim() == 2 else values[:, None, :]
 
 
-def grid_units(coord: Tensor, grids: Tensor, train_grid: tuple[int, int] | None
-               ) -> tuple[Tensor, Tensor, Tensor | None]:
-    """``coord`` (y, x) as (x, y) floats, and the sizes (w, h) of ``grids`` and of the training grid (if any)."""
+def grid_sizes(grids: Tensor, train_grid: tuple[int, int] | None) -> tuple[Tensor, Tensor | None]:
+    """The sizes (w, h) of ``grids`` ``[1 or B, 2]`` (h, w) and of the training grid (if any), as floats."""
     size = grids.flip(-1).float()  # [1 or B, 2] (w, h)
-    train = None if train_grid is None else size.new_tensor([float(train_grid[1]), float(train_grid[0])])
-    return coord.flip(-1).float(), size, train
+    return size, None if train_grid is None else size.new_tensor([float(train_grid[1]), float(train_grid[0])])
 
 
 def place_positions(coord: Tensor, grids: Tensor, kind: str, policy: str, train_grid: tuple[int, int] | None,
                     normalize: str = "separate", offset: float = 0.0) -> Tensor:
     """Positions (x, y) of the patches at ``coord`` (y, x) of ``grids`` as ``policy`` places them for the RoPE
     ``kind``: integer positions shifted by ``offset``, the ``normalized`` policy's, or DINOv3's normalised ones."""
-    xy, size, train = grid_units(coord, grids, train_grid)  # [..., N, 2] (x, y), sizes (w, h)
-    size = per_sample(size, coord)  # [2] or [B, 1, 2]
+    size, train = grid_sizes(grids, train_grid)
+    xy, size = coord.flip(-1).float(), per_sample(size, coord)  # [..., N, 2] (x, y); [2] or [B, 1, 2] (w, h)
     if kind == "dinov3":  # the grid's step, or the training grid's
         reference = size if policy == "normalized" or train is None else train.expand_as(size)
         if normalize != "separate":  # one step for both axes, the shorter or the longer side's
@@ -121,6 +119,24 @@ def place_positions(coord: Tensor, grids: Tensor, kind: str, policy: str, train_
     return xy
 
 
+def policy_scale(grids: Tensor, train_grid: tuple[int, int] | None, policy: str) -> Tensor | None:
+    """What the policy multiplies offsets by per grid: training / input size under ``interpolate``, else None."""
+    if policy != "interpolate" or train_grid is None:
+        return None
+    return torch.tensor([train_grid[1], train_grid[0]], device=grids.device) / grids.flip(-1).float()
+
+
+def policy_offsets(grid: tuple[int, int], train_grid: tuple[int, int] | None, policy: str, device: torch.device,
+                   dtype: torch.dtype = torch.float32) -> tuple[Tensor, Tensor | None]:
+    """Every key-minus-query offset ``(dx, dy)`` of ``grid`` ``[(2h - 1) (2w - 1), 2]``, in the order of a table
+    ``[2h - 1, 2w - 1]`` indexed by ``(dy + h - 1, dx + w - 1)``, as the policy scales them; that scale ``[1, 2]``."""
+    h, w = grid
+    scale = policy_scale(torch.tensor([grid], device=device), train_grid, policy)
+    dy, dx = torch.meshgrid(torch.arange(1 - h, h, device=device), torch.arange(1 - w, w, device=device), indexing="ij")
+    offsets = torch.stack((dx, dy), dim=-1).reshape(-1, 2).to(dtype)
+    return (offsets if scale is None else offsets * scale[0].to(dtype)), scale
+
+
 def policy_frequencies(freqs: Tensor, grids: Tensor | None, train_grid: tuple[int, int] | None,
                        policy: ResolutionPolicy, theta: float, head_dim: int) -> tuple[Tensor, Tensor | None]:
     """Frequencies on ``grids`` (``[2, H, D/2]`` unchanged, else ``[1 or B, 2, H, D/2]``) and the temperature (yarn's
@@ -128,8 +144,8 @@ def policy_frequencies(freqs: Tensor, grids: Tensor | None, train_grid: tuple[in
     per axis and pair between ``1 / s`` (interpolate) and 1 (extrapolate), exactly 1 at the training grid."""
     if policy.name in ("extrapolate", "normalized") or grids is None or train_grid is None:
         return freqs, None
-    train = torch.tensor([float(train_grid[1]), float(train_grid[0])], device=freqs.device)
-    scale = (grids.flip(-1).float().to(freqs.device) / train)[:, :, None, None]  # [1 or B, 2, 1, 1] (x, y)
+    size, train = grid_sizes(grids.to(freqs.device), train_grid)
+    scale = (size / train)[:, :, None, None]  # [1 or B, 2, 1, 1] (x, y)
     if policy.name == "interpolate":
         return freqs * (1.0 / scale), None
     scale = scale.clamp(min=1.0)  # ntk and yarn only ever compress, as in language models

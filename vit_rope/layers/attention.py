@@ -16,10 +16,14 @@ RopeTables = tuple[Tensor, Tensor]
 
 
 class BlockInput:
-    """What one block's attention gets from its position encoding: ``project`` then ``attend``."""
+    """What one block's attention gets from its position encoding: ``project`` then ``attend``; as it is, RoPE tables
+    ``(cos, sin)`` rotating q and k after the projection, or a dense ``bias`` ``[1 or B, nh, N, N]`` on the logits."""
 
     rope: RopeTables | None = None
     bias: Tensor | None = None
+
+    def __init__(self, rope: RopeTables | None = None, bias: Tensor | None = None) -> None:
+        self.rope, self.bias = rope, bias
 
     def project(self, attn: RoPEAttention, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """q, k and v ``[B, nh, N, D]`` of ``x``; q and k may come back wider than ``D``, v padded to their width."""
@@ -31,13 +35,6 @@ class BlockInput:
         return attn.sdpa(q, k, v, self.bias, attn_mask, is_causal)
 
 
-class Rotation(BlockInput):
-    """RoPE tables ``(cos, sin)`` as a block's input: q and k rotated after the projection."""
-
-    def __init__(self, tables: RopeTables) -> None:
-        self.rope = tables
-
-
 NO_INPUT = BlockInput()
 
 
@@ -45,7 +42,7 @@ def block_input(encoding: Any) -> BlockInput:
     """A block's ``encoding`` argument as the ``BlockInput`` it stands for (RoPE tables, or an FX proxy of them)."""
     if encoding is None:
         return NO_INPUT
-    return encoding if isinstance(encoding, BlockInput) else Rotation(encoding)
+    return encoding if isinstance(encoding, BlockInput) else BlockInput(rope=encoding)
 
 
 def plain_projection(attn: RoPEAttention) -> bool:

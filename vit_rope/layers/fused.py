@@ -14,9 +14,14 @@ from torch.autograd.function import FunctionCtx, once_differentiable
 from vit_rope.checks import check_choice
 from vit_rope.layers import triton_rope
 from vit_rope.layers.rotary import apply_rope
-from vit_rope.layers.routes import capturing
 
 BACKENDS = ("auto", "torch", "triton")
+
+
+def capturing(x: Tensor | None = None) -> bool:
+    """Whether a forward runs under a graph capture (torch.compile / export, TorchScript tracing, FX symbolic tracing:
+    ``x`` a ``torch.fx.Proxy``), where the eager fast paths (in-place writes, Python caches) take the reference path."""
+    return torch.compiler.is_compiling() or torch.jit.is_tracing() or isinstance(x, torch.fx.Proxy)
 
 
 def _as_pairs(x: Tensor) -> Tensor:

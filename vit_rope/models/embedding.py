@@ -14,8 +14,8 @@ from vit_rope.checks import check_patch_multiple
 from vit_rope.encodings.ape import table_grid
 from vit_rope.encodings.base import Positions, image_coords
 from vit_rope.encodings.policies import augment_positions
+from vit_rope.layers.fused import capturing
 from vit_rope.layers.lattice import key_padding_mask, lattice, naflex_grid
-from vit_rope.layers.routes import capturing
 from vit_rope.models.naflex_batch import NaFlexBatch, check_attn_mask, check_coordinates, embed_patches
 
 # FX: these read the input's size, a proxy under symbolic tracing; the trace records them as calls

@@ -14,17 +14,10 @@ from timm.layers import register_notrace_module
 from torch import Tensor
 
 from vit_rope.checks import check_choice
-from vit_rope.encodings.base import EncodingSpec, GridTables, PositionEncoding, Positions, register
+from vit_rope.encodings.base import BlockInput, EncodingSpec, GridTables, PositionEncoding, Positions, register
 from vit_rope.encodings.bias.lookhere import check_config, head_plan, layer_scales, lookhere_penalty, offset_penalty
-from vit_rope.encodings.bias.offset_attention import (
-    Bias,
-    OffsetBias,
-    pad_prefix,
-    policy_offsets,
-    policy_scale,
-    scaled_offsets,
-)
-from vit_rope.encodings.policies import POSITION_POLICIES, ResolutionPolicy
+from vit_rope.encodings.bias.offset_attention import OffsetBias, pad_prefix, scaled_offsets
+from vit_rope.encodings.policies import POSITION_POLICIES, ResolutionPolicy, policy_offsets, policy_scale
 
 BIAS_KINDS = ("lookhere", "alibi")
 
@@ -110,7 +103,7 @@ class AttnBias(PositionEncoding):
                     for spec, scale in zip(self.layer_specs, self.scales, strict=True)]
         tables = self(positions, num_prefix_tokens)
         # indexed, not iterated: FX records the tables as one call whose items it can index but not unpack
-        return [Bias(tables[i] * scale) if scale else None for i, scale in enumerate(self.scales)]
+        return [BlockInput(bias=tables[i] * scale) if scale else None for i, scale in enumerate(self.scales)]
 
     def prune_(self, depth: int) -> None:
         self.depth, self.layer_specs, self.scales = depth, self.layer_specs[:depth], self.scales[:depth]

@@ -14,16 +14,9 @@ import torch
 from timm.layers import Mlp, register_notrace_module
 from torch import Tensor, nn
 
-from vit_rope.encodings.base import EncodingSpec, PositionEncoding, Positions, register
-from vit_rope.encodings.bias.offset_attention import (
-    Bias,
-    OffsetBias,
-    pad_prefix,
-    policy_offsets,
-    policy_scale,
-    scaled_offsets,
-)
-from vit_rope.encodings.policies import POSITION_POLICIES, ResolutionPolicy, per_sample
+from vit_rope.encodings.base import BlockInput, EncodingSpec, PositionEncoding, Positions, register
+from vit_rope.encodings.bias.offset_attention import OffsetBias, pad_prefix, scaled_offsets
+from vit_rope.encodings.policies import POSITION_POLICIES, ResolutionPolicy, per_sample, policy_offsets, policy_scale
 
 
 @register_notrace_module
@@ -75,7 +68,7 @@ class Fire(PositionEncoding):
         if positions.image_batch:
             return [OffsetBias(table, 1.0, grid, num_prefix_tokens) for table in self._offset_tables(grid)]
         biases = self(positions, num_prefix_tokens)
-        return [Bias(biases[i]) for i in range(self.depth)]
+        return [BlockInput(bias=biases[i]) for i in range(self.depth)]
 
     def prune_(self, depth: int) -> None:
         self.depth = depth

@@ -1,6 +1,6 @@
-"""The bias family's shared maths: patch offsets, their policy scale, and attention with a bias per offset read from a
-table ``[nh, 2h - 1, 2w - 1]``, never its ``[nh, N, N]`` matrix: on CPU by chunks of grid rows (or, in inference above
-one chunk, the table read in place), on CUDA by FlexAttention's ``score_mod`` (docs/performance.md)."""
+"""The bias family's shared maths: patch offsets (``policies.policy_scale`` scales them) and attention with a bias per
+offset read from a table ``[nh, 2h - 1, 2w - 1]``, never its ``[nh, N, N]`` matrix: on CPU by chunks of grid rows (or,
+in inference above one chunk, the table read in place), on CUDA by FlexAttention's ``score_mod`` (performance.md)."""
 
 from __future__ import annotations
 
@@ -28,24 +28,6 @@ def scaled_offsets(positions: Tensor, scale: Tensor | None) -> Tensor:
     pos = positions.float()
     offsets = pos[..., None, :, :] - pos[..., :, None, :]
     return offsets if scale is None else offsets * per_sample(scale, pos).unsqueeze(-2)
-
-
-def policy_scale(grids: Tensor, train_grid: tuple[int, int] | None, policy: str) -> Tensor | None:
-    """What the policy multiplies offsets by per grid: training / input size under ``interpolate``, else None."""
-    if policy != "interpolate" or train_grid is None:
-        return None
-    return torch.tensor([train_grid[1], train_grid[0]], device=grids.device) / grids.flip(-1).float()
-
-
-def policy_offsets(grid: tuple[int, int], train_grid: tuple[int, int] | None, policy: str, device: torch.device,
-                   dtype: torch.dtype = torch.float32) -> tuple[Tensor, Tensor | None]:
-    """Every key-minus-query offset ``(dx, dy)`` of ``grid`` ``[(2h - 1) (2w - 1), 2]``, in the order of a table
-    ``[2h - 1, 2w - 1]`` indexed by ``(dy + h - 1, dx + w - 1)``, as the policy scales them; that scale ``[1, 2]``."""
-    h, w = grid
-    scale = policy_scale(torch.tensor([grid], device=device), train_grid, policy)
-    dy, dx = torch.meshgrid(torch.arange(1 - h, h, device=device), torch.arange(1 - w, w, device=device), indexing="ij")
-    offsets = torch.stack((dx, dy), dim=-1).reshape(-1, 2).to(dtype)
-    return (offsets if scale is None else offsets * scale[0].to(dtype)), scale
 
 
 def pad_prefix(table: Tensor, num_prefix_tokens: int) -> Tensor:
@@ -238,13 +220,6 @@ def offset_attention(q: Tensor, k: Tensor, v: Tensor, table: Tensor, grid: tuple
     if q.device.type == "cpu" and q.shape[-2] * k.shape[-2] * q.shape[1] > CHUNK_ELEMENTS:  # no masks (CPU kernel)
         return _by_rows(q, k, v, flipped, grid, prefix, scale)
     return _chunked(q, k, v, flipped, grid, prefix, scale)
-
-
-class Bias(BlockInput):
-    """A block's dense bias ``[1 or B, nh, P + N, P + N]`` added to the logits."""
-
-    def __init__(self, bias: Tensor) -> None:
-        self.bias = bias
 
 
 class OffsetBias(BlockInput):

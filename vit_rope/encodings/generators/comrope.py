@@ -22,7 +22,7 @@ from torch import Tensor, nn
 from vit_rope.checks import check_choice
 from vit_rope.encodings.base import EncodingSpec, GridTables, Kept, PositionEncoding, Positions, register
 from vit_rope.encodings.generators.block_rotation import BlockRotation, Rotations, check_block, expm
-from vit_rope.encodings.policies import ResolutionPolicy, grid_units, per_sample
+from vit_rope.encodings.policies import ResolutionPolicy, grid_sizes, per_sample
 from vit_rope.layers.attention import BlockInput, plain_projection
 from vit_rope.layers.fused import fold_qk
 from vit_rope.layers.rotary import rope_angles, rope_tables
@@ -116,8 +116,9 @@ class Spectral(BlockInput):
 
 def comrope_positions(coord: Tensor, grids: Tensor, train_grid: tuple[int, int], policy: str) -> Tensor:
     """Patch centres ``(i + 0.5) / n`` (x, y), ``n`` the training grid or (``interpolate``) the input's."""
-    xy, size, train = grid_units(coord, grids, train_grid)
-    return (xy + 0.5) / per_sample(size if policy == "interpolate" else train.expand_as(size), xy)
+    size, train = grid_sizes(grids, train_grid)
+    reference = size if policy == "interpolate" else train.expand_as(size)
+    return (coord.flip(-1).float() + 0.5) / per_sample(reference, coord)
 
 
 # FX (timm's and torchvision's tracers): recorded as one call, whose branches on shapes the trace cannot take

@@ -12,13 +12,14 @@ from torch import Tensor, nn
 
 from vit_rope.encodings.base import EncodingSpec, PositionEncoding, register
 from vit_rope.encodings.generators.block_rotation import BlockRotation, check_block
-from vit_rope.encodings.policies import ResolutionPolicy, grid_units, per_sample
+from vit_rope.encodings.policies import ResolutionPolicy, grid_sizes, per_sample
 
 
 def liere_positions(coord: Tensor, grids: Tensor, train_grid: tuple[int, int], policy: str) -> Tensor:
     """``i / (m - 1)`` (x, y) on an ``m``-patch axis, under ``extrapolate`` (the official) times ``m / n``."""
-    xy, size, train = grid_units(coord, grids, train_grid)
-    return xy / per_sample((size - 1).clamp_min(1) * (1.0 if policy == "interpolate" else train / size), xy)
+    size, train = grid_sizes(grids, train_grid)
+    return coord.flip(-1).float() / per_sample((size - 1).clamp_min(1) * (1.0 if policy == "interpolate" else
+                                                                           train / size), coord)
 
 
 # FX (timm's and torchvision's tracers): recorded as one call, whose branches on shapes the trace cannot take
