@@ -102,7 +102,7 @@ def test_string_keeps_its_fold_while_weights_are_unchanged_and_refolds_when_they
         assert string(linear.weight, linear.bias)[0] is not first[0]  # under a graph capture: no cache
         string.skew.mul_(0.5)
         again = string(linear.weight, linear.bias, cache=True)
-    torch.testing.assert_close(again[0], fold_qk(string.basis(), linear.weight, linear.bias)[0])
+    torch.testing.assert_close(again[0], fold_qk(cayley(string.skew), linear.weight, linear.bias)[0])
     assert not torch.equal(again[0], first[0])
 
 

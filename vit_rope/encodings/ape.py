@@ -34,11 +34,10 @@ def fit_pos_embed(pos_embed: Tensor, grid: tuple[int, int], train_grid: tuple[in
     if tuple(grid) == tuple(train_grid):
         return pos_embed
     prefix, table = pos_embed[:, :num_prefix_tokens], pos_embed[:, num_prefix_tokens:]
-    C = table.shape[-1]
     dtype = torch.float64 if table.dtype == torch.float64 else torch.float32  # half types lack CPU bilinear
-    x = table.reshape(1, train_grid[0], train_grid[1], C).permute(0, 3, 1, 2).to(dtype)
+    x = table.unflatten(1, train_grid).permute(0, 3, 1, 2).to(dtype)  # [1, C, h0, w0]
     x = F.interpolate(x, size=(grid[0], grid[1]), mode="bilinear", align_corners=True)
-    return torch.cat((prefix, x.permute(0, 2, 3, 1).reshape(1, grid[0] * grid[1], C).to(table.dtype)), 1)
+    return torch.cat((prefix, x.permute(0, 2, 3, 1).flatten(1, 2).to(table.dtype)), 1)
 
 
 class AbsoluteEncoding(PositionEncoding):

@@ -195,11 +195,8 @@ def augment_positions(positions: Tensor, batch_size: int, aug: CoordAugment, gen
         def draw(size: int, bound: float) -> Tensor:
             return torch.empty(size, device=device).uniform_(-bound, bound, generator=generator)
 
-        offset, scale = torch.zeros(2, device=device), torch.ones(2, device=device)
-        if aug.shift > 0:
-            offset = draw(2, aug.shift)
-        if aug.jitter > 1:
-            scale = draw(2, math.log(aug.jitter)).exp()
+        offset = draw(2, aug.shift) if aug.shift > 0 else torch.zeros(2, device=device)
+        scale = draw(2, math.log(aug.jitter)).exp() if aug.jitter > 1 else torch.ones(2, device=device)
         if aug.rescale > 1:
             scale = scale * draw(1, math.log(aug.rescale)).exp()
         positions = (positions + offset.flip(0)) * scale.flip(0)  # [N, 2]: one transform for the batch, (x, y)

@@ -8,8 +8,6 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-_AA_BICUBIC = -0.5  # the cubic coefficient of PyTorch's antialiased bicubic resampling (timm's APE resampling)
-
 
 def naflex_grid(coord: Tensor, valid: Tensor) -> Tensor:
     """Each sample's patch grid ``[B, 2]`` as (h, w): one more than its largest valid coordinate per axis."""
@@ -57,7 +55,7 @@ def _aa_bicubic_weights(index: Tensor, out_len: Tensor, in_len: int) -> Tensor:
     support = scale.clamp(min=1.0)[..., None]  # [B, 1, 1]
     taps = torch.arange(in_len, dtype=torch.float64, device=index.device) + 0.5  # [in_len]
     x = ((taps - center[..., None]) / support).abs()  # [B, N, in_len]
-    a = _AA_BICUBIC
+    a = -0.5  # the cubic coefficient of PyTorch's antialiased bicubic resampling (timm's APE resampling)
     w = torch.where(x < 1, ((a + 2) * x - (a + 3)) * x * x + 1,
                     torch.where(x < 2, (((x - 5) * x + 8) * x - 4) * a, torch.zeros_like(x)))
     return (w / w.sum(-1, keepdim=True)).float()

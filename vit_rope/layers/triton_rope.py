@@ -101,9 +101,8 @@ def _launch(src: Tensor, dst: Tensor, cos: Tensor, sin: Tensor, *, conj: bool, c
     cos, sin = cos.expand(table_shape), sin.expand(table_shape)
     if cos.stride() != sin.stride():
         cos, sin = cos.contiguous(), sin.contiguous()
-    grads = None
-    if out is not None:
-        grads = tuple(torch.empty(table_shape, device=src.device, dtype=torch.float32) for _ in range(2))
+    grads = None if out is None else tuple(torch.empty(table_shape, device=src.device, dtype=torch.float32)
+                                           for _ in range(2))
     block_j = triton.next_power_of_2(half)
     block_t = block_t or default_block_t(D)
     kernel = _rotate_kernel if src.is_cuda else _interpreted(_rotate_kernel)

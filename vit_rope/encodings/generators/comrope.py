@@ -126,8 +126,7 @@ torch.fx.wrap("comrope_positions")
 
 
 def _layer_tables(pos: Tensor, freqs: Tensor, identity_rows: int) -> tuple[Tensor, Tensor]:
-    with torch.no_grad():
-        return rope_tables(rope_angles(pos, freqs), identity_rows)
+    return rope_tables(rope_angles(pos, freqs), identity_rows)  # in inference only (``Spectral``), of constants
 
 
 class ComRoPE(BlockRotation):

@@ -47,14 +47,11 @@ class CayleyString(nn.Module):
         """``S``: decay would pull the basis back to the identity, the base kind."""
         return {"skew"}
 
-    def basis(self) -> Tensor:
-        return cayley(self.skew)
-
     def forward(self, weight: Tensor, bias: Tensor | None, cache: bool = False) -> tuple[Tensor, Tensor | None]:
         """The projection folded with ``P``; with ``cache`` and no autograd, the last fold while nothing changed."""
         if cache and not torch.is_grad_enabled():
-            return self._fold.get(lambda: fold_qk(self.basis(), weight, bias), weight, bias, self.skew)
-        return fold_qk(self.basis(), weight, bias)
+            return self._fold.get(lambda: fold_qk(cayley(self.skew), weight, bias), weight, bias, self.skew)
+        return fold_qk(cayley(self.skew), weight, bias)
 
     def train(self, mode: bool = True) -> CayleyString:
         """Also drop the evaluation fold when training starts: it would be stale after the first step anyway."""
@@ -65,7 +62,7 @@ class CayleyString(nn.Module):
     @torch.no_grad()
     def fold_into_(self, linear: nn.Linear) -> None:
         """Write ``P`` into ``linear`` (the qkv projection) and reset ``S`` to 0: the same function, ``P = I`` after."""
-        weight, bias = fold_qk(self.basis(), linear.weight, linear.bias)
+        weight, bias = fold_qk(cayley(self.skew), linear.weight, linear.bias)
         linear.weight.copy_(weight)
         if bias is not None:
             linear.bias.copy_(bias)

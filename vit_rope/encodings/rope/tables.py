@@ -91,8 +91,7 @@ def rotated_pairs(freqs: Tensor, fraction: float) -> Tensor:
     magnitude = freqs.detach().float().norm(dim=0)  # [H, D/2]
     keep = round(check_fraction(fraction) * magnitude.shape[-1])
     order = torch.sort(magnitude, dim=-1, descending=True, stable=True).indices[:, :keep]  # [H, keep]
-    mask = torch.zeros_like(magnitude).scatter_(-1, order, 1.0)
-    return mask[None]  # [1, H, D/2]
+    return torch.zeros_like(magnitude).scatter_(-1, order, 1.0)[None]  # [1, H, D/2]
 
 
 def dinov3_frequencies(head_dim: int, base: float = 100.0, min_period: float | None = None,
