@@ -62,9 +62,7 @@ class AttnBias(PositionEncoding):
             self.layer_specs = [specs] * depth if isinstance(specs, str) else list(specs)
             self.scales = layer_scales(self.config, depth)
         else:
-            self.config = None
-            self.layer_specs = ["alibi"] * depth
-            self.scales = [-1.0] * depth
+            self.config, self.layer_specs, self.scales = None, ["alibi"] * depth, [-1.0] * depth
         plans = [head_plan(spec, num_heads)[0] for spec in self.layer_specs if spec != "alibi"]
         self.by_offset = not any("center" in dirs for plan in plans for dirs in plan)
 

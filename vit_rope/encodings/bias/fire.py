@@ -50,11 +50,8 @@ class Fire(PositionEncoding):
         scale = policy_scale(positions.grids, self.train_grid, self.policy_name)
         offsets = scaled_offsets(positions.coords, scale)  # [..., N, N, 2]
         extent = per_sample(self._extent(positions.grids, scale), positions.coords).unsqueeze(-2)
-        out = []
-        for layer in range(self.depth):
-            bias = self._bias(layer, offsets, extent).movedim(-1, -3)  # [..., H, N, N]
-            out.append(pad_prefix(bias if bias.dim() == 4 else bias[None], num_prefix_tokens))
-        return out
+        biases = (self._bias(layer, offsets, extent).movedim(-1, -3) for layer in range(self.depth))  # [..., H, N, N]
+        return [pad_prefix(bias if bias.dim() == 4 else bias[None], num_prefix_tokens) for bias in biases]
 
     def _offset_tables(self, grid: tuple[int, int]) -> list[Tensor]:
         h, w = grid
