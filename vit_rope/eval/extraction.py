@@ -90,8 +90,7 @@ def _swin_bytes(model: nn.Module, size: int, element: int) -> int:
         tokens = math.prod(-(-side // w) * w for side, w in zip(grid, window, strict=True))
         scores = 0 if getattr(block.attn, "fused_attn", True) else 2 * block.attn.num_heads * tokens * math.prod(
             window) * element
-        peak = max(peak, _block_bytes(tokens, block.mlp.fc1.in_features, block.mlp.fc1.out_features, element)
-                   + scores)
+        peak = max(peak, _block_bytes(tokens, block.mlp.fc1.in_features, block.mlp.fc1.out_features, element) + scores)
     return peak
 
 
@@ -121,7 +120,7 @@ class Runs:
     norms: list[tuple[Tensor, Tensor]]
     device: str
     workers: int
-    window: str | int
+    window: str | int  # the Swins' window rule (windows.window_arg): keep, scale or tokens per side
 
 
 class Pass(NamedTuple):
