@@ -153,9 +153,8 @@ def without_positions(model: RoPEVisionTransformer) -> Iterator[RoPEVisionTransf
 def position_reliance(model: RoPEVisionTransformer, images: Tensor | dict[str, Tensor]) -> dict[str, float]:
     """The mean relative change of ``model``'s outputs without its position encoding, and the top-1 kept."""
     training = model.training
-    model.eval()
     try:
-        outputs = model(images)  # [B, num_classes] or [B, C]
+        outputs = model.eval()(images)  # [B, num_classes] or [B, C]
         with without_positions(model):
             blind = model(images)
     finally:
