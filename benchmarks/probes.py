@@ -59,7 +59,7 @@ def real_features(checkpoint: str, data_dir: str, size: int, batch: int) -> tupl
     """The pooled features and classes of a checkpoint's model on the train and val splits at ``size`` px, as the
     harness extracts them."""
     entry = load_trained(checkpoint)
-    runs = Runs([entry], [(0, None)], [normalisation(entry.model.eval(), "cpu")], "cpu", 1, {}, "keep")
+    runs = Runs([entry], [(0, None)], [normalisation(entry.model.eval(), "cpu")], "cpu", 1, "keep")
     out = []
     for split in ("train", "val"):
         samples, _ = find_split(Path(data_dir), None, split)

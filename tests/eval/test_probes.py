@@ -158,7 +158,7 @@ def test_a_probe_fitted_at_one_size_is_the_one_evaluated_at_every_size(image_roo
     train = extraction.train_split(image_root, None, options, ["class_0", "class_1", "class_2"])
     model.model.set_resolution_policy("extrapolate")
     expected = extraction.forward_split(extraction.Runs([model], [(0, "extrapolate")], [harness.normalisation(
-        model.model, "cpu")], "cpu", 0, {}, "keep"), train.samples, train.indices, harness.square_setting(48, 1.0, [0]),
+        model.model, "cpu")], "cpu", 0, "keep"), train.samples, train.indices, harness.square_setting(48, 1.0, [0]),
         24, [0], {}, {0})
     torch.testing.assert_close(fitted[0], expected.features[0])
     linear = [row for row in results if row["probe"] == "linear"]

@@ -81,9 +81,8 @@ def test_window_arguments_and_the_check_without_a_harness() -> None:
         with pytest.raises(argparse.ArgumentTypeError, match="not a window size"):
             windows.window_arg(bad)
     model = timm.create_model(SWIN, **KWARGS)
-    trained = [(4, 4), (4, 4)]
     assert windows.has_windows(model) and not windows.has_windows(timm.create_model(ROPE, depth=1))
-    windows.check_windows(model, [32, 64, 96], "keep", trained, False, "swin")  # 8/16/24 and 4/8/12 tokens: tiled
-    windows.check_windows(model, [40], "keep", trained, True, "swin")  # padded when asked
+    windows.check_windows(model, [32, 64, 96], "keep", False, "swin")  # 8/16/24 and 4/8/12 tokens: tiled
+    windows.check_windows(model, [40], "keep", True, "swin")  # padded when asked
     with pytest.raises(UserError, match="swin at 40 px: stage 1's 10x10 tokens"):
-        windows.check_windows(model, [40], "keep", trained, False, "swin")
+        windows.check_windows(model, [40], "keep", False, "swin")

@@ -35,7 +35,21 @@ PROBE_FLAGS = {"--knn-k": ("knn",), "--knn-temperature": ("knn",), "--bank-size"
                "--linear-size": ("linear",), "--train-split": ("knn", "linear"), "--train-limit": ("knn", "linear")}
 
 
-def build_parser() -> argparse.ArgumentParser:
+def data_root(given: str | None, dataset: str | None, models: list[EvalModel]) -> Path:
+    """``--data-dir``; by default as in ``train.py`` for an image folder, the checkpoint's for shards and datasets."""
+    if not dataset_kind(dataset):
+        return resolve_data_dir(given)
+    if given:
+        return Path(given).expanduser()
+    trained = next((entry.data_dir for entry in models if entry.data_dir), None)
+    if trained and Path(trained).expanduser().is_dir():  # when it is here
+        print(f"--data-dir {trained}: the checkpoint's data_dir", flush=True)
+        return Path(trained).expanduser()
+    raise UserError(f"--dataset {dataset} reads --data-dir, which is not set; pass the folder of its shards or "
+                    "dataset" + (f" (the checkpoint trained on {trained}, which is not here)" if trained else ""))
+
+
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="vit-rope-evaluate", description=__doc__.split("\n\n")[0])
     parser.add_argument("--checkpoint", nargs="+", default=[], metavar="PATH", help="train.py checkpoints")
     parser.add_argument("--model", nargs="+", default=[], metavar="NAME", help="timm model names")
@@ -92,25 +106,6 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--batch-size", type=_whole, default=64, help="default 64")
     parser.add_argument("--workers", type=partial(_whole, least=0), default=4,
                         help="data loader processes (default 4; 0 loads here)")
-    return parser
-
-
-def data_root(given: str | None, dataset: str | None, models: list[EvalModel]) -> Path:
-    """``--data-dir``; by default as in ``train.py`` for an image folder, the checkpoint's for shards and datasets."""
-    if not dataset_kind(dataset):
-        return resolve_data_dir(given)
-    if given:
-        return Path(given).expanduser()
-    trained = next((entry.data_dir for entry in models if entry.data_dir), None)
-    if trained and Path(trained).expanduser().is_dir():  # when it is here
-        print(f"--data-dir {trained}: the checkpoint's data_dir", flush=True)
-        return Path(trained).expanduser()
-    raise UserError(f"--dataset {dataset} reads --data-dir, which is not set; pass the folder of its shards or "
-                    "dataset" + (f" (the checkpoint trained on {trained}, which is not here)" if trained else ""))
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
     args = parser.parse_args(argv)
     if not args.checkpoint and not args.model:
         parser.error("pass --checkpoint PATH ... and/or --model NAME ...")

@@ -29,7 +29,6 @@ from vit_rope.eval.harness import eval_transform, subset
 from vit_rope.eval.loading import EvalModel, add_model_options, check_model_options, load_model_option, set_policy
 from vit_rope.eval.report import figure
 from vit_rope.layers.lattice import naflex_grid
-from vit_rope.models import registry  # noqa: F401  (registers the models)
 from vit_rope.models.naflex_batch import naflex_patch
 from vit_rope.models.vit import RoPEVisionTransformer
 
@@ -154,9 +153,8 @@ def without_positions(model: RoPEVisionTransformer) -> Iterator[RoPEVisionTransf
 def position_reliance(model: RoPEVisionTransformer, images: Tensor | dict[str, Tensor]) -> dict[str, float]:
     """The mean relative change of ``model``'s outputs without its position encoding, and the top-1 kept."""
     training = model.training
-    model.eval()
     try:
-        outputs = model(images)  # [B, num_classes] or [B, C]
+        outputs = model.eval()(images)  # [B, num_classes] or [B, C]
         with without_positions(model):
             blind = model(images)
     finally:

@@ -90,8 +90,7 @@ def _swin_bytes(model: nn.Module, size: int, element: int) -> int:
         tokens = math.prod(-(-side // w) * w for side, w in zip(grid, window, strict=True))
         scores = 0 if getattr(block.attn, "fused_attn", True) else 2 * block.attn.num_heads * tokens * math.prod(
             window) * element
-        peak = max(peak, _block_bytes(tokens, block.mlp.fc1.in_features, block.mlp.fc1.out_features, element)
-                   + scores)
+        peak = max(peak, _block_bytes(tokens, block.mlp.fc1.in_features, block.mlp.fc1.out_features, element) + scores)
     return peak
 
 
@@ -121,8 +120,7 @@ class Runs:
     norms: list[tuple[Tensor, Tensor]]
     device: str
     workers: int
-    trained: dict[int, list[tuple[int, int]]]  # Swin model index -> its stages' trained windows
-    window: str | int
+    window: str | int  # the Swins' window rule (windows.window_arg): keep, scale or tokens per side
 
 
 class Pass(NamedTuple):
@@ -140,8 +138,8 @@ def forward_split(runs: Runs, samples: list[Sample], indices: list[int], setting
                   fed: Sequence[int], heads: dict[int, Tensor], pooled: set[int]) -> Pass:
     """The runs ``fed`` over ``samples[indices]``; each run's first batch runs once untimed (warm-up)."""
     device = runs.device
-    used = {i: windows.set_windows(runs.models[i].model, setting.fields["img_size"], runs.window, trained)
-            for i, trained in runs.trained.items() if setting.fields.get("img_size")}
+    used = {i: windows.set_windows(entry.model, setting.fields["img_size"], runs.window) for i, entry
+            in enumerate(runs.models) if windows.has_windows(entry.model) and setting.fields.get("img_size")}
     loader = DataLoader(Subset(ImageFolderDataset(samples, setting.transform), indices), batch,
                         num_workers=runs.workers, pin_memory=device == "cuda", collate_fn=setting.collate)
     amp = torch.autocast("cuda", dtype=torch.bfloat16, enabled=device == "cuda")
@@ -255,8 +253,7 @@ class TrainFeatures:
         for row in rows:
             if "linear" in self.options.probes and setting.fields["img_size"] == self.fits[self.runs.runs[row][0]]:
                 targets = self.targets[setting.name]
-                fitted = probes.fit_linear(self.features[setting.name, row], targets, len(self.train.classes),
-                                           self.options.weight_decay)
+                fitted = probes.fit_linear(self.features[setting.name, row], targets, len(self.train.classes))
                 self.linear[row] = fitted, len(targets)
         if setting.name not in kept:
             self.release(setting.name)

@@ -125,23 +125,18 @@ def evaluate_models(models: Sequence[EvalModel], data_dir: str | Path, img_sizes
     check_sizes(img_sizes, models, policies or (), seq_lens)
     settings = [square_setting(size, crop_pct, range(len(models))) for size in img_sizes]
     settings += naflex.budget_settings(seq_lens, [naflex_patch(entry.model) for entry in models])
-    for entry in models:
-        check_loaded(entry.model, entry.label)
     head, knn, linear = (probe in probes.probes for probe in PROBES)
     bank = probes.bank_size if knn else None  # one bank size for every val setting, else each setting's own
     fits = [probes.linear_size or entry.train_size for entry in models]  # where each model's linear probe is fitted
     # the train split's sizes that serve every val setting, per model: the --bank-size bank, the linear probe's fit
     needs = [{size for size in (bank, fit if linear else None) if size} for fit in fits]
     fixed = sorted(set().union(*needs))
-    for flag, size in (("--bank-size", bank), ("--linear-size", probes.linear_size if linear else None)):
-        for entry in models if size else ():
-            check_multiple(flag, [size], entry.model, entry.label)
-    # each Swin's windows as built: timm's reference windows, which set_input_size scales and a given size replaces
-    trained = {i: [tuple(w) for w in entry.model._ref_window_sizes] for i, entry in enumerate(models)
-               if windows.has_windows(entry.model)}
-    for i, windowed in trained.items():
-        windows.check_windows(models[i].model, sorted({*img_sizes, *fixed}), window, windowed, pad_windows,
-                              models[i].label)
+    for entry in models:
+        check_loaded(entry.model, entry.label)
+        for flag, size in (("--bank-size", bank), ("--linear-size", probes.linear_size if linear else None)):
+            if size:
+                check_multiple(flag, [size], entry.model, entry.label)
+        windows.check_windows(entry.model, sorted({*img_sizes, *fixed}), window, pad_windows, entry.label)
     maps = [label_map(entry, val_classes, val_dir).to(device) if head else None for entry in models]
     train = train_split(data_dir, dataset, probes, val_classes, **keys) if probes.pooled else None
     widths = [feature_width(entry.model, entry.label, entry.train_size) for entry in models] if train else []
@@ -150,7 +145,7 @@ def evaluate_models(models: Sequence[EvalModel], data_dir: str | Path, img_sizes
     own = [entry.model.resolution_policy.name if hasattr(entry.model, "set_resolution_policy") else None
            for entry in models]
     pairs = [(i, policy) for i in range(len(models)) for policy in ((policies or (None,)) if own[i] else (None,))]
-    runs = Runs(models, pairs, norms, device, workers, trained, window)
+    runs = Runs(models, pairs, norms, device, workers, window)
     for entry in models:
         entry.model.to(device).eval()
     indices = subset(len(samples), limit)

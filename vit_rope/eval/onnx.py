@@ -36,7 +36,6 @@ class OnnxExport:
 
 
 def require_onnx() -> None:
-    """Raise ``ModuleNotFoundError`` naming the missing export packages and how to install them."""
     missing = [name for name in ("onnx", "onnxscript", "onnxruntime") if importlib.util.find_spec(name) is None]
     if missing:
         raise ModuleNotFoundError(f"ONNX export needs {', '.join(missing)}, not installed here: "
@@ -141,7 +140,7 @@ def export_onnx(model: nn.Module, path: str | Path, *, img_size: tuple[int, int]
     return OnnxExport(path, {shape: diff for shape, (diff, _) in diffs.items()})
 
 
-def build_parser() -> argparse.ArgumentParser:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="vit-rope-export", description=__doc__.split("\n\n")[0])
     add_model_options(parser, "export", "a timm model name (vit_rope_* or timm's own ViTs)")
     parser.add_argument("--num-classes", type=int, help="outputs of --model (default: the file's, else 1000)")
@@ -152,11 +151,6 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--batch-size", type=int, default=2, help="example batch, 2 or more (default 2)")
     parser.add_argument("--policy", choices=POLICIES, help="RoPE resolution policy (default: the model's)")
     parser.add_argument("--opset", type=int, help="ONNX opset (default: torch.onnx's)")
-    return parser
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
     args = parser.parse_args(argv)
     check_model_options(parser, args, "--num-classes")
     if args.img_size and len(args.img_size) > 2:
@@ -168,15 +162,14 @@ def main(argv: list[str] | None = None) -> int:
                             f"{Path(args.output) / 'model.onnx'}")
         classes = {} if args.num_classes is None else {"num_classes": args.num_classes}
         entry = load_model_option(args, "export", 1000, dict(args.model_kwargs, **classes))
-        model = entry.model
         set_policy(entry, args.policy)
         sides = args.img_size or [entry.train_size]
-        result = export_onnx(model, args.output, img_size=(sides[0], sides[-1]), batch_size=args.batch_size,
+        result = export_onnx(entry.model, args.output, img_size=(sides[0], sides[-1]), batch_size=args.batch_size,
                              opset=args.opset)
     except (UserError, ModuleNotFoundError, ExportError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 1 if isinstance(err, ExportError) else 2
-    patch = "x".join(map(str, model.patch_embed.patch_size))
+    patch = "x".join(map(str, entry.model.patch_embed.patch_size))
     print(f"wrote {result.path} ({result.path.stat().st_size / 2**20:.1f} MiB) from {entry.label}: batch, height "
           f"and width dynamic (multiples of {patch})")
     for (b, h, w), diff in result.diffs.items():

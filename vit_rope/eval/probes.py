@@ -25,7 +25,6 @@ class ProbeOptions:
     linear_size: int | None = None
     train_split: str = "train"
     train_limit: int | None = None
-    weight_decay: float = 1e-4  # the linear probe's L2 penalty on standardised features
 
     def __post_init__(self) -> None:
         unknown = sorted(set(self.probes) - set(PROBES))
