@@ -19,8 +19,7 @@ from timm.data.naflex_random_erasing import PatchRandomErasing
 from torch.utils.data import DataLoader, DistributedSampler, Subset
 
 from vit_rope.data.auto_augment import safe_transform
-from vit_rope.data.decoded import DecodedImages
-from vit_rope.data.folders import ImageFolderDataset, Images, Sample, SizedImages
+from vit_rope.data.folders import DecodedImages, ImageFolderDataset, Images, Sample, SizedImages
 from vit_rope.data.naflex_loader import NaFlexLoader, NaFlexSteps
 from vit_rope.data.pipeline import BatchLoader, TensorStore
 from vit_rope.data.steps import SizeSchedule, StepSampler
