@@ -12,7 +12,6 @@ import functools
 import hashlib
 import logging
 import os
-from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -173,10 +172,10 @@ def balanced_subset(samples: list[Sample], fraction: float, seed: int) -> list[S
 
 
 class Images(Dataset):
-    """The images of a split, from their files or from the decoded cache."""
+    """The images of a split, from their files or from the decoded cache; the subclasses apply ``transform``."""
 
-    def __init__(self, samples: list[Sample], cache: DecodedImages | None = None) -> None:
-        self.samples, self.cache = samples, cache
+    def __init__(self, samples: list[Sample], transform: Any = None, cache: DecodedImages | None = None) -> None:
+        self.samples, self.transform, self.cache = samples, transform, cache
 
     def __len__(self) -> int:
         return len(self.samples)
@@ -200,29 +199,20 @@ class Images(Dataset):
 class ImageFolderDataset(Images):
     """``(image tensor, class index, number of unreadable files skipped)`` for each sample of a split."""
 
-    def __init__(self, samples: list[Sample], transform: Callable[[Image.Image], torch.Tensor],
-                 cache: DecodedImages | None = None) -> None:
-        super().__init__(samples, cache)
-        self.transform = transform
-
     def __getitem__(self, index: int) -> tuple[torch.Tensor, int, int]:
         image, target, skipped = self.load(index)
         return self.transform(image), target, skipped
 
 
 class SizedImages(Images):
-    """Training samples for ``StepSampler``'s items ``(index, size, seed)``: transformed for ``size`` under ``seed``."""
-
-    def __init__(self, samples: list[Sample], transforms: Mapping[int, Callable[[Image.Image], torch.Tensor]],
-                 cache: DecodedImages | None = None) -> None:
-        super().__init__(samples, cache)
-        self.transforms = dict(transforms)
+    """Training samples for ``StepSampler``'s items ``(index, size, seed)``: transformed for ``size`` under ``seed``
+    (``transform`` maps each size to its transform)."""
 
     def __getitem__(self, item: Item) -> tuple[torch.Tensor, int, int]:
         index, size, seed = item
         image, target, skipped = self.load(index)
         seed_globals(seed)
-        return self.transforms[size](image), target, skipped
+        return self.transform[size](image), target, skipped
 
     def __getitems__(self, items: list[Item]) -> list[tuple[torch.Tensor, int, int]]:
         with global_rng_kept():

@@ -98,8 +98,8 @@ def build_loaders(cfg: Config, train_samples: list[Sample], val_samples: list[Sa
                                   for samples, side in ((train_samples, train_side), (val_samples, short_side)))
     schedule = SizeSchedule(tuple(cfg.train_sizes), cfg.img_size, cfg.batch_size, cfg.seed, cfg.token_budget,
                             even=cfg.mixup > 0 or cfg.cutmix > 0) if cfg.train_sizes else None
-    args = (cfg, Images(train_samples, train_cache), Images(val_samples, val_cache), data_config, rank, world_size,
-            device)
+    args = (cfg, Images(train_samples, cache=train_cache), Images(val_samples, cache=val_cache), data_config, rank,
+            world_size, device)
     if pipeline == "naflex":
         train, val = _naflex_loaders(*args, patch, num_classes)
     else:
