@@ -36,11 +36,6 @@ def file_stat(path: str) -> tuple[int, int]:
     return stat.st_size, stat.st_mtime_ns
 
 
-def fingerprint(source: Source) -> tuple[Any, ...]:
-    """What changes when the image does: a file's path, size and time; a stored image's own."""
-    return (source, *file_stat(source)) if isinstance(source, str) else source.fingerprint()
-
-
 def decode_image(source: Source, short_side: int | None = None) -> Image.Image:
     """Read an image as RGB, optionally with its short side shrunk (``draft``: the JPEG decoder downscales 2-8x)."""
     with Image.open(source if isinstance(source, str | Path) else source.open()) as img:
@@ -92,7 +87,9 @@ class DecodedImages:
         """Build the cache, or reuse ``cache_dir``'s file of the same images (fingerprints hashed) and size."""
         if cache_dir is None:
             return cls.build(paths, short_side, workers)
-        digest = hashlib.sha1(repr(([fingerprint(path) for path in paths], short_side)).encode()).hexdigest()[:16]
+        # what changes when an image does: a file's path, size and time; a stored image's own fingerprint
+        stamps = [(path, *file_stat(path)) if isinstance(path, str) else path.fingerprint() for path in paths]
+        digest = hashlib.sha1(repr((stamps, short_side)).encode()).hexdigest()[:16]
         file = cache_dir / f"decoded-{short_side}px-{digest}.pt"
         if not file.exists():
             images = cls.build(paths, short_side, workers)
