@@ -1,5 +1,5 @@
-"""timm's auto-augment strings under the installed Pillow (vit_rope.data.auto_augment): every form, every op, at the
-ends of the magnitudes it can draw, built as training builds it (vit_rope.train.loaders.build_transforms), must run;
+"""timm's auto-augment strings under the installed Pillow (vit_rope.train.loaders): every form, every op, at the ends
+of the magnitudes it can draw, built as training builds it (vit_rope.train.loaders.build_transforms), must run;
 the 0-bit Posterize that Pillow 13 rejects must give the black image timm means."""
 
 from __future__ import annotations
@@ -14,11 +14,10 @@ import pytest
 from PIL import Image, ImageOps
 from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD, create_transform
 
-from vit_rope.data import auto_augment as aa
 from vit_rope.errors import UserError
+from vit_rope.train import loaders
 from vit_rope.train.command_line import build_config
 from vit_rope.train.config import Config
-from vit_rope.train.loaders import build_transforms
 
 DATA_CONFIG = {"input_size": (3, 32, 32), "interpolation": "bicubic", "mean": IMAGENET_DEFAULT_MEAN,
                "std": IMAGENET_DEFAULT_STD, "crop_pct": 0.875, "crop_mode": "center"}
@@ -49,7 +48,7 @@ def rgb_ramp() -> Image.Image:
     return Image.fromarray(np.arange(256, dtype=np.uint8).reshape(16, 16)[..., None].repeat(3, axis=2))
 
 
-def forced(op: aa.AugmentOp, magnitude: float) -> aa.AugmentOp:
+def forced(op: loaders.AugmentOp, magnitude: float) -> loaders.AugmentOp:
     """A copy of ``op`` that always applies, at exactly ``magnitude`` (before timm's clipping to [0, mmax or 10])."""
     op = copy.copy(op)
     op.prob, op.magnitude, op.magnitude_std = 1.0, magnitude, 0
@@ -58,7 +57,7 @@ def forced(op: aa.AugmentOp, magnitude: float) -> aa.AugmentOp:
 
 def train_transforms(form: str) -> list:
     cfg = build_config(None, [f"auto_augment={form}", "img_size=32", "train_sizes=[32, 48]"])  # runs check_config
-    return list(build_transforms(cfg, DATA_CONFIG)[0].values())
+    return list(loaders.build_transforms(cfg, DATA_CONFIG)[0].values())
 
 
 def test_pillow_rejects_zero_bits_and_timm_asks_for_them() -> None:
@@ -66,10 +65,10 @@ def test_pillow_rejects_zero_bits_and_timm_asks_for_them() -> None:
     with pytest.raises(ValueError, match="bits must be"):
         ImageOps.posterize(rgb_ramp(), 0)
     raw = create_transform(32, is_training=True, auto_augment="rand-m9-mstd0.5-inc1")
-    posterize = next(op for op in aa.augment_ops(raw) if op.name == "PosterizeIncreasing")
+    posterize = next(op for op in loaders.augment_ops(raw) if op.name == "PosterizeIncreasing")
     with pytest.raises(ValueError, match="bits must be"):
         forced(posterize, 10)(rgb_ramp())
-    assert aa.make_safe(raw) is raw and posterize.aug_fn is aa.posterize
+    assert loaders.make_safe(raw) is raw and posterize.aug_fn is loaders.posterize
     assert not np.asarray(forced(posterize, 10)(rgb_ramp())).any()
 
 
@@ -79,24 +78,25 @@ def test_posterize_is_pillow_before_13(bits: int) -> None:
     image = rgb_ramp()
     mask = ~(2 ** (8 - bits) - 1) if bits < 8 else -1
     expected = np.arange(256).reshape(16, 16)[..., None].repeat(3, axis=2) & mask
-    out = aa.posterize(image, bits)
+    out = loaders.posterize(image, bits)
     assert out.mode == "RGB" and out.size == image.size
     np.testing.assert_array_equal(np.asarray(out), expected)
-    gray = aa.posterize(image.convert("L"), bits)
+    gray = loaders.posterize(image.convert("L"), bits)
     np.testing.assert_array_equal(np.asarray(gray), np.asarray(image.convert("L")).astype(np.int64) & mask)
 
 
 @pytest.mark.parametrize("form", sorted(FORMS))
 def test_every_op_runs_at_its_extremes(form: str) -> None:
     raw = create_transform(32, is_training=True, auto_augment=form, interpolation="bicubic")
-    assert {line.split(" at ")[0] for line in aa.failures(raw)} == FORMS[form]  # the probe sees the crashes
+    assert {line.split(" at ")[0] for line in loaders.failures(raw)} == FORMS[form]  # the probe sees the crashes
     for transform in train_transforms(form):
-        ops = aa.augment_ops(transform)
+        ops = loaders.augment_ops(transform)
         # timm's ops, probabilities, magnitudes, noise and level functions: only Posterize's function is ours
-        assert [repr(op) for op in ops] == [repr(op) for op in aa.augment_ops(raw)]
-        assert all(op.level_fn is timm_op.level_fn for op, timm_op in zip(ops, aa.augment_ops(raw), strict=True))
-        assert {op.name for op in ops if op.aug_fn is aa.posterize} == {op.name for op in ops if "Posterize" in op.name}
-        assert aa.failures(transform) == []
+        assert [repr(op) for op in ops] == [repr(op) for op in loaders.augment_ops(raw)]
+        assert all(op.level_fn is timm_op.level_fn for op, timm_op in zip(ops, loaders.augment_ops(raw), strict=True))
+        posterizes = {op.name for op in ops if "Posterize" in op.name}
+        assert {op.name for op in ops if op.aug_fn is loaders.posterize} == posterizes
+        assert loaders.failures(transform) == []
         for op in ops:
             upper = op.magnitude_max or 10
             for magnitude in {0, 2.4, 2.5, 9.99, 10, upper, upper + 5, op.magnitude}:  # past upper: clipped
@@ -122,7 +122,7 @@ def test_whole_transform_survives_many_images(form: str) -> None:
 
 def test_default_is_deits_string() -> None:
     assert Config().auto_augment == "rand-m9-mstd0.5-inc1"
-    assert build_config(Path(__file__).resolve().parents[2] / "configs" / "base.yaml").auto_augment == aa.WORKING
+    assert build_config(Path(__file__).resolve().parents[2] / "configs" / "base.yaml").auto_augment == loaders.WORKING
 
 
 def test_refused_before_the_loader_with_a_working_string() -> None:
@@ -131,8 +131,8 @@ def test_refused_before_the_loader_with_a_working_string() -> None:
                                         r"magnitude .*LANCZOS.*use auto_augment=null for none"):
         build_config(None, ["auto_augment=rand-m9-mstd0.5-inc1", "interpolation=lanczos"])
     broken = create_transform(32, is_training=True, auto_augment="rand-m9-mstd0.5-inc1")
-    for op in aa.augment_ops(broken):
+    for op in loaders.augment_ops(broken):
         op.aug_fn = ImageOps.posterize  # stands for any op the installed Pillow rejects
     with pytest.raises(UserError, match=r"auto_augment=rand-m5 .* Pillow .* use auto_augment=rand-m9-mstd0.5-inc1 "):
-        aa.safe_transform(lambda name: broken if name == "rand-m5" else create_transform(
+        loaders.safe_transform(lambda name: broken if name == "rand-m5" else create_transform(
             32, is_training=True, auto_augment=name), "rand-m5")

@@ -1,4 +1,5 @@
-"""Data side: folder scanning and its errors, RGB conversion, the decoded cache, skipping unreadable images."""
+"""Data side (vit_rope.data.folders): folder scanning and its errors, RGB conversion whatever the file's mode, the
+decoded cache (the short side shrunk, one flat store, reused until a file changes), skipping unreadable images."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import pytest
 import torch
 from timm.data import resolve_data_config
 
-from vit_rope.data import decoded, folders
+from vit_rope.data import folders
 from vit_rope.data.pipeline import BatchLoader
 from vit_rope.errors import UserError
 from vit_rope.train import loaders
@@ -46,6 +47,39 @@ def test_empty_train_folder_is_a_user_error(tmp_path: Path) -> None:
     (tmp_path / "train").mkdir()
     with pytest.raises(UserError, match="has no class folders"):
         folders.find_images(tmp_path / "train")
+
+
+def test_grayscale_and_cmyk_images_come_out_rgb(image_root: Path) -> None:
+    for name in ("class_0/0.jpg", "class_1/0.jpg"):
+        image = folders.decode_image(str(image_root / "train" / name))
+        assert image.mode == "RGB" and image.size == (40, 40)
+    assert folders.decode_image(str(image_root / "train" / "class_0" / "0.jpg"), short_side=20).size == (20, 20)
+
+
+def test_cache_shrinks_large_images_to_the_short_side(image_root: Path) -> None:
+    paths = [str(p) for p in sorted((image_root / "val" / "class_0").iterdir())]
+    images = folders.DecodedImages.build(paths, short_side=16, workers=0)
+    assert images.image(0).size == (16, 16) and images.data.dtype == torch.uint8
+
+
+def test_the_cache_file_is_reused_until_a_file_changes(image_root: Path, tmp_path: Path) -> None:
+    paths = [str(p) for p in sorted((image_root / "val" / "class_0").iterdir())]
+    first = folders.DecodedImages.load_or_build(paths, 16, 0, tmp_path)
+    again = folders.DecodedImages.load_or_build(paths, 16, 0, tmp_path)
+    assert len(list(tmp_path.glob("decoded-16px-*.pt"))) == 1 and torch.equal(first.data, again.data)
+    Path(paths[0]).touch()  # a new modification time: the dataset may have changed, so it is decoded again
+    folders.DecodedImages.load_or_build(paths, 16, 0, tmp_path)
+    assert len(list(tmp_path.glob("decoded-16px-*.pt"))) == 2
+
+
+def test_an_unreadable_file_is_kept_as_an_empty_entry_that_raises_on_use(image_root: Path, tmp_path: Path) -> None:
+    broken = tmp_path / "broken.jpg"
+    broken.write_bytes(b"not a jpeg")
+    good = str(next((image_root / "val" / "class_0").iterdir()))
+    images = folders.DecodedImages.build([str(broken), good], short_side=16, workers=0)
+    assert images.shapes[0].tolist() == [0, 0] and images.image(1).size == (16, 16)
+    with pytest.raises(OSError, match="could not be decoded"):
+        images.image(0)
 
 
 def _loaders(root: Path, *overrides: str):
@@ -142,7 +176,7 @@ def test_tensor_loaders_read_the_store_only_and_never_decode_again(image_root: P
     def no_decoding(*args, **kwargs):
         raise AssertionError("an image was decoded again")
 
-    monkeypatch.setattr(decoded, "decode_image", no_decoding)
+    monkeypatch.setattr(folders.DecodedImages, "build", no_decoding)
     train_loader, val_loader = _loaders(image_root, *BATCHED, cache, "cache_size=40")  # the cache file, memory-mapped
     for epoch in (0, 1):
         loaders.set_epoch(train_loader, epoch)

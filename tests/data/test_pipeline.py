@@ -18,7 +18,7 @@ from timm.data.transforms import RandomResizedCropAndInterpolation
 from torch.utils.data import DistributedSampler
 
 from helpers.stores import make_store, same
-from vit_rope.data import pipeline
+from vit_rope.data import folders, pipeline
 from vit_rope.data.pipeline import BatchLoader, TensorStore, center_boxes, crop_resize, rrc_boxes
 from vit_rope.errors import UserError
 
@@ -272,9 +272,7 @@ def test_the_loader_reads_only_the_store_never_a_file(monkeypatch: pytest.Monkey
     def refuse(*args, **kwargs):
         raise AssertionError("an image was decoded again")
 
-    import vit_rope.data.decoded
-
-    monkeypatch.setattr(vit_rope.data.decoded, "decode_image", refuse)
+    monkeypatch.setattr(folders, "decode_image", refuse)
     monkeypatch.setattr(Image, "open", refuse)
     store = make_store(unreadable=(7,))
     assert len(list(loader(store))) == 10 and len(list(loader(store, train=False))) == 10

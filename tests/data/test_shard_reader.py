@@ -21,8 +21,7 @@ from torch.utils.data import DataLoader
 from helpers.training import pixels
 from vit_rope.data import shard_reader
 from vit_rope.data import shard_writer as shards
-from vit_rope.data.decoded import decode_image
-from vit_rope.data.folders import ImageFolderDataset, Images, find_images
+from vit_rope.data.folders import ImageFolderDataset, Images, decode_image, find_images
 from vit_rope.data.splits import find_split
 from vit_rope.errors import UserError
 

@@ -15,7 +15,6 @@ from timm.data import resolve_data_config
 
 import vit_rope  # noqa: F401  (registers the vit_rope_* models)
 from vit_rope.data import folders
-from vit_rope.data.decoded import decode_image
 from vit_rope.train import engine, loaders
 from vit_rope.train.command_line import build_config
 
@@ -52,7 +51,7 @@ def write_image_folder(root: Path, train_per_class: int = 8, val_per_class: int 
 
 def pixels(samples: list) -> list[tuple[int, bytes]]:
     """Each sample as (label, RGB bytes), sorted: a split's content whatever its order or the files' format."""
-    return sorted((label, np.asarray(decode_image(source)).tobytes()) for source, label in samples)
+    return sorted((label, np.asarray(folders.decode_image(source)).tobytes()) for source, label in samples)
 
 
 def tiny_args(data_dir: Path, output: Path, *extra: str) -> list[str]:

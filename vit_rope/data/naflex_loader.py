@@ -97,9 +97,7 @@ class NaFlexLoader:
 
     def __iter__(self) -> Iterator[NaFlexBatch]:
         for step, (inputs, targets) in enumerate(self.prefetch, self.start):
-            skipped = inputs.pop("skipped", None)
-            if skipped is None:  # validation: timm's collator carries no count
-                skipped = torch.zeros(len(targets), dtype=torch.long)
+            skipped = inputs.pop("skipped", torch.zeros(len(targets), dtype=torch.long))  # validation: no count
             if self.erasing is not None:
                 inputs["patches"] = self._erase(step, inputs)
             yield inputs, targets, skipped

@@ -20,7 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from vit_rope.data.decoded import file_stat
+from vit_rope.data.folders import file_stat
 from vit_rope.errors import UserError
 
 _log = logging.getLogger(__name__)

@@ -19,11 +19,11 @@ from torch import nn
 from torchvision.transforms import InterpolationMode
 
 from vit_rope.checks import check_output_dir
-from vit_rope.data.auto_augment import safe_transform
 from vit_rope.data.splits import WHERE, dataset_kind
 from vit_rope.data.steps import budget_images
 from vit_rope.errors import UserError
 from vit_rope.train.config import Config
+from vit_rope.train.loaders import safe_transform
 
 # (test, wording, keys): each key's value must pass the test; None (an optional key left unset) is not checked
 _RANGES: tuple[tuple[Callable[[float], bool], str, tuple[str, ...]], ...] = (
@@ -97,7 +97,7 @@ def check_config(cfg: Config) -> None:
         raise UserError(f"config key 'interpolation' must be one of {', '.join(_interpolations())} or "
                         f"null (the model's default), got {cfg.interpolation!r}")
     if cfg.auto_augment is not None:
-        try:  # timm parses the string, then every op runs at its extreme magnitudes (vit_rope.data.auto_augment)
+        try:  # timm parses the string, then every op runs at its extreme magnitudes (train.loaders)
             safe_transform(lambda aa: create_transform(input_size=cfg.img_size, is_training=True, auto_augment=aa,
                                                        interpolation=cfg.interpolation or "bilinear"), cfg.auto_augment)
         except (AssertionError, ValueError, KeyError, IndexError) as err:
