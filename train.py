@@ -37,7 +37,7 @@ from vit_rope.train.command_line import parse_args
 from vit_rope.train.config import Config, save_config
 from vit_rope.train.config_checks import check_ranks_agree, scheduler_args
 from vit_rope.train.model import build_model, naflex_patch
-from vit_rope.train.state import reconcile, restore
+from vit_rope.train.resume import reconcile, restore
 
 
 def scan_data(cfg: Config, env: distributed.DistEnv, say: Callable[[str], None]

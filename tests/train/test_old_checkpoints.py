@@ -16,7 +16,8 @@ import train
 from helpers.training import REPO, tiny_args, write_image_folder
 from vit_rope.eval.loading import load_trained
 from vit_rope.models.pos_encoding import encoding_key
-from vit_rope.train.state import current_model_args, load_checkpoint, load_state, saved_settings
+from vit_rope.train.resume import saved_settings
+from vit_rope.train.state import current_model_args, load_checkpoint, load_state
 
 FIXTURE = REPO / "tests" / "fixtures" / "resume_epoch1_of2.pth"
 ARGS = ("model_kwargs={depth: 1, embed_dim: 16, num_heads: 2, patch_size: 8}", "model_ema=true")

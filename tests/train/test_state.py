@@ -22,16 +22,15 @@ from helpers.training import tiny_args, write_image_folder
 from vit_rope.errors import UserError
 from vit_rope.train.command_line import build_config, parse_args
 from vit_rope.train.distributed import DistEnv
+from vit_rope.train.resume import restore, saved_settings
 from vit_rope.train.state import (
     CHECKPOINT_FORMAT,
     atomic_save,
     gather_rng_states,
     load_checkpoint,
     load_state,
-    restore,
     rng_state,
     save_checkpoint,
-    saved_settings,
     set_rng_state,
 )
 

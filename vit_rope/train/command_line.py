@@ -10,7 +10,7 @@ from typing import Any
 
 from vit_rope.train.config import CLI_FLAGS, Config, load_yaml, parse_override
 from vit_rope.train.config_checks import check_config
-from vit_rope.train.state import saved_settings
+from vit_rope.train.resume import saved_settings
 
 
 def build_config(path: str | Path | None = None, overrides: Sequence[str] = (),
