@@ -30,7 +30,7 @@ from vit_rope.eval.loading import EvalModel, add_model_options, check_model_opti
 from vit_rope.eval.report import figure
 from vit_rope.layers.lattice import naflex_grid
 from vit_rope.models import registry  # noqa: F401  (registers the models)
-from vit_rope.models.naflex_batch import naflex_patch
+from vit_rope.models.embedding import naflex_patch
 from vit_rope.models.vit import RoPEVisionTransformer
 
 

@@ -17,8 +17,7 @@ from vit_rope.encodings.rope.dinov3_rope import check_qk_layout
 from vit_rope.errors import NoTorchScript
 from vit_rope.layers.attention import RoPEAttention, RoPEBlock
 from vit_rope.layers.eva import eva_blocks_, resize_attn_pool
-from vit_rope.models.embedding import Embedded, EmbeddingMixin
-from vit_rope.models.naflex_batch import naflex_batch, naflex_maps
+from vit_rope.models.embedding import Embedded, EmbeddingMixin, naflex_batch, naflex_maps
 from vit_rope.models.pos_encoding import PositionEncodingMixin, submodule_no_decay
 
 
