@@ -12,7 +12,7 @@ from timm.models.vision_transformer import VisionTransformer, checkpoint_filter_
 from vit_rope.checks import check_multiple, patch_size
 from vit_rope.errors import UserError
 from vit_rope.models import embedding
-from vit_rope.models.factory import create_model
+from vit_rope.models.registry import create_model
 from vit_rope.models.vit import RoPEVisionTransformer
 from vit_rope.train import state as train_state
 from vit_rope.train.config import Config
