@@ -11,17 +11,18 @@ from timm.models._manipulate import checkpoint
 from timm.models.vision_transformer import VisionTransformer
 from torch import Tensor, nn
 
-from vit_rope.encodings import check_kind
+from vit_rope.encodings import EncodingSpec, build, check_kind
+from vit_rope.encodings.ape import AbsoluteEncoding
 from vit_rope.encodings.policies import CoordAugment, ResolutionPolicy
 from vit_rope.encodings.rope.dinov3_rope import check_qk_layout
 from vit_rope.errors import NoTorchScript
 from vit_rope.layers.attention import RoPEAttention, RoPEBlock
 from vit_rope.layers.eva import eva_blocks_, resize_attn_pool
 from vit_rope.models.embedding import Embedded, EmbeddingMixin, naflex_batch, naflex_maps
-from vit_rope.models.pos_encoding import PositionEncodingMixin, submodule_no_decay
+from vit_rope.models.pos_encoding import encoding_keys_hook, submodule_no_decay
 
 
-class RoPEVisionTransformer(NoTorchScript, PositionEncodingMixin, EmbeddingMixin, VisionTransformer):
+class RoPEVisionTransformer(NoTorchScript, EmbeddingMixin, VisionTransformer):
     """timm ``VisionTransformer`` with 2D RoPE at any multiple of the patch size; arguments: docs/models.md."""
 
     def __init__(self, encoding: str | None = None, resolution_policy: str | dict | ResolutionPolicy | None = None,
@@ -62,15 +63,42 @@ class RoPEVisionTransformer(NoTorchScript, PositionEncodingMixin, EmbeddingMixin
         self.head_hidden_dim = head_hidden_dim
         if head_hidden_dim:
             self.reset_classifier(self.num_classes)
+        # the encoding, built after timm's __init__: it needs the blocks and the patch grid, or the grid policies
+        # scale against instead, rope_ref_grid (timm Eva's ref_feat_shape)
+        self.encoding_kind, aug, ref = encoding, rope_coord_aug, rope_ref_grid
+        self.coord_aug = aug if isinstance(aug, CoordAugment) else CoordAugment(**(aug or {}))
         rope_options = dict(  # each the model's without "rope_" (None: the kind's own): RoPE2D's and STRING's
             theta=rope_theta, min_period=rope_min_period, max_period=rope_max_period,
             normalize_coords=rope_normalize_coords, fraction=rope_fraction, mixed_init=rope_mixed_init,
             grid_offset=rope_grid_offset, string_base=rope_string_base, alternate_axes=rope_alternate_axes)
-        self._init_encoding(encoding, num_heads, rope_coord_aug, resolution_policy,
-                            {name: value for name, value in rope_options.items() if value is not None},
-                            rope_ref_grid, encoding_options, pos_embed_resampling)
+        train_grid = tuple(self.patch_embed.grid_size) if ref is None else (int(ref[0]), int(ref[1]))
+        self.pos_encoding = build(EncodingSpec(
+            encoding, len(self.blocks), num_heads, self.embed_dim // num_heads, train_grid, resolution_policy,
+            {name: value for name, value in rope_options.items() if value is not None}, ref,
+            dict(encoding_options or {})))
+        self.pos_encoding.attach_(self.blocks, self.embed_dim, num_heads)
+        self.register_load_state_dict_pre_hook(encoding_keys_hook)
+        own = 0 if self.no_embed_class else self.num_prefix_tokens  # +APE: timm's pos_embed
+        self.ape = None if self.pos_embed is None else AbsoluteEncoding(own, pos_embed_resampling)
         if factory := {key: kwargs[key] for key in ("device", "dtype") if kwargs.get(key) is not None}:
             self.to(**factory)  # ours where timm built its modules (create_model(device=..., dtype=...))
+
+    @property
+    def resolution_policy(self) -> ResolutionPolicy:
+        return self.pos_encoding.policy
+
+    def set_resolution_policy(self, policy: str | dict | ResolutionPolicy | None, **options: Any) -> None:
+        """How positions follow other sizes (``policy=`` at creation), e.g. ``("yarn", yarn_beta=4.0)``."""
+        if isinstance(policy, str):
+            policy = ResolutionPolicy.create(dict(name=policy, **options))
+        elif options:
+            raise ValueError(f"Policy options {sorted(options)} go with a policy name, as in "
+                             f"set_resolution_policy('yarn', yarn_beta=4.0); got the policy {policy!r}.")
+        self.pos_encoding.policy = policy
+
+    def fold_encoding_(self) -> None:
+        """Fold the encoding into the blocks' weights where that is the same, cheaper function (STRING's into qkv)."""
+        self.pos_encoding.fold_(self.blocks)
 
     def reset_classifier(self, num_classes: int, global_pool: str | None = None) -> None:
         """timm's, keeping the MLP head (``head_hidden_dim``) when the model has one."""
