@@ -47,7 +47,7 @@ from timm.optim import create_optimizer_v2
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from vit_rope.data import folders, splits  # noqa: E402
 from vit_rope.eval.report import table  # noqa: E402
-from vit_rope.models.factory import create_model  # noqa: E402  (after the path set-up, as the script runs from anywhere)
+from vit_rope.models.registry import create_model  # noqa: E402  (after the path set-up, as the script runs from anywhere)
 from vit_rope.train import distributed, engine, loaders  # noqa: E402
 from vit_rope.train.command_line import build_config  # noqa: E402
 

@@ -83,8 +83,8 @@ from studies.paired import Pair  # noqa: E402
 from studies.report import machines_by_run, write_study  # noqa: E402
 from studies.results import is_run, replace_section  # noqa: E402
 from vit_rope.encodings.policies import POLICIES  # noqa: E402
-from vit_rope.models.factory import create_model  # noqa: E402
 from vit_rope.models.pos_encoding import resolution_encoding  # noqa: E402
+from vit_rope.models.registry import create_model  # noqa: E402
 from vit_rope.train.command_line import build_config  # noqa: E402  (after the path set-up, as the script runs from anywhere)
 from vit_rope.train.config import load_yaml  # noqa: E402
 from vit_rope.train.state import load_checkpoint  # noqa: E402

@@ -20,7 +20,7 @@ from vit_rope.errors import UserError
 from vit_rope.eval.diagnostics import attention_entropy, main, without_positions
 from vit_rope.eval.harness import check_sizes
 from vit_rope.eval.loading import EvalModel
-from vit_rope.models.factory import create_model
+from vit_rope.models.registry import create_model
 
 LOOKHERE = "vit_rope_tiny_patch16_lookhere_224"
 

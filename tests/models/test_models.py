@@ -321,6 +321,6 @@ def test_dinov3_rope_options_are_refused_for_other_kinds(kind, option):
 def test_patch_dropout_keeps_tokens_and_nchw_intermediates_say_what_to_do():
     model = tiny(patch_drop_rate=0.5).train()
     assert model.forward_features(torch.randn(2, 3, 64, 64)).shape == (2, 1 + 8, 192)
-    with pytest.raises(ValueError, match=r"Patch dropout kept \d+ of the 4x6 patches.*model.eval\(\).*NLC"):
+    with pytest.raises(ValueError, match=r"Patch dropout \(patch_drop_rate=0.5\).*model.eval\(\).*NLC"):
         model.forward_intermediates(torch.randn(2, 3, 64, 96))
     assert model.forward_intermediates(torch.randn(2, 3, 64, 96), output_fmt="NLC")[1][0].shape[1] < 24

@@ -1,4 +1,4 @@
-"""NaFlex batches (vit_rope.models.naflex_batch, vit_rope.layers.lattice): in one batch that mixes aspect ratios, padded
+"""NaFlex batches (vit_rope.models.embedding, vit_rope.layers.lattice): in one batch that mixes aspect ratios, padded
 to one length, each sample's logits, features and gradients equal the same model on that image alone, for every kind of
 position encoding and every resolution policy; padding changes nothing."""
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from vit_rope.models.factory import create_model
+from vit_rope.models.registry import create_model
 from vit_rope.train.command_line import build_config
 from vit_rope.train.loaders import choose_pipeline
 

@@ -29,7 +29,7 @@ from vit_rope.eval.harness import eval_transform, subset
 from vit_rope.eval.loading import EvalModel, add_model_options, check_model_options, load_model_option, set_policy
 from vit_rope.eval.report import figure
 from vit_rope.layers.lattice import naflex_grid
-from vit_rope.models.naflex_batch import naflex_patch
+from vit_rope.models.embedding import naflex_patch
 from vit_rope.models.vit import RoPEVisionTransformer
 
 

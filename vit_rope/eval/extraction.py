@@ -25,7 +25,7 @@ from vit_rope.errors import UserError
 from vit_rope.eval import probes, windows
 from vit_rope.eval import token_budget as naflex
 from vit_rope.eval.loading import EvalModel
-from vit_rope.models.naflex_batch import naflex_patch
+from vit_rope.models.embedding import naflex_patch
 
 
 def subset(count: int, limit: int | None) -> list[int]:

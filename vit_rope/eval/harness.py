@@ -20,7 +20,7 @@ from vit_rope.eval import token_budget as naflex
 from vit_rope.eval.extraction import Runs, TrainFeatures, check_feature_memory, forward_split, subset, train_split
 from vit_rope.eval.loading import EvalModel, check_loaded
 from vit_rope.eval.probes import PROBES, ProbeOptions, feature_width
-from vit_rope.models.naflex_batch import naflex_patch
+from vit_rope.models.embedding import naflex_patch
 from vit_rope.models.pos_encoding import resolution_encoding
 
 

@@ -20,10 +20,9 @@ from torch import nn
 from vit_rope.checks import check_model_name
 from vit_rope.errors import UserError
 from vit_rope.models.checkpoint import WeightsNotLoadedWarning, load_weights
-from vit_rope.models.factory import PretrainedLoadError, create_model
 from vit_rope.models.formats import describe, folder_format, model_args, weights_in
 from vit_rope.models.pos_encoding import encoding_keys
-from vit_rope.models.registry import ENCODINGS  # importing it registers the vit_rope_* models
+from vit_rope.models.registry import ENCODINGS, PretrainedLoadError, create_model  # registers the vit_rope_* models
 from vit_rope.train.state import CHECKPOINT_FORMAT, load_checkpoint
 from vit_rope.weights import UnreadableCheckpointError, mapped_file, read_weights, tensor_rows, weights_mismatch
 

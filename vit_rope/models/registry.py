@@ -1,4 +1,5 @@
-"""timm registration (by ``import vit_rope``) of every vit_rope model and twin; docs/models.md lists them."""
+"""timm registration (by ``import vit_rope``) of every vit_rope model and twin (docs/models.md lists them), and the
+models for every command: a bad ``model_kwargs`` entry is a ``UserError`` naming it, not a constructor's crash."""
 
 from __future__ import annotations
 
@@ -7,11 +8,14 @@ from functools import partial
 from itertools import product
 from typing import Any
 
+import timm
 from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD, OPENAI_CLIP_MEAN, OPENAI_CLIP_STD
 from timm.models import build_model_with_cfg, generate_default_cfgs, register_model
 from torch import nn
 
+from vit_rope.checks import check_model_name
 from vit_rope.encodings import KINDS, REGISTRY
+from vit_rope.errors import UserError
 from vit_rope.models import deepseek_vit, dinov3, qwen3_vit
 from vit_rope.models.checkpoint import checkpoint_filter_fn
 from vit_rope.models.dinov3 import dinov3_name
@@ -117,22 +121,56 @@ _VITS: dict[str, dict[str, Any]] = {
     **{dinov3_name(size, qkvb): dinov3.model_args(size, qkvb) for size, qkvb in product(dinov3.SIZES, (False, True))},
     **{twin_name(timm_name): args for table in FAMILIES.values() for timm_name, args in table.items()},  # Eva twins
 }
-# name -> (model arguments, class) of every entry point but the VLM twins' below
-_PLAIN = {**{name: (args, RoPEVisionTransformer) for name, args in _VITS.items()},
-          **{name: (args, Qwen25VisionTransformer) for name, args in QWEN25.items()},  # already named vit_rope_*
-          **{swin_name(kind, size): (dict(window_size=7, encoding=kind, **SWIN_SIZES[size]), RoPESwinTransformer)
-             for kind, size in product(SWIN_KINDS, SWIN_SIZES)}}  # RoPE-ViT's RoPE-Swin (vit_rope.models.swin)
-for _name, (_args, _cls) in _PLAIN.items():
-    globals()[_name] = register_model(_entrypoint(_name, _args, _cls))
+# name -> (model arguments, class, for a VLM twin the projector's width argument and its width by the weights' tag)
+_MODELS = {**{name: (args, RoPEVisionTransformer) for name, args in _VITS.items()},
+           **{name: (args, Qwen25VisionTransformer) for name, args in QWEN25.items()},  # already named vit_rope_*
+           **{swin_name(kind, size): (dict(window_size=7, encoding=kind, **SWIN_SIZES[size]), RoPESwinTransformer)
+              for kind, size in product(SWIN_KINDS, SWIN_SIZES)},  # RoPE-ViT's RoPE-Swin (vit_rope.models.swin)
+           **{f"vit_rope_{timm_name}": (args, cls, *width) for table, cls, *width in (  # timm's, transformers' VLMs
+               (QWEN3, Qwen3VisionTransformer, "merger_out_features", qwen3_vit.llm_width),
+               (PIXTRAL, PixtralVisionTransformer), (GEMMA4, Gemma4VisionTransformer),
+               (deepseek_vit.DEEPSEEK, deepseek_vit.DeepseekVisionTransformer, "aligner_out_features",
+                deepseek_vit.llm_width)) for timm_name, args in table.items()}}
+for _name, (_args, _cls, *_width) in _MODELS.items():
+    _create = _entrypoint(_name, _args, _cls)
+    globals()[_name] = register_model(tagged(_create, *_width) if _width else _create)
 
-# the twins of timm's and transformers' VLM towers
-for _table, _cls, _width in ((QWEN3, Qwen3VisionTransformer, ("merger_out_features", qwen3_vit.llm_width)),
-                             (PIXTRAL, PixtralVisionTransformer, None), (GEMMA4, Gemma4VisionTransformer, None),
-                             (deepseek_vit.DEEPSEEK, deepseek_vit.DeepseekVisionTransformer,
-                              ("aligner_out_features", deepseek_vit.llm_width))):
-    for _timm_name, _args in _table.items():
-        _name = f"vit_rope_{_timm_name}"
-        _create = _entrypoint(_name, _args, model_cls=_cls)
-        if _width:
-            _create = tagged(_create, *_width)  # the projector's width: the weights' tag's
-        globals()[_name] = register_model(_create)
+
+# size arguments that models which run at any size (CNNs) lack: dropped for them rather than refused
+_OPTIONAL_KWARGS = ("img_size", "dynamic_img_size")
+# what a constructor raises for arguments it cannot build (depth=-1: RuntimeError from torch.linspace)
+_BUILD_ERRORS = (ValueError, AssertionError, ArithmeticError, RuntimeError, KeyError, IndexError)
+
+
+class PretrainedLoadError(UserError):
+    """The architecture builds, but its pretrained weights do not load; ``__cause__`` holds what loading raised."""
+
+
+def create_model(name: str, kwargs: dict[str, Any], setting: str = "model_kwargs") -> tuple[nn.Module, dict[str, Any]]:
+    """Model ``name`` and the ``kwargs`` that built it (less size arguments a CNN lacks); errors name ``setting``."""
+    check_model_name(name)
+    try:
+        return timm.create_model(name, **kwargs), kwargs
+    except TypeError as err:
+        if rejected := next((key for key in _OPTIONAL_KWARGS if f"'{key}'" in str(err) and key in kwargs), None):
+            return create_model(name, {key: value for key, value in kwargs.items() if key != rejected}, setting)
+        raise UserError(f"model '{name}' does not accept the arguments {kwargs} ({err}); fix {setting}") from None
+    except Exception as err:  # loading weights raises any type (SafetensorError, FileNotFoundError, ...)
+        detail = ": ".join([type(err).__name__, *str(err).strip().splitlines()[:1]])
+        if kwargs.get("pretrained") and _builds(name, {**kwargs, "pretrained": False}):
+            file = (kwargs.get("pretrained_cfg_overlay") or {}).get("file")
+            raise PretrainedLoadError(f"model '{name}' builds, but its pretrained weights{f' ({file})' if file else ''}"
+                                      f" do not load ({detail}); check the weights file, or fix {setting} to match "
+                                      "it") from err
+        if not isinstance(err, _BUILD_ERRORS):
+            raise
+        raise UserError(f"model '{name}' cannot be built with {kwargs} ({detail}); fix {setting}") from None
+
+
+def _builds(name: str, kwargs: dict[str, Any]) -> bool:
+    """Whether the architecture builds, i.e. a failure with ``pretrained=True`` came from loading the weights."""
+    try:
+        timm.create_model(name, **kwargs)
+    except (TypeError, *_BUILD_ERRORS):
+        return False
+    return True

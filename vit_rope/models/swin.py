@@ -149,15 +149,12 @@ def is_swin(state_dict: Mapping[str, Any]) -> bool:
     return any(key.startswith("layers.") and key.endswith(".attn.qkv.weight") for key in state_dict)
 
 
-def _swin_model(model: nn.Module, source: str) -> RoPESwinTransformer:
+def _biases(state_dict: dict[str, Any], model: nn.Module, source: str) -> tuple[dict[str, Any], tuple[str, ...]]:
+    """The relative position bias tables dropped where the model has none (``use_rpb=False``), said in a note; the
+    weights of ``source`` refused for a model that is no RoPE-Swin."""
     if not isinstance(model, RoPESwinTransformer):
         raise ValueError(f"The checkpoint is {source}; load it into a swin_rope_{{axial,mixed}}_{{tiny,small,base}}_"
                          f"patch4_window7_224 model, not a {type(model).__name__}.")
-    return model
-
-
-def _biases(state_dict: dict[str, Any], model: RoPESwinTransformer) -> tuple[dict[str, Any], tuple[str, ...]]:
-    """The relative position bias tables dropped where the model has none (``use_rpb=False``), said in a note."""
     if model.use_rpb or not any(key.endswith("relative_position_bias_table") for key in state_dict):
         return state_dict, ()
     kept = {key: value for key, value in state_dict.items() if not key.endswith("relative_position_bias_table")}
@@ -166,7 +163,7 @@ def _biases(state_dict: dict[str, Any], model: RoPESwinTransformer) -> tuple[dic
 
 def from_official(state_dict: dict[str, Any], model: nn.Module) -> Converted:
     """An official RoPE-Swin state dict in our layout (axial frequencies checked, window positions dropped)."""
-    model = _swin_model(model, "RoPE-ViT's official RoPE-Swin")
+    state_dict, notes = _biases(state_dict, model, "RoPE-ViT's official RoPE-Swin")
     out = {}
     for key, value in state_dict.items():
         if key.endswith("attn.rope_freqs"):
@@ -178,14 +175,13 @@ def from_official(state_dict: dict[str, Any], model: nn.Module) -> Converted:
                                  "create the model with the checkpoint's rope_theta")
         elif not key.endswith(("rope_t_x", "rope_t_y")):  # window positions are rebuilt
             out[key] = value
-    out, notes = _biases(out, model)
     return checkpoint_filter_fn(out, model), ("RoPE-ViT's RoPE-Swin: window positions rebuilt, Microsoft's stage "
                                               "layout converted as timm converts it", *notes)
 
 
 def from_swin(state_dict: dict[str, Any], model: nn.Module) -> Converted:
     """timm's or Microsoft's Swin weights, to fine-tune with RoPE: timm's conversion, the bias tables as ``_biases``."""
-    state_dict, notes = _biases(state_dict, _swin_model(model, "a Swin Transformer's"))
+    state_dict, notes = _biases(state_dict, model, "a Swin Transformer's")
     return checkpoint_filter_fn(state_dict, model), notes
 
 

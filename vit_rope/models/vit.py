@@ -11,19 +11,18 @@ from timm.models._manipulate import checkpoint
 from timm.models.vision_transformer import VisionTransformer
 from torch import Tensor, nn
 
-from vit_rope.encodings import check_kind
+from vit_rope.encodings import EncodingSpec, build, check_kind
+from vit_rope.encodings.ape import AbsoluteEncoding
 from vit_rope.encodings.policies import CoordAugment, ResolutionPolicy
 from vit_rope.encodings.rope.dinov3_rope import check_qk_layout
 from vit_rope.errors import NoTorchScript
 from vit_rope.layers.attention import RoPEAttention, RoPEBlock
 from vit_rope.layers.eva import eva_blocks_, resize_attn_pool
-from vit_rope.layers.lattice import naflex_grid
-from vit_rope.models.embedding import Embedded, EmbeddingMixin
-from vit_rope.models.naflex_batch import NaFlexBatch, naflex_batch, naflex_maps
-from vit_rope.models.pos_encoding import PositionEncodingMixin, submodule_no_decay
+from vit_rope.models.embedding import Embedded, EmbeddingMixin, naflex_batch, naflex_maps
+from vit_rope.models.pos_encoding import encoding_keys_hook, submodule_no_decay
 
 
-class RoPEVisionTransformer(NoTorchScript, PositionEncodingMixin, EmbeddingMixin, VisionTransformer):
+class RoPEVisionTransformer(NoTorchScript, EmbeddingMixin, VisionTransformer):
     """timm ``VisionTransformer`` with 2D RoPE at any multiple of the patch size; arguments: docs/models.md."""
 
     def __init__(self, encoding: str | None = None, resolution_policy: str | dict | ResolutionPolicy | None = None,
@@ -64,15 +63,42 @@ class RoPEVisionTransformer(NoTorchScript, PositionEncodingMixin, EmbeddingMixin
         self.head_hidden_dim = head_hidden_dim
         if head_hidden_dim:
             self.reset_classifier(self.num_classes)
+        # the encoding, built after timm's __init__: it needs the blocks and the patch grid, or the grid policies
+        # scale against instead, rope_ref_grid (timm Eva's ref_feat_shape)
+        self.encoding_kind, aug, ref = encoding, rope_coord_aug, rope_ref_grid
+        self.coord_aug = aug if isinstance(aug, CoordAugment) else CoordAugment(**(aug or {}))
         rope_options = dict(  # each the model's without "rope_" (None: the kind's own): RoPE2D's and STRING's
             theta=rope_theta, min_period=rope_min_period, max_period=rope_max_period,
             normalize_coords=rope_normalize_coords, fraction=rope_fraction, mixed_init=rope_mixed_init,
             grid_offset=rope_grid_offset, string_base=rope_string_base, alternate_axes=rope_alternate_axes)
-        self._init_encoding(encoding, num_heads, rope_coord_aug, resolution_policy,
-                            {name: value for name, value in rope_options.items() if value is not None},
-                            rope_ref_grid, encoding_options, pos_embed_resampling)
+        train_grid = tuple(self.patch_embed.grid_size) if ref is None else (int(ref[0]), int(ref[1]))
+        self.pos_encoding = build(EncodingSpec(
+            encoding, len(self.blocks), num_heads, self.embed_dim // num_heads, train_grid, resolution_policy,
+            {name: value for name, value in rope_options.items() if value is not None}, ref,
+            dict(encoding_options or {})))
+        self.pos_encoding.attach_(self.blocks, self.embed_dim, num_heads)
+        self.register_load_state_dict_pre_hook(encoding_keys_hook)
+        own = 0 if self.no_embed_class else self.num_prefix_tokens  # +APE: timm's pos_embed
+        self.ape = None if self.pos_embed is None else AbsoluteEncoding(own, pos_embed_resampling)
         if factory := {key: kwargs[key] for key in ("device", "dtype") if kwargs.get(key) is not None}:
             self.to(**factory)  # ours where timm built its modules (create_model(device=..., dtype=...))
+
+    @property
+    def resolution_policy(self) -> ResolutionPolicy:
+        return self.pos_encoding.policy
+
+    def set_resolution_policy(self, policy: str | dict | ResolutionPolicy | None, **options: Any) -> None:
+        """How positions follow other sizes (``policy=`` at creation), e.g. ``("yarn", yarn_beta=4.0)``."""
+        if isinstance(policy, str):
+            policy = ResolutionPolicy.create(dict(name=policy, **options))
+        elif options:
+            raise ValueError(f"Policy options {sorted(options)} go with a policy name, as in "
+                             f"set_resolution_policy('yarn', yarn_beta=4.0); got the policy {policy!r}.")
+        self.pos_encoding.policy = policy
+
+    def fold_encoding_(self) -> None:
+        """Fold the encoding into the blocks' weights where that is the same, cheaper function (STRING's into qkv)."""
+        self.pos_encoding.fold_(self.blocks)
 
     def reset_classifier(self, num_classes: int, global_pool: str | None = None) -> None:
         """timm's, keeping the MLP head (``head_hidden_dim``) when the model has one."""
@@ -92,13 +118,14 @@ class RoPEVisionTransformer(NoTorchScript, PositionEncodingMixin, EmbeddingMixin
         return matcher
 
     def _forward_blocks(
-        self, x: Tensor | NaFlexBatch, blocks: nn.Module, take_indices: list[int] = (), norm: bool = False,
-        **block_kwargs: Any,
+        self, x: Tensor, blocks: nn.Module, take_indices: list[int] = (), norm: bool = False,
+        attn_mask: Tensor | None = None, is_causal: bool = False, patch_coord: Tensor | None = None,
+        patch_valid: Tensor | None = None,
     ) -> tuple[Tensor, list[Tensor], Embedded]:
-        """The last tokens, those after ``take_indices`` and the embedding of ``x``."""
-        embedded = self._embed(x)
-        if embedded.attn_mask is not None:  # a NaFlex batch's padding mask, or the caller's
-            block_kwargs["attn_mask"] = embedded.attn_mask
+        """The last tokens, those after ``take_indices`` and the embedding of images or a NaFlex batch."""
+        embedded = self._embed(naflex_batch(x, patch_coord, patch_valid, attn_mask) or x)  # None: images
+        mask = attn_mask if embedded.attn_mask is None else embedded.attn_mask  # a NaFlex batch's padding mask
+        block_kwargs = dict(attn_mask=mask, is_causal=is_causal)
         x, intermediates = embedded.tokens, []
         encodings = self._block_inputs(embedded)
         every = int(self.grad_checkpointing)  # set_grad_checkpointing(True): every block; (n): blocks 0, n, 2n, ...
@@ -118,9 +145,7 @@ class RoPEVisionTransformer(NoTorchScript, PositionEncodingMixin, EmbeddingMixin
     def forward(self, x: Tensor, attn_mask: Tensor | None = None, is_causal: bool = False,
                 patch_coord: Tensor | None = None, patch_valid: Tensor | None = None) -> Tensor:
         """Logits of images, or of a NaFlex batch: timm's dict, or ``patches``, ``patch_coord`` and ``patch_valid``."""
-        batch = naflex_batch(x, patch_coord, patch_valid, attn_mask)
-        x, _, embedded = self._forward_blocks(x if batch is None else batch, self.blocks, attn_mask=attn_mask,
-                                              is_causal=is_causal)
+        x, _, embedded = self._forward_blocks(x, self.blocks, (), False, attn_mask, is_causal, patch_coord, patch_valid)
         return self._forward_head(self.norm(x), embedded)
 
     def _forward_head(self, x: Tensor, embedded: Embedded) -> Tensor:
@@ -131,9 +156,7 @@ class RoPEVisionTransformer(NoTorchScript, PositionEncodingMixin, EmbeddingMixin
     def forward_features(self, x: Tensor, attn_mask: Tensor | None = None, is_causal: bool = False,
                          patch_coord: Tensor | None = None, patch_valid: Tensor | None = None) -> Tensor:
         """Tokens after the final norm; a NaFlex batch's padded, ``forward_head(x, patch_valid=...)`` pools them."""
-        batch = naflex_batch(x, patch_coord, patch_valid, attn_mask)
-        x, _, _ = self._forward_blocks(x if batch is None else batch, self.blocks, attn_mask=attn_mask,
-                                       is_causal=is_causal)  # a NaFlex batch's padding mask replaces attn_mask
+        x, _, _ = self._forward_blocks(x, self.blocks, (), False, attn_mask, is_causal, patch_coord, patch_valid)
         return self.norm(x)
 
     def forward_head(self, x: Tensor, pre_logits: bool = False, patch_valid: Tensor | None = None) -> Tensor:
@@ -151,27 +174,22 @@ class RoPEVisionTransformer(NoTorchScript, PositionEncodingMixin, EmbeddingMixin
         """timm's, also for NaFlex batches: NLC tokens padded as the input, or maps in the largest grid's corner."""
         if output_fmt not in ("NCHW", "NLC"):
             raise ValueError(f"output_fmt must be 'NCHW' or 'NLC', got {output_fmt!r}.")
+        if output_fmt == "NCHW" and self.training and isinstance(self.patch_drop, PatchDropoutWithIndices):
+            raise ValueError(f"Patch dropout (patch_drop_rate={self.patch_drop.prob}) drops tokens in training, which "
+                             "make no NCHW maps: call model.eval() first, or ask for output_fmt='NLC'.")
         take_indices, max_index = feature_take_indices(len(self.blocks), indices)
         blocks = self.blocks[: max_index + 1] if stop_early else self.blocks
-        batch = naflex_batch(x, patch_coord, patch_valid, attn_mask)
-        x, intermediates, embedded = self._forward_blocks(
-            x if batch is None else batch, blocks, take_indices, norm, attn_mask=attn_mask, is_causal=is_causal
-        )
+        x, intermediates, embedded = self._forward_blocks(x, blocks, take_indices, norm, attn_mask, is_causal,
+                                                          patch_coord, patch_valid)
 
-        P = self.num_prefix_tokens
+        P, naflex = self.num_prefix_tokens, embedded.coord is not None
         prefix_tokens = [y[:, :P] for y in intermediates] if P else None
         intermediates = [y[:, P:] for y in intermediates]
-        if batch is not None and output_fmt == "NCHW":  # each sample's map in the corner of the largest grid
-            if embedded.valid.shape != batch.valid.shape:
-                raise ValueError("Patch dropout dropped tokens of the NaFlex batch, which make no NCHW maps: call "
-                                 "model.eval() first, or ask for output_fmt='NLC'.")
-            grid = naflex_grid(batch.coord, batch.valid)
-            intermediates = [naflex_maps(y, batch.coord, batch.valid, grid) for y in intermediates]
+        if naflex and output_fmt == "NCHW":  # each sample's map in the corner of the largest grid
+            grids = embedded.positions.grids  # [B, 2]
+            intermediates = [naflex_maps(y, embedded.coord, embedded.valid, grids) for y in intermediates]
         elif output_fmt == "NCHW":
             h, w = embedded.positions.grid  # the image batch's patch grid
-            if intermediates and intermediates[0].shape[1] != h * w:
-                raise ValueError(f"Patch dropout kept {intermediates[0].shape[1]} of the {h}x{w} patches, which make "
-                                 "no NCHW map: call model.eval() first, or ask for output_fmt='NLC'.")
             intermediates = [y.unflatten(1, (h, w)).permute(0, 3, 1, 2).contiguous() for y in intermediates]
 
         if output_dict:
@@ -180,7 +198,7 @@ class RoPEVisionTransformer(NoTorchScript, PositionEncodingMixin, EmbeddingMixin
                 out["image_intermediates_prefix"] = prefix_tokens
             if not intermediates_only:
                 out["image_features"] = self.norm(x)
-            if batch is not None:  # NaFlex: which patch each token is, and whether it is real (after patch dropout)
+            if naflex:  # NaFlex: which patch each token is, and whether it is real (after patch dropout)
                 out["patch_coord"], out["patch_valid"] = embedded.coord, embedded.valid
             return out
         if return_prefix_tokens and prefix_tokens is not None:

@@ -11,8 +11,8 @@ from timm.models.vision_transformer import VisionTransformer, checkpoint_filter_
 
 from vit_rope.checks import check_multiple, patch_size
 from vit_rope.errors import UserError
-from vit_rope.models import naflex_batch as models_naflex
-from vit_rope.models.factory import create_model
+from vit_rope.models import embedding
+from vit_rope.models.registry import create_model
 from vit_rope.models.vit import RoPEVisionTransformer
 from vit_rope.train import state as train_state
 from vit_rope.train.config import Config
@@ -37,7 +37,7 @@ def new_classifier(state: dict[str, torch.Tensor], net: torch.nn.Module, theirs:
 
 def naflex_patch(net: torch.nn.Module, name: str) -> int:
     """The patch size of a model that takes timm's NaFlex batches with square patches, else a ``UserError``."""
-    patch = models_naflex.naflex_patch(net) if isinstance(net, RoPEVisionTransformer | NaFlexVit) else None
+    patch = embedding.naflex_patch(net) if isinstance(net, RoPEVisionTransformer | NaFlexVit) else None
     if patch is None or patch[0] != patch[1]:
         raise UserError(f"naflex=true needs a model that takes NaFlex batches with square patches, and '{name}' "
                         f"({type(net).__name__}) does not; pick a vit_rope_* model or timm's naflexvit_*, or set "
