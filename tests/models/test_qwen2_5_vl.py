@@ -184,10 +184,13 @@ def test_twin_exports_to_onnx_at_two_sizes(tmp_path):
 
 
 def test_image_batches_gather_windows_and_match_the_window_mask(monkeypatch):
-    """An image batch attends window by window (no [N, N] mask is built), partial windows included, to the masked
-    form's output and gradients."""
+    """An image batch attends window by window (no [N, N] mask is built; the edge windows' key mask once per forward,
+    shared by the windowed blocks), partial windows included, to the masked form's output and gradients."""
     model = vit_rope.from_timm(hf_tower()).train()
     x = torch.randn(2, 3, 84, 140, requires_grad=True)  # 6x10 patches: windows of 4x4, partial at the edges
+    with torch.no_grad():
+        inputs = model._block_inputs(model._embed(x))  # blocks 0 and 2 windowed
+    assert inputs[0].keys is inputs[2].keys is not None and inputs[0].keys.shape == (2 * 6, 1, 1, 16)
 
     def step() -> tuple[torch.Tensor, ...]:
         model.zero_grad(), x.grad.zero_() if x.grad is not None else None

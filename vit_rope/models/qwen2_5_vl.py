@@ -46,10 +46,11 @@ _IGNORED = set("_name_or_path architectures chunk_size_feed_forward dtype torch_
 
 class Windowed(BlockInput):
     """A windowed block's input: an image batch's windows as a batch of their own (edge ones padded, padding keys
-    masked); a NaFlex batch or a capture (``grid`` None) takes ``mask``, built once per forward on demand, shared."""
+    masked: ``keys``); a NaFlex batch or a capture (``grid`` None) takes ``mask``; both once per forward, shared."""
 
-    def __init__(self, inner: BlockInput, mask: Callable[[], Tensor], side: int, grid: tuple[int, int] | None) -> None:
-        self.inner, self.mask, self.side, self.grid = inner, mask, side, grid
+    def __init__(self, inner: BlockInput, mask: Callable[[], Tensor], keys: Tensor | None, side: int,
+                 grid: tuple[int, int] | None) -> None:
+        self.inner, self.mask, self.keys, self.side, self.grid = inner, mask, keys, side, grid
 
     @property
     def bias(self) -> Tensor:  # type: ignore[override]
@@ -63,20 +64,19 @@ class Windowed(BlockInput):
         if self.grid is None or attn_mask is not None or is_causal or not attn.fused_attn:
             return super().attend(attn, q, k, v, attn_mask, is_causal)
         (h, w), s, (B, nh, N, D) = self.grid, self.side, q.shape
-        H, W = -(-h // s) * s, -(-w // s) * s  # the grid in whole windows
-
-        def windows(x: Tensor) -> Tensor:  # [b, n, N, d] -> [b nW, n, s s, d]
-            b, n, _, d = x.shape
-            x = F.pad(x.view(b, n, h, w, d), (0, 0, 0, W - w, 0, H - h)).view(b, n, H // s, s, W // s, s, d)
-            return x.permute(0, 2, 4, 1, 3, 5, 6).reshape(-1, n, s * s, d)
-
-        # which keys of each gathered window are patches, [B nW, 1, 1, s s]; whole windows need no mask
-        keys = None if (H, W) == (h, w) else windows(q.new_ones(1, 1, N, 1)).bool().transpose(-1, -2).repeat(B, 1, 1, 1)
         drop = attn.attn_drop.p if attn.training else 0.0
-        out = F.scaled_dot_product_attention(windows(q), windows(k), windows(v), attn_mask=keys, dropout_p=drop,
-                                             scale=attn.scale)  # [B nW, nh, s s, D]
-        out = out.view(B, H // s, W // s, nh, s, s, D).permute(0, 3, 1, 4, 2, 5, 6).reshape(B, nh, H, W, D)
-        return out[:, :, :h, :w].reshape(B, nh, N, D)
+        out = F.scaled_dot_product_attention(*(windows(x, self.grid, s) for x in (q, k, v)), attn_mask=self.keys,
+                                             dropout_p=drop, scale=attn.scale)  # [B nW, nh, s s, D]
+        out = out.view(B, -(-h // s), -1, nh, s, s, D).permute(0, 3, 1, 4, 2, 5, 6).flatten(4, 5).flatten(2, 3)
+        return out[:, :, :h, :w].reshape(B, nh, N, D)  # [B, nh, H, W, D], whole windows, cut to the grid
+
+
+def windows(x: Tensor, grid: tuple[int, int], s: int) -> Tensor:
+    """Tokens ``[b, n, h w, d]`` of a row-major ``grid`` as its windows ``[b nW, n, s s, d]``, edge ones padded."""
+    (h, w), (b, n, _, d) = grid, x.shape
+    H, W = -(-h // s) * s, -(-w // s) * s
+    x = F.pad(x.view(b, n, h, w, d), (0, 0, 0, W - w, 0, H - h)).view(b, n, H // s, s, W // s, s, d)
+    return x.permute(0, 2, 4, 1, 3, 5, 6).reshape(-1, n, s * s, d)
 
 
 def window_bias(coord: Tensor, side: int) -> Tensor:
@@ -113,14 +113,18 @@ class Qwen25VisionTransformer(Qwen3VisionTransformer):
                              "set them too).")
 
     def _block_inputs(self, embedded: Any) -> Sequence[Any]:
-        """The encoding's inputs, the windowed blocks' with the window mask (one per forward, shared)."""
+        """The encoding's inputs, the windowed blocks' with the window masks (one of each per forward, shared)."""
         inputs = super()._block_inputs(embedded)
         grid = embedded.positions.grid
         coord = image_coords(*grid, embedded.tokens.device)[0] if grid is not None else embedded.coord
         mask = cache(lambda: window_bias(coord, self.window))
         gathered = None if embedded.positions.captured else grid  # a capture's graph serves every size: the mask
+        keys = None  # which keys of each gathered window are patches, [B nW, 1, 1, s s]; whole windows need none
+        if gathered is not None and (grid[0] % self.window or grid[1] % self.window):
+            ones = embedded.tokens.new_ones(1, 1, grid[0] * grid[1], 1)
+            keys = windows(ones, grid, self.window).bool().transpose(-1, -2).repeat(len(embedded.tokens), 1, 1, 1)
         full = self.fullatt_block_indexes
-        return LazyBlockInputs(lambda i: inputs[i] if i in full else Windowed(block_input(inputs[i]), mask,
+        return LazyBlockInputs(lambda i: inputs[i] if i in full else Windowed(block_input(inputs[i]), mask, keys,
                                                                                self.window, gathered), len(inputs))
 
 
