@@ -11,6 +11,7 @@ from typing import Any
 
 import torch
 from timm.layers import LayerNorm, SwiGLU
+from timm.models.eva import default_cfgs as eva_cfgs
 from torch import Tensor, nn
 
 from vit_rope.encodings.rope.dinov3_rope import permute_qk_rows, qk_permutation
@@ -113,8 +114,6 @@ def twin_name(timm_name: str) -> str:
 def twin_cfgs() -> dict[str, dict[str, Any]]:
     """``{twin.tag: cfg}``: timm's own (the same weights, read through our checkpoint filter), but for any input size;
     ``min_input_size`` is eight patches a side, so that timm's model tests pick a multiple of the patch size."""
-    from timm.models.eva import default_cfgs as eva_cfgs
-
     return {f"{twin_name(name)}.{tag}": dict(cfg.to_dict(), fixed_input_size=False,
                                              min_input_size=(3, 8 * args["patch_size"], 8 * args["patch_size"]))
             for table in FAMILIES.values() for name, args in table.items() for tag, cfg in eva_cfgs[name].cfgs.items()}

@@ -13,6 +13,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from timm.layers import SwiGLU, get_device_dtype, register_notrace_module, trunc_normal_
+from timm.models.gemma4_vit import Gemma4VitClassifier
 from torch import Tensor, nn
 
 from vit_rope.encodings.rope.dinov3_rope import permute_qk_rows, qk_permutation
@@ -191,8 +192,6 @@ def from_gemma4(state_dict: dict[str, Tensor], model: nn.Module, source: str = S
 
 def architecture(model: nn.Module) -> tuple[str, dict[str, Any]]:
     """The twin's name and keyword arguments that a built timm Gemma 4 ``model`` decides."""
-    from timm.models.gemma4_vit import Gemma4VitClassifier
-
     name, enc, block, args = timm_tower(
         model, Gemma4VitClassifier, "soft", "Gemma 4's GELU-tanh MLP, square patches and embed_dim / num_heads heads",
         lambda enc, block: {

@@ -10,7 +10,7 @@ from functools import wraps
 from typing import Any
 
 from timm.layers import get_device_dtype
-from timm.models import resolve_pretrained_cfg
+from timm.models import list_pretrained, resolve_pretrained_cfg
 from torch import Tensor, nn
 
 from vit_rope.encodings.rope.dinov3_rope import permute_qk_rows, qk_permutation
@@ -95,6 +95,20 @@ def tagged(create: Callable[..., nn.Module], key: str, width: Callable[[str, str
         return create(pretrained, **kwargs)
 
     return create_tagged
+
+
+def projector_width(resolve: Callable[[str, str], int], key: str, name: str, tag: str) -> int:
+    """The projector width timm's ``resolve`` gives VLM twin ``name``'s weights ``tag``; another tag: 0 for a classifier
+    (it builds a projector only when asked, then given ``key``), an error naming timm's tags for the others."""
+    variant = name.removeprefix("vit_rope_")
+    try:
+        return resolve(variant, tag)
+    except ValueError:
+        if not variant.endswith(("_merge", "_align", "_enc")):
+            return 0
+        tags = ", ".join(pretrained.split(".", 1)[1] for pretrained in list_pretrained(f"{variant}.*"))
+        raise ValueError(f"{name} has no projector width for the weights' tag {tag!r}, not one of timm's ({tags}): "
+                         f"pass {key}, the language model's width.") from None
 
 
 def timm_tower(model: nn.Module, classifier_cls: type[nn.Module], tokens: str, models: str = "",
