@@ -52,9 +52,7 @@ class Windowed(BlockInput):
                  grid: tuple[int, int] | None) -> None:
         self.inner, self.mask, self.keys, self.side, self.grid = inner, mask, keys, side, grid
 
-    @property
-    def bias(self) -> Tensor:  # type: ignore[override]
-        return self.mask()
+    bias = property(lambda self: self.mask())  # the NaFlex or captured form's, on first use
 
     def project(self, attn: nn.Module, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         return self.inner.project(attn, x)
