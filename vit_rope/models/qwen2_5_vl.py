@@ -146,7 +146,8 @@ def describe_qwen25(state_dict: dict[str, Any]) -> tuple[str | None, dict[str, A
     return (NAME if width == QWEN25[NAME]["embed_dim"] else None), args
 
 
-_MERGER = re.compile(r"^patch_merger\.(ln_q|mlp\.0|mlp\.2)\.")  # transformers' merger names: norm, fc1, fc2
+_MERGER = re.compile(r"^merger\.(ln_q|mlp\.0|mlp\.2)\.")  # transformers' merger names (timm's: norm, fc1, fc2)
+_NAMES = {"ln_q": "norm", "mlp.0": "fc1", "mlp.2": "fc2"}
 
 
 def from_qwen25(state_dict: dict[str, Tensor], model: nn.Module) -> Converted:
@@ -167,14 +168,12 @@ def from_qwen25(state_dict: dict[str, Tensor], model: nn.Module) -> Converted:
             if m[2] == "gate":  # GluMlp's fc1: [gate; up], the gate's half through SiLU
                 tower[f"{m[1]}fc1.{m[3]}"] = torch.cat([value, state_dict[f"{prefix}{m[1]}up_proj.{m[3]}"]])
             continue
-        tower[key.replace("mlp.down_proj.", "mlp.fc2.")] = value
+        tower[_MERGER.sub(lambda m: f"merger.{_NAMES[m[1]]}.", key.replace("mlp.down_proj.", "mlp.fc2."))] = value
     other = sum(not key.startswith(prefix) for key in state_dict)
-    out, notes = tower_keys(tower, model, "merger.", SOURCE, "merger; global_pool='merge' keeps it",
-                            "Conv3d patch kernel summed over time, gate / up "
-                            f"projections packed, {ROTATE_HALF}", f"prefix {prefix!r} removed, {other} keys outside it "
-                            "(the language model) dropped" if prefix or other else "")
-    names = {"ln_q": "norm", "mlp.0": "fc1", "mlp.2": "fc2"}
-    return {_MERGER.sub(lambda m: f"patch_merger.{names[m[1]]}.", key): value for key, value in out.items()}, notes
+    return tower_keys(tower, model, "merger.", SOURCE, "merger; global_pool='merge' keeps it",
+                      f"Conv3d patch kernel summed over time, gate / up projections packed, {ROTATE_HALF}",
+                      f"prefix {prefix!r} removed, {other} keys outside it (the language model) dropped"
+                      if prefix or other else "")
 
 
 def vision_config(config: dict[str, Any]) -> dict[str, Any]:
