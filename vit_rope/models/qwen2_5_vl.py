@@ -176,11 +176,15 @@ def from_qwen25(state_dict: dict[str, Tensor], model: nn.Module) -> Converted:
                       if prefix or other else "")
 
 
-def vision_config(config: dict[str, Any]) -> dict[str, Any]:
-    """The tower's fields of a config.json (the VLM's ``vision_config`` or the tower's own), defaults filled in."""
-    vision = config.get("vision_config", {}) if config.get("model_type") == "qwen2_5_vl" else config
+def args_from_config(config: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    """``(NAME, keyword arguments)`` that build the tower of a config.json's dict (the VLM's ``vision_config`` or the
+    tower's own, transformers' defaults filled in; ``Folder.model``)."""
+    model_type = config.get("model_type")
+    if model_type not in MODEL_TYPES:
+        raise ValueError(f"config.json has model_type {model_type!r}: {NAME} loads transformers' Qwen2.5-VL folders "
+                         f"(model_type {' or '.join(map(repr, MODEL_TYPES))}).")
+    vision = config.get("vision_config", {}) if model_type == "qwen2_5_vl" else config
     c = {**_DEFAULTS, **vision}
-    c["in_channels"] = vision.get("in_channels", vision.get("in_chans", c["in_channels"]))
     rope = {**_DEFAULTS["rope_parameters"], **(c["rope_parameters"] or {})}
     unknown = sorted(set(vision) - set(_DEFAULTS) - _IGNORED - {key for key in vision if key.startswith("_")})
     problems = [f"{key}={vision[key]!r}" for key in unknown]
@@ -188,7 +192,7 @@ def vision_config(config: dict[str, Any]) -> dict[str, Any]:
         problems.append(f"hidden_act={c['hidden_act']!r} (the twin's SwiGLU is SiLU's)")
     if rope.get("rope_type") != "axial" or set(rope) - {"rope_type", "rope_theta"}:
         problems.append(f"rope_parameters={c['rope_parameters']!r} (the twin's RoPE is axial, with rope_theta only)")
-    if "spatial_patch_size" in vision and vision["spatial_patch_size"] != vision.get("patch_size", c["patch_size"]):
+    if c.get("spatial_patch_size", c["patch_size"]) != c["patch_size"]:
         problems.append(f"spatial_patch_size={vision['spatial_patch_size']} (not patch_size)")
     sides = {int(side) for side in to_2tuple(c["patch_size"])}
     if len(sides) != 1:
@@ -196,20 +200,11 @@ def vision_config(config: dict[str, Any]) -> dict[str, Any]:
     if problems:
         raise ValueError(f"config.json describes a Qwen2.5-VL tower with {', '.join(problems)}, which {NAME} does not "
                          "model: it takes the published towers' fields (transformers' Qwen2_5_VLVisionConfig).")
-    return {**c, "rope_theta": float(rope["rope_theta"]), "patch_size": sides.pop()}
-
-
-def args_from_config(config: dict[str, Any]) -> tuple[str, dict[str, Any]]:
-    """``(NAME, keyword arguments)`` that build the tower of a config.json's dict (``Folder.model``)."""
-    model_type = config.get("model_type")
-    if model_type not in MODEL_TYPES:
-        raise ValueError(f"config.json has model_type {model_type!r}: {NAME} loads transformers' Qwen2.5-VL folders "
-                         f"(model_type {' or '.join(map(repr, MODEL_TYPES))}).")
-    c = vision_config(config)
     return NAME, dict(embed_dim=c["hidden_size"], depth=c["depth"], num_heads=c["num_heads"],
-                      mlp_ratio=c["intermediate_size"] / c["hidden_size"], in_chans=c["in_channels"],
-                      patch_size=c["patch_size"], merge_size=c["spatial_merge_size"], window_size=c["window_size"],
-                      merger_out_features=c["out_hidden_size"], rope_theta=c["rope_theta"],
+                      mlp_ratio=c["intermediate_size"] / c["hidden_size"],
+                      in_chans=vision.get("in_channels", vision.get("in_chans", c["in_channels"])),
+                      patch_size=sides.pop(), merge_size=c["spatial_merge_size"], window_size=c["window_size"],
+                      merger_out_features=c["out_hidden_size"], rope_theta=float(rope["rope_theta"]),
                       fullatt_block_indexes=tuple(c["fullatt_block_indexes"]))
 
 
