@@ -50,13 +50,10 @@ class ClippedLinear(nn.Linear):
             self.register_buffer(f"{name}_max", torch.full(size, float("inf"), **dd))
 
     def forward(self, x: Tensor) -> Tensor:
-        if len(self.split) == 1:
-            x = F.linear(x.clamp(self.input_min[0], self.input_max[0]), self.weight, self.bias)
-        else:  # each source's rows read the input clamped to its own bounds
-            biases = (None,) * len(self.split) if self.bias is None else self.bias.split(self.split)
-            x = torch.cat([F.linear(x.clamp(low, high), w, b) for low, high, w, b in zip(
-                self.input_min, self.input_max, self.weight.split(self.split), biases, strict=True)], -1)
-        return x.clamp(self.output_min, self.output_max)
+        biases = (None,) * len(self.split) if self.bias is None else self.bias.split(self.split)
+        parts = [F.linear(x.clamp(low, high), w, b) for low, high, w, b in zip(  # each source's rows, its own bounds
+            self.input_min, self.input_max, self.weight.split(self.split), biases, strict=True)]
+        return (torch.cat(parts, -1) if len(parts) > 1 else parts[0]).clamp(self.output_min, self.output_max)
 
 
 class SoftTokenPool(nn.Module):
