@@ -39,8 +39,7 @@ _TOWER = re.compile(r"^(model\.)?(vision_tower\.)?")  # a Llava's (transformers 
 
 
 class PixtralVisionTransformer(RoPEVisionTransformer):
-    """``RoPEVisionTransformer`` with Llava's projector to ``projector_dim``, the LLM's width (0: none);
-    ``projector_act``: timm's name of Llava's ``projector_hidden_act``."""
+    """With Llava's projector to ``projector_dim``, the LLM's width (0: none), its act timm's ``projector_act``."""
 
     def __init__(self, projector_dim: int = 0, projector_bias: bool = True, projector_act: str = "gelu",
                  **kwargs: Any) -> None:
