@@ -217,9 +217,8 @@ def check_model(config: dict[str, Any], model: nn.Module) -> None:
     block, merger = model.blocks[0], model.patch_merger
     ours = dict(embed_dim=model.embed_dim, depth=len(model.blocks), num_heads=block.attn.num_heads,
                 mlp_ratio=block.mlp.fc2.in_features / model.embed_dim, in_chans=model.patch_embed.proj.in_channels,
-                patch_size=model.patch_embed.patch_size[0], merge_size=merger.merge_size if merger else 2,
-                window_size=model.window_size, merger_out_features=merger.out_features if merger else None,
-                rope_theta=model.pos_encoding[0].theta, fullatt_block_indexes=model.fullatt_block_indexes)
-    fields = {field: (theirs, ours[field]) for field, theirs in args.items()
-              if not (field == "merger_out_features" and merger is None)}
-    check_config_fields(fields, NAME + " with {field}={theirs}")
+                patch_size=model.patch_embed.patch_size[0], window_size=model.window_size,
+                merge_size=merger.merge_size if merger else 2, rope_theta=model.pos_encoding[0].theta,
+                merger_out_features=merger.out_features if merger else args["merger_out_features"],  # none: any
+                fullatt_block_indexes=model.fullatt_block_indexes)
+    check_config_fields({field: (args[field], ours[field]) for field in args}, NAME + " with {field}={theirs}")
