@@ -60,10 +60,8 @@ class PixtralVisionTransformer(RoPEVisionTransformer):
 
     def forward_head(self, x: Tensor, pre_logits: bool = False, patch_valid: Tensor | None = None) -> Tensor:
         """timm's head, or with a projector its tokens (``pre_logits``: before it), pooled into a head given classes."""
-        if self.projector is None:
-            return super().forward_head(x, pre_logits, patch_valid)
-        if self.num_classes:
-            return super().forward_head(self.projector(x), pre_logits, patch_valid)
+        if self.projector is None or self.num_classes:
+            return super().forward_head(x if self.projector is None else self.projector(x), pre_logits, patch_valid)
         return x if pre_logits else self.projector(x)
 
 
