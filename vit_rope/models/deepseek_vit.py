@@ -24,7 +24,6 @@ from vit_rope.models.twins import ROTATE_HALF, projector_width, timm_tower, towe
 from vit_rope.weights import Converted, Description, check_twin, depth_of
 
 SOURCE = "timm's DeepSeek ViT (timm.models.deepseek_vit)"
-HEAD_DIM = 64  # DeepSeek's (1024 / 16): a file gives no head count, describe takes width / 64
 
 
 class BiasFreeSwiGLU(PackedSwiGLU):
@@ -100,13 +99,13 @@ def is_deepseek(state_dict: dict[str, Any]) -> bool:
 
 
 def describe_deepseek(state_dict: dict[str, Any]) -> Description:
-    """The twin a DeepSeek file describes (by its prefix and aligner) with its sizes (heads: width / 64)."""
+    """The twin a DeepSeek file describes (prefix, aligner), its sizes (heads: width / 64, no file says; 1024 / 16)."""
     prefix = next(p for p in ("encoder.", "vision.", "") if f"{p}patch_embed.proj.weight" in state_dict)
     patch = state_dict[f"{prefix}patch_embed.proj.weight"]  # [C, 3, p, p], DeepSeek's own [C, 3 p p]
     width = int(patch.shape[0])
     fc2 = next(v for k, v in state_dict.items() if re.fullmatch(rf"{prefix}blocks\.0\.mlp\.(fc2|w2)\.weight", k))
     args: dict[str, Any] = dict(embed_dim=width, depth=depth_of(state_dict, f"{prefix}blocks"),
-                                num_heads=max(1, width // HEAD_DIM), mlp_ratio=fc2.shape[1] / width,
+                                num_heads=max(1, width // 64), mlp_ratio=fc2.shape[1] / width,
                                 patch_size=int(patch.shape[-1] if patch.ndim == 4 else math.isqrt(patch.shape[1] // 3)))
     fc1 = next((v for k, v in state_dict.items() if re.fullmatch(r"(encoder\.)?aligner\.(fc1|w1)\.weight", k)), None)
     if fc1 is not None:

@@ -31,7 +31,6 @@ _COMMON = dict(img_size=768, patch_size=16, class_token=False, qkv_bias=False, p
 _HEADS = (("", "avg"), ("_enc", "soft"))  # timm's classifier, its encoder (soft tokens)
 GEMMA4: dict[str, dict[str, Any]] = {f"gemma4_vit_{size}{suffix}": dict(_COMMON, **arch, global_pool=pool)
                                      for size, arch in ARCH.items() for suffix, pool in _HEADS}
-_LINEARS = ("attn.qkv", "attn.proj", "mlp.fc1_g", "mlp.fc1_x", "mlp.fc2")
 
 
 @register_notrace_module  # one call under FX: its forward loops over its bounds
@@ -98,7 +97,7 @@ class Gemma4VisionTransformer(ProjectorTwin):
             attn.v_norm, attn.scale = RmsNorm(attn.head_dim, eps, affine=False, **dd), 1.0  # q, k, v normalised
             if use_clipped_linears:
                 kv = attn.num_kv_heads * attn.head_dim
-                for path in _LINEARS:
+                for path in ("attn.qkv", "attn.proj", "mlp.fc1_g", "mlp.fc1_x", "mlp.fc2"):  # Gemma 4's clamped ones
                     owner, name = block.get_submodule(path.split(".")[0]), path.split(".")[1]
                     split = (attn.num_heads * attn.head_dim, kv, kv) if path == "attn.qkv" else None
                     setattr(owner, name, ClippedLinear(getattr(owner, name), split))

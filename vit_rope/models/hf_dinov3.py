@@ -81,12 +81,11 @@ def _size(c: dict[str, Any]) -> str:
     """Which of ``dinov3.SIZES`` has the width, head count and MLP kind of config ``c`` (defaults filled in)."""
     shapes = {size: tuple(architecture(size)[key] for key in ("embed_dim", "num_heads", "swiglu")) for size in SIZES}
     shape = (c["hidden_size"], c["num_attention_heads"], bool(c["use_gated_mlp"]))
-    size = next((size for size, fits in shapes.items() if fits == shape), None)
-    if size is None:
+    if shape not in shapes.values():
         sizes = ", ".join(f"{size} {fits}" for size, fits in shapes.items())
         raise ValueError(f"config.json has (hidden_size, num_attention_heads, use_gated_mlp) = {shape}, which no "
                          f"vit_rope DINOv3 model has: the sizes are {sizes} (the 7B and huge_plus are not ported).")
-    return size
+    return next(size for size, fits in shapes.items() if fits == shape)
 
 
 def dinov3_args_from_hf_config(config: dict[str, Any]) -> tuple[str, dict[str, Any]]:

@@ -121,9 +121,8 @@ class Qwen25VisionTransformer(Qwen3VisionTransformer):
         if gathered is not None and (grid[0] % self.window or grid[1] % self.window):
             ones = embedded.tokens.new_ones(1, 1, grid[0] * grid[1], 1)
             keys = windows(ones, grid, self.window).bool().transpose(-1, -2).repeat(len(embedded.tokens), 1, 1, 1)
-        full = self.fullatt_block_indexes
-        return LazyBlockInputs(lambda i: inputs[i] if i in full else Windowed(block_input(inputs[i]), mask, keys,
-                                                                               self.window, gathered), len(inputs))
+        return LazyBlockInputs(lambda i: inputs[i] if i in self.fullatt_block_indexes else Windowed(
+            block_input(inputs[i]), mask, keys, self.window, gathered), len(inputs))
 
 
 def is_qwen25(state_dict: dict[str, Any]) -> bool:
