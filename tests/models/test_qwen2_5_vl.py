@@ -89,6 +89,9 @@ def test_twin_equals_transformers_through_from_timm_and_the_loader(tmp_path):
     report = vit_rope.load_weights(ours, tmp_path / "tower")
     assert not report.initialised
     assert_parity(theirs, ours, SIZES[0])
+    ours = timm.create_model("vit_rope_qwen2_5_vl_vit", **{**TWIN, "merger_out_features": 0})  # a merger without fc2
+    notes = " ".join(vit_rope.load_weights(ours, theirs.state_dict()).converted)
+    assert "merger.fc2.weight, merger.fc2.bias dropped: this model has no merger fc2" in notes
 
 
 def test_vlm_folder_loads_its_tower_and_drops_the_language_model(tmp_path):

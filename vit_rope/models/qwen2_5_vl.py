@@ -169,7 +169,8 @@ def from_qwen25(state_dict: dict[str, Tensor], model: nn.Module) -> Converted:
             continue
         tower[_MERGER.sub(lambda m: f"merger.{_NAMES[m[1]]}.", key.replace("mlp.down_proj.", "mlp.fc2."))] = value
     other = sum(not key.startswith(prefix) for key in state_dict)
-    return tower_keys(tower, model, "merger.", SOURCE, "merger; global_pool='merge' keeps it",
+    lacks = "merger fc2 (merger_out_features=0)" if model.patch_merger else "merger; global_pool='merge' keeps it"
+    return tower_keys(tower, model, "merger.", SOURCE, lacks,
                       f"Conv3d patch kernel summed over time, gate / up projections packed, {ROTATE_HALF}",
                       f"prefix {prefix!r} removed, {other} keys outside it (the language model) dropped"
                       if prefix or other else "")
