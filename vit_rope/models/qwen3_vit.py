@@ -103,8 +103,7 @@ class Qwen3VisionTransformer(ProjectorTwin):
         norm_layer = kwargs.get("norm_layer") if callable(kwargs.get("norm_layer")) else partial(LayerNorm, eps=eps)
         num_classes = kwargs.pop("num_classes", 0)
         super().__init__(global_pool, encoder_pool, num_classes=0, **kwargs)
-        merge = self.TOKENS in (global_pool, encoder_pool)
-        dd = get_device_dtype(self)
+        merge, dd = self.TOKENS in (global_pool, encoder_pool), get_device_dtype(self)
         self.patch_merger = self.MERGER(self.embed_dim, merge_size, merger_out_features, norm_layer).to(**dd) \
             if merge else None
         self.head_hidden_size = self.patch_merger.out_features if merge else self.embed_dim
