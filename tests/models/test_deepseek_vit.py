@@ -109,6 +109,11 @@ def test_aligner_width_follows_the_pretrained_tag_as_timm():
         theirs = timm.create_model(f"deepseek_vit_412m_enc{tag}", depth=1, device="meta")
         assert ours.patch_merger.fc2.out_features == theirs.aligner.fc2.out_features == width
         assert ours.patch_merger.fc1.in_features == 9 * 1024 and ours.blocks[0].mlp.fc1.out_features == 2 * 2816
+    other = dict(depth=1, device="meta", pretrained_cfg=dict(tag="other"))  # a tag timm does not know: no silent width
+    with pytest.raises(ValueError, match=r"'other', not one of timm's \(deepseek_v4_1_flash, deepseek_v4_flash_vision_"
+                                         r"exp\): pass aligner_out_features"):
+        timm.create_model("vit_rope_deepseek_vit_412m_align", **other)
+    assert timm.create_model("vit_rope_deepseek_vit_412m", **other).patch_merger is None  # the classifier needs none
 
 
 def test_refused_inputs_name_what_and_where():

@@ -89,6 +89,9 @@ def test_twin_equals_transformers_through_from_timm_and_the_loader(tmp_path):
     report = vit_rope.load_weights(ours, tmp_path / "tower")
     assert not report.initialised
     assert_parity(theirs, ours, SIZES[0])
+    ours = timm.create_model("vit_rope_qwen2_5_vl_vit", **{**TWIN, "merger_out_features": 0})  # a merger without fc2
+    notes = " ".join(vit_rope.load_weights(ours, theirs.state_dict()).converted)
+    assert "merger.fc2.weight, merger.fc2.bias dropped: this model has no merger fc2" in notes
 
 
 def test_vlm_folder_loads_its_tower_and_drops_the_language_model(tmp_path):
@@ -184,10 +187,13 @@ def test_twin_exports_to_onnx_at_two_sizes(tmp_path):
 
 
 def test_image_batches_gather_windows_and_match_the_window_mask(monkeypatch):
-    """An image batch attends window by window (no [N, N] mask is built), partial windows included, to the masked
-    form's output and gradients."""
+    """An image batch attends window by window (no [N, N] mask is built; the edge windows' key mask once per forward,
+    shared by the windowed blocks), partial windows included, to the masked form's output and gradients."""
     model = vit_rope.from_timm(hf_tower()).train()
     x = torch.randn(2, 3, 84, 140, requires_grad=True)  # 6x10 patches: windows of 4x4, partial at the edges
+    with torch.no_grad():
+        inputs = model._block_inputs(model._embed(x))  # blocks 0 and 2 windowed
+    assert inputs[0].keys is inputs[2].keys is not None and inputs[0].keys.shape == (2 * 6, 1, 1, 16)
 
     def step() -> tuple[torch.Tensor, ...]:
         model.zero_grad(), x.grad.zero_() if x.grad is not None else None

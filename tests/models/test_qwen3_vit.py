@@ -67,6 +67,9 @@ def test_a_mergers_width_is_the_weights_tags_as_timms():
         for tag in timm.list_pretrained(f"{name}.*"):
             ours, theirs = (timm.create_model(n, depth=1, device="meta") for n in (f"vit_rope_{tag}", tag))
             assert ours.patch_merger.out_features == getattr(theirs, "encoder", theirs).out_features, tag
+    ours, theirs = (timm.create_model(n, depth=1, encoder_pool="merge", device="meta") for n in (
+        "vit_rope_qwen3_vit_88m", "qwen3_vit_88m"))  # the classifier asked for a merger: the tag's width, as timm's
+    assert ours.patch_merger.out_features == theirs.encoder.out_features == 1024
     with pytest.raises(ValueError, match="pass merger_out_features"):
         timm.create_model("vit_rope_qwen3_vit_306m_merge", device="meta", pretrained_cfg=dict(tag="other"))
 

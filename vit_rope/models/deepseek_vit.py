@@ -14,17 +14,16 @@ from typing import Any
 
 import torch.nn.functional as F
 from timm.layers import get_device_dtype
+from timm.models import deepseek_vit as timm_deepseek
 from torch import Tensor, nn
 
 from vit_rope.layers.eva import PackedSwiGLU
 from vit_rope.layers.rms_norm import RmsNorm
 from vit_rope.models.qwen3_vit import PatchMerger, Qwen3VisionTransformer, scatter_blocks
-from vit_rope.models.twins import ROTATE_HALF, timm_tower, tower_keys
+from vit_rope.models.twins import ROTATE_HALF, projector_width, timm_tower, tower_keys
 from vit_rope.weights import Converted, Description, check_twin, depth_of
 
 SOURCE = "timm's DeepSeek ViT (timm.models.deepseek_vit)"
-LLM_WIDTHS = {"deepseek_v4_1_flash": 5120, "deepseek_v4_flash_vision_exp": 4096}  # timm's tags -> aligner width
-HEAD_DIM = 64  # DeepSeek's (1024 / 16): a file gives no head count, describe takes width / 64
 
 
 class BiasFreeSwiGLU(PackedSwiGLU):
@@ -43,6 +42,7 @@ _HEADS = {"": dict(global_pool="avg"), "_align": dict(global_pool="avg", encoder
 # timm name -> twin arguments (the aligner's width: the weights' tag's, ``llm_width``)
 DEEPSEEK: dict[str, dict[str, Any]] = {f"deepseek_vit_412m{suffix}": dict(_ARCH, **head)
                                        for suffix, head in _HEADS.items()}
+llm_width = partial(projector_width, timm_deepseek._resolve_deepseek_out_features, "aligner_out_features")  # by tag
 
 
 class Aligner(PatchMerger):
@@ -82,17 +82,12 @@ class DeepseekVisionTransformer(Qwen3VisionTransformer):
                  aligner_out_features: int = 0, **kwargs: Any) -> None:
         if "align" in (global_pool, encoder_pool) and aligner_out_features <= 0:
             raise ValueError(f"The DeepSeek aligner maps to the language model's width: pass aligner_out_features "
-                             f"(timm's tags: {LLM_WIDTHS}), got {aligner_out_features}.")
+                             f"(a name with one of timm's tags sets it), got {aligner_out_features}.")
         norm_layer = kwargs.get("norm_layer", _ARCH["norm_layer"])
         super().__init__(global_pool, encoder_pool, downsample_ratio, aligner_out_features, **kwargs)
         dd = get_device_dtype(self)
         self.norm = norm_layer(self.embed_dim, **dd)  # DeepSeek's final norm (Qwen3-VL's ViT has none)
         self.fc_norm = norm_layer(self.head_hidden_size, affine=False, **dd)  # as Qwen3-VL's, but an RMSNorm
-
-
-def llm_width(name: str, tag: str) -> int:
-    """The aligner width of timm's weights ``tag`` (``LLM_WIDTHS``; another tag: V4.1-Flash's), for every twin."""
-    return LLM_WIDTHS.get(tag, LLM_WIDTHS["deepseek_v4_1_flash"])
 
 
 def is_deepseek(state_dict: dict[str, Any]) -> bool:
@@ -104,13 +99,13 @@ def is_deepseek(state_dict: dict[str, Any]) -> bool:
 
 
 def describe_deepseek(state_dict: dict[str, Any]) -> Description:
-    """The twin a DeepSeek file describes (by its prefix and aligner) with its sizes (heads: width / 64)."""
+    """The twin a DeepSeek file describes (prefix, aligner), its sizes (heads: width / 64, no file says; 1024 / 16)."""
     prefix = next(p for p in ("encoder.", "vision.", "") if f"{p}patch_embed.proj.weight" in state_dict)
     patch = state_dict[f"{prefix}patch_embed.proj.weight"]  # [C, 3, p, p], DeepSeek's own [C, 3 p p]
     width = int(patch.shape[0])
     fc2 = next(v for k, v in state_dict.items() if re.fullmatch(rf"{prefix}blocks\.0\.mlp\.(fc2|w2)\.weight", k))
     args: dict[str, Any] = dict(embed_dim=width, depth=depth_of(state_dict, f"{prefix}blocks"),
-                                num_heads=max(1, width // HEAD_DIM), mlp_ratio=fc2.shape[1] / width,
+                                num_heads=max(1, width // 64), mlp_ratio=fc2.shape[1] / width,
                                 patch_size=int(patch.shape[-1] if patch.ndim == 4 else math.isqrt(patch.shape[1] // 3)))
     fc1 = next((v for k, v in state_dict.items() if re.fullmatch(r"(encoder\.)?aligner\.(fc1|w1)\.weight", k)), None)
     if fc1 is not None:
@@ -123,13 +118,11 @@ def describe_deepseek(state_dict: dict[str, Any]) -> Description:
 
 def from_deepseek(state_dict: dict[str, Tensor], model: nn.Module) -> Converted:
     """A DeepSeek file (timm's, or DeepSeek's own shard through timm's checkpoint filter) in our keys and q/k layout."""
-    from timm.models.deepseek_vit import checkpoint_filter_fn_classifier
-
     check_twin(model, isinstance(model, DeepseekVisionTransformer), f"{SOURCE} or DeepSeek's own vision shard",
                "the vit_rope_deepseek_vit_* twins (and vit_rope.from_timm of timm's model)", "rotate_half")
     # timm's filter reads these two only; an aligner always there, so that its keys come out and are reported here
     shim = SimpleNamespace(encoder=SimpleNamespace(aligner=True, patch_embed=model.patch_embed))
-    timm_keys = checkpoint_filter_fn_classifier(state_dict, shim)
+    timm_keys = timm_deepseek.checkpoint_filter_fn_classifier(state_dict, shim)
     outside = len(state_dict) - len(timm_keys)
     return tower_keys(timm_keys, model, "aligner.", SOURCE, "aligner; the *_align and *_enc twins keep it", ROTATE_HALF,
                       f"{outside} tensors outside the vision tower and aligner dropped, as timm's checkpoint filter "
@@ -138,9 +131,7 @@ def from_deepseek(state_dict: dict[str, Tensor], model: nn.Module) -> Converted:
 
 def architecture(model: nn.Module) -> tuple[str, dict[str, Any]]:
     """The twin's name and keyword arguments that a built timm DeepSeek ``model`` decides."""
-    from timm.models.deepseek_vit import DeepseekVitClassifier
-
-    name, enc, block, args = timm_tower(model, DeepseekVitClassifier, "align")
+    name, enc, block, args = timm_tower(model, timm_deepseek.DeepseekVitClassifier, "align")
     args.update(img_size=tuple(enc.patch_embed.img_size), patch_size=enc.patch_embed.patch_size[0],
                 mlp_ratio=block.mlp.fc2.in_features / enc.embed_dim, rope_theta=float(enc.rope.temperature),
                 norm_layer=partial(RmsNorm, eps=block.norm1.eps), dynamic_img_pad=enc.patch_embed.dynamic_img_pad,

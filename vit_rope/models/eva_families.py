@@ -11,6 +11,7 @@ from typing import Any
 
 import torch
 from timm.layers import LayerNorm, SwiGLU
+from timm.models.eva import default_cfgs as eva_cfgs
 from torch import Tensor, nn
 
 from vit_rope.encodings.rope.dinov3_rope import permute_qk_rows, qk_permutation
@@ -113,8 +114,6 @@ def twin_name(timm_name: str) -> str:
 def twin_cfgs() -> dict[str, dict[str, Any]]:
     """``{twin.tag: cfg}``: timm's own (the same weights, read through our checkpoint filter), but for any input size;
     ``min_input_size`` is eight patches a side, so that timm's model tests pick a multiple of the patch size."""
-    from timm.models.eva import default_cfgs as eva_cfgs
-
     return {f"{twin_name(name)}.{tag}": dict(cfg.to_dict(), fixed_input_size=False,
                                              min_input_size=(3, 8 * args["patch_size"], 8 * args["patch_size"]))
             for table in FAMILIES.values() for name, args in table.items() for tag, cfg in eva_cfgs[name].cfgs.items()}
@@ -177,9 +176,7 @@ def checkpoint_family(state_dict: dict[str, Any]) -> str | None:
         return "Sapiens2"
     if reg and not ape:
         return ("DINOv3" if layer_scale else None) if cls else "SBB RoPE ViT"
-    if cls and ape and not reg and not layer_scale and swiglu:
-        return "EVA-02"
-    return None
+    return "EVA-02" if cls and ape and not reg and not layer_scale and swiglu else None
 
 
 def check_family(state_dict: dict[str, Any], model: nn.Module) -> None:
@@ -190,12 +187,10 @@ def check_family(state_dict: dict[str, Any], model: nn.Module) -> None:
     patch = state_dict.get("patch_embed.proj.weight")
     dim = None if patch is None else patch.shape[0]
     depth = len({key.split(".")[1] for key in state_dict if key.startswith("blocks.")})
-    if seen == "DINOv3":
-        qkvb = "" if not any(k.endswith(("attn.q_bias", "attn.qkv.bias")) for k in state_dict) else "_qkvb"
-        twins = [f"a vit_rope_*_patch16_dinov3{qkvb} model of width {dim}"]
-    else:
-        twins = [twin_name(name) for name, args in FAMILIES[seen].items()
-                 if args["embed_dim"] == dim and args["depth"] == depth] or [f"a {seen} twin of width {dim}"]
+    qkvb = "_qkvb" if any(k.endswith(("attn.q_bias", "attn.qkv.bias")) for k in state_dict) else ""
+    twins = [f"a vit_rope_*_patch16_dinov3{qkvb} model of width {dim}"] if seen == "DINOv3" else [
+        twin_name(name) for name, args in FAMILIES[seen].items() if args["embed_dim"] == dim and args["depth"] == depth
+    ] or [f"a {seen} twin of width {dim}"]
     raise ValueError(f"The checkpoint looks like a {seen} backbone (width {dim}, depth {depth}), but the model is a "
                      f"{expected} twin: load it into {' or '.join(twins)} (vit_rope.from_timm names the twin of a "
                      "timm model).")

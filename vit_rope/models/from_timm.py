@@ -21,21 +21,6 @@ SUPPORTED = ("EVA-02 (eva02_*_patch14_*, eva02_*_clip_*), Perception Encoder (vi
 _DINOV3 = re.compile(r"vit_\w+_patch16_dinov3(_qkvb)?")
 
 
-def _architecture(model: nn.Module) -> dict[str, Any]:
-    """The twin's arguments the built ``model`` decides, even off its entry point: sizes, head, RoPE grid and offset."""
-    args: dict[str, Any] = dict(img_size=tuple(model.patch_embed.img_size), embed_dim=model.embed_dim,
-                                depth=len(model.blocks), num_heads=model.blocks[0].attn.num_heads,
-                                num_classes=model.num_classes, global_pool=model.global_pool,
-                                in_chans=model.patch_embed.proj.in_channels)
-    kv_heads = [getattr(block.attn, "num_kv_heads", None) for block in model.blocks]  # AttentionRope's
-    if None not in kv_heads:
-        args.update(num_kv_heads=tuple(kv_heads))
-    rope = getattr(model, "rope", None)
-    if getattr(rope, "ref_feat_shape", None) is not None:  # cat RoPE; DINOv3's normalises coordinates instead
-        args.update(rope_ref_grid=tuple(rope.ref_feat_shape), rope_grid_offset=float(rope.grid_offset))
-    return args
-
-
 def from_timm(model: nn.Module) -> RoPEVisionTransformer:
     """The vit_rope twin of ``model`` (``SUPPORTED``) with its weights, device, dtype and mode; see ``load_report``."""
     config = getattr(model, "config", None)  # a transformers model
@@ -56,7 +41,18 @@ def from_timm(model: nn.Module) -> RoPEVisionTransformer:
             if timm_name is not None and "_rope_" in timm_name else ""
         raise ValueError(f"from_timm got {timm_name or type(model).__name__}, which has no vit_rope twin. Supported: "
                          f"{SUPPORTED}.{ports}")
-    return _twin(model, twin_name(timm_name), _architecture(model), f"timm {timm_name}")
+    # the twin's arguments the built model decides, even off its entry point: sizes, head, RoPE grid and offset
+    args: dict[str, Any] = dict(img_size=tuple(model.patch_embed.img_size), embed_dim=model.embed_dim,
+                                depth=len(model.blocks), num_heads=model.blocks[0].attn.num_heads,
+                                num_classes=model.num_classes, global_pool=model.global_pool,
+                                in_chans=model.patch_embed.proj.in_channels)
+    kv_heads = [getattr(block.attn, "num_kv_heads", None) for block in model.blocks]  # AttentionRope's
+    if None not in kv_heads:
+        args.update(num_kv_heads=tuple(kv_heads))
+    rope = getattr(model, "rope", None)
+    if getattr(rope, "ref_feat_shape", None) is not None:  # cat RoPE; DINOv3's normalises coordinates instead
+        args.update(rope_ref_grid=tuple(rope.ref_feat_shape), rope_grid_offset=float(rope.grid_offset))
+    return _twin(model, twin_name(timm_name), args, f"timm {timm_name}")
 
 
 def _twin(model: nn.Module, name: str, args: dict[str, Any], source: str) -> RoPEVisionTransformer:

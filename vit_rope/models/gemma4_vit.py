@@ -13,6 +13,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from timm.layers import SwiGLU, get_device_dtype, register_notrace_module, trunc_normal_
+from timm.models.gemma4_vit import Gemma4VitClassifier
 from torch import Tensor, nn
 
 from vit_rope.encodings.rope.dinov3_rope import permute_qk_rows, qk_permutation
@@ -30,7 +31,6 @@ _COMMON = dict(img_size=768, patch_size=16, class_token=False, qkv_bias=False, p
 _HEADS = (("", "avg"), ("_enc", "soft"))  # timm's classifier, its encoder (soft tokens)
 GEMMA4: dict[str, dict[str, Any]] = {f"gemma4_vit_{size}{suffix}": dict(_COMMON, **arch, global_pool=pool)
                                      for size, arch in ARCH.items() for suffix, pool in _HEADS}
-_LINEARS = ("attn.qkv", "attn.proj", "mlp.fc1_g", "mlp.fc1_x", "mlp.fc2")
 
 
 @register_notrace_module  # one call under FX: its forward loops over its bounds
@@ -49,13 +49,10 @@ class ClippedLinear(nn.Linear):
             self.register_buffer(f"{name}_max", torch.full(size, float("inf"), **dd))
 
     def forward(self, x: Tensor) -> Tensor:
-        if len(self.split) == 1:
-            x = F.linear(x.clamp(self.input_min[0], self.input_max[0]), self.weight, self.bias)
-        else:  # each source's rows read the input clamped to its own bounds
-            biases = (None,) * len(self.split) if self.bias is None else self.bias.split(self.split)
-            x = torch.cat([F.linear(x.clamp(low, high), w, b) for low, high, w, b in zip(
-                self.input_min, self.input_max, self.weight.split(self.split), biases, strict=True)], -1)
-        return x.clamp(self.output_min, self.output_max)
+        biases = (None,) * len(self.split) if self.bias is None else self.bias.split(self.split)
+        parts = [F.linear(x.clamp(low, high), w, b) for low, high, w, b in zip(  # each source's rows, its own bounds
+            self.input_min, self.input_max, self.weight.split(self.split), biases, strict=True)]
+        return (torch.cat(parts, -1) if len(parts) > 1 else parts[0]).clamp(self.output_min, self.output_max)
 
 
 class SoftTokenPool(nn.Module):
@@ -100,7 +97,7 @@ class Gemma4VisionTransformer(ProjectorTwin):
             attn.v_norm, attn.scale = RmsNorm(attn.head_dim, eps, affine=False, **dd), 1.0  # q, k, v normalised
             if use_clipped_linears:
                 kv = attn.num_kv_heads * attn.head_dim
-                for path in _LINEARS:
+                for path in ("attn.qkv", "attn.proj", "mlp.fc1_g", "mlp.fc1_x", "mlp.fc2"):  # Gemma 4's clamped ones
                     owner, name = block.get_submodule(path.split(".")[0]), path.split(".")[1]
                     split = (attn.num_heads * attn.head_dim, kv, kv) if path == "attn.qkv" else None
                     setattr(owner, name, ClippedLinear(getattr(owner, name), split))
@@ -191,8 +188,6 @@ def from_gemma4(state_dict: dict[str, Tensor], model: nn.Module, source: str = S
 
 def architecture(model: nn.Module) -> tuple[str, dict[str, Any]]:
     """The twin's name and keyword arguments that a built timm Gemma 4 ``model`` decides."""
-    from timm.models.gemma4_vit import Gemma4VitClassifier
-
     name, enc, block, args = timm_tower(
         model, Gemma4VitClassifier, "soft", "Gemma 4's GELU-tanh MLP, square patches and embed_dim / num_heads heads",
         lambda enc, block: {

@@ -30,8 +30,9 @@ _OTHER_TYPES = {  # transformers' other ViT-like model types users hold, and wha
 }
 _SUPPORTED = f"vit_rope loads transformers' DINOv3 ViTs (model_type {MODEL_TYPE!r}) only"
 _LAYER = re.compile(r"^(?:model\.)?layer\.(\d+)\.")  # transformers 5 saves model.layer.i, 4.x saved layer.i
-_RENAMES = (("attention.o_proj.", "attn.proj."), ("layer_scale1.lambda1", "gamma_1"),
-            ("layer_scale2.lambda1", "gamma_2"), ("mlp.down_proj.", "mlp.fc2."))
+_RENAMES = (("attention.o_proj.", "attn.proj."), ("layer_scale1.lambda1", "gamma_1"), ("mlp.down_proj.", "mlp.fc2."),
+            ("layer_scale2.lambda1", "gamma_2"), ("embeddings.cls_token", "cls_token"),
+            ("embeddings.register_tokens", "reg_token"), ("embeddings.patch_embeddings.", "patch_embed.proj."))
 
 
 def refuse_other_hf(state_dict: dict[str, Tensor], model: nn.Module) -> NoReturn:
@@ -50,8 +51,6 @@ def to_timm_keys(state_dict: dict[str, Tensor]) -> dict[str, Tensor]:
     for key, value in state_dict.items():
         if key in ("embeddings.mask_token", "rope_embeddings.inv_freq") or re.search(r"\.[qkv]_proj\.", key):
             continue  # masking is pretraining only, the RoPE is rebuilt; q/k/v are fused below
-        key = key.replace("embeddings.cls_token", "cls_token").replace("embeddings.register_tokens", "reg_token")
-        key = key.replace("embeddings.patch_embeddings.", "patch_embed.proj.")
         key = _LAYER.sub(r"blocks.\1.", key)
         for old, new in renames:
             key = key.replace(old, new)
@@ -82,12 +81,11 @@ def _size(c: dict[str, Any]) -> str:
     """Which of ``dinov3.SIZES`` has the width, head count and MLP kind of config ``c`` (defaults filled in)."""
     shapes = {size: tuple(architecture(size)[key] for key in ("embed_dim", "num_heads", "swiglu")) for size in SIZES}
     shape = (c["hidden_size"], c["num_attention_heads"], bool(c["use_gated_mlp"]))
-    size = next((size for size, fits in shapes.items() if fits == shape), None)
-    if size is None:
+    if shape not in shapes.values():
         sizes = ", ".join(f"{size} {fits}" for size, fits in shapes.items())
         raise ValueError(f"config.json has (hidden_size, num_attention_heads, use_gated_mlp) = {shape}, which no "
                          f"vit_rope DINOv3 model has: the sizes are {sizes} (the 7B and huge_plus are not ported).")
-    return size
+    return next(size for size, fits in shapes.items() if fits == shape)
 
 
 def dinov3_args_from_hf_config(config: dict[str, Any]) -> tuple[str, dict[str, Any]]:

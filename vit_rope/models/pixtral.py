@@ -35,11 +35,11 @@ PIXTRAL: dict[str, dict[str, Any]] = {
 }
 _BY_PATCH = {16: "pixtral_vit_12b", 14: "pixtral_vit_mistral_small_3_1"}
 _LAYER = r"transformer\.layers\.(\d+)\."
+_TOWER = re.compile(r"^(model\.)?(vision_tower\.)?")  # a Llava's (transformers 5: model.) tower prefix
 
 
 class PixtralVisionTransformer(RoPEVisionTransformer):
-    """``RoPEVisionTransformer`` with Llava's projector to ``projector_dim``, the LLM's width (0: none);
-    ``projector_act``: timm's name of Llava's ``projector_hidden_act``."""
+    """With Llava's projector to ``projector_dim``, the LLM's width (0: none), its act timm's ``projector_act``."""
 
     def __init__(self, projector_dim: int = 0, projector_bias: bool = True, projector_act: str = "gelu",
                  **kwargs: Any) -> None:
@@ -60,10 +60,8 @@ class PixtralVisionTransformer(RoPEVisionTransformer):
 
     def forward_head(self, x: Tensor, pre_logits: bool = False, patch_valid: Tensor | None = None) -> Tensor:
         """timm's head, or with a projector its tokens (``pre_logits``: before it), pooled into a head given classes."""
-        if self.projector is None:
-            return super().forward_head(x, pre_logits, patch_valid)
-        if self.num_classes:
-            return super().forward_head(self.projector(x), pre_logits, patch_valid)
+        if self.projector is None or self.num_classes:
+            return super().forward_head(x if self.projector is None else self.projector(x), pre_logits, patch_valid)
         return x if pre_logits else self.projector(x)
 
 
@@ -72,13 +70,9 @@ def is_pixtral(state_dict: dict[str, Any]) -> bool:
     return any(re.fullmatch(r"(model\.)?(vision_tower\.)?patch_conv\.weight", key) for key in state_dict)
 
 
-def _tower(key: str) -> str:
-    return re.sub(r"^(model\.)?(vision_tower\.)?", "", key)
-
-
 def describe_pixtral(state_dict: dict[str, Any]) -> Description:
     """The twin by patch size, depth and projector; width 1024 only, as the keys do not show the head count."""
-    conv = next(value for key, value in state_dict.items() if _tower(key) == "patch_conv.weight")
+    conv = next(value for key, value in state_dict.items() if _TOWER.sub("", key) == "patch_conv.weight")
     depth = depth_of(state_dict, r"(model\.)?(vision_tower\.)?transformer\.layers")
     args: dict[str, Any] = {"depth": depth} if depth else {}
     fc1 = next((v for k, v in state_dict.items() if k.endswith("multi_modal_projector.linear_1.weight")), None)
@@ -108,7 +102,7 @@ def from_pixtral(state_dict: dict[str, Tensor], model: nn.Module) -> Converted:
         if re.match(r"(model\.)?language_model\.|lm_head\.", key):
             language.append(key)
             continue
-        key = re.sub(_LAYER, r"blocks.\1.", _tower(key))
+        key = re.sub(_LAYER, r"blocks.\1.", _TOWER.sub("", key))
         if key.startswith("multi_modal_projector.") and model.projector is None:
             projector.append(key)
             continue
@@ -130,26 +124,18 @@ def from_pixtral(state_dict: dict[str, Tensor], model: nn.Module) -> Converted:
                                  "dropped: vit_rope runs the vision tower and its projector only")
 
 
-def _vision(config: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
-    """The vision config and the Llava config around it (``{}`` for a bare ``PixtralVisionModel``'s)."""
-    model_type = config.get("model_type")
-    if model_type == "mistral3":
+def pixtral_args_from_config(config: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    """The twin and arguments of a config.json (``PixtralVisionConfig`` or a Llava's), transformers' defaults in."""
+    if config.get("model_type") == "mistral3":
         raise ValueError("config.json has model_type 'mistral3' (Mistral Small 3.1 / 3.2): its projector merges 2x2 "
                          "patches, which vit_rope does not model. Save its model.vision_tower as a PixtralVisionModel "
                          "folder and load that into vit_rope_pixtral_vit_mistral_small_3_1.")
-    if model_type == "llava":
-        vision = config.get("vision_config") or {}
-        if vision.get("model_type") != "pixtral":
-            raise ValueError(f"config.json is a Llava whose vision_config has model_type "
-                             f"{vision.get('model_type')!r}: vit_rope's Llava twins have Pixtral's encoder "
-                             "(vit_rope_pixtral_vit_12b_llava); a CLIP tower runs in timm's own models.")
-        return vision, config
-    return config, {}
-
-
-def pixtral_args_from_config(config: dict[str, Any]) -> tuple[str, dict[str, Any]]:
-    """The twin and arguments of a config.json (``PixtralVisionConfig`` or a Llava's), transformers' defaults in."""
-    v, llava = _vision(config)
+    llava = config if config.get("model_type") == "llava" else {}  # the Llava around the vision config, if any
+    v = (config.get("vision_config") or {}) if llava else config
+    if llava and v.get("model_type") != "pixtral":
+        raise ValueError(f"config.json is a Llava whose vision_config has model_type {v.get('model_type')!r}: "
+                         "vit_rope's Llava twins have Pixtral's encoder (vit_rope_pixtral_vit_12b_llava); a CLIP tower "
+                         "runs in timm's own models.")
     v = dict(dict(hidden_size=1024, intermediate_size=4096, num_hidden_layers=24, num_attention_heads=16,
                   num_channels=3, image_size=1024, patch_size=16, hidden_act="gelu", attention_dropout=0.0), **v)
     rope = v.get("rope_parameters") or {}

@@ -46,14 +46,13 @@ _IGNORED = set("_name_or_path architectures chunk_size_feed_forward dtype torch_
 
 class Windowed(BlockInput):
     """A windowed block's input: an image batch's windows as a batch of their own (edge ones padded, padding keys
-    masked); a NaFlex batch or a capture (``grid`` None) takes ``mask``, built once per forward on demand, shared."""
+    masked: ``keys``); a NaFlex batch or a capture (``grid`` None) takes ``mask``; both once per forward, shared."""
 
-    def __init__(self, inner: BlockInput, mask: Callable[[], Tensor], side: int, grid: tuple[int, int] | None) -> None:
-        self.inner, self.mask, self.side, self.grid = inner, mask, side, grid
+    def __init__(self, inner: BlockInput, mask: Callable[[], Tensor], keys: Tensor | None, side: int,
+                 grid: tuple[int, int] | None) -> None:
+        self.inner, self.mask, self.keys, self.side, self.grid = inner, mask, keys, side, grid
 
-    @property
-    def bias(self) -> Tensor:  # type: ignore[override]
-        return self.mask()
+    bias = property(lambda self: self.mask())  # the NaFlex or captured form's, on first use
 
     def project(self, attn: nn.Module, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         return self.inner.project(attn, x)
@@ -63,20 +62,19 @@ class Windowed(BlockInput):
         if self.grid is None or attn_mask is not None or is_causal or not attn.fused_attn:
             return super().attend(attn, q, k, v, attn_mask, is_causal)
         (h, w), s, (B, nh, N, D) = self.grid, self.side, q.shape
-        H, W = -(-h // s) * s, -(-w // s) * s  # the grid in whole windows
-
-        def windows(x: Tensor) -> Tensor:  # [b, n, N, d] -> [b nW, n, s s, d]
-            b, n, _, d = x.shape
-            x = F.pad(x.view(b, n, h, w, d), (0, 0, 0, W - w, 0, H - h)).view(b, n, H // s, s, W // s, s, d)
-            return x.permute(0, 2, 4, 1, 3, 5, 6).reshape(-1, n, s * s, d)
-
-        # which keys of each gathered window are patches, [B nW, 1, 1, s s]; whole windows need no mask
-        keys = None if (H, W) == (h, w) else windows(q.new_ones(1, 1, N, 1)).bool().transpose(-1, -2).repeat(B, 1, 1, 1)
         drop = attn.attn_drop.p if attn.training else 0.0
-        out = F.scaled_dot_product_attention(windows(q), windows(k), windows(v), attn_mask=keys, dropout_p=drop,
-                                             scale=attn.scale)  # [B nW, nh, s s, D]
-        out = out.view(B, H // s, W // s, nh, s, s, D).permute(0, 3, 1, 4, 2, 5, 6).reshape(B, nh, H, W, D)
-        return out[:, :, :h, :w].reshape(B, nh, N, D)
+        out = F.scaled_dot_product_attention(*(windows(x, self.grid, s) for x in (q, k, v)), attn_mask=self.keys,
+                                             dropout_p=drop, scale=attn.scale)  # [B nW, nh, s s, D]
+        out = out.view(B, -(-h // s), -1, nh, s, s, D).permute(0, 3, 1, 4, 2, 5, 6).flatten(4, 5).flatten(2, 3)
+        return out[:, :, :h, :w].reshape(B, nh, N, D)  # [B, nh, H, W, D], whole windows, cut to the grid
+
+
+def windows(x: Tensor, grid: tuple[int, int], s: int) -> Tensor:
+    """Tokens ``[b, n, h w, d]`` of a row-major ``grid`` as its windows ``[b nW, n, s s, d]``, edge ones padded."""
+    (h, w), (b, n, _, d) = grid, x.shape
+    H, W = -(-h // s) * s, -(-w // s) * s
+    x = F.pad(x.view(b, n, h, w, d), (0, 0, 0, W - w, 0, H - h)).view(b, n, H // s, s, W // s, s, d)
+    return x.permute(0, 2, 4, 1, 3, 5, 6).reshape(-1, n, s * s, d)
 
 
 def window_bias(coord: Tensor, side: int) -> Tensor:
@@ -113,15 +111,18 @@ class Qwen25VisionTransformer(Qwen3VisionTransformer):
                              "set them too).")
 
     def _block_inputs(self, embedded: Any) -> Sequence[Any]:
-        """The encoding's inputs, the windowed blocks' with the window mask (one per forward, shared)."""
+        """The encoding's inputs, the windowed blocks' with the window masks (one of each per forward, shared)."""
         inputs = super()._block_inputs(embedded)
         grid = embedded.positions.grid
         coord = image_coords(*grid, embedded.tokens.device)[0] if grid is not None else embedded.coord
         mask = cache(lambda: window_bias(coord, self.window))
         gathered = None if embedded.positions.captured else grid  # a capture's graph serves every size: the mask
-        full = self.fullatt_block_indexes
-        return LazyBlockInputs(lambda i: inputs[i] if i in full else Windowed(block_input(inputs[i]), mask,
-                                                                               self.window, gathered), len(inputs))
+        keys = None  # which keys of each gathered window are patches, [B nW, 1, 1, s s]; whole windows need none
+        if gathered is not None and (grid[0] % self.window or grid[1] % self.window):
+            ones = embedded.tokens.new_ones(1, 1, grid[0] * grid[1], 1)
+            keys = windows(ones, grid, self.window).bool().transpose(-1, -2).repeat(len(embedded.tokens), 1, 1, 1)
+        return LazyBlockInputs(lambda i: inputs[i] if i in self.fullatt_block_indexes else Windowed(
+            block_input(inputs[i]), mask, keys, self.window, gathered), len(inputs))
 
 
 def is_qwen25(state_dict: dict[str, Any]) -> bool:
@@ -144,7 +145,8 @@ def describe_qwen25(state_dict: dict[str, Any]) -> tuple[str | None, dict[str, A
     return (NAME if width == QWEN25[NAME]["embed_dim"] else None), args
 
 
-_MERGER = re.compile(r"^patch_merger\.(ln_q|mlp\.0|mlp\.2)\.")  # transformers' merger names: norm, fc1, fc2
+_MERGER = re.compile(r"^merger\.(ln_q|mlp\.0|mlp\.2)\.")  # transformers' merger names (timm's: norm, fc1, fc2)
+_NAMES = {"ln_q": "norm", "mlp.0": "fc1", "mlp.2": "fc2"}
 
 
 def from_qwen25(state_dict: dict[str, Tensor], model: nn.Module) -> Converted:
@@ -165,21 +167,24 @@ def from_qwen25(state_dict: dict[str, Tensor], model: nn.Module) -> Converted:
             if m[2] == "gate":  # GluMlp's fc1: [gate; up], the gate's half through SiLU
                 tower[f"{m[1]}fc1.{m[3]}"] = torch.cat([value, state_dict[f"{prefix}{m[1]}up_proj.{m[3]}"]])
             continue
-        tower[key.replace("mlp.down_proj.", "mlp.fc2.")] = value
+        tower[_MERGER.sub(lambda m: f"merger.{_NAMES[m[1]]}.", key.replace("mlp.down_proj.", "mlp.fc2."))] = value
     other = sum(not key.startswith(prefix) for key in state_dict)
-    out, notes = tower_keys(tower, model, "merger.", SOURCE, "merger; global_pool='merge' keeps it",
-                            "Conv3d patch kernel summed over time, gate / up "
-                            f"projections packed, {ROTATE_HALF}", f"prefix {prefix!r} removed, {other} keys outside it "
-                            "(the language model) dropped" if prefix or other else "")
-    names = {"ln_q": "norm", "mlp.0": "fc1", "mlp.2": "fc2"}
-    return {_MERGER.sub(lambda m: f"patch_merger.{names[m[1]]}.", key): value for key, value in out.items()}, notes
+    lacks = "merger fc2 (merger_out_features=0)" if model.patch_merger else "merger; global_pool='merge' keeps it"
+    return tower_keys(tower, model, "merger.", SOURCE, lacks,
+                      f"Conv3d patch kernel summed over time, gate / up projections packed, {ROTATE_HALF}",
+                      f"prefix {prefix!r} removed, {other} keys outside it (the language model) dropped"
+                      if prefix or other else "")
 
 
-def vision_config(config: dict[str, Any]) -> dict[str, Any]:
-    """The tower's fields of a config.json (the VLM's ``vision_config`` or the tower's own), defaults filled in."""
-    vision = config.get("vision_config", {}) if config.get("model_type") == "qwen2_5_vl" else config
+def args_from_config(config: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    """``(NAME, keyword arguments)`` that build the tower of a config.json's dict (the VLM's ``vision_config`` or the
+    tower's own, transformers' defaults filled in; ``Folder.model``)."""
+    model_type = config.get("model_type")
+    if model_type not in MODEL_TYPES:
+        raise ValueError(f"config.json has model_type {model_type!r}: {NAME} loads transformers' Qwen2.5-VL folders "
+                         f"(model_type {' or '.join(map(repr, MODEL_TYPES))}).")
+    vision = config.get("vision_config", {}) if model_type == "qwen2_5_vl" else config
     c = {**_DEFAULTS, **vision}
-    c["in_channels"] = vision.get("in_channels", vision.get("in_chans", c["in_channels"]))
     rope = {**_DEFAULTS["rope_parameters"], **(c["rope_parameters"] or {})}
     unknown = sorted(set(vision) - set(_DEFAULTS) - _IGNORED - {key for key in vision if key.startswith("_")})
     problems = [f"{key}={vision[key]!r}" for key in unknown]
@@ -187,7 +192,7 @@ def vision_config(config: dict[str, Any]) -> dict[str, Any]:
         problems.append(f"hidden_act={c['hidden_act']!r} (the twin's SwiGLU is SiLU's)")
     if rope.get("rope_type") != "axial" or set(rope) - {"rope_type", "rope_theta"}:
         problems.append(f"rope_parameters={c['rope_parameters']!r} (the twin's RoPE is axial, with rope_theta only)")
-    if "spatial_patch_size" in vision and vision["spatial_patch_size"] != vision.get("patch_size", c["patch_size"]):
+    if c.get("spatial_patch_size", c["patch_size"]) != c["patch_size"]:
         problems.append(f"spatial_patch_size={vision['spatial_patch_size']} (not patch_size)")
     sides = {int(side) for side in to_2tuple(c["patch_size"])}
     if len(sides) != 1:
@@ -195,20 +200,11 @@ def vision_config(config: dict[str, Any]) -> dict[str, Any]:
     if problems:
         raise ValueError(f"config.json describes a Qwen2.5-VL tower with {', '.join(problems)}, which {NAME} does not "
                          "model: it takes the published towers' fields (transformers' Qwen2_5_VLVisionConfig).")
-    return {**c, "rope_theta": float(rope["rope_theta"]), "patch_size": sides.pop()}
-
-
-def args_from_config(config: dict[str, Any]) -> tuple[str, dict[str, Any]]:
-    """``(NAME, keyword arguments)`` that build the tower of a config.json's dict (``Folder.model``)."""
-    model_type = config.get("model_type")
-    if model_type not in MODEL_TYPES:
-        raise ValueError(f"config.json has model_type {model_type!r}: {NAME} loads transformers' Qwen2.5-VL folders "
-                         f"(model_type {' or '.join(map(repr, MODEL_TYPES))}).")
-    c = vision_config(config)
     return NAME, dict(embed_dim=c["hidden_size"], depth=c["depth"], num_heads=c["num_heads"],
-                      mlp_ratio=c["intermediate_size"] / c["hidden_size"], in_chans=c["in_channels"],
-                      patch_size=c["patch_size"], merge_size=c["spatial_merge_size"], window_size=c["window_size"],
-                      merger_out_features=c["out_hidden_size"], rope_theta=c["rope_theta"],
+                      mlp_ratio=c["intermediate_size"] / c["hidden_size"],
+                      in_chans=vision.get("in_channels", vision.get("in_chans", c["in_channels"])),
+                      patch_size=sides.pop(), merge_size=c["spatial_merge_size"], window_size=c["window_size"],
+                      merger_out_features=c["out_hidden_size"], rope_theta=float(rope["rope_theta"]),
                       fullatt_block_indexes=tuple(c["fullatt_block_indexes"]))
 
 
@@ -221,9 +217,8 @@ def check_model(config: dict[str, Any], model: nn.Module) -> None:
     block, merger = model.blocks[0], model.patch_merger
     ours = dict(embed_dim=model.embed_dim, depth=len(model.blocks), num_heads=block.attn.num_heads,
                 mlp_ratio=block.mlp.fc2.in_features / model.embed_dim, in_chans=model.patch_embed.proj.in_channels,
-                patch_size=model.patch_embed.patch_size[0], merge_size=merger.merge_size if merger else 2,
-                window_size=model.window_size, merger_out_features=merger.out_features if merger else None,
-                rope_theta=model.pos_encoding[0].theta, fullatt_block_indexes=model.fullatt_block_indexes)
-    fields = {field: (theirs, ours[field]) for field, theirs in args.items()
-              if not (field == "merger_out_features" and merger is None)}
-    check_config_fields(fields, NAME + " with {field}={theirs}")
+                patch_size=model.patch_embed.patch_size[0], window_size=model.window_size,
+                merge_size=merger.merge_size if merger else 2, rope_theta=model.pos_encoding[0].theta,
+                merger_out_features=merger.out_features if merger else args["merger_out_features"],  # none: any
+                fullatt_block_indexes=model.fullatt_block_indexes)
+    check_config_fields({field: (args[field], ours[field]) for field in args}, NAME + " with {field}={theirs}")

@@ -10,9 +10,10 @@ from typing import Any
 
 import torch
 from timm.layers import LayerNorm, get_device_dtype
+from timm.models.qwen3_vit import Qwen3VitClassifier, _resolve_qwen3_out_features
 from torch import Tensor, nn
 
-from vit_rope.models.twins import ProjectorTwin, timm_tower, tower_keys
+from vit_rope.models.twins import ProjectorTwin, projector_width, timm_tower, tower_keys
 from vit_rope.weights import Converted, check_twin, depth_of
 
 SOURCE = "timm's Qwen3-VL ViT (timm.models.qwen3_vit)"
@@ -28,20 +29,7 @@ _HEADS = {"": dict(global_pool="avg"), "_merge": dict(global_pool="avg", encoder
 # timm name -> twin arguments (a merger's width: the weights' tag's, ``llm_width``)
 QWEN3: dict[str, dict[str, Any]] = {f"qwen3_vit_{size}{suffix}": dict(_COMMON, **_WIDTHS[size], **head)
                                     for size in _WIDTHS for suffix, head in _HEADS.items()}
-
-
-def llm_width(name: str, tag: str) -> int:
-    """The merger width of twin ``name`` for timm's weights ``tag``, by timm's own rule (0: no merger)."""
-    from timm.models.qwen3_vit import _resolve_qwen3_out_features
-
-    variant = name.removeprefix("vit_rope_")
-    if not variant.endswith(("_merge", "_enc")):  # the classifier over the patch tokens
-        return 0
-    try:
-        return _resolve_qwen3_out_features(variant, tag)
-    except ValueError:
-        raise ValueError(f"{name} has no merger width for the weights' tag {tag!r} (not one of timm's tags): pass "
-                         "merger_out_features, the language model's width.") from None
+llm_width = partial(projector_width, _resolve_qwen3_out_features, "merger_out_features")  # by tag
 
 
 def merge_blocks(x: Tensor, grid: tuple[int, int], k: int) -> Tensor:
@@ -115,8 +103,7 @@ class Qwen3VisionTransformer(ProjectorTwin):
         norm_layer = kwargs.get("norm_layer") if callable(kwargs.get("norm_layer")) else partial(LayerNorm, eps=eps)
         num_classes = kwargs.pop("num_classes", 0)
         super().__init__(global_pool, encoder_pool, num_classes=0, **kwargs)
-        merge = self.TOKENS in (global_pool, encoder_pool)
-        dd = get_device_dtype(self)
+        merge, dd = self.TOKENS in (global_pool, encoder_pool), get_device_dtype(self)
         self.patch_merger = self.MERGER(self.embed_dim, merge_size, merger_out_features, norm_layer).to(**dd) \
             if merge else None
         self.head_hidden_size = self.patch_merger.out_features if merge else self.embed_dim
@@ -157,8 +144,6 @@ def from_qwen3(state_dict: dict[str, Tensor], model: nn.Module) -> Converted:
 
 def architecture(model: nn.Module) -> tuple[str, dict[str, Any]]:
     """The twin's name and keyword arguments that a built timm Qwen3-VL ``model`` decides."""
-    from timm.models.qwen3_vit import Qwen3VitClassifier
-
     name, enc, block, args = timm_tower(
         model, Qwen3VitClassifier, "merge", "Qwen3-VL's GELU (tanh) MLP",
         lambda enc, block: {f"act_layer={type(block.mlp.act).__name__}": not (

@@ -10,21 +10,13 @@ from functools import wraps
 from typing import Any
 
 from timm.layers import get_device_dtype
-from timm.models import resolve_pretrained_cfg
+from timm.models import list_pretrained, resolve_pretrained_cfg
 from torch import Tensor, nn
 
 from vit_rope.encodings.rope.dinov3_rope import permute_qk_rows, qk_permutation
 from vit_rope.models.embedding import Embedded
 from vit_rope.models.vit import RoPEVisionTransformer
 from vit_rope.weights import Converted
-
-
-def square_grid(tokens: int) -> tuple[int, int]:
-    side = int(tokens**0.5)
-    if side * side != tokens:
-        raise ValueError(f"forward_head got {tokens} tokens, which make no square grid: pass the grid, "
-                         "forward_head(x, grid=(h, w)), for a non-square input (forward does).")
-    return side, side
 
 
 class ProjectorTwin(RoPEVisionTransformer):
@@ -68,8 +60,12 @@ class ProjectorTwin(RoPEVisionTransformer):
                 raise ValueError(f"The {self.PROJECTOR} of a NaFlex batch needs its patch_coord: pass "
                                  "patch_coord=... with patch_valid.")
             tokens, valid = self.global_pool == self.TOKENS, None if patch_valid is None else patch_valid.bool()
-            grid = (grid or square_grid(x.shape[1])) if valid is None else None
-            x, patch_valid = projector(x, grid, patch_coord, valid, pre_logits and tokens)
+            if valid is None and not grid:  # a square one
+                grid = (side := int(x.shape[1] ** 0.5), side)
+                if side * side != x.shape[1]:
+                    raise ValueError(f"forward_head got {x.shape[1]} tokens, which make no square grid: pass the grid, "
+                                     "forward_head(x, grid=(h, w)), for a non-square input (forward does).")
+            x, patch_valid = projector(x, grid if valid is None else None, patch_coord, valid, pre_logits and tokens)
             if tokens:
                 return x
         return super().forward_head(x, pre_logits, patch_valid)
@@ -84,8 +80,7 @@ def timm_twin_cfgs(family: str, names: Iterable[str], **cfg: Any) -> dict[str, d
 
 
 def tagged(create: Callable[..., nn.Module], key: str, width: Callable[[str, str], int]) -> Callable[..., nn.Module]:
-    """Entry point defaulting ``key`` (projector width) to ``width(name, tag)`` of the weights' tag: one name, many
-    LLMs."""
+    """Entry point defaulting ``key`` (projector width) to ``width(name, tag)``: one name, the LLM of each tag."""
 
     @wraps(create)
     def create_tagged(pretrained: bool = False, **kwargs: Any) -> nn.Module:
@@ -95,6 +90,20 @@ def tagged(create: Callable[..., nn.Module], key: str, width: Callable[[str, str
         return create(pretrained, **kwargs)
 
     return create_tagged
+
+
+def projector_width(resolve: Callable[[str, str], int], key: str, name: str, tag: str) -> int:
+    """The projector width timm's ``resolve`` gives VLM twin ``name``'s weights ``tag``; another tag: 0 for a classifier
+    (it builds a projector only when asked, then given ``key``), an error naming timm's tags for the others."""
+    variant = name.removeprefix("vit_rope_")
+    try:
+        return resolve(variant, tag)
+    except ValueError:
+        if not variant.endswith(("_merge", "_align", "_enc")):
+            return 0
+        tags = ", ".join(pretrained.split(".", 1)[1] for pretrained in list_pretrained(f"{variant}.*"))
+        raise ValueError(f"{name} has no projector width for the weights' tag {tag!r}, not one of timm's ({tags}): "
+                         f"pass {key}, the language model's width.") from None
 
 
 def timm_tower(model: nn.Module, classifier_cls: type[nn.Module], tokens: str, models: str = "",
