@@ -8,7 +8,7 @@ PYTHON ?= $(VENV)/bin/python
 # CUDA builds of torch/torchvision also run on CPU; these versions install from this project's machine cache.
 TORCH ?= torch==2.14.1 torchvision==0.29.1
 # The GPU targets (gpu-check, gpu-bench, bench-cuda, study-vit-s) install into .venv only when they run its Python: with
-# PYTHON=python3 (an interpreter that already has torch, timm >= 1.0.28 and the rest, e.g. with PYTHONPATH=$$PWD for a
+# PYTHON=python3 (an interpreter that already has torch, timm >= 1.0.31 and the rest, e.g. with PYTHONPATH=$$PWD for a
 # plain checkout) they install nothing, so they run on a GPU machine without a package index.
 GPU_INSTALL = $(if $(filter $(VENV)/bin/python,$(PYTHON)),install)
 

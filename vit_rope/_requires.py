@@ -10,7 +10,7 @@ import timm
 
 from vit_rope.errors import UserError
 
-TIMM_MIN = (1, 0, 28)
+TIMM_MIN = (1, 0, 31)
 
 
 def check_timm(version: str) -> None:
