@@ -130,7 +130,7 @@ def test_refused_inputs_name_what_and_where():
         vit_rope.from_timm(timm_deepseek("deepseek_vit_412m", final_norm=False))
     with pytest.raises(ValueError, match="global_pool=''.*global_pool='align', or take vit_rope_deepseek_vit_412m,"):
         vit_rope.from_timm(timm.create_model("deepseek_vit_412m_enc", **TINY, global_pool=""))
-    with pytest.raises(ValueError, match="aligner_out_features"):
+    with pytest.raises(ValueError, match=r"aligner_out_features \(timm's tags set it: .*'deepseek_v4_1_flash': 5120"):
         timm.create_model("vit_rope_deepseek_vit_412m_enc", depth=1, aligner_out_features=0, device="meta")
     with pytest.raises(ValueError, match="global_pool '', 'avg' or 'align'.*'map'"):
         timm.create_model("vit_rope_deepseek_vit_412m", depth=1, global_pool="map", device="meta")

@@ -20,7 +20,7 @@ from torch import Tensor, nn
 from vit_rope.layers.eva import PackedSwiGLU
 from vit_rope.layers.rms_norm import RmsNorm
 from vit_rope.models.qwen3_vit import PatchMerger, Qwen3VisionTransformer, scatter_blocks
-from vit_rope.models.twins import ROTATE_HALF, projector_width, timm_tower, tower_keys
+from vit_rope.models.twins import ROTATE_HALF, projector_width, timm_tags, timm_tower, tower_keys
 from vit_rope.weights import Converted, Description, check_twin, depth_of
 
 SOURCE = "timm's DeepSeek ViT (timm.models.deepseek_vit)"
@@ -81,8 +81,9 @@ class DeepseekVisionTransformer(Qwen3VisionTransformer):
     def __init__(self, global_pool: str = "avg", encoder_pool: str = "", downsample_ratio: int = 3,
                  aligner_out_features: int = 0, **kwargs: Any) -> None:
         if "align" in (global_pool, encoder_pool) and aligner_out_features <= 0:
+            widths = {tag: llm_width("deepseek_vit_412m_align", tag) for tag in timm_tags("deepseek_vit_412m_align")}
             raise ValueError(f"The DeepSeek aligner maps to the language model's width: pass aligner_out_features "
-                             f"(a name with one of timm's tags sets it), got {aligner_out_features}.")
+                             f"(timm's tags set it: {widths}), got {aligner_out_features}.")
         norm_layer = kwargs.get("norm_layer", _ARCH["norm_layer"])
         super().__init__(global_pool, encoder_pool, downsample_ratio, aligner_out_features, **kwargs)
         dd = get_device_dtype(self)

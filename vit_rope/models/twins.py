@@ -92,6 +92,11 @@ def tagged(create: Callable[..., nn.Module], key: str, width: Callable[[str, str
     return create_tagged
 
 
+def timm_tags(name: str) -> list[str]:
+    """The tags of timm's pretrained weights for model ``name``."""
+    return [pretrained.split(".", 1)[1] for pretrained in list_pretrained(f"{name}.*")]
+
+
 def projector_width(resolve: Callable[[str, str], int], key: str, name: str, tag: str) -> int:
     """The projector width timm's ``resolve`` gives VLM twin ``name``'s weights ``tag``; another tag: 0 for a classifier
     (it builds a projector only when asked, then given ``key``), an error naming timm's tags for the others."""
@@ -101,7 +106,7 @@ def projector_width(resolve: Callable[[str, str], int], key: str, name: str, tag
     except ValueError:
         if not variant.endswith(("_merge", "_align", "_enc")):
             return 0
-        tags = ", ".join(pretrained.split(".", 1)[1] for pretrained in list_pretrained(f"{variant}.*"))
+        tags = ", ".join(timm_tags(variant))
         raise ValueError(f"{name} has no projector width for the weights' tag {tag!r}, not one of timm's ({tags}): "
                          f"pass {key}, the language model's width.") from None
 
