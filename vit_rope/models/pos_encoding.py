@@ -35,7 +35,7 @@ def submodule_no_decay(model: nn.Module) -> set[str]:
             for name in module.no_weight_decay()}
 
 
-def encoding_keys_hook(module: nn.Module, state_dict: dict[str, Any], prefix: str, *args: Any) -> None:
-    """``load_state_dict`` of a checkpoint with the encoding under ``rope.`` (``encoding_key``)."""
+def rename_rope_keys(module: nn.Module, state_dict: dict[str, Any], prefix: str, *args: Any) -> None:
+    """A ``load_state_dict`` pre-hook: a checkpoint's encoding under ``rope.`` renamed in place (``encoding_key``)."""
     for key in [key for key in state_dict if key.startswith(prefix + "rope.")]:
         state_dict[prefix + encoding_key(key[len(prefix):])] = state_dict.pop(key)

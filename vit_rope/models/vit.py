@@ -19,7 +19,7 @@ from vit_rope.errors import NoTorchScript
 from vit_rope.layers.attention import RoPEAttention, RoPEBlock
 from vit_rope.layers.eva import eva_blocks_, resize_attn_pool
 from vit_rope.models.embedding import Embedded, EmbeddingMixin, naflex_batch, naflex_maps
-from vit_rope.models.pos_encoding import encoding_keys_hook, submodule_no_decay
+from vit_rope.models.pos_encoding import rename_rope_keys, submodule_no_decay
 
 
 class RoPEVisionTransformer(NoTorchScript, EmbeddingMixin, VisionTransformer):
@@ -77,7 +77,7 @@ class RoPEVisionTransformer(NoTorchScript, EmbeddingMixin, VisionTransformer):
             {name: value for name, value in rope_options.items() if value is not None}, ref,
             dict(encoding_options or {})))
         self.pos_encoding.attach_(self.blocks, self.embed_dim, num_heads)
-        self.register_load_state_dict_pre_hook(encoding_keys_hook)
+        self.register_load_state_dict_pre_hook(rename_rope_keys)
         own = 0 if self.no_embed_class else self.num_prefix_tokens  # +APE: timm's pos_embed
         self.ape = None if self.pos_embed is None else AbsoluteEncoding(own, pos_embed_resampling)
         if factory := {key: kwargs[key] for key in ("device", "dtype") if kwargs.get(key) is not None}:
