@@ -149,12 +149,15 @@ def is_swin(state_dict: Mapping[str, Any]) -> bool:
     return any(key.startswith("layers.") and key.endswith(".attn.qkv.weight") for key in state_dict)
 
 
-def _biases(state_dict: dict[str, Any], model: nn.Module, source: str) -> tuple[dict[str, Any], tuple[str, ...]]:
-    """The relative position bias tables dropped where the model has none (``use_rpb=False``), said in a note; the
-    weights of ``source`` refused for a model that is no RoPE-Swin."""
+def _check_swin(model: nn.Module, source: str) -> None:
+    """Refuse the weights of ``source`` for a model that is no RoPE-Swin."""
     if not isinstance(model, RoPESwinTransformer):
         raise ValueError(f"The checkpoint is {source}; load it into a swin_rope_{{axial,mixed}}_{{tiny,small,base}}_"
                          f"patch4_window7_224 model, not a {type(model).__name__}.")
+
+
+def _biases(state_dict: dict[str, Any], model: RoPESwinTransformer) -> tuple[dict[str, Any], tuple[str, ...]]:
+    """The relative position bias tables dropped where the model has none (``use_rpb=False``), said in a note."""
     if model.use_rpb or not any(key.endswith("relative_position_bias_table") for key in state_dict):
         return state_dict, ()
     kept = {key: value for key, value in state_dict.items() if not key.endswith("relative_position_bias_table")}
@@ -163,7 +166,8 @@ def _biases(state_dict: dict[str, Any], model: nn.Module, source: str) -> tuple[
 
 def from_official(state_dict: dict[str, Any], model: nn.Module) -> Converted:
     """An official RoPE-Swin state dict in our layout (axial frequencies checked, window positions dropped)."""
-    state_dict, notes = _biases(state_dict, model, "RoPE-ViT's official RoPE-Swin")
+    _check_swin(model, "RoPE-ViT's official RoPE-Swin")
+    state_dict, notes = _biases(state_dict, model)
     out = {}
     for key, value in state_dict.items():
         if key.endswith("attn.rope_freqs"):
@@ -181,7 +185,8 @@ def from_official(state_dict: dict[str, Any], model: nn.Module) -> Converted:
 
 def from_swin(state_dict: dict[str, Any], model: nn.Module) -> Converted:
     """timm's or Microsoft's Swin weights, to fine-tune with RoPE: timm's conversion, the bias tables as ``_biases``."""
-    state_dict, notes = _biases(state_dict, model, "a Swin Transformer's")
+    _check_swin(model, "a Swin Transformer's")
+    state_dict, notes = _biases(state_dict, model)
     return checkpoint_filter_fn(state_dict, model), notes
 
 
