@@ -121,17 +121,20 @@ _VITS: dict[str, dict[str, Any]] = {
     **{dinov3_name(size, qkvb): dinov3.model_args(size, qkvb) for size, qkvb in product(dinov3.SIZES, (False, True))},
     **{twin_name(timm_name): args for table in FAMILIES.values() for timm_name, args in table.items()},  # Eva twins
 }
-# name -> (model arguments, class, for a VLM twin the projector's width argument and its width by the weights' tag)
-_MODELS = {**{name: (args, RoPEVisionTransformer) for name, args in _VITS.items()},
-           **{name: (args, Qwen25VisionTransformer) for name, args in QWEN25.items()},  # already named vit_rope_*
-           **{swin_name(kind, size): (dict(window_size=7, encoding=kind, **SWIN_SIZES[size]), RoPESwinTransformer)
+# the twins of timm's and transformers' VLM towers: table, class, and the projector's width argument and its width by
+# the weights' tag (``twins.tagged``), or () for a fixed width
+_VLMS = ((QWEN3, Qwen3VisionTransformer, ("merger_out_features", qwen3_vit.llm_width)),
+         (PIXTRAL, PixtralVisionTransformer, ()), (GEMMA4, Gemma4VisionTransformer, ()),
+         (deepseek_vit.DEEPSEEK, deepseek_vit.DeepseekVisionTransformer,
+          ("aligner_out_features", deepseek_vit.llm_width)))
+# name -> (model arguments, class, the width by tag as in _VLMS) of every entry point
+_MODELS = {**{name: (args, RoPEVisionTransformer, ()) for name, args in _VITS.items()},
+           **{name: (args, Qwen25VisionTransformer, ()) for name, args in QWEN25.items()},  # already named vit_rope_*
+           **{swin_name(kind, size): (dict(window_size=7, encoding=kind, **SWIN_SIZES[size]), RoPESwinTransformer, ())
               for kind, size in product(SWIN_KINDS, SWIN_SIZES)},  # RoPE-ViT's RoPE-Swin (vit_rope.models.swin)
-           **{f"vit_rope_{timm_name}": (args, cls, *width) for table, cls, *width in (  # timm's, transformers' VLMs
-               (QWEN3, Qwen3VisionTransformer, "merger_out_features", qwen3_vit.llm_width),
-               (PIXTRAL, PixtralVisionTransformer), (GEMMA4, Gemma4VisionTransformer),
-               (deepseek_vit.DEEPSEEK, deepseek_vit.DeepseekVisionTransformer, "aligner_out_features",
-                deepseek_vit.llm_width)) for timm_name, args in table.items()}}
-for _name, (_args, _cls, *_width) in _MODELS.items():
+           **{f"vit_rope_{timm_name}": (args, cls, width) for table, cls, width in _VLMS
+              for timm_name, args in table.items()}}
+for _name, (_args, _cls, _width) in _MODELS.items():
     _create = _entrypoint(_name, _args, _cls)
     globals()[_name] = register_model(tagged(_create, *_width) if _width else _create)
 
