@@ -123,7 +123,8 @@ def policy_scale(grids: Tensor, train_grid: tuple[int, int] | None, policy: str)
     """What the policy multiplies offsets by per grid: training / input size under ``interpolate``, else None."""
     if policy != "interpolate" or train_grid is None:
         return None
-    return torch.tensor([train_grid[1], train_grid[0]], device=grids.device) / grids.flip(-1).float()
+    size, train = grid_sizes(grids, train_grid)
+    return train / size
 
 
 def policy_offsets(grid: tuple[int, int], train_grid: tuple[int, int] | None, policy: str, device: torch.device,
