@@ -5,7 +5,9 @@
 - ``interpolate``: positions scaled into the training range (EVA-02, Fang et al. 2023; timm's ``ref_feat_shape``);
 - ``ntk``: NTK-aware base scaling per axis, ``b' = b * s ** (d / (d - 2))`` (bloc97, 2023);
 - ``yarn``: YaRN's (Peng et al. 2023, arXiv:2309.00071) blend with a temperature, its ramp in turns over the image;
-- ``normalized``: coordinates in ``2 pi [-1, 1]``: axial RoPE with theta = 100 is then DINOv3's (arXiv:2508.10104)."""
+- ``normalized``: coordinates in ``2 pi [-1, 1]``: axial RoPE with theta = 100 is then DINOv3's (arXiv:2508.10104).
+
+Also the bias kinds' patch offsets as a policy scales them (``policy_scale``, ``policy_offsets``)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,8 @@
 """RoPE rotation of the queries and keys straight from the qkv projection's output, in one pass: each pair one complex
 product over the q and k slices, in place without autograd, and in training inside one autograd node with the
-projection, which saves only what attention keeps (docs/performance.md, "How the rotation is computed")."""
+projection, which saves only what attention keeps (docs/performance.md, "How the rotation is computed"). And
+``capturing``: whether a forward runs under a graph capture, where these and the other eager fast paths (in-place
+writes, Python caches) take the reference path."""
 
 from __future__ import annotations
 
