@@ -171,7 +171,7 @@ def balanced_subset(samples: list[Sample], fraction: float, seed: int) -> list[S
 class Images(Dataset):
     """The images of a split, from their files or from the decoded cache; the subclasses apply ``transform``."""
 
-    def __init__(self, samples: list[Sample], transform: Any = None, cache: DecodedImages | None = None) -> None:
+    def __init__(self, samples: list[Sample], transform: Any = None, *, cache: DecodedImages | None = None) -> None:
         self.samples, self.transform, self.cache = samples, transform, cache
 
     def __len__(self) -> int:

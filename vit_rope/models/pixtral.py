@@ -35,7 +35,8 @@ PIXTRAL: dict[str, dict[str, Any]] = {
 }
 _BY_PATCH = {16: "pixtral_vit_12b", 14: "pixtral_vit_mistral_small_3_1"}
 _LAYER = r"transformer\.layers\.(\d+)\."
-_TOWER = re.compile(r"^(model\.)?(vision_tower\.)?")  # a Llava's (transformers 5: model.) tower prefix
+_PREFIX = r"(model\.)?(vision_tower\.)?"  # a Llava's (transformers 5: model.) tower prefix
+_TOWER = re.compile("^" + _PREFIX)
 
 
 class PixtralVisionTransformer(RoPEVisionTransformer):
@@ -67,13 +68,13 @@ class PixtralVisionTransformer(RoPEVisionTransformer):
 
 def is_pixtral(state_dict: dict[str, Any]) -> bool:
     """transformers' Pixtral weights: its patch convolution, bare or under a Llava's ``(model.)vision_tower.``."""
-    return any(re.fullmatch(r"(model\.)?(vision_tower\.)?patch_conv\.weight", key) for key in state_dict)
+    return any(_TOWER.sub("", key) == "patch_conv.weight" for key in state_dict)
 
 
 def describe_pixtral(state_dict: dict[str, Any]) -> Description:
     """The twin by patch size, depth and projector; width 1024 only, as the keys do not show the head count."""
     conv = next(value for key, value in state_dict.items() if _TOWER.sub("", key) == "patch_conv.weight")
-    depth = depth_of(state_dict, r"(model\.)?(vision_tower\.)?transformer\.layers")
+    depth = depth_of(state_dict, _PREFIX + r"transformer\.layers")
     args: dict[str, Any] = {"depth": depth} if depth else {}
     fc1 = next((v for k, v in state_dict.items() if k.endswith("multi_modal_projector.linear_1.weight")), None)
     name = _BY_PATCH.get(int(conv.shape[-1]))

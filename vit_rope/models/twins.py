@@ -98,8 +98,8 @@ def timm_tags(name: str) -> list[str]:
 
 
 def projector_width(resolve: Callable[[str, str], int], key: str, name: str, tag: str) -> int:
-    """The projector width timm's ``resolve`` gives VLM twin ``name``'s weights ``tag``; another tag: 0 for a classifier
-    (it builds a projector only when asked, then given ``key``), an error naming timm's tags for the others."""
+    """The projector width timm's ``resolve`` gives VLM twin ``name``'s weights ``tag``; another tag: an error naming
+    timm's tags, or 0 for a classifier (without ``key``: Qwen3-VL's merger has no fc2, DeepSeek refuses an aligner)."""
     variant = name.removeprefix("vit_rope_")
     try:
         return resolve(variant, tag)

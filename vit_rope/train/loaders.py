@@ -189,7 +189,7 @@ def _per_image_loaders(cfg: Config, train: Images, val: Images, data_config: dic
                        world_size: int, device: torch.device, schedule: SizeSchedule | None) -> tuple[DataLoader, ...]:
     """timm's transforms in ``DataLoader`` workers: ``StepSampler`` hands each worker a whole step, at its size."""
     train_tfs, val_tf = build_transforms(cfg, data_config)
-    train_set = SizedImages(train.samples, train_tfs, train.cache)
+    train_set = SizedImages(train.samples, train_tfs, cache=train.cache)
     if cfg.repeated_aug:
         order = RepeatAugSampler(train_set, num_replicas=world_size, rank=rank)
     else:
@@ -197,7 +197,7 @@ def _per_image_loaders(cfg: Config, train: Images, val: Images, data_config: dic
     steps = StepSampler(order, cfg.batch_size, cfg.img_size, schedule, cfg.seed, rank)
     # its own generator: starting the workers draws nothing from the global RNG that drop-path and Mixup use
     train_loader = DataLoader(train_set, batch_sampler=steps, generator=torch.Generator(), **_workers(cfg, device))
-    val_set = Subset(ImageFolderDataset(val.samples, val_tf, val.cache), range(rank, len(val), world_size))
+    val_set = Subset(ImageFolderDataset(val.samples, val_tf, cache=val.cache), range(rank, len(val), world_size))
     return train_loader, DataLoader(val_set, cfg.batch_size, **_workers(cfg, device))
 
 
@@ -236,7 +236,7 @@ def _naflex_loaders(cfg: Config, train: Images, val: Images, data_config: dict[s
     val_len = cfg.naflex_val_seq_len or (cfg.img_size // patch) ** 2
     val_tf = create_transform(is_training=False, naflex=True, max_seq_len=val_len, patch_size=patch, patchify=True,
                               use_prefetcher=True, **_normalised(data_config))
-    val_set = Subset(ImageFolderDataset(val.samples, val_tf, val.cache), range(rank, len(val), world_size))
+    val_set = Subset(ImageFolderDataset(val.samples, val_tf, cache=val.cache), range(rank, len(val), world_size))
     val_loader = DataLoader(val_set, max(1, cfg.batch_size * longest // val_len), collate_fn=NaFlexCollator(val_len),
                             **_workers(cfg, device))
     erasing = PatchRandomErasing(erase_prob=cfg.reprob, mode="pixel", device=device) if cfg.reprob > 0 else None

@@ -70,8 +70,7 @@ def pape_args_from_config(config: dict[str, Any]) -> tuple[str, dict[str, Any]]:
                   img_size=TRAIN_SIZES[dataset], num_classes=1000, pre_norm=True, qkv_bias=True,
                   init_values=0.0,  # no LayerScale (timm.create_model drops arguments that are None)
                   norm_layer=partial(nn.LayerNorm, eps=1e-5), embed_layer=biased_patch_embed, class_token=True,
-                  global_pool="token",
-                  resolution_policy="normalized" if config.get("normalize") else "extrapolate")
+                  global_pool="token", resolution_policy="normalized" if config.get("normalize") else "extrapolate")
     if kind == "pape":
         kwargs["encoding_options"] = {"parabolas": int(config.get("pape", {}).get("parabolas", PARABOLAS))}
     return name, kwargs
