@@ -127,6 +127,8 @@ def test_intermediate_tokens_carry_the_coordinates_patch_dropout_kept() -> None:
                  if ok}
         kept = [tuple(yx) for yx, ok in zip(coord[b].tolist(), valid[b], strict=True) if ok]
         assert set(kept) <= pairs and len(set(kept)) == len(kept)
+    with pytest.raises(ValueError, match=r"Patch dropout \(patch_drop_rate=0.5\).*output_fmt='NLC'"):
+        model.forward_intermediates(batch, indices=1)  # NCHW maps of dropped tokens, as for images
 
 
 def test_coordinate_augmentation_draws_per_sample() -> None:
