@@ -27,8 +27,8 @@ install: $(filter $(VENV)/bin/python,$(PYTHON))
 
 DEMO_OUT ?= output/demo
 # Trains a 6-block tiny RoPE-Mixed ViT on Imagenette at 64 px, then evaluates it at 0.75x to 2.5x the training size
-# under four RoPE resolution policies, on 1,000 val images: 8 min 42 s with .venv already made, when last measured on
-# a 2-core Intel Xeon CPU (2026-11-27; README.md).
+# under four RoPE resolution policies, on 1,000 val images: 8 min 54 s with .venv already made, when last measured on
+# a 2-core Intel Xeon CPU (2026-12-03; README.md).
 demo: install
 	$(PYTHON) train.py -c configs/imagenette_cpu.yaml --output $(DEMO_OUT)
 	$(PYTHON) -m vit_rope.evaluate --checkpoint $(DEMO_OUT)/best.pth --img-sizes 48 64 96 128 160 --limit 1000 --workers 1 \
