@@ -20,7 +20,7 @@ from vit_rope.train.command_line import build_config
 
 REPO = Path(__file__).resolve().parents[2]  # train.py is imported from there (pyproject's pythonpath)
 
-ROPE_MODEL = TINY_MODEL = "vit_rope_tiny_patch16_mixed_224"
+TINY_MODEL = "vit_rope_tiny_patch16_mixed_224"
 
 DATA_CONFIG = resolve_data_config({"input_size": (3, 32, 32), "crop_pct": 0.875, "interpolation": "bicubic"})
 PER_IMAGE = ("img_size=32", "batch_size=8", "workers=0", "auto_augment=rand-m9-mstd0.5-inc1", "reprob=0.25",

@@ -19,7 +19,7 @@ from timm.optim import create_optimizer_v2
 
 import train
 from helpers.ddp import free_port, run_ranks
-from helpers.training import REPO, ROPE_MODEL, TINY_MODEL, assert_same_weights, killed_at, metrics, tiny_args
+from helpers.training import REPO, TINY_MODEL, assert_same_weights, killed_at, metrics, tiny_args
 from vit_rope.data import folders
 from vit_rope.data.steps import SizeSchedule
 from vit_rope.eval.loading import load_trained
@@ -305,7 +305,7 @@ def test_an_unknown_model_suggests_the_closest_name(image_root: Path, tmp_path: 
 
 
 def test_finetune_at_a_higher_resolution_resamples_the_position_embedding(image_root: Path, tmp_path: Path) -> None:
-    model = ROPE_MODEL.replace("mixed", "mixed_ape") if TINY_MODEL == ROPE_MODEL else TINY_MODEL
+    model = TINY_MODEL.replace("mixed", "mixed_ape")
     assert train.main(tiny_args(image_root, tmp_path / "low", "--model", model, "--epochs", "1")) == 0
     assert train.main(tiny_args(image_root, tmp_path / "high", "--model", model, "--epochs", "1", "--img-size", "48",
                                 f"finetune={tmp_path / 'low' / 'last.pth'}")) == 0
@@ -314,8 +314,6 @@ def test_finetune_at_a_higher_resolution_resamples_the_position_embedding(image_
 
 
 def test_mixed_rope_frequencies_get_no_weight_decay(image_root: Path, tmp_path: Path, monkeypatch) -> None:
-    if TINY_MODEL != ROPE_MODEL:
-        pytest.skip("vit_rope models are not registered yet")
     built = {}
 
     def spy(model, **kwargs):
