@@ -9,6 +9,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from timm.layers import to_2tuple, use_fused_attn
+from timm.models import swin_transformer as timm_swin
 from timm.models.swin_transformer import SwinTransformer, SwinTransformerBlock, WindowAttention, checkpoint_filter_fn
 from torch import Tensor, nn
 
@@ -64,7 +65,7 @@ class RoPEWindowAttention(WindowAttention):
         q, k, v = rotated_projection(x, self.qkv, self.num_heads, tables)  # [nW B, nh, N, D] each
         attn_mask = None if self.relative_position_bias_table is None else self._get_rel_pos_bias()  # [1, nh, N, N]
         if mask is not None:  # window w of every image: mask[w], for every head
-            shifted = mask.unsqueeze(1).repeat(B_ // mask.shape[0], self.num_heads, 1, 1)
+            shifted = mask.unsqueeze(1).repeat(B_ // mask.shape[0], 1, 1, 1)  # [nW B, 1, N, N]: heads broadcast
             attn_mask = shifted if attn_mask is None else attn_mask + shifted
         if self.fused_attn:
             x = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask,
@@ -86,10 +87,9 @@ class RoPESwinBlock(SwinTransformerBlock):
         nh, nw = (H + wh - 1) // wh, (W + ww - 1) // ww  # windows down and across, the last ones padded
         shifted = torch.roll(x, (-sh, -sw), (1, 2)) if sh or sw else x
         shifted = F.pad(shifted, (0, 0, 0, nw * ww - W, 0, nh * wh - H))
-        windows = shifted.view(B, nh, wh, nw, ww, C).permute(0, 1, 3, 2, 4, 5).reshape(-1, wh * ww, C)
+        windows = timm_swin.window_partition(shifted, (wh, ww)).view(-1, wh * ww, C)
         windows = self.attn(windows, mask=self.get_attn_mask(shifted) if self.dynamic_mask else self.attn_mask)
-        x = windows.view(B, nh, nw, wh, ww, C).permute(0, 1, 3, 2, 4, 5).reshape(B, nh * wh, nw * ww, C)
-        x = x[:, :H, :W].contiguous()
+        x = timm_swin.window_reverse(windows.view(-1, wh, ww, C), (wh, ww), nh * wh, nw * ww)[:, :H, :W].contiguous()
         return torch.roll(x, (sh, sw), (1, 2)) if sh or sw else x
 
 
