@@ -138,8 +138,8 @@ def from_qwen3(state_dict: dict[str, Tensor], model: nn.Module) -> Converted:
     check_twin(model, type(model) is Qwen3VisionTransformer, SOURCE,  # not a subclass: Qwen2.5-VL's, DeepSeek's twins
                "the vit_rope_qwen3_vit_* twins (and vit_rope.from_timm of timm's model; a DeepSeek twin loads timm's "
                "deepseek_vit_* files)", "rotate_half")
-    lacks = "merger" if model.patch_merger is None else "last merger projection (merger_out_features=0)"
-    return tower_keys(state_dict, model, "merger.", SOURCE, f"{lacks}; the *_merge and *_enc twins keep it")
+    return tower_keys(state_dict, model, "merger.", SOURCE, "merger; the *_merge and *_enc twins keep it"
+                      if model.patch_merger is None else "last merger projection (merger_out_features=0)")
 
 
 def architecture(model: nn.Module) -> tuple[str, dict[str, Any]]:
