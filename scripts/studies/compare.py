@@ -101,8 +101,7 @@ def comparison(studies: Mapping[str, Path]) -> str:
 def write_comparison(readme: Path, studies: Mapping[str, Path]) -> bool:
     """Rewrite the section of ``readme`` between ``COMPARE_BEGIN`` and ``COMPARE_END`` with ``comparison(studies)``;
     a page without the section is left alone (returns False), and the studies unread."""
-    return COMPARE_BEGIN in readme.read_text() and replace_section(readme, COMPARE_BEGIN, COMPARE_END,
-                                                                   comparison(studies))
+    return replace_section(readme, COMPARE_BEGIN, COMPARE_END, lambda: comparison(studies))
 
 
 REPRODUCTION_END = "<!-- reproduction:end -->"

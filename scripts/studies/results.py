@@ -11,7 +11,7 @@ and ``as_trained``, the policy that places positions as the arm was trained) and
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -24,13 +24,15 @@ def begin_marker(kind: str, source: str) -> str:
     return f"<!-- {kind}:begin (written by scripts/imagenette_study.py {source}) -->"
 
 
-def replace_section(page: Path, begin: str, end: str, body: str) -> bool:
-    """Rewrite what lies between the line ``begin`` of ``page`` and the next ``end`` with ``body``; the rest of the
-    page is kept as it is. Returns False, and leaves the page alone, when it has no such section."""
+def replace_section(page: Path, begin: str, end: str, body: str | Callable[[], str]) -> bool:
+    """Rewrite what lies between the line ``begin`` of ``page`` and the next ``end`` with ``body`` (or what it returns,
+    called only when the page has the section); the rest of the page is kept as it is. Returns False, and leaves the
+    page alone, when it has no such section."""
     text = page.read_text()
     if begin not in text or end not in text.split(begin, 1)[1]:
         return False
     head, rest = text.split(begin, 1)
+    body = body() if callable(body) else body
     page.write_text(head + begin + "\n" + body + "\n" + end + rest.split(end, 1)[1])
     return True
 
