@@ -1,6 +1,7 @@
 """Every registered model through timm's API: any input size, gradients, fused/explicit attention, helpers."""
 
 import itertools
+import re
 
 import pytest
 import timm
@@ -34,9 +35,20 @@ OWN_TESTS = EVA_TWINS | QWEN3_TWINS | QWEN25_TWINS | PIXTRAL_TWINS | DEEPSEEK_TW
 MODEL_NAMES = [name for name in timm.list_models("vit_rope_*") if name not in OWN_TESTS] + SMALLEST_TWINS + \
     ["vit_rope_qwen3_vit_88m", "vit_rope_pixtral_vit_12b", "vit_rope_deepseek_vit_412m", "vit_rope_gemma4_vit_167m"]
 SIZES = [(2, 2), (4, 4), (3, 5)]  # in patches: two square resolutions and a non-square one
-# each registered width, head count and block kind at depth 2 (the blocks past the second repeat them); Sapiens2 lists
-# key/value heads per block, all 12 in the base model: given once for the two blocks
+# each encoding and block kind at depth 2 (the blocks past the second repeat them) at its smallest registered width:
+# the wider variants of a kind (``tiny`` < ``small`` < ``base`` < ``large`` in the name; ``small_plus`` is a block kind
+# of its own) run the same code at other widths and head counts, whose shapes a forward on the meta device checks.
+# Sapiens2 lists key/value heads per block, all 12 in the base model: given once for the two blocks
 TWO_BLOCKS = {"vit_rope_base_patch16_sapiens2": dict(num_kv_heads=12)}
+WIDTHS = ("tiny", "small", "base", "large")
+BY_KIND: dict[str, list[str]] = {}  # the name without its width -> the names, narrowest first
+for _name in sorted(MODEL_NAMES, key=lambda n: [f"_{width}_" in n for width in WIDTHS][::-1]):
+    BY_KIND.setdefault(re.sub(r"_(tiny|small|base|large)_", "_", _name), []).append(_name)
+SMALLEST = [names[0] for names in BY_KIND.values()]
+
+
+def two_blocks(name: str, **kwargs) -> torch.nn.Module:
+    return timm.create_model(name, num_classes=3, img_size=32, depth=2, **TWO_BLOCKS.get(name, {}), **kwargs)
 
 
 def tiny(name: str = "vit_rope_tiny_patch16_mixed_224", **kwargs) -> RoPEVisionTransformer:
@@ -61,10 +73,17 @@ def test_all_variants_are_registered():
     assert expected <= set(MODEL_NAMES)
 
 
-@pytest.mark.parametrize("name", MODEL_NAMES)
+@pytest.mark.parametrize("name", sorted(set(MODEL_NAMES) - set(SMALLEST)))
+def test_wider_variants_build_and_run_on_the_meta_device(name):
+    model = two_blocks(name, device="meta")
+    patch = model.patch_embed.patch_size[0]
+    assert model(torch.empty(2, 3, 3 * patch, 5 * patch, device="meta")).shape == (2, 3)
+
+
+@pytest.mark.parametrize("name", SMALLEST)
 def test_forward_backward_at_any_size(name):
     torch.manual_seed(0)
-    model = timm.create_model(name, num_classes=3, img_size=32, drop_path_rate=0.1, depth=2, **TWO_BLOCKS.get(name, {}))
+    model = two_blocks(name, drop_path_rate=0.1)
     patch = model.patch_embed.patch_size[0]
     loss = 0.0
     for h, w in SIZES:
