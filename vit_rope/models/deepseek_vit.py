@@ -50,13 +50,13 @@ class Aligner(PatchMerger):
     multiples of ``r``, each ``r x r`` block joined channel-major (``F.unfold``'s order, not Qwen's), fc1, GELU, fc2."""
 
     def __init__(self, dim: int, downsample_ratio: int = 3, out_features: int = 0,
-                 norm_layer: Callable[[int], nn.Module] | None = None) -> None:
+                 norm_layer: Callable[[int], nn.Module] | None = None, **dd: Any) -> None:
         nn.Module.__init__(self)  # norm_layer unused: DeepSeek's aligner has no norm
         self.merge_size, self.out_features = downsample_ratio, out_features
         self.norm = nn.Identity()
-        self.fc1 = nn.Linear(dim * downsample_ratio**2, out_features)
+        self.fc1 = nn.Linear(dim * downsample_ratio**2, out_features, **dd)
         self.act = nn.GELU()
-        self.fc2 = nn.Linear(out_features, out_features)
+        self.fc2 = nn.Linear(out_features, out_features, **dd)
 
     def merge(self, x: Tensor, grid: tuple[int, int]) -> Tensor:
         """Tokens ``[B, h * w, C]`` of a row-major ``grid`` as ``[B, ceil(h / r) ceil(w / r), C r^2]``."""

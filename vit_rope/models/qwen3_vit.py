@@ -63,15 +63,15 @@ class PatchMerger(nn.Module):
     concatenated row-major, ``fc1 -> GELU -> fc2`` to the LLM's width (``out_features``; 0: no ``fc2``); timm's keys."""
 
     def __init__(self, dim: int, merge_size: int = 2, out_features: int = 0,
-                 norm_layer: Callable[[int], nn.Module] | None = None) -> None:
-        super().__init__()
+                 norm_layer: Callable[[int], nn.Module] | None = None, **dd: Any) -> None:
+        super().__init__()  # dd: timm's device and dtype, so that a model built on the meta device allocates nothing
         self.merge_size = merge_size
         hidden = dim * merge_size**2
         self.out_features = out_features if out_features > 0 else hidden
-        self.norm = (norm_layer or partial(LayerNorm, eps=1e-6))(dim)
-        self.fc1 = nn.Linear(hidden, hidden)
+        self.norm = (norm_layer or partial(LayerNorm, eps=1e-6))(dim, **dd)
+        self.fc1 = nn.Linear(hidden, hidden, **dd)
         self.act = nn.GELU()
-        self.fc2 = nn.Linear(hidden, out_features) if out_features > 0 else nn.Identity()
+        self.fc2 = nn.Linear(hidden, out_features, **dd) if out_features > 0 else nn.Identity()
 
     def merge(self, x: Tensor, grid: tuple[int, int]) -> Tensor:
         return merge_blocks(x, grid, self.merge_size)
@@ -104,7 +104,7 @@ class Qwen3VisionTransformer(ProjectorTwin):
         num_classes = kwargs.pop("num_classes", 0)
         super().__init__(global_pool, encoder_pool, num_classes=0, **kwargs)
         merge, dd = self.TOKENS in (global_pool, encoder_pool), get_device_dtype(self)
-        self.patch_merger = self.MERGER(self.embed_dim, merge_size, merger_out_features, norm_layer).to(**dd) \
+        self.patch_merger = self.MERGER(self.embed_dim, merge_size, merger_out_features, norm_layer, **dd) \
             if merge else None
         self.head_hidden_size = self.patch_merger.out_features if merge else self.embed_dim
         self.fc_norm = LayerNorm(self.head_hidden_size, eps=eps, affine=False, **dd)  # timm's; *_enc skips it
