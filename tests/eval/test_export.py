@@ -1,10 +1,14 @@
-"""ONNX export: one file, exported once at 64x48, serves other batches and sizes (non-square too) as eager does.
+"""ONNX export: one file, exported once by the command line, serves other batches and sizes (non-square too) as eager
+does.
 
-Each model variant (axial + APE + registers, DINOv3, the attention biases LookHere and 2D-ALiBi) is exported once per
-module by the command line from a timm model name (random weights, LayerScale at 1 so that attention and the encoding
-visibly shape the output), its torch.export program kept for the checks before ONNX; 1-block tiny models (a second
-block would trace the same ops again). A ``train.py`` checkpoint (``helpers.evaluation.write_checkpoint``, plain mixed
-under yarn, whose factors hold interpolate's division by the grid's scale and a temperature) is exported too.
+Each variant is exported once per module, its torch.export program kept for the checks before ONNX; LayerScale at 1 so
+that attention and the encoding visibly shape the output. A ``train.py`` checkpoint
+(``helpers.evaluation.write_checkpoint``, trained at 32 px) of plain mixed RoPE with APE and 2 registers under yarn
+(its factors hold interpolate's division by the grid's scale and a temperature), exported at its training size: 2
+blocks, as through one the policy hardly reaches the class token. The attention biases LookHere and 2D-ALiBi from a
+timm model name (random weights) at 64x48: 1-block tiny models, as a second block would trace the same ops again.
+Axial tables export in the twins (tests/models/test_twin_tools.py, the VLM towers' tests), DINOv3's RoPE with registers
+and qkv bias in the Sapiens2 twin's, timm's SwiGLU in the Gemma 4 tower's (tests/models/test_gemma4_vit.py).
 """
 
 from __future__ import annotations
@@ -26,18 +30,14 @@ from helpers.models import onnx_session
 from vit_rope.eval import onnx as export
 from vit_rope.eval.loading import load_trained
 
-EXPORT_SIZE = (64, 48)
-SIZES = [(64, 48), (48, 96), (128, 80)]  # the export size, wider than high, larger than the export in both sides
-VARIANTS = {
-    # plain mixed: the checkpoint's export below
-    "axial_ape_registers": ("vit_rope_tiny_patch16_axial_ape_224", ["reg_tokens=2"]),
-    # DINOv3: normalised coordinates, 4 registers, SwiGLU, qkv bias (narrowed to tiny's width for speed)
-    "dinov3": ("vit_rope_small_plus_patch16_dinov3_qkvb", ["embed_dim=192", "num_heads=3"]),
-    # the biases' dense penalties per sample (a capture's path), LookHere's with a register beside the class token
+SIZES = [(64, 48), (48, 96), (128, 80)]  # LookHere's and ALiBi's export size, wider than high, larger in both sides
+# the biases' dense penalties per sample (a capture's path), LookHere's with a register beside the class token
+MODELS = {
     "lookhere": ("vit_rope_tiny_patch16_lookhere_224", ["encoding_options={config: lh90}", "reg_tokens=1"]),
     "alibi": ("vit_rope_tiny_patch16_alibi_224", []),
 }
-ATOL = 1e-4
+EXPORTED = {"checkpoint": ("2 x 32x32", "3 x 48x32"), **dict.fromkeys(MODELS, ("2 x 64x48", "3 x 96x48"))}
+ATOL, POLICY = 1e-4, "yarn"
 real_program = export.export_program
 
 
@@ -54,12 +54,10 @@ def eager(model: torch.nn.Module, x: torch.Tensor) -> np.ndarray:
         return model.eval()(x).numpy()
 
 
-@pytest.fixture(scope="module", params=list(VARIANTS))
-def exported(request, tmp_path_factory):
+def run_command(args: list[str], out: Path) -> tuple:
     """(model, ONNX Runtime session, model.training right after the export, the torch.export program the file was
-    written from, the file, what the command printed) for one variant."""
-    name, kwargs = VARIANTS[request.param]
-    out, built = tmp_path_factory.mktemp(request.param) / "onnx" / "model.onnx", []
+    written from, the file, what the command printed) of ``vit-rope-export args --output out``."""
+    built = []
 
     def kept(model, *args):  # the model the command built, and the program export_onnx writes the file from
         built.append((model, real_program(model, *args)))
@@ -67,10 +65,30 @@ def exported(request, tmp_path_factory):
 
     with pytest.MonkeyPatch.context() as patch, contextlib.redirect_stdout(io.StringIO()) as printed:
         patch.setattr(export, "export_program", kept)
-        assert export.main(["--model", name, "--model-kwargs", "depth=1", "init_values=1.0", *kwargs, "--random-init",
-                            "--num-classes", "5", "--img-size", *map(str, EXPORT_SIZE), "--output", str(out)]) == 0
+        assert export.main([*args, "--output", str(out)]) == 0
     (model, program), = built
     return model, onnx_session(out), model.training, program, out, printed.getvalue()
+
+
+@pytest.fixture(scope="module")
+def checkpoint_export(tmp_path_factory) -> tuple:
+    """``run_command``'s tuple for a checkpoint exported under the policy at its training size (no --img-size), and
+    the checkpoint."""
+    folder = tmp_path_factory.mktemp("checkpoint")
+    checkpoint = write_checkpoint(folder / "best.pth", pos_embed="learn", reg_tokens=2)
+    args = ["--checkpoint", str(checkpoint), "--policy", POLICY]
+    return *run_command(args, folder / "onnx" / "model.onnx"), checkpoint
+
+
+@pytest.fixture(scope="module", params=list(EXPORTED))
+def exported(request, tmp_path_factory):
+    """``run_command``'s tuple for one variant: the checkpoint's export, or a model name's at 64x48."""
+    if request.param == "checkpoint":
+        return request.getfixturevalue("checkpoint_export")[:-1]
+    name, kwargs = MODELS[request.param]
+    return run_command(["--model", name, "--model-kwargs", "depth=1", "init_values=1.0", *kwargs, "--random-init",
+                        "--num-classes", "3", "--img-size", "64", "48"],
+                       tmp_path_factory.mktemp(request.param) / "onnx" / "model.onnx")
 
 
 @pytest.mark.parametrize("batch", [1, 3])
@@ -79,20 +97,20 @@ def test_onnx_matches_eager(exported, size: tuple[int, int], batch: int) -> None
     model, sess = exported[:2]
     x = images(batch, *size)
     expected, got = eager(model, x), run_onnx(sess, x)
-    assert got.shape == expected.shape == (batch, 5)
+    assert got.shape == expected.shape == (batch, 3)
     np.testing.assert_allclose(got, expected, rtol=0, atol=ATOL)
     if batch > 1:  # each image gets its own logits: the batch is not broadcast from one image
         assert np.abs(expected - expected[:1]).max() > 1e-3
 
 
-def test_export_result_and_graph(exported) -> None:
+def test_export_result_and_graph(exported, request) -> None:
     """The command says the file and the diffs at the export size and a second, taller one; the graph's batch, height
     and width are symbolic; the model's training mode is left as it was; weights are inside the one file."""
     model, _, training_after, _, path, printed = exported
     assert training_after is True
     assert f"wrote {path} (" in printed and "MiB" in printed
     diffs = {shape: float(diff) for shape, diff in re.findall(r"(\d+ x \d+x\d+) images: .* = (\S+)", printed)}
-    assert set(diffs) == {"2 x 64x48", "3 x 96x48"} and max(diffs.values()) < ATOL
+    assert set(diffs) == set(EXPORTED[request.node.callspec.params["exported"]]) and max(diffs.values()) < ATOL
     graph = onnx.load(str(path)).graph
     dims = graph.input[0].type.tensor_type.shape.dim
     assert [d.dim_value for d in dims][1] == 3
@@ -111,18 +129,15 @@ def test_export_program_runs_at_other_sizes(exported) -> None:
             torch.testing.assert_close(program(x), model.eval()(x), rtol=0, atol=1e-5)
 
 
-def test_cli_from_checkpoint_with_policy(tmp_path: Path, capsys) -> None:
-    """A train.py checkpoint (trained at 32 px), exported at its training size under a policy: the file still
+def test_cli_from_checkpoint_with_policy(checkpoint_export) -> None:
+    """The checkpoint's file (exported at its training size under the policy) holds the checkpoint's weights and still
     follows the policy at other sizes, where the policy changes the logits (yarn: its factors and its attention
     temperature are tensors of the grid)."""
-    checkpoint, policy = write_checkpoint(tmp_path / "best.pth"), "yarn"
-    out = tmp_path / "model.onnx"
-    assert export.main(["--checkpoint", str(checkpoint), "--policy", policy, "--output", str(out)]) == 0
-    assert "2 x 32x32 images" in capsys.readouterr().out
+    out, checkpoint = checkpoint_export[4], checkpoint_export[-1]
     model = load_trained(checkpoint).model
     x = images(3, 80, 48)
     extrapolated = eager(model, x)
-    model.set_resolution_policy(policy)
+    model.set_resolution_policy(POLICY)
     expected, got = eager(model, x), run_onnx(onnx_session(out), x)
     assert np.abs(expected - extrapolated).max() > 1e-3
     np.testing.assert_allclose(got, expected, rtol=0, atol=ATOL)

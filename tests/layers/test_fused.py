@@ -317,7 +317,7 @@ def test_rotate_heads_refuses_a_layout_it_cannot_write_in_place():
 @pytest.mark.parametrize("kind", ["axial", "mixed"])
 def test_compile_has_no_graph_break_and_recompiles_at_most_once_per_size(kind):
     torch._dynamo.reset()
-    model = timm.create_model(f"vit_rope_tiny_patch16_{kind}_224", depth=2, num_classes=5)
+    model = timm.create_model(f"vit_rope_tiny_patch16_{kind}_224", depth=1, num_classes=5)  # blocks trace alike
     compiles = []
 
     def backend(graph, example_inputs):

@@ -100,7 +100,7 @@ def test_intermediates_diagnostics_and_position_reliance(kind: str):
 def test_training_step_and_compile(kind: str):
     """Every PaPE parameter gets a gradient, and the traced graph (``aot_eager``: what PaPE adds is in it; inductor's
     code generation of its products and concatenations is torch's) gives the eager logits."""
-    model = build(kind).train()
+    model = build(kind, depth=1).train()  # one block: the graph of every block is the same
     x = torch.randn(2, 3, 64, 64)
     model(x).sum().backward()
     assert all(p.grad is not None for p in model.blocks[0].attn.pape.parameters())

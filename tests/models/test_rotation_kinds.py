@@ -129,8 +129,9 @@ def test_arguments_a_kind_would_ignore_are_errors():
 
 
 def test_onnx_export_of_string_at_a_size_other_than_training_matches_eager(tmp_path):
-    """Exported folded: the graph has no solve, and the caller's model is not folded. (Golden-angle RoPE exports as
-    the other fixed tables do, test_export's; a second block would trace the same ops again.)"""
+    """Exported folded: the graph has no solve, and the caller's model is not folded. (Golden-angle RoPE's tables are
+    RoPE2D's, exported fixed in the twins' tests and per head in test_export's mixed checkpoint; a second block would
+    trace the same ops again.)"""
     import onnx
 
     torch.manual_seed(0)

@@ -85,17 +85,23 @@ def test_pe_offset_comes_before_the_policy_scaling_against_the_reference_grid(po
     assert (cos[:, 0] == 1).all() and (sin[:, 0] == 0).all()  # the class token stays unrotated
 
 
-# one export per code path: pe_spatial's offset is pe_core's; lingbot is DINOv3 (tests/eval/test_export.py); the
-# DeepSeek classifier's trunk is its encoder twin's (tests/models/test_deepseek_vit.py); SBB's registers are
-# Sapiens2's, its prefix without class token the VLM towers' (none: their exports in tests/models/test_*_vit.py)
+# one export per code path: pe_spatial's offset is pe_core's; lingbot is Sapiens2's DINOv3 RoPE beside registers (its
+# storage tokens); the DeepSeek classifier's trunk is its encoder twin's (tests/models/test_deepseek_vit.py); SBB's
+# registers are Sapiens2's, its prefix without class token the VLM towers' (none: their exports in
+# tests/models/test_*_vit.py); Sapiens2's is the suite's export of DINOv3's RoPE
 @pytest.mark.parametrize("family, kwargs", [("eva02", {}), ("pe_core", {}), ("sapiens2", dict(num_kv_heads=3))])
 def test_twin_exports_to_onnx_with_dynamic_height_and_width(family, kwargs, tmp_path):
     """Packed SwiGLU and APE with a class row; RoPE offset, reference grid and attention pool; registers,
-    grouped-query attention (3 key / value heads for 6) and DINOv3's RoPE."""
+    grouped-query attention (3 key / value heads for 6), qkv bias and DINOv3's RoPE. The file serves its export's
+    sizes and one wider than high."""
+    from vit_rope.eval.onnx import compare_onnx
+
     model = build(family, depth=1, **kwargs)
     patch = patch_of(model)
     sizes = onnx_sizes(model, tmp_path / f"{family}.onnx", (4 * patch, 3 * patch))
     assert sizes == [(2, 4 * patch, 3 * patch), (3, 6 * patch, 3 * patch)]
+    (diff, largest), = compare_onnx(model, tmp_path / f"{family}.onnx", [(1, 3 * patch, 5 * patch)]).values()
+    assert diff < 1e-4, (diff, largest)  # as onnx_sizes checks the other two
 
 
 @pytest.mark.parametrize("family", FAMILIES)
