@@ -10,16 +10,15 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import pytest
-import torch
 
 from benchmarks import twins
+from helpers.training import zero_inits
 
 QK_NORMS = {"sapiens2", "gemma4"}  # the families whose blocks normalise q and k
 
 
 def test_a_tiny_run_writes_every_family_row_and_ratio(run_benchmark: Callable, monkeypatch: pytest.MonkeyPatch) -> None:
-    for init in ("uniform_", "normal_", "erfinv_"):  # timm's, torch's and transformers' random inits: zeros
-        monkeypatch.setattr(torch.Tensor, init, lambda tensor, *args, **kwargs: tensor.zero_())
+    zero_inits(monkeypatch)
     result = run_benchmark(twins.main, ["--depth", "1", "--scale", "0.125", "--batch-size", "1", "--rounds", "1",
                                         "--warmup", "0"])
     rows = {(row["family"], row["run"], row["mode"]): row for row in result["rows"]}

@@ -9,8 +9,8 @@ import shutil
 from pathlib import Path
 
 import pytest
-import torch
 
+from helpers.training import zero_inits
 from studies.course import COURSE_END, course_begin
 from studies.report import STUDY_END, study_begin
 from vit_rope.eval.harness import protocol
@@ -25,8 +25,7 @@ def script(monkeypatch):
     """The script as a module, with ``run`` recording commands and writing the files a real run leaves. The models it
     builds to read their policies (``evaluation_policies``) get zeros for their random inits: their structure is what
     is read, and drawing ViT-S weights for every arm was most of these tests' time."""
-    for init in ("uniform_", "normal_", "erfinv_"):  # timm's and torch's random inits
-        monkeypatch.setattr(torch.Tensor, init, lambda tensor, *args, **kwargs: tensor.zero_())
+    zero_inits(monkeypatch)
     spec = importlib.util.spec_from_file_location("imagenette_study", SCRIPT)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
