@@ -7,6 +7,7 @@ import runpy
 import shutil
 import sys
 import types
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -113,18 +114,33 @@ KILLED = {  # step: killed after step 1 of epoch 2 (resumed from epoch 1's end) 
 }
 
 
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory: pytest.TempPathFactory) -> Callable[[Path, tuple[str, ...]], Path]:
+    """``run(image_root, args)``: the folder of an uninterrupted run with ``args``, trained once for the killed runs
+    that share them (tensor and tensor_mid_epoch): every tiny folder holds the same images in the same order."""
+    runs: dict[tuple[str, ...], Path] = {}
+
+    def run(image_root: Path, args: tuple[str, ...]) -> Path:
+        if args not in runs:
+            runs[args] = tmp_path_factory.mktemp("straight")
+            assert train.main(tiny_args(image_root, runs[args], *args)) == 0
+        return runs[args]
+
+    return run
+
+
 @pytest.mark.parametrize("case, device", [(case, device) for case, (_, step) in KILLED.items()  # cuda: bf16 autocast,
                                           for device in ("cpu", "cuda")[:4 - step]])  # channels-last, CUDA RNG
 def test_a_killed_run_resumes_to_the_weights_of_an_uninterrupted_run(image_root: Path, tmp_path: Path, capsys,
-                                                                      monkeypatch, case: str, device: str) -> None:
+                                                                      monkeypatch, uninterrupted, case: str,
+                                                                      device: str) -> None:
     # 24 images in steps of 8 at 32 px: 3 steps per epoch, a checkpoint after step 2; the kill comes before any
     # checkpoint of its step, so the resumed run redoes it; every source of randomness on: data order, RandAugment,
     # random erasing, Mixup/CutMix, drop-path, EMA, and the CUDA RNG's state
     extra, step = KILLED[case]
     args = ("checkpoint_interval=2", "mixup=0.8", "cutmix=1.0", "drop_path=0.1", "auto_augment=rand-m9-mstd0.5-inc1",
             "reprob=0.25", "model_ema=true", "warmup_epochs=1", "--device", device, *extra)
-    straight, resumed = tmp_path / "straight", tmp_path / "resumed"
-    assert train.main(tiny_args(image_root, straight, *args)) == 0
+    straight, resumed = uninterrupted(image_root, args), tmp_path / "resumed"
     with monkeypatch.context() as patch:
         patch.setattr(engine.Progress, "update", killed_at(2, step))
         with pytest.raises(KeyboardInterrupt):
