@@ -2,7 +2,7 @@
 every pipeline trains from them, a run of two DDP ranks with loader workers killed mid-epoch resumes to the weights
 of an uninterrupted one (which checkpoints its blocks), the checkpoint's dataset is what evaluation reads by default,
 and settings that do not fit are refused before any data is read; two torchrun launches with the same rendezvous
-arguments, as on two machines, train one run."""
+arguments, as on two machines, train one run. The same DDP ranks train every pipeline from the image folder too."""
 
 from __future__ import annotations
 
@@ -106,11 +106,10 @@ DDP_PIPELINES = {  # from the image folder; a fixed size is the per-image case w
 
 
 def _ddp_runs(rank: int, root: Path, shard_dir: Path, out: Path, ports: list[int]) -> tuple[list[str], list[int]]:
-    """On every rank, one launch for what two tests paid a launch each: a 1-epoch train.py run of each pipeline from
-    the image folder (what this rank printed in each); the shards' train split's indices this rank reads in epoch 1,
-    then train.py from the shards uninterrupted with grad_checkpointing (its recomputation replays drop-path's draws),
-    killed mid-epoch and resumed without, with two loader workers each and every source of randomness on: the same
-    weights prove both."""
+    """On every rank, in one launch: a 1-epoch train.py run of each pipeline from the image folder (what this rank
+    printed in each); the shards' train split's indices this rank reads in epoch 1, then train.py from the shards
+    uninterrupted with grad_checkpointing (its recomputation replays drop-path's draws), killed mid-epoch and resumed
+    without, with two loader workers each and every source of randomness on: the same weights prove both."""
     printed = []
     for port, (pipeline, extra) in zip(ports, DDP_PIPELINES.items(), strict=False):  # the shards: the last 3 ports
         os.environ["MASTER_PORT"] = str(port)
@@ -139,9 +138,8 @@ def _ddp_runs(rank: int, root: Path, shard_dir: Path, out: Path, ports: list[int
     return printed, indices
 
 
-def test_ddp_ranks_write_one_set_of_files_for_every_pipeline_split_the_shards_and_resume(image_root: Path,
-                                                                                         shard_dir: Path,
-                                                                                         tmp_path: Path) -> None:
+def test_ddp_ranks_write_each_pipelines_files_split_the_shards_and_resume(image_root: Path, shard_dir: Path,
+                                                                          tmp_path: Path) -> None:
     """Two ranks with torchrun's environment, forked (the one real torchrun launch is the two-node test below): from
     the folder, every pipeline writes one set of files and only rank 0 prints; from the shards, the ranks read
     disjoint halves and a killed run resumes to a grad-checkpointed run's weights."""
