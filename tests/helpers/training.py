@@ -1,6 +1,6 @@
 """Training runs of a tiny ViT on a generated ImageFolder: the folder (and a split's pixels, to compare a copy of it),
 the arguments of a fast CPU run, the loaders train.py builds from them, and what a run wrote (metrics, weights), with
-a way to kill a run mid-epoch."""
+a way to kill a run mid-epoch, and zeros for random inits where no value matters."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
+import pytest
 import torch
 from PIL import Image
 from timm.data import resolve_data_config
@@ -74,6 +75,14 @@ def indexed_loaders(root: Path, *overrides: str, rank: int = 0, world_size: int 
 def metrics(output: Path) -> list[dict[str, str]]:
     with (output / "metrics.csv").open() as f:
         return list(csv.DictReader(f))
+
+
+def zero_inits(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Random inits fill zeros (torch's, timm's and transformers' all draw through these ``Tensor`` methods): for a
+    test that reads models' structure or a benchmark's plumbing, never their values, where drawing the weights of
+    large layers is much of the time."""
+    for init in ("uniform_", "normal_", "erfinv_"):
+        monkeypatch.setattr(torch.Tensor, init, lambda tensor, *args, **kwargs: tensor.zero_())
 
 
 def killed_at(epoch: int, step: int) -> Callable:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import gpu_check
 import pytest
-from gpucheck import preflight, steps
+from gpucheck import preflight, prestarted, steps
 from PIL import Image
 
 from helpers.training import REPO, write_image_folder
@@ -30,7 +30,9 @@ def tarball_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("suite", ["check", "bench"])
-def test_every_step_runs_at_tiny_sizes_on_the_cpu_and_the_summary_comes_last(tarball_folder, tmp_path, capsys, suite):
+def test_every_step_runs_at_tiny_sizes_on_the_cpu_and_the_summary_comes_last(tarball_folder, tmp_path, capsys,
+                                                                             monkeypatch, fork_server, suite):
+    monkeypatch.setattr(prestarted, "start", fork_server)  # the one the scripts' tests share, as main starts its own
     out = tmp_path / "out"
     assert gpu_check.main(["--suite", suite, "--device", "cpu", "--data-dir", str(tarball_folder),
                            "--output", str(out)]) == 0

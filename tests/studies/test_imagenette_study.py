@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from helpers.training import zero_inits
 from studies.course import COURSE_END, course_begin
 from studies.report import STUDY_END, study_begin
 from vit_rope.eval.harness import protocol
@@ -21,7 +22,10 @@ SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "imagenette_study.py"
 
 @pytest.fixture
 def script(monkeypatch):
-    """The script as a module, with ``run`` recording commands and writing the files a real run leaves."""
+    """The script as a module, with ``run`` recording commands and writing the files a real run leaves. The models it
+    builds to read their policies (``evaluation_policies``) get zeros for their random inits: their structure is what
+    is read, and drawing ViT-S weights for every arm was most of these tests' time."""
+    zero_inits(monkeypatch)
     spec = importlib.util.spec_from_file_location("imagenette_study", SCRIPT)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

@@ -1,24 +1,21 @@
-"""End-to-end training runs of a tiny ViT on a generated ImageFolder (CPU): outputs, resume, DDP, bad input."""
+"""End-to-end training runs of a tiny ViT on a generated ImageFolder (CPU): outputs, resume, bad input
+(DDP: test_train_datasets' DDP test, one launch of its ranks for the folder's pipelines and the shards)."""
 
 from __future__ import annotations
 
-import contextlib
-import io
-import os
 import runpy
 import shutil
 import sys
 import types
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import timm
 import torch
-import yaml
 from timm.optim import create_optimizer_v2
 
 import train
-from helpers.ddp import free_port, run_ranks
 from helpers.training import REPO, TINY_MODEL, assert_same_weights, killed_at, metrics, tiny_args
 from vit_rope.data import folders
 from vit_rope.data.steps import SizeSchedule
@@ -117,18 +114,33 @@ KILLED = {  # step: killed after step 1 of epoch 2 (resumed from epoch 1's end) 
 }
 
 
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory: pytest.TempPathFactory) -> Callable[[Path, tuple[str, ...]], Path]:
+    """``run(image_root, args)``: the folder of an uninterrupted run with ``args``, trained once for the killed runs
+    that share them (tensor and tensor_mid_epoch): every tiny folder holds the same images in the same order."""
+    runs: dict[tuple[str, ...], Path] = {}
+
+    def run(image_root: Path, args: tuple[str, ...]) -> Path:
+        if args not in runs:
+            runs[args] = tmp_path_factory.mktemp("straight")
+            assert train.main(tiny_args(image_root, runs[args], *args)) == 0
+        return runs[args]
+
+    return run
+
+
 @pytest.mark.parametrize("case, device", [(case, device) for case, (_, step) in KILLED.items()  # cuda: bf16 autocast,
                                           for device in ("cpu", "cuda")[:4 - step]])  # channels-last, CUDA RNG
 def test_a_killed_run_resumes_to_the_weights_of_an_uninterrupted_run(image_root: Path, tmp_path: Path, capsys,
-                                                                      monkeypatch, case: str, device: str) -> None:
+                                                                      monkeypatch, uninterrupted, case: str,
+                                                                      device: str) -> None:
     # 24 images in steps of 8 at 32 px: 3 steps per epoch, a checkpoint after step 2; the kill comes before any
     # checkpoint of its step, so the resumed run redoes it; every source of randomness on: data order, RandAugment,
     # random erasing, Mixup/CutMix, drop-path, EMA, and the CUDA RNG's state
     extra, step = KILLED[case]
     args = ("checkpoint_interval=2", "mixup=0.8", "cutmix=1.0", "drop_path=0.1", "auto_augment=rand-m9-mstd0.5-inc1",
             "reprob=0.25", "model_ema=true", "warmup_epochs=1", "--device", device, *extra)
-    straight, resumed = tmp_path / "straight", tmp_path / "resumed"
-    assert train.main(tiny_args(image_root, straight, *args)) == 0
+    straight, resumed = uninterrupted(image_root, args), tmp_path / "resumed"
     with monkeypatch.context() as patch:
         patch.setattr(engine.Progress, "update", killed_at(2, step))
         with pytest.raises(KeyboardInterrupt):
@@ -358,41 +370,6 @@ def test_command_line_exit_code_and_single_error_line(tmp_path: Path, monkeypatc
     assert done.value.code == 2
     assert capsys.readouterr().err.strip().splitlines() == [
         f"error: {tmp_path / 'nowhere' / 'train'} does not exist; the data dir needs train/ with one folder per class"]
-
-
-DDP_PIPELINES = {  # a fixed size is the per-image case without its options
-    "tensor": MULTIRES,
-    "timm": ("workers=1", "auto_augment=3a", "reprob=0.25", "train_sizes=[32, 48]"),  # per image, in workers
-    "naflex": ("workers=1", "mixup=0.8", "cutmix=1.0", "reprob=0.25", *NAFLEX),
-}
-
-
-def _ddp_pipelines(rank: int, root: Path, out: Path, ports: list[int]) -> list[str]:
-    """On every rank: a 1-epoch train.py run of each pipeline; what this rank printed in each."""
-    printed = []
-    for port, (pipeline, extra) in zip(ports, DDP_PIPELINES.items(), strict=True):
-        os.environ["MASTER_PORT"] = str(port)
-        with contextlib.redirect_stdout(io.StringIO()) as text:
-            assert train.main(tiny_args(root, out / pipeline, "--epochs", "1", "--batch-size", "6",
-                                        "model_kwargs.depth=1", *extra)) == 0
-        printed.append(text.getvalue())
-    return printed
-
-
-def test_ddp_on_cpu_writes_one_set_of_files_for_every_pipeline(image_root: Path, tmp_path: Path) -> None:
-    """Two ranks with torchrun's environment (the one real torchrun launch is test_train_datasets' two-node test)."""
-    ranks = run_ranks(_ddp_pipelines, tmp_path, image_root, tmp_path, [free_port() for _ in DDP_PIPELINES])
-    for index, (pipeline, extra) in enumerate(DDP_PIPELINES.items()):
-        out, printed = tmp_path / pipeline, ranks[0][index]
-        assert sorted(p.name for p in out.iterdir()) == ["best.pth", "config.yaml", "last.pth", "metrics.csv"]
-        assert len(metrics(out)) == 1
-        assert printed.count("epoch 1/1") == 1 and ranks[1][index] == ""  # only rank 0 prints
-        assert "2 x cpu" in printed and f"data pipeline: {pipeline} (" in printed
-        assert len(torch.load(out / "last.pth", weights_only=True)["rng"]) == 2  # one RNG state per rank
-        assert yaml.safe_load((out / "config.yaml").read_text())["epochs"] == 1
-        if "train_sizes=[32, 48]" in extra:  # 12 images per rank in batches of 6 at 32 px: 2 steps, at the size drawn
-            drawn = [SizeSchedule((32, 48), 32, 6)(0, step)[0] for step in range(2)]
-            assert metrics(out)[0]["sizes"] == " ".join(f"{size}:{drawn.count(size)}" for size in sorted(set(drawn)))
 
 
 def test_finetune_onto_other_classes_starts_a_new_classifier(image_root: Path, tmp_path: Path, capsys) -> None:

@@ -2,10 +2,12 @@
 every pipeline trains from them, a run of two DDP ranks with loader workers killed mid-epoch resumes to the weights
 of an uninterrupted one (which checkpoints its blocks), the checkpoint's dataset is what evaluation reads by default,
 and settings that do not fit are refused before any data is read; two torchrun launches with the same rendezvous
-arguments, as on two machines, train one run."""
+arguments, as on two machines, train one run. The same DDP ranks train every pipeline from the image folder too."""
 
 from __future__ import annotations
 
+import contextlib
+import io
 import os
 import re
 import subprocess
@@ -15,6 +17,7 @@ from pathlib import Path
 import datasets
 import pytest
 import torch
+import yaml
 
 import train
 from helpers.ddp import WORLD, free_port, run_ranks
@@ -22,6 +25,7 @@ from helpers.training import DATA_CONFIG, REPO, assert_same_weights, killed_at, 
 from vit_rope import evaluate
 from vit_rope.data import shard_writer as shards
 from vit_rope.data.splits import find_split
+from vit_rope.data.steps import SizeSchedule
 from vit_rope.eval.loading import load_trained
 from vit_rope.train import engine, loaders
 from vit_rope.train.command_line import build_config
@@ -94,10 +98,25 @@ def test_evaluation_reads_the_checkpoints_dataset_and_split(image_root: Path, sh
     assert f"{float(top1):.2f}" in (tmp_path / "eval_folder" / "results.md").read_text()
 
 
-def _ddp_runs(rank: int, shard_dir: Path, out: Path, ports: list[int]) -> list[int]:
-    """On every rank: the train split's indices this rank reads in epoch 1, then train.py uninterrupted with
-    grad_checkpointing (its recomputation replays drop-path's draws), killed mid-epoch and resumed without, with two
-    loader workers each and every source of randomness on: the same weights prove both."""
+DDP_PIPELINES = {  # from the image folder; a fixed size is the per-image case without its options
+    "tensor": ("decoded_cache=true", "train_sizes=[32, 48]"),
+    "timm": ("workers=1", "auto_augment=3a", "reprob=0.25", "train_sizes=[32, 48]"),  # per image, in workers
+    "naflex": ("workers=1", "mixup=0.8", "cutmix=1.0", "reprob=0.25", "naflex=true", "naflex_seq_lens=[9, 16]"),
+}
+
+
+def _ddp_runs(rank: int, root: Path, shard_dir: Path, out: Path, ports: list[int]) -> tuple[list[str], list[int]]:
+    """On every rank, in one launch: a 1-epoch train.py run of each pipeline from the image folder (what this rank
+    printed in each); the shards' train split's indices this rank reads in epoch 1, then train.py from the shards
+    uninterrupted with grad_checkpointing (its recomputation replays drop-path's draws), killed mid-epoch and resumed
+    without, with two loader workers each and every source of randomness on: the same weights prove both."""
+    printed = []
+    for port, (pipeline, extra) in zip(ports, DDP_PIPELINES.items(), strict=False):  # the shards: the last 3 ports
+        os.environ["MASTER_PORT"] = str(port)
+        with contextlib.redirect_stdout(io.StringIO()) as text:
+            assert train.main(tiny_args(root, out / pipeline, "--epochs", "1", "--batch-size", "6",
+                                        "model_kwargs.depth=1", *extra)) == 0
+        printed.append(text.getvalue())
     samples = [find_split(shard_dir, "wds", split)[0] for split in ("train", "val")]
     steps = loaders.build_loaders(build_config(None, ["batch_size=4", "workers=0"]), *samples, DATA_CONFIG, rank,
                                   WORLD)[0].batch_sampler
@@ -107,21 +126,37 @@ def _ddp_runs(rank: int, shard_dir: Path, out: Path, ports: list[int]) -> list[i
             "checkpoint_interval=2", "train_sizes=[32, 48]", "mixup=0.8", "cutmix=1.0",
             "auto_augment=rand-m9-mstd0.5-inc1", "reprob=0.25", "drop_path=0.1", "model_ema=true", "warmup_epochs=1",
             "model_kwargs.depth=1")
-    os.environ["MASTER_PORT"] = str(ports[0])
+    os.environ["MASTER_PORT"] = str(ports[-3])
     assert train.main(tiny_args(out, out / "straight", *args, "grad_checkpointing=true")) == 0
-    os.environ["MASTER_PORT"] = str(ports[1])
+    os.environ["MASTER_PORT"] = str(ports[-2])
     real, engine.Progress.update = engine.Progress.update, killed_at(2, 3)  # after the step-2 checkpoint of epoch 2
     with pytest.raises(KeyboardInterrupt):
         train.main(tiny_args(out, out / "resumed", *args))
     engine.Progress.update = real
-    os.environ["MASTER_PORT"] = str(ports[2])
+    os.environ["MASTER_PORT"] = str(ports[-1])
     assert train.main(tiny_args(out, out / "resumed", *args, "--resume", str(out / "resumed" / "last.pth"))) == 0
-    return indices
+    return printed, indices
 
 
-def test_ddp_ranks_split_the_shards_and_resume_to_a_grad_checkpointed_runs_weights(shard_dir: Path,
-                                                                                   tmp_path: Path) -> None:
-    indices = run_ranks(_ddp_runs, tmp_path, shard_dir, tmp_path, [free_port() for _ in range(3)])
+def test_ddp_ranks_write_each_pipelines_files_split_the_shards_and_resume(image_root: Path, shard_dir: Path,
+                                                                          tmp_path: Path) -> None:
+    """Two ranks with torchrun's environment, forked (the one real torchrun launch is the two-node test below): from
+    the folder, every pipeline writes one set of files and only rank 0 prints; from the shards, the ranks read
+    disjoint halves and a killed run resumes to a grad-checkpointed run's weights."""
+    ranks = run_ranks(_ddp_runs, tmp_path, image_root, shard_dir, tmp_path,
+                      [free_port() for _ in range(len(DDP_PIPELINES) + 3)])
+    for index, (pipeline, extra) in enumerate(DDP_PIPELINES.items()):
+        out, printed = tmp_path / pipeline, ranks[0][0][index]
+        assert sorted(p.name for p in out.iterdir()) == ["best.pth", "config.yaml", "last.pth", "metrics.csv"]
+        assert len(metrics(out)) == 1
+        assert printed.count("epoch 1/1") == 1 and ranks[1][0][index] == ""  # only rank 0 prints
+        assert "2 x cpu" in printed and f"data pipeline: {pipeline} (" in printed
+        assert len(torch.load(out / "last.pth", weights_only=True)["rng"]) == 2  # one RNG state per rank
+        assert yaml.safe_load((out / "config.yaml").read_text())["epochs"] == 1
+        if "train_sizes=[32, 48]" in extra:  # 12 images per rank in batches of 6 at 32 px: 2 steps, at the size drawn
+            drawn = [SizeSchedule((32, 48), 32, 6)(0, step)[0] for step in range(2)]
+            assert metrics(out)[0]["sizes"] == " ".join(f"{size}:{drawn.count(size)}" for size in sorted(set(drawn)))
+    indices = [ranks[0][1], ranks[1][1]]
     assert not set(indices[0]) & set(indices[1])  # 24 images, 2 ranks x 3 steps of 4: every image once
     assert sorted(indices[0] + indices[1]) == list(range(24))
     assert_same_weights(tmp_path / "straight", tmp_path / "resumed")
@@ -149,7 +184,7 @@ def test_two_nodes_with_the_same_rendezvous_arguments_train_one_run_from_shards(
                                                                                 tmp_path: Path) -> None:
     """Two torchrun launches, as on two machines (one process each here), with the same c10d rendezvous arguments:
     they meet, train as ranks 0 and 1 of 2, and only rank 0 writes and prints. The suite's one real torchrun launch
-    (the README's way to train on several processes); test_train's DDP test forks its ranks."""
+    (the README's way to train on several processes); the DDP test above forks its ranks."""
     out, port = tmp_path / "run", free_port()
     command = [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", "--nproc_per_node=1", "--rdzv_id=test",
                "--rdzv_backend=c10d", f"--rdzv_endpoint=127.0.0.1:{port}", "train.py",
