@@ -40,9 +40,8 @@ SIZES = [(2, 2), (4, 4), (3, 5)]  # in patches: two square resolutions and a non
 # of its own) run the same code at other widths and head counts, whose shapes a forward on the meta device checks.
 # Sapiens2 lists key/value heads per block, all 12 in the base model: given once for the two blocks
 TWO_BLOCKS = {"vit_rope_base_patch16_sapiens2": dict(num_kv_heads=12)}
-WIDTHS = ("tiny", "small", "base", "large")
 BY_KIND: dict[str, list[str]] = {}  # the name without its width -> the names, narrowest first
-for _name in sorted(MODEL_NAMES, key=lambda n: [f"_{width}_" in n for width in WIDTHS][::-1]):
+for _name in sorted(MODEL_NAMES, key=lambda n: [f"_{width}_" in n for width in ("large", "base", "small", "tiny")]):
     BY_KIND.setdefault(re.sub(r"_(tiny|small|base|large)_", "_", _name), []).append(_name)
 SMALLEST = [names[0] for names in BY_KIND.values()]
 

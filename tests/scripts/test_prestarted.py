@@ -11,8 +11,6 @@ import gpu_check
 import pytest
 from gpucheck import prestarted, steps
 
-from helpers.training import REPO
-
 
 def _gone(pid: int) -> bool:
     """No such process, or one that has exited and waits only to be reaped."""
@@ -23,23 +21,26 @@ def _gone(pid: int) -> bool:
 
 
 @pytest.mark.skipif(sys.platform != "linux", reason="fork and /proc")
-def test_exit_codes_output_and_timeout_kill_the_commands_process_group(tmp_path, fork_server):
-    # as the GPU check starts it: the scripts' tests share it (conftest), and it must exit with 0 once they are done
-    server = fork_server(gpu_check.child_env(steps.TRACE_ONLY), REPO)
-    fails, sleeps = tmp_path / "fails.py", tmp_path / "sleeps.py"
-    fails.write_text("import sys\nprint('to stdout')\nprint(sys.argv[1:], file=sys.stderr)\nsys.exit(3)\n")
-    sleeps.write_text("import subprocess, time\nchild = subprocess.Popen(['sleep', '60'])\n"
-                      f"open({str(tmp_path / 'pid')!r}, 'w').write(str(child.pid))\ntime.sleep(60)\n")
-    log = tmp_path / "log.txt"
-    with log.open("w") as out:
-        assert prestarted.execute(server, ["python", str(fails), "--flag"], out, 60) == 3
-        assert log.read_text().splitlines() == ["to stdout", "['--flag']"]
-        started = time.monotonic()
-        assert prestarted.execute(server, ["python", str(sleeps)], out, 1) is None
-        assert time.monotonic() - started < 30
-        grandchild = int((tmp_path / "pid").read_text())
-        deadline = time.monotonic() + 10
-        while not _gone(grandchild) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert _gone(grandchild), "the timed-out command's own child outlived it"
-        assert prestarted.execute(server, ["python", str(fails)], out, 60) == 3  # the server still serves
+def test_exit_codes_output_and_timeout_kill_the_commands_process_group(tmp_path):
+    server = prestarted.start(gpu_check.child_env(steps.TRACE_ONLY), tmp_path)  # as the GPU check starts it
+    try:
+        fails, sleeps = tmp_path / "fails.py", tmp_path / "sleeps.py"
+        fails.write_text("import sys\nprint('to stdout')\nprint(sys.argv[1:], file=sys.stderr)\nsys.exit(3)\n")
+        sleeps.write_text("import subprocess, time\nchild = subprocess.Popen(['sleep', '60'])\n"
+                          f"open({str(tmp_path / 'pid')!r}, 'w').write(str(child.pid))\ntime.sleep(60)\n")
+        log = tmp_path / "log.txt"
+        with log.open("w") as out:
+            assert prestarted.execute(server, ["python", str(fails), "--flag"], out, 60) == 3
+            assert log.read_text().splitlines() == ["to stdout", "['--flag']"]
+            started = time.monotonic()
+            assert prestarted.execute(server, ["python", str(sleeps)], out, 1) is None
+            assert time.monotonic() - started < 30
+            grandchild = int((tmp_path / "pid").read_text())
+            deadline = time.monotonic() + 10
+            while not _gone(grandchild) and time.monotonic() < deadline:
+                time.sleep(0.1)
+            assert _gone(grandchild), "the timed-out command's own child outlived it"
+            assert prestarted.execute(server, ["python", str(fails)], out, 60) == 3  # the server still serves
+    finally:
+        server.stdin.close()
+        server.wait(timeout=30)
