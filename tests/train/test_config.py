@@ -94,6 +94,7 @@ def test_unknown_key_in_file_names_key_file_and_closest_match(tmp_path: Path) ->
     ("model_kwargs.depth={a", "command-line override 'model_kwargs.depth={a' is not valid YAML"),
     ("batch_size=1.5", "'batch_size' on the command line must be int, got 1.5"),
     ("scale=3", "'scale' on the command line must be a list of float, got 3"),
+    ("train_sizes=[32, 0]", "'train_sizes' must list sizes > 0 (pixels), got 0"),
     ("train_sizes=[32, a]", "'train_sizes' on the command line must be int, got 'a' (an entry of [32, 'a'])"),
     ("model_kwargs=[1]", "'model_kwargs' on the command line must be a mapping such as {depth: 6}, got [1]"),
     ("lr=nan", "'lr' on the command line must be a finite number, got 'nan'"),
