@@ -66,9 +66,12 @@ def test_timm_reads_the_shards_written_here(written: Path) -> None:
     assert labels == [label for _, label in find_split(written, "wds/tiny", "train")[0]]
 
 
-def test_splits_can_be_shard_patterns_and_lists_and_names_need_the_info_file(written: Path) -> None:
+def test_splits_can_be_shard_patterns_and_lists_timms_count_is_checked_and_names_need_the_info_file(written) -> None:
     every = find_split(written, "wds", "train")[0]
     assert find_split(written, "wds", "train-{000000..000004}.tar")[0] == every
+    assert len(find_split(written, "wds", "train-{000000..000004}.tar|24")[0]) == 24  # timm's sample count suffix
+    with pytest.raises(UserError, match="says 25 samples, but _info.json gives these shards 24"):
+        find_split(written, "wds", "train-{000000..000004}.tar|25")
     two = find_split(written, "wds", "train-000000.tar::train-000003.tar")[0]
     assert len(two) == 10 and {str(s).split(":")[0] for s, _ in two} == {str(written / "train-000000.tar"),
                                                                           str(written / "train-000003.tar")}
@@ -177,12 +180,6 @@ def test_members_group_and_choose_as_webdataset_and_timm_do(written: Path, caplo
     preferred = find_split(written, "wds", "train-000000.tar", input_key="png;jpg")[0]
     chosen = {source.key: source for source, _ in preferred}
     assert decode_image(chosen["_under"]).size == (8, 8)  # input_key's order, not the tar's
-
-
-def test_timms_sample_count_suffix_is_checked(written: Path) -> None:
-    assert len(find_split(written, "wds", "train-{000000..000004}.tar|24")[0]) == 24
-    with pytest.raises(UserError, match="says 25 samples, but _info.json gives these shards 24"):
-        find_split(written, "wds", "train-{000000..000004}.tar|25")
 
 
 def test_split_names_labels_and_image_extensions_are_checked(written: Path) -> None:

@@ -110,9 +110,7 @@ def test_a_size_that_does_not_tile_into_patches_is_named_with_a_fix(sizes, patch
 
 
 def test_config_keys_validate_and_leave_the_pipeline_choice_alone() -> None:
-    assert build_config().train_sizes == [] and build_config().token_budget is True
-    with pytest.raises(UserError, match=r"'train_sizes' must list sizes > 0 \(pixels\), got 0"):
-        build_config(None, ["train_sizes=[32, 0]"])
+    assert build_config().train_sizes == [] and build_config().token_budget is True  # bad ones: test_config.py
     cfg = build_config(CONFIG_DIR / "imagenette_cpu_multires.yaml")
     assert cfg.train_sizes == list(SIZES) and cfg.output == "output/imagenette_cpu_multires" and cfg.img_size == 64
     for overrides in ([], ["pipeline=timm"], ["auto_augment=3a"], ["decoded_cache=false"]):

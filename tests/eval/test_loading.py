@@ -171,29 +171,23 @@ def test_a_train_checkpoint_is_rebuilt_as_trained(tmp_path: Path) -> None:
         create_from_checkpoint(path, num_classes=5)
 
 
-@pytest.mark.parametrize(("timm_name", "ours"), [
-    ("vit_small_patch16_rope_mixed_224", "vit_rope_small_patch16_mixed_224"),
-    ("vit_small_patch16_rope_mixed_ape_224", "vit_rope_small_patch16_mixed_ape_224"),
-    ("vit_small_patch16_rope_ape_224", "vit_rope_small_patch16_axial_ape_224"),
+@pytest.mark.parametrize(("timm_name", "ours", "file", "size"), [
+    ("vit_small_patch16_rope_mixed_224", "vit_rope_small_patch16_mixed_224", "port.safetensors", 224),
+    ("vit_small_patch16_rope_mixed_ape_224", "vit_rope_small_patch16_mixed_ape_224", "port.safetensors", 224),
+    ("vit_small_patch16_rope_ape_224", "vit_rope_small_patch16_axial_ape_224", "port.safetensors", 224),
+    *[(name, name.replace("vit_", "vit_rope_", 1), file, 256) for file in ("timm.pth", "meta.pth")
+      for name in ("vit_small_patch16_dinov3", "vit_small_plus_patch16_dinov3_qkvb")],
 ])
-def test_timms_rope_vit_ports_name_their_model(tmp_path: Path, timm_name: str, ours: str) -> None:
-    theirs = timm_eva(timm_name, depth=2, num_classes=4)
-    path = tmp_path / "port.safetensors"
-    save_file(theirs.state_dict(), str(path))
-    model = create_from_checkpoint(path).eval()
-    assert model.default_cfg["architecture"] == ours and len(model.blocks) == 2 and model.num_classes == 4
-    assert_same_outputs(model, theirs, [(224, 224)])
-
-
-@pytest.mark.parametrize("meta", [False, True], ids=["timm", "meta"])
-@pytest.mark.parametrize("timm_name", ["vit_small_patch16_dinov3", "vit_small_plus_patch16_dinov3_qkvb"])
-def test_timms_and_metas_dinov3_name_their_model(tmp_path: Path, timm_name: str, meta: bool) -> None:
-    theirs = timm_eva(timm_name, depth=2)
-    path = tmp_path / "dinov3.pth"
-    torch.save(meta_keys(theirs.state_dict()) if meta else theirs.state_dict(), path)
-    model = create_from_checkpoint(path).eval()
-    assert model.default_cfg["architecture"] == timm_name.replace("vit_", "vit_rope_", 1)
-    assert_same_outputs(model, theirs, [(256, 256)])
+def test_timms_rope_vit_ports_and_timms_and_metas_dinov3_name_their_model(tmp_path: Path, timm_name: str, ours: str,
+                                                                          file: str, size: int) -> None:
+    """timm's RoPE-ViT ports (4 classes, a safetensors file) and DINOv3 in timm's or Meta's keys (a .pth file)."""
+    theirs = timm_eva(timm_name, depth=2, **({"num_classes": 4} if file == "port.safetensors" else {}))
+    state = meta_keys(theirs.state_dict()) if file == "meta.pth" else theirs.state_dict()
+    (save_file if file.endswith(".safetensors") else torch.save)(state, str(tmp_path / file))
+    model = create_from_checkpoint(tmp_path / file).eval()
+    assert model.default_cfg["architecture"] == ours and len(model.blocks) == 2
+    assert model.num_classes == theirs.num_classes
+    assert_same_outputs(model, theirs, [(size, size)])
 
 
 def test_keys_that_name_no_model_need_it_named(tmp_path: Path) -> None:

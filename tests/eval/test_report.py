@@ -36,20 +36,16 @@ def covered_points(fig) -> list:
     return covered
 
 
-def test_one_model_names_its_lines_by_policy_and_goes_in_the_title():
-    fig = report.accuracy_figure(results())
+@pytest.mark.parametrize("rows, labels, title", [
+    (results(), list(CURVES), DEMO),  # one model: lines named by policy, the model in the title
+    (results() + results(DEMO.replace("demo", "multires"), shift=-3.0),  # several: by their run folder, too
+     [f"{run} [{policy}]" for run in ("demo", "multires") for policy in CURVES], "vit_rope_tiny_patch16_mixed_224"),
+], ids=["one model", "several models"])
+def test_lines_are_named_by_what_tells_them_apart_and_the_legend_leaves_them_alone(rows, labels, title):
+    fig = report.accuracy_figure(rows)
     ax, legend = legend_of(fig)
-    assert [text.get_text() for text in legend.get_texts()] == list(CURVES)
-    assert ax.get_title() == DEMO and fig.get_suptitle() == "Accuracy against resolution"
-    assert covered_points(fig) == []
-
-
-def test_several_models_are_named_by_their_run_folder_and_the_legend_leaves_the_lines_alone():
-    fig = report.accuracy_figure(results() + results(DEMO.replace("demo", "multires"), shift=-3.0))
-    ax, legend = legend_of(fig)
-    assert [text.get_text() for text in legend.get_texts()] == [f"{run} [{policy}]" for run in ("demo", "multires")
-                                                                for policy in CURVES]
-    assert ax.get_title() == "vit_rope_tiny_patch16_mixed_224"
+    assert [text.get_text() for text in legend.get_texts()] == labels
+    assert ax.get_title() == title and fig.get_suptitle() == "Accuracy against resolution"
     assert covered_points(fig) == []
 
 

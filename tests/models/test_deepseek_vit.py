@@ -12,7 +12,7 @@ import torch
 from safetensors.torch import save_file
 
 import vit_rope
-from helpers.models import assert_maps_then_policy, assert_naflex_as_timm, encoder, onnx_sizes, randomize_, rel, twins
+from helpers.models import assert_maps_then_policy, assert_naflex_as_timm, encoder, randomize_, rel, twins
 from vit_rope.eval.loading import create_from_checkpoint
 from vit_rope.models.deepseek_vit import DEEPSEEK
 
@@ -134,11 +134,3 @@ def test_refused_inputs_name_what_and_where():
         timm.create_model("vit_rope_deepseek_vit_412m_enc", depth=1, aligner_out_features=0, device="meta")
     with pytest.raises(ValueError, match="global_pool '', 'avg' or 'align'.*'map'"):
         timm.create_model("vit_rope_deepseek_vit_412m", depth=1, global_pool="map", device="meta")
-
-
-@pytest.mark.slow  # ONNX export and two ORT sessions: about 10 s on 2 cores
-def test_encoder_twin_exports_to_onnx_at_two_sizes(tmp_path):
-    model = timm.create_model("vit_rope_deepseek_vit_412m_enc", depth=1, embed_dim=64, num_heads=1,
-                              aligner_out_features=32)
-    randomize_(model)
-    assert onnx_sizes(model, tmp_path / "deepseek.onnx", (56, 42)) == [(2, 56, 42), (3, 84, 42)]  # pad, no pad

@@ -10,7 +10,7 @@ import torch
 from safetensors.torch import save_file
 
 import vit_rope
-from helpers.models import randomize_
+from helpers.models import randomize_, rel
 from vit_rope.models.eva_families import FAMILIES, twin_name
 
 # timm name, width overrides (both models), sizes (native first), an override of the twin that must change outputs
@@ -54,8 +54,7 @@ def max_rel_diff(a: torch.nn.Module, b: torch.nn.Module, size: tuple[int, int]) 
     """Largest difference of forward_features and of the logits, relative to the largest value of timm's."""
     x = torch.randn(1, 3, *size, generator=torch.Generator().manual_seed(1))  # one image: parity is per image
     fa, fb = a.forward_features(x), b.forward_features(x)
-    la, lb = a.forward_head(fa), b.forward_head(fb)
-    return float((fa - fb).abs().max() / fa.abs().max()), float((la - lb).abs().max() / la.abs().max())
+    return rel(fa, fb), rel(a.forward_head(fa), b.forward_head(fb))
 
 
 def twin_for(name: str, widths: dict, eva: torch.nn.Module, **overrides) -> torch.nn.Module:

@@ -13,6 +13,7 @@ from timm.models import get_notrace_functions, get_notrace_modules
 from torchvision.models.feature_extraction import create_feature_extractor, get_graph_node_names
 
 import vit_rope  # noqa: F401  (registers the models)
+from helpers.models import assert_fx_features_match_eager
 from vit_rope.encodings import KINDS
 
 NAMES = ["vit_rope_tiny_patch16_axial_224", "vit_rope_tiny_patch16_mixed_224", "vit_rope_tiny_patch16_mixed_ape_224",
@@ -55,12 +56,7 @@ def timm_traced(eager: torch.nn.Module) -> Callable[[torch.Tensor], torch.Tensor
 
 
 def test_timm_fx_tracer_options():
-    eager = model("vit_rope_tiny_patch16_mixed_ape_224")
-    traced = timm_traced(eager)
-    with torch.inference_mode():
-        for size in SIZES:
-            x = torch.randn(1, 3, *size)
-            torch.testing.assert_close(traced(x), eager(x), atol=1e-5, rtol=1e-5)
+    assert_fx_features_match_eager(model("vit_rope_tiny_patch16_mixed_ape_224"))  # at SIZES, to 1e-5
 
 
 @pytest.mark.parametrize("name", ["vit_rope_tiny_patch16_axial_ape_224", "vit_rope_tiny_patch16_mixed_224"])

@@ -22,7 +22,7 @@ from vit_rope.layers.lattice import gather_rows as naflex_gather
 from vit_rope.layers.lattice import lattice, naflex_grid, pos_embed_at
 
 BASE = dict(img_size=80, embed_dim=32, depth=2, num_heads=2, num_classes=7, init_values=0.5)
-KINDS = {  # name -> (model, extra kwargs, policies)
+KINDS = {  # name -> (model, extra kwargs, policies; none: its samples are test_lookhere_alibi.py's)
     "axial": ("vit_rope_tiny_patch16_axial_224", {}, ("extrapolate", "interpolate", "ntk", "yarn", "normalized")),
     "mixed": ("vit_rope_tiny_patch16_mixed_224", {}, ("extrapolate", "interpolate", "ntk", "yarn")),
     "axial_ape": ("vit_rope_tiny_patch16_axial_ape_224", {}, ("extrapolate", "interpolate")),
@@ -34,6 +34,8 @@ KINDS = {  # name -> (model, extra kwargs, policies)
     "pe_offset": ("vit_rope_pe_spatial_tiny_patch16_512", {}, ("interpolate", "extrapolate", "normalized")),
     "golden": ("vit_rope_tiny_patch16_golden_224", {}, ("extrapolate", "yarn")),
     "string_mixed": ("vit_rope_tiny_patch16_string_mixed_224", {}, ("extrapolate", "interpolate")),
+    "lh45_regs": ("vit_rope_tiny_patch16_lookhere_224", {"encoding_options": {"config": "lh45"}, "reg_tokens": 2,
+                                                         "embed_dim": 48, "num_heads": 3}, ()),
 }
 CASES = [(kind, policy) for kind, (_, _, policies) in KINDS.items() for policy in policies]
 
@@ -62,9 +64,11 @@ def test_each_sample_of_a_mixed_batch_equals_its_image_alone(kind: str, policy: 
 
 
 @pytest.mark.parametrize("kind,policy", [("mixed", "interpolate"), ("mixed", "extrapolate"),
-                                         ("axial_ape", "interpolate"), ("dinov3", "normalized")])
+                                         ("axial_ape", "interpolate"), ("dinov3", "normalized"),
+                                         ("lh45_regs", "interpolate")])
 def test_gradients_of_a_mixed_batch_are_the_sum_of_each_images(kind: str, policy: str) -> None:
-    """``extrapolate``: the tables are gathered from the batch's lattice, and so are their gradients."""
+    """``extrapolate``: the tables are gathered from the batch's lattice, and so are their gradients; LookHere's
+    bias, through its register tokens too."""
     inputs = images()
     model = build(kind, policy).train()
     batch = pack(inputs)

@@ -134,15 +134,13 @@ def test_official_folders_that_disagree_or_fit_another_kind_are_errors(tmp_path)
     folder = tmp_path / "pape"
     shutil.copytree(FIXTURES / "pape", folder)
     config = json.loads((folder / "config.json").read_text())
-    (folder / "config.json").write_text(json.dumps({**config, "pape": {"parabolas": 50}}))
-    with pytest.raises(ValueError, match=r"num_heads x pape.parabolas is 100 in config.json, 6 in the weights"):
-        vit_rope.create_from_checkpoint(folder)
-    (folder / "config.json").write_text(json.dumps({**config, "positional": "pape_ri"}))
-    with pytest.raises(ValueError, match=r"model.pt holds the weights of 'pape'.*positional='pape' fits"):
-        vit_rope.create_from_checkpoint(folder)
-    (folder / "config.json").write_text(json.dumps({**config, "positional": "rope_mixed"}))
-    with pytest.raises(ValueError, match=r"positional='rope_mixed'; vit_rope builds the official PaPE classifiers"):
-        vit_rope.create_from_checkpoint(folder)
+    for change, message in [
+            ({"pape": {"parabolas": 50}}, r"num_heads x pape.parabolas is 100 in config.json, 6 in the weights"),
+            ({"positional": "pape_ri"}, r"model.pt holds the weights of 'pape'.*positional='pape' fits"),
+            ({"positional": "rope_mixed"}, r"positional='rope_mixed'; vit_rope builds the official PaPE classifiers")]:
+        (folder / "config.json").write_text(json.dumps({**config, **change}))
+        with pytest.raises(ValueError, match=message):
+            vit_rope.create_from_checkpoint(folder)
     ri = vit_rope.create_from_checkpoint(FIXTURES / "pape_ri")
     with pytest.raises(ValueError, match=r"describes an official pape classifier.*encoding='pape_ri'"):
         vit_rope.load_weights(ri, FIXTURES / "pape")

@@ -3,7 +3,7 @@ non-square size through from_timm, load_weights and create_from_checkpoint (safe
 state_dict); a NaFlex batch sample by sample against timm on each image alone; bad inputs refused by name. Depth 1,
 random weights, 4x4 to 6x4 patch grids (the 48x48 APE table resampled down). The heads DeepSeek's and Gemma 4's twins
 share (vit_rope.models.twins) are held here for the three families: an encoder file into a classifier, classes asked
-of an encoder."""
+of an encoder; and DeepSeek's encoder twin's ONNX export beside Qwen3-VL's."""
 
 from __future__ import annotations
 
@@ -117,11 +117,15 @@ def test_refused_inputs_name_what_and_where(tmp_path):
         timm.create_model("vit_rope_qwen3_vit_88m_enc", depth=1)(torch.randn(1, 3, 80, 64))
 
 
-@pytest.mark.slow  # ONNX export and two ORT sessions: about 12 s on 2 cores
-def test_encoder_twin_exports_to_onnx_at_two_sizes(tmp_path):
-    model = timm.create_model("vit_rope_qwen3_vit_88m_enc", depth=1, embed_dim=64, num_heads=2, merger_out_features=32)
+@pytest.mark.slow  # ONNX export and two ORT sessions: about 10 s each on 2 cores
+@pytest.mark.parametrize("family, widths, size, sizes", [
+    ("qwen3_vit_88m", dict(num_heads=2, merger_out_features=32), (64, 32), [(2, 64, 32), (3, 96, 32)]),
+    ("deepseek_vit_412m", dict(num_heads=1, aligner_out_features=32), (56, 42), [(2, 56, 42), (3, 84, 42)]),
+])
+def test_encoder_twins_of_qwen3_and_deepseek_export_to_onnx_at_two_sizes(family, widths, size, sizes, tmp_path):
+    model = timm.create_model(f"vit_rope_{family}_enc", depth=1, embed_dim=64, **widths)
     randomize_(model)
-    assert onnx_sizes(model, tmp_path / "qwen3.onnx", (64, 32)) == [(2, 64, 32), (3, 96, 32)]  # the merger's too
+    assert onnx_sizes(model, tmp_path / f"{family}.onnx", size) == sizes  # the merger's, aligner's too (56x42 pads)
 
 
 @pytest.mark.parametrize("family, pool, sizes, size, tokens", [
