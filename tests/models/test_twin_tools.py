@@ -93,15 +93,11 @@ def test_pe_offset_comes_before_the_policy_scaling_against_the_reference_grid(po
 def test_twin_exports_to_onnx_with_dynamic_height_and_width(family, kwargs, tmp_path):
     """Packed SwiGLU and APE with a class row; RoPE offset, reference grid and attention pool; registers,
     grouped-query attention (3 key / value heads for 6), qkv bias and DINOv3's RoPE. The file serves its export's
-    sizes and one wider than high."""
-    from vit_rope.eval.onnx import compare_onnx
-
+    sizes and one wider than high (onnx_sizes' batch of one)."""
     model = build(family, depth=1, **kwargs)
     patch = patch_of(model)
     sizes = onnx_sizes(model, tmp_path / f"{family}.onnx", (4 * patch, 3 * patch))
     assert sizes == [(2, 4 * patch, 3 * patch), (3, 6 * patch, 3 * patch)]
-    (diff, largest), = compare_onnx(model, tmp_path / f"{family}.onnx", [(1, 3 * patch, 5 * patch)]).values()
-    assert diff < 1e-4, (diff, largest)  # as onnx_sizes checks the other two
 
 
 @pytest.mark.parametrize("family", FAMILIES)
