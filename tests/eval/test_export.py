@@ -36,7 +36,9 @@ MODELS = {
     "lookhere": ("vit_rope_tiny_patch16_lookhere_224", ["encoding_options={config: lh90}", "reg_tokens=1"]),
     "alibi": ("vit_rope_tiny_patch16_alibi_224", []),
 }
-EXPORTED = {"checkpoint": ("2 x 32x32", "3 x 48x32"), **dict.fromkeys(MODELS, ("2 x 64x48", "3 x 96x48"))}
+# what the command checks: the export size, a taller one with one more image, one image turned round
+EXPORTED = {"checkpoint": ("2 x 32x32", "3 x 48x32", "1 x 32x32"),
+            **dict.fromkeys(MODELS, ("2 x 64x48", "3 x 96x48", "1 x 48x64"))}
 ATOL, POLICY = 1e-4, "yarn"
 real_program = export.export_program
 
@@ -104,8 +106,8 @@ def test_onnx_matches_eager(exported, size: tuple[int, int], batch: int) -> None
 
 
 def test_export_result_and_graph(exported, request) -> None:
-    """The command says the file and the diffs at the export size and a second, taller one; the graph's batch, height
-    and width are symbolic; the model's training mode is left as it was; weights are inside the one file."""
+    """The command says the file and the diffs at the shapes it checks; the graph's batch, height and width are
+    symbolic; the model's training mode is left as it was; weights are inside the one file."""
     model, _, training_after, _, path, printed = exported
     assert training_after is True
     assert f"wrote {path} (" in printed and "MiB" in printed

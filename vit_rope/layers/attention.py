@@ -103,7 +103,7 @@ class RoPEAttention(Attention):
         drop = self.attn_drop.p if self.training else 0.0
         N = q.shape[-2]
         if bias is not None:
-            mask = bias.to(q.dtype)  # [1 or B, nh, N, N]
+            mask = bias.to(q.dtype).expand(q.shape[0], -1, -1, -1)  # [B, nh, N, N] view: no batch of 1 apart in export
             attn_mask, is_causal = maybe_add_mask(mask, resolve_self_attn_mask(N, mask, attn_mask, is_causal)), False
         if self.fused_attn:
             return F.scaled_dot_product_attention(  # 1 / sqrt(D) also when q and k carry PaPE's channels
