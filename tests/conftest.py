@@ -5,28 +5,38 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable
+import sys
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-import torch
-
-import vit_rope  # noqa: F401  (registers the vit_rope_* models)
-from helpers.training import write_image_folder
 
 # One thread: the test models are so small that thread hand-offs cost more than they save, and both the DDP test and
-# make test (two pytest-xdist workers, each importing this file) run two processes on the two cores of the CI machine.
-# The processes the tests start (torchrun, the GPU check's steps on the CPU, timm's test suite) inherit it: with
-# torch's default of a thread per core, each one's threads wait spinning on the cores the other worker runs on.
-torch.set_num_threads(1)
+# make test (two pytest-xdist workers) run two processes on the two cores of the CI machine. The processes the tests
+# start (torchrun, the GPU check's steps on the CPU, timm's test suite) inherit it: with torch's default of a thread
+# per core, each one's threads wait spinning on the cores the other worker runs on.
 os.environ["OMP_NUM_THREADS"] = "1"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """torch in the processes that run tests; not in pytest-xdist's controller, which only hands them out (importing
+    torch, timm and vit_rope there would hold back the start of every worker by seconds)."""
+    if getattr(config.option, "numprocesses", None) and "PYTEST_XDIST_WORKER" not in os.environ:
+        return
+    import torch
+
+    import vit_rope  # noqa: F401  (registers the vit_rope_* models)
+
+    torch.set_num_threads(1)
 
 
 @pytest.hookimpl(tryfirst=True)  # before ``-m`` deselects: ``pytest -m cuda`` must see the marks added here
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Mark ``cuda`` every test parametrised with the device ``"cuda"`` (as well as those marked by hand), so that
     ``pytest -m cuda`` selects all the GPU checks on a GPU machine, and skip them where PyTorch sees no GPU."""
+    import torch
+
     skip = pytest.mark.skip(reason="needs a CUDA GPU")
     for item in items:
         params = getattr(item, "callspec", None)
@@ -36,9 +46,20 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(skip)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def fork_server_exits_with_0() -> Iterator[None]:
+    """The fork server that this process's DDP ranks and GPU-check runs shared (helpers.ddp), if one ran, exits with
+    0 when its stdin closes at the end."""
+    yield
+    if "helpers.ddp" in sys.modules:
+        assert sys.modules["helpers.ddp"].close_fork_server() in (None, 0)
+
+
 @pytest.fixture
 def image_root(tmp_path: Path) -> Path:
     """A fresh tiny ImageFolder (train/ and val/) that a test may modify."""
+    from helpers.training import write_image_folder
+
     return write_image_folder(tmp_path / "data")
 
 
