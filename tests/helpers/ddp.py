@@ -1,6 +1,6 @@
 """DDP ranks for the tests: 2 gloo ranks on the CPU, each with torchrun's environment, forked by a command of the GPU
 check's fork server (``gpucheck.prestarted``: an interpreter that imported torch, timm and train.py once for this
-pytest process and runs nothing itself)."""
+pytest process and runs nothing itself), the one that the GPU check's own tests use too."""
 
 from __future__ import annotations
 
@@ -14,8 +14,10 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+import gpu_check
 import torch
-from gpucheck import prestarted
+from gpucheck import steps
+from gpucheck.prestarted import execute, start  # bound here: the GPU check's tests patch prestarted.start
 from torch.distributed import distributed_c10d
 
 WORLD = 2
@@ -28,6 +30,26 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+def fork_server() -> subprocess.Popen:
+    """This pytest process's fork server, started on the first call: the environment the GPU check gives its CPU run
+    (torch.compile only traced, read when the server imports torch) with the tests' path, in the checkout."""
+    global _server
+    if _server is None or _server.poll() is not None:
+        env = gpu_check.child_env(steps.TRACE_ONLY)
+        env.pop("PYTEST_CURRENT_TEST", None)  # it names one test: not the server's
+        _server = start({**env, "PYTHONPATH": os.pathsep.join([env["PYTHONPATH"], *sys.path])},
+                                   gpu_check.REPO)
+    return _server
+
+
+def close_fork_server() -> int | None:
+    """The exit code of this process's fork server once its stdin is closed, as the GPU check closes it; None: none."""
+    if _server is None or _server.poll() is not None:
+        return None if _server is None else _server.returncode
+    _server.stdin.close()
+    return _server.wait(timeout=60)
 
 
 def _rank_main(rank: int, job: Callable[..., Any], args: tuple, out: Path) -> None:
@@ -52,12 +74,9 @@ def run_ranks(job: Callable[..., Any], out: Path, *args: Any) -> list[Any]:
     fails ("Unable to handle autograd's threading in combination with fork-based multiprocessing"), so whether a DDP
     test passed would depend on which tests the process ran before it. Why not a new interpreter per call: importing
     torch, timm and train.py again took seconds a test."""
-    global _server
     torch.save((job.__module__, job.__name__, args), out / "job.pt")
-    if _server is None or _server.poll() is not None:
-        _server = prestarted.start({**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}, Path.cwd())
     with (out / "ranks.log").open("w") as log:
-        code = prestarted.execute(_server, [sys.executable, "-m", "helpers.ddp", str(out)], log, TIMEOUT_S)
+        code = execute(fork_server(), [sys.executable, "-m", "helpers.ddp", str(out)], log, TIMEOUT_S)
     if code is None:
         raise AssertionError(f"the DDP ranks of {job.__name__} did not finish in {TIMEOUT_S} s; what they printed "
                              f"is in {out}/rank*.log")

@@ -8,7 +8,6 @@ import os
 import subprocess
 import sys
 import types
-from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import gpu_check
@@ -16,6 +15,7 @@ import pytest
 from gpucheck import preflight, prestarted, steps
 from PIL import Image
 
+from helpers.ddp import fork_server
 from helpers.training import REPO, write_image_folder
 from vit_rope._requires import TIMM_MIN
 
@@ -30,32 +30,21 @@ def tarball_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
-@pytest.fixture(scope="module")
-def fork_server() -> Iterator[Callable[[dict[str, str], Path], types.SimpleNamespace]]:
-    """``prestarted.start`` for both suites' runs: one server (an interpreter importing torch, timm, vit_rope and
-    train.py: the largest fixed cost of a run), started on the first call in the environment and folder that main asks
-    for (asserted), its stdin's close a no-op until the end, where it must exit with 0."""
-    started, real_start = [], prestarted.start
-
-    def start(env: dict[str, str], cwd: Path) -> types.SimpleNamespace:
-        assert env == gpu_check.child_env(steps.TRACE_ONLY) and cwd == REPO
-        if not started:  # pytest's PYTEST_CURRENT_TEST names one test: not the server's
-            started.append(real_start({key: value for key, value in env.items() if key != "PYTEST_CURRENT_TEST"}, cwd))
-        server = started[0]
-        return types.SimpleNamespace(stdout=server.stdout, wait=lambda: 0, stdin=types.SimpleNamespace(
-            write=server.stdin.write, flush=server.stdin.flush, close=lambda: None))
-
-    yield start
-    if started:
-        started[0].stdin.close()
-        assert started[0].wait(timeout=60) == 0
+def shared_start(env: dict[str, str], cwd: Path) -> types.SimpleNamespace:
+    """``prestarted.start`` for both suites' runs: this process's fork server (helpers.ddp: an interpreter importing
+    torch, timm, vit_rope and train.py, the largest fixed cost of a run), asked for in the environment and folder that
+    main gives (asserted); closing its stdin a no-op (conftest.py closes it at the end, where it must exit with 0)."""
+    assert env == gpu_check.child_env(steps.TRACE_ONLY) and cwd == REPO
+    server = fork_server()
+    return types.SimpleNamespace(stdout=server.stdout, wait=lambda: 0, stdin=types.SimpleNamespace(
+        write=server.stdin.write, flush=server.stdin.flush, close=lambda: None))
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("suite", ["check", "bench"])
 def test_every_step_runs_at_tiny_sizes_on_the_cpu_and_the_summary_comes_last(tarball_folder, tmp_path, capsys,
-                                                                             monkeypatch, fork_server, suite):
-    monkeypatch.setattr(prestarted, "start", fork_server)  # one server for both suites, as main starts its own
+                                                                             monkeypatch, suite):
+    monkeypatch.setattr(prestarted, "start", shared_start)  # one server for both suites, as main starts its own
     out = tmp_path / "out"
     assert gpu_check.main(["--suite", suite, "--device", "cpu", "--data-dir", str(tarball_folder),
                            "--output", str(out)]) == 0
