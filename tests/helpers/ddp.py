@@ -39,8 +39,7 @@ def fork_server() -> subprocess.Popen:
     if _server is None or _server.poll() is not None:
         env = gpu_check.child_env(steps.TRACE_ONLY)
         env.pop("PYTEST_CURRENT_TEST", None)  # it names one test: not the server's
-        _server = start({**env, "PYTHONPATH": os.pathsep.join([env["PYTHONPATH"], *sys.path])},
-                                   gpu_check.REPO)
+        _server = start({**env, "PYTHONPATH": os.pathsep.join([env["PYTHONPATH"], *sys.path])}, gpu_check.REPO)
     return _server
 
 
