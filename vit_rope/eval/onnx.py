@@ -50,8 +50,8 @@ def _images(model: nn.Module, batch: int, h: int, w: int) -> torch.Tensor:
 
 def export_program(model: nn.Module, img_size: tuple[int, int] = (224, 224), batch_size: int = 2) -> ExportedProgram:
     """``torch.export`` of ``model`` in eval mode, batch and patch grid dynamic (``img_size`` two patches a side or
-    more), size-oblivious as torch.onnx traces (half the time; the program may assert a batch above 1, which the ONNX
-    file drops); Cayley-STRING as a copy with ``P`` in its qkv, so the graph has no solve."""
+    more), size-oblivious as torch.onnx traces (fewer guards to solve; the program may assert a batch above 1, which
+    the ONNX file drops); Cayley-STRING as a copy with ``P`` in its qkv, so the graph has no solve."""
     patch = getattr(getattr(model, "patch_embed", None), "patch_size", None)
     if patch is None:
         raise UserError(f"{type(model).__name__} has no patch_embed.patch_size: only ViTs export here")
