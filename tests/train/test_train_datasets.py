@@ -99,9 +99,9 @@ def test_evaluation_reads_the_checkpoints_dataset_and_split(image_root: Path, sh
 
 
 DDP_PIPELINES = {  # from the image folder; a fixed size is the per-image case without its options
-    "tensor": ("decoded_cache=true", "train_sizes=[32, 48]"),
+    "tensor": PIPELINES["tensor"],
     "timm": ("workers=1", "auto_augment=3a", "reprob=0.25", "train_sizes=[32, 48]"),  # per image, in workers
-    "naflex": ("workers=1", "mixup=0.8", "cutmix=1.0", "reprob=0.25", "naflex=true", "naflex_seq_lens=[9, 16]"),
+    "naflex": ("workers=1", "mixup=0.8", "cutmix=1.0", "reprob=0.25", *PIPELINES["naflex"]),
 }
 
 
